@@ -1,0 +1,389 @@
+// Package segment maps the memory behind the L1 pool: a named POSIX
+// shared-memory segment that workers attach by name (zero-copy transfers), or
+// private anonymous memory when shared memory is off or cannot hold the pool.
+//
+// A named segment is /dev/shm/<name> (what shm_open and Python's SharedMemory
+// use), mode 0600, held under an exclusive flock for the owner's life so that
+// other servers can tell a live segment from a stale one, and unlinked on
+// Close. Stale lmcache_l1_pool_* segments (flock obtainable: owner dead) are
+// removed before a new one is created; a segment whose flock is held is never
+// touched.
+package segment
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Prefix starts every pool segment name; stale cleanup only looks at these.
+const Prefix = "lmcache_l1_pool_"
+
+// DefaultDir is where shm_open places segments on Linux.
+const DefaultDir = "/dev/shm"
+
+// tmpPrefix names a segment being created: it is flocked before it is
+// linked under its real name, so a live segment is never visible unlocked.
+const tmpPrefix = ".kvdock-new-"
+
+// ErrBusy means the requested segment name is held by a live process.
+var ErrBusy = errors.New("shared memory segment is held by a live process")
+
+// NormalizeName strips leading slashes and adds Prefix unless the name
+// already carries it: "foo" and "/foo" → "lmcache_l1_pool_foo".
+func NormalizeName(name string) string {
+	name = strings.TrimLeft(name, "/")
+	if strings.HasPrefix(name, Prefix) {
+		return name
+	}
+	return Prefix + name
+}
+
+// ValidName reports whether a normalised name is usable as a segment name:
+// [A-Za-z0-9_.-], at most 255 bytes, something after the prefix.
+func ValidName(name string) error {
+	if len(name) > 255 || len(name) <= len(Prefix) {
+		return fmt.Errorf("segment name %q: want %s followed by 1–%d characters", name, Prefix, 255-len(Prefix))
+	}
+	for _, c := range name {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '.' || c == '-') {
+			return fmt.Errorf("segment name %q: character %q not allowed (use A-Z a-z 0-9 _ . -)", name, c)
+		}
+	}
+	return nil
+}
+
+// Options selects the memory to map.
+type Options struct {
+	// Name is the segment name, normalised with NormalizeName; "" means
+	// anonymous private memory.
+	Name string
+	// NoShmReason is the Decision reason when Name is "".
+	NoShmReason string
+	// Dir is the shared-memory directory; "" means DefaultDir.
+	Dir string
+	// Size is the mapping size in bytes.
+	Size int64
+	// Prefault populates every page in the background after Open returns.
+	Prefault bool
+	// Statfs returns the free bytes of dir; nil means statfs(2). Tests
+	// inject small numbers to exercise the capacity fallback.
+	Statfs func(dir string) (int64, error)
+	// Logger receives stale-cleanup and fallback notices; nil discards.
+	Logger *slog.Logger
+}
+
+// Decision says which memory backs the pool and why.
+type Decision struct {
+	Segment string // segment name; "" when anonymous
+	Size    int64  // bytes mapped
+	Shared  bool   // workers can attach Segment
+	Reason  string // human sentence for logs, /status and the dashboard
+	ShmFree int64  // free bytes in the shm directory when checked; 0 if not checked
+}
+
+// Segment is one mapped region.
+type Segment struct {
+	dec     Decision
+	dir     string
+	mem     []byte
+	fd      int // -1 when anonymous
+	stop    atomic.Bool
+	done    chan struct{}
+	faulted atomic.Int64
+	once    sync.Once
+	log     *slog.Logger
+}
+
+// Open maps the memory described by o. A name held by a live process is an
+// error wrapping ErrBusy; a pool that does not fit in the shm directory, or a
+// segment that cannot be created, falls back to anonymous memory with the
+// reason in Decision.
+func Open(o Options) (*Segment, error) {
+	if o.Size <= 0 {
+		return nil, fmt.Errorf("segment: size %d bytes, want > 0", o.Size)
+	}
+	if o.Dir == "" {
+		o.Dir = DefaultDir
+	}
+	if o.Statfs == nil {
+		o.Statfs = statfsFree
+	}
+	log := o.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if o.Name == "" {
+		reason := o.NoShmReason
+		if reason == "" {
+			reason = "shared memory off"
+		}
+		return openAnon(o, Decision{Size: o.Size, Reason: reason}, log)
+	}
+	name := NormalizeName(o.Name)
+	if err := ValidName(name); err != nil {
+		return nil, err
+	}
+	removed, err := CleanStale(o.Dir, log)
+	if err != nil {
+		log.Warn("stale shared-memory cleanup incomplete", "dir", o.Dir, "err", err)
+	}
+	path := filepath.Join(o.Dir, name)
+	if _, err := os.Lstat(path); err == nil {
+		// CleanStale left it: a live process holds it.
+		return nil, fmt.Errorf("segment %s in %s: %w; stop that server or choose another --shm-name", name, o.Dir, ErrBusy)
+	}
+	free, err := o.Statfs(o.Dir)
+	if err != nil {
+		reason := fmt.Sprintf("cannot check free space of %s (%v); using private memory", o.Dir, err)
+		log.Warn("shared memory off", "reason", reason)
+		return openAnon(o, Decision{Size: o.Size, Reason: reason}, log)
+	}
+	if o.Size > free {
+		reason := fmt.Sprintf("%s has %s free, pool needs %s; using private memory", o.Dir, Human(free), Human(o.Size))
+		log.Warn("shared memory off", "reason", reason)
+		return openAnon(o, Decision{Size: o.Size, Reason: reason, ShmFree: free}, log)
+	}
+	s, err := create(o, name, path, free, log)
+	if errors.Is(err, ErrBusy) {
+		return nil, err
+	}
+	if err != nil {
+		reason := fmt.Sprintf("cannot create segment %s (%v); using private memory", name, err)
+		log.Warn("shared memory off", "reason", reason)
+		return openAnon(o, Decision{Size: o.Size, Reason: reason, ShmFree: free}, log)
+	}
+	s.dec.Reason = fmt.Sprintf("segment %s created, %s", name, Human(o.Size))
+	if len(removed) > 0 {
+		s.dec.Reason += fmt.Sprintf(" (removed %d stale segment(s))", len(removed))
+	}
+	s.startPrefault(o.Prefault)
+	return s, nil
+}
+
+func create(o Options, name, path string, free int64, log *slog.Logger) (*Segment, error) {
+	var fd int
+	var tmp string
+	for attempt := 0; ; attempt++ {
+		tmp = filepath.Join(o.Dir, fmt.Sprintf("%s%d-%016x", tmpPrefix, os.Getpid(), rand.Uint64()))
+		var err error
+		fd, err = unix.Open(tmp, unix.O_CREAT|unix.O_EXCL|unix.O_RDWR|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o600)
+		if err != nil {
+			return nil, fmt.Errorf("create %s: %w", tmp, err)
+		}
+		if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
+			unix.Close(fd)
+			unix.Unlink(tmp)
+			if attempt < 3 {
+				continue
+			}
+			return nil, fmt.Errorf("lock %s: %w", tmp, err)
+		}
+		break
+	}
+	fail := func(err error) (*Segment, error) {
+		unix.Unlink(tmp)
+		unix.Close(fd)
+		return nil, err
+	}
+	// fchmod because the umask may have narrowed the mode; 0600 is the contract.
+	if err := unix.Fchmod(fd, 0o600); err != nil {
+		return fail(fmt.Errorf("chmod %s: %w", tmp, err))
+	}
+	if err := unix.Ftruncate(fd, o.Size); err != nil {
+		return fail(fmt.Errorf("size %s to %d bytes: %w", tmp, o.Size, err))
+	}
+	if err := unix.Link(tmp, path); err != nil {
+		if errors.Is(err, unix.EEXIST) {
+			return fail(fmt.Errorf("segment %s in %s appeared while starting: %w", name, o.Dir, ErrBusy))
+		}
+		return fail(fmt.Errorf("publish %s as %s: %w", tmp, path, err))
+	}
+	unix.Unlink(tmp)
+	mem, err := unix.Mmap(fd, 0, int(o.Size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		unix.Unlink(path)
+		unix.Close(fd)
+		return nil, fmt.Errorf("map %s: %w", path, err)
+	}
+	log.Info("shared memory segment created", "segment", name, "dir", o.Dir, "bytes", o.Size)
+	return &Segment{
+		dec:  Decision{Segment: name, Size: o.Size, Shared: true, ShmFree: free},
+		dir:  o.Dir,
+		mem:  mem,
+		fd:   fd,
+		done: make(chan struct{}),
+		log:  log,
+	}, nil
+}
+
+func openAnon(o Options, dec Decision, log *slog.Logger) (*Segment, error) {
+	mem, err := unix.Mmap(-1, 0, int(o.Size), unix.PROT_READ|unix.PROT_WRITE,
+		unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
+	if err != nil {
+		return nil, fmt.Errorf("map %s of private memory: %w", Human(o.Size), err)
+	}
+	s := &Segment{dec: dec, mem: mem, fd: -1, done: make(chan struct{}), log: log}
+	s.startPrefault(o.Prefault)
+	return s, nil
+}
+
+// Decision says which memory backs the segment and why.
+func (s *Segment) Decision() Decision { return s.dec }
+
+// Bytes is the whole mapping; nil after Close.
+func (s *Segment) Bytes() []byte { return s.mem }
+
+// Prefaulted is how many bytes the background prefault has populated so far.
+func (s *Segment) Prefaulted() int64 { return s.faulted.Load() }
+
+// Close stops the prefault, unmaps, unlinks the segment name (if it still
+// names this segment) and releases the flock. Later calls do nothing.
+func (s *Segment) Close() error {
+	var err error
+	s.once.Do(func() {
+		s.stop.Store(true)
+		<-s.done
+		if e := unix.Munmap(s.mem); e != nil {
+			err = fmt.Errorf("unmap pool: %w", e)
+		}
+		s.mem = nil
+		if s.fd < 0 {
+			return
+		}
+		path := filepath.Join(s.dir, s.dec.Segment)
+		var mine, named unix.Stat_t
+		if unix.Fstat(s.fd, &mine) == nil && unix.Stat(path, &named) == nil &&
+			mine.Dev == named.Dev && mine.Ino == named.Ino {
+			if e := unix.Unlink(path); e != nil && err == nil {
+				err = fmt.Errorf("unlink %s: %w", path, e)
+			}
+		}
+		unix.Close(s.fd) // releases the flock
+		s.fd = -1
+	})
+	return err
+}
+
+const prefaultStep = 64 << 20
+
+// startPrefault populates the pages in the background so that start-up does
+// not wait (first touch costs ~15 µs per 4 KiB page). MADV_POPULATE_WRITE
+// never changes contents, so it is safe while workers already write; on
+// kernels without it, an atomic add of zero per page does the same.
+func (s *Segment) startPrefault(on bool) {
+	if !on {
+		close(s.done)
+		return
+	}
+	go func() {
+		defer close(s.done)
+		page := os.Getpagesize()
+		madvise := true
+		for off := 0; off < len(s.mem) && !s.stop.Load(); off += prefaultStep {
+			end := min(off+prefaultStep, len(s.mem))
+			if madvise && unix.Madvise(s.mem[off:end], unix.MADV_POPULATE_WRITE) != nil {
+				madvise = false
+			}
+			if !madvise {
+				for p := off; p+4 <= end; p += page {
+					atomic.AddUint32((*uint32)(unsafe.Pointer(&s.mem[p])), 0)
+				}
+			}
+			s.faulted.Store(int64(end))
+		}
+	}()
+}
+
+// CleanStale removes the Prefix segments in dir whose flock can be taken
+// (their owner is gone) and returns their names. Segments held by a live
+// process are left alone.
+func CleanStale(dir string, log *slog.Logger) ([]string, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("scan %s for stale segments: %w", dir, err)
+	}
+	var removed []string
+	var errs []error
+	for _, e := range ents {
+		name := e.Name()
+		isTmp := strings.HasPrefix(name, tmpPrefix)
+		if !strings.HasPrefix(name, Prefix) && !isTmp || !e.Type().IsRegular() {
+			continue
+		}
+		if isTmp {
+			// A segment being created is locked within microseconds; only
+			// leftovers of a crash are old.
+			if info, err := e.Info(); err != nil || time.Since(info.ModTime()) < time.Minute {
+				continue
+			}
+		}
+		path := filepath.Join(dir, name)
+		ok, err := removeIfStale(path)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if ok {
+			log.Info("removed stale shared memory segment", "segment", name, "dir", dir)
+			removed = append(removed, name)
+		}
+	}
+	return removed, errors.Join(errs...)
+}
+
+func removeIfStale(path string) (bool, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return false, nil
+		}
+		return false, fmt.Errorf("open %s: %w", path, err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return false, nil // live owner
+		}
+		return false, fmt.Errorf("lock %s: %w", path, err)
+	}
+	if err := unix.Unlink(path); err != nil && !errors.Is(err, unix.ENOENT) {
+		return false, fmt.Errorf("remove stale %s: %w", path, err)
+	}
+	return true, nil
+}
+
+func statfsFree(dir string) (int64, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return 0, fmt.Errorf("statfs %s: %w", dir, err)
+	}
+	return int64(st.Bavail) * int64(st.Bsize), nil
+}
+
+// Human formats a byte count in binary units: "60 MiB", "1 GiB", "1.5 GiB".
+func Human(n int64) string {
+	units := []string{"B", "KiB", "MiB", "GiB", "TiB", "PiB"}
+	v := float64(n)
+	u := 0
+	for v >= 1024 && u < len(units)-1 {
+		v /= 1024
+		u++
+	}
+	s := fmt.Sprintf("%.1f", v)
+	s = strings.TrimSuffix(s, ".0")
+	return s + " " + units[u]
+}

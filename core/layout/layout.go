@@ -1,0 +1,174 @@
+// Package layout describes the shape of one KV chunk as a worker registers it
+// (dtype, layers, tokens per chunk, hidden size, MLA or not) and keeps the
+// ref-counted registry of layouts per (model, world size) that LOOKUP consults.
+package layout
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+)
+
+// dtypeSizes maps the torch dtype names workers send (without "torch.") to
+// their element size in bytes.
+var dtypeSizes = map[string]int{
+	"float16":       2,
+	"bfloat16":      2,
+	"float32":       4,
+	"float64":       8,
+	"float8_e4m3fn": 1,
+	"float8_e5m2":   1,
+	"int8":          1,
+	"uint8":         1,
+	"int16":         2,
+	"int32":         4,
+	"int64":         8,
+	"bool":          1,
+}
+
+// DtypeSize returns the element size of a torch dtype name, and false for a
+// name kvdock does not know.
+func DtypeSize(name string) (int, bool) {
+	n, ok := dtypeSizes[name]
+	return n, ok
+}
+
+// DtypeNames lists the accepted dtype names, sorted, for error messages.
+func DtypeNames() []string {
+	names := make([]string, 0, len(dtypeSizes))
+	for n := range dtypeSizes {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// Layout is one chunk's tensor: shape [2, layers, chunk, hidden] or, with MLA,
+// [layers, chunk, hidden], of one dtype.
+type Layout struct {
+	Shape []int
+	Dtype string
+	// Bytes is prod(Shape) × element size: the exact tensor size.
+	Bytes int64
+}
+
+// New validates a registration's figures and builds the chunk layout.
+func New(numLayers, chunkTokens, hidden int, dtype string, mla bool) (Layout, error) {
+	var bad []string
+	if numLayers <= 0 {
+		bad = append(bad, fmt.Sprintf("num_layers = %d: must be > 0", numLayers))
+	}
+	if chunkTokens <= 0 {
+		bad = append(bad, fmt.Sprintf("chunk size = %d: must be > 0", chunkTokens))
+	}
+	if hidden <= 0 {
+		bad = append(bad, fmt.Sprintf("hidden_dim_size = %d: must be > 0", hidden))
+	}
+	size, ok := dtypeSizes[dtype]
+	if !ok {
+		bad = append(bad, fmt.Sprintf("dtype_str = %q: must be one of %s", dtype, strings.Join(DtypeNames(), ", ")))
+	}
+	if len(bad) > 0 {
+		return Layout{}, fmt.Errorf("invalid KV layout: %s", strings.Join(bad, "; "))
+	}
+	shape := []int{2, numLayers, chunkTokens, hidden}
+	if mla {
+		shape = shape[1:]
+	}
+	n := int64(size)
+	for _, d := range shape {
+		n *= int64(d)
+		if n > 1<<40 {
+			return Layout{}, fmt.Errorf("invalid KV layout: chunk of shape %v %s exceeds 1 TiB", shape, dtype)
+		}
+	}
+	return Layout{Shape: shape, Dtype: dtype, Bytes: n}, nil
+}
+
+// Equal reports whether two layouts describe the same tensor.
+func (l Layout) Equal(o Layout) bool {
+	if l.Dtype != o.Dtype || len(l.Shape) != len(o.Shape) {
+		return false
+	}
+	for i := range l.Shape {
+		if l.Shape[i] != o.Shape[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// String renders the layout as "[2 32 256 1024] bfloat16".
+func (l Layout) String() string { return fmt.Sprintf("%v %s", l.Shape, l.Dtype) }
+
+type regKey struct {
+	model string
+	world int
+}
+
+type regEntry struct {
+	layout Layout
+	refs   int
+}
+
+// Registry ref-counts layouts per (model, world size). The first registration
+// of a pair fixes its layout; later ones add a reference.
+type Registry struct {
+	mu      sync.RWMutex
+	entries map[regKey]*regEntry
+}
+
+// NewRegistry returns an empty registry.
+func NewRegistry() *Registry {
+	return &Registry{entries: make(map[regKey]*regEntry)}
+}
+
+// Add references the layout of (model, worldSize).
+func (r *Registry) Add(model string, worldSize int, l Layout) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	k := regKey{model, worldSize}
+	if e, ok := r.entries[k]; ok {
+		e.refs++
+		return
+	}
+	r.entries[k] = &regEntry{layout: l, refs: 1}
+}
+
+// Remove drops one reference; the entry goes when the last one does.
+func (r *Registry) Remove(model string, worldSize int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	k := regKey{model, worldSize}
+	if e, ok := r.entries[k]; ok {
+		e.refs--
+		if e.refs <= 0 {
+			delete(r.entries, k)
+		}
+	}
+}
+
+// Get returns the layout of (model, worldSize).
+func (r *Registry) Get(model string, worldSize int) (Layout, bool) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	e, ok := r.entries[regKey{model, worldSize}]
+	if !ok {
+		return Layout{}, false
+	}
+	return e.layout, true
+}
+
+// Has reports whether any worker registered (model, worldSize).
+func (r *Registry) Has(model string, worldSize int) bool {
+	_, ok := r.Get(model, worldSize)
+	return ok
+}
+
+// Clear forgets every layout (a pool rebuild drops all contexts).
+func (r *Registry) Clear() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	clear(r.entries)
+}

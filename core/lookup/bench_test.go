@@ -1,0 +1,122 @@
+package lookup
+
+import (
+	"encoding/binary"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/zeebo/blake3"
+
+	"kvdock/core/keys"
+)
+
+// hitStore finds every key, so a lookup's cost is the key path alone.
+type hitStore struct{}
+
+func (hitStore) ReserveReadPrefix(ks []keys.ObjectKey, _ int) int { return len(ks) }
+func (hitStore) FinishRead([]keys.ObjectKey, int)                 {}
+func (hitStore) Touch([]keys.ObjectKey)                           {}
+
+type allLayouts struct{}
+
+func (allLayouts) Has(string, int) bool { return true }
+
+// chainMessages returns the byte strings the chain hashes for tokens:
+// previous digest || chunk tokens as big-endian uint32, one per full chunk.
+func chainMessages(h *keys.Hasher, tokens []uint32) [][]byte {
+	cs := h.ChunkSize()
+	hs := h.Hashes(tokens)
+	msgs := make([][]byte, len(hs))
+	for i := range hs {
+		prev := keys.NoneHash()
+		if i > 0 {
+			prev = hs[i-1]
+		}
+		m := append([]byte(nil), prev[:]...)
+		for _, t := range tokens[i*cs : (i+1)*cs] {
+			m = binary.BigEndian.AppendUint32(m, t)
+		}
+		msgs[i] = m
+	}
+	return msgs
+}
+
+// pairedRatio runs op and one raw BLAKE3 pass over msgs alternately k times
+// and returns time(op)/time(raw); pairing keeps the ratio steady on a shared
+// machine.
+func pairedRatio(k int, op func(int), msgs [][]byte) float64 {
+	k = min(max(k, 20), 200)
+	var tOp, tRaw time.Duration
+	for j := range k {
+		t0 := time.Now()
+		op(j)
+		t1 := time.Now()
+		for _, m := range msgs {
+			_ = blake3.Sum256(m)
+		}
+		tRaw += time.Since(t1)
+		tOp += t1.Sub(t0)
+	}
+	return float64(tOp) / float64(tRaw)
+}
+
+// BenchmarkLookup32k runs LOOKUP + QUERY_PREFETCH_STATUS for a 32k-token
+// prompt (128 chunks of 256 tokens, world size 1): "cold" with a new request
+// id each time (every chunk hashed), "cached" with the session of an earlier
+// lookup of the same prompt (hashes served from the session).
+func BenchmarkLookup32k(b *testing.B) {
+	const chunk, n = 256, 32768
+	tokens := make([]uint32, n)
+	for i := range tokens {
+		tokens[i] = uint32(i*2654435761) >> 15
+	}
+	for _, mode := range []string{"cold", "cached"} {
+		b.Run(mode, func(b *testing.B) {
+			h, err := keys.NewHasher(chunk, "blake3")
+			if err != nil {
+				b.Fatal(err)
+			}
+			s := keys.NewSessions(h, 0, nil)
+			s.SetLimits(16, 0)
+			m := New(s, hitStore{}, allLayouts{}, Options{})
+			ids := make([]string, b.N)
+			for i := range ids {
+				ids[i] = "req"
+				if mode == "cold" {
+					ids[i] = fmt.Sprint("req-", i)
+				}
+			}
+			r := keys.KeyRequest{Model: "m", WorldSize: 1, Tokens: tokens}
+			if mode == "cached" {
+				r.RequestID = "req"
+				if err := m.Lookup(r, 1); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range b.N {
+				r.RequestID = ids[i]
+				if err := m.Lookup(r, 1); err != nil {
+					b.Fatal(err)
+				}
+				if hit, _ := m.QueryStatus(r.RequestID); hit != n/chunk {
+					b.Fatalf("hit %d chunks", hit)
+				}
+			}
+			b.StopTimer()
+			ratio := pairedRatio(b.N, func(j int) {
+				r.RequestID = "req"
+				if mode == "cold" {
+					r.RequestID = fmt.Sprint("pair-", j)
+				}
+				if err := m.Lookup(r, 1); err != nil {
+					b.Fatal(err)
+				}
+				m.QueryStatus(r.RequestID)
+			}, chainMessages(h, tokens))
+			b.ReportMetric(ratio, "x-raw-blake3")
+		})
+	}
+}
