@@ -1,0 +1,129 @@
+// Package settings holds kvdock's configuration: the typed Config with its
+// defaults, layered loading (defaults < YAML file < environment < flags) that
+// remembers where every value came from, validation that reports every problem
+// at once, and the diff of two configs with the restart class of each change.
+//
+// It imports nothing else of kvdock, so every other package can depend on it.
+package settings
+
+import "time"
+
+// Config is everything kvdock can be told. Field tags name the YAML keys; the
+// flag of a key is its name with '_' → '-' and, for groups other than server,
+// the group as a prefix (l1.size_gb → --l1-size-gb).
+type Config struct {
+	Server   ServerConfig   `koanf:"server"`
+	L1       L1Config       `koanf:"l1"`
+	Eviction EvictionConfig `koanf:"eviction"`
+	HTTP     HTTPConfig     `koanf:"http"`
+	Log      LogConfig      `koanf:"log"`
+	UI       UIConfig       `koanf:"ui"`
+}
+
+// ServerConfig is the MP server part: the ZMQ endpoint, handler pools and the
+// transfer choices.
+type ServerConfig struct {
+	Host      string `koanf:"host"`
+	Port      int    `koanf:"port"`
+	ChunkSize int    `koanf:"chunk_size"`
+	// MaxWorkers is the base size of both handler pools.
+	MaxWorkers int `koanf:"max_workers"`
+	// MaxGPUWorkers sizes the per-worker ordered (affinity) pool; 0 means MaxWorkers.
+	MaxGPUWorkers int `koanf:"max_gpu_workers"`
+	// MaxCPUWorkers sizes the shared pool; 0 means MaxWorkers.
+	MaxCPUWorkers int    `koanf:"max_cpu_workers"`
+	HashAlgorithm string `koanf:"hash_algorithm"`
+	TransferMode  string `koanf:"transfer_mode"`
+	// ShmName is tri-state: nil = auto (L1 settings decide), "" = SHM off
+	// (pickle for every worker), other = that segment name (normalised).
+	ShmName  *string `koanf:"shm_name"`
+	Protocol string  `koanf:"protocol"`
+	// MaxMessageBytes rejects larger ZMQ messages without allocating them.
+	MaxMessageBytes int64 `koanf:"max_message_bytes"`
+}
+
+// L1Config is the L1 memory pool.
+type L1Config struct {
+	SizeGB          float64 `koanf:"size_gb"`
+	UseLazy         bool    `koanf:"use_lazy"`
+	AlignBytes      int     `koanf:"align_bytes"`
+	WriteTTLSeconds int     `koanf:"write_ttl_seconds"`
+	ReadTTLSeconds  int     `koanf:"read_ttl_seconds"`
+	Prefault        bool    `koanf:"prefault"`
+}
+
+// EvictionConfig is the L1 eviction policy and its watermark loop.
+type EvictionConfig struct {
+	Policy           string  `koanf:"policy"`
+	TriggerWatermark float64 `koanf:"trigger_watermark"`
+	Ratio            float64 `koanf:"ratio"`
+}
+
+// HTTPConfig is the operator HTTP API; Port 0 disables it.
+type HTTPConfig struct {
+	Host  string `koanf:"host"`
+	Port  int    `koanf:"port"`
+	Token string `koanf:"token"`
+}
+
+// LogConfig selects the slog handler; File "" means stderr in headless mode
+// and a file under the state directory while the dashboard owns the screen.
+type LogConfig struct {
+	Level  string `koanf:"level"`
+	Format string `koanf:"format"`
+	File   string `koanf:"file"`
+}
+
+// UIConfig is the operator face.
+type UIConfig struct {
+	Headless bool          `koanf:"headless"`
+	Refresh  time.Duration `koanf:"refresh"`
+}
+
+// Default returns the configuration kvdock runs with when told nothing.
+func Default() Config {
+	return Config{
+		Server: ServerConfig{
+			Host:            "localhost",
+			Port:            5555,
+			ChunkSize:       256,
+			MaxWorkers:      1,
+			HashAlgorithm:   "blake3",
+			TransferMode:    "non_gpu",
+			Protocol:        "nongpu-v1",
+			MaxMessageBytes: 1 << 30,
+		},
+		L1: L1Config{
+			SizeGB:          1,
+			AlignBytes:      4096,
+			WriteTTLSeconds: 600,
+			ReadTTLSeconds:  300,
+			Prefault:        true,
+		},
+		Eviction: EvictionConfig{Policy: "LRU", TriggerWatermark: 0.8, Ratio: 0.2},
+		HTTP:     HTTPConfig{Host: "127.0.0.1", Port: 8080},
+		Log:      LogConfig{Level: "info", Format: "text"},
+		UI:       UIConfig{Refresh: time.Second},
+	}
+}
+
+// GPUWorkers is the effective size of the per-worker ordered pool.
+func (s ServerConfig) GPUWorkers() int {
+	if s.MaxGPUWorkers > 0 {
+		return s.MaxGPUWorkers
+	}
+	return s.MaxWorkers
+}
+
+// CPUWorkers is the effective size of the shared handler pool.
+func (s ServerConfig) CPUWorkers() int {
+	if s.MaxCPUWorkers > 0 {
+		return s.MaxCPUWorkers
+	}
+	return s.MaxWorkers
+}
+
+// SizeBytes is the L1 pool size in bytes (GiB × 2^30, as upstream).
+func (l L1Config) SizeBytes() int64 {
+	return int64(l.SizeGB * (1 << 30))
+}

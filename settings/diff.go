@@ -1,0 +1,57 @@
+package settings
+
+// Class is what applying a changed key costs the running server, weakest first.
+type Class int
+
+const (
+	// Live keys change in place (eviction, TTLs, log level, refresh).
+	Live Class = iota
+	// Restart keys need the engine restarted (sockets, pools, HTTP, log sink); the cache survives.
+	Restart
+	// Rebuild keys change the pool itself: the cache is lost.
+	Rebuild
+)
+
+// String is "live", "restart" or "rebuild".
+func (c Class) String() string {
+	switch c {
+	case Live:
+		return "live"
+	case Restart:
+		return "restart"
+	case Rebuild:
+		return "rebuild"
+	}
+	return "unknown"
+}
+
+// Change is one key that differs between two configs; Old and New are shown
+// as in messages (strings quoted, an absent shm_name as auto).
+type Change struct {
+	Key      string
+	Old, New string
+	Class    Class
+}
+
+// Diff lists the keys whose values differ, in file order.
+func Diff(old, new Config) []Change {
+	var out []Change
+	for _, d := range table() {
+		o, n := display(d.field(&old)), display(d.field(&new))
+		if o != n {
+			out = append(out, Change{Key: d.key, Old: o, New: n, Class: d.class})
+		}
+	}
+	return out
+}
+
+// Strongest is the costliest class among changes (Live for none).
+func Strongest(changes []Change) Class {
+	c := Live
+	for _, ch := range changes {
+		if ch.Class > c {
+			c = ch.Class
+		}
+	}
+	return c
+}

@@ -1,0 +1,63 @@
+package settings_test
+
+import (
+	"testing"
+
+	"kvdock/settings"
+)
+
+func TestDiffClassifies(t *testing.T) {
+	cases := []struct {
+		key, value string
+		class      settings.Class
+	}{
+		{"eviction.policy", "noop", settings.Live},
+		{"eviction.ratio", "0.5", settings.Live},
+		{"l1.read_ttl_seconds", "30", settings.Live},
+		{"log.level", "debug", settings.Live},
+		{"ui.refresh", "2s", settings.Live},
+		{"server.port", "6000", settings.Restart},
+		{"server.max_workers", "4", settings.Restart},
+		{"http.token", "t", settings.Restart},
+		{"log.format", "json", settings.Restart},
+		{"server.protocol", "nongpu-v2", settings.Restart},
+		{"l1.size_gb", "2", settings.Rebuild},
+		{"server.shm_name", "", settings.Rebuild},
+		{"l1.use_lazy", "true", settings.Rebuild},
+		{"server.chunk_size", "512", settings.Rebuild},
+		{"l1.align_bytes", "64", settings.Rebuild},
+	}
+	old := settings.Default()
+	for _, tc := range cases {
+		nc := old
+		if err := settings.Set(&nc, tc.key, tc.value); err != nil {
+			t.Fatal(err)
+		}
+		ch := settings.Diff(old, nc)
+		if len(ch) != 1 || ch[0].Key != tc.key || ch[0].Class != tc.class {
+			t.Errorf("%s: diff = %+v, want one %v change", tc.key, ch, tc.class)
+		}
+	}
+	nc := old
+	_ = settings.Set(&nc, "server.shm_name", "")
+	if ch := settings.Diff(old, nc); ch[0].Old != "auto" || ch[0].New != `""` {
+		t.Errorf("shm diff shows %q → %q", ch[0].Old, ch[0].New)
+	}
+	if d := settings.Diff(old, old); len(d) != 0 {
+		t.Errorf("diff of equal configs: %+v", d)
+	}
+	_ = settings.Set(&nc, "log.level", "debug")
+	_ = settings.Set(&nc, "server.port", "6000")
+	if s := settings.Strongest(settings.Diff(old, nc)); s != settings.Rebuild || s.String() != "rebuild" {
+		t.Errorf("strongest = %v", s)
+	}
+	lr := old
+	_ = settings.Set(&lr, "log.level", "debug")
+	_ = settings.Set(&lr, "http.port", "0")
+	if s := settings.Strongest(settings.Diff(old, lr)); s != settings.Restart || s.String() != "restart" {
+		t.Errorf("strongest = %v", s)
+	}
+	if settings.Live.String() != "live" || settings.Strongest(nil) != settings.Live {
+		t.Errorf("Live")
+	}
+}

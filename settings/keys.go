@@ -1,0 +1,568 @@
+package settings
+
+import (
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// EnvPrefix starts every environment variable kvdock reads.
+const EnvPrefix = "KVDOCK_"
+
+// EnvConfig names the config file when --config is not given.
+const EnvConfig = EnvPrefix + "CONFIG"
+
+// AutoText is how Get shows an absent server.shm_name (auto), and the text
+// Set accepts to make it absent again. It cannot be a segment name: '(' is
+// not allowed there.
+const AutoText = "(auto)"
+
+// KeyInfo describes one setting for help screens and the dashboard editor.
+type KeyInfo struct {
+	Key     string // dotted YAML key: "l1.size_gb"
+	Flag    string // flag name without dashes: "l1-size-gb"
+	Env     string // environment variable: "KVDOCK_L1_SIZE_GB"
+	Kind    string // "string", "int", "int64", "float", "bool", "duration", "optional-string"
+	Default string // default as Get shows it
+	Help    string // one line
+	Class   Class  // what changing it at runtime costs
+	// NoFlag is the negating flag ("no-l1-use-lazy") for the bools that have one.
+	NoFlag string
+}
+
+// keyDef is one row of the table every other part (flags, env, file,
+// validation, diff, rendering) is driven from.
+type keyDef struct {
+	key, flag, help string
+	class           Class
+	negatable       bool
+	field           func(c *Config) any // pointer to the field
+	check           func(c Config) string
+}
+
+func (d keyDef) env() string {
+	return EnvPrefix + strings.ToUpper(strings.ReplaceAll(d.flag, "-", "_"))
+}
+
+func (d keyDef) group() string { g, _, _ := strings.Cut(d.key, "."); return g }
+func (d keyDef) leaf() string  { _, l, _ := strings.Cut(d.key, "."); return l }
+
+// groups in file order.
+var groupOrder = [...]string{"server", "l1", "eviction", "http", "log", "ui"}
+
+// table returns the key table. It is rebuilt per call (it is small) so the
+// package keeps no mutable state.
+func table() []keyDef {
+	return []keyDef{
+		{key: "server.host", flag: "host", class: Restart,
+			help:  "address the ZMQ server binds",
+			field: func(c *Config) any { return &c.Server.Host },
+			check: func(c Config) string { return nonEmpty(c.Server.Host) }},
+		{key: "server.port", flag: "port", class: Restart,
+			help:  "TCP port of the ZMQ server",
+			field: func(c *Config) any { return &c.Server.Port },
+			check: func(c Config) string { return intRange(c.Server.Port, 1, 65535) }},
+		{key: "server.chunk_size", flag: "chunk-size", class: Rebuild,
+			help:  "tokens per KV chunk (must match the workers)",
+			field: func(c *Config) any { return &c.Server.ChunkSize },
+			check: func(c Config) string { return intMin(c.Server.ChunkSize, 1, "must be > 0") }},
+		{key: "server.max_workers", flag: "max-workers", class: Restart,
+			help:  "base size of both request handler pools",
+			field: func(c *Config) any { return &c.Server.MaxWorkers },
+			check: func(c Config) string { return intMin(c.Server.MaxWorkers, 1, "must be >= 1") }},
+		{key: "server.max_gpu_workers", flag: "max-gpu-workers", class: Restart,
+			help:  "size of the per-worker ordered pool (0 = max_workers)",
+			field: func(c *Config) any { return &c.Server.MaxGPUWorkers },
+			check: func(c Config) string {
+				return intMin(c.Server.MaxGPUWorkers, 0, "must be >= 1, or 0 to use server.max_workers")
+			}},
+		{key: "server.max_cpu_workers", flag: "max-cpu-workers", class: Restart,
+			help:  "size of the shared handler pool (0 = max_workers)",
+			field: func(c *Config) any { return &c.Server.MaxCPUWorkers },
+			check: func(c Config) string {
+				return intMin(c.Server.MaxCPUWorkers, 0, "must be >= 1, or 0 to use server.max_workers")
+			}},
+		{key: "server.hash_algorithm", flag: "hash-algorithm", class: Rebuild,
+			help:  `token chunk hash; only "blake3"`,
+			field: func(c *Config) any { return &c.Server.HashAlgorithm },
+			check: func(c Config) string {
+				if c.Server.HashAlgorithm != "blake3" {
+					return `only "blake3" is supported (kvdock does not implement LMCache's other hash algorithms)`
+				}
+				return ""
+			}},
+		{key: "server.transfer_mode", flag: "transfer-mode", class: Restart,
+			help:  `how KV data moves; only "non_gpu"`,
+			field: func(c *Config) any { return &c.Server.TransferMode },
+			check: func(c Config) string {
+				switch c.Server.TransferMode {
+				case "non_gpu":
+					return ""
+				case "gpu":
+					return `CUDA IPC transfer is not served by kvdock; run LMCache's own server for CUDA workers (accepted: "non_gpu")`
+				}
+				return `accepted: "non_gpu"`
+			}},
+		{key: "server.shm_name", flag: "shm-name", class: Rebuild,
+			help:  `shared-memory segment name; "" = SHM off (pickle fallback); unset = auto`,
+			field: func(c *Config) any { return &c.Server.ShmName },
+			check: func(c Config) string { return checkShmName(c.Server.ShmName) }},
+		{key: "server.protocol", flag: "protocol", class: Restart,
+			help:  "wire protocol profile: nongpu-v1, nongpu-v2 or engine-driven",
+			field: func(c *Config) any { return &c.Server.Protocol },
+			check: func(c Config) string {
+				return oneOf(c.Server.Protocol, "nongpu-v1", "nongpu-v2", "engine-driven")
+			}},
+		{key: "server.max_message_bytes", flag: "max-message-bytes", class: Restart,
+			help:  "largest ZMQ message accepted, in bytes",
+			field: func(c *Config) any { return &c.Server.MaxMessageBytes },
+			check: func(c Config) string {
+				if c.Server.MaxMessageBytes < 1<<20 {
+					return "must be >= 1048576 (1 MiB)"
+				}
+				return ""
+			}},
+		{key: "l1.size_gb", flag: "l1-size-gb", class: Rebuild,
+			help:  "L1 pool size in GiB",
+			field: func(c *Config) any { return &c.L1.SizeGB },
+			check: checkSize},
+		{key: "l1.use_lazy", flag: "l1-use-lazy", class: Rebuild, negatable: true,
+			help:  "lazy L1 allocation (workers then use the pickle fallback)",
+			field: func(c *Config) any { return &c.L1.UseLazy }},
+		{key: "l1.align_bytes", flag: "l1-align-bytes", class: Rebuild,
+			help:  "alignment of every object in the pool, a power of two",
+			field: func(c *Config) any { return &c.L1.AlignBytes },
+			check: func(c Config) string {
+				if a := c.L1.AlignBytes; a < 1 || a&(a-1) != 0 {
+					return "must be a power of two >= 1"
+				}
+				return ""
+			}},
+		{key: "l1.write_ttl_seconds", flag: "l1-write-ttl-seconds", class: Live,
+			help:  "seconds a write reservation may stay uncommitted",
+			field: func(c *Config) any { return &c.L1.WriteTTLSeconds },
+			check: func(c Config) string { return intMin(c.L1.WriteTTLSeconds, 1, "must be > 0") }},
+		{key: "l1.read_ttl_seconds", flag: "l1-read-ttl-seconds", class: Live,
+			help:  "seconds a read lock may be held",
+			field: func(c *Config) any { return &c.L1.ReadTTLSeconds },
+			check: func(c Config) string { return intMin(c.L1.ReadTTLSeconds, 1, "must be > 0") }},
+		{key: "l1.prefault", flag: "l1-prefault", class: Rebuild, negatable: true,
+			help:  "touch every pool page at start so first writes do not fault",
+			field: func(c *Config) any { return &c.L1.Prefault }},
+		{key: "eviction.policy", flag: "eviction-policy", class: Live,
+			help:  "L1 eviction policy: LRU or noop",
+			field: func(c *Config) any { return &c.Eviction.Policy },
+			check: func(c Config) string { return oneOf(c.Eviction.Policy, "LRU", "noop") }},
+		{key: "eviction.trigger_watermark", flag: "eviction-trigger-watermark", class: Live,
+			help:  "pool usage fraction that starts eviction",
+			field: func(c *Config) any { return &c.Eviction.TriggerWatermark },
+			check: func(c Config) string { return fraction(c.Eviction.TriggerWatermark) }},
+		{key: "eviction.ratio", flag: "eviction-ratio", class: Live,
+			help:  "fraction of the pool one eviction round frees",
+			field: func(c *Config) any { return &c.Eviction.Ratio },
+			check: func(c Config) string { return fraction(c.Eviction.Ratio) }},
+		{key: "http.host", flag: "http-host", class: Restart,
+			help:  "address of the operator HTTP API",
+			field: func(c *Config) any { return &c.HTTP.Host }},
+		{key: "http.port", flag: "http-port", class: Restart,
+			help:  "port of the operator HTTP API (0 disables it)",
+			field: func(c *Config) any { return &c.HTTP.Port },
+			check: func(c Config) string { return intRange(c.HTTP.Port, 0, 65535) }},
+		{key: "http.token", flag: "http-token", class: Restart,
+			help:  "bearer token the HTTP API requires for changes (empty = none)",
+			field: func(c *Config) any { return &c.HTTP.Token }},
+		{key: "log.level", flag: "log-level", class: Live,
+			help:  "log level: debug, info, warn or error",
+			field: func(c *Config) any { return &c.Log.Level },
+			check: func(c Config) string { return oneOf(c.Log.Level, "debug", "info", "warn", "error") }},
+		{key: "log.format", flag: "log-format", class: Restart,
+			help:  "log format: text or json",
+			field: func(c *Config) any { return &c.Log.Format },
+			check: func(c Config) string { return oneOf(c.Log.Format, "text", "json") }},
+		{key: "log.file", flag: "log-file", class: Restart,
+			help:  "log file (empty = stderr, or a state-dir file under the dashboard)",
+			field: func(c *Config) any { return &c.Log.File }},
+		{key: "ui.headless", flag: "headless", class: Restart,
+			help:  "run without the dashboard",
+			field: func(c *Config) any { return &c.UI.Headless }},
+		{key: "ui.refresh", flag: "refresh", class: Live,
+			help:  "dashboard refresh interval (>= 100ms)",
+			field: func(c *Config) any { return &c.UI.Refresh },
+			check: func(c Config) string {
+				if c.UI.Refresh < 100*time.Millisecond {
+					return "must be a duration >= 100ms"
+				}
+				return ""
+			}},
+	}
+}
+
+func findDef(key string) (keyDef, bool) {
+	for _, d := range table() {
+		if d.key == key {
+			return d, true
+		}
+	}
+	return keyDef{}, false
+}
+
+func nonEmpty(s string) string {
+	if s == "" {
+		return "must not be empty"
+	}
+	return ""
+}
+
+func intRange(v, lo, hi int) string {
+	if v < lo || v > hi {
+		return fmt.Sprintf("must be in %d..%d", lo, hi)
+	}
+	return ""
+}
+
+func intMin(v, lo int, msg string) string {
+	if v < lo {
+		return msg
+	}
+	return ""
+}
+
+func oneOf(v string, accepted ...string) string {
+	for _, a := range accepted {
+		if v == a {
+			return ""
+		}
+	}
+	return "accepted: " + strings.Join(accepted, ", ")
+}
+
+func fraction(v float64) string {
+	if !(v > 0 && v <= 1) {
+		return "must be in (0, 1]"
+	}
+	return ""
+}
+
+// maxSizeGB keeps the byte count of the pool inside int64.
+const maxSizeGB = 1 << 20
+
+func checkSize(c Config) string {
+	v := c.L1.SizeGB
+	switch {
+	case !(v > 0):
+		return "must be > 0"
+	case v > maxSizeGB:
+		return fmt.Sprintf("must be <= %d", maxSizeGB)
+	case c.L1.AlignBytes > 0 && c.L1.SizeBytes() < int64(c.L1.AlignBytes):
+		return fmt.Sprintf("a pool of %d bytes is smaller than l1.align_bytes (%d)", c.L1.SizeBytes(), c.L1.AlignBytes)
+	}
+	return ""
+}
+
+// maxShmName bounds server.shm_name; with the segment prefix added it still
+// fits NAME_MAX (255).
+const maxShmName = 200
+
+func checkShmName(p *string) string {
+	if p == nil || *p == "" {
+		return ""
+	}
+	name := strings.TrimPrefix(*p, "/")
+	if len(*p) > maxShmName {
+		return fmt.Sprintf("must be at most %d characters", maxShmName)
+	}
+	if name == "" {
+		return `must name a segment after the optional leading '/' (use "" to turn SHM off)`
+	}
+	for _, r := range name {
+		ok := r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '.' || r == '-'
+		if !ok {
+			return "may hold only letters, digits, '_', '.' and '-' after an optional leading '/'"
+		}
+	}
+	if name == "." || name == ".." {
+		return `must not be "." or ".."`
+	}
+	return ""
+}
+
+// kindOf names the type behind a field pointer.
+func kindOf(ptr any) string {
+	switch ptr.(type) {
+	case *string:
+		return "string"
+	case *int:
+		return "int"
+	case *int64:
+		return "int64"
+	case *float64:
+		return "float"
+	case *bool:
+		return "bool"
+	case *time.Duration:
+		return "duration"
+	case **string:
+		return "optional-string"
+	}
+	return "unknown"
+}
+
+// text is the editable form of a field: Set(text(x)) gives x back.
+func text(ptr any) string {
+	switch p := ptr.(type) {
+	case *string:
+		return *p
+	case *int:
+		return strconv.Itoa(*p)
+	case *int64:
+		return strconv.FormatInt(*p, 10)
+	case *float64:
+		return strconv.FormatFloat(*p, 'g', -1, 64)
+	case *bool:
+		return strconv.FormatBool(*p)
+	case *time.Duration:
+		return p.String()
+	case **string:
+		if *p == nil {
+			return AutoText
+		}
+		return **p
+	}
+	return ""
+}
+
+// display is text with strings quoted, for messages and diffs.
+func display(ptr any) string {
+	switch p := ptr.(type) {
+	case *string:
+		return strconv.Quote(*p)
+	case **string:
+		if *p == nil {
+			return "auto"
+		}
+		return strconv.Quote(**p)
+	}
+	return text(ptr)
+}
+
+// rawDisplay shows an input value that could not be decoded.
+func rawDisplay(v any) string {
+	if s, ok := v.(string); ok {
+		return strconv.Quote(s)
+	}
+	return fmt.Sprint(v)
+}
+
+// assign stores v (from YAML, env, a flag or Set) into the field. It returns
+// what is accepted when v does not fit.
+func assign(ptr any, v any) string {
+	switch p := ptr.(type) {
+	case *string:
+		s, ok := scalarString(v)
+		if !ok {
+			return "must be a string"
+		}
+		*p = s
+	case **string:
+		if v == nil {
+			*p = nil
+			return ""
+		}
+		s, ok := scalarString(v)
+		if !ok {
+			return "must be a string"
+		}
+		*p = &s
+	case *int:
+		n, ok := toInt(v)
+		if !ok || n < math.MinInt || n > math.MaxInt {
+			return "must be an integer"
+		}
+		*p = int(n)
+	case *int64:
+		n, ok := toInt(v)
+		if !ok {
+			return "must be an integer"
+		}
+		*p = n
+	case *float64:
+		f, ok := toFloat(v)
+		if !ok {
+			return "must be a finite number"
+		}
+		*p = f
+	case *bool:
+		switch b := v.(type) {
+		case bool:
+			*p = b
+		case string:
+			parsed, err := strconv.ParseBool(strings.TrimSpace(b))
+			if err != nil {
+				return "must be true or false"
+			}
+			*p = parsed
+		default:
+			return "must be true or false"
+		}
+	case *time.Duration:
+		switch d := v.(type) {
+		case time.Duration:
+			*p = d
+		case string:
+			parsed, err := time.ParseDuration(strings.TrimSpace(d))
+			if err != nil {
+				return "must be a duration with a unit, such as 500ms or 2s"
+			}
+			*p = parsed
+		default:
+			return "must be a duration with a unit, such as 500ms or 2s"
+		}
+	default:
+		return "unsupported field type"
+	}
+	return ""
+}
+
+// scalarString accepts strings and, for YAML's sake, other scalars written
+// without quotes (token: 12345).
+func scalarString(v any) (string, bool) {
+	switch s := v.(type) {
+	case string:
+		return s, true
+	case int, int64, uint64, bool:
+		return fmt.Sprint(s), true
+	case float64:
+		return strconv.FormatFloat(s, 'g', -1, 64), true
+	}
+	return "", false
+}
+
+func toInt(v any) (int64, bool) {
+	switch n := v.(type) {
+	case int:
+		return int64(n), true
+	case int64:
+		return n, true
+	case uint64:
+		if n > math.MaxInt64 {
+			return 0, false
+		}
+		return int64(n), true
+	case float64:
+		if n != math.Trunc(n) || n < math.MinInt64 || n >= math.MaxInt64 {
+			return 0, false
+		}
+		return int64(n), true
+	case string:
+		parsed, err := strconv.ParseInt(strings.TrimSpace(n), 10, 64)
+		return parsed, err == nil
+	}
+	return 0, false
+}
+
+func toFloat(v any) (float64, bool) {
+	var f float64
+	switch n := v.(type) {
+	case float64:
+		f = n
+	case int:
+		f = float64(n)
+	case int64:
+		f = float64(n)
+	case uint64:
+		f = float64(n)
+	case string:
+		parsed, err := strconv.ParseFloat(strings.TrimSpace(n), 64)
+		if err != nil {
+			return 0, false
+		}
+		f = parsed
+	default:
+		return 0, false
+	}
+	if math.IsNaN(f) || math.IsInf(f, 0) {
+		return 0, false
+	}
+	return f, true
+}
+
+// Keys describes every setting, in file order.
+func Keys() []KeyInfo {
+	def := Default()
+	var out []KeyInfo
+	for _, d := range table() {
+		out = append(out, d.info(&def))
+	}
+	return out
+}
+
+func (d keyDef) info(def *Config) KeyInfo {
+	ki := KeyInfo{
+		Key: d.key, Flag: d.flag, Env: d.env(), Kind: kindOf(d.field(def)),
+		Default: text(d.field(def)), Help: d.help, Class: d.class,
+	}
+	if d.negatable {
+		ki.NoFlag = "no-" + d.flag
+	}
+	return ki
+}
+
+// LookupKey describes one setting by its dotted key.
+func LookupKey(key string) (KeyInfo, bool) {
+	d, ok := findDef(key)
+	if !ok {
+		return KeyInfo{}, false
+	}
+	def := Default()
+	return d.info(&def), true
+}
+
+// KeyNames lists every dotted key in file order.
+func KeyNames() []string {
+	var out []string
+	for _, d := range table() {
+		out = append(out, d.key)
+	}
+	return out
+}
+
+// Get returns the editable text of a key: what Set accepts to give the same
+// value back. An absent server.shm_name reads as AutoText.
+func Get(c Config, key string) (string, error) {
+	d, ok := findDef(key)
+	if !ok {
+		return "", fmt.Errorf("unknown setting %q", key)
+	}
+	return text(d.field(&c)), nil
+}
+
+// Set parses value into key. It checks the type only; run Validate for the
+// rules. For server.shm_name, "" turns SHM off and AutoText makes it absent.
+func Set(c *Config, key, value string) error {
+	d, ok := findDef(key)
+	if !ok {
+		return fmt.Errorf("unknown setting %q", key)
+	}
+	ptr := d.field(c)
+	var v any = value
+	if pp, isOpt := ptr.(**string); isOpt && value == AutoText {
+		*pp = nil
+		return nil
+	}
+	if reason := assign(ptr, v); reason != "" {
+		return fmt.Errorf("%s = %q: %s", key, value, reason)
+	}
+	return nil
+}
+
+// Reset puts a key back to its default.
+func Reset(c *Config, key string) error {
+	d, ok := findDef(key)
+	if !ok {
+		return fmt.Errorf("unknown setting %q", key)
+	}
+	def := Default()
+	return Set(c, key, text(d.field(&def)))
+}

@@ -1,0 +1,391 @@
+package settings
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/knadh/koanf/parsers/yaml"
+	"github.com/knadh/koanf/providers/confmap"
+	"github.com/knadh/koanf/providers/env/v2"
+	"github.com/knadh/koanf/providers/file"
+	"github.com/knadh/koanf/providers/posflag"
+	"github.com/knadh/koanf/v2"
+	"github.com/spf13/pflag"
+	yamlv3 "go.yaml.in/yaml/v3"
+)
+
+// LoadOptions is everything Load reads; it never looks at the process
+// environment itself, so tests inject it.
+type LoadOptions struct {
+	// Flags is a parsed set with RegisterFlags' flags; only flags actually
+	// given count. Nil means no flags.
+	Flags *pflag.FlagSet
+	// Environ is "NAME=value" pairs (os.Environ()); nil means none.
+	Environ []string
+	// ConfigPath, when not empty, is the settings file to read, overriding
+	// --config, $KVDOCK_CONFIG and the XDG default.
+	ConfigPath string
+}
+
+// Loaded is the result of Load.
+type Loaded struct {
+	Config Config
+	// Sources holds the source of every key, by dotted key ("l1.size_gb").
+	Sources map[string]Source
+	// File is the settings file read, "" when none.
+	File string
+	// FileSource says how File was chosen (--config, $KVDOCK_CONFIG, the
+	// XDG default); zero when File is "".
+	FileSource Source
+	// Warnings are things worth logging that are not errors: KVDOCK_*
+	// variables that name no setting.
+	Warnings []string
+}
+
+// Load layers defaults < settings file < environment < flags given, decodes
+// every key, validates the result and records where each value came from.
+// Settings problems (unknown file keys, wrong types, broken rules, in every
+// layer) come back together as a *ValidationError; an unreadable file or
+// invalid YAML comes back as a plain error naming the file and line.
+func Load(opts LoadOptions) (*Loaded, error) {
+	path, pathSrc, err := ResolvePath(opts)
+	if err != nil {
+		return nil, err
+	}
+	defs := table()
+	var probs []Problem
+
+	defaults := koanf.New(".")
+	flat := map[string]any{}
+	defCfg := Default()
+	for _, d := range defs {
+		if p, ok := d.field(&defCfg).(**string); ok && *p == nil {
+			continue // absent means auto
+		}
+		flat[d.key] = derefField(d.field(&defCfg))
+	}
+	if err := defaults.Load(confmap.Provider(flat, "."), nil); err != nil {
+		return nil, fmt.Errorf("loading defaults: %w", err)
+	}
+
+	fileK := koanf.New(".")
+	fileLines := map[string]fileLeaf{}
+	if path != "" {
+		data, err := file.Provider(path).ReadBytes()
+		if err != nil {
+			return nil, fmt.Errorf("settings file %s (from %s): %w", path, pathSrc, err)
+		}
+		lines, fprobs, err := checkFile(path, data)
+		if err != nil {
+			return nil, err
+		}
+		fileLines, probs = lines, append(probs, fprobs...)
+		// A file with structural problems (a list at the top, a key given
+		// twice) may not decode as a map; those problems already say why.
+		if err := fileK.Load(bytesProvider(data), yaml.Parser()); err != nil && len(fprobs) == 0 {
+			return nil, fmt.Errorf("settings file %s: %w", path, err)
+		}
+	}
+
+	envK := koanf.New(".")
+	envNames := map[string]string{}
+	byEnv := map[string]string{}
+	for _, d := range defs {
+		byEnv[d.env()] = d.key
+	}
+	var warnings []string
+	envProv := env.Provider(".", env.Opt{
+		Prefix:      EnvPrefix,
+		EnvironFunc: func() []string { return opts.Environ },
+		TransformFunc: func(name, value string) (string, any) {
+			key, ok := byEnv[name]
+			if !ok {
+				if name != EnvConfig {
+					warnings = append(warnings, fmt.Sprintf("%s names no setting; ignored", name))
+				}
+				return "", nil
+			}
+			envNames[key] = name
+			return key, value
+		},
+	})
+	if err := envK.Load(envProv, nil); err != nil {
+		return nil, fmt.Errorf("reading environment: %w", err)
+	}
+
+	flagK := koanf.New(".")
+	flagNames := map[string]string{}
+	if opts.Flags != nil {
+		byFlag := map[string]keyDef{}
+		for _, d := range defs {
+			byFlag[d.flag] = d
+			if d.negatable {
+				byFlag["no-"+d.flag] = d
+			}
+		}
+		prov := posflag.ProviderWithFlag(opts.Flags, ".", nil, func(f *pflag.Flag) (string, any) {
+			d, ok := byFlag[f.Name]
+			if !ok || !f.Changed {
+				return "", nil
+			}
+			val := posflag.FlagVal(opts.Flags, f)
+			if f.Name != d.flag {
+				b, _ := val.(bool)
+				val = !b
+			}
+			if prev, dup := flagNames[d.key]; dup {
+				probs = append(probs, Problem{Key: d.key, Source: Source{Kind: SourceFlag, Detail: "--" + f.Name},
+					Reason: fmt.Sprintf("conflicts with %s; give one of them", prev)})
+			}
+			flagNames[d.key] = "--" + f.Name
+			return d.key, val
+		})
+		if err := flagK.Load(prov, nil); err != nil {
+			return nil, fmt.Errorf("reading flags: %w", err)
+		}
+	}
+
+	merged := koanf.New(".")
+	for _, layer := range []*koanf.Koanf{defaults, fileK, envK, flagK} {
+		if err := merged.Merge(layer); err != nil {
+			return nil, fmt.Errorf("merging settings: %w", err)
+		}
+	}
+
+	out := &Loaded{Config: Default(), Sources: map[string]Source{}, File: path, Warnings: warnings}
+	if path != "" {
+		out.FileSource = pathSrc
+	}
+	skip := map[string]bool{}
+	for _, d := range defs {
+		var src Source
+		switch {
+		case flagNames[d.key] != "":
+			src = Source{Kind: SourceFlag, Detail: flagNames[d.key]}
+		case envNames[d.key] != "":
+			src = Source{Kind: SourceEnv, Detail: envNames[d.key]}
+		case fileLines[d.key].line > 0:
+			src = Source{Kind: SourceFile, Detail: fmt.Sprintf("%s:%d", path, fileLines[d.key].line)}
+		default:
+			out.Sources[d.key] = Source{Kind: SourceDefault}
+			continue
+		}
+		out.Sources[d.key] = src
+		v := merged.Get(d.key)
+		if src.Kind == SourceFile && v != nil {
+			// A string key keeps the text as written: YAML would make
+			// "token: 0x1F" the number 31.
+			switch d.field(&out.Config).(type) {
+			case *string, **string:
+				v = fileLines[d.key].raw
+			}
+		}
+		if reason := assign(d.field(&out.Config), v); reason != "" {
+			probs = append(probs, Problem{Key: d.key, Value: rawDisplay(v), Source: src, Reason: reason})
+			skip[d.key] = true
+		}
+	}
+	probs = append(probs, validate(out.Config, out.Sources, skip)...)
+	if len(probs) > 0 {
+		return nil, &ValidationError{Problems: probs}
+	}
+	return out, nil
+}
+
+func derefField(ptr any) any {
+	switch p := ptr.(type) {
+	case *string:
+		return *p
+	case **string:
+		return **p
+	case *int:
+		return *p
+	case *int64:
+		return *p
+	case *float64:
+		return *p
+	case *bool:
+		return *p
+	}
+	// time.Duration is the only other kind.
+	return text(ptr)
+}
+
+// bytesProvider hands koanf the file bytes already read and checked, so the
+// file is read once.
+type bytesProvider []byte
+
+func (b bytesProvider) ReadBytes() ([]byte, error) { return b, nil }
+
+func (b bytesProvider) Read() (map[string]any, error) {
+	return nil, errors.New("bytes provider does not support Read")
+}
+
+// fileLeaf is a valid leaf of the settings file: the line of its key and
+// its value as written.
+type fileLeaf struct {
+	line int
+	raw  string
+}
+
+// checkFile parses the YAML with positions, returning every valid leaf key and a problem for every unknown or misshapen one. Invalid
+// YAML is an error carrying the line.
+func checkFile(path string, data []byte) (map[string]fileLeaf, []Problem, error) {
+	var doc yamlv3.Node
+	if err := yamlv3.Unmarshal(data, &doc); err != nil {
+		return nil, nil, fmt.Errorf("settings file %s: %w", path, err)
+	}
+	lines := map[string]fileLeaf{}
+	if doc.Kind == 0 || len(doc.Content) == 0 {
+		return lines, nil, nil // empty, or only comments
+	}
+	at := func(n *yamlv3.Node) Source {
+		return Source{Kind: SourceFile, Detail: fmt.Sprintf("%s:%d", path, n.Line)}
+	}
+	root := deref(doc.Content[0])
+	if isNull(root) {
+		return lines, nil, nil
+	}
+	groups := strings.Join(groupOrder[:], ", ")
+	if root.Kind != yamlv3.MappingNode {
+		return lines, []Problem{{Key: "settings file", Source: at(root), Reason: "must be a mapping of groups: " + groups}}, nil
+	}
+	leaves := map[string][]string{}
+	for _, d := range table() {
+		leaves[d.group()] = append(leaves[d.group()], d.leaf())
+	}
+	var probs []Problem
+	seen := map[string]int{}
+	bad := map[string]bool{}
+	for i := 0; i+1 < len(root.Content); i += 2 {
+		k, v := deref(root.Content[i]), deref(root.Content[i+1])
+		group := k.Value
+		if _, ok := leaves[group]; !ok || k.Kind != yamlv3.ScalarNode {
+			probs = append(probs, Problem{Key: group, Source: at(k), Reason: "unknown group; accepted: " + groups})
+			continue
+		}
+		if first, dup := seen[group]; dup {
+			probs = append(probs, Problem{Key: group, Source: at(k), Reason: fmt.Sprintf("group given twice (first at line %d)", first)})
+			continue
+		}
+		seen[group] = k.Line
+		if isNull(v) {
+			continue
+		}
+		if v.Kind != yamlv3.MappingNode {
+			probs = append(probs, Problem{Key: group, Source: at(v), Reason: "must be a mapping of keys: " + strings.Join(leaves[group], ", ")})
+			continue
+		}
+		for j := 0; j+1 < len(v.Content); j += 2 {
+			lk, lv := deref(v.Content[j]), deref(v.Content[j+1])
+			key := group + "." + lk.Value
+			if !known(leaves[group], lk.Value) || lk.Kind != yamlv3.ScalarNode {
+				probs = append(probs, Problem{Key: key, Source: at(lk),
+					Reason: fmt.Sprintf("unknown key; %s accepts: %s", group, strings.Join(leaves[group], ", "))})
+				continue
+			}
+			if first, dup := lines[key]; dup {
+				probs = append(probs, Problem{Key: key, Source: at(lk), Reason: fmt.Sprintf("key given twice (first at line %d)", first.line)})
+				continue
+			}
+			if lv.Kind != yamlv3.ScalarNode {
+				probs = append(probs, Problem{Key: key, Source: at(lk), Reason: "must be a single value, not a list or mapping"})
+				bad[key] = true
+			}
+			lines[key] = fileLeaf{line: lk.Line, raw: lv.Value}
+		}
+	}
+	for k := range bad {
+		delete(lines, k) // seen, but not a value to use
+	}
+	return lines, probs, nil
+}
+
+func deref(n *yamlv3.Node) *yamlv3.Node {
+	// Aliases may chain; yaml.v3 rejects cycles while parsing.
+	for i := 0; n != nil && n.Kind == yamlv3.AliasNode && n.Alias != nil && i < 100; i++ {
+		n = n.Alias
+	}
+	return n
+}
+
+func isNull(n *yamlv3.Node) bool {
+	return n.Kind == yamlv3.ScalarNode && n.Tag == "!!null"
+}
+
+func known(list []string, s string) bool {
+	for _, l := range list {
+		if l == s {
+			return true
+		}
+	}
+	return false
+}
+
+// envLookup finds name in environ; the last occurrence wins, as with the
+// env provider.
+func envLookup(environ []string, name string) (string, bool) {
+	val, found := "", false
+	for _, kv := range environ {
+		if k, v, ok := strings.Cut(kv, "="); ok && k == name {
+			val, found = v, true
+		}
+	}
+	return val, found
+}
+
+// DefaultPath is where kvdock looks for its settings file when told
+// nothing: $XDG_CONFIG_HOME/kvdock/config.yaml, else
+// $HOME/.config/kvdock/config.yaml, both read from environ.
+func DefaultPath(environ []string) (string, error) {
+	if x, ok := envLookup(environ, "XDG_CONFIG_HOME"); ok && filepath.IsAbs(x) {
+		return filepath.Join(x, "kvdock", "config.yaml"), nil
+	}
+	if h, ok := envLookup(environ, "HOME"); ok && h != "" {
+		return filepath.Join(h, ".config", "kvdock", "config.yaml"), nil
+	}
+	return "", errors.New("neither $XDG_CONFIG_HOME nor $HOME is set, so there is no default settings path")
+}
+
+// ResolvePath picks the settings file: opts.ConfigPath, else --config, else
+// $KVDOCK_CONFIG, else DefaultPath when that file exists. An empty --config
+// or $KVDOCK_CONFIG means no file. A file named explicitly must exist.
+// It returns "" when there is no file to read.
+func ResolvePath(opts LoadOptions) (string, Source, error) {
+	explicit := func(p string, src Source) (string, Source, error) {
+		if p == "" {
+			return "", src, nil
+		}
+		if _, err := os.Stat(p); err != nil {
+			return "", src, fmt.Errorf("settings file %s (from %s): %w", p, src, err)
+		}
+		return p, src, nil
+	}
+	if opts.ConfigPath != "" {
+		return explicit(opts.ConfigPath, Source{Kind: SourceFlag, Detail: "command line"})
+	}
+	if opts.Flags != nil {
+		if f := opts.Flags.Lookup(ConfigFlag); f != nil && f.Changed {
+			return explicit(f.Value.String(), Source{Kind: SourceFlag, Detail: "--" + ConfigFlag})
+		}
+	}
+	if p, ok := envLookup(opts.Environ, EnvConfig); ok {
+		return explicit(p, Source{Kind: SourceEnv, Detail: EnvConfig})
+	}
+	p, err := DefaultPath(opts.Environ)
+	if err != nil {
+		return "", Source{}, nil // nowhere to look: run on defaults
+	}
+	src := Source{Kind: SourceDefault, Detail: "default path"}
+	if _, err := os.Stat(p); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return "", Source{}, nil
+		}
+		return "", src, fmt.Errorf("settings file %s: %w", p, err)
+	}
+	return p, src, nil
+}

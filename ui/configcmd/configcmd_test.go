@@ -1,0 +1,182 @@
+package configcmd_test
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"kvdock/assets"
+	"kvdock/settings"
+	"kvdock/ui/configcmd"
+)
+
+func run(environ []string, args ...string) (code int, stdout, stderr string) {
+	var out, errb bytes.Buffer
+	code = configcmd.Run(args, &out, &errb, environ)
+	return code, out.String(), errb.String()
+}
+
+func TestInit(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "a", "b", "kvdock.yaml")
+	code, out, errs := run(nil, "init", path)
+	if code != 0 || !strings.Contains(out, path) {
+		t.Fatalf("init: %d %q %q", code, out, errs)
+	}
+	got, err := os.ReadFile(path)
+	if err != nil || !bytes.Equal(got, assets.DefaultConfig()) {
+		t.Fatalf("written file differs from the embedded one: %v", err)
+	}
+	if err := os.WriteFile(path, []byte("mine\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errs = run(nil, "init", path)
+	if code != 1 || !strings.Contains(errs, "already exists") || !strings.Contains(errs, "--force") {
+		t.Fatalf("init over a file: %d %q", code, errs)
+	}
+	if got, _ := os.ReadFile(path); string(got) != "mine\n" {
+		t.Fatalf("existing file overwritten without --force")
+	}
+	if code, _, errs = run(nil, "init", "--force", path); code != 0 {
+		t.Fatalf("init --force: %d %q", code, errs)
+	}
+	if got, _ := os.ReadFile(path); !bytes.Equal(got, assets.DefaultConfig()) {
+		t.Fatalf("--force did not overwrite")
+	}
+}
+
+func TestInitDefaultPath(t *testing.T) {
+	xdg := t.TempDir()
+	code, out, errs := run([]string{"XDG_CONFIG_HOME=" + xdg}, "init")
+	want := filepath.Join(xdg, "kvdock", "config.yaml")
+	if code != 0 || !strings.Contains(out, want) {
+		t.Fatalf("init: %d %q %q", code, out, errs)
+	}
+	if _, err := os.Stat(want); err != nil {
+		t.Fatal(err)
+	}
+	// kvdock now finds it by default: show names it.
+	code, out, _ = run([]string{"XDG_CONFIG_HOME=" + xdg}, "show")
+	if code != 0 || !strings.Contains(out, want) {
+		t.Fatalf("show after init: %d %q", code, out)
+	}
+	if code, _, errs = run(nil, "init"); code != 2 || !strings.Contains(errs, "PATH") {
+		t.Fatalf("init without HOME: %d %q", code, errs)
+	}
+}
+
+func TestShowSourcesFromFileEnvAndFlag(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "c.yaml")
+	if err := os.WriteFile(file, []byte("server:\n  chunk_size: 512\nl1:\n  size_gb: 2\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errs := run([]string{"KVDOCK_EVICTION_POLICY=noop", "KVDOCK_L1_SIZE_GB=3"},
+		"show", "--sources", "--config", file, "--port", "6000", "--shm-name", "")
+	if code != 0 {
+		t.Fatalf("show: %d %q", code, errs)
+	}
+	for _, w := range []string{
+		"  chunk_size: 512  # from " + file + ":2\n",
+		"  size_gb: 3  # from KVDOCK_L1_SIZE_GB\n",
+		"  policy: noop  # from KVDOCK_EVICTION_POLICY\n",
+		"  port: 6000  # from --port\n",
+		"  shm_name: \"\"  # from --shm-name\n",
+		"  host: localhost  # default\n",
+		"file " + file + " (from --config)",
+	} {
+		if !strings.Contains(out, w) {
+			t.Errorf("show lacks %q:\n%s", w, out)
+		}
+	}
+	// Without --sources the output is a settings file that loads to the same config.
+	code, plain, _ := run([]string{"KVDOCK_EVICTION_POLICY=noop"}, "show", "--config", file, "--port", "6000")
+	if code != 0 || strings.Contains(plain, "# from") {
+		t.Fatalf("plain show: %d\n%s", code, plain)
+	}
+	again := filepath.Join(t.TempDir(), "again.yaml")
+	if err := os.WriteFile(again, []byte(plain), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	l, err := settings.Load(settings.LoadOptions{ConfigPath: again})
+	if err != nil || l.Config.Server.Port != 6000 || l.Config.Eviction.Policy != "noop" || l.Config.Server.ChunkSize != 512 {
+		t.Fatalf("shown config does not load back: %v %+v", err, l)
+	}
+}
+
+func TestShowInvalidNamesSources(t *testing.T) {
+	code, out, errs := run([]string{"KVDOCK_EVICTION_RATIO=2"}, "show", "--l1-size-gb", "-1")
+	if code != 2 || out != "" {
+		t.Fatalf("show invalid: %d %q", code, out)
+	}
+	for _, w := range []string{"l1.size_gb = -1 (from --l1-size-gb): must be > 0", "eviction.ratio = 2 (from KVDOCK_EVICTION_RATIO)"} {
+		if !strings.Contains(errs, w) {
+			t.Errorf("stderr lacks %q:\n%s", w, errs)
+		}
+	}
+	code, _, errs = run(nil, "show", "--port", "abc")
+	if code != 2 || !strings.Contains(errs, "--port") {
+		t.Fatalf("bad flag type: %d %q", code, errs)
+	}
+	code, _, errs = run([]string{"KVDOCK_CONFIG=/nonexistent/x.yaml"}, "show")
+	if code != 1 || !strings.Contains(errs, "KVDOCK_CONFIG") {
+		t.Fatalf("missing file: %d %q", code, errs)
+	}
+}
+
+func TestCheck(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good.yaml")
+	if err := os.WriteFile(good, assets.DefaultConfig(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// The environment must not matter to check.
+	code, out, errs := run([]string{"KVDOCK_PORT=0"}, "check", good)
+	if code != 0 || !strings.Contains(out, "ok") {
+		t.Fatalf("check good: %d %q %q", code, out, errs)
+	}
+	bad := filepath.Join(dir, "bad.yaml")
+	if err := os.WriteFile(bad, []byte("server:\n  port: 0\n  hash_algorithm: md5\nl1:\n  size: 3\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errs = run(nil, "check", bad)
+	if code != 2 || out != "" {
+		t.Fatalf("check bad: %d %q", code, out)
+	}
+	for _, w := range []string{bad + ":2", bad + ":3", "l1.size (from " + bad + ":5): unknown key", "3 problems"} {
+		if !strings.Contains(errs, w) {
+			t.Errorf("stderr lacks %q:\n%s", w, errs)
+		}
+	}
+	broken := filepath.Join(dir, "broken.yaml")
+	if err := os.WriteFile(broken, []byte("server:\n  port: [\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, errs = run(nil, "check", broken); code != 2 || !strings.Contains(errs, "line") {
+		t.Fatalf("check broken: %d %q", code, errs)
+	}
+	if code, _, _ = run(nil, "check", filepath.Join(dir, "missing.yaml")); code != 1 {
+		t.Fatalf("check missing: %d", code)
+	}
+	if code, _, _ = run(nil, "check"); code != 2 {
+		t.Fatalf("check without PATH: %d", code)
+	}
+}
+
+func TestHelpAndUsage(t *testing.T) {
+	for _, args := range [][]string{{"--help"}, {"init", "--help"}, {"show", "-h"}, {"check", "--help"}} {
+		code, out, _ := run(nil, args...)
+		if code != 0 || !strings.Contains(out, "Usage: kvdock config") {
+			t.Errorf("%q: %d %q", args, code, out)
+		}
+	}
+	if _, out, _ := run(nil, "show", "--help"); !strings.Contains(out, "--l1-size-gb") || !strings.Contains(out, "KVDOCK_L1_SIZE_GB") {
+		t.Errorf("show help lacks setting flags:\n%s", out)
+	}
+	for _, args := range [][]string{{}, {"frob"}, {"show", "extra"}, {"init", "--bogus"}} {
+		if code, _, errs := run(nil, args...); code != 2 || errs == "" {
+			t.Errorf("%q: %d %q", args, code, errs)
+		}
+	}
+}
