@@ -1,0 +1,929 @@
+package torchpickle
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"math/bits"
+	"unicode/utf8"
+)
+
+// Values on the machine's stack. Only these types ever exist; nothing refers
+// to Python objects or Go functions chosen by the input.
+type (
+	pyNone  struct{}
+	str     []byte // a Python str, still UTF-8, usually a slice of the input
+	pyBytes []byte // a Python bytes, usually a slice of the input
+	bigInt  []byte // a LONG1 integer wider than 64 bits (little-endian two's complement)
+	tuple   struct {
+		items []any
+		depth int
+	}
+	list struct{ items []any }
+	dict struct {
+		keys, vals []any
+		depth      int
+	}
+	orderedDict struct{} // the empty OrderedDict torch passes as backward hooks
+	global      int
+	// storageClass is torch.<X>Storage, only meaningful inside a persistent id.
+	storageClass struct{ dt *dtypeInfo }
+	// storage is a typed storage: element type and its raw bytes.
+	storage struct {
+		dt   *dtypeInfo
+		data []byte
+	}
+	tensorVal struct{ t Tensor }
+)
+
+const (
+	gRebuildTensorV2 global = iota + 1
+	gLoadFromBytes
+	gOrderedDict
+	gCodecsEncode
+)
+
+func (g global) String() string {
+	switch g {
+	case gRebuildTensorV2:
+		return "torch._utils._rebuild_tensor_v2"
+	case gLoadFromBytes:
+		return "torch.storage._load_from_bytes"
+	case gOrderedDict:
+		return "collections.OrderedDict"
+	case gCodecsEncode:
+		return "_codecs.encode"
+	}
+	return "unknown global"
+}
+
+// decodeState is shared by the outer machine and the machines that read the
+// nested storage containers, so limits hold for the whole input.
+type decodeState struct {
+	lim        Limits
+	copyBudget int64
+	tensors    int
+	storages   int
+}
+
+func (s *decodeState) spend(n int64, what string) error {
+	if n < 0 || n > s.copyBudget {
+		return fmt.Errorf("%s needs %d bytes, copy budget left %d (Limits.MaxCopyBytes): %w", what, n, s.copyBudget, ErrLimit)
+	}
+	s.copyBudget -= n
+	return nil
+}
+
+// Decode reads a pickled list of CPU tensors. It accepts pickle protocols 2–5 as
+// torch 1.13 (and later torch versions using the same reduction) writes them.
+// Contiguous tensors alias data; non-contiguous views are copied. The result
+// is never partially valid: on error it is nil.
+func Decode(data []byte, limits Limits) ([]Tensor, error) {
+	st := &decodeState{lim: limits.resolve(len(data))}
+	st.copyBudget = st.lim.MaxCopyBytes
+	m := newMachine(data, st, false)
+	v, err := m.run()
+	if err != nil {
+		return nil, fmt.Errorf("torchpickle: %w", err)
+	}
+	if m.pos != len(data) {
+		return nil, fmt.Errorf("torchpickle: %d trailing bytes after STOP: %w", len(data)-m.pos, ErrMalformed)
+	}
+	l, ok := v.(*list)
+	if !ok {
+		return nil, fmt.Errorf("torchpickle: top-level object is %s, want a list of tensors: %w", typeName(v), ErrMalformed)
+	}
+	out := make([]Tensor, len(l.items))
+	for i, it := range l.items {
+		tv, ok := it.(*tensorVal)
+		if !ok {
+			return nil, fmt.Errorf("torchpickle: list item %d is %s, want a tensor: %w", i, typeName(it), ErrMalformed)
+		}
+		out[i] = tv.t
+	}
+	return out, nil
+}
+
+type machine struct {
+	data  []byte
+	pos   int
+	op    int // offset of the opcode being run, for errors
+	st    *decodeState
+	stack []any
+	marks []int
+	memo  map[uint32]any
+	// inner: reading a legacy torch.save container (storage classes and
+	// BINPERSID allowed, outer globals not).
+	inner  bool
+	persid func(any) (any, error)
+}
+
+func newMachine(data []byte, st *decodeState, inner bool) *machine {
+	return &machine{data: data, st: st, inner: inner, stack: make([]any, 0, 16), memo: make(map[uint32]any, 8)}
+}
+
+// reset prepares the machine for the next pickle in data.
+func (m *machine) reset(data []byte) {
+	m.data, m.pos, m.op = data, 0, 0
+	m.stack = m.stack[:0]
+	m.marks = m.marks[:0]
+	clear(m.memo)
+}
+
+func (m *machine) errf(kind error, format string, a ...any) error {
+	return fmt.Errorf("offset %d: %s: %w", m.op, fmt.Sprintf(format, a...), kind)
+}
+
+// wrap adds the opcode offset and context to an error that already carries its kind.
+func (m *machine) wrap(err error, context string) error {
+	return fmt.Errorf("offset %d: %s: %w", m.op, context, err)
+}
+
+func (m *machine) take(n uint64) ([]byte, error) {
+	if n > uint64(len(m.data)-m.pos) {
+		return nil, m.errf(ErrMalformed, "%s needs %d bytes, %d left (truncated input)", opName(m.data[m.op]), n, len(m.data)-m.pos)
+	}
+	b := m.data[m.pos : m.pos+int(n) : m.pos+int(n)]
+	m.pos += int(n)
+	return b, nil
+}
+
+func (m *machine) push(v any) error {
+	if len(m.stack) >= m.st.lim.MaxStack {
+		return m.errf(ErrLimit, "stack deeper than %d", m.st.lim.MaxStack)
+	}
+	m.stack = append(m.stack, v)
+	return nil
+}
+
+func (m *machine) pop() (any, error) {
+	if len(m.stack) == 0 || (len(m.marks) > 0 && len(m.stack) <= m.marks[len(m.marks)-1]) {
+		return nil, m.errf(ErrMalformed, "%s on empty stack", opName(m.data[m.op]))
+	}
+	v := m.stack[len(m.stack)-1]
+	m.stack = m.stack[:len(m.stack)-1]
+	return v, nil
+}
+
+func (m *machine) top() (any, error) {
+	if len(m.stack) == 0 || (len(m.marks) > 0 && len(m.stack) <= m.marks[len(m.marks)-1]) {
+		return nil, m.errf(ErrMalformed, "%s on empty stack", opName(m.data[m.op]))
+	}
+	return m.stack[len(m.stack)-1], nil
+}
+
+// popMark returns the items above the last mark (aliasing the stack; callers
+// copy what they keep) and removes them and the mark.
+func (m *machine) popMark() ([]any, error) {
+	if len(m.marks) == 0 {
+		return nil, m.errf(ErrMalformed, "%s without MARK", opName(m.data[m.op]))
+	}
+	k := m.marks[len(m.marks)-1]
+	m.marks = m.marks[:len(m.marks)-1]
+	items := m.stack[k:]
+	m.stack = m.stack[:k]
+	return items, nil
+}
+
+func (m *machine) memoPut(idx uint32, v any) error {
+	if _, ok := m.memo[idx]; !ok && len(m.memo) >= m.st.lim.MaxMemo {
+		return m.errf(ErrLimit, "memo larger than %d entries", m.st.lim.MaxMemo)
+	}
+	m.memo[idx] = v
+	return nil
+}
+
+func (m *machine) memoGet(idx uint32) error {
+	v, ok := m.memo[idx]
+	if !ok {
+		return m.errf(ErrMalformed, "memo index %d not set", idx)
+	}
+	return m.push(v)
+}
+
+func depthOf(v any) int {
+	switch x := v.(type) {
+	case *tuple:
+		return x.depth
+	case *dict:
+		return x.depth
+	}
+	return 0
+}
+
+func (m *machine) newTuple(items []any) (*tuple, error) {
+	d := 0
+	for _, it := range items {
+		if dd := depthOf(it); dd > d {
+			d = dd
+		}
+	}
+	if d+1 > m.st.lim.MaxDepth {
+		return nil, m.errf(ErrLimit, "nesting deeper than %d", m.st.lim.MaxDepth)
+	}
+	return &tuple{items: append([]any(nil), items...), depth: d + 1}, nil
+}
+
+// run executes opcodes until STOP and returns the top of the stack.
+func (m *machine) run() (any, error) {
+	for {
+		if m.pos >= len(m.data) {
+			return nil, fmt.Errorf("offset %d: input ended before STOP (truncated input): %w", m.pos, ErrMalformed)
+		}
+		m.op = m.pos
+		code := m.data[m.pos]
+		m.pos++
+		done, err := m.step(code)
+		if err != nil {
+			return nil, err
+		}
+		if done {
+			if len(m.marks) != 0 || len(m.stack) != 1 {
+				return nil, m.errf(ErrMalformed, "STOP with %d stack items and %d marks, want 1 and 0", len(m.stack), len(m.marks))
+			}
+			return m.stack[0], nil
+		}
+	}
+}
+
+func (m *machine) step(code byte) (bool, error) {
+	switch code {
+	case opPROTO:
+		b, err := m.take(1)
+		if err != nil {
+			return false, err
+		}
+		if b[0] < 2 || b[0] > 5 {
+			return false, m.errf(ErrMalformed, "pickle protocol %d not supported (2–5)", b[0])
+		}
+	case opFRAME:
+		b, err := m.take(8)
+		if err != nil {
+			return false, err
+		}
+		// Frames only group opcodes for buffered readers; the whole input is in memory.
+		if n := binary.LittleEndian.Uint64(b); n > uint64(len(m.data)-m.pos) {
+			return false, m.errf(ErrMalformed, "FRAME of %d bytes, %d left (truncated input)", n, len(m.data)-m.pos)
+		}
+	case opSTOP:
+		return true, nil
+	case opMARK:
+		if len(m.marks) >= m.st.lim.MaxStack {
+			return false, m.errf(ErrLimit, "more than %d marks", m.st.lim.MaxStack)
+		}
+		m.marks = append(m.marks, len(m.stack))
+	case opPOP:
+		if len(m.stack) > 0 && (len(m.marks) == 0 || len(m.stack) > m.marks[len(m.marks)-1]) {
+			_, err := m.pop()
+			return false, err
+		}
+		// POP of an empty frame discards the mark, as CPython does.
+		if _, err := m.popMark(); err != nil {
+			return false, err
+		}
+	case opPOP_MARK:
+		if _, err := m.popMark(); err != nil {
+			return false, err
+		}
+	case opDUP:
+		v, err := m.top()
+		if err != nil {
+			return false, err
+		}
+		return false, m.push(v)
+	case opNONE:
+		return false, m.push(pyNone{})
+	case opNEWTRUE:
+		return false, m.push(true)
+	case opNEWFALSE:
+		return false, m.push(false)
+	case opBININT:
+		b, err := m.take(4)
+		if err != nil {
+			return false, err
+		}
+		return false, m.push(int64(int32(binary.LittleEndian.Uint32(b))))
+	case opBININT1:
+		b, err := m.take(1)
+		if err != nil {
+			return false, err
+		}
+		return false, m.push(int64(b[0]))
+	case opBININT2:
+		b, err := m.take(2)
+		if err != nil {
+			return false, err
+		}
+		return false, m.push(int64(binary.LittleEndian.Uint16(b)))
+	case opLONG1:
+		nb, err := m.take(1)
+		if err != nil {
+			return false, err
+		}
+		b, err := m.take(uint64(nb[0]))
+		if err != nil {
+			return false, err
+		}
+		return false, m.push(decodeLong(b))
+	case opSHORT_BINUNICODE, opBINUNICODE, opBINUNICODE8:
+		b, err := m.takeSized(code)
+		if err != nil {
+			return false, err
+		}
+		return false, m.push(str(b))
+	case opSHORT_BINBYTES, opBINBYTES, opBINBYTES8:
+		b, err := m.takeSized(code)
+		if err != nil {
+			return false, err
+		}
+		return false, m.push(pyBytes(b))
+	case opEMPTY_LIST:
+		return false, m.push(&list{})
+	case opEMPTY_TUPLE:
+		return false, m.push(&tuple{depth: 1})
+	case opEMPTY_DICT:
+		return false, m.push(&dict{depth: 1})
+	case opTUPLE:
+		items, err := m.popMark()
+		if err != nil {
+			return false, err
+		}
+		t, err := m.newTuple(items)
+		if err != nil {
+			return false, err
+		}
+		return false, m.push(t)
+	case opTUPLE1, opTUPLE2, opTUPLE3:
+		n := int(code-opTUPLE1) + 1
+		if len(m.stack) < n || (len(m.marks) > 0 && len(m.stack)-n < m.marks[len(m.marks)-1]) {
+			return false, m.errf(ErrMalformed, "%s needs %d stack items", opName(code), n)
+		}
+		t, err := m.newTuple(m.stack[len(m.stack)-n:])
+		if err != nil {
+			return false, err
+		}
+		m.stack = m.stack[:len(m.stack)-n]
+		return false, m.push(t)
+	case opAPPEND:
+		v, err := m.pop()
+		if err != nil {
+			return false, err
+		}
+		return false, m.appendTo([]any{v})
+	case opAPPENDS:
+		items, err := m.popMark()
+		if err != nil {
+			return false, err
+		}
+		return false, m.appendTo(items)
+	case opSETITEM:
+		v, err := m.pop()
+		if err != nil {
+			return false, err
+		}
+		k, err := m.pop()
+		if err != nil {
+			return false, err
+		}
+		return false, m.setItems([]any{k, v})
+	case opSETITEMS:
+		items, err := m.popMark()
+		if err != nil {
+			return false, err
+		}
+		if len(items)%2 != 0 {
+			return false, m.errf(ErrMalformed, "SETITEMS with an odd number of items")
+		}
+		return false, m.setItems(items)
+	case opBINPUT:
+		b, err := m.take(1)
+		if err != nil {
+			return false, err
+		}
+		v, err := m.top()
+		if err != nil {
+			return false, err
+		}
+		return false, m.memoPut(uint32(b[0]), v)
+	case opLONG_BINPUT:
+		b, err := m.take(4)
+		if err != nil {
+			return false, err
+		}
+		v, err := m.top()
+		if err != nil {
+			return false, err
+		}
+		return false, m.memoPut(binary.LittleEndian.Uint32(b), v)
+	case opMEMOIZE:
+		v, err := m.top()
+		if err != nil {
+			return false, err
+		}
+		return false, m.memoPut(uint32(len(m.memo)), v)
+	case opBINGET:
+		b, err := m.take(1)
+		if err != nil {
+			return false, err
+		}
+		return false, m.memoGet(uint32(b[0]))
+	case opLONG_BINGET:
+		b, err := m.take(4)
+		if err != nil {
+			return false, err
+		}
+		return false, m.memoGet(binary.LittleEndian.Uint32(b))
+	case opGLOBAL:
+		mod, err := m.line()
+		if err != nil {
+			return false, err
+		}
+		name, err := m.line()
+		if err != nil {
+			return false, err
+		}
+		g, err := m.resolve(mod, name)
+		if err != nil {
+			return false, err
+		}
+		return false, m.push(g)
+	case opSTACK_GLOBAL:
+		nv, err := m.pop()
+		if err != nil {
+			return false, err
+		}
+		mv, err := m.pop()
+		if err != nil {
+			return false, err
+		}
+		name, ok1 := nv.(str)
+		mod, ok2 := mv.(str)
+		if !ok1 || !ok2 {
+			return false, m.errf(ErrMalformed, "STACK_GLOBAL needs two str, got %s and %s", typeName(mv), typeName(nv))
+		}
+		g, err := m.resolve(mod, name)
+		if err != nil {
+			return false, err
+		}
+		return false, m.push(g)
+	case opREDUCE:
+		av, err := m.pop()
+		if err != nil {
+			return false, err
+		}
+		fv, err := m.pop()
+		if err != nil {
+			return false, err
+		}
+		args, ok := av.(*tuple)
+		if !ok {
+			return false, m.errf(ErrMalformed, "REDUCE arguments are %s, want a tuple", typeName(av))
+		}
+		r, err := m.call(fv, args.items)
+		if err != nil {
+			return false, err
+		}
+		return false, m.push(r)
+	case opBINPERSID:
+		if !m.inner || m.persid == nil {
+			return false, m.errf(ErrForbidden, "opcode BINPERSID (0x51) not allowed here (persistent ids only occur inside a storage container)")
+		}
+		pid, err := m.pop()
+		if err != nil {
+			return false, err
+		}
+		v, err := m.persid(pid)
+		if err != nil {
+			return false, err
+		}
+		return false, m.push(v)
+	default:
+		return false, m.errf(ErrForbidden, "opcode %s (0x%02x) not allowed", opName(code), code)
+	}
+	return false, nil
+}
+
+func (m *machine) takeSized(code byte) ([]byte, error) {
+	var n uint64
+	switch code {
+	case opSHORT_BINUNICODE, opSHORT_BINBYTES:
+		b, err := m.take(1)
+		if err != nil {
+			return nil, err
+		}
+		n = uint64(b[0])
+	case opBINUNICODE, opBINBYTES:
+		b, err := m.take(4)
+		if err != nil {
+			return nil, err
+		}
+		n = uint64(binary.LittleEndian.Uint32(b))
+	default:
+		b, err := m.take(8)
+		if err != nil {
+			return nil, err
+		}
+		n = binary.LittleEndian.Uint64(b)
+	}
+	return m.take(n)
+}
+
+// line reads a newline-terminated GLOBAL argument.
+func (m *machine) line() ([]byte, error) {
+	for i := m.pos; i < len(m.data) && i-m.pos < 256; i++ {
+		if m.data[i] == '\n' {
+			b := m.data[m.pos:i]
+			m.pos = i + 1
+			return b, nil
+		}
+	}
+	return nil, m.errf(ErrMalformed, "GLOBAL argument without newline within 256 bytes")
+}
+
+// resolve maps a module and name to an allowed global, or refuses it.
+func (m *machine) resolve(mod, name []byte) (any, error) {
+	full := string(mod) + "." + string(name)
+	if m.inner {
+		if string(mod) == "torch" {
+			if dt, ok := dtypeByStorage(string(name)); ok {
+				return storageClass{dt}, nil
+			}
+		}
+		return nil, m.errf(ErrForbidden, "global %s not allowed in a storage container (only torch.<Type>Storage)", printable(full))
+	}
+	switch full {
+	case "torch._utils._rebuild_tensor_v2":
+		return gRebuildTensorV2, nil
+	case "torch.storage._load_from_bytes":
+		return gLoadFromBytes, nil
+	case "collections.OrderedDict":
+		return gOrderedDict, nil
+	case "_codecs.encode":
+		return gCodecsEncode, nil
+	}
+	return nil, m.errf(ErrForbidden, "global %s not allowed", printable(full))
+}
+
+func (m *machine) appendTo(items []any) error {
+	lv, err := m.top()
+	if err != nil {
+		return err
+	}
+	l, ok := lv.(*list)
+	if !ok {
+		return m.errf(ErrMalformed, "%s to %s, want a list", opName(m.data[m.op]), typeName(lv))
+	}
+	for _, it := range items {
+		switch it.(type) {
+		case *tensorVal, str, int64:
+		default:
+			return m.errf(ErrMalformed, "list item of type %s not supported", typeName(it))
+		}
+	}
+	l.items = append(l.items, items...)
+	return nil
+}
+
+func (m *machine) setItems(items []any) error {
+	dv, err := m.top()
+	if err != nil {
+		return err
+	}
+	d, ok := dv.(*dict)
+	if !ok {
+		return m.errf(ErrMalformed, "%s on %s, want a dict", opName(m.data[m.op]), typeName(dv))
+	}
+	for i := 0; i < len(items); i += 2 {
+		k, v := items[i], items[i+1]
+		switch k.(type) {
+		case str, int64:
+		default:
+			return m.errf(ErrMalformed, "dict key of type %s not supported", typeName(k))
+		}
+		switch x := v.(type) {
+		case str, int64, bool, pyNone:
+		case *dict:
+			if x == d {
+				return m.errf(ErrMalformed, "dict containing itself")
+			}
+			if x.depth+1 > m.st.lim.MaxDepth {
+				return m.errf(ErrLimit, "nesting deeper than %d", m.st.lim.MaxDepth)
+			}
+			d.depth = max(d.depth, x.depth+1)
+		default:
+			return m.errf(ErrMalformed, "dict value of type %s not supported", typeName(v))
+		}
+		d.keys = append(d.keys, k)
+		d.vals = append(d.vals, v)
+	}
+	return nil
+}
+
+// call interprets a REDUCE of an allowed global; it never runs code chosen by the input.
+func (m *machine) call(fv any, args []any) (any, error) {
+	g, ok := fv.(global)
+	if !ok {
+		return nil, m.errf(ErrForbidden, "REDUCE on %s: only %s, %s, %s and %s may be called",
+			typeName(fv), gRebuildTensorV2, gLoadFromBytes, gOrderedDict, gCodecsEncode)
+	}
+	switch g {
+	case gOrderedDict:
+		if len(args) != 0 {
+			return nil, m.errf(ErrMalformed, "collections.OrderedDict with %d arguments, want none", len(args))
+		}
+		return orderedDict{}, nil
+	case gCodecsEncode:
+		return m.codecsEncode(args)
+	case gLoadFromBytes:
+		if len(args) != 1 {
+			return nil, m.errf(ErrMalformed, "torch.storage._load_from_bytes with %d arguments, want 1", len(args))
+		}
+		b, ok := args[0].(pyBytes)
+		if !ok {
+			return nil, m.errf(ErrMalformed, "torch.storage._load_from_bytes of %s, want bytes", typeName(args[0]))
+		}
+		if m.st.storages >= m.st.lim.MaxTensors {
+			return nil, m.errf(ErrLimit, "more than %d storages", m.st.lim.MaxTensors)
+		}
+		m.st.storages++
+		s, err := loadLegacy(b, m.st)
+		if err != nil {
+			return nil, m.wrap(err, "storage container")
+		}
+		return s, nil
+	case gRebuildTensorV2:
+		if m.st.tensors >= m.st.lim.MaxTensors {
+			return nil, m.errf(ErrLimit, "more than %d tensors", m.st.lim.MaxTensors)
+		}
+		m.st.tensors++
+		t, err := m.rebuildTensor(args)
+		if err != nil {
+			return nil, err
+		}
+		return &tensorVal{t}, nil
+	}
+	return nil, m.errf(ErrForbidden, "REDUCE on %s", g)
+}
+
+func (m *machine) codecsEncode(args []any) (any, error) {
+	if len(args) != 2 {
+		return nil, m.errf(ErrMalformed, "_codecs.encode with %d arguments, want 2", len(args))
+	}
+	s, ok1 := args[0].(str)
+	enc, ok2 := args[1].(str)
+	if !ok1 || !ok2 || string(enc) != "latin1" {
+		return nil, m.errf(ErrMalformed, "_codecs.encode supported only as (str, 'latin1'), the protocol-2 form of bytes")
+	}
+	n := utf8.RuneCount(s)
+	if err := m.st.spend(int64(n), "latin-1 bytes"); err != nil {
+		return nil, m.wrap(err, "_codecs.encode")
+	}
+	out := make([]byte, 0, n)
+	for i := 0; i < len(s); {
+		if c := s[i]; c < utf8.RuneSelf {
+			out = append(out, c)
+			i++
+			continue
+		}
+		r, size := utf8.DecodeRune(s[i:])
+		if r == utf8.RuneError && size <= 1 || r > 0xff {
+			return nil, m.errf(ErrMalformed, "_codecs.encode: str is not latin-1 text (byte %d)", i)
+		}
+		out = append(out, byte(r))
+		i += size
+	}
+	return pyBytes(out), nil
+}
+
+func (m *machine) rebuildTensor(args []any) (Tensor, error) {
+	const fn = "torch._utils._rebuild_tensor_v2"
+	if len(args) != 6 && len(args) != 7 {
+		return Tensor{}, m.errf(ErrMalformed, "%s with %d arguments, want 6 or 7", fn, len(args))
+	}
+	s, ok := args[0].(*storage)
+	if !ok {
+		return Tensor{}, m.errf(ErrMalformed, "%s storage is %s", fn, typeName(args[0]))
+	}
+	off, ok := args[1].(int64)
+	if !ok {
+		return Tensor{}, m.errf(ErrMalformed, "%s storage_offset is %s, want int", fn, typeName(args[1]))
+	}
+	size, err := m.intTuple(args[2], "size")
+	if err != nil {
+		return Tensor{}, err
+	}
+	stride, err := m.intTuple(args[3], "stride")
+	if err != nil {
+		return Tensor{}, err
+	}
+	if _, ok := args[4].(bool); !ok {
+		return Tensor{}, m.errf(ErrMalformed, "%s requires_grad is %s, want bool", fn, typeName(args[4]))
+	}
+	if _, ok := args[5].(orderedDict); !ok {
+		return Tensor{}, m.errf(ErrMalformed, "%s backward_hooks is %s, want an empty OrderedDict", fn, typeName(args[5]))
+	}
+	if len(args) == 7 {
+		if d, ok := args[6].(*dict); !ok || len(d.keys) != 0 {
+			return Tensor{}, m.errf(ErrMalformed, "%s metadata is %s, only an empty dict is supported", fn, typeName(args[6]))
+		}
+	}
+	t, err := view(s, off, size, stride, m.st)
+	if err != nil {
+		return Tensor{}, m.wrap(err, fn)
+	}
+	return t, nil
+}
+
+func (m *machine) intTuple(v any, what string) ([]int64, error) {
+	t, ok := v.(*tuple)
+	if !ok {
+		return nil, m.errf(ErrMalformed, "tensor %s is %s, want a tuple of ints", what, typeName(v))
+	}
+	out := make([]int64, len(t.items))
+	for i, it := range t.items {
+		x, ok := it.(int64)
+		if !ok || x < 0 {
+			return nil, m.errf(ErrMalformed, "tensor %s[%d] is %s, want a non-negative int", what, i, typeName(it))
+		}
+		out[i] = x
+	}
+	return out, nil
+}
+
+// view turns (storage, offset, size, stride) into a contiguous tensor: a slice
+// of the storage when the view is contiguous, a bounded copy otherwise.
+func view(s *storage, off int64, size, stride []int64, st *decodeState) (Tensor, error) {
+	if len(size) != len(stride) {
+		return Tensor{}, fmt.Errorf("size has %d dims, stride %d: %w", len(size), len(stride), ErrMalformed)
+	}
+	es := int64(s.dt.size)
+	snumel := int64(len(s.data)) / es
+	if off < 0 || off > snumel {
+		return Tensor{}, fmt.Errorf("storage offset %d outside storage of %d elements: %w", off, snumel, ErrMalformed)
+	}
+	numel := int64(1)
+	for _, d := range size {
+		hi, lo := bits.Mul64(uint64(numel), uint64(d))
+		if hi != 0 || lo > math.MaxInt64/uint64(es) {
+			return Tensor{}, fmt.Errorf("size %v overflows: %w", size, ErrMalformed)
+		}
+		numel = int64(lo)
+	}
+	shape := make([]int, len(size))
+	for i, d := range size {
+		if int64(int(d)) != d {
+			return Tensor{}, fmt.Errorf("size %v too large: %w", size, ErrMalformed)
+		}
+		shape[i] = int(d)
+	}
+	t := Tensor{Dtype: s.dt.name, Shape: shape}
+	if numel == 0 {
+		t.Data = s.data[off*es : off*es : off*es]
+		return t, nil
+	}
+	// Highest element index the view touches must lie inside the storage.
+	last := uint64(off)
+	for i, d := range size {
+		hi, lo := bits.Mul64(uint64(d-1), uint64(stride[i]))
+		var c uint64
+		last, c = bits.Add64(last, lo, 0)
+		if hi != 0 || c != 0 || last >= 1<<62 {
+			return Tensor{}, fmt.Errorf("size %v stride %v overflow: %w", size, stride, ErrMalformed)
+		}
+	}
+	if int64(last) >= snumel {
+		return Tensor{}, fmt.Errorf("view (offset %d, size %v, stride %v) reaches element %d of a %d-element storage: %w", off, size, stride, last, snumel, ErrMalformed)
+	}
+	if contiguous(size, stride) {
+		t.Data = s.data[off*es : (off+numel)*es : (off+numel)*es]
+		return t, nil
+	}
+	n := numel * es
+	if err := st.spend(n, "copy of a non-contiguous view"); err != nil {
+		return Tensor{}, err
+	}
+	t.Data = stridedCopy(make([]byte, n), s.data, off, size, stride, int(es))
+	return t, nil
+}
+
+// contiguous follows torch's is_contiguous: dims of size 1 may have any stride.
+func contiguous(size, stride []int64) bool {
+	expect := int64(1)
+	for i := len(size) - 1; i >= 0; i-- {
+		if size[i] != 1 {
+			if stride[i] != expect {
+				return false
+			}
+			expect *= size[i]
+		}
+	}
+	return true
+}
+
+func stridedCopy(dst, src []byte, off int64, size, stride []int64, es int) []byte {
+	nd := len(size)
+	idx := make([]int64, nd)
+	inner, innerStride := int(size[nd-1]), int(stride[nd-1])*es
+	base := int(off) * es // byte offset of the current row, kept incrementally
+	w := 0
+	for {
+		switch {
+		case innerStride == es:
+			w += copy(dst[w:], src[base:base+inner*es])
+		case es == 2:
+			for j, p := 0, base; j < inner; j, p = j+1, p+innerStride {
+				dst[w], dst[w+1] = src[p], src[p+1]
+				w += 2
+			}
+		case es == 1:
+			for j, p := 0, base; j < inner; j, p = j+1, p+innerStride {
+				dst[w] = src[p]
+				w++
+			}
+		default:
+			for j, p := 0, base; j < inner; j, p = j+1, p+innerStride {
+				w += copy(dst[w:w+es], src[p:p+es])
+			}
+		}
+		i := nd - 2
+		for ; i >= 0; i-- {
+			idx[i]++
+			base += int(stride[i]) * es
+			if idx[i] < size[i] {
+				break
+			}
+			base -= int(size[i]*stride[i]) * es
+			idx[i] = 0
+		}
+		if i < 0 {
+			return dst
+		}
+	}
+}
+
+// decodeLong turns LONG1 bytes into int64 when it fits, else bigInt.
+func decodeLong(b []byte) any {
+	if len(b) == 0 {
+		return int64(0)
+	}
+	if len(b) > 8 {
+		return bigInt(b)
+	}
+	var u uint64
+	for i := len(b) - 1; i >= 0; i-- {
+		u = u<<8 | uint64(b[i])
+	}
+	if shift := 64 - 8*uint(len(b)); shift > 0 {
+		return int64(u<<shift) >> shift
+	}
+	return int64(u)
+}
+
+func typeName(v any) string {
+	switch x := v.(type) {
+	case nil:
+		return "nothing"
+	case pyNone:
+		return "None"
+	case bool:
+		return "bool"
+	case int64, bigInt:
+		return "int"
+	case str:
+		return "str"
+	case pyBytes:
+		return "bytes"
+	case *tuple:
+		return "tuple"
+	case *list:
+		return "list"
+	case *dict:
+		return "dict"
+	case orderedDict:
+		return "OrderedDict"
+	case global:
+		return x.String()
+	case storageClass:
+		return "torch." + x.dt.storage
+	case *storage:
+		return "storage"
+	case *tensorVal:
+		return "tensor"
+	case *storageRef:
+		return "storage reference"
+	}
+	return fmt.Sprintf("%T", v)
+}
+
+// printable keeps error messages readable when names carry control bytes.
+func printable(s string) string {
+	if len(s) > 120 {
+		s = s[:120] + "…"
+	}
+	for _, r := range s {
+		if r < 0x20 || r == 0x7f || r == utf8.RuneError {
+			return fmt.Sprintf("%q", s)
+		}
+	}
+	return s
+}

@@ -1,0 +1,313 @@
+package torchpickle
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"math/bits"
+)
+
+// The encoder writes what torch 1.13's pickle.dumps writes for a list of
+// contiguous CPU tensors, at protocol 4: per tensor
+//
+//	_rebuild_tensor_v2(_load_from_bytes(<legacy container>), 0, shape, stride, False, OrderedDict())
+//
+// The three globals are memoized (indices 0, 1, 2) and fetched with BINGET
+// afterwards. Small opcodes are grouped in FRAMEs; each container travels
+// outside any frame, as CPython's pickler does for large bytes.
+
+const (
+	memoRebuild     = 0
+	memoLoadBytes   = 1
+	memoOrderedDict = 2
+)
+
+// legacySysInfo is torch's sys_info pickle, byte for byte as torch 1.13 writes it.
+const legacySysInfo = "\x80\x02}q\x00(X\x10\x00\x00\x00protocol_versionq\x01M\xe9\x03" +
+	"X\r\x00\x00\x00little_endianq\x02\x88X\n\x00\x00\x00type_sizesq\x03}q\x04(" +
+	"X\x05\x00\x00\x00shortq\x05K\x02X\x03\x00\x00\x00intq\x06K\x04X\x04\x00\x00\x00longq\x07K\x04uu."
+
+// legacyKey names the single storage inside each container.
+const legacyKey = "0"
+
+const (
+	strRebuildMod  = "torch._utils"
+	strRebuildName = "_rebuild_tensor_v2"
+	strLoadMod     = "torch.storage"
+	strLoadName    = "_load_from_bytes"
+	strODMod       = "collections"
+	strODName      = "OrderedDict"
+)
+
+// EncodedSize returns the exact number of bytes AppendEncode appends for ts,
+// so callers can allocate once. It returns -1 if ts cannot be encoded.
+func EncodedSize(ts []Tensor) int {
+	n, err := encodedSize(ts)
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
+func encodedSize(ts []Tensor) (int, error) {
+	total := 2 + frameHdr + 1 // PROTO, first FRAME, EMPTY_LIST
+	if len(ts) == 0 {
+		return total + 1, nil // STOP
+	}
+	total++ // MARK (for APPENDS)
+	for i := range ts {
+		dt, numel, err := checkTensor(&ts[i], i)
+		if err != nil {
+			return 0, err
+		}
+		total += segA(i == 0) + segB(&ts[i], i == 0)
+		c := containerSize(dt, numel, len(ts[i].Data))
+		total += bytesHdr(c) + c
+		total += frameHdr // the frame that follows this container
+	}
+	return total + 2, nil // APPENDS, STOP
+}
+
+// AppendEncode appends a pickle of ts to dst and returns the extended slice.
+// Every tensor must hold len(Data) == prod(Shape) × element size.
+func AppendEncode(dst []byte, ts []Tensor) ([]byte, error) {
+	size, err := encodedSize(ts)
+	if err != nil {
+		return dst, fmt.Errorf("torchpickle: encode: %w", err)
+	}
+	start := len(dst)
+	if cap(dst)-len(dst) < size {
+		nd := make([]byte, len(dst), len(dst)+size)
+		copy(nd, dst)
+		dst = nd
+	}
+	dst = append(dst, opPROTO, 4)
+	frame := len(dst)
+	dst = openFrame(dst)
+	dst = append(dst, opEMPTY_LIST)
+	if len(ts) == 0 {
+		dst = append(dst, opSTOP)
+		closeFrame(dst, frame)
+		return dst, nil
+	}
+	dst = append(dst, opMARK)
+	for i := range ts {
+		t := &ts[i]
+		dt, _ := dtypeByName(t.Dtype)
+		numel := len(t.Data) / dt.size
+		first := i == 0
+		// Segment A: rebuild callable, MARK for its argument tuple, loader callable.
+		dst = appendGlobal(dst, first, strRebuildMod, strRebuildName, memoRebuild)
+		dst = append(dst, opMARK)
+		dst = appendGlobal(dst, first, strLoadMod, strLoadName, memoLoadBytes)
+		closeFrame(dst, frame)
+		// The container, unframed.
+		c := containerSize(dt, numel, len(t.Data))
+		dst = appendBytesHdr(dst, c)
+		dst = appendContainer(dst, dt, numel, t.Data)
+		frame = len(dst)
+		dst = openFrame(dst)
+		// Segment B: finish the storage call and the tensor's argument tuple.
+		dst = append(dst, opTUPLE1, opREDUCE)
+		dst = appendInt(dst, 0) // storage_offset
+		dst = append(dst, opMARK)
+		for _, d := range t.Shape {
+			dst = appendInt(dst, int64(d))
+		}
+		dst = append(dst, opTUPLE, opMARK)
+		for j := range t.Shape {
+			dst = appendInt(dst, rowMajorStride(t.Shape, j))
+		}
+		dst = append(dst, opTUPLE, opNEWFALSE)
+		dst = appendGlobal(dst, first, strODMod, strODName, memoOrderedDict)
+		dst = append(dst, opEMPTY_TUPLE, opREDUCE, opTUPLE, opREDUCE)
+	}
+	dst = append(dst, opAPPENDS, opSTOP)
+	closeFrame(dst, frame)
+	if len(dst)-start != size {
+		return dst, fmt.Errorf("torchpickle: encode: wrote %d bytes, computed %d", len(dst)-start, size)
+	}
+	return dst, nil
+}
+
+func checkTensor(t *Tensor, i int) (*dtypeInfo, int, error) {
+	dt, ok := dtypeByName(t.Dtype)
+	if !ok {
+		return nil, 0, fmt.Errorf("tensor %d: dtype %q not supported (%s): %w", i, t.Dtype, supportedDtypes(), ErrInvalidTensor)
+	}
+	numel := uint64(1)
+	for _, d := range t.Shape {
+		if d < 0 {
+			return nil, 0, fmt.Errorf("tensor %d: negative dimension in shape %v: %w", i, t.Shape, ErrInvalidTensor)
+		}
+		hi, lo := bits.Mul64(numel, uint64(d))
+		if hi != 0 || lo > math.MaxInt64/8 {
+			return nil, 0, fmt.Errorf("tensor %d: shape %v too large: %w", i, t.Shape, ErrInvalidTensor)
+		}
+		numel = lo
+	}
+	if uint64(len(t.Data)) != numel*uint64(dt.size) {
+		return nil, 0, fmt.Errorf("tensor %d: %d data bytes, shape %v of %s needs %d: %w", i, len(t.Data), t.Shape, t.Dtype, numel*uint64(dt.size), ErrInvalidTensor)
+	}
+	return dt, int(numel), nil
+}
+
+const frameHdr = 9
+
+func openFrame(dst []byte) []byte {
+	return append(dst, opFRAME, 0, 0, 0, 0, 0, 0, 0, 0)
+}
+
+// closeFrame writes the length of the frame opened at off.
+func closeFrame(dst []byte, off int) {
+	binary.LittleEndian.PutUint64(dst[off+1:], uint64(len(dst)-off-frameHdr))
+}
+
+func globalSize(first bool, mod, name string) int {
+	if first {
+		return 2 + len(mod) + 2 + len(name) + 1 + 1 // two strings, STACK_GLOBAL, MEMOIZE
+	}
+	return 2 // BINGET idx
+}
+
+func appendGlobal(dst []byte, first bool, mod, name string, memo byte) []byte {
+	if !first {
+		return append(dst, opBINGET, memo)
+	}
+	dst = append(dst, opSHORT_BINUNICODE, byte(len(mod)))
+	dst = append(dst, mod...)
+	dst = append(dst, opSHORT_BINUNICODE, byte(len(name)))
+	dst = append(dst, name...)
+	return append(dst, opSTACK_GLOBAL, opMEMOIZE)
+}
+
+func segA(first bool) int {
+	return globalSize(first, strRebuildMod, strRebuildName) + 1 + globalSize(first, strLoadMod, strLoadName)
+}
+
+func segB(t *Tensor, first bool) int {
+	n := 2 + intSize(0) + 1 // TUPLE1 REDUCE, offset, MARK
+	for _, d := range t.Shape {
+		n += intSize(int64(d))
+	}
+	n += 2 // TUPLE MARK
+	for j := range t.Shape {
+		n += intSize(rowMajorStride(t.Shape, j))
+	}
+	n += 2 // TUPLE NEWFALSE
+	n += globalSize(first, strODMod, strODName)
+	return n + 4 // EMPTY_TUPLE REDUCE TUPLE REDUCE
+}
+
+func bytesHdr(n int) int {
+	if uint64(n) > math.MaxUint32 {
+		return 9
+	}
+	return 5
+}
+
+func appendBytesHdr(dst []byte, n int) []byte {
+	if uint64(n) > math.MaxUint32 {
+		dst = append(dst, opBINBYTES8)
+		return binary.LittleEndian.AppendUint64(dst, uint64(n))
+	}
+	dst = append(dst, opBINBYTES)
+	return binary.LittleEndian.AppendUint32(dst, uint32(n))
+}
+
+// intSize and appendInt pick the opcode CPython picks for a non-negative int.
+func intSize(v int64) int {
+	switch {
+	case v >= 0 && v < 1<<8:
+		return 2
+	case v >= 0 && v < 1<<16:
+		return 3
+	case v >= math.MinInt32 && v <= math.MaxInt32:
+		return 5
+	}
+	return 2 + len(longBytes(v))
+}
+
+func appendInt(dst []byte, v int64) []byte {
+	switch {
+	case v >= 0 && v < 1<<8:
+		return append(dst, opBININT1, byte(v))
+	case v >= 0 && v < 1<<16:
+		return append(dst, opBININT2, byte(v), byte(v>>8))
+	case v >= math.MinInt32 && v <= math.MaxInt32:
+		return binary.LittleEndian.AppendUint32(append(dst, opBININT), uint32(int32(v)))
+	}
+	b := longBytes(v)
+	dst = append(dst, opLONG1, byte(len(b)))
+	return append(dst, b...)
+}
+
+// longBytes is the minimal little-endian two's-complement form (pickle's encode_long).
+func longBytes(v int64) []byte {
+	var b [8]byte
+	binary.LittleEndian.PutUint64(b[:], uint64(v))
+	n := 8
+	for n > 1 {
+		top, next := b[n-1], b[n-2]
+		if (top == 0 && next&0x80 == 0) || (top == 0xff && next&0x80 != 0) {
+			n--
+			continue
+		}
+		break
+	}
+	return b[:n]
+}
+
+// Legacy container pieces (protocol 2, as torch.save writes them).
+
+func objPickleSize(dt *dtypeInfo, numel int) int {
+	// PROTO MARK X"storage"q0 c"torch\n<cls>\n"q1 X<key>q2 X"cpu"q3 <numel> N t q4 Q .
+	return 2 + 1 + (5 + 7 + 2) + (1 + 6 + len(dt.storage) + 1 + 2) + (5 + len(legacyKey) + 2) + (5 + 3 + 2) +
+		intSize(int64(numel)) + 1 + 1 + 2 + 1 + 1
+}
+
+func keysPickleSize() int {
+	// PROTO ] q0 X<key> q1 a .
+	return 2 + 1 + 2 + 5 + len(legacyKey) + 2 + 1 + 1
+}
+
+const magicPickleSize = 2 + 2 + 10 + 1
+const versionPickleSize = 2 + 3 + 1
+
+func containerSize(dt *dtypeInfo, numel, dataLen int) int {
+	return magicPickleSize + versionPickleSize + len(legacySysInfo) + objPickleSize(dt, numel) + keysPickleSize() + 8 + dataLen
+}
+
+func appendBinunicode(dst []byte, s string) []byte {
+	dst = binary.LittleEndian.AppendUint32(append(dst, opBINUNICODE), uint32(len(s)))
+	return append(dst, s...)
+}
+
+func appendContainer(dst []byte, dt *dtypeInfo, numel int, data []byte) []byte {
+	dst = append(dst, opPROTO, 2, opLONG1, 10)
+	dst = append(dst, legacyMagic[:]...)
+	dst = append(dst, opSTOP, opPROTO, 2, opBININT2, byte(legacyProtocolVersion&0xff), byte(legacyProtocolVersion>>8), opSTOP)
+	dst = append(dst, legacySysInfo...)
+	dst = append(dst, opPROTO, 2, opMARK)
+	dst = append(appendBinunicode(dst, "storage"), opBINPUT, 0, opGLOBAL)
+	dst = append(dst, "torch\n"...)
+	dst = append(dst, dt.storage...)
+	dst = append(dst, '\n', opBINPUT, 1)
+	dst = append(appendBinunicode(dst, legacyKey), opBINPUT, 2)
+	dst = append(appendBinunicode(dst, "cpu"), opBINPUT, 3)
+	dst = appendInt(dst, int64(numel))
+	dst = append(dst, opNONE, opTUPLE, opBINPUT, 4, opBINPERSID, opSTOP)
+	dst = append(dst, opPROTO, 2, opEMPTY_LIST, opBINPUT, 0)
+	dst = append(appendBinunicode(dst, legacyKey), opBINPUT, 1, opAPPEND, opSTOP)
+	dst = binary.LittleEndian.AppendUint64(dst, uint64(numel))
+	return append(dst, data...)
+}
+
+// rowMajorStride is the contiguous stride of dimension j.
+func rowMajorStride(shape []int, j int) int64 {
+	s := int64(1)
+	for _, d := range shape[j+1:] {
+		s *= int64(d)
+	}
+	return s
+}

@@ -1,0 +1,147 @@
+// Package torchpickle reads and writes the pickles that LMCache workers in pickle
+// mode exchange with the cache server: `pickle.dumps(list_of_cpu_tensors)`.
+//
+// The decoder is a small, restricted pickle machine. It understands exactly the
+// opcodes and globals that torch emits for a list of plain CPU tensors
+// (torch._utils._rebuild_tensor_v2 over a storage rebuilt by
+// torch.storage._load_from_bytes from a legacy torch.save container, an empty
+// collections.OrderedDict for backward hooks, and _codecs.encode for protocol 2
+// bytes). Everything else — any other global, opcode or shape — is an error that
+// names what was met. It never calls anything: "calls" of allowed globals are
+// interpreted by Go code that checks every argument. Declared sizes are checked
+// against the bytes actually present before anything is sliced or allocated.
+//
+// The encoder writes the same form torch itself writes (protocol 4), so a
+// worker's pickle.loads yields real torch tensors without custom code.
+package torchpickle
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Tensor is one decoded (or to-be-encoded) tensor. Data holds the elements in
+// row-major, contiguous order; Dtype is torch's dtype name ("bfloat16", ...).
+// A decoded contiguous tensor's Data is a slice of the decoder's input.
+type Tensor struct {
+	Dtype string
+	Shape []int
+	Data  []byte
+}
+
+// Sentinel errors; every error returned by Decode or AppendEncode wraps one.
+var (
+	// ErrForbidden: the pickle uses a global or opcode outside the allow-list.
+	ErrForbidden = errors.New("forbidden")
+	// ErrLimit: a Limits bound was exceeded.
+	ErrLimit = errors.New("limit exceeded")
+	// ErrMalformed: the pickle is truncated, inconsistent or of an unsupported shape.
+	ErrMalformed = errors.New("malformed")
+	// ErrInvalidTensor: AppendEncode got a tensor it cannot encode.
+	ErrInvalidTensor = errors.New("invalid tensor")
+)
+
+// Limits bounds the work and memory of Decode. A zero field takes its default.
+type Limits struct {
+	MaxStack   int // stack and mark-stack entries (default 4096)
+	MaxMemo    int // memo entries (default 65536)
+	MaxDepth   int // nesting of tuples and dicts (default 32)
+	MaxTensors int // tensors, and storages, per pickle (default 4096)
+	// MaxCopyBytes bounds bytes allocated for copies: protocol-2 latin-1 bytes
+	// and non-contiguous views made contiguous. Default 2×len(data), which every
+	// pickle torch produces stays within (each tensor carries its own storage).
+	MaxCopyBytes int64
+	// MaxStorageHeader bounds the pickled header of one legacy storage
+	// container (torch writes about 300 bytes). Default 64 KiB.
+	MaxStorageHeader int
+}
+
+// DefaultLimits returns the defaults used for zero fields.
+func DefaultLimits() Limits {
+	return Limits{MaxStack: 4096, MaxMemo: 65536, MaxDepth: 32, MaxTensors: 4096, MaxStorageHeader: 64 << 10}
+}
+
+func (l Limits) resolve(inputLen int) Limits {
+	d := DefaultLimits()
+	if l.MaxStack <= 0 {
+		l.MaxStack = d.MaxStack
+	}
+	if l.MaxMemo <= 0 {
+		l.MaxMemo = d.MaxMemo
+	}
+	if l.MaxDepth <= 0 {
+		l.MaxDepth = d.MaxDepth
+	}
+	if l.MaxTensors <= 0 {
+		l.MaxTensors = d.MaxTensors
+	}
+	if l.MaxCopyBytes <= 0 {
+		l.MaxCopyBytes = 2 * int64(inputLen)
+	}
+	if l.MaxStorageHeader <= 0 {
+		l.MaxStorageHeader = d.MaxStorageHeader
+	}
+	return l
+}
+
+// dtypeInfo ties a torch dtype to its legacy storage class and element size.
+type dtypeInfo struct {
+	name    string
+	storage string // class name in module torch
+	size    int
+}
+
+// dtypes is a read-only table.
+var dtypes = [...]dtypeInfo{
+	{"float16", "HalfStorage", 2},
+	{"bfloat16", "BFloat16Storage", 2},
+	{"float32", "FloatStorage", 4},
+	{"float64", "DoubleStorage", 8},
+	{"float8_e4m3fn", "Float8_e4m3fnStorage", 1},
+	{"float8_e5m2", "Float8_e5m2Storage", 1},
+	{"int8", "CharStorage", 1},
+	{"uint8", "ByteStorage", 1},
+	{"int16", "ShortStorage", 2},
+	{"int32", "IntStorage", 4},
+	{"int64", "LongStorage", 8},
+	{"bool", "BoolStorage", 1},
+}
+
+func dtypeByName(name string) (*dtypeInfo, bool) {
+	for i := range dtypes {
+		if dtypes[i].name == name {
+			return &dtypes[i], true
+		}
+	}
+	return nil, false
+}
+
+func dtypeByStorage(class string) (*dtypeInfo, bool) {
+	for i := range dtypes {
+		if dtypes[i].storage == class {
+			return &dtypes[i], true
+		}
+	}
+	return nil, false
+}
+
+// ElementSize returns the size in bytes of one element of dtype, or an error
+// for a dtype this package does not handle.
+func ElementSize(dtype string) (int, error) {
+	d, ok := dtypeByName(dtype)
+	if !ok {
+		return 0, fmt.Errorf("torchpickle: dtype %q: %w (supported: %s)", dtype, ErrInvalidTensor, supportedDtypes())
+	}
+	return d.size, nil
+}
+
+func supportedDtypes() string {
+	s := ""
+	for i, d := range dtypes {
+		if i > 0 {
+			s += ", "
+		}
+		s += d.name
+	}
+	return s
+}
