@@ -1,0 +1,554 @@
+package protocol
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+
+	"github.com/vmihailenco/msgpack/v5"
+	"github.com/vmihailenco/msgpack/v5/msgpcode"
+)
+
+// Payload type names used in profile tables and what a handler receives for each.
+const (
+	TypeKey      = "key"              // Key
+	TypeInt      = "int"              // int64
+	TypeOptInt   = "int?"             // *int64 (nil for msgpack nil)
+	TypeBool     = "bool"             // bool
+	TypeStr      = "str"              // string
+	TypeBytes    = "bytes"            // []byte, a slice of the received frame
+	TypeRegister = "register_payload" // RegisterPayload
+	TypeRecords  = "records"          // []BlockAllocationRecord
+)
+
+// Result type names used in profile tables (documentation for clients; the
+// server encodes whatever the handler returns).
+const (
+	ResultNone             = "none"
+	ResultInt              = "int"
+	ResultOptInt           = "int?"
+	ResultBool             = "bool"
+	ResultStr              = "str"
+	ResultRegister         = "register_response"
+	ResultPrepareStore     = "prepare_store_response"
+	ResultPrepareRetrieve  = "prepare_retrieve_response"
+	ResultOptRegisterReply = "register_response?"
+)
+
+func knownPayloadType(t string) bool {
+	switch t {
+	case TypeKey, TypeInt, TypeOptInt, TypeBool, TypeStr, TypeBytes, TypeRegister, TypeRecords:
+		return true
+	}
+	return false
+}
+
+func knownResultType(t string) bool {
+	switch t {
+	case ResultNone, ResultInt, ResultOptInt, ResultBool, ResultStr, ResultRegister,
+		ResultPrepareStore, ResultPrepareRetrieve, ResultOptRegisterReply:
+		return true
+	}
+	return false
+}
+
+// DecodeValue decodes one payload frame as the named type. The whole frame must
+// be one msgpack document; trailing bytes are an error (msgspec rejects them too).
+// TypeBytes returns a slice of frame, not a copy.
+func DecodeValue(typ string, frame []byte) (any, error) {
+	switch typ {
+	case TypeBytes:
+		return decodeBin(frame)
+	case TypeInt:
+		// Hot path (uid and type frames of every request): no decoder.
+		if n, ok := fastInt(frame); ok {
+			return n, nil
+		}
+	}
+	r := bytes.NewReader(frame)
+	d := msgpack.NewDecoder(r)
+	var (
+		v   any
+		err error
+	)
+	switch typ {
+	case TypeKey:
+		v, err = decodeKey(d)
+	case TypeInt:
+		v, err = decodeLooseInt(d)
+	case TypeOptInt:
+		var isNil bool
+		if isNil, err = peekNil(d); err == nil {
+			if isNil {
+				v = (*int64)(nil)
+			} else {
+				var n int64
+				if n, err = decodeLooseInt(d); err == nil {
+					v = &n
+				}
+			}
+		}
+	case TypeBool:
+		v, err = decodeLooseBool(d)
+	case TypeStr:
+		v, err = decodeStr(d)
+	case TypeRegister:
+		v, err = decodeRegister(d)
+	case TypeRecords:
+		v, err = decodeRecords(d)
+	default:
+		return nil, fmt.Errorf("unknown payload type %q", typ)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", typ, err)
+	}
+	if r.Len() != 0 {
+		return nil, fmt.Errorf("%s: %d trailing bytes", typ, r.Len())
+	}
+	return v, nil
+}
+
+// fastInt decodes a frame that is exactly one msgpack int; ok is false for
+// anything else (the caller then takes the general path for the error).
+func fastInt(b []byte) (int64, bool) {
+	if len(b) == 0 {
+		return 0, false
+	}
+	c := b[0]
+	switch {
+	case c <= 0x7f && len(b) == 1:
+		return int64(c), true
+	case c >= 0xe0 && len(b) == 1:
+		return int64(int8(c)), true
+	}
+	be := func(n int) (uint64, bool) {
+		if len(b) != 1+n {
+			return 0, false
+		}
+		var v uint64
+		for _, x := range b[1:] {
+			v = v<<8 | uint64(x)
+		}
+		return v, true
+	}
+	switch c {
+	case msgpcode.Uint8, msgpcode.Uint16, msgpcode.Uint32, msgpcode.Uint64:
+		v, ok := be(1 << (c - msgpcode.Uint8))
+		if !ok || v > math.MaxInt64 {
+			return 0, false
+		}
+		return int64(v), true
+	case msgpcode.Int8:
+		v, ok := be(1)
+		return int64(int8(v)), ok
+	case msgpcode.Int16:
+		v, ok := be(2)
+		return int64(int16(v)), ok
+	case msgpcode.Int32:
+		v, ok := be(4)
+		return int64(int32(v)), ok
+	case msgpcode.Int64:
+		v, ok := be(8)
+		return int64(v), ok
+	}
+	return 0, false
+}
+
+// decodeBin reads a msgpack bin document and returns its body as a slice of frame.
+func decodeBin(frame []byte) ([]byte, error) {
+	if len(frame) == 0 {
+		return nil, errors.New("bytes: empty frame")
+	}
+	var n, hdr int
+	switch frame[0] {
+	case msgpcode.Bin8:
+		if len(frame) < 2 {
+			return nil, errors.New("bytes: truncated bin8 header")
+		}
+		n, hdr = int(frame[1]), 2
+	case msgpcode.Bin16:
+		if len(frame) < 3 {
+			return nil, errors.New("bytes: truncated bin16 header")
+		}
+		n, hdr = int(frame[1])<<8|int(frame[2]), 3
+	case msgpcode.Bin32:
+		if len(frame) < 5 {
+			return nil, errors.New("bytes: truncated bin32 header")
+		}
+		n = int(uint32(frame[1])<<24 | uint32(frame[2])<<16 | uint32(frame[3])<<8 | uint32(frame[4]))
+		hdr = 5
+	default:
+		return nil, fmt.Errorf("bytes: expected msgpack bin, got code 0x%02x", frame[0])
+	}
+	if len(frame)-hdr != n {
+		return nil, fmt.Errorf("bytes: bin length %d, frame carries %d", n, len(frame)-hdr)
+	}
+	return frame[hdr : hdr+n : hdr+n], nil
+}
+
+// remaining is how many bytes the decoder has left; DecodeValue always reads
+// from a bytes.Reader.
+func remaining(d *msgpack.Decoder) int {
+	if r, ok := d.Buffered().(*bytes.Reader); ok {
+		return r.Len()
+	}
+	return math.MaxInt
+}
+
+func peekNil(d *msgpack.Decoder) (bool, error) {
+	c, err := d.PeekCode()
+	if err != nil {
+		return false, err
+	}
+	if c == msgpcode.Nil {
+		return true, d.DecodeNil()
+	}
+	return false, nil
+}
+
+func isIntCode(c byte) bool {
+	return msgpcode.IsFixedNum(c) || (c >= msgpcode.Uint8 && c <= msgpcode.Int64)
+}
+
+// decodeInt accepts every msgpack int width and nothing else.
+func decodeInt(d *msgpack.Decoder) (int64, error) {
+	c, err := d.PeekCode()
+	if err != nil {
+		return 0, err
+	}
+	if !isIntCode(c) {
+		return 0, fmt.Errorf("expected int, got code 0x%02x", c)
+	}
+	if c == msgpcode.Uint64 {
+		u, err := d.DecodeUint64()
+		if err != nil {
+			return 0, err
+		}
+		if u > math.MaxInt64 {
+			return 0, fmt.Errorf("int %d out of range", u)
+		}
+		return int64(u), nil
+	}
+	return d.DecodeInt64()
+}
+
+// decodeLooseInt is a top-level int payload: upstream decodes untyped and calls
+// int(), so a bool is accepted as 0/1.
+func decodeLooseInt(d *msgpack.Decoder) (int64, error) {
+	c, err := d.PeekCode()
+	if err != nil {
+		return 0, err
+	}
+	if c == msgpcode.True || c == msgpcode.False {
+		b, err := d.DecodeBool()
+		if b {
+			return 1, err
+		}
+		return 0, err
+	}
+	return decodeInt(d)
+}
+
+// decodeLooseBool accepts a bool or an int (upstream calls bool()).
+func decodeLooseBool(d *msgpack.Decoder) (bool, error) {
+	c, err := d.PeekCode()
+	if err != nil {
+		return false, err
+	}
+	if c == msgpcode.True || c == msgpcode.False {
+		return d.DecodeBool()
+	}
+	n, err := decodeInt(d)
+	return n != 0, err
+}
+
+func decodeStr(d *msgpack.Decoder) (string, error) {
+	c, err := d.PeekCode()
+	if err != nil {
+		return "", err
+	}
+	if !msgpcode.IsString(c) {
+		return "", fmt.Errorf("expected str, got code 0x%02x", c)
+	}
+	return d.DecodeString()
+}
+
+func decodeSmallInt(d *msgpack.Decoder) (int, error) {
+	n, err := decodeInt(d)
+	if err != nil {
+		return 0, err
+	}
+	if n < math.MinInt32 || n > math.MaxInt32 {
+		return 0, fmt.Errorf("int %d out of range", n)
+	}
+	return int(n), nil
+}
+
+// mapFields walks a msgpack map, calling field for every string key; unknown
+// keys must be skipped by field (it returns false for them).
+func mapFields(d *msgpack.Decoder, field func(name string) (bool, error)) error {
+	c, err := d.PeekCode()
+	if err != nil {
+		return err
+	}
+	if !msgpcode.IsFixedMap(c) && c != msgpcode.Map16 && c != msgpcode.Map32 {
+		return fmt.Errorf("expected map, got code 0x%02x", c)
+	}
+	n, err := d.DecodeMapLen()
+	if err != nil {
+		return err
+	}
+	for i := 0; i < n; i++ {
+		name, err := decodeStr(d)
+		if err != nil {
+			return fmt.Errorf("map key: %w", err)
+		}
+		known, err := field(name)
+		if err != nil {
+			return fmt.Errorf("field %q: %w", name, err)
+		}
+		if !known {
+			if err := d.Skip(); err != nil {
+				return fmt.Errorf("field %q: %w", name, err)
+			}
+		}
+	}
+	return nil
+}
+
+// required tracks which required fields a map carried.
+type required map[string]bool
+
+func (r required) check(what string) error {
+	for name, seen := range r {
+		if !seen {
+			return fmt.Errorf("%s: missing required field %q", what, name)
+		}
+	}
+	return nil
+}
+
+func decodeKey(d *msgpack.Decoder) (Key, error) {
+	var k Key
+	req := required{"model_name": false, "world_size": false, "token_ids": false,
+		"start": false, "end": false, "request_id": false}
+	err := mapFields(d, func(name string) (bool, error) {
+		var err error
+		if _, ok := req[name]; ok {
+			req[name] = true
+		}
+		switch name {
+		case "model_name":
+			k.ModelName, err = decodeStr(d)
+		case "world_size":
+			k.WorldSize, err = decodeSmallInt(d)
+		case "worker_id":
+			var isNil bool
+			if isNil, err = peekNil(d); err == nil && !isNil {
+				var w int
+				if w, err = decodeSmallInt(d); err == nil {
+					k.WorkerID = &w
+				}
+			}
+		case "token_ids":
+			k.TokenIDs, err = decodeTokens(d)
+		case "start":
+			k.Start, err = decodeSmallInt(d)
+		case "end":
+			k.End, err = decodeSmallInt(d)
+		case "request_id":
+			k.RequestID, err = decodeStr(d)
+		case "cache_salt":
+			k.CacheSalt, err = decodeStr(d)
+		default:
+			return false, nil
+		}
+		return true, err
+	})
+	if err != nil {
+		return Key{}, err
+	}
+	return k, req.check("key")
+}
+
+func decodeTokens(d *msgpack.Decoder) ([]uint32, error) {
+	n, err := d.DecodeArrayLen()
+	if err != nil {
+		return nil, err
+	}
+	if n < 0 {
+		return nil, errors.New("expected array, got nil")
+	}
+	// Every element takes at least one byte, so a lying length cannot make us
+	// allocate more than the frame holds.
+	if n > remaining(d) {
+		return nil, fmt.Errorf("array length %d exceeds frame", n)
+	}
+	out := make([]uint32, n)
+	for i := range out {
+		t, err := decodeInt(d)
+		if err != nil {
+			return nil, fmt.Errorf("token %d: %w", i, err)
+		}
+		if t < 0 || t > math.MaxUint32 {
+			return nil, fmt.Errorf("token %d: %d out of range", i, t)
+		}
+		out[i] = uint32(t)
+	}
+	return out, nil
+}
+
+func decodeInts(d *msgpack.Decoder) ([]int64, error) {
+	n, err := d.DecodeArrayLen()
+	if err != nil {
+		return nil, err
+	}
+	if n < 0 {
+		return nil, errors.New("expected array, got nil")
+	}
+	if n > remaining(d) {
+		return nil, fmt.Errorf("array length %d exceeds frame", n)
+	}
+	out := make([]int64, n)
+	for i := range out {
+		if out[i], err = decodeInt(d); err != nil {
+			return nil, fmt.Errorf("element %d: %w", i, err)
+		}
+	}
+	return out, nil
+}
+
+func decodeRegister(d *msgpack.Decoder) (RegisterPayload, error) {
+	var p RegisterPayload
+	req := required{"instance_id": false, "model_name": false, "world_size": false,
+		"block_size": false, "num_layers": false, "hidden_dim_size": false,
+		"dtype_str": false, "use_mla": false}
+	err := mapFields(d, func(name string) (bool, error) {
+		var err error
+		if _, ok := req[name]; ok {
+			req[name] = true
+		}
+		switch name {
+		case "instance_id":
+			p.InstanceID, err = decodeInt(d)
+		case "model_name":
+			p.ModelName, err = decodeStr(d)
+		case "world_size":
+			p.WorldSize, err = decodeSmallInt(d)
+		case "block_size":
+			p.BlockSize, err = decodeSmallInt(d)
+		case "num_layers":
+			p.NumLayers, err = decodeSmallInt(d)
+		case "hidden_dim_size":
+			p.HiddenDimSize, err = decodeSmallInt(d)
+		case "dtype_str":
+			p.DtypeStr, err = decodeStr(d)
+		case "use_mla":
+			p.UseMLA, err = decodeLooseBool(d)
+		default:
+			return false, nil
+		}
+		return true, err
+	})
+	if err != nil {
+		return RegisterPayload{}, err
+	}
+	return p, req.check("register payload")
+}
+
+func decodeRecords(d *msgpack.Decoder) ([]BlockAllocationRecord, error) {
+	n, err := d.DecodeArrayLen()
+	if err != nil {
+		return nil, err
+	}
+	if n < 0 {
+		return nil, errors.New("expected array, got nil")
+	}
+	if n > remaining(d) {
+		return nil, fmt.Errorf("array length %d exceeds frame", n)
+	}
+	out := make([]BlockAllocationRecord, n)
+	for i := range out {
+		r := &out[i]
+		req := required{"req_id": false, "new_block_ids": false, "new_token_ids": false}
+		err := mapFields(d, func(name string) (bool, error) {
+			var err error
+			if _, ok := req[name]; ok {
+				req[name] = true
+			}
+			switch name {
+			case "req_id":
+				r.ReqID, err = decodeStr(d)
+			case "new_block_ids":
+				r.NewBlockIDs, err = decodeInts(d)
+			case "new_token_ids":
+				r.NewTokenIDs, err = decodeInts(d)
+			default:
+				return false, nil
+			}
+			return true, err
+		})
+		if err == nil {
+			err = req.check("block allocation record")
+		}
+		if err != nil {
+			return nil, fmt.Errorf("record %d: %w", i, err)
+		}
+	}
+	return out, nil
+}
+
+// Encode writes v as one msgpack document the way msgspec would: shortest ints,
+// str for strings, bin for []byte, maps for the structs of this package.
+func Encode(v any) ([]byte, error) {
+	return AppendEncode(nil, v)
+}
+
+// AppendEncode is Encode appending to dst.
+func AppendEncode(dst []byte, v any) ([]byte, error) {
+	// Fast paths for the common scalar results (NOOP, PING, GET_CHUNK_SIZE,
+	// COMMIT_*): no encoder allocation.
+	switch x := v.(type) {
+	case string:
+		if len(x) < 32 {
+			return append(append(dst, 0xa0|byte(len(x))), x...), nil
+		}
+	case bool:
+		if x {
+			return append(dst, msgpcode.True), nil
+		}
+		return append(dst, msgpcode.False), nil
+	case int:
+		if x >= 0 && x <= 0x7f {
+			return append(dst, byte(x)), nil
+		}
+	case int64:
+		if x >= 0 && x <= 0x7f {
+			return append(dst, byte(x)), nil
+		}
+	case []byte:
+		// Size the output once: large payloads must not be copied by buffer
+		// growth. msgspec writes bin (also for b"", never nil).
+		n := len(x)
+		switch {
+		case n <= math.MaxUint8:
+			dst = append(slices.Grow(dst, 2+n), msgpcode.Bin8, byte(n))
+		case n <= math.MaxUint16:
+			dst = append(slices.Grow(dst, 3+n), msgpcode.Bin16, byte(n>>8), byte(n))
+		case n <= math.MaxUint32:
+			dst = append(slices.Grow(dst, 5+n), msgpcode.Bin32, byte(n>>24), byte(n>>16), byte(n>>8), byte(n))
+		default:
+			return nil, fmt.Errorf("msgpack encode: %d bytes exceed the bin32 limit", n)
+		}
+		return append(dst, x...), nil
+	}
+	buf := bytes.NewBuffer(dst)
+	e := msgpack.NewEncoder(buf)
+	e.UseCompactInts(true)
+	if err := e.Encode(v); err != nil {
+		return nil, fmt.Errorf("msgpack encode %T: %w", v, err)
+	}
+	return buf.Bytes(), nil
+}

@@ -1,0 +1,259 @@
+package protocol
+
+import (
+	"fmt"
+
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// Key is LMCache's IPCCacheEngineKey (spec 2.2). On the wire it is a map keyed by
+// field name; RequestID is not part of key equality upstream (see Key.Equal).
+type Key struct {
+	ModelName string
+	WorldSize int
+	WorkerID  *int // nil on scheduler-side LOOKUP keys
+	TokenIDs  []uint32
+	Start     int
+	End       int
+	RequestID string
+	CacheSalt string
+}
+
+// Equal reports key equality as upstream's dataclass does: every field but RequestID.
+func (k Key) Equal(o Key) bool {
+	if k.ModelName != o.ModelName || k.WorldSize != o.WorldSize || k.Start != o.Start ||
+		k.End != o.End || k.CacheSalt != o.CacheSalt || len(k.TokenIDs) != len(o.TokenIDs) {
+		return false
+	}
+	if (k.WorkerID == nil) != (o.WorkerID == nil) || (k.WorkerID != nil && *k.WorkerID != *o.WorkerID) {
+		return false
+	}
+	for i, t := range k.TokenIDs {
+		if o.TokenIDs[i] != t {
+			return false
+		}
+	}
+	return true
+}
+
+// EncodeMsgpack writes the key as msgspec does: a map with every field, in
+// declaration order.
+func (k Key) EncodeMsgpack(e *msgpack.Encoder) error {
+	if err := e.EncodeMapLen(8); err != nil {
+		return err
+	}
+	w := fieldWriter{e: e}
+	w.str("model_name", k.ModelName)
+	w.int("world_size", int64(k.WorldSize))
+	w.key("worker_id")
+	if k.WorkerID == nil {
+		w.err1(e.EncodeNil())
+	} else {
+		w.err1(e.EncodeInt(int64(*k.WorkerID)))
+	}
+	w.key("token_ids")
+	w.err1(e.EncodeArrayLen(len(k.TokenIDs)))
+	for _, t := range k.TokenIDs {
+		w.err1(e.EncodeUint(uint64(t)))
+	}
+	w.int("start", int64(k.Start))
+	w.int("end", int64(k.End))
+	w.str("request_id", k.RequestID)
+	w.str("cache_salt", k.CacheSalt)
+	return w.err
+}
+
+// RegisterPayload is RegisterNonGpuContextPayload (spec 2.3), also used for the
+// engine-driven register request, whose extra fields are ignored.
+type RegisterPayload struct {
+	InstanceID    int64
+	ModelName     string
+	WorldSize     int
+	BlockSize     int
+	NumLayers     int
+	HiddenDimSize int
+	DtypeStr      string
+	UseMLA        bool
+}
+
+// EncodeMsgpack writes the payload as a map of all fields in declaration order.
+func (p RegisterPayload) EncodeMsgpack(e *msgpack.Encoder) error {
+	if err := e.EncodeMapLen(8); err != nil {
+		return err
+	}
+	w := fieldWriter{e: e}
+	w.int("instance_id", p.InstanceID)
+	w.str("model_name", p.ModelName)
+	w.int("world_size", int64(p.WorldSize))
+	w.int("block_size", int64(p.BlockSize))
+	w.int("num_layers", int64(p.NumLayers))
+	w.int("hidden_dim_size", int64(p.HiddenDimSize))
+	w.str("dtype_str", p.DtypeStr)
+	w.key("use_mla")
+	w.err1(e.EncodeBool(p.UseMLA))
+	return w.err
+}
+
+// RegisterResponse is RegisterNonGpuContextResponse: {shm_name, pool_size}.
+type RegisterResponse struct {
+	ShmName  string
+	PoolSize int64
+}
+
+// EncodeMsgpack writes {"shm_name": …, "pool_size": …}.
+func (r RegisterResponse) EncodeMsgpack(e *msgpack.Encoder) error {
+	if err := e.EncodeMapLen(2); err != nil {
+		return err
+	}
+	w := fieldWriter{e: e}
+	w.str("shm_name", r.ShmName)
+	w.int("pool_size", r.PoolSize)
+	return w.err
+}
+
+// Slot is one SHM slot descriptor inside a context map (spec 2.3).
+type Slot struct {
+	Offset int64
+	Length int64
+	Shape  []int
+	Dtype  string
+}
+
+// EncodeMsgpack writes {"offset", "length", "shape", "dtype"}.
+func (s Slot) EncodeMsgpack(e *msgpack.Encoder) error {
+	if err := e.EncodeMapLen(4); err != nil {
+		return err
+	}
+	w := fieldWriter{e: e}
+	w.int("offset", s.Offset)
+	w.int("length", s.Length)
+	w.key("shape")
+	w.err1(e.EncodeArrayLen(len(s.Shape)))
+	for _, d := range s.Shape {
+		w.err1(e.EncodeInt(int64(d)))
+	}
+	w.str("dtype", s.Dtype)
+	return w.err
+}
+
+// PrepareStoreResponse is {"context": {...}}: with Shm the context carries
+// "slots" and "chunk_indices", otherwise it is empty.
+type PrepareStoreResponse struct {
+	Shm          bool
+	Slots        []Slot
+	ChunkIndices []int
+}
+
+// EncodeMsgpack writes {"context": {"slots": [...], "chunk_indices": [...]}} or
+// {"context": {}}.
+func (r PrepareStoreResponse) EncodeMsgpack(e *msgpack.Encoder) error {
+	if err := e.EncodeMapLen(1); err != nil {
+		return err
+	}
+	w := fieldWriter{e: e}
+	w.key("context")
+	if !r.Shm {
+		w.err1(e.EncodeMapLen(0))
+		return w.err
+	}
+	w.err1(e.EncodeMapLen(2))
+	w.slots(r.Slots)
+	w.key("chunk_indices")
+	w.err1(e.EncodeArrayLen(len(r.ChunkIndices)))
+	for _, i := range r.ChunkIndices {
+		w.err1(e.EncodeInt(int64(i)))
+	}
+	return w.err
+}
+
+// PrepareRetrieveResponse is {"success", "data", "context"}; Slots nil gives an
+// empty context, otherwise {"slots": [...]}.
+type PrepareRetrieveResponse struct {
+	Success bool
+	Data    []byte
+	Slots   []Slot
+}
+
+// EncodeMsgpack writes the three fields in declaration order; Data is always bin.
+func (r PrepareRetrieveResponse) EncodeMsgpack(e *msgpack.Encoder) error {
+	if err := e.EncodeMapLen(3); err != nil {
+		return err
+	}
+	w := fieldWriter{e: e}
+	w.key("success")
+	w.err1(e.EncodeBool(r.Success))
+	w.key("data")
+	// EncodeBytes(nil) would write nil; msgspec always writes bin.
+	data := r.Data
+	if data == nil {
+		data = []byte{}
+	}
+	w.err1(e.EncodeBytes(data))
+	w.key("context")
+	if r.Slots == nil {
+		w.err1(e.EncodeMapLen(0))
+		return w.err
+	}
+	w.err1(e.EncodeMapLen(1))
+	w.slots(r.Slots)
+	return w.err
+}
+
+// BlockAllocationRecord is one REPORT_BLOCK_ALLOCATION record (spec 2.3).
+type BlockAllocationRecord struct {
+	ReqID       string
+	NewBlockIDs []int64
+	NewTokenIDs []int64
+}
+
+// EncodeMsgpack writes {"req_id", "new_block_ids", "new_token_ids"}.
+func (r BlockAllocationRecord) EncodeMsgpack(e *msgpack.Encoder) error {
+	if err := e.EncodeMapLen(3); err != nil {
+		return err
+	}
+	w := fieldWriter{e: e}
+	w.str("req_id", r.ReqID)
+	w.ints("new_block_ids", r.NewBlockIDs)
+	w.ints("new_token_ids", r.NewTokenIDs)
+	return w.err
+}
+
+// fieldWriter keeps the first encoding error so encoders read straight.
+type fieldWriter struct {
+	e   *msgpack.Encoder
+	err error
+}
+
+func (w *fieldWriter) err1(err error) {
+	if w.err == nil && err != nil {
+		w.err = fmt.Errorf("encode: %w", err)
+	}
+}
+
+func (w *fieldWriter) key(k string) { w.err1(w.e.EncodeString(k)) }
+
+func (w *fieldWriter) str(k, v string) {
+	w.key(k)
+	w.err1(w.e.EncodeString(v))
+}
+
+func (w *fieldWriter) int(k string, v int64) {
+	w.key(k)
+	w.err1(w.e.EncodeInt(v))
+}
+
+func (w *fieldWriter) ints(k string, vs []int64) {
+	w.key(k)
+	w.err1(w.e.EncodeArrayLen(len(vs)))
+	for _, v := range vs {
+		w.err1(w.e.EncodeInt(v))
+	}
+}
+
+func (w *fieldWriter) slots(ss []Slot) {
+	w.key("slots")
+	w.err1(w.e.EncodeArrayLen(len(ss)))
+	for _, s := range ss {
+		w.err1(s.EncodeMsgpack(w.e))
+	}
+}

@@ -1,0 +1,208 @@
+package rpc_test
+
+import (
+	"context"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	zmq "github.com/pebbe/zmq4"
+
+	"kvdock/core/protocol"
+	"kvdock/core/rpc"
+	"kvdock/core/rpc/client"
+)
+
+// rawEcho is the reference: a bare pebbe/zmq4 ROUTER echoing [id, uid, type]
+// plus "OK", the least any ROUTER server can do per request.
+func rawEcho(b *testing.B) (endpoint string, stop func()) {
+	b.Helper()
+	zctx, err := zmq.NewContext()
+	if err != nil {
+		b.Fatal(err)
+	}
+	r, err := zctx.NewSocket(zmq.ROUTER)
+	if err != nil {
+		b.Fatal(err)
+	}
+	_ = r.SetLinger(0)
+	if err := r.Bind("tcp://127.0.0.1:*"); err != nil {
+		b.Fatal(err)
+	}
+	ep, _ := r.GetLastEndpoint()
+	ok, _ := protocol.Encode("OK")
+	var quit atomic.Bool
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		poller := zmq.NewPoller()
+		poller.Add(r, zmq.POLLIN)
+		for !quit.Load() {
+			polled, err := poller.Poll(20 * time.Millisecond)
+			if err != nil || len(polled) == 0 {
+				continue
+			}
+			for {
+				msg, err := r.RecvMessageBytes(zmq.DONTWAIT)
+				if err != nil {
+					break
+				}
+				if len(msg) >= 3 {
+					_, _ = r.SendMessage(msg[0], msg[1], msg[2], ok)
+				}
+			}
+		}
+	}()
+	return ep, func() {
+		quit.Store(true)
+		<-done
+		r.Close()
+		zctx.Term()
+	}
+}
+
+func kvdockNoop(b *testing.B) (endpoint string, stop func()) {
+	b.Helper()
+	p := profile(b, "nongpu-v1")
+	srv, err := rpc.New(rpc.Options{Host: "127.0.0.1", Profile: p, Logger: quietLogger()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv.Handle(protocol.Noop, func(context.Context, *rpc.Request) (any, error) { return "OK", nil })
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx) }()
+	for srv.Endpoint() == "" {
+		time.Sleep(time.Millisecond)
+	}
+	return srv.Endpoint(), func() { cancel(); <-done }
+}
+
+// roundTrips measures n serial NOOP round trips from a bare DEALER.
+func roundTrips(b *testing.B, ep string, n, window int) time.Duration {
+	b.Helper()
+	d, err := zmq.NewSocket(zmq.DEALER)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer d.Close()
+	_ = d.SetLinger(0)
+	_ = d.SetRcvtimeo(5 * time.Second)
+	if err := d.Connect(ep); err != nil {
+		b.Fatal(err)
+	}
+	typ, _ := protocol.Encode(19)
+	uid, _ := protocol.Encode(1)
+	// Warm up the connection.
+	_, _ = d.SendMessage(uid, typ)
+	if _, err := d.RecvMessageBytes(0); err != nil {
+		b.Fatal(err)
+	}
+	t0 := time.Now()
+	for sent := 0; sent < n; sent += window {
+		for range window {
+			_, _ = d.SendMessage(uid, typ)
+		}
+		for range window {
+			if _, err := d.RecvMessageBytes(0); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	return time.Since(t0)
+}
+
+// BenchmarkNoop reports kvdock's NOOP rate as a ratio to a raw pebbe ROUTER
+// echo measured in the same run, serial (window 1) and pipelined (window 100).
+func BenchmarkNoop(b *testing.B) {
+	for _, c := range []struct {
+		name   string
+		window int
+	}{{"serial", 1}, {"pipelined", 100}} {
+		b.Run(c.name, func(b *testing.B) {
+			n := max(b.N, c.window)
+			n = (n + c.window - 1) / c.window * c.window
+			rawEP, stopRaw := rawEcho(b)
+			kvEP, stopKV := kvdockNoop(b)
+			defer stopRaw()
+			defer stopKV()
+			b.ResetTimer()
+			// Interleave short blocks and compare medians: the machine is
+			// shared, and load drift must hit both sides alike.
+			const blocks = 21
+			per := max(n/blocks, c.window)
+			per = (per + c.window - 1) / c.window * c.window
+			raws := make([]time.Duration, blocks)
+			kvs := make([]time.Duration, blocks)
+			for i := range blocks {
+				raws[i] = roundTrips(b, rawEP, per, c.window)
+				kvs[i] = roundTrips(b, kvEP, per, c.window)
+			}
+			b.StopTimer()
+			slices.Sort(raws)
+			slices.Sort(kvs)
+			raw, kv := raws[blocks/2], kvs[blocks/2]
+			b.ReportMetric(float64(per)/kv.Seconds(), "kvdock-req/s")
+			b.ReportMetric(float64(per)/raw.Seconds(), "raw-req/s")
+			b.ReportMetric(raw.Seconds()/kv.Seconds(), "ratio")
+		})
+	}
+}
+
+// BenchmarkEcho32MiB echoes a 32 MiB bytes payload through rpc.Server and the
+// Go client, first at glibc's malloc defaults, then after TuneMalloc. TuneMalloc
+// cannot be undone, so run it as its own process: -run '^$' -bench Echo32MiB
+// -benchtime=1x. Each phase does a fixed number of echoes whatever b.N is.
+func BenchmarkEcho32MiB(b *testing.B) {
+	const rounds = 20
+	p := profile(b, "nongpu-v1")
+	srv, err := rpc.New(rpc.Options{Host: "127.0.0.1", Profile: p, Logger: quietLogger(), OrderedWorkers: 1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	// COMMIT_STORE carries bytes; answering with them makes it an echo.
+	srv.Handle(protocol.CommitStore, func(_ context.Context, r *rpc.Request) (any, error) {
+		return r.Args[2].([]byte), nil
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx) }()
+	defer func() { cancel(); <-done }()
+	for srv.Endpoint() == "" {
+		time.Sleep(time.Millisecond)
+	}
+	c, err := client.Dial(srv.Endpoint(), p, client.Options{Timeout: 30 * time.Second})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	key := protocol.Key{ModelName: "m", WorldSize: 1, TokenIDs: []uint32{1}, RequestID: "r"}
+	payload := make([]byte, 32<<20)
+	for i := range payload {
+		payload[i] = byte(i)
+	}
+	phase := func() time.Duration {
+		// One warm-up, then timed rounds.
+		if _, err := c.Call(ctx, "COMMIT_STORE", key, int64(0), payload); err != nil {
+			b.Fatal(err)
+		}
+		t0 := time.Now()
+		for range rounds {
+			r, err := c.Call(ctx, "COMMIT_STORE", key, int64(0), payload)
+			if err != nil || len(r.Raw) < len(payload) {
+				b.Fatalf("echo: %v (%d bytes)", err, len(r.Raw))
+			}
+		}
+		return time.Since(t0) / rounds
+	}
+	b.ResetTimer()
+	before := phase()
+	tn := rpc.TuneMalloc()
+	after := phase()
+	b.StopTimer()
+	b.Logf("TuneMalloc: %v", tn)
+	b.ReportMetric(float64(before.Microseconds())/1000, "default-ms/echo")
+	b.ReportMetric(float64(after.Microseconds())/1000, "tuned-ms/echo")
+	b.ReportMetric(before.Seconds()/after.Seconds(), "speedup")
+}

@@ -1,0 +1,58 @@
+package rpc
+
+/*
+#include <malloc.h>
+*/
+import "C"
+
+import "fmt"
+
+// MallocTuning reports what TuneMalloc set.
+type MallocTuning struct {
+	// MmapThreshold is the glibc M_MMAP_THRESHOLD in effect (0 if unchanged).
+	MmapThreshold int64
+	// TrimThreshold is the glibc M_TRIM_THRESHOLD in effect (0 if unchanged).
+	TrimThreshold int64
+	// Note says why a requested value was lowered or refused.
+	Note string
+}
+
+func (t MallocTuning) String() string {
+	s := fmt.Sprintf("mmap_threshold=%d trim_threshold=%d", t.MmapThreshold, t.TrimThreshold)
+	if t.Note != "" {
+		s += " (" + t.Note + ")"
+	}
+	return s
+}
+
+// tuneTarget is the threshold TuneMalloc asks for: large ZMQ messages are
+// allocated by libzmq with malloc, and at glibc's defaults every message over
+// 128 KiB (or the dynamic threshold) is a fresh mmap + page faults + munmap.
+const tuneTarget = 1 << 30
+
+// TuneMalloc raises glibc's mmap and trim thresholds so libzmq's large
+// message buffers are recycled from the heap instead of being mmapped and
+// unmapped per message. Call it once at start-up, before traffic (main does).
+// glibc refuses an mmap threshold above HEAP_MAX_SIZE/2 (32 MiB on 64-bit);
+// TuneMalloc then halves down to the largest value glibc accepts and says so.
+func TuneMalloc() MallocTuning {
+	var t MallocTuning
+	if C.mallopt(C.M_TRIM_THRESHOLD, C.int(tuneTarget)) == 1 {
+		t.TrimThreshold = tuneTarget
+	} else {
+		t.Note = "M_TRIM_THRESHOLD refused"
+	}
+	for v := int64(tuneTarget); v >= 128<<10; v /= 2 {
+		if C.mallopt(C.M_MMAP_THRESHOLD, C.int(v)) == 1 {
+			t.MmapThreshold = v
+			if v != tuneTarget {
+				if t.Note != "" {
+					t.Note += "; "
+				}
+				t.Note += fmt.Sprintf("glibc caps M_MMAP_THRESHOLD, %d used instead of %d", v, int64(tuneTarget))
+			}
+			break
+		}
+	}
+	return t
+}

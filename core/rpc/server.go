@@ -1,0 +1,515 @@
+// Package rpc is kvdock's LMCache MP transport: a ZeroMQ ROUTER server that
+// decodes requests under a protocol profile and dispatches them inline, on a
+// per-peer FIFO worker, or on a shared pool, and sends the replies from the one
+// goroutine that owns the socket.
+//
+// Wire (spec 1.2): requests are [identity, uid, type, payload…] with no
+// delimiter; replies are [identity, uid, type] plus one result frame, uid and
+// type echoed byte for byte, and no result frame when the handler returns nil.
+// Bad input is counted, logged (rate-limited) and, in the seed profiles, never
+// answered; it never stops the loop.
+//
+// Oversized messages: the maximum message size is set as ZMQ_MAXMSGSIZE, so
+// libzmq refuses a frame over the limit without allocating it and disconnects
+// that peer (a DEALER reconnects by itself, with its pending message lost). The
+// server sees that only as a disconnect event, counted in Stats.Disconnects; a
+// message whose frames are each under the limit but total over it is dropped
+// by the server and counted as "oversized".
+package rpc
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	zmq "github.com/pebbe/zmq4"
+
+	"kvdock/core/protocol"
+	"kvdock/core/rpc/internal/wake"
+)
+
+// Request is one decoded request as a handler sees it. Args follow the
+// profile's payload types (protocol.Type*); []byte args are slices of the
+// received frame, valid only while the handler runs.
+type Request struct {
+	Peer []byte // ZMQ identity of the sender
+	Name string // wire name in the active profile
+	Args []any
+	Spec *protocol.Spec
+}
+
+// Handler serves one canonical request. A nil result sends no result frame; an
+// error is counted and logged and, in the seed profiles, not answered.
+type Handler func(ctx context.Context, req *Request) (any, error)
+
+// Observer receives one call per dispatched request (for metrics). Outcome is
+// "ok", "error" or "dropped". It is called from several goroutines.
+type Observer interface {
+	OnRequest(name, outcome string, dur time.Duration)
+}
+
+// Outcomes passed to Observer and counted in Stats.
+const (
+	OutcomeOK      = "ok"
+	OutcomeError   = "error"
+	OutcomeDropped = "dropped"
+)
+
+// Options configure a Server. Zero values take the documented defaults.
+type Options struct {
+	Host string // "localhost" is resolved to 127.0.0.1; default localhost
+	// Port 0 binds an ephemeral port (see Endpoint).
+	Port    int
+	Profile *protocol.Profile // required
+	// OrderedWorkers serve the per-peer FIFO class (default 1).
+	OrderedWorkers int
+	// SharedWorkers serve the shared class (default 1).
+	SharedWorkers int
+	// MaxMessageBytes is ZMQ_MAXMSGSIZE and the limit on a whole message
+	// (default 1 GiB).
+	MaxMessageBytes int64
+	// SendHWM is the ROUTER send high-water mark in messages (default 1000).
+	SendHWM int
+	// QueueDepth is the job queue length per worker group (default 1024);
+	// when full, the socket goroutine stops reading (backpressure).
+	QueueDepth int
+	// DrainTimeout bounds the wait for in-flight handlers on shutdown
+	// (default 5 s).
+	DrainTimeout time.Duration
+	// LogInterval is the rate limit for bad-input logs: once per kind per peer
+	// per interval (default 10 s).
+	LogInterval time.Duration
+	Logger      *slog.Logger
+	Observer    Observer
+}
+
+func (o *Options) defaults() error {
+	if o.Profile == nil {
+		return errors.New("rpc: Options.Profile is required")
+	}
+	if o.Host == "" {
+		o.Host = "localhost"
+	}
+	if o.Port < 0 || o.Port > 65535 {
+		return fmt.Errorf("rpc: port %d out of range 0-65535", o.Port)
+	}
+	if o.OrderedWorkers <= 0 {
+		o.OrderedWorkers = 1
+	}
+	if o.SharedWorkers <= 0 {
+		o.SharedWorkers = 1
+	}
+	if o.MaxMessageBytes <= 0 {
+		o.MaxMessageBytes = 1 << 30
+	}
+	if o.SendHWM <= 0 {
+		o.SendHWM = 1000
+	}
+	if o.QueueDepth <= 0 {
+		o.QueueDepth = 1024
+	}
+	if o.DrainTimeout <= 0 {
+		o.DrainTimeout = 5 * time.Second
+	}
+	if o.LogInterval <= 0 {
+		o.LogInterval = 10 * time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return nil
+}
+
+// maxFrames caps the frames kept per message; no profile request has more
+// than 4 payload frames, so anything longer is wrong arity anyway.
+const maxFrames = 16
+
+// errorMarker is the mid-era error reply frame (spec 1.6).
+const errorMarker = "LMCACHE_RPC_ERROR_V1"
+
+// Server is the ROUTER server. Create with New, register handlers with Handle,
+// then Serve.
+type Server struct {
+	opts Options
+	log  *slog.Logger
+
+	hmu      sync.RWMutex
+	handlers map[string]Handler
+
+	stats    *stats
+	limiter  *limiter
+	endpoint atomic.Value  // string
+	bound    chan struct{} // closed once bound
+
+	replyMu sync.Mutex
+	replies []reply
+	closed  bool
+	wake    *wake.Wake
+
+	serving atomic.Bool
+}
+
+type job struct {
+	peer, uid, typ []byte
+	spec           *protocol.Spec
+	args           []any
+	start          time.Time
+}
+
+type reply struct {
+	peer, uid, typ []byte
+	frames         [][]byte // result frames after uid and type (0, 1 or 2)
+}
+
+// New checks the options; nothing is bound until Serve.
+func New(opts Options) (*Server, error) {
+	if err := opts.defaults(); err != nil {
+		return nil, err
+	}
+	s := &Server{
+		opts:     opts,
+		log:      opts.Logger.With("protocol", opts.Profile.Name),
+		handlers: map[string]Handler{},
+		stats:    newStats(opts.Profile),
+		limiter:  newLimiter(opts.LogInterval),
+		bound:    make(chan struct{}),
+	}
+	s.endpoint.Store("")
+	return s, nil
+}
+
+// Handle registers h under a canonical request name (protocol.CanonicalNames).
+// Handlers may be registered before or during Serve.
+func (s *Server) Handle(name string, h Handler) {
+	s.hmu.Lock()
+	s.handlers[name] = h
+	s.hmu.Unlock()
+}
+
+func (s *Server) handler(name string) Handler {
+	s.hmu.RLock()
+	defer s.hmu.RUnlock()
+	return s.handlers[name]
+}
+
+// Endpoint is the bound endpoint (e.g. "tcp://127.0.0.1:5555"), "" before bind.
+func (s *Server) Endpoint() string { return s.endpoint.Load().(string) }
+
+// Bound is closed once Serve has bound the socket (Endpoint is then set); a
+// bind error is returned by Serve instead.
+func (s *Server) Bound() <-chan struct{} { return s.bound }
+
+// Profile is the active protocol profile.
+func (s *Server) Profile() *protocol.Profile { return s.opts.Profile }
+
+// endpointFor resolves the bind host: libzmq accepts names, but we want the
+// endpoint we log and expose to be an address.
+func endpointFor(host string, port int) (ep string, ipv6 bool, err error) {
+	portStr := "*"
+	if port > 0 {
+		portStr = strconv.Itoa(port)
+	}
+	switch host {
+	case "localhost":
+		host = "127.0.0.1"
+	case "*", "0.0.0.0":
+		return "tcp://" + host + ":" + portStr, false, nil
+	}
+	ip := net.ParseIP(host)
+	if ip == nil {
+		ips, err := net.LookupIP(host)
+		if err != nil || len(ips) == 0 {
+			return "", false, fmt.Errorf("resolve host %q: %w", host, err)
+		}
+		ip = ips[0]
+		for _, c := range ips {
+			if c.To4() != nil {
+				ip = c
+				break
+			}
+		}
+	}
+	if ip.To4() != nil {
+		return "tcp://" + ip.String() + ":" + portStr, false, nil
+	}
+	return "tcp://[" + ip.String() + "]:" + portStr, true, nil
+}
+
+// Serve binds and runs the socket loop until ctx is done, then stops reading,
+// lets in-flight handlers finish (bounded by DrainTimeout), sends their
+// replies and closes the socket with linger 0. A bind error (port taken) is
+// returned at once.
+func (s *Server) Serve(ctx context.Context) error {
+	if !s.serving.CompareAndSwap(false, true) {
+		return errors.New("rpc: Serve called twice")
+	}
+	ep, ipv6, err := endpointFor(s.opts.Host, s.opts.Port)
+	if err != nil {
+		return fmt.Errorf("rpc: %w", err)
+	}
+	zctx, err := zmq.NewContext()
+	if err != nil {
+		return fmt.Errorf("rpc: zmq context: %w", err)
+	}
+	defer zctx.Term()
+	router, err := zctx.NewSocket(zmq.ROUTER)
+	if err != nil {
+		return fmt.Errorf("rpc: router socket: %w", err)
+	}
+	closeRouter := func() {
+		_ = router.SetLinger(0)
+		_ = router.Close()
+	}
+	for _, set := range []func() error{
+		func() error { return router.SetMaxmsgsize(s.opts.MaxMessageBytes) },
+		func() error { return router.SetSndhwm(s.opts.SendHWM) },
+		func() error { return router.SetRcvhwm(s.opts.SendHWM) },
+		func() error { return router.SetLinger(0) },
+		func() error { return router.SetIpv6(ipv6) },
+	} {
+		if err := set(); err != nil {
+			closeRouter()
+			return fmt.Errorf("rpc: socket option: %w", err)
+		}
+	}
+	if err := router.Bind(ep); err != nil {
+		closeRouter()
+		return fmt.Errorf("bind %s: %w", ep, err)
+	}
+	bound, _ := router.GetLastEndpoint()
+	if bound == "" {
+		bound = ep
+	}
+	s.endpoint.Store(bound)
+	close(s.bound)
+
+	monAddr := fmt.Sprintf("inproc://kvdock-rpc-monitor-%p", s)
+	var monitor *zmq.Socket
+	if err := router.Monitor(monAddr, zmq.EVENT_DISCONNECTED); err == nil {
+		if monitor, err = zctx.NewSocket(zmq.PAIR); err == nil {
+			if err = monitor.Connect(monAddr); err != nil {
+				monitor.Close()
+				monitor = nil
+			}
+		}
+	}
+
+	w, err := wake.New(zctx)
+	if err != nil {
+		if monitor != nil {
+			monitor.Close()
+		}
+		closeRouter()
+		return fmt.Errorf("rpc: %w", err)
+	}
+	s.replyMu.Lock()
+	s.wake, s.closed, s.replies = w, false, nil
+	s.replyMu.Unlock()
+
+	s.log.Info("rpc server listening", "endpoint", bound, "ordered_workers", s.opts.OrderedWorkers,
+		"shared_workers", s.opts.SharedWorkers, "max_message_bytes", s.opts.MaxMessageBytes)
+
+	// Handlers get a context that survives ctx (so drains finish) but is
+	// cancelled once the drain timeout is up.
+	hctx, hcancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer hcancel()
+
+	ordered := make([]chan job, s.opts.OrderedWorkers)
+	shared := make(chan job, s.opts.QueueDepth)
+	var workers sync.WaitGroup
+	for i := range ordered {
+		ordered[i] = make(chan job, s.opts.QueueDepth)
+		workers.Add(1)
+		go s.worker(hctx, ordered[i], &workers)
+	}
+	for range s.opts.SharedWorkers {
+		workers.Add(1)
+		go s.worker(hctx, shared, &workers)
+	}
+
+	stop := context.AfterFunc(ctx, w.Signal)
+	defer stop()
+
+	l := &loop{s: s, router: router, monitor: monitor, wake: w, ordered: ordered, shared: shared, ctx: ctx, hctx: hctx}
+	l.run()
+
+	// Drain: no more reads; workers finish what they hold and exit.
+	for _, ch := range ordered {
+		close(ch)
+	}
+	close(shared)
+	var done atomic.Bool
+	go func() {
+		workers.Wait()
+		done.Store(true)
+		w.Signal()
+	}()
+	timer := time.AfterFunc(s.opts.DrainTimeout, w.Signal)
+	deadline := time.Now().Add(s.opts.DrainTimeout)
+	l.drain(func() bool { return done.Load() || time.Now().After(deadline) })
+	timer.Stop()
+	if !done.Load() {
+		s.log.Warn("rpc drain timeout: handlers still running, their replies are dropped",
+			"in_flight", s.stats.inFlight.Load(), "timeout", s.opts.DrainTimeout)
+	}
+	hcancel()
+
+	s.replyMu.Lock()
+	s.closed, s.replies = true, nil
+	s.replyMu.Unlock()
+	_ = w.Close()
+	if monitor != nil {
+		_ = router.Monitor("", 0)
+		_ = monitor.SetLinger(0)
+		_ = monitor.Close()
+	}
+	closeRouter()
+	s.log.Info("rpc server stopped", "endpoint", bound)
+	return nil
+}
+
+// push queues a reply for the socket goroutine.
+func (s *Server) push(r reply) {
+	s.replyMu.Lock()
+	if s.closed {
+		s.replyMu.Unlock()
+		return
+	}
+	s.replies = append(s.replies, r)
+	w := s.wake
+	s.replyMu.Unlock()
+	w.Signal()
+}
+
+func (s *Server) takeReplies(buf []reply) []reply {
+	s.replyMu.Lock()
+	buf = append(buf[:0], s.replies...)
+	clear(s.replies)
+	s.replies = s.replies[:0]
+	s.replyMu.Unlock()
+	return buf
+}
+
+func (s *Server) worker(ctx context.Context, jobs <-chan job, wg *sync.WaitGroup) {
+	defer wg.Done()
+	for j := range jobs {
+		if r, ok := s.execute(ctx, j); ok {
+			s.push(r)
+		}
+	}
+}
+
+// execute runs the handler of j with panic recovery and returns the reply to
+// send, if any.
+func (s *Server) execute(ctx context.Context, j job) (r reply, send bool) {
+	h := s.handler(j.spec.Handler)
+	defer s.stats.inFlight.Add(-1)
+	if h == nil {
+		s.badInput(protocol.KindNoHandler, j.peer, j.spec, fmt.Errorf("no handler registered for %s", j.spec.Handler))
+		s.finish(j, OutcomeDropped)
+		return s.errorReply(j, "NoHandler", "no handler for "+j.spec.Name)
+	}
+	res, err, panicked := s.call(ctx, h, j)
+	if err != nil {
+		if !panicked {
+			s.badInput(protocol.KindHandlerErr, j.peer, j.spec, err)
+		}
+		s.finish(j, OutcomeError)
+		return s.errorReply(j, "HandlerError", err.Error())
+	}
+	r = reply{peer: j.peer, uid: j.uid, typ: j.typ}
+	if res != nil {
+		b, err := protocol.Encode(res)
+		if err != nil {
+			s.badInput(protocol.KindHandlerErr, j.peer, j.spec, fmt.Errorf("encode result: %w", err))
+			s.finish(j, OutcomeError)
+			return s.errorReply(j, "EncodeError", err.Error())
+		}
+		r.frames = [][]byte{b}
+	}
+	s.finish(j, OutcomeOK)
+	return r, true
+}
+
+func (s *Server) call(ctx context.Context, h Handler, j job) (res any, err error, panicked bool) {
+	defer func() {
+		if p := recover(); p != nil {
+			s.badInput(protocol.KindPanic, j.peer, j.spec, fmt.Errorf("panic: %v", p))
+			res, err, panicked = nil, fmt.Errorf("handler %s panicked: %v", j.spec.Handler, p), true
+		}
+	}()
+	res, err = h(ctx, &Request{Peer: j.peer, Name: j.spec.Name, Args: j.args, Spec: j.spec})
+	return res, err, false
+}
+
+// errorReply builds the LMCACHE_RPC_ERROR_V1 reply when the profile allows it.
+func (s *Server) errorReply(j job, errType, msg string) (reply, bool) {
+	if !s.opts.Profile.ErrorMarker || j.uid == nil {
+		return reply{}, false
+	}
+	const maxMsg = 4096
+	if len(msg) > maxMsg {
+		msg = msg[:maxMsg]
+		for !utf8.ValidString(msg) {
+			msg = msg[:len(msg)-1]
+		}
+	}
+	body, err := protocol.Encode(map[string]string{"error_type": errType, "message": msg})
+	if err != nil {
+		return reply{}, false
+	}
+	return reply{peer: j.peer, uid: j.uid, typ: j.typ, frames: [][]byte{[]byte(errorMarker), body}}, true
+}
+
+func (s *Server) finish(j job, outcome string) {
+	d := time.Since(j.start)
+	s.stats.request(j.spec.Name, outcome, d)
+	if o := s.opts.Observer; o != nil {
+		o.OnRequest(j.spec.Name, outcome, d)
+	}
+}
+
+// badInput counts and logs (rate-limited per kind and peer) one bad request.
+func (s *Server) badInput(kind string, peer []byte, spec *protocol.Spec, err error) {
+	s.stats.bad(kind)
+	peerHex := hex.EncodeToString(peer)
+	if kind == protocol.KindArity || kind == protocol.KindPayload {
+		// A wrong --protocol shows up as payloads of one type failing to decode.
+		n := s.stats.decodeFail(spec.Name)
+		if s.limiter.allow("mismatch|" + spec.Name) {
+			s.log.Warn(fmt.Sprintf("protocol mismatch suspected (profile %s, type %d decoded as %s failed: %v)",
+				s.opts.Profile.Name, spec.Number, spec.Name, err), "peer", peerHex, "failures", n)
+		}
+		return
+	}
+	if kind == "cuda_unsupported" || (spec != nil && kind == spec.Unsupported) {
+		if s.limiter.once(kind + "|" + peerHex) {
+			s.log.Warn("GPU-path request dropped: kvdock serves the non-GPU transfer path only; "+
+				"point CUDA workers at LMCache's own server", "peer", peerHex, "request", spec.Name)
+		}
+		return
+	}
+	if s.limiter.allow(kind + "|" + peerHex) {
+		attrs := []any{"kind", kind, "peer", peerHex, "reason", err}
+		if spec != nil {
+			attrs = append(attrs, "request", spec.Name)
+		}
+		s.log.Warn("bad rpc request dropped", attrs...)
+	}
+}
+
+// peerWorker picks the ordered worker for an identity.
+func peerWorker(peer []byte, n int) int {
+	h := fnv.New32a()
+	_, _ = h.Write(peer)
+	return int(h.Sum32() % uint32(n))
+}
