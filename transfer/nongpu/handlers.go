@@ -1,0 +1,115 @@
+package nongpu
+
+import (
+	"context"
+	"fmt"
+
+	"kvdock/core/protocol"
+	"kvdock/core/rpc"
+)
+
+// Handlers returns the module's request handlers keyed by canonical name.
+// Each checks its arguments' count and types and returns an error (counted
+// and logged by the server, no reply in seed profiles) on bad input.
+// Unregister answers nothing (nil result); so does a failed request.
+func (m *Module) Handlers() map[string]rpc.Handler {
+	unregister := func(_ context.Context, req *rpc.Request) (any, error) {
+		if err := req.Arity(1); err != nil {
+			return nil, err
+		}
+		id, err := req.Int(0)
+		if err != nil {
+			return nil, err
+		}
+		m.Unregister(id)
+		return nil, nil
+	}
+	return map[string]rpc.Handler{
+		protocol.RegisterKVCacheNonGPUContext: m.reporting(func(_ context.Context, req *rpc.Request) (any, error) {
+			if err := req.Arity(1); err != nil {
+				return nil, err
+			}
+			p, err := req.Register(0)
+			if err != nil {
+				return nil, err
+			}
+			return m.Register(p)
+		}),
+		protocol.UnregisterKVCache:              m.reporting(unregister),
+		protocol.UnregisterKVCacheNonGPUContext: m.reporting(unregister),
+		protocol.PrepareStore: m.reporting(func(_ context.Context, req *rpc.Request) (any, error) {
+			k, id, err := keyAndInstance(req, 2)
+			if err != nil {
+				return nil, err
+			}
+			return m.PrepareStore(k, id)
+		}),
+		protocol.CommitStore: m.reporting(func(_ context.Context, req *rpc.Request) (any, error) {
+			k, id, err := keyAndInstance(req, 3)
+			if err != nil {
+				return nil, err
+			}
+			data, err := req.Bytes(2)
+			if err != nil {
+				return nil, err
+			}
+			return m.CommitStore(k, id, data)
+		}),
+		protocol.PrepareRetrieve: m.reporting(func(_ context.Context, req *rpc.Request) (any, error) {
+			k, id, err := keyAndInstance(req, 2)
+			if err != nil {
+				return nil, err
+			}
+			return m.PrepareRetrieve(k, id)
+		}),
+		protocol.CommitRetrieve: m.reporting(func(_ context.Context, req *rpc.Request) (any, error) {
+			k, id, err := keyAndInstance(req, 2)
+			if err != nil {
+				return nil, err
+			}
+			return m.CommitRetrieve(k, id)
+		}),
+	}
+}
+
+// reporting passes a handler's errors to the event sink (rate-limited per
+// request name) so the operator sees them, and returns them unchanged.
+func (m *Module) reporting(h rpc.Handler) rpc.Handler {
+	return func(ctx context.Context, req *rpc.Request) (any, error) {
+		v, err := h(ctx, req)
+		if err != nil {
+			id, _ := instanceArg(req)
+			m.errorEvent("request/"+req.Name, id, fmt.Sprintf("%s: %v", req.Name, err))
+			return nil, err
+		}
+		return v, nil
+	}
+}
+
+// instanceArg guesses the instance id of a request for error reports.
+func instanceArg(req *rpc.Request) (int64, bool) {
+	for i := range req.Args {
+		if id, err := req.Int(i); err == nil {
+			return id, true
+		}
+		if p, err := req.Register(i); err == nil {
+			return p.InstanceID, true
+		}
+	}
+	return 0, false
+}
+
+func keyAndInstance(req *rpc.Request, n int) (protocol.Key, int64, error) {
+	if err := req.Arity(n); err != nil {
+		return protocol.Key{}, 0, err
+	}
+	k, err := req.Key(0)
+	if err != nil {
+		return protocol.Key{}, 0, err
+	}
+	id, err := req.Int(1)
+	if err != nil {
+		return protocol.Key{}, 0, err
+	}
+	return k, id, nil
+}

@@ -1,0 +1,529 @@
+// Package nongpu is the non-GPU transfer module: it registers workers whose KV
+// caches live outside CUDA (CPU, XPU, NPU, …), decides per worker whether KV
+// chunks travel through the shared L1 segment (SHM: the worker reads and
+// writes slots of the pool directly) or inside the requests as pickled torch
+// tensors (PICKLE), and serves the prepare/commit store and retrieve requests
+// of both strategies (spec 4.4–4.8).
+//
+// It also owns the --shm-name decision of the seed (PlanSegment, PoolInfo):
+// the segment advertised at registration is always the one that exists.
+//
+// Compared with upstream the wire answers are the same, but clean-up is
+// stricter: pending SHM writes are aborted (never published half-written)
+// on unregister, expiry, a repeated prepare or a pickle commit, and pending
+// reads are released.
+package nongpu
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"log/slog"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"kvdock/core/keys"
+	"kvdock/core/l1"
+	"kvdock/core/layout"
+	"kvdock/core/protocol"
+	"kvdock/settings"
+)
+
+// Pool is the part of the L1 pool (core/l1) the module uses.
+type Pool interface {
+	Decision() l1.Decision
+	ReserveWrite(ks []keys.ObjectKey, size int64) ([]l1.Reservation, error)
+	FinishWrite(ks []keys.ObjectKey)
+	AbortWrite(ks []keys.ObjectKey)
+	FinishRead(ks []keys.ObjectKey, count int)
+	Locate(k keys.ObjectKey) (off, length int64, ok bool)
+	Bytes(off, n int64) []byte
+}
+
+// KeyResolver turns a worker-side key into ObjectKeys; *keys.Sessions is one.
+type KeyResolver interface {
+	ObjectKeys(r keys.KeyRequest) ([]keys.ObjectKey, error)
+}
+
+// Deps is what the engine hands the module.
+type Deps struct {
+	Pool    Pool
+	Keys    KeyResolver
+	Layouts *layout.Registry
+	// ChunkSize is the server chunk size in tokens; 0 takes server.ChunkSize.
+	ChunkSize int
+	Logger    *slog.Logger
+	// Events receives registrations, unregistrations, fallbacks and errors
+	// (the dashboard log pane). It is called without module locks held.
+	Events func(Event)
+	Now    func() time.Time
+}
+
+// Mode is an instance's transfer strategy.
+type Mode string
+
+// The two strategies; the dashboard shows these labels.
+const (
+	ModeSHM    Mode = "SHM"
+	ModePickle Mode = "PICKLE"
+)
+
+// EventKind classifies an Event.
+type EventKind string
+
+// Event kinds.
+const (
+	EventRegister   EventKind = "register"
+	EventUnregister EventKind = "unregister"
+	EventFallback   EventKind = "fallback"
+	EventExpired    EventKind = "expired"
+	EventNoSpace    EventKind = "no_space"
+	EventError      EventKind = "error"
+)
+
+// Event is one line for the operator: what happened to which instance.
+type Event struct {
+	Time     time.Time
+	Kind     EventKind
+	Level    slog.Level
+	Instance int64
+	Message  string
+}
+
+// ContextInfo is one registered instance as the dashboard and /status show it.
+type ContextInfo struct {
+	InstanceID    int64
+	Model         string
+	WorldSize     int
+	BlockSize     int
+	NumLayers     int
+	HiddenDimSize int
+	Layout        layout.Layout
+	MLA           bool
+	Mode          Mode
+	Reason        string
+	Registered    time.Time
+	LastRequest   time.Time
+	Stores        int64 // COMMIT_STORE requests answered true
+	StoreFailures int64 // stores that stored nothing or not everything (no space, rejected data)
+	Retrieves     int64 // PREPARE_RETRIEVE requests
+	HitChunks     int64 // chunks served by successful retrieves
+	BytesIn       int64 // KV bytes stored
+	BytesOut      int64 // KV bytes served
+}
+
+// Stats are module-wide counters.
+type Stats struct {
+	Instances     int
+	PendingWrites int
+	PendingReads  int
+	NoSpace       int64 // reservations refused for lack of space (answered as upstream: nothing reserved)
+	Rejected      int64 // pickled tensors that did not match the registered layout
+	Expired       int64 // pending entries dropped by TTL
+	Fallbacks     int64 // SHM instances that turned out to use pickle
+}
+
+// ErrClosed is returned by every request after Close.
+var ErrClosed = errors.New("nongpu: module closed")
+
+type instance struct {
+	id         int64
+	p          protocol.RegisterPayload
+	lay        layout.Layout
+	mode       Mode
+	reason     string
+	registered time.Time
+	last       time.Time
+
+	stores, storeFailures, retrieves, hitChunks, bytesIn, bytesOut int64
+}
+
+// pendingKey identifies a transfer as upstream's key equality does (every
+// field but request_id), per instance. The token list is represented by its
+// length and a seeded hash.
+type pendingKey struct {
+	instance  int64
+	model     string
+	worldSize int
+	worker    int
+	nTokens   int
+	tokens    uint64
+	start     int
+	end       int
+	salt      string
+}
+
+type pending struct {
+	inst    *instance
+	keys    []keys.ObjectKey
+	bytes   int64
+	created time.Time
+}
+
+// Module is the non-GPU transfer module. Its methods are safe for concurrent use.
+type Module struct {
+	pool      Pool
+	resolver  KeyResolver
+	layouts   *layout.Registry
+	chunkSize int
+	log       *slog.Logger
+	emit      func(Event)
+	now       func() time.Time
+	info      Info
+	seed      maphash.Seed
+	maxBytes  int64
+
+	mu        sync.Mutex
+	closed    bool
+	instances map[int64]*instance
+	writes    map[pendingKey]*pending
+	reads     map[pendingKey]*pending
+	writeTTL  time.Duration
+	readTTL   time.Duration
+	lastSweep time.Time
+	stats     Stats
+	errLast   map[string]time.Time
+}
+
+// New builds the module from the engine's dependencies and the server and L1
+// settings, passed through unchanged. The advertised pool info is computed
+// once, here, from server.ShmName and the pool's actual decision.
+func New(deps Deps, server settings.ServerConfig, l1cfg settings.L1Config) (*Module, error) {
+	if deps.Pool == nil || deps.Keys == nil || deps.Layouts == nil {
+		return nil, errors.New("nongpu: Deps needs Pool, Keys and Layouts")
+	}
+	cs := deps.ChunkSize
+	if cs <= 0 {
+		cs = server.ChunkSize
+	}
+	if cs <= 0 {
+		return nil, fmt.Errorf("nongpu: chunk size %d: must be positive", cs)
+	}
+	m := &Module{
+		pool:      deps.Pool,
+		resolver:  deps.Keys,
+		layouts:   deps.Layouts,
+		chunkSize: cs,
+		log:       deps.Logger,
+		emit:      deps.Events,
+		now:       deps.Now,
+		info:      PoolInfo(server, deps.Pool.Decision()),
+		seed:      maphash.MakeSeed(),
+		maxBytes:  server.MaxMessageBytes,
+		instances: make(map[int64]*instance),
+		writes:    make(map[pendingKey]*pending),
+		reads:     make(map[pendingKey]*pending),
+		errLast:   make(map[string]time.Time),
+	}
+	if m.log == nil {
+		m.log = slog.New(slog.DiscardHandler)
+	}
+	if m.now == nil {
+		m.now = time.Now
+	}
+	m.SetTTLs(time.Duration(l1cfg.WriteTTLSeconds)*time.Second, time.Duration(l1cfg.ReadTTLSeconds)*time.Second)
+	m.log.Info("non-GPU transfer", "shm_name", m.info.ShmName, "pool_size", m.info.PoolSize, "reason", m.info.Reason)
+	return m, nil
+}
+
+// SetTTLs changes how long pending writes and reads are kept (live setting;
+// the pool's lock TTLs). A non-positive value keeps upstream's default.
+func (m *Module) SetTTLs(write, read time.Duration) {
+	if write <= 0 {
+		write = 600 * time.Second
+	}
+	if read <= 0 {
+		read = 300 * time.Second
+	}
+	m.mu.Lock()
+	m.writeTTL, m.readTTL = write, read
+	m.mu.Unlock()
+}
+
+// PoolInfo is what registration advertises.
+func (m *Module) PoolInfo() Info { return m.info }
+
+// ChunkSize is the server chunk size layouts are built with.
+func (m *Module) ChunkSize() int { return m.chunkSize }
+
+func (m *Module) event(kind EventKind, level slog.Level, id int64, msg string) {
+	m.log.Log(context.Background(), level, msg, "event", string(kind), "instance_id", id)
+	if m.emit != nil {
+		m.emit(Event{Time: m.now(), Kind: kind, Level: level, Instance: id, Message: msg})
+	}
+}
+
+// Register handles REGISTER_KV_CACHE_NON_GPU_CONTEXT (spec 4.4).
+func (m *Module) Register(p protocol.RegisterPayload) (protocol.RegisterResponse, error) {
+	resp := protocol.RegisterResponse{ShmName: m.info.ShmName, PoolSize: m.info.PoolSize}
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return protocol.RegisterResponse{}, ErrClosed
+	}
+	if _, ok := m.instances[p.InstanceID]; ok {
+		m.mu.Unlock()
+		m.event(EventRegister, slog.LevelWarn, p.InstanceID,
+			fmt.Sprintf("instance %d registered again: keeping the first registration", p.InstanceID))
+		return resp, nil
+	}
+	m.mu.Unlock()
+
+	lay, err := m.validate(p)
+	if err != nil {
+		err = fmt.Errorf("register instance %d: %w", p.InstanceID, err)
+		m.event(EventError, slog.LevelError, p.InstanceID, err.Error())
+		return protocol.RegisterResponse{}, err
+	}
+	mode, reason := ModePickle, m.info.Reason
+	if m.info.Shared() {
+		mode = ModeSHM
+		reason = "shared segment " + m.info.ShmName
+	}
+	now := m.now()
+	inst := &instance{id: p.InstanceID, p: p, lay: lay, mode: mode, reason: reason, registered: now, last: now}
+
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return protocol.RegisterResponse{}, ErrClosed
+	}
+	if _, ok := m.instances[p.InstanceID]; ok {
+		// A concurrent registration of the same id won; same answer.
+		m.mu.Unlock()
+		return resp, nil
+	}
+	if have, ok := m.layouts.Get(p.ModelName, p.WorldSize); ok && !have.Equal(lay) {
+		m.mu.Unlock()
+		err := fmt.Errorf("register instance %d: layout %s conflicts with %s already registered for model %q world size %d",
+			p.InstanceID, lay, have, p.ModelName, p.WorldSize)
+		m.event(EventError, slog.LevelError, p.InstanceID, err.Error())
+		return protocol.RegisterResponse{}, err
+	}
+	m.instances[p.InstanceID] = inst
+	m.layouts.Add(p.ModelName, p.WorldSize, lay)
+	m.mu.Unlock()
+
+	m.event(EventRegister, slog.LevelInfo, p.InstanceID, fmt.Sprintf(
+		"instance %d registered: model %s, world size %d, layout %s, %s (%s)",
+		p.InstanceID, p.ModelName, p.WorldSize, lay, mode, reason))
+	return resp, nil
+}
+
+func (m *Module) validate(p protocol.RegisterPayload) (layout.Layout, error) {
+	var bad []string
+	if err := keys.ValidateModel(p.ModelName); err != nil {
+		bad = append(bad, err.Error())
+	}
+	if p.WorldSize < 1 || p.WorldSize > keys.MaxWorldSize {
+		bad = append(bad, fmt.Sprintf("world_size = %d: must be between 1 and %d", p.WorldSize, keys.MaxWorldSize))
+	}
+	if p.BlockSize <= 0 {
+		bad = append(bad, fmt.Sprintf("block_size = %d: must be > 0", p.BlockSize))
+	}
+	lay, err := layout.New(p.NumLayers, m.chunkSize, p.HiddenDimSize, p.DtypeStr, p.UseMLA)
+	if err != nil {
+		bad = append(bad, err.Error())
+	}
+	if len(bad) > 0 {
+		return layout.Layout{}, errors.New(strings.Join(bad, "; "))
+	}
+	return lay, nil
+}
+
+// Unregister handles UNREGISTER_KV_CACHE[_NON_GPU_CONTEXT] (spec 4.8): the
+// instance's pending writes are aborted (not published), its pending reads
+// released, and its layout reference dropped. It reports whether the instance
+// was registered; an unknown one is only a warning.
+func (m *Module) Unregister(id int64) bool {
+	m.mu.Lock()
+	inst, ok := m.instances[id]
+	if !ok {
+		m.mu.Unlock()
+		m.event(EventUnregister, slog.LevelWarn, id, fmt.Sprintf("unregister of unknown instance %d ignored", id))
+		return false
+	}
+	delete(m.instances, id)
+	writes, reads := m.takePendingLocked(func(k pendingKey) bool { return k.instance == id })
+	m.layouts.Remove(inst.p.ModelName, inst.p.WorldSize)
+	m.mu.Unlock()
+
+	m.discard(writes, reads)
+	m.event(EventUnregister, slog.LevelInfo, id, fmt.Sprintf(
+		"instance %d unregistered (%s); %d pending writes aborted, %d pending reads released",
+		id, inst.p.ModelName, len(writes), len(reads)))
+	return true
+}
+
+// Close discards all pending work and forgets every instance (engine stop or
+// rebuild). Later requests fail with ErrClosed.
+func (m *Module) Close() {
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return
+	}
+	m.closed = true
+	writes, reads := m.takePendingLocked(func(pendingKey) bool { return true })
+	for id, inst := range m.instances {
+		m.layouts.Remove(inst.p.ModelName, inst.p.WorldSize)
+		delete(m.instances, id)
+	}
+	m.mu.Unlock()
+	m.discard(writes, reads)
+}
+
+// takePendingLocked removes the pending entries whose key matches.
+func (m *Module) takePendingLocked(match func(pendingKey) bool) (writes, reads []*pending) {
+	for k, p := range m.writes {
+		if match(k) {
+			writes = append(writes, p)
+			delete(m.writes, k)
+		}
+	}
+	for k, p := range m.reads {
+		if match(k) {
+			reads = append(reads, p)
+			delete(m.reads, k)
+		}
+	}
+	return writes, reads
+}
+
+// discard aborts pending writes and releases pending reads.
+func (m *Module) discard(writes, reads []*pending) {
+	for _, p := range writes {
+		m.pool.AbortWrite(p.keys)
+	}
+	for _, p := range reads {
+		m.pool.FinishRead(p.keys, 1)
+	}
+}
+
+// lookupInstance returns the registered instance and notes the request time.
+func (m *Module) lookupInstance(id int64) (*instance, error) {
+	now := m.now()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return nil, ErrClosed
+	}
+	inst, ok := m.instances[id]
+	if !ok {
+		return nil, fmt.Errorf("non-GPU context not registered for instance %d", id)
+	}
+	inst.last = now
+	return inst, nil
+}
+
+// modeOf returns the instance's current strategy.
+func (m *Module) modeOf(inst *instance) Mode {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return inst.mode
+}
+
+// keyRequest checks a worker-side key against its instance and derives the
+// session request and the pending-map identity.
+func (m *Module) keyRequest(inst *instance, k protocol.Key) (keys.KeyRequest, pendingKey, error) {
+	if k.WorkerID == nil {
+		return keys.KeyRequest{}, pendingKey{}, errors.New("worker_id is nil: worker-side requests need it")
+	}
+	if k.ModelName != inst.p.ModelName || k.WorldSize != inst.p.WorldSize {
+		return keys.KeyRequest{}, pendingKey{}, fmt.Errorf("key for model %q world size %d does not match instance %d (model %q world size %d)",
+			k.ModelName, k.WorldSize, inst.id, inst.p.ModelName, inst.p.WorldSize)
+	}
+	req := keys.KeyRequest{
+		RequestID: k.RequestID, Model: k.ModelName, WorldSize: k.WorldSize, Worker: k.WorkerID,
+		Tokens: k.TokenIDs, Start: k.Start, End: k.End, Salt: k.CacheSalt,
+	}
+	pk := pendingKey{
+		instance: inst.id, model: k.ModelName, worldSize: k.WorldSize, worker: *k.WorkerID,
+		nTokens: len(k.TokenIDs), tokens: m.hashTokens(k.TokenIDs), start: k.Start, end: k.End, salt: k.CacheSalt,
+	}
+	return req, pk, nil
+}
+
+func (m *Module) hashTokens(ts []uint32) uint64 {
+	var h maphash.Hash
+	h.SetSeed(m.seed)
+	var buf [4096]byte
+	n := 0
+	for _, t := range ts {
+		buf[n], buf[n+1], buf[n+2], buf[n+3] = byte(t), byte(t>>8), byte(t>>16), byte(t>>24)
+		n += 4
+		if n == len(buf) {
+			h.Write(buf[:])
+			n = 0
+		}
+	}
+	h.Write(buf[:n])
+	return h.Sum64()
+}
+
+func (m *Module) resolve(inst *instance, k protocol.Key) ([]keys.ObjectKey, pendingKey, error) {
+	req, pk, err := m.keyRequest(inst, k)
+	if err != nil {
+		return nil, pk, err
+	}
+	ks, err := m.resolver.ObjectKeys(req)
+	if err != nil {
+		return nil, pk, fmt.Errorf("resolve keys: %w", err)
+	}
+	return ks, pk, nil
+}
+
+// Contexts lists the registered instances, by id.
+func (m *Module) Contexts() []ContextInfo {
+	m.mu.Lock()
+	out := make([]ContextInfo, 0, len(m.instances))
+	for _, inst := range m.instances {
+		out = append(out, ContextInfo{
+			InstanceID: inst.id, Model: inst.p.ModelName, WorldSize: inst.p.WorldSize,
+			BlockSize: inst.p.BlockSize, NumLayers: inst.p.NumLayers, HiddenDimSize: inst.p.HiddenDimSize,
+			Layout: layout.Layout{Shape: append([]int(nil), inst.lay.Shape...), Dtype: inst.lay.Dtype, Bytes: inst.lay.Bytes},
+			MLA:    inst.p.UseMLA, Mode: inst.mode, Reason: inst.reason, Registered: inst.registered, LastRequest: inst.last,
+			Stores: inst.stores, StoreFailures: inst.storeFailures, Retrieves: inst.retrieves,
+			HitChunks: inst.hitChunks, BytesIn: inst.bytesIn, BytesOut: inst.bytesOut,
+		})
+	}
+	m.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].InstanceID < out[j].InstanceID })
+	return out
+}
+
+// Stats returns the module-wide counters.
+func (m *Module) Stats() Stats {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s := m.stats
+	s.Instances = len(m.instances)
+	s.PendingWrites = len(m.writes)
+	s.PendingReads = len(m.reads)
+	return s
+}
+
+// Status is upstream's report_status part of this module (spec 8):
+// registered_non_cuda_instance_ids and non_cuda_context_meta.
+func (m *Module) Status() map[string]any {
+	ctxs := m.Contexts()
+	ids := make([]int64, 0, len(ctxs))
+	meta := make(map[string]any, len(ctxs))
+	for _, c := range ctxs {
+		ids = append(ids, c.InstanceID)
+		meta[strconv.FormatInt(c.InstanceID, 10)] = map[string]any{
+			"model_name": c.Model,
+			"world_size": c.WorldSize,
+			"block_size": c.BlockSize,
+			"use_mla":    c.MLA,
+		}
+	}
+	return map[string]any{
+		"registered_non_cuda_instance_ids": ids,
+		"non_cuda_context_meta":            meta,
+	}
+}

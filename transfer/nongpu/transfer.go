@@ -1,0 +1,488 @@
+package nongpu
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"kvdock/core/keys"
+	"kvdock/core/l1"
+	"kvdock/core/layout"
+	"kvdock/core/protocol"
+	"kvdock/transfer/torchpickle"
+)
+
+// emptyShm is the SHM answer when nothing was reserved: the worker reads
+// empty slots as "all cached" and skips its commit.
+func emptyShm() protocol.PrepareStoreResponse {
+	return protocol.PrepareStoreResponse{Shm: true, Slots: []protocol.Slot{}, ChunkIndices: []int{}}
+}
+
+// PrepareStore handles PREPARE_STORE (spec 4.6). SHM: reserve the keys not
+// cached yet and hand out their slots, keeping the reservation pending until
+// COMMIT_STORE. PICKLE: an empty context; nothing is touched.
+func (m *Module) PrepareStore(k protocol.Key, id int64) (protocol.PrepareStoreResponse, error) {
+	inst, err := m.lookupInstance(id)
+	if err != nil {
+		return protocol.PrepareStoreResponse{}, fmt.Errorf("prepare store: %w", err)
+	}
+	m.maybeSweep()
+	if m.modeOf(inst) == ModePickle {
+		return protocol.PrepareStoreResponse{}, nil
+	}
+	ks, pk, err := m.resolve(inst, k)
+	if err != nil {
+		return protocol.PrepareStoreResponse{}, fmt.Errorf("prepare store for instance %d: %w", id, err)
+	}
+	// A repeated prepare for the same transfer releases the first reservation
+	// before reserving again (upstream overwrote it and leaked the locks).
+	m.abortPendingWrite(pk)
+
+	created := m.now()
+	res, err := m.pool.ReserveWrite(ks, inst.lay.Bytes)
+	if errors.Is(err, l1.ErrNoSpace) {
+		m.noSpace(inst, len(ks), err)
+		return emptyShm(), nil
+	}
+	if err != nil {
+		return protocol.PrepareStoreResponse{}, fmt.Errorf("prepare store for instance %d: reserve %d chunks: %w", id, len(ks), err)
+	}
+	if len(res) == 0 {
+		return emptyShm(), nil
+	}
+	resp := protocol.PrepareStoreResponse{Shm: true, Slots: make([]protocol.Slot, len(res)), ChunkIndices: make([]int, len(res))}
+	reserved := make([]keys.ObjectKey, len(res))
+	for i, r := range res {
+		resp.Slots[i] = protocol.Slot{Offset: r.Offset, Length: r.Length, Shape: inst.lay.Shape, Dtype: inst.lay.Dtype}
+		resp.ChunkIndices[i] = r.Index
+		reserved[i] = r.Key
+	}
+
+	m.mu.Lock()
+	if m.closed || m.instances[id] != inst {
+		m.mu.Unlock()
+		m.pool.AbortWrite(reserved)
+		return protocol.PrepareStoreResponse{}, fmt.Errorf("prepare store: instance %d unregistered meanwhile", id)
+	}
+	prev := m.writes[pk]
+	m.writes[pk] = &pending{inst: inst, keys: reserved, bytes: int64(len(res)) * inst.lay.Bytes, created: created}
+	m.mu.Unlock()
+	if prev != nil {
+		m.pool.AbortWrite(prev.keys)
+	}
+	return resp, nil
+}
+
+// CommitStore handles COMMIT_STORE (spec 4.6). Empty data publishes the
+// pending SHM reservation (false when there is none). Non-empty data is a
+// pickled tensor list, stored by copy; an SHM instance sending it has fallen
+// back to pickle and is switched to PICKLE so its retrieves get data.
+func (m *Module) CommitStore(k protocol.Key, id int64, data []byte) (bool, error) {
+	inst, err := m.lookupInstance(id)
+	if err != nil {
+		return false, fmt.Errorf("commit store: %w", err)
+	}
+	m.maybeSweep()
+	if len(data) == 0 {
+		_, pk, err := m.keyRequest(inst, k)
+		if err != nil {
+			return false, fmt.Errorf("commit store for instance %d: %w", id, err)
+		}
+		p := m.takePending(m.writes, pk)
+		if p == nil {
+			if m.modeOf(inst) == ModePickle {
+				// Upstream's pickle strategy fails to unpickle b"" and sends no reply.
+				return false, fmt.Errorf("commit store for instance %d: empty data in pickle mode and nothing pending", id)
+			}
+			return false, nil
+		}
+		if m.expireIfDue(p, true) {
+			return false, nil
+		}
+		m.pool.FinishWrite(p.keys)
+		m.mu.Lock()
+		inst.stores++
+		inst.bytesIn += p.bytes
+		m.mu.Unlock()
+		return true, nil
+	}
+
+	m.noteFallback(inst)
+	ks, pk, err := m.resolve(inst, k)
+	if err != nil {
+		return false, fmt.Errorf("commit store for instance %d: %w", id, err)
+	}
+	// An SHM prepare before this pickle commit reserved the same objects:
+	// release them so the pickled data can be stored.
+	m.abortPendingWrite(pk)
+	ok, err := m.commitPickle(inst, ks, data)
+	if err != nil {
+		return false, fmt.Errorf("commit store for instance %d: %w", id, err)
+	}
+	return ok, nil
+}
+
+// noteFallback switches an SHM instance that sent pickle bytes to PICKLE.
+func (m *Module) noteFallback(inst *instance) {
+	m.mu.Lock()
+	if inst.mode != ModeSHM {
+		m.mu.Unlock()
+		return
+	}
+	inst.mode = ModePickle
+	inst.reason = "worker fell back: could not attach " + m.info.ShmName
+	m.stats.Fallbacks++
+	reason := inst.reason
+	m.mu.Unlock()
+	m.event(EventFallback, slog.LevelWarn, inst.id, fmt.Sprintf("instance %d (%s): %s; using pickle", inst.id, inst.p.ModelName, reason))
+}
+
+func matches(t torchpickle.Tensor, lay layout.Layout) bool {
+	if t.Dtype != lay.Dtype || len(t.Shape) != len(lay.Shape) || int64(len(t.Data)) != lay.Bytes {
+		return false
+	}
+	for i, d := range lay.Shape {
+		if t.Shape[i] != d {
+			return false
+		}
+	}
+	return true
+}
+
+// commitPickle stores the pickled chunks: tensor i goes to key i when key i is
+// not cached yet. The answer is upstream's written == reserved, except that a
+// tensor not matching the registered layout is never stored and makes it false.
+func (m *Module) commitPickle(inst *instance, ks []keys.ObjectKey, data []byte) (bool, error) {
+	ts, err := torchpickle.Decode(data, torchpickle.Limits{})
+	if err != nil {
+		m.mu.Lock()
+		inst.storeFailures++
+		m.mu.Unlock()
+		return false, fmt.Errorf("decode pickled chunks: %w", err)
+	}
+	valid := make([]bool, len(ks))
+	rejected := 0
+	for i := range ks {
+		if i >= len(ts) {
+			continue
+		}
+		if matches(ts[i], inst.lay) {
+			valid[i] = true
+			continue
+		}
+		rejected++
+		if rejected == 1 {
+			m.errorEvent("COMMIT_STORE/layout", inst.id, fmt.Sprintf(
+				"instance %d sent chunk %d as %v %s (%d bytes); registered layout is %s (%d bytes): not stored",
+				inst.id, i, ts[i].Shape, ts[i].Dtype, len(ts[i].Data), inst.lay, inst.lay.Bytes))
+		}
+	}
+
+	res, err := m.pool.ReserveWrite(ks, inst.lay.Bytes)
+	if errors.Is(err, l1.ErrNoSpace) {
+		m.noSpace(inst, len(ks), err)
+		res, err = nil, nil
+	}
+	if err != nil {
+		m.mu.Lock()
+		inst.storeFailures++
+		m.mu.Unlock()
+		return false, fmt.Errorf("reserve %d chunks: %w", len(ks), err)
+	}
+	var written, unwritten []keys.ObjectKey
+	var bytesIn int64
+	for _, r := range res {
+		if !valid[r.Index] {
+			unwritten = append(unwritten, r.Key)
+			continue
+		}
+		copy(m.pool.Bytes(r.Offset, r.Length), ts[r.Index].Data)
+		written = append(written, r.Key)
+		bytesIn += r.Length
+	}
+	if len(unwritten) > 0 {
+		m.pool.AbortWrite(unwritten)
+	}
+	if len(written) > 0 {
+		m.pool.FinishWrite(written)
+	}
+	ok := len(written) == len(res) && rejected == 0
+	m.mu.Lock()
+	if rejected > 0 {
+		m.stats.Rejected += int64(rejected)
+	}
+	if ok {
+		inst.stores++
+	} else {
+		inst.storeFailures++
+	}
+	inst.bytesIn += bytesIn
+	m.mu.Unlock()
+	return ok, nil
+}
+
+// noSpace counts a reservation the pool refused and tells the operator once
+// per run of refusals (the wire answer stays upstream's "nothing reserved").
+func (m *Module) noSpace(inst *instance, n int, err error) {
+	m.mu.Lock()
+	m.stats.NoSpace++
+	inst.storeFailures++
+	m.mu.Unlock()
+	m.rateLimited("no_space", func() {
+		m.event(EventNoSpace, slog.LevelWarn, inst.id, fmt.Sprintf(
+			"instance %d: store of %d chunks not cached: %v", inst.id, n, err))
+	})
+}
+
+// locateAll finds every key's slot. The keys must be read-locked (by LOOKUP);
+// all found ones are returned so a partial hit can release them.
+func (m *Module) locateAll(ks []keys.ObjectKey, lay layout.Layout) (slots []protocol.Slot, found []keys.ObjectKey, ok bool) {
+	slots = make([]protocol.Slot, 0, len(ks))
+	ok = true
+	for _, k := range ks {
+		off, n, hit := m.pool.Locate(k)
+		if !hit {
+			ok = false
+			continue
+		}
+		found = append(found, k)
+		if n != lay.Bytes {
+			// Stored under another layout: unusable for this worker.
+			ok = false
+			continue
+		}
+		slots = append(slots, protocol.Slot{Offset: off, Length: n, Shape: lay.Shape, Dtype: lay.Dtype})
+	}
+	return slots, found, ok
+}
+
+// PrepareRetrieve handles PREPARE_RETRIEVE (spec 4.7). Every key must be
+// read-locked by a preceding LOOKUP, else the answer is a miss and the found
+// keys' locks are released. SHM answers slots and keeps the locks until
+// COMMIT_RETRIEVE; PICKLE answers the pickled chunks and releases at once.
+func (m *Module) PrepareRetrieve(k protocol.Key, id int64) (protocol.PrepareRetrieveResponse, error) {
+	inst, err := m.lookupInstance(id)
+	if err != nil {
+		return protocol.PrepareRetrieveResponse{}, fmt.Errorf("prepare retrieve: %w", err)
+	}
+	m.maybeSweep()
+	ks, pk, err := m.resolve(inst, k)
+	if err != nil {
+		return protocol.PrepareRetrieveResponse{}, fmt.Errorf("prepare retrieve for instance %d: %w", id, err)
+	}
+	created := m.now()
+	slots, found, ok := m.locateAll(ks, inst.lay)
+	if !ok {
+		if len(found) > 0 {
+			m.pool.FinishRead(found, 1)
+		}
+		m.mu.Lock()
+		inst.retrieves++
+		m.mu.Unlock()
+		return protocol.PrepareRetrieveResponse{Success: false}, nil
+	}
+	total := int64(len(ks)) * inst.lay.Bytes
+
+	if m.modeOf(inst) == ModeSHM {
+		m.mu.Lock()
+		if m.closed || m.instances[id] != inst {
+			m.mu.Unlock()
+			m.pool.FinishRead(ks, 1)
+			return protocol.PrepareRetrieveResponse{}, fmt.Errorf("prepare retrieve: instance %d unregistered meanwhile", id)
+		}
+		prev := m.reads[pk]
+		m.reads[pk] = &pending{inst: inst, keys: ks, bytes: total, created: created}
+		inst.retrieves++
+		inst.hitChunks += int64(len(ks))
+		inst.bytesOut += total
+		m.mu.Unlock()
+		if prev != nil {
+			// A repeated prepare: the first one's locks are not coming back.
+			m.pool.FinishRead(prev.keys, 1)
+		}
+		return protocol.PrepareRetrieveResponse{Success: true, Slots: slots}, nil
+	}
+
+	// The tensors view the pool directly: the read locks keep the objects in
+	// place until the one copy into the reply buffer is done.
+	ts := make([]torchpickle.Tensor, len(slots))
+	for i, s := range slots {
+		ts[i] = torchpickle.Tensor{Dtype: s.Dtype, Shape: s.Shape, Data: m.pool.Bytes(s.Offset, s.Length)}
+	}
+	var buf []byte
+	if size := torchpickle.EncodedSize(ts); size > 0 {
+		buf = make([]byte, 0, size)
+	}
+	buf, err = torchpickle.AppendEncode(buf, ts)
+	m.pool.FinishRead(ks, 1)
+	if err != nil {
+		return protocol.PrepareRetrieveResponse{}, fmt.Errorf("prepare retrieve for instance %d: encode %d chunks: %w", id, len(ts), err)
+	}
+	m.mu.Lock()
+	inst.retrieves++
+	inst.hitChunks += int64(len(ks))
+	inst.bytesOut += total
+	m.mu.Unlock()
+	return protocol.PrepareRetrieveResponse{Success: true, Data: buf}, nil
+}
+
+// CommitRetrieve handles COMMIT_RETRIEVE: the pending SHM read (if any)
+// releases one lock per key. Always true.
+func (m *Module) CommitRetrieve(k protocol.Key, id int64) (bool, error) {
+	inst, err := m.lookupInstance(id)
+	if err != nil {
+		return false, fmt.Errorf("commit retrieve: %w", err)
+	}
+	m.maybeSweep()
+	_, pk, err := m.keyRequest(inst, k)
+	if err != nil {
+		return false, fmt.Errorf("commit retrieve for instance %d: %w", id, err)
+	}
+	if p := m.takePending(m.reads, pk); p != nil && !m.expireIfDue(p, false) {
+		m.pool.FinishRead(p.keys, 1)
+	}
+	return true, nil
+}
+
+// takePending removes and returns one entry of the given pending map.
+func (m *Module) takePending(table map[pendingKey]*pending, pk pendingKey) *pending {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	p := table[pk]
+	if p != nil {
+		delete(table, pk)
+	}
+	return p
+}
+
+func (m *Module) abortPendingWrite(pk pendingKey) {
+	if p := m.takePending(m.writes, pk); p != nil && !m.expireIfDue(p, true) {
+		m.pool.AbortWrite(p.keys)
+	}
+}
+
+// Pending entries live for half the pool's lock TTL: a worker that has not
+// committed by then is gone. Until three quarters of the TTL the pool's own
+// lock (taken just before the entry was made) is certainly still ours, so it
+// is aborted or released; later the pool may already have expired it and
+// handed the object to someone else, so the entry is only forgotten.
+func (m *Module) ttlOf(write bool) time.Duration {
+	if write {
+		return m.writeTTL
+	}
+	return m.readTTL
+}
+
+// expireIfDue handles an entry already removed from its map: when it is past
+// its life it is expired (and reported true); otherwise the caller uses it.
+func (m *Module) expireIfDue(p *pending, write bool) bool {
+	now := m.now()
+	m.mu.Lock()
+	ttl := m.ttlOf(write)
+	due := now.Sub(p.created) >= ttl/2
+	if due {
+		m.stats.Expired++
+	}
+	m.mu.Unlock()
+	if !due {
+		return false
+	}
+	m.expire(p, write, now, ttl)
+	return true
+}
+
+func (m *Module) expire(p *pending, write bool, now time.Time, ttl time.Duration) {
+	if now.Sub(p.created) < ttl*3/4 {
+		if write {
+			m.pool.AbortWrite(p.keys)
+		} else {
+			m.pool.FinishRead(p.keys, 1)
+		}
+	}
+	what := "read"
+	if write {
+		what = "write"
+	}
+	m.rateLimited("expired", func() {
+		m.event(EventExpired, slog.LevelWarn, p.inst.id, fmt.Sprintf(
+			"instance %d: pending %s of %d chunks expired after %s without a commit", p.inst.id, what, len(p.keys), now.Sub(p.created).Round(time.Second)))
+	})
+}
+
+// maybeSweep expires old pending entries, at most once a second.
+func (m *Module) maybeSweep() {
+	now := m.now()
+	m.mu.Lock()
+	if now.Sub(m.lastSweep) < time.Second {
+		m.mu.Unlock()
+		return
+	}
+	m.mu.Unlock()
+	m.Sweep()
+}
+
+// Sweep expires the pending writes and reads older than half their TTL. The
+// handlers call it at most once a second; Run calls it on a ticker so that
+// idle workers' entries go too.
+func (m *Module) Sweep() {
+	now := m.now()
+	m.mu.Lock()
+	m.lastSweep = now
+	wttl, rttl := m.writeTTL, m.readTTL
+	var writes, reads []*pending
+	for k, p := range m.writes {
+		if now.Sub(p.created) >= wttl/2 {
+			writes = append(writes, p)
+			delete(m.writes, k)
+		}
+	}
+	for k, p := range m.reads {
+		if now.Sub(p.created) >= rttl/2 {
+			reads = append(reads, p)
+			delete(m.reads, k)
+		}
+	}
+	m.stats.Expired += int64(len(writes) + len(reads))
+	m.mu.Unlock()
+	for _, p := range writes {
+		m.expire(p, true, now, wttl)
+	}
+	for _, p := range reads {
+		m.expire(p, false, now, rttl)
+	}
+}
+
+// Run sweeps expired pending entries every second until ctx is done.
+func (m *Module) Run(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			m.Sweep()
+		}
+	}
+}
+
+// rateLimited runs report at most once a second per kind.
+func (m *Module) rateLimited(kind string, report func()) {
+	now := m.now()
+	m.mu.Lock()
+	last, seen := m.errLast[kind]
+	if seen && now.Sub(last) < time.Second {
+		m.mu.Unlock()
+		return
+	}
+	m.errLast[kind] = now
+	m.mu.Unlock()
+	report()
+}
+
+// errorEvent reports a request error to the operator, rate-limited per kind.
+func (m *Module) errorEvent(kind string, id int64, msg string) {
+	m.rateLimited(kind, func() { m.event(EventError, slog.LevelError, id, msg) })
+}
