@@ -1,0 +1,179 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"kvdock/settings"
+)
+
+// ApplyResult says what Apply did.
+type ApplyResult struct {
+	Changes []settings.Change
+	// Class is the strongest class among Changes.
+	Class settings.Class
+	// RolledBack is true when the new config failed to start and the
+	// engine went back to the running one.
+	RolledBack bool
+}
+
+// Apply moves the engine to cfg: live keys change in place; restart keys
+// restart the wire server with the pool and registered contexts kept; rebuild
+// keys re-create the pool (cache and contexts dropped, old segment unlinked).
+// A restart or rebuild that fails rolls back to the running config and
+// returns the failure; the engine keeps serving the old config then.
+func (e *Engine) Apply(ctx context.Context, cfg settings.Config, sources map[string]settings.Source) (ApplyResult, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	defer e.publish()
+	old := e.cfg
+	changes := settings.Diff(old, cfg)
+	res := ApplyResult{Changes: changes, Class: settings.Strongest(changes)}
+	if len(changes) == 0 {
+		return res, nil
+	}
+	oldSources := e.sources
+	if sources != nil {
+		e.sources = sources
+	}
+	if e.plane == nil {
+		// Not running: the next Start uses the new config.
+		e.cfg = cfg
+		return res, nil
+	}
+	keys := make([]string, len(changes))
+	for i, c := range changes {
+		keys[i] = c.Key
+	}
+	what := fmt.Sprintf("%s (%s)", res.Class, strings.Join(keys, ", "))
+
+	if engineClass(changes) == settings.Live {
+		e.applyLive(cfg)
+		e.cfg = cfg
+		e.events.add(EventRestart, slog.LevelInfo, "applied live: "+what)
+		e.notifyApplied(old, cfg)
+		return res, nil
+	}
+
+	e.setState(Restarting, nil)
+	e.events.add(EventRestart, slog.LevelInfo, "applying "+what)
+	stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	f := e.front
+	e.front = nil
+	e.publish()
+	if err := f.stop(stopCtx); err != nil {
+		e.log.Warn("wire server stop during apply", "err", err)
+	}
+
+	var err error
+	if engineClass(changes) == settings.Rebuild {
+		err = e.rebuildLocked(cfg)
+	} else {
+		err = e.restartFrontLocked(cfg)
+	}
+	if err == nil {
+		e.applyLive(cfg)
+		e.cfg = cfg
+		e.setState(Serving, nil)
+		e.events.add(EventRestart, slog.LevelInfo, "applied "+what)
+		e.notifyApplied(old, cfg)
+		return res, nil
+	}
+
+	// Roll back to the running config.
+	res.RolledBack = true
+	e.sources = oldSources
+	e.events.add(EventError, slog.LevelError, fmt.Sprintf("apply failed, rolling back: %v", err))
+	var rbErr error
+	if e.plane == nil {
+		rbErr = e.rebuildLocked(old)
+	} else {
+		rbErr = e.restartFrontLocked(old)
+	}
+	if rbErr != nil {
+		e.setState(Failed, rbErr)
+		e.events.add(EventError, slog.LevelError, "rollback failed: "+rbErr.Error())
+		return res, errors.Join(fmt.Errorf("apply %s: %w", what, err), fmt.Errorf("rollback: %w", rbErr))
+	}
+	e.setState(Serving, nil)
+	e.events.add(EventRestart, slog.LevelWarn, "rolled back to the running config")
+	return res, fmt.Errorf("apply %s: %w (rolled back to the running config)", what, err)
+}
+
+// restartFrontLocked starts a wire server for cfg over the kept plane.
+func (e *Engine) restartFrontLocked(cfg settings.Config) error {
+	f, err := e.startFront(cfg, e.plane)
+	if err != nil {
+		return err
+	}
+	e.front = f
+	return nil
+}
+
+// rebuildLocked replaces the plane (pool, sessions, contexts) and the front.
+// The old pool is closed first: its segment is unlinked and its contexts are
+// dropped, so no worker is ever handed offsets into a segment it has not
+// attached.
+func (e *Engine) rebuildLocked(cfg settings.Config) error {
+	if p := e.plane; p != nil {
+		n := len(p.transfer.Contexts())
+		e.plane = nil
+		e.publish()
+		if err := p.close(); err != nil {
+			e.log.Warn("closing the old pool", "err", err)
+		}
+		if n > 0 {
+			e.events.add(EventRestart, slog.LevelWarn, fmt.Sprintf("pool rebuilt: cache cleared, %d worker contexts dropped (workers must re-register)", n))
+		}
+	}
+	return e.startLocked(cfg)
+}
+
+// applyLive changes the live keys of cfg in place.
+func (e *Engine) applyLive(cfg settings.Config) {
+	if p := e.plane; p != nil {
+		if err := p.pool.SetEviction(cfg.Eviction.Policy, cfg.Eviction.TriggerWatermark, cfg.Eviction.Ratio); err != nil {
+			e.log.Warn("eviction settings", "err", err)
+		}
+		w := time.Duration(cfg.L1.WriteTTLSeconds) * time.Second
+		r := time.Duration(cfg.L1.ReadTTLSeconds) * time.Second
+		if err := p.pool.SetTTLs(w, r); err != nil {
+			e.log.Warn("TTL settings", "err", err)
+		}
+		p.transfer.SetTTLs(w, r)
+	}
+	if e.opts.LogLevel != nil {
+		var lv slog.Level
+		if err := lv.UnmarshalText([]byte(cfg.Log.Level)); err == nil {
+			e.opts.LogLevel.Set(lv)
+		}
+	}
+	if e.opts.GPU != nil && cfg.UI.Refresh > 0 {
+		e.opts.GPU.SetInterval(cfg.UI.Refresh)
+	}
+}
+
+// notifyApplied tells the OnApply hook, outside nothing but e.mu.
+func (e *Engine) notifyApplied(old, cfg settings.Config) {
+	if e.opts.OnApply != nil {
+		e.opts.OnApply(old, cfg)
+	}
+}
+
+// engineClass is the strongest class among the changes the engine itself
+// acts on: the faces' own keys (http.*, ui.*, log.*) never restart the wire
+// server or the pool; OnApply hands them to their owners.
+func engineClass(changes []settings.Change) settings.Class {
+	var own []settings.Change
+	for _, c := range changes {
+		if !strings.HasPrefix(c.Key, "http.") && !strings.HasPrefix(c.Key, "ui.") && !strings.HasPrefix(c.Key, "log.") {
+			own = append(own, c)
+		}
+	}
+	return settings.Strongest(own)
+}

@@ -1,0 +1,245 @@
+// Package engine is kvdock's lifecycle and module wiring: it builds the L1
+// pool, sessions, lookup and transfer modules from a settings.Config, puts
+// their handlers behind the wire server, and offers Start, Stop, Apply (a new
+// config, live or with a restart), Snapshot and an event stream to the faces.
+// It knows no screen.
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"kvdock/core/rpc"
+	"kvdock/settings"
+)
+
+// State is where the engine is in its life.
+type State int
+
+// The engine states; Snapshot names them for the faces.
+const (
+	Stopped State = iota
+	Starting
+	Serving
+	Restarting
+	Failed
+)
+
+// String is the label the faces show (never colour alone).
+func (s State) String() string {
+	switch s {
+	case Starting:
+		return "starting"
+	case Serving:
+		return "serving"
+	case Restarting:
+		return "restarting"
+	case Failed:
+		return "failed"
+	}
+	return "stopped"
+}
+
+// Options are the engine's collaborators; only Logger matters to most callers.
+type Options struct {
+	Logger *slog.Logger
+	// LogLevel, when set, is changed in place by Apply for log.level.
+	LogLevel *slog.LevelVar
+	// Sources says where each config value came from (for reasons and /conf).
+	Sources map[string]settings.Source
+	// PID names the default segment (lmcache_l1_pool_<pid>); 0 = os.Getpid().
+	PID int
+	// Version is shown in snapshots.
+	Version string
+	// GPU samples GPU memory; nil = none.
+	GPU GPUSampler
+	// Observer sees every request's outcome and latency (metrics).
+	Observer rpc.Observer
+	// OnApply is called after Apply changed the running config (not after
+	// a rollback), for faces that own settings of their own (http.*).
+	OnApply func(old, new settings.Config)
+	Now     func() time.Time
+}
+
+// Engine runs one kvdock configuration at a time.
+type Engine struct {
+	opts   Options
+	log    *slog.Logger
+	events *eventLog
+
+	// mu serialises lifecycle changes (Start, Stop, Apply); readers use cur,
+	// so a snapshot never waits for a restart.
+	mu  sync.Mutex
+	cur atomic.Pointer[current]
+	// failed is closed once when the wire server dies by itself.
+	failed   chan struct{}
+	failOnce sync.Once
+	cfg      settings.Config
+	sources  map[string]settings.Source
+	plane    *plane
+	front    *front
+	bg       context.CancelFunc // background loops of the engine itself
+
+	// st guards the state fields read by Snapshot.
+	st      sync.RWMutex
+	state   State
+	lastErr string
+	started time.Time
+}
+
+// New returns a stopped engine for cfg, which must have passed settings.Validate.
+func New(cfg settings.Config, opts Options) *Engine {
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.PID == 0 {
+		opts.PID = os.Getpid()
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.Sources == nil {
+		opts.Sources = map[string]settings.Source{}
+	}
+	e := &Engine{
+		opts:    opts,
+		log:     opts.Logger,
+		events:  newEventLog(256, opts.Now),
+		cfg:     cfg,
+		sources: opts.Sources,
+		failed:  make(chan struct{}),
+	}
+	e.publish()
+	return e
+}
+
+// current is what readers see of the lifecycle fields, published after
+// every change under mu.
+type current struct {
+	cfg     settings.Config
+	sources map[string]settings.Source
+	plane   *plane
+	front   *front
+}
+
+func (e *Engine) publish() {
+	e.cur.Store(&current{cfg: e.cfg, sources: e.sources, plane: e.plane, front: e.front})
+}
+
+// Config returns the running configuration and the source of each value.
+func (e *Engine) Config() (settings.Config, map[string]settings.Source) {
+	c := e.cur.Load()
+	return c.cfg, c.sources
+}
+
+func (e *Engine) setState(s State, err error) {
+	e.st.Lock()
+	e.state = s
+	if err != nil {
+		e.lastErr = err.Error()
+	} else if s == Serving {
+		e.lastErr = ""
+	}
+	e.st.Unlock()
+}
+
+// Start builds the pool and modules and binds the wire server; it returns
+// once the server is bound (or failed to). ctx bounds the engine's life.
+func (e *Engine) Start(ctx context.Context) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	defer e.publish()
+	if e.plane != nil {
+		return errors.New("engine already started")
+	}
+	e.setState(Starting, nil)
+	bgCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	e.bg = cancel
+	if e.opts.GPU != nil {
+		go e.opts.GPU.Run(bgCtx, e.cfg.UI.Refresh)
+	}
+	if err := e.startLocked(e.cfg); err != nil {
+		cancel()
+		e.bg = nil
+		e.setState(Failed, err)
+		e.events.add(EventError, slog.LevelError, "start failed: "+err.Error())
+		return err
+	}
+	e.st.Lock()
+	e.started = e.opts.Now()
+	e.st.Unlock()
+	e.setState(Serving, nil)
+	return nil
+}
+
+// startLocked builds a plane and a front for cfg; on failure nothing is left.
+func (e *Engine) startLocked(cfg settings.Config) error {
+	p, err := e.buildPlane(cfg)
+	if err != nil {
+		return err
+	}
+	f, err := e.startFront(cfg, p)
+	if err != nil {
+		p.close()
+		return err
+	}
+	e.plane, e.front = p, f
+	return nil
+}
+
+// Stop stops serving: the socket stops reading, in-flight requests drain,
+// pending transfers are discarded, the pool is closed (segment unlinked).
+func (e *Engine) Stop(ctx context.Context) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	defer e.publish()
+	if e.plane == nil {
+		return nil
+	}
+	var errs []error
+	f, p := e.front, e.plane
+	e.front, e.plane = nil, nil
+	e.publish()
+	if f != nil {
+		errs = append(errs, f.stop(ctx))
+	}
+	errs = append(errs, p.close())
+	if e.bg != nil {
+		e.bg()
+		e.bg = nil
+	}
+	e.setState(Stopped, nil)
+	e.events.add(EventLifecycle, slog.LevelInfo, "engine stopped")
+	return errors.Join(errs...)
+}
+
+// Failed is closed when the wire server stops on its own (a socket
+// failure), never by Stop or Apply; callers select on it to notice.
+func (e *Engine) Failed() <-chan struct{} { return e.failed }
+
+// frontFailed records a wire server that stopped by itself.
+func (e *Engine) frontFailed(err error) {
+	if err == nil {
+		err = errors.New("wire server stopped")
+	}
+	e.setState(Failed, err)
+	e.events.add(EventError, slog.LevelError, "wire server failed: "+err.Error())
+	e.failOnce.Do(func() { close(e.failed) })
+}
+
+// ClearCache drops every object in the pool, locked ones too (CLEAR, /clear-cache).
+func (e *Engine) ClearCache() (int, error) {
+	p := e.cur.Load().plane
+	if p == nil {
+		return 0, errNotRunning
+	}
+	n := p.pool.Clear()
+	e.events.add(EventLifecycle, slog.LevelInfo, fmt.Sprintf("cache cleared: %d objects dropped", n))
+	return n, nil
+}

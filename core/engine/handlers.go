@@ -1,0 +1,110 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+
+	"kvdock/core/keys"
+	"kvdock/core/protocol"
+	"kvdock/core/rpc"
+	"kvdock/settings"
+)
+
+// keyRequest turns a wire key into the session request of core/keys.
+func keyRequest(k protocol.Key) keys.KeyRequest {
+	return keys.KeyRequest{
+		RequestID: k.RequestID, Model: k.ModelName, WorldSize: k.WorldSize, Worker: k.WorkerID,
+		Tokens: k.TokenIDs, Start: k.Start, End: k.End, Salt: k.CacheSalt,
+	}
+}
+
+// keyAndInt reads the [key, int] payload of LOOKUP and FREE_LOOKUP_LOCKS.
+func keyAndInt(req *rpc.Request) (protocol.Key, int, error) {
+	if err := req.Arity(2); err != nil {
+		return protocol.Key{}, 0, err
+	}
+	k, err := req.Key(0)
+	if err != nil {
+		return protocol.Key{}, 0, err
+	}
+	n, err := req.Int(1)
+	if err != nil {
+		return protocol.Key{}, 0, err
+	}
+	return k, int(n), nil
+}
+
+// requestID reads the [request_id] payload of the prefetch queries and END_SESSION.
+func requestID(req *rpc.Request) (string, error) {
+	if err := req.Arity(1); err != nil {
+		return "", err
+	}
+	return req.Str(0)
+}
+
+// handlers are the lookup and management modules (the transfer module brings
+// its own), by canonical request name.
+func (e *Engine) handlers(cfg settings.Config, p *plane) map[string]rpc.Handler {
+	chunk := int64(cfg.Server.ChunkSize)
+	h := map[string]rpc.Handler{
+		protocol.Lookup: func(_ context.Context, req *rpc.Request) (any, error) {
+			k, tp, err := keyAndInt(req)
+			if err != nil {
+				return nil, err
+			}
+			return nil, p.lookup.Lookup(keyRequest(k), tp)
+		},
+		protocol.QueryPrefetchStatus: func(_ context.Context, req *rpc.Request) (any, error) {
+			id, err := requestID(req)
+			if err != nil {
+				return nil, err
+			}
+			hits, done := p.lookup.QueryStatus(id)
+			if !done {
+				return nil, nil // still running: no result frame, as upstream
+			}
+			return int64(hits), nil
+		},
+		protocol.QueryPrefetchLookupHits: func(_ context.Context, req *rpc.Request) (any, error) {
+			id, err := requestID(req)
+			if err != nil {
+				return nil, err
+			}
+			hits, done := p.lookup.QueryHits(id)
+			if !done {
+				return nil, nil
+			}
+			return int64(hits), nil
+		},
+		protocol.FreeLookupLocks: func(_ context.Context, req *rpc.Request) (any, error) {
+			k, tp, err := keyAndInt(req)
+			if err != nil {
+				return nil, err
+			}
+			return nil, p.lookup.FreeLocks(keyRequest(k), tp)
+		},
+		protocol.EndSession: func(_ context.Context, req *rpc.Request) (any, error) {
+			id, err := requestID(req)
+			if err != nil {
+				return nil, err
+			}
+			p.lookup.EndSession(id)
+			return nil, nil
+		},
+		protocol.GetChunkSize: func(context.Context, *rpc.Request) (any, error) { return chunk, nil },
+		protocol.Noop:         func(context.Context, *rpc.Request) (any, error) { return "OK", nil },
+		protocol.Ping:         func(context.Context, *rpc.Request) (any, error) { return true, nil },
+		protocol.Clear: func(context.Context, *rpc.Request) (any, error) {
+			n := p.pool.Clear()
+			e.events.add(EventLifecycle, slog.LevelInfo, fmt.Sprintf("CLEAR from a worker: %d objects dropped", n))
+			return nil, nil
+		},
+		// Observability only upstream; the server's request stats count it.
+		protocol.ReportBlockAllocation: func(context.Context, *rpc.Request) (any, error) { return nil, nil },
+	}
+	for name, fn := range p.transfer.Handlers() {
+		h[name] = fn
+	}
+	return h
+}

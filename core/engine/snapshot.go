@@ -1,0 +1,117 @@
+package engine
+
+import (
+	"context"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"kvdock/core/gpu"
+	"kvdock/core/l1"
+	"kvdock/core/lookup"
+	"kvdock/core/rpc"
+	"kvdock/settings"
+	"kvdock/transfer/nongpu"
+)
+
+// GPUSampler is the GPU telemetry the engine samples off the UI goroutine.
+type GPUSampler interface {
+	Run(ctx context.Context, every time.Duration)
+	Latest() gpu.Snapshot
+	SetInterval(every time.Duration)
+}
+
+// Pool is the pool part of a snapshot.
+type Pool struct {
+	l1.Stats
+	// Decision is how the pool was built: segment or anonymous, and why.
+	Decision l1.Decision
+	// ShmFree is /dev/shm's free space now (-1 when it cannot be read).
+	ShmFree int64
+}
+
+// Snapshot is an immutable picture of the engine for the faces: nothing in
+// it is shared with the running engine.
+type Snapshot struct {
+	Version  string
+	State    State
+	Error    string
+	Endpoint string
+	Protocol string
+	Started  time.Time
+	Uptime   time.Duration
+	Taken    time.Time
+
+	Config  settings.Config
+	Sources map[string]settings.Source
+
+	// Shm is what registration advertises, with the reason.
+	Shm      nongpu.Info
+	Pool     Pool
+	Contexts []nongpu.ContextInfo
+	Transfer nongpu.Stats
+	Requests rpc.Stats
+	Lookup   lookup.Stats
+	Sessions int
+	Events   []Event
+	GPU      gpu.Snapshot
+}
+
+// Healthy reports whether the engine is serving.
+func (s Snapshot) Healthy() bool { return s.State == Serving }
+
+// Snapshot returns the engine's state now. It is cheap enough for a 1 s tick.
+func (e *Engine) Snapshot() Snapshot {
+	c := e.cur.Load()
+	cfg, src, p, f := c.cfg, c.sources, c.plane, c.front
+
+	now := e.opts.Now()
+	e.st.RLock()
+	s := Snapshot{
+		Version: e.opts.Version,
+		State:   e.state,
+		Error:   e.lastErr,
+		Started: e.started,
+		Taken:   now,
+		Config:  cfg,
+	}
+	e.st.RUnlock()
+	if !s.Started.IsZero() && s.State != Stopped {
+		s.Uptime = now.Sub(s.Started)
+	}
+	s.Sources = make(map[string]settings.Source, len(src))
+	for k, v := range src {
+		s.Sources[k] = v
+	}
+	s.Protocol = cfg.Server.Protocol
+	s.Pool.ShmFree = shmFree()
+	if p != nil {
+		s.Shm = p.transfer.PoolInfo()
+		s.Pool.Stats = p.pool.Stats()
+		s.Pool.Decision = p.pool.Decision()
+		s.Contexts = p.transfer.Contexts()
+		s.Transfer = p.transfer.Stats()
+		s.Lookup = p.lookup.Stats()
+		s.Sessions = p.sessions.Len()
+	}
+	if f != nil {
+		s.Endpoint = f.srv.Endpoint()
+		s.Requests = f.srv.Stats()
+	}
+	s.Events = e.events.recent(100)
+	if e.opts.GPU != nil {
+		s.GPU = e.opts.GPU.Latest()
+	} else {
+		s.GPU = gpu.Snapshot{Reason: "GPU telemetry not configured"}
+	}
+	return s
+}
+
+// shmFree is the free space of /dev/shm in bytes, -1 when unknown.
+func shmFree() int64 {
+	var st unix.Statfs_t
+	if err := unix.Statfs("/dev/shm", &st); err != nil {
+		return -1
+	}
+	return int64(st.Bavail) * st.Bsize
+}
