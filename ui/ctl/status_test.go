@@ -1,0 +1,161 @@
+package ctl_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"kvdock/assets"
+	"kvdock/core/engine"
+	"kvdock/core/protocol"
+	"kvdock/core/rpc/client"
+	"kvdock/settings"
+	"kvdock/ui/ctl"
+	"kvdock/ui/httpapi"
+)
+
+func statusFreePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	_ = ln.Close()
+	return port
+}
+
+// statusServe starts a real engine with --shm-name "" and its HTTP API,
+// registers one worker over the wire, and returns the HTTP port.
+func statusServe(t *testing.T) int {
+	t.Helper()
+	empty := ""
+	cfg := settings.Default()
+	cfg.Server.Host = "127.0.0.1"
+	cfg.Server.Port = statusFreePort(t)
+	cfg.Server.ChunkSize = 16
+	cfg.Server.ShmName = &empty
+	cfg.L1.SizeGB = 0.01
+	cfg.L1.Prefault = false
+	src := map[string]settings.Source{"server.shm_name": {Kind: settings.SourceFlag, Detail: "--shm-name"}}
+	eng := engine.New(cfg, engine.Options{Sources: src, Version: "test"})
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := eng.Start(ctx); err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	ln, err := httpapi.Listen("127.0.0.1", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- httpapi.New(eng, httpapi.Options{}).Serve(ctx, ln) }()
+	t.Cleanup(func() {
+		cancel()
+		<-served
+		stop, done := context.WithTimeout(context.Background(), 10*time.Second)
+		defer done()
+		_ = eng.Stop(stop)
+	})
+
+	b, err := assets.Protocol(cfg.Server.Protocol)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prof, err := protocol.Parse(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cli, err := client.Dial(fmt.Sprintf("tcp://127.0.0.1:%d", cfg.Server.Port), prof, client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	if _, err := cli.Call(context.Background(), protocol.RegisterKVCacheNonGPUContext, protocol.RegisterPayload{
+		InstanceID: 42, ModelName: "llama-tiny", WorldSize: 2, BlockSize: 16, NumLayers: 3, HiddenDimSize: 8, DtypeStr: "bfloat16",
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+func runStatus(args ...string) (int, string, string) {
+	var out, errb bytes.Buffer
+	code := ctl.Status(args, &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+func TestStatusTable(t *testing.T) {
+	port := strconv.Itoa(statusServe(t))
+	code, out, errs := runStatus("--http-host", "127.0.0.1", "--http-port", port)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	for _, want := range []string{
+		"state", "serving", "endpoint", "tcp://127.0.0.1:", "nongpu-v1",
+		`SHM       off, pickle for every worker: --shm-name "" given`,
+		"pool", "anonymous memory",
+		"1 worker context(s)",
+		"INSTANCE", "MODE", "REASON",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	var row string
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(l, "42 ") {
+			row = l
+		}
+	}
+	f := strings.Fields(row)
+	if len(f) < 9 || f[1] != "llama-tiny" || f[2] != "2" || f[3] != "2x3x16x8" || f[4] != "bfloat16" || f[5] != "PICKLE" || f[6] != "0" {
+		t.Errorf("context row = %q", row)
+	}
+}
+
+func TestStatusJSONAndErrors(t *testing.T) {
+	port := strconv.Itoa(statusServe(t))
+	code, out, _ := runStatus("--json", "--http-port="+port, "--http-host=0.0.0.0")
+	var raw map[string]any
+	if code != 0 || json.Unmarshal([]byte(out), &raw) != nil {
+		t.Fatalf("--json: exit %d, %q", code, out)
+	}
+	if ctxs, _ := raw["contexts"].([]any); len(ctxs) != 1 || raw["shm_name"] != "" {
+		t.Errorf("--json document = %v", raw)
+	}
+
+	dead := strconv.Itoa(statusFreePort(t))
+	code, out, errs := runStatus("--http-port", dead, "--timeout", "2s")
+	if code != 1 || out != "" || !strings.Contains(errs, "HTTP API does not answer") || !strings.Contains(errs, dead) {
+		t.Errorf("unreachable API: exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+	if code, _, errs := runStatus("--http-port", "0"); code != 2 || !strings.Contains(errs, "off") {
+		t.Errorf("port 0: exit %d, %q", code, errs)
+	}
+	if code, _, _ := runStatus("--bogus"); code != 2 {
+		t.Errorf("unknown flag: exit %d", code)
+	}
+	if code, _, _ := runStatus("extra"); code != 2 {
+		t.Errorf("extra argument: exit %d", code)
+	}
+}
+
+func TestStatusEnvDefaults(t *testing.T) {
+	port := strconv.Itoa(statusServe(t))
+	t.Setenv("KVDOCK_HTTP_HOST", "127.0.0.1")
+	t.Setenv("KVDOCK_HTTP_PORT", port)
+	if code, out, errs := runStatus(); code != 0 || !strings.Contains(out, "llama-tiny") {
+		t.Errorf("env defaults: exit %d, %q %q", code, out, errs)
+	}
+	t.Setenv("KVDOCK_HTTP_PORT", "eighty")
+	if code, _, errs := runStatus(); code != 2 || !strings.Contains(errs, "KVDOCK_HTTP_PORT") {
+		t.Errorf("bad env port: exit %d, %q", code, errs)
+	}
+}

@@ -1,0 +1,311 @@
+// Package httpapi is kvdock's operator HTTP API, served in headless and
+// dashboard modes on --http-host/--http-port:
+//
+//	GET  /healthcheck  200 {"status":"healthy"} while serving, else 503 with the reason
+//	GET  /status       the engine snapshot (upstream's report_status names plus kvdock's)
+//	GET  /conf         the effective settings with the source of each value
+//	GET  /metrics      Prometheus text from kvdock's private registry
+//	POST /clear-cache  drop every object in the L1 pool
+//
+// Each path is also served under /api/. Mutating endpoints require
+// "Authorization: Bearer <token>" when a token is configured. Errors are JSON
+// {"status":"error","error":…}: 404 for an unknown path, 405 with Allow for a
+// wrong method, 413 for a body over the limit, 401 for a missing or wrong token.
+package httpapi
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"kvdock/core/engine"
+	"kvdock/ui/metrics"
+)
+
+// Engine is what the API reads and commands; *engine.Engine is one.
+type Engine interface {
+	Snapshot() engine.Snapshot
+	ClearCache() (int, error)
+}
+
+// DefaultMaxBodyBytes is the largest request body accepted (413 beyond).
+const DefaultMaxBodyBytes = 1 << 20
+
+// Options configure a Server.
+type Options struct {
+	// Token, when not empty, is required as a bearer token on mutating
+	// endpoints (settings http.token, --http-token, KVDOCK_HTTP_TOKEN).
+	Token string
+	// Metrics is the registry /metrics serves; nil builds one watching the
+	// engine (its request metrics then stay at zero: pass the engine's
+	// Observer here to have them fed).
+	Metrics *metrics.Metrics
+	// MaxBodyBytes limits request bodies (default DefaultMaxBodyBytes).
+	MaxBodyBytes int64
+	Logger       *slog.Logger
+}
+
+// Server is the HTTP API over one engine.
+type Server struct {
+	eng     Engine
+	opts    Options
+	log     *slog.Logger
+	metrics http.Handler
+	routes  map[string]route
+	handler http.Handler
+}
+
+type route struct {
+	method   string
+	mutating bool
+	serve    http.HandlerFunc
+}
+
+// New returns the API over eng.
+func New(eng Engine, opts Options) *Server {
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.MaxBodyBytes <= 0 {
+		opts.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if opts.Metrics == nil {
+		opts.Metrics = metrics.New()
+		opts.Metrics.Watch(eng)
+	}
+	s := &Server{eng: eng, opts: opts, log: opts.Logger, metrics: opts.Metrics.Handler()}
+	s.routes = map[string]route{
+		"/":            {method: http.MethodGet, serve: s.root},
+		"/healthcheck": {method: http.MethodGet, serve: s.healthcheck},
+		"/status":      {method: http.MethodGet, serve: s.status},
+		"/conf":        {method: http.MethodGet, serve: s.conf},
+		"/metrics":     {method: http.MethodGet, serve: s.metrics.ServeHTTP},
+		"/clear-cache": {method: http.MethodPost, mutating: true, serve: s.clearCache},
+	}
+	for _, p := range []string{"/healthcheck", "/status", "/conf", "/metrics", "/clear-cache"} {
+		s.routes["/api"+p] = s.routes[p]
+	}
+	s.handler = http.HandlerFunc(s.dispatch)
+	return s
+}
+
+// Handler is the API as an http.Handler (for tests and custom servers).
+func (s *Server) Handler() http.Handler { return s.handler }
+
+// Listen binds host:port for Serve; port 0 binds an ephemeral port (the
+// settings treat http.port 0 as "disabled": callers check that first).
+func Listen(host string, port int) (net.Listener, error) {
+	addr := net.JoinHostPort(host, strconv.Itoa(port))
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("HTTP API: listen on %s: %w", addr, err)
+	}
+	return ln, nil
+}
+
+// Serve answers on ln until ctx is done, then shuts down gracefully (up to
+// 5 s for requests in flight). It returns nil after a clean shutdown.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	if s.opts.Token == "" && !isLoopback(ln.Addr()) {
+		s.log.Warn("HTTP API bound to a non-loopback address without a token: anyone who can reach it may clear the cache; set --http-token or KVDOCK_HTTP_TOKEN",
+			"addr", ln.Addr().String())
+	}
+	srv := &http.Server{
+		Handler:           s.handler,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+	}
+	s.log.Info("HTTP API listening", "addr", ln.Addr().String(), "token", s.opts.Token != "")
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("HTTP API: %w", err)
+	case <-ctx.Done():
+	}
+	shutCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	err := srv.Shutdown(shutCtx)
+	if serr := <-errc; serr != nil && !errors.Is(serr, http.ErrServerClosed) && err == nil {
+		err = serr
+	}
+	if err != nil {
+		return fmt.Errorf("HTTP API shutdown: %w", err)
+	}
+	return nil
+}
+
+// isLoopback reports whether a listener address only accepts local peers.
+func isLoopback(a net.Addr) bool {
+	tcp, ok := a.(*net.TCPAddr)
+	return ok && tcp.IP.IsLoopback()
+}
+
+// writeJSON answers v as indented JSON.
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		code = http.StatusInternalServerError
+		b = []byte(`{"status":"error","error":"encoding the response failed"}`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(code)
+	_, _ = w.Write(append(b, '\n'))
+}
+
+// ErrorBody is every error answer.
+type ErrorBody struct {
+	Status string `json:"status"`
+	Error  string `json:"error"`
+}
+
+func writeError(w http.ResponseWriter, code int, msg string) {
+	writeJSON(w, code, ErrorBody{Status: "error", Error: msg})
+}
+
+// dispatch routes by exact path, then checks method, size and token.
+func (s *Server) dispatch(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	rw := &statusWriter{ResponseWriter: w, code: http.StatusOK}
+	defer func() {
+		s.log.Debug("http", "method", r.Method, "path", r.URL.Path, "status", rw.code,
+			"remote", r.RemoteAddr, "dur", time.Since(start))
+	}()
+
+	rt, ok := s.routes[r.URL.Path]
+	if !ok {
+		writeError(rw, http.StatusNotFound, fmt.Sprintf("no such endpoint %q; try /healthcheck, /status, /conf, /metrics or POST /clear-cache", r.URL.Path))
+		return
+	}
+	if r.Method != rt.method && !(rt.method == http.MethodGet && r.Method == http.MethodHead) {
+		allow := rt.method
+		if rt.method == http.MethodGet {
+			allow += ", " + http.MethodHead
+		}
+		rw.Header().Set("Allow", allow)
+		writeError(rw, http.StatusMethodNotAllowed, fmt.Sprintf("%s does not accept %s; use %s", r.URL.Path, r.Method, rt.method))
+		return
+	}
+	if r.ContentLength > s.opts.MaxBodyBytes {
+		writeError(rw, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body of %d bytes exceeds the limit of %d bytes", r.ContentLength, s.opts.MaxBodyBytes))
+		return
+	}
+	if rt.mutating && !s.authorized(r) {
+		rw.Header().Set("WWW-Authenticate", `Bearer realm="kvdock"`)
+		writeError(rw, http.StatusUnauthorized, "this endpoint needs \"Authorization: Bearer <token>\" with the token set by --http-token or KVDOCK_HTTP_TOKEN")
+		return
+	}
+	// No endpoint reads a body, but a chunked one must still respect the
+	// limit rather than be streamed in unbounded.
+	if r.Body != nil && r.Body != http.NoBody {
+		_, err := io.Copy(io.Discard, http.MaxBytesReader(rw, r.Body, s.opts.MaxBodyBytes))
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			writeError(rw, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body exceeds the limit of %d bytes", s.opts.MaxBodyBytes))
+			return
+		}
+		if err != nil {
+			writeError(rw, http.StatusBadRequest, "reading the request body: "+err.Error())
+			return
+		}
+	}
+	rt.serve(rw, r)
+}
+
+// authorized checks the bearer token in constant time (hashes first, so
+// the comparison does not leak the token's length either).
+func (s *Server) authorized(r *http.Request) bool {
+	if s.opts.Token == "" {
+		return true
+	}
+	auth := r.Header.Get("Authorization")
+	scheme, tok, ok := strings.Cut(auth, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return false
+	}
+	got := sha256.Sum256([]byte(strings.TrimSpace(tok)))
+	want := sha256.Sum256([]byte(s.opts.Token))
+	return subtle.ConstantTimeCompare(got[:], want[:]) == 1
+}
+
+type statusWriter struct {
+	http.ResponseWriter
+	code int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	w.code = code
+	w.ResponseWriter.WriteHeader(code)
+}
+
+// Unwrap lets http.ResponseController reach the underlying writer.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+func (s *Server) root(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]any{
+		"status":    "ok",
+		"service":   "kvdock HTTP API",
+		"endpoints": []string{"GET /healthcheck", "GET /status", "GET /conf", "GET /metrics", "POST /clear-cache"},
+	})
+}
+
+// Health is the /healthcheck answer.
+type Health struct {
+	Status string `json:"status"`
+	Reason string `json:"reason,omitempty"`
+	State  string `json:"state"`
+}
+
+func (s *Server) healthcheck(w http.ResponseWriter, r *http.Request) {
+	snap := s.eng.Snapshot()
+	if snap.Healthy() {
+		writeJSON(w, http.StatusOK, Health{Status: "healthy", State: snap.State.String()})
+		return
+	}
+	reason := "engine " + snap.State.String()
+	if snap.Error != "" {
+		reason += ": " + snap.Error
+	}
+	writeJSON(w, http.StatusServiceUnavailable, Health{Status: "unhealthy", Reason: reason, State: snap.State.String()})
+}
+
+func (s *Server) status(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, NewStatus(s.eng.Snapshot()))
+}
+
+func (s *Server) conf(w http.ResponseWriter, r *http.Request) {
+	snap := s.eng.Snapshot()
+	writeJSON(w, http.StatusOK, NewConf(snap.Config, snap.Sources))
+}
+
+// ClearResult is the /clear-cache answer.
+type ClearResult struct {
+	Status  string `json:"status"`
+	Reason  string `json:"reason,omitempty"`
+	Objects int    `json:"objects_cleared"`
+}
+
+func (s *Server) clearCache(w http.ResponseWriter, r *http.Request) {
+	n, err := s.eng.ClearCache()
+	if err != nil {
+		writeJSON(w, http.StatusServiceUnavailable, ClearResult{Status: "error", Reason: err.Error()})
+		return
+	}
+	s.log.Info("cache cleared over HTTP", "objects", n, "remote", r.RemoteAddr)
+	writeJSON(w, http.StatusOK, ClearResult{Status: "ok", Objects: n})
+}

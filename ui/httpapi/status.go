@@ -1,0 +1,368 @@
+package httpapi
+
+import (
+	"slices"
+	"strconv"
+	"time"
+
+	"kvdock/core/engine"
+)
+
+// Status is the /status document. The first block keeps upstream's
+// report_status names (an SDK reads chunk_size, shm_name and world_size);
+// the rest is kvdock's own. Field names are stable.
+type Status struct {
+	IsHealthy                    bool                   `json:"is_healthy"`
+	EngineType                   string                 `json:"engine_type"`
+	ChunkSize                    int                    `json:"chunk_size"`
+	HashAlgorithm                string                 `json:"hash_algorithm"`
+	ActiveSessions               int                    `json:"active_sessions"`
+	RegisteredNonCudaInstanceIDs []int64                `json:"registered_non_cuda_instance_ids"`
+	NonCudaContextMeta           map[string]ContextMeta `json:"non_cuda_context_meta"`
+	ActivePrefetchJobs           int                    `json:"active_prefetch_jobs"`
+	StorageManager               StorageManager         `json:"storage_manager"`
+
+	State         string     `json:"state"`
+	Error         string     `json:"error,omitempty"`
+	Endpoint      string     `json:"endpoint"`
+	Protocol      string     `json:"protocol"`
+	TransferMode  string     `json:"transfer_mode"`
+	Version       string     `json:"version"`
+	StartedAt     *time.Time `json:"started_at,omitempty"`
+	UptimeSeconds float64    `json:"uptime_seconds"`
+	TakenAt       time.Time  `json:"taken_at"`
+
+	// ShmName and PoolSize are what REGISTER answers every worker ("" and 0:
+	// pickle for everyone); ShmReason says why.
+	ShmName   string `json:"shm_name"`
+	PoolSize  int64  `json:"pool_size"`
+	ShmReason string `json:"shm_reason"`
+	ShmShared bool   `json:"shm_shared"`
+
+	Pool     PoolStatus      `json:"pool"`
+	Contexts []ContextStatus `json:"contexts"`
+	Transfer TransferStatus  `json:"transfer"`
+	Lookup   LookupStatus    `json:"lookup"`
+	Requests RequestsStatus  `json:"requests"`
+	GPU      GPUStatus       `json:"gpu"`
+	Events   []EventStatus   `json:"events"`
+}
+
+// ContextMeta is upstream's non_cuda_context_meta entry.
+type ContextMeta struct {
+	ModelName string `json:"model_name"`
+	WorldSize int    `json:"world_size"`
+	BlockSize int    `json:"block_size"`
+	UseMLA    bool   `json:"use_mla"`
+}
+
+// StorageManager is the verified part of upstream's storage_manager report.
+type StorageManager struct {
+	IsHealthy            bool               `json:"is_healthy"`
+	L1EvictionController EvictionController `json:"l1_eviction_controller"`
+}
+
+// EvictionController is upstream's l1_eviction_controller report.
+type EvictionController struct {
+	IsHealthy        bool    `json:"is_healthy"`
+	ThreadAlive      bool    `json:"thread_alive"`
+	EvictionPolicy   string  `json:"eviction_policy"`
+	TriggerWatermark float64 `json:"trigger_watermark"`
+	EvictionRatio    float64 `json:"eviction_ratio"`
+}
+
+// PoolStatus is the L1 pool as built (segment or anonymous, and why) and
+// its figures.
+type PoolStatus struct {
+	Segment            string  `json:"segment"`
+	Shared             bool    `json:"shared"`
+	Reason             string  `json:"reason"`
+	ShmFreeBytes       int64   `json:"shm_free_bytes"`
+	CapacityBytes      int64   `json:"capacity_bytes"`
+	UsedBytes          int64   `json:"used_bytes"`
+	UsageRatio         float64 `json:"usage_ratio"`
+	Objects            int     `json:"objects"`
+	FreeExtents        int     `json:"free_extents"`
+	PrefaultedBytes    int64   `json:"prefaulted_bytes"`
+	WriteLocked        int     `json:"write_locked"`
+	ReadLocked         int     `json:"read_locked"`
+	Evictions          uint64  `json:"evictions"`
+	EvictionLoopTicks  uint64  `json:"eviction_loop_ticks"`
+	AllocationFailures uint64  `json:"allocation_failures"`
+	ReadHits           uint64  `json:"read_hits"`
+	ReadMisses         uint64  `json:"read_misses"`
+	WriteReservations  uint64  `json:"write_reservations"`
+	WriteExisting      uint64  `json:"write_existing"`
+	ExpiredWriteLocks  uint64  `json:"expired_write_locks"`
+	ExpiredReadLocks   uint64  `json:"expired_read_locks"`
+	EvictionPolicy     string  `json:"eviction_policy"`
+	TriggerWatermark   float64 `json:"trigger_watermark"`
+	EvictionRatio      float64 `json:"eviction_ratio"`
+	WriteTTLSeconds    float64 `json:"write_ttl_seconds"`
+	ReadTTLSeconds     float64 `json:"read_ttl_seconds"`
+}
+
+// ContextStatus is one registered worker context: its layout, its transfer
+// mode (SHM or PICKLE) with the reason, and its counters.
+type ContextStatus struct {
+	InstanceID    int64      `json:"instance_id"`
+	ModelName     string     `json:"model_name"`
+	WorldSize     int        `json:"world_size"`
+	BlockSize     int        `json:"block_size"`
+	NumLayers     int        `json:"num_layers"`
+	HiddenDimSize int        `json:"hidden_dim_size"`
+	UseMLA        bool       `json:"use_mla"`
+	Dtype         string     `json:"dtype"`
+	Shape         []int      `json:"shape"`
+	ChunkBytes    int64      `json:"chunk_bytes"`
+	Mode          string     `json:"mode"`
+	Reason        string     `json:"reason"`
+	RegisteredAt  time.Time  `json:"registered_at"`
+	LastRequestAt *time.Time `json:"last_request_at,omitempty"`
+	Stores        int64      `json:"stores"`
+	StoreFailures int64      `json:"store_failures"`
+	Retrieves     int64      `json:"retrieves"`
+	HitChunks     int64      `json:"hit_chunks"`
+	BytesIn       int64      `json:"bytes_in"`
+	BytesOut      int64      `json:"bytes_out"`
+}
+
+// TransferStatus are the non-GPU transfer module's counters.
+type TransferStatus struct {
+	Instances     int   `json:"instances"`
+	PendingWrites int   `json:"pending_writes"`
+	PendingReads  int   `json:"pending_reads"`
+	NoSpace       int64 `json:"no_space"`
+	Rejected      int64 `json:"rejected"`
+	Expired       int64 `json:"expired"`
+	Fallbacks     int64 `json:"fallbacks"`
+}
+
+// LookupStatus are the lookup module's counters.
+type LookupStatus struct {
+	Lookups         int64 `json:"lookups"`
+	EarlyExits      int64 `json:"early_exits"`
+	Failures        int64 `json:"failures"`
+	RequestedTokens int64 `json:"requested_tokens"`
+	RequestedChunks int64 `json:"requested_chunks"`
+	HitChunks       int64 `json:"hit_chunks"`
+	HitTokens       int64 `json:"hit_tokens"`
+	ActiveJobs      int   `json:"active_jobs"`
+	AnsweredJobs    int64 `json:"answered_jobs"`
+	ReplacedJobs    int64 `json:"replaced_jobs"`
+	ExpiredJobs     int64 `json:"expired_jobs"`
+	FreedKeys       int64 `json:"freed_keys"`
+	TouchedKeys     int64 `json:"touched_keys"`
+}
+
+// RequestsStatus are the wire server's counters.
+type RequestsStatus struct {
+	Profile        string                  `json:"profile"`
+	InFlight       int64                   `json:"in_flight"`
+	Disconnects    int64                   `json:"disconnects"`
+	Total          int64                   `json:"total"`
+	ByType         map[string]RequestCount `json:"by_type"`
+	BadInput       map[string]int64        `json:"bad_input"`
+	DecodeFailures map[string]int64        `json:"decode_failures"`
+}
+
+// RequestCount are one request type's outcomes and mean latency.
+type RequestCount struct {
+	OK                 int64   `json:"ok"`
+	Error              int64   `json:"error"`
+	Dropped            int64   `json:"dropped"`
+	Count              int64   `json:"count"`
+	MeanLatencySeconds float64 `json:"mean_latency_seconds"`
+}
+
+// GPUStatus is the latest GPU telemetry reading.
+type GPUStatus struct {
+	Available bool        `json:"available"`
+	Reason    string      `json:"reason,omitempty"`
+	Driver    string      `json:"driver,omitempty"`
+	SampledAt *time.Time  `json:"sampled_at,omitempty"`
+	Error     string      `json:"error,omitempty"`
+	Devices   []GPUDevice `json:"devices"`
+}
+
+// GPUDevice is one GPU; UtilizationPercent is null when unreadable.
+type GPUDevice struct {
+	Index              int          `json:"index"`
+	Name               string       `json:"name"`
+	UUID               string       `json:"uuid,omitempty"`
+	MemoryUsedBytes    uint64       `json:"memory_used_bytes"`
+	MemoryTotalBytes   uint64       `json:"memory_total_bytes"`
+	UtilizationPercent *int         `json:"utilization_percent"`
+	Processes          []GPUProcess `json:"processes"`
+}
+
+// GPUProcess is one process on a GPU; memory_known is false for N/A.
+type GPUProcess struct {
+	PID             int    `json:"pid"`
+	MemoryUsedBytes uint64 `json:"memory_used_bytes"`
+	MemoryKnown     bool   `json:"memory_known"`
+	Kind            string `json:"kind"`
+}
+
+// EventStatus is one line of the engine's recent story.
+type EventStatus struct {
+	Seq     uint64    `json:"seq"`
+	Time    time.Time `json:"time"`
+	Kind    string    `json:"kind"`
+	Level   string    `json:"level"`
+	Message string    `json:"message"`
+}
+
+// maxEvents bounds the events /status carries.
+const maxEvents = 20
+
+func timePtr(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
+}
+
+// NewStatus builds the /status document from a snapshot.
+func NewStatus(s engine.Snapshot) Status {
+	cfg := s.Config
+	healthy := s.Healthy()
+	out := Status{
+		IsHealthy:                    healthy,
+		EngineType:                   "MPCacheEngine",
+		ChunkSize:                    cfg.Server.ChunkSize,
+		HashAlgorithm:                cfg.Server.HashAlgorithm,
+		ActiveSessions:               s.Sessions,
+		RegisteredNonCudaInstanceIDs: make([]int64, 0, len(s.Contexts)),
+		NonCudaContextMeta:           make(map[string]ContextMeta, len(s.Contexts)),
+		ActivePrefetchJobs:           s.Lookup.ActiveJobs,
+		StorageManager: StorageManager{
+			IsHealthy: healthy,
+			L1EvictionController: EvictionController{
+				IsHealthy: healthy, ThreadAlive: healthy,
+				EvictionPolicy: s.Pool.Policy, TriggerWatermark: s.Pool.Watermark, EvictionRatio: s.Pool.Ratio,
+			},
+		},
+		State:         s.State.String(),
+		Error:         s.Error,
+		Endpoint:      s.Endpoint,
+		Protocol:      s.Protocol,
+		TransferMode:  cfg.Server.TransferMode,
+		Version:       s.Version,
+		StartedAt:     timePtr(s.Started),
+		UptimeSeconds: s.Uptime.Seconds(),
+		TakenAt:       s.Taken,
+		ShmName:       s.Shm.ShmName,
+		PoolSize:      s.Shm.PoolSize,
+		ShmReason:     s.Shm.Reason,
+		ShmShared:     s.Shm.Shared(),
+		Contexts:      make([]ContextStatus, 0, len(s.Contexts)),
+		GPU:           gpuStatus(s),
+		Events:        []EventStatus{},
+	}
+	if out.StorageManager.L1EvictionController.EvictionPolicy == "" {
+		out.StorageManager.L1EvictionController.EvictionPolicy = cfg.Eviction.Policy
+	}
+
+	p := s.Pool
+	ratio := 0.0
+	if p.Size > 0 {
+		ratio = float64(p.UsedBytes) / float64(p.Size)
+	}
+	out.Pool = PoolStatus{
+		Segment: p.Decision.Segment, Shared: p.Decision.Shared, Reason: p.Decision.Reason,
+		ShmFreeBytes: p.ShmFree, CapacityBytes: p.Size, UsedBytes: p.UsedBytes, UsageRatio: ratio,
+		Objects: p.Objects, FreeExtents: p.FreeExtents, PrefaultedBytes: p.Prefaulted,
+		WriteLocked: p.WriteLocked, ReadLocked: p.ReadLocked,
+		Evictions: p.Evictions, EvictionLoopTicks: p.EvictionTicks, AllocationFailures: p.AllocFailures,
+		ReadHits: p.ReadHits, ReadMisses: p.ReadMisses, WriteReservations: p.WriteReservations,
+		WriteExisting: p.WriteExisting, ExpiredWriteLocks: p.ExpiredWriteLocks, ExpiredReadLocks: p.ExpiredReadLocks,
+		EvictionPolicy: p.Policy, TriggerWatermark: p.Watermark, EvictionRatio: p.Ratio,
+		WriteTTLSeconds: p.WriteTTL.Seconds(), ReadTTLSeconds: p.ReadTTL.Seconds(),
+	}
+
+	for _, c := range s.Contexts {
+		out.RegisteredNonCudaInstanceIDs = append(out.RegisteredNonCudaInstanceIDs, c.InstanceID)
+		out.NonCudaContextMeta[strconv.FormatInt(c.InstanceID, 10)] = ContextMeta{
+			ModelName: c.Model, WorldSize: c.WorldSize, BlockSize: c.BlockSize, UseMLA: c.MLA,
+		}
+		shape := c.Layout.Shape
+		if shape == nil {
+			shape = []int{}
+		}
+		out.Contexts = append(out.Contexts, ContextStatus{
+			InstanceID: c.InstanceID, ModelName: c.Model, WorldSize: c.WorldSize, BlockSize: c.BlockSize,
+			NumLayers: c.NumLayers, HiddenDimSize: c.HiddenDimSize, UseMLA: c.MLA,
+			Dtype: c.Layout.Dtype, Shape: shape, ChunkBytes: c.Layout.Bytes,
+			Mode: string(c.Mode), Reason: c.Reason,
+			RegisteredAt: c.Registered, LastRequestAt: timePtr(c.LastRequest),
+			Stores: c.Stores, StoreFailures: c.StoreFailures, Retrieves: c.Retrieves,
+			HitChunks: c.HitChunks, BytesIn: c.BytesIn, BytesOut: c.BytesOut,
+		})
+	}
+
+	t := s.Transfer
+	out.Transfer = TransferStatus{Instances: t.Instances, PendingWrites: t.PendingWrites, PendingReads: t.PendingReads,
+		NoSpace: t.NoSpace, Rejected: t.Rejected, Expired: t.Expired, Fallbacks: t.Fallbacks}
+	l := s.Lookup
+	out.Lookup = LookupStatus{Lookups: l.Lookups, EarlyExits: l.EarlyExits, Failures: l.Failures,
+		RequestedTokens: l.RequestedTokens, RequestedChunks: l.RequestedChunks, HitChunks: l.HitChunks,
+		HitTokens: l.HitTokens, ActiveJobs: l.ActiveJobs, AnsweredJobs: l.AnsweredJobs,
+		ReplacedJobs: l.ReplacedJobs, ExpiredJobs: l.ExpiredJobs, FreedKeys: l.FreedKeys, TouchedKeys: l.TouchedKeys}
+
+	r := s.Requests
+	out.Requests = RequestsStatus{
+		Profile: r.Profile, InFlight: r.InFlight, Disconnects: r.Disconnects,
+		ByType:         make(map[string]RequestCount, len(r.Requests)),
+		BadInput:       map[string]int64{},
+		DecodeFailures: map[string]int64{},
+	}
+	if out.Requests.Profile == "" {
+		out.Requests.Profile = s.Protocol
+	}
+	for name, rs := range r.Requests {
+		rc := RequestCount{OK: rs.OK, Error: rs.Error, Dropped: rs.Dropped, Count: rs.Count}
+		if rs.Count > 0 {
+			rc.MeanLatencySeconds = rs.Latency.Seconds() / float64(rs.Count)
+		}
+		out.Requests.ByType[name] = rc
+		out.Requests.Total += rs.Count
+	}
+	for k, v := range r.BadInput {
+		out.Requests.BadInput[k] = v
+	}
+	for k, v := range r.DecodeFailures {
+		out.Requests.DecodeFailures[k] = v
+	}
+
+	evs := s.Events
+	if len(evs) > maxEvents {
+		evs = evs[len(evs)-maxEvents:]
+	}
+	for _, e := range evs {
+		out.Events = append(out.Events, EventStatus{Seq: e.Seq, Time: e.Time, Kind: string(e.Kind),
+			Level: e.Level.String(), Message: e.Message})
+	}
+	return out
+}
+
+func gpuStatus(s engine.Snapshot) GPUStatus {
+	g := s.GPU
+	out := GPUStatus{Available: g.Available, Reason: g.Reason, Driver: g.Driver,
+		SampledAt: timePtr(g.Sampled), Error: g.Err, Devices: []GPUDevice{}}
+	for _, d := range g.Devices {
+		dev := GPUDevice{Index: d.Index, Name: d.Name, UUID: d.UUID,
+			MemoryUsedBytes: d.MemUsed, MemoryTotalBytes: d.MemTotal, Processes: []GPUProcess{}}
+		if d.Util >= 0 {
+			u := d.Util
+			dev.UtilizationPercent = &u
+		}
+		for _, p := range d.Processes {
+			dev.Processes = append(dev.Processes, GPUProcess{PID: p.PID, MemoryUsedBytes: p.MemUsed,
+				MemoryKnown: p.MemKnown, Kind: p.Kind})
+		}
+		out.Devices = append(out.Devices, dev)
+	}
+	slices.SortFunc(out.Devices, func(a, b GPUDevice) int { return a.Index - b.Index })
+	return out
+}

@@ -1,0 +1,231 @@
+package metrics
+
+import (
+	"encoding/json"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+
+	"kvdock/assets"
+	"kvdock/core/engine"
+	"kvdock/core/gpu"
+	"kvdock/core/rpc"
+	"kvdock/transfer/nongpu"
+)
+
+type fakeSource struct {
+	mu sync.Mutex
+	s  engine.Snapshot
+}
+
+func (f *fakeSource) Snapshot() engine.Snapshot {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.s
+}
+
+func (f *fakeSource) set(fn func(*engine.Snapshot)) {
+	f.mu.Lock()
+	fn(&f.s)
+	f.mu.Unlock()
+}
+
+func gather(t *testing.T, m *Metrics) map[string]*dto.MetricFamily {
+	t.Helper()
+	fams, err := m.Registry().Gather()
+	if err != nil {
+		t.Fatalf("gather: %v", err)
+	}
+	out := map[string]*dto.MetricFamily{}
+	for _, f := range fams {
+		out[f.GetName()] = f
+	}
+	return out
+}
+
+func get(t *testing.T, fams map[string]*dto.MetricFamily, name string, labels ...string) float64 {
+	t.Helper()
+	f := fams[name]
+	if f == nil {
+		t.Fatalf("%s missing", name)
+	}
+next:
+	for _, m := range f.GetMetric() {
+		have := map[string]string{}
+		for _, l := range m.GetLabel() {
+			have[l.GetName()] = l.GetValue()
+		}
+		for i := 0; i+1 < len(labels); i += 2 {
+			if have[labels[i]] != labels[i+1] {
+				continue next
+			}
+		}
+		if m.Counter != nil {
+			return m.Counter.GetValue()
+		}
+		return m.Gauge.GetValue()
+	}
+	t.Fatalf("%s%v missing", name, labels)
+	return 0
+}
+
+func TestCountersStayMonotonicAcrossResets(t *testing.T) {
+	src := &fakeSource{}
+	m := New()
+	m.Watch(src)
+	src.set(func(s *engine.Snapshot) { s.Pool.WriteReservations = 5; s.Lookup.HitTokens = 64 })
+	if v := get(t, gather(t, m), "lmcache_mp_l1_write_total"); v != 5 {
+		t.Fatalf("write total = %v, want 5", v)
+	}
+	// A pool rebuild resets the engine's counter; ours keeps counting.
+	src.set(func(s *engine.Snapshot) { s.Pool.WriteReservations = 2; s.Lookup.HitTokens = 80 })
+	f := gather(t, m)
+	if v := get(t, f, "lmcache_mp_l1_write_total"); v != 7 {
+		t.Errorf("write total after reset = %v, want 7", v)
+	}
+	if v := get(t, f, "lmcache_mp_lookup_hit_total"); v != 80 {
+		t.Errorf("hit total = %v, want 80", v)
+	}
+}
+
+func TestTransferBytesSurviveUnregisterAndFallback(t *testing.T) {
+	src := &fakeSource{}
+	m := New()
+	m.Watch(src)
+	reg := time.Unix(100, 0)
+	src.set(func(s *engine.Snapshot) {
+		s.Contexts = []nongpu.ContextInfo{
+			{InstanceID: 1, Mode: nongpu.ModeSHM, Registered: reg, BytesIn: 1000, BytesOut: 10},
+			{InstanceID: 2, Mode: nongpu.ModePickle, Registered: reg, BytesIn: 50},
+		}
+	})
+	f := gather(t, m)
+	if v := get(t, f, "kvdock_transfer_bytes_total", "mode", "shm", "direction", "in"); v != 1000 {
+		t.Errorf("shm in = %v", v)
+	}
+	if v := get(t, f, "kvdock_contexts", "mode", "shm"); v != 1 {
+		t.Errorf("shm contexts = %v", v)
+	}
+	// Instance 1 falls back to pickle and moves 200 more bytes; instance 2
+	// unregisters; instance 2 registers again with fresh counters.
+	src.set(func(s *engine.Snapshot) {
+		s.Contexts = []nongpu.ContextInfo{
+			{InstanceID: 1, Mode: nongpu.ModePickle, Registered: reg, BytesIn: 1200, BytesOut: 10},
+			{InstanceID: 2, Mode: nongpu.ModePickle, Registered: reg.Add(time.Second), BytesIn: 30},
+		}
+	})
+	f = gather(t, m)
+	want := map[[2]string]float64{{"shm", "in"}: 1000, {"shm", "out"}: 10, {"pickle", "in"}: 50 + 200 + 30, {"pickle", "out"}: 0}
+	for k, w := range want {
+		if v := get(t, f, "kvdock_transfer_bytes_total", "mode", k[0], "direction", k[1]); v != w {
+			t.Errorf("transfer %v = %v, want %v", k, v, w)
+		}
+	}
+	if v := get(t, f, "kvdock_contexts", "mode", "shm"); v != 0 {
+		t.Errorf("shm contexts after fallback = %v", v)
+	}
+	if v := get(t, f, "kvdock_contexts", "mode", "pickle"); v != 2 {
+		t.Errorf("pickle contexts = %v", v)
+	}
+}
+
+func TestObserverAndGPU(t *testing.T) {
+	src := &fakeSource{}
+	m := New()
+	m.Watch(src)
+	src.set(func(s *engine.Snapshot) {
+		s.Requests.Requests = map[string]rpc.RequestStats{"LOOKUP": {}, "NOOP": {}}
+		s.Requests.BadInput = map[string]int64{"something_new": 3}
+		s.GPU = gpu.Snapshot{Available: true, Devices: []gpu.Device{{Index: 0, Name: "NVIDIA H200", MemUsed: 1 << 30, MemTotal: 141 << 30}}}
+	})
+	f := gather(t, m)
+	if v := get(t, f, "kvdock_requests_total", "type", "NOOP", "outcome", "error"); v != 0 {
+		t.Errorf("primed NOOP error = %v", v)
+	}
+	if v := get(t, f, "kvdock_bad_input_total", "kind", "something_new"); v != 3 {
+		t.Errorf("unknown bad-input kind = %v", v)
+	}
+	if v := get(t, f, "kvdock_gpu_memory_total_bytes", "gpu", "0", "name", "NVIDIA H200"); v != 141<<30 {
+		t.Errorf("gpu total = %v", v)
+	}
+	var obs rpc.Observer = m
+	obs.OnRequest("LOOKUP", rpc.OutcomeOK, 2*time.Millisecond)
+	obs.OnRequest("LOOKUP", rpc.OutcomeDropped, time.Millisecond)
+	f = gather(t, m)
+	if v := get(t, f, "kvdock_requests_total", "type", "LOOKUP", "outcome", "ok"); v != 1 {
+		t.Errorf("LOOKUP ok = %v", v)
+	}
+	h := f["kvdock_request_duration_seconds"].GetMetric()
+	var n uint64
+	for _, s := range h {
+		for _, l := range s.GetLabel() {
+			if l.GetValue() == "LOOKUP" {
+				n = s.GetHistogram().GetSampleCount()
+			}
+		}
+	}
+	if n != 2 {
+		t.Errorf("LOOKUP latency samples = %d, want 2", n)
+	}
+}
+
+// TestDashboardUsesExportedMetrics keeps assets/grafana-dashboard.json in
+// step with the metric names.
+func TestDashboardUsesExportedMetrics(t *testing.T) {
+	src := &fakeSource{}
+	src.s.GPU = gpu.Snapshot{Available: true, Devices: []gpu.Device{{Name: "x"}}}
+	m := New()
+	m.Watch(src)
+	m.OnRequest("NOOP", rpc.OutcomeOK, time.Millisecond)
+	fams := gather(t, m)
+
+	var dash struct {
+		Panels []struct {
+			Title   string `json:"title"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal(assets.GrafanaDashboard(), &dash); err != nil {
+		t.Fatalf("dashboard JSON: %v", err)
+	}
+	name := regexp.MustCompile(`\b(?:lmcache_mp|kvdock)_[a-z0-9_]+`)
+	used := map[string]bool{}
+	for _, p := range dash.Panels {
+		if len(p.Targets) == 0 {
+			t.Errorf("panel %q has no query", p.Title)
+		}
+		for _, tg := range p.Targets {
+			for _, n := range name.FindAllString(tg.Expr, -1) {
+				base := n
+				for _, suf := range []string{"_bucket", "_sum", "_count"} {
+					if b, ok := strings.CutSuffix(n, suf); ok && fams[b] != nil {
+						base = b
+					}
+				}
+				if fams[base] == nil {
+					t.Errorf("panel %q queries %s, which kvdock does not export", p.Title, n)
+				}
+				used[base] = true
+			}
+		}
+	}
+	for _, n := range []string{"lmcache_mp_l1_usage_ratio", "lmcache_mp_lookup_hit_total", "kvdock_requests_total",
+		"kvdock_request_duration_seconds", "kvdock_transfer_bytes_total", "kvdock_contexts", "kvdock_bad_input_total",
+		"kvdock_gpu_memory_used_bytes"} {
+		if !used[n] {
+			t.Errorf("dashboard does not show %s", n)
+		}
+	}
+	unit := string(assets.SystemdUnit())
+	for _, line := range []string{"ExecStart=/usr/local/bin/kvdock --headless", "Restart=on-failure", "PrivateDevices=no", "ReadWritePaths=/dev/shm"} {
+		if !strings.Contains(unit, "\n"+line+"\n") {
+			t.Errorf("systemd unit lacks %q", line)
+		}
+	}
+}
