@@ -1,0 +1,260 @@
+package dashboard
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	tea "charm.land/bubbletea/v2"
+	"github.com/charmbracelet/colorprofile"
+	"github.com/charmbracelet/x/ansi"
+
+	"kvdock/core/engine"
+	"kvdock/core/gpu"
+	"kvdock/core/l1"
+	"kvdock/core/layout"
+	"kvdock/settings"
+	"kvdock/transfer/nongpu"
+)
+
+// t0 is the fake clock: every time in the fixture is relative to it.
+var t0 = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+
+// fakeEngine is an Engine with a fixed snapshot that records Apply calls.
+type fakeEngine struct {
+	mu       sync.Mutex
+	snap     engine.Snapshot
+	cfg      settings.Config
+	src      map[string]settings.Source
+	applied  []settings.Config
+	appSrc   []map[string]settings.Source
+	applyErr error
+	rollback bool
+	events   chan engine.Event
+}
+
+func (f *fakeEngine) Snapshot() engine.Snapshot {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.snap
+}
+
+func (f *fakeEngine) Subscribe(buffer int) (<-chan engine.Event, func()) {
+	return f.events, func() {}
+}
+
+func (f *fakeEngine) Apply(_ context.Context, cfg settings.Config, src map[string]settings.Source) (engine.ApplyResult, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.applied = append(f.applied, cfg)
+	f.appSrc = append(f.appSrc, src)
+	ch := settings.Diff(f.cfg, cfg)
+	res := engine.ApplyResult{Changes: ch, Class: settings.Strongest(ch)}
+	if f.applyErr != nil {
+		res.RolledBack = f.rollback
+		return res, f.applyErr
+	}
+	f.cfg, f.src = cfg, src
+	return res, nil
+}
+
+func (f *fakeEngine) Config() (settings.Config, map[string]settings.Source) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.cfg, f.src
+}
+
+func (f *fakeEngine) applyCalls() []settings.Config {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]settings.Config(nil), f.applied...)
+}
+
+func mustLayout(t *testing.T, layers, chunk, hidden int, dtype string) layout.Layout {
+	t.Helper()
+	l, err := layout.New(layers, chunk, hidden, dtype, false)
+	if err != nil {
+		t.Fatalf("layout: %v", err)
+	}
+	return l
+}
+
+// newFakeEngine is the fixture behind the goldens: three workers (two SHM,
+// one PICKLE), a half-used shared pool, two GPUs and a few events.
+func newFakeEngine(t *testing.T) *fakeEngine {
+	t.Helper()
+	cfg := settings.Default()
+	name := "demo"
+	cfg.Server.ShmName = &name
+	src := map[string]settings.Source{
+		"server.shm_name": {Kind: settings.SourceFlag, Detail: "--shm-name"},
+		"l1.size_gb":      {Kind: settings.SourceFile, Detail: "/etc/kvdock.yaml:3"},
+	}
+	lay := mustLayout(t, 32, 256, 1024, "bfloat16")
+	small := mustLayout(t, 24, 256, 512, "float16")
+	contexts := []nongpu.ContextInfo{
+		{InstanceID: 4242, Model: "meta-llama/Llama-3.1-8B", WorldSize: 1, BlockSize: 16, NumLayers: 32, HiddenDimSize: 1024,
+			Layout: lay, Mode: nongpu.ModeSHM, Reason: "segment lmcache_l1_pool_demo attached",
+			Registered: t0.Add(-2 * time.Hour), LastRequest: t0.Add(-3 * time.Second),
+			Stores: 120, Retrieves: 80, HitChunks: 640, BytesIn: 3 << 30, BytesOut: 2 << 30},
+		{InstanceID: 4243, Model: "meta-llama/Llama-3.1-8B", WorldSize: 2, BlockSize: 16, NumLayers: 32, HiddenDimSize: 1024,
+			Layout: lay, Mode: nongpu.ModeSHM, Reason: "segment lmcache_l1_pool_demo attached",
+			Registered: t0.Add(-90 * time.Minute), LastRequest: t0.Add(-45 * time.Second),
+			Stores: 7, Retrieves: 300, HitChunks: 12, BytesIn: 200 << 20, BytesOut: 5 << 30},
+		{InstanceID: 9001, Model: "Qwen/Qwen2-0.5B", WorldSize: 1, BlockSize: 16, NumLayers: 24, HiddenDimSize: 512,
+			Layout: small, Mode: nongpu.ModePickle, Reason: "worker reported it could not attach the segment",
+			Registered: t0.Add(-10 * time.Minute), LastRequest: time.Time{},
+			Stores: 3, Retrieves: 0, HitChunks: 0, BytesIn: 12 << 20},
+	}
+	g := gpu.NewFake(gpu.Snapshot{
+		Available: true, Driver: "550.54.15", Sampled: t0,
+		Devices: []gpu.Device{
+			{Index: 0, Name: "NVIDIA H200", MemUsed: 40 << 30, MemTotal: 141 << 30, Util: 35,
+				Processes: []gpu.Process{{PID: 4242, MemUsed: 30 << 30, MemKnown: true, Kind: "C"}, {PID: 777, MemUsed: 0, Kind: "G"}}},
+			{Index: 1, Name: "NVIDIA H200", MemUsed: 1 << 30, MemTotal: 141 << 30, Util: -1},
+		},
+	})
+	snap := engine.Snapshot{
+		Version: "v0.3.0", State: engine.Serving, Endpoint: "tcp://localhost:5555", Protocol: "nongpu-v1",
+		Started: t0.Add(-2*time.Hour - 3*time.Minute - 4*time.Second), Uptime: 2*time.Hour + 3*time.Minute + 4*time.Second, Taken: t0,
+		Config: cfg, Sources: src,
+		Shm: nongpu.Info{ShmName: "lmcache_l1_pool_demo", PoolSize: 1 << 30, Reason: "--shm-name \"demo\" given on the command line"},
+		Pool: engine.Pool{
+			Stats: l1.Stats{Objects: 321, UsedBytes: 512 << 20, Size: 1 << 30, Evictions: 17, AllocFailures: 2,
+				Policy: "LRU", Watermark: 0.8, Ratio: 0.2, WriteTTL: 600 * time.Second, ReadTTL: 300 * time.Second},
+			Decision: l1.Decision{Segment: "lmcache_l1_pool_demo", Size: 1 << 30, Shared: true,
+				Reason: "--shm-name \"demo\" given on the command line", ShmFree: 30 << 30},
+			ShmFree: 30 << 30,
+		},
+		Contexts: contexts,
+		Events: []engine.Event{
+			{Seq: 1, Time: t0.Add(-2 * time.Hour), Kind: engine.EventLifecycle, Level: slog.LevelInfo, Message: "serving on tcp://localhost:5555"},
+			{Seq: 2, Time: t0.Add(-2 * time.Hour), Kind: "register", Level: slog.LevelInfo, Message: "instance 4242 registered: SHM"},
+			{Seq: 3, Time: t0.Add(-10 * time.Minute), Kind: "fallback", Level: slog.LevelWarn, Message: "instance 9001 uses PICKLE: worker reported it could not attach the segment"},
+		},
+		GPU: g.Sample(),
+	}
+	return &fakeEngine{snap: snap, cfg: cfg, src: src, events: make(chan engine.Event, 8)}
+}
+
+func testOptions() Options {
+	return Options{
+		Version:  "test",
+		Profile:  colorprofile.ASCII,
+		Refresh:  time.Second,
+		Now:      func() time.Time { return t0 },
+		Location: time.UTC,
+		Environ:  []string{},
+	}
+}
+
+func newTestModel(t *testing.T, f *fakeEngine, w, h int) *Model {
+	t.Helper()
+	opts := testOptions().withDefaults(f)
+	m := newModel(context.Background(), f, opts, opts.Profile)
+	m.Update(tea.WindowSizeMsg{Width: w, Height: h})
+	return m
+}
+
+// keyMsg builds the key press a terminal would deliver for a key name.
+func keyMsg(k string) tea.KeyPressMsg {
+	special := map[string]tea.KeyPressMsg{
+		"enter":     {Code: tea.KeyEnter},
+		"esc":       {Code: tea.KeyEscape},
+		"tab":       {Code: tea.KeyTab},
+		"shift+tab": {Code: tea.KeyTab, Mod: tea.ModShift},
+		"backspace": {Code: tea.KeyBackspace},
+		"up":        {Code: tea.KeyUp},
+		"down":      {Code: tea.KeyDown},
+		"ctrl+c":    {Code: 'c', Mod: tea.ModCtrl},
+		"ctrl+u":    {Code: 'u', Mod: tea.ModCtrl},
+		"ctrl+r":    {Code: 'r', Mod: tea.ModCtrl},
+		"space":     {Code: tea.KeySpace, Text: " "},
+	}
+	if msg, ok := special[k]; ok {
+		return msg
+	}
+	r := []rune(k)
+	if len(r) != 1 {
+		panic("keyMsg: unknown key " + k)
+	}
+	msg := tea.KeyPressMsg{Code: r[0], Text: k}
+	if r[0] >= 'A' && r[0] <= 'Z' {
+		msg.Code = r[0] + ('a' - 'A')
+		msg.ShiftedCode = r[0]
+		msg.Mod = tea.ModShift
+	}
+	return msg
+}
+
+// press sends keys in order, running the commands they return (except
+// quit and ticks) the way the program would.
+func press(t *testing.T, m *Model, keys ...string) tea.Cmd {
+	t.Helper()
+	var last tea.Cmd
+	for _, k := range keys {
+		_, cmd := m.Update(keyMsg(k))
+		last = runCmd(t, m, cmd)
+	}
+	return last
+}
+
+// typeText types s one key at a time.
+func typeText(t *testing.T, m *Model, s string) {
+	t.Helper()
+	for _, r := range s {
+		press(t, m, string(r))
+	}
+}
+
+// runCmd runs cmd and feeds its message back, once; it returns cmd when
+// that is a quit so tests can see it.
+func runCmd(t *testing.T, m *Model, cmd tea.Cmd) tea.Cmd {
+	t.Helper()
+	if cmd == nil {
+		return nil
+	}
+	msg := cmd()
+	switch msg.(type) {
+	case tea.QuitMsg:
+		return cmd
+	case applyMsg:
+		_, next := m.Update(msg)
+		if next != nil {
+			m.Update(next()) // the snapshot after the apply
+		}
+		return nil
+	}
+	return nil
+}
+
+// screen is the view as plain text.
+func screen(m *Model) string {
+	return ansi.Strip(m.View().Content)
+}
+
+func isQuit(cmd tea.Cmd) bool {
+	if cmd == nil {
+		return false
+	}
+	_, ok := cmd().(tea.QuitMsg)
+	return ok
+}
+
+var errPortTaken = errors.New("bind tcp://localhost:6000: address already in use")
+
+type discard struct{}
+
+func (discard) Write(p []byte) (int, error) { return len(p), nil }
+
+func ioPipe() (*os.File, *os.File) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		panic(err)
+	}
+	return r, w
+}

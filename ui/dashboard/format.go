@@ -1,0 +1,132 @@
+package dashboard
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"charm.land/lipgloss/v2"
+	"github.com/charmbracelet/x/ansi"
+)
+
+// bytesText prints a byte count with a binary unit ("1.5 GiB").
+func bytesText(n int64) string {
+	if n < 0 {
+		return "n/a"
+	}
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	units := []string{"KiB", "MiB", "GiB", "TiB", "PiB"}
+	v := float64(n) / unit
+	i := 0
+	for v >= unit && i < len(units)-1 {
+		v /= unit
+		i++
+	}
+	if v >= 100 {
+		return fmt.Sprintf("%.0f %s", v, units[i])
+	}
+	return fmt.Sprintf("%.1f %s", v, units[i])
+}
+
+// durationText prints a duration as "3d04h", "1h02m", "4m05s" or "12s".
+func durationText(d time.Duration) string {
+	if d < 0 {
+		d = 0
+	}
+	s := int64(d / time.Second)
+	days, s := s/86400, s%86400
+	h, s := s/3600, s%3600
+	m, s := s/60, s%60
+	switch {
+	case days > 0:
+		return fmt.Sprintf("%dd%02dh", days, h)
+	case h > 0:
+		return fmt.Sprintf("%dh%02dm", h, m)
+	case m > 0:
+		return fmt.Sprintf("%dm%02ds", m, s)
+	}
+	return fmt.Sprintf("%ds", s)
+}
+
+// ageText is how long ago t was, "-" for the zero time.
+func ageText(now, t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return durationText(now.Sub(t)) + " ago"
+}
+
+// percent is used/total in percent, 0 when total is not positive.
+func percent(used, total float64) float64 {
+	if total <= 0 {
+		return 0
+	}
+	p := used / total * 100
+	if p < 0 {
+		return 0
+	}
+	return p
+}
+
+// bar draws a usage bar of width cells: "[#####.....]". The fill is text,
+// so it reads the same without colour.
+func bar(s Styles, width int, pct float64) string {
+	inner := width - 2
+	if inner < 1 {
+		return ""
+	}
+	filled := int(pct / 100 * float64(inner))
+	if pct > 0 && filled == 0 {
+		filled = 1
+	}
+	filled = min(filled, inner)
+	style := s.BarOK
+	switch {
+	case pct >= 90:
+		style = s.BarBad
+	case pct >= 75:
+		style = s.BarWarn
+	}
+	return "[" + style.Render(strings.Repeat("#", filled)) + s.Faint.Render(strings.Repeat(".", inner-filled)) + "]"
+}
+
+// fit cuts or pads s to exactly width cells.
+func fit(s string, width int) string {
+	if width <= 0 {
+		return ""
+	}
+	w := lipgloss.Width(s)
+	if w > width {
+		return ansi.Truncate(s, width, "~")
+	}
+	return s + strings.Repeat(" ", width-w)
+}
+
+// fitLines cuts every line of s to width cells and the block to height
+// lines, padding both so panes keep their size.
+func fitLines(s string, width, height int) string {
+	lines := strings.Split(s, "\n")
+	if len(lines) > height {
+		lines = lines[:height]
+	}
+	for len(lines) < height {
+		lines = append(lines, "")
+	}
+	for i, l := range lines {
+		lines[i] = fit(l, width)
+	}
+	return strings.Join(lines, "\n")
+}
+
+// trimRight removes trailing spaces of every line (goldens and terminals
+// do not care about them; tests compare text).
+func trimRight(s string) string {
+	lines := strings.Split(s, "\n")
+	for i, l := range lines {
+		lines[i] = strings.TrimRight(l, " ")
+	}
+	return strings.Join(lines, "\n")
+}

@@ -1,0 +1,184 @@
+package dashboard
+
+import "charm.land/bubbles/v2/key"
+
+// globalKeys work in every pane unless a text field has the keyboard.
+type globalKeys struct {
+	Next, Prev, Jump, Help, Quit, ForceQuit key.Binding
+}
+
+func newGlobalKeys() globalKeys {
+	return globalKeys{
+		Next:      key.NewBinding(key.WithKeys("tab"), key.WithHelp("tab", "next pane")),
+		Prev:      key.NewBinding(key.WithKeys("shift+tab"), key.WithHelp("shift+tab", "prev pane")),
+		Jump:      key.NewBinding(key.WithKeys("1", "2", "3", "4", "5"), key.WithHelp("1-5", "go to pane")),
+		Help:      key.NewBinding(key.WithKeys("?"), key.WithHelp("?", "help")),
+		Quit:      key.NewBinding(key.WithKeys("q"), key.WithHelp("q", "quit")),
+		ForceQuit: key.NewBinding(key.WithKeys("ctrl+c"), key.WithHelp("ctrl+c", "quit now")),
+	}
+}
+
+func (k globalKeys) list() []key.Binding {
+	return []key.Binding{k.Next, k.Prev, k.Jump, k.Help, k.Quit, k.ForceQuit}
+}
+
+// listKeys move a selection.
+type listKeys struct {
+	Up, Down, Top, Bottom key.Binding
+}
+
+func newListKeys() listKeys {
+	return listKeys{
+		Up:     key.NewBinding(key.WithKeys("up", "k"), key.WithHelp("↑/k", "up")),
+		Down:   key.NewBinding(key.WithKeys("down", "j"), key.WithHelp("↓/j", "down")),
+		Top:    key.NewBinding(key.WithKeys("home", "g"), key.WithHelp("g", "top")),
+		Bottom: key.NewBinding(key.WithKeys("end", "G"), key.WithHelp("G", "bottom")),
+	}
+}
+
+func (k listKeys) list() []key.Binding { return []key.Binding{k.Up, k.Down, k.Top, k.Bottom} }
+
+// contextKeys is the contexts table's key map.
+type contextKeys struct {
+	listKeys
+	Sort, Reverse, Filter, Details, Clear key.Binding
+}
+
+func newContextKeys() contextKeys {
+	return contextKeys{
+		listKeys: newListKeys(),
+		Sort:     key.NewBinding(key.WithKeys("s"), key.WithHelp("s", "sort column")),
+		Reverse:  key.NewBinding(key.WithKeys("S"), key.WithHelp("S", "reverse sort")),
+		Filter:   key.NewBinding(key.WithKeys("/"), key.WithHelp("/", "filter")),
+		Details:  key.NewBinding(key.WithKeys("enter"), key.WithHelp("enter", "details")),
+		Clear:    key.NewBinding(key.WithKeys("esc"), key.WithHelp("esc", "close/clear filter")),
+	}
+}
+
+func (k contextKeys) list() []key.Binding {
+	return append([]key.Binding{k.Sort, k.Reverse, k.Filter, k.Details, k.Clear}, k.listKeys.list()...)
+}
+
+// filterKeys is the key map while typing a filter.
+type filterKeys struct {
+	Accept, Cancel key.Binding
+}
+
+func newFilterKeys() filterKeys {
+	return filterKeys{
+		Accept: key.NewBinding(key.WithKeys("enter"), key.WithHelp("enter", "keep filter")),
+		Cancel: key.NewBinding(key.WithKeys("esc"), key.WithHelp("esc", "clear filter")),
+	}
+}
+
+func (k filterKeys) list() []key.Binding { return []key.Binding{k.Accept, k.Cancel} }
+
+// findKeys is the key map while typing a setting's name to jump to it.
+type findKeys struct {
+	Accept, Cancel key.Binding
+}
+
+func newFindKeys() findKeys {
+	return findKeys{
+		Accept: key.NewBinding(key.WithKeys("enter"), key.WithHelp("enter", "select")),
+		Cancel: key.NewBinding(key.WithKeys("esc"), key.WithHelp("esc", "back")),
+	}
+}
+
+func (k findKeys) list() []key.Binding { return []key.Binding{k.Accept, k.Cancel} }
+
+// eventKeys scroll the events pane.
+type eventKeys struct {
+	listKeys
+}
+
+func (k eventKeys) list() []key.Binding { return k.listKeys.list() }
+
+// settingsKeys is the settings list's key map.
+type settingsKeys struct {
+	listKeys
+	Edit, Find, Reset, Discard, Apply, Save key.Binding
+}
+
+func newSettingsKeys() settingsKeys {
+	return settingsKeys{
+		listKeys: newListKeys(),
+		Edit:     key.NewBinding(key.WithKeys("enter", "e"), key.WithHelp("enter", "edit")),
+		Find:     key.NewBinding(key.WithKeys("/"), key.WithHelp("/", "find key")),
+		Reset:    key.NewBinding(key.WithKeys("r"), key.WithHelp("r", "reset to default")),
+		Discard:  key.NewBinding(key.WithKeys("u"), key.WithHelp("u", "undo all edits")),
+		Apply:    key.NewBinding(key.WithKeys("a"), key.WithHelp("a", "apply")),
+		Save:     key.NewBinding(key.WithKeys("w"), key.WithHelp("w", "save to config file")),
+	}
+}
+
+func (k settingsKeys) list() []key.Binding {
+	return append([]key.Binding{k.Edit, k.Find, k.Apply, k.Save, k.Reset, k.Discard}, k.listKeys.list()...)
+}
+
+// editKeys is the key map of the value editor.
+type editKeys struct {
+	Accept, Cancel, Default, Empty key.Binding
+}
+
+func newEditKeys() editKeys {
+	return editKeys{
+		Accept:  key.NewBinding(key.WithKeys("enter"), key.WithHelp("enter", "accept")),
+		Cancel:  key.NewBinding(key.WithKeys("esc"), key.WithHelp("esc", "cancel")),
+		Default: key.NewBinding(key.WithKeys("ctrl+r"), key.WithHelp("ctrl+r", "default (auto)")),
+		Empty:   key.NewBinding(key.WithKeys("ctrl+u"), key.WithHelp("ctrl+u", "clear (empty)")),
+	}
+}
+
+func (k editKeys) list() []key.Binding { return []key.Binding{k.Accept, k.Cancel, k.Default, k.Empty} }
+
+// confirmKeys answer a yes/no question.
+type confirmKeys struct {
+	Yes, No key.Binding
+}
+
+func newConfirmKeys() confirmKeys {
+	return confirmKeys{
+		Yes: key.NewBinding(key.WithKeys("y", "Y"), key.WithHelp("y", "yes")),
+		No:  key.NewBinding(key.WithKeys("n", "N", "esc"), key.WithHelp("n/esc", "no")),
+	}
+}
+
+func (k confirmKeys) list() []key.Binding { return []key.Binding{k.Yes, k.No} }
+
+// keyMap is every view's key map; the help bar and the help screen are
+// generated from the one in use.
+type keyMap struct {
+	Global   globalKeys
+	Contexts contextKeys
+	Filter   filterKeys
+	Find     findKeys
+	Events   eventKeys
+	Settings settingsKeys
+	Edit     editKeys
+	Confirm  confirmKeys
+	List     listKeys
+}
+
+func newKeyMap() keyMap {
+	return keyMap{
+		Global:   newGlobalKeys(),
+		Contexts: newContextKeys(),
+		Filter:   newFilterKeys(),
+		Find:     newFindKeys(),
+		Events:   eventKeys{newListKeys()},
+		Settings: newSettingsKeys(),
+		Edit:     newEditKeys(),
+		Confirm:  newConfirmKeys(),
+		List:     newListKeys(),
+	}
+}
+
+// helpKeys adapts a view's bindings to bubbles' help.KeyMap.
+type helpKeys struct {
+	short []key.Binding
+	full  [][]key.Binding
+}
+
+func (h helpKeys) ShortHelp() []key.Binding  { return h.short }
+func (h helpKeys) FullHelp() [][]key.Binding { return h.full }

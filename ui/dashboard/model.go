@@ -1,0 +1,557 @@
+package dashboard
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"charm.land/bubbles/v2/help"
+	"charm.land/bubbles/v2/key"
+	tea "charm.land/bubbletea/v2"
+	"charm.land/lipgloss/v2"
+	"github.com/charmbracelet/colorprofile"
+
+	"kvdock/core/engine"
+	"kvdock/settings"
+)
+
+// pane is one screen of the dashboard, chosen with tab or its number.
+type pane int
+
+const (
+	paneContexts pane = iota
+	panePool
+	paneGPU
+	paneEvents
+	paneSettings
+	paneCount
+)
+
+var paneNames = [paneCount]string{"Contexts", "Pool", "GPU", "Events", "Settings"}
+
+// mode is what has the keyboard.
+type mode int
+
+const (
+	modeNormal mode = iota
+	modeFilter
+	modeFind
+	modeDetails
+	modeEdit
+	modeConfirmApply
+	modeConfirmQuit
+	modeHelp
+)
+
+// maxEvents bounds the events the dashboard keeps.
+const maxEvents = 200
+
+// Messages.
+type (
+	tickMsg  time.Time
+	snapMsg  engine.Snapshot
+	eventMsg engine.Event
+	applyMsg struct {
+		res engine.ApplyResult
+		err error
+	}
+)
+
+// level is the tone of a status line; it is always also said in words.
+type level int
+
+const (
+	levelInfo level = iota
+	levelOK
+	levelWarn
+	levelBad
+)
+
+// Model is the dashboard's Bubble Tea model.
+type Model struct {
+	ctx     context.Context
+	eng     Engine
+	opts    Options
+	st      Styles
+	keys    keyMap
+	help    help.Model
+	profile colorprofile.Profile
+
+	width, height int
+	snap          engine.Snapshot
+	events        []engine.Event
+	lastSeq       uint64
+
+	pane pane
+	mode mode
+
+	// contexts pane
+	ctxSel    int
+	sortCol   int
+	sortDesc  bool
+	filter    lineEdit
+	filterStr string
+
+	// events pane: lines scrolled up from the newest
+	evScroll int
+
+	// settings pane
+	running  settings.Config
+	runSrc   map[string]settings.Source
+	pending  settings.Config
+	keyInfos []settings.KeyInfo
+	setSel   int
+	edit     lineEdit
+	find     lineEdit
+	findFrom int // selection before a find, restored by esc
+	editErr  string
+	problems []string // validation problems shown after a refused apply
+	changes  []settings.Change
+
+	// header status: apply progress and results, save results
+	applying    bool
+	status      string
+	statusLevel level
+
+	// followRefresh makes the tick follow the running ui.refresh.
+	followRefresh bool
+
+	// View cache: rebuilt only after a message changed something.
+	dirty  bool
+	cached string
+}
+
+func newModel(ctx context.Context, eng Engine, opts Options, profile colorprofile.Profile) *Model {
+	st := NewStyles(profile)
+	m := &Model{
+		ctx:      ctx,
+		eng:      eng,
+		opts:     opts,
+		st:       st,
+		keys:     newKeyMap(),
+		help:     help.New(),
+		profile:  profile,
+		width:    80,
+		height:   24,
+		keyInfos: settings.Keys(),
+		dirty:    true,
+	}
+	m.help.Styles = help.Styles{
+		ShortKey: st.Key, ShortDesc: lipgloss.NewStyle(), ShortSeparator: st.Faint,
+		FullKey: st.Key, FullDesc: lipgloss.NewStyle(), FullSeparator: st.Faint, Ellipsis: st.Faint,
+	}
+	m.filter = newLineEdit(st, "filter: ")
+	m.edit = newLineEdit(st, "new value: ")
+	m.find = newLineEdit(st, "find: ")
+	m.running, m.runSrc = eng.Config()
+	m.pending = m.running
+	m.setSnapshot(eng.Snapshot())
+	return m
+}
+
+// Init starts the refresh tick.
+func (m *Model) Init() tea.Cmd { return m.tick() }
+
+func (m *Model) tick() tea.Cmd {
+	every := m.opts.Refresh
+	if r := m.running.UI.Refresh; m.followRefresh && r >= 100*time.Millisecond {
+		every = r
+	}
+	return tea.Tick(every, func(t time.Time) tea.Msg { return tickMsg(t) })
+}
+
+// snapshotCmd reads the engine off the UI goroutine: Snapshot waits while an
+// Apply holds the engine, and the screen must stay responsive meanwhile.
+func (m *Model) snapshotCmd() tea.Cmd {
+	eng := m.eng
+	return func() tea.Msg { return snapMsg(eng.Snapshot()) }
+}
+
+func (m *Model) setSnapshot(s engine.Snapshot) {
+	m.snap = s
+	for _, ev := range s.Events {
+		m.addEvent(ev)
+	}
+	if n := len(m.visibleContexts()); m.ctxSel >= n {
+		m.ctxSel = max(0, n-1)
+	}
+}
+
+// addEvent keeps engine events once each (snapshot and subscription both
+// deliver them) and dashboard events (Seq 0) always.
+func (m *Model) addEvent(ev engine.Event) {
+	if ev.Seq != 0 {
+		if ev.Seq <= m.lastSeq {
+			return
+		}
+		m.lastSeq = ev.Seq
+	}
+	m.events = append(m.events, ev)
+	if len(m.events) > maxEvents {
+		m.events = append(m.events[:0], m.events[len(m.events)-maxEvents:]...)
+	}
+}
+
+// note records a dashboard action in the events pane.
+func (m *Model) note(lv slog.Level, msg string) {
+	m.addEvent(engine.Event{Time: m.opts.Now(), Kind: "dashboard", Level: lv, Message: msg})
+}
+
+func (m *Model) setStatus(lv level, msg string) {
+	m.status, m.statusLevel = msg, lv
+}
+
+// Update handles one message.
+func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
+	m.dirty = true
+	switch msg := msg.(type) {
+	case tea.WindowSizeMsg:
+		m.width, m.height = msg.Width, msg.Height
+		return m, nil
+	case tickMsg:
+		m.dirty = false
+		return m, m.snapshotCmd()
+	case snapMsg:
+		m.setSnapshot(engine.Snapshot(msg))
+		return m, m.tick()
+	case eventMsg:
+		m.addEvent(engine.Event(msg))
+		return m, nil
+	case applyMsg:
+		m.applyDone(msg)
+		return m, m.snapshotCmd()
+	case tea.KeyPressMsg:
+		return m, m.onKey(msg)
+	case tea.PasteMsg:
+		return m, m.onText(msg)
+	}
+	m.dirty = false
+	return m, nil
+}
+
+func (m *Model) onText(msg tea.Msg) tea.Cmd {
+	switch m.mode {
+	case modeFilter:
+		if m.filter.Update(msg) {
+			m.filterStr = m.filter.Value()
+			m.ctxSel = 0
+		}
+	case modeEdit:
+		if m.edit.Update(msg) {
+			m.checkEdit()
+		}
+	case modeFind:
+		if m.find.Update(msg) {
+			m.findKey()
+		}
+	}
+	return nil
+}
+
+func (m *Model) onKey(msg tea.KeyPressMsg) tea.Cmd {
+	g := m.keys.Global
+	if key.Matches(msg, g.ForceQuit) {
+		return tea.Quit
+	}
+	switch m.mode {
+	case modeFilter:
+		return m.onFilterKey(msg)
+	case modeFind:
+		return m.onFindKey(msg)
+	case modeEdit:
+		return m.onEditKey(msg)
+	case modeConfirmApply:
+		switch {
+		case key.Matches(msg, m.keys.Confirm.Yes):
+			return m.startApply()
+		case key.Matches(msg, m.keys.Confirm.No):
+			m.mode = modeNormal
+			m.setStatus(levelInfo, "apply cancelled")
+		}
+		return nil
+	case modeConfirmQuit:
+		switch {
+		case key.Matches(msg, m.keys.Confirm.Yes):
+			return tea.Quit
+		case key.Matches(msg, m.keys.Confirm.No):
+			m.mode = modeNormal
+		}
+		return nil
+	case modeHelp:
+		m.mode = modeNormal
+		return nil
+	}
+
+	switch {
+	case key.Matches(msg, g.Quit):
+		if n := len(m.snap.Contexts); n > 0 {
+			m.mode = modeConfirmQuit
+			return nil
+		}
+		return tea.Quit
+	case key.Matches(msg, g.Help):
+		m.mode = modeHelp
+		return nil
+	case key.Matches(msg, g.Next):
+		m.goPane((m.pane + 1) % paneCount)
+		return nil
+	case key.Matches(msg, g.Prev):
+		m.goPane((m.pane + paneCount - 1) % paneCount)
+		return nil
+	case key.Matches(msg, g.Jump):
+		m.goPane(pane(msg.Code - '1'))
+		return nil
+	}
+
+	switch m.pane {
+	case paneContexts:
+		return m.onContextsKey(msg)
+	case paneEvents:
+		m.onEventsKey(msg)
+	case paneSettings:
+		return m.onSettingsKey(msg)
+	}
+	return nil
+}
+
+func (m *Model) goPane(p pane) {
+	if p < 0 || p >= paneCount {
+		return
+	}
+	m.pane = p
+	m.mode = modeNormal
+	m.dirty = true
+}
+
+// moveSel applies the list keys to a selection of n items.
+func (m *Model) moveSel(msg tea.KeyPressMsg, sel *int, n int) bool {
+	l := m.keys.List
+	switch {
+	case key.Matches(msg, l.Up):
+		*sel--
+	case key.Matches(msg, l.Down):
+		*sel++
+	case key.Matches(msg, l.Top):
+		*sel = 0
+	case key.Matches(msg, l.Bottom):
+		*sel = n - 1
+	default:
+		return false
+	}
+	*sel = max(0, min(*sel, n-1))
+	return true
+}
+
+func (m *Model) onContextsKey(msg tea.KeyPressMsg) tea.Cmd {
+	k := m.keys.Contexts
+	rows := m.visibleContexts()
+	if m.moveSel(msg, &m.ctxSel, len(rows)) {
+		return nil
+	}
+	switch {
+	case key.Matches(msg, k.Sort):
+		m.sortCol = (m.sortCol + 1) % len(ctxColumns)
+	case key.Matches(msg, k.Reverse):
+		m.sortDesc = !m.sortDesc
+	case key.Matches(msg, k.Filter):
+		m.mode = modeFilter
+		m.filter.SetValue(m.filterStr)
+		m.filter.Focus()
+		return nil
+	case key.Matches(msg, k.Details):
+		if len(rows) > 0 {
+			if m.mode == modeDetails {
+				m.mode = modeNormal
+			} else {
+				m.mode = modeDetails
+			}
+		}
+	case key.Matches(msg, k.Clear):
+		if m.mode == modeDetails {
+			m.mode = modeNormal
+		} else {
+			m.filterStr = ""
+		}
+	}
+	return nil
+}
+
+func (m *Model) onFilterKey(msg tea.KeyPressMsg) tea.Cmd {
+	switch {
+	case key.Matches(msg, m.keys.Filter.Accept):
+		m.mode = modeNormal
+		m.filter.Blur()
+		return nil
+	case key.Matches(msg, m.keys.Filter.Cancel):
+		m.mode = modeNormal
+		m.filter.Blur()
+		m.filter.SetValue("")
+		m.filterStr = ""
+		m.ctxSel = 0
+		return nil
+	}
+	return m.onText(msg)
+}
+
+func (m *Model) onEventsKey(msg tea.KeyPressMsg) {
+	// The selection here is the scroll offset, counted from the newest line.
+	sel := len(m.events) - 1 - m.evScroll
+	if m.moveSel(msg, &sel, len(m.events)) {
+		m.evScroll = max(0, len(m.events)-1-sel)
+	}
+}
+
+// View renders the latest state; it is rebuilt only when a message changed
+// something, so an idle dashboard costs one snapshot a second.
+func (m *Model) View() tea.View {
+	if m.dirty || m.cached == "" {
+		m.cached = m.render()
+		m.dirty = false
+	}
+	v := tea.NewView(m.cached)
+	v.AltScreen = true
+	v.WindowTitle = "kvdock"
+	return v
+}
+
+// minimum usable size; below it the dashboard says so instead of garbling.
+const minWidth, minHeight = 40, 10
+
+func (m *Model) render() string {
+	w, h := m.width, m.height
+	if w < minWidth || h < minHeight {
+		return fitLines(fmt.Sprintf("kvdock: terminal too small (%dx%d)\nneeds at least %dx%d", w, h, minWidth, minHeight), w, h)
+	}
+	header := m.renderHeader(w)
+	tabs := m.renderTabs(w)
+	footer := m.renderHelpBar(w)
+	bodyH := h - lipgloss.Height(header) - 2
+	body := fitLines(m.renderBody(w, bodyH), w, bodyH)
+	return strings.Join([]string{header, tabs, body, footer}, "\n")
+}
+
+func (m *Model) renderBody(w, h int) string {
+	switch m.mode {
+	case modeHelp:
+		return m.renderHelp(w)
+	case modeConfirmQuit:
+		n := len(m.snap.Contexts)
+		return m.st.Warn.Render("QUIT?") + fmt.Sprintf(" %d worker context(s) are registered; they lose their cache server.\n\n", n) +
+			"Quit kvdock? " + m.st.Key.Render("y") + " quit  " + m.st.Key.Render("n") + " stay"
+	case modeConfirmApply:
+		return m.renderConfirmApply(w)
+	}
+	switch m.pane {
+	case paneContexts:
+		return m.renderContexts(w, h)
+	case panePool:
+		return m.renderPool(w)
+	case paneGPU:
+		return m.renderGPU(w, h)
+	case paneEvents:
+		return m.renderEvents(w, h)
+	case paneSettings:
+		return m.renderSettings(w, h)
+	}
+	return ""
+}
+
+func (m *Model) renderTabs(w int) string {
+	var parts []string
+	for i, name := range paneNames {
+		label := fmt.Sprintf(" %d %s ", i+1, name)
+		if pane(i) == m.pane {
+			parts = append(parts, m.st.TabOn.Render("["+strings.TrimSpace(label)+"]"))
+		} else {
+			parts = append(parts, m.st.Tab.Render(label))
+		}
+	}
+	return fit(strings.Join(parts, " "), w)
+}
+
+// currentKeys is the key map of what has the keyboard now.
+func (m *Model) currentKeys() []key.Binding {
+	switch m.mode {
+	case modeFilter:
+		return m.keys.Filter.list()
+	case modeFind:
+		return m.keys.Find.list()
+	case modeEdit:
+		return m.keys.Edit.list()
+	case modeConfirmApply, modeConfirmQuit:
+		return m.keys.Confirm.list()
+	case modeHelp:
+		return []key.Binding{key.NewBinding(key.WithKeys("esc"), key.WithHelp("any key", "close help"))}
+	}
+	var own []key.Binding
+	switch m.pane {
+	case paneContexts:
+		own = m.keys.Contexts.list()
+	case paneEvents:
+		own = m.keys.Events.list()
+	case paneSettings:
+		own = m.keys.Settings.list()
+	}
+	g := m.keys.Global
+	// The bar keeps the pane's own keys and the way to the rest.
+	return append([]key.Binding{g.Help, g.Quit, g.Next}, own...)
+}
+
+func (m *Model) renderHelpBar(w int) string {
+	m.help.SetWidth(w)
+	return fit(m.help.ShortHelpView(m.currentKeys()), w)
+}
+
+func (m *Model) renderHelp(w int) string {
+	m.help.SetWidth(w)
+	var groups [][]key.Binding
+	if m.pane == paneContexts {
+		groups = append(groups, m.keys.Contexts.list(), m.keys.Filter.list())
+	}
+	if m.pane == paneEvents {
+		groups = append(groups, m.keys.Events.list())
+	}
+	if m.pane == paneSettings {
+		groups = append(groups, m.keys.Settings.list(), m.keys.Edit.list())
+	}
+	groups = append(groups, m.keys.Global.list())
+	title := m.st.Title.Render("Keys — " + paneNames[m.pane])
+	return title + "\n\n" + m.help.FullHelpView(groups)
+}
+
+// applyDone takes Apply's answer: the header and the events pane say what
+// happened, a rollback included.
+func (m *Model) applyDone(msg applyMsg) {
+	m.applying = false
+	m.running, m.runSrc = m.eng.Config()
+	what := changeKeys(msg.res.Changes)
+	switch {
+	case msg.err != nil && msg.res.RolledBack:
+		m.setStatus(levelBad, fmt.Sprintf("APPLY FAILED, ROLLED BACK to the running config: %v", strings.TrimSuffix(msg.err.Error(), " (rolled back to the running config)")))
+		m.note(slog.LevelError, fmt.Sprintf("apply %s failed and was rolled back: %v", what, msg.err))
+	case msg.err != nil:
+		m.setStatus(levelBad, fmt.Sprintf("APPLY FAILED: %v", msg.err))
+		m.note(slog.LevelError, fmt.Sprintf("apply %s failed: %v", what, msg.err))
+	default:
+		text := fmt.Sprintf("applied (%s): %s", msg.res.Class, what)
+		if msg.res.Class == settings.Rebuild {
+			text += " - pool rebuilt, cache cleared"
+		}
+		m.setStatus(levelOK, "OK "+text)
+		m.note(slog.LevelInfo, text)
+		m.pending = m.running
+	}
+}
+
+func changeKeys(cs []settings.Change) string {
+	if len(cs) == 0 {
+		return "no changes"
+	}
+	keys := make([]string, len(cs))
+	for i, c := range cs {
+		keys[i] = c.Key
+	}
+	return strings.Join(keys, ", ")
+}

@@ -1,0 +1,458 @@
+package dashboard
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	"charm.land/lipgloss/v2"
+	"github.com/charmbracelet/x/ansi"
+
+	"kvdock/core/engine"
+	"kvdock/transfer/nongpu"
+)
+
+// stateStyle tones a state label; the label itself carries the meaning.
+func (m *Model) stateStyle(s engine.State) lipgloss.Style {
+	switch s {
+	case engine.Serving:
+		return m.st.OK
+	case engine.Starting, engine.Restarting:
+		return m.st.Warn
+	case engine.Failed:
+		return m.st.Bad
+	}
+	return m.st.Faint
+}
+
+func (m *Model) renderHeader(w int) string {
+	s := m.snap
+	version := s.Version
+	if version == "" {
+		version = m.opts.Version
+	}
+	endpoint := s.Endpoint
+	if endpoint == "" {
+		endpoint = "(not bound)"
+	}
+	proto := s.Protocol
+	if proto == "" {
+		proto = m.running.Server.Protocol
+	}
+	state := m.stateStyle(s.State).Render(strings.ToUpper(s.State.String()))
+	line1 := m.st.Title.Render("kvdock "+version) + "  " + endpoint + "  " + proto + "  state: " + state + "  up " + durationText(s.Uptime)
+	if s.Error != "" {
+		line1 += "  " + m.st.Bad.Render("error: "+s.Error)
+	}
+
+	var line2 string
+	switch {
+	case m.applying:
+		line2 = m.st.Warn.Render("APPLYING") + " " + m.status
+	case m.status != "":
+		st := m.st.Faint
+		switch m.statusLevel {
+		case levelOK:
+			st = m.st.OK
+		case levelWarn:
+			st = m.st.Warn
+		case levelBad:
+			st = m.st.Bad
+		}
+		// A long result (a rollback and its cause) wraps onto a second line
+		// rather than losing the why.
+		lines := strings.Split(ansi.Wrap(m.status, w, " "), "\n")
+		if len(lines) > 2 {
+			lines = lines[:2]
+		}
+		for i := range lines {
+			lines[i] = fit(st.Render(lines[i]), w)
+		}
+		return fit(line1, w) + "\n" + strings.Join(lines, "\n")
+	default:
+		line2 = m.summary()
+	}
+	return fit(line1, w) + "\n" + fit(line2, w)
+}
+
+// summary is the one-line overview under the title when nothing else is
+// to be said.
+func (m *Model) summary() string {
+	s := m.snap
+	shm := "SHM " + s.Shm.ShmName
+	if !s.Shm.Shared() {
+		shm = "PICKLE (SHM off)"
+	}
+	pct := percent(float64(s.Pool.UsedBytes), float64(s.Pool.Size))
+	workers := fmt.Sprintf("%d worker context(s)", len(s.Contexts))
+	gpu := "GPU n/a"
+	if s.GPU.Available {
+		gpu = fmt.Sprintf("%d GPU(s)", len(s.GPU.Devices))
+	}
+	return fmt.Sprintf("pool %s %.0f%% used · %s · %s", shm, pct, workers, gpu)
+}
+
+// ctxColumn is one column of the contexts table. Columns with a lower
+// priority number survive narrower screens.
+type ctxColumn struct {
+	title    string
+	width    int
+	prio     int
+	right    bool
+	value    func(m *Model, c nongpu.ContextInfo) string
+	less     func(a, b nongpu.ContextInfo) int
+	sortName string
+}
+
+var ctxColumns = []ctxColumn{
+	{title: "ID", width: 9, prio: 0, sortName: "id",
+		value: func(_ *Model, c nongpu.ContextInfo) string { return strconv.FormatInt(c.InstanceID, 10) },
+		less:  func(a, b nongpu.ContextInfo) int { return cmp.Compare(a.InstanceID, b.InstanceID) }},
+	{title: "MODEL", width: 12, prio: 2, sortName: "model",
+		value: func(_ *Model, c nongpu.ContextInfo) string { return c.Model },
+		less:  func(a, b nongpu.ContextInfo) int { return cmp.Compare(a.Model, b.Model) }},
+	{title: "WS", width: 3, prio: 7, right: true, sortName: "world size",
+		value: func(_ *Model, c nongpu.ContextInfo) string { return strconv.Itoa(c.WorldSize) },
+		less:  func(a, b nongpu.ContextInfo) int { return cmp.Compare(a.WorldSize, b.WorldSize) }},
+	{title: "LAYOUT", width: 16, prio: 10, sortName: "layout",
+		value: func(_ *Model, c nongpu.ContextInfo) string { return layoutText(c) },
+		less:  func(a, b nongpu.ContextInfo) int { return cmp.Compare(layoutText(a), layoutText(b)) }},
+	{title: "MODE", width: 6, prio: 1, sortName: "mode",
+		value: func(_ *Model, c nongpu.ContextInfo) string { return string(c.Mode) },
+		less:  func(a, b nongpu.ContextInfo) int { return cmp.Compare(a.Mode, b.Mode) }},
+	{title: "STORES", width: 7, prio: 3, right: true, sortName: "stores",
+		value: func(_ *Model, c nongpu.ContextInfo) string { return strconv.FormatInt(c.Stores, 10) },
+		less:  func(a, b nongpu.ContextInfo) int { return cmp.Compare(a.Stores, b.Stores) }},
+	{title: "RETR", width: 7, prio: 4, right: true, sortName: "retrieves",
+		value: func(_ *Model, c nongpu.ContextInfo) string { return strconv.FormatInt(c.Retrieves, 10) },
+		less:  func(a, b nongpu.ContextInfo) int { return cmp.Compare(a.Retrieves, b.Retrieves) }},
+	{title: "HITS", width: 7, prio: 5, right: true, sortName: "hit chunks",
+		value: func(_ *Model, c nongpu.ContextInfo) string { return strconv.FormatInt(c.HitChunks, 10) },
+		less:  func(a, b nongpu.ContextInfo) int { return cmp.Compare(a.HitChunks, b.HitChunks) }},
+	{title: "IN", width: 9, prio: 8, right: true, sortName: "bytes in",
+		value: func(_ *Model, c nongpu.ContextInfo) string { return bytesText(c.BytesIn) },
+		less:  func(a, b nongpu.ContextInfo) int { return cmp.Compare(a.BytesIn, b.BytesIn) }},
+	{title: "OUT", width: 9, prio: 9, right: true, sortName: "bytes out",
+		value: func(_ *Model, c nongpu.ContextInfo) string { return bytesText(c.BytesOut) },
+		less:  func(a, b nongpu.ContextInfo) int { return cmp.Compare(a.BytesOut, b.BytesOut) }},
+	{title: "LAST", width: 7, prio: 6, right: true, sortName: "last request",
+		value: func(m *Model, c nongpu.ContextInfo) string {
+			if c.LastRequest.IsZero() {
+				return "-"
+			}
+			return durationText(m.opts.Now().Sub(c.LastRequest))
+		},
+		// Most recent first when ascending: "last request" reads as recency.
+		less: func(a, b nongpu.ContextInfo) int { return b.LastRequest.Compare(a.LastRequest) }},
+}
+
+func layoutText(c nongpu.ContextInfo) string {
+	dims := make([]string, len(c.Layout.Shape))
+	for i, d := range c.Layout.Shape {
+		dims[i] = strconv.Itoa(d)
+	}
+	s := strings.Join(dims, "x")
+	if s == "" {
+		s = "?"
+	}
+	return s + " " + c.Layout.Dtype
+}
+
+// visibleContexts is the contexts after the filter, in the chosen order.
+func (m *Model) visibleContexts() []nongpu.ContextInfo {
+	f := strings.ToLower(m.filterStr)
+	var out []nongpu.ContextInfo
+	for _, c := range m.snap.Contexts {
+		if f != "" {
+			hay := strings.ToLower(strconv.FormatInt(c.InstanceID, 10) + " " + c.Model + " " + string(c.Mode) + " " + layoutText(c))
+			if !strings.Contains(hay, f) {
+				continue
+			}
+		}
+		out = append(out, c)
+	}
+	col := ctxColumns[m.sortCol]
+	slices.SortStableFunc(out, func(a, b nongpu.ContextInfo) int {
+		r := col.less(a, b)
+		if r == 0 {
+			r = cmp.Compare(a.InstanceID, b.InstanceID)
+		}
+		if m.sortDesc {
+			r = -r
+		}
+		return r
+	})
+	return out
+}
+
+// tableColumns picks the columns that fit w and spreads the spare width
+// over the flexible ones.
+func tableColumns(w int) []ctxColumn {
+	byPrio := slices.Clone(ctxColumns)
+	slices.SortStableFunc(byPrio, func(a, b ctxColumn) int { return cmp.Compare(a.prio, b.prio) })
+	keep := map[string]bool{}
+	used := 2 // selection marker
+	for _, c := range byPrio {
+		if used+c.width+1 > w && len(keep) > 0 {
+			continue
+		}
+		keep[c.title] = true
+		used += c.width + 1
+	}
+	var cols []ctxColumn
+	for _, c := range ctxColumns {
+		if keep[c.title] {
+			cols = append(cols, c)
+		}
+	}
+	// LAYOUT grows to what a layout needs; MODEL takes the rest.
+	spare := w - used
+	for _, title := range []string{"LAYOUT", "MODEL"} {
+		for i := range cols {
+			if cols[i].title != title || spare <= 0 {
+				continue
+			}
+			add := spare
+			if title == "LAYOUT" {
+				add = min(add, 28-cols[i].width)
+			}
+			cols[i].width += add
+			spare -= add
+		}
+	}
+	return cols
+}
+
+func cell(c ctxColumn, s string) string {
+	if c.right {
+		if lipgloss.Width(s) > c.width {
+			return fit(s, c.width)
+		}
+		return strings.Repeat(" ", c.width-lipgloss.Width(s)) + s
+	}
+	return fit(s, c.width)
+}
+
+func (m *Model) renderContexts(w, h int) string {
+	var b strings.Builder
+	rows := m.visibleContexts()
+	col := ctxColumns[m.sortCol]
+	order := "ascending"
+	if m.sortDesc {
+		order = "descending"
+	}
+	info := fmt.Sprintf("%d of %d context(s) · sort: %s (%s)", len(rows), len(m.snap.Contexts), col.sortName, order)
+	if m.mode == modeFilter {
+		info += " · " + m.filter.View()
+	} else if m.filterStr != "" {
+		info += " · filter: " + strconv.Quote(m.filterStr)
+	}
+	b.WriteString(info + "\n")
+
+	cols := tableColumns(w)
+	var head []string
+	for _, c := range cols {
+		t := c.title
+		if c.title == col.title {
+			t += map[bool]string{false: "^", true: "v"}[m.sortDesc]
+		}
+		head = append(head, cell(c, t))
+	}
+	b.WriteString(m.st.Header.Render(fit("  "+strings.Join(head, " "), w)) + "\n")
+
+	if len(rows) == 0 {
+		if len(m.snap.Contexts) == 0 {
+			b.WriteString(m.st.Faint.Render("  no worker has registered yet") + "\n")
+		} else {
+			b.WriteString(m.st.Faint.Render("  no context matches the filter") + "\n")
+		}
+		return b.String()
+	}
+
+	details := m.mode == modeDetails
+	listH := h - 2
+	if details {
+		listH = max(1, min(len(rows), listH-10))
+	}
+	start := 0
+	if m.ctxSel >= listH {
+		start = m.ctxSel - listH + 1
+	}
+	for i := start; i < len(rows) && i < start+listH; i++ {
+		var cells []string
+		for _, c := range cols {
+			v := cell(c, c.value(m, rows[i]))
+			if c.title == "MODE" && rows[i].Mode == nongpu.ModePickle {
+				v = m.st.Warn.Render(v)
+			}
+			cells = append(cells, v)
+		}
+		line := strings.Join(cells, " ")
+		if i == m.ctxSel {
+			b.WriteString(m.st.Selected.Render(fit("> "+line, w)) + "\n")
+		} else {
+			b.WriteString("  " + line + "\n")
+		}
+	}
+	if details {
+		b.WriteString(m.renderDetails(rows[min(m.ctxSel, len(rows)-1)]))
+	}
+	return b.String()
+}
+
+func (m *Model) renderDetails(c nongpu.ContextInfo) string {
+	loc := m.opts.Location
+	reg := "-"
+	if !c.Registered.IsZero() {
+		reg = c.Registered.In(loc).Format("2006-01-02 15:04:05") + " (" + ageText(m.opts.Now(), c.Registered) + ")"
+	}
+	mla := ""
+	if c.MLA {
+		mla = " (MLA)"
+	}
+	lines := []string{
+		m.st.Title.Render(fmt.Sprintf("Instance %d", c.InstanceID)) + "  " + c.Model + fmt.Sprintf("  world size %d", c.WorldSize),
+		"  mode       " + string(c.Mode) + ": " + c.Reason,
+		fmt.Sprintf("  layout     %s%s, %s per chunk", layoutText(c), mla, bytesText(c.Layout.Bytes)),
+		fmt.Sprintf("  geometry   block %d, %d layers, hidden %d", c.BlockSize, c.NumLayers, c.HiddenDimSize),
+		fmt.Sprintf("  stores     %d (%d failed)   retrieves %d   hit chunks %d", c.Stores, c.StoreFailures, c.Retrieves, c.HitChunks),
+		fmt.Sprintf("  bytes      in %s   out %s", bytesText(c.BytesIn), bytesText(c.BytesOut)),
+		"  registered " + reg,
+		"  last req   " + ageText(m.opts.Now(), c.LastRequest),
+	}
+	return "\n" + strings.Join(lines, "\n") + "\n"
+}
+
+func (m *Model) renderPool(w int) string {
+	s := m.snap
+	d := s.Pool.Decision
+	var lines []string
+	if d.Shared && d.Segment != "" {
+		lines = append(lines, m.st.Bold.Render("Segment   ")+d.Segment+"  (SHM: workers attach it)")
+	} else {
+		reason := d.Reason
+		if reason == "" {
+			reason = s.Shm.Reason
+		}
+		lines = append(lines, m.st.Bold.Render("Segment   ")+m.st.Warn.Render("anonymous")+" (SHM off: "+reason+")")
+	}
+	if d.Shared && d.Reason != "" {
+		lines = append(lines, "          "+d.Reason)
+	}
+	adv := "shm_name \"\" pool_size 0 (pickle fallback)"
+	if s.Shm.Shared() {
+		adv = fmt.Sprintf("shm_name %q pool_size %d", s.Shm.ShmName, s.Shm.PoolSize)
+	}
+	lines = append(lines, m.st.Bold.Render("Register  ")+"replies "+adv)
+
+	pct := percent(float64(s.Pool.UsedBytes), float64(s.Pool.Size))
+	nums := fmt.Sprintf(" %s / %s (%.1f%%)", bytesText(s.Pool.UsedBytes), bytesText(s.Pool.Size), pct)
+	barW := max(10, min(50, w-10-lipgloss.Width(nums)))
+	lines = append(lines,
+		"",
+		m.st.Bold.Render("Usage     ")+bar(m.st, barW, pct)+nums,
+		fmt.Sprintf("%s%d   %s%d   %s%d",
+			m.st.Bold.Render("Objects   "), s.Pool.Objects,
+			m.st.Bold.Render("Evictions "), s.Pool.Evictions,
+			m.st.Bold.Render("Alloc failures "), s.Pool.AllocFailures),
+		fmt.Sprintf("%s%d write, %d read   reads %d hit / %d miss",
+			m.st.Bold.Render("Locked    "), s.Pool.WriteLocked, s.Pool.ReadLocked, s.Pool.ReadHits, s.Pool.ReadMisses),
+		m.st.Bold.Render("/dev/shm  ")+bytesText(s.Pool.ShmFree)+" free",
+		"",
+		fmt.Sprintf("%s%s, watermark %.2f, ratio %.2f   TTL write %s, read %s",
+			m.st.Bold.Render("Eviction  "), s.Pool.Policy, s.Pool.Watermark, s.Pool.Ratio,
+			durationText(s.Pool.WriteTTL), durationText(s.Pool.ReadTTL)),
+		fmt.Sprintf("%s%d pending writes, %d pending reads, %d no-space, %d rejected, %d fallbacks",
+			m.st.Bold.Render("Transfer  "), s.Transfer.PendingWrites, s.Transfer.PendingReads,
+			s.Transfer.NoSpace, s.Transfer.Rejected, s.Transfer.Fallbacks),
+	)
+	return strings.Join(lines, "\n")
+}
+
+func (m *Model) renderGPU(w, h int) string {
+	g := m.snap.GPU
+	if !g.Available {
+		reason := g.Reason
+		if reason == "" {
+			reason = "no reading yet"
+		}
+		return m.st.Warn.Render("NVML unavailable") + ": " + reason
+	}
+	workers := map[int64]bool{}
+	for _, c := range m.snap.Contexts {
+		workers[c.InstanceID] = true
+	}
+	var lines []string
+	head := "Driver " + g.Driver
+	if g.Err != "" {
+		head += "  " + m.st.Bad.Render("error: "+g.Err)
+	}
+	lines = append(lines, head)
+	for _, d := range g.Devices {
+		pct := percent(float64(d.MemUsed), float64(d.MemTotal))
+		nums := fmt.Sprintf(" %s / %s (%.1f%%)", bytesText(int64(d.MemUsed)), bytesText(int64(d.MemTotal)), pct)
+		util := "util n/a"
+		if d.Util >= 0 {
+			util = fmt.Sprintf("util %d%%", d.Util)
+		}
+		title := fmt.Sprintf("GPU %d %s", d.Index, d.Name)
+		barW := max(10, min(40, w-lipgloss.Width(title)-lipgloss.Width(nums)-len(util)-4))
+		lines = append(lines, "", m.st.Bold.Render(title)+" "+bar(m.st, barW, pct)+nums+"  "+util)
+		if len(d.Processes) == 0 {
+			lines = append(lines, m.st.Faint.Render("  no processes"))
+			continue
+		}
+		lines = append(lines, m.st.Header.Render(fmt.Sprintf("  %-9s %10s  %-4s %s", "PID", "MEMORY", "KIND", "KVDOCK")))
+		for _, p := range d.Processes {
+			mem := "n/a"
+			if p.MemKnown {
+				mem = bytesText(int64(p.MemUsed))
+			}
+			mark := ""
+			if workers[int64(p.PID)] {
+				mark = m.st.OK.Render("worker") + " (registered instance)"
+			}
+			lines = append(lines, fmt.Sprintf("  %-9d %10s  %-4s %s", p.PID, mem, p.Kind, mark))
+		}
+	}
+	if len(lines) > h {
+		lines = append(lines[:h-1], m.st.Faint.Render(fmt.Sprintf("  … %d more lines (enlarge the terminal)", len(lines)-h+1)))
+	}
+	return strings.Join(lines, "\n")
+}
+
+func (m *Model) renderEvents(w, h int) string {
+	if len(m.events) == 0 {
+		return m.st.Faint.Render("no events yet")
+	}
+	end := len(m.events) - m.evScroll
+	start := max(0, end-h)
+	var lines []string
+	for _, ev := range m.events[start:end] {
+		lv := strings.ToUpper(ev.Level.String())
+		st := lipgloss.NewStyle()
+		switch {
+		case ev.Level >= 8: // slog.LevelError
+			st = m.st.Bad
+		case ev.Level >= 4: // slog.LevelWarn
+			st = m.st.Warn
+		}
+		prefix := fmt.Sprintf("%s %s %-10s ", ev.Time.In(m.opts.Location).Format("15:04:05"), st.Render(fmt.Sprintf("%-5s", lv)), ev.Kind)
+		// Messages wrap under their own column so reasons stay whole.
+		indent := strings.Repeat(" ", lipgloss.Width(prefix))
+		msgW := max(10, w-len(indent))
+		for i, part := range strings.Split(ansi.Wrap(ev.Message, msgW, " "), "\n") {
+			if i == 0 {
+				lines = append(lines, fit(prefix+part, w))
+			} else {
+				lines = append(lines, fit(indent+part, w))
+			}
+		}
+	}
+	if len(lines) > h {
+		lines = lines[len(lines)-h:]
+	}
+	return strings.Join(lines, "\n")
+}

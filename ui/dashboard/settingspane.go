@@ -1,0 +1,375 @@
+package dashboard
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"charm.land/bubbles/v2/key"
+	tea "charm.land/bubbletea/v2"
+
+	"kvdock/settings"
+)
+
+// emptyLiteral typed in the editor means the empty string, so an empty
+// value can be entered explicitly (an empty field means the same).
+const emptyLiteral = `""`
+
+// valueText shows a setting's value: empty strings as "" and an absent
+// shm_name as (auto), so the two never look alike.
+func valueText(c settings.Config, k settings.KeyInfo) string {
+	v, err := settings.Get(c, k.Key)
+	if err != nil {
+		return "?"
+	}
+	if v == "" && (k.Kind == "string" || k.Kind == "optional-string") {
+		return emptyLiteral
+	}
+	return v
+}
+
+// editValue turns the editor's text into what settings.Set takes.
+func editValue(s string) string {
+	if s == emptyLiteral {
+		return ""
+	}
+	return s
+}
+
+// pendingSources are the running sources with every pending change marked
+// as coming from the dashboard.
+func (m *Model) pendingSources() map[string]settings.Source {
+	src := make(map[string]settings.Source, len(m.runSrc))
+	for k, v := range m.runSrc {
+		src[k] = v
+	}
+	for _, c := range settings.Diff(m.running, m.pending) {
+		src[c.Key] = settings.Source{Kind: settings.SourceDashboard}
+	}
+	return src
+}
+
+func (m *Model) onSettingsKey(msg tea.KeyPressMsg) tea.Cmd {
+	k := m.keys.Settings
+	if m.moveSel(msg, &m.setSel, len(m.keyInfos)) {
+		return nil
+	}
+	ki := m.keyInfos[m.setSel]
+	switch {
+	case key.Matches(msg, k.Edit):
+		m.mode = modeEdit
+		v, _ := settings.Get(m.pending, ki.Key)
+		m.edit.SetValue(v)
+		m.edit.Focus()
+		m.checkEdit()
+		return nil
+	case key.Matches(msg, k.Find):
+		m.mode = modeFind
+		m.findFrom = m.setSel
+		m.find.SetValue("")
+		m.find.Focus()
+	case key.Matches(msg, k.Reset):
+		if err := settings.Reset(&m.pending, ki.Key); err != nil {
+			m.setStatus(levelBad, err.Error())
+		}
+	case key.Matches(msg, k.Discard):
+		m.pending = m.running
+		m.problems = nil
+		m.setStatus(levelInfo, "pending edits discarded")
+	case key.Matches(msg, k.Apply):
+		m.askApply()
+	case key.Matches(msg, k.Save):
+		m.save()
+	}
+	return nil
+}
+
+func (m *Model) onEditKey(msg tea.KeyPressMsg) tea.Cmd {
+	ki := m.keyInfos[m.setSel]
+	k := m.keys.Edit
+	switch {
+	case key.Matches(msg, k.Cancel):
+		m.mode = modeNormal
+		m.edit.Blur()
+		m.editErr = ""
+		return nil
+	case key.Matches(msg, k.Accept):
+		if m.editErr != "" {
+			return nil // the problem stays on screen until fixed or esc
+		}
+		if err := settings.Set(&m.pending, ki.Key, editValue(m.edit.Value())); err != nil {
+			m.editErr = err.Error()
+			return nil
+		}
+		m.mode = modeNormal
+		m.edit.Blur()
+		return nil
+	case key.Matches(msg, k.Default):
+		m.edit.SetValue(ki.Default)
+		m.checkEdit()
+		return nil
+	case key.Matches(msg, k.Empty):
+		m.edit.SetValue("")
+		m.checkEdit()
+		return nil
+	}
+	return m.onText(msg)
+}
+
+func (m *Model) onFindKey(msg tea.KeyPressMsg) tea.Cmd {
+	switch {
+	case key.Matches(msg, m.keys.Find.Accept):
+		m.mode = modeNormal
+		m.find.Blur()
+		return nil
+	case key.Matches(msg, m.keys.Find.Cancel):
+		m.mode = modeNormal
+		m.find.Blur()
+		m.setSel = m.findFrom
+		return nil
+	}
+	return m.onText(msg)
+}
+
+// findKey selects the first setting whose key is the typed text or, failing
+// that, contains it.
+func (m *Model) findKey() {
+	q := strings.ToLower(m.find.Value())
+	if q == "" {
+		m.setSel = m.findFrom
+		return
+	}
+	for _, exact := range []bool{true, false} {
+		for i, ki := range m.keyInfos {
+			if exact && (ki.Key == q || strings.HasSuffix(ki.Key, "."+q)) || !exact && strings.Contains(ki.Key, q) {
+				m.setSel = i
+				return
+			}
+		}
+	}
+}
+
+// checkEdit validates the editor's text as typed: Set on a copy of the
+// pending config, then the key's own rules.
+func (m *Model) checkEdit() {
+	ki := m.keyInfos[m.setSel]
+	c := m.pending
+	if err := settings.Set(&c, ki.Key, editValue(m.edit.Value())); err != nil {
+		m.editErr = err.Error()
+		return
+	}
+	m.editErr = ""
+	var ve *settings.ValidationError
+	if err := settings.Validate(c, m.pendingSources()); errors.As(err, &ve) {
+		for _, p := range ve.Problems {
+			if p.Key == ki.Key {
+				m.editErr = fmt.Sprintf("%s = %s: %s", p.Key, p.Value, p.Reason)
+				return
+			}
+		}
+	}
+}
+
+// askApply shows the changes with their classes and asks to confirm.
+func (m *Model) askApply() {
+	if m.applying {
+		m.setStatus(levelWarn, "an apply is already running")
+		return
+	}
+	m.changes = settings.Diff(m.running, m.pending)
+	if len(m.changes) == 0 {
+		m.setStatus(levelInfo, "nothing to apply: no pending edits")
+		return
+	}
+	m.problems = nil
+	var ve *settings.ValidationError
+	if err := settings.Validate(m.pending, m.pendingSources()); errors.As(err, &ve) {
+		for _, p := range ve.Problems {
+			m.problems = append(m.problems, p.String())
+		}
+		m.setStatus(levelBad, fmt.Sprintf("INVALID: %d problem(s); fix them before applying", len(m.problems)))
+		return
+	} else if err != nil {
+		m.setStatus(levelBad, "INVALID: "+err.Error())
+		return
+	}
+	m.mode = modeConfirmApply
+}
+
+func (m *Model) startApply() tea.Cmd {
+	m.mode = modeNormal
+	m.applying = true
+	class := settings.Strongest(m.changes)
+	m.setStatus(levelWarn, fmt.Sprintf("%s: %s", class, changeKeys(m.changes)))
+	m.note(slog.LevelInfo, fmt.Sprintf("applying (%s): %s", class, changeKeys(m.changes)))
+	eng, ctx, cfg, src := m.eng, m.ctx, m.pending, m.pendingSources()
+	return func() tea.Msg {
+		res, err := eng.Apply(ctx, cfg, src)
+		return applyMsg{res: res, err: err}
+	}
+}
+
+func classNote(c settings.Class) string {
+	switch c {
+	case settings.Restart:
+		return "server restarts"
+	case settings.Rebuild:
+		return "cache will be cleared"
+	}
+	return "in place"
+}
+
+func (m *Model) renderConfirmApply(w int) string {
+	var b strings.Builder
+	b.WriteString(m.st.Title.Render(fmt.Sprintf("Apply %d change(s)?", len(m.changes))) + "\n\n")
+	for _, c := range m.changes {
+		b.WriteString(fit(fmt.Sprintf("  [%s] %s: %s -> %s (%s)", strings.ToUpper(c.Class.String()), c.Key, c.Old, c.New, classNote(c.Class)), w) + "\n")
+	}
+	b.WriteString("\n")
+	switch settings.Strongest(m.changes) {
+	case settings.Rebuild:
+		n := len(m.snap.Contexts)
+		b.WriteString(m.st.Bad.Render("REBUILD") + fmt.Sprintf(": the cache will be cleared; %d registered worker(s) must re-register.\n", n))
+	case settings.Restart:
+		b.WriteString(m.st.Warn.Render("RESTART") + ": the wire server restarts; the cache and contexts are kept.\n")
+	default:
+		b.WriteString(m.st.OK.Render("LIVE") + ": applied in place.\n")
+	}
+	b.WriteString("A restart that fails rolls back to the running config.\n\n")
+	b.WriteString("Apply? " + m.st.Key.Render("y") + " apply  " + m.st.Key.Render("n") + " cancel")
+	return b.String()
+}
+
+// save writes the running config to the config file (the whole effective
+// config, so the file alone reproduces it).
+func (m *Model) save() {
+	path := m.opts.ConfigPath
+	if path == "" {
+		m.setStatus(levelWarn, "no config file path: start kvdock with --config to save")
+		return
+	}
+	if err := writeFileAtomic(path, settings.Render(m.running, nil)); err != nil {
+		m.setStatus(levelBad, "SAVE FAILED: "+err.Error())
+		m.note(slog.LevelError, "save failed: "+err.Error())
+		return
+	}
+	msg := "saved the running config to " + path
+	if n := len(settings.Diff(m.running, m.pending)); n > 0 {
+		msg += fmt.Sprintf(" (%d pending edit(s) not saved: apply them first)", n)
+	}
+	m.setStatus(levelOK, "OK "+msg)
+	m.note(slog.LevelInfo, msg)
+}
+
+// writeFileAtomic replaces path with data through a temporary file in the
+// same directory, so a crash never leaves half a config.
+func writeFileAtomic(path string, data []byte) error {
+	dir := filepath.Dir(path)
+	f, err := os.CreateTemp(dir, ".kvdock-config-*")
+	if err != nil {
+		return fmt.Errorf("save %s: %w", path, err)
+	}
+	tmp := f.Name()
+	_, werr := f.Write(data)
+	cerr := f.Close()
+	if err := errors.Join(werr, cerr); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("save %s: %w", path, err)
+	}
+	if err := os.Chmod(tmp, 0o644); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("save %s: %w", path, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("save %s: %w", path, err)
+	}
+	return nil
+}
+
+func (m *Model) renderSettings(w, h int) string {
+	var b strings.Builder
+	changes := settings.Diff(m.running, m.pending)
+	changed := map[string]settings.Change{}
+	for _, c := range changes {
+		changed[c.Key] = c
+	}
+	head := fmt.Sprintf("%d setting(s) · %d pending edit(s)", len(m.keyInfos), len(changes))
+	if len(changes) > 0 {
+		head += " · a to apply, u to undo"
+	}
+	b.WriteString(head + "\n")
+
+	// "> * " marker, key, value, source, class.
+	keyW := 28
+	valW := max(10, min(30, w-4-keyW-1-1-10-1-7))
+	b.WriteString(m.st.Header.Render(fit(fmt.Sprintf("    %-*s %-*s %-10s %s", keyW, "KEY", valW, "VALUE", "SOURCE", "CLASS"), w)) + "\n")
+
+	// Room under the list: the selected key's help, the editor, problems.
+	foot := m.settingsFooter(w)
+	listH := max(1, h-2-strings.Count(foot, "\n")-1)
+	start := 0
+	if m.setSel >= listH {
+		start = m.setSel - listH + 1
+	}
+	for i := start; i < len(m.keyInfos) && i < start+listH; i++ {
+		ki := m.keyInfos[i]
+		val := valueText(m.pending, ki)
+		src := m.runSrc[ki.Key].Kind.String()
+		mark := " "
+		if _, ok := changed[ki.Key]; ok {
+			mark = "*"
+			src = "dashboard"
+			val = m.st.Changed.Render(fit(val, valW))
+		} else {
+			val = fit(val, valW)
+		}
+		sel := " "
+		if i == m.setSel {
+			sel = ">"
+		}
+		line := fmt.Sprintf("%s %s %-*s %s %-10s %s", sel, mark, keyW, ki.Key, val, src, ki.Class)
+		if i == m.setSel {
+			b.WriteString(m.st.Selected.Render(fit(line, w)) + "\n")
+		} else {
+			b.WriteString(fit(line, w) + "\n")
+		}
+	}
+	for i := min(len(m.keyInfos)-start, listH); i < listH; i++ {
+		b.WriteString("\n")
+	}
+	b.WriteString(foot)
+	return b.String()
+}
+
+func (m *Model) settingsFooter(w int) string {
+	ki := m.keyInfos[m.setSel]
+	var lines []string
+	lines = append(lines, m.st.Bold.Render(ki.Key)+": "+ki.Help)
+	lines = append(lines, fmt.Sprintf("  --%s · %s · default %s · running %s", ki.Flag, ki.Env, ki.Default, valueText(m.running, ki)))
+	if m.mode == modeFind {
+		lines = append(lines, m.find.View())
+	}
+	if m.mode == modeEdit {
+		lines = append(lines, m.edit.View())
+		hint := `empty or "" = empty string`
+		if ki.Kind == "optional-string" {
+			hint = `empty or "" = SHM off · ` + settings.AutoText + ` or ctrl+r = auto`
+		}
+		if m.editErr != "" {
+			lines = append(lines, m.st.Bad.Render("INVALID: ")+m.editErr)
+		} else {
+			lines = append(lines, m.st.OK.Render("ok")+" · "+hint)
+		}
+	}
+	for _, p := range m.problems {
+		lines = append(lines, m.st.Bad.Render("INVALID: ")+p)
+	}
+	for i := range lines {
+		lines[i] = fit(lines[i], w)
+	}
+	return strings.Join(lines, "\n")
+}
