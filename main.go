@@ -1,0 +1,317 @@
+// Command kvdock serves LLM inference workers as a local KV-cache appliance,
+// wire-compatible with the LMCache multiprocess cache server for non-CUDA
+// workers. main assembles the faces: the appliance (dashboard or headless),
+// ctl, bench and config.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime/debug"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/pflag"
+	"golang.org/x/sys/unix"
+
+	"kvdock/core/engine"
+	"kvdock/core/gpu"
+	"kvdock/core/rpc"
+	"kvdock/settings"
+	"kvdock/ui/configcmd"
+	"kvdock/ui/ctl"
+	"kvdock/ui/dashboard"
+	"kvdock/ui/metrics"
+)
+
+// version is set at build time with -ldflags "-X main.version=…"; otherwise
+// the module version from the build info is used.
+var version = ""
+
+func buildVersion() string {
+	if version != "" {
+		return version
+	}
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.revision" && len(s.Value) >= 12 {
+				return "dev-" + s.Value[:12]
+			}
+		}
+		if bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+			return bi.Main.Version
+		}
+	}
+	return "dev"
+}
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+const usage = `kvdock: a local KV-cache appliance for LMCache MP workers (non-CUDA).
+
+Usage:
+  kvdock [flags]              run the appliance (dashboard on a terminal, else headless)
+  kvdock serve [flags]        the same, explicitly
+  kvdock ctl COMMAND [flags]  talk to a running kvdock (ping, noop, chunk-size, clear, end-session)
+  kvdock config COMMAND       init | show [--sources] | check PATH
+  kvdock version              print the version
+  kvdock help [COMMAND]       this text, or a command's flags
+
+Run "kvdock serve --help" for every setting flag with its default and env variable.
+`
+
+func run(args []string, stdout, stderr io.Writer) int {
+	cmd := "serve"
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		cmd, args = args[0], args[1:]
+	}
+	switch cmd {
+	case "serve":
+		return serve(args, stdout, stderr)
+	case "ctl":
+		return ctl.Run(args, stdout, stderr)
+	case "config":
+		return configcmd.Run(args, stdout, stderr, os.Environ())
+	case "version":
+		fmt.Fprintf(stdout, "kvdock %s\n", buildVersion())
+		return 0
+	case "help":
+		if len(args) > 0 {
+			return run([]string{args[0], "--help"}, stdout, stderr)
+		}
+		fmt.Fprint(stdout, usage)
+		return 0
+	default:
+		fmt.Fprintf(stderr, "kvdock: unknown command %q\n\n%s", cmd, usage)
+		return 2
+	}
+}
+
+// serve runs the appliance until SIGINT/SIGTERM.
+func serve(args []string, stdout, stderr io.Writer) int {
+	fs := pflag.NewFlagSet("kvdock serve", pflag.ContinueOnError)
+	fs.SetOutput(stderr)
+	settings.RegisterFlags(fs)
+	fs.Usage = func() {
+		fmt.Fprintf(stdout, "Usage: kvdock [serve] [flags]\n\nFlags (each also settable by its KVDOCK_* variable or the settings file):\n%s", fs.FlagUsages())
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "kvdock: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
+	loadOpts := settings.LoadOptions{Flags: fs, Environ: os.Environ()}
+	loaded, err := settings.Load(loadOpts)
+	if err != nil {
+		fmt.Fprintf(stderr, "kvdock: invalid settings:\n%v\n", err)
+		return 2
+	}
+	cfg := loaded.Config
+
+	dash := !cfg.UI.Headless && isTerminal(os.Stdin) && isTerminal(os.Stdout)
+	logCfg := cfg.Log
+	if dash && logCfg.File == "" {
+		// The dashboard owns the screen: logs go to a file.
+		logCfg.File = defaultLogFile()
+	}
+	level := new(slog.LevelVar)
+	logger, closeLog, err := newLogger(logCfg, level, stderr)
+	if err != nil {
+		fmt.Fprintf(stderr, "kvdock: %v\n", err)
+		return 2
+	}
+	defer closeLog()
+	for _, w := range loaded.Warnings {
+		logger.Warn(w)
+	}
+	if loaded.File != "" {
+		logger.Info("settings file", "path", loaded.File, "chosen_by", loaded.FileSource.String())
+	}
+	if t := rpc.TuneMalloc(); t.String() != "" {
+		logger.Debug("malloc tuning", "result", t.String())
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	m := metrics.New()
+	web := &httpFace{metrics: m, logger: logger.With("component", "http")}
+	gpuSrc := gpu.NewNVML(logger.With("component", "gpu"))
+	defer gpuSrc.Close()
+	eng := engine.New(cfg, engine.Options{
+		GPU:      gpu.NewSampler(gpuSrc),
+		Logger:   logger,
+		LogLevel: level,
+		Sources:  loaded.Sources,
+		Version:  buildVersion(),
+		Observer: m,
+		OnApply: func(old, new settings.Config) {
+			if old.HTTP != new.HTTP {
+				web.restart(ctx, new.HTTP)
+			}
+		},
+	})
+	m.Watch(eng)
+	web.eng = eng
+
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	defer signal.Stop(sigs)
+
+	if err := eng.Start(ctx); err != nil {
+		logger.Error("kvdock could not start", "err", err)
+		fmt.Fprintf(stderr, "kvdock: could not start: %v\n", err)
+		return 1
+	}
+	if err := web.start(ctx, cfg.HTTP); err != nil {
+		_ = eng.Stop(context.Background())
+		fmt.Fprintf(stderr, "kvdock: could not start the HTTP API: %v\n", err)
+		return 1
+	}
+	defer web.stop()
+	snap := eng.Snapshot()
+	logger.Info("kvdock serving", "version", snap.Version, "endpoint", snap.Endpoint, "protocol", snap.Protocol,
+		"shm_name", snap.Shm.ShmName, "pool_size", snap.Shm.PoolSize, "shm_reason", snap.Shm.Reason)
+
+	var quit chan struct{} // closed when the dashboard ends
+	dctx, stopDash := context.WithCancel(ctx)
+	defer stopDash()
+	if dash {
+		quit = make(chan struct{})
+		path := loaded.File
+		if path == "" {
+			path, _ = settings.DefaultPath(os.Environ())
+		}
+		go func() {
+			defer close(quit)
+			if err := dashboard.Run(dctx, eng, dashboard.Options{Version: buildVersion(), ConfigPath: path}); err != nil {
+				logger.Error("dashboard", "err", err)
+			}
+		}()
+	}
+	for {
+		select {
+		case sig := <-sigs:
+			if sig == syscall.SIGHUP {
+				reload(ctx, eng, loadOpts, logger)
+				continue
+			}
+			if dash {
+				stopDash() // give the terminal back before stopping
+				<-quit
+			}
+			return shutdown(eng, sigs, logger, sig.String())
+		case <-quit:
+			return shutdown(eng, sigs, logger, "dashboard quit")
+		case <-eng.Failed():
+			logger.Error("wire server stopped unexpectedly")
+			_ = eng.Stop(context.Background())
+			return 1
+		}
+	}
+}
+
+// shutdown stops the engine within a bounded time; a second SIGINT or
+// SIGTERM exits at once.
+func shutdown(eng *engine.Engine, sigs <-chan os.Signal, logger *slog.Logger, why string) int {
+	logger.Info("stopping", "cause", why)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- eng.Stop(ctx) }()
+	for {
+		select {
+		case err := <-done:
+			if err != nil {
+				logger.Warn("stopped with errors", "err", err)
+			}
+			logger.Info("stopped")
+			return 0
+		case s := <-sigs:
+			if s == syscall.SIGHUP {
+				continue
+			}
+			logger.Warn("second signal: exiting at once", "signal", s.String())
+			return 130
+		}
+	}
+}
+
+// reload re-reads the settings (file, env, the original flags) and applies
+// the difference; problems are logged and the running config kept.
+func reload(ctx context.Context, eng *engine.Engine, opts settings.LoadOptions, logger *slog.Logger) {
+	loaded, err := settings.Load(opts)
+	if err != nil {
+		logger.Error("SIGHUP: settings not reloaded", "err", err)
+		return
+	}
+	res, err := eng.Apply(ctx, loaded.Config, loaded.Sources)
+	if err != nil {
+		logger.Error("SIGHUP: apply failed", "err", err, "rolled_back", res.RolledBack)
+		return
+	}
+	if len(res.Changes) == 0 {
+		logger.Info("SIGHUP: settings unchanged")
+		return
+	}
+	for _, c := range res.Changes {
+		logger.Info("SIGHUP: applied", "key", c.Key, "old", c.Old, "new", c.New, "class", c.Class.String())
+	}
+}
+
+// newLogger builds the slog logger of cfg: text or JSON, to the log file
+// when one is set, else to stderr.
+func newLogger(cfg settings.LogConfig, level *slog.LevelVar, stderr io.Writer) (*slog.Logger, func(), error) {
+	if err := level.UnmarshalText([]byte(cfg.Level)); err != nil {
+		return nil, nil, fmt.Errorf("log level %q: %w", cfg.Level, err)
+	}
+	w, closer := stderr, func() {}
+	if cfg.File != "" {
+		if err := os.MkdirAll(filepath.Dir(cfg.File), 0o755); err != nil {
+			return nil, nil, fmt.Errorf("log file directory: %w", err)
+		}
+		f, err := os.OpenFile(cfg.File, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+		if err != nil {
+			return nil, nil, fmt.Errorf("log file: %w", err)
+		}
+		w, closer = f, func() { _ = f.Close() }
+	}
+	hopts := &slog.HandlerOptions{Level: level}
+	var h slog.Handler = slog.NewTextHandler(w, hopts)
+	if cfg.Format == "json" {
+		h = slog.NewJSONHandler(w, hopts)
+	}
+	return slog.New(h), closer, nil
+}
+
+// isTerminal reports whether f is a terminal (the dashboard needs one on
+// stdin and stdout).
+func isTerminal(f *os.File) bool {
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
+}
+
+// defaultLogFile is where the dashboard sends logs when --log-file is not
+// set: $XDG_STATE_HOME/kvdock/kvdock.log, else ~/.local/state/kvdock/kvdock.log.
+func defaultLogFile() string {
+	if d := os.Getenv("XDG_STATE_HOME"); d != "" {
+		return filepath.Join(d, "kvdock", "kvdock.log")
+	}
+	if h, err := os.UserHomeDir(); err == nil {
+		return filepath.Join(h, ".local", "state", "kvdock", "kvdock.log")
+	}
+	return filepath.Join(os.TempDir(), "kvdock.log")
+}

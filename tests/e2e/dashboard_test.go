@@ -1,0 +1,143 @@
+// Package e2e drives the real kvdock binary as an operator would: the
+// dashboard in a tmux pane, fed keys, read back with capture-pane.
+package e2e
+
+import (
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"kvdock/tests/harness"
+)
+
+// tmux runs a tmux command on this test's private server socket.
+type tmux struct {
+	t      *testing.T
+	socket string
+}
+
+func (m tmux) run(args ...string) string {
+	m.t.Helper()
+	out, err := exec.Command("tmux", append([]string{"-L", m.socket}, args...)...).CombinedOutput()
+	if err != nil {
+		m.t.Fatalf("tmux %v: %v\n%s", args, err, out)
+	}
+	return string(out)
+}
+
+func (m tmux) capture() string { return m.run("capture-pane", "-p", "-t", "kv") }
+
+func (m tmux) keys(keys ...string) { m.run(append([]string{"send-keys", "-t", "kv"}, keys...)...) }
+
+// waitFor polls the pane until every want string is on it.
+func (m tmux) waitFor(what string, limit time.Duration, want ...string) string {
+	m.t.Helper()
+	deadline := time.Now().Add(limit)
+	var screen string
+	for time.Now().Before(deadline) {
+		screen = m.capture()
+		ok := true
+		for _, w := range want {
+			ok = ok && strings.Contains(screen, w)
+		}
+		if ok {
+			return screen
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	m.t.Fatalf("%s: %q not on screen after %v:\n%s", what, want, limit, screen)
+	return ""
+}
+
+func register(t *testing.T, endpoint string, id int, forcePickle bool) {
+	t.Helper()
+	params := fmt.Sprintf(`{"instance_id": %d, "model": "tmux-model", "force_pickle": %v, "dtype": "float16"}`, id,
+		map[bool]string{true: "true", false: "false"}[forcePickle])
+	harness.RunPython(t, 60*time.Second, "../interop/py/lmcache_worker.py", endpoint, "register", params)
+}
+
+// contextRow returns the contexts-table line of instance id.
+func contextRow(screen string, id int) string {
+	for _, l := range strings.Split(screen, "\n") {
+		f := strings.Fields(l)
+		if len(f) > 0 && strings.TrimLeft(f[0], ">*▶ ") == fmt.Sprint(id) {
+			return l
+		}
+		if len(f) > 1 && f[1] == fmt.Sprint(id) {
+			return l
+		}
+	}
+	return ""
+}
+
+func TestDashboardInTmux(t *testing.T) {
+	if _, err := exec.LookPath("tmux"); err != nil {
+		t.Fatalf("tmux is required (scripts/install-deps.sh installs it): %v", err)
+	}
+	bin := harness.Binary(t)
+	port, httpPort := harness.FreePort(t), harness.FreePort(t)
+	name := harness.UniqueName("kvtmux")
+	endpoint := fmt.Sprintf("tcp://127.0.0.1:%d", port)
+	logFile := filepath.Join(t.TempDir(), "kvdock.log")
+	m := tmux{t: t, socket: harness.UniqueName("kvdock-e2e")}
+	cmd := fmt.Sprintf("KVDOCK_CONFIG= %s --port %d --http-port %d --shm-name %s --l1-size-gb 0.0625 --no-l1-prefault --chunk-size 16 --log-file %s",
+		bin, port, httpPort, name, logFile)
+	m.run("new-session", "-d", "-s", "kv", "-x", "160", "-y", "48", cmd)
+	t.Cleanup(func() {
+		_ = exec.Command("tmux", "-L", m.socket, "kill-server").Run()
+	})
+	m.waitFor("dashboard up", 20*time.Second, "SERVING", endpoint)
+
+	// One worker attaches the segment, the other cannot (it behaves as a
+	// pickle worker); kvdock notices the fallback on its first store.
+	register(t, endpoint, 101, false)
+	register(t, endpoint, 102, true)
+	screen := m.waitFor("two contexts", 10*time.Second, "SHM", "PICKLE")
+	if r := contextRow(screen, 101); !strings.Contains(r, "SHM") {
+		t.Fatalf("instance 101 row %q, want SHM:\n%s", r, screen)
+	}
+	if r := contextRow(screen, 102); !strings.Contains(r, "PICKLE") {
+		t.Fatalf("instance 102 row %q, want PICKLE:\n%s", r, screen)
+	}
+
+	// Settings pane: server.shm_name → "" (SHM off), apply, confirm.
+	m.keys("5")
+	m.waitFor("settings pane", 5*time.Second, "server.shm_name")
+	m.keys("/", "shm_name", "Enter")
+	m.keys("Enter")
+	m.keys("C-u", "Enter")
+	m.keys("a")
+	m.waitFor("apply confirmation", 5*time.Second, "REBUILD", "cache will be cleared")
+	m.keys("y")
+	m.waitFor("restart with SHM off", 20*time.Second, "SERVING", "applied")
+
+	m.keys("2")
+	m.waitFor("pool pane says why", 5*time.Second, "anonymous", `--shm-name "" given`)
+
+	// A newly registered worker gets pickle.
+	register(t, endpoint, 103, false)
+	m.keys("1")
+	screen = m.waitFor("new worker", 10*time.Second, "PICKLE")
+	if r := contextRow(screen, 103); !strings.Contains(r, "PICKLE") {
+		t.Fatalf("instance 103 row %q, want PICKLE:\n%s", r, screen)
+	}
+	if contextRow(screen, 101) != "" {
+		t.Fatalf("contexts of the old segment survived the rebuild:\n%s", screen)
+	}
+
+	// q asks because a worker is registered; y quits and the segment goes.
+	m.keys("q")
+	m.waitFor("quit confirmation", 5*time.Second, "Quit kvdock?")
+	m.keys("y")
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if err := exec.Command("tmux", "-L", m.socket, "has-session", "-t", "kv").Run(); err != nil {
+			return // the pane's command ended: kvdock exited
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Fatalf("kvdock did not exit after quit:\n%s", m.capture())
+}

@@ -1,0 +1,352 @@
+"""An emulated LMCache MP non-GPU worker, for kvdock's interop tests.
+
+It speaks the seed-era wire protocol the way LMCache's worker code does
+(ZMQ DEALER, msgpack frames, SHM through multiprocessing.shared_memory and
+torch.frombuffer views, or pickled torch tensors) and runs one scenario given
+on the command line. It prints one JSON line with what it saw and exits 0 when
+every check held, 1 otherwise (with the reason on stderr).
+
+Usage: lmcache_worker.py ENDPOINT SCENARIO [JSON_PARAMS]
+"""
+
+import json
+import os
+import pickle
+import sys
+import time
+
+import msgpack
+import torch
+import zmq
+
+# nongpu-v1 (seed) request numbers; nongpu-v2 inserts the separate unregister.
+PROFILES = {
+    "nongpu-v1": dict(
+        LOOKUP=5, QUERY_PREFETCH_STATUS=6, QUERY_PREFETCH_LOOKUP_HITS=7, FREE_LOOKUP_LOCKS=8,
+        END_SESSION=9, REGISTER=10, UNREGISTER=2, PREPARE_STORE=11, COMMIT_STORE=12,
+        PREPARE_RETRIEVE=13, COMMIT_RETRIEVE=14, CLEAR=15, GET_CHUNK_SIZE=16, PING=17, NOOP=19,
+    ),
+    "nongpu-v2": dict(
+        LOOKUP=5, QUERY_PREFETCH_STATUS=6, QUERY_PREFETCH_LOOKUP_HITS=7, FREE_LOOKUP_LOCKS=8,
+        END_SESSION=9, REGISTER=10, UNREGISTER=11, PREPARE_STORE=12, COMMIT_STORE=13,
+        PREPARE_RETRIEVE=14, COMMIT_RETRIEVE=15, CLEAR=16, GET_CHUNK_SIZE=17, PING=18, NOOP=20,
+    ),
+}
+
+NO_REPLY = object()
+
+
+class Failure(Exception):
+    pass
+
+
+def check(cond, what):
+    if not cond:
+        raise Failure(what)
+
+
+class Client:
+    """One DEALER, like LMCache's MessageQueueClient: uid counter, frames
+    [uid, type, payload...], replies matched by uid."""
+
+    def __init__(self, endpoint, profile, timeout=5.0):
+        self.ctx = zmq.Context.instance()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(endpoint)
+        self.num = PROFILES[profile]
+        self.uid = 0
+        self.timeout = timeout
+
+    def call(self, name, *args, raw=None, timeout=None):
+        """Send one request and wait for its reply. Returns the decoded
+        result, NO_REPLY when the server answered without a result frame,
+        and raises Failure on timeout."""
+        self.uid += 1
+        uid = msgpack.packb(self.uid)
+        frames = [uid, msgpack.packb(self.num[name])]
+        frames += raw if raw is not None else [msgpack.packb(a, use_bin_type=True) for a in args]
+        self.sock.send_multipart(frames, copy=False)
+        deadline = time.monotonic() + (timeout or self.timeout)
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self.sock.poll(int(left * 1000)):
+                raise Failure(f"{name}: no answer within {timeout or self.timeout}s")
+            reply = self.sock.recv_multipart(copy=True)
+            if reply[0] != uid:
+                continue  # a late answer to an earlier request
+            check(reply[1] == frames[1], f"{name}: type frame not echoed")
+            if len(reply) == 2:
+                return NO_REPLY
+            check(len(reply) == 3, f"{name}: {len(reply)} reply frames")
+            return msgpack.unpackb(reply[2], raw=False)
+
+    def close(self):
+        self.sock.close(0)
+
+
+def key(model, world, worker, tokens, start, end, request_id, salt=""):
+    return {
+        "model_name": model, "world_size": world, "worker_id": worker, "token_ids": tokens,
+        "start": start, "end": end, "request_id": request_id, "cache_salt": salt,
+    }
+
+
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
+          "float64": torch.float64, "int8": torch.int8, "uint8": torch.uint8}
+
+
+def chunk_shape(p, chunk):
+    if p["mla"]:
+        return [p["layers"], chunk, p["hidden"]]
+    return [2, p["layers"], chunk, p["hidden"]]
+
+
+def make_chunk(shape, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=g, dtype=torch.float32).to(dtype)
+    return torch.randint(0, 100, shape, generator=g, dtype=torch.int64).to(dtype)
+
+
+class Worker:
+    """A registered non-GPU context: SHM when the server advertises a segment
+    the worker can attach (unless force_pickle), pickle otherwise."""
+
+    def __init__(self, endpoint, p, instance_id, worker_id, force_pickle=False):
+        self.c = Client(endpoint, p.get("profile", "nongpu-v1"))
+        self.p = p
+        self.instance_id = instance_id
+        self.worker_id = worker_id
+        reply = self.c.call("REGISTER", {
+            "instance_id": instance_id, "model_name": p["model"], "world_size": p["world"],
+            "block_size": 16, "num_layers": p["layers"], "hidden_dim_size": p["hidden"],
+            "dtype_str": p["dtype"], "use_mla": p["mla"],
+        })
+        check(isinstance(reply, dict), f"register reply {reply!r}")
+        self.shm_name, self.pool_size = reply["shm_name"], reply["pool_size"]
+        self.chunk = self.c.call("GET_CHUNK_SIZE")
+        self.shape = chunk_shape(p, self.chunk)
+        self.dtype = DTYPES[p["dtype"]]
+        self.shm = None
+        self.mode = "pickle"
+        if self.shm_name and self.pool_size > 0 and not force_pickle:
+            from multiprocessing import resource_tracker, shared_memory
+            self.shm = shared_memory.SharedMemory(name=self.shm_name, create=False)
+            # As LMCache's worker does: never let Python unlink kvdock's segment.
+            resource_tracker.unregister(self.shm._name, "shared_memory")
+            self.mode = "shm"
+
+    def view(self, slot):
+        check(slot["dtype"] == self.p["dtype"], f"slot dtype {slot['dtype']}")
+        itemsize = torch.tensor([], dtype=self.dtype).element_size()
+        n = slot["length"] // itemsize
+        check(n * itemsize == slot["length"], "slot length not a whole number of elements")
+        return torch.frombuffer(self.shm.buf, dtype=self.dtype, count=n,
+                                offset=slot["offset"]).view(slot["shape"])
+
+    def key(self, tokens, start, end, request_id):
+        return key(self.p["model"], self.p["world"], self.worker_id, tokens, start, end, request_id,
+                   self.p.get("salt", ""))
+
+    def store(self, tokens, chunks, request_id, start=0):
+        """Stores chunks for tokens[start:start+len(chunks)*chunk]; returns the
+        COMMIT_STORE answer (or None when nothing needed storing)."""
+        end = start + len(chunks) * self.chunk
+        k = self.key(tokens, start, end, request_id)
+        prep = self.c.call("PREPARE_STORE", k, self.instance_id)
+        check(isinstance(prep, dict) and "context" in prep, f"prepare_store reply {prep!r}")
+        if self.mode == "shm":
+            ctx = prep["context"]
+            slots, idx = ctx["slots"], ctx.get("chunk_indices", list(range(len(ctx["slots"]))))
+            if not slots:
+                return None
+            for s, i in zip(slots, idx):
+                check(s["shape"] == self.shape, f"slot shape {s['shape']} != {self.shape}")
+                self.view(s).copy_(chunks[i])
+            return self.c.call("COMMIT_STORE", k, self.instance_id, b"")
+        if not self.shm_name:
+            check(prep["context"] == {}, f"pickle prepare_store context {prep['context']!r}")
+        # A pickle worker ignores the PREPARE_STORE answer (LMCache's does).
+        return self.c.call("COMMIT_STORE", k, self.instance_id, pickle.dumps(list(chunks)))
+
+    def retrieve(self, tokens, n, request_id, start=0):
+        """Retrieves n chunks; returns a list of tensors or None on a miss."""
+        end = start + n * self.chunk
+        k = self.key(tokens, start, end, request_id)
+        r = self.c.call("PREPARE_RETRIEVE", k, self.instance_id)
+        check(isinstance(r, dict), f"prepare_retrieve reply {r!r}")
+        out = None
+        if r["success"]:
+            if self.mode == "shm":
+                slots = r["context"].get("slots") if isinstance(r["context"], dict) else None
+                if slots:
+                    out = [self.view(s).clone() for s in slots]
+            elif r["data"]:
+                out = pickle.loads(r["data"])
+        done = self.c.call("COMMIT_RETRIEVE", k, self.instance_id)
+        check(done is True, f"commit_retrieve answered {done!r}")
+        return out
+
+    def close(self, unregister=True):
+        if unregister:
+            # UNREGISTER's result is None: the reply carries no result frame.
+            check(self.c.call("UNREGISTER", self.instance_id) is NO_REPLY, "UNREGISTER reply")
+        if self.shm is not None:
+            self.shm.close()
+        self.c.close()
+
+
+def lookup(c, p, tokens, request_id, tp_size=1):
+    """The scheduler side: LOOKUP then QUERY_PREFETCH_STATUS; returns hit chunks."""
+    k = key(p["model"], p["world"], None, tokens, 0, len(tokens), request_id, p.get("salt", ""))
+    check(c.call("LOOKUP", k, tp_size) is NO_REPLY, "LOOKUP must answer without a result")
+    for _ in range(100):
+        hits = c.call("QUERY_PREFETCH_STATUS", request_id)
+        if hits is not NO_REPLY:
+            return hits
+        time.sleep(0.01)
+    raise Failure("prefetch never finished")
+
+
+def tokens_for(seed, n):
+    return [(seed * 7919 + i * 31) % 50000 for i in range(n)]
+
+
+def scenario_roundtrip(endpoint, p):
+    """Store and retrieve through every worker of one world, SHM or pickle as
+    the server advertises; checks bytes are identical."""
+    world = p["world"]
+    workers = [Worker(endpoint, p, instance_id=1000 + w, worker_id=w,
+                      force_pickle=p.get("force_pickle", False)) for w in range(world)]
+    sched = Client(endpoint, p.get("profile", "nongpu-v1"))
+    nchunks = p.get("chunks", 3)
+    tokens = tokens_for(p.get("seed", 1), nchunks * workers[0].chunk + 5)
+    data = {w: [make_chunk(workers[0].shape, workers[0].dtype, 100 * w + i) for i in range(nchunks)]
+            for w in range(world)}
+    modes = [wk.mode for wk in workers]
+    for w, wk in enumerate(workers):
+        check(wk.store(tokens, data[w], "store-req") is True, f"worker {w} store not acknowledged")
+    hits = lookup(sched, p, tokens, "ret-req", p.get("tp_size", 1))
+    check(hits == nchunks, f"lookup hits {hits}, want {nchunks}")
+    for w, wk in enumerate(workers):
+        got = wk.retrieve(tokens, nchunks, "ret-req")
+        check(got is not None, f"worker {w}: retrieve missed")
+        check(len(got) == nchunks, f"worker {w}: {len(got)} chunks")
+        for i in range(nchunks):
+            check(got[i].dtype == data[w][i].dtype and list(got[i].shape) == list(data[w][i].shape),
+                  f"worker {w} chunk {i}: {got[i].dtype} {list(got[i].shape)}")
+            check(torch.equal(got[i], data[w][i]), f"worker {w} chunk {i}: bytes differ")
+    # A second store of the same chunks finds them cached.
+    again = workers[0].store(tokens, data[0], "store-again")
+    check(again in (None, True), f"re-store answered {again!r}")
+    sched.call("END_SESSION", "ret-req")
+    for wk in workers:
+        wk.close()
+    sched.close()
+    return {"modes": modes, "hits": hits, "shm_name": workers[0].shm_name, "pool_size": workers[0].pool_size}
+
+
+def scenario_mixed(endpoint, p):
+    """An SHM worker and a pickle worker (two instances of one model on an SHM
+    server) read each other's chunks."""
+    p = dict(p, world=1)
+    pk = Worker(endpoint, p, instance_id=2001, worker_id=0, force_pickle=True)
+    sh = Worker(endpoint, p, instance_id=2002, worker_id=0)
+    check(sh.mode == "shm", "server did not advertise SHM")
+    sched = Client(endpoint, p.get("profile", "nongpu-v1"))
+    chunk = sh.chunk
+    t1, t2 = tokens_for(11, 2 * chunk), tokens_for(12, 2 * chunk)
+    d1 = [make_chunk(sh.shape, sh.dtype, 500 + i) for i in range(2)]
+    d2 = [make_chunk(sh.shape, sh.dtype, 600 + i) for i in range(2)]
+    check(pk.store(t1, d1, "m-s1") is True, "pickle worker store")
+    check(sh.store(t2, d2, "m-s2") is True, "shm worker store")
+    check(lookup(sched, p, t2, "m-r1") == 2, "lookup of the SHM worker's chunks")
+    got = pk.retrieve(t2, 2, "m-r1")
+    check(got is not None and all(torch.equal(a, b) for a, b in zip(got, d2)), "pickle worker reading SHM chunks")
+    check(lookup(sched, p, t1, "m-r2") == 2, "lookup of the pickle worker's chunks")
+    got = sh.retrieve(t1, 2, "m-r2")
+    check(got is not None and all(torch.equal(a, b) for a, b in zip(got, d1)), "SHM worker reading pickled chunks")
+    pk.close()
+    sh.close()
+    sched.close()
+    return {"modes": [pk.mode, sh.mode]}
+
+
+class _Evil:
+    def __init__(self, cmd):
+        self.cmd = cmd
+
+    def __reduce__(self):
+        return (os.system, (self.cmd,))
+
+
+class _Eval:
+    def __init__(self, expr):
+        self.expr = expr
+
+    def __reduce__(self):
+        import builtins
+        return (builtins.eval, (self.expr,))
+
+
+def scenario_malicious(endpoint, p):
+    """Pickles that would run code are refused; nothing runs; the server keeps serving."""
+    marker = p["marker"]
+    p = dict(p, world=1)
+    wk = Worker(endpoint, p, instance_id=3001, worker_id=0, force_pickle=True)
+    tokens = tokens_for(21, wk.chunk)
+    k = wk.key(tokens, 0, wk.chunk, "evil")
+    wk.c.call("PREPARE_STORE", k, wk.instance_id)
+    payloads = [
+        pickle.dumps([_Evil(f"touch {marker}")]),
+        pickle.dumps(_Evil(f"touch {marker}")),
+        pickle.dumps([_Eval(f"open({marker!r}, 'w')")]),
+        pickle.dumps([_Evil(f"touch {marker}")], protocol=2),
+    ]
+    answers = []
+    for data in payloads:
+        try:
+            answers.append(wk.c.call("COMMIT_STORE", k, wk.instance_id, data, timeout=1.0))
+        except Failure:
+            answers.append("no answer")
+        check(wk.c.call("NOOP") == "OK", "server stopped answering after a malicious pickle")
+    check(not os.path.exists(marker), "a malicious pickle ran code")
+    check(all(a is not True for a in answers), f"malicious pickle accepted: {answers}")
+    check(lookup(Client(endpoint, p.get("profile", "nongpu-v1")), p, tokens, "evil-l") == 0,
+          "malicious store left a readable chunk")
+    wk.close()
+    return {"answers": [str(a) for a in answers]}
+
+
+def scenario_register(endpoint, p):
+    """Registers one worker, stores one chunk and leaves it registered (the
+    process exits without unregistering, as a worker that stays up would look
+    to the server)."""
+    p = dict(p, world=1)
+    wk = Worker(endpoint, p, instance_id=p["instance_id"], worker_id=0,
+                force_pickle=p.get("force_pickle", False))
+    tokens = tokens_for(p["instance_id"], wk.chunk)
+    check(wk.store(tokens, [make_chunk(wk.shape, wk.dtype, 1)], "reg-store") is True, "store")
+    wk.close(unregister=False)
+    return {"mode": wk.mode, "shm_name": wk.shm_name}
+
+
+SCENARIOS = {"register": scenario_register, "roundtrip": scenario_roundtrip, "mixed": scenario_mixed, "malicious": scenario_malicious}
+
+
+def main():
+    endpoint, name = sys.argv[1], sys.argv[2]
+    params = json.loads(sys.argv[3]) if len(sys.argv) > 3 else {}
+    p = dict(model="interop-model", world=1, layers=2, hidden=16, dtype="float32", mla=False)
+    p.update(params)
+    try:
+        out = SCENARIOS[name](endpoint, p)
+    except Failure as e:
+        print(f"FAIL {name}: {e}", file=sys.stderr)
+        sys.exit(1)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,161 @@
+package interop
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"kvdock/core/protocol"
+	"kvdock/core/rpc"
+	"kvdock/tests/harness"
+)
+
+const oversizedLimit = 1 << 20
+
+// wireConfig is what py/wire_client.py needs to know about the profile.
+func wireConfig(t *testing.T, p *protocol.Profile, chunkSize int, oversized int) string {
+	t.Helper()
+	types := map[string]int64{}
+	for _, s := range p.Requests {
+		types[s.Handler] = s.Number // canonical names, as the script uses them
+		types[s.Name] = s.Number
+	}
+	b, err := json.Marshal(map[string]any{"types": types, "chunk_size": chunkSize, "oversized": oversized})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+type wireResult struct {
+	Scenario string `json:"scenario"`
+	Steps    []any  `json:"steps"`
+}
+
+func runWire(t *testing.T, endpoint, scenario, cfg string) wireResult {
+	t.Helper()
+	out := harness.RunPython(t, 60*time.Second, "py/wire_client.py", endpoint, scenario, cfg)
+	var res wireResult
+	if err := json.Unmarshal([]byte(strings.TrimSpace(out)), &res); err != nil {
+		t.Fatalf("wire_client output %q: %v", out, err)
+	}
+	return res
+}
+
+// inProcess serves the management requests from an in-process rpc.Server,
+// so the counters can be read directly.
+func inProcess(t *testing.T, profile string) *rpc.Server {
+	t.Helper()
+	srv, err := rpc.New(rpc.Options{Host: "localhost", Profile: harness.Profile(t, profile),
+		MaxMessageBytes: oversizedLimit, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Handle(protocol.Noop, func(context.Context, *rpc.Request) (any, error) { return "OK", nil })
+	srv.Handle(protocol.GetChunkSize, func(context.Context, *rpc.Request) (any, error) { return 256, nil })
+	srv.Handle(protocol.Ping, func(context.Context, *rpc.Request) (any, error) { return true, nil })
+	srv.Handle(protocol.Clear, func(context.Context, *rpc.Request) (any, error) { return nil, nil })
+	srv.Handle(protocol.EndSession, func(context.Context, *rpc.Request) (any, error) { return nil, nil })
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	deadline := time.Now().Add(5 * time.Second)
+	for srv.Endpoint() == "" {
+		select {
+		case err := <-done:
+			t.Fatalf("Serve: %v", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("in-process server did not bind")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return srv
+}
+
+func TestWireBasicInProcess(t *testing.T) {
+	for _, name := range []string{"nongpu-v1", "nongpu-v2", "engine-driven"} {
+		t.Run(name, func(t *testing.T) {
+			srv := inProcess(t, name)
+			res := runWire(t, srv.Endpoint(), "basic", wireConfig(t, srv.Profile(), 256, 0))
+			if len(res.Steps) != 7 {
+				t.Fatalf("steps %v", res.Steps)
+			}
+			st := srv.Stats()
+			if st.Requests["NOOP"].OK != 27 || st.Requests["CLEAR"].OK != 26 {
+				t.Errorf("request counters %+v", st.Requests)
+			}
+			if len(st.BadInput) != 0 {
+				t.Errorf("bad input on a clean run: %v", st.BadInput)
+			}
+		})
+	}
+}
+
+func TestWireBadInputInProcess(t *testing.T) {
+	srv := inProcess(t, "nongpu-v1")
+	res := runWire(t, srv.Endpoint(), "badinput", wireConfig(t, srv.Profile(), 256, oversizedLimit))
+	if len(res.Steps) != 9 {
+		t.Fatalf("steps %v", res.Steps)
+	}
+	st := srv.Stats()
+	want := map[string]int64{
+		protocol.KindShort:       1,
+		protocol.KindBadHeader:   1,
+		protocol.KindUnknownType: 1,
+		protocol.KindArity:       1,
+		protocol.KindPayload:     2, // non_msgpack, wrong_type_payload
+		"cuda_unsupported":       1,
+		protocol.KindOversized:   1,
+	}
+	for kind, n := range want {
+		if st.BadInput[kind] != n {
+			t.Errorf("bad input %s = %d, want %d (all: %v)", kind, st.BadInput[kind], n, st.BadInput)
+		}
+	}
+	if st.Disconnects < 1 {
+		t.Errorf("the frame over ZMQ_MAXMSGSIZE did not show as a disconnect: %+v", st)
+	}
+	if st.DecodeFailures["NOOP"] != 1 || st.DecodeFailures["END_SESSION"] != 1 || st.DecodeFailures["LOOKUP"] != 1 {
+		t.Errorf("decode failures %v", st.DecodeFailures)
+	}
+	if st.Requests["NOOP"].OK != 9 {
+		t.Errorf("NOOP ok %d, want 9", st.Requests["NOOP"].OK)
+	}
+}
+
+// The real binary: the same scenarios, asserting liveness (counters come
+// with /status later).
+func TestWireBinary(t *testing.T) {
+	srv := harness.Start(t, "--shm-name", "", "--max-message-bytes", "1048576")
+	cfg := wireConfig(t, harness.Profile(t, "nongpu-v1"), 256, oversizedLimit)
+	if res := runWire(t, srv.Endpoint, "basic", cfg); len(res.Steps) != 7 {
+		t.Fatalf("basic steps %v", res.Steps)
+	}
+	if res := runWire(t, srv.Endpoint, "badinput", cfg); len(res.Steps) != 9 {
+		t.Fatalf("badinput steps %v", res.Steps)
+	}
+	out := srv.Output()
+	if !strings.Contains(out, "protocol mismatch suspected (profile nongpu-v1, type 19 decoded as NOOP failed") {
+		t.Errorf("server log lacks the protocol-mismatch warning:\n%s", out)
+	}
+}
+
+func TestWireBinaryEngineDrivenProfile(t *testing.T) {
+	srv := harness.Start(t, "--shm-name", "", "--protocol", "engine-driven", "--chunk-size", "64")
+	cfg := wireConfig(t, harness.Profile(t, "engine-driven"), 64, 0)
+	if res := runWire(t, srv.Endpoint, "basic", cfg); len(res.Steps) != 7 {
+		t.Fatalf("basic steps %v", res.Steps)
+	}
+}
