@@ -96,10 +96,10 @@ type Server struct {
 	Segment string
 	// Protocol is the profile the server speaks (--protocol, else nongpu-v1).
 	Protocol string
-	cmd     *exec.Cmd
-	out     *syncBuffer
-	done    chan struct{}
-	exitErr error
+	cmd      *exec.Cmd
+	out      *syncBuffer
+	done     chan struct{}
+	exitErr  error
 }
 
 type syncBuffer struct {
