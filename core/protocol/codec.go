@@ -373,18 +373,27 @@ func decodeKey(d *msgpack.Decoder) (Key, error) {
 	return k, req.check("key")
 }
 
-func decodeTokens(d *msgpack.Decoder) ([]uint32, error) {
+// decodeArrayLen reads an array header whose length the frame can hold:
+// every element takes at least one byte, so a lying length cannot make the
+// decoder allocate more than the frame holds.
+func decodeArrayLen(d *msgpack.Decoder) (int, error) {
 	n, err := d.DecodeArrayLen()
 	if err != nil {
-		return nil, err
+		return 0, err
 	}
 	if n < 0 {
-		return nil, errors.New("expected array, got nil")
+		return 0, errors.New("expected array, got nil")
 	}
-	// Every element takes at least one byte, so a lying length cannot make us
-	// allocate more than the frame holds.
 	if n > remaining(d) {
-		return nil, fmt.Errorf("array length %d exceeds frame", n)
+		return 0, fmt.Errorf("array length %d exceeds frame", n)
+	}
+	return n, nil
+}
+
+func decodeTokens(d *msgpack.Decoder) ([]uint32, error) {
+	n, err := decodeArrayLen(d)
+	if err != nil {
+		return nil, err
 	}
 	out := make([]uint32, n)
 	for i := range out {
@@ -401,15 +410,9 @@ func decodeTokens(d *msgpack.Decoder) ([]uint32, error) {
 }
 
 func decodeInts(d *msgpack.Decoder) ([]int64, error) {
-	n, err := d.DecodeArrayLen()
+	n, err := decodeArrayLen(d)
 	if err != nil {
 		return nil, err
-	}
-	if n < 0 {
-		return nil, errors.New("expected array, got nil")
-	}
-	if n > remaining(d) {
-		return nil, fmt.Errorf("array length %d exceeds frame", n)
 	}
 	out := make([]int64, n)
 	for i := range out {
@@ -459,15 +462,9 @@ func decodeRegister(d *msgpack.Decoder) (RegisterPayload, error) {
 }
 
 func decodeRecords(d *msgpack.Decoder) ([]BlockAllocationRecord, error) {
-	n, err := d.DecodeArrayLen()
+	n, err := decodeArrayLen(d)
 	if err != nil {
 		return nil, err
-	}
-	if n < 0 {
-		return nil, errors.New("expected array, got nil")
-	}
-	if n > remaining(d) {
-		return nil, fmt.Errorf("array length %d exceeds frame", n)
 	}
 	out := make([]BlockAllocationRecord, n)
 	for i := range out {
