@@ -25,6 +25,7 @@ import (
 	"kvdock/core/gpu"
 	"kvdock/core/rpc"
 	"kvdock/settings"
+	"kvdock/ui/bench"
 	"kvdock/ui/configcmd"
 	"kvdock/ui/ctl"
 	"kvdock/ui/dashboard"
@@ -62,6 +63,7 @@ Usage:
   kvdock [flags]              run the appliance (dashboard on a terminal, else headless)
   kvdock serve [flags]        the same, explicitly
   kvdock ctl COMMAND [flags]  talk to a running kvdock (ping, noop, chunk-size, clear, end-session)
+  kvdock bench [flags]        measure store/retrieve throughput and round trips against memcpy and a raw ZMQ echo
   kvdock config COMMAND       init | show [--sources] | check PATH
   kvdock version              print the version
   kvdock help [COMMAND]       this text, or a command's flags
@@ -79,6 +81,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return serve(args, stdout, stderr)
 	case "ctl":
 		return ctl.Run(args, stdout, stderr)
+	case "bench":
+		return bench.Run(args, stdout, stderr)
 	case "config":
 		return configcmd.Run(args, stdout, stderr, os.Environ())
 	case "version":

@@ -1,0 +1,543 @@
+// Package bench is `kvdock bench`: it drives a kvdock engine started in this
+// process (real ZMQ over loopback) or a running server with N simulated
+// LMCache non-GPU workers on the real wire protocol, in SHM and pickle mode,
+// verifies every retrieved chunk, and reports throughput, latency, small
+// request rates, CPU and memory against references measured in the same run
+// (memcpy of the same bytes, a raw ZMQ ROUTER/DEALER echo of the same sizes).
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"runtime"
+	"runtime/debug"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"kvdock/assets"
+	"kvdock/core/engine"
+	"kvdock/core/protocol"
+	"kvdock/settings"
+)
+
+const usage = `usage: kvdock bench [flags]
+
+Starts a kvdock engine in this process (or targets --host/--port), drives it
+with --workers simulated LMCache non-GPU workers over ZMQ, and reports store
+and retrieve throughput, per-chunk latency, small request rates, CPU per GB
+and peak RSS beyond the pool, with ratios against a memcpy and a raw ZMQ echo
+measured in the same run. Exit status: 0 done, 1 failed or a checksum
+mismatch or timeout occurred, 2 bad flags. Performance targets are reported,
+not enforced.
+
+Flags:
+`
+
+// Options is a parsed, validated bench invocation.
+type Options struct {
+	Model       Model
+	Mode        string // shm | pickle | both
+	Chunks      int
+	Workers     int
+	Repeat      float64
+	Duration    time.Duration
+	SmallOps    time.Duration
+	Rounds      int
+	Prompts     int
+	PoolBytes   int64 // 0 = auto
+	Host        string
+	Port        int
+	ServerPID   int
+	Protocol    string
+	Timeout     time.Duration
+	JSON        bool
+	CPUProfile  string
+	RefDuration time.Duration
+	Args        []string
+}
+
+// Run executes `kvdock bench` and returns the exit code.
+func Run(args []string, stdout, stderr io.Writer) int {
+	opts, code := parseFlags(args, stderr)
+	if code >= 0 {
+		return code
+	}
+	if opts.CPUProfile != "" {
+		f, err := os.Create(opts.CPUProfile)
+		if err != nil {
+			fmt.Fprintf(stderr, "kvdock bench: --cpuprofile: %v\n", err)
+			return 1
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintf(stderr, "kvdock bench: --cpuprofile: %v\n", err)
+			return 1
+		}
+		defer pprof.StopCPUProfile()
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	res, err := Execute(ctx, opts)
+	if res != nil {
+		var werr error
+		if opts.JSON {
+			werr = res.WriteJSON(stdout)
+		} else {
+			werr = res.WriteTable(stdout)
+		}
+		if werr != nil {
+			fmt.Fprintf(stderr, "kvdock bench: %v\n", werr)
+			return 1
+		}
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "kvdock bench: %v\n", err)
+		return 1
+	}
+	for _, m := range []*ModeResult{res.SHM, res.Pickle} {
+		if m != nil && (m.Mismatches > 0 || m.Timeouts > 0 || m.Errors > 0) {
+			fmt.Fprintf(stderr, "kvdock bench: %s mode: %d checksum mismatches, %d timeouts, %d errors\n", m.Mode, m.Mismatches, m.Timeouts, m.Errors)
+			return 1
+		}
+	}
+	return 0
+}
+
+// parseFlags returns the options, or an exit code ≥ 0 when Run should stop.
+func parseFlags(args []string, stderr io.Writer) (Options, int) {
+	fs := pflag.NewFlagSet("kvdock bench", pflag.ContinueOnError)
+	fs.SetOutput(stderr)
+	model := fs.String("model", "llama-3.1-8b", "model preset: "+strings.Join(presetNames(), ", "))
+	layers := fs.Int("layers", 0, "layers (overrides the preset)")
+	hidden := fs.Int("hidden", 0, "hidden size per token and layer: KV heads × head size, or the MLA latent (overrides the preset)")
+	dtype := fs.String("dtype", "", "torch dtype name, e.g. bfloat16 (overrides the preset)")
+	mla := fs.Bool("mla", false, "MLA layout [layers, tokens, hidden] (overrides the preset)")
+	mode := fs.String("mode", "both", "transfer mode: shm, pickle or both")
+	chunks := fs.Int("chunks", 4, "chunks per prompt")
+	workers := fs.Int("workers", 1, "concurrent workers (one ZMQ client and one registered instance each)")
+	repeat := fs.Float64("repeat", 0.5, "share of prompts that start with a shared prefix (0..1)")
+	duration := fs.Duration("duration", 4*time.Second, "store/retrieve time per mode (whole rounds; at least one)")
+	small := fs.Duration("small-duration", time.Second, "time for each small-request measurement (NOOP, LOOKUP+STATUS)")
+	refDur := fs.Duration("ref-duration", time.Second, "time for each reference measurement (memcpy, echoes)")
+	rounds := fs.Int("rounds", 0, "exact number of store/retrieve rounds (0: as many as --duration allows)")
+	prompts := fs.Int("prompts", 0, "prompts per worker per round (0: fill about 70% of the pool)")
+	poolGB := fs.Float64("pool-gb", 0, "in-process pool size in GiB (0: 1 GiB, more if one round of the workload needs it)")
+	host := fs.String("host", "", "target a running server at this host instead of starting one")
+	port := fs.Int("port", 0, "the target server's ZMQ port (with --host)")
+	pid := fs.Int("server-pid", 0, "the target server's pid, for its CPU time and peak RSS")
+	proto := fs.String("protocol", "nongpu-v1", "protocol profile: "+strings.Join(assets.ProtocolNames(), ", "))
+	timeout := fs.Duration("timeout", 30*time.Second, "per-request timeout (a request without a reply by then counts as a timeout)")
+	asJSON := fs.Bool("json", false, "print one JSON object instead of the table")
+	cpuprof := fs.String("cpuprofile", "", "write a pprof CPU profile of the whole run to FILE")
+	fs.Usage = func() {
+		fmt.Fprint(stderr, usage)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return Options{}, 0
+		}
+		fmt.Fprintf(stderr, "kvdock bench: %v (see kvdock bench --help)\n", err)
+		return Options{}, 2
+	}
+	var bad []string
+	if fs.NArg() > 0 {
+		bad = append(bad, fmt.Sprintf("unexpected arguments %q", strings.Join(fs.Args(), " ")))
+	}
+	m, err := resolveModel(*model, *layers, *hidden, *dtype, *mla, fs.Changed("mla"))
+	if err != nil {
+		bad = append(bad, err.Error())
+	}
+	if fs.Changed("layers") && *layers <= 0 {
+		bad = append(bad, fmt.Sprintf("--layers %d: must be > 0", *layers))
+	}
+	if fs.Changed("hidden") && *hidden <= 0 {
+		bad = append(bad, fmt.Sprintf("--hidden %d: must be > 0", *hidden))
+	}
+	switch *mode {
+	case "shm", "pickle", "both":
+	default:
+		bad = append(bad, fmt.Sprintf("--mode %q: must be shm, pickle or both", *mode))
+	}
+	if *chunks < 1 || *chunks > 1024 {
+		bad = append(bad, fmt.Sprintf("--chunks %d: must be 1..1024", *chunks))
+	}
+	if *workers < 1 || *workers > 256 {
+		bad = append(bad, fmt.Sprintf("--workers %d: must be 1..256", *workers))
+	}
+	if !(*repeat >= 0 && *repeat <= 1) {
+		bad = append(bad, fmt.Sprintf("--repeat %v: must be in 0..1", *repeat))
+	}
+	for name, d := range map[string]time.Duration{"--duration": *duration, "--small-duration": *small, "--ref-duration": *refDur, "--timeout": *timeout} {
+		if d <= 0 {
+			bad = append(bad, fmt.Sprintf("%s %v: must be positive", name, d))
+		}
+	}
+	if *rounds < 0 || *prompts < 0 {
+		bad = append(bad, fmt.Sprintf("--rounds %d / --prompts %d: must be ≥ 0", *rounds, *prompts))
+	}
+	if !(*poolGB >= 0) || *poolGB > 1024 {
+		bad = append(bad, fmt.Sprintf("--pool-gb %v: must be 0 (auto) or a size up to 1024", *poolGB))
+	}
+	if (*host == "") != (*port == 0) {
+		bad = append(bad, "--host and --port go together (both to target a server, neither to start one)")
+	}
+	if *port < 0 || *port > 65535 {
+		bad = append(bad, fmt.Sprintf("--port %d: out of range 1-65535", *port))
+	}
+	if *pid < 0 || (*pid > 0 && *host == "") {
+		bad = append(bad, fmt.Sprintf("--server-pid %d: only with --host/--port (in process, the bench measures itself)", *pid))
+	}
+	if *host != "" && fs.Changed("pool-gb") {
+		bad = append(bad, "--pool-gb: only for the in-process engine (a target server has its own pool)")
+	}
+	if _, err := assets.Protocol(*proto); err != nil {
+		bad = append(bad, "--protocol: "+err.Error())
+	}
+	if len(bad) > 0 {
+		for _, b := range bad {
+			fmt.Fprintln(stderr, "kvdock bench: "+b)
+		}
+		return Options{}, 2
+	}
+	return Options{
+		Model: m, Mode: *mode, Chunks: *chunks, Workers: *workers, Repeat: *repeat,
+		Duration: *duration, SmallOps: *small, RefDuration: *refDur, Rounds: *rounds, Prompts: *prompts,
+		PoolBytes: int64(*poolGB * (1 << 30)), Host: *host, Port: *port, ServerPID: *pid,
+		Protocol: *proto, Timeout: *timeout, JSON: *asJSON, CPUProfile: *cpuprof,
+		Args: append([]string(nil), args...),
+	}, -1
+}
+
+// inProcessChunkTokens is the chunk size of the in-process engine (kvdock's default).
+const inProcessChunkTokens = 256
+
+// alignedChunk is a chunk's footprint in the pool (4 KiB aligned allocations).
+func alignedChunk(b int64) int64 { return (b + 4095) &^ 4095 }
+
+// poolFor returns the in-process pool size: the flag, or 1 GiB grown until
+// one round (every worker storing one prompt) fits in 70% of it, below the
+// eviction watermark (80%).
+func poolFor(o Options, chunkBytes int64) int64 {
+	if o.PoolBytes > 0 {
+		return o.PoolBytes
+	}
+	need := int64(float64(int64(o.Workers)*int64(o.Chunks)*alignedChunk(chunkBytes)) / 0.7)
+	need = (need + (1<<20 - 1)) &^ (1<<20 - 1)
+	return max(int64(1)<<30, need)
+}
+
+// promptsFor is prompts per worker per round: 70% of the pool, at least one.
+func promptsFor(o Options, pool, chunkBytes int64) int {
+	if o.Prompts > 0 {
+		return o.Prompts
+	}
+	n := int(float64(pool) * 0.7 / float64(int64(o.Workers)*int64(o.Chunks)*alignedChunk(chunkBytes)))
+	return max(1, min(n, 64))
+}
+
+// Execute runs the benchmark; the Result is returned also with an error
+// (whatever was measured before it).
+func Execute(ctx context.Context, o Options) (*Result, error) {
+	raw, err := assets.Protocol(o.Protocol)
+	if err != nil {
+		return nil, err
+	}
+	prof, err := protocol.Parse(raw)
+	if err != nil {
+		return nil, fmt.Errorf("protocol profile %s: %w", o.Protocol, err)
+	}
+	lay, err := o.Model.chunkLayout(inProcessChunkTokens)
+	if err != nil {
+		return nil, err
+	}
+	res := &Result{
+		Schema: 1, Command: "kvdock bench " + strings.Join(o.Args, " "), Started: time.Now().UTC(),
+		Config: RunConfig{
+			Model: o.Model, ChunkTokens: inProcessChunkTokens, ChunkBytes: lay.Bytes, Chunks: o.Chunks,
+			Workers: o.Workers, Repeat: o.Repeat, DurationSeconds: o.Duration.Seconds(),
+			InProcess: o.Host == "", ServerPID: o.ServerPID, CPUs: runtime.NumCPU(),
+		},
+	}
+	if res.Config.InProcess {
+		res.Config.PoolBytes = poolFor(o, lay.Bytes)
+		res.Notes = append(res.Notes,
+			"in-process: CPU seconds per GB is getrusage of the whole process, so it mixes the workers' (client) and the server's CPU",
+			"in-process: peak RSS beyond the pool = VmHWM (reset per mode through /proc/self/clear_refs) − pool × its mappings in this process (the server's, plus the SHM workers' own MAP_POPULATE mapping) − the bench's own buffers (chunk pattern, per-worker retrieve destinations and pickle encode buffers); pickle mode also holds received frames on the Go heap of both sides",
+			"the large echo reference counts bytes in both directions (a round trip moves the message twice); pickle store and retrieve count each chunk once",
+			"SHM figures compare against a single-stream memcpy of the same chunk bytes into a prefaulted destination; with several workers they share the CPUs")
+	} else {
+		res.Config.Endpoint = endpointOf(o.Host, o.Port)
+		res.Notes = append(res.Notes, "target server: nothing is cleared between rounds; evicted chunks show as misses")
+	}
+	modes := []string{o.Mode}
+	if o.Mode == "both" {
+		modes = []string{"shm", "pickle"}
+	}
+	// memcpy is measured before the modes and again with the other
+	// references; the better figure is the reference (the stricter ratio on a
+	// noisy machine).
+	memcpyBefore := memcpyGBps(newPattern(int(lay.Bytes), 0xc0ffee).chunk(0), o.RefDuration/2)
+	var errs []error
+	for i, mode := range modes {
+		mr, chunkTok, err := runMode(ctx, o, prof, mode, res.Config.PoolBytes, int64(os.Getpid())<<12+int64(i)<<8)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s mode: %w", mode, err))
+		}
+		if mr == nil {
+			continue
+		}
+		if chunkTok != res.Config.ChunkTokens {
+			res.Config.ChunkTokens = chunkTok
+			if l, err := o.Model.chunkLayout(chunkTok); err == nil {
+				res.Config.ChunkBytes = l.Bytes
+			}
+		}
+		if !res.Config.InProcess && mr.PoolBytes > res.Config.PoolBytes {
+			res.Config.PoolBytes = mr.PoolBytes
+		}
+		if mode == "shm" {
+			res.SHM = mr
+		} else {
+			res.Pickle = mr
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	if err := res.measureReferences(ctx, o, prof); err != nil {
+		errs = append(errs, err)
+	}
+	res.References.MemcpySamplesGBps = []float64{round4(memcpyBefore), res.References.MemcpyGBps}
+	res.References.MemcpyGBps = max(res.References.MemcpyGBps, round4(memcpyBefore))
+	res.finish()
+	return res, errors.Join(errs...)
+}
+
+func endpointOf(host string, port int) string {
+	if host == "localhost" {
+		host = "127.0.0.1"
+	}
+	if strings.Contains(host, ":") {
+		host = "[" + host + "]"
+	}
+	return "tcp://" + host + ":" + strconv.Itoa(port)
+}
+
+// runMode measures one transfer mode against a fresh in-process engine or
+// the target server.
+func runMode(ctx context.Context, o Options, prof *protocol.Profile, mode string, pool, instanceBase int64) (*ModeResult, int, error) {
+	endpoint := endpointOf(o.Host, o.Port)
+	if o.Host == "" {
+		eng, ep, err := startEngine(ctx, o, mode, pool)
+		if err != nil {
+			return nil, 0, err
+		}
+		defer func() { _ = eng.Stop(context.Background()) }()
+		endpoint = ep
+	}
+	d, err := newDriver(ctx, driverConfig{
+		Endpoint: endpoint, Profile: prof, Mode: mode, Model: o.Model, Chunks: o.Chunks,
+		Workers: o.Workers, Repeat: o.Repeat, Timeout: o.Timeout, Rounds: o.Rounds,
+		Duration: o.Duration, ClearBetweenRounds: o.Host == "", InstanceBase: instanceBase,
+	})
+	if err != nil {
+		return nil, 0, err
+	}
+	defer d.close(context.Background())
+	advertisedPool := d.poolSize
+	if pool == 0 {
+		pool = advertisedPool
+		if pool == 0 {
+			pool = 1 << 30 // a pickle server does not say; assume kvdock's default
+		}
+	}
+	d.cfg.PromptsPerRound = promptsFor(o, pool, d.lay.Bytes)
+
+	mr := &ModeResult{Mode: mode, Endpoint: endpoint, ShmName: d.shmName, PoolBytes: pool, LookupChunks: 16}
+	meter := cpuMeter{pid: o.ServerPID}
+	rssPID := o.ServerPID
+	rssOK := o.Host == "" || o.ServerPID > 0
+	if rssOK {
+		if o.Host == "" {
+			// Give back what earlier phases freed, so their garbage is not
+			// part of this mode's peak.
+			debug.FreeOSMemory()
+		}
+		if err := resetHWM(rssPID); err != nil && o.Host == "" {
+			return nil, 0, err
+		}
+	}
+	cpu0, cpuErr := meter.seconds()
+	tr := d.transfer(ctx)
+	cpu1, cpuErr2 := meter.seconds()
+	hwm, rssErr := int64(0), error(nil)
+	if rssOK {
+		hwm, rssErr = vmHWM(rssPID)
+		mr.RSSNow = rssBreakdown(rssPID)
+	}
+	mr.Rounds, mr.Prompts = tr.rounds, tr.prompts
+	mr.StoreBytes, mr.RetrieveByte = tr.storeBytes, tr.retrieveBytes
+	mr.StoreGBps = round4(gbps(tr.storeBytes, tr.storeBusy))
+	mr.RetrieveGBps = round4(gbps(tr.retrieveBytes, tr.retrieveBusy))
+	mr.StoreWallGBps = round4(gbps(tr.storeBytes, tr.storeWall))
+	mr.RetrieveWallGBps = round4(gbps(tr.retrieveBytes, tr.retrieveWall))
+	mr.StoreP50us, mr.StoreP99us = percentileUS(tr.storeLat, 50), percentileUS(tr.storeLat, 99)
+	mr.RetrieveP50, mr.RetrieveP99 = percentileUS(tr.retrieveLat, 50), percentileUS(tr.retrieveLat, 99)
+	mr.CachedStores, mr.MissChunks = tr.cachedStores, tr.missChunks
+
+	moved := float64(tr.storeBytes+tr.retrieveBytes) / 1e9
+	switch {
+	case cpuErr != nil || cpuErr2 != nil:
+		mr.CPUSecondsPerGB, mr.CPUMethod = -1, "not measured: "+errors.Join(cpuErr, cpuErr2).Error()
+	case moved == 0:
+		mr.CPUSecondsPerGB, mr.CPUMethod = -1, "not measured: nothing moved"
+	case o.ServerPID > 0:
+		mr.CPUSecondsPerGB, mr.CPUMethod = round4((cpu1-cpu0)/moved), fmt.Sprintf("server pid %d, /proc/%d/stat utime+stime over the store and retrieve phases", o.ServerPID, o.ServerPID)
+	default:
+		mr.CPUSecondsPerGB, mr.CPUMethod = round4((cpu1-cpu0)/moved), "getrusage(RUSAGE_SELF) over the store and retrieve phases: client and server together (in process)"
+		if o.Host != "" {
+			mr.CPUMethod = "getrusage of the bench only (no --server-pid): client CPU"
+		}
+	}
+
+	switch {
+	case !rssOK:
+		mr.PeakRSSBeyondMiB, mr.RSSMethod = -1, "not measured: give --server-pid"
+	case rssErr != nil:
+		mr.PeakRSSBeyondMiB, mr.RSSMethod = -1, "not measured: "+rssErr.Error()
+	case o.Host == "":
+		mappings := int64(1)
+		if mode == "shm" {
+			mappings = 2
+		}
+		own := int64(len(d.pat.data)) + d.workerBuf
+		mr.PeakRSSBeyondMiB = round4(float64(hwm-pool*mappings-own) / (1 << 20))
+		mr.RSSMethod = fmt.Sprintf("VmHWM %d − pool %d × %d mappings − bench buffers %d", hwm, pool, mappings, own)
+	default:
+		mr.PeakRSSBeyondMiB = round4(float64(hwm-advertisedPool) / (1 << 20))
+		mr.RSSMethod = fmt.Sprintf("server VmHWM %d − advertised pool %d", hwm, advertisedPool)
+	}
+
+	if mode == "shm" && o.Host == "" {
+		// Diagnostic: the same copy into the segment's own pages, which the
+		// in-process pool has just cleared (nothing is overwritten).
+		src := d.pat.chunk(0)
+		n := min(int64(len(d.seg))/2/int64(len(src)), memcpyDests) * int64(len(src))
+		mr.MemcpyIntoSegmentGBps = round4(copyRate(d.seg[:n], src, o.RefDuration/2))
+	}
+	sr := d.smallOps(ctx, o.SmallOps)
+	mr.NoopRTPS = round4(sr.noopRTPS)
+	mr.LookupPairsPS = round4(sr.lookupPairsPS)
+	mr.LookupRTPS = round4(2 * sr.lookupPairsPS)
+	tr.merge(&sr.counters)
+	mr.Mismatches, mr.Timeouts, mr.Errors, mr.FirstError = tr.mismatches, tr.timeouts, tr.errors, tr.firstErr
+	return mr, d.chunkTok, nil
+}
+
+func gbps(n int64, d time.Duration) float64 {
+	if d <= 0 {
+		return 0
+	}
+	return float64(n) / d.Seconds() / 1e9
+}
+
+// startEngine starts a kvdock engine on a free loopback port with a segment
+// name of its own (SHM) or SHM off (pickle), and waits for the pool's
+// prefault so the first stores do not pay for it.
+func startEngine(ctx context.Context, o Options, mode string, pool int64) (*engine.Engine, string, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, "", err
+	}
+	cfg := settings.Default()
+	cfg.Server.Host = "127.0.0.1"
+	cfg.Server.Port = port
+	cfg.Server.Protocol = o.Protocol
+	cfg.L1.SizeGB = float64(pool) / (1 << 30)
+	cfg.L1.Prefault = true
+	lay, err := o.Model.chunkLayout(cfg.Server.ChunkSize)
+	if err != nil {
+		return nil, "", err
+	}
+	cfg.Server.MaxMessageBytes = max(cfg.Server.MaxMessageBytes, int64(o.Chunks)*lay.Bytes*2+(1<<20))
+	name := ""
+	if mode == "shm" {
+		name = fmt.Sprintf("kvdock_bench_%d_%d", os.Getpid(), time.Now().UnixNano()%1e9)
+	}
+	cfg.Server.ShmName = &name
+	if err := settings.Validate(cfg, nil); err != nil {
+		return nil, "", fmt.Errorf("bench engine config: %w", err)
+	}
+	eng := engine.New(cfg, engine.Options{Logger: slog.New(slog.DiscardHandler), Version: "bench"})
+	if err := eng.Start(ctx); err != nil {
+		return nil, "", fmt.Errorf("start engine: %w", err)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		s := eng.Snapshot()
+		if s.Pool.Prefaulted >= s.Pool.Size || time.Now().After(deadline) || ctx.Err() != nil {
+			return eng, s.Endpoint, nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// measureReferences runs memcpy and the raw ZMQ echoes (same sizes as the
+// workload's messages, as many streams as workers).
+func (r *Result) measureReferences(ctx context.Context, o Options, prof *protocol.Profile) error {
+	chunk := r.Config.ChunkBytes
+	pat := newPattern(int(chunk), 0xc0ffee)
+	r.References.MemcpyGBps = round4(memcpyGBps(pat.chunk(0), o.RefDuration))
+	uid, _ := protocol.Encode(int64(1) << 40)
+	typ := func(name string) []byte {
+		spec, ok := prof.ByName(name)
+		if !ok {
+			return []byte{0}
+		}
+		b, _ := protocol.Encode(spec.Number)
+		return b
+	}
+	lw := &workload{chunkTokens: r.Config.ChunkTokens, chunks: 16}
+	p := lw.prompt(1<<15, 0, 0)
+	key, err := protocol.Encode(protocol.Key{ModelName: "bench-" + o.Model.Name, WorldSize: 1, TokenIDs: p.tokens, End: len(p.tokens), RequestID: "bench-small-w0"})
+	if err != nil {
+		return fmt.Errorf("references: %w", err)
+	}
+	one, _ := protocol.Encode(int64(1))
+	r.References.EchoStreams = o.Workers
+	var errs []error
+	small := [][]byte{uid, typ(protocol.Noop)}
+	e, err := echo(ctx, small, o.Workers, o.RefDuration)
+	errs = append(errs, err)
+	r.References.EchoNoopBytes, r.References.EchoNoopRTPS = size(small), round4(e.RoundTripsPS)
+	look := [][]byte{uid, typ(protocol.Lookup), key, one}
+	e, err = echo(ctx, look, o.Workers, o.RefDuration)
+	errs = append(errs, err)
+	r.References.EchoLookupBytes, r.References.EchoLookupRTPS = size(look), round4(e.RoundTripsPS)
+	large := [][]byte{uid, typ(protocol.CommitStore), pat.chunk(1)}
+	e, err = echo(ctx, large, o.Workers, o.RefDuration)
+	errs = append(errs, err)
+	r.References.EchoLargeBytes, r.References.EchoLargeGBps = size(large), round4(e.GBps)
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("references: %w", err)
+	}
+	return nil
+}
+
+func size(frames [][]byte) int {
+	n := 0
+	for _, f := range frames {
+		n += len(f)
+	}
+	return n
+}

@@ -1,0 +1,213 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"kvdock/assets"
+	"kvdock/core/protocol"
+)
+
+// tinyArgs is a tiny model, 2 workers, both modes, kept short for -race.
+var tinyArgs = []string{"--layers", "2", "--hidden", "64", "--dtype", "float16", "--workers", "2",
+	"--mode", "both", "--rounds", "2", "--prompts", "3", "--small-duration", "200ms",
+	"--ref-duration", "200ms", "--pool-gb", "0.0625", "--timeout", "20s", "--json"}
+
+func TestShortRunJSON(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := Run(tinyArgs, &out, &errb); code != 0 {
+		t.Fatalf("exit %d, stderr:\n%s\nstdout:\n%s", code, errb.String(), out.String())
+	}
+	var res Result
+	if err := json.Unmarshal(out.Bytes(), &res); err != nil {
+		t.Fatalf("JSON does not parse: %v\n%s", err, out.String())
+	}
+	// The generic form too: scripts read it without our types.
+	var generic map[string]any
+	if err := json.Unmarshal(out.Bytes(), &generic); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"config", "references", "shm", "pickle", "targets", "notes"} {
+		if _, ok := generic[k]; !ok {
+			t.Errorf("JSON lacks %q", k)
+		}
+	}
+	if res.SHM == nil || res.Pickle == nil {
+		t.Fatalf("modes missing: shm %v pickle %v", res.SHM != nil, res.Pickle != nil)
+	}
+	chunk := res.Config.ChunkBytes
+	if want := int64(2 * 2 * 256 * 64 * 2); chunk != want {
+		t.Fatalf("chunk bytes %d, want %d", chunk, want)
+	}
+	for _, m := range []*ModeResult{res.SHM, res.Pickle} {
+		if m.Mismatches != 0 || m.Timeouts != 0 || m.Errors != 0 {
+			t.Errorf("%s: mismatches %d timeouts %d errors %d (%s)", m.Mode, m.Mismatches, m.Timeouts, m.Errors, m.FirstError)
+		}
+		if m.Rounds != 2 || m.Prompts != 2*2*3 {
+			t.Errorf("%s: rounds %d prompts %d", m.Mode, m.Rounds, m.Prompts)
+		}
+		if m.RetrieveByte == 0 || m.RetrieveByte%chunk != 0 || m.StoreBytes == 0 || m.StoreBytes%chunk != 0 {
+			t.Errorf("%s: stored %d retrieved %d bytes, not whole chunks of %d", m.Mode, m.StoreBytes, m.RetrieveByte, chunk)
+		}
+		// Every chunk of every prompt comes back: the pool holds the round.
+		if want := int64(m.Prompts * 4); m.RetrieveByte/chunk != want || m.MissChunks != 0 {
+			t.Errorf("%s: retrieved %d chunks, %d missed; want %d", m.Mode, m.RetrieveByte/chunk, m.MissChunks, want)
+		}
+		for name, v := range map[string]float64{"store": m.StoreRatio, "retrieve": m.RetrieveRatio, "noop": m.NoopRatio, "lookup": m.LookupRatio} {
+			if !(v > 0) {
+				t.Errorf("%s: %s ratio %v", m.Mode, name, v)
+			}
+		}
+	}
+	// Pickle stores send every chunk; SHM skips chunks already cached.
+	if res.Pickle.StoreBytes != int64(res.Pickle.Prompts*4)*chunk {
+		t.Errorf("pickle stored %d bytes for %d prompts", res.Pickle.StoreBytes, res.Pickle.Prompts)
+	}
+	if res.SHM.StoreBytes > res.Pickle.StoreBytes {
+		t.Errorf("SHM stored more (%d) than pickle (%d)", res.SHM.StoreBytes, res.Pickle.StoreBytes)
+	}
+	names := map[string]Target{}
+	for _, tg := range res.Targets {
+		names[tg.Name] = tg
+	}
+	for _, n := range []string{"shm.store_vs_memcpy", "shm.retrieve_vs_memcpy", "pickle.store_vs_echo",
+		"pickle.retrieve_vs_echo", "shm.noop_vs_echo", "pickle.lookup_status_vs_echo", "checksum_mismatches", "timeouts"} {
+		if _, ok := names[n]; !ok {
+			t.Errorf("target %q missing from %v", n, res.Targets)
+		}
+	}
+	if !names["checksum_mismatches"].Met || !names["timeouts"].Met {
+		t.Errorf("correctness targets not met: %+v %+v", names["checksum_mismatches"], names["timeouts"])
+	}
+	r := res.References
+	if r.MemcpyGBps <= 0 || r.EchoNoopRTPS <= 0 || r.EchoLookupRTPS <= 0 || r.EchoLargeGBps <= 0 || r.EchoLargeBytes < int(chunk) {
+		t.Errorf("references: %+v", r)
+	}
+}
+
+func TestFlagErrorsExit2(t *testing.T) {
+	cases := map[string][]string{
+		"mode":        {"--mode", "rdma"},
+		"model":       {"--model", "gpt-9"},
+		"dtype":       {"--dtype", "float128"},
+		"workers":     {"--workers", "0"},
+		"repeat":      {"--repeat", "1.5"},
+		"chunks":      {"--chunks", "0"},
+		"duration":    {"--duration", "-1s"},
+		"host alone":  {"--host", "127.0.0.1"},
+		"pid alone":   {"--server-pid", "1"},
+		"protocol":    {"--protocol", "nope"},
+		"unknown":     {"--frobnicate"},
+		"positional":  {"extra"},
+		"layers zero": {"--layers", "-3"},
+	}
+	for name, args := range cases {
+		var out, errb bytes.Buffer
+		if code := Run(args, &out, &errb); code != 2 {
+			t.Errorf("%s: exit %d, want 2 (stderr %q)", name, code, errb.String())
+		}
+		if errb.Len() == 0 {
+			t.Errorf("%s: nothing on stderr", name)
+		}
+		if out.Len() != 0 {
+			t.Errorf("%s: stdout %q", name, out.String())
+		}
+	}
+}
+
+func TestTableNamesEveryFigure(t *testing.T) {
+	res := &Result{Config: RunConfig{Model: Model{Name: "x"}, Workers: 16}, References: References{MemcpyGBps: 10, EchoLargeGBps: 4, EchoNoopRTPS: 1000, EchoLookupRTPS: 800},
+		SHM:    &ModeResult{Mode: "shm", StoreGBps: 9.5, RetrieveGBps: 8, NoopRTPS: 900, LookupRTPS: 500, PeakRSSBeyondMiB: 70},
+		Pickle: &ModeResult{Mode: "pickle", StoreGBps: 3, RetrieveGBps: 2, NoopRTPS: 900, LookupRTPS: 700, PeakRSSBeyondMiB: -1, Timeouts: 1}}
+	res.finish()
+	got := map[string]Target{}
+	for _, tg := range res.Targets {
+		got[tg.Name] = tg
+	}
+	check := func(name string, met bool) {
+		t.Helper()
+		tg, ok := got[name]
+		if !ok || tg.Met != met {
+			t.Errorf("target %s: %+v (present %v), want met=%v", name, tg, ok, met)
+		}
+	}
+	check("shm.store_vs_memcpy", true)      // 0.95
+	check("shm.retrieve_vs_memcpy", false)  // 0.8
+	check("pickle.store_vs_echo", true)     // 0.75
+	check("pickle.retrieve_vs_echo", false) // 0.5
+	check("shm.lookup_status_vs_echo", false)
+	check("pickle.lookup_status_vs_echo", true)
+	check("shm.peak_rss_beyond_pool_mib (16 workers; target set for 16)", false)
+	check("timeouts", false)
+	check("checksum_mismatches", true)
+	var b bytes.Buffer
+	if err := res.WriteTable(&b); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"store GB/s", "retrieve GB/s", "p50/p99", "NOOP round trips/s", "LOOKUP+STATUS", "CPU s per GB", "peak RSS beyond pool", "checksum mismatches", "MISSED", "n/a"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, b.String())
+		}
+	}
+}
+
+func TestScanRetrieveReply(t *testing.T) {
+	data := bytes.Repeat([]byte{7}, 70000) // bin32
+	for _, d := range [][]byte{nil, {1, 2}, data[:300], data} {
+		raw, err := protocol.Encode(protocol.PrepareRetrieveResponse{Success: true, Data: d})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, ok, fast := scanRetrieveReply(raw)
+		if !fast || !ok || !bytes.Equal(got, d) {
+			t.Fatalf("len %d: fast %v ok %v got %d bytes", len(d), fast, ok, len(got))
+		}
+	}
+	if _, _, fast := scanRetrieveReply([]byte{0x81, 0xa1, 'x', 0xc0}); fast {
+		t.Fatal("foreign map taken by the fast path")
+	}
+}
+
+// BenchmarkEndToEndSHM and BenchmarkEndToEndPickle run the same driver on a
+// small model: one op is one 4-chunk prompt stored, looked up and retrieved.
+func BenchmarkEndToEndSHM(b *testing.B)    { benchEndToEnd(b, "shm") }
+func BenchmarkEndToEndPickle(b *testing.B) { benchEndToEnd(b, "pickle") }
+
+func benchEndToEnd(b *testing.B, mode string) {
+	o := Options{Model: Model{Name: "bench-small", Layers: 4, Hidden: 256, Dtype: "bfloat16"}, Mode: mode,
+		Chunks: 4, Workers: 1, Repeat: 0, Protocol: "nongpu-v1", Timeout: 20 * time.Second, PoolBytes: 64 << 20}
+	raw, err := assets.Protocol(o.Protocol)
+	if err != nil {
+		b.Fatal(err)
+	}
+	prof, err := protocol.Parse(raw)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	eng, ep, err := startEngine(ctx, o, mode, o.PoolBytes)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() { _ = eng.Stop(ctx) }()
+	d, err := newDriver(ctx, driverConfig{Endpoint: ep, Profile: prof, Mode: mode, Model: o.Model, Chunks: o.Chunks,
+		Workers: 1, Timeout: o.Timeout, Rounds: 1, PromptsPerRound: 1, ClearBetweenRounds: true, InstanceBase: 1 << 20})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer d.close(ctx)
+	b.SetBytes(2 * int64(o.Chunks) * d.lay.Bytes) // stored and retrieved
+	var total counters
+	for b.Loop() {
+		tr := d.transfer(ctx)
+		total.merge(&tr.counters)
+	}
+	b.StopTimer()
+	if total.mismatches != 0 || total.timeouts != 0 || total.errors != 0 {
+		b.Fatalf("mismatches %d timeouts %d errors %d: %s", total.mismatches, total.timeouts, total.errors, total.firstErr)
+	}
+}

@@ -1,0 +1,174 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	zmq "github.com/pebbe/zmq4"
+)
+
+// memcpyDests is how many destinations the memcpy reference rotates over:
+// like the pool's slots, a destination is not in the CPU caches when the
+// copy starts ("fresh"), but its pages are mapped ("prefaulted").
+const memcpyDests = 4
+
+// memcpyGBps copies src into prefaulted destinations of the same size in
+// turn, one stream, for about dur, and returns GB/s (10^9 bytes).
+func memcpyGBps(src []byte, dur time.Duration) float64 {
+	dst := make([]byte, memcpyDests*len(src))
+	return copyRate(dst, src, dur)
+}
+
+// copyRate copies src into consecutive len(src)-sized parts of dst, which
+// it prefaults first.
+func copyRate(dst, src []byte, dur time.Duration) float64 {
+	parts := len(dst) / len(src)
+	if parts == 0 {
+		return 0
+	}
+	for i := range parts {
+		copy(dst[i*len(src):], src)
+	}
+	var n int64
+	start := time.Now()
+	for i := 0; time.Since(start) < dur || n == 0; i++ {
+		off := (i % parts) * len(src)
+		copy(dst[off:off+len(src)], src)
+		n += int64(len(src))
+	}
+	return float64(n) / time.Since(start).Seconds() / 1e9
+}
+
+// echoResult is the raw ZMQ reference, same library, same socket pattern.
+type echoResult struct {
+	RoundTripsPS float64 // all streams together
+	GBps         float64 // payload bytes moved per second, both directions counted
+}
+
+// echo runs a ROUTER that sends every message back and `streams` DEALERs
+// (each with its own context, as each bench worker's client has) doing
+// synchronous round trips of the given frames for about dur.
+func echo(ctx context.Context, frames [][]byte, streams int, dur time.Duration) (echoResult, error) {
+	port, err := freePort()
+	if err != nil {
+		return echoResult{}, err
+	}
+	endpoint := fmt.Sprintf("tcp://127.0.0.1:%d", port)
+	zctx, err := zmq.NewContext()
+	if err != nil {
+		return echoResult{}, fmt.Errorf("echo: zmq context: %w", err)
+	}
+	defer zctx.Term()
+	router, err := zctx.NewSocket(zmq.ROUTER)
+	if err != nil {
+		return echoResult{}, fmt.Errorf("echo: router: %w", err)
+	}
+	_ = router.SetLinger(0)
+	if err := router.Bind(endpoint); err != nil {
+		router.Close()
+		return echoResult{}, fmt.Errorf("echo: bind %s: %w", endpoint, err)
+	}
+	stop := make(chan struct{})
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		defer router.Close()
+		poller := zmq.NewPoller()
+		poller.Add(router, zmq.POLLIN)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			polled, err := poller.Poll(50 * time.Millisecond)
+			if err != nil || len(polled) == 0 {
+				continue
+			}
+			for {
+				msg, err := router.RecvMessageBytes(zmq.DONTWAIT)
+				if err != nil {
+					break
+				}
+				_, _ = router.SendMessage(msg)
+			}
+		}
+	}()
+	defer func() {
+		close(stop)
+		<-served
+	}()
+
+	var size int
+	for _, f := range frames {
+		size += len(f)
+	}
+	counts := make([]int64, streams)
+	errs := make([]error, streams)
+	var wg sync.WaitGroup
+	start := time.Now()
+	until := start.Add(dur)
+	for s := range streams {
+		wg.Go(func() { counts[s], errs[s] = echoStream(ctx, endpoint, frames, until) })
+	}
+	wg.Wait()
+	el := time.Since(start).Seconds()
+	if err := errors.Join(errs...); err != nil {
+		return echoResult{}, err
+	}
+	var n int64
+	for _, c := range counts {
+		n += c
+	}
+	return echoResult{RoundTripsPS: float64(n) / el, GBps: float64(n) * 2 * float64(size) / el / 1e9}, nil
+}
+
+func echoStream(ctx context.Context, endpoint string, frames [][]byte, until time.Time) (int64, error) {
+	zctx, err := zmq.NewContext()
+	if err != nil {
+		return 0, fmt.Errorf("echo: zmq context: %w", err)
+	}
+	defer zctx.Term()
+	d, err := zctx.NewSocket(zmq.DEALER)
+	if err != nil {
+		return 0, fmt.Errorf("echo: dealer: %w", err)
+	}
+	defer d.Close()
+	_ = d.SetLinger(0)
+	_ = d.SetRcvtimeo(10 * time.Second)
+	if err := d.Connect(endpoint); err != nil {
+		return 0, fmt.Errorf("echo: connect: %w", err)
+	}
+	args := make([]any, len(frames))
+	for i, f := range frames {
+		args[i] = f
+	}
+	var n int64
+	for first := true; first || time.Now().Before(until); first = false {
+		if ctx.Err() != nil {
+			return n, ctx.Err()
+		}
+		if _, err := d.SendMessage(args...); err != nil {
+			return n, fmt.Errorf("echo: send: %w", err)
+		}
+		if _, err := d.RecvMessageBytes(0); err != nil {
+			return n, fmt.Errorf("echo: receive: %w", err)
+		}
+		n++
+	}
+	return n, nil
+}
+
+// freePort asks the kernel for a free loopback port.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("find a free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}

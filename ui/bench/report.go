@@ -1,0 +1,290 @@
+package bench
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// Result is everything one `kvdock bench` run measured. Its JSON form is
+// stable for scripts: fields are only ever added.
+type Result struct {
+	Schema     int         `json:"schema"`
+	Command    string      `json:"command"`
+	Started    time.Time   `json:"started"`
+	Config     RunConfig   `json:"config"`
+	References References  `json:"references"`
+	SHM        *ModeResult `json:"shm,omitempty"`
+	Pickle     *ModeResult `json:"pickle,omitempty"`
+	Targets    []Target    `json:"targets"`
+	Notes      []string    `json:"notes"`
+}
+
+// RunConfig is what the run was asked to do.
+type RunConfig struct {
+	Model           Model   `json:"model"`
+	ChunkTokens     int     `json:"chunk_tokens"`
+	ChunkBytes      int64   `json:"chunk_bytes"`
+	Chunks          int     `json:"chunks_per_prompt"`
+	Workers         int     `json:"workers"`
+	Repeat          float64 `json:"repeat"`
+	DurationSeconds float64 `json:"duration_seconds"`
+	InProcess       bool    `json:"in_process"`
+	Endpoint        string  `json:"endpoint,omitempty"`
+	ServerPID       int     `json:"server_pid,omitempty"`
+	PoolBytes       int64   `json:"pool_bytes"`
+	CPUs            int     `json:"cpus"`
+}
+
+// References are measured in the same run, on the same machine.
+type References struct {
+	MemcpyGBps float64 `json:"memcpy_gbps"`
+	// MemcpySamplesGBps: before the modes and after them; MemcpyGBps is the larger.
+	MemcpySamplesGBps []float64 `json:"memcpy_samples_gbps"`
+	EchoStreams       int       `json:"echo_streams"`
+	EchoNoopBytes     int       `json:"echo_noop_bytes"`
+	EchoNoopRTPS      float64   `json:"echo_noop_round_trips_per_s"`
+	EchoLookupBytes   int       `json:"echo_lookup_bytes"`
+	EchoLookupRTPS    float64   `json:"echo_lookup_round_trips_per_s"`
+	EchoLargeBytes    int       `json:"echo_large_bytes"`
+	EchoLargeGBps     float64   `json:"echo_large_gbps"`
+}
+
+// ModeResult is one transfer mode's figures.
+type ModeResult struct {
+	Mode         string  `json:"mode"`
+	Endpoint     string  `json:"endpoint"`
+	ShmName      string  `json:"shm_name"`
+	PoolBytes    int64   `json:"pool_bytes"`
+	Rounds       int     `json:"rounds"`
+	Prompts      int     `json:"prompts"`
+	StoreBytes   int64   `json:"store_bytes"`
+	StoreGBps    float64 `json:"store_gbps"`
+	StoreP50us   float64 `json:"store_chunk_p50_us"`
+	StoreP99us   float64 `json:"store_chunk_p99_us"`
+	RetrieveByte int64   `json:"retrieve_bytes"`
+	RetrieveGBps float64 `json:"retrieve_gbps"`
+	RetrieveP50  float64 `json:"retrieve_chunk_p50_us"`
+	RetrieveP99  float64 `json:"retrieve_chunk_p99_us"`
+	// Wall-clock rates of the phases: they include lookups, session ends
+	// and the bench's own checksums, which the rates above leave out.
+	StoreWallGBps float64 `json:"store_phase_wall_gbps"`
+	// MemcpyIntoSegmentGBps (SHM, in process) is the memcpy reference's copy
+	// into the segment's pages instead of private memory: a diagnostic.
+	MemcpyIntoSegmentGBps float64 `json:"memcpy_into_segment_gbps,omitempty"`
+	RetrieveWallGBps      float64 `json:"retrieve_phase_wall_gbps"`
+	CachedStores          int64   `json:"stores_all_cached"`
+	MissChunks            int64   `json:"retrieve_miss_chunks"`
+
+	NoopRTPS         float64 `json:"noop_round_trips_per_s"`
+	LookupPairsPS    float64 `json:"lookup_status_pairs_per_s"`
+	LookupRTPS       float64 `json:"lookup_status_round_trips_per_s"`
+	LookupChunks     int     `json:"lookup_prompt_chunks"`
+	CPUSecondsPerGB  float64 `json:"cpu_seconds_per_gb"`
+	CPUMethod        string  `json:"cpu_method"`
+	PeakRSSBeyondMiB float64 `json:"peak_rss_beyond_pool_mib"`
+	RSSMethod        string  `json:"rss_method"`
+	// RSSNow is /proc/<pid>/status's RssAnon, RssFile and RssShmem in MiB
+	// at the end of the store/retrieve phases.
+	RSSNow map[string]float64 `json:"rss_at_end_mib,omitempty"`
+
+	Mismatches int64  `json:"checksum_mismatches"`
+	Timeouts   int64  `json:"timeouts"`
+	Errors     int64  `json:"errors"`
+	FirstError string `json:"first_error,omitempty"`
+
+	// Ratios against the same run's references.
+	StoreRatio    float64 `json:"store_vs_reference"`
+	RetrieveRatio float64 `json:"retrieve_vs_reference"`
+	ReferenceName string  `json:"reference"`
+	NoopRatio     float64 `json:"noop_vs_echo"`
+	LookupRatio   float64 `json:"lookup_status_vs_echo"`
+}
+
+// Target is one goal checked against this run's figures.
+type Target struct {
+	Name   string  `json:"name"`
+	Value  float64 `json:"value"`
+	Op     string  `json:"op"` // ">=" or "<="
+	Target float64 `json:"target"`
+	Met    bool    `json:"met"`
+}
+
+func newTarget(name string, value float64, op string, target float64) Target {
+	met := value >= target
+	if op == "<=" {
+		met = value <= target
+	}
+	if math.IsNaN(value) || math.IsInf(value, 0) {
+		met = false
+		value = -1
+	}
+	return Target{Name: name, Value: round4(value), Op: op, Target: target, Met: met}
+}
+
+func round4(v float64) float64 { return math.Round(v*1e4) / 1e4 }
+
+func ratio(a, b float64) float64 {
+	if b <= 0 {
+		return 0
+	}
+	return round4(a / b)
+}
+
+// percentileUS is the p-th percentile (nearest rank) in microseconds.
+func percentileUS(ds []time.Duration, p float64) float64 {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	i := int(math.Ceil(p/100*float64(len(s)))) - 1
+	i = max(0, min(i, len(s)-1))
+	return round4(float64(s[i]) / float64(time.Microsecond))
+}
+
+// finish computes the ratios and the targets list.
+func (r *Result) finish() {
+	ref := r.References
+	var ts []Target
+	var mism, tout float64
+	for _, m := range []*ModeResult{r.SHM, r.Pickle} {
+		if m == nil {
+			continue
+		}
+		m.NoopRatio = ratio(m.NoopRTPS, ref.EchoNoopRTPS)
+		m.LookupRatio = ratio(m.LookupRTPS, ref.EchoLookupRTPS)
+		if m.Mode == "shm" {
+			m.ReferenceName = "memcpy"
+			m.StoreRatio = ratio(m.StoreGBps, ref.MemcpyGBps)
+			m.RetrieveRatio = ratio(m.RetrieveGBps, ref.MemcpyGBps)
+			ts = append(ts,
+				newTarget("shm.store_vs_memcpy", m.StoreRatio, ">=", 0.9),
+				newTarget("shm.retrieve_vs_memcpy", m.RetrieveRatio, ">=", 0.9))
+		} else {
+			m.ReferenceName = "zmq_echo_large"
+			m.StoreRatio = ratio(m.StoreGBps, ref.EchoLargeGBps)
+			m.RetrieveRatio = ratio(m.RetrieveGBps, ref.EchoLargeGBps)
+			ts = append(ts,
+				newTarget("pickle.store_vs_echo", m.StoreRatio, ">=", 0.75),
+				newTarget("pickle.retrieve_vs_echo", m.RetrieveRatio, ">=", 0.75))
+		}
+		ts = append(ts,
+			newTarget(m.Mode+".noop_vs_echo", m.NoopRatio, ">=", 0.8),
+			newTarget(m.Mode+".lookup_status_vs_echo", m.LookupRatio, ">=", 0.8))
+		if m.PeakRSSBeyondMiB >= 0 {
+			ts = append(ts, newTarget(fmt.Sprintf("%s.peak_rss_beyond_pool_mib (%d workers; target set for 16)", m.Mode, r.Config.Workers), m.PeakRSSBeyondMiB, "<=", 64))
+		}
+		mism += float64(m.Mismatches)
+		tout += float64(m.Timeouts)
+	}
+	ts = append(ts, newTarget("checksum_mismatches", mism, "<=", 0), newTarget("timeouts", tout, "<=", 0))
+	r.Targets = ts
+}
+
+// WriteJSON writes the result as one indented JSON object.
+func (r *Result) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(r); err != nil {
+		return fmt.Errorf("write JSON: %w", err)
+	}
+	return nil
+}
+
+// WriteTable writes the result for people.
+func (r *Result) WriteTable(w io.Writer) error {
+	c := r.Config
+	var b strings.Builder
+	fmt.Fprintf(&b, "kvdock bench: model %s (%d layers, hidden %d, %s, mla=%v), chunk %d tokens = %s, %d chunks/prompt, %d workers, repeat %.2f\n",
+		c.Model.Name, c.Model.Layers, c.Model.Hidden, c.Model.Dtype, c.Model.MLA, c.ChunkTokens, mib(c.ChunkBytes), c.Chunks, c.Workers, c.Repeat)
+	where := "in-process engine, ZMQ over loopback"
+	if !c.InProcess {
+		where = "server " + c.Endpoint
+	}
+	fmt.Fprintf(&b, "%s, pool %s, %d CPUs\n\n", where, mib(c.PoolBytes), c.CPUs)
+	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "figure\tSHM\tpickle\treference")
+	get := func(f func(m *ModeResult) string) (string, string) {
+		s, p := "-", "-"
+		if r.SHM != nil {
+			s = f(r.SHM)
+		}
+		if r.Pickle != nil {
+			p = f(r.Pickle)
+		}
+		return s, p
+	}
+	row := func(name, ref string, f func(m *ModeResult) string) {
+		s, p := get(f)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", name, s, p, ref)
+	}
+	ref := r.References
+	row("store GB/s", fmt.Sprintf("memcpy %.2f / echo %.2f", ref.MemcpyGBps, ref.EchoLargeGBps), func(m *ModeResult) string {
+		return fmt.Sprintf("%.2f (×%.2f)", m.StoreGBps, m.StoreRatio)
+	})
+	row("retrieve GB/s", "", func(m *ModeResult) string { return fmt.Sprintf("%.2f (×%.2f)", m.RetrieveGBps, m.RetrieveRatio) })
+	row("memcpy into segment GB/s", "", func(m *ModeResult) string {
+		if m.MemcpyIntoSegmentGBps == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.2f", m.MemcpyIntoSegmentGBps)
+	})
+	row("store per chunk p50/p99 µs", "", func(m *ModeResult) string { return fmt.Sprintf("%.0f / %.0f", m.StoreP50us, m.StoreP99us) })
+	row("retrieve per chunk p50/p99 µs", "", func(m *ModeResult) string { return fmt.Sprintf("%.0f / %.0f", m.RetrieveP50, m.RetrieveP99) })
+	row("NOOP round trips/s", fmt.Sprintf("echo %.0f", ref.EchoNoopRTPS), func(m *ModeResult) string {
+		return fmt.Sprintf("%.0f (×%.2f)", m.NoopRTPS, m.NoopRatio)
+	})
+	row("LOOKUP+STATUS round trips/s", fmt.Sprintf("echo %.0f", ref.EchoLookupRTPS), func(m *ModeResult) string {
+		return fmt.Sprintf("%.0f (×%.2f)", m.LookupRTPS, m.LookupRatio)
+	})
+	row("CPU s per GB", "", func(m *ModeResult) string { return fmt.Sprintf("%.3f", m.CPUSecondsPerGB) })
+	row("peak RSS beyond pool MiB", "", func(m *ModeResult) string {
+		if m.PeakRSSBeyondMiB < 0 {
+			return "n/a"
+		}
+		return fmt.Sprintf("%.1f", m.PeakRSSBeyondMiB)
+	})
+	row("bytes stored / retrieved", "", func(m *ModeResult) string { return mib(m.StoreBytes) + " / " + mib(m.RetrieveByte) })
+	row("rounds / prompts", "", func(m *ModeResult) string { return fmt.Sprintf("%d / %d", m.Rounds, m.Prompts) })
+	row("missed chunks", "", func(m *ModeResult) string { return fmt.Sprint(m.MissChunks) })
+	row("checksum mismatches", "", func(m *ModeResult) string { return fmt.Sprint(m.Mismatches) })
+	row("timeouts / errors", "", func(m *ModeResult) string { return fmt.Sprintf("%d / %d", m.Timeouts, m.Errors) })
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	b.WriteString("\ntargets\n")
+	tw = tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+	for _, t := range r.Targets {
+		met := "MISSED"
+		if t.Met {
+			met = "met"
+		}
+		fmt.Fprintf(tw, "%s\t%g\t%s %g\t%s\n", t.Name, t.Value, t.Op, t.Target, met)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, m := range []*ModeResult{r.SHM, r.Pickle} {
+		if m != nil && m.FirstError != "" {
+			fmt.Fprintf(&b, "\n%s first error: %s\n", m.Mode, m.FirstError)
+		}
+	}
+	if len(r.Notes) > 0 {
+		b.WriteString("\nnotes\n")
+		for _, n := range r.Notes {
+			b.WriteString("- " + n + "\n")
+		}
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+func mib(n int64) string {
+	return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+}
