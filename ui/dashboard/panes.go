@@ -378,6 +378,9 @@ func (m *Model) renderGPU(w, h int) string {
 		if reason == "" {
 			reason = "no reading yet"
 		}
+		// The source's reason already says "NVML unavailable: …" when NVML
+		// is the cause; other reasons get the label here.
+		reason, _ = strings.CutPrefix(reason, "NVML unavailable: ")
 		return m.st.Warn.Render("NVML unavailable") + ": " + reason
 	}
 	workers := map[int64]bool{}
