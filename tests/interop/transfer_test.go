@@ -1,3 +1,6 @@
+// Package interop drives the real kvdock binary through the real wire with
+// the libraries LMCache workers use (pyzmq, msgpack, torch under
+// /usr/bin/python3): frames, profiles, bad input, SHM and pickle transfers.
 package interop
 
 import (
