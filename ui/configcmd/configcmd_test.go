@@ -180,3 +180,14 @@ func TestHelpAndUsage(t *testing.T) {
 		}
 	}
 }
+
+func TestShowRedactsToken(t *testing.T) {
+	var out, errb bytes.Buffer
+	code := configcmd.Run([]string{"show", "--config", ""}, &out, &errb, []string{"KVDOCK_HTTP_TOKEN=s3cret"})
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	if strings.Contains(out.String(), "s3cret") || !strings.Contains(out.String(), "redacted") {
+		t.Fatalf("token shown:\n%s", out.String())
+	}
+}
