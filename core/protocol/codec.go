@@ -2,8 +2,10 @@ package protocol
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"slices"
 
@@ -75,7 +77,7 @@ func DecodeValue(typ string, frame []byte) (any, error) {
 	)
 	switch typ {
 	case TypeKey:
-		v, err = decodeKey(d)
+		v, err = decodeKey(d, r, frame)
 	case TypeInt:
 		v, err = decodeLooseInt(d)
 	case TypeOptInt:
@@ -330,7 +332,8 @@ func (r required) check(what string) error {
 	return nil
 }
 
-func decodeKey(d *msgpack.Decoder) (Key, error) {
+// decodeKey reads a key map; r is d's reader over frame (for the token fast path).
+func decodeKey(d *msgpack.Decoder, r *bytes.Reader, frame []byte) (Key, error) {
 	var k Key
 	req := required{"model_name": false, "world_size": false, "token_ids": false,
 		"start": false, "end": false, "request_id": false}
@@ -353,7 +356,7 @@ func decodeKey(d *msgpack.Decoder) (Key, error) {
 				}
 			}
 		case "token_ids":
-			k.TokenIDs, err = decodeTokens(d)
+			k.TokenIDs, err = decodeTokens(d, r, frame)
 		case "start":
 			k.Start, err = decodeSmallInt(d)
 		case "end":
@@ -390,7 +393,18 @@ func decodeArrayLen(d *msgpack.Decoder) (int, error) {
 	return n, nil
 }
 
-func decodeTokens(d *msgpack.Decoder) ([]uint32, error) {
+// decodeTokens reads the token array. The common encodings (positive fixint,
+// uint8/16/32) are parsed straight from the frame's bytes; anything else, and
+// every error, goes through the decoder from the same position, so results and
+// error messages are those of the general path.
+func decodeTokens(d *msgpack.Decoder, r *bytes.Reader, frame []byte) ([]uint32, error) {
+	if pos := len(frame) - r.Len(); pos >= 0 && pos <= len(frame) {
+		if out, used, ok := fastTokens(frame[pos:]); ok {
+			if _, err := r.Seek(int64(used), io.SeekCurrent); err == nil {
+				return out, nil
+			}
+		}
+	}
 	n, err := decodeArrayLen(d)
 	if err != nil {
 		return nil, err
@@ -407,6 +421,53 @@ func decodeTokens(d *msgpack.Decoder) ([]uint32, error) {
 		out[i] = uint32(t)
 	}
 	return out, nil
+}
+
+// fastTokens parses an array of unsigned ints up to uint32 from b; ok is false
+// for any other element, a bad header or a short frame.
+func fastTokens(b []byte) (out []uint32, used int, ok bool) {
+	if len(b) == 0 {
+		return nil, 0, false
+	}
+	var n, i int
+	switch c := b[0]; {
+	case msgpcode.IsFixedArray(c):
+		n, i = int(c&0x0f), 1
+	case c == msgpcode.Array16 && len(b) >= 3:
+		n, i = int(binary.BigEndian.Uint16(b[1:])), 3
+	case c == msgpcode.Array32 && len(b) >= 5:
+		n, i = int(binary.BigEndian.Uint32(b[1:])), 5
+	default:
+		return nil, 0, false
+	}
+	// Every element takes at least one byte (the same bound decodeArrayLen sets).
+	if n > len(b)-i {
+		return nil, 0, false
+	}
+	out = make([]uint32, n)
+	for k := range out {
+		if i >= len(b) {
+			return nil, 0, false
+		}
+		c := b[i]
+		switch {
+		case c <= msgpcode.PosFixedNumHigh:
+			out[k] = uint32(c)
+			i++
+		case c == msgpcode.Uint8 && i+2 <= len(b):
+			out[k] = uint32(b[i+1])
+			i += 2
+		case c == msgpcode.Uint16 && i+3 <= len(b):
+			out[k] = uint32(binary.BigEndian.Uint16(b[i+1:]))
+			i += 3
+		case c == msgpcode.Uint32 && i+5 <= len(b):
+			out[k] = binary.BigEndian.Uint32(b[i+1:])
+			i += 5
+		default:
+			return nil, 0, false
+		}
+	}
+	return out, i, true
 }
 
 func decodeInts(d *msgpack.Decoder) ([]int64, error) {
@@ -508,6 +569,10 @@ func AppendEncode(dst []byte, v any) ([]byte, error) {
 	// Fast paths for the common scalar results (NOOP, PING, GET_CHUNK_SIZE,
 	// COMMIT_*): no encoder allocation.
 	switch x := v.(type) {
+	case Raw:
+		return append(dst, x...), nil
+	case Key:
+		return x.AppendMsgpack(dst), nil
 	case string:
 		if len(x) < 32 {
 			return append(append(dst, 0xa0|byte(len(x))), x...), nil

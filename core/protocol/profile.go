@@ -236,21 +236,35 @@ func DecodeHeader(uid, typ []byte) (uidVal, typeVal int64, err error) {
 // stripped) under the profile. On failure the error is a *DecodeError. Spec
 // with a non-empty Unsupported is returned without decoding the payload.
 func (p *Profile) DecodeRequest(frames [][]byte) (*Spec, []any, error) {
+	spec, err := p.DecodeHead(frames)
+	if err != nil || spec.Unsupported != "" {
+		return spec, nil, err
+	}
+	args, err := p.DecodePayload(spec, frames[2:])
+	return spec, args, err
+}
+
+// DecodeHead is the first half of DecodeRequest: the uid and type frames and
+// the request's spec, leaving the payload for DecodePayload (so a server can
+// decode it on the goroutine that runs the request).
+func (p *Profile) DecodeHead(frames [][]byte) (*Spec, error) {
 	if len(frames) < 2 {
-		return nil, nil, &DecodeError{Kind: KindShort, Err: fmt.Errorf("%d frames after the identity, want at least 2", len(frames))}
+		return nil, &DecodeError{Kind: KindShort, Err: fmt.Errorf("%d frames after the identity, want at least 2", len(frames))}
 	}
 	_, num, err := DecodeHeader(frames[0], frames[1])
 	if err != nil {
-		return nil, nil, &DecodeError{Kind: KindBadHeader, Err: err}
+		return nil, &DecodeError{Kind: KindBadHeader, Err: err}
 	}
 	spec, ok := p.ByNumber(num)
 	if !ok {
-		return nil, nil, &DecodeError{Kind: KindUnknownType, Err: fmt.Errorf("type %d is not in profile %s", num, p.Name)}
+		return nil, &DecodeError{Kind: KindUnknownType, Err: fmt.Errorf("type %d is not in profile %s", num, p.Name)}
 	}
-	if spec.Unsupported != "" {
-		return spec, nil, nil
-	}
-	payload := frames[2:]
+	return spec, nil
+}
+
+// DecodePayload is the second half of DecodeRequest: the payload frames of a
+// request of spec, checked for arity and decoded by the spec's types.
+func (p *Profile) DecodePayload(spec *Spec, payload [][]byte) ([]any, error) {
 	var shape []string
 	for _, s := range spec.Shapes() {
 		if len(s) == len(payload) {
@@ -259,18 +273,18 @@ func (p *Profile) DecodeRequest(frames [][]byte) (*Spec, []any, error) {
 		}
 	}
 	if !arityMatches(spec, len(payload)) {
-		return spec, nil, &DecodeError{Kind: KindArity, Spec: spec,
+		return nil, &DecodeError{Kind: KindArity, Spec: spec,
 			Err: fmt.Errorf("%d payload frames, want %s", len(payload), arityText(spec))}
 	}
 	args := make([]any, len(payload))
 	for i, t := range shape {
 		v, err := DecodeValue(t, payload[i])
 		if err != nil {
-			return spec, nil, &DecodeError{Kind: KindPayload, Spec: spec, Err: fmt.Errorf("payload frame %d: %w", i, err)}
+			return nil, &DecodeError{Kind: KindPayload, Spec: spec, Err: fmt.Errorf("payload frame %d: %w", i, err)}
 		}
 		args[i] = v
 	}
-	return spec, args, nil
+	return args, nil
 }
 
 func arityMatches(s *Spec, n int) bool {

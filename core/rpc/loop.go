@@ -179,28 +179,16 @@ func (l *loop) dispatch(frames [][]byte, total int64, tooMany bool) {
 		s.badInput(protocol.KindTooMany, peer, nil, fmt.Errorf("more than %d frames", maxFrames))
 		return
 	}
-	spec, args, err := s.opts.Profile.DecodeRequest(frames[1:])
+	spec, err := s.opts.Profile.DecodeHead(frames[1:])
 	if err != nil {
-		var de *protocol.DecodeError
-		kind := protocol.KindPayload
-		if errors.As(err, &de) {
-			kind = de.Kind
+		var uid, typ []byte
+		if len(frames) >= 3 {
+			uid, typ = frames[1], frames[2]
 		}
-		s.badInput(kind, peer, spec, err)
-		if spec != nil {
-			j := job{peer: peer, uid: frames[1], typ: frames[2], spec: spec, start: time.Now()}
-			s.finish(j, OutcomeDropped)
-			if r, ok := s.errorReply(j, "DecodeError", err.Error()); ok {
-				l.send(r)
-			}
-		} else if kind == protocol.KindUnknownType {
-			if r, ok := s.errorReply(job{peer: peer, uid: frames[1], typ: frames[2]}, "UnknownRequestType", err.Error()); ok {
-				l.send(r)
-			}
-		}
+		s.decodeFailed(job{peer: peer, uid: uid, typ: typ, spec: spec, start: time.Now()}, err, l.send)
 		return
 	}
-	j := job{peer: peer, uid: frames[1], typ: frames[2], spec: spec, args: args, start: time.Now()}
+	j := job{peer: peer, uid: frames[1], typ: frames[2], spec: spec, payload: frames[3:], start: time.Now()}
 	if spec.Unsupported != "" {
 		s.badInput(spec.Unsupported, peer, spec, fmt.Errorf("%s is not served", spec.Name))
 		s.finish(j, OutcomeDropped)
@@ -209,10 +197,13 @@ func (l *loop) dispatch(frames [][]byte, total int64, tooMany bool) {
 		}
 		return
 	}
-	s.stats.inFlight.Add(1)
 	var ch chan job
 	switch spec.Class {
 	case protocol.Inline:
+		if !s.decodePayload(&j, l.send) {
+			return
+		}
+		s.stats.inFlight.Add(1)
 		if r, ok := s.execute(l.hctx, j); ok {
 			l.send(r)
 		}
@@ -222,6 +213,9 @@ func (l *loop) dispatch(frames [][]byte, total int64, tooMany bool) {
 	default:
 		ch = l.shared
 	}
+	// The payload (a key of thousands of tokens) is decoded by the worker
+	// that runs the request, not here: this goroutine serves every peer.
+	s.stats.inFlight.Add(1)
 	select {
 	case ch <- j:
 	default:

@@ -161,6 +161,8 @@ type Server struct {
 type job struct {
 	peer, uid, typ []byte
 	spec           *protocol.Spec
+	payload        [][]byte // frames after type, until decoded into args
+	decoded        bool
 	args           []any
 	start          time.Time
 }
@@ -402,8 +404,47 @@ func (s *Server) takeReplies(buf []reply) []reply {
 func (s *Server) worker(ctx context.Context, jobs <-chan job, wg *sync.WaitGroup) {
 	defer wg.Done()
 	for j := range jobs {
+		if !j.decoded && !s.decodePayload(&j, s.push) {
+			s.stats.inFlight.Add(-1)
+			continue
+		}
 		if r, ok := s.execute(ctx, j); ok {
 			s.push(r)
+		}
+	}
+}
+
+// decodePayload decodes j's payload frames into j.args; on failure it counts,
+// logs and answers (through send) as decodeFailed does and reports false.
+func (s *Server) decodePayload(j *job, send func(reply)) bool {
+	args, err := s.opts.Profile.DecodePayload(j.spec, j.payload)
+	if err != nil {
+		s.decodeFailed(*j, err, send)
+		return false
+	}
+	j.args, j.payload, j.decoded = args, nil, true
+	return true
+}
+
+// decodeFailed handles a request that did not decode: counted and logged as
+// its kind, finished as dropped when its type was known, and answered (error
+// marker profiles only) through send.
+func (s *Server) decodeFailed(j job, err error, send func(reply)) {
+	var de *protocol.DecodeError
+	kind := protocol.KindPayload
+	if errors.As(err, &de) {
+		kind = de.Kind
+	}
+	s.badInput(kind, j.peer, j.spec, err)
+	switch {
+	case j.spec != nil:
+		s.finish(j, OutcomeDropped)
+		if r, ok := s.errorReply(j, "DecodeError", err.Error()); ok {
+			send(r)
+		}
+	case kind == protocol.KindUnknownType:
+		if r, ok := s.errorReply(j, "UnknownRequestType", err.Error()); ok {
+			send(r)
 		}
 	}
 }
@@ -427,7 +468,12 @@ func (s *Server) execute(ctx context.Context, j job) (r reply, send bool) {
 		return s.errorReply(j, "HandlerError", err.Error())
 	}
 	r = reply{peer: j.peer, uid: j.uid, typ: j.typ}
-	if res != nil {
+	switch x := res.(type) {
+	case protocol.Raw:
+		// Already encoded (a large pickle reply): sent without a copy.
+		r.frames = [][]byte{x}
+	case nil:
+	default:
 		b, err := protocol.Encode(res)
 		if err != nil {
 			s.badInput(protocol.KindHandlerErr, j.peer, j.spec, fmt.Errorf("encode result: %w", err))

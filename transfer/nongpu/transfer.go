@@ -263,6 +263,52 @@ func (m *Module) locateAll(ks []keys.ObjectKey, lay layout.Layout) (slots []prot
 // keys' locks are released. SHM answers slots and keeps the locks until
 // COMMIT_RETRIEVE; PICKLE answers the pickled chunks and releases at once.
 func (m *Module) PrepareRetrieve(k protocol.Key, id int64) (protocol.PrepareRetrieveResponse, error) {
+	var data []byte
+	r, err := m.prepareRetrieve(k, id, func(ts []torchpickle.Tensor) error {
+		var buf []byte
+		if size := torchpickle.EncodedSize(ts); size > 0 {
+			buf = make([]byte, 0, size)
+		}
+		var err error
+		data, err = torchpickle.AppendEncode(buf, ts)
+		return err
+	})
+	if err == nil && r.Success && r.Slots == nil {
+		r.Data = data
+	}
+	return r, err
+}
+
+// prepareRetrieveReply is PrepareRetrieve as the request handler answers it:
+// a pickle reply is encoded once, into an exactly sized buffer (msgpack
+// header, the pickle straight after it), and sent by the server without
+// another copy; SHM and misses answer the response.
+func (m *Module) prepareRetrieveReply(k protocol.Key, id int64) (any, error) {
+	var out protocol.Raw
+	r, err := m.prepareRetrieve(k, id, func(ts []torchpickle.Tensor) error {
+		n := torchpickle.EncodedSize(ts)
+		if n < 0 {
+			_, err := torchpickle.AppendEncode(nil, ts) // for its error
+			return err
+		}
+		b, err := protocol.AppendPickleRetrieveReply(make([]byte, 0, protocol.PickleReplySize(n)), n,
+			func(dst []byte) ([]byte, error) { return torchpickle.AppendEncode(dst, ts) })
+		out = b
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	if out != nil {
+		return out, nil
+	}
+	return r, nil
+}
+
+// prepareRetrieve does the work of PREPARE_RETRIEVE; for a pickle instance it
+// calls encode with tensors that view the pool, under the read locks, and
+// answers Success with neither Data nor Slots.
+func (m *Module) prepareRetrieve(k protocol.Key, id int64, encode func([]torchpickle.Tensor) error) (protocol.PrepareRetrieveResponse, error) {
 	inst, err := m.lookupInstance(id)
 	if err != nil {
 		return protocol.PrepareRetrieveResponse{}, fmt.Errorf("prepare retrieve: %w", err)
@@ -311,11 +357,7 @@ func (m *Module) PrepareRetrieve(k protocol.Key, id int64) (protocol.PrepareRetr
 	for i, s := range slots {
 		ts[i] = torchpickle.Tensor{Dtype: s.Dtype, Shape: s.Shape, Data: m.pool.Bytes(s.Offset, s.Length)}
 	}
-	var buf []byte
-	if size := torchpickle.EncodedSize(ts); size > 0 {
-		buf = make([]byte, 0, size)
-	}
-	buf, err = torchpickle.AppendEncode(buf, ts)
+	err = encode(ts)
 	m.pool.FinishRead(ks, 1)
 	if err != nil {
 		return protocol.PrepareRetrieveResponse{}, fmt.Errorf("prepare retrieve for instance %d: encode %d chunks: %w", id, len(ts), err)
@@ -325,7 +367,7 @@ func (m *Module) PrepareRetrieve(k protocol.Key, id int64) (protocol.PrepareRetr
 	inst.hitChunks += int64(len(ks))
 	inst.bytesOut += total
 	m.mu.Unlock()
-	return protocol.PrepareRetrieveResponse{Success: true, Data: buf}, nil
+	return protocol.PrepareRetrieveResponse{Success: true}, nil
 }
 
 // CommitRetrieve handles COMMIT_RETRIEVE: the pending SHM read (if any)

@@ -1,7 +1,14 @@
-// Package client is a Go LMCache MP client: one ZeroMQ DEALER owned by one
-// goroutine, a uid counter, and many outstanding requests matched by uid, each
-// with its own deadline. Requests are named and encoded per a protocol profile.
-// It is what kvdock's tests, `kvdock ctl` and the benchmarks talk with.
+// Package client is a Go LMCache MP client: one ZeroMQ DEALER, a uid counter,
+// and many outstanding requests matched by uid, each with its own deadline.
+// Requests are named and encoded per a protocol profile. It is what kvdock's
+// tests, `kvdock ctl` and the benchmarks talk with.
+//
+// There is no socket goroutine: a calling goroutine that finds the socket free
+// takes it (the leader), sends, and receives until its own reply is in,
+// handing replies for other uids to their callers. Callers that find the
+// socket taken queue their message, wake the leader to send it, and wait for
+// their reply or for the socket to come free. A lone caller (every LMCache
+// worker) so sends and receives on its own goroutine, with no hand-off.
 package client
 
 import (
@@ -67,19 +74,33 @@ type Client struct {
 	opts    Options
 	zctx    *zmq.Context
 	wake    *wake.Wake
-	done    chan struct{}
+	done    chan struct{} // closed once Close has closed the sockets
+
+	// token is a one-slot semaphore: whoever put the value in owns sock,
+	// poller and backlog (ZMQ sockets are not thread-safe; the channel
+	// hand-off is the memory barrier libzmq asks for when a socket changes
+	// threads). Close takes it for good.
+	token   chan struct{}
+	sock    *zmq.Socket
+	poller  *zmq.Poller
+	sockID  int
+	backlog []outgoing // refused by the DEALER (high-water mark), sent first
 
 	mu      sync.Mutex
 	nextUID int64
-	outbox  []outgoing
+	outbox  []outgoing // queued by callers while another goroutine led
 	pending map[int64]chan Reply
 	closed  bool
-	err     error // why the socket goroutine stopped
+	err     error // from closing the sockets
 }
 
 type outgoing struct {
 	frames [][]byte // uid, type, payload…
 }
+
+// leaderPoll bounds one wait in zmq_poll so a leader notices a cancelled
+// context (a deadline is honoured exactly) and Close.
+const leaderPoll = 20 * time.Millisecond
 
 // Dial connects a DEALER to endpoint ("tcp://host:port"); like ZMQ, it does not
 // wait for the server to be up.
@@ -120,8 +141,10 @@ func Dial(endpoint string, profile *protocol.Profile, opts Options) (*Client, er
 		return fail(fmt.Errorf("client: %w", err))
 	}
 	c := &Client{profile: profile, opts: opts, zctx: zctx, wake: w, done: make(chan struct{}),
+		token: make(chan struct{}, 1), sock: sock, poller: zmq.NewPoller(),
 		pending: map[int64]chan Reply{}}
-	go c.run(sock)
+	c.sockID = c.poller.Add(sock, zmq.POLLIN)
+	c.poller.Add(w.Socket(), zmq.POLLIN)
 	return c, nil
 }
 
@@ -169,92 +192,135 @@ func (c *Client) CallRaw(ctx context.Context, typ int64, payload ...[]byte) (Rep
 	c.nextUID++
 	uidFrame, _ := protocol.Encode(uid)
 	c.pending[uid] = ch
-	c.outbox = append(c.outbox, outgoing{frames: append([][]byte{uidFrame, typFrame}, payload...)})
+	frames := make([][]byte, 0, 2+len(payload))
+	c.outbox = append(c.outbox, outgoing{frames: append(append(frames, uidFrame, typFrame), payload...)})
 	c.mu.Unlock()
-	c.wake.Signal()
 
 	select {
-	case r := <-ch:
-		if r.Error != nil {
-			return r, r.Error
-		}
-		return r, nil
-	case <-ctx.Done():
-		c.mu.Lock()
-		delete(c.pending, uid)
-		c.mu.Unlock()
-		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			return Reply{}, fmt.Errorf("request %d uid %d: %w: %w", typ, uid, ErrTimeout, ctx.Err())
-		}
-		return Reply{}, ctx.Err()
-	case <-c.done:
-		return Reply{}, ErrClosed
+	case c.token <- struct{}{}:
+		return c.lead(ctx, typ, uid, ch)
+	default:
 	}
-}
-
-// Close stops the socket goroutine; outstanding calls return ErrClosed.
-func (c *Client) Close() error {
-	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
-		return nil
-	}
-	c.closed = true
-	c.mu.Unlock()
+	// Another goroutine holds the socket: it sends our message once woken.
 	c.wake.Signal()
-	<-c.done
-	return c.err
+	for {
+		select {
+		case r := <-ch:
+			return result(r)
+		case c.token <- struct{}{}:
+			return c.lead(ctx, typ, uid, ch)
+		case <-ctx.Done():
+			return Reply{}, c.abandon(ctx, typ, uid)
+		case <-c.done:
+			return Reply{}, ErrClosed
+		}
+	}
 }
 
-func (c *Client) run(sock *zmq.Socket) {
-	defer close(c.done)
-	poller := zmq.NewPoller()
-	sockID := poller.Add(sock, zmq.POLLIN)
-	poller.Add(c.wake.Socket(), zmq.POLLIN)
-	// backlog holds messages the DEALER refused (high-water mark reached):
-	// the socket goroutine must never block in send, or replies would stall.
-	var backlog []outgoing
+func result(r Reply) (Reply, error) {
+	if r.Error != nil {
+		return r, r.Error
+	}
+	return r, nil
+}
+
+// abandon forgets a call whose context ended and says why.
+func (c *Client) abandon(ctx context.Context, typ, uid int64) error {
+	c.mu.Lock()
+	delete(c.pending, uid)
+	c.mu.Unlock()
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return fmt.Errorf("request %d uid %d: %w: %w", typ, uid, ErrTimeout, ctx.Err())
+	}
+	return ctx.Err()
+}
+
+// lead runs with the token held: it sends every queued message and reads
+// replies, delivering each to its caller, until ch has this call's reply, ctx
+// ends or the client closes. The token is released on return; a waiting
+// caller then takes it over.
+func (c *Client) lead(ctx context.Context, typ, uid int64, ch chan Reply) (Reply, error) {
+	defer func() { <-c.token }()
 	for {
-		c.wake.Drain()
 		c.mu.Lock()
 		closed := c.closed
-		backlog = append(backlog, c.outbox...)
+		c.backlog = append(c.backlog, c.outbox...)
 		clear(c.outbox)
 		c.outbox = c.outbox[:0]
 		c.mu.Unlock()
 		if closed {
-			break
+			return Reply{}, ErrClosed
 		}
-		sent := 0
-		for _, o := range backlog {
-			if !c.send(sock, o.frames) {
-				break
-			}
-			sent++
+		c.flush()
+		select {
+		case r := <-ch:
+			return result(r)
+		default:
 		}
-		clear(backlog[:sent])
-		backlog = backlog[sent:]
+		if ctx.Err() != nil {
+			return Reply{}, c.abandon(ctx, typ, uid)
+		}
+		wait := leaderPoll
+		if dl, ok := ctx.Deadline(); ok {
+			wait = min(wait, max(time.Until(dl), 0))
+		}
 		events := zmq.POLLIN
-		if len(backlog) > 0 {
+		if len(c.backlog) > 0 {
 			events |= zmq.POLLOUT
 		}
-		_, _ = poller.Update(sockID, events)
-		polled, err := poller.Poll(-1)
+		_, _ = c.poller.Update(c.sockID, events)
+		polled, err := c.poller.Poll(wait)
 		if err != nil {
+			// EINTR, or a persistent error: do not spin on the latter.
+			time.Sleep(time.Millisecond)
 			continue
 		}
 		for _, p := range polled {
-			if p.Socket == sock && p.Events&zmq.POLLIN != 0 {
-				c.recvAll(sock)
+			switch {
+			case p.Socket == c.sock && p.Events&zmq.POLLIN != 0:
+				c.recvUntil(ch)
+			case p.Socket == c.wake.Socket():
+				c.wake.Drain()
 			}
 		}
 	}
-	c.err = errors.Join(c.wake.Close(), sock.Close(), c.zctx.Term())
+}
+
+// flush sends the backlog as far as the DEALER takes it.
+func (c *Client) flush() {
+	sent := 0
+	for _, o := range c.backlog {
+		if !c.send(o.frames) {
+			break
+		}
+		sent++
+	}
+	clear(c.backlog[:sent])
+	c.backlog = c.backlog[sent:]
+}
+
+// Close closes the socket; outstanding calls return ErrClosed.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		<-c.done
+		return nil
+	}
+	c.closed = true
+	c.mu.Unlock()
+	// Wake a leader sleeping in poll; it sees closed and lets go. The token is
+	// never given back: no one touches the sockets after this.
+	c.wake.Signal()
+	c.token <- struct{}{}
+	c.err = errors.Join(c.wake.Close(), c.sock.Close(), c.zctx.Term())
+	close(c.done)
+	return c.err
 }
 
 // send reports false when the DEALER would block; a multipart message is
 // accepted whole once its first frame is.
-func (c *Client) send(sock *zmq.Socket, frames [][]byte) bool {
+func (c *Client) send(frames [][]byte) bool {
 	for i, f := range frames {
 		flag := zmq.SNDMORE
 		if i == len(frames)-1 {
@@ -263,16 +329,18 @@ func (c *Client) send(sock *zmq.Socket, frames [][]byte) bool {
 		if i == 0 {
 			flag |= zmq.DONTWAIT
 		}
-		if _, err := sock.SendBytes(f, flag); err != nil {
+		if _, err := c.sock.SendBytes(f, flag); err != nil {
 			return i > 0
 		}
 	}
 	return true
 }
 
-func (c *Client) recvAll(sock *zmq.Socket) {
+// recvUntil reads replies without blocking and delivers them, stopping once
+// own (the leader's channel) holds its reply or nothing is left to read.
+func (c *Client) recvUntil(own chan Reply) {
 	for {
-		msg, err := sock.RecvMessageBytes(zmq.DONTWAIT)
+		msg, err := c.sock.RecvMessageBytes(zmq.DONTWAIT)
 		if err != nil {
 			return
 		}
@@ -301,6 +369,9 @@ func (c *Client) recvAll(sock *zmq.Socket) {
 		c.mu.Unlock()
 		if ch != nil {
 			ch <- r
+			if ch == own {
+				return
+			}
 		}
 	}
 }

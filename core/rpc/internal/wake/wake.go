@@ -1,7 +1,7 @@
 // Package wake lets goroutines wake a goroutine that sleeps in zmq_poll: a pair
 // of inproc PAIR sockets whose receiving end joins the poller. ZMQ sockets are
-// not thread-safe, so the sending end is guarded, and at most one wake byte is
-// outstanding at a time.
+// not thread-safe, so the sending end is guarded, and a wake byte is sent only
+// when none is pending (a race can leave one extra: a spurious wake-up).
 package wake
 
 import (
@@ -76,11 +76,10 @@ func (w *Wake) Drain() {
 	// still set and sends nothing, but its work was published before it, so
 	// the owner's take after Drain sees it. Clearing first could leave pending
 	// set with no byte outstanding, and every later Signal would be lost.
-	for {
-		if _, err := w.rx.RecvBytes(zmq.DONTWAIT); err != nil {
-			break
-		}
-	}
+	// One read: a Signal racing a Drain can leave a second byte behind, which
+	// costs one spurious wake-up later; reading until EAGAIN would cost an
+	// extra libzmq call on every wake-up instead.
+	_, _ = w.rx.RecvBytes(zmq.DONTWAIT)
 	w.pending.Store(false)
 }
 
