@@ -3,6 +3,9 @@ package engine
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"net"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -80,7 +83,27 @@ func (e *Engine) startFront(cfg settings.Config, p *plane) (*front, error) {
 		return nil, fmt.Errorf("wire server did not bind %s:%d within 10 s", cfg.Server.Host, cfg.Server.Port)
 	}
 	e.log.Info("serving", "endpoint", srv.Endpoint(), "protocol", profile.Name)
+	if !loopbackEndpoint(srv.Endpoint()) {
+		// The wire protocol has no authentication: say so where operators look.
+		msg := "ZMQ bound to a non-loopback address: anyone who can reach it can read and write the cache"
+		e.log.Warn(msg, "endpoint", srv.Endpoint())
+		e.events.add(EventLifecycle, slog.LevelWarn, msg+" ("+srv.Endpoint()+")")
+	}
 	return f, nil
+}
+
+// loopbackEndpoint reports whether a bound "tcp://host:port" endpoint is
+// reachable from this host only.
+func loopbackEndpoint(endpoint string) bool {
+	host, _, err := net.SplitHostPort(strings.TrimPrefix(endpoint, "tcp://"))
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // stop stops reading, drains in-flight requests and closes the socket.

@@ -14,6 +14,7 @@
 package httpapi
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -211,9 +212,15 @@ func (s *Server) dispatch(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// No endpoint reads a body, but a chunked one must still respect the
-	// limit rather than be streamed in unbounded.
+	// limit rather than be streamed in unbounded, and one that is there must
+	// at least be JSON: garbage is a client bug worth a 400, not a silent
+	// clear-cache.
 	if r.Body != nil && r.Body != http.NoBody {
-		_, err := io.Copy(io.Discard, http.MaxBytesReader(rw, r.Body, s.opts.MaxBodyBytes))
+		body, err := io.ReadAll(http.MaxBytesReader(rw, r.Body, s.opts.MaxBodyBytes))
+		if err == nil && len(bytes.TrimSpace(body)) > 0 && !json.Valid(body) {
+			writeError(rw, http.StatusBadRequest, "request body is not valid JSON (no endpoint needs a body; send none)")
+			return
+		}
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
 			writeError(rw, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body exceeds the limit of %d bytes", s.opts.MaxBodyBytes))
