@@ -1,0 +1,273 @@
+package reliability
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"kvdock/core/protocol"
+	"kvdock/tests/harness"
+)
+
+// killedWorker runs a py/faults.py scenario that ends with the worker
+// killing itself with SIGKILL; it returns the JSON the worker printed
+// before dying and fails unless the worker died by SIGKILL.
+func killedWorker(t *testing.T, srv *harness.Server, scenario string, params map[string]any) map[string]any {
+	t.Helper()
+	p, _ := json.Marshal(params)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, harness.Python, "py/faults.py", srv.Endpoint, scenario, string(p))
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+		t.Fatalf("%s: want death by SIGKILL, got %v\nstdout %s\nstderr %s", scenario, err, out, stderr.String())
+	}
+	var res map[string]any
+	if err := json.Unmarshal(out, &res); err != nil {
+		t.Fatalf("%s output %q: %v", scenario, out, err)
+	}
+	return res
+}
+
+// TestWorkerKilledBetweenPrepareAndCommitStore: the dead worker's write
+// reservation is reclaimed by the write TTL, its garbage is never
+// published, and the pool returns to its baseline.
+func TestWorkerKilledBetweenPrepareAndCommitStore(t *testing.T) {
+	srv := harness.Start(t, "--chunk-size", "16", "--l1-write-ttl-seconds", "4")
+	base := status(t, srv).Pool
+	res := killedWorker(t, srv, "die_mid_store", map[string]any{"instance_id": 501, "seed": 77, "chunks": 3})
+	if res["slots"] != float64(3) {
+		t.Fatalf("worker got %v slots, want 3", res["slots"])
+	}
+	mid := status(t, srv).Pool
+	if mid.WriteLocked != 3 || mid.UsedBytes <= base.UsedBytes {
+		t.Fatalf("reservation not visible while the worker is dead: %+v", mid)
+	}
+	c := srv.Dial(t, srv.Protocol)
+	toks := pyTokens(77, 3*16) // the dead worker's tokens
+	if n, err := lookup(context.Background(), c, "faults-model", toks, "l-mid"); err != nil || n != 0 {
+		t.Fatalf("half-written chunks visible to LOOKUP: %d %v", n, err)
+	}
+	waitFor(t, 10*time.Second, "write reservation reclaimed by the TTL", func() bool {
+		p := status(t, srv).Pool
+		return p.WriteLocked == 0 && p.UsedBytes == base.UsedBytes && p.Objects == base.Objects
+	})
+	// The transfer module aborts the reservation at half the TTL; the pool's
+	// own write TTL is the backstop. Either way it is counted.
+	if st := status(t, srv); st.Transfer.Expired < 1 && st.Pool.ExpiredWriteLocks < 3 {
+		t.Fatalf("reclaim not counted: transfer expired %d, pool expired write locks %d", st.Transfer.Expired, st.Pool.ExpiredWriteLocks)
+	}
+	if n, err := lookup(context.Background(), c, "faults-model", toks, "l-after"); err != nil || n != 0 {
+		t.Fatalf("garbage of a dead worker published: %d hits, %v", n, err)
+	}
+	// A second dead writer, reclaimed at once by UNREGISTER (what a
+	// restarted worker or an operator sends) rather than by the TTL.
+	killedWorker(t, srv, "die_mid_store", map[string]any{"instance_id": 503, "seed": 78, "chunks": 2})
+	if p := status(t, srv).Pool; p.WriteLocked != 2 {
+		t.Fatalf("write locks of the second dead worker: %d, want 2", p.WriteLocked)
+	}
+	if _, err := c.Call(context.Background(), protocol.UnregisterKVCache, int64(503)); err != nil {
+		t.Fatal(err)
+	}
+	if p := status(t, srv).Pool; p.WriteLocked != 0 || p.UsedBytes != base.UsedBytes || p.Objects != base.Objects {
+		t.Fatalf("after UNREGISTER of the dead writer: %+v", p)
+	}
+	if n, err := lookup(context.Background(), c, "faults-model", pyTokens(78, 2*16), "l-unreg"); err != nil || n != 0 {
+		t.Fatalf("garbage of an unregistered dead worker published: %d hits, %v", n, err)
+	}
+	// The same chunks stored properly afterwards read back byte-correct.
+	w := newWorker(t, c, 502, "faults-model", false)
+	data := [][]byte{chunkData(77, 0, w.chunkBytes), chunkData(77, 1, w.chunkBytes), chunkData(77, 2, w.chunkBytes)}
+	if r, err := w.store(context.Background(), toks, data, "s"); err != nil || r != "true" {
+		t.Fatalf("store after reclaim: %q %v", r, err)
+	}
+	got, err := w.retrieve(context.Background(), toks, 3, "r")
+	if err != nil || len(got) != 3 {
+		t.Fatalf("retrieve after reclaim: %d chunks, %v", len(got), err)
+	}
+	for i := range got {
+		if sum(got[i]) != sum(data[i]) {
+			t.Fatalf("chunk %d differs after a dead worker's reservation was reclaimed", i)
+		}
+	}
+}
+
+// TestWorkerKilledBetweenPrepareAndCommitRetrieve: the read locks of a dead
+// reader are reset by the read TTL (SHM) or released on UNREGISTER
+// (pickle), the chunks stay correct and evictable.
+func TestWorkerKilledBetweenPrepareAndCommitRetrieve(t *testing.T) {
+	srv := harness.Start(t, "--chunk-size", "16", "--l1-read-ttl-seconds", "4")
+	c := srv.Dial(t, srv.Protocol)
+	w := newWorker(t, c, 600, "faults-model", false)
+	toks := pyTokens(91, 2*16)
+	data := [][]byte{chunkData(91, 0, w.chunkBytes), chunkData(91, 1, w.chunkBytes)}
+	if r, err := w.store(context.Background(), toks, data, "s"); err != nil || r != "true" {
+		t.Fatalf("store: %q %v", r, err)
+	}
+	base := status(t, srv).Pool
+	for _, tc := range []struct {
+		name   string
+		id     int
+		pickle bool
+	}{{"shm_ttl", 601, false}, {"pickle_unregister", 602, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			res := killedWorker(t, srv, "die_mid_retrieve", map[string]any{"instance_id": tc.id, "seed": 91, "chunks": 2, "force_pickle": tc.pickle})
+			if res["success"] != true {
+				t.Fatalf("dying reader missed: %v", res)
+			}
+			if p := status(t, srv).Pool; p.ReadLocked != 2 {
+				t.Fatalf("read locks while the reader is dead: %d, want 2", p.ReadLocked)
+			}
+			if tc.pickle {
+				// A restarted worker (or an operator) unregisters the dead instance.
+				if _, err := c.Call(context.Background(), protocol.UnregisterKVCache, int64(tc.id)); err != nil {
+					t.Fatal(err)
+				}
+				if p := status(t, srv).Pool; p.ReadLocked != 0 {
+					t.Fatalf("read locks after UNREGISTER: %d", p.ReadLocked)
+				}
+			}
+			waitFor(t, 10*time.Second, "read locks reclaimed", func() bool {
+				p := status(t, srv).Pool
+				return p.ReadLocked == 0 && p.UsedBytes == base.UsedBytes && p.Objects == base.Objects
+			})
+			got, err := w.retrieve(context.Background(), toks, 2, "r-"+tc.name)
+			if err != nil || len(got) != 2 || sum(got[0]) != sum(data[0]) || sum(got[1]) != sum(data[1]) {
+				t.Fatalf("chunks after a dead reader: %d %v", len(got), err)
+			}
+		})
+	}
+}
+
+// pyTokens is lmcache_worker.tokens_for.
+func pyTokens(seed, n int) []uint32 {
+	out := make([]uint32, n)
+	for i := range out {
+		out[i] = uint32((seed*7919 + i*31) % 50000)
+	}
+	return out
+}
+
+// TestServerKilledStaleSegmentReclaimed: kvdock killed with SIGKILL leaves
+// its segment; the next start with the same name removes it and serves.
+func TestServerKilledStaleSegmentReclaimed(t *testing.T) {
+	name := harness.UniqueName("relstale")
+	seg := "lmcache_l1_pool_" + name
+	srv := harness.Start(t, "--shm-name", name)
+	srv.Kill()
+	if !segmentExists(seg) {
+		t.Fatalf("SIGKILL should leave %s behind (else this test proves nothing)", seg)
+	}
+	srv2 := harness.Start(t, "--shm-name", name)
+	st := status(t, srv2)
+	if st.ShmName != seg || !segmentExists(seg) {
+		t.Fatalf("restart: advertised %q", st.ShmName)
+	}
+	if !strings.Contains(srv2.Output(), "stale") || !strings.Contains(srv2.Output(), seg) {
+		t.Fatalf("log does not mention the removed stale segment:\n%s", srv2.Output())
+	}
+	c := srv2.Dial(t, srv2.Protocol)
+	w := newWorker(t, c, 1, "m", false)
+	toks := tokensFor(3, 1, w.chunk)
+	if r, err := w.store(context.Background(), toks, [][]byte{chunkData(3, 0, w.chunkBytes)}, "s"); err != nil || r != "true" {
+		t.Fatalf("store on the reclaimed name: %q %v", r, err)
+	}
+}
+
+// TestTwoServersSideBySideAndBusyName: two names coexist; asking for a
+// live server's name fails with a message naming the segment.
+func TestTwoServersSideBySideAndBusyName(t *testing.T) {
+	a := harness.Start(t)
+	b := harness.Start(t)
+	if a.Segment == b.Segment || !segmentExists(a.Segment) || !segmentExists(b.Segment) {
+		t.Fatalf("side by side: %s %s", a.Segment, b.Segment)
+	}
+	for _, s := range []*harness.Server{a, b} {
+		if st := status(t, s); st.ShmName != s.Segment || st.State != "serving" {
+			t.Fatalf("%s: %+v", s.Segment, st.ShmName)
+		}
+	}
+	bare := strings.TrimPrefix(a.Segment, "lmcache_l1_pool_")
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, harness.Binary(t), "--headless", "--port", fmt.Sprint(harness.FreePort(t)),
+		"--http-port", fmt.Sprint(harness.FreePort(t)), "--l1-size-gb", "0.0625", "--no-l1-prefault", "--shm-name", bare)
+	cmd.Env = append(os.Environ(), "KVDOCK_CONFIG=")
+	out, err := cmd.CombinedOutput()
+	if err == nil || ctx.Err() != nil {
+		t.Fatalf("second server on a live name: err %v ctx %v\n%s", err, ctx.Err(), out)
+	}
+	if !strings.Contains(string(out), a.Segment) {
+		t.Fatalf("error does not name the segment %s:\n%s", a.Segment, out)
+	}
+	// The first server is untouched.
+	if !segmentExists(a.Segment) || status(t, a).State != "serving" {
+		t.Fatal("the live server lost its segment")
+	}
+}
+
+// TestShmTooSmallFallsBack: a pool larger than /dev/shm's free space starts
+// with SHM off and says why, with both numbers; no hang.
+func TestShmTooSmallFallsBack(t *testing.T) {
+	var fs unix.Statfs_t
+	if err := unix.Statfs("/dev/shm", &fs); err != nil {
+		t.Fatal(err)
+	}
+	free := int64(fs.Bavail) * int64(fs.Bsize)
+	gb := float64(free+(1<<30)) / float64(1<<30)
+	start := time.Now()
+	// The harness names the segment (--shm-name NAME): the named path must
+	// still fall back when the segment cannot fit. With SHM off the pool is
+	// lazy anonymous memory and --no-l1-prefault touches none of it.
+	srv := harness.Start(t, "--l1-size-gb", fmt.Sprintf("%.3f", gb))
+	if d := time.Since(start); d > 20*time.Second {
+		t.Fatalf("startup took %v", d)
+	}
+	st := status(t, srv)
+	if st.ShmName != "" || st.PoolSize != 0 {
+		t.Fatalf("advertised %q %d for a pool larger than /dev/shm", st.ShmName, st.PoolSize)
+	}
+	if segmentExists(srv.Segment) {
+		t.Fatalf("segment %s created although it does not fit", srv.Segment)
+	}
+	t.Logf("shm_reason: %s", st.ShmReason)
+	if !strings.Contains(st.ShmReason, "/dev/shm") || !containsNumber(st.ShmReason) {
+		t.Fatalf("shm_reason does not say why with numbers: %q", st.ShmReason)
+	}
+	c := srv.Dial(t, srv.Protocol)
+	w := newWorker(t, c, 9, "m", false)
+	if w.mode() != "pickle" || w.segName != "" || w.poolSize != 0 {
+		t.Fatalf("register reply {%q, %d}, want {\"\", 0}", w.segName, w.poolSize)
+	}
+	toks := tokensFor(5, 2, w.chunk)
+	data := [][]byte{chunkData(5, 0, w.chunkBytes), chunkData(5, 1, w.chunkBytes)}
+	if r, err := w.store(context.Background(), toks, data, "s"); err != nil || r != "true" {
+		t.Fatalf("pickle store: %q %v", r, err)
+	}
+	got, err := w.retrieve(context.Background(), toks, 2, "r")
+	if err != nil || len(got) != 2 || sum(got[1]) != sum(data[1]) {
+		t.Fatalf("pickle retrieve: %d %v", len(got), err)
+	}
+}
+
+func containsNumber(s string) bool {
+	n := 0
+	for _, f := range strings.FieldsFunc(s, func(r rune) bool { return r < '0' || r > '9' }) {
+		if f != "" {
+			n++
+		}
+	}
+	return n >= 2
+}

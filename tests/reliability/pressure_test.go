@@ -1,0 +1,145 @@
+package reliability
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"kvdock/core/protocol"
+)
+
+// TestMemoryPressure stores three times the pool through four workers (two
+// SHM, two pickle) while a poller checks the pool never exceeds its size;
+// then every chunk still retrievable must be byte-correct; then, with the
+// whole pool write-locked, a further reservation is an allocation failure.
+func TestMemoryPressure(t *testing.T) {
+	const sizeMiB, nw, per = 4, 4, 4 // chunks per store
+	cfg := engineConfig(t, sizeMiB)
+	e := startEngine(t, cfg)
+	ws := make([]*gworker, nw)
+	for i := range ws {
+		ws[i] = newWorker(t, dialPort(t, cfg.Server.Port, 5*time.Second), int64(i+1), "pressure", i%2 == 1)
+	}
+	chunk, cb := ws[0].chunk, ws[0].chunkBytes
+	size := e.Snapshot().Pool.Size
+	seqs := int(3*size/int64(cb)) / per // three pools' worth of chunks
+
+	var over atomic.Int64
+	var maxUsed atomic.Int64
+	stopPoll := make(chan struct{})
+	pollDone := make(chan struct{})
+	go func() {
+		defer close(pollDone)
+		for {
+			p := e.Snapshot().Pool
+			if p.UsedBytes > p.Size {
+				over.Add(1)
+			}
+			if p.UsedBytes > maxUsed.Load() {
+				maxUsed.Store(p.UsedBytes)
+			}
+			select {
+			case <-stopPoll:
+				return
+			case <-time.After(2 * time.Millisecond):
+			}
+		}
+	}()
+	var wg sync.WaitGroup
+	var stored, errs atomic.Int64
+	for i, w := range ws {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for s := i; s < seqs; s += nw {
+				data := make([][]byte, per)
+				for j := range data {
+					data[j] = chunkData(s, j, cb)
+				}
+				r, err := w.store(context.Background(), tokensFor(s, per, chunk), data, fmt.Sprint("p", s))
+				if err != nil {
+					errs.Add(1)
+					t.Errorf("store %d: %v", s, err)
+					return
+				}
+				if r == "true" {
+					stored.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(stopPoll)
+	<-pollDone
+	p := e.Snapshot().Pool
+	t.Logf("stored %d of %d sequences (%d MiB through a %d MiB pool); max used %d of %d; evictions %d",
+		stored.Load(), seqs, int64(seqs*per*cb)>>20, size>>20, maxUsed.Load(), size, p.Evictions)
+	if over.Load() > 0 || maxUsed.Load() > size {
+		t.Fatalf("pool exceeded its size %d times (max used %d > %d)", over.Load(), maxUsed.Load(), size)
+	}
+	if p.Evictions == 0 {
+		t.Fatal("three pools' worth stored and nothing evicted")
+	}
+	if errs.Load() > 0 {
+		t.FailNow()
+	}
+
+	// Every retrievable chunk is the right one.
+	var hits, checked int
+	for s := range seqs {
+		w := ws[s%nw]
+		got, err := w.retrieve(context.Background(), tokensFor(s, per, chunk), per, fmt.Sprint("v", s))
+		if err != nil {
+			t.Fatalf("retrieve %d: %v", s, err)
+		}
+		if got == nil {
+			continue
+		}
+		hits++
+		for j, g := range got {
+			checked++
+			if sum(g) != sum(chunkData(s, j, cb)) {
+				t.Fatalf("sequence %d chunk %d (%s worker): wrong bytes under pressure", s, j, w.mode())
+			}
+		}
+	}
+	if hits == 0 {
+		t.Fatal("nothing retrievable after the pressure run")
+	}
+	t.Logf("%d sequences still cached, %d chunks checked, 0 mismatches", hits, checked)
+
+	// Everything write-locked: reservations that cannot be made are counted.
+	if _, err := e.ClearCache(); err != nil {
+		t.Fatal(err)
+	}
+	w := ws[0]
+	before := e.Snapshot().Pool.AllocFailures
+	locked := 0
+	for s := 0; ; s++ {
+		k := w.key(tokensFor(100000+s, per, chunk), per, fmt.Sprint("lock", s))
+		r, err := w.c.Call(context.Background(), protocol.PrepareStore, k, w.id)
+		if err != nil {
+			t.Fatalf("prepare_store while filling: %v", err)
+		}
+		var ps prepStore
+		if err := r.Decode(&ps); err != nil {
+			t.Fatal(err)
+		}
+		locked += len(ps.Context.Slots)
+		if len(ps.Context.Slots) < per {
+			break
+		}
+		if s > int(size/int64(cb)) {
+			t.Fatal("the pool never filled")
+		}
+	}
+	p = e.Snapshot().Pool
+	if p.AllocFailures <= before || p.WriteLocked != locked || p.UsedBytes > p.Size {
+		t.Fatalf("pool full of write locks: alloc failures %d (before %d), write locked %d of %d reserved, used %d/%d",
+			p.AllocFailures, before, p.WriteLocked, locked, p.UsedBytes, p.Size)
+	}
+	t.Logf("write-locked %d chunks; allocation failures %d", locked, p.AllocFailures-before)
+}

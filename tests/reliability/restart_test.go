@@ -1,0 +1,206 @@
+package reliability
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"kvdock/core/engine"
+	"kvdock/core/protocol"
+	"kvdock/core/rpc/client"
+	"kvdock/settings"
+	"kvdock/tests/harness"
+)
+
+// engineConfig is an in-process engine of sizeMiB on a free port with its
+// own segment name and 16-token chunks.
+func engineConfig(t testing.TB, sizeMiB int) settings.Config {
+	t.Helper()
+	cfg := settings.Default()
+	cfg.Server.Port = harness.FreePort(t)
+	cfg.Server.ChunkSize = 16
+	cfg.L1.SizeGB = float64(sizeMiB) / 1024
+	cfg.L1.Prefault = false
+	name := harness.UniqueName("relengine")
+	cfg.Server.ShmName = &name
+	return cfg
+}
+
+func startEngine(t testing.TB, cfg settings.Config) *engine.Engine {
+	t.Helper()
+	e := engine.New(cfg, engine.Options{})
+	if err := e.Start(context.Background()); err != nil {
+		t.Fatalf("engine start: %v", err)
+	}
+	t.Cleanup(func() { _ = e.Stop(context.Background()) })
+	return e
+}
+
+func dialPort(t testing.TB, port int, timeout time.Duration) *client.Client {
+	t.Helper()
+	c, err := client.Dial(fmt.Sprintf("tcp://127.0.0.1:%d", port), harness.Profile(t, "nongpu-v1"), client.Options{Timeout: timeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// TestRestartKeepsCacheAndContexts applies a port change (restart class)
+// while four workers keep reading: afterwards the same instances, on the
+// new port, get every chunk back byte-correct; during the switch a worker
+// may see errors (its endpoint went away) but never wrong bytes.
+func TestRestartKeepsCacheAndContexts(t *testing.T) {
+	cfg := engineConfig(t, 16)
+	e := startEngine(t, cfg)
+	const nw, nseq = 4, 8
+	ws := make([]*gworker, nw)
+	for i := range ws {
+		ws[i] = newWorker(t, dialPort(t, cfg.Server.Port, 2*time.Second), int64(100+i), "restart", i%2 == 1)
+	}
+	chunk, cb := ws[0].chunk, ws[0].chunkBytes
+	for s := range nseq {
+		data := [][]byte{chunkData(s, 0, cb), chunkData(s, 1, cb)}
+		if r, err := ws[s%nw].store(context.Background(), tokensFor(s, 2, chunk), data, fmt.Sprint("s", s)); err != nil || r != "true" {
+			t.Fatalf("store %d: %q %v", s, r, err)
+		}
+	}
+	var port atomic.Int64
+	port.Store(int64(cfg.Server.Port))
+	var mismatches, errs, hits, misses atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for i, w := range ws {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			myPort := int64(cfg.Server.Port)
+			for n := 0; ; n++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if p := port.Load(); p != myPort {
+					// Reconnect, as a worker told of the new endpoint would.
+					c, err := client.Dial(fmt.Sprintf("tcp://127.0.0.1:%d", p), w.c.Profile(), client.Options{Timeout: 2 * time.Second})
+					if err == nil {
+						_ = w.c.Close()
+						w.c = c
+						myPort = p
+					}
+				}
+				s := (i + n) % nseq
+				got, err := w.retrieve(context.Background(), tokensFor(s, 2, chunk), 2, fmt.Sprintf("w%d-%d", i, n))
+				switch {
+				case err != nil:
+					errs.Add(1)
+				case got == nil:
+					misses.Add(1)
+				case sum(got[0]) != sum(chunkData(s, 0, cb)) || sum(got[1]) != sum(chunkData(s, 1, cb)):
+					mismatches.Add(1)
+				default:
+					hits.Add(1)
+				}
+			}
+		}()
+	}
+	time.Sleep(200 * time.Millisecond)
+	next := cfg
+	next.Server.Port = harness.FreePort(t)
+	res, err := e.Apply(context.Background(), next, nil)
+	if err != nil || res.Class != settings.Restart {
+		t.Fatalf("apply restart: %+v %v", res, err)
+	}
+	port.Store(int64(next.Server.Port))
+	before := hits.Load()
+	// Calls in flight at the switch time out (2 s, and END_SESSION another
+	// 2 s); then the workers move to the new port and hit again.
+	waitFor(t, 15*time.Second, "hits after the restart", func() bool { return hits.Load() > before+4*nw })
+	close(stop)
+	wg.Wait()
+	for _, w := range ws {
+		// A worker stopped mid-call may not have moved yet: move it now.
+		_ = w.c.Close()
+		w.c = dialPort(t, next.Server.Port, 2*time.Second)
+	}
+	if mismatches.Load() != 0 {
+		t.Fatalf("%d wrong chunks across a restart", mismatches.Load())
+	}
+	if hits.Load() == before {
+		t.Fatalf("no hits after the restart (hits %d, misses %d, errors %d)", hits.Load(), misses.Load(), errs.Load())
+	}
+	s := e.Snapshot()
+	if len(s.Contexts) != nw || s.Pool.Objects != 2*nseq {
+		t.Fatalf("after restart: %d contexts, %d objects", len(s.Contexts), s.Pool.Objects)
+	}
+	// Every chunk, through every worker (SHM and pickle), on the new port.
+	for i, w := range ws {
+		for s := range nseq {
+			got, err := w.retrieve(context.Background(), tokensFor(s, 2, chunk), 2, fmt.Sprintf("final-%d-%d", i, s))
+			if err != nil || len(got) != 2 || sum(got[0]) != sum(chunkData(s, 0, cb)) || sum(got[1]) != sum(chunkData(s, 1, cb)) {
+				t.Fatalf("worker %d (%s) seq %d after restart: %d chunks, %v", i, w.mode(), s, len(got), err)
+			}
+		}
+	}
+	t.Logf("restart under load: %d hits, %d errors during the switch, 0 mismatches", hits.Load(), errs.Load())
+}
+
+// TestRebuildDropsCacheAndOldContexts applies an L1 size change (rebuild
+// class) with the same segment name: the cache and contexts go; the old
+// instance gets no slots (no answer) for PREPARE_STORE, so a worker still
+// mapping the old segment is never handed offsets into the new one; a
+// re-registered worker maps the new segment and works.
+func TestRebuildDropsCacheAndOldContexts(t *testing.T) {
+	cfg := engineConfig(t, 16)
+	e := startEngine(t, cfg)
+	c := dialPort(t, cfg.Server.Port, 500*time.Millisecond)
+	old := newWorker(t, c, 7, "rebuild", false)
+	chunk, cb := old.chunk, old.chunkBytes
+	toks := tokensFor(42, 2, chunk)
+	data := [][]byte{chunkData(42, 0, cb), chunkData(42, 1, cb)}
+	if r, err := old.store(context.Background(), toks, data, "s"); err != nil || r != "true" {
+		t.Fatalf("store: %q %v", r, err)
+	}
+	next := cfg
+	next.L1.SizeGB = 8.0 / 1024
+	res, err := e.Apply(context.Background(), next, nil)
+	if err != nil || res.Class != settings.Rebuild {
+		t.Fatalf("apply rebuild: %+v %v", res, err)
+	}
+	s := e.Snapshot()
+	if len(s.Contexts) != 0 || s.Pool.Objects != 0 || s.Shm.PoolSize != next.L1.SizeBytes() {
+		t.Fatalf("after rebuild: %d contexts, %d objects, pool %d", len(s.Contexts), s.Pool.Objects, s.Shm.PoolSize)
+	}
+	// The old instance, still mapping the old (unlinked) segment.
+	k := old.key(tokensFor(43, 1, chunk), 1, "old")
+	r, err := c.Call(context.Background(), protocol.PrepareStore, k, old.id)
+	if err == nil && r.Present {
+		var ps prepStore
+		_ = r.Decode(&ps)
+		if len(ps.Context.Slots) > 0 {
+			t.Fatalf("the dropped instance was handed %d slots in the new segment", len(ps.Context.Slots))
+		}
+	}
+	if got, err := old.retrieve(context.Background(), toks, 2, "old-r"); err == nil && got != nil {
+		t.Fatalf("a dropped instance read %d chunks after the rebuild", len(got))
+	}
+	if n, err := lookup(context.Background(), c, "rebuild", toks, "l"); err != nil || n != 0 {
+		t.Fatalf("cache survived a rebuild: %d hits, %v", n, err)
+	}
+	// Re-registering maps the new segment; everything works again.
+	fresh := newWorker(t, c, 7, "rebuild", false)
+	if fresh.poolSize != next.L1.SizeBytes() || fresh.shm == nil {
+		t.Fatalf("re-register: pool %d mode %s", fresh.poolSize, fresh.mode())
+	}
+	if r, err := fresh.store(context.Background(), toks, data, "s2"); err != nil || r != "true" {
+		t.Fatalf("store after rebuild: %q %v", r, err)
+	}
+	got, err := fresh.retrieve(context.Background(), toks, 2, "r2")
+	if err != nil || len(got) != 2 || sum(got[0]) != sum(data[0]) || sum(got[1]) != sum(data[1]) {
+		t.Fatalf("retrieve after rebuild: %d %v", len(got), err)
+	}
+}
