@@ -3,8 +3,10 @@ package interop
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -135,8 +137,27 @@ func TestWireBadInputInProcess(t *testing.T) {
 	}
 }
 
-// The real binary: the same scenarios, asserting liveness (counters come
-// with /status later).
+// binaryStatus reads the request counters of a running kvdock from /status.
+func binaryStatus(t *testing.T, srv *harness.Server) (badInput, decodeFailures map[string]int64) {
+	t.Helper()
+	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/status", srv.HTTPPort))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var st struct {
+		Requests struct {
+			BadInput       map[string]int64 `json:"bad_input"`
+			DecodeFailures map[string]int64 `json:"decode_failures"`
+		} `json:"requests"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		t.Fatalf("/status: %v", err)
+	}
+	return st.Requests.BadInput, st.Requests.DecodeFailures
+}
+
+// The real binary: the same scenarios; its counters come from /status.
 func TestWireBinary(t *testing.T) {
 	srv := harness.Start(t, "--shm-name", "", "--max-message-bytes", "1048576")
 	cfg := wireConfig(t, harness.Profile(t, "nongpu-v1"), 256, oversizedLimit)
@@ -145,6 +166,18 @@ func TestWireBinary(t *testing.T) {
 	}
 	if res := runWire(t, srv.Endpoint, "badinput", cfg); len(res.Steps) != 9 {
 		t.Fatalf("badinput steps %v", res.Steps)
+	}
+	bad, decode := binaryStatus(t, srv)
+	for kind, n := range map[string]int64{
+		protocol.KindShort: 1, protocol.KindBadHeader: 1, protocol.KindUnknownType: 1, protocol.KindArity: 1,
+		protocol.KindPayload: 2, "cuda_unsupported": 1, protocol.KindOversized: 1,
+	} {
+		if bad[kind] != n {
+			t.Errorf("kvdock /status bad_input %s = %d, want %d (all: %v)", kind, bad[kind], n, bad)
+		}
+	}
+	if decode["NOOP"] != 1 || decode["END_SESSION"] != 1 || decode["LOOKUP"] != 1 {
+		t.Errorf("kvdock /status decode_failures %v", decode)
 	}
 	out := srv.Output()
 	if !strings.Contains(out, "protocol mismatch suspected (profile nongpu-v1, type 19 decoded as NOOP failed") {
