@@ -272,7 +272,13 @@ func reload(ctx context.Context, eng *engine.Engine, opts settings.LoadOptions, 
 		return
 	}
 	for _, c := range res.Changes {
-		logger.Info("SIGHUP: applied", "key", c.Key, "old", c.Old, "new", c.New, "class", c.Class.String())
+		switch c.Key {
+		case "log.format", "log.file", "ui.headless":
+			// The logger and the face are chosen once, at start.
+			logger.Warn("SIGHUP: takes effect when kvdock restarts", "key", c.Key, "old", c.Old, "new", c.New)
+		default:
+			logger.Info("SIGHUP: applied", "key", c.Key, "old", c.Old, "new", c.New, "class", c.Class.String())
+		}
 	}
 }
 
