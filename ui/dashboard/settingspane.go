@@ -212,8 +212,17 @@ func (m *Model) startApply() tea.Cmd {
 	}
 }
 
-func classNote(c settings.Class) string {
-	switch c {
+// changeNote says what applying c does. The faces' own keys do not restart
+// the engine: http.* restarts the HTTP API only, and the logger and the face
+// are chosen once at start.
+func changeNote(c settings.Change) string {
+	switch {
+	case c.Key == "log.format" || c.Key == "log.file" || c.Key == "ui.headless":
+		return "takes effect at the next start"
+	case strings.HasPrefix(c.Key, "http."):
+		return "HTTP API restarts"
+	}
+	switch c.Class {
 	case settings.Restart:
 		return "server restarts"
 	case settings.Rebuild:
@@ -226,7 +235,7 @@ func (m *Model) renderConfirmApply(w int) string {
 	var b strings.Builder
 	b.WriteString(m.st.Title.Render(fmt.Sprintf("Apply %d change(s)?", len(m.changes))) + "\n\n")
 	for _, c := range m.changes {
-		b.WriteString(fit(fmt.Sprintf("  [%s] %s: %s -> %s (%s)", strings.ToUpper(c.Class.String()), c.Key, c.Old, c.New, classNote(c.Class)), w) + "\n")
+		b.WriteString(fit(fmt.Sprintf("  [%s] %s: %s -> %s (%s)", strings.ToUpper(c.Class.String()), c.Key, c.Old, c.New, changeNote(c)), w) + "\n")
 	}
 	b.WriteString("\n")
 	switch settings.Strongest(m.changes) {
