@@ -209,10 +209,13 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	for {
 		select {
 		case sig := <-sigs:
-			if sig == syscall.SIGHUP {
+			if sig == syscall.SIGHUP && !dash {
 				reload(ctx, eng, loadOpts, logger)
 				continue
 			}
+			// With the dashboard, SIGHUP is the terminal hanging up (the
+			// settings pane is how it reloads): stop rather than run on
+			// without a screen.
 			if dash {
 				stopDash() // give the terminal back before stopping
 				<-quit

@@ -3,7 +3,9 @@
 package e2e
 
 import (
+	"errors"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -140,4 +142,34 @@ func TestDashboardInTmux(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	t.Fatalf("kvdock did not exit after quit:\n%s", m.capture())
+}
+
+// A terminal that goes away (SIGHUP to the dashboard) stops kvdock cleanly:
+// it must not run on without a screen, holding its segment.
+func TestDashboardStopsWhenTheTerminalHangsUp(t *testing.T) {
+	bin := harness.Binary(t)
+	name := harness.UniqueName("kvhup")
+	segment := filepath.Join("/dev/shm", "lmcache_l1_pool_"+name)
+	m := tmux{t: t, socket: harness.UniqueName("kvdock-hup")}
+	cmd := fmt.Sprintf("KVDOCK_CONFIG= %s --port %d --http-port 0 --shm-name %s --l1-size-gb 0.0625 --no-l1-prefault --log-file %s",
+		bin, harness.FreePort(t), name, filepath.Join(t.TempDir(), "kvdock.log"))
+	m.run("new-session", "-d", "-s", "kv", "-x", "100", "-y", "30", cmd)
+	t.Cleanup(func() {
+		// Should the test fail, no kvdock may outlive it holding its segment.
+		_ = exec.Command("pkill", "-f", "--shm-name "+name+" ").Run()
+		_ = os.Remove(segment)
+	})
+	m.waitFor("dashboard up", 20*time.Second, "SERVING")
+	if _, err := os.Stat(segment); err != nil {
+		t.Fatalf("segment missing while serving: %v", err)
+	}
+	m.run("kill-server") // the pane's terminal hangs up
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		if _, err := os.Stat(segment); errors.Is(err, os.ErrNotExist) {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("kvdock still holds %s 5 s after its terminal hung up", segment)
 }
