@@ -8,6 +8,8 @@ import (
 	"path"
 	"slices"
 	"strings"
+
+	"kvdock/core/protocol"
 )
 
 //go:embed protocols/*.yaml
@@ -40,4 +42,17 @@ func ProtocolNames() []string {
 	}
 	slices.Sort(names)
 	return names
+}
+
+// Profile parses the named embedded protocol profile.
+func Profile(name string) (*protocol.Profile, error) {
+	data, err := Protocol(name)
+	if err != nil {
+		return nil, err
+	}
+	p, err := protocol.Parse(data)
+	if err != nil {
+		return nil, fmt.Errorf("protocol profile %s: %w", name, err)
+	}
+	return p, nil
 }

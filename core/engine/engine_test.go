@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"kvdock/assets"
 	"kvdock/core/protocol"
 	"kvdock/core/rpc/client"
 	"kvdock/settings"
@@ -53,7 +54,7 @@ func startEngine(t *testing.T, cfg settings.Config) *Engine {
 
 func dial(t *testing.T, port int, profile string) *client.Client {
 	t.Helper()
-	p, err := loadProfile(profile)
+	p, err := assets.Profile(profile)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"kvdock/assets"
-	"kvdock/core/protocol"
 	"kvdock/core/rpc"
 	"kvdock/settings"
 )
@@ -24,23 +23,10 @@ type front struct {
 	stopping atomic.Bool
 }
 
-// loadProfile reads an embedded protocol profile.
-func loadProfile(name string) (*protocol.Profile, error) {
-	data, err := assets.Protocol(name)
-	if err != nil {
-		return nil, err
-	}
-	p, err := protocol.Parse(data)
-	if err != nil {
-		return nil, fmt.Errorf("protocol profile %s: %w", name, err)
-	}
-	return p, nil
-}
-
 // startFront binds the wire server for cfg over plane p and returns once it
 // is bound, or with the bind error.
 func (e *Engine) startFront(cfg settings.Config, p *plane) (*front, error) {
-	profile, err := loadProfile(cfg.Server.Protocol)
+	profile, err := assets.Profile(cfg.Server.Protocol)
 	if err != nil {
 		return nil, err
 	}

@@ -170,11 +170,7 @@ func Start(t testing.TB, extra ...string) *Server {
 // Profile is the named embedded protocol profile.
 func Profile(t testing.TB, name string) *protocol.Profile {
 	t.Helper()
-	data, err := assets.Protocol(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := protocol.Parse(data)
+	p, err := assets.Profile(name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,11 +178,7 @@ func Profile(t testing.TB, name string) *protocol.Profile {
 }
 
 func (s *Server) waitReady(limit time.Duration) error {
-	data, err := assets.Protocol(s.Protocol)
-	if err != nil {
-		return err
-	}
-	p, err := protocol.Parse(data)
+	p, err := assets.Profile(s.Protocol)
 	if err != nil {
 		return err
 	}

@@ -248,13 +248,9 @@ func promptsFor(o Options, pool, chunkBytes int64) int {
 // Execute runs the benchmark; the Result is returned also with an error
 // (whatever was measured before it).
 func Execute(ctx context.Context, o Options) (*Result, error) {
-	raw, err := assets.Protocol(o.Protocol)
+	prof, err := assets.Profile(o.Protocol)
 	if err != nil {
 		return nil, err
-	}
-	prof, err := protocol.Parse(raw)
-	if err != nil {
-		return nil, fmt.Errorf("protocol profile %s: %w", o.Protocol, err)
 	}
 	lay, err := o.Model.chunkLayout(inProcessChunkTokens)
 	if err != nil {

@@ -95,15 +95,10 @@ func Run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "kvdock ctl: --port %d out of range 1-65535\n", *port)
 		return 2
 	}
-	raw, err := assets.Protocol(*proto)
+	prof, err := assets.Profile(*proto)
 	if err != nil {
 		fmt.Fprintf(stderr, "kvdock ctl: --protocol: %v\n", err)
 		return 2
-	}
-	prof, err := protocol.Parse(raw)
-	if err != nil {
-		fmt.Fprintf(stderr, "kvdock ctl: %v\n", err)
-		return 1
 	}
 	h := *host
 	if h == "localhost" {
