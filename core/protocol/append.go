@@ -19,23 +19,22 @@ type Raw []byte
 // encoder or a bytes.Buffer; tests compare them byte for byte.
 
 func appendMapLen(b []byte, n int) []byte {
-	switch {
-	case n < 16:
-		return append(b, msgpcode.FixedMapLow|byte(n))
-	case n <= math.MaxUint16:
-		return binary.BigEndian.AppendUint16(append(b, msgpcode.Map16), uint16(n))
-	}
-	return binary.BigEndian.AppendUint32(append(b, msgpcode.Map32), uint32(n))
+	return appendHeader(b, n, msgpcode.FixedMapLow, msgpcode.Map16, msgpcode.Map32)
 }
 
 func appendArrayLen(b []byte, n int) []byte {
+	return appendHeader(b, n, msgpcode.FixedArrayLow, msgpcode.Array16, msgpcode.Array32)
+}
+
+// appendHeader writes a map or array header of n elements in its shortest form.
+func appendHeader(b []byte, n int, fix, c16, c32 byte) []byte {
 	switch {
 	case n < 16:
-		return append(b, msgpcode.FixedArrayLow|byte(n))
+		return append(b, fix|byte(n))
 	case n <= math.MaxUint16:
-		return binary.BigEndian.AppendUint16(append(b, msgpcode.Array16), uint16(n))
+		return binary.BigEndian.AppendUint16(append(b, c16), uint16(n))
 	}
-	return binary.BigEndian.AppendUint32(append(b, msgpcode.Array32), uint32(n))
+	return binary.BigEndian.AppendUint32(append(b, c32), uint32(n))
 }
 
 func appendStr(b []byte, s string) []byte {
