@@ -5,6 +5,7 @@ package layout
 
 import (
 	"fmt"
+	"math/bits"
 	"sort"
 	"strings"
 	"sync"
@@ -53,7 +54,27 @@ type Layout struct {
 	Bytes int64
 }
 
-// New validates a registration's figures and builds the chunk layout.
+// MaxChunkBytes bounds one chunk object. A realistic chunk at the default 256
+// tokens is far below it (Llama-3.1-405B in bf16: 126 layers × 2 × 256 × 1024
+// × 2 B = 126 MiB; an MHA 70B model in fp16: 640 MiB), it equals the default
+// server.max_message_bytes (a larger chunk could not travel by pickle), and a
+// single larger object would take a whole default 1 GiB pool.
+const MaxChunkBytes = 1 << 30
+
+// maxShown bounds how much of a peer's string an error quotes.
+const maxShown = 64
+
+// quoteBounded quotes s, cut to maxShown bytes with its full length noted, so
+// an error about a huge value stays small.
+func quoteBounded(s string) string {
+	if len(s) <= maxShown {
+		return fmt.Sprintf("%q", s)
+	}
+	return fmt.Sprintf("%q… (%d bytes)", s[:maxShown], len(s))
+}
+
+// New validates a registration's figures and builds the chunk layout. The
+// chunk size is computed without overflow and must not exceed MaxChunkBytes.
 func New(numLayers, chunkTokens, hidden int, dtype string, mla bool) (Layout, error) {
 	var bad []string
 	if numLayers <= 0 {
@@ -67,7 +88,7 @@ func New(numLayers, chunkTokens, hidden int, dtype string, mla bool) (Layout, er
 	}
 	size, ok := dtypeSizes[dtype]
 	if !ok {
-		bad = append(bad, fmt.Sprintf("dtype_str = %q: must be one of %s", dtype, strings.Join(DtypeNames(), ", ")))
+		bad = append(bad, fmt.Sprintf("dtype_str = %s: must be one of %s", quoteBounded(dtype), strings.Join(DtypeNames(), ", ")))
 	}
 	if len(bad) > 0 {
 		return Layout{}, fmt.Errorf("invalid KV layout: %s", strings.Join(bad, "; "))
@@ -76,14 +97,20 @@ func New(numLayers, chunkTokens, hidden int, dtype string, mla bool) (Layout, er
 	if mla {
 		shape = shape[1:]
 	}
-	n := int64(size)
+	// Every factor is positive; a product that overflows 64 bits or passes the
+	// cap is refused before it can wrap (2^30 layers × 2^24 hidden once gave 0).
+	n := uint64(size)
 	for _, d := range shape {
-		n *= int64(d)
-		if n > 1<<40 {
-			return Layout{}, fmt.Errorf("invalid KV layout: chunk of shape %v %s exceeds 1 TiB", shape, dtype)
+		hi, lo := bits.Mul64(n, uint64(d))
+		if hi != 0 || lo > MaxChunkBytes {
+			return Layout{}, fmt.Errorf(
+				"invalid KV layout: num_layers = %d, chunk size = %d, hidden_dim_size = %d, dtype_str = %s, use_mla = %v: "+
+					"a chunk of shape %v would exceed %d bytes (1 GiB)",
+				numLayers, chunkTokens, hidden, dtype, mla, shape, MaxChunkBytes)
 		}
+		n = lo
 	}
-	return Layout{Shape: shape, Dtype: dtype, Bytes: n}, nil
+	return Layout{Shape: shape, Dtype: dtype, Bytes: int64(n)}, nil
 }
 
 // Equal reports whether two layouts describe the same tensor.

@@ -35,8 +35,47 @@ func TestNewRejectsEveryBadFigureAtOnce(t *testing.T) {
 			t.Errorf("error %q does not mention %q", err, want)
 		}
 	}
-	if _, err := New(1<<20, 1<<20, 1<<20, "float64", false); err == nil || !strings.Contains(err.Error(), "1 TiB") {
+	if _, err := New(1<<20, 1<<20, 1<<20, "float64", false); err == nil || !strings.Contains(err.Error(), "1 GiB") {
 		t.Fatalf("huge layout: %v", err)
+	}
+	long := strings.Repeat("x", 1<<20)
+	if _, err := New(1, 1, 1, long, false); err == nil || len(err.Error()) > 1024 || !strings.Contains(err.Error(), "1048576 bytes") {
+		t.Fatalf("a 1 MiB dtype_str must give a short error, got %d bytes", len(err.Error()))
+	}
+}
+
+// A product that wraps 64 bits (2^30 layers × 2^24 hidden gave chunk bytes
+// 0) or passes MaxChunkBytes is refused with an error naming the fields.
+func TestNewRefusesOverflowAndHugeChunks(t *testing.T) {
+	cases := []struct {
+		layers, chunk, hidden int
+		dtype                 string
+		mla                   bool
+	}{
+		{1 << 30, 256, 1 << 24, "bfloat16", false},
+		{1 << 30, 256, 1 << 24, "bfloat16", true},
+		{1<<31 - 1, 1<<31 - 1, 1<<31 - 1, "float64", false},
+		{1 << 30, 1, 1 << 30, "bool", true},
+		{1 << 20, 1 << 20, 1 << 20, "float64", false},
+		{2, 256, 1<<19 + 1, "float16", false}, // 1 GiB + 2 KiB
+		{32, 256, 16385, "float32", false},    // 1 GiB + 64 KiB
+	}
+	for _, c := range cases {
+		l, err := New(c.layers, c.chunk, c.hidden, c.dtype, c.mla)
+		if err == nil {
+			t.Errorf("New(%d, %d, %d, %s, %v) accepted: %s, %d bytes", c.layers, c.chunk, c.hidden, c.dtype, c.mla, l, l.Bytes)
+			continue
+		}
+		for _, want := range []string{"num_layers", "hidden_dim_size", "chunk size", "1 GiB"} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("error %q does not name %q", err, want)
+			}
+		}
+	}
+	// The largest accepted chunk is exactly MaxChunkBytes (1 GiB).
+	l, err := New(2, 256, 1<<19, "float16", false)
+	if err != nil || l.Bytes != 1<<30 {
+		t.Fatalf("1 GiB chunk: %v, %d bytes", err, l.Bytes)
 	}
 }
 
