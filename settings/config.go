@@ -40,6 +40,9 @@ type ServerConfig struct {
 	Protocol string  `koanf:"protocol"`
 	// MaxMessageBytes rejects larger ZMQ messages without allocating them.
 	MaxMessageBytes int64 `koanf:"max_message_bytes"`
+	// MaxInstances bounds the worker instances registered at once; new ones
+	// beyond it are refused (re-registering a known id is not new).
+	MaxInstances int `koanf:"max_instances"`
 }
 
 // L1Config is the L1 memory pool.
@@ -92,6 +95,7 @@ func Default() Config {
 			TransferMode:    "non_gpu",
 			Protocol:        "nongpu-v1",
 			MaxMessageBytes: 1 << 30,
+			MaxInstances:    1024,
 		},
 		L1: L1Config{
 			SizeGB:          1,

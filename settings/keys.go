@@ -124,6 +124,10 @@ func table() []keyDef {
 				}
 				return ""
 			}},
+		{key: "server.max_instances", flag: "max-instances", class: Live,
+			help:  "most worker instances registered at once; more are refused",
+			field: func(c *Config) any { return &c.Server.MaxInstances },
+			check: func(c Config) string { return intRange(c.Server.MaxInstances, 1, 1<<20) }},
 		{key: "l1.size_gb", flag: "l1-size-gb", class: Rebuild,
 			help:  "L1 pool size in GiB",
 			field: func(c *Config) any { return &c.L1.SizeGB },

@@ -243,6 +243,7 @@ func TestValidateRules(t *testing.T) {
 		{"server.transfer_mode", "gpu", false}, {"server.transfer_mode", "non_gpu", true},
 		{"server.protocol", "engine-driven", true}, {"server.protocol", "nongpu-v3", false},
 		{"server.max_message_bytes", "1048575", false}, {"server.max_message_bytes", "1048576", true},
+		{"server.max_instances", "0", false}, {"server.max_instances", "1", true}, {"server.max_instances", "1048577", false},
 		{"server.shm_name", "", true}, {"server.shm_name", "/pool_1.a-b", true}, {"server.shm_name", "a/b", false},
 		{"server.shm_name", "/", false}, {"server.shm_name", "..", false}, {"server.shm_name", strings.Repeat("a", 201), false},
 		{"server.shm_name", settings.AutoText, true}, {"server.host", "", false},
@@ -468,7 +469,7 @@ func TestKeysGetSet(t *testing.T) {
 	fs := pflag.NewFlagSet("x", pflag.ContinueOnError)
 	settings.RegisterFlags(fs)
 	keys := settings.Keys()
-	if len(keys) != len(settings.KeyNames()) || len(keys) != 28 {
+	if len(keys) != len(settings.KeyNames()) || len(keys) != 29 {
 		t.Fatalf("%d keys", len(keys))
 	}
 	def := settings.Default()
