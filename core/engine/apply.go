@@ -146,6 +146,7 @@ func (e *Engine) applyLive(cfg settings.Config) {
 			e.log.Warn("TTL settings", "err", err)
 		}
 		p.transfer.SetTTLs(w, r)
+		p.transfer.SetMaxInstances(cfg.Server.MaxInstances)
 	}
 	if e.opts.LogLevel != nil {
 		var lv slog.Level

@@ -80,6 +80,7 @@ const (
 	EventRegister   EventKind = "register"
 	EventUnregister EventKind = "unregister"
 	EventFallback   EventKind = "fallback"
+	EventSHMBack    EventKind = "shm_back" // a PICKLE instance committed an SHM write
 	EventExpired    EventKind = "expired"
 	EventNoSpace    EventKind = "no_space"
 	EventError      EventKind = "error"
@@ -130,6 +131,18 @@ type Stats struct {
 // ErrClosed is returned by every request after Close.
 var ErrClosed = errors.New("nongpu: module closed")
 
+// ErrTooManyInstances refuses a registration beyond server.max_instances.
+var ErrTooManyInstances = errors.New("too many registered instances")
+
+// DefaultMaxInstances applies when server.max_instances is not positive. It
+// is far above any real deployment (one instance per worker process) and
+// keeps /status and the dashboard to a few hundred KiB.
+const DefaultMaxInstances = 1024
+
+// MaxModelNameBytes bounds a registered model name: every context keeps it,
+// and /status, events and the dashboard show it.
+const MaxModelNameBytes = 256
+
 type instance struct {
 	id         int64
 	p          protocol.RegisterPayload
@@ -143,18 +156,19 @@ type instance struct {
 }
 
 // pendingKey identifies a transfer as upstream's key equality does (every
-// field but request_id), per instance. The token list is represented by its
-// length and a seeded hash.
+// field but request_id), per instance. The token list and the cache salt are
+// represented by their length and a seeded hash, so a pending entry keeps
+// none of the peer's variable-length data (the model name is the instance's).
 type pendingKey struct {
 	instance  int64
-	model     string
 	worldSize int
 	worker    int
 	nTokens   int
 	tokens    uint64
 	start     int
 	end       int
-	salt      string
+	nSalt     int
+	salt      uint64
 }
 
 type pending struct {
@@ -187,6 +201,8 @@ type Module struct {
 	lastSweep time.Time
 	stats     Stats
 	errLast   map[string]time.Time
+	// maxInstances bounds len(instances) (server.max_instances, live).
+	maxInstances int
 }
 
 // New builds the module from the engine's dependencies and the server and L1
@@ -226,6 +242,7 @@ func New(deps Deps, server settings.ServerConfig, l1cfg settings.L1Config) (*Mod
 		m.now = time.Now
 	}
 	m.SetTTLs(time.Duration(l1cfg.WriteTTLSeconds)*time.Second, time.Duration(l1cfg.ReadTTLSeconds)*time.Second)
+	m.SetMaxInstances(server.MaxInstances)
 	m.log.Info("non-GPU transfer", "shm_name", m.info.ShmName, "pool_size", m.info.PoolSize, "reason", m.info.Reason)
 	return m, nil
 }
@@ -241,6 +258,19 @@ func (m *Module) SetTTLs(write, read time.Duration) {
 	}
 	m.mu.Lock()
 	m.writeTTL, m.readTTL = write, read
+	m.mu.Unlock()
+}
+
+// SetMaxInstances changes how many instances may be registered at once (live
+// setting server.max_instances); a non-positive value takes
+// DefaultMaxInstances. Lowering it below the current count unregisters
+// nobody: only new registrations are refused until enough have left.
+func (m *Module) SetMaxInstances(n int) {
+	if n <= 0 {
+		n = DefaultMaxInstances
+	}
+	m.mu.Lock()
+	m.maxInstances = n
 	m.mu.Unlock()
 }
 
@@ -267,9 +297,18 @@ func (m *Module) Register(p protocol.RegisterPayload) (protocol.RegisterResponse
 	}
 	if _, ok := m.instances[p.InstanceID]; ok {
 		m.mu.Unlock()
-		m.event(EventRegister, slog.LevelWarn, p.InstanceID,
-			fmt.Sprintf("instance %d registered again: keeping the first registration", p.InstanceID))
+		m.rateLimited("register/again", func() {
+			m.event(EventRegister, slog.LevelWarn, p.InstanceID,
+				fmt.Sprintf("instance %d registered again: keeping the first registration", p.InstanceID))
+		})
 		return resp, nil
+	}
+	// Checked before the payload is validated, so a flood of new ids past
+	// the limit costs a map lookup each.
+	if err := m.roomLocked(p.InstanceID); err != nil {
+		m.mu.Unlock()
+		m.refused(p.InstanceID, err)
+		return protocol.RegisterResponse{}, err
 	}
 	m.mu.Unlock()
 
@@ -297,6 +336,11 @@ func (m *Module) Register(p protocol.RegisterPayload) (protocol.RegisterResponse
 		m.mu.Unlock()
 		return resp, nil
 	}
+	if err := m.roomLocked(p.InstanceID); err != nil {
+		m.mu.Unlock()
+		m.refused(p.InstanceID, err)
+		return protocol.RegisterResponse{}, err
+	}
 	if have, ok := m.layouts.Get(p.ModelName, p.WorldSize); ok && !have.Equal(lay) {
 		m.mu.Unlock()
 		err := fmt.Errorf("register instance %d: layout %s conflicts with %s already registered for model %q world size %d",
@@ -314,9 +358,27 @@ func (m *Module) Register(p protocol.RegisterPayload) (protocol.RegisterResponse
 	return resp, nil
 }
 
+// roomLocked refuses a new instance when server.max_instances are
+// registered. m.mu is held.
+func (m *Module) roomLocked(id int64) error {
+	if n, limit := len(m.instances), m.maxInstances; n >= limit {
+		return fmt.Errorf("register instance %d: %w: %d registered, server.max_instances (--max-instances) is %d; unregister workers or raise the limit",
+			id, ErrTooManyInstances, n, limit)
+	}
+	return nil
+}
+
+// refused tells the operator, at most once a second, that registrations are
+// refused for lack of room.
+func (m *Module) refused(id int64, err error) {
+	m.rateLimited("register/full", func() { m.event(EventError, slog.LevelWarn, id, err.Error()) })
+}
+
 func (m *Module) validate(p protocol.RegisterPayload) (layout.Layout, error) {
 	var bad []string
-	if err := keys.ValidateModel(p.ModelName); err != nil {
+	if len(p.ModelName) > MaxModelNameBytes {
+		bad = append(bad, fmt.Sprintf("model_name is %d bytes: at most %d", len(p.ModelName), MaxModelNameBytes))
+	} else if err := keys.ValidateModel(p.ModelName); err != nil {
 		bad = append(bad, err.Error())
 	}
 	if p.WorldSize < 1 || p.WorldSize > keys.MaxWorldSize {
@@ -434,16 +496,17 @@ func (m *Module) keyRequest(inst *instance, k protocol.Key) (keys.KeyRequest, pe
 		return keys.KeyRequest{}, pendingKey{}, errors.New("worker_id is nil: worker-side requests need it")
 	}
 	if k.ModelName != inst.p.ModelName || k.WorldSize != inst.p.WorldSize {
-		return keys.KeyRequest{}, pendingKey{}, fmt.Errorf("key for model %q world size %d does not match instance %d (model %q world size %d)",
-			k.ModelName, k.WorldSize, inst.id, inst.p.ModelName, inst.p.WorldSize)
+		return keys.KeyRequest{}, pendingKey{}, fmt.Errorf("key for model %s world size %d does not match instance %d (model %q world size %d)",
+			quoteBounded(k.ModelName), k.WorldSize, inst.id, inst.p.ModelName, inst.p.WorldSize)
 	}
 	req := keys.KeyRequest{
 		RequestID: k.RequestID, Model: k.ModelName, WorldSize: k.WorldSize, Worker: k.WorkerID,
 		Tokens: k.TokenIDs, Start: k.Start, End: k.End, Salt: k.CacheSalt,
 	}
 	pk := pendingKey{
-		instance: inst.id, model: k.ModelName, worldSize: k.WorldSize, worker: *k.WorkerID,
-		nTokens: len(k.TokenIDs), tokens: m.hashTokens(k.TokenIDs), start: k.Start, end: k.End, salt: k.CacheSalt,
+		instance: inst.id, worldSize: k.WorldSize, worker: *k.WorkerID,
+		nTokens: len(k.TokenIDs), tokens: m.hashTokens(k.TokenIDs), start: k.Start, end: k.End,
+		nSalt: len(k.CacheSalt), salt: maphash.String(m.seed, k.CacheSalt),
 	}
 	return req, pk, nil
 }
@@ -526,4 +589,16 @@ func (m *Module) Status() map[string]any {
 		"registered_non_cuda_instance_ids": ids,
 		"non_cuda_context_meta":            meta,
 	}
+}
+
+// maxShown bounds how much of a peer's string an error quotes.
+const maxShown = 64
+
+// quoteBounded quotes s, cut to maxShown bytes with its full length noted, so
+// an error about a huge value stays small.
+func quoteBounded(s string) string {
+	if len(s) <= maxShown {
+		return strconv.Quote(s)
+	}
+	return strconv.Quote(s[:maxShown]) + "… (" + strconv.Itoa(len(s)) + " bytes)"
 }

@@ -76,9 +76,13 @@ func (m *Module) PrepareStore(k protocol.Key, id int64) (protocol.PrepareStoreRe
 }
 
 // CommitStore handles COMMIT_STORE (spec 4.6). Empty data publishes the
-// pending SHM reservation (false when there is none). Non-empty data is a
-// pickled tensor list, stored by copy; an SHM instance sending it has fallen
-// back to pickle and is switched to PICKLE so its retrieves get data.
+// pending SHM reservation (false when there is none); for an instance in
+// PICKLE mode that proves SHM works, and it is switched back. Non-empty data
+// is a pickled tensor list, stored by copy. An SHM instance sending it has
+// fallen back to pickle and is switched to PICKLE so its retrieves get data,
+// but only once the key resolved for that instance and the pickle decoded to
+// one tensor per chunk, each matching its layout: a commit that fails either
+// check changes nothing (mode, pending reservations, counters).
 func (m *Module) CommitStore(k protocol.Key, id int64, data []byte) (bool, error) {
 	inst, err := m.lookupInstance(id)
 	if err != nil {
@@ -106,25 +110,58 @@ func (m *Module) CommitStore(k protocol.Key, id int64, data []byte) (bool, error
 		inst.stores++
 		inst.bytesIn += p.bytes
 		m.mu.Unlock()
+		m.noteSHMWorks(inst)
 		return true, nil
 	}
 
-	m.noteFallback(inst)
 	ks, pk, err := m.resolve(inst, k)
 	if err != nil {
 		return false, fmt.Errorf("commit store for instance %d: %w", id, err)
 	}
-	// An SHM prepare before this pickle commit reserved the same objects:
-	// release them so the pickled data can be stored.
-	m.abortPendingWrite(pk)
-	ok, err := m.commitPickle(inst, ks, data)
+	ts, err := torchpickle.Decode(data, torchpickle.Limits{})
+	if err != nil {
+		return false, fmt.Errorf("commit store for instance %d: decode pickled chunks: %w", id, err)
+	}
+	if m.modeOf(inst) == ModeSHM {
+		if why := provesPickle(ts, len(ks), inst.lay); why != "" {
+			// Not the commit of a worker that fell back (or someone else's
+			// bytes under this instance id): store nothing, keep the mode and
+			// the instance's pending SHM write.
+			return false, fmt.Errorf("commit store for instance %d (SHM): pickled data refused, mode unchanged: %s", id, why)
+		}
+		m.noteFallback(inst)
+		// An SHM prepare before this pickle commit reserved the same objects:
+		// release them so the pickled data can be stored.
+		m.abortPendingWrite(pk)
+	}
+	ok, err := m.commitPickle(inst, ks, ts)
 	if err != nil {
 		return false, fmt.Errorf("commit store for instance %d: %w", id, err)
 	}
 	return ok, nil
 }
 
-// noteFallback switches an SHM instance that sent pickle bytes to PICKLE.
+// provesPickle says why a decoded pickle commit does not prove that an SHM
+// instance's worker fell back to pickle ("" when it does): it must carry one
+// tensor per chunk of the key, each of the instance's registered layout.
+func provesPickle(ts []torchpickle.Tensor, chunks int, lay layout.Layout) string {
+	if chunks == 0 {
+		return "the key covers no chunk"
+	}
+	if len(ts) != chunks {
+		return fmt.Sprintf("%d tensors for %d chunks", len(ts), chunks)
+	}
+	for i, t := range ts {
+		if !matches(t, lay) {
+			return fmt.Sprintf("chunk %d is %v %s (%d bytes), registered layout is %s (%d bytes)",
+				i, t.Shape, t.Dtype, len(t.Data), lay, lay.Bytes)
+		}
+	}
+	return ""
+}
+
+// noteFallback switches an SHM instance whose pickle commit proved the
+// fallback to PICKLE.
 func (m *Module) noteFallback(inst *instance) {
 	m.mu.Lock()
 	if inst.mode != ModeSHM {
@@ -139,6 +176,22 @@ func (m *Module) noteFallback(inst *instance) {
 	m.event(EventFallback, slog.LevelWarn, inst.id, fmt.Sprintf("instance %d (%s): %s; using pickle", inst.id, inst.p.ModelName, reason))
 }
 
+// noteSHMWorks switches an instance in PICKLE mode back to SHM: it just
+// committed an SHM reservation made before it was switched, so its worker
+// writes into the segment after all.
+func (m *Module) noteSHMWorks(inst *instance) {
+	m.mu.Lock()
+	if inst.mode != ModePickle || !m.info.Shared() {
+		m.mu.Unlock()
+		return
+	}
+	inst.mode = ModeSHM
+	inst.reason = "worker committed an SHM write: back to shared segment " + m.info.ShmName
+	reason := inst.reason
+	m.mu.Unlock()
+	m.event(EventSHMBack, slog.LevelInfo, inst.id, fmt.Sprintf("instance %d (%s): %s", inst.id, inst.p.ModelName, reason))
+}
+
 func matches(t torchpickle.Tensor, lay layout.Layout) bool {
 	if t.Dtype != lay.Dtype || len(t.Shape) != len(lay.Shape) || int64(len(t.Data)) != lay.Bytes {
 		return false
@@ -151,17 +204,10 @@ func matches(t torchpickle.Tensor, lay layout.Layout) bool {
 	return true
 }
 
-// commitPickle stores the pickled chunks: tensor i goes to key i when key i is
+// commitPickle stores the decoded chunks: tensor i goes to key i when key i is
 // not cached yet. The answer is upstream's written == reserved, except that a
 // tensor not matching the registered layout is never stored and makes it false.
-func (m *Module) commitPickle(inst *instance, ks []keys.ObjectKey, data []byte) (bool, error) {
-	ts, err := torchpickle.Decode(data, torchpickle.Limits{})
-	if err != nil {
-		m.mu.Lock()
-		inst.storeFailures++
-		m.mu.Unlock()
-		return false, fmt.Errorf("decode pickled chunks: %w", err)
-	}
+func (m *Module) commitPickle(inst *instance, ks []keys.ObjectKey, ts []torchpickle.Tensor) (bool, error) {
 	valid := make([]bool, len(ks))
 	rejected := 0
 	for i := range ks {
