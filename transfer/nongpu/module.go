@@ -11,7 +11,11 @@
 // Compared with upstream the wire answers are the same, but clean-up is
 // stricter: pending SHM writes are aborted (never published half-written)
 // on unregister, expiry, a repeated prepare or a pickle commit, and pending
-// reads are released.
+// reads are released. A peer's input changes an instance only once it is
+// validated in full: a pickle commit switches an SHM instance to PICKLE only
+// when it decoded to one tensor of the instance's layout per chunk, and an
+// SHM commit switches a PICKLE instance back. Registrations are bounded in
+// number (server.max_instances) and in the strings they keep.
 package nongpu
 
 import (

@@ -455,3 +455,35 @@ func TestPendingMatchesSalt(t *testing.T) {
 		t.Fatal("commit with the same salt failed")
 	}
 }
+
+// Concurrent registrations racing for the last places never pass the limit.
+func TestMaxInstancesConcurrent(t *testing.T) {
+	e := newEnv(t, true, 1<<20)
+	e.mod.SetMaxInstances(10)
+	start := make(chan struct{})
+	errs := make(chan error, 64)
+	for id := int64(0); id < 64; id++ {
+		go func() {
+			<-start
+			_, err := e.mod.Register(payload(id % 32)) // every id twice
+			errs <- err
+		}()
+	}
+	close(start)
+	refused := 0
+	for range 64 {
+		if err := <-errs; errors.Is(err, ErrTooManyInstances) {
+			refused++
+		} else if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := len(e.mod.Contexts()); n != 10 {
+		t.Fatalf("%d instances registered, limit 10", n)
+	}
+	// The count only grows, so the 22 ids left out were refused on both
+	// tries and an admitted id's other try is a re-registration.
+	if refused != 44 {
+		t.Fatalf("%d refusals, want 44", refused)
+	}
+}
