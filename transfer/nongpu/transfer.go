@@ -82,7 +82,8 @@ func (m *Module) PrepareStore(k protocol.Key, id int64) (protocol.PrepareStoreRe
 // fallen back to pickle and is switched to PICKLE so its retrieves get data,
 // but only once the key resolved for that instance and the pickle decoded to
 // one tensor per chunk, each matching its layout: a commit that fails either
-// check changes nothing (mode, pending reservations, counters).
+// check changes nothing (mode, pending reservations, counters); it is an
+// error (no reply) when the key or the pickle is invalid, false otherwise.
 func (m *Module) CommitStore(k protocol.Key, id int64, data []byte) (bool, error) {
 	inst, err := m.lookupInstance(id)
 	if err != nil {
@@ -126,8 +127,11 @@ func (m *Module) CommitStore(k protocol.Key, id int64, data []byte) (bool, error
 		if why := provesPickle(ts, len(ks), inst.lay); why != "" {
 			// Not the commit of a worker that fell back (or someone else's
 			// bytes under this instance id): store nothing, keep the mode and
-			// the instance's pending SHM write.
-			return false, fmt.Errorf("commit store for instance %d (SHM): pickled data refused, mode unchanged: %s", id, why)
+			// the instance's pending SHM write. False, as upstream answers a
+			// commit that did not store everything.
+			m.errorEvent("COMMIT_STORE/unproven", id, fmt.Sprintf(
+				"instance %d (SHM) sent pickled chunks that do not match it (%s): nothing stored, mode unchanged", id, why))
+			return false, nil
 		}
 		m.noteFallback(inst)
 		// An SHM prepare before this pickle commit reserved the same objects:

@@ -106,6 +106,13 @@ func TestRejectedCommitChangesNothing(t *testing.T) {
 	if n := len(e.eventsOf(EventFallback)); n != 0 {
 		t.Fatalf("%d fallback events", n)
 	}
+	unproven := false
+	for _, ev := range e.eventsOf(EventError) {
+		unproven = unproven || strings.Contains(ev.Message, "mode unchanged")
+	}
+	if !unproven {
+		t.Fatal("no event tells the operator why the pickled chunks were refused")
+	}
 	// The victim's own commit still publishes what it wrote, and it keeps
 	// getting slots.
 	if ok, err := e.mod.CommitStore(pendingKey, 1, nil); !ok || err != nil {
