@@ -273,3 +273,51 @@ func TestJobByteBoundOption(t *testing.T) {
 		t.Fatal("an evicted job is still kept")
 	}
 }
+
+// Lookups, frees, status queries and session ends of one request id, over
+// 255 ranks, racing: every lock taken is released and nothing is left over.
+func TestLookupSameIDConcurrent(t *testing.T) {
+	h, err := keys.NewHasher(16, "blake3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := &batchStore{hit: true}
+	m := New(keys.NewSessions(h, 0, nil), store, allLayouts{}, Options{})
+	ts := make([]uint32, 16*200) // 200 chunks: several batches
+	for i := range ts {
+		ts[i] = uint32(i)
+	}
+	r := keys.KeyRequest{RequestID: "same", Model: "m", WorldSize: 255, Tokens: ts}
+	free := r
+	free.End = len(ts)
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 4 {
+				if err := m.Lookup(r, 1+g%3); err != nil {
+					errs <- err
+					return
+				}
+				if err := m.FreeLocks(free, 1+g%3); err != nil {
+					errs <- err
+					return
+				}
+				m.QueryHits("same")
+				if g%4 == 0 {
+					m.EndSession("same")
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if store.locks != 0 || store.maxBatch > lockBatch*255 {
+		t.Fatalf("%d read locks left, largest call %d keys", store.locks, store.maxBatch)
+	}
+}
