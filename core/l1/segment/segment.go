@@ -422,7 +422,7 @@ func (c cleaner) run() ([]string, error) {
 	}
 	var removed []string
 	var errs []error
-	note := func(name string, ok bool, err error) bool {
+	note := func(name string, ok bool, err error) {
 		if err != nil {
 			errs = append(errs, err)
 		}
@@ -430,7 +430,6 @@ func (c cleaner) run() ([]string, error) {
 			c.log.Info("removed stale shared memory segment", "segment", name, "dir", c.dir)
 			removed = append(removed, name)
 		}
-		return ok
 	}
 	for _, e := range ents {
 		name := e.Name()
@@ -453,7 +452,7 @@ func (c cleaner) run() ([]string, error) {
 		}
 	}
 	if c.want != "" && !slices.Contains(removed, c.want) {
-		ok, err := removeIfStale(filepath.Join(c.dir, c.want), -1, c.afterLock)
+		ok, err := c.removeWanted()
 		note(c.want, ok, err)
 	}
 	return removed, errors.Join(errs...)
@@ -486,6 +485,30 @@ func (c cleaner) removeMarked(seg string) (bool, error) {
 		return false, fmt.Errorf("remove stale %s: %w", marker, err)
 	}
 	return segGone, nil
+}
+
+// removeWanted removes the requested name, whoever owns it, if its flock can
+// be taken, with its marker if it has one (another user's marker would
+// otherwise keep the old segment's memory).
+func (c cleaner) removeWanted() (bool, error) {
+	path := filepath.Join(c.dir, c.want)
+	fd, ok, err := lockIfStale(path, -1)
+	if !ok {
+		return false, err
+	}
+	defer unix.Close(fd)
+	if c.afterLock != nil {
+		c.afterLock(path)
+	}
+	if !sameFile(fd, path) {
+		return false, nil // replaced since we opened it: not the file we locked
+	}
+	for _, p := range []string{path, filepath.Join(c.dir, markerPrefix+c.want)} {
+		if err := unlinkIfSame(fd, p); err != nil {
+			return false, fmt.Errorf("remove stale %s: %w", p, err)
+		}
+	}
+	return true, nil
 }
 
 // removeIfStale unlinks path if its flock can be taken, it is owned by uid

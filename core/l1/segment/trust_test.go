@@ -181,6 +181,14 @@ func TestCleanupSkipsOtherUsers(t *testing.T) {
 	if !s.Decision().Shared || !strings.Contains(s.Decision().Reason, "removed 1 stale") {
 		t.Fatalf("the requested name was not taken over: %+v", s.Decision())
 	}
+	// Its old marker went with it: the new segment carries a marker of its own.
+	var seg, marker unix.Stat_t
+	if err := unix.Stat(filepath.Join(dir, Prefix+"wanted"), &seg); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Stat(filepath.Join(dir, markerPrefix+Prefix+"wanted"), &marker); err != nil || marker.Ino != seg.Ino || int(marker.Uid) != os.Geteuid() {
+		t.Fatalf("the taken-over name's marker is not the new segment's: %v", err)
+	}
 }
 
 // The cleaner locks a file, then unlinks by name: if the name was given to
