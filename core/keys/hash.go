@@ -1,7 +1,10 @@
 // Package keys turns the token ids a worker sends into the names of stored KV
 // chunks. It owns three things: the chained BLAKE3 chunk hash (Hasher), the
 // per-request sessions that cache those hashes while a prompt grows
-// (Sessions), and the expansion of chunk hashes into per-rank ObjectKeys.
+// (Sessions), and the expansion of chunk hashes into per-rank ObjectKeys
+// (KeySet, walked a batch at a time so that a long prompt over many ranks is
+// never materialised whole). Everything a request makes it hold is bounded:
+// tokens per request, id and name lengths, sessions in number and bytes.
 //
 // Hashes never leave the server (the wire carries token ids and counts only),
 // so the scheme only has to be internally consistent; it follows LMCache's

@@ -68,3 +68,57 @@ func grow(dst []ObjectKey, n int) []ObjectKey {
 	}
 	return dst
 }
+
+// KeySet names the ObjectKeys of a run of chunks, for one rank or for every
+// rank, without materialising them. A scheduler key expands to chunks ×
+// world size keys (2 Mi tokens over 255 ranks: two million keys, ~150 MiB),
+// so callers walk the set a batch of chunks at a time with Append and stop
+// when they have what they need; the set itself holds only the chunk digests.
+// The digests are never modified once a KeySet refers to them.
+type KeySet struct {
+	hashes    []Hash
+	model     string
+	salt      string
+	worldSize int
+	worker    int // -1: every rank
+}
+
+// Chunks is the number of chunks in the set.
+func (k KeySet) Chunks() int { return len(k.hashes) }
+
+// PerChunk is the number of keys per chunk: 1 for one worker's rank, the
+// world size for every rank.
+func (k KeySet) PerChunk() int {
+	if k.worker >= 0 {
+		return 1
+	}
+	return k.worldSize
+}
+
+// Len is the number of keys in the set, Chunks × PerChunk.
+func (k KeySet) Len() int { return len(k.hashes) * k.PerChunk() }
+
+// Append appends the keys of chunks [from, to) to dst, chunk-major and
+// rank-minor, as ObjectKeys orders them; the range is clamped to the set.
+func (k KeySet) Append(dst []ObjectKey, from, to int) []ObjectKey {
+	from, to = max(from, 0), min(to, len(k.hashes))
+	if from >= to {
+		return dst
+	}
+	var worker *int
+	if k.worker >= 0 {
+		worker = &k.worker
+	}
+	return AppendObjectKeys(dst, k.hashes[from:to], k.model, k.worldSize, worker, k.salt)
+}
+
+// All materialises every key of the set; for sets known to be small.
+func (k KeySet) All() []ObjectKey { return k.Append(nil, 0, len(k.hashes)) }
+
+func newKeySet(hashes []Hash, model string, worldSize int, worker *int, salt string) KeySet {
+	w := -1
+	if worker != nil {
+		w = *worker
+	}
+	return KeySet{hashes: hashes, model: model, salt: salt, worldSize: worldSize, worker: w}
+}

@@ -266,7 +266,7 @@ func TestLookupKeysAndEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := ObjectKeys(s.Hasher().Hashes(tokens), "llama", 2, nil, "s1")
-	if fmt.Sprint(ks) != fmt.Sprint(want) {
+	if ks.Chunks() != 3 || ks.PerChunk() != 2 || ks.Len() != 6 || fmt.Sprint(ks.All()) != fmt.Sprint(want) {
 		t.Fatalf("lookup keys %v, want %v", ks, want)
 	}
 	// A worker-side request with diverging tokens must not change what
@@ -276,7 +276,7 @@ func TestLookupKeysAndEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	end, ok := s.End("L")
-	if !ok || fmt.Sprint(end) != fmt.Sprint(want) {
+	if !ok || fmt.Sprint(end.All()) != fmt.Sprint(want) {
 		t.Fatalf("End = %v, %v; want the lookup keys", end, ok)
 	}
 	if _, ok := s.End("L"); ok {
@@ -285,19 +285,19 @@ func TestLookupKeysAndEnd(t *testing.T) {
 	if _, err := s.ObjectKeys(req("W", tokens, 0, 4)); err != nil {
 		t.Fatal(err)
 	}
-	if ks, ok := s.End("W"); !ok || ks != nil {
-		t.Fatalf("End without lookup = %v, %v; want nil, true", ks, ok)
+	if ks, ok := s.End("W"); !ok || ks.Len() != 0 {
+		t.Fatalf("End without lookup = %v, %v; want no keys, true", ks.All(), ok)
 	}
 	// No full chunk: no keys, no session.
-	if ks, err := s.LookupKeys(req("short", tokens[:3], 0, 0)); err != nil || ks != nil || s.Len() != 0 {
-		t.Fatalf("short lookup: %v, %v, %d sessions", ks, err, s.Len())
+	if ks, err := s.LookupKeys(req("short", tokens[:3], 0, 0)); err != nil || ks.Len() != 0 || s.Len() != 0 {
+		t.Fatalf("short lookup: %v, %v, %d sessions", ks.All(), err, s.Len())
 	}
 }
 
 func TestSessionLimits(t *testing.T) {
 	s := newSessions(t, 4, newClock())
 	tokens := seqTokens(8, 8) // 2 chunks each
-	s.SetLimits(2, 0)
+	s.SetLimits(Limits{MaxSessions: 2})
 	for _, id := range []string{"a", "b", "c"} {
 		if _, err := s.LookupKeys(req(id, tokens, 0, 0)); err != nil {
 			t.Fatal(err)
@@ -309,8 +309,12 @@ func TestSessionLimits(t *testing.T) {
 	if s.Len() != 2 {
 		t.Fatalf("Len = %d, want 2", s.Len())
 	}
-	s.SetLimits(0, 12) // 12 tokens: one 8-token session fits, two do not
-	if st := s.Stats(); st.Active != 1 || st.CachedTokens != 8 {
+	per := s.Stats().CachedBytes / 2
+	if per < 8*4+2*32 {
+		t.Fatalf("a session of 8 tokens and 2 digests counted as %d bytes", per)
+	}
+	s.SetLimits(Limits{MaxBytes: per * 3 / 2}) // one session fits, two do not
+	if st := s.Stats(); st.Active != 1 || st.CachedTokens != 8 || st.CachedBytes != per {
 		t.Fatalf("after SetLimits: %+v", st)
 	}
 	if _, ok := s.End("c"); !ok {
@@ -321,6 +325,9 @@ func TestSessionLimits(t *testing.T) {
 	}
 	if st := s.Stats(); st.Active != 1 || st.CachedTokens != 40 || st.Evicted != 2 {
 		t.Fatalf("stats %+v", st)
+	}
+	if got := s.Limits(); got.MaxSessions != DefaultMaxSessions || got.MaxRequestTokens != DefaultMaxRequestTokens {
+		t.Fatalf("zero fields did not restore defaults: %+v", got)
 	}
 }
 

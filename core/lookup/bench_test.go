@@ -78,7 +78,7 @@ func BenchmarkLookup32k(b *testing.B) {
 				b.Fatal(err)
 			}
 			s := keys.NewSessions(h, 0, nil)
-			s.SetLimits(16, 0)
+			s.SetLimits(keys.Limits{MaxSessions: 16})
 			m := New(s, hitStore{}, allLayouts{}, Options{})
 			ids := make([]string, b.N)
 			for i := range ids {

@@ -13,6 +13,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -39,10 +40,25 @@ type Layouts interface {
 
 // Defaults for Options.
 const (
-	DefaultJobTTL  = 300 * time.Second // the L1 read-lock TTL: a job outliving its locks reports stale hits
-	DefaultMaxJobs = 65536
-	JobSweepPeriod = 60 * time.Second
+	DefaultJobTTL      = 300 * time.Second // the L1 read-lock TTL: a job outliving its locks reports stale hits
+	DefaultMaxJobs     = 65536
+	DefaultMaxJobBytes = 16 << 20 // ~36k jobs with 256-byte request ids, 65536 with UUIDs
+	JobSweepPeriod     = 60 * time.Second
 )
+
+// MaxTPSize is the largest tp_size a LOOKUP or FREE_LOOKUP_LOCKS accepts:
+// upstream's range (a world size fits in 8 bits). It bounds the read locks
+// one lookup takes per key at 1 + ExtraCount <= MaxTPSize.
+const MaxTPSize = keys.MaxWorldSize
+
+// lockBatch is how many chunks a lookup resolves and hands the store at a
+// time: the keys of one batch (64 chunks × up to 255 ranks, ~1.1 MiB) are all
+// it materialises, however long the prompt, and it stops at the first miss.
+const lockBatch = 64
+
+// jobOverhead is the memory of one job besides its id: the struct, its list
+// element and its map entry.
+const jobOverhead = 192
 
 // Options tune a Module; the zero value gives the defaults.
 type Options struct {
@@ -51,15 +67,19 @@ type Options struct {
 	// MaxJobs bounds the job table; past it the oldest job is dropped
 	// (default DefaultMaxJobs).
 	MaxJobs int
-	Now     func() time.Time
-	Logger  *slog.Logger
+	// MaxJobBytes bounds the job table's memory (ids and bookkeeping); past
+	// it the oldest job is dropped (default DefaultMaxJobBytes).
+	MaxJobBytes int64
+	Now         func() time.Time
+	Logger      *slog.Logger
 }
 
 // Module holds the lookup jobs. It is safe for concurrent use.
 //
 // Jobs are kept per request id until QueryStatus answers them, until a newer
 // LOOKUP of the same id replaces them, or until they are JobTTL old or pushed
-// out by MaxJobs. Dropping or replacing a job never releases its read locks:
+// out, oldest first, by MaxJobs or MaxJobBytes (request ids are at most
+// keys.MaxRequestIDLen bytes; a longer one is rejected and never kept). Dropping or replacing a job never releases its read locks:
 // the scheduler may already have told workers to retrieve those chunks, and
 // each worker's PREPARE_RETRIEVE consumes one lock, so releasing them here
 // could let eviction free data a worker is about to read. Locks that nobody
@@ -70,16 +90,18 @@ type Module struct {
 	layouts  Layouts
 	ttl      time.Duration
 	maxJobs  int
+	maxBytes int64
 	now      func() time.Time
 	log      *slog.Logger
 
 	mu    sync.Mutex
 	jobs  map[string]*job
 	order *list.List // of *job, oldest first
+	bytes int64      // sum of job.cost over jobs
 
 	lookups, earlyExits, failures          atomic.Int64
 	reqTokens, reqChunks, hitChunks, hitTk atomic.Int64
-	replaced, expired, answered            atomic.Int64
+	replaced, expired, evicted, answered   atomic.Int64
 	freedKeys, touchedKeys                 atomic.Int64
 }
 
@@ -88,6 +110,7 @@ type job struct {
 	created   time.Time
 	elem      *list.Element
 	hitChunks int
+	cost      int64 // bytes accounted in Module.bytes
 }
 
 // Stats is a snapshot of the module's counters (lmcache_mp.lookups,
@@ -95,15 +118,17 @@ type job struct {
 type Stats struct {
 	Lookups         int64 // LOOKUP calls
 	EarlyExits      int64 // lookups answered 0 without touching L1 (no layout, no full chunk)
-	Failures        int64 // lookups rejected as invalid (still answered 0)
+	Failures        int64 // lookups rejected as invalid (answered 0 unless the request id itself was invalid)
 	RequestedTokens int64 // tokens sent with lookups
 	RequestedChunks int64 // full chunks in those tokens
 	HitChunks       int64 // chunks found (leading, on every rank)
 	HitTokens       int64 // HitChunks × chunk size
 	ActiveJobs      int   // jobs waiting for QUERY_PREFETCH_STATUS
+	JobBytes        int64 // memory those jobs hold, as counted against MaxJobBytes
 	AnsweredJobs    int64 // jobs removed by QUERY_PREFETCH_STATUS
 	ReplacedJobs    int64 // jobs replaced by a LOOKUP with the same request id
-	ExpiredJobs     int64 // jobs dropped by JobTTL or MaxJobs
+	ExpiredJobs     int64 // jobs dropped by JobTTL
+	EvictedJobs     int64 // jobs dropped, oldest first, by MaxJobs or MaxJobBytes
 	FreedKeys       int64 // keys released by FREE_LOOKUP_LOCKS
 	TouchedKeys     int64 // keys touched by END_SESSION
 }
@@ -117,6 +142,9 @@ func New(s *keys.Sessions, store Store, layouts Layouts, opts Options) *Module {
 	if opts.MaxJobs <= 0 {
 		opts.MaxJobs = DefaultMaxJobs
 	}
+	if opts.MaxJobBytes <= 0 {
+		opts.MaxJobBytes = DefaultMaxJobBytes
+	}
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
@@ -129,6 +157,7 @@ func New(s *keys.Sessions, store Store, layouts Layouts, opts Options) *Module {
 		layouts:  layouts,
 		ttl:      opts.JobTTL,
 		maxJobs:  opts.MaxJobs,
+		maxBytes: opts.MaxJobBytes,
 		now:      opts.Now,
 		log:      opts.Logger,
 		jobs:     make(map[string]*job),
@@ -151,20 +180,39 @@ func ExtraCount(tpSize, worldSize int) int {
 	return 0
 }
 
+// ValidateTPSize checks a LOOKUP or FREE_LOOKUP_LOCKS tp_size: 0 to
+// MaxTPSize (0 and 1 both mean "no tensor parallelism beyond world_size").
+func ValidateTPSize(tpSize int) error {
+	if tpSize < 0 || tpSize > MaxTPSize {
+		return fmt.Errorf("tp_size %d: must be between 0 and %d", tpSize, MaxTPSize)
+	}
+	return nil
+}
+
 // Lookup runs a scheduler LOOKUP: it hashes every full chunk of r.Tokens,
 // read-locks the leading keys found in L1 (1 + ExtraCount locks each, every
-// rank) and records a job under r.RequestID with the number of chunks hit on
-// all ranks. An unregistered (model, world size) or a prompt without a full
-// chunk records 0. Locks taken on the keys of a chunk that missed on some
-// rank are released at once: no worker will retrieve that chunk. An invalid
-// key records 0 too (so the status query does not report a stale job) and
-// returns the error.
+// rank), a batch of chunks at a time, and records a job under r.RequestID
+// with the number of chunks hit on all ranks. An unregistered (model, world
+// size) or a prompt without a full chunk records 0. Locks taken on the keys of
+// a chunk that missed on some rank are released at once: no worker will
+// retrieve that chunk. An invalid key or tp_size records 0 too (so the status
+// query does not report a stale job) and returns the error; an invalid
+// request id records nothing.
 func (m *Module) Lookup(r keys.KeyRequest, tpSize int) error {
 	m.lookups.Add(1)
 	m.reqTokens.Add(int64(len(r.Tokens)))
+	if err := keys.ValidateRequestID(r.RequestID); err != nil {
+		m.failures.Add(1)
+		return fmt.Errorf("lookup: %w", err)
+	}
+	if err := ValidateTPSize(tpSize); err != nil {
+		m.failures.Add(1)
+		m.put(r.RequestID, 0)
+		return fmt.Errorf("lookup: request %s: %w", keys.Clip(r.RequestID), err)
+	}
 	if !m.layouts.Has(r.Model, r.WorldSize) {
 		m.earlyExits.Add(1)
-		m.log.Debug("lookup: no layout registered", "request_id", r.RequestID, "model", r.Model, "world_size", r.WorldSize)
+		m.log.Debug("lookup: no layout registered", "request_id", r.RequestID, "model", keys.Clip(r.Model), "world_size", r.WorldSize)
 		m.put(r.RequestID, 0)
 		return nil
 	}
@@ -174,23 +222,39 @@ func (m *Module) Lookup(r keys.KeyRequest, tpSize int) error {
 		m.put(r.RequestID, 0)
 		return fmt.Errorf("lookup: %w", err)
 	}
-	if len(ks) == 0 {
+	if ks.Chunks() == 0 {
 		m.earlyExits.Add(1)
 		m.put(r.RequestID, 0)
 		return nil
 	}
-	ws := r.WorldSize
-	m.reqChunks.Add(int64(len(ks) / ws))
-	count := 1 + ExtraCount(tpSize, ws)
-	n := min(max(m.store.ReserveReadPrefix(ks, count), 0), len(ks))
-	hit := n / ws
-	if partial := ks[hit*ws : n]; len(partial) > 0 {
-		m.store.FinishRead(partial, count)
-	}
+	m.reqChunks.Add(int64(ks.Chunks()))
+	hit := m.reservePrefix(ks, 1+ExtraCount(tpSize, r.WorldSize))
 	m.hitChunks.Add(int64(hit))
 	m.hitTk.Add(int64(hit * m.sessions.Hasher().ChunkSize()))
 	m.put(r.RequestID, hit)
 	return nil
+}
+
+// reservePrefix read-locks the leading chunks of ks that are readable on
+// every rank, count locks per key, and returns how many chunks it locked. It
+// asks the store lockBatch chunks at a time and stops at the first miss.
+func (m *Module) reservePrefix(ks keys.KeySet, count int) int {
+	per := ks.PerChunk()
+	buf := make([]keys.ObjectKey, 0, min(lockBatch, ks.Chunks())*per)
+	hit := 0
+	for from := 0; from < ks.Chunks(); from += lockBatch {
+		buf = ks.Append(buf[:0], from, from+lockBatch)
+		n := min(max(m.store.ReserveReadPrefix(buf, count), 0), len(buf))
+		full := n / per
+		hit += full
+		if partial := buf[full*per : n]; len(partial) > 0 {
+			m.store.FinishRead(partial, count)
+		}
+		if n < len(buf) {
+			break
+		}
+	}
+	return hit
 }
 
 // QueryStatus answers QUERY_PREFETCH_STATUS: the job's hit chunks, removing
@@ -225,18 +289,31 @@ func (m *Module) QueryHits(requestID string) (hitChunks int, done bool) {
 
 // FreeLocks answers FREE_LOOKUP_LOCKS: it resolves the keys of chunks
 // [r.Start, r.End) for r.Worker (nil = every rank) through the session and
-// releases 1 + ExtraCount read locks on each.
+// releases 1 + ExtraCount read locks on each, a batch of chunks at a time.
 func (m *Module) FreeLocks(r keys.KeyRequest, tpSize int) error {
-	ks, err := m.sessions.ObjectKeys(r)
+	if err := ValidateTPSize(tpSize); err != nil {
+		return fmt.Errorf("free lookup locks: request %s: %w", keys.Clip(r.RequestID), err)
+	}
+	ks, err := m.sessions.Keys(r)
 	if err != nil {
 		return fmt.Errorf("free lookup locks: %w", err)
 	}
-	if len(ks) == 0 {
-		return nil
-	}
-	m.store.FinishRead(ks, 1+ExtraCount(tpSize, r.WorldSize))
-	m.freedKeys.Add(int64(len(ks)))
+	count := 1 + ExtraCount(tpSize, r.WorldSize)
+	m.inBatches(ks, func(batch []keys.ObjectKey) { m.store.FinishRead(batch, count) })
+	m.freedKeys.Add(int64(ks.Len()))
 	return nil
+}
+
+// inBatches calls fn with the keys of ks, lockBatch chunks at a time.
+func (m *Module) inBatches(ks keys.KeySet, fn func([]keys.ObjectKey)) {
+	if ks.Chunks() == 0 {
+		return
+	}
+	buf := make([]keys.ObjectKey, 0, min(lockBatch, ks.Chunks())*ks.PerChunk())
+	for from := 0; from < ks.Chunks(); from += lockBatch {
+		buf = ks.Append(buf[:0], from, from+lockBatch)
+		fn(buf)
+	}
 }
 
 // EndSession answers END_SESSION: it removes the session and, if it saw a
@@ -249,10 +326,8 @@ func (m *Module) EndSession(requestID string) {
 		m.log.Debug("end session: no live session", "request_id", requestID)
 		return
 	}
-	if len(ks) > 0 {
-		m.store.Touch(ks)
-		m.touchedKeys.Add(int64(len(ks)))
-	}
+	m.inBatches(ks, m.store.Touch)
+	m.touchedKeys.Add(int64(ks.Len()))
 }
 
 // ActiveJobs returns the number of jobs waiting to be answered.
@@ -289,6 +364,11 @@ func (m *Module) Run(ctx context.Context) {
 
 // Stats returns a snapshot of the counters.
 func (m *Module) Stats() Stats {
+	now := m.now()
+	m.mu.Lock()
+	m.expireLocked(now)
+	active, bytes := len(m.jobs), m.bytes
+	m.mu.Unlock()
 	return Stats{
 		Lookups:         m.lookups.Load(),
 		EarlyExits:      m.earlyExits.Load(),
@@ -297,10 +377,12 @@ func (m *Module) Stats() Stats {
 		RequestedChunks: m.reqChunks.Load(),
 		HitChunks:       m.hitChunks.Load(),
 		HitTokens:       m.hitTk.Load(),
-		ActiveJobs:      m.ActiveJobs(),
+		ActiveJobs:      active,
+		JobBytes:        bytes,
 		AnsweredJobs:    m.answered.Load(),
 		ReplacedJobs:    m.replaced.Load(),
 		ExpiredJobs:     m.expired.Load(),
+		EvictedJobs:     m.evicted.Load(),
 		FreedKeys:       m.freedKeys.Load(),
 		TouchedKeys:     m.touchedKeys.Load(),
 	}
@@ -316,12 +398,19 @@ func (m *Module) put(id string, hitChunks int) {
 		m.removeLocked(old) // its locks stay: see Module
 		m.replaced.Add(1)
 	}
-	j := &job{id: id, created: now, hitChunks: hitChunks}
+	// A clone: the id must not pin the buffer the request was decoded from.
+	id = strings.Clone(id)
+	j := &job{id: id, created: now, hitChunks: hitChunks, cost: int64(jobOverhead + len(id))}
 	j.elem = m.order.PushBack(j)
 	m.jobs[id] = j
-	for len(m.jobs) > m.maxJobs {
-		m.removeLocked(m.order.Front().Value.(*job))
-		m.expired.Add(1)
+	m.bytes += j.cost
+	for len(m.jobs) > m.maxJobs || m.bytes > m.maxBytes {
+		oldest := m.order.Front().Value.(*job)
+		if oldest == j {
+			break // a job alone over MaxJobBytes cannot happen: ids are capped
+		}
+		m.removeLocked(oldest)
+		m.evicted.Add(1)
 	}
 }
 
@@ -342,4 +431,5 @@ func (m *Module) expireLocked(now time.Time) int {
 func (m *Module) removeLocked(j *job) {
 	m.order.Remove(j.elem)
 	delete(m.jobs, j.id)
+	m.bytes -= j.cost
 }

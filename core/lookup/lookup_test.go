@@ -396,7 +396,7 @@ func TestJobBounds(t *testing.T) {
 	if n := f.m.Sweep(); n != 3 {
 		t.Fatalf("Sweep dropped %d, want 3", n)
 	}
-	if st := f.m.Stats(); st.ExpiredJobs != 4 || st.ActiveJobs != 0 {
+	if st := f.m.Stats(); st.ExpiredJobs != 3 || st.EvictedJobs != 1 || st.ActiveJobs != 0 || st.JobBytes != 0 {
 		t.Fatalf("stats %+v", st)
 	}
 }

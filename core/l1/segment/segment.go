@@ -3,11 +3,17 @@
 // private anonymous memory when shared memory is off or cannot hold the pool.
 //
 // A named segment is /dev/shm/<name> (what shm_open and Python's SharedMemory
-// use), mode 0600, held under an exclusive flock for the owner's life so that
-// other servers can tell a live segment from a stale one, and unlinked on
-// Close. Stale lmcache_l1_pool_* segments (flock obtainable: owner dead) are
-// removed before a new one is created; a segment whose flock is held is never
-// touched.
+// use), mode 0600, with every page reserved at creation (fallocate), held
+// under an exclusive flock for the owner's life so that other servers can tell
+// a live segment from a stale one, and unlinked on Close. A second hard link,
+// /dev/shm/.kvdock-seg-<name>, marks the segment as kvdock's: only kvdock
+// takes the flock, so an unlocked segment without the marker may belong to a
+// live server that never locks (Python LMCache) and is left alone.
+//
+// Before a segment is created, stale segments are removed (CleanStale): the
+// requested name if its flock can be taken, and kvdock-marked segments of our
+// uid whose flock can be taken (their owner died). A segment whose flock is
+// held is never touched, nor other users' files under other names.
 package segment
 
 import (
@@ -17,6 +23,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -35,6 +42,11 @@ const DefaultDir = "/dev/shm"
 // tmpPrefix names a segment being created: it is flocked before it is
 // linked under its real name, so a live segment is never visible unlocked.
 const tmpPrefix = ".kvdock-new-"
+
+// markerPrefix names the second link of a kvdock segment, markerPrefix+name:
+// the same inode as name, proof that kvdock created it and holds its flock
+// while alive.
+const markerPrefix = ".kvdock-seg-"
 
 // ErrBusy means the requested segment name is held by a live process.
 var ErrBusy = errors.New("shared memory segment is held by a live process")
@@ -106,9 +118,10 @@ type Segment struct {
 }
 
 // Open maps the memory described by o. A name held by a live process is an
-// error wrapping ErrBusy; a pool that does not fit in the shm directory, or a
-// segment that cannot be created, falls back to anonymous memory with the
-// reason in Decision.
+// error wrapping ErrBusy; a pool that does not fit in the shm directory, a
+// segment that cannot be created or whose pages cannot be reserved (the
+// directory filled up since it was checked) falls back to anonymous memory
+// with the reason in Decision.
 func Open(o Options) (*Segment, error) {
 	if o.Size <= 0 {
 		return nil, fmt.Errorf("segment: size %d bytes, want > 0", o.Size)
@@ -134,13 +147,14 @@ func Open(o Options) (*Segment, error) {
 	if err := ValidName(name); err != nil {
 		return nil, err
 	}
-	removed, err := CleanStale(o.Dir, log)
+	removed, err := CleanStale(o.Dir, name, log)
 	if err != nil {
 		log.Warn("stale shared-memory cleanup incomplete", "dir", o.Dir, "err", err)
 	}
 	path := filepath.Join(o.Dir, name)
 	if _, err := os.Lstat(path); err == nil {
-		// CleanStale left it: a live process holds it.
+		// CleanStale left it: a live process holds it, or it could not be
+		// checked (the warning above says why).
 		return nil, fmt.Errorf("segment %s in %s: %w; stop that server or choose another --shm-name", name, o.Dir, ErrBusy)
 	}
 	free, err := o.Statfs(o.Dir)
@@ -157,6 +171,12 @@ func Open(o Options) (*Segment, error) {
 	s, err := create(o, name, path, free, log)
 	if errors.Is(err, ErrBusy) {
 		return nil, err
+	}
+	var re *reserveError
+	if errors.As(err, &re) {
+		reason := re.Error() + "; using private memory"
+		log.Warn("shared memory off", "reason", reason)
+		return openAnon(o, Decision{Size: o.Size, Reason: reason, ShmFree: free}, log)
 	}
 	if err != nil {
 		reason := fmt.Sprintf("cannot create segment %s (%v); using private memory", name, err)
@@ -200,8 +220,8 @@ func create(o Options, name, path string, free int64, log *slog.Logger) (*Segmen
 	if err := unix.Fchmod(fd, 0o600); err != nil {
 		return fail(fmt.Errorf("chmod %s: %w", tmp, err))
 	}
-	if err := unix.Ftruncate(fd, o.Size); err != nil {
-		return fail(fmt.Errorf("size %s to %d bytes: %w", tmp, o.Size, err))
+	if err := reserve(fd, o.Size); err != nil {
+		return fail(&reserveError{dir: o.Dir, size: o.Size, err: err})
 	}
 	if err := unix.Link(tmp, path); err != nil {
 		if errors.Is(err, unix.EEXIST) {
@@ -209,10 +229,12 @@ func create(o Options, name, path string, free int64, log *slog.Logger) (*Segmen
 		}
 		return fail(fmt.Errorf("publish %s as %s: %w", tmp, path, err))
 	}
+	mark(o.Dir, name, tmp, log)
 	unix.Unlink(tmp)
 	mem, err := unix.Mmap(fd, 0, int(o.Size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
-		unix.Unlink(path)
+		unlinkIfSame(fd, path)
+		unlinkIfSame(fd, filepath.Join(o.Dir, markerPrefix+name))
 		unix.Close(fd)
 		return nil, fmt.Errorf("map %s: %w", path, err)
 	}
@@ -225,6 +247,62 @@ func create(o Options, name, path string, free int64, log *slog.Logger) (*Segmen
 		done: make(chan struct{}),
 		log:  log,
 	}, nil
+}
+
+// reserveStep is how much one fallocate call reserves. tmpfs undoes a call
+// that a signal interrupts, so one call over a large pool might never finish
+// under a stream of signals (a profiler's); steps keep their progress.
+const reserveStep = 1 << 30
+
+// reserve allocates every page of the segment now (fallocate, mode 0, which
+// also sets the size), so that a /dev/shm that fills up later cannot SIGBUS
+// the process on first touch; on a full /dev/shm it fails here instead, with
+// ENOSPC. It costs about 0.3 s per GiB on tmpfs.
+func reserve(fd int, size int64) error {
+	for off := int64(0); off < size; {
+		n := min(reserveStep, size-off)
+		err := unix.Fallocate(fd, 0, off, n)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		off += n
+	}
+	return nil
+}
+
+// reserveError is a failed reservation, worded for the Decision reason:
+// "/dev/shm could not reserve 1 GiB: no space left on device".
+type reserveError struct {
+	dir  string
+	size int64
+	err  error
+}
+
+func (e *reserveError) Error() string {
+	return fmt.Sprintf("%s could not reserve %s: %v", e.dir, Human(e.size), e.err)
+}
+
+func (e *reserveError) Unwrap() error { return e.err }
+
+// mark links the new segment (still reachable as tmp) as markerPrefix+name.
+// A marker left by a dead owner whose segment name was removed is replaced;
+// without a marker the segment still works, but if this server dies it is
+// cleaned only by a server started with the same name.
+func mark(dir, name, tmp string, log *slog.Logger) {
+	marker := filepath.Join(dir, markerPrefix+name)
+	err := unix.Link(tmp, marker)
+	if errors.Is(err, unix.EEXIST) {
+		if ok, _ := removeIfStale(marker, os.Geteuid(), nil); ok {
+			err = unix.Link(tmp, marker)
+		}
+	}
+	if err != nil {
+		log.Warn("shared memory segment left unmarked: if this server dies, only a server started with the same name removes it",
+			"segment", name, "marker", marker, "err", err)
+	}
 }
 
 func openAnon(o Options, dec Decision, log *slog.Logger) (*Segment, error) {
@@ -261,11 +339,9 @@ func (s *Segment) Close() error {
 		if s.fd < 0 {
 			return
 		}
-		path := filepath.Join(s.dir, s.dec.Segment)
-		var mine, named unix.Stat_t
-		if unix.Fstat(s.fd, &mine) == nil && unix.Stat(path, &named) == nil &&
-			mine.Dev == named.Dev && mine.Ino == named.Ino {
-			if e := unix.Unlink(path); e != nil && err == nil {
+		for _, name := range []string{s.dec.Segment, markerPrefix + s.dec.Segment} {
+			path := filepath.Join(s.dir, name)
+			if e := unlinkIfSame(s.fd, path); e != nil && err == nil {
 				err = fmt.Errorf("unlink %s: %w", path, e)
 			}
 		}
@@ -305,65 +381,205 @@ func (s *Segment) startPrefault(on bool) {
 	}()
 }
 
-// CleanStale removes the Prefix segments in dir whose flock can be taken
-// (their owner is gone) and returns their names. Segments held by a live
-// process are left alone.
-func CleanStale(dir string, log *slog.Logger) ([]string, error) {
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
+// CleanStale removes stale segments from dir and returns the names of the
+// segments removed. Stale means the flock can be taken (no live kvdock holds
+// it) and the file is provably one we may remove:
+//
+//   - want, the name about to be created (normalised; "" for none), whoever
+//     created it: the operator asked for that name;
+//   - a segment of another name only with kvdock's marker link and owned by
+//     our uid. Python LMCache never takes the flock, so an unmarked segment
+//     is unlocked while its server lives, and another user's segment is not
+//     ours to remove even when we are root;
+//   - a marker whose segment is gone, and a crash leftover of a segment being
+//     created (tmpPrefix, older than a minute), both ours by uid.
+//
+// Each file is unlinked only while its flock is held and after its path is
+// checked to still name the locked inode, so a segment that a starting
+// server has just put in its place is never removed.
+func CleanStale(dir, want string, log *slog.Logger) ([]string, error) {
+	c := cleaner{dir: dir, want: want, uid: os.Geteuid(), log: log}
+	return c.run()
+}
+
+type cleaner struct {
+	dir  string
+	want string
+	uid  int
+	log  *slog.Logger
+	// afterLock runs once a candidate's flock is held, before its path is
+	// checked; tests use it to replace the file under the cleaner.
+	afterLock func(path string)
+}
+
+func (c cleaner) run() ([]string, error) {
+	if c.log == nil {
+		c.log = slog.New(slog.DiscardHandler)
 	}
-	ents, err := os.ReadDir(dir)
+	ents, err := os.ReadDir(c.dir)
 	if err != nil {
-		return nil, fmt.Errorf("scan %s for stale segments: %w", dir, err)
+		return nil, fmt.Errorf("scan %s for stale segments: %w", c.dir, err)
 	}
 	var removed []string
 	var errs []error
+	note := func(name string, ok bool, err error) {
+		if err != nil {
+			errs = append(errs, err)
+		}
+		if ok {
+			c.log.Info("removed stale shared memory segment", "segment", name, "dir", c.dir)
+			removed = append(removed, name)
+		}
+	}
 	for _, e := range ents {
 		name := e.Name()
-		isTmp := strings.HasPrefix(name, tmpPrefix)
-		if !strings.HasPrefix(name, Prefix) && !isTmp || !e.Type().IsRegular() {
+		if !e.Type().IsRegular() {
 			continue
 		}
-		if isTmp {
+		switch {
+		case strings.HasPrefix(name, markerPrefix):
+			seg := strings.TrimPrefix(name, markerPrefix)
+			ok, err := c.removeMarked(seg)
+			note(seg, ok, err)
+		case strings.HasPrefix(name, tmpPrefix):
 			// A segment being created is locked within microseconds; only
 			// leftovers of a crash are old.
 			if info, err := e.Info(); err != nil || time.Since(info.ModTime()) < time.Minute {
 				continue
 			}
+			_, err := removeIfStale(filepath.Join(c.dir, name), c.uid, c.afterLock)
+			note(name, false, err)
 		}
-		path := filepath.Join(dir, name)
-		ok, err := removeIfStale(path)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		if ok {
-			log.Info("removed stale shared memory segment", "segment", name, "dir", dir)
-			removed = append(removed, name)
-		}
+	}
+	if c.want != "" && !slices.Contains(removed, c.want) {
+		ok, err := c.removeWanted()
+		note(c.want, ok, err)
 	}
 	return removed, errors.Join(errs...)
 }
 
-func removeIfStale(path string) (bool, error) {
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
-	if err != nil {
-		if errors.Is(err, unix.ENOENT) {
-			return false, nil
-		}
-		return false, fmt.Errorf("open %s: %w", path, err)
+// removeMarked removes seg and its marker when the marker is ours by uid and
+// unlocked; seg goes only if it is the marker's inode.
+func (c cleaner) removeMarked(seg string) (bool, error) {
+	marker := filepath.Join(c.dir, markerPrefix+seg)
+	fd, ok, err := lockIfStale(marker, c.uid)
+	if !ok {
+		return false, err
 	}
 	defer unix.Close(fd)
-	if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		if errors.Is(err, unix.EWOULDBLOCK) {
-			return false, nil // live owner
-		}
-		return false, fmt.Errorf("lock %s: %w", path, err)
+	if c.afterLock != nil {
+		c.afterLock(marker)
 	}
-	if err := unix.Unlink(path); err != nil && !errors.Is(err, unix.ENOENT) {
+	// The marker is the segment's inode: if seg still names it, seg is the
+	// dead owner's segment. A marker whose segment name is gone still pinned
+	// the memory; it goes too, but no segment is reported.
+	path := filepath.Join(c.dir, seg)
+	segGone := false
+	if strings.HasPrefix(seg, Prefix) && sameFile(fd, path) {
+		if err := unix.Unlink(path); err != nil && !errors.Is(err, unix.ENOENT) {
+			return false, fmt.Errorf("remove stale %s: %w", path, err)
+		}
+		segGone = true
+	}
+	if err := unlinkIfSame(fd, marker); err != nil {
+		return false, fmt.Errorf("remove stale %s: %w", marker, err)
+	}
+	return segGone, nil
+}
+
+// removeWanted removes the requested name, whoever owns it, if its flock can
+// be taken, with its marker if it has one (another user's marker would
+// otherwise keep the old segment's memory).
+func (c cleaner) removeWanted() (bool, error) {
+	path := filepath.Join(c.dir, c.want)
+	fd, ok, err := lockIfStale(path, -1)
+	if !ok {
+		return false, err
+	}
+	defer unix.Close(fd)
+	if c.afterLock != nil {
+		c.afterLock(path)
+	}
+	if !sameFile(fd, path) {
+		return false, nil // replaced since we opened it: not the file we locked
+	}
+	for _, p := range []string{path, filepath.Join(c.dir, markerPrefix+c.want)} {
+		if err := unlinkIfSame(fd, p); err != nil {
+			return false, fmt.Errorf("remove stale %s: %w", p, err)
+		}
+	}
+	return true, nil
+}
+
+// removeIfStale unlinks path if its flock can be taken, it is owned by uid
+// (-1: any owner) and path still names the locked inode when it is removed.
+func removeIfStale(path string, uid int, afterLock func(string)) (bool, error) {
+	fd, ok, err := lockIfStale(path, uid)
+	if !ok {
+		return false, err
+	}
+	defer unix.Close(fd)
+	if afterLock != nil {
+		afterLock(path)
+	}
+	if !sameFile(fd, path) {
+		return false, nil // replaced since we opened it: not the file we locked
+	}
+	if err := unlinkIfSame(fd, path); err != nil {
 		return false, fmt.Errorf("remove stale %s: %w", path, err)
 	}
 	return true, nil
+}
+
+// lockIfStale opens path and takes its flock without blocking; ok is true,
+// with the descriptor holding the lock, when the lock was free and the file
+// is a regular file owned by uid (-1: any owner).
+func lockIfStale(path string, uid int) (fd int, ok bool, err error) {
+	// O_NONBLOCK: a FIFO swapped in under the name must not block the open.
+	fd, err = unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+	if err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return -1, false, nil
+		}
+		return -1, false, fmt.Errorf("open %s: %w", path, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return -1, false, fmt.Errorf("stat %s: %w", path, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG || uid >= 0 && int(st.Uid) != uid {
+		unix.Close(fd)
+		return -1, false, nil
+	}
+	if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		unix.Close(fd)
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return -1, false, nil // live owner
+		}
+		return -1, false, fmt.Errorf("lock %s: %w", path, err)
+	}
+	return fd, true, nil
+}
+
+// sameFile reports whether path names the inode open as fd.
+func sameFile(fd int, path string) bool {
+	var mine, named unix.Stat_t
+	return unix.Fstat(fd, &mine) == nil && unix.Lstat(path, &named) == nil &&
+		mine.Dev == named.Dev && mine.Ino == named.Ino
+}
+
+// unlinkIfSame unlinks path if it names the inode open as fd. The caller
+// holds that inode's flock, so no kvdock can remove it and link a new
+// segment under the name between the check and the unlink.
+func unlinkIfSame(fd int, path string) error {
+	if !sameFile(fd, path) {
+		return nil
+	}
+	if err := unix.Unlink(path); err != nil && !errors.Is(err, unix.ENOENT) {
+		return err
+	}
+	return nil
 }
 
 func statfsFree(dir string) (int64, error) {

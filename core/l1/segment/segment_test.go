@@ -160,7 +160,7 @@ func TestSharedSegmentLifecycle(t *testing.T) {
 
 func TestStaleSegmentsRemovedLiveOnesKept(t *testing.T) {
 	dir := shmDir(t)
-	stalePath := filepath.Join(dir, Prefix+"dead")
+	deadPath := filepath.Join(dir, Prefix+"dead")
 	livePath := filepath.Join(dir, Prefix+"live")
 	otherPath := filepath.Join(dir, "not_ours")
 	for _, p := range []string{otherPath} {
@@ -168,16 +168,16 @@ func TestStaleSegmentsRemovedLiveOnesKept(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	killDead := holdFlock(t, stalePath)
+	killDead := holdFlock(t, deadPath)
 	holdFlock(t, livePath)
-	killDead() // owner SIGKILLed: its segment is now stale
+	killDead() // owner SIGKILLed: its lock is free, but it never carried kvdock's marker
 
 	_, err := Open(Options{Name: "live", Size: 1 << 20, Dir: dir})
 	if !errors.Is(err, ErrBusy) || !strings.Contains(err.Error(), Prefix+"live") {
 		t.Fatalf("Open of a name held by a live process: %v, want ErrBusy naming the segment", err)
 	}
-	if _, err := os.Stat(stalePath); !os.IsNotExist(err) {
-		t.Fatalf("stale segment of a killed owner still exists: %v", err)
+	if _, err := os.Stat(deadPath); err != nil {
+		t.Fatalf("an unmarked segment of another name was removed: %v", err)
 	}
 	if _, err := os.Stat(livePath); err != nil {
 		t.Fatalf("segment of a live owner was removed: %v", err)
