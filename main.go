@@ -22,6 +22,7 @@ import (
 
 	"kvdock/core/engine"
 	"kvdock/core/gpu"
+	"kvdock/core/logcap"
 	"kvdock/core/rpc"
 	"kvdock/settings"
 	"kvdock/ui/bench"
@@ -320,7 +321,9 @@ func newLogger(cfg settings.LogConfig, level *slog.LevelVar, stderr io.Writer) (
 	if cfg.Format == "json" {
 		h = slog.NewJSONHandler(w, hopts)
 	}
-	return slog.New(h), closer, nil
+	// Peers put strings into log lines (names, ids, error texts): cut them
+	// and rate-limit, in both faces.
+	return slog.New(logcap.NewHandler(h, logcap.Options{})), closer, nil
 }
 
 // isTerminal reports whether f is a terminal (the dashboard needs one on
