@@ -1,12 +1,17 @@
 package main
 
 import (
+	"bytes"
+	"context"
 	"errors"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 
+	"kvdock/core/engine"
 	"kvdock/settings"
 )
 
@@ -49,5 +54,33 @@ func TestLoggerBoundsAFloodOfHugeErrors(t *testing.T) {
 		}
 		closeLog()
 		t.Logf("%s: 10,000 errors with 8 MiB strings wrote %d bytes", format, w.bytes())
+	}
+}
+
+// TestSIGHUPLogsNoSecret: a reload that changes http.token logs the change
+// without either value.
+func TestSIGHUPLogsNoSecret(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "kvdock.yaml")
+	write := func(token string) {
+		if err := os.WriteFile(path, []byte("http:\n  token: "+token+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("old-s3cret-value")
+	opts := settings.LoadOptions{ConfigPath: path}
+	loaded, err := settings.Load(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng := engine.New(loaded.Config, engine.Options{Sources: loaded.Sources})
+	write("new-s3cret-value")
+	var buf bytes.Buffer
+	reload(context.Background(), eng, opts, slog.New(slog.NewTextHandler(&buf, nil)))
+	out := buf.String()
+	if !strings.Contains(out, "http.token") || !strings.Contains(out, settings.Redacted) {
+		t.Fatalf("the reload does not log the token change: %s", out)
+	}
+	if strings.Contains(out, "s3cret") {
+		t.Fatalf("the reload logged a secret: %s", out)
 	}
 }
