@@ -12,6 +12,7 @@ import (
 	tea "charm.land/bubbletea/v2"
 
 	"kvdock/settings"
+	"kvdock/ui/termtext"
 )
 
 // emptyLiteral typed in the editor means the empty string, so an empty
@@ -26,6 +27,7 @@ func valueText(c settings.Config, k settings.KeyInfo) string {
 	if err != nil {
 		return "?"
 	}
+	v = termtext.Clean(v)
 	if v == "" && (k.Kind == "string" || k.Kind == "optional-string") {
 		return emptyLiteral
 	}
