@@ -3,13 +3,21 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"kvdock/assets"
 	"kvdock/core/protocol"
+	"kvdock/core/rpc/client"
+	"kvdock/settings"
 )
 
 // stuckHandler makes the first request handled by e hold a view of the pool
@@ -125,4 +133,76 @@ func TestStopTimeoutCoversTheDrain(t *testing.T) {
 	if StopTimeout < DrainTimeout+poolCloseAllowance || poolCloseAllowance <= 0 {
 		t.Fatalf("StopTimeout %v does not cover the drain %v and the pool close", StopTimeout, DrainTimeout)
 	}
+}
+
+// TestExitWithAHandlerStillRunning: kvdock exits (main's shutdown) while a
+// handler still holds a view of the pool after Stop's drain timed out. The
+// process ends without a fault; the segment's name outlives it (the pool was
+// never closed), and the next start with that name removes it as stale (its
+// flock died with the process) and serves.
+func TestExitWithAHandlerStillRunning(t *testing.T) {
+	if os.Getenv("KVDOCK_ENGINE_EXIT_CHILD") != "" {
+		exitChild()
+		return
+	}
+	cfg, seg := testConfig(t)
+	cmd := exec.Command(os.Args[0], "-test.run=^TestExitWithAHandlerStillRunning$")
+	cmd.Env = append(os.Environ(), "KVDOCK_ENGINE_EXIT_CHILD="+*cfg.Server.ShmName,
+		"KVDOCK_ENGINE_EXIT_PORT="+strconv.Itoa(cfg.Server.Port))
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "child: stop returned") || !strings.Contains(string(out), ErrDrainTimeout.Error()) {
+		t.Fatalf("child: %v\n%s", err, out)
+	}
+	if _, err := os.Stat(filepath.Join("/dev/shm", seg)); err != nil {
+		t.Fatalf("after the exit the segment name is gone (%v): then the test's description is wrong", err)
+	}
+	e := startEngine(t, cfg)
+	if r := e.Snapshot().Shm.Reason; !strings.Contains(r, "stale") {
+		t.Fatalf("restart with the same name: reason %q does not mention the stale segment", r)
+	}
+	if err := e.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join("/dev/shm", seg)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("segment left after the second server stopped: %v", err)
+	}
+}
+
+// exitChild is the child of TestExitWithAHandlerStillRunning: a handler
+// holds a pool view forever, Stop times out, the process exits.
+func exitChild() {
+	name := os.Getenv("KVDOCK_ENGINE_EXIT_CHILD")
+	port, _ := strconv.Atoi(os.Getenv("KVDOCK_ENGINE_EXIT_PORT"))
+	cfg := settings.Default()
+	cfg.Server.Port = port
+	cfg.L1.SizeGB = 16.0 / 1024
+	cfg.L1.Prefault = false
+	cfg.Server.ShmName = &name
+	e := New(cfg, Options{})
+	started := make(chan struct{})
+	var once sync.Once
+	e.handlerHook = func(p *plane) {
+		view := p.pool.Bytes(0, 4096)
+		once.Do(func() { close(started) })
+		for {
+			view[0]++ // keeps touching the pool until the process exits
+			runtime.Gosched()
+		}
+	}
+	if err := e.Start(context.Background()); err != nil {
+		fmt.Println("child: start:", err)
+		os.Exit(2)
+	}
+	p, _ := assets.Profile(cfg.Server.Protocol)
+	c, err := client.Dial(fmt.Sprintf("tcp://127.0.0.1:%d", port), p, client.Options{Timeout: time.Second})
+	if err != nil {
+		fmt.Println("child: dial:", err)
+		os.Exit(2)
+	}
+	go func() { _, _ = c.Call(context.Background(), protocol.Noop) }()
+	<-started
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	fmt.Println("child: stop returned:", e.Stop(ctx))
+	os.Exit(0)
 }
