@@ -122,9 +122,7 @@ func (e *Engine) restartFrontLocked(cfg settings.Config) error {
 // views of the old pool: the rebuild is then refused and the plane kept.
 func (e *Engine) rebuildLocked(ctx context.Context, cfg settings.Config) error {
 	if p := e.plane; p != nil {
-		select {
-		case <-p.gate.close():
-		case <-ctx.Done():
+		if !waitIdle(ctx, p.gate.close()) {
 			n := p.gate.inFlight()
 			p.gate.reopen()
 			return fmt.Errorf("pool not rebuilt: %w: %d request(s) still running hold views of it", ErrDrainTimeout, n)

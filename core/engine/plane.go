@@ -86,6 +86,22 @@ func (g *gate) close() <-chan struct{} {
 	return g.idle
 }
 
+// waitIdle waits for idle until ctx is done; an idle gate wins over a
+// ctx that is already done.
+func waitIdle(ctx context.Context, idle <-chan struct{}) bool {
+	select {
+	case <-idle:
+		return true
+	default:
+	}
+	select {
+	case <-idle:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
 // reopen admits handlers again after a close whose wait was abandoned.
 func (g *gate) reopen() {
 	g.mu.Lock()
@@ -209,15 +225,8 @@ func (e *Engine) buildPlane(cfg settings.Config) (*plane, error) {
 // cleanup removes the name (its flock died with the process).
 func (p *plane) close(ctx context.Context) error {
 	idle := p.gate.close()
-	select {
-	case <-idle:
+	if waitIdle(ctx, idle) {
 		return p.release()
-	default:
-	}
-	select {
-	case <-idle:
-		return p.release()
-	case <-ctx.Done():
 	}
 	n := p.gate.inFlight()
 	go func() {

@@ -206,3 +206,59 @@ func exitChild() {
 	fmt.Println("child: stop returned:", e.Stop(ctx))
 	os.Exit(0)
 }
+
+// TestGateAdmitsNothingAfterIdle: once close's channel says idle, no handler
+// runs and none is admitted, however many race to enter.
+func TestGateAdmitsNothingAfterIdle(t *testing.T) {
+	for range 50 {
+		var g gate
+		var running, after sync.WaitGroup
+		var inside atomicCounter
+		stop := make(chan struct{})
+		for range 8 {
+			running.Add(1)
+			go func() {
+				defer running.Done()
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					if g.enter() {
+						inside.add(1)
+						inside.add(-1)
+						g.exit()
+					}
+				}
+			}()
+		}
+		<-g.close()
+		if n := inside.load(); n != 0 {
+			t.Fatalf("%d handlers inside an idle gate", n)
+		}
+		after.Add(1)
+		go func() {
+			defer after.Done()
+			if g.enter() {
+				t.Error("a closed gate admitted a handler")
+			}
+		}()
+		after.Wait()
+		close(stop)
+		running.Wait()
+		g.reopen()
+		if !g.enter() {
+			t.Fatal("a reopened gate refused a handler")
+		}
+		g.exit()
+	}
+}
+
+type atomicCounter struct {
+	mu sync.Mutex
+	n  int
+}
+
+func (c *atomicCounter) add(d int) { c.mu.Lock(); c.n += d; c.mu.Unlock() }
+func (c *atomicCounter) load() int { c.mu.Lock(); defer c.mu.Unlock(); return c.n }
