@@ -41,7 +41,8 @@ type Options struct {
 	// value (errors and Stringers included).
 	MaxString int
 	// Rate and Burst size the token buckets: one for warnings and errors,
-	// one for the rest, so a flood of either cannot silence the other.
+	// one for info, one for debug, so a flood at one level cannot silence
+	// another.
 	Rate  float64
 	Burst int
 	Now   func() time.Time
@@ -52,8 +53,9 @@ type Options struct {
 type Handler struct {
 	next slog.Handler
 	max  int
-	warn *bucket // Warn and above
-	info *bucket // below Warn
+	warn  *bucket // Warn and above
+	info  *bucket // Info up to Warn
+	debug *bucket // below Info
 }
 
 // NewHandler returns next bounded by o.
@@ -73,8 +75,9 @@ func NewHandler(next slog.Handler, o Options) *Handler {
 	return &Handler{
 		next: next,
 		max:  o.MaxString,
-		warn: newBucket(o.Rate, o.Burst, o.Now),
-		info: newBucket(o.Rate, o.Burst, o.Now),
+		warn:  newBucket(o.Rate, o.Burst, o.Now),
+		info:  newBucket(o.Rate, o.Burst, o.Now),
+		debug: newBucket(o.Rate, o.Burst, o.Now),
 	}
 }
 
@@ -85,19 +88,18 @@ func (h *Handler) Enabled(ctx context.Context, l slog.Level) bool { return h.nex
 // first record let through after a drop is preceded by a line counting the
 // dropped ones.
 func (h *Handler) Handle(ctx context.Context, r slog.Record) error {
-	b := h.info
-	if r.Level >= slog.LevelWarn {
-		b = h.warn
+	b, level := h.info, slog.LevelInfo
+	switch {
+	case r.Level >= slog.LevelWarn:
+		b, level = h.warn, slog.LevelWarn
+	case r.Level < slog.LevelInfo:
+		b, level = h.debug, slog.LevelDebug
 	}
 	ok, dropped, first := b.take(r.Message, h.max)
 	if !ok {
 		return nil
 	}
 	if dropped > 0 {
-		level := slog.LevelInfo
-		if b == h.warn {
-			level = slog.LevelWarn
-		}
 		s := slog.NewRecord(r.Time, level, fmt.Sprintf("%d similar log lines suppressed (log rate limit)", dropped), 0)
 		s.AddAttrs(slog.Int64("suppressed", dropped), slog.String("first", first))
 		if err := h.next.Handle(ctx, s); err != nil {
