@@ -51,8 +51,8 @@ type Options struct {
 // Handler wraps another slog.Handler with truncation and the rate limit.
 // Handlers derived with WithAttrs and WithGroup share the limit.
 type Handler struct {
-	next slog.Handler
-	max  int
+	next  slog.Handler
+	max   int
 	warn  *bucket // Warn and above
 	info  *bucket // Info up to Warn
 	debug *bucket // below Info
@@ -73,8 +73,8 @@ func NewHandler(next slog.Handler, o Options) *Handler {
 		o.Now = time.Now
 	}
 	return &Handler{
-		next: next,
-		max:  o.MaxString,
+		next:  next,
+		max:   o.MaxString,
 		warn:  newBucket(o.Rate, o.Burst, o.Now),
 		info:  newBucket(o.Rate, o.Burst, o.Now),
 		debug: newBucket(o.Rate, o.Burst, o.Now),
