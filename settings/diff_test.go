@@ -1,6 +1,8 @@
 package settings_test
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -99,5 +101,21 @@ func TestRedactAndShownHideSecrets(t *testing.T) {
 	}
 	if c.HTTP.Token != "s3cret" {
 		t.Fatal("Redact changed its argument")
+	}
+}
+
+// TestLoadProblemsRedactSecrets: a token the loader cannot take is reported
+// with its key and source, never its value.
+func TestLoadProblemsRedactSecrets(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(p, []byte("http:\n  token: [s3cret, other]\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := settings.Load(settings.LoadOptions{ConfigPath: p})
+	if err == nil || !strings.Contains(err.Error(), "http.token") {
+		t.Fatalf("a list as token: %v", err)
+	}
+	if strings.Contains(err.Error(), "s3cret") {
+		t.Fatalf("the problem shows the secret: %v", err)
 	}
 }
