@@ -1,6 +1,8 @@
 package settings_test
 
 import (
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -112,10 +114,11 @@ func TestLoadProblemsRedactSecrets(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err := settings.Load(settings.LoadOptions{ConfigPath: p})
-	if err == nil || !strings.Contains(err.Error(), "http.token") {
+	var ve *settings.ValidationError
+	if !errors.As(err, &ve) || len(ve.Problems) != 1 || ve.Problems[0].Key != "http.token" {
 		t.Fatalf("a list as token: %v", err)
 	}
-	if strings.Contains(err.Error(), "s3cret") {
-		t.Fatalf("the problem shows the secret: %v", err)
+	if shown := fmt.Sprintf("%+v %s", ve.Problems[0], ve.Problems[0]); strings.Contains(shown, "s3cret") {
+		t.Fatalf("the problem shows the secret: %s", shown)
 	}
 }
