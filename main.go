@@ -16,13 +16,13 @@ import (
 	"runtime/debug"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
 
 	"kvdock/core/engine"
 	"kvdock/core/gpu"
+	"kvdock/core/logcap"
 	"kvdock/core/rpc"
 	"kvdock/settings"
 	"kvdock/ui/bench"
@@ -181,7 +181,7 @@ func serve(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	if err := web.start(ctx, cfg.HTTP); err != nil {
-		_ = eng.Stop(context.Background())
+		stopNow(eng)
 		fmt.Fprintf(stderr, "kvdock: could not start the HTTP API: %v\n", err)
 		return 1
 	}
@@ -225,7 +225,7 @@ func serve(args []string, stdout, stderr io.Writer) int {
 			return shutdown(eng, sigs, logger, "dashboard quit")
 		case <-eng.Failed():
 			logger.Error("wire server stopped unexpectedly")
-			_ = eng.Stop(context.Background())
+			stopNow(eng)
 			return 1
 		}
 	}
@@ -235,7 +235,9 @@ func serve(args []string, stdout, stderr io.Writer) int {
 // SIGTERM exits at once.
 func shutdown(eng *engine.Engine, sigs <-chan os.Signal, logger *slog.Logger, why string) int {
 	logger.Info("stopping", "cause", why)
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Second)
+	// The engine bounds its own drain; this only guards against a stop
+	// that hangs past what it needs (drain + closing the pool).
+	ctx, cancel := context.WithTimeout(context.Background(), engine.StopTimeout)
 	defer cancel()
 	done := make(chan error, 1)
 	go func() { done <- eng.Stop(ctx) }()
@@ -247,6 +249,11 @@ func shutdown(eng *engine.Engine, sigs <-chan os.Signal, logger *slog.Logger, wh
 			}
 			logger.Info("stopped")
 			return 0
+		case <-ctx.Done():
+			// Exiting unmaps the pool safely; its name goes at the next
+			// start's stale-segment cleanup.
+			logger.Warn("stop did not finish in time: exiting", "timeout", engine.StopTimeout)
+			return 1
 		case s := <-sigs:
 			if s == syscall.SIGHUP {
 				continue
@@ -255,6 +262,13 @@ func shutdown(eng *engine.Engine, sigs <-chan os.Signal, logger *slog.Logger, wh
 			return 130
 		}
 	}
+}
+
+// stopNow stops the engine on an error path, bounded like shutdown.
+func stopNow(eng *engine.Engine) {
+	ctx, cancel := context.WithTimeout(context.Background(), engine.StopTimeout)
+	defer cancel()
+	_ = eng.Stop(ctx)
 }
 
 // reload re-reads the settings (file, env, the original flags) and applies
@@ -307,7 +321,9 @@ func newLogger(cfg settings.LogConfig, level *slog.LevelVar, stderr io.Writer) (
 	if cfg.Format == "json" {
 		h = slog.NewJSONHandler(w, hopts)
 	}
-	return slog.New(h), closer, nil
+	// Peers put strings into log lines (names, ids, error texts): cut them
+	// and rate-limit, in both faces.
+	return slog.New(logcap.NewHandler(h, logcap.Options{})), closer, nil
 }
 
 // isTerminal reports whether f is a terminal (the dashboard needs one on

@@ -26,7 +26,8 @@ func (c Class) String() string {
 }
 
 // Change is one key that differs between two configs; Old and New are shown
-// as in messages (strings quoted, an absent shm_name as auto).
+// as in messages (strings quoted, an absent shm_name as auto, a secret that
+// is set as Redacted).
 type Change struct {
 	Key      string
 	Old, New string
@@ -38,9 +39,14 @@ func Diff(old, new Config) []Change {
 	var out []Change
 	for _, d := range table() {
 		o, n := display(d.field(&old)), display(d.field(&new))
-		if o != n {
-			out = append(out, Change{Key: d.key, Old: o, New: n, Class: d.class})
+		if o == n {
+			continue
 		}
+		if d.secret {
+			// Logged on SIGHUP and shown before apply: never the value.
+			o, n = redactShown(d, &old), redactShown(d, &new)
+		}
+		out = append(out, Change{Key: d.key, Old: o, New: n, Class: d.class})
 	}
 	return out
 }
@@ -54,4 +60,12 @@ func Strongest(changes []Change) Class {
 		}
 	}
 	return c
+}
+
+// redactShown is a secret as a change shows it: Redacted when set, "" when not.
+func redactShown(d keyDef, c *Config) string {
+	if text(d.field(c)) == "" {
+		return display(d.field(c))
+	}
+	return Redacted
 }

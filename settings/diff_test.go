@@ -1,6 +1,11 @@
 package settings_test
 
 import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 
 	"kvdock/settings"
@@ -59,5 +64,61 @@ func TestDiffClassifies(t *testing.T) {
 	}
 	if settings.Live.String() != "live" || settings.Strongest(nil) != settings.Live {
 		t.Errorf("Live")
+	}
+}
+
+// TestDiffRedactsSecrets: a token change is listed with its class, but
+// neither value appears (SIGHUP logs every change; the dashboard shows them).
+func TestDiffRedactsSecrets(t *testing.T) {
+	old, nc := settings.Default(), settings.Default()
+	old.HTTP.Token, nc.HTTP.Token = "old-s3cret", "new-s3cret"
+	ch := settings.Diff(old, nc)
+	if len(ch) != 1 || ch[0].Key != "http.token" || ch[0].Class != settings.Restart {
+		t.Fatalf("token change: %+v", ch)
+	}
+	if ch[0].Old != settings.Redacted || ch[0].New != settings.Redacted {
+		t.Fatalf("token change shows %q -> %q, want both %q", ch[0].Old, ch[0].New, settings.Redacted)
+	}
+	// Setting a token where there was none says so, without the value.
+	ch = settings.Diff(settings.Default(), nc)
+	if len(ch) != 1 || ch[0].Old != `""` || ch[0].New != settings.Redacted {
+		t.Fatalf("token set: %+v", ch)
+	}
+	if ki, ok := settings.LookupKey("http.token"); !ok || !ki.Secret {
+		t.Fatalf("http.token is not marked secret: %+v", ki)
+	}
+}
+
+func TestRedactAndShownHideSecrets(t *testing.T) {
+	c := settings.Default()
+	if v, _ := settings.Shown(c, "http.token"); v != "" {
+		t.Fatalf("an empty token shows as %q", v)
+	}
+	c.HTTP.Token = "s3cret"
+	if v, _ := settings.Shown(c, "http.token"); v != settings.Redacted {
+		t.Fatalf("a set token shows as %q", v)
+	}
+	if out := string(settings.Render(settings.Redact(c), nil)); strings.Contains(out, "s3cret") {
+		t.Fatalf("rendered redacted config holds the token:\n%s", out)
+	}
+	if c.HTTP.Token != "s3cret" {
+		t.Fatal("Redact changed its argument")
+	}
+}
+
+// TestLoadProblemsRedactSecrets: a token the loader cannot take is reported
+// with its key and source, never its value.
+func TestLoadProblemsRedactSecrets(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(p, []byte("http:\n  token: [s3cret, other]\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := settings.Load(settings.LoadOptions{ConfigPath: p})
+	var ve *settings.ValidationError
+	if !errors.As(err, &ve) || len(ve.Problems) != 1 || ve.Problems[0].Key != "http.token" {
+		t.Fatalf("a list as token: %v", err)
+	}
+	if shown := fmt.Sprintf("%+v %s", ve.Problems[0], ve.Problems[0]); strings.Contains(shown, "s3cret") {
+		t.Fatalf("the problem shows the secret: %s", shown)
 	}
 }

@@ -30,7 +30,13 @@ type KeyInfo struct {
 	Class   Class  // what changing it at runtime costs
 	// NoFlag is the negating flag ("no-l1-use-lazy") for the bools that have one.
 	NoFlag string
+	// Secret values are never shown: diffs, /conf, "config show" and the
+	// dashboard print Redacted instead (see Shown).
+	Secret bool
 }
+
+// Redacted stands for a secret value that is set.
+const Redacted = "(set, redacted)"
 
 // keyDef is one row of the table every other part (flags, env, file,
 // validation, diff, rendering) is driven from.
@@ -38,6 +44,7 @@ type keyDef struct {
 	key, flag, help string
 	class           Class
 	negatable       bool
+	secret          bool
 	field           func(c *Config) any // pointer to the field
 	check           func(c Config) string
 }
@@ -174,8 +181,8 @@ func table() []keyDef {
 			help:  "port of the operator HTTP API (0 disables it)",
 			field: func(c *Config) any { return &c.HTTP.Port },
 			check: func(c Config) string { return intRange(c.HTTP.Port, 0, 65535) }},
-		{key: "http.token", flag: "http-token", class: Restart,
-			help:  "bearer token the HTTP API requires for changes (empty = none)",
+		{key: "http.token", flag: "http-token", class: Restart, secret: true,
+			help:  "bearer token the HTTP API requires for changes (empty = none); pass it by KVDOCK_HTTP_TOKEN or the file, a flag shows in ps",
 			field: func(c *Config) any { return &c.HTTP.Token }},
 		{key: "log.level", flag: "log-level", class: Live,
 			help:  "log level: debug, info, warn or error",
@@ -505,7 +512,7 @@ func Keys() []KeyInfo {
 func (d keyDef) info(def *Config) KeyInfo {
 	ki := KeyInfo{
 		Key: d.key, Flag: d.flag, Env: d.env(), Kind: kindOf(d.field(def)),
-		Default: text(d.field(def)), Help: d.help, Class: d.class,
+		Default: text(d.field(def)), Help: d.help, Class: d.class, Secret: d.secret,
 	}
 	if d.negatable {
 		ki.NoFlag = "no-" + d.flag
@@ -542,6 +549,31 @@ func Get(c Config, key string) (string, error) {
 	return text(d.field(&c)), nil
 }
 
+// Shown is the text of a key for display: Get's text, or Redacted for a
+// secret that is set (an empty secret shows as empty: nothing to hide).
+func Shown(c Config, key string) (string, error) {
+	d, ok := findDef(key)
+	if !ok {
+		return "", fmt.Errorf("unknown setting %q", key)
+	}
+	v := text(d.field(&c))
+	if d.secret && v != "" {
+		return Redacted, nil
+	}
+	return v, nil
+}
+
+// Redact returns c with every secret that is set replaced by Redacted, for
+// printing a whole config (Render of it must not be read back).
+func Redact(c Config) Config {
+	for _, d := range table() {
+		if p, ok := d.field(&c).(*string); ok && d.secret && *p != "" {
+			*p = Redacted
+		}
+	}
+	return c
+}
+
 // Set parses value into key. It checks the type only; run Validate for the
 // rules. For server.shm_name, "" turns SHM off and AutoText makes it absent.
 func Set(c *Config, key, value string) error {
@@ -556,6 +588,9 @@ func Set(c *Config, key, value string) error {
 		return nil
 	}
 	if reason := assign(ptr, v); reason != "" {
+		if d.secret {
+			return fmt.Errorf("%s = %s: %s", key, Redacted, reason)
+		}
 		return fmt.Errorf("%s = %q: %s", key, value, reason)
 	}
 	return nil

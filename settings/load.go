@@ -185,7 +185,11 @@ func Load(opts LoadOptions) (*Loaded, error) {
 			}
 		}
 		if reason := assign(d.field(&out.Config), v); reason != "" {
-			probs = append(probs, Problem{Key: d.key, Value: rawDisplay(v), Source: src, Reason: reason})
+			shown := rawDisplay(v)
+			if d.secret {
+				shown = Redacted
+			}
+			probs = append(probs, Problem{Key: d.key, Value: shown, Source: src, Reason: reason})
 			skip[d.key] = true
 		}
 	}

@@ -60,7 +60,11 @@ func validate(c Config, src map[string]Source, skip map[string]bool) []Problem {
 			continue
 		}
 		if reason := d.check(c); reason != "" {
-			probs = append(probs, Problem{Key: d.key, Value: display(d.field(&c)), Source: src[d.key], Reason: reason})
+			shown := display(d.field(&c))
+			if d.secret {
+				shown = redactShown(d, &c)
+			}
+			probs = append(probs, Problem{Key: d.key, Value: shown, Source: src[d.key], Reason: reason})
 		}
 	}
 	return probs

@@ -61,7 +61,7 @@ func (e *Engine) Apply(ctx context.Context, cfg settings.Config, sources map[str
 
 	e.setState(Restarting, nil)
 	e.events.add(EventRestart, slog.LevelInfo, "applying "+what)
-	stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	stopCtx, cancel := context.WithTimeout(ctx, DrainTimeout)
 	defer cancel()
 	f := e.front
 	e.front = nil
@@ -72,7 +72,7 @@ func (e *Engine) Apply(ctx context.Context, cfg settings.Config, sources map[str
 
 	var err error
 	if engineClass(changes) == settings.Rebuild {
-		err = e.rebuildLocked(cfg)
+		err = e.rebuildLocked(stopCtx, cfg)
 	} else {
 		err = e.restartFrontLocked(cfg)
 	}
@@ -91,7 +91,7 @@ func (e *Engine) Apply(ctx context.Context, cfg settings.Config, sources map[str
 	e.events.add(EventError, slog.LevelError, fmt.Sprintf("apply failed, rolling back: %v", err))
 	var rbErr error
 	if e.plane == nil {
-		rbErr = e.rebuildLocked(old)
+		rbErr = e.rebuildLocked(context.Background(), old)
 	} else {
 		rbErr = e.restartFrontLocked(old)
 	}
@@ -118,13 +118,19 @@ func (e *Engine) restartFrontLocked(cfg settings.Config) error {
 // rebuildLocked replaces the plane (pool, sessions, contexts) and the front.
 // The old pool is closed first: its segment is unlinked and its contexts are
 // dropped, so no worker is ever handed offsets into a segment it has not
-// attached.
-func (e *Engine) rebuildLocked(cfg settings.Config) error {
+// attached. Requests of the old front still running when ctx ends hold
+// views of the old pool: the rebuild is then refused and the plane kept.
+func (e *Engine) rebuildLocked(ctx context.Context, cfg settings.Config) error {
 	if p := e.plane; p != nil {
+		if !waitIdle(ctx, p.gate.close()) {
+			n := p.gate.inFlight()
+			p.gate.reopen()
+			return fmt.Errorf("pool not rebuilt: %w: %d request(s) still running hold views of it", ErrDrainTimeout, n)
+		}
 		n := len(p.transfer.Contexts())
 		e.plane = nil
 		e.publish()
-		if err := p.close(); err != nil {
+		if err := p.release(); err != nil {
 			e.log.Warn("closing the old pool", "err", err)
 		}
 		if n > 0 {

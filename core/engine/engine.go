@@ -91,7 +91,23 @@ type Engine struct {
 	state   State
 	lastErr string
 	started time.Time
+
+	// handlerHook, when set (tests), runs inside each plane's gate before
+	// every handler.
+	handlerHook func(*plane)
 }
+
+// DrainTimeout bounds the wait for requests in flight when the wire server
+// stops (Stop, a restart, a rebuild); the wire server is given the same.
+const DrainTimeout = 5 * time.Second
+
+// poolCloseAllowance is the time unmapping and unlinking a large pool may
+// take after the drain (freeing the pages of a populated tmpfs file).
+const poolCloseAllowance = 5 * time.Second
+
+// StopTimeout is the most Stop needs: the drain, then closing the pool.
+// Callers that bound a shutdown give Stop at least this long.
+const StopTimeout = DrainTimeout + poolCloseAllowance
 
 // New returns a stopped engine for cfg, which must have passed settings.Validate.
 func New(cfg settings.Config, opts Options) *Engine {
@@ -186,15 +202,19 @@ func (e *Engine) startLocked(cfg settings.Config) error {
 	}
 	f, err := e.startFront(cfg, p)
 	if err != nil {
-		p.close()
+		// Nothing was served: no handler can be running.
+		_ = p.close(context.Background())
 		return err
 	}
 	e.plane, e.front = p, f
 	return nil
 }
 
-// Stop stops serving: the socket stops reading, in-flight requests drain,
-// pending transfers are discarded, the pool is closed (segment unlinked).
+// Stop stops serving: the socket stops reading, in-flight requests drain
+// (for DrainTimeout at most, less if ctx ends first), pending transfers are
+// discarded and the pool is closed (segment unlinked). Requests still running
+// after the drain hold views of the pool: it is then left mapped for them
+// and Stop returns an error wrapping ErrDrainTimeout.
 func (e *Engine) Stop(ctx context.Context) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -206,10 +226,15 @@ func (e *Engine) Stop(ctx context.Context) error {
 	f, p := e.front, e.plane
 	e.front, e.plane = nil, nil
 	e.publish()
+	dctx, cancel := context.WithTimeout(ctx, DrainTimeout)
+	defer cancel()
 	if f != nil {
-		errs = append(errs, f.stop(ctx))
+		errs = append(errs, f.stop(dctx))
 	}
-	errs = append(errs, p.close())
+	if err := p.close(dctx); err != nil {
+		errs = append(errs, err)
+		e.events.add(EventError, slog.LevelWarn, "stop: "+err.Error())
+	}
 	if e.bg != nil {
 		e.bg()
 		e.bg = nil
@@ -236,10 +261,11 @@ func (e *Engine) frontFailed(err error) {
 // ClearCache drops every object in the pool, locked ones too (CLEAR, /clear-cache).
 func (e *Engine) ClearCache() (int, error) {
 	p := e.cur.Load().plane
-	if p == nil {
+	if p == nil || !p.gate.enter() {
 		return 0, errNotRunning
 	}
 	n := p.pool.Clear()
+	p.gate.exit()
 	e.events.add(EventLifecycle, slog.LevelInfo, fmt.Sprintf("cache cleared: %d objects dropped", n))
 	return n, nil
 }

@@ -5,6 +5,7 @@ import (
 	"sync"
 	"time"
 
+	"kvdock/core/logcap"
 	"kvdock/transfer/nongpu"
 )
 
@@ -43,7 +44,10 @@ func newEventLog(n int, now func() time.Time) *eventLog {
 	return &eventLog{now: now, ring: make([]Event, n), subs: make(map[chan Event]struct{})}
 }
 
+// add records an event. Messages carry peer strings (model names, error
+// texts): they are cut to logcap.DefaultMaxString bytes.
 func (l *eventLog) add(kind EventKind, level slog.Level, msg string) {
+	msg = logcap.Truncate(msg, logcap.DefaultMaxString)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.seq++
@@ -90,7 +94,8 @@ func (e *Engine) Subscribe(buffer int) (<-chan Event, func()) {
 	}
 }
 
-// transferEvent forwards the transfer module's events into the log.
+// transferEvent forwards the transfer module's events into the log (add
+// cuts their peer-derived texts).
 func (e *Engine) transferEvent(ev nongpu.Event) {
 	e.events.add(EventKind(ev.Kind), ev.Level, ev.Message)
 }

@@ -37,6 +37,7 @@ func (e *Engine) startFront(cfg settings.Config, p *plane) (*front, error) {
 		OrderedWorkers:  cfg.Server.GPUWorkers(),
 		SharedWorkers:   cfg.Server.CPUWorkers(),
 		MaxMessageBytes: cfg.Server.MaxMessageBytes,
+		DrainTimeout:    DrainTimeout,
 		Logger:          e.log,
 		Observer:        e.opts.Observer,
 	})

@@ -106,5 +106,8 @@ func (e *Engine) handlers(cfg settings.Config, p *plane) map[string]rpc.Handler 
 	for name, fn := range p.transfer.Handlers() {
 		h[name] = fn
 	}
+	for name, fn := range h {
+		h[name] = p.guard(fn)
+	}
 	return h
 }

@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"kvdock/core/keys"
 	"kvdock/core/l1"
 	"kvdock/core/layout"
 	"kvdock/core/lookup"
+	"kvdock/core/rpc"
 	"kvdock/settings"
 	"kvdock/transfer/nongpu"
 )
@@ -25,6 +27,93 @@ type plane struct {
 	transfer *nongpu.Module
 	cancel   context.CancelFunc
 	done     chan struct{}
+	// gate counts the handlers running over this plane: they hold raw views
+	// of the mapped pool, so the pool is unmapped only once none runs.
+	gate gate
+	// closed is closed once the pool has been closed (unmapped, unlinked).
+	closed    chan struct{}
+	closeOnce sync.Once
+	closeErr  error
+	log       *slog.Logger
+	// hook, when set (tests), runs inside the gate before each handler.
+	hook func(*plane)
+}
+
+// gate admits handlers until it is shut and says when the last one left.
+type gate struct {
+	mu      sync.Mutex
+	running int
+	shut    bool
+	idle    chan struct{} // closed once shut with nothing running
+	told    bool          // idle is closed
+}
+
+// enter admits one handler; false once the gate is shut.
+func (g *gate) enter() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.shut {
+		return false
+	}
+	g.running++
+	return true
+}
+
+// exit ends a handler admitted by enter.
+func (g *gate) exit() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.running--
+	g.tell()
+}
+
+func (g *gate) tell() {
+	if g.shut && g.running == 0 && g.idle != nil && !g.told {
+		close(g.idle)
+		g.told = true
+	}
+}
+
+// close admits no more handlers and returns a channel closed once none runs.
+func (g *gate) close() <-chan struct{} {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.shut = true
+	if g.idle == nil {
+		g.idle = make(chan struct{})
+	}
+	g.tell()
+	return g.idle
+}
+
+// waitIdle waits for idle until ctx is done; an idle gate wins over a
+// ctx that is already done.
+func waitIdle(ctx context.Context, idle <-chan struct{}) bool {
+	select {
+	case <-idle:
+		return true
+	default:
+	}
+	select {
+	case <-idle:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// reopen admits handlers again after a close whose wait was abandoned.
+func (g *gate) reopen() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.shut, g.idle, g.told = false, nil, false
+}
+
+// inFlight is how many handlers run now.
+func (g *gate) inFlight() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.running
 }
 
 // shmNameSource renders where --shm-name came from, for the SHM reason.
@@ -82,6 +171,9 @@ func (e *Engine) buildPlane(cfg settings.Config) (*plane, error) {
 		pool:     pool,
 		sessions: keys.NewSessions(hasher, 600*time.Second, e.opts.Now),
 		layouts:  layout.NewRegistry(),
+		closed:   make(chan struct{}),
+		log:      e.log,
+		hook:     e.handlerHook,
 	}
 	p.lookup = lookup.New(p.sessions, pool, p.layouts, lookup.Options{
 		JobTTL: time.Duration(cfg.L1.ReadTTLSeconds) * time.Second,
@@ -125,17 +217,63 @@ func (e *Engine) buildPlane(cfg settings.Config) (*plane, error) {
 	return p, nil
 }
 
-// close discards pending transfers, stops the loops and closes the pool
-// (the segment is unlinked).
-func (p *plane) close() error {
-	p.transfer.Close()
-	p.cancel()
-	<-p.done
-	if err := p.pool.Close(); err != nil {
-		return fmt.Errorf("close L1 pool: %w", err)
+// close stops admitting handlers, waits until ctx is done for the running
+// ones, then releases the plane. When ctx ends first the pool stays mapped:
+// those handlers hold raw views of it, and unmapping under them faults the
+// process. The last of them to finish releases it; if the process exits
+// first, the kernel drops the mapping and the next start's stale-segment
+// cleanup removes the name (its flock died with the process).
+func (p *plane) close(ctx context.Context) error {
+	idle := p.gate.close()
+	if waitIdle(ctx, idle) {
+		return p.release()
 	}
-	return nil
+	n := p.gate.inFlight()
+	go func() {
+		<-idle
+		if err := p.release(); err != nil {
+			p.log.Warn("closing the pool after the last request", "err", err)
+		}
+	}()
+	return fmt.Errorf("%w: %d request(s) still running hold views of the pool; it stays mapped until they finish", ErrDrainTimeout, n)
 }
+
+// release discards pending transfers, stops the loops and closes the pool
+// (the segment is unlinked). Only once no handler runs.
+func (p *plane) release() error {
+	p.closeOnce.Do(func() {
+		p.transfer.Close()
+		p.cancel()
+		<-p.done
+		if err := p.pool.Close(); err != nil {
+			p.closeErr = fmt.Errorf("close L1 pool: %w", err)
+		}
+		close(p.closed)
+	})
+	return p.closeErr
+}
+
+// guard runs h inside the gate: refused once the plane closes, counted
+// while it runs.
+func (p *plane) guard(h rpc.Handler) rpc.Handler {
+	return func(ctx context.Context, req *rpc.Request) (any, error) {
+		if !p.gate.enter() {
+			return nil, errStopping
+		}
+		defer p.gate.exit()
+		if p.hook != nil {
+			p.hook(p)
+		}
+		return h(ctx, req)
+	}
+}
+
+// ErrDrainTimeout says requests were still running when a stop's drain
+// ended; the pool was left mapped for them.
+var ErrDrainTimeout = errors.New("drain timed out")
+
+// errStopping answers requests that arrive while the plane closes.
+var errStopping = errors.New("kvdock is stopping")
 
 // errNotRunning answers faces that ask a stopped engine for work.
 var errNotRunning = errors.New("engine is not running")

@@ -174,11 +174,8 @@ func runShow(args []string, stdout, stderr io.Writer, environ []string) int {
 	} else {
 		fmt.Fprintln(stdout, "# kvdock settings; no settings file")
 	}
-	shown := l.Config
-	if shown.HTTP.Token != "" {
-		// A secret does not belong on a terminal or in a pasted bug report.
-		shown.HTTP.Token = "(set, redacted)"
-	}
+	// A secret does not belong on a terminal or in a pasted bug report.
+	shown := settings.Redact(l.Config)
 	if _, err := stdout.Write(settings.Render(shown, src)); err != nil {
 		fmt.Fprintf(stderr, "kvdock config show: %v\n", err)
 		return ExitFailure

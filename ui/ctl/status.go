@@ -18,6 +18,7 @@ import (
 
 	"kvdock/settings"
 	"kvdock/ui/httpapi"
+	"kvdock/ui/termtext"
 )
 
 const statusUsage = `usage: kvdock ctl status [--http-host HOST] [--http-port PORT] [--json]
@@ -84,6 +85,9 @@ func Status(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "kvdock ctl status: %s did not answer a kvdock status document: %v\n", url, err)
 		return 1
 	}
+	// Model names and reasons come from workers: print them without
+	// their escape sequences (and without tabs, which would shift columns).
+	termtext.CleanAll(&st)
 	statusPrint(stdout, st)
 	return 0
 }
@@ -118,7 +122,7 @@ func statusFetch(url string, timeout time.Duration) ([]byte, error) {
 	if res.StatusCode != http.StatusOK {
 		var eb httpapi.ErrorBody
 		if json.Unmarshal(body, &eb) == nil && eb.Error != "" {
-			return nil, fmt.Errorf("HTTP %d: %s", res.StatusCode, eb.Error)
+			return nil, fmt.Errorf("HTTP %d: %s", res.StatusCode, termtext.Clean(eb.Error))
 		}
 		return nil, fmt.Errorf("HTTP %d", res.StatusCode)
 	}

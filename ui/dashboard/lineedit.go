@@ -14,7 +14,9 @@ type lineEdit struct {
 	value   []rune
 	pos     int
 	focused bool
-	st      Styles
+	// mask draws every character as '•' (secrets).
+	mask bool
+	st   Styles
 }
 
 func newLineEdit(st Styles, prompt string) lineEdit { return lineEdit{prompt: prompt, st: st} }
@@ -96,16 +98,20 @@ func (e *lineEdit) insert(s string) {
 // cell (visible without colour).
 func (e *lineEdit) View() string {
 	p := e.st.Key.Render(e.prompt)
+	value := e.value
+	if e.mask {
+		value = []rune(strings.Repeat("•", len(e.value)))
+	}
 	if !e.focused {
-		return p + string(e.value)
+		return p + string(value)
 	}
 	under := " "
-	if e.pos < len(e.value) {
-		under = string(e.value[e.pos])
+	if e.pos < len(value) {
+		under = string(value[e.pos])
 	}
 	after := ""
-	if e.pos+1 <= len(e.value) {
-		after = string(e.value[min(len(e.value), e.pos+1):])
+	if e.pos+1 <= len(value) {
+		after = string(value[min(len(value), e.pos+1):])
 	}
-	return p + string(e.value[:e.pos]) + e.st.Selected.Render(under) + after
+	return p + string(value[:e.pos]) + e.st.Selected.Render(under) + after
 }

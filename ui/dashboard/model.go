@@ -15,6 +15,7 @@ import (
 
 	"kvdock/core/engine"
 	"kvdock/settings"
+	"kvdock/ui/termtext"
 )
 
 // pane is one screen of the dashboard, chosen with tab or its number.
@@ -170,6 +171,9 @@ func (m *Model) snapshotCmd() tea.Cmd {
 }
 
 func (m *Model) setSnapshot(s engine.Snapshot) {
+	// Peers choose model names and the texts of reasons and errors: no
+	// escape sequence of theirs reaches the terminal.
+	termtext.CleanAll(&s)
 	m.snap = s
 	for _, ev := range s.Events {
 		m.addEvent(ev)
@@ -182,6 +186,7 @@ func (m *Model) setSnapshot(s engine.Snapshot) {
 // addEvent keeps engine events once each (snapshot and subscription both
 // deliver them) and dashboard events (Seq 0) always.
 func (m *Model) addEvent(ev engine.Event) {
+	ev.Message, ev.Kind = termtext.Clean(ev.Message), engine.EventKind(termtext.Clean(string(ev.Kind)))
 	if ev.Seq != 0 {
 		if ev.Seq <= m.lastSeq {
 			return
@@ -200,7 +205,7 @@ func (m *Model) note(lv slog.Level, msg string) {
 }
 
 func (m *Model) setStatus(lv level, msg string) {
-	m.status, m.statusLevel = msg, lv
+	m.status, m.statusLevel = termtext.Clean(msg), lv
 }
 
 // Update handles one message.

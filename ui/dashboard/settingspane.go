@@ -12,6 +12,7 @@ import (
 	tea "charm.land/bubbletea/v2"
 
 	"kvdock/settings"
+	"kvdock/ui/termtext"
 )
 
 // emptyLiteral typed in the editor means the empty string, so an empty
@@ -19,12 +20,14 @@ import (
 const emptyLiteral = `""`
 
 // valueText shows a setting's value: empty strings as "" and an absent
-// shm_name as (auto), so the two never look alike.
+// shm_name as (auto), so the two never look alike; a secret that is set as
+// settings.Redacted.
 func valueText(c settings.Config, k settings.KeyInfo) string {
-	v, err := settings.Get(c, k.Key)
+	v, err := settings.Shown(c, k.Key)
 	if err != nil {
 		return "?"
 	}
+	v = termtext.Clean(v)
 	if v == "" && (k.Kind == "string" || k.Kind == "optional-string") {
 		return emptyLiteral
 	}
@@ -63,6 +66,7 @@ func (m *Model) onSettingsKey(msg tea.KeyPressMsg) tea.Cmd {
 		m.mode = modeEdit
 		v, _ := settings.Get(m.pending, ki.Key)
 		m.edit.SetValue(v)
+		m.edit.mask = ki.Secret // edited in place, never shown
 		m.edit.Focus()
 		m.checkEdit()
 		return nil
@@ -260,7 +264,7 @@ func (m *Model) save() {
 		m.setStatus(levelWarn, "no config file path: start kvdock with --config to save")
 		return
 	}
-	if err := writeFileAtomic(path, settings.Render(m.running, nil)); err != nil {
+	if err := writeFileAtomic(path, settings.Render(m.running, nil), fileMode(m.running)); err != nil {
 		m.setStatus(levelBad, "SAVE FAILED: "+err.Error())
 		m.note(slog.LevelError, "save failed: "+err.Error())
 		return
@@ -273,9 +277,20 @@ func (m *Model) save() {
 	m.note(slog.LevelInfo, msg)
 }
 
+// fileMode is 0600 when the config holds a secret (the file then does),
+// else 0644.
+func fileMode(c settings.Config) os.FileMode {
+	for _, k := range settings.Keys() {
+		if v, _ := settings.Get(c, k.Key); k.Secret && v != "" {
+			return 0o600
+		}
+	}
+	return 0o644
+}
+
 // writeFileAtomic replaces path with data through a temporary file in the
 // same directory, so a crash never leaves half a config.
-func writeFileAtomic(path string, data []byte) error {
+func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
 	dir := filepath.Dir(path)
 	f, err := os.CreateTemp(dir, ".kvdock-config-*")
 	if err != nil {
@@ -288,7 +303,7 @@ func writeFileAtomic(path string, data []byte) error {
 		os.Remove(tmp)
 		return fmt.Errorf("save %s: %w", path, err)
 	}
-	if err := os.Chmod(tmp, 0o644); err != nil {
+	if err := os.Chmod(tmp, mode); err != nil {
 		os.Remove(tmp)
 		return fmt.Errorf("save %s: %w", path, err)
 	}

@@ -19,9 +19,6 @@ type ConfValue struct {
 // Conf is /conf: group → leaf key → value and source.
 type Conf map[string]map[string]ConfValue
 
-// redacted replaces a set HTTP token in /conf.
-const redacted = "(set, redacted)"
-
 // sourceText renders a settings.Source for /conf.
 func sourceText(s settings.Source, ok bool) string {
 	if !ok || s.Kind == settings.SourceDefault {
@@ -56,19 +53,16 @@ func typedValue(kind, text string) any {
 	return text
 }
 
-// NewConf builds /conf from the running config and its sources. The HTTP
-// token's value is never shown.
+// NewConf builds /conf from the running config and its sources. Secrets
+// (the HTTP token) show as settings.Redacted when set.
 func NewConf(cfg settings.Config, sources map[string]settings.Source) Conf {
 	out := Conf{}
 	for _, k := range settings.Keys() {
-		text, err := settings.Get(cfg, k.Key)
+		text, err := settings.Shown(cfg, k.Key)
 		if err != nil {
 			continue
 		}
 		var v any = typedValue(k.Kind, text)
-		if k.Key == "http.token" && text != "" {
-			v = redacted
-		}
 		group, leaf, _ := strings.Cut(k.Key, ".")
 		if out[group] == nil {
 			out[group] = map[string]ConfValue{}

@@ -27,6 +27,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"kvdock/core/engine"
@@ -53,7 +54,12 @@ type Options struct {
 	Metrics *metrics.Metrics
 	// MaxBodyBytes limits request bodies (default DefaultMaxBodyBytes).
 	MaxBodyBytes int64
-	Logger       *slog.Logger
+	// MaxConns bounds the open connections (default DefaultMaxConns);
+	// IdleTimeout closes keep-alive connections without a request (default
+	// DefaultIdleTimeout).
+	MaxConns    int
+	IdleTimeout time.Duration
+	Logger      *slog.Logger
 }
 
 // Server is the HTTP API over one engine.
@@ -64,6 +70,7 @@ type Server struct {
 	metrics http.Handler
 	routes  map[string]route
 	handler http.Handler
+	conns   atomic.Pointer[connLimiter] // set by Serve
 }
 
 type route struct {
@@ -79,6 +86,12 @@ func New(eng Engine, opts Options) *Server {
 	}
 	if opts.MaxBodyBytes <= 0 {
 		opts.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if opts.MaxConns <= 0 {
+		opts.MaxConns = DefaultMaxConns
+	}
+	if opts.IdleTimeout <= 0 {
+		opts.IdleTimeout = DefaultIdleTimeout
 	}
 	if opts.Metrics == nil {
 		opts.Metrics = metrics.New()
@@ -114,20 +127,33 @@ func Listen(host string, port int) (net.Listener, error) {
 	return ln, nil
 }
 
+// Conns counts the connections of the running Serve (zero before).
+func (s *Server) Conns() ConnStats {
+	if l := s.conns.Load(); l != nil {
+		return l.stats()
+	}
+	return ConnStats{}
+}
+
 // Serve answers on ln until ctx is done, then shuts down gracefully (up to
-// 5 s for requests in flight). It returns nil after a clean shutdown.
+// 5 s for requests in flight). It returns nil after a clean shutdown. At most
+// Options.MaxConns connections are open at once (see connLimiter).
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	if s.opts.Token == "" && !isLoopback(ln.Addr()) {
 		s.log.Warn("HTTP API bound to a non-loopback address without a token: anyone who can reach it may clear the cache; set --http-token or KVDOCK_HTTP_TOKEN",
 			"addr", ln.Addr().String())
 	}
+	lim := newConnLimiter(ln, s.opts.MaxConns, s.log)
+	s.conns.Store(lim)
+	ln = lim
 	srv := &http.Server{
 		Handler:           s.handler,
-		ReadHeaderTimeout: 5 * time.Second,
+		ReadHeaderTimeout: DefaultReadHeaderTimeout,
 		ReadTimeout:       30 * time.Second,
 		WriteTimeout:      30 * time.Second,
-		IdleTimeout:       120 * time.Second,
+		IdleTimeout:       s.opts.IdleTimeout,
 		MaxHeaderBytes:    64 << 10,
+		ConnState:         lim.track,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 	}
 	s.log.Info("HTTP API listening", "addr", ln.Addr().String(), "token", s.opts.Token != "")

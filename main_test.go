@@ -1,0 +1,86 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"kvdock/core/engine"
+	"kvdock/settings"
+)
+
+type countingWriter struct {
+	mu sync.Mutex
+	n  int64
+}
+
+func (w *countingWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	w.n += int64(len(p))
+	w.mu.Unlock()
+	return len(p), nil
+}
+
+func (w *countingWriter) bytes() int64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.n
+}
+
+// TestLoggerBoundsAFloodOfHugeErrors: the logger both faces use cuts peer
+// strings and rate-limits, so 10,000 errors carrying an 8 MiB model name
+// write a bounded log (the bug: +96 MiB of log per 8 MiB name).
+func TestLoggerBoundsAFloodOfHugeErrors(t *testing.T) {
+	for _, format := range []string{"text", "json"} {
+		w := &countingWriter{}
+		logger, closeLog, err := newLogger(settings.LogConfig{Level: "info", Format: format}, new(slog.LevelVar), w)
+		if err != nil {
+			t.Fatal(err)
+		}
+		huge := strings.Repeat("M", 8<<20)
+		bad := errors.New("register: model " + huge + " refused")
+		const bound = 1 << 20
+		for i := range 10000 {
+			logger.With("component", "nongpu").Error("bad request", "model", huge, "err", bad)
+			if w.bytes() > bound {
+				t.Fatalf("%s: after %d errors the log holds %d bytes, bound %d", format, i+1, w.bytes(), bound)
+			}
+		}
+		closeLog()
+		t.Logf("%s: 10,000 errors with 8 MiB strings wrote %d bytes", format, w.bytes())
+	}
+}
+
+// TestSIGHUPLogsNoSecret: a reload that changes http.token logs the change
+// without either value.
+func TestSIGHUPLogsNoSecret(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "kvdock.yaml")
+	write := func(token string) {
+		if err := os.WriteFile(path, []byte("http:\n  token: "+token+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("old-s3cret-value")
+	opts := settings.LoadOptions{ConfigPath: path}
+	loaded, err := settings.Load(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng := engine.New(loaded.Config, engine.Options{Sources: loaded.Sources})
+	write("new-s3cret-value")
+	var buf bytes.Buffer
+	reload(context.Background(), eng, opts, slog.New(slog.NewTextHandler(&buf, nil)))
+	out := buf.String()
+	if !strings.Contains(out, "http.token") || !strings.Contains(out, settings.Redacted) {
+		t.Fatalf("the reload does not log the token change: %s", out)
+	}
+	if strings.Contains(out, "s3cret") {
+		t.Fatalf("the reload logged a secret: %s", out)
+	}
+}
