@@ -9,7 +9,10 @@
 // bytes). Everything else — any other global, opcode or shape — is an error that
 // names what was met. It never calls anything: "calls" of allowed globals are
 // interpreted by Go code that checks every argument. Declared sizes are checked
-// against the bytes actually present before anything is sliced or allocated.
+// against the bytes actually present before anything is sliced or allocated,
+// and the decoder's work and retained memory are bounded by budgets that grow
+// with the input's length (Limits), so no pickle costs more than a small
+// multiple of its size in time or memory.
 //
 // The encoder writes the same form torch itself writes (protocol 4), so a
 // worker's pickle.loads yields real torch tensors without custom code.
