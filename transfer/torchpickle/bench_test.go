@@ -91,3 +91,24 @@ func BenchmarkDecodeTransposed32MiB(b *testing.B) {
 	}
 	b.ReportMetric(ref/(float64(b.Elapsed().Nanoseconds())/float64(b.N)), "x-memcpy")
 }
+
+// BenchmarkDecode256Small: 256 tensors of 4 KiB, where the per-opcode cost
+// of the header (and the decoder's accounting) is visible.
+func BenchmarkDecode256Small(b *testing.B) {
+	ts := make([]Tensor, 256)
+	for i := range ts {
+		ts[i] = Tensor{Dtype: "float16", Shape: []int{2, 4, 16, 16}, Data: make([]byte, 2*4*16*16*2)}
+	}
+	pkl, err := AppendEncode(nil, ts)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(int64(len(pkl)))
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		if out, err := Decode(pkl, Limits{}); err != nil || len(out) != len(ts) {
+			b.Fatalf("decode: %v", err)
+		}
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
+	"strconv"
 	"unicode/utf8"
 )
 
@@ -57,13 +58,52 @@ func (g global) String() string {
 	return "unknown global"
 }
 
-// decodeState is shared by the outer machine and the machines that read the
+// decodeState is shared by the outer machine and the machine that reads the
 // nested storage containers, so limits hold for the whole input.
 type decodeState struct {
 	lim        Limits
 	copyBudget int64
+	work       int64 // steps taken, against lim.MaxWork
+	items      int64 // 16-byte slots retained, against lim.MaxItems
+	peakItems  int64
 	tensors    int
 	storages   int
+	// containers maps a container's bytes (by identity) to its storage: a
+	// memoised container loaded many times is read once.
+	containers map[containerID]*storage
+	inner      *machine // reads every storage container in turn
+	emptyTuple *tuple   // shared: tuples are never changed once built
+}
+
+// containerID identifies a bytes value by its memory, not its content.
+type containerID struct {
+	p *byte
+	n int
+}
+
+// usage reports what a decode spent, for tests.
+type usage struct {
+	work, maxWork   int64
+	items, maxItems int64 // items: the peak retained
+}
+
+// charge spends n steps of the work budget.
+func (s *decodeState) charge(n int64) error {
+	s.work += n
+	if s.work > s.lim.MaxWork {
+		return fmt.Errorf("work budget of %d steps exhausted (Limits.MaxWork, %d per input byte by default): %w", s.lim.MaxWork, workPerByte, ErrLimit)
+	}
+	return nil
+}
+
+// retain counts n more retained 16-byte slots.
+func (s *decodeState) retain(n int64, what string) error {
+	s.items += n
+	if s.items > s.lim.MaxItems {
+		return fmt.Errorf("%s: more than %d values retained (Limits.MaxItems, one per %d input bytes by default): %w", what, s.lim.MaxItems, bytesPerItem, ErrLimit)
+	}
+	s.peakItems = max(s.peakItems, s.items)
+	return nil
 }
 
 func (s *decodeState) spend(n int64, what string) error {
@@ -79,25 +119,39 @@ func (s *decodeState) spend(n int64, what string) error {
 // Contiguous tensors alias data; non-contiguous views are copied. The result
 // is never partially valid: on error it is nil.
 func Decode(data []byte, limits Limits) ([]Tensor, error) {
-	st := &decodeState{lim: limits.resolve(len(data))}
+	ts, _, err := decode(data, limits)
+	return ts, err
+}
+
+func decode(data []byte, limits Limits) ([]Tensor, usage, error) {
+	st := &decodeState{lim: limits.resolve(len(data)), emptyTuple: &tuple{depth: 1}}
 	st.copyBudget = st.lim.MaxCopyBytes
+	ts, err := st.decode(data)
+	u := usage{work: st.work, maxWork: st.lim.MaxWork, items: st.peakItems, maxItems: st.lim.MaxItems}
+	if err != nil {
+		return nil, u, fmt.Errorf("torchpickle: %w", err)
+	}
+	return ts, u, nil
+}
+
+func (st *decodeState) decode(data []byte) ([]Tensor, error) {
 	m := newMachine(data, st, false)
 	v, err := m.run()
 	if err != nil {
-		return nil, fmt.Errorf("torchpickle: %w", err)
+		return nil, err
 	}
 	if m.pos != len(data) {
-		return nil, fmt.Errorf("torchpickle: %d trailing bytes after STOP: %w", len(data)-m.pos, ErrMalformed)
+		return nil, fmt.Errorf("%d trailing bytes after STOP: %w", len(data)-m.pos, ErrMalformed)
 	}
 	l, ok := v.(*list)
 	if !ok {
-		return nil, fmt.Errorf("torchpickle: top-level object is %s, want a list of tensors: %w", typeName(v), ErrMalformed)
+		return nil, fmt.Errorf("top-level object is %s, want a list of tensors: %w", typeName(v), ErrMalformed)
 	}
 	out := make([]Tensor, len(l.items))
 	for i, it := range l.items {
 		tv, ok := it.(*tensorVal)
 		if !ok {
-			return nil, fmt.Errorf("torchpickle: list item %d is %s, want a tensor: %w", i, typeName(it), ErrMalformed)
+			return nil, fmt.Errorf("list item %d is %s, want a tensor: %w", i, typeName(it), ErrMalformed)
 		}
 		out[i] = tv.t
 	}
@@ -111,7 +165,13 @@ type machine struct {
 	st    *decodeState
 	stack []any
 	marks []int
-	memo  map[uint32]any
+	// High-water marks of stack and marks: growth is paid for once.
+	stackPeak, marksPeak int
+	// The memo: picklers number entries 0, 1, 2, … so they live in a slice
+	// (a nil slot is unset); far-off indices go to a map.
+	memo     []any
+	sparse   map[uint32]any
+	memoSize int // entries set, in both
 	// inner: reading a legacy torch.save container (storage classes and
 	// BINPERSID allowed, outer globals not).
 	inner  bool
@@ -119,19 +179,41 @@ type machine struct {
 }
 
 func newMachine(data []byte, st *decodeState, inner bool) *machine {
-	return &machine{data: data, st: st, inner: inner, stack: make([]any, 0, 16), memo: make(map[uint32]any, 8)}
+	return &machine{data: data, st: st, inner: inner, stack: make([]any, 0, 16)}
 }
 
 // reset prepares the machine for the next pickle in data.
 func (m *machine) reset(data []byte) {
 	m.data, m.pos, m.op = data, 0, 0
+	// A stack, mark stack or memo that grew large is dropped rather than
+	// cleared and kept: one big container's pickle does not make every later
+	// one pay for its size, and what the next pickle grows it pays for again.
+	m.stackPeak, m.marksPeak = 0, 0
+	if cap(m.stack) > 64 {
+		m.stack = nil
+	}
+	if cap(m.marks) > 64 {
+		m.marks = nil
+	}
 	m.stack = m.stack[:0]
 	m.marks = m.marks[:0]
-	clear(m.memo)
+	if cap(m.memo) > 64 {
+		m.memo = nil
+	} else {
+		clear(m.memo)
+		m.memo = m.memo[:0]
+	}
+	m.sparse = nil
+	m.memoSize = 0
 }
 
 func (m *machine) errf(kind error, format string, a ...any) error {
 	return fmt.Errorf("offset %d: %s: %w", m.op, fmt.Sprintf(format, a...), kind)
+}
+
+// at adds the opcode offset to an error that already says what it is about.
+func (m *machine) at(err error) error {
+	return fmt.Errorf("offset %d: %w", m.op, err)
 }
 
 // wrap adds the opcode offset and context to an error that already carries its kind.
@@ -152,8 +234,23 @@ func (m *machine) push(v any) error {
 	if len(m.stack) >= m.st.lim.MaxStack {
 		return m.errf(ErrLimit, "stack deeper than %d", m.st.lim.MaxStack)
 	}
+	if len(m.stack) == m.stackPeak {
+		// A new slot, with its share of the slice's growth.
+		if err := m.st.retain(2, "stack"); err != nil {
+			return m.at(err)
+		}
+		m.stackPeak++
+	}
 	m.stack = append(m.stack, v)
 	return nil
+}
+
+// pushBoxed pushes a value whose boxing allocates (a slice header, 24 bytes).
+func (m *machine) pushBoxed(v any) error {
+	if err := m.st.retain(2, "value"); err != nil {
+		return m.at(err)
+	}
+	return m.push(v)
 }
 
 func (m *machine) pop() (any, error) {
@@ -185,17 +282,54 @@ func (m *machine) popMark() ([]any, error) {
 	return items, nil
 }
 
+// Memo indices up to this far past the end of the dense memo extend it;
+// the gap's slots are paid for like entries.
+const memoGap = 64
+
 func (m *machine) memoPut(idx uint32, v any) error {
-	if _, ok := m.memo[idx]; !ok && len(m.memo) >= m.st.lim.MaxMemo {
+	if int64(idx) < int64(len(m.memo)) && m.memo[idx] != nil {
+		m.memo[idx] = v
+		return nil
+	}
+	if _, ok := m.sparse[idx]; ok {
+		m.sparse[idx] = v
+		return nil
+	}
+	if m.memoSize >= m.st.lim.MaxMemo {
 		return m.errf(ErrLimit, "memo larger than %d entries", m.st.lim.MaxMemo)
 	}
-	m.memo[idx] = v
+	m.memoSize++
+	if int64(idx) < int64(len(m.memo))+memoGap {
+		// A slot and its share of the slice's growth: 2 per slot added.
+		if n := int64(idx) + 1 - int64(len(m.memo)); n > 0 {
+			if err := m.st.retain(2*n, "memo"); err != nil {
+				return m.at(err)
+			}
+			m.memo = append(m.memo, make([]any, n)...)
+		}
+		m.memo[idx] = v
+		return nil
+	}
+	// A map entry with its share of the table's growth: about 80 bytes.
+	if err := m.st.retain(5, "memo"); err != nil {
+		return m.at(err)
+	}
+	if m.sparse == nil {
+		m.sparse = make(map[uint32]any)
+	}
+	m.sparse[idx] = v
 	return nil
 }
 
 func (m *machine) memoGet(idx uint32) error {
-	v, ok := m.memo[idx]
-	if !ok {
+	var v any
+	if int64(idx) < int64(len(m.memo)) {
+		v = m.memo[idx]
+	}
+	if v == nil {
+		v = m.sparse[idx] // also a gap in the dense part set before the gap was
+	}
+	if v == nil {
 		return m.errf(ErrMalformed, "memo index %d not set", idx)
 	}
 	return m.push(v)
@@ -212,6 +346,16 @@ func depthOf(v any) int {
 }
 
 func (m *machine) newTuple(items []any) (*tuple, error) {
+	if len(items) == 0 {
+		return m.st.emptyTuple, nil
+	}
+	if err := m.st.charge(int64(len(items))); err != nil {
+		return nil, m.at(err)
+	}
+	// The tuple header is 32 bytes (2 slots), then one slot per item.
+	if err := m.st.retain(2+int64(len(items)), "tuple"); err != nil {
+		return nil, m.at(err)
+	}
 	d := 0
 	for _, it := range items {
 		if dd := depthOf(it); dd > d {
@@ -233,6 +377,9 @@ func (m *machine) run() (any, error) {
 		m.op = m.pos
 		code := m.data[m.pos]
 		m.pos++
+		if m.st.work++; m.st.work > m.st.lim.MaxWork {
+			return nil, m.at(m.st.charge(0))
+		}
 		done, err := m.step(code)
 		if err != nil {
 			return nil, err
@@ -270,6 +417,12 @@ func (m *machine) step(code byte) (bool, error) {
 	case opMARK:
 		if len(m.marks) >= m.st.lim.MaxStack {
 			return false, m.errf(ErrLimit, "more than %d marks", m.st.lim.MaxStack)
+		}
+		if len(m.marks) == m.marksPeak {
+			if err := m.st.retain(1, "marks"); err != nil {
+				return false, m.at(err)
+			}
+			m.marksPeak++
 		}
 		m.marks = append(m.marks, len(m.stack))
 	case opPOP:
@@ -324,24 +477,34 @@ func (m *machine) step(code byte) (bool, error) {
 		if err != nil {
 			return false, err
 		}
-		return false, m.push(decodeLong(b))
+		v := decodeLong(b)
+		if _, ok := v.(bigInt); ok {
+			return false, m.pushBoxed(v)
+		}
+		return false, m.push(v)
 	case opSHORT_BINUNICODE, opBINUNICODE, opBINUNICODE8:
 		b, err := m.takeSized(code)
 		if err != nil {
 			return false, err
 		}
-		return false, m.push(str(b))
+		return false, m.pushBoxed(str(b))
 	case opSHORT_BINBYTES, opBINBYTES, opBINBYTES8:
 		b, err := m.takeSized(code)
 		if err != nil {
 			return false, err
 		}
-		return false, m.push(pyBytes(b))
+		return false, m.pushBoxed(pyBytes(b))
 	case opEMPTY_LIST:
+		if err := m.st.retain(2, "list"); err != nil {
+			return false, m.at(err)
+		}
 		return false, m.push(&list{})
 	case opEMPTY_TUPLE:
-		return false, m.push(&tuple{depth: 1})
+		return false, m.push(m.st.emptyTuple)
 	case opEMPTY_DICT:
+		if err := m.st.retain(4, "dict"); err != nil {
+			return false, m.at(err)
+		}
 		return false, m.push(&dict{depth: 1})
 	case opTUPLE:
 		items, err := m.popMark()
@@ -369,7 +532,8 @@ func (m *machine) step(code byte) (bool, error) {
 		if err != nil {
 			return false, err
 		}
-		return false, m.appendTo([]any{v})
+		one := [1]any{v}
+		return false, m.appendTo(one[:])
 	case opAPPENDS:
 		items, err := m.popMark()
 		if err != nil {
@@ -385,7 +549,8 @@ func (m *machine) step(code byte) (bool, error) {
 		if err != nil {
 			return false, err
 		}
-		return false, m.setItems([]any{k, v})
+		pair := [2]any{k, v}
+		return false, m.setItems(pair[:])
 	case opSETITEMS:
 		items, err := m.popMark()
 		if err != nil {
@@ -420,7 +585,7 @@ func (m *machine) step(code byte) (bool, error) {
 		if err != nil {
 			return false, err
 		}
-		return false, m.memoPut(uint32(len(m.memo)), v)
+		return false, m.memoPut(uint32(m.memoSize), v)
 	case opBINGET:
 		b, err := m.take(1)
 		if err != nil {
@@ -540,28 +705,28 @@ func (m *machine) line() ([]byte, error) {
 	return nil, m.errf(ErrMalformed, "GLOBAL argument without newline within 256 bytes")
 }
 
-// resolve maps a module and name to an allowed global, or refuses it.
+// resolve maps a module and name to an allowed global, or refuses it. The
+// comparisons do not allocate; only a refusal builds the full name.
 func (m *machine) resolve(mod, name []byte) (any, error) {
-	full := string(mod) + "." + string(name)
 	if m.inner {
 		if string(mod) == "torch" {
 			if dt, ok := dtypeByStorage(string(name)); ok {
 				return storageClass{dt}, nil
 			}
 		}
-		return nil, m.errf(ErrForbidden, "global %s not allowed in a storage container (only torch.<Type>Storage)", printable(full))
+		return nil, m.errf(ErrForbidden, "global %s not allowed in a storage container (only torch.<Type>Storage)", printable(string(mod)+"."+string(name)))
 	}
-	switch full {
-	case "torch._utils._rebuild_tensor_v2":
+	switch {
+	case string(mod) == "torch._utils" && string(name) == "_rebuild_tensor_v2":
 		return gRebuildTensorV2, nil
-	case "torch.storage._load_from_bytes":
+	case string(mod) == "torch.storage" && string(name) == "_load_from_bytes":
 		return gLoadFromBytes, nil
-	case "collections.OrderedDict":
+	case string(mod) == "collections" && string(name) == "OrderedDict":
 		return gOrderedDict, nil
-	case "_codecs.encode":
+	case string(mod) == "_codecs" && string(name) == "encode":
 		return gCodecsEncode, nil
 	}
-	return nil, m.errf(ErrForbidden, "global %s not allowed", printable(full))
+	return nil, m.errf(ErrForbidden, "global %s not allowed", printable(string(mod)+"."+string(name)))
 }
 
 func (m *machine) appendTo(items []any) error {
@@ -572,6 +737,16 @@ func (m *machine) appendTo(items []any) error {
 	l, ok := lv.(*list)
 	if !ok {
 		return m.errf(ErrMalformed, "%s to %s, want a list", opName(m.data[m.op]), typeName(lv))
+	}
+	// The only lists are the tensors of a message and a container's storage keys.
+	if len(items) > m.st.lim.MaxTensors-len(l.items) {
+		return m.errf(ErrLimit, "list longer than %d items (Limits.MaxTensors)", m.st.lim.MaxTensors)
+	}
+	if err := m.st.charge(int64(len(items))); err != nil {
+		return m.at(err)
+	}
+	if err := m.st.retain(int64(len(items)), "list"); err != nil {
+		return m.at(err)
 	}
 	for _, it := range items {
 		switch it.(type) {
@@ -592,6 +767,16 @@ func (m *machine) setItems(items []any) error {
 	d, ok := dv.(*dict)
 	if !ok {
 		return m.errf(ErrMalformed, "%s on %s, want a dict", opName(m.data[m.op]), typeName(dv))
+	}
+	// torch only pickles small dicts here (sys_info, empty metadata).
+	if len(items)/2 > maxDictItems-len(d.keys) {
+		return m.errf(ErrLimit, "dict with more than %d entries", maxDictItems)
+	}
+	if err := m.st.charge(int64(len(items))); err != nil {
+		return m.at(err)
+	}
+	if err := m.st.retain(int64(len(items)), "dict"); err != nil {
+		return m.at(err)
 	}
 	for i := 0; i < len(items); i += 2 {
 		k, v := items[i], items[i+1]
@@ -642,11 +827,7 @@ func (m *machine) call(fv any, args []any) (any, error) {
 		if !ok {
 			return nil, m.errf(ErrMalformed, "torch.storage._load_from_bytes of %s, want bytes", typeName(args[0]))
 		}
-		if m.st.storages >= m.st.lim.MaxTensors {
-			return nil, m.errf(ErrLimit, "more than %d storages", m.st.lim.MaxTensors)
-		}
-		m.st.storages++
-		s, err := loadLegacy(b, m.st)
+		s, err := m.st.loadContainer(b)
 		if err != nil {
 			return nil, m.wrap(err, "storage container")
 		}
@@ -674,8 +855,14 @@ func (m *machine) codecsEncode(args []any) (any, error) {
 	if !ok1 || !ok2 || string(enc) != "latin1" {
 		return nil, m.errf(ErrMalformed, "_codecs.encode supported only as (str, 'latin1'), the protocol-2 form of bytes")
 	}
+	if err := m.st.charge(int64(len(s))); err != nil {
+		return nil, m.wrap(err, "_codecs.encode")
+	}
 	n := utf8.RuneCount(s)
 	if err := m.st.spend(int64(n), "latin-1 bytes"); err != nil {
+		return nil, m.wrap(err, "_codecs.encode")
+	}
+	if err := m.st.retain(2, "bytes"); err != nil {
 		return nil, m.wrap(err, "_codecs.encode")
 	}
 	out := make([]byte, 0, n)
@@ -708,13 +895,19 @@ func (m *machine) rebuildTensor(args []any) (Tensor, error) {
 	if !ok {
 		return Tensor{}, m.errf(ErrMalformed, "%s storage_offset is %s, want int", fn, typeName(args[1]))
 	}
-	size, err := m.intTuple(args[2], "size")
+	// Size and stride live on the stack; only the shape is kept.
+	var sizeBuf, strideBuf [maxDims]int64
+	size, err := m.intTuple(sizeBuf[:0], args[2], "size")
 	if err != nil {
 		return Tensor{}, err
 	}
-	stride, err := m.intTuple(args[3], "stride")
+	stride, err := m.intTuple(strideBuf[:0], args[3], "stride")
 	if err != nil {
 		return Tensor{}, err
+	}
+	// The tensorVal (80 bytes) and its shape stay.
+	if err := m.st.retain(5+int64(len(size)+1)/2, "tensor"); err != nil {
+		return Tensor{}, m.wrap(err, fn)
 	}
 	if _, ok := args[4].(bool); !ok {
 		return Tensor{}, m.errf(ErrMalformed, "%s requires_grad is %s, want bool", fn, typeName(args[4]))
@@ -734,20 +927,26 @@ func (m *machine) rebuildTensor(args []any) (Tensor, error) {
 	return t, nil
 }
 
-func (m *machine) intTuple(v any, what string) ([]int64, error) {
+// intTuple appends the tuple's non-negative ints to dst (of capacity maxDims).
+func (m *machine) intTuple(dst []int64, v any, what string) ([]int64, error) {
 	t, ok := v.(*tuple)
 	if !ok {
 		return nil, m.errf(ErrMalformed, "tensor %s is %s, want a tuple of ints", what, typeName(v))
 	}
-	out := make([]int64, len(t.items))
+	if len(t.items) > maxDims {
+		return nil, m.errf(ErrLimit, "tensor %s has %d dimensions, at most %d supported", what, len(t.items), maxDims)
+	}
+	if err := m.st.charge(int64(len(t.items))); err != nil {
+		return nil, m.wrap(err, "tensor "+what)
+	}
 	for i, it := range t.items {
 		x, ok := it.(int64)
 		if !ok || x < 0 {
 			return nil, m.errf(ErrMalformed, "tensor %s[%d] is %s, want a non-negative int", what, i, typeName(it))
 		}
-		out[i] = x
+		dst = append(dst, x)
 	}
-	return out, nil
+	return dst, nil
 }
 
 // view turns (storage, offset, size, stride) into a contiguous tensor: a slice
@@ -765,14 +964,14 @@ func view(s *storage, off int64, size, stride []int64, st *decodeState) (Tensor,
 	for _, d := range size {
 		hi, lo := bits.Mul64(uint64(numel), uint64(d))
 		if hi != 0 || lo > math.MaxInt64/uint64(es) {
-			return Tensor{}, fmt.Errorf("size %v overflows: %w", size, ErrMalformed)
+			return Tensor{}, fmt.Errorf("size %s overflows: %w", dimsString(size), ErrMalformed)
 		}
 		numel = int64(lo)
 	}
 	shape := make([]int, len(size))
 	for i, d := range size {
 		if int64(int(d)) != d {
-			return Tensor{}, fmt.Errorf("size %v too large: %w", size, ErrMalformed)
+			return Tensor{}, fmt.Errorf("size %s too large: %w", dimsString(size), ErrMalformed)
 		}
 		shape[i] = int(d)
 	}
@@ -788,11 +987,11 @@ func view(s *storage, off int64, size, stride []int64, st *decodeState) (Tensor,
 		var c uint64
 		last, c = bits.Add64(last, lo, 0)
 		if hi != 0 || c != 0 || last >= 1<<62 {
-			return Tensor{}, fmt.Errorf("size %v stride %v overflow: %w", size, stride, ErrMalformed)
+			return Tensor{}, fmt.Errorf("size %s stride %s overflow: %w", dimsString(size), dimsString(stride), ErrMalformed)
 		}
 	}
 	if int64(last) >= snumel {
-		return Tensor{}, fmt.Errorf("view (offset %d, size %v, stride %v) reaches element %d of a %d-element storage: %w", off, size, stride, last, snumel, ErrMalformed)
+		return Tensor{}, fmt.Errorf("view (offset %d, size %s, stride %s) reaches element %d of a %d-element storage: %w", off, dimsString(size), dimsString(stride), last, snumel, ErrMalformed)
 	}
 	if contiguous(size, stride) {
 		t.Data = s.data[off*es : (off+numel)*es : (off+numel)*es]
@@ -802,8 +1001,48 @@ func view(s *storage, off int64, size, stride []int64, st *decodeState) (Tensor,
 	if err := st.spend(n, "copy of a non-contiguous view"); err != nil {
 		return Tensor{}, err
 	}
+	// Dimensions of size 1 move no address; without them every carry in
+	// stridedCopy's odometer is paid for by at least two rows.
+	size, stride = dropUnitDims(size, stride)
+	rows := numel / size[len(size)-1]
+	steps := rows
+	if stride[len(stride)-1] != 1 {
+		steps += numel // copied element by element
+	}
+	if err := st.charge(steps); err != nil {
+		return Tensor{}, fmt.Errorf("copy of a non-contiguous view: %w", err)
+	}
 	t.Data = stridedCopy(make([]byte, n), s.data, off, size, stride, int(es))
 	return t, nil
+}
+
+// dropUnitDims returns size and stride without the dimensions of size 1, or
+// a single dimension of size 1 when all are. numel > 0, so no size is 0.
+func dropUnitDims(size, stride []int64) ([]int64, []int64) {
+	var sz, sd []int64
+	for i, d := range size {
+		if d != 1 {
+			sz = append(sz, d)
+			sd = append(sd, stride[i])
+		}
+	}
+	if len(sz) == 0 {
+		return []int64{1}, []int64{1}
+	}
+	return sz, sd
+}
+
+// dimsString formats dims as fmt's %v would, without letting them escape
+// (rebuildTensor keeps size and stride on its stack).
+func dimsString(dims []int64) string {
+	b := []byte{'['}
+	for i, d := range dims {
+		if i > 0 {
+			b = append(b, ' ')
+		}
+		b = strconv.AppendInt(b, d, 10)
+	}
+	return string(append(b, ']'))
 }
 
 // contiguous follows torch's is_contiguous: dims of size 1 may have any stride.

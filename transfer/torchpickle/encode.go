@@ -39,6 +39,10 @@ const (
 	strODName      = "OrderedDict"
 )
 
+// appendsBatch is how many tensors one APPENDS adds, as CPython's pickler
+// batches them: the unpickler's stack holds one batch, not the whole list.
+const appendsBatch = 1000
+
 // EncodedSize returns the exact number of bytes AppendEncode appends for ts,
 // so callers can allocate once. It returns -1 if ts cannot be encoded.
 func EncodedSize(ts []Tensor) int {
@@ -54,7 +58,8 @@ func encodedSize(ts []Tensor) (int, error) {
 	if len(ts) == 0 {
 		return total + 1, nil // STOP
 	}
-	total++ // MARK (for APPENDS)
+	total++                                     // MARK (for APPENDS)
+	total += 2 * ((len(ts) - 1) / appendsBatch) // APPENDS, MARK between batches
 	for i := range ts {
 		dt, numel, err := checkTensor(&ts[i], i)
 		if err != nil {
@@ -121,6 +126,9 @@ func AppendEncode(dst []byte, ts []Tensor) ([]byte, error) {
 		dst = append(dst, opTUPLE, opNEWFALSE)
 		dst = appendGlobal(dst, first, strODMod, strODName, memoOrderedDict)
 		dst = append(dst, opEMPTY_TUPLE, opREDUCE, opTUPLE, opREDUCE)
+		if (i+1)%appendsBatch == 0 && i+1 < len(ts) {
+			dst = append(dst, opAPPENDS, opMARK)
+		}
 	}
 	dst = append(dst, opAPPENDS, opSTOP)
 	closeFrame(dst, frame)

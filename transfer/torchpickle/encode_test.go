@@ -51,6 +51,14 @@ func encodeCases() []encCase {
 		encCase{"empty_list", nil},
 		encCase{"large_dims", []Tensor{randTensor(r, "int8", 70000)}}, // BININT for size, > 64 KiB bytes
 	)
+	// More tensors than one APPENDS batch: the list is built in batches.
+	// (512 bytes each: much smaller tensors, thousands of them, exceed the
+	// decoder's default item budget, see Limits.MaxItems.)
+	many := make([]Tensor, 2001)
+	for i := range many {
+		many[i] = randTensor(r, "float16", 2, 128)
+	}
+	cs = append(cs, encCase{"batched", many})
 	return cs
 }
 

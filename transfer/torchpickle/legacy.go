@@ -26,13 +26,52 @@ type storageRef struct {
 	s      *storage
 }
 
+// loadContainer returns the storage of a torch.save container. The same
+// bytes object (a memoised container) yields the same storage and is read
+// once, so a small pickle cannot make the decoder read a container again and
+// again; distinct containers each occupy their own input bytes.
+func (st *decodeState) loadContainer(b []byte) (*storage, error) {
+	var id containerID
+	if len(b) > 0 {
+		id = containerID{&b[0], len(b)}
+		if s, ok := st.containers[id]; ok {
+			return s, nil
+		}
+	}
+	if st.storages >= st.lim.MaxTensors {
+		return nil, fmt.Errorf("more than %d storages: %w", st.lim.MaxTensors, ErrLimit)
+	}
+	st.storages++
+	// What the container's own pickles retain is garbage once it is read.
+	held := st.items
+	s, err := loadLegacy(b, st)
+	if err != nil {
+		return nil, err
+	}
+	st.items = held
+	// The storage and the map entry naming it: 4 slots.
+	if err := st.retain(4, "storage"); err != nil {
+		return nil, err
+	}
+	if len(b) > 0 {
+		if st.containers == nil {
+			st.containers = make(map[containerID]*storage)
+		}
+		st.containers[id] = s
+	}
+	return s, nil
+}
+
 func loadLegacy(b []byte, st *decodeState) (*storage, error) {
 	hdr := b
 	if len(hdr) > st.lim.MaxStorageHeader {
 		hdr = hdr[:st.lim.MaxStorageHeader]
 	}
 	pos := 0
-	m := newMachine(nil, st, true) // reused for the five pickles
+	if st.inner == nil {
+		st.inner = newMachine(nil, st, true) // reused for every pickle of every container
+	}
+	m := st.inner
 	next := func(what string, persid func(any) (any, error)) (any, error) {
 		m.reset(hdr[pos:])
 		m.persid = persid
@@ -67,24 +106,27 @@ func loadLegacy(b []byte, st *decodeState) (*storage, error) {
 		return nil, err
 	}
 
-	var refs []*storageRef
+	refs := make(map[string]*storageRef)
 	persid := func(pid any) (any, error) {
-		r, err := storagePID(pid)
+		dt, key, numel, err := storagePID(pid)
 		if err != nil {
 			return nil, err
 		}
-		for _, o := range refs {
-			if o.key == r.key {
-				if o.dt != r.dt || o.numel != r.numel {
-					return nil, fmt.Errorf("storage key %q declared twice with different types: %w", r.key, ErrMalformed)
-				}
-				return o, nil
+		if o, ok := refs[string(key)]; ok {
+			if o.dt != dt || o.numel != numel {
+				return nil, fmt.Errorf("storage key %q declared twice with different types: %w", printable(o.key), ErrMalformed)
 			}
+			return o, nil
 		}
 		if len(refs) >= st.lim.MaxTensors {
 			return nil, fmt.Errorf("more than %d storages: %w", st.lim.MaxTensors, ErrLimit)
 		}
-		refs = append(refs, r)
+		// The reference, its key and its map entry.
+		if err := st.retain(6+int64(len(key))/bytesPerItem, "storage reference"); err != nil {
+			return nil, err
+		}
+		r := &storageRef{dt: dt, numel: numel, key: string(key)}
+		refs[r.key] = r
 		return r, nil
 	}
 	if v, err = next("saved object", persid); err != nil {
@@ -107,12 +149,7 @@ func loadLegacy(b []byte, st *decodeState) (*storage, error) {
 		if !ok {
 			return nil, fmt.Errorf("storage key is %s, want str: %w", typeName(kv), ErrMalformed)
 		}
-		var r *storageRef
-		for _, o := range refs {
-			if o.key == string(k) {
-				r = o
-			}
-		}
+		r := refs[string(k)]
 		if r == nil || r.filled {
 			return nil, fmt.Errorf("storage key %q unknown or repeated: %w", printable(string(k)), ErrMalformed)
 		}
@@ -143,35 +180,36 @@ func loadLegacy(b []byte, st *decodeState) (*storage, error) {
 }
 
 // storagePID validates ('storage', torch.<T>Storage, key, 'cpu', numel, None).
-func storagePID(pid any) (*storageRef, error) {
+// It allocates nothing: most persistent ids name a storage already seen.
+func storagePID(pid any) (*dtypeInfo, str, int64, error) {
 	t, ok := pid.(*tuple)
 	if !ok || len(t.items) != 6 {
-		return nil, fmt.Errorf("persistent id is %s, want ('storage', type, key, location, numel, None): %w", typeName(pid), ErrMalformed)
+		return nil, nil, 0, fmt.Errorf("persistent id is %s, want ('storage', type, key, location, numel, None): %w", typeName(pid), ErrMalformed)
 	}
 	it := t.items
 	if tag, ok := it[0].(str); !ok || string(tag) != "storage" {
-		return nil, fmt.Errorf("persistent id kind %v, only 'storage' is supported: %w", typeName(it[0]), ErrForbidden)
+		return nil, nil, 0, fmt.Errorf("persistent id kind %v, only 'storage' is supported: %w", typeName(it[0]), ErrForbidden)
 	}
 	sc, ok := it[1].(storageClass)
 	if !ok {
-		return nil, fmt.Errorf("storage type is %s: %w", typeName(it[1]), ErrMalformed)
+		return nil, nil, 0, fmt.Errorf("storage type is %s: %w", typeName(it[1]), ErrMalformed)
 	}
 	key, ok := it[2].(str)
 	if !ok {
-		return nil, fmt.Errorf("storage key is %s: %w", typeName(it[2]), ErrMalformed)
+		return nil, nil, 0, fmt.Errorf("storage key is %s: %w", typeName(it[2]), ErrMalformed)
 	}
 	loc, ok := it[3].(str)
 	if !ok || string(loc) != "cpu" {
-		return nil, fmt.Errorf("storage location %s, only 'cpu' is supported: %w", printable(string(loc)), ErrMalformed)
+		return nil, nil, 0, fmt.Errorf("storage location %s, only 'cpu' is supported: %w", printable(string(loc)), ErrMalformed)
 	}
 	numel, ok := it[4].(int64)
 	if !ok || numel < 0 || numel > math.MaxInt64/int64(sc.dt.size) {
-		return nil, fmt.Errorf("storage element count is %s %v: %w", typeName(it[4]), it[4], ErrMalformed)
+		return nil, nil, 0, fmt.Errorf("storage element count is %s %v: %w", typeName(it[4]), it[4], ErrMalformed)
 	}
 	if _, ok := it[5].(pyNone); !ok {
-		return nil, fmt.Errorf("storage view metadata is %s, only None is supported: %w", typeName(it[5]), ErrMalformed)
+		return nil, nil, 0, fmt.Errorf("storage view metadata is %s, only None is supported: %w", typeName(it[5]), ErrMalformed)
 	}
-	return &storageRef{dt: sc.dt, numel: numel, key: string(key)}, nil
+	return sc.dt, key, numel, nil
 }
 
 // checkSysInfo requires a little-endian writer; the element data is read as such.

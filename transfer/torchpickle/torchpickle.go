@@ -9,7 +9,10 @@
 // bytes). Everything else — any other global, opcode or shape — is an error that
 // names what was met. It never calls anything: "calls" of allowed globals are
 // interpreted by Go code that checks every argument. Declared sizes are checked
-// against the bytes actually present before anything is sliced or allocated.
+// against the bytes actually present before anything is sliced or allocated,
+// and the decoder's work and retained memory are bounded by budgets that grow
+// with the input's length (Limits), so no pickle costs more than a small
+// multiple of its size in time or memory.
 //
 // The encoder writes the same form torch itself writes (protocol 4), so a
 // worker's pickle.loads yields real torch tensors without custom code.
@@ -42,11 +45,14 @@ var (
 )
 
 // Limits bounds the work and memory of Decode. A zero field takes its default.
+// The defaults grow with the input, so any pickle torch writes for a list of
+// tensors fits, while a hostile one costs at most a small multiple of its
+// length in time and memory. Exceeding a limit is an ErrLimit error.
 type Limits struct {
 	MaxStack   int // stack and mark-stack entries (default 4096)
 	MaxMemo    int // memo entries (default 65536)
 	MaxDepth   int // nesting of tuples and dicts (default 32)
-	MaxTensors int // tensors, and storages, per pickle (default 4096)
+	MaxTensors int // tensors, storages and items of a list, per pickle (default 4096)
 	// MaxCopyBytes bounds bytes allocated for copies: protocol-2 latin-1 bytes
 	// and non-contiguous views made contiguous. Default 2×len(data), which every
 	// pickle torch produces stays within (each tensor carries its own storage).
@@ -54,12 +60,41 @@ type Limits struct {
 	// MaxStorageHeader bounds the pickled header of one legacy storage
 	// container (torch writes about 300 bytes). Default 64 KiB.
 	MaxStorageHeader int
+	// MaxWork bounds the decoder's steps, shared by the outer machine, the
+	// storage containers' machines and tensor rebuilding: one per opcode, per
+	// value copied or checked, per row and element of a strided copy, per byte
+	// of text re-encoded. Default 8×len(data) + 65536; torch's pickles take
+	// about one step per header byte.
+	MaxWork int64
+	// MaxItems bounds the values the decoder retains, in 16-byte slots: every
+	// item of a tuple, list or dict, every memo entry, tensor dimension and
+	// container object. The stack is bounded by MaxStack instead. Values of a
+	// storage container's own pickles are released when it is read. Default
+	// len(data)/16 + 16384: torch's pickles retain about 50 per tensor (their
+	// memo keeps every tuple), so the default fits any message whose tensors
+	// carry 400 bytes or more each, and up to about 300 tensors of any size.
+	MaxItems int64
 }
 
-// DefaultLimits returns the defaults used for zero fields.
+// Fixed bounds on shapes torch never exceeds for the tensors this package reads.
+const (
+	maxDims      = 64 // dimensions of one tensor
+	maxDictItems = 64 // entries of one dict (torch's sys_info has 3)
+)
+
+// DefaultLimits returns the defaults used for zero fields (the ones that do
+// not depend on the input length).
 func DefaultLimits() Limits {
 	return Limits{MaxStack: 4096, MaxMemo: 65536, MaxDepth: 32, MaxTensors: 4096, MaxStorageHeader: 64 << 10}
 }
+
+// Default per-input-byte budgets of Limits.MaxWork and Limits.MaxItems.
+const (
+	workPerByte  = 8
+	workBase     = 1 << 16
+	bytesPerItem = 16
+	itemsBase    = 1 << 14
+)
 
 func (l Limits) resolve(inputLen int) Limits {
 	d := DefaultLimits()
@@ -80,6 +115,12 @@ func (l Limits) resolve(inputLen int) Limits {
 	}
 	if l.MaxStorageHeader <= 0 {
 		l.MaxStorageHeader = d.MaxStorageHeader
+	}
+	if l.MaxWork <= 0 {
+		l.MaxWork = workPerByte*int64(inputLen) + workBase
+	}
+	if l.MaxItems <= 0 {
+		l.MaxItems = int64(inputLen)/bytesPerItem + itemsBase
 	}
 	return l
 }

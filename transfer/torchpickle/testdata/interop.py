@@ -95,6 +95,20 @@ def make(d):
                     f.write(raw_bytes(t))
             out.append({"name": name, "protocol": proto,
                         "tensors": [{"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)} for t in ts]})
+    # The most tensors a message may hold (Limits.MaxTensors), each a small
+    # KV-like chunk of 512 bytes: torch's own pickles of these must fit the
+    # decoder's default work and item budgets.
+    for proto in (2, 4):
+        ts = [torch.randn((2, 4, 8, 4), generator=g).to(torch.float16) for _ in range(4096)]
+        name = f"py_{n}"
+        n += 1
+        with open(os.path.join(d, name + ".pkl"), "wb") as f:
+            f.write(pickle.dumps(ts, protocol=proto))
+        with open(os.path.join(d, name + ".raw"), "wb") as f:
+            for t in ts:
+                f.write(raw_bytes(t))
+        out.append({"name": name, "protocol": proto,
+                    "tensors": [{"dtype": "float16", "shape": list(t.shape)} for t in ts]})
     with open(os.path.join(d, "py_manifest.json"), "w") as f:
         json.dump({"torch": torch.__version__, "fixtures": out}, f)
     print("made", n)
