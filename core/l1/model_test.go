@@ -18,6 +18,16 @@ type mobj struct {
 	readers  int
 	deadline time.Time
 	size     int64
+	res      Reservation // the write lock, while write
+	era      int         // the read-lock era, while readers > 0
+	doomed   bool        // cleared while locked
+}
+
+// mref is a ReadRef the model handed out, with the era it was taken in.
+type mref struct {
+	ref ReadRef
+	key keys.ObjectKey
+	era int
 }
 
 // model is a deliberately naive reference: a map and the rules of spec 5.4.
@@ -28,21 +38,46 @@ type model struct {
 	align            int64
 	poolSize         int64
 	evictionsAllowed bool
+	eras             int
+	stale            []Reservation // reservations whose lock ended, for late finishes
+	refs             []mref
 }
 
 func (m *model) expire() {
 	for k, o := range m.objs {
 		if !m.now.Before(o.deadline) {
 			if o.write {
+				m.stale = append(m.stale, o.res)
 				delete(m.objs, k)
-			} else {
+			} else if o.readers > 0 {
 				o.readers = 0
+				if o.doomed {
+					delete(m.objs, k)
+				}
 			}
 		}
 	}
 }
 
 func (m *model) evictable(o *mobj) bool { return !o.write && o.readers == 0 }
+
+// current returns the object whose write lock r still is.
+func (m *model) current(r Reservation) (keys.ObjectKey, *mobj) {
+	o, ok := m.objs[r.Key]
+	if !ok || !o.write || o.res != r {
+		return r.Key, nil
+	}
+	return r.Key, o
+}
+
+// release drops n read locks of k's object, dropping it if doomed at zero.
+func (m *model) release(k keys.ObjectKey, n int) {
+	o := m.objs[k]
+	o.readers = max(0, o.readers-n)
+	if o.readers == 0 && o.doomed {
+		delete(m.objs, k)
+	}
+}
 
 // TestRandomAgainstModel runs thousands of random operation sequences on a
 // small pool and, after every step, checks the pool against the model and
@@ -66,7 +101,8 @@ func TestRandomAgainstModel(t *testing.T) {
 			policy = PolicyNoop
 		}
 		p, err := Open(Options{Size: units * align, Align: align, Now: c.Now, Policy: policy,
-			WriteTTL: 600 * time.Second, ReadTTL: 300 * time.Second, Watermark: 0.7, Ratio: 0.25})
+			WriteTTL: 600 * time.Second, ReadTTL: 300 * time.Second, Watermark: 0.7, Ratio: 0.25,
+			OwnerLockShare: 1, TotalLockShare: 1})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -90,7 +126,7 @@ func TestRandomAgainstModel(t *testing.T) {
 			m.now = c.Now()
 			m.expire()
 			m.evictionsAllowed = false
-			op := r.IntN(12)
+			op := r.IntN(14)
 			ks := pick()
 			switch op {
 			case 0, 1, 2: // ReserveWrite
@@ -104,9 +140,10 @@ func TestRandomAgainstModel(t *testing.T) {
 					want = append(want, i)
 				}
 				m.evictionsAllowed = true
-				res, err := p.ReserveWrite(ks, size)
+				res, err := p.ReserveWrite(InstanceOwner(int64(r.IntN(3))), ks, size)
 				if err != nil {
-					if !errors.Is(err, ErrNoSpace) {
+					// With caps at the whole pool a cap refusal means it cannot fit.
+					if !errors.Is(err, ErrNoSpace) && !errors.Is(err, ErrLockCap) {
 						fail("ReserveWrite: %v", err)
 					}
 					for _, i := range want {
@@ -123,21 +160,48 @@ func TestRandomAgainstModel(t *testing.T) {
 					if rv.Index != want[j] || rv.Key != ks[want[j]] || rv.Length != size {
 						fail("reservation %d = %+v, want index %d", j, rv, want[j])
 					}
-					m.objs[rv.Key] = &mobj{write: true, deadline: m.now.Add(m.wttl), size: size}
+					m.objs[rv.Key] = &mobj{write: true, deadline: m.now.Add(m.wttl), size: size, res: rv}
 				}
-			case 3: // FinishWrite
-				trace = append(trace, "F")
-				p.FinishWrite(ks)
+			case 3, 4: // FinishWrite, AbortWrite: the picked keys' reservations, sometimes a stale one
+				var rs []Reservation
 				for _, k := range ks {
 					if o, ok := m.objs[k]; ok && o.write {
-						o.write = false
+						rs = append(rs, o.res)
 					}
 				}
-			case 4: // AbortWrite
-				trace = append(trace, "A")
-				p.AbortWrite(ks)
-				for _, k := range ks {
-					if o, ok := m.objs[k]; ok && o.write {
+				if len(m.stale) > 0 && r.IntN(4) == 0 {
+					rs = append(rs, m.stale[r.IntN(len(m.stale))])
+				}
+				if op == 4 {
+					trace = append(trace, fmt.Sprintf("A%d", len(rs)))
+					p.AbortWrite(rs)
+					for _, rv := range rs {
+						if k, o := m.current(rv); o != nil {
+							m.stale = append(m.stale, o.res)
+							delete(m.objs, k)
+						}
+					}
+					break
+				}
+				trace = append(trace, fmt.Sprintf("F%d", len(rs)))
+				want := true
+				for _, rv := range rs {
+					if _, o := m.current(rv); o == nil || o.doomed {
+						want = false
+					}
+				}
+				if got := p.FinishWrite(rs); got != want {
+					fail("FinishWrite = %v, model %v", got, want)
+				}
+				for _, rv := range rs {
+					k, o := m.current(rv)
+					if o == nil {
+						continue
+					}
+					m.stale = append(m.stale, o.res)
+					if want {
+						o.write, o.res = false, Reservation{}
+					} else {
 						delete(m.objs, k)
 					}
 				}
@@ -147,7 +211,7 @@ func TestRandomAgainstModel(t *testing.T) {
 				want := 0
 				for _, k := range ks {
 					o, ok := m.objs[k]
-					if !ok || o.write {
+					if !ok || o.write || o.doomed {
 						break
 					}
 					want++
@@ -157,6 +221,10 @@ func TestRandomAgainstModel(t *testing.T) {
 				}
 				for _, k := range ks[:want] {
 					o := m.objs[k]
+					if o.readers == 0 {
+						m.eras++
+						o.era = m.eras
+					}
 					o.readers += count
 					o.deadline = m.now.Add(m.rttl)
 				}
@@ -165,8 +233,8 @@ func TestRandomAgainstModel(t *testing.T) {
 				trace = append(trace, fmt.Sprintf("f%d", count))
 				p.FinishRead(ks, count)
 				for _, k := range ks {
-					if o, ok := m.objs[k]; ok && !o.write {
-						o.readers = max(0, o.readers-count)
+					if o, ok := m.objs[k]; ok && !o.write && o.readers > 0 {
+						m.release(k, count)
 					}
 				}
 			case 8: // Delete
@@ -189,13 +257,47 @@ func TestRandomAgainstModel(t *testing.T) {
 				trace = append(trace, "L")
 				m.evictionsAllowed = true
 				p.maintain()
+			case 12: // Locate: a worker finds a read-locked object
+				trace = append(trace, "l")
+				k := ks[0]
+				o, ok := m.objs[k]
+				want := ok && !o.write && o.readers > 0
+				ref, got := p.Locate(k)
+				if got != want {
+					fail("Locate = %v, model %v", got, want)
+				}
+				if got {
+					m.refs = append(m.refs, mref{ref: ref, key: k, era: o.era})
+				}
+			case 13: // ReleaseRead of some refs, current or stale
+				if len(m.refs) == 0 {
+					break
+				}
+				j := r.IntN(len(m.refs))
+				mr := m.refs[j]
+				m.refs = slices.Delete(m.refs, j, j+1)
+				trace = append(trace, "r")
+				p.ReleaseRead([]ReadRef{mr.ref})
+				if o, ok := m.objs[mr.key]; ok && !o.write && o.readers > 0 && o.era == mr.era {
+					m.release(mr.key, 1)
+				}
 			case 11:
 				if r.IntN(10) == 0 {
 					trace = append(trace, "C")
-					if got := p.Clear(); got != len(m.objs) {
-						fail("Clear = %d, model %d", got, len(m.objs))
+					want := 0
+					for k, o := range m.objs {
+						if !o.doomed {
+							want++
+						}
+						if o.write || o.readers > 0 {
+							o.doomed = true
+						} else {
+							delete(m.objs, k)
+						}
 					}
-					clear(m.objs)
+					if got := p.Clear(); got != want {
+						fail("Clear = %d, model %d", got, want)
+					}
 				} else {
 					trace = append(trace, "T")
 					p.Touch(ks)
@@ -210,18 +312,24 @@ func TestRandomAgainstModel(t *testing.T) {
 		m.expire()
 		for k, o := range m.objs {
 			if o.write {
-				p.FinishWrite([]keys.ObjectKey{k})
+				if got := p.FinishWrite([]Reservation{o.res}); got == o.doomed {
+					fail("draining: FinishWrite = %v for doomed=%v", got, o.doomed)
+				}
+				if o.doomed {
+					delete(m.objs, k)
+					continue
+				}
 				o.write = false
 			}
 			if o.readers > 0 {
 				p.FinishRead([]keys.ObjectKey{k}, o.readers)
-				o.readers = 0
+				m.release(k, o.readers)
 			}
 		}
 		if msg := check(p, m); msg != "" {
 			fail("after draining: %s", msg)
 		}
-		if s := p.Stats(); s.WriteLocked != 0 || s.ReadLocked != 0 {
+		if s := p.Stats(); s.WriteLocked != 0 || s.ReadLocked != 0 || s.LockedBytes != 0 || s.LockOwners != 0 || s.Doomed != 0 || s.LiveBytes != s.UsedBytes {
 			fail("lock leak after draining: %+v", s)
 		}
 		p.mu.Lock()
@@ -264,7 +372,7 @@ func check(p *Pool, m *model) string {
 	}
 	type span struct{ off, end int64 }
 	var spans []span
-	var used int64
+	var used, locked int64
 	writeLocked, readLocked := 0, 0
 	for k, o := range m.objs {
 		i := p.t.find(k)
@@ -272,8 +380,9 @@ func check(p *Pool, m *model) string {
 		if rec.off%m.align != 0 || rec.off < 0 || rec.off+rec.length > m.poolSize || rec.length != o.size {
 			return fmt.Sprintf("object %v at [%d,+%d) misaligned, outside the pool or wrong size", k, rec.off, rec.length)
 		}
-		if (rec.state == stateWrite) != o.write || int(rec.readers) != o.readers {
-			return fmt.Sprintf("object %v: state %d readers %d, model write=%v readers=%d", k, rec.state, rec.readers, o.write, o.readers)
+		if (rec.state == stateWrite) != o.write || int(rec.readers) != o.readers || rec.doomed != o.doomed {
+			return fmt.Sprintf("object %v: state %d readers %d doomed %v, model write=%v readers=%d doomed=%v",
+				k, rec.state, rec.readers, rec.doomed, o.write, o.readers, o.doomed)
 		}
 		_, inLocked := p.t.locked[i]
 		if inLocked != (o.write || o.readers > 0) {
@@ -287,6 +396,9 @@ func check(p *Pool, m *model) string {
 		}
 		rounded := (rec.length + m.align - 1) / m.align * m.align
 		used += rounded
+		if o.write || o.readers > 0 {
+			locked += rounded
+		}
 		spans = append(spans, span{rec.off, rec.off + rounded})
 	}
 	sort.Slice(spans, func(i, j int) bool { return spans[i].off < spans[j].off })
@@ -297,6 +409,19 @@ func check(p *Pool, m *model) string {
 	}
 	if got := p.alloc.Size() - p.alloc.Free(); got != used {
 		return fmt.Sprintf("used bytes %d, live objects sum to %d", got, used)
+	}
+	if p.t.bytes != used || p.lockedBytes != locked {
+		return fmt.Sprintf("live bytes %d, locked bytes %d; model %d, %d", p.t.bytes, p.lockedBytes, used, locked)
+	}
+	var owned int64
+	for _, s := range p.owners {
+		if p.ownerSlots[s].bytes <= 0 {
+			return "an owner entry holds nothing"
+		}
+		owned += p.ownerSlots[s].bytes
+	}
+	if owned != locked {
+		return fmt.Sprintf("owners hold %d bytes, locked %d", owned, locked)
 	}
 	if p.t.writeLocked != writeLocked || p.t.readLocked != readLocked {
 		return fmt.Sprintf("lock counters %d/%d, model %d/%d", p.t.writeLocked, p.t.readLocked, writeLocked, readLocked)

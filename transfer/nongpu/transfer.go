@@ -41,8 +41,8 @@ func (m *Module) PrepareStore(k protocol.Key, id int64) (protocol.PrepareStoreRe
 	m.abortPendingWrite(pk)
 
 	created := m.now()
-	res, err := m.pool.ReserveWrite(ks, inst.lay.Bytes)
-	if errors.Is(err, l1.ErrNoSpace) {
+	res, err := m.pool.ReserveWrite(l1.InstanceOwner(id), ks, inst.lay.Bytes)
+	if errors.Is(err, l1.ErrNoSpace) || errors.Is(err, l1.ErrLockCap) {
 		m.noSpace(inst, len(ks), err)
 		return emptyShm(), nil
 	}
@@ -53,30 +53,30 @@ func (m *Module) PrepareStore(k protocol.Key, id int64) (protocol.PrepareStoreRe
 		return emptyShm(), nil
 	}
 	resp := protocol.PrepareStoreResponse{Shm: true, Slots: make([]protocol.Slot, len(res)), ChunkIndices: make([]int, len(res))}
-	reserved := make([]keys.ObjectKey, len(res))
 	for i, r := range res {
 		resp.Slots[i] = protocol.Slot{Offset: r.Offset, Length: r.Length, Shape: inst.lay.Shape, Dtype: inst.lay.Dtype}
 		resp.ChunkIndices[i] = r.Index
-		reserved[i] = r.Key
 	}
 
 	m.mu.Lock()
 	if m.closed || m.instances[id] != inst {
 		m.mu.Unlock()
-		m.pool.AbortWrite(reserved)
+		m.pool.AbortWrite(res)
 		return protocol.PrepareStoreResponse{}, fmt.Errorf("prepare store: instance %d unregistered meanwhile", id)
 	}
 	prev := m.writes[pk]
-	m.writes[pk] = &pending{inst: inst, keys: reserved, bytes: int64(len(res)) * inst.lay.Bytes, created: created}
+	m.writes[pk] = &pending{inst: inst, res: res, bytes: int64(len(res)) * inst.lay.Bytes, created: created}
 	m.mu.Unlock()
 	if prev != nil {
-		m.pool.AbortWrite(prev.keys)
+		m.pool.AbortWrite(prev.res)
 	}
 	return resp, nil
 }
 
 // CommitStore handles COMMIT_STORE (spec 4.6). Empty data publishes the
-// pending SHM reservation (false when there is none). Non-empty data is a
+// pending SHM reservation (false when there is none, or when the pool no
+// longer holds all of it: a clear or its TTL overtook it, and nothing of it
+// is published). Non-empty data is a
 // pickled tensor list, stored by copy; an SHM instance sending it has fallen
 // back to pickle and is switched to PICKLE so its retrieves get data.
 func (m *Module) CommitStore(k protocol.Key, id int64, data []byte) (bool, error) {
@@ -101,7 +101,12 @@ func (m *Module) CommitStore(k protocol.Key, id int64, data []byte) (bool, error
 		if m.expireIfDue(p, true) {
 			return false, nil
 		}
-		m.pool.FinishWrite(p.keys)
+		if !m.pool.FinishWrite(p.res) {
+			m.mu.Lock()
+			inst.storeFailures++
+			m.mu.Unlock()
+			return false, nil
+		}
 		m.mu.Lock()
 		inst.stores++
 		inst.bytesIn += p.bytes
@@ -180,8 +185,8 @@ func (m *Module) commitPickle(inst *instance, ks []keys.ObjectKey, data []byte) 
 		}
 	}
 
-	res, err := m.pool.ReserveWrite(ks, inst.lay.Bytes)
-	if errors.Is(err, l1.ErrNoSpace) {
+	res, err := m.pool.ReserveWrite(l1.InstanceOwner(inst.id), ks, inst.lay.Bytes)
+	if errors.Is(err, l1.ErrNoSpace) || errors.Is(err, l1.ErrLockCap) {
 		m.noSpace(inst, len(ks), err)
 		res, err = nil, nil
 	}
@@ -191,22 +196,29 @@ func (m *Module) commitPickle(inst *instance, ks []keys.ObjectKey, data []byte) 
 		m.mu.Unlock()
 		return false, fmt.Errorf("reserve %d chunks: %w", len(ks), err)
 	}
-	var written, unwritten []keys.ObjectKey
+	var written, unwritten []l1.Reservation
 	var bytesIn int64
 	for _, r := range res {
 		if !valid[r.Index] {
-			unwritten = append(unwritten, r.Key)
+			unwritten = append(unwritten, r)
 			continue
 		}
-		copy(m.pool.Bytes(r.Offset, r.Length), ts[r.Index].Data)
-		written = append(written, r.Key)
+		dst, release := m.pool.View(r.Offset, r.Length)
+		if dst == nil { // the pool is closing
+			release()
+			unwritten = append(unwritten, r)
+			continue
+		}
+		copy(dst, ts[r.Index].Data)
+		release()
+		written = append(written, r)
 		bytesIn += r.Length
 	}
 	if len(unwritten) > 0 {
 		m.pool.AbortWrite(unwritten)
 	}
-	if len(written) > 0 {
-		m.pool.FinishWrite(written)
+	if len(written) > 0 && !m.pool.FinishWrite(written) {
+		written, bytesIn = nil, 0 // a clear overtook the batch: nothing published
 	}
 	ok := len(written) == len(res) && rejected == 0
 	m.mu.Lock()
@@ -223,8 +235,9 @@ func (m *Module) commitPickle(inst *instance, ks []keys.ObjectKey, data []byte) 
 	return ok, nil
 }
 
-// noSpace counts a reservation the pool refused and tells the operator once
-// per run of refusals (the wire answer stays upstream's "nothing reserved").
+// noSpace counts a reservation the pool refused (no space, or a lock cap)
+// and tells the operator once per run of refusals, with the pool's reason
+// (the wire answer stays upstream's "nothing reserved").
 func (m *Module) noSpace(inst *instance, n int, err error) {
 	m.mu.Lock()
 	m.stats.NoSpace++
@@ -238,22 +251,22 @@ func (m *Module) noSpace(inst *instance, n int, err error) {
 
 // locateAll finds every key's slot. The keys must be read-locked (by LOOKUP);
 // all found ones are returned so a partial hit can release them.
-func (m *Module) locateAll(ks []keys.ObjectKey, lay layout.Layout) (slots []protocol.Slot, found []keys.ObjectKey, ok bool) {
+func (m *Module) locateAll(ks []keys.ObjectKey, lay layout.Layout) (slots []protocol.Slot, found []l1.ReadRef, ok bool) {
 	slots = make([]protocol.Slot, 0, len(ks))
 	ok = true
 	for _, k := range ks {
-		off, n, hit := m.pool.Locate(k)
+		ref, hit := m.pool.Locate(k)
 		if !hit {
 			ok = false
 			continue
 		}
-		found = append(found, k)
-		if n != lay.Bytes {
+		found = append(found, ref)
+		if ref.Length != lay.Bytes {
 			// Stored under another layout: unusable for this worker.
 			ok = false
 			continue
 		}
-		slots = append(slots, protocol.Slot{Offset: off, Length: n, Shape: lay.Shape, Dtype: lay.Dtype})
+		slots = append(slots, protocol.Slot{Offset: ref.Offset, Length: ref.Length, Shape: lay.Shape, Dtype: lay.Dtype})
 	}
 	return slots, found, ok
 }
@@ -322,7 +335,7 @@ func (m *Module) prepareRetrieve(k protocol.Key, id int64, encode func([]torchpi
 	slots, found, ok := m.locateAll(ks, inst.lay)
 	if !ok {
 		if len(found) > 0 {
-			m.pool.FinishRead(found, 1)
+			m.pool.ReleaseRead(found)
 		}
 		m.mu.Lock()
 		inst.retrieves++
@@ -335,30 +348,43 @@ func (m *Module) prepareRetrieve(k protocol.Key, id int64, encode func([]torchpi
 		m.mu.Lock()
 		if m.closed || m.instances[id] != inst {
 			m.mu.Unlock()
-			m.pool.FinishRead(ks, 1)
+			m.pool.ReleaseRead(found)
 			return protocol.PrepareRetrieveResponse{}, fmt.Errorf("prepare retrieve: instance %d unregistered meanwhile", id)
 		}
 		prev := m.reads[pk]
-		m.reads[pk] = &pending{inst: inst, keys: ks, bytes: total, created: created}
+		m.reads[pk] = &pending{inst: inst, refs: found, bytes: total, created: created}
 		inst.retrieves++
 		inst.hitChunks += int64(len(ks))
 		inst.bytesOut += total
 		m.mu.Unlock()
 		if prev != nil {
 			// A repeated prepare: the first one's locks are not coming back.
-			m.pool.FinishRead(prev.keys, 1)
+			m.pool.ReleaseRead(prev.refs)
 		}
 		return protocol.PrepareRetrieveResponse{Success: true, Slots: slots}, nil
 	}
 
 	// The tensors view the pool directly: the read locks keep the objects in
-	// place until the one copy into the reply buffer is done.
+	// place and the views keep the mapping until the one copy into the reply
+	// buffer is done.
 	ts := make([]torchpickle.Tensor, len(slots))
+	releases := make([]func(), 0, len(slots))
 	for i, s := range slots {
-		ts[i] = torchpickle.Tensor{Dtype: s.Dtype, Shape: s.Shape, Data: m.pool.Bytes(s.Offset, s.Length)}
+		b, release := m.pool.View(s.Offset, s.Length)
+		releases = append(releases, release)
+		if b == nil {
+			err = errors.New("the pool is closing")
+			break
+		}
+		ts[i] = torchpickle.Tensor{Dtype: s.Dtype, Shape: s.Shape, Data: b}
 	}
-	err = encode(ts)
-	m.pool.FinishRead(ks, 1)
+	if err == nil {
+		err = encode(ts)
+	}
+	for _, release := range releases {
+		release()
+	}
+	m.pool.ReleaseRead(found)
 	if err != nil {
 		return protocol.PrepareRetrieveResponse{}, fmt.Errorf("prepare retrieve for instance %d: encode %d chunks: %w", id, len(ts), err)
 	}
@@ -383,7 +409,7 @@ func (m *Module) CommitRetrieve(k protocol.Key, id int64) (bool, error) {
 		return false, fmt.Errorf("commit retrieve for instance %d: %w", id, err)
 	}
 	if p := m.takePending(m.reads, pk); p != nil && !m.expireIfDue(p, false) {
-		m.pool.FinishRead(p.keys, 1)
+		m.pool.ReleaseRead(p.refs)
 	}
 	return true, nil
 }
@@ -401,15 +427,15 @@ func (m *Module) takePending(table map[pendingKey]*pending, pk pendingKey) *pend
 
 func (m *Module) abortPendingWrite(pk pendingKey) {
 	if p := m.takePending(m.writes, pk); p != nil && !m.expireIfDue(p, true) {
-		m.pool.AbortWrite(p.keys)
+		m.pool.AbortWrite(p.res)
 	}
 }
 
 // Pending entries live for half the pool's lock TTL: a worker that has not
-// committed by then is gone. Until three quarters of the TTL the pool's own
-// lock (taken just before the entry was made) is certainly still ours, so it
-// is aborted or released; later the pool may already have expired it and
-// handed the object to someone else, so the entry is only forgotten.
+// committed by then is gone. Its reservation is aborted or its read locks
+// released: both name the pool's lock they were taken under, so if the pool
+// already expired that lock and handed the object to someone else, the
+// call does nothing.
 func (m *Module) ttlOf(write bool) time.Duration {
 	if write {
 		return m.writeTTL
@@ -436,12 +462,10 @@ func (m *Module) expireIfDue(p *pending, write bool) bool {
 }
 
 func (m *Module) expire(p *pending, write bool, now time.Time, ttl time.Duration) {
-	if now.Sub(p.created) < ttl*3/4 {
-		if write {
-			m.pool.AbortWrite(p.keys)
-		} else {
-			m.pool.FinishRead(p.keys, 1)
-		}
+	if write {
+		m.pool.AbortWrite(p.res)
+	} else {
+		m.pool.ReleaseRead(p.refs)
 	}
 	what := "read"
 	if write {
@@ -449,7 +473,7 @@ func (m *Module) expire(p *pending, write bool, now time.Time, ttl time.Duration
 	}
 	m.rateLimited("expired", func() {
 		m.event(EventExpired, slog.LevelWarn, p.inst.id, fmt.Sprintf(
-			"instance %d: pending %s of %d chunks expired after %s without a commit", p.inst.id, what, len(p.keys), now.Sub(p.created).Round(time.Second)))
+			"instance %d: pending %s of %d chunks expired after %s without a commit", p.inst.id, what, p.chunks(), now.Sub(p.created).Round(time.Second)))
 	})
 }
 
