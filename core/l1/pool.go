@@ -374,8 +374,11 @@ func (p *Pool) CloseContext(ctx context.Context) error {
 func (p *Pool) View(off, n int64) ([]byte, func()) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.closed { // checked first: Close unmaps without the mutex
+		return nil, func() {}
+	}
 	mem := p.seg.Bytes()
-	if p.closed || off < 0 || n < 0 || off > int64(len(mem)) || n > int64(len(mem))-off {
+	if off < 0 || n < 0 || off > int64(len(mem)) || n > int64(len(mem))-off {
 		return nil, func() {}
 	}
 	p.views++

@@ -381,28 +381,34 @@ func (p *Pool) ReserveWrite(owner Owner, ks []keys.ObjectKey, size int64) ([]Res
 	if len(ks) == 0 {
 		return nil, nil
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	// Size and alignment never change after Open: the capacity check and
+	// the dedupe need no lock, which keeps the mutex for the table work.
 	unit := p.alloc.Round(size)
 	if unit > p.alloc.Size()/int64(len(ks)) {
+		p.mu.Lock()
 		p.st.AllocFailures++
+		p.mu.Unlock()
 		return nil, fmt.Errorf("%w: %d objects of %d bytes exceed the pool of %d bytes", ErrNoSpace, len(ks), size, p.alloc.Size())
 	}
-	now := p.now().UnixNano()
-	var seen map[keys.ObjectKey]struct{}
-	if len(ks) > 1 {
-		seen = make(map[keys.ObjectKey]struct{}, len(ks))
-	}
-	var fresh []int // indices into ks
-	for i, k := range ks {
-		if seen != nil {
-			if _, dup := seen[k]; dup {
-				p.st.WriteExisting++
-				continue
+	cand := make([]int, 0, len(ks)) // first occurrence of each key
+	if len(ks) == 1 {
+		cand = append(cand, 0)
+	} else {
+		seen := make(map[keys.ObjectKey]struct{}, len(ks))
+		for i, k := range ks {
+			if _, dup := seen[k]; !dup {
+				seen[k] = struct{}{}
+				cand = append(cand, i)
 			}
-			seen[k] = struct{}{}
 		}
-		if j := p.lookup(k, now); j != nilRec {
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.st.WriteExisting += uint64(len(ks) - len(cand))
+	now := p.now().UnixNano()
+	fresh := cand[:0] // indices into ks
+	for _, i := range cand {
+		if j := p.lookup(ks[i], now); j != nilRec {
 			if p.t.recs[j].doomed {
 				p.st.WriteDoomed++
 			} else {
@@ -476,16 +482,24 @@ func (p *Pool) evictAndAlloc(offs []int64, size int64, now int64) bool {
 	if p.alloc.Free()+used-p.lockedBytes < need {
 		return false
 	}
+	// A failed allocAll (fragmented free space) costs up to len(offs)
+	// allocations, so after one the next try waits until another eighth of
+	// the batch was freed: the retries stay linear in the pool's objects.
+	step := max(p.alloc.Round(size), need/8)
+	retryAt := need
 	i := p.t.lru
 	for {
-		if p.alloc.Free() >= need && p.allocAll(offs, size) {
-			return true
+		if free := p.alloc.Free(); free >= retryAt {
+			if p.allocAll(offs, size) {
+				return true
+			}
+			retryAt = free + step
 		}
 		for i != nilRec && !p.evictable(i, now) {
 			i = p.t.recs[i].prev
 		}
 		if i == nilRec {
-			return false
+			return p.alloc.Free() >= need && p.allocAll(offs, size)
 		}
 		prev := p.t.recs[i].prev
 		p.drop(i)
