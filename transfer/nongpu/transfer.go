@@ -243,7 +243,11 @@ func (m *Module) noSpace(inst *instance, n int, err error) {
 	m.stats.NoSpace++
 	inst.storeFailures++
 	m.mu.Unlock()
-	m.rateLimited("no_space", func() {
+	kind := "no_space" // a cap refusal is not hidden behind a no-space line of the same second
+	if errors.Is(err, l1.ErrLockCap) {
+		kind = "lock_cap"
+	}
+	m.rateLimited(kind, func() {
 		m.event(EventNoSpace, slog.LevelWarn, inst.id, fmt.Sprintf(
 			"instance %d: store of %d chunks not cached: %v", inst.id, n, err))
 	})
