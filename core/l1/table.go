@@ -3,6 +3,7 @@ package l1
 import (
 	"fmt"
 	"math"
+	"slices"
 
 	"kvdock/core/keys"
 )
@@ -31,6 +32,9 @@ const (
 )
 
 const nilRec = -1
+
+// smallBatch is the largest ReserveWrite batch deduplicated by a scan.
+const smallBatch = 32
 
 // ident is an ObjectKey with the model and salt strings interned.
 type ident struct {
@@ -391,8 +395,13 @@ func (p *Pool) ReserveWrite(owner Owner, ks []keys.ObjectKey, size int64) ([]Res
 		return nil, fmt.Errorf("%w: %d objects of %d bytes exceed the pool of %d bytes", ErrNoSpace, len(ks), size, p.alloc.Size())
 	}
 	cand := make([]int, 0, len(ks)) // first occurrence of each key
-	if len(ks) == 1 {
-		cand = append(cand, 0)
+	if len(ks) <= smallBatch {
+		// A scan beats a map for a few keys (the usual batch).
+		for i, k := range ks {
+			if !slices.ContainsFunc(cand, func(j int) bool { return ks[j] == k }) {
+				cand = append(cand, i)
+			}
+		}
 	} else {
 		seen := make(map[keys.ObjectKey]struct{}, len(ks))
 		for i, k := range ks {
