@@ -146,6 +146,9 @@ func (e *Engine) applyLive(cfg settings.Config) {
 			e.log.Warn("TTL settings", "err", err)
 		}
 		p.transfer.SetTTLs(w, r)
+		if err := p.pool.SetLockShares(cfg.L1.MaxLockedSharePerInstance, cfg.L1.MaxLockedShare); err != nil {
+			e.log.Warn("lock cap settings", "err", err)
+		}
 	}
 	if e.opts.LogLevel != nil {
 		var lv slog.Level

@@ -280,9 +280,6 @@ func Open(opts Options) (*Pool, error) {
 	if opts.TotalLockShare == 0 {
 		opts.TotalLockShare = DefaultTotalLockShare
 	}
-	if !(opts.OwnerLockShare > 0 && opts.OwnerLockShare <= 1) || !(opts.TotalLockShare > 0 && opts.TotalLockShare <= 1) {
-		return nil, fmt.Errorf("l1: lock shares %v per owner, %v in total: want fractions in (0, 1]", opts.OwnerLockShare, opts.TotalLockShare)
-	}
 	if opts.CloseWait <= 0 {
 		opts.CloseWait = DefaultCloseWait
 	}
@@ -297,6 +294,10 @@ func Open(opts Options) (*Pool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("l1: %w", err)
 	}
+	p.alloc = a
+	if err := p.setLockShares(opts.OwnerLockShare, opts.TotalLockShare); err != nil {
+		return nil, err
+	}
 	seg, err := segment.Open(segment.Options{
 		Name:        opts.Segment,
 		NoShmReason: opts.NoShmReason,
@@ -310,9 +311,6 @@ func Open(opts Options) (*Pool, error) {
 		return nil, fmt.Errorf("l1: %w", err)
 	}
 	p.seg = seg
-	p.alloc = a
-	p.ownerCap = int64(opts.OwnerLockShare * float64(a.Size()))
-	p.totalCap = int64(opts.TotalLockShare * float64(a.Size()))
 	p.t.init()
 	return p, nil
 }
@@ -462,6 +460,24 @@ func (p *Pool) setEviction(policy string, watermark, ratio float64) error {
 		return fmt.Errorf("l1: eviction ratio %v: want a fraction in (0, 1]", ratio)
 	}
 	p.policy, p.watermark, p.ratio = pol, watermark, ratio
+	return nil
+}
+
+// SetLockShares changes the lock caps in place: the share of the pool one
+// owner, and all owners together, may hold locked. Locks already held stay;
+// only new ones are refused past the caps.
+func (p *Pool) SetLockShares(owner, total float64) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.setLockShares(owner, total)
+}
+
+func (p *Pool) setLockShares(owner, total float64) error {
+	if !(owner > 0 && owner <= 1) || !(total > 0 && total <= 1) {
+		return fmt.Errorf("l1: lock shares %v per owner, %v in total: want fractions in (0, 1]", owner, total)
+	}
+	p.ownerCap = int64(owner * float64(p.alloc.Size()))
+	p.totalCap = int64(total * float64(p.alloc.Size()))
 	return nil
 }
 
