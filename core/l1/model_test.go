@@ -15,7 +15,8 @@ import (
 // mobj is the reference model of one object.
 type mobj struct {
 	write    bool // write-locked, else ready
-	readers  int
+	readers  int  // anonymous read locks
+	holds    int  // held by workers
 	deadline time.Time
 	size     int64
 	res      Reservation // the write lock, while write
@@ -49,8 +50,8 @@ func (m *model) expire() {
 			if o.write {
 				m.stale = append(m.stale, o.res)
 				delete(m.objs, k)
-			} else if o.readers > 0 {
-				o.readers = 0
+			} else if o.readers+o.holds > 0 {
+				o.readers, o.holds = 0, 0
 				if o.doomed {
 					delete(m.objs, k)
 				}
@@ -59,7 +60,9 @@ func (m *model) expire() {
 	}
 }
 
-func (m *model) evictable(o *mobj) bool { return !o.write && o.readers == 0 }
+func (m *model) evictable(o *mobj) bool { return !o.write && o.readers == 0 && o.holds == 0 }
+
+func (o *mobj) locked() bool { return o.write || o.readers > 0 || o.holds > 0 }
 
 // current returns the object whose write lock r still is.
 func (m *model) current(r Reservation) (keys.ObjectKey, *mobj) {
@@ -70,11 +73,13 @@ func (m *model) current(r Reservation) (keys.ObjectKey, *mobj) {
 	return r.Key, o
 }
 
-// release drops n read locks of k's object, dropping it if doomed at zero.
-func (m *model) release(k keys.ObjectKey, n int) {
+// release drops n anonymous read locks and h holds of k's object, dropping
+// it if doomed when no lock is left.
+func (m *model) release(k keys.ObjectKey, n, h int) {
 	o := m.objs[k]
 	o.readers = max(0, o.readers-n)
-	if o.readers == 0 && o.doomed {
+	o.holds = max(0, o.holds-h)
+	if o.readers+o.holds == 0 && o.doomed {
 		delete(m.objs, k)
 	}
 }
@@ -221,7 +226,7 @@ func TestRandomAgainstModel(t *testing.T) {
 				}
 				for _, k := range ks[:want] {
 					o := m.objs[k]
-					if o.readers == 0 {
+					if o.readers+o.holds == 0 {
 						m.eras++
 						o.era = m.eras
 					}
@@ -234,7 +239,7 @@ func TestRandomAgainstModel(t *testing.T) {
 				p.FinishRead(ks, count)
 				for _, k := range ks {
 					if o, ok := m.objs[k]; ok && !o.write && o.readers > 0 {
-						m.release(k, count)
+						m.release(k, count, 0)
 					}
 				}
 			case 8: // Delete
@@ -257,29 +262,42 @@ func TestRandomAgainstModel(t *testing.T) {
 				trace = append(trace, "L")
 				m.evictionsAllowed = true
 				p.maintain()
-			case 12: // Locate: a worker finds a read-locked object
-				trace = append(trace, "l")
+			case 12: // HoldRead: a worker takes one of the anonymous locks
+				trace = append(trace, "h")
 				k := ks[0]
 				o, ok := m.objs[k]
 				want := ok && !o.write && o.readers > 0
-				ref, got := p.Locate(k)
+				ref, got := p.HoldRead(k)
 				if got != want {
-					fail("Locate = %v, model %v", got, want)
+					fail("HoldRead = %v, model %v", got, want)
 				}
 				if got {
+					o.readers--
+					o.holds++
 					m.refs = append(m.refs, mref{ref: ref, key: k, era: o.era})
 				}
-			case 13: // ReleaseRead of some refs, current or stale
+			case 13: // ReleaseRead or ReturnRead of a ref, current or stale
 				if len(m.refs) == 0 {
 					break
 				}
 				j := r.IntN(len(m.refs))
 				mr := m.refs[j]
 				m.refs = slices.Delete(m.refs, j, j+1)
+				o, ok := m.objs[mr.key]
+				current := ok && !o.write && o.holds > 0 && o.era == mr.era
+				if r.IntN(3) == 0 {
+					trace = append(trace, "u")
+					p.ReturnRead([]ReadRef{mr.ref})
+					if current {
+						o.holds--
+						o.readers++
+					}
+					break
+				}
 				trace = append(trace, "r")
 				p.ReleaseRead([]ReadRef{mr.ref})
-				if o, ok := m.objs[mr.key]; ok && !o.write && o.readers > 0 && o.era == mr.era {
-					m.release(mr.key, 1)
+				if current {
+					m.release(mr.key, 0, 1)
 				}
 			case 11:
 				if r.IntN(10) == 0 {
@@ -289,7 +307,7 @@ func TestRandomAgainstModel(t *testing.T) {
 						if !o.doomed {
 							want++
 						}
-						if o.write || o.readers > 0 {
+						if o.locked() {
 							o.doomed = true
 						} else {
 							delete(m.objs, k)
@@ -322,8 +340,15 @@ func TestRandomAgainstModel(t *testing.T) {
 				o.write = false
 			}
 			if o.readers > 0 {
-				p.FinishRead([]keys.ObjectKey{k}, o.readers)
-				m.release(k, o.readers)
+				n := o.readers
+				p.FinishRead([]keys.ObjectKey{k}, n)
+				m.release(k, n, 0)
+			}
+		}
+		for _, mr := range m.refs { // the workers' holds: stale ones are ignored
+			p.ReleaseRead([]ReadRef{mr.ref})
+			if o, ok := m.objs[mr.key]; ok && !o.write && o.holds > 0 && o.era == mr.era {
+				m.release(mr.key, 0, 1)
 			}
 		}
 		if msg := check(p, m); msg != "" {
@@ -380,23 +405,23 @@ func check(p *Pool, m *model) string {
 		if rec.off%m.align != 0 || rec.off < 0 || rec.off+rec.length > m.poolSize || rec.length != o.size {
 			return fmt.Sprintf("object %v at [%d,+%d) misaligned, outside the pool or wrong size", k, rec.off, rec.length)
 		}
-		if (rec.state == stateWrite) != o.write || int(rec.readers) != o.readers || rec.doomed != o.doomed {
-			return fmt.Sprintf("object %v: state %d readers %d doomed %v, model write=%v readers=%d doomed=%v",
-				k, rec.state, rec.readers, rec.doomed, o.write, o.readers, o.doomed)
+		if (rec.state == stateWrite) != o.write || int(rec.readers) != o.readers || int(rec.holds) != o.holds || rec.doomed != o.doomed {
+			return fmt.Sprintf("object %v: state %d readers %d holds %d doomed %v, model write=%v readers=%d holds=%d doomed=%v",
+				k, rec.state, rec.readers, rec.holds, rec.doomed, o.write, o.readers, o.holds, o.doomed)
 		}
 		_, inLocked := p.t.locked[i]
-		if inLocked != (o.write || o.readers > 0) {
+		if inLocked != o.locked() {
 			return fmt.Sprintf("object %v: locked-set membership %v", k, inLocked)
 		}
 		if o.write {
 			writeLocked++
 		}
-		if o.readers > 0 {
+		if o.readers+o.holds > 0 {
 			readLocked++
 		}
 		rounded := (rec.length + m.align - 1) / m.align * m.align
 		used += rounded
-		if o.write || o.readers > 0 {
+		if o.locked() {
 			locked += rounded
 		}
 		spans = append(spans, span{rec.off, rec.off + rounded})

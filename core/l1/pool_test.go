@@ -76,6 +76,16 @@ func store(t *testing.T, p *Pool, ks []keys.ObjectKey, size int64) {
 	}
 }
 
+// locatable reports whether a worker could hold k's read lock now; the hold
+// is given back.
+func locatable(p *Pool, k keys.ObjectKey) bool {
+	ref, ok := p.HoldRead(k)
+	if ok {
+		p.ReturnRead([]ReadRef{ref})
+	}
+	return ok
+}
+
 func present(p *Pool, k keys.ObjectKey) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -118,7 +128,7 @@ func TestStateMachine(t *testing.T) {
 	if n := p.ReserveReadPrefix(ks, 1); n != 0 {
 		t.Fatalf("write-locked object readable: prefix %d", n)
 	}
-	if _, ok := p.Locate(ks[0]); ok {
+	if locatable(p, ks[0]) {
 		t.Fatal("write-locked object locatable")
 	}
 	if n := p.Delete(ks); n != 0 {
@@ -137,16 +147,20 @@ func TestStateMachine(t *testing.T) {
 		t.Fatal("a second FinishWrite of the same reservations answered true")
 	}
 	// Ready, unlocked: not locatable until read-locked.
-	if _, ok := p.Locate(ks[0]); ok {
+	if locatable(p, ks[0]) {
 		t.Fatal("unlocked ready object locatable")
 	}
 	if n := p.ReserveReadPrefix(ks, 1); n != 2 {
 		t.Fatalf("prefix %d, want 2", n)
 	}
-	ref, ok := p.Locate(ks[1])
+	ref, ok := p.HoldRead(ks[1])
 	if !ok || ref.Offset != res[1].Offset || ref.Length != 5000 {
-		t.Fatalf("Locate = %+v %v, want %d 5000 true", ref, ok, res[1].Offset)
+		t.Fatalf("HoldRead = %+v %v, want %d 5000 true", ref, ok, res[1].Offset)
 	}
+	if locatable(p, ks[1]) {
+		t.Fatal("a second worker held the one read lock")
+	}
+	p.ReturnRead([]ReadRef{ref})
 	if s := p.Stats(); s.WriteLocked != 0 || s.ReadLocked != 2 || s.ReadHits != 2 {
 		t.Fatalf("stats after read lock: %+v", s)
 	}
@@ -154,7 +168,7 @@ func TestStateMachine(t *testing.T) {
 		t.Fatalf("Delete removed %d read-locked objects", n)
 	}
 	p.FinishRead(ks, 1)
-	if _, ok := p.Locate(ks[0]); ok {
+	if locatable(p, ks[0]) {
 		t.Fatal("object locatable after its last read lock was released")
 	}
 	if n := p.Delete(ks[:1]); n != 1 || present(p, ks[0]) {
@@ -264,15 +278,15 @@ func TestReadTTLExpiry(t *testing.T) {
 		t.Fatal(n)
 	}
 	c.Add(4 * time.Second)
-	if _, ok := p.Locate(ks[0]); !ok {
+	if !locatable(p, ks[0]) {
 		t.Fatal("read lock expired early")
 	}
 	p.ReserveReadPrefix(ks[1:], 1) // renews the TTL of ks[1]
 	c.Add(time.Second)
-	if _, ok := p.Locate(ks[0]); ok {
+	if locatable(p, ks[0]) {
 		t.Fatal("read lock did not expire after the read TTL")
 	}
-	if _, ok := p.Locate(ks[1]); !ok {
+	if !locatable(p, ks[1]) {
 		t.Fatal("renewed read lock expired")
 	}
 	c.Add(5 * time.Second)
@@ -294,7 +308,7 @@ func TestMLAExtraLocks(t *testing.T) {
 	}
 	for i := range 2 {
 		p.FinishRead(ks, 1)
-		if _, ok := p.Locate(ks[0]); !ok {
+		if !locatable(p, ks[0]) {
 			t.Fatalf("unlocked after %d of 3 releases", i+1)
 		}
 		if p.Delete(ks) != 0 {
@@ -302,7 +316,7 @@ func TestMLAExtraLocks(t *testing.T) {
 		}
 	}
 	p.FinishRead(ks, 1)
-	if _, ok := p.Locate(ks[0]); ok {
+	if locatable(p, ks[0]) {
 		t.Fatal("still locked after 3 releases")
 	}
 	// Over-release never goes below zero or leaks into the next lock.
@@ -327,7 +341,7 @@ func TestReadPrefixStopsAtFirstMiss(t *testing.T) {
 	if n := p.ReserveReadPrefix(keyRange(0, 4), 1); n != 2 {
 		t.Fatalf("prefix %d, want 2", n)
 	}
-	if _, ok := p.Locate(key(3)); ok {
+	if locatable(p, key(3)) {
 		t.Fatal("key after the miss was locked")
 	}
 	if n := p.ReserveReadPrefix([]keys.ObjectKey{key(3), key(4)}, 1); n != 1 {

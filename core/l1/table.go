@@ -16,7 +16,7 @@ import (
 // Clear and in-flight transfers: a cleared object that is locked stays in
 // the index, doomed, rather than leaving it for a separate list. One key then
 // never has two records, so the by-key calls that cannot carry a handle
-// (the scheduler's FinishRead, a worker's Locate of a lock taken by LOOKUP)
+// (the scheduler's FinishRead, a worker's HoldRead of a lock LOOKUP took)
 // still find the record their lock is on, and its space is not reused until
 // that lock ends. Doomed records are invisible to lookups, reads and new
 // reservations (a store of that key gets no slot until the lock ends).
@@ -24,11 +24,17 @@ import (
 // ReadRef: record index plus a lock id unique for the pool's life), so a
 // commit, abort or release that arrives after its lock expired never acts
 // on a lock someone else took on that key or on the recycled record.
+//
+// Read locks come in two kinds. LOOKUP takes anonymous ones (readers), one
+// per worker that will read; the scheduler may release them by key
+// (FinishRead). A worker's PREPARE_RETRIEVE turns one into a hold (HoldRead)
+// that only its ReadRef releases, so no by-key release, however stale or
+// excessive, can unlock an object a worker is copying.
 
 const (
 	stateFree  uint8 = iota // slot on the free list
 	stateWrite              // write-locked: reserved, being written, not readable
-	stateReady              // published; readable; read-locked while readers > 0
+	stateReady              // published; readable; read-locked while readers+holds > 0
 )
 
 const nilRec = -1
@@ -50,7 +56,8 @@ type record struct {
 	deadline   int64  // unix ns: expiry of the write lock or of the read locks
 	lock       uint64 // id of the current write lock or read-lock era; 0 = none
 	prev, next int32  // LRU neighbours (prev towards MRU); next links free slots
-	readers    uint32
+	readers    uint32 // anonymous read locks left by lookups for the workers
+	holds      uint32 // read locks workers took (HoldRead) and release by ReadRef
 	owner      uint32 // Pool.ownerSlots index charged for the lock
 	state      uint8
 	doomed     bool // cleared while locked: freed when the lock ends
@@ -189,6 +196,9 @@ func (t *table) touch(i int32) {
 	}
 }
 
+// readLocked reports whether r holds read locks of either kind.
+func (r *record) readLocked() bool { return r.readers > 0 || r.holds > 0 }
+
 // rounded is the allocated size of record i.
 func (p *Pool) rounded(i int32) int64 { return p.alloc.Round(p.t.recs[i].length) }
 
@@ -288,9 +298,9 @@ func (p *Pool) unlock(i int32) {
 	case r.state == stateWrite:
 		p.t.writeLocked--
 		r.state = stateReady
-	case r.readers > 0:
+	case r.readLocked():
 		p.t.readLocked--
-		r.readers = 0
+		r.readers, r.holds = 0, 0
 	default:
 		return
 	}
@@ -320,7 +330,7 @@ func (p *Pool) expire(i int32, now int64) bool {
 		p.drop(i)
 		p.st.ExpiredWriteLocks++
 		return true
-	case r.readers > 0:
+	case r.readLocked():
 		p.st.ExpiredReadLocks++
 		if r.doomed {
 			p.drop(i)
@@ -341,7 +351,7 @@ func (p *Pool) sweep(now int64) {
 // evictable reports whether record i may be evicted at now.
 func (p *Pool) evictable(i int32, now int64) bool {
 	r := &p.t.recs[i]
-	return r.state == stateReady && (r.readers == 0 || r.deadline <= now)
+	return r.state == stateReady && (!r.readLocked() || r.deadline <= now)
 }
 
 // evictOne drops the least recently used unlocked object; false when every
@@ -614,7 +624,7 @@ func (p *Pool) ReserveReadPrefix(ks []keys.ObjectKey, count int) int {
 			return n
 		}
 		r := &p.t.recs[i]
-		if r.readers == 0 {
+		if !r.readLocked() {
 			// A new read-lock era, charged to the owner that starts it.
 			if err := p.capRefusal(owner, p.rounded(i), now); err != nil {
 				p.logCap(err, now)
@@ -633,24 +643,24 @@ func (p *Pool) ReserveReadPrefix(ks []keys.ObjectKey, count int) int {
 	return len(ks)
 }
 
-// release drops n read locks of record i, ending the era (and dropping a
-// doomed record) at zero.
-func (p *Pool) release(i int32, n uint64) {
+// endIfUnlocked ends record i's read-lock era once no lock of either kind
+// is left (a doomed record goes with it).
+func (p *Pool) endIfUnlocked(i int32) {
 	r := &p.t.recs[i]
-	r.readers -= uint32(min(n, uint64(r.readers)))
-	if r.readers == 0 {
-		r.readers = 1 // so that unlock (via drop) ends the era and uncharges it
-		if r.doomed {
-			p.drop(i)
-			return
-		}
-		p.unlock(i)
+	if r.readLocked() {
+		return
 	}
+	r.readers = 1 // so that unlock (directly or via drop) ends the era and uncharges it
+	if r.doomed {
+		p.drop(i)
+		return
+	}
+	p.unlock(i)
 }
 
-// FinishRead releases count read locks on each key (never below zero),
-// doomed objects included: these are the anonymous locks the scheduler
-// took with ReserveReadPrefix.
+// FinishRead releases count anonymous read locks on each key (never below
+// zero), doomed objects included: the locks the scheduler's lookups took
+// and no worker has held. Held locks (HoldRead) are not touched.
 func (p *Pool) FinishRead(ks []keys.ObjectKey, count int) {
 	if count <= 0 {
 		return
@@ -664,16 +674,18 @@ func (p *Pool) FinishRead(ks []keys.ObjectKey, count int) {
 			continue
 		}
 		if r := &p.t.recs[i]; r.state == stateReady && r.readers > 0 {
-			p.release(i, uint64(count))
+			r.readers -= uint32(min(uint64(count), uint64(r.readers)))
+			p.endIfUnlocked(i)
 		}
 	}
 }
 
-// Locate returns where a read-locked object lives and which read lock it is
-// under; ok is false for objects that are absent, write-locked or not
-// read-locked. A doomed object still read-locked is found: its lock was
-// taken before the Clear, and its bytes stay in place until that lock ends.
-func (p *Pool) Locate(k keys.ObjectKey) (ReadRef, bool) {
+// HoldRead takes one of the anonymous read locks on k for a worker and
+// returns where the object lives and the ReadRef that releases the hold;
+// ok is false for objects that are absent, write-locked or without an
+// anonymous read lock left. A doomed object is found: its lock was taken
+// before the Clear, and its bytes stay in place until that lock ends.
+func (p *Pool) HoldRead(k keys.ObjectKey) (ReadRef, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	i := p.lookup(k, p.now().UnixNano())
@@ -681,31 +693,75 @@ func (p *Pool) Locate(k keys.ObjectKey) (ReadRef, bool) {
 		return ReadRef{}, false
 	}
 	r := &p.t.recs[i]
-	if r.state != stateReady || r.readers == 0 {
+	if r.state != stateReady || r.readers == 0 || r.holds == math.MaxUint32 {
 		return ReadRef{}, false
 	}
+	r.readers--
+	r.holds++
 	return ReadRef{Offset: r.off, Length: r.length, rec: i, lock: r.lock}, true
 }
 
-// ReleaseRead releases one read lock per ref, only while the record is under
-// the read-lock era the ref was located in: after that era expired, a late
-// release cannot take a lock another reader holds.
+// heldBy returns the record whose hold ref still is, else nilRec (the era
+// ended: released, expired, or the record recycled).
+func (p *Pool) heldBy(ref ReadRef, now int64) int32 {
+	i := ref.rec
+	if i < 0 || int(i) >= len(p.t.recs) {
+		return nilRec
+	}
+	r := &p.t.recs[i]
+	if r.state != stateReady || r.holds == 0 || ref.lock == 0 || r.lock != ref.lock || p.expire(i, now) || r.holds == 0 {
+		return nilRec
+	}
+	return i
+}
+
+// ReleaseRead releases the holds of refs (the worker's read is done). A
+// ref whose read-lock era ended is stale and ignored: a late release never
+// takes a lock another reader holds.
 func (p *Pool) ReleaseRead(refs []ReadRef) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	now := p.now().UnixNano()
 	for _, ref := range refs {
-		i := ref.rec
-		if i < 0 || int(i) >= len(p.t.recs) {
-			continue
-		}
-		r := &p.t.recs[i]
-		if r.state != stateReady || r.readers == 0 || r.lock != ref.lock || ref.lock == 0 || p.expire(i, now) || r.readers == 0 {
+		i := p.heldBy(ref, now)
+		if i == nilRec {
 			p.st.StaleFinishes++
 			continue
 		}
-		p.release(i, 1)
+		p.t.recs[i].holds--
+		p.endIfUnlocked(i)
 	}
+}
+
+// ReturnRead gives the holds of refs back as anonymous read locks, unused:
+// a worker that repeats PREPARE_RETRIEVE returns the locks of the first
+// one so that the second can hold them again. Stale refs are ignored.
+func (p *Pool) ReturnRead(refs []ReadRef) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := p.now().UnixNano()
+	for _, ref := range refs {
+		i := p.heldBy(ref, now)
+		if i == nilRec {
+			p.st.StaleFinishes++
+			continue
+		}
+		p.t.recs[i].holds--
+		p.t.recs[i].readers++
+	}
+}
+
+// IsLocked reports whether k is present and locked in any way (write,
+// read or held), doomed or not; for diagnostics and tests.
+func (p *Pool) IsLocked(k keys.ObjectKey) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	i := p.lookup(k, p.now().UnixNano())
+	if i == nilRec {
+		return false
+	}
+	r := &p.t.recs[i]
+	return r.state == stateWrite || r.readLocked()
 }
 
 // Touch moves the present keys to the MRU end.
@@ -728,7 +784,7 @@ func (p *Pool) Delete(ks []keys.ObjectKey) int {
 	now := p.now().UnixNano()
 	n := 0
 	for _, k := range ks {
-		if i := p.lookup(k, now); i != nilRec && p.t.recs[i].state == stateReady && p.t.recs[i].readers == 0 {
+		if i := p.lookup(k, now); i != nilRec && p.t.recs[i].state == stateReady && !p.t.recs[i].readLocked() {
 			p.drop(i)
 			n++
 		}
@@ -754,7 +810,7 @@ func (p *Pool) Clear() int {
 		r := &p.t.recs[i]
 		switch {
 		case r.state == stateFree || r.doomed:
-		case r.state == stateWrite || r.readers > 0:
+		case r.state == stateWrite || r.readLocked():
 			r.doomed = true
 			p.t.doomed++
 			p.t.doomedBytes += p.rounded(int32(i))

@@ -24,9 +24,9 @@ func TestClearKeepsLockedObjects(t *testing.T) {
 	if p.ReserveReadPrefix(keyRange(0, 1), 1) != 1 {
 		t.Fatal("read lock")
 	}
-	ref, ok := p.Locate(key(0))
+	ref, ok := p.HoldRead(key(0)) // a worker reads key 0
 	if !ok {
-		t.Fatal("locate")
+		t.Fatal("hold")
 	}
 	a, err := p.ReserveWrite(InstanceOwner(1), keyRange(10, 11), 4096)
 	if err != nil {
@@ -58,9 +58,15 @@ func TestClearKeepsLockedObjects(t *testing.T) {
 	if !p.FinishWrite(b) {
 		t.Fatal("B's commit failed")
 	}
-	// The reader still finds its object, through its lock, until it releases.
-	if again, ok := p.Locate(key(0)); !ok || again != ref {
-		t.Fatalf("reader lost its object: %+v %v", again, ok)
+	// The reader's object stays locked until it releases; nobody else can
+	// hold it, and a by-key release of the scheduler's locks does not touch
+	// the hold.
+	p.FinishRead(keyRange(0, 1), 5)
+	if !p.IsLocked(key(0)) {
+		t.Fatal("reader lost its object")
+	}
+	if _, ok := p.HoldRead(key(0)); ok {
+		t.Fatal("a second hold on a single read lock")
 	}
 	p.ReleaseRead([]ReadRef{ref})
 	p.ReleaseRead([]ReadRef{ref}) // a second release is stale
@@ -123,11 +129,12 @@ func TestLateFinishNeverTouchesAnotherLock(t *testing.T) {
 	}
 	// Reads: R locks, its lock expires, S locks; R's late release is stale.
 	p.ReserveReadPrefix(keyRange(0, 1), 1)
-	r, _ := p.Locate(key(0))
+	r, _ := p.HoldRead(key(0))
 	c.Add(11 * time.Second)
 	p.ReserveReadPrefix(keyRange(0, 1), 1)
 	p.ReleaseRead([]ReadRef{r})
-	if _, ok := p.Locate(key(0)); !ok {
+	p.ReturnRead([]ReadRef{r})
+	if !p.IsLocked(key(0)) || !locatable(p, key(0)) {
 		t.Fatal("a late release took a newer reader's lock")
 	}
 }
@@ -320,7 +327,7 @@ func TestConcurrentClearNeverServesWrongBytes(t *testing.T) {
 				if p.ReserveReadPrefix(keyRange(k, k+1), 1) != 1 {
 					continue
 				}
-				ref, ok := p.Locate(key(k))
+				ref, ok := p.HoldRead(key(k))
 				if !ok {
 					bad.Do(func() { badMsg = fmt.Sprintf("key %d read-locked but not locatable", k) })
 					continue

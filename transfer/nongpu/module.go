@@ -41,10 +41,12 @@ type Pool interface {
 	ReserveWrite(owner l1.Owner, ks []keys.ObjectKey, size int64) ([]l1.Reservation, error)
 	FinishWrite(rs []l1.Reservation) bool
 	AbortWrite(rs []l1.Reservation)
-	// Locate and ReleaseRead consume the read locks LOOKUP took, by the
-	// read-lock era each key was found under.
-	Locate(k keys.ObjectKey) (l1.ReadRef, bool)
+	// HoldRead takes one of the read locks LOOKUP left for the workers;
+	// ReleaseRead ends the hold (COMMIT_RETRIEVE), ReturnRead gives it back
+	// unused (a repeated PREPARE_RETRIEVE).
+	HoldRead(k keys.ObjectKey) (l1.ReadRef, bool)
 	ReleaseRead(refs []l1.ReadRef)
+	ReturnRead(refs []l1.ReadRef)
 	// View pins a range of the pool for a copy; Close waits for it.
 	View(off, n int64) ([]byte, func())
 }

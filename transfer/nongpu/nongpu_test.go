@@ -487,7 +487,7 @@ func TestSHMRoundTrip(t *testing.T) {
 			t.Fatalf("slot %d holds other bytes", i)
 		}
 	}
-	if _, ok := e.pool.Locate(ks[0]); !ok {
+	if !e.pool.IsLocked(ks[0]) {
 		t.Fatal("lock released before COMMIT_RETRIEVE")
 	}
 	if e.mod.Stats().PendingReads != 1 {
@@ -496,7 +496,7 @@ func TestSHMRoundTrip(t *testing.T) {
 	if ok, err := e.mod.CommitRetrieve(k, 1); !ok || err != nil {
 		t.Fatalf("commit retrieve = %v, %v", ok, err)
 	}
-	if _, ok := e.pool.Locate(ks[0]); ok {
+	if e.pool.IsLocked(ks[0]) {
 		t.Fatal("read lock not released by COMMIT_RETRIEVE")
 	}
 	if ok, _ := e.mod.CommitRetrieve(k, 1); !ok {
@@ -528,7 +528,7 @@ func TestRetrievePartialLockReleasesFound(t *testing.T) {
 	if err != nil || r.Success {
 		t.Fatalf("retrieve with a missing chunk = %+v, %v", r, err)
 	}
-	if _, ok := e.pool.Locate(ks0[0]); ok {
+	if e.pool.IsLocked(ks0[0]) {
 		t.Fatal("lock of the found chunk not released on a miss")
 	}
 }
@@ -593,7 +593,7 @@ func TestUnregisterAbortsPendingWritesAndReleasesReads(t *testing.T) {
 	if e.cached(kw) != 0 {
 		t.Fatal("half-written chunk was published by unregister")
 	}
-	if _, ok := e.pool.Locate(ksr[0]); ok {
+	if e.pool.IsLocked(ksr[0]) {
 		t.Fatal("pending read lock not released by unregister")
 	}
 	// The aborted space is free again: another instance can store the chunk.
@@ -655,7 +655,7 @@ func TestPickleRoundTrip(t *testing.T) {
 	if err != nil || !r.Success || r.Slots != nil || len(r.Data) == 0 {
 		t.Fatalf("prepare retrieve = success %v, %d bytes, slots %v, %v", r.Success, len(r.Data), r.Slots, err)
 	}
-	if _, ok := e.pool.Locate(ks[0]); ok {
+	if e.pool.IsLocked(ks[0]) {
 		t.Fatal("pickle retrieve kept the read lock")
 	}
 	out, err := torchpickle.Decode(r.Data, torchpickle.Limits{})
@@ -724,10 +724,11 @@ func TestSHMPrepareThenPickleCommit(t *testing.T) {
 		t.Fatal("SHM reservation still pending")
 	}
 	ks := e.lookupLock(k)
-	ref, _ := e.pool.Locate(ks[0])
+	ref, _ := e.pool.HoldRead(ks[0])
 	if !bytes.Equal(view(t, e.pool, ref.Offset, ref.Length), in.Data) {
 		t.Fatal("pickled data not stored")
 	}
+	e.pool.ReturnRead([]l1.ReadRef{ref}) // the lock stays for the retrieve below
 	// The instance fell back: retrieves now answer pickled data.
 	r, err := e.mod.PrepareRetrieve(k, 1)
 	if err != nil || !r.Success || len(r.Data) == 0 || r.Slots != nil {
@@ -811,7 +812,7 @@ func TestPendingExpiry(t *testing.T) {
 	if s := e.mod.Stats(); s.PendingWrites != 1 || s.PendingReads != 0 {
 		t.Fatalf("read not expired: %+v", s)
 	}
-	if _, ok := e.pool.Locate(ksr[0]); ok {
+	if e.pool.IsLocked(ksr[0]) {
 		t.Fatal("expired read kept its lock")
 	}
 	e.clk.advance(150 * time.Second) // writes: 310 s ≥ 600/2
@@ -985,7 +986,7 @@ func TestLateSweepLeavesPoolLocksAlone(t *testing.T) {
 	if s := e.mod.Stats(); s.PendingReads != 0 || s.Expired != 1 {
 		t.Fatalf("stats %+v", s)
 	}
-	if _, ok := e.pool.Locate(ks[0]); !ok {
+	if !e.pool.IsLocked(ks[0]) {
 		t.Fatal("the late sweep released a lock it no longer owned")
 	}
 }
@@ -1011,7 +1012,7 @@ func TestLateCommitRetrieveLeavesNewLockAlone(t *testing.T) {
 	if ok, err := e.mod.CommitRetrieve(k, 1); !ok || err != nil {
 		t.Fatalf("commit retrieve %v %v", ok, err)
 	}
-	if _, ok := e.pool.Locate(ks[0]); !ok {
+	if !e.pool.IsLocked(ks[0]) {
 		t.Fatal("a late COMMIT_RETRIEVE released the lock of a newer LOOKUP")
 	}
 }

@@ -253,13 +253,14 @@ func (m *Module) noSpace(inst *instance, n int, err error) {
 	})
 }
 
-// locateAll finds every key's slot. The keys must be read-locked (by LOOKUP);
-// all found ones are returned so a partial hit can release them.
+// locateAll holds every key's read lock and finds its slot. The keys must be
+// read-locked (by LOOKUP); all held ones are returned so a partial hit can
+// release them.
 func (m *Module) locateAll(ks []keys.ObjectKey, lay layout.Layout) (slots []protocol.Slot, found []l1.ReadRef, ok bool) {
 	slots = make([]protocol.Slot, 0, len(ks))
 	ok = true
 	for _, k := range ks {
-		ref, hit := m.pool.Locate(k)
+		ref, hit := m.pool.HoldRead(k)
 		if !hit {
 			ok = false
 			continue
@@ -336,6 +337,11 @@ func (m *Module) prepareRetrieve(k protocol.Key, id int64, encode func([]torchpi
 		return protocol.PrepareRetrieveResponse{}, fmt.Errorf("prepare retrieve for instance %d: %w", id, err)
 	}
 	created := m.now()
+	// A repeated prepare of the same transfer gives the first one's holds
+	// back, so that this one can hold the same locks again.
+	if prev := m.takePending(m.reads, pk); prev != nil {
+		m.pool.ReturnRead(prev.refs)
+	}
 	slots, found, ok := m.locateAll(ks, inst.lay)
 	if !ok {
 		if len(found) > 0 {
@@ -362,7 +368,8 @@ func (m *Module) prepareRetrieve(k protocol.Key, id int64, encode func([]torchpi
 		inst.bytesOut += total
 		m.mu.Unlock()
 		if prev != nil {
-			// A repeated prepare: the first one's locks are not coming back.
+			// A concurrent prepare of the same transfer: its holds are not
+			// coming back.
 			m.pool.ReleaseRead(prev.refs)
 		}
 		return protocol.PrepareRetrieveResponse{Success: true, Slots: slots}, nil

@@ -160,3 +160,42 @@ func TestLockCapRefusalAnswersNoSlots(t *testing.T) {
 		t.Fatalf("another instance's store: %d slots, %v", len(r.Slots), err)
 	}
 }
+
+// TestByKeyReleaseCannotUnlockAWorkersRead: the scheduler's by-key release
+// (FREE_LOOKUP_LOCKS), stale or excessive, must not unlock an object a
+// worker holds between PREPARE_RETRIEVE and COMMIT_RETRIEVE: it stays
+// undeletable and unevictable and keeps its bytes. On a64a735 the release
+// dropped the worker's lock, and Delete (or eviction) freed the slot.
+func TestByKeyReleaseCannotUnlockAWorkersRead(t *testing.T) {
+	e := newEnv(t, true, 1<<20)
+	e.register(1)
+	k := key(tokens(testChunk, 1000), 0, testChunk)
+	r, _ := e.mod.PrepareStore(k, 1)
+	e.writeSlots(r.Slots, 0x10)
+	if ok, _ := e.mod.CommitStore(k, 1, nil); !ok {
+		t.Fatal("store")
+	}
+	ks := e.lookupLock(k)
+	rr, err := e.mod.PrepareRetrieve(k, 1)
+	if err != nil || !rr.Success {
+		t.Fatalf("retrieve %+v %v", rr, err)
+	}
+	want := e.slotBytes(rr.Slots[0])
+	e.pool.FinishRead(ks, 5)
+	if n := e.pool.Delete(ks); n != 0 {
+		t.Fatal("the object a worker is reading was deleted after a by-key release")
+	}
+	if !bytes.Equal(e.slotBytes(rr.Slots[0]), want) {
+		t.Fatal("the worker's slot changed")
+	}
+	// A repeated PREPARE_RETRIEVE holds the same lock again.
+	if rr2, err := e.mod.PrepareRetrieve(k, 1); err != nil || !rr2.Success || rr2.Slots[0].Offset != rr.Slots[0].Offset {
+		t.Fatalf("repeated retrieve %+v %v", rr2, err)
+	}
+	if ok, _ := e.mod.CommitRetrieve(k, 1); !ok {
+		t.Fatal("commit retrieve")
+	}
+	if n := e.pool.Delete(ks); n != 1 {
+		t.Fatal("the object stayed locked after COMMIT_RETRIEVE")
+	}
+}
