@@ -468,11 +468,13 @@ func (m *Module) expireIfDue(p *pending, write bool) bool {
 	if !due {
 		return false
 	}
-	m.expire(p, write, now, ttl)
+	m.expire(p, write, now)
 	return true
 }
 
-func (m *Module) expire(p *pending, write bool, now time.Time, ttl time.Duration) {
+// expire aborts or releases an entry past its life (stale locks are ignored
+// by the pool) and tells the operator.
+func (m *Module) expire(p *pending, write bool, now time.Time) {
 	if write {
 		m.pool.AbortWrite(p.res)
 	} else {
@@ -524,10 +526,10 @@ func (m *Module) Sweep() {
 	m.stats.Expired += int64(len(writes) + len(reads))
 	m.mu.Unlock()
 	for _, p := range writes {
-		m.expire(p, true, now, wttl)
+		m.expire(p, true, now)
 	}
 	for _, p := range reads {
-		m.expire(p, false, now, rttl)
+		m.expire(p, false, now)
 	}
 }
 
