@@ -10,15 +10,15 @@
 // forever. All methods are safe for concurrent use.
 //
 // A Clear drops only unlocked objects: a locked one (being written, or
-// read-locked for a worker that will read or is reading it) becomes doomed, invisible to
-// lookups and new reservations, and is freed when its transfer ends or its
-// lock expires, so a worker never sees its slot handed to someone else. A
-// write is finished or aborted through its Reservation; a worker turns one
-// of the read locks LOOKUP left into a hold (HoldRead) released through its
-// ReadRef. Both name one lock of one record, so a late call never acts on a
-// lock taken later by someone else, and no by-key release unlocks an object
-// a worker is reading. Locks are charged to an Owner
-// and capped per owner and in total, so one peer cannot pin the pool.
+// read-locked for a worker that will read or is reading it) becomes doomed,
+// invisible to lookups and new reservations, and is freed when its transfer
+// ends or its lock expires, so a worker never sees its slot handed to
+// someone else. A write is finished or aborted through its Reservation; a
+// worker turns one of the read locks LOOKUP left into a hold (HoldRead)
+// released through its ReadRef. Both name one lock of one record, so a late
+// call never acts on a lock taken later by someone else, and no by-key
+// release unlocks an object a worker is reading. Locks are charged to an
+// Owner and capped per owner and in total, so one peer cannot pin the pool.
 //
 // Memory views (View) are counted; Close waits for them before it unmaps,
 // and leaves the mapping in place (name unlinked, flock released) when they
