@@ -20,6 +20,7 @@ type mobj struct {
 	deadline time.Time
 	size     int64
 	res      Reservation // the write lock, while write
+	owner    Owner       // the write lock's owner
 	era      int         // the read-lock era, while readers > 0
 	doomed   bool        // cleared while locked
 }
@@ -38,6 +39,9 @@ type model struct {
 	now              time.Time
 	align            int64
 	poolSize         int64
+	ownerCap         int64 // lock caps; the pool's when caps are on
+	totalCap         int64
+	policy           string
 	evictionsAllowed bool
 	eras             int
 	stale            []Reservation // reservations whose lock ended, for late finishes
@@ -63,6 +67,32 @@ func (m *model) expire() {
 func (m *model) evictable(o *mobj) bool { return !o.write && o.readers == 0 && o.holds == 0 }
 
 func (o *mobj) locked() bool { return o.write || o.readers > 0 || o.holds > 0 }
+
+func (m *model) rounded(o *mobj) int64 { return (o.size + m.align - 1) / m.align * m.align }
+
+// lockedBytes is what owner holds locked (writes by their owner, reads by
+// the lookups) and what everyone does.
+func (m *model) lockedBytes(owner Owner) (mine, total int64) {
+	for _, o := range m.objs {
+		if !o.locked() {
+			continue
+		}
+		total += m.rounded(o)
+		if (o.write && o.owner == owner) || (!o.write && owner == LookupOwner()) {
+			mine += m.rounded(o)
+		}
+	}
+	return mine, total
+}
+
+// usedBytes is the allocation of every object.
+func (m *model) usedBytes() int64 {
+	var n int64
+	for _, o := range m.objs {
+		n += m.rounded(o)
+	}
+	return n
+}
 
 // current returns the object whose write lock r still is.
 func (m *model) current(r Reservation) (keys.ObjectKey, *mobj) {
@@ -98,6 +128,7 @@ func TestRandomAgainstModel(t *testing.T) {
 		align     = 64
 		units     = 40
 	)
+	var capRefusals uint64
 	for seq := range sequences {
 		r := rand.New(rand.NewPCG(uint64(seq), 99))
 		c := newClock()
@@ -105,14 +136,19 @@ func TestRandomAgainstModel(t *testing.T) {
 		if seq%4 == 3 {
 			policy = PolicyNoop
 		}
+		ownerShare, totalShare := 1.0, 1.0
+		if seq%2 == 1 { // the default caps: refusals are predicted
+			ownerShare, totalShare = DefaultOwnerLockShare, DefaultTotalLockShare
+		}
 		p, err := Open(Options{Size: units * align, Align: align, Now: c.Now, Policy: policy,
 			WriteTTL: 600 * time.Second, ReadTTL: 300 * time.Second, Watermark: 0.7, Ratio: 0.25,
-			OwnerLockShare: 1, TotalLockShare: 1})
+			OwnerLockShare: ownerShare, TotalLockShare: totalShare})
 		if err != nil {
 			t.Fatal(err)
 		}
 		m := &model{objs: map[keys.ObjectKey]*mobj{}, wttl: 600 * time.Second, rttl: 300 * time.Second,
-			align: align, poolSize: units * align}
+			align: align, poolSize: units * align, policy: policy,
+			ownerCap: int64(ownerShare * float64(units*align)), totalCap: int64(totalShare * float64(units*align))}
 		pick := func() []keys.ObjectKey {
 			n := 1 + r.IntN(6)
 			ks := make([]keys.ObjectKey, n)
@@ -145,11 +181,31 @@ func TestRandomAgainstModel(t *testing.T) {
 					want = append(want, i)
 				}
 				m.evictionsAllowed = true
-				res, err := p.ReserveWrite(InstanceOwner(int64(r.IntN(3))), ks, size)
+				owner := InstanceOwner(int64(r.IntN(3)))
+				unit := (size + align - 1) / align * align
+				need := unit * int64(len(want))
+				mine, total := m.lockedBytes(owner)
+				avail := m.poolSize - m.usedBytes()
+				if policy == PolicyLRU {
+					avail = m.poolSize - total
+				}
+				var wantErr error // nil: may still fail for fragmentation
+				switch {
+				case unit*int64(len(ks)) > m.poolSize || (len(want) > 0 && avail < need):
+					wantErr = ErrNoSpace
+				case len(want) > 0 && (mine+need > m.ownerCap || total+need > m.totalCap):
+					wantErr = ErrLockCap
+				}
+				res, err := p.ReserveWrite(owner, ks, size)
+				if wantErr != nil && !errors.Is(err, wantErr) {
+					fail("ReserveWrite = %v, model %v (need %d, owner %d, total %d, avail %d)", err, wantErr, need, mine, total, avail)
+				}
 				if err != nil {
-					// With caps at the whole pool a cap refusal means it cannot fit.
 					if !errors.Is(err, ErrNoSpace) && !errors.Is(err, ErrLockCap) {
 						fail("ReserveWrite: %v", err)
+					}
+					if errors.Is(err, ErrLockCap) && wantErr == nil {
+						fail("ReserveWrite refused by a cap the model does not see: %v", err)
 					}
 					for _, i := range want {
 						if present(p, ks[i]) {
@@ -165,7 +221,7 @@ func TestRandomAgainstModel(t *testing.T) {
 					if rv.Index != want[j] || rv.Key != ks[want[j]] || rv.Length != size {
 						fail("reservation %d = %+v, want index %d", j, rv, want[j])
 					}
-					m.objs[rv.Key] = &mobj{write: true, deadline: m.now.Add(m.wttl), size: size, res: rv}
+					m.objs[rv.Key] = &mobj{write: true, deadline: m.now.Add(m.wttl), size: size, res: rv, owner: owner}
 				}
 			case 3, 4: // FinishWrite, AbortWrite: the picked keys' reservations, sometimes a stale one
 				var rs []Reservation
@@ -213,25 +269,27 @@ func TestRandomAgainstModel(t *testing.T) {
 			case 5, 6: // ReserveReadPrefix
 				count := 1 + r.IntN(3)
 				trace = append(trace, fmt.Sprintf("R%d", count))
+				got := p.ReserveReadPrefix(ks, count)
 				want := 0
 				for _, k := range ks {
 					o, ok := m.objs[k]
 					if !ok || o.write || o.doomed {
 						break
 					}
-					want++
-				}
-				if got := p.ReserveReadPrefix(ks, count); got != want {
-					fail("ReserveReadPrefix = %d, model %d", got, want)
-				}
-				for _, k := range ks[:want] {
-					o := m.objs[k]
 					if o.readers+o.holds == 0 {
+						mine, total := m.lockedBytes(LookupOwner())
+						if mine+m.rounded(o) > m.ownerCap || total+m.rounded(o) > m.totalCap {
+							break // a new read lock past a cap
+						}
 						m.eras++
 						o.era = m.eras
 					}
 					o.readers += count
 					o.deadline = m.now.Add(m.rttl)
+					want++
+				}
+				if got != want {
+					fail("ReserveReadPrefix = %d, model %d", got, want)
 				}
 			case 7: // FinishRead
 				count := 1 + r.IntN(2)
@@ -354,6 +412,7 @@ func TestRandomAgainstModel(t *testing.T) {
 		if msg := check(p, m); msg != "" {
 			fail("after draining: %s", msg)
 		}
+		capRefusals += p.Stats().LockCapRefusals
 		if s := p.Stats(); s.WriteLocked != 0 || s.ReadLocked != 0 || s.LockedBytes != 0 || s.LockOwners != 0 || s.Doomed != 0 || s.LiveBytes != s.UsedBytes {
 			fail("lock leak after draining: %+v", s)
 		}
@@ -365,6 +424,10 @@ func TestRandomAgainstModel(t *testing.T) {
 		}
 		p.Close()
 	}
+	if capRefusals == 0 {
+		t.Fatal("no sequence reached a lock cap: the cap model went untested")
+	}
+	t.Logf("%d lock-cap refusals predicted and seen", capRefusals)
 }
 
 func modelKey(i int) keys.ObjectKey {
