@@ -53,6 +53,11 @@ type L1Config struct {
 	WriteTTLSeconds int     `koanf:"write_ttl_seconds"`
 	ReadTTLSeconds  int     `koanf:"read_ttl_seconds"`
 	Prefault        bool    `koanf:"prefault"`
+	// MaxLockedSharePerInstance and MaxLockedShare cap the share of the pool
+	// one worker instance (or all lookups) and everyone together may hold
+	// locked (reserved for writing or read-locked) at once.
+	MaxLockedSharePerInstance float64 `koanf:"max_locked_share_per_instance"`
+	MaxLockedShare            float64 `koanf:"max_locked_share"`
 }
 
 // EvictionConfig is the L1 eviction policy and its watermark loop.
@@ -103,6 +108,9 @@ func Default() Config {
 			WriteTTLSeconds: 600,
 			ReadTTLSeconds:  300,
 			Prefault:        true,
+
+			MaxLockedSharePerInstance: 0.5,
+			MaxLockedShare:            0.9,
 		},
 		Eviction: EvictionConfig{Policy: "LRU", TriggerWatermark: 0.8, Ratio: 0.2},
 		HTTP:     HTTPConfig{Host: "127.0.0.1", Port: 8080},

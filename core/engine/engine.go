@@ -258,7 +258,8 @@ func (e *Engine) frontFailed(err error) {
 	e.failOnce.Do(func() { close(e.failed) })
 }
 
-// ClearCache drops every object in the pool, locked ones too (CLEAR, /clear-cache).
+// ClearCache drops every unlocked object in the pool (CLEAR, /clear-cache);
+// objects held by a transfer go when it ends (see l1.Pool.Clear).
 func (e *Engine) ClearCache() (int, error) {
 	p := e.cur.Load().plane
 	if p == nil || !p.gate.enter() {

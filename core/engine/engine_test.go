@@ -185,13 +185,17 @@ func TestApplyLiveKeepsEverything(t *testing.T) {
 	next := cfg
 	next.Eviction.Ratio = 0.5
 	next.L1.ReadTTLSeconds = 30
+	next.L1.MaxLockedSharePerInstance = 0.25
 	res, err := e.Apply(context.Background(), next, nil)
-	if err != nil || res.Class != settings.Live || len(res.Changes) != 2 {
+	if err != nil || res.Class != settings.Live || len(res.Changes) != 3 {
 		t.Fatalf("apply live: %+v %v", res, err)
 	}
 	s := e.Snapshot()
 	if s.Pool.Ratio != 0.5 || s.Pool.ReadTTL != 30*time.Second || len(s.Contexts) != 1 || s.State != Serving {
 		t.Fatalf("after live apply: ratio %v ttl %v contexts %d state %v", s.Pool.Ratio, s.Pool.ReadTTL, len(s.Contexts), s.State)
+	}
+	if s.Pool.OwnerLockCap != s.Pool.Size/4 {
+		t.Fatalf("after live apply: owner lock cap %d of %d", s.Pool.OwnerLockCap, s.Pool.Size)
 	}
 	if err := noop(t, c); err != nil {
 		t.Fatal(err)

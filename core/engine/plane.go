@@ -155,6 +155,9 @@ func (e *Engine) buildPlane(cfg settings.Config) (*plane, error) {
 		Watermark:   cfg.Eviction.TriggerWatermark,
 		Ratio:       cfg.Eviction.Ratio,
 		Logger:      e.log.With("component", "l1"),
+
+		OwnerLockShare: cfg.L1.MaxLockedSharePerInstance,
+		TotalLockShare: cfg.L1.MaxLockedShare,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("L1 pool: %w", err)

@@ -39,7 +39,8 @@ func newStuckHandler(e *Engine) *stuckHandler {
 		if !first {
 			return
 		}
-		view := p.pool.Bytes(0, 1<<20)
+		view, release := p.pool.View(0, 1<<20)
+		defer release()
 		s.plane = p
 		close(s.started)
 		<-s.release
@@ -182,7 +183,7 @@ func exitChild() {
 	started := make(chan struct{})
 	var once sync.Once
 	e.handlerHook = func(p *plane) {
-		view := p.pool.Bytes(0, 4096)
+		view, _ := p.pool.View(0, 4096) // never released: the process exits first
 		once.Do(func() { close(started) })
 		for {
 			view[0]++ // keeps touching the pool until the process exits

@@ -32,10 +32,11 @@ func heapPerObject(tb testing.TB, n int) float64 {
 			binary.LittleEndian.PutUint64(h[:], uint64(i+j))
 			batch[j] = keys.ObjectKey{Chunk: h, Model: models[(i+j)%2], KVRank: keys.KVRank(2, (i+j)%2)}
 		}
-		if _, err := p.ReserveWrite(batch, align); err != nil {
+		res, err := p.ReserveWrite(InstanceOwner(1), batch, align)
+		if err != nil {
 			tb.Fatal(err)
 		}
-		p.FinishWrite(batch)
+		p.FinishWrite(res)
 	}
 	if s := p.Stats(); s.Objects != n {
 		tb.Fatalf("%d objects stored, want %d", s.Objects, n)
@@ -87,10 +88,11 @@ func BenchmarkReserveFinish16(b *testing.B) {
 	}
 	for range objects / 16 {
 		fill()
-		if _, err := p.ReserveWrite(ks, size); err != nil {
+		res, err := p.ReserveWrite(InstanceOwner(1), ks, size)
+		if err != nil {
 			b.Fatal(err)
 		}
-		p.FinishWrite(ks)
+		p.FinishWrite(res)
 	}
 	ref := map[keys.ObjectKey]int64{}
 	start := time.Now()
@@ -109,10 +111,11 @@ func BenchmarkReserveFinish16(b *testing.B) {
 	b.ResetTimer()
 	for b.Loop() {
 		fill()
-		if _, err := p.ReserveWrite(ks, size); err != nil {
+		res, err := p.ReserveWrite(InstanceOwner(1), ks, size)
+		if err != nil {
 			b.Fatal(err)
 		}
-		p.FinishWrite(ks)
+		p.FinishWrite(res)
 	}
 	b.StopTimer()
 	if s := p.Stats(); s.Evictions == 0 {
@@ -145,10 +148,11 @@ func BenchmarkPoolChurnFragmentation(b *testing.B) {
 			for j := range ks {
 				binary.LittleEndian.PutUint64(ks[j].Chunk[:], uint64(step*4+j))
 			}
-			if _, err := p.ReserveWrite(ks, sizes[r.IntN(len(sizes))]); err != nil {
+			res, err := p.ReserveWrite(InstanceOwner(1), ks, sizes[r.IntN(len(sizes))])
+			if err != nil {
 				b.Fatal(err)
 			}
-			p.FinishWrite(ks)
+			p.FinishWrite(res)
 			if r.IntN(4) == 0 { // random deletes make the churn non-FIFO
 				var h keys.ObjectKey
 				binary.LittleEndian.PutUint64(h.Chunk[:], uint64(r.IntN(step*4+4)))

@@ -27,12 +27,14 @@ func TestPythonAttachesSegment(t *testing.T) {
 	if !d.Shared || d.Segment != name {
 		t.Fatalf("decision %+v, want shared segment %s", d, name)
 	}
-	res, err := p.ReserveWrite(keyRange(0, 2), 100_000)
+	res, err := p.ReserveWrite(InstanceOwner(1), keyRange(0, 2), 100_000)
 	if err != nil {
 		t.Fatal(err)
 	}
 	fromGo := bytes.Repeat([]byte("go->py "), 8)
-	copy(p.Bytes(res[1].Offset, res[1].Length), fromGo)
+	b, release := p.View(res[1].Offset, res[1].Length)
+	copy(b, fromGo)
+	release()
 
 	const script = `
 import sys
@@ -53,8 +55,11 @@ shm.close()
 	if len(lines) != 2 || lines[0] != string(fromGo) || lines[1] != fmt.Sprint(4<<20) {
 		t.Fatalf("python read %q, want %q and size %d", lines, fromGo, 4<<20)
 	}
-	if got := p.Bytes(res[0].Offset, 13); string(got) != "python wrote!" {
-		t.Fatalf("Go sees %q at the offset Python wrote", got)
+	got, release := p.View(res[0].Offset, 13)
+	seen := string(got)
+	release()
+	if seen != "python wrote!" {
+		t.Fatalf("Go sees %q at the offset Python wrote", seen)
 	}
 	time.Sleep(200 * time.Millisecond) // give a (wrongly) registered tracker time to unlink
 	if _, err := os.Stat(filepath.Join("/dev/shm", name)); err != nil {

@@ -8,6 +8,21 @@
 // (ReserveReadPrefix / FinishRead). A write-locked object is never readable;
 // locks expire after their TTL so that a vanished worker cannot pin memory
 // forever. All methods are safe for concurrent use.
+//
+// A Clear drops only unlocked objects: a locked one (being written, or
+// read-locked for a worker that will read or is reading it) becomes doomed,
+// invisible to lookups and new reservations, and is freed when its transfer
+// ends or its lock expires, so a worker never sees its slot handed to
+// someone else. A write is finished or aborted through its Reservation; a
+// worker turns one of the read locks LOOKUP left into a hold (HoldRead)
+// released through its ReadRef. Both name one lock of one record, so a late
+// call never acts on a lock taken later by someone else, and no by-key
+// release unlocks an object a worker is reading. Locks are charged to an
+// Owner and capped per owner and in total, so one peer cannot pin the pool.
+//
+// Memory views (View) are counted; Close waits for them before it unmaps,
+// and leaves the mapping in place (name unlinked, flock released) when they
+// are not returned in time, so a late copy can never fault the process.
 package l1
 
 import (
@@ -35,6 +50,14 @@ const (
 	DefaultWatermark = 0.8
 	DefaultRatio     = 0.2
 	DefaultTick      = time.Second
+	// DefaultOwnerLockShare is the share of the pool one owner (a worker
+	// instance, or all lookups) may hold locked at once.
+	DefaultOwnerLockShare = 0.5
+	// DefaultTotalLockShare is the share of the pool all owners together may
+	// hold locked; the rest stays evictable for new stores.
+	DefaultTotalLockShare = 0.9
+	// DefaultCloseWait bounds how long Close waits for outstanding views.
+	DefaultCloseWait = 10 * time.Second
 )
 
 // Eviction policies.
@@ -46,6 +69,38 @@ const (
 // ErrNoSpace means a ReserveWrite batch does not fit even after evicting
 // every unlocked object the policy allows.
 var ErrNoSpace = errors.New("l1: not enough free space in the pool")
+
+// ErrLockCap means a ReserveWrite batch would take its owner, or all owners
+// together, past the share of the pool they may hold locked.
+var ErrLockCap = errors.New("l1: lock cap reached")
+
+// OwnerKind says what kind of peer an Owner is.
+type OwnerKind uint8
+
+// Owner kinds.
+const (
+	OwnerInstance OwnerKind = iota // a worker instance (its instance id)
+	OwnerLookup                    // the scheduler's lookups, all together
+)
+
+// Owner names who holds a lock, for the lock caps.
+type Owner struct {
+	Kind OwnerKind
+	ID   int64
+}
+
+// InstanceOwner is the owner of a worker instance's locks.
+func InstanceOwner(id int64) Owner { return Owner{Kind: OwnerInstance, ID: id} }
+
+// LookupOwner is the owner of every read lock taken by ReserveReadPrefix.
+func LookupOwner() Owner { return Owner{Kind: OwnerLookup} }
+
+func (o Owner) String() string {
+	if o.Kind == OwnerLookup {
+		return "lookups"
+	}
+	return fmt.Sprintf("instance %d", o.ID)
+}
 
 // ErrSegmentBusy means the requested segment is held by a live server.
 var ErrSegmentBusy = segment.ErrBusy
@@ -78,20 +133,44 @@ type Options struct {
 	Tick time.Duration
 	// Statfs returns the free bytes of a directory; nil = statfs(2).
 	Statfs func(dir string) (int64, error)
+	// OwnerLockShare caps the locked bytes of one owner as a share of the
+	// pool, TotalLockShare those of all owners; 0 = the defaults. A
+	// reservation or read lock past a cap is refused.
+	OwnerLockShare, TotalLockShare float64
+	// CloseWait bounds Close's wait for outstanding views; 0 = 10 s.
+	CloseWait time.Duration
 }
 
 // Reservation is one object reserved by ReserveWrite: ks[Index] lives at
-// [Offset, Offset+Length) of the pool. Length is the requested size.
+// [Offset, Offset+Length) of the pool. Length is the requested size. It also
+// names the write lock, for FinishWrite and AbortWrite.
 type Reservation struct {
 	Index          int
 	Key            keys.ObjectKey
 	Offset, Length int64
+	rec            int32
+	lock           uint64
+}
+
+// ReadRef is a worker's hold on a read-locked object (HoldRead): where the
+// object lives and which read-lock era the hold belongs to, for ReleaseRead
+// or ReturnRead, each called once per ref.
+type ReadRef struct {
+	Offset, Length int64
+	rec            int32
+	lock           uint64
 }
 
 // Stats is a snapshot of the pool's counters.
 type Stats struct {
-	Objects     int
-	UsedBytes   int64 // allocated bytes (sizes rounded up to Align)
+	Objects     int   // live objects (doomed ones not counted)
+	UsedBytes   int64 // allocated bytes (sizes rounded up to Align): Size minus the allocator's free bytes
+	LiveBytes   int64 // sum of the rounded sizes of every record, doomed included; equals UsedBytes unless space leaked
+	LockedBytes int64 // rounded sizes of locked records (write, read or doomed), what the lock caps count
+	Doomed      int   // objects a Clear dropped that are still locked by a transfer
+	DoomedBytes int64
+	LockOwners  int   // owners holding locks now
+	Views       int   // outstanding memory views
 	Size        int64 // allocatable bytes
 	FreeExtents int
 	Prefaulted  int64
@@ -107,6 +186,11 @@ type Stats struct {
 	WriteExisting     uint64 // keys ReserveWrite skipped because they exist
 	ExpiredWriteLocks uint64 // reservations dropped by the write TTL
 	ExpiredReadLocks  uint64 // read locks reset by the read TTL
+	WriteDoomed       uint64 // keys ReserveWrite skipped because a cleared object of that key is still locked
+	StaleFinishes     uint64 // FinishWrite/AbortWrite/ReleaseRead calls for a lock that had already ended
+	LockCapRefusals   uint64 // reservations or read locks refused by a lock cap
+	OwnerLockCap      int64  // bytes one owner may hold locked
+	TotalLockCap      int64  // bytes all owners together may hold locked
 
 	Policy            string
 	Watermark, Ratio  float64
@@ -122,6 +206,9 @@ type Pool struct {
 
 	mu        sync.Mutex
 	closed    bool
+	views     int           // outstanding View results
+	viewsDone chan struct{} // closed when views drops to 0 during Close
+	closeWait time.Duration
 	alloc     *alloc.Allocator
 	t         table
 	policy    string
@@ -130,6 +217,23 @@ type Pool struct {
 	writeTTL  time.Duration
 	readTTL   time.Duration
 	st        Stats
+
+	// Lock accounting: bytes locked per owner (an entry lives only while
+	// its owner holds locks, so the table is bounded by the locked records)
+	// and in total; the caps are computed from the shares at Open.
+	owners             map[Owner]uint32
+	ownerSlots         []ownerSlot
+	ownerFree          []uint32
+	lockedBytes        int64
+	ownerCap, totalCap int64
+	nextLock           uint64
+	lastCapLog         int64 // unix ns of the last lock-cap log line
+	capSuppressed      uint64
+}
+
+type ownerSlot struct {
+	owner Owner
+	bytes int64
 }
 
 // Open maps the pool (see package segment for the shared-memory rules: stale
@@ -173,7 +277,16 @@ func Open(opts Options) (*Pool, error) {
 	if opts.Tick <= 0 {
 		opts.Tick = DefaultTick
 	}
-	p := &Pool{now: opts.Now, log: opts.Logger, tick: opts.Tick}
+	if opts.OwnerLockShare == 0 {
+		opts.OwnerLockShare = DefaultOwnerLockShare
+	}
+	if opts.TotalLockShare == 0 {
+		opts.TotalLockShare = DefaultTotalLockShare
+	}
+	if opts.CloseWait <= 0 {
+		opts.CloseWait = DefaultCloseWait
+	}
+	p := &Pool{now: opts.Now, log: opts.Logger, tick: opts.Tick, closeWait: opts.CloseWait, owners: make(map[Owner]uint32)}
 	if err := p.setEviction(opts.Policy, opts.Watermark, opts.Ratio); err != nil {
 		return nil, err
 	}
@@ -183,6 +296,10 @@ func Open(opts Options) (*Pool, error) {
 	a, err := alloc.New(opts.Size, opts.Align)
 	if err != nil {
 		return nil, fmt.Errorf("l1: %w", err)
+	}
+	p.alloc = a
+	if err := p.setLockShares(opts.OwnerLockShare, opts.TotalLockShare); err != nil {
+		return nil, err
 	}
 	seg, err := segment.Open(segment.Options{
 		Name:        opts.Segment,
@@ -197,7 +314,6 @@ func Open(opts Options) (*Pool, error) {
 		return nil, fmt.Errorf("l1: %w", err)
 	}
 	p.seg = seg
-	p.alloc = a
 	p.t.init()
 	return p, nil
 }
@@ -205,27 +321,82 @@ func Open(opts Options) (*Pool, error) {
 // Decision says which memory backs the pool and why.
 func (p *Pool) Decision() Decision { return p.seg.Decision() }
 
-// Close unmaps the pool, unlinks its segment and releases the flock.
+// Close is CloseContext with the Options' CloseWait (default 10 s).
 func (p *Pool) Close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), p.closeWait)
+	defer cancel()
+	return p.CloseContext(ctx)
+}
+
+// CloseContext refuses new views, waits until every outstanding view is
+// released or ctx is done, then unmaps the pool, unlinks its segment and
+// releases the flock. If views are still out when ctx is done it does not
+// unmap (a copy through a view would fault the process): it unlinks the name
+// and releases the flock, keeps the mapping until the process exits, logs
+// it and returns an error. A second call does nothing.
+func (p *Pool) CloseContext(ctx context.Context) error {
 	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
 	p.closed = true
+	var wait chan struct{}
+	if p.views > 0 {
+		wait = make(chan struct{})
+		p.viewsDone = wait
+	}
 	p.mu.Unlock()
+	if wait != nil {
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			p.mu.Lock()
+			n := p.views
+			p.mu.Unlock()
+			p.log.Error("l1 pool closed with memory views still in use: mapping kept until exit",
+				"views", n, "size", p.seg.Decision().Size, "reason", ctx.Err())
+			if err := p.seg.Detach(); err != nil {
+				return fmt.Errorf("l1: close pool with %d views out: %w", n, err)
+			}
+			return fmt.Errorf("l1: close pool: %d memory views still out (%w): mapping kept, segment name released", n, ctx.Err())
+		}
+	}
 	if err := p.seg.Close(); err != nil {
 		return fmt.Errorf("l1: close pool: %w", err)
 	}
 	return nil
 }
 
-// Bytes is a view of [off, off+n) of the pool, or nil when out of range or
-// after Close.
-func (p *Pool) Bytes(off, n int64) []byte {
+// View is [off, off+n) of the pool and the func that returns it. The pool
+// is not unmapped while a view is out, so every copy through a view must
+// happen before release (release is idempotent). Out of range, or once
+// Close has begun, the view is nil (release is still safe to call).
+func (p *Pool) View(off, n int64) ([]byte, func()) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	mem := p.seg.Bytes()
-	if p.closed || off < 0 || n < 0 || off > int64(len(mem)) || n > int64(len(mem))-off {
-		return nil
+	if p.closed { // checked first: Close unmaps without the mutex
+		return nil, func() {}
 	}
-	return mem[off : off+n : off+n]
+	mem := p.seg.Bytes()
+	if off < 0 || n < 0 || off > int64(len(mem)) || n > int64(len(mem))-off {
+		return nil, func() {}
+	}
+	p.views++
+	released := false
+	return mem[off : off+n : off+n], func() {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if released {
+			return
+		}
+		released = true
+		p.views--
+		if p.views == 0 && p.viewsDone != nil {
+			close(p.viewsDone)
+			p.viewsDone = nil
+		}
+	}
 }
 
 // Run sweeps expired locks and evicts on the watermark every tick (1 s)
@@ -295,6 +466,24 @@ func (p *Pool) setEviction(policy string, watermark, ratio float64) error {
 	return nil
 }
 
+// SetLockShares changes the lock caps in place: the share of the pool one
+// owner, and all owners together, may hold locked. Locks already held stay;
+// only new ones are refused past the caps.
+func (p *Pool) SetLockShares(owner, total float64) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.setLockShares(owner, total)
+}
+
+func (p *Pool) setLockShares(owner, total float64) error {
+	if !(owner > 0 && owner <= 1) || !(total > 0 && total <= 1) {
+		return fmt.Errorf("l1: lock shares %v per owner, %v in total: want fractions in (0, 1]", owner, total)
+	}
+	p.ownerCap = int64(owner * float64(p.alloc.Size()))
+	p.totalCap = int64(total * float64(p.alloc.Size()))
+	return nil
+}
+
 // SetTTLs changes the lock TTLs; they apply to locks taken from now on.
 func (p *Pool) SetTTLs(write, read time.Duration) error {
 	p.mu.Lock()
@@ -316,9 +505,15 @@ func (p *Pool) Stats() Stats {
 	defer p.mu.Unlock()
 	p.sweep(p.now().UnixNano()) // by-state counts without waiting for the loop
 	s := p.st
-	s.Objects = p.t.len()
+	s.Objects = p.t.len() - p.t.doomed
 	s.Size = p.alloc.Size()
 	s.UsedBytes = p.alloc.Size() - p.alloc.Free()
+	s.LiveBytes = p.t.bytes
+	s.LockedBytes = p.lockedBytes
+	s.Doomed, s.DoomedBytes = p.t.doomed, p.t.doomedBytes
+	s.LockOwners = len(p.owners)
+	s.Views = p.views
+	s.OwnerLockCap, s.TotalLockCap = p.ownerCap, p.totalCap
 	s.FreeExtents = p.alloc.Extents()
 	s.Prefaulted = p.seg.Prefaulted()
 	s.WriteLocked, s.ReadLocked = p.t.writeLocked, p.t.readLocked

@@ -50,7 +50,9 @@ func keyRange(from, to int) []keys.ObjectKey {
 func newPool(t testing.TB, units int64, mod func(*Options)) (*Pool, *clock) {
 	t.Helper()
 	c := newClock()
-	o := Options{Size: units * 4096, Align: 4096, Now: c.Now}
+	// No lock caps unless a test sets them: the state-machine tests lock
+	// whole pools on purpose.
+	o := Options{Size: units * 4096, Align: 4096, Now: c.Now, OwnerLockShare: 1, TotalLockShare: 1}
 	if mod != nil {
 		mod(&o)
 	}
@@ -65,10 +67,23 @@ func newPool(t testing.TB, units int64, mod func(*Options)) (*Pool, *clock) {
 // store reserves and publishes ks.
 func store(t *testing.T, p *Pool, ks []keys.ObjectKey, size int64) {
 	t.Helper()
-	if _, err := p.ReserveWrite(ks, size); err != nil {
+	res, err := p.ReserveWrite(InstanceOwner(1), ks, size)
+	if err != nil {
 		t.Fatal(err)
 	}
-	p.FinishWrite(ks)
+	if !p.FinishWrite(res) {
+		t.Fatal("FinishWrite of a fresh reservation answered false")
+	}
+}
+
+// locatable reports whether a worker could hold k's read lock now; the hold
+// is given back.
+func locatable(p *Pool, k keys.ObjectKey) bool {
+	ref, ok := p.HoldRead(k)
+	if ok {
+		p.ReturnRead([]ReadRef{ref})
+	}
+	return ok
 }
 
 func present(p *Pool, k keys.ObjectKey) bool {
@@ -97,7 +112,7 @@ func TestOpenValidates(t *testing.T) {
 func TestStateMachine(t *testing.T) {
 	p, _ := newPool(t, 16, nil)
 	ks := keyRange(0, 2)
-	res, err := p.ReserveWrite(ks, 5000)
+	res, err := p.ReserveWrite(InstanceOwner(1), ks, 5000)
 	if err != nil || len(res) != 2 {
 		t.Fatalf("ReserveWrite: %v %v", res, err)
 	}
@@ -113,30 +128,39 @@ func TestStateMachine(t *testing.T) {
 	if n := p.ReserveReadPrefix(ks, 1); n != 0 {
 		t.Fatalf("write-locked object readable: prefix %d", n)
 	}
-	if _, _, ok := p.Locate(ks[0]); ok {
+	if locatable(p, ks[0]) {
 		t.Fatal("write-locked object locatable")
 	}
 	if n := p.Delete(ks); n != 0 {
 		t.Fatalf("Delete removed %d write-locked objects", n)
 	}
-	if again, err := p.ReserveWrite(ks, 5000); err != nil || len(again) != 0 {
+	if again, err := p.ReserveWrite(InstanceOwner(1), ks, 5000); err != nil || len(again) != 0 {
 		t.Fatalf("mode new reserved existing keys again: %v %v", again, err)
 	}
 	if s := p.Stats(); s.WriteLocked != 2 || s.Objects != 2 || s.UsedBytes != 4*4096 || s.WriteExisting != 2 {
 		t.Fatalf("stats after reserve: %+v", s)
 	}
-	p.FinishWrite(ks)
+	if !p.FinishWrite(res) {
+		t.Fatal("FinishWrite = false")
+	}
+	if p.FinishWrite(res) {
+		t.Fatal("a second FinishWrite of the same reservations answered true")
+	}
 	// Ready, unlocked: not locatable until read-locked.
-	if _, _, ok := p.Locate(ks[0]); ok {
+	if locatable(p, ks[0]) {
 		t.Fatal("unlocked ready object locatable")
 	}
 	if n := p.ReserveReadPrefix(ks, 1); n != 2 {
 		t.Fatalf("prefix %d, want 2", n)
 	}
-	off, n, ok := p.Locate(ks[1])
-	if !ok || off != res[1].Offset || n != 5000 {
-		t.Fatalf("Locate = %d %d %v, want %d 5000 true", off, n, ok, res[1].Offset)
+	ref, ok := p.HoldRead(ks[1])
+	if !ok || ref.Offset != res[1].Offset || ref.Length != 5000 {
+		t.Fatalf("HoldRead = %+v %v, want %d 5000 true", ref, ok, res[1].Offset)
 	}
+	if locatable(p, ks[1]) {
+		t.Fatal("a second worker held the one read lock")
+	}
+	p.ReturnRead([]ReadRef{ref})
 	if s := p.Stats(); s.WriteLocked != 0 || s.ReadLocked != 2 || s.ReadHits != 2 {
 		t.Fatalf("stats after read lock: %+v", s)
 	}
@@ -144,7 +168,7 @@ func TestStateMachine(t *testing.T) {
 		t.Fatalf("Delete removed %d read-locked objects", n)
 	}
 	p.FinishRead(ks, 1)
-	if _, _, ok := p.Locate(ks[0]); ok {
+	if locatable(p, ks[0]) {
 		t.Fatal("object locatable after its last read lock was released")
 	}
 	if n := p.Delete(ks[:1]); n != 1 || present(p, ks[0]) {
@@ -153,14 +177,25 @@ func TestStateMachine(t *testing.T) {
 	if s := p.Stats(); s.Objects != 1 || s.UsedBytes != 2*4096 || s.ReadLocked != 0 {
 		t.Fatalf("stats after delete: %+v", s)
 	}
-	// Clear drops locked objects too.
+	// Clear drops unlocked objects; locked ones are doomed: invisible, their
+	// space kept until their lock ends.
 	p.ReserveReadPrefix(ks[1:], 1)
-	p.ReserveWrite(keyRange(10, 12), 1)
+	wr, _ := p.ReserveWrite(InstanceOwner(1), keyRange(10, 12), 1)
 	if n := p.Clear(); n != 3 {
 		t.Fatalf("Clear = %d, want 3", n)
 	}
-	if s := p.Stats(); s.Objects != 0 || s.UsedBytes != 0 || s.WriteLocked != 0 || s.ReadLocked != 0 {
+	if s := p.Stats(); s.Objects != 0 || s.Doomed != 3 || s.UsedBytes != 4*4096 || s.LiveBytes != s.UsedBytes || s.WriteLocked != 2 || s.ReadLocked != 1 {
 		t.Fatalf("stats after clear: %+v", s)
+	}
+	if p.ReserveReadPrefix(ks[1:], 1) != 0 {
+		t.Fatal("a doomed object was readable after the clear")
+	}
+	if p.FinishWrite(wr) {
+		t.Fatal("a reservation overtaken by the clear was published")
+	}
+	p.FinishRead(ks[1:], 1)
+	if s := p.Stats(); s.Objects != 0 || s.Doomed != 0 || s.UsedBytes != 0 || s.LiveBytes != 0 || s.WriteLocked != 0 || s.ReadLocked != 0 || s.LockedBytes != 0 || s.LockOwners != 0 {
+		t.Fatalf("stats after the doomed locks ended: %+v", s)
 	}
 	store(t, p, keyRange(0, 16), 4096) // the whole pool is usable again
 }
@@ -168,11 +203,14 @@ func TestStateMachine(t *testing.T) {
 func TestAbortWriteFreesAndNeverPublishes(t *testing.T) {
 	p, _ := newPool(t, 4, nil)
 	ks := keyRange(0, 4)
-	if _, err := p.ReserveWrite(ks, 4096); err != nil {
+	res, err := p.ReserveWrite(InstanceOwner(1), ks, 4096)
+	if err != nil {
 		t.Fatal(err)
 	}
-	p.AbortWrite(ks[:3])
-	p.FinishWrite(ks[:3]) // too late: they are gone
+	p.AbortWrite(res[:3])
+	if p.FinishWrite(res[:3]) { // too late: they are gone
+		t.Fatal("FinishWrite of aborted reservations answered true")
+	}
 	if n := p.ReserveReadPrefix(ks[:3], 1); n != 0 {
 		t.Fatalf("aborted object readable: prefix %d", n)
 	}
@@ -180,8 +218,8 @@ func TestAbortWriteFreesAndNeverPublishes(t *testing.T) {
 		t.Fatalf("stats after abort: %+v", s)
 	}
 	// AbortWrite of a ready object does nothing.
-	p.FinishWrite(ks[3:])
-	p.AbortWrite(ks[3:])
+	p.FinishWrite(res[3:])
+	p.AbortWrite(res[3:])
 	if !present(p, ks[3]) {
 		t.Fatal("AbortWrite dropped a ready object")
 	}
@@ -190,7 +228,8 @@ func TestAbortWriteFreesAndNeverPublishes(t *testing.T) {
 func TestWriteTTLExpiry(t *testing.T) {
 	p, c := newPool(t, 4, func(o *Options) { o.WriteTTL = 10 * time.Second })
 	ks := keyRange(0, 2)
-	if _, err := p.ReserveWrite(ks, 4096); err != nil {
+	res, err := p.ReserveWrite(InstanceOwner(1), ks, 4096)
+	if err != nil {
 		t.Fatal(err)
 	}
 	c.Add(9 * time.Second)
@@ -203,23 +242,25 @@ func TestWriteTTLExpiry(t *testing.T) {
 	if s := p.Stats(); s.WriteLocked != 0 || s.Objects != 0 || s.UsedBytes != 0 || s.ExpiredWriteLocks != 2 {
 		t.Fatalf("after the write TTL: %+v", s)
 	}
-	p.FinishWrite(ks) // the reservation is gone; nothing is published
+	if p.FinishWrite(res) { // the reservation is gone; nothing is published
+		t.Fatal("FinishWrite of expired reservations answered true")
+	}
 	if n := p.ReserveReadPrefix(ks, 1); n != 0 {
 		t.Fatal("expired reservation was published")
 	}
 	// Lazily, without the loop: an expired reservation is absent for ReserveWrite.
-	if res, err := p.ReserveWrite(ks[:1], 4096); err != nil || len(res) != 1 {
+	if res, err := p.ReserveWrite(InstanceOwner(1), ks[:1], 4096); err != nil || len(res) != 1 {
 		t.Fatal(err)
 	}
 	c.Add(10 * time.Second)
-	if res, err := p.ReserveWrite(ks[:1], 4096); err != nil || len(res) != 1 {
+	if res, err := p.ReserveWrite(InstanceOwner(1), ks[:1], 4096); err != nil || len(res) != 1 {
 		t.Fatalf("re-reserve after expiry: %v %v", res, err)
 	}
 	// A TTL changed live applies to new locks.
 	if err := p.SetTTLs(time.Hour, time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := p.ReserveWrite(ks[1:], 4096); err != nil {
+	if _, err := p.ReserveWrite(InstanceOwner(1), ks[1:], 4096); err != nil {
 		t.Fatal(err)
 	}
 	c.Add(30 * time.Minute)
@@ -237,15 +278,15 @@ func TestReadTTLExpiry(t *testing.T) {
 		t.Fatal(n)
 	}
 	c.Add(4 * time.Second)
-	if _, _, ok := p.Locate(ks[0]); !ok {
+	if !locatable(p, ks[0]) {
 		t.Fatal("read lock expired early")
 	}
 	p.ReserveReadPrefix(ks[1:], 1) // renews the TTL of ks[1]
 	c.Add(time.Second)
-	if _, _, ok := p.Locate(ks[0]); ok {
+	if locatable(p, ks[0]) {
 		t.Fatal("read lock did not expire after the read TTL")
 	}
-	if _, _, ok := p.Locate(ks[1]); !ok {
+	if !locatable(p, ks[1]) {
 		t.Fatal("renewed read lock expired")
 	}
 	c.Add(5 * time.Second)
@@ -267,7 +308,7 @@ func TestMLAExtraLocks(t *testing.T) {
 	}
 	for i := range 2 {
 		p.FinishRead(ks, 1)
-		if _, _, ok := p.Locate(ks[0]); !ok {
+		if !locatable(p, ks[0]) {
 			t.Fatalf("unlocked after %d of 3 releases", i+1)
 		}
 		if p.Delete(ks) != 0 {
@@ -275,7 +316,7 @@ func TestMLAExtraLocks(t *testing.T) {
 		}
 	}
 	p.FinishRead(ks, 1)
-	if _, _, ok := p.Locate(ks[0]); ok {
+	if locatable(p, ks[0]) {
 		t.Fatal("still locked after 3 releases")
 	}
 	// Over-release never goes below zero or leaks into the next lock.
@@ -294,13 +335,13 @@ func TestReadPrefixStopsAtFirstMiss(t *testing.T) {
 	p, _ := newPool(t, 8, nil)
 	store(t, p, keyRange(0, 2), 100)
 	store(t, p, keyRange(3, 4), 100)
-	if _, err := p.ReserveWrite(keyRange(4, 5), 100); err != nil { // write-locked
+	if _, err := p.ReserveWrite(InstanceOwner(1), keyRange(4, 5), 100); err != nil { // write-locked
 		t.Fatal(err)
 	}
 	if n := p.ReserveReadPrefix(keyRange(0, 4), 1); n != 2 {
 		t.Fatalf("prefix %d, want 2", n)
 	}
-	if _, _, ok := p.Locate(key(3)); ok {
+	if locatable(p, key(3)) {
 		t.Fatal("key after the miss was locked")
 	}
 	if n := p.ReserveReadPrefix([]keys.ObjectKey{key(3), key(4)}, 1); n != 1 {
@@ -325,7 +366,7 @@ func TestReadPrefixStopsAtFirstMiss(t *testing.T) {
 func TestBatchAllOrNothing(t *testing.T) {
 	p, _ := newPool(t, 10, func(o *Options) { o.Policy = PolicyNoop })
 	store(t, p, keyRange(0, 6), 4096)
-	_, err := p.ReserveWrite(keyRange(6, 11), 4096) // 5 new, 4 units free
+	_, err := p.ReserveWrite(InstanceOwner(1), keyRange(6, 11), 4096) // 5 new, 4 units free
 	if !errors.Is(err, ErrNoSpace) {
 		t.Fatalf("oversized batch: %v, want ErrNoSpace", err)
 	}
@@ -338,20 +379,20 @@ func TestBatchAllOrNothing(t *testing.T) {
 		t.Fatalf("stats after failed batch: %+v", s)
 	}
 	// Existing keys do not count: 4 old + 4 new fits.
-	res, err := p.ReserveWrite(keyRange(2, 10), 4096)
+	res, err := p.ReserveWrite(InstanceOwner(1), keyRange(2, 10), 4096)
 	if err != nil || len(res) != 4 || res[0].Index != 4 {
 		t.Fatalf("mixed batch: %+v %v", res, err)
 	}
 	// Duplicates are reserved once.
 	p.Clear()
-	res, err = p.ReserveWrite([]keys.ObjectKey{key(1), key(1), key(2)}, 4096)
+	res, err = p.ReserveWrite(InstanceOwner(1), []keys.ObjectKey{key(1), key(1), key(2)}, 4096)
 	if err != nil || len(res) != 2 || res[1].Index != 2 {
 		t.Fatalf("duplicates: %+v %v", res, err)
 	}
-	if _, err := p.ReserveWrite(keyRange(0, 1), 0); err == nil {
+	if _, err := p.ReserveWrite(InstanceOwner(1), keyRange(0, 1), 0); err == nil {
 		t.Fatal("size 0 accepted")
 	}
-	if _, err := p.ReserveWrite(keyRange(50, 51), 11*4096); !errors.Is(err, ErrNoSpace) {
+	if _, err := p.ReserveWrite(InstanceOwner(1), keyRange(50, 51), 11*4096); !errors.Is(err, ErrNoSpace) {
 		t.Fatalf("object larger than the pool: %v", err)
 	}
 }
@@ -363,7 +404,8 @@ func TestOnDemandEvictionLRU(t *testing.T) {
 	}
 	p.Touch(keyRange(0, 1))                // 0 becomes MRU: order is now 1..9, 0
 	p.ReserveReadPrefix(keyRange(1, 2), 1) // reading 1 makes it MRU and locks it
-	if _, err := p.ReserveWrite(keyRange(100, 102), 4096); err != nil {
+	res, err := p.ReserveWrite(InstanceOwner(1), keyRange(100, 102), 4096)
+	if err != nil {
 		t.Fatal(err)
 	}
 	for i, want := range map[int]bool{0: true, 1: true, 2: false, 3: false, 4: true} {
@@ -375,16 +417,18 @@ func TestOnDemandEvictionLRU(t *testing.T) {
 		t.Fatalf("evictions %d, want 2", s.Evictions)
 	}
 	// Everything locked: nothing evictable, the batch fails, nothing is lost.
+	p.FinishRead(keyRange(1, 2), 1)
+	p.AbortWrite(res)
 	p.Clear()
 	store(t, p, keyRange(0, 10), 4096)
 	p.ReserveReadPrefix(keyRange(0, 8), 1)
-	if _, err := p.ReserveWrite(keyRange(100, 103), 4096); !errors.Is(err, ErrNoSpace) {
+	if _, err := p.ReserveWrite(InstanceOwner(1), keyRange(100, 103), 4096); !errors.Is(err, ErrNoSpace) {
 		t.Fatalf("batch larger than the evictable space: %v", err)
 	}
 	if s := p.Stats(); s.Objects != 10 || s.Evictions != 2 {
 		t.Fatalf("a batch that could not fit evicted objects: %+v", s)
 	}
-	if _, err := p.ReserveWrite(keyRange(100, 102), 4096); err != nil {
+	if _, err := p.ReserveWrite(InstanceOwner(1), keyRange(100, 102), 4096); err != nil {
 		t.Fatal(err)
 	}
 	// noop never evicts.
@@ -392,7 +436,7 @@ func TestOnDemandEvictionLRU(t *testing.T) {
 		t.Fatal(err)
 	}
 	p.FinishRead(keyRange(0, 8), 1)
-	if _, err := p.ReserveWrite(keyRange(200, 201), 4096); !errors.Is(err, ErrNoSpace) {
+	if _, err := p.ReserveWrite(InstanceOwner(1), keyRange(200, 201), 4096); !errors.Is(err, ErrNoSpace) {
 		t.Fatalf("noop policy evicted: %v", err)
 	}
 }
@@ -430,6 +474,7 @@ func TestEvictionLoop(t *testing.T) {
 		t.Fatalf("ratio floor: %+v", s)
 	}
 	// Locked objects are never evicted by the loop.
+	p.FinishRead(keyRange(0, 1), 1)
 	p.Clear()
 	store(t, p, keyRange(0, 10), 4096)
 	p.ReserveReadPrefix(keyRange(0, 10), 1)
@@ -447,7 +492,7 @@ func TestEvictionLoop(t *testing.T) {
 
 func TestRunTicksUntilCancelled(t *testing.T) {
 	p, c := newPool(t, 10, func(o *Options) { o.Tick = 2 * time.Millisecond; o.WriteTTL = time.Second })
-	p.ReserveWrite(keyRange(0, 2), 4096)
+	p.ReserveWrite(InstanceOwner(1), keyRange(0, 2), 4096)
 	c.Add(2 * time.Second)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -467,19 +512,27 @@ func TestRunTicksUntilCancelled(t *testing.T) {
 	}
 }
 
-func TestBytesBounds(t *testing.T) {
+func TestViewBounds(t *testing.T) {
 	p, _ := newPool(t, 2, nil)
-	if b := p.Bytes(4096, 4096); len(b) != 4096 {
-		t.Fatalf("len %d", len(b))
+	b, release := p.View(4096, 4096)
+	if len(b) != 4096 || p.Stats().Views != 1 {
+		t.Fatalf("len %d, views %d", len(b), p.Stats().Views)
+	}
+	release()
+	release() // idempotent
+	if v := p.Stats().Views; v != 0 {
+		t.Fatalf("views %d after release", v)
 	}
 	for _, r := range [][2]int64{{-1, 1}, {0, -1}, {8192, 1}, {4096, 4097}, {1 << 62, 1 << 62}} {
-		if p.Bytes(r[0], r[1]) != nil {
-			t.Errorf("Bytes(%d, %d) not nil", r[0], r[1])
+		if b, release := p.View(r[0], r[1]); b != nil {
+			t.Errorf("View(%d, %d) not nil", r[0], r[1])
+		} else {
+			release()
 		}
 	}
 	p.Close()
-	if p.Bytes(0, 1) != nil {
-		t.Fatal("Bytes after Close")
+	if b, _ := p.View(0, 1); b != nil {
+		t.Fatal("View after Close")
 	}
 }
 
@@ -492,12 +545,14 @@ func TestConcurrentUse(t *testing.T) {
 			defer wg.Done()
 			for i := range 500 {
 				ks := keyRange(g*1000+i%40, g*1000+i%40+4)
-				if res, err := p.ReserveWrite(ks, 4096); err == nil {
+				if res, err := p.ReserveWrite(InstanceOwner(1), ks, 4096); err == nil {
 					for _, r := range res {
-						copy(p.Bytes(r.Offset, r.Length), "x")
+						b, release := p.View(r.Offset, r.Length)
+						copy(b, "x")
+						release()
 					}
+					p.FinishWrite(res)
 				}
-				p.FinishWrite(ks)
 				n := p.ReserveReadPrefix(ks, 1)
 				p.FinishRead(ks[:n], 1)
 				if i%50 == 0 {

@@ -3,6 +3,7 @@ package l1
 import (
 	"fmt"
 	"math"
+	"slices"
 
 	"kvdock/core/keys"
 )
@@ -11,14 +12,35 @@ import (
 // a map from a 40-byte identity (chunk hash, interned model+salt, rank) to an
 // index into a slice of fixed-size records; the LRU list is intrusive
 // (indices in the records); only locked objects sit in an extra set.
+//
+// Clear and in-flight transfers: a cleared object that is locked stays in
+// the index, doomed, rather than leaving it for a separate list. One key then
+// never has two records, so the by-key calls that cannot carry a handle
+// (the scheduler's FinishRead, a worker's HoldRead of a lock LOOKUP took)
+// still find the record their lock is on, and its space is not reused until
+// that lock ends. Doomed records are invisible to lookups, reads and new
+// reservations (a store of that key gets no slot until the lock ends).
+// Writes and worker reads additionally name their lock (Reservation,
+// ReadRef: record index plus a lock id unique for the pool's life), so a
+// commit, abort or release that arrives after its lock expired never acts
+// on a lock someone else took on that key or on the recycled record.
+//
+// Read locks come in two kinds. LOOKUP takes anonymous ones (readers), one
+// per worker that will read; the scheduler may release them by key
+// (FinishRead). A worker's PREPARE_RETRIEVE turns one into a hold (HoldRead)
+// that only its ReadRef releases, so no by-key release, however stale or
+// excessive, can unlock an object a worker is copying.
 
 const (
 	stateFree  uint8 = iota // slot on the free list
 	stateWrite              // write-locked: reserved, being written, not readable
-	stateReady              // published; readable; read-locked while readers > 0
+	stateReady              // published; readable; read-locked while readers+holds > 0
 )
 
 const nilRec = -1
+
+// smallBatch is the largest ReserveWrite batch deduplicated by a scan.
+const smallBatch = 32
 
 // ident is an ObjectKey with the model and salt strings interned.
 type ident struct {
@@ -30,11 +52,15 @@ type ident struct {
 type record struct {
 	id         ident
 	off        int64
-	length     int64 // requested size; the allocation is rounded up to Align
-	deadline   int64 // unix ns: expiry of the write lock or of the read locks
-	prev, next int32 // LRU neighbours (prev towards MRU); next links free slots
-	readers    uint32
+	length     int64  // requested size; the allocation is rounded up to Align
+	deadline   int64  // unix ns: expiry of the write lock or of the read locks
+	lock       uint64 // id of the current write lock or read-lock era; 0 = none
+	prev, next int32  // LRU neighbours (prev towards MRU); next links free slots
+	readers    uint32 // anonymous read locks left by lookups for the workers
+	holds      uint32 // read locks workers took (HoldRead) and release by ReadRef
+	owner      uint32 // Pool.ownerSlots index charged for the lock
 	state      uint8
+	doomed     bool // cleared while locked: freed when the lock ends
 }
 
 type nameKey struct{ model, salt string }
@@ -51,6 +77,9 @@ type table struct {
 	nameFree []uint32
 
 	writeLocked, readLocked int
+	doomed                  int
+	doomedBytes             int64
+	bytes                   int64 // rounded sizes of every record
 }
 
 func (t *table) init() {
@@ -79,8 +108,8 @@ func (t *table) find(k keys.ObjectKey) int32 {
 	return i
 }
 
-// add creates a write-locked record at the MRU end.
-func (t *table) add(k keys.ObjectKey, off, length, deadline int64) int32 {
+// add creates a record at the MRU end; the caller locks it.
+func (t *table) add(k keys.ObjectKey, off, length, rounded int64) int32 {
 	nk := nameKey{k.Model, k.Salt}
 	n, ok := t.names[nk]
 	if !ok {
@@ -105,25 +134,22 @@ func (t *table) add(k keys.ObjectKey, off, length, deadline int64) int32 {
 		i = int32(len(t.recs) - 1)
 	}
 	id := ident{k.Chunk, n, k.KVRank}
-	t.recs[i] = record{id: id, off: off, length: length, deadline: deadline, prev: nilRec, next: nilRec, state: stateWrite}
+	t.recs[i] = record{id: id, off: off, length: length, prev: nilRec, next: nilRec, state: stateReady}
 	t.index[id] = i
 	t.pushMRU(i)
-	t.locked[i] = struct{}{}
-	t.writeLocked++
+	t.bytes += rounded
 	return i
 }
 
-// remove drops record i from every structure; the caller frees its space.
-func (t *table) remove(i int32) {
+// remove drops unlocked record i from every structure; the caller frees
+// its space.
+func (t *table) remove(i int32, rounded int64) {
 	r := &t.recs[i]
-	switch {
-	case r.state == stateWrite:
-		t.writeLocked--
-		delete(t.locked, i)
-	case r.readers > 0:
-		t.readLocked--
-		delete(t.locked, i)
+	if r.doomed {
+		t.doomed--
+		t.doomedBytes -= rounded
 	}
+	t.bytes -= rounded
 	delete(t.index, r.id)
 	t.unlink(i)
 	n := r.id.name
@@ -170,16 +196,130 @@ func (t *table) touch(i int32) {
 	}
 }
 
+// readLocked reports whether r holds read locks of either kind.
+func (r *record) readLocked() bool { return r.readers > 0 || r.holds > 0 }
+
+// rounded is the allocated size of record i.
+func (p *Pool) rounded(i int32) int64 { return p.alloc.Round(p.t.recs[i].length) }
+
+// charge records that owner now holds bytes locked.
+func (p *Pool) charge(o Owner, bytes int64) uint32 {
+	s, ok := p.owners[o]
+	if !ok {
+		if l := len(p.ownerFree); l > 0 {
+			s = p.ownerFree[l-1]
+			p.ownerFree = p.ownerFree[:l-1]
+		} else {
+			s = uint32(len(p.ownerSlots))
+			p.ownerSlots = append(p.ownerSlots, ownerSlot{})
+		}
+		p.ownerSlots[s] = ownerSlot{owner: o}
+		p.owners[o] = s
+	}
+	p.ownerSlots[s].bytes += bytes
+	p.lockedBytes += bytes
+	return s
+}
+
+// uncharge gives back bytes charged to slot s; an owner holding nothing
+// leaves the table.
+func (p *Pool) uncharge(s uint32, bytes int64) {
+	p.lockedBytes -= bytes
+	sl := &p.ownerSlots[s]
+	if sl.bytes -= bytes; sl.bytes <= 0 {
+		delete(p.owners, sl.owner)
+		*sl = ownerSlot{}
+		p.ownerFree = append(p.ownerFree, s)
+	}
+}
+
+// ownerBytes is what o holds locked now.
+func (p *Pool) ownerBytes(o Owner) int64 {
+	if s, ok := p.owners[o]; ok {
+		return p.ownerSlots[s].bytes
+	}
+	return 0
+}
+
+// capRefusal reports whether o may not lock bytes more, and why; locks past
+// their TTL are expired before a refusal is decided.
+func (p *Pool) capRefusal(o Owner, bytes int64, now int64) error {
+	if p.ownerBytes(o)+bytes <= p.ownerCap && p.lockedBytes+bytes <= p.totalCap {
+		return nil
+	}
+	p.sweep(now)
+	var err error
+	switch {
+	case p.ownerBytes(o)+bytes > p.ownerCap:
+		err = fmt.Errorf("%w: %s holds %d bytes locked, %d more would pass its cap of %d bytes (%.0f%% of the pool)",
+			ErrLockCap, o, p.ownerBytes(o), bytes, p.ownerCap, 100*float64(p.ownerCap)/float64(p.alloc.Size()))
+	case p.lockedBytes+bytes > p.totalCap:
+		err = fmt.Errorf("%w: %d bytes are locked, %d more for %s would pass the total cap of %d bytes (%.0f%% of the pool)",
+			ErrLockCap, p.lockedBytes, bytes, o, p.totalCap, 100*float64(p.totalCap)/float64(p.alloc.Size()))
+	default:
+		return nil
+	}
+	p.st.LockCapRefusals++
+	return err
+}
+
+// logCap logs a lock-cap refusal at most once a second, counting the rest.
+func (p *Pool) logCap(err error, now int64) {
+	if now-p.lastCapLog < int64(1e9) && p.lastCapLog != 0 {
+		p.capSuppressed++
+		return
+	}
+	p.log.Warn("l1 lock cap refused work", "reason", err.Error(), "similar_suppressed", p.capSuppressed)
+	p.lastCapLog, p.capSuppressed = now, 0
+}
+
+func (p *Pool) newLock() uint64 {
+	p.nextLock++
+	return p.nextLock
+}
+
+// lockWrite write-locks the new record i for o until deadline.
+func (p *Pool) lockWrite(i int32, o Owner, deadline int64) uint64 {
+	r := &p.t.recs[i]
+	r.state = stateWrite
+	r.lock = p.newLock()
+	r.deadline = deadline
+	r.owner = p.charge(o, p.rounded(i))
+	p.t.locked[i] = struct{}{}
+	p.t.writeLocked++
+	return r.lock
+}
+
+// unlock ends record i's write lock or read-lock era (the record stays;
+// a write-locked one becomes ready) and uncharges its owner.
+func (p *Pool) unlock(i int32) {
+	r := &p.t.recs[i]
+	switch {
+	case r.state == stateWrite:
+		p.t.writeLocked--
+		r.state = stateReady
+	case r.readLocked():
+		p.t.readLocked--
+		r.readers, r.holds = 0, 0
+	default:
+		return
+	}
+	delete(p.t.locked, i)
+	p.uncharge(r.owner, p.rounded(i))
+	r.lock, r.owner = 0, 0
+}
+
 // drop removes record i and frees its space.
 func (p *Pool) drop(i int32) {
+	p.unlock(i)
 	r := p.t.recs[i]
-	p.t.remove(i)
+	p.t.remove(i, p.alloc.Round(r.length))
 	p.alloc.Release(r.off, r.length)
 }
 
 // expire applies the TTLs to record i at time now: an expired write lock
-// drops the object (it reports true: the object is gone), expired read locks
-// reset the reader count.
+// drops the object, expired read locks reset the reader count (and drop a
+// doomed object). It reports true when the object is gone.
 func (p *Pool) expire(i int32, now int64) bool {
 	r := &p.t.recs[i]
 	if r.deadline > now {
@@ -190,11 +330,13 @@ func (p *Pool) expire(i int32, now int64) bool {
 		p.drop(i)
 		p.st.ExpiredWriteLocks++
 		return true
-	case r.readers > 0:
-		r.readers = 0
-		p.t.readLocked--
-		delete(p.t.locked, i)
+	case r.readLocked():
 		p.st.ExpiredReadLocks++
+		if r.doomed {
+			p.drop(i)
+			return true
+		}
+		p.unlock(i)
 	}
 	return false
 }
@@ -206,22 +348,27 @@ func (p *Pool) sweep(now int64) {
 	}
 }
 
+// evictable reports whether record i may be evicted at now.
+func (p *Pool) evictable(i int32, now int64) bool {
+	r := &p.t.recs[i]
+	return r.state == stateReady && (!r.readLocked() || r.deadline <= now)
+}
+
 // evictOne drops the least recently used unlocked object; false when every
 // object is locked.
 func (p *Pool) evictOne(now int64) bool {
-	for i := p.t.lru; i != nilRec; {
-		prev := p.t.recs[i].prev
-		if r := &p.t.recs[i]; r.state == stateReady && (r.readers == 0 || r.deadline <= now) {
+	for i := p.t.lru; i != nilRec; i = p.t.recs[i].prev {
+		if p.evictable(i, now) {
 			p.drop(i)
 			p.st.Evictions++
 			return true
 		}
-		i = prev
 	}
 	return false
 }
 
-// lookup finds k and applies its TTLs; nilRec when absent or expired.
+// lookup finds k and applies its TTLs; nilRec when absent or expired. A
+// doomed record is returned: callers decide whether it counts.
 func (p *Pool) lookup(k keys.ObjectKey, now int64) int32 {
 	i := p.t.find(k)
 	if i == nilRec || p.expire(i, now) {
@@ -230,23 +377,62 @@ func (p *Pool) lookup(k keys.ObjectKey, now int64) int32 {
 	return i
 }
 
-// ReserveWrite reserves, write-locked, every key of ks that is absent (mode
-// "new"; present keys are skipped), each of size bytes. The new keys are
+// ReserveWrite reserves for owner, write-locked, every key of ks that is
+// absent (mode "new"; present keys are skipped, and so are keys of cleared
+// objects still locked by a transfer), each of size bytes. The new keys are
 // reserved all together or not at all: when they do not fit, the policy's
 // unlocked objects are evicted on demand (LRU first); if they still do not
-// fit the result is ErrNoSpace and nothing is reserved. Reservations are in
-// key order; duplicate keys are reserved once.
-func (p *Pool) ReserveWrite(ks []keys.ObjectKey, size int64) ([]Reservation, error) {
+// fit the result is ErrNoSpace and nothing is reserved. A batch that would
+// take owner or all owners past their lock cap is refused with ErrLockCap.
+// Reservations are in key order; duplicate keys are reserved once.
+//
+// A batch of more keys than the pool could ever hold fails before any key is
+// looked at, and the work under the pool mutex is linear in len(ks).
+func (p *Pool) ReserveWrite(owner Owner, ks []keys.ObjectKey, size int64) ([]Reservation, error) {
 	if size <= 0 {
 		return nil, fmt.Errorf("l1: object size %d bytes, want > 0", size)
 	}
+	if len(ks) == 0 {
+		return nil, nil
+	}
+	// Size and alignment never change after Open: the capacity check and
+	// the dedupe need no lock, which keeps the mutex for the table work.
+	unit := p.alloc.Round(size)
+	if unit > p.alloc.Size()/int64(len(ks)) {
+		p.mu.Lock()
+		p.st.AllocFailures++
+		p.mu.Unlock()
+		return nil, fmt.Errorf("%w: %d objects of %d bytes exceed the pool of %d bytes", ErrNoSpace, len(ks), size, p.alloc.Size())
+	}
+	cand := make([]int, 0, len(ks)) // first occurrence of each key
+	if len(ks) <= smallBatch {
+		// A scan beats a map for a few keys (the usual batch).
+		for i, k := range ks {
+			if !slices.ContainsFunc(cand, func(j int) bool { return ks[j] == k }) {
+				cand = append(cand, i)
+			}
+		}
+	} else {
+		seen := make(map[keys.ObjectKey]struct{}, len(ks))
+		for i, k := range ks {
+			if _, dup := seen[k]; !dup {
+				seen[k] = struct{}{}
+				cand = append(cand, i)
+			}
+		}
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.st.WriteExisting += uint64(len(ks) - len(cand))
 	now := p.now().UnixNano()
-	var fresh []int // indices into ks
-	for i, k := range ks {
-		if p.lookup(k, now) != nilRec || dupBefore(ks, fresh, i) {
-			p.st.WriteExisting++
+	fresh := cand[:0] // indices into ks
+	for _, i := range cand {
+		if j := p.lookup(ks[i], now); j != nilRec {
+			if p.t.recs[j].doomed {
+				p.st.WriteDoomed++
+			} else {
+				p.st.WriteExisting++
+			}
 			continue
 		}
 		fresh = append(fresh, i)
@@ -254,13 +440,19 @@ func (p *Pool) ReserveWrite(ks []keys.ObjectKey, size int64) ([]Reservation, err
 	if len(fresh) == 0 {
 		return nil, nil
 	}
-	unit := p.alloc.Round(size)
-	if unit > p.alloc.Size()/int64(len(fresh)) {
+	need := unit * int64(len(fresh))
+	if !p.feasible(need, now) {
 		p.st.AllocFailures++
-		return nil, fmt.Errorf("%w: %d objects of %d bytes exceed the pool of %d bytes", ErrNoSpace, len(fresh), size, p.alloc.Size())
+		return nil, fmt.Errorf("%w: %d objects of %d bytes, %d bytes free, %d locked", ErrNoSpace, len(fresh), size, p.alloc.Free(), p.lockedBytes)
+	}
+	// A batch that could fit but passes a cap is a lock-cap refusal, not
+	// "no space": the operator sees which limit refused it.
+	if err := p.capRefusal(owner, need, now); err != nil {
+		p.logCap(err, now)
+		return nil, err
 	}
 	offs := make([]int64, len(fresh))
-	if p.alloc.Free() < unit*int64(len(fresh)) || !p.allocAll(offs, size) {
+	if p.alloc.Free() < need || !p.allocAll(offs, size) {
 		p.sweep(now) // expired locks give space back before anything is evicted
 		if !p.allocAll(offs, size) && !p.evictAndAlloc(offs, size, now) {
 			p.st.AllocFailures++
@@ -270,41 +462,69 @@ func (p *Pool) ReserveWrite(ks []keys.ObjectKey, size int64) ([]Reservation, err
 	deadline := now + int64(p.writeTTL)
 	res := make([]Reservation, len(fresh))
 	for j, i := range fresh {
-		p.t.add(ks[i], offs[j], size, deadline)
-		res[j] = Reservation{Index: i, Key: ks[i], Offset: offs[j], Length: size}
+		rec := p.t.add(ks[i], offs[j], size, unit)
+		lock := p.lockWrite(rec, owner, deadline)
+		res[j] = Reservation{Index: i, Key: ks[i], Offset: offs[j], Length: size, rec: rec, lock: lock}
 	}
 	p.st.WriteReservations += uint64(len(fresh))
 	return res, nil
 }
 
+// feasible reports whether need bytes could be had from free space plus, with
+// LRU, every unlocked object (expired locks are swept before a no).
+func (p *Pool) feasible(need int64, now int64) bool {
+	avail := func() int64 {
+		a := p.alloc.Free()
+		if p.policy == PolicyLRU {
+			a += p.alloc.Size() - p.alloc.Free() - p.lockedBytes
+		}
+		return a
+	}
+	if avail() >= need {
+		return true
+	}
+	p.sweep(now)
+	return avail() >= need
+}
+
 // evictAndAlloc evicts unlocked objects in LRU order until allocAll
-// succeeds. It evicts nothing when the policy is noop or when free space
-// plus every unlocked object could not hold the batch, so a batch that
-// cannot fit does not empty the cache on its way to failing.
+// succeeds, in one pass over the LRU list. It evicts nothing when the policy
+// is noop or when free space plus every unlocked object could not hold the
+// batch, so a batch that cannot fit does not empty the cache on its way to
+// failing.
 func (p *Pool) evictAndAlloc(offs []int64, size int64, now int64) bool {
 	if p.policy != PolicyLRU {
 		return false
 	}
-	var locked int64
-	for i := range p.t.locked {
-		locked += p.alloc.Round(p.t.recs[i].length)
-	}
 	need := p.alloc.Round(size) * int64(len(offs))
 	used := p.alloc.Size() - p.alloc.Free()
-	if p.alloc.Free()+used-locked < need {
+	if p.alloc.Free()+used-p.lockedBytes < need {
 		return false
 	}
-	for p.alloc.Free() < need {
-		if !p.evictOne(now) {
-			return false
+	// A failed allocAll (fragmented free space) costs up to len(offs)
+	// allocations, so after one the next try waits until another eighth of
+	// the batch was freed: the retries stay linear in the pool's objects.
+	step := max(p.alloc.Round(size), need/8)
+	retryAt := need
+	i := p.t.lru
+	for {
+		if free := p.alloc.Free(); free >= retryAt {
+			if p.allocAll(offs, size) {
+				return true
+			}
+			retryAt = free + step
 		}
-	}
-	for !p.allocAll(offs, size) {
-		if !p.evictOne(now) {
-			return false
+		for i != nilRec && !p.evictable(i, now) {
+			i = p.t.recs[i].prev
 		}
+		if i == nilRec {
+			return p.alloc.Free() >= need && p.allocAll(offs, size)
+		}
+		prev := p.t.recs[i].prev
+		p.drop(i)
+		p.st.Evictions++
+		i = prev
 	}
-	return true
 }
 
 // allocAll allocates len(offs) objects of size bytes, or none.
@@ -322,63 +542,96 @@ func (p *Pool) allocAll(offs []int64, size int64) bool {
 	return true
 }
 
-// dupBefore reports whether ks[i] equals a key already chosen in fresh.
-func dupBefore(ks []keys.ObjectKey, fresh []int, i int) bool {
-	for _, j := range fresh {
-		if ks[j] == ks[i] {
-			return true
-		}
+// holds returns the record of r when r's write lock is still the record's,
+// else nilRec (expired, aborted, published, or the slot recycled).
+func (p *Pool) holds(r Reservation, now int64) int32 {
+	i := r.rec
+	if i < 0 || int(i) >= len(p.t.recs) {
+		return nilRec
 	}
-	return false
+	rec := &p.t.recs[i]
+	if rec.state != stateWrite || rec.lock != r.lock || r.lock == 0 || p.expire(i, now) {
+		return nilRec
+	}
+	return i
 }
 
-// FinishWrite publishes write-locked keys: they become ready and readable.
-// Keys in any other state, or whose write lock expired, are ignored.
-func (p *Pool) FinishWrite(ks []keys.ObjectKey) {
+// FinishWrite publishes a batch of reservations: they become ready and
+// readable, all of them or none. It answers false, publishes nothing and
+// frees every reservation of the batch it still holds when any of them was
+// overtaken: aborted, expired, or cleared (a Clear dooms a reservation in
+// flight; its slot may be written by a late worker but is never published).
+func (p *Pool) FinishWrite(rs []Reservation) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	now := p.now().UnixNano()
-	for _, k := range ks {
-		if i := p.lookup(k, now); i != nilRec && p.t.recs[i].state == stateWrite {
-			p.t.recs[i].state = stateReady
-			p.t.writeLocked--
-			delete(p.t.locked, i)
+	ok := true
+	for _, r := range rs {
+		if i := p.holds(r, now); i == nilRec || p.t.recs[i].doomed {
+			ok = false
 		}
 	}
+	if !ok {
+		p.st.StaleFinishes++
+		for _, r := range rs {
+			if i := p.holds(r, now); i != nilRec {
+				p.drop(i)
+			}
+		}
+		return false
+	}
+	for _, r := range rs {
+		if i := p.holds(r, now); i != nilRec {
+			p.unlock(i)
+		}
+	}
+	return true
 }
 
-// AbortWrite drops write-locked keys and frees their space without ever
-// publishing them.
-func (p *Pool) AbortWrite(ks []keys.ObjectKey) {
+// AbortWrite drops the reservations it still holds and frees their space
+// without ever publishing them; stale ones are ignored.
+func (p *Pool) AbortWrite(rs []Reservation) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	now := p.now().UnixNano()
-	for _, k := range ks {
-		if i := p.lookup(k, now); i != nilRec && p.t.recs[i].state == stateWrite {
+	for _, r := range rs {
+		if i := p.holds(r, now); i != nilRec {
 			p.drop(i)
+		} else {
+			p.st.StaleFinishes++
 		}
 	}
 }
 
-// ReserveReadPrefix takes count read locks on each leading readable key of
-// ks (count > 1 for MLA, where several workers read one object), stopping at
-// the first key that is absent or write-locked. It returns how many keys it
-// locked. Locked keys move to the MRU end and their read TTL restarts.
+// ReserveReadPrefix takes count read locks for the scheduler's lookups
+// (LookupOwner) on each leading readable key of ks (count > 1 for MLA, where
+// several workers read one object), stopping at the first key that is
+// absent, write-locked or doomed, or whose lock would pass a lock cap. It
+// returns how many keys it locked. Locked keys move to the MRU end and their
+// read TTL restarts.
 func (p *Pool) ReserveReadPrefix(ks []keys.ObjectKey, count int) int {
 	if count <= 0 {
 		return 0
 	}
+	owner := LookupOwner()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	now := p.now().UnixNano()
 	for n, k := range ks {
 		i := p.lookup(k, now)
-		if i == nilRec || p.t.recs[i].state != stateReady {
+		if i == nilRec || p.t.recs[i].state != stateReady || p.t.recs[i].doomed {
 			p.st.ReadMisses++
 			return n
 		}
 		r := &p.t.recs[i]
-		if r.readers == 0 {
+		if !r.readLocked() {
+			// A new read-lock era, charged to the owner that starts it.
+			if err := p.capRefusal(owner, p.rounded(i), now); err != nil {
+				p.logCap(err, now)
+				return n
+			}
+			r.owner = p.charge(owner, p.rounded(i))
+			r.lock = p.newLock()
 			p.t.readLocked++
 			p.t.locked[i] = struct{}{}
 		}
@@ -390,7 +643,24 @@ func (p *Pool) ReserveReadPrefix(ks []keys.ObjectKey, count int) int {
 	return len(ks)
 }
 
-// FinishRead releases count read locks on each key (never below zero).
+// endIfUnlocked ends record i's read-lock era once no lock of either kind
+// is left (a doomed record goes with it).
+func (p *Pool) endIfUnlocked(i int32) {
+	r := &p.t.recs[i]
+	if r.readLocked() {
+		return
+	}
+	r.readers = 1 // so that unlock (directly or via drop) ends the era and uncharges it
+	if r.doomed {
+		p.drop(i)
+		return
+	}
+	p.unlock(i)
+}
+
+// FinishRead releases count anonymous read locks on each key (never below
+// zero), doomed objects included: the locks the scheduler's lookups took
+// and no worker has held. Held locks (HoldRead) are not touched.
 func (p *Pool) FinishRead(ks []keys.ObjectKey, count int) {
 	if count <= 0 {
 		return
@@ -403,32 +673,95 @@ func (p *Pool) FinishRead(ks []keys.ObjectKey, count int) {
 		if i == nilRec {
 			continue
 		}
-		r := &p.t.recs[i]
-		if r.state != stateReady || r.readers == 0 {
-			continue
-		}
-		r.readers -= uint32(min(uint64(count), uint64(r.readers)))
-		if r.readers == 0 {
-			p.t.readLocked--
-			delete(p.t.locked, i)
+		if r := &p.t.recs[i]; r.state == stateReady && r.readers > 0 {
+			r.readers -= uint32(min(uint64(count), uint64(r.readers)))
+			p.endIfUnlocked(i)
 		}
 	}
 }
 
-// Locate returns where a read-locked object lives; ok is false for objects
-// that are absent, write-locked or not read-locked.
-func (p *Pool) Locate(k keys.ObjectKey) (off, length int64, ok bool) {
+// HoldRead takes one of the anonymous read locks on k for a worker and
+// returns where the object lives and the ReadRef that releases the hold;
+// ok is false for objects that are absent, write-locked or without an
+// anonymous read lock left. A doomed object is found: its lock was taken
+// before the Clear, and its bytes stay in place until that lock ends.
+func (p *Pool) HoldRead(k keys.ObjectKey) (ReadRef, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	i := p.lookup(k, p.now().UnixNano())
 	if i == nilRec {
-		return 0, 0, false
+		return ReadRef{}, false
 	}
 	r := &p.t.recs[i]
-	if r.state != stateReady || r.readers == 0 {
-		return 0, 0, false
+	if r.state != stateReady || r.readers == 0 || r.holds == math.MaxUint32 {
+		return ReadRef{}, false
 	}
-	return r.off, r.length, true
+	r.readers--
+	r.holds++
+	return ReadRef{Offset: r.off, Length: r.length, rec: i, lock: r.lock}, true
+}
+
+// heldBy returns the record whose hold ref still is, else nilRec (the era
+// ended: released, expired, or the record recycled).
+func (p *Pool) heldBy(ref ReadRef, now int64) int32 {
+	i := ref.rec
+	if i < 0 || int(i) >= len(p.t.recs) {
+		return nilRec
+	}
+	r := &p.t.recs[i]
+	if r.state != stateReady || r.holds == 0 || ref.lock == 0 || r.lock != ref.lock || p.expire(i, now) || r.holds == 0 {
+		return nilRec
+	}
+	return i
+}
+
+// ReleaseRead releases the holds of refs (the worker's read is done). A
+// ref whose read-lock era ended is stale and ignored: a late release never
+// takes a lock another reader holds.
+func (p *Pool) ReleaseRead(refs []ReadRef) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := p.now().UnixNano()
+	for _, ref := range refs {
+		i := p.heldBy(ref, now)
+		if i == nilRec {
+			p.st.StaleFinishes++
+			continue
+		}
+		p.t.recs[i].holds--
+		p.endIfUnlocked(i)
+	}
+}
+
+// ReturnRead gives the holds of refs back as anonymous read locks, unused:
+// a worker that repeats PREPARE_RETRIEVE returns the locks of the first
+// one so that the second can hold them again. Stale refs are ignored.
+func (p *Pool) ReturnRead(refs []ReadRef) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := p.now().UnixNano()
+	for _, ref := range refs {
+		i := p.heldBy(ref, now)
+		if i == nilRec {
+			p.st.StaleFinishes++
+			continue
+		}
+		p.t.recs[i].holds--
+		p.t.recs[i].readers++
+	}
+}
+
+// IsLocked reports whether k is present and locked in any way (write,
+// read or held), doomed or not; for diagnostics and tests.
+func (p *Pool) IsLocked(k keys.ObjectKey) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	i := p.lookup(k, p.now().UnixNano())
+	if i == nilRec {
+		return false
+	}
+	r := &p.t.recs[i]
+	return r.state == stateWrite || r.readLocked()
 }
 
 // Touch moves the present keys to the MRU end.
@@ -437,7 +770,7 @@ func (p *Pool) Touch(ks []keys.ObjectKey) {
 	defer p.mu.Unlock()
 	now := p.now().UnixNano()
 	for _, k := range ks {
-		if i := p.lookup(k, now); i != nilRec {
+		if i := p.lookup(k, now); i != nilRec && !p.t.recs[i].doomed {
 			p.t.touch(i)
 		}
 	}
@@ -451,7 +784,7 @@ func (p *Pool) Delete(ks []keys.ObjectKey) int {
 	now := p.now().UnixNano()
 	n := 0
 	for _, k := range ks {
-		if i := p.lookup(k, now); i != nilRec && p.t.recs[i].state == stateReady && p.t.recs[i].readers == 0 {
+		if i := p.lookup(k, now); i != nilRec && p.t.recs[i].state == stateReady && !p.t.recs[i].readLocked() {
 			p.drop(i)
 			n++
 		}
@@ -459,13 +792,31 @@ func (p *Pool) Delete(ks []keys.ObjectKey) int {
 	return n
 }
 
-// Clear drops every object, locked or not, and returns how many there were.
+// Clear drops every unlocked object and returns how many objects were live
+// (doomed ones from an earlier Clear not counted). Locked objects become
+// doomed: invisible to lookups and reservations, their space kept until
+// their commit, abort, release or TTL ends the lock (see the table comment).
 func (p *Pool) Clear() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.sweep(p.now().UnixNano()) // expired reservations are already absent
-	n := p.t.len()
-	p.alloc.Reset()
-	p.t.init() // fresh maps: a cleared pool gives its table memory back
+	n := p.t.len() - p.t.doomed
+	if len(p.t.locked) == 0 {
+		p.alloc.Reset()
+		p.t.init() // fresh maps: a cleared pool gives its table memory back
+		return n
+	}
+	for i := range p.t.recs {
+		r := &p.t.recs[i]
+		switch {
+		case r.state == stateFree || r.doomed:
+		case r.state == stateWrite || r.readLocked():
+			r.doomed = true
+			p.t.doomed++
+			p.t.doomedBytes += p.rounded(int32(i))
+		default:
+			p.drop(int32(i))
+		}
+	}
 	return n
 }

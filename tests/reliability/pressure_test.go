@@ -111,12 +111,13 @@ func TestMemoryPressure(t *testing.T) {
 	}
 	t.Logf("%d sequences still cached, %d chunks checked, 0 mismatches", hits, checked)
 
-	// Everything write-locked: reservations that cannot be made are counted.
+	// As much write-locked as one instance may lock (half the pool): the
+	// reservations refused past that are counted, as no space or lock cap.
 	if _, err := e.ClearCache(); err != nil {
 		t.Fatal(err)
 	}
 	w := ws[0]
-	before := e.Snapshot().Pool.AllocFailures
+	before := e.Snapshot().Pool.AllocFailures + e.Snapshot().Pool.LockCapRefusals
 	locked := 0
 	for s := 0; ; s++ {
 		k := w.key(tokensFor(100000+s, per, chunk), per, fmt.Sprint("lock", s))
@@ -137,9 +138,10 @@ func TestMemoryPressure(t *testing.T) {
 		}
 	}
 	p = e.Snapshot().Pool
-	if p.AllocFailures <= before || p.WriteLocked != locked || p.UsedBytes > p.Size {
-		t.Fatalf("pool full of write locks: alloc failures %d (before %d), write locked %d of %d reserved, used %d/%d",
-			p.AllocFailures, before, p.WriteLocked, locked, p.UsedBytes, p.Size)
+	refused := p.AllocFailures + p.LockCapRefusals
+	if refused <= before || p.WriteLocked != locked || p.UsedBytes > p.Size || p.LockedBytes > p.OwnerLockCap {
+		t.Fatalf("pool full of write locks: refusals %d (before %d), write locked %d of %d reserved, locked %d bytes (cap %d), used %d/%d",
+			refused, before, p.WriteLocked, locked, p.LockedBytes, p.OwnerLockCap, p.UsedBytes, p.Size)
 	}
-	t.Logf("write-locked %d chunks; allocation failures %d", locked, p.AllocFailures-before)
+	t.Logf("write-locked %d chunks (%d bytes, cap %d); refusals %d", locked, p.LockedBytes, p.OwnerLockCap, refused-before)
 }

@@ -40,12 +40,19 @@ import (
 // Pool is the part of the L1 pool (core/l1) the module uses.
 type Pool interface {
 	Decision() l1.Decision
-	ReserveWrite(ks []keys.ObjectKey, size int64) ([]l1.Reservation, error)
-	FinishWrite(ks []keys.ObjectKey)
-	AbortWrite(ks []keys.ObjectKey)
-	FinishRead(ks []keys.ObjectKey, count int)
-	Locate(k keys.ObjectKey) (off, length int64, ok bool)
-	Bytes(off, n int64) []byte
+	// ReserveWrite, FinishWrite and AbortWrite work on reservations, so a
+	// late commit or abort never touches a lock it does not hold.
+	ReserveWrite(owner l1.Owner, ks []keys.ObjectKey, size int64) ([]l1.Reservation, error)
+	FinishWrite(rs []l1.Reservation) bool
+	AbortWrite(rs []l1.Reservation)
+	// HoldRead takes one of the read locks LOOKUP left for the workers;
+	// ReleaseRead ends the hold (COMMIT_RETRIEVE), ReturnRead gives it back
+	// unused (a repeated PREPARE_RETRIEVE).
+	HoldRead(k keys.ObjectKey) (l1.ReadRef, bool)
+	ReleaseRead(refs []l1.ReadRef)
+	ReturnRead(refs []l1.ReadRef)
+	// View pins a range of the pool for a copy; Close waits for it.
+	View(off, n int64) ([]byte, func())
 }
 
 // KeyResolver turns a worker-side key into ObjectKeys; *keys.Sessions is one.
@@ -175,12 +182,18 @@ type pendingKey struct {
 	salt      uint64
 }
 
+// pending is a reservation awaiting COMMIT_STORE (res) or read locks
+// awaiting COMMIT_RETRIEVE (refs).
 type pending struct {
 	inst    *instance
-	keys    []keys.ObjectKey
+	res     []l1.Reservation
+	refs    []l1.ReadRef
 	bytes   int64
 	created time.Time
 }
+
+// chunks is how many objects the entry holds.
+func (p *pending) chunks() int { return len(p.res) + len(p.refs) }
 
 // Module is the non-GPU transfer module. Its methods are safe for concurrent use.
 type Module struct {
@@ -463,10 +476,10 @@ func (m *Module) takePendingLocked(match func(pendingKey) bool) (writes, reads [
 // discard aborts pending writes and releases pending reads.
 func (m *Module) discard(writes, reads []*pending) {
 	for _, p := range writes {
-		m.pool.AbortWrite(p.keys)
+		m.pool.AbortWrite(p.res)
 	}
 	for _, p := range reads {
-		m.pool.FinishRead(p.keys, 1)
+		m.pool.ReleaseRead(p.refs)
 	}
 }
 

@@ -51,6 +51,14 @@ func (c *clock) advance(d time.Duration) {
 	c.mu.Unlock()
 }
 
+// view is a view of the pool released when the test ends (before the pool
+// closes: cleanups run last-registered first).
+func view(t testing.TB, p *l1.Pool, off, n int64) []byte {
+	b, release := p.View(off, n)
+	t.Cleanup(release)
+	return b
+}
+
 // openPool opens a real L1 pool: shared under segment when it is not "",
 // anonymous otherwise.
 func openPool(t *testing.T, segment string, size int64, clk *clock) *l1.Pool {
@@ -455,7 +463,7 @@ func TestSHMRoundTrip(t *testing.T) {
 		if s.Length != chunkBytes || s.Dtype != "float16" || fmt.Sprint(s.Shape) != "[2 2 16 4]" {
 			t.Fatalf("slot %d = %+v", i, s)
 		}
-		fill(e.pool.Bytes(s.Offset, s.Length), byte(i+1))
+		fill(view(t, e.pool, s.Offset, s.Length), byte(i+1))
 	}
 	if e.cached(k) != 0 {
 		t.Fatal("chunks readable before commit")
@@ -475,11 +483,11 @@ func TestSHMRoundTrip(t *testing.T) {
 	for i, s := range r.Slots {
 		want := make([]byte, chunkBytes)
 		fill(want, byte(i+1))
-		if !bytes.Equal(e.pool.Bytes(s.Offset, s.Length), want) {
+		if !bytes.Equal(view(t, e.pool, s.Offset, s.Length), want) {
 			t.Fatalf("slot %d holds other bytes", i)
 		}
 	}
-	if _, _, ok := e.pool.Locate(ks[0]); !ok {
+	if !e.pool.IsLocked(ks[0]) {
 		t.Fatal("lock released before COMMIT_RETRIEVE")
 	}
 	if e.mod.Stats().PendingReads != 1 {
@@ -488,7 +496,7 @@ func TestSHMRoundTrip(t *testing.T) {
 	if ok, err := e.mod.CommitRetrieve(k, 1); !ok || err != nil {
 		t.Fatalf("commit retrieve = %v, %v", ok, err)
 	}
-	if _, _, ok := e.pool.Locate(ks[0]); ok {
+	if e.pool.IsLocked(ks[0]) {
 		t.Fatal("read lock not released by COMMIT_RETRIEVE")
 	}
 	if ok, _ := e.mod.CommitRetrieve(k, 1); !ok {
@@ -520,7 +528,7 @@ func TestRetrievePartialLockReleasesFound(t *testing.T) {
 	if err != nil || r.Success {
 		t.Fatalf("retrieve with a missing chunk = %+v, %v", r, err)
 	}
-	if _, _, ok := e.pool.Locate(ks0[0]); ok {
+	if e.pool.IsLocked(ks0[0]) {
 		t.Fatal("lock of the found chunk not released on a miss")
 	}
 }
@@ -574,7 +582,7 @@ func TestUnregisterAbortsPendingWritesAndReleasesReads(t *testing.T) {
 	if len(r.Slots) != 1 {
 		t.Fatalf("prepare %+v", r)
 	}
-	fill(e.pool.Bytes(r.Slots[0].Offset, r.Slots[0].Length), 3) // half-written, never committed
+	fill(view(t, e.pool, r.Slots[0].Offset, r.Slots[0].Length), 3) // half-written, never committed
 
 	if !e.mod.Unregister(1) {
 		t.Fatal("unregister failed")
@@ -585,7 +593,7 @@ func TestUnregisterAbortsPendingWritesAndReleasesReads(t *testing.T) {
 	if e.cached(kw) != 0 {
 		t.Fatal("half-written chunk was published by unregister")
 	}
-	if _, _, ok := e.pool.Locate(ksr[0]); ok {
+	if e.pool.IsLocked(ksr[0]) {
 		t.Fatal("pending read lock not released by unregister")
 	}
 	// The aborted space is free again: another instance can store the chunk.
@@ -613,7 +621,7 @@ func TestDuplicatePrepareReleasesFirst(t *testing.T) {
 	if n := e.mod.Stats().PendingWrites; n != 1 {
 		t.Fatalf("%d pending writes, want 1", n)
 	}
-	fill(e.pool.Bytes(second.Slots[0].Offset, second.Slots[0].Length), 4)
+	fill(view(t, e.pool, second.Slots[0].Offset, second.Slots[0].Length), 4)
 	if ok, _ := e.mod.CommitStore(k, 1, nil); !ok {
 		t.Fatal("commit failed")
 	}
@@ -647,7 +655,7 @@ func TestPickleRoundTrip(t *testing.T) {
 	if err != nil || !r.Success || r.Slots != nil || len(r.Data) == 0 {
 		t.Fatalf("prepare retrieve = success %v, %d bytes, slots %v, %v", r.Success, len(r.Data), r.Slots, err)
 	}
-	if _, _, ok := e.pool.Locate(ks[0]); ok {
+	if e.pool.IsLocked(ks[0]) {
 		t.Fatal("pickle retrieve kept the read lock")
 	}
 	out, err := torchpickle.Decode(r.Data, torchpickle.Limits{})
@@ -716,10 +724,11 @@ func TestSHMPrepareThenPickleCommit(t *testing.T) {
 		t.Fatal("SHM reservation still pending")
 	}
 	ks := e.lookupLock(k)
-	off, n, _ := e.pool.Locate(ks[0])
-	if !bytes.Equal(e.pool.Bytes(off, n), in.Data) {
+	ref, _ := e.pool.HoldRead(ks[0])
+	if !bytes.Equal(view(t, e.pool, ref.Offset, ref.Length), in.Data) {
 		t.Fatal("pickled data not stored")
 	}
+	e.pool.ReturnRead([]l1.ReadRef{ref}) // the lock stays for the retrieve below
 	// The instance fell back: retrieves now answer pickled data.
 	r, err := e.mod.PrepareRetrieve(k, 1)
 	if err != nil || !r.Success || len(r.Data) == 0 || r.Slots != nil {
@@ -803,7 +812,7 @@ func TestPendingExpiry(t *testing.T) {
 	if s := e.mod.Stats(); s.PendingWrites != 1 || s.PendingReads != 0 {
 		t.Fatalf("read not expired: %+v", s)
 	}
-	if _, _, ok := e.pool.Locate(ksr[0]); ok {
+	if e.pool.IsLocked(ksr[0]) {
 		t.Fatal("expired read kept its lock")
 	}
 	e.clk.advance(150 * time.Second) // writes: 310 s ≥ 600/2
@@ -940,7 +949,7 @@ func TestConcurrentInstances(t *testing.T) {
 					return
 				}
 				for _, s := range r.Slots {
-					fill(e.pool.Bytes(s.Offset, s.Length), byte(i))
+					fill(view(t, e.pool, s.Offset, s.Length), byte(i))
 				}
 				if ok, err := e.mod.CommitStore(k, id, nil); err != nil || ok != (len(r.Slots) > 0) {
 					t.Errorf("commit %v %v", ok, err)
@@ -958,8 +967,8 @@ func TestConcurrentInstances(t *testing.T) {
 }
 
 func TestLateSweepLeavesPoolLocksAlone(t *testing.T) {
-	// Swept after ¾ of the TTL, an entry is only forgotten: by then the pool
-	// may have expired the lock and given it to another request.
+	// Swept after the pool's read lock expired and another LOOKUP locked the
+	// key again, an entry's release must not take the new lock.
 	e := newEnv(t, true, 1<<20)
 	e.register(1)
 	k := key(tokens(testChunk, 1), 0, testChunk)
@@ -969,17 +978,41 @@ func TestLateSweepLeavesPoolLocksAlone(t *testing.T) {
 	if r, _ := e.mod.PrepareRetrieve(k, 1); !r.Success {
 		t.Fatal("retrieve missed")
 	}
-	e.clk.advance(200 * time.Second)
-	e.pool.ReserveReadPrefix(ks, 1) // another LOOKUP: the pool's read TTL restarts
-	e.clk.advance(80 * time.Second) // 280 s ≥ ¾ × 300 s for our entry
+	e.clk.advance(301 * time.Second) // past the pool's read TTL
+	if n := e.pool.ReserveReadPrefix(ks, 1); n != len(ks) {
+		t.Fatal("relock failed")
+	}
 	e.mod.Sweep()
 	if s := e.mod.Stats(); s.PendingReads != 0 || s.Expired != 1 {
 		t.Fatalf("stats %+v", s)
 	}
-	e.pool.FinishRead(ks, 1) // the other request's lock, still there…
-	if _, _, ok := e.pool.Locate(ks[0]); !ok {
-		// …plus ours, which the pool still counts: two locks were taken, the
-		// sweep released none, the other request released one.
+	if !e.pool.IsLocked(ks[0]) {
 		t.Fatal("the late sweep released a lock it no longer owned")
+	}
+}
+
+func TestLateCommitRetrieveLeavesNewLockAlone(t *testing.T) {
+	// The LOOKUP's lock was taken long before PREPARE_RETRIEVE, so the pool
+	// expires it before the module thinks its entry is old. A commit after
+	// that must not release the lock a newer LOOKUP took on the same key.
+	e := newEnv(t, true, 1<<20)
+	e.register(1)
+	k := key(tokens(testChunk, 1), 0, testChunk)
+	e.mod.PrepareStore(k, 1)
+	e.mod.CommitStore(k, 1, nil)
+	ks := e.lookupLock(k) // t = 0: the pool's read lock ends at 300 s
+	e.clk.advance(200 * time.Second)
+	if r, _ := e.mod.PrepareRetrieve(k, 1); !r.Success {
+		t.Fatal("retrieve missed")
+	}
+	e.clk.advance(101 * time.Second) // 301 s: the lock expired; the entry is 101 s old
+	if n := e.pool.ReserveReadPrefix(ks, 1); n != len(ks) {
+		t.Fatal("relock failed")
+	}
+	if ok, err := e.mod.CommitRetrieve(k, 1); !ok || err != nil {
+		t.Fatalf("commit retrieve %v %v", ok, err)
+	}
+	if !e.pool.IsLocked(ks[0]) {
+		t.Fatal("a late COMMIT_RETRIEVE released the lock of a newer LOOKUP")
 	}
 }

@@ -41,8 +41,8 @@ func (m *Module) PrepareStore(k protocol.Key, id int64) (protocol.PrepareStoreRe
 	m.abortPendingWrite(pk)
 
 	created := m.now()
-	res, err := m.pool.ReserveWrite(ks, inst.lay.Bytes)
-	if errors.Is(err, l1.ErrNoSpace) {
+	res, err := m.pool.ReserveWrite(l1.InstanceOwner(id), ks, inst.lay.Bytes)
+	if errors.Is(err, l1.ErrNoSpace) || errors.Is(err, l1.ErrLockCap) {
 		m.noSpace(inst, len(ks), err)
 		return emptyShm(), nil
 	}
@@ -53,37 +53,37 @@ func (m *Module) PrepareStore(k protocol.Key, id int64) (protocol.PrepareStoreRe
 		return emptyShm(), nil
 	}
 	resp := protocol.PrepareStoreResponse{Shm: true, Slots: make([]protocol.Slot, len(res)), ChunkIndices: make([]int, len(res))}
-	reserved := make([]keys.ObjectKey, len(res))
 	for i, r := range res {
 		resp.Slots[i] = protocol.Slot{Offset: r.Offset, Length: r.Length, Shape: inst.lay.Shape, Dtype: inst.lay.Dtype}
 		resp.ChunkIndices[i] = r.Index
-		reserved[i] = r.Key
 	}
 
 	m.mu.Lock()
 	if m.closed || m.instances[id] != inst {
 		m.mu.Unlock()
-		m.pool.AbortWrite(reserved)
+		m.pool.AbortWrite(res)
 		return protocol.PrepareStoreResponse{}, fmt.Errorf("prepare store: instance %d unregistered meanwhile", id)
 	}
 	prev := m.writes[pk]
-	m.writes[pk] = &pending{inst: inst, keys: reserved, bytes: int64(len(res)) * inst.lay.Bytes, created: created}
+	m.writes[pk] = &pending{inst: inst, res: res, bytes: int64(len(res)) * inst.lay.Bytes, created: created}
 	m.mu.Unlock()
 	if prev != nil {
-		m.pool.AbortWrite(prev.keys)
+		m.pool.AbortWrite(prev.res)
 	}
 	return resp, nil
 }
 
 // CommitStore handles COMMIT_STORE (spec 4.6). Empty data publishes the
-// pending SHM reservation (false when there is none); for an instance in
-// PICKLE mode that proves SHM works, and it is switched back. Non-empty data
-// is a pickled tensor list, stored by copy. An SHM instance sending it has
-// fallen back to pickle and is switched to PICKLE so its retrieves get data,
-// but only once the key resolved for that instance and the pickle decoded to
-// one tensor per chunk, each matching its layout: a commit that fails either
-// check changes nothing (mode, pending reservations, counters); it is an
-// error (no reply) when the key or the pickle is invalid, false otherwise.
+// pending SHM reservation (false when there is none, or when the pool no
+// longer holds all of it: a clear or its TTL overtook it, and nothing of it
+// is published); for an instance in PICKLE mode that proves SHM works, and it
+// is switched back. Non-empty data is a pickled tensor list, stored by copy.
+// An SHM instance sending it has fallen back to pickle and is switched to
+// PICKLE so its retrieves get data, but only once the key resolved for that
+// instance and the pickle decoded to one tensor per chunk, each matching its
+// layout: a commit that fails either check changes nothing (mode, pending
+// reservations, counters); it is an error (no reply) when the key or the
+// pickle is invalid, false otherwise.
 func (m *Module) CommitStore(k protocol.Key, id int64, data []byte) (bool, error) {
 	inst, err := m.lookupInstance(id)
 	if err != nil {
@@ -106,7 +106,12 @@ func (m *Module) CommitStore(k protocol.Key, id int64, data []byte) (bool, error
 		if m.expireIfDue(p, true) {
 			return false, nil
 		}
-		m.pool.FinishWrite(p.keys)
+		if !m.pool.FinishWrite(p.res) {
+			m.mu.Lock()
+			inst.storeFailures++
+			m.mu.Unlock()
+			return false, nil
+		}
 		m.mu.Lock()
 		inst.stores++
 		inst.bytesIn += p.bytes
@@ -230,8 +235,8 @@ func (m *Module) commitPickle(inst *instance, ks []keys.ObjectKey, ts []torchpic
 		}
 	}
 
-	res, err := m.pool.ReserveWrite(ks, inst.lay.Bytes)
-	if errors.Is(err, l1.ErrNoSpace) {
+	res, err := m.pool.ReserveWrite(l1.InstanceOwner(inst.id), ks, inst.lay.Bytes)
+	if errors.Is(err, l1.ErrNoSpace) || errors.Is(err, l1.ErrLockCap) {
 		m.noSpace(inst, len(ks), err)
 		res, err = nil, nil
 	}
@@ -241,22 +246,29 @@ func (m *Module) commitPickle(inst *instance, ks []keys.ObjectKey, ts []torchpic
 		m.mu.Unlock()
 		return false, fmt.Errorf("reserve %d chunks: %w", len(ks), err)
 	}
-	var written, unwritten []keys.ObjectKey
+	var written, unwritten []l1.Reservation
 	var bytesIn int64
 	for _, r := range res {
 		if !valid[r.Index] {
-			unwritten = append(unwritten, r.Key)
+			unwritten = append(unwritten, r)
 			continue
 		}
-		copy(m.pool.Bytes(r.Offset, r.Length), ts[r.Index].Data)
-		written = append(written, r.Key)
+		dst, release := m.pool.View(r.Offset, r.Length)
+		if dst == nil { // the pool is closing
+			release()
+			unwritten = append(unwritten, r)
+			continue
+		}
+		copy(dst, ts[r.Index].Data)
+		release()
+		written = append(written, r)
 		bytesIn += r.Length
 	}
 	if len(unwritten) > 0 {
 		m.pool.AbortWrite(unwritten)
 	}
-	if len(written) > 0 {
-		m.pool.FinishWrite(written)
+	if len(written) > 0 && !m.pool.FinishWrite(written) {
+		written, bytesIn = nil, 0 // a clear overtook the batch: nothing published
 	}
 	ok := len(written) == len(res) && rejected == 0
 	m.mu.Lock()
@@ -273,37 +285,43 @@ func (m *Module) commitPickle(inst *instance, ks []keys.ObjectKey, ts []torchpic
 	return ok, nil
 }
 
-// noSpace counts a reservation the pool refused and tells the operator once
-// per run of refusals (the wire answer stays upstream's "nothing reserved").
+// noSpace counts a reservation the pool refused (no space, or a lock cap)
+// and tells the operator once per run of refusals, with the pool's reason
+// (the wire answer stays upstream's "nothing reserved").
 func (m *Module) noSpace(inst *instance, n int, err error) {
 	m.mu.Lock()
 	m.stats.NoSpace++
 	inst.storeFailures++
 	m.mu.Unlock()
-	m.rateLimited("no_space", func() {
+	kind := "no_space" // a cap refusal is not hidden behind a no-space line of the same second
+	if errors.Is(err, l1.ErrLockCap) {
+		kind = "lock_cap"
+	}
+	m.rateLimited(kind, func() {
 		m.event(EventNoSpace, slog.LevelWarn, inst.id, fmt.Sprintf(
 			"instance %d: store of %d chunks not cached: %v", inst.id, n, err))
 	})
 }
 
-// locateAll finds every key's slot. The keys must be read-locked (by LOOKUP);
-// all found ones are returned so a partial hit can release them.
-func (m *Module) locateAll(ks []keys.ObjectKey, lay layout.Layout) (slots []protocol.Slot, found []keys.ObjectKey, ok bool) {
+// locateAll holds every key's read lock and finds its slot. The keys must be
+// read-locked (by LOOKUP); all held ones are returned so a partial hit can
+// release them.
+func (m *Module) locateAll(ks []keys.ObjectKey, lay layout.Layout) (slots []protocol.Slot, found []l1.ReadRef, ok bool) {
 	slots = make([]protocol.Slot, 0, len(ks))
 	ok = true
 	for _, k := range ks {
-		off, n, hit := m.pool.Locate(k)
+		ref, hit := m.pool.HoldRead(k)
 		if !hit {
 			ok = false
 			continue
 		}
-		found = append(found, k)
-		if n != lay.Bytes {
+		found = append(found, ref)
+		if ref.Length != lay.Bytes {
 			// Stored under another layout: unusable for this worker.
 			ok = false
 			continue
 		}
-		slots = append(slots, protocol.Slot{Offset: off, Length: n, Shape: lay.Shape, Dtype: lay.Dtype})
+		slots = append(slots, protocol.Slot{Offset: ref.Offset, Length: ref.Length, Shape: lay.Shape, Dtype: lay.Dtype})
 	}
 	return slots, found, ok
 }
@@ -369,10 +387,15 @@ func (m *Module) prepareRetrieve(k protocol.Key, id int64, encode func([]torchpi
 		return protocol.PrepareRetrieveResponse{}, fmt.Errorf("prepare retrieve for instance %d: %w", id, err)
 	}
 	created := m.now()
+	// A repeated prepare of the same transfer gives the first one's holds
+	// back, so that this one can hold the same locks again.
+	if prev := m.takePending(m.reads, pk); prev != nil {
+		m.pool.ReturnRead(prev.refs)
+	}
 	slots, found, ok := m.locateAll(ks, inst.lay)
 	if !ok {
 		if len(found) > 0 {
-			m.pool.FinishRead(found, 1)
+			m.pool.ReleaseRead(found)
 		}
 		m.mu.Lock()
 		inst.retrieves++
@@ -385,30 +408,44 @@ func (m *Module) prepareRetrieve(k protocol.Key, id int64, encode func([]torchpi
 		m.mu.Lock()
 		if m.closed || m.instances[id] != inst {
 			m.mu.Unlock()
-			m.pool.FinishRead(ks, 1)
+			m.pool.ReleaseRead(found)
 			return protocol.PrepareRetrieveResponse{}, fmt.Errorf("prepare retrieve: instance %d unregistered meanwhile", id)
 		}
 		prev := m.reads[pk]
-		m.reads[pk] = &pending{inst: inst, keys: ks, bytes: total, created: created}
+		m.reads[pk] = &pending{inst: inst, refs: found, bytes: total, created: created}
 		inst.retrieves++
 		inst.hitChunks += int64(len(ks))
 		inst.bytesOut += total
 		m.mu.Unlock()
 		if prev != nil {
-			// A repeated prepare: the first one's locks are not coming back.
-			m.pool.FinishRead(prev.keys, 1)
+			// A concurrent prepare of the same transfer: its holds are not
+			// coming back.
+			m.pool.ReleaseRead(prev.refs)
 		}
 		return protocol.PrepareRetrieveResponse{Success: true, Slots: slots}, nil
 	}
 
 	// The tensors view the pool directly: the read locks keep the objects in
-	// place until the one copy into the reply buffer is done.
+	// place and the views keep the mapping until the one copy into the reply
+	// buffer is done.
 	ts := make([]torchpickle.Tensor, len(slots))
+	releases := make([]func(), 0, len(slots))
 	for i, s := range slots {
-		ts[i] = torchpickle.Tensor{Dtype: s.Dtype, Shape: s.Shape, Data: m.pool.Bytes(s.Offset, s.Length)}
+		b, release := m.pool.View(s.Offset, s.Length)
+		releases = append(releases, release)
+		if b == nil {
+			err = errors.New("the pool is closing")
+			break
+		}
+		ts[i] = torchpickle.Tensor{Dtype: s.Dtype, Shape: s.Shape, Data: b}
 	}
-	err = encode(ts)
-	m.pool.FinishRead(ks, 1)
+	if err == nil {
+		err = encode(ts)
+	}
+	for _, release := range releases {
+		release()
+	}
+	m.pool.ReleaseRead(found)
 	if err != nil {
 		return protocol.PrepareRetrieveResponse{}, fmt.Errorf("prepare retrieve for instance %d: encode %d chunks: %w", id, len(ts), err)
 	}
@@ -433,7 +470,7 @@ func (m *Module) CommitRetrieve(k protocol.Key, id int64) (bool, error) {
 		return false, fmt.Errorf("commit retrieve for instance %d: %w", id, err)
 	}
 	if p := m.takePending(m.reads, pk); p != nil && !m.expireIfDue(p, false) {
-		m.pool.FinishRead(p.keys, 1)
+		m.pool.ReleaseRead(p.refs)
 	}
 	return true, nil
 }
@@ -451,15 +488,15 @@ func (m *Module) takePending(table map[pendingKey]*pending, pk pendingKey) *pend
 
 func (m *Module) abortPendingWrite(pk pendingKey) {
 	if p := m.takePending(m.writes, pk); p != nil && !m.expireIfDue(p, true) {
-		m.pool.AbortWrite(p.keys)
+		m.pool.AbortWrite(p.res)
 	}
 }
 
 // Pending entries live for half the pool's lock TTL: a worker that has not
-// committed by then is gone. Until three quarters of the TTL the pool's own
-// lock (taken just before the entry was made) is certainly still ours, so it
-// is aborted or released; later the pool may already have expired it and
-// handed the object to someone else, so the entry is only forgotten.
+// committed by then is gone. Its reservation is aborted or its read locks
+// released: both name the pool's lock they were taken under, so if the pool
+// already expired that lock and handed the object to someone else, the
+// call does nothing.
 func (m *Module) ttlOf(write bool) time.Duration {
 	if write {
 		return m.writeTTL
@@ -481,17 +518,17 @@ func (m *Module) expireIfDue(p *pending, write bool) bool {
 	if !due {
 		return false
 	}
-	m.expire(p, write, now, ttl)
+	m.expire(p, write, now)
 	return true
 }
 
-func (m *Module) expire(p *pending, write bool, now time.Time, ttl time.Duration) {
-	if now.Sub(p.created) < ttl*3/4 {
-		if write {
-			m.pool.AbortWrite(p.keys)
-		} else {
-			m.pool.FinishRead(p.keys, 1)
-		}
+// expire aborts or releases an entry past its life (stale locks are ignored
+// by the pool) and tells the operator.
+func (m *Module) expire(p *pending, write bool, now time.Time) {
+	if write {
+		m.pool.AbortWrite(p.res)
+	} else {
+		m.pool.ReleaseRead(p.refs)
 	}
 	what := "read"
 	if write {
@@ -499,7 +536,7 @@ func (m *Module) expire(p *pending, write bool, now time.Time, ttl time.Duration
 	}
 	m.rateLimited("expired", func() {
 		m.event(EventExpired, slog.LevelWarn, p.inst.id, fmt.Sprintf(
-			"instance %d: pending %s of %d chunks expired after %s without a commit", p.inst.id, what, len(p.keys), now.Sub(p.created).Round(time.Second)))
+			"instance %d: pending %s of %d chunks expired after %s without a commit", p.inst.id, what, p.chunks(), now.Sub(p.created).Round(time.Second)))
 	})
 }
 
@@ -539,10 +576,10 @@ func (m *Module) Sweep() {
 	m.stats.Expired += int64(len(writes) + len(reads))
 	m.mu.Unlock()
 	for _, p := range writes {
-		m.expire(p, true, now, wttl)
+		m.expire(p, true, now)
 	}
 	for _, p := range reads {
-		m.expire(p, false, now, rttl)
+		m.expire(p, false, now)
 	}
 }
 

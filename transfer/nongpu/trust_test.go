@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"kvdock/assets"
+	"kvdock/core/l1"
 	"kvdock/core/protocol"
 	"kvdock/core/rpc"
 	"kvdock/core/rpc/client"
@@ -53,7 +54,7 @@ func TestRejectedCommitChangesNothing(t *testing.T) {
 	if err != nil || len(ps.Slots) != 1 {
 		t.Fatalf("victim prepare = %+v, %v", ps, err)
 	}
-	fill(e.pool.Bytes(ps.Slots[0].Offset, ps.Slots[0].Length), 42)
+	e.writeSlots(ps.Slots[:1], 42)
 	before := e.victim(1)
 	if before.mode != ModeSHM || before.pendingWrites != 1 {
 		t.Fatalf("victim before the attack: %+v", before)
@@ -119,13 +120,16 @@ func TestRejectedCommitChangesNothing(t *testing.T) {
 		t.Fatalf("victim commit = %v, %v", ok, err)
 	}
 	ks := e.lookupLock(pendingKey)
-	off, n, _ := e.pool.Locate(ks[0])
+	ref, held := e.pool.HoldRead(ks[0])
+	if !held {
+		t.Fatal("victim's published chunk is not readable")
+	}
 	want := make([]byte, chunkBytes)
 	fill(want, 42)
-	if string(e.pool.Bytes(off, n)) != string(want) {
+	if got := e.slotBytes(protocol.Slot{Offset: ref.Offset, Length: ref.Length}); string(got) != string(want) {
 		t.Fatal("victim's chunk holds other bytes")
 	}
-	e.pool.FinishRead(ks, 1)
+	e.pool.ReleaseRead([]l1.ReadRef{ref})
 	next, err := e.mod.PrepareStore(key(tokens(testChunk, 900), 0, testChunk), 1)
 	if err != nil || !next.Shm || len(next.Slots) != 1 {
 		t.Fatalf("victim's next prepare = %+v, %v; want one slot", next, err)
@@ -143,7 +147,7 @@ func TestSHMCommitSwitchesBack(t *testing.T) {
 	if len(ps.Slots) != 1 {
 		t.Fatalf("prepare %+v", ps)
 	}
-	fill(e.pool.Bytes(ps.Slots[0].Offset, ps.Slots[0].Length), 7)
+	e.writeSlots(ps.Slots[:1], 7)
 	// A valid pickle commit of another key switches the instance to PICKLE
 	// (it is indistinguishable from a worker that fell back)…
 	if ok, err := e.mod.CommitStore(kb, 1, pickled(t, tensorOf(3))); !ok || err != nil {

@@ -100,6 +100,21 @@ type PoolStatus struct {
 	EvictionRatio      float64 `json:"eviction_ratio"`
 	WriteTTLSeconds    float64 `json:"write_ttl_seconds"`
 	ReadTTLSeconds     float64 `json:"read_ttl_seconds"`
+	// Live extents and locks: live_bytes is the sum of the records'
+	// allocations (doomed included) and equals used_bytes unless space
+	// leaked; doomed objects are ones a clear dropped while a transfer
+	// still held them.
+	LiveBytes         int64  `json:"live_bytes"`
+	LockedBytes       int64  `json:"locked_bytes"`
+	DoomedObjects     int    `json:"doomed_objects"`
+	DoomedBytes       int64  `json:"doomed_bytes"`
+	LockOwners        int    `json:"lock_owners"`
+	Views             int    `json:"views"`
+	WriteDoomed       uint64 `json:"write_doomed"`
+	StaleFinishes     uint64 `json:"stale_finishes"`
+	LockCapRefusals   uint64 `json:"lock_cap_refusals"`
+	OwnerLockCapBytes int64  `json:"owner_lock_cap_bytes"`
+	TotalLockCapBytes int64  `json:"total_lock_cap_bytes"`
 }
 
 // ContextStatus is one registered worker context: its layout, its transfer
@@ -279,6 +294,9 @@ func NewStatus(s engine.Snapshot) Status {
 		WriteExisting: p.WriteExisting, ExpiredWriteLocks: p.ExpiredWriteLocks, ExpiredReadLocks: p.ExpiredReadLocks,
 		EvictionPolicy: p.Policy, TriggerWatermark: p.Watermark, EvictionRatio: p.Ratio,
 		WriteTTLSeconds: p.WriteTTL.Seconds(), ReadTTLSeconds: p.ReadTTL.Seconds(),
+		LiveBytes: p.LiveBytes, LockedBytes: p.LockedBytes, DoomedObjects: p.Doomed, DoomedBytes: p.DoomedBytes,
+		LockOwners: p.LockOwners, Views: p.Views, WriteDoomed: p.WriteDoomed, StaleFinishes: p.StaleFinishes,
+		LockCapRefusals: p.LockCapRefusals, OwnerLockCapBytes: p.OwnerLockCap, TotalLockCapBytes: p.TotalLockCap,
 	}
 
 	for _, c := range s.Contexts {

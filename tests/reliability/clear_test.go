@@ -1,0 +1,157 @@
+package reliability
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"kvdock/core/protocol"
+)
+
+// prepare sends PREPARE_STORE for n chunks of toks and decodes the slots.
+func (w *gworker) prepare(t *testing.T, toks []uint32, n int, req string) []slot {
+	t.Helper()
+	r, err := w.c.Call(context.Background(), protocol.PrepareStore, w.key(toks, n, req), w.id)
+	if err != nil {
+		t.Fatalf("prepare_store: %v", err)
+	}
+	var ps prepStore
+	if err := r.Decode(&ps); err != nil {
+		t.Fatalf("prepare_store: %v", err)
+	}
+	return ps.Context.Slots
+}
+
+// commit sends an SHM COMMIT_STORE (empty data) and decodes the answer.
+func (w *gworker) commit(t *testing.T, toks []uint32, n int, req string) bool {
+	t.Helper()
+	r, err := w.c.Call(context.Background(), protocol.CommitStore, w.key(toks, n, req), w.id, []byte{})
+	if err != nil {
+		t.Fatalf("commit_store: %v", err)
+	}
+	var ok bool
+	if err := r.Decode(&ok); err != nil {
+		t.Fatalf("commit_store: %v", err)
+	}
+	return ok
+}
+
+func (w *gworker) write(s slot, data []byte) { copy(w.shm[s.Offset:s.Offset+s.Length], data) }
+
+func (w *gworker) read(s slot) []byte { return bytes.Clone(w.shm[s.Offset : s.Offset+s.Length]) }
+
+// TestClearDuringSHMTransfers sends CLEAR over the wire while SHM transfers
+// are in flight (ISSUE12 point 1). Write side: A prepares, CLEAR, B
+// prepares the same size, B writes, A writes its slot late and commits: A's
+// commit answers false and B reads back its own bytes. Read side: B holds K
+// for reading (LOOKUP + PREPARE_RETRIEVE), CLEAR, C stores K again and a new
+// key and writes its slots: B's slot still holds K's bytes until its
+// COMMIT_RETRIEVE. On a64a735 CLEAR reset the allocator: B got A's slot, A's
+// commit answered true, and C's bytes landed in B's slot.
+func TestClearDuringSHMTransfers(t *testing.T) {
+	cfg := engineConfig(t, 4)
+	startEngine(t, cfg)
+	ctl := dialPort(t, cfg.Server.Port, 5*time.Second)
+	a := newWorker(t, dialPort(t, cfg.Server.Port, 5*time.Second), 1, "clear", false)
+	b := newWorker(t, dialPort(t, cfg.Server.Port, 5*time.Second), 2, "clear", false)
+	c := newWorker(t, dialPort(t, cfg.Server.Port, 5*time.Second), 3, "clear", false)
+	if a.shm == nil || b.shm == nil || c.shm == nil {
+		t.Fatal("workers did not attach the segment")
+	}
+	clearCache := func() {
+		t.Helper()
+		if _, err := ctl.Call(context.Background(), protocol.Clear); err != nil {
+			t.Fatalf("CLEAR: %v", err)
+		}
+	}
+	chunk, cb := a.chunk, a.chunkBytes
+
+	// Write side.
+	ta, tb := tokensFor(1, 1, chunk), tokensFor(2, 1, chunk)
+	da, db := chunkData(1, 0, cb), chunkData(2, 0, cb)
+	sa := a.prepare(t, ta, 1, "a")
+	clearCache()
+	sb := b.prepare(t, tb, 1, "b")
+	if len(sa) != 1 || len(sb) != 1 {
+		t.Fatalf("slots: A %v, B %v", sa, sb)
+	}
+	b.write(sb[0], db)
+	a.write(sa[0], da) // A is late
+	if a.commit(t, ta, 1, "a") {
+		t.Fatal("A's COMMIT_STORE of a reservation CLEAR overtook answered true")
+	}
+	if !b.commit(t, tb, 1, "b") {
+		t.Fatal("B's COMMIT_STORE answered false")
+	}
+	got, err := b.retrieve(context.Background(), tb, 1, "rb")
+	if err != nil || len(got) != 1 || !bytes.Equal(got[0], db) {
+		t.Fatalf("B's chunk read back wrong after the clear (err %v)", err)
+	}
+	if n, _ := lookup(context.Background(), ctl, "clear", ta, "la"); n != 0 {
+		t.Fatal("A's overtaken chunk was published")
+	}
+
+	// Read side.
+	if n, err := lookupKeep(context.Background(), ctl, "clear", tb, "hold"); err != nil || n != 1 {
+		t.Fatalf("lookup of B's chunk: %d %v", n, err)
+	}
+	k := b.key(tb, 1, "hold")
+	r, err := b.c.Call(context.Background(), protocol.PrepareRetrieve, k, b.id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pr prepRetrieve
+	if err := r.Decode(&pr); err != nil || !pr.Success || len(pr.Context.Slots) != 1 {
+		t.Fatalf("prepare_retrieve: %+v %v", pr, err)
+	}
+	held := pr.Context.Slots[0]
+	clearCache()
+	tc := tokensFor(3, 1, chunk)
+	for _, toks := range [][]uint32{tb, tc} {
+		for _, s := range c.prepare(t, toks, 1, "c") {
+			c.write(s, chunkData(3, 0, cb))
+		}
+		c.commit(t, toks, 1, "c")
+	}
+	if !bytes.Equal(b.read(held), db) {
+		t.Fatal("B's held slot was handed out after CLEAR: B reads another chunk's bytes")
+	}
+	if _, err := b.c.Call(context.Background(), protocol.CommitRetrieve, k, b.id); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := lookup(context.Background(), ctl, "clear", tb, "after"); n != 0 {
+		t.Fatal("B's chunk survived the clear after its read ended")
+	}
+}
+
+// TestLockCapOverTheWire (ISSUE12 point 8): one PREPARE_STORE of more than
+// half the pool is answered with no slots, the operator sees a lock-cap
+// event, and another instance still stores. On a64a735 one instance could
+// write-lock the whole pool for the write TTL.
+func TestLockCapOverTheWire(t *testing.T) {
+	cfg := engineConfig(t, 4) // 1024 chunks of 4 KiB
+	e := startEngine(t, cfg)
+	a := newWorker(t, dialPort(t, cfg.Server.Port, 5*time.Second), 1, "cap", false)
+	b := newWorker(t, dialPort(t, cfg.Server.Port, 5*time.Second), 2, "cap", false)
+	if s := a.prepare(t, tokensFor(1, 600, a.chunk), 600, "big"); len(s) != 0 {
+		t.Fatalf("one instance write-locked %d of 1024 chunks", len(s))
+	}
+	p := e.Snapshot().Pool
+	if p.LockCapRefusals != 1 || p.WriteLocked != 0 {
+		t.Fatalf("pool after the refusal: %+v", p)
+	}
+	found := false
+	for _, ev := range e.Snapshot().Events {
+		if strings.Contains(ev.Message, "lock cap") && strings.Contains(ev.Message, "instance 1") {
+			found = true
+		}
+	}
+	if !found {
+		t.Fatal("no event says why the store was refused")
+	}
+	if s := b.prepare(t, tokensFor(2, 400, b.chunk), 400, "ok"); len(s) != 400 {
+		t.Fatalf("another instance got %d of 400 slots", len(s))
+	}
+}
