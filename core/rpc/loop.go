@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"syscall"
 	"time"
+	"unsafe"
 
 	zmq "github.com/pebbe/zmq4"
 
@@ -47,14 +48,17 @@ type loop struct {
 	hctx    context.Context // handlers'
 	buf     []reply
 
-	// Replies libzmq refused (the peer's send queue is at SendHWM), per
-	// peer in order, and their bytes.
+	raw unsafe.Pointer // libzmq's handle of router, for counted sends
+
+	// Per peer: what libzmq holds for it and the replies waiting here
+	// (over its budget or refused at SendHWM); outBytes sums the waiting.
 	out       map[string]*peerOut
 	outBytes  int64
 	retryWait time.Duration
 }
 
 type peerOut struct {
+	held  heldCounter
 	q     []reply
 	bytes int64
 }
@@ -161,8 +165,29 @@ const (
 	failed
 )
 
-// write hands r to libzmq without blocking.
-func (l *loop) write(r *reply) sendResult {
+// peer returns the reply state of a peer, creating it.
+func (l *loop) peer(id []byte) (*peerOut, error) {
+	if po := l.out[string(id)]; po != nil {
+		return po, nil
+	}
+	h, err := newHeldCounter()
+	if err != nil {
+		return nil, err
+	}
+	po := &peerOut{held: h}
+	l.out[string(id)] = po
+	return po, nil
+}
+
+// fits reports whether libzmq may take r for po now: what it holds for the
+// peer stays within the budget, or it holds nothing (so any reply goes).
+func (l *loop) fits(po *peerOut, r *reply) bool {
+	h := po.held.load()
+	return h == 0 || h+r.size() <= l.s.opts.ReplyBytesPerPeer
+}
+
+// write hands r to libzmq without blocking, charging its bytes to the peer.
+func (l *loop) write(po *peerOut, r *reply) sendResult {
 	n := 3 + len(r.frames)
 	for i := range n {
 		var p []byte
@@ -180,7 +205,15 @@ func (l *loop) write(r *reply) sendResult {
 		if i == n-1 {
 			flag = 0
 		}
-		if _, err := l.router.SendBytes(p, flag|zmq.DONTWAIT); err != nil {
+		err := sendCounted(l.raw, p, flag|zmq.DONTWAIT, po.held)
+		if err != nil && i == 0 && zmq.AsErrno(err) == zmq.Errno(syscall.EAGAIN) {
+			// libzmq applies the peer's "queue drained" notices lazily (at
+			// most once a millisecond while sending); reading ZMQ_EVENTS
+			// applies them now, so a reading peer is not taken for a full one.
+			_, _ = l.router.GetEvents()
+			err = sendCounted(l.raw, p, flag|zmq.DONTWAIT, po.held)
+		}
+		if err != nil {
 			// ROUTER_MANDATORY reports both on the identity frame, before
 			// anything of the message is queued.
 			if i == 0 {
@@ -198,16 +231,21 @@ func (l *loop) write(r *reply) sendResult {
 }
 
 // send hands r to libzmq, or queues it behind the replies already waiting
-// for its peer.
+// for its peer, or while libzmq holds the peer's budget.
 func (l *loop) send(r reply) {
-	if po := l.out[string(r.peer)]; po != nil {
+	po, err := l.peer(r.peer)
+	if err != nil {
+		l.s.stats.bad("send_failed")
+		return
+	}
+	if len(po.q) > 0 || !l.fits(po, &r) {
 		l.hold(po, r)
 		return
 	}
-	switch l.write(&r) {
+	switch l.write(po, &r) {
 	case sent:
 	case peerFull:
-		l.hold(nil, r)
+		l.hold(po, r)
 	case peerGone:
 		l.s.stats.bad("peer_gone")
 	default:
@@ -219,24 +257,18 @@ func (l *loop) send(r reply) {
 func (l *loop) hold(po *peerOut, r reply) {
 	s := l.s
 	n := r.size()
-	var have int64
-	if po != nil {
-		have = po.bytes
-	}
-	if (have > 0 && have+n > s.opts.ReplyBytesPerPeer) || (l.outBytes > 0 && l.outBytes+n > s.opts.ReplyBytes) {
+	if (po.bytes > 0 && po.bytes+n > s.opts.ReplyBytesPerPeer) || (l.outBytes > 0 && l.outBytes+n > s.opts.ReplyBytes) {
 		s.stats.repliesDropped.Add(1)
 		s.stats.bad("reply_dropped")
 		peerHex := hex.EncodeToString(r.peer)
 		if s.limiter.allow("reply_dropped|" + peerHex) {
 			s.log.Warn("reply dropped: the peer does not read its replies and its reply budget is full",
-				"peer", peerHex, "reply_bytes", n, "waiting_for_peer", have, "waiting_total", l.outBytes,
-				"budget_per_peer", s.opts.ReplyBytesPerPeer, "budget_total", s.opts.ReplyBytes)
+				"peer", peerHex, "reply_bytes", n, "held_by_zmq", po.held.load(), "waiting_for_peer", po.bytes,
+				"waiting_total", l.outBytes, "budget_per_peer", s.opts.ReplyBytesPerPeer, "budget_total", s.opts.ReplyBytes)
 		}
 		return
 	}
-	if po == nil {
-		po = &peerOut{}
-		l.out[string(r.peer)] = po
+	if len(po.q) == 0 {
 		l.retryWait = retryFirst
 	}
 	po.q = append(po.q, r)
@@ -245,28 +277,22 @@ func (l *loop) hold(po *peerOut, r reply) {
 	s.stats.replyBytes.Store(l.outBytes)
 }
 
-// retry sends waiting replies, in order per peer, until a peer is full again.
+// retry sends waiting replies, in order per peer, while libzmq takes them
+// within the peer's budget, and forgets peers with nothing held or waiting.
 func (l *loop) retry() {
 	if len(l.out) == 0 {
 		return
 	}
 	progress := false
-	defer func() {
-		if progress {
-			l.retryWait = retryFirst
-		} else {
-			l.retryWait = min(2*l.retryWait, retryMax)
-		}
-	}()
 	for key, po := range l.out {
-		for len(po.q) > 0 {
-			res := l.write(&po.q[0])
+		for len(po.q) > 0 && l.fits(po, &po.q[0]) {
+			res := l.write(po, &po.q[0])
 			if res == peerFull {
 				break
 			}
 			if res == peerGone {
 				l.s.stats.bad("peer_gone")
-				l.dropPeer(key, po)
+				l.dropQueue(po)
 				break
 			}
 			if res == failed {
@@ -279,26 +305,41 @@ func (l *loop) retry() {
 			po.bytes -= n
 			l.outBytes -= n
 		}
-		if len(po.q) == 0 {
+		if len(po.q) == 0 && po.held.load() == 0 {
+			po.held.free()
 			delete(l.out, key)
+			progress = true
 		}
 	}
 	l.s.stats.replyBytes.Store(l.outBytes)
+	if progress {
+		l.retryWait = retryFirst
+	} else {
+		l.retryWait = min(2*l.retryWait, retryMax)
+	}
 }
 
-func (l *loop) dropPeer(key string, po *peerOut) {
+func (l *loop) dropQueue(po *peerOut) {
 	l.s.stats.repliesDropped.Add(int64(len(po.q)))
 	l.outBytes -= po.bytes
 	po.q, po.bytes = nil, 0
-	delete(l.out, key)
 }
 
 // dropPending forgets every waiting reply (shutdown: the socket closes).
 func (l *loop) dropPending() {
-	for key, po := range l.out {
-		l.dropPeer(key, po)
+	for _, po := range l.out {
+		l.dropQueue(po)
 	}
 	l.s.stats.replyBytes.Store(0)
+}
+
+// freeCounters releases the peers' counters once the context is terminated
+// (libzmq has released every message by then).
+func (l *loop) freeCounters() {
+	for key, po := range l.out {
+		po.held.free()
+		delete(l.out, key)
+	}
 }
 
 func (l *loop) events() {

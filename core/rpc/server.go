@@ -22,13 +22,16 @@
 //     total; over budget the socket goroutine stops reading (backpressure, the
 //     waiting requests stay in libzmq, at most RecvHWM messages per peer, and
 //     in TCP buffers) until queued requests finish. No request is dropped.
-//   - replies: ZMQ_ROUTER_MANDATORY makes libzmq refuse, not drop, a reply
-//     to a peer whose send queue holds SendHWM messages; such replies wait in
-//     kvdock, budgeted in bytes per peer and in total. A reply that would
-//     pass the budget is dropped, counted and logged: a peer that does not
-//     read its replies loses them (as ROUTER does at its HWM), and no peer can
-//     pin more than SendHWM messages in libzmq plus its budget here. Other
-//     peers keep being served.
+//   - replies: every reply is sent through a counted send whose bytes stay
+//     charged to its peer until libzmq has written them to the connection,
+//     so the server knows what libzmq holds for each peer. A reply goes to
+//     libzmq only within the peer's budget (ReplyBytesPerPeer); otherwise, or
+//     when libzmq refuses it at SendHWM (ZMQ_ROUTER_MANDATORY: refused, not
+//     dropped), it waits in kvdock under a second budget of the same size
+//     per peer (and ReplyBytes in total). A reply past that is dropped,
+//     counted and logged: a peer that does not read its replies loses them
+//     (as a ROUTER at its HWM would), pins at most twice its budget plus one
+//     reply, and other peers keep being served.
 package rpc
 
 import (
@@ -44,6 +47,7 @@ import (
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
+	"unsafe"
 
 	zmq "github.com/pebbe/zmq4"
 
@@ -99,7 +103,7 @@ type Options struct {
 	// protocol.DefaultMaxTokens): checked at decode, before allocating.
 	MaxTokensPerRequest int
 	// SendHWM is the ROUTER send high-water mark in messages per peer
-	// (default 16); replies beyond it wait in kvdock under ReplyBytesPerPeer.
+	// (default 1000); replies beyond it wait in kvdock under the reply budget.
 	SendHWM int
 	// RecvHWM is the ROUTER receive high-water mark in messages per peer
 	// (default 16): what libzmq holds for a peer while the server does not read.
@@ -113,10 +117,12 @@ type Options struct {
 	// admitted when nothing of its peer (or nothing at all) is queued.
 	QueuedRequestBytes     int64
 	PeerQueuedRequestBytes int64
-	// ReplyBytes bounds the bytes of replies waiting in kvdock for peers
-	// whose libzmq send queue is full, in total (default 1 GiB) and per peer
-	// (default 128 MiB); a reply past either is dropped and counted. A reply
-	// is always kept when nothing else waits for its peer.
+	// ReplyBytesPerPeer bounds the reply bytes libzmq holds for one peer
+	// (sent but not yet written to its connection: the peer does not read),
+	// and again those waiting in kvdock for it (default 128 MiB each); a
+	// reply past the second is dropped and counted. ReplyBytes bounds the
+	// waiting bytes of all peers (default 1 GiB). A reply always goes when
+	// nothing is held, and is always kept when nothing waits, for its peer.
 	ReplyBytes        int64
 	ReplyBytesPerPeer int64
 	// PollFault, when set, is called before each poll and a non-nil error
@@ -155,7 +161,7 @@ func (o *Options) defaults() error {
 		o.MaxTokensPerRequest = protocol.DefaultMaxTokens
 	}
 	if o.SendHWM <= 0 {
-		o.SendHWM = 16
+		o.SendHWM = 1000
 	}
 	if o.RecvHWM <= 0 {
 		o.RecvHWM = 16
@@ -218,6 +224,7 @@ type Server struct {
 	bindMu  sync.Mutex
 	zctx    *zmq.Context
 	router  *zmq.Socket
+	raw     unsafe.Pointer // router's libzmq handle
 	monitor *zmq.Socket
 
 	replyMu sync.Mutex
@@ -392,6 +399,10 @@ func (s *Server) Bind() error {
 			return fail(fmt.Errorf("rpc: socket option: %w", err))
 		}
 	}
+	raw, err := rawSocket(router)
+	if err != nil {
+		return fail(err)
+	}
 	if err := router.Bind(ep); err != nil {
 		return fail(fmt.Errorf("bind %s: %w", ep, err))
 	}
@@ -418,7 +429,7 @@ func (s *Server) Bind() error {
 		}
 		return fail(fmt.Errorf("rpc: %w", err))
 	}
-	s.zctx, s.router, s.monitor = zctx, router, monitor
+	s.zctx, s.router, s.raw, s.monitor = zctx, router, raw, monitor
 	s.replyMu.Lock()
 	s.wake, s.closed, s.replies = w, false, nil
 	s.replyMu.Unlock()
@@ -506,8 +517,8 @@ func (s *Server) Serve(ctx context.Context) error {
 	stop := context.AfterFunc(ctx, w.Signal)
 	defer stop()
 
-	l := &loop{s: s, router: router, monitor: s.monitor, wake: w, ordered: ordered, shared: shared,
-		ctx: ctx, hctx: hctx, out: map[string]*peerOut{}}
+	l := &loop{s: s, router: router, raw: s.raw, monitor: s.monitor, wake: w, ordered: ordered, shared: shared,
+		ctx: ctx, hctx: hctx, out: map[string]*peerOut{}, retryWait: retryFirst}
 	loopErr := l.run()
 
 	// Drain: no more reads; workers finish what they hold and exit.
@@ -536,6 +547,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	hcancel()
 	l.dropPending()
 	s.closeSockets()
+	l.freeCounters()
 	s.log.Info("rpc server stopped", "endpoint", bound)
 	return errors.Join(loopErr, drainErr)
 }
