@@ -39,6 +39,12 @@ func TestWireFailureReportsFrontFailed(t *testing.T) {
 		t.Fatal(err)
 	}
 	broken.Store(true)
+	// Wake the loop from its poll: the next poll is the failing one.
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		_, _ = c.Call(ctx, protocol.Noop)
+	}()
 	select {
 	case <-e.Failed():
 	case <-time.After(15 * time.Second):

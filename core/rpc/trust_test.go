@@ -301,6 +301,8 @@ func TestPollFailureEndsServe(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(context.Background()) }()
 	broken.Store(true)
+	// Wake the loop from its poll: the next poll is the failing one.
+	sendFrames(t, rawDealer(t, srv.Endpoint()), enc(t, 1), enc(t, 19))
 	select {
 	case err := <-done:
 		if err == nil || !strings.Contains(err.Error(), "poll failed") {
