@@ -247,7 +247,7 @@ func (l *loop) send(r reply) {
 	case peerFull:
 		l.hold(po, r)
 	case peerGone:
-		l.s.stats.bad("peer_gone")
+		l.s.stats.repliesDropped.Add(1)
 	default:
 		l.s.stats.bad("send_failed")
 	}
@@ -259,7 +259,6 @@ func (l *loop) hold(po *peerOut, r reply) {
 	n := r.size()
 	if (po.bytes > 0 && po.bytes+n > s.opts.ReplyBytesPerPeer) || (l.outBytes > 0 && l.outBytes+n > s.opts.ReplyBytes) {
 		s.stats.repliesDropped.Add(1)
-		s.stats.bad("reply_dropped")
 		peerHex := hex.EncodeToString(r.peer)
 		if s.limiter.allow("reply_dropped|" + peerHex) {
 			s.log.Warn("reply dropped: the peer does not read its replies and its reply budget is full",
@@ -291,7 +290,7 @@ func (l *loop) retry() {
 				break
 			}
 			if res == peerGone {
-				l.s.stats.bad("peer_gone")
+				l.s.stats.repliesDropped.Add(1)
 				l.dropQueue(po)
 				break
 			}

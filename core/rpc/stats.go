@@ -40,8 +40,9 @@ type Stats struct {
 	QueuedRequestBytes int64
 	BudgetWaits        int64
 	// WaitingReplyBytes is the bytes of replies waiting in kvdock for peers
-	// whose send queue is full; RepliesDropped counts replies dropped because
-	// their peer's reply budget was full or the peer was gone.
+	// that do not read; RepliesDropped counts replies dropped because their
+	// peer's reply budget was full or the peer was gone (not bad input: a
+	// worker that exits with requests in flight is not misbehaving).
 	WaitingReplyBytes int64
 	RepliesDropped    int64
 }
