@@ -324,6 +324,9 @@ func (s *Server) maxMessage() int64 {
 	return limit
 }
 
+// resolveTimeout bounds the name lookup of the bind host.
+const resolveTimeout = 10 * time.Second
+
 // endpointFor resolves the bind host: libzmq accepts names, but we want the
 // endpoint we log and expose to be an address.
 func endpointFor(host string, port int) (ep string, ipv6 bool, err error) {
@@ -339,14 +342,18 @@ func endpointFor(host string, port int) (ep string, ipv6 bool, err error) {
 	}
 	ip := net.ParseIP(host)
 	if ip == nil {
-		ips, err := net.LookupIP(host)
-		if err != nil || len(ips) == 0 {
+		// Bind runs under the engine's lifecycle lock: a stuck resolver
+		// must not hold it for long.
+		ctx, cancel := context.WithTimeout(context.Background(), resolveTimeout)
+		addrs, err := net.DefaultResolver.LookupIPAddr(ctx, host)
+		cancel()
+		if err != nil || len(addrs) == 0 {
 			return "", false, fmt.Errorf("resolve host %q: %w", host, err)
 		}
-		ip = ips[0]
-		for _, c := range ips {
-			if c.To4() != nil {
-				ip = c
+		ip = addrs[0].IP
+		for _, c := range addrs {
+			if c.IP.To4() != nil {
+				ip = c.IP
 				break
 			}
 		}

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -19,6 +20,7 @@ import (
 	"time"
 
 	zmq "github.com/pebbe/zmq4"
+	"github.com/vmihailenco/msgpack/v5"
 
 	"kvdock/core/protocol"
 	"kvdock/core/rpc"
@@ -459,4 +461,50 @@ func TestMessageCapAndTokenCapOverTheWire(t *testing.T) {
 	sendFrames(t, d, enc(t, 4), enc(t, 5), key(1000), enc(t, 0))
 	waitFor(t, func() bool { mu.Lock(); defer mu.Unlock(); return lookups == 1 }, "lookup at the cap")
 	noopWithin(t, c, 2*time.Second)
+}
+
+// TestHostilePayloadsOverTheWire (issue 12, points 5 and 13): 8 MB of nested
+// arrays under an unknown key (a fatal stack overflow before), a 16 MiB model
+// name and a 16 MiB request id are decode errors whose log lines do not carry
+// the strings; the server keeps serving.
+func TestHostilePayloadsOverTheWire(t *testing.T) {
+	var mu sync.Mutex
+	var buf bytes.Buffer
+	h := start(t, rpc.Options{Logger: slog.New(slog.NewTextHandler(&lockedWriter{w: &buf, mu: &mu}, nil)),
+		LogInterval: time.Nanosecond})
+	h.srv.Handle(protocol.Lookup, func(context.Context, *rpc.Request) (any, error) { return nil, nil })
+	c := dial(t, h)
+	d := rawDealer(t, h.srv.Endpoint())
+	key := func(extra ...any) []byte {
+		var b bytes.Buffer
+		e := msgpack.NewEncoder(&b)
+		fields := append([]any{"model_name", "m", "world_size", 1, "token_ids", []int{1}, "start", 0, "end", 1,
+			"request_id", "r"}, extra...)
+		_ = e.EncodeMapLen(len(fields) / 2)
+		for i := 0; i < len(fields); i += 2 {
+			_ = e.EncodeString(fields[i].(string))
+			if raw, ok := fields[i+1].([]byte); ok {
+				b.Write(raw)
+			} else {
+				_ = e.Encode(fields[i+1])
+			}
+		}
+		return b.Bytes()
+	}
+	deep := append(bytes.Repeat([]byte{0x91}, 8<<20), 0xc0)
+	huge := strings.Repeat("M", 16<<20)
+	start := time.Now()
+	sendFrames(t, d, enc(t, 1), enc(t, 5), key("x", deep), enc(t, 0))
+	sendFrames(t, d, enc(t, 2), enc(t, 5), key("model_name", huge), enc(t, 0))
+	sendFrames(t, d, enc(t, 3), enc(t, 5), key("request_id", huge), enc(t, 0))
+	waitFor(t, func() bool { return h.srv.Stats().DecodeFailures["LOOKUP"] == 3 }, "three decode failures")
+	noopWithin(t, c, 2*time.Second)
+	if d := time.Since(start); d > 10*time.Second {
+		t.Errorf("hostile payloads took %v", d)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if n := buf.Len(); n > 64<<10 || strings.Contains(buf.String(), "MMMM") {
+		t.Errorf("%d bytes of log for three bad requests (peer strings logged?)", n)
+	}
 }
