@@ -17,7 +17,8 @@ import (
 // binary (SHM off): a peer sends 40 PREPARE_RETRIEVEs of an 8 MiB sequence
 // and never reads a reply. libzmq used to queue them all (SNDHWM counts
 // messages, not bytes); now what is kept for that peer is bounded by
-// --queued-reply-bytes-per-peer (twice: held by libzmq, waiting in kvdock),
+// --queued-reply-bytes-per-peer (twice: held by libzmq, waiting in kvdock;
+// the bound allows as much again for the encoded replies Go has yet to collect),
 // the rest is dropped, and another worker is answered meanwhile.
 func TestSlowReaderRetrievesBoundedRSS(t *testing.T) {
 	const n, budget = 40, 16 << 20
@@ -103,9 +104,9 @@ func TestSlowReaderRetrievesBoundedRSS(t *testing.T) {
 	<-sampled
 	growth := peak.Load() - base
 	t.Logf("%d unread retrieves of %d MiB: RSS %d -> peak %d KiB (+%d MiB)", n, chunks*w.chunkBytes>>20, base, peak.Load(), growth>>10)
-	if growth > 6*budget>>10 {
+	if growth > 8*budget>>10 {
 		t.Fatalf("peak RSS grew %d MiB for %d MiB of unread replies; bound %d MiB", growth>>10,
-			n*chunks*w.chunkBytes>>20, 6*budget>>20)
+			n*chunks*w.chunkBytes>>20, 8*budget>>20)
 	}
 	// The store is intact and served to a reading worker.
 	if got, err := w.retrieve(ctx, toks, chunks, "r1"); err != nil || len(got) != chunks || sum(got[0]) != sum(data[0]) {
