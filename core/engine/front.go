@@ -12,6 +12,7 @@ import (
 
 	"kvdock/assets"
 	"kvdock/core/layout"
+	"kvdock/core/protocol"
 	"kvdock/core/rpc"
 	"kvdock/settings"
 )
@@ -120,7 +121,10 @@ func (f *front) stop(ctx context.Context) error {
 // (no more than the pool holds) of the largest registered layout, each with
 // a pickle's per-tensor overhead. --max-message-bytes stays the upper bound.
 func messageCap(cfg settings.Config, layouts *layout.Registry) func() int64 {
-	maxTokens := int64(max(cfg.Server.MaxTokensPerRequest, 1))
+	maxTokens := int64(cfg.Server.MaxTokensPerRequest)
+	if maxTokens <= 0 {
+		maxTokens = protocol.DefaultMaxTokens // what the wire server applies then
+	}
 	chunk := int64(max(cfg.Server.ChunkSize, 1))
 	pool := cfg.L1.SizeBytes()
 	base := 5*maxTokens + 1<<20
