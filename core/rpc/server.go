@@ -121,8 +121,9 @@ type Options struct {
 	// (sent but not yet written to its connection: the peer does not read),
 	// and again those waiting in kvdock for it (default 128 MiB each); a
 	// reply past the second is dropped and counted. ReplyBytes bounds the
-	// waiting bytes of all peers (default 1 GiB). A reply always goes when
-	// nothing is held, and is always kept when nothing waits, for its peer.
+	// waiting bytes of all peers (default 1 GiB). A reply always goes to
+	// libzmq when nothing is held for its peer, and is kept when nothing
+	// waits for its peer and the total allows it (or nothing waits at all).
 	ReplyBytes        int64
 	ReplyBytesPerPeer int64
 	// PollFault, when set, is called before each poll and a non-nil error
