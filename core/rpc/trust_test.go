@@ -508,3 +508,51 @@ func TestHostilePayloadsOverTheWire(t *testing.T) {
 		t.Errorf("%d bytes of log for three bad requests (peer strings logged?)", n)
 	}
 }
+
+// TestShutdownWhileOverBudget: a server that stopped reading because the
+// request budget is full still shuts down promptly (reporting the stuck
+// handler), and the budget wait does not hold the drain.
+func TestShutdownWhileOverBudget(t *testing.T) {
+	srv, err := rpc.New(rpc.Options{Host: "localhost", Profile: profile(t, "nongpu-v1"), Logger: quietLogger(),
+		QueuedRequestBytes: 1 << 20, PeerQueuedRequestBytes: 1 << 20, DrainTimeout: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	entered, release := make(chan struct{}, 1), make(chan struct{})
+	srv.Handle(protocol.QueryPrefetchStatus, func(context.Context, *rpc.Request) (any, error) {
+		select {
+		case entered <- struct{}{}:
+			<-release
+		default:
+		}
+		return nil, nil
+	})
+	defer close(release)
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(context.Background()) }()
+	<-srv.Bound()
+	d := rawDealer(t, srv.Endpoint())
+	sendFrames(t, d, enc(t, 0), enc(t, 6), enc(t, "a"))
+	<-entered
+	for i := range 4 {
+		sendFrames(t, d, enc(t, i+1), enc(t, 6), strEncoded(700<<10))
+	}
+	waitFor(t, func() bool { return srv.Stats().BudgetWaits > 0 }, "the budget to stop reading")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	start := time.Now()
+	if err := srv.Shutdown(ctx); !errors.Is(err, rpc.ErrHandlersRunning) {
+		t.Fatalf("Shutdown with a stuck handler: %v", err)
+	}
+	if d := time.Since(start); d > 3*time.Second {
+		t.Fatalf("Shutdown took %v", d)
+	}
+	select {
+	case err := <-served:
+		if !errors.Is(err, rpc.ErrHandlersRunning) {
+			t.Fatalf("Serve: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Serve did not return")
+	}
+}
