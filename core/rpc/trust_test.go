@@ -221,7 +221,6 @@ func TestSlowReaderRepliesBounded(t *testing.T) {
 	growth := peak - base
 	t.Logf("%d replies of %d MiB never read: RSS %d -> peak %d KiB (+%d MiB); dropped %d, waiting %d bytes",
 		n, size>>20, base, peak, growth>>10, st.RepliesDropped, st.WaitingReplyBytes)
-	t.Logf("bad input: %v", st.BadInput)
 	if st.RepliesDropped == 0 {
 		t.Error("no reply dropped although the peer read nothing")
 	}
@@ -277,8 +276,11 @@ func TestQueuedRequestBytesBounded(t *testing.T) {
 	if queued > 16<<20+size {
 		t.Errorf("%d bytes queued for one peer, budget %d", queued, 16<<20)
 	}
-	if growth > 96<<10 {
-		t.Errorf("RSS grew %d MiB for %d MiB of queued requests; bound 96 MiB", growth>>10, n*size>>20)
+	// Bound: the budget and the message it holds (24 MiB), RecvHWM messages
+	// in libzmq and the one it is reading (40 MiB), and room for frames Go
+	// has yet to collect.
+	if growth > 128<<10 {
+		t.Errorf("RSS grew %d MiB for %d MiB of queued requests; bound 128 MiB", growth>>10, n*size>>20)
 	}
 }
 
