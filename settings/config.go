@@ -38,11 +38,20 @@ type ServerConfig struct {
 	// (pickle for every worker), other = that segment name (normalised).
 	ShmName  *string `koanf:"shm_name"`
 	Protocol string  `koanf:"protocol"`
-	// MaxMessageBytes rejects larger ZMQ messages without allocating them.
+	// MaxMessageBytes rejects larger ZMQ messages without allocating them;
+	// an upper bound on the cap derived from the registered layouts.
 	MaxMessageBytes int64 `koanf:"max_message_bytes"`
 	// MaxInstances bounds the worker instances registered at once; new ones
 	// beyond it are refused (re-registering a known id is not new).
 	MaxInstances int `koanf:"max_instances"`
+	// MaxTokensPerRequest caps the token ids of one request's key.
+	MaxTokensPerRequest int `koanf:"max_tokens_per_request"`
+	// QueuedRequestBytes bounds request payloads queued for the workers
+	// (total; a quarter per peer).
+	QueuedRequestBytes int64 `koanf:"queued_request_bytes"`
+	// QueuedReplyBytesPerPeer bounds replies kept for a peer that does not
+	// read them (eight times that in total).
+	QueuedReplyBytesPerPeer int64 `koanf:"queued_reply_bytes_per_peer"`
 }
 
 // L1Config is the L1 memory pool.
@@ -92,15 +101,18 @@ type UIConfig struct {
 func Default() Config {
 	return Config{
 		Server: ServerConfig{
-			Host:            "localhost",
-			Port:            5555,
-			ChunkSize:       256,
-			MaxWorkers:      1,
-			HashAlgorithm:   "blake3",
-			TransferMode:    "non_gpu",
-			Protocol:        "nongpu-v1",
-			MaxMessageBytes: 1 << 30,
-			MaxInstances:    1024,
+			Host:                    "localhost",
+			Port:                    5555,
+			ChunkSize:               256,
+			MaxWorkers:              1,
+			HashAlgorithm:           "blake3",
+			TransferMode:            "non_gpu",
+			Protocol:                "nongpu-v1",
+			MaxMessageBytes:         1 << 30,
+			MaxInstances:            1024,
+			MaxTokensPerRequest:     2 << 20,
+			QueuedRequestBytes:      256 << 20,
+			QueuedReplyBytesPerPeer: 128 << 20,
 		},
 		L1: L1Config{
 			SizeGB:          1,

@@ -135,6 +135,33 @@ func table() []keyDef {
 			help:  "most worker instances registered at once; more are refused",
 			field: func(c *Config) any { return &c.Server.MaxInstances },
 			check: func(c Config) string { return intRange(c.Server.MaxInstances, 1, 1<<20) }},
+		{key: "server.max_tokens_per_request", flag: "max-tokens-per-request", class: Restart,
+			help:  "most token ids one request's key may carry (checked before decoding them)",
+			field: func(c *Config) any { return &c.Server.MaxTokensPerRequest },
+			check: func(c Config) string {
+				if n := c.Server.MaxTokensPerRequest; n < 1 || n > 1<<27 {
+					return "must be between 1 and 134217728"
+				}
+				return ""
+			}},
+		{key: "server.queued_request_bytes", flag: "queued-request-bytes", class: Restart,
+			help:  "payload bytes of requests queued for the workers, in total (a quarter per peer); over it the server stops reading",
+			field: func(c *Config) any { return &c.Server.QueuedRequestBytes },
+			check: func(c Config) string {
+				if c.Server.QueuedRequestBytes < 1<<20 {
+					return "must be >= 1048576 (1 MiB)"
+				}
+				return ""
+			}},
+		{key: "server.queued_reply_bytes_per_peer", flag: "queued-reply-bytes-per-peer", class: Restart,
+			help:  "bytes of replies kept for one peer that does not read them (8x in total); past it its replies are dropped",
+			field: func(c *Config) any { return &c.Server.QueuedReplyBytesPerPeer },
+			check: func(c Config) string {
+				if c.Server.QueuedReplyBytesPerPeer < 1<<20 {
+					return "must be >= 1048576 (1 MiB)"
+				}
+				return ""
+			}},
 		{key: "l1.size_gb", flag: "l1-size-gb", class: Rebuild,
 			help:  "L1 pool size in GiB",
 			field: func(c *Config) any { return &c.L1.SizeGB },

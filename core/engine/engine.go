@@ -85,6 +85,9 @@ type Engine struct {
 	plane    *plane
 	front    *front
 	bg       context.CancelFunc // background loops of the engine itself
+	// wireOptions, set by tests only, adjusts each wire server's options
+	// (fault injection).
+	wireOptions func(*rpc.Options)
 
 	// st guards the state fields read by Snapshot.
 	st      sync.RWMutex

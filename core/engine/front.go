@@ -2,14 +2,17 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"strings"
 	"sync/atomic"
-	"time"
 
 	"kvdock/assets"
+	"kvdock/core/layout"
+	"kvdock/core/protocol"
 	"kvdock/core/rpc"
 	"kvdock/settings"
 )
@@ -30,22 +33,38 @@ func (e *Engine) startFront(cfg settings.Config, p *plane) (*front, error) {
 	if err != nil {
 		return nil, err
 	}
-	srv, err := rpc.New(rpc.Options{
-		Host:            cfg.Server.Host,
-		Port:            cfg.Server.Port,
-		Profile:         profile,
-		OrderedWorkers:  cfg.Server.GPUWorkers(),
-		SharedWorkers:   cfg.Server.CPUWorkers(),
-		MaxMessageBytes: cfg.Server.MaxMessageBytes,
-		DrainTimeout:    DrainTimeout,
-		Logger:          e.log,
-		Observer:        e.opts.Observer,
-	})
+	opts := rpc.Options{
+		Host:                   cfg.Server.Host,
+		Port:                   cfg.Server.Port,
+		Profile:                profile,
+		OrderedWorkers:         cfg.Server.GPUWorkers(),
+		SharedWorkers:          cfg.Server.CPUWorkers(),
+		MaxMessageBytes:        cfg.Server.MaxMessageBytes,
+		MessageCap:             messageCap(cfg, p.layouts),
+		MaxTokensPerRequest:    cfg.Server.MaxTokensPerRequest,
+		QueuedRequestBytes:     cfg.Server.QueuedRequestBytes,
+		PeerQueuedRequestBytes: cfg.Server.QueuedRequestBytes / 4,
+		ReplyBytesPerPeer:      cfg.Server.QueuedReplyBytesPerPeer,
+		ReplyBytes:             8 * cfg.Server.QueuedReplyBytesPerPeer,
+		DrainTimeout:           DrainTimeout,
+		Logger:                 e.log,
+		Observer:               e.opts.Observer,
+	}
+	if e.wireOptions != nil {
+		e.wireOptions(&opts)
+	}
+	srv, err := rpc.New(opts)
 	if err != nil {
 		return nil, fmt.Errorf("wire server: %w", err)
 	}
 	for name, h := range e.handlers(cfg, p) {
 		srv.Handle(name, h)
+	}
+	// Bind here, so a bind error is returned to the caller and nothing runs;
+	// only a server that bound is served, and only its own failure (never a
+	// stop) reaches frontFailed.
+	if err := srv.Bind(); err != nil {
+		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	f := &front{srv: srv, cancel: cancel, done: make(chan struct{})}
@@ -56,19 +75,6 @@ func (e *Engine) startFront(cfg settings.Config, p *plane) (*front, error) {
 			e.frontFailed(f.err)
 		}
 	}()
-	// Serve binds first; wait for the bind or an early error.
-	f.stopping.Store(true) // a bind failure is returned, not reported
-	defer func() { f.stopping.Store(false) }()
-	select {
-	case <-srv.Bound():
-	case <-f.done:
-		cancel()
-		return nil, f.err
-	case <-time.After(10 * time.Second):
-		cancel()
-		<-f.done
-		return nil, fmt.Errorf("wire server did not bind %s:%d within 10 s", cfg.Server.Host, cfg.Server.Port)
-	}
 	e.log.Info("serving", "endpoint", srv.Endpoint(), "protocol", profile.Name)
 	if !loopbackEndpoint(srv.Endpoint()) {
 		// The wire protocol has no authentication: say so where operators look.
@@ -93,14 +99,51 @@ func loopbackEndpoint(endpoint string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// stop stops reading, drains in-flight requests and closes the socket.
+// stop stops reading, drains in-flight requests and closes the socket. It
+// returns nil only when no handler is running any more; an error wrapping
+// rpc.ErrHandlersRunning means handlers may still use the pool.
 func (f *front) stop(ctx context.Context) error {
 	f.stopping.Store(true)
 	f.cancel()
-	select {
-	case <-f.done:
-		return f.err
-	case <-ctx.Done():
-		return fmt.Errorf("wire server drain: %w", ctx.Err())
+	if err := f.srv.Shutdown(ctx); err != nil {
+		return fmt.Errorf("wire server drain: %w", err)
+	}
+	<-f.done
+	if errors.Is(f.err, rpc.ErrHandlersRunning) || errors.Is(f.err, rpc.ErrServerClosed) {
+		// Serve's drain timed out, but Shutdown saw the handlers finish; or
+		// a Stop right after Start won the race with Serve: nothing ran.
+		return nil
+	}
+	return f.err
+}
+
+// messageCap is the largest message a legal request needs now: a key of the
+// most tokens allowed (5 bytes each at most) with its frames, and, once a
+// layout is registered, the largest legal commit: every chunk of such a key
+// (no more than the pool holds) of the largest registered layout, each with
+// a pickle's per-tensor overhead. --max-message-bytes stays the upper bound.
+func messageCap(cfg settings.Config, layouts *layout.Registry) func() int64 {
+	maxTokens := int64(cfg.Server.MaxTokensPerRequest)
+	if maxTokens <= 0 {
+		maxTokens = protocol.DefaultMaxTokens // what the wire server applies then
+	}
+	chunk := int64(max(cfg.Server.ChunkSize, 1))
+	pool := cfg.L1.SizeBytes()
+	base := 5*maxTokens + 1<<20
+	const perTensor = 4 << 10
+	return func() int64 {
+		lb := layouts.MaxBytes()
+		if lb <= 0 {
+			return base
+		}
+		chunks := (maxTokens+chunk-1)/chunk + 1
+		if pool > 0 {
+			chunks = min(chunks, pool/lb+1)
+		}
+		per := lb + perTensor
+		if chunks > (math.MaxInt64-base)/per {
+			return math.MaxInt64
+		}
+		return base + chunks*per
 	}
 }

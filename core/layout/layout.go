@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 )
 
 // dtypeSizes maps the torch dtype names workers send (without "torch.") to
@@ -144,6 +145,9 @@ type regEntry struct {
 type Registry struct {
 	mu      sync.RWMutex
 	entries map[regKey]*regEntry
+	// maxBytes is the largest registered layout's Bytes, kept current on
+	// every change so readers (one per wire message) never scan entries.
+	maxBytes atomic.Int64
 }
 
 // NewRegistry returns an empty registry.
@@ -161,6 +165,9 @@ func (r *Registry) Add(model string, worldSize int, l Layout) {
 		return
 	}
 	r.entries[k] = &regEntry{layout: l, refs: 1}
+	if l.Bytes > r.maxBytes.Load() {
+		r.maxBytes.Store(l.Bytes)
+	}
 }
 
 // Remove drops one reference; the entry goes when the last one does.
@@ -172,9 +179,19 @@ func (r *Registry) Remove(model string, worldSize int) {
 		e.refs--
 		if e.refs <= 0 {
 			delete(r.entries, k)
+			if e.layout.Bytes >= r.maxBytes.Load() {
+				var m int64
+				for _, o := range r.entries {
+					m = max(m, o.layout.Bytes)
+				}
+				r.maxBytes.Store(m)
+			}
 		}
 	}
 }
+
+// MaxBytes is the largest registered layout's chunk bytes, 0 when none.
+func (r *Registry) MaxBytes() int64 { return r.maxBytes.Load() }
 
 // Get returns the layout of (model, worldSize).
 func (r *Registry) Get(model string, worldSize int) (Layout, bool) {
@@ -198,4 +215,5 @@ func (r *Registry) Clear() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	clear(r.entries)
+	r.maxBytes.Store(0)
 }

@@ -47,7 +47,8 @@ func TestKeyAppendMatchesEncoder(t *testing.T) {
 		if err != nil || !bytes.Equal(got[1:], want) || got[0] != 0xaa {
 			t.Errorf("key %d: AppendEncode differs (%v)", i, err)
 		}
-		back, err := protocol.DecodeValue(protocol.TypeKey, want)
+		// The 70000-byte request id exercises str32; the default cap is 256.
+		back, err := protocol.DecodeValueLimits(protocol.TypeKey, want, protocol.Limits{MaxString: 1 << 20})
 		if err != nil {
 			t.Fatalf("key %d: %v", i, err)
 		}

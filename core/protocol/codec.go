@@ -56,10 +56,40 @@ func knownResultType(t string) bool {
 	return false
 }
 
-// DecodeValue decodes one payload frame as the named type. The whole frame must
-// be one msgpack document; trailing bytes are an error (msgspec rejects them too).
-// TypeBytes returns a slice of frame, not a copy.
+// DecodeValue decodes one payload frame as the named type under DefaultLimits.
+// The whole frame must be one msgpack document; trailing bytes are an error
+// (msgspec rejects them too). TypeBytes returns a slice of frame, not a copy.
 func DecodeValue(typ string, frame []byte) (any, error) {
+	return DecodeValueLimits(typ, frame, DefaultLimits())
+}
+
+// dec is one frame being decoded: the msgpack decoder reads from r, a reader
+// over frame (so fast paths can parse frame's bytes and seek r past them).
+type dec struct {
+	d     *msgpack.Decoder
+	r     *bytes.Reader
+	frame []byte
+	lim   Limits
+	ints  int // ints decoded so far into records (bounded by lim.MaxTokens)
+}
+
+// pos is the offset in frame of the next byte the decoder reads.
+func (x *dec) pos() int { return len(x.frame) - x.r.Len() }
+
+// skip skips one value of any type without recursion (skipValue).
+func (x *dec) skip() error {
+	pos := x.pos()
+	end, err := skipValue(x.frame, pos)
+	if err != nil {
+		return err
+	}
+	_, err = x.r.Seek(int64(end-pos), io.SeekCurrent)
+	return err
+}
+
+// DecodeValueLimits is DecodeValue under the given limits (zero fields take
+// the defaults).
+func DecodeValueLimits(typ string, frame []byte, lim Limits) (any, error) {
 	switch typ {
 	case TypeBytes:
 		return decodeBin(frame)
@@ -71,13 +101,14 @@ func DecodeValue(typ string, frame []byte) (any, error) {
 	}
 	r := bytes.NewReader(frame)
 	d := msgpack.NewDecoder(r)
+	x := &dec{d: d, r: r, frame: frame, lim: lim.withDefaults()}
 	var (
 		v   any
 		err error
 	)
 	switch typ {
 	case TypeKey:
-		v, err = decodeKey(d, r, frame)
+		v, err = decodeKey(x)
 	case TypeInt:
 		v, err = decodeLooseInt(d)
 	case TypeOptInt:
@@ -95,11 +126,11 @@ func DecodeValue(typ string, frame []byte) (any, error) {
 	case TypeBool:
 		v, err = decodeLooseBool(d)
 	case TypeStr:
-		v, err = decodeStr(d)
+		v, err = decodeStr(d, x.lim.MaxString)
 	case TypeRegister:
-		v, err = decodeRegister(d)
+		v, err = decodeRegister(x)
 	case TypeRecords:
-		v, err = decodeRecords(d)
+		v, err = decodeRecords(x)
 	default:
 		return nil, fmt.Errorf("unknown payload type %q", typ)
 	}
@@ -266,7 +297,9 @@ func decodeLooseBool(d *msgpack.Decoder) (bool, error) {
 	return n != 0, err
 }
 
-func decodeStr(d *msgpack.Decoder) (string, error) {
+// decodeStr reads a string of at most max bytes; the length is checked before
+// anything is allocated, and a longer string is an error that does not quote it.
+func decodeStr(d *msgpack.Decoder, max int) (string, error) {
 	c, err := d.PeekCode()
 	if err != nil {
 		return "", err
@@ -274,7 +307,21 @@ func decodeStr(d *msgpack.Decoder) (string, error) {
 	if !msgpcode.IsString(c) {
 		return "", fmt.Errorf("expected str, got code 0x%02x", c)
 	}
-	return d.DecodeString()
+	n, err := d.DecodeBytesLen()
+	if err != nil {
+		return "", err
+	}
+	if n > max {
+		return "", fmt.Errorf("str of %d bytes exceeds the limit of %d", n, max)
+	}
+	if n > remaining(d) {
+		return "", fmt.Errorf("str length %d exceeds frame", n)
+	}
+	b := make([]byte, n)
+	if err := d.ReadFull(b); err != nil {
+		return "", err
+	}
+	return string(b), nil
 }
 
 func decodeSmallInt(d *msgpack.Decoder) (int, error) {
@@ -290,7 +337,8 @@ func decodeSmallInt(d *msgpack.Decoder) (int, error) {
 
 // mapFields walks a msgpack map, calling field for every string key; unknown
 // keys must be skipped by field (it returns false for them).
-func mapFields(d *msgpack.Decoder, field func(name string) (bool, error)) error {
+func mapFields(x *dec, field func(name string) (bool, error)) error {
+	d := x.d
 	c, err := d.PeekCode()
 	if err != nil {
 		return err
@@ -303,7 +351,7 @@ func mapFields(d *msgpack.Decoder, field func(name string) (bool, error)) error 
 		return err
 	}
 	for i := 0; i < n; i++ {
-		name, err := decodeStr(d)
+		name, err := decodeStr(d, x.lim.MaxString)
 		if err != nil {
 			return fmt.Errorf("map key: %w", err)
 		}
@@ -312,7 +360,7 @@ func mapFields(d *msgpack.Decoder, field func(name string) (bool, error)) error 
 			return fmt.Errorf("field %q: %w", name, err)
 		}
 		if !known {
-			if err := d.Skip(); err != nil {
+			if err := x.skip(); err != nil {
 				return fmt.Errorf("field %q: %w", name, err)
 			}
 		}
@@ -332,19 +380,20 @@ func (r required) check(what string) error {
 	return nil
 }
 
-// decodeKey reads a key map; r is d's reader over frame (for the token fast path).
-func decodeKey(d *msgpack.Decoder, r *bytes.Reader, frame []byte) (Key, error) {
+// decodeKey reads a key map.
+func decodeKey(x *dec) (Key, error) {
+	d := x.d
 	var k Key
 	req := required{"model_name": false, "world_size": false, "token_ids": false,
 		"start": false, "end": false, "request_id": false}
-	err := mapFields(d, func(name string) (bool, error) {
+	err := mapFields(x, func(name string) (bool, error) {
 		var err error
 		if _, ok := req[name]; ok {
 			req[name] = true
 		}
 		switch name {
 		case "model_name":
-			k.ModelName, err = decodeStr(d)
+			k.ModelName, err = decodeStr(d, x.lim.MaxString)
 		case "world_size":
 			k.WorldSize, err = decodeSmallInt(d)
 		case "worker_id":
@@ -356,15 +405,15 @@ func decodeKey(d *msgpack.Decoder, r *bytes.Reader, frame []byte) (Key, error) {
 				}
 			}
 		case "token_ids":
-			k.TokenIDs, err = decodeTokens(d, r, frame)
+			k.TokenIDs, err = decodeTokens(x)
 		case "start":
 			k.Start, err = decodeSmallInt(d)
 		case "end":
 			k.End, err = decodeSmallInt(d)
 		case "request_id":
-			k.RequestID, err = decodeStr(d)
+			k.RequestID, err = decodeStr(d, x.lim.MaxString)
 		case "cache_salt":
-			k.CacheSalt, err = decodeStr(d)
+			k.CacheSalt, err = decodeStr(d, x.lim.MaxString)
 		default:
 			return false, nil
 		}
@@ -397,9 +446,10 @@ func decodeArrayLen(d *msgpack.Decoder) (int, error) {
 // uint8/16/32) are parsed straight from the frame's bytes; anything else, and
 // every error, goes through the decoder from the same position, so results and
 // error messages are those of the general path.
-func decodeTokens(d *msgpack.Decoder, r *bytes.Reader, frame []byte) ([]uint32, error) {
+func decodeTokens(x *dec) ([]uint32, error) {
+	d, r, frame := x.d, x.r, x.frame
 	if pos := len(frame) - r.Len(); pos >= 0 && pos <= len(frame) {
-		if out, used, ok := fastTokens(frame[pos:]); ok {
+		if out, used, ok := fastTokens(frame[pos:], x.lim.MaxTokens); ok {
 			if _, err := r.Seek(int64(used), io.SeekCurrent); err == nil {
 				return out, nil
 			}
@@ -408,6 +458,9 @@ func decodeTokens(d *msgpack.Decoder, r *bytes.Reader, frame []byte) ([]uint32, 
 	n, err := decodeArrayLen(d)
 	if err != nil {
 		return nil, err
+	}
+	if n > x.lim.MaxTokens {
+		return nil, fmt.Errorf("%d tokens exceed the limit of %d per request", n, x.lim.MaxTokens)
 	}
 	out := make([]uint32, n)
 	for i := range out {
@@ -423,9 +476,10 @@ func decodeTokens(d *msgpack.Decoder, r *bytes.Reader, frame []byte) ([]uint32, 
 	return out, nil
 }
 
-// fastTokens parses an array of unsigned ints up to uint32 from b; ok is false
-// for any other element, a bad header or a short frame.
-func fastTokens(b []byte) (out []uint32, used int, ok bool) {
+// fastTokens parses an array of at most max unsigned ints up to uint32 from b;
+// ok is false for any other element, a bad header, a short frame or too many
+// tokens (the general path then reports the error).
+func fastTokens(b []byte, max int) (out []uint32, used int, ok bool) {
 	if len(b) == 0 {
 		return nil, 0, false
 	}
@@ -441,7 +495,7 @@ func fastTokens(b []byte) (out []uint32, used int, ok bool) {
 		return nil, 0, false
 	}
 	// Every element takes at least one byte (the same bound decodeArrayLen sets).
-	if n > len(b)-i {
+	if n > len(b)-i || n > max {
 		return nil, 0, false
 	}
 	out = make([]uint32, n)
@@ -470,10 +524,16 @@ func fastTokens(b []byte) (out []uint32, used int, ok bool) {
 	return out, i, true
 }
 
-func decodeInts(d *msgpack.Decoder) ([]int64, error) {
+// decodeInts reads an int array; all arrays of one payload together hold at
+// most lim.MaxTokens ints.
+func decodeInts(x *dec) ([]int64, error) {
+	d := x.d
 	n, err := decodeArrayLen(d)
 	if err != nil {
 		return nil, err
+	}
+	if x.ints += n; x.ints > x.lim.MaxTokens {
+		return nil, fmt.Errorf("more than %d ints in one payload", x.lim.MaxTokens)
 	}
 	out := make([]int64, n)
 	for i := range out {
@@ -484,12 +544,13 @@ func decodeInts(d *msgpack.Decoder) ([]int64, error) {
 	return out, nil
 }
 
-func decodeRegister(d *msgpack.Decoder) (RegisterPayload, error) {
+func decodeRegister(x *dec) (RegisterPayload, error) {
+	d := x.d
 	var p RegisterPayload
 	req := required{"instance_id": false, "model_name": false, "world_size": false,
 		"block_size": false, "num_layers": false, "hidden_dim_size": false,
 		"dtype_str": false, "use_mla": false}
-	err := mapFields(d, func(name string) (bool, error) {
+	err := mapFields(x, func(name string) (bool, error) {
 		var err error
 		if _, ok := req[name]; ok {
 			req[name] = true
@@ -498,7 +559,7 @@ func decodeRegister(d *msgpack.Decoder) (RegisterPayload, error) {
 		case "instance_id":
 			p.InstanceID, err = decodeInt(d)
 		case "model_name":
-			p.ModelName, err = decodeStr(d)
+			p.ModelName, err = decodeStr(d, x.lim.MaxString)
 		case "world_size":
 			p.WorldSize, err = decodeSmallInt(d)
 		case "block_size":
@@ -508,7 +569,7 @@ func decodeRegister(d *msgpack.Decoder) (RegisterPayload, error) {
 		case "hidden_dim_size":
 			p.HiddenDimSize, err = decodeSmallInt(d)
 		case "dtype_str":
-			p.DtypeStr, err = decodeStr(d)
+			p.DtypeStr, err = decodeStr(d, x.lim.MaxString)
 		case "use_mla":
 			p.UseMLA, err = decodeLooseBool(d)
 		default:
@@ -522,27 +583,34 @@ func decodeRegister(d *msgpack.Decoder) (RegisterPayload, error) {
 	return p, req.check("register payload")
 }
 
-func decodeRecords(d *msgpack.Decoder) ([]BlockAllocationRecord, error) {
+func decodeRecords(x *dec) ([]BlockAllocationRecord, error) {
+	d := x.d
 	n, err := decodeArrayLen(d)
 	if err != nil {
 		return nil, err
+	}
+	// A record carries its three required keys (39 bytes at least), so a
+	// lying count cannot allocate records the frame could never fill.
+	const minRecordBytes = 39
+	if n > remaining(d)/minRecordBytes {
+		return nil, fmt.Errorf("%d records exceed frame", n)
 	}
 	out := make([]BlockAllocationRecord, n)
 	for i := range out {
 		r := &out[i]
 		req := required{"req_id": false, "new_block_ids": false, "new_token_ids": false}
-		err := mapFields(d, func(name string) (bool, error) {
+		err := mapFields(x, func(name string) (bool, error) {
 			var err error
 			if _, ok := req[name]; ok {
 				req[name] = true
 			}
 			switch name {
 			case "req_id":
-				r.ReqID, err = decodeStr(d)
+				r.ReqID, err = decodeStr(d, x.lim.MaxString)
 			case "new_block_ids":
-				r.NewBlockIDs, err = decodeInts(d)
+				r.NewBlockIDs, err = decodeInts(x)
 			case "new_token_ids":
-				r.NewTokenIDs, err = decodeInts(d)
+				r.NewTokenIDs, err = decodeInts(x)
 			default:
 				return false, nil
 			}

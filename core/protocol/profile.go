@@ -263,8 +263,14 @@ func (p *Profile) DecodeHead(frames [][]byte) (*Spec, error) {
 }
 
 // DecodePayload is the second half of DecodeRequest: the payload frames of a
-// request of spec, checked for arity and decoded by the spec's types.
+// request of spec, checked for arity and decoded by the spec's types under
+// DefaultLimits.
 func (p *Profile) DecodePayload(spec *Spec, payload [][]byte) ([]any, error) {
+	return p.DecodePayloadLimits(spec, payload, DefaultLimits())
+}
+
+// DecodePayloadLimits is DecodePayload under the given limits.
+func (p *Profile) DecodePayloadLimits(spec *Spec, payload [][]byte, lim Limits) ([]any, error) {
 	var shape []string
 	for _, s := range spec.Shapes() {
 		if len(s) == len(payload) {
@@ -278,7 +284,7 @@ func (p *Profile) DecodePayload(spec *Spec, payload [][]byte) ([]any, error) {
 	}
 	args := make([]any, len(payload))
 	for i, t := range shape {
-		v, err := DecodeValue(t, payload[i])
+		v, err := DecodeValueLimits(t, payload[i], lim)
 		if err != nil {
 			return nil, &DecodeError{Kind: KindPayload, Spec: spec, Err: fmt.Errorf("payload frame %d: %w", i, err)}
 		}

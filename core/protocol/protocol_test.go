@@ -422,7 +422,9 @@ func TestDecodeRequest(t *testing.T) {
 }
 
 // FuzzDecodeFrames feeds random frame sets to every profile: decoding must never
-// panic, and a success must be a request of the profile.
+// panic, a success must be a request of the profile, and the bytes allocated
+// stay within a small multiple of the input (lying lengths, deep nesting and
+// many items cannot make the decoder work or allocate beyond the frame).
 func FuzzDecodeFrames(f *testing.F) {
 	profiles := []*protocol.Profile{loadProfile(f, "nongpu-v1"), loadProfile(f, "nongpu-v2"), loadProfile(f, "engine-driven")}
 	enc := func(v any) []byte { return mustEncode(f, v) }
@@ -433,10 +435,18 @@ func FuzzDecodeFrames(f *testing.F) {
 	f.Add(joinFrames(enc(3), enc(10), enc(protocol.RegisterPayload{ModelName: "m", DtypeStr: "float16"})))
 	f.Add(joinFrames(enc(4), enc(18), enc([]protocol.BlockAllocationRecord{{ReqID: "x"}})))
 	f.Add([]byte{0xff, 0x00})
+	f.Add(joinFrames(enc(1), enc(11), rawMap(append(keyFields([]uint32{1}), "x", nested(30000, 0x91))...), enc(0)))
+	f.Add(joinFrames(enc(4), enc(20), append([]byte{0xdd, 0, 1, 0, 0}, bytes.Repeat([]byte{0x80}, 4096)...)))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		frames := splitFrames(data)
 		for _, p := range profiles {
+			before := heapAllocBytes()
 			spec, args, err := p.DecodeRequest(frames)
+			limit := uint64(maxAllocRatio*len(data) + allocPerFrame*len(frames) + allocFixedCost)
+			if got := heapAllocBytes() - before; got > limit {
+				t.Fatalf("%s: %d bytes allocated for %d input bytes in %d frames (limit %d)",
+					p.Name, got, len(data), len(frames), limit)
+			}
 			if err == nil {
 				if spec == nil {
 					t.Fatal("nil spec without error")

@@ -2,10 +2,12 @@ package rpc
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"syscall"
 	"time"
+	"unsafe"
 
 	zmq "github.com/pebbe/zmq4"
 
@@ -16,6 +18,23 @@ import (
 // readBatch bounds how many messages one poll wake-up reads before replies
 // queued by workers are flushed, so replies are not starved by a busy peer.
 const readBatch = 128
+
+// Poll failures: a socket that cannot be polled is dead. The loop retries
+// with a growing pause and gives up after maxPollErrors failures in a row
+// (about 3 s), so Serve returns and its caller learns the server failed.
+const (
+	maxPollErrors  = 20
+	pollRetryFirst = 10 * time.Millisecond
+	pollRetryMax   = 200 * time.Millisecond
+)
+
+// Replies waiting for a full peer are retried after retryFirst, backing off
+// to retryMax while no peer takes any: libzmq gives no signal when a peer's
+// send queue drains.
+const (
+	retryFirst = time.Millisecond
+	retryMax   = 50 * time.Millisecond
+)
 
 // loop is the state of the socket goroutine; only it touches the sockets.
 type loop struct {
@@ -28,26 +47,69 @@ type loop struct {
 	ctx     context.Context // Serve's: done means stop reading
 	hctx    context.Context // handlers'
 	buf     []reply
+
+	raw unsafe.Pointer // libzmq's handle of router, for counted sends
+
+	// Per peer: what libzmq holds for it and the replies waiting here
+	// (over its budget or refused at SendHWM); outBytes sums the waiting.
+	out       map[string]*peerOut
+	outBytes  int64
+	retryWait time.Duration
 }
 
-func (l *loop) run() {
+type peerOut struct {
+	held  heldCounter
+	q     []reply
+	bytes int64
+}
+
+func (l *loop) poll(p *zmq.Poller, timeout time.Duration) ([]zmq.Polled, error) {
+	if f := l.s.opts.PollFault; f != nil {
+		if err := f(); err != nil {
+			return nil, err
+		}
+	}
+	return p.Poll(timeout)
+}
+
+// run serves until ctx is done (nil) or polling keeps failing (the error).
+func (l *loop) run() error {
 	poller := zmq.NewPoller()
 	poller.Add(l.router, zmq.POLLIN)
 	poller.Add(l.wake.Socket(), zmq.POLLIN)
 	if l.monitor != nil {
 		poller.Add(l.monitor, zmq.POLLIN)
 	}
+	failures := 0
+	pause := pollRetryFirst
 	for l.ctx.Err() == nil {
-		polled, err := poller.Poll(-1)
+		timeout := time.Duration(-1)
+		if len(l.out) > 0 {
+			timeout = l.retryWait
+		}
+		polled, err := l.poll(poller, timeout)
 		if err != nil {
 			if errors.Is(err, syscall.EINTR) || zmq.AsErrno(err) == zmq.Errno(syscall.EINTR) {
 				continue
 			}
-			l.s.log.Error("rpc poll failed", "err", err)
-			// Do not spin on a persistent error.
-			time.Sleep(10 * time.Millisecond)
+			failures++
+			if failures >= maxPollErrors {
+				l.s.log.Error("rpc poll keeps failing: the wire server stops", "err", err, "failures", failures)
+				return fmt.Errorf("rpc: poll failed %d times in a row: %w", failures, err)
+			}
+			if l.s.limiter.allow("poll_failed") {
+				l.s.log.Error("rpc poll failed", "err", err, "failures", failures)
+			}
+			t := time.NewTimer(pause)
+			select {
+			case <-t.C:
+			case <-l.ctx.Done():
+				t.Stop()
+			}
+			pause = min(2*pause, pollRetryMax)
 			continue
 		}
+		failures, pause = 0, pollRetryFirst
 		for _, p := range polled {
 			switch p.Socket {
 			case l.router:
@@ -60,6 +122,7 @@ func (l *loop) run() {
 		}
 		l.flush()
 	}
+	return nil
 }
 
 // drain sends worker replies until done reports true.
@@ -74,11 +137,17 @@ func (l *loop) drain(done func() bool) {
 			l.flush()
 			return
 		}
-		_, _ = poller.Poll(100 * time.Millisecond)
+		timeout := 100 * time.Millisecond
+		if len(l.out) > 0 {
+			timeout = l.retryWait
+		}
+		_, _ = poller.Poll(timeout)
 	}
 }
 
+// flush retries waiting replies, then sends (or queues) the workers' new ones.
 func (l *loop) flush() {
+	l.retry()
 	l.buf = l.s.takeReplies(l.buf)
 	for i := range l.buf {
 		l.send(l.buf[i])
@@ -86,9 +155,39 @@ func (l *loop) flush() {
 	}
 }
 
-func (l *loop) send(r reply) {
-	// ROUTER never blocks: at the HWM or for a gone peer the message is
-	// dropped by libzmq.
+// sendResult is what libzmq did with a reply.
+type sendResult int
+
+const (
+	sent     sendResult = iota
+	peerFull            // the peer's send queue is at SendHWM: try later
+	peerGone            // no such peer (disconnected)
+	failed
+)
+
+// peer returns the reply state of a peer, creating it.
+func (l *loop) peer(id []byte) (*peerOut, error) {
+	if po := l.out[string(id)]; po != nil {
+		return po, nil
+	}
+	h, err := newHeldCounter()
+	if err != nil {
+		return nil, err
+	}
+	po := &peerOut{held: h}
+	l.out[string(id)] = po
+	return po, nil
+}
+
+// fits reports whether libzmq may take r for po now: what it holds for the
+// peer stays within the budget, or it holds nothing (so any reply goes).
+func (l *loop) fits(po *peerOut, r *reply) bool {
+	h := po.held.load()
+	return h == 0 || h+r.size() <= l.s.opts.ReplyBytesPerPeer
+}
+
+// write hands r to libzmq without blocking, charging its bytes to the peer.
+func (l *loop) write(po *peerOut, r *reply) sendResult {
 	n := 3 + len(r.frames)
 	for i := range n {
 		var p []byte
@@ -106,10 +205,139 @@ func (l *loop) send(r reply) {
 		if i == n-1 {
 			flag = 0
 		}
-		if _, err := l.router.SendBytes(p, flag|zmq.DONTWAIT); err != nil {
-			l.s.stats.bad("send_failed")
-			return
+		err := sendCounted(l.raw, p, flag|zmq.DONTWAIT, po.held)
+		if err != nil && i == 0 && zmq.AsErrno(err) == zmq.Errno(syscall.EAGAIN) {
+			// libzmq applies the peer's "queue drained" notices lazily (at
+			// most once a millisecond while sending); reading ZMQ_EVENTS
+			// applies them now, so a reading peer is not taken for a full one.
+			_, _ = l.router.GetEvents()
+			err = sendCounted(l.raw, p, flag|zmq.DONTWAIT, po.held)
 		}
+		if err != nil {
+			// ROUTER_MANDATORY reports both on the identity frame, before
+			// anything of the message is queued.
+			if i == 0 {
+				switch zmq.AsErrno(err) {
+				case zmq.Errno(syscall.EAGAIN):
+					return peerFull
+				case zmq.EHOSTUNREACH:
+					return peerGone
+				}
+			}
+			return failed
+		}
+	}
+	return sent
+}
+
+// send hands r to libzmq, or queues it behind the replies already waiting
+// for its peer, or while libzmq holds the peer's budget.
+func (l *loop) send(r reply) {
+	po, err := l.peer(r.peer)
+	if err != nil {
+		l.s.stats.bad("send_failed")
+		return
+	}
+	if len(po.q) > 0 || !l.fits(po, &r) {
+		l.hold(po, r)
+		return
+	}
+	switch l.write(po, &r) {
+	case sent:
+	case peerFull:
+		l.hold(po, r)
+	case peerGone:
+		l.s.stats.repliesDropped.Add(1)
+	default:
+		l.s.stats.bad("send_failed")
+	}
+}
+
+// hold queues r for its peer within the reply budgets, or drops it.
+func (l *loop) hold(po *peerOut, r reply) {
+	s := l.s
+	n := r.size()
+	if (po.bytes > 0 && po.bytes+n > s.opts.ReplyBytesPerPeer) || (l.outBytes > 0 && l.outBytes+n > s.opts.ReplyBytes) {
+		s.stats.repliesDropped.Add(1)
+		peerHex := hex.EncodeToString(r.peer)
+		if s.limiter.allow("reply_dropped|" + peerHex) {
+			s.log.Warn("reply dropped: the peer does not read its replies and its reply budget is full",
+				"peer", peerHex, "reply_bytes", n, "held_by_zmq", po.held.load(), "waiting_for_peer", po.bytes,
+				"waiting_total", l.outBytes, "budget_per_peer", s.opts.ReplyBytesPerPeer, "budget_total", s.opts.ReplyBytes)
+		}
+		return
+	}
+	if len(po.q) == 0 {
+		l.retryWait = retryFirst
+	}
+	po.q = append(po.q, r)
+	po.bytes += n
+	l.outBytes += n
+	s.stats.replyBytes.Store(l.outBytes)
+}
+
+// retry sends waiting replies, in order per peer, while libzmq takes them
+// within the peer's budget, and forgets peers with nothing held or waiting.
+func (l *loop) retry() {
+	if len(l.out) == 0 {
+		return
+	}
+	progress := false
+	for key, po := range l.out {
+		for len(po.q) > 0 && l.fits(po, &po.q[0]) {
+			res := l.write(po, &po.q[0])
+			if res == peerFull {
+				break
+			}
+			if res == peerGone {
+				l.s.stats.repliesDropped.Add(1)
+				l.dropQueue(po)
+				break
+			}
+			if res == failed {
+				l.s.stats.bad("send_failed")
+			}
+			progress = true
+			n := po.q[0].size()
+			po.q[0] = reply{}
+			po.q = po.q[1:]
+			po.bytes -= n
+			l.outBytes -= n
+		}
+		if len(po.q) == 0 && po.held.load() == 0 {
+			po.held.free()
+			delete(l.out, key)
+			progress = true
+		}
+	}
+	l.s.stats.replyBytes.Store(l.outBytes)
+	if progress {
+		l.retryWait = retryFirst
+	} else {
+		l.retryWait = min(2*l.retryWait, retryMax)
+	}
+}
+
+func (l *loop) dropQueue(po *peerOut) {
+	l.s.stats.repliesDropped.Add(int64(len(po.q)))
+	l.outBytes -= po.bytes
+	po.q, po.bytes = nil, 0
+}
+
+// dropPending forgets every waiting reply (shutdown: the socket closes).
+func (l *loop) dropPending() {
+	for _, po := range l.out {
+		l.dropQueue(po)
+	}
+	l.s.stats.replyBytes.Store(0)
+}
+
+// freeCounters releases the peers' counters once the context is terminated
+// (libzmq has released every message by then).
+func (l *loop) freeCounters() {
+	for key, po := range l.out {
+		po.held.free()
+		delete(l.out, key)
 	}
 }
 
@@ -127,11 +355,11 @@ func (l *loop) events() {
 
 func (l *loop) read() {
 	for range readBatch {
-		frames, total, tooMany, ok := l.recv()
+		frames, total, limit, tooMany, ok := l.recv()
 		if !ok {
 			return
 		}
-		l.dispatch(frames, total, tooMany)
+		l.dispatch(frames, total, limit, tooMany)
 		if l.ctx.Err() != nil {
 			return
 		}
@@ -139,12 +367,13 @@ func (l *loop) read() {
 }
 
 // recv reads one whole message without blocking. Frames beyond maxFrames, and
-// every frame once the total passes MaxMessageBytes, are read and discarded.
-func (l *loop) recv() (frames [][]byte, total int64, tooMany, ok bool) {
+// every frame once the total passes the message limit, are read and discarded.
+func (l *loop) recv() (frames [][]byte, total, limit int64, tooMany, ok bool) {
 	first, err := l.router.RecvBytes(zmq.DONTWAIT)
 	if err != nil {
-		return nil, 0, false, false
+		return nil, 0, 0, false, false
 	}
+	limit = l.s.maxMessage()
 	frames = append(make([][]byte, 0, 4), first)
 	total = int64(len(first))
 	for {
@@ -161,18 +390,18 @@ func (l *loop) recv() (frames [][]byte, total int64, tooMany, ok bool) {
 			tooMany = true
 			continue
 		}
-		if total <= l.s.opts.MaxMessageBytes {
+		if total <= limit {
 			frames = append(frames, f)
 		}
 	}
-	return frames, total, tooMany, true
+	return frames, total, limit, tooMany, true
 }
 
-func (l *loop) dispatch(frames [][]byte, total int64, tooMany bool) {
+func (l *loop) dispatch(frames [][]byte, total, limit int64, tooMany bool) {
 	s := l.s
 	peer := frames[0]
-	if total > s.opts.MaxMessageBytes {
-		s.badInput(protocol.KindOversized, peer, nil, fmt.Errorf("message of %d bytes exceeds the maximum %d", total, s.opts.MaxMessageBytes))
+	if total > limit {
+		s.badInput(protocol.KindOversized, peer, nil, fmt.Errorf("message of %d bytes exceeds the maximum %d", total, limit))
 		return
 	}
 	if tooMany {
@@ -213,6 +442,13 @@ func (l *loop) dispatch(frames [][]byte, total int64, tooMany bool) {
 	default:
 		ch = l.shared
 	}
+	for _, f := range j.payload {
+		j.cost += int64(len(f))
+	}
+	if !l.charge(j) {
+		s.finish(j, OutcomeDropped)
+		return
+	}
 	// The payload (a key of thousands of tokens) is decoded by the worker
 	// that runs the request, not here: this goroutine serves every peer.
 	s.stats.inFlight.Add(1)
@@ -225,6 +461,36 @@ func (l *loop) dispatch(frames [][]byte, total int64, tooMany bool) {
 	}
 }
 
+// charge reserves j's payload bytes in the inbound budget. Over budget the
+// socket goroutine stops reading (holding only j) and keeps sending replies
+// until queued requests finish; false means shutdown came first.
+func (l *loop) charge(j job) bool {
+	s := l.s
+	if s.in.tryCharge(j.peer, j.cost, s.opts.PeerQueuedRequestBytes, s.opts.QueuedRequestBytes) {
+		return true
+	}
+	s.stats.budgetWaits.Add(1)
+	if s.limiter.allow("request_budget") {
+		s.log.Warn("queued request bytes over budget: not reading until queued requests finish",
+			"peer", hex.EncodeToString(j.peer), "request_bytes", j.cost, "queued_total", s.in.queued(),
+			"budget_per_peer", s.opts.PeerQueuedRequestBytes, "budget_total", s.opts.QueuedRequestBytes)
+	}
+	t := time.NewTicker(5 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.in.freed:
+		case <-t.C:
+			l.flush()
+		case <-l.ctx.Done():
+			return false
+		}
+		if s.in.tryCharge(j.peer, j.cost, s.opts.PeerQueuedRequestBytes, s.opts.QueuedRequestBytes) {
+			return true
+		}
+	}
+}
+
 func (l *loop) enqueueSlow(ch chan job, j job) {
 	t := time.NewTicker(5 * time.Millisecond)
 	defer t.Stop()
@@ -234,6 +500,7 @@ func (l *loop) enqueueSlow(ch chan job, j job) {
 			return
 		case <-l.ctx.Done():
 			l.s.stats.inFlight.Add(-1)
+			l.s.in.release(j.peer, j.cost)
 			l.s.finish(j, OutcomeDropped)
 			return
 		case <-t.C:

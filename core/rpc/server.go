@@ -13,8 +13,25 @@
 // libzmq refuses a frame over the limit without allocating it and disconnects
 // that peer (a DEALER reconnects by itself, with its pending message lost). The
 // server sees that only as a disconnect event, counted in Stats.Disconnects; a
-// message whose frames are each under the limit but total over it is dropped
-// by the server and counted as "oversized".
+// message whose frames are each under the limit but total over it, or over
+// the dynamic cap of Options.MessageCap, is dropped by the server and counted
+// as "oversized".
+//
+// Memory bounds (a peer controls how much it sends and whether it reads):
+//   - requests queued for the workers are budgeted in bytes, per peer and in
+//     total; over budget the socket goroutine stops reading (backpressure, the
+//     waiting requests stay in libzmq, at most RecvHWM messages per peer, and
+//     in TCP buffers) until queued requests finish. No request is dropped.
+//   - replies: every reply is sent through a counted send whose bytes stay
+//     charged to its peer until libzmq has written them to the connection,
+//     so the server knows what libzmq holds for each peer. A reply goes to
+//     libzmq only within the peer's budget (ReplyBytesPerPeer); otherwise, or
+//     when libzmq refuses it at SendHWM (ZMQ_ROUTER_MANDATORY: refused, not
+//     dropped), it waits in kvdock under a second budget of the same size
+//     per peer (and ReplyBytes in total). A reply past that is dropped,
+//     counted and logged: a peer that does not read its replies loses them
+//     (as a ROUTER at its HWM would), pins at most twice its budget plus one
+//     reply, and other peers keep being served.
 package rpc
 
 import (
@@ -30,6 +47,7 @@ import (
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
+	"unsafe"
 
 	zmq "github.com/pebbe/zmq4"
 
@@ -75,13 +93,42 @@ type Options struct {
 	// SharedWorkers serve the shared class (default 1).
 	SharedWorkers int
 	// MaxMessageBytes is ZMQ_MAXMSGSIZE and the limit on a whole message
-	// (default 1 GiB).
+	// (default 1 GiB); an upper bound on MessageCap.
 	MaxMessageBytes int64
-	// SendHWM is the ROUTER send high-water mark in messages (default 1000).
+	// MessageCap, when set, is the current limit on a whole message, asked
+	// once per message and clamped to MaxMessageBytes (the engine derives it
+	// from the registered layouts: the largest legal commit).
+	MessageCap func() int64
+	// MaxTokensPerRequest caps the token ids of one key (default
+	// protocol.DefaultMaxTokens): checked at decode, before allocating.
+	MaxTokensPerRequest int
+	// SendHWM is the ROUTER send high-water mark in messages per peer
+	// (default 1000); replies beyond it wait in kvdock under the reply budget.
 	SendHWM int
+	// RecvHWM is the ROUTER receive high-water mark in messages per peer
+	// (default 16): what libzmq holds for a peer while the server does not read.
+	RecvHWM int
 	// QueueDepth is the job queue length per worker group (default 1024);
 	// when full, the socket goroutine stops reading (backpressure).
 	QueueDepth int
+	// QueuedRequestBytes bounds the payload bytes of requests queued for
+	// the workers, in total (default 256 MiB) and per peer (default 64 MiB);
+	// over either the socket goroutine stops reading. A message is always
+	// admitted when nothing of its peer (or nothing at all) is queued.
+	QueuedRequestBytes     int64
+	PeerQueuedRequestBytes int64
+	// ReplyBytesPerPeer bounds the reply bytes libzmq holds for one peer
+	// (sent but not yet written to its connection: the peer does not read),
+	// and again those waiting in kvdock for it (default 128 MiB each); a
+	// reply past the second is dropped and counted. ReplyBytes bounds the
+	// waiting bytes of all peers (default 1 GiB). A reply always goes to
+	// libzmq when nothing is held for its peer, and is kept when nothing
+	// waits for its peer and the total allows it (or nothing waits at all).
+	ReplyBytes        int64
+	ReplyBytesPerPeer int64
+	// PollFault, when set, is called before each poll and a non-nil error
+	// counts as a failed poll: fault injection for tests of the failure path.
+	PollFault func() error
 	// DrainTimeout bounds the wait for in-flight handlers on shutdown
 	// (default 5 s).
 	DrainTimeout time.Duration
@@ -111,11 +158,29 @@ func (o *Options) defaults() error {
 	if o.MaxMessageBytes <= 0 {
 		o.MaxMessageBytes = 1 << 30
 	}
+	if o.MaxTokensPerRequest <= 0 {
+		o.MaxTokensPerRequest = protocol.DefaultMaxTokens
+	}
 	if o.SendHWM <= 0 {
 		o.SendHWM = 1000
 	}
+	if o.RecvHWM <= 0 {
+		o.RecvHWM = 16
+	}
 	if o.QueueDepth <= 0 {
 		o.QueueDepth = 1024
+	}
+	if o.QueuedRequestBytes <= 0 {
+		o.QueuedRequestBytes = 256 << 20
+	}
+	if o.PeerQueuedRequestBytes <= 0 {
+		o.PeerQueuedRequestBytes = 64 << 20
+	}
+	if o.ReplyBytes <= 0 {
+		o.ReplyBytes = 1 << 30
+	}
+	if o.ReplyBytesPerPeer <= 0 {
+		o.ReplyBytesPerPeer = 128 << 20
 	}
 	if o.DrainTimeout <= 0 {
 		o.DrainTimeout = 5 * time.Second
@@ -136,11 +201,21 @@ const maxFrames = 16
 // errorMarker is the mid-era error reply frame (spec 1.6).
 const errorMarker = "LMCACHE_RPC_ERROR_V1"
 
+// ErrHandlersRunning is returned (wrapped) by Serve and Shutdown when the
+// drain ended with handlers still running: they may still use what they were
+// given (views of the pool), so the caller must not free it yet.
+var ErrHandlersRunning = errors.New("rpc: handlers still running after the drain")
+
+// ErrServerClosed is returned by a Serve that Shutdown overtook before it
+// ran: nothing was served, nothing is in flight.
+var ErrServerClosed = errors.New("rpc: server shut down before Serve ran")
+
 // Server is the ROUTER server. Create with New, register handlers with Handle,
-// then Serve.
+// then Bind (optional: Serve binds if needed) and Serve.
 type Server struct {
 	opts Options
 	log  *slog.Logger
+	lim  protocol.Limits
 
 	hmu      sync.RWMutex
 	handlers map[string]Handler
@@ -150,12 +225,26 @@ type Server struct {
 	endpoint atomic.Value  // string
 	bound    chan struct{} // closed once bound
 
+	// Sockets, set by Bind and owned by Serve's goroutine from then on.
+	bindMu  sync.Mutex
+	zctx    *zmq.Context
+	router  *zmq.Socket
+	raw     unsafe.Pointer // router's libzmq handle
+	monitor *zmq.Socket
+
 	replyMu sync.Mutex
 	replies []reply
 	closed  bool
 	wake    *wake.Wake
 
-	serving atomic.Bool
+	in inBudget
+
+	serving      atomic.Bool
+	stopMu       sync.Mutex
+	stopReq      bool
+	stopServe    context.CancelFunc
+	served       chan struct{} // closed when Serve has returned
+	handlersDone chan struct{} // closed when no handler runs any more
 }
 
 type job struct {
@@ -165,6 +254,7 @@ type job struct {
 	decoded        bool
 	args           []any
 	start          time.Time
+	cost           int64 // payload bytes charged to the inbound budget
 }
 
 type reply struct {
@@ -172,18 +262,30 @@ type reply struct {
 	frames         [][]byte // result frames after uid and type (0, 1 or 2)
 }
 
-// New checks the options; nothing is bound until Serve.
+func (r *reply) size() int64 {
+	n := int64(len(r.peer) + len(r.uid) + len(r.typ))
+	for _, f := range r.frames {
+		n += int64(len(f))
+	}
+	return n
+}
+
+// New checks the options; nothing is bound until Bind or Serve.
 func New(opts Options) (*Server, error) {
 	if err := opts.defaults(); err != nil {
 		return nil, err
 	}
 	s := &Server{
-		opts:     opts,
-		log:      opts.Logger.With("protocol", opts.Profile.Name),
-		handlers: map[string]Handler{},
-		stats:    newStats(opts.Profile),
-		limiter:  newLimiter(opts.LogInterval),
-		bound:    make(chan struct{}),
+		opts:         opts,
+		log:          opts.Logger.With("protocol", opts.Profile.Name),
+		lim:          protocol.Limits{MaxTokens: opts.MaxTokensPerRequest, MaxString: protocol.DefaultMaxString},
+		handlers:     map[string]Handler{},
+		stats:        newStats(opts.Profile),
+		limiter:      newLimiter(opts.LogInterval),
+		bound:        make(chan struct{}),
+		in:           inBudget{peer: map[string]int64{}, freed: make(chan struct{}, 1)},
+		served:       make(chan struct{}),
+		handlersDone: make(chan struct{}),
 	}
 	s.endpoint.Store("")
 	return s, nil
@@ -206,12 +308,29 @@ func (s *Server) handler(name string) Handler {
 // Endpoint is the bound endpoint (e.g. "tcp://127.0.0.1:5555"), "" before bind.
 func (s *Server) Endpoint() string { return s.endpoint.Load().(string) }
 
-// Bound is closed once Serve has bound the socket (Endpoint is then set); a
-// bind error is returned by Serve instead.
+// Bound is closed once the socket is bound (Endpoint is then set); a bind
+// error is returned by Bind (or Serve) instead.
 func (s *Server) Bound() <-chan struct{} { return s.bound }
+
+// HandlersDone is closed once Serve has returned and no handler is running.
+func (s *Server) HandlersDone() <-chan struct{} { return s.handlersDone }
 
 // Profile is the active protocol profile.
 func (s *Server) Profile() *protocol.Profile { return s.opts.Profile }
+
+// maxMessage is the limit on the message being read now.
+func (s *Server) maxMessage() int64 {
+	limit := s.opts.MaxMessageBytes
+	if s.opts.MessageCap != nil {
+		if c := s.opts.MessageCap(); c > 0 && c < limit {
+			limit = c
+		}
+	}
+	return limit
+}
+
+// resolveTimeout bounds the name lookup of the bind host.
+const resolveTimeout = 10 * time.Second
 
 // endpointFor resolves the bind host: libzmq accepts names, but we want the
 // endpoint we log and expose to be an address.
@@ -228,14 +347,18 @@ func endpointFor(host string, port int) (ep string, ipv6 bool, err error) {
 	}
 	ip := net.ParseIP(host)
 	if ip == nil {
-		ips, err := net.LookupIP(host)
-		if err != nil || len(ips) == 0 {
+		// Bind runs under the engine's lifecycle lock: a stuck resolver
+		// must not hold it for long.
+		ctx, cancel := context.WithTimeout(context.Background(), resolveTimeout)
+		addrs, err := net.DefaultResolver.LookupIPAddr(ctx, host)
+		cancel()
+		if err != nil || len(addrs) == 0 {
 			return "", false, fmt.Errorf("resolve host %q: %w", host, err)
 		}
-		ip = ips[0]
-		for _, c := range ips {
-			if c.To4() != nil {
-				ip = c
+		ip = addrs[0].IP
+		for _, c := range addrs {
+			if c.IP.To4() != nil {
+				ip = c.IP
 				break
 			}
 		}
@@ -246,13 +369,14 @@ func endpointFor(host string, port int) (ep string, ipv6 bool, err error) {
 	return "tcp://[" + ip.String() + "]:" + portStr, true, nil
 }
 
-// Serve binds and runs the socket loop until ctx is done, then stops reading,
-// lets in-flight handlers finish (bounded by DrainTimeout), sends their
-// replies and closes the socket with linger 0. A bind error (port taken) is
-// returned at once.
-func (s *Server) Serve(ctx context.Context) error {
-	if !s.serving.CompareAndSwap(false, true) {
-		return errors.New("rpc: Serve called twice")
+// Bind creates and binds the socket, so a bind error (port taken) reaches
+// the caller before anything runs; Serve then serves it. Binding twice is an
+// error.
+func (s *Server) Bind() error {
+	s.bindMu.Lock()
+	defer s.bindMu.Unlock()
+	if s.router != nil {
+		return errors.New("rpc: already bound")
 	}
 	ep, ipv6, err := endpointFor(s.opts.Host, s.opts.Port)
 	if err != nil {
@@ -262,38 +386,42 @@ func (s *Server) Serve(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("rpc: zmq context: %w", err)
 	}
-	defer zctx.Term()
 	router, err := zctx.NewSocket(zmq.ROUTER)
 	if err != nil {
+		_ = zctx.Term()
 		return fmt.Errorf("rpc: router socket: %w", err)
 	}
-	closeRouter := func() {
+	fail := func(err error) error {
 		_ = router.SetLinger(0)
 		_ = router.Close()
+		_ = zctx.Term()
+		return err
 	}
 	for _, set := range []func() error{
 		func() error { return router.SetMaxmsgsize(s.opts.MaxMessageBytes) },
 		func() error { return router.SetSndhwm(s.opts.SendHWM) },
-		func() error { return router.SetRcvhwm(s.opts.SendHWM) },
+		func() error { return router.SetRcvhwm(s.opts.RecvHWM) },
+		// Refuse (EAGAIN), not drop, a reply to a peer at the HWM, and say
+		// when a peer is gone (EHOSTUNREACH): the server budgets what waits.
+		func() error { return router.SetRouterMandatory(1) },
 		func() error { return router.SetLinger(0) },
 		func() error { return router.SetIpv6(ipv6) },
 	} {
 		if err := set(); err != nil {
-			closeRouter()
-			return fmt.Errorf("rpc: socket option: %w", err)
+			return fail(fmt.Errorf("rpc: socket option: %w", err))
 		}
 	}
+	raw, err := rawSocket(router)
+	if err != nil {
+		return fail(err)
+	}
 	if err := router.Bind(ep); err != nil {
-		closeRouter()
-		return fmt.Errorf("bind %s: %w", ep, err)
+		return fail(fmt.Errorf("bind %s: %w", ep, err))
 	}
 	bound, _ := router.GetLastEndpoint()
 	if bound == "" {
 		bound = ep
 	}
-	s.endpoint.Store(bound)
-	close(s.bound)
-
 	monAddr := fmt.Sprintf("inproc://kvdock-rpc-monitor-%p", s)
 	var monitor *zmq.Socket
 	if err := router.Monitor(monAddr, zmq.EVENT_DISCONNECTED); err == nil {
@@ -304,19 +432,85 @@ func (s *Server) Serve(ctx context.Context) error {
 			}
 		}
 	}
-
 	w, err := wake.New(zctx)
 	if err != nil {
 		if monitor != nil {
-			monitor.Close()
+			_ = router.Monitor("", 0)
+			_ = monitor.SetLinger(0)
+			_ = monitor.Close()
 		}
-		closeRouter()
-		return fmt.Errorf("rpc: %w", err)
+		return fail(fmt.Errorf("rpc: %w", err))
 	}
+	s.zctx, s.router, s.raw, s.monitor = zctx, router, raw, monitor
 	s.replyMu.Lock()
 	s.wake, s.closed, s.replies = w, false, nil
 	s.replyMu.Unlock()
+	s.endpoint.Store(bound)
+	close(s.bound)
+	return nil
+}
 
+// closeSockets releases what Bind created (the caller owns the sockets).
+func (s *Server) closeSockets() {
+	s.replyMu.Lock()
+	s.closed, s.replies = true, nil
+	w := s.wake
+	s.replyMu.Unlock()
+	if w != nil {
+		_ = w.Close()
+	}
+	if s.monitor != nil {
+		_ = s.router.Monitor("", 0)
+		_ = s.monitor.SetLinger(0)
+		_ = s.monitor.Close()
+	}
+	if s.router != nil {
+		_ = s.router.SetLinger(0)
+		_ = s.router.Close()
+	}
+	if s.zctx != nil {
+		_ = s.zctx.Term()
+	}
+}
+
+// Serve binds (unless Bind did) and runs the socket loop until ctx is done
+// or Shutdown is called, then stops reading, lets in-flight handlers finish
+// (bounded by DrainTimeout), sends their replies and closes the socket with
+// linger 0. It returns a bind error at once; an error wrapping
+// ErrHandlersRunning when the drain timed out; and an error when the socket
+// failed (polls failing repeatedly), which is the only way it returns by
+// itself.
+func (s *Server) Serve(ctx context.Context) error {
+	if !s.serving.CompareAndSwap(false, true) {
+		s.stopMu.Lock()
+		stopped := s.stopReq
+		s.stopMu.Unlock()
+		if stopped {
+			return ErrServerClosed
+		}
+		return errors.New("rpc: Serve called twice")
+	}
+	defer close(s.served)
+	s.bindMu.Lock()
+	needBind := s.router == nil
+	s.bindMu.Unlock()
+	if needBind {
+		if err := s.Bind(); err != nil {
+			close(s.handlersDone)
+			return err
+		}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	s.stopMu.Lock()
+	s.stopServe = cancel
+	if s.stopReq {
+		cancel()
+	}
+	s.stopMu.Unlock()
+
+	router, w := s.router, s.wake
+	bound := s.Endpoint()
 	s.log.Info("rpc server listening", "endpoint", bound, "ordered_workers", s.opts.OrderedWorkers,
 		"shared_workers", s.opts.SharedWorkers, "max_message_bytes", s.opts.MaxMessageBytes)
 
@@ -341,8 +535,9 @@ func (s *Server) Serve(ctx context.Context) error {
 	stop := context.AfterFunc(ctx, w.Signal)
 	defer stop()
 
-	l := &loop{s: s, router: router, monitor: monitor, wake: w, ordered: ordered, shared: shared, ctx: ctx, hctx: hctx}
-	l.run()
+	l := &loop{s: s, router: router, raw: s.raw, monitor: s.monitor, wake: w, ordered: ordered, shared: shared,
+		ctx: ctx, hctx: hctx, out: map[string]*peerOut{}, retryWait: retryFirst}
+	loopErr := l.run()
 
 	// Drain: no more reads; workers finish what they hold and exit.
 	for _, ch := range ordered {
@@ -353,30 +548,60 @@ func (s *Server) Serve(ctx context.Context) error {
 	go func() {
 		workers.Wait()
 		done.Store(true)
+		close(s.handlersDone)
 		w.Signal()
 	}()
 	timer := time.AfterFunc(s.opts.DrainTimeout, w.Signal)
 	deadline := time.Now().Add(s.opts.DrainTimeout)
 	l.drain(func() bool { return done.Load() || time.Now().After(deadline) })
 	timer.Stop()
+	var drainErr error
 	if !done.Load() {
+		n := s.stats.inFlight.Load()
 		s.log.Warn("rpc drain timeout: handlers still running, their replies are dropped",
-			"in_flight", s.stats.inFlight.Load(), "timeout", s.opts.DrainTimeout)
+			"in_flight", n, "timeout", s.opts.DrainTimeout)
+		drainErr = fmt.Errorf("%w: %d in flight after %v", ErrHandlersRunning, n, s.opts.DrainTimeout)
 	}
 	hcancel()
-
-	s.replyMu.Lock()
-	s.closed, s.replies = true, nil
-	s.replyMu.Unlock()
-	_ = w.Close()
-	if monitor != nil {
-		_ = router.Monitor("", 0)
-		_ = monitor.SetLinger(0)
-		_ = monitor.Close()
-	}
-	closeRouter()
+	l.dropPending()
+	s.closeSockets()
+	l.freeCounters()
 	s.log.Info("rpc server stopped", "endpoint", bound)
-	return nil
+	return errors.Join(loopErr, drainErr)
+}
+
+// Shutdown stops Serve (as cancelling its context does) and waits, bounded
+// by ctx, for Serve to return and every handler to finish. It returns nil
+// only when no handler is running any more; otherwise an error wrapping
+// ErrHandlersRunning (and ctx's error), and HandlersDone says when they end.
+// Shutdown of a server that was bound but never served releases the socket.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.stopMu.Lock()
+	s.stopReq = true
+	if s.stopServe != nil {
+		s.stopServe()
+	}
+	s.stopMu.Unlock()
+	if s.serving.CompareAndSwap(false, true) {
+		// Serve never ran: nothing is in flight; release what Bind made.
+		s.bindMu.Lock()
+		s.closeSockets()
+		s.bindMu.Unlock()
+		close(s.handlersDone)
+		close(s.served)
+		return nil
+	}
+	select {
+	case <-s.served:
+	case <-ctx.Done():
+		return fmt.Errorf("%w (%d in flight): %w", ErrHandlersRunning, s.stats.inFlight.Load(), ctx.Err())
+	}
+	select {
+	case <-s.handlersDone:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("%w (%d in flight): %w", ErrHandlersRunning, s.stats.inFlight.Load(), ctx.Err())
+	}
 }
 
 // push queues a reply for the socket goroutine.
@@ -406,18 +631,21 @@ func (s *Server) worker(ctx context.Context, jobs <-chan job, wg *sync.WaitGroup
 	for j := range jobs {
 		if !j.decoded && !s.decodePayload(&j, s.push) {
 			s.stats.inFlight.Add(-1)
+			s.in.release(j.peer, j.cost)
 			continue
 		}
 		if r, ok := s.execute(ctx, j); ok {
 			s.push(r)
 		}
+		// The handler is done with the payload's frames (its []byte args).
+		s.in.release(j.peer, j.cost)
 	}
 }
 
 // decodePayload decodes j's payload frames into j.args; on failure it counts,
 // logs and answers (through send) as decodeFailed does and reports false.
 func (s *Server) decodePayload(j *job, send func(reply)) bool {
-	args, err := s.opts.Profile.DecodePayload(j.spec, j.payload)
+	args, err := s.opts.Profile.DecodePayloadLimits(j.spec, j.payload, s.lim)
 	if err != nil {
 		s.decodeFailed(*j, err, send)
 		return false

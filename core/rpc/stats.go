@@ -34,6 +34,17 @@ type Stats struct {
 	// Disconnects counts peer disconnects seen on the ROUTER, including those
 	// libzmq forces on a peer that sent a frame over MaxMessageBytes.
 	Disconnects int64
+	// QueuedRequestBytes is the payload bytes of requests queued for the
+	// workers now; BudgetWaits counts requests that found the budget full
+	// (the server stopped reading until it had room).
+	QueuedRequestBytes int64
+	BudgetWaits        int64
+	// WaitingReplyBytes is the bytes of replies waiting in kvdock for peers
+	// that do not read; RepliesDropped counts replies dropped because their
+	// peer's reply budget was full or the peer was gone (not bad input: a
+	// worker that exits with requests in flight is not misbehaving).
+	WaitingReplyBytes int64
+	RepliesDropped    int64
 }
 
 type reqCounters struct {
@@ -41,12 +52,15 @@ type reqCounters struct {
 }
 
 type stats struct {
-	profile     string
-	req         map[string]*reqCounters // fixed at construction
-	inFlight    atomic.Int64
-	disconnects atomic.Int64
-	mu          sync.Mutex
-	badKinds    map[string]int64
+	profile        string
+	req            map[string]*reqCounters // fixed at construction
+	inFlight       atomic.Int64
+	disconnects    atomic.Int64
+	budgetWaits    atomic.Int64
+	replyBytes     atomic.Int64
+	repliesDropped atomic.Int64
+	mu             sync.Mutex
+	badKinds       map[string]int64
 }
 
 func newStats(p *protocol.Profile) *stats {
@@ -97,6 +111,11 @@ func (s *Server) Stats() Stats {
 		DecodeFailures: map[string]int64{},
 		InFlight:       st.inFlight.Load(),
 		Disconnects:    st.disconnects.Load(),
+
+		QueuedRequestBytes: s.in.queued(),
+		BudgetWaits:        st.budgetWaits.Load(),
+		WaitingReplyBytes:  st.replyBytes.Load(),
+		RepliesDropped:     st.repliesDropped.Load(),
 	}
 	for name, c := range st.req {
 		out.Requests[name] = RequestStats{OK: c.ok.Load(), Error: c.err.Load(), Dropped: c.dropped.Load(),
