@@ -153,6 +153,7 @@ func (e *Engine) applyLive(cfg settings.Config) {
 		}
 		p.transfer.SetTTLs(w, r)
 		p.transfer.SetMaxInstances(cfg.Server.MaxInstances)
+		p.sessions.SetLimits(sessionLimits(cfg))
 		if err := p.pool.SetLockShares(cfg.L1.MaxLockedSharePerInstance, cfg.L1.MaxLockedShare); err != nil {
 			e.log.Warn("lock cap settings", "err", err)
 		}

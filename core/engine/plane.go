@@ -178,6 +178,7 @@ func (e *Engine) buildPlane(cfg settings.Config) (*plane, error) {
 		log:      e.log,
 		hook:     e.handlerHook,
 	}
+	p.sessions.SetLimits(sessionLimits(cfg))
 	p.lookup = lookup.New(p.sessions, pool, p.layouts, lookup.Options{
 		JobTTL: time.Duration(cfg.L1.ReadTTLSeconds) * time.Second,
 		Logger: e.log.With("component", "lookup"),
@@ -280,3 +281,10 @@ var errStopping = errors.New("kvdock is stopping")
 
 // errNotRunning answers faces that ask a stopped engine for work.
 var errNotRunning = errors.New("engine is not running")
+
+// sessionLimits are the key sessions' bounds from cfg: the wire refuses a
+// longer token list at decode, and the sessions refuse it again so that no
+// other path can hash or keep more.
+func sessionLimits(cfg settings.Config) keys.Limits {
+	return keys.Limits{MaxRequestTokens: cfg.Server.MaxTokensPerRequest}
+}
