@@ -258,9 +258,16 @@ func (s *Server) Dial(t testing.TB, profile string) *client.Client {
 // returns its stdout; a non-zero exit fails the test with stderr.
 func RunPython(t testing.TB, timeout time.Duration, script string, args ...string) string {
 	t.Helper()
+	return RunPythonWith(t, Python, timeout, script, args...)
+}
+
+// RunPythonWith is RunPython under another interpreter (the torch 2.x one of
+// scripts/torch2-env.sh).
+func RunPythonWith(t testing.TB, python string, timeout time.Duration, script string, args ...string) string {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, Python, append([]string{script}, args...)...)
+	cmd := exec.CommandContext(ctx, python, append([]string{script}, args...)...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {

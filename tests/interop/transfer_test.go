@@ -19,11 +19,17 @@ import (
 // non-GPU worker: pyzmq, msgpack, torch) against srv and decodes its JSON.
 func worker(t *testing.T, srv *harness.Server, scenario string, params map[string]any) map[string]any {
 	t.Helper()
+	return workerWith(t, harness.Python, srv, scenario, params)
+}
+
+// workerWith is worker under another interpreter.
+func workerWith(t *testing.T, python string, srv *harness.Server, scenario string, params map[string]any) map[string]any {
+	t.Helper()
 	p, err := json.Marshal(params)
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := harness.RunPython(t, 120*time.Second, "py/lmcache_worker.py", srv.Endpoint, scenario, string(p))
+	out := harness.RunPythonWith(t, python, 120*time.Second, "py/lmcache_worker.py", srv.Endpoint, scenario, string(p))
 	var res map[string]any
 	if err := json.Unmarshal([]byte(strings.TrimSpace(out)), &res); err != nil {
 		t.Fatalf("worker output %q: %v", out, err)

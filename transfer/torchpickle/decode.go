@@ -42,6 +42,7 @@ const (
 	gLoadFromBytes
 	gOrderedDict
 	gCodecsEncode
+	gRebuildTensorV3 // torch 2.x, for dtypes without a typed storage (torch2.go)
 )
 
 func (g global) String() string {
@@ -54,6 +55,8 @@ func (g global) String() string {
 		return "collections.OrderedDict"
 	case gCodecsEncode:
 		return "_codecs.encode"
+	case gRebuildTensorV3:
+		return "torch._utils._rebuild_tensor_v3"
 	}
 	return "unknown global"
 }
@@ -708,6 +711,9 @@ func (m *machine) line() ([]byte, error) {
 // resolve maps a module and name to an allowed global, or refuses it. The
 // comparisons do not allocate; only a refusal builds the full name.
 func (m *machine) resolve(mod, name []byte) (any, error) {
+	if v, ok := resolveTorch2(string(mod), string(name), m.inner); ok {
+		return v, nil
+	}
 	if m.inner {
 		if string(mod) == "torch" {
 			if dt, ok := dtypeByStorage(string(name)); ok {
@@ -808,8 +814,8 @@ func (m *machine) setItems(items []any) error {
 func (m *machine) call(fv any, args []any) (any, error) {
 	g, ok := fv.(global)
 	if !ok {
-		return nil, m.errf(ErrForbidden, "REDUCE on %s: only %s, %s, %s and %s may be called",
-			typeName(fv), gRebuildTensorV2, gLoadFromBytes, gOrderedDict, gCodecsEncode)
+		return nil, m.errf(ErrForbidden, "REDUCE on %s: only %s, %s, %s, %s and %s may be called",
+			typeName(fv), gRebuildTensorV2, gRebuildTensorV3, gLoadFromBytes, gOrderedDict, gCodecsEncode)
 	}
 	switch g {
 	case gOrderedDict:
@@ -838,6 +844,16 @@ func (m *machine) call(fv any, args []any) (any, error) {
 		}
 		m.st.tensors++
 		t, err := m.rebuildTensor(args)
+		if err != nil {
+			return nil, err
+		}
+		return &tensorVal{t}, nil
+	case gRebuildTensorV3:
+		if m.st.tensors >= m.st.lim.MaxTensors {
+			return nil, m.errf(ErrLimit, "more than %d tensors", m.st.lim.MaxTensors)
+		}
+		m.st.tensors++
+		t, err := m.rebuildTensorV3(args)
 		if err != nil {
 			return nil, err
 		}
@@ -888,8 +904,8 @@ func (m *machine) rebuildTensor(args []any) (Tensor, error) {
 		return Tensor{}, m.errf(ErrMalformed, "%s with %d arguments, want 6 or 7", fn, len(args))
 	}
 	s, ok := args[0].(*storage)
-	if !ok {
-		return Tensor{}, m.errf(ErrMalformed, "%s storage is %s", fn, typeName(args[0]))
+	if !ok || s.dt == &untypedStorage {
+		return Tensor{}, m.errf(ErrMalformed, "%s storage is %s, want a typed storage", fn, storageTypeName(args[0]))
 	}
 	off, ok := args[1].(int64)
 	if !ok {
@@ -1144,6 +1160,8 @@ func typeName(v any) string {
 		return x.String()
 	case storageClass:
 		return "torch." + x.dt.storage
+	case dtypeVal:
+		return "torch." + x.dt.name
 	case *storage:
 		return "storage"
 	case *tensorVal:

@@ -7,20 +7,45 @@ import (
 	"math/bits"
 )
 
-// The encoder writes what torch 1.13's pickle.dumps writes for a list of
+// The encoder writes what torch's pickle.dumps writes for a list of
 // contiguous CPU tensors, at protocol 4: per tensor
 //
 //	_rebuild_tensor_v2(_load_from_bytes(<legacy container>), 0, shape, stride, False, OrderedDict())
 //
-// The three globals are memoized (indices 0, 1, 2) and fetched with BINGET
-// afterwards. Small opcodes are grouped in FRAMEs; each container travels
-// outside any frame, as CPython's pickler does for large bytes.
+// or, for the dtypes torch 2.x has no typed storage for (float8), the
+// _rebuild_tensor_v3 form described in torch2.go. Each global is memoized
+// where it is first written and fetched with BINGET afterwards. Small opcodes
+// are grouped in FRAMEs; each container travels outside any frame, as
+// CPython's pickler does for large bytes.
 
+// Memo slots of the globals the encoder writes; a dtype global's slot is
+// slotDtype0 plus the dtype's index in the dtypes table.
 const (
-	memoRebuild     = 0
-	memoLoadBytes   = 1
-	memoOrderedDict = 2
+	slotRebuildV2 = iota
+	slotRebuildV3
+	slotLoad
+	slotOD
+	slotDtype0
 )
+
+// memoSlots hands out memo indices in order of first use. The size pass and
+// the writing pass each walk the tensors with their own memoSlots, so both
+// see the same first uses.
+type memoSlots struct {
+	idx  [slotDtype0 + len(dtypes)]int16 // memo index + 1; 0: not written yet
+	next int16
+}
+
+// use returns the memo index of slot and whether this is its first use (the
+// global must then be written in full and memoized).
+func (ms *memoSlots) use(slot int) (byte, bool) {
+	if i := ms.idx[slot]; i != 0 {
+		return byte(i - 1), false
+	}
+	ms.next++
+	ms.idx[slot] = ms.next
+	return byte(ms.next - 1), true
+}
 
 // legacySysInfo is torch's sys_info pickle, byte for byte as torch 1.13 writes it.
 const legacySysInfo = "\x80\x02}q\x00(X\x10\x00\x00\x00protocol_versionq\x01M\xe9\x03" +
@@ -60,12 +85,13 @@ func encodedSize(ts []Tensor) (int, error) {
 	}
 	total++                                     // MARK (for APPENDS)
 	total += 2 * ((len(ts) - 1) / appendsBatch) // APPENDS, MARK between batches
+	var ms memoSlots
 	for i := range ts {
 		dt, numel, err := checkTensor(&ts[i], i)
 		if err != nil {
 			return 0, err
 		}
-		total += segA(i == 0) + segB(&ts[i], i == 0)
+		total += segA(&ms, dt) + segB(&ms, &ts[i], dt)
 		c := containerSize(dt, numel, len(ts[i].Data))
 		total += bytesHdr(c) + c
 		total += frameHdr // the frame that follows this container
@@ -96,15 +122,15 @@ func AppendEncode(dst []byte, ts []Tensor) ([]byte, error) {
 		return dst, nil
 	}
 	dst = append(dst, opMARK)
+	var ms memoSlots
 	for i := range ts {
 		t := &ts[i]
 		dt, _ := dtypeByName(t.Dtype)
 		numel := len(t.Data) / dt.size
-		first := i == 0
 		// Segment A: rebuild callable, MARK for its argument tuple, loader callable.
-		dst = appendGlobal(dst, first, strRebuildMod, strRebuildName, memoRebuild)
+		dst = appendGlobal(dst, &ms, rebuildSlot(dt))
 		dst = append(dst, opMARK)
-		dst = appendGlobal(dst, first, strLoadMod, strLoadName, memoLoadBytes)
+		dst = appendGlobal(dst, &ms, globalRef{slotLoad, strLoadMod, strLoadName})
 		closeFrame(dst, frame)
 		// The container, unframed.
 		c := containerSize(dt, numel, len(t.Data))
@@ -124,8 +150,12 @@ func AppendEncode(dst []byte, ts []Tensor) ([]byte, error) {
 			dst = appendInt(dst, rowMajorStride(t.Shape, j))
 		}
 		dst = append(dst, opTUPLE, opNEWFALSE)
-		dst = appendGlobal(dst, first, strODMod, strODName, memoOrderedDict)
-		dst = append(dst, opEMPTY_TUPLE, opREDUCE, opTUPLE, opREDUCE)
+		dst = appendGlobal(dst, &ms, globalRef{slotOD, strODMod, strODName})
+		dst = append(dst, opEMPTY_TUPLE, opREDUCE)
+		if untypedInTorch(dt) {
+			dst = appendGlobal(dst, &ms, dtypeSlot(dt))
+		}
+		dst = append(dst, opTUPLE, opREDUCE)
 		if (i+1)%appendsBatch == 0 && i+1 < len(ts) {
 			dst = append(dst, opAPPENDS, opMARK)
 		}
@@ -171,29 +201,51 @@ func closeFrame(dst []byte, off int) {
 	binary.LittleEndian.PutUint64(dst[off+1:], uint64(len(dst)-off-frameHdr))
 }
 
-func globalSize(first bool, mod, name string) int {
-	if first {
-		return 2 + len(mod) + 2 + len(name) + 1 + 1 // two strings, STACK_GLOBAL, MEMOIZE
+// globalRef is a global the encoder writes and its memo slot.
+type globalRef struct {
+	slot      int
+	mod, name string
+}
+
+func rebuildSlot(dt *dtypeInfo) globalRef {
+	if untypedInTorch(dt) {
+		return globalRef{slotRebuildV3, strRebuildMod, strRebuildV3Name}
+	}
+	return globalRef{slotRebuildV2, strRebuildMod, strRebuildName}
+}
+
+func dtypeSlot(dt *dtypeInfo) globalRef {
+	i := 0
+	for i < len(dtypes) && &dtypes[i] != dt {
+		i++
+	}
+	return globalRef{slotDtype0 + i, strDtypeMod, dt.name}
+}
+
+func globalSize(ms *memoSlots, g globalRef) int {
+	if _, first := ms.use(g.slot); first {
+		return 2 + len(g.mod) + 2 + len(g.name) + 1 + 1 // two strings, STACK_GLOBAL, MEMOIZE
 	}
 	return 2 // BINGET idx
 }
 
-func appendGlobal(dst []byte, first bool, mod, name string, memo byte) []byte {
+func appendGlobal(dst []byte, ms *memoSlots, g globalRef) []byte {
+	idx, first := ms.use(g.slot)
 	if !first {
-		return append(dst, opBINGET, memo)
+		return append(dst, opBINGET, idx)
 	}
-	dst = append(dst, opSHORT_BINUNICODE, byte(len(mod)))
-	dst = append(dst, mod...)
-	dst = append(dst, opSHORT_BINUNICODE, byte(len(name)))
-	dst = append(dst, name...)
+	dst = append(dst, opSHORT_BINUNICODE, byte(len(g.mod)))
+	dst = append(dst, g.mod...)
+	dst = append(dst, opSHORT_BINUNICODE, byte(len(g.name)))
+	dst = append(dst, g.name...)
 	return append(dst, opSTACK_GLOBAL, opMEMOIZE)
 }
 
-func segA(first bool) int {
-	return globalSize(first, strRebuildMod, strRebuildName) + 1 + globalSize(first, strLoadMod, strLoadName)
+func segA(ms *memoSlots, dt *dtypeInfo) int {
+	return globalSize(ms, rebuildSlot(dt)) + 1 + globalSize(ms, globalRef{slotLoad, strLoadMod, strLoadName})
 }
 
-func segB(t *Tensor, first bool) int {
+func segB(ms *memoSlots, t *Tensor, dt *dtypeInfo) int {
 	n := 2 + intSize(0) + 1 // TUPLE1 REDUCE, offset, MARK
 	for _, d := range t.Shape {
 		n += intSize(int64(d))
@@ -203,7 +255,10 @@ func segB(t *Tensor, first bool) int {
 		n += intSize(rowMajorStride(t.Shape, j))
 	}
 	n += 2 // TUPLE NEWFALSE
-	n += globalSize(first, strODMod, strODName)
+	n += globalSize(ms, globalRef{slotOD, strODMod, strODName})
+	if untypedInTorch(dt) {
+		n += globalSize(ms, dtypeSlot(dt))
+	}
 	return n + 4 // EMPTY_TUPLE REDUCE TUPLE REDUCE
 }
 
@@ -268,10 +323,21 @@ func longBytes(v int64) []byte {
 
 // Legacy container pieces (protocol 2, as torch.save writes them).
 
+// storageClassOf is the storage class the container names for dt and the
+// element count it declares: float8 data travels as a ByteStorage counted in
+// bytes, the form torch 2.x loads (torch2.go).
+func storageClassOf(dt *dtypeInfo, numel int) (mod, name string, count int) {
+	if untypedInTorch(dt) {
+		return "torch", "ByteStorage", numel * dt.size
+	}
+	return "torch", dt.storage, numel
+}
+
 func objPickleSize(dt *dtypeInfo, numel int) int {
-	// PROTO MARK X"storage"q0 c"torch\n<cls>\n"q1 X<key>q2 X"cpu"q3 <numel> N t q4 Q .
-	return 2 + 1 + (5 + 7 + 2) + (1 + 6 + len(dt.storage) + 1 + 2) + (5 + len(legacyKey) + 2) + (5 + 3 + 2) +
-		intSize(int64(numel)) + 1 + 1 + 2 + 1 + 1
+	// PROTO MARK X"storage"q0 c"<mod>\n<cls>\n"q1 X<key>q2 X"cpu"q3 <numel> N t q4 Q .
+	mod, cls, count := storageClassOf(dt, numel)
+	return 2 + 1 + (5 + 7 + 2) + (1 + len(mod) + 1 + len(cls) + 1 + 2) + (5 + len(legacyKey) + 2) + (5 + 3 + 2) +
+		intSize(int64(count)) + 1 + 1 + 2 + 1 + 1
 }
 
 func keysPickleSize() int {
@@ -296,18 +362,20 @@ func appendContainer(dst []byte, dt *dtypeInfo, numel int, data []byte) []byte {
 	dst = append(dst, legacyMagic[:]...)
 	dst = append(dst, opSTOP, opPROTO, 2, opBININT2, byte(legacyProtocolVersion&0xff), byte(legacyProtocolVersion>>8), opSTOP)
 	dst = append(dst, legacySysInfo...)
+	mod, cls, count := storageClassOf(dt, numel)
 	dst = append(dst, opPROTO, 2, opMARK)
 	dst = append(appendBinunicode(dst, "storage"), opBINPUT, 0, opGLOBAL)
-	dst = append(dst, "torch\n"...)
-	dst = append(dst, dt.storage...)
+	dst = append(dst, mod...)
+	dst = append(dst, '\n')
+	dst = append(dst, cls...)
 	dst = append(dst, '\n', opBINPUT, 1)
 	dst = append(appendBinunicode(dst, legacyKey), opBINPUT, 2)
 	dst = append(appendBinunicode(dst, "cpu"), opBINPUT, 3)
-	dst = appendInt(dst, int64(numel))
+	dst = appendInt(dst, int64(count))
 	dst = append(dst, opNONE, opTUPLE, opBINPUT, 4, opBINPERSID, opSTOP)
 	dst = append(dst, opPROTO, 2, opEMPTY_LIST, opBINPUT, 0)
 	dst = append(appendBinunicode(dst, legacyKey), opBINPUT, 1, opAPPEND, opSTOP)
-	dst = binary.LittleEndian.AppendUint64(dst, uint64(numel))
+	dst = binary.LittleEndian.AppendUint64(dst, uint64(count))
 	return append(dst, data...)
 }
 

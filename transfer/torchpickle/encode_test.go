@@ -140,9 +140,16 @@ func TestEncodeRejectsBadTensors(t *testing.T) {
 // TestInteropWithInstalledTorch runs the real torch: it loads Go's pickles and
 // checks them against the raw bytes, and it produces fresh pickles that Go decodes.
 func TestInteropWithInstalledTorch(t *testing.T) {
+	runInterop(t, pythonPath, encodeCases())
+}
+
+// runInterop has python (an interpreter with torch) load Go's encoding of
+// cases and compare it with the raw bytes (testdata/interop.py), then decodes
+// the pickles that torch wrote in turn.
+func runInterop(t *testing.T, python string, cases []encCase) {
 	dir := t.TempDir()
 	var manifest []fixture
-	for _, c := range encodeCases() {
+	for _, c := range cases {
 		out, err := AppendEncode(nil, c.tensors)
 		if err != nil {
 			t.Fatal(err)
@@ -166,7 +173,7 @@ func TestInteropWithInstalledTorch(t *testing.T) {
 	}
 	writeFile(t, filepath.Join(dir, "go_manifest.json"), mb)
 
-	cmd := exec.Command(pythonPath, filepath.Join("testdata", "interop.py"), dir)
+	cmd := exec.Command(python, filepath.Join("testdata", "interop.py"), dir)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("python interop: %v\n%s", err, out)

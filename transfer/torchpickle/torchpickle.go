@@ -128,7 +128,7 @@ func (l Limits) resolve(inputLen int) Limits {
 // dtypeInfo ties a torch dtype to its legacy storage class and element size.
 type dtypeInfo struct {
 	name    string
-	storage string // class name in module torch
+	storage string // class name in module torch; "" if torch has none (torch2.go)
 	size    int
 }
 
@@ -138,8 +138,8 @@ var dtypes = [...]dtypeInfo{
 	{"bfloat16", "BFloat16Storage", 2},
 	{"float32", "FloatStorage", 4},
 	{"float64", "DoubleStorage", 8},
-	{"float8_e4m3fn", "Float8_e4m3fnStorage", 1},
-	{"float8_e5m2", "Float8_e5m2Storage", 1},
+	{"float8_e4m3fn", "", 1},
+	{"float8_e5m2", "", 1},
 	{"int8", "CharStorage", 1},
 	{"uint8", "ByteStorage", 1},
 	{"int16", "ShortStorage", 2},
@@ -159,7 +159,7 @@ func dtypeByName(name string) (*dtypeInfo, bool) {
 
 func dtypeByStorage(class string) (*dtypeInfo, bool) {
 	for i := range dtypes {
-		if dtypes[i].storage == class {
+		if dtypes[i].storage == class && class != "" {
 			return &dtypes[i], true
 		}
 	}

@@ -9,6 +9,7 @@ every check held, 1 otherwise (with the reason on stderr).
 Usage: lmcache_worker.py ENDPOINT SCENARIO [JSON_PARAMS]
 """
 
+import io
 import json
 import os
 import pickle
@@ -93,7 +94,20 @@ def key(model, world, worker, tokens, start, end, request_id, salt=""):
 
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
-          "float64": torch.float64, "int8": torch.int8, "uint8": torch.uint8}
+          "float64": torch.float64, "int8": torch.int8, "uint8": torch.uint8,
+          "int16": torch.int16, "int32": torch.int32, "int64": torch.int64, "bool": torch.bool}
+# torch 2.x adds float8 (no torch.equal kernel for it: compared as uint8).
+FLOAT8 = {n: getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n)}
+DTYPES.update(FLOAT8)
+
+
+def same(a, b):
+    """Same dtype, shape and bytes."""
+    if a.dtype != b.dtype or list(a.shape) != list(b.shape):
+        return False
+    if a.dtype in FLOAT8.values():
+        a, b = a.view(torch.uint8), b.view(torch.uint8)
+    return torch.equal(a, b)
 
 
 def chunk_shape(p, chunk):
@@ -236,7 +250,7 @@ def scenario_roundtrip(endpoint, p):
         for i in range(nchunks):
             check(got[i].dtype == data[w][i].dtype and list(got[i].shape) == list(data[w][i].shape),
                   f"worker {w} chunk {i}: {got[i].dtype} {list(got[i].shape)}")
-            check(torch.equal(got[i], data[w][i]), f"worker {w} chunk {i}: bytes differ")
+            check(same(got[i], data[w][i]), f"worker {w} chunk {i}: bytes differ")
     # A second store of the same chunks finds them cached.
     again = workers[0].store(tokens, data[0], "store-again")
     check(again in (None, True), f"re-store answered {again!r}")
@@ -263,10 +277,10 @@ def scenario_mixed(endpoint, p):
     check(sh.store(t2, d2, "m-s2") is True, "shm worker store")
     check(lookup(sched, p, t2, "m-r1") == 2, "lookup of the SHM worker's chunks")
     got = pk.retrieve(t2, 2, "m-r1")
-    check(got is not None and all(torch.equal(a, b) for a, b in zip(got, d2)), "pickle worker reading SHM chunks")
+    check(got is not None and all(same(a, b) for a, b in zip(got, d2)), "pickle worker reading SHM chunks")
     check(lookup(sched, p, t1, "m-r2") == 2, "lookup of the pickle worker's chunks")
     got = sh.retrieve(t1, 2, "m-r2")
-    check(got is not None and all(torch.equal(a, b) for a, b in zip(got, d1)), "SHM worker reading pickled chunks")
+    check(got is not None and all(same(a, b) for a, b in zip(got, d1)), "SHM worker reading pickled chunks")
     pk.close()
     sh.close()
     sched.close()
@@ -319,6 +333,81 @@ def scenario_malicious(endpoint, p):
     return {"answers": [str(a) for a in answers]}
 
 
+class _Reduce:
+    """Pickles as fn(*args): how a hostile peer writes any call it likes."""
+
+    def __init__(self, fn, args):
+        self.fn, self.args = fn, args
+
+    def __reduce__(self):
+        return (self.fn, self.args)
+
+
+def torch2_payloads(marker):
+    """Pickles in the forms torch 2.x adds, each running `touch marker` when
+    torch 2.x's pickle.loads reads it: (name, bytes)."""
+    from collections import OrderedDict
+    cmd = f"touch {marker}"
+    evil = _Evil(cmd)
+    inner = io.BytesIO()
+    # A legacy container (what _load_from_bytes reads) whose saved object is a call.
+    torch.save(evil, inner, _use_new_zipfile_serialization=False)
+    byte_storage = torch.ByteStorage(list(range(8)))
+    return [
+        # A tensor subclass with Python state: the rebuild calls its first argument.
+        ("rebuild_from_type_v2", pickle.dumps([_Reduce(torch._tensor._rebuild_from_type_v2,
+                                                        (os.system, torch.Tensor, (cmd,), {}))])),
+        # The float8 form with a call where the dtype goes.
+        ("rebuild_tensor_v3 with a call as dtype", pickle.dumps([_Reduce(torch._utils._rebuild_tensor_v3, (
+            byte_storage, 0, (8,), (1,), False, OrderedDict(), evil))])),
+        ("rebuild_parameter", pickle.dumps([_Reduce(torch._utils._rebuild_parameter, (evil, False, OrderedDict()))])),
+        ("storage container with a call", pickle.dumps([_Reduce(torch.storage._load_from_bytes, (inner.getvalue(),))])),
+        ("rebuild_tensor_v3 protocol 2", pickle.dumps([_Reduce(torch._utils._rebuild_tensor_v3, (
+            byte_storage, 0, (8,), (1,), False, OrderedDict(), evil))], protocol=2)),
+    ]
+
+
+def scenario_malicious_torch2(endpoint, p):
+    """torch 2.x-form pickles that run code under torch 2.x are refused by the
+    server; each is first shown to be live here, with a marker of our own."""
+    marker, live_dir = p["marker"], p["live_dir"]
+    check(int(torch.__version__.split(".")[0]) >= 2, f"torch {torch.__version__}: want 2.x")
+    live = []
+    for i in range(len(torch2_payloads(marker))):
+        probe = os.path.join(live_dir, f"live{i}")
+        name, data = torch2_payloads(probe)[i]
+        try:
+            pickle.loads(data)
+        except Exception:
+            pass  # the command ran before whatever failed afterwards
+        check(os.path.exists(probe), f"payload {name!r} did not run under torch {torch.__version__}: it proves nothing")
+        live.append(name)
+    p = dict(p, world=1)
+    wk = Worker(endpoint, p, instance_id=3101, worker_id=0, force_pickle=True)
+    tokens = tokens_for(22, wk.chunk)
+    k = wk.key(tokens, 0, wk.chunk, "evil2")
+    answers = []
+    for name, data in torch2_payloads(marker):
+        wk.c.call("PREPARE_STORE", k, wk.instance_id)
+        try:
+            answers.append(wk.c.call("COMMIT_STORE", k, wk.instance_id, data, timeout=1.0))
+        except Failure:
+            answers.append("no answer")
+        check(wk.c.call("NOOP") == "OK", f"server stopped answering after {name!r}")
+    check(not os.path.exists(marker), "a malicious pickle ran code in the server")
+    check(all(a is not True for a in answers), f"malicious pickle accepted: {answers}")
+    check(lookup(Client(endpoint, p.get("profile", "nongpu-v1")), p, tokens, "evil2-l") == 0,
+          "malicious store left a readable chunk")
+    # The server still stores and serves a genuine chunk after all that.
+    good = [make_chunk(wk.shape, wk.dtype, 7)]
+    check(wk.store(tokens, good, "good-store") is True, "genuine store after the payloads")
+    check(lookup(Client(endpoint, p.get("profile", "nongpu-v1")), p, tokens, "good-ret") == 1, "lookup of the genuine chunk")
+    got = wk.retrieve(tokens, 1, "good-ret")
+    check(got is not None and same(got[0], good[0]), "genuine chunk read back")
+    wk.close()
+    return {"live": live, "answers": [str(a) for a in answers]}
+
+
 def scenario_register(endpoint, p):
     """Registers one worker, stores one chunk and leaves it registered (the
     process exits without unregistering, as a worker that stays up would look
@@ -332,7 +421,8 @@ def scenario_register(endpoint, p):
     return {"mode": wk.mode, "shm_name": wk.shm_name}
 
 
-SCENARIOS = {"register": scenario_register, "roundtrip": scenario_roundtrip, "mixed": scenario_mixed, "malicious": scenario_malicious}
+SCENARIOS = {"register": scenario_register, "roundtrip": scenario_roundtrip, "mixed": scenario_mixed,
+             "malicious": scenario_malicious, "malicious_torch2": scenario_malicious_torch2}
 
 
 def main():
@@ -345,6 +435,7 @@ def main():
     except Failure as e:
         print(f"FAIL {name}: {e}", file=sys.stderr)
         sys.exit(1)
+    out["torch"] = torch.__version__
     print(json.dumps(out))
 
 

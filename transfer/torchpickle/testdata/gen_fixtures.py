@@ -3,13 +3,23 @@
 
 Run with Debian's interpreter from the package directory:
 
-    /usr/bin/python3 testdata/gen_fixtures.py [outdir]
+    /usr/bin/python3 testdata/gen_fixtures.py [outdir]               # torch 1.13 (bookworm)
+    scripts/torch2-env.sh run /usr/bin/python3 \
+        transfer/torchpickle/testdata/gen_fixtures.py                 # torch 2.x (trixie root)
+
+The default outdir is fixtures/ under torch 1.x and fixtures-torch<major>.<minor>/
+under torch 2.x, so each torch's fixtures live in their own folder.
 
 For every case it writes <name>.pkl (pickle.dumps(list_of_tensors, protocol=p)),
 <name>.raw (each tensor's t.contiguous() bytes, concatenated in list order;
-bfloat16 viewed as int16 first, as numpy has no bfloat16) and an entry in
-manifest.json giving each tensor's dtype and shape. Data is seeded, so a rerun
-with the same torch reproduces the files.
+bfloat16 viewed as int16 and float8 as uint8 first, as numpy has neither) and an
+entry in manifest.json giving each tensor's dtype and shape. Under torch 2.x it
+adds the float8 cases (pickled by torch 2.x with _rebuild_tensor_v3 over an
+UntypedStorage) and "refused" entries: pickles torch 2.x writes for tensors
+that are not plain CPU tensors of a supported dtype, which the decoder must
+refuse (the manifest names what the error must mention). Data is seeded, so
+a rerun with the same torch reproduces the data (storage keys in the
+containers are object ids and differ between runs).
 """
 import json
 import os
@@ -18,13 +28,19 @@ import sys
 
 import torch
 
-OUT = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
+TORCH2 = int(torch.__version__.split(".")[0]) >= 2
+_default = "fixtures" if not TORCH2 else "fixtures-torch" + ".".join(torch.__version__.split(".")[:2])
+OUT = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)), _default)
+# Types numpy cannot hold, viewed as same-size integers for the .raw sidecars.
+AS_INT = {torch.bfloat16: torch.int16}
+if TORCH2:
+    AS_INT.update({torch.float8_e4m3fn: torch.uint8, torch.float8_e5m2: torch.uint8})
 
 
 def raw(t):
     t = t.contiguous()
-    if t.dtype == torch.bfloat16:
-        t = t.view(torch.int16)
+    if t.dtype in AS_INT:
+        t = t.view(AS_INT[t.dtype])
     return t.numpy().tobytes()
 
 
@@ -64,6 +80,33 @@ def cases():
     yield "empty", [torch.zeros((0, 4), dtype=torch.float16)]
     yield "requires_grad", [make(torch.float32, (2, 3), g).requires_grad_()]
     yield "empty_list", []
+    if not TORCH2:
+        return
+    # torch 2.x: the dtypes without a typed storage, contiguous and as views,
+    # alone and mixed with _rebuild_tensor_v2 tensors in one list.
+    e4, e5 = torch.float8_e4m3fn, torch.float8_e5m2
+    yield "f8e4m3_4d", [make(e4, (2, 2, 16, 16), g)]
+    yield "f8e5m2_mla", [make(e5, (2, 16, 16), g)]
+    yield "f8_transposed", [make(e4, (4, 16), g).t(), make(e5, (3, 5), g).t()]
+    f8 = make(e5, (6, 10), g)
+    yield "f8_views", [f8[2:4], f8[::2, 1::3], f8[0, 3:9], f8]
+    yield "f8_scalar_empty", [torch.tensor(1.5).to(e4), torch.zeros((0, 3), dtype=e5)]
+    yield "f8_requires_grad_free", [make(e4, (3,), g).detach()]
+    yield "mixed_v2_v3", [make(torch.bfloat16, (2, 8), g), make(e4, (2, 8), g), make(torch.float16, (4,), g),
+                          make(e5, (2, 8), g), make(e4, (1,), g)]
+
+
+def refused_cases():
+    """Pickles torch 2.x writes for tensors that are no plain CPU tensor of a
+    supported dtype: (name, object, text the decoder's error must contain)."""
+    g = torch.Generator().manual_seed(99)
+    yield "uint16_v3", [torch.randint(0, 1000, (4,), generator=g).to(torch.uint16)], "global torch.uint16 not allowed"
+    yield "complex64", [torch.randn(3, dtype=torch.complex64, generator=g)], "ComplexFloatStorage"
+    yield "parameter", [torch.nn.Parameter(torch.randn(3, generator=g))], "global torch._utils._rebuild_parameter not allowed"
+    sub = torch.randn(3, generator=g)
+    sub.note = "python attribute"
+    yield "tensor_with_attrs", [sub], "global torch._tensor._rebuild_from_type_v2 not allowed"
+    yield "conj_metadata", [torch.randn(3, dtype=torch.complex64, generator=g).conj()], "ComplexFloatStorage"
 
 
 def main():
@@ -82,8 +125,19 @@ def main():
                 "protocol": proto,
                 "tensors": [{"dtype": dtype_name(t.dtype), "shape": list(t.shape)} for t in ts],
             })
+    refused = []
+    if TORCH2:
+        for name, obj, want in refused_cases():
+            for proto in (2, 4):
+                fname = f"refused_{name}_p{proto}"
+                with open(os.path.join(OUT, fname + ".pkl"), "wb") as f:
+                    f.write(pickle.dumps(obj, protocol=proto))
+                refused.append({"name": fname, "protocol": proto, "error": want})
+    out = {"torch": torch.__version__, "fixtures": manifest}
+    if refused:
+        out["refused"] = refused
     with open(os.path.join(OUT, "manifest.json"), "w") as f:
-        json.dump({"torch": torch.__version__, "fixtures": manifest}, f, indent=1)
+        json.dump(out, f, indent=1)
         f.write("\n")
 
 

@@ -24,6 +24,11 @@ DTYPES = {
 # Compare floats bit for bit (random bytes include NaNs).
 BITS = {torch.float16: torch.int16, torch.bfloat16: torch.int16,
         torch.float32: torch.int32, torch.float64: torch.int64}
+# torch 2.x float8 (torch.equal has no float8 kernel: compared as uint8).
+for _name in ("float8_e4m3fn", "float8_e5m2"):
+    if hasattr(torch, _name):
+        DTYPES[_name] = getattr(torch, _name)
+        BITS[DTYPES[_name]] = torch.uint8
 
 
 def expected(raw, dtype, shape):
@@ -68,8 +73,8 @@ def check(d):
 
 def raw_bytes(t):
     t = t.contiguous()
-    if t.dtype == torch.bfloat16:
-        t = t.view(torch.int16)
+    if t.dtype == torch.bfloat16 or (t.dtype.is_floating_point and t.element_size() == 1):
+        t = bits(t)
     return t.numpy().tobytes()
 
 
