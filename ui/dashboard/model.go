@@ -544,6 +544,15 @@ func (m *Model) applyDone(msg applyMsg) {
 		if msg.res.Class == settings.Rebuild {
 			text += " - pool rebuilt, cache cleared"
 		}
+		var later []settings.Change
+		for _, c := range msg.res.Changes {
+			if c.Class == settings.NextStart {
+				later = append(later, c)
+			}
+		}
+		if len(later) > 0 {
+			text += " - " + changeKeys(later) + " at the next start"
+		}
 		m.setStatus(levelOK, "OK "+text)
 		m.note(slog.LevelInfo, text)
 		m.pending = m.running

@@ -217,16 +217,14 @@ func (m *Model) startApply() tea.Cmd {
 }
 
 // changeNote says what applying c does. The faces' own keys do not restart
-// the engine: http.* restarts the HTTP API only, and the logger and the face
-// are chosen once at start.
+// the engine: http.* restarts the HTTP API only.
 func changeNote(c settings.Change) string {
-	switch {
-	case c.Key == "log.format" || c.Key == "log.file" || c.Key == "ui.headless":
-		return "takes effect at the next start"
-	case strings.HasPrefix(c.Key, "http."):
+	if strings.HasPrefix(c.Key, "http.") {
 		return "HTTP API restarts"
 	}
 	switch c.Class {
+	case settings.NextStart:
+		return "takes effect at the next start"
 	case settings.Restart:
 		return "server restarts"
 	case settings.Rebuild:
@@ -248,6 +246,8 @@ func (m *Model) renderConfirmApply(w int) string {
 		b.WriteString(m.st.Bad.Render("REBUILD") + fmt.Sprintf(": the cache will be cleared; %d registered worker(s) must re-register.\n", n))
 	case settings.Restart:
 		b.WriteString(m.st.Warn.Render("RESTART") + ": the wire server restarts; the cache and contexts are kept.\n")
+	case settings.NextStart:
+		b.WriteString(m.st.Warn.Render("NEXT START") + ": nothing restarts now; the change takes effect when kvdock starts again.\n")
 	default:
 		b.WriteString(m.st.OK.Render("LIVE") + ": applied in place.\n")
 	}
