@@ -73,8 +73,7 @@ func (m *Model) onSettingsKey(msg tea.KeyPressMsg) tea.Cmd {
 	case key.Matches(msg, k.Find):
 		m.mode = modeFind
 		m.findFrom = m.setSel
-		m.find.SetValue("")
-		m.find.Focus()
+		m.find.Open("")
 	case key.Matches(msg, k.Reset):
 		if err := settings.Reset(&m.pending, ki.Key); err != nil {
 			m.setStatus(levelBad, err.Error())
@@ -123,19 +122,18 @@ func (m *Model) onEditKey(msg tea.KeyPressMsg) tea.Cmd {
 	return m.onText(msg)
 }
 
-func (m *Model) onFindKey(msg tea.KeyPressMsg) tea.Cmd {
-	switch {
-	case key.Matches(msg, m.keys.Find.Accept):
+// onFind takes a key or a paste while a setting's name is typed: the
+// selection follows the text; esc goes back to where it was.
+func (m *Model) onFind(msg tea.Msg) {
+	switch m.find.Update(msg) {
+	case promptChanged:
+		m.findKey()
+	case promptAccepted:
 		m.mode = modeNormal
-		m.find.Blur()
-		return nil
-	case key.Matches(msg, m.keys.Find.Cancel):
+	case promptCancelled:
 		m.mode = modeNormal
-		m.find.Blur()
 		m.setSel = m.findFrom
-		return nil
 	}
-	return m.onText(msg)
 }
 
 // findKey selects the first setting whose key is the typed text or, failing
