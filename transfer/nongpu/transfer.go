@@ -455,11 +455,7 @@ func (m *Module) abortPendingWrite(pk pendingKey) {
 	}
 }
 
-// Pending entries live for half the pool's lock TTL: a worker that has not
-// committed by then is gone. Until three quarters of the TTL the pool's own
-// lock (taken just before the entry was made) is certainly still ours, so it
-// is aborted or released; later the pool may already have expired it and
-// handed the object to someone else, so the entry is only forgotten.
+// ttlOf is the pool's lock TTL for a pending write or read; m.mu is held.
 func (m *Module) ttlOf(write bool) time.Duration {
 	if write {
 		return m.writeTTL
@@ -469,6 +465,8 @@ func (m *Module) ttlOf(write bool) time.Duration {
 
 // expireIfDue handles an entry already removed from its map: when it is past
 // its life it is expired (and reported true); otherwise the caller uses it.
+// Pending entries live for half the pool's lock TTL: a worker that has not
+// committed by then is gone.
 func (m *Module) expireIfDue(p *pending, write bool) bool {
 	now := m.now()
 	m.mu.Lock()
@@ -485,6 +483,11 @@ func (m *Module) expireIfDue(p *pending, write bool) bool {
 	return true
 }
 
+// expire ends a pending entry past its life. Until three quarters of the TTL
+// the pool's own lock (taken just before the entry was made) is certainly
+// still ours, so it is aborted or released; later the pool may already have
+// expired it and handed the object to someone else, so the entry is only
+// forgotten.
 func (m *Module) expire(p *pending, write bool, now time.Time, ttl time.Duration) {
 	if now.Sub(p.created) < ttl*3/4 {
 		if write {

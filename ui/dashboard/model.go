@@ -163,8 +163,10 @@ func (m *Model) tick() tea.Cmd {
 	return tea.Tick(every, func(t time.Time) tea.Msg { return tickMsg(t) })
 }
 
-// snapshotCmd reads the engine off the UI goroutine: Snapshot waits while an
-// Apply holds the engine, and the screen must stay responsive meanwhile.
+// snapshotCmd reads the engine off the UI goroutine. Snapshot never waits
+// for an Apply (it reads the state the engine published), but it takes the
+// pool's and the transfer module's locks and calls statfs, which a busy
+// server can make slow; keys must not wait for that.
 func (m *Model) snapshotCmd() tea.Cmd {
 	eng := m.eng
 	return func() tea.Msg { return snapMsg(eng.Snapshot()) }
