@@ -20,17 +20,7 @@ import (
 // as main wires them.
 func runnerEngine(t *testing.T, tok string) (*engine.Engine, *httpapi.Runner, settings.Config) {
 	t.Helper()
-	empty := ""
-	cfg := settings.Default()
-	cfg.Server.Host = "127.0.0.1"
-	cfg.Server.Port = freePort(t)
-	cfg.Server.ChunkSize = chunk
-	cfg.Server.ShmName = &empty
-	cfg.L1.SizeGB = 0.01
-	cfg.L1.Prefault = false
-	cfg.HTTP.Host = "127.0.0.1"
-	cfg.HTTP.Port = freePort(t)
-	cfg.HTTP.Token = tok
+	cfg := testConfig(t, tok)
 	if err := settings.Validate(cfg, nil); err != nil {
 		t.Fatalf("test config invalid: %v", err)
 	}
