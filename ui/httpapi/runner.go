@@ -68,7 +68,7 @@ func (r *Runner) Restart(cfg settings.HTTPConfig) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.base == nil {
-		return errors.New("HTTP API: restart before start")
+		return errors.New("HTTP API: not running (restart before Start or after Stop)")
 	}
 	if cfg == r.cfg {
 		return nil
@@ -111,11 +111,12 @@ func (r *Runner) rebindLocked(old settings.HTTPConfig, cause error) error {
 }
 
 // Stop shuts the API down and waits for it (requests in flight get up to
-// 5 s, see Serve).
+// 5 s, see Serve); a later Restart fails rather than serve again.
 func (r *Runner) Stop() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.stopLocked()
+	r.base = nil
 }
 
 // Addr is the address the API listens on; nil while it is disabled or stopped.

@@ -224,3 +224,26 @@ func TestRunnerRestartConcurrentWithRequests(t *testing.T) {
 		t.Fatal("20 restarts took more than a minute")
 	}
 }
+
+// TestRunnerRefusesBadMovesAndRestartAfterStop: an address that cannot be
+// bound leaves the old API serving; after Stop nothing serves again.
+func TestRunnerRefusesBadMovesAndRestartAfterStop(t *testing.T) {
+	_, web, cfg := runnerEngine(t, "")
+	bad := cfg.HTTP
+	bad.Host = "192.0.2.1" // TEST-NET-1: not an address of this machine
+	if err := web.Restart(bad); err == nil {
+		t.Fatal("restart onto a foreign address succeeded")
+	}
+	if code, err := get(t, addrOf(cfg.HTTP), "/healthcheck"); err != nil || code != http.StatusOK {
+		t.Fatalf("old API after a refused move: %d %v", code, err)
+	}
+	web.Stop()
+	next := cfg.HTTP
+	next.Port = freePort(t)
+	if err := web.Restart(next); err == nil || web.Addr() != nil {
+		t.Fatalf("restart after Stop: %v, listening on %v", err, web.Addr())
+	}
+	if _, err := get(t, addrOf(next), "/healthcheck"); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("API serves after Stop: %v", err)
+	}
+}
