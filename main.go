@@ -29,6 +29,7 @@ import (
 	"kvdock/ui/configcmd"
 	"kvdock/ui/ctl"
 	"kvdock/ui/dashboard"
+	"kvdock/ui/httpapi"
 	"kvdock/ui/metrics"
 )
 
@@ -152,7 +153,7 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	m := metrics.New()
-	web := &httpFace{metrics: m, logger: logger.With("component", "http")}
+	var web *httpapi.Runner // set once the engine exists; OnApply runs only after Start
 	gpuSrc := gpu.NewNVML(logger.With("component", "gpu"))
 	defer gpuSrc.Close()
 	eng := engine.New(cfg, engine.Options{
@@ -162,14 +163,12 @@ func serve(args []string, stdout, stderr io.Writer) int {
 		Sources:  loaded.Sources,
 		Version:  buildVersion(),
 		Observer: m,
-		OnApply: func(old, new settings.Config) {
-			if old.HTTP != new.HTTP {
-				web.restart(ctx, new.HTTP)
-			}
+		OnApply: func(_ context.Context, _, new settings.Config) error {
+			return web.Restart(new.HTTP)
 		},
 	})
 	m.Watch(eng)
-	web.eng = eng
+	web = httpapi.NewRunner(eng, httpapi.Options{Metrics: m, Logger: logger.With("component", "http")})
 
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
@@ -180,12 +179,12 @@ func serve(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "kvdock: could not start: %v\n", err)
 		return 1
 	}
-	if err := web.start(ctx, cfg.HTTP); err != nil {
+	if err := web.Start(ctx, cfg.HTTP); err != nil {
 		stopNow(eng)
 		fmt.Fprintf(stderr, "kvdock: could not start the HTTP API: %v\n", err)
 		return 1
 	}
-	defer web.stop()
+	defer web.Stop()
 	snap := eng.Snapshot()
 	logger.Info("kvdock serving", "version", snap.Version, "endpoint", snap.Endpoint, "protocol", snap.Protocol,
 		"shm_name", snap.Shm.ShmName, "pool_size", snap.Shm.PoolSize, "shm_reason", snap.Shm.Reason)
@@ -289,13 +288,11 @@ func reload(ctx context.Context, eng *engine.Engine, opts settings.LoadOptions, 
 		return
 	}
 	for _, c := range res.Changes {
-		switch c.Key {
-		case "log.format", "log.file", "ui.headless":
-			// The logger and the face are chosen once, at start.
+		if c.Class == settings.NextStart {
 			logger.Warn("SIGHUP: takes effect when kvdock restarts", "key", c.Key, "old", c.Old, "new", c.New)
-		default:
-			logger.Info("SIGHUP: applied", "key", c.Key, "old", c.Old, "new", c.New, "class", c.Class.String())
+			continue
 		}
+		logger.Info("SIGHUP: applied", "key", c.Key, "old", c.Old, "new", c.New, "class", c.Class.String())
 	}
 }
 

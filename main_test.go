@@ -84,3 +84,39 @@ func TestSIGHUPLogsNoSecret(t *testing.T) {
 		t.Fatalf("the reload logged a secret: %s", out)
 	}
 }
+
+// TestSIGHUPNextStartKeysWarn: a reload that changes keys read once at start
+// (the key table's next-start class) says they wait for a restart and does
+// not log them as applied.
+func TestSIGHUPNextStartKeysWarn(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "kvdock.yaml")
+	if err := os.WriteFile(path, []byte("log:\n  format: text\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	opts := settings.LoadOptions{ConfigPath: path}
+	loaded, err := settings.Load(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng := engine.New(loaded.Config, engine.Options{Sources: loaded.Sources})
+	if err := os.WriteFile(path, []byte("log:\n  format: json\n  level: debug\nui:\n  headless: true\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	reload(context.Background(), eng, opts, slog.New(slog.NewTextHandler(&buf, nil)))
+	var later, applied []string
+	for _, l := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
+		switch {
+		case strings.Contains(l, "takes effect when kvdock restarts"):
+			later = append(later, l)
+		case strings.Contains(l, "SIGHUP: applied"):
+			applied = append(applied, l)
+		}
+	}
+	if len(later) != 2 || !strings.Contains(strings.Join(later, "\n"), "key=log.format") || !strings.Contains(strings.Join(later, "\n"), "key=ui.headless") {
+		t.Fatalf("next-start lines %q in:\n%s", later, buf.String())
+	}
+	if len(applied) != 1 || !strings.Contains(applied[0], "key=log.level") {
+		t.Fatalf("applied lines %q in:\n%s", applied, buf.String())
+	}
+}

@@ -6,17 +6,23 @@ type Class int
 const (
 	// Live keys change in place (eviction, TTLs, log level, refresh).
 	Live Class = iota
-	// Restart keys need the engine restarted (sockets, pools, HTTP, log sink); the cache survives.
+	// NextStart keys are read once, at start (the log sink, the face): a
+	// running kvdock records them and restarts nothing; they take effect
+	// when kvdock is started again.
+	NextStart
+	// Restart keys need the engine restarted (sockets, pools, HTTP); the cache survives.
 	Restart
 	// Rebuild keys change the pool itself: the cache is lost.
 	Rebuild
 )
 
-// String is "live", "restart" or "rebuild".
+// String is "live", "next-start", "restart" or "rebuild".
 func (c Class) String() string {
 	switch c {
 	case Live:
 		return "live"
+	case NextStart:
+		return "next-start"
 	case Restart:
 		return "restart"
 	case Rebuild:

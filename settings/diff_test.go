@@ -24,7 +24,9 @@ func TestDiffClassifies(t *testing.T) {
 		{"server.port", "6000", settings.Restart},
 		{"server.max_workers", "4", settings.Restart},
 		{"http.token", "t", settings.Restart},
-		{"log.format", "json", settings.Restart},
+		{"log.format", "json", settings.NextStart},
+		{"log.file", "/tmp/kvdock.log", settings.NextStart},
+		{"ui.headless", "true", settings.NextStart},
 		{"server.protocol", "nongpu-v2", settings.Restart},
 		{"l1.size_gb", "2", settings.Rebuild},
 		{"server.shm_name", "", settings.Rebuild},
@@ -61,6 +63,18 @@ func TestDiffClassifies(t *testing.T) {
 	_ = settings.Set(&lr, "http.port", "0")
 	if s := settings.Strongest(settings.Diff(old, lr)); s != settings.Restart || s.String() != "restart" {
 		t.Errorf("strongest = %v", s)
+	}
+	// A next-start key is stronger than a live one (the change is not in
+	// effect yet) and weaker than any restart.
+	ns := old
+	_ = settings.Set(&ns, "log.level", "debug")
+	_ = settings.Set(&ns, "log.format", "json")
+	if s := settings.Strongest(settings.Diff(old, ns)); s != settings.NextStart || s.String() != "next-start" {
+		t.Errorf("strongest of live + next-start = %v", s)
+	}
+	_ = settings.Set(&ns, "http.port", "0")
+	if s := settings.Strongest(settings.Diff(old, ns)); s != settings.Restart {
+		t.Errorf("strongest of next-start + restart = %v", s)
 	}
 	if settings.Live.String() != "live" || settings.Strongest(nil) != settings.Live {
 		t.Errorf("Live")

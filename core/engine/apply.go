@@ -21,11 +21,13 @@ type ApplyResult struct {
 	RolledBack bool
 }
 
-// Apply moves the engine to cfg: live keys change in place; restart keys
-// restart the wire server with the pool and registered contexts kept; rebuild
-// keys re-create the pool (cache and contexts dropped, old segment unlinked).
-// A restart or rebuild that fails rolls back to the running config and
-// returns the failure; the engine keeps serving the old config then.
+// Apply moves the engine to cfg: live keys change in place; next-start keys
+// are recorded and take effect when kvdock starts again; restart keys restart
+// the wire server with the pool and registered contexts kept; rebuild keys
+// re-create the pool (cache and contexts dropped, old segment unlinked). The
+// faces' own keys (http.*) go to Options.OnApply first. A face or a restart
+// or rebuild that fails rolls back to the running config and returns the
+// failure; the engine (and the faces) keep serving the old config then.
 func (e *Engine) Apply(ctx context.Context, cfg settings.Config, sources map[string]settings.Source) (ApplyResult, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -51,11 +53,19 @@ func (e *Engine) Apply(ctx context.Context, cfg settings.Config, sources map[str
 	}
 	what := fmt.Sprintf("%s (%s)", res.Class, strings.Join(keys, ", "))
 
-	if engineClass(changes) == settings.Live {
+	// The faces first: moving the HTTP API back is cheap, a rebuilt pool is not.
+	if err := e.applyFaces(ctx, old, cfg); err != nil {
+		res.RolledBack = true
+		e.sources = oldSources
+		e.events.add(EventError, slog.LevelError, fmt.Sprintf("apply failed, kept the running config: %v", err))
+		return res, fmt.Errorf("apply %s: %w (rolled back to the running config)", what, err)
+	}
+
+	class := engineClass(changes)
+	if class < settings.Restart {
 		e.applyLive(cfg)
 		e.cfg = cfg
-		e.events.add(EventRestart, slog.LevelInfo, "applied live: "+what)
-		e.notifyApplied(old, cfg)
+		e.events.add(EventRestart, slog.LevelInfo, "applied live: "+what+nextStartNote(changes))
 		return res, nil
 	}
 
@@ -71,7 +81,7 @@ func (e *Engine) Apply(ctx context.Context, cfg settings.Config, sources map[str
 	}
 
 	var err error
-	if engineClass(changes) == settings.Rebuild {
+	if class == settings.Rebuild {
 		err = e.rebuildLocked(stopCtx, cfg)
 	} else {
 		err = e.restartFrontLocked(cfg)
@@ -80,12 +90,11 @@ func (e *Engine) Apply(ctx context.Context, cfg settings.Config, sources map[str
 		e.applyLive(cfg)
 		e.cfg = cfg
 		e.setState(Serving, nil)
-		e.events.add(EventRestart, slog.LevelInfo, "applied "+what)
-		e.notifyApplied(old, cfg)
+		e.events.add(EventRestart, slog.LevelInfo, "applied "+what+nextStartNote(changes))
 		return res, nil
 	}
 
-	// Roll back to the running config.
+	// Roll back to the running config: the engine, then the faces.
 	res.RolledBack = true
 	e.sources = oldSources
 	e.events.add(EventError, slog.LevelError, fmt.Sprintf("apply failed, rolling back: %v", err))
@@ -98,11 +107,33 @@ func (e *Engine) Apply(ctx context.Context, cfg settings.Config, sources map[str
 	if rbErr != nil {
 		e.setState(Failed, rbErr)
 		e.events.add(EventError, slog.LevelError, "rollback failed: "+rbErr.Error())
-		return res, errors.Join(fmt.Errorf("apply %s: %w", what, err), fmt.Errorf("rollback: %w", rbErr))
+		rbErr = fmt.Errorf("rollback: %w", rbErr)
+	} else {
+		e.setState(Serving, nil)
 	}
-	e.setState(Serving, nil)
+	if ferr := e.applyFaces(context.WithoutCancel(ctx), cfg, old); ferr != nil {
+		e.events.add(EventError, slog.LevelError, "rollback of the faces failed: "+ferr.Error())
+		rbErr = errors.Join(rbErr, fmt.Errorf("rollback of the faces: %w", ferr))
+	}
+	if rbErr != nil {
+		return res, errors.Join(fmt.Errorf("apply %s: %w", what, err), rbErr)
+	}
 	e.events.add(EventRestart, slog.LevelWarn, "rolled back to the running config")
 	return res, fmt.Errorf("apply %s: %w (rolled back to the running config)", what, err)
+}
+
+// nextStartNote tells which of changes wait for the next start ("" for none).
+func nextStartNote(changes []settings.Change) string {
+	var keys []string
+	for _, c := range changes {
+		if c.Class == settings.NextStart {
+			keys = append(keys, c.Key)
+		}
+	}
+	if len(keys) == 0 {
+		return ""
+	}
+	return "; " + strings.Join(keys, ", ") + " take effect at the next start"
 }
 
 // restartFrontLocked starts a wire server for cfg over the kept plane.
@@ -169,20 +200,23 @@ func (e *Engine) applyLive(cfg settings.Config) {
 	}
 }
 
-// notifyApplied tells the OnApply hook, outside nothing but e.mu.
-func (e *Engine) notifyApplied(old, cfg settings.Config) {
-	if e.opts.OnApply != nil {
-		e.opts.OnApply(old, cfg)
+// applyFaces hands a config change to Options.OnApply. It runs with e.mu
+// held (Apply's caller waits for the face to move); the hook must not call
+// back into the engine's lifecycle.
+func (e *Engine) applyFaces(ctx context.Context, old, cfg settings.Config) error {
+	if e.opts.OnApply == nil {
+		return nil
 	}
+	return e.opts.OnApply(ctx, old, cfg)
 }
 
 // engineClass is the strongest class among the changes the engine itself
-// acts on: the faces' own keys (http.*, ui.*, log.*) never restart the wire
-// server or the pool; OnApply hands them to their owners.
+// acts on: the faces' own keys (http.*) are OnApply's; next-start keys and
+// live ones restart nothing.
 func engineClass(changes []settings.Change) settings.Class {
 	var own []settings.Change
 	for _, c := range changes {
-		if !strings.HasPrefix(c.Key, "http.") && !strings.HasPrefix(c.Key, "ui.") && !strings.HasPrefix(c.Key, "log.") {
+		if !strings.HasPrefix(c.Key, "http.") {
 			own = append(own, c)
 		}
 	}

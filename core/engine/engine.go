@@ -61,9 +61,12 @@ type Options struct {
 	GPU GPUSampler
 	// Observer sees every request's outcome and latency (metrics).
 	Observer rpc.Observer
-	// OnApply is called after Apply changed the running config (not after
-	// a rollback), for faces that own settings of their own (http.*).
-	OnApply func(old, new settings.Config)
+	// OnApply moves the faces that own settings of their own (http.*) from
+	// old to new. Apply calls it with the engine's lock held, before the
+	// engine's own changes, and again with the arguments swapped when those
+	// fail; an error makes Apply fail and roll back, so it must leave the
+	// face on old. It must not call back into Start, Stop or Apply.
+	OnApply func(ctx context.Context, old, new settings.Config) error
 	Now     func() time.Time
 }
 

@@ -492,11 +492,7 @@ func (m *Module) abortPendingWrite(pk pendingKey) {
 	}
 }
 
-// Pending entries live for half the pool's lock TTL: a worker that has not
-// committed by then is gone. Its reservation is aborted or its read locks
-// released: both name the pool's lock they were taken under, so if the pool
-// already expired that lock and handed the object to someone else, the
-// call does nothing.
+// ttlOf is the pool's lock TTL for a pending write or read; m.mu is held.
 func (m *Module) ttlOf(write bool) time.Duration {
 	if write {
 		return m.writeTTL
@@ -506,6 +502,8 @@ func (m *Module) ttlOf(write bool) time.Duration {
 
 // expireIfDue handles an entry already removed from its map: when it is past
 // its life it is expired (and reported true); otherwise the caller uses it.
+// Pending entries live for half the pool's lock TTL: a worker that has not
+// committed by then is gone.
 func (m *Module) expireIfDue(p *pending, write bool) bool {
 	now := m.now()
 	m.mu.Lock()

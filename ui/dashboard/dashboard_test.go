@@ -533,3 +533,24 @@ func TestSettingsFind(t *testing.T) {
 		t.Fatal("esc must restore the selection")
 	}
 }
+
+// TestApplyNextStart: log.format is read once at start; the confirmation
+// says so instead of announcing a restart, and so does the result.
+func TestApplyNextStart(t *testing.T) {
+	f := newFakeEngine(t)
+	m := newTestModel(t, f, 120, 30)
+	press(t, m, "5")
+	selectKey(t, m, "log.format")
+	press(t, m, "enter", "ctrl+u")
+	typeText(t, m, "json")
+	press(t, m, "enter", "a")
+	s := screen(m)
+	mustContain(t, s, "[NEXT-START] log.format: ", "(takes effect at the next start)",
+		"NEXT START: nothing restarts now")
+	mustNotContain(t, s, "[RESTART]", "the wire server restarts")
+	press(t, m, "y")
+	if calls := f.applyCalls(); len(calls) != 1 || calls[0].Log.Format != "json" {
+		t.Fatalf("Apply calls = %+v", calls)
+	}
+	mustContain(t, screen(m), "OK applied (next-start): log.format - log.format at the next start")
+}

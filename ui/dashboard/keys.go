@@ -59,34 +59,6 @@ func (k contextKeys) list() []key.Binding {
 	return append([]key.Binding{k.Sort, k.Reverse, k.Filter, k.Details, k.Clear}, k.listKeys.list()...)
 }
 
-// filterKeys is the key map while typing a filter.
-type filterKeys struct {
-	Accept, Cancel key.Binding
-}
-
-func newFilterKeys() filterKeys {
-	return filterKeys{
-		Accept: key.NewBinding(key.WithKeys("enter"), key.WithHelp("enter", "keep filter")),
-		Cancel: key.NewBinding(key.WithKeys("esc"), key.WithHelp("esc", "clear filter")),
-	}
-}
-
-func (k filterKeys) list() []key.Binding { return []key.Binding{k.Accept, k.Cancel} }
-
-// findKeys is the key map while typing a setting's name to jump to it.
-type findKeys struct {
-	Accept, Cancel key.Binding
-}
-
-func newFindKeys() findKeys {
-	return findKeys{
-		Accept: key.NewBinding(key.WithKeys("enter"), key.WithHelp("enter", "select")),
-		Cancel: key.NewBinding(key.WithKeys("esc"), key.WithHelp("esc", "back")),
-	}
-}
-
-func (k findKeys) list() []key.Binding { return []key.Binding{k.Accept, k.Cancel} }
-
 // eventKeys scroll the events pane.
 type eventKeys struct {
 	listKeys
@@ -151,8 +123,8 @@ func (k confirmKeys) list() []key.Binding { return []key.Binding{k.Yes, k.No} }
 type keyMap struct {
 	Global   globalKeys
 	Contexts contextKeys
-	Filter   filterKeys
-	Find     findKeys
+	Filter   promptKeys // while typing a contexts filter
+	Find     promptKeys // while typing a setting's name to jump to it
 	Events   eventKeys
 	Settings settingsKeys
 	Edit     editKeys
@@ -164,8 +136,8 @@ func newKeyMap() keyMap {
 	return keyMap{
 		Global:   newGlobalKeys(),
 		Contexts: newContextKeys(),
-		Filter:   newFilterKeys(),
-		Find:     newFindKeys(),
+		Filter:   newPromptKeys("keep filter", "clear filter"),
+		Find:     newPromptKeys("select", "back"),
 		Events:   eventKeys{newListKeys()},
 		Settings: newSettingsKeys(),
 		Edit:     newEditKeys(),

@@ -92,7 +92,7 @@ type Model struct {
 	ctxSel    int
 	sortCol   int
 	sortDesc  bool
-	filter    lineEdit
+	filter    textPrompt
 	filterStr string
 
 	// events pane: lines scrolled up from the newest
@@ -105,7 +105,7 @@ type Model struct {
 	keyInfos []settings.KeyInfo
 	setSel   int
 	edit     lineEdit
-	find     lineEdit
+	find     textPrompt
 	findFrom int // selection before a find, restored by esc
 	editErr  string
 	problems []string // validation problems shown after a refused apply
@@ -143,9 +143,9 @@ func newModel(ctx context.Context, eng Engine, opts Options, profile colorprofil
 		ShortKey: st.Key, ShortDesc: lipgloss.NewStyle(), ShortSeparator: st.Faint,
 		FullKey: st.Key, FullDesc: lipgloss.NewStyle(), FullSeparator: st.Faint, Ellipsis: st.Faint,
 	}
-	m.filter = newLineEdit(st, "filter: ")
+	m.filter = newTextPrompt(st, "filter: ", m.keys.Filter)
 	m.edit = newLineEdit(st, "new value: ")
-	m.find = newLineEdit(st, "find: ")
+	m.find = newTextPrompt(st, "find: ", m.keys.Find)
 	m.running, m.runSrc = eng.Config()
 	m.pending = m.running
 	m.setSnapshot(eng.Snapshot())
@@ -163,8 +163,10 @@ func (m *Model) tick() tea.Cmd {
 	return tea.Tick(every, func(t time.Time) tea.Msg { return tickMsg(t) })
 }
 
-// snapshotCmd reads the engine off the UI goroutine: Snapshot waits while an
-// Apply holds the engine, and the screen must stay responsive meanwhile.
+// snapshotCmd reads the engine off the UI goroutine. Snapshot never waits
+// for an Apply (it reads the state the engine published), but it takes the
+// pool's and the transfer module's locks and calls statfs, which a busy
+// server can make slow; keys must not wait for that.
 func (m *Model) snapshotCmd() tea.Cmd {
 	eng := m.eng
 	return func() tea.Msg { return snapMsg(eng.Snapshot()) }
@@ -239,18 +241,13 @@ func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 func (m *Model) onText(msg tea.Msg) tea.Cmd {
 	switch m.mode {
 	case modeFilter:
-		if m.filter.Update(msg) {
-			m.filterStr = m.filter.Value()
-			m.ctxSel = 0
-		}
+		m.onFilter(msg)
 	case modeEdit:
 		if m.edit.Update(msg) {
 			m.checkEdit()
 		}
 	case modeFind:
-		if m.find.Update(msg) {
-			m.findKey()
-		}
+		m.onFind(msg)
 	}
 	return nil
 }
@@ -261,10 +258,8 @@ func (m *Model) onKey(msg tea.KeyPressMsg) tea.Cmd {
 		return tea.Quit
 	}
 	switch m.mode {
-	case modeFilter:
-		return m.onFilterKey(msg)
-	case modeFind:
-		return m.onFindKey(msg)
+	case modeFilter, modeFind:
+		return m.onText(msg)
 	case modeEdit:
 		return m.onEditKey(msg)
 	case modeConfirmApply:
@@ -362,8 +357,7 @@ func (m *Model) onContextsKey(msg tea.KeyPressMsg) tea.Cmd {
 		m.sortDesc = !m.sortDesc
 	case key.Matches(msg, k.Filter):
 		m.mode = modeFilter
-		m.filter.SetValue(m.filterStr)
-		m.filter.Focus()
+		m.filter.Open(m.filterStr)
 		return nil
 	case key.Matches(msg, k.Details):
 		if len(rows) > 0 {
@@ -383,21 +377,20 @@ func (m *Model) onContextsKey(msg tea.KeyPressMsg) tea.Cmd {
 	return nil
 }
 
-func (m *Model) onFilterKey(msg tea.KeyPressMsg) tea.Cmd {
-	switch {
-	case key.Matches(msg, m.keys.Filter.Accept):
+// onFilter takes a key or a paste while the contexts filter is typed: the
+// table follows the text; esc clears it.
+func (m *Model) onFilter(msg tea.Msg) {
+	switch m.filter.Update(msg) {
+	case promptChanged:
+		m.filterStr = m.filter.Value()
+		m.ctxSel = 0
+	case promptAccepted:
 		m.mode = modeNormal
-		m.filter.Blur()
-		return nil
-	case key.Matches(msg, m.keys.Filter.Cancel):
+	case promptCancelled:
 		m.mode = modeNormal
-		m.filter.Blur()
-		m.filter.SetValue("")
 		m.filterStr = ""
 		m.ctxSel = 0
-		return nil
 	}
-	return m.onText(msg)
 }
 
 func (m *Model) onEventsKey(msg tea.KeyPressMsg) {
@@ -543,6 +536,15 @@ func (m *Model) applyDone(msg applyMsg) {
 		text := fmt.Sprintf("applied (%s): %s", msg.res.Class, what)
 		if msg.res.Class == settings.Rebuild {
 			text += " - pool rebuilt, cache cleared"
+		}
+		var later []settings.Change
+		for _, c := range msg.res.Changes {
+			if c.Class == settings.NextStart {
+				later = append(later, c)
+			}
+		}
+		if len(later) > 0 {
+			text += " - " + changeKeys(later) + " at the next start"
 		}
 		m.setStatus(levelOK, "OK "+text)
 		m.note(slog.LevelInfo, text)

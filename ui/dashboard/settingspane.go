@@ -73,8 +73,7 @@ func (m *Model) onSettingsKey(msg tea.KeyPressMsg) tea.Cmd {
 	case key.Matches(msg, k.Find):
 		m.mode = modeFind
 		m.findFrom = m.setSel
-		m.find.SetValue("")
-		m.find.Focus()
+		m.find.Open("")
 	case key.Matches(msg, k.Reset):
 		if err := settings.Reset(&m.pending, ki.Key); err != nil {
 			m.setStatus(levelBad, err.Error())
@@ -123,19 +122,18 @@ func (m *Model) onEditKey(msg tea.KeyPressMsg) tea.Cmd {
 	return m.onText(msg)
 }
 
-func (m *Model) onFindKey(msg tea.KeyPressMsg) tea.Cmd {
-	switch {
-	case key.Matches(msg, m.keys.Find.Accept):
+// onFind takes a key or a paste while a setting's name is typed: the
+// selection follows the text; esc goes back to where it was.
+func (m *Model) onFind(msg tea.Msg) {
+	switch m.find.Update(msg) {
+	case promptChanged:
+		m.findKey()
+	case promptAccepted:
 		m.mode = modeNormal
-		m.find.Blur()
-		return nil
-	case key.Matches(msg, m.keys.Find.Cancel):
+	case promptCancelled:
 		m.mode = modeNormal
-		m.find.Blur()
 		m.setSel = m.findFrom
-		return nil
 	}
-	return m.onText(msg)
 }
 
 // findKey selects the first setting whose key is the typed text or, failing
@@ -217,16 +215,14 @@ func (m *Model) startApply() tea.Cmd {
 }
 
 // changeNote says what applying c does. The faces' own keys do not restart
-// the engine: http.* restarts the HTTP API only, and the logger and the face
-// are chosen once at start.
+// the engine: http.* restarts the HTTP API only.
 func changeNote(c settings.Change) string {
-	switch {
-	case c.Key == "log.format" || c.Key == "log.file" || c.Key == "ui.headless":
-		return "takes effect at the next start"
-	case strings.HasPrefix(c.Key, "http."):
+	if strings.HasPrefix(c.Key, "http.") {
 		return "HTTP API restarts"
 	}
 	switch c.Class {
+	case settings.NextStart:
+		return "takes effect at the next start"
 	case settings.Restart:
 		return "server restarts"
 	case settings.Rebuild:
@@ -248,6 +244,8 @@ func (m *Model) renderConfirmApply(w int) string {
 		b.WriteString(m.st.Bad.Render("REBUILD") + fmt.Sprintf(": the cache will be cleared; %d registered worker(s) must re-register.\n", n))
 	case settings.Restart:
 		b.WriteString(m.st.Warn.Render("RESTART") + ": the wire server restarts; the cache and contexts are kept.\n")
+	case settings.NextStart:
+		b.WriteString(m.st.Warn.Render("NEXT START") + ": nothing restarts now; the change takes effect when kvdock starts again.\n")
 	default:
 		b.WriteString(m.st.OK.Render("LIVE") + ": applied in place.\n")
 	}

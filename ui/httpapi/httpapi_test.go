@@ -59,7 +59,8 @@ type harness struct {
 	port int
 }
 
-func start(t *testing.T, tok string) *harness {
+// testConfig is a tiny anonymous-pool engine on free loopback ports.
+func testConfig(t *testing.T, tok string) settings.Config {
 	t.Helper()
 	empty := ""
 	cfg := settings.Default()
@@ -69,7 +70,15 @@ func start(t *testing.T, tok string) *harness {
 	cfg.Server.ShmName = &empty
 	cfg.L1.SizeGB = 0.01
 	cfg.L1.Prefault = false
+	cfg.HTTP.Host = "127.0.0.1"
+	cfg.HTTP.Port = freePort(t)
 	cfg.HTTP.Token = tok
+	return cfg
+}
+
+func start(t *testing.T, tok string) *harness {
+	t.Helper()
+	cfg := testConfig(t, tok)
 	sources := map[string]settings.Source{
 		"server.port":     {Kind: settings.SourceFlag, Detail: "--port"},
 		"server.shm_name": {Kind: settings.SourceFlag, Detail: "--shm-name"},
