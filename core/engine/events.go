@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"kvdock/core/logcap"
-	"kvdock/transfer/nongpu"
+	"kvdock/core/workers"
 )
 
 // EventKind groups events for the log pane.
@@ -96,6 +96,6 @@ func (e *Engine) Subscribe(buffer int) (<-chan Event, func()) {
 
 // transferEvent forwards the transfer module's events into the log (add
 // cuts their peer-derived texts).
-func (e *Engine) transferEvent(ev nongpu.Event) {
+func (e *Engine) transferEvent(ev workers.Event) {
 	e.events.add(EventKind(ev.Kind), ev.Level, ev.Message)
 }

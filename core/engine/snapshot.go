@@ -10,8 +10,8 @@ import (
 	"kvdock/core/l1"
 	"kvdock/core/lookup"
 	"kvdock/core/rpc"
+	"kvdock/core/workers"
 	"kvdock/settings"
-	"kvdock/transfer/nongpu"
 )
 
 // GPUSampler is the GPU telemetry the engine samples off the UI goroutine.
@@ -46,10 +46,10 @@ type Snapshot struct {
 	Sources map[string]settings.Source
 
 	// Shm is what registration advertises, with the reason.
-	Shm      nongpu.Info
+	Shm      workers.Info
 	Pool     Pool
-	Contexts []nongpu.ContextInfo
-	Transfer nongpu.Stats
+	Contexts []workers.ContextInfo
+	Transfer workers.Stats
 	Requests rpc.Stats
 	Lookup   lookup.Stats
 	Sessions int

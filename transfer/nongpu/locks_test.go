@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"kvdock/core/protocol"
+	"kvdock/core/workers"
 )
 
 // slotBytes copies a slot out of the pool.
@@ -145,7 +146,7 @@ func TestLockCapRefusalAnswersNoSlots(t *testing.T) {
 	if err != nil || !r.Shm || len(r.Slots) != 0 {
 		t.Fatalf("prepare of 54%% of the pool = %d slots, %v; want none", len(r.Slots), err)
 	}
-	evs := e.eventsOf(EventNoSpace)
+	evs := e.eventsOf(workers.EventNoSpace)
 	if len(evs) != 1 || !strings.Contains(evs[0].Message, "lock cap") || !strings.Contains(evs[0].Message, "instance 1") {
 		t.Fatalf("events %+v", evs)
 	}

@@ -34,6 +34,7 @@ import (
 	"kvdock/core/l1"
 	"kvdock/core/layout"
 	"kvdock/core/protocol"
+	"kvdock/core/workers"
 	"kvdock/settings"
 )
 
@@ -70,73 +71,8 @@ type Deps struct {
 	Logger    *slog.Logger
 	// Events receives registrations, unregistrations, fallbacks and errors
 	// (the dashboard log pane). It is called without module locks held.
-	Events func(Event)
+	Events func(workers.Event)
 	Now    func() time.Time
-}
-
-// Mode is an instance's transfer strategy.
-type Mode string
-
-// The two strategies; the dashboard shows these labels.
-const (
-	ModeSHM    Mode = "SHM"
-	ModePickle Mode = "PICKLE"
-)
-
-// EventKind classifies an Event.
-type EventKind string
-
-// Event kinds.
-const (
-	EventRegister   EventKind = "register"
-	EventUnregister EventKind = "unregister"
-	EventFallback   EventKind = "fallback"
-	EventSHMBack    EventKind = "shm_back" // a PICKLE instance committed an SHM write
-	EventExpired    EventKind = "expired"
-	EventNoSpace    EventKind = "no_space"
-	EventError      EventKind = "error"
-)
-
-// Event is one line for the operator: what happened to which instance.
-type Event struct {
-	Time     time.Time
-	Kind     EventKind
-	Level    slog.Level
-	Instance int64
-	Message  string
-}
-
-// ContextInfo is one registered instance as the dashboard and /status show it.
-type ContextInfo struct {
-	InstanceID    int64
-	Model         string
-	WorldSize     int
-	BlockSize     int
-	NumLayers     int
-	HiddenDimSize int
-	Layout        layout.Layout
-	MLA           bool
-	Mode          Mode
-	Reason        string
-	Registered    time.Time
-	LastRequest   time.Time
-	Stores        int64 // COMMIT_STORE requests answered true
-	StoreFailures int64 // stores that stored nothing or not everything (no space, rejected data)
-	Retrieves     int64 // PREPARE_RETRIEVE requests
-	HitChunks     int64 // chunks served by successful retrieves
-	BytesIn       int64 // KV bytes stored
-	BytesOut      int64 // KV bytes served
-}
-
-// Stats are module-wide counters.
-type Stats struct {
-	Instances     int
-	PendingWrites int
-	PendingReads  int
-	NoSpace       int64 // reservations refused for lack of space (answered as upstream: nothing reserved)
-	Rejected      int64 // pickled tensors that did not match the registered layout
-	Expired       int64 // pending entries dropped by TTL
-	Fallbacks     int64 // SHM instances that turned out to use pickle
 }
 
 // ErrClosed is returned by every request after Close.
@@ -158,7 +94,7 @@ type instance struct {
 	id         int64
 	p          protocol.RegisterPayload
 	lay        layout.Layout
-	mode       Mode
+	mode       workers.Mode
 	reason     string
 	registered time.Time
 	last       time.Time
@@ -202,9 +138,9 @@ type Module struct {
 	layouts   *layout.Registry
 	chunkSize int
 	log       *slog.Logger
-	emit      func(Event)
+	emit      func(workers.Event)
 	now       func() time.Time
-	info      Info
+	info      workers.Info
 	seed      maphash.Seed
 	maxBytes  int64
 
@@ -216,7 +152,7 @@ type Module struct {
 	writeTTL  time.Duration
 	readTTL   time.Duration
 	lastSweep time.Time
-	stats     Stats
+	stats     workers.Stats
 	errLast   map[string]time.Time
 	// maxInstances bounds len(instances) (server.max_instances, live).
 	maxInstances int
@@ -292,15 +228,15 @@ func (m *Module) SetMaxInstances(n int) {
 }
 
 // PoolInfo is what registration advertises.
-func (m *Module) PoolInfo() Info { return m.info }
+func (m *Module) PoolInfo() workers.Info { return m.info }
 
 // ChunkSize is the server chunk size layouts are built with.
 func (m *Module) ChunkSize() int { return m.chunkSize }
 
-func (m *Module) event(kind EventKind, level slog.Level, id int64, msg string) {
+func (m *Module) event(kind workers.EventKind, level slog.Level, id int64, msg string) {
 	m.log.Log(context.Background(), level, msg, "event", string(kind), "instance_id", id)
 	if m.emit != nil {
-		m.emit(Event{Time: m.now(), Kind: kind, Level: level, Instance: id, Message: msg})
+		m.emit(workers.Event{Time: m.now(), Kind: kind, Level: level, Instance: id, Message: msg})
 	}
 }
 
@@ -315,7 +251,7 @@ func (m *Module) Register(p protocol.RegisterPayload) (protocol.RegisterResponse
 	if _, ok := m.instances[p.InstanceID]; ok {
 		m.mu.Unlock()
 		m.rateLimited("register/again", func() {
-			m.event(EventRegister, slog.LevelWarn, p.InstanceID,
+			m.event(workers.EventRegister, slog.LevelWarn, p.InstanceID,
 				fmt.Sprintf("instance %d registered again: keeping the first registration", p.InstanceID))
 		})
 		return resp, nil
@@ -332,12 +268,12 @@ func (m *Module) Register(p protocol.RegisterPayload) (protocol.RegisterResponse
 	lay, err := m.validate(p)
 	if err != nil {
 		err = fmt.Errorf("register instance %d: %w", p.InstanceID, err)
-		m.event(EventError, slog.LevelError, p.InstanceID, err.Error())
+		m.event(workers.EventError, slog.LevelError, p.InstanceID, err.Error())
 		return protocol.RegisterResponse{}, err
 	}
-	mode, reason := ModePickle, m.info.Reason
+	mode, reason := workers.ModePickle, m.info.Reason
 	if m.info.Shared() {
-		mode = ModeSHM
+		mode = workers.ModeSHM
 		reason = "shared segment " + m.info.ShmName
 	}
 	now := m.now()
@@ -362,14 +298,14 @@ func (m *Module) Register(p protocol.RegisterPayload) (protocol.RegisterResponse
 		m.mu.Unlock()
 		err := fmt.Errorf("register instance %d: layout %s conflicts with %s already registered for model %q world size %d",
 			p.InstanceID, lay, have, p.ModelName, p.WorldSize)
-		m.event(EventError, slog.LevelError, p.InstanceID, err.Error())
+		m.event(workers.EventError, slog.LevelError, p.InstanceID, err.Error())
 		return protocol.RegisterResponse{}, err
 	}
 	m.instances[p.InstanceID] = inst
 	m.layouts.Add(p.ModelName, p.WorldSize, lay)
 	m.mu.Unlock()
 
-	m.event(EventRegister, slog.LevelInfo, p.InstanceID, fmt.Sprintf(
+	m.event(workers.EventRegister, slog.LevelInfo, p.InstanceID, fmt.Sprintf(
 		"instance %d registered: model %s, world size %d, layout %s, %s (%s)",
 		p.InstanceID, p.ModelName, p.WorldSize, lay, mode, reason))
 	return resp, nil
@@ -388,7 +324,7 @@ func (m *Module) roomLocked(id int64) error {
 // refused tells the operator, at most once a second, that registrations are
 // refused for lack of room.
 func (m *Module) refused(id int64, err error) {
-	m.rateLimited("register/full", func() { m.event(EventError, slog.LevelWarn, id, err.Error()) })
+	m.rateLimited("register/full", func() { m.event(workers.EventError, slog.LevelWarn, id, err.Error()) })
 }
 
 func (m *Module) validate(p protocol.RegisterPayload) (layout.Layout, error) {
@@ -423,7 +359,7 @@ func (m *Module) Unregister(id int64) bool {
 	inst, ok := m.instances[id]
 	if !ok {
 		m.mu.Unlock()
-		m.event(EventUnregister, slog.LevelWarn, id, fmt.Sprintf("unregister of unknown instance %d ignored", id))
+		m.event(workers.EventUnregister, slog.LevelWarn, id, fmt.Sprintf("unregister of unknown instance %d ignored", id))
 		return false
 	}
 	delete(m.instances, id)
@@ -432,7 +368,7 @@ func (m *Module) Unregister(id int64) bool {
 	m.mu.Unlock()
 
 	m.discard(writes, reads)
-	m.event(EventUnregister, slog.LevelInfo, id, fmt.Sprintf(
+	m.event(workers.EventUnregister, slog.LevelInfo, id, fmt.Sprintf(
 		"instance %d unregistered (%s); %d pending writes aborted, %d pending reads released",
 		id, inst.p.ModelName, len(writes), len(reads)))
 	return true
@@ -500,7 +436,7 @@ func (m *Module) lookupInstance(id int64) (*instance, error) {
 }
 
 // modeOf returns the instance's current strategy.
-func (m *Module) modeOf(inst *instance) Mode {
+func (m *Module) modeOf(inst *instance) workers.Mode {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return inst.mode
@@ -558,11 +494,11 @@ func (m *Module) resolve(inst *instance, k protocol.Key) ([]keys.ObjectKey, pend
 }
 
 // Contexts lists the registered instances, by id.
-func (m *Module) Contexts() []ContextInfo {
+func (m *Module) Contexts() []workers.ContextInfo {
 	m.mu.Lock()
-	out := make([]ContextInfo, 0, len(m.instances))
+	out := make([]workers.ContextInfo, 0, len(m.instances))
 	for _, inst := range m.instances {
-		out = append(out, ContextInfo{
+		out = append(out, workers.ContextInfo{
 			InstanceID: inst.id, Model: inst.p.ModelName, WorldSize: inst.p.WorldSize,
 			BlockSize: inst.p.BlockSize, NumLayers: inst.p.NumLayers, HiddenDimSize: inst.p.HiddenDimSize,
 			Layout: layout.Layout{Shape: append([]int(nil), inst.lay.Shape...), Dtype: inst.lay.Dtype, Bytes: inst.lay.Bytes},
@@ -577,7 +513,7 @@ func (m *Module) Contexts() []ContextInfo {
 }
 
 // Stats returns the module-wide counters.
-func (m *Module) Stats() Stats {
+func (m *Module) Stats() workers.Stats {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	s := m.stats

@@ -17,6 +17,7 @@ import (
 	"kvdock/core/layout"
 	"kvdock/core/protocol"
 	"kvdock/core/rpc"
+	"kvdock/core/workers"
 	"kvdock/settings"
 	"kvdock/transfer/torchpickle"
 )
@@ -84,7 +85,7 @@ type env struct {
 	mod      *Module
 	server   settings.ServerConfig
 	mu       sync.Mutex
-	events   []Event
+	events   []workers.Event
 }
 
 // newEnv builds a module over a real pool. shared selects a real /dev/shm
@@ -110,7 +111,7 @@ func newEnv(t *testing.T, shared bool, size int64) *env {
 	l1cfg := settings.Default().L1
 	e.mod, err = New(Deps{
 		Pool: e.pool, Keys: e.sessions, Layouts: e.layouts,
-		Events: func(ev Event) { e.mu.Lock(); e.events = append(e.events, ev); e.mu.Unlock() },
+		Events: func(ev workers.Event) { e.mu.Lock(); e.events = append(e.events, ev); e.mu.Unlock() },
 		Now:    e.clk.now,
 	}, e.server, l1cfg)
 	if err != nil {
@@ -120,10 +121,10 @@ func newEnv(t *testing.T, shared bool, size int64) *env {
 	return e
 }
 
-func (e *env) eventsOf(kind EventKind) []Event {
+func (e *env) eventsOf(kind workers.EventKind) []workers.Event {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	var out []Event
+	var out []workers.Event
 	for _, ev := range e.events {
 		if ev.Kind == kind {
 			out = append(out, ev)
@@ -252,13 +253,13 @@ func TestPoolInfoFromDecision(t *testing.T) {
 		name string
 		shm  *string
 		d    l1.Decision
-		want Info
+		want workers.Info
 	}{
-		{"auto shared", nil, shared, Info{ShmName: "lmcache_l1_pool_9", PoolSize: 1 << 20, Reason: "shared"}},
-		{"auto fallback", nil, anon, Info{Reason: anon.Reason}},
-		{"off with shared pool", strptr(""), shared, Info{Reason: `--shm-name "" given: SHM off, pickle for every worker`}},
-		{"name but capacity fallback", strptr("foo"), anon, Info{Reason: anon.Reason}},
-		{"name", strptr("foo"), l1.Decision{Segment: "lmcache_l1_pool_foo", Size: 4096, Shared: true}, Info{ShmName: "lmcache_l1_pool_foo", PoolSize: 4096, Reason: "shared segment lmcache_l1_pool_foo (4096 bytes)"}},
+		{"auto shared", nil, shared, workers.Info{ShmName: "lmcache_l1_pool_9", PoolSize: 1 << 20, Reason: "shared"}},
+		{"auto fallback", nil, anon, workers.Info{Reason: anon.Reason}},
+		{"off with shared pool", strptr(""), shared, workers.Info{Reason: `--shm-name "" given: SHM off, pickle for every worker`}},
+		{"name but capacity fallback", strptr("foo"), anon, workers.Info{Reason: anon.Reason}},
+		{"name", strptr("foo"), l1.Decision{Segment: "lmcache_l1_pool_foo", Size: 4096, Shared: true}, workers.Info{ShmName: "lmcache_l1_pool_foo", PoolSize: 4096, Reason: "shared segment lmcache_l1_pool_foo (4096 bytes)"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -305,7 +306,7 @@ func TestSeedNotSetLazy(t *testing.T) {
 		t.Fatalf("lazy L1 advertised %+v, want {\"\", 0}", resp)
 	}
 	c := mod.Contexts()
-	if len(c) != 1 || c[0].Mode != ModePickle || !strings.Contains(c[0].Reason, "use_lazy") {
+	if len(c) != 1 || c[0].Mode != workers.ModePickle || !strings.Contains(c[0].Reason, "use_lazy") {
 		t.Fatalf("contexts = %+v, want one PICKLE instance with the lazy reason", c)
 	}
 }
@@ -324,7 +325,7 @@ func TestSeedNotSetEager(t *testing.T) {
 	if _, err := os.Stat(filepath.Join("/dev/shm", want)); err != nil {
 		t.Fatalf("advertised segment does not exist: %v", err)
 	}
-	if c := mod.Contexts(); c[0].Mode != ModeSHM {
+	if c := mod.Contexts(); c[0].Mode != workers.ModeSHM {
 		t.Fatalf("mode %s, want SHM", c[0].Mode)
 	}
 }
@@ -347,7 +348,7 @@ func TestSeedEmptyOverridesSharedPool(t *testing.T) {
 	if err != nil || resp != (protocol.RegisterResponse{}) {
 		t.Fatalf("Register = %+v, %v; want {\"\", 0}", resp, err)
 	}
-	if c := mod.Contexts(); c[0].Mode != ModePickle {
+	if c := mod.Contexts(); c[0].Mode != workers.ModePickle {
 		t.Fatalf("mode %s, want PICKLE", c[0].Mode)
 	}
 }
@@ -397,7 +398,7 @@ func TestRegistrationValidation(t *testing.T) {
 	if e.layouts.Has("m", 1) || e.layouts.Has("a@b", 1) {
 		t.Fatal("invalid registration reached the layout registry")
 	}
-	if len(e.eventsOf(EventError)) == 0 {
+	if len(e.eventsOf(workers.EventError)) == 0 {
 		t.Fatal("no error event for invalid registrations")
 	}
 
@@ -603,7 +604,7 @@ func TestUnregisterAbortsPendingWritesAndReleasesReads(t *testing.T) {
 	if _, err := e.mod.PrepareStore(kw, 1); err == nil {
 		t.Fatal("unregistered instance served")
 	}
-	if len(e.eventsOf(EventUnregister)) != 1 || len(e.eventsOf(EventRegister)) != 2 {
+	if len(e.eventsOf(workers.EventUnregister)) != 1 || len(e.eventsOf(workers.EventRegister)) != 2 {
 		t.Fatalf("events %+v", e.events)
 	}
 }
@@ -696,7 +697,7 @@ func TestLayoutMismatchRejected(t *testing.T) {
 			t.Fatal("mismatched tensor was stored")
 		}
 	}
-	if e.mod.Stats().Rejected != 2 || len(e.eventsOf(EventError)) == 0 {
+	if e.mod.Stats().Rejected != 2 || len(e.eventsOf(workers.EventError)) == 0 {
 		t.Fatalf("stats %+v, events %+v", e.mod.Stats(), e.events)
 	}
 	// Fewer tensors than chunks: the missing one is not stored, answer false.
@@ -748,16 +749,16 @@ func TestFallbackDetection(t *testing.T) {
 	for _, c := range e.mod.Contexts() {
 		switch c.InstanceID {
 		case 1:
-			if c.Mode != ModePickle || c.Reason != "worker fell back: could not attach "+seg {
+			if c.Mode != workers.ModePickle || c.Reason != "worker fell back: could not attach "+seg {
 				t.Fatalf("instance 1: %s %q", c.Mode, c.Reason)
 			}
 		case 2:
-			if c.Mode != ModeSHM {
+			if c.Mode != workers.ModeSHM {
 				t.Fatalf("instance 2 changed mode: %s", c.Mode)
 			}
 		}
 	}
-	if n := len(e.eventsOf(EventFallback)); n != 1 {
+	if n := len(e.eventsOf(workers.EventFallback)); n != 1 {
 		t.Fatalf("%d fallback events", n)
 	}
 	if ps, _ := e.mod.PrepareStore(k, 1); ps.Shm {
@@ -785,7 +786,7 @@ func TestNoSpace(t *testing.T) {
 	if s := e.mod.Stats(); s.NoSpace != 1 || s.PendingWrites != 0 {
 		t.Fatalf("stats %+v", s)
 	}
-	if len(e.eventsOf(EventNoSpace)) != 1 {
+	if len(e.eventsOf(workers.EventNoSpace)) != 1 {
 		t.Fatal("no-space not reported")
 	}
 }
@@ -825,7 +826,7 @@ func TestPendingExpiry(t *testing.T) {
 	if s := e.mod.Stats(); s.PendingWrites != 0 || s.Expired != 2 {
 		t.Fatalf("stats %+v", s)
 	}
-	if len(e.eventsOf(EventExpired)) == 0 {
+	if len(e.eventsOf(workers.EventExpired)) == 0 {
 		t.Fatal("expiry not reported")
 	}
 }
@@ -904,7 +905,7 @@ func TestHandlers(t *testing.T) {
 	if _, err := call(protocol.PrepareStore, k, int64(99)); err == nil {
 		t.Error("unregistered instance accepted")
 	}
-	if len(e.eventsOf(EventError)) == 0 {
+	if len(e.eventsOf(workers.EventError)) == 0 {
 		t.Error("handler errors not reported")
 	}
 	v, err = call(protocol.UnregisterKVCache, int64(1))

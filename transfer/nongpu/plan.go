@@ -5,20 +5,9 @@ import (
 	"strconv"
 
 	"kvdock/core/l1"
+	"kvdock/core/workers"
 	"kvdock/settings"
 )
-
-// Info is what registration advertises to every worker: the shared segment
-// and its size, or {"", 0} for the pickle fallback, with the reason.
-type Info struct {
-	ShmName  string
-	PoolSize int64
-	Reason   string
-}
-
-// Shared reports whether workers are told to attach a segment (the worker
-// only tries SHM for a non-empty name and a positive size).
-func (i Info) Shared() bool { return i.ShmName != "" && i.PoolSize > 0 }
 
 // PlanSegment is the seed decision made before the pool exists: the segment
 // name the engine should ask core/l1 to create ("" = anonymous pool) and why.
@@ -56,24 +45,24 @@ func sourceSuffix(source string) string {
 // happens to be shared; otherwise the pool's own decision is advertised when
 // it is shared, and {"", 0} with the pool's reason (lazy pool, /dev/shm too
 // small, …) when it is not.
-func PoolInfo(server settings.ServerConfig, d l1.Decision) Info {
+func PoolInfo(server settings.ServerConfig, d l1.Decision) workers.Info {
 	if server.ShmName != nil && *server.ShmName == "" {
 		reason := "--shm-name \"\" given: SHM off, pickle for every worker"
 		if !d.Shared && d.Reason != "" {
 			reason = d.Reason
 		}
-		return Info{Reason: reason}
+		return workers.Info{Reason: reason}
 	}
 	if d.Shared && d.Segment != "" && d.Size > 0 {
 		reason := d.Reason
 		if reason == "" {
 			reason = fmt.Sprintf("shared segment %s (%d bytes)", d.Segment, d.Size)
 		}
-		return Info{ShmName: d.Segment, PoolSize: d.Size, Reason: reason}
+		return workers.Info{ShmName: d.Segment, PoolSize: d.Size, Reason: reason}
 	}
 	reason := d.Reason
 	if reason == "" {
 		reason = "the L1 pool is not shared"
 	}
-	return Info{Reason: reason}
+	return workers.Info{Reason: reason}
 }

@@ -11,6 +11,7 @@ import (
 	"kvdock/core/l1"
 	"kvdock/core/layout"
 	"kvdock/core/protocol"
+	"kvdock/core/workers"
 	"kvdock/transfer/torchpickle"
 )
 
@@ -29,7 +30,7 @@ func (m *Module) PrepareStore(k protocol.Key, id int64) (protocol.PrepareStoreRe
 		return protocol.PrepareStoreResponse{}, fmt.Errorf("prepare store: %w", err)
 	}
 	m.maybeSweep()
-	if m.modeOf(inst) == ModePickle {
+	if m.modeOf(inst) == workers.ModePickle {
 		return protocol.PrepareStoreResponse{}, nil
 	}
 	ks, pk, err := m.resolve(inst, k)
@@ -97,7 +98,7 @@ func (m *Module) CommitStore(k protocol.Key, id int64, data []byte) (bool, error
 		}
 		p := m.takePending(m.writes, pk)
 		if p == nil {
-			if m.modeOf(inst) == ModePickle {
+			if m.modeOf(inst) == workers.ModePickle {
 				// Upstream's pickle strategy fails to unpickle b"" and sends no reply.
 				return false, fmt.Errorf("commit store for instance %d: empty data in pickle mode and nothing pending", id)
 			}
@@ -128,7 +129,7 @@ func (m *Module) CommitStore(k protocol.Key, id int64, data []byte) (bool, error
 	if err != nil {
 		return false, fmt.Errorf("commit store for instance %d: decode pickled chunks: %w", id, err)
 	}
-	if m.modeOf(inst) == ModeSHM {
+	if m.modeOf(inst) == workers.ModeSHM {
 		if why := provesPickle(ts, len(ks), inst.lay); why != "" {
 			// Not the commit of a worker that fell back (or someone else's
 			// bytes under this instance id): store nothing, keep the mode and
@@ -173,16 +174,16 @@ func provesPickle(ts []torchpickle.Tensor, chunks int, lay layout.Layout) string
 // fallback to PICKLE.
 func (m *Module) noteFallback(inst *instance) {
 	m.mu.Lock()
-	if inst.mode != ModeSHM {
+	if inst.mode != workers.ModeSHM {
 		m.mu.Unlock()
 		return
 	}
-	inst.mode = ModePickle
+	inst.mode = workers.ModePickle
 	inst.reason = "worker fell back: could not attach " + m.info.ShmName
 	m.stats.Fallbacks++
 	reason := inst.reason
 	m.mu.Unlock()
-	m.event(EventFallback, slog.LevelWarn, inst.id, fmt.Sprintf("instance %d (%s): %s; using pickle", inst.id, inst.p.ModelName, reason))
+	m.event(workers.EventFallback, slog.LevelWarn, inst.id, fmt.Sprintf("instance %d (%s): %s; using pickle", inst.id, inst.p.ModelName, reason))
 }
 
 // noteSHMWorks switches an instance in PICKLE mode back to SHM: it just
@@ -190,15 +191,15 @@ func (m *Module) noteFallback(inst *instance) {
 // writes into the segment after all.
 func (m *Module) noteSHMWorks(inst *instance) {
 	m.mu.Lock()
-	if inst.mode != ModePickle || !m.info.Shared() {
+	if inst.mode != workers.ModePickle || !m.info.Shared() {
 		m.mu.Unlock()
 		return
 	}
-	inst.mode = ModeSHM
+	inst.mode = workers.ModeSHM
 	inst.reason = "worker committed an SHM write: back to shared segment " + m.info.ShmName
 	reason := inst.reason
 	m.mu.Unlock()
-	m.event(EventSHMBack, slog.LevelInfo, inst.id, fmt.Sprintf("instance %d (%s): %s", inst.id, inst.p.ModelName, reason))
+	m.event(workers.EventSHMBack, slog.LevelInfo, inst.id, fmt.Sprintf("instance %d (%s): %s", inst.id, inst.p.ModelName, reason))
 }
 
 func matches(t torchpickle.Tensor, lay layout.Layout) bool {
@@ -298,7 +299,7 @@ func (m *Module) noSpace(inst *instance, n int, err error) {
 		kind = "lock_cap"
 	}
 	m.rateLimited(kind, func() {
-		m.event(EventNoSpace, slog.LevelWarn, inst.id, fmt.Sprintf(
+		m.event(workers.EventNoSpace, slog.LevelWarn, inst.id, fmt.Sprintf(
 			"instance %d: store of %d chunks not cached: %v", inst.id, n, err))
 	})
 }
@@ -404,7 +405,7 @@ func (m *Module) prepareRetrieve(k protocol.Key, id int64, encode func([]torchpi
 	}
 	total := int64(len(ks)) * inst.lay.Bytes
 
-	if m.modeOf(inst) == ModeSHM {
+	if m.modeOf(inst) == workers.ModeSHM {
 		m.mu.Lock()
 		if m.closed || m.instances[id] != inst {
 			m.mu.Unlock()
@@ -533,7 +534,7 @@ func (m *Module) expire(p *pending, write bool, now time.Time) {
 		what = "write"
 	}
 	m.rateLimited("expired", func() {
-		m.event(EventExpired, slog.LevelWarn, p.inst.id, fmt.Sprintf(
+		m.event(workers.EventExpired, slog.LevelWarn, p.inst.id, fmt.Sprintf(
 			"instance %d: pending %s of %d chunks expired after %s without a commit", p.inst.id, what, p.chunks(), now.Sub(p.created).Round(time.Second)))
 	})
 }
@@ -611,5 +612,5 @@ func (m *Module) rateLimited(kind string, report func()) {
 
 // errorEvent reports a request error to the operator, rate-limited per kind.
 func (m *Module) errorEvent(kind string, id int64, msg string) {
-	m.rateLimited(kind, func() { m.event(EventError, slog.LevelError, id, msg) })
+	m.rateLimited(kind, func() { m.event(workers.EventError, slog.LevelError, id, msg) })
 }

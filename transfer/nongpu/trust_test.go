@@ -17,11 +17,12 @@ import (
 	"kvdock/core/protocol"
 	"kvdock/core/rpc"
 	"kvdock/core/rpc/client"
+	"kvdock/core/workers"
 )
 
 // victimState is what a rejected commit must leave alone.
 type victimState struct {
-	mode                  Mode
+	mode                  workers.Mode
 	reason                string
 	stores, storeFailures int64
 	bytesIn               int64
@@ -56,7 +57,7 @@ func TestRejectedCommitChangesNothing(t *testing.T) {
 	}
 	e.writeSlots(ps.Slots[:1], 42)
 	before := e.victim(1)
-	if before.mode != ModeSHM || before.pendingWrites != 1 {
+	if before.mode != workers.ModeSHM || before.pendingWrites != 1 {
 		t.Fatalf("victim before the attack: %+v", before)
 	}
 
@@ -104,11 +105,11 @@ func TestRejectedCommitChangesNothing(t *testing.T) {
 			t.Errorf("%s: %d chunks stored", a.name, n)
 		}
 	}
-	if n := len(e.eventsOf(EventFallback)); n != 0 {
+	if n := len(e.eventsOf(workers.EventFallback)); n != 0 {
 		t.Fatalf("%d fallback events", n)
 	}
 	unproven := false
-	for _, ev := range e.eventsOf(EventError) {
+	for _, ev := range e.eventsOf(workers.EventError) {
 		unproven = unproven || strings.Contains(ev.Message, "mode unchanged")
 	}
 	if !unproven {
@@ -153,7 +154,7 @@ func TestSHMCommitSwitchesBack(t *testing.T) {
 	if ok, err := e.mod.CommitStore(kb, 1, pickled(t, tensorOf(3))); !ok || err != nil {
 		t.Fatalf("pickle commit = %v, %v", ok, err)
 	}
-	if c := e.mod.Contexts()[0]; c.Mode != ModePickle {
+	if c := e.mod.Contexts()[0]; c.Mode != workers.ModePickle {
 		t.Fatalf("mode %s after a valid pickle commit, want PICKLE", c.Mode)
 	}
 	if r, _ := e.mod.PrepareStore(key(tokens(testChunk, 7000), 0, testChunk), 1); r.Shm {
@@ -164,10 +165,10 @@ func TestSHMCommitSwitchesBack(t *testing.T) {
 		t.Fatalf("SHM commit = %v, %v", ok, err)
 	}
 	c := e.mod.Contexts()[0]
-	if c.Mode != ModeSHM || !strings.Contains(c.Reason, "SHM write") {
+	if c.Mode != workers.ModeSHM || !strings.Contains(c.Reason, "SHM write") {
 		t.Fatalf("after the SHM commit: %s %q, want SHM with the reason", c.Mode, c.Reason)
 	}
-	if evs := e.eventsOf(EventSHMBack); len(evs) != 1 || !strings.Contains(evs[0].Message, "instance 1") {
+	if evs := e.eventsOf(workers.EventSHMBack); len(evs) != 1 || !strings.Contains(evs[0].Message, "instance 1") {
 		t.Fatalf("switch-back events %+v", evs)
 	}
 	if e.cached(ka) != 1 || e.cached(kb) != 1 {
@@ -271,7 +272,7 @@ func TestWireGarbageCommitKeepsVictimSHM(t *testing.T) {
 			t.Fatalf("barrier COMMIT_RETRIEVE = %v, %v", ok, err)
 		}
 	}
-	if c := e.mod.Contexts()[0]; c.Mode != ModeSHM {
+	if c := e.mod.Contexts()[0]; c.Mode != workers.ModeSHM {
 		t.Fatalf("victim switched to %s (%s)", c.Mode, c.Reason)
 	}
 	r, err = victim.Call(ctx, protocol.PrepareStore, key(tokens(testChunk, 1), 0, testChunk), int64(1))
@@ -299,7 +300,7 @@ func TestMaxInstances(t *testing.T) {
 	if !errors.Is(err, ErrTooManyInstances) || !strings.Contains(err.Error(), "--max-instances") || !strings.Contains(err.Error(), "3") {
 		t.Fatalf("4th registration: %v", err)
 	}
-	if evs := e.eventsOf(EventError); len(evs) == 0 || !strings.Contains(evs[len(evs)-1].Message, "max_instances") {
+	if evs := e.eventsOf(workers.EventError); len(evs) == 0 || !strings.Contains(evs[len(evs)-1].Message, "max_instances") {
 		t.Fatalf("no event for the refusal: %+v", evs)
 	}
 	if _, err := e.mod.Register(payload(2)); err != nil {
@@ -349,7 +350,7 @@ func TestRegistrationFloodBounded(t *testing.T) {
 	if len(st) > 1<<20 {
 		t.Fatalf("/status part is %d bytes with %d instances", len(st), DefaultMaxInstances)
 	}
-	if n := len(e.eventsOf(EventError)); n > 5 {
+	if n := len(e.eventsOf(workers.EventError)); n > 5 {
 		t.Fatalf("%d error events for one burst of refusals: not rate-limited", n)
 	}
 	t.Logf("200k registrations: %s; %d accepted; status %d bytes", took, accepted, len(st))

@@ -17,8 +17,8 @@ import (
 	"kvdock/core/gpu"
 	"kvdock/core/l1"
 	"kvdock/core/layout"
+	"kvdock/core/workers"
 	"kvdock/settings"
-	"kvdock/transfer/nongpu"
 )
 
 // t0 is the fake clock: every time in the fixture is relative to it.
@@ -96,17 +96,17 @@ func newFakeEngine(t *testing.T) *fakeEngine {
 	}
 	lay := mustLayout(t, 32, 256, 1024, "bfloat16")
 	small := mustLayout(t, 24, 256, 512, "float16")
-	contexts := []nongpu.ContextInfo{
+	contexts := []workers.ContextInfo{
 		{InstanceID: 4242, Model: "meta-llama/Llama-3.1-8B", WorldSize: 1, BlockSize: 16, NumLayers: 32, HiddenDimSize: 1024,
-			Layout: lay, Mode: nongpu.ModeSHM, Reason: "segment lmcache_l1_pool_demo attached",
+			Layout: lay, Mode: workers.ModeSHM, Reason: "segment lmcache_l1_pool_demo attached",
 			Registered: t0.Add(-2 * time.Hour), LastRequest: t0.Add(-3 * time.Second),
 			Stores: 120, Retrieves: 80, HitChunks: 640, BytesIn: 3 << 30, BytesOut: 2 << 30},
 		{InstanceID: 4243, Model: "meta-llama/Llama-3.1-8B", WorldSize: 2, BlockSize: 16, NumLayers: 32, HiddenDimSize: 1024,
-			Layout: lay, Mode: nongpu.ModeSHM, Reason: "segment lmcache_l1_pool_demo attached",
+			Layout: lay, Mode: workers.ModeSHM, Reason: "segment lmcache_l1_pool_demo attached",
 			Registered: t0.Add(-90 * time.Minute), LastRequest: t0.Add(-45 * time.Second),
 			Stores: 7, Retrieves: 300, HitChunks: 12, BytesIn: 200 << 20, BytesOut: 5 << 30},
 		{InstanceID: 9001, Model: "Qwen/Qwen2-0.5B", WorldSize: 1, BlockSize: 16, NumLayers: 24, HiddenDimSize: 512,
-			Layout: small, Mode: nongpu.ModePickle, Reason: "worker reported it could not attach the segment",
+			Layout: small, Mode: workers.ModePickle, Reason: "worker reported it could not attach the segment",
 			Registered: t0.Add(-10 * time.Minute), LastRequest: time.Time{},
 			Stores: 3, Retrieves: 0, HitChunks: 0, BytesIn: 12 << 20},
 	}
@@ -122,7 +122,7 @@ func newFakeEngine(t *testing.T) *fakeEngine {
 		Version: "v0.3.0", State: engine.Serving, Endpoint: "tcp://localhost:5555", Protocol: "nongpu-v1",
 		Started: t0.Add(-2*time.Hour - 3*time.Minute - 4*time.Second), Uptime: 2*time.Hour + 3*time.Minute + 4*time.Second, Taken: t0,
 		Config: cfg, Sources: src,
-		Shm: nongpu.Info{ShmName: "lmcache_l1_pool_demo", PoolSize: 1 << 30, Reason: "--shm-name \"demo\" given on the command line"},
+		Shm: workers.Info{ShmName: "lmcache_l1_pool_demo", PoolSize: 1 << 30, Reason: "--shm-name \"demo\" given on the command line"},
 		Pool: engine.Pool{
 			Stats: l1.Stats{Objects: 321, UsedBytes: 512 << 20, Size: 1 << 30, Evictions: 17, AllocFailures: 2,
 				Policy: "LRU", Watermark: 0.8, Ratio: 0.2, WriteTTL: 600 * time.Second, ReadTTL: 300 * time.Second},

@@ -11,7 +11,7 @@ import (
 	"github.com/charmbracelet/x/ansi"
 
 	"kvdock/core/engine"
-	"kvdock/transfer/nongpu"
+	"kvdock/core/workers"
 )
 
 // stateStyle tones a state label; the label itself carries the meaning.
@@ -101,54 +101,54 @@ type ctxColumn struct {
 	width    int
 	prio     int
 	right    bool
-	value    func(m *Model, c nongpu.ContextInfo) string
-	less     func(a, b nongpu.ContextInfo) int
+	value    func(m *Model, c workers.ContextInfo) string
+	less     func(a, b workers.ContextInfo) int
 	sortName string
 }
 
 var ctxColumns = []ctxColumn{
 	{title: "ID", width: 9, prio: 0, sortName: "id",
-		value: func(_ *Model, c nongpu.ContextInfo) string { return strconv.FormatInt(c.InstanceID, 10) },
-		less:  func(a, b nongpu.ContextInfo) int { return cmp.Compare(a.InstanceID, b.InstanceID) }},
+		value: func(_ *Model, c workers.ContextInfo) string { return strconv.FormatInt(c.InstanceID, 10) },
+		less:  func(a, b workers.ContextInfo) int { return cmp.Compare(a.InstanceID, b.InstanceID) }},
 	{title: "MODEL", width: 12, prio: 2, sortName: "model",
-		value: func(_ *Model, c nongpu.ContextInfo) string { return c.Model },
-		less:  func(a, b nongpu.ContextInfo) int { return cmp.Compare(a.Model, b.Model) }},
+		value: func(_ *Model, c workers.ContextInfo) string { return c.Model },
+		less:  func(a, b workers.ContextInfo) int { return cmp.Compare(a.Model, b.Model) }},
 	{title: "WS", width: 3, prio: 7, right: true, sortName: "world size",
-		value: func(_ *Model, c nongpu.ContextInfo) string { return strconv.Itoa(c.WorldSize) },
-		less:  func(a, b nongpu.ContextInfo) int { return cmp.Compare(a.WorldSize, b.WorldSize) }},
+		value: func(_ *Model, c workers.ContextInfo) string { return strconv.Itoa(c.WorldSize) },
+		less:  func(a, b workers.ContextInfo) int { return cmp.Compare(a.WorldSize, b.WorldSize) }},
 	{title: "LAYOUT", width: 16, prio: 10, sortName: "layout",
-		value: func(_ *Model, c nongpu.ContextInfo) string { return layoutText(c) },
-		less:  func(a, b nongpu.ContextInfo) int { return cmp.Compare(layoutText(a), layoutText(b)) }},
+		value: func(_ *Model, c workers.ContextInfo) string { return layoutText(c) },
+		less:  func(a, b workers.ContextInfo) int { return cmp.Compare(layoutText(a), layoutText(b)) }},
 	{title: "MODE", width: 6, prio: 1, sortName: "mode",
-		value: func(_ *Model, c nongpu.ContextInfo) string { return string(c.Mode) },
-		less:  func(a, b nongpu.ContextInfo) int { return cmp.Compare(a.Mode, b.Mode) }},
+		value: func(_ *Model, c workers.ContextInfo) string { return string(c.Mode) },
+		less:  func(a, b workers.ContextInfo) int { return cmp.Compare(a.Mode, b.Mode) }},
 	{title: "STORES", width: 7, prio: 3, right: true, sortName: "stores",
-		value: func(_ *Model, c nongpu.ContextInfo) string { return strconv.FormatInt(c.Stores, 10) },
-		less:  func(a, b nongpu.ContextInfo) int { return cmp.Compare(a.Stores, b.Stores) }},
+		value: func(_ *Model, c workers.ContextInfo) string { return strconv.FormatInt(c.Stores, 10) },
+		less:  func(a, b workers.ContextInfo) int { return cmp.Compare(a.Stores, b.Stores) }},
 	{title: "RETR", width: 7, prio: 4, right: true, sortName: "retrieves",
-		value: func(_ *Model, c nongpu.ContextInfo) string { return strconv.FormatInt(c.Retrieves, 10) },
-		less:  func(a, b nongpu.ContextInfo) int { return cmp.Compare(a.Retrieves, b.Retrieves) }},
+		value: func(_ *Model, c workers.ContextInfo) string { return strconv.FormatInt(c.Retrieves, 10) },
+		less:  func(a, b workers.ContextInfo) int { return cmp.Compare(a.Retrieves, b.Retrieves) }},
 	{title: "HITS", width: 7, prio: 5, right: true, sortName: "hit chunks",
-		value: func(_ *Model, c nongpu.ContextInfo) string { return strconv.FormatInt(c.HitChunks, 10) },
-		less:  func(a, b nongpu.ContextInfo) int { return cmp.Compare(a.HitChunks, b.HitChunks) }},
+		value: func(_ *Model, c workers.ContextInfo) string { return strconv.FormatInt(c.HitChunks, 10) },
+		less:  func(a, b workers.ContextInfo) int { return cmp.Compare(a.HitChunks, b.HitChunks) }},
 	{title: "IN", width: 9, prio: 8, right: true, sortName: "bytes in",
-		value: func(_ *Model, c nongpu.ContextInfo) string { return bytesText(c.BytesIn) },
-		less:  func(a, b nongpu.ContextInfo) int { return cmp.Compare(a.BytesIn, b.BytesIn) }},
+		value: func(_ *Model, c workers.ContextInfo) string { return bytesText(c.BytesIn) },
+		less:  func(a, b workers.ContextInfo) int { return cmp.Compare(a.BytesIn, b.BytesIn) }},
 	{title: "OUT", width: 9, prio: 9, right: true, sortName: "bytes out",
-		value: func(_ *Model, c nongpu.ContextInfo) string { return bytesText(c.BytesOut) },
-		less:  func(a, b nongpu.ContextInfo) int { return cmp.Compare(a.BytesOut, b.BytesOut) }},
+		value: func(_ *Model, c workers.ContextInfo) string { return bytesText(c.BytesOut) },
+		less:  func(a, b workers.ContextInfo) int { return cmp.Compare(a.BytesOut, b.BytesOut) }},
 	{title: "LAST", width: 7, prio: 6, right: true, sortName: "last request",
-		value: func(m *Model, c nongpu.ContextInfo) string {
+		value: func(m *Model, c workers.ContextInfo) string {
 			if c.LastRequest.IsZero() {
 				return "-"
 			}
 			return durationText(m.opts.Now().Sub(c.LastRequest))
 		},
 		// Most recent first when ascending: "last request" reads as recency.
-		less: func(a, b nongpu.ContextInfo) int { return b.LastRequest.Compare(a.LastRequest) }},
+		less: func(a, b workers.ContextInfo) int { return b.LastRequest.Compare(a.LastRequest) }},
 }
 
-func layoutText(c nongpu.ContextInfo) string {
+func layoutText(c workers.ContextInfo) string {
 	dims := make([]string, len(c.Layout.Shape))
 	for i, d := range c.Layout.Shape {
 		dims[i] = strconv.Itoa(d)
@@ -161,9 +161,9 @@ func layoutText(c nongpu.ContextInfo) string {
 }
 
 // visibleContexts is the contexts after the filter, in the chosen order.
-func (m *Model) visibleContexts() []nongpu.ContextInfo {
+func (m *Model) visibleContexts() []workers.ContextInfo {
 	f := strings.ToLower(m.filterStr)
-	var out []nongpu.ContextInfo
+	var out []workers.ContextInfo
 	for _, c := range m.snap.Contexts {
 		if f != "" {
 			hay := strings.ToLower(strconv.FormatInt(c.InstanceID, 10) + " " + c.Model + " " + string(c.Mode) + " " + layoutText(c))
@@ -174,7 +174,7 @@ func (m *Model) visibleContexts() []nongpu.ContextInfo {
 		out = append(out, c)
 	}
 	col := ctxColumns[m.sortCol]
-	slices.SortStableFunc(out, func(a, b nongpu.ContextInfo) int {
+	slices.SortStableFunc(out, func(a, b workers.ContextInfo) int {
 		r := col.less(a, b)
 		if r == 0 {
 			r = cmp.Compare(a.InstanceID, b.InstanceID)
@@ -284,7 +284,7 @@ func (m *Model) renderContexts(w, h int) string {
 		var cells []string
 		for _, c := range cols {
 			v := cell(c, c.value(m, rows[i]))
-			if c.title == "MODE" && rows[i].Mode == nongpu.ModePickle {
+			if c.title == "MODE" && rows[i].Mode == workers.ModePickle {
 				v = m.st.Warn.Render(v)
 			}
 			cells = append(cells, v)
@@ -302,7 +302,7 @@ func (m *Model) renderContexts(w, h int) string {
 	return b.String()
 }
 
-func (m *Model) renderDetails(c nongpu.ContextInfo) string {
+func (m *Model) renderDetails(c workers.ContextInfo) string {
 	loc := m.opts.Location
 	reg := "-"
 	if !c.Registered.IsZero() {

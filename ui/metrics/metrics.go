@@ -24,7 +24,7 @@ import (
 	"kvdock/core/engine"
 	"kvdock/core/protocol"
 	"kvdock/core/rpc"
-	"kvdock/transfer/nongpu"
+	"kvdock/core/workers"
 )
 
 // Source is what the collector reads at scrape time; *engine.Engine is one.
@@ -208,8 +208,8 @@ func (c *snapshotCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 // modeLabel is the metric label of a transfer mode.
-func modeLabel(m nongpu.Mode) string {
-	if m == nongpu.ModeSHM {
+func modeLabel(m workers.Mode) string {
+	if m == workers.ModeSHM {
 		return "shm"
 	}
 	return "pickle"
@@ -299,7 +299,7 @@ func (c *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 // collectContexts counts contexts by mode and adds each registration's byte
 // increase since the last scrape to the totals of its current mode, so the
 // totals survive unregistration and never go down.
-func (c *snapshotCollector) collectContexts(ctxs []nongpu.ContextInfo, gauge func(*prometheus.Desc, float64, ...string)) {
+func (c *snapshotCollector) collectContexts(ctxs []workers.ContextInfo, gauge func(*prometheus.Desc, float64, ...string)) {
 	byMode := map[string]int{"shm": 0, "pickle": 0}
 	seen := make(map[ctxKey]ctxBytes, len(ctxs))
 	for _, ci := range ctxs {

@@ -14,7 +14,7 @@ import (
 	"kvdock/core/engine"
 	"kvdock/core/gpu"
 	"kvdock/core/rpc"
-	"kvdock/transfer/nongpu"
+	"kvdock/core/workers"
 )
 
 type fakeSource struct {
@@ -98,9 +98,9 @@ func TestTransferBytesSurviveUnregisterAndFallback(t *testing.T) {
 	m.Watch(src)
 	reg := time.Unix(100, 0)
 	src.set(func(s *engine.Snapshot) {
-		s.Contexts = []nongpu.ContextInfo{
-			{InstanceID: 1, Mode: nongpu.ModeSHM, Registered: reg, BytesIn: 1000, BytesOut: 10},
-			{InstanceID: 2, Mode: nongpu.ModePickle, Registered: reg, BytesIn: 50},
+		s.Contexts = []workers.ContextInfo{
+			{InstanceID: 1, Mode: workers.ModeSHM, Registered: reg, BytesIn: 1000, BytesOut: 10},
+			{InstanceID: 2, Mode: workers.ModePickle, Registered: reg, BytesIn: 50},
 		}
 	})
 	f := gather(t, m)
@@ -113,9 +113,9 @@ func TestTransferBytesSurviveUnregisterAndFallback(t *testing.T) {
 	// Instance 1 falls back to pickle and moves 200 more bytes; instance 2
 	// unregisters; instance 2 registers again with fresh counters.
 	src.set(func(s *engine.Snapshot) {
-		s.Contexts = []nongpu.ContextInfo{
-			{InstanceID: 1, Mode: nongpu.ModePickle, Registered: reg, BytesIn: 1200, BytesOut: 10},
-			{InstanceID: 2, Mode: nongpu.ModePickle, Registered: reg.Add(time.Second), BytesIn: 30},
+		s.Contexts = []workers.ContextInfo{
+			{InstanceID: 1, Mode: workers.ModePickle, Registered: reg, BytesIn: 1200, BytesOut: 10},
+			{InstanceID: 2, Mode: workers.ModePickle, Registered: reg.Add(time.Second), BytesIn: 30},
 		}
 	})
 	f = gather(t, m)

@@ -1,0 +1,94 @@
+// Package workers holds what a transfer module reports about the workers
+// registered with it: each instance's context and transfer mode, the shared
+// segment advertised at registration, the module-wide counters and the
+// events it emits for the operator.
+//
+// These are the snapshot types the faces read: the transfer module
+// (transfer/nongpu) fills them, core/engine puts them into its Snapshot, and
+// ui/dashboard and ui/metrics show them, so no face imports the transfer
+// module itself. The package holds data only.
+package workers
+
+import (
+	"log/slog"
+	"time"
+
+	"kvdock/core/layout"
+)
+
+// Mode is an instance's transfer strategy.
+type Mode string
+
+// The two strategies; the dashboard shows these labels.
+const (
+	ModeSHM    Mode = "SHM"
+	ModePickle Mode = "PICKLE"
+)
+
+// EventKind classifies an Event.
+type EventKind string
+
+// Event kinds.
+const (
+	EventRegister   EventKind = "register"
+	EventUnregister EventKind = "unregister"
+	EventFallback   EventKind = "fallback"
+	EventSHMBack    EventKind = "shm_back" // a PICKLE instance committed an SHM write
+	EventExpired    EventKind = "expired"
+	EventNoSpace    EventKind = "no_space"
+	EventError      EventKind = "error"
+)
+
+// Event is one line for the operator: what happened to which instance.
+type Event struct {
+	Time     time.Time
+	Kind     EventKind
+	Level    slog.Level
+	Instance int64
+	Message  string
+}
+
+// ContextInfo is one registered instance as the dashboard and /status show it.
+type ContextInfo struct {
+	InstanceID    int64
+	Model         string
+	WorldSize     int
+	BlockSize     int
+	NumLayers     int
+	HiddenDimSize int
+	Layout        layout.Layout
+	MLA           bool
+	Mode          Mode
+	Reason        string
+	Registered    time.Time
+	LastRequest   time.Time
+	Stores        int64 // COMMIT_STORE requests answered true
+	StoreFailures int64 // stores that stored nothing or not everything (no space, rejected data)
+	Retrieves     int64 // PREPARE_RETRIEVE requests
+	HitChunks     int64 // chunks served by successful retrieves
+	BytesIn       int64 // KV bytes stored
+	BytesOut      int64 // KV bytes served
+}
+
+// Stats are module-wide counters.
+type Stats struct {
+	Instances     int
+	PendingWrites int
+	PendingReads  int
+	NoSpace       int64 // reservations refused for lack of space (answered as upstream: nothing reserved)
+	Rejected      int64 // pickled tensors that did not match the registered layout
+	Expired       int64 // pending entries dropped by TTL
+	Fallbacks     int64 // SHM instances that turned out to use pickle
+}
+
+// Info is what registration advertises to every worker: the shared segment
+// and its size, or {"", 0} for the pickle fallback, with the reason.
+type Info struct {
+	ShmName  string
+	PoolSize int64
+	Reason   string
+}
+
+// Shared reports whether workers are told to attach a segment (the worker
+// only tries SHM for a non-empty name and a positive size).
+func (i Info) Shared() bool { return i.ShmName != "" && i.PoolSize > 0 }
