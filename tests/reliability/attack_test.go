@@ -759,6 +759,68 @@ func attackLayoutOverflow(t *testing.T, srv *harness.Server, base int64) {
 	}
 }
 
+// --- 16: secrets in a reload diff ---
+
+// TestHostileReloadKeepsTokenSecret: a SIGHUP that changes http.token must
+// not write the old or the new token anywhere in the server's output.
+func TestHostileReloadKeepsTokenSecret(t *testing.T) {
+	const oldTok, newTok = "old-token-7c1f9a", "new-token-4e2b8d"
+	cfg := filepath.Join(t.TempDir(), "kvdock.yaml")
+	if err := os.WriteFile(cfg, []byte("http:\n  token: "+oldTok+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	srv := harness.Start(t, "--config", cfg)
+	if err := os.WriteFile(cfg, []byte("http:\n  token: "+newTok+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(srv.PID(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	// Reloaded once /status takes the new token; main logs the outcome
+	// ("SIGHUP: ...") after the apply.
+	waitFor(t, 15*time.Second, "the new token accepted", func() bool {
+		req, _ := http.NewRequest(http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d/status", srv.HTTPPort), nil)
+		req.Header.Set("Authorization", "Bearer "+newTok)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+	waitFor(t, 5*time.Second, "the reload logged", func() bool { return strings.Contains(srv.Output(), "SIGHUP: ") })
+	alive(t, srv, 5*time.Second, "a token change by SIGHUP")
+	out := srv.Output()
+	for _, tok := range []string{oldTok, newTok} {
+		if i := strings.Index(out, tok); i >= 0 {
+			line := out[strings.LastIndex(out[:i], "\n")+1:]
+			if j := strings.IndexByte(line, '\n'); j >= 0 {
+				line = line[:j]
+			}
+			t.Errorf("the server wrote the http token %q in clear: %s", tok, line)
+		}
+	}
+}
+
+// --- 18: stale-segment cleanup ---
+
+// TestHostileCleanupSparesUnlockedLiveSegment: a live pool segment of
+// another name that nobody flocks (upstream LMCache does not lock its
+// segment) must survive a kvdock start.
+func TestHostileCleanupSparesUnlockedLiveSegment(t *testing.T) {
+	name := harness.UniqueName("lmcache_l1_pool_other")
+	path := filepath.Join("/dev/shm", name)
+	if err := os.WriteFile(path, make([]byte, 4096), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.Remove(path) })
+	srv := harness.Start(t)
+	alive(t, srv, time.Second, "start")
+	if _, err := os.Stat(path); err != nil {
+		t.Errorf("kvdock's start removed %s, another server's unlocked segment: %v", name, err)
+	}
+}
+
 // --- the tests ---
 
 func TestHostileClearDuringStore(t *testing.T) {
