@@ -213,6 +213,13 @@ func (s *Server) PID() int { return s.cmd.Process.Pid }
 // no segment. Calling it twice is fine.
 func (s *Server) Stop(t testing.TB) {
 	t.Helper()
+	s.StopWithin(t, 5*time.Second)
+}
+
+// StopWithin is Stop with another limit on the exit, for servers stopped
+// under load (their drain may take its full timeout).
+func (s *Server) StopWithin(t testing.TB, limit time.Duration) {
+	t.Helper()
 	select {
 	case <-s.done:
 		return
@@ -221,10 +228,10 @@ func (s *Server) Stop(t testing.TB) {
 	_ = s.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-s.done:
-	case <-time.After(5 * time.Second):
+	case <-time.After(limit):
 		_ = s.cmd.Process.Kill()
 		<-s.done
-		t.Errorf("kvdock did not stop within 5 s of SIGTERM\n%s", s.out.String())
+		t.Errorf("kvdock did not stop within %v of SIGTERM\n%s", limit, s.out.String())
 		return
 	}
 	if s.exitErr != nil {
