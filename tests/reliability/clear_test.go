@@ -10,8 +10,8 @@ import (
 	"kvdock/core/protocol"
 )
 
-// prepare sends PREPARE_STORE for n chunks of toks and decodes the slots.
-func (w *gworker) prepare(t *testing.T, toks []uint32, n int, req string) []slot {
+// prepareSlots sends PREPARE_STORE for n chunks of toks and decodes the slots.
+func (w *gworker) prepareSlots(t *testing.T, toks []uint32, n int, req string) []slot {
 	t.Helper()
 	r, err := w.c.Call(context.Background(), protocol.PrepareStore, w.key(toks, n, req), w.id)
 	if err != nil {
@@ -24,8 +24,8 @@ func (w *gworker) prepare(t *testing.T, toks []uint32, n int, req string) []slot
 	return ps.Context.Slots
 }
 
-// commit sends an SHM COMMIT_STORE (empty data) and decodes the answer.
-func (w *gworker) commit(t *testing.T, toks []uint32, n int, req string) bool {
+// commitSHM sends an SHM COMMIT_STORE (empty data) and decodes the answer.
+func (w *gworker) commitSHM(t *testing.T, toks []uint32, n int, req string) bool {
 	t.Helper()
 	r, err := w.c.Call(context.Background(), protocol.CommitStore, w.key(toks, n, req), w.id, []byte{})
 	if err != nil {
@@ -38,9 +38,9 @@ func (w *gworker) commit(t *testing.T, toks []uint32, n int, req string) bool {
 	return ok
 }
 
-func (w *gworker) write(s slot, data []byte) { copy(w.shm[s.Offset:s.Offset+s.Length], data) }
+func (w *gworker) writeSlot(s slot, data []byte) { copy(w.shm[s.Offset:s.Offset+s.Length], data) }
 
-func (w *gworker) read(s slot) []byte { return bytes.Clone(w.shm[s.Offset : s.Offset+s.Length]) }
+func (w *gworker) readSlot(s slot) []byte { return bytes.Clone(w.shm[s.Offset : s.Offset+s.Length]) }
 
 // TestClearDuringSHMTransfers sends CLEAR over the wire while SHM transfers
 // are in flight (ISSUE12 point 1). Write side: A prepares, CLEAR, B
@@ -71,18 +71,18 @@ func TestClearDuringSHMTransfers(t *testing.T) {
 	// Write side.
 	ta, tb := tokensFor(1, 1, chunk), tokensFor(2, 1, chunk)
 	da, db := chunkData(1, 0, cb), chunkData(2, 0, cb)
-	sa := a.prepare(t, ta, 1, "a")
+	sa := a.prepareSlots(t, ta, 1, "a")
 	clearCache()
-	sb := b.prepare(t, tb, 1, "b")
+	sb := b.prepareSlots(t, tb, 1, "b")
 	if len(sa) != 1 || len(sb) != 1 {
 		t.Fatalf("slots: A %v, B %v", sa, sb)
 	}
-	b.write(sb[0], db)
-	a.write(sa[0], da) // A is late
-	if a.commit(t, ta, 1, "a") {
+	b.writeSlot(sb[0], db)
+	a.writeSlot(sa[0], da) // A is late
+	if a.commitSHM(t, ta, 1, "a") {
 		t.Fatal("A's COMMIT_STORE of a reservation CLEAR overtook answered true")
 	}
-	if !b.commit(t, tb, 1, "b") {
+	if !b.commitSHM(t, tb, 1, "b") {
 		t.Fatal("B's COMMIT_STORE answered false")
 	}
 	got, err := b.retrieve(context.Background(), tb, 1, "rb")
@@ -110,12 +110,12 @@ func TestClearDuringSHMTransfers(t *testing.T) {
 	clearCache()
 	tc := tokensFor(3, 1, chunk)
 	for _, toks := range [][]uint32{tb, tc} {
-		for _, s := range c.prepare(t, toks, 1, "c") {
-			c.write(s, chunkData(3, 0, cb))
+		for _, s := range c.prepareSlots(t, toks, 1, "c") {
+			c.writeSlot(s, chunkData(3, 0, cb))
 		}
-		c.commit(t, toks, 1, "c")
+		c.commitSHM(t, toks, 1, "c")
 	}
-	if !bytes.Equal(b.read(held), db) {
+	if !bytes.Equal(b.readSlot(held), db) {
 		t.Fatal("B's held slot was handed out after CLEAR: B reads another chunk's bytes")
 	}
 	if _, err := b.c.Call(context.Background(), protocol.CommitRetrieve, k, b.id); err != nil {
@@ -135,7 +135,7 @@ func TestLockCapOverTheWire(t *testing.T) {
 	e := startEngine(t, cfg)
 	a := newWorker(t, dialPort(t, cfg.Server.Port, 5*time.Second), 1, "cap", false)
 	b := newWorker(t, dialPort(t, cfg.Server.Port, 5*time.Second), 2, "cap", false)
-	if s := a.prepare(t, tokensFor(1, 600, a.chunk), 600, "big"); len(s) != 0 {
+	if s := a.prepareSlots(t, tokensFor(1, 600, a.chunk), 600, "big"); len(s) != 0 {
 		t.Fatalf("one instance write-locked %d of 1024 chunks", len(s))
 	}
 	p := e.Snapshot().Pool
@@ -151,7 +151,7 @@ func TestLockCapOverTheWire(t *testing.T) {
 	if !found {
 		t.Fatal("no event says why the store was refused")
 	}
-	if s := b.prepare(t, tokensFor(2, 400, b.chunk), 400, "ok"); len(s) != 400 {
+	if s := b.prepareSlots(t, tokensFor(2, 400, b.chunk), 400, "ok"); len(s) != 400 {
 		t.Fatalf("another instance got %d of 400 slots", len(s))
 	}
 }
