@@ -865,11 +865,13 @@ func TestHostileBadCommitKeepsVictimMode(t *testing.T) {
 // function that waits for the readers and reports what they got.
 func heavyRetrieves(t *testing.T, srv *harness.Server, id int64) func() string {
 	t.Helper()
-	const per, parts, peers, each, chunkTok = 4000, 2, 4, 256, 16
+	// Chunks of 512 bytes: the pickle decoder's item budget (input/16
+	// items) refuses thousands of tensors much smaller than that.
+	const per, parts, peers, each, chunkTok, hid = 4000, 2, 4, 256, 16, 4
 	ctx := context.Background()
 	c := dialWith(t, srv, time.Minute)
 	if _, err := c.Call(ctx, protocol.RegisterKVCacheNonGPUContext, protocol.RegisterPayload{InstanceID: id, ModelName: "heavy",
-		WorldSize: 1, BlockSize: 16, NumLayers: 1, HiddenDimSize: 1, DtypeStr: "float32"}); err != nil {
+		WorldSize: 1, BlockSize: 16, NumLayers: 1, HiddenDimSize: hid, DtypeStr: "float32"}); err != nil {
 		t.Fatal(err)
 	}
 	toks := smallTokens(parts*per*chunkTok, int(id))
@@ -882,7 +884,7 @@ func heavyRetrieves(t *testing.T, srv *harness.Server, id int64) func() string {
 	for part := range parts {
 		ts := make([]torchpickle.Tensor, per)
 		for i := range ts {
-			ts[i] = torchpickle.Tensor{Dtype: "float32", Shape: []int{2, 1, chunkTok, 1}, Data: chunkData(int(id), part*per+i, 2*chunkTok*4)}
+			ts[i] = torchpickle.Tensor{Dtype: "float32", Shape: []int{2, 1, chunkTok, hid}, Data: chunkData(int(id), part*per+i, 2*chunkTok*hid*4)}
 		}
 		pk, err := torchpickle.AppendEncode(nil, ts)
 		if err != nil {
