@@ -278,4 +278,3 @@ func FuzzReplyDecoders(f *testing.F) {
 		}
 	})
 }
-

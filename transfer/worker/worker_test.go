@@ -270,7 +270,7 @@ func TestHostileServerStore(t *testing.T) {
 	good := slot(0, chunkBytes)
 	cases := map[string]protocol.PrepareStoreResponse{
 		"slot past the end":          {Shm: true, Slots: []protocol.Slot{slot(f.size-100, chunkBytes)}},
-		"slot offset beyond the map": {Shm: true, Slots: []protocol.Slot{slot(1 << 40, chunkBytes)}},
+		"slot offset beyond the map": {Shm: true, Slots: []protocol.Slot{slot(1<<40, chunkBytes)}},
 		"slot shorter than a chunk":  {Shm: true, Slots: []protocol.Slot{slot(0, chunkBytes/2)}},
 		"slot longer than a chunk":   {Shm: true, Slots: []protocol.Slot{slot(0, 2*chunkBytes)}},
 		"good slot then a bad one":   {Shm: true, Slots: []protocol.Slot{good, slot(f.size, chunkBytes)}},
