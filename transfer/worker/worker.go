@@ -154,8 +154,9 @@ func Register(ctx context.Context, c *client.Client, cfg Config) (*Worker, error
 	}
 	if cfg.EncodeChunks > 0 && w.seg == nil {
 		ts := make([]torchpickle.Tensor, cfg.EncodeChunks)
+		zero := make([]byte, w.lay.Bytes) // only its length matters to the size
 		for i := range ts {
-			ts[i] = torchpickle.Tensor{Dtype: w.lay.Dtype, Shape: w.lay.Shape, Data: make([]byte, w.lay.Bytes)}
+			ts[i] = torchpickle.Tensor{Dtype: w.lay.Dtype, Shape: w.lay.Shape, Data: zero}
 		}
 		n := 5 + max(0, torchpickle.EncodedSize(ts))
 		w.enc <- make([]byte, 0, n)
