@@ -72,6 +72,25 @@ func (ps *prepStore) DecodeMsgpack(d *msgpack.Decoder) error {
 	return err
 }
 
+// prepRetrieve is a PREPARE_RETRIEVE reply as tests read it (pr.Success,
+// pr.Data, pr.Context.Slots), decoded by the bounded protocol decoder.
+type prepRetrieve struct {
+	Success bool
+	Data    []byte
+	Context struct{ Slots []slot }
+}
+
+// DecodeMsgpack lets client.Reply.Decode fill a prepRetrieve.
+func (pr *prepRetrieve) DecodeMsgpack(d *msgpack.Decoder) error {
+	raw, err := d.DecodeRaw()
+	if err != nil {
+		return err
+	}
+	r, err := protocol.DecodePrepareRetrieveResponse(raw, protocol.Limits{})
+	pr.Success, pr.Data, pr.Context.Slots = r.Success, r.Data, r.Slots
+	return err
+}
+
 // gworker is a test's handle on the shared Go worker (transfer/worker): an
 // LMCache non-GPU worker, SHM through its own mmap of the advertised
 // segment, or pickled tensors. The fields mirror the registration; c is the
