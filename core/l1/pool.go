@@ -222,7 +222,7 @@ type Pool struct {
 	// its owner holds locks, so the table is bounded by the locked records)
 	// and in total; the caps are computed from the shares at Open.
 	owners             map[Owner]uint32
-	ownerSlots         []ownerSlot
+	ownerSlots         []ownerCharge
 	ownerFree          []uint32
 	lockedBytes        int64
 	ownerCap, totalCap int64
@@ -231,7 +231,8 @@ type Pool struct {
 	capSuppressed      uint64
 }
 
-type ownerSlot struct {
+// ownerCharge is the bytes of locks one owner holds.
+type ownerCharge struct {
 	owner Owner
 	bytes int64
 }

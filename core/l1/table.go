@@ -211,9 +211,9 @@ func (p *Pool) charge(o Owner, bytes int64) uint32 {
 			p.ownerFree = p.ownerFree[:l-1]
 		} else {
 			s = uint32(len(p.ownerSlots))
-			p.ownerSlots = append(p.ownerSlots, ownerSlot{})
+			p.ownerSlots = append(p.ownerSlots, ownerCharge{})
 		}
-		p.ownerSlots[s] = ownerSlot{owner: o}
+		p.ownerSlots[s] = ownerCharge{owner: o}
 		p.owners[o] = s
 	}
 	p.ownerSlots[s].bytes += bytes
@@ -228,7 +228,7 @@ func (p *Pool) uncharge(s uint32, bytes int64) {
 	sl := &p.ownerSlots[s]
 	if sl.bytes -= bytes; sl.bytes <= 0 {
 		delete(p.owners, sl.owner)
-		*sl = ownerSlot{}
+		*sl = ownerCharge{}
 		p.ownerFree = append(p.ownerFree, s)
 	}
 }

@@ -13,34 +13,36 @@ import (
 // prepareSlots sends PREPARE_STORE for n chunks of toks and decodes the slots.
 func (w *gworker) prepareSlots(t *testing.T, toks []uint32, n int, req string) []slot {
 	t.Helper()
-	r, err := w.c.Call(context.Background(), protocol.PrepareStore, w.key(toks, n, req), w.id)
+	ps, err := w.wk().PrepareStore(context.Background(), w.key(toks, n, req))
 	if err != nil {
 		t.Fatalf("prepare_store: %v", err)
 	}
-	var ps prepStore
-	if err := r.Decode(&ps); err != nil {
-		t.Fatalf("prepare_store: %v", err)
-	}
-	return ps.Context.Slots
+	return ps.Slots
 }
 
 // commitSHM sends an SHM COMMIT_STORE (empty data) and decodes the answer.
 func (w *gworker) commitSHM(t *testing.T, toks []uint32, n int, req string) bool {
 	t.Helper()
-	r, err := w.c.Call(context.Background(), protocol.CommitStore, w.key(toks, n, req), w.id, []byte{})
+	ok, err := w.wk().CommitStore(context.Background(), w.key(toks, n, req), nil)
 	if err != nil {
-		t.Fatalf("commit_store: %v", err)
-	}
-	var ok bool
-	if err := r.Decode(&ok); err != nil {
 		t.Fatalf("commit_store: %v", err)
 	}
 	return ok
 }
 
-func (w *gworker) writeSlot(s slot, data []byte) { copy(w.shm[s.Offset:s.Offset+s.Length], data) }
+func (w *gworker) writeSlot(s slot, data []byte) {
+	if err := w.w.WriteSlot(s, data); err != nil {
+		panic(err) // the slot came from prepare; one that does not fit is a server bug
+	}
+}
 
-func (w *gworker) readSlot(s slot) []byte { return bytes.Clone(w.shm[s.Offset : s.Offset+s.Length]) }
+func (w *gworker) readSlot(s slot) []byte {
+	v, err := w.w.SlotView(s)
+	if err != nil {
+		panic(err)
+	}
+	return bytes.Clone(v)
+}
 
 // TestClearDuringSHMTransfers sends CLEAR over the wire while SHM transfers
 // are in flight (ISSUE12 point 1). Write side: A prepares, CLEAR, B
@@ -98,15 +100,11 @@ func TestClearDuringSHMTransfers(t *testing.T) {
 		t.Fatalf("lookup of B's chunk: %d %v", n, err)
 	}
 	k := b.key(tb, 1, "hold")
-	r, err := b.c.Call(context.Background(), protocol.PrepareRetrieve, k, b.id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var pr prepRetrieve
-	if err := r.Decode(&pr); err != nil || !pr.Success || len(pr.Context.Slots) != 1 {
+	pr, err := b.wk().PrepareRetrieve(context.Background(), k)
+	if err != nil || !pr.Success || len(pr.Slots) != 1 {
 		t.Fatalf("prepare_retrieve: %+v %v", pr, err)
 	}
-	held := pr.Context.Slots[0]
+	held := pr.Slots[0]
 	clearCache()
 	tc := tokensFor(3, 1, chunk)
 	for _, toks := range [][]uint32{tb, tc} {
@@ -118,7 +116,7 @@ func TestClearDuringSHMTransfers(t *testing.T) {
 	if !bytes.Equal(b.readSlot(held), db) {
 		t.Fatal("B's held slot was handed out after CLEAR: B reads another chunk's bytes")
 	}
-	if _, err := b.c.Call(context.Background(), protocol.CommitRetrieve, k, b.id); err != nil {
+	if _, err := b.wk().CommitRetrieve(context.Background(), k); err != nil {
 		t.Fatal(err)
 	}
 	if n, _ := lookup(context.Background(), ctl, "clear", tb, "after"); n != 0 {

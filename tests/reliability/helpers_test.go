@@ -10,7 +10,6 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"hash/crc32"
 	"net/http"
@@ -19,12 +18,12 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/vmihailenco/msgpack/v5"
 
 	"kvdock/core/protocol"
 	"kvdock/core/rpc/client"
 	"kvdock/tests/harness"
-	"kvdock/transfer/torchpickle"
+	"kvdock/transfer/worker"
 	"kvdock/ui/httpapi"
 )
 
@@ -53,31 +52,51 @@ func status(t testing.TB, srv *harness.Server) httpapi.Status {
 	return st
 }
 
-type slot struct {
-	Offset int64  `msgpack:"offset"`
-	Length int64  `msgpack:"length"`
-	Shape  []int  `msgpack:"shape"`
-	Dtype  string `msgpack:"dtype"`
-}
+// slot is the wire's slot descriptor; the tests read slots as the shared
+// worker client decodes them.
+type slot = protocol.Slot
 
+// prepStore is a PREPARE_STORE reply as tests read it (ps.Context.Slots);
+// it decodes through the bounded protocol decoder, not by reflection.
 type prepStore struct {
-	Context struct {
-		Slots        []slot `msgpack:"slots"`
-		ChunkIndices []int  `msgpack:"chunk_indices"`
-	} `msgpack:"context"`
+	Context protocol.PrepareStoreResponse
 }
 
+// DecodeMsgpack lets client.Reply.Decode fill a prepStore.
+func (ps *prepStore) DecodeMsgpack(d *msgpack.Decoder) error {
+	raw, err := d.DecodeRaw()
+	if err != nil {
+		return err
+	}
+	ps.Context, err = protocol.DecodePrepareStoreResponse(raw, protocol.Limits{})
+	return err
+}
+
+// prepRetrieve is a PREPARE_RETRIEVE reply as tests read it (pr.Success,
+// pr.Data, pr.Context.Slots), decoded by the bounded protocol decoder.
 type prepRetrieve struct {
-	Success bool   `msgpack:"success"`
-	Data    []byte `msgpack:"data"`
-	Context struct {
-		Slots []slot `msgpack:"slots"`
-	} `msgpack:"context"`
+	Success bool
+	Data    []byte
+	Context struct{ Slots []slot }
 }
 
-// gworker is a Go emulation of an LMCache non-GPU worker: SHM through its
-// own mmap of the advertised segment, or pickled tensors.
+// DecodeMsgpack lets client.Reply.Decode fill a prepRetrieve.
+func (pr *prepRetrieve) DecodeMsgpack(d *msgpack.Decoder) error {
+	raw, err := d.DecodeRaw()
+	if err != nil {
+		return err
+	}
+	r, err := protocol.DecodePrepareRetrieveResponse(raw, protocol.Limits{})
+	pr.Success, pr.Data, pr.Context.Slots = r.Success, r.Data, r.Slots
+	return err
+}
+
+// gworker is a test's handle on the shared Go worker (transfer/worker): an
+// LMCache non-GPU worker, SHM through its own mmap of the advertised
+// segment, or pickled tensors. The fields mirror the registration; c is the
+// connection, which a test may replace (a reconnect): calls follow it.
 type gworker struct {
+	w          *worker.Worker
 	c          *client.Client
 	id         int64
 	model      string
@@ -101,62 +120,31 @@ func newWorker(t testing.TB, c *client.Client, id int64, model string, pickle bo
 }
 
 func registerWorker(c *client.Client, id int64, model string, pickle bool) (*gworker, error) {
-	ctx := context.Background()
-	r, err := c.Call(ctx, protocol.RegisterKVCacheNonGPUContext, protocol.RegisterPayload{
-		InstanceID: id, ModelName: model, WorldSize: 1, BlockSize: 16, NumLayers: layers,
-		HiddenDimSize: hidden, DtypeStr: "float32",
+	wk, err := worker.Register(context.Background(), c, worker.Config{
+		InstanceID: id, Model: model, Layers: layers, Hidden: hidden, Dtype: "float32", Pickle: pickle,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("register %d: %w", id, err)
-	}
-	var reg struct {
-		ShmName  string `msgpack:"shm_name"`
-		PoolSize int64  `msgpack:"pool_size"`
-	}
-	if err := r.Decode(&reg); err != nil {
-		return nil, fmt.Errorf("register reply: %w", err)
-	}
-	r, err = c.Call(ctx, protocol.GetChunkSize)
-	if err != nil {
-		return nil, fmt.Errorf("chunk size: %w", err)
-	}
-	w := &gworker{c: c, id: id, model: model, segName: reg.ShmName, poolSize: reg.PoolSize}
-	if err := r.Decode(&w.chunk); err != nil {
 		return nil, err
 	}
-	w.chunkBytes = 2 * layers * w.chunk * hidden * 4
-	if reg.ShmName != "" && reg.PoolSize > 0 && !pickle {
-		fd, err := unix.Open(filepath.Join("/dev/shm", reg.ShmName), unix.O_RDWR, 0)
-		if err != nil {
-			return nil, fmt.Errorf("open segment: %w", err)
-		}
-		defer unix.Close(fd)
-		w.shm, err = unix.Mmap(fd, 0, int(reg.PoolSize), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-		if err != nil {
-			return nil, fmt.Errorf("mmap segment: %w", err)
-		}
-	}
-	return w, nil
+	return &gworker{w: wk, c: c, id: id, model: model, chunk: wk.ChunkTokens(),
+		chunkBytes: int(wk.Layout().Bytes), shm: wk.Segment(), segName: wk.ShmName(), poolSize: wk.PoolSize()}, nil
+}
+
+// wk is the worker on the test's current connection.
+func (w *gworker) wk() *worker.Worker {
+	w.w.SetClient(w.c)
+	return w.w
 }
 
 func (w *gworker) unmap() {
-	if w.shm != nil {
-		_ = unix.Munmap(w.shm)
-		w.shm = nil
-	}
+	_ = w.w.Close()
+	w.shm = nil
 }
 
-func (w *gworker) mode() string {
-	if w.shm != nil {
-		return "shm"
-	}
-	return "pickle"
-}
+func (w *gworker) mode() string { return w.w.Mode() }
 
 func (w *gworker) key(toks []uint32, nchunks int, req string) protocol.Key {
-	wid := 0
-	return protocol.Key{ModelName: w.model, WorldSize: 1, WorkerID: &wid, TokenIDs: toks,
-		Start: 0, End: nchunks * w.chunk, RequestID: req}
+	return w.w.Key(toks, nchunks, req)
 }
 
 // tokensFor is a deterministic token sequence of n chunks for seed.
@@ -193,52 +181,16 @@ func sum(b []byte) uint32 { return crc32.ChecksumIEEE(b) }
 // store writes chunks for toks; it returns the COMMIT_STORE result
 // (true, false, or "none" when nothing needed storing).
 func (w *gworker) store(ctx context.Context, toks []uint32, data [][]byte, req string) (string, error) {
-	k := w.key(toks, len(data), req)
-	r, err := w.c.Call(ctx, protocol.PrepareStore, k, w.id)
-	if err != nil {
-		return "", fmt.Errorf("prepare_store: %w", err)
+	res, err := w.wk().Store(ctx, w.key(toks, len(data), req), data)
+	switch {
+	case err != nil:
+		return "", err
+	case res.Skipped:
+		// Nothing reserved (all cached, or no room): like the Python
+		// worker, nothing to write and nothing to commit.
+		return "none", nil
 	}
-	var ps prepStore
-	if err := r.Decode(&ps); err != nil {
-		return "", fmt.Errorf("prepare_store: %w", err)
-	}
-	var payload []byte
-	if w.shm != nil {
-		if len(ps.Context.Slots) == 0 {
-			// Nothing reserved (all cached, or no room): like the Python
-			// worker, nothing to write and nothing to commit.
-			return "none", nil
-		}
-		for n, s := range ps.Context.Slots {
-			i := n
-			if n < len(ps.Context.ChunkIndices) {
-				i = ps.Context.ChunkIndices[n]
-			}
-			if s.Length != int64(len(data[i])) || s.Offset < 0 || s.Offset+s.Length > int64(len(w.shm)) {
-				return "", fmt.Errorf("slot %+v out of range for a %d-byte chunk in a %d-byte mapping", s, len(data[i]), len(w.shm))
-			}
-			copy(w.shm[s.Offset:s.Offset+s.Length], data[i])
-		}
-		payload = []byte{}
-	} else {
-		ts := make([]torchpickle.Tensor, len(data))
-		for i, d := range data {
-			ts[i] = torchpickle.Tensor{Dtype: "float32", Shape: []int{2, layers, w.chunk, hidden}, Data: d}
-		}
-		payload, err = torchpickle.AppendEncode(nil, ts)
-		if err != nil {
-			return "", err
-		}
-	}
-	r, err = w.c.Call(ctx, protocol.CommitStore, k, w.id, payload)
-	if err != nil {
-		return "", fmt.Errorf("commit_store: %w", err)
-	}
-	var ok bool
-	if err := r.Decode(&ok); err != nil {
-		return "", fmt.Errorf("commit_store: %w", err)
-	}
-	return fmt.Sprint(ok), nil
+	return fmt.Sprint(res.Committed), nil
 }
 
 // retrieve reads n chunks of toks as LMCache does: LOOKUP (which takes
@@ -253,41 +205,11 @@ func (w *gworker) retrieve(ctx context.Context, toks []uint32, n int, req string
 	if hits < n {
 		return nil, nil
 	}
-	k := w.key(toks, n, req)
-	r, err := w.c.Call(ctx, protocol.PrepareRetrieve, k, w.id)
-	if err != nil {
-		return nil, fmt.Errorf("prepare_retrieve: %w", err)
-	}
-	var pr prepRetrieve
-	if err := r.Decode(&pr); err != nil {
-		return nil, fmt.Errorf("prepare_retrieve: %w", err)
-	}
 	var out [][]byte
-	if pr.Success {
-		if w.shm != nil {
-			for _, s := range pr.Context.Slots {
-				if s.Offset < 0 || s.Offset+s.Length > int64(len(w.shm)) {
-					return nil, fmt.Errorf("retrieve slot %+v outside the %d-byte mapping", s, len(w.shm))
-				}
-				out = append(out, bytes.Clone(w.shm[s.Offset:s.Offset+s.Length]))
-			}
-		} else if len(pr.Data) > 0 {
-			ts, err := torchpickle.Decode(pr.Data, torchpickle.DefaultLimits())
-			if err != nil {
-				return nil, fmt.Errorf("retrieve pickle: %w", err)
-			}
-			for _, t := range ts {
-				out = append(out, t.Data)
-			}
-		}
-	}
-	r, err = w.c.Call(ctx, protocol.CommitRetrieve, k, w.id)
-	if err != nil {
-		return nil, fmt.Errorf("commit_retrieve: %w", err)
-	}
-	var done bool
-	if err := r.Decode(&done); err != nil || !done {
-		return nil, fmt.Errorf("commit_retrieve answered %v (%v)", done, err)
+	if _, err := w.wk().Retrieve(ctx, w.key(toks, n, req), func(_ int, chunk []byte) {
+		out = append(out, bytes.Clone(chunk))
+	}); err != nil {
+		return nil, err
 	}
 	return out, nil
 }
@@ -303,24 +225,7 @@ func lookup(ctx context.Context, c *client.Client, model string, toks []uint32, 
 // a PREPARE_RETRIEVE of the same request id.
 func lookupKeep(ctx context.Context, c *client.Client, model string, toks []uint32, req string) (int, error) {
 	k := protocol.Key{ModelName: model, WorldSize: 1, TokenIDs: toks, Start: 0, End: len(toks), RequestID: req}
-	if _, err := c.Call(ctx, protocol.Lookup, k, 1); err != nil {
-		return 0, fmt.Errorf("lookup: %w", err)
-	}
-	for range 500 {
-		r, err := c.Call(ctx, protocol.QueryPrefetchStatus, req)
-		if err != nil {
-			return 0, fmt.Errorf("query prefetch status: %w", err)
-		}
-		if r.Present {
-			var n int
-			if err := r.Decode(&n); err != nil {
-				return 0, err
-			}
-			return n, nil
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-	return 0, errors.New("prefetch never finished")
+	return worker.Scheduler{C: c, Poll: 2 * time.Millisecond}.Hits(ctx, k, 1)
 }
 
 // segmentExists reports whether /dev/shm/name exists.

@@ -155,23 +155,6 @@ func TestTableNamesEveryFigure(t *testing.T) {
 	}
 }
 
-func TestScanRetrieveReply(t *testing.T) {
-	data := bytes.Repeat([]byte{7}, 70000) // bin32
-	for _, d := range [][]byte{nil, {1, 2}, data[:300], data} {
-		raw, err := protocol.Encode(protocol.PrepareRetrieveResponse{Success: true, Data: d})
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, ok, fast := scanRetrieveReply(raw)
-		if !fast || !ok || !bytes.Equal(got, d) {
-			t.Fatalf("len %d: fast %v ok %v got %d bytes", len(d), fast, ok, len(got))
-		}
-	}
-	if _, _, fast := scanRetrieveReply([]byte{0x81, 0xa1, 'x', 0xc0}); fast {
-		t.Fatal("foreign map taken by the fast path")
-	}
-}
-
 // BenchmarkEndToEndSHM and BenchmarkEndToEndPickle run the same driver on a
 // small model: one op is one 4-chunk prompt stored, looked up and retrieved.
 func BenchmarkEndToEndSHM(b *testing.B)    { benchEndToEnd(b, "shm") }

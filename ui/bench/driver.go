@@ -2,21 +2,15 @@ package bench
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
-	"strings"
 	"sync"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"kvdock/core/layout"
 	"kvdock/core/protocol"
 	"kvdock/core/rpc/client"
-	"kvdock/transfer/torchpickle"
+	"kvdock/transfer/worker"
 )
 
 // driverConfig is one mode's run against one server.
@@ -41,22 +35,25 @@ type driverConfig struct {
 	ShmDir       string // default /dev/shm
 }
 
-// driver is N simulated LMCache non-GPU workers on the real wire protocol.
+// driver is N simulated LMCache non-GPU workers on the real wire protocol,
+// each a transfer/worker Worker on its own connection.
 type driver struct {
-	cfg       driverConfig
-	lay       layout.Layout
-	chunkTok  int
-	pat       *pattern
-	wl        *workload
-	clients   []*client.Client
-	shmName   string
-	poolSize  int64
-	seg       []byte // this process's own mapping of the advertised segment
-	workerBuf int64  // bytes of per-worker buffers (for the RSS method)
+	cfg      driverConfig
+	lay      layout.Layout
+	chunkTok int
+	pat      *pattern
+	wl       *workload
+	clients  []*client.Client
+	workers  []*worker.Worker
+	scheds   []worker.Scheduler
+	shmName  string
+	poolSize int64
+	seg      []byte // this process's one mapping of the advertised segment
+	// workerBuf is the bytes of per-worker buffers (for the RSS method).
+	workerBuf int64
 	// dests are the workers' retrieve destinations (the "scatter into paged
-	// KV"), prefaulted once; encs are their reused pickle encode buffers.
+	// KV"), prefaulted once.
 	dests [][]byte
-	encs  [][]byte
 }
 
 // counters are one worker's results; merged after the phase.
@@ -74,9 +71,12 @@ type counters struct {
 }
 
 func (c *counters) fail(err error) {
-	if errors.Is(err, client.ErrTimeout) {
+	switch {
+	case errors.Is(err, worker.ErrBadReply):
+		c.mismatches++ // the server named bytes the request did not ask for
+	case errors.Is(err, client.ErrTimeout), errors.Is(err, worker.ErrPrefetchPending):
 		c.timeouts++
-	} else {
+	default:
 		c.errors++
 	}
 	if c.firstErr == "" {
@@ -102,12 +102,10 @@ func (c *counters) merge(o *counters) {
 	}
 }
 
-// newDriver dials one client per worker, learns the chunk size and registers
-// every worker; SHM mode maps the advertised segment.
+// newDriver dials one client per worker and registers every worker; in SHM
+// mode the first maps the advertised segment (populated) and the others
+// share that mapping, as the threads of one worker process would.
 func newDriver(ctx context.Context, cfg driverConfig) (_ *driver, err error) {
-	if cfg.ShmDir == "" {
-		cfg.ShmDir = "/dev/shm"
-	}
 	d := &driver{cfg: cfg}
 	defer func() {
 		if err != nil {
@@ -120,20 +118,38 @@ func newDriver(ctx context.Context, cfg driverConfig) (_ *driver, err error) {
 			return nil, err
 		}
 		d.clients = append(d.clients, c)
+		d.scheds = append(d.scheds, worker.Scheduler{C: c, Poll: 50 * time.Microsecond, Patience: cfg.Timeout})
 	}
-	var st counters
-	r, err := d.call(ctx, d.clients[0], &st, protocol.GetChunkSize)
-	if err != nil {
-		return nil, fmt.Errorf("GET_CHUNK_SIZE from %s: %w", cfg.Endpoint, err)
+	for w, c := range d.clients {
+		wcfg := worker.Config{
+			InstanceID: cfg.InstanceBase + int64(w), Model: "bench-" + cfg.Model.Name,
+			Layers: cfg.Model.Layers, Hidden: cfg.Model.Hidden, Dtype: cfg.Model.Dtype, MLA: cfg.Model.MLA,
+			Pickle: cfg.Mode == "pickle", ShmDir: cfg.ShmDir, Populate: true, Segment: d.seg,
+		}
+		if cfg.Mode == "pickle" {
+			wcfg.EncodeChunks = cfg.Chunks
+		}
+		rctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+		wk, err := worker.Register(rctx, c, wcfg)
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("register worker %d at %s: %w", w, cfg.Endpoint, err)
+		}
+		d.workers = append(d.workers, wk)
+		d.shmName, d.poolSize = wk.ShmName(), wk.PoolSize()
+		if d.seg == nil {
+			d.seg = wk.Segment()
+		}
+		d.workerBuf += wk.EncodeBufferBytes()
 	}
-	var chunk int64
-	if err := r.Decode(&chunk); err != nil || chunk <= 0 {
-		return nil, fmt.Errorf("GET_CHUNK_SIZE answered %d (%v)", chunk, err)
+	shared := d.workers[0].Advertised()
+	switch {
+	case cfg.Mode == "shm" && !shared:
+		return nil, errors.New("the server advertises no SHM segment (registration answered shm_name \"\"): SHM mode needs one")
+	case cfg.Mode == "pickle" && shared:
+		return nil, fmt.Errorf("the server advertises SHM segment %s: a pickle worker's retrieves would all miss (spec 4.10); bench pickle mode against a server run with --shm-name \"\"", d.shmName)
 	}
-	d.chunkTok = int(chunk)
-	if d.lay, err = cfg.Model.chunkLayout(d.chunkTok); err != nil {
-		return nil, err
-	}
+	d.chunkTok, d.lay = d.workers[0].ChunkTokens(), d.workers[0].Layout()
 	d.pat = newPattern(int(d.lay.Bytes), 0xc0ffee)
 	d.wl = newWorkload(d.chunkTok, cfg.Chunks, cfg.Repeat)
 	for range cfg.Workers {
@@ -143,122 +159,34 @@ func newDriver(ctx context.Context, cfg driverConfig) (_ *driver, err error) {
 		}
 		d.dests = append(d.dests, dest)
 		d.workerBuf += int64(len(dest))
-		if cfg.Mode == "pickle" {
-			ts := make([]torchpickle.Tensor, cfg.Chunks)
-			for j := range ts {
-				ts[j] = torchpickle.Tensor{Dtype: d.lay.Dtype, Shape: d.lay.Shape, Data: d.pat.chunk(0)}
-			}
-			enc := make([]byte, 0, 5+max(0, torchpickle.EncodedSize(ts)))
-			d.encs = append(d.encs, enc)
-			d.workerBuf += int64(cap(enc))
-		}
-	}
-
-	for w, c := range d.clients {
-		r, err := d.call(ctx, c, &st, protocol.RegisterKVCacheNonGPUContext, protocol.RegisterPayload{
-			InstanceID: cfg.InstanceBase + int64(w), ModelName: "bench-" + cfg.Model.Name, WorldSize: 1,
-			BlockSize: 16, NumLayers: cfg.Model.Layers, HiddenDimSize: cfg.Model.Hidden,
-			DtypeStr: cfg.Model.Dtype, UseMLA: cfg.Model.MLA,
-		})
-		if err != nil {
-			return nil, fmt.Errorf("register worker %d: %w", w, err)
-		}
-		var resp struct {
-			ShmName  string `msgpack:"shm_name"`
-			PoolSize int64  `msgpack:"pool_size"`
-		}
-		if err := r.Decode(&resp); err != nil {
-			return nil, fmt.Errorf("register worker %d: %w", w, err)
-		}
-		d.shmName, d.poolSize = resp.ShmName, resp.PoolSize
-	}
-	shared := d.shmName != "" && d.poolSize > 0
-	switch {
-	case cfg.Mode == "shm" && !shared:
-		return nil, errors.New("the server advertises no SHM segment (registration answered shm_name \"\"): SHM mode needs one")
-	case cfg.Mode == "pickle" && shared:
-		return nil, fmt.Errorf("the server advertises SHM segment %s: a pickle worker's retrieves would all miss (spec 4.10); bench pickle mode against a server run with --shm-name \"\"", d.shmName)
-	}
-	if cfg.Mode == "shm" {
-		if d.seg, err = mapSegment(filepath.Join(cfg.ShmDir, strings.TrimPrefix(d.shmName, "/"))); err != nil {
-			return nil, err
-		}
 	}
 	return d, nil
 }
 
-// mapSegment maps the whole segment shared and populated, as a worker that
-// attached would touch it: page faults are not charged to the first copies.
-func mapSegment(path string) ([]byte, error) {
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
-	if err != nil {
-		return nil, fmt.Errorf("attach advertised segment: %w", err)
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, fmt.Errorf("attach advertised segment: %w", err)
-	}
-	if fi.Size() <= 0 {
-		return nil, fmt.Errorf("attach advertised segment %s: size %d", path, fi.Size())
-	}
-	b, err := unix.Mmap(int(f.Fd()), 0, int(fi.Size()), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE)
-	if err != nil {
-		return nil, fmt.Errorf("mmap %s: %w", path, err)
-	}
-	return b, nil
-}
-
 // close unregisters the workers, unmaps the segment and closes the clients.
 func (d *driver) close(ctx context.Context) {
-	var st counters
-	for w, c := range d.clients {
-		if d.lay.Bytes > 0 {
-			_, _ = d.call(ctx, c, &st, protocol.UnregisterKVCache, d.cfg.InstanceBase+int64(w))
-		}
+	for _, wk := range d.workers {
+		uctx, cancel := context.WithTimeout(ctx, d.cfg.Timeout)
+		_ = wk.Unregister(uctx)
+		cancel()
+	}
+	// The first worker mapped the segment; the others share it.
+	for i := len(d.workers) - 1; i >= 0; i-- {
+		_ = d.workers[i].Close()
+	}
+	for _, c := range d.clients {
 		_ = c.Close()
 	}
-	d.clients = nil
-	if d.seg != nil {
-		_ = unix.Munmap(d.seg)
-		d.seg = nil
-	}
+	d.workers, d.clients, d.scheds, d.seg = nil, nil, nil, nil
 }
 
+// call sends a request that carries no data (NOOP, CLEAR, END_SESSION).
 func (d *driver) call(ctx context.Context, c *client.Client, st *counters, name string, args ...any) (client.Reply, error) {
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.Timeout)
 	defer cancel()
 	r, err := c.Call(ctx, name, args...)
 	if err != nil {
 		err = fmt.Errorf("%s: %w", name, err)
-		st.fail(err)
-	}
-	return r, err
-}
-
-// commitRaw sends COMMIT_STORE with an already encoded bin frame.
-func (d *driver) commitRaw(ctx context.Context, c *client.Client, st *counters, key protocol.Key, inst int64, bin []byte) (client.Reply, error) {
-	spec, ok := d.cfg.Profile.ByName(protocol.CommitStore)
-	if !ok {
-		err := fmt.Errorf("profile %s has no COMMIT_STORE", d.cfg.Profile.Name)
-		st.fail(err)
-		return client.Reply{}, err
-	}
-	kf, err := protocol.Encode(key)
-	if err != nil {
-		st.fail(err)
-		return client.Reply{}, err
-	}
-	idf, err := protocol.Encode(inst)
-	if err != nil {
-		st.fail(err)
-		return client.Reply{}, err
-	}
-	ctx, cancel := context.WithTimeout(ctx, d.cfg.Timeout)
-	defer cancel()
-	r, err := c.CallRaw(ctx, spec.Number, kf, idf, bin)
-	if err != nil {
-		err = fmt.Errorf("%s: %w", protocol.CommitStore, err)
 		st.fail(err)
 	}
 	return r, err
@@ -324,252 +252,102 @@ func (d *driver) phase(ctx context.Context, total *counters, round int, fn worke
 	return wall, busy
 }
 
-func (d *driver) key(p prompt, end int, worker bool) protocol.Key {
-	k := protocol.Key{ModelName: "bench-" + d.cfg.Model.Name, WorldSize: 1, TokenIDs: p.tokens, Start: 0, End: end, RequestID: p.requestID}
-	if worker {
-		zero := 0
-		k.WorkerID = &zero
-	}
-	return k
-}
-
 // storeWorker stores the worker's prompts of the round (spec 4.2 / 4.3).
 func (d *driver) storeWorker(ctx context.Context, w, round int, st *counters) {
-	c, inst := d.clients[w], d.cfg.InstanceBase+int64(w)
+	wk := d.workers[w]
+	chunks := make([][]byte, 0, d.cfg.Chunks)
 	for i := range d.cfg.PromptsPerRound {
 		p := d.wl.prompt(w, round, i)
-		key := d.key(p, len(p.tokens), true)
+		chunks = chunks[:0]
+		for _, id := range p.ids {
+			chunks = append(chunks, d.pat.chunk(id))
+		}
 		st.ops++
 		start := time.Now()
-		r, err := d.call(ctx, c, st, protocol.PrepareStore, key, inst)
-		if err != nil {
+		cctx, cancel := context.WithTimeout(ctx, d.cfg.Timeout)
+		res, err := wk.Store(cctx, wk.Key(p.tokens, len(p.ids), p.requestID), chunks)
+		cancel()
+		switch {
+		case err != nil:
+			st.fail(fmt.Errorf("store %s: %w", p.requestID, err))
 			continue
-		}
-		var n int
-		var data []byte
-		if d.cfg.Mode == "shm" {
-			if n, err = d.writeSlots(r, p); err != nil {
-				st.fail(err)
-				continue
-			}
-			if n == 0 {
-				st.cachedStores++ // the worker skips its commit
-				continue
-			}
-			data = []byte{}
-		} else {
-			ts := make([]torchpickle.Tensor, len(p.ids))
-			for j, id := range p.ids {
-				ts[j] = torchpickle.Tensor{Dtype: d.lay.Dtype, Shape: d.lay.Shape, Data: d.pat.chunk(id)}
-			}
-			// The pickle goes straight after a msgpack bin32 header in the
-			// worker's reused buffer: the frame is built without another copy.
-			enc := append(d.encs[w][:0], 0xc6, 0, 0, 0, 0)
-			if enc, err = torchpickle.AppendEncode(enc, ts); err != nil {
-				st.fail(fmt.Errorf("pickle chunks: %w", err))
-				continue
-			}
-			binary.BigEndian.PutUint32(enc[1:5], uint32(len(enc)-5))
-			d.encs[w], data, n = enc, enc, len(ts)
-		}
-		if data != nil && d.cfg.Mode == "pickle" {
-			r, err = d.commitRaw(ctx, c, st, key, inst, data)
-		} else {
-			r, err = d.call(ctx, c, st, protocol.CommitStore, key, inst, data)
-		}
-		if err != nil {
+		case res.Skipped:
+			st.cachedStores++ // the worker skips its commit
 			continue
-		}
-		var ok bool
-		if err := r.Decode(&ok); err != nil || !ok {
-			st.fail(fmt.Errorf("COMMIT_STORE of %s answered %v (%v)", p.requestID, ok, err))
+		case !res.Committed:
+			st.fail(fmt.Errorf("COMMIT_STORE of %s answered false", p.requestID))
 			continue
 		}
 		el := time.Since(start)
 		st.storeBusy += el
-		st.storeBytes += int64(n) * d.lay.Bytes
-		st.storeLat = append(st.storeLat, el/time.Duration(n))
+		st.storeBytes += int64(res.Chunks) * d.lay.Bytes
+		st.storeLat = append(st.storeLat, el/time.Duration(res.Chunks))
 	}
-}
-
-type wireSlot struct {
-	Offset int64  `msgpack:"offset"`
-	Length int64  `msgpack:"length"`
-	Shape  []int  `msgpack:"shape"`
-	Dtype  string `msgpack:"dtype"`
-}
-
-// checkSlot refuses a slot outside the mapping or of another size.
-func (d *driver) checkSlot(s wireSlot) error {
-	if s.Length != d.lay.Bytes || s.Offset < 0 || s.Offset+s.Length > int64(len(d.seg)) {
-		return fmt.Errorf("slot {offset %d, length %d} does not fit a %d-byte chunk in the %d-byte segment", s.Offset, s.Length, d.lay.Bytes, len(d.seg))
-	}
-	return nil
-}
-
-// writeSlots copies the chunks the server asked for into their slots.
-func (d *driver) writeSlots(r client.Reply, p prompt) (int, error) {
-	var resp struct {
-		Context struct {
-			Slots        []wireSlot `msgpack:"slots"`
-			ChunkIndices []int      `msgpack:"chunk_indices"`
-		} `msgpack:"context"`
-	}
-	if err := r.Decode(&resp); err != nil {
-		return 0, fmt.Errorf("PREPARE_STORE reply: %w", err)
-	}
-	for i, s := range resp.Context.Slots {
-		idx := i
-		if i < len(resp.Context.ChunkIndices) {
-			idx = resp.Context.ChunkIndices[i]
-		}
-		if idx < 0 || idx >= len(p.ids) {
-			return 0, fmt.Errorf("PREPARE_STORE chunk index %d out of %d", idx, len(p.ids))
-		}
-		if err := d.checkSlot(s); err != nil {
-			return 0, fmt.Errorf("PREPARE_STORE: %w", err)
-		}
-		copy(d.seg[s.Offset:s.Offset+s.Length], d.pat.chunk(p.ids[idx]))
-	}
-	return len(resp.Context.Slots), nil
 }
 
 // lookup is the scheduler side: LOOKUP then QUERY_PREFETCH_STATUS until done.
-func (d *driver) lookup(ctx context.Context, c *client.Client, st *counters, p prompt) (int, error) {
-	if _, err := d.call(ctx, c, st, protocol.Lookup, d.key(p, len(p.tokens), false), int64(1)); err != nil {
-		return 0, err
+func (d *driver) lookup(ctx context.Context, w int, st *counters, p prompt) (int, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*d.cfg.Timeout)
+	defer cancel()
+	hits, err := d.scheds[w].Hits(ctx, d.workers[w].LookupKey(p.tokens, p.requestID), 1)
+	if err != nil {
+		st.fail(err)
 	}
-	deadline := time.Now().Add(d.cfg.Timeout)
-	for {
-		r, err := d.call(ctx, c, st, protocol.QueryPrefetchStatus, p.requestID)
-		if err != nil {
-			return 0, err
-		}
-		if r.Present {
-			var hits int64
-			if err := r.Decode(&hits); err != nil {
-				st.fail(err)
-				return 0, err
-			}
-			return int(hits), nil
-		}
-		if time.Now().After(deadline) {
-			err := fmt.Errorf("QUERY_PREFETCH_STATUS %s: still running after %v: %w", p.requestID, d.cfg.Timeout, client.ErrTimeout)
-			st.fail(err)
-			return 0, err
-		}
-		time.Sleep(50 * time.Microsecond)
-	}
+	return hits, err
 }
 
 // retrieveWorker looks up and retrieves the worker's prompts of the round,
 // verifying every chunk. Timed: PREPARE_RETRIEVE, the copies out (and the
 // unpickling), COMMIT_RETRIEVE; the checksums are not.
 func (d *driver) retrieveWorker(ctx context.Context, w, round int, st *counters) {
-	c, inst, dest := d.clients[w], d.cfg.InstanceBase+int64(w), d.dests[w]
 	for i := range d.cfg.PromptsPerRound {
 		p := d.wl.prompt(w, round, i)
 		st.ops++
-		hits, err := d.lookup(ctx, c, st, p)
+		hits, err := d.lookup(ctx, w, st, p)
 		if err != nil {
 			continue
 		}
 		if hits > len(p.ids) {
-			st.fail(fmt.Errorf("LOOKUP of %s: %d hits for %d chunks", p.requestID, hits, len(p.ids)))
+			st.fail(fmt.Errorf("LOOKUP of %s: %d hits for %d chunks: %w", p.requestID, hits, len(p.ids), worker.ErrBadReply))
 			continue
 		}
 		st.missChunks += int64(len(p.ids) - hits)
 		if hits > 0 {
-			d.retrieveOne(ctx, c, inst, st, p, hits, dest)
+			d.retrieveOne(ctx, w, st, p, hits)
 		}
-		_, _ = d.call(ctx, c, st, protocol.EndSession, p.requestID)
+		_, _ = d.call(ctx, d.clients[w], st, protocol.EndSession, p.requestID)
 	}
 }
 
-func (d *driver) retrieveOne(ctx context.Context, c *client.Client, inst int64, st *counters, p prompt, hits int, dest []byte) {
-	key := d.key(p, hits*d.chunkTok, true)
-	var timed time.Duration
+func (d *driver) retrieveOne(ctx context.Context, w int, st *counters, p prompt, hits int) {
+	wk, dest := d.workers[w], d.dests[w]
+	var unTimed time.Duration
 	start := time.Now()
-	r, err := d.call(ctx, c, st, protocol.PrepareRetrieve, key, inst)
+	cctx, cancel := context.WithTimeout(ctx, d.cfg.Timeout)
+	got, err := wk.Retrieve(cctx, wk.Key(p.tokens, hits, p.requestID), func(j int, chunk []byte) {
+		copy(dest, chunk)
+		t := time.Now()
+		if checksum(dest) != d.pat.sum(p.ids[j]) {
+			st.mismatches++
+		}
+		unTimed += time.Since(t)
+	})
+	cancel()
+	timed := time.Since(start) - unTimed
 	if err != nil {
+		st.fail(fmt.Errorf("retrieve %s: %w", p.requestID, err))
 		return
-	}
-	got := 0
-	if d.cfg.Mode == "shm" {
-		var resp struct {
-			Success bool `msgpack:"success"`
-			Context struct {
-				Slots []wireSlot `msgpack:"slots"`
-			} `msgpack:"context"`
-		}
-		if err := r.Decode(&resp); err != nil {
-			st.fail(fmt.Errorf("PREPARE_RETRIEVE reply: %w", err))
-		} else if resp.Success {
-			timed += time.Since(start)
-			for j, s := range resp.Context.Slots {
-				if j >= hits {
-					break
-				}
-				if err := d.checkSlot(s); err != nil {
-					st.mismatches++
-					continue
-				}
-				t := time.Now()
-				copy(dest, d.seg[s.Offset:s.Offset+s.Length])
-				timed += time.Since(t)
-				if checksum(dest) != d.pat.sum(p.ids[j]) {
-					st.mismatches++
-				}
-				got++
-			}
-			if len(resp.Context.Slots) != hits {
-				st.mismatches += int64(abs(hits - len(resp.Context.Slots)))
-			}
-			start = time.Now()
-		}
-	} else {
-		data, success, err := pickleReply(r)
-		if err != nil {
-			st.fail(err)
-		} else if success {
-			ts, err := torchpickle.Decode(data, torchpickle.Limits{})
-			if err != nil {
-				st.fail(fmt.Errorf("unpickle PREPARE_RETRIEVE data: %w", err))
-			}
-			timed += time.Since(start)
-			for j, t := range ts {
-				if j >= hits || t.Dtype != d.lay.Dtype || int64(len(t.Data)) != d.lay.Bytes {
-					st.mismatches++
-					continue
-				}
-				t0 := time.Now()
-				copy(dest, t.Data)
-				timed += time.Since(t0)
-				if checksum(dest) != d.pat.sum(p.ids[j]) {
-					st.mismatches++
-				}
-				got++
-			}
-			if err == nil && len(ts) != hits {
-				st.mismatches += int64(abs(hits - len(ts)))
-			}
-			start = time.Now()
-		}
 	}
 	if got == 0 {
 		st.missChunks += int64(hits)
-		start = time.Now()
-	}
-	// The worker always commits, also after a miss.
-	if _, err := d.call(ctx, c, st, protocol.CommitRetrieve, key, inst); err != nil {
 		return
 	}
-	if got > 0 {
-		timed += time.Since(start)
-		st.retrieveBusy += timed
-		st.retrieveBytes += int64(got) * d.lay.Bytes
-		st.retrieveLat = append(st.retrieveLat, timed/time.Duration(got))
+	if got != hits {
+		st.mismatches += int64(abs(hits - got))
 	}
+	st.retrieveBusy += timed
+	st.retrieveBytes += int64(got) * d.lay.Bytes
+	st.retrieveLat = append(st.retrieveLat, timed/time.Duration(got))
 }
 
 func abs(x int) int {
@@ -577,64 +355,6 @@ func abs(x int) int {
 		return -x
 	}
 	return x
-}
-
-// pickleReply reads {success, data, context} without copying data: kvdock
-// and msgspec write the fields in declaration order, so the bin is sliced in
-// place; any other shape goes through the generic decoder.
-func pickleReply(r client.Reply) ([]byte, bool, error) {
-	if data, ok, fast := scanRetrieveReply(r.Raw); fast {
-		return data, ok, nil
-	}
-	var resp struct {
-		Success bool   `msgpack:"success"`
-		Data    []byte `msgpack:"data"`
-	}
-	if err := r.Decode(&resp); err != nil {
-		return nil, false, fmt.Errorf("PREPARE_RETRIEVE reply: %w", err)
-	}
-	return resp.Data, resp.Success, nil
-}
-
-// scanRetrieveReply handles exactly fixmap{"success": bool, "data": bin, ...}.
-func scanRetrieveReply(b []byte) (data []byte, success, ok bool) {
-	if len(b) < 1 || b[0]&0xf0 != 0x80 || b[0]&0x0f < 2 {
-		return nil, false, false
-	}
-	b = b[1:]
-	const kSuccess = "\xa7success"
-	if len(b) < len(kSuccess)+1 || string(b[:len(kSuccess)]) != kSuccess {
-		return nil, false, false
-	}
-	b = b[len(kSuccess):]
-	switch b[0] {
-	case 0xc3:
-		success = true
-	case 0xc2:
-	default:
-		return nil, false, false
-	}
-	b = b[1:]
-	const kData = "\xa4data"
-	if len(b) < len(kData)+1 || string(b[:len(kData)]) != kData {
-		return nil, false, false
-	}
-	b = b[len(kData):]
-	var n, h int
-	switch {
-	case b[0] == 0xc4 && len(b) >= 2:
-		n, h = int(b[1]), 2
-	case b[0] == 0xc5 && len(b) >= 3:
-		n, h = int(b[1])<<8|int(b[2]), 3
-	case b[0] == 0xc6 && len(b) >= 5:
-		n, h = int(b[1])<<24|int(b[2])<<16|int(b[3])<<8|int(b[4]), 5
-	default:
-		return nil, false, false
-	}
-	if len(b) < h+n {
-		return nil, false, false
-	}
-	return b[h : h+n], success, true
 }
 
 // smallResult is the small-request rates of a mode.
@@ -651,7 +371,7 @@ func (d *driver) smallOps(ctx context.Context, dur time.Duration) smallResult {
 	var res smallResult
 	lw := &workload{chunkTokens: d.chunkTok, chunks: 16}
 	probe := lw.prompt(1<<15, 0, 0)
-	if b, err := protocol.Encode(d.key(probe, len(probe.tokens), false)); err == nil {
+	if b, err := protocol.Encode(d.workers[0].LookupKey(probe.tokens, probe.requestID)); err == nil {
 		res.lookupMsgBytes = len(b)
 	}
 	run := func(fn func(w int, st *counters, until time.Time)) float64 {
@@ -683,7 +403,7 @@ func (d *driver) smallOps(ctx context.Context, dur time.Duration) smallResult {
 		p := lw.prompt(1<<15+w, 0, 0)
 		p.requestID = fmt.Sprintf("bench-small-w%d", w)
 		for time.Now().Before(until) && ctx.Err() == nil {
-			if _, err := d.lookup(ctx, d.clients[w], st, p); err == nil {
+			if _, err := d.lookup(ctx, w, st, p); err == nil {
 				st.ops++
 			}
 		}
