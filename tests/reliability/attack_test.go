@@ -470,9 +470,12 @@ func attackLockPinning(t *testing.T, srv *harness.Server, base int64) {
 			stored += per
 		}
 		lk := protocol.Key{ModelName: "pin", WorldSize: 1, TokenIDs: toks, End: len(toks), RequestID: fmt.Sprintf("pin-l%d", b)}
-		if _, err := atk.Call(ctx, protocol.Lookup, lk, int64(1)<<31); err == nil {
+		// A refused LOOKUP gets no reply under seed profiles: wait briefly.
+		lctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		if _, err := atk.Call(lctx, protocol.Lookup, lk, int64(1)<<31); err == nil {
 			locked++
 		}
+		cancel()
 	}
 	alive(t, srv, time.Second, "LOOKUPs with tp_size 2^31")
 	st = status(t, srv).Pool
