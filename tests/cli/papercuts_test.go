@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -213,5 +214,33 @@ func TestExitLineSaysWhatRanHowLongAndWhereTheLogIs(t *testing.T) {
 	}
 	if !strings.Contains(srv.Output(), `"msg":"kvdock exited"`) {
 		t.Fatalf("no exit record in the JSON log:\n%s", srv.Output())
+	}
+}
+
+// TestSIGHUPLogsPlainValues: a reloaded string is logged as old=LRU, not
+// old="\"LRU\"" (the handler quotes where it must; the diff's quotes came
+// on top).
+func TestSIGHUPLogsPlainValues(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "kvdock.yaml")
+	write := func(policy, format string) {
+		if err := os.WriteFile(file, []byte("eviction:\n  policy: "+policy+"\nlog:\n  format: "+format+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("LRU", "text")
+	srv := harness.Start(t, "--config", file)
+	write("noop", "json")
+	if err := syscall.Kill(srv.PID(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) && !strings.Contains(srv.Output(), "SIGHUP: takes effect") {
+		time.Sleep(50 * time.Millisecond)
+	}
+	out := srv.Output()
+	for _, want := range []string{"key=eviction.policy old=LRU new=noop", "key=log.format old=text new=json"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the SIGHUP log lacks %q:\n%s", want, out)
+		}
 	}
 }
