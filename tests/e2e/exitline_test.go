@@ -46,3 +46,20 @@ func TestDashboardExitLine(t *testing.T) {
 		}
 	}
 }
+
+// TestCtlClearAsksOnATerminal: on a terminal, kvdock ctl clear asks y/N
+// before it clears; "y" clears and says what went.
+func TestCtlClearAsksOnATerminal(t *testing.T) {
+	if _, err := exec.LookPath("tmux"); err != nil {
+		t.Fatalf("tmux is required (scripts/install-deps.sh installs it): %v", err)
+	}
+	srv := harness.Start(t)
+	m := tmux{t: t, socket: harness.UniqueName("kvdock-clear")}
+	cmd := fmt.Sprintf("KVDOCK_CONFIG= KVDOCK_PORT=%d KVDOCK_HTTP_PORT=%d %s ctl clear; echo EXITED $?; sleep 60",
+		srv.Port, srv.HTTPPort, harness.Binary(t))
+	m.run("new-session", "-d", "-s", "kv", "-x", "250", "-y", "10", cmd)
+	t.Cleanup(func() { _ = exec.Command("tmux", "-L", m.socket, "kill-server").Run() })
+	m.waitFor("the question", 10*time.Second, "Clear every object", "[y/N]")
+	m.keys("y", "Enter")
+	m.waitFor("the answer", 10*time.Second, "cleared 0 objects (0 B)", "EXITED 0")
+}
