@@ -14,8 +14,10 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
@@ -63,7 +65,7 @@ const usage = `kvdock: a local KV-cache appliance for LMCache MP workers (non-CU
 Usage:
   kvdock [flags]              run the appliance (dashboard on a terminal, else headless)
   kvdock serve [flags]        the same, explicitly
-  kvdock ctl COMMAND [flags]  talk to a running kvdock (ping, noop, chunk-size, clear, end-session)
+  kvdock ctl COMMAND [flags]  talk to a running kvdock (ping, noop, chunk-size, clear, end-session, status)
   kvdock bench [flags]        measure store/retrieve throughput and round trips against memcpy and a raw ZMQ echo
   kvdock config COMMAND       init | show [--sources] | check PATH
   kvdock version              print the version
@@ -81,20 +83,33 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case "serve":
 		return serve(args, stdout, stderr)
 	case "ctl":
-		return ctl.Run(args, stdout, stderr)
+		return ctl.Run(args, ctl.Env{Stdin: os.Stdin, Stdout: stdout, Stderr: stderr, Environ: os.Environ(),
+			Terminal: isTerminal(os.Stdin) && isTerminal(os.Stderr)})
 	case "bench":
 		return bench.Run(args, stdout, stderr)
 	case "config":
 		return configcmd.Run(args, stdout, stderr, os.Environ())
 	case "version":
+		switch {
+		case len(args) == 1 && (args[0] == "--help" || args[0] == "-h"):
+			fmt.Fprintln(stdout, "usage: kvdock version")
+			return 0
+		case len(args) > 0:
+			fmt.Fprintf(stderr, "kvdock version: takes no arguments (got %q)\nusage: kvdock version\n", strings.Join(args, " "))
+			return 2
+		}
 		fmt.Fprintf(stdout, "kvdock %s\n", buildVersion())
 		return 0
 	case "help":
-		if len(args) > 0 {
-			return run([]string{args[0], "--help"}, stdout, stderr)
+		switch {
+		case len(args) == 0 || len(args) == 1 && (args[0] == "--help" || args[0] == "-h"):
+			fmt.Fprint(stdout, usage)
+			return 0
+		case len(args) > 1 || strings.HasPrefix(args[0], "-"):
+			fmt.Fprintf(stderr, "kvdock help: takes one command name (got %q)\nusage: kvdock help [COMMAND]\n", strings.Join(args, " "))
+			return 2
 		}
-		fmt.Fprint(stdout, usage)
-		return 0
+		return run([]string{args[0], "--help"}, stdout, stderr)
 	default:
 		fmt.Fprintf(stderr, "kvdock: unknown command %q\n\n%s", cmd, usage)
 		return 2
@@ -104,25 +119,28 @@ func run(args []string, stdout, stderr io.Writer) int {
 // serve runs the appliance until SIGINT/SIGTERM.
 func serve(args []string, stdout, stderr io.Writer) int {
 	fs := pflag.NewFlagSet("kvdock serve", pflag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs.SetOutput(io.Discard) // ContinueOnError prints nothing useful; the error is printed below
 	settings.RegisterFlags(fs)
 	fs.Usage = func() {
 		fmt.Fprintf(stdout, "Usage: kvdock [serve] [flags]\n\nFlags (each also settable by its KVDOCK_* variable or the settings file):\n%s", fs.FlagUsages())
 	}
+	const serveLine = "usage: kvdock [serve] [flags] (kvdock serve --help lists every flag; kvdock help for the commands)"
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			return 0
 		}
+		fmt.Fprintf(stderr, "kvdock: %v\n%s\n", err, serveLine)
 		return 2
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "kvdock: unexpected arguments %q\n", fs.Args())
+		fmt.Fprintf(stderr, "kvdock: unexpected arguments %q\n%s\n", fs.Args(), serveLine)
 		return 2
 	}
 	loadOpts := settings.LoadOptions{Flags: fs, Environ: os.Environ()}
 	loaded, err := settings.Load(loadOpts)
 	if err != nil {
-		fmt.Fprintf(stderr, "kvdock: invalid settings:\n%v\n", err)
+		// A *ValidationError says "invalid settings (N problems):" itself.
+		fmt.Fprintf(stderr, "kvdock: %v\n", err)
 		return 2
 	}
 	cfg := loaded.Config
@@ -186,6 +204,27 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	}
 	defer web.Stop()
 	snap := eng.Snapshot()
+	started, endpoint := time.Now(), snap.Endpoint
+	face := "headless"
+	if dash {
+		face = "dashboard"
+	}
+	// bye prints the one line an operator reads after kvdock exits: what
+	// ran, for how long, where the log is (the dashboard hid it). Where
+	// stderr carries JSON logs it is a log record, so the stream stays JSON.
+	bye := func(code int, why string) int {
+		ran := time.Since(started).Round(time.Second)
+		if logCfg.File == "" && logCfg.Format == "json" {
+			logger.Info("kvdock exited", "face", face, "endpoint", endpoint, "ran", ran.String(), "cause", why, "exit_code", code, "log", "stderr")
+			return code
+		}
+		where := logCfg.File
+		if where == "" {
+			where = "stderr (above)"
+		}
+		fmt.Fprintf(stderr, "kvdock: %s on %s ran %s, stopped by %s, exit %d; log: %s\n", face, endpoint, ran, why, code, where)
+		return code
+	}
 	logger.Info("kvdock serving", "version", snap.Version, "endpoint", snap.Endpoint, "protocol", snap.Protocol,
 		"shm_name", snap.Shm.ShmName, "pool_size", snap.Shm.PoolSize, "shm_reason", snap.Shm.Reason)
 
@@ -219,15 +258,27 @@ func serve(args []string, stdout, stderr io.Writer) int {
 				stopDash() // give the terminal back before stopping
 				<-quit
 			}
-			return shutdown(eng, sigs, logger, sig.String())
+			return bye(shutdown(eng, sigs, logger, sig.String()), signalName(sig))
 		case <-quit:
-			return shutdown(eng, sigs, logger, "dashboard quit")
+			return bye(shutdown(eng, sigs, logger, "dashboard quit"), "dashboard quit")
 		case <-eng.Failed():
 			logger.Error("wire server stopped unexpectedly")
+			if dash {
+				stopDash() // give the terminal back before the exit line
+				<-quit
+			}
 			stopNow(eng)
-			return 1
+			return bye(1, "a wire server failure")
 		}
 	}
+}
+
+// signalName is "SIGTERM" for SIGTERM (its String is "terminated").
+func signalName(sig os.Signal) string {
+	if s, ok := sig.(syscall.Signal); ok && unix.SignalName(s) != "" {
+		return unix.SignalName(s)
+	}
+	return sig.String()
 }
 
 // shutdown stops the engine within a bounded time; a second SIGINT or
@@ -288,12 +339,23 @@ func reload(ctx context.Context, eng *engine.Engine, opts settings.LoadOptions, 
 		return
 	}
 	for _, c := range res.Changes {
+		old, new := plainValue(c.Old), plainValue(c.New)
 		if c.Class == settings.NextStart {
-			logger.Warn("SIGHUP: takes effect when kvdock restarts", "key", c.Key, "old", c.Old, "new", c.New)
+			logger.Warn("SIGHUP: takes effect when kvdock restarts", "key", c.Key, "old", old, "new", new)
 			continue
 		}
-		logger.Info("SIGHUP: applied", "key", c.Key, "old", c.Old, "new", c.New, "class", c.Class.String())
+		logger.Info("SIGHUP: applied", "key", c.Key, "old", old, "new", new, "class", c.Class.String())
 	}
+}
+
+// plainValue undoes the quotes settings.Diff puts around strings: the log
+// handler quotes a value itself where it needs to, and twice reads as
+// old="\"info\"".
+func plainValue(s string) string {
+	if u, err := strconv.Unquote(s); err == nil && strings.HasPrefix(s, `"`) {
+		return u
+	}
+	return s
 }
 
 // newLogger builds the slog logger of cfg: text or JSON, to the log file

@@ -50,7 +50,10 @@ type Loaded struct {
 // every key, validates the result and records where each value came from.
 // Settings problems (unknown file keys, wrong types, broken rules, in every
 // layer) come back together as a *ValidationError; an unreadable file or
-// invalid YAML comes back as a plain error naming the file and line.
+// invalid YAML comes back as a plain error naming the file and line. With a
+// *ValidationError the Loaded is returned as well, every key that decoded
+// set (see ValidationError.Problems for the keys that are wrong); with any
+// other error it is nil.
 func Load(opts LoadOptions) (*Loaded, error) {
 	path, pathSrc, err := ResolvePath(opts)
 	if err != nil {
@@ -195,7 +198,9 @@ func Load(opts LoadOptions) (*Loaded, error) {
 	}
 	probs = append(probs, validate(out.Config, out.Sources, skip)...)
 	if len(probs) > 0 {
-		return nil, &ValidationError{Problems: probs}
+		// The values come back too: a client such as kvdock ctl reads the
+		// few keys it needs even when keys it does not use are broken.
+		return out, &ValidationError{Problems: probs}
 	}
 	return out, nil
 }

@@ -264,15 +264,54 @@ func (e *Engine) frontFailed(err error) {
 	e.failOnce.Do(func() { close(e.failed) })
 }
 
+// ClearOrigin says who asked for a clear, for the events pane and the log.
+type ClearOrigin string
+
+// The origins of a clear.
+const (
+	ClearByCtl    ClearOrigin = "kvdock ctl"
+	ClearByHTTP   ClearOrigin = "HTTP API"
+	ClearByWorker ClearOrigin = "a worker (ZMQ CLEAR)"
+)
+
+// Cleared is what a clear dropped: live objects (locked ones included; their
+// space follows when the transfer ends) and their sizes rounded to the
+// pool's alignment.
+type Cleared struct {
+	Objects int
+	Bytes   int64
+}
+
 // ClearCache drops every unlocked object in the pool (CLEAR, /clear-cache);
-// objects held by a transfer go when it ends (see l1.Pool.Clear).
-func (e *Engine) ClearCache() (int, error) {
+// objects held by a transfer go when it ends (see l1.Pool.Clear). by names
+// the requester in the event it records.
+func (e *Engine) ClearCache(by ClearOrigin) (Cleared, error) {
 	p := e.cur.Load().plane
 	if p == nil || !p.gate.enter() {
-		return 0, errNotRunning
+		return Cleared{}, errNotRunning
 	}
-	n := p.pool.Clear()
+	c := e.clearPlane(p, by)
 	p.gate.exit()
-	e.events.add(EventLifecycle, slog.LevelInfo, fmt.Sprintf("cache cleared: %d objects dropped", n))
-	return n, nil
+	return c, nil
+}
+
+// clearPlane clears p's pool and records who did it and what went.
+func (e *Engine) clearPlane(p *plane, by ClearOrigin) Cleared {
+	n, b := p.pool.ClearCounted()
+	e.events.add(EventLifecycle, slog.LevelInfo, fmt.Sprintf("cache cleared by %s: %d objects, %s dropped", by, n, formatBytes(b)))
+	return Cleared{Objects: n, Bytes: b}
+}
+
+// formatBytes renders a byte count with a binary unit, for event texts.
+func formatBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit && exp < 5; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }

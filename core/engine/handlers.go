@@ -2,8 +2,6 @@ package engine
 
 import (
 	"context"
-	"fmt"
-	"log/slog"
 
 	"kvdock/core/keys"
 	"kvdock/core/protocol"
@@ -96,8 +94,7 @@ func (e *Engine) handlers(cfg settings.Config, p *plane) map[string]rpc.Handler 
 		protocol.Noop:         func(context.Context, *rpc.Request) (any, error) { return "OK", nil },
 		protocol.Ping:         func(context.Context, *rpc.Request) (any, error) { return true, nil },
 		protocol.Clear: func(context.Context, *rpc.Request) (any, error) {
-			n := p.pool.Clear()
-			e.events.add(EventLifecycle, slog.LevelInfo, fmt.Sprintf("CLEAR from a worker: %d objects dropped", n))
+			e.clearPlane(p, ClearByWorker)
 			return nil, nil
 		},
 		// Observability only upstream; the server's request stats count it.

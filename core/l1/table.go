@@ -797,14 +797,21 @@ func (p *Pool) Delete(ks []keys.ObjectKey) int {
 // doomed: invisible to lookups and reservations, their space kept until
 // their commit, abort, release or TTL ends the lock (see the table comment).
 func (p *Pool) Clear() int {
+	n, _ := p.ClearCounted()
+	return n
+}
+
+// ClearCounted is Clear that also returns the bytes (sizes rounded up to
+// the alignment) of the objects it counted, for an operator's report.
+func (p *Pool) ClearCounted() (objects int, bytes int64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.sweep(p.now().UnixNano()) // expired reservations are already absent
-	n := p.t.len() - p.t.doomed
+	n, b := p.t.len()-p.t.doomed, p.t.bytes-p.t.doomedBytes
 	if len(p.t.locked) == 0 {
 		p.alloc.Reset()
 		p.t.init() // fresh maps: a cleared pool gives its table memory back
-		return n
+		return n, b
 	}
 	for i := range p.t.recs {
 		r := &p.t.recs[i]
@@ -818,5 +825,5 @@ func (p *Pool) Clear() int {
 			p.drop(int32(i))
 		}
 	}
-	return n
+	return n, b
 }

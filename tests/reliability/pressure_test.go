@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"kvdock/core/engine"
 	"kvdock/core/protocol"
 )
 
@@ -113,7 +114,7 @@ func TestMemoryPressure(t *testing.T) {
 
 	// As much write-locked as one instance may lock (half the pool): the
 	// reservations refused past that are counted, as no space or lock cap.
-	if _, err := e.ClearCache(); err != nil {
+	if _, err := e.ClearCache(engine.ClearByHTTP); err != nil {
 		t.Fatal(err)
 	}
 	w := ws[0]

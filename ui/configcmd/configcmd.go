@@ -69,7 +69,8 @@ func parse(fs *pflag.FlagSet, help string, args []string, stdout, stderr io.Writ
 		fmt.Fprintf(stdout, "%s\nOptions:\n%s", help, fs.FlagUsages())
 		return ExitOK, true
 	case err != nil:
-		fmt.Fprintf(stderr, "%s: %v\nRun '%s --help' for usage.\n", fs.Name(), err, fs.Name())
+		usageLine, _, _ := strings.Cut(help, "\n")
+		fmt.Fprintf(stderr, "%s: %v\n%s (%s --help for more)\n", fs.Name(), err, strings.ToLower(usageLine[:1])+usageLine[1:], fs.Name())
 		return ExitInvalid, true
 	}
 	return 0, false

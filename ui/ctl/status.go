@@ -3,20 +3,15 @@ package ctl
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
-	"github.com/spf13/pflag"
-
-	"kvdock/settings"
 	"kvdock/ui/httpapi"
 	"kvdock/ui/termtext"
 )
@@ -24,60 +19,64 @@ import (
 const statusUsage = `usage: kvdock ctl status [--http-host HOST] [--http-port PORT] [--json]
 
 Prints a running kvdock's state, SHM decision, pool usage and worker contexts,
-read from its HTTP API (GET /status). Host and port default to
-$KVDOCK_HTTP_HOST and $KVDOCK_HTTP_PORT, else 127.0.0.1:8080.
+read from its HTTP API (GET /status). Host and port come from the settings,
+as for kvdock serve: the settings file, $KVDOCK_HTTP_HOST and
+$KVDOCK_HTTP_PORT, then the flags; by default 127.0.0.1:8080.
 
 Flags:
 `
 
+const statusLine = "usage: kvdock ctl status [--http-host HOST] [--http-port PORT] [--json] (kvdock ctl status --help for more)"
+
 // Status is `kvdock ctl status`: GET /status from kvdock's HTTP API and
 // print it as a table (or raw with --json). It returns the exit code: 0 on
 // an answer, 1 when the API does not answer or errs, 2 on usage errors.
-func Status(args []string, stdout, stderr io.Writer) int {
-	def := settings.Default().HTTP
-	host, port := def.Host, def.Port
-	if v, ok := os.LookupEnv(settings.EnvPrefix + "HTTP_HOST"); ok && v != "" {
-		host = v
+func Status(args []string, env Env) int {
+	f := newFlags("kvdock ctl status")
+	// The ZMQ flags stay defined, hidden, so that giving one is answered
+	// with what status reads instead.
+	for _, name := range []string{"host", "port", "protocol", "http-token", "yes"} {
+		_ = f.fs.MarkHidden(name)
 	}
-	if v, ok := os.LookupEnv(settings.EnvPrefix + "HTTP_PORT"); ok && v != "" {
-		p, err := strconv.Atoi(v)
-		if err != nil {
-			fmt.Fprintf(stderr, "kvdock ctl status: %sHTTP_PORT=%q is not a port number\n", settings.EnvPrefix, v)
+	help := func() { fmt.Fprint(env.Stdout, statusUsage+f.fs.FlagUsages()) }
+	if code, done := f.parse(args, env.Stderr, help, statusLine); done {
+		return code
+	}
+	return runStatus(f, f.fs.Args(), env)
+}
+
+// runStatus runs status with parsed flags and its positional arguments.
+func runStatus(f flagSet, params []string, env Env) int {
+	stderr := env.Stderr
+	if len(params) > 0 {
+		fmt.Fprintf(stderr, "kvdock ctl status: unexpected arguments %q\n%s\n", params, statusLine)
+		return 2
+	}
+	for _, name := range []string{"host", "port", "protocol"} {
+		if f.fs.Changed(name) {
+			fmt.Fprintf(stderr, "kvdock ctl status: --%s is the ZMQ server's; status reads kvdock's HTTP API: give --http-host/--http-port\n%s\n", name, statusLine)
 			return 2
 		}
-		port = p
 	}
-
-	fs := pflag.NewFlagSet("kvdock ctl status", pflag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.StringVar(&host, "http-host", host, "host of kvdock's HTTP API")
-	fs.IntVar(&port, "http-port", port, "port of kvdock's HTTP API")
-	raw := fs.Bool("json", false, "print the /status document as JSON")
-	timeout := fs.Duration("timeout", 5*time.Second, "how long to wait for an answer")
-	fs.Usage = func() { fmt.Fprint(stderr, statusUsage+fs.FlagUsages()) }
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			return 0
-		}
+	cfg, err := f.load(env)
+	if err != nil {
+		fmt.Fprintf(stderr, "kvdock ctl status: %v\n", err)
 		return 2
 	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "kvdock ctl status: unexpected arguments %q\n", fs.Args())
-		return 2
-	}
+	port := cfg.HTTP.Port
 	if port <= 0 || port > 65535 {
 		fmt.Fprintf(stderr, "kvdock ctl status: HTTP port %d: the HTTP API is off (port 0) or the port is invalid; pass --http-port with the port kvdock serves it on\n", port)
 		return 2
 	}
 
-	url := "http://" + net.JoinHostPort(statusDialHost(host), strconv.Itoa(port)) + "/status"
-	body, err := statusFetch(url, *timeout)
+	url := "http://" + net.JoinHostPort(dialHost(cfg.HTTP.Host), strconv.Itoa(port)) + "/status"
+	body, err := statusFetch(url, *f.timeout)
 	if err != nil {
 		fmt.Fprintf(stderr, "kvdock ctl status: kvdock's HTTP API does not answer at %s: %v\n(is kvdock running, with --http-port %d?)\n", url, err, port)
 		return 1
 	}
-	if *raw {
-		_, _ = stdout.Write(body)
+	if *f.json {
+		_, _ = env.Stdout.Write(body)
 		return 0
 	}
 	var st httpapi.Status
@@ -88,19 +87,8 @@ func Status(args []string, stdout, stderr io.Writer) int {
 	// Model names and reasons come from workers: print them without
 	// their escape sequences (and without tabs, which would shift columns).
 	termtext.CleanAll(&st)
-	statusPrint(stdout, st)
+	statusPrint(env.Stdout, st)
 	return 0
-}
-
-// statusDialHost turns a bind-all address into one a client can dial.
-func statusDialHost(host string) string {
-	switch host {
-	case "", "0.0.0.0":
-		return "127.0.0.1"
-	case "::", "[::]":
-		return "::1"
-	}
-	return strings.Trim(host, "[]")
 }
 
 func statusFetch(url string, timeout time.Duration) ([]byte, error) {

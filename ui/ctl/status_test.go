@@ -86,8 +86,12 @@ func statusServe(t *testing.T) int {
 }
 
 func runStatus(args ...string) (int, string, string) {
+	return runStatusEnv(nil, args...)
+}
+
+func runStatusEnv(environ []string, args ...string) (int, string, string) {
 	var out, errb bytes.Buffer
-	code := ctl.Status(args, &out, &errb)
+	code := ctl.Status(args, ctl.Env{Stdin: strings.NewReader(""), Stdout: &out, Stderr: &errb, Environ: environ})
 	return code, out.String(), errb.String()
 }
 
@@ -149,13 +153,10 @@ func TestStatusJSONAndErrors(t *testing.T) {
 
 func TestStatusEnvDefaults(t *testing.T) {
 	port := strconv.Itoa(statusServe(t))
-	t.Setenv("KVDOCK_HTTP_HOST", "127.0.0.1")
-	t.Setenv("KVDOCK_HTTP_PORT", port)
-	if code, out, errs := runStatus(); code != 0 || !strings.Contains(out, "llama-tiny") {
+	if code, out, errs := runStatusEnv([]string{"KVDOCK_HTTP_HOST=127.0.0.1", "KVDOCK_HTTP_PORT=" + port}); code != 0 || !strings.Contains(out, "llama-tiny") {
 		t.Errorf("env defaults: exit %d, %q %q", code, out, errs)
 	}
-	t.Setenv("KVDOCK_HTTP_PORT", "eighty")
-	if code, _, errs := runStatus(); code != 2 || !strings.Contains(errs, "KVDOCK_HTTP_PORT") {
+	if code, _, errs := runStatusEnv([]string{"KVDOCK_HTTP_PORT=eighty"}); code != 2 || !strings.Contains(errs, "KVDOCK_HTTP_PORT") {
 		t.Errorf("bad env port: exit %d, %q", code, errs)
 	}
 }

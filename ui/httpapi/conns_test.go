@@ -18,7 +18,9 @@ import (
 type servingEngine struct{}
 
 func (servingEngine) Snapshot() engine.Snapshot { return engine.Snapshot{State: engine.Serving} }
-func (servingEngine) ClearCache() (int, error)  { return 0, nil }
+func (servingEngine) ClearCache(engine.ClearOrigin) (engine.Cleared, error) {
+	return engine.Cleared{}, nil
+}
 
 func serveAPI(t *testing.T, opts httpapi.Options) (*httpapi.Server, string) {
 	t.Helper()

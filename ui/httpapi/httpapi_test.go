@@ -573,12 +573,38 @@ func TestClearCacheWithToken(t *testing.T) {
 
 	r := h.do(http.MethodPost, "/api/clear-cache", nil, map[string]string{"Authorization": "Bearer " + token})
 	var cr httpapi.ClearResult
-	if err := json.Unmarshal(r.body, &cr); err != nil || r.code != http.StatusOK || cr.Status != "ok" || cr.Objects != 2 {
-		t.Fatalf("clear-cache = %d %s", r.code, r.body)
+	if err := json.Unmarshal(r.body, &cr); err != nil || r.code != http.StatusOK || cr.Status != "ok" || cr.Objects != 2 || cr.Bytes <= 0 {
+		t.Fatalf("clear-cache = %d %s; want 2 objects and their bytes", r.code, r.body)
+	}
+	if ev := lastEvent(h.eng, "cache cleared"); !strings.Contains(ev, "by HTTP API: 2 objects") {
+		t.Errorf("the event %q does not say the HTTP API cleared 2 objects", ev)
 	}
 	if hits := h.lookup("c3", 2); hits != 0 {
 		t.Errorf("LOOKUP after clear: QUERY_PREFETCH_STATUS = %d, want 0", hits)
 	}
+	// kvdock ctl's clears are its own in the events pane, behind the same token.
+	ctlHdr := map[string]string{"User-Agent": httpapi.CtlAgent + "/test"}
+	if r := h.do(http.MethodPost, "/clear-cache", nil, ctlHdr); r.code != http.StatusUnauthorized {
+		t.Fatalf("ctl's clear without the token = %d", r.code)
+	}
+	ctlHdr["Authorization"] = "Bearer " + token
+	if r := h.do(http.MethodPost, "/clear-cache", nil, ctlHdr); r.code != http.StatusOK {
+		t.Fatalf("ctl's clear = %d %s", r.code, r.body)
+	}
+	if ev := lastEvent(h.eng, "cache cleared"); !strings.Contains(ev, "by kvdock ctl: 0 objects") {
+		t.Errorf("the event %q does not name kvdock ctl", ev)
+	}
+}
+
+// lastEvent returns the newest engine event whose text contains sub.
+func lastEvent(e *engine.Engine, sub string) string {
+	evs := e.Snapshot().Events
+	for i := len(evs) - 1; i >= 0; i-- {
+		if strings.Contains(evs[i].Message, sub) {
+			return evs[i].Message
+		}
+	}
+	return ""
 }
 
 func TestBadRequests(t *testing.T) {
@@ -653,7 +679,9 @@ func TestServeStopsOnContext(t *testing.T) {
 type fakeEngine struct{}
 
 func (fakeEngine) Snapshot() engine.Snapshot { return engine.Snapshot{State: engine.Starting} }
-func (fakeEngine) ClearCache() (int, error)  { return 0, fmt.Errorf("engine is not running") }
+func (fakeEngine) ClearCache(engine.ClearOrigin) (engine.Cleared, error) {
+	return engine.Cleared{}, fmt.Errorf("engine is not running")
+}
 
 // syncBuffer is a log sink safe for the server's goroutines.
 type syncBuffer struct {

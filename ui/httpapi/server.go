@@ -5,7 +5,7 @@
 //	GET  /status       the engine snapshot (upstream's report_status names plus kvdock's)
 //	GET  /conf         the effective settings with the source of each value
 //	GET  /metrics      Prometheus text from kvdock's private registry
-//	POST /clear-cache  drop every object in the L1 pool
+//	POST /clear-cache  drop every object in the L1 pool; answers the objects and bytes dropped
 //
 // Each path is also served under /api/. Mutating endpoints require
 // "Authorization: Bearer <token>" when a token is configured. Errors are JSON
@@ -37,8 +37,13 @@ import (
 // Engine is what the API reads and commands; *engine.Engine is one.
 type Engine interface {
 	Snapshot() engine.Snapshot
-	ClearCache() (int, error)
+	ClearCache(by engine.ClearOrigin) (engine.Cleared, error)
 }
+
+// CtlAgent starts the User-Agent of `kvdock ctl`'s requests; a clear it
+// sends is recorded as the ctl's, any other as the HTTP API's. It only
+// labels the event: the token check is the same for everyone.
+const CtlAgent = "kvdock-ctl"
 
 // DefaultMaxBodyBytes is the largest request body accepted (413 beyond).
 const DefaultMaxBodyBytes = 1 << 20
@@ -326,19 +331,26 @@ func (s *Server) conf(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, NewConf(snap.Config, snap.Sources))
 }
 
-// ClearResult is the /clear-cache answer.
+// ClearResult is the /clear-cache answer: what the clear dropped (live
+// objects, locked ones included, and their bytes rounded to the pool's
+// alignment).
 type ClearResult struct {
 	Status  string `json:"status"`
 	Reason  string `json:"reason,omitempty"`
 	Objects int    `json:"objects_cleared"`
+	Bytes   int64  `json:"bytes_cleared"`
 }
 
 func (s *Server) clearCache(w http.ResponseWriter, r *http.Request) {
-	n, err := s.eng.ClearCache()
+	by := engine.ClearByHTTP
+	if strings.HasPrefix(r.UserAgent(), CtlAgent) {
+		by = engine.ClearByCtl
+	}
+	c, err := s.eng.ClearCache(by)
 	if err != nil {
 		writeJSON(w, http.StatusServiceUnavailable, ClearResult{Status: "error", Reason: err.Error()})
 		return
 	}
-	s.log.Info("cache cleared over HTTP", "objects", n, "remote", r.RemoteAddr)
-	writeJSON(w, http.StatusOK, ClearResult{Status: "ok", Objects: n})
+	s.log.Info("cache cleared over HTTP", "by", string(by), "objects", c.Objects, "bytes", c.Bytes, "remote", r.RemoteAddr)
+	writeJSON(w, http.StatusOK, ClearResult{Status: "ok", Objects: c.Objects, Bytes: c.Bytes})
 }
