@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 
 	yamlv3 "go.yaml.in/yaml/v3"
 )
@@ -455,7 +456,7 @@ type SaveResult struct {
 // rest of the file (see UpdateFile). Values from the environment, flags and
 // defaults are never written, nor is any other secret.
 //
-// The file keeps its mode; a new one (and its directory, 0700, when
+// The file keeps its mode and, where allowed, its owner; a new one (and its directory, 0700, when
 // missing) is created with mode 0600, and a file that now holds a secret
 // written here loses its group and other bits. The write is atomic: a
 // temporary file in the same directory, synced, then renamed over it.
@@ -477,6 +478,7 @@ func SaveFile(path string, c Config, src map[string]Source) (SaveResult, error) 
 
 	var data []byte
 	mode := fs.FileMode(0o600)
+	owner := [2]int{-1, -1} // uid, gid; -1 leaves it as created
 	f, err := os.Open(path)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
@@ -490,6 +492,9 @@ func SaveFile(path string, c Config, src map[string]Source) (SaveResult, error) 
 		}
 		if serr == nil {
 			mode = fi.Mode().Perm()
+			if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+				owner = [2]int{int(st.Uid), int(st.Gid)}
+			}
 			data, serr = io.ReadAll(io.LimitReader(f, maxFileBytes+1))
 		}
 		f.Close()
@@ -512,7 +517,7 @@ func SaveFile(path string, c Config, src map[string]Source) (SaveResult, error) 
 			return res, fmt.Errorf("save %s: creating its directory: %w", path, err)
 		}
 	}
-	if err := writeAtomic(path, out, mode); err != nil {
+	if err := writeAtomic(path, out, mode, owner); err != nil {
 		return res, err
 	}
 	res.Mode = mode
@@ -522,8 +527,10 @@ func SaveFile(path string, c Config, src map[string]Source) (SaveResult, error) 
 // writeAtomic replaces path with data through a temporary file in the same
 // directory (created 0600, so a secret is never readable by others on the
 // way), synced before the rename and the directory synced after it, so a
-// crash leaves the old file or the new one, never half of one.
-func writeAtomic(path string, data []byte, mode fs.FileMode) error {
+// crash leaves the old file or the new one, never half of one. The new file
+// gets owner's uid and gid where allowed (root saving a user's file leaves
+// it the user's); a refusal leaves it the saver's.
+func writeAtomic(path string, data []byte, mode fs.FileMode, owner [2]int) error {
 	dir := filepath.Dir(path)
 	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
 	if err != nil {
@@ -531,6 +538,9 @@ func writeAtomic(path string, data []byte, mode fs.FileMode) error {
 	}
 	tmp := f.Name()
 	_, werr := f.Write(data)
+	if owner[0] >= 0 && (owner[0] != os.Geteuid() || owner[1] != os.Getegid()) {
+		_ = f.Chown(owner[0], owner[1])
+	}
 	merr := f.Chmod(mode)
 	serr := f.Sync()
 	cerr := f.Close()

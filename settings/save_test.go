@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 
 	"kvdock/assets"
@@ -178,6 +179,29 @@ func TestSaveCreatesTheDefaultFile(t *testing.T) {
 	l := mustLoad(t, settings.LoadOptions{Environ: environ})
 	if l.File != path || l.Config.Server.Port != 5601 {
 		t.Fatalf("next start reads %q port %d", l.File, l.Config.Server.Port)
+	}
+}
+
+// Root saving a user's file leaves it the user's.
+func TestSaveKeepsTheOwner(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to own a file as someone else")
+	}
+	path := writeFile(t, "server:\n  port: 5600\n")
+	if err := os.Chown(path, 4321, 4322); err != nil {
+		t.Fatal(err)
+	}
+	c, src := settings.Default(), map[string]settings.Source{}
+	dashboardEdit(t, &c, src, "server.port", "5601")
+	if _, err := settings.SaveFile(path, c, src); err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := fi.Sys().(*syscall.Stat_t); st.Uid != 4321 || st.Gid != 4322 {
+		t.Fatalf("owner %d:%d after save, want 4321:4322", st.Uid, st.Gid)
 	}
 }
 
@@ -445,4 +469,24 @@ func writeAt(t *testing.T, dir, name string, data []byte) string {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// Paths that cannot be written give an error naming the path and change
+// nothing.
+func TestSaveUnwritablePaths(t *testing.T) {
+	c, src := settings.Default(), map[string]settings.Source{}
+	dashboardEdit(t, &c, src, "server.port", "5601")
+	dir := t.TempDir()
+	notDir := filepath.Join(dir, "file")
+	if err := os.WriteFile(notDir, []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{dir, filepath.Join(notDir, "config.yaml")} {
+		if _, err := settings.SaveFile(p, c, src); err == nil || !strings.Contains(err.Error(), p) {
+			t.Errorf("save to %s: err %v, want one naming it", p, err)
+		}
+	}
+	if got := readFile(t, notDir); got != "x" {
+		t.Fatalf("%s changed: %q", notDir, got)
+	}
 }
