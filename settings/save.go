@@ -121,11 +121,27 @@ func updateFile(name string, data []byte, c Config, keys []string) ([]byte, erro
 	if err := enc.Close(); err != nil {
 		return nil, fmt.Errorf("%s: writing YAML: %w", name, err)
 	}
+	// A blank line kept inside a group comes out as indentation alone;
+	// drop that, unless it was part of a multi-line value.
 	out := b.Bytes()
+	if trimmed := trimBlankLines(out); readsBack(name, trimmed, c, defs) == nil {
+		return trimmed, nil
+	}
 	if err := readsBack(name, out, c, defs); err != nil {
 		return nil, err
 	}
 	return out, nil
+}
+
+// trimBlankLines empties the lines that hold only spaces.
+func trimBlankLines(data []byte) []byte {
+	lines := bytes.Split(data, []byte("\n"))
+	for i, l := range lines {
+		if len(bytes.TrimLeft(l, " ")) == 0 {
+			lines[i] = nil
+		}
+	}
+	return bytes.Join(lines, []byte("\n"))
 }
 
 // setLeaf writes d's value in c into the tree, or removes the key when the
@@ -402,8 +418,11 @@ func copyNode(n *yamlv3.Node, depth int) *yamlv3.Node {
 // its value in c, decoded as Load decodes it.
 func readsBack(name string, out []byte, c Config, defs []keyDef) error {
 	leaves, probs, err := checkFile(name, out)
-	if err != nil || len(probs) > 0 {
-		return fmt.Errorf("%s: the edited file would not read back (%v %v); not saved", name, err, probs)
+	if err != nil {
+		return fmt.Errorf("%s: the edited file would not read back: %w; not saved", name, err)
+	}
+	if len(probs) > 0 {
+		return fmt.Errorf("%s: the edited file would not read back (%s); not saved", name, probs[0])
 	}
 	var tree map[string]map[string]any
 	if err := yamlv3.Unmarshal(out, &tree); err != nil {
