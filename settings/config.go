@@ -1,7 +1,8 @@
 // Package settings holds kvdock's configuration: the typed Config with its
 // defaults, layered loading (defaults < YAML file < environment < flags) that
 // remembers where every value came from, validation that reports every problem
-// at once, and the diff of two configs with the restart class of each change.
+// at once, the diff of two configs with the restart class of each change, and
+// saving the dashboard's edits into the settings file in place.
 //
 // It imports nothing else of kvdock, so every other package can depend on it.
 package settings

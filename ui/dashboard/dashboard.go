@@ -13,10 +13,15 @@
 //	4 Events     ↑↓ scroll
 //	5 Settings   ↑↓ move, / find a key (enter selects, esc goes back),
 //	             enter edit, a apply (shows the diff with each change's class,
-//	             y confirms, n cancels), w save the running config to the file,
-//	             r reset the key to its default, u undo all pending edits
+//	             y confirms, n cancels), w save the values set here (applied
+//	             or pending) into the settings file, r reset the key to its
+//	             default, u undo all pending edits
 //	editing      enter accept (refused while the value is invalid), esc cancel,
 //	             ctrl+u clear the field, ctrl+r put the default back
+//
+// Save edits the file in place (settings.SaveFile): its comments, order and
+// mode stay, values from the environment and flags never reach it, and
+// without a file it creates $XDG_CONFIG_HOME/kvdock/config.yaml (0600).
 //
 // server.shm_name is tri-state. In the editor an empty field (or the two
 // characters "") is the empty string, SHM off; "(auto)", which ctrl+r puts

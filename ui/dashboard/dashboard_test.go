@@ -4,7 +4,6 @@ import (
 	"context"
 	"io"
 	"os"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -317,32 +316,6 @@ func TestApplyNothingAndInvalid(t *testing.T) {
 	if len(f.applyCalls()) != 0 {
 		t.Fatal("invalid config applied")
 	}
-}
-
-func TestSave(t *testing.T) {
-	f := newFakeEngine(t)
-	path := filepath.Join(t.TempDir(), "kvdock.yaml")
-	opts := testOptions()
-	opts.ConfigPath = path
-	opts = opts.withDefaults(f)
-	m := newModel(context.Background(), f, opts, opts.Profile)
-	m.Update(tea.WindowSizeMsg{Width: 100, Height: 30})
-	press(t, m, "5", "w")
-	mustContain(t, screen(m), "OK saved the running config to "+path)
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if string(data) != string(settings.Render(f.cfg, nil)) {
-		t.Fatalf("saved file differs from Render:\n%s", data)
-	}
-	if !strings.Contains(string(data), "shm_name: demo") {
-		t.Fatalf("saved file lacks shm_name:\n%s", data)
-	}
-	// Without a path it says so.
-	m2 := newTestModel(t, f, 100, 30)
-	press(t, m2, "5", "w")
-	mustContain(t, screen(m2), "no config file path")
 }
 
 func TestQuit(t *testing.T) {

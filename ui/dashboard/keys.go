@@ -97,8 +97,8 @@ func newEditKeys() editKeys {
 	return editKeys{
 		Accept:  key.NewBinding(key.WithKeys("enter"), key.WithHelp("enter", "accept")),
 		Cancel:  key.NewBinding(key.WithKeys("esc"), key.WithHelp("esc", "cancel")),
-		Default: key.NewBinding(key.WithKeys("ctrl+r"), key.WithHelp("ctrl+r", "default (auto)")),
-		Empty:   key.NewBinding(key.WithKeys("ctrl+u"), key.WithHelp("ctrl+u", "clear (empty)")),
+		Default: key.NewBinding(key.WithKeys("ctrl+r"), key.WithHelp("ctrl+r", "default")),
+		Empty:   key.NewBinding(key.WithKeys("ctrl+u"), key.WithHelp("ctrl+u", "clear")),
 	}
 }
 

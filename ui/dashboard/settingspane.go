@@ -4,8 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"strings"
 
 	"charm.land/bubbles/v2/key"
@@ -32,6 +30,45 @@ func valueText(c settings.Config, k settings.KeyInfo) string {
 		return emptyLiteral
 	}
 	return v
+}
+
+// editHint says what the editor takes for a key of ki's kind; only strings
+// can be empty, and only server.shm_name is auto.
+func editHint(ki settings.KeyInfo) string {
+	switch ki.Kind {
+	case "string":
+		return `empty or "" = empty string`
+	case "optional-string":
+		return `empty or "" = SHM off · ` + settings.AutoText + ` or ctrl+r = auto`
+	case "bool":
+		return "true or false"
+	case "duration":
+		return "a duration with a unit: 500ms, 2s, 1m"
+	case "int", "int64":
+		return "a whole number"
+	case "float":
+		return "a number"
+	}
+	return ""
+}
+
+// editKeysFor is the editor's key map for ki: ctrl+r names the default it
+// puts back, and clearing says "empty" only where the empty string is a
+// value.
+func editKeysFor(ki settings.KeyInfo) editKeys {
+	k := newEditKeys()
+	switch {
+	case ki.Kind == "optional-string":
+		k.Default.SetHelp("ctrl+r", "default (auto)")
+	case ki.Default == "":
+		k.Default.SetHelp("ctrl+r", "default (empty)")
+	default:
+		k.Default.SetHelp("ctrl+r", "default "+termtext.Clean(ki.Default))
+	}
+	if ki.Kind == "string" || ki.Kind == "optional-string" {
+		k.Empty.SetHelp("ctrl+u", "clear (empty)")
+	}
+	return k
 }
 
 // editValue turns the editor's text into what settings.Set takes.
@@ -67,6 +104,7 @@ func (m *Model) onSettingsKey(msg tea.KeyPressMsg) tea.Cmd {
 		v, _ := settings.Get(m.pending, ki.Key)
 		m.edit.SetValue(v)
 		m.edit.mask = ki.Secret // edited in place, never shown
+		m.keys.Edit = editKeysFor(ki)
 		m.edit.Focus()
 		m.checkEdit()
 		return nil
@@ -98,6 +136,7 @@ func (m *Model) onEditKey(msg tea.KeyPressMsg) tea.Cmd {
 		m.mode = modeNormal
 		m.edit.Blur()
 		m.editErr = ""
+		m.keys.Edit = newEditKeys()
 		return nil
 	case key.Matches(msg, k.Accept):
 		if m.editErr != "" {
@@ -109,6 +148,7 @@ func (m *Model) onEditKey(msg tea.KeyPressMsg) tea.Cmd {
 		}
 		m.mode = modeNormal
 		m.edit.Blur()
+		m.keys.Edit = newEditKeys()
 		return nil
 	case key.Matches(msg, k.Default):
 		m.edit.SetValue(ki.Default)
@@ -186,19 +226,28 @@ func (m *Model) askApply() {
 		m.setStatus(levelInfo, "nothing to apply: no pending edits")
 		return
 	}
+	if !m.pendingValid("applying") {
+		return
+	}
+	m.mode = modeConfirmApply
+}
+
+// pendingValid validates the pending config; when it is invalid it lists
+// the problems under the pane, says so in the header and returns false.
+func (m *Model) pendingValid(doing string) bool {
 	m.problems = nil
 	var ve *settings.ValidationError
 	if err := settings.Validate(m.pending, m.pendingSources()); errors.As(err, &ve) {
 		for _, p := range ve.Problems {
 			m.problems = append(m.problems, p.String())
 		}
-		m.setStatus(levelBad, fmt.Sprintf("INVALID: %d problem(s); fix them before applying", len(m.problems)))
-		return
+		m.setStatus(levelBad, fmt.Sprintf("INVALID: %d problem(s); fix them before %s", len(m.problems), doing))
+		return false
 	} else if err != nil {
 		m.setStatus(levelBad, "INVALID: "+err.Error())
-		return
+		return false
 	}
-	m.mode = modeConfirmApply
+	return true
 }
 
 func (m *Model) startApply() tea.Cmd {
@@ -254,62 +303,39 @@ func (m *Model) renderConfirmApply(w int) string {
 	return b.String()
 }
 
-// save writes the running config to the config file (the whole effective
-// config, so the file alone reproduces it).
+// save writes the values set in the dashboard, applied or pending, into the
+// settings file and keeps the rest of it; values that came from the
+// environment, flags or defaults stay out (settings.SaveFile). With no file
+// yet it creates the default one.
 func (m *Model) save() {
 	path := m.opts.ConfigPath
 	if path == "" {
-		m.setStatus(levelWarn, "no config file path: start kvdock with --config to save")
+		m.setStatus(levelWarn, "nowhere to save: $XDG_CONFIG_HOME and $HOME are unset; start kvdock with --config PATH")
 		return
 	}
-	if err := writeFileAtomic(path, settings.Render(m.running, nil), fileMode(m.running)); err != nil {
+	src := m.pendingSources()
+	if len(settings.Edited(src)) == 0 {
+		m.setStatus(levelInfo, "nothing to save: no value was set in the dashboard (values from env and flags are never saved)")
+		return
+	}
+	if !m.pendingValid("saving") {
+		return
+	}
+	res, err := settings.SaveFile(path, m.pending, src)
+	if err != nil {
 		m.setStatus(levelBad, "SAVE FAILED: "+err.Error())
 		m.note(slog.LevelError, "save failed: "+err.Error())
 		return
 	}
-	msg := "saved the running config to " + path
+	msg := fmt.Sprintf("saved %s to %s", strings.Join(res.Keys, ", "), res.Path)
+	if res.Created {
+		msg = fmt.Sprintf("created %s (mode %04o) with %s", res.Path, res.Mode, strings.Join(res.Keys, ", "))
+	}
 	if n := len(settings.Diff(m.running, m.pending)); n > 0 {
-		msg += fmt.Sprintf(" (%d pending edit(s) not saved: apply them first)", n)
+		msg += fmt.Sprintf("; %d edit(s) saved but not applied (a applies)", n)
 	}
 	m.setStatus(levelOK, "OK "+msg)
 	m.note(slog.LevelInfo, msg)
-}
-
-// fileMode is 0600 when the config holds a secret (the file then does),
-// else 0644.
-func fileMode(c settings.Config) os.FileMode {
-	for _, k := range settings.Keys() {
-		if v, _ := settings.Get(c, k.Key); k.Secret && v != "" {
-			return 0o600
-		}
-	}
-	return 0o644
-}
-
-// writeFileAtomic replaces path with data through a temporary file in the
-// same directory, so a crash never leaves half a config.
-func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, ".kvdock-config-*")
-	if err != nil {
-		return fmt.Errorf("save %s: %w", path, err)
-	}
-	tmp := f.Name()
-	_, werr := f.Write(data)
-	cerr := f.Close()
-	if err := errors.Join(werr, cerr); err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("save %s: %w", path, err)
-	}
-	if err := os.Chmod(tmp, mode); err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("save %s: %w", path, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("save %s: %w", path, err)
-	}
-	return nil
 }
 
 func (m *Model) renderSettings(w, h int) string {
@@ -377,10 +403,7 @@ func (m *Model) settingsFooter(w int) string {
 	}
 	if m.mode == modeEdit {
 		lines = append(lines, m.edit.View())
-		hint := `empty or "" = empty string`
-		if ki.Kind == "optional-string" {
-			hint = `empty or "" = SHM off · ` + settings.AutoText + ` or ctrl+r = auto`
-		}
+		hint := editHint(ki)
 		if m.editErr != "" {
 			lines = append(lines, m.st.Bad.Render("INVALID: ")+m.editErr)
 		} else {
