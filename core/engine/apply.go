@@ -65,7 +65,8 @@ func (e *Engine) Apply(ctx context.Context, cfg settings.Config, sources map[str
 	if class < settings.Restart {
 		e.applyLive(cfg)
 		e.cfg = cfg
-		e.events.add(EventRestart, slog.LevelInfo, "applied live: "+what+nextStartNote(changes))
+		// "applied (live): k1, k2", not "applied live: live (k1, k2)".
+		e.events.add(EventRestart, slog.LevelInfo, fmt.Sprintf("applied (%s): %s", res.Class, strings.Join(keys, ", "))+nextStartNote(changes))
 		return res, nil
 	}
 
@@ -90,7 +91,7 @@ func (e *Engine) Apply(ctx context.Context, cfg settings.Config, sources map[str
 		e.applyLive(cfg)
 		e.cfg = cfg
 		e.setState(Serving, nil)
-		e.events.add(EventRestart, slog.LevelInfo, "applied "+what+nextStartNote(changes))
+		e.events.add(EventRestart, slog.LevelInfo, fmt.Sprintf("applied (%s): %s", res.Class, strings.Join(keys, ", "))+nextStartNote(changes))
 		return res, nil
 	}
 
@@ -164,6 +165,9 @@ func (e *Engine) rebuildLocked(ctx context.Context, cfg settings.Config) error {
 		if err := p.release(); err != nil {
 			e.log.Warn("closing the old pool", "err", err)
 		}
+		e.st.Lock()
+		e.rebuilt = Rebuilt{At: e.opts.Now(), DroppedContexts: n}
+		e.st.Unlock()
 		if n > 0 {
 			e.events.add(EventRestart, slog.LevelWarn, fmt.Sprintf("pool rebuilt: cache cleared, %d worker contexts dropped (workers must re-register)", n))
 		}

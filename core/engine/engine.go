@@ -97,6 +97,7 @@ type Engine struct {
 	state   State
 	lastErr string
 	started time.Time
+	rebuilt Rebuilt
 
 	// handlerHook, when set (tests), runs inside each plane's gate before
 	// every handler.

@@ -197,6 +197,20 @@ func TestApplyLiveKeepsEverything(t *testing.T) {
 	if s.Pool.OwnerLockCap != s.Pool.Size/4 {
 		t.Fatalf("after live apply: owner lock cap %d of %d", s.Pool.OwnerLockCap, s.Pool.Size)
 	}
+	// The event names the class once: "applied (live): …", not
+	// "applied live: live (…)".
+	var applied string
+	for _, ev := range s.Events {
+		if strings.HasPrefix(ev.Message, "applied") {
+			applied = ev.Message
+		}
+	}
+	if !strings.HasPrefix(applied, "applied (live): ") || strings.Contains(applied, "live (") || !strings.Contains(applied, "eviction.ratio") {
+		t.Fatalf("apply event %q", applied)
+	}
+	if !s.Rebuilt.At.IsZero() {
+		t.Fatalf("a live apply recorded a rebuild: %+v", s.Rebuilt)
+	}
 	if err := noop(t, c); err != nil {
 		t.Fatal(err)
 	}
@@ -246,6 +260,10 @@ func TestApplyRebuildDropsContextsAndSwapsSegment(t *testing.T) {
 	s := e.Snapshot()
 	if len(s.Contexts) != 0 || s.Shm.ShmName != seg+"_b" || s.Shm.PoolSize != next.L1.SizeBytes() {
 		t.Fatalf("after rebuild: contexts %d shm %+v", len(s.Contexts), s.Shm)
+	}
+	// The faces say why the table is empty (issue 16 point 8).
+	if s.Rebuilt.DroppedContexts != 1 || s.Rebuilt.At.IsZero() {
+		t.Fatalf("after rebuild: %+v, want 1 dropped context", s.Rebuilt)
 	}
 	if _, err := os.Stat(filepath.Join("/dev/shm", seg)); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("old segment still there: %v", err)
