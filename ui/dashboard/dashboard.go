@@ -55,6 +55,12 @@ type Options struct {
 	Version string
 	// ConfigPath is where "save to config file" (w) writes; "" disables it.
 	ConfigPath string
+	// LogFile is where the logs go, shown in the Settings pane and the
+	// help screen; "" when they go to stderr.
+	LogFile string
+	// Memory reads the host's available memory for the check of an edited
+	// l1.size_gb (settings.CheckMemory); nil skips that check.
+	Memory settings.MemoryProbe
 	// Profile overrides the colour profile (tests use colorprofile.ASCII).
 	// Unknown (the zero value) detects it from the terminal, and any
 	// non-empty NO_COLOR gives ASCII.
