@@ -169,10 +169,13 @@ func layoutText(c nongpu.ContextInfo) string {
 // matches ID and MODEL), -2 for a name no column has.
 func filterColumn(f string) (col int, value string) {
 	name, value, ok := strings.Cut(f, ":")
-	if !ok {
-		return -1, f
-	}
 	name = strings.ToLower(strings.TrimSpace(name))
+	switch {
+	case !ok:
+		return -1, f
+	case name == "":
+		return -1, value
+	}
 	for _, exact := range []bool{true, false} {
 		for i, c := range ctxColumns {
 			t, sn := strings.ToLower(c.title), c.sortName
@@ -460,6 +463,8 @@ func (m *Model) prefaultLine(w int) string {
 	switch {
 	case !m.snap.Config.L1.Prefault:
 		return label + "off (pages are faulted in by the first writes)"
+	case p.Size <= 0:
+		return label + "- (no pool)"
 	case p.Size > 0 && p.Prefaulted >= p.Size:
 		return label + "done, " + bytesText(p.Size) + " resident"
 	}

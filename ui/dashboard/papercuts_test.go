@@ -11,6 +11,7 @@ import (
 	"time"
 
 	tea "charm.land/bubbletea/v2"
+	"github.com/charmbracelet/x/ansi"
 
 	"kvdock/core/engine"
 	"kvdock/core/l1"
@@ -200,6 +201,10 @@ func TestFilterByColumn(t *testing.T) {
 		{"layout:x512", "9001", ""},
 		{"ws:2", "4243", ""},
 		{"nosuch:x", "", "no such column (nosuch)"},
+		{":4", "4242,4243", ""}, // no column named: plain text
+		{"id:", "4242,4243,9001", ""},
+		{"la:x512", "9001", ""}, // a prefix of LAYOUT and LAST: the first in table order wins
+
 	}
 	for _, c := range cases {
 		m := newTestModel(t, newFakeEngine(t), 80, 24)
@@ -434,4 +439,45 @@ func TestPoolPaneHostMemoryAndPrefault(t *testing.T) {
 	s := screen(m)
 	mustContain(t, s, "Host mem  20.0 GiB available", "Prefault  done, 1.0 GiB resident")
 	mustNotContain(t, s, "/dev/shm")
+}
+
+// Hostile shapes: thousands of contexts with wide and huge names, filters
+// made of separators, every size down to the minimum. Nothing panics and
+// no line is wider than the screen.
+func TestHostileListsStayInBounds(t *testing.T) {
+	f := manyContexts(t, 2000)
+	for i := range f.snap.Contexts {
+		f.snap.Contexts[i].Model = strings.Repeat("模型-", i%300) + "x"
+	}
+	for i := range 500 {
+		f.snap.Events = append(f.snap.Events, engine.Event{Seq: uint64(10 + i), Time: t0, Kind: "register", Level: slog.Level(i%3*4 - 4),
+			Message: strings.Repeat("很长的消息 ", i%50) + strings.Repeat("y", i)})
+	}
+	for _, sz := range [][2]int{{minWidth, minHeight}, {50, 12}, {80, 24}, {233, 61}} {
+		m := newTestModel(t, f, sz[0], sz[1])
+		check := func(what string) {
+			t.Helper()
+			for _, l := range strings.Split(screen(m), "\n") {
+				if w := ansi.StringWidth(l); w > sz[0] {
+					t.Fatalf("%dx%d %s: line %d wide: %q", sz[0], sz[1], what, w, l)
+				}
+			}
+		}
+		for _, k := range []string{"pgdown", "G", "pgup", "ctrl+d", "T", "T", "N", "L", "s", "s", "s"} {
+			press(t, m, k)
+			check("contexts " + k)
+		}
+		for _, filter := range []string{":", "::", "model::", "模型", "id:-1", strings.Repeat(":", 300)} {
+			press(t, m, "/")
+			typeText(t, m, filter)
+			check("filter " + filter)
+			press(t, m, "esc")
+		}
+		press(t, m, "4", "G", "pgup", "l", "ctrl+u", "l", "/")
+		typeText(t, m, "y")
+		press(t, m, "enter")
+		check("events")
+		press(t, m, "5", "G", "pgup")
+		check("settings")
+	}
 }
