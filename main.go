@@ -172,6 +172,7 @@ func serve(args []string, stdout, stderr io.Writer) int {
 		Sources:  loaded.Sources,
 		Version:  buildVersion(),
 		Observer: m,
+		Memory:   l1.HostMemory{},
 		OnApply: func(_ context.Context, _, new settings.Config) error {
 			return web.Restart(new.HTTP)
 		},

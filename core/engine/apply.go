@@ -38,6 +38,9 @@ func (e *Engine) Apply(ctx context.Context, cfg settings.Config, sources map[str
 	if len(changes) == 0 {
 		return res, nil
 	}
+	if err := e.checkMemoryLocked(old, cfg, sources); err != nil {
+		return res, fmt.Errorf("apply: %w", err)
+	}
 	oldSources := e.sources
 	if sources != nil {
 		e.sources = sources
@@ -225,4 +228,27 @@ func engineClass(changes []settings.Change) settings.Class {
 		}
 	}
 	return settings.Strongest(own)
+}
+
+// checkMemoryLocked refuses a new pool size larger than the host's
+// available memory plus what the running pool gives back (a rebuild closes
+// it first): a pool past the host prefaults, or fills, until the OOM killer
+// ends kvdock. An unchanged size checks nothing.
+func (e *Engine) checkMemoryLocked(old, cfg settings.Config, sources map[string]settings.Source) error {
+	if e.opts.Memory == nil || cfg.L1.SizeBytes() == old.L1.SizeBytes() {
+		return nil
+	}
+	avail, err := e.opts.Memory.MemAvailable()
+	if err != nil {
+		e.log.Warn("host memory unknown: pool size not checked", "err", err)
+		return nil
+	}
+	if p := e.plane; p != nil {
+		st := p.pool.Stats()
+		avail += min(st.Size, max(st.Prefaulted, st.UsedBytes))
+	}
+	if sources == nil {
+		sources = e.sources
+	}
+	return settings.CheckMemory(cfg, sources, avail)
 }

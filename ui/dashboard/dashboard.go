@@ -7,16 +7,25 @@
 // Keys (the help bar and ? are generated from the same key maps):
 //
 //	everywhere   tab / shift+tab next/previous pane, 1-5 go to a pane,
-//	             ? help, q quit (asks when workers are registered), ctrl+c quit now
-//	1 Contexts   ↑↓/jk move, s next sort column, S reverse, / filter (enter
-//	             keeps it, esc clears it), enter details, esc close
-//	4 Events     ↑↓ scroll
+//	             ? help (with the log file's path), q quit (asks when workers
+//	             are registered or edits are not applied), ctrl+c quit now
+//	lists        ↑↓/jk move, pgup/pgdn or ctrl+u/ctrl+d page, g/G top/bottom;
+//	             "… n more below" when the list goes on
+//	1 Contexts   shift+letter sorts by that column (again: reverse; the sort
+//	             column is always shown), s next shown column, / filter:
+//	             text matches id or model, col:value one column (enter keeps
+//	             it, esc clears it), enter details, esc close
+//	4 Events     ↑↓ scroll, l minimum level, / filter text, esc clear filters
 //	5 Settings   ↑↓ move, / find a key (enter selects, esc goes back),
 //	             enter edit, a apply (shows the diff with each change's class,
 //	             y confirms, n cancels), w save the running config to the file,
 //	             r reset the key to its default, u undo all pending edits
 //	editing      enter accept (refused while the value is invalid), esc cancel,
 //	             ctrl+u clear the field, ctrl+r put the default back
+//
+// Header messages (apply, save, undo results) give way to the live line
+// after a few seconds. An edited l1.size_gb larger than the host's
+// available memory is refused in the editor unless l1.allow_overcommit.
 //
 // server.shm_name is tri-state. In the editor an empty field (or the two
 // characters "") is the empty string, SHM off; "(auto)", which ctrl+r puts
