@@ -24,6 +24,7 @@ import (
 
 	"kvdock/core/engine"
 	"kvdock/core/gpu"
+	"kvdock/core/l1"
 	"kvdock/core/logcap"
 	"kvdock/core/rpc"
 	"kvdock/settings"
@@ -144,6 +145,14 @@ func serve(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	cfg := loaded.Config
+	// A pool larger than the host would start, then prefault until the OOM
+	// killer ends it; refuse it like any other invalid setting. Unreadable
+	// meminfo (0) checks nothing.
+	avail, _ := l1.HostMemory{}.MemAvailable()
+	if err := settings.CheckMemory(cfg, loaded.Sources, avail); err != nil {
+		fmt.Fprintf(stderr, "kvdock: invalid settings:\n%v\n", err)
+		return 2
+	}
 
 	dash := !cfg.UI.Headless && isTerminal(os.Stdin) && isTerminal(os.Stdout)
 	logCfg := cfg.Log
@@ -181,6 +190,7 @@ func serve(args []string, stdout, stderr io.Writer) int {
 		Sources:  loaded.Sources,
 		Version:  buildVersion(),
 		Observer: m,
+		Memory:   l1.HostMemory{},
 		OnApply: func(_ context.Context, _, new settings.Config) error {
 			return web.Restart(new.HTTP)
 		},
@@ -239,7 +249,7 @@ func serve(args []string, stdout, stderr io.Writer) int {
 		}
 		go func() {
 			defer close(quit)
-			if err := dashboard.Run(dctx, eng, dashboard.Options{Version: buildVersion(), ConfigPath: path}); err != nil {
+			if err := dashboard.Run(dctx, eng, dashboard.Options{Version: buildVersion(), ConfigPath: path, LogFile: logCfg.File, Memory: l1.HostMemory{}}); err != nil {
 				logger.Error("dashboard", "err", err)
 			}
 		}()

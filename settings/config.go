@@ -63,6 +63,9 @@ type L1Config struct {
 	WriteTTLSeconds int     `koanf:"write_ttl_seconds"`
 	ReadTTLSeconds  int     `koanf:"read_ttl_seconds"`
 	Prefault        bool    `koanf:"prefault"`
+	// AllowOvercommit lets the pool be larger than the host's available
+	// memory (see CheckMemory).
+	AllowOvercommit bool `koanf:"allow_overcommit"`
 	// MaxLockedSharePerInstance and MaxLockedShare cap the share of the pool
 	// one worker instance (or all lookups) and everyone together may hold
 	// locked (reserved for writing or read-locked) at once.

@@ -38,6 +38,9 @@ func (e *Engine) Apply(ctx context.Context, cfg settings.Config, sources map[str
 	if len(changes) == 0 {
 		return res, nil
 	}
+	if err := e.checkMemoryLocked(old, cfg, sources); err != nil {
+		return res, fmt.Errorf("apply: %w", err)
+	}
 	oldSources := e.sources
 	if sources != nil {
 		e.sources = sources
@@ -65,7 +68,8 @@ func (e *Engine) Apply(ctx context.Context, cfg settings.Config, sources map[str
 	if class < settings.Restart {
 		e.applyLive(cfg)
 		e.cfg = cfg
-		e.events.add(EventRestart, slog.LevelInfo, "applied live: "+what+nextStartNote(changes))
+		// "applied (live): k1, k2", not "applied live: live (k1, k2)".
+		e.events.add(EventRestart, slog.LevelInfo, fmt.Sprintf("applied (%s): %s", res.Class, strings.Join(keys, ", "))+nextStartNote(changes))
 		return res, nil
 	}
 
@@ -90,7 +94,7 @@ func (e *Engine) Apply(ctx context.Context, cfg settings.Config, sources map[str
 		e.applyLive(cfg)
 		e.cfg = cfg
 		e.setState(Serving, nil)
-		e.events.add(EventRestart, slog.LevelInfo, "applied "+what+nextStartNote(changes))
+		e.events.add(EventRestart, slog.LevelInfo, fmt.Sprintf("applied (%s): %s", res.Class, strings.Join(keys, ", "))+nextStartNote(changes))
 		return res, nil
 	}
 
@@ -164,6 +168,9 @@ func (e *Engine) rebuildLocked(ctx context.Context, cfg settings.Config) error {
 		if err := p.release(); err != nil {
 			e.log.Warn("closing the old pool", "err", err)
 		}
+		e.st.Lock()
+		e.rebuilt = Rebuilt{At: e.opts.Now(), DroppedContexts: n}
+		e.st.Unlock()
 		if n > 0 {
 			e.events.add(EventRestart, slog.LevelWarn, fmt.Sprintf("pool rebuilt: cache cleared, %d worker contexts dropped (workers must re-register)", n))
 		}
@@ -221,4 +228,27 @@ func engineClass(changes []settings.Change) settings.Class {
 		}
 	}
 	return settings.Strongest(own)
+}
+
+// checkMemoryLocked refuses a new pool size larger than the host's
+// available memory plus what the running pool gives back (a rebuild closes
+// it first): a pool past the host prefaults, or fills, until the OOM killer
+// ends kvdock. An unchanged size checks nothing.
+func (e *Engine) checkMemoryLocked(old, cfg settings.Config, sources map[string]settings.Source) error {
+	if e.opts.Memory == nil || cfg.L1.SizeBytes() == old.L1.SizeBytes() {
+		return nil
+	}
+	avail, err := e.opts.Memory.MemAvailable()
+	if err != nil {
+		e.log.Warn("host memory unknown: pool size not checked", "err", err)
+		return nil
+	}
+	if p := e.plane; p != nil {
+		st := p.pool.Stats()
+		avail += min(st.Size, max(st.Prefaulted, st.UsedBytes))
+	}
+	if sources == nil {
+		sources = e.sources
+	}
+	return settings.CheckMemory(cfg, sources, avail)
 }

@@ -67,7 +67,11 @@ type Options struct {
 	// fail; an error makes Apply fail and roll back, so it must leave the
 	// face on old. It must not call back into Start, Stop or Apply.
 	OnApply func(ctx context.Context, old, new settings.Config) error
-	Now     func() time.Time
+	// Memory reads the host's available memory: Apply refuses a new pool
+	// size that does not fit it (settings.CheckMemory), whichever face
+	// asked. Nil checks nothing.
+	Memory settings.MemoryProbe
+	Now    func() time.Time
 }
 
 // Engine runs one kvdock configuration at a time.
@@ -97,6 +101,7 @@ type Engine struct {
 	state   State
 	lastErr string
 	started time.Time
+	rebuilt Rebuilt
 
 	// handlerHook, when set (tests), runs inside each plane's gate before
 	// every handler.

@@ -197,6 +197,20 @@ func TestApplyLiveKeepsEverything(t *testing.T) {
 	if s.Pool.OwnerLockCap != s.Pool.Size/4 {
 		t.Fatalf("after live apply: owner lock cap %d of %d", s.Pool.OwnerLockCap, s.Pool.Size)
 	}
+	// The event names the class once: "applied (live): …", not
+	// "applied live: live (…)".
+	var applied string
+	for _, ev := range s.Events {
+		if strings.HasPrefix(ev.Message, "applied") {
+			applied = ev.Message
+		}
+	}
+	if !strings.HasPrefix(applied, "applied (live): ") || strings.Contains(applied, "live (") || !strings.Contains(applied, "eviction.ratio") {
+		t.Fatalf("apply event %q", applied)
+	}
+	if !s.Rebuilt.At.IsZero() {
+		t.Fatalf("a live apply recorded a rebuild: %+v", s.Rebuilt)
+	}
 	if err := noop(t, c); err != nil {
 		t.Fatal(err)
 	}
@@ -247,11 +261,55 @@ func TestApplyRebuildDropsContextsAndSwapsSegment(t *testing.T) {
 	if len(s.Contexts) != 0 || s.Shm.ShmName != seg+"_b" || s.Shm.PoolSize != next.L1.SizeBytes() {
 		t.Fatalf("after rebuild: contexts %d shm %+v", len(s.Contexts), s.Shm)
 	}
+	// The faces say why the table is empty (issue 16 point 8).
+	if s.Rebuilt.DroppedContexts != 1 || s.Rebuilt.At.IsZero() {
+		t.Fatalf("after rebuild: %+v, want 1 dropped context", s.Rebuilt)
+	}
 	if _, err := os.Stat(filepath.Join("/dev/shm", seg)); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("old segment still there: %v", err)
 	}
 	if err := noop(t, c); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// fixedMemory is a settings.MemoryProbe with a set answer.
+type fixedMemory int64
+
+func (f fixedMemory) MemAvailable() (int64, error) { return int64(f), nil }
+
+// Issue 16 point 5: a new pool size past the host's memory is refused by
+// Apply whichever face asked (dashboard, HTTP, SIGHUP); the running pool
+// counts as available since a rebuild closes it first.
+func TestApplyRefusesPoolLargerThanMemory(t *testing.T) {
+	cfg, seg := testConfig(t) // 16 MiB pool
+	e := New(cfg, Options{Memory: fixedMemory(8 << 20)})
+	if err := e.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.Stop(context.Background()) })
+	c := dial(t, cfg.Server.Port, cfg.Server.Protocol)
+	register(t, c, 1)
+
+	next := cfg
+	next.L1.SizeGB = 64.0 / 1024
+	_, err := e.Apply(context.Background(), next, nil)
+	var ve *settings.ValidationError
+	if !errors.As(err, &ve) || !strings.Contains(err.Error(), "needs 0.06 GiB") || !strings.Contains(err.Error(), "0.01 GiB available") {
+		t.Fatalf("64 MiB pool with 8 MiB free: %v", err)
+	}
+	s := e.Snapshot()
+	if s.Config.L1.SizeGB != cfg.L1.SizeGB || len(s.Contexts) != 1 || s.Shm.ShmName != seg || !s.Rebuilt.At.IsZero() {
+		t.Fatalf("refused apply changed the engine: size %v contexts %d rebuilt %+v", s.Config.L1.SizeGB, len(s.Contexts), s.Rebuilt)
+	}
+
+	// With overcommit allowed the same size goes through.
+	next.L1.AllowOvercommit = true
+	if _, err := e.Apply(context.Background(), next, nil); err != nil {
+		t.Fatalf("overcommit allowed: %v", err)
+	}
+	if s := e.Snapshot(); s.Pool.Size != next.L1.SizeBytes() || s.Rebuilt.DroppedContexts != 1 {
+		t.Fatalf("after the allowed apply: size %d rebuilt %+v", s.Pool.Size, s.Rebuilt)
 	}
 }
 

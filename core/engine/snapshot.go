@@ -28,6 +28,9 @@ type Pool struct {
 	Decision l1.Decision
 	// ShmFree is /dev/shm's free space now (-1 when it cannot be read).
 	ShmFree int64
+	// HostAvailable is the host's MemAvailable now (-1 when it cannot be
+	// read): what a private (SHM off) pool draws on.
+	HostAvailable int64
 }
 
 // Snapshot is an immutable picture of the engine for the faces: nothing in
@@ -55,6 +58,15 @@ type Snapshot struct {
 	Sessions int
 	Events   []Event
 	GPU      gpu.Snapshot
+	// Rebuilt is the last pool rebuild (zero when none happened).
+	Rebuilt Rebuilt
+}
+
+// Rebuilt says when the pool was last rebuilt and how many registered
+// worker contexts that dropped (each worker must register again).
+type Rebuilt struct {
+	At              time.Time
+	DroppedContexts int
 }
 
 // Healthy reports whether the engine is serving.
@@ -74,6 +86,7 @@ func (e *Engine) Snapshot() Snapshot {
 		Started: e.started,
 		Taken:   now,
 		Config:  cfg,
+		Rebuilt: e.rebuilt,
 	}
 	e.st.RUnlock()
 	if !s.Started.IsZero() && s.State != Stopped {
@@ -85,6 +98,10 @@ func (e *Engine) Snapshot() Snapshot {
 	}
 	s.Protocol = cfg.Server.Protocol
 	s.Pool.ShmFree = shmFree()
+	s.Pool.HostAvailable = -1
+	if n, err := (l1.HostMemory{}).MemAvailable(); err == nil {
+		s.Pool.HostAvailable = n
+	}
 	if p != nil {
 		s.Shm = p.transfer.PoolInfo()
 		s.Pool.Stats = p.pool.Stats()

@@ -60,6 +60,21 @@ func TestInvalidSettingsExit2NamingTheSource(t *testing.T) {
 	}
 }
 
+// Issue 16 point 5: a pool larger than the host's available memory is an
+// invalid setting (exit 2, both sizes named), not a start that prefaults
+// until the OOM killer comes.
+func TestPoolLargerThanMemoryExit2(t *testing.T) {
+	code, stdout, stderr := kvdock(t, nil, "--headless", "--l1-size-gb", "50000", "--no-l1-prefault", "--port", "1")
+	if code != 2 {
+		t.Fatalf("exit %d, stdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+	}
+	for _, want := range []string{"l1.size_gb = 50000 (from --l1-size-gb)", "the pool needs 50000.00 GiB", "GiB available", "--l1-allow-overcommit"} {
+		if !strings.Contains(stderr, want) {
+			t.Errorf("stderr lacks %q:\n%s", want, stderr)
+		}
+	}
+}
+
 func TestConfigShowSources(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "kvdock.yaml")
 	if err := os.WriteFile(file, []byte("server:\n  chunk_size: 128\nl1:\n  size_gb: 2\n"), 0o600); err != nil {

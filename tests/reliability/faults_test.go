@@ -230,8 +230,10 @@ func TestShmTooSmallFallsBack(t *testing.T) {
 	start := time.Now()
 	// The harness names the segment (--shm-name NAME): the named path must
 	// still fall back when the segment cannot fit. With SHM off the pool is
-	// lazy anonymous memory and --no-l1-prefault touches none of it.
-	srv := harness.Start(t, "--l1-size-gb", fmt.Sprintf("%.3f", gb))
+	// lazy anonymous memory and --no-l1-prefault touches none of it; such
+	// a pool is usually past MemAvailable too, which start-up refuses
+	// without --l1-allow-overcommit.
+	srv := harness.Start(t, "--l1-size-gb", fmt.Sprintf("%.3f", gb), "--l1-allow-overcommit")
 	if d := time.Since(start); d > 20*time.Second {
 		t.Fatalf("startup took %v", d)
 	}

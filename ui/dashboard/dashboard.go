@@ -7,10 +7,15 @@
 // Keys (the help bar and ? are generated from the same key maps):
 //
 //	everywhere   tab / shift+tab next/previous pane, 1-5 go to a pane,
-//	             ? help, q quit (asks when workers are registered), ctrl+c quit now
-//	1 Contexts   ↑↓/jk move, s next sort column, S reverse, / filter (enter
-//	             keeps it, esc clears it), enter details, esc close
-//	4 Events     ↑↓ scroll
+//	             ? help (with the log file's path), q quit (asks when workers
+//	             are registered or edits are not applied), ctrl+c quit now
+//	lists        ↑↓/jk move, pgup/pgdn or ctrl+u/ctrl+d page, g/G top/bottom;
+//	             "… n more below" when the list goes on
+//	1 Contexts   shift+letter sorts by that column (again: reverse; the sort
+//	             column is always shown), s next shown column, / filter:
+//	             text matches id or model, col:value one column (enter keeps
+//	             it, esc clears it), enter details, esc close
+//	4 Events     ↑↓ scroll, l minimum level, / filter text, esc clear filters
 //	5 Settings   ↑↓ move, / find a key (enter selects, esc goes back),
 //	             enter edit, a apply (shows the diff with each change's class,
 //	             y confirms, n cancels), w save the values set here (applied
@@ -22,6 +27,10 @@
 // Save edits the file in place (settings.SaveFile): its comments, order and
 // mode stay, values from the environment and flags never reach it, and
 // without a file it creates $XDG_CONFIG_HOME/kvdock/config.yaml (0600).
+//
+// Header messages (apply, save, undo results) give way to the live line
+// after a few seconds. An edited l1.size_gb larger than the host's
+// available memory is refused in the editor unless l1.allow_overcommit.
 //
 // server.shm_name is tri-state. In the editor an empty field (or the two
 // characters "") is the empty string, SHM off; "(auto)", which ctrl+r puts
@@ -60,6 +69,12 @@ type Options struct {
 	Version string
 	// ConfigPath is where "save to config file" (w) writes; "" disables it.
 	ConfigPath string
+	// LogFile is where the logs go, shown in the Settings pane and the
+	// help screen; "" when they go to stderr.
+	LogFile string
+	// Memory reads the host's available memory for the check of an edited
+	// l1.size_gb (settings.CheckMemory); nil skips that check.
+	Memory settings.MemoryProbe
 	// Profile overrides the colour profile (tests use colorprofile.ASCII).
 	// Unknown (the zero value) detects it from the terminal, and any
 	// non-empty NO_COLOR gives ASCII.

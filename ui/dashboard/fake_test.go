@@ -124,11 +124,11 @@ func newFakeEngine(t *testing.T) *fakeEngine {
 		Config: cfg, Sources: src,
 		Shm: workers.Info{ShmName: "lmcache_l1_pool_demo", PoolSize: 1 << 30, Reason: "--shm-name \"demo\" given on the command line"},
 		Pool: engine.Pool{
-			Stats: l1.Stats{Objects: 321, UsedBytes: 512 << 20, Size: 1 << 30, Evictions: 17, AllocFailures: 2,
+			Stats: l1.Stats{Objects: 321, UsedBytes: 512 << 20, Size: 1 << 30, Evictions: 17, AllocFailures: 2, Prefaulted: 768 << 20,
 				Policy: "LRU", Watermark: 0.8, Ratio: 0.2, WriteTTL: 600 * time.Second, ReadTTL: 300 * time.Second},
 			Decision: l1.Decision{Segment: "lmcache_l1_pool_demo", Size: 1 << 30, Shared: true,
 				Reason: "--shm-name \"demo\" given on the command line", ShmFree: 30 << 30},
-			ShmFree: 30 << 30,
+			ShmFree: 30 << 30, HostAvailable: 20 << 30,
 		},
 		Contexts: contexts,
 		Events: []engine.Event{
@@ -149,6 +149,7 @@ func testOptions() Options {
 		Now:      func() time.Time { return t0 },
 		Location: time.UTC,
 		Environ:  []string{},
+		LogFile:  "/var/log/kvdock/kvdock.log",
 	}
 }
 
@@ -173,6 +174,9 @@ func keyMsg(k string) tea.KeyPressMsg {
 		"ctrl+c":    {Code: 'c', Mod: tea.ModCtrl},
 		"ctrl+u":    {Code: 'u', Mod: tea.ModCtrl},
 		"ctrl+r":    {Code: 'r', Mod: tea.ModCtrl},
+		"ctrl+d":    {Code: 'd', Mod: tea.ModCtrl},
+		"pgup":      {Code: tea.KeyPgUp},
+		"pgdown":    {Code: tea.KeyPgDown},
 		"space":     {Code: tea.KeySpace, Text: " "},
 	}
 	if msg, ok := special[k]; ok {

@@ -130,3 +130,56 @@ func trimRight(s string) string {
 	}
 	return strings.Join(lines, "\n")
 }
+
+// wrapWords wraps s to width cells at spaces only: a word is split only
+// when it alone is wider than a line. (ansi.Wrap also breaks after hyphens,
+// which cuts model names and flags such as re-register in two.)
+func wrapWords(s string, width int) string {
+	if width <= 0 {
+		return s
+	}
+	var out []string
+	for _, para := range strings.Split(s, "\n") {
+		line, lineW := "", 0
+		for _, word := range strings.Fields(para) {
+			ww := ansi.StringWidth(word)
+			for ww > width { // a word longer than a line is cut hard
+				if lineW > 0 {
+					out = append(out, line)
+					line, lineW = "", 0
+				}
+				out = append(out, ansi.Truncate(word, width, ""))
+				word = ansi.TruncateLeft(word, width, "")
+				ww = ansi.StringWidth(word)
+			}
+			switch {
+			case ww == 0:
+			case lineW == 0:
+				line, lineW = word, ww
+			case lineW+1+ww <= width:
+				line, lineW = line+" "+word, lineW+1+ww
+			default:
+				out = append(out, line)
+				line, lineW = word, ww
+			}
+		}
+		out = append(out, line)
+	}
+	return strings.Join(out, "\n")
+}
+
+// midTrunc cuts s to width cells by dropping its middle, so both the
+// organisation and the variant of a long model name stay readable
+// ("meta-llama/Ll…-70B-Instruct").
+func midTrunc(s string, width int) string {
+	w := ansi.StringWidth(s)
+	if w <= width {
+		return s
+	}
+	if width <= 1 {
+		return ansi.Truncate(s, width, "")
+	}
+	keep := width - 1
+	head := (keep + 1) / 2
+	return ansi.Truncate(s, head, "") + "…" + ansi.TruncateLeft(s, w-(keep-head), "")
+}

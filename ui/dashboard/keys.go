@@ -24,31 +24,41 @@ func (k globalKeys) list() []key.Binding {
 
 // listKeys move a selection.
 type listKeys struct {
-	Up, Down, Top, Bottom key.Binding
+	Up, Down, Top, Bottom, PageUp, PageDown key.Binding
 }
 
 func newListKeys() listKeys {
 	return listKeys{
-		Up:     key.NewBinding(key.WithKeys("up", "k"), key.WithHelp("↑/k", "up")),
-		Down:   key.NewBinding(key.WithKeys("down", "j"), key.WithHelp("↓/j", "down")),
-		Top:    key.NewBinding(key.WithKeys("home", "g"), key.WithHelp("g", "top")),
-		Bottom: key.NewBinding(key.WithKeys("end", "G"), key.WithHelp("G", "bottom")),
+		Up:       key.NewBinding(key.WithKeys("up", "k"), key.WithHelp("↑/k", "up")),
+		Down:     key.NewBinding(key.WithKeys("down", "j"), key.WithHelp("↓/j", "down")),
+		Top:      key.NewBinding(key.WithKeys("home", "g"), key.WithHelp("g", "top")),
+		Bottom:   key.NewBinding(key.WithKeys("end", "G"), key.WithHelp("G", "bottom")),
+		PageUp:   key.NewBinding(key.WithKeys("pgup", "ctrl+u"), key.WithHelp("pgup/ctrl+u", "page up")),
+		PageDown: key.NewBinding(key.WithKeys("pgdown", "ctrl+d"), key.WithHelp("pgdn/ctrl+d", "page down")),
 	}
 }
 
-func (k listKeys) list() []key.Binding { return []key.Binding{k.Up, k.Down, k.Top, k.Bottom} }
+func (k listKeys) list() []key.Binding {
+	return []key.Binding{k.Up, k.Down, k.PageUp, k.PageDown, k.Top, k.Bottom}
+}
 
-// contextKeys is the contexts table's key map.
+// contextKeys is the contexts table's key map. SortBy takes the
+// shift+letter of each column (ctxColumn.key): pressing the sort column's
+// letter again reverses the order.
 type contextKeys struct {
 	listKeys
-	Sort, Reverse, Filter, Details, Clear key.Binding
+	SortBy, Sort, Filter, Details, Clear key.Binding
 }
 
 func newContextKeys() contextKeys {
+	letters := make([]string, 0, len(ctxColumns))
+	for _, c := range ctxColumns {
+		letters = append(letters, string(c.key))
+	}
 	return contextKeys{
 		listKeys: newListKeys(),
-		Sort:     key.NewBinding(key.WithKeys("s"), key.WithHelp("s", "sort column")),
-		Reverse:  key.NewBinding(key.WithKeys("S"), key.WithHelp("S", "reverse sort")),
+		SortBy:   key.NewBinding(key.WithKeys(letters...), key.WithHelp("⇧+letter", "sort")),
+		Sort:     key.NewBinding(key.WithKeys("s"), key.WithHelp("s", "next sort")),
 		Filter:   key.NewBinding(key.WithKeys("/"), key.WithHelp("/", "filter")),
 		Details:  key.NewBinding(key.WithKeys("enter"), key.WithHelp("enter", "details")),
 		Clear:    key.NewBinding(key.WithKeys("esc"), key.WithHelp("esc", "close/clear filter")),
@@ -56,15 +66,27 @@ func newContextKeys() contextKeys {
 }
 
 func (k contextKeys) list() []key.Binding {
-	return append([]key.Binding{k.Sort, k.Reverse, k.Filter, k.Details, k.Clear}, k.listKeys.list()...)
+	return append([]key.Binding{k.Filter, k.SortBy, k.Details, k.Sort, k.Clear}, k.listKeys.list()...)
 }
 
-// eventKeys scroll the events pane.
+// eventKeys scroll and filter the events pane.
 type eventKeys struct {
 	listKeys
+	Filter, Level, Clear key.Binding
 }
 
-func (k eventKeys) list() []key.Binding { return k.listKeys.list() }
+func newEventKeys() eventKeys {
+	return eventKeys{
+		listKeys: newListKeys(),
+		Filter:   key.NewBinding(key.WithKeys("/"), key.WithHelp("/", "filter text")),
+		Level:    key.NewBinding(key.WithKeys("l"), key.WithHelp("l", "min level")),
+		Clear:    key.NewBinding(key.WithKeys("esc"), key.WithHelp("esc", "clear filters")),
+	}
+}
+
+func (k eventKeys) list() []key.Binding {
+	return append([]key.Binding{k.Filter, k.Level, k.Clear}, k.listKeys.list()...)
+}
 
 // settingsKeys is the settings list's key map.
 type settingsKeys struct {
@@ -124,6 +146,7 @@ type keyMap struct {
 	Global   globalKeys
 	Contexts contextKeys
 	Filter   promptKeys // while typing a contexts filter
+	EvFilter promptKeys // while typing an events filter
 	Find     promptKeys // while typing a setting's name to jump to it
 	Events   eventKeys
 	Settings settingsKeys
@@ -137,8 +160,9 @@ func newKeyMap() keyMap {
 		Global:   newGlobalKeys(),
 		Contexts: newContextKeys(),
 		Filter:   newPromptKeys("keep filter", "clear filter"),
+		EvFilter: newPromptKeys("keep filter", "clear filter"),
 		Find:     newPromptKeys("select", "back"),
-		Events:   eventKeys{newListKeys()},
+		Events:   newEventKeys(),
 		Settings: newSettingsKeys(),
 		Edit:     newEditKeys(),
 		Confirm:  newConfirmKeys(),

@@ -38,6 +38,7 @@ type mode int
 const (
 	modeNormal mode = iota
 	modeFilter
+	modeEvFilter
 	modeFind
 	modeDetails
 	modeEdit
@@ -48,6 +49,13 @@ const (
 
 // maxEvents bounds the events the dashboard keeps.
 const maxEvents = 200
+
+// A header message gives way to the live line after statusTTL (badTTL for
+// failures: they are also in the Events pane, but deserve a longer look).
+const (
+	statusTTL = 5 * time.Second
+	badTTL    = 15 * time.Second
+)
 
 // Messages.
 type (
@@ -95,8 +103,11 @@ type Model struct {
 	filter    textPrompt
 	filterStr string
 
-	// events pane: lines scrolled up from the newest
-	evScroll int
+	// events pane: events scrolled up from the newest, and its filters
+	evScroll    int
+	evLevel     slog.Level // events below it are hidden
+	evFilter    textPrompt
+	evFilterStr string
 
 	// settings pane
 	running  settings.Config
@@ -115,6 +126,7 @@ type Model struct {
 	applying    bool
 	status      string
 	statusLevel level
+	statusAt    time.Time // when status was set (opts.Now); it expires
 
 	// followRefresh makes the tick follow the running ui.refresh.
 	followRefresh bool
@@ -144,6 +156,8 @@ func newModel(ctx context.Context, eng Engine, opts Options, profile colorprofil
 		FullKey: st.Key, FullDesc: lipgloss.NewStyle(), FullSeparator: st.Faint, Ellipsis: st.Faint,
 	}
 	m.filter = newTextPrompt(st, "filter: ", m.keys.Filter)
+	m.evFilter = newTextPrompt(st, "filter: ", m.keys.EvFilter)
+	m.evLevel = slog.LevelDebug
 	m.edit = newLineEdit(st, "new value: ")
 	m.find = newTextPrompt(st, "find: ", m.keys.Find)
 	m.running, m.runSrc = eng.Config()
@@ -207,7 +221,25 @@ func (m *Model) note(lv slog.Level, msg string) {
 }
 
 func (m *Model) setStatus(lv level, msg string) {
-	m.status, m.statusLevel = termtext.Clean(msg), lv
+	m.status, m.statusLevel, m.statusAt = termtext.Clean(msg), lv, m.opts.Now()
+}
+
+// expireStatus drops a header message that has been shown long enough, so
+// the live line (mode, % used, workers) comes back. It reports whether the
+// header changed.
+func (m *Model) expireStatus() bool {
+	if m.status == "" || m.applying {
+		return false
+	}
+	ttl := statusTTL
+	if m.statusLevel >= levelWarn {
+		ttl = badTTL
+	}
+	if m.opts.Now().Sub(m.statusAt) < ttl {
+		return false
+	}
+	m.status = ""
+	return true
 }
 
 // Update handles one message.
@@ -218,7 +250,7 @@ func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 		m.width, m.height = msg.Width, msg.Height
 		return m, nil
 	case tickMsg:
-		m.dirty = false
+		m.dirty = m.expireStatus()
 		return m, m.snapshotCmd()
 	case snapMsg:
 		m.setSnapshot(engine.Snapshot(msg))
@@ -246,6 +278,8 @@ func (m *Model) onText(msg tea.Msg) tea.Cmd {
 		if m.edit.Update(msg) {
 			m.checkEdit()
 		}
+	case modeEvFilter:
+		m.onEvFilter(msg)
 	case modeFind:
 		m.onFind(msg)
 	}
@@ -258,7 +292,7 @@ func (m *Model) onKey(msg tea.KeyPressMsg) tea.Cmd {
 		return tea.Quit
 	}
 	switch m.mode {
-	case modeFilter, modeFind:
+	case modeFilter, modeEvFilter, modeFind:
 		return m.onText(msg)
 	case modeEdit:
 		return m.onEditKey(msg)
@@ -286,7 +320,7 @@ func (m *Model) onKey(msg tea.KeyPressMsg) tea.Cmd {
 
 	switch {
 	case key.Matches(msg, g.Quit):
-		if n := len(m.snap.Contexts); n > 0 {
+		if len(m.snap.Contexts) > 0 || m.pendingEdits() > 0 {
 			m.mode = modeConfirmQuit
 			return nil
 		}
@@ -309,7 +343,7 @@ func (m *Model) onKey(msg tea.KeyPressMsg) tea.Cmd {
 	case paneContexts:
 		return m.onContextsKey(msg)
 	case paneEvents:
-		m.onEventsKey(msg)
+		return m.onEventsKey(msg)
 	case paneSettings:
 		return m.onSettingsKey(msg)
 	}
@@ -325,6 +359,12 @@ func (m *Model) goPane(p pane) {
 	m.dirty = true
 }
 
+// pendingEdits counts the settings edited but not applied.
+func (m *Model) pendingEdits() int { return len(settings.Diff(m.running, m.pending)) }
+
+// pageSize is how far PgUp/PgDn move: about one screen of list rows.
+func (m *Model) pageSize() int { return max(1, m.height-8) }
+
 // moveSel applies the list keys to a selection of n items.
 func (m *Model) moveSel(msg tea.KeyPressMsg, sel *int, n int) bool {
 	l := m.keys.List
@@ -333,6 +373,10 @@ func (m *Model) moveSel(msg tea.KeyPressMsg, sel *int, n int) bool {
 		*sel--
 	case key.Matches(msg, l.Down):
 		*sel++
+	case key.Matches(msg, l.PageUp):
+		*sel -= m.pageSize()
+	case key.Matches(msg, l.PageDown):
+		*sel += m.pageSize()
 	case key.Matches(msg, l.Top):
 		*sel = 0
 	case key.Matches(msg, l.Bottom):
@@ -351,10 +395,32 @@ func (m *Model) onContextsKey(msg tea.KeyPressMsg) tea.Cmd {
 		return nil
 	}
 	switch {
+	case key.Matches(msg, k.SortBy):
+		for i, c := range ctxColumns {
+			if msg.String() != string(c.key) {
+				continue
+			}
+			if i == m.sortCol {
+				m.sortDesc = !m.sortDesc
+			} else {
+				m.sortCol, m.sortDesc = i, false
+			}
+		}
 	case key.Matches(msg, k.Sort):
-		m.sortCol = (m.sortCol + 1) % len(ctxColumns)
-	case key.Matches(msg, k.Reverse):
-		m.sortDesc = !m.sortDesc
+		// The next column on screen: sorting by a hidden one would order
+		// the table by something nobody can see.
+		shown := tableColumns(m.width, m.sortCol)
+		next := shown[0].title
+		for i, c := range shown {
+			if c.title == ctxColumns[m.sortCol].title {
+				next = shown[(i+1)%len(shown)].title
+			}
+		}
+		for i, c := range ctxColumns {
+			if c.title == next {
+				m.sortCol, m.sortDesc = i, false
+			}
+		}
 	case key.Matches(msg, k.Filter):
 		m.mode = modeFilter
 		m.filter.Open(m.filterStr)
@@ -393,12 +459,70 @@ func (m *Model) onFilter(msg tea.Msg) {
 	}
 }
 
-func (m *Model) onEventsKey(msg tea.KeyPressMsg) {
-	// The selection here is the scroll offset, counted from the newest line.
-	sel := len(m.events) - 1 - m.evScroll
-	if m.moveSel(msg, &sel, len(m.events)) {
-		m.evScroll = max(0, len(m.events)-1-sel)
+func (m *Model) onEventsKey(msg tea.KeyPressMsg) tea.Cmd {
+	// The selection here is the scroll offset, counted from the newest event.
+	n := len(m.visibleEvents())
+	sel := n - 1 - m.evScroll
+	if m.moveSel(msg, &sel, n) {
+		m.evScroll = max(0, n-1-sel)
+		return nil
 	}
+	k := m.keys.Events
+	switch {
+	case key.Matches(msg, k.Filter):
+		m.mode = modeEvFilter
+		m.evFilter.Open(m.evFilterStr)
+	case key.Matches(msg, k.Level):
+		// all -> INFO and up -> WARN and up -> ERROR only -> all
+		switch {
+		case m.evLevel < slog.LevelInfo:
+			m.evLevel = slog.LevelInfo
+		case m.evLevel < slog.LevelWarn:
+			m.evLevel = slog.LevelWarn
+		case m.evLevel < slog.LevelError:
+			m.evLevel = slog.LevelError
+		default:
+			m.evLevel = slog.LevelDebug
+		}
+		m.evScroll = 0
+	case key.Matches(msg, k.Clear):
+		m.evLevel, m.evFilterStr, m.evScroll = slog.LevelDebug, "", 0
+	}
+	return nil
+}
+
+// onEvFilter takes a key or a paste while the events filter is typed.
+func (m *Model) onEvFilter(msg tea.Msg) {
+	switch m.evFilter.Update(msg) {
+	case promptChanged:
+		m.evFilterStr = m.evFilter.Value()
+		m.evScroll = 0
+	case promptAccepted:
+		m.mode = modeNormal
+	case promptCancelled:
+		m.mode = modeNormal
+		m.evFilterStr = ""
+		m.evScroll = 0
+	}
+}
+
+// visibleEvents is the events that pass the level and text filters.
+func (m *Model) visibleEvents() []engine.Event {
+	f := strings.ToLower(m.evFilterStr)
+	if f == "" && m.evLevel <= slog.LevelDebug {
+		return m.events
+	}
+	var out []engine.Event
+	for _, ev := range m.events {
+		if ev.Level < m.evLevel {
+			continue
+		}
+		if f != "" && !strings.Contains(strings.ToLower(string(ev.Kind)+" "+ev.Message), f) {
+			continue
+		}
+		out = append(out, ev)
+	}
+	return out
 }
 
 // View renders the latest state; it is rebuilt only when a message changed
@@ -435,8 +559,14 @@ func (m *Model) renderBody(w, h int) string {
 	case modeHelp:
 		return m.renderHelp(w)
 	case modeConfirmQuit:
-		n := len(m.snap.Contexts)
-		return m.st.Warn.Render("QUIT?") + fmt.Sprintf(" %d worker context(s) are registered; they lose their cache server.\n\n", n) +
+		var why []string
+		if n := len(m.snap.Contexts); n > 0 {
+			why = append(why, fmt.Sprintf("%d worker context(s) are registered; they lose their cache server.", n))
+		}
+		if n := m.pendingEdits(); n > 0 {
+			why = append(why, fmt.Sprintf("%d setting edit(s) are not applied; quitting drops them (5 Settings, a to apply).", n))
+		}
+		return m.st.Warn.Render("QUIT?") + " " + strings.Join(why, "\n       ") + "\n\n" +
 			"Quit kvdock? " + m.st.Key.Render("y") + " quit  " + m.st.Key.Render("n") + " stay"
 	case modeConfirmApply:
 		return m.renderConfirmApply(w)
@@ -474,6 +604,8 @@ func (m *Model) currentKeys() []key.Binding {
 	switch m.mode {
 	case modeFilter:
 		return m.keys.Filter.list()
+	case modeEvFilter:
+		return m.keys.EvFilter.list()
 	case modeFind:
 		return m.keys.Find.list()
 	case modeEdit:
@@ -497,8 +629,11 @@ func (m *Model) currentKeys() []key.Binding {
 	return append([]key.Binding{g.Help, g.Quit, g.Next}, own...)
 }
 
+// renderHelpBar shows the keys that fit whole; the rest are behind ?
+// (first in the bar), so the bar never ends in a cut-off entry.
 func (m *Model) renderHelpBar(w int) string {
 	m.help.SetWidth(w)
+	m.help.Ellipsis = ""
 	return fit(m.help.ShortHelpView(m.currentKeys()), w)
 }
 
@@ -509,14 +644,32 @@ func (m *Model) renderHelp(w int) string {
 		groups = append(groups, m.keys.Contexts.list(), m.keys.Filter.list())
 	}
 	if m.pane == paneEvents {
-		groups = append(groups, m.keys.Events.list())
+		groups = append(groups, m.keys.Events.list(), m.keys.EvFilter.list())
 	}
 	if m.pane == paneSettings {
 		groups = append(groups, m.keys.Settings.list(), m.keys.Edit.list())
 	}
 	groups = append(groups, m.keys.Global.list())
 	title := m.st.Title.Render("Keys — " + paneNames[m.pane])
-	return title + "\n\n" + m.help.FullHelpView(groups)
+	// The log file comes first: a short screen cuts the bottom.
+	out := title + "\n" + m.logLine() + "\n\n" + m.help.FullHelpView(groups)
+	if m.pane == paneContexts {
+		var cols []string
+		for _, c := range ctxColumns {
+			cols = append(cols, string(c.key)+" "+c.sortName)
+		}
+		out += "\n\n" + wrapWords("sort: shift+letter picks a column, again reverses it: "+strings.Join(cols, " · "), w) +
+			"\n" + wrapWords("filter: text matches id or model; col:value matches one column (model:llama, mode:pickle, layout:bfloat16)", w)
+	}
+	return out
+}
+
+// logLine says where the logs go.
+func (m *Model) logLine() string {
+	if m.opts.LogFile == "" {
+		return m.st.Bold.Render("Log file  ") + "none (logs go to stderr)"
+	}
+	return m.st.Bold.Render("Log file  ") + m.opts.LogFile
 }
 
 // applyDone takes Apply's answer: the header and the events pane say what
@@ -561,4 +714,21 @@ func changeKeys(cs []settings.Change) string {
 		keys[i] = c.Key
 	}
 	return strings.Join(keys, ", ")
+}
+
+// memoryCheck is settings.CheckMemory for an edited config: a new pool
+// size must fit the host's available memory plus what the running pool
+// gives back (a rebuild closes it before the new one is made). An
+// unchanged size, or no probe, checks nothing.
+func (m *Model) memoryCheck(c settings.Config) error {
+	if m.opts.Memory == nil || c.L1.SizeBytes() == m.running.L1.SizeBytes() {
+		return nil
+	}
+	avail, err := m.opts.Memory.MemAvailable()
+	if err != nil {
+		return nil
+	}
+	p := m.snap.Pool
+	avail += min(p.Size, max(p.Prefaulted, p.UsedBytes))
+	return settings.CheckMemory(c, m.pendingSources(), avail)
 }

@@ -3,6 +3,7 @@ package dashboard
 import (
 	"cmp"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
@@ -42,7 +43,9 @@ func (m *Model) renderHeader(w int) string {
 		proto = m.running.Server.Protocol
 	}
 	state := m.stateStyle(s.State).Render(strings.ToUpper(s.State.String()))
-	line1 := m.st.Title.Render("kvdock "+version) + "  " + endpoint + "  " + proto + "  state: " + state + "  up " + durationText(s.Uptime)
+	// The state comes right after the title: it is what a narrow screen
+	// must still show.
+	line1 := m.st.Title.Render("kvdock "+version) + "  state: " + state + "  " + endpoint + "  " + proto + "  up " + durationText(s.Uptime)
 	if s.Error != "" {
 		line1 += "  " + m.st.Bad.Render("error: "+s.Error)
 	}
@@ -104,40 +107,41 @@ type ctxColumn struct {
 	value    func(m *Model, c workers.ContextInfo) string
 	less     func(a, b workers.ContextInfo) int
 	sortName string
+	key      rune // shift+letter that sorts by this column
 }
 
 var ctxColumns = []ctxColumn{
-	{title: "ID", width: 9, prio: 0, sortName: "id",
+	{title: "ID", width: 9, key: 'I', prio: 0, sortName: "id",
 		value: func(_ *Model, c workers.ContextInfo) string { return strconv.FormatInt(c.InstanceID, 10) },
 		less:  func(a, b workers.ContextInfo) int { return cmp.Compare(a.InstanceID, b.InstanceID) }},
-	{title: "MODEL", width: 12, prio: 2, sortName: "model",
+	{title: "MODEL", width: 12, key: 'N', prio: 2, sortName: "model",
 		value: func(_ *Model, c workers.ContextInfo) string { return c.Model },
 		less:  func(a, b workers.ContextInfo) int { return cmp.Compare(a.Model, b.Model) }},
-	{title: "WS", width: 3, prio: 7, right: true, sortName: "world size",
+	{title: "WS", width: 3, key: 'W', prio: 7, right: true, sortName: "world size",
 		value: func(_ *Model, c workers.ContextInfo) string { return strconv.Itoa(c.WorldSize) },
 		less:  func(a, b workers.ContextInfo) int { return cmp.Compare(a.WorldSize, b.WorldSize) }},
-	{title: "LAYOUT", width: 16, prio: 10, sortName: "layout",
+	{title: "LAYOUT", width: 16, key: 'L', prio: 10, sortName: "layout",
 		value: func(_ *Model, c workers.ContextInfo) string { return layoutText(c) },
 		less:  func(a, b workers.ContextInfo) int { return cmp.Compare(layoutText(a), layoutText(b)) }},
-	{title: "MODE", width: 6, prio: 1, sortName: "mode",
+	{title: "MODE", width: 6, key: 'M', prio: 1, sortName: "mode",
 		value: func(_ *Model, c workers.ContextInfo) string { return string(c.Mode) },
 		less:  func(a, b workers.ContextInfo) int { return cmp.Compare(a.Mode, b.Mode) }},
-	{title: "STORES", width: 7, prio: 3, right: true, sortName: "stores",
+	{title: "STORES", width: 7, key: 'S', prio: 3, right: true, sortName: "stores",
 		value: func(_ *Model, c workers.ContextInfo) string { return strconv.FormatInt(c.Stores, 10) },
 		less:  func(a, b workers.ContextInfo) int { return cmp.Compare(a.Stores, b.Stores) }},
-	{title: "RETR", width: 7, prio: 4, right: true, sortName: "retrieves",
+	{title: "RETR", width: 7, key: 'R', prio: 4, right: true, sortName: "retrieves",
 		value: func(_ *Model, c workers.ContextInfo) string { return strconv.FormatInt(c.Retrieves, 10) },
 		less:  func(a, b workers.ContextInfo) int { return cmp.Compare(a.Retrieves, b.Retrieves) }},
-	{title: "HITS", width: 7, prio: 5, right: true, sortName: "hit chunks",
+	{title: "HITS", width: 7, key: 'H', prio: 5, right: true, sortName: "hit chunks",
 		value: func(_ *Model, c workers.ContextInfo) string { return strconv.FormatInt(c.HitChunks, 10) },
 		less:  func(a, b workers.ContextInfo) int { return cmp.Compare(a.HitChunks, b.HitChunks) }},
-	{title: "IN", width: 9, prio: 8, right: true, sortName: "bytes in",
+	{title: "IN", width: 9, key: 'B', prio: 8, right: true, sortName: "bytes in",
 		value: func(_ *Model, c workers.ContextInfo) string { return bytesText(c.BytesIn) },
 		less:  func(a, b workers.ContextInfo) int { return cmp.Compare(a.BytesIn, b.BytesIn) }},
-	{title: "OUT", width: 9, prio: 9, right: true, sortName: "bytes out",
+	{title: "OUT", width: 9, key: 'O', prio: 9, right: true, sortName: "bytes out",
 		value: func(_ *Model, c workers.ContextInfo) string { return bytesText(c.BytesOut) },
 		less:  func(a, b workers.ContextInfo) int { return cmp.Compare(a.BytesOut, b.BytesOut) }},
-	{title: "LAST", width: 7, prio: 6, right: true, sortName: "last request",
+	{title: "LAST", width: 7, key: 'T', prio: 6, right: true, sortName: "last request",
 		value: func(m *Model, c workers.ContextInfo) string {
 			if c.LastRequest.IsZero() {
 				return "-"
@@ -160,14 +164,48 @@ func layoutText(c workers.ContextInfo) string {
 	return s + " " + c.Layout.Dtype
 }
 
+// filterColumn is the column a filter names ("model:llama" names MODEL by
+// its title or sort name, or a prefix of one), -1 for plain text (which
+// matches ID and MODEL), -2 for a name no column has.
+func filterColumn(f string) (col int, value string) {
+	name, value, ok := strings.Cut(f, ":")
+	name = strings.ToLower(strings.TrimSpace(name))
+	switch {
+	case !ok:
+		return -1, f
+	case name == "":
+		return -1, value
+	}
+	for _, exact := range []bool{true, false} {
+		for i, c := range ctxColumns {
+			t, sn := strings.ToLower(c.title), c.sortName
+			if exact && (name == t || name == sn) || !exact && name != "" && (strings.HasPrefix(t, name) || strings.HasPrefix(sn, name)) {
+				return i, value
+			}
+		}
+	}
+	return -2, value
+}
+
 // visibleContexts is the contexts after the filter, in the chosen order.
+// The filter matches the chosen column (col:value), else the ID and MODEL
+// columns: "4" must not match every row through its layout's dimensions.
 func (m *Model) visibleContexts() []workers.ContextInfo {
-	f := strings.ToLower(m.filterStr)
+	fcol, f := filterColumn(m.filterStr)
+	f = strings.ToLower(f)
 	var out []workers.ContextInfo
 	for _, c := range m.snap.Contexts {
-		if f != "" {
-			hay := strings.ToLower(strconv.FormatInt(c.InstanceID, 10) + " " + c.Model + " " + string(c.Mode) + " " + layoutText(c))
-			if !strings.Contains(hay, f) {
+		if f != "" || fcol == -2 {
+			var hay string
+			switch fcol {
+			case -2:
+				continue
+			case -1:
+				hay = strconv.FormatInt(c.InstanceID, 10) + "\x00" + c.Model
+			default:
+				hay = ctxColumns[fcol].value(m, c)
+			}
+			if !strings.Contains(strings.ToLower(hay), f) {
 				continue
 			}
 		}
@@ -187,11 +225,22 @@ func (m *Model) visibleContexts() []workers.ContextInfo {
 	return out
 }
 
-// tableColumns picks the columns that fit w and spreads the spare width
-// over the flexible ones.
-func tableColumns(w int) []ctxColumn {
+// maxModelWidth caps the MODEL column: a long name is cut in its middle
+// rather than given a hundred columns.
+const maxModelWidth = 40
+
+// tableColumns picks the columns that fit w, the sort column always (its
+// arrow says what orders the table), and spreads the spare width over the
+// flexible ones.
+func tableColumns(w, sortCol int) []ctxColumn {
 	byPrio := slices.Clone(ctxColumns)
 	slices.SortStableFunc(byPrio, func(a, b ctxColumn) int { return cmp.Compare(a.prio, b.prio) })
+	if sortCol >= 0 && sortCol < len(ctxColumns) {
+		// First in line: the others fit around it.
+		sc := ctxColumns[sortCol]
+		byPrio = slices.DeleteFunc(byPrio, func(c ctxColumn) bool { return c.title == sc.title })
+		byPrio = append([]ctxColumn{sc}, byPrio...)
+	}
 	keep := map[string]bool{}
 	used := 2 // selection marker
 	for _, c := range byPrio {
@@ -217,6 +266,8 @@ func tableColumns(w int) []ctxColumn {
 			add := spare
 			if title == "LAYOUT" {
 				add = min(add, 28-cols[i].width)
+			} else {
+				add = min(add, maxModelWidth-cols[i].width)
 			}
 			cols[i].width += add
 			spare -= add
@@ -226,6 +277,9 @@ func tableColumns(w int) []ctxColumn {
 }
 
 func cell(c ctxColumn, s string) string {
+	if c.title == "MODEL" {
+		return fit(midTrunc(s, c.width), c.width)
+	}
 	if c.right {
 		if lipgloss.Width(s) > c.width {
 			return fit(s, c.width)
@@ -244,6 +298,9 @@ func (m *Model) renderContexts(w, h int) string {
 		order = "descending"
 	}
 	info := fmt.Sprintf("%d of %d context(s) · sort: %s (%s)", len(rows), len(m.snap.Contexts), col.sortName, order)
+	if c, _ := filterColumn(m.filterStr); c == -2 {
+		info += " · no such column (" + strings.SplitN(m.filterStr, ":", 2)[0] + ")"
+	}
 	if m.mode == modeFilter {
 		info += " · " + m.filter.View()
 	} else if m.filterStr != "" {
@@ -251,21 +308,32 @@ func (m *Model) renderContexts(w, h int) string {
 	}
 	b.WriteString(info + "\n")
 
-	cols := tableColumns(w)
+	cols := tableColumns(w, m.sortCol)
 	var head []string
 	for _, c := range cols {
 		t := c.title
 		if c.title == col.title {
 			t += map[bool]string{false: "^", true: "v"}[m.sortDesc]
 		}
-		head = append(head, cell(c, t))
+		if c.right {
+			head = append(head, cell(c, t))
+		} else {
+			head = append(head, fit(t, c.width))
+		}
 	}
 	b.WriteString(m.st.Header.Render(fit("  "+strings.Join(head, " "), w)) + "\n")
 
 	if len(rows) == 0 {
-		if len(m.snap.Contexts) == 0 {
+		switch rb := m.snap.Rebuilt; {
+		case len(m.snap.Contexts) == 0 && rb.DroppedContexts > 0:
+			text := fmt.Sprintf("a pool rebuild %s dropped %d worker context(s); workers must re-register (restart them, or let them reconnect)",
+				ageText(m.opts.Now(), rb.At), rb.DroppedContexts)
+			for _, l := range strings.Split(wrapWords(text, w-2), "\n") {
+				b.WriteString("  " + m.st.Warn.Render(l) + "\n")
+			}
+		case len(m.snap.Contexts) == 0:
 			b.WriteString(m.st.Faint.Render("  no worker has registered yet") + "\n")
-		} else {
+		default:
 			b.WriteString(m.st.Faint.Render("  no context matches the filter") + "\n")
 		}
 		return b.String()
@@ -275,6 +343,9 @@ func (m *Model) renderContexts(w, h int) string {
 	listH := h - 2
 	if details {
 		listH = max(1, min(len(rows), listH-10))
+	}
+	if len(rows) > listH {
+		listH = max(1, listH-1) // room for "n more below"
 	}
 	start := 0
 	if m.ctxSel >= listH {
@@ -295,6 +366,9 @@ func (m *Model) renderContexts(w, h int) string {
 		} else {
 			b.WriteString("  " + line + "\n")
 		}
+	}
+	if n := len(rows) - start - listH; n > 0 {
+		b.WriteString(m.st.Faint.Render(fmt.Sprintf("  … %d more below", n)) + "\n")
 	}
 	if details {
 		b.WriteString(m.renderDetails(rows[min(m.ctxSel, len(rows)-1)]))
@@ -359,7 +433,8 @@ func (m *Model) renderPool(w int) string {
 			m.st.Bold.Render("Alloc failures "), s.Pool.AllocFailures),
 		fmt.Sprintf("%s%d write, %d read   reads %d hit / %d miss",
 			m.st.Bold.Render("Locked    "), s.Pool.WriteLocked, s.Pool.ReadLocked, s.Pool.ReadHits, s.Pool.ReadMisses),
-		m.st.Bold.Render("/dev/shm  ")+bytesText(s.Pool.ShmFree)+" free",
+		m.hostLine(),
+		m.prefaultLine(w),
 		"",
 		fmt.Sprintf("%s%s, watermark %.2f, ratio %.2f   TTL write %s, read %s",
 			m.st.Bold.Render("Eviction  "), s.Pool.Policy, s.Pool.Watermark, s.Pool.Ratio,
@@ -369,6 +444,34 @@ func (m *Model) renderPool(w int) string {
 			s.Transfer.NoSpace, s.Transfer.Rejected, s.Transfer.Fallbacks),
 	)
 	return strings.Join(lines, "\n")
+}
+
+// hostLine is the memory the pool draws on: /dev/shm for a shared
+// segment, the host's available memory for a private (SHM off) pool.
+func (m *Model) hostLine() string {
+	s := m.snap
+	if s.Pool.Decision.Shared {
+		return m.st.Bold.Render("/dev/shm  ") + bytesText(s.Pool.ShmFree) + " free"
+	}
+	return m.st.Bold.Render("Host mem  ") + bytesText(s.Pool.HostAvailable) + " available (MemAvailable; SHM off: the pool is private memory)"
+}
+
+// prefaultLine shows the background prefault's progress.
+func (m *Model) prefaultLine(w int) string {
+	p := m.snap.Pool
+	label := m.st.Bold.Render("Prefault  ")
+	switch {
+	case !m.snap.Config.L1.Prefault:
+		return label + "off (pages are faulted in by the first writes)"
+	case p.Size <= 0:
+		return label + "- (no pool)"
+	case p.Size > 0 && p.Prefaulted >= p.Size:
+		return label + "done, " + bytesText(p.Size) + " resident"
+	}
+	pct := percent(float64(p.Prefaulted), float64(p.Size))
+	nums := fmt.Sprintf(" %s / %s (%.1f%%) in progress", bytesText(p.Prefaulted), bytesText(p.Size), pct)
+	barW := max(10, min(50, w-10-lipgloss.Width(nums)))
+	return label + bar(m.st, barW, pct) + nums
 }
 
 func (m *Model) renderGPU(w, h int) string {
@@ -430,10 +533,29 @@ func (m *Model) renderEvents(w, h int) string {
 	if len(m.events) == 0 {
 		return m.st.Faint.Render("no events yet")
 	}
-	end := len(m.events) - m.evScroll
+	evs := m.visibleEvents()
+	var head []string
+	if m.mode == modeEvFilter || m.evFilterStr != "" || m.evLevel > slog.LevelDebug {
+		info := fmt.Sprintf("%d of %d event(s) · level: %s", len(evs), len(m.events), levelText(m.evLevel))
+		if m.mode == modeEvFilter {
+			info += " · " + m.evFilter.View()
+		} else if m.evFilterStr != "" {
+			info += " · filter: " + strconv.Quote(m.evFilterStr)
+		}
+		head = append(head, fit(info, w))
+		h = max(1, h-1)
+	}
+	if len(evs) == 0 {
+		return strings.Join(append(head, m.st.Faint.Render("no event matches the filter")), "\n")
+	}
+	scroll := min(m.evScroll, len(evs)-1)
+	end := len(evs) - scroll
+	if scroll > 0 {
+		h = max(1, h-1) // room for "n more below"
+	}
 	start := max(0, end-h)
 	var lines []string
-	for _, ev := range m.events[start:end] {
+	for _, ev := range evs[start:end] {
 		lv := strings.ToUpper(ev.Level.String())
 		st := lipgloss.NewStyle()
 		switch {
@@ -446,7 +568,7 @@ func (m *Model) renderEvents(w, h int) string {
 		// Messages wrap under their own column so reasons stay whole.
 		indent := strings.Repeat(" ", lipgloss.Width(prefix))
 		msgW := max(10, w-len(indent))
-		for i, part := range strings.Split(ansi.Wrap(ev.Message, msgW, " "), "\n") {
+		for i, part := range strings.Split(wrapWords(ev.Message, msgW), "\n") {
 			if i == 0 {
 				lines = append(lines, fit(prefix+part, w))
 			} else {
@@ -457,5 +579,19 @@ func (m *Model) renderEvents(w, h int) string {
 	if len(lines) > h {
 		lines = lines[len(lines)-h:]
 	}
-	return strings.Join(lines, "\n")
+	if scroll > 0 {
+		lines = append(lines, m.st.Faint.Render(fmt.Sprintf("  … %d newer event(s) below", scroll)))
+	}
+	return strings.Join(append(head, lines...), "\n")
+}
+
+// levelText names the events level filter.
+func levelText(lv slog.Level) string {
+	if lv <= slog.LevelDebug {
+		return "all"
+	}
+	if lv >= slog.LevelError {
+		return "ERROR only"
+	}
+	return lv.String() + " and up"
 }

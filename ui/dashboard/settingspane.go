@@ -8,6 +8,7 @@ import (
 
 	"charm.land/bubbles/v2/key"
 	tea "charm.land/bubbletea/v2"
+	"charm.land/lipgloss/v2"
 
 	"kvdock/settings"
 	"kvdock/ui/termtext"
@@ -205,9 +206,13 @@ func (m *Model) checkEdit() {
 	}
 	m.editErr = ""
 	var ve *settings.ValidationError
-	if err := settings.Validate(c, m.pendingSources()); errors.As(err, &ve) {
+	err := settings.Validate(c, m.pendingSources())
+	if err == nil {
+		err = m.memoryCheck(c)
+	}
+	if errors.As(err, &ve) {
 		for _, p := range ve.Problems {
-			if p.Key == ki.Key {
+			if p.Key == ki.Key || ki.Key == "l1.allow_overcommit" && p.Key == "l1.size_gb" {
 				m.editErr = fmt.Sprintf("%s = %s: %s", p.Key, p.Value, p.Reason)
 				return
 			}
@@ -237,7 +242,11 @@ func (m *Model) askApply() {
 func (m *Model) pendingValid(doing string) bool {
 	m.problems = nil
 	var ve *settings.ValidationError
-	if err := settings.Validate(m.pending, m.pendingSources()); errors.As(err, &ve) {
+	err := settings.Validate(m.pending, m.pendingSources())
+	if err == nil {
+		err = m.memoryCheck(m.pending)
+	}
+	if errors.As(err, &ve) {
 		for _, p := range ve.Problems {
 			m.problems = append(m.problems, p.String())
 		}
@@ -359,6 +368,10 @@ func (m *Model) renderSettings(w, h int) string {
 	// Room under the list: the selected key's help, the editor, problems.
 	foot := m.settingsFooter(w)
 	listH := max(1, h-2-strings.Count(foot, "\n")-1)
+	more := len(m.keyInfos) > listH
+	if more {
+		listH = max(1, listH-1) // room for "n more below"
+	}
 	start := 0
 	if m.setSel >= listH {
 		start = m.setSel - listH + 1
@@ -389,6 +402,9 @@ func (m *Model) renderSettings(w, h int) string {
 	for i := min(len(m.keyInfos)-start, listH); i < listH; i++ {
 		b.WriteString("\n")
 	}
+	if more {
+		b.WriteString(m.st.Faint.Render(fmt.Sprintf("  … %d more below", max(0, len(m.keyInfos)-start-listH))) + "\n")
+	}
 	b.WriteString(foot)
 	return b.String()
 }
@@ -398,6 +414,7 @@ func (m *Model) settingsFooter(w int) string {
 	var lines []string
 	lines = append(lines, m.st.Bold.Render(ki.Key)+": "+ki.Help)
 	lines = append(lines, fmt.Sprintf("  --%s · %s · default %s · running %s", ki.Flag, ki.Env, ki.Default, valueText(m.running, ki)))
+	lines = append(lines, m.logLine())
 	if m.mode == modeFind {
 		lines = append(lines, m.find.View())
 	}
@@ -413,8 +430,16 @@ func (m *Model) settingsFooter(w int) string {
 	for _, p := range m.problems {
 		lines = append(lines, m.st.Bad.Render("INVALID: ")+p)
 	}
-	for i := range lines {
-		lines[i] = fit(lines[i], w)
+	// Problems wrap rather than lose their end (the numbers, the way out).
+	var out []string
+	for _, l := range lines {
+		if lipgloss.Width(l) <= w {
+			out = append(out, fit(l, w))
+			continue
+		}
+		for _, part := range strings.Split(wrapWords(l, w), "\n") {
+			out = append(out, fit(part, w))
+		}
 	}
-	return strings.Join(lines, "\n")
+	return strings.Join(out, "\n")
 }

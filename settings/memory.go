@@ -1,0 +1,38 @@
+package settings
+
+import "fmt"
+
+// MemoryProbe reports the memory the host can give a new pool: Linux's
+// MemAvailable (core/l1.HostMemory reads it). Tests pass a fixed figure.
+type MemoryProbe interface {
+	MemAvailable() (int64, error)
+}
+
+// MemoryNeed is the host memory c commits up front: the L1 pool. (The
+// tiers' buffers join it here when tiers exist; none do yet.)
+func MemoryNeed(c Config) int64 {
+	return c.L1.SizeBytes()
+}
+
+// CheckMemory refuses a configuration whose memory need exceeds avail
+// bytes, unless l1.allow_overcommit is set: a pool larger than the host
+// starts, then prefaults (or fills) until the kernel's OOM killer ends it.
+// It is pure: the caller reads the host (MemoryProbe) and adds what a
+// rebuild would free first. A non-positive avail (unknown) checks nothing.
+// The problem names both sizes.
+func CheckMemory(c Config, src map[string]Source, avail int64) error {
+	need := MemoryNeed(c)
+	if c.L1.AllowOvercommit || avail <= 0 || need <= avail {
+		return nil
+	}
+	return &ValidationError{Problems: []Problem{{
+		Key: "l1.size_gb", Value: display(&c.L1.SizeGB), Source: src["l1.size_gb"],
+		Reason: fmt.Sprintf("the pool needs %s but the host has %s available (MemAvailable); lower it or pass --l1-allow-overcommit",
+			gibText(need), gibText(avail)),
+	}}}
+}
+
+// gibText prints a byte count in GiB with two decimals.
+func gibText(n int64) string {
+	return fmt.Sprintf("%.2f GiB", float64(n)/(1<<30))
+}
