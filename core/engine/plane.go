@@ -13,6 +13,7 @@ import (
 	"kvdock/core/layout"
 	"kvdock/core/lookup"
 	"kvdock/core/rpc"
+	"kvdock/core/workers"
 	"kvdock/settings"
 	"kvdock/transfer/nongpu"
 )
@@ -156,6 +157,9 @@ func (e *Engine) buildPlane(cfg settings.Config) (*plane, error) {
 		Ratio:       cfg.Eviction.Ratio,
 		Logger:      e.log.With("component", "l1"),
 
+		ReadCapRefused: func(reason string) {
+			e.events.add(EventKind(workers.EventNoSpace), slog.LevelWarn, "lookup locks refused: "+reason)
+		},
 		OwnerLockShare: cfg.L1.MaxLockedSharePerInstance,
 		TotalLockShare: cfg.L1.MaxLockedShare,
 	})

@@ -133,6 +133,10 @@ type Options struct {
 	Tick time.Duration
 	// Statfs returns the free bytes of a directory; nil = statfs(2).
 	Statfs func(dir string) (int64, error)
+	// ReadCapRefused, when set, is told (at most once a second, with the
+	// reason) that a lock cap refused the scheduler's read locks: lookups
+	// have no reply that could say so, so the operator hears it as an event.
+	ReadCapRefused func(reason string)
 	// OwnerLockShare caps the locked bytes of one owner as a share of the
 	// pool, TotalLockShare those of all owners; 0 = the defaults. A
 	// reservation or read lock past a cap is refused.
@@ -229,6 +233,7 @@ type Pool struct {
 	nextLock           uint64
 	lastCapLog         int64 // unix ns of the last lock-cap log line
 	capSuppressed      uint64
+	readCapRefused     func(reason string) // called under mu
 }
 
 // ownerCharge is the bytes of locks one owner holds.
@@ -287,7 +292,8 @@ func Open(opts Options) (*Pool, error) {
 	if opts.CloseWait <= 0 {
 		opts.CloseWait = DefaultCloseWait
 	}
-	p := &Pool{now: opts.Now, log: opts.Logger, tick: opts.Tick, closeWait: opts.CloseWait, owners: make(map[Owner]uint32)}
+	p := &Pool{now: opts.Now, log: opts.Logger, tick: opts.Tick, closeWait: opts.CloseWait, owners: make(map[Owner]uint32),
+		readCapRefused: opts.ReadCapRefused}
 	if err := p.setEviction(opts.Policy, opts.Watermark, opts.Ratio); err != nil {
 		return nil, err
 	}

@@ -263,14 +263,16 @@ func (p *Pool) capRefusal(o Owner, bytes int64, now int64) error {
 	return err
 }
 
-// logCap logs a lock-cap refusal at most once a second, counting the rest.
-func (p *Pool) logCap(err error, now int64) {
+// logCap logs a lock-cap refusal at most once a second, counting the rest;
+// it reports whether this one was logged.
+func (p *Pool) logCap(err error, now int64) bool {
 	if now-p.lastCapLog < int64(1e9) && p.lastCapLog != 0 {
 		p.capSuppressed++
-		return
+		return false
 	}
 	p.log.Warn("l1 lock cap refused work", "reason", err.Error(), "similar_suppressed", p.capSuppressed)
 	p.lastCapLog, p.capSuppressed = now, 0
+	return true
 }
 
 func (p *Pool) newLock() uint64 {
@@ -627,7 +629,9 @@ func (p *Pool) ReserveReadPrefix(ks []keys.ObjectKey, count int) int {
 		if !r.readLocked() {
 			// A new read-lock era, charged to the owner that starts it.
 			if err := p.capRefusal(owner, p.rounded(i), now); err != nil {
-				p.logCap(err, now)
+				if p.logCap(err, now) && p.readCapRefused != nil {
+					p.readCapRefused(err.Error())
+				}
 				return n
 			}
 			r.owner = p.charge(owner, p.rounded(i))

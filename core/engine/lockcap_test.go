@@ -1,0 +1,51 @@
+package engine
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"kvdock/core/workers"
+	"kvdock/transfer/worker"
+)
+
+// TestLookupLockCapRefusalIsAnEvent: a LOOKUP whose read locks a lock cap
+// refuses has no reply that could say so; the operator learns it from an
+// event naming the cap.
+func TestLookupLockCapRefusalIsAnEvent(t *testing.T) {
+	cfg, _ := testConfig(t)
+	e := startEngine(t, cfg)
+	ctx := context.Background()
+	c := dial(t, cfg.Server.Port, cfg.Server.Protocol)
+	w, err := worker.Register(ctx, c, worker.Config{InstanceID: 7, Model: "capped", Layers: 1, Hidden: 32, Dtype: "float32", Pickle: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	n := w.ChunkTokens()
+	toks := make([]uint32, 2*n)
+	for i := range toks {
+		toks[i] = uint32(i + 1)
+	}
+	chunk := make([]byte, w.Layout().Bytes)
+	if res, err := w.Store(ctx, w.Key(toks, 2, "s"), [][]byte{chunk, chunk}); err != nil || !res.Committed {
+		t.Fatalf("store: %+v %v", res, err)
+	}
+	// Then the cap drops below one chunk (a live key): the chunks stay
+	// cached, but no lookup may lock them.
+	next := cfg
+	next.L1.MaxLockedShare = 0.001
+	if _, err := e.Apply(ctx, next, nil); err != nil {
+		t.Fatal(err)
+	}
+	sched := worker.Scheduler{C: c}
+	if hits, err := sched.Hits(ctx, w.LookupKey(toks, "l"), 1); err != nil || hits != 0 {
+		t.Fatalf("lookup under a cap below one chunk: %d hits, %v", hits, err)
+	}
+	for _, ev := range e.Snapshot().Events {
+		if ev.Kind == EventKind(workers.EventNoSpace) && strings.Contains(ev.Message, "lookup locks refused") && strings.Contains(ev.Message, "cap") {
+			return
+		}
+	}
+	t.Fatalf("no event says a lock cap refused the lookup: %+v", e.Snapshot().Events)
+}
