@@ -313,7 +313,7 @@ func TestBadInputCountedAndLoopSurvives(t *testing.T) {
 		{"handler error", [][]byte{enc(t, 1), enc(t, 9), enc(t, "sess")}, protocol.KindHandlerErr},
 		{"handler panic", [][]byte{enc(t, 1), enc(t, 5), enc(t, key), enc(t, 1)}, protocol.KindPanic},
 		{"no handler", [][]byte{enc(t, 1), enc(t, 11), enc(t, key), enc(t, 1)}, protocol.KindNoHandler},
-		{"gpu store", [][]byte{enc(t, 1), enc(t, 3), []byte("ipc")}, "cuda_unsupported"},
+		{"gpu store", [][]byte{enc(t, 1), enc(t, 3), []byte("ipc")}, protocol.KindCUDAUnsupported},
 		{"total oversized", [][]byte{enc(t, 1), enc(t, 12), make([]byte, 600<<10), make([]byte, 600<<10)}, protocol.KindOversized},
 	}
 	for _, tc := range cases {
