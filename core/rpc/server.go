@@ -540,6 +540,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	loopErr := l.run()
 
 	// Drain: no more reads; workers finish what they hold and exit.
+	s.log.Info("rpc server draining", "endpoint", bound, "in_flight", s.stats.inFlight.Load(), "timeout", s.opts.DrainTimeout)
 	for _, ch := range ordered {
 		close(ch)
 	}
