@@ -5,6 +5,8 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+
+	"kvdock/core/testkit/fakeclock"
 )
 
 func heapAfterGC() int64 {
@@ -18,7 +20,7 @@ func TestRequestTokenCap(t *testing.T) {
 	if DefaultMaxRequestTokens != 2_097_152 {
 		t.Fatalf("DefaultMaxRequestTokens = %d: keep it equal to the wire decoder's cap", DefaultMaxRequestTokens)
 	}
-	s := newSessions(t, 4, newClock())
+	s := newSessions(t, 4, fakeclock.New())
 	over := make([]uint32, DefaultMaxRequestTokens+4)
 	if _, err := s.ObjectKeys(req("big", over, 0, 4)); err == nil || !strings.Contains(err.Error(), "at most 2097152 per request") {
 		t.Fatalf("worker-side request of %d tokens: err = %v", len(over), err)
@@ -43,7 +45,7 @@ func TestRequestTokenCap(t *testing.T) {
 }
 
 func TestIDAndModelCaps(t *testing.T) {
-	s := newSessions(t, 4, newClock())
+	s := newSessions(t, 4, fakeclock.New())
 	ts := seqTokens(8, 2)
 	long := strings.Repeat("i", MaxRequestIDLen)
 	if _, err := s.ObjectKeys(req(long, ts, 0, 8)); err != nil {
@@ -83,7 +85,7 @@ func TestIDAndModelCaps(t *testing.T) {
 // A peer sending huge request ids or endless distinct ones must not grow the
 // session table past its bounds.
 func TestSessionMemoryBounded(t *testing.T) {
-	s := newSessions(t, 4, newClock())
+	s := newSessions(t, 4, fakeclock.New())
 	ts := seqTokens(16, 3)
 
 	before := heapAfterGC()
@@ -138,7 +140,7 @@ func TestSessionMemoryBounded(t *testing.T) {
 }
 
 func TestKeySetBatches(t *testing.T) {
-	s := newSessions(t, 4, newClock())
+	s := newSessions(t, 4, fakeclock.New())
 	ts := seqTokens(40, 5) // 10 chunks
 	ks, err := s.LookupKeys(req("b", ts, 0, 0))
 	if err != nil {

@@ -7,26 +7,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"kvdock/core/testkit/fakeclock"
 )
-
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func newClock() *fakeClock { return &fakeClock{t: time.Unix(1_700_000_000, 0)} }
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
 
 func intp(i int) *int { return &i }
 
@@ -68,7 +51,7 @@ func TestObjectKeysOrderAndFields(t *testing.T) {
 	}
 }
 
-func newSessions(t testing.TB, cs int, clk *fakeClock) *Sessions {
+func newSessions(t testing.TB, cs int, clk *fakeclock.Clock) *Sessions {
 	return NewSessions(mustHasher(t, cs), 0, clk.Now)
 }
 
@@ -77,7 +60,7 @@ func req(id string, tokens []uint32, start, end int) KeyRequest {
 }
 
 func TestSessionObjectKeysRange(t *testing.T) {
-	s := newSessions(t, 4, newClock())
+	s := newSessions(t, 4, fakeclock.New())
 	tokens := seqTokens(18, 1)
 	hs := s.Hasher().Hashes(tokens)
 	r := req("a", tokens, 4, 12)
@@ -101,7 +84,7 @@ func TestSessionObjectKeysRange(t *testing.T) {
 }
 
 func TestSessionCachesExtendAndDiverge(t *testing.T) {
-	s := newSessions(t, 4, newClock())
+	s := newSessions(t, 4, fakeclock.New())
 	h := s.Hasher()
 	tokens := seqTokens(20, 2) // 5 chunks
 	check := func(ts []uint32, wantHashed int64) {
@@ -136,7 +119,7 @@ func TestSessionCachesExtendAndDiverge(t *testing.T) {
 }
 
 func TestSessionTTL(t *testing.T) {
-	clk := newClock()
+	clk := fakeclock.New()
 	s := newSessions(t, 4, clk)
 	tokens := seqTokens(8, 3)
 	if _, err := s.LookupKeys(req("a", tokens, 0, 0)); err != nil {
@@ -175,7 +158,7 @@ func TestSessionTTL(t *testing.T) {
 }
 
 func TestSessionRunStopsWithContext(t *testing.T) {
-	s := newSessions(t, 4, newClock())
+	s := newSessions(t, 4, fakeclock.New())
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { s.Run(ctx); close(done) }()
@@ -188,7 +171,7 @@ func TestSessionRunStopsWithContext(t *testing.T) {
 }
 
 func TestSessionRangeValidation(t *testing.T) {
-	s := newSessions(t, 4, newClock())
+	s := newSessions(t, 4, fakeclock.New())
 	tokens := seqTokens(10, 4) // 2 full chunks
 	for _, c := range []struct {
 		start, end int
@@ -230,7 +213,7 @@ func TestSaltAndModelRules(t *testing.T) {
 		t.Errorf("model with '/' rejected: %v", err)
 	}
 
-	s := newSessions(t, 4, newClock())
+	s := newSessions(t, 4, fakeclock.New())
 	tokens := seqTokens(8, 5)
 	for _, r := range []KeyRequest{
 		{RequestID: "x", Model: "a@b", WorldSize: 1, Tokens: tokens, End: 8},
@@ -256,7 +239,7 @@ func TestSaltAndModelRules(t *testing.T) {
 }
 
 func TestLookupKeysAndEnd(t *testing.T) {
-	s := newSessions(t, 4, newClock())
+	s := newSessions(t, 4, fakeclock.New())
 	tokens := seqTokens(14, 6)  // 3 full chunks
 	r := req("L", tokens, 4, 8) // start/end ignored by a lookup
 	r.Worker = intp(1)          // ignored too: a lookup covers every rank
@@ -295,7 +278,7 @@ func TestLookupKeysAndEnd(t *testing.T) {
 }
 
 func TestSessionLimits(t *testing.T) {
-	s := newSessions(t, 4, newClock())
+	s := newSessions(t, 4, fakeclock.New())
 	tokens := seqTokens(8, 8) // 2 chunks each
 	s.SetLimits(Limits{MaxSessions: 2})
 	for _, id := range []string{"a", "b", "c"} {
@@ -332,7 +315,7 @@ func TestSessionLimits(t *testing.T) {
 }
 
 func TestSessionsConcurrent(t *testing.T) {
-	s := newSessions(t, 4, newClock())
+	s := newSessions(t, 4, fakeclock.New())
 	h := s.Hasher()
 	var wg sync.WaitGroup
 	errs := make(chan error, 64)

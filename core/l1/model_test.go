@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"kvdock/core/keys"
+	"kvdock/core/testkit/fakeclock"
 )
 
 // mobj is the reference model of one object.
@@ -131,7 +132,7 @@ func TestRandomAgainstModel(t *testing.T) {
 	var capRefusals uint64
 	for seq := range sequences {
 		r := rand.New(rand.NewPCG(uint64(seq), 99))
-		c := newClock()
+		c := fakeclock.New()
 		policy := PolicyLRU
 		if seq%4 == 3 {
 			policy = PolicyNoop
@@ -315,7 +316,7 @@ func TestRandomAgainstModel(t *testing.T) {
 			case 9: // time passes; sometimes past a TTL
 				d := time.Duration(r.IntN(400)) * time.Second
 				trace = append(trace, fmt.Sprintf("+%v", d))
-				c.Add(d)
+				c.Advance(d)
 			case 10: // eviction loop
 				trace = append(trace, "L")
 				m.evictionsAllowed = true

@@ -10,27 +10,8 @@ import (
 	"time"
 
 	"kvdock/core/keys"
+	"kvdock/core/testkit/fakeclock"
 )
-
-// clock is an injectable test clock.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func newClock() *clock { return &clock{t: time.Unix(1_700_000_000, 0)} }
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *clock) Add(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
 
 func key(i int) keys.ObjectKey {
 	var h keys.Hash
@@ -47,9 +28,9 @@ func keyRange(from, to int) []keys.ObjectKey {
 }
 
 // newPool returns an anonymous pool of units×4096 bytes on a test clock.
-func newPool(t testing.TB, units int64, mod func(*Options)) (*Pool, *clock) {
+func newPool(t testing.TB, units int64, mod func(*Options)) (*Pool, *fakeclock.Clock) {
 	t.Helper()
-	c := newClock()
+	c := fakeclock.New()
 	// No lock caps unless a test sets them: the state-machine tests lock
 	// whole pools on purpose.
 	o := Options{Size: units * 4096, Align: 4096, Now: c.Now, OwnerLockShare: 1, TotalLockShare: 1}
@@ -232,12 +213,12 @@ func TestWriteTTLExpiry(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.Add(9 * time.Second)
+	c.Advance(9 * time.Second)
 	p.maintain()
 	if s := p.Stats(); s.WriteLocked != 2 {
 		t.Fatalf("write lock expired early: %+v", s)
 	}
-	c.Add(time.Second)
+	c.Advance(time.Second)
 	p.maintain()
 	if s := p.Stats(); s.WriteLocked != 0 || s.Objects != 0 || s.UsedBytes != 0 || s.ExpiredWriteLocks != 2 {
 		t.Fatalf("after the write TTL: %+v", s)
@@ -252,7 +233,7 @@ func TestWriteTTLExpiry(t *testing.T) {
 	if res, err := p.ReserveWrite(InstanceOwner(1), ks[:1], 4096); err != nil || len(res) != 1 {
 		t.Fatal(err)
 	}
-	c.Add(10 * time.Second)
+	c.Advance(10 * time.Second)
 	if res, err := p.ReserveWrite(InstanceOwner(1), ks[:1], 4096); err != nil || len(res) != 1 {
 		t.Fatalf("re-reserve after expiry: %v %v", res, err)
 	}
@@ -263,7 +244,7 @@ func TestWriteTTLExpiry(t *testing.T) {
 	if _, err := p.ReserveWrite(InstanceOwner(1), ks[1:], 4096); err != nil {
 		t.Fatal(err)
 	}
-	c.Add(30 * time.Minute)
+	c.Advance(30 * time.Minute)
 	p.maintain()
 	if s := p.Stats(); s.WriteLocked != 1 {
 		t.Fatalf("new write TTL not applied: %+v", s)
@@ -277,19 +258,19 @@ func TestReadTTLExpiry(t *testing.T) {
 	if n := p.ReserveReadPrefix(ks, 3); n != 2 {
 		t.Fatal(n)
 	}
-	c.Add(4 * time.Second)
+	c.Advance(4 * time.Second)
 	if !locatable(p, ks[0]) {
 		t.Fatal("read lock expired early")
 	}
 	p.ReserveReadPrefix(ks[1:], 1) // renews the TTL of ks[1]
-	c.Add(time.Second)
+	c.Advance(time.Second)
 	if locatable(p, ks[0]) {
 		t.Fatal("read lock did not expire after the read TTL")
 	}
 	if !locatable(p, ks[1]) {
 		t.Fatal("renewed read lock expired")
 	}
-	c.Add(5 * time.Second)
+	c.Advance(5 * time.Second)
 	p.maintain()
 	if s := p.Stats(); s.ReadLocked != 0 || s.Objects != 2 || s.ExpiredReadLocks != 2 {
 		t.Fatalf("after the read TTL: %+v", s)
@@ -493,7 +474,7 @@ func TestEvictionLoop(t *testing.T) {
 func TestRunTicksUntilCancelled(t *testing.T) {
 	p, c := newPool(t, 10, func(o *Options) { o.Tick = 2 * time.Millisecond; o.WriteTTL = time.Second })
 	p.ReserveWrite(InstanceOwner(1), keyRange(0, 2), 4096)
-	c.Add(2 * time.Second)
+	c.Advance(2 * time.Second)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { p.Run(ctx); close(done) }()

@@ -85,12 +85,12 @@ func TestFinishWriteAllOrNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.Add(5 * time.Second)
+	c.Advance(5 * time.Second)
 	b, err := p.ReserveWrite(InstanceOwner(1), keyRange(2, 3), 4096)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.Add(6 * time.Second) // a expired, b did not
+	c.Advance(6 * time.Second) // a expired, b did not
 	if p.FinishWrite(append(a, b...)) {
 		t.Fatal("a batch with expired reservations was published")
 	}
@@ -109,7 +109,7 @@ func TestLateFinishNeverTouchesAnotherLock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.Add(11 * time.Second)
+	c.Advance(11 * time.Second)
 	b, err := p.ReserveWrite(InstanceOwner(2), keyRange(0, 1), 4096)
 	if err != nil || len(b) != 1 || b[0].Offset != a[0].Offset {
 		t.Fatalf("re-reservation %+v %v (the test wants the same slot)", b, err)
@@ -130,7 +130,7 @@ func TestLateFinishNeverTouchesAnotherLock(t *testing.T) {
 	// Reads: R locks, its lock expires, S locks; R's late release is stale.
 	p.ReserveReadPrefix(keyRange(0, 1), 1)
 	r, _ := p.HoldRead(key(0))
-	c.Add(11 * time.Second)
+	c.Advance(11 * time.Second)
 	p.ReserveReadPrefix(keyRange(0, 1), 1)
 	p.ReleaseRead([]ReadRef{r})
 	p.ReturnRead([]ReadRef{r})

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"kvdock/core/testkit/fakeclock"
 )
 
 // countingWriter counts bytes and keeps only the tail of what was written.
@@ -35,14 +37,6 @@ func (w *countingWriter) bytes() int64 {
 	return w.n
 }
 
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) now() time.Time      { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *clock) add(d time.Duration) { c.mu.Lock(); c.t = c.t.Add(d); c.mu.Unlock() }
-
 func TestTruncate(t *testing.T) {
 	if got := Truncate("short", 512); got != "short" {
 		t.Fatalf("short string changed: %q", got)
@@ -61,8 +55,8 @@ func TestTruncate(t *testing.T) {
 func TestFloodOfHugeErrorsIsBounded(t *testing.T) {
 	huge := strings.Repeat("m", 8<<20)
 	w := &countingWriter{}
-	clk := &clock{t: time.Unix(1e9, 0)}
-	log := slog.New(NewHandler(slog.NewTextHandler(w, nil), Options{Now: clk.now})).With("component", "nongpu")
+	clk := fakeclock.At(time.Unix(1e9, 0))
+	log := slog.New(NewHandler(slog.NewTextHandler(w, nil), Options{Now: clk.Now})).With("component", "nongpu")
 	const bound = 256 << 10
 	msg, err := "register refused: model "+huge, errors.New("bad model "+huge)
 	for i := range 10000 {
@@ -72,7 +66,7 @@ func TestFloodOfHugeErrorsIsBounded(t *testing.T) {
 		}
 	}
 	flood := w.bytes()
-	clk.add(time.Second)
+	clk.Advance(time.Second)
 	log.Error("next")
 	out := w.tail.String()
 	if !strings.Contains(out, "9900 similar log lines suppressed") || !strings.Contains(out, "suppressed=9900") {
@@ -83,8 +77,8 @@ func TestFloodOfHugeErrorsIsBounded(t *testing.T) {
 
 func TestLevelsDoNotSilenceEachOther(t *testing.T) {
 	var buf bytes.Buffer
-	clk := &clock{t: time.Unix(1e9, 0)}
-	log := slog.New(NewHandler(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}), Options{Now: clk.now}))
+	clk := fakeclock.At(time.Unix(1e9, 0))
+	log := slog.New(NewHandler(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}), Options{Now: clk.Now}))
 	for range 1000 {
 		log.Debug("request")
 	}
@@ -118,8 +112,8 @@ func (s stringer) String() string { return string(s) }
 
 func TestConcurrentLoggersShareTheLimit(t *testing.T) {
 	w := &countingWriter{}
-	clk := &clock{t: time.Unix(1e9, 0)}
-	base := slog.New(NewHandler(slog.NewTextHandler(w, nil), Options{Now: clk.now}))
+	clk := fakeclock.At(time.Unix(1e9, 0))
+	base := slog.New(NewHandler(slog.NewTextHandler(w, nil), Options{Now: clk.Now}))
 	var wg sync.WaitGroup
 	for i := range 8 {
 		wg.Add(1)

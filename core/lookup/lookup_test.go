@@ -10,6 +10,7 @@ import (
 
 	"kvdock/core/keys"
 	"kvdock/core/layout"
+	"kvdock/core/testkit/fakeclock"
 )
 
 var _ Layouts = (*layout.Registry)(nil)
@@ -75,25 +76,13 @@ type layoutsSet map[string]bool
 
 func (l layoutsSet) Has(model string, ws int) bool { return l[fmt.Sprint(model, "/", ws)] }
 
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
-
 const cs = 4
 
 type fixture struct {
 	m     *Module
 	s     *keys.Sessions
 	store *fakeStore
-	clk   *clock
+	clk   *fakeclock.Clock
 }
 
 func newFixture(t *testing.T, opts Options) *fixture {
@@ -102,7 +91,7 @@ func newFixture(t *testing.T, opts Options) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	clk := &clock{t: time.Unix(1_700_000_000, 0)}
+	clk := fakeclock.New()
 	s := keys.NewSessions(h, 0, clk.Now)
 	store := newStore()
 	opts.Now = clk.Now

@@ -187,7 +187,8 @@ func (p *Profile) ByName(name string) (*Spec, bool) {
 	return nil, false
 }
 
-// Bad-input kinds reported by DecodeRequest.
+// Bad-input kinds: those DecodeRequest reports, those the server counts while
+// dispatching and answering, and the shipped profiles' unsupported kind.
 const (
 	KindShort       = "short_message" // fewer than 3 frames (identity, uid, type)
 	KindBadHeader   = "bad_header"    // uid or type frame is not a msgpack int
@@ -199,6 +200,12 @@ const (
 	KindHandlerErr  = "handler_error" // the handler returned an error
 	KindPanic       = "handler_panic" // the handler panicked
 	KindTooMany     = "too_many_frames"
+	// KindCUDAUnsupported is the unsupported kind the shipped profiles give
+	// the GPU-path requests (REGISTER_KV_CACHE, STORE, RETRIEVE): counted and
+	// dropped, never dispatched.
+	KindCUDAUnsupported = "cuda_unsupported"
+	// KindSendFailed counts replies the socket could not send.
+	KindSendFailed = "send_failed"
 )
 
 // DecodeError is a request that could not be decoded; Kind is one of the Kind*

@@ -104,7 +104,7 @@ func TestProfileTables(t *testing.T) {
 	if s, _ := v1.ByNumber(6); s.Result != protocol.ResultOptInt {
 		t.Errorf("QUERY_PREFETCH_STATUS result %q", s.Result)
 	}
-	if s, _ := v1.ByNumber(3); s.Unsupported != "cuda_unsupported" {
+	if s, _ := v1.ByNumber(3); s.Unsupported != protocol.KindCUDAUnsupported {
 		t.Errorf("STORE unsupported %q", s.Unsupported)
 	}
 	if _, err := assets.Protocol("nope"); err == nil || !strings.Contains(err.Error(), "nongpu-v1") {
@@ -397,7 +397,7 @@ func TestDecodeRequest(t *testing.T) {
 		}
 	}
 	spec, _, err = p.DecodeRequest([][]byte{enc(1), enc(3), []byte("cuda ipc")})
-	if err != nil || spec.Unsupported != "cuda_unsupported" {
+	if err != nil || spec.Unsupported != protocol.KindCUDAUnsupported {
 		t.Errorf("STORE: %v %v", spec, err)
 	}
 	for _, c := range []struct {

@@ -19,34 +19,61 @@ import (
 func TestClientLeaderHandOver(t *testing.T) {
 	h := start(t, rpc.Options{SharedWorkers: 2})
 	release := make(chan struct{})
+	slowIn, fastIn := make(chan struct{}), make(chan struct{})
+	leaderGone := make(chan struct{})
 	h.srv.Handle(protocol.QueryPrefetchStatus, func(_ context.Context, r *rpc.Request) (any, error) {
-		if r.Args[0].(string) == "slow" {
+		switch r.Args[0].(string) {
+		case "slow":
+			close(slowIn)
 			<-release
+		case "fast":
+			// Answer only once the leader has given up, so the reply can
+			// reach its caller only through a hand-over.
+			close(fastIn)
+			<-leaderGone
 		}
 		return r.Args[0].(string), nil
 	})
 	c := dial(t, h)
 	defer close(release)
-	// The short call leads first; the long one queues behind it, then
-	// outlives it and must be answered.
+	// The short call leads (it is alone); the long one queues behind it, is
+	// sent by it, then outlives it and must be answered.
 	shortErr := make(chan error, 1)
 	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 		defer cancel()
 		_, err := c.Call(ctx, "QUERY_PREFETCH_STATUS", "slow")
 		shortErr <- err
 	}()
-	time.Sleep(20 * time.Millisecond)
-	var got string
-	r, err := c.Call(context.Background(), "QUERY_PREFETCH_STATUS", "fast")
-	if err != nil || r.Decode(&got) != nil || got != "fast" {
-		t.Fatalf("follower call: %q %v", got, err)
+	select {
+	case <-slowIn: // sent, so its caller holds the socket until its deadline
+	case err := <-shortErr:
+		t.Fatalf("slow call ended before reaching the server: %v", err)
 	}
+	type answer struct {
+		got string
+		err error
+	}
+	fast := make(chan answer, 1)
+	go func() {
+		var got string
+		r, err := c.Call(context.Background(), "QUERY_PREFETCH_STATUS", "fast")
+		if err == nil {
+			err = r.Decode(&got)
+		}
+		fast <- answer{got, err}
+	}()
+	<-fastIn // the leader sent the queued call
 	if err := <-shortErr; !errors.Is(err, client.ErrTimeout) {
 		t.Fatalf("slow call: want ErrTimeout, got %v", err)
 	}
+	close(leaderGone)
+	if a := <-fast; a.err != nil || a.got != "fast" {
+		t.Fatalf("follower call: %q %v", a.got, a.err)
+	}
 	// A later lone call still works (the token came back).
-	r, err = c.Call(context.Background(), "QUERY_PREFETCH_STATUS", "again")
+	var got string
+	r, err := c.Call(context.Background(), "QUERY_PREFETCH_STATUS", "again")
 	if err != nil || r.Decode(&got) != nil || got != "again" {
 		t.Fatalf("later call: %q %v", got, err)
 	}

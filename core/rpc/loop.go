@@ -235,7 +235,7 @@ func (l *loop) write(po *peerOut, r *reply) sendResult {
 func (l *loop) send(r reply) {
 	po, err := l.peer(r.peer)
 	if err != nil {
-		l.s.stats.bad("send_failed")
+		l.s.stats.bad(protocol.KindSendFailed)
 		return
 	}
 	if len(po.q) > 0 || !l.fits(po, &r) {
@@ -249,7 +249,7 @@ func (l *loop) send(r reply) {
 	case peerGone:
 		l.s.stats.repliesDropped.Add(1)
 	default:
-		l.s.stats.bad("send_failed")
+		l.s.stats.bad(protocol.KindSendFailed)
 	}
 }
 
@@ -295,7 +295,7 @@ func (l *loop) retry() {
 				break
 			}
 			if res == failed {
-				l.s.stats.bad("send_failed")
+				l.s.stats.bad(protocol.KindSendFailed)
 			}
 			progress = true
 			n := po.q[0].size()

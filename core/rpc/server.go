@@ -540,6 +540,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	loopErr := l.run()
 
 	// Drain: no more reads; workers finish what they hold and exit.
+	s.log.Info("rpc server draining", "endpoint", bound, "in_flight", s.stats.inFlight.Load(), "timeout", s.opts.DrainTimeout)
 	for _, ch := range ordered {
 		close(ch)
 	}
@@ -765,7 +766,7 @@ func (s *Server) badInput(kind string, peer []byte, spec *protocol.Spec, err err
 		}
 		return
 	}
-	if kind == "cuda_unsupported" || (spec != nil && kind == spec.Unsupported) {
+	if kind == protocol.KindCUDAUnsupported || (spec != nil && kind == spec.Unsupported) {
 		if s.limiter.once(kind + "|" + peerHex) {
 			s.log.Warn("GPU-path request dropped: kvdock serves the non-GPU transfer path only; "+
 				"point CUDA workers at LMCache's own server", "peer", peerHex, "request", spec.Name)

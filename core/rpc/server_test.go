@@ -20,6 +20,7 @@ import (
 	"kvdock/core/protocol"
 	"kvdock/core/rpc"
 	"kvdock/core/rpc/client"
+	"kvdock/core/testkit/logbuf"
 )
 
 func profile(t testing.TB, name string) *protocol.Profile {
@@ -61,21 +62,13 @@ func start(t testing.TB, opts rpc.Options) *harness {
 	srv.Handle(protocol.GetChunkSize, func(context.Context, *rpc.Request) (any, error) { return 256, nil })
 	srv.Handle(protocol.Ping, func(context.Context, *rpc.Request) (any, error) { return true, nil })
 	srv.Handle(protocol.Clear, func(context.Context, *rpc.Request) (any, error) { return nil, nil })
+	// Bound before Serve runs: the endpoint is known on return.
+	if err := srv.Bind(); err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	h := &harness{srv: srv, cancel: cancel, done: make(chan error, 1)}
 	go func() { h.done <- srv.Serve(ctx) }()
-	deadline := time.Now().Add(5 * time.Second)
-	for srv.Endpoint() == "" {
-		select {
-		case err := <-h.done:
-			t.Fatalf("Serve: %v", err)
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("server did not bind")
-		}
-		time.Sleep(time.Millisecond)
-	}
 	t.Cleanup(func() {
 		cancel()
 		select {
@@ -189,10 +182,13 @@ func TestFrameLayoutEchoesUIDAndTypeVerbatim(t *testing.T) {
 }
 
 func TestManyOutstandingMatchedByUID(t *testing.T) {
-	h := start(t, rpc.Options{SharedWorkers: 4})
+	const n = 100
+	h := start(t, rpc.Options{SharedWorkers: n})
 	var mu sync.Mutex
 	gate := make(chan struct{})
+	entered := make(chan struct{}, n)
 	h.srv.Handle(protocol.QueryPrefetchStatus, func(_ context.Context, r *rpc.Request) (any, error) {
+		entered <- struct{}{}
 		<-gate // hold all of them so they are truly outstanding together
 		mu.Lock()
 		defer mu.Unlock()
@@ -203,7 +199,7 @@ func TestManyOutstandingMatchedByUID(t *testing.T) {
 	c := dial(t, h)
 	var wg sync.WaitGroup
 	var bad atomic.Int64
-	for i := range 100 {
+	for i := range n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -214,11 +210,15 @@ func TestManyOutstandingMatchedByUID(t *testing.T) {
 			}
 		}()
 	}
-	time.Sleep(50 * time.Millisecond)
+	// Every request is inside its handler (one worker each) before any
+	// reply is released.
+	for range n {
+		<-entered
+	}
 	close(gate)
 	wg.Wait()
 	if bad.Load() != 0 {
-		t.Fatalf("%d of 100 replies missing or mismatched", bad.Load())
+		t.Fatalf("%d of %d replies missing or mismatched", bad.Load(), n)
 	}
 }
 
@@ -313,7 +313,7 @@ func TestBadInputCountedAndLoopSurvives(t *testing.T) {
 		{"handler error", [][]byte{enc(t, 1), enc(t, 9), enc(t, "sess")}, protocol.KindHandlerErr},
 		{"handler panic", [][]byte{enc(t, 1), enc(t, 5), enc(t, key), enc(t, 1)}, protocol.KindPanic},
 		{"no handler", [][]byte{enc(t, 1), enc(t, 11), enc(t, key), enc(t, 1)}, protocol.KindNoHandler},
-		{"gpu store", [][]byte{enc(t, 1), enc(t, 3), []byte("ipc")}, "cuda_unsupported"},
+		{"gpu store", [][]byte{enc(t, 1), enc(t, 3), []byte("ipc")}, protocol.KindCUDAUnsupported},
 		{"total oversized", [][]byte{enc(t, 1), enc(t, 12), make([]byte, 600<<10), make([]byte, 600<<10)}, protocol.KindOversized},
 	}
 	for _, tc := range cases {
@@ -448,11 +448,13 @@ func TestBindErrorReturnedPromptly(t *testing.T) {
 }
 
 func TestGracefulDrain(t *testing.T) {
-	h := start(t, rpc.Options{DrainTimeout: 3 * time.Second})
+	var logs logbuf.Buffer
+	h := start(t, rpc.Options{DrainTimeout: 3 * time.Second, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	started := make(chan struct{})
+	release := make(chan struct{})
 	h.srv.Handle(protocol.Ping, func(ctx context.Context, _ *rpc.Request) (any, error) {
 		close(started)
-		time.Sleep(300 * time.Millisecond)
+		<-release // until the server has stopped reading and drains
 		return ctx.Err() == nil, nil
 	})
 	c := dial(t, h)
@@ -469,6 +471,10 @@ func TestGracefulDrain(t *testing.T) {
 	}()
 	<-started
 	h.cancel()
+	if err := logs.Wait("rpc server draining", 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
 	if err := <-res; err != nil {
 		t.Fatalf("in-flight reply lost on shutdown: %v", err)
 	}

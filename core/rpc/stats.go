@@ -24,8 +24,8 @@ type Stats struct {
 	Endpoint string
 	// Requests by wire name (every request of the profile is present).
 	Requests map[string]RequestStats
-	// BadInput by kind: protocol.Kind* constants, a profile's unsupported kind
-	// ("cuda_unsupported") and "send_failed".
+	// BadInput by kind: protocol.Kind* constants (KindCUDAUnsupported is the
+	// shipped profiles' unsupported kind; a profile may name others).
 	BadInput map[string]int64
 	// DecodeFailures by wire name: wrong arity or undecodable payload of a
 	// known type, the mark of a wrong --protocol.

@@ -8,9 +8,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"kvdock/tests/harness"
 )
@@ -54,6 +57,39 @@ func (m tmux) waitFor(what string, limit time.Duration, want ...string) string {
 	return ""
 }
 
+// paneProcess opens the pane's process (kvdock itself: the pane command
+// execs it) as a pidfd, which becomes readable when the process exits.
+func (m tmux) paneProcess() int {
+	m.t.Helper()
+	out := strings.TrimSpace(m.run("display-message", "-p", "-t", "kv", "#{pane_pid}"))
+	pid, err := strconv.Atoi(out)
+	if err != nil {
+		m.t.Fatalf("pane pid %q: %v", out, err)
+	}
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		m.t.Fatalf("pidfd of kvdock (pid %d): %v", pid, err)
+	}
+	m.t.Cleanup(func() { _ = unix.Close(fd) })
+	return fd
+}
+
+// exited waits until the process behind pidfd fd has exited, up to limit.
+func exited(fd int, limit time.Duration) bool {
+	deadline := time.Now().Add(limit)
+	for {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return false
+		}
+		n, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, int(left.Milliseconds())+1)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		return err == nil && n > 0
+	}
+}
+
 func register(t *testing.T, endpoint string, id int, forcePickle bool) {
 	t.Helper()
 	params := fmt.Sprintf(`{"instance_id": %d, "model": "tmux-model", "force_pickle": %v, "dtype": "float16"}`, id,
@@ -85,13 +121,14 @@ func TestDashboardInTmux(t *testing.T) {
 	endpoint := fmt.Sprintf("tcp://127.0.0.1:%d", port)
 	logFile := filepath.Join(t.TempDir(), "kvdock.log")
 	m := tmux{t: t, socket: harness.UniqueName("kvdock-e2e")}
-	cmd := fmt.Sprintf("KVDOCK_CONFIG= %s --port %d --http-port %d --shm-name %s --l1-size-gb 0.0625 --no-l1-prefault --chunk-size 16 --log-file %s",
+	cmd := fmt.Sprintf("exec env KVDOCK_CONFIG= %s --port %d --http-port %d --shm-name %s --l1-size-gb 0.0625 --no-l1-prefault --chunk-size 16 --log-file %s",
 		bin, port, httpPort, name, logFile)
 	m.run("new-session", "-d", "-s", "kv", "-x", "160", "-y", "48", cmd)
 	t.Cleanup(func() {
 		_ = exec.Command("tmux", "-L", m.socket, "kill-server").Run()
 	})
 	m.waitFor("dashboard up", 20*time.Second, "SERVING", endpoint)
+	kvdock := m.paneProcess()
 
 	// One worker attaches the segment, the other cannot (it behaves as a
 	// pickle worker); kvdock notices the fallback on its first store.
@@ -104,6 +141,9 @@ func TestDashboardInTmux(t *testing.T) {
 	if r := contextRow(screen, 102); !strings.Contains(r, "PICKLE") {
 		t.Fatalf("instance 102 row %q, want PICKLE:\n%s", r, screen)
 	}
+	// The fallback is an event: the events pane shows it, with the reason.
+	m.keys("4")
+	m.waitFor("fallback event", 5*time.Second, "fallback", "instance 102 (tmux-model): worker fell back: could not attach")
 
 	// Settings pane: server.shm_name → "" (SHM off), apply, confirm.
 	m.keys("5")
@@ -134,14 +174,9 @@ func TestDashboardInTmux(t *testing.T) {
 	m.keys("q")
 	m.waitFor("quit confirmation", 5*time.Second, "Quit kvdock?")
 	m.keys("y")
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		if err := exec.Command("tmux", "-L", m.socket, "has-session", "-t", "kv").Run(); err != nil {
-			return // the pane's command ended: kvdock exited
-		}
-		time.Sleep(200 * time.Millisecond)
+	if !exited(kvdock, 10*time.Second) {
+		t.Fatalf("kvdock did not exit after quit:\n%s", m.capture())
 	}
-	t.Fatalf("kvdock did not exit after quit:\n%s", m.capture())
 }
 
 // A terminal that goes away (SIGHUP to the dashboard) stops kvdock cleanly:
@@ -151,7 +186,7 @@ func TestDashboardStopsWhenTheTerminalHangsUp(t *testing.T) {
 	name := harness.UniqueName("kvhup")
 	segment := filepath.Join("/dev/shm", "lmcache_l1_pool_"+name)
 	m := tmux{t: t, socket: harness.UniqueName("kvdock-hup")}
-	cmd := fmt.Sprintf("KVDOCK_CONFIG= %s --port %d --http-port 0 --shm-name %s --l1-size-gb 0.0625 --no-l1-prefault --log-file %s",
+	cmd := fmt.Sprintf("exec env KVDOCK_CONFIG= %s --port %d --http-port 0 --shm-name %s --l1-size-gb 0.0625 --no-l1-prefault --log-file %s",
 		bin, harness.FreePort(t), name, filepath.Join(t.TempDir(), "kvdock.log"))
 	m.run("new-session", "-d", "-s", "kv", "-x", "100", "-y", "30", cmd)
 	t.Cleanup(func() {
@@ -160,16 +195,15 @@ func TestDashboardStopsWhenTheTerminalHangsUp(t *testing.T) {
 		_ = os.Remove(segment)
 	})
 	m.waitFor("dashboard up", 20*time.Second, "SERVING")
+	kvdock := m.paneProcess()
 	if _, err := os.Stat(segment); err != nil {
 		t.Fatalf("segment missing while serving: %v", err)
 	}
 	m.run("kill-server") // the pane's terminal hangs up
-	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) {
-		if _, err := os.Stat(segment); errors.Is(err, os.ErrNotExist) {
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
+	if !exited(kvdock, 5*time.Second) {
+		t.Fatalf("kvdock still running 5 s after its terminal hung up")
 	}
-	t.Fatalf("kvdock still holds %s 5 s after its terminal hung up", segment)
+	if _, err := os.Stat(segment); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("kvdock exited leaving %s (stat: %v)", segment, err)
+	}
 }

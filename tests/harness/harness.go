@@ -23,6 +23,7 @@ import (
 	"kvdock/assets"
 	"kvdock/core/protocol"
 	"kvdock/core/rpc/client"
+	"kvdock/core/testkit/logbuf"
 )
 
 // Python is the interpreter the interop tests use: Debian's, with
@@ -97,26 +98,9 @@ type Server struct {
 	// Protocol is the profile the server speaks (--protocol, else nongpu-v1).
 	Protocol string
 	cmd      *exec.Cmd
-	out      *syncBuffer
+	out      *logbuf.Buffer
 	done     chan struct{}
 	exitErr  error
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // Start runs kvdock --headless on free ports with extra flags, and waits
@@ -149,7 +133,7 @@ func Start(t testing.TB, extra ...string) *Server {
 	args = append(args, extra...)
 	s.cmd = exec.Command(Binary(t), args...)
 	s.cmd.Env = append(os.Environ(), "KVDOCK_CONFIG=")
-	s.out = &syncBuffer{}
+	s.out = &logbuf.Buffer{}
 	s.cmd.Stdout, s.cmd.Stderr = s.out, s.out
 	if err := s.cmd.Start(); err != nil {
 		t.Fatal(err)

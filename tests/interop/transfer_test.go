@@ -6,12 +6,14 @@ package interop
 import (
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"kvdock/core/protocol"
 	"kvdock/tests/harness"
 )
 
@@ -100,15 +102,79 @@ func TestMixedSHMAndPickleWorkersShareChunks(t *testing.T) {
 	}
 }
 
+// TestMaliciousPicklesRejected: pickles that would run code under Python's
+// loader are refused (not answered, as the seed profile drops errors),
+// counted as COMMIT_STORE handler errors, store nothing, and the log names
+// the forbidden global.
 func TestMaliciousPicklesRejected(t *testing.T) {
 	srv := harness.Start(t, "--chunk-size", "16", "--shm-name", "")
-	marker := filepath.Join(t.TempDir(), "pwned")
-	worker(t, srv, "malicious", map[string]any{"model": "evil", "marker": marker})
-	if _, err := os.Stat(marker); err == nil {
-		t.Fatal("a malicious pickle ran code in kvdock")
+	before := poolAndCounts(t, srv)
+	res := worker(t, srv, "malicious", map[string]any{"model": "evil", "marker": filepath.Join(t.TempDir(), "pwned")})
+	after := poolAndCounts(t, srv)
+	answers, _ := res["answers"].([]any)
+	if len(answers) == 0 {
+		t.Fatalf("worker sent no malicious commit: %v", res)
+	}
+	for i, a := range answers {
+		if a != "no answer" {
+			t.Errorf("malicious commit %d answered %v: want it refused (errors are not answered in nongpu-v1)", i, a)
+		}
+	}
+	n := int64(len(answers))
+	if d := after.commitErrors - before.commitErrors; d != n {
+		t.Errorf("COMMIT_STORE errors grew by %d for %d malicious commits", d, n)
+	}
+	if d := after.handlerErrors - before.handlerErrors; d != n {
+		t.Errorf("bad_input %s grew by %d for %d malicious commits", protocol.KindHandlerErr, d, n)
+	}
+	if after.commitOK != before.commitOK || after.objects != before.objects || after.liveBytes != before.liveBytes || after.storedBytes != before.storedBytes {
+		t.Errorf("a malicious commit stored something: before %+v, after %+v", before, after)
 	}
 	// os.system pickles as posix.system.
 	if !strings.Contains(srv.Output(), "global posix.system not allowed") {
 		t.Fatalf("the rejection does not name the global:\n%s", srv.Output())
 	}
+}
+
+// storeCounts is what a store changes on the server, from /status.
+type storeCounts struct {
+	objects                int
+	liveBytes, storedBytes int64
+	commitOK, commitErrors int64
+	handlerErrors          int64
+}
+
+func poolAndCounts(t *testing.T, srv *harness.Server) storeCounts {
+	t.Helper()
+	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/status", srv.HTTPPort))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var st struct {
+		Pool struct {
+			Objects   int   `json:"objects"`
+			LiveBytes int64 `json:"live_bytes"`
+		} `json:"pool"`
+		Contexts []struct {
+			BytesIn int64 `json:"bytes_in"`
+		} `json:"contexts"`
+		Requests struct {
+			ByType map[string]struct {
+				OK    int64 `json:"ok"`
+				Error int64 `json:"error"`
+			} `json:"by_type"`
+			BadInput map[string]int64 `json:"bad_input"`
+		} `json:"requests"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		t.Fatalf("/status: %v", err)
+	}
+	c := storeCounts{objects: st.Pool.Objects, liveBytes: st.Pool.LiveBytes,
+		commitOK: st.Requests.ByType[protocol.CommitStore].OK, commitErrors: st.Requests.ByType[protocol.CommitStore].Error,
+		handlerErrors: st.Requests.BadInput[protocol.KindHandlerErr]}
+	for _, x := range st.Contexts {
+		c.storedBytes += x.BytesIn
+	}
+	return c
 }

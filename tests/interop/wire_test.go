@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -36,6 +37,43 @@ func wireConfig(t *testing.T, p *protocol.Profile, chunkSize int, oversized int)
 type wireResult struct {
 	Scenario string `json:"scenario"`
 	Steps    []any  `json:"steps"`
+	// Answered counts the replies the script received by type number.
+	Answered map[string]int64 `json:"answered"`
+}
+
+// checkAnswered compares the server's OK count of every request type with
+// the replies the scripts received (summed over results): a reply the
+// server did not count, or a count without a reply, is an error.
+func checkAnswered(t *testing.T, p *protocol.Profile, ok map[string]int64, results ...wireResult) {
+	t.Helper()
+	want := map[string]int64{}
+	for _, r := range results {
+		if len(r.Answered) == 0 {
+			t.Fatalf("%s: the script reported no replies", r.Scenario)
+		}
+		for num, n := range r.Answered {
+			want[num] += n
+		}
+	}
+	for _, s := range p.Requests {
+		num := strconv.FormatInt(s.Number, 10)
+		if ok[s.Name] != want[num] {
+			t.Errorf("%s (%s) counted OK %d times; the scripts got %d replies", s.Name, num, ok[s.Name], want[num])
+		}
+		delete(want, num)
+	}
+	if len(want) != 0 {
+		t.Errorf("replies of types outside the profile: %v", want)
+	}
+}
+
+// okCounts are an in-process server's OK outcomes by request name.
+func okCounts(st rpc.Stats) map[string]int64 {
+	ok := map[string]int64{}
+	for name, r := range st.Requests {
+		ok[name] = r.OK
+	}
+	return ok
 }
 
 func runWire(t *testing.T, endpoint, scenario, cfg string) wireResult {
@@ -62,6 +100,10 @@ func inProcess(t *testing.T, profile string) *rpc.Server {
 	srv.Handle(protocol.Ping, func(context.Context, *rpc.Request) (any, error) { return true, nil })
 	srv.Handle(protocol.Clear, func(context.Context, *rpc.Request) (any, error) { return nil, nil })
 	srv.Handle(protocol.EndSession, func(context.Context, *rpc.Request) (any, error) { return nil, nil })
+	// Bound before Serve runs: the endpoint is known on return.
+	if err := srv.Bind(); err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ctx) }()
@@ -71,18 +113,6 @@ func inProcess(t *testing.T, profile string) *rpc.Server {
 			t.Error(err)
 		}
 	})
-	deadline := time.Now().Add(5 * time.Second)
-	for srv.Endpoint() == "" {
-		select {
-		case err := <-done:
-			t.Fatalf("Serve: %v", err)
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("in-process server did not bind")
-		}
-		time.Sleep(time.Millisecond)
-	}
 	return srv
 }
 
@@ -95,9 +125,7 @@ func TestWireBasicInProcess(t *testing.T) {
 				t.Fatalf("steps %v", res.Steps)
 			}
 			st := srv.Stats()
-			if st.Requests["NOOP"].OK != 27 || st.Requests["CLEAR"].OK != 26 {
-				t.Errorf("request counters %+v", st.Requests)
-			}
+			checkAnswered(t, srv.Profile(), okCounts(st), res)
 			if len(st.BadInput) != 0 {
 				t.Errorf("bad input on a clean run: %v", st.BadInput)
 			}
@@ -113,13 +141,13 @@ func TestWireBadInputInProcess(t *testing.T) {
 	}
 	st := srv.Stats()
 	want := map[string]int64{
-		protocol.KindShort:       1,
-		protocol.KindBadHeader:   1,
-		protocol.KindUnknownType: 1,
-		protocol.KindArity:       1,
-		protocol.KindPayload:     2, // non_msgpack, wrong_type_payload
-		"cuda_unsupported":       1,
-		protocol.KindOversized:   1,
+		protocol.KindShort:           1,
+		protocol.KindBadHeader:       1,
+		protocol.KindUnknownType:     1,
+		protocol.KindArity:           1,
+		protocol.KindPayload:         2, // non_msgpack, wrong_type_payload
+		protocol.KindCUDAUnsupported: 1,
+		protocol.KindOversized:       1,
 	}
 	for kind, n := range want {
 		if st.BadInput[kind] != n {
@@ -132,13 +160,12 @@ func TestWireBadInputInProcess(t *testing.T) {
 	if st.DecodeFailures["NOOP"] != 1 || st.DecodeFailures["END_SESSION"] != 1 || st.DecodeFailures["LOOKUP"] != 1 {
 		t.Errorf("decode failures %v", st.DecodeFailures)
 	}
-	if st.Requests["NOOP"].OK != 9 {
-		t.Errorf("NOOP ok %d, want 9", st.Requests["NOOP"].OK)
-	}
+	checkAnswered(t, srv.Profile(), okCounts(st), res)
 }
 
-// binaryStatus reads the request counters of a running kvdock from /status.
-func binaryStatus(t *testing.T, srv *harness.Server) (badInput, decodeFailures map[string]int64) {
+// binaryStatus reads the request counters of a running kvdock from /status:
+// bad input by kind, decode failures and OK outcomes by request name.
+func binaryStatus(t *testing.T, srv *harness.Server) (badInput, decodeFailures, ok map[string]int64) {
 	t.Helper()
 	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/status", srv.HTTPPort))
 	if err != nil {
@@ -149,28 +176,44 @@ func binaryStatus(t *testing.T, srv *harness.Server) (badInput, decodeFailures m
 		Requests struct {
 			BadInput       map[string]int64 `json:"bad_input"`
 			DecodeFailures map[string]int64 `json:"decode_failures"`
+			ByType         map[string]struct {
+				OK int64 `json:"ok"`
+			} `json:"by_type"`
 		} `json:"requests"`
 	}
 	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
 		t.Fatalf("/status: %v", err)
 	}
-	return st.Requests.BadInput, st.Requests.DecodeFailures
+	ok = map[string]int64{}
+	for name, c := range st.Requests.ByType {
+		ok[name] = c.OK
+	}
+	return st.Requests.BadInput, st.Requests.DecodeFailures, ok
 }
 
 // The real binary: the same scenarios; its counters come from /status.
 func TestWireBinary(t *testing.T) {
 	srv := harness.Start(t, "--shm-name", "", "--max-message-bytes", "1048576")
-	cfg := wireConfig(t, harness.Profile(t, "nongpu-v1"), 256, oversizedLimit)
-	if res := runWire(t, srv.Endpoint, "basic", cfg); len(res.Steps) != 7 {
-		t.Fatalf("basic steps %v", res.Steps)
+	p := harness.Profile(t, "nongpu-v1")
+	cfg := wireConfig(t, p, 256, oversizedLimit)
+	// The harness's readiness NOOPs count too: compare what the scripts add.
+	_, _, okBefore := binaryStatus(t, srv)
+	basic := runWire(t, srv.Endpoint, "basic", cfg)
+	if len(basic.Steps) != 7 {
+		t.Fatalf("basic steps %v", basic.Steps)
 	}
-	if res := runWire(t, srv.Endpoint, "badinput", cfg); len(res.Steps) != 9 {
-		t.Fatalf("badinput steps %v", res.Steps)
+	badin := runWire(t, srv.Endpoint, "badinput", cfg)
+	if len(badin.Steps) != 9 {
+		t.Fatalf("badinput steps %v", badin.Steps)
 	}
-	bad, decode := binaryStatus(t, srv)
+	bad, decode, ok := binaryStatus(t, srv)
+	for name, n := range okBefore {
+		ok[name] -= n
+	}
+	checkAnswered(t, p, ok, basic, badin)
 	for kind, n := range map[string]int64{
 		protocol.KindShort: 1, protocol.KindBadHeader: 1, protocol.KindUnknownType: 1, protocol.KindArity: 1,
-		protocol.KindPayload: 2, "cuda_unsupported": 1, protocol.KindOversized: 1,
+		protocol.KindPayload: 2, protocol.KindCUDAUnsupported: 1, protocol.KindOversized: 1,
 	} {
 		if bad[kind] != n {
 			t.Errorf("kvdock /status bad_input %s = %d, want %d (all: %v)", kind, bad[kind], n, bad)

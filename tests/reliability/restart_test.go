@@ -72,12 +72,15 @@ func TestRestartKeepsCacheAndContexts(t *testing.T) {
 	port.Store(int64(cfg.Server.Port))
 	var mismatches, errs, hits, misses atomic.Int64
 	stop := make(chan struct{})
+	// Each worker reports its first hit: the switch happens under load.
+	warm := make(chan struct{}, nw)
 	var wg sync.WaitGroup
 	for i, w := range ws {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			myPort := int64(cfg.Server.Port)
+			reported := false
 			for n := 0; ; n++ {
 				select {
 				case <-stop:
@@ -104,11 +107,23 @@ func TestRestartKeepsCacheAndContexts(t *testing.T) {
 					mismatches.Add(1)
 				default:
 					hits.Add(1)
+					if !reported {
+						reported = true
+						warm <- struct{}{}
+					}
 				}
 			}
 		}()
 	}
-	time.Sleep(200 * time.Millisecond)
+	for range nw {
+		select {
+		case <-warm:
+		case <-time.After(10 * time.Second):
+			close(stop)
+			wg.Wait()
+			t.Fatalf("workers not all reading before the restart (hits %d, misses %d, errors %d)", hits.Load(), misses.Load(), errs.Load())
+		}
+	}
 	next := cfg
 	next.Server.Port = harness.FreePort(t)
 	res, err := e.Apply(context.Background(), next, nil)

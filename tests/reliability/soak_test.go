@@ -3,6 +3,7 @@ package reliability
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
 	"runtime"
@@ -40,14 +41,23 @@ func settle() (heap uint64, goroutines int) {
 
 // TestSoak: 16 workers (8 SHM with their own mmap, 8 pickle) each run
 // store / lookup / retrieve operations with checksums against one
-// in-process engine: 0 mismatches, 0 errors, and after Stop the goroutine
-// count and the heap are back at their baseline.
+// in-process engine whose pool holds a sixth of what they store: 0
+// mismatches, 0 errors, a hit ratio no lower than the pool size allows, and
+// after Stop the goroutine count and the heap are back at their baseline.
 func TestSoak(t *testing.T) {
 	ops := soakOps(t)
 	const nw, per = 16, 2
 	baseHeap, baseG := settle()
-	cfg := engineConfig(t, 64)
+	// The pool holds a sixth of what the run stores, so every run, CI's
+	// included, evicts and the hit-ratio floor below is exercised.
+	cb := 2 * layers * 16 * hidden * 4 // chunk bytes at engineConfig's chunk size
+	sizeMiB := max(4, nw*ops*per*cb/6>>20)
+	cfg := engineConfig(t, sizeMiB)
+	if cfg.Server.ChunkSize != 16 {
+		t.Fatalf("chunk size %d: update the chunk bytes above", cfg.Server.ChunkSize)
+	}
 	e := startEngine(t, cfg)
+	live := watchLive(e)
 	start := time.Now()
 	var mismatches, errs, misses, hits, stores atomic.Int64
 	published := make([]atomic.Int64, nw) // sequences worker i has stored
@@ -106,6 +116,7 @@ func TestSoak(t *testing.T) {
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
+	over, maxLive := live()
 	p := e.Snapshot().Pool
 	t.Logf("soak: %d workers × %d ops in %v: %d stores, %d retrieves (%d hits, %d misses), %d mismatches, %d errors, %d evictions",
 		nw, ops, elapsed.Round(time.Millisecond), stores.Load(), hits.Load()+misses.Load(), hits.Load(), misses.Load(),
@@ -116,8 +127,15 @@ func TestSoak(t *testing.T) {
 	if p.Evictions == 0 && misses.Load() != 0 {
 		t.Fatalf("%d misses without any eviction", misses.Load())
 	}
-	if p.UsedBytes > p.Size {
-		t.Fatalf("pool used %d > size %d", p.UsedBytes, p.Size)
+	ratio := float64(hits.Load()) / float64(hits.Load()+misses.Load())
+	floor := minHitRatio(p.Size/int64(cb), stores.Load()*per)
+	t.Logf("pool %d MiB: hit ratio %.3f (floor %.3f); max live %d of %d bytes", p.Size>>20, ratio, floor, maxLive, p.Size)
+	if ratio < floor {
+		t.Fatalf("hit ratio %.3f under the floor %.3f for a %d-chunk pool and %d chunks stored", ratio, floor, p.Size/int64(cb), stores.Load()*per)
+	}
+	if over > 0 || p.LiveBytes > p.Size || p.LiveBytes != p.UsedBytes {
+		t.Fatalf("live objects over the pool's size in %d samples (max %d); after the run live %d, allocated %d, size %d",
+			over, maxLive, p.LiveBytes, p.UsedBytes, p.Size)
 	}
 
 	// Back to baseline: stop the engine, close the clients and mappings.
@@ -145,4 +163,21 @@ func TestSoak(t *testing.T) {
 	if heap > baseHeap+16<<20 {
 		t.Fatalf("heap %d KiB after stop, baseline %d KiB", heap>>10, baseHeap>>10)
 	}
+}
+
+// minHitRatio is the lowest hit ratio the soak accepts from a pool of
+// capacity chunks after stored chunks, when every read picks uniformly among
+// the sequences stored so far. A pool that keeps R of the T chunks stored
+// hits a uniform read with probability min(1, R/T); with T growing evenly to
+// S that averages (R/S)(1+ln(S/R)) once S > R. R is taken as 0.6 of the
+// capacity (the eviction loop brings the pool down to watermark−ratio, 0.6
+// by default), and the floor is two thirds of that estimate so scheduling
+// never makes it flake, while a cache that stops serving after its first
+// eviction, or keeps a fraction of what it could, fails.
+func minHitRatio(capacity, stored int64) float64 {
+	r, s := 0.6*float64(capacity), float64(stored)
+	if s <= r {
+		return 2.0 / 3
+	}
+	return r / s * (1 + math.Log(s/r)) * 2 / 3
 }

@@ -17,6 +17,7 @@ import (
 	"kvdock/core/layout"
 	"kvdock/core/protocol"
 	"kvdock/core/rpc"
+	"kvdock/core/testkit/fakeclock"
 	"kvdock/core/workers"
 	"kvdock/settings"
 	"kvdock/transfer/torchpickle"
@@ -35,23 +36,6 @@ func uniqueName(t *testing.T) string {
 	return fmt.Sprintf("kvdocktest_%d_%d", os.Getpid(), segCounter.Add(1))
 }
 
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *clock) advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
-
 // view is a view of the pool released when the test ends (before the pool
 // closes: cleanups run last-registered first).
 func view(t testing.TB, p *l1.Pool, off, n int64) []byte {
@@ -62,12 +46,12 @@ func view(t testing.TB, p *l1.Pool, off, n int64) []byte {
 
 // openPool opens a real L1 pool: shared under segment when it is not "",
 // anonymous otherwise.
-func openPool(t *testing.T, segment string, size int64, clk *clock) *l1.Pool {
+func openPool(t *testing.T, segment string, size int64, clk *fakeclock.Clock) *l1.Pool {
 	t.Helper()
 	p, err := l1.Open(l1.Options{
 		Size: size, Align: 64, Segment: segment, NoShmReason: "test: anonymous pool",
 		WriteTTL: 600 * time.Second, ReadTTL: 300 * time.Second, Policy: "LRU",
-		Watermark: 0.8, Ratio: 0.2, Now: clk.now,
+		Watermark: 0.8, Ratio: 0.2, Now: clk.Now,
 	})
 	if err != nil {
 		t.Fatalf("l1.Open(%q): %v", segment, err)
@@ -78,7 +62,7 @@ func openPool(t *testing.T, segment string, size int64, clk *clock) *l1.Pool {
 
 type env struct {
 	t        *testing.T
-	clk      *clock
+	clk      *fakeclock.Clock
 	pool     *l1.Pool
 	sessions *keys.Sessions
 	layouts  *layout.Registry
@@ -92,7 +76,7 @@ type env struct {
 // segment (SHM strategy) or an anonymous pool with --shm-name "" (PICKLE).
 func newEnv(t *testing.T, shared bool, size int64) *env {
 	t.Helper()
-	e := &env{t: t, clk: &clock{t: time.Unix(1_700_000_000, 0)}, layouts: layout.NewRegistry()}
+	e := &env{t: t, clk: fakeclock.New(), layouts: layout.NewRegistry()}
 	seg := ""
 	e.server = settings.Default().Server
 	e.server.ChunkSize = testChunk
@@ -107,12 +91,12 @@ func newEnv(t *testing.T, shared bool, size int64) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.sessions = keys.NewSessions(h, time.Hour, e.clk.now)
+	e.sessions = keys.NewSessions(h, time.Hour, e.clk.Now)
 	l1cfg := settings.Default().L1
 	e.mod, err = New(Deps{
 		Pool: e.pool, Keys: e.sessions, Layouts: e.layouts,
 		Events: func(ev workers.Event) { e.mu.Lock(); e.events = append(e.events, ev); e.mu.Unlock() },
-		Now:    e.clk.now,
+		Now:    e.clk.Now,
 	}, e.server, l1cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -275,17 +259,17 @@ func TestPoolInfoFromDecision(t *testing.T) {
 // l1.Open and the module; the registration reply is what the pool created.
 func seedCase(t *testing.T, server settings.ServerConfig, l1cfg settings.L1Config) (protocol.RegisterResponse, *l1.Pool, *Module) {
 	t.Helper()
-	clk := &clock{t: time.Unix(1_700_000_000, 0)}
+	clk := fakeclock.New()
 	seg, reason := PlanSegment(server, l1cfg, os.Getpid(), "on the command line")
 	pool, err := l1.Open(l1.Options{Size: 1 << 20, Align: 64, Segment: seg, NoShmReason: reason,
-		WriteTTL: time.Minute, ReadTTL: time.Minute, Policy: "LRU", Watermark: 0.8, Ratio: 0.2, Now: clk.now})
+		WriteTTL: time.Minute, ReadTTL: time.Minute, Policy: "LRU", Watermark: 0.8, Ratio: 0.2, Now: clk.Now})
 	if err != nil {
 		t.Fatalf("l1.Open(%q): %v", seg, err)
 	}
 	t.Cleanup(func() { pool.Close() })
 	h, _ := keys.NewHasher(testChunk, "blake3")
 	server.ChunkSize = testChunk
-	mod, err := New(Deps{Pool: pool, Keys: keys.NewSessions(h, time.Hour, clk.now), Layouts: layout.NewRegistry(), Now: clk.now}, server, l1cfg)
+	mod, err := New(Deps{Pool: pool, Keys: keys.NewSessions(h, time.Hour, clk.Now), Layouts: layout.NewRegistry(), Now: clk.Now}, server, l1cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -332,14 +316,14 @@ func TestSeedNotSetEager(t *testing.T) {
 
 func TestSeedEmptyOverridesSharedPool(t *testing.T) {
 	// A valid shared pool exists, but --shm-name "" forces pickle.
-	clk := &clock{t: time.Unix(1_700_000_000, 0)}
+	clk := fakeclock.New()
 	pool := openPool(t, l1.NormalizeName(uniqueName(t)), 1<<20, clk)
 	if !pool.Decision().Shared {
 		t.Fatal("test pool should be shared")
 	}
 	h, _ := keys.NewHasher(testChunk, "blake3")
 	server := settings.ServerConfig{ShmName: strptr(""), ChunkSize: testChunk}
-	mod, err := New(Deps{Pool: pool, Keys: keys.NewSessions(h, time.Hour, clk.now), Layouts: layout.NewRegistry(), Now: clk.now}, server, settings.L1Config{})
+	mod, err := New(Deps{Pool: pool, Keys: keys.NewSessions(h, time.Hour, clk.Now), Layouts: layout.NewRegistry(), Now: clk.Now}, server, settings.L1Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -803,12 +787,12 @@ func TestPendingExpiry(t *testing.T) {
 	ksr := e.lookupLock(kr)
 	e.mod.PrepareRetrieve(kr, 2)
 
-	e.clk.advance(100 * time.Second) // under half of either TTL
+	e.clk.Advance(100 * time.Second) // under half of either TTL
 	e.mod.Sweep()
 	if s := e.mod.Stats(); s.PendingWrites != 1 || s.PendingReads != 1 {
 		t.Fatalf("expired too early: %+v", s)
 	}
-	e.clk.advance(60 * time.Second) // reads: 160 s ≥ 300/2
+	e.clk.Advance(60 * time.Second) // reads: 160 s ≥ 300/2
 	e.mod.Sweep()
 	if s := e.mod.Stats(); s.PendingWrites != 1 || s.PendingReads != 0 {
 		t.Fatalf("read not expired: %+v", s)
@@ -816,7 +800,7 @@ func TestPendingExpiry(t *testing.T) {
 	if e.pool.IsLocked(ksr[0]) {
 		t.Fatal("expired read kept its lock")
 	}
-	e.clk.advance(150 * time.Second) // writes: 310 s ≥ 600/2
+	e.clk.Advance(150 * time.Second) // writes: 310 s ≥ 600/2
 	if ok, _ := e.mod.CommitStore(kw, 1, nil); ok {
 		t.Fatal("commit of an expired reservation succeeded")
 	}
@@ -979,7 +963,7 @@ func TestLateSweepLeavesPoolLocksAlone(t *testing.T) {
 	if r, _ := e.mod.PrepareRetrieve(k, 1); !r.Success {
 		t.Fatal("retrieve missed")
 	}
-	e.clk.advance(301 * time.Second) // past the pool's read TTL
+	e.clk.Advance(301 * time.Second) // past the pool's read TTL
 	if n := e.pool.ReserveReadPrefix(ks, 1); n != len(ks) {
 		t.Fatal("relock failed")
 	}
@@ -1002,11 +986,11 @@ func TestLateCommitRetrieveLeavesNewLockAlone(t *testing.T) {
 	e.mod.PrepareStore(k, 1)
 	e.mod.CommitStore(k, 1, nil)
 	ks := e.lookupLock(k) // t = 0: the pool's read lock ends at 300 s
-	e.clk.advance(200 * time.Second)
+	e.clk.Advance(200 * time.Second)
 	if r, _ := e.mod.PrepareRetrieve(k, 1); !r.Success {
 		t.Fatal("retrieve missed")
 	}
-	e.clk.advance(101 * time.Second) // 301 s: the lock expired; the entry is 101 s old
+	e.clk.Advance(101 * time.Second) // 301 s: the lock expired; the entry is 101 s old
 	if n := e.pool.ReserveReadPrefix(ks, 1); n != len(ks) {
 		t.Fatal("relock failed")
 	}

@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -22,6 +21,7 @@ import (
 	"kvdock/core/engine"
 	"kvdock/core/protocol"
 	"kvdock/core/rpc/client"
+	"kvdock/core/testkit/logbuf"
 	"kvdock/settings"
 	"kvdock/transfer/torchpickle"
 	"kvdock/ui/httpapi"
@@ -683,24 +683,6 @@ func (fakeEngine) ClearCache(engine.ClearOrigin) (engine.Cleared, error) {
 	return engine.Cleared{}, fmt.Errorf("engine is not running")
 }
 
-// syncBuffer is a log sink safe for the server's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 func TestNonLoopbackWithoutTokenWarns(t *testing.T) {
 	for _, c := range []struct {
 		host, token string
@@ -710,7 +692,7 @@ func TestNonLoopbackWithoutTokenWarns(t *testing.T) {
 		{"0.0.0.0", token, false},
 		{"127.0.0.1", "", false},
 	} {
-		var logs syncBuffer
+		var logs logbuf.Buffer
 		api := httpapi.New(fakeEngine{}, httpapi.Options{Token: c.token, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 		ln, err := httpapi.Listen(c.host, 0)
 		if err != nil {
@@ -719,12 +701,14 @@ func TestNonLoopbackWithoutTokenWarns(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
 		go func() { done <- api.Serve(ctx, ln) }()
-		deadline := time.Now().Add(5 * time.Second)
-		for !strings.Contains(logs.String(), "HTTP API listening") && time.Now().Before(deadline) {
-			time.Sleep(5 * time.Millisecond)
-		}
+		// The warning, if any, is logged before "listening": without that
+		// line the check below would pass vacuously.
+		waitErr := logs.Wait("HTTP API listening", 5*time.Second)
 		cancel()
 		<-done
+		if waitErr != nil {
+			t.Fatalf("host %s: %v", c.host, waitErr)
+		}
 		if got := strings.Contains(logs.String(), "level=WARN"); got != c.warn {
 			t.Errorf("host %s token %q: warned %v, want %v\n%s", c.host, c.token, got, c.warn, logs.String())
 		}

@@ -40,7 +40,7 @@ func badKinds() []string {
 	return []string{
 		protocol.KindShort, protocol.KindBadHeader, protocol.KindUnknownType, protocol.KindArity,
 		protocol.KindPayload, protocol.KindOversized, protocol.KindNoHandler, protocol.KindHandlerErr,
-		protocol.KindPanic, protocol.KindTooMany, "cuda_unsupported", "send_failed",
+		protocol.KindPanic, protocol.KindTooMany, protocol.KindCUDAUnsupported, protocol.KindSendFailed,
 	}
 }
 

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	zmq "github.com/pebbe/zmq4"
+
 	"kvdock/assets"
 	"kvdock/core/protocol"
 	"kvdock/core/rpc/client"
@@ -33,17 +35,47 @@ func nowhere(t *testing.T) (*client.Client, *protocol.Profile) {
 	return c, p
 }
 
-func TestTimeoutUnknownNameAndClose(t *testing.T) {
+func TestTimeoutAndUnknownName(t *testing.T) {
 	c, _ := nowhere(t)
+	defer c.Close()
 	if _, err := c.Call(context.Background(), "NOOP"); !errors.Is(err, client.ErrTimeout) {
 		t.Fatalf("want ErrTimeout, got %v", err)
 	}
 	if _, err := c.Call(context.Background(), "NOT_A_REQUEST"); err == nil {
 		t.Fatal("unknown request name accepted")
 	}
-	// Outstanding calls end with ErrClosed when the client closes.
-	errs := make(chan error, 3)
-	for range 3 {
+}
+
+// Outstanding calls end with ErrClosed when the client closes. A bare ROUTER
+// stands in for the server: it receives the calls (so they are outstanding)
+// and never answers.
+func TestCloseEndsOutstandingCalls(t *testing.T) {
+	b, _ := assets.Protocol("nongpu-v1")
+	p, err := protocol.Parse(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	router, err := zmq.NewSocket(zmq.ROUTER)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer router.Close()
+	_ = router.SetLinger(0)
+	_ = router.SetRcvtimeo(10 * time.Second)
+	if err := router.Bind("tcp://127.0.0.1:*"); err != nil {
+		t.Fatal(err)
+	}
+	ep, err := router.GetLastEndpoint()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.Dial(ep, p, client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const calls = 3
+	errs := make(chan error, calls)
+	for range calls {
 		go func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
@@ -51,11 +83,17 @@ func TestTimeoutUnknownNameAndClose(t *testing.T) {
 			errs <- err
 		}()
 	}
-	time.Sleep(50 * time.Millisecond)
+	for i := range calls {
+		if msg, err := router.RecvMessageBytes(0); err != nil {
+			t.Fatalf("call %d never reached the peer: %v", i, err)
+		} else if len(msg) != 3 {
+			t.Fatalf("call %d: frames %q", i, msg)
+		}
+	}
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
-	for range 3 {
+	for range calls {
 		if err := <-errs; !errors.Is(err, client.ErrClosed) {
 			t.Errorf("want ErrClosed, got %v", err)
 		}

@@ -10,7 +10,9 @@ Scenarios:
             GET_CHUNK_SIZE / NOOP / PING / CLEAR, 100 outstanding requests
   badinput  after each bad message, NOOP answers within 1 s; bad input is
             never answered
-Prints one JSON object with the steps done; exits non-zero on failure.
+Prints one JSON object with the steps done and the replies received by type
+number ("answered"), which the server's counters must match; exits non-zero
+on failure.
 """
 
 import json
@@ -31,6 +33,8 @@ class Dealer:
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(endpoint)
         self.uid = 0
+        # Replies received, by type number: what the server must count as OK.
+        self.answered = {}
 
     def next_uid(self):
         self.uid += 1
@@ -41,7 +45,11 @@ class Dealer:
 
     def recv(self, timeout_s):
         if self.sock.poll(int(timeout_s * 1000)):
-            return self.sock.recv_multipart()
+            reply = self.sock.recv_multipart()
+            if len(reply) >= 2:
+                typ = str(msgpack.unpackb(reply[1]))
+                self.answered[typ] = self.answered.get(typ, 0) + 1
+            return reply
         return None
 
     def call(self, typ, *payload, timeout_s=2.0, uid_frame=None, type_frame=None):
@@ -124,7 +132,7 @@ def basic(ctx, endpoint, cfg):
             check(len(r) == 3 and msgpack.unpackb(r[2]) == want, "uid %d: result %r" % (u, r))
         got[u] = True
     steps.append("outstanding_100")
-    return steps
+    return steps, d.answered
 
 
 def badinput(ctx, endpoint, cfg):
@@ -170,17 +178,17 @@ def badinput(ctx, endpoint, cfg):
     # Nothing but NOOP replies may have arrived.
     extra = d.recv(0.2)
     check(extra is None, "bad input was answered: %r" % (extra,))
-    return steps
+    return steps, d.answered
 
 
 def main():
     endpoint, scenario, cfg = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
     ctx = zmq.Context()
     try:
-        steps = {"basic": basic, "badinput": badinput}[scenario](ctx, endpoint, cfg)
+        steps, answered = {"basic": basic, "badinput": badinput}[scenario](ctx, endpoint, cfg)
     finally:
         ctx.destroy(linger=0)
-    print(json.dumps({"scenario": scenario, "steps": steps}))
+    print(json.dumps({"scenario": scenario, "steps": steps, "answered": answered}))
 
 
 if __name__ == "__main__":
