@@ -16,6 +16,7 @@ type Config struct {
 	Server   ServerConfig   `koanf:"server"`
 	L1       L1Config       `koanf:"l1"`
 	Eviction EvictionConfig `koanf:"eviction"`
+	L2       L2Config       `koanf:"l2"`
 	HTTP     HTTPConfig     `koanf:"http"`
 	Log      LogConfig      `koanf:"log"`
 	UI       UIConfig       `koanf:"ui"`
@@ -129,9 +130,15 @@ func Default() Config {
 			MaxLockedShare:            0.9,
 		},
 		Eviction: EvictionConfig{Policy: "LRU", TriggerWatermark: 0.8, Ratio: 0.2},
-		HTTP:     HTTPConfig{Host: "127.0.0.1", Port: 8080},
-		Log:      LogConfig{Level: "info", Format: "text"},
-		UI:       UIConfig{Refresh: time.Second},
+		L2: L2Config{
+			StorePolicy:         "write-behind",
+			PrefetchMaxInFlight: 8,
+			LoadTimeoutSeconds:  2,
+			QueueBytes:          256 << 20,
+		},
+		HTTP: HTTPConfig{Host: "127.0.0.1", Port: 8080},
+		Log:  LogConfig{Level: "info", Format: "text"},
+		UI:   UIConfig{Refresh: time.Second},
 	}
 }
 

@@ -29,6 +29,8 @@ func kindOf(ptr any) string {
 		return "duration"
 	case **string:
 		return "optional-string"
+	case *[]map[string]any:
+		return "adapters"
 	}
 	return "unknown"
 }
@@ -53,6 +55,8 @@ func text(ptr any) string {
 			return AutoText
 		}
 		return **p
+	case *[]map[string]any:
+		return adaptersText(*p)
 	}
 	return ""
 }
@@ -143,6 +147,16 @@ func assign(ptr any, v any) string {
 		default:
 			return "must be a duration with a unit, such as 500ms or 2s"
 		}
+	case *[]map[string]any:
+		list, _, reason := rawAdapters(v)
+		if reason != "" {
+			return reason
+		}
+		out, probs := checkAdapters(list, func(int, string) Source { return Source{} })
+		if len(probs) > 0 {
+			return probs[0].Key + ": " + probs[0].Reason
+		}
+		*p = out
 	default:
 		return "unsupported field type"
 	}

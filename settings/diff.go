@@ -52,6 +52,12 @@ func Diff(old, new Config) []Change {
 			// Logged on SIGHUP and shown before apply: never the value.
 			o, n = redactShown(d, &old), redactShown(d, &new)
 		}
+		if d.key == KeyAdapters {
+			o, n = adaptersText(redactAdapters(old.L2.Adapters)), adaptersText(redactAdapters(new.L2.Adapters))
+			if o == n {
+				n += " (credentials changed)"
+			}
+		}
 		out = append(out, Change{Key: d.key, Old: o, New: n, Class: d.class})
 	}
 	return out

@@ -35,6 +35,9 @@ func RegisterFlags(fs *pflag.FlagSet) {
 			}
 		case *time.Duration:
 			fs.Duration(d.flag, *p, usage)
+		case *[]map[string]any:
+			// Repeated, the flags replace the file's or env's list whole.
+			fs.StringArray(d.flag, nil, usage)
 		}
 	}
 	fs.String(ConfigFlag, "", fmt.Sprintf(`settings file (default $XDG_CONFIG_HOME/kvdock/config.yaml when it exists; "" = none) [%s]`, EnvConfig))

@@ -31,6 +31,10 @@ type KeyInfo struct {
 	// Secret values are never shown: diffs, /conf, "config show" and the
 	// dashboard print Redacted instead (see Shown).
 	Secret bool
+	// ReadOnly keys are set only by flag, env or file: Set refuses them and
+	// the dashboard shows them without an editor (l2.adapters, whose
+	// credentials must never reach a saved file).
+	ReadOnly bool
 }
 
 // Redacted stands for a secret value that is set.
@@ -43,11 +47,16 @@ type keyDef struct {
 	class           Class
 	negatable       bool
 	secret          bool
+	readOnly        bool
+	envName         string              // when not derived from the flag
 	field           func(c *Config) any // pointer to the field
 	check           func(c Config) string
 }
 
 func (d keyDef) env() string {
+	if d.envName != "" {
+		return d.envName
+	}
 	return EnvPrefix + strings.ToUpper(strings.ReplaceAll(d.flag, "-", "_"))
 }
 
@@ -55,7 +64,7 @@ func (d keyDef) group() string { g, _, _ := strings.Cut(d.key, "."); return g }
 func (d keyDef) leaf() string  { _, l, _ := strings.Cut(d.key, "."); return l }
 
 // groups in file order.
-var groupOrder = [...]string{"server", "l1", "eviction", "http", "log", "ui"}
+var groupOrder = [...]string{"server", "l1", "eviction", "l2", "http", "log", "ui"}
 
 // table returns the key table. It is rebuilt per call (it is small) so the
 // package keeps no mutable state.
@@ -210,6 +219,35 @@ func table() []keyDef {
 			help:  "fraction of the pool one eviction round frees",
 			field: func(c *Config) any { return &c.Eviction.Ratio },
 			check: func(c Config) string { return fraction(c.Eviction.Ratio) }},
+		{key: KeyAdapters, flag: "l2-adapter", envName: EnvPrefix + "L2_ADAPTERS", class: Restart, readOnly: true,
+			help:  `an L2 tier as JSON, repeatable, first = tried first: {"type": "fs", "base_path": "/data/l2"} or {"type": "resp", "host": "redis", "port": 6379}; the env var takes a JSON array`,
+			field: func(c *Config) any { return &c.L2.Adapters }},
+		{key: "l2.store_policy", flag: "l2-store-policy", class: Restart,
+			help:  "write-behind: published L1 chunks are copied to the tiers in the background; none: tiers are only read",
+			field: func(c *Config) any { return &c.L2.StorePolicy },
+			check: func(c Config) string { return oneOf(c.L2.StorePolicy, "write-behind", "none") }},
+		{key: "l2.prefetch_max_in_flight", flag: "l2-prefetch-max-in-flight", class: Restart,
+			help:  "tier loads into L1 in flight at once",
+			field: func(c *Config) any { return &c.L2.PrefetchMaxInFlight },
+			check: func(c Config) string { return intRange(c.L2.PrefetchMaxInFlight, 1, 1024) }},
+		{key: "l2.load_timeout_seconds", flag: "l2-prefetch-load-timeout", class: Restart,
+			help:  "seconds a lookup waits on the tiers before counting fewer hits",
+			field: func(c *Config) any { return &c.L2.LoadTimeoutSeconds },
+			check: func(c Config) string {
+				if v := c.L2.LoadTimeoutSeconds; !(v > 0) || v > 3600 {
+					return "must be > 0 and <= 3600"
+				}
+				return ""
+			}},
+		{key: "l2.queue_bytes", flag: "l2-queue-bytes", class: Restart,
+			help:  "bytes of chunks queued for the tiers; past it writes are dropped and counted",
+			field: func(c *Config) any { return &c.L2.QueueBytes },
+			check: func(c Config) string {
+				if c.L2.QueueBytes < 1<<20 {
+					return "must be >= 1048576 (1 MiB)"
+				}
+				return ""
+			}},
 		{key: "http.host", flag: "http-host", class: Restart,
 			help:  "address of the operator HTTP API",
 			field: func(c *Config) any { return &c.HTTP.Host }},
@@ -349,6 +387,7 @@ func (d keyDef) info(def *Config) KeyInfo {
 	ki := KeyInfo{
 		Key: d.key, Flag: d.flag, Env: d.env(), Kind: kindOf(d.field(def)),
 		Default: text(d.field(def)), Help: d.help, Class: d.class, Secret: d.secret,
+		ReadOnly: d.readOnly,
 	}
 	if d.negatable {
 		ki.NoFlag = "no-" + d.flag
@@ -392,6 +431,9 @@ func Shown(c Config, key string) (string, error) {
 	if !ok {
 		return "", fmt.Errorf("unknown setting %q", key)
 	}
+	if p, ok := d.field(&c).(*[]map[string]any); ok {
+		return adaptersText(redactAdapters(*p)), nil
+	}
 	v := text(d.field(&c))
 	if d.secret && v != "" {
 		return Redacted, nil
@@ -406,6 +448,9 @@ func Redact(c Config) Config {
 		if p, ok := d.field(&c).(*string); ok && d.secret && *p != "" {
 			*p = Redacted
 		}
+		if p, ok := d.field(&c).(*[]map[string]any); ok {
+			*p = redactAdapters(*p)
+		}
 	}
 	return c
 }
@@ -416,6 +461,9 @@ func Set(c *Config, key, value string) error {
 	d, ok := findDef(key)
 	if !ok {
 		return fmt.Errorf("unknown setting %q", key)
+	}
+	if d.readOnly {
+		return fmt.Errorf("%s is set only by --%s, %s or the settings file (a restart applies it)", key, d.flag, d.env())
 	}
 	ptr := d.field(c)
 	var v any = value

@@ -69,6 +69,9 @@ func Load(opts LoadOptions) (*Loaded, error) {
 		if p, ok := d.field(&defCfg).(**string); ok && *p == nil {
 			continue // absent means auto
 		}
+		if _, ok := d.field(&defCfg).(*[]map[string]any); ok {
+			continue // no tiers by default
+		}
 		flat[d.key] = derefField(d.field(&defCfg))
 	}
 	if err := defaults.Load(confmap.Provider(flat, "."), nil); err != nil {
@@ -107,7 +110,7 @@ func Load(opts LoadOptions) (*Loaded, error) {
 		TransformFunc: func(name, value string) (string, any) {
 			key, ok := byEnv[name]
 			if !ok {
-				if name != EnvConfig {
+				if name != EnvConfig && name != EnvRespUsername && name != EnvRespPassword {
 					warnings = append(warnings, fmt.Sprintf("%s names no setting; ignored", name))
 				}
 				return "", nil
@@ -136,6 +139,13 @@ func Load(opts LoadOptions) (*Loaded, error) {
 				return "", nil
 			}
 			val := posflag.FlagVal(opts.Flags, f)
+			if d.key == KeyAdapters {
+				list, err := opts.Flags.GetStringArray(f.Name)
+				if err != nil {
+					return "", nil
+				}
+				val = list
+			}
 			if f.Name != d.flag {
 				b, _ := val.(bool)
 				val = !b
@@ -163,7 +173,9 @@ func Load(opts LoadOptions) (*Loaded, error) {
 	if path != "" {
 		out.FileSource = pathSrc
 	}
-	skip := map[string]bool{}
+	// l2.adapters is checked field by field as it is read, each problem
+	// with its own source.
+	skip := map[string]bool{KeyAdapters: true}
 	for _, d := range defs {
 		var src Source
 		switch {
@@ -178,6 +190,19 @@ func Load(opts LoadOptions) (*Loaded, error) {
 			continue
 		}
 		out.Sources[d.key] = src
+		if d.key == KeyAdapters {
+			var v any
+			switch src.Kind {
+			case SourceFlag:
+				v = flagK.Get(d.key)
+			case SourceEnv:
+				v = envK.Get(d.key)
+			}
+			list, aprobs := loadAdapters(v, src, path, fileLines[d.key].items, opts.Environ)
+			out.Config.L2.Adapters = list
+			probs = append(probs, aprobs...)
+			continue
+		}
 		v := merged.Get(d.key)
 		if src.Kind == SourceFile && v != nil {
 			// A string key keeps the text as written: YAML would make
@@ -237,8 +262,9 @@ func (b bytesProvider) Read() (map[string]any, error) {
 // fileLeaf is a valid leaf of the settings file: the line of its key and
 // its value as written.
 type fileLeaf struct {
-	line int
-	raw  string
+	line  int
+	raw   string
+	items []fileItem // l2.adapters only
 }
 
 // checkFile parses the YAML with positions, returning every valid leaf key and a problem for every unknown or misshapen one. Invalid
@@ -299,6 +325,19 @@ func checkFile(path string, data []byte) (map[string]fileLeaf, []Problem, error)
 			}
 			if first, dup := lines[key]; dup {
 				probs = append(probs, Problem{Key: key, Source: at(lk), Reason: fmt.Sprintf("key given twice (first at line %d)", first.line)})
+				continue
+			}
+			if key == KeyAdapters {
+				switch {
+				case isNull(lv):
+					lines[key] = fileLeaf{line: lk.Line}
+				case lv.Kind != yamlv3.SequenceNode:
+					probs = append(probs, Problem{Key: key, Source: at(lk), Reason: "must be a list of adapter mappings (- type: fs …)"})
+					bad[key] = true
+					lines[key] = fileLeaf{line: lk.Line}
+				default:
+					lines[key] = fileLeaf{line: lk.Line, items: fileAdapters(lv)}
+				}
 				continue
 			}
 			if lv.Kind != yamlv3.ScalarNode {

@@ -469,7 +469,7 @@ func TestKeysGetSet(t *testing.T) {
 	fs := pflag.NewFlagSet("x", pflag.ContinueOnError)
 	settings.RegisterFlags(fs)
 	keys := settings.Keys()
-	if len(keys) != len(settings.KeyNames()) || len(keys) != 35 {
+	if len(keys) != len(settings.KeyNames()) || len(keys) != 40 {
 		t.Fatalf("%d keys", len(keys))
 	}
 	def := settings.Default()
@@ -489,6 +489,12 @@ func TestKeysGetSet(t *testing.T) {
 			t.Errorf("Get(%s) = %q, %v; Default %q", k.Key, got, err, k.Default)
 		}
 		c := def
+		if k.ReadOnly {
+			if err := settings.Set(&c, k.Key, got); err == nil {
+				t.Errorf("Set(%s) of a read-only key accepted", k.Key)
+			}
+			continue
+		}
 		if err := settings.Set(&c, k.Key, got); err != nil || !reflect.DeepEqual(c, def) {
 			t.Errorf("Set(Get(%s)) changed the config: %v", k.Key, err)
 		}

@@ -25,7 +25,7 @@ const maxFileBytes = 1 << 20
 func Edited(src map[string]Source) []string {
 	var out []string
 	for _, d := range table() {
-		if src[d.key].Kind == SourceDashboard {
+		if src[d.key].Kind == SourceDashboard && !d.readOnly {
 			out = append(out, d.key)
 		}
 	}
@@ -53,6 +53,10 @@ func updateFile(name string, data []byte, c Config, keys []string) ([]byte, erro
 		d, ok := findDef(k)
 		if !ok {
 			return nil, fmt.Errorf("unknown setting %q", k)
+		}
+		if d.readOnly {
+			// l2.adapters may hold credentials: never written from here.
+			return nil, fmt.Errorf("%s is not saved from here; edit it in the file, or give --%s", k, d.flag)
 		}
 		defs = append(defs, d)
 	}

@@ -374,7 +374,13 @@ func TestUpdateFileEveryKey(t *testing.T) {
 		}
 	}
 	orig := assets.DefaultConfig()
-	out, err := settings.UpdateFile(orig, c, settings.KeyNames())
+	var editable []string
+	for _, k := range settings.Keys() {
+		if !k.ReadOnly {
+			editable = append(editable, k.Key)
+		}
+	}
+	out, err := settings.UpdateFile(orig, c, editable)
 	if err != nil {
 		t.Fatal(err)
 	}

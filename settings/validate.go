@@ -67,5 +67,8 @@ func validate(c Config, src map[string]Source, skip map[string]bool) []Problem {
 			probs = append(probs, Problem{Key: d.key, Value: shown, Source: src[d.key], Reason: reason})
 		}
 	}
+	if !skip[KeyAdapters] {
+		probs = append(probs, validateAdapters(c.L2.Adapters, src[KeyAdapters])...)
+	}
 	return probs
 }
