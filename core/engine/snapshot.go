@@ -10,6 +10,7 @@ import (
 	"kvdock/core/l1"
 	"kvdock/core/lookup"
 	"kvdock/core/rpc"
+	"kvdock/core/tierstate"
 	"kvdock/core/workers"
 	"kvdock/settings"
 )
@@ -60,6 +61,8 @@ type Snapshot struct {
 	GPU      gpu.Snapshot
 	// Rebuilt is the last pool rebuild (zero when none happened).
 	Rebuilt Rebuilt
+	// Tiers are the L2 tiers in lookup order (empty when none is configured).
+	Tiers []tierstate.Tier
 }
 
 // Rebuilt says when the pool was last rebuilt and how many registered
