@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"encoding/json"
 	"strconv"
 	"strings"
 
@@ -49,12 +50,20 @@ func typedValue(kind, text string) any {
 		if text == settings.AutoText {
 			return nil
 		}
+	case "adapters":
+		// Shown already redacted: a list of objects, as given.
+		var list []any
+		if err := json.Unmarshal([]byte(text), &list); err == nil && list != nil {
+			return list
+		}
+		return []any{}
 	}
 	return text
 }
 
 // NewConf builds /conf from the running config and its sources. Secrets
-// (the HTTP token) show as settings.Redacted when set.
+// (the HTTP token, the L2 adapters' credentials) show as settings.Redacted
+// when set.
 func NewConf(cfg settings.Config, sources map[string]settings.Source) Conf {
 	out := Conf{}
 	for _, k := range settings.Keys() {

@@ -45,7 +45,33 @@ type Status struct {
 	Lookup   LookupStatus    `json:"lookup"`
 	Requests RequestsStatus  `json:"requests"`
 	GPU      GPUStatus       `json:"gpu"`
-	Events   []EventStatus   `json:"events"`
+	// Tiers are the L2 tiers in lookup order ([] when none is configured).
+	Tiers  []TierStatus  `json:"tiers"`
+	Events []EventStatus `json:"events"`
+}
+
+// TierStatus is one L2 tier: its state with the reason, its figures and its
+// counters (totals since it was opened). Target never holds a secret.
+type TierStatus struct {
+	Index         int        `json:"index"`
+	Type          string     `json:"type"`
+	Target        string     `json:"target"`
+	State         string     `json:"state"`
+	Reason        string     `json:"reason,omitempty"`
+	Since         *time.Time `json:"since,omitempty"`
+	UsedBytes     int64      `json:"used_bytes"`
+	CapacityBytes int64      `json:"capacity_bytes"`
+	Objects       int64      `json:"objects"`
+	Hits          uint64     `json:"hits"`
+	Misses        uint64     `json:"misses"`
+	Corrupt       uint64     `json:"corrupt"`
+	QueueDepth    int        `json:"queue_depth"`
+	QueueBytes    int64      `json:"queue_bytes"`
+	DroppedWrites uint64     `json:"dropped_writes"`
+	ReadBytes     uint64     `json:"read_bytes"`
+	WriteBytes    uint64     `json:"write_bytes"`
+	Loads         uint64     `json:"loads"`
+	LoadTimeouts  uint64     `json:"load_timeouts"`
 }
 
 // ContextMeta is upstream's non_cuda_context_meta entry.
@@ -273,6 +299,7 @@ func NewStatus(s engine.Snapshot) Status {
 		ShmShared:     s.Shm.Shared(),
 		Contexts:      make([]ContextStatus, 0, len(s.Contexts)),
 		GPU:           gpuStatus(s),
+		Tiers:         make([]TierStatus, 0, len(s.Tiers)),
 		Events:        []EventStatus{},
 	}
 	if out.StorageManager.L1EvictionController.EvictionPolicy == "" {
@@ -351,6 +378,15 @@ func NewStatus(s engine.Snapshot) Status {
 	}
 	for k, v := range r.DecodeFailures {
 		out.Requests.DecodeFailures[k] = v
+	}
+
+	for _, t := range s.Tiers {
+		out.Tiers = append(out.Tiers, TierStatus{Index: t.Index, Type: t.Type, Target: t.Target,
+			State: string(t.State), Reason: t.Reason, Since: timePtr(t.Since),
+			UsedBytes: t.UsedBytes, CapacityBytes: t.CapacityBytes, Objects: t.Objects,
+			Hits: t.Hits, Misses: t.Misses, Corrupt: t.Corrupt,
+			QueueDepth: t.QueueDepth, QueueBytes: t.QueueBytes, DroppedWrites: t.DroppedWrites,
+			ReadBytes: t.ReadBytes, WriteBytes: t.WriteBytes, Loads: t.Loads, LoadTimeouts: t.LoadTimeouts})
 	}
 
 	evs := s.Events

@@ -2,7 +2,7 @@
 // request counters and latency histogram fed by the wire server (Metrics is an
 // rpc.Observer) and a collector that reads the engine's snapshot at scrape
 // time for everything else (pool, lookups, contexts, transfer bytes, bad
-// input, GPU memory). Names follow upstream's lmcache_mp.* instruments where
+// input, GPU memory, the L2 tiers as kvdock_tier_* by index and type). Names follow upstream's lmcache_mp.* instruments where
 // one exists; kvdock's own figures are kvdock_*.
 //
 // Every metric exists from the first scrape, at zero, not only after
@@ -24,6 +24,7 @@ import (
 	"kvdock/core/engine"
 	"kvdock/core/protocol"
 	"kvdock/core/rpc"
+	"kvdock/core/tierstate"
 	"kvdock/core/workers"
 )
 
@@ -150,6 +151,10 @@ type snapshotCollector struct {
 	transferBytes, contexts, badInput                  *prometheus.Desc
 	gpuUsed, gpuTotal, up, sessions, inFlight          *prometheus.Desc
 
+	tierUp, tierState, tierUsed, tierCapacity, tierObjects, tierQueue, tierQueueBytes *prometheus.Desc
+	tierHits, tierMisses, tierCorrupt, tierDropped, tierRead, tierWrite               *prometheus.Desc
+	tierLoads, tierLoadTimeouts                                                       *prometheus.Desc
+
 	mu       sync.Mutex
 	src      Source
 	counters map[string]*counter
@@ -163,31 +168,46 @@ func newSnapshotCollector(m *Metrics) *snapshotCollector {
 		return prometheus.NewDesc(name, help, labels, nil)
 	}
 	return &snapshotCollector{
-		m:             m,
-		memUsed:       d("lmcache_mp_l1_memory_usage_bytes", "L1 pool bytes allocated to objects."),
-		usageRatio:    d("lmcache_mp_l1_usage_ratio", "L1 pool bytes allocated over its capacity."),
-		capacity:      d("kvdock_l1_capacity_bytes", "L1 pool allocatable bytes."),
-		objects:       d("kvdock_l1_objects", "Objects held in the L1 pool."),
-		activeJobs:    d("lmcache_mp_active_prefetch_jobs", "Lookup jobs waiting for QUERY_PREFETCH_STATUS."),
-		l1Read:        d("lmcache_mp_l1_read_total", "Keys read-locked in L1 (lookup and retrieve hits)."),
-		l1Write:       d("lmcache_mp_l1_write_total", "Objects reserved for writing in L1."),
-		l1Evicted:     d("lmcache_mp_l1_evicted_total", "Objects evicted from L1 by policy."),
-		l1AllocFail:   d("lmcache_mp_l1_allocation_failure_total", "L1 write reservations refused for lack of space."),
-		l1Ticks:       d("lmcache_mp_l1_eviction_loop_ticks_total", "Iterations of the L1 eviction loop."),
-		lookupReq:     d("lmcache_mp_lookup_requested_total", "Tokens sent with LOOKUP requests."),
-		lookupHit:     d("lmcache_mp_lookup_hit_total", "Tokens found by LOOKUP requests."),
-		lookups:       d("lmcache_mp_lookups_total", "LOOKUP requests."),
-		transferBytes: d("kvdock_transfer_bytes_total", "KV bytes moved, by transfer mode (shm, pickle) and direction (in = stored, out = served).", "mode", "direction"),
-		contexts:      d("kvdock_contexts", "Registered worker contexts by transfer mode.", "mode"),
-		badInput:      d("kvdock_bad_input_total", "Bad wire input by kind.", "kind"),
-		gpuUsed:       d("kvdock_gpu_memory_used_bytes", "GPU memory in use.", "gpu", "name"),
-		gpuTotal:      d("kvdock_gpu_memory_total_bytes", "GPU memory in total.", "gpu", "name"),
-		up:            d("kvdock_up", "1 while the engine is serving, else 0."),
-		sessions:      d("kvdock_active_sessions", "Token sessions held."),
-		inFlight:      d("kvdock_requests_in_flight", "Wire requests being handled."),
-		counters:      map[string]*counter{},
-		ctx:           map[ctxKey]ctxBytes{},
-		bytes:         map[[2]string]float64{},
+		m:                m,
+		memUsed:          d("lmcache_mp_l1_memory_usage_bytes", "L1 pool bytes allocated to objects."),
+		usageRatio:       d("lmcache_mp_l1_usage_ratio", "L1 pool bytes allocated over its capacity."),
+		capacity:         d("kvdock_l1_capacity_bytes", "L1 pool allocatable bytes."),
+		objects:          d("kvdock_l1_objects", "Objects held in the L1 pool."),
+		activeJobs:       d("lmcache_mp_active_prefetch_jobs", "Lookup jobs waiting for QUERY_PREFETCH_STATUS."),
+		l1Read:           d("lmcache_mp_l1_read_total", "Keys read-locked in L1 (lookup and retrieve hits)."),
+		l1Write:          d("lmcache_mp_l1_write_total", "Objects reserved for writing in L1."),
+		l1Evicted:        d("lmcache_mp_l1_evicted_total", "Objects evicted from L1 by policy."),
+		l1AllocFail:      d("lmcache_mp_l1_allocation_failure_total", "L1 write reservations refused for lack of space."),
+		l1Ticks:          d("lmcache_mp_l1_eviction_loop_ticks_total", "Iterations of the L1 eviction loop."),
+		lookupReq:        d("lmcache_mp_lookup_requested_total", "Tokens sent with LOOKUP requests."),
+		lookupHit:        d("lmcache_mp_lookup_hit_total", "Tokens found by LOOKUP requests."),
+		lookups:          d("lmcache_mp_lookups_total", "LOOKUP requests."),
+		transferBytes:    d("kvdock_transfer_bytes_total", "KV bytes moved, by transfer mode (shm, pickle) and direction (in = stored, out = served).", "mode", "direction"),
+		contexts:         d("kvdock_contexts", "Registered worker contexts by transfer mode.", "mode"),
+		badInput:         d("kvdock_bad_input_total", "Bad wire input by kind.", "kind"),
+		gpuUsed:          d("kvdock_gpu_memory_used_bytes", "GPU memory in use.", "gpu", "name"),
+		gpuTotal:         d("kvdock_gpu_memory_total_bytes", "GPU memory in total.", "gpu", "name"),
+		up:               d("kvdock_up", "1 while the engine is serving, else 0."),
+		sessions:         d("kvdock_active_sessions", "Token sessions held."),
+		inFlight:         d("kvdock_requests_in_flight", "Wire requests being handled."),
+		tierUp:           d("kvdock_tier_up", "1 while the L2 tier answers (up or degraded), else 0.", "index", "type"),
+		tierState:        d("kvdock_tier_state", "1 for the L2 tier's current state (up, down, degraded), 0 for the others.", "index", "type", "state"),
+		tierUsed:         d("kvdock_tier_used_bytes", "Bytes the L2 tier holds.", "index", "type"),
+		tierCapacity:     d("kvdock_tier_capacity_bytes", "Bytes the L2 tier may hold (0 = not bounded by kvdock).", "index", "type"),
+		tierObjects:      d("kvdock_tier_objects", "Chunks the L2 tier holds.", "index", "type"),
+		tierQueue:        d("kvdock_tier_queue_depth", "Chunks queued for writing to the L2 tier.", "index", "type"),
+		tierQueueBytes:   d("kvdock_tier_queue_bytes", "Bytes queued for writing to the L2 tier.", "index", "type"),
+		tierHits:         d("kvdock_tier_hits_total", "Chunks found in the L2 tier.", "index", "type"),
+		tierMisses:       d("kvdock_tier_misses_total", "Chunks looked for and not found in the L2 tier.", "index", "type"),
+		tierCorrupt:      d("kvdock_tier_corrupt_total", "L2 tier values rejected by their header or checksum (never served).", "index", "type"),
+		tierDropped:      d("kvdock_tier_dropped_writes_total", "Writes to the L2 tier dropped because it fell behind or failed.", "index", "type"),
+		tierRead:         d("kvdock_tier_read_bytes_total", "Bytes read from the L2 tier.", "index", "type"),
+		tierWrite:        d("kvdock_tier_write_bytes_total", "Bytes written to the L2 tier.", "index", "type"),
+		tierLoads:        d("kvdock_tier_loads_total", "Prefetch loads from the L2 tier into L1.", "index", "type"),
+		tierLoadTimeouts: d("kvdock_tier_load_timeouts_total", "Prefetch loads from the L2 tier given up at the load timeout.", "index", "type"),
+		counters:         map[string]*counter{},
+		ctx:              map[ctxKey]ctxBytes{},
+		bytes:            map[[2]string]float64{},
 	}
 }
 
@@ -200,7 +220,10 @@ func (c *snapshotCollector) setSource(src Source) {
 func (c *snapshotCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.memUsed, c.usageRatio, c.capacity, c.objects, c.activeJobs,
 		c.l1Read, c.l1Write, c.l1Evicted, c.l1AllocFail, c.l1Ticks, c.lookupReq, c.lookupHit, c.lookups,
-		c.transferBytes, c.contexts, c.badInput, c.gpuUsed, c.gpuTotal, c.up, c.sessions, c.inFlight} {
+		c.transferBytes, c.contexts, c.badInput, c.gpuUsed, c.gpuTotal, c.up, c.sessions, c.inFlight,
+		c.tierUp, c.tierState, c.tierUsed, c.tierCapacity, c.tierObjects, c.tierQueue, c.tierQueueBytes,
+		c.tierHits, c.tierMisses, c.tierCorrupt, c.tierDropped, c.tierRead, c.tierWrite,
+		c.tierLoads, c.tierLoadTimeouts} {
 		ch <- d
 	}
 	c.m.requests.Describe(ch)
@@ -285,6 +308,38 @@ func (c *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 		for _, dir := range [...]string{"in", "out"} {
 			ch <- prometheus.MustNewConstMetric(c.transferBytes, prometheus.CounterValue, c.bytes[[2]string{mode, dir}], mode, dir)
 		}
+	}
+
+	for _, t := range s.Tiers {
+		idx := strconv.Itoa(t.Index)
+		up := 0.0
+		if t.State != tierstate.Down {
+			up = 1
+		}
+		gauge(c.tierUp, up, idx, t.Type)
+		for _, st := range [...]tierstate.State{tierstate.Up, tierstate.Down, tierstate.Degraded} {
+			v := 0.0
+			if t.State == st {
+				v = 1
+			}
+			gauge(c.tierState, v, idx, t.Type, string(st))
+		}
+		gauge(c.tierUsed, float64(t.UsedBytes), idx, t.Type)
+		gauge(c.tierCapacity, float64(t.CapacityBytes), idx, t.Type)
+		gauge(c.tierObjects, float64(t.Objects), idx, t.Type)
+		gauge(c.tierQueue, float64(t.QueueDepth), idx, t.Type)
+		gauge(c.tierQueueBytes, float64(t.QueueBytes), idx, t.Type)
+		// Keyed by position and type: a restart that reorders the tiers
+		// starts fresh series rather than mixing two tiers' totals.
+		key := "tier|" + idx + "|" + t.Type + "|"
+		count(c.tierHits, key+"hits", float64(t.Hits), idx, t.Type)
+		count(c.tierMisses, key+"misses", float64(t.Misses), idx, t.Type)
+		count(c.tierCorrupt, key+"corrupt", float64(t.Corrupt), idx, t.Type)
+		count(c.tierDropped, key+"dropped", float64(t.DroppedWrites), idx, t.Type)
+		count(c.tierRead, key+"read", float64(t.ReadBytes), idx, t.Type)
+		count(c.tierWrite, key+"write", float64(t.WriteBytes), idx, t.Type)
+		count(c.tierLoads, key+"loads", float64(t.Loads), idx, t.Type)
+		count(c.tierLoadTimeouts, key+"load_timeouts", float64(t.LoadTimeouts), idx, t.Type)
 	}
 
 	if s.GPU.Available {

@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"encoding/json"
+	"net/http/httptest"
 	"regexp"
 	"strings"
 	"sync"
@@ -9,11 +10,14 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 
 	"kvdock/assets"
 	"kvdock/core/engine"
 	"kvdock/core/gpu"
 	"kvdock/core/rpc"
+	"kvdock/core/tierstate"
 	"kvdock/core/workers"
 )
 
@@ -227,5 +231,74 @@ func TestDashboardUsesExportedMetrics(t *testing.T) {
 		if !strings.Contains(unit, "\n"+line+"\n") {
 			t.Errorf("systemd unit lacks %q", line)
 		}
+	}
+}
+
+func TestTierMetricsByIndexAndType(t *testing.T) {
+	src := &fakeSource{}
+	m := New()
+	m.Watch(src)
+	if fams := gather(t, m); fams["kvdock_tier_up"] != nil {
+		t.Fatal("tier series exist with no tier configured")
+	}
+	src.set(func(s *engine.Snapshot) {
+		s.Tiers = []tierstate.Tier{
+			{Index: 0, Type: "fs", Target: "/data/l2", State: tierstate.Up, UsedBytes: 1 << 20, CapacityBytes: 10 << 30,
+				Objects: 8, Hits: 5, Misses: 2, Corrupt: 1, QueueDepth: 3, QueueBytes: 3 << 17, DroppedWrites: 4,
+				ReadBytes: 1000, WriteBytes: 2000, Loads: 5, LoadTimeouts: 1},
+			{Index: 1, Type: "resp", Target: "redis://redis:6379", State: tierstate.Down, Reason: "connection refused", Hits: 9},
+		}
+	})
+	fams := gather(t, m)
+	for _, c := range []struct {
+		name  string
+		want  float64
+		label []string
+	}{
+		{"kvdock_tier_up", 1, []string{"index", "0", "type", "fs"}},
+		{"kvdock_tier_up", 0, []string{"index", "1", "type", "resp"}},
+		{"kvdock_tier_state", 1, []string{"index", "1", "type", "resp", "state", "down"}},
+		{"kvdock_tier_state", 0, []string{"index", "1", "type", "resp", "state", "up"}},
+		{"kvdock_tier_used_bytes", 1 << 20, []string{"index", "0"}},
+		{"kvdock_tier_capacity_bytes", 10 << 30, []string{"index", "0"}},
+		{"kvdock_tier_objects", 8, []string{"index", "0"}},
+		{"kvdock_tier_queue_depth", 3, []string{"index", "0"}},
+		{"kvdock_tier_queue_bytes", 3 << 17, []string{"index", "0"}},
+		{"kvdock_tier_hits_total", 5, []string{"index", "0"}},
+		{"kvdock_tier_hits_total", 9, []string{"index", "1", "type", "resp"}},
+		{"kvdock_tier_misses_total", 2, []string{"index", "0"}},
+		{"kvdock_tier_corrupt_total", 1, []string{"index", "0"}},
+		{"kvdock_tier_dropped_writes_total", 4, []string{"index", "0"}},
+		{"kvdock_tier_read_bytes_total", 1000, []string{"index", "0"}},
+		{"kvdock_tier_write_bytes_total", 2000, []string{"index", "0"}},
+		{"kvdock_tier_loads_total", 5, []string{"index", "0"}},
+		{"kvdock_tier_load_timeouts_total", 1, []string{"index", "0"}},
+	} {
+		if got := get(t, fams, c.name, c.label...); got != c.want {
+			t.Errorf("%s%v = %v, want %v", c.name, c.label, got, c.want)
+		}
+	}
+	if f := fams["kvdock_tier_hits_total"]; f.GetType() != dto.MetricType_COUNTER {
+		t.Errorf("hits type %v", f.GetType())
+	}
+
+	// An engine restart resets the tier's totals; the series does not go down.
+	src.set(func(s *engine.Snapshot) { s.Tiers[0].Hits = 2 })
+	if got := get(t, gather(t, m), "kvdock_tier_hits_total", "index", "0"); got != 7 {
+		t.Errorf("hits after reset = %v, want 7", got)
+	}
+
+	// The text exposition parses, and names no target or reason (a label
+	// per reason would grow without bound).
+	rec := httptest.NewRecorder()
+	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	body := rec.Body.String()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	parsed, err := parser.TextToMetricFamilies(strings.NewReader(body))
+	if err != nil {
+		t.Fatalf("parse: %v", err)
+	}
+	if parsed["kvdock_tier_dropped_writes_total"] == nil || strings.Contains(body, "connection refused") || strings.Contains(body, "redis:6379") {
+		t.Errorf("exposition:\n%s", body)
 	}
 }
