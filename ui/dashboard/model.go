@@ -14,6 +14,7 @@ import (
 	"github.com/charmbracelet/colorprofile"
 
 	"kvdock/core/engine"
+	"kvdock/core/tierstate"
 	"kvdock/settings"
 	"kvdock/ui/termtext"
 )
@@ -27,10 +28,11 @@ const (
 	paneGPU
 	paneEvents
 	paneSettings
+	paneTiers
 	paneCount
 )
 
-var paneNames = [paneCount]string{"Contexts", "Pool", "GPU", "Events", "Settings"}
+var paneNames = [paneCount]string{"Contexts", "Pool", "GPU", "Events", "Settings", "Tiers"}
 
 // mode is what has the keyboard.
 type mode int
@@ -108,6 +110,13 @@ type Model struct {
 	evLevel     slog.Level // events below it are hidden
 	evFilter    textPrompt
 	evFilterStr string
+
+	// tiers pane: the first tier shown, and the totals of the previous
+	// snapshot the read/write rates are derived from
+	tierSel    int
+	tierPrev   []tierstate.Tier
+	tierPrevAt time.Time
+	tierRates  map[int]tierRate
 
 	// settings pane
 	running  settings.Config
@@ -191,6 +200,11 @@ func (m *Model) setSnapshot(s engine.Snapshot) {
 	// escape sequence of theirs reaches the terminal.
 	termtext.CleanAll(&s)
 	m.snap = s
+	at := s.Taken
+	if at.IsZero() {
+		at = m.opts.Now()
+	}
+	m.addTierRates(s.Tiers, at)
 	for _, ev := range s.Events {
 		m.addEvent(ev)
 	}
@@ -346,6 +360,8 @@ func (m *Model) onKey(msg tea.KeyPressMsg) tea.Cmd {
 		return m.onEventsKey(msg)
 	case paneSettings:
 		return m.onSettingsKey(msg)
+	case paneTiers:
+		m.onTiersKey(msg)
 	}
 	return nil
 }
@@ -582,6 +598,8 @@ func (m *Model) renderBody(w, h int) string {
 		return m.renderEvents(w, h)
 	case paneSettings:
 		return m.renderSettings(w, h)
+	case paneTiers:
+		return m.renderTiers(w, h)
 	}
 	return ""
 }
@@ -623,6 +641,10 @@ func (m *Model) currentKeys() []key.Binding {
 		own = m.keys.Events.list()
 	case paneSettings:
 		own = m.keys.Settings.list()
+	case paneTiers:
+		if len(m.snap.Tiers) > 1 {
+			own = m.keys.List.list()
+		}
 	}
 	g := m.keys.Global
 	// The bar keeps the pane's own keys and the way to the rest.
@@ -648,6 +670,9 @@ func (m *Model) renderHelp(w int) string {
 	}
 	if m.pane == paneSettings {
 		groups = append(groups, m.keys.Settings.list(), m.keys.Edit.list())
+	}
+	if m.pane == paneTiers {
+		groups = append(groups, m.keys.List.list())
 	}
 	groups = append(groups, m.keys.Global.list())
 	title := m.st.Title.Render("Keys — " + paneNames[m.pane])

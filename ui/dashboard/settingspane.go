@@ -99,6 +99,10 @@ func (m *Model) onSettingsKey(msg tea.KeyPressMsg) tea.Cmd {
 		return nil
 	}
 	ki := m.keyInfos[m.setSel]
+	if ki.ReadOnly && (key.Matches(msg, k.Edit) || key.Matches(msg, k.Reset)) {
+		m.setStatus(levelInfo, readOnlyText(ki))
+		return nil
+	}
 	switch {
 	case key.Matches(msg, k.Edit):
 		m.mode = modeEdit
@@ -409,11 +413,27 @@ func (m *Model) renderSettings(w, h int) string {
 	return b.String()
 }
 
+// readOnlyText says where a key the dashboard does not edit is set.
+func readOnlyText(ki settings.KeyInfo) string {
+	return fmt.Sprintf("%s is read-only here: set it with --%s, %s or the settings file, then restart (6 Tiers shows the tiers)", ki.Key, ki.Flag, ki.Env)
+}
+
 func (m *Model) settingsFooter(w int) string {
 	ki := m.keyInfos[m.setSel]
 	var lines []string
 	lines = append(lines, m.st.Bold.Render(ki.Key)+": "+ki.Help)
-	lines = append(lines, fmt.Sprintf("  --%s · %s · default %s · running %s", ki.Flag, ki.Env, ki.Default, valueText(m.running, ki)))
+	if ki.ReadOnly {
+		lines = append(lines, "  "+readOnlyText(ki))
+		adapters := settings.AdapterTexts(m.running)
+		if len(adapters) == 0 {
+			lines = append(lines, "  running: none")
+		}
+		for i, a := range adapters {
+			lines = append(lines, fmt.Sprintf("  running %d: %s", i, a))
+		}
+	} else {
+		lines = append(lines, fmt.Sprintf("  --%s · %s · default %s · running %s", ki.Flag, ki.Env, ki.Default, valueText(m.running, ki)))
+	}
 	lines = append(lines, m.logLine())
 	if m.mode == modeFind {
 		lines = append(lines, m.find.View())

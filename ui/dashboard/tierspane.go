@@ -1,0 +1,186 @@
+package dashboard
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	tea "charm.land/bubbletea/v2"
+	"charm.land/lipgloss/v2"
+
+	"kvdock/core/tierstate"
+	"kvdock/settings"
+)
+
+// tierRate is a tier's read and write throughput between the last two
+// snapshots, in bytes per second; ok is false until two snapshots of the
+// same tier were seen (or after its counters went back, a restart).
+type tierRate struct {
+	read, write float64
+	ok          bool
+}
+
+// addTierRates derives each tier's throughput from the byte totals of the
+// previous snapshot and this one; a tier is the same when its position and
+// type are.
+func (m *Model) addTierRates(tiers []tierstate.Tier, at time.Time) {
+	rates := make(map[int]tierRate, len(tiers))
+	dt := at.Sub(m.tierPrevAt).Seconds()
+	for _, t := range tiers {
+		for _, p := range m.tierPrev {
+			if p.Index != t.Index || p.Type != t.Type || dt <= 0 || t.ReadBytes < p.ReadBytes || t.WriteBytes < p.WriteBytes {
+				continue
+			}
+			rates[t.Index] = tierRate{
+				read:  float64(t.ReadBytes-p.ReadBytes) / dt,
+				write: float64(t.WriteBytes-p.WriteBytes) / dt,
+				ok:    true,
+			}
+		}
+	}
+	m.tierPrev = append(m.tierPrev[:0], tiers...)
+	m.tierPrevAt = at
+	m.tierRates = rates
+}
+
+// rateText is bytes per second as decimal GB/s, the unit disks and links
+// are sold in.
+func rateText(r float64) string {
+	return fmt.Sprintf("%.2f GB/s", r/1e9)
+}
+
+// tierStateStyle tones a tier state; the label carries the meaning.
+func (m *Model) tierStateStyle(s tierstate.State) lipgloss.Style {
+	switch s {
+	case tierstate.Up:
+		return m.st.OK
+	case tierstate.Degraded:
+		return m.st.Warn
+	}
+	return m.st.Bad
+}
+
+// tierStateText is the state label, "UNKNOWN" for a state this build does
+// not know.
+func tierStateText(s tierstate.State) string {
+	switch s {
+	case tierstate.Up, tierstate.Down, tierstate.Degraded:
+		return strings.ToUpper(string(s))
+	}
+	return "UNKNOWN"
+}
+
+func (m *Model) onTiersKey(msg tea.KeyPressMsg) {
+	m.moveSel(msg, &m.tierSel, len(m.snap.Tiers))
+}
+
+// renderTiers shows every L2 tier in lookup order, from the selected one
+// down as far as the screen goes.
+func (m *Model) renderTiers(w, h int) string {
+	tiers := m.snap.Tiers
+	l2 := m.running.L2
+	if len(tiers) == 0 {
+		return m.renderNoTiers(w)
+	}
+	head := fmt.Sprintf("%d tier(s) in lookup order · store %s · %d loads in flight · timeout %s",
+		len(tiers), l2.StorePolicy, l2.PrefetchMaxInFlight,
+		durationText(time.Duration(l2.LoadTimeoutSeconds*float64(time.Second))))
+	lines := strings.Split(wrapWords(head, w), "\n")
+	sel := max(0, min(m.tierSel, len(tiers)-1))
+	if sel > 0 {
+		lines = append(lines, m.st.Faint.Render(fmt.Sprintf("  … %d tier(s) above (↑/k)", sel)))
+	}
+	for i := sel; i < len(tiers); i++ {
+		block := m.tierBlock(tiers[i], w)
+		need := len(lines) + 1 + len(block)
+		if i < len(tiers)-1 {
+			need++ // room for "n more below" after it
+		}
+		if need > h && i > sel {
+			lines = append(lines, m.st.Faint.Render(fmt.Sprintf("  … %d more tier(s) below (↓/j)", len(tiers)-i)))
+			break
+		}
+		lines = append(lines, "")
+		lines = append(lines, block...)
+	}
+	return strings.Join(lines, "\n")
+}
+
+// tierBlock is one tier: title and state, then its figures.
+func (m *Model) tierBlock(t tierstate.Tier, w int) []string {
+	now := m.opts.Now()
+	state := m.tierStateStyle(t.State).Render(tierStateText(t.State))
+	if !t.Since.IsZero() {
+		state += " for " + durationText(now.Sub(t.Since))
+	}
+	title := m.st.Title.Render(fmt.Sprintf("Tier %d  %s", t.Index, t.Type)) + "  " + state + "  " + t.Target
+	lines := []string{fit(title, w)}
+	if t.Reason != "" {
+		for _, l := range strings.Split(wrapWords("why: "+t.Reason, max(10, w-12)), "\n") {
+			lines = append(lines, "          "+m.tierStateStyle(t.State).Render(l))
+		}
+	}
+
+	used := bytesText(t.UsedBytes)
+	if t.CapacityBytes > 0 {
+		pct := percent(float64(t.UsedBytes), float64(t.CapacityBytes))
+		nums := fmt.Sprintf(" %s / %s (%.1f%%) · %d object(s)", used, bytesText(t.CapacityBytes), pct, t.Objects)
+		barW := max(10, min(40, w-10-lipgloss.Width(nums)))
+		lines = append(lines, m.st.Bold.Render("  Used    ")+bar(m.st, barW, pct)+nums)
+	} else {
+		lines = append(lines, m.st.Bold.Render("  Used    ")+fmt.Sprintf("%s, no capacity bound · %d object(s)", used, t.Objects))
+	}
+	loads := fmt.Sprintf("%d loaded", t.Loads)
+	if t.LoadTimeouts > 0 {
+		loads += fmt.Sprintf(" (%d timed out)", t.LoadTimeouts)
+	}
+	corrupt := fmt.Sprintf("%d corrupt rejected", t.Corrupt)
+	if t.Corrupt > 0 {
+		corrupt = m.st.Warn.Render(corrupt)
+	}
+	lines = append(lines,
+		fit(m.st.Bold.Render("  Reads   ")+fmt.Sprintf("%d hits · %d misses · ", t.Hits, t.Misses)+corrupt+" · "+loads, w))
+	dropped := fmt.Sprintf("%d dropped", t.DroppedWrites)
+	if t.DroppedWrites > 0 {
+		dropped = m.st.Warn.Render(dropped)
+	}
+	lines = append(lines,
+		fit(m.st.Bold.Render("  Writes  ")+fmt.Sprintf("queue %d (%s) · ", t.QueueDepth, bytesText(t.QueueBytes))+dropped, w))
+	rate := "read - · write - (needs two refreshes)"
+	if r, ok := m.tierRates[t.Index]; ok && r.ok {
+		rate = "read " + rateText(r.read) + " · write " + rateText(r.write)
+	}
+	rateLine := m.st.Bold.Render("  Rate    ") + rate
+	// The totals only where they fit whole: a cut figure misleads.
+	if withTotals := rateLine + fmt.Sprintf("   totals %s read, %s written",
+		bytesText(int64(min(t.ReadBytes, 1<<62))), bytesText(int64(min(t.WriteBytes, 1<<62)))); lipgloss.Width(withTotals) <= w {
+		rateLine = withTotals
+	}
+	lines = append(lines, fit(rateLine, w))
+	return lines
+}
+
+// renderNoTiers says there is no tier, and how to add one; adapters that
+// are configured but not opened (yet) are listed, credentials redacted.
+func (m *Model) renderNoTiers(w int) string {
+	configured := settings.AdapterTexts(m.running)
+	if len(configured) == 0 {
+		text := []string{
+			m.st.Faint.Render("no L2 tier configured"),
+			"",
+			wrapWords("Chunks live only in the L1 pool. Add a tier behind it with --l2-adapter (repeatable; the first is tried first), then restart:", w),
+			`  --l2-adapter '{"type": "fs", "base_path": "/data/l2"}'`,
+			`  --l2-adapter '{"type": "resp", "host": "redis", "port": 6379}'`,
+			wrapWords("or l2.adapters in the settings file, or KVDOCK_L2_ADAPTERS as a JSON array.", w),
+		}
+		return strings.Join(text, "\n")
+	}
+	lines := []string{
+		m.st.Warn.Render("no tier is open") + fmt.Sprintf(": %d adapter(s) configured, none reported by the engine yet", len(configured)),
+		"",
+	}
+	for i, a := range configured {
+		lines = append(lines, fit(fmt.Sprintf("  %d  %s", i, a), w))
+	}
+	return strings.Join(lines, "\n")
+}
