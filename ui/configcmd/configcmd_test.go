@@ -191,3 +191,34 @@ func TestShowRedactsToken(t *testing.T) {
 		t.Fatalf("token shown:\n%s", out.String())
 	}
 }
+
+func TestShowAdaptersLoadBackAndRedactCredentials(t *testing.T) {
+	const pass = "v3ry-s3cret-pw"
+	code, out, errs := run([]string{"LMCACHE_RESP_PASSWORD=" + pass}, "show", "--sources", "--config", "",
+		"--l2-adapter", `{"type": "fs", "base_path": "/data/l2"}`,
+		"--l2-adapter", `{"type": "resp", "host": "redis", "port": 6379, "username": "kv"}`)
+	if code != 0 {
+		t.Fatalf("show: %d %q", code, errs)
+	}
+	if strings.Contains(out, pass) || strings.Contains(out, `"kv"`) || !strings.Contains(out, settings.Redacted) ||
+		!strings.Contains(out, "# from --l2-adapter") || !strings.Contains(out, `"base_path":"/data/l2"`) {
+		t.Fatalf("show:\n%s", out)
+	}
+
+	// Without credentials the output loads back to the same adapters.
+	code, plain, _ := run(nil, "show", "--config", "", "--l2-adapter", `{"type": "fs", "base_path": "/data/l2", "max_capacity_gb": 2.5}`)
+	again := filepath.Join(t.TempDir(), "again.yaml")
+	if err := os.WriteFile(again, []byte(plain), 0o600); code != 0 || err != nil {
+		t.Fatalf("show: %d %v", code, err)
+	}
+	l, err := settings.Load(settings.LoadOptions{ConfigPath: again})
+	if err != nil || len(l.Config.L2.Adapters) != 1 || l.Config.L2.Adapters[0]["max_capacity_gb"] != 2.5 {
+		t.Fatalf("shown adapters do not load back: %v\n%s", err, plain)
+	}
+
+	// A bad adapter exits 2 naming the flag and the field.
+	code, _, errs = run(nil, "show", "--config", "", "--l2-adapter", `{"type": "fs", "base_path": "/x", "size": 1}`)
+	if code != 2 || !strings.Contains(errs, "l2.adapters[0].size") || !strings.Contains(errs, "--l2-adapter[0]") {
+		t.Fatalf("bad adapter: %d %q", code, errs)
+	}
+}
