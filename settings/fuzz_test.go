@@ -16,6 +16,7 @@ import (
 func FuzzLoadFile(f *testing.F) {
 	f.Add([]byte("server:\n  port: 5556\n  shm_name: \"\"\nl1:\n  size_gb: 0.5\n"))
 	f.Add([]byte("ui:\n  refresh: 250ms\neviction:\n  policy: noop\n"))
+	f.Add([]byte("l2:\n  adapters:\n    - type: fs\n      base_path: /d\n      max_capacity_gb: 5\n    - {type: resp, cluster: true, startup_nodes: [\"a:1\"], ttl_seconds: 9, key_prefix: \"k:\"}\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		dir := t.TempDir()
 		path := filepath.Join(dir, "config.yaml")

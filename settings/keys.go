@@ -415,11 +415,15 @@ func KeyNames() []string {
 }
 
 // Get returns the editable text of a key: what Set accepts to give the same
-// value back. An absent server.shm_name reads as AutoText.
+// value back. An absent server.shm_name reads as AutoText. A read-only key
+// (l2.adapters), which Set refuses, reads as Shown: credentials redacted.
 func Get(c Config, key string) (string, error) {
 	d, ok := findDef(key)
 	if !ok {
 		return "", fmt.Errorf("unknown setting %q", key)
+	}
+	if d.readOnly {
+		return Shown(c, key)
 	}
 	return text(d.field(&c)), nil
 }
