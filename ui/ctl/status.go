@@ -18,7 +18,7 @@ import (
 
 const statusUsage = `usage: kvdock ctl status [--http-host HOST] [--http-port PORT] [--json]
 
-Prints a running kvdock's state, SHM decision, pool usage and worker contexts,
+Prints a running kvdock's state, SHM decision, pool usage, L2 tiers and worker contexts,
 read from its HTTP API (GET /status). Host and port come from the settings,
 as for kvdock serve: the settings file, $KVDOCK_HTTP_HOST and
 $KVDOCK_HTTP_PORT, then the flags; by default 127.0.0.1:8080.
@@ -161,6 +161,21 @@ func statusPrint(w io.Writer, st httpapi.Status) {
 	fmt.Fprintf(tw, "requests\t%d handled, %d in flight, %d bad input\n", st.Requests.Total, st.Requests.InFlight, bad)
 	fmt.Fprintf(tw, "lookups\t%d, %d of %d tokens hit, %d prefetch jobs active\n",
 		st.Lookup.Lookups, st.Lookup.HitTokens, st.Lookup.RequestedTokens, st.ActivePrefetchJobs)
+	if len(st.Tiers) == 0 {
+		fmt.Fprintf(tw, "tiers\tnone (L1 only; --l2-adapter adds one)\n")
+	}
+	for _, t := range st.Tiers {
+		state := strings.ToUpper(t.State)
+		if t.Reason != "" {
+			state += " (" + t.Reason + ")"
+		}
+		used := statusBytes(t.UsedBytes)
+		if t.CapacityBytes > 0 {
+			used += " of " + statusBytes(t.CapacityBytes)
+		}
+		fmt.Fprintf(tw, "tier %d\t%s %s: %s, %s used, %d hits, %d misses, %d corrupt rejected, %d writes dropped\n",
+			t.Index, t.Type, t.Target, state, used, t.Hits, t.Misses, t.Corrupt, t.DroppedWrites)
+	}
 	if !st.GPU.Available {
 		fmt.Fprintf(tw, "GPU\tn/a: %s\n", statusOrDash(st.GPU.Reason))
 	} else {

@@ -6,8 +6,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -15,6 +18,7 @@ import (
 	"kvdock/core/engine"
 	"kvdock/core/protocol"
 	"kvdock/core/rpc/client"
+	"kvdock/core/tierstate"
 	"kvdock/settings"
 	"kvdock/ui/ctl"
 	"kvdock/ui/httpapi"
@@ -158,5 +162,38 @@ func TestStatusEnvDefaults(t *testing.T) {
 	}
 	if code, _, errs := runStatusEnv([]string{"KVDOCK_HTTP_PORT=eighty"}); code != 2 || !strings.Contains(errs, "KVDOCK_HTTP_PORT") {
 		t.Errorf("bad env port: exit %d, %q", code, errs)
+	}
+}
+
+func TestStatusTiers(t *testing.T) {
+	snap := engine.Snapshot{State: engine.Serving, Tiers: []tierstate.Tier{
+		{Index: 0, Type: "fs", Target: "/data/l2", State: tierstate.Up, UsedBytes: 1 << 30, CapacityBytes: 10 << 30, Hits: 7, Misses: 3, Corrupt: 1, DroppedWrites: 2},
+		{Index: 1, Type: "resp", Target: "redis://redis:6379", State: tierstate.Down, Reason: "connection \x1b[2Jrefused"},
+	}}
+	var mu sync.Mutex
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		_ = json.NewEncoder(w).Encode(httpapi.NewStatus(snap))
+	}))
+	defer srv.Close()
+	port := strconv.Itoa(srv.Listener.Addr().(*net.TCPAddr).Port)
+	code, out, errs := runStatus("--http-host", "127.0.0.1", "--http-port", port)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	for _, want := range []string{
+		"tier 0    fs /data/l2: UP, 1.0 GiB of 10.0 GiB used, 7 hits, 3 misses, 1 corrupt rejected, 2 writes dropped",
+		"tier 1    resp redis://redis:6379: DOWN (connection refused), 0 B used",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	mu.Lock()
+	snap.Tiers = nil
+	mu.Unlock()
+	if _, out, _ = runStatus("--http-host", "127.0.0.1", "--http-port", port); !strings.Contains(out, "none (L1 only; --l2-adapter adds one)") {
+		t.Errorf("no tiers:\n%s", out)
 	}
 }
