@@ -226,7 +226,10 @@ func rawAdapters(v any) ([]rawAdapter, []string, string) {
 			reasons[i] = reason
 		}
 		return out, reasons, ""
-	case string: // env or Set: a JSON array of objects
+	case string: // env or Set: a JSON array of objects; empty = none
+		if strings.TrimSpace(x) == "" {
+			return nil, nil, ""
+		}
 		if len(x) > maxAdapters*maxAdapterText {
 			return nil, nil, fmt.Sprintf("is %d bytes; at most %d", len(x), maxAdapters*maxAdapterText)
 		}

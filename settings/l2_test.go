@@ -66,10 +66,12 @@ func TestL2AdapterSourcesLayer(t *testing.T) {
 	if len(l.Config.L2.Adapters) != 1 || l.Config.L2.Adapters[0]["type"] != "resp" {
 		t.Fatalf("flag adapters = %#v", l.Config.L2.Adapters)
 	}
-	// An empty env array means no tiers, overriding the file.
-	l = mustLoad(t, settings.LoadOptions{ConfigPath: file, Environ: []string{"KVDOCK_L2_ADAPTERS=[]"}})
-	if len(l.Config.L2.Adapters) != 0 {
-		t.Fatalf("empty env list = %#v", l.Config.L2.Adapters)
+	// An empty env array, or an empty variable, means no tiers, overriding the file.
+	for _, v := range []string{"[]", "", " "} {
+		l = mustLoad(t, settings.LoadOptions{ConfigPath: file, Environ: []string{"KVDOCK_L2_ADAPTERS=" + v}})
+		if len(l.Config.L2.Adapters) != 0 {
+			t.Fatalf("env %q: list = %#v", v, l.Config.L2.Adapters)
+		}
 	}
 }
 
