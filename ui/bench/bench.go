@@ -385,7 +385,7 @@ func Execute(ctx context.Context, o Options) (*Result, error) {
 			break
 		}
 	}
-	o.progress.setPhase("references (memcpy, raw ZMQ echo)", "")
+	o.progress.setPhase("references", "memcpy, raw ZMQ echo")
 	if err := res.measureReferences(ctx, o, prof); err != nil {
 		errs = append(errs, err)
 	}
@@ -410,7 +410,7 @@ func endpointOf(host string, port int) string {
 func runMode(ctx context.Context, o Options, prof *protocol.Profile, mode string, tgt *target, pool, instanceBase int64) (*ModeResult, int, error) {
 	endpoint := endpointOf(o.Host, o.Port)
 	if o.Host == "" {
-		o.progress.setPhase(mode+" mode: starting the engine", "")
+		o.progress.setPhase(mode+": starting the engine", "")
 		eng, ep, err := startEngine(ctx, o, mode, pool)
 		if err != nil {
 			return nil, 0, err
@@ -429,9 +429,8 @@ func runMode(ctx context.Context, o Options, prof *protocol.Profile, mode string
 	}
 	defer d.close(context.Background())
 	// A target's pool: from /status, else advertised, else unknown (0).
-	poolFrom := ""
 	if tgt != nil {
-		pool, poolFrom = tgt.pool()
+		pool, _ = tgt.pool()
 	}
 	sizing := pool
 	if sizing == 0 {
@@ -506,8 +505,9 @@ func runMode(ctx context.Context, o Options, prof *protocol.Profile, mode string
 		}
 		mr.PeakRSSBeyondMiB, mr.RSSMethod = -1, fmt.Sprintf("not measured: the server's pool size is unknown (a pickle server advertises none, and %s); give --http-host/--http-port", why)
 	default:
-		mr.PeakRSSBeyondMiB = round4(float64(hwm-pool) / (1 << 20))
-		mr.RSSMethod = fmt.Sprintf("server VmHWM %d − %s %d", hwm, poolFrom, pool)
+		resident, from := tgt.residentPool()
+		mr.PeakRSSBeyondMiB = round4(float64(hwm-resident) / (1 << 20))
+		mr.RSSMethod = fmt.Sprintf("server VmHWM %d − %s %d", hwm, from, resident)
 	}
 
 	if mode == "shm" && o.Host == "" {
@@ -517,7 +517,7 @@ func runMode(ctx context.Context, o Options, prof *protocol.Profile, mode string
 		n := min(int64(len(d.seg))/2/int64(len(src)), memcpyDests) * int64(len(src))
 		mr.MemcpyIntoSegmentGBps = round4(copyRate(d.seg[:n], src, o.RefDuration/2))
 	}
-	o.progress.setPhase(mode+" mode: small requests (NOOP, LOOKUP+STATUS)", "")
+	o.progress.setPhase(mode+": small requests", "NOOP, LOOKUP+STATUS")
 	sr := d.smallOps(ctx, o.SmallOps)
 	mr.NoopRTPS = round4(sr.noopRTPS)
 	mr.LookupPairsPS = round4(sr.lookupPairsPS)

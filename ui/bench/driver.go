@@ -226,13 +226,13 @@ func (d *driver) transfer(ctx context.Context) transferResult {
 		}
 		detail := fmt.Sprintf("round %d", round+1)
 		if d.cfg.Rounds > 0 {
-			detail += fmt.Sprintf(" of %d", d.cfg.Rounds)
+			detail += fmt.Sprintf("/%d", d.cfg.Rounds)
 		}
-		d.cfg.Progress.setPhase(d.cfg.Mode+" mode: store and retrieve", detail+", store")
+		d.cfg.Progress.setPhase(d.cfg.Mode+": store/retrieve", detail+", store")
 		wall, busy := d.phase(ctx, &res.counters, round, d.storeWorker)
 		res.storeWall += wall
 		res.storeBusy += busy
-		d.cfg.Progress.setPhase(d.cfg.Mode+" mode: store and retrieve", detail+", retrieve")
+		d.cfg.Progress.setPhase(d.cfg.Mode+": store/retrieve", detail+", retrieve")
 		wall, busy = d.phase(ctx, &res.counters, round, d.retrieveWorker)
 		res.retrieveWall += wall
 		res.retrieveBusy += busy

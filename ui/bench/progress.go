@@ -26,6 +26,9 @@ type progress struct {
 	every     time.Duration // redraw (terminal) or check (plain) interval
 	heartbeat time.Duration // plain lines: the longest silence within a phase
 	moved     atomic.Int64
+	// cols is the terminal's width: the redrawn line must not wrap, or
+	// "\r" would redraw only its last row.
+	cols int
 
 	mu     sync.Mutex
 	phase  string // what a plain line names; a change prints one
@@ -39,12 +42,21 @@ type progress struct {
 	done    chan struct{}
 }
 
+// minRedraw is the shortest interval between two redraws on a terminal.
+const minRedraw = 100 * time.Millisecond
+
 // newProgress starts the reporter on w; tty selects the redrawn line.
 func newProgress(w io.Writer, tty bool) *progress {
 	p := &progress{w: w, tty: tty, start: time.Now(), every: time.Second, heartbeat: 10 * time.Second,
 		changed: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 	if tty {
 		p.every = 250 * time.Millisecond
+		p.cols = 80
+		if f, ok := w.(*os.File); ok {
+			if ws, err := unix.IoctlGetWinsize(int(f.Fd()), unix.TIOCGWINSZ); err == nil && ws.Col > 0 {
+				p.cols = int(ws.Col)
+			}
+		}
 	}
 	go p.loop()
 	return p
@@ -96,10 +108,18 @@ func (p *progress) render(now time.Time) string {
 		what += ", " + detail
 	}
 	text := fmt.Sprintf("kvdock bench: %s · %.1f s · %.3f GB moved", what, now.Sub(p.start).Seconds(), float64(p.moved.Load())/1e9)
+	since := now.Sub(p.last)
 	if p.tty {
+		// Phases of a tiny workload change thousands of times a second.
+		if since < minRedraw {
+			return ""
+		}
+		p.last = now
+		if r := []rune(text); p.cols > 1 && len(r) > p.cols-1 {
+			text = string(r[:p.cols-2]) + "…"
+		}
 		return "\r\x1b[K" + text
 	}
-	since := now.Sub(p.last)
 	if !p.last.IsZero() && (since < p.every || (phase == p.printed && since < p.heartbeat)) {
 		return ""
 	}

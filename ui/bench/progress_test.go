@@ -24,13 +24,13 @@ func TestProgressPlainLinesPerPhaseAtMostOneASecond(t *testing.T) {
 	if out := p.render(at(0)); out != "" {
 		t.Fatalf("no phase yet, rendered %q", out)
 	}
-	p.setPhase("shm mode: store and retrieve", "round 1, store")
+	p.setPhase("shm: store/retrieve", "round 1, store")
 	p.add(1_500_000_000)
 	out := p.render(at(0.5))
-	if out != "kvdock bench: shm mode: store and retrieve · 0.5 s · 1.500 GB moved\n" {
+	if out != "kvdock bench: shm: store/retrieve · 0.5 s · 1.500 GB moved\n" {
 		t.Fatalf("first line %q", out)
 	}
-	p.setPhase("shm mode: store and retrieve", "round 2, retrieve")
+	p.setPhase("shm: store/retrieve", "round 2, retrieve")
 	for _, s := range []float64{1.6, 5, 10.4} {
 		if out := p.render(at(s)); out != "" {
 			t.Errorf("same phase at %.1f s: %q (a round is not a phase)", s, out)
@@ -39,12 +39,12 @@ func TestProgressPlainLinesPerPhaseAtMostOneASecond(t *testing.T) {
 	if out := p.render(at(10.6)); !strings.Contains(out, "10.6 s") {
 		t.Errorf("heartbeat after 10 s: %q", out)
 	}
-	p.setPhase("shm mode: small requests (NOOP, LOOKUP+STATUS)", "")
+	p.setPhase("shm: small requests", "NOOP, LOOKUP+STATUS")
 	if out := p.render(at(11)); out != "" {
 		t.Errorf("a new phase within a second of the last line: %q", out)
 	}
 	out = p.render(at(11.7))
-	if !strings.Contains(out, "small requests") || strings.ContainsAny(out, "\r\x1b") || strings.Count(out, "\n") != 1 {
+	if !strings.Contains(out, "small requests ·") || strings.ContainsAny(out, "\r\x1b") || strings.Count(out, "\n") != 1 {
 		t.Errorf("new phase line %q", out)
 	}
 }
@@ -52,14 +52,24 @@ func TestProgressPlainLinesPerPhaseAtMostOneASecond(t *testing.T) {
 // TestProgressTerminalRedrawsAndErases: on a terminal the line is redrawn
 // in place with the round, and erased when the run ends.
 func TestProgressTerminalRedrawsAndErases(t *testing.T) {
-	var b bytes.Buffer
-	p := newProgress(&b, true)
-	p.setPhase("pickle mode: store and retrieve", "round 3, store")
-	out := p.render(time.Now())
-	if !strings.HasPrefix(out, "\r\x1b[K") || !strings.Contains(out, "round 3, store") || strings.Contains(out, "\n") {
+	p := newTestProgress(true)
+	p.cols = 60
+	p.setPhase("pickle: store/retrieve", "round 3/5, store")
+	now := time.Now()
+	out := p.render(now)
+	if !strings.HasPrefix(out, "\r\x1b[K") || !strings.Contains(out, "round 3/5, store") || strings.Contains(out, "\n") {
 		t.Errorf("terminal line %q", out)
 	}
-	p.close()
+	if n := len([]rune(strings.TrimPrefix(out, "\r\x1b[K"))); n > 59 {
+		t.Errorf("terminal line of %d columns on a 60-column terminal (it would wrap): %q", n, out)
+	}
+	if again := p.render(now.Add(minRedraw / 2)); again != "" {
+		t.Errorf("redrawn within %v: %q", minRedraw/2, again)
+	}
+	var b bytes.Buffer
+	live := newProgress(&b, true)
+	live.setPhase("references", "")
+	live.close()
 	if !strings.HasSuffix(b.String(), "\r\x1b[K") {
 		t.Errorf("line not erased at the end: %q", b.String())
 	}
@@ -94,6 +104,13 @@ func TestTargetServable(t *testing.T) {
 	st.Pool.CapacityBytes = 2 << 30
 	if n, from := shmSrv.pool(); n != 2<<30 || !strings.Contains(from, "/status") {
 		t.Errorf("pool from /status: %d %q", n, from)
+	}
+	if n, from := shmSrv.residentPool(); n != 0 || !strings.Contains(from, "count as overhead") {
+		t.Errorf("pool not prefaulted: resident %d %q, want 0", n, from)
+	}
+	st.Pool.PrefaultedBytes = 2 << 30
+	if n, from := shmSrv.residentPool(); n != 2<<30 || !strings.Contains(from, "prefaulted pool") {
+		t.Errorf("pool prefaulted: resident %d %q", n, from)
 	}
 	if why := shmSrv.notThisServer(5555); why != "" {
 		t.Errorf("the same server: %q", why)
