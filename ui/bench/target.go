@@ -22,7 +22,11 @@ import (
 	"kvdock/settings"
 	"kvdock/transfer/worker"
 	"kvdock/ui/httpapi"
+	"kvdock/ui/termtext"
 )
+
+// statusTimeout bounds the wait for /status (as ctl's default timeout).
+const statusTimeout = 5 * time.Second
 
 // statusLimit bounds the /status document read from the target (a peer).
 const statusLimit = 16 << 20
@@ -95,14 +99,17 @@ func probeTarget(ctx context.Context, o Options, prof *protocol.Profile, instanc
 	if err != nil {
 		return nil, fmt.Errorf("the server at %s did not accept a worker: %w", endpoint, err)
 	}
-	t := &target{shmName: wk.ShmName(), poolSize: wk.PoolSize()}
+	// The name is the server's word: it is shown to people, so without
+	// control characters (a name that needed cleaning opens no segment).
+	t := &target{shmName: termtext.Clean(wk.ShmName()), poolSize: wk.PoolSize()}
 	_ = wk.Unregister(rctx)
 	if t.advertised() {
 		t.attachErr = canOpenSegment("/dev/shm", t.shmName)
 	}
 	if o.HTTPPort > 0 {
 		t.statusURL = "http://" + net.JoinHostPort(dialHost(o.HTTPHost), strconv.Itoa(o.HTTPPort)) + "/status"
-		t.status, t.statusErr = fetchStatus(ctx, t.statusURL, o.Timeout)
+		// A hung HTTP API delays the run by at most this much.
+		t.status, t.statusErr = fetchStatus(ctx, t.statusURL, min(o.Timeout, statusTimeout))
 		if t.status != nil {
 			if why := t.notThisServer(o.Port); why != "" {
 				t.status, t.statusErr = nil, errors.New(why)
@@ -173,6 +180,8 @@ func fetchStatus(ctx context.Context, addr string, timeout time.Duration) (*http
 	if err := json.Unmarshal(body, &st); err != nil || st.Endpoint == "" {
 		return nil, errors.New("the answer is not a kvdock status document")
 	}
+	// Its strings end up in the skip reasons printed to a terminal.
+	termtext.CleanAll(&st)
 	return &st, nil
 }
 
