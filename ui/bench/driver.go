@@ -154,7 +154,7 @@ func newDriver(ctx context.Context, cfg driverConfig) (_ *driver, err error) {
 	case cfg.Mode == "shm" && !shared:
 		return nil, errors.New("the server advertises no SHM segment (registration answered shm_name \"\"): SHM mode needs one")
 	case cfg.Mode == "pickle" && shared && !cfg.PickleOnSHM:
-		return nil, fmt.Errorf("the server advertises SHM segment %s: a pickle worker's retrieves would all miss (spec 4.10); bench pickle mode against a server run with --shm-name \"\"", d.shmName)
+		return nil, fmt.Errorf("the server shares segment %s and is not confirmed as a kvdock: a pickle worker's retrieves would all miss; bench pickle mode against a server run with --shm-name \"\"", d.shmName)
 	}
 	d.chunkTok, d.lay = d.workers[0].ChunkTokens(), d.workers[0].Layout()
 	d.pat = newPattern(int(d.lay.Bytes), 0xc0ffee)
