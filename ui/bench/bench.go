@@ -17,6 +17,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -35,39 +36,65 @@ Starts a kvdock engine in this process (or targets --host/--port), drives it
 with --workers simulated LMCache non-GPU workers over ZMQ, and reports store
 and retrieve throughput, per-chunk latency, small request rates, CPU per GB
 and peak RSS beyond the pool, with ratios against a memcpy and a raw ZMQ echo
-measured in the same run. Exit status: 0 done, 1 failed or a checksum
-mismatch or timeout occurred, 2 bad flags. Performance targets are reported,
-not enforced.
+measured in the same run.
+
+Against a running server (--host/--port) it runs the requested modes the
+server can serve and says which it skipped and why: a server started with
+--shm-name "" serves pickle workers only; a kvdock sharing a segment serves
+both (pickle workers fall back), which the bench confirms through kvdock's
+HTTP API (GET /status), also the source of the pool size. The HTTP address
+comes from --http-host/--http-port, else the settings layers as for kvdock
+serve (--config, KVDOCK_HTTP_HOST, KVDOCK_HTTP_PORT; port 8080), the host
+defaulting to --host.
+
+A progress line (phase, elapsed, GB moved) goes to stderr: redrawn on a
+terminal, a plain line per phase otherwise, none with --json.
+
+Exit status: 0 done, 1 failed, nothing could run, or a checksum mismatch or
+timeout occurred, 2 bad flags. Performance targets are reported, not
+enforced.
 
 Flags:
 `
 
 // Options is a parsed, validated bench invocation.
 type Options struct {
-	Model       Model
-	Mode        string // shm | pickle | both
-	Chunks      int
-	Workers     int
-	Repeat      float64
-	Duration    time.Duration
-	SmallOps    time.Duration
-	Rounds      int
-	Prompts     int
-	PoolBytes   int64 // 0 = auto
-	Host        string
-	Port        int
-	ServerPID   int
+	Model     Model
+	Mode      string // shm | pickle | both
+	Chunks    int
+	Workers   int
+	Repeat    float64
+	Duration  time.Duration
+	SmallOps  time.Duration
+	Rounds    int
+	Prompts   int
+	PoolBytes int64 // 0 = auto
+	Host      string
+	Port      int
+	ServerPID int
+	// HTTPHost and HTTPPort are the target's HTTP API (port 0: none).
+	HTTPHost    string
+	HTTPPort    int
 	Protocol    string
 	Timeout     time.Duration
 	JSON        bool
 	CPUProfile  string
 	RefDuration time.Duration
 	Args        []string
+
+	// progress reports phase, elapsed time and bytes moved (nil: silent).
+	progress *progress
 }
 
-// Run executes `kvdock bench` and returns the exit code.
+// Run executes `kvdock bench` and returns the exit code. The settings
+// layers (for the target's HTTP API) come from the process environment.
 func Run(args []string, stdout, stderr io.Writer) int {
-	opts, code := parseFlags(args, stderr)
+	return run(args, stdout, stderr, os.Environ(), isTerminal(stderr))
+}
+
+// run is Run with the environment and whether stderr is a terminal given.
+func run(args []string, stdout, stderr io.Writer, environ []string, tty bool) int {
+	opts, code := parseFlags(args, stderr, environ)
 	if code >= 0 {
 		return code
 	}
@@ -86,7 +113,11 @@ func Run(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
+	if !opts.JSON {
+		opts.progress = newProgress(stderr, tty)
+	}
 	res, err := Execute(ctx, opts)
+	opts.progress.close() // before anything else is written
 	if res != nil {
 		var werr error
 		if opts.JSON {
@@ -113,7 +144,7 @@ func Run(args []string, stdout, stderr io.Writer) int {
 }
 
 // parseFlags returns the options, or an exit code ≥ 0 when Run should stop.
-func parseFlags(args []string, stderr io.Writer) (Options, int) {
+func parseFlags(args []string, stderr io.Writer, environ []string) (Options, int) {
 	fs := pflag.NewFlagSet("kvdock bench", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
 	model := fs.String("model", "llama-3.1-8b", "model preset: "+strings.Join(presetNames(), ", "))
@@ -134,6 +165,10 @@ func parseFlags(args []string, stderr io.Writer) (Options, int) {
 	host := fs.String("host", "", "target a running server at this host instead of starting one")
 	port := fs.Int("port", 0, "the target server's ZMQ port (with --host)")
 	pid := fs.Int("server-pid", 0, "the target server's pid, for its CPU time and peak RSS")
+	def := settings.Default()
+	fs.String(settings.ConfigFlag, "", "settings file to read the target's HTTP address from (default $XDG_CONFIG_HOME/kvdock/config.yaml when it exists) ["+settings.EnvConfig+"]")
+	fs.String("http-host", "", "host of the target's HTTP API, for /status (default: --host) [KVDOCK_HTTP_HOST]")
+	fs.Int("http-port", def.HTTP.Port, "port of the target's HTTP API (0: none; then the pool size of a pickle server is unknown) [KVDOCK_HTTP_PORT]")
 	proto := fs.String("protocol", "nongpu-v1", "protocol profile: "+strings.Join(assets.ProtocolNames(), ", "))
 	timeout := fs.Duration("timeout", 30*time.Second, "per-request timeout (a request without a reply by then counts as a timeout)")
 	asJSON := fs.Bool("json", false, "print one JSON object instead of the table")
@@ -200,6 +235,22 @@ func parseFlags(args []string, stderr io.Writer) (Options, int) {
 	if *host != "" && fs.Changed("pool-gb") {
 		bad = append(bad, "--pool-gb: only for the in-process engine (a target server has its own pool)")
 	}
+	var httpHost string
+	var httpPort int
+	switch {
+	case *host == "":
+		for _, name := range []string{settings.ConfigFlag, "http-host", "http-port"} {
+			if fs.Changed(name) {
+				bad = append(bad, "--"+name+": only with --host/--port (the in-process engine needs no HTTP API)")
+			}
+		}
+	default:
+		h, p, err := httpAddress(fs, environ, *host)
+		if err != nil {
+			bad = append(bad, err.Error())
+		}
+		httpHost, httpPort = h, p
+	}
 	if _, err := assets.Protocol(*proto); err != nil {
 		bad = append(bad, "--protocol: "+err.Error())
 	}
@@ -213,6 +264,7 @@ func parseFlags(args []string, stderr io.Writer) (Options, int) {
 		Model: m, Mode: *mode, Chunks: *chunks, Workers: *workers, Repeat: *repeat,
 		Duration: *duration, SmallOps: *small, RefDuration: *refDur, Rounds: *rounds, Prompts: *prompts,
 		PoolBytes: int64(*poolGB * (1 << 30)), Host: *host, Port: *port, ServerPID: *pid,
+		HTTPHost: httpHost, HTTPPort: httpPort,
 		Protocol: *proto, Timeout: *timeout, JSON: *asJSON, CPUProfile: *cpuprof,
 		Args: append([]string(nil), args...),
 	}, -1
@@ -271,13 +323,39 @@ func Execute(ctx context.Context, o Options) (*Result, error) {
 			"in-process: peak RSS beyond the pool = VmHWM (reset per mode through /proc/self/clear_refs) − pool × its mappings in this process (the server's, plus the SHM workers' own MAP_POPULATE mapping) − the bench's own buffers (chunk pattern, per-worker retrieve destinations and pickle encode buffers); pickle mode also holds received frames on the Go heap of both sides",
 			"the large echo reference counts bytes in both directions (a round trip moves the message twice); pickle store and retrieve count each chunk once",
 			"SHM figures compare against a single-stream memcpy of the same chunk bytes into a prefaulted destination; with several workers they share the CPUs")
-	} else {
-		res.Config.Endpoint = endpointOf(o.Host, o.Port)
-		res.Notes = append(res.Notes, "target server: nothing is cleared between rounds; evicted chunks show as misses")
 	}
 	modes := []string{o.Mode}
 	if o.Mode == "both" {
 		modes = []string{"shm", "pickle"}
+	}
+	var tgt *target
+	if !res.Config.InProcess {
+		res.Config.Endpoint = endpointOf(o.Host, o.Port)
+		res.Notes = append(res.Notes, "target server: nothing is cleared between rounds; evicted chunks show as misses")
+		o.progress.setPhase("checking the server", "")
+		if tgt, err = probeTarget(ctx, o, prof, int64(os.Getpid())<<12+3<<8); err != nil {
+			return nil, err
+		}
+		res.Config.PoolBytes, _ = tgt.pool()
+		var run []string
+		for _, m := range modes {
+			if ok, why := tgt.servable(m); !ok {
+				res.Skipped = append(res.Skipped, Skip{Mode: m, Reason: why})
+				continue
+			}
+			run = append(run, m)
+		}
+		if len(run) == 0 {
+			var why []string
+			for _, sk := range res.Skipped {
+				why = append(why, sk.Mode+" mode: "+sk.Reason)
+			}
+			return nil, fmt.Errorf("nothing to measure against %s:\n  %s", res.Config.Endpoint, strings.Join(why, "\n  "))
+		}
+		if tgt.advertised() && slices.Contains(run, "pickle") {
+			res.Notes = append(res.Notes, "pickle mode against a server sharing a segment: the workers are those that could not attach it; kvdock switches each to pickle at its first store (one fallback event per worker in the server's log)")
+		}
+		modes = run
 	}
 	// memcpy is measured before the modes and again with the other
 	// references; the better figure is the reference (the stricter ratio on a
@@ -285,7 +363,7 @@ func Execute(ctx context.Context, o Options) (*Result, error) {
 	memcpyBefore := memcpyGBps(newPattern(int(lay.Bytes), 0xc0ffee).chunk(0), o.RefDuration/2)
 	var errs []error
 	for i, mode := range modes {
-		mr, chunkTok, err := runMode(ctx, o, prof, mode, res.Config.PoolBytes, int64(os.Getpid())<<12+int64(i)<<8)
+		mr, chunkTok, err := runMode(ctx, o, prof, mode, tgt, res.Config.PoolBytes, int64(os.Getpid())<<12+int64(i)<<8)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s mode: %w", mode, err))
 		}
@@ -298,9 +376,6 @@ func Execute(ctx context.Context, o Options) (*Result, error) {
 				res.Config.ChunkBytes = l.Bytes
 			}
 		}
-		if !res.Config.InProcess && mr.PoolBytes > res.Config.PoolBytes {
-			res.Config.PoolBytes = mr.PoolBytes
-		}
 		if mode == "shm" {
 			res.SHM = mr
 		} else {
@@ -310,6 +385,7 @@ func Execute(ctx context.Context, o Options) (*Result, error) {
 			break
 		}
 	}
+	o.progress.setPhase("references", "memcpy, raw ZMQ echo")
 	if err := res.measureReferences(ctx, o, prof); err != nil {
 		errs = append(errs, err)
 	}
@@ -331,9 +407,10 @@ func endpointOf(host string, port int) string {
 
 // runMode measures one transfer mode against a fresh in-process engine or
 // the target server.
-func runMode(ctx context.Context, o Options, prof *protocol.Profile, mode string, pool, instanceBase int64) (*ModeResult, int, error) {
+func runMode(ctx context.Context, o Options, prof *protocol.Profile, mode string, tgt *target, pool, instanceBase int64) (*ModeResult, int, error) {
 	endpoint := endpointOf(o.Host, o.Port)
 	if o.Host == "" {
+		o.progress.setPhase(mode+": starting the engine", "")
 		eng, ep, err := startEngine(ctx, o, mode, pool)
 		if err != nil {
 			return nil, 0, err
@@ -345,19 +422,21 @@ func runMode(ctx context.Context, o Options, prof *protocol.Profile, mode string
 		Endpoint: endpoint, Profile: prof, Mode: mode, Model: o.Model, Chunks: o.Chunks,
 		Workers: o.Workers, Repeat: o.Repeat, Timeout: o.Timeout, Rounds: o.Rounds,
 		Duration: o.Duration, ClearBetweenRounds: o.Host == "", InstanceBase: instanceBase,
+		PickleOnSHM: tgt != nil && tgt.status != nil, Progress: o.progress,
 	})
 	if err != nil {
 		return nil, 0, err
 	}
 	defer d.close(context.Background())
-	advertisedPool := d.poolSize
-	if pool == 0 {
-		pool = advertisedPool
-		if pool == 0 {
-			pool = 1 << 30 // a pickle server does not say; assume kvdock's default
-		}
+	// A target's pool: from /status, else advertised, else unknown (0).
+	if tgt != nil {
+		pool, _ = tgt.pool()
 	}
-	d.cfg.PromptsPerRound = promptsFor(o, pool, d.lay.Bytes)
+	sizing := pool
+	if sizing == 0 {
+		sizing = 1 << 30 // unknown: assume kvdock's default
+	}
+	d.cfg.PromptsPerRound = promptsFor(o, sizing, d.lay.Bytes)
 
 	mr := &ModeResult{Mode: mode, Endpoint: endpoint, ShmName: d.shmName, PoolBytes: pool, LookupChunks: 16}
 	meter := cpuMeter{pid: o.ServerPID}
@@ -419,9 +498,16 @@ func runMode(ctx context.Context, o Options, prof *protocol.Profile, mode string
 		own := int64(len(d.pat.data)) + d.workerBuf
 		mr.PeakRSSBeyondMiB = round4(float64(hwm-pool*mappings-own) / (1 << 20))
 		mr.RSSMethod = fmt.Sprintf("VmHWM %d − pool %d × %d mappings − bench buffers %d", hwm, pool, mappings, own)
+	case pool == 0:
+		why := "its HTTP API is off (--http-port 0)"
+		if tgt.statusErr != nil {
+			why = fmt.Sprintf("its /status (%s) could not be used: %v", tgt.statusURL, tgt.statusErr)
+		}
+		mr.PeakRSSBeyondMiB, mr.RSSMethod = -1, fmt.Sprintf("not measured: the server's pool size is unknown (a pickle server advertises none, and %s); give --http-host/--http-port", why)
 	default:
-		mr.PeakRSSBeyondMiB = round4(float64(hwm-advertisedPool) / (1 << 20))
-		mr.RSSMethod = fmt.Sprintf("server VmHWM %d − advertised pool %d", hwm, advertisedPool)
+		resident, from := tgt.residentPool()
+		mr.PeakRSSBeyondMiB = round4(float64(hwm-resident) / (1 << 20))
+		mr.RSSMethod = fmt.Sprintf("server VmHWM %d − %s %d", hwm, from, resident)
 	}
 
 	if mode == "shm" && o.Host == "" {
@@ -431,6 +517,7 @@ func runMode(ctx context.Context, o Options, prof *protocol.Profile, mode string
 		n := min(int64(len(d.seg))/2/int64(len(src)), memcpyDests) * int64(len(src))
 		mr.MemcpyIntoSegmentGBps = round4(copyRate(d.seg[:n], src, o.RefDuration/2))
 	}
+	o.progress.setPhase(mode+": small requests", "NOOP, LOOKUP+STATUS")
 	sr := d.smallOps(ctx, o.SmallOps)
 	mr.NoopRTPS = round4(sr.noopRTPS)
 	mr.LookupPairsPS = round4(sr.lookupPairsPS)

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -21,6 +23,9 @@ func TestShortRunJSON(t *testing.T) {
 	var out, errb bytes.Buffer
 	if code := Run(tinyArgs, &out, &errb); code != 0 {
 		t.Fatalf("exit %d, stderr:\n%s\nstdout:\n%s", code, errb.String(), out.String())
+	}
+	if errb.Len() != 0 {
+		t.Errorf("--json wrote to stderr (progress must be silent): %q", errb.String())
 	}
 	var res Result
 	if err := json.Unmarshal(out.Bytes(), &res); err != nil {
@@ -104,6 +109,8 @@ func TestFlagErrorsExit2(t *testing.T) {
 		"unknown":     {"--frobnicate"},
 		"positional":  {"extra"},
 		"layers zero": {"--layers", "-3"},
+		"http alone":  {"--http-port", "9000"},
+		"http port":   {"--host", "127.0.0.1", "--port", "5555", "--http-port", "70000"},
 	}
 	for name, args := range cases {
 		var out, errb bytes.Buffer
@@ -115,6 +122,44 @@ func TestFlagErrorsExit2(t *testing.T) {
 		}
 		if out.Len() != 0 {
 			t.Errorf("%s: stdout %q", name, out.String())
+		}
+	}
+}
+
+// TestHTTPAddressFromTheSettingsLayers: the target's HTTP API address is
+// read as kvdock serve reads it (file < KVDOCK_* < flags), the host
+// defaulting to the target's; a bad value in a layer is a usage error
+// naming it, a bad key bench does not read is not.
+func TestHTTPAddressFromTheSettingsLayers(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "kvdock.yaml")
+	if err := os.WriteFile(file, []byte("http:\n  port: 9200\nl1:\n  size_gb: -1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	target := []string{"--host", "10.1.2.3", "--port", "5555"}
+	for _, tc := range []struct {
+		env        []string
+		args       []string
+		host       string
+		port       int
+		wantStderr string
+	}{
+		{nil, nil, "10.1.2.3", 8080, ""},
+		{[]string{"KVDOCK_HTTP_PORT=9100"}, nil, "10.1.2.3", 9100, ""},
+		{[]string{"KVDOCK_HTTP_PORT=9100", "KVDOCK_HTTP_HOST=10.9.9.9"}, []string{"--http-port", "9101"}, "10.9.9.9", 9101, ""},
+		{[]string{"KVDOCK_CONFIG=" + file}, nil, "10.1.2.3", 9200, ""},
+		{nil, []string{"--config", file, "--http-host", "h"}, "h", 9200, ""},
+		{[]string{"KVDOCK_HTTP_PORT=abc"}, nil, "", 0, "KVDOCK_HTTP_PORT"},
+	} {
+		var errb bytes.Buffer
+		o, code := parseFlags(append(append([]string(nil), target...), tc.args...), &errb, tc.env)
+		if tc.wantStderr != "" {
+			if code != 2 || !strings.Contains(errb.String(), tc.wantStderr) {
+				t.Errorf("%q %q: exit %d, stderr %q", tc.env, tc.args, code, errb.String())
+			}
+			continue
+		}
+		if code >= 0 || o.HTTPHost != tc.host || o.HTTPPort != tc.port {
+			t.Errorf("%q %q: exit %d, HTTP %s:%d, want %s:%d (stderr %q)", tc.env, tc.args, code, o.HTTPHost, o.HTTPPort, tc.host, tc.port, errb.String())
 		}
 	}
 }

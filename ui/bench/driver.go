@@ -33,6 +33,13 @@ type driverConfig struct {
 	// InstanceBase makes instance ids unique per run.
 	InstanceBase int64
 	ShmDir       string // default /dev/shm
+	// PickleOnSHM allows pickle mode against a server that advertises a
+	// segment: a kvdock (confirmed by its /status) switches a worker that
+	// commits pickled chunks to pickle, so its retrieves get data. An
+	// LMCache server would answer them with slots, all misses (spec 4.10).
+	PickleOnSHM bool
+	// Progress is told the phase and the bytes moved (nil: nobody).
+	Progress *progress
 }
 
 // driver is N simulated LMCache non-GPU workers on the real wire protocol,
@@ -146,8 +153,8 @@ func newDriver(ctx context.Context, cfg driverConfig) (_ *driver, err error) {
 	switch {
 	case cfg.Mode == "shm" && !shared:
 		return nil, errors.New("the server advertises no SHM segment (registration answered shm_name \"\"): SHM mode needs one")
-	case cfg.Mode == "pickle" && shared:
-		return nil, fmt.Errorf("the server advertises SHM segment %s: a pickle worker's retrieves would all miss (spec 4.10); bench pickle mode against a server run with --shm-name \"\"", d.shmName)
+	case cfg.Mode == "pickle" && shared && !cfg.PickleOnSHM:
+		return nil, fmt.Errorf("the server shares segment %s and is not confirmed as a kvdock: a pickle worker's retrieves would all miss; bench pickle mode against a server run with --shm-name \"\"", d.shmName)
 	}
 	d.chunkTok, d.lay = d.workers[0].ChunkTokens(), d.workers[0].Layout()
 	d.pat = newPattern(int(d.lay.Bytes), 0xc0ffee)
@@ -217,9 +224,15 @@ func (d *driver) transfer(ctx context.Context) transferResult {
 		if ctx.Err() != nil {
 			break
 		}
+		detail := fmt.Sprintf("round %d", round+1)
+		if d.cfg.Rounds > 0 {
+			detail += fmt.Sprintf("/%d", d.cfg.Rounds)
+		}
+		d.cfg.Progress.setPhase(d.cfg.Mode+": store/retrieve", detail+", store")
 		wall, busy := d.phase(ctx, &res.counters, round, d.storeWorker)
 		res.storeWall += wall
 		res.storeBusy += busy
+		d.cfg.Progress.setPhase(d.cfg.Mode+": store/retrieve", detail+", retrieve")
 		wall, busy = d.phase(ctx, &res.counters, round, d.retrieveWorker)
 		res.retrieveWall += wall
 		res.retrieveBusy += busy
@@ -281,6 +294,7 @@ func (d *driver) storeWorker(ctx context.Context, w, round int, st *counters) {
 		el := time.Since(start)
 		st.storeBusy += el
 		st.storeBytes += int64(res.Chunks) * d.lay.Bytes
+		d.cfg.Progress.add(int64(res.Chunks) * d.lay.Bytes)
 		st.storeLat = append(st.storeLat, el/time.Duration(res.Chunks))
 	}
 }
@@ -347,6 +361,7 @@ func (d *driver) retrieveOne(ctx context.Context, w int, st *counters, p prompt,
 	}
 	st.retrieveBusy += timed
 	st.retrieveBytes += int64(got) * d.lay.Bytes
+	d.cfg.Progress.add(int64(got) * d.lay.Bytes)
 	st.retrieveLat = append(st.retrieveLat, timed/time.Duration(got))
 }
 

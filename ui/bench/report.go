@@ -21,8 +21,16 @@ type Result struct {
 	References References  `json:"references"`
 	SHM        *ModeResult `json:"shm,omitempty"`
 	Pickle     *ModeResult `json:"pickle,omitempty"`
-	Targets    []Target    `json:"targets"`
-	Notes      []string    `json:"notes"`
+	// Skipped are the requested modes the target server cannot serve.
+	Skipped []Skip   `json:"skipped,omitempty"`
+	Targets []Target `json:"targets"`
+	Notes   []string `json:"notes"`
+}
+
+// Skip is a requested mode that was not run, and why, in user words.
+type Skip struct {
+	Mode   string `json:"mode"`
+	Reason string `json:"reason"`
 }
 
 // RunConfig is what the run was asked to do.
@@ -207,7 +215,15 @@ func (r *Result) WriteTable(w io.Writer) error {
 	if !c.InProcess {
 		where = "server " + c.Endpoint
 	}
-	fmt.Fprintf(&b, "%s, pool %s, %d CPUs\n\n", where, mib(c.PoolBytes), c.CPUs)
+	pool := mib(c.PoolBytes)
+	if c.PoolBytes == 0 {
+		pool = "unknown"
+	}
+	fmt.Fprintf(&b, "%s, pool %s, %d CPUs\n", where, pool, c.CPUs)
+	for _, sk := range r.Skipped {
+		fmt.Fprintf(&b, "%s mode skipped: %s\n", sk.Mode, sk.Reason)
+	}
+	b.WriteString("\n")
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "figure\tSHM\tpickle\treference")
 	get := func(f func(m *ModeResult) string) (string, string) {
