@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -367,24 +368,42 @@ func TestHelperWriter(t *testing.T) {
 		fmt.Println("failed", err)
 		os.Exit(1)
 	}
+	vals := make([][]byte, 4)
+	for i := range vals {
+		vals[i] = value(fmt.Sprint("w", i), 4*ioPiece+i)
+	}
+	fmt.Println("ready")
 	for i := 0; ; i++ {
-		k := fmt.Sprint("w", i%40)
-		if err := tr.Put(context.Background(), k, value(k, 4<<20+i%40)); err != nil {
+		if err := tr.Put(context.Background(), fmt.Sprint("w", i%4), vals[i%4]); err != nil {
 			fmt.Println("failed", err)
 			os.Exit(1)
-		}
-		if i == 3 {
-			fmt.Println("ready")
 		}
 	}
 }
 
 // A kvdock killed with SIGKILL in the middle of writes leaves no chunk that
-// reads back other than what was stored under its key.
+// reads back other than what was stored under its key. The kill is timed by
+// inotify: it follows the n-th write(2) into a shard directory, inside a
+// value (each value takes 4 writes).
 func TestKilledDuringWrites(t *testing.T) {
 	ctx := context.Background()
 	base := t.TempDir()
-	for round := range 3 {
+	ino, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
+	if err != nil {
+		t.Skipf("inotify: %v", err)
+	}
+	defer unix.Close(ino)
+	for i := range 4 {
+		dir, _ := (&Tier{base: base}).paths(hashKey(fmt.Sprint("w", i)))
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := unix.InotifyAddWatch(ino, dir, unix.IN_MODIFY); err != nil {
+			t.Fatal(err)
+		}
+	}
+	killedMidWrite := false
+	for round, killAfter := range []int{6, 9, 15} {
 		cmd := exec.Command(os.Args[0], "-test.run=^TestHelperWriter$", "-test.count=1")
 		cmd.Env = append(os.Environ(), envHelperBase+"="+base)
 		out, err := cmd.StdoutPipe()
@@ -395,12 +414,44 @@ func TestKilledDuringWrites(t *testing.T) {
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		line, _ := bufio.NewReader(out).ReadString('\n')
-		cmd.Process.Signal(syscall.SIGKILL)
-		cmd.Wait()
-		if strings.TrimSpace(line) != "ready" {
+		if line, _ := bufio.NewReader(out).ReadString('\n'); strings.TrimSpace(line) != "ready" {
+			cmd.Process.Kill()
+			cmd.Wait()
 			t.Fatalf("round %d: writer said %q", round, line)
 		}
+		drain := func() int { // events since the last call
+			n, buf := 0, make([]byte, 64<<10)
+			for {
+				m, err := unix.Read(ino, buf)
+				if m <= 0 || err != nil {
+					return n
+				}
+				for off := 0; off+unix.SizeofInotifyEvent <= m; {
+					ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
+					off += unix.SizeofInotifyEvent + int(ev.Len)
+					n++
+				}
+			}
+		}
+		drain()
+		for seen := 0; seen < killAfter; {
+			fds := []unix.PollFd{{Fd: int32(ino), Events: unix.POLLIN}}
+			if n, err := unix.Poll(fds, 10_000); n == 0 || (err != nil && err != unix.EINTR) {
+				cmd.Process.Kill()
+				cmd.Wait()
+				t.Fatalf("round %d: no writes seen (%v)", round, err)
+			}
+			seen += drain()
+		}
+		cmd.Process.Signal(syscall.SIGKILL)
+		cmd.Wait()
+		partial := 0
+		for _, f := range files(t, base) {
+			if fi, err := os.Stat(filepath.Join(base, f)); err == nil && f != lockName && fi.Size() < 4*ioPiece {
+				partial++
+			}
+		}
+		killedMidWrite = killedMidWrite || partial > 0
 		tr, err := Open(FSConfig{BasePath: base, CapacityBytes: 256 << 20, RecoverOnStart: true}, nil)
 		if err != nil {
 			t.Fatalf("round %d: reopen after kill: %v", round, err)
@@ -409,7 +460,7 @@ func TestKilledDuringWrites(t *testing.T) {
 			t.Fatalf("round %d: temporary files survive the restart", round)
 		}
 		hits := 0
-		for i := range 40 {
+		for i := range 4 {
 			k := fmt.Sprint("w", i)
 			got, err := tr.Get(ctx, k)
 			if errors.Is(err, tier.ErrNotFound) {
@@ -419,15 +470,19 @@ func TestKilledDuringWrites(t *testing.T) {
 				t.Fatal(err)
 			}
 			hits++
-			// The helper stores only value(wI, 4 MiB + I) under wI.
-			if !bytes.Equal(got, value(k, 4<<20+i)) {
+			// The helper stores only value(wI, 4 pieces + I) under wI.
+			if !bytes.Equal(got, value(k, 4*ioPiece+i)) {
 				t.Fatalf("round %d: %s served %d bytes that are not its value", round, k, len(got))
 			}
 		}
+		t.Logf("round %d: killed after %d writes, %d partial files were left, %d hits after the restart", round, killAfter, partial, hits)
 		if hits == 0 {
 			t.Fatalf("round %d: nothing survived the kill", round)
 		}
 		tr.Close()
+	}
+	if !killedMidWrite {
+		t.Fatal("no kill landed inside a write: the test proved nothing")
 	}
 }
 
