@@ -1,7 +1,13 @@
 // Package fs is the local-disk L2 tier: one file per chunk under base_path,
-// named by the SHA-256 of the tier key in a sharded layout (ab/cd/<hash>),
+// named by the SHA-256 of the tier key in a sharded layout (ab/<hash>),
 // with an in-memory LRU index rebuilt from the directory at start, so kvdock
 // restarts warm.
+//
+// One level of 256 shard directories, not two (ab/cd/<hash>): a second
+// level means 65,536 directories, so nearly every write of a filling tier
+// paid a mkdir (measured: 175 µs each, the write ratio at 128 KiB fell to
+// 0.3× of a plain file); 256 directories hold millions of files well on
+// ext4/XFS (hashed directory indexes).
 //
 // Durability: a value is written to a temporary name, then renamed into
 // place, so a crashed process never leaves a half-written chunk under a real
@@ -83,6 +89,8 @@ type Tier struct {
 	closed  bool
 
 	readBytes, writeBytes, dropped atomic.Uint64
+	// shardMade skips the MkdirAll stat once a shard directory is known.
+	shardMade [256]atomic.Bool
 }
 
 var _ tier.Backend = (*Tier)(nil)
@@ -125,6 +133,16 @@ func Open(cfg FSConfig, log *slog.Logger) (*Tier, error) {
 	if err != nil {
 		t.releaseLock()
 		return nil, fmt.Errorf("fs tier %s: rebuild index: %w", base, err)
+	}
+	// All 256 shard directories up front (a few ms, once per base_path), so
+	// no write pays a mkdir.
+	for i := range t.shardMade {
+		dir := filepath.Join(base, fmt.Sprintf("%02x", i))
+		if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+			t.releaseLock()
+			return nil, fmt.Errorf("fs tier: create shard directory: %w", err)
+		}
+		t.shardMade[i].Store(true)
 	}
 	t.log.Info("fs tier open", "objects", len(t.idx), "used_bytes", t.used, "capacity_bytes", cfg.CapacityBytes,
 		"recovered", cfg.RecoverOnStart, "stale_temp_removed", st.tempsRemoved, "evicted_over_capacity", st.evicted,
@@ -172,7 +190,7 @@ func hashKey(key string) [hashLen]byte { return sha256.Sum256([]byte(key)) }
 // paths returns the shard directory and the final file path of a hash.
 func (t *Tier) paths(h [hashLen]byte) (dir, file string) {
 	name := hex.EncodeToString(h[:])
-	dir = filepath.Join(t.base, name[0:2], name[2:4])
+	dir = filepath.Join(t.base, name[0:2])
 	return dir, filepath.Join(dir, name)
 }
 
@@ -237,6 +255,9 @@ func (t *Tier) Put(ctx context.Context, key string, value []byte) error {
 	}
 	if err := os.Rename(tmp, final); err != nil {
 		os.Remove(tmp)
+		if errors.Is(err, os.ErrNotExist) {
+			t.shardMade[h[0]].Store(false) // removed behind our back: the next write makes it again
+		}
 		t.writeFailedLocked(size, err)
 		return fmt.Errorf("fs tier: put: rename into place: %w", err)
 	}
@@ -258,14 +279,24 @@ func (t *Tier) Put(ctx context.Context, key string, value []byte) error {
 // writeTemp writes value to a fresh temporary file beside its final place
 // (or in relative_tmp_dir) and returns its path; on error nothing is left.
 func (t *Tier) writeTemp(ctx context.Context, dir string, h [hashLen]byte, value []byte) (path string, err error) {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return "", fmt.Errorf("create shard directory: %w", err)
+	if !t.shardMade[h[0]].Load() {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return "", fmt.Errorf("create shard directory: %w", err)
+		}
+		t.shardMade[h[0]].Store(true)
 	}
 	stage := dir
 	if t.stageDir != "" {
 		stage = t.stageDir
 	}
 	f, err := os.CreateTemp(stage, tmpPrefix+hex.EncodeToString(h[:8])+"-*")
+	if errors.Is(err, os.ErrNotExist) && t.stageDir == "" {
+		// The shard directory was removed behind our back: make it again.
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return "", fmt.Errorf("create shard directory: %w", err)
+		}
+		f, err = os.CreateTemp(stage, tmpPrefix+hex.EncodeToString(h[:8])+"-*")
+	}
 	if err != nil {
 		return "", fmt.Errorf("create temporary file: %w", err)
 	}
@@ -498,58 +529,51 @@ func (a *byAge) Pop() any {
 	return e
 }
 
-// scan visits only our shard directories (two levels of two lowercase hex
-// digits) and only names we write; anything else is left alone.
+// scan visits only our shard directories (two lowercase hex digits) and
+// only names we write; anything else is left alone.
 func (t *Tier) scan() (scanStats, error) {
 	var st scanStats
 	var kept byAge
 	var used int64
-	err := eachEntry(t.base, func(d1 os.DirEntry) error {
-		if !d1.IsDir() || !isHex(d1.Name(), 2) {
+	err := eachEntry(t.base, func(d os.DirEntry) error {
+		if !d.IsDir() || !isHex(d.Name(), 2) {
 			return nil
 		}
-		p1 := filepath.Join(t.base, d1.Name())
-		return eachEntry(p1, func(d2 os.DirEntry) error {
-			if !d2.IsDir() || !isHex(d2.Name(), 2) {
-				return nil
-			}
-			p2 := filepath.Join(p1, d2.Name())
-			prefix := d1.Name() + d2.Name()
-			return eachEntry(p2, func(f os.DirEntry) error {
-				name := f.Name()
-				switch {
-				case strings.HasPrefix(name, tmpPrefix) && f.Type().IsRegular():
-					if os.Remove(filepath.Join(p2, name)) == nil {
-						st.tempsRemoved++
-					}
-				case len(name) == nameLen && isHex(name, nameLen) && strings.HasPrefix(name, prefix) && f.Type().IsRegular():
-					if !t.cfg.RecoverOnStart {
-						if os.Remove(filepath.Join(p2, name)) == nil {
-							st.coldRemoved++
-						}
-						return nil
-					}
-					info, err := f.Info()
-					if err != nil {
-						return nil // gone meanwhile
-					}
-					e := &entry{size: info.Size(), charge: charge(info.Size()), mtime: info.ModTime().UnixNano()}
-					hex.Decode(e.h[:], []byte(name))
-					heap.Push(&kept, e)
-					used += e.charge
-					for used > t.cfg.CapacityBytes {
-						old := heap.Pop(&kept).(*entry)
-						used -= old.charge
-						_, file := t.paths(old.h)
-						if os.Remove(file) == nil {
-							st.evicted++
-						}
-					}
-				default:
-					st.foreign++
+		shard := filepath.Join(t.base, d.Name())
+		return eachEntry(shard, func(f os.DirEntry) error {
+			name := f.Name()
+			switch {
+			case strings.HasPrefix(name, tmpPrefix) && f.Type().IsRegular():
+				if os.Remove(filepath.Join(shard, name)) == nil {
+					st.tempsRemoved++
 				}
-				return nil
-			})
+			case isHex(name, nameLen) && name[:2] == d.Name() && f.Type().IsRegular():
+				if !t.cfg.RecoverOnStart {
+					if os.Remove(filepath.Join(shard, name)) == nil {
+						st.coldRemoved++
+					}
+					return nil
+				}
+				info, err := f.Info()
+				if err != nil {
+					return nil // gone meanwhile
+				}
+				e := &entry{size: info.Size(), charge: charge(info.Size()), mtime: info.ModTime().UnixNano()}
+				hex.Decode(e.h[:], []byte(name))
+				heap.Push(&kept, e)
+				used += e.charge
+				for used > t.cfg.CapacityBytes {
+					old := heap.Pop(&kept).(*entry)
+					used -= old.charge
+					_, file := t.paths(old.h)
+					if os.Remove(file) == nil {
+						st.evicted++
+					}
+				}
+			default:
+				st.foreign++
+			}
+			return nil
 		})
 	})
 	if err != nil {

@@ -107,7 +107,7 @@ func TestRoundTrip(t *testing.T) {
 		t.Fatalf("get absent: %v, want ErrNotFound", err)
 	}
 	h := hex.EncodeToString(func() []byte { a := hashKey("k1"); return a[:] }())
-	if _, err := os.Stat(filepath.Join(base, h[:2], h[2:4], h)); err != nil {
+	if _, err := os.Stat(filepath.Join(base, h[:2], h)); err != nil {
 		t.Fatalf("chunk file not in the sharded layout: %v", err)
 	}
 	st := tr.Stats()
@@ -218,12 +218,13 @@ func TestRestartWarm(t *testing.T) {
 	tr.Close()
 
 	foreign := map[string]string{
-		"README":                           "not ours",
-		"ab/notes.txt":                     "not ours",
-		"zz/cd/x":                          "not ours",
-		"AB/CD/" + strings.Repeat("A", 64): "upper-case: not a name we write",
-		// our name pattern but in the wrong shard: not ours
-		"00/00/" + strings.Repeat("f", 64): "misplaced",
+		"README":                        "not ours",
+		"ab/notes.txt":                  "not ours",
+		"zz/cd/x":                       "not ours",
+		"AB/" + strings.Repeat("A", 64): "upper-case: not a name we write",
+		// our name pattern but in the wrong shard, or a level too deep: not ours
+		"00/" + strings.Repeat("f", 64):    "misplaced",
+		"ff/ff/" + strings.Repeat("f", 64): "too deep",
 	}
 	for p, body := range foreign {
 		if err := os.MkdirAll(filepath.Join(base, filepath.Dir(p)), 0o700); err != nil {
@@ -234,7 +235,7 @@ func TestRestartWarm(t *testing.T) {
 		}
 	}
 	h := hex.EncodeToString(func() []byte { a := hashKey("d"); return a[:] }())
-	stale := filepath.Join(base, h[:2], h[2:4], tmpPrefix+h[:16]+"-123")
+	stale := filepath.Join(base, h[:2], tmpPrefix+h[:16]+"-123")
 	os.MkdirAll(filepath.Dir(stale), 0o700)
 	if err := os.WriteFile(stale, value("d", 50<<10), 0o600); err != nil {
 		t.Fatal(err)
@@ -282,7 +283,7 @@ func TestRestartOverCapacityAndCold(t *testing.T) {
 		}
 		h := hex.EncodeToString(func() []byte { a := hashKey(k); return a[:] }())
 		ts := now.Add(time.Duration(i-10) * time.Minute)
-		if err := os.Chtimes(filepath.Join(base, h[:2], h[2:4], h), ts, ts); err != nil {
+		if err := os.Chtimes(filepath.Join(base, h[:2], h), ts, ts); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -324,7 +325,7 @@ func TestCrashLeftoverNeverServed(t *testing.T) {
 	base := t.TempDir()
 	k := "half-written"
 	h := hex.EncodeToString(func() []byte { a := hashKey(k); return a[:] }())
-	dir := filepath.Join(base, h[:2], h[2:4])
+	dir := filepath.Join(base, h[:2])
 	os.MkdirAll(dir, 0o700)
 	partial := filepath.Join(dir, tmpPrefix+h[:16]+"-999")
 	if err := os.WriteFile(partial, value(k, 1000)[:300], 0o600); err != nil {
