@@ -40,18 +40,19 @@ func BenchmarkRatio(b *testing.B) {
 			b.SetBytes(int64(sz.size))
 			b.ResetTimer()
 			for i := range b.N {
-				t0 := time.Now()
-				if err := tr.Put(ctx, fmt.Sprint("key", i), val); err != nil {
-					b.Fatal(err)
-				}
-				t1 := time.Now()
-				if err := os.WriteFile(filepath.Join(plain, fmt.Sprint(i)), val, 0o600); err != nil {
-					b.Fatal(err)
-				}
-				if i >= files {
-					os.Remove(filepath.Join(plain, fmt.Sprint(i-files)))
-				}
-				tierT, plainT = tierT+t1.Sub(t0), plainT+time.Since(t1)
+				dt, dp := pair(i, func() {
+					if err := tr.Put(ctx, fmt.Sprint("key", i), val); err != nil {
+						b.Fatal(err)
+					}
+				}, func() {
+					if err := os.WriteFile(filepath.Join(plain, fmt.Sprint(i)), val, 0o600); err != nil {
+						b.Fatal(err)
+					}
+					if i >= files {
+						os.Remove(filepath.Join(plain, fmt.Sprint(i-files)))
+					}
+				})
+				tierT, plainT = tierT+dt, plainT+dp
 			}
 			report(b, tierT, plainT)
 		})
@@ -78,21 +79,36 @@ func BenchmarkRatio(b *testing.B) {
 			b.SetBytes(int64(sz.size))
 			b.ResetTimer()
 			for i := range b.N {
-				t0 := time.Now()
-				got, err := tr.Get(ctx, fmt.Sprint("key", i%files))
-				if err != nil || len(got) != sz.size {
-					b.Fatal(err)
-				}
-				t1 := time.Now()
-				got, err = os.ReadFile(filepath.Join(plain, fmt.Sprint(i%files)))
-				if err != nil || len(got) != sz.size {
-					b.Fatal(err)
-				}
-				tierT, plainT = tierT+t1.Sub(t0), plainT+time.Since(t1)
+				dt, dp := pair(i, func() {
+					if got, err := tr.Get(ctx, fmt.Sprint("key", i%files)); err != nil || len(got) != sz.size {
+						b.Fatal(err)
+					}
+				}, func() {
+					if got, err := os.ReadFile(filepath.Join(plain, fmt.Sprint(i%files))); err != nil || len(got) != sz.size {
+						b.Fatal(err)
+					}
+				})
+				tierT, plainT = tierT+dt, plainT+dp
 			}
 			report(b, tierT, plainT)
 		})
 	}
+}
+
+// pair runs both sides, the tier first on even iterations and the plain
+// file first on odd ones, so neither always runs right after the other.
+func pair(i int, tierOp, plainOp func()) (tierT, plainT time.Duration) {
+	run := func(fn func()) time.Duration {
+		t0 := time.Now()
+		fn()
+		return time.Since(t0)
+	}
+	if i%2 == 0 {
+		tierT = run(tierOp)
+		return tierT, run(plainOp)
+	}
+	plainT = run(plainOp)
+	return run(tierOp), plainT
 }
 
 func report(b *testing.B, tierT, plainT time.Duration) {

@@ -144,6 +144,15 @@ func Open(cfg FSConfig, log *slog.Logger) (*Tier, error) {
 		}
 		t.shardMade[i].Store(true)
 	}
+	// A capacity the disk cannot hold fills it: the tier then degrades
+	// (writes dropped) instead of evicting. Say so at start.
+	var sfs unix.Statfs_t
+	if err := unix.Statfs(base, &sfs); err == nil {
+		if room := t.used + int64(sfs.Bavail)*int64(sfs.Bsize); room < cfg.CapacityBytes {
+			t.log.Warn("fs tier: max_capacity_gb is more than the file system can hold; the tier will degrade when the disk fills",
+				"capacity_bytes", cfg.CapacityBytes, "room_bytes", room)
+		}
+	}
 	t.log.Info("fs tier open", "objects", len(t.idx), "used_bytes", t.used, "capacity_bytes", cfg.CapacityBytes,
 		"recovered", cfg.RecoverOnStart, "stale_temp_removed", st.tempsRemoved, "evicted_over_capacity", st.evicted,
 		"cold_removed", st.coldRemoved, "foreign_ignored", st.foreign, "took", time.Since(start))
@@ -221,7 +230,7 @@ func (t *Tier) Put(ctx context.Context, key string, value []byte) error {
 	// brings the tier back up.
 	if noSpace {
 		var fs unix.Statfs_t
-		if err := unix.Statfs(t.base, &fs); err == nil && int64(fs.Bavail)*fs.Bsize < charge(size)+4*blockSize {
+		if err := unix.Statfs(t.base, &fs); err == nil && int64(fs.Bavail)*int64(fs.Bsize) < charge(size)+4*blockSize {
 			t.dropped.Add(1)
 			return fmt.Errorf("fs tier: put of %d bytes dropped: %w", size, syscall.ENOSPC)
 		}
