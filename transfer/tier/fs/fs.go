@@ -549,7 +549,7 @@ func (t *Tier) scan() (scanStats, error) {
 			return nil
 		}
 		shard := filepath.Join(t.base, d.Name())
-		return eachEntry(shard, func(f os.DirEntry) error {
+		err := eachEntry(shard, func(f os.DirEntry) error {
 			name := f.Name()
 			switch {
 			case strings.HasPrefix(name, tmpPrefix) && f.Type().IsRegular():
@@ -584,6 +584,11 @@ func (t *Tier) scan() (scanStats, error) {
 			}
 			return nil
 		})
+		if err != nil {
+			// An unreadable shard costs its chunks, not the tier.
+			t.log.Warn("fs tier: shard directory skipped", "dir", shard, "err", err)
+		}
+		return nil
 	})
 	if err != nil {
 		return st, err
