@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -90,6 +91,22 @@ func adapterFields(typ string) (map[string]adapterField, bool) {
 				return nonEmpty(v.(string))
 			}},
 			"max_capacity_gb": capacity,
+			"relative_tmp_dir": {kind: fString, check: func(v any) string {
+				d := v.(string)
+				if d == "" || strings.HasPrefix(d, "/") || slices.Contains(strings.Split(d, "/"), "..") {
+					return "want a sub-directory of base_path (relative, no \"..\")"
+				}
+				return ""
+			}},
+			"recover_on_start": {kind: fBool},
+			"scan_on_startup":  {kind: fBool}, // upstream's older name for recover_on_start
+			// Upstream fields kvdock's fs tier refuses, with the reason.
+			"read_ahead_size": {kind: fInt, check: func(any) string {
+				return "not supported by kvdock's fs tier (a read-ahead hint for network file systems; each value is read with one request)"
+			}},
+			"use_odirect": {kind: fBool, check: func(any) string {
+				return "not supported by kvdock's fs tier (O_DIRECT needs block-aligned buffers and lengths)"
+			}},
 		}, true
 	case "resp":
 		return map[string]adapterField{

@@ -291,3 +291,22 @@ func TestL2ValidateRechecksAdapters(t *testing.T) {
 		t.Fatalf("Validate = %v", err)
 	}
 }
+
+// TestL2FSFieldsOfUpstream: the fs fields the tier reads are accepted, and
+// upstream's fields it refuses are errors that say why.
+func TestL2FSFieldsOfUpstream(t *testing.T) {
+	ok := `{"type": "fs", "base_path": "/data/l2", "relative_tmp_dir": "tmp", "recover_on_start": false, "scan_on_startup": true}`
+	if _, err := settings.Load(settings.LoadOptions{Flags: flags(t, "--l2-adapter", ok)}); err != nil {
+		t.Fatalf("upstream's fs fields refused: %v", err)
+	}
+	for field, adapter := range map[string]string{
+		"read_ahead_size":  `{"type": "fs", "base_path": "/d", "read_ahead_size": 4096}`,
+		"use_odirect":      `{"type": "fs", "base_path": "/d", "use_odirect": true}`,
+		"relative_tmp_dir": `{"type": "fs", "base_path": "/d", "relative_tmp_dir": "../x"}`,
+	} {
+		_, err := settings.Load(settings.LoadOptions{Flags: flags(t, "--l2-adapter", adapter)})
+		if err == nil || !strings.Contains(err.Error(), field) {
+			t.Errorf("%s: %v", field, err)
+		}
+	}
+}
