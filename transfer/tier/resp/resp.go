@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -34,12 +35,12 @@ const (
 	probeTimeout  = 2 * time.Second
 	smallCallTime = 5 * time.Second  // Has, Delete, evictions
 	getCallTime   = 30 * time.Second // a GET of up to one chunk (≤ 1 GiB)
-	// A SET gets smallCallTime plus its bytes at this slow-network floor.
-	putFloorBytesPerSec = 20 << 20
-	connWriteTimeout    = 30 * time.Second
-	backoffMin          = 50 * time.Millisecond
-	backoffMax          = 5 * time.Second
-	hasBatch            = 128 // EXISTS per pipeline round trip
+	// connWriteTimeout bounds a write to a connection and how long a
+	// connection may go without an answer before the client drops it.
+	connWriteTimeout = 30 * time.Second
+	backoffMin       = 50 * time.Millisecond
+	backoffMax       = 5 * time.Second
+	hasBatch         = 128 // EXISTS per pipeline round trip
 )
 
 // ErrDown is wrapped by every call made while the tier is down.
@@ -192,14 +193,17 @@ func (t *Tier) begin(ctx context.Context) (valkey.Client, func(), error) {
 
 // Put stores value under key (SET, with EX when a TTL is configured), first
 // deleting this process's least recently used values past the capacity.
+// Put does not return while the client may still read value; so once the
+// SET has started it runs to its end (at most connWriteTimeout on a server
+// that stopped answering) even if ctx ends first.
 func (t *Tier) Put(ctx context.Context, key string, value []byte) error {
 	c, release, err := t.begin(ctx)
 	if err != nil {
 		return err
 	}
 	defer release()
-	ctx, cancel := context.WithTimeout(ctx, smallCallTime+time.Duration(len(value)/putFloorBytesPerSec)*time.Second)
-	defer cancel()
+	// Past this point the caller's ctx is not handed to the client (see
+	// detached and the SET below); the evictions get a bound of their own.
 	victims, err := t.idx.reserve(key, int64(len(value)), time.Now())
 	if err != nil {
 		return fmt.Errorf("resp tier %s: put: %w", t.target, err)
@@ -212,10 +216,12 @@ func (t *Tier) Put(ctx context.Context, key string, value []byte) error {
 		for i, v := range victims {
 			cmds[i] = c.B().Del().Key(t.serverKey(v)).Build()
 		}
-		for _, r := range c.DoMulti(ctx, cmds...) {
+		ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), smallCallTime)
+		defer cancel()
+		for _, r := range c.DoMulti(ectx, cmds...) {
 			if err := r.Error(); err != nil {
 				t.idx.remove(key)
-				return t.fail(ctx, "evict", err)
+				return t.fail(ectx, "evict", err)
 			}
 		}
 	}
@@ -226,9 +232,21 @@ func (t *Tier) Put(ctx context.Context, key string, value []byte) error {
 	} else {
 		cmd = set.Build()
 	}
-	if err := c.Do(ctx, cmd).Error(); err != nil {
+	// The command holds value itself (no copy). Given a context that can
+	// end, the client may return on it while the command still waits in
+	// its write queue and reads value later, after the caller has reused
+	// the memory: the server would store other bytes under key. So the
+	// SET runs to its end, bounded by the connection's write timeout and
+	// the dead-connection check (connWriteTimeout), or Close, not by ctx;
+	// the caller's ctx bounds the wait for a worker and is checked once
+	// more here, before the SET starts.
+	if err := ctx.Err(); err != nil {
 		t.idx.remove(key)
-		return t.fail(ctx, "put", err)
+		return fmt.Errorf("resp tier %s: put: %w", t.target, err)
+	}
+	if err := c.Do(context.WithoutCancel(ctx), cmd).Error(); err != nil {
+		t.idx.remove(key)
+		return t.fail(context.WithoutCancel(ctx), "put", err)
 	}
 	t.writeBytes.Add(uint64(len(value)))
 	t.recovered()
@@ -237,23 +255,24 @@ func (t *Tier) Put(ctx context.Context, key string, value []byte) error {
 
 // Get returns the value under key, or an error wrapping tier.ErrNotFound.
 func (t *Tier) Get(ctx context.Context, key string) ([]byte, error) {
-	c, release, err := t.begin(ctx)
+	var b []byte
+	err := t.detached(ctx, "get", getCallTime, func(c valkey.Client, dctx context.Context) error {
+		v, err := c.Do(dctx, c.B().Get().Key(t.serverKey(key)).Build()).AsBytes()
+		if valkey.IsValkeyNil(err) {
+			t.idx.remove(key)
+			return fmt.Errorf("resp tier %s: get: %w", t.target, tier.ErrNotFound)
+		}
+		if err != nil {
+			return t.fail(dctx, "get", err)
+		}
+		t.idx.touch(key)
+		t.readBytes.Add(uint64(len(v)))
+		b = v
+		return nil
+	})
 	if err != nil {
 		return nil, err
 	}
-	defer release()
-	ctx, cancel := context.WithTimeout(ctx, getCallTime)
-	defer cancel()
-	b, err := c.Do(ctx, c.B().Get().Key(t.serverKey(key)).Build()).AsBytes()
-	if err != nil {
-		if valkey.IsValkeyNil(err) {
-			t.idx.remove(key)
-			return nil, fmt.Errorf("resp tier %s: get: %w", t.target, tier.ErrNotFound)
-		}
-		return nil, t.fail(ctx, "get", err)
-	}
-	t.idx.touch(key)
-	t.readBytes.Add(uint64(len(b)))
 	return b, nil
 }
 
@@ -262,49 +281,74 @@ func (t *Tier) Has(ctx context.Context, keys []string) (int, error) {
 	if len(keys) == 0 {
 		return 0, nil
 	}
-	c, release, err := t.begin(ctx)
+	// The call may outlive Has (see detached): it reads a copy of keys.
+	keys = slices.Clone(keys)
+	n := 0
+	err := t.detached(ctx, "has", smallCallTime, func(c valkey.Client, dctx context.Context) error {
+		found := 0
+		defer func() { n = found }()
+		for len(keys) > 0 {
+			batch := keys[:min(len(keys), hasBatch)]
+			keys = keys[len(batch):]
+			cmds := make(valkey.Commands, len(batch))
+			for i, k := range batch {
+				cmds[i] = c.B().Exists().Key(t.serverKey(k)).Build()
+			}
+			for _, r := range c.DoMulti(dctx, cmds...) {
+				v, err := r.AsInt64()
+				if err != nil {
+					return t.fail(dctx, "has", err)
+				}
+				if v == 0 {
+					return nil
+				}
+				found++
+			}
+		}
+		return nil
+	})
 	if err != nil {
 		return 0, err
-	}
-	defer release()
-	ctx, cancel := context.WithTimeout(ctx, smallCallTime)
-	defer cancel()
-	n := 0
-	for len(keys) > 0 {
-		batch := keys[:min(len(keys), hasBatch)]
-		keys = keys[len(batch):]
-		cmds := make(valkey.Commands, len(batch))
-		for i, k := range batch {
-			cmds[i] = c.B().Exists().Key(t.serverKey(k)).Build()
-		}
-		for _, r := range c.DoMulti(ctx, cmds...) {
-			v, err := r.AsInt64()
-			if err != nil {
-				return n, t.fail(ctx, "has", err)
-			}
-			if v == 0 {
-				return n, nil
-			}
-			n++
-		}
 	}
 	return n, nil
 }
 
 // Delete removes key; an absent key is not an error.
 func (t *Tier) Delete(ctx context.Context, key string) error {
+	return t.detached(ctx, "delete", smallCallTime, func(c valkey.Client, dctx context.Context) error {
+		t.idx.remove(key)
+		if err := c.Do(dctx, c.B().Del().Key(t.serverKey(key)).Build()).Error(); err != nil {
+			return t.fail(dctx, "delete", err)
+		}
+		return nil
+	})
+}
+
+// detached runs f on a worker slot with a context of its own, bounded by
+// bound, and returns when f does or as soon as the caller's ctx ends. The
+// client must not see the caller's deadline: valkey-go answers a deadline
+// that ends mid-call by closing the connection that every concurrent call
+// shares (auto-pipelining), failing them all and the tier with them. An
+// abandoned f finishes in the background and keeps its worker slot until
+// then, so num_workers still bounds the calls and bytes in flight.
+func (t *Tier) detached(ctx context.Context, op string, bound time.Duration, f func(valkey.Client, context.Context) error) error {
 	c, release, err := t.begin(ctx)
 	if err != nil {
 		return err
 	}
-	defer release()
-	ctx, cancel := context.WithTimeout(ctx, smallCallTime)
-	defer cancel()
-	t.idx.remove(key)
-	if err := c.Do(ctx, c.B().Del().Key(t.serverKey(key)).Build()).Error(); err != nil {
-		return t.fail(ctx, "delete", err)
+	done := make(chan error, 1)
+	go func() {
+		defer release()
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), bound)
+		defer cancel()
+		done <- f(c, dctx)
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("resp tier %s: %s: %w", t.target, op, ctx.Err())
 	}
-	return nil
 }
 
 // serverKey is key_prefix + key. Redis Cluster hashes only the part between
@@ -363,7 +407,7 @@ func (t *Tier) Close() error {
 // state when the error says the server is unreachable or unwell.
 func (t *Tier) fail(ctx context.Context, op string, err error) error {
 	err = t.clean(err)
-	if ctx.Err() != nil {
+	if callerGaveUp(ctx) {
 		// The caller's deadline (or ours) ran out: slow, not down.
 		return fmt.Errorf("resp tier %s: %s: %w", t.target, op, err)
 	}
@@ -380,6 +424,17 @@ func (t *Tier) fail(ctx context.Context, op string, err error) error {
 	}
 	t.setState(tierstate.Down, err.Error())
 	return fmt.Errorf("resp tier %s: %s: %w", t.target, op, err)
+}
+
+// callerGaveUp tells a call cut short by its context from a server failure.
+// A deadline shows in the network error (i/o timeout) a moment before
+// ctx.Err() is set, so the deadline itself is checked too.
+func callerGaveUp(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	dl, ok := ctx.Deadline()
+	return ok && !time.Now().Before(dl)
 }
 
 // recovered clears a degraded state after a successful write.

@@ -427,3 +427,116 @@ func TestServerKeyDefusesHashTags(t *testing.T) {
 		}
 	}
 }
+
+// TestPutNeverReadsValueAfterReturn: the caller may reuse value's memory
+// once Put returns, even when Put gave up on the caller's deadline; the
+// server must then hold the original bytes or nothing, never the reuse.
+func TestPutNeverReadsValueAfterReturn(t *testing.T) {
+	s := redisserver.Start(t, redisserver.Options{})
+	tr, _ := open(t, standaloneCfg(s))
+	const size = 4 << 20
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			buf := make([]byte, size)
+			for i := range 8 {
+				id := w*100 + i
+				copy(buf, value(id, size))
+				ctx, cancel := context.WithTimeout(context.Background(), time.Duration(1+i)*time.Millisecond)
+				if err := tr.Put(ctx, key(id), buf); err != nil {
+					t.Logf("put %d: %v", id, err)
+				}
+				cancel()
+				for j := range buf {
+					buf[j] = 0xEE // the caller reuses its buffer
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	ctx := context.Background()
+	for w := range 8 {
+		for i := range 8 {
+			id := w*100 + i
+			got, err := tr.Get(ctx, key(id))
+			if errors.Is(err, tier.ErrNotFound) {
+				continue
+			}
+			if err != nil {
+				t.Fatalf("Get %d: %v", id, err)
+			}
+			if !bytes.Equal(got, value(id, size)) {
+				t.Fatalf("key %d holds bytes other than those Put was given (the buffer was read after Put returned)", id)
+			}
+		}
+	}
+}
+
+// TestImpatientCallerHarmsNoOther: a caller whose deadline ends mid-call
+// gets its error at once, but the connection every call shares is not torn
+// down under the others, and the tier stays up.
+func TestImpatientCallerHarmsNoOther(t *testing.T) {
+	s := redisserver.Start(t, redisserver.Options{})
+	tr, lb := open(t, standaloneCfg(s))
+	ctx := context.Background()
+	const size = 4 << 20
+	for i := range 4 {
+		if err := tr.Put(ctx, key(i), value(i, size)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stop := make(chan struct{})
+	impatient := make(chan int)
+	go func() {
+		n := 0
+		defer func() { impatient <- n }()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			short, cancel := context.WithTimeout(ctx, time.Duration(1+i%3)*time.Millisecond)
+			t0 := time.Now()
+			if _, err := tr.Get(short, key(i%4)); err != nil {
+				n++
+			}
+			if _, err := tr.Has(short, []string{key(i % 4)}); err != nil {
+				n++
+			}
+			if d := time.Since(t0); d > 2*time.Second {
+				t.Errorf("a call with a 1..3 ms deadline took %v", d)
+			}
+			cancel()
+		}
+	}()
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 15 {
+				k := (w + i) % 4
+				got, err := tr.Get(ctx, key(k))
+				if err != nil || !bytes.Equal(got, value(k, size)) {
+					errs <- fmt.Errorf("patient Get %d: %v", k, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(stop)
+	n := <-impatient
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if st := tr.Stats(); st.State != tierstate.Up || strings.Contains(lb.String(), "resp tier down") {
+		t.Errorf("impatient callers marked the tier %s: %s", st.State, lb.String())
+	}
+	t.Logf("%d impatient calls gave up", n)
+}
