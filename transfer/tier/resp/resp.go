@@ -31,10 +31,9 @@ import (
 // Time bounds of the client. A dead server on loopback or a LAN answers with
 // a reset at once; these bound the cases where nothing answers at all.
 const (
-	dialTimeout   = 2 * time.Second
-	probeTimeout  = 2 * time.Second
-	smallCallTime = 5 * time.Second  // Has, Delete, evictions
-	getCallTime   = 30 * time.Second // a GET of up to one chunk (≤ 1 GiB)
+	dialTimeout  = 2 * time.Second
+	probeTimeout = 2 * time.Second
+	evictTime    = 5 * time.Second // the DELs that make room for a Put
 	// connWriteTimeout bounds a write to a connection and how long a
 	// connection may go without an answer before the client drops it.
 	connWriteTimeout = 30 * time.Second
@@ -216,8 +215,7 @@ func (t *Tier) Put(ctx context.Context, key string, value []byte) error {
 		for i, v := range victims {
 			cmds[i] = c.B().Del().Key(t.serverKey(v)).Build()
 		}
-		ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), smallCallTime)
-		defer cancel()
+		ectx := context.WithoutCancel(ctx) // see detached
 		for _, r := range c.DoMulti(ectx, cmds...) {
 			if err := r.Error(); err != nil {
 				t.idx.remove(key)
@@ -256,7 +254,7 @@ func (t *Tier) Put(ctx context.Context, key string, value []byte) error {
 // Get returns the value under key, or an error wrapping tier.ErrNotFound.
 func (t *Tier) Get(ctx context.Context, key string) ([]byte, error) {
 	var b []byte
-	err := t.detached(ctx, "get", getCallTime, func(c valkey.Client, dctx context.Context) error {
+	err := t.detached(ctx, "get", func(c valkey.Client, dctx context.Context) error {
 		v, err := c.Do(dctx, c.B().Get().Key(t.serverKey(key)).Build()).AsBytes()
 		if valkey.IsValkeyNil(err) {
 			t.idx.remove(key)
@@ -284,7 +282,7 @@ func (t *Tier) Has(ctx context.Context, keys []string) (int, error) {
 	// The call may outlive Has (see detached): it reads a copy of keys.
 	keys = slices.Clone(keys)
 	n := 0
-	err := t.detached(ctx, "has", smallCallTime, func(c valkey.Client, dctx context.Context) error {
+	err := t.detached(ctx, "has", func(c valkey.Client, dctx context.Context) error {
 		found := 0
 		defer func() { n = found }()
 		for len(keys) > 0 {
@@ -315,7 +313,7 @@ func (t *Tier) Has(ctx context.Context, keys []string) (int, error) {
 
 // Delete removes key; an absent key is not an error.
 func (t *Tier) Delete(ctx context.Context, key string) error {
-	return t.detached(ctx, "delete", smallCallTime, func(c valkey.Client, dctx context.Context) error {
+	return t.detached(ctx, "delete", func(c valkey.Client, dctx context.Context) error {
 		t.idx.remove(key)
 		if err := c.Do(dctx, c.B().Del().Key(t.serverKey(key)).Build()).Error(); err != nil {
 			return t.fail(dctx, "delete", err)
@@ -324,24 +322,29 @@ func (t *Tier) Delete(ctx context.Context, key string) error {
 	})
 }
 
-// detached runs f on a worker slot with a context of its own, bounded by
-// bound, and returns when f does or as soon as the caller's ctx ends. The
-// client must not see the caller's deadline: valkey-go answers a deadline
-// that ends mid-call by closing the connection that every concurrent call
-// shares (auto-pipelining), failing them all and the tier with them. An
-// abandoned f finishes in the background and keeps its worker slot until
-// then, so num_workers still bounds the calls and bytes in flight.
-func (t *Tier) detached(ctx context.Context, op string, bound time.Duration, f func(valkey.Client, context.Context) error) error {
+// detached runs f on a worker slot and returns when f does or as soon as
+// the caller's ctx ends. The client never sees the caller's deadline:
+// valkey-go answers a deadline that ends mid-call by closing the connection
+// that every concurrent call shares (auto-pipelining), failing them all and
+// the tier with them. So f gets a context that does not end; a server that
+// stops answering is caught by the client's connWriteTimeout (deadlines on
+// the connection and its keep-alive PINGs). An abandoned f finishes in the
+// background and keeps its worker slot until then, so num_workers still
+// bounds the calls and bytes in flight.
+func (t *Tier) detached(ctx context.Context, op string, f func(valkey.Client, context.Context) error) error {
 	c, release, err := t.begin(ctx)
 	if err != nil {
 		return err
 	}
+	if ctx.Done() == nil {
+		// A context that never ends needs no watching.
+		defer release()
+		return f(c, ctx)
+	}
 	done := make(chan error, 1)
 	go func() {
 		defer release()
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), bound)
-		defer cancel()
-		done <- f(c, dctx)
+		done <- f(c, context.WithoutCancel(ctx))
 	}()
 	select {
 	case err := <-done:
