@@ -434,7 +434,7 @@ func TestServerKeyDefusesHashTags(t *testing.T) {
 func TestPutNeverReadsValueAfterReturn(t *testing.T) {
 	s := redisserver.Start(t, redisserver.Options{})
 	tr, _ := open(t, standaloneCfg(s))
-	const size = 4 << 20
+	const size = 1 << 20
 	var wg sync.WaitGroup
 	for w := range 8 {
 		wg.Add(1)
@@ -481,7 +481,7 @@ func TestImpatientCallerHarmsNoOther(t *testing.T) {
 	s := redisserver.Start(t, redisserver.Options{})
 	tr, lb := open(t, standaloneCfg(s))
 	ctx := context.Background()
-	const size = 4 << 20
+	const size = 2 << 20
 	for i := range 4 {
 		if err := tr.Put(ctx, key(i), value(i, size)); err != nil {
 			t.Fatal(err)
@@ -518,7 +518,7 @@ func TestImpatientCallerHarmsNoOther(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for i := range 15 {
+			for i := range 8 {
 				k := (w + i) % 4
 				got, err := tr.Get(ctx, key(k))
 				if err != nil || !bytes.Equal(got, value(k, size)) {
