@@ -51,6 +51,10 @@ type Options struct {
 	Port int
 	// Cluster starts the server with cluster mode on (its bus on a second free port).
 	Cluster bool
+	// TLS, when set, makes Port a TLS port (plain TCP is off); see NewTLS.
+	TLS *TLSFiles
+	// Args are extra redis-server arguments (e.g. "--maxmemory", "1mb").
+	Args []string
 }
 
 // Server is one redis-server process listening on 127.0.0.1.
@@ -111,11 +115,15 @@ func FreePort() (int, error) {
 }
 
 func (s *Server) start() error {
-	args := []string{
-		"--port", strconv.Itoa(s.Port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", s.dir,
-		"--logfile", "", "--daemonize", "no", "--protected-mode", "yes",
+	port := []string{"--port", strconv.Itoa(s.Port)}
+	if f := s.opts.TLS; f != nil {
+		port = []string{"--port", "0", "--tls-port", strconv.Itoa(s.Port),
+			"--tls-cert-file", f.CertFile, "--tls-key-file", f.KeyFile,
+			"--tls-ca-cert-file", f.CAFile, "--tls-auth-clients", "no"}
 	}
+	args := append(port, "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", s.dir,
+		"--logfile", "", "--daemonize", "no", "--protected-mode", "yes")
 	if s.opts.Password != "" {
 		args = append(args, "--requirepass", s.opts.Password)
 	}
@@ -125,6 +133,7 @@ func (s *Server) start() error {
 			"--cluster-port", strconv.Itoa(s.bus),
 			"--cluster-node-timeout", "2000")
 	}
+	args = append(args, s.opts.Args...)
 	cmd := exec.Command("redis-server", args...)
 	lb := &logbuf.Buffer{}
 	cmd.Stdout, cmd.Stderr = lb, lb

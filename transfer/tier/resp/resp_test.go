@@ -540,3 +540,85 @@ func TestImpatientCallerHarmsNoOther(t *testing.T) {
 	}
 	t.Logf("%d impatient calls gave up", n)
 }
+
+func TestTLS(t *testing.T) {
+	files := redisserver.NewTLS(t)
+	s := redisserver.Start(t, redisserver.Options{TLS: files})
+	cfg := standaloneCfg(s)
+	cfg.TLS, cfg.CAFile = true, files.CAFile
+	tr, _ := open(t, cfg)
+	roundTrip(t, tr, 8)
+
+	// Without our CA the server's certificate is refused: the tier is
+	// down and says why; so is a plain connection to the TLS port.
+	cfg.CAFile = ""
+	untrusted, _ := open(t, cfg)
+	if st := untrusted.Stats(); st.State != tierstate.Down || !strings.Contains(st.Reason, "certificate") {
+		t.Fatalf("untrusted certificate: %+v", st)
+	}
+	cfg.TLS = false
+	plain, _ := open(t, cfg)
+	if st := plain.Stats(); st.State != tierstate.Down || st.Reason == "" {
+		t.Fatalf("plain client on a TLS port: %+v", st)
+	}
+}
+
+// TestServerOutOfMemoryDegrades: a server refusing writes (maxmemory,
+// noeviction) makes the tier degraded with the reason, reads go on, and a
+// write that succeeds again clears it.
+func TestServerOutOfMemoryDegrades(t *testing.T) {
+	s := redisserver.Start(t, redisserver.Options{Args: []string{"--maxmemory", "3mb", "--maxmemory-policy", "noeviction"}})
+	tr, lb := open(t, standaloneCfg(s))
+	ctx := context.Background()
+	if err := tr.Put(ctx, key(1), value(1, 1000)); err != nil {
+		t.Fatal(err)
+	}
+	var err error
+	for i := 2; err == nil && i < 10; i++ {
+		err = tr.Put(ctx, key(i), value(i, 1<<20))
+	}
+	if err == nil || !strings.Contains(err.Error(), "OOM") {
+		t.Fatalf("filling a 3 MB server: %v", err)
+	}
+	if st := tr.Stats(); st.State != tierstate.Degraded || !strings.Contains(st.Reason, "out of memory") {
+		t.Fatalf("after OOM: %+v", st)
+	}
+	if got, err := tr.Get(ctx, key(1)); err != nil || !bytes.Equal(got, value(1, 1000)) {
+		t.Fatalf("Get while degraded: %v", err)
+	}
+	if _, err := s.Do(ctx, "FLUSHALL"); err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.Put(ctx, key(1), value(1, 1000)); err != nil {
+		t.Fatal(err)
+	}
+	if st := tr.Stats(); st.State != tierstate.Up || st.Reason != "" {
+		t.Fatalf("after a write succeeded again: %+v", st)
+	}
+	if err := lb.Wait("resp tier up", time.Second); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestForeignValueUnderOurKey: something else stored under one of our keys
+// (here a hash) is an error for that call only; the tier stays up.
+func TestForeignValueUnderOurKey(t *testing.T) {
+	s := redisserver.Start(t, redisserver.Options{})
+	tr, _ := open(t, standaloneCfg(s))
+	ctx := context.Background()
+	if _, err := s.Do(ctx, "HSET", tr.serverKey(key(3)), "f", "v"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tr.Get(ctx, key(3)); err == nil || errors.Is(err, tier.ErrNotFound) || !strings.Contains(err.Error(), "WRONGTYPE") {
+		t.Fatalf("Get of a hash: %v", err)
+	}
+	if st := tr.Stats(); st.State != tierstate.Up {
+		t.Fatalf("a foreign value changed the tier's state: %+v", st)
+	}
+	if err := tr.Put(ctx, key(3), value(3, 100)); err != nil {
+		t.Fatalf("Put over the foreign value: %v", err)
+	}
+	if got, err := tr.Get(ctx, key(3)); err != nil || !bytes.Equal(got, value(3, 100)) {
+		t.Fatalf("Get after overwrite: %v", err)
+	}
+}
