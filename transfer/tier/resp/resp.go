@@ -507,7 +507,8 @@ func (t *Tier) monitor() {
 	}
 }
 
-// probe PINGs every node (making the client first when Open could not).
+// probe PINGs every node (making the client first when Open could not)
+// and, in a cluster, asks each whether the cluster is whole.
 func (t *Tier) probe() error {
 	ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
 	defer cancel()
@@ -531,6 +532,18 @@ func (t *Tier) probe() error {
 	for addr, node := range c.Nodes() {
 		if err := node.Do(ctx, node.B().Ping().Build()).Error(); err != nil {
 			return fmt.Errorf("ping %s: %w", addr, err)
+		}
+		if !t.cfg.Cluster {
+			continue
+		}
+		// A node back from a crash answers PING before the cluster
+		// takes it in again; until then keys answer CLUSTERDOWN.
+		info, err := node.Do(ctx, node.B().ClusterInfo().Build()).ToString()
+		if err != nil {
+			return fmt.Errorf("cluster info %s: %w", addr, err)
+		}
+		if !strings.Contains(info, "cluster_state:ok") {
+			return fmt.Errorf("node %s: cluster state is not ok", addr)
 		}
 	}
 	return nil

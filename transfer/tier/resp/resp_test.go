@@ -622,3 +622,54 @@ func TestForeignValueUnderOurKey(t *testing.T) {
 		t.Fatalf("Get after overwrite: %v", err)
 	}
 }
+
+// TestClusterNodeKilledAndRestarted: one of three cluster nodes SIGKILLed
+// takes the tier down with the reason (its slots are gone), and the tier
+// comes back by itself once the node is back with its slots.
+func TestClusterNodeKilledAndRestarted(t *testing.T) {
+	c := redisserver.StartCluster(t, 3)
+	tr, lb := open(t, RESPConfig{Cluster: true, StartupNodes: c.Addrs(), NumWorkers: 4, CapacityBytes: 1 << 30, KeyPrefix: "kv:"})
+	ctx := context.Background()
+	for i := range 32 {
+		if err := tr.Put(ctx, key(i), value(i, 1000)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.Nodes[1].Kill()
+	// Keys on the dead node fail; the first failure marks the tier down.
+	for i := 0; i < 32 && tr.Stats().State == tierstate.Up; i++ {
+		_, _ = tr.Get(ctx, key(i))
+	}
+	if err := lb.Wait("resp tier down", stateLimit); err != nil {
+		t.Fatalf("no down state after a node's SIGKILL: %v", err)
+	}
+	if st := tr.Stats(); st.State != tierstate.Down || st.Reason == "" {
+		t.Fatalf("after a node's SIGKILL: %+v", st)
+	}
+	t0 := time.Now()
+	if _, err := tr.Get(ctx, key(0)); !errors.Is(err, ErrDown) || time.Since(t0) > time.Second {
+		t.Fatalf("Get while down: %v after %v", err, time.Since(t0))
+	}
+	c.Nodes[1].Restart()
+	if err := lb.Wait("resp tier up", 2*stateLimit); err != nil {
+		t.Fatalf("the tier did not come back: %v", err)
+	}
+	// The restarted node is empty (no persistence): its keys are misses,
+	// the others' are hits with the right bytes, none is wrong.
+	hits := 0
+	for i := range 32 {
+		got, err := tr.Get(ctx, key(i))
+		switch {
+		case errors.Is(err, tier.ErrNotFound):
+		case err != nil:
+			t.Fatalf("Get %d after the node came back: %v", i, err)
+		case !bytes.Equal(got, value(i, 1000)):
+			t.Fatalf("key %d: wrong bytes", i)
+		default:
+			hits++
+		}
+	}
+	if hits == 0 || hits == 32 {
+		t.Fatalf("%d of 32 hits after one of 3 nodes lost its data", hits)
+	}
+}
