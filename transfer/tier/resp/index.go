@@ -24,7 +24,11 @@ type index struct {
 	used     int64
 	ll       *list.List // front = least recently used
 	m        map[string]*list.Element
+	swept    time.Time // last pass dropping entries past their TTL
 }
+
+// sweepEvery spaces the passes that drop expired entries from the count.
+const sweepEvery = time.Second
 
 type entry struct {
 	key     string
@@ -85,9 +89,21 @@ func (x *index) remove(key string) {
 	}
 }
 
-// usage returns the bytes and objects this process has in the tier.
-func (x *index) usage() (int64, int64) {
+// usage returns the bytes and objects this process has in the tier. With a
+// TTL, entries the server has expired are dropped first (a pass over the
+// index at most once a second, under maxIndexEntries).
+func (x *index) usage(now time.Time) (int64, int64) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	if x.ttl > 0 && now.Sub(x.swept) >= sweepEvery {
+		x.swept = now
+		for el := x.ll.Front(); el != nil; {
+			next := el.Next()
+			if now.Sub(el.Value.(*entry).written) >= x.ttl {
+				x.drop(el)
+			}
+			el = next
+		}
+	}
 	return x.used, int64(x.ll.Len())
 }

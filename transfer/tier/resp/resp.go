@@ -368,7 +368,7 @@ func (t *Tier) serverKey(key string) string {
 
 // Stats is the backend's part of the tier's snapshot.
 func (t *Tier) Stats() tierstate.Tier {
-	used, objects := t.idx.usage()
+	used, objects := t.idx.usage(time.Now())
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return tierstate.Tier{
