@@ -302,10 +302,12 @@ func TestServerKilledAndRestarted(t *testing.T) {
 	case <-time.After(stateLimit):
 		t.Fatal("no traffic got through before the kill")
 	}
+	killed := time.Now()
 	s.Kill()
 	if err := lb.Wait("resp tier down", stateLimit); err != nil {
 		t.Fatalf("no down state after SIGKILL: %v\n%s", err, lb.String())
 	}
+	toDown := time.Since(killed)
 	st := tr.Stats()
 	if st.State != tierstate.Down || st.Reason == "" || strings.Contains(st.Reason, pw) {
 		t.Fatalf("after SIGKILL: state %q reason %q", st.State, st.Reason)
@@ -321,10 +323,14 @@ func TestServerKilledAndRestarted(t *testing.T) {
 	if _, err := tr.Has(ctx, []string{key(1)}); !errors.Is(err, ErrDown) {
 		t.Fatalf("Has while down: %v", err)
 	}
+	failFast := time.Since(t0)
+	restarted := time.Now()
 	s.Restart()
 	if err := lb.Wait("resp tier up", stateLimit); err != nil {
 		t.Fatalf("the tier did not come back by itself: %v\n%s", err, lb.String())
 	}
+	t.Logf("down %v after SIGKILL (reason %q); calls while down fail in %v; up %v after the restart",
+		toDown, st.Reason, failFast, time.Since(restarted))
 	close(stop)
 	wg.Wait()
 	wrong.Range(func(k, n any) bool {
