@@ -33,7 +33,6 @@ import (
 const (
 	dialTimeout  = 2 * time.Second
 	probeTimeout = 2 * time.Second
-	evictTime    = 5 * time.Second // the DELs that make room for a Put
 	// connWriteTimeout bounds a write to a connection and how long a
 	// connection may go without an answer before the client drops it.
 	connWriteTimeout = 30 * time.Second
