@@ -1,0 +1,109 @@
+package resp
+
+import (
+	"container/list"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// maxIndexEntries bounds the index's memory (about 200 B an entry) whatever
+// the value sizes: past it the least recently used entries go, as past the
+// byte capacity.
+const maxIndexEntries = 1 << 18
+
+// index tracks this process's own writes to the server in LRU order, so the
+// tier can keep them under max_capacity_gb. It is approximate by design: the
+// server is shared and not ours (other hosts write under the same prefix,
+// Redis's own maxmemory policy or a TTL may drop keys behind our back), so
+// it counts what we wrote and evicts what we wrote, least recently used first.
+type index struct {
+	mu       sync.Mutex
+	capacity int64
+	ttl      time.Duration
+	used     int64
+	ll       *list.List // front = least recently used
+	m        map[string]*list.Element
+	swept    time.Time // last pass dropping entries past their TTL
+}
+
+// sweepEvery spaces the passes that drop expired entries from the count.
+const sweepEvery = time.Second
+
+type entry struct {
+	key     string
+	size    int64
+	written time.Time
+}
+
+func newIndex(capacity int64, ttl time.Duration) *index {
+	return &index{capacity: capacity, ttl: ttl, ll: list.New(), m: map[string]*list.Element{}}
+}
+
+// reserve records a write of size bytes under key and returns the keys to
+// delete from the server to make room (least recently used first; entries
+// whose TTL has passed are dropped without a delete, the server did it).
+func (x *index) reserve(key string, size int64, now time.Time) ([]string, error) {
+	if size > x.capacity {
+		return nil, fmt.Errorf("value of %d bytes exceeds the tier's capacity of %d bytes", size, x.capacity)
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if el, ok := x.m[key]; ok {
+		x.drop(el)
+	}
+	var victims []string
+	for x.ll.Len() > 0 && (x.used+size > x.capacity || x.ll.Len() >= maxIndexEntries) {
+		e := x.drop(x.ll.Front())
+		if x.ttl == 0 || now.Sub(e.written) < x.ttl {
+			victims = append(victims, e.key)
+		}
+	}
+	x.m[key] = x.ll.PushBack(&entry{key: key, size: size, written: now})
+	x.used += size
+	return victims, nil
+}
+
+func (x *index) drop(el *list.Element) *entry {
+	e := x.ll.Remove(el).(*entry)
+	delete(x.m, e.key)
+	x.used -= e.size
+	return e
+}
+
+// touch marks key as just used (a hit).
+func (x *index) touch(key string) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if el, ok := x.m[key]; ok {
+		x.ll.MoveToBack(el)
+	}
+}
+
+// remove forgets key (deleted, failed to write, or found absent).
+func (x *index) remove(key string) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if el, ok := x.m[key]; ok {
+		x.drop(el)
+	}
+}
+
+// usage returns the bytes and objects this process has in the tier. With a
+// TTL, entries the server has expired are dropped first (a pass over the
+// index at most once a second, under maxIndexEntries).
+func (x *index) usage(now time.Time) (int64, int64) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.ttl > 0 && now.Sub(x.swept) >= sweepEvery {
+		x.swept = now
+		for el := x.ll.Front(); el != nil; {
+			next := el.Next()
+			if now.Sub(el.Value.(*entry).written) >= x.ttl {
+				x.drop(el)
+			}
+			el = next
+		}
+	}
+	return x.used, int64(x.ll.Len())
+}

@@ -1,0 +1,590 @@
+// Package resp is the L2 tier on a Redis or Valkey server or cluster, shared
+// by every kvdock host that points at it. It talks RESP through valkey-go
+// (chosen over go-redis by a measured bake-off, see the closing note of issue
+// 14), keeps this process's own writes under max_capacity_gb by evicting them
+// least recently used first, and watches the connection: a failure marks the
+// tier down with the reason, calls then fail at once instead of waiting on a
+// dead server, and a background probe with exponential backoff brings the
+// tier back up by itself. The password never appears in a log line, an error
+// or the snapshot.
+package resp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/valkey-io/valkey-go"
+
+	"kvdock/core/tierstate"
+	"kvdock/transfer/tier"
+)
+
+// Time bounds of the client. A dead server on loopback or a LAN answers with
+// a reset at once; these bound the cases where nothing answers at all.
+const (
+	dialTimeout  = 2 * time.Second
+	probeTimeout = 2 * time.Second
+	// connWriteTimeout bounds a write to a connection and how long a
+	// connection may go without an answer before the client drops it.
+	connWriteTimeout = 30 * time.Second
+	backoffMin       = 50 * time.Millisecond
+	backoffMax       = 5 * time.Second
+	hasBatch         = 128 // EXISTS per pipeline round trip
+)
+
+// ErrDown is wrapped by every call made while the tier is down.
+var ErrDown = errors.New("resp tier is down")
+
+// ErrClosed is wrapped by calls made after Close.
+var ErrClosed = errors.New("resp tier is closed")
+
+// Tier is a resp backend; it implements tier.Backend.
+type Tier struct {
+	cfg    RESPConfig
+	log    *slog.Logger
+	target string
+	opt    valkey.ClientOption
+	sem    chan struct{} // bounds calls in flight to num_workers
+	idx    *index
+
+	mu     sync.Mutex
+	client valkey.Client // nil until the first connection succeeds
+	state  tierstate.State
+	reason string
+	since  time.Time
+	closed bool
+
+	wake chan struct{} // poked when the tier goes down
+	stop chan struct{}
+	done chan struct{}
+
+	readBytes, writeBytes atomic.Uint64
+}
+
+var _ tier.Backend = (*Tier)(nil)
+
+// Open connects to the server (or cluster) of cfg. A server that refuses the
+// credentials, or a TLS setup that cannot be built, is an error. A server
+// that cannot be reached is not: the tier starts down with the reason and
+// comes up by itself once the server answers, while L1 serves on.
+func Open(ctx context.Context, cfg RESPConfig, log *slog.Logger) (*Tier, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.NumWorkers <= 0 {
+		cfg.NumWorkers = DefaultNumWorkers
+	}
+	if cfg.CapacityBytes <= 0 {
+		cfg.CapacityBytes = DefaultCapacityGB << 30
+	}
+	if cfg.Host == "" {
+		cfg.Host = DefaultHost
+	}
+	if cfg.Port == 0 {
+		cfg.Port = DefaultPort
+	}
+	if cfg.Cluster && len(cfg.StartupNodes) == 0 {
+		cfg.StartupNodes = []string{cfg.addr()}
+	}
+	tc, err := cfg.tlsConfig()
+	if err != nil {
+		return nil, err
+	}
+	t := &Tier{
+		cfg:    cfg,
+		log:    log.With("tier", "resp", "target", cfg.Target()),
+		target: cfg.Target(),
+		sem:    make(chan struct{}, cfg.NumWorkers),
+		idx:    newIndex(cfg.CapacityBytes, cfg.TTL),
+		state:  tierstate.Up,
+		since:  time.Now(),
+		wake:   make(chan struct{}, 1),
+		stop:   make(chan struct{}),
+		done:   make(chan struct{}),
+		opt: valkey.ClientOption{
+			InitAddress:       cfg.addrs(),
+			Username:          cfg.Username,
+			Password:          cfg.Password,
+			TLSConfig:         tc,
+			ForceSingleClient: !cfg.Cluster,
+			// No client-side cache (the values are large and written
+			// by other hosts too) and no silent retries: a failure
+			// marks the tier down and the probe takes over.
+			DisableCache:     true,
+			DisableRetry:     true,
+			Dialer:           net.Dialer{Timeout: dialTimeout},
+			ConnWriteTimeout: connWriteTimeout,
+		},
+	}
+	client, err := t.dial(ctx)
+	if err != nil {
+		if isAuth(err) {
+			return nil, fmt.Errorf("resp tier %s: %w", t.target, t.clean(err))
+		}
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("resp tier %s: %w", t.target, ctx.Err())
+		}
+		t.state, t.reason = tierstate.Down, t.clean(err).Error()
+		t.log.Warn("resp tier down at start; retrying in the background", "reason", t.reason)
+		t.wake <- struct{}{}
+	} else {
+		t.client = client
+		t.log.Info("resp tier connected", "config", cfg)
+	}
+	go t.monitor()
+	return t, nil
+}
+
+// dial makes a client, giving up when ctx ends (the client's own dial is
+// bounded by dialTimeout per address, not by ctx).
+func (t *Tier) dial(ctx context.Context) (valkey.Client, error) {
+	type result struct {
+		c   valkey.Client
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		c, err := valkey.NewClient(t.opt)
+		ch <- result{c, err}
+	}()
+	select {
+	case r := <-ch:
+		return r.c, r.err
+	case <-ctx.Done():
+		go func() {
+			if r := <-ch; r.c != nil {
+				r.c.Close()
+			}
+		}()
+		return nil, ctx.Err()
+	}
+}
+
+// begin hands out the client for one call, failing at once while the tier
+// is down or closed, and takes a worker slot (honouring ctx).
+func (t *Tier) begin(ctx context.Context) (valkey.Client, func(), error) {
+	t.mu.Lock()
+	c, state, reason, closed := t.client, t.state, t.reason, t.closed
+	t.mu.Unlock()
+	switch {
+	case closed:
+		return nil, nil, ErrClosed
+	case state == tierstate.Down || c == nil:
+		return nil, nil, fmt.Errorf("%w (%s): %s", ErrDown, t.target, reason)
+	}
+	select {
+	case t.sem <- struct{}{}:
+		return c, func() { <-t.sem }, nil
+	case <-ctx.Done():
+		return nil, nil, fmt.Errorf("resp tier %s: waiting for a worker: %w", t.target, ctx.Err())
+	}
+}
+
+// Put stores value under key (SET, with EX when a TTL is configured), first
+// deleting this process's least recently used values past the capacity.
+// Put does not return while the client may still read value; so once the
+// SET has started it runs to its end (at most connWriteTimeout on a server
+// that stopped answering) even if ctx ends first.
+func (t *Tier) Put(ctx context.Context, key string, value []byte) error {
+	c, release, err := t.begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer release()
+	// Past this point the caller's ctx is not handed to the client (see
+	// detached and the SET below); the evictions get a bound of their own.
+	victims, err := t.idx.reserve(key, int64(len(value)), time.Now())
+	if err != nil {
+		return fmt.Errorf("resp tier %s: put: %w", t.target, err)
+	}
+	if len(victims) > 0 {
+		// Victims are out of the index already: a failed DEL leaves
+		// them on the server until their TTL or the server's own
+		// eviction, which an approximate budget tolerates.
+		cmds := make(valkey.Commands, len(victims))
+		for i, v := range victims {
+			cmds[i] = c.B().Del().Key(t.serverKey(v)).Build()
+		}
+		ectx := context.WithoutCancel(ctx) // see detached
+		for _, r := range c.DoMulti(ectx, cmds...) {
+			if err := r.Error(); err != nil {
+				t.idx.remove(key)
+				return t.fail(ectx, "evict", err)
+			}
+		}
+	}
+	set := c.B().Set().Key(t.serverKey(key)).Value(valkey.BinaryString(value))
+	var cmd valkey.Completed
+	if t.cfg.TTL > 0 {
+		cmd = set.ExSeconds(int64(t.cfg.TTL / time.Second)).Build()
+	} else {
+		cmd = set.Build()
+	}
+	// The command holds value itself (no copy). Given a context that can
+	// end, the client may return on it while the command still waits in
+	// its write queue and reads value later, after the caller has reused
+	// the memory: the server would store other bytes under key. So the
+	// SET runs to its end, bounded by the connection's write timeout and
+	// the dead-connection check (connWriteTimeout), or Close, not by ctx;
+	// the caller's ctx bounds the wait for a worker and is checked once
+	// more here, before the SET starts.
+	if err := ctx.Err(); err != nil {
+		t.idx.remove(key)
+		return fmt.Errorf("resp tier %s: put: %w", t.target, err)
+	}
+	if err := c.Do(context.WithoutCancel(ctx), cmd).Error(); err != nil {
+		t.idx.remove(key)
+		return t.fail(context.WithoutCancel(ctx), "put", err)
+	}
+	t.writeBytes.Add(uint64(len(value)))
+	t.recovered()
+	return nil
+}
+
+// Get returns the value under key, or an error wrapping tier.ErrNotFound.
+func (t *Tier) Get(ctx context.Context, key string) ([]byte, error) {
+	var b []byte
+	err := t.detached(ctx, "get", func(c valkey.Client, dctx context.Context) error {
+		v, err := c.Do(dctx, c.B().Get().Key(t.serverKey(key)).Build()).AsBytes()
+		if valkey.IsValkeyNil(err) {
+			t.idx.remove(key)
+			return fmt.Errorf("resp tier %s: get: %w", t.target, tier.ErrNotFound)
+		}
+		if err != nil {
+			return t.fail(dctx, "get", err)
+		}
+		t.idx.touch(key)
+		t.readBytes.Add(uint64(len(v)))
+		b = v
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+// Has counts how many leading keys are present, with pipelined EXISTS.
+func (t *Tier) Has(ctx context.Context, keys []string) (int, error) {
+	if len(keys) == 0 {
+		return 0, nil
+	}
+	// The call may outlive Has (see detached): it reads a copy of keys.
+	keys = slices.Clone(keys)
+	n := 0
+	err := t.detached(ctx, "has", func(c valkey.Client, dctx context.Context) error {
+		found := 0
+		defer func() { n = found }()
+		for len(keys) > 0 {
+			batch := keys[:min(len(keys), hasBatch)]
+			keys = keys[len(batch):]
+			cmds := make(valkey.Commands, len(batch))
+			for i, k := range batch {
+				cmds[i] = c.B().Exists().Key(t.serverKey(k)).Build()
+			}
+			for _, r := range c.DoMulti(dctx, cmds...) {
+				v, err := r.AsInt64()
+				if err != nil {
+					return t.fail(dctx, "has", err)
+				}
+				if v == 0 {
+					return nil
+				}
+				found++
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	return n, nil
+}
+
+// Delete removes key; an absent key is not an error.
+func (t *Tier) Delete(ctx context.Context, key string) error {
+	return t.detached(ctx, "delete", func(c valkey.Client, dctx context.Context) error {
+		t.idx.remove(key)
+		if err := c.Do(dctx, c.B().Del().Key(t.serverKey(key)).Build()).Error(); err != nil {
+			return t.fail(dctx, "delete", err)
+		}
+		return nil
+	})
+}
+
+// detached runs f on a worker slot and returns when f does or as soon as
+// the caller's ctx ends. The client never sees the caller's deadline:
+// valkey-go answers a deadline that ends mid-call by closing the connection
+// that every concurrent call shares (auto-pipelining), failing them all and
+// the tier with them. So f gets a context that does not end; a server that
+// stops answering is caught by the client's connWriteTimeout (deadlines on
+// the connection and its keep-alive PINGs). An abandoned f finishes in the
+// background and keeps its worker slot until then, so num_workers still
+// bounds the calls and bytes in flight.
+func (t *Tier) detached(ctx context.Context, op string, f func(valkey.Client, context.Context) error) error {
+	c, release, err := t.begin(ctx)
+	if err != nil {
+		return err
+	}
+	if ctx.Done() == nil {
+		// A context that never ends needs no watching.
+		defer release()
+		return f(c, ctx)
+	}
+	done := make(chan error, 1)
+	go func() {
+		defer release()
+		done <- f(c, context.WithoutCancel(ctx))
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("resp tier %s: %s: %w", t.target, op, ctx.Err())
+	}
+}
+
+// serverKey is key_prefix + key. Redis Cluster hashes only the part between
+// the first '{' and the next '}' when there is one (a hash tag): a model name
+// with braces would put all its chunks in one slot, on one node. An empty
+// tag "{}" in front makes the server hash the whole key; a prefix that holds
+// a '{' of its own is the operator's deliberate choice and is kept as is.
+func (t *Tier) serverKey(key string) string {
+	if strings.IndexByte(key, '{') >= 0 && strings.IndexByte(t.cfg.KeyPrefix, '{') < 0 {
+		return "{}" + t.cfg.KeyPrefix + key
+	}
+	return t.cfg.KeyPrefix + key
+}
+
+// Stats is the backend's part of the tier's snapshot.
+func (t *Tier) Stats() tierstate.Tier {
+	used, objects := t.idx.usage(time.Now())
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return tierstate.Tier{
+		Type:          "resp",
+		Target:        t.target,
+		State:         t.state,
+		Reason:        t.reason,
+		Since:         t.since,
+		UsedBytes:     used,
+		CapacityBytes: t.cfg.CapacityBytes,
+		Objects:       objects,
+		ReadBytes:     t.readBytes.Load(),
+		WriteBytes:    t.writeBytes.Load(),
+	}
+}
+
+// Close stops the probe and the client; calls after it fail with ErrClosed.
+func (t *Tier) Close() error {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return nil
+	}
+	t.closed = true
+	t.mu.Unlock()
+	close(t.stop)
+	<-t.done
+	t.mu.Lock()
+	c := t.client
+	t.client = nil
+	t.mu.Unlock()
+	if c != nil {
+		c.Close()
+	}
+	return nil
+}
+
+// fail turns a client error into the call's error, changing the tier's
+// state when the error says the server is unreachable or unwell.
+func (t *Tier) fail(ctx context.Context, op string, err error) error {
+	err = t.clean(err)
+	if callerGaveUp(ctx) {
+		// The caller's deadline (or ours) ran out: slow, not down.
+		return fmt.Errorf("resp tier %s: %s: %w", t.target, op, err)
+	}
+	if msg, ok := serverErr(err); ok {
+		switch {
+		case isAuth(err), hasPrefix(msg, "LOADING", "CLUSTERDOWN", "MASTERDOWN", "TRYAGAIN"):
+			t.setState(tierstate.Down, msg)
+		case hasPrefix(msg, "OOM"):
+			t.setState(tierstate.Degraded, "server out of memory: "+msg)
+		case hasPrefix(msg, "MOVED", "ASK") && !t.cfg.Cluster:
+			t.setState(tierstate.Degraded, "server is a cluster node; set \"cluster\": true")
+		}
+		return fmt.Errorf("resp tier %s: %s: %w", t.target, op, err)
+	}
+	t.setState(tierstate.Down, err.Error())
+	return fmt.Errorf("resp tier %s: %s: %w", t.target, op, err)
+}
+
+// callerGaveUp tells a call cut short by its context from a server failure.
+// A deadline shows in the network error (i/o timeout) a moment before
+// ctx.Err() is set, so the deadline itself is checked too.
+func callerGaveUp(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	dl, ok := ctx.Deadline()
+	return ok && !time.Now().Before(dl)
+}
+
+// recovered clears a degraded state after a successful write.
+func (t *Tier) recovered() {
+	t.mu.Lock()
+	degraded := t.state == tierstate.Degraded
+	t.mu.Unlock()
+	if degraded {
+		t.setState(tierstate.Up, "")
+	}
+}
+
+func (t *Tier) setState(s tierstate.State, reason string) {
+	t.mu.Lock()
+	if t.closed || (t.state == s && t.reason == reason) {
+		t.mu.Unlock()
+		return
+	}
+	if t.state == s {
+		// Same state, new reason (the probe saw another error): no event.
+		t.reason = reason
+		t.mu.Unlock()
+		return
+	}
+	t.state, t.reason, t.since = s, reason, time.Now()
+	t.mu.Unlock()
+	switch s {
+	case tierstate.Up:
+		t.log.Info("resp tier up")
+	case tierstate.Down:
+		t.log.Warn("resp tier down", "reason", reason)
+		select {
+		case t.wake <- struct{}{}:
+		default:
+		}
+	default:
+		t.log.Warn("resp tier degraded", "reason", reason)
+	}
+}
+
+// monitor probes a down server with exponential backoff until it answers.
+func (t *Tier) monitor() {
+	defer close(t.done)
+	for {
+		select {
+		case <-t.stop:
+			return
+		case <-t.wake:
+		}
+		wait := backoffMin
+		for {
+			// Jitter keeps many hosts from probing a restarted server in step.
+			d := wait/2 + rand.N(wait/2+1)
+			select {
+			case <-t.stop:
+				return
+			case <-time.After(d):
+			}
+			err := t.probe()
+			if err == nil {
+				t.setState(tierstate.Up, "")
+				break
+			}
+			t.setState(tierstate.Down, t.clean(err).Error())
+			wait = min(wait*2, backoffMax)
+		}
+	}
+}
+
+// probe PINGs every node (making the client first when Open could not)
+// and, in a cluster, asks each whether the cluster is whole.
+func (t *Tier) probe() error {
+	ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
+	defer cancel()
+	t.mu.Lock()
+	c := t.client
+	t.mu.Unlock()
+	if c == nil {
+		nc, err := t.dial(ctx)
+		if err != nil {
+			return err
+		}
+		t.mu.Lock()
+		if t.closed {
+			t.mu.Unlock()
+			nc.Close()
+			return ErrClosed
+		}
+		t.client, c = nc, nc
+		t.mu.Unlock()
+	}
+	for addr, node := range c.Nodes() {
+		if err := node.Do(ctx, node.B().Ping().Build()).Error(); err != nil {
+			return fmt.Errorf("ping %s: %w", addr, err)
+		}
+		if !t.cfg.Cluster {
+			continue
+		}
+		// A node back from a crash answers PING before the cluster
+		// takes it in again; until then keys answer CLUSTERDOWN.
+		info, err := node.Do(ctx, node.B().ClusterInfo().Build()).ToString()
+		if err != nil {
+			return fmt.Errorf("cluster info %s: %w", addr, err)
+		}
+		if !strings.Contains(info, "cluster_state:ok") {
+			return fmt.Errorf("node %s: cluster state is not ok", addr)
+		}
+	}
+	return nil
+}
+
+// clean strips the password from an error's text, should a library ever
+// quote it, keeping the error chain for errors.Is.
+func (t *Tier) clean(err error) error {
+	if err == nil || t.cfg.Password == "" || !strings.Contains(err.Error(), t.cfg.Password) {
+		return err
+	}
+	return &redacted{msg: strings.ReplaceAll(err.Error(), t.cfg.Password, redactedPasswordText), err: err}
+}
+
+type redacted struct {
+	msg string
+	err error
+}
+
+func (r *redacted) Error() string { return r.msg }
+func (r *redacted) Unwrap() error { return r.err }
+
+// serverErr returns the text of an error reply from the server, as opposed
+// to a network failure (the client may return the reply wrapped).
+func serverErr(err error) (string, bool) {
+	var ve *valkey.ValkeyError
+	if errors.As(err, &ve) && !valkey.IsValkeyNil(ve) {
+		return ve.Error(), true
+	}
+	return "", false
+}
+
+func isAuth(err error) bool {
+	msg, ok := serverErr(err)
+	return ok && hasPrefix(msg, "WRONGPASS", "NOAUTH", "NOPERM")
+}
+
+func hasPrefix(s string, prefixes ...string) bool {
+	for _, p := range prefixes {
+		if strings.HasPrefix(s, p) {
+			return true
+		}
+	}
+	return false
+}
