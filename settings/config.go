@@ -19,6 +19,17 @@ type Config struct {
 	HTTP     HTTPConfig     `koanf:"http"`
 	Log      LogConfig      `koanf:"log"`
 	UI       UIConfig       `koanf:"ui"`
+	L2       L2Config       `koanf:"l2"`
+}
+
+// L2Config is the tiers behind the L1 pool: the adapters in lookup order
+// (each validated per type) and the store and prefetch policies.
+type L2Config struct {
+	Adapters            []map[string]any `koanf:"adapters"`               // validated per type; order = lookup order
+	StorePolicy         string           `koanf:"store_policy"`           // "write-behind" | "none"
+	PrefetchMaxInFlight int              `koanf:"prefetch_max_in_flight"` // loads from the tiers at once
+	LoadTimeoutSeconds  float64          `koanf:"load_timeout_seconds"`   // a lookup's tier phase gives up after this
+	QueueBytes          int64            `koanf:"queue_bytes"`            // write-behind queue bound
 }
 
 // ServerConfig is the MP server part: the ZMQ endpoint, handler pools and the
@@ -132,6 +143,7 @@ func Default() Config {
 		HTTP:     HTTPConfig{Host: "127.0.0.1", Port: 8080},
 		Log:      LogConfig{Level: "info", Format: "text"},
 		UI:       UIConfig{Refresh: time.Second},
+		L2:       L2Config{StorePolicy: "write-behind", PrefetchMaxInFlight: 8, LoadTimeoutSeconds: 2, QueueBytes: 256 << 20},
 	}
 }
 
