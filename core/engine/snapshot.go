@@ -10,6 +10,7 @@ import (
 	"kvdock/core/l1"
 	"kvdock/core/lookup"
 	"kvdock/core/rpc"
+	"kvdock/core/tierstate"
 	"kvdock/core/workers"
 	"kvdock/settings"
 )
@@ -60,6 +61,8 @@ type Snapshot struct {
 	GPU      gpu.Snapshot
 	// Rebuilt is the last pool rebuild (zero when none happened).
 	Rebuilt Rebuilt
+	// Tiers are the L2 tiers in lookup order (nil without adapters).
+	Tiers []tierstate.Tier
 }
 
 // Rebuilt says when the pool was last rebuilt and how many registered
@@ -110,6 +113,7 @@ func (e *Engine) Snapshot() Snapshot {
 		s.Transfer = p.transfer.Stats()
 		s.Lookup = p.lookup.Stats()
 		s.Sessions = p.sessions.Len()
+		s.Tiers = p.tiers.Stats()
 	}
 	if f != nil {
 		s.Endpoint = f.srv.Endpoint()
