@@ -54,15 +54,30 @@ func (s *Set) Prefetch(ctx context.Context, model string, worldSize int, ks []ke
 		return 0
 	}
 	j := &loadJob{ok: make([]bool, chunks), todo: chunks, done: make(chan struct{})}
+	// One load slot per chunk in flight, taken before its goroutine starts:
+	// goroutines, like loads, stay within MaxInFlight over all lookups.
+launch:
 	for c := range chunks {
+		m := s.tiers[owner[c]]
+		select {
+		case s.inflight <- struct{}{}:
+		case <-ctx.Done():
+			m.st.timeouts.Add(1)
+			for rest := c; rest < chunks; rest++ {
+				j.finish(rest, false, nil, 0, s.pool)
+			}
+			break launch
+		}
 		if !s.enter() {
+			<-s.inflight
 			j.finish(c, false, nil, 0, s.pool)
 			continue
 		}
 		go func() {
 			defer s.wg.Done()
+			defer func() { <-s.inflight }()
 			ck := ks[c*per : (c+1)*per]
-			ok := s.loadChunk(ctx, s.tiers[owner[c]], ck, names[c*per:(c+1)*per], lay, count)
+			ok := s.loadChunk(ctx, m, ck, names[c*per:(c+1)*per], lay, count)
 			j.finish(c, ok, ck, count, s.pool)
 		}()
 	}
@@ -168,13 +183,6 @@ func (s *Set) loadChunk(ctx context.Context, m *member, ck []keys.ObjectKey, nam
 
 // loadKey puts the value of k into L1 unless it is there already.
 func (s *Set) loadKey(ctx context.Context, m *member, k keys.ObjectKey, name string, lay layout.Layout) bool {
-	select {
-	case s.inflight <- struct{}{}:
-	case <-ctx.Done():
-		m.st.timeouts.Add(1)
-		return false
-	}
-	defer func() { <-s.inflight }()
 	v, err := m.b.Get(ctx, name)
 	switch {
 	case errors.Is(err, ErrNotFound):

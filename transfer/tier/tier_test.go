@@ -419,28 +419,32 @@ func TestPrefetchHungLoadIsUndoneAfterTimeout(t *testing.T) {
 	p := openPool(t, 1<<20)
 	mt := memtier.New()
 	ks := putTier(t, mt, lay, 0, 2)
-	entered := mt.Entered(16)
-	s := newSet(t, p, lay, tier.Options{LoadTimeout: 300 * time.Millisecond}, mt)
-	go func() {
-		<-entered // has
-		mt.Block()
-		<-entered // first get: now blocked until the timeout
-	}()
-	if n := s.Prefetch(context.Background(), "m", 1, ks, 1, 1); n > 1 {
+	// A backend that ignores ctx: its Get returns only when released.
+	sg := &stuckGets{Tier: mt, release: make(chan struct{})}
+	s := tier.NewSet([]tier.Backend{sg}, p, fakeLayouts{lay}, tier.Options{LoadTimeout: 200 * time.Millisecond})
+	start := time.Now()
+	if n := s.Prefetch(context.Background(), "m", 1, ks, 1, 1); n != 0 {
 		t.Fatalf("prefetched %d", n)
 	}
-	mt.Unblock()
-	go func() {
-		for range entered {
-		}
-	}()
-	// Whatever finished after the answer left no lock behind.
-	tier.Stop(s)
-	for _, k := range ks {
-		if p.IsLocked(k) && p.Stats().ReadLocked > 1 {
-			t.Fatalf("%v left locked after an abandoned load", k)
-		}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Fatalf("a backend ignoring ctx held the lookup %v", took)
 	}
+	close(sg.release) // the abandoned loads now end
+	tier.Stop(s)      // and are waited for
+	if st := p.Stats(); st.ReadLocked != 0 || st.WriteLocked != 0 {
+		t.Fatalf("abandoned loads left locks: %+v", st)
+	}
+}
+
+// stuckGets is a tier whose Get ignores ctx and waits for release.
+type stuckGets struct {
+	*memtier.Tier
+	release chan struct{}
+}
+
+func (g *stuckGets) Get(ctx context.Context, key string) ([]byte, error) {
+	<-g.release
+	return g.Tier.Get(context.Background(), key)
 }
 
 func TestPrefetchCorruptValueIsMissCountedDeleted(t *testing.T) {
@@ -526,4 +530,40 @@ func TestOpenAllUnknownTypeClosesOpened(t *testing.T) {
 	if err := opened[0].Put(context.Background(), "k", nil); err == nil {
 		t.Fatal("the opened tier was not closed")
 	}
+}
+
+// With every load slot taken by a hung load, the rest of the chunks give up
+// at the load timeout without starting (no goroutine per waiting chunk).
+func TestPrefetchSlotsTakenGiveUpAtTimeout(t *testing.T) {
+	lay := testLayout(t)
+	p := openPool(t, 1<<20)
+	mt := memtier.New()
+	ks := putTier(t, mt, lay, 0, 3)
+	h := &hungGets{Tier: mt, started: make(chan struct{}, 8)}
+	s := newSet(t, p, lay, tier.Options{MaxInFlight: 1, LoadTimeout: 200 * time.Millisecond}, h)
+	start := time.Now()
+	if n := s.Prefetch(context.Background(), "m", 1, ks, 1, 1); n != 0 {
+		t.Fatalf("prefetched %d through a hung tier", n)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Fatalf("took %v, load timeout 200ms", took)
+	}
+	if n := len(h.started); n != 1 {
+		t.Fatalf("%d loads started with 1 slot", n)
+	}
+	if st := s.Stats()[0]; st.LoadTimeouts < 2 {
+		t.Fatalf("timeouts not counted: %+v", st)
+	}
+}
+
+// hungGets is a tier whose Get hangs until its ctx ends.
+type hungGets struct {
+	*memtier.Tier
+	started chan struct{}
+}
+
+func (h *hungGets) Get(ctx context.Context, key string) ([]byte, error) {
+	h.started <- struct{}{}
+	<-ctx.Done()
+	return nil, ctx.Err()
 }

@@ -100,15 +100,20 @@ func (t *Tier) Puts() int {
 
 func (t *Tier) enter(ctx context.Context, op string) error {
 	t.mu.Lock()
-	gate, down, entered, closed := t.gate, t.down, t.entered, t.closed
+	entered := t.entered
 	t.mu.Unlock()
 	if entered != nil {
+		// Told first, so a test reacting to the call (Block, SetDown)
+		// changes what this very call meets.
 		select {
 		case entered <- op:
 		case <-ctx.Done():
 			return ctx.Err()
 		}
 	}
+	t.mu.Lock()
+	gate, down, closed := t.gate, t.down, t.closed
+	t.mu.Unlock()
 	if closed {
 		return errors.New("memtier: closed")
 	}
