@@ -227,3 +227,38 @@ func TestTierClosedOnStopAndSwappedOnApply(t *testing.T) {
 		t.Fatal("Stop did not close the backend")
 	}
 }
+
+// Stop while a lookup's tier phase hangs on a tier: the phase ends, the
+// backends close, Stop returns.
+func TestTierStopDuringHungPrefetch(t *testing.T) {
+	cfg, _ := testConfig(t)
+	cfg.L2.LoadTimeoutSeconds = 60 // only Stop can end the phase
+	mt := memtier.New()
+	e := startTiered(t, cfg, mt)
+	w, sched := tierWorker(t, e, cfg.Server.Port)
+	ctx := context.Background()
+	toks := tokensFor(w, 2, 77)
+	if _, err := w.Store(ctx, w.Key(toks, 2, "s"), chunkData(w, 2, 5)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "2 chunks in the tier", func() bool { return len(mt.Values()) == 2 })
+	if _, err := e.ClearCache(ClearByCtl); err != nil {
+		t.Fatal(err)
+	}
+	entered := mt.Entered(8)
+	mt.Block()
+	if err := sched.Lookup(ctx, w.LookupKey(toks, "r"), 1); err != nil {
+		t.Fatal(err)
+	}
+	<-entered // the tier phase is inside the tier
+	if _, done, err := sched.PrefetchStatus(ctx, "r"); err != nil || done {
+		t.Fatalf("status while the tier hangs: done %v, %v; want None", done, err)
+	}
+	start := time.Now()
+	if err := e.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Fatalf("Stop took %v with a hung tier phase", took)
+	}
+}
