@@ -107,6 +107,11 @@ func (f fakeLayouts) Get(string, int) (layout.Layout, bool) { return f.l, true }
 
 func openPool(t *testing.T, size int64) *l1.Pool {
 	t.Helper()
+	return openPoolB(t, size)
+}
+
+func openPoolB(t testing.TB, size int64) *l1.Pool {
+	t.Helper()
 	p, err := l1.Open(l1.Options{
 		Size: size, Align: 64, NoShmReason: "test: anonymous pool",
 		WriteTTL: 600 * time.Second, ReadTTL: 300 * time.Second, Policy: "LRU",
