@@ -239,7 +239,9 @@ func ValidateTPSize(tpSize int) error {
 // with the number of chunks hit on all ranks. An unregistered (model, world
 // size) or a prompt without a full chunk records 0. Locks taken on the keys of
 // a chunk that missed on some rank are released at once: no worker will
-// retrieve that chunk. An invalid key or tp_size records 0 too (so the status
+// retrieve that chunk. With tiers, a prefix that stops short goes on in
+// the tiers in the background (see startTierPhase) and the job reports
+// "still running" until then. An invalid key or tp_size records 0 too (so the status
 // query does not report a stale job) and returns the error; an invalid
 // request id records nothing.
 func (m *Module) Lookup(r keys.KeyRequest, tpSize int) error {
@@ -308,16 +310,19 @@ func (m *Module) startTierPhase(r keys.KeyRequest, ks keys.KeySet, hit, count in
 		defer m.wg.Done()
 		n := min(max(m.tiers.Prefetch(m.bg, model, ws, rest, per, count), 0), len(rest)/per)
 		m.mu.Lock()
-		defer m.mu.Unlock()
 		m.running--
-		if m.jobs[j.id] != j {
+		kept := m.jobs[j.id] == j
+		if kept {
+			j.hitChunks += n
+			j.running = false
+		}
+		m.mu.Unlock()
+		if !kept {
 			// Replaced, expired or pushed out while loading: no scheduler
 			// was told of these chunks, so their locks go now.
 			m.store.FinishRead(rest[:n*per], count)
 			return
 		}
-		j.hitChunks += n
-		j.running = false
 		m.tierHits.Add(int64(n))
 		m.hitChunks.Add(int64(n))
 		m.hitTk.Add(int64(n * chunk))

@@ -21,16 +21,15 @@ var ErrDown = errors.New("memtier: down")
 
 // Tier is an in-memory backend. The zero value is not usable; use New.
 type Tier struct {
-	mu       sync.Mutex
-	vals     map[string][]byte
-	down     string // reason; "" = up
-	since    time.Time
-	gate     chan struct{} // non-nil: calls wait for it to close (or ctx)
-	puts     int
-	entered  chan string // non-nil: every call sends its name (tests order on it)
-	closed   bool
-	rd, wr   uint64
-	capacity int64
+	mu      sync.Mutex
+	vals    map[string][]byte
+	down    string // reason; "" = up
+	since   time.Time
+	gate    chan struct{} // non-nil: calls wait for it to close (or ctx)
+	puts    int
+	entered chan string // non-nil: every call sends its name (tests order on it)
+	closed  bool
+	rd, wr  uint64
 }
 
 // New returns an empty, up tier.
@@ -189,7 +188,7 @@ func (t *Tier) Stats() tierstate.Tier {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	st := tierstate.Tier{Type: "mem", Target: "memory", State: tierstate.Up, Since: t.since,
-		Objects: int64(len(t.vals)), ReadBytes: t.rd, WriteBytes: t.wr, CapacityBytes: t.capacity}
+		Objects: int64(len(t.vals)), ReadBytes: t.rd, WriteBytes: t.wr}
 	for _, v := range t.vals {
 		st.UsedBytes += int64(len(v))
 	}
