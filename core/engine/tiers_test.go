@@ -262,3 +262,53 @@ func TestTierStopDuringHungPrefetch(t *testing.T) {
 		t.Fatalf("Stop took %v with a hung tier phase", took)
 	}
 }
+
+// L1 over-subscribed (four prompts of 3/8 of the pool each): every prompt
+// is still retrievable, evicted ones from the tier, with identical bytes.
+func TestTierEvictedChunksComeBackFromTier(t *testing.T) {
+	cfg, _ := testConfig(t)
+	cfg.L1.SizeGB = 1.0 / 1024 // 1 MiB: 64 chunks of 16 KiB
+	mt := memtier.New()
+	e := startTiered(t, cfg, mt)
+	w, sched := tierWorker(t, e, cfg.Server.Port)
+	ctx := context.Background()
+	const prompts, chunks = 4, 24
+	var toks [prompts][]uint32
+	var data [prompts][][]byte
+	for p := range prompts {
+		toks[p] = tokensFor(w, chunks, uint32(100000*(p+1)))
+		data[p] = chunkData(w, chunks, byte(40*p))
+		if res, err := w.Store(ctx, w.Key(toks[p], chunks, "s"), data[p]); err != nil || !res.Committed {
+			t.Fatalf("store %d: %+v %v", p, res, err)
+		}
+		// Write-behind copies a chunk while it is in L1; the test waits so
+		// that the next prompt's eviction finds it in the tier.
+		waitFor(t, "the prompt in the tier", func() bool { return len(mt.Values()) == (p+1)*chunks })
+	}
+	if st := e.Snapshot().Pool; st.Evictions == 0 {
+		t.Fatalf("nothing was evicted: %+v", st.Stats)
+	}
+	for p := range prompts {
+		req := "r" + string(rune('a'+p))
+		hits, err := sched.Hits(ctx, w.LookupKey(toks[p], req), 1)
+		if err != nil || hits != chunks {
+			t.Fatalf("prompt %d: LOOKUP = %d, %v; want %d", p, hits, err, chunks)
+		}
+		var got [][]byte
+		n, err := w.Retrieve(ctx, w.Key(toks[p], chunks, req), func(i int, b []byte) { got = append(got, bytes.Clone(b)) })
+		if err != nil || n != chunks {
+			t.Fatalf("prompt %d: retrieve = %d, %v", p, n, err)
+		}
+		for i := range got {
+			if !bytes.Equal(got[i], data[p][i]) {
+				t.Fatalf("prompt %d chunk %d: wrong bytes", p, i)
+			}
+		}
+		if err := sched.EndSession(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st := e.Snapshot().Tiers[0]; st.Loads == 0 || st.Corrupt != 0 {
+		t.Fatalf("tier %+v", st)
+	}
+}
