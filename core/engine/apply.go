@@ -180,6 +180,7 @@ func (e *Engine) rebuildLocked(ctx context.Context, cfg settings.Config) error {
 
 // applyLive changes the live keys of cfg in place.
 func (e *Engine) applyLive(cfg settings.Config) {
+	e.applyTiersLocked(cfg.L2)
 	if p := e.plane; p != nil {
 		if err := p.pool.SetEviction(cfg.Eviction.Policy, cfg.Eviction.TriggerWatermark, cfg.Eviction.Ratio); err != nil {
 			e.log.Warn("eviction settings", "err", err)

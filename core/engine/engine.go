@@ -17,6 +17,7 @@ import (
 
 	"kvdock/core/rpc"
 	"kvdock/settings"
+	"kvdock/transfer/tier"
 )
 
 // State is where the engine is in its life.
@@ -72,6 +73,9 @@ type Options struct {
 	// asked. Nil checks nothing.
 	Memory settings.MemoryProbe
 	Now    func() time.Time
+	// TierOpeners open the L2 backends by adapter type ("fs", "resp"):
+	// the binary passes the real ones, tests a fake.
+	TierOpeners map[string]tier.Opener
 }
 
 // Engine runs one kvdock configuration at a time.

@@ -26,6 +26,7 @@ type plane struct {
 	layouts  *layout.Registry
 	lookup   *lookup.Module
 	transfer *nongpu.Module
+	tiers    *tiers
 	cancel   context.CancelFunc
 	done     chan struct{}
 	// gate counts the handlers running over this plane: they hold raw views
@@ -183,18 +184,28 @@ func (e *Engine) buildPlane(cfg settings.Config) (*plane, error) {
 		hook:     e.handlerHook,
 	}
 	p.sessions.SetLimits(sessionLimits(cfg))
+	set, err := e.buildTiers(cfg.L2, pool, p.layouts)
+	if err != nil {
+		_ = pool.Close()
+		return nil, err
+	}
+	p.tiers = &tiers{}
+	p.tiers.swap(cfg.L2, set)
 	p.lookup = lookup.New(p.sessions, pool, p.layouts, lookup.Options{
 		JobTTL: time.Duration(cfg.L1.ReadTTLSeconds) * time.Second,
 		Logger: e.log.With("component", "lookup"),
+		Tiers:  p.tiers,
 	})
 	p.transfer, err = nongpu.New(nongpu.Deps{
-		Pool:    pool,
-		Keys:    p.sessions,
-		Layouts: p.layouts,
-		Logger:  e.log.With("component", "nongpu"),
-		Events:  e.transferEvent,
+		Pool:      pool,
+		Keys:      p.sessions,
+		Layouts:   p.layouts,
+		Logger:    e.log.With("component", "nongpu"),
+		Events:    e.transferEvent,
+		Published: p.tiers.Enqueue,
 	}, cfg.Server, cfg.L1)
 	if err != nil {
+		p.tiers.close()
 		_ = pool.Close()
 		return nil, fmt.Errorf("non-GPU transfer module: %w", err)
 	}
@@ -252,7 +263,8 @@ func (p *plane) release() error {
 	p.closeOnce.Do(func() {
 		p.transfer.Close()
 		p.cancel()
-		<-p.done
+		<-p.done // the lookups' tier phases have ended
+		p.tiers.close()
 		if err := p.pool.Close(); err != nil {
 			p.closeErr = fmt.Errorf("close L1 pool: %w", err)
 		}

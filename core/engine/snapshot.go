@@ -113,6 +113,7 @@ func (e *Engine) Snapshot() Snapshot {
 		s.Transfer = p.transfer.Stats()
 		s.Lookup = p.lookup.Stats()
 		s.Sessions = p.sessions.Len()
+		s.Tiers = p.tiers.Stats()
 	}
 	if f != nil {
 		s.Endpoint = f.srv.Endpoint()

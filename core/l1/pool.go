@@ -81,6 +81,7 @@ type OwnerKind uint8
 const (
 	OwnerInstance OwnerKind = iota // a worker instance (its instance id)
 	OwnerLookup                    // the scheduler's lookups, all together
+	OwnerPrefetch                  // loads from the L2 tiers, all together
 )
 
 // Owner names who holds a lock, for the lock caps.
@@ -95,9 +96,15 @@ func InstanceOwner(id int64) Owner { return Owner{Kind: OwnerInstance, ID: id} }
 // LookupOwner is the owner of every read lock taken by ReserveReadPrefix.
 func LookupOwner() Owner { return Owner{Kind: OwnerLookup} }
 
+// PrefetchOwner is the owner of the write locks of loads from the L2 tiers.
+func PrefetchOwner() Owner { return Owner{Kind: OwnerPrefetch} }
+
 func (o Owner) String() string {
-	if o.Kind == OwnerLookup {
+	switch o.Kind {
+	case OwnerLookup:
 		return "lookups"
+	case OwnerPrefetch:
+		return "tier loads"
 	}
 	return fmt.Sprintf("instance %d", o.ID)
 }

@@ -4,8 +4,10 @@
 // (QUERY_PREFETCH_STATUS, QUERY_PREFETCH_LOOKUP_HITS), FREE_LOOKUP_LOCKS and
 // END_SESSION, as plain Go calls that the RPC layer wires to the wire names.
 //
-// kvdock has no L2 tier, so every lookup job finishes inside Lookup; the
-// "still running" answer of the protocol never occurs here.
+// With L2 tiers (Options.Tiers), a lookup whose L1 prefix stops short asks
+// the tiers for the chunks that follow, in the background: the job reports
+// "still running" (None on the wire) until the tier phase ends, then the L1
+// prefix plus the leading chunks loaded into L1 and read-locked.
 package lookup
 
 import (
@@ -32,6 +34,15 @@ type Store interface {
 	Touch(ks []keys.ObjectKey)
 }
 
+// Tiers is the L2 side a lookup continues in; *tier.Set satisfies it.
+type Tiers interface {
+	// Prefetch loads the leading chunks of ks (chunk-major, per keys a
+	// chunk, of model and worldSize) it finds in the tiers into L1, read-locks
+	// each key count times, and returns how many leading chunks it locked.
+	// It returns within its own load timeout, or sooner when ctx ends.
+	Prefetch(ctx context.Context, model string, worldSize int, ks []keys.ObjectKey, per, count int) int
+}
+
 // Layouts tells whether a worker group registered a KV layout;
 // *layout.Registry satisfies it.
 type Layouts interface {
@@ -44,7 +55,13 @@ const (
 	DefaultMaxJobs     = 65536
 	DefaultMaxJobBytes = 16 << 20 // ~36k jobs with 256-byte request ids, 65536 with UUIDs
 	JobSweepPeriod     = 60 * time.Second
+	// DefaultMaxTierJobs bounds the lookups in their tier phase at once;
+	// past it a lookup answers its L1 hits only.
+	DefaultMaxTierJobs = 64
 )
+
+// maxTierKeys bounds the keys one lookup hands the tiers.
+const maxTierKeys = 4096
 
 // MaxTPSize is the largest tp_size a LOOKUP or FREE_LOOKUP_LOCKS accepts:
 // upstream's range (a world size fits in 8 bits). It bounds the read locks
@@ -72,6 +89,10 @@ type Options struct {
 	MaxJobBytes int64
 	Now         func() time.Time
 	Logger      *slog.Logger
+	// Tiers, when set, continue a lookup past its L1 prefix.
+	Tiers Tiers
+	// MaxTierJobs bounds the lookups in their tier phase (default DefaultMaxTierJobs).
+	MaxTierJobs int
 }
 
 // Module holds the lookup jobs. It is safe for concurrent use.
@@ -93,6 +114,15 @@ type Module struct {
 	maxBytes int64
 	now      func() time.Time
 	log      *slog.Logger
+	tiers    Tiers
+	maxTier  int
+
+	// bg ends the tier phases (Run's ctx done); wg counts them.
+	bg      context.Context
+	stopBg  context.CancelFunc
+	wg      sync.WaitGroup
+	stopped bool
+	running int // jobs in their tier phase
 
 	mu    sync.Mutex
 	jobs  map[string]*job
@@ -103,6 +133,7 @@ type Module struct {
 	reqTokens, reqChunks, hitChunks, hitTk atomic.Int64
 	replaced, expired, evicted, answered   atomic.Int64
 	freedKeys, touchedKeys                 atomic.Int64
+	tierHits, tierJobs, tierSkipped        atomic.Int64
 }
 
 type job struct {
@@ -110,6 +141,7 @@ type job struct {
 	created   time.Time
 	elem      *list.Element
 	hitChunks int
+	running   bool  // the tier phase has not ended
 	cost      int64 // bytes accounted in Module.bytes
 }
 
@@ -131,6 +163,10 @@ type Stats struct {
 	EvictedJobs     int64 // jobs dropped, oldest first, by MaxJobs or MaxJobBytes
 	FreedKeys       int64 // keys released by FREE_LOOKUP_LOCKS
 	TouchedKeys     int64 // keys touched by END_SESSION
+	TierJobs        int64 // lookups that went on to the tiers
+	TierHitChunks   int64 // chunks loaded from the tiers and reported as hits
+	TierSkipped     int64 // lookups that could not start a tier phase (too many running)
+	TierRunning     int   // lookups in their tier phase now
 }
 
 // New returns a Module resolving keys through s, locking in store and
@@ -151,7 +187,15 @@ func New(s *keys.Sessions, store Store, layouts Layouts, opts Options) *Module {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
+	if opts.MaxTierJobs <= 0 {
+		opts.MaxTierJobs = DefaultMaxTierJobs
+	}
+	bg, stop := context.WithCancel(context.Background())
 	return &Module{
+		tiers:    opts.Tiers,
+		maxTier:  opts.MaxTierJobs,
+		bg:       bg,
+		stopBg:   stop,
 		sessions: s,
 		store:    store,
 		layouts:  layouts,
@@ -195,7 +239,9 @@ func ValidateTPSize(tpSize int) error {
 // with the number of chunks hit on all ranks. An unregistered (model, world
 // size) or a prompt without a full chunk records 0. Locks taken on the keys of
 // a chunk that missed on some rank are released at once: no worker will
-// retrieve that chunk. An invalid key or tp_size records 0 too (so the status
+// retrieve that chunk. With tiers, a prefix that stops short goes on in
+// the tiers in the background (see startTierPhase) and the job reports
+// "still running" until then. An invalid key or tp_size records 0 too (so the status
 // query does not report a stale job) and returns the error; an invalid
 // request id records nothing.
 func (m *Module) Lookup(r keys.KeyRequest, tpSize int) error {
@@ -207,32 +253,80 @@ func (m *Module) Lookup(r keys.KeyRequest, tpSize int) error {
 	}
 	if err := ValidateTPSize(tpSize); err != nil {
 		m.failures.Add(1)
-		m.put(r.RequestID, 0)
+		m.put(r.RequestID, 0, false)
 		return fmt.Errorf("lookup: request %s: %w", keys.Clip(r.RequestID), err)
 	}
 	if !m.layouts.Has(r.Model, r.WorldSize) {
 		m.earlyExits.Add(1)
 		m.log.Debug("lookup: no layout registered", "request_id", r.RequestID, "model", keys.Clip(r.Model), "world_size", r.WorldSize)
-		m.put(r.RequestID, 0)
+		m.put(r.RequestID, 0, false)
 		return nil
 	}
 	ks, err := m.sessions.LookupKeys(r)
 	if err != nil {
 		m.failures.Add(1)
-		m.put(r.RequestID, 0)
+		m.put(r.RequestID, 0, false)
 		return fmt.Errorf("lookup: %w", err)
 	}
 	if ks.Chunks() == 0 {
 		m.earlyExits.Add(1)
-		m.put(r.RequestID, 0)
+		m.put(r.RequestID, 0, false)
 		return nil
 	}
 	m.reqChunks.Add(int64(ks.Chunks()))
-	hit := m.reservePrefix(ks, 1+ExtraCount(tpSize, r.WorldSize))
+	count := 1 + ExtraCount(tpSize, r.WorldSize)
+	hit := m.reservePrefix(ks, count)
 	m.hitChunks.Add(int64(hit))
 	m.hitTk.Add(int64(hit * m.sessions.Hasher().ChunkSize()))
-	m.put(r.RequestID, hit)
+	if m.tiers == nil || hit >= ks.Chunks() {
+		m.put(r.RequestID, hit, false)
+		return nil
+	}
+	m.startTierPhase(r, ks, hit, count)
 	return nil
+}
+
+// startTierPhase records the job of r as running and asks the tiers, in the
+// background, for the chunks of ks after the L1 prefix of hit chunks. When
+// too many tier phases run, or the module is stopping, the job reports the
+// L1 hits only.
+func (m *Module) startTierPhase(r keys.KeyRequest, ks keys.KeySet, hit, count int) {
+	m.mu.Lock()
+	if m.stopped || m.running >= m.maxTier {
+		m.mu.Unlock()
+		m.tierSkipped.Add(1)
+		m.put(r.RequestID, hit, false)
+		return
+	}
+	m.running++
+	m.wg.Add(1)
+	m.mu.Unlock()
+	m.tierJobs.Add(1)
+	per := ks.PerChunk()
+	rest := ks.Append(nil, hit, hit+max(maxTierKeys/per, 1))
+	j := m.put(r.RequestID, hit, true)
+	model, ws, chunk := strings.Clone(r.Model), r.WorldSize, m.sessions.Hasher().ChunkSize()
+	go func() {
+		defer m.wg.Done()
+		n := min(max(m.tiers.Prefetch(m.bg, model, ws, rest, per, count), 0), len(rest)/per)
+		m.mu.Lock()
+		m.running--
+		kept := m.jobs[j.id] == j
+		if kept {
+			j.hitChunks += n
+			j.running = false
+		}
+		m.mu.Unlock()
+		if !kept {
+			// Replaced, expired or pushed out while loading: no scheduler
+			// was told of these chunks, so their locks go now.
+			m.store.FinishRead(rest[:n*per], count)
+			return
+		}
+		m.tierHits.Add(int64(n))
+		m.hitChunks.Add(int64(n))
+		m.hitTk.Add(int64(n * chunk))
+	}()
 }
 
 // reservePrefix read-locks the leading chunks of ks that are readable on
@@ -259,7 +353,8 @@ func (m *Module) reservePrefix(ks keys.KeySet, count int) int {
 
 // QueryStatus answers QUERY_PREFETCH_STATUS: the job's hit chunks, removing
 // the job, so a second query of the same id answers 0. An unknown id answers
-// 0. done is false only while an L2 prefetch runs, which kvdock never has.
+// 0. done is false (None on the wire, the job kept) while the job's tier
+// phase runs.
 func (m *Module) QueryStatus(requestID string) (hitChunks int, done bool) {
 	now := m.now()
 	m.mu.Lock()
@@ -269,19 +364,25 @@ func (m *Module) QueryStatus(requestID string) (hitChunks int, done bool) {
 	if !ok {
 		return 0, true
 	}
+	if j.running {
+		return 0, false
+	}
 	m.removeLocked(j)
 	m.answered.Add(1)
 	return j.hitChunks, true
 }
 
 // QueryHits answers QUERY_PREFETCH_LOOKUP_HITS: the job's hit chunks, keeping
-// the job. An unknown id answers 0; done is as for QueryStatus.
+// the job. An unknown id answers 0; done is false while the tier phase runs.
 func (m *Module) QueryHits(requestID string) (hitChunks int, done bool) {
 	now := m.now()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.expireLocked(now)
 	if j, ok := m.jobs[requestID]; ok {
+		if j.running {
+			return 0, false
+		}
 		return j.hitChunks, true
 	}
 	return 0, true
@@ -347,14 +448,16 @@ func (m *Module) Sweep() int {
 	return m.expireLocked(now)
 }
 
-// Run sweeps stale jobs every JobSweepPeriod until ctx is done. (The session
-// table has its own Run; the owner of both starts both.)
+// Run sweeps stale jobs every JobSweepPeriod until ctx is done, then ends
+// the tier phases and waits for them, so nothing touches the pool after it
+// returns. (The session table has its own Run; the owner of both starts both.)
 func (m *Module) Run(ctx context.Context) {
 	t := time.NewTicker(JobSweepPeriod)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
+			m.Stop()
 			return
 		case <-t.C:
 			m.Sweep()
@@ -362,12 +465,22 @@ func (m *Module) Run(ctx context.Context) {
 	}
 }
 
+// Stop ends the tier phases running (their jobs report what was loaded so
+// far) and waits for them; no new one starts.
+func (m *Module) Stop() {
+	m.mu.Lock()
+	m.stopped = true
+	m.mu.Unlock()
+	m.stopBg()
+	m.wg.Wait()
+}
+
 // Stats returns a snapshot of the counters.
 func (m *Module) Stats() Stats {
 	now := m.now()
 	m.mu.Lock()
 	m.expireLocked(now)
-	active, bytes := len(m.jobs), m.bytes
+	active, bytes, running := len(m.jobs), m.bytes, m.running
 	m.mu.Unlock()
 	return Stats{
 		Lookups:         m.lookups.Load(),
@@ -385,11 +498,15 @@ func (m *Module) Stats() Stats {
 		EvictedJobs:     m.evicted.Load(),
 		FreedKeys:       m.freedKeys.Load(),
 		TouchedKeys:     m.touchedKeys.Load(),
+		TierJobs:        m.tierJobs.Load(),
+		TierHitChunks:   m.tierHits.Load(),
+		TierSkipped:     m.tierSkipped.Load(),
+		TierRunning:     running,
 	}
 }
 
-// put records the job of id, replacing an older one.
-func (m *Module) put(id string, hitChunks int) {
+// put records the job of id, replacing an older one, and returns it.
+func (m *Module) put(id string, hitChunks int, running bool) *job {
 	now := m.now()
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -400,7 +517,7 @@ func (m *Module) put(id string, hitChunks int) {
 	}
 	// A clone: the id must not pin the buffer the request was decoded from.
 	id = strings.Clone(id)
-	j := &job{id: id, created: now, hitChunks: hitChunks, cost: int64(jobOverhead + len(id))}
+	j := &job{id: id, created: now, hitChunks: hitChunks, running: running, cost: int64(jobOverhead + len(id))}
 	j.elem = m.order.PushBack(j)
 	m.jobs[id] = j
 	m.bytes += j.cost
@@ -412,6 +529,7 @@ func (m *Module) put(id string, hitChunks int) {
 		m.removeLocked(oldest)
 		m.evicted.Add(1)
 	}
+	return j
 }
 
 func (m *Module) expireLocked(now time.Time) int {

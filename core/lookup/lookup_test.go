@@ -87,13 +87,18 @@ type fixture struct {
 
 func newFixture(t *testing.T, opts Options) *fixture {
 	t.Helper()
+	return newFixtureStore(t, opts, newStore())
+}
+
+// newFixtureStore is newFixture over a given store.
+func newFixtureStore(t *testing.T, opts Options, store *fakeStore) *fixture {
+	t.Helper()
 	h, err := keys.NewHasher(cs, "blake3")
 	if err != nil {
 		t.Fatal(err)
 	}
 	clk := fakeclock.New()
 	s := keys.NewSessions(h, 0, clk.Now)
-	store := newStore()
 	opts.Now = clk.Now
 	m := New(s, store, layoutsSet{"m/1": true, "m/2": true}, opts)
 	return &fixture{m: m, s: s, store: store, clk: clk}

@@ -73,6 +73,9 @@ type Deps struct {
 	// (the dashboard log pane). It is called without module locks held.
 	Events func(workers.Event)
 	Now    func() time.Time
+	// Published, when set, is told of every batch of objects a commit
+	// published in L1 (the tiers' write-behind queue). It must not block.
+	Published func(ks []keys.ObjectKey, lay layout.Layout)
 }
 
 // ErrClosed is returned by every request after Close.
@@ -139,6 +142,7 @@ type Module struct {
 	chunkSize int
 	log       *slog.Logger
 	emit      func(workers.Event)
+	published func(ks []keys.ObjectKey, lay layout.Layout)
 	now       func() time.Time
 	info      workers.Info
 	seed      maphash.Seed
@@ -179,6 +183,7 @@ func New(deps Deps, server settings.ServerConfig, l1cfg settings.L1Config) (*Mod
 		chunkSize: cs,
 		log:       deps.Logger,
 		emit:      deps.Events,
+		published: deps.Published,
 		now:       deps.Now,
 		info:      PoolInfo(server, deps.Pool.Decision()),
 		seed:      maphash.MakeSeed(),

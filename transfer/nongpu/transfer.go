@@ -117,6 +117,7 @@ func (m *Module) CommitStore(k protocol.Key, id int64, data []byte) (bool, error
 		inst.stores++
 		inst.bytesIn += p.bytes
 		m.mu.Unlock()
+		m.notePublished(p.res, inst.lay)
 		m.noteSHMWorks(inst)
 		return true, nil
 	}
@@ -271,6 +272,7 @@ func (m *Module) commitPickle(inst *instance, ks []keys.ObjectKey, ts []torchpic
 	if len(written) > 0 && !m.pool.FinishWrite(written) {
 		written, bytesIn = nil, 0 // a clear overtook the batch: nothing published
 	}
+	m.notePublished(written, inst.lay)
 	ok := len(written) == len(res) && rejected == 0
 	m.mu.Lock()
 	if rejected > 0 {
@@ -613,4 +615,16 @@ func (m *Module) rateLimited(kind string, report func()) {
 // errorEvent reports a request error to the operator, rate-limited per kind.
 func (m *Module) errorEvent(kind string, id int64, msg string) {
 	m.rateLimited(kind, func() { m.event(workers.EventError, slog.LevelError, id, msg) })
+}
+
+// notePublished hands the keys of published reservations to Deps.Published.
+func (m *Module) notePublished(rs []l1.Reservation, lay layout.Layout) {
+	if m.published == nil || len(rs) == 0 {
+		return
+	}
+	ks := make([]keys.ObjectKey, len(rs))
+	for i, r := range rs {
+		ks[i] = r.Key
+	}
+	m.published(ks, lay)
 }

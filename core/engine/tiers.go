@@ -1,0 +1,185 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"reflect"
+	"sync"
+	"time"
+
+	"kvdock/core/keys"
+	"kvdock/core/layout"
+	"kvdock/core/tierstate"
+	"kvdock/settings"
+	"kvdock/transfer/tier"
+	"kvdock/transfer/tier/fs"
+	"kvdock/transfer/tier/resp"
+)
+
+// EventTier is the kind of the tier events: a tier going down (with the
+// reason), degraded, or back up.
+const EventTier EventKind = "tier"
+
+// tierOpenTimeout bounds opening the backends of a config (a backend that
+// cannot reach its server opens down and reconnects by itself).
+const tierOpenTimeout = 10 * time.Second
+
+// tierOpeners are the backend constructors by adapter "type": the ones of
+// Options.TierOpeners (tests) over the built-in fs and resp backends. There
+// is no package-level registry.
+func (e *Engine) tierOpeners() map[string]tier.Opener {
+	m := map[string]tier.Opener{
+		"fs": func(_ context.Context, adapter map[string]any, log *slog.Logger) (tier.Backend, error) {
+			cfg, err := fs.ParseConfig(adapter)
+			if err != nil {
+				return nil, err
+			}
+			return fs.Open(cfg, log)
+		},
+		"resp": func(ctx context.Context, adapter map[string]any, log *slog.Logger) (tier.Backend, error) {
+			cfg, err := resp.ParseConfig(adapter)
+			if err != nil {
+				return nil, err
+			}
+			return resp.Open(ctx, cfg, log)
+		},
+	}
+	for typ, open := range e.opts.TierOpeners {
+		m[typ] = open
+	}
+	return m
+}
+
+// tiers holds the running tier set of a plane. A restart that changes the
+// l2 settings swaps the set and keeps the pool; lookups and commits reach the
+// set through it, so they always see the current one.
+type tiers struct {
+	mu   sync.Mutex
+	cfg  settings.L2Config
+	set  *tier.Set // nil without adapters
+	done chan struct{}
+}
+
+// Prefetch is lookup.Tiers over the current set.
+func (t *tiers) Prefetch(ctx context.Context, model string, ws int, ks []keys.ObjectKey, per, count int) int {
+	if s := t.current(); s != nil {
+		return s.Prefetch(ctx, model, ws, ks, per, count)
+	}
+	return 0
+}
+
+// Enqueue is nongpu's Published hook over the current set.
+func (t *tiers) Enqueue(ks []keys.ObjectKey, lay layout.Layout) {
+	if s := t.current(); s != nil {
+		s.Enqueue(ks, lay)
+	}
+}
+
+func (t *tiers) current() *tier.Set {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.set
+}
+
+// Stats is the current set's snapshot (nil without tiers).
+func (t *tiers) Stats() []tierstate.Tier {
+	if s := t.current(); s != nil {
+		return s.Stats()
+	}
+	return nil
+}
+
+// buildTiers opens cfg's adapters over pool; nil without adapters.
+func (e *Engine) buildTiers(cfg settings.L2Config, pool tier.Pool, layouts tier.Layouts) (*tier.Set, error) {
+	if len(cfg.Adapters) == 0 {
+		return nil, nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), tierOpenTimeout)
+	defer cancel()
+	log := e.log.With("component", "tiers")
+	bs, err := tier.OpenAll(ctx, cfg.Adapters, e.tierOpeners(), log)
+	if err != nil {
+		return nil, fmt.Errorf("L2 tiers: %w", err)
+	}
+	s := tier.NewSet(bs, pool, layouts, tier.Options{
+		StorePolicy: cfg.StorePolicy,
+		QueueBytes:  cfg.QueueBytes,
+		MaxInFlight: cfg.PrefetchMaxInFlight,
+		LoadTimeout: time.Duration(cfg.LoadTimeoutSeconds * float64(time.Second)),
+		Logger:      log,
+		StateChanged: func(st tierstate.Tier) {
+			e.events.add(EventTier, tierLevel(st.State), tierMessage(st))
+		},
+	})
+	for i, st := range s.Stats() {
+		e.events.add(EventTier, tierLevel(st.State), fmt.Sprintf("tier %d (%s %s) opened: %s", i, st.Type, st.Target, stateText(st)))
+	}
+	return s, nil
+}
+
+func tierLevel(s tierstate.State) slog.Level {
+	if s == tierstate.Up {
+		return slog.LevelInfo
+	}
+	return slog.LevelWarn
+}
+
+func stateText(st tierstate.Tier) string {
+	if st.Reason == "" {
+		return string(st.State)
+	}
+	return fmt.Sprintf("%s (%s)", st.State, st.Reason)
+}
+
+func tierMessage(st tierstate.Tier) string {
+	return fmt.Sprintf("tier %d (%s %s) is %s", st.Index, st.Type, st.Target, stateText(st))
+}
+
+// swap makes s (built for cfg) the running set and stops the old one: its
+// jobs and writes end, its backends close.
+func (t *tiers) swap(cfg settings.L2Config, s *tier.Set) {
+	var done chan struct{}
+	if s != nil {
+		done = make(chan struct{})
+		go func() {
+			s.Run(context.Background())
+			close(done)
+		}()
+	}
+	t.mu.Lock()
+	old, oldDone := t.set, t.done
+	t.cfg, t.set, t.done = cfg, s, done
+	t.mu.Unlock()
+	if old != nil {
+		_ = old.Close()
+		<-oldDone
+	}
+}
+
+// close stops the running set and closes its backends.
+func (t *tiers) close() {
+	t.swap(settings.L2Config{}, nil)
+}
+
+// applyTiersLocked rebuilds the plane's tier set when the l2 settings
+// changed; on failure the running set stays and the event says why.
+func (e *Engine) applyTiersLocked(cfg settings.L2Config) {
+	p := e.plane
+	if p == nil {
+		return
+	}
+	p.tiers.mu.Lock()
+	same := reflect.DeepEqual(p.tiers.cfg, cfg)
+	p.tiers.mu.Unlock()
+	if same {
+		return
+	}
+	s, err := e.buildTiers(cfg, p.pool, p.layouts)
+	if err != nil {
+		e.events.add(EventError, slog.LevelError, "L2 tiers not changed: "+err.Error())
+		return
+	}
+	p.tiers.swap(cfg, s)
+	e.events.add(EventTier, slog.LevelInfo, fmt.Sprintf("L2 tiers now %d (pool kept)", len(cfg.Adapters)))
+}

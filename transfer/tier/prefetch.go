@@ -1,0 +1,238 @@
+package tier
+
+import (
+	"context"
+	"errors"
+	"sync"
+
+	"kvdock/core/keys"
+	"kvdock/core/l1"
+	"kvdock/core/layout"
+)
+
+// Prefetch is a lookup's tier phase. ks are the keys of the chunks after the
+// lookup's L1 prefix, chunk-major and rank-minor, per keys a chunk, of
+// (model, worldSize). It asks the tiers, in order, for the leading chunks
+// they hold, loads those into L1 (verified against the header, bounded by
+// MaxInFlight loads at once) and read-locks each loaded chunk count times,
+// as a lookup hit is locked. It returns how many leading chunks are loaded
+// and locked; the locks of chunks loaded after the first failure are
+// released again. It returns within LoadTimeout whatever the tiers do (a
+// load still running then is abandoned: its result is undone when it ends).
+// ctx may end it earlier.
+func (s *Set) Prefetch(ctx context.Context, model string, worldSize int, ks []keys.ObjectKey, per, count int) int {
+	if len(s.tiers) == 0 || per <= 0 || len(ks) < per || count <= 0 {
+		return 0
+	}
+	lay, ok := s.layouts.Get(model, worldSize)
+	if !ok {
+		return 0
+	}
+	select {
+	case s.jobs <- struct{}{}:
+	default:
+		return 0 // too many lookups in their tier phase: L1 hits only
+	}
+	defer func() { <-s.jobs }()
+	if !s.enter() {
+		return 0
+	}
+	defer s.wg.Done()
+	ctx, cancel := context.WithTimeout(ctx, s.opts.LoadTimeout)
+	defer cancel()
+	stop := context.AfterFunc(s.ctx, cancel)
+	defer stop()
+
+	ks = ks[:min(len(ks), MaxPrefetchKeys)/per*per]
+	names := make([]string, len(ks))
+	for i, k := range ks {
+		names[i] = Key(k)
+	}
+	owner := s.find(ctx, names, per)
+	chunks := len(owner)
+	if chunks == 0 {
+		return 0
+	}
+	j := &loadJob{ok: make([]bool, chunks), todo: chunks, done: make(chan struct{})}
+	// One load slot per chunk in flight, taken before its goroutine starts:
+	// goroutines, like loads, stay within MaxInFlight over all lookups.
+launch:
+	for c := range chunks {
+		m := s.tiers[owner[c]]
+		select {
+		case s.inflight <- struct{}{}:
+		case <-ctx.Done():
+			m.st.timeouts.Add(1)
+			for rest := c; rest < chunks; rest++ {
+				j.finish(rest, false, nil, 0, s.pool)
+			}
+			break launch
+		}
+		if !s.enter() {
+			<-s.inflight
+			j.finish(c, false, nil, 0, s.pool)
+			continue
+		}
+		go func() {
+			defer s.wg.Done()
+			defer func() { <-s.inflight }()
+			ck := ks[c*per : (c+1)*per]
+			ok := s.loadChunk(ctx, m, ck, names[c*per:(c+1)*per], lay, count)
+			j.finish(c, ok, ck, count, s.pool)
+		}()
+	}
+	select {
+	case <-j.done:
+	case <-ctx.Done():
+	}
+	return j.settle(ks, per, count, s.pool)
+}
+
+// find returns, for each leading chunk present in some tier, the index of
+// the tier that holds all its keys: each tier in order continues where the
+// ones before stopped, until none has the next chunk.
+func (s *Set) find(ctx context.Context, names []string, per int) []int {
+	var owner []int
+	pos := 0
+	for advanced := true; advanced && pos < len(names); {
+		advanced = false
+		for i, m := range s.tiers {
+			if ctx.Err() != nil || pos >= len(names) {
+				return owner
+			}
+			n, err := m.b.Has(ctx, names[pos:])
+			if err != nil {
+				s.log.Debug("tier lookup failed", "tier", i, "err", err)
+				continue
+			}
+			full := min(max(n, 0), len(names)-pos) / per
+			for range full {
+				owner = append(owner, i)
+			}
+			if full > 0 {
+				pos += full * per
+				advanced = true
+			}
+		}
+	}
+	return owner
+}
+
+// loadJob collects the chunk loads of one Prefetch. Once settled, a load
+// that ends later undoes its own locks.
+type loadJob struct {
+	mu      sync.Mutex
+	ok      []bool
+	todo    int
+	settled bool
+	done    chan struct{}
+}
+
+func (j *loadJob) finish(c int, ok bool, ck []keys.ObjectKey, count int, pool Pool) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.settled {
+		if ok {
+			pool.FinishRead(ck, count) // nobody will be told of this chunk
+		}
+		return
+	}
+	j.ok[c] = ok
+	j.todo--
+	if j.todo == 0 {
+		close(j.done)
+	}
+}
+
+// settle fixes the answer: the leading loaded chunks; later loaded ones are
+// unlocked (they stay in L1 as ordinary objects).
+func (j *loadJob) settle(ks []keys.ObjectKey, per, count int, pool Pool) int {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.settled = true
+	hit := 0
+	for hit < len(j.ok) && j.ok[hit] {
+		hit++
+	}
+	for c := hit + 1; c < len(j.ok); c++ {
+		if j.ok[c] {
+			pool.FinishRead(ks[c*per:(c+1)*per], count)
+		}
+	}
+	return hit
+}
+
+// loadChunk loads every key of one chunk from m into L1 and read-locks
+// them count times; false, with nothing left locked, on any failure.
+func (s *Set) loadChunk(ctx context.Context, m *member, ck []keys.ObjectKey, names []string, lay layout.Layout, count int) bool {
+	for i, k := range ck {
+		if !s.loadKey(ctx, m, k, names[i], lay) {
+			return false
+		}
+	}
+	if ctx.Err() != nil {
+		return false
+	}
+	n := s.pool.ReserveReadPrefix(ck, count)
+	if n < len(ck) {
+		s.pool.FinishRead(ck[:n], count)
+		return false
+	}
+	return true
+}
+
+// loadKey puts the value of k into L1 unless it is there already.
+func (s *Set) loadKey(ctx context.Context, m *member, k keys.ObjectKey, name string, lay layout.Layout) bool {
+	v, err := m.b.Get(ctx, name)
+	switch {
+	case errors.Is(err, ErrNotFound):
+		m.st.misses.Add(1)
+		return false
+	case err != nil && ctx.Err() != nil:
+		m.st.timeouts.Add(1)
+		return false
+	case err != nil:
+		m.st.misses.Add(1)
+		s.log.Debug("tier load failed", "key", k, "err", err)
+		return false
+	}
+	payload, err := Verify(v, name, lay)
+	if err != nil {
+		m.st.corrupt.Add(1)
+		s.log.Warn("tier value rejected and deleted", "key", k, "err", err)
+		dctx, cancel := context.WithTimeout(s.ctx, s.opts.LoadTimeout)
+		if derr := m.b.Delete(dctx, name); derr != nil {
+			s.log.Debug("delete rejected tier value", "key", k, "err", derr)
+		}
+		cancel()
+		return false
+	}
+	m.st.hits.Add(1)
+	if ctx.Err() != nil {
+		m.st.timeouts.Add(1)
+		return false
+	}
+	res, err := s.pool.ReserveWrite(s.opts.Owner, []keys.ObjectKey{k}, lay.Bytes)
+	if err != nil {
+		s.log.Debug("no L1 room for a tier load", "key", k, "err", err)
+		return false
+	}
+	if len(res) == 0 {
+		return true // present in L1 already (stored meanwhile)
+	}
+	dst, release := s.pool.View(res[0].Offset, res[0].Length)
+	if dst == nil || len(dst) != len(payload) {
+		release()
+		s.pool.AbortWrite(res)
+		return false
+	}
+	copy(dst, payload)
+	release()
+	if !s.pool.FinishWrite(res) {
+		return false
+	}
+	m.st.loads.Add(1)
+	return true
+}
+
+var _ Pool = (*l1.Pool)(nil)

@@ -1,0 +1,287 @@
+package tier
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"kvdock/core/keys"
+	"kvdock/core/l1"
+	"kvdock/core/layout"
+	"kvdock/core/tierstate"
+)
+
+// Pool is the part of the L1 pool (core/l1) the tiers use.
+type Pool interface {
+	// ReserveReadPrefix, HoldRead and ReleaseRead pin a published object
+	// while its bytes are copied out; FinishRead drops unused locks.
+	ReserveReadPrefix(ks []keys.ObjectKey, count int) int
+	FinishRead(ks []keys.ObjectKey, count int)
+	HoldRead(k keys.ObjectKey) (l1.ReadRef, bool)
+	ReleaseRead(refs []l1.ReadRef)
+	// ReserveWrite, FinishWrite and AbortWrite put a loaded value into L1.
+	ReserveWrite(owner l1.Owner, ks []keys.ObjectKey, size int64) ([]l1.Reservation, error)
+	FinishWrite(rs []l1.Reservation) bool
+	AbortWrite(rs []l1.Reservation)
+	View(off, n int64) ([]byte, func())
+}
+
+// Layouts resolves a worker group's registered layout; *layout.Registry is one.
+type Layouts interface {
+	Get(model string, worldSize int) (layout.Layout, bool)
+}
+
+// Store policies.
+const (
+	StoreWriteBehind = "write-behind"
+	StoreNone        = "none"
+)
+
+// Defaults for Options.
+const (
+	DefaultQueueBytes     = 256 << 20
+	DefaultQueueItems     = 4096
+	DefaultWorkersPerTier = 2
+	DefaultMaxInFlight    = 8
+	DefaultLoadTimeout    = 2 * time.Second
+	DefaultWriteTimeout   = 30 * time.Second
+	DefaultMaxJobs        = 64
+	// MaxPrefetchKeys bounds the keys one lookup asks the tiers for.
+	MaxPrefetchKeys = 4096
+)
+
+// Options tune a Set; zero values take the defaults.
+type Options struct {
+	// StorePolicy is StoreWriteBehind (default) or StoreNone.
+	StorePolicy string
+	// QueueBytes and QueueItems bound each tier's write-behind queue (the
+	// bytes of the chunks waiting, counted until their write ends).
+	QueueBytes     int64
+	QueueItems     int
+	WorkersPerTier int
+	// MaxInFlight bounds the tier loads running at once, over all lookups.
+	MaxInFlight int
+	// LoadTimeout bounds one lookup's tier phase (Has and loads).
+	LoadTimeout  time.Duration
+	WriteTimeout time.Duration
+	// MaxJobs bounds the lookups in their tier phase at once; past it a
+	// lookup answers its L1 hits only.
+	MaxJobs int
+	// Owner owns the write locks of loads in L1 (default l1.PrefetchOwner()).
+	Owner  l1.Owner
+	Logger *slog.Logger
+	// StateChanged is told when a tier changes state (up, down with the
+	// reason, degraded), for the events pane. Called from Run's watcher.
+	StateChanged func(t tierstate.Tier)
+}
+
+// tierCounters are the Set's own counters of one tier.
+type tierCounters struct {
+	hits, misses, corrupt, loads, timeouts atomic.Uint64
+	dropped, written, skipped, failed      atomic.Uint64
+	queued                                 atomic.Int64 // items in the queue or being written
+	qbytes                                 atomic.Int64 // their bytes
+}
+
+type item struct {
+	key  keys.ObjectKey
+	lay  layout.Layout
+	size int64
+}
+
+type member struct {
+	b  Backend
+	q  chan item
+	st tierCounters
+}
+
+// Set runs backends behind an L1 pool. It is safe for concurrent use.
+type Set struct {
+	tiers   []*member
+	pool    Pool
+	layouts Layouts
+	opts    Options
+	log     *slog.Logger
+
+	inflight chan struct{} // load slots
+	jobs     chan struct{} // prefetch job slots
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // workers and prefetch jobs
+	mu     sync.Mutex
+	closed bool
+
+	// beforeCopy, when set (tests), runs between pinning an object and
+	// copying it out for a tier write.
+	beforeCopy func(k keys.ObjectKey)
+}
+
+// NewSet returns a Set over backends (in lookup order), copying from and
+// loading into pool. Run starts its workers; Close stops them and closes
+// the backends.
+func NewSet(backends []Backend, pool Pool, layouts Layouts, opts Options) *Set {
+	if opts.StorePolicy == "" {
+		opts.StorePolicy = StoreWriteBehind
+	}
+	if opts.QueueBytes <= 0 {
+		opts.QueueBytes = DefaultQueueBytes
+	}
+	if opts.QueueItems <= 0 {
+		opts.QueueItems = DefaultQueueItems
+	}
+	if opts.WorkersPerTier <= 0 {
+		opts.WorkersPerTier = DefaultWorkersPerTier
+	}
+	if opts.MaxInFlight <= 0 {
+		opts.MaxInFlight = DefaultMaxInFlight
+	}
+	if opts.LoadTimeout <= 0 {
+		opts.LoadTimeout = DefaultLoadTimeout
+	}
+	if opts.WriteTimeout <= 0 {
+		opts.WriteTimeout = DefaultWriteTimeout
+	}
+	if opts.MaxJobs <= 0 {
+		opts.MaxJobs = DefaultMaxJobs
+	}
+	if opts.Owner == (l1.Owner{}) {
+		opts.Owner = l1.PrefetchOwner()
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	s := &Set{
+		pool:     pool,
+		layouts:  layouts,
+		opts:     opts,
+		log:      opts.Logger,
+		inflight: make(chan struct{}, opts.MaxInFlight),
+		jobs:     make(chan struct{}, opts.MaxJobs),
+	}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	for _, b := range backends {
+		s.tiers = append(s.tiers, &member{b: b, q: make(chan item, opts.QueueItems)})
+	}
+	return s
+}
+
+// Len is the number of tiers.
+func (s *Set) Len() int { return len(s.tiers) }
+
+// Run runs the write-behind workers and watches the tiers' states until ctx
+// is done or Close is called; it returns once the workers have stopped.
+func (s *Set) Run(ctx context.Context) {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return
+	}
+	for _, m := range s.tiers {
+		for range s.opts.WorkersPerTier {
+			s.wg.Add(1)
+			go func() {
+				defer s.wg.Done()
+				s.work(m)
+			}()
+		}
+	}
+	s.mu.Unlock()
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	last := make([]tierstate.State, len(s.tiers))
+	for i, m := range s.tiers {
+		last[i] = m.b.Stats().State
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			s.stop()
+			return
+		case <-s.ctx.Done():
+			return
+		case <-t.C:
+			for i, m := range s.tiers {
+				st := m.b.Stats()
+				if st.State != last[i] {
+					last[i] = st.State
+					st.Index = i
+					s.log.Warn("tier state", "tier", i, "type", st.Type, "state", st.State, "reason", st.Reason)
+					if s.opts.StateChanged != nil {
+						s.opts.StateChanged(st)
+					}
+				}
+			}
+		}
+	}
+}
+
+// stop cancels every job and worker and waits for them; after it no call
+// touches the pool.
+func (s *Set) stop() {
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+	s.cancel()
+	s.wg.Wait()
+}
+
+// Close stops the Set (as Run's ctx ending does) and closes the backends.
+func (s *Set) Close() error {
+	s.stop()
+	var errs []error
+	for i, m := range s.tiers {
+		if err := m.b.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("close tier %d: %w", i, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// enter admits one background task; false once stopping.
+func (s *Set) enter() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
+	s.wg.Add(1)
+	return true
+}
+
+// Stats is each tier's snapshot: the backend's part with the Set's
+// counters (hits, misses, corrupt values, loads, the queue) added.
+func (s *Set) Stats() []tierstate.Tier {
+	out := make([]tierstate.Tier, len(s.tiers))
+	for i, m := range s.tiers {
+		t := m.b.Stats()
+		t.Index = i
+		t.Hits, t.Misses, t.Corrupt = m.st.hits.Load(), m.st.misses.Load(), m.st.corrupt.Load()
+		t.Loads, t.LoadTimeouts = m.st.loads.Load(), m.st.timeouts.Load()
+		t.QueueDepth = int(m.st.queued.Load())
+		t.QueueBytes = m.st.qbytes.Load()
+		t.DroppedWrites = m.st.dropped.Load()
+		out[i] = t
+	}
+	return out
+}
+
+// QueueStats are a tier's write-behind counters.
+type QueueStats struct {
+	Written, Skipped, Failed, Dropped uint64
+	Depth                             int
+	Bytes                             int64
+}
+
+// Queue returns tier i's write-behind counters.
+func (s *Set) Queue(i int) QueueStats {
+	m := s.tiers[i]
+	return QueueStats{
+		Written: m.st.written.Load(), Skipped: m.st.skipped.Load(), Failed: m.st.failed.Load(),
+		Dropped: m.st.dropped.Load(), Depth: int(m.st.queued.Load()), Bytes: m.st.qbytes.Load(),
+	}
+}

@@ -1,0 +1,574 @@
+package tier_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"log/slog"
+
+	"kvdock/core/keys"
+	"kvdock/core/l1"
+	"kvdock/core/layout"
+	"kvdock/transfer/tier"
+	"kvdock/transfer/tier/memtier"
+)
+
+func testLayout(t *testing.T) layout.Layout {
+	t.Helper()
+	l, err := layout.New(2, 4, 8, "float16", false) // 2*2*4*8*2 = 256 bytes
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+func testKey(i int) keys.ObjectKey {
+	var h keys.Hash
+	h[0], h[1], h[31] = byte(i), byte(i>>8), 0xAB
+	return keys.ObjectKey{Chunk: h, Model: "org/model:v1", KVRank: keys.KVRank(1, 0)}
+}
+
+func payload(n, seed int) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(i*7 + seed*13 + 1)
+	}
+	return b
+}
+
+func TestKeyHoldsFullHashModelRankSalt(t *testing.T) {
+	k := testKey(3)
+	k.Salt = "s@lt"
+	got := tier.Key(k)
+	want := fmt.Sprintf("%x@org/model:v1@%08x@s@lt", k.Chunk[:], k.KVRank)
+	if got != want {
+		t.Fatalf("tier.Key = %q, want %q", got, want)
+	}
+	k2 := k
+	k2.Chunk[31] ^= 1 // differs only past the log prefix
+	if tier.Key(k2) == got {
+		t.Fatal("keys differing in the last hash byte collide")
+	}
+}
+
+func TestHeaderRoundTripAndRejections(t *testing.T) {
+	lay := testLayout(t)
+	key := tier.Key(testKey(1))
+	p := payload(int(lay.Bytes), 1)
+	v, err := tier.Encode(key, lay, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := tier.Verify(v, key, lay)
+	if err != nil || !bytes.Equal(got, p) {
+		t.Fatalf("round trip: err %v, equal %v", err, bytes.Equal(got, p))
+	}
+	other, _ := layout.New(2, 4, 8, "bfloat16", false)
+	shape, _ := layout.New(4, 2, 8, "float16", false) // same bytes, other shape
+	if shape.Bytes != lay.Bytes {
+		t.Fatalf("test layouts: %d vs %d bytes", shape.Bytes, lay.Bytes)
+	}
+	mutate := func(f func([]byte) []byte) []byte { return f(append([]byte(nil), v...)) }
+	cases := []struct {
+		name string
+		v    []byte
+		key  string
+		lay  layout.Layout
+	}{
+		{"foreign key", v, tier.Key(testKey(2)), lay},
+		{"foreign dtype", v, key, other},
+		{"foreign shape same size", v, key, shape},
+		{"flipped payload byte", mutate(func(b []byte) []byte { b[len(b)-5] ^= 0x10; return b }), key, lay},
+		{"flipped header byte", mutate(func(b []byte) []byte { b[12] ^= 0x01; return b }), key, lay},
+		{"flipped checksum", mutate(func(b []byte) []byte { b[len(b)-len(p)-1] ^= 0x80; return b }), key, lay},
+		{"truncated payload", v[:len(v)-1], key, lay},
+		{"truncated header", v[:10], key, lay},
+		{"empty", nil, key, lay},
+		{"extra byte", append(append([]byte(nil), v...), 0), key, lay},
+		{"wrong version", mutate(func(b []byte) []byte { b[4] = 2; return b }), key, lay},
+		{"wrong magic", mutate(func(b []byte) []byte { b[0] = 'X'; return b }), key, lay},
+	}
+	for _, c := range cases {
+		if _, err := tier.Verify(c.v, c.key, c.lay); !errors.Is(err, tier.ErrCorrupt) {
+			t.Errorf("%s: tier.Verify err = %v, want ErrCorrupt", c.name, err)
+		}
+	}
+}
+
+// fakeLayouts answers one layout for every group.
+type fakeLayouts struct{ l layout.Layout }
+
+func (f fakeLayouts) Get(string, int) (layout.Layout, bool) { return f.l, true }
+
+func openPool(t *testing.T, size int64) *l1.Pool {
+	t.Helper()
+	return openPoolB(t, size)
+}
+
+func openPoolB(t testing.TB, size int64) *l1.Pool {
+	t.Helper()
+	p, err := l1.Open(l1.Options{
+		Size: size, Align: 64, NoShmReason: "test: anonymous pool",
+		WriteTTL: 600 * time.Second, ReadTTL: 300 * time.Second, Policy: "LRU",
+		Watermark: 0.8, Ratio: 0.2,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return p
+}
+
+// store publishes data under k in p.
+func store(t *testing.T, p *l1.Pool, k keys.ObjectKey, data []byte) {
+	t.Helper()
+	res, err := p.ReserveWrite(l1.InstanceOwner(1), []keys.ObjectKey{k}, int64(len(data)))
+	if err != nil || len(res) != 1 {
+		t.Fatalf("reserve %v: %v (%d)", k, err, len(res))
+	}
+	dst, release := p.View(res[0].Offset, res[0].Length)
+	copy(dst, data)
+	release()
+	if !p.FinishWrite(res) {
+		t.Fatal("finish write")
+	}
+}
+
+// read returns k's bytes from p through the lookup-then-hold path a worker uses.
+func read(t *testing.T, p *l1.Pool, k keys.ObjectKey) []byte {
+	t.Helper()
+	ref, ok := p.HoldRead(k)
+	if !ok {
+		t.Fatalf("%v: no read lock to hold", k)
+	}
+	defer p.ReleaseRead([]l1.ReadRef{ref})
+	src, release := p.View(ref.Offset, ref.Length)
+	defer release()
+	return append([]byte(nil), src...)
+}
+
+func newSet(t *testing.T, p *l1.Pool, lay layout.Layout, opts tier.Options, bs ...tier.Backend) *tier.Set {
+	t.Helper()
+	s := tier.NewSet(bs, p, fakeLayouts{lay}, opts)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { s.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done; _ = s.Close() })
+	return s
+}
+
+// waitQueue waits until tier i's queue is empty.
+func waitQueue(t *testing.T, s *tier.Set, i int) tier.QueueStats {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		q := s.Queue(i)
+		if q.Depth == 0 {
+			return q
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("queue of tier %d not drained: %+v", i, q)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func TestWriteBehindStoresPublishedBytes(t *testing.T) {
+	lay := testLayout(t)
+	p := openPool(t, 1<<20)
+	mt := memtier.New()
+	s := newSet(t, p, lay, tier.Options{}, mt)
+	var ks []keys.ObjectKey
+	for i := range 10 {
+		k := testKey(i)
+		store(t, p, k, payload(int(lay.Bytes), i))
+		ks = append(ks, k)
+	}
+	s.Enqueue(ks, lay)
+	q := waitQueue(t, s, 0)
+	if q.Written != 10 || q.Dropped != 0 {
+		t.Fatalf("queue %+v, want 10 written", q)
+	}
+	for i, k := range ks {
+		v := mt.Values()[tier.Key(k)]
+		got, err := tier.Verify(v, tier.Key(k), lay)
+		if err != nil || !bytes.Equal(got, payload(int(lay.Bytes), i)) {
+			t.Fatalf("chunk %d in the tier: %v", i, err)
+		}
+		if p.IsLocked(k) {
+			t.Fatalf("chunk %d still locked after its tier write", i)
+		}
+	}
+}
+
+func TestWriteBehindFullQueueDropsAndNeverBlocks(t *testing.T) {
+	lay := testLayout(t)
+	p := openPool(t, 1<<20)
+	mt := memtier.New()
+	mt.Block() // a hung tier: every write waits
+	entered := mt.Entered(64)
+	s := newSet(t, p, lay, tier.Options{QueueItems: 4, QueueBytes: 1 << 30, WorkersPerTier: 1, WriteTimeout: time.Minute}, mt)
+	var ks []keys.ObjectKey
+	for i := range 20 {
+		k := testKey(i)
+		store(t, p, k, payload(int(lay.Bytes), i))
+		ks = append(ks, k)
+	}
+	s.Enqueue(ks[:1], lay)
+	<-entered // the worker is stuck in Put with the first chunk
+	done := make(chan struct{})
+	go func() { s.Enqueue(ks[1:], lay); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Enqueue blocked on a hung tier")
+	}
+	q := s.Queue(0)
+	if q.Dropped != 15 || q.Depth != 5 {
+		t.Fatalf("queue %+v, want 15 dropped and 5 queued (4 waiting + 1 writing)", q)
+	}
+	if st := s.Stats()[0]; st.DroppedWrites != 15 || st.QueueDepth != 5 || st.QueueBytes != 5*lay.Bytes {
+		t.Fatalf("stats %+v", st)
+	}
+	mt.Unblock()
+	go func() {
+		for range entered {
+		}
+	}()
+	if q := waitQueue(t, s, 0); q.Written != 5 {
+		t.Fatalf("after unblocking: %+v, want 5 written", q)
+	}
+}
+
+func TestWriteBehindQueueBytesBound(t *testing.T) {
+	lay := testLayout(t)
+	p := openPool(t, 1<<20)
+	mt := memtier.New()
+	mt.Block()
+	entered := mt.Entered(64)
+	s := newSet(t, p, lay, tier.Options{QueueItems: 1000, QueueBytes: 3 * lay.Bytes, WorkersPerTier: 1, WriteTimeout: time.Minute}, mt)
+	var ks []keys.ObjectKey
+	for i := range 10 {
+		k := testKey(i)
+		store(t, p, k, payload(int(lay.Bytes), i))
+		ks = append(ks, k)
+	}
+	s.Enqueue(ks, lay)
+	<-entered
+	if q := s.Queue(0); q.Dropped != 7 || q.Bytes != 3*lay.Bytes {
+		t.Fatalf("queue %+v, want 7 dropped and %d bytes", q, 3*lay.Bytes)
+	}
+	mt.Unblock()
+	go func() {
+		for range entered {
+		}
+	}()
+	waitQueue(t, s, 0)
+}
+
+func TestWriteBehindSkipsEvictedChunk(t *testing.T) {
+	lay := testLayout(t)
+	p := openPool(t, 1<<20)
+	mt := memtier.New()
+	mt.Block()
+	entered := mt.Entered(64)
+	s := newSet(t, p, lay, tier.Options{WorkersPerTier: 1}, mt)
+	store(t, p, testKey(0), payload(int(lay.Bytes), 0))
+	store(t, p, testKey(1), payload(int(lay.Bytes), 1))
+	s.Enqueue([]keys.ObjectKey{testKey(0), testKey(1)}, lay)
+	<-entered // chunk 0 is being written; chunk 1 waits in the queue
+	p.Clear() // chunk 0 was copied out already; chunk 1 goes before its copy
+	mt.Unblock()
+	go func() {
+		for range entered {
+		}
+	}()
+	q := waitQueue(t, s, 0)
+	if q.Written != 1 || q.Skipped != 1 {
+		t.Fatalf("queue %+v, want chunk 0 written, chunk 1 skipped", q)
+	}
+	if _, ok := mt.Values()[tier.Key(testKey(1))]; ok {
+		t.Fatal("a cleared chunk reached the tier")
+	}
+}
+
+// A clear or eviction between pinning and copying must not change the bytes
+// copied: the hold keeps the published object's slot.
+func TestWriteBehindClearDuringCopyWritesPublishedBytes(t *testing.T) {
+	lay := testLayout(t)
+	p := openPool(t, 4*lay.Bytes) // room for 4 objects: the rewrite below must evict or reuse
+	mt := memtier.New()
+	s := tier.NewSet([]tier.Backend{mt}, p, fakeLayouts{lay}, tier.Options{WorkersPerTier: 1})
+	want := payload(int(lay.Bytes), 7)
+	store(t, p, testKey(0), want)
+	var once sync.Once
+	tier.SetBeforeCopy(s, func(keys.ObjectKey) {
+		once.Do(func() {
+			p.Clear()
+			// Fill the pool with other bytes: a freed slot would be rewritten.
+			for i := 1; i <= 4; i++ {
+				res, err := p.ReserveWrite(l1.InstanceOwner(2), []keys.ObjectKey{testKey(i)}, lay.Bytes)
+				if err != nil || len(res) == 0 {
+					continue
+				}
+				dst, release := p.View(res[0].Offset, res[0].Length)
+				for j := range dst {
+					dst[j] = 0xEE
+				}
+				release()
+				p.FinishWrite(res)
+			}
+		})
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { s.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	s.Enqueue([]keys.ObjectKey{testKey(0)}, lay)
+	if q := waitQueue(t, s, 0); q.Written != 1 {
+		t.Fatalf("queue %+v, want 1 written", q)
+	}
+	got, err := tier.Verify(mt.Values()[tier.Key(testKey(0))], tier.Key(testKey(0)), lay)
+	if err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("tier holds other bytes than the published chunk (err %v)", err)
+	}
+	if st := p.Stats(); st.Doomed != 0 {
+		t.Fatalf("the held object was not freed after the copy: %+v", st)
+	}
+}
+
+// putTier stores chunks 0..n-1 in mt as the write-behind path would.
+func putTier(t *testing.T, mt *memtier.Tier, lay layout.Layout, from, n int) []keys.ObjectKey {
+	t.Helper()
+	var ks []keys.ObjectKey
+	for i := from; i < from+n; i++ {
+		k := testKey(i)
+		v, err := tier.Encode(tier.Key(k), lay, payload(int(lay.Bytes), i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		mt.Set(tier.Key(k), v)
+		ks = append(ks, k)
+	}
+	return ks
+}
+
+func TestPrefetchLoadsTierChunksIntoL1Locked(t *testing.T) {
+	lay := testLayout(t)
+	p := openPool(t, 1<<20)
+	a, b := memtier.New(), memtier.New()
+	s := newSet(t, p, lay, tier.Options{MaxInFlight: 2}, a, b)
+	ks := putTier(t, a, lay, 0, 3)
+	ks = append(ks, putTier(t, b, lay, 3, 2)...) // the second tier continues the prefix
+	ks = append(ks, testKey(99))                 // absent everywhere
+	n := s.Prefetch(context.Background(), "m", 1, ks, 1, 1)
+	if n != 5 {
+		t.Fatalf("prefetched %d chunks, want 5", n)
+	}
+	for i, k := range ks[:5] {
+		if got := read(t, p, k); !bytes.Equal(got, payload(int(lay.Bytes), i)) {
+			t.Fatalf("chunk %d: L1 bytes differ from the tier's", i)
+		}
+	}
+	st := s.Stats()
+	if st[0].Loads != 3 || st[1].Loads != 2 || st[0].Hits != 3 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+func TestPrefetchMultiRankChunk(t *testing.T) {
+	lay := testLayout(t)
+	p := openPool(t, 1<<20)
+	mt := memtier.New()
+	s := newSet(t, p, lay, tier.Options{}, mt)
+	ks := putTier(t, mt, lay, 0, 5) // read as 2 chunks of 2 ranks, the 5th key a partial chunk
+	ks = append(ks, testKey(50))
+	if n := s.Prefetch(context.Background(), "m", 2, ks, 2, 2); n != 2 {
+		t.Fatalf("prefetched %d chunks, want 2", n)
+	}
+	if !p.IsLocked(ks[3]) || p.IsLocked(ks[4]) {
+		t.Fatal("locks: chunk 1 must be locked, the partial chunk must not be loaded")
+	}
+	p.FinishRead(ks[:4], 2)
+	if p.IsLocked(ks[0]) {
+		t.Fatal("count = 2 read locks per key expected")
+	}
+}
+
+func TestPrefetchDownTierAnswersWithinTimeout(t *testing.T) {
+	lay := testLayout(t)
+	p := openPool(t, 1<<20)
+	down, hung := memtier.New(), memtier.New()
+	putTier(t, hung, lay, 0, 3)
+	down.SetDown("connection refused")
+	hung.Block()
+	s := newSet(t, p, lay, tier.Options{LoadTimeout: 200 * time.Millisecond}, down, hung)
+	start := time.Now()
+	n := s.Prefetch(context.Background(), "m", 1, []keys.ObjectKey{testKey(0), testKey(1), testKey(2)}, 1, 1)
+	if took := time.Since(start); took > 5*time.Second {
+		t.Fatalf("prefetch over a hung tier took %v, load timeout 200ms", took)
+	}
+	if n != 0 {
+		t.Fatalf("prefetched %d from a down and a hung tier", n)
+	}
+	hung.Unblock()
+}
+
+func TestPrefetchHungLoadIsUndoneAfterTimeout(t *testing.T) {
+	lay := testLayout(t)
+	p := openPool(t, 1<<20)
+	mt := memtier.New()
+	ks := putTier(t, mt, lay, 0, 2)
+	// A backend that ignores ctx: its Get returns only when released.
+	sg := &stuckGets{Tier: mt, release: make(chan struct{})}
+	s := tier.NewSet([]tier.Backend{sg}, p, fakeLayouts{lay}, tier.Options{LoadTimeout: 200 * time.Millisecond})
+	start := time.Now()
+	if n := s.Prefetch(context.Background(), "m", 1, ks, 1, 1); n != 0 {
+		t.Fatalf("prefetched %d", n)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Fatalf("a backend ignoring ctx held the lookup %v", took)
+	}
+	close(sg.release) // the abandoned loads now end
+	tier.Stop(s)      // and are waited for
+	if st := p.Stats(); st.ReadLocked != 0 || st.WriteLocked != 0 {
+		t.Fatalf("abandoned loads left locks: %+v", st)
+	}
+}
+
+// stuckGets is a tier whose Get ignores ctx and waits for release.
+type stuckGets struct {
+	*memtier.Tier
+	release chan struct{}
+}
+
+func (g *stuckGets) Get(ctx context.Context, key string) ([]byte, error) {
+	<-g.release
+	return g.Tier.Get(context.Background(), key)
+}
+
+func TestPrefetchCorruptValueIsMissCountedDeleted(t *testing.T) {
+	lay := testLayout(t)
+	p := openPool(t, 1<<20)
+	mt := memtier.New()
+	s := newSet(t, p, lay, tier.Options{}, mt)
+	ks := putTier(t, mt, lay, 0, 4)
+	v := mt.Values()[tier.Key(ks[1])]
+	v[len(v)-3] ^= 0xFF
+	mt.Set(tier.Key(ks[1]), v)
+	other, _ := layout.New(2, 4, 8, "bfloat16", false)
+	foreign, _ := tier.Encode(tier.Key(ks[3]), other, payload(int(other.Bytes), 3))
+	mt.Set(tier.Key(ks[3]), foreign)
+	if n := s.Prefetch(context.Background(), "m", 1, ks, 1, 1); n != 1 {
+		t.Fatalf("prefetched %d, want 1 (chunk 1 is corrupt)", n)
+	}
+	if st := s.Stats()[0]; st.Corrupt < 1 {
+		t.Fatalf("corrupt not counted: %+v", st)
+	}
+	if _, ok := mt.Values()[tier.Key(ks[1])]; ok {
+		t.Fatal("the corrupt value was not deleted")
+	}
+	if p.IsLocked(ks[2]) {
+		t.Fatal("a chunk after the failed one is still locked")
+	}
+	// The foreign-layout value is rejected too, once it is asked for.
+	if n := s.Prefetch(context.Background(), "m", 1, ks[3:], 1, 1); n != 0 {
+		t.Fatalf("foreign layout served: %d", n)
+	}
+	if st := s.Stats()[0]; st.Corrupt != 2 {
+		t.Fatalf("corrupt = %d, want 2", st.Corrupt)
+	}
+	if _, ok := mt.Values()[tier.Key(ks[3])]; ok {
+		t.Fatal("the foreign value was not deleted")
+	}
+}
+
+func TestPrefetchBoundsLoadsInFlight(t *testing.T) {
+	lay := testLayout(t)
+	p := openPool(t, 1<<20)
+	mt := memtier.New()
+	ks := putTier(t, mt, lay, 0, 16)
+	c := &countingTier{Tier: mt}
+	s := newSet(t, p, lay, tier.Options{MaxInFlight: 3}, c)
+	if n := s.Prefetch(context.Background(), "m", 1, ks, 1, 1); n != 16 {
+		t.Fatalf("prefetched %d", n)
+	}
+	if c.peak > 3 {
+		t.Fatalf("%d loads in flight, bound 3", c.peak)
+	}
+}
+
+type countingTier struct {
+	*memtier.Tier
+	mu        sync.Mutex
+	cur, peak int
+}
+
+func (c *countingTier) Get(ctx context.Context, key string) ([]byte, error) {
+	c.mu.Lock()
+	c.cur++
+	c.peak = max(c.peak, c.cur)
+	c.mu.Unlock()
+	defer func() { c.mu.Lock(); c.cur--; c.mu.Unlock() }()
+	return c.Tier.Get(ctx, key)
+}
+
+func TestOpenAllUnknownTypeClosesOpened(t *testing.T) {
+	var opened []*memtier.Tier
+	openers := map[string]tier.Opener{"mem": func(context.Context, map[string]any, *slog.Logger) (tier.Backend, error) {
+		m := memtier.New()
+		opened = append(opened, m)
+		return m, nil
+	}}
+	_, err := tier.OpenAll(context.Background(), []map[string]any{{"type": "mem"}, {"type": "nope"}}, openers, nil)
+	if err == nil {
+		t.Fatal("unknown type accepted")
+	}
+	if len(opened) != 1 {
+		t.Fatalf("opened %d", len(opened))
+	}
+	if err := opened[0].Put(context.Background(), "k", nil); err == nil {
+		t.Fatal("the opened tier was not closed")
+	}
+}
+
+// With every load slot taken by a hung load, the rest of the chunks give up
+// at the load timeout without starting (no goroutine per waiting chunk).
+func TestPrefetchSlotsTakenGiveUpAtTimeout(t *testing.T) {
+	lay := testLayout(t)
+	p := openPool(t, 1<<20)
+	mt := memtier.New()
+	ks := putTier(t, mt, lay, 0, 3)
+	h := &hungGets{Tier: mt, started: make(chan struct{}, 8)}
+	s := newSet(t, p, lay, tier.Options{MaxInFlight: 1, LoadTimeout: 200 * time.Millisecond}, h)
+	start := time.Now()
+	if n := s.Prefetch(context.Background(), "m", 1, ks, 1, 1); n != 0 {
+		t.Fatalf("prefetched %d through a hung tier", n)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Fatalf("took %v, load timeout 200ms", took)
+	}
+	if n := len(h.started); n != 1 {
+		t.Fatalf("%d loads started with 1 slot", n)
+	}
+	if st := s.Stats()[0]; st.LoadTimeouts < 2 {
+		t.Fatalf("timeouts not counted: %+v", st)
+	}
+}
+
+// hungGets is a tier whose Get hangs until its ctx ends.
+type hungGets struct {
+	*memtier.Tier
+	started chan struct{}
+}
+
+func (h *hungGets) Get(ctx context.Context, key string) ([]byte, error) {
+	h.started <- struct{}{}
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
