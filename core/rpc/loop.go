@@ -50,17 +50,35 @@ type loop struct {
 
 	raw unsafe.Pointer // libzmq's handle of router, for counted sends
 
-	// Per peer: what libzmq holds for it and the replies waiting here
-	// (over its budget or refused at SendHWM); outBytes sums the waiting.
+	// Per peer: the reply bytes charged to it (waiting here or held by
+	// libzmq) and the replies waiting here (refused at SendHWM, or behind
+	// those); total charges every peer's; outBytes sums the waiting.
 	out       map[string]*peerOut
+	total     heldCounter
 	outBytes  int64
 	retryWait time.Duration
 }
 
 type peerOut struct {
-	held  heldCounter
-	q     []reply
-	bytes int64
+	held heldCounter
+	q    []outMsg
+}
+
+// outMsg is a reply admitted to its peer's budget, its frames (identity,
+// uid, type, results) copied out to C memory; sent is how many of them
+// libzmq has taken.
+type outMsg struct {
+	frames []cbuf
+	size   int64
+	sent   int
+}
+
+// release frees the frames libzmq has not taken.
+func (m *outMsg) release() {
+	for _, f := range m.frames[m.sent:] {
+		f.release()
+	}
+	m.frames, m.sent = nil, 0
 }
 
 func (l *loop) poll(p *zmq.Poller, timeout time.Duration) ([]zmq.Polled, error) {
@@ -179,39 +197,47 @@ func (l *loop) peer(id []byte) (*peerOut, error) {
 	return po, nil
 }
 
-// fits reports whether libzmq may take r for po now: what it holds for the
-// peer stays within the budget, or it holds nothing (so any reply goes).
-func (l *loop) fits(po *peerOut, r *reply) bool {
-	h := po.held.load()
-	return h == 0 || h+r.size() <= l.s.opts.ReplyBytesPerPeer
+// admit reports whether a reply of n bytes fits the budgets: what is charged
+// to its peer (waiting here and held by libzmq) stays within the peer's
+// budget, and what is charged to all peers within the total. A reply is
+// always admitted to a peer with nothing charged while the total allows it,
+// and when nothing at all is charged: one reply of any legal size goes.
+func (l *loop) admit(po *peerOut, n int64) bool {
+	h, tot := po.held.load(), l.total.load()
+	return (h == 0 || h+n <= l.s.opts.ReplyBytesPerPeer) && (tot == 0 || tot+n <= l.s.opts.ReplyBytes)
 }
 
-// write hands r to libzmq without blocking, charging its bytes to the peer.
-func (l *loop) write(po *peerOut, r *reply) sendResult {
-	n := 3 + len(r.frames)
-	for i := range n {
-		var p []byte
-		switch i {
-		case 0:
-			p = r.peer
-		case 1:
-			p = r.uid
-		case 2:
-			p = r.typ
-		default:
-			p = r.frames[i-3]
+// copyOut copies r's frames into C memory charged to po and the total.
+func (l *loop) copyOut(po *peerOut, r *reply) (outMsg, error) {
+	m := outMsg{frames: make([]cbuf, 0, 3+len(r.frames)), size: r.size()}
+	l.s.churn.add(m.size)
+	for _, b := range append([][]byte{r.peer, r.uid, r.typ}, r.frames...) {
+		c, err := copyOut(b, po.held, l.total)
+		if err != nil {
+			m.release()
+			return outMsg{}, err
 		}
+		m.frames = append(m.frames, c)
+	}
+	return m, nil
+}
+
+// write hands m's frames to libzmq without blocking or copying.
+func (l *loop) write(m *outMsg) sendResult {
+	n := len(m.frames)
+	for m.sent < n {
+		i := m.sent
 		flag := zmq.SNDMORE
 		if i == n-1 {
 			flag = 0
 		}
-		err := sendCounted(l.raw, p, flag|zmq.DONTWAIT, po.held)
+		err := sendBuf(l.raw, m.frames[i], flag|zmq.DONTWAIT)
 		if err != nil && i == 0 && zmq.AsErrno(err) == zmq.Errno(syscall.EAGAIN) {
 			// libzmq applies the peer's "queue drained" notices lazily (at
 			// most once a millisecond while sending); reading ZMQ_EVENTS
 			// applies them now, so a reading peer is not taken for a full one.
 			_, _ = l.router.GetEvents()
-			err = sendCounted(l.raw, p, flag|zmq.DONTWAIT, po.held)
+			err = sendBuf(l.raw, m.frames[i], flag|zmq.DONTWAIT)
 		}
 		if err != nil {
 			// ROUTER_MANDATORY reports both on the identity frame, before
@@ -226,69 +252,96 @@ func (l *loop) write(po *peerOut, r *reply) sendResult {
 			}
 			return failed
 		}
+		m.sent++
 	}
 	return sent
 }
 
-// send hands r to libzmq, or queues it behind the replies already waiting
-// for its peer, or while libzmq holds the peer's budget.
+// send admits r to its peer's budget (or drops it), copies it out of Go
+// memory and hands it to libzmq, or queues it behind the replies already
+// waiting for its peer or while libzmq refuses it at SendHWM.
 func (l *loop) send(r reply) {
+	s := l.s
 	po, err := l.peer(r.peer)
 	if err != nil {
-		l.s.stats.bad("send_failed")
+		s.stats.bad("send_failed")
 		return
 	}
-	if len(po.q) > 0 || !l.fits(po, &r) {
-		l.hold(po, r)
-		return
-	}
-	switch l.write(po, &r) {
-	case sent:
-	case peerFull:
-		l.hold(po, r)
-	case peerGone:
-		l.s.stats.repliesDropped.Add(1)
-	default:
-		l.s.stats.bad("send_failed")
-	}
-}
-
-// hold queues r for its peer within the reply budgets, or drops it.
-func (l *loop) hold(po *peerOut, r reply) {
-	s := l.s
 	n := r.size()
-	if (po.bytes > 0 && po.bytes+n > s.opts.ReplyBytesPerPeer) || (l.outBytes > 0 && l.outBytes+n > s.opts.ReplyBytes) {
+	if !l.admit(po, n) {
 		s.stats.repliesDropped.Add(1)
 		peerHex := hex.EncodeToString(r.peer)
 		if s.limiter.allow("reply_dropped|" + peerHex) {
 			s.log.Warn("reply dropped: the peer does not read its replies and its reply budget is full",
-				"peer", peerHex, "reply_bytes", n, "held_by_zmq", po.held.load(), "waiting_for_peer", po.bytes,
-				"waiting_total", l.outBytes, "budget_per_peer", s.opts.ReplyBytesPerPeer, "budget_total", s.opts.ReplyBytes)
+				"peer", peerHex, "reply_bytes", n, "charged_to_peer", po.held.load(), "charged_total", l.total.load(),
+				"budget_per_peer", s.opts.ReplyBytesPerPeer, "budget_total", s.opts.ReplyBytes)
 		}
+		l.forget(string(r.peer), po)
 		return
 	}
+	m, err := l.copyOut(po, &r)
+	if err != nil {
+		s.stats.bad("send_failed")
+		l.forget(string(r.peer), po)
+		return
+	}
+	if len(po.q) > 0 {
+		l.hold(po, m)
+		return
+	}
+	l.finishWrite(po, &m, l.write(&m))
+	l.forget(string(r.peer), po)
+}
+
+// finishWrite deals with what write did with m: a refused message waits,
+// the rest of a failed one is released.
+func (l *loop) finishWrite(po *peerOut, m *outMsg, res sendResult) {
+	switch res {
+	case sent:
+	case peerFull:
+		l.hold(po, *m)
+	case peerGone:
+		l.s.stats.repliesDropped.Add(1)
+		m.release()
+	default:
+		l.s.stats.bad("send_failed")
+		m.release()
+	}
+}
+
+// hold queues m (already within the budgets) for its peer.
+func (l *loop) hold(po *peerOut, m outMsg) {
 	if len(po.q) == 0 {
 		l.retryWait = retryFirst
 	}
-	po.q = append(po.q, r)
-	po.bytes += n
-	l.outBytes += n
-	s.stats.replyBytes.Store(l.outBytes)
+	po.q = append(po.q, m)
+	l.outBytes += m.size
+	l.s.stats.replyBytes.Store(l.outBytes)
 }
 
-// retry sends waiting replies, in order per peer, while libzmq takes them
-// within the peer's budget, and forgets peers with nothing held or waiting.
+// forget drops the state of a peer with nothing waiting or charged.
+func (l *loop) forget(key string, po *peerOut) {
+	if len(po.q) == 0 && po.held.load() == 0 {
+		po.held.free()
+		delete(l.out, key)
+	}
+}
+
+// retry sends waiting replies, in order per peer, while libzmq takes them,
+// and forgets peers with nothing waiting or charged.
 func (l *loop) retry() {
 	if len(l.out) == 0 {
 		return
 	}
 	progress := false
 	for key, po := range l.out {
-		for len(po.q) > 0 && l.fits(po, &po.q[0]) {
-			res := l.write(po, &po.q[0])
+		for len(po.q) > 0 {
+			m := &po.q[0]
+			res := l.write(m)
 			if res == peerFull {
 				break
 			}
+			progress = true
 			if res == peerGone {
 				l.s.stats.repliesDropped.Add(1)
 				l.dropQueue(po)
@@ -296,13 +349,11 @@ func (l *loop) retry() {
 			}
 			if res == failed {
 				l.s.stats.bad("send_failed")
+				m.release()
 			}
-			progress = true
-			n := po.q[0].size()
-			po.q[0] = reply{}
+			l.outBytes -= m.size
+			po.q[0] = outMsg{}
 			po.q = po.q[1:]
-			po.bytes -= n
-			l.outBytes -= n
 		}
 		if len(po.q) == 0 && po.held.load() == 0 {
 			po.held.free()
@@ -318,10 +369,14 @@ func (l *loop) retry() {
 	}
 }
 
+// dropQueue releases every reply waiting for po.
 func (l *loop) dropQueue(po *peerOut) {
 	l.s.stats.repliesDropped.Add(int64(len(po.q)))
-	l.outBytes -= po.bytes
-	po.q, po.bytes = nil, 0
+	for i := range po.q {
+		l.outBytes -= po.q[i].size
+		po.q[i].release()
+	}
+	po.q = nil
 }
 
 // dropPending forgets every waiting reply (shutdown: the socket closes).
@@ -332,13 +387,14 @@ func (l *loop) dropPending() {
 	l.s.stats.replyBytes.Store(0)
 }
 
-// freeCounters releases the peers' counters once the context is terminated
+// freeCounters releases the counters once the context is terminated
 // (libzmq has released every message by then).
 func (l *loop) freeCounters() {
 	for key, po := range l.out {
 		po.held.free()
 		delete(l.out, key)
 	}
+	l.total.free()
 }
 
 func (l *loop) events() {
@@ -394,6 +450,7 @@ func (l *loop) recv() (frames [][]byte, total, limit int64, tooMany, ok bool) {
 			frames = append(frames, f)
 		}
 	}
+	l.s.churn.add(total)
 	return frames, total, limit, tooMany, true
 }
 

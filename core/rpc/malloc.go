@@ -5,7 +5,13 @@ package rpc
 */
 import "C"
 
-import "fmt"
+import (
+	"context"
+	"fmt"
+	"runtime/debug"
+	"sync/atomic"
+	"time"
+)
 
 // MallocTuning reports what TuneMalloc set.
 type MallocTuning struct {
@@ -55,4 +61,47 @@ func TuneMalloc() MallocTuning {
 		}
 	}
 	return t
+}
+
+// Scavenging: large transient buffers (requests read from libzmq, replies
+// copied out for it, Go copies of both) are freed, but neither glibc (its
+// trim threshold is raised by TuneMalloc) nor Go's background scavenger
+// gives the pages back soon: after a burst of large messages, or an attack,
+// the process would keep hundreds of MiB resident. The server counts the
+// bytes of large messages it moved since it last gave memory back, and
+// once that passes scavengeAfter and it is idle (nothing queued, charged or
+// running) it returns freed memory to the OS: at most once per tick.
+const (
+	scavengeAfter = 64 << 20
+	scavengeTick  = time.Second
+)
+
+// churn counts the bytes of large messages moved since the last scavenge.
+type churn struct{ n atomic.Int64 }
+
+// add counts a message of n bytes; small ones do not fill the heaps.
+func (c *churn) add(n int64) {
+	if n >= 64<<10 {
+		c.n.Add(n)
+	}
+}
+
+// scavenge runs until ctx is done: each tick, when enough churn happened
+// and idle reports true, freed Go and C memory goes back to the OS.
+func (c *churn) scavenge(ctx context.Context, idle func() bool) {
+	t := time.NewTicker(scavengeTick)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if c.n.Load() < scavengeAfter || !idle() {
+			continue
+		}
+		c.n.Store(0)
+		debug.FreeOSMemory()
+		C.malloc_trim(0)
+	}
 }
