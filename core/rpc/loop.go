@@ -46,22 +46,14 @@ type loop struct {
 	shared  chan job
 	ctx     context.Context // Serve's: done means stop reading
 	hctx    context.Context // handlers'
-	buf     []reply
+	buf     []pending
 
 	raw unsafe.Pointer // libzmq's handle of router, for counted sends
 
-	// Per peer: the reply bytes charged to it (waiting here or held by
-	// libzmq) and the replies waiting here (refused at SendHWM, or behind
-	// those); total charges every peer's; outBytes sums the waiting.
-	out       map[string]*peerOut
-	total     heldCounter
+	// outBytes sums the replies waiting here for their peers (refused at
+	// SendHWM, or behind those); the per-peer state is s.rp.
 	outBytes  int64
 	retryWait time.Duration
-}
-
-type peerOut struct {
-	held heldCounter
-	q    []outMsg
 }
 
 // outMsg is a reply admitted to its peer's budget, its frames (identity,
@@ -102,7 +94,7 @@ func (l *loop) run() error {
 	pause := pollRetryFirst
 	for l.ctx.Err() == nil {
 		timeout := time.Duration(-1)
-		if len(l.out) > 0 {
+		if l.s.rp.n.Load() > 0 {
 			timeout = l.retryWait
 		}
 		polled, err := l.poll(poller, timeout)
@@ -156,7 +148,7 @@ func (l *loop) drain(done func() bool) {
 			return
 		}
 		timeout := 100 * time.Millisecond
-		if len(l.out) > 0 {
+		if l.s.rp.n.Load() > 0 {
 			timeout = l.retryWait
 		}
 		_, _ = poller.Poll(timeout)
@@ -168,8 +160,8 @@ func (l *loop) flush() {
 	l.retry()
 	l.buf = l.s.takeReplies(l.buf)
 	for i := range l.buf {
-		l.send(l.buf[i])
-		l.buf[i] = reply{}
+		l.deliver(l.buf[i])
+		l.buf[i] = pending{}
 	}
 }
 
@@ -182,45 +174,6 @@ const (
 	peerGone            // no such peer (disconnected)
 	failed
 )
-
-// peer returns the reply state of a peer, creating it.
-func (l *loop) peer(id []byte) (*peerOut, error) {
-	if po := l.out[string(id)]; po != nil {
-		return po, nil
-	}
-	h, err := newHeldCounter()
-	if err != nil {
-		return nil, err
-	}
-	po := &peerOut{held: h}
-	l.out[string(id)] = po
-	return po, nil
-}
-
-// admit reports whether a reply of n bytes fits the budgets: what is charged
-// to its peer (waiting here and held by libzmq) stays within the peer's
-// budget, and what is charged to all peers within the total. A reply is
-// always admitted to a peer with nothing charged while the total allows it,
-// and when nothing at all is charged: one reply of any legal size goes.
-func (l *loop) admit(po *peerOut, n int64) bool {
-	h, tot := po.held.load(), l.total.load()
-	return (h == 0 || h+n <= l.s.opts.ReplyBytesPerPeer) && (tot == 0 || tot+n <= l.s.opts.ReplyBytes)
-}
-
-// copyOut copies r's frames into C memory charged to po and the total.
-func (l *loop) copyOut(po *peerOut, r *reply) (outMsg, error) {
-	m := outMsg{frames: make([]cbuf, 0, 3+len(r.frames)), size: r.size()}
-	l.s.churn.add(m.size)
-	for _, b := range append([][]byte{r.peer, r.uid, r.typ}, r.frames...) {
-		c, err := copyOut(b, po.held, l.total)
-		if err != nil {
-			m.release()
-			return outMsg{}, err
-		}
-		m.frames = append(m.frames, c)
-	}
-	return m, nil
-}
 
 // write hands m's frames to libzmq without blocking or copying.
 func (l *loop) write(m *outMsg) sendResult {
@@ -257,55 +210,33 @@ func (l *loop) write(m *outMsg) sendResult {
 	return sent
 }
 
-// send admits r to its peer's budget (or drops it), copies it out of Go
-// memory and hands it to libzmq, or queues it behind the replies already
-// waiting for its peer or while libzmq refuses it at SendHWM.
+// send admits a reply made here (inline, or an error answer) and delivers it.
 func (l *loop) send(r reply) {
-	s := l.s
-	po, err := l.peer(r.peer)
-	if err != nil {
-		s.stats.bad("send_failed")
+	p, ok := l.s.prepare(&r)
+	if !ok {
 		return
 	}
-	n := r.size()
-	if !l.admit(po, n) {
-		s.stats.repliesDropped.Add(1)
-		peerHex := hex.EncodeToString(r.peer)
-		if s.limiter.allow("reply_dropped|" + peerHex) {
-			s.log.Warn("reply dropped: the peer does not read its replies and its reply budget is full",
-				"peer", peerHex, "reply_bytes", n, "charged_to_peer", po.held.load(), "charged_total", l.total.load(),
-				"budget_per_peer", s.opts.ReplyBytesPerPeer, "budget_total", s.opts.ReplyBytes)
-		}
-		l.forget(string(r.peer), po)
-		return
-	}
-	m, err := l.copyOut(po, &r)
-	if err != nil {
-		s.stats.bad("send_failed")
-		l.forget(string(r.peer), po)
-		return
-	}
-	if len(po.q) > 0 {
-		l.hold(po, m)
-		return
-	}
-	l.finishWrite(po, &m, l.write(&m))
-	l.forget(string(r.peer), po)
+	l.deliver(p)
+	l.s.rp.release(p.po)
 }
 
-// finishWrite deals with what write did with m: a refused message waits,
-// the rest of a failed one is released.
-func (l *loop) finishWrite(po *peerOut, m *outMsg, res sendResult) {
-	switch res {
+// deliver hands an admitted reply to libzmq, or queues it behind the
+// replies already waiting for its peer or while libzmq refuses it.
+func (l *loop) deliver(p pending) {
+	if len(p.po.q) > 0 {
+		l.hold(p.po, p.m)
+		return
+	}
+	switch l.write(&p.m) {
 	case sent:
 	case peerFull:
-		l.hold(po, *m)
+		l.hold(p.po, p.m)
 	case peerGone:
 		l.s.stats.repliesDropped.Add(1)
-		m.release()
+		p.m.release()
 	default:
 		l.s.stats.bad("send_failed")
-		m.release()
+		p.m.release()
 	}
 }
 
@@ -319,22 +250,16 @@ func (l *loop) hold(po *peerOut, m outMsg) {
 	l.s.stats.replyBytes.Store(l.outBytes)
 }
 
-// forget drops the state of a peer with nothing waiting or charged.
-func (l *loop) forget(key string, po *peerOut) {
-	if len(po.q) == 0 && po.held.load() == 0 {
-		po.held.free()
-		delete(l.out, key)
-	}
-}
-
 // retry sends waiting replies, in order per peer, while libzmq takes them,
-// and forgets peers with nothing waiting or charged.
+// and recycles the state of peers with nothing waiting or charged.
 func (l *loop) retry() {
-	if len(l.out) == 0 {
+	rp := l.s.rp
+	if rp.n.Load() == 0 {
 		return
 	}
 	progress := false
-	for key, po := range l.out {
+	rp.mu.Lock()
+	for _, po := range rp.m {
 		for len(po.q) > 0 {
 			m := &po.q[0]
 			res := l.write(m)
@@ -355,12 +280,13 @@ func (l *loop) retry() {
 			po.q[0] = outMsg{}
 			po.q = po.q[1:]
 		}
-		if len(po.q) == 0 && po.held.load() == 0 {
-			po.held.free()
-			delete(l.out, key)
-			progress = true
-		}
 	}
+	before := len(rp.m)
+	rp.forgetIdleLocked()
+	if len(rp.m) < before {
+		progress = true
+	}
+	rp.mu.Unlock()
 	l.s.stats.replyBytes.Store(l.outBytes)
 	if progress {
 		l.retryWait = retryFirst
@@ -381,20 +307,12 @@ func (l *loop) dropQueue(po *peerOut) {
 
 // dropPending forgets every waiting reply (shutdown: the socket closes).
 func (l *loop) dropPending() {
-	for _, po := range l.out {
+	l.s.rp.mu.Lock()
+	for _, po := range l.s.rp.m {
 		l.dropQueue(po)
 	}
+	l.s.rp.mu.Unlock()
 	l.s.stats.replyBytes.Store(0)
-}
-
-// freeCounters releases the counters once the context is terminated
-// (libzmq has released every message by then).
-func (l *loop) freeCounters() {
-	for key, po := range l.out {
-		po.held.free()
-		delete(l.out, key)
-	}
-	l.total.free()
 }
 
 func (l *loop) events() {

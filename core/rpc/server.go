@@ -233,9 +233,10 @@ type Server struct {
 	monitor *zmq.Socket
 
 	replyMu sync.Mutex
-	replies []reply
+	replies []pending // admitted replies for the socket goroutine
 	closed  bool
 	wake    *wake.Wake
+	rp      *replyPeers // set by Serve before anything replies
 
 	in    inBudget
 	churn churn // large message bytes since memory was last given back
@@ -458,6 +459,9 @@ func (s *Server) Bind() error {
 // closeSockets releases what Bind created (the caller owns the sockets).
 func (s *Server) closeSockets() {
 	s.replyMu.Lock()
+	for i := range s.replies {
+		s.replies[i].m.release()
+	}
 	s.closed, s.replies = true, nil
 	w := s.wake
 	s.replyMu.Unlock()
@@ -524,6 +528,7 @@ func (s *Server) Serve(ctx context.Context) error {
 		close(s.handlersDone)
 		return err
 	}
+	s.rp = &replyPeers{m: map[string]*peerOut{}, total: total}
 	s.log.Info("rpc server listening", "endpoint", bound, "ordered_workers", s.opts.OrderedWorkers,
 		"shared_workers", s.opts.SharedWorkers, "max_message_bytes", s.opts.MaxMessageBytes)
 
@@ -558,7 +563,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	}()
 
 	l := &loop{s: s, router: router, raw: s.raw, monitor: s.monitor, wake: w, ordered: ordered, shared: shared,
-		ctx: ctx, hctx: hctx, out: map[string]*peerOut{}, total: total, retryWait: retryFirst}
+		ctx: ctx, hctx: hctx, retryWait: retryFirst}
 	loopErr := l.run()
 	scancel()
 	<-scavenged
@@ -601,7 +606,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	hcancel()
 	l.dropPending()
 	s.closeSockets()
-	l.freeCounters()
+	s.rp.free()
 	s.log.Info("rpc server stopped", "endpoint", bound)
 	return errors.Join(loopErr, drainErr)
 }
@@ -668,20 +673,26 @@ func isClosed(ch <-chan struct{}) bool {
 	}
 }
 
-// push queues a reply for the socket goroutine.
-func (s *Server) push(r reply) {
-	s.replyMu.Lock()
-	if s.closed {
-		s.replyMu.Unlock()
+// reply admits and copies out a reply made by a worker and queues it for
+// the socket goroutine.
+func (s *Server) reply(r reply) {
+	p, ok := s.prepare(&r)
+	if !ok {
 		return
 	}
-	s.replies = append(s.replies, r)
+	s.replyMu.Lock()
+	if s.closed {
+		p.m.release()
+	} else {
+		s.replies = append(s.replies, p)
+	}
 	w := s.wake
 	s.replyMu.Unlock()
+	s.rp.release(p.po)
 	w.Signal()
 }
 
-func (s *Server) takeReplies(buf []reply) []reply {
+func (s *Server) takeReplies(buf []pending) []pending {
 	s.replyMu.Lock()
 	buf = append(buf[:0], s.replies...)
 	clear(s.replies)
@@ -700,13 +711,13 @@ func (s *Server) worker(ctx context.Context, jobs <-chan job, wg *sync.WaitGroup
 			s.finish(j, OutcomeDropped)
 			continue
 		}
-		if !j.decoded && !s.decodePayload(&j, s.push) {
+		if !j.decoded && !s.decodePayload(&j, s.reply) {
 			s.stats.inFlight.Add(-1)
 			s.in.release(j.peer, j.cost)
 			continue
 		}
 		if r, ok := s.execute(ctx, j); ok {
-			s.push(r)
+			s.reply(r)
 		}
 		// The handler is done with the payload's frames (its []byte args).
 		s.in.release(j.peer, j.cost)

@@ -195,8 +195,9 @@ func baselineRSS(t *testing.T) int64 {
 // TestSlowReaderRepliesBounded (issue 12, point 11): a peer sends 40
 // requests whose 8 MiB replies it never reads. libzmq used to queue every
 // reply (SNDHWM counts messages): +320 MiB. Now what libzmq holds for the
-// peer and what waits here are each bounded by the peer's reply budget; the
-// rest is dropped and counted, and another peer is still answered.
+// peer and what waits here are bounded together by the peer's reply budget
+// (one reply when that is larger); the rest is dropped before it is copied
+// and counted, and another peer is still answered.
 func TestSlowReaderRepliesBounded(t *testing.T) {
 	const n, size, budget = 40, 8 << 20, 16 << 20
 	body, err := protocol.Encode(make([]byte, size))
