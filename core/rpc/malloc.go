@@ -8,7 +8,9 @@ import "C"
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"runtime/debug"
+	"runtime/metrics"
 	"sync/atomic"
 	"time"
 )
@@ -69,8 +71,9 @@ func TuneMalloc() MallocTuning {
 // gives the pages back soon: after a burst of large messages, or an attack,
 // the process would keep hundreds of MiB resident. The server counts the
 // bytes of large messages it moved since it last gave memory back, and
-// once that passes scavengeAfter and it is idle (nothing queued, charged or
-// running) it returns freed memory to the OS: at most once per tick.
+// once that passes scavengeAfter, or the Go heap holds that much freed but
+// unreleased memory, and it is idle (nothing queued, charged or running)
+// it returns freed memory to the OS: at most once per tick.
 const (
 	scavengeAfter = 64 << 20
 	scavengeTick  = time.Second
@@ -88,7 +91,7 @@ func (c *churn) add(n int64) {
 
 // scavenge runs until ctx is done: each tick, when enough churn happened
 // and idle reports true, freed Go and C memory goes back to the OS.
-func (c *churn) scavenge(ctx context.Context, idle func() bool) {
+func (c *churn) scavenge(ctx context.Context, idle func() bool, log *slog.Logger) {
 	t := time.NewTicker(scavengeTick)
 	defer t.Stop()
 	for {
@@ -97,11 +100,25 @@ func (c *churn) scavenge(ctx context.Context, idle func() bool) {
 			return
 		case <-t.C:
 		}
-		if c.n.Load() < scavengeAfter || !idle() {
+		if (c.n.Load() < scavengeAfter && goHeapFree() < scavengeAfter) || !idle() {
 			continue
 		}
-		c.n.Store(0)
+		moved, free := c.n.Swap(0), goHeapFree()
+		t0 := time.Now()
 		debug.FreeOSMemory()
 		C.malloc_trim(0)
+		dropCachedReplyBuffers()
+		log.Debug("freed memory returned to the OS", "large_message_bytes", moved, "go_heap_free", free,
+			"took", time.Since(t0))
 	}
+}
+
+// goHeapFree is the Go heap's free memory not yet returned to the OS.
+func goHeapFree() int64 {
+	sample := []metrics.Sample{{Name: "/memory/classes/heap/free:bytes"}}
+	metrics.Read(sample)
+	if sample[0].Value.Kind() != metrics.KindUint64 {
+		return 0
+	}
+	return int64(sample[0].Value.Uint64())
 }

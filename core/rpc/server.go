@@ -552,14 +552,15 @@ func (s *Server) Serve(ctx context.Context) error {
 
 	stop := context.AfterFunc(ctx, w.Signal)
 	defer stop()
-	// The scavenger reads the total counter: it ends before the counter is freed.
+	// Idle: no request queued or running (replies held for peers that do
+	// not read them stay charged, and do not keep the memory of others).
 	sctx, scancel := context.WithCancel(ctx)
 	scavenged := make(chan struct{})
 	go func() {
 		defer close(scavenged)
 		s.churn.scavenge(sctx, func() bool {
-			return s.stats.inFlight.Load() == 0 && s.in.queued() == 0 && total.load() == 0
-		})
+			return s.stats.inFlight.Load() == 0 && s.in.queued() == 0
+		}, s.log)
 	}()
 
 	l := &loop{s: s, router: router, raw: s.raw, monitor: s.monitor, wake: w, ordered: ordered, shared: shared,

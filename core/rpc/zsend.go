@@ -7,18 +7,83 @@ package rpc
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <pthread.h>
 
 // A reply frame copied out of Go memory, charged to its peer's counter and
 // to the total from the copy until libzmq has written it to the connection
 // (or dropped it): what waits in kvdock and what libzmq holds are one budget.
 // zmq says whether libzmq owns the buffer: kv_free ignores the call made by
 // closing a message that libzmq refused, which stays the caller's.
-typedef struct { int64_t size; int64_t *held; int64_t *total; int zmq; } kv_buf;
+// A large buffer is mapped rather than malloc'd, so that the scavenger can
+// give it back to the OS: glibc keeps the top of a thread's arena resident
+// (TuneMalloc raises the trim threshold, and malloc_trim leaves arena tops
+// alone). Released mappings are kept for reuse, up to KV_CACHE_MAX bytes,
+// so that a stream of large replies does not map and fault pages for each;
+// kv_cache_drain unmaps them when the server is idle.
+typedef struct kv_buf { int64_t size; int64_t *held; int64_t *total; int zmq; size_t cap; struct kv_buf *next; } kv_buf;
+
+#define KV_MAP_FROM (1 << 20)
+#define KV_CACHE_MAX ((size_t)256 << 20)
+
+static pthread_mutex_t kv_cache_mu = PTHREAD_MUTEX_INITIALIZER;
+static kv_buf *kv_cache;
+static size_t kv_cached;
+
+static kv_buf *kv_map(size_t need) {
+	pthread_mutex_lock(&kv_cache_mu);
+	for (kv_buf **pp = &kv_cache; *pp != NULL; pp = &(*pp)->next) {
+		kv_buf *b = *pp;
+		if (b->cap >= need && b->cap / 2 <= need) {
+			*pp = b->next;
+			kv_cached -= b->cap;
+			pthread_mutex_unlock(&kv_cache_mu);
+			return b;
+		}
+	}
+	pthread_mutex_unlock(&kv_cache_mu);
+	size_t cap = (need + KV_MAP_FROM - 1) & ~((size_t)KV_MAP_FROM - 1);
+	void *p = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (p == MAP_FAILED) {
+		return NULL;
+	}
+	kv_buf *b = (kv_buf *)p;
+	b->cap = cap;
+	return b;
+}
 
 static void kv_release(kv_buf *b) {
 	__atomic_sub_fetch(b->held, b->size, __ATOMIC_RELEASE);
 	__atomic_sub_fetch(b->total, b->size, __ATOMIC_RELEASE);
-	free(b);
+	if (b->cap == 0) {
+		free(b);
+		return;
+	}
+	pthread_mutex_lock(&kv_cache_mu);
+	if (kv_cached + b->cap <= KV_CACHE_MAX) {
+		b->next = kv_cache;
+		kv_cache = b;
+		kv_cached += b->cap;
+		b = NULL;
+	}
+	pthread_mutex_unlock(&kv_cache_mu);
+	if (b != NULL) {
+		munmap(b, b->cap);
+	}
+}
+
+// kv_cache_drain unmaps the kept mappings.
+static void kv_cache_drain(void) {
+	pthread_mutex_lock(&kv_cache_mu);
+	kv_buf *b = kv_cache;
+	kv_cache = NULL;
+	kv_cached = 0;
+	pthread_mutex_unlock(&kv_cache_mu);
+	while (b != NULL) {
+		kv_buf *next = b->next;
+		munmap(b, b->cap);
+		b = next;
+	}
 }
 
 static void kv_free(void *data, void *hint) {
@@ -31,7 +96,15 @@ static void kv_free(void *data, void *hint) {
 
 // kv_copy copies p[0:n] into a new buffer charged to *held and *total.
 static kv_buf *kv_copy(const void *p, size_t n, int64_t *held, int64_t *total) {
-	kv_buf *b = malloc(sizeof(kv_buf) + (n ? n : 1));
+	kv_buf *b;
+	if (n >= KV_MAP_FROM) {
+		b = kv_map(sizeof(kv_buf) + n);
+	} else {
+		b = malloc(sizeof(kv_buf) + (n ? n : 1));
+		if (b != NULL) {
+			b->cap = 0;
+		}
+	}
 	if (b == NULL) {
 		return NULL;
 	}
@@ -135,6 +208,9 @@ func copyOut(b []byte, peer, total heldCounter) (cbuf, error) {
 	}
 	return cbuf{c}, nil
 }
+
+// dropCachedReplyBuffers unmaps the reply buffers kept for reuse.
+func dropCachedReplyBuffers() { C.kv_cache_drain() }
 
 // release frees a buffer libzmq did not take, uncharging it.
 func (c cbuf) release() { C.kv_release(c.p) }
