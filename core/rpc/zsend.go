@@ -24,7 +24,7 @@ package rpc
 typedef struct kv_buf { int64_t size; int64_t *held; int64_t *total; int zmq; size_t cap; struct kv_buf *next; } kv_buf;
 
 #define KV_MAP_FROM (1 << 20)
-#define KV_CACHE_MAX ((size_t)256 << 20)
+#define KV_CACHE_MAX ((size_t)64 << 20)
 
 static pthread_mutex_t kv_cache_mu = PTHREAD_MUTEX_INITIALIZER;
 static kv_buf *kv_cache;
