@@ -20,8 +20,10 @@
 // Memory bounds (a peer controls how much it sends and whether it reads):
 //   - requests queued for the workers are budgeted in bytes, per peer and in
 //     total; over budget the socket goroutine stops reading (backpressure, the
-//     waiting requests stay in libzmq, at most RecvHWM messages per peer, and
-//     in TCP buffers) until queued requests finish. No request is dropped.
+//     waiting requests stay in libzmq, at most RecvHWM messages per peer plus
+//     the one it is reading, and in TCP buffers) until queued requests
+//     finish. No request is dropped while serving. The queued payloads are
+//     Go memory until their handler ends.
 //   - replies: a reply is admitted to its peer's budget (ReplyBytesPerPeer)
 //     and the total (ReplyBytes) or dropped, counted and logged, then copied
 //     once out of Go memory into a buffer that stays charged to its peer
@@ -33,6 +35,9 @@
 //     read its replies loses them (as a ROUTER at its HWM would) and pins at
 //     most its budget, or one reply when that is larger; other peers keep
 //     being served. The Go copy of a reply is garbage once copied out.
+//   - large reply buffers are mapped (some kept for reuse), and after large
+//     traffic an idle server returns freed Go heap, glibc bins and those
+//     mappings to the OS (malloc.go).
 package rpc
 
 import (
@@ -483,9 +488,10 @@ func (s *Server) closeSockets() {
 }
 
 // Serve binds (unless Bind did) and runs the socket loop until ctx is done
-// or Shutdown is called, then stops reading, lets in-flight handlers finish
-// (bounded by DrainTimeout), sends their replies and closes the socket with
-// linger 0. It returns a bind error at once; an error wrapping
+// or Shutdown is called, then stops reading, drops the requests still
+// queued (counted as dropped), lets the running handlers finish (bounded by
+// DrainTimeout, or by the ctx of a Shutdown), sends their replies and closes
+// the socket with linger 0. It returns a bind error at once; an error wrapping
 // ErrHandlersRunning when the drain timed out; and an error when the socket
 // failed (polls failing repeatedly), which is the only way it returns by
 // itself.
