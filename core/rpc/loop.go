@@ -46,21 +46,31 @@ type loop struct {
 	shared  chan job
 	ctx     context.Context // Serve's: done means stop reading
 	hctx    context.Context // handlers'
-	buf     []reply
+	buf     []pending
 
 	raw unsafe.Pointer // libzmq's handle of router, for counted sends
 
-	// Per peer: what libzmq holds for it and the replies waiting here
-	// (over its budget or refused at SendHWM); outBytes sums the waiting.
-	out       map[string]*peerOut
+	// outBytes sums the replies waiting here for their peers (refused at
+	// SendHWM, or behind those); the per-peer state is s.rp.
 	outBytes  int64
 	retryWait time.Duration
 }
 
-type peerOut struct {
-	held  heldCounter
-	q     []reply
-	bytes int64
+// outMsg is a reply admitted to its peer's budget, its frames (identity,
+// uid, type, results) copied out to C memory; sent is how many of them
+// libzmq has taken.
+type outMsg struct {
+	frames []cbuf
+	size   int64
+	sent   int
+}
+
+// release frees the frames libzmq has not taken.
+func (m *outMsg) release() {
+	for _, f := range m.frames[m.sent:] {
+		f.release()
+	}
+	m.frames, m.sent = nil, 0
 }
 
 func (l *loop) poll(p *zmq.Poller, timeout time.Duration) ([]zmq.Polled, error) {
@@ -84,7 +94,7 @@ func (l *loop) run() error {
 	pause := pollRetryFirst
 	for l.ctx.Err() == nil {
 		timeout := time.Duration(-1)
-		if len(l.out) > 0 {
+		if l.s.rp.n.Load() > 0 {
 			timeout = l.retryWait
 		}
 		polled, err := l.poll(poller, timeout)
@@ -138,7 +148,7 @@ func (l *loop) drain(done func() bool) {
 			return
 		}
 		timeout := 100 * time.Millisecond
-		if len(l.out) > 0 {
+		if l.s.rp.n.Load() > 0 {
 			timeout = l.retryWait
 		}
 		_, _ = poller.Poll(timeout)
@@ -150,8 +160,8 @@ func (l *loop) flush() {
 	l.retry()
 	l.buf = l.s.takeReplies(l.buf)
 	for i := range l.buf {
-		l.send(l.buf[i])
-		l.buf[i] = reply{}
+		l.deliver(l.buf[i])
+		l.buf[i] = pending{}
 	}
 }
 
@@ -165,53 +175,22 @@ const (
 	failed
 )
 
-// peer returns the reply state of a peer, creating it.
-func (l *loop) peer(id []byte) (*peerOut, error) {
-	if po := l.out[string(id)]; po != nil {
-		return po, nil
-	}
-	h, err := newHeldCounter()
-	if err != nil {
-		return nil, err
-	}
-	po := &peerOut{held: h}
-	l.out[string(id)] = po
-	return po, nil
-}
-
-// fits reports whether libzmq may take r for po now: what it holds for the
-// peer stays within the budget, or it holds nothing (so any reply goes).
-func (l *loop) fits(po *peerOut, r *reply) bool {
-	h := po.held.load()
-	return h == 0 || h+r.size() <= l.s.opts.ReplyBytesPerPeer
-}
-
-// write hands r to libzmq without blocking, charging its bytes to the peer.
-func (l *loop) write(po *peerOut, r *reply) sendResult {
-	n := 3 + len(r.frames)
-	for i := range n {
-		var p []byte
-		switch i {
-		case 0:
-			p = r.peer
-		case 1:
-			p = r.uid
-		case 2:
-			p = r.typ
-		default:
-			p = r.frames[i-3]
-		}
+// write hands m's frames to libzmq without blocking or copying.
+func (l *loop) write(m *outMsg) sendResult {
+	n := len(m.frames)
+	for m.sent < n {
+		i := m.sent
 		flag := zmq.SNDMORE
 		if i == n-1 {
 			flag = 0
 		}
-		err := sendCounted(l.raw, p, flag|zmq.DONTWAIT, po.held)
+		err := sendBuf(l.raw, m.frames[i], flag|zmq.DONTWAIT)
 		if err != nil && i == 0 && zmq.AsErrno(err) == zmq.Errno(syscall.EAGAIN) {
 			// libzmq applies the peer's "queue drained" notices lazily (at
 			// most once a millisecond while sending); reading ZMQ_EVENTS
 			// applies them now, so a reading peer is not taken for a full one.
 			_, _ = l.router.GetEvents()
-			err = sendCounted(l.raw, p, flag|zmq.DONTWAIT, po.held)
+			err = sendBuf(l.raw, m.frames[i], flag|zmq.DONTWAIT)
 		}
 		if err != nil {
 			// ROUTER_MANDATORY reports both on the identity frame, before
@@ -226,69 +205,68 @@ func (l *loop) write(po *peerOut, r *reply) sendResult {
 			}
 			return failed
 		}
+		m.sent++
 	}
 	return sent
 }
 
-// send hands r to libzmq, or queues it behind the replies already waiting
-// for its peer, or while libzmq holds the peer's budget.
+// send admits a reply made here (inline, or an error answer) and delivers it.
 func (l *loop) send(r reply) {
-	po, err := l.peer(r.peer)
-	if err != nil {
-		l.s.stats.bad(protocol.KindSendFailed)
+	p, ok := l.s.prepare(&r)
+	if !ok {
 		return
 	}
-	if len(po.q) > 0 || !l.fits(po, &r) {
-		l.hold(po, r)
+	l.deliver(p)
+	l.s.rp.release(p.po)
+}
+
+// deliver hands an admitted reply to libzmq, or queues it behind the
+// replies already waiting for its peer or while libzmq refuses it.
+func (l *loop) deliver(p pending) {
+	if len(p.po.q) > 0 {
+		l.hold(p.po, p.m)
 		return
 	}
-	switch l.write(po, &r) {
+	switch l.write(&p.m) {
 	case sent:
 	case peerFull:
-		l.hold(po, r)
+		l.hold(p.po, p.m)
 	case peerGone:
 		l.s.stats.repliesDropped.Add(1)
+		p.m.release()
 	default:
 		l.s.stats.bad(protocol.KindSendFailed)
+		p.m.release()
 	}
 }
 
-// hold queues r for its peer within the reply budgets, or drops it.
-func (l *loop) hold(po *peerOut, r reply) {
-	s := l.s
-	n := r.size()
-	if (po.bytes > 0 && po.bytes+n > s.opts.ReplyBytesPerPeer) || (l.outBytes > 0 && l.outBytes+n > s.opts.ReplyBytes) {
-		s.stats.repliesDropped.Add(1)
-		peerHex := hex.EncodeToString(r.peer)
-		if s.limiter.allow("reply_dropped|" + peerHex) {
-			s.log.Warn("reply dropped: the peer does not read its replies and its reply budget is full",
-				"peer", peerHex, "reply_bytes", n, "held_by_zmq", po.held.load(), "waiting_for_peer", po.bytes,
-				"waiting_total", l.outBytes, "budget_per_peer", s.opts.ReplyBytesPerPeer, "budget_total", s.opts.ReplyBytes)
-		}
-		return
-	}
+// hold queues m (already within the budgets) for its peer.
+func (l *loop) hold(po *peerOut, m outMsg) {
 	if len(po.q) == 0 {
 		l.retryWait = retryFirst
 	}
-	po.q = append(po.q, r)
-	po.bytes += n
-	l.outBytes += n
-	s.stats.replyBytes.Store(l.outBytes)
+	po.q = append(po.q, m)
+	l.outBytes += m.size
+	l.s.stats.replyBytes.Store(l.outBytes)
 }
 
-// retry sends waiting replies, in order per peer, while libzmq takes them
-// within the peer's budget, and forgets peers with nothing held or waiting.
+// retry sends waiting replies, in order per peer, while libzmq takes them,
+// and recycles the state of peers with nothing waiting or charged.
 func (l *loop) retry() {
-	if len(l.out) == 0 {
+	rp := l.s.rp
+	if rp.n.Load() == 0 {
 		return
 	}
 	progress := false
-	for key, po := range l.out {
-		for len(po.q) > 0 && l.fits(po, &po.q[0]) {
-			res := l.write(po, &po.q[0])
+	rp.mu.Lock()
+	for _, po := range rp.m {
+		for len(po.q) > 0 {
+			m := &po.q[0]
+			res := l.write(m)
 			if res == peerFull {
 				break
 			}
+			progress = true
 			if res == peerGone {
 				l.s.stats.repliesDropped.Add(1)
 				l.dropQueue(po)
@@ -296,20 +274,19 @@ func (l *loop) retry() {
 			}
 			if res == failed {
 				l.s.stats.bad(protocol.KindSendFailed)
+				m.release()
 			}
-			progress = true
-			n := po.q[0].size()
-			po.q[0] = reply{}
+			l.outBytes -= m.size
+			po.q[0] = outMsg{}
 			po.q = po.q[1:]
-			po.bytes -= n
-			l.outBytes -= n
-		}
-		if len(po.q) == 0 && po.held.load() == 0 {
-			po.held.free()
-			delete(l.out, key)
-			progress = true
 		}
 	}
+	before := len(rp.m)
+	rp.forgetIdleLocked()
+	if len(rp.m) < before {
+		progress = true
+	}
+	rp.mu.Unlock()
 	l.s.stats.replyBytes.Store(l.outBytes)
 	if progress {
 		l.retryWait = retryFirst
@@ -318,27 +295,24 @@ func (l *loop) retry() {
 	}
 }
 
+// dropQueue releases every reply waiting for po.
 func (l *loop) dropQueue(po *peerOut) {
 	l.s.stats.repliesDropped.Add(int64(len(po.q)))
-	l.outBytes -= po.bytes
-	po.q, po.bytes = nil, 0
+	for i := range po.q {
+		l.outBytes -= po.q[i].size
+		po.q[i].release()
+	}
+	po.q = nil
 }
 
 // dropPending forgets every waiting reply (shutdown: the socket closes).
 func (l *loop) dropPending() {
-	for _, po := range l.out {
+	l.s.rp.mu.Lock()
+	for _, po := range l.s.rp.m {
 		l.dropQueue(po)
 	}
+	l.s.rp.mu.Unlock()
 	l.s.stats.replyBytes.Store(0)
-}
-
-// freeCounters releases the peers' counters once the context is terminated
-// (libzmq has released every message by then).
-func (l *loop) freeCounters() {
-	for key, po := range l.out {
-		po.held.free()
-		delete(l.out, key)
-	}
 }
 
 func (l *loop) events() {
@@ -394,6 +368,7 @@ func (l *loop) recv() (frames [][]byte, total, limit int64, tooMany, ok bool) {
 			frames = append(frames, f)
 		}
 	}
+	l.s.churn.add(total)
 	return frames, total, limit, tooMany, true
 }
 

@@ -5,7 +5,15 @@ package rpc
 */
 import "C"
 
-import "fmt"
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"runtime/metrics"
+	"sync/atomic"
+	"time"
+)
 
 // MallocTuning reports what TuneMalloc set.
 type MallocTuning struct {
@@ -55,4 +63,62 @@ func TuneMalloc() MallocTuning {
 		}
 	}
 	return t
+}
+
+// Scavenging: large transient buffers (requests read from libzmq, replies
+// copied out for it, Go copies of both) are freed, but neither glibc (its
+// trim threshold is raised by TuneMalloc) nor Go's background scavenger
+// gives the pages back soon: after a burst of large messages, or an attack,
+// the process would keep hundreds of MiB resident. The server counts the
+// bytes of large messages it moved since it last gave memory back, and
+// once that passes scavengeAfter, or the Go heap holds that much freed but
+// unreleased memory, and it is idle (nothing queued, charged or running)
+// it returns freed memory to the OS: at most once per tick.
+const (
+	scavengeAfter = 64 << 20
+	scavengeTick  = time.Second
+)
+
+// churn counts the bytes of large messages moved since the last scavenge.
+type churn struct{ n atomic.Int64 }
+
+// add counts a message of n bytes; small ones do not fill the heaps.
+func (c *churn) add(n int64) {
+	if n >= 64<<10 {
+		c.n.Add(n)
+	}
+}
+
+// scavenge runs until ctx is done: each tick, when enough churn happened
+// and idle reports true, freed Go and C memory goes back to the OS.
+func (c *churn) scavenge(ctx context.Context, idle func() bool, log *slog.Logger) {
+	t := time.NewTicker(scavengeTick)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if (c.n.Load() < scavengeAfter && goHeapFree() < scavengeAfter) || !idle() {
+			continue
+		}
+		moved, free := c.n.Swap(0), goHeapFree()
+		t0 := time.Now()
+		debug.FreeOSMemory()
+		C.malloc_trim(0)
+		dropCachedReplyBuffers()
+		log.Debug("freed memory returned to the OS", "large_message_bytes", moved, "go_heap_free", free,
+			"took", time.Since(t0))
+	}
+}
+
+// goHeapFree is the Go heap's free memory not yet returned to the OS.
+func goHeapFree() int64 {
+	sample := []metrics.Sample{{Name: "/memory/classes/heap/free:bytes"}}
+	metrics.Read(sample)
+	if sample[0].Value.Kind() != metrics.KindUint64 {
+		return 0
+	}
+	return int64(sample[0].Value.Uint64())
 }

@@ -20,18 +20,24 @@
 // Memory bounds (a peer controls how much it sends and whether it reads):
 //   - requests queued for the workers are budgeted in bytes, per peer and in
 //     total; over budget the socket goroutine stops reading (backpressure, the
-//     waiting requests stay in libzmq, at most RecvHWM messages per peer, and
-//     in TCP buffers) until queued requests finish. No request is dropped.
-//   - replies: every reply is sent through a counted send whose bytes stay
-//     charged to its peer until libzmq has written them to the connection,
-//     so the server knows what libzmq holds for each peer. A reply goes to
-//     libzmq only within the peer's budget (ReplyBytesPerPeer); otherwise, or
-//     when libzmq refuses it at SendHWM (ZMQ_ROUTER_MANDATORY: refused, not
-//     dropped), it waits in kvdock under a second budget of the same size
-//     per peer (and ReplyBytes in total). A reply past that is dropped,
-//     counted and logged: a peer that does not read its replies loses them
-//     (as a ROUTER at its HWM would), pins at most twice its budget plus one
-//     reply, and other peers keep being served.
+//     waiting requests stay in libzmq, at most RecvHWM messages per peer plus
+//     the one it is reading, and in TCP buffers) until queued requests
+//     finish. No request is dropped while serving. The queued payloads are
+//     Go memory until their handler ends.
+//   - replies: a reply is admitted to its peer's budget (ReplyBytesPerPeer)
+//     and the total (ReplyBytes) or dropped, counted and logged, then copied
+//     once out of Go memory into a buffer that stays charged to its peer
+//     and the total until libzmq has written it to the connection: waiting
+//     here (libzmq refused it at SendHWM, ZMQ_ROUTER_MANDATORY) and held by
+//     libzmq are one budget, and libzmq sends the buffer without a copy. A
+//     reply is always admitted to a peer with nothing charged (while the
+//     total allows it), so one reply of any size goes. A peer that does not
+//     read its replies loses them (as a ROUTER at its HWM would) and pins at
+//     most its budget, or one reply when that is larger; other peers keep
+//     being served. The Go copy of a reply is garbage once copied out.
+//   - large reply buffers are mapped (some kept for reuse), and after large
+//     traffic an idle server returns freed Go heap, glibc bins and those
+//     mappings to the OS (malloc.go).
 package rpc
 
 import (
@@ -117,13 +123,12 @@ type Options struct {
 	// admitted when nothing of its peer (or nothing at all) is queued.
 	QueuedRequestBytes     int64
 	PeerQueuedRequestBytes int64
-	// ReplyBytesPerPeer bounds the reply bytes libzmq holds for one peer
-	// (sent but not yet written to its connection: the peer does not read),
-	// and again those waiting in kvdock for it (default 128 MiB each); a
-	// reply past the second is dropped and counted. ReplyBytes bounds the
-	// waiting bytes of all peers (default 1 GiB). A reply always goes to
-	// libzmq when nothing is held for its peer, and is kept when nothing
-	// waits for its peer and the total allows it (or nothing waits at all).
+	// ReplyBytesPerPeer bounds the reply bytes kept for one peer, waiting
+	// in kvdock or held by libzmq (sent but not yet written to its
+	// connection: the peer does not read), default 128 MiB; a reply past it
+	// is dropped and counted. ReplyBytes bounds the same for all peers
+	// (default 1 GiB). A reply is always admitted to a peer with nothing
+	// kept while the total allows it, and when nothing is kept at all.
 	ReplyBytes        int64
 	ReplyBytesPerPeer int64
 	// PollFault, when set, is called before each poll and a non-nil error
@@ -233,13 +238,18 @@ type Server struct {
 	monitor *zmq.Socket
 
 	replyMu sync.Mutex
-	replies []reply
+	replies []pending // admitted replies for the socket goroutine
 	closed  bool
 	wake    *wake.Wake
+	rp      *replyPeers // set by Serve before anything replies
 
-	in inBudget
+	in    inBudget
+	churn churn // large message bytes since memory was last given back
 
 	serving      atomic.Bool
+	draining     atomic.Bool   // set once reading stopped: queued jobs are dropped
+	abandon      chan struct{} // closed when a Shutdown's ctx ended: stop draining
+	abandonOnce  sync.Once
 	stopMu       sync.Mutex
 	stopReq      bool
 	stopServe    context.CancelFunc
@@ -286,6 +296,7 @@ func New(opts Options) (*Server, error) {
 		in:           inBudget{peer: map[string]int64{}, freed: make(chan struct{}, 1)},
 		served:       make(chan struct{}),
 		handlersDone: make(chan struct{}),
+		abandon:      make(chan struct{}),
 	}
 	s.endpoint.Store("")
 	return s, nil
@@ -453,6 +464,9 @@ func (s *Server) Bind() error {
 // closeSockets releases what Bind created (the caller owns the sockets).
 func (s *Server) closeSockets() {
 	s.replyMu.Lock()
+	for i := range s.replies {
+		s.replies[i].m.release()
+	}
 	s.closed, s.replies = true, nil
 	w := s.wake
 	s.replyMu.Unlock()
@@ -474,9 +488,10 @@ func (s *Server) closeSockets() {
 }
 
 // Serve binds (unless Bind did) and runs the socket loop until ctx is done
-// or Shutdown is called, then stops reading, lets in-flight handlers finish
-// (bounded by DrainTimeout), sends their replies and closes the socket with
-// linger 0. It returns a bind error at once; an error wrapping
+// or Shutdown is called, then stops reading, drops the requests still
+// queued (counted as dropped), lets the running handlers finish (bounded by
+// DrainTimeout, or by the ctx of a Shutdown), sends their replies and closes
+// the socket with linger 0. It returns a bind error at once; an error wrapping
 // ErrHandlersRunning when the drain timed out; and an error when the socket
 // failed (polls failing repeatedly), which is the only way it returns by
 // itself.
@@ -511,6 +526,15 @@ func (s *Server) Serve(ctx context.Context) error {
 
 	router, w := s.router, s.wake
 	bound := s.Endpoint()
+	total, err := newHeldCounter()
+	if err != nil {
+		s.bindMu.Lock()
+		s.closeSockets()
+		s.bindMu.Unlock()
+		close(s.handlersDone)
+		return err
+	}
+	s.rp = &replyPeers{m: map[string]*peerOut{}, total: total}
 	s.log.Info("rpc server listening", "endpoint", bound, "ordered_workers", s.opts.OrderedWorkers,
 		"shared_workers", s.opts.SharedWorkers, "max_message_bytes", s.opts.MaxMessageBytes)
 
@@ -534,13 +558,28 @@ func (s *Server) Serve(ctx context.Context) error {
 
 	stop := context.AfterFunc(ctx, w.Signal)
 	defer stop()
+	// Idle: no request queued or running (replies held for peers that do
+	// not read them stay charged, and do not keep the memory of others).
+	sctx, scancel := context.WithCancel(ctx)
+	scavenged := make(chan struct{})
+	go func() {
+		defer close(scavenged)
+		s.churn.scavenge(sctx, func() bool {
+			return s.stats.inFlight.Load() == 0 && s.in.queued() == 0
+		}, s.log)
+	}()
 
 	l := &loop{s: s, router: router, raw: s.raw, monitor: s.monitor, wake: w, ordered: ordered, shared: shared,
-		ctx: ctx, hctx: hctx, out: map[string]*peerOut{}, retryWait: retryFirst}
+		ctx: ctx, hctx: hctx, retryWait: retryFirst}
 	loopErr := l.run()
+	scancel()
+	<-scavenged
 
-	// Drain: no more reads; workers finish what they hold and exit.
+	// Drain: no more reads; the handlers running finish, the requests still
+	// queued are dropped (a rebuild or exit under load must not wait for a
+	// backlog of work), and the workers exit.
 	s.log.Info("rpc server draining", "endpoint", bound, "in_flight", s.stats.inFlight.Load(), "timeout", s.opts.DrainTimeout)
+	s.draining.Store(true)
 	for _, ch := range ordered {
 		close(ch)
 	}
@@ -554,7 +593,16 @@ func (s *Server) Serve(ctx context.Context) error {
 	}()
 	timer := time.AfterFunc(s.opts.DrainTimeout, w.Signal)
 	deadline := time.Now().Add(s.opts.DrainTimeout)
-	l.drain(func() bool { return done.Load() || time.Now().After(deadline) })
+	drained := make(chan struct{})
+	go func() {
+		select {
+		case <-s.abandon:
+			w.Signal()
+		case <-drained:
+		}
+	}()
+	l.drain(func() bool { return done.Load() || time.Now().After(deadline) || isClosed(s.abandon) })
+	close(drained)
 	timer.Stop()
 	var drainErr error
 	if !done.Load() {
@@ -566,7 +614,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	hcancel()
 	l.dropPending()
 	s.closeSockets()
-	l.freeCounters()
+	s.rp.free()
 	s.log.Info("rpc server stopped", "endpoint", bound)
 	return errors.Join(loopErr, drainErr)
 }
@@ -595,30 +643,64 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	select {
 	case <-s.served:
 	case <-ctx.Done():
-		return fmt.Errorf("%w (%d in flight): %w", ErrHandlersRunning, s.stats.inFlight.Load(), ctx.Err())
+		return s.abandonDrain(ctx)
 	}
 	select {
 	case <-s.handlersDone:
 		return nil
 	case <-ctx.Done():
-		return fmt.Errorf("%w (%d in flight): %w", ErrHandlersRunning, s.stats.inFlight.Load(), ctx.Err())
+		return s.abandonDrain(ctx)
 	}
 }
 
-// push queues a reply for the socket goroutine.
-func (s *Server) push(r reply) {
-	s.replyMu.Lock()
-	if s.closed {
-		s.replyMu.Unlock()
+// abandonGrace is how long a Shutdown whose ctx ended still waits for Serve
+// to close the socket: only a handler run by the socket goroutine itself
+// (the inline class) holds it longer.
+const abandonGrace = time.Second
+
+// abandonDrain ends Serve's drain now (the replies of handlers still running
+// are dropped) and waits, briefly, for the socket to be closed, so that the
+// caller may bind the port again.
+func (s *Server) abandonDrain(ctx context.Context) error {
+	s.abandonOnce.Do(func() { close(s.abandon) })
+	t := time.NewTimer(abandonGrace)
+	defer t.Stop()
+	select {
+	case <-s.served:
+	case <-t.C:
+	}
+	return fmt.Errorf("%w (%d in flight): %w", ErrHandlersRunning, s.stats.inFlight.Load(), ctx.Err())
+}
+
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+// reply admits and copies out a reply made by a worker and queues it for
+// the socket goroutine.
+func (s *Server) reply(r reply) {
+	p, ok := s.prepare(&r)
+	if !ok {
 		return
 	}
-	s.replies = append(s.replies, r)
+	s.replyMu.Lock()
+	if s.closed {
+		p.m.release()
+	} else {
+		s.replies = append(s.replies, p)
+	}
 	w := s.wake
 	s.replyMu.Unlock()
+	s.rp.release(p.po)
 	w.Signal()
 }
 
-func (s *Server) takeReplies(buf []reply) []reply {
+func (s *Server) takeReplies(buf []pending) []pending {
 	s.replyMu.Lock()
 	buf = append(buf[:0], s.replies...)
 	clear(s.replies)
@@ -630,13 +712,20 @@ func (s *Server) takeReplies(buf []reply) []reply {
 func (s *Server) worker(ctx context.Context, jobs <-chan job, wg *sync.WaitGroup) {
 	defer wg.Done()
 	for j := range jobs {
-		if !j.decoded && !s.decodePayload(&j, s.push) {
+		if s.draining.Load() {
+			// Not started before the stop: dropped, not run.
+			s.stats.inFlight.Add(-1)
+			s.in.release(j.peer, j.cost)
+			s.finish(j, OutcomeDropped)
+			continue
+		}
+		if !j.decoded && !s.decodePayload(&j, s.reply) {
 			s.stats.inFlight.Add(-1)
 			s.in.release(j.peer, j.cost)
 			continue
 		}
 		if r, ok := s.execute(ctx, j); ok {
-			s.push(r)
+			s.reply(r)
 		}
 		// The handler is done with the payload's frames (its []byte args).
 		s.in.release(j.peer, j.cost)

@@ -195,8 +195,9 @@ func baselineRSS(t *testing.T) int64 {
 // TestSlowReaderRepliesBounded (issue 12, point 11): a peer sends 40
 // requests whose 8 MiB replies it never reads. libzmq used to queue every
 // reply (SNDHWM counts messages): +320 MiB. Now what libzmq holds for the
-// peer and what waits here are each bounded by the peer's reply budget; the
-// rest is dropped and counted, and another peer is still answered.
+// peer and what waits here are bounded together by the peer's reply budget
+// (one reply when that is larger); the rest is dropped before it is copied
+// and counted, and another peer is still answered.
 func TestSlowReaderRepliesBounded(t *testing.T) {
 	const n, size, budget = 40, 8 << 20, 16 << 20
 	body, err := protocol.Encode(make([]byte, size))
@@ -556,5 +557,75 @@ func TestShutdownWhileOverBudget(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("Serve did not return")
+	}
+}
+
+// TestShutdownUnderBacklog (issue 12, point 3, a rebuild under retrieve
+// load): with requests queued behind a running handler, a Shutdown whose
+// ctx ends must (1) drop the queued requests instead of running them, and
+// (2) close the socket before it returns, so that a restart or a rollback
+// can bind the port again at once. On a64a735 the workers ran the whole
+// backlog and the socket stayed bound for the full drain timeout: the
+// rollback of a rebuild failed with "address already in use" and the
+// server was left without a wire server.
+func TestShutdownUnderBacklog(t *testing.T) {
+	srv, err := rpc.New(rpc.Options{Host: "localhost", Profile: profile(t, "nongpu-v1"), Logger: quietLogger(),
+		DrainTimeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	entered, release := make(chan struct{}), make(chan struct{})
+	var calls atomic.Int64
+	srv.Handle(protocol.QueryPrefetchStatus, func(context.Context, *rpc.Request) (any, error) {
+		if calls.Add(1) == 1 {
+			close(entered)
+			<-release
+		}
+		return int64(1), nil
+	})
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(context.Background()) }()
+	<-srv.Bound()
+	d := rawDealer(t, srv.Endpoint())
+	const backlog = 50
+	for i := range backlog {
+		sendFrames(t, d, enc(t, i), enc(t, 6), enc(t, fmt.Sprint("req", i)))
+	}
+	<-entered
+	// Every request is read (queued) before the stop.
+	deadline := time.Now().Add(5 * time.Second)
+	for srv.Stats().InFlight < backlog && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	sctx, scancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	t0 := time.Now()
+	err = srv.Shutdown(sctx)
+	scancel()
+	if !errors.Is(err, rpc.ErrHandlersRunning) {
+		t.Fatalf("Shutdown with a handler running: %v", err)
+	}
+	if d := time.Since(t0); d > 3*time.Second {
+		t.Errorf("Shutdown took %v with a 100 ms ctx (the drain timeout is 10 s)", d)
+	}
+	port := strings.TrimPrefix(srv.Endpoint(), "tcp://127.0.0.1:")
+	var p int
+	fmt.Sscan(port, &p)
+	again, _ := rpc.New(rpc.Options{Port: p, Profile: profile(t, "nongpu-v1"), Logger: quietLogger()})
+	if err := again.Bind(); err != nil {
+		t.Errorf("port not released when Shutdown returned: %v", err)
+	}
+	_ = again.Shutdown(context.Background())
+	close(release)
+	select {
+	case <-srv.HandlersDone():
+	case <-time.After(5 * time.Second):
+		t.Fatal("HandlersDone not closed after the handler returned")
+	}
+	<-served
+	if n := calls.Load(); n != 1 {
+		t.Errorf("%d handlers ran; only the one running at the stop should (the %d queued are dropped)", n, backlog-1)
+	}
+	if st := srv.Stats(); st.InFlight != 0 {
+		t.Errorf("%d requests still counted in flight after the drain", st.InFlight)
 	}
 }

@@ -7,45 +7,131 @@ package rpc
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <pthread.h>
 
-// A message body with the counter it is charged to: libzmq calls kv_free
-// once it has written the message to the connection (or dropped it), which
-// is the moment its bytes stop being held for that peer.
-typedef struct { int64_t size; int64_t *held; } kv_hdr;
+// A reply frame copied out of Go memory, charged to its peer's counter and
+// to the total from the copy until libzmq has written it to the connection
+// (or dropped it): what waits in kvdock and what libzmq holds are one budget.
+// zmq says whether libzmq owns the buffer: kv_free ignores the call made by
+// closing a message that libzmq refused, which stays the caller's.
+// A large buffer is mapped rather than malloc'd, so that the scavenger can
+// give it back to the OS: glibc keeps the top of a thread's arena resident
+// (TuneMalloc raises the trim threshold, and malloc_trim leaves arena tops
+// alone). Released mappings are kept for reuse, up to KV_CACHE_MAX bytes,
+// so that a stream of large replies does not map and fault pages for each;
+// kv_cache_drain unmaps them when the server is idle.
+typedef struct kv_buf { int64_t size; int64_t *held; int64_t *total; int zmq; size_t cap; struct kv_buf *next; } kv_buf;
 
-static void kv_free(void *data, void *hint) {
-	kv_hdr *h = (kv_hdr *)hint;
-	(void)data;
-	__atomic_sub_fetch(h->held, h->size, __ATOMIC_RELEASE);
-	free(h);
+#define KV_MAP_FROM (1 << 20)
+#define KV_CACHE_MAX ((size_t)64 << 20)
+
+static pthread_mutex_t kv_cache_mu = PTHREAD_MUTEX_INITIALIZER;
+static kv_buf *kv_cache;
+static size_t kv_cached;
+
+static kv_buf *kv_map(size_t need) {
+	pthread_mutex_lock(&kv_cache_mu);
+	for (kv_buf **pp = &kv_cache; *pp != NULL; pp = &(*pp)->next) {
+		kv_buf *b = *pp;
+		if (b->cap >= need && b->cap / 2 <= need) {
+			*pp = b->next;
+			kv_cached -= b->cap;
+			pthread_mutex_unlock(&kv_cache_mu);
+			return b;
+		}
+	}
+	pthread_mutex_unlock(&kv_cache_mu);
+	size_t cap = (need + KV_MAP_FROM - 1) & ~((size_t)KV_MAP_FROM - 1);
+	void *p = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (p == MAP_FAILED) {
+		return NULL;
+	}
+	kv_buf *b = (kv_buf *)p;
+	b->cap = cap;
+	return b;
 }
 
-// kv_send sends a copy of p[0:n] on sock, charging n bytes to *held until
-// libzmq releases the message.
-static int kv_send(void *sock, const void *p, size_t n, int flags, int64_t *held) {
-	kv_hdr *h = malloc(sizeof(kv_hdr) + (n ? n : 1));
-	if (h == NULL) {
-		errno = ENOMEM;
-		return -1;
+static void kv_release(kv_buf *b) {
+	__atomic_sub_fetch(b->held, b->size, __ATOMIC_RELEASE);
+	__atomic_sub_fetch(b->total, b->size, __ATOMIC_RELEASE);
+	if (b->cap == 0) {
+		free(b);
+		return;
 	}
-	char *data = (char *)h + sizeof(kv_hdr);
+	pthread_mutex_lock(&kv_cache_mu);
+	if (kv_cached + b->cap <= KV_CACHE_MAX) {
+		b->next = kv_cache;
+		kv_cache = b;
+		kv_cached += b->cap;
+		b = NULL;
+	}
+	pthread_mutex_unlock(&kv_cache_mu);
+	if (b != NULL) {
+		munmap(b, b->cap);
+	}
+}
+
+// kv_cache_drain unmaps the kept mappings.
+static void kv_cache_drain(void) {
+	pthread_mutex_lock(&kv_cache_mu);
+	kv_buf *b = kv_cache;
+	kv_cache = NULL;
+	kv_cached = 0;
+	pthread_mutex_unlock(&kv_cache_mu);
+	while (b != NULL) {
+		kv_buf *next = b->next;
+		munmap(b, b->cap);
+		b = next;
+	}
+}
+
+static void kv_free(void *data, void *hint) {
+	kv_buf *b = (kv_buf *)hint;
+	(void)data;
+	if (b->zmq) {
+		kv_release(b);
+	}
+}
+
+// kv_copy copies p[0:n] into a new buffer charged to *held and *total.
+static kv_buf *kv_copy(const void *p, size_t n, int64_t *held, int64_t *total) {
+	kv_buf *b;
+	if (n >= KV_MAP_FROM) {
+		b = kv_map(sizeof(kv_buf) + n);
+	} else {
+		b = malloc(sizeof(kv_buf) + (n ? n : 1));
+		if (b != NULL) {
+			b->cap = 0;
+		}
+	}
+	if (b == NULL) {
+		return NULL;
+	}
 	if (n) {
-		memcpy(data, p, n);
+		memcpy((char *)b + sizeof(kv_buf), p, n);
 	}
-	h->size = (int64_t)n;
-	h->held = held;
+	b->size = (int64_t)n;
+	b->held = held;
+	b->total = total;
+	b->zmq = 0;
 	__atomic_add_fetch(held, (int64_t)n, __ATOMIC_RELAXED);
+	__atomic_add_fetch(total, (int64_t)n, __ATOMIC_RELAXED);
+	return b;
+}
+
+// kv_send hands b to libzmq without a copy. On success libzmq owns it and
+// releases it through kv_free; on failure it is still the caller's.
+static int kv_send(void *sock, kv_buf *b, int flags) {
 	zmq_msg_t m;
-	if (zmq_msg_init_data(&m, data, n, kv_free, h) != 0) {
-		int e = errno;
-		__atomic_sub_fetch(held, (int64_t)n, __ATOMIC_RELAXED);
-		free(h);
-		errno = e;
+	if (zmq_msg_init_data(&m, (char *)b + sizeof(kv_buf), (size_t)b->size, kv_free, b) != 0) {
 		return -1;
 	}
+	b->zmq = 1;
 	int rc = zmq_msg_send(&m, sock, flags);
 	if (rc < 0) {
 		int e = errno;
+		b->zmq = 0; // no other thread has seen the message
 		zmq_msg_close(&m);
 		errno = e;
 	}
@@ -88,8 +174,9 @@ func rawSocket(s *zmq.Socket) (unsafe.Pointer, error) {
 	return p, nil
 }
 
-// heldCounter is a C-allocated count of the bytes libzmq holds for one peer
-// (written by libzmq's I/O thread, read here atomically).
+// heldCounter is a C-allocated count of reply bytes copied out for a peer
+// (or for all peers) and not yet released by libzmq: decremented by libzmq's
+// I/O thread, read here atomically.
 type heldCounter struct{ p *C.int64_t }
 
 func newHeldCounter() (heldCounter, error) {
@@ -102,17 +189,36 @@ func newHeldCounter() (heldCounter, error) {
 
 func (h heldCounter) load() int64 { return atomic.LoadInt64((*int64)(unsafe.Pointer(h.p))) }
 
-// free releases the counter; only once it reads 0 (no message charges it).
+// free releases the counter; only once it reads 0 (no buffer charges it).
 func (h heldCounter) free() { C.kv_counter_free(h.p) }
 
-// sendCounted sends one frame, charging its bytes to h until libzmq has
-// written or dropped it.
-func sendCounted(sock unsafe.Pointer, b []byte, flags zmq.Flag, h heldCounter) error {
+// cbuf is one reply frame in C memory, charged to its peer and the total.
+type cbuf struct{ p *C.kv_buf }
+
+// copyOut copies b into C memory charged to peer and total; the Go copy
+// can be collected at once.
+func copyOut(b []byte, peer, total heldCounter) (cbuf, error) {
 	var p unsafe.Pointer
 	if len(b) > 0 {
 		p = unsafe.Pointer(&b[0])
 	}
-	rc, err := C.kv_send(sock, p, C.size_t(len(b)), C.int(flags), h.p)
+	c := C.kv_copy(p, C.size_t(len(b)), peer.p, total.p)
+	if c == nil {
+		return cbuf{}, errors.New("rpc: out of memory for a reply")
+	}
+	return cbuf{c}, nil
+}
+
+// dropCachedReplyBuffers unmaps the reply buffers kept for reuse.
+func dropCachedReplyBuffers() { C.kv_cache_drain() }
+
+// release frees a buffer libzmq did not take, uncharging it.
+func (c cbuf) release() { C.kv_release(c.p) }
+
+// sendBuf hands one frame to libzmq without a copy. On success libzmq owns
+// it; on error it is still the caller's (to retry or release).
+func sendBuf(sock unsafe.Pointer, c cbuf, flags zmq.Flag) error {
+	rc, err := C.kv_send(sock, c.p, C.int(flags))
 	if rc < 0 {
 		if errno, ok := err.(syscall.Errno); ok {
 			return zmq.Errno(errno)

@@ -16,6 +16,7 @@ import (
 
 	"kvdock/core/protocol"
 	"kvdock/core/rpc/client"
+	"kvdock/settings"
 	"kvdock/tests/harness"
 	"kvdock/transfer/torchpickle"
 )
@@ -592,7 +593,14 @@ func attackSlowReader(t *testing.T, srv *harness.Server, base int64) {
 		}
 	})
 	alive(t, srv, time.Second, "40 PREPARE_RETRIEVEs never read")
-	checkBound(t, "40 unread PREPARE_RETRIEVE replies", b, peak, replyBytes/4/kib+64<<10, replyBytes)
+	// What the server keeps for a peer that does not read is its reply
+	// budget (server.queued_reply_bytes_per_peer, waiting here and held by
+	// libzmq together), or one reply when that is larger; the Go copy of a
+	// reply is garbage once it is copied out. Bound: the default budget,
+	// one reply, and 64 MiB for the Go heap and malloc's slack.
+	budget := settings.Default().Server.QueuedReplyBytesPerPeer
+	oneReply := int64(nch) * int64(p.chunkBytes)
+	checkBound(t, "40 unread PREPARE_RETRIEVE replies", b, peak, (budget+oneReply)/kib+64<<10, replyBytes)
 	raw.close()
 	_, _ = p.c.Call(ctx, protocol.UnregisterKVCache, p.id)
 }
@@ -954,8 +962,11 @@ func heavyRetrieves(t *testing.T, srv *harness.Server, id int64) func() string {
 // TestHostileStopUnderRetrieveLoad: a rebuild (SIGHUP with a changed
 // l1.align_bytes) and then SIGTERM, each while more pickle retrieves are
 // queued than the drain allows: the pool must not be unmapped under a
-// handler (no runtime fault), the rebuilt server must serve, and SIGTERM
-// must exit 0.
+// handler (no runtime fault), the rebuild must be applied and the rebuilt
+// server must serve, and SIGTERM must exit 0. Before the drain dropped
+// queued requests, the backlog outlasted the drain: the rebuild was refused,
+// and its rollback found the old socket still bound ("address already in
+// use"), leaving the server without a wire front.
 func TestHostileStopUnderRetrieveLoad(t *testing.T) {
 	rounds := 1
 	if attackFull() {
@@ -978,9 +989,15 @@ func TestHostileStopUnderRetrieveLoad(t *testing.T) {
 		if err := syscall.Kill(srv.PID(), syscall.SIGHUP); err != nil {
 			t.Fatal(err)
 		}
-		// The rebuild drains the wire server (up to its drain timeout),
-		// then replaces the pool; the new one must serve.
-		alive(t, srv, 30*time.Second, "a rebuild under retrieve load")
+		// The rebuild stops the wire server (the handlers running finish,
+		// the queued requests are dropped), replaces the pool and serves
+		// again. A client that connects before the old socket closes loses
+		// its request with it, so the NOOP waits for the rebuild's outcome.
+		waitFor(t, 30*time.Second, "the rebuild's outcome logged", func() bool { return strings.Contains(srv.Output(), "SIGHUP: ") })
+		if !strings.Contains(srv.Output(), "SIGHUP: applied") {
+			t.Fatalf("round %d: the rebuild under load was not applied:\n%s", round, grepLines(srv.Output(), "SIGHUP"))
+		}
+		alive(t, srv, 5*time.Second, "a rebuild under retrieve load")
 		t.Logf("round %d: rebuild with %d retrieves in flight; serving again after %v; %s", round, queued,
 			time.Since(start).Round(time.Millisecond), wait())
 		if f := fatalIn(srv.Output()); f != "" {
@@ -1001,6 +1018,17 @@ func TestHostileStopUnderRetrieveLoad(t *testing.T) {
 
 // lockReads runs LOOKUP with tp_size tp (tp read locks per chunk) and
 // waits for its job.
+// grepLines is the lines of out that contain s.
+func grepLines(out, s string) string {
+	var b strings.Builder
+	for _, l := range strings.Split(out, "\n") {
+		if strings.Contains(l, s) {
+			b.WriteString(l + "\n")
+		}
+	}
+	return b.String()
+}
+
 func lockReads(t testing.TB, c *client.Client, model string, toks []uint32, req string, tp int) int {
 	t.Helper()
 	ctx := context.Background()
