@@ -1,12 +1,12 @@
 package rpc
 
 import (
-	"kvdock/core/protocol"
-
 	"encoding/hex"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"kvdock/core/protocol"
 )
 
 // replyPeers is the reply state of every peer, shared by the goroutines
