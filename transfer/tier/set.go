@@ -264,7 +264,9 @@ func (s *Set) Stats() []tierstate.Tier {
 		t.Loads, t.LoadTimeouts = m.st.loads.Load(), m.st.timeouts.Load()
 		t.QueueDepth = int(m.st.queued.Load())
 		t.QueueBytes = m.st.qbytes.Load()
-		t.DroppedWrites = m.st.dropped.Load()
+		// A write the tier refused (full, down) is as lost as one the full
+		// queue dropped: both count, as the faces promise.
+		t.DroppedWrites = m.st.dropped.Load() + m.st.failed.Load()
 		out[i] = t
 	}
 	return out

@@ -206,6 +206,30 @@ func TestWriteBehindStoresPublishedBytes(t *testing.T) {
 	}
 }
 
+// TestWriteBehindFailedWritesCountAsDropped: writes the tier refuses (a
+// full filesystem, a server down) show in the snapshot's DroppedWrites, the
+// figure /status and /metrics carry.
+func TestWriteBehindFailedWritesCountAsDropped(t *testing.T) {
+	lay := testLayout(t)
+	p := openPool(t, 1<<20)
+	mt := memtier.New()
+	mt.SetDown("no space left")
+	s := newSet(t, p, lay, tier.Options{}, mt)
+	var ks []keys.ObjectKey
+	for i := range 4 {
+		k := testKey(i)
+		store(t, p, k, payload(int(lay.Bytes), i))
+		ks = append(ks, k)
+	}
+	s.Enqueue(ks, lay)
+	if q := waitQueue(t, s, 0); q.Failed != 4 || q.Dropped != 0 {
+		t.Fatalf("queue %+v, want 4 failed", q)
+	}
+	if st := s.Stats()[0]; st.DroppedWrites != 4 {
+		t.Fatalf("DroppedWrites %d for 4 refused writes: %+v", st.DroppedWrites, st)
+	}
+}
+
 func TestWriteBehindFullQueueDropsAndNeverBlocks(t *testing.T) {
 	lay := testLayout(t)
 	p := openPool(t, 1<<20)
