@@ -5,9 +5,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -195,6 +198,18 @@ func TestTierRESPServerKilledAndRestarted(t *testing.T) {
 		t.Fatalf("redis holds %q keys (%v) after the tier came back: writes do not reach it", n, err)
 	}
 	stillServing(t, w, 301)
+	// The events pane tells the story: down with the reason, then up (the
+	// watcher reports within a tick of /status).
+	waitFor(t, 10*time.Second, "tier down and up again in the events", func() bool {
+		var sawDown, sawUp bool
+		for _, e := range status(t, srv).Events {
+			if e.Kind == "tier" {
+				sawDown = sawDown || strings.Contains(e.Message, "is down (")
+				sawUp = sawUp || (sawDown && strings.Contains(e.Message, "is up"))
+			}
+		}
+		return sawUp
+	})
 	t.Logf("down reason: %q; traffic: %d good chunks", down.Reason, good.Load())
 }
 
@@ -398,5 +413,44 @@ func TestTierFSFilesystemFull(t *testing.T) {
 		}
 	}
 	stillServing(t, w, 100)
+	waitTierIdle(t, srv)
+	ts = tier0(t, srv)
+	if v := metricValue(t, srv, `kvdock_tier_dropped_writes_total{index="0",type="fs"}`); v != float64(ts.DroppedWrites) {
+		t.Errorf("/metrics dropped writes %v, /status %d", v, ts.DroppedWrites)
+	}
+	waitFor(t, 10*time.Second, "the fs tier's degraded state in the events", func() bool {
+		for _, e := range status(t, srv).Events {
+			if e.Kind == "tier" && strings.Contains(e.Message, "is degraded (no space left") {
+				return true
+			}
+		}
+		return false
+	})
 	t.Logf("full tier: %d objects, %d dropped writes, %s (%s)", ts.Objects, ts.DroppedWrites, ts.State, ts.Reason)
+}
+
+// metricValue is the value of the /metrics sample named series exactly
+// (name with its labels).
+func metricValue(t *testing.T, srv *harness.Server, series string) float64 {
+	t.Helper()
+	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", srv.HTTPPort))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(body), "\n") {
+		if v, ok := strings.CutPrefix(line, series+" "); ok {
+			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			if err != nil {
+				t.Fatalf("%s: %v", line, err)
+			}
+			return f
+		}
+	}
+	t.Fatalf("/metrics has no %s", series)
+	return 0
 }
