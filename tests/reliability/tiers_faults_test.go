@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -93,22 +92,30 @@ func (w *gworker) storePrompt(t *testing.T, seed, n int) {
 // the chunks with the right bytes and the ones with wrong bytes.
 func (w *gworker) checkPrompt(t *testing.T, seed, n int) (good, wrong int) {
 	t.Helper()
-	ctx := context.Background()
+	good, wrong, err := w.tryPrompt(context.Background(), seed, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return good, wrong
+}
+
+// tryPrompt is checkPrompt for goroutines other than the test's.
+func (w *gworker) tryPrompt(ctx context.Context, seed, n int) (good, wrong int, err error) {
 	toks, data := w.prompt(seed, n)
 	req := fmt.Sprintf("c-%d-%d", seed, time.Now().UnixNano())
 	hits, err := lookupKeep(ctx, w.c, w.model, toks, req)
 	if err != nil {
-		t.Fatalf("lookup prompt %d: %v", seed, err)
+		return 0, 0, fmt.Errorf("lookup prompt %d: %w", seed, err)
 	}
 	defer func() { _, _ = w.c.Call(ctx, protocol.EndSession, req) }()
 	if hits == 0 {
-		return 0, 0
+		return 0, 0, nil
 	}
 	var got [][]byte
 	if _, err := w.wk().Retrieve(ctx, w.key(toks, hits, req), func(_ int, chunk []byte) {
 		got = append(got, bytes.Clone(chunk))
 	}); err != nil {
-		t.Fatalf("retrieve prompt %d: %v", seed, err)
+		return 0, 0, fmt.Errorf("retrieve prompt %d: %w", seed, err)
 	}
 	for i, g := range got {
 		if bytes.Equal(g, data[i]) {
@@ -117,7 +124,7 @@ func (w *gworker) checkPrompt(t *testing.T, seed, n int) (good, wrong int) {
 			wrong++
 		}
 	}
-	return good, wrong
+	return good, wrong, nil
 }
 
 // stillServing stores and reads back a fresh prompt through L1.
@@ -151,21 +158,28 @@ func TestTierRESPServerKilledAndRestarted(t *testing.T) {
 	tw := tierWorker(t, srv, 2, "resp-kill", hidden)
 	var wrong, good atomic.Int64
 	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
+	traffic := make(chan error, 1)
 	go func() {
-		defer wg.Done()
-		for seed := 100; ; seed++ {
-			select {
-			case <-stop:
-				return
-			default:
+		traffic <- func() error {
+			ctx := context.Background()
+			for seed := 100; ; seed++ {
+				select {
+				case <-stop:
+					return nil
+				default:
+				}
+				toks, data := tw.prompt(seed, 2)
+				if _, err := tw.store(ctx, toks, data, fmt.Sprintf("s-%d", seed)); err != nil {
+					return fmt.Errorf("store prompt %d: %w", seed, err)
+				}
+				g, b, err := tw.tryPrompt(ctx, seed, 2)
+				if err != nil {
+					return err
+				}
+				good.Add(int64(g))
+				wrong.Add(int64(b))
 			}
-			tw.storePrompt(t, seed, 2)
-			g, b := tw.checkPrompt(t, seed, 2)
-			good.Add(int64(g))
-			wrong.Add(int64(b))
-		}
+		}()
 	}()
 	r.Kill()
 	waitFor(t, 15*time.Second, "resp tier down", func() bool { return tier0(t, srv).State == "down" })
@@ -187,7 +201,9 @@ func TestTierRESPServerKilledAndRestarted(t *testing.T) {
 	r.Restart()
 	waitFor(t, 30*time.Second, "resp tier up again", func() bool { return tier0(t, srv).State == "up" })
 	close(stop)
-	wg.Wait()
+	if err := <-traffic; err != nil {
+		t.Fatalf("traffic across the kill: %v", err)
+	}
 	if wrong.Load() != 0 || good.Load() == 0 {
 		t.Fatalf("traffic across the kill: %d good, %d wrong chunks", good.Load(), wrong.Load())
 	}
