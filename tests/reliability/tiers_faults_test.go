@@ -296,7 +296,8 @@ func chunkFiles(t *testing.T, dir string) []string {
 
 // TestTierRESPForeignLayoutIsAMiss: a host with another layout (same model
 // name and chunk size, hidden 32 instead of 16) writes its values under the
-// same redis keys; a host with the first layout never serves them.
+// same redis keys, and a byte of other values is flipped by hand in redis
+// (SETRANGE); a host with the first layout never serves either.
 func TestTierRESPForeignLayoutIsAMiss(t *testing.T) {
 	r := redisserver.Start(t, redisserver.Options{})
 	args := []string{"--chunk-size", "16", "--l2-adapter",
@@ -313,6 +314,32 @@ func TestTierRESPForeignLayoutIsAMiss(t *testing.T) {
 	if n, err := r.Do(t.Context(), "DBSIZE"); err != nil || n != "2" {
 		t.Fatalf("redis holds %q keys (%v): the foreign host did not overwrite the 2 keys", n, err)
 	}
+	// Prompt 3 stored by the own host, then its last payload bytes flipped.
+	old := redisKeys(t, r)
+	ow.storePrompt(t, 3, 2)
+	waitTierIdle(t, own)
+	flipped := 0
+	for k := range redisKeys(t, r) {
+		if old[k] {
+			continue
+		}
+		n, err := r.Do(t.Context(), "STRLEN", k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		last, err := r.Do(t.Context(), "GETRANGE", k, "-1", "-1")
+		if err != nil || len(last) != 1 {
+			t.Fatalf("GETRANGE %s: %q %v", k, last, err)
+		}
+		at, _ := strconv.Atoi(n)
+		if _, err := r.Do(t.Context(), "SETRANGE", k, strconv.Itoa(at-1), string([]byte{last[0] ^ 0x01})); err != nil {
+			t.Fatal(err)
+		}
+		flipped++
+	}
+	if flipped != 2 {
+		t.Fatalf("flipped %d values, want prompt 3's 2", flipped)
+	}
 
 	reader := harness.Start(t, args...)
 	rw := tierWorker(t, reader, 1, "resp-foreign", hidden)
@@ -322,7 +349,28 @@ func TestTierRESPForeignLayoutIsAMiss(t *testing.T) {
 	if ts := tier0(t, reader); ts.Corrupt == 0 {
 		t.Fatalf("foreign values not counted as corrupt: %+v", ts)
 	}
+	before := tier0(t, reader).Corrupt
+	if good, wrong := rw.checkPrompt(t, 3, 2); good != 0 || wrong != 0 {
+		t.Fatalf("flipped values: %d good, %d wrong chunks served", good, wrong)
+	}
+	if ts := tier0(t, reader); ts.Corrupt == before {
+		t.Fatalf("flipped values not counted as corrupt: %+v", ts)
+	}
 	stillServing(t, rw, 2)
+}
+
+// redisKeys lists r's keys (redis-cli --scan).
+func redisKeys(t *testing.T, r *redisserver.Server) map[string]bool {
+	t.Helper()
+	out, err := exec.CommandContext(t.Context(), "redis-cli", "-p", strconv.Itoa(r.Port), "--scan").Output()
+	if err != nil {
+		t.Fatalf("redis-cli --scan: %v", err)
+	}
+	keys := map[string]bool{}
+	for _, k := range strings.Fields(string(out)) {
+		keys[k] = true
+	}
+	return keys
 }
 
 // TestTierKvdockKilledDuringWrites: kvdock is SIGKILLed while a worker
