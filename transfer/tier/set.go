@@ -46,10 +46,12 @@ const (
 	DefaultQueueBytes     = 256 << 20
 	DefaultQueueItems     = 4096
 	DefaultWorkersPerTier = 2
-	DefaultMaxInFlight    = 8
-	DefaultLoadTimeout    = 2 * time.Second
-	DefaultWriteTimeout   = 30 * time.Second
-	DefaultMaxJobs        = 64
+	// watchEvery is how often Run looks at the tiers' states for events.
+	watchEvery          = 250 * time.Millisecond
+	DefaultMaxInFlight  = 8
+	DefaultLoadTimeout  = 2 * time.Second
+	DefaultWriteTimeout = 30 * time.Second
+	DefaultMaxJobs      = 64
 	// MaxPrefetchKeys bounds the keys one lookup asks the tiers for.
 	MaxPrefetchKeys = 4096
 )
@@ -97,6 +99,16 @@ type member struct {
 	b  Backend
 	q  chan item
 	st tierCounters
+	// seen is the state Run's watcher last reported (from NewSet on), with
+	// its Since: a change of Since alone is a spell the watcher missed
+	// between two ticks (down and back up), still worth an event.
+	seen      tierstate.State
+	seenSince time.Time
+}
+
+type stateChange struct {
+	i  int
+	st tierstate.Tier
 }
 
 // Set runs backends behind an L1 pool. It is safe for concurrent use.
@@ -115,6 +127,11 @@ type Set struct {
 	wg     sync.WaitGroup // workers and prefetch jobs
 	mu     sync.Mutex
 	closed bool
+
+	// changes carries the state changes StateNotifier backends tell, to
+	// Run's watcher; bounded (a full channel drops: the poll still sees the
+	// final state).
+	changes chan stateChange
 
 	// beforeCopy, when set (tests), runs between pinning an object and
 	// copying it out for a tier write.
@@ -162,10 +179,21 @@ func NewSet(backends []Backend, pool Pool, layouts Layouts, opts Options) *Set {
 		log:      opts.Logger,
 		inflight: make(chan struct{}, opts.MaxInFlight),
 		jobs:     make(chan struct{}, opts.MaxJobs),
+		changes:  make(chan stateChange, 64),
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	for _, b := range backends {
-		s.tiers = append(s.tiers, &member{b: b, q: make(chan item, opts.QueueItems)})
+		st := b.Stats()
+		s.tiers = append(s.tiers, &member{b: b, q: make(chan item, opts.QueueItems), seen: st.State, seenSince: st.Since})
+		if n, ok := b.(StateNotifier); ok {
+			i := len(s.tiers) - 1
+			n.NotifyState(func(st tierstate.Tier) {
+				select {
+				case s.changes <- stateChange{i, st}:
+				default:
+				}
+			})
+		}
 	}
 	return s
 }
@@ -191,12 +219,8 @@ func (s *Set) Run(ctx context.Context) {
 		}
 	}
 	s.mu.Unlock()
-	t := time.NewTicker(time.Second)
+	t := time.NewTicker(watchEvery)
 	defer t.Stop()
-	last := make([]tierstate.State, len(s.tiers))
-	for i, m := range s.tiers {
-		last[i] = m.b.Stats().State
-	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -204,19 +228,30 @@ func (s *Set) Run(ctx context.Context) {
 			return
 		case <-s.ctx.Done():
 			return
+		case c := <-s.changes:
+			s.report(c.i, c.st)
 		case <-t.C:
 			for i, m := range s.tiers {
-				st := m.b.Stats()
-				if st.State != last[i] {
-					last[i] = st.State
-					st.Index = i
-					s.log.Warn("tier state", "tier", i, "type", st.Type, "state", st.State, "reason", st.Reason)
-					if s.opts.StateChanged != nil {
-						s.opts.StateChanged(st)
-					}
-				}
+				s.report(i, m.b.Stats())
 			}
 		}
+	}
+}
+
+// report tells StateChanged about tier i's state st unless it is the one
+// last reported. Only Run calls it.
+func (s *Set) report(i int, st tierstate.Tier) {
+	m := s.tiers[i]
+	// A told change older than what was last reported (the poll got there
+	// first) is history: reporting it now would put the events out of order.
+	if (st.State == m.seen && st.Since.Equal(m.seenSince)) || st.Since.Before(m.seenSince) {
+		return
+	}
+	m.seen, m.seenSince = st.State, st.Since
+	st.Index = i
+	s.log.Warn("tier state", "tier", i, "type", st.Type, "state", st.State, "reason", st.Reason)
+	if s.opts.StateChanged != nil {
+		s.opts.StateChanged(st)
 	}
 }
 
@@ -264,7 +299,9 @@ func (s *Set) Stats() []tierstate.Tier {
 		t.Loads, t.LoadTimeouts = m.st.loads.Load(), m.st.timeouts.Load()
 		t.QueueDepth = int(m.st.queued.Load())
 		t.QueueBytes = m.st.qbytes.Load()
-		t.DroppedWrites = m.st.dropped.Load()
+		// A write the tier refused (full, down) is as lost as one the full
+		// queue dropped: both count, as the faces promise.
+		t.DroppedWrites = m.st.dropped.Load() + m.st.failed.Load()
 		out[i] = t
 	}
 	return out

@@ -40,6 +40,17 @@ type Backend interface {
 	Close() error
 }
 
+// StateNotifier is implemented by backends that tell their state changes
+// as they happen. The Set reports each one (its watcher only polls), so an
+// outage shorter than a watcher tick still reaches the events pane, with
+// its reason.
+type StateNotifier interface {
+	// NotifyState makes the backend call f with its Type, Target, State,
+	// Reason and Since after every change of state. f never blocks and never
+	// calls the backend; the backend may call it holding its own lock.
+	NotifyState(f func(tierstate.Tier))
+}
+
 // ErrNotFound is wrapped by Backend.Get for an absent key.
 var ErrNotFound = errors.New("tier: not found")
 

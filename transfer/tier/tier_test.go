@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"kvdock/core/keys"
 	"kvdock/core/l1"
 	"kvdock/core/layout"
+	"kvdock/core/tierstate"
 	"kvdock/transfer/tier"
 	"kvdock/transfer/tier/memtier"
 )
@@ -203,6 +205,74 @@ func TestWriteBehindStoresPublishedBytes(t *testing.T) {
 		if p.IsLocked(k) {
 			t.Fatalf("chunk %d still locked after its tier write", i)
 		}
+	}
+}
+
+// TestWriteBehindFailedWritesCountAsDropped: writes the tier refuses (a
+// full filesystem, a server down) show in the snapshot's DroppedWrites, the
+// figure /status and /metrics carry.
+func TestWriteBehindFailedWritesCountAsDropped(t *testing.T) {
+	lay := testLayout(t)
+	p := openPool(t, 1<<20)
+	mt := memtier.New()
+	mt.SetDown("no space left")
+	s := newSet(t, p, lay, tier.Options{}, mt)
+	var ks []keys.ObjectKey
+	for i := range 4 {
+		k := testKey(i)
+		store(t, p, k, payload(int(lay.Bytes), i))
+		ks = append(ks, k)
+	}
+	s.Enqueue(ks, lay)
+	if q := waitQueue(t, s, 0); q.Failed != 4 || q.Dropped != 0 {
+		t.Fatalf("queue %+v, want 4 failed", q)
+	}
+	if st := s.Stats()[0]; st.DroppedWrites != 4 {
+		t.Fatalf("DroppedWrites %d for 4 refused writes: %+v", st.DroppedWrites, st)
+	}
+}
+
+// TestStateChangeBetweenWatchTicksIsReported: a tier that goes down and
+// comes back up before the watcher looks (a short outage, or one between
+// NewSet and Run) still gets its events: down with the reason, then up,
+// when the backend tells its changes (StateNotifier); at least the up
+// again (a new Since) when the watcher only polls.
+func TestStateChangeBetweenWatchTicksIsReported(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		wrap   func(*memtier.Tier) tier.Backend
+		events string
+	}{
+		{"notifier", func(mt *memtier.Tier) tier.Backend { return mt }, "down(connection reset) up()"},
+		{"poll only", func(mt *memtier.Tier) tier.Backend { return struct{ tier.Backend }{mt} }, "up()"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lay := testLayout(t)
+			p := openPool(t, 1<<20)
+			mt := memtier.New()
+			changed := make(chan tierstate.Tier, 4)
+			s := tier.NewSet([]tier.Backend{tc.wrap(mt)}, p, fakeLayouts{lay}, tier.Options{
+				StateChanged: func(st tierstate.Tier) { changed <- st },
+			})
+			mt.SetDown("connection reset")
+			mt.SetDown("")
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			go func() { s.Run(ctx); close(done) }()
+			t.Cleanup(func() { cancel(); <-done; _ = s.Close() })
+			var got []string
+			for len(strings.Join(got, " ")) < len(tc.events) {
+				select {
+				case st := <-changed:
+					got = append(got, fmt.Sprintf("%s(%s)", st.State, st.Reason))
+				case <-time.After(10 * time.Second):
+					t.Fatalf("events %q, want %q: a down-and-up spell between two watcher ticks went unreported", got, tc.events)
+				}
+			}
+			if strings.Join(got, " ") != tc.events {
+				t.Fatalf("events %q, want %q", got, tc.events)
+			}
+		})
 	}
 }
 

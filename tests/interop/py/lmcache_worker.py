@@ -151,6 +151,9 @@ class Worker:
             resource_tracker.unregister(self.shm._name, "shared_memory")
             self.mode = "shm"
 
+    def view_bytes(self):
+        return torch.tensor([], dtype=self.dtype).element_size() * int(torch.Size(self.shape).numel())
+
     def view(self, slot):
         check(slot["dtype"] == self.p["dtype"], f"slot dtype {slot['dtype']}")
         itemsize = torch.tensor([], dtype=self.dtype).element_size()
@@ -421,7 +424,95 @@ def scenario_register(endpoint, p):
     return {"mode": wk.mode, "shm_name": wk.shm_name}
 
 
-SCENARIOS = {"register": scenario_register, "roundtrip": scenario_roundtrip, "mixed": scenario_mixed,
+def wait_tiers_idle(url, limit=60.0):
+    """Polls kvdock's /status until every tier's write queue is empty (the
+    chunks queued so far are written or dropped)."""
+    import urllib.request
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            st = json.loads(r.read())
+        if all(t["queue_depth"] == 0 for t in st.get("tiers", [])):
+            return
+        time.sleep(0.02)
+    raise Failure(f"tier queues not empty within {limit}s")
+
+
+def tier_prompt(wk, seed, prompt, nchunks):
+    """The tokens and chunks of one prompt of a tier scenario: the same for
+    every process given the same seed, so a second process can check them."""
+    base = seed * 1000 + prompt
+    tokens = tokens_for(base, nchunks * wk.chunk)
+    return tokens, [make_chunk(wk.shape, wk.dtype, base * 100 + i) for i in range(nchunks)]
+
+
+def scenario_tier_store(endpoint, p):
+    """Stores p["prompts"] prompts of p["chunks"] chunks each (seeded by
+    p["seed"]); with p["status_url"] it waits after each prompt until the
+    tiers have written what was queued (so L1 may evict it safely)."""
+    p = dict(p, world=1)
+    wk = Worker(endpoint, p, instance_id=p.get("instance_id", 3001), worker_id=0,
+                force_pickle=p.get("force_pickle", False))
+    stored = 0
+    for q in range(p["prompts"]):
+        tokens, data = tier_prompt(wk, p["seed"], q, p["chunks"])
+        r = wk.store(tokens, data, f"ts-{p['seed']}-{q}")
+        check(r in (True, None), f"prompt {q}: store answered {r!r}")
+        stored += len(data)
+        if p.get("status_url"):
+            wait_tiers_idle(p["status_url"])
+    wk.close()
+    return {"mode": wk.mode, "stored": stored, "chunk_bytes": wk.view_bytes()}
+
+
+def scenario_tier_check(endpoint, p):
+    """Looks up and retrieves every prompt scenario_tier_store stored and
+    compares the bytes. Reports hits per prompt, chunks missed and chunks
+    with wrong bytes; with p["strict"] every chunk must be a hit."""
+    p = dict(p, world=1)
+    wk = Worker(endpoint, p, instance_id=p.get("instance_id", 3002), worker_id=0,
+                force_pickle=p.get("force_pickle", False))
+    sched = Client(endpoint, p.get("profile", "nongpu-v1"))
+    hits, missed, wrong, good = [], 0, 0, 0
+    for q in range(p["prompts"]):
+        tokens, data = tier_prompt(wk, p["seed"], q, p["chunks"])
+        rid = f"tc-{p['seed']}-{q}-{wk.instance_id}"
+        h = lookup_wait(sched, p, tokens, rid, p.get("lookup_limit", 15.0))
+        hits.append(h)
+        missed += len(data) - h
+        if h > 0:
+            got = wk.retrieve(tokens, h, rid)
+            if got is None:
+                missed += h
+            else:
+                check(len(got) == h, f"prompt {q}: {len(got)} chunks for {h} hits")
+                for i in range(h):
+                    if same(got[i], data[i]):
+                        good += 1
+                    else:
+                        wrong += 1
+        sched.call("END_SESSION", rid)
+    wk.close()
+    sched.close()
+    if p.get("strict"):
+        check(missed == 0 and wrong == 0, f"hits {hits}: {missed} missed, {wrong} wrong")
+    return {"mode": wk.mode, "hits": hits, "missed": missed, "wrong": wrong, "good": good}
+
+
+def lookup_wait(c, p, tokens, request_id, limit):
+    """lookup with a longer wait for the prefetch (tier loads)."""
+    k = key(p["model"], p["world"], None, tokens, 0, len(tokens), request_id, p.get("salt", ""))
+    check(c.call("LOOKUP", k, 1) is NO_REPLY, "LOOKUP must answer without a result")
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        hits = c.call("QUERY_PREFETCH_STATUS", request_id)
+        if hits is not NO_REPLY:
+            return hits
+        time.sleep(0.01)
+    raise Failure(f"prefetch never finished within {limit}s")
+
+
+SCENARIOS = {"tier_store": scenario_tier_store, "tier_check": scenario_tier_check, "register": scenario_register, "roundtrip": scenario_roundtrip, "mixed": scenario_mixed,
              "malicious": scenario_malicious, "malicious_torch2": scenario_malicious_torch2}
 
 

@@ -91,9 +91,13 @@ type Tier struct {
 	readBytes, writeBytes, dropped atomic.Uint64
 	// shardMade skips the MkdirAll stat once a shard directory is known.
 	shardMade [256]atomic.Bool
+	notify    atomic.Pointer[func(tierstate.Tier)] // tier.StateNotifier's hook
 }
 
-var _ tier.Backend = (*Tier)(nil)
+var (
+	_ tier.Backend       = (*Tier)(nil)
+	_ tier.StateNotifier = (*Tier)(nil)
+)
 
 // Open takes base_path for this process (flock on base_path/.kvdock.lock),
 // removes stale staged writes, rebuilds the index from the chunk files there
@@ -356,7 +360,8 @@ func (t *Tier) setStateLocked(s tierstate.State, reason string) {
 	if s == t.state && reason == t.reason {
 		return
 	}
-	if s != t.state {
+	changed := s != t.state
+	if changed {
 		t.since = time.Now()
 		if s == tierstate.Up {
 			t.log.Info("fs tier up", "was", t.state)
@@ -365,7 +370,13 @@ func (t *Tier) setStateLocked(s tierstate.State, reason string) {
 		}
 	}
 	t.state, t.reason = s, reason
+	if f := t.notify.Load(); changed && f != nil {
+		(*f)(tierstate.Tier{Type: "fs", Target: t.base, State: s, Reason: reason, Since: t.since})
+	}
 }
+
+// NotifyState implements tier.StateNotifier.
+func (t *Tier) NotifyState(f func(tierstate.Tier)) { t.notify.Store(&f) }
 
 // dropLocked forgets e and, if asked, removes its file.
 func (t *Tier) dropLocked(e *entry, removeFile bool) {

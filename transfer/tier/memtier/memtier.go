@@ -30,6 +30,14 @@ type Tier struct {
 	entered chan string // non-nil: every call sends its name (tests order on it)
 	closed  bool
 	rd, wr  uint64
+	notify  func(tierstate.Tier)
+}
+
+// NotifyState implements tier.StateNotifier.
+func (t *Tier) NotifyState(f func(tierstate.Tier)) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.notify = f
 }
 
 // New returns an empty, up tier.
@@ -41,10 +49,18 @@ func New() *Tier {
 func (t *Tier) SetDown(reason string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.down != reason {
-		t.since = time.Now()
+	if t.down == reason {
+		return
 	}
+	t.since = time.Now()
 	t.down = reason
+	if t.notify != nil {
+		st := tierstate.Tier{Type: "mem", Target: "memory", State: tierstate.Up, Since: t.since}
+		if reason != "" {
+			st.State, st.Reason = tierstate.Down, reason
+		}
+		t.notify(st)
+	}
 }
 
 // Block makes every call wait until Unblock (or its ctx ends).
@@ -206,4 +222,7 @@ func (t *Tier) Close() error {
 	return nil
 }
 
-var _ tier.Backend = (*Tier)(nil)
+var (
+	_ tier.Backend       = (*Tier)(nil)
+	_ tier.StateNotifier = (*Tier)(nil)
+)

@@ -68,9 +68,16 @@ type Tier struct {
 	done chan struct{}
 
 	readBytes, writeBytes atomic.Uint64
+	notify                atomic.Pointer[func(tierstate.Tier)]
 }
 
-var _ tier.Backend = (*Tier)(nil)
+// NotifyState implements tier.StateNotifier.
+func (t *Tier) NotifyState(f func(tierstate.Tier)) { t.notify.Store(&f) }
+
+var (
+	_ tier.Backend       = (*Tier)(nil)
+	_ tier.StateNotifier = (*Tier)(nil)
+)
 
 // Open connects to the server (or cluster) of cfg. A server that refuses the
 // credentials, or a TLS setup that cannot be built, is an error. A server
@@ -462,7 +469,11 @@ func (t *Tier) setState(s tierstate.State, reason string) {
 		return
 	}
 	t.state, t.reason, t.since = s, reason, time.Now()
+	st := tierstate.Tier{Type: "resp", Target: t.target, State: s, Reason: reason, Since: t.since}
 	t.mu.Unlock()
+	if f := t.notify.Load(); f != nil {
+		(*f)(st)
+	}
 	switch s {
 	case tierstate.Up:
 		t.log.Info("resp tier up")
