@@ -1,12 +1,13 @@
 package fs
 
 import (
-	"encoding/json"
 	"fmt"
 	"math"
 	"path/filepath"
 	"sort"
 	"strings"
+
+	"kvdock/transfer/tier"
 )
 
 // Defaults and bounds of the fs adapter's fields.
@@ -84,7 +85,7 @@ func ParseConfig(m map[string]any) (FSConfig, error) {
 			}
 			cfg.BasePath = abs
 		case "max_capacity_gb":
-			f, ok := number(v)
+			f, ok := tier.Number(v)
 			if !ok || math.IsNaN(f) || f <= 0 || f > maxCapacityGB {
 				bad("max_capacity_gb: want a number of GiB in (0, %d], got %v (upstream's 0 = unbounded is not supported: every tier is bounded)", maxCapacityGB, v)
 				continue
@@ -130,24 +131,4 @@ func ParseConfig(m map[string]any) (FSConfig, error) {
 		return FSConfig{}, fmt.Errorf("fs adapter: %s", strings.Join(problems, "; "))
 	}
 	return cfg, nil
-}
-
-// number accepts the numeric types JSON and YAML decoders produce.
-func number(v any) (float64, bool) {
-	switch n := v.(type) {
-	case float64:
-		return n, true
-	case float32:
-		return float64(n), true
-	case int:
-		return float64(n), true
-	case int64:
-		return float64(n), true
-	case uint64:
-		return float64(n), true
-	case json.Number:
-		f, err := n.Float64()
-		return f, err == nil
-	}
-	return 0, false
 }

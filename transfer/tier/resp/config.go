@@ -3,7 +3,6 @@ package resp
 import (
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -14,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"kvdock/transfer/tier"
 )
 
 // Defaults of the fields an adapter object may leave out.
@@ -135,7 +136,7 @@ func ParseConfig(m map[string]any) (RESPConfig, error) {
 		c.TTL = time.Duration(n) * time.Second
 	}
 	if v, ok := m["max_capacity_gb"]; ok {
-		gb, ok := number(v)
+		gb, ok := tier.Number(v)
 		if !ok || math.IsNaN(gb) || gb <= 0 || gb > maxCapacityGB {
 			return RESPConfig{}, fmt.Errorf("resp adapter: field \"max_capacity_gb\" must be a number in (0, %d], got %v", maxCapacityGB, v)
 		}
@@ -202,28 +203,8 @@ func contains(list []string, s string) bool {
 	return false
 }
 
-// number accepts what JSON (float64, json.Number) and YAML (int) decoders give.
-func number(v any) (float64, bool) {
-	switch n := v.(type) {
-	case float64:
-		return n, true
-	case float32:
-		return float64(n), true
-	case int:
-		return float64(n), true
-	case int64:
-		return float64(n), true
-	case uint64:
-		return float64(n), true
-	case json.Number:
-		f, err := n.Float64()
-		return f, err == nil
-	}
-	return 0, false
-}
-
 func integer(name string, v any, lo, hi int64) (int64, error) {
-	f, ok := number(v)
+	f, ok := tier.Number(v)
 	if !ok || f != math.Trunc(f) || f < float64(lo) || f > float64(hi) {
 		return 0, fmt.Errorf("resp adapter: field %q must be a whole number in [%d, %d], got %v", name, lo, hi, v)
 	}
