@@ -15,13 +15,14 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"kvdock/core/testkit/tmpfs"
 )
 
 // Environment of the helper processes this file starts from the test binary.
 const (
 	envHelperDir  = "KVDOCK_SEGMENT_HELPER_DIR"  // TestHelperHoldSegment: directory
 	envHelperName = "KVDOCK_SEGMENT_HELPER_NAME" // TestHelperHoldSegment: segment name
-	envInUserNS   = "KVDOCK_SEGMENT_IN_USERNS"   // set in a test re-run inside a user namespace
 )
 
 // TestHelperHoldSegment is not a test: run by deadKvdockSegment, it opens a
@@ -228,39 +229,6 @@ func TestCleanupChecksInodeBeforeUnlink(t *testing.T) {
 	}
 }
 
-// withSmallTmpfs runs body on a tmpfs of size bytes mounted for the test. It
-// mounts directly as root (CI); without the privilege it re-runs the test in
-// a new user and mount namespace, where an unprivileged user may mount a
-// tmpfs, and reports that run.
-func withSmallTmpfs(t *testing.T, size int64, body func(t *testing.T, dir string)) {
-	dir := t.TempDir()
-	err := unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, fmt.Sprintf("size=%d,mode=0700", size))
-	if err == nil {
-		t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
-		body(t, dir)
-		return
-	}
-	if os.Getenv(envInUserNS) != "" {
-		t.Fatalf("mount a tmpfs in a user namespace: %v", err)
-	}
-	cmd := exec.Command(os.Args[0], "-test.run=^"+t.Name()+"$", "-test.count=1", "-test.v")
-	cmd.Env = append(os.Environ(), envInUserNS+"=1")
-	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Cloneflags:  syscall.CLONE_NEWUSER | syscall.CLONE_NEWNS,
-		UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getuid(), Size: 1}},
-		GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getgid(), Size: 1}},
-	}
-	out, runErr := cmd.CombinedOutput()
-	var exit *exec.ExitError
-	if runErr != nil && !errors.As(runErr, &exit) {
-		t.Skipf("cannot mount a tmpfs (%v) nor start a user namespace (%v)", err, runErr)
-	}
-	t.Logf("re-run in a user namespace:\n%s", out)
-	if runErr != nil {
-		t.Fatalf("the re-run failed: %v", runErr)
-	}
-}
-
 // touchAll writes one byte per page of mem and reports the first fault (a
 // SIGBUS from a tmpfs that has no page to give) as an error, not a crash.
 func touchAll(mem []byte) (off int, err error) {
@@ -280,7 +248,7 @@ func touchAll(mem []byte) (off int, err error) {
 // The pages are reserved at creation: a /dev/shm that fills up afterwards
 // (another program, another segment) cannot fault the pool on first touch.
 func TestFullShmAfterStartDoesNotFault(t *testing.T) {
-	withSmallTmpfs(t, 8<<20, func(t *testing.T, dir string) {
+	tmpfs.With(t, 8<<20, func(t *testing.T, dir string) {
 		const size = 6 << 20
 		s, err := Open(Options{Name: "full", Size: size, Dir: dir})
 		if err != nil {
@@ -320,7 +288,7 @@ func TestFullShmAfterStartDoesNotFault(t *testing.T) {
 // A /dev/shm that passes the free-space check but cannot reserve the pages
 // (filled up in between, or a lying statfs) falls back to private memory.
 func TestReserveFailureFallsBack(t *testing.T) {
-	withSmallTmpfs(t, 8<<20, func(t *testing.T, dir string) {
+	tmpfs.With(t, 8<<20, func(t *testing.T, dir string) {
 		s, err := Open(Options{Name: "nospace", Size: 16 << 20, Dir: dir,
 			Statfs: func(string) (int64, error) { return 1 << 30, nil }})
 		if err != nil {

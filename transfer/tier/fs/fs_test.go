@@ -22,12 +22,12 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"kvdock/core/testkit/tmpfs"
 	"kvdock/core/tierstate"
 	"kvdock/transfer/tier"
 )
 
 const (
-	envInUserNS   = "KVDOCK_FSTIER_IN_USERNS" // set in a test re-run inside a user namespace
 	envHelperBase = "KVDOCK_FSTIER_HELPER_BASE"
 )
 
@@ -512,45 +512,10 @@ func TestSecondOpenRefused(t *testing.T) {
 	tr2.Close()
 }
 
-// withSmallTmpfs runs body with dir a tmpfs of size bytes: mounted directly
-// when allowed (root), else in a re-run of this test inside a user and mount
-// namespace. It skips, loudly, only when neither is possible.
-func withSmallTmpfs(t *testing.T, size int64, body func(t *testing.T, dir string)) {
-	dir := t.TempDir()
-	err := unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, fmt.Sprintf("size=%d,mode=0700", size))
-	if err == nil {
-		t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
-		body(t, dir)
-		return
-	}
-	if os.Getenv(envInUserNS) != "" {
-		t.Fatalf("mount a tmpfs in a user namespace: %v", err)
-	}
-	cmd := exec.Command(os.Args[0], "-test.run=^"+t.Name()+"$", "-test.count=1", "-test.v")
-	cmd.Env = append(os.Environ(), envInUserNS+"=1")
-	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Cloneflags:  syscall.CLONE_NEWUSER | syscall.CLONE_NEWNS,
-		UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getuid(), Size: 1}},
-		GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getgid(), Size: 1}},
-	}
-	out, runErr := cmd.CombinedOutput()
-	var exit *exec.ExitError
-	if runErr != nil && !errors.As(runErr, &exit) {
-		t.Skipf("cannot mount a tmpfs (%v) nor start a user namespace (%v)", err, runErr)
-	}
-	t.Logf("re-run in a user namespace:\n%s", out)
-	if runErr != nil {
-		t.Fatalf("the re-run failed: %v", runErr)
-	}
-	if !bytes.Contains(out, []byte("--- PASS: "+t.Name())) {
-		t.Fatalf("the re-run did not run the test")
-	}
-}
-
 // A full file system drops writes (counted), degrades the tier with the
 // reason, keeps serving reads, and the tier comes back once space frees.
 func TestDiskFull(t *testing.T) {
-	withSmallTmpfs(t, 4<<20, func(t *testing.T, dir string) {
+	tmpfs.With(t, 4<<20, func(t *testing.T, dir string) {
 		ctx := context.Background()
 		base := filepath.Join(dir, "l2")
 		tr := openTier(t, base, 1<<30) // the capacity is not what stops us: the disk is
