@@ -16,9 +16,12 @@ import (
 	"testing"
 	"time"
 
+	"kvdock/core/layout"
 	"kvdock/core/protocol"
 	"kvdock/core/testkit/redisserver"
 	"kvdock/tests/harness"
+	"kvdock/transfer/tier"
+	"kvdock/transfer/tier/resp"
 	"kvdock/transfer/worker"
 	"kvdock/ui/httpapi"
 )
@@ -294,67 +297,115 @@ func chunkFiles(t *testing.T, dir string) []string {
 	return out
 }
 
-// TestTierRESPForeignLayoutIsAMiss: a host with another layout (same model
-// name and chunk size, hidden 32 instead of 16) writes its values under the
-// same redis keys, and a byte of other values is flipped by hand in redis
-// (SETRANGE); a host with the first layout never serves either.
+// TestTierRESPTwoLayoutsShareOneRedis: two hosts register the same model
+// name with other layouts (hidden 16 and 32, the same chunk size) and store
+// the same prompt into one redis. Their keys differ by the layout
+// fingerprint, so both hosts' values survive side by side, and a fresh host
+// of either layout gets hits with its own bytes, nothing rejected.
+func TestTierRESPTwoLayoutsShareOneRedis(t *testing.T) {
+	r := redisserver.Start(t, redisserver.Options{})
+	args := []string{"--chunk-size", "16", "--l2-adapter",
+		tierAdapter(t, map[string]any{"type": "resp", "host": "127.0.0.1", "port": r.Port})}
+	for _, h := range []int{hidden, 2 * hidden} {
+		srv := harness.Start(t, args...)
+		w := tierWorker(t, srv, 1, "resp-layouts", h)
+		w.storePrompt(t, 1, 2) // the same tokens and model for both
+		waitTierIdle(t, srv)
+	}
+	if n, err := r.Do(t.Context(), "DBSIZE"); err != nil || n != "4" {
+		t.Fatalf("redis holds %q keys (%v), want 4: the two layouts overwrote each other", n, err)
+	}
+	for _, h := range []int{hidden, 2 * hidden} {
+		srv := harness.Start(t, args...)
+		w := tierWorker(t, srv, 1, "resp-layouts", h)
+		if good, wrong := w.checkPrompt(t, 1, 2); good != 2 || wrong != 0 {
+			t.Fatalf("hidden %d: %d good, %d wrong of 2 chunks from the shared tier", h, good, wrong)
+		}
+		if ts := tier0(t, srv); ts.Corrupt != 0 || ts.Hits != 2 {
+			t.Fatalf("hidden %d: tier %+v, want 2 hits and nothing corrupt", h, ts)
+		}
+	}
+	if n, err := r.Do(t.Context(), "DBSIZE"); err != nil || n != "4" {
+		t.Fatalf("redis holds %q keys (%v) after the reads, want 4", n, err)
+	}
+}
+
+// TestTierRESPForeignLayoutIsAMiss: under the real redis keys of a stored
+// prompt, one value is replaced by hand with an intact value of another
+// layout (hidden 32 instead of 16, encoded under our key) and one value has
+// its last payload byte flipped (SETRANGE). A host with the first layout
+// serves neither and counts both as corrupt; it deletes the flipped value
+// (damaged under our key: ours) and leaves the foreign one (not ours).
 func TestTierRESPForeignLayoutIsAMiss(t *testing.T) {
 	r := redisserver.Start(t, redisserver.Options{})
 	args := []string{"--chunk-size", "16", "--l2-adapter",
 		tierAdapter(t, map[string]any{"type": "resp", "host": "127.0.0.1", "port": r.Port})}
 	own := harness.Start(t, args...)
 	ow := tierWorker(t, own, 1, "resp-foreign", hidden)
-	ow.storePrompt(t, 1, 2)
-	waitTierIdle(t, own)
-
-	foreign := harness.Start(t, args...)
-	fw := tierWorker(t, foreign, 1, "resp-foreign", 2*hidden)
-	fw.storePrompt(t, 1, 2) // the same tokens and model: the same keys
-	waitTierIdle(t, foreign)
-	if n, err := r.Do(t.Context(), "DBSIZE"); err != nil || n != "2" {
-		t.Fatalf("redis holds %q keys (%v): the foreign host did not overwrite the 2 keys", n, err)
-	}
-	// Prompt 3 stored by the own host, then its last payload bytes flipped.
-	old := redisKeys(t, r)
 	ow.storePrompt(t, 3, 2)
 	waitTierIdle(t, own)
-	flipped := 0
-	for k := range redisKeys(t, r) {
-		if old[k] {
-			continue
-		}
-		n, err := r.Do(t.Context(), "STRLEN", k)
-		if err != nil {
-			t.Fatal(err)
-		}
-		last, err := r.Do(t.Context(), "GETRANGE", k, "-1", "-1")
-		if err != nil || len(last) != 1 {
-			t.Fatalf("GETRANGE %s: %q %v", k, last, err)
-		}
-		at, _ := strconv.Atoi(n)
-		if _, err := r.Do(t.Context(), "SETRANGE", k, strconv.Itoa(at-1), string([]byte{last[0] ^ 0x01})); err != nil {
-			t.Fatal(err)
-		}
-		flipped++
+	stored := redisKeys(t, r)
+	if len(stored) != 2 {
+		t.Fatalf("redis holds %v, want prompt 3's 2 keys", stored)
 	}
-	if flipped != 2 {
-		t.Fatalf("flipped %d values, want prompt 3's 2", flipped)
+	var forged, flipped string
+	for k := range stored {
+		if forged == "" {
+			forged = k
+		} else {
+			flipped = k
+		}
+	}
+
+	// The foreign value: another layout's tensor, header and checksum
+	// intact, under our real key.
+	lay := ow.w.Layout()
+	other, err := layout.New(layers, ow.chunk, 2*hidden, lay.Dtype, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name, ok := strings.CutPrefix(forged, resp.DefaultKeyPrefix)
+	if !ok {
+		t.Fatalf("redis key %q lacks the prefix %q", forged, resp.DefaultKeyPrefix)
+	}
+	if want := "@" + tier.Fingerprint(lay); !strings.Contains(name, want) {
+		t.Fatalf("tier key %q does not carry the layout fingerprint %s", name, want)
+	}
+	foreign, err := tier.Encode(name, other, bytes.Repeat([]byte{0x5A}, int(other.Bytes)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Do(t.Context(), "SET", forged, string(foreign)); err != nil {
+		t.Fatal(err)
+	}
+	n, err := r.Do(t.Context(), "STRLEN", flipped)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last, err := r.Do(t.Context(), "GETRANGE", flipped, "-1", "-1")
+	if err != nil || len(last) != 1 {
+		t.Fatalf("GETRANGE %s: %q %v", flipped, last, err)
+	}
+	at, _ := strconv.Atoi(n)
+	if _, err := r.Do(t.Context(), "SETRANGE", flipped, strconv.Itoa(at-1), string([]byte{last[0] ^ 0x01})); err != nil {
+		t.Fatal(err)
 	}
 
 	reader := harness.Start(t, args...)
 	rw := tierWorker(t, reader, 1, "resp-foreign", hidden)
-	if good, wrong := rw.checkPrompt(t, 1, 2); good != 0 || wrong != 0 {
-		t.Fatalf("foreign values: %d good, %d wrong chunks served", good, wrong)
-	}
-	if ts := tier0(t, reader); ts.Corrupt == 0 {
-		t.Fatalf("foreign values not counted as corrupt: %+v", ts)
-	}
-	before := tier0(t, reader).Corrupt
 	if good, wrong := rw.checkPrompt(t, 3, 2); good != 0 || wrong != 0 {
-		t.Fatalf("flipped values: %d good, %d wrong chunks served", good, wrong)
+		t.Fatalf("forged and flipped values: %d good, %d wrong chunks served", good, wrong)
 	}
-	if ts := tier0(t, reader); ts.Corrupt == before {
-		t.Fatalf("flipped values not counted as corrupt: %+v", ts)
+	// Both chunks' loads run (the lookup loads a prefix's chunks at once).
+	if ts := tier0(t, reader); ts.Corrupt != 2 || ts.Hits != 0 {
+		t.Fatalf("tier %+v, want the 2 values counted as corrupt and no hit", ts)
+	}
+	left := redisKeys(t, r)
+	if left[flipped] {
+		t.Fatalf("the flipped value (ours, damaged) was not deleted: %v", left)
+	}
+	if got, err := r.Do(t.Context(), "GET", forged); err != nil || got != string(foreign) {
+		t.Fatalf("the foreign value (intact, not ours) was deleted or changed: %v", err)
 	}
 	stillServing(t, rw, 2)
 }

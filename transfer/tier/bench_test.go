@@ -24,8 +24,8 @@ func BenchmarkPrefetch(b *testing.B) {
 	var ks []keys.ObjectKey
 	for i := range chunks {
 		k := testKey(i)
-		v, _ := tier.Encode(tier.Key(k), lay, payload(int(lay.Bytes), i))
-		mt.Set(tier.Key(k), v)
+		v, _ := tier.Encode(tier.Key(k, lay), lay, payload(int(lay.Bytes), i))
+		mt.Set(tier.Key(k, lay), v)
 		ks = append(ks, k)
 	}
 	s := tier.NewSet([]tier.Backend{mt}, p, fakeLayouts{lay}, tier.Options{})

@@ -31,6 +31,11 @@ const (
 // bad magic, version, key, layout, length or checksum.
 var ErrCorrupt = errors.New("tier: value rejected")
 
+// ErrForeign is wrapped, beside ErrCorrupt, by Verify for an intact value
+// (this format and version, good checksum) whose header names another key
+// or layout than the one asked for: someone else's value, not a broken one.
+var ErrForeign = errors.New("foreign")
+
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // headerLen is the size of the header of key and lay.
@@ -51,15 +56,21 @@ func newValue(key string, lay layout.Layout, n int) (v, payload []byte, err erro
 	b = binary.LittleEndian.AppendUint16(b, Version)
 	b = binary.LittleEndian.AppendUint32(b, uint32(len(key)))
 	b = append(b, key...)
+	b = appendLayout(b, lay)
+	b = binary.LittleEndian.AppendUint64(b, uint64(n))
+	_ = b // the checksum slot [h-4, h) is filled by seal
+	return v, v[h:], nil
+}
+
+// appendLayout appends the header's encoding of lay: dims u8, dims × i64,
+// dtype length u8, dtype. Fingerprint hashes them after the format version.
+func appendLayout(b []byte, lay layout.Layout) []byte {
 	b = append(b, byte(len(lay.Shape)))
 	for _, d := range lay.Shape {
 		b = binary.LittleEndian.AppendUint64(b, uint64(int64(d)))
 	}
 	b = append(b, byte(len(lay.Dtype)))
-	b = append(b, lay.Dtype...)
-	b = binary.LittleEndian.AppendUint64(b, uint64(n))
-	_ = b // the checksum slot [h-4, h) is filled by seal
-	return v, v[h:], nil
+	return append(b, lay.Dtype...)
 }
 
 // seal writes the checksum of a value built by newValue.
@@ -83,43 +94,103 @@ func Encode(key string, lay layout.Layout, payload []byte) ([]byte, error) {
 // key with layout lay, with a payload of lay.Bytes bytes and a good
 // checksum, and returns the payload (a part of v). Any mismatch is an error
 // wrapping ErrCorrupt: the value is a miss, never served.
+//
+// An intact value whose header names another key or layout also wraps
+// ErrForeign: it was written on purpose by a host whose layout fingerprint
+// collides with ours (or forged), so it is not ours to delete. Everything
+// else rejected (not a kvdock value, another format version, cut short, too
+// long, checksum failed) is damage under our key: the key carries the
+// format version and our layout's fingerprint, so no other host writes there.
 func Verify(v []byte, key string, lay layout.Layout) ([]byte, error) {
-	h := headerLen(key, lay)
-	if len(v) < len(magic)+2 || string(v[:4]) != magic {
+	if len(v) < len(magic)+2 || string(v[:len(magic)]) != magic {
 		return nil, fmt.Errorf("%w: not a kvdock tier value", ErrCorrupt)
 	}
 	if ver := binary.LittleEndian.Uint16(v[4:6]); ver != Version {
 		return nil, fmt.Errorf("%w: format version %d, want %d", ErrCorrupt, ver, Version)
 	}
-	if len(v) < h {
-		return nil, fmt.Errorf("%w: %d bytes, shorter than the header", ErrCorrupt, len(v))
+	h, err := parseHeader(v)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrCorrupt, err)
 	}
-	b := v[6:]
-	if n := binary.LittleEndian.Uint32(b); int64(n) != int64(len(key)) || string(b[4:4+len(key)]) != key {
-		return nil, fmt.Errorf("%w: stored under another key", ErrCorrupt)
+	if n := binary.LittleEndian.Uint64(v[h.end-12:]); uint64(len(v)-h.end) != n {
+		return nil, fmt.Errorf("%w: payload of %d bytes, header says %d", ErrCorrupt, len(v)-h.end, n)
 	}
-	b = b[4+len(key):]
-	if int(b[0]) != len(lay.Shape) {
-		return nil, fmt.Errorf("%w: layout has %d dims, want %s", ErrCorrupt, b[0], lay)
-	}
-	b = b[1:]
-	for i, d := range lay.Shape {
-		if int64(binary.LittleEndian.Uint64(b[8*i:])) != int64(d) {
-			return nil, fmt.Errorf("%w: layout shape differs from %s", ErrCorrupt, lay)
-		}
-	}
-	b = b[8*len(lay.Shape):]
-	if int(b[0]) != len(lay.Dtype) || string(b[1:1+len(lay.Dtype)]) != lay.Dtype {
-		return nil, fmt.Errorf("%w: dtype differs from %s", ErrCorrupt, lay.Dtype)
-	}
-	b = b[1+len(lay.Dtype):]
-	n := binary.LittleEndian.Uint64(b)
-	if n != uint64(lay.Bytes) || uint64(len(v)-h) != n {
-		return nil, fmt.Errorf("%w: payload of %d bytes (%d present), layout needs %d", ErrCorrupt, n, len(v)-h, lay.Bytes)
-	}
-	want := binary.LittleEndian.Uint32(v[h-4 : h])
-	if got := crc32.Update(crc32.Checksum(v[:h-4], castagnoli), castagnoli, v[h:]); got != want {
+	want := binary.LittleEndian.Uint32(v[h.end-4 : h.end])
+	if got := crc32.Update(crc32.Checksum(v[:h.end-4], castagnoli), castagnoli, v[h.end:]); got != want {
 		return nil, fmt.Errorf("%w: checksum %08x, header says %08x", ErrCorrupt, got, want)
 	}
-	return v[h:], nil
+	// Intact: now whose is it?
+	if string(h.key) != key {
+		return nil, fmt.Errorf("%w: %w: stored under another key", ErrCorrupt, ErrForeign)
+	}
+	if len(h.shape) != 8*len(lay.Shape) {
+		return nil, fmt.Errorf("%w: %w: layout has %d dims, want %s", ErrCorrupt, ErrForeign, len(h.shape)/8, lay)
+	}
+	for i, d := range lay.Shape {
+		if int64(binary.LittleEndian.Uint64(h.shape[8*i:])) != int64(d) {
+			return nil, fmt.Errorf("%w: %w: layout shape differs from %s", ErrCorrupt, ErrForeign, lay)
+		}
+	}
+	if string(h.dtype) != lay.Dtype {
+		return nil, fmt.Errorf("%w: %w: dtype differs from %s", ErrCorrupt, ErrForeign, lay.Dtype)
+	}
+	if n := int64(len(v) - h.end); n != lay.Bytes {
+		return nil, fmt.Errorf("%w: %w: payload of %d bytes, layout needs %d", ErrCorrupt, ErrForeign, n, lay.Bytes)
+	}
+	return v[h.end:], nil
+}
+
+// header is a parsed value header; its slices are parts of the value.
+type header struct {
+	key   []byte
+	shape []byte // dims × i64
+	dtype []byte
+	end   int // offset of the payload: the header's length
+}
+
+// errShort is a damaged value's error when its header runs past its end.
+type errShort int
+
+func (n errShort) Error() string { return fmt.Sprintf("%d bytes, shorter than its header", int(n)) }
+
+// parseHeader reads the header of v, whose magic and version are checked,
+// within the same bounds newValue writes.
+func parseHeader(v []byte) (header, error) {
+	var h header
+	short := errShort(len(v))
+	p := len(magic) + 2
+	if len(v) < p+4 {
+		return h, short
+	}
+	kl := binary.LittleEndian.Uint32(v[p:])
+	p += 4
+	if kl > maxKeyLen {
+		return h, fmt.Errorf("key of %d bytes, at most %d", kl, maxKeyLen)
+	}
+	if len(v) < p+int(kl)+1 {
+		return h, short
+	}
+	h.key = v[p : p+int(kl)]
+	p += int(kl)
+	dims := int(v[p])
+	p++
+	if dims > maxDims {
+		return h, fmt.Errorf("%d dims, at most %d", dims, maxDims)
+	}
+	if len(v) < p+8*dims+1 {
+		return h, short
+	}
+	h.shape = v[p : p+8*dims]
+	p += 8 * dims
+	dl := int(v[p])
+	p++
+	if dl > maxDtype {
+		return h, fmt.Errorf("dtype of %d bytes, at most %d", dl, maxDtype)
+	}
+	if len(v) < p+dl+8+4 {
+		return h, short
+	}
+	h.dtype = v[p : p+dl]
+	h.end = p + dl + 8 + 4
+	return h, nil
 }

@@ -46,7 +46,7 @@ func (s *Set) Prefetch(ctx context.Context, model string, worldSize int, ks []ke
 	ks = ks[:min(len(ks), MaxPrefetchKeys)/per*per]
 	names := make([]string, len(ks))
 	for i, k := range ks {
-		names[i] = Key(k)
+		names[i] = Key(k, lay)
 	}
 	owner := s.find(ctx, names, per)
 	chunks := len(owner)
@@ -199,6 +199,15 @@ func (s *Set) loadKey(ctx context.Context, m *member, k keys.ObjectKey, name str
 	payload, err := Verify(v, name, lay)
 	if err != nil {
 		m.st.corrupt.Add(1)
+		// The name carries the format version and our layout's fingerprint:
+		// a broken value there is ours to delete. An intact value of another
+		// key or layout is a fingerprint collision's (or forged): deleting it
+		// would have two hosts destroy each other's cache; our next write of
+		// the chunk replaces it.
+		if errors.Is(err, ErrForeign) {
+			s.log.Warn("tier value rejected (kept: not ours)", "key", k, "err", err)
+			return false
+		}
 		s.log.Warn("tier value rejected and deleted", "key", k, "err", err)
 		dctx, cancel := context.WithTimeout(s.ctx, s.opts.LoadTimeout)
 		if derr := m.b.Delete(dctx, name); derr != nil {

@@ -12,13 +12,16 @@ package tier
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"log/slog"
 	"strings"
 
 	"kvdock/core/keys"
+	"kvdock/core/layout"
 	"kvdock/core/tierstate"
 )
 
@@ -54,22 +57,41 @@ type StateNotifier interface {
 // ErrNotFound is wrapped by Backend.Get for an absent key.
 var ErrNotFound = errors.New("tier: not found")
 
-// Key is the backend key of k: the hex of the full chunk hash, the model,
-// the KV rank and the salt when there is one. Two hosts with the same model
-// and chunking produce the same keys, so they can share a tier; the value
-// header guards the layout.
-func Key(k keys.ObjectKey) string {
+// Key is the backend key of k stored with layout lay (in the value format
+// of this Version):
+//
+//	<hex of the full chunk hash>@<model>@<KV rank, 8 hex>@<Fingerprint(lay)>[@<salt>]
+//
+// Two hosts with the same model, chunking and layout produce the same keys,
+// so they share a tier. Hosts that register the same model name with another
+// layout (another dtype, hidden size, layer count or chunk size) get other
+// keys: they neither overwrite nor reject-and-delete each other's values.
+// The value header still guards the full layout, for a fingerprint that
+// collides.
+func Key(k keys.ObjectKey, lay layout.Layout) string {
 	var b strings.Builder
-	b.Grow(2*len(k.Chunk) + len(k.Model) + len(k.Salt) + 12)
+	b.Grow(2*len(k.Chunk) + len(k.Model) + len(k.Salt) + 21)
 	b.WriteString(hex.EncodeToString(k.Chunk[:]))
 	b.WriteByte('@')
 	b.WriteString(k.Model)
-	fmt.Fprintf(&b, "@%08x", k.KVRank)
+	fmt.Fprintf(&b, "@%08x@", k.KVRank)
+	b.WriteString(Fingerprint(lay))
 	if k.Salt != "" {
 		b.WriteByte('@')
 		b.WriteString(k.Salt)
 	}
 	return b.String()
+}
+
+// Fingerprint is the 8 lower-case hex digits of the CRC-32C (Castagnoli) of
+// the value format version (u16 little-endian) and lay's shape and dtype
+// encoded as in the value header: dims u8, each dim i64 little-endian, dtype
+// length u8, dtype. The chunk size is one of the dims, so it is covered
+// too; another format version also gets other keys.
+func Fingerprint(lay layout.Layout) string {
+	var buf [2 + 1 + 8*maxDims + 1 + maxDtype]byte
+	b := binary.LittleEndian.AppendUint16(buf[:0], Version)
+	return fmt.Sprintf("%08x", crc32.Checksum(appendLayout(b, lay), castagnoli))
 }
 
 // Opener opens one backend from its validated adapter object.

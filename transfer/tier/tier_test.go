@@ -3,8 +3,10 @@ package tier_test
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"strings"
 	"sync"
 	"testing"
@@ -43,24 +45,72 @@ func payload(n, seed int) []byte {
 	return b
 }
 
-func TestKeyHoldsFullHashModelRankSalt(t *testing.T) {
+func TestKeyHoldsFullHashModelRankLayoutSalt(t *testing.T) {
+	lay := testLayout(t)
 	k := testKey(3)
 	k.Salt = "s@lt"
-	got := tier.Key(k)
-	want := fmt.Sprintf("%x@org/model:v1@%08x@s@lt", k.Chunk[:], k.KVRank)
+	got := tier.Key(k, lay)
+	// The fingerprint as documented: CRC-32C of the format version u16 LE,
+	// dims u8, dims × i64 LE, dtype length u8, dtype.
+	enc := []byte{byte(tier.Version), byte(tier.Version >> 8), byte(len(lay.Shape))}
+	for _, d := range lay.Shape {
+		enc = binary.LittleEndian.AppendUint64(enc, uint64(d))
+	}
+	enc = append(append(enc, byte(len(lay.Dtype))), lay.Dtype...)
+	fp := fmt.Sprintf("%08x", crc32.Checksum(enc, crc32.MakeTable(crc32.Castagnoli)))
+	if tier.Fingerprint(lay) != fp {
+		t.Fatalf("tier.Fingerprint = %q, want %q", tier.Fingerprint(lay), fp)
+	}
+	want := fmt.Sprintf("%x@org/model:v1@%08x@%s@s@lt", k.Chunk[:], k.KVRank, fp)
 	if got != want {
 		t.Fatalf("tier.Key = %q, want %q", got, want)
 	}
 	k2 := k
 	k2.Chunk[31] ^= 1 // differs only past the log prefix
-	if tier.Key(k2) == got {
+	if tier.Key(k2, lay) == got {
 		t.Fatal("keys differing in the last hash byte collide")
+	}
+}
+
+// TestKeyDiffersPerLayout: the same chunk of the same model under another
+// dtype, hidden size, layer count, chunk size or MLA is another key; the
+// same layout built again is the same key (hosts share).
+func TestKeyDiffersPerLayout(t *testing.T) {
+	lay := testLayout(t)
+	k := testKey(5)
+	same, _ := layout.New(2, 4, 8, "float16", false)
+	if tier.Key(k, same) != tier.Key(k, lay) {
+		t.Fatal("the same layout gives another key")
+	}
+	seen := map[string]string{tier.Key(k, lay): "base"}
+	for name, args := range map[string]struct {
+		layers, chunk, hidden int
+		dtype                 string
+		mla                   bool
+	}{
+		"bfloat16":       {2, 4, 8, "bfloat16", false},
+		"hidden 16":      {2, 4, 16, "float16", false},
+		"layers 4":       {4, 4, 8, "float16", false},
+		"chunk 8":        {2, 8, 8, "float16", false},
+		"mla":            {2, 4, 8, "float16", true},
+		"same bytes":     {4, 2, 8, "float16", false},
+		"float32 half h": {2, 4, 4, "float32", false},
+	} {
+		l, err := layout.New(args.layers, args.chunk, args.hidden, args.dtype, args.mla)
+		if err != nil {
+			t.Fatal(err)
+		}
+		key := tier.Key(k, l)
+		if prev, ok := seen[key]; ok {
+			t.Fatalf("layouts %s and %s share key %q", name, prev, key)
+		}
+		seen[key] = name
 	}
 }
 
 func TestHeaderRoundTripAndRejections(t *testing.T) {
 	lay := testLayout(t)
-	key := tier.Key(testKey(1))
+	key := tier.Key(testKey(1), lay)
 	p := payload(int(lay.Bytes), 1)
 	v, err := tier.Encode(key, lay, p)
 	if err != nil {
@@ -77,27 +127,42 @@ func TestHeaderRoundTripAndRejections(t *testing.T) {
 	}
 	mutate := func(f func([]byte) []byte) []byte { return f(append([]byte(nil), v...)) }
 	cases := []struct {
-		name string
-		v    []byte
-		key  string
-		lay  layout.Layout
+		name    string
+		v       []byte
+		key     string
+		lay     layout.Layout
+		foreign bool
 	}{
-		{"foreign key", v, tier.Key(testKey(2)), lay},
-		{"foreign dtype", v, key, other},
-		{"foreign shape same size", v, key, shape},
-		{"flipped payload byte", mutate(func(b []byte) []byte { b[len(b)-5] ^= 0x10; return b }), key, lay},
-		{"flipped header byte", mutate(func(b []byte) []byte { b[12] ^= 0x01; return b }), key, lay},
-		{"flipped checksum", mutate(func(b []byte) []byte { b[len(b)-len(p)-1] ^= 0x80; return b }), key, lay},
-		{"truncated payload", v[:len(v)-1], key, lay},
-		{"truncated header", v[:10], key, lay},
-		{"empty", nil, key, lay},
-		{"extra byte", append(append([]byte(nil), v...), 0), key, lay},
-		{"wrong version", mutate(func(b []byte) []byte { b[4] = 2; return b }), key, lay},
-		{"wrong magic", mutate(func(b []byte) []byte { b[0] = 'X'; return b }), key, lay},
+		{"foreign key", v, tier.Key(testKey(2), lay), lay, true},
+		{"foreign dtype", v, key, other, true},
+		{"foreign shape same size", v, key, shape, true},
+		{"foreign dtype, flipped byte", func() []byte {
+			f, _ := tier.Encode(key, other, p)
+			f[len(f)-1] ^= 0x01
+			return f
+		}(), key, lay, false},
+		{"flipped payload byte", mutate(func(b []byte) []byte { b[len(b)-5] ^= 0x10; return b }), key, lay, false},
+		{"flipped header byte", mutate(func(b []byte) []byte { b[12] ^= 0x01; return b }), key, lay, false},
+		{"flipped dims byte", mutate(func(b []byte) []byte { b[10+len(key)] ^= 0x02; return b }), key, lay, false},
+		{"flipped checksum", mutate(func(b []byte) []byte { b[len(b)-len(p)-1] ^= 0x80; return b }), key, lay, false},
+		{"truncated payload", v[:len(v)-1], key, lay, false},
+		{"truncated header", v[:10], key, lay, false},
+		{"header only", v[:len(v)-len(p)-1], key, lay, false},
+		{"huge key length", mutate(func(b []byte) []byte { binary.LittleEndian.PutUint32(b[6:], 1<<31); return b }), key, lay, false},
+		{"extra byte", append(append([]byte(nil), v...), 0), key, lay, false},
+		{"empty", nil, key, lay, false},
+		{"wrong version", mutate(func(b []byte) []byte { b[4] = 2; return b }), key, lay, false},
+		{"wrong magic", mutate(func(b []byte) []byte { b[0] = 'X'; return b }), key, lay, false},
 	}
 	for _, c := range cases {
-		if _, err := tier.Verify(c.v, c.key, c.lay); !errors.Is(err, tier.ErrCorrupt) {
+		_, err := tier.Verify(c.v, c.key, c.lay)
+		if !errors.Is(err, tier.ErrCorrupt) {
 			t.Errorf("%s: tier.Verify err = %v, want ErrCorrupt", c.name, err)
+		}
+		// Intact values of another key or layout are foreign (kept); all
+		// else is damage under our key (deleted).
+		if errors.Is(err, tier.ErrForeign) != c.foreign {
+			t.Errorf("%s: tier.Verify err = %v, foreign want %v", c.name, err, c.foreign)
 		}
 	}
 }
@@ -197,8 +262,8 @@ func TestWriteBehindStoresPublishedBytes(t *testing.T) {
 		t.Fatalf("queue %+v, want 10 written", q)
 	}
 	for i, k := range ks {
-		v := mt.Values()[tier.Key(k)]
-		got, err := tier.Verify(v, tier.Key(k), lay)
+		v := mt.Values()[tier.Key(k, lay)]
+		got, err := tier.Verify(v, tier.Key(k, lay), lay)
 		if err != nil || !bytes.Equal(got, payload(int(lay.Bytes), i)) {
 			t.Fatalf("chunk %d in the tier: %v", i, err)
 		}
@@ -362,7 +427,7 @@ func TestWriteBehindSkipsEvictedChunk(t *testing.T) {
 	if q.Written != 1 || q.Skipped != 1 {
 		t.Fatalf("queue %+v, want chunk 0 written, chunk 1 skipped", q)
 	}
-	if _, ok := mt.Values()[tier.Key(testKey(1))]; ok {
+	if _, ok := mt.Values()[tier.Key(testKey(1), lay)]; ok {
 		t.Fatal("a cleared chunk reached the tier")
 	}
 }
@@ -403,7 +468,7 @@ func TestWriteBehindClearDuringCopyWritesPublishedBytes(t *testing.T) {
 	if q := waitQueue(t, s, 0); q.Written != 1 {
 		t.Fatalf("queue %+v, want 1 written", q)
 	}
-	got, err := tier.Verify(mt.Values()[tier.Key(testKey(0))], tier.Key(testKey(0)), lay)
+	got, err := tier.Verify(mt.Values()[tier.Key(testKey(0), lay)], tier.Key(testKey(0), lay), lay)
 	if err != nil || !bytes.Equal(got, want) {
 		t.Fatalf("tier holds other bytes than the published chunk (err %v)", err)
 	}
@@ -418,11 +483,11 @@ func putTier(t *testing.T, mt *memtier.Tier, lay layout.Layout, from, n int) []k
 	var ks []keys.ObjectKey
 	for i := from; i < from+n; i++ {
 		k := testKey(i)
-		v, err := tier.Encode(tier.Key(k), lay, payload(int(lay.Bytes), i))
+		v, err := tier.Encode(tier.Key(k, lay), lay, payload(int(lay.Bytes), i))
 		if err != nil {
 			t.Fatal(err)
 		}
-		mt.Set(tier.Key(k), v)
+		mt.Set(tier.Key(k, lay), v)
 		ks = append(ks, k)
 	}
 	return ks
@@ -522,39 +587,104 @@ func (g *stuckGets) Get(ctx context.Context, key string) ([]byte, error) {
 	return g.Tier.Get(context.Background(), key)
 }
 
+// TestPrefetchCorruptValueIsMissCountedDeleted: a value under our real key
+// that fails its checksum is a miss, counted, and deleted (it is ours); a
+// value of another layout written by hand under our real key is a miss,
+// counted, never served, and left alone (it is not ours to destroy).
 func TestPrefetchCorruptValueIsMissCountedDeleted(t *testing.T) {
 	lay := testLayout(t)
 	p := openPool(t, 1<<20)
 	mt := memtier.New()
 	s := newSet(t, p, lay, tier.Options{}, mt)
 	ks := putTier(t, mt, lay, 0, 4)
-	v := mt.Values()[tier.Key(ks[1])]
+	v := mt.Values()[tier.Key(ks[1], lay)]
 	v[len(v)-3] ^= 0xFF
-	mt.Set(tier.Key(ks[1]), v)
+	mt.Set(tier.Key(ks[1], lay), v)
 	other, _ := layout.New(2, 4, 8, "bfloat16", false)
-	foreign, _ := tier.Encode(tier.Key(ks[3]), other, payload(int(other.Bytes), 3))
-	mt.Set(tier.Key(ks[3]), foreign)
+	if other.Bytes != lay.Bytes {
+		t.Fatalf("test layouts: %d vs %d bytes", other.Bytes, lay.Bytes)
+	}
+	foreign, _ := tier.Encode(tier.Key(ks[3], lay), other, payload(int(other.Bytes), 3))
+	mt.Set(tier.Key(ks[3], lay), foreign)
 	if n := s.Prefetch(context.Background(), "m", 1, ks, 1, 1); n != 1 {
 		t.Fatalf("prefetched %d, want 1 (chunk 1 is corrupt)", n)
 	}
-	if st := s.Stats()[0]; st.Corrupt < 1 {
-		t.Fatalf("corrupt not counted: %+v", st)
+	// Every chunk's load runs, so chunk 3 is asked for (and rejected) too.
+	if st := s.Stats()[0]; st.Corrupt != 2 {
+		t.Fatalf("corrupt = %d, want 2 (chunks 1 and 3): %+v", st.Corrupt, st)
 	}
-	if _, ok := mt.Values()[tier.Key(ks[1])]; ok {
+	if _, ok := mt.Values()[tier.Key(ks[1], lay)]; ok {
 		t.Fatal("the corrupt value was not deleted")
 	}
 	if p.IsLocked(ks[2]) {
 		t.Fatal("a chunk after the failed one is still locked")
 	}
-	// The foreign-layout value is rejected too, once it is asked for.
+	// Asked for on its own, the kept foreign value is rejected again.
 	if n := s.Prefetch(context.Background(), "m", 1, ks[3:], 1, 1); n != 0 {
 		t.Fatalf("foreign layout served: %d", n)
 	}
-	if st := s.Stats()[0]; st.Corrupt != 2 {
-		t.Fatalf("corrupt = %d, want 2", st.Corrupt)
+	if st := s.Stats()[0]; st.Corrupt != 3 || st.Hits != 2 {
+		t.Fatalf("corrupt = %d, hits = %d, want 3 and 2 (chunks 0 and 2)", st.Corrupt, st.Hits)
 	}
-	if _, ok := mt.Values()[tier.Key(ks[3])]; ok {
-		t.Fatal("the foreign value was not deleted")
+	if p.ReserveReadPrefix(ks[3:4], 1) != 0 {
+		t.Fatal("the foreign value reached L1")
+	}
+	if got := mt.Values()[tier.Key(ks[3], lay)]; !bytes.Equal(got, foreign) {
+		t.Fatal("the intact foreign value was deleted or changed")
+	}
+}
+
+// TestTwoLayoutsShareOneTier: two hosts register the same model name with
+// other layouts (float16 and bfloat16, the same chunk bytes) and store the
+// same chunks into one shared tier. Both hosts' values survive side by
+// side, each host gets hits with its own bytes, nothing is rejected or
+// deleted.
+func TestTwoLayoutsShareOneTier(t *testing.T) {
+	layA := testLayout(t)
+	layB, _ := layout.New(2, 4, 8, "bfloat16", false)
+	shared := memtier.New()
+	const n = 6
+	type host struct {
+		lay  layout.Layout
+		pool *l1.Pool
+		set  *tier.Set
+		seed int
+	}
+	hosts := []*host{{lay: layA, seed: 0}, {lay: layB, seed: 100}}
+	var ks []keys.ObjectKey
+	for i := range n {
+		ks = append(ks, testKey(i))
+	}
+	for _, h := range hosts {
+		h.pool = openPool(t, 1<<20)
+		h.set = newSet(t, h.pool, h.lay, tier.Options{}, shared)
+		for i, k := range ks {
+			store(t, h.pool, k, payload(int(h.lay.Bytes), h.seed+i))
+		}
+		h.set.Enqueue(ks, h.lay)
+		if q := waitQueue(t, h.set, 0); q.Written != n {
+			t.Fatalf("%s host: queue %+v, want %d written", h.lay.Dtype, q, n)
+		}
+	}
+	if got := len(shared.Values()); got != 2*n {
+		t.Fatalf("shared tier holds %d values, want %d: the hosts overwrote each other", got, 2*n)
+	}
+	for _, h := range hosts {
+		h.pool.Clear() // as after a restart: only the tier has the chunks
+		if got := h.set.Prefetch(context.Background(), "m", 1, ks, 1, 1); got != n {
+			t.Fatalf("%s host: prefetched %d, want %d", h.lay.Dtype, got, n)
+		}
+		for i, k := range ks {
+			if got := read(t, h.pool, k); !bytes.Equal(got, payload(int(h.lay.Bytes), h.seed+i)) {
+				t.Fatalf("%s host: chunk %d has other bytes than it stored", h.lay.Dtype, i)
+			}
+		}
+		if st := h.set.Stats()[0]; st.Corrupt != 0 || st.Hits != n {
+			t.Fatalf("%s host: stats %+v, want %d hits and nothing corrupt", h.lay.Dtype, st, n)
+		}
+	}
+	if got := len(shared.Values()); got != 2*n {
+		t.Fatalf("shared tier holds %d values after the reads, want %d", got, 2*n)
 	}
 }
 

@@ -54,14 +54,15 @@ func (s *Set) work(m *member) {
 // can free or reuse its bytes meanwhile; an object no longer published is
 // skipped, and nothing but the published object's bytes is ever written.
 func (s *Set) write(m *member, it item) {
-	v, ok := s.copyOut(it)
+	name := Key(it.key, it.lay)
+	v, ok := s.copyOut(it, name)
 	if !ok {
 		m.st.skipped.Add(1)
 		return
 	}
 	ctx, cancel := context.WithTimeout(s.ctx, s.opts.WriteTimeout)
 	defer cancel()
-	if err := m.b.Put(ctx, Key(it.key), v); err != nil {
+	if err := m.b.Put(ctx, name, v); err != nil {
 		m.st.failed.Add(1)
 		s.log.Debug("tier write failed", "key", it.key, "err", err)
 		return
@@ -69,10 +70,10 @@ func (s *Set) write(m *member, it item) {
 	m.st.written.Add(1)
 }
 
-// copyOut returns the tier value of it, copied from L1 under a hold, or
-// false when the object is gone (evicted, cleared, not yet readable) or its
-// size is not the layout's.
-func (s *Set) copyOut(it item) ([]byte, bool) {
+// copyOut returns the tier value of it under name, copied from L1 under a
+// hold, or false when the object is gone (evicted, cleared, not yet
+// readable) or its size is not the layout's.
+func (s *Set) copyOut(it item, name string) ([]byte, bool) {
 	one := []keys.ObjectKey{it.key}
 	if s.pool.ReserveReadPrefix(one, 1) != 1 {
 		return nil, false
@@ -94,7 +95,7 @@ func (s *Set) copyOut(it item) ([]byte, bool) {
 	if src == nil {
 		return nil, false
 	}
-	v, dst, err := newValue(Key(it.key), it.lay, len(src))
+	v, dst, err := newValue(name, it.lay, len(src))
 	if err != nil {
 		return nil, false
 	}
