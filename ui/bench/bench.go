@@ -442,7 +442,7 @@ func Execute(ctx context.Context, o Options) (*Result, error) {
 			errs = append(errs, fmt.Errorf("tiers: %w", err))
 		}
 		res.Notes = append(res.Notes,
-			"tiers: one in-process engine per adapter with that one tier; write = the stores until the write-behind queue drained (the tier's byte count over that wall time); prefetch-read = LOOKUP + prefetch + retrieve after L1 was cleared (the tier's read bytes over the retrieve phase's wall time)",
+			"tiers: one in-process engine per adapter with that one tier; write = the stores until the write-behind queue drained (the tier's byte count over that wall time); prefetch-read = LOOKUP + prefetch + retrieve after L1 was cleared (the tier's read bytes over the slowest worker's time for it, less the bench's own checksums)",
 			"tiers: NOOP and LOOKUP+STATUS are measured while one more worker keeps storing new chunks, on an engine with the tier (its write queue full) and on one without a tier (the same load)")
 	}
 	o.progress.setPhase("references", "memcpy, raw ZMQ echo")
