@@ -3,7 +3,8 @@
 // LMCache non-GPU workers on the real wire protocol, in SHM and pickle mode,
 // verifies every retrieved chunk, and reports throughput, latency, small
 // request rates, CPU and memory against references measured in the same run
-// (memcpy of the same bytes, a raw ZMQ ROUTER/DEALER echo of the same sizes).
+// (memcpy of the same bytes, a raw ZMQ ROUTER/DEALER echo of the same sizes);
+// with --l2-adapter it measures each L2 tier the same way (tiers.go).
 package bench
 
 import (
@@ -46,6 +47,12 @@ HTTP API (GET /status), also the source of the pool size. The HTTP address
 comes from --http-host/--http-port, else the settings layers as for kvdock
 serve (--config, KVDOCK_HTTP_HOST, KVDOCK_HTTP_PORT; port 8080), the host
 defaulting to --host.
+
+With --l2-adapter (JSON as for kvdock serve, repeatable) each tier is
+measured on an in-process engine of its own: write and prefetch-read
+against plain file I/O (fs) or valkey-go SET/GET (resp) of the same bytes
+on the same target, and NOOP/LOOKUP while the tier is saturated with
+writes against the same load without a tier.
 
 A progress line (phase, elapsed, GB moved) goes to stderr: redrawn on a
 terminal, a plain line per phase otherwise, none with --json.
