@@ -3,7 +3,8 @@
 // LMCache non-GPU workers on the real wire protocol, in SHM and pickle mode,
 // verifies every retrieved chunk, and reports throughput, latency, small
 // request rates, CPU and memory against references measured in the same run
-// (memcpy of the same bytes, a raw ZMQ ROUTER/DEALER echo of the same sizes).
+// (memcpy of the same bytes, a raw ZMQ ROUTER/DEALER echo of the same sizes);
+// with --l2-adapter it measures each L2 tier the same way (tiers.go).
 package bench
 
 import (
@@ -47,6 +48,12 @@ comes from --http-host/--http-port, else the settings layers as for kvdock
 serve (--config, KVDOCK_HTTP_HOST, KVDOCK_HTTP_PORT; port 8080), the host
 defaulting to --host.
 
+With --l2-adapter (JSON as for kvdock serve, repeatable) each tier is
+measured on an in-process engine of its own: write and prefetch-read
+against plain file I/O (fs) or valkey-go SET/GET (resp) of the same bytes
+on the same target, and NOOP/LOOKUP while the tier is saturated with
+writes against the same load without a tier.
+
 A progress line (phase, elapsed, GB moved) goes to stderr: redrawn on a
 terminal, a plain line per phase otherwise, none with --json.
 
@@ -80,7 +87,10 @@ type Options struct {
 	JSON        bool
 	CPUProfile  string
 	RefDuration time.Duration
-	Args        []string
+	// Adapters are the validated --l2-adapter objects: each is measured as
+	// the one tier of an in-process engine.
+	Adapters []map[string]any
+	Args     []string
 
 	// progress reports phase, elapsed time and bytes moved (nil: silent).
 	progress *progress
@@ -140,6 +150,12 @@ func run(args []string, stdout, stderr io.Writer, environ []string, tty bool) in
 			return 1
 		}
 	}
+	for i, t := range res.Tiers {
+		if t.Mismatches > 0 || t.Errors > 0 {
+			fmt.Fprintf(stderr, "kvdock bench: tier %d (%s): %d checksum mismatches, %d errors\n", i, t.Type, t.Mismatches, t.Errors)
+			return 1
+		}
+	}
 	return 0
 }
 
@@ -173,6 +189,7 @@ func parseFlags(args []string, stderr io.Writer, environ []string) (Options, int
 	timeout := fs.Duration("timeout", 30*time.Second, "per-request timeout (a request without a reply by then counts as a timeout)")
 	asJSON := fs.Bool("json", false, "print one JSON object instead of the table")
 	cpuprof := fs.String("cpuprofile", "", "write a pprof CPU profile of the whole run to FILE")
+	l2 := fs.StringArray("l2-adapter", nil, `an L2 tier to measure, JSON as for kvdock serve, repeatable: {"type": "fs", "base_path": "/data/l2"} or {"type": "resp", "host": "redis", "port": 6379} (in-process engine only)`)
 	fs.Usage = func() {
 		fmt.Fprint(stderr, usage)
 		fs.PrintDefaults()
@@ -254,6 +271,17 @@ func parseFlags(args []string, stderr io.Writer, environ []string) (Options, int
 	if _, err := assets.Protocol(*proto); err != nil {
 		bad = append(bad, "--protocol: "+err.Error())
 	}
+	var adapters []map[string]any
+	if len(*l2) > 0 {
+		if *host != "" {
+			bad = append(bad, "--l2-adapter: only for the in-process engine (a target server has its own tiers)")
+		}
+		a, err := loadAdapters(*l2, environ)
+		if err != nil {
+			bad = append(bad, err.Error())
+		}
+		adapters = a
+	}
 	if len(bad) > 0 {
 		for _, b := range bad {
 			fmt.Fprintln(stderr, "kvdock bench: "+b)
@@ -266,8 +294,37 @@ func parseFlags(args []string, stderr io.Writer, environ []string) (Options, int
 		PoolBytes: int64(*poolGB * (1 << 30)), Host: *host, Port: *port, ServerPID: *pid,
 		HTTPHost: httpHost, HTTPPort: httpPort,
 		Protocol: *proto, Timeout: *timeout, JSON: *asJSON, CPUProfile: *cpuprof,
-		Args: append([]string(nil), args...),
+		Adapters: adapters, Args: append([]string(nil), args...),
 	}, -1
+}
+
+// loadAdapters validates --l2-adapter values as kvdock serve does (the
+// settings layers, with only these flags and no settings file), credentials
+// filled from environ's KVDOCK_RESP_* / LMCACHE_RESP_*.
+func loadAdapters(values []string, environ []string) ([]map[string]any, error) {
+	fs := pflag.NewFlagSet("l2", pflag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	settings.RegisterFlags(fs)
+	args := make([]string, 0, len(values))
+	for _, v := range values {
+		args = append(args, "--l2-adapter="+v)
+	}
+	if err := fs.Parse(args); err != nil {
+		return nil, fmt.Errorf("--l2-adapter: %w", err)
+	}
+	env := []string{settings.EnvConfig + "="} // no settings file
+	for _, kv := range environ {
+		name, _, _ := strings.Cut(kv, "=")
+		switch name {
+		case settings.EnvRespUsername, settings.EnvRespPassword, settings.EnvUpstreamRespUsername, settings.EnvUpstreamRespPassword:
+			env = append(env, kv)
+		}
+	}
+	l, err := settings.Load(settings.LoadOptions{Flags: fs, Environ: env})
+	if err != nil {
+		return nil, fmt.Errorf("--l2-adapter: %w", err)
+	}
+	return l.Config.L2.Adapters, nil
 }
 
 // inProcessChunkTokens is the chunk size of the in-process engine (kvdock's default).
@@ -385,6 +442,16 @@ func Execute(ctx context.Context, o Options) (*Result, error) {
 			break
 		}
 	}
+	if len(o.Adapters) > 0 {
+		trs, err := runTiers(ctx, o, prof, res.Config.PoolBytes, int64(os.Getpid())<<12+int64(len(modes))<<8)
+		res.Tiers = trs
+		if err != nil {
+			errs = append(errs, fmt.Errorf("tiers: %w", err))
+		}
+		res.Notes = append(res.Notes,
+			"tiers: one in-process engine per adapter with that one tier; write = the stores until the write-behind queue drained (the tier's byte count over that wall time); prefetch-read = LOOKUP + prefetch + retrieve after L1 was cleared (the tier's read bytes over the slowest worker's time for it, less the bench's own checksums)",
+			"tiers: NOOP and LOOKUP+STATUS are measured while one more worker keeps storing new chunks, on an engine with the tier (its write queue full) and on one without a tier (the same load)")
+	}
 	o.progress.setPhase("references", "memcpy, raw ZMQ echo")
 	if err := res.measureReferences(ctx, o, prof); err != nil {
 		errs = append(errs, err)
@@ -411,7 +478,7 @@ func runMode(ctx context.Context, o Options, prof *protocol.Profile, mode string
 	endpoint := endpointOf(o.Host, o.Port)
 	if o.Host == "" {
 		o.progress.setPhase(mode+": starting the engine", "")
-		eng, ep, err := startEngine(ctx, o, mode, pool)
+		eng, ep, err := startEngine(ctx, o, mode, pool, nil)
 		if err != nil {
 			return nil, 0, err
 		}
@@ -536,8 +603,10 @@ func gbps(n int64, d time.Duration) float64 {
 
 // startEngine starts a kvdock engine on a free loopback port with a segment
 // name of its own (SHM) or SHM off (pickle), and waits for the pool's
-// prefault so the first stores do not pay for it.
-func startEngine(ctx context.Context, o Options, mode string, pool int64) (*engine.Engine, string, error) {
+// prefault so the first stores do not pay for it. The adapters (none: nil)
+// are its L2 tiers, with a write queue as large as the pool so that a
+// measured write is never dropped for want of queue room.
+func startEngine(ctx context.Context, o Options, mode string, pool int64, adapters []map[string]any) (*engine.Engine, string, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, "", err
@@ -558,6 +627,8 @@ func startEngine(ctx context.Context, o Options, mode string, pool int64) (*engi
 		name = fmt.Sprintf("kvdock_bench_%d_%d", os.Getpid(), time.Now().UnixNano()%1e9)
 	}
 	cfg.Server.ShmName = &name
+	cfg.L2.Adapters = adapters
+	cfg.L2.QueueBytes = max(cfg.L2.QueueBytes, pool)
 	if err := settings.Validate(cfg, nil); err != nil {
 		return nil, "", fmt.Errorf("bench engine config: %w", err)
 	}

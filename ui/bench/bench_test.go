@@ -217,7 +217,7 @@ func benchEndToEnd(b *testing.B, mode string) {
 		b.Fatal(err)
 	}
 	ctx := context.Background()
-	eng, ep, err := startEngine(ctx, o, mode, o.PoolBytes)
+	eng, ep, err := startEngine(ctx, o, mode, o.PoolBytes, nil)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -68,6 +68,7 @@ type counters struct {
 	storeBytes, retrieveBytes int64
 	storeLat, retrieveLat     []time.Duration // per chunk: op time / chunks in op
 	storeBusy, retrieveBusy   time.Duration   // timed parts of this worker's ops
+	verify                    time.Duration   // the bench's own checksums of retrieved chunks
 	cachedStores              int64
 	missChunks                int64
 	mismatches                int64
@@ -98,6 +99,7 @@ func (c *counters) merge(o *counters) {
 	c.retrieveLat = append(c.retrieveLat, o.retrieveLat...)
 	c.storeBusy += o.storeBusy
 	c.retrieveBusy += o.retrieveBusy
+	c.verify += o.verify
 	c.cachedStores += o.cachedStores
 	c.missChunks += o.missChunks
 	c.mismatches += o.mismatches
@@ -348,6 +350,7 @@ func (d *driver) retrieveOne(ctx context.Context, w int, st *counters, p prompt,
 	})
 	cancel()
 	timed := time.Since(start) - unTimed
+	st.verify += unTimed
 	if err != nil {
 		st.fail(fmt.Errorf("retrieve %s: %w", p.requestID, err))
 		return

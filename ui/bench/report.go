@@ -22,9 +22,11 @@ type Result struct {
 	SHM        *ModeResult `json:"shm,omitempty"`
 	Pickle     *ModeResult `json:"pickle,omitempty"`
 	// Skipped are the requested modes the target server cannot serve.
-	Skipped []Skip   `json:"skipped,omitempty"`
-	Targets []Target `json:"targets"`
-	Notes   []string `json:"notes"`
+	Skipped []Skip `json:"skipped,omitempty"`
+	// Tiers are the --l2-adapter figures, in the order given.
+	Tiers   []*TierResult `json:"tiers,omitempty"`
+	Targets []Target      `json:"targets"`
+	Notes   []string      `json:"notes"`
 }
 
 // Skip is a requested mode that was not run, and why, in user words.
@@ -191,6 +193,22 @@ func (r *Result) finish() {
 		mism += float64(m.Mismatches)
 		tout += float64(m.Timeouts)
 	}
+	for i, t := range r.Tiers {
+		name := fmt.Sprintf("tier%d.%s.", i, t.Type)
+		refName := "file"
+		want := 0.8
+		if t.Type == "resp" {
+			refName, want = "valkey_go", 0.7
+		}
+		t.NoopRatio = ratio(t.NoopRTPS, t.NoopNoTierRTPS)
+		t.LookupRatio = ratio(t.LookupRTPS, t.LookupNoTierRTPS)
+		ts = append(ts,
+			newTarget(name+"write_vs_"+refName, t.WriteRatio, ">=", want),
+			newTarget(name+"prefetch_read_vs_"+refName, t.ReadRatio, ">=", want),
+			newTarget(name+"noop_saturated_vs_no_tier", t.NoopRatio, ">=", 0.9),
+			newTarget(name+"lookup_status_saturated_vs_no_tier", t.LookupRatio, ">=", 0.9))
+		mism += float64(t.Mismatches)
+	}
 	ts = append(ts, newTarget("checksum_mismatches", mism, "<=", 0), newTarget("timeouts", tout, "<=", 0))
 	r.Targets = ts
 }
@@ -273,6 +291,26 @@ func (r *Result) WriteTable(w io.Writer) error {
 	row("timeouts / errors", "", func(m *ModeResult) string { return fmt.Sprintf("%d / %d", m.Timeouts, m.Errors) })
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	if len(r.Tiers) > 0 {
+		b.WriteString("\n")
+		tw = tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "tier\twrite GB/s\tprefetch-read GB/s\tNOOP rt/s saturated\tLOOKUP+STATUS rt/s saturated")
+		for i, t := range r.Tiers {
+			fmt.Fprintf(tw, "%d %s %s\t%.2f (×%.2f of %.2f)\t%.2f (×%.2f of %.2f)\t%.0f (×%.2f of %.0f)\t%.0f (×%.2f of %.0f)\n", i, t.Type, t.Target,
+				t.WriteGBps, t.WriteRatio, t.RefWriteGBps, t.ReadGBps, t.ReadRatio, t.RefReadGBps,
+				t.NoopRTPS, t.NoopRatio, t.NoopNoTierRTPS, t.LookupRTPS, t.LookupRatio, t.LookupNoTierRTPS)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		for i, t := range r.Tiers {
+			fmt.Fprintf(&b, "tier %d reference: %s; %s written (%d writes dropped), %s read back (%d chunks missed); %d writes dropped while saturated; %d mismatches, %d errors\n",
+				i, t.Reference, mib(t.WriteBytes), t.DroppedWrites, mib(t.ReadBytes), t.ReadMisses, t.SaturatedDropped, t.Mismatches, t.Errors)
+			if t.FirstError != "" {
+				fmt.Fprintf(&b, "tier %d first error: %s\n", i, t.FirstError)
+			}
+		}
 	}
 	b.WriteString("\ntargets\n")
 	tw = tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)

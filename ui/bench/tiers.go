@@ -1,0 +1,439 @@
+package bench
+
+// The L2 tier figures (--l2-adapter): per adapter, an in-process engine with
+// that one tier; the workers store chunks (write-behind copies them to the
+// tier), L1 is cleared, and LOOKUP + retrieve bring them back from the tier.
+// Each is compared with a reference measured in the same run against the
+// same target: plain sequential file I/O of the same bytes on the tier's
+// filesystem (fs), valkey-go's raw SET/GET of the same values on the same
+// server (resp). NOOP and LOOKUP round trips while the tier is saturated
+// with writes are compared with the same load on an engine without a tier.
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/valkey-io/valkey-go"
+
+	"kvdock/core/engine"
+	"kvdock/core/protocol"
+	"kvdock/core/tierstate"
+	"kvdock/transfer/tier"
+)
+
+// TierResult is one L2 adapter's figures and their references.
+type TierResult struct {
+	Type   string `json:"type"`
+	Target string `json:"target"`
+	// Write: the workers' stores until the write-behind queue has drained,
+	// bytes as the tier counted them (values with their headers).
+	WriteBytes    int64   `json:"write_bytes"`
+	WriteGBps     float64 `json:"write_gbps"`
+	DroppedWrites uint64  `json:"dropped_writes"`
+	// Read: LOOKUP + prefetch + retrieve after L1 was cleared, bytes as the
+	// tier counted them over the slowest worker's time for it, less the
+	// bench's own checksums of what it got.
+	ReadBytes  int64   `json:"read_bytes"`
+	ReadGBps   float64 `json:"prefetch_read_gbps"`
+	ReadMisses int64   `json:"read_miss_chunks"`
+	// Reference is what the tier is compared with, in words.
+	Reference    string  `json:"reference"`
+	RefWriteGBps float64 `json:"reference_write_gbps"`
+	RefReadGBps  float64 `json:"reference_read_gbps"`
+	WriteRatio   float64 `json:"write_vs_reference"`
+	ReadRatio    float64 `json:"prefetch_read_vs_reference"`
+	// Small requests while a background worker keeps storing new chunks,
+	// with the tier (saturated) and on an engine without tiers.
+	NoopRTPS         float64 `json:"noop_round_trips_per_s"`
+	NoopNoTierRTPS   float64 `json:"noop_no_tier_round_trips_per_s"`
+	NoopRatio        float64 `json:"noop_vs_no_tier"`
+	LookupRTPS       float64 `json:"lookup_status_round_trips_per_s"`
+	LookupNoTierRTPS float64 `json:"lookup_status_no_tier_round_trips_per_s"`
+	LookupRatio      float64 `json:"lookup_status_vs_no_tier"`
+	SaturatedDropped uint64  `json:"saturated_dropped_writes"`
+
+	Mismatches int64  `json:"checksum_mismatches"`
+	Errors     int64  `json:"errors"`
+	FirstError string `json:"first_error,omitempty"`
+}
+
+// tierWorkers is the write-behind writers per tier (tier.DefaultWorkersPerTier),
+// the reference's write streams.
+const tierWorkers = tier.DefaultWorkersPerTier
+
+// runTiers measures every adapter in turn; the no-tier small-request
+// figures are measured once and shared.
+func runTiers(ctx context.Context, o Options, prof *protocol.Profile, pool int64, instanceBase int64) ([]*TierResult, error) {
+	o.progress.setPhase("tiers: small requests without a tier", "")
+	noop0, look0, _, err := saturatedSmall(ctx, o, prof, pool, nil, instanceBase)
+	if err != nil {
+		return nil, fmt.Errorf("tiers: small requests without a tier: %w", err)
+	}
+	var out []*TierResult
+	var errs []error
+	for i, a := range o.Adapters {
+		base := instanceBase + int64(i+1)<<6
+		tr, err := runTier(ctx, o, prof, pool, a, base)
+		if tr != nil {
+			tr.NoopNoTierRTPS, tr.LookupNoTierRTPS = round4(noop0), round4(look0)
+			out = append(out, tr)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("tier %d (%v): %w", i, a["type"], err))
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return out, errors.Join(errs...)
+}
+
+// runTier measures one adapter.
+func runTier(ctx context.Context, o Options, prof *protocol.Profile, pool int64, adapter map[string]any, base int64) (*TierResult, error) {
+	typ, _ := adapter["type"].(string)
+	o.progress.setPhase("tiers: "+typ+" write and prefetch-read", "")
+	eng, ep, err := startEngine(ctx, o, "shm", pool, []map[string]any{adapter})
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = eng.Stop(context.Background()) }()
+	d, err := newDriver(ctx, driverConfig{
+		Endpoint: ep, Profile: prof, Mode: "shm", Model: o.Model, Chunks: o.Chunks,
+		Workers: o.Workers, Repeat: o.Repeat, Timeout: o.Timeout, Rounds: 1,
+		InstanceBase: base, Progress: o.progress,
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer d.close(context.Background())
+	d.cfg.PromptsPerRound = promptsFor(o, pool, d.lay.Bytes)
+
+	st0, err := tierStats(eng)
+	if err != nil {
+		return nil, err
+	}
+	tr := &TierResult{Type: st0.Type, Target: st0.Target}
+	var c counters
+	start := time.Now()
+	d.phase(ctx, &c, 0, d.storeWorker)
+	st1, err := drained(ctx, eng, o.Timeout*4)
+	wall := time.Since(start)
+	if err != nil {
+		return tr, err
+	}
+	tr.WriteBytes = int64(st1.WriteBytes - st0.WriteBytes)
+	tr.WriteGBps = round4(gbps(tr.WriteBytes, wall))
+	tr.DroppedWrites = st1.DroppedWrites - st0.DroppedWrites
+
+	if _, err := d.call(ctx, d.clients[0], &c, protocol.Clear); err != nil {
+		return tr, fmt.Errorf("clear L1: %w", err)
+	}
+	rc, readTime := readBack(ctx, d)
+	st2, err := tierStats(eng)
+	if err != nil {
+		return tr, err
+	}
+	tr.ReadBytes = int64(st2.ReadBytes - st1.ReadBytes)
+	tr.ReadGBps = round4(gbps(tr.ReadBytes, readTime))
+	tr.ReadMisses = rc.missChunks
+	c.merge(&rc)
+
+	// The reference moves the same bytes in values of the same size: the
+	// chunks written are those committed less those dropped.
+	written := c.storeBytes/d.lay.Bytes - int64(tr.DroppedWrites)
+	if written <= 0 || tr.WriteBytes <= 0 {
+		return tr, fmt.Errorf("nothing was written to the tier (%d chunks stored, %d writes dropped)", c.storeBytes/d.lay.Bytes, tr.DroppedWrites)
+	}
+	valSize := int(tr.WriteBytes / written)
+	n := int(written)
+	o.progress.setPhase("tiers: "+typ+" reference", "")
+	switch typ {
+	case "fs":
+		tr.Reference = fmt.Sprintf("sequential write/read of one file of the same bytes (%d × %s) in base_path, no fsync (as the tier)", n, mib(int64(valSize)))
+		tr.RefWriteGBps, tr.RefReadGBps, err = fileReference(adapter["base_path"].(string), valSize, n)
+	case "resp":
+		tr.Reference = fmt.Sprintf("valkey-go SET/GET of the same values (%d × %s) on the same server, %d writers / %d readers as the tier", n, mib(int64(valSize)), tierWorkers, prefetchStreams(o))
+		tr.RefWriteGBps, tr.RefReadGBps, err = respReference(ctx, adapter, valSize, n, prefetchStreams(o))
+	default:
+		err = fmt.Errorf("no reference for tier type %q", typ)
+	}
+	if err != nil {
+		return tr, fmt.Errorf("reference: %w", err)
+	}
+	tr.WriteRatio = ratio(tr.WriteGBps, tr.RefWriteGBps)
+	tr.ReadRatio = ratio(tr.ReadGBps, tr.RefReadGBps)
+	d.close(context.Background())
+	_ = eng.Stop(context.Background())
+
+	o.progress.setPhase("tiers: "+typ+" small requests, tier saturated", "")
+	noop, look, dropped, err := saturatedSmall(ctx, o, prof, pool, adapter, base+32)
+	tr.NoopRTPS, tr.LookupRTPS, tr.SaturatedDropped = round4(noop), round4(look), dropped
+	tr.Mismatches, tr.Errors, tr.FirstError = c.mismatches, c.errors+c.timeouts, c.firstErr
+	return tr, err
+}
+
+// prefetchStreams is the tier loads in flight (--l2-prefetch-max-in-flight's
+// default, which the bench's engine keeps), the reference's read streams.
+// readBack is the retrieve phase of round 0 (LOOKUP, the prefetch from the
+// tier, retrieve) on every worker, and its time: the slowest worker's
+// elapsed time less its own checksums of the chunks (bench work).
+func readBack(ctx context.Context, d *driver) (counters, time.Duration) {
+	results := make([]counters, d.cfg.Workers)
+	took := make([]time.Duration, d.cfg.Workers)
+	var wg sync.WaitGroup
+	for w := range d.cfg.Workers {
+		wg.Go(func() {
+			start := time.Now()
+			d.retrieveWorker(ctx, w, 0, &results[w])
+			took[w] = time.Since(start) - results[w].verify
+		})
+	}
+	wg.Wait()
+	var total counters
+	var slowest time.Duration
+	for w := range results {
+		total.merge(&results[w])
+		slowest = max(slowest, took[w])
+	}
+	return total, slowest
+}
+
+func prefetchStreams(Options) int { return tier.DefaultMaxInFlight }
+
+func tierStats(eng *engine.Engine) (tierstate.Tier, error) {
+	s := eng.Snapshot().Tiers
+	if len(s) != 1 {
+		return tierstate.Tier{}, fmt.Errorf("the engine runs %d tiers, want 1", len(s))
+	}
+	return s[0], nil
+}
+
+// drained waits until the tier's write-behind queue is empty.
+func drained(ctx context.Context, eng *engine.Engine, limit time.Duration) (tierstate.Tier, error) {
+	deadline := time.Now().Add(limit)
+	for {
+		st, err := tierStats(eng)
+		if err != nil {
+			return st, err
+		}
+		if st.QueueDepth == 0 && st.QueueBytes == 0 {
+			return st, nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return st, fmt.Errorf("the tier's write queue did not drain within %v (%d items left)", limit, st.QueueDepth)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// saturatedSmall measures NOOP and LOOKUP+STATUS round trips on an engine
+// with adapter as its tier (none: nil) while one more worker keeps storing
+// new chunks (clearing L1 after each round), so the tier's queue stays full.
+func saturatedSmall(ctx context.Context, o Options, prof *protocol.Profile, pool int64, adapter map[string]any, base int64) (noop, look float64, dropped uint64, err error) {
+	var adapters []map[string]any
+	if adapter != nil {
+		adapters = []map[string]any{adapter}
+	}
+	eng, ep, err := startEngine(ctx, o, "shm", pool, adapters)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	defer func() { _ = eng.Stop(context.Background()) }()
+	mk := func(workers int, b int64) (*driver, error) {
+		return newDriver(ctx, driverConfig{
+			Endpoint: ep, Profile: prof, Mode: "shm", Model: o.Model, Chunks: o.Chunks,
+			Workers: workers, Repeat: 0, Timeout: o.Timeout, Rounds: 1, InstanceBase: b,
+		})
+	}
+	d, err := mk(o.Workers, base)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	defer d.close(context.Background())
+	ld, err := mk(1, base+16)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	defer ld.close(context.Background())
+	ld.cfg.PromptsPerRound = max(1, promptsFor(o, pool, ld.lay.Bytes)/2)
+	var before tierstate.Tier
+	if adapter != nil {
+		if before, err = tierStats(eng); err != nil {
+			return 0, 0, 0, err
+		}
+	}
+	lctx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	var loadErr atomic.Value
+	wg.Go(func() {
+		var c counters
+		for round := 1; lctx.Err() == nil; round++ {
+			ld.storeWorker(lctx, 0, round, &c)
+			if _, err := ld.call(lctx, ld.clients[0], &c, protocol.Clear); err != nil && lctx.Err() == nil {
+				loadErr.Store(err)
+				return
+			}
+		}
+	})
+	sr := d.smallOps(ctx, o.SmallOps)
+	stop()
+	wg.Wait()
+	if adapter != nil {
+		if after, err := tierStats(eng); err == nil {
+			dropped = after.DroppedWrites - before.DroppedWrites
+		}
+	}
+	if e, ok := loadErr.Load().(error); ok {
+		return sr.noopRTPS, 2 * sr.lookupPairsPS, dropped, fmt.Errorf("background store load: %w", e)
+	}
+	if sr.errors > 0 || sr.timeouts > 0 {
+		return sr.noopRTPS, 2 * sr.lookupPairsPS, dropped, fmt.Errorf("small requests: %d errors, %d timeouts: %s", sr.errors, sr.timeouts, sr.firstErr)
+	}
+	return sr.noopRTPS, 2 * sr.lookupPairsPS, dropped, nil
+}
+
+// fileReference writes n values of size bytes to one new file in dir,
+// sequentially, closes it, reads it back with the same read size and
+// removes it; it returns both rates.
+func fileReference(dir string, size, n int) (w, r float64, err error) {
+	f, err := os.CreateTemp(dir, ".kvdock-bench-ref-*")
+	if err != nil {
+		return 0, 0, fmt.Errorf("file reference: %w", err)
+	}
+	path := f.Name()
+	defer os.Remove(path)
+	buf := newPattern(size, 0xbeef).chunk(0)
+	start := time.Now()
+	for range n {
+		if _, err := f.Write(buf); err != nil {
+			f.Close()
+			return 0, 0, fmt.Errorf("file reference: write %s: %w", path, err)
+		}
+	}
+	if err := f.Close(); err != nil {
+		return 0, 0, fmt.Errorf("file reference: close %s: %w", path, err)
+	}
+	w = gbps(int64(size)*int64(n), time.Since(start))
+	rf, err := os.Open(filepath.Clean(path))
+	if err != nil {
+		return w, 0, fmt.Errorf("file reference: %w", err)
+	}
+	defer rf.Close()
+	start = time.Now()
+	var got int64
+	for {
+		k, err := rf.Read(buf)
+		got += int64(k)
+		if err != nil {
+			break
+		}
+	}
+	r = gbps(got, time.Since(start))
+	return round4(w), round4(r), nil
+}
+
+// respReference SETs n values of size bytes with tierWorkers streams, GETs
+// them with readers streams, and deletes them, through a plain valkey-go
+// client to the adapter's server(s).
+func respReference(ctx context.Context, adapter map[string]any, size, n, readers int) (w, r float64, err error) {
+	opt, err := respClientOption(adapter)
+	if err != nil {
+		return 0, 0, err
+	}
+	c, err := valkey.NewClient(opt)
+	if err != nil {
+		return 0, 0, fmt.Errorf("valkey client: %w", err)
+	}
+	defer c.Close()
+	val := valkey.BinaryString(newPattern(size, 0xbeef).chunk(0))
+	key := func(i int) string { return fmt.Sprintf("kvdock-bench-ref:%d:%d", os.Getpid(), i) }
+	defer func() {
+		for i := range n {
+			_ = c.Do(context.Background(), c.B().Del().Key(key(i)).Build()).Error()
+		}
+	}()
+	each := func(streams int, f func(i int) error) (time.Duration, error) {
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		errs := make([]error, streams)
+		start := time.Now()
+		for s := range streams {
+			wg.Go(func() {
+				for {
+					i := int(next.Add(1) - 1)
+					if i >= n || errs[s] != nil {
+						return
+					}
+					errs[s] = f(i)
+				}
+			})
+		}
+		wg.Wait()
+		return time.Since(start), errors.Join(errs...)
+	}
+	el, err := each(tierWorkers, func(i int) error {
+		return c.Do(ctx, c.B().Set().Key(key(i)).Value(val).Build()).Error()
+	})
+	if err != nil {
+		return 0, 0, fmt.Errorf("SET: %w", err)
+	}
+	w = gbps(int64(size)*int64(n), el)
+	el, err = each(readers, func(i int) error {
+		b, err := c.Do(ctx, c.B().Get().Key(key(i)).Build()).AsBytes()
+		if err == nil && len(b) != size {
+			err = fmt.Errorf("GET %s: %d bytes, want %d", key(i), len(b), size)
+		}
+		return err
+	})
+	if err != nil {
+		return w, 0, fmt.Errorf("GET: %w", err)
+	}
+	r = gbps(int64(size)*int64(n), el)
+	return round4(w), round4(r), nil
+}
+
+// respClientOption is the valkey-go option for a validated resp adapter:
+// the same address(es), credentials, TLS and mode as the tier's client.
+func respClientOption(a map[string]any) (valkey.ClientOption, error) {
+	host, _ := a["host"].(string)
+	if host == "" {
+		host = "localhost"
+	}
+	port, _ := a["port"].(int)
+	if port == 0 {
+		port = 6379
+	}
+	addrs := []string{net.JoinHostPort(host, strconv.Itoa(port))}
+	cluster, _ := a["cluster"].(bool)
+	if nodes, ok := a["startup_nodes"].([]string); ok && len(nodes) > 0 {
+		addrs = nodes
+	}
+	opt := valkey.ClientOption{InitAddress: addrs, ForceSingleClient: !cluster, DisableCache: true}
+	opt.Username, _ = a["username"].(string)
+	opt.Password, _ = a["password"].(string)
+	if useTLS, _ := a["tls"].(bool); useTLS {
+		tc := &tls.Config{MinVersion: tls.VersionTLS12}
+		if ca, _ := a["ca_file"].(string); ca != "" {
+			pem, err := os.ReadFile(ca)
+			if err != nil {
+				return opt, fmt.Errorf("resp reference: ca_file: %w", err)
+			}
+			tc.RootCAs = x509.NewCertPool()
+			if !tc.RootCAs.AppendCertsFromPEM(pem) {
+				return opt, fmt.Errorf("resp reference: ca_file %s: no PEM certificate", ca)
+			}
+		}
+		opt.TLSConfig = tc
+	}
+	return opt, nil
+}
