@@ -9,6 +9,7 @@ package bench
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -57,8 +58,15 @@ writes against the same load without a tier.
 A progress line (phase, elapsed, GB moved) goes to stderr: redrawn on a
 terminal, a plain line per phase otherwise, none with --json.
 
+--compare FILE.json compares the run with a saved --json run: each ratio
+and key throughput with its change in percent, figures missing on either
+side said so. --from FILE.json compares a saved run instead of running one.
+--fail-drop PCT makes the comparison a check: exit 3 when a ratio dropped
+by more than PCT percent, or is missing from this run (task bench:check).
+
 Exit status: 0 done, 1 failed, nothing could run, or a checksum mismatch or
-timeout occurred, 2 bad flags. Performance targets are reported, not
+timeout occurred, 2 bad flags (an unreadable --compare/--from file too),
+3 --fail-drop found a regression. Performance targets are reported, not
 enforced.
 
 Flags:
@@ -91,6 +99,12 @@ type Options struct {
 	// the one tier of an in-process engine.
 	Adapters []map[string]any
 	Args     []string
+	// Baseline is the saved run of --compare (nil: none), read from
+	// BaselinePath; From (--from) replaces the run; FailDrop is --fail-drop.
+	Baseline     *Result
+	BaselinePath string
+	From         *Result
+	FailDrop     float64
 
 	// progress reports phase, elapsed time and bytes moved (nil: silent).
 	progress *progress
@@ -121,6 +135,22 @@ func run(args []string, stdout, stderr io.Writer, environ []string, tty bool) in
 		}
 		defer pprof.StopCPUProfile()
 	}
+	if opts.From != nil {
+		c := compareRuns(opts.From, opts.Baseline, opts.BaselinePath, opts.FailDrop)
+		var werr error
+		if opts.JSON {
+			enc := json.NewEncoder(stdout)
+			enc.SetIndent("", "  ")
+			werr = enc.Encode(c)
+		} else {
+			werr = c.WriteTable(stdout)
+		}
+		if werr != nil {
+			fmt.Fprintf(stderr, "kvdock bench: write comparison: %v\n", werr)
+			return 1
+		}
+		return regressionExit(c, stderr)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	if !opts.JSON {
@@ -129,11 +159,19 @@ func run(args []string, stdout, stderr io.Writer, environ []string, tty bool) in
 	res, err := Execute(ctx, opts)
 	opts.progress.close() // before anything else is written
 	if res != nil {
+		if opts.Baseline != nil {
+			res.Comparison = compareRuns(res, opts.Baseline, opts.BaselinePath, opts.FailDrop)
+		}
 		var werr error
 		if opts.JSON {
 			werr = res.WriteJSON(stdout)
 		} else {
 			werr = res.WriteTable(stdout)
+			if werr == nil && res.Comparison != nil {
+				if _, werr = io.WriteString(stdout, "\n"); werr == nil {
+					werr = res.Comparison.WriteTable(stdout)
+				}
+			}
 		}
 		if werr != nil {
 			fmt.Fprintf(stderr, "kvdock bench: %v\n", werr)
@@ -156,7 +194,21 @@ func run(args []string, stdout, stderr io.Writer, environ []string, tty bool) in
 			return 1
 		}
 	}
+	if res.Comparison != nil {
+		return regressionExit(res.Comparison, stderr)
+	}
 	return 0
+}
+
+// regressionExit is exitRegression, with the ratios named on stderr, when
+// the --fail-drop check found any; else 0.
+func regressionExit(c *Comparison, stderr io.Writer) int {
+	if len(c.Regressions) == 0 {
+		return 0
+	}
+	fmt.Fprintf(stderr, "kvdock bench: %d ratios dropped more than %g %% against %s, or are missing from this run: %s\n",
+		len(c.Regressions), c.FailDropPercent, c.Baseline, strings.Join(c.Regressions, ", "))
+	return exitRegression
 }
 
 // parseFlags returns the options, or an exit code ≥ 0 when Run should stop.
@@ -189,6 +241,9 @@ func parseFlags(args []string, stderr io.Writer, environ []string) (Options, int
 	timeout := fs.Duration("timeout", 30*time.Second, "per-request timeout (a request without a reply by then counts as a timeout)")
 	asJSON := fs.Bool("json", false, "print one JSON object instead of the table")
 	cpuprof := fs.String("cpuprofile", "", "write a pprof CPU profile of the whole run to FILE")
+	compare := fs.String("compare", "", "compare the run with a saved --json run in FILE: each ratio and key throughput and its change")
+	from := fs.String("from", "", "with --compare: compare the saved --json run in FILE instead of running one")
+	failDrop := fs.Float64("fail-drop", 0, "with --compare: exit 3 when a ratio dropped by more than this many percent, or is missing (0: report only)")
 	l2 := fs.StringArray("l2-adapter", nil, `an L2 tier to measure, JSON as for kvdock serve, repeatable: {"type": "fs", "base_path": "/data/l2"} or {"type": "resp", "host": "redis", "port": 6379} (in-process engine only)`)
 	fs.Usage = func() {
 		fmt.Fprint(stderr, usage)
@@ -282,6 +337,24 @@ func parseFlags(args []string, stderr io.Writer, environ []string) (Options, int
 		}
 		adapters = a
 	}
+	var baseline, fromRun *Result
+	if *compare != "" {
+		if baseline, err = loadSaved(*compare); err != nil {
+			bad = append(bad, "--compare: "+err.Error())
+		}
+	}
+	if *from != "" {
+		if *compare == "" {
+			bad = append(bad, "--from: only with --compare (it names the run to compare)")
+		} else if fromRun, err = loadSaved(*from); err != nil {
+			bad = append(bad, "--from: "+err.Error())
+		}
+	}
+	if !(*failDrop >= 0 && *failDrop <= 100) {
+		bad = append(bad, fmt.Sprintf("--fail-drop %v: must be a percentage in 0..100", *failDrop))
+	} else if *failDrop > 0 && *compare == "" {
+		bad = append(bad, "--fail-drop: only with --compare")
+	}
 	if len(bad) > 0 {
 		for _, b := range bad {
 			fmt.Fprintln(stderr, "kvdock bench: "+b)
@@ -295,6 +368,7 @@ func parseFlags(args []string, stderr io.Writer, environ []string) (Options, int
 		HTTPHost: httpHost, HTTPPort: httpPort,
 		Protocol: *proto, Timeout: *timeout, JSON: *asJSON, CPUProfile: *cpuprof,
 		Adapters: adapters, Args: append([]string(nil), args...),
+		Baseline: baseline, BaselinePath: *compare, From: fromRun, FailDrop: *failDrop,
 	}, -1
 }
 
@@ -326,6 +400,9 @@ func loadAdapters(values []string, environ []string) ([]map[string]any, error) {
 	}
 	return l.Config.L2.Adapters, nil
 }
+
+// shmDir is where segments live (POSIX shm_open's tmpfs).
+const shmDir = "/dev/shm"
 
 // inProcessChunkTokens is the chunk size of the in-process engine (kvdock's default).
 const inProcessChunkTokens = 256
@@ -379,7 +456,7 @@ func Execute(ctx context.Context, o Options) (*Result, error) {
 			"in-process: CPU seconds per GB is getrusage of the whole process, so it mixes the workers' (client) and the server's CPU",
 			"in-process: peak RSS beyond the pool = VmHWM (reset per mode through /proc/self/clear_refs) − pool × its mappings in this process (the server's, plus the SHM workers' own MAP_POPULATE mapping) − the bench's own buffers (chunk pattern, per-worker retrieve destinations and pickle encode buffers); pickle mode also holds received frames on the Go heap of both sides",
 			"the large echo reference counts bytes in both directions (a round trip moves the message twice); pickle store and retrieve count each chunk once",
-			"SHM figures compare against a single-stream memcpy of the same chunk bytes into a prefaulted destination; with several workers they share the CPUs")
+			"SHM figures compare against a single-stream memcpy of the same chunk bytes into prefaulted shared-memory pages (references.memcpy_segment_gbps; private memory: memcpy_gbps, shown as store/retrieve_vs_memcpy_private); with several workers they share the CPUs")
 	}
 	modes := []string{o.Mode}
 	if o.Mode == "both" {
@@ -417,7 +494,26 @@ func Execute(ctx context.Context, o Options) (*Result, error) {
 	// memcpy is measured before the modes and again with the other
 	// references; the better figure is the reference (the stricter ratio on a
 	// noisy machine).
-	memcpyBefore := memcpyGBps(newPattern(int(lay.Bytes), 0xc0ffee).chunk(0), o.RefDuration/2)
+	refSrc := newPattern(int(lay.Bytes), 0xc0ffee).chunk(0)
+	memcpyBefore := memcpyGBps(refSrc, o.RefDuration/2)
+	// Where SHM mode runs in process, the segment reference is measured in
+	// the segment itself (runMode); elsewhere in a tmpfs mapping of the
+	// pool's size, sampled here and with the other references.
+	ownSegment := res.Config.InProcess && slices.Contains(modes, "shm")
+	var tmpfsSamples []float64
+	var tmpfsErr error
+	tmpfsRef := func(dur time.Duration) {
+		if ownSegment || tmpfsErr != nil {
+			return
+		}
+		v, err := tmpfsCopyRate(shmDir, res.Config.PoolBytes, refSrc, dur)
+		if err != nil {
+			tmpfsErr = err
+			return
+		}
+		tmpfsSamples = append(tmpfsSamples, round4(v))
+	}
+	tmpfsRef(o.RefDuration / 2)
 	var errs []error
 	for i, mode := range modes {
 		mr, chunkTok, err := runMode(ctx, o, prof, mode, tgt, res.Config.PoolBytes, int64(os.Getpid())<<12+int64(i)<<8)
@@ -458,6 +554,25 @@ func Execute(ctx context.Context, o Options) (*Result, error) {
 	}
 	res.References.MemcpySamplesGBps = []float64{round4(memcpyBefore), res.References.MemcpyGBps}
 	res.References.MemcpyGBps = max(res.References.MemcpyGBps, round4(memcpyBefore))
+	tmpfsRef(o.RefDuration)
+	switch {
+	case ownSegment && res.SHM != nil && len(res.SHM.segSamples) > 0:
+		res.References.MemcpySegmentSamplesGBps = res.SHM.segSamples
+		res.References.MemcpySegmentGBps = res.SHM.MemcpyIntoSegmentGBps
+		res.References.MemcpySegmentMethod = fmt.Sprintf("memcpy into the in-process engine's own segment %s (the bench's MAP_SHARED|MAP_POPULATE mapping, pages the pool was not using), before and after the SHM transfers, the better kept; SHM targets are judged against it", res.SHM.ShmName)
+	case ownSegment:
+		res.References.MemcpySegmentMethod = "not measured: SHM mode did not reach its transfers; SHM targets are judged against memcpy into private memory"
+	case tmpfsErr != nil:
+		res.References.MemcpySegmentMethod = "not measured: " + tmpfsErr.Error() + "; SHM targets are judged against memcpy into private memory"
+	default:
+		res.References.MemcpySegmentSamplesGBps = tmpfsSamples
+		res.References.MemcpySegmentGBps = slices.Max(tmpfsSamples)
+		why := "a target server's segment is its live pool, which the bench must not overwrite"
+		if res.Config.InProcess {
+			why = "no in-process segment in this run"
+		}
+		res.References.MemcpySegmentMethod = fmt.Sprintf("memcpy into a MAP_SHARED mapping of an unlinked %s file of the pool's size (%d bytes), tmpfs pages like the segment's (%s), before and after the modes, the better kept; SHM targets are judged against it", shmDir, max(res.Config.PoolBytes, int64(memcpyDests)*lay.Bytes), why)
+	}
 	res.finish()
 	return res, errors.Join(errs...)
 }
@@ -519,6 +634,17 @@ func runMode(ctx context.Context, o Options, prof *protocol.Profile, mode string
 			return nil, 0, err
 		}
 	}
+	// The segment reference: the same copy into the segment's own pages,
+	// which the fresh in-process pool does not use yet (the transfers and
+	// their clear between rounds leave them free again for the second sample).
+	segRef := func() {
+		if mode == "shm" && o.Host == "" && len(d.seg) > 0 {
+			src := d.pat.chunk(0)
+			n := min(int64(len(d.seg))/2/int64(len(src)), memcpyDests) * int64(len(src))
+			mr.segSamples = append(mr.segSamples, round4(copyRate(d.seg[:n], src, o.RefDuration/2)))
+		}
+	}
+	segRef()
 	cpu0, cpuErr := meter.seconds()
 	tr := d.transfer(ctx)
 	cpu1, cpuErr2 := meter.seconds()
@@ -577,12 +703,9 @@ func runMode(ctx context.Context, o Options, prof *protocol.Profile, mode string
 		mr.RSSMethod = fmt.Sprintf("server VmHWM %d − %s %d", hwm, from, resident)
 	}
 
-	if mode == "shm" && o.Host == "" {
-		// Diagnostic: the same copy into the segment's own pages, which the
-		// in-process pool has just cleared (nothing is overwritten).
-		src := d.pat.chunk(0)
-		n := min(int64(len(d.seg))/2/int64(len(src)), memcpyDests) * int64(len(src))
-		mr.MemcpyIntoSegmentGBps = round4(copyRate(d.seg[:n], src, o.RefDuration/2))
+	segRef()
+	if len(mr.segSamples) > 0 {
+		mr.MemcpyIntoSegmentGBps = slices.Max(mr.segSamples)
 	}
 	o.progress.setPhase(mode+": small requests", "NOOP, LOOKUP+STATUS")
 	sr := d.smallOps(ctx, o.SmallOps)

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -79,7 +80,7 @@ func TestShortRunJSON(t *testing.T) {
 	for _, tg := range res.Targets {
 		names[tg.Name] = tg
 	}
-	for _, n := range []string{"shm.store_vs_memcpy", "shm.retrieve_vs_memcpy", "pickle.store_vs_echo",
+	for _, n := range []string{"shm.store_vs_memcpy_segment", "shm.retrieve_vs_memcpy_segment", "pickle.store_vs_echo",
 		"pickle.retrieve_vs_echo", "shm.noop_vs_echo", "pickle.lookup_status_vs_echo", "checksum_mismatches", "timeouts"} {
 		if _, ok := names[n]; !ok {
 			t.Errorf("target %q missing from %v", n, res.Targets)
@@ -91,6 +92,39 @@ func TestShortRunJSON(t *testing.T) {
 	r := res.References
 	if r.MemcpyGBps <= 0 || r.EchoNoopRTPS <= 0 || r.EchoLookupRTPS <= 0 || r.EchoLargeGBps <= 0 || r.EchoLargeBytes < int(chunk) {
 		t.Errorf("references: %+v", r)
+	}
+	// The SHM reference is memcpy into the segment's own pages, both
+	// samples kept, and the SHM ratios are against it; the private-memory
+	// ratios are reported beside them.
+	if r.MemcpySegmentGBps <= 0 || len(r.MemcpySegmentSamplesGBps) != 2 || r.MemcpySegmentGBps != max(r.MemcpySegmentSamplesGBps[0], r.MemcpySegmentSamplesGBps[1]) ||
+		!strings.Contains(r.MemcpySegmentMethod, res.SHM.ShmName) {
+		t.Errorf("segment reference: %v GB/s, samples %v, method %q", r.MemcpySegmentGBps, r.MemcpySegmentSamplesGBps, r.MemcpySegmentMethod)
+	}
+	if _, ok := generic["references"].(map[string]any)["memcpy_segment_gbps"]; !ok {
+		t.Errorf("JSON references lack memcpy_segment_gbps")
+	}
+	if s := res.SHM; s.ReferenceName != "memcpy_segment" || s.StoreRatio != ratio(s.StoreGBps, r.MemcpySegmentGBps) ||
+		s.StoreVsPrivate != ratio(s.StoreGBps, r.MemcpyGBps) || s.RetrieveVsPrivate <= 0 {
+		t.Errorf("SHM ratios: %+v against %+v", s, r)
+	}
+}
+
+// A pickle-only run has no segment of its own: the reference is a tmpfs
+// mapping of the pool's size.
+func TestPickleOnlyRunHasATmpfsSegmentReference(t *testing.T) {
+	args := slices.Clone(tinyArgs)
+	args[slices.Index(args, "both")] = "pickle"
+	var out, errb bytes.Buffer
+	if code := Run(args, &out, &errb); code != 0 {
+		t.Fatalf("exit %d, stderr:\n%s", code, errb.String())
+	}
+	var res Result
+	if err := json.Unmarshal(out.Bytes(), &res); err != nil {
+		t.Fatal(err)
+	}
+	r := res.References
+	if r.MemcpySegmentGBps <= 0 || len(r.MemcpySegmentSamplesGBps) != 2 || !strings.Contains(r.MemcpySegmentMethod, "/dev/shm") {
+		t.Errorf("segment reference: %v GB/s, samples %v, method %q", r.MemcpySegmentGBps, r.MemcpySegmentSamplesGBps, r.MemcpySegmentMethod)
 	}
 }
 
@@ -180,7 +214,7 @@ func TestTableNamesEveryFigure(t *testing.T) {
 			t.Errorf("target %s: %+v (present %v), want met=%v", name, tg, ok, met)
 		}
 	}
-	check("shm.store_vs_memcpy", true)      // 0.95
+	check("shm.store_vs_memcpy", true)      // 0.95 (no segment reference: private memcpy)
 	check("shm.retrieve_vs_memcpy", false)  // 0.8
 	check("pickle.store_vs_echo", true)     // 0.75
 	check("pickle.retrieve_vs_echo", false) // 0.5
@@ -189,11 +223,23 @@ func TestTableNamesEveryFigure(t *testing.T) {
 	check("shm.peak_rss_beyond_pool_mib (16 workers; target set for 16)", false)
 	check("timeouts", false)
 	check("checksum_mismatches", true)
+	// With the segment reference measured, SHM is judged against it.
+	res.References.MemcpySegmentGBps = 9
+	res.finish()
+	got = map[string]Target{}
+	for _, tg := range res.Targets {
+		got[tg.Name] = tg
+	}
+	check("shm.store_vs_memcpy_segment", true)     // 9.5/9
+	check("shm.retrieve_vs_memcpy_segment", false) // 8/9 = 0.889
+	if res.SHM.StoreVsPrivate != 0.95 || res.SHM.RetrieveVsPrivate != 0.8 {
+		t.Errorf("private ratios %v %v", res.SHM.StoreVsPrivate, res.SHM.RetrieveVsPrivate)
+	}
 	var b bytes.Buffer
 	if err := res.WriteTable(&b); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"store GB/s", "retrieve GB/s", "p50/p99", "NOOP round trips/s", "LOOKUP+STATUS", "CPU s per GB", "peak RSS beyond pool", "checksum mismatches", "MISSED", "n/a"} {
+	for _, want := range []string{"store GB/s", "retrieve GB/s", "p50/p99", "NOOP round trips/s", "LOOKUP+STATUS", "CPU s per GB", "peak RSS beyond pool", "checksum mismatches", "MISSED", "n/a", "memcpy segment 9.00", "memcpy private 10.00", "×0.95 / ×0.80"} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, b.String())
 		}

@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"sync"
 	"time"
 
 	zmq "github.com/pebbe/zmq4"
+	"golang.org/x/sys/unix"
 )
 
 // memcpyDests is how many destinations the memcpy reference rotates over:
@@ -171,4 +173,32 @@ func freePort() (int, error) {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// tmpfsCopyRate is copyRate into a fresh MAP_SHARED mapping of size bytes
+// backed by an unlinked file in dir (tmpfs, like the pool's segment under
+// /dev/shm): the segment-pages reference where the bench cannot write into
+// the segment itself (a target server's live pool). Only the pages copied
+// into are allocated.
+func tmpfsCopyRate(dir string, size int64, src []byte, dur time.Duration) (float64, error) {
+	need := int64(memcpyDests) * int64(len(src))
+	size = max(size, need)
+	f, err := os.CreateTemp(dir, "kvdock_bench_ref_*")
+	if err != nil {
+		return 0, fmt.Errorf("segment reference: %w", err)
+	}
+	defer f.Close()
+	// Unlinked at once: nothing is left behind whatever happens next.
+	if err := os.Remove(f.Name()); err != nil {
+		return 0, fmt.Errorf("segment reference: %w", err)
+	}
+	if err := f.Truncate(size); err != nil {
+		return 0, fmt.Errorf("segment reference: size %s: %w", f.Name(), err)
+	}
+	m, err := unix.Mmap(int(f.Fd()), 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return 0, fmt.Errorf("segment reference: map %d bytes: %w", size, err)
+	}
+	defer func() { _ = unix.Munmap(m) }()
+	return copyRate(m[:need], src, dur), nil
 }
