@@ -186,6 +186,12 @@ func configDiffers(base, cur *Result) []string {
 // loadSaved reads a saved `kvdock bench --json` result: one JSON object of
 // schema 1, at most maxSavedBytes.
 func loadSaved(path string) (*Result, error) {
+	// Only a regular file: a FIFO or device would block or never end.
+	if st, err := os.Stat(path); err != nil {
+		return nil, fmt.Errorf("read saved run: %w", err)
+	} else if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("saved run %s: not a regular file", path)
+	}
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("read saved run: %w", err)

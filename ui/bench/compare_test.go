@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // savedRun writes a hand-made --json result: SHM (and pickle when given)
@@ -164,6 +166,9 @@ func TestCompareRefusesBadFiles(t *testing.T) {
 		"empty run":     {write("empty.json", []byte(`{"schema": 1}`)), "no SHM, pickle or tier figures"},
 		"huge":          {write("huge.json", huge), "larger than 4 MiB"},
 		"absent":        {filepath.Join(dir, "nope.json"), "no such file"},
+		"directory":     {dir, "not a regular file"},
+		"device":        {os.DevNull, "not a regular file"},
+		"fifo":          {fifo(t, dir), "not a regular file"},
 	}
 	for name, tc := range cases {
 		for _, args := range [][]string{{"--compare", tc.path}, {"--compare", good, "--from", tc.path}} {
@@ -180,4 +185,14 @@ func TestCompareRefusesBadFiles(t *testing.T) {
 			t.Errorf("%q: exit %d, stderr %q", args, code, errb.String())
 		}
 	}
+}
+
+// fifo makes a named pipe nobody writes to: reading it would block forever.
+func fifo(t *testing.T, dir string) string {
+	t.Helper()
+	p := filepath.Join(dir, "pipe.json")
+	if err := unix.Mkfifo(p, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
