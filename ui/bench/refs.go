@@ -195,6 +195,11 @@ func tmpfsCopyRate(dir string, size int64, src []byte, dur time.Duration) (float
 	if err := f.Truncate(size); err != nil {
 		return 0, fmt.Errorf("segment reference: size %s: %w", f.Name(), err)
 	}
+	// Allocate the pages the copies touch now: a full tmpfs then answers
+	// ENOSPC here instead of SIGBUS in the copy.
+	if err := unix.Fallocate(int(f.Fd()), 0, 0, need); err != nil {
+		return 0, fmt.Errorf("segment reference: allocate %d bytes in %s: %w", need, dir, err)
+	}
 	m, err := unix.Mmap(int(f.Fd()), 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
 		return 0, fmt.Errorf("segment reference: map %d bytes: %w", size, err)
