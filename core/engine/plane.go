@@ -195,6 +195,7 @@ func (e *Engine) buildPlane(cfg settings.Config) (*plane, error) {
 		JobTTL: time.Duration(cfg.L1.ReadTTLSeconds) * time.Second,
 		Logger: e.log.With("component", "lookup"),
 		Tiers:  p.tiers,
+		Misses: pool,
 	})
 	p.transfer, err = nongpu.New(nongpu.Deps{
 		Pool:      pool,

@@ -9,6 +9,7 @@ import (
 	"kvdock/core/gpu"
 	"kvdock/core/l1"
 	"kvdock/core/lookup"
+	"kvdock/core/misses"
 	"kvdock/core/rpc"
 	"kvdock/core/tierstate"
 	"kvdock/core/workers"
@@ -56,6 +57,8 @@ type Snapshot struct {
 	Transfer workers.Stats
 	Requests rpc.Stats
 	Lookup   lookup.Stats
+	// Misses says why lookups missed, per context and in total.
+	Misses   misses.Report
 	Sessions int
 	Events   []Event
 	GPU      gpu.Snapshot
@@ -112,6 +115,7 @@ func (e *Engine) Snapshot() Snapshot {
 		s.Contexts = p.transfer.Contexts()
 		s.Transfer = p.transfer.Stats()
 		s.Lookup = p.lookup.Stats()
+		s.Misses = p.lookup.Misses()
 		s.Sessions = p.sessions.Len()
 		s.Tiers = p.tiers.Stats()
 	}

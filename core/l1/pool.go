@@ -37,6 +37,7 @@ import (
 	"kvdock/core/keys"
 	"kvdock/core/l1/alloc"
 	"kvdock/core/l1/segment"
+	"kvdock/core/misses"
 )
 
 // SegmentPrefix starts every pool segment name.
@@ -228,6 +229,8 @@ type Pool struct {
 	writeTTL  time.Duration
 	readTTL   time.Duration
 	st        Stats
+	// ghost remembers why recently lost or refused keys went (misses.go).
+	ghost *misses.Ghost
 
 	// Lock accounting: bytes locked per owner (an entry lives only while
 	// its owner holds locks, so the table is bounded by the locked records)
@@ -329,6 +332,7 @@ func Open(opts Options) (*Pool, error) {
 	}
 	p.seg = seg
 	p.t.init()
+	p.ghost = misses.NewGhost(misses.DefaultGhostEntries)
 	return p, nil
 }
 

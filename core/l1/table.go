@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"kvdock/core/keys"
+	"kvdock/core/misses"
 )
 
 // The object table is laid out for a small Go heap at millions of objects:
@@ -75,6 +76,7 @@ type table struct {
 	nameList []nameKey
 	nameRefs []uint32
 	nameFree []uint32
+	nameWS   []wsSet // world sizes each name holds objects for (see misses.go)
 
 	writeLocked, readLocked int
 	doomed                  int
@@ -121,10 +123,12 @@ func (t *table) add(k keys.ObjectKey, off, length, rounded int64) int32 {
 			n = uint32(len(t.nameList))
 			t.nameList = append(t.nameList, nk)
 			t.nameRefs = append(t.nameRefs, 0)
+			t.nameWS = append(t.nameWS, wsSet{})
 		}
 		t.names[nk] = n
 	}
 	t.nameRefs[n]++
+	t.nameWS[n].add(rankWorldSize(k.KVRank))
 	var i int32
 	if t.freeRec != nilRec {
 		i = t.freeRec
@@ -156,6 +160,7 @@ func (t *table) remove(i int32, rounded int64) {
 	if t.nameRefs[n]--; t.nameRefs[n] == 0 {
 		delete(t.names, t.nameList[n])
 		t.nameList[n] = nameKey{}
+		t.nameWS[n] = wsSet{}
 		t.nameFree = append(t.nameFree, n)
 	}
 	*r = record{state: stateFree, prev: nilRec, next: t.freeRec}
@@ -329,6 +334,9 @@ func (p *Pool) expire(i int32, now int64) bool {
 	}
 	switch {
 	case r.state == stateWrite:
+		if !r.doomed {
+			p.note(i, misses.Expired)
+		}
 		p.drop(i)
 		p.st.ExpiredWriteLocks++
 		return true
@@ -361,6 +369,7 @@ func (p *Pool) evictable(i int32, now int64) bool {
 func (p *Pool) evictOne(now int64) bool {
 	for i := p.t.lru; i != nilRec; i = p.t.recs[i].prev {
 		if p.evictable(i, now) {
+			p.note(i, misses.Evicted)
 			p.drop(i)
 			p.st.Evictions++
 			return true
@@ -403,6 +412,7 @@ func (p *Pool) ReserveWrite(owner Owner, ks []keys.ObjectKey, size int64) ([]Res
 	if unit > p.alloc.Size()/int64(len(ks)) {
 		p.mu.Lock()
 		p.st.AllocFailures++
+		p.noteKeys(ks, misses.Refused)
 		p.mu.Unlock()
 		return nil, fmt.Errorf("%w: %d objects of %d bytes exceed the pool of %d bytes", ErrNoSpace, len(ks), size, p.alloc.Size())
 	}
@@ -445,12 +455,14 @@ func (p *Pool) ReserveWrite(owner Owner, ks []keys.ObjectKey, size int64) ([]Res
 	need := unit * int64(len(fresh))
 	if !p.feasible(need, now) {
 		p.st.AllocFailures++
+		p.noteRefused(ks, fresh)
 		return nil, fmt.Errorf("%w: %d objects of %d bytes, %d bytes free, %d locked", ErrNoSpace, len(fresh), size, p.alloc.Free(), p.lockedBytes)
 	}
 	// A batch that could fit but passes a cap is a lock-cap refusal, not
 	// "no space": the operator sees which limit refused it.
 	if err := p.capRefusal(owner, need, now); err != nil {
 		p.logCap(err, now)
+		p.noteRefused(ks, fresh)
 		return nil, err
 	}
 	offs := make([]int64, len(fresh))
@@ -458,6 +470,7 @@ func (p *Pool) ReserveWrite(owner Owner, ks []keys.ObjectKey, size int64) ([]Res
 		p.sweep(now) // expired locks give space back before anything is evicted
 		if !p.allocAll(offs, size) && !p.evictAndAlloc(offs, size, now) {
 			p.st.AllocFailures++
+			p.noteRefused(ks, fresh)
 			return nil, fmt.Errorf("%w: %d objects of %d bytes, %d bytes free", ErrNoSpace, len(fresh), size, p.alloc.Free())
 		}
 	}
@@ -523,6 +536,7 @@ func (p *Pool) evictAndAlloc(offs []int64, size int64, now int64) bool {
 			return p.alloc.Free() >= need && p.allocAll(offs, size)
 		}
 		prev := p.t.recs[i].prev
+		p.note(i, misses.Evicted)
 		p.drop(i)
 		p.st.Evictions++
 		i = prev
@@ -789,6 +803,7 @@ func (p *Pool) Delete(ks []keys.ObjectKey) int {
 	n := 0
 	for _, k := range ks {
 		if i := p.lookup(k, now); i != nilRec && p.t.recs[i].state == stateReady && !p.t.recs[i].readLocked() {
+			p.note(i, misses.Cleared)
 			p.drop(i)
 			n++
 		}
@@ -812,6 +827,7 @@ func (p *Pool) ClearCounted() (objects int, bytes int64) {
 	defer p.mu.Unlock()
 	p.sweep(p.now().UnixNano()) // expired reservations are already absent
 	n, b := p.t.len()-p.t.doomed, p.t.bytes-p.t.doomedBytes
+	p.noteCleared()
 	if len(p.t.locked) == 0 {
 		p.alloc.Reset()
 		p.t.init() // fresh maps: a cleared pool gives its table memory back

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"kvdock/core/keys"
+	"kvdock/core/misses"
 )
 
 // Store is the part of the L1 pool a lookup needs.
@@ -41,6 +42,13 @@ type Tiers interface {
 	// each key count times, and returns how many leading chunks it locked.
 	// It returns within its own load timeout, or sooner when ctx ends.
 	Prefetch(ctx context.Context, model string, worldSize int, ks []keys.ObjectKey, per, count int) int
+}
+
+// Classifier says why chunks missed; *l1.Pool satisfies it.
+type Classifier interface {
+	// ClassifyMisses adds to c the reason each chunk of ks (per keys a
+	// chunk, chunk-major) is not a hit.
+	ClassifyMisses(ks []keys.ObjectKey, per int, c *misses.Counts)
 }
 
 // Layouts tells whether a worker group registered a KV layout;
@@ -93,6 +101,9 @@ type Options struct {
 	Tiers Tiers
 	// MaxTierJobs bounds the lookups in their tier phase (default DefaultMaxTierJobs).
 	MaxTierJobs int
+	// Misses, when set, classifies every missed chunk of a lookup into
+	// the tally Misses() reports.
+	Misses Classifier
 }
 
 // Module holds the lookup jobs. It is safe for concurrent use.
@@ -116,6 +127,8 @@ type Module struct {
 	log      *slog.Logger
 	tiers    Tiers
 	maxTier  int
+	classify Classifier
+	misses   *misses.Tally
 
 	// bg ends the tier phases (Run's ctx done); wg counts them.
 	bg      context.Context
@@ -194,6 +207,8 @@ func New(s *keys.Sessions, store Store, layouts Layouts, opts Options) *Module {
 	return &Module{
 		tiers:    opts.Tiers,
 		maxTier:  opts.MaxTierJobs,
+		classify: opts.Misses,
+		misses:   misses.NewTally(),
 		bg:       bg,
 		stopBg:   stop,
 		sessions: s,
@@ -280,6 +295,7 @@ func (m *Module) Lookup(r keys.KeyRequest, tpSize int) error {
 	m.hitTk.Add(int64(hit * m.sessions.Hasher().ChunkSize()))
 	if m.tiers == nil || hit >= ks.Chunks() {
 		m.put(r.RequestID, hit, false)
+		m.classifyMisses(r.Model, r.WorldSize, ks, hit, false)
 		return nil
 	}
 	m.startTierPhase(r, ks, hit, count)
@@ -296,6 +312,7 @@ func (m *Module) startTierPhase(r keys.KeyRequest, ks keys.KeySet, hit, count in
 		m.mu.Unlock()
 		m.tierSkipped.Add(1)
 		m.put(r.RequestID, hit, false)
+		m.classifyMisses(r.Model, r.WorldSize, ks, hit, false)
 		return
 	}
 	m.running++
@@ -317,6 +334,11 @@ func (m *Module) startTierPhase(r keys.KeyRequest, ks keys.KeySet, hit, count in
 			j.running = false
 		}
 		m.mu.Unlock()
+		if kept {
+			m.classifyMisses(model, ws, ks, hit+n, true)
+		} else {
+			m.classifyMisses(model, ws, ks, hit, true)
+		}
 		if !kept {
 			// Replaced, expired or pushed out while loading: no scheduler
 			// was told of these chunks, so their locks go now.
@@ -350,6 +372,32 @@ func (m *Module) reservePrefix(ks keys.KeySet, count int) int {
 	}
 	return hit
 }
+
+// classifyMisses tallies why chunks [hit, Chunks) of ks missed, asking
+// the classifier lockBatch chunks at a time; tiers says the L2 tiers were
+// asked for them too.
+func (m *Module) classifyMisses(model string, worldSize int, ks keys.KeySet, hit int, tiers bool) {
+	if m.classify == nil || hit >= ks.Chunks() {
+		return
+	}
+	var c misses.Counts
+	per := ks.PerChunk()
+	buf := make([]keys.ObjectKey, 0, min(lockBatch, ks.Chunks()-hit)*per)
+	for from := hit; from < ks.Chunks(); from += lockBatch {
+		buf = ks.Append(buf[:0], from, from+lockBatch)
+		m.classify.ClassifyMisses(buf, per, &c)
+	}
+	var tierMissed uint64
+	if tiers {
+		tierMissed = uint64(ks.Chunks() - hit)
+	}
+	m.misses.Add(misses.Context{Model: model, WorldSize: worldSize}, &c, tierMissed)
+}
+
+// Misses reports why lookups missed, per context and in total: every chunk
+// a lookup asked for and did not hit (RequestedChunks - HitChunks in Stats)
+// is counted under one reason.
+func (m *Module) Misses() misses.Report { return m.misses.Report() }
 
 // QueryStatus answers QUERY_PREFETCH_STATUS: the job's hit chunks, removing
 // the job, so a second query of the same id answers 0. An unknown id answers
