@@ -116,6 +116,7 @@ func (e *Engine) Snapshot() Snapshot {
 		s.Transfer = p.transfer.Stats()
 		s.Lookup = p.lookup.Stats()
 		s.Misses = p.lookup.Misses()
+		s.Misses.GhostEntries, s.Misses.GhostBytes = p.pool.Ghost()
 		s.Sessions = p.sessions.Len()
 		s.Tiers = p.tiers.Stats()
 	}

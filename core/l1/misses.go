@@ -67,8 +67,9 @@ func (p *Pool) noteCleared() {
 	}
 }
 
-// GhostBytes is the memory of the pool's record of lost keys.
-func (p *Pool) GhostBytes() int64 { return p.ghost.Bytes() }
+// Ghost returns the capacity in keys and the memory of the pool's record
+// of lost keys.
+func (p *Pool) Ghost() (entries int, bytes int64) { return p.ghost.Entries(), p.ghost.Bytes() }
 
 // readable returns record i's index when k is present, published and not
 // doomed, else nilRec.

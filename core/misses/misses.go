@@ -116,6 +116,10 @@ type Report struct {
 	Contexts []ContextCounts
 	// Other is the tally of contexts past MaxContexts, together.
 	Other ContextCounts
+	// GhostEntries and GhostBytes are the capacity and memory of the pool's
+	// ghost (filled in by the engine, which owns both halves).
+	GhostEntries int
+	GhostBytes   int64
 }
 
 // For returns the counts of ctx, and false when ctx is not tallied one by one.

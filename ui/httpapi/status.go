@@ -43,6 +43,7 @@ type Status struct {
 	Contexts []ContextStatus `json:"contexts"`
 	Transfer TransferStatus  `json:"transfer"`
 	Lookup   LookupStatus    `json:"lookup"`
+	Misses   MissesStatus    `json:"misses"`
 	Requests RequestsStatus  `json:"requests"`
 	GPU      GPUStatus       `json:"gpu"`
 	// Tiers are the L2 tiers in lookup order ([] when none is configured).
@@ -354,6 +355,8 @@ func NewStatus(s engine.Snapshot) Status {
 		RequestedTokens: l.RequestedTokens, RequestedChunks: l.RequestedChunks, HitChunks: l.HitChunks,
 		HitTokens: l.HitTokens, ActiveJobs: l.ActiveJobs, AnsweredJobs: l.AnsweredJobs,
 		ReplacedJobs: l.ReplacedJobs, ExpiredJobs: l.ExpiredJobs, FreedKeys: l.FreedKeys, TouchedKeys: l.TouchedKeys}
+
+	out.Misses = missesStatus(s.Misses)
 
 	r := s.Requests
 	out.Requests = RequestsStatus{

@@ -154,6 +154,7 @@ type snapshotCollector struct {
 	tierUp, tierState, tierUsed, tierCapacity, tierObjects, tierQueue, tierQueueBytes *prometheus.Desc
 	tierHits, tierMisses, tierCorrupt, tierDropped, tierRead, tierWrite               *prometheus.Desc
 	tierLoads, tierLoadTimeouts                                                       *prometheus.Desc
+	misses                                                                            missDescs
 
 	mu       sync.Mutex
 	src      Source
@@ -205,6 +206,7 @@ func newSnapshotCollector(m *Metrics) *snapshotCollector {
 		tierWrite:        d("kvdock_tier_write_bytes_total", "Bytes written to the L2 tier.", "index", "type"),
 		tierLoads:        d("kvdock_tier_loads_total", "Prefetch loads from the L2 tier into L1.", "index", "type"),
 		tierLoadTimeouts: d("kvdock_tier_load_timeouts_total", "Prefetch loads from the L2 tier given up at the load timeout.", "index", "type"),
+		misses:           newMissDescs(),
 		counters:         map[string]*counter{},
 		ctx:              map[ctxKey]ctxBytes{},
 		bytes:            map[[2]string]float64{},
@@ -226,6 +228,7 @@ func (c *snapshotCollector) Describe(ch chan<- *prometheus.Desc) {
 		c.tierLoads, c.tierLoadTimeouts} {
 		ch <- d
 	}
+	c.misses.describe(ch)
 	c.m.requests.Describe(ch)
 	c.m.duration.Describe(ch)
 }
@@ -292,6 +295,7 @@ func (c *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 	count(c.lookupReq, "lookup_req", float64(s.Lookup.RequestedTokens))
 	count(c.lookupHit, "lookup_hit", float64(s.Lookup.HitTokens))
 	count(c.lookups, "lookups", float64(s.Lookup.Lookups))
+	c.collectMisses(s.Misses, count)
 
 	kinds := badKinds()
 	for k := range s.Requests.BadInput {
