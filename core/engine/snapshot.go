@@ -7,6 +7,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"kvdock/core/gpu"
+	"kvdock/core/hostmem"
 	"kvdock/core/l1"
 	"kvdock/core/lookup"
 	"kvdock/core/misses"
@@ -58,7 +59,9 @@ type Snapshot struct {
 	Requests rpc.Stats
 	Lookup   lookup.Stats
 	// Misses says why lookups missed, per context and in total.
-	Misses   misses.Report
+	Misses misses.Report
+	// Host is the host's RAM and which NUMA nodes hold the pool's pages.
+	Host     hostmem.Host
 	Sessions int
 	Events   []Event
 	GPU      gpu.Snapshot
@@ -108,6 +111,7 @@ func (e *Engine) Snapshot() Snapshot {
 	if n, err := (l1.HostMemory{}).MemAvailable(); err == nil {
 		s.Pool.HostAvailable = n
 	}
+	s.Host = hostInfo(p)
 	if p != nil {
 		s.Shm = p.transfer.PoolInfo()
 		s.Pool.Stats = p.pool.Stats()
@@ -140,4 +144,30 @@ func shmFree() int64 {
 		return -1
 	}
 	return int64(st.Bavail) * st.Bsize
+}
+
+// hostInfo reads the host's RAM and NUMA nodes and, on a host of several
+// nodes, where the pool's pages live (p nil: no pool).
+func hostInfo(p *plane) hostmem.Host {
+	var h hostmem.Host
+	m, err := hostmem.ReadMemory("")
+	if err != nil {
+		h.Memory = hostmem.Memory{Total: -1, Available: -1}
+		h.MemoryErr = err.Error()
+	} else {
+		h.Memory = m
+	}
+	// A kernel without NUMA has no node list: one node.
+	h.Nodes = 1
+	if n, err := hostmem.OnlineNodes(""); err == nil {
+		h.Nodes = n
+	}
+	if h.Nodes > 1 {
+		if p == nil {
+			h.PoolErr = "no pool"
+		} else {
+			h.Pool, h.PoolErr = p.pool.Placement()
+		}
+	}
+	return h
 }

@@ -232,6 +232,9 @@ type Pool struct {
 	// ghost remembers why recently lost or refused keys went (misses.go).
 	ghost *misses.Ghost
 
+	numaMu sync.Mutex
+	numa   placementCache
+
 	// Lock accounting: bytes locked per owner (an entry lives only while
 	// its owner holds locks, so the table is bounded by the locked records)
 	// and in total; the caps are computed from the shares at Open.

@@ -49,3 +49,17 @@ func TestStatusMissesSection(t *testing.T) {
 		t.Fatalf("empty misses section %s", b)
 	}
 }
+
+func TestStatusHostSection(t *testing.T) {
+	var s engine.Snapshot
+	s.Host.Total, s.Host.Available, s.Host.Nodes = 8<<30, 6<<30, 2
+	s.Host.Pool.Pages = []int64{30, 10}
+	st := NewStatus(s).Host
+	if st.MemoryTotalBytes != 8<<30 || st.MemoryAvailableBytes != 6<<30 || st.NUMANodes != 2 ||
+		st.PoolNUMA != "N0 75% N1 25%" || len(st.PoolPagesByNode) != 2 {
+		t.Fatalf("host section %+v", st)
+	}
+	if st := NewStatus(engine.Snapshot{}).Host; st.PoolNUMA != "single-node" || st.PoolPagesByNode == nil {
+		t.Fatalf("empty host section %+v", st)
+	}
+}

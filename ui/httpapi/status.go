@@ -44,6 +44,7 @@ type Status struct {
 	Transfer TransferStatus  `json:"transfer"`
 	Lookup   LookupStatus    `json:"lookup"`
 	Misses   MissesStatus    `json:"misses"`
+	Host     HostStatus      `json:"host"`
 	Requests RequestsStatus  `json:"requests"`
 	GPU      GPUStatus       `json:"gpu"`
 	// Tiers are the L2 tiers in lookup order ([] when none is configured).
@@ -357,6 +358,7 @@ func NewStatus(s engine.Snapshot) Status {
 		ReplacedJobs: l.ReplacedJobs, ExpiredJobs: l.ExpiredJobs, FreedKeys: l.FreedKeys, TouchedKeys: l.TouchedKeys}
 
 	out.Misses = missesStatus(s.Misses)
+	out.Host = hostStatus(s.Host)
 
 	r := s.Requests
 	out.Requests = RequestsStatus{
