@@ -14,11 +14,11 @@ func TestReadMemory(t *testing.T) {
 	}
 	dir := t.TempDir()
 	for _, bad := range []string{
-		"MemTotal: 1 kB\n",                      // no MemAvailable
-		"MemAvailable: 1 kB\n",                  // no MemTotal
-		"MemTotal: 1 kB\nMemAvailable: x kB\n",  // not a number
-		"MemTotal: 1 MB\nMemAvailable: 1 kB\n",  // unknown unit
-		"MemTotal: -1 kB\nMemAvailable: 1 kB\n", // negative
+		"MemTotal: 1 kB\n",                                                    // no MemAvailable
+		"MemAvailable: 1 kB\n",                                                // no MemTotal
+		"MemTotal: 1 kB\nMemAvailable: x kB\n",                                // not a number
+		"MemTotal: 1 MB\nMemAvailable: 1 kB\n",                                // unknown unit
+		"MemTotal: -1 kB\nMemAvailable: 1 kB\n",                               // negative
 		strings.Repeat("y", 1<<17) + "\nMemTotal: 1 kB\nMemAvailable: 1 kB\n", // a huge line
 	} {
 		p := filepath.Join(dir, "meminfo")
