@@ -15,8 +15,10 @@ import (
 
 	"kvdock/core/engine"
 	"kvdock/core/gpu"
+	"kvdock/core/hostmem"
 	"kvdock/core/l1"
 	"kvdock/core/layout"
+	"kvdock/core/misses"
 	"kvdock/core/workers"
 	"kvdock/settings"
 )
@@ -137,6 +139,12 @@ func newFakeEngine(t *testing.T) *fakeEngine {
 			{Seq: 3, Time: t0.Add(-10 * time.Minute), Kind: "fallback", Level: slog.LevelWarn, Message: "instance 9001 uses PICKLE: worker reported it could not attach the segment"},
 		},
 		GPU: g.Sample(),
+		Misses: misses.Report{
+			Total: misses.Counts{misses.NeverStored: 1200, misses.Evicted: 340, misses.OtherLayout: 64, misses.AfterMiss: 9},
+			Contexts: []misses.ContextCounts{{Context: misses.Context{Model: "meta-llama/Llama-3.1-8B", WorldSize: 1},
+				Missed: misses.Counts{misses.NeverStored: 1200, misses.Evicted: 340, misses.AfterMiss: 9}}},
+		},
+		Host: hostmem.Host{Memory: hostmem.Memory{Total: 128 << 30, Available: 100 << 30}, Nodes: 1},
 	}
 	return &fakeEngine{snap: snap, cfg: cfg, src: src, events: make(chan engine.Event, 8)}
 }

@@ -392,6 +392,7 @@ func (m *Model) renderDetails(c workers.ContextInfo) string {
 		fmt.Sprintf("  layout     %s%s, %s per chunk", layoutText(c), mla, bytesText(c.Layout.Bytes)),
 		fmt.Sprintf("  geometry   block %d, %d layers, hidden %d", c.BlockSize, c.NumLayers, c.HiddenDimSize),
 		fmt.Sprintf("  stores     %d (%d failed)   retrieves %d   hit chunks %d", c.Stores, c.StoreFailures, c.Retrieves, c.HitChunks),
+		m.contextMissLine(c.Model, c.WorldSize, m.width),
 		fmt.Sprintf("  bytes      in %s   out %s", bytesText(c.BytesIn), bytesText(c.BytesOut)),
 		"  registered " + reg,
 		"  last req   " + ageText(m.opts.Now(), c.LastRequest),
@@ -433,7 +434,9 @@ func (m *Model) renderPool(w int) string {
 			m.st.Bold.Render("Alloc failures "), s.Pool.AllocFailures),
 		fmt.Sprintf("%s%d write, %d read   reads %d hit / %d miss",
 			m.st.Bold.Render("Locked    "), s.Pool.WriteLocked, s.Pool.ReadLocked, s.Pool.ReadHits, s.Pool.ReadMisses),
+		m.missLine(w),
 		m.hostLine(),
+		m.hostRAMLine(),
 		m.prefaultLine(w),
 		"",
 		fmt.Sprintf("%s%s, watermark %.2f, ratio %.2f   TTL write %s, read %s",
@@ -484,7 +487,7 @@ func (m *Model) renderGPU(w, h int) string {
 		// The source's reason already says "NVML unavailable: …" when NVML
 		// is the cause; other reasons get the label here.
 		reason, _ = strings.CutPrefix(reason, "NVML unavailable: ")
-		return m.st.Warn.Render("NVML unavailable") + ": " + reason
+		return m.st.Warn.Render("NVML unavailable") + ": " + reason + "\n\n" + m.hostRAMLine()
 	}
 	workers := map[int64]bool{}
 	for _, c := range m.snap.Contexts {
@@ -495,7 +498,7 @@ func (m *Model) renderGPU(w, h int) string {
 	if g.Err != "" {
 		head += "  " + m.st.Bad.Render("error: "+g.Err)
 	}
-	lines = append(lines, head)
+	lines = append(lines, head, m.hostRAMLine())
 	for _, d := range g.Devices {
 		pct := percent(float64(d.MemUsed), float64(d.MemTotal))
 		nums := fmt.Sprintf(" %s / %s (%.1f%%)", bytesText(int64(d.MemUsed)), bytesText(int64(d.MemTotal)), pct)

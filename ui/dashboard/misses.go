@@ -1,0 +1,106 @@
+package dashboard
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"kvdock/core/misses"
+)
+
+// missLabels are the words the dashboard uses for each miss reason.
+var missLabels = [misses.NumReasons]string{
+	misses.NeverStored: "never stored",
+	misses.Evicted:     "evicted",
+	misses.Expired:     "expired",
+	misses.Cleared:     "cleared",
+	misses.OtherLayout: "other layout",
+	misses.Refused:     "refused",
+	misses.AfterMiss:   "after a miss",
+}
+
+// missText is a breakdown of missed chunks, largest reason first, as many
+// reasons as fit in w cells ("… +N more" for the rest); "none" when nothing
+// missed.
+func missText(c misses.Counts, w int) string {
+	total := c.Total()
+	if total == 0 {
+		return "none"
+	}
+	order := make([]misses.Reason, 0, misses.NumReasons)
+	for r := range misses.NumReasons {
+		if c[r] > 0 {
+			order = append(order, r)
+		}
+	}
+	slices.SortStableFunc(order, func(a, b misses.Reason) int {
+		switch {
+		case c[a] > c[b]:
+			return -1
+		case c[a] < c[b]:
+			return 1
+		}
+		return 0
+	})
+	head := fmt.Sprintf("%s chunks:", countText(total))
+	parts := make([]string, 0, len(order))
+	for _, r := range order {
+		parts = append(parts, fmt.Sprintf("%s %s", countText(c[r]), missLabels[r]))
+	}
+	for n := len(parts); n > 0; n-- {
+		s := head + " " + strings.Join(parts[:n], " · ")
+		if n < len(parts) {
+			s += fmt.Sprintf(" · +%d more", len(parts)-n)
+		}
+		if len(s) <= w || n == 1 {
+			return s
+		}
+	}
+	return head
+}
+
+// countText prints a count compactly: 999, 1.2k, 3.4M.
+func countText(n uint64) string {
+	switch {
+	case n < 1000:
+		return fmt.Sprint(n)
+	case n < 1_000_000:
+		return fmt.Sprintf("%.1fk", float64(n)/1e3)
+	case n < 1_000_000_000:
+		return fmt.Sprintf("%.1fM", float64(n)/1e6)
+	}
+	return fmt.Sprintf("%.1fG", float64(n)/1e9)
+}
+
+// missLine is the Pool pane's line on why lookups missed, all contexts.
+func (m *Model) missLine(w int) string {
+	r := m.snap.Misses
+	s := m.st.Bold.Render("Misses    ") + missText(r.Total, w-10)
+	if r.TierMissed > 0 && r.Total.Total() > 0 {
+		s += fmt.Sprintf(" (%s missed L2 too)", countText(r.TierMissed))
+	}
+	return s
+}
+
+// contextMissLine is the details view's line on why lookups of the
+// context's model and world size missed (the LOOKUPs of a scheduler name
+// both, not an instance).
+func (m *Model) contextMissLine(model string, worldSize int, w int) string {
+	const label = "  misses     "
+	c, ok := m.snap.Misses.For(misses.Context{Model: model, WorldSize: worldSize})
+	if !ok {
+		return label + "none (no lookup of this model and world size missed)"
+	}
+	return label + missText(c.Missed, w-len(label))
+}
+
+// hostRAMLine is the host's RAM and where the pool's pages live, for the
+// Pool and GPU panes.
+func (m *Model) hostRAMLine() string {
+	h := m.snap.Host
+	ram := "n/a"
+	if h.Total > 0 {
+		ram = fmt.Sprintf("%s available / %s", bytesText(h.Available), bytesText(h.Total))
+	}
+	return m.st.Bold.Render("Host RAM  ") + ram + " · NUMA " + h.Where()
+}
