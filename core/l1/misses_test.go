@@ -165,3 +165,24 @@ func TestClearNotesNewestWithinGhost(t *testing.T) {
 		t.Fatalf("MRU key missed as %v", got)
 	}
 }
+
+// A store the transfer module gives up (no commit in time) is expired; an
+// explicit abort is not a loss of anything stored.
+func TestExpireWriteNotesExpired(t *testing.T) {
+	p, _ := newPool(t, 4, nil)
+	res, err := p.ReserveWrite(InstanceOwner(1), keyRange(0, 2), 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.ExpireWrite(res[:1])
+	p.AbortWrite(res[1:])
+	wantWhy(t, p, key(0), misses.Expired)
+	wantWhy(t, p, key(1), misses.NeverStored)
+	if s := p.Stats(); s.Objects != 0 || s.UsedBytes != 0 {
+		t.Fatalf("expired reservation kept space: %+v", s)
+	}
+	p.ExpireWrite(res[:1]) // stale: ignored
+	if s := p.Stats(); s.StaleFinishes != 1 {
+		t.Fatalf("stale expire not counted: %+v", s)
+	}
+}

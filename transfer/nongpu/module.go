@@ -46,6 +46,9 @@ type Pool interface {
 	ReserveWrite(owner l1.Owner, ks []keys.ObjectKey, size int64) ([]l1.Reservation, error)
 	FinishWrite(rs []l1.Reservation) bool
 	AbortWrite(rs []l1.Reservation)
+	// ExpireWrite is AbortWrite for a store given up because its worker
+	// did not commit in time (the pool notes why, for the miss reasons).
+	ExpireWrite(rs []l1.Reservation)
 	// HoldRead takes one of the read locks LOOKUP left for the workers;
 	// ReleaseRead ends the hold (COMMIT_RETRIEVE), ReturnRead gives it back
 	// unused (a repeated PREPARE_RETRIEVE).

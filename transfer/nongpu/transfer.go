@@ -527,7 +527,7 @@ func (m *Module) expireIfDue(p *pending, write bool) bool {
 // by the pool) and tells the operator.
 func (m *Module) expire(p *pending, write bool, now time.Time) {
 	if write {
-		m.pool.AbortWrite(p.res)
+		m.pool.ExpireWrite(p.res)
 	} else {
 		m.pool.ReleaseRead(p.refs)
 	}
