@@ -186,3 +186,76 @@ func TestExpireWriteNotesExpired(t *testing.T) {
 		t.Fatalf("stale expire not counted: %+v", s)
 	}
 }
+
+// A model stored under many world sizes costs a missed chunk at most
+// maxLayoutProbes table probes: a copy past the budget is not found.
+func TestOtherLayoutProbesBounded(t *testing.T) {
+	p, _ := newPool(t, 64, nil)
+	var ks []keys.ObjectKey
+	for ws := 2; ws <= 30; ws++ { // world sizes 2..30 hold other chunks
+		ks = append(ks, wsKey(100+ws, ws, 0, "m", ""))
+	}
+	ks = append(ks, wsKey(1, 255, 254, "m", "")) // chunk 1 only at the last rank of 255
+	store(t, p, ks, 4096)
+	wantWhy(t, p, wsKey(1, 1, 0, "m", ""), misses.NeverStored) // 2+…+30 = 464 probes > 256
+	// Within the budget the copy is found.
+	p2, _ := newPool(t, 8, nil)
+	store(t, p2, []keys.ObjectKey{wsKey(1, 200, 199, "m", "")}, 4096)
+	wantWhy(t, p2, wsKey(1, 1, 0, "m", ""), misses.OtherLayout)
+}
+
+// Lookups, stores, evictions, clears and classification race each other
+// without a data race or a lost invariant (run with -race).
+func TestClassifyConcurrent(t *testing.T) {
+	p, _ := newPool(t, 32, nil)
+	done := make(chan struct{})
+	for g := range 4 {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			for i := range 300 {
+				ks := keyRange(g*1000+i, g*1000+i+4)
+				if res, err := p.ReserveWrite(InstanceOwner(int64(g)), ks, 4096); err == nil {
+					p.FinishWrite(res)
+				}
+				var c misses.Counts
+				p.ClassifyMisses(keyRange(g*1000, g*1000+i), 1, &c)
+				if c.Total() != uint64(i) {
+					t.Errorf("classified %d of %d chunks", c.Total(), i)
+					return
+				}
+				if i%50 == 0 {
+					p.Clear()
+				}
+			}
+		}()
+	}
+	for range 4 {
+		<-done
+	}
+}
+
+func BenchmarkClassifyMisses(b *testing.B) {
+	p, _ := newPool(b, 1024, nil)
+	present := keyRange(0, 64)
+	res, err := p.ReserveWrite(InstanceOwner(1), present, 4096)
+	if err != nil || !p.FinishWrite(res) {
+		b.Fatal(err)
+	}
+	p.Delete(present[:32]) // half the batch in the ghost, half never stored
+	absent := append(keyRange(0, 32), keyRange(5000, 5032)...)
+	var c misses.Counts
+	b.Run("classify-64-missed", func(b *testing.B) {
+		for b.Loop() {
+			p.ClassifyMisses(absent, 1, &c)
+		}
+	})
+	b.Run("reference-lock-64-hits", func(b *testing.B) {
+		hits := keyRange(32, 64)
+		for b.Loop() {
+			p.ReserveReadPrefix(hits, 1)
+			p.FinishRead(hits, 1)
+			p.ReserveReadPrefix(hits, 1)
+			p.FinishRead(hits, 1)
+		}
+	})
+}
