@@ -43,10 +43,11 @@ type Tiers interface {
 	Prefetch(ctx context.Context, model string, worldSize int, ks []keys.ObjectKey, per, count int) int
 }
 
-// Layouts tells whether a worker group registered a KV layout;
+// Layouts tells how many KV groups a model registered (0: none; a hybrid
+// model has several, each chunk then is one object per group);
 // *layout.Registry satisfies it.
 type Layouts interface {
-	Has(model string, worldSize int) bool
+	GroupCount(model string, worldSize int) int
 }
 
 // Defaults for Options.
@@ -256,7 +257,8 @@ func (m *Module) Lookup(r keys.KeyRequest, tpSize int) error {
 		m.put(r.RequestID, 0, false)
 		return fmt.Errorf("lookup: request %s: %w", keys.Clip(r.RequestID), err)
 	}
-	if !m.layouts.Has(r.Model, r.WorldSize) {
+	groups := m.layouts.GroupCount(r.Model, r.WorldSize)
+	if groups == 0 {
 		m.earlyExits.Add(1)
 		m.log.Debug("lookup: no layout registered", "request_id", r.RequestID, "model", keys.Clip(r.Model), "world_size", r.WorldSize)
 		m.put(r.RequestID, 0, false)
@@ -268,6 +270,9 @@ func (m *Module) Lookup(r keys.KeyRequest, tpSize int) error {
 		m.put(r.RequestID, 0, false)
 		return fmt.Errorf("lookup: %w", err)
 	}
+	// A chunk of a hybrid model hits only when every group's object is
+	// there: a store whose groups are not all committed is a miss.
+	ks = ks.WithGroups(groups)
 	if ks.Chunks() == 0 {
 		m.earlyExits.Add(1)
 		m.put(r.RequestID, 0, false)
@@ -399,6 +404,7 @@ func (m *Module) FreeLocks(r keys.KeyRequest, tpSize int) error {
 	if err != nil {
 		return fmt.Errorf("free lookup locks: %w", err)
 	}
+	ks = ks.WithGroups(m.layouts.GroupCount(r.Model, r.WorldSize))
 	count := 1 + ExtraCount(tpSize, r.WorldSize)
 	m.inBatches(ks, func(batch []keys.ObjectKey) { m.store.FinishRead(batch, count) })
 	m.freedKeys.Add(int64(ks.Len()))
@@ -427,6 +433,7 @@ func (m *Module) EndSession(requestID string) {
 		m.log.Debug("end session: no live session", "request_id", requestID)
 		return
 	}
+	ks = ks.WithGroups(m.layouts.GroupCount(ks.Model(), ks.WorldSize()))
 	m.inBatches(ks, m.store.Touch)
 	m.touchedKeys.Add(int64(ks.Len()))
 }
