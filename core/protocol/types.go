@@ -64,7 +64,8 @@ func (k Key) EncodeMsgpack(e *msgpack.Encoder) error {
 }
 
 // RegisterPayload is RegisterNonGpuContextPayload (spec 2.3), also used for the
-// engine-driven register request, whose extra fields are ignored.
+// engine-driven register request (RegisterEngineDrivenContextPayload), whose
+// group_layouts describe a hybrid-attention model's KV groups.
 type RegisterPayload struct {
 	InstanceID    int64
 	ModelName     string
@@ -74,11 +75,51 @@ type RegisterPayload struct {
 	HiddenDimSize int
 	DtypeStr      string
 	UseMLA        bool
+	// GroupLayouts is empty for a plain model; a hybrid model lists one
+	// entry per KV group (the flat fields then repeat group 0's).
+	GroupLayouts []GroupLayout
 }
 
-// EncodeMsgpack writes the payload as a map of all fields in declaration order.
+// MaxGroupLayouts bounds the group_layouts a register payload may carry
+// (the decoder refuses more before allocating them); the transfer module
+// applies its own, smaller, limit with a clear error.
+const MaxGroupLayouts = 64
+
+// GroupLayout is upstream's GroupLayoutInfo: one KV group of a hybrid model.
+type GroupLayout struct {
+	BlockSize      int
+	NumLayers      int
+	HiddenDimSize  int
+	DtypeStr       string
+	UseMLA         bool
+	TokensPerBlock int
+}
+
+// EncodeMsgpack writes the group as a map of all fields in declaration order.
+func (g GroupLayout) EncodeMsgpack(e *msgpack.Encoder) error {
+	if err := e.EncodeMapLen(6); err != nil {
+		return err
+	}
+	w := fieldWriter{e: e}
+	w.int("block_size", int64(g.BlockSize))
+	w.int("num_layers", int64(g.NumLayers))
+	w.int("hidden_dim_size", int64(g.HiddenDimSize))
+	w.str("dtype_str", g.DtypeStr)
+	w.key("use_mla")
+	w.err1(e.EncodeBool(g.UseMLA))
+	w.int("tokens_per_block", int64(g.TokensPerBlock))
+	return w.err
+}
+
+// EncodeMsgpack writes the payload as a map of all fields in declaration
+// order; group_layouts only when there are some (the seed-era payload has
+// no such field).
 func (p RegisterPayload) EncodeMsgpack(e *msgpack.Encoder) error {
-	if err := e.EncodeMapLen(8); err != nil {
+	n := 8
+	if len(p.GroupLayouts) > 0 {
+		n = 9
+	}
+	if err := e.EncodeMapLen(n); err != nil {
 		return err
 	}
 	w := fieldWriter{e: e}
@@ -91,6 +132,13 @@ func (p RegisterPayload) EncodeMsgpack(e *msgpack.Encoder) error {
 	w.str("dtype_str", p.DtypeStr)
 	w.key("use_mla")
 	w.err1(e.EncodeBool(p.UseMLA))
+	if len(p.GroupLayouts) > 0 {
+		w.key("group_layouts")
+		w.err1(e.EncodeArrayLen(len(p.GroupLayouts)))
+		for _, g := range p.GroupLayouts {
+			w.err1(g.EncodeMsgpack(e))
+		}
+	}
 	return w.err
 }
 
