@@ -185,11 +185,14 @@ func (s Slot) EncodeMsgpack(e *msgpack.Encoder) error {
 }
 
 // PrepareStoreResponse is {"context": {...}}: with Shm the context carries
-// "slots" and "chunk_indices", otherwise it is empty.
+// "slots" and "chunk_indices", otherwise it is empty. For a hybrid model
+// (GroupIDs not nil) the slots run group-major, each chunk index counts
+// within its group, and "group_ids" names each slot's KV group.
 type PrepareStoreResponse struct {
 	Shm          bool
 	Slots        []Slot
 	ChunkIndices []int
+	GroupIDs     []int
 }
 
 // EncodeMsgpack writes {"context": {"slots": [...], "chunk_indices": [...]}} or
@@ -204,22 +207,39 @@ func (r PrepareStoreResponse) EncodeMsgpack(e *msgpack.Encoder) error {
 		w.err1(e.EncodeMapLen(0))
 		return w.err
 	}
-	w.err1(e.EncodeMapLen(2))
+	if r.GroupIDs != nil {
+		w.err1(e.EncodeMapLen(3))
+	} else {
+		w.err1(e.EncodeMapLen(2))
+	}
 	w.slots(r.Slots)
 	w.key("chunk_indices")
 	w.err1(e.EncodeArrayLen(len(r.ChunkIndices)))
 	for _, i := range r.ChunkIndices {
 		w.err1(e.EncodeInt(int64(i)))
 	}
+	if r.GroupIDs != nil {
+		w.groupIDs(r.GroupIDs)
+	}
 	return w.err
 }
 
+func (w *fieldWriter) groupIDs(ids []int) {
+	w.key("group_ids")
+	w.err1(w.e.EncodeArrayLen(len(ids)))
+	for _, g := range ids {
+		w.err1(w.e.EncodeInt(int64(g)))
+	}
+}
+
 // PrepareRetrieveResponse is {"success", "data", "context"}; Slots nil gives an
-// empty context, otherwise {"slots": [...]}.
+// empty context, otherwise {"slots": [...]}, and for a hybrid model (GroupIDs
+// not nil) {"slots", "group_ids"}, the slots group-major.
 type PrepareRetrieveResponse struct {
-	Success bool
-	Data    []byte
-	Slots   []Slot
+	Success  bool
+	Data     []byte
+	Slots    []Slot
+	GroupIDs []int
 }
 
 // EncodeMsgpack writes the three fields in declaration order; Data is always bin.
@@ -240,6 +260,12 @@ func (r PrepareRetrieveResponse) EncodeMsgpack(e *msgpack.Encoder) error {
 	w.key("context")
 	if r.Slots == nil {
 		w.err1(e.EncodeMapLen(0))
+		return w.err
+	}
+	if r.GroupIDs != nil {
+		w.err1(e.EncodeMapLen(2))
+		w.slots(r.Slots)
+		w.groupIDs(r.GroupIDs)
 		return w.err
 	}
 	w.err1(e.EncodeMapLen(1))
