@@ -286,3 +286,33 @@ func TestHybridSHM(t *testing.T) {
 		t.Fatalf("mode %s after a proven pickle group commit", m)
 	}
 }
+
+// TestHybridPublishedPerGroup: the tiers are told of each group's objects
+// with that group's own layout (so each tier value carries its group's
+// layout and fingerprint), after an SHM commit of all groups and after a
+// group commit alike.
+func TestHybridPublishedPerGroup(t *testing.T) {
+	e := newEnv(t, true, 1<<20)
+	var rec recorder
+	e.mod.published = rec.note
+	e.registerHybrid(1)
+	k := key(tokens(testChunk, 70), 0, testChunk)
+	if _, err := e.mod.PrepareStore(k, 1); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := e.mod.CommitStore(k, 1, nil); !ok || err != nil {
+		t.Fatalf("commit = %v, %v", ok, err)
+	}
+	got := rec.got()
+	if len(got) != 2 || len(rec.lays) != 2 || got[0].Group != 0 || got[1].Group != 1 ||
+		rec.lays[0].Bytes != chunkBytes || rec.lays[1].Bytes != group1Bytes || rec.lays[1].Dtype != "float32" {
+		t.Fatalf("published %v with %v", got, rec.lays)
+	}
+	k2 := key(tokens(testChunk, 170), 0, testChunk)
+	if ok, err := e.mod.CommitStoreGroup(k2, 1, 1, pickledGroups(t, []torchpickle.Tensor{group1Tensor(9)})); !ok || err != nil {
+		t.Fatalf("group commit = %v, %v", ok, err)
+	}
+	if got := rec.got(); len(got) != 3 || got[2].Group != 1 || rec.lays[2].Bytes != group1Bytes {
+		t.Fatalf("group commit published %v with %v", got, rec.lays)
+	}
+}
