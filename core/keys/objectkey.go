@@ -114,6 +114,9 @@ func (k KeySet) WithGroups(n int) KeySet {
 
 func (k KeySet) groupCount() int { return max(k.groups, 1) }
 
+// Groups is the number of KV groups each chunk's keys cover (at least 1).
+func (k KeySet) Groups() int { return k.groupCount() }
+
 // Model and WorldSize name whose keys the set holds.
 func (k KeySet) Model() string { return k.model }
 

@@ -59,3 +59,39 @@ func TestLookupHybridGroups(t *testing.T) {
 		t.Error("FREE_LOOKUP_LOCKS left a group's lock")
 	}
 }
+
+// TestLookupHybridAcrossBatches: with KV groups a batch holds fewer chunks
+// (as many keys as a plain batch); a prefix longer than several batches is
+// still counted whole, and stops at the first chunk missing a group.
+func TestLookupHybridAcrossBatches(t *testing.T) {
+	for _, groups := range []int{2, 3, 16} {
+		h, err := keys.NewHasher(cs, "blake3")
+		if err != nil {
+			t.Fatal(err)
+		}
+		clk := fakeclock.New()
+		store := newStore()
+		m := New(keys.NewSessions(h, 0, clk.Now), store, groupCounts{"m": groups}, Options{Now: clk.Now})
+		const chunks = 100
+		ts := tokens(chunks * cs)
+		g0 := keysOf(t, ts, 1)
+		missing := 70 // chunk 70 lacks its last group
+		for c := range chunks {
+			for g := range groups {
+				if c == missing && g == groups-1 {
+					continue
+				}
+				store.present[keys.InGroup(g0[c:c+1], uint32(g))[0]] = true
+			}
+		}
+		if err := m.Lookup(lookupReq("r", ts, 1), 1); err != nil {
+			t.Fatal(err)
+		}
+		if n, _ := m.QueryHits("r"); n != missing {
+			t.Errorf("%d groups: hits = %d, want %d", groups, n, missing)
+		}
+		if chunkBatch(keys.KeySet{}.WithGroups(groups))*groups > lockBatch {
+			t.Errorf("%d groups: a batch of %d chunks holds more keys than a plain one", groups, chunkBatch(keys.KeySet{}.WithGroups(groups)))
+		}
+	}
+}

@@ -72,7 +72,12 @@ const MaxTPSize = keys.MaxWorldSize
 // lockBatch is how many chunks a lookup resolves and hands the store at a
 // time: the keys of one batch (64 chunks × up to 255 ranks, ~1.1 MiB) are all
 // it materialises, however long the prompt, and it stops at the first miss.
+// A hybrid model's batch has as many fewer chunks as it has KV groups
+// (chunkBatch), so a batch holds no more keys.
 const lockBatch = 64
+
+// chunkBatch is the chunks per batch for ks: lockBatch over its KV groups.
+func chunkBatch(ks keys.KeySet) int { return max(1, lockBatch/ks.Groups()) }
 
 // jobOverhead is the memory of one job besides its id: the struct, its list
 // element and its map entry.
@@ -338,11 +343,11 @@ func (m *Module) startTierPhase(r keys.KeyRequest, ks keys.KeySet, hit, count in
 // every rank, count locks per key, and returns how many chunks it locked. It
 // asks the store lockBatch chunks at a time and stops at the first miss.
 func (m *Module) reservePrefix(ks keys.KeySet, count int) int {
-	per := ks.PerChunk()
-	buf := make([]keys.ObjectKey, 0, min(lockBatch, ks.Chunks())*per)
+	per, batch := ks.PerChunk(), chunkBatch(ks)
+	buf := make([]keys.ObjectKey, 0, min(batch, ks.Chunks())*per)
 	hit := 0
-	for from := 0; from < ks.Chunks(); from += lockBatch {
-		buf = ks.Append(buf[:0], from, from+lockBatch)
+	for from := 0; from < ks.Chunks(); from += batch {
+		buf = ks.Append(buf[:0], from, from+batch)
 		n := min(max(m.store.ReserveReadPrefix(buf, count), 0), len(buf))
 		full := n / per
 		hit += full
@@ -416,9 +421,10 @@ func (m *Module) inBatches(ks keys.KeySet, fn func([]keys.ObjectKey)) {
 	if ks.Chunks() == 0 {
 		return
 	}
-	buf := make([]keys.ObjectKey, 0, min(lockBatch, ks.Chunks())*ks.PerChunk())
-	for from := 0; from < ks.Chunks(); from += lockBatch {
-		buf = ks.Append(buf[:0], from, from+lockBatch)
+	batch := chunkBatch(ks)
+	buf := make([]keys.ObjectKey, 0, min(batch, ks.Chunks())*ks.PerChunk())
+	for from := 0; from < ks.Chunks(); from += batch {
+		buf = ks.Append(buf[:0], from, from+batch)
 		fn(buf)
 	}
 }
