@@ -38,20 +38,24 @@ func twoGroups() []map[string]any {
 
 // TestHybridGroupsRoundTrip: a two-group model stores and retrieves over
 // the engine-driven wire with identical bytes (torch.equal per tensor), by
-// COMMIT_STORE_GROUP pickles on a server without SHM, and by per-group SHM
-// slots on a server with a segment; /status shows the context's groups.
+// COMMIT_STORE_GROUP pickles on a server without SHM, by per-group SHM
+// slots on a server with a segment, and by pickles on that server too (the
+// engine-driven worker of that era never uses SHM for several groups: its
+// first group commit switches it to PICKLE, as a plain worker's fallback).
 func TestHybridGroupsRoundTrip(t *testing.T) {
 	for _, tc := range []struct {
-		name string
-		args []string
-		mode string
+		name   string
+		args   []string
+		pickle bool
+		mode   string
 	}{
-		{"pickle", []string{"--shm-name", ""}, "pickle"},
-		{"shm", nil, "shm"},
+		{"pickle", []string{"--shm-name", ""}, false, "pickle"},
+		{"shm", nil, false, "shm"},
+		{"pickle_worker_shm_server", nil, true, "pickle"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := harness.Start(t, append([]string{"--chunk-size", "16", "--protocol", "engine-driven"}, tc.args...)...)
-			res := hybrid(t, srv, "roundtrip", map[string]any{"model": "hy-" + tc.name, "groups": twoGroups(), "chunks": 3})
+			res := hybrid(t, srv, "roundtrip", map[string]any{"model": "hy-" + tc.name, "groups": twoGroups(), "chunks": 3, "force_pickle": tc.pickle})
 			if res["mode"] != tc.mode || res["hits"] != float64(3) {
 				t.Fatalf("worker: %v", res)
 			}

@@ -2,7 +2,9 @@ package nongpu
 
 import (
 	"bytes"
+	"fmt"
 	"strings"
+	"sync"
 	"testing"
 
 	"kvdock/core/keys"
@@ -314,5 +316,65 @@ func TestHybridPublishedPerGroup(t *testing.T) {
 	}
 	if got := rec.got(); len(got) != 3 || got[2].Group != 1 || rec.lays[2].Bytes != group1Bytes {
 		t.Fatalf("group commit published %v with %v", got, rec.lays)
+	}
+}
+
+// TestHybridConcurrentGroupCommits: many prompts' groups committed from
+// concurrent goroutines, in either order, while others look up and
+// retrieve: every chunk that hits serves exactly its own groups' bytes.
+func TestHybridConcurrentGroupCommits(t *testing.T) {
+	e := newEnv(t, false, 4<<20)
+	e.registerHybrid(1)
+	const prompts = 24
+	type prompt struct {
+		k      protocol.Key
+		g0, g1 []torchpickle.Tensor
+		wire   [2][]byte // each group's COMMIT_STORE_GROUP pickle
+	}
+	ps := make([]prompt, prompts)
+	for i := range ps {
+		k := key(tokens(testChunk, uint32(1000*i+1)), 0, testChunk)
+		k.RequestID = "req" + strings.Repeat("x", i)
+		g0, g1 := []torchpickle.Tensor{tensorOf(byte(i))}, []torchpickle.Tensor{group1Tensor(byte(100 + i))}
+		ps[i] = prompt{k, g0, g1, [2][]byte{pickledGroups(t, g0), pickledGroups(t, g1)}}
+	}
+	errs := make(chan string, 4*prompts)
+	var wg sync.WaitGroup
+	for i := range ps {
+		for _, g := range []int64{1, 0} {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if ok, err := e.mod.CommitStoreGroup(ps[i].k, 1, g, ps[i].wire[g]); !ok || err != nil {
+					errs <- fmt.Sprintf("prompt %d group %d: %v %v", i, g, ok, err)
+				}
+			}()
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, err := e.mod.PrepareRetrieve(ps[i].k, 1) // no LOOKUP lock: a miss, or bad bytes if wrong
+			if err != nil || r.Success {
+				errs <- fmt.Sprintf("prompt %d: unlocked retrieve %v %v", i, r.Success, err)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for s := range errs {
+		t.Error(s)
+	}
+	for i, p := range ps {
+		if !e.lookupLockGroups(p.k, 2) {
+			t.Fatalf("prompt %d: not a hit after both groups", i)
+		}
+		r, err := e.mod.PrepareRetrieve(p.k, 1)
+		if err != nil || !r.Success {
+			t.Fatalf("prompt %d: retrieve %v %v", i, r.Success, err)
+		}
+		got, err := torchpickle.DecodeGroups(r.Data, torchpickle.Limits{})
+		if err != nil || !bytes.Equal(got[0][0].Data, p.g0[0].Data) || !bytes.Equal(got[1][0].Data, p.g1[0].Data) {
+			t.Fatalf("prompt %d: bytes differ (%v)", i, err)
+		}
 	}
 }
