@@ -242,3 +242,37 @@ func TestGoldenVectors(t *testing.T) {
 		}
 	}
 }
+
+// TestKeySetGroups: WithGroups orders a chunk's keys group by group, each
+// rank-minor, gives every group its own keys, and PerChunk and Len count
+// them; one group is the plain order.
+func TestKeySetGroups(t *testing.T) {
+	h, err := NewHasher(4, "blake3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := h.Hashes([]uint32{1, 2, 3, 4, 5, 6, 7, 8})
+	plain := newKeySet(hs, "m", 2, nil, "")
+	g := plain.WithGroups(3)
+	if g.PerChunk() != 6 || g.Len() != 12 || plain.PerChunk() != 2 || plain.WithGroups(0).PerChunk() != 2 {
+		t.Fatalf("per chunk %d, len %d", g.PerChunk(), g.Len())
+	}
+	all := g.All()
+	seen := map[ObjectKey]bool{}
+	for i, k := range all {
+		chunk, grp, rank := i/6, uint32(i%6/2), KVRank(2, i%2)
+		if k.Chunk != hs[chunk] || k.Group != grp || k.KVRank != rank {
+			t.Fatalf("key %d = %v, want chunk %d group %d rank %08x", i, k, chunk, grp, rank)
+		}
+		if seen[k] {
+			t.Fatalf("key %d repeats", i)
+		}
+		seen[k] = true
+	}
+	if got := g.Append(nil, 1, 2); len(got) != 6 || got[0] != all[6] {
+		t.Fatalf("Append(1, 2) = %v", got)
+	}
+	if s := all[2].String(); !strings.Contains(s, "/g1") {
+		t.Fatalf("String of a group 1 key: %s", s)
+	}
+}

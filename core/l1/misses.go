@@ -27,7 +27,7 @@ func (p *Pool) ghostKey(i int32) uint64 { return p.ghostDigest(&p.t.recs[i].id) 
 
 func (p *Pool) ghostDigest(id *ident) uint64 {
 	nk := p.t.nameList[id.name]
-	return p.ghost.Digest(&id.chunk, nk.model, nk.salt, id.rank)
+	return p.ghost.Digest(&id.chunk, nk.model, nk.salt, id.rank, id.group)
 }
 
 // note records in the ghost why record i is about to go.
@@ -37,7 +37,7 @@ func (p *Pool) note(i int32, r misses.Reason) { p.ghost.Note(p.ghostKey(i), r) }
 // capacity of them (more would only overwrite each other).
 func (p *Pool) noteKeys(ks []keys.ObjectKey, r misses.Reason) {
 	for _, k := range ks[:min(len(ks), p.ghost.Entries())] {
-		p.ghost.Note(p.ghost.Digest(&k.Chunk, k.Model, k.Salt, k.KVRank), r)
+		p.ghost.Note(p.ghost.Digest(&k.Chunk, k.Model, k.Salt, k.KVRank, k.Group), r)
 	}
 }
 
@@ -45,7 +45,7 @@ func (p *Pool) noteKeys(ks []keys.ObjectKey, r misses.Reason) {
 func (p *Pool) noteRefused(ks []keys.ObjectKey, idx []int) {
 	for _, i := range idx[:min(len(idx), p.ghost.Entries())] {
 		k := &ks[i]
-		p.ghost.Note(p.ghost.Digest(&k.Chunk, k.Model, k.Salt, k.KVRank), misses.Refused)
+		p.ghost.Note(p.ghost.Digest(&k.Chunk, k.Model, k.Salt, k.KVRank, k.Group), misses.Refused)
 	}
 }
 
@@ -108,7 +108,7 @@ func (p *Pool) ClassifyMisses(ks []keys.ObjectKey, per int, c *misses.Counts) {
 
 // whyMissing judges one key that is not readable.
 func (p *Pool) whyMissing(k *keys.ObjectKey, now int64) misses.Reason {
-	if r, ok := p.ghost.Find(p.ghost.Digest(&k.Chunk, k.Model, k.Salt, k.KVRank)); ok {
+	if r, ok := p.ghost.Find(p.ghost.Digest(&k.Chunk, k.Model, k.Salt, k.KVRank, k.Group)); ok {
 		return r
 	}
 	if p.storedElsewhere(k, now) {
@@ -135,7 +135,7 @@ func (p *Pool) storedElsewhere(k *keys.ObjectKey, now int64) bool {
 			if probes++; probes > maxLayoutProbes {
 				return false
 			}
-			i, ok := p.t.index[ident{k.Chunk, n, keys.KVRank(int(ws), int(w))}]
+			i, ok := p.t.index[ident{k.Chunk, n, keys.KVRank(int(ws), int(w)), k.Group}]
 			if ok && !p.expire(i, now) && p.t.recs[i].state == stateReady && !p.t.recs[i].doomed {
 				return true
 			}

@@ -48,6 +48,7 @@ type ident struct {
 	chunk keys.Hash
 	name  uint32 // index into table.names
 	rank  uint32
+	group uint32 // KV group (object_group_id)
 }
 
 type record struct {
@@ -103,7 +104,7 @@ func (t *table) find(k keys.ObjectKey) int32 {
 	if !ok {
 		return nilRec
 	}
-	i, ok := t.index[ident{k.Chunk, n, k.KVRank}]
+	i, ok := t.index[ident{k.Chunk, n, k.KVRank, k.Group}]
 	if !ok {
 		return nilRec
 	}
@@ -137,7 +138,7 @@ func (t *table) add(k keys.ObjectKey, off, length, rounded int64) int32 {
 		t.recs = append(t.recs, record{})
 		i = int32(len(t.recs) - 1)
 	}
-	id := ident{k.Chunk, n, k.KVRank}
+	id := ident{k.Chunk, n, k.KVRank, k.Group}
 	t.recs[i] = record{id: id, off: off, length: length, prev: nilRec, next: nilRec, state: stateReady}
 	t.index[id] = i
 	t.pushMRU(i)

@@ -114,6 +114,57 @@ func New(numLayers, chunkTokens, hidden int, dtype string, mla bool) (Layout, er
 	return Layout{Shape: shape, Dtype: dtype, Bytes: int64(n)}, nil
 }
 
+// MaxGroups bounds the KV groups one registration may declare. Hybrid
+// models have a handful (an attention group and one or two recurrent or
+// sliding-window groups); every group costs an object per chunk per rank.
+const MaxGroups = 16
+
+// Group describes one KV group of a hybrid-attention model as the worker
+// registers it (upstream's GroupLayoutInfo).
+type Group struct {
+	BlockSize      int
+	NumLayers      int
+	HiddenDimSize  int
+	DtypeStr       string
+	UseMLA         bool
+	TokensPerBlock int // 0 or less: BlockSize
+}
+
+// NewGroup validates one group and builds its chunk layout. Upstream's
+// worker and server both size a group's chunk as the whole number of the
+// group's blocks that fit in the server chunk: (chunkTokens / tokens per
+// block) × tokens per block, which must be at least one block.
+func NewGroup(g Group, chunkTokens int) (Layout, error) {
+	tpb := g.TokensPerBlock
+	if tpb <= 0 {
+		tpb = g.BlockSize
+	}
+	if tpb <= 0 {
+		return Layout{}, fmt.Errorf("invalid KV group: block_size = %d and tokens_per_block = %d: one must be > 0", g.BlockSize, g.TokensPerBlock)
+	}
+	if chunkTokens > 0 && tpb > chunkTokens {
+		return Layout{}, fmt.Errorf("invalid KV group: %d tokens per block is more than the %d-token chunk", tpb, chunkTokens)
+	}
+	tokens := chunkTokens
+	if chunkTokens > 0 {
+		tokens = chunkTokens / tpb * tpb
+	}
+	return New(g.NumLayers, tokens, g.HiddenDimSize, g.DtypeStr, g.UseMLA)
+}
+
+// GroupsEqual reports whether two group lists describe the same tensors, in order.
+func GroupsEqual(a, b []Layout) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if !a[i].Equal(b[i]) {
+			return false
+		}
+	}
+	return true
+}
+
 // Equal reports whether two layouts describe the same tensor.
 func (l Layout) Equal(o Layout) bool {
 	if l.Dtype != o.Dtype || len(l.Shape) != len(o.Shape) {
@@ -136,12 +187,13 @@ type regKey struct {
 }
 
 type regEntry struct {
-	layout Layout
+	groups []Layout // one per KV group; a plain model has one
 	refs   int
 }
 
-// Registry ref-counts layouts per (model, world size). The first registration
-// of a pair fixes its layout; later ones add a reference.
+// Registry ref-counts layouts per (model, world size): one layout per KV
+// group (a plain model has one group). The first registration of a pair
+// fixes its layouts; later ones add a reference.
 type Registry struct {
 	mu      sync.RWMutex
 	entries map[regKey]*regEntry
@@ -155,8 +207,17 @@ func NewRegistry() *Registry {
 	return &Registry{entries: make(map[regKey]*regEntry)}
 }
 
-// Add references the layout of (model, worldSize).
+// Add references the layout of (model, worldSize), a one-group model.
 func (r *Registry) Add(model string, worldSize int, l Layout) {
+	r.AddGroups(model, worldSize, []Layout{l})
+}
+
+// AddGroups references the per-group layouts of (model, worldSize); groups
+// must not be empty.
+func (r *Registry) AddGroups(model string, worldSize int, groups []Layout) {
+	if len(groups) == 0 {
+		return
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	k := regKey{model, worldSize}
@@ -164,10 +225,28 @@ func (r *Registry) Add(model string, worldSize int, l Layout) {
 		e.refs++
 		return
 	}
-	r.entries[k] = &regEntry{layout: l, refs: 1}
-	if l.Bytes > r.maxBytes.Load() {
-		r.maxBytes.Store(l.Bytes)
+	r.entries[k] = &regEntry{groups: cloneGroups(groups), refs: 1}
+	for _, l := range groups {
+		if l.Bytes > r.maxBytes.Load() {
+			r.maxBytes.Store(l.Bytes)
+		}
 	}
+}
+
+func cloneGroups(gs []Layout) []Layout {
+	out := make([]Layout, len(gs))
+	for i, l := range gs {
+		out[i] = Layout{Shape: append([]int(nil), l.Shape...), Dtype: l.Dtype, Bytes: l.Bytes}
+	}
+	return out
+}
+
+func (e *regEntry) maxBytes() int64 {
+	var m int64
+	for _, l := range e.groups {
+		m = max(m, l.Bytes)
+	}
+	return m
 }
 
 // Remove drops one reference; the entry goes when the last one does.
@@ -179,10 +258,10 @@ func (r *Registry) Remove(model string, worldSize int) {
 		e.refs--
 		if e.refs <= 0 {
 			delete(r.entries, k)
-			if e.layout.Bytes >= r.maxBytes.Load() {
+			if e.maxBytes() >= r.maxBytes.Load() {
 				var m int64
 				for _, o := range r.entries {
-					m = max(m, o.layout.Bytes)
+					m = max(m, o.maxBytes())
 				}
 				r.maxBytes.Store(m)
 			}
@@ -193,15 +272,42 @@ func (r *Registry) Remove(model string, worldSize int) {
 // MaxBytes is the largest registered layout's chunk bytes, 0 when none.
 func (r *Registry) MaxBytes() int64 { return r.maxBytes.Load() }
 
-// Get returns the layout of (model, worldSize).
+// Get returns the layout of (model, worldSize), of group 0 for a hybrid model.
 func (r *Registry) Get(model string, worldSize int) (Layout, bool) {
+	return r.GroupLayout(model, worldSize, 0)
+}
+
+// GroupLayout returns the layout of KV group g of (model, worldSize).
+func (r *Registry) GroupLayout(model string, worldSize int, g uint32) (Layout, bool) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	e, ok := r.entries[regKey{model, worldSize}]
+	if !ok || uint64(g) >= uint64(len(e.groups)) {
+		return Layout{}, false
+	}
+	return e.groups[g], true
+}
+
+// Groups returns the per-group layouts of (model, worldSize).
+func (r *Registry) Groups(model string, worldSize int) ([]Layout, bool) {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	e, ok := r.entries[regKey{model, worldSize}]
 	if !ok {
-		return Layout{}, false
+		return nil, false
 	}
-	return e.layout, true
+	return cloneGroups(e.groups), true
+}
+
+// GroupCount returns how many KV groups (model, worldSize) registered, 0
+// when none did.
+func (r *Registry) GroupCount(model string, worldSize int) int {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	if e, ok := r.entries[regKey{model, worldSize}]; ok {
+		return len(e.groups)
+	}
+	return 0
 }
 
 // Has reports whether any worker registered (model, worldSize).

@@ -51,10 +51,11 @@ type Classifier interface {
 	ClassifyMisses(ks []keys.ObjectKey, per int, c *misses.Counts)
 }
 
-// Layouts tells whether a worker group registered a KV layout;
+// Layouts tells how many KV groups a model registered (0: none; a hybrid
+// model has several, each chunk then is one object per group);
 // *layout.Registry satisfies it.
 type Layouts interface {
-	Has(model string, worldSize int) bool
+	GroupCount(model string, worldSize int) int
 }
 
 // Defaults for Options.
@@ -79,7 +80,12 @@ const MaxTPSize = keys.MaxWorldSize
 // lockBatch is how many chunks a lookup resolves and hands the store at a
 // time: the keys of one batch (64 chunks × up to 255 ranks, ~1.1 MiB) are all
 // it materialises, however long the prompt, and it stops at the first miss.
+// A hybrid model's batch has as many fewer chunks as it has KV groups
+// (chunkBatch), so a batch holds no more keys.
 const lockBatch = 64
+
+// chunkBatch is the chunks per batch for ks: lockBatch over its KV groups.
+func chunkBatch(ks keys.KeySet) int { return max(1, lockBatch/ks.Groups()) }
 
 // jobOverhead is the memory of one job besides its id: the struct, its list
 // element and its map entry.
@@ -271,7 +277,8 @@ func (m *Module) Lookup(r keys.KeyRequest, tpSize int) error {
 		m.put(r.RequestID, 0, false)
 		return fmt.Errorf("lookup: request %s: %w", keys.Clip(r.RequestID), err)
 	}
-	if !m.layouts.Has(r.Model, r.WorldSize) {
+	groups := m.layouts.GroupCount(r.Model, r.WorldSize)
+	if groups == 0 {
 		m.earlyExits.Add(1)
 		m.log.Debug("lookup: no layout registered", "request_id", r.RequestID, "model", keys.Clip(r.Model), "world_size", r.WorldSize)
 		m.put(r.RequestID, 0, false)
@@ -283,6 +290,9 @@ func (m *Module) Lookup(r keys.KeyRequest, tpSize int) error {
 		m.put(r.RequestID, 0, false)
 		return fmt.Errorf("lookup: %w", err)
 	}
+	// A chunk of a hybrid model hits only when every group's object is
+	// there: a store whose groups are not all committed is a miss.
+	ks = ks.WithGroups(groups)
 	if ks.Chunks() == 0 {
 		m.earlyExits.Add(1)
 		m.put(r.RequestID, 0, false)
@@ -355,11 +365,11 @@ func (m *Module) startTierPhase(r keys.KeyRequest, ks keys.KeySet, hit, count in
 // every rank, count locks per key, and returns how many chunks it locked. It
 // asks the store lockBatch chunks at a time and stops at the first miss.
 func (m *Module) reservePrefix(ks keys.KeySet, count int) int {
-	per := ks.PerChunk()
-	buf := make([]keys.ObjectKey, 0, min(lockBatch, ks.Chunks())*per)
+	per, batch := ks.PerChunk(), chunkBatch(ks)
+	buf := make([]keys.ObjectKey, 0, min(batch, ks.Chunks())*per)
 	hit := 0
-	for from := 0; from < ks.Chunks(); from += lockBatch {
-		buf = ks.Append(buf[:0], from, from+lockBatch)
+	for from := 0; from < ks.Chunks(); from += batch {
+		buf = ks.Append(buf[:0], from, from+batch)
 		n := min(max(m.store.ReserveReadPrefix(buf, count), 0), len(buf))
 		full := n / per
 		hit += full
@@ -447,6 +457,7 @@ func (m *Module) FreeLocks(r keys.KeyRequest, tpSize int) error {
 	if err != nil {
 		return fmt.Errorf("free lookup locks: %w", err)
 	}
+	ks = ks.WithGroups(m.layouts.GroupCount(r.Model, r.WorldSize))
 	count := 1 + ExtraCount(tpSize, r.WorldSize)
 	m.inBatches(ks, func(batch []keys.ObjectKey) { m.store.FinishRead(batch, count) })
 	m.freedKeys.Add(int64(ks.Len()))
@@ -458,9 +469,10 @@ func (m *Module) inBatches(ks keys.KeySet, fn func([]keys.ObjectKey)) {
 	if ks.Chunks() == 0 {
 		return
 	}
-	buf := make([]keys.ObjectKey, 0, min(lockBatch, ks.Chunks())*ks.PerChunk())
-	for from := 0; from < ks.Chunks(); from += lockBatch {
-		buf = ks.Append(buf[:0], from, from+lockBatch)
+	batch := chunkBatch(ks)
+	buf := make([]keys.ObjectKey, 0, min(batch, ks.Chunks())*ks.PerChunk())
+	for from := 0; from < ks.Chunks(); from += batch {
+		buf = ks.Append(buf[:0], from, from+batch)
 		fn(buf)
 	}
 }
@@ -475,6 +487,7 @@ func (m *Module) EndSession(requestID string) {
 		m.log.Debug("end session: no live session", "request_id", requestID)
 		return
 	}
+	ks = ks.WithGroups(m.layouts.GroupCount(ks.Model(), ks.WorldSize()))
 	m.inBatches(ks, m.store.Touch)
 	m.touchedKeys.Add(int64(ks.Len()))
 }

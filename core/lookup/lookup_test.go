@@ -74,7 +74,12 @@ func (f *fakeStore) totalLocks() int {
 
 type layoutsSet map[string]bool
 
-func (l layoutsSet) Has(model string, ws int) bool { return l[fmt.Sprint(model, "/", ws)] }
+func (l layoutsSet) GroupCount(model string, ws int) int {
+	if l[fmt.Sprint(model, "/", ws)] {
+		return 1
+	}
+	return 0
+}
 
 const cs = 4
 

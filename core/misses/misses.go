@@ -225,15 +225,16 @@ func (g *Ghost) Entries() int { return len(g.slots) }
 // Bytes is the ghost's memory.
 func (g *Ghost) Bytes() int64 { return int64(8*len(g.slots) + len(g.cursor)) }
 
-// Digest is the ghost's digest of an object key: chunk hash, model, rank
-// and salt.
-func (g *Ghost) Digest(chunk *keys.Hash, model, salt string, rank uint32) uint64 {
+// Digest is the ghost's digest of an object key: chunk hash, model, rank,
+// KV group and salt.
+func (g *Ghost) Digest(chunk *keys.Hash, model, salt string, rank, group uint32) uint64 {
 	var h maphash.Hash
 	h.SetSeed(g.seed)
 	h.Write(chunk[:])
-	var b [5]byte
+	var b [9]byte
 	binary.LittleEndian.PutUint32(b[:4], rank)
-	b[4] = byte(len(salt))
+	binary.LittleEndian.PutUint32(b[4:8], group)
+	b[8] = byte(len(salt))
 	h.Write(b[:])
 	h.WriteString(model)
 	h.WriteByte(0)

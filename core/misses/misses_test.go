@@ -17,7 +17,7 @@ func hash(i int) keys.Hash {
 func TestGhostRemembersLatestReason(t *testing.T) {
 	g := NewGhost(64)
 	h := hash(1)
-	d := g.Digest(&h, "m", "", keys.KVRank(1, 0))
+	d := g.Digest(&h, "m", "", keys.KVRank(1, 0), 0)
 	if _, ok := g.Find(d); ok {
 		t.Fatal("empty ghost found a key")
 	}
@@ -35,13 +35,14 @@ func TestGhostRemembersLatestReason(t *testing.T) {
 func TestGhostDigestSeparatesKeyParts(t *testing.T) {
 	g := NewGhost(64)
 	h1, h2 := hash(1), hash(2)
-	base := g.Digest(&h1, "m", "", keys.KVRank(1, 0))
+	base := g.Digest(&h1, "m", "", keys.KVRank(1, 0), 0)
 	for name, d := range map[string]uint64{
-		"chunk": g.Digest(&h2, "m", "", keys.KVRank(1, 0)),
-		"model": g.Digest(&h1, "n", "", keys.KVRank(1, 0)),
-		"salt":  g.Digest(&h1, "m", "s", keys.KVRank(1, 0)),
-		"rank":  g.Digest(&h1, "m", "", keys.KVRank(2, 0)),
-		"split": g.Digest(&h1, "m\x00", "", keys.KVRank(1, 0)),
+		"chunk": g.Digest(&h2, "m", "", keys.KVRank(1, 0), 0),
+		"model": g.Digest(&h1, "n", "", keys.KVRank(1, 0), 0),
+		"salt":  g.Digest(&h1, "m", "s", keys.KVRank(1, 0), 0),
+		"rank":  g.Digest(&h1, "m", "", keys.KVRank(2, 0), 0),
+		"split": g.Digest(&h1, "m\x00", "", keys.KVRank(1, 0), 0),
+		"group": g.Digest(&h1, "m", "", keys.KVRank(1, 0), 1),
 	} {
 		if d == base {
 			t.Errorf("digest ignores the %s", name)
@@ -63,7 +64,7 @@ func TestGhostBoundedFIFO(t *testing.T) {
 	ds := make([]uint64, n)
 	for i := range ds {
 		h := hash(i)
-		ds[i] = g.Digest(&h, "m", "", 1)
+		ds[i] = g.Digest(&h, "m", "", 1, 0)
 		g.Note(ds[i], Evicted)
 	}
 	newest := 0
@@ -88,7 +89,7 @@ func TestGhostBoundedFIFO(t *testing.T) {
 	}
 	for i := n; i < n+10000; i++ {
 		h := hash(i)
-		if _, ok := g.Find(g.Digest(&h, "m", "", 1)); ok {
+		if _, ok := g.Find(g.Digest(&h, "m", "", 1, 0)); ok {
 			t.Fatalf("key %d never noted was found", i)
 		}
 	}
@@ -99,7 +100,7 @@ func TestGhostNoAllocation(t *testing.T) {
 	h := hash(7)
 	model, salt := "model", "salt"
 	allocs := testing.AllocsPerRun(1000, func() {
-		d := g.Digest(&h, model, salt, 3)
+		d := g.Digest(&h, model, salt, 3, 0)
 		g.Note(d, Evicted)
 		g.Find(d)
 	})

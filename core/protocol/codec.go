@@ -572,6 +572,8 @@ func decodeRegister(x *dec) (RegisterPayload, error) {
 			p.DtypeStr, err = decodeStr(d, x.lim.MaxString)
 		case "use_mla":
 			p.UseMLA, err = decodeLooseBool(d)
+		case "group_layouts":
+			p.GroupLayouts, err = decodeGroupLayouts(x)
 		default:
 			return false, nil
 		}
@@ -581,6 +583,57 @@ func decodeRegister(x *dec) (RegisterPayload, error) {
 		return RegisterPayload{}, err
 	}
 	return p, req.check("register payload")
+}
+
+// decodeGroupLayouts reads register's group_layouts: nil or an array of at
+// most MaxGroupLayouts GroupLayoutInfo maps.
+func decodeGroupLayouts(x *dec) ([]GroupLayout, error) {
+	d := x.d
+	if c, err := d.PeekCode(); err == nil && c == msgpcode.Nil {
+		return nil, d.DecodeNil()
+	}
+	n, err := decodeArrayLen(d)
+	if err != nil {
+		return nil, err
+	}
+	if n > MaxGroupLayouts {
+		return nil, fmt.Errorf("%d group layouts exceed the limit of %d", n, MaxGroupLayouts)
+	}
+	out := make([]GroupLayout, n)
+	for i := range out {
+		g := &out[i]
+		req := required{"block_size": false, "num_layers": false, "hidden_dim_size": false, "dtype_str": false}
+		err := mapFields(x, func(name string) (bool, error) {
+			var err error
+			if _, ok := req[name]; ok {
+				req[name] = true
+			}
+			switch name {
+			case "block_size":
+				g.BlockSize, err = decodeSmallInt(d)
+			case "num_layers":
+				g.NumLayers, err = decodeSmallInt(d)
+			case "hidden_dim_size":
+				g.HiddenDimSize, err = decodeSmallInt(d)
+			case "dtype_str":
+				g.DtypeStr, err = decodeStr(d, x.lim.MaxString)
+			case "use_mla":
+				g.UseMLA, err = decodeLooseBool(d)
+			case "tokens_per_block":
+				g.TokensPerBlock, err = decodeSmallInt(d)
+			default:
+				return false, nil
+			}
+			return true, err
+		})
+		if err == nil {
+			err = req.check("group layout")
+		}
+		if err != nil {
+			return nil, fmt.Errorf("group layout %d: %w", i, err)
+		}
+	}
+	return out, nil
 }
 
 func decodeRecords(x *dec) ([]BlockAllocationRecord, error) {

@@ -249,7 +249,7 @@ func TestAllIntWidthsEveryIntField(t *testing.T) {
 		}
 		want := protocol.RegisterPayload{InstanceID: 5, ModelName: "m", WorldSize: 5, BlockSize: 5,
 			NumLayers: 5, HiddenDimSize: 5, DtypeStr: "float16"}
-		if v.(protocol.RegisterPayload) != want {
+		if !reflect.DeepEqual(v.(protocol.RegisterPayload), want) {
 			t.Errorf("code 0x%02x: register %+v", c, v)
 		}
 		v, err = protocol.DecodeValue(protocol.TypeInt, iv)
@@ -487,5 +487,50 @@ func TestFuzzSeedCorpusCommitted(t *testing.T) {
 	entries, err := os.ReadDir(filepath.Join("testdata", "fuzz", "FuzzDecodeFrames"))
 	if err != nil || len(entries) == 0 {
 		t.Fatalf("seed corpus missing: %v", err)
+	}
+}
+
+// TestGroupLayouts covers register's group_layouts: a round trip of two
+// groups, nil as none, and the hostile shapes (too many, missing fields,
+// wrong types) refused with an error.
+func TestGroupLayouts(t *testing.T) {
+	p := protocol.RegisterPayload{InstanceID: 3, ModelName: "hy", WorldSize: 1, BlockSize: 4, NumLayers: 2,
+		HiddenDimSize: 8, DtypeStr: "float16", GroupLayouts: []protocol.GroupLayout{
+			{BlockSize: 4, NumLayers: 2, HiddenDimSize: 8, DtypeStr: "float16", TokensPerBlock: 4},
+			{BlockSize: 16, NumLayers: 1, HiddenDimSize: 32, DtypeStr: "float32", UseMLA: true, TokensPerBlock: 16},
+		}}
+	v, err := protocol.DecodeValue(protocol.TypeRegister, mustEncode(t, p))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := v.(protocol.RegisterPayload)
+	if len(got.GroupLayouts) != 2 || got.GroupLayouts[1] != p.GroupLayouts[1] || got.GroupLayouts[0] != p.GroupLayouts[0] {
+		t.Errorf("round trip: %+v", got.GroupLayouts)
+	}
+	base := []any{"instance_id", 7, "model_name", strRaw("m"), "world_size", 1, "block_size", 16,
+		"num_layers", 2, "hidden_dim_size", 64, "dtype_str", strRaw("bfloat16"), "use_mla", false}
+	if v, err := protocol.DecodeValue(protocol.TypeRegister, rawMap(append(base, "group_layouts", nil)...)); err != nil || v.(protocol.RegisterPayload).GroupLayouts != nil {
+		t.Errorf("nil group_layouts: %+v %v", v, err)
+	}
+	one := map[string]any{"block_size": 4, "num_layers": 1, "hidden_dim_size": 8, "dtype_str": "float16", "use_mla": false, "tokens_per_block": 4}
+	many := make([]any, protocol.MaxGroupLayouts+1)
+	for i := range many {
+		many[i] = one
+	}
+	for name, gl := range map[string]any{
+		"too many":      many,
+		"missing dtype": []any{map[string]any{"block_size": 4, "num_layers": 1, "hidden_dim_size": 8}},
+		"not a map":     []any{5},
+		"not an array":  "x",
+		"bad int":       []any{map[string]any{"block_size": "4", "num_layers": 1, "hidden_dim_size": 8, "dtype_str": "f"}},
+	} {
+		if _, err := protocol.DecodeValue(protocol.TypeRegister, rawMap(append(base, "group_layouts", gl)...)); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	// A lying array length fails before allocating.
+	frame := rawMap(append(base, "group_layouts", []byte{0xdd, 0x00, 0x00, 0x00, 0x10})...)
+	if _, err := protocol.DecodeValue(protocol.TypeRegister, frame); err == nil {
+		t.Error("lying group_layouts length accepted")
 	}
 }

@@ -109,6 +109,8 @@ func DecodePrepareStoreResponse(frame []byte, lim Limits) (PrepareStoreResponse,
 				r.Slots, err = decodeSlots(x)
 			case "chunk_indices":
 				r.ChunkIndices, err = decodeIndices(x)
+			case "group_ids":
+				r.GroupIDs, err = decodeIndices(x)
 			default:
 				return false, nil
 			}
@@ -140,11 +142,15 @@ func DecodePrepareRetrieveResponse(frame []byte, lim Limits) (PrepareRetrieveRes
 			r.Data, err = x.bin()
 		case "context":
 			err = mapFields(x, func(name string) (bool, error) {
-				if name != "slots" {
+				var err error
+				switch name {
+				case "slots":
+					r.Slots, err = decodeSlots(x)
+				case "group_ids":
+					r.GroupIDs, err = decodeIndices(x)
+				default:
 					return false, nil
 				}
-				var err error
-				r.Slots, err = decodeSlots(x)
 				return true, err
 			})
 		default:

@@ -64,7 +64,8 @@ func (k Key) EncodeMsgpack(e *msgpack.Encoder) error {
 }
 
 // RegisterPayload is RegisterNonGpuContextPayload (spec 2.3), also used for the
-// engine-driven register request, whose extra fields are ignored.
+// engine-driven register request (RegisterEngineDrivenContextPayload), whose
+// group_layouts describe a hybrid-attention model's KV groups.
 type RegisterPayload struct {
 	InstanceID    int64
 	ModelName     string
@@ -74,11 +75,51 @@ type RegisterPayload struct {
 	HiddenDimSize int
 	DtypeStr      string
 	UseMLA        bool
+	// GroupLayouts is empty for a plain model; a hybrid model lists one
+	// entry per KV group (the flat fields then repeat group 0's).
+	GroupLayouts []GroupLayout
 }
 
-// EncodeMsgpack writes the payload as a map of all fields in declaration order.
+// MaxGroupLayouts bounds the group_layouts a register payload may carry
+// (the decoder refuses more before allocating them); the transfer module
+// applies its own, smaller, limit with a clear error.
+const MaxGroupLayouts = 64
+
+// GroupLayout is upstream's GroupLayoutInfo: one KV group of a hybrid model.
+type GroupLayout struct {
+	BlockSize      int
+	NumLayers      int
+	HiddenDimSize  int
+	DtypeStr       string
+	UseMLA         bool
+	TokensPerBlock int
+}
+
+// EncodeMsgpack writes the group as a map of all fields in declaration order.
+func (g GroupLayout) EncodeMsgpack(e *msgpack.Encoder) error {
+	if err := e.EncodeMapLen(6); err != nil {
+		return err
+	}
+	w := fieldWriter{e: e}
+	w.int("block_size", int64(g.BlockSize))
+	w.int("num_layers", int64(g.NumLayers))
+	w.int("hidden_dim_size", int64(g.HiddenDimSize))
+	w.str("dtype_str", g.DtypeStr)
+	w.key("use_mla")
+	w.err1(e.EncodeBool(g.UseMLA))
+	w.int("tokens_per_block", int64(g.TokensPerBlock))
+	return w.err
+}
+
+// EncodeMsgpack writes the payload as a map of all fields in declaration
+// order; group_layouts only when there are some (the seed-era payload has
+// no such field).
 func (p RegisterPayload) EncodeMsgpack(e *msgpack.Encoder) error {
-	if err := e.EncodeMapLen(8); err != nil {
+	n := 8
+	if len(p.GroupLayouts) > 0 {
+		n = 9
+	}
+	if err := e.EncodeMapLen(n); err != nil {
 		return err
 	}
 	w := fieldWriter{e: e}
@@ -91,6 +132,13 @@ func (p RegisterPayload) EncodeMsgpack(e *msgpack.Encoder) error {
 	w.str("dtype_str", p.DtypeStr)
 	w.key("use_mla")
 	w.err1(e.EncodeBool(p.UseMLA))
+	if len(p.GroupLayouts) > 0 {
+		w.key("group_layouts")
+		w.err1(e.EncodeArrayLen(len(p.GroupLayouts)))
+		for _, g := range p.GroupLayouts {
+			w.err1(g.EncodeMsgpack(e))
+		}
+	}
 	return w.err
 }
 
@@ -137,11 +185,14 @@ func (s Slot) EncodeMsgpack(e *msgpack.Encoder) error {
 }
 
 // PrepareStoreResponse is {"context": {...}}: with Shm the context carries
-// "slots" and "chunk_indices", otherwise it is empty.
+// "slots" and "chunk_indices", otherwise it is empty. For a hybrid model
+// (GroupIDs not nil) the slots run group-major, each chunk index counts
+// within its group, and "group_ids" names each slot's KV group.
 type PrepareStoreResponse struct {
 	Shm          bool
 	Slots        []Slot
 	ChunkIndices []int
+	GroupIDs     []int
 }
 
 // EncodeMsgpack writes {"context": {"slots": [...], "chunk_indices": [...]}} or
@@ -156,22 +207,39 @@ func (r PrepareStoreResponse) EncodeMsgpack(e *msgpack.Encoder) error {
 		w.err1(e.EncodeMapLen(0))
 		return w.err
 	}
-	w.err1(e.EncodeMapLen(2))
+	if r.GroupIDs != nil {
+		w.err1(e.EncodeMapLen(3))
+	} else {
+		w.err1(e.EncodeMapLen(2))
+	}
 	w.slots(r.Slots)
 	w.key("chunk_indices")
 	w.err1(e.EncodeArrayLen(len(r.ChunkIndices)))
 	for _, i := range r.ChunkIndices {
 		w.err1(e.EncodeInt(int64(i)))
 	}
+	if r.GroupIDs != nil {
+		w.groupIDs(r.GroupIDs)
+	}
 	return w.err
 }
 
+func (w *fieldWriter) groupIDs(ids []int) {
+	w.key("group_ids")
+	w.err1(w.e.EncodeArrayLen(len(ids)))
+	for _, g := range ids {
+		w.err1(w.e.EncodeInt(int64(g)))
+	}
+}
+
 // PrepareRetrieveResponse is {"success", "data", "context"}; Slots nil gives an
-// empty context, otherwise {"slots": [...]}.
+// empty context, otherwise {"slots": [...]}, and for a hybrid model (GroupIDs
+// not nil) {"slots", "group_ids"}, the slots group-major.
 type PrepareRetrieveResponse struct {
-	Success bool
-	Data    []byte
-	Slots   []Slot
+	Success  bool
+	Data     []byte
+	Slots    []Slot
+	GroupIDs []int
 }
 
 // EncodeMsgpack writes the three fields in declaration order; Data is always bin.
@@ -192,6 +260,12 @@ func (r PrepareRetrieveResponse) EncodeMsgpack(e *msgpack.Encoder) error {
 	w.key("context")
 	if r.Slots == nil {
 		w.err1(e.EncodeMapLen(0))
+		return w.err
+	}
+	if r.GroupIDs != nil {
+		w.err1(e.EncodeMapLen(2))
+		w.slots(r.Slots)
+		w.groupIDs(r.GroupIDs)
 		return w.err
 	}
 	w.err1(e.EncodeMapLen(1))

@@ -57,6 +57,9 @@ type ContextInfo struct {
 	NumLayers     int
 	HiddenDimSize int
 	Layout        layout.Layout
+	// Groups lists a hybrid model's per-group layouts (Layout is group 0's);
+	// nil for a model with one KV group.
+	Groups        []layout.Layout
 	MLA           bool
 	Mode          Mode
 	Reason        string

@@ -55,6 +55,21 @@ func (m *Module) Handlers() map[string]rpc.Handler {
 			}
 			return m.CommitStore(k, id, data)
 		}),
+		protocol.CommitStoreGroup: m.reporting(func(_ context.Context, req *rpc.Request) (any, error) {
+			k, id, err := keyAndInstance(req, 4)
+			if err != nil {
+				return nil, err
+			}
+			group, err := req.Int(2)
+			if err != nil {
+				return nil, err
+			}
+			data, err := req.Bytes(3)
+			if err != nil {
+				return nil, err
+			}
+			return m.CommitStoreGroup(k, id, group, data)
+		}),
 		protocol.PrepareRetrieve: m.reporting(func(_ context.Context, req *rpc.Request) (any, error) {
 			k, id, err := keyAndInstance(req, 2)
 			if err != nil {

@@ -97,9 +97,12 @@ const DefaultMaxInstances = 1024
 const MaxModelNameBytes = 256
 
 type instance struct {
-	id         int64
-	p          protocol.RegisterPayload
-	lay        layout.Layout
+	id  int64
+	p   protocol.RegisterPayload
+	lay layout.Layout // groups[0]
+	// groups holds one layout per KV group: one for a plain model, several
+	// for a hybrid one (each group's objects live under their own keys).
+	groups     []layout.Layout
 	mode       workers.Mode
 	reason     string
 	registered time.Time
@@ -273,7 +276,7 @@ func (m *Module) Register(p protocol.RegisterPayload) (protocol.RegisterResponse
 	}
 	m.mu.Unlock()
 
-	lay, err := m.validate(p)
+	groups, err := m.validate(p)
 	if err != nil {
 		err = fmt.Errorf("register instance %d: %w", p.InstanceID, err)
 		m.event(workers.EventError, slog.LevelError, p.InstanceID, err.Error())
@@ -285,7 +288,8 @@ func (m *Module) Register(p protocol.RegisterPayload) (protocol.RegisterResponse
 		reason = "shared segment " + m.info.ShmName
 	}
 	now := m.now()
-	inst := &instance{id: p.InstanceID, p: p, lay: lay, mode: mode, reason: reason, registered: now, last: now}
+	lay := groups[0]
+	inst := &instance{id: p.InstanceID, p: p, lay: lay, groups: groups, mode: mode, reason: reason, registered: now, last: now}
 
 	m.mu.Lock()
 	if m.closed {
@@ -302,21 +306,34 @@ func (m *Module) Register(p protocol.RegisterPayload) (protocol.RegisterResponse
 		m.refused(p.InstanceID, err)
 		return protocol.RegisterResponse{}, err
 	}
-	if have, ok := m.layouts.Get(p.ModelName, p.WorldSize); ok && !have.Equal(lay) {
+	if have, ok := m.layouts.Groups(p.ModelName, p.WorldSize); ok && !layout.GroupsEqual(have, groups) {
 		m.mu.Unlock()
 		err := fmt.Errorf("register instance %d: layout %s conflicts with %s already registered for model %q world size %d",
-			p.InstanceID, lay, have, p.ModelName, p.WorldSize)
+			p.InstanceID, groupsText(groups), groupsText(have), p.ModelName, p.WorldSize)
 		m.event(workers.EventError, slog.LevelError, p.InstanceID, err.Error())
 		return protocol.RegisterResponse{}, err
 	}
 	m.instances[p.InstanceID] = inst
-	m.layouts.Add(p.ModelName, p.WorldSize, lay)
+	m.layouts.AddGroups(p.ModelName, p.WorldSize, groups)
 	m.mu.Unlock()
 
 	m.event(workers.EventRegister, slog.LevelInfo, p.InstanceID, fmt.Sprintf(
 		"instance %d registered: model %s, world size %d, layout %s, %s (%s)",
-		p.InstanceID, p.ModelName, p.WorldSize, lay, mode, reason))
+		p.InstanceID, p.ModelName, p.WorldSize, groupsText(groups), mode, reason))
 	return resp, nil
+}
+
+// groupsText renders a model's layouts: the one layout of a plain model,
+// "2 groups: [..] float16 | [..] float32" for a hybrid one.
+func groupsText(groups []layout.Layout) string {
+	if len(groups) == 1 {
+		return groups[0].String()
+	}
+	parts := make([]string, len(groups))
+	for i, l := range groups {
+		parts[i] = l.String()
+	}
+	return fmt.Sprintf("%d groups: %s", len(groups), strings.Join(parts, " | "))
 }
 
 // roomLocked refuses a new instance when server.max_instances are
@@ -335,7 +352,12 @@ func (m *Module) refused(id int64, err error) {
 	m.rateLimited("register/full", func() { m.event(workers.EventError, slog.LevelWarn, id, err.Error()) })
 }
 
-func (m *Module) validate(p protocol.RegisterPayload) (layout.Layout, error) {
+// validate checks a registration in full and returns its layouts, one per
+// KV group. A hybrid model (two or more group_layouts) gets one layout per
+// group, each sized as upstream sizes it (layout.NewGroup); with fewer the
+// flat fields describe the model, as upstream reads them, and a single
+// group entry is still checked.
+func (m *Module) validate(p protocol.RegisterPayload) ([]layout.Layout, error) {
 	var bad []string
 	if len(p.ModelName) > MaxModelNameBytes {
 		bad = append(bad, fmt.Sprintf("model_name is %d bytes: at most %d", len(p.ModelName), MaxModelNameBytes))
@@ -352,10 +374,29 @@ func (m *Module) validate(p protocol.RegisterPayload) (layout.Layout, error) {
 	if err != nil {
 		bad = append(bad, err.Error())
 	}
-	if len(bad) > 0 {
-		return layout.Layout{}, errors.New(strings.Join(bad, "; "))
+	groups := []layout.Layout{lay}
+	if n := len(p.GroupLayouts); n > layout.MaxGroups {
+		bad = append(bad, fmt.Sprintf("%d group_layouts: at most %d KV groups", n, layout.MaxGroups))
+	} else if n > 0 {
+		gs := make([]layout.Layout, n)
+		for i, g := range p.GroupLayouts {
+			gl, err := layout.NewGroup(layout.Group{
+				BlockSize: g.BlockSize, NumLayers: g.NumLayers, HiddenDimSize: g.HiddenDimSize,
+				DtypeStr: g.DtypeStr, UseMLA: g.UseMLA, TokensPerBlock: g.TokensPerBlock,
+			}, m.chunkSize)
+			if err != nil {
+				bad = append(bad, fmt.Sprintf("group %d: %v", i, err))
+			}
+			gs[i] = gl
+		}
+		if n > 1 {
+			groups = gs
+		}
 	}
-	return lay, nil
+	if len(bad) > 0 {
+		return nil, errors.New(strings.Join(bad, "; "))
+	}
+	return groups, nil
 }
 
 // Unregister handles UNREGISTER_KV_CACHE[_NON_GPU_CONTEXT] (spec 4.8): the
@@ -510,6 +551,7 @@ func (m *Module) Contexts() []workers.ContextInfo {
 			InstanceID: inst.id, Model: inst.p.ModelName, WorldSize: inst.p.WorldSize,
 			BlockSize: inst.p.BlockSize, NumLayers: inst.p.NumLayers, HiddenDimSize: inst.p.HiddenDimSize,
 			Layout: layout.Layout{Shape: append([]int(nil), inst.lay.Shape...), Dtype: inst.lay.Dtype, Bytes: inst.lay.Bytes},
+			Groups: cloneLayouts(inst.groups),
 			MLA:    inst.p.UseMLA, Mode: inst.mode, Reason: inst.reason, Registered: inst.registered, LastRequest: inst.last,
 			Stores: inst.stores, StoreFailures: inst.storeFailures, Retrieves: inst.retrieves,
 			HitChunks: inst.hitChunks, BytesIn: inst.bytesIn, BytesOut: inst.bytesOut,
@@ -517,6 +559,18 @@ func (m *Module) Contexts() []workers.ContextInfo {
 	}
 	m.mu.Unlock()
 	sort.Slice(out, func(i, j int) bool { return out[i].InstanceID < out[j].InstanceID })
+	return out
+}
+
+// cloneLayouts copies a hybrid model's group layouts (nil for one group).
+func cloneLayouts(gs []layout.Layout) []layout.Layout {
+	if len(gs) < 2 {
+		return nil
+	}
+	out := make([]layout.Layout, len(gs))
+	for i, l := range gs {
+		out[i] = layout.Layout{Shape: append([]int(nil), l.Shape...), Dtype: l.Dtype, Bytes: l.Bytes}
+	}
 	return out
 }
 
@@ -539,12 +593,16 @@ func (m *Module) Status() map[string]any {
 	meta := make(map[string]any, len(ctxs))
 	for _, c := range ctxs {
 		ids = append(ids, c.InstanceID)
-		meta[strconv.FormatInt(c.InstanceID, 10)] = map[string]any{
+		entry := map[string]any{
 			"model_name": c.Model,
 			"world_size": c.WorldSize,
 			"block_size": c.BlockSize,
 			"use_mla":    c.MLA,
 		}
+		if len(c.Groups) > 1 {
+			entry["num_groups"] = len(c.Groups)
+		}
+		meta[strconv.FormatInt(c.InstanceID, 10)] = entry
 	}
 	return map[string]any{
 		"registered_non_cuda_instance_ids": ids,

@@ -17,8 +17,60 @@ import (
 
 // emptyShm is the SHM answer when nothing was reserved: the worker reads
 // empty slots as "all cached" and skips its commit.
-func emptyShm() protocol.PrepareStoreResponse {
-	return protocol.PrepareStoreResponse{Shm: true, Slots: []protocol.Slot{}, ChunkIndices: []int{}}
+func emptyShm(inst *instance) protocol.PrepareStoreResponse {
+	r := protocol.PrepareStoreResponse{Shm: true, Slots: []protocol.Slot{}, ChunkIndices: []int{}}
+	if len(inst.groups) > 1 {
+		r.GroupIDs = []int{}
+	}
+	return r
+}
+
+// reserveGroups reserves the objects of ks not cached yet, in every KV group
+// of inst (group-major), each of its group's size, and builds the SHM
+// answer: a slot per reservation, its chunk index within its group, and for
+// a hybrid model the group of each slot. All groups are reserved or none.
+func (m *Module) reserveGroups(inst *instance, ks []keys.ObjectKey) (protocol.PrepareStoreResponse, []l1.Reservation, error) {
+	resp := protocol.PrepareStoreResponse{Shm: true, Slots: []protocol.Slot{}, ChunkIndices: []int{}}
+	if len(inst.groups) > 1 {
+		resp.GroupIDs = []int{}
+	}
+	var all []l1.Reservation
+	for g, lay := range inst.groups {
+		gks := ks
+		if g > 0 {
+			gks = keys.InGroup(ks, uint32(g))
+		}
+		res, err := m.pool.ReserveWrite(l1.InstanceOwner(inst.id), gks, lay.Bytes)
+		if err != nil {
+			m.pool.AbortWrite(all)
+			return protocol.PrepareStoreResponse{}, nil, err
+		}
+		for _, r := range res {
+			resp.Slots = append(resp.Slots, protocol.Slot{Offset: r.Offset, Length: r.Length, Shape: lay.Shape, Dtype: lay.Dtype})
+			resp.ChunkIndices = append(resp.ChunkIndices, r.Index)
+			if resp.GroupIDs != nil {
+				resp.GroupIDs = append(resp.GroupIDs, g)
+			}
+		}
+		all = append(all, res...)
+	}
+	return resp, all, nil
+}
+
+func reservedBytes(rs []l1.Reservation) int64 {
+	var n int64
+	for _, r := range rs {
+		n += r.Length
+	}
+	return n
+}
+
+// groupOf returns the layout of KV group g of inst.
+func groupOf(inst *instance, g uint32) layout.Layout {
+	if uint64(g) < uint64(len(inst.groups)) {
+		return inst.groups[g]
+	}
+	return inst.lay
 }
 
 // PrepareStore handles PREPARE_STORE (spec 4.6). SHM: reserve the keys not
@@ -42,21 +94,16 @@ func (m *Module) PrepareStore(k protocol.Key, id int64) (protocol.PrepareStoreRe
 	m.abortPendingWrite(pk)
 
 	created := m.now()
-	res, err := m.pool.ReserveWrite(l1.InstanceOwner(id), ks, inst.lay.Bytes)
+	resp, res, err := m.reserveGroups(inst, ks)
 	if errors.Is(err, l1.ErrNoSpace) || errors.Is(err, l1.ErrLockCap) {
-		m.noSpace(inst, len(ks), err)
-		return emptyShm(), nil
+		m.noSpace(inst, len(ks)*len(inst.groups), err)
+		return emptyShm(inst), nil
 	}
 	if err != nil {
 		return protocol.PrepareStoreResponse{}, fmt.Errorf("prepare store for instance %d: reserve %d chunks: %w", id, len(ks), err)
 	}
 	if len(res) == 0 {
-		return emptyShm(), nil
-	}
-	resp := protocol.PrepareStoreResponse{Shm: true, Slots: make([]protocol.Slot, len(res)), ChunkIndices: make([]int, len(res))}
-	for i, r := range res {
-		resp.Slots[i] = protocol.Slot{Offset: r.Offset, Length: r.Length, Shape: inst.lay.Shape, Dtype: inst.lay.Dtype}
-		resp.ChunkIndices[i] = r.Index
+		return emptyShm(inst), nil
 	}
 
 	m.mu.Lock()
@@ -66,7 +113,7 @@ func (m *Module) PrepareStore(k protocol.Key, id int64) (protocol.PrepareStoreRe
 		return protocol.PrepareStoreResponse{}, fmt.Errorf("prepare store: instance %d unregistered meanwhile", id)
 	}
 	prev := m.writes[pk]
-	m.writes[pk] = &pending{inst: inst, res: res, bytes: int64(len(res)) * inst.lay.Bytes, created: created}
+	m.writes[pk] = &pending{inst: inst, res: res, bytes: reservedBytes(res), created: created}
 	m.mu.Unlock()
 	if prev != nil {
 		m.pool.AbortWrite(prev.res)
@@ -117,9 +164,12 @@ func (m *Module) CommitStore(k protocol.Key, id int64, data []byte) (bool, error
 		inst.stores++
 		inst.bytesIn += p.bytes
 		m.mu.Unlock()
-		m.notePublished(p.res, inst.lay)
+		m.notePublished(p.res, inst)
 		m.noteSHMWorks(inst)
 		return true, nil
+	}
+	if len(inst.groups) > 1 {
+		return m.commitGroups(inst, k, data)
 	}
 
 	ks, pk, err := m.resolve(inst, k)
@@ -131,7 +181,7 @@ func (m *Module) CommitStore(k protocol.Key, id int64, data []byte) (bool, error
 		return false, fmt.Errorf("commit store for instance %d: decode pickled chunks: %w", id, err)
 	}
 	if m.modeOf(inst) == workers.ModeSHM {
-		if why := provesPickle(ts, len(ks), inst.lay); why != "" {
+		if why := provesPickle(ts, len(ks), inst.lay, false); why != "" {
 			// Not the commit of a worker that fell back (or someone else's
 			// bytes under this instance id): store nothing, keep the mode and
 			// the instance's pending SHM write. False, as upstream answers a
@@ -145,18 +195,125 @@ func (m *Module) CommitStore(k protocol.Key, id int64, data []byte) (bool, error
 		// release them so the pickled data can be stored.
 		m.abortPendingWrite(pk)
 	}
-	ok, err := m.commitPickle(inst, ks, ts)
+	ok, err := m.commitPickle(inst, ks, ts, inst.lay, false)
 	if err != nil {
 		return false, fmt.Errorf("commit store for instance %d: %w", id, err)
 	}
 	return ok, nil
 }
 
+// commitGroups handles a hybrid model's COMMIT_STORE with data: one
+// group-major pickle carrying every group's chunks. It must carry exactly
+// the registered number of groups; each group is then stored as
+// COMMIT_STORE_GROUP stores it, and the answer is true only when every
+// group stored everything.
+func (m *Module) commitGroups(inst *instance, k protocol.Key, data []byte) (bool, error) {
+	ks, pk, err := m.resolve(inst, k)
+	if err != nil {
+		return false, fmt.Errorf("commit store for instance %d: %w", inst.id, err)
+	}
+	gs, err := torchpickle.DecodeGroups(data, torchpickle.Limits{})
+	if err != nil {
+		return false, fmt.Errorf("commit store for instance %d: decode pickled groups: %w", inst.id, err)
+	}
+	if len(gs) != len(inst.groups) {
+		m.errorEvent("COMMIT_STORE/groups", inst.id, fmt.Sprintf(
+			"instance %d sent %d groups, registered %d: nothing stored", inst.id, len(gs), len(inst.groups)))
+		m.countFailure(inst)
+		return false, nil
+	}
+	if m.modeOf(inst) == workers.ModeSHM {
+		for g, ts := range gs {
+			if why := provesPickle(ts, len(ks), inst.groups[g], true); why != "" {
+				m.errorEvent("COMMIT_STORE/unproven", inst.id, fmt.Sprintf(
+					"instance %d (SHM) sent pickled groups that do not match it (group %d: %s): nothing stored, mode unchanged", inst.id, g, why))
+				return false, nil
+			}
+		}
+		m.noteFallback(inst)
+		m.abortPendingWrite(pk)
+	}
+	all := true
+	for g, ts := range gs {
+		ok, err := m.commitPickle(inst, keys.InGroup(ks, uint32(g)), ts, inst.groups[g], true)
+		if err != nil {
+			return false, fmt.Errorf("commit store for instance %d, group %d: %w", inst.id, g, err)
+		}
+		all = all && ok
+	}
+	return all, nil
+}
+
+// CommitStoreGroup handles COMMIT_STORE_GROUP [key, instance_id, group_idx,
+// cpu_data]: one KV group's chunks of a store, pickled as LMCache's
+// single-group serializer writes them (a list holding one list of chunks),
+// so that no single message of a large hybrid model passes msgpack's 4 GiB
+// bin limit. The group index must name a registered group (0 for a plain
+// model). Each group's objects are published by their own commit; a chunk
+// is a hit for LOOKUP only once every group of it is stored, so a store
+// whose groups did not all arrive is never served. The group's tensors
+// must be exactly one per chunk of the key, each of the group's layout:
+// otherwise the tensors that do not match are not stored and the answer
+// is false. Bad input (unknown instance or group, undecodable pickle) is
+// an error and changes nothing.
+func (m *Module) CommitStoreGroup(k protocol.Key, id int64, group int64, data []byte) (bool, error) {
+	inst, err := m.lookupInstance(id)
+	if err != nil {
+		return false, fmt.Errorf("commit store group: %w", err)
+	}
+	m.maybeSweep()
+	if group < 0 || group >= int64(len(inst.groups)) {
+		return false, fmt.Errorf("commit store group for instance %d: group %d out of range: the instance registered %d group(s)", id, group, len(inst.groups))
+	}
+	if len(data) == 0 {
+		return false, fmt.Errorf("commit store group for instance %d: no data (a group commit always carries its chunks)", id)
+	}
+	ks, pk, err := m.resolve(inst, k)
+	if err != nil {
+		return false, fmt.Errorf("commit store group for instance %d: %w", id, err)
+	}
+	gs, err := torchpickle.DecodeGroups(data, torchpickle.Limits{})
+	if err != nil {
+		return false, fmt.Errorf("commit store group for instance %d: decode pickled group: %w", id, err)
+	}
+	if len(gs) != 1 {
+		return false, fmt.Errorf("commit store group for instance %d: the pickle holds %d groups, want one", id, len(gs))
+	}
+	ts, lay := gs[0], inst.groups[group]
+	if m.modeOf(inst) == workers.ModeSHM {
+		if why := provesPickle(ts, len(ks), lay, true); why != "" {
+			m.errorEvent("COMMIT_STORE_GROUP/unproven", id, fmt.Sprintf(
+				"instance %d (SHM) sent group %d chunks that do not match it (%s): nothing stored, mode unchanged", id, group, why))
+			m.countFailure(inst)
+			return false, nil
+		}
+		m.noteFallback(inst)
+		m.abortPendingWrite(pk)
+	}
+	ok, err := m.commitPickle(inst, keys.InGroup(ks, uint32(group)), ts, lay, true)
+	if err != nil {
+		return false, fmt.Errorf("commit store group for instance %d, group %d: %w", id, group, err)
+	}
+	return ok, nil
+}
+
+// countFailure counts a store that stored nothing.
+func (m *Module) countFailure(inst *instance) {
+	m.mu.Lock()
+	inst.storeFailures++
+	m.mu.Unlock()
+}
+
 // provesPickle says why a decoded pickle commit does not prove that an SHM
 // instance's worker fell back to pickle ("" when it does): it must carry one
-// tensor per chunk of the key, each of the instance's registered layout.
-func provesPickle(ts []torchpickle.Tensor, chunks int, lay layout.Layout) string {
+// tensor per chunk of the key, each of the instance's registered layout. A
+// group commit of a key with no chunk carries nothing and proves nothing,
+// but it is harmless (emptyOK).
+func provesPickle(ts []torchpickle.Tensor, chunks int, lay layout.Layout, emptyOK bool) string {
 	if chunks == 0 {
+		if emptyOK && len(ts) == 0 {
+			return ""
+		}
 		return "the key covers no chunk"
 	}
 	if len(ts) != chunks {
@@ -215,17 +372,24 @@ func matches(t torchpickle.Tensor, lay layout.Layout) bool {
 	return true
 }
 
-// commitPickle stores the decoded chunks: tensor i goes to key i when key i is
-// not cached yet. The answer is upstream's written == reserved, except that a
-// tensor not matching the registered layout is never stored and makes it false.
-func (m *Module) commitPickle(inst *instance, ks []keys.ObjectKey, ts []torchpickle.Tensor) (bool, error) {
+// commitPickle stores the decoded chunks, of layout lay: tensor i goes to key
+// i when key i is not cached yet. The answer is upstream's written ==
+// reserved, except that a tensor not matching the layout is never stored and
+// makes it false; with exact (group commits) so does a tensor count other
+// than the key's chunk count.
+func (m *Module) commitPickle(inst *instance, ks []keys.ObjectKey, ts []torchpickle.Tensor, lay layout.Layout, exact bool) (bool, error) {
 	valid := make([]bool, len(ks))
 	rejected := 0
+	if exact && len(ts) != len(ks) {
+		rejected++
+		m.errorEvent("COMMIT_STORE/count", inst.id, fmt.Sprintf(
+			"instance %d sent %d chunks for a key of %d chunks: the missing ones are not stored", inst.id, len(ts), len(ks)))
+	}
 	for i := range ks {
 		if i >= len(ts) {
 			continue
 		}
-		if matches(ts[i], inst.lay) {
+		if matches(ts[i], lay) {
 			valid[i] = true
 			continue
 		}
@@ -233,11 +397,11 @@ func (m *Module) commitPickle(inst *instance, ks []keys.ObjectKey, ts []torchpic
 		if rejected == 1 {
 			m.errorEvent("COMMIT_STORE/layout", inst.id, fmt.Sprintf(
 				"instance %d sent chunk %d as %v %s (%d bytes); registered layout is %s (%d bytes): not stored",
-				inst.id, i, ts[i].Shape, ts[i].Dtype, len(ts[i].Data), inst.lay, inst.lay.Bytes))
+				inst.id, i, ts[i].Shape, ts[i].Dtype, len(ts[i].Data), lay, lay.Bytes))
 		}
 	}
 
-	res, err := m.pool.ReserveWrite(l1.InstanceOwner(inst.id), ks, inst.lay.Bytes)
+	res, err := m.pool.ReserveWrite(l1.InstanceOwner(inst.id), ks, lay.Bytes)
 	if errors.Is(err, l1.ErrNoSpace) || errors.Is(err, l1.ErrLockCap) {
 		m.noSpace(inst, len(ks), err)
 		res, err = nil, nil
@@ -272,7 +436,7 @@ func (m *Module) commitPickle(inst *instance, ks []keys.ObjectKey, ts []torchpic
 	if len(written) > 0 && !m.pool.FinishWrite(written) {
 		written, bytesIn = nil, 0 // a clear overtook the batch: nothing published
 	}
-	m.notePublished(written, inst.lay)
+	m.notePublished(written, inst)
 	ok := len(written) == len(res) && rejected == 0
 	m.mu.Lock()
 	if rejected > 0 {
@@ -335,12 +499,16 @@ func (m *Module) locateAll(ks []keys.ObjectKey, lay layout.Layout) (slots []prot
 // COMMIT_RETRIEVE; PICKLE answers the pickled chunks and releases at once.
 func (m *Module) PrepareRetrieve(k protocol.Key, id int64) (protocol.PrepareRetrieveResponse, error) {
 	var data []byte
-	r, err := m.prepareRetrieve(k, id, func(ts []torchpickle.Tensor) error {
+	r, err := m.prepareRetrieve(k, id, func(ts []torchpickle.Tensor, groups [][]torchpickle.Tensor) error {
+		var err error
+		if groups != nil {
+			data, err = torchpickle.AppendEncodeGroups(make([]byte, 0, max(torchpickle.EncodedGroupsSize(groups), 0)), groups)
+			return err
+		}
 		var buf []byte
 		if size := torchpickle.EncodedSize(ts); size > 0 {
 			buf = make([]byte, 0, size)
 		}
-		var err error
 		data, err = torchpickle.AppendEncode(buf, ts)
 		return err
 	})
@@ -356,14 +524,19 @@ func (m *Module) PrepareRetrieve(k protocol.Key, id int64) (protocol.PrepareRetr
 // another copy; SHM and misses answer the response.
 func (m *Module) prepareRetrieveReply(k protocol.Key, id int64) (any, error) {
 	var out protocol.Raw
-	r, err := m.prepareRetrieve(k, id, func(ts []torchpickle.Tensor) error {
-		n := torchpickle.EncodedSize(ts)
+	r, err := m.prepareRetrieve(k, id, func(ts []torchpickle.Tensor, groups [][]torchpickle.Tensor) error {
+		size := func() int { return torchpickle.EncodedSize(ts) }
+		enc := func(dst []byte) ([]byte, error) { return torchpickle.AppendEncode(dst, ts) }
+		if groups != nil {
+			size = func() int { return torchpickle.EncodedGroupsSize(groups) }
+			enc = func(dst []byte) ([]byte, error) { return torchpickle.AppendEncodeGroups(dst, groups) }
+		}
+		n := size()
 		if n < 0 {
-			_, err := torchpickle.AppendEncode(nil, ts) // for its error
+			_, err := enc(nil) // for its error
 			return err
 		}
-		b, err := protocol.AppendPickleRetrieveReply(make([]byte, 0, protocol.PickleReplySize(n)), n,
-			func(dst []byte) ([]byte, error) { return torchpickle.AppendEncode(dst, ts) })
+		b, err := protocol.AppendPickleRetrieveReply(make([]byte, 0, protocol.PickleReplySize(n)), n, enc)
 		out = b
 		return err
 	})
@@ -377,9 +550,10 @@ func (m *Module) prepareRetrieveReply(k protocol.Key, id int64) (any, error) {
 }
 
 // prepareRetrieve does the work of PREPARE_RETRIEVE; for a pickle instance it
-// calls encode with tensors that view the pool, under the read locks, and
-// answers Success with neither Data nor Slots.
-func (m *Module) prepareRetrieve(k protocol.Key, id int64, encode func([]torchpickle.Tensor) error) (protocol.PrepareRetrieveResponse, error) {
+// calls encode with tensors that view the pool, under the read locks (a
+// plain model's as ts, a hybrid model's as groups, group-major), and answers
+// Success with neither Data nor Slots.
+func (m *Module) prepareRetrieve(k protocol.Key, id int64, encode func(ts []torchpickle.Tensor, groups [][]torchpickle.Tensor) error) (protocol.PrepareRetrieveResponse, error) {
 	inst, err := m.lookupInstance(id)
 	if err != nil {
 		return protocol.PrepareRetrieveResponse{}, fmt.Errorf("prepare retrieve: %w", err)
@@ -395,7 +569,30 @@ func (m *Module) prepareRetrieve(k protocol.Key, id int64, encode func([]torchpi
 	if prev := m.takePending(m.reads, pk); prev != nil {
 		m.pool.ReturnRead(prev.refs)
 	}
-	slots, found, ok := m.locateAll(ks, inst.lay)
+	// Every group of every chunk must be there: a chunk one of whose groups
+	// was never committed is a miss, and its found groups' holds go back.
+	slots := make([]protocol.Slot, 0, len(ks)*len(inst.groups))
+	var found []l1.ReadRef
+	var groupIDs []int
+	if len(inst.groups) > 1 {
+		groupIDs = make([]int, 0, cap(slots))
+	}
+	sizes := make([]int, 0, len(inst.groups)) // slots per group
+	ok := true
+	for g, lay := range inst.groups {
+		gks := ks
+		if g > 0 {
+			gks = keys.InGroup(ks, uint32(g))
+		}
+		s, f, gok := m.locateAll(gks, lay)
+		slots, found, ok = append(slots, s...), append(found, f...), ok && gok
+		sizes = append(sizes, len(s))
+		if groupIDs != nil {
+			for range s {
+				groupIDs = append(groupIDs, g)
+			}
+		}
+	}
 	if !ok {
 		if len(found) > 0 {
 			m.pool.ReleaseRead(found)
@@ -405,7 +602,10 @@ func (m *Module) prepareRetrieve(k protocol.Key, id int64, encode func([]torchpi
 		m.mu.Unlock()
 		return protocol.PrepareRetrieveResponse{Success: false}, nil
 	}
-	total := int64(len(ks)) * inst.lay.Bytes
+	var total int64
+	for _, lay := range inst.groups {
+		total += int64(len(ks)) * lay.Bytes
+	}
 
 	if m.modeOf(inst) == workers.ModeSHM {
 		m.mu.Lock()
@@ -425,7 +625,7 @@ func (m *Module) prepareRetrieve(k protocol.Key, id int64, encode func([]torchpi
 			// coming back.
 			m.pool.ReleaseRead(prev.refs)
 		}
-		return protocol.PrepareRetrieveResponse{Success: true, Slots: slots}, nil
+		return protocol.PrepareRetrieveResponse{Success: true, Slots: slots, GroupIDs: groupIDs}, nil
 	}
 
 	// The tensors view the pool directly: the read locks keep the objects in
@@ -443,7 +643,17 @@ func (m *Module) prepareRetrieve(k protocol.Key, id int64, encode func([]torchpi
 		ts[i] = torchpickle.Tensor{Dtype: s.Dtype, Shape: s.Shape, Data: b}
 	}
 	if err == nil {
-		err = encode(ts)
+		if len(inst.groups) > 1 {
+			groups := make([][]torchpickle.Tensor, len(sizes))
+			at := 0
+			for g, n := range sizes {
+				groups[g] = ts[at : at+n]
+				at += n
+			}
+			err = encode(nil, groups)
+		} else {
+			err = encode(ts, nil)
+		}
 	}
 	for _, release := range releases {
 		release()
@@ -617,14 +827,22 @@ func (m *Module) errorEvent(kind string, id int64, msg string) {
 	m.rateLimited(kind, func() { m.event(workers.EventError, slog.LevelError, id, msg) })
 }
 
-// notePublished hands the keys of published reservations to Deps.Published.
-func (m *Module) notePublished(rs []l1.Reservation, lay layout.Layout) {
+// notePublished hands the keys of published reservations to Deps.Published,
+// a batch per KV group with that group's layout (each tier value carries its
+// own group's layout).
+func (m *Module) notePublished(rs []l1.Reservation, inst *instance) {
 	if m.published == nil || len(rs) == 0 {
 		return
 	}
-	ks := make([]keys.ObjectKey, len(rs))
-	for i, r := range rs {
-		ks[i] = r.Key
+	for g := range inst.groups {
+		var ks []keys.ObjectKey
+		for _, r := range rs {
+			if r.Key.Group == uint32(g) {
+				ks = append(ks, r.Key)
+			}
+		}
+		if len(ks) > 0 {
+			m.published(ks, groupOf(inst, uint32(g)))
+		}
 	}
-	m.published(ks, lay)
 }

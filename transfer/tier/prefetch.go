@@ -24,9 +24,17 @@ func (s *Set) Prefetch(ctx context.Context, model string, worldSize int, ks []ke
 	if len(s.tiers) == 0 || per <= 0 || len(ks) < per || count <= 0 {
 		return 0
 	}
-	lay, ok := s.layouts.Get(model, worldSize)
-	if !ok {
-		return 0
+	// Each key is named and verified under its own group's layout.
+	lays := make(map[uint32]layout.Layout, 1)
+	for _, k := range ks[:min(len(ks), MaxPrefetchKeys)] {
+		if _, seen := lays[k.Group]; seen {
+			continue
+		}
+		lay, ok := s.layouts.GroupLayout(model, worldSize, k.Group)
+		if !ok {
+			return 0
+		}
+		lays[k.Group] = lay
 	}
 	select {
 	case s.jobs <- struct{}{}:
@@ -46,7 +54,7 @@ func (s *Set) Prefetch(ctx context.Context, model string, worldSize int, ks []ke
 	ks = ks[:min(len(ks), MaxPrefetchKeys)/per*per]
 	names := make([]string, len(ks))
 	for i, k := range ks {
-		names[i] = Key(k, lay)
+		names[i] = Key(k, lays[k.Group])
 	}
 	owner := s.find(ctx, names, per)
 	chunks := len(owner)
@@ -77,7 +85,7 @@ launch:
 			defer s.wg.Done()
 			defer func() { <-s.inflight }()
 			ck := ks[c*per : (c+1)*per]
-			ok := s.loadChunk(ctx, m, ck, names[c*per:(c+1)*per], lay, count)
+			ok := s.loadChunk(ctx, m, ck, names[c*per:(c+1)*per], lays, count)
 			j.finish(c, ok, ck, count, s.pool)
 		}()
 	}
@@ -164,9 +172,9 @@ func (j *loadJob) settle(ks []keys.ObjectKey, per, count int, pool Pool) int {
 
 // loadChunk loads every key of one chunk from m into L1 and read-locks
 // them count times; false, with nothing left locked, on any failure.
-func (s *Set) loadChunk(ctx context.Context, m *member, ck []keys.ObjectKey, names []string, lay layout.Layout, count int) bool {
+func (s *Set) loadChunk(ctx context.Context, m *member, ck []keys.ObjectKey, names []string, lays map[uint32]layout.Layout, count int) bool {
 	for i, k := range ck {
-		if !s.loadKey(ctx, m, k, names[i], lay) {
+		if !s.loadKey(ctx, m, k, names[i], lays[k.Group]) {
 			return false
 		}
 	}

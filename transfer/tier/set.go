@@ -32,7 +32,10 @@ type Pool interface {
 
 // Layouts resolves a worker group's registered layout; *layout.Registry is one.
 type Layouts interface {
-	Get(model string, worldSize int) (layout.Layout, bool)
+	// GroupLayout is the layout of KV group g of (model, worldSize): each
+	// group of a hybrid model has its own, and its values are stored,
+	// named and verified under it.
+	GroupLayout(model string, worldSize int, g uint32) (layout.Layout, bool)
 }
 
 // Store policies.

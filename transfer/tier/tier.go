@@ -60,8 +60,11 @@ var ErrNotFound = errors.New("tier: not found")
 // Key is the backend key of k stored with layout lay (in the value format
 // of this Version):
 //
-//	<hex of the full chunk hash>@<model>@<KV rank, 8 hex>@<Fingerprint(lay)>[@<salt>]
+//	<hex of the full chunk hash>@<model>@<KV rank, 8 hex>[/g<group>]@<Fingerprint(lay)>[@<salt>]
 //
+// The KV group (object_group_id) appears for groups other than 0, so a
+// hybrid model's groups never share a key even when two of them have the
+// same layout, and every other model keeps the names it always had.
 // Two hosts with the same model, chunking and layout produce the same keys,
 // so they share a tier. Hosts that register the same model name with another
 // layout (another dtype, hidden size, layer count or chunk size) get other
@@ -74,7 +77,11 @@ func Key(k keys.ObjectKey, lay layout.Layout) string {
 	b.WriteString(hex.EncodeToString(k.Chunk[:]))
 	b.WriteByte('@')
 	b.WriteString(k.Model)
-	fmt.Fprintf(&b, "@%08x@", k.KVRank)
+	fmt.Fprintf(&b, "@%08x", k.KVRank)
+	if k.Group != 0 {
+		fmt.Fprintf(&b, "/g%d", k.Group)
+	}
+	b.WriteByte('@')
 	b.WriteString(Fingerprint(lay))
 	if k.Salt != "" {
 		b.WriteByte('@')

@@ -170,7 +170,7 @@ func TestHeaderRoundTripAndRejections(t *testing.T) {
 // fakeLayouts answers one layout for every group.
 type fakeLayouts struct{ l layout.Layout }
 
-func (f fakeLayouts) Get(string, int) (layout.Layout, bool) { return f.l, true }
+func (f fakeLayouts) GroupLayout(string, int, uint32) (layout.Layout, bool) { return f.l, true }
 
 func openPool(t *testing.T, size int64) *l1.Pool {
 	t.Helper()

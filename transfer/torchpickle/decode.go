@@ -111,13 +111,9 @@ func decode(data []byte, limits Limits) ([]Tensor, usage, error) {
 }
 
 func (st *decodeState) decode(data []byte) ([]Tensor, error) {
-	m := newMachine(data, st, false)
-	v, err := m.run()
+	v, err := st.top(data)
 	if err != nil {
 		return nil, err
-	}
-	if m.pos != len(data) {
-		return nil, fmt.Errorf("%d trailing bytes after STOP: %w", len(data)-m.pos, ErrMalformed)
 	}
 	l, ok := v.(*list)
 	if !ok {
@@ -132,6 +128,94 @@ func (st *decodeState) decode(data []byte) ([]Tensor, error) {
 		out[i] = tv.t
 	}
 	return out, nil
+}
+
+// top runs the machine over the whole input and returns its one object.
+func (st *decodeState) top(data []byte) (any, error) {
+	m := newMachine(data, st, false)
+	v, err := m.run()
+	if err != nil {
+		return nil, err
+	}
+	if m.pos != len(data) {
+		return nil, fmt.Errorf("%d trailing bytes after STOP: %w", len(data)-m.pos, ErrMalformed)
+	}
+	return v, nil
+}
+
+// DecodeGroups reads the group-major pickle a hybrid model's worker sends:
+// a list with one list per KV group, each item a tensor or the tagged pair
+// ("tensor", tensor) that LMCache's multi-group serializer writes. Its
+// other tag, ("fp8", numpy array, dtype), needs numpy's globals and is
+// refused as forbidden, as is every other shape. Limits apply to the whole
+// input; the result is never partially valid.
+func DecodeGroups(data []byte, limits Limits) ([][]Tensor, error) {
+	st := &decodeState{lim: limits.resolve(len(data)), emptyTuple: &tuple{depth: 1}}
+	st.copyBudget = st.lim.MaxCopyBytes
+	out, err := st.decodeGroups(data)
+	if err != nil {
+		return nil, fmt.Errorf("torchpickle: %w", err)
+	}
+	return out, nil
+}
+
+func (st *decodeState) decodeGroups(data []byte) ([][]Tensor, error) {
+	v, err := st.top(data)
+	if err != nil {
+		return nil, err
+	}
+	outer, ok := v.(*list)
+	if !ok {
+		return nil, fmt.Errorf("top-level object is %s, want a list of groups: %w", typeName(v), ErrMalformed)
+	}
+	out := make([][]Tensor, len(outer.items))
+	total := 0
+	for g, it := range outer.items {
+		inner, ok := it.(*list)
+		if !ok {
+			return nil, fmt.Errorf("group %d is %s, want a list of tensors: %w", g, typeName(it), ErrMalformed)
+		}
+		// Groups may all be one memoised list: the tensors are counted over
+		// all of them, so the result is never larger than MaxTensors.
+		if total += len(inner.items); total > st.lim.MaxTensors {
+			return nil, fmt.Errorf("more than %d tensors over all groups (Limits.MaxTensors): %w", st.lim.MaxTensors, ErrLimit)
+		}
+		ts := make([]Tensor, len(inner.items))
+		for i, item := range inner.items {
+			t, err := groupItem(item)
+			if err != nil {
+				return nil, fmt.Errorf("group %d item %d: %w", g, i, err)
+			}
+			ts[i] = t
+		}
+		out[g] = ts
+	}
+	return out, nil
+}
+
+// groupItem unwraps one item of a group: a tensor or ("tensor", tensor).
+func groupItem(v any) (Tensor, error) {
+	if tv, ok := v.(*tensorVal); ok {
+		return tv.t, nil
+	}
+	tp, ok := v.(*tuple)
+	if !ok {
+		return Tensor{}, fmt.Errorf("%s, want a tensor or a (\"tensor\", tensor) pair: %w", typeName(v), ErrMalformed)
+	}
+	if len(tp.items) >= 1 {
+		if tag, ok := tp.items[0].(str); ok && string(tag) != "tensor" {
+			return Tensor{}, fmt.Errorf("chunk tagged %q: only \"tensor\" is supported: %w", printable(string(tag)), ErrMalformed)
+		}
+	}
+	if len(tp.items) != 2 {
+		return Tensor{}, fmt.Errorf("tuple of %d items, want (\"tensor\", tensor): %w", len(tp.items), ErrMalformed)
+	}
+	tag, ok := tp.items[0].(str)
+	tv, ok2 := tp.items[1].(*tensorVal)
+	if !ok || string(tag) != "tensor" || !ok2 {
+		return Tensor{}, fmt.Errorf("(%s, %s), want (\"tensor\", tensor): %w", typeName(tp.items[0]), typeName(tp.items[1]), ErrMalformed)
+	}
+	return tv.t, nil
 }
 
 type machine struct {
@@ -690,7 +774,10 @@ func (m *machine) appendTo(items []any) error {
 	if !ok {
 		return m.errf(ErrMalformed, "%s to %s, want a list", opName(m.data[m.op]), typeName(lv))
 	}
-	// The only lists are the tensors of a message and a container's storage keys.
+	// The only lists are the tensors of a message, a hybrid model's groups
+	// (lists of tensors or of ("tensor", tensor) pairs) and a container's
+	// storage keys. Nothing walks a list's items recursively, so a list
+	// that holds itself costs no more than any other.
 	if len(items) > m.st.lim.MaxTensors-len(l.items) {
 		return m.errf(ErrLimit, "list longer than %d items (Limits.MaxTensors)", m.st.lim.MaxTensors)
 	}
@@ -702,7 +789,7 @@ func (m *machine) appendTo(items []any) error {
 	}
 	for _, it := range items {
 		switch it.(type) {
-		case *tensorVal, str, int64:
+		case *tensorVal, str, int64, *list, *tuple:
 		default:
 			return m.errf(ErrMalformed, "list item of type %s not supported", typeName(it))
 		}

@@ -71,38 +71,74 @@ const appendsBatch = 1000
 // EncodedSize returns the exact number of bytes AppendEncode appends for ts,
 // so callers can allocate once. It returns -1 if ts cannot be encoded.
 func EncodedSize(ts []Tensor) int {
-	n, err := encodedSize(ts)
+	n, err := encodedSize([][]Tensor{ts}, false)
 	if err != nil {
 		return -1
 	}
 	return n
 }
 
-func encodedSize(ts []Tensor) (int, error) {
+// EncodedGroupsSize is EncodedSize for AppendEncodeGroups.
+func EncodedGroupsSize(groups [][]Tensor) int {
+	n, err := encodedSize(groups, true)
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
+// encodedSize sizes the pickle of groups: nested, a list of lists; else
+// groups[0] as one list.
+func encodedSize(groups [][]Tensor, nested bool) (int, error) {
+	if nested && len(groups) > appendsBatch {
+		return 0, fmt.Errorf("%d groups: at most %d: %w", len(groups), appendsBatch, ErrInvalidTensor)
+	}
 	total := 2 + frameHdr + 1 // PROTO, first FRAME, EMPTY_LIST
-	if len(ts) == 0 {
-		return total + 1, nil // STOP
-	}
-	total++                                     // MARK (for APPENDS)
-	total += 2 * ((len(ts) - 1) / appendsBatch) // APPENDS, MARK between batches
 	var ms memoSlots
-	for i := range ts {
-		dt, numel, err := checkTensor(&ts[i], i)
-		if err != nil {
-			return 0, err
+	i0 := 0
+	if nested {
+		if len(groups) > 0 {
+			total += 2 // MARK ... APPENDS
 		}
-		total += segA(&ms, dt) + segB(&ms, &ts[i], dt)
-		c := containerSize(dt, numel, len(ts[i].Data))
-		total += bytesHdr(c) + c
-		total += frameHdr // the frame that follows this container
+		total += len(groups) // an EMPTY_LIST per group
 	}
-	return total + 2, nil // APPENDS, STOP
+	for _, ts := range groups {
+		if len(ts) > 0 {
+			total++                                     // MARK (for APPENDS)
+			total += 2 * ((len(ts) - 1) / appendsBatch) // APPENDS, MARK between batches
+			total++                                     // APPENDS
+		}
+		for i := range ts {
+			dt, numel, err := checkTensor(&ts[i], i0+i)
+			if err != nil {
+				return 0, err
+			}
+			total += segA(&ms, dt) + segB(&ms, &ts[i], dt)
+			c := containerSize(dt, numel, len(ts[i].Data))
+			total += bytesHdr(c) + c
+			total += frameHdr // the frame that follows this container
+		}
+		i0 += len(ts)
+	}
+	return total + 1, nil // STOP
 }
 
 // AppendEncode appends a pickle of ts to dst and returns the extended slice.
 // Every tensor must hold len(Data) == prod(Shape) × element size.
 func AppendEncode(dst []byte, ts []Tensor) ([]byte, error) {
-	size, err := encodedSize(ts)
+	return appendEncode(dst, [][]Tensor{ts}, false)
+}
+
+// AppendEncodeGroups appends a pickle of a list of lists of tensors, one
+// list per KV group: what a hybrid model's worker unpickles as its groups'
+// chunks (plain tensors, which LMCache's multi-group deserializer takes as
+// they are).
+func AppendEncodeGroups(dst []byte, groups [][]Tensor) ([]byte, error) {
+	return appendEncode(dst, groups, true)
+}
+
+func appendEncode(dst []byte, groups [][]Tensor, nested bool) ([]byte, error) {
+	size, err := encodedSize(groups, nested)
 	if err != nil {
 		return dst, fmt.Errorf("torchpickle: encode: %w", err)
 	}
@@ -116,21 +152,44 @@ func AppendEncode(dst []byte, ts []Tensor) ([]byte, error) {
 	frame := len(dst)
 	dst = openFrame(dst)
 	dst = append(dst, opEMPTY_LIST)
+	if nested && len(groups) > 0 {
+		dst = append(dst, opMARK)
+	}
+	var ms memoSlots
+	for _, ts := range groups {
+		if nested {
+			dst = append(dst, opEMPTY_LIST)
+		}
+		dst, frame = appendTensors(dst, frame, &ms, ts)
+	}
+	if nested && len(groups) > 0 {
+		dst = append(dst, opAPPENDS)
+	}
+	dst = append(dst, opSTOP)
+	closeFrame(dst, frame)
+	if len(dst)-start != size {
+		return dst, fmt.Errorf("torchpickle: encode: wrote %d bytes, computed %d", len(dst)-start, size)
+	}
+	return dst, nil
+}
+
+// appendTensors appends the items of the list on top of the stack (MARK,
+// the tensors, APPENDS, in batches) inside the frame opened at frame, and
+// returns the extended slice and the frame open at its end. The tensors
+// must have passed checkTensor.
+func appendTensors(dst []byte, frame int, ms *memoSlots, ts []Tensor) ([]byte, int) {
 	if len(ts) == 0 {
-		dst = append(dst, opSTOP)
-		closeFrame(dst, frame)
-		return dst, nil
+		return dst, frame
 	}
 	dst = append(dst, opMARK)
-	var ms memoSlots
 	for i := range ts {
 		t := &ts[i]
 		dt, _ := dtypeByName(t.Dtype)
 		numel := len(t.Data) / dt.size
 		// Segment A: rebuild callable, MARK for its argument tuple, loader callable.
-		dst = appendGlobal(dst, &ms, rebuildSlot(dt))
+		dst = appendGlobal(dst, ms, rebuildSlot(dt))
 		dst = append(dst, opMARK)
-		dst = appendGlobal(dst, &ms, globalRef{slotLoad, strLoadMod, strLoadName})
+		dst = appendGlobal(dst, ms, globalRef{slotLoad, strLoadMod, strLoadName})
 		closeFrame(dst, frame)
 		// The container, unframed.
 		c := containerSize(dt, numel, len(t.Data))
@@ -150,22 +209,17 @@ func AppendEncode(dst []byte, ts []Tensor) ([]byte, error) {
 			dst = appendInt(dst, rowMajorStride(t.Shape, j))
 		}
 		dst = append(dst, opTUPLE, opNEWFALSE)
-		dst = appendGlobal(dst, &ms, globalRef{slotOD, strODMod, strODName})
+		dst = appendGlobal(dst, ms, globalRef{slotOD, strODMod, strODName})
 		dst = append(dst, opEMPTY_TUPLE, opREDUCE)
 		if untypedInTorch(dt) {
-			dst = appendGlobal(dst, &ms, dtypeSlot(dt))
+			dst = appendGlobal(dst, ms, dtypeSlot(dt))
 		}
 		dst = append(dst, opTUPLE, opREDUCE)
 		if (i+1)%appendsBatch == 0 && i+1 < len(ts) {
 			dst = append(dst, opAPPENDS, opMARK)
 		}
 	}
-	dst = append(dst, opAPPENDS, opSTOP)
-	closeFrame(dst, frame)
-	if len(dst)-start != size {
-		return dst, fmt.Errorf("torchpickle: encode: wrote %d bytes, computed %d", len(dst)-start, size)
-	}
-	return dst, nil
+	return append(dst, opAPPENDS), frame
 }
 
 func checkTensor(t *Tensor, i int) (*dtypeInfo, int, error) {

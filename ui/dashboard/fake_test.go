@@ -99,8 +99,10 @@ func newFakeEngine(t *testing.T) *fakeEngine {
 	lay := mustLayout(t, 32, 256, 1024, "bfloat16")
 	small := mustLayout(t, 24, 256, 512, "float16")
 	contexts := []workers.ContextInfo{
+		// A hybrid model: a second KV group of another layout.
 		{InstanceID: 4242, Model: "meta-llama/Llama-3.1-8B", WorldSize: 1, BlockSize: 16, NumLayers: 32, HiddenDimSize: 1024,
-			Layout: lay, Mode: workers.ModeSHM, Reason: "segment lmcache_l1_pool_demo attached",
+			Layout: lay, Groups: []layout.Layout{lay, mustLayout(t, 8, 256, 256, "float32")},
+			Mode: workers.ModeSHM, Reason: "segment lmcache_l1_pool_demo attached",
 			Registered: t0.Add(-2 * time.Hour), LastRequest: t0.Add(-3 * time.Second),
 			Stores: 120, Retrieves: 80, HitChunks: 640, BytesIn: 3 << 30, BytesOut: 2 << 30},
 		{InstanceID: 4243, Model: "meta-llama/Llama-3.1-8B", WorldSize: 2, BlockSize: 16, NumLayers: 32, HiddenDimSize: 1024,

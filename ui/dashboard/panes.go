@@ -12,6 +12,7 @@ import (
 	"github.com/charmbracelet/x/ansi"
 
 	"kvdock/core/engine"
+	"kvdock/core/layout"
 	"kvdock/core/workers"
 )
 
@@ -152,16 +153,26 @@ var ctxColumns = []ctxColumn{
 		less: func(a, b workers.ContextInfo) int { return b.LastRequest.Compare(a.LastRequest) }},
 }
 
+// layoutText is the context's chunk layout (group 0's for a hybrid model,
+// with the count of its other groups).
 func layoutText(c workers.ContextInfo) string {
-	dims := make([]string, len(c.Layout.Shape))
-	for i, d := range c.Layout.Shape {
+	s := shapeText(c.Layout)
+	if n := len(c.Groups); n > 1 {
+		s += fmt.Sprintf(" +%dg", n-1) // "+1g": one more KV group (details list them)
+	}
+	return s
+}
+
+func shapeText(l layout.Layout) string {
+	dims := make([]string, len(l.Shape))
+	for i, d := range l.Shape {
 		dims[i] = strconv.Itoa(d)
 	}
 	s := strings.Join(dims, "x")
 	if s == "" {
 		s = "?"
 	}
-	return s + " " + c.Layout.Dtype
+	return s + " " + l.Dtype
 }
 
 // filterColumn is the column a filter names ("model:llama" names MODEL by
@@ -389,14 +400,20 @@ func (m *Model) renderDetails(c workers.ContextInfo) string {
 	lines := []string{
 		m.st.Title.Render(fmt.Sprintf("Instance %d", c.InstanceID)) + "  " + c.Model + fmt.Sprintf("  world size %d", c.WorldSize),
 		"  mode       " + string(c.Mode) + ": " + c.Reason,
-		fmt.Sprintf("  layout     %s%s, %s per chunk", layoutText(c), mla, bytesText(c.Layout.Bytes)),
+		fmt.Sprintf("  layout     %s%s, %s per chunk", shapeText(c.Layout), mla, bytesText(c.Layout.Bytes)),
+	}
+	// A hybrid model: one line per KV group (group 0 is the layout above).
+	for g := 1; g < len(c.Groups); g++ {
+		lines = append(lines, fmt.Sprintf("  group %-4d %s, %s per chunk", g, shapeText(c.Groups[g]), bytesText(c.Groups[g].Bytes)))
+	}
+	lines = append(lines,
 		fmt.Sprintf("  geometry   block %d, %d layers, hidden %d", c.BlockSize, c.NumLayers, c.HiddenDimSize),
 		fmt.Sprintf("  stores     %d (%d failed)   retrieves %d   hit chunks %d", c.Stores, c.StoreFailures, c.Retrieves, c.HitChunks),
 		m.contextMissLine(c.Model, c.WorldSize, m.width),
 		fmt.Sprintf("  bytes      in %s   out %s", bytesText(c.BytesIn), bytesText(c.BytesOut)),
-		"  registered " + reg,
-		"  last req   " + ageText(m.opts.Now(), c.LastRequest),
-	}
+		"  registered "+reg,
+		"  last req   "+ageText(m.opts.Now(), c.LastRequest),
+	)
 	return "\n" + strings.Join(lines, "\n") + "\n"
 }
 

@@ -714,3 +714,44 @@ func TestNonLoopbackWithoutTokenWarns(t *testing.T) {
 		}
 	}
 }
+
+// TestStatusShowsGroups: a hybrid model's context lists its KV groups in
+// /status (each group's dtype, shape and chunk bytes) and upstream's meta
+// carries num_groups; a plain model's context has no groups field.
+func TestStatusShowsGroups(t *testing.T) {
+	h := start(t, "")
+	h.register()
+	r := h.call(protocol.RegisterKVCacheNonGPUContext, protocol.RegisterPayload{InstanceID: 8, ModelName: "hy",
+		WorldSize: 1, BlockSize: chunk, NumLayers: layers, HiddenDimSize: hidden, DtypeStr: "float16",
+		GroupLayouts: []protocol.GroupLayout{
+			{BlockSize: chunk, NumLayers: layers, HiddenDimSize: hidden, DtypeStr: "float16"},
+			{BlockSize: chunk, NumLayers: 1, HiddenDimSize: 2 * hidden, DtypeStr: "float32"},
+		}})
+	var resp map[string]any
+	if err := r.Decode(&resp); err != nil {
+		t.Fatal(err)
+	}
+	var raw struct {
+		Meta     map[string]map[string]any `json:"non_cuda_context_meta"`
+		Contexts []map[string]any          `json:"contexts"`
+	}
+	h.getJSON("/status", &raw)
+	if len(raw.Contexts) != 2 {
+		t.Fatalf("contexts = %v", raw.Contexts)
+	}
+	if _, ok := raw.Contexts[0]["groups"]; ok {
+		t.Errorf("a plain model lists groups: %v", raw.Contexts[0])
+	}
+	gs, _ := raw.Contexts[1]["groups"].([]any)
+	if len(gs) != 2 {
+		t.Fatalf("hybrid context groups = %v", raw.Contexts[1]["groups"])
+	}
+	g1, _ := gs[1].(map[string]any)
+	if g1["dtype"] != "float32" || fmt.Sprint(g1["shape"]) != fmt.Sprint([]any{2.0, 1.0, float64(chunk), float64(2 * hidden)}) ||
+		g1["chunk_bytes"] != float64(2*chunk*2*hidden*4) {
+		t.Errorf("group 1 = %v", g1)
+	}
+	if raw.Meta["8"]["num_groups"] != float64(2) {
+		t.Errorf("meta = %v", raw.Meta["8"])
+	}
+}

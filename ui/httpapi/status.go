@@ -82,6 +82,9 @@ type ContextMeta struct {
 	WorldSize int    `json:"world_size"`
 	BlockSize int    `json:"block_size"`
 	UseMLA    bool   `json:"use_mla"`
+	// NumGroups is a hybrid model's KV group count (kvdock's addition; absent
+	// for a model with one group, as upstream's meta has no such key).
+	NumGroups int `json:"num_groups,omitempty"`
 }
 
 // StorageManager is the verified part of upstream's storage_manager report.
@@ -148,26 +151,36 @@ type PoolStatus struct {
 // ContextStatus is one registered worker context: its layout, its transfer
 // mode (SHM or PICKLE) with the reason, and its counters.
 type ContextStatus struct {
-	InstanceID    int64      `json:"instance_id"`
-	ModelName     string     `json:"model_name"`
-	WorldSize     int        `json:"world_size"`
-	BlockSize     int        `json:"block_size"`
-	NumLayers     int        `json:"num_layers"`
-	HiddenDimSize int        `json:"hidden_dim_size"`
-	UseMLA        bool       `json:"use_mla"`
-	Dtype         string     `json:"dtype"`
-	Shape         []int      `json:"shape"`
-	ChunkBytes    int64      `json:"chunk_bytes"`
-	Mode          string     `json:"mode"`
-	Reason        string     `json:"reason"`
-	RegisteredAt  time.Time  `json:"registered_at"`
-	LastRequestAt *time.Time `json:"last_request_at,omitempty"`
-	Stores        int64      `json:"stores"`
-	StoreFailures int64      `json:"store_failures"`
-	Retrieves     int64      `json:"retrieves"`
-	HitChunks     int64      `json:"hit_chunks"`
-	BytesIn       int64      `json:"bytes_in"`
-	BytesOut      int64      `json:"bytes_out"`
+	InstanceID    int64  `json:"instance_id"`
+	ModelName     string `json:"model_name"`
+	WorldSize     int    `json:"world_size"`
+	BlockSize     int    `json:"block_size"`
+	NumLayers     int    `json:"num_layers"`
+	HiddenDimSize int    `json:"hidden_dim_size"`
+	UseMLA        bool   `json:"use_mla"`
+	Dtype         string `json:"dtype"`
+	Shape         []int  `json:"shape"`
+	ChunkBytes    int64  `json:"chunk_bytes"`
+	// Groups lists a hybrid model's KV groups (dtype, shape, chunk_bytes
+	// above are group 0's); absent for a model with one group.
+	Groups        []GroupStatus `json:"groups,omitempty"`
+	Mode          string        `json:"mode"`
+	Reason        string        `json:"reason"`
+	RegisteredAt  time.Time     `json:"registered_at"`
+	LastRequestAt *time.Time    `json:"last_request_at,omitempty"`
+	Stores        int64         `json:"stores"`
+	StoreFailures int64         `json:"store_failures"`
+	Retrieves     int64         `json:"retrieves"`
+	HitChunks     int64         `json:"hit_chunks"`
+	BytesIn       int64         `json:"bytes_in"`
+	BytesOut      int64         `json:"bytes_out"`
+}
+
+// GroupStatus is one KV group's chunk layout.
+type GroupStatus struct {
+	Dtype      string `json:"dtype"`
+	Shape      []int  `json:"shape"`
+	ChunkBytes int64  `json:"chunk_bytes"`
 }
 
 // TransferStatus are the non-GPU transfer module's counters.
@@ -331,13 +344,18 @@ func NewStatus(s engine.Snapshot) Status {
 	for _, c := range s.Contexts {
 		out.RegisteredNonCudaInstanceIDs = append(out.RegisteredNonCudaInstanceIDs, c.InstanceID)
 		out.NonCudaContextMeta[strconv.FormatInt(c.InstanceID, 10)] = ContextMeta{
-			ModelName: c.Model, WorldSize: c.WorldSize, BlockSize: c.BlockSize, UseMLA: c.MLA,
+			ModelName: c.Model, WorldSize: c.WorldSize, BlockSize: c.BlockSize, UseMLA: c.MLA, NumGroups: len(c.Groups),
 		}
 		shape := c.Layout.Shape
 		if shape == nil {
 			shape = []int{}
 		}
+		var groups []GroupStatus
+		for _, g := range c.Groups {
+			groups = append(groups, GroupStatus{Dtype: g.Dtype, Shape: append([]int{}, g.Shape...), ChunkBytes: g.Bytes})
+		}
 		out.Contexts = append(out.Contexts, ContextStatus{
+			Groups:     groups,
 			InstanceID: c.InstanceID, ModelName: c.Model, WorldSize: c.WorldSize, BlockSize: c.BlockSize,
 			NumLayers: c.NumLayers, HiddenDimSize: c.HiddenDimSize, UseMLA: c.MLA,
 			Dtype: c.Layout.Dtype, Shape: shape, ChunkBytes: c.Layout.Bytes,
