@@ -134,6 +134,7 @@ type Module struct {
 	replaced, expired, evicted, answered   atomic.Int64
 	freedKeys, touchedKeys                 atomic.Int64
 	tierHits, tierJobs, tierSkipped        atomic.Int64
+	groups                                 groups
 }
 
 type job struct {
@@ -278,6 +279,7 @@ func (m *Module) Lookup(r keys.KeyRequest, tpSize int) error {
 	hit := m.reservePrefix(ks, count)
 	m.hitChunks.Add(int64(hit))
 	m.hitTk.Add(int64(hit * m.sessions.Hasher().ChunkSize()))
+	m.groups.add(r.Model, r.WorldSize, ks.Chunks(), hit, m.sessions.Hasher().ChunkSize())
 	if m.tiers == nil || hit >= ks.Chunks() {
 		m.put(r.RequestID, hit, false)
 		return nil

@@ -1,0 +1,51 @@
+package lookup
+
+import (
+	"fmt"
+	"testing"
+
+	"kvdock/core/keys"
+)
+
+func TestGroupStatsPerModelAndWorldSize(t *testing.T) {
+	f := newFixture(t, Options{})
+	ts := tokens(4 * cs)
+	ks := keysOf(t, ts, 1)
+	f.store.present[ks[0]] = true
+	f.store.present[ks[1]] = true
+	for i := range 3 {
+		if err := f.m.Lookup(lookupReq(fmt.Sprint("a", i), ts, 1), 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := f.m.Lookup(lookupReq("b", ts, 2), 1); err != nil {
+		t.Fatal(err)
+	}
+	// Not counted apart: no layout (an early exit), and a prompt under a chunk.
+	_ = f.m.Lookup(keys.KeyRequest{RequestID: "x", Model: "other", WorldSize: 1, Tokens: ts}, 1)
+	_ = f.m.Lookup(lookupReq("short", ts[:cs-1], 1), 1)
+
+	got := f.m.GroupStats()
+	want := []GroupStats{
+		{Model: "m", WorldSize: 1, Lookups: 3, RequestedChunks: 12, HitChunks: 6, HitTokens: 6 * cs},
+		{Model: "m", WorldSize: 2, Lookups: 1, RequestedChunks: 4, HitChunks: 0, HitTokens: 0},
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("groups\n got %+v\nwant %+v", got, want)
+	}
+}
+
+func TestGroupsBounded(t *testing.T) {
+	m := &Module{}
+	for i := range maxGroups + 50 {
+		m.groups.add(fmt.Sprint("model-", i), 1, 2, 1, cs)
+	}
+	if n := len(m.GroupStats()); n != maxGroups {
+		t.Fatalf("%d groups kept, want the bound %d", n, maxGroups)
+	}
+	// A known group still counts when the table is full.
+	m.groups.add("model-0", 1, 2, 2, cs)
+	if s := m.GroupStats(); s[0].Model != "model-0" || s[0].Lookups != 2 || s[0].HitChunks != 3 {
+		t.Fatalf("model-0 after the table filled: %+v", s[0])
+	}
+}
