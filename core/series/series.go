@@ -11,7 +11,10 @@
 // own lock.
 package series
 
-import "time"
+import (
+	"math"
+	"time"
+)
 
 // The two resolutions.
 const (
@@ -90,8 +93,12 @@ type History struct {
 }
 
 // NewHistory returns an empty history of FineLen and CoarseLen points.
-func NewHistory() History {
-	return History{Fine: NewRing(FineLen), Coarse: NewRing(CoarseLen)}
+func NewHistory() History { return NewHistoryOf(FineLen, CoarseLen) }
+
+// NewHistoryOf returns an empty history of fine and coarse points (the
+// per-context histories are shorter: there can be many contexts).
+func NewHistoryOf(fine, coarse int) History {
+	return History{Fine: NewRing(fine), Coarse: NewRing(coarse)}
 }
 
 // Push records one fine point; every tenth folds the last ten into a coarse
@@ -142,6 +149,37 @@ func (h *History) Window(fine, coarse int) Window {
 		w.Coarse = h.Coarse.Tail(make([]float64, 0, min(coarse, h.Coarse.Len())), coarse)
 	}
 	return w
+}
+
+// Ratio is num[i]/den[i] for the aligned newest points of num and den,
+// oldest first, NaN where den is 0 (a second without lookups has no hit
+// ratio; a chart leaves it blank).
+func Ratio(num, den []float64) []float64 {
+	n := min(len(num), len(den))
+	num, den = num[len(num)-n:], den[len(den)-n:]
+	out := make([]float64, n)
+	for i := range out {
+		out[i] = math.NaN()
+		if den[i] > 0 {
+			out[i] = num[i] / den[i]
+		}
+	}
+	return out
+}
+
+// SumRatio is sum(num)/sum(den) over the newest n aligned points, false
+// when den sums to 0.
+func SumRatio(num, den []float64, n int) (float64, bool) {
+	n = min(n, len(num), len(den))
+	var a, b float64
+	for i := 1; i <= n; i++ {
+		a += num[len(num)-i]
+		b += den[len(den)-i]
+	}
+	if b <= 0 {
+		return 0, false
+	}
+	return a / b, true
 }
 
 // Last is the newest fine point, 0 when there is none.

@@ -209,3 +209,16 @@ func BenchmarkQuantilesSample(b *testing.B) {
 		q.Sample(&l, time.Second, false)
 	}
 }
+
+func TestRatio(t *testing.T) {
+	got := Ratio([]float64{9, 1, 0, 3}, []float64{0, 4, 6})
+	if len(got) != 3 || !math.IsNaN(got[0]) || got[1] != 0 || got[2] != 0.5 {
+		t.Fatalf("Ratio = %v, want [NaN 0 0.5] (aligned on the newest)", got)
+	}
+	if r, ok := SumRatio([]float64{1, 2, 3}, []float64{10, 4, 4}, 2); !ok || r != 5.0/8 {
+		t.Fatalf("SumRatio = %v %v, want 0.625", r, ok)
+	}
+	if _, ok := SumRatio([]float64{1}, []float64{0}, 5); ok {
+		t.Fatal("SumRatio over no lookups reported a ratio")
+	}
+}
