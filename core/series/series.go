@@ -182,6 +182,19 @@ func SumRatio(num, den []float64, n int) (float64, bool) {
 	return a / b, true
 }
 
+// Mean is the mean of the newest n fine points, 0 when there is none.
+func (w Window) Mean(n int) float64 {
+	n = min(n, len(w.Fine))
+	if n == 0 {
+		return 0
+	}
+	var s float64
+	for _, v := range w.Fine[len(w.Fine)-n:] {
+		s += v
+	}
+	return s / float64(n)
+}
+
 // Last is the newest fine point, 0 when there is none.
 func (w Window) Last() float64 {
 	if len(w.Fine) == 0 {

@@ -222,3 +222,16 @@ func TestRatio(t *testing.T) {
 		t.Fatal("SumRatio over no lookups reported a ratio")
 	}
 }
+
+func TestWindowMean(t *testing.T) {
+	w := Window{Fine: []float64{100, 1, 2, 3}}
+	if m := w.Mean(3); m != 2 {
+		t.Fatalf("mean of the newest 3 = %v, want 2", m)
+	}
+	if m := w.Mean(10); m != 26.5 {
+		t.Fatalf("mean of all = %v, want 26.5", m)
+	}
+	if m := (Window{}).Mean(5); m != 0 {
+		t.Fatalf("empty mean = %v", m)
+	}
+}
