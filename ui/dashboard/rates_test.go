@@ -58,9 +58,9 @@ func TestHeaderRatesDegradeToNumbers(t *testing.T) {
 		w          int
 		has, lacks []string
 	}{
-		{160, []string{"12.3 M tokens not recomputed in the last hour", "hit 62% ▇", "in 0.60 GB/s ▁", "out 0.74 GB/s ▆"}, nil},
-		{80, []string{"hit 62% ▇", "in 0.60 GB/s"}, []string{"out", "GB/s ▁"}},
-		{56, []string{"12.3 M tokens", "hit 62%"}, []string{"▇", "in 0.60"}},
+		{160, []string{"12.3 M tokens not recomputed in the last hour", "hit 62% ▇", "in 600 MB/s ▁", "out 744 MB/s ▅"}, nil},
+		{80, []string{"hit 62% ▆", "in 600 MB/s"}, []string{"out", "MB/s ▁"}},
+		{56, []string{"12.3 M tokens", "hit 62%"}, []string{"▇", "in 600"}},
 	} {
 		m := newTestModel(t, newFakeEngine(t), c.w, 24)
 		line := strings.Split(screen(m), "\n")[2]
@@ -105,11 +105,11 @@ func TestHitColumnSortsAndDegrades(t *testing.T) {
 func TestDetailsChartsDegradeToNumbers(t *testing.T) {
 	m := newTestModel(t, newFakeEngine(t), 120, 48)
 	press(t, m, "enter")
-	mustContain(t, screen(m), "hit ratio (group)", "top 100%", "top 0.80 GB/s", "tokens saved 9.9 M")
+	mustContain(t, screen(m), "hit ratio (group)", "top 100%", "top 800 MB/s", "tokens saved 9.9 M")
 	m = newTestModel(t, newFakeEngine(t), 80, 24)
 	press(t, m, "enter")
 	s := screen(m)
-	mustContain(t, s, "last minute: hit ratio (group) 56%", "retrieve 0.29 GB/s", "tokens saved 9.9 M")
+	mustContain(t, s, "last minute: hit ratio (group) 56%", "retrieve 290 MB/s", "tokens saved 9.9 M")
 	if strings.Contains(s, "top 100%") {
 		t.Fatal("80x24 draws charts it has no room for")
 	}
@@ -142,7 +142,15 @@ func TestChartsFollowSnapshots(t *testing.T) {
 	next.Rates.Server.StoreBytes = series.Window{Fine: []float64{0, 0, 2e9}}
 	m.Update(snapMsg(next))
 	after := strings.Split(screen(m), "\n")[2]
-	if before == after || !strings.Contains(after, "in 0.67 GB/s") || !strings.Contains(after, "▁▁█") {
+	if before == after || !strings.Contains(after, "in 667 MB/s") || !strings.Contains(after, "▁▁█") {
 		t.Fatalf("header did not follow the snapshot:\n%s\n%s", before, after)
+	}
+}
+
+func TestBandwidthText(t *testing.T) {
+	for v, want := range map[float64]string{0: "0 kB/s", 2_500: "2 kB/s", 3.25e6: "3.2 MB/s", 6e8: "600 MB/s", 1.5e9: "1.50 GB/s"} {
+		if got := bwText(v); got != want {
+			t.Errorf("bwText(%v) = %q, want %q", v, got, want)
+		}
 	}
 }

@@ -28,6 +28,20 @@ func countText(n float64) string {
 	return fmt.Sprintf("%.0f", n)
 }
 
+// bwText prints bytes per second in decimal units, GB/s down to kB/s, so
+// a test load and a production one both read as a number.
+func bwText(bps float64) string {
+	switch {
+	case bps >= 1e9:
+		return fmt.Sprintf("%.2f GB/s", bps/1e9)
+	case bps >= 1e8:
+		return fmt.Sprintf("%.0f MB/s", bps/1e6)
+	case bps >= 1e6:
+		return fmt.Sprintf("%.1f MB/s", bps/1e6)
+	}
+	return fmt.Sprintf("%.0f kB/s", bps/1e3)
+}
+
 // ratioText prints a hit ratio, "-" when nothing was asked.
 func ratioText(r float64, ok bool) string {
 	if !ok {
@@ -81,8 +95,8 @@ func (m *Model) ratesLine(w int) string {
 	hit, ok := series.SumRatio(r.HitChunks.Fine, r.AskedChunks.Fine, minuteSeconds)
 	figs := []figure{
 		{text: "hit " + ratioText(hit, ok), vals: series.Ratio(r.HitChunks.Fine, r.AskedChunks.Fine), top: 1},
-		{text: "in " + rateText(r.StoreBytes.Mean(minuteSeconds)), vals: r.StoreBytes.Fine},
-		{text: "out " + rateText(r.RetrieveBytes.Mean(minuteSeconds)), vals: r.RetrieveBytes.Fine},
+		{text: "in " + bwText(r.StoreBytes.Mean(minuteSeconds)), vals: r.StoreBytes.Fine},
+		{text: "out " + bwText(r.RetrieveBytes.Mean(minuteSeconds)), vals: r.RetrieveBytes.Fine},
 	}
 	return figuresLine(head, figs, w, max(10, (w-70)/3))
 }
@@ -162,8 +176,8 @@ func (m *Model) contextCharts(c workers.ContextInfo, w, h int) []string {
 	specs := []chartSpec{
 		{"hit ratio (group)", ratioText(hit, ok), series.Ratio(r.HitChunks.Fine, r.AskedChunks.Fine), 1, func(float64) string { return "100%" }},
 		{"lookups (group)", count(r.Lookups.Mean(minuteSeconds)), r.Lookups.Fine, 0, count},
-		{"store", rateText(r.StoreBytes.Mean(minuteSeconds)), r.StoreBytes.Fine, 0, rateText},
-		{"retrieve", rateText(r.RetrieveBytes.Mean(minuteSeconds)), r.RetrieveBytes.Fine, 0, rateText},
+		{"store", bwText(r.StoreBytes.Mean(minuteSeconds)), r.StoreBytes.Fine, 0, bwText},
+		{"retrieve", bwText(r.RetrieveBytes.Mean(minuteSeconds)), r.RetrieveBytes.Fine, 0, bwText},
 	}
 	tokens := fmt.Sprintf("  tokens saved %s (last hour %s, its group's lookup hits × chunk size)",
 		countText(float64(r.TokensSavedTotal)), countText(r.TokensSavedHour))
