@@ -220,6 +220,10 @@ func (r *rates) add(s sample) {
 	}
 	r.taken = s.now
 	steps := min(maxSteps, max(1, int(math.Round(elapsed.Seconds()))))
+	// Rates are per point (one a second): a sample 1.02 s after the last
+	// spreads its increase over one point, so the totals over an hour are
+	// the counters' own increase, not off by the ticker's jitter.
+	elapsed = time.Duration(steps) * series.FineStep
 
 	r.lookups.push(float64(s.lookup.Lookups), elapsed, steps)
 	r.asked.push(float64(s.lookup.RequestedChunks), elapsed, steps)
