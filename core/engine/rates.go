@@ -89,6 +89,7 @@ type rates struct {
 
 	ctx    map[int64]*ctxRates
 	groups map[groupKey]*groupCounters
+	deltas map[groupKey]groupDelta // scratch of add, kept to allocate nothing per sample
 
 	// lat holds a histogram per request kind, fed by the wire server's
 	// observer; the keys are fixed per profile (observe only reads the map).
@@ -163,6 +164,7 @@ func newRates() *rates {
 		storeB: h(), retrieveB: h(), used: h(),
 		ctx:    map[int64]*ctxRates{},
 		groups: map[groupKey]*groupCounters{},
+		deltas: map[groupKey]groupDelta{},
 		lat:    map[string]*latencyKind{},
 	}
 }
@@ -253,7 +255,8 @@ func (r *rates) add(s sample) {
 	pushN(&r.retrieveB, per(out, elapsed), steps)
 	// Group figures: the deltas of the group each context belongs to, from
 	// the group counters read once; groups no longer reported are dropped.
-	deltas := make(map[groupKey]groupDelta, len(s.groups))
+	deltas := r.deltas
+	clear(deltas)
 	for _, g := range s.groups {
 		k := groupKey{g.Model, g.WorldSize}
 		gc := r.groups[k]

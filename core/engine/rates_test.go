@@ -145,3 +145,51 @@ func TestRatesOfARunningEngine(t *testing.T) {
 		t.Errorf("registered context 7 has no rates: %v", r.Contexts)
 	}
 }
+
+// steadySample is a sample of n contexts in two groups with counters that
+// grow by i.
+func steadySample(now time.Time, n, i int) sample {
+	s := sample{now: now, lookup: lookup.Stats{Lookups: int64(i), RequestedChunks: int64(4 * i), HitChunks: int64(3 * i), HitTokens: int64(48 * i)},
+		groups:    []lookup.GroupStats{{Model: "a", WorldSize: 1, Lookups: int64(i)}, {Model: "b", WorldSize: 1, HitChunks: int64(i)}},
+		evictions: float64(i), used: float64(i)}
+	for c := range n {
+		s.contexts = append(s.contexts, workers.ContextInfo{InstanceID: int64(c), Model: []string{"a", "b"}[c%2], WorldSize: 1,
+			BytesIn: int64(i * 1000), BytesOut: int64(i * 500)})
+	}
+	return s
+}
+
+// TestRatesSampleAllocatesNothing: once its contexts are known, a sample
+// costs the histories no memory (the module counters it reads are copied by
+// the modules themselves, once a second).
+func TestRatesSampleAllocatesNothing(t *testing.T) {
+	r := newRates()
+	r.kinds([]string{"LOOKUP", "NOOP"})
+	clk := fakeclock.New()
+	samples := make([]sample, 1100)
+	for i := range samples {
+		clk.Advance(time.Second)
+		samples[i] = steadySample(clk.Now(), 8, i)
+	}
+	r.add(samples[0])
+	i := 1
+	if n := testing.AllocsPerRun(1000, func() { r.add(samples[i]); i++ }); n != 0 {
+		t.Fatalf("%v allocations per sample of 8 contexts, want 0", n)
+	}
+}
+
+func BenchmarkRatesSample(b *testing.B) {
+	r := newRates()
+	r.kinds([]string{"LOOKUP", "NOOP", "PREPARE_STORE", "COMMIT_STORE"})
+	clk := fakeclock.New()
+	s := steadySample(clk.Now(), 8, 0)
+	r.add(s)
+	b.ReportAllocs()
+	b.ResetTimer() // the histories are made by the first sample
+	for i := range b.N {
+		clk.Advance(time.Second)
+		s.now = clk.Now()
+		s.lookup.Lookups = int64(i)
+		r.add(s)
+	}
+}
