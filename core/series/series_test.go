@@ -195,6 +195,7 @@ func BenchmarkHistoryPush(b *testing.B) {
 	h := NewHistory()
 	var c Counter
 	b.ReportAllocs()
+	b.ResetTimer()
 	for i := range b.N {
 		h.Push(c.Rate(float64(i), time.Second))
 	}
@@ -204,6 +205,7 @@ func BenchmarkQuantilesSample(b *testing.B) {
 	var l Latency
 	q := NewQuantiles()
 	b.ReportAllocs()
+	b.ResetTimer()
 	for range b.N {
 		l.Observe(time.Millisecond)
 		q.Sample(&l, time.Second, false)
