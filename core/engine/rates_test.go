@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"math"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -108,7 +109,8 @@ func hitRatio(c ContextRates) (float64, bool) {
 func TestRatesOfARunningEngine(t *testing.T) {
 	clk := fakeclock.New()
 	cfg, _ := testConfig(t)
-	e := New(cfg, Options{Now: clk.Now})
+	var next countingObserver
+	e := New(cfg, Options{Now: clk.Now, Observer: &next})
 	if err := e.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -143,6 +145,17 @@ func TestRatesOfARunningEngine(t *testing.T) {
 	}
 	if _, ok := r.Contexts[7]; !ok {
 		t.Errorf("registered context 7 has no rates: %v", r.Contexts)
+	}
+	if n := next.noops.Load(); n != 5 {
+		t.Errorf("the engine's Observer saw %d NOOPs, want 5 (the rates observer passes every call on)", n)
+	}
+}
+
+type countingObserver struct{ noops atomic.Int64 }
+
+func (c *countingObserver) OnRequest(name, _ string, _ time.Duration) {
+	if name == protocol.Noop {
+		c.noops.Add(1)
 	}
 }
 
