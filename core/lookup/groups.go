@@ -19,7 +19,7 @@ type GroupStats struct {
 	WorldSize       int
 	Lookups         int64 // LOOKUPs with at least one full chunk
 	RequestedChunks int64
-	HitChunks       int64
+	HitChunks       int64 // in L1 and, with tiers, loaded from them
 	HitTokens       int64 // HitChunks × chunk size: prefill the workers did not recompute
 }
 
@@ -38,8 +38,9 @@ type groups struct {
 	m  map[groupKey]*groupCounters
 }
 
-// add counts one lookup of (model, ws) that asked for chunks and hit hit.
-func (g *groups) add(model string, ws, chunks, hit, chunkSize int) {
+// add counts lookups of (model, ws) that asked for chunks and hit hit
+// (a tier phase adds its hits to the lookup counted before it).
+func (g *groups) add(model string, ws, lookups, chunks, hit, chunkSize int) {
 	k := groupKey{model, ws}
 	g.mu.RLock()
 	c := g.m[k]
@@ -58,7 +59,7 @@ func (g *groups) add(model string, ws, chunks, hit, chunkSize int) {
 			return
 		}
 	}
-	c.lookups.Add(1)
+	c.lookups.Add(int64(lookups))
 	c.reqChunks.Add(int64(chunks))
 	c.hitChunks.Add(int64(hit))
 	c.hitTokens.Add(int64(hit) * int64(chunkSize))

@@ -38,14 +38,42 @@ func TestGroupStatsPerModelAndWorldSize(t *testing.T) {
 func TestGroupsBounded(t *testing.T) {
 	m := &Module{}
 	for i := range maxGroups + 50 {
-		m.groups.add(fmt.Sprint("model-", i), 1, 2, 1, cs)
+		m.groups.add(fmt.Sprint("model-", i), 1, 1, 2, 1, cs)
 	}
 	if n := len(m.GroupStats()); n != maxGroups {
 		t.Fatalf("%d groups kept, want the bound %d", n, maxGroups)
 	}
 	// A known group still counts when the table is full.
-	m.groups.add("model-0", 1, 2, 2, cs)
+	m.groups.add("model-0", 1, 1, 2, 2, cs)
 	if s := m.GroupStats(); s[0].Model != "model-0" || s[0].Lookups != 2 || s[0].HitChunks != 3 {
 		t.Fatalf("model-0 after the table filled: %+v", s[0])
+	}
+}
+
+// TestGroupStatsCountTierHits: chunks a tier phase loads count as hits of
+// the group, as they do in the totals (the worker reads them from L1).
+func TestGroupStatsCountTierHits(t *testing.T) {
+	store := newStore()
+	ft := newFakeTiers(store)
+	f := newFixtureStore(t, Options{Tiers: ft}, store)
+	ts := tokens(5 * cs)
+	ks := keysOf(t, ts, 1)
+	store.present[ks[0]] = true
+	for _, k := range ks[1:4] {
+		ft.held[k] = true
+	}
+	if err := f.m.Lookup(lookupReq("r", ts, 1), 1); err != nil {
+		t.Fatal(err)
+	}
+	<-ft.calls
+	close(ft.release)
+	f.m.Stop() // waits for the tier phase
+	g := f.m.GroupStats()
+	st := f.m.Stats()
+	if len(g) != 1 || g[0].Lookups != 1 || g[0].RequestedChunks != 5 || g[0].HitChunks != 4 || g[0].HitTokens != 4*cs {
+		t.Fatalf("group %+v, want 1 lookup, 5 asked, 4 hit (1 L1 + 3 tier)", g)
+	}
+	if g[0].HitChunks != st.HitChunks || g[0].HitTokens != st.HitTokens {
+		t.Fatalf("group hits %d/%d differ from the totals %d/%d", g[0].HitChunks, g[0].HitTokens, st.HitChunks, st.HitTokens)
 	}
 }

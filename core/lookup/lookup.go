@@ -279,7 +279,7 @@ func (m *Module) Lookup(r keys.KeyRequest, tpSize int) error {
 	hit := m.reservePrefix(ks, count)
 	m.hitChunks.Add(int64(hit))
 	m.hitTk.Add(int64(hit * m.sessions.Hasher().ChunkSize()))
-	m.groups.add(r.Model, r.WorldSize, ks.Chunks(), hit, m.sessions.Hasher().ChunkSize())
+	m.groups.add(r.Model, r.WorldSize, 1, ks.Chunks(), hit, m.sessions.Hasher().ChunkSize())
 	if m.tiers == nil || hit >= ks.Chunks() {
 		m.put(r.RequestID, hit, false)
 		return nil
@@ -328,6 +328,7 @@ func (m *Module) startTierPhase(r keys.KeyRequest, ks keys.KeySet, hit, count in
 		m.tierHits.Add(int64(n))
 		m.hitChunks.Add(int64(n))
 		m.hitTk.Add(int64(n * chunk))
+		m.groups.add(model, ws, 0, 0, n, chunk)
 	}()
 }
 
