@@ -83,6 +83,7 @@ type Engine struct {
 	opts   Options
 	log    *slog.Logger
 	events *eventLog
+	rates  *rates
 
 	// mu serialises lifecycle changes (Start, Stop, Apply); readers use cur,
 	// so a snapshot never waits for a restart.
@@ -142,6 +143,7 @@ func New(cfg settings.Config, opts Options) *Engine {
 		opts:    opts,
 		log:     opts.Logger,
 		events:  newEventLog(256, opts.Now),
+		rates:   newRates(),
 		cfg:     cfg,
 		sources: opts.Sources,
 		failed:  make(chan struct{}),
@@ -195,6 +197,7 @@ func (e *Engine) Start(ctx context.Context) error {
 	if e.opts.GPU != nil {
 		go e.opts.GPU.Run(bgCtx, e.cfg.UI.Refresh)
 	}
+	go e.runRates(bgCtx)
 	if err := e.startLocked(e.cfg); err != nil {
 		cancel()
 		e.bg = nil

@@ -48,11 +48,16 @@ func (e *Engine) startFront(cfg settings.Config, p *plane) (*front, error) {
 		ReplyBytes:             8 * cfg.Server.QueuedReplyBytesPerPeer,
 		DrainTimeout:           DrainTimeout,
 		Logger:                 e.log,
-		Observer:               e.opts.Observer,
+		Observer:               observer{r: e.rates, next: e.opts.Observer},
 	}
 	if e.wireOptions != nil {
 		e.wireOptions(&opts)
 	}
+	names := make([]string, 0, len(profile.Requests))
+	for _, r := range profile.Requests {
+		names = append(names, r.Name)
+	}
+	e.rates.kinds(names)
 	srv, err := rpc.New(opts)
 	if err != nil {
 		return nil, fmt.Errorf("wire server: %w", err)

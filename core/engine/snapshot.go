@@ -69,6 +69,8 @@ type Snapshot struct {
 	Rebuilt Rebuilt
 	// Tiers are the L2 tiers in lookup order (empty when none is configured).
 	Tiers []tierstate.Tier
+	// Rates is the recent history of the rates, sampled once a second.
+	Rates Rates
 }
 
 // Rebuilt says when the pool was last rebuilt and how many registered
@@ -129,6 +131,7 @@ func (e *Engine) Snapshot() Snapshot {
 		s.Requests = f.srv.Stats()
 	}
 	s.Events = e.events.recent(100)
+	s.Rates = e.rates.window()
 	if e.opts.GPU != nil {
 		s.GPU = e.opts.GPU.Latest()
 	} else {

@@ -153,6 +153,7 @@ type Module struct {
 	replaced, expired, evicted, answered   atomic.Int64
 	freedKeys, touchedKeys                 atomic.Int64
 	tierHits, tierJobs, tierSkipped        atomic.Int64
+	models                                 models
 }
 
 type job struct {
@@ -303,6 +304,7 @@ func (m *Module) Lookup(r keys.KeyRequest, tpSize int) error {
 	hit := m.reservePrefix(ks, count)
 	m.hitChunks.Add(int64(hit))
 	m.hitTk.Add(int64(hit * m.sessions.Hasher().ChunkSize()))
+	m.models.add(r.Model, r.WorldSize, 1, ks.Chunks(), hit, m.sessions.Hasher().ChunkSize())
 	if m.tiers == nil || hit >= ks.Chunks() {
 		m.put(r.RequestID, hit, false)
 		m.classifyMisses(r.Model, r.WorldSize, ks, hit, false)
@@ -358,6 +360,7 @@ func (m *Module) startTierPhase(r keys.KeyRequest, ks keys.KeySet, hit, count in
 		m.tierHits.Add(int64(n))
 		m.hitChunks.Add(int64(n))
 		m.hitTk.Add(int64(n * chunk))
+		m.models.add(model, ws, 0, 0, n, chunk)
 	}()
 }
 

@@ -162,7 +162,7 @@ func TestDashboardInTmux(t *testing.T) {
 	// A newly registered worker gets pickle.
 	register(t, endpoint, 103, false)
 	m.keys("1")
-	screen = m.waitFor("new worker", 10*time.Second, "PICKLE")
+	screen = m.waitFor("new worker", 10*time.Second, "[1 Contexts]", "PICKLE   ") // the header also says PICKLE
 	if r := contextRow(screen, 103); !strings.Contains(r, "PICKLE") {
 		t.Fatalf("instance 103 row %q, want PICKLE:\n%s", r, screen)
 	}

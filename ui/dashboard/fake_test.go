@@ -19,6 +19,7 @@ import (
 	"kvdock/core/l1"
 	"kvdock/core/layout"
 	"kvdock/core/misses"
+	"kvdock/core/series"
 	"kvdock/core/workers"
 	"kvdock/settings"
 )
@@ -140,7 +141,8 @@ func newFakeEngine(t *testing.T) *fakeEngine {
 			{Seq: 2, Time: t0.Add(-2 * time.Hour), Kind: "register", Level: slog.LevelInfo, Message: "instance 4242 registered: SHM"},
 			{Seq: 3, Time: t0.Add(-10 * time.Minute), Kind: "fallback", Level: slog.LevelWarn, Message: "instance 9001 uses PICKLE: worker reported it could not attach the segment"},
 		},
-		GPU: g.Sample(),
+		GPU:   g.Sample(),
+		Rates: fakeRates(),
 		Misses: misses.Report{
 			Total: misses.Counts{misses.NeverStored: 1200, misses.Evicted: 340, misses.OtherLayout: 64, misses.AfterMiss: 9},
 			Contexts: []misses.ContextCounts{{Context: misses.Context{Model: "meta-llama/Llama-3.1-8B", WorldSize: 1},
@@ -271,4 +273,44 @@ func ioPipe() (*os.File, *os.File) {
 		panic(err)
 	}
 	return r, w
+}
+
+// fakeRates is ten minutes of made-up but fixed history: a hit ratio that
+// climbs as the cache warms, bursts of stores, a pool filling up with a
+// few evictions at the end. Instance 9001 has no lookups (no hit ratio).
+func fakeRates() engine.Rates {
+	const n = 600
+	w := func(f func(i int) float64) series.Window {
+		v := make([]float64, n)
+		for i := range v {
+			v[i] = f(i)
+		}
+		return series.Window{Fine: v}
+	}
+	wave := func(i, period int) float64 { return float64(i%period) / float64(period-1) } // 0..1 sawtooth
+	asked := w(func(i int) float64 { return 40 + float64(i%7) })
+	hit := w(func(i int) float64 { return (40 + float64(i%7)) * (0.3 + 0.6*wave(i, 23)) })
+	store := w(func(i int) float64 { return float64((i/3)%5) * 0.3e9 })
+	retrieve := w(func(i int) float64 { return wave(i, 17) * 1.5e9 })
+	ctx := func(scale float64, period int) engine.ContextRates {
+		return engine.ContextRates{
+			Lookups:          w(func(i int) float64 { return scale * (2 + 4*wave(i, period+5)) }),
+			AskedChunks:      w(func(i int) float64 { return scale * 40 }),
+			HitChunks:        w(func(i int) float64 { return scale * 40 * (0.2 + 0.75*wave(i, period)) }),
+			StoreBytes:       w(func(i int) float64 { return scale * float64((i/2)%5) * 0.2e9 }),
+			RetrieveBytes:    w(func(i int) float64 { return scale * wave(i, period+2) * 0.6e9 }),
+			TokensSavedTotal: int64(scale * 9_876_543), TokensSavedHour: scale * 1_234_567,
+		}
+	}
+	return engine.Rates{
+		Taken: t0,
+		Server: engine.ServerRates{
+			Lookups: w(func(i int) float64 { return 10 }), AskedChunks: asked, HitChunks: hit,
+			StoreBytes: store, RetrieveBytes: retrieve,
+			Evictions:        w(func(i int) float64 { return float64(max(0, i-560) % 4) }),
+			PoolUsed:         w(func(i int) float64 { return float64(min(i, 599)) / 599 * (512 << 20) }),
+			TokensSavedTotal: 48_500_000, TokensSavedHour: 12_345_678,
+		},
+		Contexts: map[int64]engine.ContextRates{4242: ctx(1, 9), 4243: ctx(0.5, 13)},
+	}
 }

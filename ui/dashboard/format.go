@@ -183,3 +183,16 @@ func midTrunc(s string, width int) string {
 	head := (keep + 1) / 2
 	return ansi.Truncate(s, head, "") + "…" + ansi.TruncateLeft(s, w-(keep-head), "")
 }
+
+// countText prints a count with a decimal suffix ("950", "12.3 k", "4.5 M").
+func countText(n float64) string {
+	switch {
+	case n >= 1e9:
+		return fmt.Sprintf("%.1f G", n/1e9)
+	case n >= 1e6:
+		return fmt.Sprintf("%.1f M", n/1e6)
+	case n >= 1e4:
+		return fmt.Sprintf("%.1f k", n/1e3)
+	}
+	return fmt.Sprintf("%.0f", n)
+}

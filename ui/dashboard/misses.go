@@ -42,10 +42,10 @@ func missText(c misses.Counts, w int) string {
 		}
 		return 0
 	})
-	head := fmt.Sprintf("%s chunks:", countText(total))
+	head := fmt.Sprintf("%s chunks:", countText(float64(total)))
 	parts := make([]string, 0, len(order))
 	for _, r := range order {
-		parts = append(parts, fmt.Sprintf("%s %s", countText(c[r]), missLabels[r]))
+		parts = append(parts, fmt.Sprintf("%s %s", countText(float64(c[r])), missLabels[r]))
 	}
 	for n := len(parts); n > 0; n-- {
 		s := head + " " + strings.Join(parts[:n], " · ")
@@ -59,25 +59,12 @@ func missText(c misses.Counts, w int) string {
 	return head
 }
 
-// countText prints a count compactly: 999, 1.2k, 3.4M.
-func countText(n uint64) string {
-	switch {
-	case n < 1000:
-		return fmt.Sprint(n)
-	case n < 1_000_000:
-		return fmt.Sprintf("%.1fk", float64(n)/1e3)
-	case n < 1_000_000_000:
-		return fmt.Sprintf("%.1fM", float64(n)/1e6)
-	}
-	return fmt.Sprintf("%.1fG", float64(n)/1e9)
-}
-
 // missLine is the Pool pane's line on why lookups missed, all contexts.
 func (m *Model) missLine(w int) string {
 	r := m.snap.Misses
 	s := m.st.Bold.Render("Misses    ") + missText(r.Total, w-10)
 	if r.TierMissed > 0 && r.Total.Total() > 0 {
-		s += fmt.Sprintf(" (%s missed L2 too)", countText(r.TierMissed))
+		s += fmt.Sprintf(" (%s missed L2 too)", countText(float64(r.TierMissed)))
 	}
 	return s
 }

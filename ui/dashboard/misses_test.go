@@ -16,11 +16,11 @@ func TestMissText(t *testing.T) {
 	}
 	c := misses.Counts{misses.Refused: 2, misses.Evicted: 1500, misses.OtherLayout: 30, misses.Expired: 1, misses.Cleared: 1}
 	wide := missText(c, 200)
-	if wide != "1.5k chunks: 1.5k evicted · 30 other layout · 2 refused · 1 expired · 1 cleared" {
+	if wide != "1534 chunks: 1500 evicted · 30 other layout · 2 refused · 1 expired · 1 cleared" {
 		t.Fatalf("wide: %q", wide)
 	}
 	narrow := missText(c, 50)
-	if len(narrow) > 50 || !strings.HasPrefix(narrow, "1.5k chunks: 1.5k evicted") || !strings.HasSuffix(narrow, "more") {
+	if len(narrow) > 50 || !strings.HasPrefix(narrow, "1534 chunks: 1500 evicted") || !strings.HasSuffix(narrow, "more") {
 		t.Fatalf("narrow: %q", narrow)
 	}
 	// Too narrow for anything but the largest reason: it still shows it.

@@ -74,11 +74,11 @@ func (m *Model) renderHeader(w int) string {
 		for i := range lines {
 			lines[i] = fit(st.Render(lines[i]), w)
 		}
-		return fit(line1, w) + "\n" + strings.Join(lines, "\n")
+		return fit(line1, w) + "\n" + strings.Join(lines, "\n") + "\n" + fit(m.ratesLine(w), w)
 	default:
 		line2 = m.summary()
 	}
-	return fit(line1, w) + "\n" + fit(line2, w)
+	return fit(line1, w) + "\n" + fit(line2, w) + "\n" + fit(m.ratesLine(w), w)
 }
 
 // summary is the one-line overview under the title when nothing else is
@@ -109,6 +109,12 @@ type ctxColumn struct {
 	less     func(a, b workers.ContextInfo) int
 	sortName string
 	key      rune // shift+letter that sorts by this column
+	// grow is how much wider the column gets from spare width (before
+	// LAYOUT and MODEL); chart, when set, renders the cell at its width.
+	grow  int
+	chart func(m *Model, c workers.ContextInfo, width int) string
+	// lessBy, when set, orders by figures outside ContextInfo.
+	lessBy func(m *Model, a, b workers.ContextInfo) int
 }
 
 var ctxColumns = []ctxColumn{
@@ -136,6 +142,7 @@ var ctxColumns = []ctxColumn{
 	{title: "HITS", width: 7, key: 'H', prio: 5, right: true, sortName: "hit chunks",
 		value: func(_ *Model, c workers.ContextInfo) string { return strconv.FormatInt(c.HitChunks, 10) },
 		less:  func(a, b workers.ContextInfo) int { return cmp.Compare(a.HitChunks, b.HitChunks) }},
+	hitColumn,
 	{title: "IN", width: 9, key: 'B', prio: 8, right: true, sortName: "bytes in",
 		value: func(_ *Model, c workers.ContextInfo) string { return bytesText(c.BytesIn) },
 		less:  func(a, b workers.ContextInfo) int { return cmp.Compare(a.BytesIn, b.BytesIn) }},
@@ -223,8 +230,12 @@ func (m *Model) visibleContexts() []workers.ContextInfo {
 		out = append(out, c)
 	}
 	col := ctxColumns[m.sortCol]
+	less := col.less
+	if col.lessBy != nil {
+		less = func(a, b workers.ContextInfo) int { return col.lessBy(m, a, b) }
+	}
 	slices.SortStableFunc(out, func(a, b workers.ContextInfo) int {
-		r := col.less(a, b)
+		r := less(a, b)
 		if r == 0 {
 			r = cmp.Compare(a.InstanceID, b.InstanceID)
 		}
@@ -267,8 +278,14 @@ func tableColumns(w, sortCol int) []ctxColumn {
 			cols = append(cols, c)
 		}
 	}
-	// LAYOUT grows to what a layout needs; MODEL takes the rest.
+	// Charts grow first, LAYOUT to what a layout needs; MODEL takes the rest.
 	spare := w - used
+	for i := range cols {
+		if add := min(spare, cols[i].grow); add > 0 {
+			cols[i].width += add
+			spare -= add
+		}
+	}
 	for _, title := range []string{"LAYOUT", "MODEL"} {
 		for i := range cols {
 			if cols[i].title != title || spare <= 0 {
@@ -365,7 +382,11 @@ func (m *Model) renderContexts(w, h int) string {
 	for i := start; i < len(rows) && i < start+listH; i++ {
 		var cells []string
 		for _, c := range cols {
-			v := cell(c, c.value(m, rows[i]))
+			raw := c.value(m, rows[i])
+			if c.chart != nil {
+				raw = c.chart(m, rows[i], c.width)
+			}
+			v := cell(c, raw)
 			if c.title == "MODE" && rows[i].Mode == workers.ModePickle {
 				v = m.st.Warn.Render(v)
 			}
@@ -382,12 +403,12 @@ func (m *Model) renderContexts(w, h int) string {
 		b.WriteString(m.st.Faint.Render(fmt.Sprintf("  … %d more below", n)) + "\n")
 	}
 	if details {
-		b.WriteString(m.renderDetails(rows[min(m.ctxSel, len(rows)-1)]))
+		b.WriteString(m.renderDetails(rows[min(m.ctxSel, len(rows)-1)], w, h-2-min(len(rows)-start, listH)))
 	}
 	return b.String()
 }
 
-func (m *Model) renderDetails(c workers.ContextInfo) string {
+func (m *Model) renderDetails(c workers.ContextInfo, w, h int) string {
 	loc := m.opts.Location
 	reg := "-"
 	if !c.Registered.IsZero() {
@@ -414,6 +435,7 @@ func (m *Model) renderDetails(c workers.ContextInfo) string {
 		"  registered "+reg,
 		"  last req   "+ageText(m.opts.Now(), c.LastRequest),
 	)
+	lines = append(lines, m.contextCharts(c, w, h-1-len(lines))...)
 	return "\n" + strings.Join(lines, "\n") + "\n"
 }
 
@@ -462,7 +484,9 @@ func (m *Model) renderPool(w int) string {
 		fmt.Sprintf("%s%d pending writes, %d pending reads, %d no-space, %d rejected, %d fallbacks",
 			m.st.Bold.Render("Transfer  "), s.Transfer.PendingWrites, s.Transfer.PendingReads,
 			s.Transfer.NoSpace, s.Transfer.Rejected, s.Transfer.Fallbacks),
+		"",
 	)
+	lines = append(lines, m.poolHistory(w)...)
 	return strings.Join(lines, "\n")
 }
 

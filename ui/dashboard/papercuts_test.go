@@ -113,7 +113,7 @@ func selectedID(t *testing.T, m *Model) string {
 func TestPagingAndMoreBelow(t *testing.T) {
 	m := newTestModel(t, manyContexts(t, 60), 80, 24)
 	page := m.pageSize()
-	mustContain(t, screen(m), fmt.Sprintf("… %d more below", 60-17))
+	mustContain(t, screen(m), fmt.Sprintf("… %d more below", 60-16))
 	press(t, m, "pgdown")
 	if got, want := selectedID(t, m), fmt.Sprint(1000+page); got != want {
 		t.Fatalf("pgdown selected %s, want %s", got, want)
@@ -302,7 +302,7 @@ func TestEventsWrapAtWords(t *testing.T) {
 		m := newTestModel(t, f, w, 30)
 		press(t, m, "4")
 		var parts []string
-		for _, l := range strings.Split(trimRight(screen(m)), "\n")[3:] {
+		for _, l := range strings.Split(trimRight(screen(m)), "\n")[4:] {
 			if strings.HasPrefix(l, "? help") {
 				break
 			}

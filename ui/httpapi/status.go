@@ -50,6 +50,10 @@ type Status struct {
 	// Tiers are the L2 tiers in lookup order ([] when none is configured).
 	Tiers  []TierStatus  `json:"tiers"`
 	Events []EventStatus `json:"events"`
+	// Rates is the last minute of rates; TokensSaved the prefill tokens
+	// served from cache.
+	Rates       RatesStatus       `json:"rates"`
+	TokensSaved TokensSavedStatus `json:"tokens_saved"`
 }
 
 // TierStatus is one L2 tier: its state with the reason, its figures and its
@@ -317,6 +321,7 @@ func NewStatus(s engine.Snapshot) Status {
 		Tiers:         make([]TierStatus, 0, len(s.Tiers)),
 		Events:        []EventStatus{},
 	}
+	out.Rates, out.TokensSaved = ratesStatus(s)
 	if out.StorageManager.L1EvictionController.EvictionPolicy == "" {
 		out.StorageManager.L1EvictionController.EvictionPolicy = cfg.Eviction.Policy
 	}

@@ -143,7 +143,8 @@ type ctxBytes struct{ in, out int64 }
 
 // snapshotCollector derives metrics from engine.Snapshot at scrape time.
 type snapshotCollector struct {
-	m *Metrics
+	m     *Metrics
+	rates ratesDescs
 
 	memUsed, usageRatio, capacity, objects, activeJobs *prometheus.Desc
 	l1Read, l1Write, l1Evicted, l1AllocFail, l1Ticks   *prometheus.Desc
@@ -169,6 +170,7 @@ func newSnapshotCollector(m *Metrics) *snapshotCollector {
 		return prometheus.NewDesc(name, help, labels, nil)
 	}
 	return &snapshotCollector{
+		rates:            newRatesDescs(),
 		m:                m,
 		memUsed:          d("lmcache_mp_l1_memory_usage_bytes", "L1 pool bytes allocated to objects."),
 		usageRatio:       d("lmcache_mp_l1_usage_ratio", "L1 pool bytes allocated over its capacity."),
@@ -231,6 +233,7 @@ func (c *snapshotCollector) Describe(ch chan<- *prometheus.Desc) {
 	c.misses.describe(ch)
 	c.m.requests.Describe(ch)
 	c.m.duration.Describe(ch)
+	c.rates.describe(ch)
 }
 
 // modeLabel is the metric label of a transfer mode.
@@ -307,6 +310,7 @@ func (c *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 		count(c.badInput, "bad|"+k, float64(s.Requests.BadInput[k]), k)
 	}
 
+	c.rates.collect(s, ch)
 	c.collectContexts(s.Contexts, gauge)
 	for _, mode := range [...]string{"shm", "pickle"} {
 		for _, dir := range [...]string{"in", "out"} {

@@ -1,0 +1,216 @@
+package dashboard
+
+import (
+	"cmp"
+	"fmt"
+	"strings"
+	"time"
+
+	"charm.land/lipgloss/v2"
+
+	"kvdock/core/series"
+	"kvdock/core/workers"
+)
+
+// minuteSeconds is the window the headline figures average over.
+const minuteSeconds = 60
+
+// bwText prints bytes per second in decimal units, GB/s down to kB/s, so
+// a test load and a production one both read as a number.
+func bwText(bps float64) string {
+	switch {
+	case bps >= 1e9:
+		return fmt.Sprintf("%.2f GB/s", bps/1e9)
+	case bps >= 1e8:
+		return fmt.Sprintf("%.0f MB/s", bps/1e6)
+	case bps >= 1e6:
+		return fmt.Sprintf("%.1f MB/s", bps/1e6)
+	}
+	return fmt.Sprintf("%.0f kB/s", bps/1e3)
+}
+
+// ratioText prints a hit ratio, "-" when nothing was asked.
+func ratioText(r float64, ok bool) string {
+	if !ok {
+		return "-"
+	}
+	return fmt.Sprintf("%.0f%%", 100*r)
+}
+
+// figure is one number of a rates line and the series its sparkline draws.
+type figure struct {
+	text string
+	vals []float64
+	top  float64 // scale; 0 = the largest value shown
+}
+
+// figuresLine is head then the figures, dropping figures from the end when
+// their numbers do not fit w, then giving each figure in turn a sparkline
+// of up to maxSpark cells while the spare width allows one of at least 5:
+// numbers first, charts where there is room.
+func figuresLine(head string, figs []figure, w, maxSpark int) string {
+	const sep = " · "
+	used := lipgloss.Width(head)
+	n := 0
+	for _, f := range figs {
+		fw := lipgloss.Width(sep) + lipgloss.Width(f.text)
+		if used+fw > w {
+			break
+		}
+		used += fw
+		n++
+	}
+	var b strings.Builder
+	b.WriteString(head)
+	spare := w - used
+	for _, f := range figs[:n] {
+		b.WriteString(sep + f.text)
+		if sw := min(maxSpark, spare-1); sw >= 5 {
+			b.WriteString(" " + sparkline(f.vals, sw, f.top))
+			spare -= sw + 1
+		}
+	}
+	return b.String()
+}
+
+// ratesLine is the header's third line: tokens saved in the last hour (the
+// headline), then the server's hit ratio and store/retrieve bandwidth over
+// the last minute with their recent history.
+func (m *Model) ratesLine(w int) string {
+	r := m.snap.Rates.Server
+	head := m.st.Bold.Render(countText(r.TokensSavedHour)+" tokens") + " not recomputed in the last hour"
+	hit, ok := series.SumRatio(r.HitChunks.Fine, r.AskedChunks.Fine, minuteSeconds)
+	figs := []figure{
+		{text: "hit " + ratioText(hit, ok), vals: series.Ratio(r.HitChunks.Fine, r.AskedChunks.Fine), top: 1},
+		{text: "in " + bwText(r.StoreBytes.Mean(minuteSeconds)), vals: r.StoreBytes.Fine},
+		{text: "out " + bwText(r.RetrieveBytes.Mean(minuteSeconds)), vals: r.RetrieveBytes.Fine},
+	}
+	return figuresLine(head, figs, w, max(10, (w-70)/3))
+}
+
+// ctxHitRatio is a context's hit ratio over the last minute (of its worker
+// group's lookups) and the per-second series.
+func (m *Model) ctxHitRatio(c workers.ContextInfo) (ratio float64, ok bool, vals []float64) {
+	r, found := m.snap.Rates.Contexts[c.InstanceID]
+	if !found {
+		return 0, false, nil
+	}
+	ratio, ok = series.SumRatio(r.HitChunks.Fine, r.AskedChunks.Fine, minuteSeconds)
+	return ratio, ok, series.Ratio(r.HitChunks.Fine, r.AskedChunks.Fine)
+}
+
+// hitColumn is the contexts table's hit ratio: the last minute's figure
+// and, when the column has room, its sparkline.
+var hitColumn = ctxColumn{
+	title: "HIT%", width: 4, key: 'P', prio: 3, right: true, sortName: "hit ratio", grow: 13,
+	value: func(m *Model, c workers.ContextInfo) string {
+		r, ok, _ := m.ctxHitRatio(c)
+		return ratioText(r, ok)
+	},
+	chart: func(m *Model, c workers.ContextInfo, w int) string {
+		r, ok, vals := m.ctxHitRatio(c)
+		num := ratioText(r, ok)
+		if sw := w - 5; sw >= 5 {
+			return sparkline(vals, sw, 1) + " " + fmt.Sprintf("%4s", num)
+		}
+		return num
+	},
+	lessBy: func(m *Model, a, b workers.ContextInfo) int {
+		ra, oka, _ := m.ctxHitRatio(a)
+		rb, okb, _ := m.ctxHitRatio(b)
+		if !oka {
+			ra = -1
+		}
+		if !okb {
+			rb = -1
+		}
+		return cmp.Compare(ra, rb)
+	},
+}
+
+// poolHistory is the Pool pane's history: usage and evictions over the
+// last minutes (as much as the width shows, one column a second), or the
+// last minute's numbers when there is no room for a chart.
+func (m *Model) poolHistory(w int) []string {
+	r := m.snap.Rates.Server
+	label := m.st.Bold
+	used, size := r.PoolUsed.Last(), float64(m.snap.Pool.Size)
+	usedText := fmt.Sprintf("%.0f%% now", percent(used, size))
+	evText := fmt.Sprintf("%.1f/s last min", r.Evictions.Mean(minuteSeconds))
+	chartW := min(w-10-1-len(evText), series.FineLen)
+	if chartW < 10 {
+		return []string{label.Render("History   ") + "used " + usedText + ", evictions " + evText}
+	}
+	span := durationText(time.Duration(min(len(r.PoolUsed.Fine), chartW)) * series.FineStep)
+	return []string{
+		label.Render("Used      ") + sparkline(r.PoolUsed.Fine, chartW, size) + " " + usedText,
+		label.Render("Evicted   ") + sparkline(r.Evictions.Fine, chartW, 0) + " " + evText,
+		m.st.Faint.Render("          last " + span + ", a column a second; used to pool size, evicted to peak"),
+	}
+}
+
+// contextCharts are the details view's charts of one context: its group's
+// hit ratio and lookups, its own store and retrieve bandwidth, each h rows
+// high with the figure beside it; one line of numbers each when there is
+// no room to draw.
+func (m *Model) contextCharts(c workers.ContextInfo, w, h int) []string {
+	r, found := m.snap.Rates.Contexts[c.InstanceID]
+	if !found {
+		return []string{m.st.Faint.Render("  no rates yet (sampled once a second)")}
+	}
+	hit, ok := series.SumRatio(r.HitChunks.Fine, r.AskedChunks.Fine, minuteSeconds)
+	count := func(v float64) string { return fmt.Sprintf("%.1f/s", v) }
+	specs := []chartSpec{
+		{"hit ratio (group)", ratioText(hit, ok), series.Ratio(r.HitChunks.Fine, r.AskedChunks.Fine), 1, func(float64) string { return "100%" }},
+		{"lookups (group)", count(r.Lookups.Mean(minuteSeconds)), r.Lookups.Fine, 0, count},
+		{"store", bwText(r.StoreBytes.Mean(minuteSeconds)), r.StoreBytes.Fine, 0, bwText},
+		{"retrieve", bwText(r.RetrieveBytes.Mean(minuteSeconds)), r.RetrieveBytes.Fine, 0, bwText},
+	}
+	tokens := fmt.Sprintf("  tokens saved %s (last hour %s, its group's lookup hits × chunk size)",
+		countText(float64(r.TokensSavedTotal)), countText(r.TokensSavedHour))
+	const labelW = 20
+	rows := (h - 2) / len(specs) // each chart: rows of bars
+	chartW := min(w-labelW-4, len(r.HitChunks.Fine), series.FineLen)
+	if rows < 1 || chartW < 10 {
+		var parts []string
+		for _, s := range specs {
+			parts = append(parts, s.title+" "+s.now)
+		}
+		text := wrapWords("last minute: "+strings.Join(parts, " · "), w-2)
+		return append(strings.Split("  "+strings.ReplaceAll(text, "\n", "\n  "), "\n"), tokens)
+	}
+	rows = min(rows, 4)
+	lines := []string{m.st.Faint.Render(fmt.Sprintf("  last %s, one column a second; figures are the last minute's",
+		durationText(time.Duration(chartW)*series.FineStep)))}
+	for _, s := range specs {
+		bars := blockChart(s.vals, chartW, rows, s.top)
+		shown := s.vals[max(0, len(s.vals)-chartW):]
+		for i, b := range bars {
+			left := ""
+			switch i {
+			case 0:
+				left = s.title
+			case 1:
+				left = s.now
+			case 2:
+				left = "top " + s.topText(scaleTop(shown, s.top))
+			}
+			if rows == 1 {
+				left = s.title + " " + s.now
+			}
+			lines = append(lines, "  "+fit(left, labelW)+" "+b)
+		}
+	}
+	return append(lines, tokens)
+}
+
+// chartSpec is one chart of the details view: its title, the last
+// minute's figure, the series and its scale (0 = its peak) and how the
+// scale's top is printed.
+type chartSpec struct {
+	title   string
+	now     string
+	vals    []float64
+	top     float64
+	topText func(float64) string
+}
