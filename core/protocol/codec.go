@@ -19,6 +19,7 @@ const (
 	TypeInt      = "int"              // int64
 	TypeOptInt   = "int?"             // *int64 (nil for msgpack nil)
 	TypeBool     = "bool"             // bool
+	TypeFloat    = "float"            // float64 (finite; ints accepted)
 	TypeStr      = "str"              // string
 	TypeBytes    = "bytes"            // []byte, a slice of the received frame
 	TypeRegister = "register_payload" // RegisterPayload
@@ -41,7 +42,7 @@ const (
 
 func knownPayloadType(t string) bool {
 	switch t {
-	case TypeKey, TypeInt, TypeOptInt, TypeBool, TypeStr, TypeBytes, TypeRegister, TypeRecords:
+	case TypeKey, TypeInt, TypeOptInt, TypeBool, TypeFloat, TypeStr, TypeBytes, TypeRegister, TypeRecords:
 		return true
 	}
 	return false
@@ -125,6 +126,8 @@ func DecodeValueLimits(typ string, frame []byte, lim Limits) (any, error) {
 		}
 	case TypeBool:
 		v, err = decodeLooseBool(d)
+	case TypeFloat:
+		v, err = decodeFloat(d)
 	case TypeStr:
 		v, err = decodeStr(d, x.lim.MaxString)
 	case TypeRegister:
