@@ -189,3 +189,69 @@ func validateMessageSpec(s *Spec, message bool, bad func(string, ...any), where 
 		bad("%s: result %s is sent as is, reply fields %v make no sense", where, s.Result, s.Reply)
 	}
 }
+
+// EncodeMessage is the client side of decodeMessage: the request struct of
+// spec with args in Payload order (fewer args leave trailing optional fields
+// out). Args are encoded as Encode does.
+func EncodeMessage(spec *Spec, args ...any) ([]byte, error) {
+	if len(spec.Fields) == 0 && len(spec.Payload) == 1 {
+		if len(args) != 1 {
+			return nil, fmt.Errorf("%s: %d args, want 1", spec.Name, len(args))
+		}
+		return Encode(args[0])
+	}
+	if len(args) > len(spec.Fields) || len(args) < len(spec.Fields)-spec.Optional {
+		return nil, fmt.Errorf("%s: %d args for fields %v", spec.Name, len(args), spec.Fields)
+	}
+	b := appendMapLen(nil, len(args))
+	for i, a := range args {
+		b = appendStr(b, spec.Fields[i])
+		var err error
+		if b, err = AppendEncode(b, a); err != nil {
+			return nil, fmt.Errorf("%s field %s: %w", spec.Name, spec.Fields[i], err)
+		}
+	}
+	return b, nil
+}
+
+// UnwrapReply is the client side of ReplyFrame for message profiles: the
+// encoded result inside a reply struct, and whether there is one (a None
+// field or the empty struct of a None result have none). Struct results are
+// returned as they are.
+func UnwrapReply(spec *Spec, frame []byte, lim Limits) ([]byte, bool, error) {
+	if len(spec.Reply) == 0 {
+		if spec.Result == ResultNone {
+			return nil, false, nil
+		}
+		return frame, true, nil
+	}
+	r := bytes.NewReader(frame)
+	x := &dec{d: msgpack.NewDecoder(r), r: r, frame: frame, lim: lim.withDefaults()}
+	var val []byte
+	err := mapFields(x, func(name string) (bool, error) {
+		if name != spec.Reply[0] {
+			return false, nil
+		}
+		start := x.pos()
+		end, err := skipValue(frame, start)
+		if err != nil {
+			return false, err
+		}
+		val = frame[start:end]
+		_, err = r.Seek(int64(end-start), io.SeekCurrent)
+		return true, err
+	})
+	if err == nil && r.Len() != 0 {
+		err = fmt.Errorf("%d trailing bytes", r.Len())
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("%s reply: %w", spec.Name, err)
+	}
+	if val == nil {
+		return nil, false, fmt.Errorf("%s reply: no field %q", spec.Name, spec.Reply[0])
+	}
+	if len(val) == 1 && val[0] == msgpcode.Nil {
+		return nil, false, nil
+	}
+	return val, true, nil
+}

@@ -92,6 +92,8 @@ type Spec struct {
 	// Reply (framing: message) names the one field of the reply struct that
 	// carries a scalar result.
 	Reply []string `yaml:"reply"`
+	// Profile is the name of the profile the request belongs to (set by Parse).
+	Profile string `yaml:"-"`
 }
 
 // Shapes returns Payload followed by the Alternatives.
@@ -141,6 +143,7 @@ func Parse(data []byte) (*Profile, error) {
 	for i := range p.Requests {
 		s := &p.Requests[i]
 		where := fmt.Sprintf("request %d (%s)", i, s.Name)
+		s.Profile = p.Name
 		if s.Name == "" {
 			bad("%s: no name", where)
 		}
