@@ -18,8 +18,9 @@ import (
 // path. Several left that read the message as the same request: it is
 // served and detection goes on. Several that disagree: ambiguous, served
 // under the configured default when it fits, otherwise under the newest
-// fitting table that does not read it as CLEAR (a guess must never wipe the
-// cache); logged once per peer; detection goes on. A message that fits no
+// fitting table, but never as CLEAR when another table reads it otherwise
+// (a guess must never wipe the cache); logged once per peer; detection goes
+// on. A message that fits no
 // candidate is bad input under the default (counted and dropped) and does
 // not narrow anything. A peer still undecided after maxUndecided messages
 // is settled on that same tie-break.
@@ -172,19 +173,24 @@ func (s *Server) route(peer []byte, frames [][]byte) (prof *protocol.Profile, sp
 }
 
 // tieBreak picks among disagreeing fits: the default when it fits, else the
-// newest table not reading the message as CLEAR, else the newest.
+// newest table; but never a reading as CLEAR while another table reads the
+// message as something else (a guess must not wipe the cache).
 func (d *detector) tieBreak(fits []fit) fit {
+	safe := fits[:0:0]
 	for _, f := range fits {
+		if f.spec.Handler != protocol.Clear {
+			safe = append(safe, f)
+		}
+	}
+	if len(safe) == 0 {
+		safe = fits
+	}
+	for _, f := range safe {
 		if d.profiles[f.idx] == d.def {
 			return f
 		}
 	}
-	for _, f := range fits {
-		if f.spec.Handler != protocol.Clear {
-			return f
-		}
-	}
-	return fits[0]
+	return safe[0]
 }
 
 // typeText is the type frame as a number for logs ("?" when undecodable).

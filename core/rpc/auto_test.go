@@ -236,24 +236,34 @@ func TestAutoAmbiguousFallsBackToDefault(t *testing.T) {
 	}
 }
 
-// TestAutoNeverGuessesClear: with a default that does not fit, a message
-// one candidate reads as CLEAR is served under another table.
+// TestAutoNeverGuessesClear: a message one candidate reads as CLEAR and
+// another as something else is never served as CLEAR, whether the default
+// does not fit (rpc-messages) or is the table reading it as CLEAR (v2).
 func TestAutoNeverGuessesClear(t *testing.T) {
 	profiles := autoProfiles(t)
-	h := start(t, rpc.Options{Profile: profiles[0], Detect: profiles})
-	var s seen
-	recordAll(h, &s, map[string]any{protocol.Ping: true, protocol.GetChunkSize: int64(64)})
-	d := rawDealer(t, h.srv.Endpoint())
-	// 17 []: engine-driven CLEAR, nongpu-v2 GET_CHUNK_SIZE, nongpu-v1 PING;
-	// the default rpc-messages needs one frame.
-	if _, err := d.SendMessage(enc(t, int64(1)), enc(t, int64(17))); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := d.RecvMessageBytes(0); err != nil {
-		t.Fatal(err)
-	}
-	if strings.Contains(s.last(), "CLEAR") {
-		t.Errorf("ambiguous message guessed as %s", s.last())
+	for _, c := range []struct {
+		def  *protocol.Profile
+		typ  int64
+		want string
+	}{
+		// 17 []: engine-driven CLEAR, nongpu-v2 GET_CHUNK_SIZE, nongpu-v1 PING.
+		{profiles[0], 17, "nongpu-v2:GET_CHUNK_SIZE"},
+		// 16 []: nongpu-v2 CLEAR, nongpu-v1 GET_CHUNK_SIZE (the default v2 reads CLEAR).
+		{profiles[2], 16, "nongpu-v1:GET_CHUNK_SIZE"},
+	} {
+		h := start(t, rpc.Options{Profile: c.def, Detect: profiles})
+		var s seen
+		recordAll(h, &s, map[string]any{protocol.Ping: true, protocol.GetChunkSize: int64(64)})
+		d := rawDealer(t, h.srv.Endpoint())
+		if _, err := d.SendMessage(enc(t, int64(1)), enc(t, c.typ)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := d.RecvMessageBytes(0); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.HasPrefix(s.last(), c.want) {
+			t.Errorf("default %s, type %d: served as %s, want %s", c.def.Name, c.typ, s.last(), c.want)
+		}
 	}
 }
 
