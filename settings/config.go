@@ -115,7 +115,7 @@ func Default() Config {
 			HashAlgorithm:           "blake3",
 			TransferMode:            "non_gpu",
 			Protocol:                "nongpu-v1",
-			ProtocolAutoDefault:     "nongpu-v1",
+			ProtocolAutoDefault:     "rpc-messages",
 			MaxMessageBytes:         1 << 30,
 			MaxInstances:            1024,
 			MaxTokensPerRequest:     2 << 20,

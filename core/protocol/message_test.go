@@ -33,13 +33,26 @@ func msgSpec(t *testing.T, p *protocol.Profile, num int64) *protocol.Spec {
 	return s
 }
 
-// TestRPCMessagesFrozenTable pins the newest profile to upstream's frozen
-// wire ids (tests/v1/multiprocess/test_protocols.py @ 00e8c126).
-func TestRPCMessagesFrozenTable(t *testing.T) {
-	p := loadProfile(t, "rpc-messages")
-	if !p.Message() || p.ErrorMarker {
-		t.Fatalf("framing %q error_marker %v", p.Framing, p.ErrorMarker)
+// TestFrozenTables pins the newest profile and the last frames era to
+// upstream's frozen wire ids (tests/v1/multiprocess/test_protocols.py @ 00e8c126).
+func TestFrozenTables(t *testing.T) {
+	for _, name := range []string{"rpc-messages", "engine-driven-v2"} {
+		p := loadProfile(t, name)
+		if p.Message() != (name == "rpc-messages") || p.ErrorMarker {
+			t.Fatalf("%s: framing %q error_marker %v", name, p.Framing, p.ErrorMarker)
+		}
+		checkFrozen(t, p)
 	}
+	ed2 := loadProfile(t, "engine-driven-v2")
+	for num, shape := range map[int64]string{10: "[str float]", 20: "[bool]", 22: "[int?]"} {
+		if s := msgSpec(t, ed2, num); fmt.Sprint(s.Payload) != shape {
+			t.Errorf("engine-driven-v2 %s payload %v, want %s", s.Name, s.Payload, shape)
+		}
+	}
+}
+
+func checkFrozen(t *testing.T, p *protocol.Profile) {
+	t.Helper()
 	frozen := map[string]int64{"REGISTER_KV_CACHE": 1, "UNREGISTER_KV_CACHE": 2, "REGISTER_Q_CACHE": 3,
 		"UNREGISTER_Q_CACHE": 4, "STORE_Q": 5, "STORE": 6, "RETRIEVE": 7, "LOOKUP": 8,
 		"QUERY_PREFETCH_STATUS": 9, "WAIT_PREFETCH_STATUS": 10, "QUERY_PREFETCH_LOOKUP_HITS": 11,
@@ -52,10 +65,14 @@ func TestRPCMessagesFrozenTable(t *testing.T) {
 	}
 	for name, num := range frozen {
 		if s, ok := p.ByNumber(num); !ok || s.Name != name {
-			t.Errorf("number %d = %v, want %s", num, s, name)
+			t.Errorf("%s: number %d = %v, want %s", p.Name, num, s, name)
 		}
 	}
+	served := map[string]int64{"engine-driven-v2": 2} // UNREGISTER_KV_CACHE [instance_id], as in every frames era
 	for _, num := range []int64{1, 2, 3, 4, 5, 6, 7} {
+		if served[p.Name] == num {
+			continue
+		}
 		if s := msgSpec(t, p, num); s.Unsupported != protocol.KindCUDAUnsupported {
 			t.Errorf("%s served", s.Name)
 		}

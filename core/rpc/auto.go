@@ -21,8 +21,9 @@ import (
 // fitting table, but never as CLEAR when another table reads it otherwise
 // (a guess must never wipe the cache); logged once per peer; detection goes
 // on. A message that fits no
-// candidate is bad input under the default (counted and dropped) and does
-// not narrow anything. A peer still undecided after maxUndecided messages
+// candidate (GPU-path requests included: they carry no evidence) is
+// handled under the default, as bad or unsupported input, and narrows
+// nothing. A peer still undecided after maxUndecided messages
 // is settled on that same tie-break.
 //
 // The state is bounded: at most maxPeers peers are remembered, least
@@ -113,14 +114,14 @@ func (s *Server) route(peer []byte, frames [][]byte) (prof *protocol.Profile, sp
 			continue
 		}
 		sp, err := p.DecodeHead(frames)
-		if err != nil {
+		if err != nil || sp.Unsupported != "" {
+			// A request a table does not serve (GPU path) carries no
+			// evidence: any payload "fits" it.
 			continue
 		}
-		var a []any
-		if sp.Unsupported == "" {
-			if a, err = p.DecodePayloadLimits(sp, frames[2:], s.lim); err != nil {
-				continue
-			}
+		a, err := p.DecodePayloadLimits(sp, frames[2:], s.lim)
+		if err != nil {
+			continue
 		}
 		fits = append(fits, fit{idx: i, spec: sp, args: a})
 	}

@@ -120,8 +120,8 @@ func mustSpec(t *testing.T, p *protocol.Profile, name string) *protocol.Spec {
 
 // autoProfiles are the detection tables, newest first, as the engine gives them.
 func autoProfiles(t *testing.T) []*protocol.Profile {
-	return []*protocol.Profile{profile(t, "rpc-messages"), profile(t, "engine-driven"),
-		profile(t, "nongpu-v2"), profile(t, "nongpu-v1")}
+	return []*protocol.Profile{profile(t, "rpc-messages"), profile(t, "engine-driven-v2"),
+		profile(t, "engine-driven"), profile(t, "nongpu-v2"), profile(t, "nongpu-v1")}
 }
 
 // TestAutoDetectsEachTable runs one worker flow per table (register, store,
@@ -131,7 +131,7 @@ func autoProfiles(t *testing.T) []*protocol.Profile {
 func TestAutoDetectsEachTable(t *testing.T) {
 	profiles := autoProfiles(t)
 	var logs logbuf.Buffer
-	h := start(t, rpc.Options{Profile: profiles[3], Detect: profiles,
+	h := start(t, rpc.Options{Profile: profiles[4], Detect: profiles,
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	var s seen
 	recordAll(h, &s, map[string]any{protocol.CommitStore: true, protocol.CommitRetrieve: true,
@@ -197,7 +197,7 @@ func TestAutoDetectsEachTable(t *testing.T) {
 func TestAutoAmbiguousFallsBackToDefault(t *testing.T) {
 	profiles := autoProfiles(t)
 	var logs logbuf.Buffer
-	h := start(t, rpc.Options{Profile: profiles[3], Detect: profiles,
+	h := start(t, rpc.Options{Profile: profiles[4], Detect: profiles,
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	var s seen
 	recordAll(h, &s, map[string]any{protocol.Ping: true, protocol.GetChunkSize: int64(64), protocol.Noop: "OK"})
@@ -234,6 +234,20 @@ func TestAutoAmbiguousFallsBackToDefault(t *testing.T) {
 	if s.last() != "nongpu-v1:NOOP0" {
 		t.Errorf("19 served as %s", s.last())
 	}
+	// A GPU-path request (3: STORE or REGISTER_Q_CACHE in every table) is
+	// no evidence: counted as unsupported under the default, and a later
+	// message still decides.
+	send(3, enc(t, "a"), enc(t, int64(1)))
+	send(11, enc(t, protocol.Key{ModelName: "m", WorldSize: 1, TokenIDs: []uint32{1}, End: 1}), enc(t, int64(1)))
+	if _, err := d.RecvMessageBytes(0); err != nil {
+		t.Fatal(err)
+	}
+	if h.srv.Stats().BadInput[protocol.KindCUDAUnsupported] != 1 {
+		t.Errorf("bad input %v", h.srv.Stats().BadInput)
+	}
+	if s.last() != "nongpu-v1:PREPARE_STORE2" || h.srv.Stats().Detections["nongpu-v1"] != 1 {
+		t.Errorf("11 [key, int] served as %s, detections %v", s.last(), h.srv.Stats().Detections)
+	}
 }
 
 // TestAutoNeverGuessesClear: a message one candidate reads as CLEAR and
@@ -249,7 +263,7 @@ func TestAutoNeverGuessesClear(t *testing.T) {
 		// 17 []: engine-driven CLEAR, nongpu-v2 GET_CHUNK_SIZE, nongpu-v1 PING.
 		{profiles[0], 17, "nongpu-v2:GET_CHUNK_SIZE"},
 		// 16 []: nongpu-v2 CLEAR, nongpu-v1 GET_CHUNK_SIZE (the default v2 reads CLEAR).
-		{profiles[2], 16, "nongpu-v1:GET_CHUNK_SIZE"},
+		{profiles[3], 16, "nongpu-v1:GET_CHUNK_SIZE"},
 	} {
 		h := start(t, rpc.Options{Profile: c.def, Detect: profiles})
 		var s seen
@@ -271,7 +285,7 @@ func TestAutoNeverGuessesClear(t *testing.T) {
 // seen out; the server keeps serving.
 func TestAutoStateBounded(t *testing.T) {
 	profiles := autoProfiles(t)
-	h := start(t, rpc.Options{Profile: profiles[3], Detect: profiles, MaxDetectPeers: 4})
+	h := start(t, rpc.Options{Profile: profiles[4], Detect: profiles, MaxDetectPeers: 4})
 	for i := range 12 {
 		d, err := zmq.NewSocket(zmq.DEALER)
 		if err != nil {

@@ -97,7 +97,7 @@ type Server struct {
 	Segment string
 	// Protocol is the profile the server speaks (--protocol, else nongpu-v1).
 	Protocol    string
-	autoDefault string // --protocol-auto-default, else nongpu-v1
+	autoDefault string // --protocol-auto-default, else rpc-messages
 	cmd         *exec.Cmd
 	out         *logbuf.Buffer
 	done        chan struct{}
@@ -114,7 +114,7 @@ func Start(t testing.TB, extra ...string) *Server {
 	args := []string{"--headless", "--port", fmt.Sprint(s.Port), "--http-port", fmt.Sprint(s.HTTPPort),
 		"--l1-size-gb", "0.0625", "--no-l1-prefault", "--log-level", "debug"}
 	hasName := false
-	s.Protocol, s.autoDefault = "nongpu-v1", "nongpu-v1"
+	s.Protocol, s.autoDefault = "nongpu-v1", "rpc-messages"
 	for i, a := range extra {
 		if a == "--protocol" && i+1 < len(extra) {
 			s.Protocol = extra[i+1]

@@ -32,12 +32,12 @@ func runProtoWorker(t *testing.T, endpoint string, params map[string]any) protoR
 
 // TestProtocolAutoOneWorkerPerTable: one server with --protocol auto, and a
 // real pyzmq/msgpack/torch worker of every table (nongpu-v1, nongpu-v2,
-// engine-driven, rpc-messages) registering, storing through SHM, retrieving
+// engine-driven, engine-driven-v2, rpc-messages) registering, storing through SHM, retrieving
 // identical bytes, asking the chunk size and unregistering. Each peer is
 // settled on its own table, logged with the evidence.
 func TestProtocolAutoOneWorkerPerTable(t *testing.T) {
 	srv := harness.Start(t, "--protocol", "auto", "--chunk-size", "16")
-	tables := []string{"nongpu-v1", "nongpu-v2", "engine-driven", "rpc-messages"}
+	tables := []string{"nongpu-v1", "nongpu-v2", "engine-driven", "engine-driven-v2", "rpc-messages"}
 	for i, table := range tables {
 		res := runProtoWorker(t, srv.Endpoint, map[string]any{"profile": table, "model": "auto-m",
 			"dtype": "bfloat16", "layers": 2, "hidden": 32, "mla": false, "world": 1, "chunk": 16,
@@ -58,7 +58,7 @@ func TestProtocolAutoOneWorkerPerTable(t *testing.T) {
 // TestProtocolExplicitProfiles: each table still works with its explicit
 // --protocol, the newest one included.
 func TestProtocolExplicitProfiles(t *testing.T) {
-	for _, table := range []string{"engine-driven", "rpc-messages"} {
+	for _, table := range []string{"engine-driven", "engine-driven-v2", "rpc-messages"} {
 		t.Run(table, func(t *testing.T) {
 			srv := harness.Start(t, "--protocol", table, "--chunk-size", "16")
 			res := runProtoWorker(t, srv.Endpoint, map[string]any{"profile": table, "model": "x-" + table,

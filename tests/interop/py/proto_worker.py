@@ -1,5 +1,5 @@
-"""A worker of one LMCache table (nongpu-v1, nongpu-v2, engine-driven or
-rpc-messages), for kvdock's protocol tests.
+"""A worker of one LMCache table (nongpu-v1, nongpu-v2, engine-driven,
+engine-driven-v2 or rpc-messages), for kvdock's protocol tests.
 
 Frames tables send one msgpack frame per argument (as MessageQueueClient did
 up to the engine-driven era); rpc-messages sends one request struct per
@@ -20,12 +20,19 @@ import msgpack
 
 import lmcache_worker as lw
 
-# engine-driven: protocols/base.py @ 006ebb57; rpc-messages: the frozen
-# table of tests/v1/multiprocess/test_protocols.py @ 00e8c126.
+# engine-driven: protocols/base.py @ 006ebb57; engine-driven-v2 and
+# rpc-messages: the frozen table of tests/v1/multiprocess/test_protocols.py
+# @ 00e8c126.
 lw.PROFILES["engine-driven"] = dict(
     LOOKUP=5, QUERY_PREFETCH_STATUS=6, QUERY_PREFETCH_LOOKUP_HITS=7, FREE_LOOKUP_LOCKS=8,
     END_SESSION=9, REGISTER=10, UNREGISTER=11, PREPARE_STORE=12, COMMIT_STORE=13,
     PREPARE_RETRIEVE=15, COMMIT_RETRIEVE=16, CLEAR=17, GET_CHUNK_SIZE=18, PING=19, NOOP=21,
+)
+lw.PROFILES["engine-driven-v2"] = dict(
+    LOOKUP=8, QUERY_PREFETCH_STATUS=9, WAIT_PREFETCH_STATUS=10, QUERY_PREFETCH_LOOKUP_HITS=11,
+    FREE_LOOKUP_LOCKS=12, END_SESSION=13, REGISTER=14, UNREGISTER=15, PREPARE_STORE=16,
+    COMMIT_STORE=17, PREPARE_RETRIEVE=18, COMMIT_RETRIEVE=19, CLEAR=20, GET_CHUNK_SIZE=21,
+    PING=22, NOOP=24,
 )
 lw.PROFILES["rpc-messages"] = dict(
     LOOKUP=8, QUERY_PREFETCH_STATUS=9, WAIT_PREFETCH_STATUS=10, QUERY_PREFETCH_LOOKUP_HITS=11,
@@ -120,7 +127,7 @@ def main():
         # then WAIT_PREFETCH_STATUS (newest) or QUERY_PREFETCH_STATUS polls.
         sched = Client(endpoint, p["profile"])
         rid = "ret-%d" % p["instance_id"]
-        if p["profile"] == "rpc-messages":
+        if p["profile"] in ("rpc-messages", "engine-driven-v2"):
             k = lw.key(p["model"], p["world"], None, tokens, 0, len(tokens), rid)
             lw.check(sched.call("LOOKUP", k, 1) is lw.NO_REPLY, "LOOKUP answered a result")
             hits = sched.call("WAIT_PREFETCH_STATUS", rid, 5.0)
