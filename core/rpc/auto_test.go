@@ -319,3 +319,41 @@ func toAny(frames [][]byte) []any {
 	}
 	return out
 }
+
+// TestAutoSettlesAPeerThatStaysAmbiguous: a peer whose messages every
+// candidate reads alike (a scheduler sending LOOKUP, which means LOOKUP in
+// the three older tables) is served throughout and settled after the bound
+// on undecided messages, once.
+func TestAutoSettlesAPeerThatStaysAmbiguous(t *testing.T) {
+	profiles := autoProfiles(t)
+	h := start(t, rpc.Options{Profile: profiles[0], Detect: profiles})
+	var s seen
+	recordAll(h, &s, nil)
+	d := rawDealer(t, h.srv.Endpoint())
+	k := enc(t, protocol.Key{ModelName: "m", WorldSize: 1, TokenIDs: []uint32{1}, End: 1})
+	for i := range 100 {
+		if _, err := d.SendMessage(enc(t, int64(i)), enc(t, int64(5)), k, enc(t, int64(1))); err != nil {
+			t.Fatal(err)
+		}
+		// LOOKUP answers nothing under frames tables: wait for the handler.
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			s.mu.Lock()
+			n := len(s.calls)
+			s.mu.Unlock()
+			if n == i+1 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("message %d not handled (%d calls)", i, n)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	if !strings.HasSuffix(s.last(), ":LOOKUP2") {
+		t.Errorf("LOOKUP served as %s", s.last())
+	}
+	if got := h.srv.Stats().Detections; len(got) != 1 || got["engine-driven"] != 1 {
+		t.Errorf("detections %v, want the newest fitting table once", got)
+	}
+}
