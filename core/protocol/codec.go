@@ -17,7 +17,7 @@ import (
 const (
 	TypeKey      = "key"              // Key
 	TypeInt      = "int"              // int64
-	TypeOptInt   = "int?"             // *int64 (nil for msgpack nil)
+	TypeOptInt   = "int?"             // int64, or nil for msgpack nil
 	TypeBool     = "bool"             // bool
 	TypeFloat    = "float"            // float64 (finite; ints accepted)
 	TypeStr      = "str"              // string
@@ -113,16 +113,11 @@ func DecodeValueLimits(typ string, frame []byte, lim Limits) (any, error) {
 	case TypeInt:
 		v, err = decodeLooseInt(d)
 	case TypeOptInt:
+		// An untyped nil for msgpack nil (so a handler's args[i] == nil
+		// holds), an int64 otherwise.
 		var isNil bool
-		if isNil, err = peekNil(d); err == nil {
-			if isNil {
-				v = (*int64)(nil)
-			} else {
-				var n int64
-				if n, err = decodeLooseInt(d); err == nil {
-					v = &n
-				}
-			}
+		if isNil, err = peekNil(d); err == nil && !isNil {
+			v, err = decodeLooseInt(d)
 		}
 	case TypeBool:
 		v, err = decodeLooseBool(d)
