@@ -127,7 +127,10 @@ func (e *Engine) handlers(cfg settings.Config, p *plane) map[string]rpc.Handler 
 		},
 		protocol.GetChunkSize: func(context.Context, *rpc.Request) (any, error) { return chunk, nil },
 		protocol.Noop:         func(context.Context, *rpc.Request) (any, error) { return "OK", nil },
-		protocol.Ping:         func(context.Context, *rpc.Request) (any, error) { return true, nil },
+		// No experimental intermediate-tensor transfer is served: the empty
+		// list upstream answers when none is enabled (controller.py @ 08c7d2fa).
+		protocol.GetExperimental: func(context.Context, *rpc.Request) (any, error) { return []string{}, nil },
+		protocol.Ping:            func(context.Context, *rpc.Request) (any, error) { return true, nil },
 		protocol.Clear: func(_ context.Context, req *rpc.Request) (any, error) {
 			// [] or [force] (engine-driven controller.py @ 08c7d2fa, PR #5158).
 			// Either way the same clear: unlocked objects go, locked ones are

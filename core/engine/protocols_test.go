@@ -80,3 +80,19 @@ func TestWaitPrefetchStatusOverTheWire(t *testing.T) {
 		t.Fatal("NaN timeout answered")
 	}
 }
+
+// TestGetExperimentalAnswersNone: both frozen-number profiles answer
+// GET_EXPERIMENTAL with no experimental transfer types.
+func TestGetExperimentalAnswersNone(t *testing.T) {
+	for _, prof := range []string{"engine-driven-v2", "rpc-messages"} {
+		cfg, _ := testConfig(t)
+		cfg.Server.Protocol = prof
+		startEngine(t, cfg)
+		c := dial(t, cfg.Server.Port, prof)
+		r, err := c.Call(context.Background(), protocol.GetExperimental)
+		var names []string
+		if err != nil || r.Decode(&names) != nil || names == nil || len(names) != 0 {
+			t.Errorf("%s: GET_EXPERIMENTAL %+v %v %v", prof, r, err, names)
+		}
+	}
+}

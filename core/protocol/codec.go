@@ -38,6 +38,7 @@ const (
 	ResultPrepareStore     = "prepare_store_response"
 	ResultPrepareRetrieve  = "prepare_retrieve_response"
 	ResultOptRegisterReply = "register_response?"
+	ResultStrList          = "list[str]"
 )
 
 func knownPayloadType(t string) bool {
@@ -51,7 +52,7 @@ func knownPayloadType(t string) bool {
 func knownResultType(t string) bool {
 	switch t {
 	case ResultNone, ResultInt, ResultOptInt, ResultBool, ResultStr, ResultRegister,
-		ResultPrepareStore, ResultPrepareRetrieve, ResultOptRegisterReply:
+		ResultPrepareStore, ResultPrepareRetrieve, ResultOptRegisterReply, ResultStrList:
 		return true
 	}
 	return false

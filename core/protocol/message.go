@@ -179,7 +179,7 @@ func validateMessageSpec(s *Spec, message bool, bad func(string, ...any), where 
 	}
 	scalar := false
 	switch s.Result {
-	case ResultInt, ResultOptInt, ResultBool, ResultStr:
+	case ResultInt, ResultOptInt, ResultBool, ResultStr, ResultStrList:
 		scalar = true
 	}
 	switch {

@@ -59,7 +59,7 @@ func checkFrozen(t *testing.T, p *protocol.Profile) {
 		"FREE_LOOKUP_LOCKS": 12, "END_SESSION": 13, "REGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT": 14,
 		"UNREGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT": 15, "PREPARE_STORE": 16, "COMMIT_STORE": 17,
 		"PREPARE_RETRIEVE": 18, "COMMIT_RETRIEVE": 19, "CLEAR": 20, "GET_CHUNK_SIZE": 21, "PING": 22,
-		"REPORT_BLOCK_ALLOCATION": 23, "NOOP": 24}
+		"REPORT_BLOCK_ALLOCATION": 23, "NOOP": 24, "GET_EXPERIMENTAL": 32}
 	if len(p.Requests) != len(frozen) {
 		t.Fatalf("%d requests, want %d", len(p.Requests), len(frozen))
 	}
@@ -215,6 +215,7 @@ func TestMessageReplyFrames(t *testing.T) {
 		{8, nil, "map[]"},
 		{15, nil, "map[]"},
 		{14, protocol.RegisterResponse{ShmName: "s", PoolSize: 9}, "map[pool_size:9 shm_name:s]"},
+		{32, []string{}, "map[names:[]]"},
 	} {
 		b, ok, err := p.ReplyFrame(msgSpec(t, p, c.num), c.res)
 		if err != nil || !ok {

@@ -41,6 +41,7 @@ const (
 	Ping                           = "PING"
 	ReportBlockAllocation          = "REPORT_BLOCK_ALLOCATION"
 	Noop                           = "NOOP"
+	GetExperimental                = "GET_EXPERIMENTAL"
 )
 
 // CanonicalNames lists every canonical handler name.
@@ -49,7 +50,7 @@ func CanonicalNames() []string {
 		QueryPrefetchStatus, WaitPrefetchStatus, QueryPrefetchLookupHits, FreeLookupLocks, EndSession,
 		RegisterKVCacheNonGPUContext, UnregisterKVCacheNonGPUContext, PrepareStore,
 		CommitStore, CommitStoreGroup, PrepareRetrieve, CommitRetrieve, Clear,
-		GetChunkSize, Ping, ReportBlockAllocation, Noop}
+		GetChunkSize, Ping, ReportBlockAllocation, Noop, GetExperimental}
 }
 
 // Class is where a request runs (spec 1.5).
