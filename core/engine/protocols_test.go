@@ -3,10 +3,13 @@ package engine
 import (
 	"context"
 	"encoding/binary"
+	"slices"
 	"testing"
 
+	"kvdock/assets"
 	"kvdock/core/keys"
 	"kvdock/core/protocol"
+	"kvdock/settings"
 )
 
 // TestClearForceKeepsLockedBytes: CLEAR [force] (engine-driven, newest) and
@@ -94,5 +97,24 @@ func TestGetExperimentalAnswersNone(t *testing.T) {
 		if err != nil || r.Decode(&names) != nil || names == nil || len(names) != 0 {
 			t.Errorf("%s: GET_EXPERIMENTAL %+v %v %v", prof, r, err, names)
 		}
+	}
+}
+
+// TestSettingsNameEveryProfile: the profiles settings accept are exactly the
+// embedded tables, and auto detects among all of them, newest first.
+func TestSettingsNameEveryProfile(t *testing.T) {
+	got := slices.Sorted(slices.Values(settings.ProtocolProfiles()))
+	if want := assets.ProtocolNames(); !slices.Equal(got, want) {
+		t.Fatalf("settings.ProtocolProfiles %v, embedded tables %v", got, want)
+	}
+	cfg := settings.Default().Server
+	cfg.Protocol = settings.ProtocolAuto
+	def, all, err := profiles(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if def.Name != cfg.ProtocolAutoDefault || len(all) != len(got) || all[0].Name != "rpc-messages" ||
+		all[len(all)-1].Name != "nongpu-v1" || !slices.Contains(all, def) {
+		t.Fatalf("auto: default %s, detect order %v", def.Name, all)
 	}
 }
