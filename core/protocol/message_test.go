@@ -179,6 +179,17 @@ func TestMessageDecodeRejects(t *testing.T) {
 		frames [][]byte
 		want   string
 	}{"deep unknown", 21, [][]byte{deep}, "deep"})
+	// An unknown field announcing 2^31 items it does not carry, and a map
+	// announcing more pairs than bytes: refused before any allocation.
+	huge := []byte{0x81}
+	huge = append(huge, pack(t, "x")...)
+	huge = append(huge, 0xdd, 0x80, 0, 0, 0)
+	bigMap := []byte{0xdf, 0x7f, 0xff, 0xff, 0xff}
+	for _, f := range [][]byte{huge, bigMap} {
+		if _, err := p.DecodePayload(msgSpec(t, p, 21), [][]byte{f}); err == nil {
+			t.Errorf("frame %x decoded", f)
+		}
+	}
 	for _, c := range cases {
 		_, err := p.DecodePayload(msgSpec(t, p, c.num), c.frames)
 		if err == nil || !strings.Contains(err.Error(), c.want) {

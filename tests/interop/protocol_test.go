@@ -33,7 +33,8 @@ func runProtoWorker(t *testing.T, endpoint string, params map[string]any) protoR
 // TestProtocolAutoOneWorkerPerTable: one server with --protocol auto, and a
 // real pyzmq/msgpack/torch worker of every table (nongpu-v1, nongpu-v2,
 // engine-driven, engine-driven-v2, rpc-messages) registering, storing through SHM, retrieving
-// identical bytes, asking the chunk size and unregistering. Each peer is
+// identical bytes, clearing (CLEAR [force] where the table has it) so a
+// lookup then misses, asking the chunk size and unregistering. Each peer is
 // settled on its own table, logged with the evidence.
 func TestProtocolAutoOneWorkerPerTable(t *testing.T) {
 	srv := harness.Start(t, "--protocol", "auto", "--chunk-size", "16")
@@ -42,7 +43,7 @@ func TestProtocolAutoOneWorkerPerTable(t *testing.T) {
 		res := runProtoWorker(t, srv.Endpoint, map[string]any{"profile": table, "model": "auto-m",
 			"dtype": "bfloat16", "layers": 2, "hidden": 32, "mla": false, "world": 1, "chunk": 16,
 			"instance_id": 100 + i, "seed": 7 + i})
-		if res.Error != "" || len(res.Steps) != 5 || res.Steps[0][1] != "shm" {
+		if res.Error != "" || len(res.Steps) != 6 || res.Steps[0][1] != "shm" {
 			t.Errorf("%s worker: %+v", table, res)
 		}
 	}
@@ -64,7 +65,7 @@ func TestProtocolExplicitProfiles(t *testing.T) {
 			res := runProtoWorker(t, srv.Endpoint, map[string]any{"profile": table, "model": "x-" + table,
 				"dtype": "float16", "layers": 2, "hidden": 16, "mla": false, "world": 1, "chunk": 16,
 				"instance_id": 1, "seed": 3})
-			if res.Error != "" || len(res.Steps) != 5 {
+			if res.Error != "" || len(res.Steps) != 6 {
 				t.Errorf("%s worker: %+v", table, res)
 			}
 		})

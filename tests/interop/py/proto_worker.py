@@ -7,7 +7,8 @@ message and reads one reply struct per answer (mq.py @ 00e8c126), encoded
 the way msgspec encodes the upstream dataclasses: a map of every field in
 declaration order. It registers, stores chunks (SHM when the server
 advertises a segment, pickle otherwise), retrieves them and checks the bytes
-are identical, then asks the chunk size and unregisters. It prints one JSON
+are identical, clears the cache (with force where the table has it) and
+checks a lookup then misses, asks the chunk size and unregisters. It prints one JSON
 line and exits 0 when every check held.
 
 Usage: proto_worker.py ENDPOINT JSON_PARAMS
@@ -141,6 +142,26 @@ def main():
                      "retrieved bytes differ from the stored ones")
         steps.append(["retrieve", "identical"])
         sched.call("END_SESSION", rid)
+        # CLEAR from the worker's DEALER, settled on its table by now (a
+        # scheduler that only looked up is not: CLEAR's number means other
+        # requests in other tables). [force] where the table has it
+        # (engine-driven tolerates it; the newest ClearRequest.force, PR
+        # #5158), [] before. The stored chunks are gone afterwards.
+        if p["profile"] in ("nongpu-v1", "nongpu-v2"):
+            res = w.c.call("CLEAR")
+        else:
+            res = w.c.call("CLEAR", True)
+        lw.check(res is lw.NO_REPLY, f"CLEAR answered {res!r}")
+        rid2 = rid + "-after-clear"
+        if p["profile"] in ("rpc-messages", "engine-driven-v2"):
+            k = lw.key(p["model"], p["world"], None, tokens, 0, len(tokens), rid2)
+            sched.call("LOOKUP", k, 1)
+            hits = sched.call("WAIT_PREFETCH_STATUS", rid2, 5.0)
+        else:
+            hits = lw.lookup(sched, p, tokens, rid2)
+        lw.check(hits == 0, f"lookup after CLEAR hits {hits!r}, want 0")
+        steps.append(["clear", hits])
+        sched.call("END_SESSION", rid2)
         sched.close()
         n = w.c.call("GET_CHUNK_SIZE")
         lw.check(n == p["chunk"], f"GET_CHUNK_SIZE answered {n!r}")
