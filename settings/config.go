@@ -40,6 +40,8 @@ type ServerConfig struct {
 	// (pickle for every worker), other = that segment name (normalised).
 	ShmName  *string `koanf:"shm_name"`
 	Protocol string  `koanf:"protocol"`
+	// ProtocolAutoDefault is the fallback profile of Protocol "auto".
+	ProtocolAutoDefault string `koanf:"protocol_auto_default"`
 	// MaxMessageBytes rejects larger ZMQ messages without allocating them;
 	// an upper bound on the cap derived from the registered layouts.
 	MaxMessageBytes int64 `koanf:"max_message_bytes"`
@@ -113,6 +115,7 @@ func Default() Config {
 			HashAlgorithm:           "blake3",
 			TransferMode:            "non_gpu",
 			Protocol:                "nongpu-v1",
+			ProtocolAutoDefault:     "rpc-messages",
 			MaxMessageBytes:         1 << 30,
 			MaxInstances:            1024,
 			MaxTokensPerRequest:     2 << 20,

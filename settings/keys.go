@@ -124,10 +124,16 @@ func table() []keyDef {
 			field: func(c *Config) any { return &c.Server.ShmName },
 			check: func(c Config) string { return checkShmName(c.Server.ShmName) }},
 		{key: "server.protocol", flag: "protocol", class: Restart,
-			help:  "wire protocol profile: nongpu-v1, nongpu-v2 or engine-driven",
+			help:  "wire protocol profile: nongpu-v1, nongpu-v2, engine-driven, engine-driven-v2, rpc-messages, or auto (detected per worker)",
 			field: func(c *Config) any { return &c.Server.Protocol },
 			check: func(c Config) string {
-				return oneOf(c.Server.Protocol, "nongpu-v1", "nongpu-v2", "engine-driven")
+				return oneOf(c.Server.Protocol, append(ProtocolProfiles(), ProtocolAuto)...)
+			}},
+		{key: "server.protocol_auto_default", flag: "protocol-auto-default", class: Restart,
+			help:  "with --protocol auto: the profile an ambiguous worker message is read under, and the one kvdock ctl speaks",
+			field: func(c *Config) any { return &c.Server.ProtocolAutoDefault },
+			check: func(c Config) string {
+				return oneOf(c.Server.ProtocolAutoDefault, ProtocolProfiles()...)
 			}},
 		{key: "server.max_message_bytes", flag: "max-message-bytes", class: Restart,
 			help:  "largest ZMQ message accepted, in bytes",
@@ -312,6 +318,24 @@ func intMin(v, lo int, msg string) string {
 		return msg
 	}
 	return ""
+}
+
+// ProtocolAuto is the server.protocol value that detects each worker's table.
+const ProtocolAuto = "auto"
+
+// ProtocolProfiles lists the explicit protocol profiles, oldest first (the
+// names of assets/protocols/*.yaml).
+func ProtocolProfiles() []string {
+	return []string{"nongpu-v1", "nongpu-v2", "engine-driven", "engine-driven-v2", "rpc-messages"}
+}
+
+// ClientProtocol is the profile a client of this server speaks: the
+// configured one, or under auto the auto default.
+func (s ServerConfig) ClientProtocol() string {
+	if s.Protocol == ProtocolAuto {
+		return s.ProtocolAutoDefault
+	}
+	return s.Protocol
 }
 
 func oneOf(v string, accepted ...string) string {

@@ -210,7 +210,7 @@ func TestValidationListsEveryProblemWithItsSource(t *testing.T) {
 	got := problems(t, err)
 	want := []string{
 		"server.port = 70000 (from " + file + ":2): must be in 1..65535",
-		`server.protocol = "nongpu-v9" (from ` + file + ":3): accepted: nongpu-v1, nongpu-v2, engine-driven",
+		`server.protocol = "nongpu-v9" (from ` + file + ":3): accepted: nongpu-v1, nongpu-v2, engine-driven, engine-driven-v2, rpc-messages, auto",
 		"log.level = \"loud\" (from " + file + ":5): accepted: debug, info, warn, error",
 		"l1.size_gb = -2 (from KVDOCK_L1_SIZE_GB): must be > 0",
 		"ui.refresh = 10ms (from KVDOCK_REFRESH): must be a duration >= 100ms",
@@ -242,6 +242,8 @@ func TestValidateRules(t *testing.T) {
 		{"server.hash_algorithm", "sha256", false},
 		{"server.transfer_mode", "gpu", false}, {"server.transfer_mode", "non_gpu", true},
 		{"server.protocol", "engine-driven", true}, {"server.protocol", "nongpu-v3", false},
+		{"server.protocol", "auto", true}, {"server.protocol", "rpc-messages", true},
+		{"server.protocol_auto_default", "engine-driven", true}, {"server.protocol_auto_default", "auto", false},
 		{"server.max_message_bytes", "1048575", false}, {"server.max_message_bytes", "1048576", true},
 		{"server.max_instances", "0", false}, {"server.max_instances", "1", true}, {"server.max_instances", "1048577", false},
 		{"server.shm_name", "", true}, {"server.shm_name", "/pool_1.a-b", true}, {"server.shm_name", "a/b", false},
@@ -469,7 +471,7 @@ func TestKeysGetSet(t *testing.T) {
 	fs := pflag.NewFlagSet("x", pflag.ContinueOnError)
 	settings.RegisterFlags(fs)
 	keys := settings.Keys()
-	if len(keys) != len(settings.KeyNames()) || len(keys) != 40 {
+	if len(keys) != len(settings.KeyNames()) || len(keys) != 41 {
 		t.Fatalf("%d keys", len(keys))
 	}
 	def := settings.Default()

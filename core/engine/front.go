@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math"
 	"net"
+	"slices"
 	"strings"
 	"sync/atomic"
 
@@ -29,7 +30,7 @@ type front struct {
 // startFront binds the wire server for cfg over plane p and returns once it
 // is bound, or with the bind error.
 func (e *Engine) startFront(cfg settings.Config, p *plane) (*front, error) {
-	profile, err := assets.Profile(cfg.Server.Protocol)
+	profile, detect, err := profiles(cfg.Server)
 	if err != nil {
 		return nil, err
 	}
@@ -37,6 +38,7 @@ func (e *Engine) startFront(cfg settings.Config, p *plane) (*front, error) {
 		Host:                   cfg.Server.Host,
 		Port:                   cfg.Server.Port,
 		Profile:                profile,
+		Detect:                 detect,
 		OrderedWorkers:         cfg.Server.GPUWorkers(),
 		SharedWorkers:          cfg.Server.CPUWorkers(),
 		MaxMessageBytes:        cfg.Server.MaxMessageBytes,
@@ -151,4 +153,30 @@ func messageCap(cfg settings.Config, layouts *layout.Registry) func() int64 {
 		}
 		return base + chunks*per
 	}
+}
+
+// profiles are the wire tables of cfg: the one profile, or under auto the
+// auto default and every profile to detect among, newest first (the
+// detection's tie-break order).
+func profiles(cfg settings.ServerConfig) (*protocol.Profile, []*protocol.Profile, error) {
+	if cfg.Protocol != settings.ProtocolAuto {
+		p, err := assets.Profile(cfg.Protocol)
+		return p, nil, err
+	}
+	var def *protocol.Profile
+	var all []*protocol.Profile
+	for _, name := range slices.Backward(settings.ProtocolProfiles()) {
+		p, err := assets.Profile(name)
+		if err != nil {
+			return nil, nil, err
+		}
+		if name == cfg.ProtocolAutoDefault {
+			def = p
+		}
+		all = append(all, p)
+	}
+	if def == nil {
+		return nil, nil, fmt.Errorf("protocol auto: default %q is not a profile", cfg.ProtocolAutoDefault)
+	}
+	return def, all, nil
 }

@@ -2,8 +2,11 @@ package engine
 
 import (
 	"context"
+	"fmt"
+	"time"
 
 	"kvdock/core/keys"
+	"kvdock/core/lookup"
 	"kvdock/core/protocol"
 	"kvdock/core/rpc"
 	"kvdock/settings"
@@ -41,6 +44,25 @@ func requestID(req *rpc.Request) (string, error) {
 	return req.Str(0)
 }
 
+// waitArgs reads WAIT_PREFETCH_STATUS [request_id, timeout seconds].
+func waitArgs(req *rpc.Request) (string, time.Duration, error) {
+	if err := req.Arity(2); err != nil {
+		return "", 0, err
+	}
+	id, err := req.Str(0)
+	if err != nil {
+		return "", 0, err
+	}
+	secs, ok := req.Args[1].(float64)
+	if !ok {
+		return "", 0, fmt.Errorf("%s: timeout is %T, want a float", req.Name, req.Args[1])
+	}
+	// Decoding refused NaN and the infinities; cap before converting so a
+	// huge value cannot overflow the Duration.
+	secs = min(max(secs, 0), lookup.MaxWait.Seconds())
+	return id, time.Duration(secs * float64(time.Second)), nil
+}
+
 // handlers are the lookup and management modules (the transfer module brings
 // its own), by canonical request name.
 func (e *Engine) handlers(cfg settings.Config, p *plane) map[string]rpc.Handler {
@@ -61,6 +83,19 @@ func (e *Engine) handlers(cfg settings.Config, p *plane) map[string]rpc.Handler 
 			hits, done := p.lookup.QueryStatus(id)
 			if !done {
 				return nil, nil // still running: no result frame, as upstream
+			}
+			return int64(hits), nil
+		},
+		protocol.WaitPrefetchStatus: func(ctx context.Context, req *rpc.Request) (any, error) {
+			id, timeout, err := waitArgs(req)
+			if err != nil {
+				return nil, err
+			}
+			// Runs on the shared pool (profile class shared), never on the
+			// socket goroutine; the wait is capped by lookup.MaxWait.
+			hits, done := p.lookup.WaitStatus(ctx, id, timeout)
+			if !done {
+				return nil, nil // timed out: None, as upstream
 			}
 			return int64(hits), nil
 		},
@@ -92,8 +127,23 @@ func (e *Engine) handlers(cfg settings.Config, p *plane) map[string]rpc.Handler 
 		},
 		protocol.GetChunkSize: func(context.Context, *rpc.Request) (any, error) { return chunk, nil },
 		protocol.Noop:         func(context.Context, *rpc.Request) (any, error) { return "OK", nil },
-		protocol.Ping:         func(context.Context, *rpc.Request) (any, error) { return true, nil },
-		protocol.Clear: func(context.Context, *rpc.Request) (any, error) {
+		// No experimental intermediate-tensor transfer is served: the empty
+		// list upstream answers when none is enabled (controller.py @ 08c7d2fa).
+		protocol.GetExperimental: func(context.Context, *rpc.Request) (any, error) { return []string{}, nil },
+		protocol.Ping:            func(context.Context, *rpc.Request) (any, error) { return true, nil },
+		protocol.Clear: func(_ context.Context, req *rpc.Request) (any, error) {
+			// [] or [force] (engine-driven controller.py @ 08c7d2fa, PR #5158).
+			// Either way the same clear: unlocked objects go, locked ones are
+			// doomed (unreadable at once, freed when their holder ends), so
+			// force never frees bytes a transfer is still using.
+			if len(req.Args) > 1 {
+				return nil, fmt.Errorf("CLEAR: %d arguments, want [] or [force]", len(req.Args))
+			}
+			if len(req.Args) == 1 {
+				if _, ok := req.Args[0].(bool); !ok {
+					return nil, fmt.Errorf("CLEAR: force is %T, want a bool", req.Args[0])
+				}
+			}
 			e.clearPlane(p, ClearByWorker)
 			return nil, nil
 		},

@@ -163,6 +163,9 @@ type job struct {
 	hitChunks int
 	running   bool  // the tier phase has not ended
 	cost      int64 // bytes accounted in Module.bytes
+	// done is closed when the tier phase ends (nil for jobs that never ran
+	// one), for WAIT_PREFETCH_STATUS.
+	done chan struct{}
 }
 
 // Stats is a snapshot of the module's counters (lmcache_mp.lookups,
@@ -345,6 +348,7 @@ func (m *Module) startTierPhase(r keys.KeyRequest, ks keys.KeySet, hit, count in
 			j.hitChunks += n
 			j.running = false
 		}
+		close(j.done)
 		m.mu.Unlock()
 		if kept {
 			m.classifyMisses(model, ws, ks, hit+n, true)
@@ -431,6 +435,33 @@ func (m *Module) QueryStatus(requestID string) (hitChunks int, done bool) {
 	m.removeLocked(j)
 	m.answered.Add(1)
 	return j.hitChunks, true
+}
+
+// MaxWait bounds one WAIT_PREFETCH_STATUS: a worker's timeout above it is
+// cut to it, so a waiting request never holds a shared worker for longer.
+const MaxWait = 30 * time.Second
+
+// WaitStatus answers WAIT_PREFETCH_STATUS: QueryStatus once the job's tier
+// phase has ended, waiting for it at most timeout (cut to MaxWait; not
+// positive: no wait) or until ctx ends. done false (None on the wire, the
+// job kept) means the wait timed out. The wait holds no lock.
+func (m *Module) WaitStatus(ctx context.Context, requestID string, timeout time.Duration) (hitChunks int, done bool) {
+	m.mu.Lock()
+	var ch chan struct{}
+	if j, ok := m.jobs[requestID]; ok && j.running {
+		ch = j.done
+	}
+	m.mu.Unlock()
+	if ch != nil && timeout > 0 {
+		t := time.NewTimer(min(timeout, MaxWait))
+		select {
+		case <-ch:
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		t.Stop()
+	}
+	return m.QueryStatus(requestID)
 }
 
 // QueryHits answers QUERY_PREFETCH_LOOKUP_HITS: the job's hit chunks, keeping
@@ -582,6 +613,9 @@ func (m *Module) put(id string, hitChunks int, running bool) *job {
 	// A clone: the id must not pin the buffer the request was decoded from.
 	id = strings.Clone(id)
 	j := &job{id: id, created: now, hitChunks: hitChunks, running: running, cost: int64(jobOverhead + len(id))}
+	if running {
+		j.done = make(chan struct{})
+	}
 	j.elem = m.order.PushBack(j)
 	m.jobs[id] = j
 	m.bytes += j.cost

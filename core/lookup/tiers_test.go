@@ -176,3 +176,49 @@ func TestLookupFullL1HitSkipsTiers(t *testing.T) {
 		t.Fatal("tiers asked for a full L1 hit")
 	}
 }
+
+// TestWaitStatusBlocksUntilTheTierPhaseEnds: WAIT_PREFETCH_STATUS answers
+// None after its timeout while the job loads, then the count as soon as the
+// tier phase ends (woken, not polled), and 0 for an unknown id at once.
+func TestWaitStatusBlocksUntilTheTierPhaseEnds(t *testing.T) {
+	store := newStore()
+	ft := newFakeTiers(store)
+	f := newFixtureStore(t, Options{Tiers: ft}, store)
+	ts := tokens(3 * cs)
+	ks := keysOf(t, ts, 1)
+	store.present[ks[0]] = true
+	ft.held[ks[1]], ft.held[ks[2]] = true, true
+	if err := f.m.Lookup(lookupReq("r", ts, 1), 1); err != nil {
+		t.Fatal(err)
+	}
+	<-ft.calls
+	if n, done := f.m.WaitStatus(context.Background(), "r", time.Millisecond); done || n != 0 {
+		t.Fatalf("WaitStatus while loading = %d, %v; want None", n, done)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, done := f.m.WaitStatus(ctx, "r", time.Hour); done {
+		t.Fatal("WaitStatus with an ended context waited for the job")
+	}
+	type answer struct {
+		n    int
+		done bool
+	}
+	got := make(chan answer, 1)
+	go func() {
+		n, done := f.m.WaitStatus(context.Background(), "r", time.Hour)
+		got <- answer{n, done}
+	}()
+	close(ft.release)
+	select {
+	case a := <-got:
+		if !a.done || a.n != 3 {
+			t.Fatalf("WaitStatus after loading = %d, %v; want 3", a.n, a.done)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("WaitStatus not woken by the end of the tier phase")
+	}
+	if n, done := f.m.WaitStatus(context.Background(), "unknown", time.Hour); !done || n != 0 {
+		t.Fatalf("unknown id = %d, %v; want 0 at once", n, done)
+	}
+}

@@ -17,8 +17,9 @@ import (
 const (
 	TypeKey      = "key"              // Key
 	TypeInt      = "int"              // int64
-	TypeOptInt   = "int?"             // *int64 (nil for msgpack nil)
+	TypeOptInt   = "int?"             // int64, or nil for msgpack nil
 	TypeBool     = "bool"             // bool
+	TypeFloat    = "float"            // float64 (finite; ints accepted)
 	TypeStr      = "str"              // string
 	TypeBytes    = "bytes"            // []byte, a slice of the received frame
 	TypeRegister = "register_payload" // RegisterPayload
@@ -37,11 +38,12 @@ const (
 	ResultPrepareStore     = "prepare_store_response"
 	ResultPrepareRetrieve  = "prepare_retrieve_response"
 	ResultOptRegisterReply = "register_response?"
+	ResultStrList          = "list[str]"
 )
 
 func knownPayloadType(t string) bool {
 	switch t {
-	case TypeKey, TypeInt, TypeOptInt, TypeBool, TypeStr, TypeBytes, TypeRegister, TypeRecords:
+	case TypeKey, TypeInt, TypeOptInt, TypeBool, TypeFloat, TypeStr, TypeBytes, TypeRegister, TypeRecords:
 		return true
 	}
 	return false
@@ -50,7 +52,7 @@ func knownPayloadType(t string) bool {
 func knownResultType(t string) bool {
 	switch t {
 	case ResultNone, ResultInt, ResultOptInt, ResultBool, ResultStr, ResultRegister,
-		ResultPrepareStore, ResultPrepareRetrieve, ResultOptRegisterReply:
+		ResultPrepareStore, ResultPrepareRetrieve, ResultOptRegisterReply, ResultStrList:
 		return true
 	}
 	return false
@@ -112,19 +114,16 @@ func DecodeValueLimits(typ string, frame []byte, lim Limits) (any, error) {
 	case TypeInt:
 		v, err = decodeLooseInt(d)
 	case TypeOptInt:
+		// An untyped nil for msgpack nil (so a handler's args[i] == nil
+		// holds), an int64 otherwise.
 		var isNil bool
-		if isNil, err = peekNil(d); err == nil {
-			if isNil {
-				v = (*int64)(nil)
-			} else {
-				var n int64
-				if n, err = decodeLooseInt(d); err == nil {
-					v = &n
-				}
-			}
+		if isNil, err = peekNil(d); err == nil && !isNil {
+			v, err = decodeLooseInt(d)
 		}
 	case TypeBool:
 		v, err = decodeLooseBool(d)
+	case TypeFloat:
+		v, err = decodeFloat(d)
 	case TypeStr:
 		v, err = decodeStr(d, x.lim.MaxString)
 	case TypeRegister:

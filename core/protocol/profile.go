@@ -25,6 +25,7 @@ const (
 	Retrieve                       = "RETRIEVE"
 	Lookup                         = "LOOKUP"
 	QueryPrefetchStatus            = "QUERY_PREFETCH_STATUS"
+	WaitPrefetchStatus             = "WAIT_PREFETCH_STATUS"
 	QueryPrefetchLookupHits        = "QUERY_PREFETCH_LOOKUP_HITS"
 	FreeLookupLocks                = "FREE_LOOKUP_LOCKS"
 	EndSession                     = "END_SESSION"
@@ -40,15 +41,16 @@ const (
 	Ping                           = "PING"
 	ReportBlockAllocation          = "REPORT_BLOCK_ALLOCATION"
 	Noop                           = "NOOP"
+	GetExperimental                = "GET_EXPERIMENTAL"
 )
 
 // CanonicalNames lists every canonical handler name.
 func CanonicalNames() []string {
 	return []string{RegisterKVCache, UnregisterKVCache, Store, Retrieve, Lookup,
-		QueryPrefetchStatus, QueryPrefetchLookupHits, FreeLookupLocks, EndSession,
+		QueryPrefetchStatus, WaitPrefetchStatus, QueryPrefetchLookupHits, FreeLookupLocks, EndSession,
 		RegisterKVCacheNonGPUContext, UnregisterKVCacheNonGPUContext, PrepareStore,
 		CommitStore, CommitStoreGroup, PrepareRetrieve, CommitRetrieve, Clear,
-		GetChunkSize, Ping, ReportBlockAllocation, Noop}
+		GetChunkSize, Ping, ReportBlockAllocation, Noop, GetExperimental}
 }
 
 // Class is where a request runs (spec 1.5).
@@ -81,6 +83,18 @@ type Spec struct {
 	// Unsupported, when set, is the bad-input kind the request is counted under
 	// instead of being decoded and dispatched (e.g. "cuda_unsupported").
 	Unsupported string `yaml:"unsupported"`
+	// Fields (framing: message) names the request struct's field holding
+	// each Payload type, in order; empty with one Payload type means the
+	// struct is that type itself (registration).
+	Fields []string `yaml:"fields"`
+	// Optional (framing: message) counts the trailing Fields that may be
+	// missing (upstream gives them defaults; the handler sees fewer args).
+	Optional int `yaml:"optional"`
+	// Reply (framing: message) names the one field of the reply struct that
+	// carries a scalar result.
+	Reply []string `yaml:"reply"`
+	// Profile is the name of the profile the request belongs to (set by Parse).
+	Profile string `yaml:"-"`
 }
 
 // Shapes returns Payload followed by the Alternatives.
@@ -94,8 +108,10 @@ type Profile struct {
 	Description string `yaml:"description"`
 	// ErrorMarker enables mid-era LMCACHE_RPC_ERROR_V1 error replies; when false
 	// errors are never answered (seed clients die on an unexpected frame).
-	ErrorMarker bool   `yaml:"error_marker"`
-	Requests    []Spec `yaml:"requests"`
+	ErrorMarker bool `yaml:"error_marker"`
+	// Framing is FramingFrames (default) or FramingMessage.
+	Framing  string `yaml:"framing"`
+	Requests []Spec `yaml:"requests"`
 
 	byNumber map[int64]*Spec
 	byName   map[string]*Spec
@@ -115,12 +131,20 @@ func Parse(data []byte) (*Profile, error) {
 	if len(p.Requests) == 0 {
 		bad("profile %q has no requests", p.Name)
 	}
+	switch p.Framing {
+	case "":
+		p.Framing = FramingFrames
+	case FramingFrames, FramingMessage:
+	default:
+		bad("framing %q, want frames or message", p.Framing)
+	}
 	canon := CanonicalNames()
 	p.byNumber = make(map[int64]*Spec, len(p.Requests))
 	p.byName = make(map[string]*Spec, len(p.Requests))
 	for i := range p.Requests {
 		s := &p.Requests[i]
 		where := fmt.Sprintf("request %d (%s)", i, s.Name)
+		s.Profile = p.Name
 		if s.Name == "" {
 			bad("%s: no name", where)
 		}
@@ -148,6 +172,7 @@ func Parse(data []byte) (*Profile, error) {
 		if !knownResultType(s.Result) {
 			bad("%s: unknown result type %q", where, s.Result)
 		}
+		validateMessageSpec(s, p.Framing == FramingMessage, bad, where)
 		arities := map[int]bool{}
 		for _, shape := range s.Shapes() {
 			if arities[len(shape)] {
@@ -278,6 +303,9 @@ func (p *Profile) DecodePayload(spec *Spec, payload [][]byte) ([]any, error) {
 
 // DecodePayloadLimits is DecodePayload under the given limits.
 func (p *Profile) DecodePayloadLimits(spec *Spec, payload [][]byte, lim Limits) ([]any, error) {
+	if p.Message() {
+		return decodeMessage(spec, payload, lim)
+	}
 	var shape []string
 	for _, s := range spec.Shapes() {
 		if len(s) == len(payload) {

@@ -52,7 +52,7 @@ func TestProfileTables(t *testing.T) {
 			"UNREGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT", "PREPARE_STORE", "COMMIT_STORE", "COMMIT_STORE_GROUP"),
 			seedTail[2:]...),
 	}
-	if got := assets.ProtocolNames(); !reflect.DeepEqual(got, []string{"engine-driven", "nongpu-v1", "nongpu-v2"}) {
+	if got := assets.ProtocolNames(); !reflect.DeepEqual(got, []string{"engine-driven", "engine-driven-v2", "nongpu-v1", "nongpu-v2", "rpc-messages"}) {
 		t.Fatalf("ProtocolNames = %v", got)
 	}
 	for name, want := range cases {
@@ -116,14 +116,14 @@ func TestParseRejectsBadTables(t *testing.T) {
 	bad := `name: x
 requests:
   - {name: A, number: 1, payload: [int], class: inline, handler: NOOP}
-  - {name: B, number: 1, payload: [float], class: sideways, handler: NOPE}
+  - {name: B, number: 1, payload: [decimal], class: sideways, handler: NOPE}
   - {name: A, number: 2, payload: [], alternatives: [[]], class: shared, handler: PING}
 `
 	_, err := protocol.Parse([]byte(bad))
 	if err == nil {
 		t.Fatal("want error")
 	}
-	for _, want := range []string{"number 1 already used", "unknown payload type \"float\"", "class \"sideways\"",
+	for _, want := range []string{"number 1 already used", "unknown payload type \"decimal\"", "class \"sideways\"",
 		"handler \"NOPE\"", "name used twice", "two payload shapes with 0 frames"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error lacks %q: %v", want, err)

@@ -383,16 +383,17 @@ func (l *loop) dispatch(frames [][]byte, total, limit int64, tooMany bool) {
 		s.badInput(protocol.KindTooMany, peer, nil, fmt.Errorf("more than %d frames", maxFrames))
 		return
 	}
-	spec, err := s.opts.Profile.DecodeHead(frames[1:])
+	prof, spec, args, decoded, err := s.route(peer, frames[1:])
 	if err != nil {
 		var uid, typ []byte
 		if len(frames) >= 3 {
 			uid, typ = frames[1], frames[2]
 		}
-		s.decodeFailed(job{peer: peer, uid: uid, typ: typ, spec: spec, start: time.Now()}, err, l.send)
+		s.decodeFailed(job{peer: peer, uid: uid, typ: typ, prof: prof, spec: spec, start: time.Now()}, err, l.send)
 		return
 	}
-	j := job{peer: peer, uid: frames[1], typ: frames[2], spec: spec, payload: frames[3:], start: time.Now()}
+	j := job{peer: peer, uid: frames[1], typ: frames[2], prof: prof, spec: spec, payload: frames[3:], start: time.Now(),
+		args: args, decoded: decoded}
 	if spec.Unsupported != "" {
 		s.badInput(spec.Unsupported, peer, spec, fmt.Errorf("%s is not served", spec.Name))
 		s.finish(j, OutcomeDropped)
@@ -404,7 +405,7 @@ func (l *loop) dispatch(frames [][]byte, total, limit int64, tooMany bool) {
 	var ch chan job
 	switch spec.Class {
 	case protocol.Inline:
-		if !s.decodePayload(&j, l.send) {
+		if !j.decoded && !s.decodePayload(&j, l.send) {
 			return
 		}
 		s.stats.inFlight.Add(1)

@@ -93,7 +93,14 @@ type Options struct {
 	Host string // "localhost" is resolved to 127.0.0.1; default localhost
 	// Port 0 binds an ephemeral port (see Endpoint).
 	Port    int
-	Profile *protocol.Profile // required
+	Profile *protocol.Profile // required; the default when Detect is set
+	// Detect, when set, makes the server tell each peer's table from its
+	// messages among these profiles, newest first (--protocol auto; see
+	// auto.go); Profile must be one of them.
+	Detect []*protocol.Profile
+	// MaxDetectPeers bounds the peers whose detection state is kept
+	// (default 16384; least recently seen dropped first).
+	MaxDetectPeers int
 	// OrderedWorkers serve the per-peer FIFO class (default 1).
 	OrderedWorkers int
 	// SharedWorkers serve the shared class (default 1).
@@ -218,9 +225,10 @@ var ErrServerClosed = errors.New("rpc: server shut down before Serve ran")
 // Server is the ROUTER server. Create with New, register handlers with Handle,
 // then Bind (optional: Serve binds if needed) and Serve.
 type Server struct {
-	opts Options
-	log  *slog.Logger
-	lim  protocol.Limits
+	detect *detector // nil unless Options.Detect: only the socket goroutine uses it
+	opts   Options
+	log    *slog.Logger
+	lim    protocol.Limits
 
 	hmu      sync.RWMutex
 	handlers map[string]Handler
@@ -259,6 +267,7 @@ type Server struct {
 
 type job struct {
 	peer, uid, typ []byte
+	prof           *protocol.Profile // the table the request was read under
 	spec           *protocol.Spec
 	payload        [][]byte // frames after type, until decoded into args
 	decoded        bool
@@ -290,13 +299,21 @@ func New(opts Options) (*Server, error) {
 		log:          opts.Logger.With("protocol", opts.Profile.Name),
 		lim:          protocol.Limits{MaxTokens: opts.MaxTokensPerRequest, MaxString: protocol.DefaultMaxString},
 		handlers:     map[string]Handler{},
-		stats:        newStats(opts.Profile),
+		stats:        newStats(append([]*protocol.Profile{opts.Profile}, opts.Detect...)...),
 		limiter:      newLimiter(opts.LogInterval),
 		bound:        make(chan struct{}),
 		in:           inBudget{peer: map[string]int64{}, freed: make(chan struct{}, 1)},
 		served:       make(chan struct{}),
 		handlersDone: make(chan struct{}),
 		abandon:      make(chan struct{}),
+	}
+	if len(opts.Detect) > 0 {
+		d, err := newDetector(opts.Detect, opts.Profile, opts.MaxDetectPeers)
+		if err != nil {
+			return nil, err
+		}
+		s.detect = d
+		s.log = opts.Logger.With("protocol", "auto")
 	}
 	s.endpoint.Store("")
 	return s, nil
@@ -735,7 +752,7 @@ func (s *Server) worker(ctx context.Context, jobs <-chan job, wg *sync.WaitGroup
 // decodePayload decodes j's payload frames into j.args; on failure it counts,
 // logs and answers (through send) as decodeFailed does and reports false.
 func (s *Server) decodePayload(j *job, send func(reply)) bool {
-	args, err := s.opts.Profile.DecodePayloadLimits(j.spec, j.payload, s.lim)
+	args, err := j.prof.DecodePayloadLimits(j.spec, j.payload, s.lim)
 	if err != nil {
 		s.decodeFailed(*j, err, send)
 		return false
@@ -786,19 +803,19 @@ func (s *Server) execute(ctx context.Context, j job) (r reply, send bool) {
 		return s.errorReply(j, "HandlerError", err.Error())
 	}
 	r = reply{peer: j.peer, uid: j.uid, typ: j.typ}
-	switch x := res.(type) {
-	case protocol.Raw:
+	if x, ok := res.(protocol.Raw); ok && !j.prof.Wraps(j.spec) {
 		// Already encoded (a large pickle reply): sent without a copy.
 		r.frames = [][]byte{x}
-	case nil:
-	default:
-		b, err := protocol.Encode(res)
+	} else {
+		b, has, err := j.prof.ReplyFrame(j.spec, res)
 		if err != nil {
 			s.badInput(protocol.KindHandlerErr, j.peer, j.spec, fmt.Errorf("encode result: %w", err))
 			s.finish(j, OutcomeError)
 			return s.errorReply(j, "EncodeError", err.Error())
 		}
-		r.frames = [][]byte{b}
+		if has {
+			r.frames = [][]byte{b}
+		}
 	}
 	s.finish(j, OutcomeOK)
 	return r, true
@@ -817,7 +834,7 @@ func (s *Server) call(ctx context.Context, h Handler, j job) (res any, err error
 
 // errorReply builds the LMCACHE_RPC_ERROR_V1 reply when the profile allows it.
 func (s *Server) errorReply(j job, errType, msg string) (reply, bool) {
-	if !s.opts.Profile.ErrorMarker || j.uid == nil {
+	if j.prof == nil || !j.prof.ErrorMarker || j.uid == nil {
 		return reply{}, false
 	}
 	const maxMsg = 4096
@@ -851,7 +868,7 @@ func (s *Server) badInput(kind string, peer []byte, spec *protocol.Spec, err err
 		n := s.stats.decodeFail(spec.Name)
 		if s.limiter.allow("mismatch|" + spec.Name) {
 			s.log.Warn(fmt.Sprintf("protocol mismatch suspected (profile %s, type %d decoded as %s failed: %v)",
-				s.opts.Profile.Name, spec.Number, spec.Name, err), "peer", peerHex, "failures", n)
+				spec.Profile, spec.Number, spec.Name, err), "peer", peerHex, "failures", n)
 		}
 		return
 	}

@@ -45,6 +45,8 @@ type Stats struct {
 	// worker that exits with requests in flight is not misbehaving).
 	WaitingReplyBytes int64
 	RepliesDropped    int64
+	// Detections counts peers settled on each profile (--protocol auto).
+	Detections map[string]int64
 }
 
 type reqCounters struct {
@@ -61,14 +63,29 @@ type stats struct {
 	repliesDropped atomic.Int64
 	mu             sync.Mutex
 	badKinds       map[string]int64
+	detections     map[string]int64
 }
 
-func newStats(p *protocol.Profile) *stats {
-	st := &stats{profile: p.Name, req: map[string]*reqCounters{}, badKinds: map[string]int64{}}
-	for _, r := range p.Requests {
-		st.req[r.Name] = &reqCounters{}
+// newStats counts the requests of every profile given (the first names the
+// server's profile; auto-detection serves several).
+func newStats(ps ...*protocol.Profile) *stats {
+	st := &stats{profile: ps[0].Name, req: map[string]*reqCounters{}, badKinds: map[string]int64{},
+		detections: map[string]int64{}}
+	for _, p := range ps {
+		for _, r := range p.Requests {
+			if st.req[r.Name] == nil {
+				st.req[r.Name] = &reqCounters{}
+			}
+		}
 	}
 	return st
+}
+
+// detected counts one peer settled on profile (--protocol auto).
+func (st *stats) detected(profile string) {
+	st.mu.Lock()
+	st.detections[profile]++
+	st.mu.Unlock()
 }
 
 func (st *stats) request(name, outcome string, d time.Duration) {
@@ -126,6 +143,7 @@ func (s *Server) Stats() Stats {
 	}
 	st.mu.Lock()
 	out.BadInput = maps.Clone(st.badKinds)
+	out.Detections = maps.Clone(st.detections)
 	st.mu.Unlock()
 	return out
 }

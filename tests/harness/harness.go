@@ -96,11 +96,12 @@ type Server struct {
 	// Segment is the /dev/shm name when the server was given --shm-name NAME.
 	Segment string
 	// Protocol is the profile the server speaks (--protocol, else nongpu-v1).
-	Protocol string
-	cmd      *exec.Cmd
-	out      *logbuf.Buffer
-	done     chan struct{}
-	exitErr  error
+	Protocol    string
+	autoDefault string // --protocol-auto-default, else rpc-messages
+	cmd         *exec.Cmd
+	out         *logbuf.Buffer
+	done        chan struct{}
+	exitErr     error
 }
 
 // Start runs kvdock --headless on free ports with extra flags, and waits
@@ -113,10 +114,13 @@ func Start(t testing.TB, extra ...string) *Server {
 	args := []string{"--headless", "--port", fmt.Sprint(s.Port), "--http-port", fmt.Sprint(s.HTTPPort),
 		"--l1-size-gb", "0.0625", "--no-l1-prefault", "--log-level", "debug"}
 	hasName := false
-	s.Protocol = "nongpu-v1"
+	s.Protocol, s.autoDefault = "nongpu-v1", "rpc-messages"
 	for i, a := range extra {
 		if a == "--protocol" && i+1 < len(extra) {
 			s.Protocol = extra[i+1]
+		}
+		if a == "--protocol-auto-default" && i+1 < len(extra) {
+			s.autoDefault = extra[i+1]
 		}
 		if a == "--shm-name" || strings.HasPrefix(a, "--shm-name=") {
 			hasName = true
@@ -162,7 +166,11 @@ func Profile(t testing.TB, name string) *protocol.Profile {
 }
 
 func (s *Server) waitReady(limit time.Duration) error {
-	p, err := assets.Profile(s.Protocol)
+	name := s.Protocol
+	if name == "auto" {
+		name = s.autoDefault // what kvdock ctl speaks under auto
+	}
+	p, err := assets.Profile(name)
 	if err != nil {
 		return err
 	}

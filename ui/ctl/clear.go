@@ -51,7 +51,7 @@ func runClear(cfg settings.Config, f flagSet, env Env) int {
 		}
 	}
 	if !viaHTTP {
-		prof, err := assets.Profile(cfg.Server.Protocol)
+		prof, err := assets.Profile(cfg.Server.ClientProtocol())
 		if err != nil {
 			fmt.Fprintf(stderr, "kvdock ctl: --protocol: %v\n", err)
 			return 2

@@ -160,6 +160,23 @@ func (c *Client) Call(ctx context.Context, name string, args ...any) (Reply, err
 	if !ok {
 		return Reply{}, fmt.Errorf("request %q is not in profile %s", name, c.profile.Name)
 	}
+	if c.profile.Message() {
+		// One request struct; the reply struct unwrapped so callers see the
+		// result as under a frames profile.
+		msg, err := protocol.EncodeMessage(spec, args...)
+		if err != nil {
+			return Reply{}, err
+		}
+		r, err := c.CallRaw(ctx, spec.Number, msg)
+		if err != nil || !r.Present {
+			return r, err
+		}
+		raw, ok, err := protocol.UnwrapReply(spec, r.Raw, protocol.DefaultLimits())
+		if err != nil {
+			return Reply{}, err
+		}
+		return Reply{Present: ok, Raw: raw}, nil
+	}
 	frames := make([][]byte, 0, len(args))
 	for i, a := range args {
 		b, err := protocol.Encode(a)

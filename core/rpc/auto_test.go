@@ -1,0 +1,359 @@
+package rpc_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	zmq "github.com/pebbe/zmq4"
+
+	"kvdock/core/protocol"
+	"kvdock/core/rpc"
+	"kvdock/core/rpc/client"
+	"kvdock/core/testkit/logbuf"
+)
+
+// echoHandlers register handlers that answer with their wire name and args,
+// so a test sees which table a message was read under.
+type seen struct {
+	mu    sync.Mutex
+	calls []string
+}
+
+func (s *seen) add(name string) {
+	s.mu.Lock()
+	s.calls = append(s.calls, name)
+	s.mu.Unlock()
+}
+
+func (s *seen) last() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.calls) == 0 {
+		return ""
+	}
+	return s.calls[len(s.calls)-1]
+}
+
+func recordAll(h *harness, s *seen, results map[string]any) {
+	for _, name := range protocol.CanonicalNames() {
+		h.srv.Handle(name, func(_ context.Context, r *rpc.Request) (any, error) {
+			s.add(r.Spec.Profile + ":" + r.Spec.Handler + fmt.Sprint(len(r.Args)))
+			return results[name], nil
+		})
+	}
+}
+
+func TestMessageProfileOverTheWire(t *testing.T) {
+	p := profile(t, "rpc-messages")
+	h := start(t, rpc.Options{Profile: p})
+	var s seen
+	recordAll(h, &s, map[string]any{protocol.CommitStore: true, protocol.GetChunkSize: int64(64),
+		protocol.Noop: "OK", protocol.Ping: true, protocol.QueryPrefetchStatus: nil,
+		protocol.RegisterKVCacheNonGPUContext: protocol.RegisterResponse{ShmName: "seg", PoolSize: 4}})
+	c := dial(t, h)
+	ctx := context.Background()
+	var n int64
+	r, err := c.Call(ctx, "GET_CHUNK_SIZE")
+	if err != nil || r.Decode(&n) != nil || n != 64 {
+		t.Fatalf("GET_CHUNK_SIZE %v %v %d", r, err, n)
+	}
+	k := protocol.Key{ModelName: "m", WorldSize: 1, TokenIDs: []uint32{1, 2}, End: 2, RequestID: "r"}
+	var ok bool
+	if r, err := c.Call(ctx, "COMMIT_STORE", k, int64(3), []byte("data")); err != nil || r.Decode(&ok) != nil || !ok {
+		t.Fatalf("COMMIT_STORE %v %v", r, err)
+	}
+	if s.last() != "rpc-messages:COMMIT_STORE3" {
+		t.Errorf("handler saw %s", s.last())
+	}
+	// None results: an empty struct / a nil field, never a missing frame.
+	if r, err := c.Call(ctx, "QUERY_PREFETCH_STATUS", "r"); err != nil || r.Present {
+		t.Fatalf("QUERY_PREFETCH_STATUS %+v %v", r, err)
+	}
+	if r, err := c.Call(ctx, "END_SESSION", "r"); err != nil || r.Present {
+		t.Fatalf("END_SESSION %+v %v", r, err)
+	}
+	if _, err := c.Call(ctx, "CLEAR"); err != nil || s.last() != "rpc-messages:CLEAR0" {
+		t.Fatalf("CLEAR {} %v %s", err, s.last())
+	}
+	if _, err := c.Call(ctx, "CLEAR", true); err != nil || s.last() != "rpc-messages:CLEAR1" {
+		t.Fatalf("CLEAR {force} %v %s", err, s.last())
+	}
+	if _, err := c.Call(ctx, "PING", nil); err != nil || s.last() != "rpc-messages:PING1" {
+		t.Fatalf("PING {None} %v %s", err, s.last())
+	}
+	var rr protocol.RegisterResponse
+	reg := protocol.RegisterPayload{InstanceID: 1, ModelName: "m", WorldSize: 1, BlockSize: 16, NumLayers: 1,
+		HiddenDimSize: 8, DtypeStr: "float16"}
+	r, err = c.Call(ctx, "REGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT", reg)
+	if err != nil || !r.Present {
+		t.Fatalf("register %v %v", r, err)
+	}
+	if rr, err = protocol.DecodeRegisterResponse(r.Raw, protocol.DefaultLimits()); err != nil || rr.ShmName != "seg" {
+		t.Fatalf("register reply %+v %v", rr, err)
+	}
+	// The raw reply frame of a None result is the empty struct.
+	d := rawDealer(t, h.srv.Endpoint())
+	msg, _ := protocol.EncodeMessage(mustSpec(t, p, "END_SESSION"), "x")
+	if _, err := d.SendMessage(enc(t, int64(9)), enc(t, int64(13)), msg); err != nil {
+		t.Fatal(err)
+	}
+	reply, err := d.RecvMessageBytes(0)
+	if err != nil || len(reply) != 3 || !bytes.Equal(reply[2], []byte{0x80}) {
+		t.Fatalf("END_SESSION raw reply %x %v", reply, err)
+	}
+}
+
+func mustSpec(t *testing.T, p *protocol.Profile, name string) *protocol.Spec {
+	t.Helper()
+	s, ok := p.ByName(name)
+	if !ok {
+		t.Fatalf("%s: no %s", p.Name, name)
+	}
+	return s
+}
+
+// autoProfiles are the detection tables, newest first, as the engine gives them.
+func autoProfiles(t *testing.T) []*protocol.Profile {
+	return []*protocol.Profile{profile(t, "rpc-messages"), profile(t, "engine-driven-v2"),
+		profile(t, "engine-driven"), profile(t, "nongpu-v2"), profile(t, "nongpu-v1")}
+}
+
+// TestAutoDetectsEachTable runs one worker flow per table (register, store,
+// retrieve, as LMCache's workers do) against one auto server and checks
+// that every request reached the handler its own table names, and that
+// each peer was settled on its table with the evidence logged.
+func TestAutoDetectsEachTable(t *testing.T) {
+	profiles := autoProfiles(t)
+	var logs logbuf.Buffer
+	h := start(t, rpc.Options{Profile: profiles[4], Detect: profiles,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	var s seen
+	recordAll(h, &s, map[string]any{protocol.CommitStore: true, protocol.CommitRetrieve: true,
+		protocol.PrepareStore:                 protocol.PrepareStoreResponse{},
+		protocol.PrepareRetrieve:              protocol.PrepareRetrieveResponse{Success: true, Data: []byte("x")},
+		protocol.RegisterKVCacheNonGPUContext: protocol.RegisterResponse{}, protocol.GetChunkSize: int64(64)})
+	k := protocol.Key{ModelName: "m", WorldSize: 1, TokenIDs: []uint32{1, 2}, End: 2, RequestID: "r"}
+	reg := protocol.RegisterPayload{InstanceID: 1, ModelName: "m", WorldSize: 1, BlockSize: 16, NumLayers: 1,
+		HiddenDimSize: 8, DtypeStr: "float16"}
+	for _, p := range profiles {
+		c, err := client.Dial(h.srv.Endpoint(), p, client.Options{Timeout: 2 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := context.Background()
+		steps := []struct {
+			name string
+			args []any
+		}{
+			{protocol.RegisterKVCacheNonGPUContext, []any{reg}},
+			{protocol.PrepareStore, []any{k, int64(1)}},
+			{protocol.CommitStore, []any{k, int64(1), []byte("bytes")}},
+			{protocol.PrepareRetrieve, []any{k, int64(1)}},
+			{protocol.CommitRetrieve, []any{k, int64(1)}},
+			{protocol.GetChunkSize, nil},
+		}
+		for _, st := range steps {
+			r, err := c.Call(ctx, st.name, st.args...)
+			if err != nil {
+				t.Fatalf("%s worker: %s: %v", p.Name, st.name, err)
+			}
+			spec, _ := p.ByName(st.name)
+			got := s.last()
+			if !strings.HasSuffix(got, ":"+spec.Handler+fmt.Sprint(len(st.args))) {
+				t.Errorf("%s worker: %s reached %s", p.Name, st.name, got)
+			}
+			if st.name == protocol.CommitRetrieve {
+				var ok bool
+				if r.Decode(&ok) != nil || !ok {
+					t.Errorf("%s worker: COMMIT_RETRIEVE answered %+v", p.Name, r)
+				}
+			}
+		}
+		c.Close()
+	}
+	st := h.srv.Stats()
+	for _, p := range profiles {
+		if st.Detections[p.Name] != 1 {
+			t.Errorf("detections %v: want one peer per table", st.Detections)
+		}
+	}
+	out := logs.String()
+	for _, p := range profiles {
+		if !strings.Contains(out, "profile="+p.Name) || !strings.Contains(out, "evidence=") {
+			t.Errorf("no detection log for %s:\n%s", p.Name, out)
+		}
+	}
+}
+
+// TestAutoAmbiguousFallsBackToDefault: a message that two tables read as
+// different requests is served under the configured default and logged as
+// ambiguous; a message fitting no table is bad input and narrows nothing.
+func TestAutoAmbiguousFallsBackToDefault(t *testing.T) {
+	profiles := autoProfiles(t)
+	var logs logbuf.Buffer
+	h := start(t, rpc.Options{Profile: profiles[4], Detect: profiles,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	var s seen
+	recordAll(h, &s, map[string]any{protocol.Ping: true, protocol.GetChunkSize: int64(64), protocol.Noop: "OK"})
+	d := rawDealer(t, h.srv.Endpoint())
+	send := func(typ int64, payload ...[]byte) {
+		t.Helper()
+		frames := append([][]byte{enc(t, int64(1)), enc(t, typ)}, payload...)
+		if _, err := d.SendMessage(toAny(frames)...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// 17 with no payload: nongpu-v1 PING, nongpu-v2 GET_CHUNK_SIZE,
+	// engine-driven CLEAR. The default (nongpu-v1) fits: PING.
+	send(17)
+	if _, err := d.RecvMessageBytes(0); err != nil {
+		t.Fatal(err)
+	}
+	if s.last() != "nongpu-v1:PING0" {
+		t.Errorf("ambiguous 17 served as %s", s.last())
+	}
+	if !strings.Contains(logs.String(), "ambiguous") {
+		t.Errorf("no ambiguity log:\n%s", logs.String())
+	}
+	// Type 99 fits no table: bad input, no reply, and the next message
+	// still decides.
+	send(99)
+	send(19) // NOOP in nongpu-v1, REPORT_BLOCK_ALLOCATION needs records in v2, PING in engine-driven
+	if _, err := d.RecvMessageBytes(0); err != nil {
+		t.Fatal(err)
+	}
+	if h.srv.Stats().BadInput[protocol.KindUnknownType] != 1 {
+		t.Errorf("bad input %v", h.srv.Stats().BadInput)
+	}
+	if s.last() != "nongpu-v1:NOOP0" {
+		t.Errorf("19 served as %s", s.last())
+	}
+	// A GPU-path request (3: STORE or REGISTER_Q_CACHE in every table) is
+	// no evidence: counted as unsupported under the default, and a later
+	// message still decides.
+	send(3, enc(t, "a"), enc(t, int64(1)))
+	send(11, enc(t, protocol.Key{ModelName: "m", WorldSize: 1, TokenIDs: []uint32{1}, End: 1}), enc(t, int64(1)))
+	if _, err := d.RecvMessageBytes(0); err != nil {
+		t.Fatal(err)
+	}
+	if h.srv.Stats().BadInput[protocol.KindCUDAUnsupported] != 1 {
+		t.Errorf("bad input %v", h.srv.Stats().BadInput)
+	}
+	if s.last() != "nongpu-v1:PREPARE_STORE2" || h.srv.Stats().Detections["nongpu-v1"] != 1 {
+		t.Errorf("11 [key, int] served as %s, detections %v", s.last(), h.srv.Stats().Detections)
+	}
+}
+
+// TestAutoNeverGuessesClear: a message one candidate reads as CLEAR and
+// another as something else is never served as CLEAR, whether the default
+// does not fit (rpc-messages) or is the table reading it as CLEAR (v2).
+func TestAutoNeverGuessesClear(t *testing.T) {
+	profiles := autoProfiles(t)
+	for _, c := range []struct {
+		def  *protocol.Profile
+		typ  int64
+		want string
+	}{
+		// 17 []: engine-driven CLEAR, nongpu-v2 GET_CHUNK_SIZE, nongpu-v1 PING.
+		{profiles[0], 17, "nongpu-v2:GET_CHUNK_SIZE"},
+		// 16 []: nongpu-v2 CLEAR, nongpu-v1 GET_CHUNK_SIZE (the default v2 reads CLEAR).
+		{profiles[3], 16, "nongpu-v1:GET_CHUNK_SIZE"},
+	} {
+		h := start(t, rpc.Options{Profile: c.def, Detect: profiles})
+		var s seen
+		recordAll(h, &s, map[string]any{protocol.Ping: true, protocol.GetChunkSize: int64(64)})
+		d := rawDealer(t, h.srv.Endpoint())
+		if _, err := d.SendMessage(enc(t, int64(1)), enc(t, c.typ)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := d.RecvMessageBytes(0); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.HasPrefix(s.last(), c.want) {
+			t.Errorf("default %s, type %d: served as %s, want %s", c.def.Name, c.typ, s.last(), c.want)
+		}
+	}
+}
+
+// TestAutoStateBounded: peers beyond MaxDetectPeers push the least recently
+// seen out; the server keeps serving.
+func TestAutoStateBounded(t *testing.T) {
+	profiles := autoProfiles(t)
+	h := start(t, rpc.Options{Profile: profiles[4], Detect: profiles, MaxDetectPeers: 4})
+	for i := range 12 {
+		d, err := zmq.NewSocket(zmq.DEALER)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = d.SetLinger(0)
+		_ = d.SetRcvtimeo(2 * time.Second)
+		if err := d.SetIdentity(fmt.Sprintf("peer-%d", i)); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.Connect(h.srv.Endpoint()); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { d.Close() })
+		if _, err := d.SendMessage(enc(t, int64(1)), enc(t, int64(19))); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := d.RecvMessageBytes(0); err != nil {
+			t.Fatalf("peer %d: %v", i, err)
+		}
+	}
+	if n := rpc.DetectPeers(h.srv); n > 4 {
+		t.Errorf("%d peers remembered, bound 4", n)
+	}
+}
+
+func toAny(frames [][]byte) []any {
+	out := make([]any, len(frames))
+	for i, f := range frames {
+		out[i] = f
+	}
+	return out
+}
+
+// TestAutoSettlesAPeerThatStaysAmbiguous: a peer whose messages every
+// candidate reads alike (a scheduler sending LOOKUP, which means LOOKUP in
+// the three older tables) is served throughout and settled after the bound
+// on undecided messages, once.
+func TestAutoSettlesAPeerThatStaysAmbiguous(t *testing.T) {
+	profiles := autoProfiles(t)
+	h := start(t, rpc.Options{Profile: profiles[0], Detect: profiles})
+	var s seen
+	recordAll(h, &s, nil)
+	d := rawDealer(t, h.srv.Endpoint())
+	k := enc(t, protocol.Key{ModelName: "m", WorldSize: 1, TokenIDs: []uint32{1}, End: 1})
+	for i := range 100 {
+		if _, err := d.SendMessage(enc(t, int64(i)), enc(t, int64(5)), k, enc(t, int64(1))); err != nil {
+			t.Fatal(err)
+		}
+		// LOOKUP answers nothing under frames tables: wait for the handler.
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			s.mu.Lock()
+			n := len(s.calls)
+			s.mu.Unlock()
+			if n == i+1 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("message %d not handled (%d calls)", i, n)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	if !strings.HasSuffix(s.last(), ":LOOKUP2") {
+		t.Errorf("LOOKUP served as %s", s.last())
+	}
+	if got := h.srv.Stats().Detections; len(got) != 1 || got["engine-driven"] != 1 {
+		t.Errorf("detections %v, want the newest fitting table once", got)
+	}
+}
