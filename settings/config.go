@@ -48,6 +48,17 @@ type ServerConfig struct {
 	MaxInstances int `koanf:"max_instances"`
 	// MaxTokensPerRequest caps the token ids of one request's key.
 	MaxTokensPerRequest int `koanf:"max_tokens_per_request"`
+	// WorkerReapTimeoutSeconds is upstream's silence budget after which a
+	// worker that pinged with its id and transferred is reaped (its context
+	// dropped, its reservations released); 0 disables reaping. Only profiles
+	// whose PING carries the instance id reap.
+	WorkerReapTimeoutSeconds float64 `koanf:"worker_reap_timeout_seconds"`
+	// WorkerRegistrationGraceSeconds is upstream's silence budget for a
+	// worker that has not both pinged and transferred yet.
+	WorkerRegistrationGraceSeconds float64 `koanf:"worker_registration_grace_seconds"`
+	// WorkerIdleSeconds is the silence after which a context shows as idle
+	// (every profile; idle workers are never reaped for it); 0 never.
+	WorkerIdleSeconds float64 `koanf:"worker_idle_seconds"`
 	// QueuedRequestBytes bounds request payloads queued for the workers
 	// (total; a quarter per peer).
 	QueuedRequestBytes int64 `koanf:"queued_request_bytes"`
@@ -116,6 +127,10 @@ func Default() Config {
 			MaxMessageBytes:         1 << 30,
 			MaxInstances:            1024,
 			MaxTokensPerRequest:     2 << 20,
+
+			WorkerReapTimeoutSeconds:       120,
+			WorkerRegistrationGraceSeconds: 3600,
+			WorkerIdleSeconds:              300,
 			QueuedRequestBytes:      256 << 20,
 			QueuedReplyBytesPerPeer: 128 << 20,
 		},

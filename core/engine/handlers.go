@@ -92,7 +92,9 @@ func (e *Engine) handlers(cfg settings.Config, p *plane) map[string]rpc.Handler 
 		},
 		protocol.GetChunkSize: func(context.Context, *rpc.Request) (any, error) { return chunk, nil },
 		protocol.Noop:         func(context.Context, *rpc.Request) (any, error) { return "OK", nil },
-		protocol.Ping:         func(context.Context, *rpc.Request) (any, error) { return true, nil },
+		protocol.Ping: func(_ context.Context, req *rpc.Request) (any, error) {
+			return ping(p, req)
+		},
 		protocol.Clear: func(context.Context, *rpc.Request) (any, error) {
 			e.clearPlane(p, ClearByWorker)
 			return nil, nil
@@ -107,4 +109,26 @@ func (e *Engine) handlers(cfg settings.Config, p *plane) map[string]rpc.Handler 
 		h[name] = p.guard(fn)
 	}
 	return h
+}
+
+// ping answers PING: no payload (seed eras) or [instance_id | None] (the
+// engine-driven era and later). An id marks that registered instance alive
+// for the reaper; None (an untracked prober such as a scheduler) and ids
+// nobody registered change nothing, so a flood of made-up ids keeps no
+// state. The answer is always true, as upstream's.
+func ping(p *plane, req *rpc.Request) (any, error) {
+	switch len(req.Args) {
+	case 0:
+		return true, nil
+	case 1:
+		id, present, err := req.OptInt(0)
+		if err != nil {
+			return nil, err
+		}
+		if present {
+			p.transfer.Touch(id, req.Peer)
+		}
+		return true, nil
+	}
+	return nil, req.Arity(1)
 }
