@@ -123,6 +123,9 @@ var ctxColumns = []ctxColumn{
 	{title: "LAYOUT", width: 16, key: 'L', prio: 10, sortName: "layout",
 		value: func(_ *Model, c workers.ContextInfo) string { return layoutText(c) },
 		less:  func(a, b workers.ContextInfo) int { return cmp.Compare(layoutText(a), layoutText(b)) }},
+	{title: "STATE", width: 8, key: 'E', prio: 1, sortName: "state",
+		value: func(m *Model, c workers.ContextInfo) string { return stateText(m, c) },
+		less:  func(a, b workers.ContextInfo) int { return cmp.Compare(stateRank(a.State), stateRank(b.State)) }},
 	{title: "MODE", width: 6, key: 'M', prio: 1, sortName: "mode",
 		value: func(_ *Model, c workers.ContextInfo) string { return string(c.Mode) },
 		less:  func(a, b workers.ContextInfo) int { return cmp.Compare(a.Mode, b.Mode) }},
@@ -141,7 +144,7 @@ var ctxColumns = []ctxColumn{
 	{title: "OUT", width: 9, key: 'O', prio: 9, right: true, sortName: "bytes out",
 		value: func(_ *Model, c workers.ContextInfo) string { return bytesText(c.BytesOut) },
 		less:  func(a, b workers.ContextInfo) int { return cmp.Compare(a.BytesOut, b.BytesOut) }},
-	{title: "LAST", width: 7, key: 'T', prio: 6, right: true, sortName: "last request",
+	{title: "SEEN", width: 7, key: 'T', prio: 6, right: true, sortName: "last seen",
 		value: func(m *Model, c workers.ContextInfo) string {
 			if c.LastRequest.IsZero() {
 				return "-"
@@ -150,6 +153,43 @@ var ctxColumns = []ctxColumn{
 		},
 		// Most recent first when ascending: "last request" reads as recency.
 		less: func(a, b workers.ContextInfo) int { return b.LastRequest.Compare(a.LastRequest) }},
+}
+
+// stateText is the STATE column: active, "idle 5m" (silent that long),
+// reaped or removed. Words, never colour alone.
+func stateText(m *Model, c workers.ContextInfo) string {
+	if c.State == workers.StateIdle && !c.LastRequest.IsZero() {
+		return "idle " + durationText(m.opts.Now().Sub(c.LastRequest))
+	}
+	if c.State == "" {
+		return string(workers.StateActive)
+	}
+	return string(c.State)
+}
+
+// stateRank orders states from live to gone.
+func stateRank(s workers.State) int {
+	if i := slices.Index(workers.States(), s); i >= 0 {
+		return i
+	}
+	return 0
+}
+
+// gone reports a context that is no longer registered (reaped or removed;
+// remembered for the operator).
+func gone(c workers.ContextInfo) bool {
+	return c.State == workers.StateReaped || c.State == workers.StateRemoved
+}
+
+// registeredContexts counts the contexts still registered.
+func registeredContexts(cs []workers.ContextInfo) int {
+	n := 0
+	for _, c := range cs {
+		if !gone(c) {
+			n++
+		}
+	}
+	return n
 }
 
 func layoutText(c workers.ContextInfo) string {
@@ -394,7 +434,11 @@ func (m *Model) renderDetails(c workers.ContextInfo) string {
 		fmt.Sprintf("  stores     %d (%d failed)   retrieves %d   hit chunks %d", c.Stores, c.StoreFailures, c.Retrieves, c.HitChunks),
 		fmt.Sprintf("  bytes      in %s   out %s", bytesText(c.BytesIn), bytesText(c.BytesOut)),
 		"  registered " + reg,
-		"  last req   " + ageText(m.opts.Now(), c.LastRequest),
+		"  last seen  " + ageText(m.opts.Now(), c.LastRequest),
+		fmt.Sprintf("  liveness   %s; %d in flight; peer %s", stateText(m, c), c.InFlight, orDash(c.Peer)),
+	}
+	if !gone(c) {
+		lines = append(lines, "  "+m.st.Key.Render("x")+" removes it (asks first)")
 	}
 	return "\n" + strings.Join(lines, "\n") + "\n"
 }
@@ -594,4 +638,11 @@ func levelText(lv slog.Level) string {
 		return "ERROR only"
 	}
 	return lv.String() + " and up"
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }
