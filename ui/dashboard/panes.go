@@ -89,7 +89,7 @@ func (m *Model) summary() string {
 		shm = "PICKLE (SHM off)"
 	}
 	pct := percent(float64(s.Pool.UsedBytes), float64(s.Pool.Size))
-	workers := fmt.Sprintf("%d worker context(s)", len(s.Contexts))
+	workers := fmt.Sprintf("%d worker context(s)", registeredContexts(s.Contexts))
 	gpu := "GPU n/a"
 	if s.GPU.Available {
 		gpu = fmt.Sprintf("%d GPU(s)", len(s.GPU.Devices))
