@@ -212,7 +212,7 @@ func seenText(c httpapi.ContextStatus) string {
 	if c.LastRequestAt == nil {
 		return "-"
 	}
-	return time.Duration(c.LastSeenSeconds*float64(time.Second)).Round(time.Second).String()
+	return time.Duration(c.LastSeenSeconds * float64(time.Second)).Round(time.Second).String()
 }
 
 func statusOrDash(s string) string {
