@@ -355,3 +355,24 @@ func TestTouchHostileIDs(t *testing.T) {
 		t.Fatalf("%d contexts after a ping flood", n)
 	}
 }
+
+// Two peers taking one id in turns: every reuse is counted, the log is
+// rate-limited, nothing accumulates.
+func TestReuseFloodIsBounded(t *testing.T) {
+	e := newEnv(t, true, 1<<20)
+	for i := 0; i < 1000; i++ {
+		peer := []byte{byte(i % 2)}
+		if _, err := e.mod.RegisterFrom(payload(1), peer); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if s := e.mod.Stats(); s.Reused != 999 || s.Instances != 1 {
+		t.Fatalf("stats %+v", s)
+	}
+	if n := len(e.eventsOf(workers.EventReused)); n != 1 {
+		t.Fatalf("%d reuse events in one (fake) second", n)
+	}
+	if !e.mod.Unregister(1) || e.layouts.Has("m", 1) {
+		t.Fatal("layout references leaked by the reuses")
+	}
+}

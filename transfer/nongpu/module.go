@@ -361,9 +361,13 @@ func (m *Module) RegisterFrom(p protocol.RegisterPayload, peer []byte) (protocol
 
 	if replacing {
 		m.discard(writes, reads)
-		m.event(workers.EventReused, slog.LevelWarn, p.InstanceID, fmt.Sprintf(
-			"instance %d registered from %s while %s held it: taken as a new worker; the old one's %d pending writes aborted (never published), %d pending reads released",
-			p.InstanceID, peerText(string(peer)), peerText(old.peer), len(writes), len(reads)))
+		// Rate-limited: two peers taking an id in turns must not flood the
+		// log; Stats.Reused counts every one.
+		m.rateLimited("register/reused", func() {
+			m.event(workers.EventReused, slog.LevelWarn, p.InstanceID, fmt.Sprintf(
+				"instance %d registered from %s while %s held it: taken as a new worker; the old one's %d pending writes aborted (never published), %d pending reads released",
+				p.InstanceID, peerText(string(peer)), peerText(old.peer), len(writes), len(reads)))
+		})
 	}
 
 	m.event(workers.EventRegister, slog.LevelInfo, p.InstanceID, fmt.Sprintf(
