@@ -54,6 +54,8 @@ type Snapshot struct {
 	Pool     Pool
 	Contexts []workers.ContextInfo
 	Transfer workers.Stats
+	// Liveness is the worker reaper's settings in force.
+	Liveness workers.Liveness
 	Requests rpc.Stats
 	Lookup   lookup.Stats
 	Sessions int
@@ -111,6 +113,7 @@ func (e *Engine) Snapshot() Snapshot {
 		s.Pool.Decision = p.pool.Decision()
 		s.Contexts = p.transfer.Contexts()
 		s.Transfer = p.transfer.Stats()
+		s.Liveness = p.transfer.LivenessSettings().Summary()
 		s.Lookup = p.lookup.Stats()
 		s.Sessions = p.sessions.Len()
 		s.Tiers = p.tiers.Stats()

@@ -132,3 +132,13 @@ type Info struct {
 // Shared reports whether workers are told to attach a segment (the worker
 // only tries SHM for a non-empty name and a positive size).
 func (i Info) Shared() bool { return i.ShmName != "" && i.PoolSize > 0 }
+
+// Liveness is how silent workers are judged, as the faces show it.
+type Liveness struct {
+	// Reaping: the reaper runs (a profile whose PING carries the instance
+	// id, and a positive timeout).
+	Reaping bool
+	// Timeout, Grace and Idle are --worker-reap-timeout-seconds,
+	// --worker-registration-grace-seconds and --worker-idle-seconds.
+	Timeout, Grace, Idle time.Duration
+}

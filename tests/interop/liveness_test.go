@@ -151,6 +151,9 @@ func TestLivenessKilledWorkerIsReaped(t *testing.T) {
 		t.Fatalf("worker: %v", r)
 	}
 	st := status(t, srv)
+	if wl := st.WorkerLiveness; !wl.Enabled || wl.ReapTimeoutSeconds != 1 || wl.TrackedInstances != 1 {
+		t.Fatalf("worker_liveness %+v", wl)
+	}
 	c, ok := contextStatus(st, 5151)
 	if !ok || c.State != "active" || c.Peer == "" || st.Transfer.PendingWrites != 1 || st.Pool.WriteLocked != 1 {
 		t.Fatalf("before the kill: context %+v, transfer %+v, write-locked %d", c, st.Transfer, st.Pool.WriteLocked)

@@ -31,6 +31,11 @@ type Liveness struct {
 	Idle time.Duration
 }
 
+// Summary is l as the faces show it.
+func (l Liveness) Summary() workers.Liveness {
+	return workers.Liveness{Reaping: l.Reaping(), Timeout: l.Timeout, Grace: l.Grace, Idle: l.Idle}
+}
+
 // Reaping reports whether the reaper runs.
 func (l Liveness) Reaping() bool { return l.Reap && l.Timeout > 0 }
 

@@ -739,6 +739,9 @@ func TestUnregisterEndpoint(t *testing.T) {
 	}
 	if st := h.status(); len(st.RegisteredNonCudaInstanceIDs) != 1 {
 		t.Fatalf("a refused unregister changed the registrations: %v", st.RegisteredNonCudaInstanceIDs)
+	} else if wl := st.WorkerLiveness; wl.Enabled || wl.ReapTimeoutSeconds != 120 || wl.RegistrationGraceSeconds != 3600 || wl.IdleSeconds != 300 || wl.TrackedInstances != 1 {
+		// The default seed profile: its PING carries no id, so no reaper.
+		t.Fatalf("worker_liveness %+v", wl)
 	}
 	r := h.do(http.MethodPost, "/api"+path, nil, auth)
 	var ur httpapi.UnregisterResult

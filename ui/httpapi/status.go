@@ -43,9 +43,11 @@ type Status struct {
 	Pool     PoolStatus      `json:"pool"`
 	Contexts []ContextStatus `json:"contexts"`
 	Transfer TransferStatus  `json:"transfer"`
-	Lookup   LookupStatus    `json:"lookup"`
-	Requests RequestsStatus  `json:"requests"`
-	GPU      GPUStatus       `json:"gpu"`
+	// WorkerLiveness has upstream's name and fields.
+	WorkerLiveness WorkerLiveness `json:"worker_liveness"`
+	Lookup         LookupStatus   `json:"lookup"`
+	Requests       RequestsStatus `json:"requests"`
+	GPU            GPUStatus      `json:"gpu"`
 	// Tiers are the L2 tiers in lookup order ([] when none is configured).
 	Tiers  []TierStatus  `json:"tiers"`
 	Events []EventStatus `json:"events"`
@@ -193,6 +195,16 @@ func lastSeen(now time.Time, c workers.ContextInfo) float64 {
 		now = c.Gone
 	}
 	return now.Sub(c.LastRequest).Seconds()
+}
+
+// WorkerLiveness is upstream's report_status "worker_liveness" part
+// (management.py), plus kvdock's idle time.
+type WorkerLiveness struct {
+	Enabled                  bool    `json:"enabled"`
+	ReapTimeoutSeconds       float64 `json:"reap_timeout_seconds"`
+	RegistrationGraceSeconds float64 `json:"registration_grace_seconds"`
+	IdleSeconds              float64 `json:"idle_seconds"`
+	TrackedInstances         int     `json:"tracked_instances"`
 }
 
 // TransferStatus are the non-GPU transfer module's counters.
@@ -387,6 +399,9 @@ func NewStatus(s engine.Snapshot) Status {
 	out.Transfer = TransferStatus{Instances: t.Instances, PendingWrites: t.PendingWrites, PendingReads: t.PendingReads,
 		NoSpace: t.NoSpace, Rejected: t.Rejected, Expired: t.Expired, Fallbacks: t.Fallbacks,
 		Reaped: t.Reaped, Removed: t.Removed, Reused: t.Reused}
+	lv := s.Liveness
+	out.WorkerLiveness = WorkerLiveness{Enabled: lv.Reaping, ReapTimeoutSeconds: lv.Timeout.Seconds(),
+		RegistrationGraceSeconds: lv.Grace.Seconds(), IdleSeconds: lv.Idle.Seconds(), TrackedInstances: t.Instances}
 	l := s.Lookup
 	out.Lookup = LookupStatus{Lookups: l.Lookups, EarlyExits: l.EarlyExits, Failures: l.Failures,
 		RequestedTokens: l.RequestedTokens, RequestedChunks: l.RequestedChunks, HitChunks: l.HitChunks,
