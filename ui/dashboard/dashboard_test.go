@@ -13,6 +13,7 @@ import (
 	"github.com/charmbracelet/colorprofile"
 
 	"kvdock/core/engine"
+	"kvdock/core/workers"
 	"kvdock/settings"
 )
 
@@ -535,7 +536,7 @@ func TestStateColumnAndRemoveWithConfirmation(t *testing.T) {
 	eng := newFakeEngine(t)
 	m := newTestModel(t, eng, 80, 24)
 	s := screen(m)
-	mustContain(t, s, "STATE", "SEEN", "active", "idle")
+	mustContain(t, s, "STATE", "SEEN", "active", "idle", "no reaper")
 	// x asks; n cancels and removes nothing.
 	press(t, m, "x")
 	mustContain(t, screen(m), "REMOVE?", "worker instance 4242", "pending stores are aborted")
@@ -556,4 +557,11 @@ func TestStateColumnAndRemoveWithConfirmation(t *testing.T) {
 	s = screen(m)
 	mustNotContain(t, s, "REMOVE?")
 	mustContain(t, s, "already removed")
+}
+
+func TestReaperShownWhenOn(t *testing.T) {
+	eng := newFakeEngine(t)
+	eng.snap.Liveness = workers.Liveness{Reaping: true, Timeout: 2 * time.Minute}
+	m := newTestModel(t, eng, 80, 24)
+	mustContain(t, screen(m), "reap after 2m")
 }

@@ -337,7 +337,7 @@ func (m *Model) renderContexts(w, h int) string {
 	if m.sortDesc {
 		order = "descending"
 	}
-	info := fmt.Sprintf("%d of %d context(s) · sort: %s (%s)", len(rows), len(m.snap.Contexts), col.sortName, order)
+	info := fmt.Sprintf("%d of %d context(s) · sort: %s (%s) · %s", len(rows), len(m.snap.Contexts), col.sortName, order, reaperText(m.snap.Liveness))
 	if c, _ := filterColumn(m.filterStr); c == -2 {
 		info += " · no such column (" + strings.SplitN(m.filterStr, ":", 2)[0] + ")"
 	}
@@ -645,4 +645,12 @@ func orDash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+// reaperText says whether silent workers are reaped, and after how long.
+func reaperText(l workers.Liveness) string {
+	if !l.Reaping {
+		return "no reaper"
+	}
+	return "reap after " + durationText(l.Timeout)
 }
