@@ -16,6 +16,12 @@
 // when it decoded to one tensor of the instance's layout per chunk, and an
 // SHM commit switches a PICKLE instance back. Registrations are bounded in
 // number (server.max_instances) and in the strings they keep.
+//
+// It also tracks each instance's liveness (liveness.go): when and from which
+// ZMQ peer it was last heard of, its requests in flight, the reaper that
+// drops silent ones under profiles whose PING names the instance, operator
+// removal, and an id registered again from another peer taken as a new
+// worker.
 package nongpu
 
 import (
