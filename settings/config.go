@@ -50,6 +50,17 @@ type ServerConfig struct {
 	MaxInstances int `koanf:"max_instances"`
 	// MaxTokensPerRequest caps the token ids of one request's key.
 	MaxTokensPerRequest int `koanf:"max_tokens_per_request"`
+	// WorkerReapTimeoutSeconds is upstream's silence budget after which a
+	// worker that pinged with its id and transferred is reaped (its context
+	// dropped, its reservations released); 0 disables reaping. Only profiles
+	// whose PING carries the instance id reap.
+	WorkerReapTimeoutSeconds float64 `koanf:"worker_reap_timeout_seconds"`
+	// WorkerRegistrationGraceSeconds is upstream's silence budget for a
+	// worker that has not both pinged and transferred yet.
+	WorkerRegistrationGraceSeconds float64 `koanf:"worker_registration_grace_seconds"`
+	// WorkerIdleSeconds is the silence after which a context shows as idle
+	// (every profile; idle workers are never reaped for it); 0 never.
+	WorkerIdleSeconds float64 `koanf:"worker_idle_seconds"`
 	// QueuedRequestBytes bounds request payloads queued for the workers
 	// (total; a quarter per peer).
 	QueuedRequestBytes int64 `koanf:"queued_request_bytes"`
@@ -121,6 +132,10 @@ func Default() Config {
 			MaxTokensPerRequest:     2 << 20,
 			QueuedRequestBytes:      256 << 20,
 			QueuedReplyBytesPerPeer: 128 << 20,
+
+			WorkerReapTimeoutSeconds:       120,
+			WorkerRegistrationGraceSeconds: 3600,
+			WorkerIdleSeconds:              300,
 		},
 		L1: L1Config{
 			SizeGB:          1,

@@ -157,6 +157,37 @@ func table() []keyDef {
 				}
 				return ""
 			}},
+		{key: "server.worker_reap_timeout_seconds", flag: "worker-reap-timeout-seconds", class: Live,
+			help:  "seconds of silence after which a worker that pinged with its id and transferred is reaped (engine-driven profile); 0 = never",
+			field: func(c *Config) any { return &c.Server.WorkerReapTimeoutSeconds },
+			check: func(c Config) string {
+				if v := c.Server.WorkerReapTimeoutSeconds; v != 0 && !(v >= 1 && v <= 7*86400) {
+					return "must be 0 (no reaping) or between 1 and 604800"
+				}
+				return ""
+			}},
+		{key: "server.worker_registration_grace_seconds", flag: "worker-registration-grace-seconds", class: Live,
+			help:  "seconds of silence after which a worker that has not both pinged and transferred is reaped; >= the reap timeout",
+			field: func(c *Config) any { return &c.Server.WorkerRegistrationGraceSeconds },
+			check: func(c Config) string {
+				v := c.Server.WorkerRegistrationGraceSeconds
+				if !(v >= 1 && v <= 7*86400) {
+					return "must be between 1 and 604800"
+				}
+				if v < c.Server.WorkerReapTimeoutSeconds {
+					return fmt.Sprintf("must be >= server.worker_reap_timeout_seconds (%g)", c.Server.WorkerReapTimeoutSeconds)
+				}
+				return ""
+			}},
+		{key: "server.worker_idle_seconds", flag: "worker-idle-seconds", class: Live,
+			help:  "seconds of silence after which a worker context shows as idle (never reaped for it); 0 = never",
+			field: func(c *Config) any { return &c.Server.WorkerIdleSeconds },
+			check: func(c Config) string {
+				if v := c.Server.WorkerIdleSeconds; !(v >= 0 && v <= 7*86400) {
+					return "must be between 0 and 604800"
+				}
+				return ""
+			}},
 		{key: "server.queued_request_bytes", flag: "queued-request-bytes", class: Restart,
 			help:  "payload bytes of requests queued for the workers, in total (a quarter per peer); over it the server stops reading",
 			field: func(c *Config) any { return &c.Server.QueuedRequestBytes },

@@ -246,6 +246,10 @@ func TestValidateRules(t *testing.T) {
 		{"server.protocol_auto_default", "engine-driven", true}, {"server.protocol_auto_default", "auto", false},
 		{"server.max_message_bytes", "1048575", false}, {"server.max_message_bytes", "1048576", true},
 		{"server.max_instances", "0", false}, {"server.max_instances", "1", true}, {"server.max_instances", "1048577", false},
+		{"server.worker_reap_timeout_seconds", "0", true}, {"server.worker_reap_timeout_seconds", "0.5", false},
+		{"server.worker_reap_timeout_seconds", "-1", false}, {"server.worker_reap_timeout_seconds", "30", true},
+		{"server.worker_registration_grace_seconds", "119", false}, {"server.worker_registration_grace_seconds", "120", true},
+		{"server.worker_idle_seconds", "0", true}, {"server.worker_idle_seconds", "-1", false}, {"server.worker_idle_seconds", "604801", false},
 		{"server.shm_name", "", true}, {"server.shm_name", "/pool_1.a-b", true}, {"server.shm_name", "a/b", false},
 		{"server.shm_name", "/", false}, {"server.shm_name", "..", false}, {"server.shm_name", strings.Repeat("a", 201), false},
 		{"server.shm_name", settings.AutoText, true}, {"server.host", "", false},
@@ -471,7 +475,7 @@ func TestKeysGetSet(t *testing.T) {
 	fs := pflag.NewFlagSet("x", pflag.ContinueOnError)
 	settings.RegisterFlags(fs)
 	keys := settings.Keys()
-	if len(keys) != len(settings.KeyNames()) || len(keys) != 41 {
+	if len(keys) != len(settings.KeyNames()) || len(keys) != 44 {
 		t.Fatalf("%d keys", len(keys))
 	}
 	def := settings.Default()

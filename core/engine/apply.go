@@ -162,7 +162,7 @@ func (e *Engine) rebuildLocked(ctx context.Context, cfg settings.Config) error {
 			p.gate.reopen()
 			return fmt.Errorf("pool not rebuilt: %w: %d request(s) still running hold views of it", ErrDrainTimeout, n)
 		}
-		n := len(p.transfer.Contexts())
+		n := p.transfer.Stats().Instances
 		e.plane = nil
 		e.publish()
 		if err := p.release(); err != nil {
@@ -192,6 +192,9 @@ func (e *Engine) applyLive(cfg settings.Config) {
 		}
 		p.transfer.SetTTLs(w, r)
 		p.transfer.SetMaxInstances(cfg.Server.MaxInstances)
+		if f := e.front; f != nil {
+			p.transfer.SetLiveness(livenessFor(cfg, f.srv.Profile()))
+		}
 		p.sessions.SetLimits(sessionLimits(cfg))
 		if err := p.pool.SetLockShares(cfg.L1.MaxLockedSharePerInstance, cfg.L1.MaxLockedShare); err != nil {
 			e.log.Warn("lock cap settings", "err", err)

@@ -284,6 +284,8 @@ const (
 	ClearByCtl    ClearOrigin = "kvdock ctl"
 	ClearByHTTP   ClearOrigin = "HTTP API"
 	ClearByWorker ClearOrigin = "a worker (ZMQ CLEAR)"
+	// ClearByDashboard: the operator, in the dashboard (instance removal).
+	ClearByDashboard ClearOrigin = "the dashboard"
 )
 
 // Cleared is what a clear dropped: live objects (locked ones included; their

@@ -34,6 +34,7 @@ func (e *Engine) startFront(cfg settings.Config, p *plane) (*front, error) {
 	if err != nil {
 		return nil, err
 	}
+	p.transfer.SetLiveness(livenessFor(cfg, profile))
 	opts := rpc.Options{
 		Host:                   cfg.Server.Host,
 		Port:                   cfg.Server.Port,

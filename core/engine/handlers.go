@@ -130,7 +130,9 @@ func (e *Engine) handlers(cfg settings.Config, p *plane) map[string]rpc.Handler 
 		// No experimental intermediate-tensor transfer is served: the empty
 		// list upstream answers when none is enabled (controller.py @ 08c7d2fa).
 		protocol.GetExperimental: func(context.Context, *rpc.Request) (any, error) { return []string{}, nil },
-		protocol.Ping:            func(context.Context, *rpc.Request) (any, error) { return true, nil },
+		protocol.Ping: func(_ context.Context, req *rpc.Request) (any, error) {
+			return ping(p, req)
+		},
 		protocol.Clear: func(_ context.Context, req *rpc.Request) (any, error) {
 			// [] or [force] (engine-driven controller.py @ 08c7d2fa, PR #5158).
 			// Either way the same clear: unlocked objects go, locked ones are
@@ -157,4 +159,26 @@ func (e *Engine) handlers(cfg settings.Config, p *plane) map[string]rpc.Handler 
 		h[name] = p.guard(fn)
 	}
 	return h
+}
+
+// ping answers PING: no payload (seed eras) or [instance_id | None] (the
+// engine-driven era and later). An id marks that registered instance alive
+// for the reaper; None (an untracked prober such as a scheduler) and ids
+// nobody registered change nothing, so a flood of made-up ids keeps no
+// state. The answer is always true, as upstream's.
+func ping(p *plane, req *rpc.Request) (any, error) {
+	switch len(req.Args) {
+	case 0:
+		return true, nil
+	case 1:
+		id, present, err := req.OptInt(0)
+		if err != nil {
+			return nil, err
+		}
+		if present {
+			p.transfer.Touch(id, req.Peer)
+		}
+		return true, nil
+	}
+	return nil, req.Arity(1)
 }

@@ -220,7 +220,7 @@ func (e *Engine) buildPlane(cfg settings.Config) (*plane, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	p.cancel = cancel
 	p.done = make(chan struct{})
-	loops := []func(context.Context){pool.Run, p.sessions.Run, p.lookup.Run, p.transfer.Run}
+	loops := []func(context.Context){pool.Run, p.sessions.Run, p.lookup.Run, p.transfer.Run, p.transfer.RunReaper}
 	finished := make(chan struct{}, len(loops))
 	for _, run := range loops {
 		go func() {

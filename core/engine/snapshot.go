@@ -56,6 +56,8 @@ type Snapshot struct {
 	Pool     Pool
 	Contexts []workers.ContextInfo
 	Transfer workers.Stats
+	// Liveness is the worker reaper's settings in force.
+	Liveness workers.Liveness
 	Requests rpc.Stats
 	Lookup   lookup.Stats
 	// Misses says why lookups missed, per context and in total.
@@ -120,6 +122,7 @@ func (e *Engine) Snapshot() Snapshot {
 		s.Pool.Decision = p.pool.Decision()
 		s.Contexts = p.transfer.Contexts()
 		s.Transfer = p.transfer.Stats()
+		s.Liveness = p.transfer.LivenessSettings().Summary()
 		s.Lookup = p.lookup.Stats()
 		s.Misses = p.lookup.Misses()
 		s.Misses.GhostEntries, s.Misses.GhostBytes = p.pool.Ghost()

@@ -192,6 +192,22 @@ func Parse(data []byte) (*Profile, error) {
 	return &p, nil
 }
 
+// PingCarriesID reports whether the profile's PING takes an instance id
+// ([instance_id | None], the engine-driven era on): only then can a worker
+// prove it is alive, and only then may the liveness reaper run.
+func (p *Profile) PingCarriesID() bool {
+	s, ok := p.ByName(Ping)
+	if !ok {
+		return false
+	}
+	for _, shape := range s.Shapes() {
+		if len(shape) == 1 && shape[0] == TypeOptInt {
+			return true
+		}
+	}
+	return false
+}
+
 // ByNumber returns the request with the given wire number.
 func (p *Profile) ByNumber(n int64) (*Spec, bool) {
 	s, ok := p.byNumber[n]

@@ -60,6 +60,29 @@ func (r *Request) Int(i int) (int64, error) {
 	return 0, fmt.Errorf("%s: argument %d is %T, want an int", r.Name, i, v)
 }
 
+// OptInt returns argument i as an optional integer (payload type "int?"):
+// present is false for a msgpack nil.
+func (r *Request) OptInt(i int) (n int64, present bool, err error) {
+	v, err := r.arg(i)
+	if err != nil {
+		return 0, false, err
+	}
+	switch x := v.(type) {
+	case nil:
+		return 0, false, nil
+	case *int64:
+		if x == nil {
+			return 0, false, nil
+		}
+		return *x, true, nil
+	case int64:
+		return x, true, nil
+	case int:
+		return int64(x), true, nil
+	}
+	return 0, false, fmt.Errorf("%s: argument %d is %T, want an int or nil", r.Name, i, v)
+}
+
 // Str returns argument i as a string.
 func (r *Request) Str(i int) (string, error) {
 	v, err := r.arg(i)

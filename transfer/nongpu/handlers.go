@@ -33,7 +33,7 @@ func (m *Module) Handlers() map[string]rpc.Handler {
 			if err != nil {
 				return nil, err
 			}
-			return m.Register(p)
+			return m.RegisterFrom(p, req.Peer)
 		}),
 		protocol.UnregisterKVCache:              m.reporting(unregister),
 		protocol.UnregisterKVCacheNonGPUContext: m.reporting(unregister),
@@ -42,6 +42,7 @@ func (m *Module) Handlers() map[string]rpc.Handler {
 			if err != nil {
 				return nil, err
 			}
+			defer m.begin(id, req.Peer)()
 			return m.PrepareStore(k, id)
 		}),
 		protocol.CommitStore: m.reporting(func(_ context.Context, req *rpc.Request) (any, error) {
@@ -53,6 +54,7 @@ func (m *Module) Handlers() map[string]rpc.Handler {
 			if err != nil {
 				return nil, err
 			}
+			defer m.begin(id, req.Peer)()
 			return m.CommitStore(k, id, data)
 		}),
 		protocol.CommitStoreGroup: m.reporting(func(_ context.Context, req *rpc.Request) (any, error) {
@@ -75,6 +77,7 @@ func (m *Module) Handlers() map[string]rpc.Handler {
 			if err != nil {
 				return nil, err
 			}
+			defer m.begin(id, req.Peer)()
 			return m.prepareRetrieveReply(k, id)
 		}),
 		protocol.CommitRetrieve: m.reporting(func(_ context.Context, req *rpc.Request) (any, error) {
@@ -82,6 +85,7 @@ func (m *Module) Handlers() map[string]rpc.Handler {
 			if err != nil {
 				return nil, err
 			}
+			defer m.begin(id, req.Peer)()
 			return m.CommitRetrieve(k, id)
 		}),
 	}

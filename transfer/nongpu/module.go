@@ -16,6 +16,12 @@
 // when it decoded to one tensor of the instance's layout per chunk, and an
 // SHM commit switches a PICKLE instance back. Registrations are bounded in
 // number (server.max_instances) and in the strings they keep.
+//
+// It also tracks each instance's liveness (liveness.go): when and from which
+// ZMQ peer it was last heard of, its requests in flight, the reaper that
+// drops silent ones under profiles whose PING names the instance, operator
+// removal, and an id registered again from another peer taken as a new
+// worker.
 package nongpu
 
 import (
@@ -107,6 +113,12 @@ type instance struct {
 	reason     string
 	registered time.Time
 	last       time.Time
+	// peer is the ZMQ routing id that last spoke for the instance;
+	// inFlight counts its requests being served. pinged and transferred are
+	// the reaper's two signals (a PING with the id; a prepare or commit).
+	peer                string
+	inFlight            int
+	pinged, transferred bool
 
 	stores, storeFailures, retrieves, hitChunks, bytesIn, bytesOut int64
 }
@@ -166,6 +178,11 @@ type Module struct {
 	errLast   map[string]time.Time
 	// maxInstances bounds len(instances) (server.max_instances, live).
 	maxInstances int
+	// liveness is the reaper's settings; livenessChanged wakes RunReaper.
+	liveness        Liveness
+	livenessChanged chan struct{}
+	// gone remembers the last maxGone reaped or removed instances.
+	gone []workers.ContextInfo
 }
 
 // New builds the module from the engine's dependencies and the server and L1
@@ -198,6 +215,8 @@ func New(deps Deps, server settings.ServerConfig, l1cfg settings.L1Config) (*Mod
 		writes:    make(map[pendingKey]*pending),
 		reads:     make(map[pendingKey]*pending),
 		errLast:   make(map[string]time.Time),
+
+		livenessChanged: make(chan struct{}, 1),
 	}
 	if m.log == nil {
 		m.log = slog.New(slog.DiscardHandler)
@@ -251,15 +270,32 @@ func (m *Module) event(kind workers.EventKind, level slog.Level, id int64, msg s
 	}
 }
 
-// Register handles REGISTER_KV_CACHE_NON_GPU_CONTEXT (spec 4.4).
+// Register handles REGISTER_KV_CACHE_NON_GPU_CONTEXT (spec 4.4) from an
+// unknown peer; see RegisterFrom.
 func (m *Module) Register(p protocol.RegisterPayload) (protocol.RegisterResponse, error) {
+	return m.RegisterFrom(p, nil)
+}
+
+// RegisterFrom handles REGISTER_KV_CACHE_NON_GPU_CONTEXT (spec 4.4) sent by
+// the ZMQ peer peer. A known id registered again from the peer that holds it
+// (or from an unknown peer) keeps the first registration, as upstream. From
+// another peer it is a new worker reusing the id (upstream's PID reuse in
+// containers): once the new payload is validated, the old worker's pending
+// writes are aborted (never published) and its reads released, and the new
+// registration replaces the old, so the new worker never sees the old one's
+// pending data.
+func (m *Module) RegisterFrom(p protocol.RegisterPayload, peer []byte) (protocol.RegisterResponse, error) {
 	resp := protocol.RegisterResponse{ShmName: m.info.ShmName, PoolSize: m.info.PoolSize}
+	now := m.now()
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()
 		return protocol.RegisterResponse{}, ErrClosed
 	}
-	if _, ok := m.instances[p.InstanceID]; ok {
+	old, known := m.instances[p.InstanceID]
+	if known && (len(peer) == 0 || old.peer == "" || old.peer == string(peer)) {
+		old.last = now
+		m.notePeerLocked(old, peer)
 		m.mu.Unlock()
 		m.rateLimited("register/again", func() {
 			m.event(workers.EventRegister, slog.LevelWarn, p.InstanceID,
@@ -269,10 +305,12 @@ func (m *Module) Register(p protocol.RegisterPayload) (protocol.RegisterResponse
 	}
 	// Checked before the payload is validated, so a flood of new ids past
 	// the limit costs a map lookup each.
-	if err := m.roomLocked(p.InstanceID); err != nil {
-		m.mu.Unlock()
-		m.refused(p.InstanceID, err)
-		return protocol.RegisterResponse{}, err
+	if !known {
+		if err := m.roomLocked(p.InstanceID); err != nil {
+			m.mu.Unlock()
+			m.refused(p.InstanceID, err)
+			return protocol.RegisterResponse{}, err
+		}
 	}
 	m.mu.Unlock()
 
@@ -287,35 +325,63 @@ func (m *Module) Register(p protocol.RegisterPayload) (protocol.RegisterResponse
 		mode = workers.ModeSHM
 		reason = "shared segment " + m.info.ShmName
 	}
-	now := m.now()
 	lay := groups[0]
-	inst := &instance{id: p.InstanceID, p: p, lay: lay, groups: groups, mode: mode, reason: reason, registered: now, last: now}
+	inst := &instance{id: p.InstanceID, p: p, lay: lay, groups: groups, mode: mode, reason: reason, registered: now, last: now, peer: string(peer)}
 
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()
 		return protocol.RegisterResponse{}, ErrClosed
 	}
-	if _, ok := m.instances[p.InstanceID]; ok {
+	cur, ok := m.instances[p.InstanceID]
+	replacing := ok && known && cur == old
+	if ok && !replacing {
 		// A concurrent registration of the same id won; same answer.
 		m.mu.Unlock()
 		return resp, nil
 	}
-	if err := m.roomLocked(p.InstanceID); err != nil {
-		m.mu.Unlock()
-		m.refused(p.InstanceID, err)
-		return protocol.RegisterResponse{}, err
+	if !ok {
+		if err := m.roomLocked(p.InstanceID); err != nil {
+			m.mu.Unlock()
+			m.refused(p.InstanceID, err)
+			return protocol.RegisterResponse{}, err
+		}
+	}
+	if replacing {
+		// The old worker's layout reference must not make the new one's
+		// conflict with itself; it is put back if the new one is refused.
+		m.layouts.Remove(old.p.ModelName, old.p.WorldSize)
 	}
 	if have, ok := m.layouts.Groups(p.ModelName, p.WorldSize); ok && !layout.GroupsEqual(have, groups) {
+		if replacing {
+			m.layouts.AddGroups(old.p.ModelName, old.p.WorldSize, old.groups)
+		}
 		m.mu.Unlock()
 		err := fmt.Errorf("register instance %d: layout %s conflicts with %s already registered for model %q world size %d",
 			p.InstanceID, groupsText(groups), groupsText(have), p.ModelName, p.WorldSize)
 		m.event(workers.EventError, slog.LevelError, p.InstanceID, err.Error())
 		return protocol.RegisterResponse{}, err
 	}
+	var writes, reads []*pending
+	if replacing {
+		writes, reads = m.takePendingLocked(func(k pendingKey) bool { return k.instance == p.InstanceID })
+		m.stats.Reused++
+	}
+	m.forgetGoneLocked(p.InstanceID)
 	m.instances[p.InstanceID] = inst
 	m.layouts.AddGroups(p.ModelName, p.WorldSize, groups)
 	m.mu.Unlock()
+
+	if replacing {
+		m.discard(writes, reads)
+		// Rate-limited: two peers taking an id in turns must not flood the
+		// log; Stats.Reused counts every one.
+		m.rateLimited("register/reused", func() {
+			m.event(workers.EventReused, slog.LevelWarn, p.InstanceID, fmt.Sprintf(
+				"instance %d registered from %s while %s held it: taken as a new worker; the old one's %d pending writes aborted (never published), %d pending reads released",
+				p.InstanceID, peerText(string(peer)), peerText(old.peer), len(writes), len(reads)))
+		})
+	}
 
 	m.event(workers.EventRegister, slog.LevelInfo, p.InstanceID, fmt.Sprintf(
 		"instance %d registered: model %s, world size %d, layout %s, %s (%s)",
@@ -481,6 +547,7 @@ func (m *Module) lookupInstance(id int64) (*instance, error) {
 		return nil, fmt.Errorf("non-GPU context not registered for instance %d", id)
 	}
 	inst.last = now
+	inst.transferred = true // only prepare/commit requests look instances up
 	return inst, nil
 }
 
@@ -542,24 +609,20 @@ func (m *Module) resolve(inst *instance, k protocol.Key) ([]keys.ObjectKey, pend
 	return ks, pk, nil
 }
 
-// Contexts lists the registered instances, by id.
+// Contexts lists the registered instances, by id, then the last reaped or
+// removed ones (state reaped or removed), by id.
 func (m *Module) Contexts() []workers.ContextInfo {
+	now := m.now()
 	m.mu.Lock()
-	out := make([]workers.ContextInfo, 0, len(m.instances))
+	out := make([]workers.ContextInfo, 0, len(m.instances)+len(m.gone))
 	for _, inst := range m.instances {
-		out = append(out, workers.ContextInfo{
-			InstanceID: inst.id, Model: inst.p.ModelName, WorldSize: inst.p.WorldSize,
-			BlockSize: inst.p.BlockSize, NumLayers: inst.p.NumLayers, HiddenDimSize: inst.p.HiddenDimSize,
-			Layout: layout.Layout{Shape: append([]int(nil), inst.lay.Shape...), Dtype: inst.lay.Dtype, Bytes: inst.lay.Bytes},
-			Groups: cloneLayouts(inst.groups),
-			MLA:    inst.p.UseMLA, Mode: inst.mode, Reason: inst.reason, Registered: inst.registered, LastRequest: inst.last,
-			Stores: inst.stores, StoreFailures: inst.storeFailures, Retrieves: inst.retrieves,
-			HitChunks: inst.hitChunks, BytesIn: inst.bytesIn, BytesOut: inst.bytesOut,
-		})
+		out = append(out, m.contextLocked(inst, now))
 	}
+	gone := append([]workers.ContextInfo(nil), m.gone...)
 	m.mu.Unlock()
 	sort.Slice(out, func(i, j int) bool { return out[i].InstanceID < out[j].InstanceID })
-	return out
+	sort.Slice(gone, func(i, j int) bool { return gone[i].InstanceID < gone[j].InstanceID })
+	return append(out, gone...)
 }
 
 // cloneLayouts copies a hybrid model's group layouts (nil for one group).
@@ -592,6 +655,9 @@ func (m *Module) Status() map[string]any {
 	ids := make([]int64, 0, len(ctxs))
 	meta := make(map[string]any, len(ctxs))
 	for _, c := range ctxs {
+		if c.State == workers.StateReaped || c.State == workers.StateRemoved {
+			continue
+		}
 		ids = append(ids, c.InstanceID)
 		entry := map[string]any{
 			"model_name": c.Model,

@@ -74,11 +74,29 @@ func runClear(cfg settings.Config, f flagSet, env Env) int {
 
 // clearHTTP posts /clear-cache and returns its answer.
 func clearHTTP(url, token string, timeout time.Duration) (httpapi.ClearResult, error) {
+	var cr httpapi.ClearResult
+	code, body, err := postHTTP(url, token, timeout)
+	if err != nil {
+		return cr, fmt.Errorf("%w\n(--http-port 0 clears over ZMQ instead, without counts)", err)
+	}
+	decodeErr := json.Unmarshal(body, &cr)
+	if err := httpFailure(url, code, body, cr.Reason); err != nil {
+		return cr, err
+	}
+	if decodeErr != nil || cr.Status != "ok" {
+		return cr, fmt.Errorf("%s did not answer a kvdock clear result: %q", url, logcap.Truncate(termtext.Clean(string(body)), 200))
+	}
+	return cr, nil
+}
+
+// postHTTP posts to one of kvdock's mutating endpoints as kvdock ctl, with
+// the token, and returns the status and (at most 64 KiB of) the body.
+func postHTTP(url, token string, timeout time.Duration) (int, []byte, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, nil)
 	if err != nil {
-		return httpapi.ClearResult{}, err
+		return 0, nil, err
 	}
 	req.Header.Set("User-Agent", httpapi.CtlAgent)
 	if token != "" {
@@ -86,28 +104,29 @@ func clearHTTP(url, token string, timeout time.Duration) (httpapi.ClearResult, e
 	}
 	res, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return httpapi.ClearResult{}, fmt.Errorf("kvdock's HTTP API does not answer at %s: %w\n"+
-			"(is kvdock running, with this --http-port? --http-port 0 clears over ZMQ instead, without counts)", url, err)
+		return 0, nil, fmt.Errorf("kvdock's HTTP API does not answer at %s: %w\n"+
+			"(is kvdock running, with this --http-port?)", url, err)
 	}
 	defer res.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(res.Body, 64<<10))
 	if err != nil {
-		return httpapi.ClearResult{}, fmt.Errorf("reading the answer of %s: %w", url, err)
+		return 0, nil, fmt.Errorf("reading the answer of %s: %w", url, err)
 	}
-	var cr httpapi.ClearResult
-	decodeErr := json.Unmarshal(body, &cr)
-	switch {
-	case res.StatusCode == http.StatusUnauthorized:
-		return cr, fmt.Errorf("%s refused: kvdock requires its HTTP token; set KVDOCK_HTTP_TOKEN (or http.token in the settings file) to it", url)
-	case res.StatusCode != http.StatusOK:
-		var eb httpapi.ErrorBody
-		why := cr.Reason
-		if json.Unmarshal(body, &eb) == nil && eb.Error != "" {
-			why = eb.Error
-		}
-		return cr, fmt.Errorf("%s: HTTP %d: %s", url, res.StatusCode, logcap.Truncate(termtext.Clean(why), 200))
-	case decodeErr != nil || cr.Status != "ok":
-		return cr, fmt.Errorf("%s did not answer a kvdock clear result: %q", url, logcap.Truncate(termtext.Clean(string(body)), 200))
+	return res.StatusCode, body, nil
+}
+
+// httpFailure explains a non-200 answer (nil for 200): the token, or the
+// server's reason (reason, or the error body's).
+func httpFailure(url string, code int, body []byte, reason string) error {
+	switch code {
+	case http.StatusOK:
+		return nil
+	case http.StatusUnauthorized:
+		return fmt.Errorf("%s refused: kvdock requires its HTTP token; set KVDOCK_HTTP_TOKEN (or http.token in the settings file) to it", url)
 	}
-	return cr, nil
+	var eb httpapi.ErrorBody
+	if json.Unmarshal(body, &eb) == nil && eb.Error != "" {
+		reason = eb.Error
+	}
+	return fmt.Errorf("%s: HTTP %d: %s", url, code, logcap.Truncate(termtext.Clean(reason), 200))
 }

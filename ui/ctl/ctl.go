@@ -31,6 +31,8 @@ Commands:
   chunk-size        print the server chunk size (GET_CHUNK_SIZE)
   clear             clear the L1 cache and print what went (asks first on a terminal; --yes skips)
   end-session ID    END_SESSION for request id ID
+  unregister ID     remove worker instance ID: its context goes, its pending stores are
+                    aborted (HTTP API; asks first on a terminal; --yes skips)
   status            the engine's /status as a table (HTTP API; see kvdock ctl status --help)
 
 The server's address comes from the same settings as kvdock serve's: the
@@ -42,7 +44,7 @@ Flags:
 `
 
 // usageLine is the one line printed under a usage error.
-const usageLine = "usage: kvdock ctl [flags] ping|noop|chunk-size|clear|end-session ID|status (kvdock ctl --help for more)"
+const usageLine = "usage: kvdock ctl [flags] ping|noop|chunk-size|clear|end-session ID|unregister ID|status (kvdock ctl --help for more)"
 
 // Env is what ctl reads and writes besides its arguments; main passes the
 // process's own.
@@ -167,6 +169,9 @@ func Run(args []string, env Env) int {
 	cmd, params := rest[0], rest[1:]
 	if cmd == "status" {
 		return runStatus(f, params, env)
+	}
+	if cmd == "unregister" {
+		return runUnregister(f, params, env)
 	}
 	var name string
 	var callArgs []any

@@ -191,7 +191,7 @@ func statusPrint(w io.Writer, st httpapi.Status) {
 		return
 	}
 	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "INSTANCE\tMODEL\tWORLD\tLAYOUT\tMODE\tSTORES\tRETRIEVES\tHITS\tREASON")
+	fmt.Fprintln(tw, "INSTANCE\tMODEL\tWORLD\tLAYOUT\tMODE\tSTATE\tSEEN\tSTORES\tRETRIEVES\tHITS\tREASON")
 	for _, c := range st.Contexts {
 		dims := make([]string, len(c.Shape))
 		for i, d := range c.Shape {
@@ -201,10 +201,18 @@ func statusPrint(w io.Writer, st httpapi.Status) {
 		if c.UseMLA {
 			lay += " MLA"
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%d\t%d\t%d\t%s\n", c.InstanceID, c.ModelName, c.WorldSize, lay,
-			c.Mode, c.Stores, c.Retrieves, c.HitChunks, c.Reason)
+		fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\n", c.InstanceID, c.ModelName, c.WorldSize, lay,
+			c.Mode, statusOrDash(c.State), seenText(c), c.Stores, c.Retrieves, c.HitChunks, c.Reason)
 	}
 	_ = tw.Flush()
+}
+
+// seenText is how long ago a context was last heard of ("-": never).
+func seenText(c httpapi.ContextStatus) string {
+	if c.LastRequestAt == nil {
+		return "-"
+	}
+	return time.Duration(c.LastSeenSeconds * float64(time.Second)).Round(time.Second).String()
 }
 
 func statusOrDash(s string) string {

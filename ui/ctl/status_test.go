@@ -123,7 +123,7 @@ func TestStatusTable(t *testing.T) {
 		}
 	}
 	f := strings.Fields(row)
-	if len(f) < 9 || f[1] != "llama-tiny" || f[2] != "2" || f[3] != "2x3x16x8" || f[4] != "bfloat16" || f[5] != "PICKLE" || f[6] != "0" {
+	if len(f) < 11 || f[1] != "llama-tiny" || f[2] != "2" || f[3] != "2x3x16x8" || f[4] != "bfloat16" || f[5] != "PICKLE" || f[6] != "active" || f[8] != "0" {
 		t.Errorf("context row = %q", row)
 	}
 }

@@ -14,7 +14,9 @@
 //	1 Contexts   shift+letter sorts by that column (again: reverse; the sort
 //	             column is always shown), s next shown column, / filter:
 //	             text matches id or model, col:value one column (enter keeps
-//	             it, esc clears it), enter details, esc close
+//	             it, esc clears it), enter details, esc close, x remove
+//	             the selected worker (y confirms, n cancels); STATE shows
+//	             active, idle 5m, reaped or removed, SEEN the last request
 //	4 Events     ↑↓ scroll, l minimum level, / filter text, esc clear filters
 //	5 Settings   ↑↓ move, / find a key (enter selects, esc goes back),
 //	             enter edit, a apply (shows the diff with each change's class,
@@ -61,6 +63,8 @@ type Engine interface {
 	Subscribe(buffer int) (<-chan engine.Event, func())
 	Apply(ctx context.Context, cfg settings.Config, sources map[string]settings.Source) (engine.ApplyResult, error)
 	Config() (settings.Config, map[string]settings.Source)
+	// RemoveInstance drops a worker's context on the operator's word.
+	RemoveInstance(id int64, by engine.ClearOrigin) error
 }
 
 // Options tune the dashboard; the zero value works.

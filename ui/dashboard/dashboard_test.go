@@ -13,6 +13,7 @@ import (
 	"github.com/charmbracelet/colorprofile"
 
 	"kvdock/core/engine"
+	"kvdock/core/workers"
 	"kvdock/settings"
 )
 
@@ -120,7 +121,7 @@ func TestSortAndDetails(t *testing.T) {
 	}
 	press(t, m, "down", "enter")
 	s = screen(m)
-	mustContain(t, s, "Instance 4243", "registered 2026-11-30 10:30:00 (1h30m ago)", "last req   45s ago", "world size 2")
+	mustContain(t, s, "Instance 4243", "registered 2026-11-30 10:30:00 (1h30m ago)", "last seen 45s ago", "world size 2")
 	press(t, m, "esc")
 	mustNotContain(t, screen(m), "Instance 4243")
 }
@@ -529,4 +530,38 @@ func TestApplyNextStart(t *testing.T) {
 		t.Fatalf("Apply calls = %+v", calls)
 	}
 	mustContain(t, screen(m), "OK applied (next-start): log.format - log.format at the next start")
+}
+
+func TestStateColumnAndRemoveWithConfirmation(t *testing.T) {
+	eng := newFakeEngine(t)
+	m := newTestModel(t, eng, 80, 24)
+	s := screen(m)
+	mustContain(t, s, "STATE", "SEEN", "active", "idle", "no reaper")
+	// x asks; n cancels and removes nothing.
+	press(t, m, "x")
+	mustContain(t, screen(m), "REMOVE?", "worker instance 4242", "pending stores are aborted")
+	press(t, m, "n")
+	mustContain(t, screen(m), "remove cancelled")
+	if len(eng.removed) != 0 {
+		t.Fatalf("cancelled remove removed %v", eng.removed)
+	}
+	// x then y removes the selected one, through the engine.
+	press(t, m, "down", "x", "y")
+	if len(eng.removed) != 1 || eng.removed[0] != 4243 {
+		t.Fatalf("removed %v, want [4243]", eng.removed)
+	}
+	s = screen(m)
+	mustContain(t, s, "instance 4243 removed", "removed")
+	// A removed context cannot be removed again: no question is asked.
+	press(t, m, "x")
+	s = screen(m)
+	mustNotContain(t, s, "REMOVE?")
+	mustContain(t, s, "already removed")
+}
+
+func TestReaperShownWhenOn(t *testing.T) {
+	eng := newFakeEngine(t)
+	eng.snap.Liveness = workers.Liveness{Reaping: true, Timeout: 2 * time.Minute}
+	m := newTestModel(t, eng, 80, 24)
+	mustContain(t, screen(m), "reap after 2m")
 }

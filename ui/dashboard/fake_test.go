@@ -3,6 +3,7 @@ package dashboard
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"sync"
@@ -38,6 +39,20 @@ type fakeEngine struct {
 	applyErr error
 	rollback bool
 	events   chan engine.Event
+	removed  []int64
+}
+
+func (f *fakeEngine) RemoveInstance(id int64, by engine.ClearOrigin) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for i, c := range f.snap.Contexts {
+		if c.InstanceID == id && c.State != workers.StateRemoved && c.State != workers.StateReaped {
+			f.removed = append(f.removed, id)
+			f.snap.Contexts[i].State = workers.StateRemoved
+			return nil
+		}
+	}
+	return fmt.Errorf("instance %d is not registered: %w", id, engine.ErrUnknownInstance)
 }
 
 func (f *fakeEngine) Snapshot() engine.Snapshot {
@@ -105,6 +120,7 @@ func newFakeEngine(t *testing.T) *fakeEngine {
 			Layout: lay, Groups: []layout.Layout{lay, mustLayout(t, 8, 256, 256, "float32")},
 			Mode: workers.ModeSHM, Reason: "segment lmcache_l1_pool_demo attached",
 			Registered: t0.Add(-2 * time.Hour), LastRequest: t0.Add(-3 * time.Second),
+			State: workers.StateActive, Peer: "006b8b4567", InFlight: 1, Pinged: true, Transferred: true,
 			Stores: 120, Retrieves: 80, HitChunks: 640, BytesIn: 3 << 30, BytesOut: 2 << 30},
 		{InstanceID: 4243, Model: "meta-llama/Llama-3.1-8B", WorldSize: 2, BlockSize: 16, NumLayers: 32, HiddenDimSize: 1024,
 			Layout: lay, Mode: workers.ModeSHM, Reason: "segment lmcache_l1_pool_demo attached",
@@ -112,7 +128,7 @@ func newFakeEngine(t *testing.T) *fakeEngine {
 			Stores: 7, Retrieves: 300, HitChunks: 12, BytesIn: 200 << 20, BytesOut: 5 << 30},
 		{InstanceID: 9001, Model: "Qwen/Qwen2-0.5B", WorldSize: 1, BlockSize: 16, NumLayers: 24, HiddenDimSize: 512,
 			Layout: small, Mode: workers.ModePickle, Reason: "worker reported it could not attach the segment",
-			Registered: t0.Add(-10 * time.Minute), LastRequest: time.Time{},
+			Registered: t0.Add(-10 * time.Minute), LastRequest: time.Time{}, State: workers.StateIdle,
 			Stores: 3, Retrieves: 0, HitChunks: 0, BytesIn: 12 << 20},
 	}
 	g := gpu.NewFake(gpu.Snapshot{
@@ -238,7 +254,7 @@ func runCmd(t *testing.T, m *Model, cmd tea.Cmd) tea.Cmd {
 	switch msg.(type) {
 	case tea.QuitMsg:
 		return cmd
-	case applyMsg:
+	case applyMsg, removeMsg:
 		_, next := m.Update(msg)
 		if next != nil {
 			m.Update(next()) // the snapshot after the apply

@@ -47,7 +47,7 @@ func (k listKeys) list() []key.Binding {
 // letter again reverses the order.
 type contextKeys struct {
 	listKeys
-	SortBy, Sort, Filter, Details, Clear key.Binding
+	SortBy, Sort, Filter, Details, Clear, Remove key.Binding
 }
 
 func newContextKeys() contextKeys {
@@ -62,11 +62,12 @@ func newContextKeys() contextKeys {
 		Filter:   key.NewBinding(key.WithKeys("/"), key.WithHelp("/", "filter")),
 		Details:  key.NewBinding(key.WithKeys("enter"), key.WithHelp("enter", "details")),
 		Clear:    key.NewBinding(key.WithKeys("esc"), key.WithHelp("esc", "close/clear filter")),
+		Remove:   key.NewBinding(key.WithKeys("x"), key.WithHelp("x", "remove worker")),
 	}
 }
 
 func (k contextKeys) list() []key.Binding {
-	return append([]key.Binding{k.Filter, k.SortBy, k.Details, k.Sort, k.Clear}, k.listKeys.list()...)
+	return append([]key.Binding{k.Filter, k.SortBy, k.Details, k.Sort, k.Clear, k.Remove}, k.listKeys.list()...)
 }
 
 // eventKeys scroll and filter the events pane.

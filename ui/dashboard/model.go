@@ -15,6 +15,7 @@ import (
 
 	"kvdock/core/engine"
 	"kvdock/core/tierstate"
+	"kvdock/core/workers"
 	"kvdock/settings"
 	"kvdock/ui/termtext"
 )
@@ -46,6 +47,7 @@ const (
 	modeEdit
 	modeConfirmApply
 	modeConfirmQuit
+	modeConfirmRemove
 	modeHelp
 )
 
@@ -66,6 +68,10 @@ type (
 	eventMsg engine.Event
 	applyMsg struct {
 		res engine.ApplyResult
+		err error
+	}
+	removeMsg struct {
+		id  int64
 		err error
 	}
 )
@@ -91,9 +97,11 @@ type Model struct {
 	profile colorprofile.Profile
 
 	width, height int
-	snap          engine.Snapshot
-	events        []engine.Event
-	lastSeq       uint64
+	// removing is the context a remove confirmation is about.
+	removing workers.ContextInfo
+	snap     engine.Snapshot
+	events   []engine.Event
+	lastSeq  uint64
 
 	pane pane
 	mode mode
@@ -275,6 +283,9 @@ func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 	case applyMsg:
 		m.applyDone(msg)
 		return m, m.snapshotCmd()
+	case removeMsg:
+		m.removeDone(msg)
+		return m, m.snapshotCmd()
 	case tea.KeyPressMsg:
 		return m, m.onKey(msg)
 	case tea.PasteMsg:
@@ -327,6 +338,15 @@ func (m *Model) onKey(msg tea.KeyPressMsg) tea.Cmd {
 			m.mode = modeNormal
 		}
 		return nil
+	case modeConfirmRemove:
+		switch {
+		case key.Matches(msg, m.keys.Confirm.Yes):
+			return m.startRemove()
+		case key.Matches(msg, m.keys.Confirm.No):
+			m.mode = modeNormal
+			m.setStatus(levelInfo, "remove cancelled")
+		}
+		return nil
 	case modeHelp:
 		m.mode = modeNormal
 		return nil
@@ -334,7 +354,7 @@ func (m *Model) onKey(msg tea.KeyPressMsg) tea.Cmd {
 
 	switch {
 	case key.Matches(msg, g.Quit):
-		if len(m.snap.Contexts) > 0 || m.pendingEdits() > 0 {
+		if registeredContexts(m.snap.Contexts) > 0 || m.pendingEdits() > 0 {
 			m.mode = modeConfirmQuit
 			return nil
 		}
@@ -455,6 +475,8 @@ func (m *Model) onContextsKey(msg tea.KeyPressMsg) tea.Cmd {
 		} else {
 			m.filterStr = ""
 		}
+	case key.Matches(msg, k.Remove):
+		m.askRemove(rows)
 	}
 	return nil
 }
@@ -576,7 +598,7 @@ func (m *Model) renderBody(w, h int) string {
 		return m.renderHelp(w)
 	case modeConfirmQuit:
 		var why []string
-		if n := len(m.snap.Contexts); n > 0 {
+		if n := registeredContexts(m.snap.Contexts); n > 0 {
 			why = append(why, fmt.Sprintf("%d worker context(s) are registered; they lose their cache server.", n))
 		}
 		if n := m.pendingEdits(); n > 0 {
@@ -586,6 +608,8 @@ func (m *Model) renderBody(w, h int) string {
 			"Quit kvdock? " + m.st.Key.Render("y") + " quit  " + m.st.Key.Render("n") + " stay"
 	case modeConfirmApply:
 		return m.renderConfirmApply(w)
+	case modeConfirmRemove:
+		return m.renderConfirmRemove()
 	}
 	switch m.pane {
 	case paneContexts:
@@ -628,7 +652,7 @@ func (m *Model) currentKeys() []key.Binding {
 		return m.keys.Find.list()
 	case modeEdit:
 		return m.keys.Edit.list()
-	case modeConfirmApply, modeConfirmQuit:
+	case modeConfirmApply, modeConfirmQuit, modeConfirmRemove:
 		return m.keys.Confirm.list()
 	case modeHelp:
 		return []key.Binding{key.NewBinding(key.WithKeys("esc"), key.WithHelp("any key", "close help"))}

@@ -90,7 +90,7 @@ func (m *Model) summary() string {
 		shm = "PICKLE (SHM off)"
 	}
 	pct := percent(float64(s.Pool.UsedBytes), float64(s.Pool.Size))
-	workers := fmt.Sprintf("%d worker context(s)", len(s.Contexts))
+	workers := fmt.Sprintf("%d worker context(s)", registeredContexts(s.Contexts))
 	gpu := "GPU n/a"
 	if s.GPU.Available {
 		gpu = fmt.Sprintf("%d GPU(s)", len(s.GPU.Devices))
@@ -130,6 +130,9 @@ var ctxColumns = []ctxColumn{
 	{title: "LAYOUT", width: 16, key: 'L', prio: 10, sortName: "layout",
 		value: func(_ *Model, c workers.ContextInfo) string { return layoutText(c) },
 		less:  func(a, b workers.ContextInfo) int { return cmp.Compare(layoutText(a), layoutText(b)) }},
+	{title: "STATE", width: 8, key: 'E', prio: 1, sortName: "state",
+		value: func(m *Model, c workers.ContextInfo) string { return stateText(m, c) },
+		less:  func(a, b workers.ContextInfo) int { return cmp.Compare(stateRank(a.State), stateRank(b.State)) }},
 	{title: "MODE", width: 6, key: 'M', prio: 1, sortName: "mode",
 		value: func(_ *Model, c workers.ContextInfo) string { return string(c.Mode) },
 		less:  func(a, b workers.ContextInfo) int { return cmp.Compare(a.Mode, b.Mode) }},
@@ -149,7 +152,7 @@ var ctxColumns = []ctxColumn{
 	{title: "OUT", width: 9, key: 'O', prio: 9, right: true, sortName: "bytes out",
 		value: func(_ *Model, c workers.ContextInfo) string { return bytesText(c.BytesOut) },
 		less:  func(a, b workers.ContextInfo) int { return cmp.Compare(a.BytesOut, b.BytesOut) }},
-	{title: "LAST", width: 7, key: 'T', prio: 6, right: true, sortName: "last request",
+	{title: "SEEN", width: 7, key: 'T', prio: 6, right: true, sortName: "last seen",
 		value: func(m *Model, c workers.ContextInfo) string {
 			if c.LastRequest.IsZero() {
 				return "-"
@@ -158,6 +161,43 @@ var ctxColumns = []ctxColumn{
 		},
 		// Most recent first when ascending: "last request" reads as recency.
 		less: func(a, b workers.ContextInfo) int { return b.LastRequest.Compare(a.LastRequest) }},
+}
+
+// stateText is the STATE column: active, "idle 5m" (silent that long),
+// reaped or removed. Words, never colour alone.
+func stateText(m *Model, c workers.ContextInfo) string {
+	if c.State == workers.StateIdle && !c.LastRequest.IsZero() {
+		return "idle " + durationText(m.opts.Now().Sub(c.LastRequest))
+	}
+	if c.State == "" {
+		return string(workers.StateActive)
+	}
+	return string(c.State)
+}
+
+// stateRank orders states from live to gone.
+func stateRank(s workers.State) int {
+	if i := slices.Index(workers.States(), s); i >= 0 {
+		return i
+	}
+	return 0
+}
+
+// gone reports a context that is no longer registered (reaped or removed;
+// remembered for the operator).
+func gone(c workers.ContextInfo) bool {
+	return c.State == workers.StateReaped || c.State == workers.StateRemoved
+}
+
+// registeredContexts counts the contexts still registered.
+func registeredContexts(cs []workers.ContextInfo) int {
+	n := 0
+	for _, c := range cs {
+		if !gone(c) {
+			n++
+		}
+	}
+	return n
 }
 
 // layoutText is the context's chunk layout (group 0's for a hybrid model,
@@ -325,7 +365,7 @@ func (m *Model) renderContexts(w, h int) string {
 	if m.sortDesc {
 		order = "descending"
 	}
-	info := fmt.Sprintf("%d of %d context(s) · sort: %s (%s)", len(rows), len(m.snap.Contexts), col.sortName, order)
+	info := fmt.Sprintf("%d of %d context(s) · sort: %s (%s) · %s", len(rows), len(m.snap.Contexts), col.sortName, order, reaperText(m.snap.Liveness))
 	if c, _ := filterColumn(m.filterStr); c == -2 {
 		info += " · no such column (" + strings.SplitN(m.filterStr, ":", 2)[0] + ")"
 	}
@@ -432,9 +472,13 @@ func (m *Model) renderDetails(c workers.ContextInfo, w, h int) string {
 		fmt.Sprintf("  stores     %d (%d failed)   retrieves %d   hit chunks %d", c.Stores, c.StoreFailures, c.Retrieves, c.HitChunks),
 		m.contextMissLine(c.Model, c.WorldSize, m.width),
 		fmt.Sprintf("  bytes      in %s   out %s", bytesText(c.BytesIn), bytesText(c.BytesOut)),
-		"  registered "+reg,
-		"  last req   "+ageText(m.opts.Now(), c.LastRequest),
+		"  registered "+reg+" · last seen "+ageText(m.opts.Now(), c.LastRequest),
 	)
+	live := fmt.Sprintf("  liveness   %s; %d in flight; peer %s", stateText(m, c), c.InFlight, orDash(c.Peer))
+	if !gone(c) {
+		live += " · " + m.st.Key.Render("x") + " removes it"
+	}
+	lines = append(lines, live)
 	lines = append(lines, m.contextCharts(c, w, h-1-len(lines))...)
 	return "\n" + strings.Join(lines, "\n") + "\n"
 }
@@ -638,4 +682,19 @@ func levelText(lv slog.Level) string {
 		return "ERROR only"
 	}
 	return lv.String() + " and up"
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// reaperText says whether silent workers are reaped, and after how long.
+func reaperText(l workers.Liveness) string {
+	if !l.Reaping {
+		return "no reaper"
+	}
+	return "reap after " + durationText(l.Timeout)
 }

@@ -105,11 +105,11 @@ func TestHitColumnSortsAndDegrades(t *testing.T) {
 func TestDetailsChartsDegradeToNumbers(t *testing.T) {
 	m := newTestModel(t, newFakeEngine(t), 120, 48)
 	press(t, m, "enter")
-	mustContain(t, screen(m), "hit ratio (group)", "top 100%", "top 800 MB/s", "tokens saved 9.9 M")
+	mustContain(t, screen(m), "hit ratio (model)", "top 100%", "top 800 MB/s", "tokens saved 9.9 M")
 	m = newTestModel(t, newFakeEngine(t), 80, 24)
 	press(t, m, "enter")
 	s := screen(m)
-	mustContain(t, s, "last minute: hit ratio (group) 56%", "retrieve 290 MB/s", "tokens saved 9.9 M")
+	mustContain(t, s, "last minute: hit 56%", "retrieve 290 MB/s", "tokens saved 9.9 M")
 	if strings.Contains(s, "top 100%") {
 		t.Fatal("80x24 draws charts it has no room for")
 	}

@@ -161,12 +161,12 @@ func (m *Model) contextCharts(c workers.ContextInfo, w, h int) []string {
 	hit, ok := series.SumRatio(r.HitChunks.Fine, r.AskedChunks.Fine, minuteSeconds)
 	count := func(v float64) string { return fmt.Sprintf("%.1f/s", v) }
 	specs := []chartSpec{
-		{"hit ratio (group)", ratioText(hit, ok), series.Ratio(r.HitChunks.Fine, r.AskedChunks.Fine), 1, func(float64) string { return "100%" }},
-		{"lookups (group)", count(r.Lookups.Mean(minuteSeconds)), r.Lookups.Fine, 0, count},
-		{"store", bwText(r.StoreBytes.Mean(minuteSeconds)), r.StoreBytes.Fine, 0, bwText},
-		{"retrieve", bwText(r.RetrieveBytes.Mean(minuteSeconds)), r.RetrieveBytes.Fine, 0, bwText},
+		{"hit ratio (model)", "hit", ratioText(hit, ok), series.Ratio(r.HitChunks.Fine, r.AskedChunks.Fine), 1, func(float64) string { return "100%" }},
+		{"lookups (model)", "lookups", count(r.Lookups.Mean(minuteSeconds)), r.Lookups.Fine, 0, count},
+		{"store", "store", bwText(r.StoreBytes.Mean(minuteSeconds)), r.StoreBytes.Fine, 0, bwText},
+		{"retrieve", "retrieve", bwText(r.RetrieveBytes.Mean(minuteSeconds)), r.RetrieveBytes.Fine, 0, bwText},
 	}
-	tokens := fmt.Sprintf("  tokens saved %s (last hour %s, its group's lookup hits × chunk size)",
+	tokens := fmt.Sprintf("  tokens saved %s (last hour %s, its model's lookup hits × chunk size)",
 		countText(float64(r.TokensSavedTotal)), countText(r.TokensSavedHour))
 	const labelW = 20
 	rows := (h - 2) / len(specs) // each chart: rows of bars
@@ -174,7 +174,7 @@ func (m *Model) contextCharts(c workers.ContextInfo, w, h int) []string {
 	if rows < 1 || chartW < 10 {
 		var parts []string
 		for _, s := range specs {
-			parts = append(parts, s.title+" "+s.now)
+			parts = append(parts, s.short+" "+s.now)
 		}
 		text := wrapWords("last minute: "+strings.Join(parts, " · "), w-2)
 		return append(strings.Split("  "+strings.ReplaceAll(text, "\n", "\n  "), "\n"), tokens)
@@ -204,11 +204,12 @@ func (m *Model) contextCharts(c workers.ContextInfo, w, h int) []string {
 	return append(lines, tokens)
 }
 
-// chartSpec is one chart of the details view: its title, the last
+// chartSpec is one chart of the details view: its title (and short title), the last
 // minute's figure, the series and its scale (0 = its peak) and how the
 // scale's top is printed.
 type chartSpec struct {
 	title   string
+	short   string // the title in the one line of numbers
 	now     string
 	vals    []float64
 	top     float64

@@ -302,7 +302,7 @@ func (m *Model) renderConfirmApply(w int) string {
 	b.WriteString("\n")
 	switch settings.Strongest(m.changes) {
 	case settings.Rebuild:
-		n := len(m.snap.Contexts)
+		n := registeredContexts(m.snap.Contexts)
 		b.WriteString(m.st.Bad.Render("REBUILD") + fmt.Sprintf(": the cache will be cleared; %d registered worker(s) must re-register.\n", n))
 	case settings.Restart:
 		b.WriteString(m.st.Warn.Render("RESTART") + ": the wire server restarts; the cache and contexts are kept.\n")

@@ -17,7 +17,9 @@ import (
 
 type servingEngine struct{}
 
-func (servingEngine) Snapshot() engine.Snapshot { return engine.Snapshot{State: engine.Serving} }
+func (servingEngine) Snapshot() engine.Snapshot                      { return engine.Snapshot{State: engine.Serving} }
+func (servingEngine) RemoveInstance(int64, engine.ClearOrigin) error { return nil }
+
 func (servingEngine) ClearCache(engine.ClearOrigin) (engine.Cleared, error) {
 	return engine.Cleared{}, nil
 }

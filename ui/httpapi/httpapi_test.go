@@ -678,7 +678,9 @@ func TestServeStopsOnContext(t *testing.T) {
 
 type fakeEngine struct{}
 
-func (fakeEngine) Snapshot() engine.Snapshot { return engine.Snapshot{State: engine.Starting} }
+func (fakeEngine) Snapshot() engine.Snapshot                      { return engine.Snapshot{State: engine.Starting} }
+func (fakeEngine) RemoveInstance(int64, engine.ClearOrigin) error { return nil }
+
 func (fakeEngine) ClearCache(engine.ClearOrigin) (engine.Cleared, error) {
 	return engine.Cleared{}, fmt.Errorf("engine is not running")
 }
@@ -754,4 +756,57 @@ func TestStatusShowsGroups(t *testing.T) {
 	if raw.Meta["8"]["num_groups"] != float64(2) {
 		t.Errorf("meta = %v", raw.Meta["8"])
 	}
+}
+
+func TestUnregisterEndpoint(t *testing.T) {
+	h := start(t, token)
+	h.register()
+	auth := map[string]string{"Authorization": "Bearer " + token}
+	path := fmt.Sprintf("/unregister?instance_id=%d", instance)
+	if r := h.do(http.MethodPost, path, nil, nil); r.code != http.StatusUnauthorized {
+		t.Fatalf("unregister without the token = %d %s", r.code, r.body)
+	}
+	if r := h.do(http.MethodGet, path, nil, auth); r.code != http.StatusMethodNotAllowed {
+		t.Fatalf("GET unregister = %d", r.code)
+	}
+	for _, bad := range []string{"/unregister", "/unregister?instance_id=x", "/unregister?instance_id=99999999999999999999",
+		"/unregister?instance_id=1&instance_id=2", "/unregister?instance_id=" + strings.Repeat("9", 5000)} {
+		if r := h.do(http.MethodPost, bad, nil, auth); r.code != http.StatusBadRequest || len(r.body) > 400 {
+			t.Errorf("%.60s = %d %s; want a short 400", bad, r.code, r.body)
+		}
+	}
+	if r := h.do(http.MethodPost, "/unregister?instance_id=-5", nil, auth); r.code != http.StatusNotFound {
+		t.Errorf("unknown id = %d %s; want 404", r.code, r.body)
+	}
+	if st := h.status(); len(st.RegisteredNonCudaInstanceIDs) != 1 {
+		t.Fatalf("a refused unregister changed the registrations: %v", st.RegisteredNonCudaInstanceIDs)
+	} else if wl := st.WorkerLiveness; wl.Enabled || wl.ReapTimeoutSeconds != 120 || wl.RegistrationGraceSeconds != 3600 || wl.IdleSeconds != 300 || wl.TrackedInstances != 1 {
+		// The default seed profile: its PING carries no id, so no reaper.
+		t.Fatalf("worker_liveness %+v", wl)
+	}
+	r := h.do(http.MethodPost, "/api"+path, nil, auth)
+	var ur httpapi.UnregisterResult
+	if err := json.Unmarshal(r.body, &ur); err != nil || r.code != http.StatusOK || ur.Status != "ok" || ur.InstanceID != instance {
+		t.Fatalf("unregister = %d %s", r.code, r.body)
+	}
+	st := h.status()
+	if len(st.RegisteredNonCudaInstanceIDs) != 0 || len(st.Contexts) != 1 || st.Contexts[0].State != "removed" || st.Transfer.Removed != 1 {
+		t.Fatalf("status after unregister: ids %v, contexts %+v, transfer %+v", st.RegisteredNonCudaInstanceIDs, st.Contexts, st.Transfer)
+	}
+	if ev := lastEvent(h.eng, "removed by"); !strings.Contains(ev, "removed by HTTP API") {
+		t.Errorf("event %q does not name the HTTP API", ev)
+	}
+	if r := h.do(http.MethodPost, path, nil, auth); r.code != http.StatusNotFound {
+		t.Errorf("second unregister = %d; want 404", r.code)
+	}
+}
+
+func (h *harness) status() httpapi.Status {
+	h.t.Helper()
+	r := h.do(http.MethodGet, "/status", nil, nil)
+	var st httpapi.Status
+	if err := json.Unmarshal(r.body, &st); err != nil || r.code != http.StatusOK {
+		h.t.Fatalf("status = %d %s: %v", r.code, r.body, err)
+	}
+	return st
 }

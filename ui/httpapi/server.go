@@ -6,6 +6,7 @@
 //	GET  /conf         the effective settings with the source of each value
 //	GET  /metrics      Prometheus text from kvdock's private registry
 //	POST /clear-cache  drop every object in the L1 pool; answers the objects and bytes dropped
+//	POST /unregister?instance_id=N  remove worker instance N (as its own unregister would)
 //
 // Each path is also served under /api/. Mutating endpoints require
 // "Authorization: Bearer <token>" when a token is configured. Errors are JSON
@@ -38,6 +39,7 @@ import (
 type Engine interface {
 	Snapshot() engine.Snapshot
 	ClearCache(by engine.ClearOrigin) (engine.Cleared, error)
+	RemoveInstance(id int64, by engine.ClearOrigin) error
 }
 
 // CtlAgent starts the User-Agent of `kvdock ctl`'s requests; a clear it
@@ -110,8 +112,9 @@ func New(eng Engine, opts Options) *Server {
 		"/conf":        {method: http.MethodGet, serve: s.conf},
 		"/metrics":     {method: http.MethodGet, serve: s.metrics.ServeHTTP},
 		"/clear-cache": {method: http.MethodPost, mutating: true, serve: s.clearCache},
+		"/unregister":  {method: http.MethodPost, mutating: true, serve: s.unregister},
 	}
-	for _, p := range []string{"/healthcheck", "/status", "/conf", "/metrics", "/clear-cache"} {
+	for _, p := range []string{"/healthcheck", "/status", "/conf", "/metrics", "/clear-cache", "/unregister"} {
 		s.routes["/api"+p] = s.routes[p]
 	}
 	s.handler = http.HandlerFunc(s.dispatch)
@@ -221,7 +224,7 @@ func (s *Server) dispatch(w http.ResponseWriter, r *http.Request) {
 
 	rt, ok := s.routes[r.URL.Path]
 	if !ok {
-		writeError(rw, http.StatusNotFound, fmt.Sprintf("no such endpoint %q; try /healthcheck, /status, /conf, /metrics or POST /clear-cache", r.URL.Path))
+		writeError(rw, http.StatusNotFound, fmt.Sprintf("no such endpoint %q; try /healthcheck, /status, /conf, /metrics, POST /clear-cache or POST /unregister", r.URL.Path))
 		return
 	}
 	if r.Method != rt.method && !(rt.method == http.MethodGet && r.Method == http.MethodHead) {
@@ -298,7 +301,7 @@ func (s *Server) root(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{
 		"status":    "ok",
 		"service":   "kvdock HTTP API",
-		"endpoints": []string{"GET /healthcheck", "GET /status", "GET /conf", "GET /metrics", "POST /clear-cache"},
+		"endpoints": []string{"GET /healthcheck", "GET /status", "GET /conf", "GET /metrics", "POST /clear-cache", "POST /unregister?instance_id=N"},
 	})
 }
 
@@ -353,4 +356,47 @@ func (s *Server) clearCache(w http.ResponseWriter, r *http.Request) {
 	}
 	s.log.Info("cache cleared over HTTP", "by", string(by), "objects", c.Objects, "bytes", c.Bytes, "remote", r.RemoteAddr)
 	writeJSON(w, http.StatusOK, ClearResult{Status: "ok", Objects: c.Objects, Bytes: c.Bytes})
+}
+
+// UnregisterResult is the /unregister answer.
+type UnregisterResult struct {
+	Status     string `json:"status"`
+	Reason     string `json:"reason,omitempty"`
+	InstanceID int64  `json:"instance_id"`
+}
+
+// unregister removes one worker instance on the operator's word: its
+// context goes, its pending writes are aborted and its reads released (the
+// dashboard's remove key and `kvdock ctl unregister` do the same). 400 for
+// a missing or malformed id, 404 for one nobody registered.
+func (s *Server) unregister(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()["instance_id"]
+	if len(q) != 1 {
+		writeError(w, http.StatusBadRequest, "give exactly one instance_id query parameter, e.g. /unregister?instance_id=1234")
+		return
+	}
+	id, err := strconv.ParseInt(q[0], 10, 64)
+	if err != nil {
+		shown := q[0]
+		if len(shown) > 32 {
+			shown = shown[:32] + "…"
+		}
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("instance_id %q is not a 64-bit integer", shown))
+		return
+	}
+	by := engine.ClearByHTTP
+	if strings.HasPrefix(r.UserAgent(), CtlAgent) {
+		by = engine.ClearByCtl
+	}
+	err = s.eng.RemoveInstance(id, by)
+	switch {
+	case errors.Is(err, engine.ErrUnknownInstance):
+		writeJSON(w, http.StatusNotFound, UnregisterResult{Status: "error", Reason: err.Error(), InstanceID: id})
+		return
+	case err != nil:
+		writeJSON(w, http.StatusServiceUnavailable, UnregisterResult{Status: "error", Reason: err.Error(), InstanceID: id})
+		return
+	}
+	s.log.Info("instance removed over HTTP", "by", string(by), "instance_id", id, "remote", r.RemoteAddr)
+	writeJSON(w, http.StatusOK, UnregisterResult{Status: "ok", InstanceID: id})
 }

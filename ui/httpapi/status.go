@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"kvdock/core/engine"
+	"kvdock/core/workers"
 )
 
 // Status is the /status document. The first block keeps upstream's
@@ -42,11 +43,13 @@ type Status struct {
 	Pool     PoolStatus      `json:"pool"`
 	Contexts []ContextStatus `json:"contexts"`
 	Transfer TransferStatus  `json:"transfer"`
-	Lookup   LookupStatus    `json:"lookup"`
-	Misses   MissesStatus    `json:"misses"`
-	Host     HostStatus      `json:"host"`
-	Requests RequestsStatus  `json:"requests"`
-	GPU      GPUStatus       `json:"gpu"`
+	// WorkerLiveness has upstream's name and fields.
+	WorkerLiveness WorkerLiveness `json:"worker_liveness"`
+	Lookup         LookupStatus   `json:"lookup"`
+	Misses         MissesStatus   `json:"misses"`
+	Host           HostStatus     `json:"host"`
+	Requests       RequestsStatus `json:"requests"`
+	GPU            GPUStatus      `json:"gpu"`
 	// Tiers are the L2 tiers in lookup order ([] when none is configured).
 	Tiers  []TierStatus  `json:"tiers"`
 	Events []EventStatus `json:"events"`
@@ -172,12 +175,48 @@ type ContextStatus struct {
 	Reason        string        `json:"reason"`
 	RegisteredAt  time.Time     `json:"registered_at"`
 	LastRequestAt *time.Time    `json:"last_request_at,omitempty"`
-	Stores        int64         `json:"stores"`
-	StoreFailures int64         `json:"store_failures"`
-	Retrieves     int64         `json:"retrieves"`
-	HitChunks     int64         `json:"hit_chunks"`
-	BytesIn       int64         `json:"bytes_in"`
-	BytesOut      int64         `json:"bytes_out"`
+	// State is active, idle, reaped or removed; LastSeenSeconds is the
+	// silence since LastRequestAt; Peer the ZMQ routing id (hex) that last
+	// spoke for the instance; GoneAt when it was reaped or removed.
+	State           string     `json:"state"`
+	LastSeenSeconds float64    `json:"last_seen_seconds"`
+	Peer            string     `json:"peer,omitempty"`
+	InFlight        int        `json:"in_flight"`
+	GoneAt          *time.Time `json:"gone_at,omitempty"`
+	Stores          int64      `json:"stores"`
+	StoreFailures   int64      `json:"store_failures"`
+	Retrieves       int64      `json:"retrieves"`
+	HitChunks       int64      `json:"hit_chunks"`
+	BytesIn         int64      `json:"bytes_in"`
+	BytesOut        int64      `json:"bytes_out"`
+}
+
+// registered tells a registered context from a reaped or removed one
+// (remembered for the operator, not registered).
+func registered(c workers.ContextInfo) bool {
+	return c.State != workers.StateReaped && c.State != workers.StateRemoved
+}
+
+// lastSeen is the silence of c at now, in seconds: until it went, for a
+// reaped or removed context.
+func lastSeen(now time.Time, c workers.ContextInfo) float64 {
+	if c.LastRequest.IsZero() {
+		return 0
+	}
+	if !c.Gone.IsZero() {
+		now = c.Gone
+	}
+	return now.Sub(c.LastRequest).Seconds()
+}
+
+// WorkerLiveness is upstream's report_status "worker_liveness" part
+// (management.py), plus kvdock's idle time.
+type WorkerLiveness struct {
+	Enabled                  bool    `json:"enabled"`
+	ReapTimeoutSeconds       float64 `json:"reap_timeout_seconds"`
+	RegistrationGraceSeconds float64 `json:"registration_grace_seconds"`
+	IdleSeconds              float64 `json:"idle_seconds"`
+	TrackedInstances         int     `json:"tracked_instances"`
 }
 
 // GroupStatus is one KV group's chunk layout.
@@ -196,6 +235,12 @@ type TransferStatus struct {
 	Rejected      int64 `json:"rejected"`
 	Expired       int64 `json:"expired"`
 	Fallbacks     int64 `json:"fallbacks"`
+	// Reaped: instances dropped by the liveness reaper; Removed: by the
+	// operator; Reused: ids registered again from another peer, taken as
+	// new workers.
+	Reaped  int64 `json:"reaped"`
+	Removed int64 `json:"removed"`
+	Reused  int64 `json:"reused"`
 }
 
 // LookupStatus are the lookup module's counters.
@@ -347,9 +392,11 @@ func NewStatus(s engine.Snapshot) Status {
 	}
 
 	for _, c := range s.Contexts {
-		out.RegisteredNonCudaInstanceIDs = append(out.RegisteredNonCudaInstanceIDs, c.InstanceID)
-		out.NonCudaContextMeta[strconv.FormatInt(c.InstanceID, 10)] = ContextMeta{
-			ModelName: c.Model, WorldSize: c.WorldSize, BlockSize: c.BlockSize, UseMLA: c.MLA, NumGroups: len(c.Groups),
+		if registered(c) {
+			out.RegisteredNonCudaInstanceIDs = append(out.RegisteredNonCudaInstanceIDs, c.InstanceID)
+			out.NonCudaContextMeta[strconv.FormatInt(c.InstanceID, 10)] = ContextMeta{
+				ModelName: c.Model, WorldSize: c.WorldSize, BlockSize: c.BlockSize, UseMLA: c.MLA, NumGroups: len(c.Groups),
+			}
 		}
 		shape := c.Layout.Shape
 		if shape == nil {
@@ -366,6 +413,8 @@ func NewStatus(s engine.Snapshot) Status {
 			Dtype: c.Layout.Dtype, Shape: shape, ChunkBytes: c.Layout.Bytes,
 			Mode: string(c.Mode), Reason: c.Reason,
 			RegisteredAt: c.Registered, LastRequestAt: timePtr(c.LastRequest),
+			State: string(c.State), LastSeenSeconds: lastSeen(s.Taken, c),
+			Peer: c.Peer, InFlight: c.InFlight, GoneAt: timePtr(c.Gone),
 			Stores: c.Stores, StoreFailures: c.StoreFailures, Retrieves: c.Retrieves,
 			HitChunks: c.HitChunks, BytesIn: c.BytesIn, BytesOut: c.BytesOut,
 		})
@@ -373,7 +422,11 @@ func NewStatus(s engine.Snapshot) Status {
 
 	t := s.Transfer
 	out.Transfer = TransferStatus{Instances: t.Instances, PendingWrites: t.PendingWrites, PendingReads: t.PendingReads,
-		NoSpace: t.NoSpace, Rejected: t.Rejected, Expired: t.Expired, Fallbacks: t.Fallbacks}
+		NoSpace: t.NoSpace, Rejected: t.Rejected, Expired: t.Expired, Fallbacks: t.Fallbacks,
+		Reaped: t.Reaped, Removed: t.Removed, Reused: t.Reused}
+	lv := s.Liveness
+	out.WorkerLiveness = WorkerLiveness{Enabled: lv.Reaping, ReapTimeoutSeconds: lv.Timeout.Seconds(),
+		RegistrationGraceSeconds: lv.Grace.Seconds(), IdleSeconds: lv.Idle.Seconds(), TrackedInstances: t.Instances}
 	l := s.Lookup
 	out.Lookup = LookupStatus{Lookups: l.Lookups, EarlyExits: l.EarlyExits, Failures: l.Failures,
 		RequestedTokens: l.RequestedTokens, RequestedChunks: l.RequestedChunks, HitChunks: l.HitChunks,

@@ -150,6 +150,7 @@ type snapshotCollector struct {
 	l1Read, l1Write, l1Evicted, l1AllocFail, l1Ticks   *prometheus.Desc
 	lookupReq, lookupHit, lookups                      *prometheus.Desc
 	transferBytes, contexts, badInput                  *prometheus.Desc
+	contextStates, lastSeen, reaped, removed, reused   *prometheus.Desc
 	gpuUsed, gpuTotal, up, sessions, inFlight          *prometheus.Desc
 
 	tierUp, tierState, tierUsed, tierCapacity, tierObjects, tierQueue, tierQueueBytes *prometheus.Desc
@@ -188,6 +189,11 @@ func newSnapshotCollector(m *Metrics) *snapshotCollector {
 		transferBytes:    d("kvdock_transfer_bytes_total", "KV bytes moved, by transfer mode (shm, pickle) and direction (in = stored, out = served).", "mode", "direction"),
 		contexts:         d("kvdock_contexts", "Registered worker contexts by transfer mode.", "mode"),
 		badInput:         d("kvdock_bad_input_total", "Bad wire input by kind.", "kind"),
+		contextStates:    d("kvdock_contexts_by_state", "Worker contexts by liveness state (active, idle; reaped and removed are the last few remembered).", "state"),
+		lastSeen:         d("kvdock_context_last_seen_seconds", "Seconds since a registered worker instance was last heard of.", "instance_id"),
+		reaped:           d("kvdock_workers_reaped_total", "Worker instances dropped by the liveness reaper."),
+		removed:          d("kvdock_workers_removed_total", "Worker instances removed by the operator (dashboard, ctl, HTTP)."),
+		reused:           d("kvdock_instance_id_reused_total", "Instance ids registered again from another ZMQ peer, taken as new workers."),
 		gpuUsed:          d("kvdock_gpu_memory_used_bytes", "GPU memory in use.", "gpu", "name"),
 		gpuTotal:         d("kvdock_gpu_memory_total_bytes", "GPU memory in total.", "gpu", "name"),
 		up:               d("kvdock_up", "1 while the engine is serving, else 0."),
@@ -224,7 +230,7 @@ func (c *snapshotCollector) setSource(src Source) {
 func (c *snapshotCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.memUsed, c.usageRatio, c.capacity, c.objects, c.activeJobs,
 		c.l1Read, c.l1Write, c.l1Evicted, c.l1AllocFail, c.l1Ticks, c.lookupReq, c.lookupHit, c.lookups,
-		c.transferBytes, c.contexts, c.badInput, c.gpuUsed, c.gpuTotal, c.up, c.sessions, c.inFlight,
+		c.transferBytes, c.contexts, c.badInput, c.contextStates, c.lastSeen, c.reaped, c.removed, c.reused, c.gpuUsed, c.gpuTotal, c.up, c.sessions, c.inFlight,
 		c.tierUp, c.tierState, c.tierUsed, c.tierCapacity, c.tierObjects, c.tierQueue, c.tierQueueBytes,
 		c.tierHits, c.tierMisses, c.tierCorrupt, c.tierDropped, c.tierRead, c.tierWrite,
 		c.tierLoads, c.tierLoadTimeouts} {
@@ -312,6 +318,19 @@ func (c *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 
 	c.rates.collect(s, ch)
 	c.collectContexts(s.Contexts, gauge)
+	byState := map[workers.State]int{}
+	for _, ci := range s.Contexts {
+		byState[ci.State]++
+		if ci.State == workers.StateActive || ci.State == workers.StateIdle {
+			gauge(c.lastSeen, s.Taken.Sub(ci.LastRequest).Seconds(), strconv.FormatInt(ci.InstanceID, 10))
+		}
+	}
+	for _, st := range workers.States() {
+		gauge(c.contextStates, float64(byState[st]), string(st))
+	}
+	count(c.reaped, "reaped", float64(s.Transfer.Reaped))
+	count(c.removed, "removed", float64(s.Transfer.Removed))
+	count(c.reused, "reused", float64(s.Transfer.Reused))
 	for _, mode := range [...]string{"shm", "pickle"} {
 		for _, dir := range [...]string{"in", "out"} {
 			ch <- prometheus.MustNewConstMetric(c.transferBytes, prometheus.CounterValue, c.bytes[[2]string{mode, dir}], mode, dir)
@@ -367,7 +386,9 @@ func (c *snapshotCollector) collectContexts(ctxs []workers.ContextInfo, gauge fu
 	seen := make(map[ctxKey]ctxBytes, len(ctxs))
 	for _, ci := range ctxs {
 		mode := modeLabel(ci.Mode)
-		byMode[mode]++
+		if ci.State != workers.StateReaped && ci.State != workers.StateRemoved {
+			byMode[mode]++
+		}
 		k := ctxKey{ci.InstanceID, ci.Registered}
 		prev := c.ctx[k]
 		if d := ci.BytesIn - prev.in; d > 0 {

@@ -302,3 +302,40 @@ func TestTierMetricsByIndexAndType(t *testing.T) {
 		t.Errorf("exposition:\n%s", body)
 	}
 }
+
+func TestLivenessMetrics(t *testing.T) {
+	src := &fakeSource{}
+	m := New()
+	m.Watch(src)
+	now := time.Unix(1_700_000_000, 0)
+	src.set(func(s *engine.Snapshot) {
+		s.Taken = now
+		s.Contexts = []workers.ContextInfo{
+			{InstanceID: 1, Mode: workers.ModeSHM, State: workers.StateActive, LastRequest: now.Add(-2 * time.Second)},
+			{InstanceID: 2, Mode: workers.ModeSHM, State: workers.StateIdle, LastRequest: now.Add(-10 * time.Minute)},
+			{InstanceID: 3, Mode: workers.ModePickle, State: workers.StateReaped, LastRequest: now.Add(-time.Hour), Gone: now},
+		}
+		s.Transfer.Reaped, s.Transfer.Removed, s.Transfer.Reused = 1, 2, 3
+	})
+	f := gather(t, m)
+	for state, want := range map[string]float64{"active": 1, "idle": 1, "reaped": 1, "removed": 0} {
+		if v := get(t, f, "kvdock_contexts_by_state", "state", state); v != want {
+			t.Errorf("contexts %s = %v, want %v", state, v, want)
+		}
+	}
+	if v := get(t, f, "kvdock_context_last_seen_seconds", "instance_id", "2"); v != 600 {
+		t.Errorf("last seen of 2 = %v", v)
+	}
+	if n := len(f["kvdock_context_last_seen_seconds"].GetMetric()); n != 2 {
+		t.Errorf("%d last-seen series; a reaped context must not have one", n)
+	}
+	// A reaped context is not registered: it is not counted by mode.
+	if v := get(t, f, "kvdock_contexts", "mode", "pickle"); v != 0 {
+		t.Errorf("pickle contexts = %v, want 0", v)
+	}
+	for name, want := range map[string]float64{"kvdock_workers_reaped_total": 1, "kvdock_workers_removed_total": 2, "kvdock_instance_id_reused_total": 3} {
+		if v := get(t, f, name); v != want {
+			t.Errorf("%s = %v, want %v", name, v, want)
+		}
+	}
+}

@@ -1,0 +1,292 @@
+package interop
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"kvdock/tests/harness"
+	"kvdock/ui/httpapi"
+)
+
+// liveWorker is a long-lived py/liveness_worker.py: the test reads its JSON
+// lines and writes to its stdin in between.
+type liveWorker struct {
+	t     *testing.T
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	lines chan string
+	errb  strings.Builder
+}
+
+func startLiveWorker(t *testing.T, srv *harness.Server, role string, params map[string]any) *liveWorker {
+	t.Helper()
+	p, err := json.Marshal(params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &liveWorker{t: t, lines: make(chan string, 16)}
+	w.cmd = exec.Command(harness.Python, "py/liveness_worker.py", srv.Endpoint, role, string(p))
+	w.cmd.Stderr = &w.errb
+	if w.stdin, err = w.cmd.StdinPipe(); err != nil {
+		t.Fatal(err)
+	}
+	out, err := w.cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			w.lines <- sc.Text()
+		}
+		close(w.lines)
+	}()
+	t.Cleanup(func() {
+		_ = w.cmd.Process.Kill()
+		_ = w.cmd.Wait()
+	})
+	return w
+}
+
+// next decodes the worker's next JSON line (60 s at most: a generous bound
+// on a busy machine, not a timing assertion).
+func (w *liveWorker) next() map[string]any {
+	w.t.Helper()
+	select {
+	case line, ok := <-w.lines:
+		if !ok {
+			_ = w.cmd.Wait()
+			w.t.Fatalf("worker exited: %s", w.errb.String())
+		}
+		var m map[string]any
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			w.t.Fatalf("worker line %q: %v", line, err)
+		}
+		return m
+	case <-time.After(60 * time.Second):
+		w.t.Fatalf("worker said nothing for 60 s; stderr: %s", w.errb.String())
+	}
+	return nil
+}
+
+func status(t *testing.T, srv *harness.Server) httpapi.Status {
+	t.Helper()
+	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/status", srv.HTTPPort))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var st httpapi.Status
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		t.Fatalf("/status: %v", err)
+	}
+	return st
+}
+
+func contextStatus(st httpapi.Status, id int64) (httpapi.ContextStatus, bool) {
+	for _, c := range st.Contexts {
+		if c.InstanceID == id {
+			return c, true
+		}
+	}
+	return httpapi.ContextStatus{}, false
+}
+
+// waitStatus polls /status until cond holds (60 s at most).
+func waitStatus(t *testing.T, srv *harness.Server, what string, cond func(httpapi.Status) bool) httpapi.Status {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		st := status(t, srv)
+		if cond(st) {
+			return st
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 60 s; last status contexts %+v transfer %+v pool used %d", what, st.Contexts, st.Transfer, st.Pool.UsedBytes)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func metricValue(t *testing.T, srv *harness.Server, name string) string {
+	t.Helper()
+	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", srv.HTTPPort))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// A worker of the engine-driven profile (PING carries its id) is SIGKILLed
+// while it holds a reservation it wrote into: the reaper drops it, the
+// reservation is aborted (never published), the pool returns to its
+// baseline, and a later request naming it is answered as an unregistered
+// instance's (no reply in this profile).
+func TestLivenessKilledWorkerIsReaped(t *testing.T) {
+	srv := harness.Start(t, "--protocol", "engine-driven",
+		"--worker-reap-timeout-seconds", "1", "--worker-registration-grace-seconds", "1")
+	params := map[string]any{"profile": "engine-driven", "instance_id": 5151}
+	w := startLiveWorker(t, srv, "hold", params)
+	if r := w.next(); r["ready"] != true {
+		t.Fatalf("worker: %v", r)
+	}
+	st := status(t, srv)
+	if wl := st.WorkerLiveness; !wl.Enabled || wl.ReapTimeoutSeconds != 1 || wl.TrackedInstances != 1 {
+		t.Fatalf("worker_liveness %+v", wl)
+	}
+	c, ok := contextStatus(st, 5151)
+	if !ok || c.State != "active" || c.Peer == "" || st.Transfer.PendingWrites != 1 || st.Pool.WriteLocked != 1 {
+		t.Fatalf("before the kill: context %+v, transfer %+v, write-locked %d", c, st.Transfer, st.Pool.WriteLocked)
+	}
+	baseline := st.Pool.UsedBytes - c.ChunkBytes // the stored chunk stays; the reservation must go
+	killed := time.Now()
+	if err := w.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = w.cmd.Wait()
+
+	st = waitStatus(t, srv, "reaped", func(s httpapi.Status) bool {
+		c, ok := contextStatus(s, 5151)
+		return ok && c.State == "reaped"
+	})
+	// Reported, not asserted: timeout 1 s, scans every 250 ms.
+	t.Logf("reaped %s after SIGKILL (reap timeout 1 s); pool used %d bytes = baseline", time.Since(killed).Round(10*time.Millisecond), st.Pool.UsedBytes)
+	if st.Transfer.PendingWrites != 0 || st.Transfer.Reaped != 1 || st.Pool.WriteLocked != 0 || st.Pool.UsedBytes != baseline || st.Pool.Objects != 1 {
+		t.Fatalf("after the reap: transfer %+v, pool used %d (baseline %d), write-locked %d, objects %d",
+			st.Transfer, st.Pool.UsedBytes, baseline, st.Pool.WriteLocked, st.Pool.Objects)
+	}
+	if len(st.RegisteredNonCudaInstanceIDs) != 0 {
+		t.Fatalf("reaped instance still registered: %v", st.RegisteredNonCudaInstanceIDs)
+	}
+	if v := metricValue(t, srv, "kvdock_workers_reaped_total"); v != "1" {
+		t.Fatalf("kvdock_workers_reaped_total = %q", v)
+	}
+	if !strings.Contains(srv.Output(), "reaped") {
+		t.Fatal("no reap in the log")
+	}
+	// The reaped id and an id nobody registered get the same answer.
+	probe := func(id int) string {
+		out := harness.RunPython(t, 60*time.Second, "py/liveness_worker.py", srv.Endpoint, "probe",
+			fmt.Sprintf(`{"profile": "engine-driven", "instance_id": %d, "chunk": 256}`, id))
+		var m map[string]any
+		if err := json.Unmarshal([]byte(out), &m); err != nil {
+			t.Fatal(err)
+		}
+		return fmt.Sprint(m["answer"])
+	}
+	if reaped, never := probe(5151), probe(999); reaped != never || reaped != "none" {
+		t.Fatalf("reaped instance answered %q, unregistered %q", reaped, never)
+	}
+}
+
+// A seed-era (nongpu-v1) worker that sits idle holding a reservation is
+// never reaped, whatever the reap settings: its PING cannot name it. It is
+// shown idle, then removed by `kvdock ctl unregister`, which aborts its
+// reservation; it then registers again and works.
+func TestLivenessSeedIdleWorkerRemovedByCtl(t *testing.T) {
+	srv := harness.Start(t, "--worker-idle-seconds", "1",
+		"--worker-reap-timeout-seconds", "1", "--worker-registration-grace-seconds", "1")
+	w := startLiveWorker(t, srv, "hold", map[string]any{"instance_id": 6161})
+	if r := w.next(); r["ready"] != true {
+		t.Fatalf("worker: %v", r)
+	}
+	// Idle, and still registered well past reap timeout + scan interval.
+	st := waitStatus(t, srv, "idle for 3 s", func(s httpapi.Status) bool {
+		c, ok := contextStatus(s, 6161)
+		return ok && c.State == "idle" && c.LastSeenSeconds >= 3
+	})
+	if len(st.RegisteredNonCudaInstanceIDs) != 1 || st.Transfer.PendingWrites != 1 || st.Transfer.Reaped != 0 {
+		t.Fatalf("idle seed worker: ids %v transfer %+v", st.RegisteredNonCudaInstanceIDs, st.Transfer)
+	}
+	used := st.Pool.UsedBytes
+
+	cmd := exec.Command(harness.Binary(t), "ctl", "--port", fmt.Sprint(srv.Port), "--http-port", fmt.Sprint(srv.HTTPPort),
+		"unregister", "6161", "--yes")
+	cmd.Env = append(os.Environ(), "KVDOCK_CONFIG=")
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "instance 6161 removed") {
+		t.Fatalf("kvdock ctl unregister: %v\n%s", err, out)
+	}
+	st = status(t, srv)
+	c, _ := contextStatus(st, 6161)
+	chunk := c.ChunkBytes
+	if c.State != "removed" || st.Transfer.PendingWrites != 0 || st.Transfer.Removed != 1 || st.Pool.UsedBytes != used-chunk {
+		t.Fatalf("after ctl unregister: context %+v transfer %+v used %d (was %d)", c, st.Transfer, st.Pool.UsedBytes, used)
+	}
+	// Unknown ids: a clear refusal, nothing changes.
+	cmd = exec.Command(harness.Binary(t), "ctl", "--port", fmt.Sprint(srv.Port), "--http-port", fmt.Sprint(srv.HTTPPort),
+		"unregister", "6161", "--yes")
+	cmd.Env = append(os.Environ(), "KVDOCK_CONFIG=")
+	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "not registered") {
+		t.Fatalf("second unregister: %v\n%s", err, out)
+	}
+
+	if _, err := io.WriteString(w.stdin, "again\n"); err != nil {
+		t.Fatal(err)
+	}
+	r := w.next()
+	if r["answered_while_removed"] != "none" || r["store_after_register"] != true {
+		t.Fatalf("worker after removal: %v", r)
+	}
+	if st := status(t, srv); len(st.RegisteredNonCudaInstanceIDs) != 1 {
+		t.Fatalf("re-registration: %v", st.RegisteredNonCudaInstanceIDs)
+	}
+}
+
+// An instance id registered again from a new ZMQ peer while the old worker
+// holds a reservation it wrote into: the new worker never sees that data
+// (lookup and retrieve miss; its commit of that key publishes nothing).
+func TestLivenessReusedIDNeverSeesOldPendingData(t *testing.T) {
+	for _, profile := range []string{"nongpu-v1", "engine-driven"} {
+		t.Run(profile, func(t *testing.T) {
+			srv := harness.Start(t, "--protocol", profile)
+			params := map[string]any{"profile": profile, "instance_id": 7171}
+			old := startLiveWorker(t, srv, "hold", params)
+			if r := old.next(); r["ready"] != true {
+				t.Fatalf("old worker: %v", r)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			p, _ := json.Marshal(params)
+			out, err := exec.CommandContext(ctx, harness.Python, "py/liveness_worker.py", srv.Endpoint, "reuse", string(p)).Output()
+			if err != nil {
+				t.Fatalf("reuse worker: %v\n%s", err, out)
+			}
+			var r map[string]any
+			if err := json.Unmarshal(out, &r); err != nil {
+				t.Fatalf("reuse worker said %q: %v", out, err)
+			}
+			if r["lookup_hits"] != 0.0 || r["retrieved"] != false || r["commit"] != false || r["lookup_hits_after_commit"] != 0.0 {
+				t.Fatalf("the new worker saw the old one's pending data: %v", r)
+			}
+			st := status(t, srv)
+			if st.Transfer.Reused != 1 || st.Transfer.PendingWrites != 0 || st.Pool.WriteLocked != 0 {
+				t.Fatalf("after reuse: transfer %+v write-locked %d", st.Transfer, st.Pool.WriteLocked)
+			}
+			log := srv.Output()
+			if !strings.Contains(log, "taken as a new worker") {
+				t.Fatalf("reuse not logged:\n%s", log)
+			}
+		})
+	}
+}

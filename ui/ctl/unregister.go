@@ -1,0 +1,83 @@
+package ctl
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"strings"
+
+	"kvdock/core/logcap"
+	"kvdock/ui/httpapi"
+	"kvdock/ui/termtext"
+)
+
+// runUnregister is `kvdock ctl unregister ID`: the operator removes a
+// worker instance (one that died without unregistering, in a seed-era
+// profile that never reaps) through the HTTP API's POST /unregister, behind
+// its token. Like clear it asks first on a terminal and needs --yes
+// elsewhere.
+func runUnregister(f flagSet, params []string, env Env) int {
+	stderr := env.Stderr
+	if len(params) != 1 {
+		fmt.Fprintf(stderr, "kvdock ctl: unregister takes exactly one instance id\n%s\n", usageLine)
+		return 2
+	}
+	id, err := strconv.ParseInt(params[0], 10, 64)
+	if err != nil {
+		fmt.Fprintf(stderr, "kvdock ctl: unregister: instance id %q is not a 64-bit integer\n", logcap.Truncate(termtext.Clean(params[0]), 40))
+		return 2
+	}
+	if *f.timeout <= 0 {
+		fmt.Fprintf(stderr, "kvdock ctl: --timeout %v must be positive\n", *f.timeout)
+		return 2
+	}
+	if f.fs.Changed("json") {
+		fmt.Fprintf(stderr, "kvdock ctl: --json applies only to status\n%s\n", usageLine)
+		return 2
+	}
+	cfg, err := f.load(env)
+	if err != nil {
+		fmt.Fprintf(stderr, "kvdock ctl: %v\n", err)
+		return 2
+	}
+	if cfg.HTTP.Port == 0 {
+		fmt.Fprintln(stderr, "kvdock ctl unregister: needs kvdock's HTTP API, and --http-port is 0")
+		return 2
+	}
+	url := "http://" + net.JoinHostPort(dialHost(cfg.HTTP.Host), strconv.Itoa(cfg.HTTP.Port)) +
+		"/unregister?instance_id=" + strconv.FormatInt(id, 10)
+	if !*f.yes {
+		if !env.Terminal {
+			fmt.Fprintln(stderr, "kvdock ctl unregister: not removed: there is no terminal to ask on; add --yes to remove without asking")
+			return 2
+		}
+		fmt.Fprintf(stderr, "Remove worker instance %d from kvdock? Its pending stores are aborted; a live worker must register again. [y/N] ", id)
+		ans, _ := bufio.NewReader(io.LimitReader(env.Stdin, 256)).ReadString('\n')
+		switch strings.ToLower(strings.TrimSpace(ans)) {
+		case "y", "yes":
+		default:
+			fmt.Fprintln(stderr, "kvdock ctl unregister: not removed")
+			return 1
+		}
+	}
+	code, body, err := postHTTP(url, cfg.HTTP.Token, *f.timeout)
+	if err != nil {
+		fmt.Fprintf(stderr, "kvdock ctl unregister: %v\n", err)
+		return 1
+	}
+	var ur httpapi.UnregisterResult
+	decodeErr := json.Unmarshal(body, &ur)
+	if err := httpFailure(url, code, body, ur.Reason); err != nil {
+		fmt.Fprintf(stderr, "kvdock ctl unregister: %v\n", err)
+		return 1
+	}
+	if decodeErr != nil || ur.Status != "ok" {
+		fmt.Fprintf(stderr, "kvdock ctl unregister: %s did not answer a kvdock result: %q\n", url, logcap.Truncate(termtext.Clean(string(body)), 200))
+		return 1
+	}
+	fmt.Fprintf(env.Stdout, "instance %d removed\n", id)
+	return 0
+}
