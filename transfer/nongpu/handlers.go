@@ -70,6 +70,7 @@ func (m *Module) Handlers() map[string]rpc.Handler {
 			if err != nil {
 				return nil, err
 			}
+			defer m.begin(id, req.Peer)()
 			return m.CommitStoreGroup(k, id, group, data)
 		}),
 		protocol.PrepareRetrieve: m.reporting(func(_ context.Context, req *rpc.Request) (any, error) {

@@ -27,14 +27,9 @@ import torch
 import lmcache_worker as lw
 from lmcache_worker import NO_REPLY, Client, Failure, check, key, make_chunk, same, tokens_for
 
-# The engine-driven table (spec 1.4, protocols/base.py @ 006ebb57).
+# The engine-driven table (spec 1.4, protocols/base.py @ 006ebb57), shared
+# with the other workers in lmcache_worker.PROFILES.
 PROFILE = "engine-driven"
-lw.PROFILES.setdefault(PROFILE, dict(
-    LOOKUP=5, QUERY_PREFETCH_STATUS=6, QUERY_PREFETCH_LOOKUP_HITS=7, FREE_LOOKUP_LOCKS=8,
-    END_SESSION=9, REGISTER=10, UNREGISTER=11, PREPARE_STORE=12, COMMIT_STORE=13,
-    COMMIT_STORE_GROUP=14, PREPARE_RETRIEVE=15, COMMIT_RETRIEVE=16, CLEAR=17,
-    GET_CHUNK_SIZE=18, PING=19, NOOP=21,
-))
 
 
 def group_shape(g, chunk):
