@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"kvdock/core/keys"
+	"kvdock/core/whatif"
 )
 
 // Store is the part of the L1 pool a lookup needs.
@@ -93,6 +94,9 @@ type Options struct {
 	Tiers Tiers
 	// MaxTierJobs bounds the lookups in their tier phase (default DefaultMaxTierJobs).
 	MaxTierJobs int
+	// WhatIf, when set, is shown every key each lookup asks for, hit or
+	// not, for the what-if pool size curve.
+	WhatIf *whatif.Estimator
 }
 
 // Module holds the lookup jobs. It is safe for concurrent use.
@@ -116,6 +120,7 @@ type Module struct {
 	log      *slog.Logger
 	tiers    Tiers
 	maxTier  int
+	whatif   *whatif.Estimator
 
 	// bg ends the tier phases (Run's ctx done); wg counts them.
 	bg      context.Context
@@ -194,6 +199,7 @@ func New(s *keys.Sessions, store Store, layouts Layouts, opts Options) *Module {
 	return &Module{
 		tiers:    opts.Tiers,
 		maxTier:  opts.MaxTierJobs,
+		whatif:   opts.WhatIf,
 		bg:       bg,
 		stopBg:   stop,
 		sessions: s,
@@ -332,21 +338,32 @@ func (m *Module) startTierPhase(r keys.KeyRequest, ks keys.KeySet, hit, count in
 // reservePrefix read-locks the leading chunks of ks that are readable on
 // every rank, count locks per key, and returns how many chunks it locked. It
 // asks the store lockBatch chunks at a time and stops at the first miss.
+// With a what-if estimator it goes on past the miss, a batch at a time, to
+// show it the keys a larger pool might have held (no more work than a lookup
+// that hits throughout).
 func (m *Module) reservePrefix(ks keys.KeySet, count int) int {
 	per := ks.PerChunk()
 	buf := make([]keys.ObjectKey, 0, min(lockBatch, ks.Chunks())*per)
 	hit := 0
-	for from := 0; from < ks.Chunks(); from += lockBatch {
+	var pre whatif.Prefix
+	from := 0
+	for ; from < ks.Chunks(); from += lockBatch {
 		buf = ks.Append(buf[:0], from, from+lockBatch)
 		n := min(max(m.store.ReserveReadPrefix(buf, count), 0), len(buf))
 		full := n / per
 		hit += full
+		m.whatif.Probe(&pre, buf, full*per)
 		if partial := buf[full*per : n]; len(partial) > 0 {
 			m.store.FinishRead(partial, count)
 		}
 		if n < len(buf) {
+			from += lockBatch
 			break
 		}
+	}
+	for ; m.whatif != nil && from < ks.Chunks(); from += lockBatch {
+		buf = ks.Append(buf[:0], from, from+lockBatch)
+		m.whatif.Probe(&pre, buf, 0)
 	}
 	return hit
 }
