@@ -13,6 +13,7 @@ import (
 	"kvdock/core/layout"
 	"kvdock/core/lookup"
 	"kvdock/core/rpc"
+	"kvdock/core/whatif"
 	"kvdock/core/workers"
 	"kvdock/settings"
 	"kvdock/transfer/nongpu"
@@ -27,8 +28,11 @@ type plane struct {
 	lookup   *lookup.Module
 	transfer *nongpu.Module
 	tiers    *tiers
-	cancel   context.CancelFunc
-	done     chan struct{}
+	// whatif estimates the hit ratio of other pool sizes from this
+	// plane's lookups and stores.
+	whatif *whatif.Estimator
+	cancel context.CancelFunc
+	done   chan struct{}
 	// gate counts the handlers running over this plane: they hold raw views
 	// of the mapped pool, so the pool is unmapped only once none runs.
 	gate gate
@@ -145,6 +149,7 @@ func (e *Engine) buildPlane(cfg settings.Config) (*plane, error) {
 		return nil, fmt.Errorf("transfer mode %q is not served: kvdock serves non-GPU workers only (CUDA IPC transfer needs LMCache's own server)", cfg.Server.TransferMode)
 	}
 	segment, reason := nongpu.PlanSegment(cfg.Server, cfg.L1, e.opts.PID, shmNameSource(e.sources))
+	est := whatif.New(whatif.Options{PoolBytes: cfg.L1.SizeBytes()})
 	pool, err := l1.Open(l1.Options{
 		Size:        cfg.L1.SizeBytes(),
 		Align:       int64(cfg.L1.AlignBytes),
@@ -163,6 +168,7 @@ func (e *Engine) buildPlane(cfg settings.Config) (*plane, error) {
 		},
 		OwnerLockShare: cfg.L1.MaxLockedSharePerInstance,
 		TotalLockShare: cfg.L1.MaxLockedShare,
+		WhatIf:         est,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("L1 pool: %w", err)
@@ -179,6 +185,7 @@ func (e *Engine) buildPlane(cfg settings.Config) (*plane, error) {
 		pool:     pool,
 		sessions: keys.NewSessions(hasher, 600*time.Second, e.opts.Now),
 		layouts:  layout.NewRegistry(),
+		whatif:   est,
 		closed:   make(chan struct{}),
 		log:      e.log,
 		hook:     e.handlerHook,
@@ -195,6 +202,7 @@ func (e *Engine) buildPlane(cfg settings.Config) (*plane, error) {
 		JobTTL: time.Duration(cfg.L1.ReadTTLSeconds) * time.Second,
 		Logger: e.log.With("component", "lookup"),
 		Tiers:  p.tiers,
+		WhatIf: est,
 	})
 	p.transfer, err = nongpu.New(nongpu.Deps{
 		Pool:      pool,

@@ -11,6 +11,7 @@ import (
 	"kvdock/core/lookup"
 	"kvdock/core/rpc"
 	"kvdock/core/tierstate"
+	"kvdock/core/whatif"
 	"kvdock/core/workers"
 	"kvdock/settings"
 )
@@ -63,6 +64,9 @@ type Snapshot struct {
 	Rebuilt Rebuilt
 	// Tiers are the L2 tiers in lookup order (empty when none is configured).
 	Tiers []tierstate.Tier
+	// WhatIf is the estimated hit ratio at other pool sizes (empty points
+	// until lookups were seen).
+	WhatIf whatif.Curve
 }
 
 // Rebuilt says when the pool was last rebuilt and how many registered
@@ -114,6 +118,7 @@ func (e *Engine) Snapshot() Snapshot {
 		s.Lookup = p.lookup.Stats()
 		s.Sessions = p.sessions.Len()
 		s.Tiers = p.tiers.Stats()
+		s.WhatIf = p.whatif.Curve()
 	}
 	if f != nil {
 		s.Endpoint = f.srv.Endpoint()

@@ -48,6 +48,8 @@ type Status struct {
 	// Tiers are the L2 tiers in lookup order ([] when none is configured).
 	Tiers  []TierStatus  `json:"tiers"`
 	Events []EventStatus `json:"events"`
+	// WhatIf is the estimated hit ratio of other pool sizes.
+	WhatIf WhatIfStatus `json:"whatif"`
 }
 
 // TierStatus is one L2 tier: its state with the reason, its figures and its
@@ -301,6 +303,7 @@ func NewStatus(s engine.Snapshot) Status {
 		GPU:           gpuStatus(s),
 		Tiers:         make([]TierStatus, 0, len(s.Tiers)),
 		Events:        []EventStatus{},
+		WhatIf:        whatIfStatus(s.WhatIf),
 	}
 	if out.StorageManager.L1EvictionController.EvictionPolicy == "" {
 		out.StorageManager.L1EvictionController.EvictionPolicy = cfg.Eviction.Policy

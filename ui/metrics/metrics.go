@@ -154,6 +154,7 @@ type snapshotCollector struct {
 	tierUp, tierState, tierUsed, tierCapacity, tierObjects, tierQueue, tierQueueBytes *prometheus.Desc
 	tierHits, tierMisses, tierCorrupt, tierDropped, tierRead, tierWrite               *prometheus.Desc
 	tierLoads, tierLoadTimeouts                                                       *prometheus.Desc
+	whatif                                                                            whatIfDescs
 
 	mu       sync.Mutex
 	src      Source
@@ -205,6 +206,7 @@ func newSnapshotCollector(m *Metrics) *snapshotCollector {
 		tierWrite:        d("kvdock_tier_write_bytes_total", "Bytes written to the L2 tier.", "index", "type"),
 		tierLoads:        d("kvdock_tier_loads_total", "Prefetch loads from the L2 tier into L1.", "index", "type"),
 		tierLoadTimeouts: d("kvdock_tier_load_timeouts_total", "Prefetch loads from the L2 tier given up at the load timeout.", "index", "type"),
+		whatif:           newWhatIfDescs(),
 		counters:         map[string]*counter{},
 		ctx:              map[ctxKey]ctxBytes{},
 		bytes:            map[[2]string]float64{},
@@ -226,6 +228,7 @@ func (c *snapshotCollector) Describe(ch chan<- *prometheus.Desc) {
 		c.tierLoads, c.tierLoadTimeouts} {
 		ch <- d
 	}
+	c.whatif.describe(ch)
 	c.m.requests.Describe(ch)
 	c.m.duration.Describe(ch)
 }
@@ -304,6 +307,7 @@ func (c *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 
 	c.collectContexts(s.Contexts, gauge)
+	c.whatif.collect(s.WhatIf, gauge)
 	for _, mode := range [...]string{"shm", "pickle"} {
 		for _, dir := range [...]string{"in", "out"} {
 			ch <- prometheus.MustNewConstMetric(c.transferBytes, prometheus.CounterValue, c.bytes[[2]string{mode, dir}], mode, dir)
