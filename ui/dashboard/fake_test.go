@@ -17,6 +17,7 @@ import (
 	"kvdock/core/gpu"
 	"kvdock/core/l1"
 	"kvdock/core/layout"
+	"kvdock/core/whatif"
 	"kvdock/core/workers"
 	"kvdock/settings"
 )
@@ -137,6 +138,15 @@ func newFakeEngine(t *testing.T) *fakeEngine {
 			{Seq: 3, Time: t0.Add(-10 * time.Minute), Kind: "fallback", Level: slog.LevelWarn, Message: "instance 9001 uses PICKLE: worker reported it could not attach the segment"},
 		},
 		GPU: g.Sample(),
+		WhatIf: whatif.Curve{
+			Points: []whatif.Point{
+				{Factor: 0.25, PoolBytes: 1 << 28, HitRatio: 0.12}, {Factor: 0.5, PoolBytes: 1 << 29, HitRatio: 0.30},
+				{Factor: 0.75, PoolBytes: 3 << 28, HitRatio: 0.37}, {Factor: 1, PoolBytes: 1 << 30, HitRatio: 0.41},
+				{Factor: 1.5, PoolBytes: 3 << 29, HitRatio: 0.55}, {Factor: 2, PoolBytes: 2 << 30, HitRatio: 0.63},
+				{Factor: 3, PoolBytes: 3 << 30, HitRatio: 0.70}, {Factor: 4, PoolBytes: 4 << 30, HitRatio: 0.72},
+			},
+			Measured: 0.42, SampleRate: 0.012, Sampled: 3104, Weight: 3000, Tracked: 180, Limit: 256, MemoryBytes: 6600,
+		},
 	}
 	return &fakeEngine{snap: snap, cfg: cfg, src: src, events: make(chan engine.Event, 8)}
 }

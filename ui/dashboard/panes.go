@@ -399,7 +399,7 @@ func (m *Model) renderDetails(c workers.ContextInfo) string {
 	return "\n" + strings.Join(lines, "\n") + "\n"
 }
 
-func (m *Model) renderPool(w int) string {
+func (m *Model) renderPool(w, h int) string {
 	s := m.snap
 	d := s.Pool.Decision
 	var lines []string
@@ -443,6 +443,7 @@ func (m *Model) renderPool(w int) string {
 			m.st.Bold.Render("Transfer  "), s.Transfer.PendingWrites, s.Transfer.PendingReads,
 			s.Transfer.NoSpace, s.Transfer.Rejected, s.Transfer.Fallbacks),
 	)
+	lines = append(lines, m.whatIfLines(w, h-len(lines))...)
 	return strings.Join(lines, "\n")
 }
 
