@@ -224,4 +224,3 @@ func pointAt(t *testing.T, c whatif.Curve, f float64) float64 {
 	t.Fatalf("no point at %v× in %+v", f, c.Points)
 	return 0
 }
-

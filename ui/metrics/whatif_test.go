@@ -22,7 +22,7 @@ func TestWhatIfSeries(t *testing.T) {
 	}
 	src.set(func(s *engine.Snapshot) {
 		s.WhatIf = whatif.Curve{
-			Points: []whatif.Point{{Factor: 0.5, HitRatio: 0.2}, {Factor: 1, HitRatio: 0.41}, {Factor: 2, HitRatio: 0.63}},
+			Points:   []whatif.Point{{Factor: 0.5, HitRatio: 0.2}, {Factor: 1, HitRatio: 0.41}, {Factor: 2, HitRatio: 0.63}},
 			Measured: 0.4, SampleRate: 0.01, MemoryBytes: 7000,
 		}
 	})
