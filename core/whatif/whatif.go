@@ -62,7 +62,7 @@ const nf = len([8]float64{})
 // Defaults for Options.
 const (
 	// DefaultMinSamples is the sample set's floor: below it the curve's
-	// noise grows faster than its memory (24 bytes a sample) shrinks.
+	// noise grows faster than its memory (slotBytes a sample) shrinks.
 	DefaultMinSamples = 256
 	// DefaultMaxSamples caps the sample set however large the pool.
 	DefaultMaxSamples = 8192
@@ -76,8 +76,6 @@ const (
 	// BudgetShare is the share of the object table's memory the estimator
 	// may use.
 	BudgetShare = 0.01
-	// entryBytes is one sample's memory: identity, spatial hash and size.
-	entryBytes = 24
 )
 
 // Options configure an Estimator; zero values take the defaults.
@@ -107,12 +105,10 @@ type Estimator struct {
 	probes atomic.Int64
 
 	mu sync.Mutex
-	// The sampled LRU stack, most recent first, as parallel slices.
-	ids   []uint64
-	spat  []uint64
-	sizes []int64
-	total int64 // sum of sizes
-	limit int   // current cap of the stack (between minS and maxS)
+	// st is the sampled objects' LRU stack, sized for limit objects
+	// (between minS and maxS).
+	st    stack
+	limit int
 	rate  float64
 	// meanSize is a running mean of the sampled stored sizes, for the
 	// object count of a full pool and so the sample budget.
@@ -153,6 +149,7 @@ func New(opts Options) *Estimator {
 		limit:   opts.MinSamples,
 		rate:    1,
 	}
+	e.st.reset(e.limit)
 	e.threshold.Store(math.MaxUint64)
 	return e
 }
@@ -165,9 +162,9 @@ func spatial(k *keys.ObjectKey) uint64 {
 	return mix(binary.LittleEndian.Uint64(k.Chunk[:8]) ^ uint64(k.KVRank)<<32 ^ uint64(k.KVRank))
 }
 
-// identity tells sampled keys apart: the spatial hash and the model and
-// salt (FNV-1a), only ever computed for sampled keys.
-func identity(k *keys.ObjectKey, sp uint64) uint64 {
+// identity tells apart sampled keys that share a spatial hash: the model
+// and salt (FNV-1a) and more of the digest, only computed for sampled keys.
+func identity(k *keys.ObjectKey) uint32 {
 	h := uint64(14695981039346656037)
 	for i := 0; i < len(k.Model); i++ {
 		h = (h ^ uint64(k.Model[i])) * 1099511628211
@@ -177,7 +174,7 @@ func identity(k *keys.ObjectKey, sp uint64) uint64 {
 		h = (h ^ uint64(k.Salt[i])) * 1099511628211
 	}
 	h ^= binary.LittleEndian.Uint64(k.Chunk[8:16])
-	return mix(h) ^ sp
+	return uint32(mix(h))
 }
 
 // mix is splitmix64's finaliser.
@@ -209,7 +206,7 @@ func (e *Estimator) Probe(p *Prefix, ks []keys.ObjectKey, hit int) {
 	locked := false
 	for i := range ks {
 		sp := spatial(&ks[i])
-		if sp >= t {
+		if sp >= t || sp == 0 {
 			continue
 		}
 		if !locked {
@@ -217,7 +214,7 @@ func (e *Estimator) Probe(p *Prefix, ks []keys.ObjectKey, hit int) {
 			locked = true
 			e.fold()
 		}
-		e.probeLocked(p, identity(&ks[i], sp), sp, i < hit)
+		e.probeLocked(p, identity(&ks[i]), sp, i < hit)
 		t = e.threshold.Load() // may have dropped
 	}
 	if locked {
@@ -228,27 +225,26 @@ func (e *Estimator) Probe(p *Prefix, ks []keys.ObjectKey, hit int) {
 // Stored records that the pool took a new object of size bytes (its
 // allocation, rounded to the pool's alignment) under k.
 func (e *Estimator) Stored(k *keys.ObjectKey, size int64) {
-	if e == nil {
+	if e == nil || size <= 0 {
 		return
 	}
 	sp := spatial(k)
-	if sp >= e.threshold.Load() {
+	if sp >= e.threshold.Load() || sp == 0 {
 		return
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	id := identity(k, sp)
-	i := e.find(id)
-	if i < 0 {
-		e.insert(id, sp, size)
+	id := identity(k)
+	if j := e.st.find(sp, id); j >= 0 {
+		e.st.setSize(j, size)
+		e.st.touch(j)
 	} else {
-		e.total += size - e.sizes[i]
-		e.sizes[i] = size
-		e.toFront(i)
+		e.insert(sp, id, size)
 	}
-	e.meanSize += (float64(size) - e.meanSize) / 64
-	if e.meanSize < 1 {
+	if e.meanSize == 0 {
 		e.meanSize = float64(size)
+	} else {
+		e.meanSize += (float64(size) - e.meanSize) / 64
 	}
 	e.resize()
 	e.trim()
@@ -262,24 +258,19 @@ func (e *Estimator) fold() {
 	e.folded = n
 }
 
-func (e *Estimator) probeLocked(p *Prefix, id, sp uint64, realHit bool) {
+func (e *Estimator) probeLocked(p *Prefix, id uint32, sp uint64, realHit bool) {
 	d := math.Inf(1)
 	size := e.meanSize
-	i := e.find(id)
-	if i >= 0 {
-		if s := e.sizes[i]; s > 0 {
-			var above int64
-			for _, z := range e.sizes[:i] {
-				above += z
-			}
-			d = float64(s) + float64(above)/e.rate
+	if j := e.st.find(sp, id); j >= 0 {
+		if s := e.st.size[j]; s > 0 {
+			d = float64(s) + float64(e.st.above(j))/e.rate
 			size = float64(s)
 		}
-		e.toFront(i)
+		e.st.touch(j)
 	} else {
 		// Never seen (or dropped): at the top now, with no size until the
 		// pool stores it, as a store after this miss would put it.
-		e.insert(id, sp, 0)
+		e.insert(sp, id, 0)
 	}
 	p.worst = max(p.worst, d)
 	for k, f := range factors() {
@@ -328,115 +319,78 @@ func (e *Estimator) Cleared() {
 	e.held = [nf]float64{}
 }
 
-// find returns the stack index of id, or -1.
-func (e *Estimator) find(id uint64) int {
-	for i, x := range e.ids {
-		if x == id {
-			return i
-		}
-	}
-	return -1
-}
-
-// toFront moves entry i to the top of the stack.
-func (e *Estimator) toFront(i int) {
-	if i == 0 {
-		return
-	}
-	id, sp, sz := e.ids[i], e.spat[i], e.sizes[i]
-	copy(e.ids[1:i+1], e.ids[:i])
-	copy(e.spat[1:i+1], e.spat[:i])
-	copy(e.sizes[1:i+1], e.sizes[:i])
-	e.ids[0], e.spat[0], e.sizes[0] = id, sp, sz
-}
-
-// insert puts a new entry on top, making room by lowering the threshold
-// when the stack is at its limit.
-func (e *Estimator) insert(id, sp uint64, size int64) {
-	if len(e.ids) >= e.limit {
-		e.shed(e.limit - 1)
+// insert puts a new object on top, making room by lowering the threshold
+// when the stack is full; the object is left out when it falls out of the
+// sample itself.
+func (e *Estimator) insert(sp uint64, id uint32, size int64) {
+	if e.st.live >= e.st.slots() {
+		e.shed(e.st.slots() - 1)
 		if sp >= e.threshold.Load() {
-			return // the new key itself fell out of the sample
-		}
-	}
-	if len(e.ids) == cap(e.ids) {
-		e.realloc(min(e.limit, max(2*cap(e.ids), 64)))
-	}
-	e.ids = append(e.ids, 0)
-	e.spat = append(e.spat, 0)
-	e.sizes = append(e.sizes, 0)
-	e.toFront(len(e.ids) - 1)
-	e.ids[0], e.spat[0], e.sizes[0] = id, sp, size
-	e.total += size
-}
-
-// shed lowers the threshold until at most n entries are left: the entries
-// with the largest spatial hash leave, T becomes that hash, and the weights
-// gathered at the old rate are rescaled to the new one (fixed-size SHARDS).
-func (e *Estimator) shed(n int) {
-	for len(e.ids) > n {
-		top := uint64(0)
-		for _, s := range e.spat {
-			top = max(top, s)
-		}
-		j := 0
-		for i := range e.ids {
-			if e.spat[i] == top {
-				e.total -= e.sizes[i]
-				continue
-			}
-			e.ids[j], e.spat[j], e.sizes[j] = e.ids[i], e.spat[i], e.sizes[i]
-			j++
-		}
-		e.ids, e.spat, e.sizes = e.ids[:j], e.spat[:j], e.sizes[:j]
-		e.fold()
-		old := e.rate
-		e.threshold.Store(top)
-		e.rate = float64(top) / math.MaxUint64
-		if old > 0 {
-			e.scale(e.rate / old)
-		}
-	}
-}
-
-// trim drops the bottom entries deeper than maxFactor pools: they miss at
-// every size the curve shows, as they will when next used.
-func (e *Estimator) trim() {
-	for n := len(e.ids); n > 1; n-- {
-		own := e.sizes[n-1]
-		if float64(own)+float64(e.total-own)/e.rate <= e.maxDist {
 			return
 		}
-		e.total -= own
-		e.ids, e.spat, e.sizes = e.ids[:n-1], e.spat[:n-1], e.sizes[:n-1]
+	}
+	e.st.insert(sp, id, size)
+}
+
+// shed lowers the threshold until at most n objects are left. Sampled
+// hashes are uniform below T, so T×7/8 drops about an eighth of them in
+// one pass over the slots (amortised O(1) an insert, where the paper's
+// priority queue drops one at a time). The weights gathered at the old
+// rate are rescaled to the new one (fixed-size SHARDS).
+func (e *Estimator) shed(n int) {
+	for e.st.live > n {
+		t := e.threshold.Load()
+		t -= t / 8
+		for j := range e.st.spat {
+			if sp := e.st.spat[j]; sp != 0 && sp >= t {
+				e.st.remove(int32(j))
+			}
+		}
+		e.fold()
+		old := e.rate
+		e.threshold.Store(t)
+		e.rate = float64(t) / math.MaxUint64
+		e.scale(e.rate / old)
 	}
 }
 
-// resize sets the stack's limit to BudgetShare of the object table of a
-// full pool of objects of the mean stored size, within [minS, maxS].
+// trim drops the least recently used objects deeper than maxFactor pools:
+// they miss at every size the curve shows, as they will when next used.
+func (e *Estimator) trim() {
+	for e.st.live > 1 {
+		j := e.st.bottom()
+		own := e.st.size[j]
+		if float64(own)+float64(e.st.total-own)/e.rate <= e.maxDist {
+			return
+		}
+		e.st.remove(j)
+	}
+}
+
+// resize sets the stack's size to BudgetShare of the object table of a
+// full pool of objects of the mean stored size, within [minS, maxS]; it
+// rebuilds the stack only when that moves by more than a quarter.
 func (e *Estimator) resize() {
 	if e.meanSize <= 0 {
 		return
 	}
 	objects := float64(e.pool) / e.meanSize
-	n := int(objects * TableBytesPerObject * BudgetShare / entryBytes)
-	e.limit = min(max(n, e.minS), e.maxS)
-	if len(e.ids) > e.limit {
-		e.shed(e.limit)
+	n := min(max(int(objects*TableBytesPerObject*BudgetShare/slotBytes), e.minS), e.maxS)
+	if n == e.limit || (n > e.limit*3/4 && n < e.limit*5/4) {
+		return
 	}
-	if cap(e.ids) > e.limit {
-		e.realloc(e.limit)
+	if e.st.live > n {
+		e.shed(n)
 	}
-}
-
-// realloc gives the stack room for exactly n entries (n >= its length), so
-// its memory never passes the limit the budget allows.
-func (e *Estimator) realloc(n int) {
-	ids, spat, sizes := make([]uint64, len(e.ids), n), make([]uint64, len(e.ids), n), make([]int64, len(e.ids), n)
-	copy(ids, e.ids)
-	copy(spat, e.spat)
-	copy(sizes, e.sizes)
-	e.ids, e.spat, e.sizes = ids, spat, sizes
+	// Re-insert the live objects, oldest first, into a stack of n slots.
+	old := e.st
+	e.st.reset(n)
+	e.limit = n
+	for t := old.oldest; t < old.clock; t++ {
+		if j := old.rev[t]; j >= 0 {
+			e.st.insert(old.spat[j], old.id[j], old.size[j])
+		}
+	}
 }
 
 // scale multiplies every weight by f (decay, or a rate change).
@@ -487,7 +441,7 @@ func (e *Estimator) Curve() Curve {
 	e.fold()
 	c := Curve{
 		Weight: e.weight, Sampled: e.lookups, SampleRate: e.rate,
-		Tracked: len(e.ids), Limit: e.limit, MemoryBytes: e.memory(),
+		Tracked: e.st.live, Limit: e.limit, MemoryBytes: e.memory(),
 	}
 	if e.weight <= 0 {
 		return c
@@ -505,7 +459,7 @@ func (e *Estimator) Curve() Curve {
 }
 
 // memory is the estimator's footprint in bytes: the stack as allocated
-// (never more than its limit) and the struct's fixed fields.
+// and the struct's fixed fields.
 func (e *Estimator) memory() int64 {
-	return int64(cap(e.ids))*entryBytes + int64(unsafe.Sizeof(*e))
+	return e.st.memory() + int64(unsafe.Sizeof(*e))
 }
