@@ -173,29 +173,34 @@ func TestWhatIfMatchesRealPools(t *testing.T) {
 	if testing.Short() {
 		t.Skip("replays two traces through six pools")
 	}
+	// tick is how many requests arrive between two ticks of the watermark
+	// loop (once a second): busy traffic refills what a tick evicts before
+	// the next one, slow traffic leaves the pool between 64 % and 80 % full.
 	cases := []struct {
 		name   string
 		trace  []traceReq
 		models []traceModel
 		pool   int64
+		tick   int
 	}{
 		{"zipf-prefix", zipfTrace(120_000, 7),
-			[]traceModel{{"m-small", 3000}, {"m-large", 3 * accAlign}}, 6000 * accAlign},
+			[]traceModel{{"m-small", 3000}, {"m-large", 3 * accAlign}}, 6000 * accAlign, 1000},
+		{"zipf-prefix-slow", zipfTrace(60_000, 8),
+			[]traceModel{{"m-small", 3000}, {"m-large", 3 * accAlign}}, 6000 * accAlign, 20},
 		// 1200 scanned documents × 8 chunks and the hot set: 11200 objects,
 		// against a 1× pool of 9000 (LRU keeps no scanned chunk) and a 2×
 		// pool of 18000 that holds them all below its watermark (80 %, 14400).
 		// A working set right at a watermark makes the loop evict or not by
 		// a few objects, which no sampled estimate can tell.
 		{"scan-heavy", scanTrace(60_000, 1200, 11),
-			[]traceModel{{"m", accAlign}}, 9000 * accAlign},
+			[]traceModel{{"m", accAlign}}, 9000 * accAlign, 1000},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			est := whatif.New(whatif.Options{PoolBytes: tc.pool})
-			const tick = 1000
-			got := map[float64]float64{1: replay(t, tc.trace, tc.models, tc.pool, tick, est)}
+			got := map[float64]float64{1: replay(t, tc.trace, tc.models, tc.pool, tc.tick, est)}
 			for _, f := range []float64{0.5, 2} {
-				got[f] = replay(t, tc.trace, tc.models, int64(f*float64(tc.pool)), tick, nil)
+				got[f] = replay(t, tc.trace, tc.models, int64(f*float64(tc.pool)), tc.tick, nil)
 			}
 			c := est.Curve()
 			t.Logf("estimator: rate %.4f, %d/%d tracked, weight %.0f, measured %.3f, %d bytes",
