@@ -9,9 +9,10 @@
 // last use, its own size included) is the sum of the sizes above it in that
 // stack divided by the sampling rate R = T/2^64. Under LRU (kvdock's policy)
 // an object is in a pool that holds U bytes when its distance is at most U.
-// When the sample set is full the key with the largest hash leaves it and T
-// drops to that hash, so memory is fixed; entries deeper than 4× the pool
-// are dropped too, since they miss at every size the curve shows.
+// When the sample set is full T drops by an eighth and the keys above it
+// leave, so memory is fixed (sized to 1 % of what the pool's object table
+// holds for a full pool, see TableBytesPerObject); entries deeper than 4×
+// the pool are dropped too, since they miss at every size the curve shows.
 //
 // A kvdock pool does not stay full: once a second (Tick) its watermark loop
 // evicts a share of the objects when the pool is above the watermark, so
