@@ -357,15 +357,38 @@ func (e *Estimator) shed(n int) {
 
 // trim drops the least recently used objects deeper than maxFactor pools:
 // they miss at every size the curve shows, as they will when next used.
+// A stack left under a quarter full raises the threshold again.
 func (e *Estimator) trim() {
 	for e.st.live > 1 {
 		j := e.st.bottom()
 		own := e.st.size[j]
 		if float64(own)+float64(e.st.total-own)/e.rate <= e.maxDist {
-			return
+			break
 		}
 		e.st.remove(j)
 	}
+	e.raise()
+}
+
+// raise doubles the threshold when the stack is under a quarter full:
+// fixed-size SHARDS only ever lowers it, so one flood of distinct keys
+// would leave the curve resting on a handful of samples for good. Keys
+// newly sampled look cold on their first use, a bias that fades within a
+// reuse; the weights are rescaled to the new rate.
+func (e *Estimator) raise() {
+	t := e.threshold.Load()
+	if t == math.MaxUint64 || e.st.live >= e.st.slots()/4 {
+		return
+	}
+	nt := uint64(math.MaxUint64)
+	if t < math.MaxUint64/2 {
+		nt = 2 * t
+	}
+	e.fold()
+	old := e.rate
+	e.threshold.Store(nt)
+	e.rate = float64(nt) / math.MaxUint64
+	e.scale(e.rate / old)
 }
 
 // resize sets the stack's size to BudgetShare of the object table of a

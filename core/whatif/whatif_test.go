@@ -316,3 +316,38 @@ func TestConcurrentUse(t *testing.T) {
 		t.Errorf("after concurrent use: %+v", c)
 	}
 }
+
+// After a flood of distinct keys drove the sample rate down, ordinary
+// traffic (a hot set and a stream of new prompts) brings it back up once
+// the flood is deeper than the curve: it does not rest on a handful of
+// samples for good.
+func TestRateRecoversAfterFlood(t *testing.T) {
+	e := New(Options{PoolBytes: 1 << 20, MinSamples: 64, MaxSamples: 64})
+	for i := range uint64(200_000) {
+		k := testKey(i, "flood")
+		e.Stored(&k, 100)
+	}
+	low := e.Curve().SampleRate
+	hot := make([]keys.ObjectKey, 20)
+	for i := range hot {
+		hot[i] = testKey(uint64(1_000_000+i), "m")
+	}
+	for r := range uint64(300) {
+		for i := range hot {
+			var p Prefix
+			e.Probe(&p, hot[i:i+1], 0)
+			e.Stored(&hot[i], 1000)
+		}
+		for i := range uint64(50) {
+			k := testKey(2_000_000+r*50+i, "m")
+			var p Prefix
+			e.Probe(&p, []keys.ObjectKey{k}, 0)
+			e.Stored(&k, 1000)
+		}
+	}
+	c := e.Curve()
+	t.Logf("rate %v during the flood, %v after; %d/%d tracked", low, c.SampleRate, c.Tracked, c.Limit)
+	if c.SampleRate < 4*low {
+		t.Errorf("sample rate %v after the flood, %v during it: want it well up again", c.SampleRate, low)
+	}
+}
