@@ -104,6 +104,9 @@ type Estimator struct {
 	// probes counts every key probed (sampled or not), for the expected
 	// sample count.
 	probes atomic.Int64
+	// poolHits counts the keys the pool itself hit, sampled or not: with
+	// probes, the pool's true hit ratio that anchors the sample's.
+	poolHits atomic.Int64
 
 	mu sync.Mutex
 	// st is the sampled objects' LRU stack, sized for limit objects
@@ -122,7 +125,9 @@ type Estimator struct {
 	weight   float64 // sampled keys looked up
 	realHits float64 // sampled keys the pool itself hit
 	expected float64 // keys probed × rate at the time: the weight SHARDS expects
+	expHits  float64 // the pool's hits on them, likewise
 	folded   int64   // probes already folded into expected
+	foldedH  int64   // pool hits already folded into expHits
 	lookups  uint64  // sampled probes, never decayed
 }
 
@@ -203,6 +208,7 @@ func (e *Estimator) Probe(p *Prefix, ks []keys.ObjectKey, hit int) {
 		return
 	}
 	e.probes.Add(int64(len(ks)))
+	e.poolHits.Add(int64(min(max(hit, 0), len(ks))))
 	t := e.threshold.Load()
 	locked := false
 	for i := range ks {
@@ -254,9 +260,10 @@ func (e *Estimator) Stored(k *keys.ObjectKey, size int64) {
 // fold adds the keys probed since the last fold to the expected sample
 // weight at the current rate (it only changes under mu, after a fold).
 func (e *Estimator) fold() {
-	n := e.probes.Load()
+	n, h := e.probes.Load(), e.poolHits.Load()
 	e.expected += float64(n-e.folded) * e.rate
-	e.folded = n
+	e.expHits += float64(h-e.foldedH) * e.rate
+	e.folded, e.foldedH = n, h
 }
 
 func (e *Estimator) probeLocked(p *Prefix, id uint32, sp uint64, realHit bool) {
@@ -425,6 +432,7 @@ func (e *Estimator) scale(f float64) {
 	e.weight *= f
 	e.realHits *= f
 	e.expected *= f
+	e.expHits *= f
 }
 
 // Point is the estimated hit ratio at one pool size.
@@ -439,8 +447,9 @@ type Curve struct {
 	// Points are the estimates at Factors(), ascending; empty until a
 	// sampled key was looked up.
 	Points []Point
-	// Measured is the pool's own hit ratio on the sampled keys over the
-	// same window, with the same correction: Points at 1 should be near it.
+	// Measured is the pool's own hit ratio over the same window (on the
+	// sampled keys, corrected as the points are: the pool's ratio on every
+	// key unless the correction was clamped); Points at 1 should be near it.
 	Measured float64
 	// Weight is the sampled accesses the curve rests on (decayed); Sampled
 	// is every sampled access since the start.
@@ -470,10 +479,19 @@ func (e *Estimator) Curve() Curve {
 	if e.weight <= 0 {
 		return c
 	}
-	// SHARDS_adj: the difference between the weight the rate predicts and
-	// the weight sampled is counted as hits at every size (it is mostly hot
-	// keys over- or under-represented in the sample).
-	adj := max(e.expected-e.weight, -e.weight/2)
+	// The sample's error is put at distance zero (hits at every size: it
+	// is mostly hot keys over- or under-represented), as SHARDS_adj does
+	// with the difference between the weight the rate predicts and the
+	// weight sampled. Here it is sized so that the sample's own pool hits
+	// match the pool's hits on every key, which the lookups report too;
+	// SHARDS_adj proper stands in when that ratio says nothing (0 or 1).
+	adj := e.expected - e.weight
+	if e.expected > 0 {
+		if truth := e.expHits / e.expected; truth > 0 && truth < 1 {
+			adj = (truth*e.weight - e.realHits) / (1 - truth)
+		}
+	}
+	adj = min(max(adj, -e.weight/2), 2*e.weight)
 	ratio := func(h float64) float64 { return min(max((h+adj)/(e.weight+adj), 0), 1) }
 	c.Measured = ratio(e.realHits)
 	for k, f := range factors() {
