@@ -351,3 +351,32 @@ func TestRateRecoversAfterFlood(t *testing.T) {
 		t.Errorf("sample rate %v after the flood, %v during it: want it well up again", c.SampleRate, low)
 	}
 }
+
+// The sample's error is corrected on the pool's own hits over every key:
+// when the sampled keys all missed and as many unsampled ones hit, the
+// corrected sample still gives the pool's true ratio.
+func TestCorrectionAnchorsOnPoolHits(t *testing.T) {
+	e := New(Options{PoolBytes: 1 << 20})
+	half := uint64(math.MaxUint64 / 2)
+	e.threshold.Store(half)
+	e.rate = 0.5
+	var sampled, other []keys.ObjectKey
+	for i := uint64(0); len(sampled) < 20 || len(other) < 20; i++ {
+		k := testKey(i, "m")
+		switch sp := spatial(&k); {
+		case sp < half && len(sampled) < 20:
+			sampled = append(sampled, k)
+		case sp >= half && len(other) < 20:
+			other = append(other, k)
+		}
+	}
+	batch := append(slices.Clone(other), sampled...) // 20 pool hits, then 20 misses
+	for range 50 {
+		var p Prefix
+		e.Probe(&p, batch, 20)
+	}
+	c := e.Curve()
+	if math.Abs(c.Measured-0.5) > 0.01 {
+		t.Errorf("measured %v, want the pool's 0.5 (its sampled keys all missed)", c.Measured)
+	}
+}
