@@ -356,7 +356,7 @@ func TestRateRecoversAfterFlood(t *testing.T) {
 // when the sampled keys all missed and as many unsampled ones hit, the
 // corrected sample still gives the pool's true ratio.
 func TestCorrectionAnchorsOnPoolHits(t *testing.T) {
-	e := New(Options{PoolBytes: 1 << 20})
+	e := New(Options{PoolBytes: 1 << 20, MinSamples: 32, MaxSamples: 32}) // 20 sampled keys: no shedding, no raising
 	half := uint64(math.MaxUint64 / 2)
 	e.threshold.Store(half)
 	e.rate = 0.5
