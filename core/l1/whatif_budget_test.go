@@ -105,6 +105,14 @@ const (
 // the same run. %core@bench is the share of one core the estimator
 // takes at the bench's lookup rate; the bound is 2 %.
 func BenchmarkWhatIfCost(b *testing.B) {
+	// steady: 4096 prompts over 4× a pool of 65536 objects (the sample
+	// rate falls to about 1 %); all-sampled: 16 prompts, few enough that
+	// every key is sampled and takes the estimator's mutex (the worst case).
+	b.Run("steady", func(b *testing.B) { benchWhatIf(b, 4096) })
+	b.Run("all-sampled", func(b *testing.B) { benchWhatIf(b, 16) })
+}
+
+func benchWhatIf(b *testing.B, nPrompts int) {
 	const objects = 65536
 	const size = 4096
 	p, err := Open(Options{Size: objects * size, Align: size})
@@ -119,7 +127,7 @@ func BenchmarkWhatIfCost(b *testing.B) {
 		return keys.ObjectKey{Chunk: h, Model: "meta-llama/Llama-3.1-8B-Instruct", KVRank: keys.KVRank(1, 0)}
 	}
 	// Prompts of 16 chunks over 4× the pool's objects, popular ones often.
-	prompts := make([][]keys.ObjectKey, 4096)
+	prompts := make([][]keys.ObjectKey, nPrompts)
 	for i := range prompts {
 		base := uint64(i*i) % (4 * objects / benchPromptChunks)
 		ks := make([]keys.ObjectKey, benchPromptChunks)
@@ -128,7 +136,7 @@ func BenchmarkWhatIfCost(b *testing.B) {
 		}
 		prompts[i] = ks
 	}
-	for _, ks := range prompts[:objects/benchPromptChunks/2] { // half full
+	for _, ks := range prompts[:min(len(prompts), objects/benchPromptChunks/2)] { // up to half full
 		res, err := p.ReserveWrite(InstanceOwner(1), ks, size)
 		if err != nil {
 			b.Fatal(err)
