@@ -171,7 +171,14 @@ func replay(t *testing.T, trace []traceReq, models []traceModel, poolBytes int64
 
 func TestWhatIfMatchesRealPools(t *testing.T) {
 	if testing.Short() {
-		t.Skip("replays two traces through six pools")
+		t.Skip("replays three traces through nine pools")
+	}
+	if raceDetector {
+		// The replay is one goroutine: the detector has nothing to find in
+		// it and would stretch a minute into most of the test timeout. The
+		// hooks' concurrency is checked under -race by whatif's
+		// TestConcurrentUse and the engine's wire test.
+		t.Skip("sequential replay; run without -race")
 	}
 	// tick is how many requests arrive between two ticks of the watermark
 	// loop (once a second): busy traffic refills what a tick evicts before
