@@ -28,11 +28,8 @@ type plane struct {
 	lookup   *lookup.Module
 	transfer *nongpu.Module
 	tiers    *tiers
-	// whatif estimates the hit ratio of other pool sizes from this
-	// plane's lookups and stores.
-	whatif *whatif.Estimator
-	cancel context.CancelFunc
-	done   chan struct{}
+	cancel   context.CancelFunc
+	done     chan struct{}
 	// gate counts the handlers running over this plane: they hold raw views
 	// of the mapped pool, so the pool is unmapped only once none runs.
 	gate gate
@@ -43,6 +40,9 @@ type plane struct {
 	log       *slog.Logger
 	// hook, when set (tests), runs inside the gate before each handler.
 	hook func(*plane)
+	// whatif estimates the hit ratio of other pool sizes from this
+	// plane's lookups and stores.
+	whatif *whatif.Estimator
 }
 
 // gate admits handlers until it is shut and says when the last one left.
