@@ -348,7 +348,7 @@ func (e *Estimator) insert(sp uint64, id uint32, size int64) {
 func (e *Estimator) shed(n int) {
 	for e.st.live > n {
 		t := e.threshold.Load()
-		t -= t / 8
+		t -= max(t/8, 1)
 		for j := range e.st.spat {
 			if sp := e.st.spat[j]; sp != 0 && sp >= t {
 				e.st.remove(int32(j))
