@@ -61,7 +61,7 @@ func (m *Model) whatIfLines(w, rows int) []string {
 		sizes += fmt.Sprintf("%*s ", whatIfColW-1, f)
 	}
 	lines = append(lines, sizes+" × pool ("+bytesText(m.snap.Pool.Size)+" now)")
-	lines = append(lines, m.st.Faint.Render(fmt.Sprintf("       estimate from %s of keys sampled (SHARDS), %d sampled lookups; the pool's own hit ratio on them %s",
+	lines = append(lines, m.st.Faint.Render(fmt.Sprintf("       estimate from %s of keys sampled (SHARDS), %d sampled lookups; the pool's own hit ratio now %s",
 		sampleRateText(c.SampleRate), c.Sampled, ratioPctText(c.Measured))))
 	return lines
 }

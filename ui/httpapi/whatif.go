@@ -10,8 +10,8 @@ type WhatIfStatus struct {
 	// Points are the estimates from 0.25× to 4× the pool ([] before any
 	// lookup was seen).
 	Points []WhatIfPoint `json:"points"`
-	// MeasuredHitRatio is the pool's own hit ratio on the sampled keys; the
-	// point at pool_factor 1 should be near it.
+	// MeasuredHitRatio is the pool's own hit ratio over the same recent
+	// window; the point at pool_factor 1 should be near it.
 	MeasuredHitRatio float64 `json:"measured_hit_ratio"`
 	SampleRate       float64 `json:"sample_rate"`
 	SampledLookups   uint64  `json:"sampled_lookups"`

@@ -20,7 +20,7 @@ func newWhatIfDescs() whatIfDescs {
 			"Estimated share of looked-up chunks an L1 pool of pool_factor times the current size would hit, for the recent traffic (0 until lookups are seen).",
 			[]string{"pool_factor"}, nil),
 		measured: prometheus.NewDesc("kvdock_whatif_measured_hit_ratio",
-			"The current pool's own hit ratio on the keys the what-if estimator samples (the estimate at pool_factor 1 should be near it).", nil, nil),
+			"The current pool's own hit ratio over the what-if estimator's recent window (the estimate at pool_factor 1 should be near it).", nil, nil),
 		sampleRate: prometheus.NewDesc("kvdock_whatif_sample_rate",
 			"Share of keys the what-if estimator samples (SHARDS rate).", nil, nil),
 		memory: prometheus.NewDesc("kvdock_whatif_memory_bytes",
