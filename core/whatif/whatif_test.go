@@ -380,3 +380,24 @@ func TestCorrectionAnchorsOnPoolHits(t *testing.T) {
 		t.Errorf("measured %v, want the pool's 0.5 (its sampled keys all missed)", c.Measured)
 	}
 }
+
+// Nothing is allocated per access once the sample is sized (sampled keys
+// included: every key is sampled here).
+func TestNoAllocationPerAccess(t *testing.T) {
+	e := New(Options{PoolBytes: 1 << 30})
+	ks := make([]keys.ObjectKey, 16)
+	for i := range ks {
+		ks[i] = testKey(uint64(i), "m")
+		e.Stored(&ks[i], 4096)
+	}
+	i := 0
+	allocs := testing.AllocsPerRun(2000, func() {
+		var p Prefix
+		e.Probe(&p, ks, i%16)
+		e.Stored(&ks[i%16], 4096)
+		i++
+	})
+	if allocs != 0 {
+		t.Errorf("%v allocations per lookup of 16 keys and a store", allocs)
+	}
+}
