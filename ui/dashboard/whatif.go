@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 
+	"kvdock/core/l1"
 	"kvdock/core/whatif"
 )
 
@@ -29,6 +30,9 @@ func (m *Model) whatIfLines(w, rows int) []string {
 		return []string{"", label + "no lookups seen yet: the estimate for other pool sizes starts with traffic"}
 	}
 	head := label + whatIfHeadline(c)
+	if m.snap.Pool.Policy == l1.PolicyNoop {
+		head += m.st.Warn.Render("  (sizes modelled with LRU eviction; this pool's policy is noop)")
+	}
 	if rows < whatIfChartRows || w < 12+whatIfColW*len(c.Points) {
 		return []string{"", head}
 	}

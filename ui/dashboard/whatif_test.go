@@ -25,6 +25,11 @@ func TestWhatIfPoolPane(t *testing.T) {
 	if got := m.whatIfLines(80, 1); got != nil {
 		t.Errorf("one row left: %q, want nothing", got)
 	}
+	// A noop pool evicts nothing: the curve says it models LRU.
+	m.snap.Pool.Policy = "noop"
+	if l := m.whatIfLines(160, 2); !strings.Contains(l[1], "modelled with LRU eviction; this pool's policy is noop") {
+		t.Errorf("noop pool: %q", l)
+	}
 	// Before traffic: says so in words, no chart of zeros.
 	f.snap.WhatIf = whatif.Curve{}
 	m = newTestModel(t, f, 160, 48)
