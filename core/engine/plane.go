@@ -13,6 +13,7 @@ import (
 	"kvdock/core/layout"
 	"kvdock/core/lookup"
 	"kvdock/core/rpc"
+	"kvdock/core/whatif"
 	"kvdock/core/workers"
 	"kvdock/settings"
 	"kvdock/transfer/nongpu"
@@ -39,6 +40,9 @@ type plane struct {
 	log       *slog.Logger
 	// hook, when set (tests), runs inside the gate before each handler.
 	hook func(*plane)
+	// whatif estimates the hit ratio of other pool sizes from this
+	// plane's lookups and stores.
+	whatif *whatif.Estimator
 }
 
 // gate admits handlers until it is shut and says when the last one left.
@@ -145,6 +149,7 @@ func (e *Engine) buildPlane(cfg settings.Config) (*plane, error) {
 		return nil, fmt.Errorf("transfer mode %q is not served: kvdock serves non-GPU workers only (CUDA IPC transfer needs LMCache's own server)", cfg.Server.TransferMode)
 	}
 	segment, reason := nongpu.PlanSegment(cfg.Server, cfg.L1, e.opts.PID, shmNameSource(e.sources))
+	est := whatif.New(whatif.Options{PoolBytes: cfg.L1.SizeBytes()})
 	pool, err := l1.Open(l1.Options{
 		Size:        cfg.L1.SizeBytes(),
 		Align:       int64(cfg.L1.AlignBytes),
@@ -163,6 +168,7 @@ func (e *Engine) buildPlane(cfg settings.Config) (*plane, error) {
 		},
 		OwnerLockShare: cfg.L1.MaxLockedSharePerInstance,
 		TotalLockShare: cfg.L1.MaxLockedShare,
+		WhatIf:         est,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("L1 pool: %w", err)
@@ -179,6 +185,7 @@ func (e *Engine) buildPlane(cfg settings.Config) (*plane, error) {
 		pool:     pool,
 		sessions: keys.NewSessions(hasher, 600*time.Second, e.opts.Now),
 		layouts:  layout.NewRegistry(),
+		whatif:   est,
 		closed:   make(chan struct{}),
 		log:      e.log,
 		hook:     e.handlerHook,
@@ -196,6 +203,7 @@ func (e *Engine) buildPlane(cfg settings.Config) (*plane, error) {
 		Logger: e.log.With("component", "lookup"),
 		Tiers:  p.tiers,
 		Misses: pool,
+		WhatIf: est,
 	})
 	p.transfer, err = nongpu.New(nongpu.Deps{
 		Pool:      pool,

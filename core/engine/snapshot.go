@@ -13,6 +13,7 @@ import (
 	"kvdock/core/misses"
 	"kvdock/core/rpc"
 	"kvdock/core/tierstate"
+	"kvdock/core/whatif"
 	"kvdock/core/workers"
 	"kvdock/settings"
 )
@@ -73,6 +74,9 @@ type Snapshot struct {
 	Tiers []tierstate.Tier
 	// Rates is the recent history of the rates, sampled once a second.
 	Rates Rates
+	// WhatIf is the estimated hit ratio at other pool sizes (empty points
+	// until lookups were seen).
+	WhatIf whatif.Curve
 }
 
 // Rebuilt says when the pool was last rebuilt and how many registered
@@ -128,6 +132,7 @@ func (e *Engine) Snapshot() Snapshot {
 		s.Misses.GhostEntries, s.Misses.GhostBytes = p.pool.Ghost()
 		s.Sessions = p.sessions.Len()
 		s.Tiers = p.tiers.Stats()
+		s.WhatIf = p.whatif.Curve()
 	}
 	if f != nil {
 		s.Endpoint = f.srv.Endpoint()

@@ -38,6 +38,7 @@ import (
 	"kvdock/core/l1/alloc"
 	"kvdock/core/l1/segment"
 	"kvdock/core/misses"
+	"kvdock/core/whatif"
 )
 
 // SegmentPrefix starts every pool segment name.
@@ -151,6 +152,9 @@ type Options struct {
 	OwnerLockShare, TotalLockShare float64
 	// CloseWait bounds Close's wait for outstanding views; 0 = 10 s.
 	CloseWait time.Duration
+	// WhatIf, when set, is told of every object the pool takes in (key and
+	// allocated size), for the what-if pool size curve.
+	WhatIf *whatif.Estimator
 }
 
 // Reservation is one object reserved by ReserveWrite: ks[Index] lives at
@@ -247,6 +251,7 @@ type Pool struct {
 	lastCapLog         int64 // unix ns of the last lock-cap log line
 	capSuppressed      uint64
 	readCapRefused     func(reason string) // called under mu
+	whatif             *whatif.Estimator
 }
 
 // ownerCharge is the bytes of locks one owner holds.
@@ -306,7 +311,7 @@ func Open(opts Options) (*Pool, error) {
 		opts.CloseWait = DefaultCloseWait
 	}
 	p := &Pool{now: opts.Now, log: opts.Logger, tick: opts.Tick, closeWait: opts.CloseWait, owners: make(map[Owner]uint32),
-		readCapRefused: opts.ReadCapRefused}
+		readCapRefused: opts.ReadCapRefused, whatif: opts.WhatIf}
 	if err := p.setEviction(opts.Policy, opts.Watermark, opts.Ratio); err != nil {
 		return nil, err
 	}
@@ -443,7 +448,11 @@ func (p *Pool) maintain() {
 	now := p.now().UnixNano()
 	p.st.EvictionTicks++
 	p.sweep(now)
-	if p.policy != PolicyLRU || p.t.len() == 0 {
+	if p.policy != PolicyLRU {
+		return
+	}
+	p.whatif.Tick(p.watermark, p.ratio)
+	if p.t.len() == 0 {
 		return
 	}
 	used := p.alloc.Size() - p.alloc.Free()

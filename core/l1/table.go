@@ -479,6 +479,7 @@ func (p *Pool) ReserveWrite(owner Owner, ks []keys.ObjectKey, size int64) ([]Res
 	res := make([]Reservation, len(fresh))
 	for j, i := range fresh {
 		rec := p.t.add(ks[i], offs[j], size, unit)
+		p.whatif.Stored(&ks[i], unit)
 		lock := p.lockWrite(rec, owner, deadline)
 		res[j] = Reservation{Index: i, Key: ks[i], Offset: offs[j], Length: size, rec: rec, lock: lock}
 	}
@@ -827,6 +828,7 @@ func (p *Pool) ClearCounted() (objects int, bytes int64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.sweep(p.now().UnixNano()) // expired reservations are already absent
+	p.whatif.Cleared()
 	n, b := p.t.len()-p.t.doomed, p.t.bytes-p.t.doomedBytes
 	p.noteCleared()
 	if len(p.t.locked) == 0 {

@@ -22,6 +22,7 @@ import (
 
 	"kvdock/core/keys"
 	"kvdock/core/misses"
+	"kvdock/core/whatif"
 )
 
 // Store is the part of the L1 pool a lookup needs.
@@ -110,6 +111,9 @@ type Options struct {
 	// Misses, when set, classifies every missed chunk of a lookup into
 	// the tally Misses() reports.
 	Misses Classifier
+	// WhatIf, when set, is shown every key each lookup asks for, hit or
+	// not, for the what-if pool size curve.
+	WhatIf *whatif.Estimator
 }
 
 // Module holds the lookup jobs. It is safe for concurrent use.
@@ -135,6 +139,7 @@ type Module struct {
 	maxTier  int
 	classify Classifier
 	misses   *misses.Tally
+	whatif   *whatif.Estimator
 
 	// bg ends the tier phases (Run's ctx done); wg counts them.
 	bg      context.Context
@@ -219,6 +224,7 @@ func New(s *keys.Sessions, store Store, layouts Layouts, opts Options) *Module {
 		maxTier:  opts.MaxTierJobs,
 		classify: opts.Misses,
 		misses:   misses.NewTally(),
+		whatif:   opts.WhatIf,
 		bg:       bg,
 		stopBg:   stop,
 		sessions: s,
@@ -371,37 +377,48 @@ func (m *Module) startTierPhase(r keys.KeyRequest, ks keys.KeySet, hit, count in
 // reservePrefix read-locks the leading chunks of ks that are readable on
 // every rank, count locks per key, and returns how many chunks it locked. It
 // asks the store lockBatch chunks at a time and stops at the first miss.
+// With a what-if estimator it goes on past the miss, a batch at a time, to
+// show it the keys a larger pool might have held (no more work than a lookup
+// that hits throughout).
 func (m *Module) reservePrefix(ks keys.KeySet, count int) int {
 	per, batch := ks.PerChunk(), chunkBatch(ks)
 	buf := make([]keys.ObjectKey, 0, min(batch, ks.Chunks())*per)
 	hit := 0
-	for from := 0; from < ks.Chunks(); from += batch {
+	var pre whatif.Prefix
+	from := 0
+	for ; from < ks.Chunks(); from += batch {
 		buf = ks.Append(buf[:0], from, from+batch)
 		n := min(max(m.store.ReserveReadPrefix(buf, count), 0), len(buf))
 		full := n / per
 		hit += full
+		m.whatif.Probe(&pre, buf, full*per)
 		if partial := buf[full*per : n]; len(partial) > 0 {
 			m.store.FinishRead(partial, count)
 		}
 		if n < len(buf) {
+			from += batch
 			break
 		}
+	}
+	for ; m.whatif != nil && from < ks.Chunks(); from += batch {
+		buf = ks.Append(buf[:0], from, from+batch)
+		m.whatif.Probe(&pre, buf, 0)
 	}
 	return hit
 }
 
 // classifyMisses tallies why chunks [hit, Chunks) of ks missed, asking
-// the classifier lockBatch chunks at a time; tiers says the L2 tiers were
-// asked for them too.
+// the classifier a batch (chunkBatch) at a time; tiers says the L2 tiers
+// were asked for them too.
 func (m *Module) classifyMisses(model string, worldSize int, ks keys.KeySet, hit int, tiers bool) {
 	if m.classify == nil || hit >= ks.Chunks() {
 		return
 	}
 	var c misses.Counts
-	per := ks.PerChunk()
-	buf := make([]keys.ObjectKey, 0, min(lockBatch, ks.Chunks()-hit)*per)
-	for from := hit; from < ks.Chunks(); from += lockBatch {
-		buf = ks.Append(buf[:0], from, from+lockBatch)
+	per, batch := ks.PerChunk(), chunkBatch(ks)
+	buf := make([]keys.ObjectKey, 0, min(batch, ks.Chunks()-hit)*per)
+	for from := hit; from < ks.Chunks(); from += batch {
+		buf = ks.Append(buf[:0], from, from+batch)
 		m.classify.ClassifyMisses(buf, per, &c)
 	}
 	var tierMissed uint64

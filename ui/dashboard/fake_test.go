@@ -21,6 +21,7 @@ import (
 	"kvdock/core/layout"
 	"kvdock/core/misses"
 	"kvdock/core/series"
+	"kvdock/core/whatif"
 	"kvdock/core/workers"
 	"kvdock/settings"
 )
@@ -165,6 +166,15 @@ func newFakeEngine(t *testing.T) *fakeEngine {
 				Missed: misses.Counts{misses.NeverStored: 1200, misses.Evicted: 340, misses.AfterMiss: 9}}},
 		},
 		Host: hostmem.Host{Memory: hostmem.Memory{Total: 128 << 30, Available: 100 << 30}, Nodes: 1},
+		WhatIf: whatif.Curve{
+			Points: []whatif.Point{
+				{Factor: 0.25, PoolBytes: 1 << 28, HitRatio: 0.12}, {Factor: 0.5, PoolBytes: 1 << 29, HitRatio: 0.30},
+				{Factor: 0.75, PoolBytes: 3 << 28, HitRatio: 0.37}, {Factor: 1, PoolBytes: 1 << 30, HitRatio: 0.41},
+				{Factor: 1.5, PoolBytes: 3 << 29, HitRatio: 0.55}, {Factor: 2, PoolBytes: 2 << 30, HitRatio: 0.63},
+				{Factor: 3, PoolBytes: 3 << 30, HitRatio: 0.70}, {Factor: 4, PoolBytes: 4 << 30, HitRatio: 0.72},
+			},
+			Measured: 0.42, SampleRate: 0.012, Sampled: 3104, Weight: 3000, Tracked: 180, Limit: 256, MemoryBytes: 6600,
+		},
 	}
 	return &fakeEngine{snap: snap, cfg: cfg, src: src, events: make(chan engine.Event, 8)}
 }

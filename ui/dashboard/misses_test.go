@@ -35,7 +35,7 @@ func TestPoolAndGPUPanesShowHostRAMAndNUMA(t *testing.T) {
 		Pool: hostmem.Placement{Pages: []int64{1, 3}}}
 	f.snap.Misses.TierMissed = 12
 	m := newTestModel(t, f, 120, 40)
-	pool := ansi.Strip(m.renderPool(120))
+	pool := ansi.Strip(m.renderPool(120, 40))
 	for _, want := range []string{"Host RAM  10.0 GiB available / 64.0 GiB · NUMA N0 25% N1 75%", "(12 missed L2 too)"} {
 		if !strings.Contains(pool, want) {
 			t.Fatalf("pool pane lacks %q:\n%s", want, pool)

@@ -615,7 +615,7 @@ func (m *Model) renderBody(w, h int) string {
 	case paneContexts:
 		return m.renderContexts(w, h)
 	case panePool:
-		return m.renderPool(w)
+		return m.renderPool(w, h)
 	case paneGPU:
 		return m.renderGPU(w, h)
 	case paneEvents:

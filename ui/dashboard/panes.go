@@ -483,7 +483,7 @@ func (m *Model) renderDetails(c workers.ContextInfo, w, h int) string {
 	return "\n" + strings.Join(lines, "\n") + "\n"
 }
 
-func (m *Model) renderPool(w int) string {
+func (m *Model) renderPool(w, h int) string {
 	s := m.snap
 	d := s.Pool.Decision
 	var lines []string
@@ -530,7 +530,13 @@ func (m *Model) renderPool(w int) string {
 			s.Transfer.NoSpace, s.Transfer.Rejected, s.Transfer.Fallbacks),
 		"",
 	)
-	lines = append(lines, m.poolHistory(w)...)
+	// The what-if headline outranks the history's caption on a short screen.
+	hist := m.poolHistory(w)
+	if len(hist) == 3 && h-len(lines)-len(hist) < 2 {
+		hist = hist[:2]
+	}
+	lines = append(lines, hist...)
+	lines = append(lines, m.whatIfLines(w, h-len(lines))...)
 	return strings.Join(lines, "\n")
 }
 

@@ -57,6 +57,8 @@ type Status struct {
 	// served from cache.
 	Rates       RatesStatus       `json:"rates"`
 	TokensSaved TokensSavedStatus `json:"tokens_saved"`
+	// WhatIf is the estimated hit ratio of other pool sizes.
+	WhatIf WhatIfStatus `json:"whatif"`
 }
 
 // TierStatus is one L2 tier: its state with the reason, its figures and its
@@ -365,6 +367,7 @@ func NewStatus(s engine.Snapshot) Status {
 		GPU:           gpuStatus(s),
 		Tiers:         make([]TierStatus, 0, len(s.Tiers)),
 		Events:        []EventStatus{},
+		WhatIf:        whatIfStatus(s.WhatIf),
 	}
 	out.Rates, out.TokensSaved = ratesStatus(s)
 	if out.StorageManager.L1EvictionController.EvictionPolicy == "" {

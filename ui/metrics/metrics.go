@@ -157,6 +157,7 @@ type snapshotCollector struct {
 	tierHits, tierMisses, tierCorrupt, tierDropped, tierRead, tierWrite               *prometheus.Desc
 	tierLoads, tierLoadTimeouts                                                       *prometheus.Desc
 	misses                                                                            missDescs
+	whatif                                                                            whatIfDescs
 
 	mu       sync.Mutex
 	src      Source
@@ -215,6 +216,7 @@ func newSnapshotCollector(m *Metrics) *snapshotCollector {
 		tierLoads:        d("kvdock_tier_loads_total", "Prefetch loads from the L2 tier into L1.", "index", "type"),
 		tierLoadTimeouts: d("kvdock_tier_load_timeouts_total", "Prefetch loads from the L2 tier given up at the load timeout.", "index", "type"),
 		misses:           newMissDescs(),
+		whatif:           newWhatIfDescs(),
 		counters:         map[string]*counter{},
 		ctx:              map[ctxKey]ctxBytes{},
 		bytes:            map[[2]string]float64{},
@@ -237,6 +239,7 @@ func (c *snapshotCollector) Describe(ch chan<- *prometheus.Desc) {
 		ch <- d
 	}
 	c.misses.describe(ch)
+	c.whatif.describe(ch)
 	c.m.requests.Describe(ch)
 	c.m.duration.Describe(ch)
 	c.rates.describe(ch)
@@ -331,6 +334,7 @@ func (c *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 	count(c.reaped, "reaped", float64(s.Transfer.Reaped))
 	count(c.removed, "removed", float64(s.Transfer.Removed))
 	count(c.reused, "reused", float64(s.Transfer.Reused))
+	c.whatif.collect(s.WhatIf, gauge)
 	for _, mode := range [...]string{"shm", "pickle"} {
 		for _, dir := range [...]string{"in", "out"} {
 			ch <- prometheus.MustNewConstMetric(c.transferBytes, prometheus.CounterValue, c.bytes[[2]string{mode, dir}], mode, dir)

@@ -1,0 +1,238 @@
+package l1
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"kvdock/core/keys"
+	"kvdock/core/lookup"
+	"kvdock/core/whatif"
+)
+
+// The what-if acceptance: generated traces replayed through real pools
+// (this package's table, allocator and LRU eviction, the watermark loop
+// ticking as it does once a second) of 0.5×, 1× and 2× a pool, driven the
+// way workers drive kvdock (LOOKUP through the real lookup module, retrieve,
+// store of the chunks that missed, END_SESSION). The estimator watches the
+// 1× pool only; its curve must give each pool's measured hit ratio within 5
+// percentage points.
+
+// traceReq is one prompt: its model and its chunks' token runs.
+type traceReq struct {
+	model  int
+	chunks [][]uint32
+}
+
+// traceModel is one model of a trace: its object size (a layout) decides
+// how many bytes each of its chunks takes.
+type traceModel struct {
+	name string
+	size int64
+}
+
+const (
+	accChunkTokens = 16
+	accAlign       = 4096
+)
+
+// chunkTokens is the token run of chunk i of document doc: equal
+// documents give equal chunks, so their keys match (the chain hash).
+func chunkTokens(doc uint64, i int) []uint32 {
+	t := make([]uint32, accChunkTokens)
+	for j := range t {
+		t[j] = uint32(mixTok(doc*1_000_003 + uint64(i)*131 + uint64(j)))
+	}
+	return t
+}
+
+func mixTok(x uint64) uint64 {
+	x ^= x >> 33
+	x *= 0xff51afd7ed558ccd
+	x ^= x >> 33
+	return x
+}
+
+// zipfTrace is a prefix workload: documents (system prompts, shared
+// contexts) of 2 to 24 chunks chosen with Zipf popularity, each followed by
+// a unique question of 1 to 3 chunks never asked again; two models with
+// objects of different sizes share the pool.
+func zipfTrace(n int, seed uint64) []traceReq {
+	r := rand.New(rand.NewPCG(seed, 1))
+	const docs = 6000
+	z := rand.NewZipf(r, 1.1, 4, docs-1)
+	out := make([]traceReq, n)
+	unique := uint64(1 << 40)
+	for i := range out {
+		d := z.Uint64()
+		m := int(d % 3 % 2) // two thirds on model 0
+		doc := d + 1
+		l := 2 + int(mixTok(doc)%23)
+		var ch [][]uint32
+		for c := range l {
+			ch = append(ch, chunkTokens(doc, c))
+		}
+		for range 1 + r.IntN(3) {
+			unique++
+			ch = append(ch, chunkTokens(unique, 0))
+		}
+		out[i] = traceReq{model: m, chunks: ch}
+	}
+	return out
+}
+
+// scanTrace is scan-heavy: 70 % of the prompts walk, in order and over and
+// over, a set of documents larger than the 1× pool (LRU keeps none of them
+// then; the 2× pool keeps them all), the rest hit a small hot set.
+func scanTrace(n int, scanDocs int, seed uint64) []traceReq {
+	r := rand.New(rand.NewPCG(seed, 2))
+	out := make([]traceReq, n)
+	next := 0
+	const hot = 200
+	for i := range out {
+		var doc uint64
+		if r.Float64() < 0.7 {
+			doc = uint64(1_000_000 + next)
+			next = (next + 1) % scanDocs
+		} else {
+			doc = uint64(2_000_000 + r.IntN(hot))
+		}
+		var ch [][]uint32
+		for c := range 8 {
+			ch = append(ch, chunkTokens(doc, c))
+		}
+		out[i] = traceReq{chunks: ch}
+	}
+	return out
+}
+
+// alwaysLayouts registers every model (the replay has no workers).
+type alwaysLayouts struct{}
+
+func (alwaysLayouts) GroupCount(string, int) int { return 1 }
+
+// replay drives one pool of poolBytes with trace and returns its hit ratio
+// (chunks hit ÷ chunks asked) over the second half, with est (nil for none)
+// watching it.
+func replay(t *testing.T, trace []traceReq, models []traceModel, poolBytes int64, tickEvery int, est *whatif.Estimator) float64 {
+	t.Helper()
+	p, err := Open(Options{Size: poolBytes, Align: accAlign, WhatIf: est})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	h, err := keys.NewHasher(accChunkTokens, keys.AlgorithmBLAKE3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sess := keys.NewSessions(h, 0, nil)
+	mod := lookup.New(sess, p, alwaysLayouts{}, lookup.Options{WhatIf: est})
+	owner := InstanceOwner(1)
+	var asked, hit int64
+	tokens := make([]uint32, 0, 32*accChunkTokens)
+	for i, rq := range trace {
+		if i%tickEvery == 0 {
+			p.maintain() // the watermark loop's tick
+		}
+		tokens = tokens[:0]
+		for _, c := range rq.chunks {
+			tokens = append(tokens, c...)
+		}
+		m := models[rq.model]
+		id := fmt.Sprintf("r%d", i)
+		req := keys.KeyRequest{RequestID: id, Tokens: tokens, Model: m.name, WorldSize: 1}
+		if err := mod.Lookup(req, 0); err != nil {
+			t.Fatal(err)
+		}
+		n, done := mod.QueryStatus(id)
+		if !done {
+			t.Fatal("lookup without tiers still running")
+		}
+		ks := keys.ObjectKeys(h.Hashes(tokens), m.name, 1, nil, "")
+		p.FinishRead(ks[:n], 1) // the worker retrieved them
+		if n < len(ks) {
+			res, err := p.ReserveWrite(owner, ks[n:], m.size)
+			if err != nil {
+				t.Fatalf("request %d: store: %v", i, err)
+			}
+			if !p.FinishWrite(res) {
+				t.Fatalf("request %d: store not published", i)
+			}
+		}
+		mod.EndSession(id)
+		if i >= len(trace)/2 {
+			asked += int64(len(ks))
+			hit += int64(n)
+		}
+	}
+	return float64(hit) / float64(asked)
+}
+
+func TestWhatIfMatchesRealPools(t *testing.T) {
+	if testing.Short() {
+		t.Skip("replays three traces through nine pools")
+	}
+	if raceDetector {
+		// The replay is one goroutine: the detector has nothing to find in
+		// it and would stretch a minute into most of the test timeout. The
+		// hooks' concurrency is checked under -race by whatif's
+		// TestConcurrentUse and the engine's wire test.
+		t.Skip("sequential replay; run without -race")
+	}
+	// tick is how many requests arrive between two ticks of the watermark
+	// loop (once a second): busy traffic refills what a tick evicts before
+	// the next one, slow traffic leaves the pool between 64 % and 80 % full.
+	cases := []struct {
+		name   string
+		trace  []traceReq
+		models []traceModel
+		pool   int64
+		tick   int
+	}{
+		{"zipf-prefix", zipfTrace(120_000, 7),
+			[]traceModel{{"m-small", 3000}, {"m-large", 3 * accAlign}}, 6000 * accAlign, 1000},
+		{"zipf-prefix-slow", zipfTrace(60_000, 8),
+			[]traceModel{{"m-small", 3000}, {"m-large", 3 * accAlign}}, 6000 * accAlign, 20},
+		// 1200 scanned documents × 8 chunks and the hot set: 11200 objects,
+		// against a 1× pool of 9000 (LRU keeps no scanned chunk) and a 2×
+		// pool of 18000 that holds them all below its watermark (80 %, 14400).
+		// A working set right at a watermark makes the loop evict or not by
+		// a few objects, which no sampled estimate can tell.
+		{"scan-heavy", scanTrace(60_000, 1200, 11),
+			[]traceModel{{"m", accAlign}}, 9000 * accAlign, 1000},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			est := whatif.New(whatif.Options{PoolBytes: tc.pool})
+			got := map[float64]float64{1: replay(t, tc.trace, tc.models, tc.pool, tc.tick, est)}
+			for _, f := range []float64{0.5, 2} {
+				got[f] = replay(t, tc.trace, tc.models, int64(f*float64(tc.pool)), tc.tick, nil)
+			}
+			c := est.Curve()
+			t.Logf("estimator: rate %.4f, %d/%d tracked, weight %.0f, measured %.3f, %d bytes",
+				c.SampleRate, c.Tracked, c.Limit, c.Weight, c.Measured, c.MemoryBytes)
+			for _, pt := range c.Points {
+				t.Logf("  %.2f× estimated %.3f", pt.Factor, pt.HitRatio)
+			}
+			for _, f := range []float64{0.5, 1, 2} {
+				e := pointAt(t, c, f)
+				t.Logf("%.1f× pool: measured %.3f, estimated %.3f", f, got[f], e)
+				if math.Abs(e-got[f]) > 0.05 {
+					t.Errorf("%.1f× pool: estimated hit ratio %.3f, the real pool measured %.3f (more than 5 points apart)", f, e, got[f])
+				}
+			}
+		})
+	}
+}
+
+func pointAt(t *testing.T, c whatif.Curve, f float64) float64 {
+	t.Helper()
+	for _, p := range c.Points {
+		if p.Factor == f {
+			return p.HitRatio
+		}
+	}
+	t.Fatalf("no point at %v× in %+v", f, c.Points)
+	return 0
+}

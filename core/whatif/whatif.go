@@ -1,0 +1,507 @@
+// Package whatif estimates, live, the hit ratio the current traffic would get
+// from an L1 pool of another size: a miss-ratio curve over 0.25× to 4× the
+// pool, so an operator can see what doubling or halving the pool would buy.
+//
+// It follows SHARDS (Waldspurger et al., FAST 2015) in its fixed-size form:
+// a key is sampled when a spatial hash of it falls under a threshold T, the
+// sampled keys keep an LRU stack of their own, and the byte-weighted reuse
+// distance of a sampled access (the bytes of distinct objects used since its
+// last use, its own size included) is the sum of the sizes above it in that
+// stack divided by the sampling rate R = T/2^64. Under LRU (kvdock's policy)
+// an object is in a pool that holds U bytes when its distance is at most U.
+// When the sample set is full T drops by an eighth and the keys above it
+// leave, so memory is fixed (sized to 1 % of what the pool's object table
+// holds for a full pool, see TableBytesPerObject); entries deeper than 4×
+// the pool are dropped too, since they miss at every size the curve shows.
+//
+// A kvdock pool does not stay full: once a second (Tick) its watermark loop
+// evicts a share of the objects when the pool is above the watermark, so
+// what it holds swings between the two. For each size on the curve the
+// estimator keeps what such a pool would hold now: each sampled miss at that
+// size adds the object's bytes (scaled by 1/R) up to the size, each Tick
+// applies the watermark rule, and an access hits when its distance is within
+// it. That is the pool's own eviction, played at every size at once.
+//
+// kvdock's lookups are prefix lookups: a chunk counts as hit only when every
+// chunk before it hit too. A lookup therefore carries the largest distance
+// seen so far (Prefix), and each sampled key counts as hit at the sizes that
+// hold it and every sampled key before it; a key never stored misses at
+// every size, and so does the rest of its lookup.
+//
+// Accesses are weighted by recency (the weights halve every Window sampled
+// keys), so the curve follows the traffic of the last minutes rather than
+// all of it. The hot path costs a hash of 8 bytes and a compare per key;
+// only sampled keys take the estimator's mutex. Nothing is allocated per
+// access.
+package whatif
+
+import (
+	"encoding/binary"
+	"math"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"kvdock/core/keys"
+)
+
+// factors are the pool sizes the curve reports, as multiples of the pool.
+func factors() [8]float64 { return [8]float64{0.25, 0.5, 0.75, 1, 1.5, 2, 3, 4} }
+
+// Factors returns the pool-size multiples Curve reports, ascending.
+func Factors() []float64 {
+	f := factors()
+	return f[:]
+}
+
+// maxFactor is the largest size the curve shows, in pools.
+const maxFactor = 4
+
+// nf is the number of sizes on the curve.
+const nf = len([8]float64{})
+
+// Defaults for Options.
+const (
+	// DefaultMinSamples is the sample set's floor: below it the curve's
+	// noise grows faster than its memory (slotBytes a sample) shrinks.
+	DefaultMinSamples = 256
+	// DefaultMaxSamples caps the sample set however large the pool.
+	DefaultMaxSamples = 8192
+	// DefaultWindow is the weight, in sampled keys looked up, after which
+	// the weights halve.
+	DefaultWindow = 1 << 15
+	// TableBytesPerObject is a floor on what the L1 object table holds per
+	// object (measured by l1's TestWhatIfMemoryBudget): the sample set is
+	// sized so that it stays within BudgetShare of it.
+	TableBytesPerObject = 150
+	// BudgetShare is the share of the object table's memory the estimator
+	// may use.
+	BudgetShare = 0.01
+)
+
+// Options configure an Estimator; zero values take the defaults.
+type Options struct {
+	// PoolBytes is the size of the pool the curve is about; required.
+	PoolBytes int64
+	// MinSamples and MaxSamples bound the sample set; between them it is
+	// sized to BudgetShare of the object table of a full pool.
+	MinSamples, MaxSamples int
+	// Window is the sampled weight after which the weights halve.
+	Window float64
+}
+
+// Estimator is a live miss-ratio-curve estimator. A nil *Estimator does
+// nothing, so callers need not check for one. It is safe for concurrent use.
+type Estimator struct {
+	pool    int64
+	maxDist float64
+	minS    int
+	maxS    int
+	window  float64
+
+	// threshold is T: a key is sampled when its spatial hash is below it.
+	threshold atomic.Uint64
+	// probes counts every key probed (sampled or not), for the expected
+	// sample count.
+	probes atomic.Int64
+	// poolHits counts the keys the pool itself hit, sampled or not: with
+	// probes, the pool's true hit ratio that anchors the sample's.
+	poolHits atomic.Int64
+
+	mu sync.Mutex
+	// st is the sampled objects' LRU stack, sized for limit objects
+	// (between minS and maxS).
+	st    stack
+	limit int
+	rate  float64
+	// meanSize is a running mean of the sampled stored sizes, for the
+	// object count of a full pool and so the sample budget.
+	meanSize float64
+
+	// held is what a pool of each size on the curve holds now (bytes), and
+	// hits the sampled weight it would have hit.
+	held     [nf]float64
+	hits     [nf]float64
+	weight   float64 // sampled keys looked up
+	realHits float64 // sampled keys the pool itself hit
+	expected float64 // keys probed × rate at the time: the weight SHARDS expects
+	expHits  float64 // the pool's hits on them, likewise
+	folded   int64   // probes already folded into expected
+	foldedH  int64   // pool hits already folded into expHits
+	lookups  uint64  // sampled probes, never decayed
+}
+
+// New returns an estimator for a pool of opts.PoolBytes bytes.
+func New(opts Options) *Estimator {
+	if opts.PoolBytes <= 0 {
+		opts.PoolBytes = 1
+	}
+	if opts.MinSamples <= 0 {
+		opts.MinSamples = DefaultMinSamples
+	}
+	if opts.MaxSamples <= 0 {
+		opts.MaxSamples = DefaultMaxSamples
+	}
+	opts.MaxSamples = max(opts.MaxSamples, opts.MinSamples)
+	if opts.Window <= 0 {
+		opts.Window = DefaultWindow
+	}
+	e := &Estimator{
+		pool:    opts.PoolBytes,
+		maxDist: maxFactor * float64(opts.PoolBytes),
+		minS:    opts.MinSamples,
+		maxS:    opts.MaxSamples,
+		window:  opts.Window,
+		limit:   opts.MinSamples,
+		rate:    1,
+	}
+	e.st.reset(e.limit)
+	e.threshold.Store(math.MaxUint64)
+	return e
+}
+
+// spatial is the sampling hash of k: the chunk digest is already uniform
+// (BLAKE3), so a mix with the rank is enough and no string is hashed on the
+// hot path. Keys of different models that share a chunk digest and rank
+// share it, and so are sampled together; their identities still differ.
+func spatial(k *keys.ObjectKey) uint64 {
+	return mix(binary.LittleEndian.Uint64(k.Chunk[:8]) ^ uint64(k.KVRank)<<32 ^ uint64(k.KVRank))
+}
+
+// identity tells apart sampled keys that share a spatial hash: the model
+// and salt (FNV-1a) and more of the digest, only computed for sampled keys.
+func identity(k *keys.ObjectKey) uint32 {
+	h := uint64(14695981039346656037)
+	for i := 0; i < len(k.Model); i++ {
+		h = (h ^ uint64(k.Model[i])) * 1099511628211
+	}
+	h = (h ^ 0xff) * 1099511628211 // separates model "ab"+salt "c" from "a"+"bc"
+	for i := 0; i < len(k.Salt); i++ {
+		h = (h ^ uint64(k.Salt[i])) * 1099511628211
+	}
+	h ^= binary.LittleEndian.Uint64(k.Chunk[8:16])
+	return uint32(mix(h))
+}
+
+// mix is splitmix64's finaliser.
+func mix(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	x ^= x >> 31
+	return x
+}
+
+// Prefix is the state of one lookup across its batches: the largest reuse
+// distance of its keys so far. The zero value starts a lookup.
+type Prefix struct {
+	worst float64 // +Inf once a key missed at every size
+}
+
+// Probe records the keys of one lookup batch, in lookup order: the first
+// hit of them the pool itself found (and read-locked), the rest it did not.
+// Call it for every key the lookup asks for, the ones after the pool's first
+// miss included, so the curve sees what a larger pool would have hit.
+func (e *Estimator) Probe(p *Prefix, ks []keys.ObjectKey, hit int) {
+	if e == nil || len(ks) == 0 {
+		return
+	}
+	e.probes.Add(int64(len(ks)))
+	e.poolHits.Add(int64(min(max(hit, 0), len(ks))))
+	t := e.threshold.Load()
+	locked := false
+	for i := range ks {
+		sp := spatial(&ks[i])
+		if sp >= t || sp == 0 {
+			continue
+		}
+		if !locked {
+			e.mu.Lock()
+			locked = true
+			e.fold()
+		}
+		e.probeLocked(p, identity(&ks[i]), sp, i < hit)
+		t = e.threshold.Load() // may have dropped
+	}
+	if locked {
+		e.mu.Unlock()
+	}
+}
+
+// Stored records that the pool took a new object of size bytes (its
+// allocation, rounded to the pool's alignment) under k.
+func (e *Estimator) Stored(k *keys.ObjectKey, size int64) {
+	if e == nil || size <= 0 {
+		return
+	}
+	sp := spatial(k)
+	if sp >= e.threshold.Load() || sp == 0 {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	id := identity(k)
+	if j := e.st.find(sp, id); j >= 0 {
+		e.st.setSize(j, size)
+		e.st.touch(j)
+	} else {
+		e.insert(sp, id, size)
+	}
+	if e.meanSize == 0 {
+		e.meanSize = float64(size)
+	} else {
+		e.meanSize += (float64(size) - e.meanSize) / 64
+	}
+	e.resize()
+	e.trim()
+}
+
+// fold adds the keys probed since the last fold to the expected sample
+// weight at the current rate (it only changes under mu, after a fold).
+func (e *Estimator) fold() {
+	n, h := e.probes.Load(), e.poolHits.Load()
+	e.expected += float64(n-e.folded) * e.rate
+	e.expHits += float64(h-e.foldedH) * e.rate
+	e.folded, e.foldedH = n, h
+}
+
+func (e *Estimator) probeLocked(p *Prefix, id uint32, sp uint64, realHit bool) {
+	d := math.Inf(1)
+	size := e.meanSize
+	if j := e.st.find(sp, id); j >= 0 {
+		if s := e.st.size[j]; s > 0 {
+			d = float64(s) + float64(e.st.above(j))/e.rate
+			size = float64(s)
+		}
+		e.st.touch(j)
+	} else {
+		// Never seen (or dropped): at the top now, with no size until the
+		// pool stores it, as a store after this miss would put it.
+		e.insert(sp, id, 0)
+	}
+	p.worst = max(p.worst, d)
+	for k, f := range factors() {
+		switch {
+		case p.worst <= e.held[k]:
+			e.hits[k]++
+		case d > e.held[k]:
+			// Absent at this size: the worker stores it after the miss.
+			e.held[k] = min(e.held[k]+size/e.rate, f*float64(e.pool))
+		}
+	}
+	e.weight++
+	e.lookups++
+	if realHit {
+		e.realHits++
+	}
+	if e.weight >= e.window {
+		e.scale(0.5)
+	}
+	e.trim()
+}
+
+// Tick plays the pool's watermark loop at every size: a pool at or above
+// watermark of its size drops ratio of what it holds. The pool calls it on
+// each of its own ticks, with its settings then.
+func (e *Estimator) Tick(watermark, ratio float64) {
+	if e == nil {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for k, f := range factors() {
+		if e.held[k] > 0 && e.held[k] >= watermark*f*float64(e.pool) {
+			e.held[k] *= 1 - ratio
+		}
+	}
+}
+
+// Cleared says the pool was emptied: so are the pools of every size.
+func (e *Estimator) Cleared() {
+	if e == nil {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.held = [nf]float64{}
+}
+
+// insert puts a new object on top, making room by lowering the threshold
+// when the stack is full; the object is left out when it falls out of the
+// sample itself.
+func (e *Estimator) insert(sp uint64, id uint32, size int64) {
+	if e.st.live >= e.st.slots() {
+		e.shed(e.st.slots() - 1)
+		if sp >= e.threshold.Load() {
+			return
+		}
+	}
+	e.st.insert(sp, id, size)
+}
+
+// shed lowers the threshold until at most n objects are left. Sampled
+// hashes are uniform below T, so T×7/8 drops about an eighth of them in
+// one pass over the slots (amortised O(1) an insert, where the paper's
+// priority queue drops one at a time). The weights gathered at the old
+// rate are rescaled to the new one (fixed-size SHARDS).
+func (e *Estimator) shed(n int) {
+	for e.st.live > n {
+		t := e.threshold.Load()
+		t -= max(t/8, 1)
+		for j := range e.st.spat {
+			if sp := e.st.spat[j]; sp != 0 && sp >= t {
+				e.st.remove(int32(j))
+			}
+		}
+		e.fold()
+		old := e.rate
+		e.threshold.Store(t)
+		e.rate = float64(t) / math.MaxUint64
+		e.scale(e.rate / old)
+	}
+}
+
+// trim drops the least recently used objects deeper than maxFactor pools:
+// they miss at every size the curve shows, as they will when next used.
+// A stack left under a quarter full raises the threshold again.
+func (e *Estimator) trim() {
+	for e.st.live > 1 {
+		j := e.st.bottom()
+		own := e.st.size[j]
+		if float64(own)+float64(e.st.total-own)/e.rate <= e.maxDist {
+			break
+		}
+		e.st.remove(j)
+	}
+	e.raise()
+}
+
+// raise doubles the threshold when the stack is under a quarter full:
+// fixed-size SHARDS only ever lowers it, so one flood of distinct keys
+// would leave the curve resting on a handful of samples for good. Keys
+// newly sampled look cold on their first use, a bias that fades within a
+// reuse; the weights are rescaled to the new rate.
+func (e *Estimator) raise() {
+	t := e.threshold.Load()
+	if t == math.MaxUint64 || e.st.live >= e.st.slots()/4 {
+		return
+	}
+	nt := uint64(math.MaxUint64)
+	if t < math.MaxUint64/2 {
+		nt = 2 * t
+	}
+	e.fold()
+	old := e.rate
+	e.threshold.Store(nt)
+	e.rate = float64(nt) / math.MaxUint64
+	e.scale(e.rate / old)
+}
+
+// resize sets the stack's size to BudgetShare of the object table of a
+// full pool of objects of the mean stored size, within [minS, maxS]; it
+// rebuilds the stack only when that moves by more than a quarter.
+func (e *Estimator) resize() {
+	if e.meanSize <= 0 {
+		return
+	}
+	objects := float64(e.pool) / e.meanSize
+	n := min(max(int(objects*TableBytesPerObject*BudgetShare/slotBytes), e.minS), e.maxS)
+	if n == e.limit || (n > e.limit*3/4 && n < e.limit*5/4) {
+		return
+	}
+	if e.st.live > n {
+		e.shed(n)
+	}
+	// Re-insert the live objects, oldest first, into a stack of n slots.
+	old := e.st
+	e.st.reset(n)
+	e.limit = n
+	for t := old.oldest; t < old.clock; t++ {
+		if j := old.rev[t]; j >= 0 {
+			e.st.insert(old.spat[j], old.id[j], old.size[j])
+		}
+	}
+}
+
+// scale multiplies every weight by f (decay, or a rate change).
+func (e *Estimator) scale(f float64) {
+	for i := range e.hits {
+		e.hits[i] *= f
+	}
+	e.weight *= f
+	e.realHits *= f
+	e.expected *= f
+	e.expHits *= f
+}
+
+// Point is the estimated hit ratio at one pool size.
+type Point struct {
+	Factor    float64 // pool size as a multiple of the current pool
+	PoolBytes int64
+	HitRatio  float64 // estimated share of looked-up chunks found, 0..1
+}
+
+// Curve is the estimator's picture now.
+type Curve struct {
+	// Points are the estimates at Factors(), ascending; empty until a
+	// sampled key was looked up.
+	Points []Point
+	// Measured is the pool's own hit ratio over the same window (on the
+	// sampled keys, corrected as the points are: the pool's ratio on every
+	// key unless the correction was clamped); Points at 1 should be near it.
+	Measured float64
+	// Weight is the sampled accesses the curve rests on (decayed); Sampled
+	// is every sampled access since the start.
+	Weight  float64
+	Sampled uint64
+	// SampleRate is SHARDS' R: the share of keys sampled.
+	SampleRate float64
+	// Tracked is the sampled objects in the stack now, Limit its cap.
+	Tracked, Limit int
+	// MemoryBytes is what the estimator holds: the sample stack as
+	// allocated (never past Limit) and its fixed fields.
+	MemoryBytes int64
+}
+
+// Curve returns the estimates now.
+func (e *Estimator) Curve() Curve {
+	if e == nil {
+		return Curve{}
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.fold()
+	c := Curve{
+		Weight: e.weight, Sampled: e.lookups, SampleRate: e.rate,
+		Tracked: e.st.live, Limit: e.limit, MemoryBytes: e.memory(),
+	}
+	if e.weight <= 0 {
+		return c
+	}
+	// The sample's error is put at distance zero (hits at every size: it
+	// is mostly hot keys over- or under-represented), as SHARDS_adj does
+	// with the difference between the weight the rate predicts and the
+	// weight sampled. Here it is sized so that the sample's own pool hits
+	// match the pool's hits on every key, which the lookups report too;
+	// SHARDS_adj proper stands in when that ratio says nothing (0 or 1).
+	adj := e.expected - e.weight
+	if e.expected > 0 {
+		if truth := e.expHits / e.expected; truth > 0 && truth < 1 {
+			adj = (truth*e.weight - e.realHits) / (1 - truth)
+		}
+	}
+	adj = min(max(adj, -e.weight/2), 2*e.weight)
+	ratio := func(h float64) float64 { return min(max((h+adj)/(e.weight+adj), 0), 1) }
+	c.Measured = ratio(e.realHits)
+	for k, f := range factors() {
+		c.Points = append(c.Points, Point{Factor: f, PoolBytes: int64(f * float64(e.pool)), HitRatio: ratio(e.hits[k])})
+	}
+	return c
+}
+
+// memory is the estimator's footprint in bytes: the stack as allocated
+// and the struct's fixed fields.
+func (e *Estimator) memory() int64 {
+	return e.st.memory() + int64(unsafe.Sizeof(*e))
+}

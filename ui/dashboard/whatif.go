@@ -1,0 +1,115 @@
+package dashboard
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	"kvdock/core/l1"
+	"kvdock/core/whatif"
+)
+
+// whatIfChartRows is the height of the what-if chart: a blank line, the
+// headline, the values, the bars, the size labels and the caption.
+const (
+	whatIfBarRows   = 4
+	whatIfChartRows = 1 + 1 + 1 + whatIfBarRows + 1 + 1
+	whatIfColW      = 6
+)
+
+// whatIfLines is the what-if pool size estimate in at most rows lines of
+// width w: a bar chart of hit ratio over pool size, the current size
+// marked, when there is room; else the headline alone.
+func (m *Model) whatIfLines(w, rows int) []string {
+	if rows < 1 {
+		return nil
+	}
+	c := m.snap.WhatIf
+	label := m.st.Bold.Render("What-if   ")
+	if len(c.Points) == 0 {
+		none := label + "no lookups seen yet: the estimate for other pool sizes starts with traffic"
+		if rows < 2 {
+			return []string{none}
+		}
+		return []string{"", none}
+	}
+	head := label + whatIfHeadline(c)
+	if m.snap.Pool.Policy == l1.PolicyNoop {
+		head += m.st.Warn.Render("  (sizes modelled with LRU eviction; this pool's policy is noop)")
+	}
+	if rows < 2 {
+		return []string{head}
+	}
+	if rows < whatIfChartRows || w < 12+whatIfColW*len(c.Points) {
+		return []string{"", head}
+	}
+	lines := []string{"", head}
+	vals := "       "
+	for _, p := range c.Points {
+		vals += fmt.Sprintf("%*s ", whatIfColW-1, fmt.Sprintf("%.0f%%", p.HitRatio*100))
+	}
+	lines = append(lines, vals)
+	for r := whatIfBarRows - 1; r >= 0; r-- {
+		axis := "      │"
+		switch r {
+		case whatIfBarRows - 1:
+			axis = " 100% ┤"
+		case 0:
+			axis = "   0% ┼"
+		}
+		row := axis
+		for _, p := range c.Points {
+			row += " " + strings.Repeat(barGlyph(p.HitRatio*whatIfBarRows-float64(r)), whatIfColW-2) + " "
+		}
+		lines = append(lines, strings.TrimRight(row, " "))
+	}
+	sizes := "       "
+	for _, p := range c.Points {
+		f := factorText(p.Factor)
+		if p.Factor == 1 {
+			f = "[1×]"
+		}
+		sizes += fmt.Sprintf("%*s ", whatIfColW-1, f)
+	}
+	lines = append(lines, sizes+" × pool ("+bytesText(m.snap.Pool.Size)+" now)")
+	lines = append(lines, m.st.Faint.Render(fmt.Sprintf("       estimate from %s of keys sampled (SHARDS), %d sampled lookups; the pool's own hit ratio now %s",
+		sampleRateText(c.SampleRate), c.Sampled, ratioPctText(c.Measured))))
+	return lines
+}
+
+// whatIfHeadline says what doubling and halving the pool would change.
+func whatIfHeadline(c whatif.Curve) string {
+	at := map[float64]float64{}
+	for _, p := range c.Points {
+		at[p.Factor] = p.HitRatio
+	}
+	now := at[1]
+	return fmt.Sprintf("2× pool: hit ratio %s → %s   ½× pool: %s → %s",
+		ratioPctText(now), ratioPctText(at[2]), ratioPctText(now), ratioPctText(at[0.5]))
+}
+
+// barGlyph is one cell of a vertical bar filled to f of its height (0..1,
+// clamped), in eighths.
+func barGlyph(f float64) string {
+	const glyphs = " ▁▂▃▄▅▆▇█"
+	n := int(f*8 + 0.5)
+	n = min(max(n, 0), 8)
+	return string([]rune(glyphs)[n])
+}
+
+// ratioPctText is a ratio as a whole percentage ("41 %").
+func ratioPctText(r float64) string { return fmt.Sprintf("%.0f %%", r*100) }
+
+// factorText is a pool size factor as a short label (".25", "1.5", "4").
+func factorText(f float64) string {
+	s := strconv.FormatFloat(f, 'g', -1, 64)
+	return strings.TrimPrefix(s, "0")
+}
+
+// sampleRateText is a sampling rate as a percentage with sensible precision.
+func sampleRateText(r float64) string {
+	if r >= 0.1 {
+		return fmt.Sprintf("%.0f %%", r*100)
+	}
+	return fmt.Sprintf("%.2g %%", r*100)
+}

@@ -1,0 +1,55 @@
+package dashboard
+
+import (
+	"strings"
+	"testing"
+
+	"kvdock/core/whatif"
+)
+
+func TestWhatIfPoolPane(t *testing.T) {
+	f := newFakeEngine(t)
+	m := newTestModel(t, f, 160, 48)
+	m.goPane(panePool)
+	v := goldenView(m)
+	for _, want := range []string{"2× pool: hit ratio 41 % → 63 %", "½× pool: 41 % → 30 %", "[1×]", "× pool (1.0 GiB now)", "63%"} {
+		if !strings.Contains(v, want) {
+			t.Errorf("160x48 pool pane lacks %q:\n%s", want, v)
+		}
+	}
+	// No room for the chart: the headline alone, and it fits the width.
+	lines := m.whatIfLines(80, whatIfChartRows-1)
+	if len(lines) != 2 || !strings.Contains(lines[1], "2× pool: hit ratio 41 % → 63 %") {
+		t.Errorf("short pane: %q", lines)
+	}
+	// One row left: the headline without its blank line; none: nothing.
+	if got := m.whatIfLines(80, 1); len(got) != 1 || !strings.Contains(got[0], "2× pool: hit ratio 41 % → 63 %") {
+		t.Errorf("one row left: %q, want the headline", got)
+	}
+	if got := m.whatIfLines(80, 0); got != nil {
+		t.Errorf("no row left: %q, want nothing", got)
+	}
+	// A noop pool evicts nothing: the curve says it models LRU.
+	m.snap.Pool.Policy = "noop"
+	if l := m.whatIfLines(160, 2); !strings.Contains(l[1], "modelled with LRU eviction; this pool's policy is noop") {
+		t.Errorf("noop pool: %q", l)
+	}
+	// Before traffic: says so in words, no chart of zeros.
+	f.snap.WhatIf = whatif.Curve{}
+	m = newTestModel(t, f, 160, 48)
+	m.goPane(panePool)
+	if v := goldenView(m); !strings.Contains(v, "no lookups seen yet") || strings.Contains(v, "[1×]") {
+		t.Errorf("no traffic:\n%s", v)
+	}
+}
+
+func TestBarGlyph(t *testing.T) {
+	for _, c := range []struct {
+		f    float64
+		want string
+	}{{-1, " "}, {0, " "}, {0.5, "▄"}, {1, "█"}, {3, "█"}} {
+		if got := barGlyph(c.f); got != c.want {
+			t.Errorf("barGlyph(%v) = %q, want %q", c.f, got, c.want)
+		}
+	}
+}
