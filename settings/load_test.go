@@ -469,7 +469,7 @@ func TestKeysGetSet(t *testing.T) {
 	fs := pflag.NewFlagSet("x", pflag.ContinueOnError)
 	settings.RegisterFlags(fs)
 	keys := settings.Keys()
-	if len(keys) != len(settings.KeyNames()) || len(keys) != 40 {
+	if len(keys) != len(settings.KeyNames()) || len(keys) != 42 {
 		t.Fatalf("%d keys", len(keys))
 	}
 	def := settings.Default()

@@ -46,6 +46,7 @@ func (e *Engine) startFront(cfg settings.Config, p *plane) (*front, error) {
 		PeerQueuedRequestBytes: cfg.Server.QueuedRequestBytes / 4,
 		ReplyBytesPerPeer:      cfg.Server.QueuedReplyBytesPerPeer,
 		ReplyBytes:             8 * cfg.Server.QueuedReplyBytesPerPeer,
+		InFlightBytes:          int64(cfg.Server.MaxInflightPickleMB) << 20,
 		DrainTimeout:           DrainTimeout,
 		Logger:                 e.log,
 		Observer:               e.opts.Observer,

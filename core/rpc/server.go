@@ -131,6 +131,11 @@ type Options struct {
 	// kept while the total allows it, and when nothing is kept at all.
 	ReplyBytes        int64
 	ReplyBytesPerPeer int64
+	// InFlightBytes bounds the large request frames (1 MiB and more: pickled
+	// chunks) held from their receive until their handler is done: over it
+	// the socket goroutine reads no further message until enough is released
+	// (default 256 MiB). A message is always read when nothing is in flight.
+	InFlightBytes int64
 	// PollFault, when set, is called before each poll and a non-nil error
 	// counts as a failed poll: fault injection for tests of the failure path.
 	PollFault func() error
@@ -186,6 +191,9 @@ func (o *Options) defaults() error {
 	}
 	if o.ReplyBytesPerPeer <= 0 {
 		o.ReplyBytesPerPeer = 128 << 20
+	}
+	if o.InFlightBytes <= 0 {
+		o.InFlightBytes = 256 << 20
 	}
 	if o.DrainTimeout <= 0 {
 		o.DrainTimeout = 5 * time.Second
@@ -245,6 +253,9 @@ type Server struct {
 
 	in    inBudget
 	churn churn // large message bytes since memory was last given back
+	// inflight is the bytes of large request frames borrowed from libzmq
+	// (received, their handler not done yet).
+	inflight atomic.Int64
 
 	serving      atomic.Bool
 	draining     atomic.Bool   // set once reading stopped: queued jobs are dropped
@@ -264,7 +275,8 @@ type job struct {
 	decoded        bool
 	args           []any
 	start          time.Time
-	cost           int64 // payload bytes charged to the inbound budget
+	cost           int64     // payload bytes charged to the inbound budget
+	held           *borrowed // payload frames still in libzmq's buffers
 }
 
 type reply struct {
@@ -569,7 +581,7 @@ func (s *Server) Serve(ctx context.Context) error {
 		}, s.log)
 	}()
 
-	l := &loop{s: s, router: router, raw: s.raw, monitor: s.monitor, wake: w, ordered: ordered, shared: shared,
+	l := &loop{s: s, router: router, raw: s.raw, rc: newReceiver(s.raw), monitor: s.monitor, wake: w, ordered: ordered, shared: shared,
 		ctx: ctx, hctx: hctx, retryWait: retryFirst}
 	loopErr := l.run()
 	scancel()
@@ -716,18 +728,21 @@ func (s *Server) worker(ctx context.Context, jobs <-chan job, wg *sync.WaitGroup
 			// Not started before the stop: dropped, not run.
 			s.stats.inFlight.Add(-1)
 			s.in.release(j.peer, j.cost)
+			j.held.release()
 			s.finish(j, OutcomeDropped)
 			continue
 		}
 		if !j.decoded && !s.decodePayload(&j, s.reply) {
 			s.stats.inFlight.Add(-1)
 			s.in.release(j.peer, j.cost)
+			j.held.release()
 			continue
 		}
 		if r, ok := s.execute(ctx, j); ok {
 			s.reply(r)
 		}
 		// The handler is done with the payload's frames (its []byte args).
+		j.held.release()
 		s.in.release(j.peer, j.cost)
 	}
 }
