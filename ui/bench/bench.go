@@ -713,6 +713,19 @@ func runMode(ctx context.Context, o Options, prof *protocol.Profile, mode string
 	mr.LookupPairsPS = round4(sr.lookupPairsPS)
 	mr.LookupRTPS = round4(2 * sr.lookupPairsPS)
 	tr.merge(&sr.counters)
+	if mode == "pickle" {
+		mr.LargestMessageBytes = d.largestMessage()
+	}
+	o.progress.setPhase(mode+": small requests under a store stream", "NOOP, LOOKUP+STATUS")
+	lr, err := d.smallOpsUnderStore(ctx, o.SmallOps, instanceBase+200)
+	if err != nil {
+		tr.fail(fmt.Errorf("small requests under a store stream: %w", err))
+	} else {
+		mr.NoopLoadedRTPS = round4(lr.noopRTPS)
+		mr.LookupLoadedRTPS = round4(2 * lr.lookupPairsPS)
+		mr.StreamGBps = round4(lr.streamGBps)
+		tr.merge(&lr.counters)
+	}
 	mr.Mismatches, mr.Timeouts, mr.Errors, mr.FirstError = tr.mismatches, tr.timeouts, tr.errors, tr.firstErr
 	return mr, d.chunkTok, nil
 }
@@ -805,6 +818,14 @@ func (r *Result) measureReferences(ctx context.Context, o Options, prof *protoco
 	e, err = echo(ctx, large, o.Workers, o.RefDuration)
 	errs = append(errs, err)
 	r.References.EchoLargeBytes, r.References.EchoLargeGBps = size(large), round4(e.GBps)
+	if (r.SHM != nil && r.SHM.NoopLoadedRTPS > 0) || (r.Pickle != nil && r.Pickle.NoopLoadedRTPS > 0) {
+		e, err = echoUnder(ctx, small, o.Workers, o.RefDuration, large)
+		errs = append(errs, err)
+		r.References.EchoNoopLoadedRTPS = round4(e.RoundTripsPS)
+		e, err = echoUnder(ctx, look, o.Workers, o.RefDuration, large)
+		errs = append(errs, err)
+		r.References.EchoLookupLoadedRTPS = round4(e.RoundTripsPS)
+	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("references: %w", err)
 	}
