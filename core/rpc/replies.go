@@ -92,6 +92,14 @@ func (rp *replyPeers) admit(po *peerOut, n, perPeer, total int64) bool {
 // false when it was dropped (counted and logged). The caller hands the
 // result to the socket goroutine and then calls rp.release(p.po).
 func (s *Server) prepare(r *reply) (pending, bool) {
+	p, ok := s.admitReply(r)
+	if !ok && r.buf != nil {
+		r.buf.c.release() // not adopted: freed uncharged
+	}
+	return p, ok
+}
+
+func (s *Server) admitReply(r *reply) (pending, bool) {
 	rp := s.rp
 	po, err := rp.acquire(r.peer)
 	if err != nil {
@@ -125,9 +133,15 @@ func (s *Server) prepare(r *reply) (pending, bool) {
 
 // copyReply copies r's frames (identity, uid, type, results) into C memory
 // charged to peer and total.
+// A result frame written into a ReplyBuffer is adopted, not copied.
 func copyReply(r *reply, peer, total heldCounter) (outMsg, error) {
 	m := outMsg{frames: make([]cbuf, 0, 3+len(r.frames)), size: r.size()}
-	for _, b := range append([][]byte{r.peer, r.uid, r.typ}, r.frames...) {
+	for i, b := range append([][]byte{r.peer, r.uid, r.typ}, r.frames...) {
+		if i == 3 && r.buf != nil {
+			m.frames = append(m.frames, r.buf.adopt(len(b), peer, total))
+			r.buf = nil
+			continue
+		}
 		c, err := copyOut(b, peer, total)
 		if err != nil {
 			m.release()

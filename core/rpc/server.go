@@ -69,6 +69,26 @@ type Request struct {
 	Name string // wire name in the active profile
 	Args []any
 	Spec *protocol.Spec
+
+	bufs []replyBuf
+}
+
+// ReplyBuffer returns n bytes outside the Go heap for the handler to encode
+// its reply into: a protocol.Raw result that starts at the buffer's first
+// byte (and is no longer than n) is sent from it as it is, without the copy
+// out of Go memory that every other reply takes. Buffers not returned that
+// way are freed when the handler returns; none may be used after it. For
+// large replies (pickled chunks), so that they never live on the Go heap.
+func (r *Request) ReplyBuffer(n int) ([]byte, error) {
+	if n < 0 {
+		return nil, fmt.Errorf("rpc: reply buffer of %d bytes", n)
+	}
+	rb, err := allocReply(n)
+	if err != nil {
+		return nil, err
+	}
+	r.bufs = append(r.bufs, rb)
+	return rb.b[:0:n], nil
 }
 
 // Handler serves one canonical request. A nil result sends no result frame; an
@@ -282,6 +302,9 @@ type job struct {
 type reply struct {
 	peer, uid, typ []byte
 	frames         [][]byte // result frames after uid and type (0, 1 or 2)
+	// buf, when set, holds frames[0] (written by the handler into a
+	// ReplyBuffer): it is adopted instead of copied, or freed if dropped.
+	buf *replyBuf
 }
 
 func (r *reply) size() int64 {
@@ -792,7 +815,23 @@ func (s *Server) execute(ctx context.Context, j job) (r reply, send bool) {
 		s.finish(j, OutcomeDropped)
 		return s.errorReply(j, "NoHandler", "no handler for "+j.spec.Name)
 	}
-	res, err, panicked := s.call(ctx, h, j)
+	req := &Request{Peer: j.peer, Name: j.spec.Name, Args: j.args, Spec: j.spec}
+	res, err, panicked := s.call(ctx, h, j, req)
+	var adopted *replyBuf
+	if raw, ok := res.(protocol.Raw); ok && err == nil {
+		for i := range req.bufs {
+			if req.bufs[i].holds(raw) {
+				adopted = &req.bufs[i]
+				break
+			}
+		}
+	}
+	for i := range req.bufs {
+		if &req.bufs[i] != adopted {
+			req.bufs[i].c.release()
+		}
+	}
+	req.bufs = nil
 	if err != nil {
 		if !panicked {
 			s.badInput(protocol.KindHandlerErr, j.peer, j.spec, err)
@@ -805,6 +844,9 @@ func (s *Server) execute(ctx context.Context, j job) (r reply, send bool) {
 	case protocol.Raw:
 		// Already encoded (a large pickle reply): sent without a copy.
 		r.frames = [][]byte{x}
+		if adopted != nil {
+			r.buf = adopted
+		}
 	case nil:
 	default:
 		b, err := protocol.Encode(res)
@@ -819,14 +861,14 @@ func (s *Server) execute(ctx context.Context, j job) (r reply, send bool) {
 	return r, true
 }
 
-func (s *Server) call(ctx context.Context, h Handler, j job) (res any, err error, panicked bool) {
+func (s *Server) call(ctx context.Context, h Handler, j job, req *Request) (res any, err error, panicked bool) {
 	defer func() {
 		if p := recover(); p != nil {
 			s.badInput(protocol.KindPanic, j.peer, j.spec, fmt.Errorf("panic: %v", p))
 			res, err, panicked = nil, fmt.Errorf("handler %s panicked: %v", j.spec.Handler, p), true
 		}
 	}()
-	res, err = h(ctx, &Request{Peer: j.peer, Name: j.spec.Name, Args: j.args, Spec: j.spec})
+	res, err = h(ctx, req)
 	return res, err, false
 }
 

@@ -53,8 +53,10 @@ static kv_buf *kv_map(size_t need) {
 }
 
 static void kv_release(kv_buf *b) {
-	__atomic_sub_fetch(b->held, b->size, __ATOMIC_RELEASE);
-	__atomic_sub_fetch(b->total, b->size, __ATOMIC_RELEASE);
+	if (b->held != NULL) {
+		__atomic_sub_fetch(b->held, b->size, __ATOMIC_RELEASE);
+		__atomic_sub_fetch(b->total, b->size, __ATOMIC_RELEASE);
+	}
 	if (b->cap == 0) {
 		free(b);
 		return;
@@ -119,6 +121,40 @@ static kv_buf *kv_copy(const void *p, size_t n, int64_t *held, int64_t *total) {
 	__atomic_add_fetch(total, (int64_t)n, __ATOMIC_RELAXED);
 	return b;
 }
+
+// kv_alloc makes an uncharged buffer of n bytes for a handler to write a
+// reply into (kv_adopt charges it once it is the reply; kv_release frees it
+// when it is not).
+static kv_buf *kv_alloc(size_t n) {
+	kv_buf *b;
+	if (n >= KV_MAP_FROM) {
+		b = kv_map(sizeof(kv_buf) + n);
+	} else {
+		b = malloc(sizeof(kv_buf) + (n ? n : 1));
+		if (b != NULL) {
+			b->cap = 0;
+		}
+	}
+	if (b == NULL) {
+		return NULL;
+	}
+	b->size = (int64_t)n;
+	b->held = NULL;
+	b->total = NULL;
+	b->zmq = 0;
+	return b;
+}
+
+// kv_adopt makes b (n bytes of it) a reply frame charged to *held and *total.
+static void kv_adopt(kv_buf *b, size_t n, int64_t *held, int64_t *total) {
+	b->size = (int64_t)n;
+	b->held = held;
+	b->total = total;
+	__atomic_add_fetch(held, (int64_t)n, __ATOMIC_RELAXED);
+	__atomic_add_fetch(total, (int64_t)n, __ATOMIC_RELAXED);
+}
+
+static char *kv_data(kv_buf *b) { return (char *)b + sizeof(kv_buf); }
 
 // kv_send hands b to libzmq without a copy. On success libzmq owns it and
 // releases it through kv_free; on failure it is still the caller's.
@@ -226,4 +262,29 @@ func sendBuf(sock unsafe.Pointer, c cbuf, flags zmq.Flag) error {
 		return fmt.Errorf("zmq_msg_send: %w", err)
 	}
 	return nil
+}
+
+// replyBuf is a C buffer a handler writes its reply into (Request.ReplyBuffer).
+type replyBuf struct {
+	c cbuf
+	b []byte // the whole buffer, as the handler got it
+}
+
+func allocReply(n int) (replyBuf, error) {
+	c := C.kv_alloc(C.size_t(n))
+	if c == nil {
+		return replyBuf{}, errors.New("rpc: out of memory for a reply buffer")
+	}
+	return replyBuf{c: cbuf{c}, b: unsafe.Slice((*byte)(unsafe.Pointer(C.kv_data(c))), n)}, nil
+}
+
+// holds reports whether b is a prefix of rb (a reply written into it).
+func (rb replyBuf) holds(b []byte) bool {
+	return len(b) > 0 && len(b) <= len(rb.b) && unsafe.Pointer(&b[0]) == unsafe.Pointer(&rb.b[0])
+}
+
+// adopt charges the first n bytes of rb as a reply frame to peer and total.
+func (rb replyBuf) adopt(n int, peer, total heldCounter) cbuf {
+	C.kv_adopt(rb.c.p, C.size_t(n), peer.p, total.p)
+	return rb.c
 }

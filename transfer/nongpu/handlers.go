@@ -60,7 +60,7 @@ func (m *Module) Handlers() map[string]rpc.Handler {
 			if err != nil {
 				return nil, err
 			}
-			return m.prepareRetrieveReply(k, id)
+			return m.prepareRetrieveReply(k, id, req.ReplyBuffer)
 		}),
 		protocol.CommitRetrieve: m.reporting(func(_ context.Context, req *rpc.Request) (any, error) {
 			k, id, err := keyAndInstance(req, 2)

@@ -351,10 +351,11 @@ func (m *Module) PrepareRetrieve(k protocol.Key, id int64) (protocol.PrepareRetr
 }
 
 // prepareRetrieveReply is PrepareRetrieve as the request handler answers it:
-// a pickle reply is encoded once, into an exactly sized buffer (msgpack
-// header, the pickle straight after it), and sent by the server without
-// another copy; SHM and misses answer the response.
-func (m *Module) prepareRetrieveReply(k protocol.Key, id int64) (any, error) {
+// a pickle reply is encoded once, into an exactly sized buffer from alloc
+// (the wire server's reply buffer, outside the Go heap: msgpack header, the
+// pickle straight after it), and sent by the server without another copy;
+// SHM and misses answer the response.
+func (m *Module) prepareRetrieveReply(k protocol.Key, id int64, alloc func(n int) ([]byte, error)) (any, error) {
 	var out protocol.Raw
 	r, err := m.prepareRetrieve(k, id, func(ts []torchpickle.Tensor) error {
 		n := torchpickle.EncodedSize(ts)
@@ -362,7 +363,11 @@ func (m *Module) prepareRetrieveReply(k protocol.Key, id int64) (any, error) {
 			_, err := torchpickle.AppendEncode(nil, ts) // for its error
 			return err
 		}
-		b, err := protocol.AppendPickleRetrieveReply(make([]byte, 0, protocol.PickleReplySize(n)), n,
+		buf, err := alloc(protocol.PickleReplySize(n))
+		if err != nil {
+			return fmt.Errorf("reply buffer: %w", err)
+		}
+		b, err := protocol.AppendPickleRetrieveReply(buf, n,
 			func(dst []byte) ([]byte, error) { return torchpickle.AppendEncode(dst, ts) })
 		out = b
 		return err
