@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"sync"
 	"testing"
+	"time"
 
 	zmq "github.com/pebbe/zmq4"
 
@@ -122,4 +123,37 @@ func TestInFlightBytesStopReading(t *testing.T) {
 	}
 	wg.Wait()
 	waitFor(t, func() bool { return h.srv.Stats().InFlightBytes == 0 }, "in-flight bytes released")
+}
+
+// TestDeferredAnswer: a handler that defers answers later from another
+// goroutine; the reply carries the request's uid and type and the deferred
+// result, and a second answer sends nothing.
+func TestDeferredAnswer(t *testing.T) {
+	h := start(t, rpc.Options{})
+	answers := make(chan func(any, error), 1)
+	h.srv.Handle(protocol.QueryPrefetchStatus, func(_ context.Context, req *rpc.Request) (any, error) {
+		answers <- req.Defer()
+		return "ignored", nil
+	})
+	d := rawDealer(t, h.srv.Endpoint())
+	sendFrames(t, d, enc(t, 41), enc(t, 6), enc(t, "req"))
+	answer := <-answers
+	_ = d.SetRcvtimeo(200 * time.Millisecond)
+	if msg, err := d.RecvMessageBytes(0); err == nil {
+		t.Fatalf("a deferred request was answered before its answer: %x", msg)
+	}
+	go answer(int64(3), nil)
+	_ = d.SetRcvtimeo(5 * time.Second)
+	msg, err := d.RecvMessageBytes(0)
+	if err != nil {
+		t.Fatalf("no deferred reply: %v", err)
+	}
+	if len(msg) != 3 || string(msg[0]) != string(enc(t, 41)) || string(msg[1]) != string(enc(t, 6)) || string(msg[2]) != string(enc(t, int64(3))) {
+		t.Fatalf("deferred reply %x", msg)
+	}
+	answer(int64(4), nil)
+	_ = d.SetRcvtimeo(200 * time.Millisecond)
+	if msg, err := d.RecvMessageBytes(0); err == nil {
+		t.Fatalf("a second answer was sent: %x", msg)
+	}
 }

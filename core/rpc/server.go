@@ -70,7 +70,27 @@ type Request struct {
 	Args []any
 	Spec *protocol.Spec
 
-	bufs []replyBuf
+	bufs     []replyBuf
+	answer   func(any, error)
+	deferred atomic.Bool
+}
+
+// Defer answers the request later: the handler's own return value is
+// ignored, and the reply is made from the first call of the returned
+// function (from any goroutine, once; later calls do nothing), as if the
+// handler had returned its arguments then. A request whose answer never
+// comes gets no reply. For flow control: a handler that must not block its
+// worker (which serves other requests) but may not answer yet.
+func (r *Request) Defer() func(res any, err error) {
+	r.deferred.Store(true)
+	answer := r.answer
+	var once sync.Once
+	return func(res any, err error) {
+		if answer == nil {
+			return // not a request of a running server (a test's own)
+		}
+		once.Do(func() { answer(res, err) })
+	}
 }
 
 // ReplyBuffer returns n bytes outside the Go heap for the handler to encode
@@ -816,9 +836,16 @@ func (s *Server) execute(ctx context.Context, j job) (r reply, send bool) {
 		return s.errorReply(j, "NoHandler", "no handler for "+j.spec.Name)
 	}
 	req := &Request{Peer: j.peer, Name: j.spec.Name, Args: j.args, Spec: j.spec}
+	req.answer = func(res any, err error) {
+		// A deferred answer: built and queued like a worker's reply.
+		if r, ok := s.result(j, nil, res, err, false); ok {
+			s.reply(r)
+		}
+	}
 	res, err, panicked := s.call(ctx, h, j, req)
+	deferred := req.deferred.Load() && !panicked
 	var adopted *replyBuf
-	if raw, ok := res.(protocol.Raw); ok && err == nil {
+	if raw, ok := res.(protocol.Raw); ok && err == nil && !deferred {
 		for i := range req.bufs {
 			if req.bufs[i].holds(raw) {
 				adopted = &req.bufs[i]
@@ -832,6 +859,16 @@ func (s *Server) execute(ctx context.Context, j job) (r reply, send bool) {
 		}
 	}
 	req.bufs = nil
+	if deferred {
+		return reply{}, false
+	}
+	req.answer = nil
+	return s.result(j, adopted, res, err, panicked)
+}
+
+// result makes the reply to j from its handler's result (res written into
+// adopted when set), finishing j with its outcome.
+func (s *Server) result(j job, adopted *replyBuf, res any, err error, panicked bool) (r reply, send bool) {
 	if err != nil {
 		if !panicked {
 			s.badInput(protocol.KindHandlerErr, j.peer, j.spec, err)

@@ -42,7 +42,15 @@ func (m *Module) Handlers() map[string]rpc.Handler {
 			if err != nil {
 				return nil, err
 			}
-			return m.PrepareStore(k, id)
+			resp, err := m.PrepareStore(k, id)
+			if n, ok := m.pickleStoreBytes(k, id); ok && err == nil {
+				// Answered once its chunks fit the in-flight pickle bytes: the
+				// worker sends them only after this reply.
+				answer := req.Defer()
+				m.gate.acquire(id, n, func() { answer(resp, nil) })
+				return nil, nil
+			}
+			return resp, err
 		}),
 		protocol.CommitStore: m.reporting(func(_ context.Context, req *rpc.Request) (any, error) {
 			k, id, err := keyAndInstance(req, 3)
@@ -52,6 +60,11 @@ func (m *Module) Handlers() map[string]rpc.Handler {
 			data, err := req.Bytes(2)
 			if err != nil {
 				return nil, err
+			}
+			if len(data) > 0 {
+				// The bytes its prepare was admitted for are stored (or
+				// refused) once this returns.
+				defer m.gate.committed(id)
 			}
 			return m.CommitStore(k, id, data)
 		}),

@@ -160,6 +160,8 @@ type Module struct {
 	errLast   map[string]time.Time
 	// maxInstances bounds len(instances) (server.max_instances, live).
 	maxInstances int
+	// gate admits pickle stores within server.max_inflight_pickle_mb.
+	gate *pickleGate
 }
 
 // New builds the module from the engine's dependencies and the server and L1
@@ -192,6 +194,7 @@ func New(deps Deps, server settings.ServerConfig, l1cfg settings.L1Config) (*Mod
 		writes:    make(map[pendingKey]*pending),
 		reads:     make(map[pendingKey]*pending),
 		errLast:   make(map[string]time.Time),
+		gate:      newPickleGate(int64(server.MaxInflightPickleMB) << 20),
 	}
 	if m.log == nil {
 		m.log = slog.New(slog.DiscardHandler)
@@ -373,6 +376,7 @@ func (m *Module) Unregister(id int64) bool {
 	m.mu.Unlock()
 
 	m.discard(writes, reads)
+	m.gate.forget(id)
 	m.event(workers.EventUnregister, slog.LevelInfo, id, fmt.Sprintf(
 		"instance %d unregistered (%s); %d pending writes aborted, %d pending reads released",
 		id, inst.p.ModelName, len(writes), len(reads)))
@@ -395,6 +399,7 @@ func (m *Module) Close() {
 	}
 	m.mu.Unlock()
 	m.discard(writes, reads)
+	m.gate.close()
 }
 
 // takePendingLocked removes the pending entries whose key matches.

@@ -329,6 +329,21 @@ func (m *Module) locateAll(ks []keys.ObjectKey, lay layout.Layout) (slots []prot
 	return slots, found, ok
 }
 
+// pickleStoreBytes is what a pickle PREPARE_STORE of k may bring in its
+// commit: one chunk of the instance's layout per chunk of the key's range
+// (false: not a pickle instance, nothing to gate).
+func (m *Module) pickleStoreBytes(k protocol.Key, id int64) (int64, bool) {
+	inst, err := m.lookupInstance(id)
+	if err != nil || m.modeOf(inst) != workers.ModePickle {
+		return 0, false
+	}
+	chunks := int64(1)
+	if n := int64(k.End - k.Start); n > 0 {
+		chunks = (n + int64(m.chunkSize) - 1) / int64(m.chunkSize)
+	}
+	return chunks * inst.lay.Bytes, true
+}
+
 // PrepareRetrieve handles PREPARE_RETRIEVE (spec 4.7). Every key must be
 // read-locked by a preceding LOOKUP, else the answer is a miss and the found
 // keys' locks are released. SHM answers slots and keeps the locks until

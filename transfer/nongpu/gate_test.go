@@ -1,0 +1,46 @@
+package nongpu
+
+import "testing"
+
+// TestPickleGateBoundsAndOrder: prepares are granted in order while their
+// bytes fit the limit (one always when none is held); a commit of the
+// instance returns its oldest ticket and grants the next waiters; an
+// unregister answers the instance's waiters at once and returns its tickets.
+func TestPickleGateBoundsAndOrder(t *testing.T) {
+	g := newPickleGate(256)
+	var granted []int
+	ask := func(inst int64, n int64, tag int) { g.acquire(inst, n, func() { granted = append(granted, tag) }) }
+	ask(1, 300, 1) // over the limit alone: granted, nothing else held
+	ask(2, 100, 2) // waits: 300 held
+	ask(3, 100, 3)
+	ask(4, 100, 4)
+	if used, waiting := g.state(); len(granted) != 1 || used != 300 || waiting != 3 {
+		t.Fatalf("granted %v, used %d, waiting %d; want [1], 300, 3", granted, used, waiting)
+	}
+	g.committed(1)
+	if used, waiting := g.state(); len(granted) != 3 || granted[1] != 2 || granted[2] != 3 || used != 200 || waiting != 1 {
+		t.Fatalf("after commit: granted %v, used %d, waiting %d; want [1 2 3], 200, 1", granted, used, waiting)
+	}
+	g.committed(7) // no ticket: nothing changes
+	if used, _ := g.state(); used != 200 {
+		t.Fatalf("a commit without a ticket returned bytes: used %d", used)
+	}
+	ask(5, 100, 5)
+	g.forget(5) // its waiting prepare is answered at once
+	if granted[len(granted)-1] != 5 {
+		t.Fatalf("unregistered instance's prepare not answered: %v", granted)
+	}
+	g.forget(2)
+	if used, waiting := g.state(); used != 200 || waiting != 0 || granted[len(granted)-1] != 4 {
+		t.Fatalf("after forgetting 2: used %d, waiting %d, granted %v; want 200, 0, ...4", used, waiting, granted)
+	}
+	ask(6, 1000, 6)
+	g.close()
+	if used, waiting := g.state(); used != 0 || waiting != 0 || granted[len(granted)-1] != 6 {
+		t.Fatalf("after close: used %d, waiting %d, granted %v", used, waiting, granted)
+	}
+	ask(8, 1<<40, 8)
+	if granted[len(granted)-1] != 8 {
+		t.Fatal("a closed gate must grant at once")
+	}
+}
