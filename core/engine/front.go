@@ -47,6 +47,9 @@ func (e *Engine) startFront(cfg settings.Config, p *plane) (*front, error) {
 		ReplyBytesPerPeer:      cfg.Server.QueuedReplyBytesPerPeer,
 		ReplyBytes:             8 * cfg.Server.QueuedReplyBytesPerPeer,
 		InFlightBytes:          int64(cfg.Server.MaxInflightPickleMB) << 20,
+		// In-memory and non-blocking (a lookup's tier phase runs in the
+		// background): answered on the socket goroutine when small.
+		FastShared: []string{protocol.Lookup, protocol.QueryPrefetchStatus, protocol.QueryPrefetchLookupHits},
 		DrainTimeout:           DrainTimeout,
 		Logger:                 e.log,
 		Observer:               e.opts.Observer,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"hash/crc32"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -155,5 +156,43 @@ func TestDeferredAnswer(t *testing.T) {
 	_ = d.SetRcvtimeo(200 * time.Millisecond)
 	if msg, err := d.RecvMessageBytes(0); err == nil {
 		t.Fatalf("a second answer was sent: %x", msg)
+	}
+}
+
+// TestFastSharedRunsOnSocketGoroutine: a shared request named in FastShared
+// with a small payload is answered by the socket goroutine itself (a NOOP
+// from another peer waits behind it), one over FastSharedBytes goes to a
+// shared worker (the NOOP is answered meanwhile).
+func TestFastSharedRunsOnSocketGoroutine(t *testing.T) {
+	h := start(t, rpc.Options{FastShared: []string{protocol.QueryPrefetchStatus}, FastSharedBytes: 64})
+	entered := make(chan struct{}, 1)
+	release := make(chan struct{})
+	h.srv.Handle(protocol.QueryPrefetchStatus, func(context.Context, *rpc.Request) (any, error) {
+		entered <- struct{}{}
+		<-release
+		return int64(1), nil
+	})
+	c := dial(t, h)
+	for _, tc := range []struct {
+		id     string
+		inline bool
+	}{{"small", true}, {strings.Repeat("x", 100), false}} {
+		d := rawDealer(t, h.srv.Endpoint())
+		sendFrames(t, d, enc(t, 1), enc(t, 6), enc(t, tc.id))
+		<-entered
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		_, err := c.Call(ctx, protocol.Noop)
+		cancel()
+		if tc.inline && err == nil {
+			t.Errorf("%d-byte status: NOOP answered while it ran, so it ran on a worker", len(tc.id))
+		}
+		if !tc.inline && err != nil {
+			t.Errorf("%d-byte status: NOOP not answered while it ran on a worker: %v", len(tc.id), err)
+		}
+		release <- struct{}{}
+		if _, err := d.RecvMessageBytes(0); err != nil {
+			t.Fatalf("status not answered: %v", err)
+		}
+		noopWithin(t, c, 5*time.Second)
 	}
 }

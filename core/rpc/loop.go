@@ -415,7 +415,13 @@ func (l *loop) dispatch(frames [][]byte, held *borrowed, total, limit int64, too
 		return
 	}
 	var ch chan job
-	switch spec.Class {
+	class := spec.Class
+	if class == protocol.Shared && s.fastShared(spec, j.payload) {
+		// Cheap and non-blocking at this size: answered here, without the
+		// hand-off to a worker and the wake-up to send its reply.
+		class = protocol.Inline
+	}
+	switch class {
 	case protocol.Inline:
 		if !s.decodePayload(&j, l.send) {
 			return

@@ -48,6 +48,7 @@ import (
 	"hash/fnv"
 	"log/slog"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -176,6 +177,14 @@ type Options struct {
 	// the socket goroutine reads no further message until enough is released
 	// (default 256 MiB). A message is always read when nothing is in flight.
 	InFlightBytes int64
+	// FastShared names shared-class handlers that are cheap and never
+	// block (a lookup in memory, a status read): with a payload of at most
+	// FastSharedBytes (default 64 KiB) they run on the socket goroutine like
+	// the inline class, so their reply leaves without a hand-off to a worker
+	// and back. Larger payloads (a key of many tokens to hash) still go to
+	// the shared workers, so no peer stalls the socket goroutine for long.
+	FastShared      []string
+	FastSharedBytes int
 	// PollFault, when set, is called before each poll and a non-nil error
 	// counts as a failed poll: fault injection for tests of the failure path.
 	PollFault func() error
@@ -231,6 +240,9 @@ func (o *Options) defaults() error {
 	}
 	if o.ReplyBytesPerPeer <= 0 {
 		o.ReplyBytesPerPeer = 128 << 20
+	}
+	if o.FastSharedBytes <= 0 {
+		o.FastSharedBytes = 64 << 10
 	}
 	if o.InFlightBytes <= 0 {
 		o.InFlightBytes = 256 << 20
@@ -383,6 +395,18 @@ func (s *Server) HandlersDone() <-chan struct{} { return s.handlersDone }
 
 // Profile is the active protocol profile.
 func (s *Server) Profile() *protocol.Profile { return s.opts.Profile }
+
+// fastShared reports whether a shared request runs on the socket goroutine.
+func (s *Server) fastShared(spec *protocol.Spec, payload [][]byte) bool {
+	if !slices.Contains(s.opts.FastShared, spec.Handler) {
+		return false
+	}
+	n := 0
+	for _, f := range payload {
+		n += len(f)
+	}
+	return n <= s.opts.FastSharedBytes
+}
 
 // maxMessage is the limit on the message being read now.
 func (s *Server) maxMessage() int64 {
