@@ -178,35 +178,35 @@ const (
 
 // write hands m's frames to libzmq without blocking or copying.
 func (l *loop) write(m *outMsg) sendResult {
-	n := len(m.frames)
-	for m.sent < n {
-		i := m.sent
-		flag := zmq.SNDMORE
-		if i == n-1 {
-			flag = 0
+	for m.sent < len(m.frames) {
+		first := m.sent == 0
+		n, err := sendMany(l.raw, m.frames, m.sent)
+		m.sent += n
+		if err == nil {
+			break
 		}
-		err := sendBuf(l.raw, m.frames[i], flag|zmq.DONTWAIT)
-		if err != nil && i == 0 && zmq.AsErrno(err) == zmq.Errno(syscall.EAGAIN) {
+		if first && n == 0 && zmq.AsErrno(err) == zmq.Errno(syscall.EAGAIN) {
 			// libzmq applies the peer's "queue drained" notices lazily (at
 			// most once a millisecond while sending); reading ZMQ_EVENTS
 			// applies them now, so a reading peer is not taken for a full one.
 			_, _ = l.router.GetEvents()
-			err = sendBuf(l.raw, m.frames[i], flag|zmq.DONTWAIT)
-		}
-		if err != nil {
-			// ROUTER_MANDATORY reports both on the identity frame, before
-			// anything of the message is queued.
-			if i == 0 {
-				switch zmq.AsErrno(err) {
-				case zmq.Errno(syscall.EAGAIN):
-					return peerFull
-				case zmq.EHOSTUNREACH:
-					return peerGone
-				}
+			n, err = sendMany(l.raw, m.frames, m.sent)
+			m.sent += n
+			if err == nil {
+				break
 			}
-			return failed
 		}
-		m.sent++
+		// ROUTER_MANDATORY reports both on the identity frame, before
+		// anything of the message is queued.
+		if first && m.sent == 0 {
+			switch zmq.AsErrno(err) {
+			case zmq.Errno(syscall.EAGAIN):
+				return peerFull
+			case zmq.EHOSTUNREACH:
+				return peerGone
+			}
+		}
+		return failed
 	}
 	return sent
 }

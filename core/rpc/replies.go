@@ -132,17 +132,35 @@ func (s *Server) admitReply(r *reply) (pending, bool) {
 }
 
 // copyReply copies r's frames (identity, uid, type, results) into C memory
-// charged to peer and total.
-// A result frame written into a ReplyBuffer is adopted, not copied.
+// charged to peer and total: the small ones in one C call, a large result on
+// its own. A result frame written into a ReplyBuffer is adopted, not copied.
 func copyReply(r *reply, peer, total heldCounter) (outMsg, error) {
 	m := outMsg{frames: make([]cbuf, 0, 3+len(r.frames)), size: r.size()}
-	for i, b := range append([][]byte{r.peer, r.uid, r.typ}, r.frames...) {
+	all := append([][]byte{r.peer, r.uid, r.typ}, r.frames...)
+	packed := 0
+	for packed < len(all) && packed < maxPacked && (packed < 3 || r.buf == nil) {
+		n := 0
+		for _, f := range all[:packed+1] {
+			n += len(f)
+		}
+		if n > packBytes {
+			break
+		}
+		packed++
+	}
+	var err error
+	if packed > 0 {
+		if m.frames, err = copyOutPacked(m.frames, all[:packed], peer, total); err != nil {
+			return outMsg{}, err
+		}
+	}
+	for i := packed; i < len(all); i++ {
 		if i == 3 && r.buf != nil {
-			m.frames = append(m.frames, r.buf.adopt(len(b), peer, total))
+			m.frames = append(m.frames, r.buf.adopt(len(all[i]), peer, total))
 			r.buf = nil
 			continue
 		}
-		c, err := copyOut(b, peer, total)
+		c, err := copyOut(all[i], peer, total)
 		if err != nil {
 			m.release()
 			return outMsg{}, err

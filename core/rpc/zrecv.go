@@ -1,6 +1,8 @@
 package rpc
 
 /*
+#cgo noescape kv_recv
+#cgo nocallback kv_recv
 #include <zmq.h>
 #include <errno.h>
 #include <stdlib.h>

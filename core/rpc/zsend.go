@@ -2,6 +2,10 @@ package rpc
 
 /*
 #cgo !windows pkg-config: libzmq
+#cgo noescape kv_copy_many
+#cgo nocallback kv_copy_many
+#cgo noescape kv_send_many
+#cgo nocallback kv_send_many
 #include <zmq.h>
 #include <errno.h>
 #include <stdint.h>
@@ -174,6 +178,38 @@ static int kv_send(void *sock, kv_buf *b, int flags) {
 	return rc;
 }
 
+// kv_send_many sends frames[from..n) as one message (SNDMORE on all but
+// the last) without blocking; it returns how many it sent (libzmq owns those)
+// and leaves errno set when it stopped early.
+static int kv_send_many(void *sock, kv_buf **frames, int from, int n) {
+	int i = from;
+	for (; i < n; i++) {
+		int flags = ZMQ_DONTWAIT | (i < n - 1 ? ZMQ_SNDMORE : 0);
+		if (kv_send(sock, frames[i], flags) < 0) {
+			break;
+		}
+	}
+	return i - from;
+}
+
+// kv_copy_many copies n frames, packed back to back in src with their
+// sizes in lens, into buffers out[0..n) charged to *held and *total; -1 when
+// memory ran out (those made are freed).
+static int kv_copy_many(const char *src, const size_t *lens, int n, int64_t *held, int64_t *total, kv_buf **out) {
+	size_t off = 0;
+	for (int i = 0; i < n; i++) {
+		out[i] = kv_copy(src + off, lens[i], held, total);
+		if (out[i] == NULL) {
+			for (int j = 0; j < i; j++) {
+				kv_release(out[j]);
+			}
+			return -1;
+		}
+		off += lens[i];
+	}
+	return 0;
+}
+
 static int kv_socket_type(void *sock) {
 	int t = -1;
 	size_t n = sizeof t;
@@ -287,4 +323,43 @@ func (rb replyBuf) holds(b []byte) bool {
 func (rb replyBuf) adopt(n int, peer, total heldCounter) cbuf {
 	C.kv_adopt(rb.c.p, C.size_t(n), peer.p, total.p)
 	return rb.c
+}
+
+// copyOutPacked copies frames (at most maxPacked, packBytes together) into
+// C memory in one call, appending them to dst.
+func copyOutPacked(dst []cbuf, frames [][]byte, peer, total heldCounter) ([]cbuf, error) {
+	var scratch [packBytes]byte
+	var lens [maxPacked]C.size_t
+	var out [maxPacked]*C.kv_buf
+	off := 0
+	for i, f := range frames {
+		off += copy(scratch[off:], f)
+		lens[i] = C.size_t(len(f))
+	}
+	if C.kv_copy_many((*C.char)(unsafe.Pointer(&scratch[0])), &lens[0], C.int(len(frames)), peer.p, total.p, &out[0]) != 0 {
+		return dst, errors.New("rpc: out of memory for a reply")
+	}
+	for _, c := range out[:len(frames)] {
+		dst = append(dst, cbuf{c})
+	}
+	return dst, nil
+}
+
+// packBytes and maxPacked bound the frames of a reply copied out together.
+const (
+	packBytes = 4 << 10
+	maxPacked = 4
+)
+
+// sendMany hands frames[from:] to libzmq as the rest of one message; it
+// returns how many libzmq took and, when it stopped early, why.
+func sendMany(sock unsafe.Pointer, frames []cbuf, from int) (int, error) {
+	n, err := C.kv_send_many(sock, (**C.kv_buf)(unsafe.Pointer(&frames[0])), C.int(from), C.int(len(frames)))
+	if int(n) < len(frames)-from {
+		if errno, ok := err.(syscall.Errno); ok {
+			return int(n), zmq.Errno(errno)
+		}
+		return int(n), fmt.Errorf("zmq_msg_send: %w", err)
+	}
+	return int(n), nil
 }
