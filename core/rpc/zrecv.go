@@ -3,6 +3,8 @@ package rpc
 /*
 #cgo noescape kv_recv
 #cgo nocallback kv_recv
+#cgo noescape kv_msg_copy
+#cgo nocallback kv_msg_copy
 #include <zmq.h>
 #include <errno.h>
 #include <stdlib.h>
@@ -76,6 +78,8 @@ static void kv_recv(void *sock, int flags, char *buf, size_t cap, kv_recv_t *r) 
 }
 
 static void *kv_msg_data(zmq_msg_t *m) { return zmq_msg_data(m); }
+
+static void kv_msg_copy(zmq_msg_t *m, void *dst) { memcpy(dst, zmq_msg_data(m), zmq_msg_size(m)); }
 
 static void kv_msg_free(zmq_msg_t *m) {
 	zmq_msg_close(m);
@@ -185,7 +189,7 @@ func (rc *receiver) recv(limit int64, held *atomic.Int64) (frames [][]byte, b *b
 				data := unsafe.Slice((*byte)(C.kv_msg_data(m)), sz)
 				if sz < borrowFrom {
 					// Not worth borrowing: copy and give it back now.
-					parts = append(parts, msgFrame{b: append([]byte(nil), data...)})
+					parts = append(parts, msgFrame{b: copyMsg(m)})
 					C.kv_msg_free(m)
 				} else {
 					parts = append(parts, msgFrame{b: data, msg: m})
@@ -211,7 +215,7 @@ func (rc *receiver) recv(limit int64, held *atomic.Int64) (frames [][]byte, b *b
 			// Refused, beyond the frames kept, or a header frame (identity,
 			// uid, type are kept beyond the handler): not borrowed.
 			if i < 3 {
-				parts[i].b = append([]byte(nil), parts[i].b...)
+				parts[i].b = copyMsg(parts[i].msg)
 			} else {
 				parts[i].b = nil
 			}
@@ -261,7 +265,7 @@ func settle(frames [][]byte, b *borrowed, bytesAt func(i int) bool) {
 			continue
 		}
 		if idx >= 0 {
-			frames[idx] = append([]byte(nil), frames[idx]...)
+			frames[idx] = copyMsg(m)
 		}
 		n := int64(C.zmq_msg_size(m))
 		C.kv_msg_free(m)
@@ -269,4 +273,15 @@ func settle(frames [][]byte, b *borrowed, bytesAt func(i int) bool) {
 		b.held.Add(-n)
 	}
 	b.msgs = keep
+}
+
+// copyMsg copies a libzmq frame into Go memory. The copy is C's: under the
+// race detector a Go read of C memory would give it shadow pages as large.
+func copyMsg(m *C.zmq_msg_t) []byte {
+	n := int(C.zmq_msg_size(m))
+	b := make([]byte, n)
+	if n > 0 {
+		C.kv_msg_copy(m, unsafe.Pointer(&b[0]))
+	}
+	return b
 }

@@ -49,6 +49,7 @@ type RunConfig struct {
 	InProcess       bool    `json:"in_process"`
 	Endpoint        string  `json:"endpoint,omitempty"`
 	ServerPID       int     `json:"server_pid,omitempty"`
+	ServerProcess   bool    `json:"server_process,omitempty"`
 	PoolBytes       int64   `json:"pool_bytes"`
 	CPUs            int     `json:"cpus"`
 }
