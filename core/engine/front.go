@@ -49,10 +49,10 @@ func (e *Engine) startFront(cfg settings.Config, p *plane) (*front, error) {
 		InFlightBytes:          int64(cfg.Server.MaxInflightPickleMB) << 20,
 		// In-memory and non-blocking (a lookup's tier phase runs in the
 		// background): answered on the socket goroutine when small.
-		FastShared: []string{protocol.Lookup, protocol.QueryPrefetchStatus, protocol.QueryPrefetchLookupHits},
-		DrainTimeout:           DrainTimeout,
-		Logger:                 e.log,
-		Observer:               e.opts.Observer,
+		FastShared:   []string{protocol.Lookup, protocol.QueryPrefetchStatus, protocol.QueryPrefetchLookupHits},
+		DrainTimeout: DrainTimeout,
+		Logger:       e.log,
+		Observer:     e.opts.Observer,
 	}
 	if e.wireOptions != nil {
 		e.wireOptions(&opts)

@@ -75,8 +75,8 @@ type References struct {
 	// are answered with a few bytes (the raw-ZMQ store stream).
 	EchoNoopLoadedRTPS   float64 `json:"echo_noop_under_stream_round_trips_per_s"`
 	EchoLookupLoadedRTPS float64 `json:"echo_lookup_under_stream_round_trips_per_s"`
-	EchoLargeBytes           int       `json:"echo_large_bytes"`
-	EchoLargeGBps            float64   `json:"echo_large_gbps"`
+	EchoLargeBytes       int     `json:"echo_large_bytes"`
+	EchoLargeGBps        float64 `json:"echo_large_gbps"`
 }
 
 // ModeResult is one transfer mode's figures.
@@ -108,10 +108,10 @@ type ModeResult struct {
 	CachedStores          int64   `json:"stores_all_cached"`
 	MissChunks            int64   `json:"retrieve_miss_chunks"`
 
-	NoopRTPS         float64 `json:"noop_round_trips_per_s"`
-	LookupPairsPS    float64 `json:"lookup_status_pairs_per_s"`
-	LookupRTPS       float64 `json:"lookup_status_round_trips_per_s"`
-	LookupChunks     int     `json:"lookup_prompt_chunks"`
+	NoopRTPS      float64 `json:"noop_round_trips_per_s"`
+	LookupPairsPS float64 `json:"lookup_status_pairs_per_s"`
+	LookupRTPS    float64 `json:"lookup_status_round_trips_per_s"`
+	LookupChunks  int     `json:"lookup_prompt_chunks"`
 	// The same small requests while one more worker stores one-chunk
 	// prompts without pause (the store stream; its GB/s beside them).
 	NoopLoadedRTPS   float64 `json:"noop_under_store_round_trips_per_s"`
@@ -120,11 +120,11 @@ type ModeResult struct {
 	// LargestMessageBytes is the largest message of the mode (a pickle
 	// commit or retrieve reply: every chunk of a prompt), the unit of the
 	// pickle RSS target.
-	LargestMessageBytes int64 `json:"largest_message_bytes,omitempty"`
-	CPUSecondsPerGB  float64 `json:"cpu_seconds_per_gb"`
-	CPUMethod        string  `json:"cpu_method"`
-	PeakRSSBeyondMiB float64 `json:"peak_rss_beyond_pool_mib"`
-	RSSMethod        string  `json:"rss_method"`
+	LargestMessageBytes int64   `json:"largest_message_bytes,omitempty"`
+	CPUSecondsPerGB     float64 `json:"cpu_seconds_per_gb"`
+	CPUMethod           string  `json:"cpu_method"`
+	PeakRSSBeyondMiB    float64 `json:"peak_rss_beyond_pool_mib"`
+	RSSMethod           string  `json:"rss_method"`
 	// RSSNow is /proc/<pid>/status's RssAnon, RssFile and RssShmem in MiB
 	// at the end of the store/retrieve phases.
 	RSSNow map[string]float64 `json:"rss_at_end_mib,omitempty"`
