@@ -55,6 +55,7 @@ type loop struct {
 	// SendHWM, or behind those); the per-peer state is s.rp.
 	outBytes  int64
 	retryWait time.Duration
+	sendErr   error // why the last write failed
 }
 
 // outMsg is a reply admitted to its peer's budget, its frames (identity,
@@ -206,6 +207,7 @@ func (l *loop) write(m *outMsg) sendResult {
 				return peerGone
 			}
 		}
+		l.sendErr = fmt.Errorf("frame %d of %d: %w", m.sent, len(m.frames), err)
 		return failed
 	}
 	return sent
@@ -236,8 +238,16 @@ func (l *loop) deliver(p pending) {
 		l.s.stats.repliesDropped.Add(1)
 		p.m.release()
 	default:
-		l.s.stats.bad(protocol.KindSendFailed)
+		l.sendFailed()
 		p.m.release()
+	}
+}
+
+// sendFailed counts and logs (rate-limited) a reply libzmq refused.
+func (l *loop) sendFailed() {
+	l.s.stats.bad(protocol.KindSendFailed)
+	if l.s.limiter.allow("send_failed") {
+		l.s.log.Warn("reply dropped: libzmq refused it", "err", l.sendErr)
 	}
 }
 
@@ -274,7 +284,7 @@ func (l *loop) retry() {
 				break
 			}
 			if res == failed {
-				l.s.stats.bad(protocol.KindSendFailed)
+				l.sendFailed()
 				m.release()
 			}
 			l.outBytes -= m.size

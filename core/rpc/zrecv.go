@@ -37,7 +37,13 @@ static void kv_recv(void *sock, int flags, char *buf, size_t cap, kv_recv_t *r) 
 	for (;;) {
 		zmq_msg_t m;
 		zmq_msg_init(&m);
-		if (zmq_msg_recv(&m, sock, flags) < 0) {
+		int rc;
+		do {
+			// EINTR: interrupted before a frame was taken; a multipart
+			// message must not be cut there.
+			rc = zmq_msg_recv(&m, sock, flags);
+		} while (rc < 0 && errno == EINTR);
+		if (rc < 0) {
 			r->err = errno;
 			zmq_msg_close(&m);
 			return;

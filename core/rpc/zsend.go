@@ -168,7 +168,12 @@ static int kv_send(void *sock, kv_buf *b, int flags) {
 		return -1;
 	}
 	b->zmq = 1;
-	int rc = zmq_msg_send(&m, sock, flags);
+	int rc;
+	do {
+		// EINTR: a signal (the Go runtime's, say) interrupted libzmq's
+		// command processing before the frame was queued: send it again.
+		rc = zmq_msg_send(&m, sock, flags);
+	} while (rc < 0 && errno == EINTR);
 	if (rc < 0) {
 		int e = errno;
 		b->zmq = 0; // no other thread has seen the message
