@@ -41,6 +41,7 @@
 package rpc
 
 import (
+	"bytes"
 	"context"
 	"encoding/hex"
 	"errors"
@@ -860,9 +861,11 @@ func (s *Server) execute(ctx context.Context, j job) (r reply, send bool) {
 		return s.errorReply(j, "NoHandler", "no handler for "+j.spec.Name)
 	}
 	req := &Request{Peer: j.peer, Name: j.spec.Name, Args: j.args, Spec: j.spec}
+	// A deferred answer keeps copies of what its reply needs, not the
+	// message's buffer with its payload (a waiting request holds little).
+	later := job{peer: bytes.Clone(j.peer), uid: bytes.Clone(j.uid), typ: bytes.Clone(j.typ), spec: j.spec, start: j.start}
 	req.answer = func(res any, err error) {
-		// A deferred answer: built and queued like a worker's reply.
-		if r, ok := s.result(j, nil, res, err, false); ok {
+		if r, ok := s.result(later, nil, res, err, false); ok {
 			s.reply(r)
 		}
 	}

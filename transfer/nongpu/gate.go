@@ -28,6 +28,12 @@ type pickleGate struct {
 // ticketTTL is how long a granted ticket waits for its commit.
 const ticketTTL = 10 * time.Second
 
+// maxWaiting bounds the prepares of one instance waiting for a ticket: a
+// worker has a store or a few in flight; past it (a peer sending prepares
+// without commits) a prepare is answered at once, unticketed (the wire
+// server's in-flight read stop still bounds what its commits hold).
+const maxWaiting = 8
+
 type ticket struct {
 	instance int64
 	bytes    int64
@@ -44,7 +50,13 @@ func newPickleGate(limit int64) *pickleGate {
 func (g *pickleGate) acquire(instance, n int64, grant func()) {
 	t := &ticket{instance: instance, bytes: n, grant: grant}
 	g.mu.Lock()
-	if g.closed || g.limit <= 0 {
+	waiting := 0
+	for _, w := range g.waiting {
+		if w.instance == instance {
+			waiting++
+		}
+	}
+	if g.closed || g.limit <= 0 || waiting >= maxWaiting {
 		g.mu.Unlock()
 		grant()
 		return

@@ -44,3 +44,23 @@ func TestPickleGateBoundsAndOrder(t *testing.T) {
 		t.Fatal("a closed gate must grant at once")
 	}
 }
+
+// TestPickleGateBoundsWaitingPerInstance: an instance sending prepares
+// without commits queues at most maxWaiting of them; the rest are answered
+// at once (unticketed), so the waiting list cannot grow without bound.
+func TestPickleGateBoundsWaitingPerInstance(t *testing.T) {
+	g := newPickleGate(100)
+	answered := 0
+	g.acquire(1, 100, func() { answered++ }) // holds the limit
+	for range 1000 {
+		g.acquire(2, 100, func() { answered++ })
+	}
+	used, waiting := g.state()
+	if waiting != maxWaiting || used != 100 || answered != 1+1000-maxWaiting {
+		t.Fatalf("waiting %d (max %d), used %d, answered %d", waiting, maxWaiting, used, answered)
+	}
+	g.close()
+	if answered != 1001 {
+		t.Fatalf("close answered %d of 1001", answered)
+	}
+}
