@@ -96,7 +96,6 @@ import "C"
 
 import (
 	"sync/atomic"
-	"syscall"
 	"unsafe"
 
 	zmq "github.com/pebbe/zmq4"
@@ -128,8 +127,8 @@ type borrowed struct {
 	held  *atomic.Int64 // the server's in-flight count they are charged to
 }
 
-// release gives the buffers back to libzmq (their bytes to the OS: libzmq
-// mallocs them, and glibc maps buffers this large) and uncharges them.
+// release gives the buffers back to libzmq, which frees them (those over
+// glibc's mmap threshold go back to the OS at once), and uncharges them.
 // Safe on nil and more than once.
 func (b *borrowed) release() {
 	if b == nil || b.msgs == nil {
@@ -152,9 +151,6 @@ type receiver struct {
 func newReceiver(raw unsafe.Pointer) *receiver {
 	return &receiver{raw: raw, scratch: make([]byte, recvScratch)}
 }
-
-// errNoMemory marks a frame whose bytes could not be kept (malloc failed).
-var errNoMemory = zmq.Errno(syscall.ENOMEM)
 
 // recv reads one message without blocking (ok false: nothing to read). It
 // returns at most maxFrames frames (tooMany: there were more, read and
