@@ -472,7 +472,7 @@ func Execute(ctx context.Context, o Options) (*Result, error) {
 		res.Config.PoolBytes = poolFor(o, lay.Bytes)
 		res.Notes = append(res.Notes,
 			"in-process: CPU seconds per GB is getrusage of the whole process, so it mixes the workers' (client) and the server's CPU",
-			"in-process: peak RSS beyond the pool = VmHWM (reset per mode through /proc/self/clear_refs) − pool × its mappings in this process (the server's, plus the SHM workers' own MAP_POPULATE mapping) − the bench's own buffers (chunk pattern, per-worker retrieve destinations and pickle encode buffers); pickle mode also holds received frames on the Go heap of both sides",
+			"in-process: peak RSS beyond the pool = VmHWM (reset per mode through /proc/self/clear_refs) − pool × its mappings in this process (the server's, plus the SHM workers' own MAP_POPULATE mapping) − the bench's own buffers (chunk pattern, per-worker retrieve destinations and pickle encode buffers); pickle mode also holds the workers' own copies of each message (libzmq's and Go's): --server-process measures the server alone",
 			"the large echo reference counts bytes in both directions (a round trip moves the message twice); pickle store and retrieve count each chunk once",
 			"SHM figures compare against a single-stream memcpy of the same chunk bytes into prefaulted shared-memory pages (references.memcpy_segment_gbps; private memory: memcpy_gbps, shown as store/retrieve_vs_memcpy_private); with several workers they share the CPUs")
 	}
