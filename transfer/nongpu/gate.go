@@ -47,8 +47,9 @@ func newPickleGate(limit int64) *pickleGate {
 
 // acquire asks for n bytes for a store of instance; grant runs (on this
 // goroutine or a later releaser's) once they are granted.
+// A ticket counts at most the limit (a key of a huge range holds no more).
 func (g *pickleGate) acquire(instance, n int64, grant func()) {
-	t := &ticket{instance: instance, bytes: n, grant: grant}
+	t := &ticket{instance: instance, bytes: min(n, g.limit), grant: grant}
 	g.mu.Lock()
 	waiting := 0
 	for _, w := range g.waiting {
@@ -106,12 +107,42 @@ func (g *pickleGate) committed(instance int64) {
 	run(granted)
 }
 
+// expire returns a ticket whose commit never came. Its instance's other
+// waiting prepares are answered at once, unticketed: a worker that let a
+// ticket lapse is not waiting for the gate (it gave up, or it never meant
+// to commit), and it must not hold the line for the others.
 func (g *pickleGate) expire(t *ticket) {
 	g.mu.Lock()
+	held := false
+	for _, h := range g.held[t.instance] {
+		held = held || h == t
+	}
+	if !held {
+		g.mu.Unlock()
+		return
+	}
 	g.dropLocked(t)
+	now := g.takeWaitingLocked(t.instance)
 	granted := g.grantLocked()
 	g.mu.Unlock()
+	run(now)
 	run(granted)
+}
+
+// takeWaitingLocked removes and returns instance's waiting tickets.
+func (g *pickleGate) takeWaitingLocked(instance int64) []*ticket {
+	var out []*ticket
+	keep := g.waiting[:0]
+	for _, t := range g.waiting {
+		if t.instance == instance {
+			out = append(out, t)
+		} else {
+			keep = append(keep, t)
+		}
+	}
+	clear(g.waiting[len(keep):])
+	g.waiting = keep
+	return out
 }
 
 // dropLocked returns t if it is still held.
@@ -140,17 +171,7 @@ func (g *pickleGate) forget(instance int64) {
 	for _, t := range append([]*ticket(nil), g.held[instance]...) {
 		g.dropLocked(t)
 	}
-	var now []*ticket
-	keep := g.waiting[:0]
-	for _, t := range g.waiting {
-		if t.instance == instance {
-			now = append(now, t)
-		} else {
-			keep = append(keep, t)
-		}
-	}
-	clear(g.waiting[len(keep):])
-	g.waiting = keep
+	now := g.takeWaitingLocked(instance)
 	granted := g.grantLocked()
 	g.mu.Unlock()
 	run(now)

@@ -10,12 +10,12 @@ func TestPickleGateBoundsAndOrder(t *testing.T) {
 	g := newPickleGate(256)
 	var granted []int
 	ask := func(inst int64, n int64, tag int) { g.acquire(inst, n, func() { granted = append(granted, tag) }) }
-	ask(1, 300, 1) // over the limit alone: granted, nothing else held
+	ask(1, 300, 1) // over the limit alone: granted (counted as the limit), nothing else held
 	ask(2, 100, 2) // waits: 300 held
 	ask(3, 100, 3)
 	ask(4, 100, 4)
-	if used, waiting := g.state(); len(granted) != 1 || used != 300 || waiting != 3 {
-		t.Fatalf("granted %v, used %d, waiting %d; want [1], 300, 3", granted, used, waiting)
+	if used, waiting := g.state(); len(granted) != 1 || used != 256 || waiting != 3 {
+		t.Fatalf("granted %v, used %d, waiting %d; want [1], 256, 3", granted, used, waiting)
 	}
 	g.committed(1)
 	if used, waiting := g.state(); len(granted) != 3 || granted[1] != 2 || granted[2] != 3 || used != 200 || waiting != 1 {
@@ -62,5 +62,34 @@ func TestPickleGateBoundsWaitingPerInstance(t *testing.T) {
 	g.close()
 	if answered != 1001 {
 		t.Fatalf("close answered %d of 1001", answered)
+	}
+}
+
+// TestPickleGateLapsedTicket: a ticket whose commit never comes lapses; its
+// instance's waiting prepares are answered then (it does not hold the line),
+// the others are granted in order, and a ticket counts at most the limit.
+func TestPickleGateLapsedTicket(t *testing.T) {
+	g := newPickleGate(100)
+	var order []int
+	ask := func(inst, n int64, tag int) { g.acquire(inst, n, func() { order = append(order, tag) }) }
+	ask(1, 1<<40, 1) // a huge key: counts as the limit
+	if used, _ := g.state(); used != 100 {
+		t.Fatalf("a huge ticket holds %d, want the limit 100", used)
+	}
+	ask(1, 50, 2) // the same instance, waiting
+	ask(2, 50, 3)
+	g.mu.Lock()
+	lapsed := g.held[1][0]
+	g.mu.Unlock()
+	g.expire(lapsed)
+	if len(order) != 3 || order[1] != 2 || order[2] != 3 {
+		t.Fatalf("after the lapse: answered %v, want [1 2 3] (2 unticketed, 3 granted)", order)
+	}
+	if used, waiting := g.state(); used != 50 || waiting != 0 {
+		t.Fatalf("used %d, waiting %d; want 50 (instance 2's), 0", used, waiting)
+	}
+	g.expire(lapsed) // already gone: nothing changes
+	if used, _ := g.state(); used != 50 {
+		t.Fatalf("a second expiry changed the bytes held: %d", used)
 	}
 }
