@@ -1,7 +1,9 @@
 package rpc_test
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"hash/crc32"
 	"math/rand/v2"
 	"strings"
@@ -195,4 +197,50 @@ func TestFastSharedRunsOnSocketGoroutine(t *testing.T) {
 		}
 		noopWithin(t, c, 5*time.Second)
 	}
+}
+
+// TestReplyBuffer: a protocol.Raw written into a ReplyBuffer (shorter than
+// the buffer) is sent as it is; a Raw elsewhere still goes out; a handler
+// that fails after taking buffers (or takes several) answers nothing wrong
+// and the server keeps serving.
+func TestReplyBuffer(t *testing.T) {
+	h := start(t, rpc.Options{MaxMessageBytes: 64 << 20})
+	h.srv.Handle(protocol.CommitStore, func(_ context.Context, req *rpc.Request) (any, error) {
+		data := req.Args[2].([]byte)
+		switch req.Args[1].(int64) {
+		case 1: // the reply in a buffer larger than it
+			buf, err := req.ReplyBuffer(len(data) + 100)
+			if err != nil {
+				return nil, err
+			}
+			return protocol.Raw(append(buf, data...)), nil
+		case 2: // two buffers, the reply in neither
+			_, _ = req.ReplyBuffer(1 << 20)
+			_, _ = req.ReplyBuffer(10)
+			return protocol.Raw(append([]byte(nil), data...)), nil
+		default: // a buffer, then an error
+			_, _ = req.ReplyBuffer(4 << 20)
+			return nil, errors.New("refused")
+		}
+	})
+	d := rawDealer(t, h.srv.Endpoint())
+	data := make([]byte, 3<<20)
+	for i := range data {
+		data[i] = byte(i * 7)
+	}
+	for _, mode := range []int64{1, 2} {
+		k := protocol.Key{ModelName: "m", WorldSize: 1, TokenIDs: []uint32{1}, End: 1}
+		sendFrames(t, d, enc(t, mode), enc(t, 12), enc(t, k), enc(t, mode), enc(t, data))
+		msg, err := d.RecvMessageBytes(0)
+		if err != nil {
+			t.Fatalf("mode %d: no reply: %v", mode, err)
+		}
+		if len(msg) != 3 || !bytes.Equal(msg[2], data) {
+			t.Fatalf("mode %d: reply of %d frames, result %d bytes, equal %v", mode, len(msg), len(msg[len(msg)-1]), bytes.Equal(msg[len(msg)-1], data))
+		}
+	}
+	k := protocol.Key{ModelName: "m", WorldSize: 1, TokenIDs: []uint32{1}, End: 1}
+	sendFrames(t, d, enc(t, 3), enc(t, 12), enc(t, k), enc(t, int64(3)), enc(t, data))
+	waitFor(t, func() bool { return h.srv.Stats().BadInput[protocol.KindHandlerErr] == 1 }, "the failing handler counted")
+	noopWithin(t, dial(t, h), 5*time.Second)
 }
