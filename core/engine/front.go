@@ -61,6 +61,8 @@ func (e *Engine) startFront(cfg settings.Config, p *plane) (*front, error) {
 	if err != nil {
 		return nil, fmt.Errorf("wire server: %w", err)
 	}
+	// The plane outlives a restart: its pickle gate takes this start's limit.
+	p.transfer.SetMaxInflightPickle(opts.InFlightBytes)
 	for name, h := range e.handlers(cfg, p) {
 		srv.Handle(name, h)
 	}

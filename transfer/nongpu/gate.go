@@ -194,6 +194,16 @@ func (g *pickleGate) close() {
 	run(now)
 }
 
+// setLimit changes the limit (a restart with a new setting); waiting
+// prepares that now fit are granted.
+func (g *pickleGate) setLimit(limit int64) {
+	g.mu.Lock()
+	g.limit = limit
+	granted := g.grantLocked()
+	g.mu.Unlock()
+	run(granted)
+}
+
 // state is the bytes held and the prepares waiting (for tests and stats).
 func (g *pickleGate) state() (used int64, waiting int) {
 	g.mu.Lock()

@@ -93,3 +93,19 @@ func TestPickleGateLapsedTicket(t *testing.T) {
 		t.Fatalf("a second expiry changed the bytes held: %d", used)
 	}
 }
+
+// TestPickleGateSetLimit: raising the limit grants the prepares that now fit.
+func TestPickleGateSetLimit(t *testing.T) {
+	g := newPickleGate(100)
+	n := 0
+	for range 3 {
+		g.acquire(1, 100, func() { n++ })
+	}
+	if n != 1 {
+		t.Fatalf("granted %d at limit 100, want 1", n)
+	}
+	g.setLimit(300)
+	if used, waiting := g.state(); n != 3 || used != 300 || waiting != 0 {
+		t.Fatalf("after raising the limit: granted %d, used %d, waiting %d; want 3, 300, 0", n, used, waiting)
+	}
+}

@@ -208,6 +208,11 @@ func New(deps Deps, server settings.ServerConfig, l1cfg settings.L1Config) (*Mod
 	return m, nil
 }
 
+// SetMaxInflightPickle changes the bytes of pickled chunks admitted at once
+// (server.max_inflight_pickle_mb: the engine sets it with each wire server
+// it starts, since the module outlives a restart).
+func (m *Module) SetMaxInflightPickle(bytes int64) { m.gate.setLimit(bytes) }
+
 // SetTTLs changes how long pending writes and reads are kept (live setting;
 // the pool's lock TTLs). A non-positive value keeps upstream's default.
 func (m *Module) SetTTLs(write, read time.Duration) {
