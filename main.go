@@ -176,6 +176,7 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	if t := rpc.TuneMalloc(); t.String() != "" {
 		logger.Debug("malloc tuning", "result", t.String())
 	}
+	applyMemoryLimit(cfg.Server, os.Getenv("GOMEMLIMIT"), logger)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -412,4 +413,19 @@ func defaultLogFile() string {
 		return filepath.Join(h, ".local", "state", "kvdock", "kvdock.log")
 	}
 	return filepath.Join(os.TempDir(), "kvdock.log")
+}
+
+// applyMemoryLimit sets the Go heap's soft limit from the settings, so the
+// garbage of large messages (pickle replies built in Go) is collected long
+// before GOGC's doubling of the live heap would. A GOMEMLIMIT in the
+// environment wins over the derived value (not over an explicit setting).
+func applyMemoryLimit(sc settings.ServerConfig, env string, log *slog.Logger) int64 {
+	if sc.GoMemoryLimitMB == 0 && env != "" {
+		log.Info("go memory limit from GOMEMLIMIT", "value", env)
+		return debug.SetMemoryLimit(-1)
+	}
+	limit := sc.GoMemoryLimit()
+	debug.SetMemoryLimit(limit)
+	log.Info("go memory limit", "bytes", limit, "derived", sc.GoMemoryLimitMB == 0)
+	return limit
 }

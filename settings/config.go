@@ -67,6 +67,23 @@ type ServerConfig struct {
 	// QueuedReplyBytesPerPeer bounds replies kept for a peer that does not
 	// read them (eight times that in total).
 	QueuedReplyBytesPerPeer int64 `koanf:"queued_reply_bytes_per_peer"`
+	// MaxInflightPickleMB bounds the large request frames (pickled chunks)
+	// held from their receive until their handler is done.
+	MaxInflightPickleMB int `koanf:"max_inflight_pickle_mb"`
+	// GoMemoryLimitMB is the Go heap's soft limit; 0 derives it
+	// (GoMemoryLimit).
+	GoMemoryLimitMB int `koanf:"go_memory_limit_mb"`
+}
+
+// GoMemoryLimit is the Go heap's soft limit in bytes: GoMemoryLimitMB, or
+// when 0, 64 MiB for the server's own state plus twice the in-flight pickle
+// bytes (a pickle reply is built in Go and copied out once; its garbage
+// lives until the next collection). The pool is mapped outside the Go heap.
+func (s ServerConfig) GoMemoryLimit() int64 {
+	if s.GoMemoryLimitMB > 0 {
+		return int64(s.GoMemoryLimitMB) << 20
+	}
+	return 64<<20 + 2*int64(s.MaxInflightPickleMB)<<20
 }
 
 // L1Config is the L1 memory pool.
@@ -132,6 +149,7 @@ func Default() Config {
 			MaxTokensPerRequest:     2 << 20,
 			QueuedRequestBytes:      256 << 20,
 			QueuedReplyBytesPerPeer: 128 << 20,
+			MaxInflightPickleMB:     256,
 
 			WorkerReapTimeoutSeconds:       120,
 			WorkerRegistrationGraceSeconds: 3600,

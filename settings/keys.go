@@ -206,6 +206,14 @@ func table() []keyDef {
 				}
 				return ""
 			}},
+		{key: "server.max_inflight_pickle_mb", flag: "max-inflight-pickle-mb", class: Restart,
+			help:  "MiB of pickled chunk frames held from their receive until stored (or of any frame of 1 MiB or more); over it the server reads no further request until they are done",
+			field: func(c *Config) any { return &c.Server.MaxInflightPickleMB },
+			check: func(c Config) string { return intRange(c.Server.MaxInflightPickleMB, 1, 1<<20) }},
+		{key: "server.go_memory_limit_mb", flag: "go-memory-limit-mb", class: NextStart,
+			help:  "Go heap soft limit in MiB (GOMEMLIMIT); 0 derives it: 64 MiB + 2 x max-inflight-pickle-mb (the pool is mapped outside the Go heap)",
+			field: func(c *Config) any { return &c.Server.GoMemoryLimitMB },
+			check: func(c Config) string { return intRange(c.Server.GoMemoryLimitMB, 0, 1<<24) }},
 		{key: "l1.size_gb", flag: "l1-size-gb", class: Rebuild,
 			help:  "L1 pool size in GiB",
 			field: func(c *Config) any { return &c.L1.SizeGB },

@@ -49,9 +49,13 @@ func (e *Engine) startFront(cfg settings.Config, p *plane) (*front, error) {
 		PeerQueuedRequestBytes: cfg.Server.QueuedRequestBytes / 4,
 		ReplyBytesPerPeer:      cfg.Server.QueuedReplyBytesPerPeer,
 		ReplyBytes:             8 * cfg.Server.QueuedReplyBytesPerPeer,
-		DrainTimeout:           DrainTimeout,
-		Logger:                 e.log,
-		Observer:               observer{r: e.rates, next: e.opts.Observer},
+		InFlightBytes:          int64(cfg.Server.MaxInflightPickleMB) << 20,
+		// In-memory and non-blocking (a lookup's tier phase runs in the
+		// background): answered on the socket goroutine when small.
+		FastShared:   []string{protocol.Lookup, protocol.QueryPrefetchStatus, protocol.QueryPrefetchLookupHits},
+		DrainTimeout: DrainTimeout,
+		Logger:       e.log,
+		Observer:     observer{r: e.rates, next: e.opts.Observer},
 	}
 	if e.wireOptions != nil {
 		e.wireOptions(&opts)
@@ -65,6 +69,8 @@ func (e *Engine) startFront(cfg settings.Config, p *plane) (*front, error) {
 	if err != nil {
 		return nil, fmt.Errorf("wire server: %w", err)
 	}
+	// The plane outlives a restart: its pickle gate takes this start's limit.
+	p.transfer.SetMaxInflightPickle(opts.InFlightBytes)
 	for name, h := range e.handlers(cfg, p) {
 		srv.Handle(name, h)
 	}

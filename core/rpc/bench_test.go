@@ -206,3 +206,160 @@ func BenchmarkEcho32MiB(b *testing.B) {
 	b.ReportMetric(float64(after.Microseconds())/1000, "tuned-ms/echo")
 	b.ReportMetric(before.Seconds()/after.Seconds(), "speedup")
 }
+
+// smallServer serves NOOP (inline), LOOKUP and QUERY_PREFETCH_STATUS (shared
+// class; answered on the socket goroutine when fast) and COMMIT_STORE (the
+// store stream's, ordered: answers true) with trivial handlers, so that what
+// is measured is what the server adds to a ROUTER.
+func smallServer(b *testing.B, fast bool) (endpoint string, stop func()) {
+	b.Helper()
+	opts := rpc.Options{Host: "127.0.0.1", Profile: profile(b, "nongpu-v1"), Logger: quietLogger(), MaxMessageBytes: 64 << 20}
+	if fast {
+		opts.FastShared = []string{protocol.Lookup, protocol.QueryPrefetchStatus}
+	}
+	srv, err := rpc.New(opts)
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv.Handle(protocol.Noop, func(context.Context, *rpc.Request) (any, error) { return "OK", nil })
+	srv.Handle(protocol.Lookup, func(context.Context, *rpc.Request) (any, error) { return nil, nil })
+	srv.Handle(protocol.QueryPrefetchStatus, func(context.Context, *rpc.Request) (any, error) { return int64(0), nil })
+	srv.Handle(protocol.CommitStore, func(context.Context, *rpc.Request) (any, error) { return true, nil })
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx) }()
+	for srv.Endpoint() == "" {
+		time.Sleep(time.Millisecond)
+	}
+	return srv.Endpoint(), func() { cancel(); <-done }
+}
+
+// exchange is one synchronous client operation: requests sent one after the
+// other, each waiting for its reply.
+func exchange(b *testing.B, d *zmq.Socket, reqs [][][]byte) {
+	for _, r := range reqs {
+		if _, err := d.SendMessage(r); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := d.RecvMessageBytes(0); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func dealer(b *testing.B, ep string) *zmq.Socket {
+	b.Helper()
+	d, err := zmq.NewSocket(zmq.DEALER)
+	if err != nil {
+		b.Fatal(err)
+	}
+	_ = d.SetLinger(0)
+	_ = d.SetRcvtimeo(10 * time.Second)
+	if err := d.Connect(ep); err != nil {
+		b.Fatal(err)
+	}
+	return d
+}
+
+// stream sends 32 MiB COMMIT_STOREs to ep without pause until stop is
+// closed, each waiting for its (small) answer: a store stream.
+func stream(b *testing.B, ep string, stop <-chan struct{}) (done <-chan struct{}) {
+	d := dealer(b, ep)
+	key, _ := protocol.Encode(protocol.Key{ModelName: "m", WorldSize: 1, TokenIDs: []uint32{1}, End: 1})
+	inst, _ := protocol.Encode(int64(0))
+	data, _ := protocol.Encode(make([]byte, 32<<20))
+	uid, _ := protocol.Encode(1)
+	typ, _ := protocol.Encode(12)
+	fin := make(chan struct{})
+	go func() {
+		defer close(fin)
+		defer d.Close()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if _, err := d.SendMessage(uid, typ, key, inst, data); err != nil {
+				return
+			}
+			if _, err := d.RecvMessageBytes(0); err != nil {
+				return
+			}
+		}
+	}()
+	return fin
+}
+
+// BenchmarkSmallRequests compares NOOP and LOOKUP + QUERY_PREFETCH_STATUS
+// round trips (a 16 KiB key, as the bench's 16-chunk prompt) through
+// rpc.Server with a raw pebbe ROUTER echo, alone and while a 32 MiB store
+// stream runs on another connection to the same server; blocks of each are
+// interleaved and the medians compared (load drift hits both alike).
+// ratio: kvdock / echo; ratio-workers: the same with LOOKUP and STATUS on the
+// shared workers (FastShared off), for comparison.
+func BenchmarkSmallRequests(b *testing.B) {
+	uid, _ := protocol.Encode(1)
+	enc := func(v any) []byte { x, _ := protocol.Encode(v); return x }
+	tokens := make([]uint32, 4096)
+	for i := range tokens {
+		tokens[i] = uint32(100000 + i)
+	}
+	key := enc(protocol.Key{ModelName: "m", WorldSize: 1, TokenIDs: tokens, End: len(tokens), RequestID: "r"})
+	noop := [][][]byte{{uid, enc(19)}}
+	lookup := [][][]byte{{uid, enc(5), key, enc(int64(1))}, {uid, enc(6), enc("r")}}
+	for _, c := range []struct {
+		name   string
+		reqs   [][][]byte
+		stream bool
+	}{{"noop", noop, false}, {"noop-under-store", noop, true}, {"lookup-status", lookup, false}, {"lookup-status-under-store", lookup, true}} {
+		b.Run(c.name, func(b *testing.B) {
+			rawEP, stopRaw := rawEcho(b)
+			defer stopRaw()
+			fastEP, stopFast := smallServer(b, true)
+			defer stopFast()
+			slowEP, stopSlow := smallServer(b, false)
+			defer stopSlow()
+			eps := []string{rawEP, fastEP, slowEP}
+			socks := make([]*zmq.Socket, len(eps))
+			for i, ep := range eps {
+				socks[i] = dealer(b, ep)
+				defer socks[i].Close()
+				exchange(b, socks[i], c.reqs)
+			}
+			const blocks = 15
+			per := max(b.N/blocks, 20)
+			times := make([][]time.Duration, len(eps))
+			b.ResetTimer()
+			for range blocks {
+				for i, ep := range eps {
+					var stop chan struct{}
+					var done <-chan struct{}
+					if c.stream {
+						stop = make(chan struct{})
+						done = stream(b, ep, stop)
+					}
+					t0 := time.Now()
+					for range per {
+						exchange(b, socks[i], c.reqs)
+					}
+					times[i] = append(times[i], time.Since(t0))
+					if c.stream {
+						close(stop)
+						<-done
+					}
+				}
+			}
+			b.StopTimer()
+			med := make([]time.Duration, len(eps))
+			for i := range times {
+				slices.Sort(times[i])
+				med[i] = times[i][blocks/2]
+			}
+			b.ReportMetric(float64(per)/med[0].Seconds(), "echo-ops/s")
+			b.ReportMetric(float64(per)/med[1].Seconds(), "kvdock-ops/s")
+			b.ReportMetric(med[0].Seconds()/med[1].Seconds(), "ratio")
+			b.ReportMetric(med[0].Seconds()/med[2].Seconds(), "ratio-workers")
+		})
+	}
+}

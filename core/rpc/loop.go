@@ -49,11 +49,13 @@ type loop struct {
 	buf     []pending
 
 	raw unsafe.Pointer // libzmq's handle of router, for counted sends
+	rc  *receiver      // reads messages through raw
 
 	// outBytes sums the replies waiting here for their peers (refused at
 	// SendHWM, or behind those); the per-peer state is s.rp.
 	outBytes  int64
 	retryWait time.Duration
+	sendErr   error // why the last write failed
 }
 
 // outMsg is a reply admitted to its peer's budget, its frames (identity,
@@ -177,35 +179,36 @@ const (
 
 // write hands m's frames to libzmq without blocking or copying.
 func (l *loop) write(m *outMsg) sendResult {
-	n := len(m.frames)
-	for m.sent < n {
-		i := m.sent
-		flag := zmq.SNDMORE
-		if i == n-1 {
-			flag = 0
+	for m.sent < len(m.frames) {
+		first := m.sent == 0
+		n, err := sendMany(l.raw, m.frames, m.sent)
+		m.sent += n
+		if err == nil {
+			break
 		}
-		err := sendBuf(l.raw, m.frames[i], flag|zmq.DONTWAIT)
-		if err != nil && i == 0 && zmq.AsErrno(err) == zmq.Errno(syscall.EAGAIN) {
+		if first && n == 0 && zmq.AsErrno(err) == zmq.Errno(syscall.EAGAIN) {
 			// libzmq applies the peer's "queue drained" notices lazily (at
 			// most once a millisecond while sending); reading ZMQ_EVENTS
 			// applies them now, so a reading peer is not taken for a full one.
 			_, _ = l.router.GetEvents()
-			err = sendBuf(l.raw, m.frames[i], flag|zmq.DONTWAIT)
-		}
-		if err != nil {
-			// ROUTER_MANDATORY reports both on the identity frame, before
-			// anything of the message is queued.
-			if i == 0 {
-				switch zmq.AsErrno(err) {
-				case zmq.Errno(syscall.EAGAIN):
-					return peerFull
-				case zmq.EHOSTUNREACH:
-					return peerGone
-				}
+			n, err = sendMany(l.raw, m.frames, m.sent)
+			m.sent += n
+			if err == nil {
+				break
 			}
-			return failed
 		}
-		m.sent++
+		// ROUTER_MANDATORY reports both on the identity frame, before
+		// anything of the message is queued.
+		if first && m.sent == 0 {
+			switch zmq.AsErrno(err) {
+			case zmq.Errno(syscall.EAGAIN):
+				return peerFull
+			case zmq.EHOSTUNREACH:
+				return peerGone
+			}
+		}
+		l.sendErr = fmt.Errorf("frame %d of %d: %w", m.sent, len(m.frames), err)
+		return failed
 	}
 	return sent
 }
@@ -235,8 +238,16 @@ func (l *loop) deliver(p pending) {
 		l.s.stats.repliesDropped.Add(1)
 		p.m.release()
 	default:
-		l.s.stats.bad(protocol.KindSendFailed)
+		l.sendFailed()
 		p.m.release()
+	}
+}
+
+// sendFailed counts and logs (rate-limited) a reply libzmq refused.
+func (l *loop) sendFailed() {
+	l.s.stats.bad(protocol.KindSendFailed)
+	if l.s.limiter.allow("send_failed") {
+		l.s.log.Warn("reply dropped: libzmq refused it", "err", l.sendErr)
 	}
 }
 
@@ -273,7 +284,7 @@ func (l *loop) retry() {
 				break
 			}
 			if res == failed {
-				l.s.stats.bad(protocol.KindSendFailed)
+				l.sendFailed()
 				m.release()
 			}
 			l.outBytes -= m.size
@@ -329,52 +340,63 @@ func (l *loop) events() {
 
 func (l *loop) read() {
 	for range readBatch {
-		frames, total, limit, tooMany, ok := l.recv()
+		if !l.roomInFlight() {
+			return
+		}
+		limit := l.s.maxMessage()
+		frames, held, total, tooMany, lost, ok := l.rc.recv(limit, &l.s.inflight)
 		if !ok {
 			return
 		}
-		l.dispatch(frames, total, limit, tooMany)
+		l.s.churn.add(total)
+		l.dispatch(frames, held, total, limit, tooMany, lost)
 		if l.ctx.Err() != nil {
 			return
 		}
 	}
 }
 
-// recv reads one whole message without blocking. Frames beyond maxFrames, and
-// every frame once the total passes the message limit, are read and discarded.
-func (l *loop) recv() (frames [][]byte, total, limit int64, tooMany, ok bool) {
-	first, err := l.router.RecvBytes(zmq.DONTWAIT)
-	if err != nil {
-		return nil, 0, 0, false, false
+// roomInFlight reports whether another message may be read: the large
+// frames borrowed by requests stay under InFlightBytes (replies are not
+// counted: a peer that does not read its replies must not stop the server
+// reading everyone's requests; they have their own budgets). Over it the loop stops reading (the messages stay in
+// libzmq and the TCP buffers: backpressure, nothing is dropped) until they
+// are released; it keeps sending replies meanwhile. A message is always read
+// when nothing is in flight, so one of any legal size goes through.
+func (l *loop) roomInFlight() bool {
+	if l.s.inflight.Load() < l.s.opts.InFlightBytes {
+		return true
 	}
-	limit = l.s.maxMessage()
-	frames = append(make([][]byte, 0, 4), first)
-	total = int64(len(first))
-	for {
-		more, err := l.router.GetRcvmore()
-		if err != nil || !more {
-			break
-		}
-		f, err := l.router.RecvBytes(0)
-		if err != nil {
-			break
-		}
-		total += int64(len(f))
-		if len(frames) >= maxFrames {
-			tooMany = true
-			continue
-		}
-		if total <= limit {
-			frames = append(frames, f)
+	l.s.stats.inflightWaits.Add(1)
+	t := time.NewTicker(time.Millisecond)
+	defer t.Stop()
+	for l.s.inflight.Load() >= l.s.opts.InFlightBytes {
+		select {
+		case <-t.C:
+			l.wake.Drain()
+			l.flush()
+		case <-l.ctx.Done():
+			return false
 		}
 	}
-	l.s.churn.add(total)
-	return frames, total, limit, tooMany, true
+	return true
 }
 
-func (l *loop) dispatch(frames [][]byte, total, limit int64, tooMany bool) {
+func (l *loop) dispatch(frames [][]byte, held *borrowed, total, limit int64, tooMany, lost bool) {
 	s := l.s
+	// Borrowed frames go back to libzmq here unless the request is handed
+	// to a worker, which releases them when its handler is done.
+	handedOff := false
+	defer func() {
+		if !handedOff {
+			held.release()
+		}
+	}()
 	peer := frames[0]
+	if lost {
+		s.badInput(protocol.KindOversized, peer, nil, fmt.Errorf("message of %d bytes: no memory to keep a frame", total))
+		return
+	}
 	if total > limit {
 		s.badInput(protocol.KindOversized, peer, nil, fmt.Errorf("message of %d bytes exceeds the maximum %d", total, limit))
 		return
@@ -392,8 +414,14 @@ func (l *loop) dispatch(frames [][]byte, total, limit int64, tooMany bool) {
 		s.decodeFailed(job{peer: peer, uid: uid, typ: typ, prof: prof, spec: spec, start: time.Now()}, err, l.send)
 		return
 	}
-	j := job{peer: peer, uid: frames[1], typ: frames[2], prof: prof, spec: spec, payload: frames[3:], start: time.Now(),
-		args: args, decoded: decoded}
+	// Args decoded during protocol detection may point into any payload
+	// frame (a bytes field of a message struct, say): then every borrowed
+	// frame stays borrowed until the handler is done. Otherwise only the
+	// frames the handler takes as bytes do; the rest are copied to Go
+	// memory before the job is built from them.
+	settle(frames, held, func(i int) bool { return decoded || bytesAt(spec, len(frames)-3, i) })
+	j := job{peer: peer, uid: frames[1], typ: frames[2], prof: prof, spec: spec, payload: frames[3:], held: held,
+		start: time.Now(), args: args, decoded: decoded}
 	if spec.Unsupported != "" {
 		s.badInput(spec.Unsupported, peer, spec, fmt.Errorf("%s is not served", spec.Name))
 		s.finish(j, OutcomeDropped)
@@ -403,7 +431,13 @@ func (l *loop) dispatch(frames [][]byte, total, limit int64, tooMany bool) {
 		return
 	}
 	var ch chan job
-	switch spec.Class {
+	class := spec.Class
+	if class == protocol.Shared && s.fastShared(spec, j.payload) {
+		// Cheap and non-blocking at this size: answered here, without the
+		// hand-off to a worker and the wake-up to send its reply.
+		class = protocol.Inline
+	}
+	switch class {
 	case protocol.Inline:
 		if !j.decoded && !s.decodePayload(&j, l.send) {
 			return
@@ -430,10 +464,11 @@ func (l *loop) dispatch(frames [][]byte, total, limit int64, tooMany bool) {
 	s.stats.inFlight.Add(1)
 	select {
 	case ch <- j:
+		handedOff = true
 	default:
 		// Queue full: block (backpressure on this socket) but keep sending
 		// replies and notice shutdown.
-		l.enqueueSlow(ch, j)
+		handedOff = l.enqueueSlow(ch, j)
 	}
 }
 
@@ -467,18 +502,31 @@ func (l *loop) charge(j job) bool {
 	}
 }
 
-func (l *loop) enqueueSlow(ch chan job, j job) {
+// bytesAt reports whether payload frame i of an n-frame payload of spec is
+// decoded as bytes (a []byte arg: a slice of the frame, valid while the
+// handler runs).
+func bytesAt(spec *protocol.Spec, n, i int) bool {
+	for _, shape := range spec.Shapes() {
+		if len(shape) == n {
+			return shape[i] == protocol.TypeBytes
+		}
+	}
+	return false
+}
+
+// enqueueSlow waits for room in ch; false: shutdown came first (j dropped).
+func (l *loop) enqueueSlow(ch chan job, j job) bool {
 	t := time.NewTicker(5 * time.Millisecond)
 	defer t.Stop()
 	for {
 		select {
 		case ch <- j:
-			return
+			return true
 		case <-l.ctx.Done():
 			l.s.stats.inFlight.Add(-1)
 			l.s.in.release(j.peer, j.cost)
 			l.s.finish(j, OutcomeDropped)
-			return
+			return false
 		case <-t.C:
 			l.flush()
 		}

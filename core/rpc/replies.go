@@ -92,6 +92,14 @@ func (rp *replyPeers) admit(po *peerOut, n, perPeer, total int64) bool {
 // false when it was dropped (counted and logged). The caller hands the
 // result to the socket goroutine and then calls rp.release(p.po).
 func (s *Server) prepare(r *reply) (pending, bool) {
+	p, ok := s.admitReply(r)
+	if !ok && r.buf != nil {
+		r.buf.c.release() // not adopted: freed uncharged
+	}
+	return p, ok
+}
+
+func (s *Server) admitReply(r *reply) (pending, bool) {
 	rp := s.rp
 	po, err := rp.acquire(r.peer)
 	if err != nil {
@@ -124,11 +132,35 @@ func (s *Server) prepare(r *reply) (pending, bool) {
 }
 
 // copyReply copies r's frames (identity, uid, type, results) into C memory
-// charged to peer and total.
+// charged to peer and total: the small ones in one C call, a large result on
+// its own. A result frame written into a ReplyBuffer is adopted, not copied.
 func copyReply(r *reply, peer, total heldCounter) (outMsg, error) {
 	m := outMsg{frames: make([]cbuf, 0, 3+len(r.frames)), size: r.size()}
-	for _, b := range append([][]byte{r.peer, r.uid, r.typ}, r.frames...) {
-		c, err := copyOut(b, peer, total)
+	all := append([][]byte{r.peer, r.uid, r.typ}, r.frames...)
+	packed := 0
+	for packed < len(all) && packed < maxPacked && (packed < 3 || r.buf == nil) {
+		n := 0
+		for _, f := range all[:packed+1] {
+			n += len(f)
+		}
+		if n > packBytes {
+			break
+		}
+		packed++
+	}
+	var err error
+	if packed > 0 {
+		if m.frames, err = copyOutPacked(m.frames, all[:packed], peer, total); err != nil {
+			return outMsg{}, err
+		}
+	}
+	for i := packed; i < len(all); i++ {
+		if i == 3 && r.buf != nil {
+			m.frames = append(m.frames, r.buf.adopt(len(all[i]), peer, total))
+			r.buf = nil
+			continue
+		}
+		c, err := copyOut(all[i], peer, total)
 		if err != nil {
 			m.release()
 			return outMsg{}, err

@@ -41,6 +41,7 @@
 package rpc
 
 import (
+	"bytes"
 	"context"
 	"encoding/hex"
 	"errors"
@@ -48,6 +49,7 @@ import (
 	"hash/fnv"
 	"log/slog"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -69,6 +71,46 @@ type Request struct {
 	Name string // wire name in the active profile
 	Args []any
 	Spec *protocol.Spec
+
+	bufs     []replyBuf
+	answer   func(any, error)
+	deferred atomic.Bool
+}
+
+// Defer answers the request later: the handler's own return value is
+// ignored, and the reply is made from the first call of the returned
+// function (from any goroutine, once; later calls do nothing), as if the
+// handler had returned its arguments then. A request whose answer never
+// comes gets no reply. For flow control: a handler that must not block its
+// worker (which serves other requests) but may not answer yet.
+func (r *Request) Defer() func(res any, err error) {
+	r.deferred.Store(true)
+	answer := r.answer
+	var once sync.Once
+	return func(res any, err error) {
+		if answer == nil {
+			return // not a request of a running server (a test's own)
+		}
+		once.Do(func() { answer(res, err) })
+	}
+}
+
+// ReplyBuffer returns n bytes outside the Go heap for the handler to encode
+// its reply into: a protocol.Raw result that starts at the buffer's first
+// byte (and is no longer than n) is sent from it as it is, without the copy
+// out of Go memory that every other reply takes. Buffers not returned that
+// way are freed when the handler returns; none may be used after it. For
+// large replies (pickled chunks), so that they never live on the Go heap.
+func (r *Request) ReplyBuffer(n int) ([]byte, error) {
+	if n < 0 {
+		return nil, fmt.Errorf("rpc: reply buffer of %d bytes", n)
+	}
+	rb, err := allocReply(n)
+	if err != nil {
+		return nil, err
+	}
+	r.bufs = append(r.bufs, rb)
+	return rb.b[:0:n], nil
 }
 
 // Handler serves one canonical request. A nil result sends no result frame; an
@@ -138,6 +180,19 @@ type Options struct {
 	// kept while the total allows it, and when nothing is kept at all.
 	ReplyBytes        int64
 	ReplyBytesPerPeer int64
+	// InFlightBytes bounds the large request frames (1 MiB and more: pickled
+	// chunks) held from their receive until their handler is done: over it
+	// the socket goroutine reads no further message until enough is released
+	// (default 256 MiB). A message is always read when nothing is in flight.
+	InFlightBytes int64
+	// FastShared names shared-class handlers that are cheap and never
+	// block (a lookup in memory, a status read): with a payload of at most
+	// FastSharedBytes (default 64 KiB) they run on the socket goroutine like
+	// the inline class, so their reply leaves without a hand-off to a worker
+	// and back. Larger payloads (a key of many tokens to hash) still go to
+	// the shared workers, so no peer stalls the socket goroutine for long.
+	FastShared      []string
+	FastSharedBytes int
 	// PollFault, when set, is called before each poll and a non-nil error
 	// counts as a failed poll: fault injection for tests of the failure path.
 	PollFault func() error
@@ -193,6 +248,12 @@ func (o *Options) defaults() error {
 	}
 	if o.ReplyBytesPerPeer <= 0 {
 		o.ReplyBytesPerPeer = 128 << 20
+	}
+	if o.FastSharedBytes <= 0 {
+		o.FastSharedBytes = 64 << 10
+	}
+	if o.InFlightBytes <= 0 {
+		o.InFlightBytes = 256 << 20
 	}
 	if o.DrainTimeout <= 0 {
 		o.DrainTimeout = 5 * time.Second
@@ -253,6 +314,9 @@ type Server struct {
 
 	in    inBudget
 	churn churn // large message bytes since memory was last given back
+	// inflight is the bytes of large request frames borrowed from libzmq
+	// (received, their handler not done yet).
+	inflight atomic.Int64
 
 	serving      atomic.Bool
 	draining     atomic.Bool   // set once reading stopped: queued jobs are dropped
@@ -273,12 +337,16 @@ type job struct {
 	decoded        bool
 	args           []any
 	start          time.Time
-	cost           int64 // payload bytes charged to the inbound budget
+	cost           int64     // payload bytes charged to the inbound budget
+	held           *borrowed // payload frames still in libzmq's buffers
 }
 
 type reply struct {
 	peer, uid, typ []byte
 	frames         [][]byte // result frames after uid and type (0, 1 or 2)
+	// buf, when set, holds frames[0] (written by the handler into a
+	// ReplyBuffer): it is adopted instead of copied, or freed if dropped.
+	buf *replyBuf
 }
 
 func (r *reply) size() int64 {
@@ -345,6 +413,18 @@ func (s *Server) HandlersDone() <-chan struct{} { return s.handlersDone }
 
 // Profile is the active protocol profile.
 func (s *Server) Profile() *protocol.Profile { return s.opts.Profile }
+
+// fastShared reports whether a shared request runs on the socket goroutine.
+func (s *Server) fastShared(spec *protocol.Spec, payload [][]byte) bool {
+	if !slices.Contains(s.opts.FastShared, spec.Handler) {
+		return false
+	}
+	n := 0
+	for _, f := range payload {
+		n += len(f)
+	}
+	return n <= s.opts.FastSharedBytes
+}
 
 // maxMessage is the limit on the message being read now.
 func (s *Server) maxMessage() int64 {
@@ -586,7 +666,7 @@ func (s *Server) Serve(ctx context.Context) error {
 		}, s.log)
 	}()
 
-	l := &loop{s: s, router: router, raw: s.raw, monitor: s.monitor, wake: w, ordered: ordered, shared: shared,
+	l := &loop{s: s, router: router, raw: s.raw, rc: newReceiver(s.raw), monitor: s.monitor, wake: w, ordered: ordered, shared: shared,
 		ctx: ctx, hctx: hctx, retryWait: retryFirst}
 	loopErr := l.run()
 	scancel()
@@ -733,18 +813,21 @@ func (s *Server) worker(ctx context.Context, jobs <-chan job, wg *sync.WaitGroup
 			// Not started before the stop: dropped, not run.
 			s.stats.inFlight.Add(-1)
 			s.in.release(j.peer, j.cost)
+			j.held.release()
 			s.finish(j, OutcomeDropped)
 			continue
 		}
 		if !j.decoded && !s.decodePayload(&j, s.reply) {
 			s.stats.inFlight.Add(-1)
 			s.in.release(j.peer, j.cost)
+			j.held.release()
 			continue
 		}
 		if r, ok := s.execute(ctx, j); ok {
 			s.reply(r)
 		}
 		// The handler is done with the payload's frames (its []byte args).
+		j.held.release()
 		s.in.release(j.peer, j.cost)
 	}
 }
@@ -794,7 +877,42 @@ func (s *Server) execute(ctx context.Context, j job) (r reply, send bool) {
 		s.finish(j, OutcomeDropped)
 		return s.errorReply(j, "NoHandler", "no handler for "+j.spec.Name)
 	}
-	res, err, panicked := s.call(ctx, h, j)
+	req := &Request{Peer: j.peer, Name: j.spec.Name, Args: j.args, Spec: j.spec}
+	// A deferred answer keeps copies of what its reply needs, not the
+	// message's buffer with its payload (a waiting request holds little).
+	later := job{peer: bytes.Clone(j.peer), uid: bytes.Clone(j.uid), typ: bytes.Clone(j.typ), prof: j.prof, spec: j.spec, start: j.start}
+	req.answer = func(res any, err error) {
+		if r, ok := s.result(later, nil, res, err, false); ok {
+			s.reply(r)
+		}
+	}
+	res, err, panicked := s.call(ctx, h, j, req)
+	deferred := req.deferred.Load() && !panicked
+	var adopted *replyBuf
+	if raw, ok := res.(protocol.Raw); ok && err == nil && !deferred {
+		for i := range req.bufs {
+			if req.bufs[i].holds(raw) {
+				adopted = &req.bufs[i]
+				break
+			}
+		}
+	}
+	for i := range req.bufs {
+		if &req.bufs[i] != adopted {
+			req.bufs[i].c.release()
+		}
+	}
+	req.bufs = nil
+	if deferred {
+		return reply{}, false
+	}
+	req.answer = nil
+	return s.result(j, adopted, res, err, panicked)
+}
+
+// result makes the reply to j from its handler's result (res written into
+// adopted when set), finishing j with its outcome.
+func (s *Server) result(j job, adopted *replyBuf, res any, err error, panicked bool) (r reply, send bool) {
 	if err != nil {
 		if !panicked {
 			s.badInput(protocol.KindHandlerErr, j.peer, j.spec, err)
@@ -804,10 +922,16 @@ func (s *Server) execute(ctx context.Context, j job) (r reply, send bool) {
 	}
 	r = reply{peer: j.peer, uid: j.uid, typ: j.typ}
 	if x, ok := res.(protocol.Raw); ok && !j.prof.Wraps(j.spec) {
-		// Already encoded (a large pickle reply): sent without a copy.
+		// Already encoded (a large pickle reply): sent without a copy,
+		// from the C buffer it was written into when there is one.
 		r.frames = [][]byte{x}
+		r.buf = adopted
 	} else {
 		b, has, err := j.prof.ReplyFrame(j.spec, res)
+		if adopted != nil {
+			// ReplyFrame wrapped a copy of it into a reply struct.
+			adopted.c.release()
+		}
 		if err != nil {
 			s.badInput(protocol.KindHandlerErr, j.peer, j.spec, fmt.Errorf("encode result: %w", err))
 			s.finish(j, OutcomeError)
@@ -821,14 +945,14 @@ func (s *Server) execute(ctx context.Context, j job) (r reply, send bool) {
 	return r, true
 }
 
-func (s *Server) call(ctx context.Context, h Handler, j job) (res any, err error, panicked bool) {
+func (s *Server) call(ctx context.Context, h Handler, j job, req *Request) (res any, err error, panicked bool) {
 	defer func() {
 		if p := recover(); p != nil {
 			s.badInput(protocol.KindPanic, j.peer, j.spec, fmt.Errorf("panic: %v", p))
 			res, err, panicked = nil, fmt.Errorf("handler %s panicked: %v", j.spec.Handler, p), true
 		}
 	}()
-	res, err = h(ctx, &Request{Peer: j.peer, Name: j.spec.Name, Args: j.args, Spec: j.spec})
+	res, err = h(ctx, req)
 	return res, err, false
 }
 

@@ -39,6 +39,11 @@ type Stats struct {
 	// (the server stopped reading until it had room).
 	QueuedRequestBytes int64
 	BudgetWaits        int64
+	// InFlightBytes is the large request frames held now (see
+	// Options.InFlightBytes); InFlightWaits counts the times the server
+	// stopped reading because of them.
+	InFlightBytes int64
+	InFlightWaits int64
 	// WaitingReplyBytes is the bytes of replies waiting in kvdock for peers
 	// that do not read; RepliesDropped counts replies dropped because their
 	// peer's reply budget was full or the peer was gone (not bad input: a
@@ -59,6 +64,7 @@ type stats struct {
 	inFlight       atomic.Int64
 	disconnects    atomic.Int64
 	budgetWaits    atomic.Int64
+	inflightWaits  atomic.Int64
 	replyBytes     atomic.Int64
 	repliesDropped atomic.Int64
 	mu             sync.Mutex
@@ -131,6 +137,8 @@ func (s *Server) Stats() Stats {
 
 		QueuedRequestBytes: s.in.queued(),
 		BudgetWaits:        st.budgetWaits.Load(),
+		InFlightBytes:      s.inflight.Load(),
+		InFlightWaits:      st.inflightWaits.Load(),
 		WaitingReplyBytes:  st.replyBytes.Load(),
 		RepliesDropped:     st.repliesDropped.Load(),
 	}

@@ -2,6 +2,10 @@ package rpc
 
 /*
 #cgo !windows pkg-config: libzmq
+#cgo noescape kv_copy_many
+#cgo nocallback kv_copy_many
+#cgo noescape kv_send_many
+#cgo nocallback kv_send_many
 #include <zmq.h>
 #include <errno.h>
 #include <stdint.h>
@@ -53,8 +57,10 @@ static kv_buf *kv_map(size_t need) {
 }
 
 static void kv_release(kv_buf *b) {
-	__atomic_sub_fetch(b->held, b->size, __ATOMIC_RELEASE);
-	__atomic_sub_fetch(b->total, b->size, __ATOMIC_RELEASE);
+	if (b->held != NULL) {
+		__atomic_sub_fetch(b->held, b->size, __ATOMIC_RELEASE);
+		__atomic_sub_fetch(b->total, b->size, __ATOMIC_RELEASE);
+	}
 	if (b->cap == 0) {
 		free(b);
 		return;
@@ -120,6 +126,40 @@ static kv_buf *kv_copy(const void *p, size_t n, int64_t *held, int64_t *total) {
 	return b;
 }
 
+// kv_alloc makes an uncharged buffer of n bytes for a handler to write a
+// reply into (kv_adopt charges it once it is the reply; kv_release frees it
+// when it is not).
+static kv_buf *kv_alloc(size_t n) {
+	kv_buf *b;
+	if (n >= KV_MAP_FROM) {
+		b = kv_map(sizeof(kv_buf) + n);
+	} else {
+		b = malloc(sizeof(kv_buf) + (n ? n : 1));
+		if (b != NULL) {
+			b->cap = 0;
+		}
+	}
+	if (b == NULL) {
+		return NULL;
+	}
+	b->size = (int64_t)n;
+	b->held = NULL;
+	b->total = NULL;
+	b->zmq = 0;
+	return b;
+}
+
+// kv_adopt makes b (n bytes of it) a reply frame charged to *held and *total.
+static void kv_adopt(kv_buf *b, size_t n, int64_t *held, int64_t *total) {
+	b->size = (int64_t)n;
+	b->held = held;
+	b->total = total;
+	__atomic_add_fetch(held, (int64_t)n, __ATOMIC_RELAXED);
+	__atomic_add_fetch(total, (int64_t)n, __ATOMIC_RELAXED);
+}
+
+static char *kv_data(kv_buf *b) { return (char *)b + sizeof(kv_buf); }
+
 // kv_send hands b to libzmq without a copy. On success libzmq owns it and
 // releases it through kv_free; on failure it is still the caller's.
 static int kv_send(void *sock, kv_buf *b, int flags) {
@@ -128,7 +168,12 @@ static int kv_send(void *sock, kv_buf *b, int flags) {
 		return -1;
 	}
 	b->zmq = 1;
-	int rc = zmq_msg_send(&m, sock, flags);
+	int rc;
+	do {
+		// EINTR: a signal (the Go runtime's, say) interrupted libzmq's
+		// command processing before the frame was queued: send it again.
+		rc = zmq_msg_send(&m, sock, flags);
+	} while (rc < 0 && errno == EINTR);
 	if (rc < 0) {
 		int e = errno;
 		b->zmq = 0; // no other thread has seen the message
@@ -136,6 +181,38 @@ static int kv_send(void *sock, kv_buf *b, int flags) {
 		errno = e;
 	}
 	return rc;
+}
+
+// kv_send_many sends frames[from..n) as one message (SNDMORE on all but
+// the last) without blocking; it returns how many it sent (libzmq owns those)
+// and leaves errno set when it stopped early.
+static int kv_send_many(void *sock, kv_buf **frames, int from, int n) {
+	int i = from;
+	for (; i < n; i++) {
+		int flags = ZMQ_DONTWAIT | (i < n - 1 ? ZMQ_SNDMORE : 0);
+		if (kv_send(sock, frames[i], flags) < 0) {
+			break;
+		}
+	}
+	return i - from;
+}
+
+// kv_copy_many copies n frames, packed back to back in src with their
+// sizes in lens, into buffers out[0..n) charged to *held and *total; -1 when
+// memory ran out (those made are freed).
+static int kv_copy_many(const char *src, const size_t *lens, int n, int64_t *held, int64_t *total, kv_buf **out) {
+	size_t off = 0;
+	for (int i = 0; i < n; i++) {
+		out[i] = kv_copy(src + off, lens[i], held, total);
+		if (out[i] == NULL) {
+			for (int j = 0; j < i; j++) {
+				kv_release(out[j]);
+			}
+			return -1;
+		}
+		off += lens[i];
+	}
+	return 0;
 }
 
 static int kv_socket_type(void *sock) {
@@ -226,4 +303,68 @@ func sendBuf(sock unsafe.Pointer, c cbuf, flags zmq.Flag) error {
 		return fmt.Errorf("zmq_msg_send: %w", err)
 	}
 	return nil
+}
+
+// replyBuf is a C buffer a handler writes its reply into (Request.ReplyBuffer).
+type replyBuf struct {
+	c cbuf
+	b []byte // the whole buffer, as the handler got it
+}
+
+func allocReply(n int) (replyBuf, error) {
+	c := C.kv_alloc(C.size_t(n))
+	if c == nil {
+		return replyBuf{}, errors.New("rpc: out of memory for a reply buffer")
+	}
+	return replyBuf{c: cbuf{c}, b: unsafe.Slice((*byte)(unsafe.Pointer(C.kv_data(c))), n)}, nil
+}
+
+// holds reports whether b is a prefix of rb (a reply written into it).
+func (rb replyBuf) holds(b []byte) bool {
+	return len(b) > 0 && len(b) <= len(rb.b) && unsafe.Pointer(&b[0]) == unsafe.Pointer(&rb.b[0])
+}
+
+// adopt charges the first n bytes of rb as a reply frame to peer and total.
+func (rb replyBuf) adopt(n int, peer, total heldCounter) cbuf {
+	C.kv_adopt(rb.c.p, C.size_t(n), peer.p, total.p)
+	return rb.c
+}
+
+// copyOutPacked copies frames (at most maxPacked, packBytes together) into
+// C memory in one call, appending them to dst.
+func copyOutPacked(dst []cbuf, frames [][]byte, peer, total heldCounter) ([]cbuf, error) {
+	var scratch [packBytes]byte
+	var lens [maxPacked]C.size_t
+	var out [maxPacked]*C.kv_buf
+	off := 0
+	for i, f := range frames {
+		off += copy(scratch[off:], f)
+		lens[i] = C.size_t(len(f))
+	}
+	if C.kv_copy_many((*C.char)(unsafe.Pointer(&scratch[0])), &lens[0], C.int(len(frames)), peer.p, total.p, &out[0]) != 0 {
+		return dst, errors.New("rpc: out of memory for a reply")
+	}
+	for _, c := range out[:len(frames)] {
+		dst = append(dst, cbuf{c})
+	}
+	return dst, nil
+}
+
+// packBytes and maxPacked bound the frames of a reply copied out together.
+const (
+	packBytes = 4 << 10
+	maxPacked = 4
+)
+
+// sendMany hands frames[from:] to libzmq as the rest of one message; it
+// returns how many libzmq took and, when it stopped early, why.
+func sendMany(sock unsafe.Pointer, frames []cbuf, from int) (int, error) {
+	n, err := C.kv_send_many(sock, (**C.kv_buf)(unsafe.Pointer(&frames[0])), C.int(from), C.int(len(frames)))
+	if int(n) < len(frames)-from {
+		if errno, ok := err.(syscall.Errno); ok {
+			return int(n), zmq.Errno(errno)
+		}
+		return int(n), fmt.Errorf("zmq_msg_send: %w", err)
+	}
+	return int(n), nil
 }

@@ -209,3 +209,67 @@ func TestBenchBothModesAgainstAnSHMServer(t *testing.T) {
 		t.Errorf("without /status: pickle ran %v, skipped %+v", r.Pickle != nil, r.Skipped)
 	}
 }
+
+// TestBenchServerProcess: --server-process starts the server as its own
+// kvdock process and measures it as a target: the RSS figure is that
+// process's (its pid, not the bench's), pickle mode has its own RSS target
+// (2 x the largest message + 64 MiB) and the small requests under a store
+// stream are measured against the echo under a raw stream.
+func TestBenchServerProcess(t *testing.T) {
+	code, out, stderr := kvdock(t, nil, append(append([]string{"bench", "--json", "--server-process", "--mode", "pickle"}, benchTiny...), "--pool-gb", "0.125")...)
+	if code != 0 {
+		t.Fatalf("exit %d, stderr:\n%s", code, stderr)
+	}
+	var r struct {
+		Config struct {
+			ServerPID     int  `json:"server_pid"`
+			ServerProcess bool `json:"server_process"`
+			InProcess     bool `json:"in_process"`
+		} `json:"config"`
+		References struct {
+			NoopUnder float64 `json:"echo_noop_under_stream_round_trips_per_s"`
+		} `json:"references"`
+		Pickle struct {
+			benchMode
+			Largest   int64   `json:"largest_message_bytes"`
+			NoopUnder float64 `json:"noop_under_store_round_trips_per_s"`
+			Stream    float64 `json:"store_stream_gbps"`
+		} `json:"pickle"`
+		Targets []struct {
+			Name   string  `json:"name"`
+			Target float64 `json:"target"`
+		} `json:"targets"`
+	}
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatalf("bench --json: %v\n%s", err, out)
+	}
+	r.Pickle.check(t, "pickle")
+	if !r.Config.ServerProcess || r.Config.InProcess || r.Config.ServerPID <= 0 || r.Config.ServerPID == os.Getpid() {
+		t.Errorf("config %+v: want a server process of its own", r.Config)
+	}
+	if syscall.Kill(r.Config.ServerPID, 0) == nil {
+		t.Errorf("server process %d still runs after the bench", r.Config.ServerPID)
+	}
+	if !strings.Contains(r.Pickle.RSSMethod, "server VmHWM") || r.Pickle.RSSMiB < 0 {
+		t.Errorf("RSS %.1f MiB by %q: want the server's VmHWM", r.Pickle.RSSMiB, r.Pickle.RSSMethod)
+	}
+	if r.Pickle.NoopUnder <= 0 || r.Pickle.Stream <= 0 || r.References.NoopUnder <= 0 {
+		t.Errorf("under a store stream: NOOP %v rt/s, stream %v GB/s, echo %v rt/s", r.Pickle.NoopUnder, r.Pickle.Stream, r.References.NoopUnder)
+	}
+	found := false
+	for _, tg := range r.Targets {
+		if strings.HasPrefix(tg.Name, "pickle.peak_rss_beyond_pool_mib") {
+			found = true
+			if want := float64(2*r.Pickle.Largest+64<<20) / (1 << 20); r.Pickle.Largest <= 0 || tg.Target < want-0.01 || tg.Target > want+0.01 {
+				t.Errorf("RSS target %v MiB for a largest message of %d bytes, want %v", tg.Target, r.Pickle.Largest, want)
+			}
+		}
+	}
+	if !found {
+		t.Errorf("no pickle RSS target in %+v", r.Targets)
+	}
+	// One mode per server process.
+	if code, _, _ := kvdock(t, nil, "bench", "--server-process", "--mode", "both"); code != 2 {
+		t.Errorf("--server-process --mode both: exit %d, want 2", code)
+	}
+}

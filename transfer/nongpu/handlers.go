@@ -43,7 +43,15 @@ func (m *Module) Handlers() map[string]rpc.Handler {
 				return nil, err
 			}
 			defer m.begin(id, req.Peer)()
-			return m.PrepareStore(k, id)
+			resp, err := m.PrepareStore(k, id)
+			if n, ok := m.pickleStoreBytes(k, id); ok && err == nil {
+				// Answered once its chunks fit the in-flight pickle bytes: the
+				// worker sends them only after this reply.
+				answer := req.Defer()
+				m.gate.acquire(id, n, func() { answer(resp, nil) })
+				return nil, nil
+			}
+			return resp, err
 		}),
 		protocol.CommitStore: m.reporting(func(_ context.Context, req *rpc.Request) (any, error) {
 			k, id, err := keyAndInstance(req, 3)
@@ -55,6 +63,11 @@ func (m *Module) Handlers() map[string]rpc.Handler {
 				return nil, err
 			}
 			defer m.begin(id, req.Peer)()
+			if len(data) > 0 {
+				// The bytes its prepare was admitted for are stored (or
+				// refused) once this returns.
+				defer m.gate.committed(id)
+			}
 			return m.CommitStore(k, id, data)
 		}),
 		protocol.CommitStoreGroup: m.reporting(func(_ context.Context, req *rpc.Request) (any, error) {
@@ -79,7 +92,7 @@ func (m *Module) Handlers() map[string]rpc.Handler {
 				return nil, err
 			}
 			defer m.begin(id, req.Peer)()
-			return m.prepareRetrieveReply(k, id)
+			return m.prepareRetrieveReply(k, id, req.ReplyBuffer)
 		}),
 		protocol.CommitRetrieve: m.reporting(func(_ context.Context, req *rpc.Request) (any, error) {
 			k, id, err := keyAndInstance(req, 2)

@@ -183,6 +183,8 @@ type Module struct {
 	livenessChanged chan struct{}
 	// gone remembers the last maxGone reaped or removed instances.
 	gone []workers.ContextInfo
+	// gate admits pickle stores within server.max_inflight_pickle_mb.
+	gate *pickleGate
 }
 
 // New builds the module from the engine's dependencies and the server and L1
@@ -217,6 +219,7 @@ func New(deps Deps, server settings.ServerConfig, l1cfg settings.L1Config) (*Mod
 		errLast:   make(map[string]time.Time),
 
 		livenessChanged: make(chan struct{}, 1),
+		gate:            newPickleGate(int64(server.MaxInflightPickleMB) << 20),
 	}
 	if m.log == nil {
 		m.log = slog.New(slog.DiscardHandler)
@@ -229,6 +232,11 @@ func New(deps Deps, server settings.ServerConfig, l1cfg settings.L1Config) (*Mod
 	m.log.Info("non-GPU transfer", "shm_name", m.info.ShmName, "pool_size", m.info.PoolSize, "reason", m.info.Reason)
 	return m, nil
 }
+
+// SetMaxInflightPickle changes the bytes of pickled chunks admitted at once
+// (server.max_inflight_pickle_mb: the engine sets it with each wire server
+// it starts, since the module outlives a restart).
+func (m *Module) SetMaxInflightPickle(bytes int64) { m.gate.setLimit(bytes) }
 
 // SetTTLs changes how long pending writes and reads are kept (live setting;
 // the pool's lock TTLs). A non-positive value keeps upstream's default.
@@ -483,6 +491,7 @@ func (m *Module) Unregister(id int64) bool {
 	m.mu.Unlock()
 
 	m.discard(writes, reads)
+	m.gate.forget(id)
 	m.event(workers.EventUnregister, slog.LevelInfo, id, fmt.Sprintf(
 		"instance %d unregistered (%s); %d pending writes aborted, %d pending reads released",
 		id, inst.p.ModelName, len(writes), len(reads)))
@@ -505,6 +514,7 @@ func (m *Module) Close() {
 	}
 	m.mu.Unlock()
 	m.discard(writes, reads)
+	m.gate.close()
 }
 
 // takePendingLocked removes the pending entries whose key matches.

@@ -493,6 +493,25 @@ func (m *Module) locateAll(ks []keys.ObjectKey, lay layout.Layout) (slots []prot
 	return slots, found, ok
 }
 
+// pickleStoreBytes is what a pickle PREPARE_STORE of k may bring in its
+// commit: one chunk of each of the instance's KV group layouts per chunk of the key's range
+// (false: not a pickle instance, nothing to gate).
+func (m *Module) pickleStoreBytes(k protocol.Key, id int64) (int64, bool) {
+	inst, err := m.lookupInstance(id)
+	if err != nil || m.modeOf(inst) != workers.ModePickle {
+		return 0, false
+	}
+	chunks := int64(1)
+	if n := int64(k.End - k.Start); n > 0 {
+		chunks = (n + int64(m.chunkSize) - 1) / int64(m.chunkSize)
+	}
+	var perChunk int64 // every KV group's chunk (one for a plain model)
+	for _, lay := range inst.groups {
+		perChunk += lay.Bytes
+	}
+	return chunks * perChunk, true
+}
+
 // PrepareRetrieve handles PREPARE_RETRIEVE (spec 4.7). Every key must be
 // read-locked by a preceding LOOKUP, else the answer is a miss and the found
 // keys' locks are released. SHM answers slots and keeps the locks until
@@ -519,10 +538,11 @@ func (m *Module) PrepareRetrieve(k protocol.Key, id int64) (protocol.PrepareRetr
 }
 
 // prepareRetrieveReply is PrepareRetrieve as the request handler answers it:
-// a pickle reply is encoded once, into an exactly sized buffer (msgpack
-// header, the pickle straight after it), and sent by the server without
-// another copy; SHM and misses answer the response.
-func (m *Module) prepareRetrieveReply(k protocol.Key, id int64) (any, error) {
+// a pickle reply is encoded once, into an exactly sized buffer from alloc
+// (the wire server's reply buffer, outside the Go heap: msgpack header, the
+// pickle straight after it), and sent by the server without another copy;
+// SHM and misses answer the response.
+func (m *Module) prepareRetrieveReply(k protocol.Key, id int64, alloc func(n int) ([]byte, error)) (any, error) {
 	var out protocol.Raw
 	r, err := m.prepareRetrieve(k, id, func(ts []torchpickle.Tensor, groups [][]torchpickle.Tensor) error {
 		size := func() int { return torchpickle.EncodedSize(ts) }
@@ -536,7 +556,11 @@ func (m *Module) prepareRetrieveReply(k protocol.Key, id int64) (any, error) {
 			_, err := enc(nil) // for its error
 			return err
 		}
-		b, err := protocol.AppendPickleRetrieveReply(make([]byte, 0, protocol.PickleReplySize(n)), n, enc)
+		buf, err := alloc(protocol.PickleReplySize(n))
+		if err != nil {
+			return fmt.Errorf("reply buffer: %w", err)
+		}
+		b, err := protocol.AppendPickleRetrieveReply(buf, n, enc)
 		out = b
 		return err
 	})

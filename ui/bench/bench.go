@@ -95,6 +95,9 @@ type Options struct {
 	JSON        bool
 	CPUProfile  string
 	RefDuration time.Duration
+	// ServerProcess (--server-process) starts the server as a child process
+	// and drives it as a target.
+	ServerProcess bool
 	// Adapters are the validated --l2-adapter objects: each is measured as
 	// the one tier of an in-process engine.
 	Adapters []map[string]any
@@ -156,7 +159,13 @@ func run(args []string, stdout, stderr io.Writer, environ []string, tty bool) in
 	if !opts.JSON {
 		opts.progress = newProgress(stderr, tty)
 	}
-	res, err := Execute(ctx, opts)
+	var res *Result
+	var err error
+	if opts.ServerProcess {
+		res, err = executeInChild(ctx, opts)
+	} else {
+		res, err = Execute(ctx, opts)
+	}
 	opts.progress.close() // before anything else is written
 	if res != nil {
 		if opts.Baseline != nil {
@@ -233,6 +242,7 @@ func parseFlags(args []string, stderr io.Writer, environ []string) (Options, int
 	host := fs.String("host", "", "target a running server at this host instead of starting one")
 	port := fs.Int("port", 0, "the target server's ZMQ port (with --host)")
 	pid := fs.Int("server-pid", 0, "the target server's pid, for its CPU time and peak RSS")
+	child := fs.Bool("server-process", false, "start the server as a separate kvdock process and measure it as a target (its own RSS and CPU); one --mode")
 	def := settings.Default()
 	fs.String(settings.ConfigFlag, "", "settings file to read the target's HTTP address from (default $XDG_CONFIG_HOME/kvdock/config.yaml when it exists) ["+settings.EnvConfig+"]")
 	fs.String("http-host", "", "host of the target's HTTP API, for /status (default: --host) [KVDOCK_HTTP_HOST]")
@@ -327,6 +337,14 @@ func parseFlags(args []string, stderr io.Writer, environ []string) (Options, int
 		bad = append(bad, "--protocol: "+err.Error())
 	}
 	var adapters []map[string]any
+	if *child {
+		if *host != "" || len(*l2) > 0 {
+			bad = append(bad, "--server-process: not with --host/--port or --l2-adapter (it starts its own server)")
+		}
+		if *mode == "both" {
+			bad = append(bad, "--server-process: give one --mode (shm or pickle): one server process per run")
+		}
+	}
 	if len(*l2) > 0 {
 		if *host != "" {
 			bad = append(bad, "--l2-adapter: only for the in-process engine (a target server has its own tiers)")
@@ -367,7 +385,7 @@ func parseFlags(args []string, stderr io.Writer, environ []string) (Options, int
 		PoolBytes: int64(*poolGB * (1 << 30)), Host: *host, Port: *port, ServerPID: *pid,
 		HTTPHost: httpHost, HTTPPort: httpPort,
 		Protocol: *proto, Timeout: *timeout, JSON: *asJSON, CPUProfile: *cpuprof,
-		Adapters: adapters, Args: append([]string(nil), args...),
+		Adapters: adapters, Args: append([]string(nil), args...), ServerProcess: *child,
 		Baseline: baseline, BaselinePath: *compare, From: fromRun, FailDrop: *failDrop,
 	}, -1
 }
@@ -454,7 +472,7 @@ func Execute(ctx context.Context, o Options) (*Result, error) {
 		res.Config.PoolBytes = poolFor(o, lay.Bytes)
 		res.Notes = append(res.Notes,
 			"in-process: CPU seconds per GB is getrusage of the whole process, so it mixes the workers' (client) and the server's CPU",
-			"in-process: peak RSS beyond the pool = VmHWM (reset per mode through /proc/self/clear_refs) − pool × its mappings in this process (the server's, plus the SHM workers' own MAP_POPULATE mapping) − the bench's own buffers (chunk pattern, per-worker retrieve destinations and pickle encode buffers); pickle mode also holds received frames on the Go heap of both sides",
+			"in-process: peak RSS beyond the pool = VmHWM (reset per mode through /proc/self/clear_refs) − pool × its mappings in this process (the server's, plus the SHM workers' own MAP_POPULATE mapping) − the bench's own buffers (chunk pattern, per-worker retrieve destinations and pickle encode buffers); pickle mode also holds the workers' own copies of each message (libzmq's and Go's): --server-process measures the server alone",
 			"the large echo reference counts bytes in both directions (a round trip moves the message twice); pickle store and retrieve count each chunk once",
 			"SHM figures compare against a single-stream memcpy of the same chunk bytes into prefaulted shared-memory pages (references.memcpy_segment_gbps; private memory: memcpy_gbps, shown as store/retrieve_vs_memcpy_private); with several workers they share the CPUs")
 	}
@@ -465,7 +483,9 @@ func Execute(ctx context.Context, o Options) (*Result, error) {
 	var tgt *target
 	if !res.Config.InProcess {
 		res.Config.Endpoint = endpointOf(o.Host, o.Port)
-		res.Notes = append(res.Notes, "target server: nothing is cleared between rounds; evicted chunks show as misses")
+		if !o.ServerProcess {
+			res.Notes = append(res.Notes, "target server: nothing is cleared between rounds; evicted chunks show as misses")
+		}
 		o.progress.setPhase("checking the server", "")
 		if tgt, err = probeTarget(ctx, o, prof, int64(os.Getpid())<<12+3<<8); err != nil {
 			return nil, err
@@ -603,7 +623,7 @@ func runMode(ctx context.Context, o Options, prof *protocol.Profile, mode string
 	d, err := newDriver(ctx, driverConfig{
 		Endpoint: endpoint, Profile: prof, Mode: mode, Model: o.Model, Chunks: o.Chunks,
 		Workers: o.Workers, Repeat: o.Repeat, Timeout: o.Timeout, Rounds: o.Rounds,
-		Duration: o.Duration, ClearBetweenRounds: o.Host == "", InstanceBase: instanceBase,
+		Duration: o.Duration, ClearBetweenRounds: o.Host == "" || o.ServerProcess, InstanceBase: instanceBase,
 		PickleOnSHM: tgt != nil && tgt.status != nil, Progress: o.progress,
 	})
 	if err != nil {
@@ -713,6 +733,19 @@ func runMode(ctx context.Context, o Options, prof *protocol.Profile, mode string
 	mr.LookupPairsPS = round4(sr.lookupPairsPS)
 	mr.LookupRTPS = round4(2 * sr.lookupPairsPS)
 	tr.merge(&sr.counters)
+	if mode == "pickle" {
+		mr.LargestMessageBytes = d.largestMessage()
+	}
+	o.progress.setPhase(mode+": small requests under a store stream", "NOOP, LOOKUP+STATUS")
+	lr, err := d.smallOpsUnderStore(ctx, o.SmallOps, instanceBase+200)
+	if err != nil {
+		tr.fail(fmt.Errorf("small requests under a store stream: %w", err))
+	} else {
+		mr.NoopLoadedRTPS = round4(lr.noopRTPS)
+		mr.LookupLoadedRTPS = round4(2 * lr.lookupPairsPS)
+		mr.StreamGBps = round4(lr.streamGBps)
+		tr.merge(&lr.counters)
+	}
 	mr.Mismatches, mr.Timeouts, mr.Errors, mr.FirstError = tr.mismatches, tr.timeouts, tr.errors, tr.firstErr
 	return mr, d.chunkTok, nil
 }
@@ -805,6 +838,14 @@ func (r *Result) measureReferences(ctx context.Context, o Options, prof *protoco
 	e, err = echo(ctx, large, o.Workers, o.RefDuration)
 	errs = append(errs, err)
 	r.References.EchoLargeBytes, r.References.EchoLargeGBps = size(large), round4(e.GBps)
+	if (r.SHM != nil && r.SHM.NoopLoadedRTPS > 0) || (r.Pickle != nil && r.Pickle.NoopLoadedRTPS > 0) {
+		e, err = echoUnder(ctx, small, o.Workers, o.RefDuration, large)
+		errs = append(errs, err)
+		r.References.EchoNoopLoadedRTPS = round4(e.RoundTripsPS)
+		e, err = echoUnder(ctx, look, o.Workers, o.RefDuration, large)
+		errs = append(errs, err)
+		r.References.EchoLookupLoadedRTPS = round4(e.RoundTripsPS)
+	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("references: %w", err)
 	}

@@ -63,7 +63,8 @@ func TestShortRunJSON(t *testing.T) {
 		if want := int64(m.Prompts * 4); m.RetrieveByte/chunk != want || m.MissChunks != 0 {
 			t.Errorf("%s: retrieved %d chunks, %d missed; want %d", m.Mode, m.RetrieveByte/chunk, m.MissChunks, want)
 		}
-		for name, v := range map[string]float64{"store": m.StoreRatio, "retrieve": m.RetrieveRatio, "noop": m.NoopRatio, "lookup": m.LookupRatio} {
+		for name, v := range map[string]float64{"store": m.StoreRatio, "retrieve": m.RetrieveRatio, "noop": m.NoopRatio, "lookup": m.LookupRatio,
+			"noop under store": m.NoopLoadedRatio, "lookup under store": m.LookupLoadedRatio, "store stream": m.StreamGBps} {
 			if !(v > 0) {
 				t.Errorf("%s: %s ratio %v", m.Mode, name, v)
 			}
@@ -81,7 +82,8 @@ func TestShortRunJSON(t *testing.T) {
 		names[tg.Name] = tg
 	}
 	for _, n := range []string{"shm.store_vs_memcpy_segment", "shm.retrieve_vs_memcpy_segment", "pickle.store_vs_echo",
-		"pickle.retrieve_vs_echo", "shm.noop_vs_echo", "pickle.lookup_status_vs_echo", "checksum_mismatches", "timeouts"} {
+		"pickle.retrieve_vs_echo", "shm.noop_vs_echo", "pickle.lookup_status_vs_echo", "checksum_mismatches", "timeouts",
+		"shm.noop_under_store_vs_echo_under_stream", "pickle.lookup_status_under_store_vs_echo_under_stream"} {
 		if _, ok := names[n]; !ok {
 			t.Errorf("target %q missing from %v", n, res.Targets)
 		}
@@ -145,6 +147,8 @@ func TestFlagErrorsExit2(t *testing.T) {
 		"layers zero": {"--layers", "-3"},
 		"http alone":  {"--http-port", "9000"},
 		"http port":   {"--host", "127.0.0.1", "--port", "5555", "--http-port", "70000"},
+		"child both":  {"--server-process"},
+		"child host":  {"--server-process", "--mode", "pickle", "--host", "127.0.0.1", "--port", "5555"},
 	}
 	for name, args := range cases {
 		var out, errb bytes.Buffer

@@ -95,6 +95,11 @@ func (r *Result) figures() []figure {
 		add(p+"retrieve_gbps", "throughput", m.RetrieveGBps, true)
 		add(p+"noop_round_trips_per_s", "throughput", m.NoopRTPS, true)
 		add(p+"lookup_status_round_trips_per_s", "throughput", m.LookupRTPS, true)
+		loaded := m.NoopLoadedRTPS > 0
+		add(p+"noop_under_store_vs_echo_under_stream", "ratio", m.NoopLoadedRatio, loaded)
+		add(p+"lookup_status_under_store_vs_echo_under_stream", "ratio", m.LookupLoadedRatio, loaded)
+		add(p+"noop_under_store_round_trips_per_s", "throughput", m.NoopLoadedRTPS, loaded)
+		add(p+"lookup_status_under_store_round_trips_per_s", "throughput", m.LookupLoadedRTPS, loaded)
 	}
 	for i, t := range r.Tiers {
 		if t == nil {

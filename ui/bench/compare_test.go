@@ -196,3 +196,30 @@ func fifo(t *testing.T, dir string) string {
 	}
 	return p
 }
+
+// TestCompareUnderStoreFigures: the small-request ratios under a store
+// stream are compared when this run has them; a baseline without them (taken
+// before they existed) lists them as missing there, not as a regression.
+func TestCompareUnderStoreFigures(t *testing.T) {
+	cur := &Result{SHM: &ModeResult{Mode: "shm", ReferenceName: "memcpy_segment", NoopLoadedRTPS: 900, NoopLoadedRatio: 0.9,
+		LookupLoadedRTPS: 400, LookupLoadedRatio: 0.7}}
+	base := &Result{SHM: &ModeResult{Mode: "shm", ReferenceName: "memcpy_segment"}}
+	c := compareRuns(cur, base, "base.json", 15)
+	got := map[string]FigureChange{}
+	for _, f := range c.Figures {
+		got[f.Name] = f
+	}
+	for _, n := range []string{"shm.noop_under_store_vs_echo_under_stream", "shm.lookup_status_under_store_vs_echo_under_stream"} {
+		if f, ok := got[n]; !ok || f.Missing != "baseline" {
+			t.Errorf("%s: %+v (present %v), want missing in baseline", n, f, ok)
+		}
+	}
+	if len(c.Regressions) != 0 {
+		t.Errorf("figures new in this run counted as regressions: %v", c.Regressions)
+	}
+	// The other way round (dropped from this run) they are regressions.
+	c = compareRuns(base, cur, "base.json", 15)
+	if len(c.Regressions) != 2 {
+		t.Errorf("regressions %v, want the two under-store ratios", c.Regressions)
+	}
+}

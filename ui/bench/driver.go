@@ -429,3 +429,61 @@ func (d *driver) smallOps(ctx context.Context, dur time.Duration) smallResult {
 	})
 	return res
 }
+
+// largestMessage is the size of a pickle commit of a whole prompt (every
+// chunk pickled, with the request's other frames): the largest message of
+// pickle mode (its retrieve replies carry the same chunks).
+func (d *driver) largestMessage() int64 {
+	var n int64
+	for _, wk := range d.workers {
+		n = max(n, wk.EncodeBufferBytes())
+	}
+	return n
+}
+
+// smallLoaded is smallOps measured under a store stream, with the stream's rate.
+type smallLoaded struct {
+	smallResult
+	streamGBps float64
+}
+
+// smallOpsUnderStore runs smallOps while one more worker (instance id
+// instance, its own connection) stores one-chunk prompts without pause: a
+// stream of chunk-sized stores (32 MiB for the default model) as the mode
+// makes them (SHM: prepare, copy into the segment, commit; pickle: one
+// commit message per chunk). An in-process pool is cleared between the
+// stream's rounds; a target server evicts.
+func (d *driver) smallOpsUnderStore(ctx context.Context, dur time.Duration, instance int64) (smallLoaded, error) {
+	cfg := d.cfg
+	cfg.Workers, cfg.Chunks, cfg.Repeat, cfg.InstanceBase, cfg.Progress = 1, 1, 0, instance, nil
+	ld, err := newDriver(ctx, cfg)
+	if err != nil {
+		return smallLoaded{}, fmt.Errorf("store stream worker: %w", err)
+	}
+	defer ld.close(context.Background())
+	ld.cfg.PromptsPerRound = max(1, d.cfg.PromptsPerRound*d.cfg.Chunks/2)
+	lctx, stop := context.WithCancel(ctx)
+	var stream counters
+	streamDone := make(chan struct{})
+	start := time.Now()
+	go func() {
+		defer close(streamDone)
+		// Rounds are numbered apart from the measured ones, so the stream's
+		// chunks are new to the pool.
+		for round := 1 << 16; lctx.Err() == nil; round++ {
+			ld.storeWorker(lctx, 0, round, &stream)
+			if cfg.ClearBetweenRounds && lctx.Err() == nil {
+				_, _ = ld.call(lctx, ld.clients[0], &stream, protocol.Clear)
+			}
+		}
+	}()
+	sr := d.smallOps(ctx, dur)
+	stop()
+	<-streamDone
+	el := time.Since(start)
+	res := smallLoaded{smallResult: sr, streamGBps: float64(stream.storeBytes) / el.Seconds() / 1e9}
+	if stream.storeBytes == 0 {
+		return res, fmt.Errorf("the store stream stored nothing (%d errors: %s)", stream.errors, stream.firstErr)
+	}
+	return res, nil
+}

@@ -55,6 +55,15 @@ type echoResult struct {
 // (each with its own context, as each bench worker's client has) doing
 // synchronous round trips of the given frames for about dur.
 func echo(ctx context.Context, frames [][]byte, streams int, dur time.Duration) (echoResult, error) {
+	return echoUnder(ctx, frames, streams, dur, nil)
+}
+
+// echoUnder is echo while, when load is set, one more DEALER sends load
+// messages without pause, each answered by the ROUTER with its first frame
+// only: the raw-ZMQ counterpart of a store stream (chunk-sized requests,
+// few-byte replies) beside the small round trips. Only the small streams
+// are counted.
+func echoUnder(ctx context.Context, frames [][]byte, streams int, dur time.Duration, load [][]byte) (echoResult, error) {
 	port, err := freePort()
 	if err != nil {
 		return echoResult{}, err
@@ -96,6 +105,9 @@ func echo(ctx context.Context, frames [][]byte, streams int, dur time.Duration) 
 				if err != nil {
 					break
 				}
+				if load != nil && size(msg) > 1<<20 && len(msg) > 1 {
+					msg = msg[:2] // identity and the first frame: an ack
+				}
 				_, _ = router.SendMessage(msg)
 			}
 		}
@@ -114,10 +126,24 @@ func echo(ctx context.Context, frames [][]byte, streams int, dur time.Duration) 
 	var wg sync.WaitGroup
 	start := time.Now()
 	until := start.Add(dur)
+	var loadErr error
+	loadDone := make(chan struct{})
+	if load != nil {
+		go func() {
+			defer close(loadDone)
+			_, loadErr = echoStream(ctx, endpoint, load, until)
+		}()
+	} else {
+		close(loadDone)
+	}
 	for s := range streams {
 		wg.Go(func() { counts[s], errs[s] = echoStream(ctx, endpoint, frames, until) })
 	}
 	wg.Wait()
+	<-loadDone
+	if loadErr != nil {
+		return echoResult{}, fmt.Errorf("echo: load stream: %w", loadErr)
+	}
 	el := time.Since(start).Seconds()
 	if err := errors.Join(errs...); err != nil {
 		return echoResult{}, err
