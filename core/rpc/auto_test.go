@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"hash/crc32"
 	"log/slog"
+	"math/rand/v2"
 	"strings"
 	"sync"
 	"testing"
@@ -356,4 +358,54 @@ func TestAutoSettlesAPeerThatStaysAmbiguous(t *testing.T) {
 	if got := h.srv.Stats().Detections; len(got) != 1 || got["engine-driven"] != 1 {
 		t.Errorf("detections %v, want the newest fitting table once", got)
 	}
+}
+
+// TestAutoDecodedArgsKeepTheirFrames: a message decoded while its peer's
+// table is still being detected is handed to the handler as decoded args,
+// and a bytes field inside a newest-table message struct points into the
+// frame. The frame must then stay borrowed from libzmq until the handler is
+// done (counted in flight), never be copied and freed under the args: the
+// handler sees exactly the bytes sent.
+func TestAutoDecodedArgsKeepTheirFrames(t *testing.T) {
+	profiles := autoProfiles(t)
+	h := start(t, rpc.Options{Profile: profiles[4], Detect: profiles, MaxMessageBytes: 64 << 20})
+	type seen struct {
+		crc      uint32
+		n        int
+		inflight int64
+	}
+	got := make(chan seen, 1)
+	h.srv.Handle(protocol.CommitStore, func(_ context.Context, req *rpc.Request) (any, error) {
+		data := req.Args[2].([]byte)
+		got <- seen{crc: crc32.ChecksumIEEE(data), n: len(data), inflight: h.srv.Stats().InFlightBytes}
+		return true, nil
+	})
+	const size = 3 << 20
+	data := make([]byte, size)
+	r := rand.New(rand.NewPCG(3, 4))
+	for i := range data {
+		data[i] = byte(r.Uint32())
+	}
+	p := profiles[0] // rpc-messages: one struct frame carrying the data
+	k := protocol.Key{ModelName: "m", WorldSize: 1, TokenIDs: []uint32{1, 2}, End: 2, RequestID: "r"}
+	msg, err := protocol.EncodeMessage(mustSpec(t, p, protocol.CommitStore), k, int64(1), data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := rawDealer(t, h.srv.Endpoint())
+	spec := mustSpec(t, p, protocol.CommitStore)
+	if _, err := d.SendMessage(enc(t, int64(1)), enc(t, spec.Number), msg); err != nil {
+		t.Fatal(err)
+	}
+	s := <-got
+	if _, err := d.RecvMessageBytes(0); err != nil {
+		t.Fatalf("no reply: %v", err)
+	}
+	if s.n != size || s.crc != crc32.ChecksumIEEE(data) {
+		t.Errorf("handler saw %d bytes crc %x; sent %d crc %x", s.n, s.crc, size, crc32.ChecksumIEEE(data))
+	}
+	if s.inflight < size {
+		t.Errorf("%d in-flight bytes while the handler ran, want >= %d: the frame under the decoded args was released", s.inflight, size)
+	}
+	waitFor(t, func() bool { return h.srv.Stats().InFlightBytes == 0 }, "in-flight bytes released")
 }
