@@ -409,3 +409,39 @@ func TestAutoDecodedArgsKeepTheirFrames(t *testing.T) {
 	}
 	waitFor(t, func() bool { return h.srv.Stats().InFlightBytes == 0 }, "in-flight bytes released")
 }
+
+// TestDeferredAnswerUnderMessageProfile: a deferred answer is encoded under
+// the profile its request came in (the newest table wraps every reply in a
+// struct), not under a table it lost on the way.
+func TestDeferredAnswerUnderMessageProfile(t *testing.T) {
+	p := profile(t, "rpc-messages")
+	h := start(t, rpc.Options{Profile: p})
+	answers := make(chan func(any, error), 1)
+	h.srv.Handle(protocol.QueryPrefetchStatus, func(_ context.Context, req *rpc.Request) (any, error) {
+		answers <- req.Defer()
+		return nil, nil
+	})
+	c := dial(t, h)
+	done := make(chan error, 1)
+	var n int64
+	go func() {
+		r, err := c.Call(context.Background(), "QUERY_PREFETCH_STATUS", "r")
+		if err == nil {
+			err = r.Decode(&n)
+		}
+		done <- err
+	}()
+	answer := <-answers
+	answer(int64(7), nil)
+	select {
+	case err := <-done:
+		if err != nil || n != 7 {
+			t.Fatalf("deferred reply: %d %v", n, err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no deferred reply")
+	}
+	if st := h.srv.Stats(); st.BadInput[protocol.KindPanic] != 0 {
+		t.Fatalf("panics: %v", st.BadInput)
+	}
+}
