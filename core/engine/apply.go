@@ -193,7 +193,7 @@ func (e *Engine) applyLive(cfg settings.Config) {
 		p.transfer.SetTTLs(w, r)
 		p.transfer.SetMaxInstances(cfg.Server.MaxInstances)
 		if f := e.front; f != nil {
-			p.transfer.SetLiveness(livenessFor(cfg, f.srv.Profile()))
+			p.transfer.SetLiveness(livenessFor(cfg, f.srv.Profile(), f.srv.Detect()))
 		}
 		p.sessions.SetLimits(sessionLimits(cfg))
 		if err := p.pool.SetLockShares(cfg.L1.MaxLockedSharePerInstance, cfg.L1.MaxLockedShare); err != nil {

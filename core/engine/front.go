@@ -34,7 +34,7 @@ func (e *Engine) startFront(cfg settings.Config, p *plane) (*front, error) {
 	if err != nil {
 		return nil, err
 	}
-	p.transfer.SetLiveness(livenessFor(cfg, profile))
+	p.transfer.SetLiveness(livenessFor(cfg, profile, detect))
 	opts := rpc.Options{
 		Host:                   cfg.Server.Host,
 		Port:                   cfg.Server.Port,

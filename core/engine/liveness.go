@@ -13,14 +13,26 @@ import (
 // livenessFor is the transfer module's liveness settings for cfg served
 // under profile: the reaper runs only when the profile's PING carries the
 // instance id (seed-era workers cannot prove they are alive).
-func livenessFor(cfg settings.Config, profile *protocol.Profile) nongpu.Liveness {
+func livenessFor(cfg settings.Config, profile *protocol.Profile, detect []*protocol.Profile) nongpu.Liveness {
 	secs := func(v float64) time.Duration { return time.Duration(v * float64(time.Second)) }
-	return nongpu.Liveness{
+	l := nongpu.Liveness{
 		Reap:    profile != nil && profile.PingCarriesID(),
 		Timeout: secs(cfg.Server.WorkerReapTimeoutSeconds),
 		Grace:   secs(cfg.Server.WorkerRegistrationGraceSeconds),
 		Idle:    secs(cfg.Server.WorkerIdleSeconds),
 	}
+	if detect != nil {
+		// One table per peer: the reaper runs when any table's PING
+		// carries the id, and takes only instances registered through one.
+		l.Reap, l.Profiles = false, []string{}
+		for _, p := range detect {
+			if p.PingCarriesID() {
+				l.Reap = true
+				l.Profiles = append(l.Profiles, p.Name)
+			}
+		}
+	}
+	return l
 }
 
 // RemoveInstance drops a registered worker instance on the operator's word

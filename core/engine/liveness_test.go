@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"math"
+	"slices"
 	"testing"
 	"time"
 
@@ -87,13 +88,19 @@ func TestReaperFollowsProfileAndSettings(t *testing.T) {
 	for _, c := range []struct {
 		profile string
 		reap    bool
-	}{{"nongpu-v1", false}, {"nongpu-v2", false}, {"engine-driven", true}} {
+		// auto: on, but only for instances registered through these tables
+		only []string
+	}{{"nongpu-v1", false, nil}, {"nongpu-v2", false, nil}, {"engine-driven", true, nil},
+		{"auto", true, []string{"rpc-messages", "engine-driven-v2", "engine-driven"}}} {
 		cfg, _ := testConfig(t)
 		cfg.Server.Protocol = c.profile
 		e := startEngine(t, cfg)
 		l := e.cur.Load().plane.transfer.LivenessSettings()
 		if l.Reap != c.reap || l.Timeout != 120*time.Second || l.Grace != time.Hour || l.Idle != 5*time.Minute {
 			t.Fatalf("%s: liveness %+v", c.profile, l)
+		}
+		if !slices.Equal(l.Profiles, c.only) {
+			t.Fatalf("%s: reaped tables %q, want %q", c.profile, l.Profiles, c.only)
 		}
 		next := cfg
 		next.Server.WorkerReapTimeoutSeconds = 30

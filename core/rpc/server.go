@@ -414,6 +414,10 @@ func (s *Server) HandlersDone() <-chan struct{} { return s.handlersDone }
 // Profile is the active protocol profile.
 func (s *Server) Profile() *protocol.Profile { return s.opts.Profile }
 
+// Detect returns the tables detected per peer (--protocol auto), nil for a
+// server of one profile.
+func (s *Server) Detect() []*protocol.Profile { return s.opts.Detect }
+
 // fastShared reports whether a shared request runs on the socket goroutine.
 func (s *Server) fastShared(spec *protocol.Spec, payload [][]byte) bool {
 	if !slices.Contains(s.opts.FastShared, spec.Handler) {

@@ -33,7 +33,11 @@ func (m *Module) Handlers() map[string]rpc.Handler {
 			if err != nil {
 				return nil, err
 			}
-			return m.RegisterFrom(p, req.Peer)
+			profile := ""
+			if req.Spec != nil {
+				profile = req.Spec.Profile
+			}
+			return m.RegisterThrough(p, req.Peer, profile)
 		}),
 		protocol.UnregisterKVCache:              m.reporting(unregister),
 		protocol.UnregisterKVCacheNonGPUContext: m.reporting(unregister),

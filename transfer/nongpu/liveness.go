@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"kvdock/core/layout"
@@ -29,6 +30,11 @@ type Liveness struct {
 	Grace time.Duration
 	// Idle is the silence after which an instance shows as idle; 0 never.
 	Idle time.Duration
+	// Profiles, when set (--protocol auto, one table per peer), names the
+	// profiles whose PING carries the instance id: only instances that
+	// registered through one of them are reaped, so a seed-era worker
+	// served beside engine-driven ones is never reaped either.
+	Profiles []string
 }
 
 // Summary is l as the faces show it.
@@ -130,6 +136,9 @@ func peerText(peer string) string {
 func (m *Module) staleLocked(inst *instance, now time.Time) string {
 	if inst.inFlight > 0 {
 		return "" // a request of it is being served: it spoke just now
+	}
+	if l := m.liveness.Profiles; l != nil && !slices.Contains(l, inst.profile) {
+		return "" // its table's PING has no id: it cannot prove it is alive
 	}
 	silent := now.Sub(inst.last)
 	l := m.liveness

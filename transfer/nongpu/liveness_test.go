@@ -376,3 +376,26 @@ func TestReuseFloodIsBounded(t *testing.T) {
 		t.Fatal("layout references leaked by the reuses")
 	}
 }
+
+// TestReaperUnderAutoTakesOnlyPingingTables: with --protocol auto each peer
+// speaks its own table. Only instances registered through a table whose
+// PING carries the id are reaped; a seed-era worker served by the same
+// server is never reaped, however long it stays silent.
+func TestReaperUnderAutoTakesOnlyPingingTables(t *testing.T) {
+	e := newEnv(t, true, 1<<20)
+	e.mod.SetLiveness(Liveness{Reap: true, Timeout: 120 * time.Second, Grace: 3600 * time.Second,
+		Profiles: []string{"engine-driven", "rpc-messages"}})
+	if _, err := e.mod.RegisterThrough(payload(1), []byte("seed"), "nongpu-v1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.mod.RegisterThrough(payload(2), []byte("engine"), "engine-driven"); err != nil {
+		t.Fatal(err)
+	}
+	e.clk.Advance(1000 * time.Hour)
+	if got := e.mod.Reap(); len(got) != 1 || got[0] != 2 {
+		t.Fatalf("reaped %v, want [2] (the engine-driven worker only)", got)
+	}
+	if c := contextOf(t, e.mod, 1); c.State == workers.StateReaped {
+		t.Fatalf("the seed-era worker was reaped: %+v", c)
+	}
+}

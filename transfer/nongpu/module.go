@@ -116,7 +116,9 @@ type instance struct {
 	// peer is the ZMQ routing id that last spoke for the instance;
 	// inFlight counts its requests being served. pinged and transferred are
 	// the reaper's two signals (a PING with the id; a prepare or commit).
-	peer                string
+	peer string
+	// profile is the protocol table it registered through.
+	profile             string
 	inFlight            int
 	pinged, transferred bool
 
@@ -293,6 +295,12 @@ func (m *Module) Register(p protocol.RegisterPayload) (protocol.RegisterResponse
 // registration replaces the old, so the new worker never sees the old one's
 // pending data.
 func (m *Module) RegisterFrom(p protocol.RegisterPayload, peer []byte) (protocol.RegisterResponse, error) {
+	return m.RegisterThrough(p, peer, "")
+}
+
+// RegisterThrough is RegisterFrom for a request that came in under the
+// protocol profile named profile (the reaper tells tables apart by it).
+func (m *Module) RegisterThrough(p protocol.RegisterPayload, peer []byte, profile string) (protocol.RegisterResponse, error) {
 	resp := protocol.RegisterResponse{ShmName: m.info.ShmName, PoolSize: m.info.PoolSize}
 	now := m.now()
 	m.mu.Lock()
@@ -334,7 +342,8 @@ func (m *Module) RegisterFrom(p protocol.RegisterPayload, peer []byte) (protocol
 		reason = "shared segment " + m.info.ShmName
 	}
 	lay := groups[0]
-	inst := &instance{id: p.InstanceID, p: p, lay: lay, groups: groups, mode: mode, reason: reason, registered: now, last: now, peer: string(peer)}
+	inst := &instance{id: p.InstanceID, p: p, lay: lay, groups: groups, mode: mode, reason: reason, registered: now, last: now,
+		peer: string(peer), profile: profile}
 
 	m.mu.Lock()
 	if m.closed {
