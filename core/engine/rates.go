@@ -233,26 +233,6 @@ func (r *rates) add(s sample) {
 	r.tokensTotal += int64(r.tokens.push(float64(s.lookup.HitTokens), elapsed, steps))
 	r.evictions.push(s.evictions, elapsed, steps)
 	pushN(&r.used, s.used, steps)
-	for _, c := range r.ctx {
-		c.seen = false
-	}
-	var in, out float64
-	for _, ci := range s.contexts {
-		c := r.ctx[ci.InstanceID]
-		if c == nil || c.model != ci.Model || c.worldSize != ci.WorldSize {
-			h := func() series.History { return series.NewHistoryOf(ctxFineLen, ctxCoarseLen) }
-			c = &ctxRates{model: ci.Model, worldSize: ci.WorldSize,
-				lookups: h(), asked: h(), hit: h(), tok: h(), storeB: h(), retrieveB: h()}
-			r.ctx[ci.InstanceID] = c
-		}
-		c.seen = true
-		din, dout := c.in.Delta(float64(ci.BytesIn)), c.out.Delta(float64(ci.BytesOut))
-		in, out = in+din, out+dout
-		pushN(&c.storeB, per(din, elapsed), steps)
-		pushN(&c.retrieveB, per(dout, elapsed), steps)
-	}
-	pushN(&r.storeB, per(in, elapsed), steps)
-	pushN(&r.retrieveB, per(out, elapsed), steps)
 	// Group figures: the deltas of the group each context belongs to, from
 	// the group counters read once; groups no longer reported are dropped.
 	deltas := r.deltas
@@ -272,6 +252,37 @@ func (r *rates) add(s sample) {
 			delete(r.groups, k)
 		}
 	}
+	for _, c := range r.ctx {
+		c.seen = false
+	}
+	var in, out float64
+	for _, ci := range s.contexts {
+		c := r.ctx[ci.InstanceID]
+		if c == nil || c.model != ci.Model || c.worldSize != ci.WorldSize {
+			// A history (~31 KB) only for a context with traffic: its own
+			// bytes, or lookups of its model. Registrations alone (up to
+			// --max-instances of them from anyone who reaches the port)
+			// cost none.
+			_, looked := deltas[groupKey{ci.Model, ci.WorldSize}]
+			if ci.BytesIn == 0 && ci.BytesOut == 0 && !looked {
+				continue
+			}
+			h := func() series.History { return series.NewHistoryOf(ctxFineLen, ctxCoarseLen) }
+			c = &ctxRates{model: ci.Model, worldSize: ci.WorldSize,
+				lookups: h(), asked: h(), hit: h(), tok: h(), storeB: h(), retrieveB: h()}
+			// Every byte so far came since the last sample (it saw none).
+			c.in.Delta(0)
+			c.out.Delta(0)
+			r.ctx[ci.InstanceID] = c
+		}
+		c.seen = true
+		din, dout := c.in.Delta(float64(ci.BytesIn)), c.out.Delta(float64(ci.BytesOut))
+		in, out = in+din, out+dout
+		pushN(&c.storeB, per(din, elapsed), steps)
+		pushN(&c.retrieveB, per(dout, elapsed), steps)
+	}
+	pushN(&r.storeB, per(in, elapsed), steps)
+	pushN(&r.retrieveB, per(out, elapsed), steps)
 	for id, c := range r.ctx {
 		if !c.seen {
 			delete(r.ctx, id) // unregistered (or dropped by a rebuild)

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"sync/atomic"
 	"testing"
@@ -97,6 +98,45 @@ func TestRatesFromCounters(t *testing.T) {
 	}
 }
 
+// TestRatesHistoryOnlyWithTraffic: a registered context costs no history
+// until it moves bytes or its model is looked up (a peer registering
+// --max-instances contexts makes the sampler hold nothing per context), and
+// its first bytes are counted in the second they came.
+func TestRatesHistoryOnlyWithTraffic(t *testing.T) {
+	r := newRates()
+	clk := fakeclock.New()
+	s := sample{now: clk.Now()}
+	for id := range 1024 {
+		s.contexts = append(s.contexts, workers.ContextInfo{InstanceID: int64(id), Model: fmt.Sprint("m", id), WorldSize: 1})
+	}
+	r.add(s)
+	clk.Advance(time.Second)
+	s.now = clk.Now()
+	r.add(s)
+	if n := len(r.window().Contexts); n != 0 {
+		t.Fatalf("%d context histories for 1024 contexts without traffic, want 0", n)
+	}
+	// Context 3 stores 4000 bytes; model m5 is looked up.
+	clk.Advance(time.Second)
+	s.now = clk.Now()
+	s.contexts[3].BytesIn = 4000
+	s.groups = []lookup.ModelStats{{Model: "m5", WorldSize: 1, Lookups: 1, RequestedChunks: 2}}
+	r.add(s)
+	w := r.window()
+	if len(w.Contexts) != 2 {
+		t.Fatalf("histories for %v, want contexts 3 and 5", w.Contexts)
+	}
+	if got := w.Contexts[3].StoreBytes.Last(); got != 4000 {
+		t.Errorf("context 3's first second: %v bytes/s, want 4000", got)
+	}
+	if _, ok := w.Contexts[5]; !ok {
+		t.Errorf("context 5 (its model looked up) has no history")
+	}
+	if got := w.Server.StoreBytes.Last(); got != 4000 {
+		t.Errorf("server store rate %v, want 4000", got)
+	}
+}
+
 func hitRatio(c ContextRates) (float64, bool) {
 	if a := c.AskedChunks.Last(); a > 0 {
 		return c.HitChunks.Last() / a, true
@@ -143,8 +183,8 @@ func TestRatesOfARunningEngine(t *testing.T) {
 	if p50, p99 := l.P50.Last(), l.P99.Last(); p50 <= 0 || p99 < p50 || math.IsNaN(p99) {
 		t.Errorf("NOOP p50 %v p99 %v", p50, p99)
 	}
-	if _, ok := r.Contexts[7]; !ok {
-		t.Errorf("registered context 7 has no rates: %v", r.Contexts)
+	if _, ok := r.Contexts[7]; ok {
+		t.Errorf("context 7 has a history without any traffic: %v", r.Contexts)
 	}
 	if n := next.noops.Load(); n != 5 {
 		t.Errorf("the engine's Observer saw %d NOOPs, want 5 (the rates observer passes every call on)", n)

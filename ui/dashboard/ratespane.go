@@ -156,7 +156,7 @@ func (m *Model) poolHistory(w int) []string {
 func (m *Model) contextCharts(c workers.ContextInfo, w, h int) []string {
 	r, found := m.snap.Rates.Contexts[c.InstanceID]
 	if !found {
-		return []string{m.st.Faint.Render("  no rates yet (sampled once a second)")}
+		return []string{m.st.Faint.Render("  no rates yet: they start with its first store, retrieve or lookup of its model")}
 	}
 	hit, ok := series.SumRatio(r.HitChunks.Fine, r.AskedChunks.Fine, minuteSeconds)
 	count := func(v float64) string { return fmt.Sprintf("%.1f/s", v) }

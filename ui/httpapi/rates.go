@@ -57,16 +57,19 @@ type LatencyStatus struct {
 	P99Seconds        []float64 `json:"p99_seconds"`
 }
 
-// ContextRatesStatus is one context's series: lookups and hit ratio of its
-// worker group (model, world size), its own store and retrieve bytes.
+// ContextRatesStatus is one context's last minute: lookups and hit ratio of
+// its model (model and world size), its own store and retrieve bytes, as
+// means over the window (null hit ratio without lookups). Only the server
+// and the request kinds carry whole series: a context list of up to
+// --max-instances entries stays small.
 type ContextRatesStatus struct {
-	InstanceID             int64       `json:"instance_id"`
-	LookupsPerSecond       []float64   `json:"lookups_per_s"`
-	HitRatio               ratioSeries `json:"hit_ratio"`
-	StoreBytesPerSecond    []float64   `json:"store_bytes_per_s"`
-	RetrieveBytesPerSecond []float64   `json:"retrieve_bytes_per_s"`
-	TokensSaved            int64       `json:"tokens_saved"`
-	TokensSavedLastHour    int64       `json:"tokens_saved_last_hour"`
+	InstanceID             int64    `json:"instance_id"`
+	LookupsPerSecond       float64  `json:"lookups_per_s"`
+	HitRatio               *float64 `json:"hit_ratio"`
+	StoreBytesPerSecond    float64  `json:"store_bytes_per_s"`
+	RetrieveBytesPerSecond float64  `json:"retrieve_bytes_per_s"`
+	TokensSaved            int64    `json:"tokens_saved"`
+	TokensSavedLastHour    int64    `json:"tokens_saved_last_hour"`
 }
 
 // TokensSavedStatus is the prefill tokens served from cache (hit chunks ×
@@ -153,15 +156,18 @@ func ratesStatus(s engine.Snapshot) (RatesStatus, TokensSavedStatus) {
 		if !ok {
 			continue
 		}
-		out.Contexts = append(out.Contexts, ContextRatesStatus{
+		cs := ContextRatesStatus{
 			InstanceID:             c.InstanceID,
-			LookupsPerSecond:       tail(cr.Lookups),
-			HitRatio:               series.Ratio(tail(cr.HitChunks), tail(cr.AskedChunks)),
-			StoreBytesPerSecond:    tail(cr.StoreBytes),
-			RetrieveBytesPerSecond: tail(cr.RetrieveBytes),
+			LookupsPerSecond:       mean(tail(cr.Lookups)),
+			StoreBytesPerSecond:    mean(tail(cr.StoreBytes)),
+			RetrieveBytesPerSecond: mean(tail(cr.RetrieveBytes)),
 			TokensSaved:            cr.TokensSavedTotal,
 			TokensSavedLastHour:    int64(math.Round(cr.TokensSavedHour)),
-		})
+		}
+		if h, ok := series.SumRatio(cr.HitChunks.Fine, cr.AskedChunks.Fine, RatesWindow); ok {
+			cs.HitRatio = &h
+		}
+		out.Contexts = append(out.Contexts, cs)
 	}
 	return out, TokensSavedStatus{Total: sv.TokensSavedTotal, LastHour: int64(math.Round(sv.TokensSavedHour))}
 }
