@@ -128,7 +128,20 @@ func peerText(peer string) string {
 	if peer == "" {
 		return "unknown peer"
 	}
-	return "peer " + hex.EncodeToString([]byte(peer))
+	return "peer " + peerHex(peer)
+}
+
+// maxPeerShown is how much of a ZMQ routing id is shown: libzmq's own ids
+// are 5 bytes, a peer may choose up to 255, and /status lists up to
+// --max-instances of them.
+const maxPeerShown = 16
+
+// peerHex is peer in hex, its first maxPeerShown bytes and "…" when longer.
+func peerHex(peer string) string {
+	if len(peer) > maxPeerShown {
+		return hex.EncodeToString([]byte(peer[:maxPeerShown])) + "…"
+	}
+	return hex.EncodeToString([]byte(peer))
 }
 
 // staleLocked says why inst is due for reaping at now ("" when it is not);
@@ -253,7 +266,7 @@ func (m *Module) contextLocked(inst *instance, now time.Time) workers.ContextInf
 	}
 	peer := ""
 	if inst.peer != "" {
-		peer = hex.EncodeToString([]byte(inst.peer))
+		peer = peerHex(inst.peer)
 	}
 	return workers.ContextInfo{
 		InstanceID: inst.id, Model: inst.p.ModelName, WorldSize: inst.p.WorldSize,

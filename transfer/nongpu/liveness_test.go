@@ -1,6 +1,7 @@
 package nongpu
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"math"
@@ -397,5 +398,23 @@ func TestReaperUnderAutoTakesOnlyPingingTables(t *testing.T) {
 	}
 	if c := contextOf(t, e.mod, 1); c.State == workers.StateReaped {
 		t.Fatalf("the seed-era worker was reaped: %+v", c)
+	}
+}
+
+// TestLongPeerIDsShownShort: a peer may choose a 255-byte routing id; the
+// context shows its first 16 bytes (what /status lists for up to
+// --max-instances contexts stays small), the log line likewise.
+func TestLongPeerIDsShownShort(t *testing.T) {
+	e := newEnv(t, true, 1<<20)
+	peer := bytes.Repeat([]byte{0xab}, 255)
+	if _, err := e.mod.RegisterFrom(payload(1), peer); err != nil {
+		t.Fatal(err)
+	}
+	c := contextOf(t, e.mod, 1)
+	if want := strings.Repeat("ab", 16) + "…"; c.Peer != want {
+		t.Fatalf("peer shown as %q (%d bytes), want %q", c.Peer, len(c.Peer), want)
+	}
+	if got := peerText("\x00\x01"); got != "peer 0001" {
+		t.Fatalf("a short peer: %q", got)
 	}
 }
