@@ -97,8 +97,11 @@ func (m *Model) latencyBlock(w, h int) []string {
 	for _, r := range rows {
 		nameW = max(nameW, lipgloss.Width(r.name))
 	}
-	nameW = min(nameW, 24)
 	const numW = 8
+	// Names and numbers first, the chart in what is left: a long kind name
+	// (REGISTER_KV_CACHE_NON_GPU_CONTEXT) is cut only where the numbers
+	// would not fit beside it.
+	nameW = min(nameW, 40, max(len(nameHead), w-3*(numW+1)))
 	nums := func(name, rate, p50, p99 string) string {
 		return fit(name, nameW) + fmt.Sprintf(" %*s %*s %*s", numW, rate, numW, p50, numW, p99)
 	}

@@ -76,3 +76,21 @@ func TestHeaderProtocolDetections(t *testing.T) {
 		t.Errorf("fixed profile header shows detections: %q", strings.Split(line1, "\n")[0])
 	}
 }
+
+// TestLatencyLongKindNames: a long request name is whole where the width
+// allows and cut (never the numbers) where it does not.
+func TestLatencyLongKindNames(t *testing.T) {
+	f := newFakeEngine(t)
+	const name = "REGISTER_KV_CACHE_NON_GPU_CONTEXT"
+	f.snap.Rates.Latency = map[string]engine.LatencyRates{name: {
+		Rate: series.Window{Fine: []float64{2}}, P50: series.Window{Fine: []float64{0.001}}, P99: series.Window{Fine: []float64{0.002}}}}
+	m := newTestModel(t, f, 100, 24)
+	press(t, m, "4")
+	mustContain(t, screen(m), name+"     2.00   1.0 ms   2.0 ms")
+	m = newTestModel(t, f, 60, 24)
+	press(t, m, "4")
+	mustContain(t, screen(m), name+"     2.00   1.0 ms   2.0 ms")
+	m = newTestModel(t, f, 50, 24)
+	press(t, m, "4")
+	mustContain(t, screen(m), "REGISTER_KV_CACHE_NON_~     2.00   1.0 ms   2.0 ms")
+}
