@@ -146,7 +146,7 @@ func (s *Server) route(peer []byte, frames [][]byte) (prof *protocol.Profile, sp
 	if len(fits) == 1 {
 		f := fits[0]
 		st.decided = d.profiles[f.idx]
-		s.stats.detected(st.decided.Name)
+		s.stats.detected(st.decided.Name, false)
 		s.log.Info("protocol auto: peer's table detected", "peer", peerHex, "profile", st.decided.Name,
 			"evidence", strings.Join(st.history, "; "), "messages", st.seen)
 		return st.decided, f.spec, f.args, true, nil
@@ -166,7 +166,7 @@ func (s *Server) route(peer []byte, frames [][]byte) (prof *protocol.Profile, sp
 	}
 	if st.seen >= maxUndecided {
 		st.decided = d.profiles[pick.idx]
-		s.stats.detected(st.decided.Name)
+		s.stats.detected(st.decided.Name, true)
 		s.log.Warn("protocol auto: peer still ambiguous, settled", "peer", peerHex, "profile", st.decided.Name,
 			"fits", strings.Join(names, ","), "messages", st.seen)
 	}

@@ -185,6 +185,9 @@ func TestAutoDetectsEachTable(t *testing.T) {
 			t.Errorf("detections %v: want one peer per table", st.Detections)
 		}
 	}
+	if st.AmbiguousDetections != 0 {
+		t.Errorf("ambiguous detections %d: every table was told apart", st.AmbiguousDetections)
+	}
 	out := logs.String()
 	for _, p := range profiles {
 		if !strings.Contains(out, "profile="+p.Name) || !strings.Contains(out, "evidence=") {
@@ -357,6 +360,9 @@ func TestAutoSettlesAPeerThatStaysAmbiguous(t *testing.T) {
 	}
 	if got := h.srv.Stats().Detections; len(got) != 1 || got["engine-driven"] != 1 {
 		t.Errorf("detections %v, want the newest fitting table once", got)
+	}
+	if got := h.srv.Stats().AmbiguousDetections; got != 1 {
+		t.Errorf("ambiguous detections %d, want 1 (the peer was settled by the tie-break)", got)
 	}
 }
 

@@ -52,6 +52,9 @@ type Stats struct {
 	RepliesDropped    int64
 	// Detections counts peers settled on each profile (--protocol auto).
 	Detections map[string]int64
+	// AmbiguousDetections counts the peers among Detections settled by the
+	// tie-break, their messages never telling the tables apart.
+	AmbiguousDetections int64
 }
 
 type reqCounters struct {
@@ -67,6 +70,7 @@ type stats struct {
 	inflightWaits  atomic.Int64
 	replyBytes     atomic.Int64
 	repliesDropped atomic.Int64
+	ambiguous      atomic.Int64
 	mu             sync.Mutex
 	badKinds       map[string]int64
 	detections     map[string]int64
@@ -87,8 +91,12 @@ func newStats(ps ...*protocol.Profile) *stats {
 	return st
 }
 
-// detected counts one peer settled on profile (--protocol auto).
-func (st *stats) detected(profile string) {
+// detected counts one peer settled on profile (--protocol auto), guessed
+// by the tie-break when ambiguous.
+func (st *stats) detected(profile string, ambiguous bool) {
+	if ambiguous {
+		st.ambiguous.Add(1)
+	}
 	st.mu.Lock()
 	st.detections[profile]++
 	st.mu.Unlock()
@@ -141,6 +149,8 @@ func (s *Server) Stats() Stats {
 		InFlightWaits:      st.inflightWaits.Load(),
 		WaitingReplyBytes:  st.replyBytes.Load(),
 		RepliesDropped:     st.repliesDropped.Load(),
+
+		AmbiguousDetections: st.ambiguous.Load(),
 	}
 	for name, c := range st.req {
 		out.Requests[name] = RequestStats{OK: c.ok.Load(), Error: c.err.Load(), Dropped: c.dropped.Load(),

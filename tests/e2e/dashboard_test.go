@@ -144,6 +144,9 @@ func TestDashboardInTmux(t *testing.T) {
 	// The fallback is an event: the events pane shows it, with the reason.
 	m.keys("4")
 	m.waitFor("fallback event", 5*time.Second, "fallback", "instance 102 (tmux-model): worker fell back: could not attach")
+	// The pane heads with the latency of the requests the workers sent
+	// (sampled once a second), a p99 sparkline beside each kind.
+	m.waitFor("request latency", 10*time.Second, "REQUEST, LAST MIN", "P99 EACH SECOND", "REGISTER")
 
 	// Settings pane: server.shm_name → "" (SHM off), apply, confirm.
 	m.keys("5")

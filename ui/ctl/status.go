@@ -141,7 +141,7 @@ func statusPrint(w io.Writer, st httpapi.Status) {
 	up := time.Duration(st.UptimeSeconds * float64(time.Second)).Round(time.Second)
 	fmt.Fprintf(tw, "state\t%s, up %s, kvdock %s\n", state, up, st.Version)
 	fmt.Fprintf(tw, "endpoint\t%s\n", statusOrDash(st.Endpoint))
-	fmt.Fprintf(tw, "protocol\t%s, chunk %d tokens, hash %s\n", st.Protocol, st.ChunkSize, st.HashAlgorithm)
+	fmt.Fprintf(tw, "protocol\t%s, chunk %d tokens, hash %s\n", protocolText(st), st.ChunkSize, st.HashAlgorithm)
 	if st.ShmShared {
 		fmt.Fprintf(tw, "SHM\ton: %s (%s): %s\n", st.ShmName, statusBytes(st.PoolSize), st.ShmReason)
 	} else {
@@ -161,6 +161,8 @@ func statusPrint(w io.Writer, st httpapi.Status) {
 	fmt.Fprintf(tw, "requests\t%d handled, %d in flight, %d bad input\n", st.Requests.Total, st.Requests.InFlight, bad)
 	fmt.Fprintf(tw, "lookups\t%d, %d of %d tokens hit, %d prefetch jobs active\n",
 		st.Lookup.Lookups, st.Lookup.HitTokens, st.Lookup.RequestedTokens, st.ActivePrefetchJobs)
+	fmt.Fprintf(tw, "saved\t%s\n", tokensText(st.TokensSaved))
+	fmt.Fprintf(tw, "misses\t%s\n", missesText(st.Misses))
 	if len(st.Tiers) == 0 {
 		fmt.Fprintf(tw, "tiers\tnone (L1 only; --l2-adapter adds one)\n")
 	}

@@ -16,7 +16,9 @@ import (
 
 	"kvdock/assets"
 	"kvdock/core/engine"
+	"kvdock/core/misses"
 	"kvdock/core/protocol"
+	"kvdock/core/rpc"
 	"kvdock/core/rpc/client"
 	"kvdock/core/tierstate"
 	"kvdock/settings"
@@ -195,5 +197,48 @@ func TestStatusTiers(t *testing.T) {
 	mu.Unlock()
 	if _, out, _ = runStatus("--http-host", "127.0.0.1", "--http-port", port); !strings.Contains(out, "none (L1 only; --l2-adapter adds one)") {
 		t.Errorf("no tiers:\n%s", out)
+	}
+}
+
+// TestStatusTokensMissesAndDetections: the table says how many prefill
+// tokens the cache saved, why lookups missed (largest reason first), and
+// under --protocol auto which tables the peers were settled on.
+func TestStatusTokensMissesAndDetections(t *testing.T) {
+	snap := engine.Snapshot{State: engine.Serving, Protocol: settings.ProtocolAuto,
+		Requests: rpc.Stats{Profile: "rpc-messages", Detections: map[string]int64{"rpc-messages": 2, "nongpu-v1": 1},
+			AmbiguousDetections: 1},
+		Rates: engine.Rates{Server: engine.ServerRates{TokensSavedTotal: 48_500_000, TokensSavedHour: 12_345}},
+		Misses: misses.Report{Total: misses.Counts{misses.NeverStored: 1200, misses.Evicted: 340, misses.OtherLayout: 64},
+			TierMissed: 5},
+	}
+	var mu sync.Mutex
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		_ = json.NewEncoder(w).Encode(httpapi.NewStatus(snap))
+	}))
+	defer srv.Close()
+	port := strconv.Itoa(srv.Listener.Addr().(*net.TCPAddr).Port)
+	code, out, errs := runStatus("--http-host", "127.0.0.1", "--http-port", port)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	for _, want := range []string{
+		"protocol  auto (default rpc-messages; peers: nongpu-v1 1, rpc-messages 2 (1 by the tie-break)), chunk",
+		"saved     12.3 k prefill tokens not recomputed in the last hour, 48.5 M since the start",
+		"misses    1604 chunks: 1200 never stored, 340 evicted, 64 other layout (5 missed the L2 tiers too)",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	mu.Lock()
+	snap = engine.Snapshot{State: engine.Serving, Protocol: "nongpu-v1"}
+	mu.Unlock()
+	_, out, _ = runStatus("--http-host", "127.0.0.1", "--http-port", port)
+	for _, want := range []string{"protocol  nongpu-v1, chunk", "misses    none", "saved     0 prefill tokens not recomputed in the last hour, 0 since the start"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("idle output lacks %q:\n%s", want, out)
+		}
 	}
 }

@@ -338,5 +338,45 @@ func fakeRates() engine.Rates {
 			TokensSavedTotal: 48_500_000, TokensSavedHour: 12_345_678,
 		},
 		Contexts: map[int64]engine.ContextRates{4242: ctx(1, 9), 4243: ctx(0.5, 13)},
+		Latency:  fakeLatency(),
+	}
+}
+
+// fakeLatency is two minutes of request latency per kind: a steady lookup
+// path, stores whose p99 climbs in bursts, retrieves that stopped a while
+// ago (a gap in their chart), a registration long ago (not listed) and a
+// kind never seen.
+func fakeLatency() map[string]engine.LatencyRates {
+	const n = 120
+	w := func(f func(i int) float64) series.Window {
+		v := make([]float64, n)
+		for i := range v {
+			v[i] = f(i)
+		}
+		return series.Window{Fine: v}
+	}
+	steady := func(rate, p50, p99 float64, period int) engine.LatencyRates {
+		return engine.LatencyRates{
+			Rate: w(func(int) float64 { return rate }),
+			P50:  w(func(int) float64 { return p50 }),
+			P99:  w(func(i int) float64 { return p99 * (1 + float64(i%period)/float64(period)) }),
+		}
+	}
+	retrieve := steady(4, 1.5e-3, 9e-3, 11)
+	for i := 40; i < 70; i++ {
+		retrieve.Rate.Fine[i], retrieve.P50.Fine[i], retrieve.P99.Fine[i] = 0, 0, 0
+	}
+	register := engine.LatencyRates{Rate: w(func(i int) float64 { return float64(max(0, 3-i)) }),
+		P50: w(func(i int) float64 { return 0.002 * float64(max(0, 3-i)) }), P99: w(func(i int) float64 { return 0.004 * float64(max(0, 3-i)) })}
+	lookup := steady(10, 80e-6, 400e-6, 7)
+	lookup.P99.Fine[100] = 5e-3 // one slow second
+	return map[string]engine.LatencyRates{
+		"LOOKUP":                            lookup,
+		"QUERY_PREFETCH_STATUS":             steady(31, 30e-6, 120e-6, 5),
+		"PREPARE_STORE":                     steady(6, 150e-6, 900e-6, 13),
+		"COMMIT_STORE":                      steady(6, 2.1e-3, 12e-3, 17),
+		"PREPARE_RETRIEVE":                  retrieve,
+		"REGISTER_KV_CACHE_NON_GPU_CONTEXT": register,
+		"NOOP":                              {},
 	}
 }

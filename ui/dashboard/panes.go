@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"kvdock/core/engine"
 	"kvdock/core/layout"
 	"kvdock/core/workers"
+	"kvdock/settings"
 )
 
 // stateStyle tones a state label; the label itself carries the meaning.
@@ -47,6 +49,11 @@ func (m *Model) renderHeader(w int) string {
 	// The state comes right after the title: it is what a narrow screen
 	// must still show.
 	line1 := m.st.Title.Render("kvdock "+version) + "  state: " + state + "  " + endpoint + "  " + proto + "  up " + durationText(s.Uptime)
+	// Under --protocol auto, the tables the peers were settled on, when
+	// the line has room for them.
+	if d := detectionsText(s); d != "" && lipgloss.Width(line1)+2+lipgloss.Width(d) <= w {
+		line1 += "  " + d
+	}
 	if s.Error != "" {
 		line1 += "  " + m.st.Bad.Render("error: "+s.Error)
 	}
@@ -79,6 +86,29 @@ func (m *Model) renderHeader(w int) string {
 		line2 = m.summary()
 	}
 	return fit(line1, w) + "\n" + fit(line2, w) + "\n" + fit(m.ratesLine(w), w)
+}
+
+// detectionsText is the peers --protocol auto settled on each table
+// ("peers nongpu-v1 2 · rpc-messages 1"), "" under a fixed profile or
+// before any peer settled.
+func detectionsText(s engine.Snapshot) string {
+	if s.Protocol != settings.ProtocolAuto {
+		return ""
+	}
+	var parts []string
+	for _, p := range slices.Sorted(maps.Keys(s.Requests.Detections)) {
+		if n := s.Requests.Detections[p]; n > 0 {
+			parts = append(parts, fmt.Sprintf("%s %d", p, n))
+		}
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	out := "peers " + strings.Join(parts, " · ")
+	if n := s.Requests.AmbiguousDetections; n > 0 {
+		out += fmt.Sprintf(" (%d guessed)", n)
+	}
+	return out
 }
 
 // summary is the one-line overview under the title when nothing else is
@@ -624,11 +654,14 @@ func (m *Model) renderGPU(w, h int) string {
 }
 
 func (m *Model) renderEvents(w, h int) string {
+	// Request latency heads the pane: what the workers feel, above what
+	// the server did.
+	head := m.latencyBlock(w, h)
+	h = max(1, h-len(head))
 	if len(m.events) == 0 {
-		return m.st.Faint.Render("no events yet")
+		return strings.Join(append(head, m.st.Faint.Render("no events yet")), "\n")
 	}
 	evs := m.visibleEvents()
-	var head []string
 	if m.mode == modeEvFilter || m.evFilterStr != "" || m.evLevel > slog.LevelDebug {
 		info := fmt.Sprintf("%d of %d event(s) · level: %s", len(evs), len(m.events), levelText(m.evLevel))
 		if m.mode == modeEvFilter {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"regexp"
 	"strings"
 	"testing"
@@ -15,6 +16,7 @@ import (
 
 	"kvdock/core/engine"
 	"kvdock/core/l1"
+	"kvdock/core/series"
 	"kvdock/core/workers"
 )
 
@@ -302,11 +304,13 @@ func TestEventsWrapAtWords(t *testing.T) {
 		m := newTestModel(t, f, w, 30)
 		press(t, m, "4")
 		var parts []string
+		started := false // the latency block comes first
 		for _, l := range strings.Split(trimRight(screen(m)), "\n")[4:] {
 			if strings.HasPrefix(l, "? help") {
 				break
 			}
-			if l == "" {
+			started = started || strings.Contains(l, "restart")
+			if l == "" || !started {
 				continue
 			}
 			l = strings.TrimSpace(l)
@@ -452,6 +456,14 @@ func TestHostileListsStayInBounds(t *testing.T) {
 	for i := range 500 {
 		f.snap.Events = append(f.snap.Events, engine.Event{Seq: uint64(10 + i), Time: t0, Kind: "register", Level: slog.Level(i%3*4 - 4),
 			Message: strings.Repeat("很长的消息 ", i%50) + strings.Repeat("y", i)})
+	}
+	// Request kinds by the hundred, with wide names and absurd figures.
+	f.snap.Rates.Latency = map[string]engine.LatencyRates{}
+	for i := range 200 {
+		v := float64(i) * 1e6
+		f.snap.Rates.Latency[strings.Repeat("請求", i%40)+fmt.Sprint(i)] = engine.LatencyRates{
+			Rate: series.Window{Fine: []float64{v, v}}, P50: series.Window{Fine: []float64{v, 1e-9}},
+			P99: series.Window{Fine: []float64{math.Inf(1), math.NaN()}}}
 	}
 	for _, sz := range [][2]int{{minWidth, minHeight}, {50, 12}, {80, 24}, {233, 61}} {
 		m := newTestModel(t, f, sz[0], sz[1])

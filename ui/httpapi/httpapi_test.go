@@ -78,7 +78,18 @@ func testConfig(t *testing.T, tok string) settings.Config {
 
 func start(t *testing.T, tok string) *harness {
 	t.Helper()
+	return startWith(t, tok, nil)
+}
+
+// startWith is start with the config changed by edit first (nil: none);
+// the harness's client speaks the configured profile (auto's default
+// under auto).
+func startWith(t *testing.T, tok string, edit func(*settings.Config)) *harness {
+	t.Helper()
 	cfg := testConfig(t, tok)
+	if edit != nil {
+		edit(&cfg)
+	}
 	sources := map[string]settings.Source{
 		"server.port":     {Kind: settings.SourceFlag, Detail: "--port"},
 		"server.shm_name": {Kind: settings.SourceFlag, Detail: "--shm-name"},
@@ -103,7 +114,7 @@ func start(t *testing.T, tok string) *harness {
 	served := make(chan error, 1)
 	go func() { served <- api.Serve(ctx, ln) }()
 
-	data, err := assets.Protocol(cfg.Server.Protocol)
+	data, err := assets.Protocol(cfg.Server.ClientProtocol())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,15 +23,18 @@ type Status struct {
 	ActivePrefetchJobs           int                    `json:"active_prefetch_jobs"`
 	StorageManager               StorageManager         `json:"storage_manager"`
 
-	State         string     `json:"state"`
-	Error         string     `json:"error,omitempty"`
-	Endpoint      string     `json:"endpoint"`
-	Protocol      string     `json:"protocol"`
-	TransferMode  string     `json:"transfer_mode"`
-	Version       string     `json:"version"`
-	StartedAt     *time.Time `json:"started_at,omitempty"`
-	UptimeSeconds float64    `json:"uptime_seconds"`
-	TakenAt       time.Time  `json:"taken_at"`
+	State    string `json:"state"`
+	Error    string `json:"error,omitempty"`
+	Endpoint string `json:"endpoint"`
+	Protocol string `json:"protocol"`
+	// ProtocolDetection is --protocol auto's view: the default profile and
+	// the peers settled on each (protocol stays the configured name).
+	ProtocolDetection ProtocolDetectionStatus `json:"protocol_detection"`
+	TransferMode      string                  `json:"transfer_mode"`
+	Version           string                  `json:"version"`
+	StartedAt         *time.Time              `json:"started_at,omitempty"`
+	UptimeSeconds     float64                 `json:"uptime_seconds"`
+	TakenAt           time.Time               `json:"taken_at"`
 
 	// ShmName and PoolSize are what REGISTER answers every worker ("" and 0:
 	// pickle for everyone); ShmReason says why.
@@ -368,6 +371,8 @@ func NewStatus(s engine.Snapshot) Status {
 		Tiers:         make([]TierStatus, 0, len(s.Tiers)),
 		Events:        []EventStatus{},
 		WhatIf:        whatIfStatus(s.WhatIf),
+
+		ProtocolDetection: protocolDetection(s),
 	}
 	out.Rates, out.TokensSaved = ratesStatus(s)
 	if out.StorageManager.L1EvictionController.EvictionPolicy == "" {

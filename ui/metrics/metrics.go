@@ -158,6 +158,7 @@ type snapshotCollector struct {
 	tierLoads, tierLoadTimeouts                                                       *prometheus.Desc
 	misses                                                                            missDescs
 	whatif                                                                            whatIfDescs
+	protocol                                                                          protocolDescs
 
 	mu       sync.Mutex
 	src      Source
@@ -217,6 +218,7 @@ func newSnapshotCollector(m *Metrics) *snapshotCollector {
 		tierLoadTimeouts: d("kvdock_tier_load_timeouts_total", "Prefetch loads from the L2 tier given up at the load timeout.", "index", "type"),
 		misses:           newMissDescs(),
 		whatif:           newWhatIfDescs(),
+		protocol:         newProtocolDescs(),
 		counters:         map[string]*counter{},
 		ctx:              map[ctxKey]ctxBytes{},
 		bytes:            map[[2]string]float64{},
@@ -240,6 +242,7 @@ func (c *snapshotCollector) Describe(ch chan<- *prometheus.Desc) {
 	}
 	c.misses.describe(ch)
 	c.whatif.describe(ch)
+	c.protocol.describe(ch)
 	c.m.requests.Describe(ch)
 	c.m.duration.Describe(ch)
 	c.rates.describe(ch)
@@ -308,6 +311,7 @@ func (c *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 	count(c.lookupHit, "lookup_hit", float64(s.Lookup.HitTokens))
 	count(c.lookups, "lookups", float64(s.Lookup.Lookups))
 	c.collectMisses(s.Misses, count)
+	c.protocol.collect(s, count)
 
 	kinds := badKinds()
 	for k := range s.Requests.BadInput {

@@ -189,7 +189,11 @@ func TestDashboardUsesExportedMetrics(t *testing.T) {
 
 	var dash struct {
 		Panels []struct {
+			ID      int    `json:"id"`
 			Title   string `json:"title"`
+			GridPos struct {
+				X, Y, W, H int
+			} `json:"gridPos"`
 			Targets []struct {
 				Expr string `json:"expr"`
 			} `json:"targets"`
@@ -221,9 +225,32 @@ func TestDashboardUsesExportedMetrics(t *testing.T) {
 	}
 	for _, n := range []string{"lmcache_mp_l1_usage_ratio", "lmcache_mp_lookup_hit_total", "kvdock_requests_total",
 		"kvdock_request_duration_seconds", "kvdock_transfer_bytes_total", "kvdock_contexts", "kvdock_bad_input_total",
-		"kvdock_gpu_memory_used_bytes"} {
+		"kvdock_gpu_memory_used_bytes",
+		"kvdock_tokens_saved_total", "kvdock_tokens_saved_last_hour", "kvdock_hit_ratio_last_minute",
+		"kvdock_lookups_per_second_last_minute", "kvdock_lookup_missed_chunks_total", "kvdock_whatif_hit_ratio",
+		"kvdock_contexts_by_state", "kvdock_workers_reaped_total", "kvdock_instance_id_reused_total",
+		"kvdock_protocol_detections_total"} {
 		if !used[n] {
 			t.Errorf("dashboard does not show %s", n)
+		}
+	}
+	// Panels have their own ids and cells: Grafana keeps one of two
+	// panels sharing an id, and overlapping ones hide each other.
+	ids := map[int]string{}
+	for i, p := range dash.Panels {
+		if prev, ok := ids[p.ID]; ok {
+			t.Errorf("panels %q and %q share id %d", prev, p.Title, p.ID)
+		}
+		ids[p.ID] = p.Title
+		a := p.GridPos
+		if a.W <= 0 || a.H <= 0 || a.X < 0 || a.X+a.W > 24 {
+			t.Errorf("panel %q at %+v is outside the 24-column grid", p.Title, a)
+		}
+		for _, q := range dash.Panels[:i] {
+			b := q.GridPos
+			if a.X < b.X+b.W && b.X < a.X+a.W && a.Y < b.Y+b.H && b.Y < a.Y+a.H {
+				t.Errorf("panels %q and %q overlap", q.Title, p.Title)
+			}
 		}
 	}
 	unit := string(assets.SystemdUnit())
