@@ -3,6 +3,7 @@ package interop
 import (
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -88,10 +89,30 @@ func TestHybridGroupsHostile(t *testing.T) {
 			t.Errorf("%s: %v, want False", name, res[name])
 		}
 	}
+	// Request errors are logged once a second per request name, so the log
+	// shows the first out-of-range group; /status counts all three.
 	out := srv.Output()
-	for _, want := range []string{"group 2 out of range", "group -1 out of range", "at most 16 KV groups", "conflicts with"} {
+	for _, want := range []string{"out of range: the instance registered 2 group(s)", "at most 16 KV groups", "conflicts with"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("log lacks %q", want)
 		}
+	}
+	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/status", srv.HTTPPort))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var st struct {
+		Requests struct {
+			ByType map[string]struct {
+				Error int64 `json:"error"`
+			} `json:"by_type"`
+		} `json:"requests"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		t.Fatalf("/status: %v", err)
+	}
+	if n := st.Requests.ByType["COMMIT_STORE_GROUP"].Error; n < 3 {
+		t.Errorf("COMMIT_STORE_GROUP errors %d, want at least 3 (group 2, -1 and 2**40 refused)", n)
 	}
 }
