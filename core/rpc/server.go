@@ -74,6 +74,7 @@ type Request struct {
 
 	bufs     []replyBuf
 	answer   func(any, error)
+	later    func(any, error, *replyBuf) // answer with a reply buffer adopted (DeferReply)
 	deferred atomic.Bool
 }
 
@@ -885,11 +886,12 @@ func (s *Server) execute(ctx context.Context, j job) (r reply, send bool) {
 	// A deferred answer keeps copies of what its reply needs, not the
 	// message's buffer with its payload (a waiting request holds little).
 	later := job{peer: bytes.Clone(j.peer), uid: bytes.Clone(j.uid), typ: bytes.Clone(j.typ), prof: j.prof, spec: j.spec, start: j.start}
-	req.answer = func(res any, err error) {
-		if r, ok := s.result(later, nil, res, err, false); ok {
+	req.later = func(res any, err error, adopted *replyBuf) {
+		if r, ok := s.result(later, adopted, res, err, false); ok {
 			s.reply(r)
 		}
 	}
+	req.answer = func(res any, err error) { req.later(res, err, nil) }
 	res, err, panicked := s.call(ctx, h, j, req)
 	deferred := req.deferred.Load() && !panicked
 	var adopted *replyBuf
@@ -910,7 +912,7 @@ func (s *Server) execute(ctx context.Context, j job) (r reply, send bool) {
 	if deferred {
 		return reply{}, false
 	}
-	req.answer = nil
+	req.answer, req.later = nil, nil
 	return s.result(j, adopted, res, err, panicked)
 }
 
