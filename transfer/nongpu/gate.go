@@ -43,6 +43,7 @@ type pickleGate struct {
 	reading map[int64]*ticket   // the retrieve ticket of an instance
 	lapsed  []*ticket           // dropped retrieve tickets whose replies are still out
 	lapses  int64               // retrieve tickets that lapsed (for tests and stats)
+	reads   int64               // retrieve tickets granted (for tests and stats)
 	waiting []*ticket           // FIFO
 	polling bool
 	closed  bool
@@ -167,6 +168,7 @@ func (g *pickleGate) grantLocked() []*ticket {
 		g.used += t.bytes
 		if t.retrieve {
 			g.reading[t.instance] = t
+			g.reads++
 		} else {
 			g.held[t.instance] = append(g.held[t.instance], t)
 		}
@@ -420,12 +422,17 @@ func (g *pickleGate) setLimit(limit int64) {
 	g.run(granted, nil)
 }
 
-// retrieveState is the lapsed retrieve tickets so far and whether
-// instance holds a retrieve ticket (for tests).
-func (g *pickleGate) retrieveState(instance int64) (lapses int64, reading bool) {
+// retrieveState is the retrieve tickets granted and lapsed so far, and the
+// bytes of instance's answered retrieve reply still out (-1: it holds no
+// answered ticket). For tests.
+func (g *pickleGate) retrieveState(instance int64) (reads, lapses, out int64) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return g.lapses, g.reading[instance] != nil
+	out = -1
+	if t := g.reading[instance]; t != nil && t.sent {
+		out = t.held.Load()
+	}
+	return g.reads, g.lapses, out
 }
 
 // state is the bytes held and the prepares waiting (for tests and stats).

@@ -265,7 +265,7 @@ func TestPickleGateRetrieveLapse(t *testing.T) {
 		t.Errorf("instance 1's waiting retrieve ticketed %v, instance 2's %v; want false, true", r.ticket[2], r.ticket[3])
 	}
 	r.mu.Unlock()
-	if lapses, _ := r.g.retrieveState(1); lapses != 1 {
+	if _, lapses, _ := r.g.retrieveState(1); lapses != 1 {
 		t.Errorf("lapses %d, want 1", lapses)
 	}
 	r.release(2)
