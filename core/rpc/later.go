@@ -47,7 +47,7 @@ type Later struct {
 // the reply is made from the first Later.Answer.
 func (r *Request) DeferReply() *Later {
 	r.deferred.Store(true)
-	return &Later{answer: r.later}
+	return &Later{answer: r.laterAnswer()}
 }
 
 // ReplyBuffer is Request.ReplyBuffer for a deferred answer: n bytes outside
