@@ -65,7 +65,9 @@ import (
 
 // Request is one decoded request as a handler sees it. Args follow the
 // profile's payload types (protocol.Type*); []byte args are slices of the
-// received frame, valid only while the handler runs.
+// received frame, valid only while the handler runs, and so is Peer (a
+// request answered on the socket goroutine is read into a buffer that the
+// next message reuses): copy what is kept.
 type Request struct {
 	Peer []byte // ZMQ identity of the sender
 	Name string // wire name in the active profile

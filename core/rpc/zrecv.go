@@ -186,7 +186,9 @@ func newReceiver(raw unsafe.Pointer) *receiver {
 // recv reads one message without blocking (ok false: nothing to read). It
 // returns at most maxFrames frames (tooMany: there were more, read and
 // discarded) and their total size; over limit, or when a frame could not be
-// kept, frames is nil and nothing is held. Small frames share one Go slice;
+// kept, frames is nil and nothing is held. Small frames share one Go slice,
+// or, when the message came in one call (the common case), stay in the
+// receive buffer until the next recv (inScratch; detach copies them out);
 // large ones are borrowed (charged to held).
 func (rc *receiver) recv(limit int64, held *atomic.Int64) (frames [][]byte, b *borrowed, total int64, tooMany, lost, ok bool) {
 	rc.inScratch = false
