@@ -45,7 +45,7 @@ func TestWireUnreadRetrieveStallsOthersOnlyUntilLapse(t *testing.T) {
 		t.Fatalf("commit = %v, %v", ok, err)
 	}
 	e.mod.SetMaxInflightPickle(chunk + retrieveReplySlack) // one reply
-	const lapse = 300 * time.Millisecond
+	const lapse = time.Second
 	e.mod.gate.mu.Lock()
 	e.mod.gate.ttl = lapse
 	e.mod.gate.mu.Unlock()
@@ -115,8 +115,10 @@ func TestWireUnreadRetrieveStallsOthersOnlyUntilLapse(t *testing.T) {
 	if err != nil || len(ts) != 1 || !bytes.Equal(ts[0].Data, stored.Data) {
 		t.Fatalf("good retrieve: %d tensors, %v, or bytes differ", len(ts), err)
 	}
-	if _, lapses, _ := e.mod.gate.retrieveState(1); lapses != 1 {
-		t.Errorf("%d lapses, want 1 (the hostile's unread reply)", lapses)
+	// The hostile's reply lapsed (the good one's may have too, on a slow
+	// machine: it lapses if not read within the lapse).
+	if _, lapses, _ := e.mod.gate.retrieveState(1); lapses < 1 {
+		t.Errorf("%d lapses, want the hostile's unread reply's", lapses)
 	}
 }
 
