@@ -53,7 +53,10 @@ type pickleGate struct {
 // while a request waits for the budget.
 const retrievePoll = time.Millisecond
 
-// ticketTTL is how long a granted ticket waits for its commit.
+// ticketTTL is how long a granted ticket waits for its commit (a store's)
+// or for its reply to leave (a retrieve's). The lapsed list holds at most
+// one ticket per instance whose reply is still out (its later retrieves go
+// unticketed meanwhile) plus those of instances unregistered meanwhile.
 const ticketTTL = 10 * time.Second
 
 // maxWaiting bounds the prepares of one instance waiting for a ticket: a

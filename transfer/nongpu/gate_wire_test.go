@@ -20,9 +20,6 @@ import (
 // reply, another worker's retrieve waits for that reply's ticket, which
 // lapses: it is answered, with the right bytes, after the lapse.
 func TestWireUnreadRetrieveStallsOthersOnlyUntilLapse(t *testing.T) {
-	if testing.Short() {
-		t.Skip("moves 64 MiB over loopback")
-	}
 	e := newEnv(t, false, 64<<20)
 	big := func(id int64) protocol.RegisterPayload {
 		p := payload(id)
