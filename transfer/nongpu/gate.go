@@ -54,9 +54,11 @@ type pickleGate struct {
 const retrievePoll = time.Millisecond
 
 // ticketTTL is how long a granted ticket waits for its commit (a store's)
-// or for its reply to leave (a retrieve's). The lapsed list holds at most
-// one ticket per instance whose reply is still out (its later retrieves go
-// unticketed meanwhile) plus those of instances unregistered meanwhile.
+// or for its reply to leave (a retrieve's). The lapsed list is bounded by
+// the instances: one whose lapsed reply is still out takes no further
+// ticket (its retrieves go unticketed meanwhile), so it holds about one
+// entry per instance (two when a ticket lapses while its reply is still
+// being written), plus those of instances unregistered meanwhile.
 const ticketTTL = 10 * time.Second
 
 // maxWaiting bounds the prepares of one instance waiting for a ticket: a
