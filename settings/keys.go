@@ -207,7 +207,7 @@ func table() []keyDef {
 				return ""
 			}},
 		{key: "server.max_inflight_pickle_mb", flag: "max-inflight-pickle-mb", class: Restart,
-			help:  "MiB of pickled chunk frames held from their receive until stored (or of any frame of 1 MiB or more); over it the server reads no further request until they are done",
+			help:  "MiB of pickled chunks in flight: frames of 1 MiB or more held from their receive until stored (over it the server reads no further request), and the pickle stores and retrieve replies admitted at once (past it a pickle PREPARE_STORE or PREPARE_RETRIEVE waits)",
 			field: func(c *Config) any { return &c.Server.MaxInflightPickleMB },
 			check: func(c Config) string { return intRange(c.Server.MaxInflightPickleMB, 1, 1<<20) }},
 		{key: "server.go_memory_limit_mb", flag: "go-memory-limit-mb", class: NextStart,

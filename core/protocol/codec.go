@@ -125,7 +125,7 @@ func DecodeValueLimits(typ string, frame []byte, lim Limits) (any, error) {
 	case TypeFloat:
 		v, err = decodeFloat(d)
 	case TypeStr:
-		v, err = decodeStr(d, x.lim.MaxString)
+		v, err = x.str()
 	case TypeRegister:
 		v, err = decodeRegister(x)
 	case TypeRecords:
@@ -323,6 +323,122 @@ func decodeStr(d *msgpack.Decoder, max int) (string, error) {
 	return string(b), nil
 }
 
+// str is decodeStr at x's position: a fixstr or str8 that the frame holds
+// is read straight from the frame's bytes (one allocation, the string's);
+// anything else, and every error, goes through decodeStr from the same
+// position, so results and error messages are those of the general path.
+func (x *dec) str() (string, error) {
+	if b, ok := x.strBytes(); ok {
+		return string(b), nil
+	}
+	return decodeStr(x.d, x.lim.MaxString)
+}
+
+// key is str for a map key: a field name the decoders know is returned as
+// that constant, without allocating.
+func (x *dec) key() (string, error) {
+	if b, ok := x.strBytes(); ok {
+		return fieldName(b), nil
+	}
+	return decodeStr(x.d, x.lim.MaxString)
+}
+
+// strBytes reads a fixstr or str8 of at most lim.MaxString bytes that the
+// frame holds and moves past it; ok false (nothing read) for anything else.
+func (x *dec) strBytes() ([]byte, bool) {
+	pos := x.pos()
+	if pos < 0 || pos >= len(x.frame) {
+		return nil, false
+	}
+	n, head := 0, 0
+	switch c := x.frame[pos]; {
+	case msgpcode.IsFixedString(c):
+		n, head = int(c&msgpcode.FixedStrMask), 1
+	case c == msgpcode.Str8 && pos+1 < len(x.frame):
+		n, head = int(x.frame[pos+1]), 2
+	default:
+		return nil, false
+	}
+	end := pos + head + n
+	if n > x.lim.MaxString || end > len(x.frame) {
+		return nil, false
+	}
+	if _, err := x.r.Seek(int64(head+n), io.SeekCurrent); err != nil {
+		return nil, false
+	}
+	return x.frame[pos+head : end], true
+}
+
+// fieldName returns the field names the decoders know as constants (the
+// switch compares without converting b); any other name is a copy.
+func fieldName(b []byte) string {
+	switch string(b) {
+	case "block_size":
+		return "block_size"
+	case "cache_salt":
+		return "cache_salt"
+	case "chunk_indices":
+		return "chunk_indices"
+	case "context":
+		return "context"
+	case "data":
+		return "data"
+	case "dtype":
+		return "dtype"
+	case "dtype_str":
+		return "dtype_str"
+	case "end":
+		return "end"
+	case "group_ids":
+		return "group_ids"
+	case "group_layouts":
+		return "group_layouts"
+	case "hidden_dim_size":
+		return "hidden_dim_size"
+	case "instance_id":
+		return "instance_id"
+	case "length":
+		return "length"
+	case "model_name":
+		return "model_name"
+	case "new_block_ids":
+		return "new_block_ids"
+	case "new_token_ids":
+		return "new_token_ids"
+	case "num_layers":
+		return "num_layers"
+	case "offset":
+		return "offset"
+	case "pool_size":
+		return "pool_size"
+	case "req_id":
+		return "req_id"
+	case "request_id":
+		return "request_id"
+	case "shape":
+		return "shape"
+	case "shm_name":
+		return "shm_name"
+	case "slots":
+		return "slots"
+	case "start":
+		return "start"
+	case "success":
+		return "success"
+	case "token_ids":
+		return "token_ids"
+	case "tokens_per_block":
+		return "tokens_per_block"
+	case "use_mla":
+		return "use_mla"
+	case "worker_id":
+		return "worker_id"
+	case "world_size":
+		return "world_size"
+	}
+	return string(b)
+}
+
 func decodeSmallInt(d *msgpack.Decoder) (int, error) {
 	n, err := decodeInt(d)
 	if err != nil {
@@ -350,7 +466,7 @@ func mapFields(x *dec, field func(name string) (bool, error)) error {
 		return err
 	}
 	for i := 0; i < n; i++ {
-		name, err := decodeStr(d, x.lim.MaxString)
+		name, err := x.key()
 		if err != nil {
 			return fmt.Errorf("map key: %w", err)
 		}
@@ -392,7 +508,7 @@ func decodeKey(x *dec) (Key, error) {
 		}
 		switch name {
 		case "model_name":
-			k.ModelName, err = decodeStr(d, x.lim.MaxString)
+			k.ModelName, err = x.str()
 		case "world_size":
 			k.WorldSize, err = decodeSmallInt(d)
 		case "worker_id":
@@ -410,9 +526,9 @@ func decodeKey(x *dec) (Key, error) {
 		case "end":
 			k.End, err = decodeSmallInt(d)
 		case "request_id":
-			k.RequestID, err = decodeStr(d, x.lim.MaxString)
+			k.RequestID, err = x.str()
 		case "cache_salt":
-			k.CacheSalt, err = decodeStr(d, x.lim.MaxString)
+			k.CacheSalt, err = x.str()
 		default:
 			return false, nil
 		}
@@ -558,7 +674,7 @@ func decodeRegister(x *dec) (RegisterPayload, error) {
 		case "instance_id":
 			p.InstanceID, err = decodeInt(d)
 		case "model_name":
-			p.ModelName, err = decodeStr(d, x.lim.MaxString)
+			p.ModelName, err = x.str()
 		case "world_size":
 			p.WorldSize, err = decodeSmallInt(d)
 		case "block_size":
@@ -568,7 +684,7 @@ func decodeRegister(x *dec) (RegisterPayload, error) {
 		case "hidden_dim_size":
 			p.HiddenDimSize, err = decodeSmallInt(d)
 		case "dtype_str":
-			p.DtypeStr, err = decodeStr(d, x.lim.MaxString)
+			p.DtypeStr, err = x.str()
 		case "use_mla":
 			p.UseMLA, err = decodeLooseBool(d)
 		case "group_layouts":
@@ -615,7 +731,7 @@ func decodeGroupLayouts(x *dec) ([]GroupLayout, error) {
 			case "hidden_dim_size":
 				g.HiddenDimSize, err = decodeSmallInt(d)
 			case "dtype_str":
-				g.DtypeStr, err = decodeStr(d, x.lim.MaxString)
+				g.DtypeStr, err = x.str()
 			case "use_mla":
 				g.UseMLA, err = decodeLooseBool(d)
 			case "tokens_per_block":
@@ -658,7 +774,7 @@ func decodeRecords(x *dec) ([]BlockAllocationRecord, error) {
 			}
 			switch name {
 			case "req_id":
-				r.ReqID, err = decodeStr(d, x.lim.MaxString)
+				r.ReqID, err = x.str()
 			case "new_block_ids":
 				r.NewBlockIDs, err = decodeInts(x)
 			case "new_token_ids":

@@ -73,7 +73,7 @@ func DecodeRegisterResponse(frame []byte, lim Limits) (RegisterResponse, error) 
 		var err error
 		switch name {
 		case "shm_name":
-			r.ShmName, err = decodeStr(x.d, x.lim.MaxString)
+			r.ShmName, err = x.str()
 		case "pool_size":
 			r.PoolSize, err = decodeInt(x.d)
 			if err == nil && r.PoolSize < 0 {
@@ -239,7 +239,7 @@ func decodeSlot(x *dec) (Slot, error) {
 		case "shape":
 			s.Shape, err = decodeShape(d)
 		case "dtype":
-			s.Dtype, err = decodeStr(d, x.lim.MaxString)
+			s.Dtype, err = x.str()
 		default:
 			return false, nil
 		}

@@ -452,6 +452,16 @@ func (l *loop) dispatch(frames [][]byte, held *borrowed, total, limit int64, too
 	default:
 		ch = l.shared
 	}
+	if l.rc.inScratch {
+		// Its small frames are in the receive buffer, which the next
+		// message overwrites: the worker gets its own copy (and decodes it
+		// again if protocol detection did: those args point into it).
+		l.rc.detach(frames)
+		j.peer, j.uid, j.typ, j.payload = frames[0], frames[1], frames[2], frames[3:]
+		if j.decoded {
+			j.decoded, j.args = false, nil
+		}
+	}
 	for _, f := range j.payload {
 		j.cost += int64(len(f))
 	}

@@ -65,7 +65,9 @@ import (
 
 // Request is one decoded request as a handler sees it. Args follow the
 // profile's payload types (protocol.Type*); []byte args are slices of the
-// received frame, valid only while the handler runs.
+// received frame, valid only while the handler runs, and so is Peer (a
+// request answered on the socket goroutine is read into a buffer that the
+// next message reuses): copy what is kept.
 type Request struct {
 	Peer []byte // ZMQ identity of the sender
 	Name string // wire name in the active profile
@@ -73,8 +75,27 @@ type Request struct {
 	Spec *protocol.Spec
 
 	bufs     []replyBuf
-	answer   func(any, error)
+	srv      *Server // nil: not a running server's request (a test's own)
+	head     job     // what a deferred reply needs (peer, uid, type, profile)
 	deferred atomic.Bool
+}
+
+// laterAnswer returns what answers r once its handler has returned: it keeps
+// copies of what the reply needs (made now, while the frames are valid),
+// not the message's buffer with its payload, so a waiting request holds
+// little. Nil when r is not a running server's request.
+func (r *Request) laterAnswer() func(res any, err error, adopted *replyBuf) {
+	s := r.srv
+	if s == nil {
+		return nil
+	}
+	j := r.head
+	later := job{peer: bytes.Clone(j.peer), uid: bytes.Clone(j.uid), typ: bytes.Clone(j.typ), prof: j.prof, spec: j.spec, start: j.start}
+	return func(res any, err error, adopted *replyBuf) {
+		if rep, ok := s.result(later, adopted, res, err, false); ok {
+			s.reply(rep)
+		}
+	}
 }
 
 // Defer answers the request later: the handler's own return value is
@@ -85,13 +106,13 @@ type Request struct {
 // worker (which serves other requests) but may not answer yet.
 func (r *Request) Defer() func(res any, err error) {
 	r.deferred.Store(true)
-	answer := r.answer
+	answer := r.laterAnswer()
 	var once sync.Once
 	return func(res any, err error) {
 		if answer == nil {
 			return // not a request of a running server (a test's own)
 		}
-		once.Do(func() { answer(res, err) })
+		once.Do(func() { answer(res, err, nil) })
 	}
 }
 
@@ -881,15 +902,8 @@ func (s *Server) execute(ctx context.Context, j job) (r reply, send bool) {
 		s.finish(j, OutcomeDropped)
 		return s.errorReply(j, "NoHandler", "no handler for "+j.spec.Name)
 	}
-	req := &Request{Peer: j.peer, Name: j.spec.Name, Args: j.args, Spec: j.spec}
-	// A deferred answer keeps copies of what its reply needs, not the
-	// message's buffer with its payload (a waiting request holds little).
-	later := job{peer: bytes.Clone(j.peer), uid: bytes.Clone(j.uid), typ: bytes.Clone(j.typ), prof: j.prof, spec: j.spec, start: j.start}
-	req.answer = func(res any, err error) {
-		if r, ok := s.result(later, nil, res, err, false); ok {
-			s.reply(r)
-		}
-	}
+	req := &Request{Peer: j.peer, Name: j.spec.Name, Args: j.args, Spec: j.spec, srv: s,
+		head: job{peer: j.peer, uid: j.uid, typ: j.typ, prof: j.prof, spec: j.spec, start: j.start}}
 	res, err, panicked := s.call(ctx, h, j, req)
 	deferred := req.deferred.Load() && !panicked
 	var adopted *replyBuf
@@ -910,7 +924,7 @@ func (s *Server) execute(ctx context.Context, j job) (r reply, send bool) {
 	if deferred {
 		return reply{}, false
 	}
-	req.answer = nil
+	req.srv, req.head = nil, job{}
 	return s.result(j, adopted, res, err, panicked)
 }
 

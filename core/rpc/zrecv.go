@@ -95,6 +95,7 @@ static void kv_msg_free(zmq_msg_t *m) {
 import "C"
 
 import (
+	"bytes"
 	"sync/atomic"
 	"unsafe"
 
@@ -146,6 +147,36 @@ type receiver struct {
 	raw     unsafe.Pointer
 	scratch []byte
 	r       C.kv_recv_t
+	parts   []msgFrame // reused between calls
+	// inScratch: the last message's small frames are slices of scratch
+	// (it came in one call), overwritten by the next recv.
+	inScratch bool
+}
+
+// detach moves the frames that point into scratch to one Go slice of their
+// own (the rest, borrowed or copied, stay as they are), so that they outlive
+// the next recv.
+func (rc *receiver) detach(frames [][]byte) {
+	if !rc.inScratch {
+		return
+	}
+	in := func(f []byte) bool {
+		return len(f) > 0 && uintptr(unsafe.Pointer(&f[0]))-uintptr(unsafe.Pointer(&rc.scratch[0])) < uintptr(len(rc.scratch))
+	}
+	n := 0
+	for _, f := range frames {
+		if in(f) {
+			n += len(f)
+		}
+	}
+	own := make([]byte, 0, n)
+	for i, f := range frames {
+		if in(f) {
+			at := len(own)
+			own = append(own, f...)
+			frames[i] = own[at:len(own):len(own)]
+		}
+	}
 }
 
 func newReceiver(raw unsafe.Pointer) *receiver {
@@ -155,10 +186,17 @@ func newReceiver(raw unsafe.Pointer) *receiver {
 // recv reads one message without blocking (ok false: nothing to read). It
 // returns at most maxFrames frames (tooMany: there were more, read and
 // discarded) and their total size; over limit, or when a frame could not be
-// kept, frames is nil and nothing is held. Small frames share one Go slice;
+// kept, frames is nil and nothing is held. Small frames share one Go slice,
+// or, when the message came in one call (the common case), stay in the
+// receive buffer until the next recv (inScratch; detach copies them out);
 // large ones are borrowed (charged to held).
 func (rc *receiver) recv(limit int64, held *atomic.Int64) (frames [][]byte, b *borrowed, total int64, tooMany, lost, ok bool) {
-	var parts []msgFrame
+	rc.inScratch = false
+	parts := rc.parts[:0]
+	defer func() {
+		clear(parts)
+		rc.parts = parts[:0]
+	}()
 	var small []byte // the small frames of this message, back to back
 	flags := C.int(zmq.DONTWAIT)
 	for first := true; ; first = false {
@@ -172,11 +210,17 @@ func (rc *receiver) recv(limit int64, held *atomic.Int64) (frames [][]byte, b *b
 			}
 			break // the rest of a message is always there: a closed socket
 		}
-		// One Go allocation per call for the small frames it copied.
 		used := int(rc.r.used)
-		chunk := make([]byte, used)
-		copy(chunk, buf[:used])
-		small = chunk
+		if first && rc.r.more == 0 {
+			// The whole message in one call: its small frames stay in the
+			// scratch buffer, valid until the next recv (the socket
+			// goroutine detaches them when it hands the request off).
+			small = buf[:used:used]
+			rc.inScratch = true
+		} else {
+			// One Go allocation per call for the small frames it copied.
+			small = bytes.Clone(buf[:used])
+		}
 		off := 0
 		for i := range n {
 			if rc.r.sizes[i] == ^C.size_t(0) {

@@ -25,7 +25,9 @@ package rpc
 // alone). Released mappings are kept for reuse, up to KV_CACHE_MAX bytes,
 // so that a stream of large replies does not map and fault pages for each;
 // kv_cache_drain unmaps them when the server is idle.
-typedef struct kv_buf { int64_t size; int64_t *held; int64_t *total; int zmq; size_t cap; struct kv_buf *next; } kv_buf;
+// extra, when set, is a counter the buffer's owner charged extra_n bytes to
+// when it allocated it (Later.ReplyBuffer): uncharged on release like held.
+typedef struct kv_buf { int64_t size; int64_t *held; int64_t *total; int64_t *extra; int64_t extra_n; int zmq; size_t cap; struct kv_buf *next; } kv_buf;
 
 #define KV_MAP_FROM (1 << 20)
 #define KV_CACHE_MAX ((size_t)64 << 20)
@@ -60,6 +62,10 @@ static void kv_release(kv_buf *b) {
 	if (b->held != NULL) {
 		__atomic_sub_fetch(b->held, b->size, __ATOMIC_RELEASE);
 		__atomic_sub_fetch(b->total, b->size, __ATOMIC_RELEASE);
+	}
+	if (b->extra != NULL) {
+		__atomic_sub_fetch(b->extra, b->extra_n, __ATOMIC_RELEASE);
+		b->extra = NULL;
 	}
 	if (b->cap == 0) {
 		free(b);
@@ -120,6 +126,7 @@ static kv_buf *kv_copy(const void *p, size_t n, int64_t *held, int64_t *total) {
 	b->size = (int64_t)n;
 	b->held = held;
 	b->total = total;
+	b->extra = NULL;
 	b->zmq = 0;
 	__atomic_add_fetch(held, (int64_t)n, __ATOMIC_RELAXED);
 	__atomic_add_fetch(total, (int64_t)n, __ATOMIC_RELAXED);
@@ -145,8 +152,16 @@ static kv_buf *kv_alloc(size_t n) {
 	b->size = (int64_t)n;
 	b->held = NULL;
 	b->total = NULL;
+	b->extra = NULL;
 	b->zmq = 0;
 	return b;
+}
+
+// kv_charge charges b's n bytes to *extra until it is released.
+static void kv_charge(kv_buf *b, int64_t *extra, int64_t n) {
+	b->extra = extra;
+	b->extra_n = n;
+	__atomic_add_fetch(extra, n, __ATOMIC_RELAXED);
 }
 
 // kv_adopt makes b (n bytes of it) a reply frame charged to *held and *total.
@@ -317,6 +332,11 @@ func allocReply(n int) (replyBuf, error) {
 		return replyBuf{}, errors.New("rpc: out of memory for a reply buffer")
 	}
 	return replyBuf{c: cbuf{c}, b: unsafe.Slice((*byte)(unsafe.Pointer(C.kv_data(c))), n)}, nil
+}
+
+// charge charges rb's bytes to h until the buffer is released.
+func (rb replyBuf) charge(h heldCounter) {
+	C.kv_charge(rb.c.p, h.p, C.int64_t(len(rb.b)))
 }
 
 // holds reports whether b is a prefix of rb (a reply written into it).

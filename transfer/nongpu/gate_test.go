@@ -1,6 +1,12 @@
 package nongpu
 
-import "testing"
+import (
+	"sync"
+	"testing"
+	"time"
+
+	"kvdock/core/rpc"
+)
 
 // TestPickleGateBoundsAndOrder: prepares are granted in order while their
 // bytes fit the limit (one always when none is held); a commit of the
@@ -107,5 +113,246 @@ func TestPickleGateSetLimit(t *testing.T) {
 	g.setLimit(300)
 	if used, waiting := g.state(); n != 3 || used != 300 || waiting != 0 {
 		t.Fatalf("after raising the limit: granted %d, used %d, waiting %d; want 3, 300, 0", n, used, waiting)
+	}
+}
+
+// retrieveRig drives a gate's retrieves as the PREPARE_RETRIEVE handler
+// does: each granted retrieve writes its reply into a buffer charged to its
+// counter and leaves it "held by libzmq" until the test releases it.
+type retrieveRig struct {
+	t      *testing.T
+	g      *pickleGate
+	mu     sync.Mutex
+	held   map[int]*rpc.Later
+	ticket map[int]bool // whether the work ran with a counter
+	grants chan int
+}
+
+func newRetrieveRig(t *testing.T, limit int64, ttl time.Duration) *retrieveRig {
+	g := newPickleGate(limit)
+	g.ttl = ttl
+	t.Cleanup(g.close)
+	return &retrieveRig{t: t, g: g, held: map[int]*rpc.Later{}, ticket: map[int]bool{}, grants: make(chan int, 64)}
+}
+
+func (r *retrieveRig) retrieve(inst, n int64, tag int) {
+	r.g.acquireRetrieve(inst, n, func(charge *rpc.HeldBytes) {
+		later := (&rpc.Request{}).DeferReply()
+		if _, err := later.ReplyBuffer(int(n), charge); err != nil {
+			r.t.Error(err)
+		}
+		r.mu.Lock()
+		r.held[tag], r.ticket[tag] = later, charge != nil
+		r.mu.Unlock()
+		r.grants <- tag
+	})
+}
+
+// release is libzmq done with tag's reply (the peer read it).
+func (r *retrieveRig) release(tag int) {
+	r.mu.Lock()
+	l := r.held[tag]
+	r.mu.Unlock()
+	l.Answer(nil, nil)
+}
+
+func (r *retrieveRig) granted() []int {
+	var out []int
+	for {
+		select {
+		case tag := <-r.grants:
+			out = append(out, tag)
+		default:
+			return out
+		}
+	}
+}
+
+func (r *retrieveRig) await(tag int) {
+	r.t.Helper()
+	select {
+	case got := <-r.grants:
+		if got != tag {
+			r.t.Fatalf("granted %d, want %d", got, tag)
+		}
+	case <-time.After(10 * time.Second):
+		r.t.Fatalf("retrieve %d never granted", tag)
+	}
+}
+
+// TestPickleGateRetrieveWaitsForItsReply: a pickle retrieve's ticket is
+// held until its reply buffer is released (libzmq wrote it), not until its
+// handler returned; later retrieves and stores wait in order meanwhile, and
+// are granted once it is released.
+func TestPickleGateRetrieveWaitsForItsReply(t *testing.T) {
+	r := newRetrieveRig(t, 256, time.Hour)
+	r.retrieve(1, 200, 1)
+	if got := r.granted(); len(got) != 1 || got[0] != 1 {
+		t.Fatalf("first retrieve: granted %v, want [1] at once", got)
+	}
+	r.retrieve(2, 200, 2)
+	stored := make(chan struct{})
+	r.g.acquire(3, 50, func() { close(stored) }) // fits, but waits its turn behind 2
+	if got := r.granted(); len(got) != 0 {
+		t.Fatalf("granted %v while the first reply is still held", got)
+	}
+	if used, waiting := r.g.state(); used != 200 || waiting != 2 {
+		t.Fatalf("used %d, waiting %d; want 200, 2", used, waiting)
+	}
+	r.release(1)
+	r.await(2)
+	<-stored
+	r.release(2)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		r.g.mu.Lock()
+		r.g.sweepLocked()
+		r.g.mu.Unlock()
+		if used, _ := r.g.state(); used == 50 {
+			break
+		}
+		if time.Now().After(deadline) {
+			used, _ := r.g.state()
+			t.Fatalf("used %d after both replies left, want 50 (the store's)", used)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestPickleGateRetrieveOnePerInstance: an instance holds one retrieve
+// ticket; its next retrieve waits for it without holding up another
+// instance's.
+func TestPickleGateRetrieveOnePerInstance(t *testing.T) {
+	r := newRetrieveRig(t, 1000, time.Hour)
+	r.retrieve(1, 100, 1)
+	r.retrieve(1, 100, 2)
+	r.retrieve(2, 100, 3)
+	if got := r.granted(); len(got) != 2 || got[0] != 1 || got[1] != 3 {
+		t.Fatalf("granted %v, want [1 3]", got)
+	}
+	r.release(1)
+	r.await(2)
+	r.release(2)
+	r.release(3)
+}
+
+// TestPickleGateRetrieveLapse: a reply its peer never reads holds the
+// budget for the lapse at most; then the others are granted, and the
+// instance's retrieves go unticketed while that reply is still out (it
+// cannot take the budget again), gated again once it left.
+func TestPickleGateRetrieveLapse(t *testing.T) {
+	r := newRetrieveRig(t, 100, 50*time.Millisecond)
+	r.retrieve(1, 100, 1) // never read (until the end)
+	r.retrieve(1, 100, 2) // the same instance: waits for 1
+	r.retrieve(2, 100, 3) // another: waits for the budget
+	if got := r.granted(); len(got) != 1 {
+		t.Fatalf("granted %v before the lapse", got)
+	}
+	seen := map[int]bool{}
+	for len(seen) < 2 {
+		select {
+		case tag := <-r.grants:
+			seen[tag] = true
+		case <-time.After(10 * time.Second):
+			t.Fatalf("after the lapse only %v were answered", seen)
+		}
+	}
+	if !seen[2] || !seen[3] {
+		t.Fatalf("answered %v, want 2 and 3", seen)
+	}
+	r.mu.Lock()
+	if r.ticket[2] || !r.ticket[3] {
+		t.Errorf("instance 1's waiting retrieve ticketed %v, instance 2's %v; want false, true", r.ticket[2], r.ticket[3])
+	}
+	r.mu.Unlock()
+	if _, lapses, _ := r.g.retrieveState(1); lapses != 1 {
+		t.Errorf("lapses %d, want 1", lapses)
+	}
+	r.release(2)
+	r.retrieve(1, 100, 4) // reply 1 still out: unticketed at once
+	r.await(4)
+	r.mu.Lock()
+	if r.ticket[4] {
+		t.Error("a retrieve of an instance whose reply lapsed unread took a ticket")
+	}
+	r.mu.Unlock()
+	r.release(4)
+	r.release(1) // the peer read it after all: the instance is gated again
+	r.release(3)
+	r.retrieve(1, 100, 5)
+	r.await(5)
+	r.mu.Lock()
+	if !r.ticket[5] {
+		t.Error("instance 1 not gated again once its lapsed reply left")
+	}
+	r.mu.Unlock()
+	r.release(5)
+}
+
+// TestPickleGateRetrieveForgetAndClose: an unregister answers the
+// instance's waiting retrieves unticketed; a close answers everything.
+func TestPickleGateRetrieveForgetAndClose(t *testing.T) {
+	r := newRetrieveRig(t, 100, time.Hour)
+	r.retrieve(1, 100, 1)
+	r.retrieve(2, 100, 2)
+	r.retrieve(3, 100, 3)
+	r.await(1)
+	r.g.forget(2)
+	r.await(2)
+	r.g.close()
+	r.await(3)
+	r.retrieve(4, 100, 4)
+	r.await(4)
+	for _, tag := range []int{1, 2, 3, 4} {
+		r.release(tag)
+	}
+}
+
+// TestPickleGateRetrieveConcurrent: stores and retrieves of many instances
+// at once, replies released in any order: everything is answered and the
+// budget comes back to 0 (run with -race).
+func TestPickleGateRetrieveConcurrent(t *testing.T) {
+	r := newRetrieveRig(t, 300, time.Hour)
+	const n = 40
+	r.grants = make(chan int, 2*n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			inst := int64(i % 7)
+			if i%2 == 0 {
+				r.g.acquire(inst, 100, func() {
+					go r.g.committed(inst)
+				})
+				return
+			}
+			r.retrieve(inst, 100, i)
+		}()
+	}
+	released := 0
+	for released < n/2 {
+		select {
+		case tag := <-r.grants:
+			go r.release(tag)
+			released++
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%d of %d retrieves answered", released, n/2)
+		}
+	}
+	wg.Wait()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		r.g.mu.Lock()
+		r.g.sweepLocked()
+		r.g.mu.Unlock()
+		used, waiting := r.g.state()
+		if used == 0 && waiting == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("used %d, waiting %d at the end", used, waiting)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }

@@ -95,6 +95,26 @@ func (m *Module) Handlers() map[string]rpc.Handler {
 			if err != nil {
 				return nil, err
 			}
+			if n, ok := m.pickleStoreBytes(k, id); ok {
+				// Prepared and answered once its reply fits the in-flight
+				// pickle bytes; the ticket comes back when libzmq has
+				// written the reply. The key's tokens are the request's
+				// own (decoded, not a view of the frame), so it outlives
+				// the handler.
+				later := req.DeferReply()
+				end := m.begin(id, req.Peer)
+				name := req.Name
+				m.gate.acquireRetrieve(id, n+retrieveReplySlack, func(charge *rpc.HeldBytes) {
+					defer end()
+					res, err := m.prepareRetrieveReply(k, id, func(n int) ([]byte, error) { return later.ReplyBuffer(n, charge) })
+					if err != nil {
+						m.errorEvent("request/"+name, id, fmt.Sprintf("%s: %v", name, err))
+						res = nil
+					}
+					later.Answer(res, err)
+				})
+				return nil, nil
+			}
 			defer m.begin(id, req.Peer)()
 			return m.prepareRetrieveReply(k, id, req.ReplyBuffer)
 		}),
@@ -108,6 +128,11 @@ func (m *Module) Handlers() map[string]rpc.Handler {
 		}),
 	}
 }
+
+// retrieveReplySlack is what a pickle retrieve reply holds beyond its
+// chunks' bytes (the msgpack map and each tensor's pickle header), for its
+// gate ticket.
+const retrieveReplySlack = 64 << 10
 
 // reporting passes a handler's errors to the event sink (rate-limited per
 // request name) so the operator sees them, and returns them unchanged.

@@ -2,16 +2,15 @@ package nongpu
 
 import (
 	"bytes"
-	"context"
 	"testing"
 
 	"kvdock/core/protocol"
-	"kvdock/core/rpc"
 	"kvdock/transfer/torchpickle"
 )
 
-// The handler's pre-encoded pickle reply is byte for byte what encoding
-// PrepareRetrieve's response gives.
+// The handler's pre-encoded pickle reply (prepareRetrieveReply, which the
+// PREPARE_RETRIEVE handler runs once its gate ticket is granted) is byte for
+// byte what encoding PrepareRetrieve's response gives.
 func TestPickleRetrieveHandlerReplyMatchesEncoding(t *testing.T) {
 	e := newEnv(t, false, 1<<20)
 	e.register(1)
@@ -32,8 +31,10 @@ func TestPickleRetrieveHandlerReplyMatchesEncoding(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.lookupLock(k)
-	h := e.mod.Handlers()[protocol.PrepareRetrieve]
-	res, err := h(context.Background(), &rpc.Request{Name: "PREPARE_RETRIEVE", Args: []any{k, int64(1)}})
+	h := func() (any, error) {
+		return e.mod.prepareRetrieveReply(k, 1, func(n int) ([]byte, error) { return make([]byte, 0, n), nil })
+	}
+	res, err := h()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,7 +49,7 @@ func TestPickleRetrieveHandlerReplyMatchesEncoding(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A miss (no lookup lock) answers the plain response.
-	res, err = h(context.Background(), &rpc.Request{Name: "PREPARE_RETRIEVE", Args: []any{k, int64(1)}})
+	res, err = h()
 	if err != nil {
 		t.Fatal(err)
 	}

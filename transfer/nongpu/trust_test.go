@@ -183,6 +183,13 @@ func TestSHMCommitSwitchesBack(t *testing.T) {
 // nongpu-v1) and returns a dial function for clients.
 func serveWire(t *testing.T, m *Module) func() *client.Client {
 	t.Helper()
+	_, dial := serveWireAt(t, m)
+	return dial
+}
+
+// serveWireAt is serveWire that also gives the server's endpoint.
+func serveWireAt(t *testing.T, m *Module) (string, func() *client.Client) {
+	t.Helper()
 	b, err := assets.Protocol("nongpu-v1")
 	if err != nil {
 		t.Fatal(err)
@@ -214,7 +221,7 @@ func serveWire(t *testing.T, m *Module) func() *client.Client {
 			t.Errorf("Serve: %v", err)
 		}
 	})
-	return func() *client.Client {
+	return srv.Endpoint(), func() *client.Client {
 		c, err := client.Dial(srv.Endpoint(), prof, client.Options{Timeout: 5 * time.Second})
 		if err != nil {
 			t.Fatal(err)
