@@ -89,6 +89,11 @@ type Tier struct {
 	closed  bool
 
 	readBytes, writeBytes, dropped atomic.Uint64
+	// graveSeq names the files moved aside to be freed outside mu.
+	graveSeq atomic.Uint64
+	// beforeFree, when set (tests), runs after a Put released mu and
+	// before it removes the files it displaced.
+	beforeFree func(graves []string)
 	// shardMade skips the MkdirAll stat once a shard directory is known.
 	shardMade [256]atomic.Bool
 	notify    atomic.Pointer[func(tierstate.Tier)] // tier.StateNotifier's hook
@@ -248,12 +253,33 @@ func (t *Tier) Put(ctx context.Context, key string, value []byte) error {
 		return fmt.Errorf("fs tier: put of %d bytes: %w", size, err)
 	}
 
+	graves, err := t.install(h, tmp, final, size)
+	if t.beforeFree != nil {
+		t.beforeFree(graves)
+	}
+	// The buried files' blocks are freed here, outside the index lock: an
+	// unlink of a 32 MiB file takes milliseconds (tens with discard), and
+	// every lookup's Has waits on that lock.
+	for _, g := range graves {
+		if rerr := os.Remove(g); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
+			t.log.Warn("fs tier: remove chunk file", "file", g, "err", rerr)
+		}
+	}
+	return err
+}
+
+// install renames the written temporary file tmp into place as final under
+// the index lock, evicting least recently used chunks to make room. The
+// files it displaces (victims, the key's previous value) are only renamed
+// aside to temporary names (cheap: no blocks freed); it returns those for
+// the caller to remove after the lock is released.
+func (t *Tier) install(h [hashLen]byte, tmp, final string, size int64) ([]string, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
-		os.Remove(tmp)
-		return errors.New("fs tier: put: closed")
+		return []string{tmp}, errors.New("fs tier: put: closed")
 	}
+	var graves []string
 	old := t.idx[h]
 	need := charge(size)
 	if old != nil {
@@ -263,19 +289,25 @@ func (t *Tier) Put(ctx context.Context, key string, value []byte) error {
 		victim := el.Value.(*entry)
 		el = el.Prev()
 		if victim != old {
-			t.dropLocked(victim, true)
+			graves = t.dropLocked(victim, true, graves)
 		}
 	}
+	// The previous value (indexed or not) is moved aside first, so the
+	// rename below replaces nothing and frees nothing under the lock.
+	graves = t.buryLocked(final, graves)
 	if err := os.Rename(tmp, final); err != nil {
-		os.Remove(tmp)
+		graves = append(graves, tmp)
 		if errors.Is(err, os.ErrNotExist) {
 			t.shardMade[h[0]].Store(false) // removed behind our back: the next write makes it again
 		}
+		if old != nil {
+			graves = t.dropLocked(old, false, graves) // its file is buried
+		}
 		t.writeFailedLocked(size, err)
-		return fmt.Errorf("fs tier: put: rename into place: %w", err)
+		return graves, fmt.Errorf("fs tier: put: rename into place: %w", err)
 	}
 	if old != nil {
-		t.dropLocked(old, false)
+		graves = t.dropLocked(old, false, graves)
 	}
 	e := &entry{h: h, size: size, charge: charge(size)}
 	e.elem = t.lru.PushFront(e)
@@ -286,7 +318,26 @@ func (t *Tier) Put(ctx context.Context, key string, value []byte) error {
 		t.noSpace = false
 		t.setStateLocked(tierstate.Up, "")
 	}
-	return nil
+	return graves, nil
+}
+
+// buryLocked renames file aside to a fresh temporary name in its directory
+// and appends that name to graves; an absent file appends nothing. A grave
+// left by a crash is removed at the next start like any staged write. When
+// the rename fails otherwise, the file is removed in place.
+func (t *Tier) buryLocked(file string, graves []string) []string {
+	grave := filepath.Join(filepath.Dir(file), fmt.Sprintf("%sgone-%d", tmpPrefix, t.graveSeq.Add(1)))
+	err := os.Rename(file, grave)
+	switch {
+	case err == nil:
+		return append(graves, grave)
+	case errors.Is(err, os.ErrNotExist):
+		return graves
+	}
+	if err := os.Remove(file); err != nil && !errors.Is(err, os.ErrNotExist) {
+		t.log.Warn("fs tier: remove chunk file", "file", file, "err", err)
+	}
+	return graves
 }
 
 // writeTemp writes value to a fresh temporary file beside its final place
@@ -378,26 +429,30 @@ func (t *Tier) setStateLocked(s tierstate.State, reason string) {
 // NotifyState implements tier.StateNotifier.
 func (t *Tier) NotifyState(f func(tierstate.Tier)) { t.notify.Store(&f) }
 
-// dropLocked forgets e and, if asked, removes its file.
-func (t *Tier) dropLocked(e *entry, removeFile bool) {
+// dropLocked forgets e and, if asked, buries its file (see buryLocked),
+// returning graves with the grave appended.
+func (t *Tier) dropLocked(e *entry, removeFile bool, graves []string) []string {
 	delete(t.idx, e.h)
 	t.lru.Remove(e.elem)
 	t.used -= e.charge
 	if removeFile {
 		_, file := t.paths(e.h)
-		if err := os.Remove(file); err != nil && !errors.Is(err, os.ErrNotExist) {
-			t.log.Warn("fs tier: remove chunk file", "file", file, "err", err)
-		}
+		graves = t.buryLocked(file, graves)
 	}
+	return graves
 }
 
 // forget drops e if it is still the indexed entry for its hash (a Put that
 // replaced it meanwhile installed a new entry and a new file).
 func (t *Tier) forget(e *entry, removeFile bool) {
 	t.mu.Lock()
-	defer t.mu.Unlock()
+	var graves []string
 	if t.idx[e.h] == e {
-		t.dropLocked(e, removeFile)
+		graves = t.dropLocked(e, removeFile, nil)
+	}
+	t.mu.Unlock()
+	for _, g := range graves {
+		_ = os.Remove(g)
 	}
 }
 
@@ -490,12 +545,21 @@ func (t *Tier) Delete(ctx context.Context, key string) error {
 	h := hashKey(key)
 	_, file := t.paths(h)
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	if t.closed {
+		t.mu.Unlock()
 		return errors.New("fs tier: delete: closed")
 	}
 	if e := t.idx[h]; e != nil {
-		t.dropLocked(e, false)
+		t.dropLocked(e, false, nil)
+	}
+	grave := filepath.Join(filepath.Dir(file), fmt.Sprintf("%sgone-%d", tmpPrefix, t.graveSeq.Add(1)))
+	err := os.Rename(file, grave)
+	t.mu.Unlock()
+	switch {
+	case err == nil:
+		file = grave // freed outside the lock
+	case errors.Is(err, os.ErrNotExist):
+		return nil
 	}
 	if err := os.Remove(file); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("fs tier: delete: %w", err)
