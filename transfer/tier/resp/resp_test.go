@@ -679,3 +679,77 @@ func TestClusterNodeKilledAndRestarted(t *testing.T) {
 		t.Fatalf("%d of 32 hits after one of 3 nodes lost its data", hits)
 	}
 }
+
+// TestLookupNotBehindWrites: the small commands (EXISTS, DEL) have their
+// own connections, so a lookup answers while a value's SET is stuck on the
+// server (writes paused with CLIENT PAUSE WRITE, as a 32 MiB SET holds its
+// pipeline while it crosses the socket) instead of queueing behind it.
+func TestLookupNotBehindWrites(t *testing.T) {
+	s := redisserver.Start(t, redisserver.Options{})
+	tr, _ := open(t, standaloneCfg(s))
+	ctx := context.Background()
+	var present []string
+	for i := range 64 {
+		present = append(present, key(1000+i))
+		if err := tr.Put(ctx, key(1000+i), value(i, 512)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.Do(ctx, "CLIENT", "PAUSE", "60000", "WRITE"); err != nil {
+		t.Fatal(err)
+	}
+	unpaused := false
+	unpause := func() {
+		if !unpaused {
+			unpaused = true
+			if _, err := s.Do(ctx, "CLIENT", "UNPAUSE"); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	defer unpause()
+	put := make(chan error, 1)
+	go func() { put <- tr.Put(ctx, key(2), value(2, 1<<20)) }()
+	// Wait until the server holds the SET.
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		list, err := s.Do(ctx, "CLIENT", "LIST")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if heldSet(list) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the SET never reached the server: %s", list)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	// valkey-go picks one of a client's connections at random per call:
+	// many lookups, so that one sharing the held SET's connection would
+	// show (each has its own generous deadline).
+	for i := range 32 {
+		lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		n, err := tr.Has(lctx, append(present, key(3)))
+		cancel()
+		if n != len(present) || err != nil {
+			t.Fatalf("Has %d while a SET is held: %d, %v; want %d (queued behind the write?)", i, n, err, len(present))
+		}
+	}
+	unpause()
+	if err := <-put; err != nil {
+		t.Fatal(err)
+	}
+	if got, err := tr.Get(ctx, key(2)); err != nil || !bytes.Equal(got, value(2, 1<<20)) {
+		t.Fatalf("Get after the held SET: %d bytes, %v", len(got), err)
+	}
+}
+
+// heldSet tells whether CLIENT LIST shows a client blocked (flags=b) on a SET.
+func heldSet(list string) bool {
+	for _, line := range strings.Split(list, "\n") {
+		if strings.Contains(line, " flags=b ") && strings.Contains(line, " cmd=set ") {
+			return true
+		}
+	}
+	return false
+}
