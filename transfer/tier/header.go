@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"runtime"
 
 	"kvdock/core/layout"
 )
@@ -47,19 +48,49 @@ func headerLen(key string, lay layout.Layout) int {
 // key and lay written, and the payload part of it; seal finishes it once the
 // payload is in place.
 func newValue(key string, lay layout.Layout, n int) (v, payload []byte, err error) {
-	if len(key) > maxKeyLen || len(lay.Shape) > maxDims || len(lay.Dtype) > maxDtype {
-		return nil, nil, fmt.Errorf("tier: header of key %d bytes, %d dims, dtype %d bytes: too large", len(key), len(lay.Shape), len(lay.Dtype))
+	if err := headerFits(key, lay); err != nil {
+		return nil, nil, err
 	}
 	h := headerLen(key, lay)
 	v = make([]byte, h+n)
-	b := append(v[:0], magic...)
+	appendHeader(v[:0], key, lay, n)
+	return v, v[h:], nil
+}
+
+// newHeader returns the header of the value of key and lay whose payload is
+// payload, checksum included, for a backend that writes the two parts from
+// where they lie (PartsPutter). The checksum pass yields between slices.
+func newHeader(key string, lay layout.Layout, payload []byte) ([]byte, error) {
+	if err := headerFits(key, lay); err != nil {
+		return nil, err
+	}
+	h := headerLen(key, lay)
+	b := appendHeader(make([]byte, 0, h), key, lay, len(payload))[:h]
+	c := crc32.Checksum(b[:h-4], castagnoli)
+	for off := 0; off < len(payload); off += yieldSlice {
+		c = crc32.Update(c, castagnoli, payload[off:min(off+yieldSlice, len(payload))])
+		runtime.Gosched()
+	}
+	binary.LittleEndian.PutUint32(b[h-4:], c)
+	return b, nil
+}
+
+func headerFits(key string, lay layout.Layout) error {
+	if len(key) > maxKeyLen || len(lay.Shape) > maxDims || len(lay.Dtype) > maxDtype {
+		return fmt.Errorf("tier: header of key %d bytes, %d dims, dtype %d bytes: too large", len(key), len(lay.Shape), len(lay.Dtype))
+	}
+	return nil
+}
+
+// appendHeader appends the header of key and lay for n payload bytes, up to
+// the checksum slot (which it leaves out: len grows by headerLen-4).
+func appendHeader(b []byte, key string, lay layout.Layout, n int) []byte {
+	b = append(b, magic...)
 	b = binary.LittleEndian.AppendUint16(b, Version)
 	b = binary.LittleEndian.AppendUint32(b, uint32(len(key)))
 	b = append(b, key...)
 	b = appendLayout(b, lay)
-	b = binary.LittleEndian.AppendUint64(b, uint64(n))
-	_ = b // the checksum slot [h-4, h) is filled by seal
-	return v, v[h:], nil
+	return binary.LittleEndian.AppendUint64(b, uint64(n))
 }
 
 // appendLayout appends the header's encoding of lay: dims u8, dims × i64,
@@ -74,8 +105,13 @@ func appendLayout(b []byte, lay layout.Layout) []byte {
 }
 
 // seal writes the checksum of a value built by newValue.
+// The checksum pass yields between slices (it runs on a writer).
 func seal(v []byte, h int) {
-	c := crc32.Update(crc32.Checksum(v[:h-4], castagnoli), castagnoli, v[h:])
+	c := crc32.Checksum(v[:h-4], castagnoli)
+	for off := h; off < len(v); off += yieldSlice {
+		c = crc32.Update(c, castagnoli, v[off:min(off+yieldSlice, len(v))])
+		runtime.Gosched()
+	}
 	binary.LittleEndian.PutUint32(v[h-4:h], c)
 }
 

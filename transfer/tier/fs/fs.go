@@ -102,6 +102,7 @@ type Tier struct {
 var (
 	_ tier.Backend       = (*Tier)(nil)
 	_ tier.StateNotifier = (*Tier)(nil)
+	_ tier.PartsPutter   = (*Tier)(nil)
 )
 
 // Open takes base_path for this process (flock on base_path/.kvdock.lock),
@@ -218,10 +219,24 @@ func charge(size int64) int64 { return (size + blockSize - 1) / blockSize * bloc
 // within the capacity. A write the disk cannot take is dropped, counted and
 // turns the tier degraded until a later write succeeds.
 func (t *Tier) Put(ctx context.Context, key string, value []byte) error {
+	return t.put(ctx, key, [][]byte{value}, nil)
+}
+
+// PutParts implements tier.PartsPutter: the value is head then payload,
+// written to the file from where they lie; valid is asked after the last
+// byte is written, and a false answer discards the file.
+func (t *Tier) PutParts(ctx context.Context, key string, head, payload []byte, valid func() bool) error {
+	return t.put(ctx, key, [][]byte{head, payload}, valid)
+}
+
+func (t *Tier) put(ctx context.Context, key string, parts [][]byte, valid func() bool) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("fs tier: put: %w", err)
 	}
-	size := int64(len(value))
+	var size int64
+	for _, p := range parts {
+		size += int64(len(p))
+	}
 	if size > MaxValueBytes || charge(size) > t.cfg.CapacityBytes {
 		return fmt.Errorf("fs tier: put: value of %d bytes exceeds the tier's limit (%d bytes per value, capacity %d)", size, MaxValueBytes, t.cfg.CapacityBytes)
 	}
@@ -245,12 +260,16 @@ func (t *Tier) Put(ctx context.Context, key string, value []byte) error {
 		}
 	}
 
-	tmp, err := t.writeTemp(ctx, dir, h, value)
+	tmp, err := t.writeTemp(ctx, dir, h, parts)
 	if err != nil {
 		if ctx.Err() == nil {
 			t.writeFailed(size, err)
 		}
 		return fmt.Errorf("fs tier: put of %d bytes: %w", size, err)
+	}
+	if valid != nil && !valid() {
+		os.Remove(tmp)
+		return fmt.Errorf("fs tier: put of %d bytes discarded: %w", size, tier.ErrSourceChanged)
 	}
 
 	graves, err := t.install(h, tmp, final, size)
@@ -342,7 +361,7 @@ func (t *Tier) buryLocked(file string, graves []string) []string {
 
 // writeTemp writes value to a fresh temporary file beside its final place
 // (or in relative_tmp_dir) and returns its path; on error nothing is left.
-func (t *Tier) writeTemp(ctx context.Context, dir string, h [hashLen]byte, value []byte) (path string, err error) {
+func (t *Tier) writeTemp(ctx context.Context, dir string, h [hashLen]byte, parts [][]byte) (path string, err error) {
 	if !t.shardMade[h[0]].Load() {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return "", fmt.Errorf("create shard directory: %w", err)
@@ -370,15 +389,17 @@ func (t *Tier) writeTemp(ctx context.Context, dir string, h [hashLen]byte, value
 			os.Remove(f.Name())
 		}
 	}()
-	for off := 0; off < len(value); {
-		if err := ctx.Err(); err != nil {
-			return "", err
+	for _, value := range parts {
+		for off := 0; off < len(value); {
+			if err := ctx.Err(); err != nil {
+				return "", err
+			}
+			n := min(ioPiece, len(value)-off)
+			if _, err := f.Write(value[off : off+n]); err != nil {
+				return "", fmt.Errorf("write: %w", err)
+			}
+			off += n
 		}
-		n := min(ioPiece, len(value)-off)
-		if _, err := f.Write(value[off : off+n]); err != nil {
-			return "", fmt.Errorf("write: %w", err)
-		}
-		off += n
 	}
 	if err := f.Close(); err != nil {
 		return "", fmt.Errorf("close: %w", err)
