@@ -138,43 +138,73 @@ func Encode(key string, lay layout.Layout, payload []byte) ([]byte, error) {
 // long, checksum failed) is damage under our key: the key carries the
 // format version and our layout's fingerprint, so no other host writes there.
 func Verify(v []byte, key string, lay layout.Layout) ([]byte, error) {
-	if len(v) < len(magic)+2 || string(v[:len(magic)]) != magic {
-		return nil, fmt.Errorf("%w: not a kvdock tier value", ErrCorrupt)
-	}
-	if ver := binary.LittleEndian.Uint16(v[4:6]); ver != Version {
-		return nil, fmt.Errorf("%w: format version %d, want %d", ErrCorrupt, ver, Version)
-	}
-	h, err := parseHeader(v)
+	h, err := checkHeader(v)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrCorrupt, err)
+		return nil, err
 	}
-	if n := binary.LittleEndian.Uint64(v[h.end-12:]); uint64(len(v)-h.end) != n {
-		return nil, fmt.Errorf("%w: payload of %d bytes, header says %d", ErrCorrupt, len(v)-h.end, n)
-	}
-	want := binary.LittleEndian.Uint32(v[h.end-4 : h.end])
-	if got := crc32.Update(crc32.Checksum(v[:h.end-4], castagnoli), castagnoli, v[h.end:]); got != want {
-		return nil, fmt.Errorf("%w: checksum %08x, header says %08x", ErrCorrupt, got, want)
-	}
-	// Intact: now whose is it?
-	if string(h.key) != key {
-		return nil, fmt.Errorf("%w: %w: stored under another key", ErrCorrupt, ErrForeign)
-	}
-	if len(h.shape) != 8*len(lay.Shape) {
-		return nil, fmt.Errorf("%w: %w: layout has %d dims, want %s", ErrCorrupt, ErrForeign, len(h.shape)/8, lay)
-	}
-	for i, d := range lay.Shape {
-		if int64(binary.LittleEndian.Uint64(h.shape[8*i:])) != int64(d) {
-			return nil, fmt.Errorf("%w: %w: layout shape differs from %s", ErrCorrupt, ErrForeign, lay)
-		}
-	}
-	if string(h.dtype) != lay.Dtype {
-		return nil, fmt.Errorf("%w: %w: dtype differs from %s", ErrCorrupt, ErrForeign, lay.Dtype)
-	}
-	if n := int64(len(v) - h.end); n != lay.Bytes {
-		return nil, fmt.Errorf("%w: %w: payload of %d bytes, layout needs %d", ErrCorrupt, ErrForeign, n, lay.Bytes)
+	if err := VerifyParts(v[:h.end], v[h.end:], key, lay); err != nil {
+		return nil, err
 	}
 	return v[h.end:], nil
 }
+
+// VerifyParts is Verify of a value held in two parts: head, exactly its
+// header, and payload, the rest (a backend that read the payload straight
+// into its place, see ReaderInto). The checks and their errors are Verify's.
+func VerifyParts(head, payload []byte, key string, lay layout.Layout) error {
+	h, err := checkHeader(head)
+	if err != nil {
+		return err
+	}
+	if h.end != len(head) {
+		return fmt.Errorf("%w: header of %d bytes, %d given", ErrCorrupt, h.end, len(head))
+	}
+	if n := binary.LittleEndian.Uint64(head[h.end-12:]); uint64(len(payload)) != n {
+		return fmt.Errorf("%w: payload of %d bytes, header says %d", ErrCorrupt, len(payload), n)
+	}
+	want := binary.LittleEndian.Uint32(head[h.end-4 : h.end])
+	if got := crc32.Update(crc32.Checksum(head[:h.end-4], castagnoli), castagnoli, payload); got != want {
+		return fmt.Errorf("%w: checksum %08x, header says %08x", ErrCorrupt, got, want)
+	}
+	// Intact: now whose is it?
+	if string(h.key) != key {
+		return fmt.Errorf("%w: %w: stored under another key", ErrCorrupt, ErrForeign)
+	}
+	if len(h.shape) != 8*len(lay.Shape) {
+		return fmt.Errorf("%w: %w: layout has %d dims, want %s", ErrCorrupt, ErrForeign, len(h.shape)/8, lay)
+	}
+	for i, d := range lay.Shape {
+		if int64(binary.LittleEndian.Uint64(h.shape[8*i:])) != int64(d) {
+			return fmt.Errorf("%w: %w: layout shape differs from %s", ErrCorrupt, ErrForeign, lay)
+		}
+	}
+	if string(h.dtype) != lay.Dtype {
+		return fmt.Errorf("%w: %w: dtype differs from %s", ErrCorrupt, ErrForeign, lay.Dtype)
+	}
+	if n := int64(len(payload)); n != lay.Bytes {
+		return fmt.Errorf("%w: %w: payload of %d bytes, layout needs %d", ErrCorrupt, ErrForeign, n, lay.Bytes)
+	}
+	return nil
+}
+
+// checkHeader checks magic and version and parses the header of v.
+func checkHeader(v []byte) (header, error) {
+	if len(v) < len(magic)+2 || string(v[:len(magic)]) != magic {
+		return header{}, fmt.Errorf("%w: not a kvdock tier value", ErrCorrupt)
+	}
+	if ver := binary.LittleEndian.Uint16(v[4:6]); ver != Version {
+		return header{}, fmt.Errorf("%w: format version %d, want %d", ErrCorrupt, ver, Version)
+	}
+	h, err := parseHeader(v)
+	if err != nil {
+		return h, fmt.Errorf("%w: %w", ErrCorrupt, err)
+	}
+	return h, nil
+}
+
+// HeaderLen is the length of the header of a value stored under key with
+// layout lay: a ReaderInto reads that many bytes before the payload.
+func HeaderLen(key string, lay layout.Layout) int { return headerLen(key, lay) }
 
 // header is a parsed value header; its slices are parts of the value.
 type header struct {

@@ -191,3 +191,75 @@ func TestWritersRunAtLowerPriority(t *testing.T) {
 		t.Fatal("the writer never wrote")
 	}
 }
+
+// TestPrefetchIntoL1FromFS: the fs tier reads a chunk straight into its
+// reserved L1 slot; the slot is published only once the header and the
+// checksum over the slot pass. A damaged value (a flipped payload byte,
+// garbage of another length) is a miss, counted and deleted, and its slot
+// never becomes readable; an intact value of another layout (the same
+// length or another) is rejected and kept.
+func TestPrefetchIntoL1FromFS(t *testing.T) {
+	lay := testLayout(t)
+	p := openPool(t, 1<<20)
+	ft, _ := openFS(t)
+	s := newSet(t, p, lay, tier.Options{}, ft)
+	ctx := context.Background()
+	var ks []keys.ObjectKey
+	for i := range 6 {
+		k := testKey(i)
+		v, err := tier.Encode(tier.Key(k, lay), lay, payload(int(lay.Bytes), i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch i {
+		case 1: // a flipped payload byte
+			v[len(v)-3] ^= 0xFF
+		case 3: // another layout, a value of the same length (read in place)
+			other, _ := layout.New(4, 2, 8, "float16", false)
+			if other.Bytes != lay.Bytes {
+				t.Fatalf("test layouts: %d vs %d bytes", other.Bytes, lay.Bytes)
+			}
+			v, _ = tier.Encode(tier.Key(k, lay), other, payload(int(other.Bytes), i))
+		case 4: // another layout, a value of another length (read whole)
+			other, _ := layout.New(2, 4, 16, "float16", false)
+			v, _ = tier.Encode(tier.Key(k, lay), other, payload(int(other.Bytes), i))
+		case 5: // not a value at all, another length
+			v = payload(100, i)
+		}
+		if err := ft.Put(ctx, tier.Key(k, lay), v); err != nil {
+			t.Fatal(err)
+		}
+		ks = append(ks, k)
+	}
+	if n := s.Prefetch(ctx, "m", 1, ks, 1, 1); n != 1 {
+		t.Fatalf("prefetched %d, want 1 (chunk 1 is damaged)", n)
+	}
+	if got := read(t, p, ks[0]); !bytes.Equal(got, payload(int(lay.Bytes), 0)) {
+		t.Fatal("chunk 0: L1 bytes differ from the tier's")
+	}
+	// Loaded after the damaged chunk: in L1, unlocked.
+	if p.ReserveReadPrefix(ks[2:3], 1) != 1 {
+		t.Fatal("chunk 2 not in L1")
+	}
+	if got := read(t, p, ks[2]); !bytes.Equal(got, payload(int(lay.Bytes), 2)) {
+		t.Fatal("chunk 2: L1 bytes differ from the tier's")
+	}
+	st := s.Stats()[0]
+	if st.Corrupt != 4 || st.Hits != 2 || st.Loads != 2 {
+		t.Fatalf("corrupt %d hits %d loads %d, want 4, 2, 2: %+v", st.Corrupt, st.Hits, st.Loads, st)
+	}
+	for _, i := range []int{1, 3, 4, 5} {
+		if p.ReserveReadPrefix(ks[i:i+1], 1) != 0 {
+			t.Fatalf("rejected chunk %d reached L1", i)
+		}
+	}
+	if ps := p.Stats(); ps.WriteLocked != 0 {
+		t.Fatalf("a rejected load left its reservation: %+v", ps)
+	}
+	for i, kept := range map[int]bool{1: false, 3: true, 4: true, 5: false} {
+		_, err := ft.Get(ctx, tier.Key(ks[i], lay))
+		if (err == nil) != kept {
+			t.Errorf("chunk %d: present %v, want %v (%v)", i, err == nil, kept, err)
+		}
+	}
+}

@@ -103,6 +103,7 @@ var (
 	_ tier.Backend       = (*Tier)(nil)
 	_ tier.StateNotifier = (*Tier)(nil)
 	_ tier.PartsPutter   = (*Tier)(nil)
+	_ tier.ReaderInto    = (*Tier)(nil)
 )
 
 // Open takes base_path for this process (flock on base_path/.kvdock.lock),
@@ -480,19 +481,49 @@ func (t *Tier) forget(e *entry, removeFile bool) {
 // Get reads key's value. Only a file of exactly the indexed length is
 // served; anything else is a miss and the file is removed.
 func (t *Tier) Get(ctx context.Context, key string) ([]byte, error) {
-	if err := ctx.Err(); err != nil {
+	var buf []byte
+	err := t.read(ctx, key, func(size int64) ([][]byte, error) {
+		buf = make([]byte, size)
+		return [][]byte{buf}, nil
+	})
+	if err != nil {
 		return nil, fmt.Errorf("fs tier: get: %w", err)
+	}
+	return buf, nil
+}
+
+// GetInto implements tier.ReaderInto: the file is read into head, then
+// payload, when its length is theirs together.
+func (t *Tier) GetInto(ctx context.Context, key string, head, payload []byte) error {
+	err := t.read(ctx, key, func(size int64) ([][]byte, error) {
+		if want := int64(len(head) + len(payload)); size != want {
+			return nil, fmt.Errorf("%d bytes, want %d: %w", size, want, tier.ErrSizeMismatch)
+		}
+		return [][]byte{head, payload}, nil
+	})
+	if err != nil {
+		return fmt.Errorf("fs tier: get: %w", err)
+	}
+	return nil
+}
+
+// read reads key's file into the buffers dst returns for its length. Only a
+// file of exactly the indexed length is read; anything else is a miss and
+// the file is removed.
+func (t *Tier) read(ctx context.Context, key string, dst func(size int64) ([][]byte, error)) error {
+	if err := ctx.Err(); err != nil {
+		return err
 	}
 	h := hashKey(key)
 	t.mu.Lock()
 	if t.closed {
 		t.mu.Unlock()
-		return nil, errors.New("fs tier: get: closed")
+		return errors.New("closed")
 	}
 	e := t.idx[h]
 	if e == nil {
 		t.mu.Unlock()
-		return nil, fmt.Errorf("fs tier: get: %w", tier.ErrNotFound)
+		return tier.ErrNotFound
 	}
 	t.lru.MoveToFront(e.elem)
 	size := e.size
@@ -503,37 +534,42 @@ func (t *Tier) Get(ctx context.Context, key string) ([]byte, error) {
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			t.forget(e, false)
-			return nil, fmt.Errorf("fs tier: get: file gone: %w", tier.ErrNotFound)
+			return fmt.Errorf("file gone: %w", tier.ErrNotFound)
 		}
-		return nil, fmt.Errorf("fs tier: get: %w", err)
+		return err
 	}
 	defer f.Close()
 	fi, err := f.Stat()
 	if err != nil {
-		return nil, fmt.Errorf("fs tier: get: %w", err)
+		return err
 	}
 	if !fi.Mode().IsRegular() || fi.Size() != size {
 		t.forget(e, true)
 		t.log.Warn("fs tier: chunk file changed behind the index, removed", "file", file, "want_bytes", size, "got_bytes", fi.Size())
-		return nil, fmt.Errorf("fs tier: get: file is %d bytes, index says %d: %w", fi.Size(), size, tier.ErrNotFound)
+		return fmt.Errorf("file is %d bytes, index says %d: %w", fi.Size(), size, tier.ErrNotFound)
 	}
-	buf := make([]byte, size)
-	for off := 0; off < len(buf); {
-		if err := ctx.Err(); err != nil {
-			return nil, fmt.Errorf("fs tier: get: %w", err)
-		}
-		n := min(ioPiece, len(buf)-off)
-		if _, err := io.ReadFull(f, buf[off:off+n]); err != nil {
-			if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
-				t.forget(e, true)
-				return nil, fmt.Errorf("fs tier: get: file shrank while read: %w", tier.ErrNotFound)
+	parts, err := dst(size)
+	if err != nil {
+		return err
+	}
+	for _, buf := range parts {
+		for off := 0; off < len(buf); {
+			if err := ctx.Err(); err != nil {
+				return err
 			}
-			return nil, fmt.Errorf("fs tier: get: read: %w", err)
+			n := min(ioPiece, len(buf)-off)
+			if _, err := io.ReadFull(f, buf[off:off+n]); err != nil {
+				if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
+					t.forget(e, true)
+					return fmt.Errorf("file shrank while read: %w", tier.ErrNotFound)
+				}
+				return fmt.Errorf("read: %w", err)
+			}
+			off += n
 		}
-		off += n
 	}
 	t.readBytes.Add(uint64(size))
-	return buf, nil
+	return nil
 }
 
 // Has counts the leading keys present in the index.
