@@ -58,6 +58,7 @@ type Tier struct {
 	// sem: a lookup never waits for a worker slot behind large writes.
 	smallSem chan struct{}
 	idx      *index
+	absent   *absentKeys // recent "absent" answers (see absentFor)
 
 	mu     sync.Mutex
 	client *clients // nil until the first connection succeeds
@@ -116,6 +117,7 @@ func Open(ctx context.Context, cfg RESPConfig, log *slog.Logger) (*Tier, error) 
 		sem:      make(chan struct{}, cfg.NumWorkers),
 		smallSem: make(chan struct{}, cfg.NumWorkers),
 		idx:      newIndex(cfg.CapacityBytes, cfg.TTL),
+		absent:   newAbsentKeys(),
 		state:    tierstate.Up,
 		since:    time.Now(),
 		wake:     make(chan struct{}, 1),
@@ -179,14 +181,28 @@ func (t *Tier) dial(ctx context.Context) (*clients, error) {
 	}
 	ch := make(chan result, 1)
 	go func() {
+		// Both at once: a dial (a TLS handshake) costs its time once.
+		var small valkey.Client
+		var serr error
+		made := make(chan struct{})
+		go func() {
+			defer close(made)
+			small, serr = valkey.NewClient(t.opt)
+		}()
 		bulk, err := valkey.NewClient(t.opt)
-		if err != nil {
-			ch <- result{nil, err}
-			return
+		<-made
+		// Of two failures, the one that says more: a refused certificate or
+		// password rather than the other dial's timeout.
+		if serr != nil && (err == nil || isTimeout(err) && !isTimeout(serr)) {
+			err = serr
 		}
-		small, err := valkey.NewClient(t.opt)
 		if err != nil {
-			bulk.Close()
+			if bulk != nil {
+				bulk.Close()
+			}
+			if small != nil {
+				small.Close()
+			}
 			ch <- result{nil, err}
 			return
 		}
@@ -253,7 +269,9 @@ func (t *Tier) Put(ctx context.Context, key string, value []byte) error {
 		// eviction, which an approximate budget tolerates.
 		cmds := make(valkey.Commands, len(victims))
 		for i, v := range victims {
-			cmds[i] = c.B().Del().Key(t.serverKey(v)).Build()
+			// UNLINK: the server frees the value off its event loop
+			// (a 32 MiB free stalls every client's command for ms).
+			cmds[i] = c.B().Unlink().Key(t.serverKey(v)).Build()
 		}
 		ectx := context.WithoutCancel(ctx) // see detached
 		for _, r := range c.DoMulti(ectx, cmds...) {
@@ -286,6 +304,7 @@ func (t *Tier) Put(ctx context.Context, key string, value []byte) error {
 		t.idx.remove(key)
 		return t.fail(context.WithoutCancel(ctx), "put", err)
 	}
+	t.absent.forget(key)
 	t.writeBytes.Add(uint64(len(value)))
 	t.recovered()
 	return nil
@@ -314,8 +333,12 @@ func (t *Tier) Get(ctx context.Context, key string) ([]byte, error) {
 	return b, nil
 }
 
-// Has counts how many leading keys are present, with pipelined EXISTS.
+// Has counts how many leading keys are present, with pipelined EXISTS,
+// asking only up to the first key the server said was absent less than
+// absentFor ago.
 func (t *Tier) Has(ctx context.Context, keys []string) (int, error) {
+	asked := time.Now()
+	keys = keys[:t.absent.firstFresh(keys, asked)]
 	if len(keys) == 0 {
 		return 0, nil
 	}
@@ -332,12 +355,13 @@ func (t *Tier) Has(ctx context.Context, keys []string) (int, error) {
 			for i, k := range batch {
 				cmds[i] = c.B().Exists().Key(t.serverKey(k)).Build()
 			}
-			for _, r := range c.DoMulti(dctx, cmds...) {
+			for i, r := range c.DoMulti(dctx, cmds...) {
 				v, err := r.AsInt64()
 				if err != nil {
 					return t.fail(dctx, "has", err)
 				}
 				if v == 0 {
+					t.absent.add(batch[i], asked)
 					return nil
 				}
 				found++
@@ -355,7 +379,7 @@ func (t *Tier) Has(ctx context.Context, keys []string) (int, error) {
 func (t *Tier) Delete(ctx context.Context, key string) error {
 	return t.detached(ctx, "delete", true, func(c valkey.Client, dctx context.Context) error {
 		t.idx.remove(key)
-		if err := c.Do(dctx, c.B().Del().Key(t.serverKey(key)).Build()).Error(); err != nil {
+		if err := c.Do(dctx, c.B().Unlink().Key(t.serverKey(key)).Build()).Error(); err != nil {
 			return t.fail(dctx, "delete", err)
 		}
 		return nil
@@ -624,6 +648,11 @@ func serverErr(err error) (string, bool) {
 		return ve.Error(), true
 	}
 	return "", false
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout()
 }
 
 func isAuth(err error) bool {

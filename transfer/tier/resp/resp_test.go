@@ -753,3 +753,72 @@ func heldSet(list string) bool {
 	}
 	return false
 }
+
+// existsCalls is how many EXISTS the server has run since its stats reset.
+func existsCalls(t *testing.T, s *redisserver.Server) int {
+	t.Helper()
+	info, err := s.Do(context.Background(), "INFO", "commandstats")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_exists:calls="); ok {
+			n, err := strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+	}
+	return 0
+}
+
+// TestHasRemembersAbsentBriefly: repeated lookups of a prefix the server
+// lacks are answered from memory for a moment instead of an EXISTS each;
+// our own write is seen at once, another host's write shortly after.
+func TestHasRemembersAbsentBriefly(t *testing.T) {
+	s := redisserver.Start(t, redisserver.Options{})
+	tr, _ := open(t, standaloneCfg(s))
+	ctx := context.Background()
+	if err := tr.Put(ctx, "present", value(1, 100)); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := tr.Has(ctx, []string{"present", "ours", "x"}); n != 1 || err != nil {
+		t.Fatalf("Has = %d, %v; want 1", n, err)
+	}
+	if _, err := s.Do(ctx, "CONFIG", "RESETSTAT"); err != nil {
+		t.Fatal(err)
+	}
+	const asks = 200
+	for range asks {
+		if n, err := tr.Has(ctx, []string{"present", "ours", "x"}); n != 1 || err != nil {
+			t.Fatalf("Has = %d, %v; want 1", n, err)
+		}
+	}
+	// Each Has asks for "present" (not remembered); "ours" is asked about
+	// again only once its absent answer is older than absentFor.
+	if got := existsCalls(t, s); got >= 2*asks-asks/2 {
+		t.Fatalf("%d EXISTS for %d lookups: absent answers not remembered", got, asks)
+	}
+	if err := tr.Put(ctx, "ours", value(2, 100)); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := tr.Has(ctx, []string{"present", "ours", "x"}); n != 2 || err != nil {
+		t.Fatalf("Has right after our own write = %d, %v; want 2", n, err)
+	}
+	if n, _ := tr.Has(ctx, []string{"theirs"}); n != 0 {
+		t.Fatalf("Has(theirs) = %d before it was written", n)
+	}
+	if _, err := s.Do(ctx, "SET", DefaultKeyPrefix+"theirs", "v"); err != nil { // another host writes it
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if n, _ := tr.Has(ctx, []string{"theirs"}); n == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("another host's write never became visible")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
