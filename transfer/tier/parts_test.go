@@ -147,24 +147,27 @@ func TestWriteBehindPartsDiscardedWhenHoldEnds(t *testing.T) {
 	}
 }
 
-// niceProbe is a backend whose Put records the nice value of the thread it
-// runs on.
+// niceProbe is a backend that streams from L1 (a PartsPutter) and records
+// the nice value of the thread its writes run on.
 type niceProbe struct {
 	*memtier.Tier
 	nice chan int
 }
 
-func (n niceProbe) Put(ctx context.Context, key string, value []byte) error {
+func (n niceProbe) PutParts(ctx context.Context, key string, head, payload []byte, valid func() bool) error {
 	prio, err := unix.Getpriority(unix.PRIO_PROCESS, unix.Gettid())
 	if err == nil {
 		n.nice <- 20 - prio
 	}
-	return n.Tier.Put(ctx, key, value)
+	if !valid() {
+		return tier.ErrSourceChanged
+	}
+	return n.Tier.Put(ctx, key, append(append([]byte(nil), head...), payload...))
 }
 
-// TestWritersRunAtLowerPriority: the write-behind writers run on threads
-// niced below the process's, so on a busy machine the kernel serves the
-// request path first.
+// TestWritersRunAtLowerPriority: the write-behind writers of a backend
+// that streams from L1 run on threads niced below the process's, so on a
+// busy machine the kernel serves the request path first.
 func TestWritersRunAtLowerPriority(t *testing.T) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()

@@ -70,13 +70,20 @@ func (s *Set) Enqueue(ks []keys.ObjectKey, lay layout.Layout) {
 	}
 }
 
-// work writes m's queued objects until the Set stops, on an OS thread of
-// its own at a lower priority (see writerNice). The thread is never
-// unlocked, so it ends with the goroutine instead of going back to the
-// runtime's pool with its priority lowered.
+// work writes m's queued objects until the Set stops. For a backend that
+// streams from L1 on the writer's own thread (a PartsPutter: fs does its
+// file writes there, most of a write's CPU), the writer runs on an OS
+// thread of its own at a lower priority (see writerNice); the thread is
+// never unlocked, so it ends with the goroutine instead of going back to
+// the runtime's pool with its priority lowered. Other backends (resp) do
+// their I/O on their client's threads: lowering only the copy's priority
+// measured a slower tier (its server competes for the same CPU) and no
+// faster request path, so their writers keep the process's priority.
 func (s *Set) work(m *member) {
-	runtime.LockOSThread()
-	lowerThreadPriority()
+	if _, ok := m.b.(PartsPutter); ok {
+		runtime.LockOSThread()
+		lowerThreadPriority()
+	}
 	for {
 		select {
 		case <-s.ctx.Done():
