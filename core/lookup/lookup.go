@@ -43,6 +43,15 @@ type Tiers interface {
 	Prefetch(ctx context.Context, model string, worldSize int, ks []keys.ObjectKey, per, count int) int
 }
 
+// TiersKnownAbsent is implemented by Tiers that can tell from memory,
+// without asking a tier, that none of them holds the first chunk of ks (per
+// keys, of model and worldSize). Such a lookup answers its L1 hits at once:
+// a tier phase, even one that ends in microseconds, makes the scheduler's
+// first QUERY_PREFETCH_STATUS find it running and poll again later.
+type TiersKnownAbsent interface {
+	KnownAbsent(model string, worldSize int, ks []keys.ObjectKey, per int) bool
+}
+
 // Layouts tells whether a worker group registered a KV layout;
 // *layout.Registry satisfies it.
 type Layouts interface {
@@ -279,6 +288,10 @@ func (m *Module) Lookup(r keys.KeyRequest, tpSize int) error {
 	m.hitChunks.Add(int64(hit))
 	m.hitTk.Add(int64(hit * m.sessions.Hasher().ChunkSize()))
 	if m.tiers == nil || hit >= ks.Chunks() {
+		m.put(r.RequestID, hit, false)
+		return nil
+	}
+	if ka, ok := m.tiers.(TiersKnownAbsent); ok && ka.KnownAbsent(r.Model, r.WorldSize, ks.Append(nil, hit, hit+1), ks.PerChunk()) {
 		m.put(r.RequestID, hit, false)
 		return nil
 	}

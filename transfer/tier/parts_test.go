@@ -266,3 +266,30 @@ func TestPrefetchIntoL1FromFS(t *testing.T) {
 		}
 	}
 }
+
+// TestKnownAbsent: the set knows a chunk absent only when every tier knows
+// it from memory (fs: its index); a tier that cannot tell (memtier) or that
+// holds the chunk makes it ask.
+func TestKnownAbsent(t *testing.T) {
+	lay := testLayout(t)
+	p := openPool(t, 1<<20)
+	ft, _ := openFS(t)
+	v, err := tier.Encode(tier.Key(testKey(0), lay), lay, payload(int(lay.Bytes), 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ft.Put(context.Background(), tier.Key(testKey(0), lay), v); err != nil {
+		t.Fatal(err)
+	}
+	s := newSet(t, p, lay, tier.Options{}, ft)
+	if s.KnownAbsent("m", 1, []keys.ObjectKey{testKey(0), testKey(1)}, 1) {
+		t.Fatal("a chunk the fs tier holds is known absent")
+	}
+	if !s.KnownAbsent("m", 1, []keys.ObjectKey{testKey(1), testKey(0)}, 1) {
+		t.Fatal("a chunk missing from the fs index is not known absent")
+	}
+	both := newSet(t, p, lay, tier.Options{}, ft, memtier.New())
+	if both.KnownAbsent("m", 1, []keys.ObjectKey{testKey(1)}, 1) {
+		t.Fatal("known absent although a tier that cannot tell was not asked")
+	}
+}

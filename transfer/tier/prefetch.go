@@ -88,6 +88,33 @@ launch:
 	return j.settle(ks, per, count, s.pool)
 }
 
+// AbsenceKnower is implemented by backends that can tell from memory alone
+// that they do not hold key (the fs index; resp's recent absent answers).
+// false means "may hold it": the backend is then asked.
+type AbsenceKnower interface {
+	KnownAbsent(key string) bool
+}
+
+// KnownAbsent tells, without asking any tier, that Prefetch of ks would find
+// nothing: every tier knows from memory that it lacks the first chunk's first
+// key (or no layout is registered for the group).
+func (s *Set) KnownAbsent(model string, worldSize int, ks []keys.ObjectKey, per int) bool {
+	if len(s.tiers) == 0 || per <= 0 || len(ks) < per {
+		return true
+	}
+	lay, ok := s.layouts.Get(model, worldSize)
+	if !ok {
+		return true
+	}
+	name := Key(ks[0], lay)
+	for _, m := range s.tiers {
+		if k, ok := m.b.(AbsenceKnower); !ok || !k.KnownAbsent(name) {
+			return false
+		}
+	}
+	return true
+}
+
 // find returns, for each leading chunk present in some tier, the index of
 // the tier that holds all its keys: each tier in order continues where the
 // ones before stopped, until none has the next chunk.

@@ -104,6 +104,7 @@ var (
 	_ tier.StateNotifier = (*Tier)(nil)
 	_ tier.PartsPutter   = (*Tier)(nil)
 	_ tier.ReaderInto    = (*Tier)(nil)
+	_ tier.AbsenceKnower = (*Tier)(nil)
 )
 
 // Open takes base_path for this process (flock on base_path/.kvdock.lock),
@@ -592,6 +593,14 @@ func (t *Tier) Has(ctx context.Context, keys []string) (int, error) {
 		}
 	}
 	return len(hs), nil
+}
+
+// KnownAbsent implements tier.AbsenceKnower: the index is the tier.
+func (t *Tier) KnownAbsent(key string) bool {
+	h := hashKey(key)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.idx[h] == nil
 }
 
 // Delete removes key's file and index entry; absent is not an error.

@@ -81,6 +81,7 @@ func (t *Tier) NotifyState(f func(tierstate.Tier)) { t.notify.Store(&f) }
 var (
 	_ tier.Backend       = (*Tier)(nil)
 	_ tier.StateNotifier = (*Tier)(nil)
+	_ tier.AbsenceKnower = (*Tier)(nil)
 )
 
 // Open connects to the server (or cluster) of cfg. A server that refuses the
@@ -373,6 +374,12 @@ func (t *Tier) Has(ctx context.Context, keys []string) (int, error) {
 		return 0, err
 	}
 	return n, nil
+}
+
+// KnownAbsent implements tier.AbsenceKnower: the server said key was
+// absent less than absentFor ago (and we have not written it since).
+func (t *Tier) KnownAbsent(key string) bool {
+	return t.absent.firstFresh([]string{key}, time.Now()) == 0
 }
 
 // Delete removes key; an absent key is not an error.

@@ -822,3 +822,30 @@ func TestHasRemembersAbsentBriefly(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestKnownAbsentFollowsAbsentAnswers: a key is known absent only after the
+// server said so (and until our own write of it).
+func TestKnownAbsentFollowsAbsentAnswers(t *testing.T) {
+	s := redisserver.Start(t, redisserver.Options{})
+	tr, _ := open(t, standaloneCfg(s))
+	ctx := context.Background()
+	if tr.KnownAbsent("k") {
+		t.Fatal("known absent before the server was asked")
+	}
+	if n, err := tr.Has(ctx, []string{"k"}); n != 0 || err != nil {
+		t.Fatalf("Has = %d, %v", n, err)
+	}
+	if !tr.KnownAbsent("k") {
+		// The answer is trusted for absentFor only: a slow machine may
+		// have passed it; ask again right away.
+		if n, _ := tr.Has(ctx, []string{"k"}); n != 0 || !tr.KnownAbsent("k") {
+			t.Fatal("the server's absent answer is not remembered")
+		}
+	}
+	if err := tr.Put(ctx, "k", value(1, 10)); err != nil {
+		t.Fatal(err)
+	}
+	if tr.KnownAbsent("k") {
+		t.Fatal("known absent right after our own write")
+	}
+}
