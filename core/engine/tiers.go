@@ -69,6 +69,14 @@ func (t *tiers) Prefetch(ctx context.Context, model string, ws int, ks []keys.Ob
 	return 0
 }
 
+// KnownAbsent is lookup.TiersKnownAbsent over the current set.
+func (t *tiers) KnownAbsent(model string, ws int, ks []keys.ObjectKey, per int) bool {
+	if s := t.current(); s != nil {
+		return s.KnownAbsent(model, ws, ks, per)
+	}
+	return true
+}
+
 // Enqueue is nongpu's Published hook over the current set.
 func (t *tiers) Enqueue(ks []keys.ObjectKey, lay layout.Layout) {
 	if s := t.current(); s != nil {

@@ -735,6 +735,17 @@ func (p *Pool) heldBy(ref ReadRef, now int64) int32 {
 	return i
 }
 
+// Held reports whether ref's hold is still in force: its read-lock era has
+// not ended (released, expired, dropped after a Clear, record recycled), so
+// the object's bytes at ref are still the ones held. A reader that uses the
+// bytes for long (a tier writer streaming them to a file) asks before it
+// makes the result visible.
+func (p *Pool) Held(ref ReadRef) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.heldBy(ref, p.now().UnixNano()) != nilRec
+}
+
 // ReleaseRead releases the holds of refs (the worker's read is done). A
 // ref whose read-lock era ended is stale and ignored: a late release never
 // takes a lock another reader holds.

@@ -367,3 +367,37 @@ func TestConcurrentClearNeverServesWrongBytes(t *testing.T) {
 		t.Fatalf("left over after the run: %+v", s)
 	}
 }
+
+// TestHeldEndsWithTheHoldsEra: Held is true while a hold is in force, also
+// across a Clear (the object is doomed but its bytes stay), and false once
+// its era ended: released, or expired even when a newer reader locked the
+// same object again.
+func TestHeldEndsWithTheHoldsEra(t *testing.T) {
+	p, c := newPool(t, 4, func(o *Options) { o.ReadTTL = 10 * time.Second })
+	store(t, p, keyRange(0, 2), 4096)
+	p.ReserveReadPrefix(keyRange(0, 2), 1)
+	a, _ := p.HoldRead(key(0))
+	b, _ := p.HoldRead(key(1))
+	if !p.Held(a) || !p.Held(b) {
+		t.Fatal("fresh holds not held")
+	}
+	p.Clear()
+	if !p.Held(a) {
+		t.Fatal("a Clear ended a hold whose bytes it must keep")
+	}
+	p.ReleaseRead([]ReadRef{a})
+	if p.Held(a) {
+		t.Fatal("released hold still held")
+	}
+	store(t, p, keyRange(2, 3), 4096)
+	p.ReserveReadPrefix(keyRange(2, 3), 1)
+	r, _ := p.HoldRead(key(2))
+	c.Advance(11 * time.Second)
+	p.ReserveReadPrefix(keyRange(2, 3), 1) // a new era on the same object
+	if p.Held(r) || p.Held(b) {
+		t.Fatal("an expired hold is still held")
+	}
+	if p.Held(ReadRef{}) || p.Held(ReadRef{rec: 1 << 20, lock: 1}) {
+		t.Fatal("a zero or out-of-range ref is held")
+	}
+}

@@ -52,6 +52,15 @@ type Classifier interface {
 	ClassifyMisses(ks []keys.ObjectKey, per int, c *misses.Counts)
 }
 
+// TiersKnownAbsent is implemented by Tiers that can tell from memory,
+// without asking a tier, that none of them holds the first chunk of ks (per
+// keys, of model and worldSize). Such a lookup answers its L1 hits at once:
+// a tier phase, even one that ends in microseconds, makes the scheduler's
+// first QUERY_PREFETCH_STATUS find it running and poll again later.
+type TiersKnownAbsent interface {
+	KnownAbsent(model string, worldSize int, ks []keys.ObjectKey, per int) bool
+}
+
 // Layouts tells how many KV groups a model registered (0: none; a hybrid
 // model has several, each chunk then is one object per group);
 // *layout.Registry satisfies it.
@@ -317,6 +326,11 @@ func (m *Module) Lookup(r keys.KeyRequest, tpSize int) error {
 	if m.tiers == nil || hit >= ks.Chunks() {
 		m.put(r.RequestID, hit, false)
 		m.classifyMisses(r.Model, r.WorldSize, ks, hit, false)
+		return nil
+	}
+	if ka, ok := m.tiers.(TiersKnownAbsent); ok && ka.KnownAbsent(r.Model, r.WorldSize, ks.Append(nil, hit, hit+1), ks.PerChunk()) {
+		m.put(r.RequestID, hit, false)
+		m.classifyMisses(r.Model, r.WorldSize, ks, hit, true)
 		return nil
 	}
 	m.startTierPhase(r, ks, hit, count)

@@ -222,3 +222,58 @@ func TestWaitStatusBlocksUntilTheTierPhaseEnds(t *testing.T) {
 		t.Fatalf("unknown id = %d, %v; want 0 at once", n, done)
 	}
 }
+
+// knownAbsentTiers are fakeTiers that know from memory which chunks they
+// lack.
+type knownAbsentTiers struct {
+	*fakeTiers
+	asked chan []keys.ObjectKey
+}
+
+func (k knownAbsentTiers) KnownAbsent(model string, ws int, ks []keys.ObjectKey, per int) bool {
+	k.asked <- ks
+	return !k.held[ks[0]]
+}
+
+// TestLookupKnownAbsentAnswersAtOnce: when the tiers know from memory that
+// they lack the chunk after the L1 prefix, the lookup runs no tier phase:
+// the first status query has the answer. When they may hold it, the tier
+// phase runs as before.
+func TestLookupKnownAbsentAnswersAtOnce(t *testing.T) {
+	store := newStore()
+	kt := knownAbsentTiers{newFakeTiers(store), make(chan []keys.ObjectKey, 4)}
+	f := newFixtureStore(t, Options{Tiers: kt}, store)
+	ts := tokens(3 * cs)
+	ks := keysOf(t, ts, 1)
+	store.present[ks[0]] = true // chunk 0 in L1, 1 and 2 nowhere
+	if err := f.m.Lookup(lookupReq("r", ts, 1), 1); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case asked := <-kt.asked:
+		if len(asked) != 1 || asked[0] != ks[1] {
+			t.Fatalf("asked about %v, want the first chunk after the L1 prefix", asked)
+		}
+	default:
+		t.Fatal("the lookup did not ask the tiers whether they know the chunk absent")
+	}
+	if n, done := f.m.QueryStatus("r"); !done || n != 1 {
+		t.Fatalf("QueryStatus = %d, %v; want 1 at once", n, done)
+	}
+	select {
+	case ks := <-kt.calls:
+		t.Fatalf("a tier phase ran for %d keys the tiers know they lack", len(ks))
+	default:
+	}
+	kt.held[ks[1]] = true // now a tier may hold chunk 1
+	if err := f.m.Lookup(lookupReq("r2", ts, 1), 1); err != nil {
+		t.Fatal(err)
+	}
+	<-kt.asked
+	<-kt.calls
+	if _, done := f.m.QueryStatus("r2"); done {
+		t.Fatal("the lookup skipped the tier phase of a chunk a tier may hold")
+	}
+	close(kt.release)
+	f.m.Stop()
+}

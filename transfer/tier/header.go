@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"runtime"
 
 	"kvdock/core/layout"
 )
@@ -47,19 +48,49 @@ func headerLen(key string, lay layout.Layout) int {
 // key and lay written, and the payload part of it; seal finishes it once the
 // payload is in place.
 func newValue(key string, lay layout.Layout, n int) (v, payload []byte, err error) {
-	if len(key) > maxKeyLen || len(lay.Shape) > maxDims || len(lay.Dtype) > maxDtype {
-		return nil, nil, fmt.Errorf("tier: header of key %d bytes, %d dims, dtype %d bytes: too large", len(key), len(lay.Shape), len(lay.Dtype))
+	if err := headerFits(key, lay); err != nil {
+		return nil, nil, err
 	}
 	h := headerLen(key, lay)
 	v = make([]byte, h+n)
-	b := append(v[:0], magic...)
+	appendHeader(v[:0], key, lay, n)
+	return v, v[h:], nil
+}
+
+// newHeader returns the header of the value of key and lay whose payload is
+// payload, checksum included, for a backend that writes the two parts from
+// where they lie (PartsPutter). The checksum pass yields between slices.
+func newHeader(key string, lay layout.Layout, payload []byte) ([]byte, error) {
+	if err := headerFits(key, lay); err != nil {
+		return nil, err
+	}
+	h := headerLen(key, lay)
+	b := appendHeader(make([]byte, 0, h), key, lay, len(payload))[:h]
+	c := crc32.Checksum(b[:h-4], castagnoli)
+	for off := 0; off < len(payload); off += yieldSlice {
+		c = crc32.Update(c, castagnoli, payload[off:min(off+yieldSlice, len(payload))])
+		runtime.Gosched()
+	}
+	binary.LittleEndian.PutUint32(b[h-4:], c)
+	return b, nil
+}
+
+func headerFits(key string, lay layout.Layout) error {
+	if len(key) > maxKeyLen || len(lay.Shape) > maxDims || len(lay.Dtype) > maxDtype {
+		return fmt.Errorf("tier: header of key %d bytes, %d dims, dtype %d bytes: too large", len(key), len(lay.Shape), len(lay.Dtype))
+	}
+	return nil
+}
+
+// appendHeader appends the header of key and lay for n payload bytes, up to
+// the checksum slot (which it leaves out: len grows by headerLen-4).
+func appendHeader(b []byte, key string, lay layout.Layout, n int) []byte {
+	b = append(b, magic...)
 	b = binary.LittleEndian.AppendUint16(b, Version)
 	b = binary.LittleEndian.AppendUint32(b, uint32(len(key)))
 	b = append(b, key...)
 	b = appendLayout(b, lay)
-	b = binary.LittleEndian.AppendUint64(b, uint64(n))
-	_ = b // the checksum slot [h-4, h) is filled by seal
-	return v, v[h:], nil
+	return binary.LittleEndian.AppendUint64(b, uint64(n))
 }
 
 // appendLayout appends the header's encoding of lay: dims u8, dims × i64,
@@ -74,8 +105,13 @@ func appendLayout(b []byte, lay layout.Layout) []byte {
 }
 
 // seal writes the checksum of a value built by newValue.
+// The checksum pass yields between slices (it runs on a writer).
 func seal(v []byte, h int) {
-	c := crc32.Update(crc32.Checksum(v[:h-4], castagnoli), castagnoli, v[h:])
+	c := crc32.Checksum(v[:h-4], castagnoli)
+	for off := h; off < len(v); off += yieldSlice {
+		c = crc32.Update(c, castagnoli, v[off:min(off+yieldSlice, len(v))])
+		runtime.Gosched()
+	}
 	binary.LittleEndian.PutUint32(v[h-4:h], c)
 }
 
@@ -102,43 +138,73 @@ func Encode(key string, lay layout.Layout, payload []byte) ([]byte, error) {
 // long, checksum failed) is damage under our key: the key carries the
 // format version and our layout's fingerprint, so no other host writes there.
 func Verify(v []byte, key string, lay layout.Layout) ([]byte, error) {
-	if len(v) < len(magic)+2 || string(v[:len(magic)]) != magic {
-		return nil, fmt.Errorf("%w: not a kvdock tier value", ErrCorrupt)
-	}
-	if ver := binary.LittleEndian.Uint16(v[4:6]); ver != Version {
-		return nil, fmt.Errorf("%w: format version %d, want %d", ErrCorrupt, ver, Version)
-	}
-	h, err := parseHeader(v)
+	h, err := checkHeader(v)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrCorrupt, err)
+		return nil, err
 	}
-	if n := binary.LittleEndian.Uint64(v[h.end-12:]); uint64(len(v)-h.end) != n {
-		return nil, fmt.Errorf("%w: payload of %d bytes, header says %d", ErrCorrupt, len(v)-h.end, n)
-	}
-	want := binary.LittleEndian.Uint32(v[h.end-4 : h.end])
-	if got := crc32.Update(crc32.Checksum(v[:h.end-4], castagnoli), castagnoli, v[h.end:]); got != want {
-		return nil, fmt.Errorf("%w: checksum %08x, header says %08x", ErrCorrupt, got, want)
-	}
-	// Intact: now whose is it?
-	if string(h.key) != key {
-		return nil, fmt.Errorf("%w: %w: stored under another key", ErrCorrupt, ErrForeign)
-	}
-	if len(h.shape) != 8*len(lay.Shape) {
-		return nil, fmt.Errorf("%w: %w: layout has %d dims, want %s", ErrCorrupt, ErrForeign, len(h.shape)/8, lay)
-	}
-	for i, d := range lay.Shape {
-		if int64(binary.LittleEndian.Uint64(h.shape[8*i:])) != int64(d) {
-			return nil, fmt.Errorf("%w: %w: layout shape differs from %s", ErrCorrupt, ErrForeign, lay)
-		}
-	}
-	if string(h.dtype) != lay.Dtype {
-		return nil, fmt.Errorf("%w: %w: dtype differs from %s", ErrCorrupt, ErrForeign, lay.Dtype)
-	}
-	if n := int64(len(v) - h.end); n != lay.Bytes {
-		return nil, fmt.Errorf("%w: %w: payload of %d bytes, layout needs %d", ErrCorrupt, ErrForeign, n, lay.Bytes)
+	if err := VerifyParts(v[:h.end], v[h.end:], key, lay); err != nil {
+		return nil, err
 	}
 	return v[h.end:], nil
 }
+
+// VerifyParts is Verify of a value held in two parts: head, exactly its
+// header, and payload, the rest (a backend that read the payload straight
+// into its place, see ReaderInto). The checks and their errors are Verify's.
+func VerifyParts(head, payload []byte, key string, lay layout.Layout) error {
+	h, err := checkHeader(head)
+	if err != nil {
+		return err
+	}
+	if h.end != len(head) {
+		return fmt.Errorf("%w: header of %d bytes, %d given", ErrCorrupt, h.end, len(head))
+	}
+	if n := binary.LittleEndian.Uint64(head[h.end-12:]); uint64(len(payload)) != n {
+		return fmt.Errorf("%w: payload of %d bytes, header says %d", ErrCorrupt, len(payload), n)
+	}
+	want := binary.LittleEndian.Uint32(head[h.end-4 : h.end])
+	if got := crc32.Update(crc32.Checksum(head[:h.end-4], castagnoli), castagnoli, payload); got != want {
+		return fmt.Errorf("%w: checksum %08x, header says %08x", ErrCorrupt, got, want)
+	}
+	// Intact: now whose is it?
+	if string(h.key) != key {
+		return fmt.Errorf("%w: %w: stored under another key", ErrCorrupt, ErrForeign)
+	}
+	if len(h.shape) != 8*len(lay.Shape) {
+		return fmt.Errorf("%w: %w: layout has %d dims, want %s", ErrCorrupt, ErrForeign, len(h.shape)/8, lay)
+	}
+	for i, d := range lay.Shape {
+		if int64(binary.LittleEndian.Uint64(h.shape[8*i:])) != int64(d) {
+			return fmt.Errorf("%w: %w: layout shape differs from %s", ErrCorrupt, ErrForeign, lay)
+		}
+	}
+	if string(h.dtype) != lay.Dtype {
+		return fmt.Errorf("%w: %w: dtype differs from %s", ErrCorrupt, ErrForeign, lay.Dtype)
+	}
+	if n := int64(len(payload)); n != lay.Bytes {
+		return fmt.Errorf("%w: %w: payload of %d bytes, layout needs %d", ErrCorrupt, ErrForeign, n, lay.Bytes)
+	}
+	return nil
+}
+
+// checkHeader checks magic and version and parses the header of v.
+func checkHeader(v []byte) (header, error) {
+	if len(v) < len(magic)+2 || string(v[:len(magic)]) != magic {
+		return header{}, fmt.Errorf("%w: not a kvdock tier value", ErrCorrupt)
+	}
+	if ver := binary.LittleEndian.Uint16(v[4:6]); ver != Version {
+		return header{}, fmt.Errorf("%w: format version %d, want %d", ErrCorrupt, ver, Version)
+	}
+	h, err := parseHeader(v)
+	if err != nil {
+		return h, fmt.Errorf("%w: %w", ErrCorrupt, err)
+	}
+	return h, nil
+}
+
+// HeaderLen is the length of the header of a value stored under key with
+// layout lay: a ReaderInto reads that many bytes before the payload.
+func HeaderLen(key string, lay layout.Layout) int { return headerLen(key, lay) }
 
 // header is a parsed value header; its slices are parts of the value.
 type header struct {

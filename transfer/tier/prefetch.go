@@ -96,6 +96,35 @@ launch:
 	return j.settle(ks, per, count, s.pool)
 }
 
+// AbsenceKnower is implemented by backends that can tell from memory alone
+// that they do not hold key (the fs index; resp's recent absent answers).
+// false means "may hold it": the backend is then asked.
+type AbsenceKnower interface {
+	KnownAbsent(key string) bool
+}
+
+// KnownAbsent tells, without asking any tier, that Prefetch of ks would find
+// nothing: every tier knows from memory that it lacks the first chunk's first
+// key (or no layout is registered for the group).
+func (s *Set) KnownAbsent(model string, worldSize int, ks []keys.ObjectKey, per int) bool {
+	if len(s.tiers) == 0 || per <= 0 || len(ks) < per {
+		return true
+	}
+	// The first key's KV group (a hybrid model's chunk is absent when any
+	// group of it is), under that group's layout.
+	lay, ok := s.layouts.GroupLayout(model, worldSize, ks[0].Group)
+	if !ok {
+		return true
+	}
+	name := Key(ks[0], lay)
+	for _, m := range s.tiers {
+		if k, ok := m.b.(AbsenceKnower); !ok || !k.KnownAbsent(name) {
+			return false
+		}
+	}
+	return true
+}
+
 // find returns, for each leading chunk present in some tier, the index of
 // the tier that holds all its keys: each tier in order continues where the
 // ones before stopped, until none has the next chunk.
@@ -189,39 +218,40 @@ func (s *Set) loadChunk(ctx context.Context, m *member, ck []keys.ObjectKey, nam
 	return true
 }
 
+// ReaderInto is implemented by backends that can read a value into memory
+// the caller provides: the prefetcher then reads a chunk's payload straight
+// into its reserved L1 slot, verifies it there and only then publishes it
+// (one pass over the bytes instead of a read into a buffer and a copy).
+type ReaderInto interface {
+	// GetInto reads the value under key into head, then payload, when it
+	// is exactly len(head)+len(payload) bytes long. It returns an error
+	// wrapping ErrNotFound when key is absent, ErrSizeMismatch (with
+	// nothing read) when the value has another length. On any error the
+	// contents of head and payload are undefined.
+	GetInto(ctx context.Context, key string, head, payload []byte) error
+}
+
+// ErrSizeMismatch is wrapped by ReaderInto.GetInto for a value whose length
+// is not the one asked for.
+var ErrSizeMismatch = errors.New("tier: value has another length")
+
 // loadKey puts the value of k into L1 unless it is there already.
 func (s *Set) loadKey(ctx context.Context, m *member, k keys.ObjectKey, name string, lay layout.Layout) bool {
+	if ri, ok := m.b.(ReaderInto); ok {
+		loaded, done := s.loadInto(ctx, m, ri, k, name, lay)
+		if done {
+			return loaded
+		}
+		// Another length: not our layout's value; the full read below
+		// tells damage from a foreign value.
+	}
 	v, err := m.b.Get(ctx, name)
-	switch {
-	case errors.Is(err, ErrNotFound):
-		m.st.misses.Add(1)
-		return false
-	case err != nil && ctx.Err() != nil:
-		m.st.timeouts.Add(1)
-		return false
-	case err != nil:
-		m.st.misses.Add(1)
-		s.log.Debug("tier load failed", "key", k, "err", err)
+	if !s.fetched(ctx, m, k, err) {
 		return false
 	}
 	payload, err := Verify(v, name, lay)
 	if err != nil {
-		m.st.corrupt.Add(1)
-		// The name carries the format version and our layout's fingerprint:
-		// a broken value there is ours to delete. An intact value of another
-		// key or layout is a fingerprint collision's (or forged): deleting it
-		// would have two hosts destroy each other's cache; our next write of
-		// the chunk replaces it.
-		if errors.Is(err, ErrForeign) {
-			s.log.Warn("tier value rejected (kept: not ours)", "key", k, "err", err)
-			return false
-		}
-		s.log.Warn("tier value rejected and deleted", "key", k, "err", err)
-		dctx, cancel := context.WithTimeout(s.ctx, s.opts.LoadTimeout)
-		if derr := m.b.Delete(dctx, name); derr != nil {
-			s.log.Debug("delete rejected tier value", "key", k, "err", derr)
-		}
-		cancel()
+		s.rejected(m, k, name, err)
 		return false
 	}
 	m.st.hits.Add(1)
@@ -250,6 +280,103 @@ func (s *Set) loadKey(ctx context.Context, m *member, k keys.ObjectKey, name str
 	}
 	m.st.loads.Add(1)
 	return true
+}
+
+// fetched accounts for a failed tier read (a miss or a timeout) and
+// returns false; true when err is nil.
+func (s *Set) fetched(ctx context.Context, m *member, k keys.ObjectKey, err error) bool {
+	switch {
+	case err == nil:
+		return true
+	case errors.Is(err, ErrNotFound):
+		m.st.misses.Add(1)
+	case ctx.Err() != nil:
+		m.st.timeouts.Add(1)
+	default:
+		m.st.misses.Add(1)
+		s.log.Debug("tier load failed", "key", k, "err", err)
+	}
+	return false
+}
+
+// rejected accounts for a value that failed its checks (err from Verify or
+// VerifyParts) and deletes it where it is ours.
+func (s *Set) rejected(m *member, k keys.ObjectKey, name string, err error) {
+	m.st.corrupt.Add(1)
+	// The name carries the format version and our layout's fingerprint: a
+	// broken value there is ours to delete. An intact value of another key
+	// or layout is a fingerprint collision's (or forged): deleting it would
+	// have two hosts destroy each other's cache; our next write of the
+	// chunk replaces it.
+	if errors.Is(err, ErrForeign) {
+		s.log.Warn("tier value rejected (kept: not ours)", "key", k, "err", err)
+		return
+	}
+	s.log.Warn("tier value rejected and deleted", "key", k, "err", err)
+	dctx, cancel := context.WithTimeout(s.ctx, s.opts.LoadTimeout)
+	if derr := m.b.Delete(dctx, name); derr != nil {
+		s.log.Debug("delete rejected tier value", "key", k, "err", derr)
+	}
+	cancel()
+}
+
+// loadInto loads k from ri straight into a reserved L1 slot: the slot is
+// reserved first (write-locked: nobody reads it), the value's header and
+// payload are read into a buffer and the slot, verified there, and only
+// then published; any failure aborts the reservation, so nothing half
+// read or unverified is ever visible. done is false when the value has
+// another length than our layout's (the caller reads it whole to classify
+// it).
+func (s *Set) loadInto(ctx context.Context, m *member, ri ReaderInto, k keys.ObjectKey, name string, lay layout.Layout) (loaded, done bool) {
+	if ctx.Err() != nil {
+		m.st.timeouts.Add(1)
+		return false, true
+	}
+	res, err := s.pool.ReserveWrite(s.opts.Owner, []keys.ObjectKey{k}, lay.Bytes)
+	if err != nil {
+		s.log.Debug("no L1 room for a tier load", "key", k, "err", err)
+		return false, true
+	}
+	if len(res) == 0 {
+		return true, true // present in L1 already (stored meanwhile)
+	}
+	dst, unview := s.pool.View(res[0].Offset, res[0].Length)
+	if dst == nil || int64(len(dst)) != lay.Bytes {
+		unview()
+		s.pool.AbortWrite(res)
+		return false, true
+	}
+	head := make([]byte, headerLen(name, lay))
+	err = ri.GetInto(ctx, name, head, dst)
+	if err == nil {
+		err = VerifyParts(head, dst, name, lay)
+		if err != nil {
+			unview()
+			s.pool.AbortWrite(res)
+			s.rejected(m, k, name, err)
+			return false, true
+		}
+	}
+	unview()
+	if err != nil {
+		s.pool.AbortWrite(res)
+		if errors.Is(err, ErrSizeMismatch) {
+			return false, false
+		}
+		s.fetched(ctx, m, k, err)
+		return false, true
+	}
+	m.st.hits.Add(1)
+	if ctx.Err() != nil {
+		s.pool.AbortWrite(res)
+		m.st.timeouts.Add(1)
+		return false, true
+	}
+	if !s.pool.FinishWrite(res) {
+		return false, true
+	}
+	m.st.loads.Add(1)
+	return true, true
 }
 
 var _ Pool = (*l1.Pool)(nil)

@@ -23,6 +23,9 @@ type Pool interface {
 	FinishRead(ks []keys.ObjectKey, count int)
 	HoldRead(k keys.ObjectKey) (l1.ReadRef, bool)
 	ReleaseRead(refs []l1.ReadRef)
+	// Held tells whether a hold is still in force (its bytes still the
+	// object's), asked before a write streamed from them is published.
+	Held(ref l1.ReadRef) bool
 	// ReserveWrite, FinishWrite and AbortWrite put a loaded value into L1.
 	ReserveWrite(owner l1.Owner, ks []keys.ObjectKey, size int64) ([]l1.Reservation, error)
 	FinishWrite(rs []l1.Reservation) bool

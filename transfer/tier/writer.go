@@ -2,16 +2,51 @@ package tier
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"runtime"
+
+	"golang.org/x/sys/unix"
 
 	"kvdock/core/keys"
 	"kvdock/core/l1"
 	"kvdock/core/layout"
 )
 
+// PartsPutter is implemented by backends that can store a value given as
+// its header and its payload, each where it lies, without joining them in a
+// new buffer: the write-behind writers then stream a chunk straight from its
+// L1 bytes instead of copying it out first. valid is called once every byte
+// has been written and before the value becomes visible under key; false
+// means the payload's memory may have been reused meanwhile (the L1 hold
+// ended), and the backend must discard what it wrote and return an error
+// wrapping ErrSourceChanged.
+type PartsPutter interface {
+	PutParts(ctx context.Context, key string, head, payload []byte, valid func() bool) error
+}
+
+// ErrSourceChanged is wrapped by PartsPutter.PutParts when valid said the
+// payload's memory is no longer the value's.
+var ErrSourceChanged = errors.New("tier: source bytes no longer held")
+
+// errGone is a queued object no longer in L1 as queued: skipped.
+var errGone = errors.New("object gone from L1")
+
+const (
+	// yieldSlice is how many bytes a writer copies or checksums between
+	// yields of its P: a writer never holds a P for more than about a
+	// millisecond, so the goroutines serving requests get one.
+	yieldSlice = 1 << 20
+	// writerNice is how much lower than the process the writers' threads
+	// run: with few cores, the kernel gives the request path (and libzmq's
+	// I/O threads) the CPU first and the writers what is left.
+	writerNice = 10
+)
+
 // Enqueue queues published L1 objects ks (each lay.Bytes bytes) for every
 // tier under the write-behind policy. It never blocks: a tier whose queue
 // is full in items or bytes drops the object and counts it. The bytes are
-// copied out of L1 only when a worker takes the object, under a read hold.
+// read out of L1 only when a worker takes the object, under a read hold.
 func (s *Set) Enqueue(ks []keys.ObjectKey, lay layout.Layout) {
 	if s.opts.StorePolicy != StoreWriteBehind || len(ks) == 0 || s.ctx.Err() != nil {
 		return
@@ -35,8 +70,20 @@ func (s *Set) Enqueue(ks []keys.ObjectKey, lay layout.Layout) {
 	}
 }
 
-// work writes m's queued objects until the Set stops.
+// work writes m's queued objects until the Set stops. For a backend that
+// streams from L1 on the writer's own thread (a PartsPutter: fs does its
+// file writes there, most of a write's CPU), the writer runs on an OS
+// thread of its own at a lower priority (see writerNice); the thread is
+// never unlocked, so it ends with the goroutine instead of going back to
+// the runtime's pool with its priority lowered. Other backends (resp) do
+// their I/O on their client's threads: lowering only the copy's priority
+// measured a slower tier (its server competes for the same CPU) and no
+// faster request path, so their writers keep the process's priority.
 func (s *Set) work(m *member) {
+	if _, ok := m.b.(PartsPutter); ok {
+		runtime.LockOSThread()
+		lowerThreadPriority()
+	}
 	for {
 		select {
 		case <-s.ctx.Done():
@@ -49,57 +96,93 @@ func (s *Set) work(m *member) {
 	}
 }
 
-// write copies it out of L1 and puts it to m. The object is pinned (a read
-// lock turned into a hold) for the copy, so neither eviction nor a clear
-// can free or reuse its bytes meanwhile; an object no longer published is
-// skipped, and nothing but the published object's bytes is ever written.
-func (s *Set) write(m *member, it item) {
-	name := Key(it.key, it.lay)
-	v, ok := s.copyOut(it, name)
-	if !ok {
-		m.st.skipped.Add(1)
+// lowerThreadPriority raises the calling thread's nice value by writerNice
+// (Linux: nice is per thread). Raising it needs no privilege; a failure
+// leaves the thread as it was.
+func lowerThreadPriority() {
+	tid := unix.Gettid()
+	cur, err := unix.Getpriority(unix.PRIO_PROCESS, tid)
+	if err != nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(s.ctx, s.opts.WriteTimeout)
-	defer cancel()
-	if err := m.b.Put(ctx, name, v); err != nil {
-		m.st.failed.Add(1)
-		s.log.Debug("tier write failed", "key", it.key, "err", err)
-		return
-	}
-	m.st.written.Add(1)
+	nice := 20 - cur // the raw system call answers 20 - nice
+	_ = unix.Setpriority(unix.PRIO_PROCESS, tid, min(nice+writerNice, 19))
 }
 
-// copyOut returns the tier value of it under name, copied from L1 under a
-// hold, or false when the object is gone (evicted, cleared, not yet
-// readable) or its size is not the layout's.
-func (s *Set) copyOut(it item, name string) ([]byte, bool) {
+// write puts it to m. Nothing but the published object's bytes is ever
+// written: the object is pinned (a read lock turned into a hold) while its
+// bytes are read, so neither eviction nor a clear can free or reuse them;
+// an object no longer published is skipped.
+func (s *Set) write(m *member, it item) {
+	name := Key(it.key, it.lay)
+	ctx, cancel := context.WithTimeout(s.ctx, s.opts.WriteTimeout)
+	defer cancel()
+	err := s.put(ctx, m, it, name)
+	switch {
+	case err == nil:
+		m.st.written.Add(1)
+	case errors.Is(err, errGone) || errors.Is(err, ErrSourceChanged):
+		m.st.skipped.Add(1)
+	default:
+		m.st.failed.Add(1)
+		s.log.Debug("tier write failed", "key", it.key, "err", err)
+	}
+}
+
+// put pins it in L1 and stores it to m under name: straight from its L1
+// bytes, holding the pin for the write, when the backend takes a value in
+// parts; else through a copy, the pin released before the tier write.
+func (s *Set) put(ctx context.Context, m *member, it item, name string) error {
 	one := []keys.ObjectKey{it.key}
 	if s.pool.ReserveReadPrefix(one, 1) != 1 {
-		return nil, false
+		return errGone
 	}
 	ref, ok := s.pool.HoldRead(it.key)
 	if !ok {
 		s.pool.FinishRead(one, 1)
-		return nil, false
+		return errGone
 	}
-	defer s.pool.ReleaseRead([]l1.ReadRef{ref})
+	held := true
+	unpin := func() {
+		if held {
+			held = false
+			s.pool.ReleaseRead([]l1.ReadRef{ref})
+		}
+	}
+	defer unpin()
 	if ref.Length != it.size {
-		return nil, false
+		return errGone
 	}
 	if s.beforeCopy != nil {
 		s.beforeCopy(it.key)
 	}
-	src, release := s.pool.View(ref.Offset, ref.Length)
-	defer release()
+	src, unview := s.pool.View(ref.Offset, ref.Length)
+	defer unview()
 	if src == nil {
-		return nil, false
+		return errGone
+	}
+	if pp, ok := m.b.(PartsPutter); ok {
+		head, err := newHeader(name, it.lay, src)
+		if err != nil {
+			return err
+		}
+		// The hold bounds nothing in time by itself (its read TTL can end
+		// it while the write runs): the backend asks before it publishes.
+		return pp.PutParts(ctx, name, head, src, func() bool { return s.pool.Held(ref) })
 	}
 	v, dst, err := newValue(name, it.lay, len(src))
 	if err != nil {
-		return nil, false
+		return err
 	}
-	copy(dst, src)
+	for off := 0; off < len(src); off += yieldSlice {
+		copy(dst[off:], src[off:min(off+yieldSlice, len(src))])
+		runtime.Gosched()
+	}
+	unview()
+	unpin() // the copy is ours: L1 may evict the object while the tier writes
 	seal(v, len(v)-len(dst))
-	return v, true
+	if err := m.b.Put(ctx, name, v); err != nil {
+		return fmt.Errorf("put %d bytes: %w", len(v), err)
+	}
+	return nil
 }

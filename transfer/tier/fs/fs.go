@@ -89,6 +89,11 @@ type Tier struct {
 	closed  bool
 
 	readBytes, writeBytes, dropped atomic.Uint64
+	// graveSeq names the files moved aside to be freed outside mu.
+	graveSeq atomic.Uint64
+	// beforeFree, when set (tests), runs after a Put released mu and
+	// before it removes the files it displaced.
+	beforeFree func(graves []string)
 	// shardMade skips the MkdirAll stat once a shard directory is known.
 	shardMade [256]atomic.Bool
 	notify    atomic.Pointer[func(tierstate.Tier)] // tier.StateNotifier's hook
@@ -97,6 +102,9 @@ type Tier struct {
 var (
 	_ tier.Backend       = (*Tier)(nil)
 	_ tier.StateNotifier = (*Tier)(nil)
+	_ tier.PartsPutter   = (*Tier)(nil)
+	_ tier.ReaderInto    = (*Tier)(nil)
+	_ tier.AbsenceKnower = (*Tier)(nil)
 )
 
 // Open takes base_path for this process (flock on base_path/.kvdock.lock),
@@ -213,10 +221,24 @@ func charge(size int64) int64 { return (size + blockSize - 1) / blockSize * bloc
 // within the capacity. A write the disk cannot take is dropped, counted and
 // turns the tier degraded until a later write succeeds.
 func (t *Tier) Put(ctx context.Context, key string, value []byte) error {
+	return t.put(ctx, key, [][]byte{value}, nil)
+}
+
+// PutParts implements tier.PartsPutter: the value is head then payload,
+// written to the file from where they lie; valid is asked after the last
+// byte is written, and a false answer discards the file.
+func (t *Tier) PutParts(ctx context.Context, key string, head, payload []byte, valid func() bool) error {
+	return t.put(ctx, key, [][]byte{head, payload}, valid)
+}
+
+func (t *Tier) put(ctx context.Context, key string, parts [][]byte, valid func() bool) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("fs tier: put: %w", err)
 	}
-	size := int64(len(value))
+	var size int64
+	for _, p := range parts {
+		size += int64(len(p))
+	}
 	if size > MaxValueBytes || charge(size) > t.cfg.CapacityBytes {
 		return fmt.Errorf("fs tier: put: value of %d bytes exceeds the tier's limit (%d bytes per value, capacity %d)", size, MaxValueBytes, t.cfg.CapacityBytes)
 	}
@@ -240,20 +262,45 @@ func (t *Tier) Put(ctx context.Context, key string, value []byte) error {
 		}
 	}
 
-	tmp, err := t.writeTemp(ctx, dir, h, value)
+	tmp, err := t.writeTemp(ctx, dir, h, parts)
 	if err != nil {
 		if ctx.Err() == nil {
 			t.writeFailed(size, err)
 		}
 		return fmt.Errorf("fs tier: put of %d bytes: %w", size, err)
 	}
+	if valid != nil && !valid() {
+		os.Remove(tmp)
+		return fmt.Errorf("fs tier: put of %d bytes discarded: %w", size, tier.ErrSourceChanged)
+	}
 
+	graves, err := t.install(h, tmp, final, size)
+	if t.beforeFree != nil {
+		t.beforeFree(graves)
+	}
+	// The buried files' blocks are freed here, outside the index lock: an
+	// unlink of a 32 MiB file takes milliseconds (tens with discard), and
+	// every lookup's Has waits on that lock.
+	for _, g := range graves {
+		if rerr := os.Remove(g); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
+			t.log.Warn("fs tier: remove chunk file", "file", g, "err", rerr)
+		}
+	}
+	return err
+}
+
+// install renames the written temporary file tmp into place as final under
+// the index lock, evicting least recently used chunks to make room. The
+// files it displaces (victims, the key's previous value) are only renamed
+// aside to temporary names (cheap: no blocks freed); it returns those for
+// the caller to remove after the lock is released.
+func (t *Tier) install(h [hashLen]byte, tmp, final string, size int64) ([]string, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
-		os.Remove(tmp)
-		return errors.New("fs tier: put: closed")
+		return []string{tmp}, errors.New("fs tier: put: closed")
 	}
+	var graves []string
 	old := t.idx[h]
 	need := charge(size)
 	if old != nil {
@@ -263,19 +310,25 @@ func (t *Tier) Put(ctx context.Context, key string, value []byte) error {
 		victim := el.Value.(*entry)
 		el = el.Prev()
 		if victim != old {
-			t.dropLocked(victim, true)
+			graves = t.dropLocked(victim, true, graves)
 		}
 	}
+	// The previous value (indexed or not) is moved aside first, so the
+	// rename below replaces nothing and frees nothing under the lock.
+	graves = t.buryLocked(final, graves)
 	if err := os.Rename(tmp, final); err != nil {
-		os.Remove(tmp)
+		graves = append(graves, tmp)
 		if errors.Is(err, os.ErrNotExist) {
 			t.shardMade[h[0]].Store(false) // removed behind our back: the next write makes it again
 		}
+		if old != nil {
+			graves = t.dropLocked(old, false, graves) // its file is buried
+		}
 		t.writeFailedLocked(size, err)
-		return fmt.Errorf("fs tier: put: rename into place: %w", err)
+		return graves, fmt.Errorf("fs tier: put: rename into place: %w", err)
 	}
 	if old != nil {
-		t.dropLocked(old, false)
+		graves = t.dropLocked(old, false, graves)
 	}
 	e := &entry{h: h, size: size, charge: charge(size)}
 	e.elem = t.lru.PushFront(e)
@@ -286,12 +339,31 @@ func (t *Tier) Put(ctx context.Context, key string, value []byte) error {
 		t.noSpace = false
 		t.setStateLocked(tierstate.Up, "")
 	}
-	return nil
+	return graves, nil
+}
+
+// buryLocked renames file aside to a fresh temporary name in its directory
+// and appends that name to graves; an absent file appends nothing. A grave
+// left by a crash is removed at the next start like any staged write. When
+// the rename fails otherwise, the file is removed in place.
+func (t *Tier) buryLocked(file string, graves []string) []string {
+	grave := filepath.Join(filepath.Dir(file), fmt.Sprintf("%sgone-%d", tmpPrefix, t.graveSeq.Add(1)))
+	err := os.Rename(file, grave)
+	switch {
+	case err == nil:
+		return append(graves, grave)
+	case errors.Is(err, os.ErrNotExist):
+		return graves
+	}
+	if err := os.Remove(file); err != nil && !errors.Is(err, os.ErrNotExist) {
+		t.log.Warn("fs tier: remove chunk file", "file", file, "err", err)
+	}
+	return graves
 }
 
 // writeTemp writes value to a fresh temporary file beside its final place
 // (or in relative_tmp_dir) and returns its path; on error nothing is left.
-func (t *Tier) writeTemp(ctx context.Context, dir string, h [hashLen]byte, value []byte) (path string, err error) {
+func (t *Tier) writeTemp(ctx context.Context, dir string, h [hashLen]byte, parts [][]byte) (path string, err error) {
 	if !t.shardMade[h[0]].Load() {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return "", fmt.Errorf("create shard directory: %w", err)
@@ -319,15 +391,17 @@ func (t *Tier) writeTemp(ctx context.Context, dir string, h [hashLen]byte, value
 			os.Remove(f.Name())
 		}
 	}()
-	for off := 0; off < len(value); {
-		if err := ctx.Err(); err != nil {
-			return "", err
+	for _, value := range parts {
+		for off := 0; off < len(value); {
+			if err := ctx.Err(); err != nil {
+				return "", err
+			}
+			n := min(ioPiece, len(value)-off)
+			if _, err := f.Write(value[off : off+n]); err != nil {
+				return "", fmt.Errorf("write: %w", err)
+			}
+			off += n
 		}
-		n := min(ioPiece, len(value)-off)
-		if _, err := f.Write(value[off : off+n]); err != nil {
-			return "", fmt.Errorf("write: %w", err)
-		}
-		off += n
 	}
 	if err := f.Close(); err != nil {
 		return "", fmt.Errorf("close: %w", err)
@@ -378,45 +452,79 @@ func (t *Tier) setStateLocked(s tierstate.State, reason string) {
 // NotifyState implements tier.StateNotifier.
 func (t *Tier) NotifyState(f func(tierstate.Tier)) { t.notify.Store(&f) }
 
-// dropLocked forgets e and, if asked, removes its file.
-func (t *Tier) dropLocked(e *entry, removeFile bool) {
+// dropLocked forgets e and, if asked, buries its file (see buryLocked),
+// returning graves with the grave appended.
+func (t *Tier) dropLocked(e *entry, removeFile bool, graves []string) []string {
 	delete(t.idx, e.h)
 	t.lru.Remove(e.elem)
 	t.used -= e.charge
 	if removeFile {
 		_, file := t.paths(e.h)
-		if err := os.Remove(file); err != nil && !errors.Is(err, os.ErrNotExist) {
-			t.log.Warn("fs tier: remove chunk file", "file", file, "err", err)
-		}
+		graves = t.buryLocked(file, graves)
 	}
+	return graves
 }
 
 // forget drops e if it is still the indexed entry for its hash (a Put that
 // replaced it meanwhile installed a new entry and a new file).
 func (t *Tier) forget(e *entry, removeFile bool) {
 	t.mu.Lock()
-	defer t.mu.Unlock()
+	var graves []string
 	if t.idx[e.h] == e {
-		t.dropLocked(e, removeFile)
+		graves = t.dropLocked(e, removeFile, nil)
+	}
+	t.mu.Unlock()
+	for _, g := range graves {
+		_ = os.Remove(g)
 	}
 }
 
 // Get reads key's value. Only a file of exactly the indexed length is
 // served; anything else is a miss and the file is removed.
 func (t *Tier) Get(ctx context.Context, key string) ([]byte, error) {
-	if err := ctx.Err(); err != nil {
+	var buf []byte
+	err := t.read(ctx, key, func(size int64) ([][]byte, error) {
+		buf = make([]byte, size)
+		return [][]byte{buf}, nil
+	})
+	if err != nil {
 		return nil, fmt.Errorf("fs tier: get: %w", err)
+	}
+	return buf, nil
+}
+
+// GetInto implements tier.ReaderInto: the file is read into head, then
+// payload, when its length is theirs together.
+func (t *Tier) GetInto(ctx context.Context, key string, head, payload []byte) error {
+	err := t.read(ctx, key, func(size int64) ([][]byte, error) {
+		if want := int64(len(head) + len(payload)); size != want {
+			return nil, fmt.Errorf("%d bytes, want %d: %w", size, want, tier.ErrSizeMismatch)
+		}
+		return [][]byte{head, payload}, nil
+	})
+	if err != nil {
+		return fmt.Errorf("fs tier: get: %w", err)
+	}
+	return nil
+}
+
+// read reads key's file into the buffers dst returns for its length. Only a
+// file of exactly the indexed length is read; anything else is a miss and
+// the file is removed.
+func (t *Tier) read(ctx context.Context, key string, dst func(size int64) ([][]byte, error)) error {
+	if err := ctx.Err(); err != nil {
+		return err
 	}
 	h := hashKey(key)
 	t.mu.Lock()
 	if t.closed {
 		t.mu.Unlock()
-		return nil, errors.New("fs tier: get: closed")
+		return errors.New("closed")
 	}
 	e := t.idx[h]
 	if e == nil {
 		t.mu.Unlock()
-		return nil, fmt.Errorf("fs tier: get: %w", tier.ErrNotFound)
+		return tier.ErrNotFound
 	}
 	t.lru.MoveToFront(e.elem)
 	size := e.size
@@ -427,37 +535,42 @@ func (t *Tier) Get(ctx context.Context, key string) ([]byte, error) {
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			t.forget(e, false)
-			return nil, fmt.Errorf("fs tier: get: file gone: %w", tier.ErrNotFound)
+			return fmt.Errorf("file gone: %w", tier.ErrNotFound)
 		}
-		return nil, fmt.Errorf("fs tier: get: %w", err)
+		return err
 	}
 	defer f.Close()
 	fi, err := f.Stat()
 	if err != nil {
-		return nil, fmt.Errorf("fs tier: get: %w", err)
+		return err
 	}
 	if !fi.Mode().IsRegular() || fi.Size() != size {
 		t.forget(e, true)
 		t.log.Warn("fs tier: chunk file changed behind the index, removed", "file", file, "want_bytes", size, "got_bytes", fi.Size())
-		return nil, fmt.Errorf("fs tier: get: file is %d bytes, index says %d: %w", fi.Size(), size, tier.ErrNotFound)
+		return fmt.Errorf("file is %d bytes, index says %d: %w", fi.Size(), size, tier.ErrNotFound)
 	}
-	buf := make([]byte, size)
-	for off := 0; off < len(buf); {
-		if err := ctx.Err(); err != nil {
-			return nil, fmt.Errorf("fs tier: get: %w", err)
-		}
-		n := min(ioPiece, len(buf)-off)
-		if _, err := io.ReadFull(f, buf[off:off+n]); err != nil {
-			if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
-				t.forget(e, true)
-				return nil, fmt.Errorf("fs tier: get: file shrank while read: %w", tier.ErrNotFound)
+	parts, err := dst(size)
+	if err != nil {
+		return err
+	}
+	for _, buf := range parts {
+		for off := 0; off < len(buf); {
+			if err := ctx.Err(); err != nil {
+				return err
 			}
-			return nil, fmt.Errorf("fs tier: get: read: %w", err)
+			n := min(ioPiece, len(buf)-off)
+			if _, err := io.ReadFull(f, buf[off:off+n]); err != nil {
+				if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
+					t.forget(e, true)
+					return fmt.Errorf("file shrank while read: %w", tier.ErrNotFound)
+				}
+				return fmt.Errorf("read: %w", err)
+			}
+			off += n
 		}
-		off += n
 	}
 	t.readBytes.Add(uint64(size))
-	return buf, nil
+	return nil
 }
 
 // Has counts the leading keys present in the index.
@@ -482,6 +595,14 @@ func (t *Tier) Has(ctx context.Context, keys []string) (int, error) {
 	return len(hs), nil
 }
 
+// KnownAbsent implements tier.AbsenceKnower: the index is the tier.
+func (t *Tier) KnownAbsent(key string) bool {
+	h := hashKey(key)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.idx[h] == nil
+}
+
 // Delete removes key's file and index entry; absent is not an error.
 func (t *Tier) Delete(ctx context.Context, key string) error {
 	if err := ctx.Err(); err != nil {
@@ -490,12 +611,21 @@ func (t *Tier) Delete(ctx context.Context, key string) error {
 	h := hashKey(key)
 	_, file := t.paths(h)
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	if t.closed {
+		t.mu.Unlock()
 		return errors.New("fs tier: delete: closed")
 	}
 	if e := t.idx[h]; e != nil {
-		t.dropLocked(e, false)
+		t.dropLocked(e, false, nil)
+	}
+	grave := filepath.Join(filepath.Dir(file), fmt.Sprintf("%sgone-%d", tmpPrefix, t.graveSeq.Add(1)))
+	err := os.Rename(file, grave)
+	t.mu.Unlock()
+	switch {
+	case err == nil:
+		file = grave // freed outside the lock
+	case errors.Is(err, os.ErrNotExist):
+		return nil
 	}
 	if err := os.Remove(file); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("fs tier: delete: %w", err)

@@ -833,3 +833,77 @@ func TestCloseDuringTraffic(t *testing.T) {
 		t.Fatalf("after reopen: %+v", st)
 	}
 }
+
+// A Put that replaces or evicts chunk files frees their blocks only after
+// it has released the index: lookups (Has) and reads never wait on an
+// unlink, which takes milliseconds for a large file. The displaced files are
+// gone once the Put returns, and are never served meanwhile.
+func TestFreeOutsideIndexLock(t *testing.T) {
+	ctx := context.Background()
+	base := t.TempDir()
+	const size = 64 << 10
+	tr := openTier(t, base, 2*size)
+	for _, k := range []string{"a", "b"} {
+		if err := tr.Put(ctx, k, value(k, size)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	held := make(chan []string, 1)
+	resume := make(chan struct{})
+	tr.beforeFree = func(graves []string) {
+		if len(graves) > 0 {
+			held <- graves
+			<-resume
+		}
+	}
+	put := make(chan error, 1)
+	go func() { put <- tr.Put(ctx, "a", value("a2", size)) }() // replaces a
+	var graves []string
+	select {
+	case graves = <-held:
+	case err := <-put:
+		t.Fatalf("put returned (%v) without displacing a file", err)
+	}
+	if len(graves) != 1 {
+		t.Fatalf("graves %v, want the old value of a", graves)
+	}
+	// The index is free while the old file waits to be removed.
+	has := make(chan int, 1)
+	go func() {
+		n, _ := tr.Has(ctx, []string{"a", "b"})
+		has <- n
+	}()
+	select {
+	case n := <-has:
+		if n != 2 {
+			t.Fatalf("has = %d, want 2", n)
+		}
+	case <-time.After(10 * time.Second):
+		close(resume)
+		t.Fatal("Has waited for the displaced file to be freed")
+	}
+	if got, err := tr.Get(ctx, "a"); err != nil || !bytes.Equal(got, value("a2", size)) {
+		t.Fatalf("get a while its old file waits: %d bytes, %v", len(got), err)
+	}
+	close(resume)
+	if err := <-put; err != nil {
+		t.Fatal(err)
+	}
+	// Eviction: c pushes out b, the least recently used (the hook passes).
+	if err := tr.Put(ctx, "c", value("c", size)); err != nil {
+		t.Fatal(err)
+	}
+	graves = <-held
+	if len(graves) != 1 {
+		t.Fatalf("evicted graves %v, want b's file", graves)
+	}
+	if _, err := tr.Get(ctx, "b"); !errors.Is(err, tier.ErrNotFound) {
+		t.Fatalf("evicted b: %v", err)
+	}
+	if left := tempFiles(t, base); len(left) != 0 {
+		t.Fatalf("displaced files left: %v", left)
+	}
+	if n := int64(len(files(t, base)) - 1); n != tr.Stats().Objects {
+		t.Fatalf("%d chunk files on disk, index has %d", n, tr.Stats().Objects)
+	}
+}

@@ -679,3 +679,173 @@ func TestClusterNodeKilledAndRestarted(t *testing.T) {
 		t.Fatalf("%d of 32 hits after one of 3 nodes lost its data", hits)
 	}
 }
+
+// TestLookupNotBehindWrites: the small commands (EXISTS, DEL) have their
+// own connections, so a lookup answers while a value's SET is stuck on the
+// server (writes paused with CLIENT PAUSE WRITE, as a 32 MiB SET holds its
+// pipeline while it crosses the socket) instead of queueing behind it.
+func TestLookupNotBehindWrites(t *testing.T) {
+	s := redisserver.Start(t, redisserver.Options{})
+	tr, _ := open(t, standaloneCfg(s))
+	ctx := context.Background()
+	var present []string
+	for i := range 64 {
+		present = append(present, key(1000+i))
+		if err := tr.Put(ctx, key(1000+i), value(i, 512)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.Do(ctx, "CLIENT", "PAUSE", "60000", "WRITE"); err != nil {
+		t.Fatal(err)
+	}
+	unpaused := false
+	unpause := func() {
+		if !unpaused {
+			unpaused = true
+			if _, err := s.Do(ctx, "CLIENT", "UNPAUSE"); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	defer unpause()
+	put := make(chan error, 1)
+	go func() { put <- tr.Put(ctx, key(2), value(2, 1<<20)) }()
+	// Wait until the server holds the SET.
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		list, err := s.Do(ctx, "CLIENT", "LIST")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if heldSet(list) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the SET never reached the server: %s", list)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	// valkey-go picks one of a client's connections at random per call:
+	// many lookups, so that one sharing the held SET's connection would
+	// show (each has its own generous deadline).
+	for i := range 32 {
+		lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		n, err := tr.Has(lctx, append(present, key(3)))
+		cancel()
+		if n != len(present) || err != nil {
+			t.Fatalf("Has %d while a SET is held: %d, %v; want %d (queued behind the write?)", i, n, err, len(present))
+		}
+	}
+	unpause()
+	if err := <-put; err != nil {
+		t.Fatal(err)
+	}
+	if got, err := tr.Get(ctx, key(2)); err != nil || !bytes.Equal(got, value(2, 1<<20)) {
+		t.Fatalf("Get after the held SET: %d bytes, %v", len(got), err)
+	}
+}
+
+// heldSet tells whether CLIENT LIST shows a client blocked (flags=b) on a SET.
+func heldSet(list string) bool {
+	for _, line := range strings.Split(list, "\n") {
+		if strings.Contains(line, " flags=b ") && strings.Contains(line, " cmd=set ") {
+			return true
+		}
+	}
+	return false
+}
+
+// existsCalls is how many EXISTS the server has run since its stats reset.
+func existsCalls(t *testing.T, s *redisserver.Server) int {
+	t.Helper()
+	info, err := s.Do(context.Background(), "INFO", "commandstats")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_exists:calls="); ok {
+			n, err := strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+	}
+	return 0
+}
+
+// TestHasRemembersAbsentBriefly: repeated lookups of a prefix the server
+// lacks are answered from memory for a moment instead of an EXISTS each;
+// our own write is seen at once, another host's write shortly after.
+func TestHasRemembersAbsentBriefly(t *testing.T) {
+	s := redisserver.Start(t, redisserver.Options{})
+	tr, _ := open(t, standaloneCfg(s))
+	ctx := context.Background()
+	if err := tr.Put(ctx, "present", value(1, 100)); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := tr.Has(ctx, []string{"present", "ours", "x"}); n != 1 || err != nil {
+		t.Fatalf("Has = %d, %v; want 1", n, err)
+	}
+	if _, err := s.Do(ctx, "CONFIG", "RESETSTAT"); err != nil {
+		t.Fatal(err)
+	}
+	const asks = 200
+	for range asks {
+		if n, err := tr.Has(ctx, []string{"present", "ours", "x"}); n != 1 || err != nil {
+			t.Fatalf("Has = %d, %v; want 1", n, err)
+		}
+	}
+	// Each Has asks for "present" (not remembered); "ours" is asked about
+	// again only once its absent answer is older than absentFor.
+	if got := existsCalls(t, s); got >= 2*asks-asks/2 {
+		t.Fatalf("%d EXISTS for %d lookups: absent answers not remembered", got, asks)
+	}
+	if err := tr.Put(ctx, "ours", value(2, 100)); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := tr.Has(ctx, []string{"present", "ours", "x"}); n != 2 || err != nil {
+		t.Fatalf("Has right after our own write = %d, %v; want 2", n, err)
+	}
+	if n, _ := tr.Has(ctx, []string{"theirs"}); n != 0 {
+		t.Fatalf("Has(theirs) = %d before it was written", n)
+	}
+	if _, err := s.Do(ctx, "SET", DefaultKeyPrefix+"theirs", "v"); err != nil { // another host writes it
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if n, _ := tr.Has(ctx, []string{"theirs"}); n == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("another host's write never became visible")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestKnownAbsentFollowsAbsentAnswers: a key is known absent only after the
+// server said so (and until our own write of it).
+func TestKnownAbsentFollowsAbsentAnswers(t *testing.T) {
+	s := redisserver.Start(t, redisserver.Options{})
+	tr, _ := open(t, standaloneCfg(s))
+	ctx := context.Background()
+	if tr.KnownAbsent("k") {
+		t.Fatal("known absent before the server was asked")
+	}
+	if n, err := tr.Has(ctx, []string{"k"}); n != 0 || err != nil {
+		t.Fatalf("Has = %d, %v", n, err)
+	}
+	if !tr.KnownAbsent("k") {
+		// The answer is trusted for absentFor only: a slow machine may
+		// have passed it; ask again right away.
+		if n, _ := tr.Has(ctx, []string{"k"}); n != 0 || !tr.KnownAbsent("k") {
+			t.Fatal("the server's absent answer is not remembered")
+		}
+	}
+	if err := tr.Put(ctx, "k", value(1, 10)); err != nil {
+		t.Fatal(err)
+	}
+	if tr.KnownAbsent("k") {
+		t.Fatal("known absent right after our own write")
+	}
+}
