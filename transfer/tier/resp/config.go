@@ -49,6 +49,9 @@ type RESPConfig struct {
 	StartupNodes  []string // "host:port" seeds when Cluster; default [Host:Port]
 	KeyPrefix     string
 	TTL           time.Duration // 0 = values never expire
+	// DialTimeout bounds one connection attempt, TLS handshake included
+	// (0 = 2 s). Not an adapter field: tests on a loaded machine raise it.
+	DialTimeout time.Duration
 }
 
 // Fields lists the keys an adapter object may have.

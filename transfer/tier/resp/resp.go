@@ -10,6 +10,7 @@
 package resp
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -135,7 +136,7 @@ func Open(ctx context.Context, cfg RESPConfig, log *slog.Logger) (*Tier, error) 
 			// marks the tier down and the probe takes over.
 			DisableCache:     true,
 			DisableRetry:     true,
-			Dialer:           net.Dialer{Timeout: dialTimeout},
+			Dialer:           net.Dialer{Timeout: cmp.Or(cfg.DialTimeout, dialTimeout)},
 			ConnWriteTimeout: connWriteTimeout,
 		},
 	}

@@ -552,6 +552,8 @@ func TestTLS(t *testing.T) {
 	s := redisserver.Start(t, redisserver.Options{TLS: files})
 	cfg := standaloneCfg(s)
 	cfg.TLS, cfg.CAFile = true, files.CAFile
+	// A TLS handshake on a loaded 2-core machine can outlast the 2 s default.
+	cfg.DialTimeout = 20 * time.Second
 	tr, _ := open(t, cfg)
 	roundTrip(t, tr, 8)
 
