@@ -35,20 +35,9 @@ func runClear(cfg settings.Config, f flagSet, env Env) int {
 		url = "http://" + net.JoinHostPort(dialHost(cfg.HTTP.Host), strconv.Itoa(cfg.HTTP.Port)) + "/clear-cache"
 		target = url
 	}
-	if !*f.yes {
-		if !env.Terminal {
-			fmt.Fprintln(stderr, "kvdock ctl clear: not cleared: there is no terminal to ask on; add --yes to clear without asking")
-			return 2
-		}
-		fmt.Fprintf(stderr, "Clear every object in kvdock's cache (%s)? Workers will recompute what they miss. [y/N] ", target)
-		// A line is an answer; whatever else arrives is not read.
-		ans, _ := bufio.NewReader(io.LimitReader(env.Stdin, 256)).ReadString('\n')
-		switch strings.ToLower(strings.TrimSpace(ans)) {
-		case "y", "yes":
-		default:
-			fmt.Fprintln(stderr, "kvdock ctl clear: not cleared")
-			return 1
-		}
+	if code, ok := confirm(env, *f.yes, "clear", "clear", "cleared",
+		fmt.Sprintf("Clear every object in kvdock's cache (%s)? Workers will recompute what they miss.", target)); !ok {
+		return code
 	}
 	if !viaHTTP {
 		prof, err := assets.Profile(cfg.Server.ClientProtocol())
@@ -129,4 +118,27 @@ func httpFailure(url string, code int, body []byte, reason string) error {
 		reason = eb.Error
 	}
 	return fmt.Errorf("%s: HTTP %d: %s", url, code, logcap.Truncate(termtext.Clean(reason), 200))
+}
+
+// confirm asks question on env's terminal unless yes was given: ok when the
+// operator answered y. Otherwise it says what was not done ("kvdock ctl
+// clear: not cleared"; verb and done are "clear" and "cleared") and returns
+// the exit status: 2 with no terminal to ask on, 1 for any answer but y.
+func confirm(env Env, yes bool, cmd, verb, done, question string) (code int, ok bool) {
+	if yes {
+		return 0, true
+	}
+	if !env.Terminal {
+		fmt.Fprintf(env.Stderr, "kvdock ctl %s: not %s: there is no terminal to ask on; add --yes to %s without asking\n", cmd, done, verb)
+		return 2, false
+	}
+	fmt.Fprintf(env.Stderr, "%s [y/N] ", question)
+	// A line is an answer; whatever else arrives is not read.
+	ans, _ := bufio.NewReader(io.LimitReader(env.Stdin, 256)).ReadString('\n')
+	switch strings.ToLower(strings.TrimSpace(ans)) {
+	case "y", "yes":
+		return 0, true
+	}
+	fmt.Fprintf(env.Stderr, "kvdock ctl %s: not %s\n", cmd, done)
+	return 1, false
 }

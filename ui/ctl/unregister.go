@@ -1,13 +1,10 @@
 package ctl
 
 import (
-	"bufio"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net"
 	"strconv"
-	"strings"
 
 	"kvdock/core/logcap"
 	"kvdock/ui/httpapi"
@@ -49,19 +46,9 @@ func runUnregister(f flagSet, params []string, env Env) int {
 	}
 	url := "http://" + net.JoinHostPort(dialHost(cfg.HTTP.Host), strconv.Itoa(cfg.HTTP.Port)) +
 		"/unregister?instance_id=" + strconv.FormatInt(id, 10)
-	if !*f.yes {
-		if !env.Terminal {
-			fmt.Fprintln(stderr, "kvdock ctl unregister: not removed: there is no terminal to ask on; add --yes to remove without asking")
-			return 2
-		}
-		fmt.Fprintf(stderr, "Remove worker instance %d from kvdock? Its pending stores are aborted; a live worker must register again. [y/N] ", id)
-		ans, _ := bufio.NewReader(io.LimitReader(env.Stdin, 256)).ReadString('\n')
-		switch strings.ToLower(strings.TrimSpace(ans)) {
-		case "y", "yes":
-		default:
-			fmt.Fprintln(stderr, "kvdock ctl unregister: not removed")
-			return 1
-		}
+	if code, ok := confirm(env, *f.yes, "unregister", "remove", "removed",
+		fmt.Sprintf("Remove worker instance %d from kvdock? Its pending stores are aborted; a live worker must register again.", id)); !ok {
+		return code
 	}
 	code, body, err := postHTTP(url, cfg.HTTP.Token, *f.timeout)
 	if err != nil {
