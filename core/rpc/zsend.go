@@ -106,33 +106,6 @@ static void kv_free(void *data, void *hint) {
 	}
 }
 
-// kv_copy copies p[0:n] into a new buffer charged to *held and *total.
-static kv_buf *kv_copy(const void *p, size_t n, int64_t *held, int64_t *total) {
-	kv_buf *b;
-	if (n >= KV_MAP_FROM) {
-		b = kv_map(sizeof(kv_buf) + n);
-	} else {
-		b = malloc(sizeof(kv_buf) + (n ? n : 1));
-		if (b != NULL) {
-			b->cap = 0;
-		}
-	}
-	if (b == NULL) {
-		return NULL;
-	}
-	if (n) {
-		memcpy((char *)b + sizeof(kv_buf), p, n);
-	}
-	b->size = (int64_t)n;
-	b->held = held;
-	b->total = total;
-	b->extra = NULL;
-	b->zmq = 0;
-	__atomic_add_fetch(held, (int64_t)n, __ATOMIC_RELAXED);
-	__atomic_add_fetch(total, (int64_t)n, __ATOMIC_RELAXED);
-	return b;
-}
-
 // kv_alloc makes an uncharged buffer of n bytes for a handler to write a
 // reply into (kv_adopt charges it once it is the reply; kv_release frees it
 // when it is not).
@@ -154,6 +127,22 @@ static kv_buf *kv_alloc(size_t n) {
 	b->total = NULL;
 	b->extra = NULL;
 	b->zmq = 0;
+	return b;
+}
+
+// kv_copy copies p[0:n] into a new buffer charged to *held and *total.
+static kv_buf *kv_copy(const void *p, size_t n, int64_t *held, int64_t *total) {
+	kv_buf *b = kv_alloc(n);
+	if (b == NULL) {
+		return NULL;
+	}
+	if (n) {
+		memcpy((char *)b + sizeof(kv_buf), p, n);
+	}
+	b->held = held;
+	b->total = total;
+	__atomic_add_fetch(held, (int64_t)n, __ATOMIC_RELAXED);
+	__atomic_add_fetch(total, (int64_t)n, __ATOMIC_RELAXED);
 	return b;
 }
 
