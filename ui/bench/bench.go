@@ -662,6 +662,11 @@ func runMode(ctx context.Context, o Options, prof *protocol.Profile, mode string
 			src := d.pat.chunk(0)
 			n := min(int64(len(d.seg))/2/int64(len(src)), memcpyDests) * int64(len(src))
 			mr.segSamples = append(mr.segSamples, round4(copyRate(d.seg[:n], src, o.RefDuration/2)))
+			// The retrieve's direction: out of the same pages into one
+			// resident private buffer, as each worker copies a chunk into
+			// its own destination.
+			out := make([]byte, len(src))
+			mr.segOutSamples = append(mr.segOutSamples, round4(copyOutRate(out, d.seg[:n], o.RefDuration/2)))
 		}
 	}
 	segRef()
@@ -726,6 +731,9 @@ func runMode(ctx context.Context, o Options, prof *protocol.Profile, mode string
 	segRef()
 	if len(mr.segSamples) > 0 {
 		mr.MemcpyIntoSegmentGBps = slices.Max(mr.segSamples)
+	}
+	if len(mr.segOutSamples) > 0 {
+		mr.MemcpyFromSegmentGBps = slices.Max(mr.segOutSamples)
 	}
 	o.progress.setPhase(mode+": small requests", "NOOP, LOOKUP+STATUS")
 	sr := d.smallOps(ctx, o.SmallOps)
