@@ -683,6 +683,10 @@ func runMode(ctx context.Context, o Options, prof *protocol.Profile, mode string
 	mr.StoreGBps = round4(gbps(tr.storeBytes, tr.storeBusy))
 	mr.RetrieveGBps = round4(gbps(tr.retrieveBytes, tr.retrieveBusy))
 	mr.StoreWallGBps = round4(gbps(tr.storeBytes, tr.storeWall))
+	if mode == "shm" {
+		mr.StoreCopyGBps = round4(gbps(tr.storeBytes, tr.storeCopy))
+		mr.RetrieveCopyGBps = round4(gbps(tr.retrieveBytes, tr.retrieveCopy))
+	}
 	mr.RetrieveWallGBps = round4(gbps(tr.retrieveBytes, tr.retrieveWall))
 	mr.StoreP50us, mr.StoreP99us = percentileUS(tr.storeLat, 50), percentileUS(tr.storeLat, 99)
 	mr.RetrieveP50, mr.RetrieveP99 = percentileUS(tr.retrieveLat, 50), percentileUS(tr.retrieveLat, 99)

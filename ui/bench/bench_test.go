@@ -114,6 +114,14 @@ func TestShortRunJSON(t *testing.T) {
 	if s := res.SHM; s.MemcpyFromSegmentGBps <= 0 || s.RetrieveVsFromSegment != ratio(s.RetrieveGBps, s.MemcpyFromSegmentGBps) {
 		t.Errorf("copy out of the segment: %v GB/s, retrieve ratio %v", s.MemcpyFromSegmentGBps, s.RetrieveVsFromSegment)
 	}
+	// The copies alone take part of the timed time: their rate is at least
+	// the timed rate; pickle has none.
+	if s := res.SHM; !(s.StoreCopyGBps >= s.StoreGBps && s.StoreGBps > 0) || !(s.RetrieveCopyGBps >= s.RetrieveGBps && s.RetrieveGBps > 0) {
+		t.Errorf("SHM copy rates: store %v (timed %v), retrieve %v (timed %v)", s.StoreCopyGBps, s.StoreGBps, s.RetrieveCopyGBps, s.RetrieveGBps)
+	}
+	if p := res.Pickle; p.StoreCopyGBps != 0 || p.RetrieveCopyGBps != 0 {
+		t.Errorf("pickle copy rates %v / %v, want none", p.StoreCopyGBps, p.RetrieveCopyGBps)
+	}
 	if _, ok := generic["shm"].(map[string]any)["retrieve_vs_memcpy_from_segment"]; !ok {
 		t.Errorf("JSON shm lacks retrieve_vs_memcpy_from_segment")
 	}

@@ -112,8 +112,13 @@ type ModeResult struct {
 	MemcpyFromSegmentGBps float64 `json:"memcpy_from_segment_gbps,omitempty"`
 	segOutSamples         []float64
 	RetrieveWallGBps      float64 `json:"retrieve_phase_wall_gbps"`
-	CachedStores          int64   `json:"stores_all_cached"`
-	MissChunks            int64   `json:"retrieve_miss_chunks"`
+	// StoreCopyGBps, RetrieveCopyGBps: the same bytes over the copies'
+	// time alone (SHM), without PREPARE_* and COMMIT_* round trips: what
+	// the copies reach against the references.
+	StoreCopyGBps    float64 `json:"store_copy_gbps,omitempty"`
+	RetrieveCopyGBps float64 `json:"retrieve_copy_gbps,omitempty"`
+	CachedStores     int64   `json:"stores_all_cached"`
+	MissChunks       int64   `json:"retrieve_miss_chunks"`
 
 	NoopRTPS      float64 `json:"noop_round_trips_per_s"`
 	LookupPairsPS float64 `json:"lookup_status_pairs_per_s"`
