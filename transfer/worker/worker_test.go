@@ -139,6 +139,11 @@ func TestWorkerAgainstEngine(t *testing.T) {
 						errs <- fmt.Errorf("store %d: %+v %v", g, res, err)
 						return
 					}
+					// The copies' own time is reported for SHM only.
+					if (mode == worker.ModeSHM) != (res.Copy > 0) {
+						errs <- fmt.Errorf("store %d (%s): copy time %v", g, mode, res.Copy)
+						return
+					}
 					hits, err := sched.Hits(ctx, w.LookupKey(toks, req), 1)
 					if err != nil || hits != 3 {
 						errs <- fmt.Errorf("lookup %d: %d %v", g, hits, err)

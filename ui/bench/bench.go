@@ -662,6 +662,10 @@ func runMode(ctx context.Context, o Options, prof *protocol.Profile, mode string
 			src := d.pat.chunk(0)
 			n := min(int64(len(d.seg))/2/int64(len(src)), memcpyDests) * int64(len(src))
 			mr.segSamples = append(mr.segSamples, round4(copyRate(d.seg[:n], src, o.RefDuration/2)))
+			// The retrieve's direction: out of the same pages into the
+			// first worker's resident destination, the buffer its
+			// retrieves copy each chunk into (no new memory in the peak).
+			mr.segOutSamples = append(mr.segOutSamples, round4(copyOutRate(d.dests[0], d.seg[:n], o.RefDuration/2)))
 		}
 	}
 	segRef()
@@ -678,6 +682,10 @@ func runMode(ctx context.Context, o Options, prof *protocol.Profile, mode string
 	mr.StoreGBps = round4(gbps(tr.storeBytes, tr.storeBusy))
 	mr.RetrieveGBps = round4(gbps(tr.retrieveBytes, tr.retrieveBusy))
 	mr.StoreWallGBps = round4(gbps(tr.storeBytes, tr.storeWall))
+	if mode == "shm" {
+		mr.StoreCopyGBps = round4(gbps(tr.storeBytes, tr.storeCopy))
+		mr.RetrieveCopyGBps = round4(gbps(tr.retrieveBytes, tr.retrieveCopy))
+	}
 	mr.RetrieveWallGBps = round4(gbps(tr.retrieveBytes, tr.retrieveWall))
 	mr.StoreP50us, mr.StoreP99us = percentileUS(tr.storeLat, 50), percentileUS(tr.storeLat, 99)
 	mr.RetrieveP50, mr.RetrieveP99 = percentileUS(tr.retrieveLat, 50), percentileUS(tr.retrieveLat, 99)
@@ -726,6 +734,9 @@ func runMode(ctx context.Context, o Options, prof *protocol.Profile, mode string
 	segRef()
 	if len(mr.segSamples) > 0 {
 		mr.MemcpyIntoSegmentGBps = slices.Max(mr.segSamples)
+	}
+	if len(mr.segOutSamples) > 0 {
+		mr.MemcpyFromSegmentGBps = slices.Max(mr.segOutSamples)
 	}
 	o.progress.setPhase(mode+": small requests", "NOOP, LOOKUP+STATUS")
 	sr := d.smallOps(ctx, o.SmallOps)

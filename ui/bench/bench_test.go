@@ -109,6 +109,42 @@ func TestShortRunJSON(t *testing.T) {
 		s.StoreVsPrivate != ratio(s.StoreGBps, r.MemcpyGBps) || s.RetrieveVsPrivate <= 0 {
 		t.Errorf("SHM ratios: %+v against %+v", s, r)
 	}
+	// The retrieve's direction (out of the segment's pages) is measured in
+	// the same run and reported beside the target.
+	if s := res.SHM; s.MemcpyFromSegmentGBps <= 0 || s.RetrieveVsFromSegment != ratio(s.RetrieveGBps, s.MemcpyFromSegmentGBps) {
+		t.Errorf("copy out of the segment: %v GB/s, retrieve ratio %v", s.MemcpyFromSegmentGBps, s.RetrieveVsFromSegment)
+	}
+	// The copies alone take part of the timed time: their rate is at least
+	// the timed rate; pickle has none.
+	if s := res.SHM; !(s.StoreCopyGBps >= s.StoreGBps && s.StoreGBps > 0) || !(s.RetrieveCopyGBps >= s.RetrieveGBps && s.RetrieveGBps > 0) {
+		t.Errorf("SHM copy rates: store %v (timed %v), retrieve %v (timed %v)", s.StoreCopyGBps, s.StoreGBps, s.RetrieveCopyGBps, s.RetrieveGBps)
+	}
+	if p := res.Pickle; p.StoreCopyGBps != 0 || p.RetrieveCopyGBps != 0 {
+		t.Errorf("pickle copy rates %v / %v, want none", p.StoreCopyGBps, p.RetrieveCopyGBps)
+	}
+	if _, ok := generic["shm"].(map[string]any)["retrieve_vs_memcpy_from_segment"]; !ok {
+		t.Errorf("JSON shm lacks retrieve_vs_memcpy_from_segment")
+	}
+}
+
+// copyOutRate reads every part of its source in turn: each part's bytes
+// end up in the destination, the last copied last.
+func TestCopyOutRateCopiesEveryPart(t *testing.T) {
+	src := make([]byte, 3*4096)
+	for i := range src {
+		src[i] = byte(i / 4096)
+	}
+	dst := make([]byte, 4096)
+	if r := copyOutRate(dst, src, 0); !(r > 0) {
+		t.Fatalf("rate %v", r)
+	}
+	// With dur 0 one copy runs after the warm-up: part 0.
+	if dst[0] != 0 || dst[4095] != 0 {
+		t.Errorf("dst holds part %d, want 0", dst[0])
+	}
+	if r := copyOutRate(make([]byte, len(src)+1), src, 0); r != 0 {
+		t.Errorf("a destination larger than the source: rate %v, want 0", r)
+	}
 }
 
 // A pickle-only run has no segment of its own: the reference is a tmpfs

@@ -88,6 +88,7 @@ func (r *Result) figures() []figure {
 		if m.Mode == "shm" && refName != "memcpy" {
 			add(p+"store_vs_memcpy_private", "ratio", m.StoreVsPrivate, m.StoreVsPrivate > 0)
 			add(p+"retrieve_vs_memcpy_private", "ratio", m.RetrieveVsPrivate, m.RetrieveVsPrivate > 0)
+			add(p+"retrieve_vs_memcpy_from_segment", "ratio", m.RetrieveVsFromSegment, m.RetrieveVsFromSegment > 0)
 		}
 		add(p+"noop_vs_echo", "ratio", m.NoopRatio, true)
 		add(p+"lookup_status_vs_echo", "ratio", m.LookupRatio, true)

@@ -69,6 +69,7 @@ type counters struct {
 	storeLat, retrieveLat     []time.Duration // per chunk: op time / chunks in op
 	storeBusy, retrieveBusy   time.Duration   // timed parts of this worker's ops
 	verify                    time.Duration   // the bench's own checksums of retrieved chunks
+	storeCopy, retrieveCopy   time.Duration   // the copies alone within the timed parts (SHM)
 	cachedStores              int64
 	missChunks                int64
 	mismatches                int64
@@ -98,6 +99,8 @@ func (c *counters) merge(o *counters) {
 	c.storeLat = append(c.storeLat, o.storeLat...)
 	c.retrieveLat = append(c.retrieveLat, o.retrieveLat...)
 	c.storeBusy += o.storeBusy
+	c.storeCopy += o.storeCopy
+	c.retrieveCopy += o.retrieveCopy
 	c.retrieveBusy += o.retrieveBusy
 	c.verify += o.verify
 	c.cachedStores += o.cachedStores
@@ -208,6 +211,9 @@ type transferResult struct {
 	counters
 	storeWall, retrieveWall time.Duration
 	storeBusy, retrieveBusy time.Duration
+	// storeCopy, retrieveCopy: per phase the copy time of the worker with
+	// the longest busy time, summed like the busy times.
+	storeCopy, retrieveCopy time.Duration
 	rounds, prompts         int
 }
 
@@ -231,13 +237,15 @@ func (d *driver) transfer(ctx context.Context) transferResult {
 			detail += fmt.Sprintf("/%d", d.cfg.Rounds)
 		}
 		d.cfg.Progress.setPhase(d.cfg.Mode+": store/retrieve", detail+", store")
-		wall, busy := d.phase(ctx, &res.counters, round, d.storeWorker)
+		wall, busy, copied := d.phase(ctx, &res.counters, round, d.storeWorker)
 		res.storeWall += wall
 		res.storeBusy += busy
+		res.storeCopy += copied
 		d.cfg.Progress.setPhase(d.cfg.Mode+": store/retrieve", detail+", retrieve")
-		wall, busy = d.phase(ctx, &res.counters, round, d.retrieveWorker)
+		wall, busy, copied = d.phase(ctx, &res.counters, round, d.retrieveWorker)
 		res.retrieveWall += wall
 		res.retrieveBusy += busy
+		res.retrieveCopy += copied
 		res.rounds++
 		res.prompts += d.cfg.Workers * d.cfg.PromptsPerRound
 		if d.cfg.ClearBetweenRounds {
@@ -250,8 +258,8 @@ func (d *driver) transfer(ctx context.Context) transferResult {
 type workerFunc func(ctx context.Context, w, round int, st *counters)
 
 // phase runs fn on every worker concurrently and returns its wall time and
-// the largest busy time of one worker.
-func (d *driver) phase(ctx context.Context, total *counters, round int, fn workerFunc) (wall, busy time.Duration) {
+// the largest busy time of one worker, with that worker's copy time.
+func (d *driver) phase(ctx context.Context, total *counters, round int, fn workerFunc) (wall, busy, copied time.Duration) {
 	results := make([]counters, d.cfg.Workers)
 	var wg sync.WaitGroup
 	start := time.Now()
@@ -261,10 +269,12 @@ func (d *driver) phase(ctx context.Context, total *counters, round int, fn worke
 	wg.Wait()
 	wall = time.Since(start)
 	for i := range results {
-		busy = max(busy, results[i].storeBusy+results[i].retrieveBusy)
+		if b := results[i].storeBusy + results[i].retrieveBusy; b >= busy {
+			busy, copied = b, results[i].storeCopy+results[i].retrieveCopy
+		}
 		total.merge(&results[i])
 	}
-	return wall, busy
+	return wall, busy, copied
 }
 
 // storeWorker stores the worker's prompts of the round (spec 4.2 / 4.3).
@@ -295,6 +305,7 @@ func (d *driver) storeWorker(ctx context.Context, w, round int, st *counters) {
 		}
 		el := time.Since(start)
 		st.storeBusy += el
+		st.storeCopy += res.Copy
 		st.storeBytes += int64(res.Chunks) * d.lay.Bytes
 		d.cfg.Progress.add(int64(res.Chunks) * d.lay.Bytes)
 		st.storeLat = append(st.storeLat, el/time.Duration(res.Chunks))
@@ -337,12 +348,14 @@ func (d *driver) retrieveWorker(ctx context.Context, w, round int, st *counters)
 
 func (d *driver) retrieveOne(ctx context.Context, w int, st *counters, p prompt, hits int) {
 	wk, dest := d.workers[w], d.dests[w]
-	var unTimed time.Duration
+	var unTimed, copied time.Duration
 	start := time.Now()
 	cctx, cancel := context.WithTimeout(ctx, d.cfg.Timeout)
 	got, err := wk.Retrieve(cctx, wk.Key(p.tokens, hits, p.requestID), func(j int, chunk []byte) {
+		c := time.Now()
 		copy(dest, chunk)
 		t := time.Now()
+		copied += t.Sub(c)
 		if checksum(dest) != d.pat.sum(p.ids[j]) {
 			st.mismatches++
 		}
@@ -363,6 +376,7 @@ func (d *driver) retrieveOne(ctx context.Context, w int, st *counters, p prompt,
 		st.mismatches += int64(abs(hits - got))
 	}
 	st.retrieveBusy += timed
+	st.retrieveCopy += copied
 	st.retrieveBytes += int64(got) * d.lay.Bytes
 	d.cfg.Progress.add(int64(got) * d.lay.Bytes)
 	st.retrieveLat = append(st.retrieveLat, timed/time.Duration(got))

@@ -45,6 +45,26 @@ func copyRate(dst, src []byte, dur time.Duration) float64 {
 	return float64(n) / time.Since(start).Seconds() / 1e9
 }
 
+// copyOutRate copies consecutive len(dst)-sized parts of src in turn into
+// dst, which it prefaults first: the retrieve's direction (out of the
+// segment's pages into one resident buffer, as the bench's workers copy
+// each chunk into their own destination).
+func copyOutRate(dst, src []byte, dur time.Duration) float64 {
+	parts := len(src) / len(dst)
+	if parts == 0 {
+		return 0
+	}
+	copy(dst, src)
+	var n int64
+	start := time.Now()
+	for i := 0; time.Since(start) < dur || n == 0; i++ {
+		off := (i % parts) * len(dst)
+		copy(dst, src[off:off+len(dst)])
+		n += int64(len(dst))
+	}
+	return float64(n) / time.Since(start).Seconds() / 1e9
+}
+
 // echoResult is the raw ZMQ reference, same library, same socket pattern.
 type echoResult struct {
 	RoundTripsPS float64 // all streams together

@@ -104,9 +104,21 @@ type ModeResult struct {
 	// when set).
 	MemcpyIntoSegmentGBps float64 `json:"memcpy_into_segment_gbps,omitempty"`
 	segSamples            []float64
+	// MemcpyFromSegmentGBps (SHM, in process) is the retrieve's direction
+	// of the same copy: out of the segment's pages into one prefaulted
+	// private buffer, the better of a sample before and one after the
+	// transfers. Shown beside the target (retrieve_vs_memcpy_from_segment),
+	// which stays against the copy into the pages.
+	MemcpyFromSegmentGBps float64 `json:"memcpy_from_segment_gbps,omitempty"`
+	segOutSamples         []float64
 	RetrieveWallGBps      float64 `json:"retrieve_phase_wall_gbps"`
-	CachedStores          int64   `json:"stores_all_cached"`
-	MissChunks            int64   `json:"retrieve_miss_chunks"`
+	// StoreCopyGBps, RetrieveCopyGBps: the same bytes over the copies'
+	// time alone (SHM), without PREPARE_* and COMMIT_* round trips: what
+	// the copies reach against the references.
+	StoreCopyGBps    float64 `json:"store_copy_gbps,omitempty"`
+	RetrieveCopyGBps float64 `json:"retrieve_copy_gbps,omitempty"`
+	CachedStores     int64   `json:"stores_all_cached"`
+	MissChunks       int64   `json:"retrieve_miss_chunks"`
 
 	NoopRTPS      float64 `json:"noop_round_trips_per_s"`
 	LookupPairsPS float64 `json:"lookup_status_pairs_per_s"`
@@ -142,8 +154,11 @@ type ModeResult struct {
 	// reference before segment pages were measured), for comparison.
 	StoreVsPrivate    float64 `json:"store_vs_memcpy_private,omitempty"`
 	RetrieveVsPrivate float64 `json:"retrieve_vs_memcpy_private,omitempty"`
-	NoopRatio         float64 `json:"noop_vs_echo"`
-	LookupRatio       float64 `json:"lookup_status_vs_echo"`
+	// RetrieveVsFromSegment is the retrieve rate against the copy out of
+	// the segment's pages (SHM in process only).
+	RetrieveVsFromSegment float64 `json:"retrieve_vs_memcpy_from_segment,omitempty"`
+	NoopRatio             float64 `json:"noop_vs_echo"`
+	LookupRatio           float64 `json:"lookup_status_vs_echo"`
 	// Under the store stream: against the echo under its raw-ZMQ
 	// counterpart (a stream of chunk-sized messages answered with a few
 	// bytes), and against the echo alone.
@@ -216,6 +231,7 @@ func (r *Result) finish() {
 			// not be measured (the target's name says which).
 			m.StoreVsPrivate = ratio(m.StoreGBps, ref.MemcpyGBps)
 			m.RetrieveVsPrivate = ratio(m.RetrieveGBps, ref.MemcpyGBps)
+			m.RetrieveVsFromSegment = ratio(m.RetrieveGBps, m.MemcpyFromSegmentGBps)
 			m.ReferenceName, m.StoreRatio, m.RetrieveRatio = "memcpy", m.StoreVsPrivate, m.RetrieveVsPrivate
 			if ref.MemcpySegmentGBps > 0 {
 				m.ReferenceName = "memcpy_segment"
