@@ -16,6 +16,9 @@ const (
 	DefaultMaxConns          = 64
 	DefaultIdleTimeout       = 10 * time.Second
 	DefaultReadHeaderTimeout = 5 * time.Second
+	// ShutdownGrace is how long a stop waits for requests in flight before
+	// it closes every connection.
+	ShutdownGrace = time.Second
 )
 
 // ConnStats counts the API's connections.

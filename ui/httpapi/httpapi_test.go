@@ -687,6 +687,46 @@ func TestServeStopsOnContext(t *testing.T) {
 	}
 }
 
+// TestServeStopsDespiteSilentConnections: connections that never send a
+// request (Shutdown counts one as active for its first 5 s) do not hold a
+// stop: Serve returns within ShutdownGrace and a little, having closed them.
+func TestServeStopsDespiteSilentConnections(t *testing.T) {
+	api := httpapi.New(fakeEngine{}, httpapi.Options{})
+	ln, err := httpapi.Listen("127.0.0.1", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- api.Serve(ctx, ln) }()
+	var silent []net.Conn
+	for range 3 {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		silent = append(silent, c)
+	}
+	// The server has taken them (a request on a fourth answers).
+	res, err := http.Get("http://" + ln.Addr().String() + "/healthcheck")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	start := time.Now()
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(4 * time.Second):
+		t.Fatalf("Serve still running %v after cancel with %d silent connections", time.Since(start), len(silent))
+	}
+	_ = silent[0].SetReadDeadline(time.Now().Add(2 * time.Second))
+	if _, err := silent[0].Read(make([]byte, 1)); err == nil {
+		t.Error("a silent connection was left open after the stop")
+	}
+}
+
 type fakeEngine struct{}
 
 func (fakeEngine) Snapshot() engine.Snapshot                      { return engine.Snapshot{State: engine.Starting} }

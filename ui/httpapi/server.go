@@ -172,9 +172,16 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		return fmt.Errorf("HTTP API: %w", err)
 	case <-ctx.Done():
 	}
-	shutCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	// Requests in flight get ShutdownGrace to finish; then every connection
+	// is closed. A connection that never sent a request counts as active
+	// for Shutdown for its first 5 s, so without the Close a client that
+	// merely connected would hold kvdock's exit that long.
+	shutCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ShutdownGrace)
 	defer cancel()
 	err := srv.Shutdown(shutCtx)
+	if errors.Is(err, context.DeadlineExceeded) {
+		err = srv.Close()
+	}
 	if serr := <-errc; serr != nil && !errors.Is(serr, http.ErrServerClosed) && err == nil {
 		err = serr
 	}
