@@ -378,3 +378,23 @@ func TestHybridConcurrentGroupCommits(t *testing.T) {
 		}
 	}
 }
+
+// TestPickleGateCountsEveryGroup: what a hybrid pickle store or retrieve is
+// admitted for under --max-inflight-pickle-mb is every KV group's chunk,
+// not group 0's alone.
+func TestPickleGateCountsEveryGroup(t *testing.T) {
+	e := newEnv(t, false, 1<<20)
+	e.registerHybrid(1)
+	plain := payload(2)
+	plain.ModelName = "plain"
+	if _, err := e.mod.Register(plain); err != nil {
+		t.Fatal(err)
+	}
+	k := key(tokens(2*testChunk, 5), 0, 2*testChunk)
+	if n, ok := e.mod.pickleStoreBytes(k, 1); !ok || n != 2*(chunkBytes+group1Bytes) {
+		t.Fatalf("hybrid: %d bytes (%v), want %d (two chunks of both groups)", n, ok, 2*(chunkBytes+group1Bytes))
+	}
+	if n, ok := e.mod.pickleStoreBytes(k, 2); !ok || n != 2*chunkBytes {
+		t.Fatalf("plain: %d bytes (%v), want %d", n, ok, 2*chunkBytes)
+	}
+}
