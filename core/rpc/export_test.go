@@ -1,5 +1,7 @@
 package rpc
 
+import "time"
+
 // DetectPeers is the number of peers whose detection state s keeps; read
 // only after the server stopped serving or between its socket's messages in
 // tests that wait for each reply.
@@ -9,3 +11,7 @@ func DetectPeers(s *Server) int {
 	}
 	return s.detect.size()
 }
+
+// SinceDispatch is how long ago the socket goroutine dispatched r (for
+// handlers in tests: the time r waited before its handler ran).
+func SinceDispatch(r *Request) time.Duration { return time.Since(r.head.start) }

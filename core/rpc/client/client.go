@@ -15,6 +15,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"time"
 
@@ -85,6 +86,9 @@ type Client struct {
 	poller  *zmq.Poller
 	sockID  int
 	backlog []outgoing // refused by the DEALER (high-water mark), sent first
+	// handedOff is set by the leader when it gave another caller its
+	// reply since its last poll.
+	handedOff bool
 
 	mu      sync.Mutex
 	nextUID int64
@@ -286,6 +290,14 @@ func (c *Client) lead(ctx context.Context, typ, uid int64, ch chan Reply) (Reply
 			events |= zmq.POLLOUT
 		}
 		_, _ = c.poller.Update(c.sockID, events)
+		if c.handedOff {
+			// Callers just handed their replies were readied on this
+			// goroutine's P, which a cgo call keeps until the runtime's
+			// sysmon takes it back (milliseconds when the process was
+			// busy elsewhere): let them run before blocking in zmq_poll.
+			c.handedOff = false
+			runtime.Gosched()
+		}
 		polled, err := c.poller.Poll(wait)
 		if err != nil {
 			// EINTR, or a persistent error: do not spin on the latter.
@@ -389,6 +401,7 @@ func (c *Client) recvUntil(own chan Reply) {
 			if ch == own {
 				return
 			}
+			c.handedOff = true
 		}
 	}
 }
