@@ -579,7 +579,7 @@ func Execute(ctx context.Context, o Options) (*Result, error) {
 	case ownSegment && res.SHM != nil && len(res.SHM.segSamples) > 0:
 		res.References.MemcpySegmentSamplesGBps = res.SHM.segSamples
 		res.References.MemcpySegmentGBps = res.SHM.MemcpyIntoSegmentGBps
-		res.References.MemcpySegmentMethod = fmt.Sprintf("memcpy into the in-process engine's own segment %s (the bench's MAP_SHARED|MAP_POPULATE mapping, pages the pool was not using), before and after the SHM transfers, the better kept; SHM targets are judged against it", res.SHM.ShmName)
+		res.References.MemcpySegmentMethod = fmt.Sprintf("memcpy into the in-process engine's own segment %s (the bench's MAP_SHARED|MAP_POPULATE mapping, pages the pool was not using), sampled before the SHM transfers, between their rounds and after them, the mean kept; SHM targets are judged against it", res.SHM.ShmName)
 	case ownSegment:
 		res.References.MemcpySegmentMethod = "not measured: SHM mode did not reach its transfers; SHM targets are judged against memcpy into private memory"
 	case tmpfsErr != nil:
@@ -657,18 +657,23 @@ func runMode(ctx context.Context, o Options, prof *protocol.Profile, mode string
 	// The segment reference: the same copy into the segment's own pages,
 	// which the fresh in-process pool does not use yet (the transfers and
 	// their clear between rounds leave them free again for the second sample).
-	segRef := func() {
+	segRef := func(dur time.Duration) {
 		if mode == "shm" && o.Host == "" && len(d.seg) > 0 {
 			src := d.pat.chunk(0)
 			n := min(int64(len(d.seg))/2/int64(len(src)), memcpyDests) * int64(len(src))
-			mr.segSamples = append(mr.segSamples, round4(copyRate(d.seg[:n], src, o.RefDuration/2)))
+			mr.segSamples = append(mr.segSamples, round4(copyRate(d.seg[:n], src, dur)))
 			// The retrieve's direction: out of the same pages into the
 			// first worker's resident destination, the buffer its
 			// retrieves copy each chunk into (no new memory in the peak).
-			mr.segOutSamples = append(mr.segOutSamples, round4(copyOutRate(d.dests[0], d.seg[:n], o.RefDuration/2)))
+			mr.segOutSamples = append(mr.segOutSamples, round4(copyOutRate(d.dests[0], d.seg[:n], dur)))
 		}
 	}
-	segRef()
+	segRef(o.RefDuration / 2)
+	// Sampled between the rounds too (the pool is cleared there, so its
+	// low pages are free again), so that a machine whose memory bandwidth
+	// drifts during the run (a shared VM) moves the reference with the
+	// transfers; the mean of the samples is kept.
+	d.cfg.AfterRound = func() { segRef(o.RefDuration / 4) }
 	cpu0, cpuErr := meter.seconds()
 	tr := d.transfer(ctx)
 	cpu1, cpuErr2 := meter.seconds()
@@ -731,18 +736,27 @@ func runMode(ctx context.Context, o Options, prof *protocol.Profile, mode string
 		mr.RSSMethod = fmt.Sprintf("server VmHWM %d − %s %d", hwm, from, resident)
 	}
 
-	segRef()
+	d.cfg.AfterRound = nil
+	segRef(o.RefDuration / 2)
 	if len(mr.segSamples) > 0 {
-		mr.MemcpyIntoSegmentGBps = slices.Max(mr.segSamples)
+		mr.MemcpyIntoSegmentGBps = round4(mean(mr.segSamples))
 	}
 	if len(mr.segOutSamples) > 0 {
-		mr.MemcpyFromSegmentGBps = slices.Max(mr.segOutSamples)
+		mr.MemcpyFromSegmentGBps = round4(mean(mr.segOutSamples))
 	}
-	o.progress.setPhase(mode+": small requests", "NOOP, LOOKUP+STATUS")
-	sr := d.smallOps(ctx, o.SmallOps)
+	o.progress.setPhase(mode+": small requests", "NOOP, LOOKUP+STATUS, in turns with the raw echo")
+	small, look, _, err := echoFrames(d.cfg.Model, d.chunkTok, prof)
+	if err != nil {
+		return nil, 0, err
+	}
+	sr, ech, err := d.smallOpsBesideEcho(ctx, o.SmallOps, small, look)
+	if err != nil {
+		tr.fail(fmt.Errorf("small requests: %w", err))
+	}
 	mr.NoopRTPS = round4(sr.noopRTPS)
 	mr.LookupPairsPS = round4(sr.lookupPairsPS)
 	mr.LookupRTPS = round4(2 * sr.lookupPairsPS)
+	mr.EchoNoopRTPS, mr.EchoLookupRTPS = round4(ech.noop), round4(ech.lookup)
 	tr.merge(&sr.counters)
 	if mode == "pickle" {
 		mr.LargestMessageBytes = d.largestMessage()
@@ -819,29 +833,16 @@ func (r *Result) measureReferences(ctx context.Context, o Options, prof *protoco
 	chunk := r.Config.ChunkBytes
 	pat := newPattern(int(chunk), 0xc0ffee)
 	r.References.MemcpyGBps = round4(memcpyGBps(pat.chunk(0), o.RefDuration))
-	uid, _ := protocol.Encode(int64(1) << 40)
-	typ := func(name string) []byte {
-		spec, ok := prof.ByName(name)
-		if !ok {
-			return []byte{0}
-		}
-		b, _ := protocol.Encode(spec.Number)
-		return b
-	}
-	lw := &workload{chunkTokens: r.Config.ChunkTokens, chunks: 16}
-	p := lw.prompt(1<<15, 0, 0)
-	key, err := protocol.Encode(protocol.Key{ModelName: "bench-" + o.Model.Name, WorldSize: 1, TokenIDs: p.tokens, End: len(p.tokens), RequestID: "bench-small-w0"})
+	small, look, typ, err := echoFrames(o.Model, r.Config.ChunkTokens, prof)
 	if err != nil {
 		return fmt.Errorf("references: %w", err)
 	}
-	one, _ := protocol.Encode(int64(1))
+	uid, _ := protocol.Encode(int64(1) << 40)
 	r.References.EchoStreams = o.Workers
 	var errs []error
-	small := [][]byte{uid, typ(protocol.Noop)}
 	e, err := echo(ctx, small, o.Workers, o.RefDuration)
 	errs = append(errs, err)
 	r.References.EchoNoopBytes, r.References.EchoNoopRTPS = size(small), round4(e.RoundTripsPS)
-	look := [][]byte{uid, typ(protocol.Lookup), key, one}
 	e, err = echo(ctx, look, o.Workers, o.RefDuration)
 	errs = append(errs, err)
 	r.References.EchoLookupBytes, r.References.EchoLookupRTPS = size(look), round4(e.RoundTripsPS)
@@ -861,6 +862,37 @@ func (r *Result) measureReferences(ctx context.Context, o Options, prof *protoco
 		return fmt.Errorf("references: %w", err)
 	}
 	return nil
+}
+
+// echoFrames builds the raw echo's messages of the small requests: a NOOP
+// and a LOOKUP of a 16-chunk prompt (frames as the workers send them, uid
+// first), and returns how a request type is encoded.
+func echoFrames(m Model, chunkTokens int, prof *protocol.Profile) (small, look [][]byte, typ func(string) []byte, err error) {
+	uid, _ := protocol.Encode(int64(1) << 40)
+	typ = func(name string) []byte {
+		spec, ok := prof.ByName(name)
+		if !ok {
+			return []byte{0}
+		}
+		b, _ := protocol.Encode(spec.Number)
+		return b
+	}
+	lw := &workload{chunkTokens: chunkTokens, chunks: 16}
+	p := lw.prompt(1<<15, 0, 0)
+	key, err := protocol.Encode(protocol.Key{ModelName: "bench-" + m.Name, WorldSize: 1, TokenIDs: p.tokens, End: len(p.tokens), RequestID: "bench-small-w0"})
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("encode the LOOKUP key: %w", err)
+	}
+	one, _ := protocol.Encode(int64(1))
+	return [][]byte{uid, typ(protocol.Noop)}, [][]byte{uid, typ(protocol.Lookup), key, one}, typ, nil
+}
+
+func mean(xs []float64) float64 {
+	var t float64
+	for _, x := range xs {
+		t += x
+	}
+	return t / float64(len(xs))
 }
 
 func size(frames [][]byte) int {

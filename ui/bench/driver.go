@@ -15,14 +15,17 @@ import (
 
 // driverConfig is one mode's run against one server.
 type driverConfig struct {
-	Endpoint string
-	Profile  *protocol.Profile
-	Mode     string // "shm" | "pickle"
-	Model    Model
-	Chunks   int
-	Workers  int
-	Repeat   float64
-	Timeout  time.Duration
+	// AfterRound, when set, runs after each round (between rounds the
+	// workers are idle): the bench samples its references there.
+	AfterRound func()
+	Endpoint   string
+	Profile    *protocol.Profile
+	Mode       string // "shm" | "pickle"
+	Model      Model
+	Chunks     int
+	Workers    int
+	Repeat     float64
+	Timeout    time.Duration
 	// PromptsPerRound is per worker; the working set of a round must fit the pool.
 	PromptsPerRound int
 	// Rounds > 0 runs exactly that many rounds; else rounds run until Duration.
@@ -251,6 +254,9 @@ func (d *driver) transfer(ctx context.Context) transferResult {
 		if d.cfg.ClearBetweenRounds {
 			_, _ = d.call(ctx, d.clients[0], &res.counters, protocol.Clear)
 		}
+		if d.cfg.AfterRound != nil {
+			d.cfg.AfterRound()
+		}
 	}
 	return res
 }
@@ -442,6 +448,43 @@ func (d *driver) smallOps(ctx context.Context, dur time.Duration) smallResult {
 		_, _ = d.call(ctx, d.clients[w], st, protocol.EndSession, p.requestID)
 	})
 	return res
+}
+
+// echoTurns is how many turns smallOpsBesideEcho splits its time into.
+const echoTurns = 4
+
+// echoRates are the raw echo's round trips per second measured in turns
+// with the mode's small requests.
+type echoRates struct{ noop, lookup float64 }
+
+// smallOpsBesideEcho is smallOps with its reference measured in turns with
+// it: echoTurns times, the mode's NOOPs and LOOKUP+STATUS pairs for
+// dur/echoTurns each, then the raw echo of the same NOOP and LOOKUP
+// messages (as many streams as workers) for as long. The rates are the
+// means over the turns, so a machine whose speed drifts during the run (a
+// shared VM) moves the figure and its reference alike.
+func (d *driver) smallOpsBesideEcho(ctx context.Context, dur time.Duration, noop, look [][]byte) (smallResult, echoRates, error) {
+	var res smallResult
+	var ech echoRates
+	turn := max(dur/echoTurns, time.Millisecond)
+	for range echoTurns {
+		sr := d.smallOps(ctx, turn)
+		res.noopRTPS += sr.noopRTPS / echoTurns
+		res.lookupPairsPS += sr.lookupPairsPS / echoTurns
+		res.lookupMsgBytes = sr.lookupMsgBytes
+		res.merge(&sr.counters)
+		e, err := echo(ctx, noop, d.cfg.Workers, turn)
+		if err != nil {
+			return res, ech, fmt.Errorf("echo of NOOP: %w", err)
+		}
+		ech.noop += e.RoundTripsPS / echoTurns
+		e, err = echo(ctx, look, d.cfg.Workers, turn)
+		if err != nil {
+			return res, ech, fmt.Errorf("echo of LOOKUP: %w", err)
+		}
+		ech.lookup += e.RoundTripsPS / echoTurns
+	}
+	return res, ech, nil
 }
 
 // largestMessage is the size of a pickle commit of a whole prompt (every

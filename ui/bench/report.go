@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -99,15 +100,15 @@ type ModeResult struct {
 	// and the bench's own checksums, which the rates above leave out.
 	StoreWallGBps float64 `json:"store_phase_wall_gbps"`
 	// MemcpyIntoSegmentGBps (SHM, in process) is the memcpy reference's copy
-	// into the segment's pages instead of private memory, the better of a
-	// sample before and one after the transfers (references.memcpy_segment_gbps
-	// when set).
+	// into the segment's pages instead of private memory, the mean of
+	// samples taken before the transfers, between their rounds and after
+	// them (references.memcpy_segment_gbps when set).
 	MemcpyIntoSegmentGBps float64 `json:"memcpy_into_segment_gbps,omitempty"`
 	segSamples            []float64
 	// MemcpyFromSegmentGBps (SHM, in process) is the retrieve's direction
 	// of the same copy: out of the segment's pages into one prefaulted
-	// private buffer, the better of a sample before and one after the
-	// transfers: the retrieve target's reference when measured.
+	// private buffer, sampled with it, the mean kept: the retrieve
+	// target's reference when measured.
 	MemcpyFromSegmentGBps float64 `json:"memcpy_from_segment_gbps,omitempty"`
 	segOutSamples         []float64
 	RetrieveWallGBps      float64 `json:"retrieve_phase_wall_gbps"`
@@ -123,6 +124,13 @@ type ModeResult struct {
 	LookupPairsPS float64 `json:"lookup_status_pairs_per_s"`
 	LookupRTPS    float64 `json:"lookup_status_round_trips_per_s"`
 	LookupChunks  int     `json:"lookup_prompt_chunks"`
+	// EchoNoopRTPS, EchoLookupRTPS: the raw echo of the same NOOP and
+	// LOOKUP messages measured in turns with the two rates above (4 turns
+	// each way): the reference of noop_vs_echo and lookup_status_vs_echo.
+	// references.echo_* (measured once, after the modes) stands in when
+	// these are missing.
+	EchoNoopRTPS   float64 `json:"echo_noop_round_trips_per_s,omitempty"`
+	EchoLookupRTPS float64 `json:"echo_lookup_round_trips_per_s,omitempty"`
 	// The same small requests while one more worker stores one-chunk
 	// prompts without pause (the store stream; its GB/s beside them).
 	NoopLoadedRTPS   float64 `json:"noop_under_store_round_trips_per_s"`
@@ -218,8 +226,8 @@ func (r *Result) finish() {
 		if m == nil {
 			continue
 		}
-		m.NoopRatio = ratio(m.NoopRTPS, ref.EchoNoopRTPS)
-		m.LookupRatio = ratio(m.LookupRTPS, ref.EchoLookupRTPS)
+		m.NoopRatio = ratio(m.NoopRTPS, cmp.Or(m.EchoNoopRTPS, ref.EchoNoopRTPS))
+		m.LookupRatio = ratio(m.LookupRTPS, cmp.Or(m.EchoLookupRTPS, ref.EchoLookupRTPS))
 		m.NoopLoadedRatio = ratio(m.NoopLoadedRTPS, ref.EchoNoopLoadedRTPS)
 		m.LookupLoadedRatio = ratio(m.LookupLoadedRTPS, ref.EchoLookupLoadedRTPS)
 		m.NoopLoadedVsEchoAlone = ratio(m.NoopLoadedRTPS, ref.EchoNoopRTPS)
@@ -354,6 +362,9 @@ func (r *Result) WriteTable(w io.Writer) error {
 		return fmt.Sprintf("%.2f (×%.2f)", m.StoreGBps, m.StoreRatio)
 	})
 	row("retrieve GB/s", fmt.Sprintf("memcpy private %.2f", ref.MemcpyGBps), func(m *ModeResult) string {
+		if m.RetrieveVsFromSegment > 0 {
+			return fmt.Sprintf("%.2f (×%.2f of the copy out of the segment %.2f; ×%.2f)", m.RetrieveGBps, m.RetrieveVsFromSegment, m.MemcpyFromSegmentGBps, m.RetrieveRatio)
+		}
 		return fmt.Sprintf("%.2f (×%.2f)", m.RetrieveGBps, m.RetrieveRatio)
 	})
 	row("SHM vs memcpy private store/retrieve", "", func(m *ModeResult) string {
@@ -364,11 +375,17 @@ func (r *Result) WriteTable(w io.Writer) error {
 	})
 	row("store per chunk p50/p99 µs", "", func(m *ModeResult) string { return fmt.Sprintf("%.0f / %.0f", m.StoreP50us, m.StoreP99us) })
 	row("retrieve per chunk p50/p99 µs", "", func(m *ModeResult) string { return fmt.Sprintf("%.0f / %.0f", m.RetrieveP50, m.RetrieveP99) })
+	inTurns := func(echo float64) string {
+		if echo > 0 {
+			return fmt.Sprintf(" of echo %.0f in turns", echo)
+		}
+		return ""
+	}
 	row("NOOP round trips/s", fmt.Sprintf("echo %.0f", ref.EchoNoopRTPS), func(m *ModeResult) string {
-		return fmt.Sprintf("%.0f (×%.2f)", m.NoopRTPS, m.NoopRatio)
+		return fmt.Sprintf("%.0f (×%.2f%s)", m.NoopRTPS, m.NoopRatio, inTurns(m.EchoNoopRTPS))
 	})
 	row("LOOKUP+STATUS round trips/s", fmt.Sprintf("echo %.0f", ref.EchoLookupRTPS), func(m *ModeResult) string {
-		return fmt.Sprintf("%.0f (×%.2f)", m.LookupRTPS, m.LookupRatio)
+		return fmt.Sprintf("%.0f (×%.2f%s)", m.LookupRTPS, m.LookupRatio, inTurns(m.EchoLookupRTPS))
 	})
 	row("NOOP rt/s under store stream", fmt.Sprintf("echo %.0f", ref.EchoNoopLoadedRTPS), func(m *ModeResult) string {
 		return fmt.Sprintf("%.0f (×%.2f; ×%.2f of echo alone)", m.NoopLoadedRTPS, m.NoopLoadedRatio, m.NoopLoadedVsEchoAlone)
