@@ -71,21 +71,15 @@ type TierResult struct {
 // the reference's write streams.
 const tierWorkers = tier.DefaultWorkersPerTier
 
-// runTiers measures every adapter in turn; the no-tier small-request
-// figures are measured once and shared.
+// runTiers measures every adapter in turn, each with its own no-tier
+// small-request reference measured in turns with it.
 func runTiers(ctx context.Context, o Options, prof *protocol.Profile, pool int64, instanceBase int64) ([]*TierResult, error) {
-	o.progress.setPhase("tiers: small requests without a tier", "")
-	noop0, look0, _, err := saturatedSmall(ctx, o, prof, pool, nil, instanceBase)
-	if err != nil {
-		return nil, fmt.Errorf("tiers: small requests without a tier: %w", err)
-	}
 	var out []*TierResult
 	var errs []error
 	for i, a := range o.Adapters {
 		base := instanceBase + int64(i+1)<<6
 		tr, err := runTier(ctx, o, prof, pool, a, base)
 		if tr != nil {
-			tr.NoopNoTierRTPS, tr.LookupNoTierRTPS = round4(noop0), round4(look0)
 			out = append(out, tr)
 		}
 		if err != nil {
@@ -175,9 +169,10 @@ func runTier(ctx context.Context, o Options, prof *protocol.Profile, pool int64,
 	d.close(context.Background())
 	_ = eng.Stop(context.Background())
 
-	o.progress.setPhase("tiers: "+typ+" small requests, tier saturated", "")
-	noop, look, dropped, err := saturatedSmall(ctx, o, prof, pool, adapter, base+32)
-	tr.NoopRTPS, tr.LookupRTPS, tr.SaturatedDropped = round4(noop), round4(look), dropped
+	o.progress.setPhase("tiers: "+typ+" small requests, tier saturated", "in turns with an engine without a tier")
+	sat, plain, dropped, err := saturatedTurns(ctx, o, prof, pool, adapter, base+32)
+	tr.NoopRTPS, tr.LookupRTPS, tr.SaturatedDropped = round4(sat.noopRTPS), round4(2*sat.lookupPairsPS), dropped
+	tr.NoopNoTierRTPS, tr.LookupNoTierRTPS = round4(plain.noopRTPS), round4(2*plain.lookupPairsPS)
 	tr.Mismatches, tr.Errors, tr.FirstError = c.mismatches, c.errors+c.timeouts, c.firstErr
 	return tr, err
 }
@@ -236,40 +231,61 @@ func drained(ctx context.Context, eng *engine.Engine, limit time.Duration) (tier
 	}
 }
 
-// saturatedSmall measures NOOP and LOOKUP+STATUS round trips on an engine
-// with adapter as its tier (none: nil) while one more worker keeps storing
-// new chunks (clearing L1 after each round), so the tier's queue stays full.
-func saturatedSmall(ctx context.Context, o Options, prof *protocol.Profile, pool int64, adapter map[string]any, base int64) (noop, look float64, dropped uint64, err error) {
+// saturation is an engine (with one tier, or none) with a driver for the
+// small requests and one more worker that can keep storing new chunks
+// (clearing L1 after each round), so that the tier's queue stays full.
+type saturation struct {
+	eng   *engine.Engine
+	d, ld *driver
+	tier  bool
+}
+
+func newSaturation(ctx context.Context, o Options, prof *protocol.Profile, pool int64, adapter map[string]any, base int64) (*saturation, error) {
 	var adapters []map[string]any
 	if adapter != nil {
 		adapters = []map[string]any{adapter}
 	}
 	eng, ep, err := startEngine(ctx, o, "shm", pool, adapters)
 	if err != nil {
-		return 0, 0, 0, err
+		return nil, err
 	}
-	defer func() { _ = eng.Stop(context.Background()) }()
+	s := &saturation{eng: eng, tier: adapter != nil}
 	mk := func(workers int, b int64) (*driver, error) {
 		return newDriver(ctx, driverConfig{
 			Endpoint: ep, Profile: prof, Mode: "shm", Model: o.Model, Chunks: o.Chunks,
 			Workers: workers, Repeat: 0, Timeout: o.Timeout, Rounds: 1, InstanceBase: b,
 		})
 	}
-	d, err := mk(o.Workers, base)
-	if err != nil {
-		return 0, 0, 0, err
+	if s.d, err = mk(o.Workers, base); err != nil {
+		s.close()
+		return nil, err
 	}
-	defer d.close(context.Background())
-	ld, err := mk(1, base+16)
-	if err != nil {
-		return 0, 0, 0, err
+	if s.ld, err = mk(1, base+16); err != nil {
+		s.close()
+		return nil, err
 	}
-	defer ld.close(context.Background())
-	ld.cfg.PromptsPerRound = max(1, promptsFor(o, pool, ld.lay.Bytes)/2)
+	s.ld.cfg.PromptsPerRound = max(1, promptsFor(o, pool, s.ld.lay.Bytes)/2)
+	return s, nil
+}
+
+func (s *saturation) close() {
+	if s.ld != nil {
+		s.ld.close(context.Background())
+	}
+	if s.d != nil {
+		s.d.close(context.Background())
+	}
+	_ = s.eng.Stop(context.Background())
+}
+
+// measure runs the small requests for dur while the extra worker stores
+// without pause; round is where its prompts continue (each call stores new
+// chunks).
+func (s *saturation) measure(ctx context.Context, dur time.Duration, round *int) (sr smallResult, dropped uint64, err error) {
 	var before tierstate.Tier
-	if adapter != nil {
-		if before, err = tierStats(eng); err != nil {
-			return 0, 0, 0, err
+	if s.tier {
+		if before, err = tierStats(s.eng); err != nil {
+			return sr, 0, err
 		}
 	}
 	lctx, stop := context.WithCancel(ctx)
@@ -277,29 +293,71 @@ func saturatedSmall(ctx context.Context, o Options, prof *protocol.Profile, pool
 	var loadErr atomic.Value
 	wg.Go(func() {
 		var c counters
-		for round := 1; lctx.Err() == nil; round++ {
-			ld.storeWorker(lctx, 0, round, &c)
-			if _, err := ld.call(lctx, ld.clients[0], &c, protocol.Clear); err != nil && lctx.Err() == nil {
+		for lctx.Err() == nil {
+			*round++
+			s.ld.storeWorker(lctx, 0, *round, &c)
+			if _, err := s.ld.call(lctx, s.ld.clients[0], &c, protocol.Clear); err != nil && lctx.Err() == nil {
 				loadErr.Store(err)
 				return
 			}
 		}
 	})
-	sr := d.smallOps(ctx, o.SmallOps)
+	sr = s.d.smallOps(ctx, dur)
 	stop()
 	wg.Wait()
-	if adapter != nil {
-		if after, err := tierStats(eng); err == nil {
+	if s.tier {
+		if after, err := tierStats(s.eng); err == nil {
 			dropped = after.DroppedWrites - before.DroppedWrites
 		}
 	}
 	if e, ok := loadErr.Load().(error); ok {
-		return sr.noopRTPS, 2 * sr.lookupPairsPS, dropped, fmt.Errorf("background store load: %w", e)
+		return sr, dropped, fmt.Errorf("background store load: %w", e)
 	}
 	if sr.errors > 0 || sr.timeouts > 0 {
-		return sr.noopRTPS, 2 * sr.lookupPairsPS, dropped, fmt.Errorf("small requests: %d errors, %d timeouts: %s", sr.errors, sr.timeouts, sr.firstErr)
+		return sr, dropped, fmt.Errorf("small requests: %d errors, %d timeouts: %s", sr.errors, sr.timeouts, sr.firstErr)
 	}
-	return sr.noopRTPS, 2 * sr.lookupPairsPS, dropped, nil
+	return sr, dropped, nil
+}
+
+// saturatedTurns measures NOOP and LOOKUP+STATUS round trips on an engine
+// with adapter as its only tier, its queue kept full, and the same load on
+// an engine without a tier, in four turns each way (dur/4 per turn): both
+// engines run side by side, one loaded at a time, so a machine whose speed
+// drifts during the run (a shared VM) moves the figure and its reference
+// alike. The rates are the means over the turns.
+func saturatedTurns(ctx context.Context, o Options, prof *protocol.Profile, pool int64, adapter map[string]any, base int64) (withTier, noTier smallResult, dropped uint64, err error) {
+	tiered, err := newSaturation(ctx, o, prof, pool, adapter, base)
+	if err != nil {
+		return withTier, noTier, 0, err
+	}
+	defer tiered.close()
+	plain, err := newSaturation(ctx, o, prof, pool, nil, base+8)
+	if err != nil {
+		return withTier, noTier, 0, fmt.Errorf("the engine without a tier: %w", err)
+	}
+	defer plain.close()
+	const turns = 4
+	turn := max(o.SmallOps/turns, time.Millisecond)
+	var tieredRound, plainRound int
+	add := func(into *smallResult, sr smallResult) {
+		into.noopRTPS += sr.noopRTPS / turns
+		into.lookupPairsPS += sr.lookupPairsPS / turns
+		into.merge(&sr.counters)
+	}
+	for range turns {
+		sr, d, err := tiered.measure(ctx, turn, &tieredRound)
+		add(&withTier, sr)
+		dropped += d
+		if err != nil {
+			return withTier, noTier, dropped, err
+		}
+		sr, _, err = plain.measure(ctx, turn, &plainRound)
+		add(&noTier, sr)
+		if err != nil {
+			return withTier, noTier, dropped, fmt.Errorf("without a tier: %w", err)
+		}
+	}
+	return withTier, noTier, dropped, nil
 }
 
 // fileReference writes n values of size bytes to one new file in dir,
