@@ -72,6 +72,7 @@ type counters struct {
 	storeLat, retrieveLat     []time.Duration // per chunk: op time / chunks in op
 	storeBusy, retrieveBusy   time.Duration   // timed parts of this worker's ops
 	verify                    time.Duration   // the bench's own checksums of retrieved chunks
+	lookupBusy                time.Duration   // retrieves' LOOKUP + prefetch status polls
 	storeCopy, retrieveCopy   time.Duration   // the copies alone within the timed parts (SHM)
 	cachedStores              int64
 	missChunks                int64
@@ -106,6 +107,7 @@ func (c *counters) merge(o *counters) {
 	c.retrieveCopy += o.retrieveCopy
 	c.retrieveBusy += o.retrieveBusy
 	c.verify += o.verify
+	c.lookupBusy += o.lookupBusy
 	c.cachedStores += o.cachedStores
 	c.missChunks += o.missChunks
 	c.mismatches += o.mismatches
@@ -336,7 +338,9 @@ func (d *driver) retrieveWorker(ctx context.Context, w, round int, st *counters)
 	for i := range d.cfg.PromptsPerRound {
 		p := d.wl.prompt(w, round, i)
 		st.ops++
+		t := time.Now()
 		hits, err := d.lookup(ctx, w, st, p)
+		st.lookupBusy += time.Since(t)
 		if err != nil {
 			continue
 		}

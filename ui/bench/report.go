@@ -422,8 +422,8 @@ func (r *Result) WriteTable(w io.Writer) error {
 			return err
 		}
 		for i, t := range r.Tiers {
-			fmt.Fprintf(&b, "tier %d reference: %s; %s written (%d writes dropped), %s read back (%d chunks missed); %d writes dropped while saturated; %d mismatches, %d errors\n",
-				i, t.Reference, mib(t.WriteBytes), t.DroppedWrites, mib(t.ReadBytes), t.ReadMisses, t.SaturatedDropped, t.Mismatches, t.Errors)
+			fmt.Fprintf(&b, "tier %d reference: %s; %s written (%d writes dropped), %s read back (%d chunks missed; %.2f GB/s with the retrieves); %d writes dropped while saturated; %d mismatches, %d errors\n",
+				i, t.Reference, mib(t.WriteBytes), t.DroppedWrites, mib(t.ReadBytes), t.ReadMisses, t.ReadRetrieveGBps, t.SaturatedDropped, t.Mismatches, t.Errors)
 			if t.FirstError != "" {
 				fmt.Fprintf(&b, "tier %d first error: %s\n", i, t.FirstError)
 			}
