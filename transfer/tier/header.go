@@ -152,6 +152,31 @@ func Verify(v []byte, key string, lay layout.Layout) ([]byte, error) {
 // header, and payload, the rest (a backend that read the payload straight
 // into its place, see ReaderInto). The checks and their errors are Verify's.
 func VerifyParts(head, payload []byte, key string, lay layout.Layout) error {
+	if len(head) < 4 {
+		return fmt.Errorf("%w: header of %d bytes", ErrCorrupt, len(head))
+	}
+	return VerifySummed(head, int64(len(payload)), crc32.Update(HeadSum(head), castagnoli, payload), key, lay)
+}
+
+// HeadSum starts the checksum of a value whose header is head (of the
+// length headerLen gives): the payload's bytes are added to it with
+// crc32.Update and the Castagnoli table (PayloadSum), piece by piece as
+// they arrive, for VerifySummed.
+func HeadSum(head []byte) uint32 {
+	if len(head) < 4 {
+		return 0
+	}
+	return crc32.Checksum(head[:len(head)-4], castagnoli)
+}
+
+// PayloadSum adds piece, the next bytes of a payload, to sum (HeadSum's).
+func PayloadSum(sum uint32, piece []byte) uint32 { return crc32.Update(sum, castagnoli, piece) }
+
+// VerifySummed is VerifyParts for a payload of n bytes whose checksum was
+// taken while it was read (HeadSum, then PayloadSum over every byte in
+// order): the payload is not read again. The checks and errors are
+// VerifyParts'.
+func VerifySummed(head []byte, n int64, sum uint32, key string, lay layout.Layout) error {
 	h, err := checkHeader(head)
 	if err != nil {
 		return err
@@ -159,12 +184,12 @@ func VerifyParts(head, payload []byte, key string, lay layout.Layout) error {
 	if h.end != len(head) {
 		return fmt.Errorf("%w: header of %d bytes, %d given", ErrCorrupt, h.end, len(head))
 	}
-	if n := binary.LittleEndian.Uint64(head[h.end-12:]); uint64(len(payload)) != n {
-		return fmt.Errorf("%w: payload of %d bytes, header says %d", ErrCorrupt, len(payload), n)
+	if want := binary.LittleEndian.Uint64(head[h.end-12:]); uint64(n) != want {
+		return fmt.Errorf("%w: payload of %d bytes, header says %d", ErrCorrupt, n, want)
 	}
 	want := binary.LittleEndian.Uint32(head[h.end-4 : h.end])
-	if got := crc32.Update(crc32.Checksum(head[:h.end-4], castagnoli), castagnoli, payload); got != want {
-		return fmt.Errorf("%w: checksum %08x, header says %08x", ErrCorrupt, got, want)
+	if sum != want {
+		return fmt.Errorf("%w: checksum %08x, header says %08x", ErrCorrupt, sum, want)
 	}
 	// Intact: now whose is it?
 	if string(h.key) != key {
@@ -181,7 +206,7 @@ func VerifyParts(head, payload []byte, key string, lay layout.Layout) error {
 	if string(h.dtype) != lay.Dtype {
 		return fmt.Errorf("%w: %w: dtype differs from %s", ErrCorrupt, ErrForeign, lay.Dtype)
 	}
-	if n := int64(len(payload)); n != lay.Bytes {
+	if n != lay.Bytes {
 		return fmt.Errorf("%w: %w: payload of %d bytes, layout needs %d", ErrCorrupt, ErrForeign, n, lay.Bytes)
 	}
 	return nil

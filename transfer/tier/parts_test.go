@@ -267,6 +267,56 @@ func TestPrefetchIntoL1FromFS(t *testing.T) {
 	}
 }
 
+// TestPrefetchIntoL1ChecksEveryPiece: a chunk read from fs in several
+// pieces is checksummed piece by piece as it arrives; a byte flipped in a
+// middle piece, or in the last one, is still caught, and an intact chunk
+// of the same size loads.
+func TestPrefetchIntoL1ChecksEveryPiece(t *testing.T) {
+	lay, err := layout.New(4, 64, 2560, "float32", false) // 2*4*64*2560*4 = 5 MiB: five pieces
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := openPool(t, 32<<20)
+	ft, _ := openFS(t)
+	s := newSet(t, p, lay, tier.Options{}, ft)
+	ctx := context.Background()
+	var ks []keys.ObjectKey
+	for i := range 3 {
+		k := testKey(i)
+		v, err := tier.Encode(tier.Key(k, lay), lay, payload(int(lay.Bytes), i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch i {
+		case 1: // in the third MiB of the payload
+			v[len(v)-int(lay.Bytes)+5<<19] ^= 0x01
+		case 2: // the payload's last byte
+			v[len(v)-1] ^= 0x80
+		}
+		if err := ft.Put(ctx, tier.Key(k, lay), v); err != nil {
+			t.Fatal(err)
+		}
+		ks = append(ks, k)
+	}
+	if n := s.Prefetch(ctx, "m", 1, ks[:1], 1, 1); n != 1 {
+		t.Fatalf("the intact chunk: prefetched %d, want 1", n)
+	}
+	if got := read(t, p, ks[0]); !bytes.Equal(got, payload(int(lay.Bytes), 0)) {
+		t.Fatal("chunk 0: L1 bytes differ from the tier's")
+	}
+	for i := 1; i < 3; i++ {
+		if n := s.Prefetch(ctx, "m", 1, ks[i:i+1], 1, 1); n != 0 {
+			t.Fatalf("damaged chunk %d prefetched", i)
+		}
+		if p.ReserveReadPrefix(ks[i:i+1], 1) != 0 {
+			t.Fatalf("damaged chunk %d reached L1", i)
+		}
+	}
+	if st := s.Stats()[0]; st.Corrupt != 2 || st.Loads != 1 {
+		t.Fatalf("corrupt %d loads %d, want 2 and 1: %+v", st.Corrupt, st.Loads, st)
+	}
+}
+
 // TestKnownAbsent: the set knows a chunk absent only when every tier knows
 // it from memory (fs: its index); a tier that cannot tell (memtier) or that
 // holds the chunk makes it ask.

@@ -224,11 +224,14 @@ func (s *Set) loadChunk(ctx context.Context, m *member, ck []keys.ObjectKey, nam
 // (one pass over the bytes instead of a read into a buffer and a copy).
 type ReaderInto interface {
 	// GetInto reads the value under key into head, then payload, when it
-	// is exactly len(head)+len(payload) bytes long. It returns an error
-	// wrapping ErrNotFound when key is absent, ErrSizeMismatch (with
-	// nothing read) when the value has another length. On any error the
-	// contents of head and payload are undefined.
-	GetInto(ctx context.Context, key string, head, payload []byte) error
+	// is exactly len(head)+len(payload) bytes long, calling each (when
+	// not nil) with every piece of payload as soon as it is read, in
+	// order: the caller checksums the bytes while they are still in the
+	// CPU's cache. It returns an error wrapping ErrNotFound when key is
+	// absent, ErrSizeMismatch (with nothing read) when the value has
+	// another length. On any error the contents of head and payload are
+	// undefined.
+	GetInto(ctx context.Context, key string, head, payload []byte, each func(piece []byte)) error
 }
 
 // ErrSizeMismatch is wrapped by ReaderInto.GetInto for a value whose length
@@ -347,9 +350,24 @@ func (s *Set) loadInto(ctx context.Context, m *member, ri ReaderInto, k keys.Obj
 		return false, true
 	}
 	head := make([]byte, headerLen(name, lay))
-	err = ri.GetInto(ctx, name, head, dst)
+	// The checksum is taken piece by piece as the payload arrives (the
+	// head is complete before its first piece), not in a second pass.
+	var sum uint32
+	var summed int64
+	err = ri.GetInto(ctx, name, head, dst, func(piece []byte) {
+		if summed == 0 {
+			sum = HeadSum(head)
+		}
+		sum = PayloadSum(sum, piece)
+		summed += int64(len(piece))
+	})
 	if err == nil {
-		err = VerifyParts(head, dst, name, lay)
+		if summed != int64(len(dst)) || len(dst) == 0 {
+			// A backend that did not report every piece: check the whole.
+			err = VerifyParts(head, dst, name, lay)
+		} else {
+			err = VerifySummed(head, summed, sum, name, lay)
+		}
 		if err != nil {
 			unview()
 			s.pool.AbortWrite(res)

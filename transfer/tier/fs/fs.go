@@ -51,8 +51,12 @@ const (
 	// blockSize rounds each file's charge up: a file costs at least a block
 	// on disk, which also bounds the index to capacity/4 KiB entries.
 	blockSize = 4096
-	// ioPiece is how much is written or read between context checks.
+	// ioPiece is how much is written between context checks.
 	ioPiece = 8 << 20
+	// readPiece is how much is read between context checks: small enough
+	// that the caller's checksum of a piece (GetInto) finds it still in
+	// the CPU's cache.
+	readPiece = 1 << 20
 	// MaxValueBytes is the largest value accepted (one chunk).
 	MaxValueBytes = 1 << 30
 	hashLen       = sha256.Size
@@ -486,7 +490,7 @@ func (t *Tier) Get(ctx context.Context, key string) ([]byte, error) {
 	err := t.read(ctx, key, func(size int64) ([][]byte, error) {
 		buf = make([]byte, size)
 		return [][]byte{buf}, nil
-	})
+	}, nil)
 	if err != nil {
 		return nil, fmt.Errorf("fs tier: get: %w", err)
 	}
@@ -494,13 +498,18 @@ func (t *Tier) Get(ctx context.Context, key string) ([]byte, error) {
 }
 
 // GetInto implements tier.ReaderInto: the file is read into head, then
-// payload, when its length is theirs together.
-func (t *Tier) GetInto(ctx context.Context, key string, head, payload []byte) error {
+// payload, when its length is theirs together; each sees the payload's
+// pieces (readPiece bytes) as they are read.
+func (t *Tier) GetInto(ctx context.Context, key string, head, payload []byte, each func(piece []byte)) error {
 	err := t.read(ctx, key, func(size int64) ([][]byte, error) {
 		if want := int64(len(head) + len(payload)); size != want {
 			return nil, fmt.Errorf("%d bytes, want %d: %w", size, want, tier.ErrSizeMismatch)
 		}
 		return [][]byte{head, payload}, nil
+	}, func(part int, piece []byte) {
+		if part == 1 && each != nil {
+			each(piece)
+		}
 	})
 	if err != nil {
 		return fmt.Errorf("fs tier: get: %w", err)
@@ -508,10 +517,11 @@ func (t *Tier) GetInto(ctx context.Context, key string, head, payload []byte) er
 	return nil
 }
 
-// read reads key's file into the buffers dst returns for its length. Only a
-// file of exactly the indexed length is read; anything else is a miss and
-// the file is removed.
-func (t *Tier) read(ctx context.Context, key string, dst func(size int64) ([][]byte, error)) error {
+// read reads key's file into the buffers dst returns for its length,
+// calling each (when set) with every piece read and the index of its
+// buffer. Only a file of exactly the indexed length is read; anything else
+// is a miss and the file is removed.
+func (t *Tier) read(ctx context.Context, key string, dst func(size int64) ([][]byte, error), each func(part int, piece []byte)) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -553,18 +563,21 @@ func (t *Tier) read(ctx context.Context, key string, dst func(size int64) ([][]b
 	if err != nil {
 		return err
 	}
-	for _, buf := range parts {
+	for part, buf := range parts {
 		for off := 0; off < len(buf); {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			n := min(ioPiece, len(buf)-off)
+			n := min(readPiece, len(buf)-off)
 			if _, err := io.ReadFull(f, buf[off:off+n]); err != nil {
 				if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
 					t.forget(e, true)
 					return fmt.Errorf("file shrank while read: %w", tier.ErrNotFound)
 				}
 				return fmt.Errorf("read: %w", err)
+			}
+			if each != nil {
+				each(part, buf[off:off+n])
 			}
 			off += n
 		}
