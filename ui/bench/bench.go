@@ -687,7 +687,10 @@ func runMode(ctx context.Context, o Options, prof *protocol.Profile, mode string
 	mr.StoreGBps = round4(gbps(tr.storeBytes, tr.storeBusy))
 	mr.RetrieveGBps = round4(gbps(tr.retrieveBytes, tr.retrieveBusy))
 	mr.StoreWallGBps = round4(gbps(tr.storeBytes, tr.storeWall))
-	if mode == "shm" {
+	if mode == "shm" && o.Workers == 1 {
+		// One worker's copies over their own time; with more workers the
+		// busy time is the slowest worker's and its copies are not all the
+		// bytes, so no copy rate is given.
 		mr.StoreCopyGBps = round4(gbps(tr.storeBytes, tr.storeCopy))
 		mr.RetrieveCopyGBps = round4(gbps(tr.retrieveBytes, tr.retrieveCopy))
 	}

@@ -116,10 +116,10 @@ func TestShortRunJSON(t *testing.T) {
 	if s := res.SHM; s.MemcpyFromSegmentGBps <= 0 || s.RetrieveVsFromSegment != ratio(s.RetrieveGBps, s.MemcpyFromSegmentGBps) {
 		t.Errorf("copy out of the segment: %v GB/s, retrieve ratio %v", s.MemcpyFromSegmentGBps, s.RetrieveVsFromSegment)
 	}
-	// The copies alone take part of the timed time: their rate is at least
-	// the timed rate; pickle has none.
-	if s := res.SHM; !(s.StoreCopyGBps >= s.StoreGBps && s.StoreGBps > 0) || !(s.RetrieveCopyGBps >= s.RetrieveGBps && s.RetrieveGBps > 0) {
-		t.Errorf("SHM copy rates: store %v (timed %v), retrieve %v (timed %v)", s.StoreCopyGBps, s.StoreGBps, s.RetrieveCopyGBps, s.RetrieveGBps)
+	// The copies' own rate is given for one worker only (with more, the
+	// slowest worker's copy time is not all the bytes'); pickle has none.
+	if s := res.SHM; res.Config.Workers > 1 && (s.StoreCopyGBps != 0 || s.RetrieveCopyGBps != 0) {
+		t.Errorf("SHM copy rates with %d workers: store %v, retrieve %v, want none", res.Config.Workers, s.StoreCopyGBps, s.RetrieveCopyGBps)
 	}
 	if p := res.Pickle; p.StoreCopyGBps != 0 || p.RetrieveCopyGBps != 0 {
 		t.Errorf("pickle copy rates %v / %v, want none", p.StoreCopyGBps, p.RetrieveCopyGBps)

@@ -113,8 +113,8 @@ type ModeResult struct {
 	segOutSamples         []float64
 	RetrieveWallGBps      float64 `json:"retrieve_phase_wall_gbps"`
 	// StoreCopyGBps, RetrieveCopyGBps: the same bytes over the copies'
-	// time alone (SHM), without PREPARE_* and COMMIT_* round trips: what
-	// the copies reach against the references.
+	// time alone (SHM, one worker), without PREPARE_* and COMMIT_* round
+	// trips: what the copies reach against the references.
 	StoreCopyGBps    float64 `json:"store_copy_gbps,omitempty"`
 	RetrieveCopyGBps float64 `json:"retrieve_copy_gbps,omitempty"`
 	CachedStores     int64   `json:"stores_all_cached"`
