@@ -115,6 +115,13 @@ func seal(v []byte, h int) {
 	binary.LittleEndian.PutUint32(v[h-4:h], c)
 }
 
+// sealSum writes sum, the checksum of v's header (up to the checksum's
+// place) and payload taken with HeadSum and PayloadSum, into v, a value
+// built by newValue whose header is h bytes long.
+func sealSum(v []byte, h int, sum uint32) {
+	binary.LittleEndian.PutUint32(v[h-4:h], sum)
+}
+
 // Encode returns the tier value of payload stored under key with layout lay.
 func Encode(key string, lay layout.Layout, payload []byte) ([]byte, error) {
 	v, dst, err := newValue(key, lay, len(payload))

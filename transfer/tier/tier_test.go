@@ -273,6 +273,33 @@ func TestWriteBehindStoresPublishedBytes(t *testing.T) {
 	}
 }
 
+// TestWriteBehindChecksumsEverySlice: a chunk larger than a writer's copy
+// slice (1 MiB) is checksummed slice by slice as it is copied; the value in
+// the tier verifies, so every slice went into the checksum.
+func TestWriteBehindChecksumsEverySlice(t *testing.T) {
+	lay, err := layout.New(4, 64, 1536, "float32", false) // 2*4*64*1536*4 = 3 MiB
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := openPool(t, 16<<20)
+	mt := memtier.New()
+	s := newSet(t, p, lay, tier.Options{}, mt)
+	ks := []keys.ObjectKey{testKey(0), testKey(1)}
+	for i, k := range ks {
+		store(t, p, k, payload(int(lay.Bytes), i))
+	}
+	s.Enqueue(ks, lay)
+	if q := waitQueue(t, s, 0); q.Written != 2 {
+		t.Fatalf("queue %+v, want 2 written", q)
+	}
+	for i, k := range ks {
+		got, err := tier.Verify(mt.Values()[tier.Key(k, lay)], tier.Key(k, lay), lay)
+		if err != nil || !bytes.Equal(got, payload(int(lay.Bytes), i)) {
+			t.Fatalf("chunk %d in the tier: %v", i, err)
+		}
+	}
+}
+
 // TestWriteBehindFailedWritesCountAsDropped: writes the tier refuses (a
 // full filesystem, a server down) show in the snapshot's DroppedWrites, the
 // figure /status and /metrics carry.
