@@ -107,8 +107,8 @@ type ModeResult struct {
 	segSamples            []float64
 	// MemcpyFromSegmentGBps (SHM, in process) is the retrieve's direction
 	// of the same copy: out of the segment's pages into one prefaulted
-	// private buffer, sampled with it, the mean kept: the retrieve
-	// target's reference when measured.
+	// private buffer, sampled with it, the mean kept; reported beside the
+	// retrieve target, which is against the copy into the pages.
 	MemcpyFromSegmentGBps float64 `json:"memcpy_from_segment_gbps,omitempty"`
 	segOutSamples         []float64
 	RetrieveWallGBps      float64 `json:"retrieve_phase_wall_gbps"`
@@ -245,17 +245,13 @@ func (r *Result) finish() {
 				m.StoreRatio = ratio(m.StoreGBps, ref.MemcpySegmentGBps)
 				m.RetrieveRatio = ratio(m.RetrieveGBps, ref.MemcpySegmentGBps)
 			}
-			// A retrieve copies out of the segment's pages: where that copy
-			// was measured, the retrieve is judged against it (the same
-			// work in the same direction), and the ratio against the copy
-			// into the pages stays in retrieve_vs_reference.
-			retrieveName, retrieveRatio := "shm.retrieve_vs_"+m.ReferenceName, m.RetrieveRatio
-			if m.RetrieveVsFromSegment > 0 {
-				retrieveName, retrieveRatio = "shm.retrieve_vs_memcpy_from_segment", m.RetrieveVsFromSegment
-			}
+			// Both directions are judged against the copy into the
+			// segment's pages, as issue 18 sets the target; the copy out
+			// of them (the retrieve's own direction) is reported beside it
+			// (retrieve_vs_memcpy_from_segment).
 			ts = append(ts,
 				newTarget("shm.store_vs_"+m.ReferenceName, m.StoreRatio, ">=", 0.9),
-				newTarget(retrieveName, retrieveRatio, ">=", 0.9))
+				newTarget("shm.retrieve_vs_"+m.ReferenceName, m.RetrieveRatio, ">=", 0.9))
 		} else {
 			m.ReferenceName = "zmq_echo_large"
 			m.StoreRatio = ratio(m.StoreGBps, ref.EchoLargeGBps)
