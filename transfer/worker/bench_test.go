@@ -3,14 +3,10 @@ package worker_test
 import (
 	"context"
 	"fmt"
-	"log/slog"
-	"os"
 	"slices"
 	"testing"
 	"time"
 
-	"kvdock/core/engine"
-	"kvdock/settings"
 	"kvdock/transfer/worker"
 )
 
@@ -23,22 +19,7 @@ import (
 //
 //	go test -run XXX -bench SHMStoreRoundTrips -benchtime 40x ./transfer/worker/
 func BenchmarkSHMStoreRoundTrips(b *testing.B) {
-	cfg := settings.Default()
-	cfg.Server.Host = "127.0.0.1"
-	cfg.Server.Port = freePort(b)
-	cfg.Server.ChunkSize = 256
-	cfg.L1.SizeGB = 1
-	name := fmt.Sprintf("kvdock_bench_rt_%d_%d", os.Getpid(), time.Now().UnixNano()%1e9)
-	cfg.Server.ShmName = &name
-	if err := settings.Validate(cfg, nil); err != nil {
-		b.Fatal(err)
-	}
-	e := engine.New(cfg, engine.Options{Logger: slog.New(slog.DiscardHandler), Version: "bench"})
-	if err := e.Start(context.Background()); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = e.Stop(context.Background()) })
-	c := dial(b, e.Snapshot().Endpoint)
+	c := dial(b, startEngineSized(b, true, 256, 1))
 	ctx := context.Background()
 	// 2 × 1 layer × 256 tokens × 16384 × 4 B = 32 MiB per chunk.
 	w, err := worker.Register(ctx, c, worker.Config{InstanceID: 1, Model: "m", Layers: 1, Hidden: 16384, Dtype: "float32", Populate: true})

@@ -66,11 +66,18 @@ func freePort(t testing.TB) int {
 // startEngine runs a kvdock engine with a 4 MiB pool, SHM or pickle.
 func startEngine(t testing.TB, shm bool) string {
 	t.Helper()
+	return startEngineSized(t, shm, chunkTokens, 4.0/1024)
+}
+
+// startEngineSized runs a kvdock engine of the chunk size and pool size
+// given, SHM or pickle, stopped when t ends.
+func startEngineSized(t testing.TB, shm bool, chunk int, poolGB float64) string {
+	t.Helper()
 	cfg := settings.Default()
 	cfg.Server.Host = "127.0.0.1"
 	cfg.Server.Port = freePort(t)
-	cfg.Server.ChunkSize = chunkTokens
-	cfg.L1.SizeGB = 4.0 / 1024
+	cfg.Server.ChunkSize = chunk
+	cfg.L1.SizeGB = poolGB
 	name := ""
 	if shm {
 		name = fmt.Sprintf("kvdock_worker_test_%d_%d", os.Getpid(), time.Now().UnixNano()%1e9)
