@@ -317,6 +317,45 @@ func TestPrefetchIntoL1ChecksEveryPiece(t *testing.T) {
 	}
 }
 
+// straysPieces is a memtier that reads into place (tier.ReaderInto) but
+// reports pieces of its own intact copy while the bytes it leaves in the
+// slot have a flipped byte: a backend that breaks GetInto's contract.
+type straysPieces struct{ *memtier.Tier }
+
+func (b straysPieces) GetInto(ctx context.Context, key string, head, payload []byte, each func([]byte)) error {
+	v, err := b.Get(ctx, key)
+	if err != nil {
+		return err
+	}
+	if len(v) != len(head)+len(payload) {
+		return tier.ErrSizeMismatch
+	}
+	copy(head, v)
+	copy(payload, v[len(head):])
+	intact := bytes.Clone(payload)
+	payload[len(payload)/2] ^= 0x01
+	each(intact)
+	return nil
+}
+
+// TestPrefetchChecksumCoversTheSlot: the checksum taken while a chunk is
+// read only counts pieces that are the slot's own bytes; a backend that
+// reports other memory gets the whole slot checked, and the damaged chunk
+// is rejected.
+func TestPrefetchChecksumCoversTheSlot(t *testing.T) {
+	lay := testLayout(t)
+	p := openPool(t, 1<<20)
+	mt := memtier.New()
+	s := newSet(t, p, lay, tier.Options{}, straysPieces{mt})
+	ks := putTier(t, mt, lay, 0, 1)
+	if n := s.Prefetch(context.Background(), "m", 1, ks, 1, 1); n != 0 {
+		t.Fatal("a chunk whose slot differs from the pieces summed was served")
+	}
+	if p.ReserveReadPrefix(ks, 1) != 0 {
+		t.Fatal("the damaged chunk reached L1")
+	}
+}
+
 // TestKnownAbsent: the set knows a chunk absent only when every tier knows
 // it from memory (fs: its index); a tier that cannot tell (memtier) or that
 // holds the chunk makes it ask.

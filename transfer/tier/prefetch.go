@@ -352,9 +352,17 @@ func (s *Set) loadInto(ctx context.Context, m *member, ri ReaderInto, k keys.Obj
 	head := make([]byte, headerLen(name, lay))
 	// The checksum is taken piece by piece as the payload arrives (the
 	// head is complete before its first piece), not in a second pass.
+	// Only pieces that are dst's own next bytes count; anything else (a
+	// backend that reports other memory, or skips) falls back to checking
+	// the whole slot.
 	var sum uint32
 	var summed int64
+	inOrder := true
 	err = ri.GetInto(ctx, name, head, dst, func(piece []byte) {
+		if !inOrder || len(piece) == 0 || summed+int64(len(piece)) > int64(len(dst)) || &piece[0] != &dst[summed] {
+			inOrder = false
+			return
+		}
 		if summed == 0 {
 			sum = HeadSum(head)
 		}
@@ -362,8 +370,7 @@ func (s *Set) loadInto(ctx context.Context, m *member, ri ReaderInto, k keys.Obj
 		summed += int64(len(piece))
 	})
 	if err == nil {
-		if summed != int64(len(dst)) || len(dst) == 0 {
-			// A backend that did not report every piece: check the whole.
+		if !inOrder || summed != int64(len(dst)) || len(dst) == 0 {
 			err = VerifyParts(head, dst, name, lay)
 		} else {
 			err = VerifySummed(head, summed, sum, name, lay)
