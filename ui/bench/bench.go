@@ -748,7 +748,7 @@ func runMode(ctx context.Context, o Options, prof *protocol.Profile, mode string
 		mr.MemcpyFromSegmentGBps = round4(mean(mr.segOutSamples))
 	}
 	o.progress.setPhase(mode+": small requests", "NOOP, LOOKUP+STATUS, in turns with the raw echo")
-	small, look, _, err := echoFrames(d.cfg.Model, d.chunkTok, prof)
+	small, look, typ, err := echoFrames(d.cfg.Model, d.chunkTok, prof)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -764,14 +764,17 @@ func runMode(ctx context.Context, o Options, prof *protocol.Profile, mode string
 	if mode == "pickle" {
 		mr.LargestMessageBytes = d.largestMessage()
 	}
-	o.progress.setPhase(mode+": small requests under a store stream", "NOOP, LOOKUP+STATUS")
-	lr, err := d.smallOpsUnderStore(ctx, o.SmallOps, instanceBase+200)
+	o.progress.setPhase(mode+": small requests under a store stream", "NOOP, LOOKUP+STATUS, in turns with the raw echo under a raw stream")
+	uid, _ := protocol.Encode(int64(1) << 40)
+	large := [][]byte{uid, typ(protocol.CommitStore), d.pat.chunk(1)}
+	lr, lech, err := d.smallOpsUnderStoreBesideEcho(ctx, o.SmallOps, instanceBase+200, small, look, large)
 	if err != nil {
 		tr.fail(fmt.Errorf("small requests under a store stream: %w", err))
 	} else {
 		mr.NoopLoadedRTPS = round4(lr.noopRTPS)
 		mr.LookupLoadedRTPS = round4(2 * lr.lookupPairsPS)
 		mr.StreamGBps = round4(lr.streamGBps)
+		mr.EchoNoopLoadedRTPS, mr.EchoLookupLoadedRTPS = round4(lech.noop), round4(lech.lookup)
 		tr.merge(&lr.counters)
 	}
 	mr.Mismatches, mr.Timeouts, mr.Errors, mr.FirstError = tr.mismatches, tr.timeouts, tr.errors, tr.firstErr

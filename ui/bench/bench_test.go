@@ -133,6 +133,11 @@ func TestShortRunJSON(t *testing.T) {
 		if m.EchoNoopRTPS <= 0 || m.EchoLookupRTPS <= 0 || m.NoopRatio != ratio(m.NoopRTPS, m.EchoNoopRTPS) || m.LookupRatio != ratio(m.LookupRTPS, m.EchoLookupRTPS) {
 			t.Errorf("%s: NOOP %v (×%v) against echo in turns %v, LOOKUP+STATUS %v (×%v) against %v", m.Mode, m.NoopRTPS, m.NoopRatio, m.EchoNoopRTPS, m.LookupRTPS, m.LookupRatio, m.EchoLookupRTPS)
 		}
+		if m.EchoNoopLoadedRTPS <= 0 || m.EchoLookupLoadedRTPS <= 0 || m.NoopLoadedRatio != ratio(m.NoopLoadedRTPS, m.EchoNoopLoadedRTPS) ||
+			m.LookupLoadedRatio != ratio(m.LookupLoadedRTPS, m.EchoLookupLoadedRTPS) {
+			t.Errorf("%s under a store stream: NOOP %v (×%v) against echo under a raw stream in turns %v, LOOKUP+STATUS %v (×%v) against %v", m.Mode,
+				m.NoopLoadedRTPS, m.NoopLoadedRatio, m.EchoNoopLoadedRTPS, m.LookupLoadedRTPS, m.LookupLoadedRatio, m.EchoLookupLoadedRTPS)
+		}
 	}
 }
 

@@ -508,32 +508,66 @@ type smallLoaded struct {
 	streamGBps float64
 }
 
-// smallOpsUnderStore runs smallOps while one more worker (instance id
-// instance, its own connection) stores one-chunk prompts without pause: a
-// stream of chunk-sized stores (32 MiB for the default model) as the mode
-// makes them (SHM: prepare, copy into the segment, commit; pickle: one
-// commit message per chunk). An in-process pool is cleared between the
-// stream's rounds; a target server evicts.
-func (d *driver) smallOpsUnderStore(ctx context.Context, dur time.Duration, instance int64) (smallLoaded, error) {
+// smallOpsUnderStoreBesideEcho runs smallOps while one more worker
+// (instance id instance, its own connection) stores one-chunk prompts
+// without pause: a stream of chunk-sized stores (32 MiB for the default
+// model) as the mode makes them (SHM: prepare, copy into the segment,
+// commit; pickle: one commit message per chunk), new chunks each time (an
+// in-process pool is cleared between the stream's rounds; a target server
+// evicts). Its reference is measured in
+// turns with it, as smallOpsBesideEcho does: echoTurns times, the requests
+// under the stream, then the raw echo of the same NOOP and LOOKUP messages
+// beside a raw stream of load messages, as long each.
+func (d *driver) smallOpsUnderStoreBesideEcho(ctx context.Context, dur time.Duration, instance int64, noop, look, load [][]byte) (smallLoaded, echoRates, error) {
+	var res smallLoaded
+	var ech echoRates
 	cfg := d.cfg
-	cfg.Workers, cfg.Chunks, cfg.Repeat, cfg.InstanceBase, cfg.Progress = 1, 1, 0, instance, nil
+	cfg.Workers, cfg.Chunks, cfg.Repeat, cfg.InstanceBase, cfg.Progress, cfg.AfterRound = 1, 1, 0, instance, nil, nil
 	ld, err := newDriver(ctx, cfg)
 	if err != nil {
-		return smallLoaded{}, fmt.Errorf("store stream worker: %w", err)
+		return res, ech, fmt.Errorf("store stream worker: %w", err)
 	}
 	defer ld.close(context.Background())
 	ld.cfg.PromptsPerRound = max(1, d.cfg.PromptsPerRound*d.cfg.Chunks/2)
+	turn := max(dur/echoTurns, time.Millisecond)
+	// Rounds are numbered apart from the measured ones, so the stream's
+	// chunks are new to the pool.
+	round := 1 << 16
+	for range echoTurns {
+		lr, err := d.underStream(ctx, ld, turn, &round)
+		res.noopRTPS += lr.noopRTPS / echoTurns
+		res.lookupPairsPS += lr.lookupPairsPS / echoTurns
+		res.streamGBps += lr.streamGBps / echoTurns
+		res.merge(&lr.counters)
+		if err != nil {
+			return res, ech, err
+		}
+		e, err := echoUnder(ctx, noop, d.cfg.Workers, turn, load)
+		if err != nil {
+			return res, ech, fmt.Errorf("echo of NOOP under a raw stream: %w", err)
+		}
+		ech.noop += e.RoundTripsPS / echoTurns
+		e, err = echoUnder(ctx, look, d.cfg.Workers, turn, load)
+		if err != nil {
+			return res, ech, fmt.Errorf("echo of LOOKUP under a raw stream: %w", err)
+		}
+		ech.lookup += e.RoundTripsPS / echoTurns
+	}
+	return res, ech, nil
+}
+
+// underStream runs smallOps for dur while ld stores without pause, its
+// rounds numbered on from *round.
+func (d *driver) underStream(ctx context.Context, ld *driver, dur time.Duration, round *int) (smallLoaded, error) {
 	lctx, stop := context.WithCancel(ctx)
 	var stream counters
 	streamDone := make(chan struct{})
 	start := time.Now()
 	go func() {
 		defer close(streamDone)
-		// Rounds are numbered apart from the measured ones, so the stream's
-		// chunks are new to the pool.
-		for round := 1 << 16; lctx.Err() == nil; round++ {
-			ld.storeWorker(lctx, 0, round, &stream)
-			if cfg.ClearBetweenRounds && lctx.Err() == nil {
+		for ; lctx.Err() == nil; *round++ {
+			ld.storeWorker(lctx, 0, *round, &stream)
+			if ld.cfg.ClearBetweenRounds && lctx.Err() == nil {
 				_, _ = ld.call(lctx, ld.clients[0], &stream, protocol.Clear)
 			}
 		}

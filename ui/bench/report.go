@@ -131,6 +131,12 @@ type ModeResult struct {
 	// these are missing.
 	EchoNoopRTPS   float64 `json:"echo_noop_round_trips_per_s,omitempty"`
 	EchoLookupRTPS float64 `json:"echo_lookup_round_trips_per_s,omitempty"`
+	// EchoNoopLoadedRTPS, EchoLookupLoadedRTPS: the raw echo beside a raw
+	// stream of chunk-sized messages, measured in turns with the figures
+	// under the store stream: the reference of *_under_store_vs_echo_under_stream
+	// (references.echo_*_under_stream stands in when these are missing).
+	EchoNoopLoadedRTPS   float64 `json:"echo_noop_under_stream_round_trips_per_s,omitempty"`
+	EchoLookupLoadedRTPS float64 `json:"echo_lookup_under_stream_round_trips_per_s,omitempty"`
 	// The same small requests while one more worker stores one-chunk
 	// prompts without pause (the store stream; its GB/s beside them).
 	NoopLoadedRTPS   float64 `json:"noop_under_store_round_trips_per_s"`
@@ -228,10 +234,10 @@ func (r *Result) finish() {
 		}
 		m.NoopRatio = ratio(m.NoopRTPS, cmp.Or(m.EchoNoopRTPS, ref.EchoNoopRTPS))
 		m.LookupRatio = ratio(m.LookupRTPS, cmp.Or(m.EchoLookupRTPS, ref.EchoLookupRTPS))
-		m.NoopLoadedRatio = ratio(m.NoopLoadedRTPS, ref.EchoNoopLoadedRTPS)
-		m.LookupLoadedRatio = ratio(m.LookupLoadedRTPS, ref.EchoLookupLoadedRTPS)
-		m.NoopLoadedVsEchoAlone = ratio(m.NoopLoadedRTPS, ref.EchoNoopRTPS)
-		m.LookupLoadedVsEchoAlone = ratio(m.LookupLoadedRTPS, ref.EchoLookupRTPS)
+		m.NoopLoadedRatio = ratio(m.NoopLoadedRTPS, cmp.Or(m.EchoNoopLoadedRTPS, ref.EchoNoopLoadedRTPS))
+		m.LookupLoadedRatio = ratio(m.LookupLoadedRTPS, cmp.Or(m.EchoLookupLoadedRTPS, ref.EchoLookupLoadedRTPS))
+		m.NoopLoadedVsEchoAlone = ratio(m.NoopLoadedRTPS, cmp.Or(m.EchoNoopRTPS, ref.EchoNoopRTPS))
+		m.LookupLoadedVsEchoAlone = ratio(m.LookupLoadedRTPS, cmp.Or(m.EchoLookupRTPS, ref.EchoLookupRTPS))
 		if m.Mode == "shm" {
 			// Judged against the copy into shared-memory pages, which the
 			// workers write into; private memory only where those could
