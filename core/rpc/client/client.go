@@ -194,6 +194,15 @@ func (c *Client) Call(ctx context.Context, name string, args ...any) (Reply, err
 
 // CallRaw sends already-encoded payload frames under a type number.
 func (c *Client) CallRaw(ctx context.Context, typ int64, payload ...[]byte) (Reply, error) {
+	// A call whose context is already done sends nothing: the server would
+	// act on a request nobody waits for (a PREPARE_STORE would reserve
+	// space until its reservation lapses).
+	if err := ctx.Err(); err != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			return Reply{}, fmt.Errorf("request %d: %w: %w", typ, ErrTimeout, err)
+		}
+		return Reply{}, err
+	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, c.opts.Timeout)

@@ -113,3 +113,51 @@ func TestReplyDecodeWithoutResult(t *testing.T) {
 		t.Fatalf("%q %v", s, err)
 	}
 }
+
+// A call whose context is already done sends nothing: a bare ROUTER
+// receives only the live call made after it, and the done calls fail at
+// once with their context's error (a deadline as ErrTimeout).
+func TestDoneContextSendsNothing(t *testing.T) {
+	b, _ := assets.Protocol("nongpu-v1")
+	p, err := protocol.Parse(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	router, err := zmq.NewSocket(zmq.ROUTER)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer router.Close()
+	_ = router.SetLinger(0)
+	_ = router.SetRcvtimeo(5 * time.Second)
+	if err := router.Bind("tcp://127.0.0.1:*"); err != nil {
+		t.Fatal(err)
+	}
+	ep, _ := router.GetLastEndpoint()
+	c, err := client.Dial(ep, p, client.Options{Timeout: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := c.Call(cancelled, "PREPARE_STORE", protocol.Key{ModelName: "m", WorldSize: 1, TokenIDs: []uint32{1}}, int64(1)); !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled call: %v", err)
+	}
+	expired, cancel2 := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
+	defer cancel2()
+	if _, err := c.Call(expired, "NOOP"); !errors.Is(err, client.ErrTimeout) {
+		t.Fatalf("expired call: %v", err)
+	}
+	if _, err := c.Call(context.Background(), "PING"); !errors.Is(err, client.ErrTimeout) {
+		t.Fatalf("live call to a silent peer: %v", err)
+	}
+	msg, err := router.RecvMessageBytes(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ping, _ := p.ByName("PING")
+	if typ, _ := protocol.Encode(ping.Number); len(msg) != 3 || string(msg[2]) != string(typ) {
+		t.Fatalf("the first message the peer got is not the PING: %q", msg)
+	}
+}
