@@ -290,6 +290,9 @@ func (d *driver) storeWorker(ctx context.Context, w, round int, st *counters) {
 	wk := d.workers[w]
 	chunks := make([][]byte, 0, d.cfg.Chunks)
 	for i := range d.cfg.PromptsPerRound {
+		if ctx.Err() != nil {
+			return // stopped (the store stream's turn ended): no more requests
+		}
 		p := d.wl.prompt(w, round, i)
 		chunks = chunks[:0]
 		for _, id := range p.ids {
@@ -559,8 +562,13 @@ func (d *driver) smallOpsUnderStoreBesideEcho(ctx context.Context, dur time.Dura
 // underStream runs smallOps for dur while ld stores without pause, its
 // rounds numbered on from *round.
 func (d *driver) underStream(ctx context.Context, ld *driver, dur time.Duration, round *int) (smallLoaded, error) {
-	lctx, stop := context.WithCancel(ctx)
 	var stream counters
+	if ld.cfg.ClearBetweenRounds {
+		// The last turn's round was cut short before its clear: start
+		// from an empty pool, as the first turn does.
+		_, _ = ld.call(ctx, ld.clients[0], &stream, protocol.Clear)
+	}
+	lctx, stop := context.WithCancel(ctx)
 	streamDone := make(chan struct{})
 	start := time.Now()
 	go func() {
