@@ -46,10 +46,11 @@ func TestTimeoutAndUnknownName(t *testing.T) {
 	}
 }
 
-// Outstanding calls end with ErrClosed when the client closes. A bare ROUTER
-// stands in for the server: it receives the calls (so they are outstanding)
-// and never answers.
-func TestCloseEndsOutstandingCalls(t *testing.T) {
+// silentPeer is a bare ROUTER on loopback that never answers: calls reach
+// it and stay outstanding. It returns the socket, its endpoint and the
+// profile the clients speak.
+func silentPeer(t *testing.T) (*zmq.Socket, string, *protocol.Profile) {
+	t.Helper()
 	b, _ := assets.Protocol("nongpu-v1")
 	p, err := protocol.Parse(b)
 	if err != nil {
@@ -59,7 +60,7 @@ func TestCloseEndsOutstandingCalls(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer router.Close()
+	t.Cleanup(func() { router.Close() })
 	_ = router.SetLinger(0)
 	_ = router.SetRcvtimeo(10 * time.Second)
 	if err := router.Bind("tcp://127.0.0.1:*"); err != nil {
@@ -69,6 +70,14 @@ func TestCloseEndsOutstandingCalls(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return router, ep, p
+}
+
+// Outstanding calls end with ErrClosed when the client closes. A bare ROUTER
+// stands in for the server: it receives the calls (so they are outstanding)
+// and never answers.
+func TestCloseEndsOutstandingCalls(t *testing.T) {
+	router, ep, p := silentPeer(t)
 	c, err := client.Dial(ep, p, client.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -118,22 +127,7 @@ func TestReplyDecodeWithoutResult(t *testing.T) {
 // receives only the live call made after it, and the done calls fail at
 // once with their context's error (a deadline as ErrTimeout).
 func TestDoneContextSendsNothing(t *testing.T) {
-	b, _ := assets.Protocol("nongpu-v1")
-	p, err := protocol.Parse(b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	router, err := zmq.NewSocket(zmq.ROUTER)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer router.Close()
-	_ = router.SetLinger(0)
-	_ = router.SetRcvtimeo(5 * time.Second)
-	if err := router.Bind("tcp://127.0.0.1:*"); err != nil {
-		t.Fatal(err)
-	}
-	ep, _ := router.GetLastEndpoint()
+	router, ep, p := silentPeer(t)
 	c, err := client.Dial(ep, p, client.Options{Timeout: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
