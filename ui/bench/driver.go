@@ -533,18 +533,17 @@ func (d *driver) smallOpsUnderStoreBesideEcho(ctx context.Context, dur time.Dura
 	defer ld.close(context.Background())
 	ld.cfg.PromptsPerRound = max(1, d.cfg.PromptsPerRound*d.cfg.Chunks/2)
 	turn := max(dur/echoTurns, time.Millisecond)
-	// Rounds are numbered apart from the measured ones, so the stream's
-	// chunks are new to the pool.
-	round := 1 << 16
+	// Rounds are numbered apart from the measured ones and from an earlier
+	// run's stream (a target server keeps what that stored), so the
+	// stream's chunks are new to the pool.
+	round := 1<<16 + int(time.Now().UnixNano()%(1<<24))
+	var stream counters
 	for range echoTurns {
-		lr, err := d.underStream(ctx, ld, turn, &round)
+		lr := d.underStream(ctx, ld, turn, &round, &stream)
 		res.noopRTPS += lr.noopRTPS / echoTurns
 		res.lookupPairsPS += lr.lookupPairsPS / echoTurns
 		res.streamGBps += lr.streamGBps / echoTurns
 		res.merge(&lr.counters)
-		if err != nil {
-			return res, ech, err
-		}
 		e, err := echoUnder(ctx, noop, d.cfg.Workers, turn, load)
 		if err != nil {
 			return res, ech, fmt.Errorf("echo of NOOP under a raw stream: %w", err)
@@ -556,13 +555,17 @@ func (d *driver) smallOpsUnderStoreBesideEcho(ctx context.Context, dur time.Dura
 		}
 		ech.lookup += e.RoundTripsPS / echoTurns
 	}
+	if stream.storeBytes == 0 {
+		return res, ech, fmt.Errorf("the store stream stored nothing (%d errors: %s)", stream.errors, stream.firstErr)
+	}
 	return res, ech, nil
 }
 
 // underStream runs smallOps for dur while ld stores without pause, its
-// rounds numbered on from *round.
-func (d *driver) underStream(ctx context.Context, ld *driver, dur time.Duration, round *int) (smallLoaded, error) {
+// rounds numbered on from *round, adding what it stored to total.
+func (d *driver) underStream(ctx context.Context, ld *driver, dur time.Duration, round *int, total *counters) smallLoaded {
 	var stream counters
+	defer total.merge(&stream)
 	if ld.cfg.ClearBetweenRounds {
 		// The last turn's round was cut short before its clear: start
 		// from an empty pool, as the first turn does.
@@ -584,9 +587,5 @@ func (d *driver) underStream(ctx context.Context, ld *driver, dur time.Duration,
 	stop()
 	<-streamDone
 	el := time.Since(start)
-	res := smallLoaded{smallResult: sr, streamGBps: float64(stream.storeBytes) / el.Seconds() / 1e9}
-	if stream.storeBytes == 0 {
-		return res, fmt.Errorf("the store stream stored nothing (%d errors: %s)", stream.errors, stream.firstErr)
-	}
-	return res, nil
+	return smallLoaded{smallResult: sr, streamGBps: float64(stream.storeBytes) / el.Seconds() / 1e9}
 }
