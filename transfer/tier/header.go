@@ -104,15 +104,10 @@ func appendLayout(b []byte, lay layout.Layout) []byte {
 	return append(b, lay.Dtype...)
 }
 
-// seal writes the checksum of a value built by newValue.
-// The checksum pass yields between slices (it runs on a writer).
+// seal writes the checksum of a value built by newValue whose header is h
+// bytes long (Encode's; the writers take theirs while copying, sealSum).
 func seal(v []byte, h int) {
-	c := crc32.Checksum(v[:h-4], castagnoli)
-	for off := h; off < len(v); off += yieldSlice {
-		c = crc32.Update(c, castagnoli, v[off:min(off+yieldSlice, len(v))])
-		runtime.Gosched()
-	}
-	binary.LittleEndian.PutUint32(v[h-4:h], c)
+	sealSum(v, h, PayloadSum(HeadSum(v[:h]), v[h:]))
 }
 
 // sealSum writes sum, the checksum of v's header (up to the checksum's
