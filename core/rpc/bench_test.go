@@ -151,9 +151,10 @@ func BenchmarkNoop(b *testing.B) {
 }
 
 // BenchmarkEcho32MiB echoes a 32 MiB bytes payload through rpc.Server and the
-// Go client, first at glibc's malloc defaults, then after TuneMalloc. TuneMalloc
-// cannot be undone, so run it as its own process: -run '^$' -bench Echo32MiB
-// -benchtime=1x. Each phase does a fixed number of echoes whatever b.N is.
+// Go client, first at glibc's default thresholds, then after TuneMalloc (the
+// single arena is set when the process loads, so both phases have it).
+// TuneMalloc cannot be undone, so run it as its own process: -run '^$' -bench
+// Echo32MiB -benchtime=1x. Each phase does a fixed number of echoes whatever b.N is.
 func BenchmarkEcho32MiB(b *testing.B) {
 	const rounds = 20
 	p := profile(b, "nongpu-v1")

@@ -15,3 +15,18 @@ func DetectPeers(s *Server) int {
 // SinceDispatch is how long ago the socket goroutine dispatched r (for
 // handlers in tests: the time r waited before its handler ran).
 func SinceDispatch(r *Request) time.Duration { return time.Since(r.head.start) }
+
+// ScavengeDue drives the scavenger's decision without its ticker.
+type ScavengeDue struct{ d scavengeDue }
+
+// Tick is scavengeDue.tick; Freed is scavengeDue.freed.
+func (s *ScavengeDue) Tick(msgs, moved, free int64) (run, lull bool) {
+	return s.d.tick(msgs, moved, free)
+}
+func (s *ScavengeDue) Freed() { s.d.freed() }
+
+// ScavengeQuiet and ScavengeAfter are the scavenger's thresholds.
+const (
+	ScavengeQuiet = scavengeQuiet
+	ScavengeAfter = scavengeAfter
+)

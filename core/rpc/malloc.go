@@ -2,6 +2,20 @@ package rpc
 
 /*
 #include <malloc.h>
+
+// kv_arena_max is M_ARENA_MAX as set when the process was loaded (0 if
+// glibc refused it): see TuneMalloc. It runs as a constructor because
+// only threads that malloc for the first time after it share the main
+// arena, and the Go runtime starts threads (which malloc) before main.
+static int kv_arena_max;
+
+__attribute__((constructor)) static void kv_one_arena(void) {
+	if (mallopt(M_ARENA_MAX, 1) == 1) {
+		kv_arena_max = 1;
+	}
+}
+
+static int kv_arena_setting(void) { return kv_arena_max; }
 */
 import "C"
 
@@ -21,16 +35,26 @@ type MallocTuning struct {
 	MmapThreshold int64
 	// TrimThreshold is the glibc M_TRIM_THRESHOLD in effect (0 if unchanged).
 	TrimThreshold int64
+	// ArenaMax is the glibc M_ARENA_MAX in effect (0 if unchanged).
+	ArenaMax int
 	// Note says why a requested value was lowered or refused.
 	Note string
 }
 
 func (t MallocTuning) String() string {
-	s := fmt.Sprintf("mmap_threshold=%d trim_threshold=%d", t.MmapThreshold, t.TrimThreshold)
+	s := fmt.Sprintf("mmap_threshold=%d trim_threshold=%d arena_max=%d", t.MmapThreshold, t.TrimThreshold, t.ArenaMax)
 	if t.Note != "" {
 		s += " (" + t.Note + ")"
 	}
 	return s
+}
+
+// note adds why a requested value was lowered or refused.
+func (t *MallocTuning) note(s string) {
+	if t.Note != "" {
+		t.Note += "; "
+	}
+	t.Note += s
 }
 
 // tuneTarget is the threshold TuneMalloc asks for: large ZMQ messages are
@@ -40,24 +64,35 @@ const tuneTarget = 1 << 30
 
 // TuneMalloc raises glibc's mmap and trim thresholds so libzmq's large
 // message buffers are recycled from the heap instead of being mmapped and
-// unmapped per message. Call it once at start-up, before traffic (main does).
+// unmapped per message, and reports the single glibc arena the package set
+// when the process was loaded. Call it once at start-up, before traffic
+// (main does).
 // glibc refuses an mmap threshold above HEAP_MAX_SIZE/2 (32 MiB on 64-bit);
 // TuneMalloc then halves down to the largest value glibc accepts and says so.
+//
+// One arena (set by a constructor in this package, for every binary that
+// links it): with the trim threshold raised, the top of a thread arena is
+// never shrunk, and malloc_trim trims only the main arena's top. libzmq's
+// I/O thread reads every request into its own arena, so after a burst of
+// large requests (TestHostilePeersCombined's 64 x 16 MiB) tens of MiB stayed
+// resident there for good (+34 MiB in that test). On the main arena the
+// scavenger's malloc_trim gives it all back. Threads then share one arena
+// lock, taken only for sizes the per-thread caches do not serve.
 func TuneMalloc() MallocTuning {
 	var t MallocTuning
+	if t.ArenaMax = int(C.kv_arena_setting()); t.ArenaMax == 0 {
+		t.note("M_ARENA_MAX refused")
+	}
 	if C.mallopt(C.M_TRIM_THRESHOLD, C.int(tuneTarget)) == 1 {
 		t.TrimThreshold = tuneTarget
 	} else {
-		t.Note = "M_TRIM_THRESHOLD refused"
+		t.note("M_TRIM_THRESHOLD refused")
 	}
 	for v := int64(tuneTarget); v >= 128<<10; v /= 2 {
 		if C.mallopt(C.M_MMAP_THRESHOLD, C.int(v)) == 1 {
 			t.MmapThreshold = v
 			if v != tuneTarget {
-				if t.Note != "" {
-					t.Note += "; "
-				}
-				t.Note += fmt.Sprintf("glibc caps M_MMAP_THRESHOLD, %d used instead of %d", v, int64(tuneTarget))
+				t.note(fmt.Sprintf("glibc caps M_MMAP_THRESHOLD, %d used instead of %d", v, int64(tuneTarget)))
 			}
 			break
 		}
@@ -70,20 +105,28 @@ func TuneMalloc() MallocTuning {
 // trim threshold is raised by TuneMalloc) nor Go's background scavenger
 // gives the pages back soon: after a burst of large messages, or an attack,
 // the process would keep hundreds of MiB resident. The server counts the
-// bytes of large messages it moved since it last gave memory back, and
-// once that passes scavengeAfter, or the Go heap holds that much freed but
-// unreleased memory, and it is idle (nothing queued, charged or running)
-// it returns freed memory to the OS: at most once per tick.
+// messages it read and the bytes of large messages it moved since it last
+// gave memory back. It returns freed memory to the OS, at most once per
+// tick, when it is idle (nothing queued, charged or running) and either
+//   - scavengeAfter bytes of large messages moved, or the Go heap holds that
+//     much freed but unreleased memory (a long burst, between requests), or
+//   - no message came for a whole tick after some did, and at least
+//     scavengeQuiet bytes moved or lie freed in the Go heap (once per lull:
+//     smaller leftovers, such as the garbage of many small hostile
+//     requests, do not stay resident while nothing happens).
 const (
 	scavengeAfter = 64 << 20
+	scavengeQuiet = 4 << 20
 	scavengeTick  = time.Second
 )
 
-// churn counts the bytes of large messages moved since the last scavenge.
-type churn struct{ n atomic.Int64 }
+// churn counts the bytes of large messages moved since the last scavenge,
+// and every message.
+type churn struct{ n, msgs atomic.Int64 }
 
 // add counts a message of n bytes; small ones do not fill the heaps.
 func (c *churn) add(n int64) {
+	c.msgs.Add(1)
 	if n >= 64<<10 {
 		c.n.Add(n)
 	}
@@ -94,24 +137,52 @@ func (c *churn) add(n int64) {
 func (c *churn) scavenge(ctx context.Context, idle func() bool, log *slog.Logger) {
 	t := time.NewTicker(scavengeTick)
 	defer t.Stop()
+	var due scavengeDue
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		if (c.n.Load() < scavengeAfter && goHeapFree() < scavengeAfter) || !idle() {
+		moved, free := c.n.Load(), goHeapFree()
+		run, lull := due.tick(c.msgs.Load(), moved, free)
+		if !run || !idle() {
 			continue
 		}
-		moved, free := c.n.Swap(0), goHeapFree()
+		c.n.Add(-moved)
+		due.freed()
 		t0 := time.Now()
 		debug.FreeOSMemory()
 		C.malloc_trim(0)
 		dropCachedReplyBuffers()
 		log.Debug("freed memory returned to the OS", "large_message_bytes", moved, "go_heap_free", free,
-			"took", time.Since(t0))
+			"lull", lull, "took", time.Since(t0))
 	}
 }
+
+// scavengeDue decides, tick by tick, whether freed memory should go back
+// to the OS (see "Scavenging" above); the caller checks idleness.
+type scavengeDue struct {
+	seen    int64 // messages counted at the last tick
+	freedAt int64 // messages counted at the last scavenge
+}
+
+// tick takes the message count and the bytes moved and freed now: run
+// says a scavenge is due, lull that it is due to a lull, not a burst.
+func (d *scavengeDue) tick(msgs, moved, free int64) (run, lull bool) {
+	quietTick := msgs == d.seen && msgs != d.freedAt
+	d.seen = msgs
+	if moved >= scavengeAfter || free >= scavengeAfter {
+		return true, false
+	}
+	if quietTick && (moved >= scavengeQuiet || free >= scavengeQuiet) {
+		return true, true
+	}
+	return false, false
+}
+
+// freed records a scavenge: the next lull-time one needs new messages.
+func (d *scavengeDue) freed() { d.freedAt = d.seen }
 
 // goHeapFree is the Go heap's free memory not yet returned to the OS.
 func goHeapFree() int64 {

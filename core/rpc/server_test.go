@@ -523,7 +523,47 @@ func TestObserverAndRegisterPayload(t *testing.T) {
 
 func TestTuneMalloc(t *testing.T) {
 	tn := rpc.TuneMalloc()
-	if tn.TrimThreshold != 1<<30 || tn.MmapThreshold < 32<<20 {
+	if tn.TrimThreshold != 1<<30 || tn.MmapThreshold < 32<<20 || tn.ArenaMax != 1 {
 		t.Fatalf("TuneMalloc: %v", tn)
+	}
+}
+
+// TestScavengeDue walks the scavenger's decision through traffic, a lull
+// and a burst: freed memory goes back once per lull after traffic that left
+// at least ScavengeQuiet behind, at once after a burst, and never while
+// nothing happens or for a lull's crumbs.
+func TestScavengeDue(t *testing.T) {
+	var d rpc.ScavengeDue
+	mib := int64(1 << 20)
+	steps := []struct {
+		what              string
+		msgs, moved, free int64
+		run, lull         bool
+		freed             bool
+	}{
+		{what: "no message yet", msgs: 0, moved: 0, free: 8 * mib},
+		{what: "still none", msgs: 0, moved: 0, free: 8 * mib},
+		{what: "traffic", msgs: 50, moved: 6 * mib, free: 8 * mib},
+		{what: "more traffic", msgs: 90, moved: 12 * mib, free: 8 * mib},
+		{what: "a lull after it", msgs: 90, moved: 12 * mib, free: 8 * mib, run: true, lull: true, freed: true},
+		{what: "the lull goes on", msgs: 90, moved: 0, free: 8 * mib},
+		{what: "traffic again, small leftovers", msgs: 95, moved: 0, free: mib},
+		{what: "a lull, crumbs only", msgs: 95, moved: 0, free: mib},
+		{what: "a burst of large messages", msgs: 300, moved: rpc.ScavengeAfter, free: 0, run: true, freed: true},
+		{what: "a burst held in the Go heap", msgs: 310, moved: 0, free: rpc.ScavengeAfter, run: true, freed: true},
+		{what: "a lull right after the burst's scavenge", msgs: 310, moved: 0, free: 5 * mib},
+		{what: "traffic", msgs: 320, moved: 0, free: 5 * mib},
+		{what: "a lull, the server busy (not scavenged)", msgs: 320, moved: 0, free: 5 * mib, run: true, lull: true},
+		{what: "still due", msgs: 320, moved: 0, free: 5 * mib, run: true, lull: true, freed: true},
+		{what: "after that, nothing", msgs: 320, moved: 0, free: 5 * mib},
+	}
+	for _, s := range steps {
+		run, lull := d.Tick(s.msgs, s.moved, s.free)
+		if run != s.run || lull != s.lull {
+			t.Fatalf("%s: run %v lull %v, want run %v lull %v", s.what, run, lull, s.run, s.lull)
+		}
+		if s.freed {
+			d.Freed()
+		}
 	}
 }

@@ -19,10 +19,11 @@ package rpc
 // (or dropped it): what waits in kvdock and what libzmq holds are one budget.
 // zmq says whether libzmq owns the buffer: kv_free ignores the call made by
 // closing a message that libzmq refused, which stays the caller's.
-// A large buffer is mapped rather than malloc'd, so that the scavenger can
-// give it back to the OS: glibc keeps the top of a thread's arena resident
-// (TuneMalloc raises the trim threshold, and malloc_trim leaves arena tops
-// alone). Released mappings are kept for reuse, up to KV_CACHE_MAX bytes,
+// A large buffer is mapped rather than malloc'd, so that the scavenger gives
+// it back to the OS whole when it drops it, whatever glibc's heap holds
+// around it (TuneMalloc raises the trim threshold, so free never shrinks
+// the heap; before the single arena, freed replies stayed resident in
+// thread arenas for good). Released mappings are kept for reuse, up to KV_CACHE_MAX bytes,
 // so that a stream of large replies does not map and fault pages for each;
 // kv_cache_drain unmaps them when the server is idle.
 // extra, when set, is a counter the buffer's owner charged extra_n bytes to
