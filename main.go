@@ -82,11 +82,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	switch cmd {
 	case "serve":
+		rpc.SpareProc(os.Getenv)
 		return serve(args, stdout, stderr)
 	case "ctl":
 		return ctl.Run(args, ctl.Env{Stdin: os.Stdin, Stdout: stdout, Stderr: stderr, Environ: os.Environ(),
 			Terminal: isTerminal(os.Stdin) && isTerminal(os.Stderr)})
 	case "bench":
+		rpc.SpareProc(os.Getenv) // the engine it starts is the one serve runs
 		return bench.Run(args, stdout, stderr)
 	case "config":
 		return configcmd.Run(args, stdout, stderr, os.Environ())

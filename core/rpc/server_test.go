@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -565,5 +566,18 @@ func TestScavengeDue(t *testing.T) {
 		if s.freed {
 			d.Freed()
 		}
+	}
+}
+
+// TestSpareProc: one P more than the runtime chose, unless GOMAXPROCS is
+// set (then nothing changes).
+func TestSpareProc(t *testing.T) {
+	before := runtime.GOMAXPROCS(0)
+	t.Cleanup(func() { runtime.GOMAXPROCS(before) })
+	if got := rpc.SpareProc(func(string) string { return "3" }); got != before || runtime.GOMAXPROCS(0) != before {
+		t.Fatalf("with GOMAXPROCS set: %d (runtime %d), want %d unchanged", got, runtime.GOMAXPROCS(0), before)
+	}
+	if got := rpc.SpareProc(func(string) string { return "" }); got != before+1 || runtime.GOMAXPROCS(0) != before+1 {
+		t.Fatalf("without GOMAXPROCS: %d (runtime %d), want %d", got, runtime.GOMAXPROCS(0), before+1)
 	}
 }
