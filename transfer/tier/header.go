@@ -46,13 +46,19 @@ func headerLen(key string, lay layout.Layout) int {
 
 // newValue returns a value buffer for n payload bytes with the header of
 // key and lay written, and the payload part of it; seal finishes it once the
-// payload is in place.
-func newValue(key string, lay layout.Layout, n int) (v, payload []byte, err error) {
+// payload is in place. The buffer is spare when spare can hold it (every
+// byte of it is then the caller's to overwrite: the header is written here,
+// the payload and the checksum by the caller), else a new one.
+func newValue(key string, lay layout.Layout, n int, spare []byte) (v, payload []byte, err error) {
 	if err := headerFits(key, lay); err != nil {
 		return nil, nil, err
 	}
 	h := headerLen(key, lay)
-	v = make([]byte, h+n)
+	if cap(spare) >= h+n {
+		v = spare[:h+n]
+	} else {
+		v = make([]byte, h+n)
+	}
 	appendHeader(v[:0], key, lay, n)
 	return v, v[h:], nil
 }
@@ -119,7 +125,7 @@ func sealSum(v []byte, h int, sum uint32) {
 
 // Encode returns the tier value of payload stored under key with layout lay.
 func Encode(key string, lay layout.Layout, payload []byte) ([]byte, error) {
-	v, dst, err := newValue(key, lay, len(payload))
+	v, dst, err := newValue(key, lay, len(payload), nil)
 	if err != nil {
 		return nil, err
 	}

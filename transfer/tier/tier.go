@@ -29,7 +29,11 @@ import (
 // inside the value. Implementations are safe for concurrent use, bound their
 // own memory and honour ctx in every call.
 type Backend interface {
-	// Put stores value under key, replacing what was there.
+	// Put stores value under key, replacing what was there. value is
+	// the caller's again once Put returns (the write-behind writers reuse
+	// it for the next value): a backend that keeps it keeps a copy, and
+	// one whose client may still read it after an early return waits for
+	// that read.
 	Put(ctx context.Context, key string, value []byte) error
 	// Get returns the value under key, an error wrapping ErrNotFound when absent.
 	Get(ctx context.Context, key string) ([]byte, error)

@@ -806,3 +806,56 @@ func (h *hungGets) Get(ctx context.Context, key string) ([]byte, error) {
 	<-ctx.Done()
 	return nil, ctx.Err()
 }
+
+// recordingPuts is a whole-value backend that remembers where each value
+// it was given lay, and holds its first Put until release is closed.
+type recordingPuts struct {
+	*memtier.Tier
+	release chan struct{}
+	mu      sync.Mutex
+	at      []*byte
+}
+
+func (r *recordingPuts) Put(ctx context.Context, key string, value []byte) error {
+	r.mu.Lock()
+	r.at = append(r.at, &value[0])
+	first := len(r.at) == 1
+	r.mu.Unlock()
+	if first {
+		<-r.release
+	}
+	return r.Tier.Put(ctx, key, value)
+}
+
+// TestWriteBehindReusesItsValueBuffer: a writer with more queued behind the
+// chunk it writes builds the next value in the same buffer (no fresh 3 MiB
+// per chunk), and every value stored is still its own chunk's bytes.
+func TestWriteBehindReusesItsValueBuffer(t *testing.T) {
+	lay, err := layout.New(4, 64, 1536, "float32", false) // 3 MiB
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := openPool(t, 16<<20)
+	rec := &recordingPuts{Tier: memtier.New(), release: make(chan struct{})}
+	s := newSet(t, p, lay, tier.Options{WorkersPerTier: 1}, rec)
+	ks := []keys.ObjectKey{testKey(0), testKey(1), testKey(2)}
+	for i, k := range ks {
+		store(t, p, k, payload(int(lay.Bytes), i))
+	}
+	s.Enqueue(ks, lay)
+	close(rec.release)
+	if q := waitQueue(t, s, 0); q.Written != 3 {
+		t.Fatalf("queue %+v, want 3 written", q)
+	}
+	for i, k := range ks {
+		got, err := tier.Verify(rec.Values()[tier.Key(k, lay)], tier.Key(k, lay), lay)
+		if err != nil || !bytes.Equal(got, payload(int(lay.Bytes), i)) {
+			t.Fatalf("chunk %d in the tier: %v", i, err)
+		}
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if len(rec.at) != 3 || rec.at[1] != rec.at[0] || rec.at[2] != rec.at[0] {
+		t.Fatalf("value buffers %v: want one buffer for the three back-to-back writes", rec.at)
+	}
+}

@@ -84,15 +84,28 @@ func (s *Set) work(m *member) {
 		runtime.LockOSThread()
 		lowerThreadPriority()
 	}
+	// spare is the last whole-value buffer (backends that take whole
+	// values), reused while writes keep coming: a fresh 32 MiB buffer per
+	// chunk is that much more zeroing or page faults, and garbage. The
+	// writer lets it go whenever its queue is empty.
+	var spare []byte
 	for {
+		var it item
 		select {
 		case <-s.ctx.Done():
 			return
-		case it := <-m.q:
-			s.write(m, it)
-			m.st.queued.Add(-1)
-			m.st.qbytes.Add(-it.size)
+		case it = <-m.q:
+		default:
+			spare = nil
+			select {
+			case <-s.ctx.Done():
+				return
+			case it = <-m.q:
+			}
 		}
+		spare = s.write(m, it, spare)
+		m.st.queued.Add(-1)
+		m.st.qbytes.Add(-it.size)
 	}
 }
 
@@ -113,11 +126,14 @@ func lowerThreadPriority() {
 // written: the object is pinned (a read lock turned into a hold) while its
 // bytes are read, so neither eviction nor a clear can free or reuse them;
 // an object no longer published is skipped.
-func (s *Set) write(m *member, it item) {
+//
+// spare is a value buffer the writer may reuse; write returns the one to
+// keep for the next.
+func (s *Set) write(m *member, it item, spare []byte) []byte {
 	name := Key(it.key, it.lay)
 	ctx, cancel := context.WithTimeout(s.ctx, s.opts.WriteTimeout)
 	defer cancel()
-	err := s.put(ctx, m, it, name)
+	spare, err := s.put(ctx, m, it, name, spare)
 	switch {
 	case err == nil:
 		m.st.written.Add(1)
@@ -127,20 +143,21 @@ func (s *Set) write(m *member, it item) {
 		m.st.failed.Add(1)
 		s.log.Debug("tier write failed", "key", it.key, "err", err)
 	}
+	return spare
 }
 
 // put pins it in L1 and stores it to m under name: straight from its L1
 // bytes, holding the pin for the write, when the backend takes a value in
 // parts; else through a copy, the pin released before the tier write.
-func (s *Set) put(ctx context.Context, m *member, it item, name string) error {
+func (s *Set) put(ctx context.Context, m *member, it item, name string, spare []byte) ([]byte, error) {
 	one := []keys.ObjectKey{it.key}
 	if s.pool.ReserveReadPrefix(one, 1) != 1 {
-		return errGone
+		return spare, errGone
 	}
 	ref, ok := s.pool.HoldRead(it.key)
 	if !ok {
 		s.pool.FinishRead(one, 1)
-		return errGone
+		return spare, errGone
 	}
 	held := true
 	unpin := func() {
@@ -151,7 +168,7 @@ func (s *Set) put(ctx context.Context, m *member, it item, name string) error {
 	}
 	defer unpin()
 	if ref.Length != it.size {
-		return errGone
+		return spare, errGone
 	}
 	if s.beforeCopy != nil {
 		s.beforeCopy(it.key)
@@ -159,20 +176,20 @@ func (s *Set) put(ctx context.Context, m *member, it item, name string) error {
 	src, unview := s.pool.View(ref.Offset, ref.Length)
 	defer unview()
 	if src == nil {
-		return errGone
+		return spare, errGone
 	}
 	if pp, ok := m.b.(PartsPutter); ok {
 		head, err := newHeader(name, it.lay, src)
 		if err != nil {
-			return err
+			return spare, err
 		}
 		// The hold bounds nothing in time by itself (its read TTL can end
 		// it while the write runs): the backend asks before it publishes.
-		return pp.PutParts(ctx, name, head, src, func() bool { return s.pool.Held(ref) })
+		return spare, pp.PutParts(ctx, name, head, src, func() bool { return s.pool.Held(ref) })
 	}
-	v, dst, err := newValue(name, it.lay, len(src))
+	v, dst, err := newValue(name, it.lay, len(src), spare)
 	if err != nil {
-		return err
+		return spare, err
 	}
 	// The checksum is taken slice by slice right after each copy, while
 	// the slice is still in the CPU's cache (one pass over the payload).
@@ -188,7 +205,7 @@ func (s *Set) put(ctx context.Context, m *member, it item, name string) error {
 	unpin() // the copy is ours: L1 may evict the object while the tier writes
 	sealSum(v, h, sum)
 	if err := m.b.Put(ctx, name, v); err != nil {
-		return fmt.Errorf("put %d bytes: %w", len(v), err)
+		return v, fmt.Errorf("put %d bytes: %w", len(v), err)
 	}
-	return nil
+	return v, nil
 }
