@@ -40,10 +40,12 @@ type TierResult struct {
 	WriteBytes    int64   `json:"write_bytes"`
 	WriteGBps     float64 `json:"write_gbps"`
 	DroppedWrites uint64  `json:"dropped_writes"`
-	// Read, after L1 was cleared: bytes as the tier counted them over the
-	// slowest worker's time from each LOOKUP until QUERY_PREFETCH_STATUS
-	// reported the prefetch done (the chunks read from the tier, checked
-	// and published in L1, locked for the retrieve): the prefetch-read.
+	// Read, after L1 was cleared, readTurns times (in turns with the
+	// reference's read): bytes as the tier counted them over the slowest
+	// worker's time from each LOOKUP until QUERY_PREFETCH_STATUS reported
+	// the prefetch done (the chunks read from the tier, checked and
+	// published in L1, locked for the retrieve): the prefetch-read. The
+	// misses are those of every turn.
 	ReadBytes  int64   `json:"read_bytes"`
 	ReadGBps   float64 `json:"prefetch_read_gbps"`
 	ReadMisses int64   `json:"read_miss_chunks"`
@@ -134,21 +136,7 @@ func runTier(ctx context.Context, o Options, prof *protocol.Profile, pool int64,
 	tr.WriteGBps = round4(gbps(tr.WriteBytes, wall))
 	tr.DroppedWrites = st1.DroppedWrites - st0.DroppedWrites
 
-	if _, err := d.call(ctx, d.clients[0], &c, protocol.Clear); err != nil {
-		return tr, fmt.Errorf("clear L1: %w", err)
-	}
-	rc, prefetchTime, readTime := readBack(ctx, d)
-	st2, err := tierStats(eng)
-	if err != nil {
-		return tr, err
-	}
-	tr.ReadBytes = int64(st2.ReadBytes - st1.ReadBytes)
-	tr.ReadGBps = round4(gbps(tr.ReadBytes, prefetchTime))
-	tr.ReadRetrieveGBps = round4(gbps(tr.ReadBytes, readTime))
-	tr.ReadMisses = rc.missChunks
-	c.merge(&rc)
-
-	// The reference moves the same bytes in values of the same size: the
+	// The reference stores the same bytes in values of the same size: the
 	// chunks written are those committed less those dropped.
 	written := c.storeBytes/d.lay.Bytes - int64(tr.DroppedWrites)
 	if written <= 0 || tr.WriteBytes <= 0 {
@@ -157,19 +145,52 @@ func runTier(ctx context.Context, o Options, prof *protocol.Profile, pool int64,
 	valSize := int(tr.WriteBytes / written)
 	n := int(written)
 	o.progress.setPhase("tiers: "+typ+" reference", "")
+	var ref readRef
 	switch typ {
 	case "fs":
 		tr.Reference = fmt.Sprintf("sequential write/read of one file of the same bytes (%d × %s) in base_path, no fsync (as the tier)", n, mib(int64(valSize)))
-		tr.RefWriteGBps, tr.RefReadGBps, err = fileReference(adapter["base_path"].(string), valSize, n)
+		ref, tr.RefWriteGBps, err = newFileRef(adapter["base_path"].(string), valSize, n)
 	case "resp":
 		tr.Reference = fmt.Sprintf("valkey-go SET/GET of the same values (%d × %s) on the same server, %d writers / %d readers as the tier", n, mib(int64(valSize)), tierWorkers, prefetchStreams(o))
-		tr.RefWriteGBps, tr.RefReadGBps, err = respReference(ctx, adapter, valSize, n, prefetchStreams(o))
+		ref, tr.RefWriteGBps, err = newRespRef(ctx, adapter, valSize, n, prefetchStreams(o))
 	default:
 		err = fmt.Errorf("no reference for tier type %q", typ)
 	}
 	if err != nil {
 		return tr, fmt.Errorf("reference: %w", err)
 	}
+	defer ref.close()
+
+	// The prefetch-read and the reference's read in turns (L1 cleared
+	// before each): a machine whose speed drifts during the run (a shared
+	// VM) moves both alike.
+	o.progress.setPhase("tiers: "+typ+" prefetch-read", fmt.Sprintf("in %d turns with the reference's read", readTurns))
+	var prefetchTime, readTime, refTime time.Duration
+	var refBytes int64
+	for range readTurns {
+		if _, err := d.call(ctx, d.clients[0], &c, protocol.Clear); err != nil {
+			return tr, fmt.Errorf("clear L1: %w", err)
+		}
+		rc, pt, rt := readBack(ctx, d)
+		prefetchTime += pt
+		readTime += rt
+		tr.ReadMisses += rc.missChunks
+		c.merge(&rc)
+		got, el, err := ref.read(ctx)
+		if err != nil {
+			return tr, fmt.Errorf("reference: %w", err)
+		}
+		refBytes += got
+		refTime += el
+	}
+	st2, err := tierStats(eng)
+	if err != nil {
+		return tr, err
+	}
+	tr.ReadBytes = int64(st2.ReadBytes - st1.ReadBytes)
+	tr.ReadGBps = round4(gbps(tr.ReadBytes, prefetchTime))
+	tr.ReadRetrieveGBps = round4(gbps(tr.ReadBytes, readTime))
+	tr.RefReadGBps = round4(gbps(refBytes, refTime))
 	tr.WriteRatio = ratio(tr.WriteGBps, tr.RefWriteGBps)
 	tr.ReadRatio = ratio(tr.ReadGBps, tr.RefReadGBps)
 	d.close(context.Background())
@@ -367,104 +388,141 @@ func saturatedTurns(ctx context.Context, o Options, prof *protocol.Profile, pool
 	return withTier, noTier, dropped, nil
 }
 
-// fileReference writes n values of size bytes to one new file in dir,
-// sequentially, closes it, reads it back with the same read size and
-// removes it; it returns both rates.
-func fileReference(dir string, size, n int) (w, r float64, err error) {
+// readTurns is how many times the prefetch-read and its reference's read
+// run, in turns.
+const readTurns = 3
+
+// readRef is a tier's reference store, written once: each read reads all
+// of it back and returns the bytes and the time taken; close removes it.
+type readRef interface {
+	read(ctx context.Context) (int64, time.Duration, error)
+	close()
+}
+
+// fileRef is one file of n values of size bytes in the tier's directory.
+type fileRef struct {
+	path string
+	size int
+}
+
+// newFileRef writes n values of size bytes to one new file in dir,
+// sequentially, and closes it; it returns the rate of that write.
+func newFileRef(dir string, size, n int) (*fileRef, float64, error) {
 	f, err := os.CreateTemp(dir, ".kvdock-bench-ref-*")
 	if err != nil {
-		return 0, 0, fmt.Errorf("file reference: %w", err)
+		return nil, 0, fmt.Errorf("file reference: %w", err)
 	}
-	path := f.Name()
-	defer os.Remove(path)
+	r := &fileRef{path: f.Name(), size: size}
 	buf := newPattern(size, 0xbeef).chunk(0)
 	start := time.Now()
 	for range n {
 		if _, err := f.Write(buf); err != nil {
 			f.Close()
-			return 0, 0, fmt.Errorf("file reference: write %s: %w", path, err)
+			r.close()
+			return nil, 0, fmt.Errorf("file reference: write %s: %w", r.path, err)
 		}
 	}
 	if err := f.Close(); err != nil {
-		return 0, 0, fmt.Errorf("file reference: close %s: %w", path, err)
+		r.close()
+		return nil, 0, fmt.Errorf("file reference: close %s: %w", r.path, err)
 	}
-	w = gbps(int64(size)*int64(n), time.Since(start))
-	rf, err := os.Open(filepath.Clean(path))
+	return r, round4(gbps(int64(size)*int64(n), time.Since(start))), nil
+}
+
+// read reads the file back sequentially, a value's size at a time.
+func (r *fileRef) read(context.Context) (int64, time.Duration, error) {
+	f, err := os.Open(filepath.Clean(r.path))
 	if err != nil {
-		return w, 0, fmt.Errorf("file reference: %w", err)
+		return 0, 0, fmt.Errorf("file reference: %w", err)
 	}
-	defer rf.Close()
-	start = time.Now()
+	defer f.Close()
+	buf := make([]byte, r.size)
+	start := time.Now()
 	var got int64
 	for {
-		k, err := rf.Read(buf)
+		k, err := f.Read(buf)
 		got += int64(k)
 		if err != nil {
 			break
 		}
 	}
-	r = gbps(got, time.Since(start))
-	return round4(w), round4(r), nil
+	return got, time.Since(start), nil
 }
 
-// respReference SETs n values of size bytes with tierWorkers streams, GETs
-// them with readers streams, and deletes them, through a plain valkey-go
-// client to the adapter's server(s).
-func respReference(ctx context.Context, adapter map[string]any, size, n, readers int) (w, r float64, err error) {
+func (r *fileRef) close() { _ = os.Remove(r.path) }
+
+// respRef is n values of size bytes SET through a plain valkey-go client
+// to the adapter's server(s).
+type respRef struct {
+	c                valkey.Client
+	size, n, readers int
+	key              func(i int) string
+}
+
+// newRespRef SETs n values of size bytes with tierWorkers streams and
+// returns the rate; reads GET them with readers streams.
+func newRespRef(ctx context.Context, adapter map[string]any, size, n, readers int) (*respRef, float64, error) {
 	opt, err := respClientOption(adapter)
 	if err != nil {
-		return 0, 0, err
+		return nil, 0, err
 	}
 	c, err := valkey.NewClient(opt)
 	if err != nil {
-		return 0, 0, fmt.Errorf("valkey client: %w", err)
+		return nil, 0, fmt.Errorf("valkey client: %w", err)
 	}
-	defer c.Close()
+	pid := os.Getpid()
+	r := &respRef{c: c, size: size, n: n, readers: readers, key: func(i int) string { return fmt.Sprintf("kvdock-bench-ref:%d:%d", pid, i) }}
 	val := valkey.BinaryString(newPattern(size, 0xbeef).chunk(0))
-	key := func(i int) string { return fmt.Sprintf("kvdock-bench-ref:%d:%d", os.Getpid(), i) }
-	defer func() {
-		for i := range n {
-			_ = c.Do(context.Background(), c.B().Del().Key(key(i)).Build()).Error()
-		}
-	}()
-	each := func(streams int, f func(i int) error) (time.Duration, error) {
-		var next atomic.Int64
-		var wg sync.WaitGroup
-		errs := make([]error, streams)
-		start := time.Now()
-		for s := range streams {
-			wg.Go(func() {
-				for {
-					i := int(next.Add(1) - 1)
-					if i >= n || errs[s] != nil {
-						return
-					}
-					errs[s] = f(i)
-				}
-			})
-		}
-		wg.Wait()
-		return time.Since(start), errors.Join(errs...)
-	}
-	el, err := each(tierWorkers, func(i int) error {
-		return c.Do(ctx, c.B().Set().Key(key(i)).Value(val).Build()).Error()
+	el, err := r.each(tierWorkers, func(i int) error {
+		return c.Do(ctx, c.B().Set().Key(r.key(i)).Value(val).Build()).Error()
 	})
 	if err != nil {
-		return 0, 0, fmt.Errorf("SET: %w", err)
+		r.close()
+		return nil, 0, fmt.Errorf("SET: %w", err)
 	}
-	w = gbps(int64(size)*int64(n), el)
-	el, err = each(readers, func(i int) error {
-		b, err := c.Do(ctx, c.B().Get().Key(key(i)).Build()).AsBytes()
-		if err == nil && len(b) != size {
-			err = fmt.Errorf("GET %s: %d bytes, want %d", key(i), len(b), size)
+	return r, round4(gbps(int64(size)*int64(n), el)), nil
+}
+
+// each runs f for every value index on streams goroutines and times it.
+func (r *respRef) each(streams int, f func(i int) error) (time.Duration, error) {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make([]error, streams)
+	start := time.Now()
+	for s := range streams {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= r.n || errs[s] != nil {
+					return
+				}
+				errs[s] = f(i)
+			}
+		})
+	}
+	wg.Wait()
+	return time.Since(start), errors.Join(errs...)
+}
+
+func (r *respRef) read(ctx context.Context) (int64, time.Duration, error) {
+	el, err := r.each(r.readers, func(i int) error {
+		b, err := r.c.Do(ctx, r.c.B().Get().Key(r.key(i)).Build()).AsBytes()
+		if err == nil && len(b) != r.size {
+			err = fmt.Errorf("GET %s: %d bytes, want %d", r.key(i), len(b), r.size)
 		}
 		return err
 	})
 	if err != nil {
-		return w, 0, fmt.Errorf("GET: %w", err)
+		return 0, el, fmt.Errorf("GET: %w", err)
 	}
-	r = gbps(int64(size)*int64(n), el)
-	return round4(w), round4(r), nil
+	return int64(r.size) * int64(r.n), el, nil
+}
+
+func (r *respRef) close() {
+	for i := range r.n {
+		_ = r.c.Do(context.Background(), r.c.B().Del().Key(r.key(i)).Build()).Error()
+	}
+	r.c.Close()
 }
 
 // respClientOption is the valkey-go option for a validated resp adapter:
