@@ -292,8 +292,15 @@ func TestWriteBehindChecksumsEverySlice(t *testing.T) {
 	if q := waitQueue(t, s, 0); q.Written != 2 {
 		t.Fatalf("queue %+v, want 2 written", q)
 	}
+	holdsPayloads(t, mt.Values(), ks, lay)
+}
+
+// holdsPayloads fails t unless vals holds, under each key of ks, a value
+// that verifies as the payload of the key's index.
+func holdsPayloads(t *testing.T, vals map[string][]byte, ks []keys.ObjectKey, lay layout.Layout) {
+	t.Helper()
 	for i, k := range ks {
-		got, err := tier.Verify(mt.Values()[tier.Key(k, lay)], tier.Key(k, lay), lay)
+		got, err := tier.Verify(vals[tier.Key(k, lay)], tier.Key(k, lay), lay)
 		if err != nil || !bytes.Equal(got, payload(int(lay.Bytes), i)) {
 			t.Fatalf("chunk %d in the tier: %v", i, err)
 		}
@@ -847,12 +854,7 @@ func TestWriteBehindReusesItsValueBuffer(t *testing.T) {
 	if q := waitQueue(t, s, 0); q.Written != 3 {
 		t.Fatalf("queue %+v, want 3 written", q)
 	}
-	for i, k := range ks {
-		got, err := tier.Verify(rec.Values()[tier.Key(k, lay)], tier.Key(k, lay), lay)
-		if err != nil || !bytes.Equal(got, payload(int(lay.Bytes), i)) {
-			t.Fatalf("chunk %d in the tier: %v", i, err)
-		}
-	}
+	holdsPayloads(t, rec.Values(), ks, lay)
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
 	if len(rec.at) != 3 || rec.at[1] != rec.at[0] || rec.at[2] != rec.at[0] {
