@@ -119,6 +119,7 @@ func (e *Engine) buildTiers(cfg settings.L2Config, pool tier.Pool, layouts tier.
 		StateChanged: func(st tierstate.Tier) {
 			e.events.add(EventTier, tierLevel(st.State), tierMessage(st))
 		},
+		LastRequest: e.lastRequest,
 	})
 	for i, st := range s.Stats() {
 		e.events.add(EventTier, tierLevel(st.State), fmt.Sprintf("tier %d (%s %s) opened: %s", i, st.Type, st.Target, stateText(st)))
@@ -190,4 +191,13 @@ func (e *Engine) applyTiersLocked(cfg settings.L2Config) {
 	}
 	p.tiers.swap(cfg, s)
 	e.events.add(EventTier, slog.LevelInfo, fmt.Sprintf("L2 tiers now %d (pool kept)", len(cfg.Adapters)))
+}
+
+// lastRequest is when the wire server last saw a message (the zero time
+// while none serves): the tiers' writers yield to the request path.
+func (e *Engine) lastRequest() time.Time {
+	if c := e.cur.Load(); c != nil && c.front != nil {
+		return c.front.srv.LastMessage()
+	}
+	return time.Time{}
 }

@@ -121,12 +121,14 @@ const (
 )
 
 // churn counts the bytes of large messages moved since the last scavenge,
-// and every message.
-type churn struct{ n, msgs atomic.Int64 }
+// and every message (requests read, replies queued), and keeps when the
+// last one came (Server.LastMessage).
+type churn struct{ n, msgs, last atomic.Int64 }
 
 // add counts a message of n bytes; small ones do not fill the heaps.
 func (c *churn) add(n int64) {
 	c.msgs.Add(1)
+	c.last.Store(time.Now().UnixNano())
 	if n >= 64<<10 {
 		c.n.Add(n)
 	}

@@ -451,6 +451,16 @@ func (s *Server) fastShared(spec *protocol.Spec, payload [][]byte) bool {
 	return n <= s.opts.FastSharedBytes
 }
 
+// LastMessage is when the server last read a request or queued a reply,
+// the zero time before the first: the tiers' write-behind writers wait for
+// a quiet moment on the request path before each piece they write.
+func (s *Server) LastMessage() time.Time {
+	if n := s.churn.last.Load(); n != 0 {
+		return time.Unix(0, n)
+	}
+	return time.Time{}
+}
+
 // maxMessage is the limit on the message being read now.
 func (s *Server) maxMessage() int64 {
 	limit := s.opts.MaxMessageBytes

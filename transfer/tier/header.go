@@ -65,8 +65,9 @@ func newValue(key string, lay layout.Layout, n int, spare []byte) (v, payload []
 
 // newHeader returns the header of the value of key and lay whose payload is
 // payload, checksum included, for a backend that writes the two parts from
-// where they lie (PartsPutter). The checksum pass yields between slices.
-func newHeader(key string, lay layout.Layout, payload []byte) ([]byte, error) {
+// where they lie (PartsPutter). The checksum pass yields between slices,
+// and calls pace (when not nil) before each.
+func newHeader(key string, lay layout.Layout, payload []byte, pace func()) ([]byte, error) {
 	if err := headerFits(key, lay); err != nil {
 		return nil, err
 	}
@@ -74,6 +75,9 @@ func newHeader(key string, lay layout.Layout, payload []byte) ([]byte, error) {
 	b := appendHeader(make([]byte, 0, h), key, lay, len(payload))[:h]
 	c := crc32.Checksum(b[:h-4], castagnoli)
 	for off := 0; off < len(payload); off += yieldSlice {
+		if pace != nil {
+			pace()
+		}
 		c = crc32.Update(c, castagnoli, payload[off:min(off+yieldSlice, len(payload))])
 		runtime.Gosched()
 	}

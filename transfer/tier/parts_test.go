@@ -154,7 +154,7 @@ type niceProbe struct {
 	nice chan int
 }
 
-func (n niceProbe) PutParts(ctx context.Context, key string, head, payload []byte, valid func() bool) error {
+func (n niceProbe) PutParts(ctx context.Context, key string, head, payload []byte, valid func() bool, _ func()) error {
 	prio, err := unix.Getpriority(unix.PRIO_PROCESS, unix.Gettid())
 	if err == nil {
 		n.nice <- 20 - prio

@@ -85,6 +85,10 @@ type Options struct {
 	// StateChanged is told when a tier changes state (up, down with the
 	// reason, degraded), for the events pane. Called from Run's watcher.
 	StateChanged func(t tierstate.Tier)
+	// LastRequest, when set, tells when the request path last saw a
+	// message: the write-behind writers wait for a quiet moment before
+	// each piece they checksum, copy or write (see yieldToRequests).
+	LastRequest func() time.Time
 }
 
 // tierCounters are the Set's own counters of one tier.

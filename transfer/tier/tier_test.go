@@ -861,3 +861,63 @@ func TestWriteBehindReusesItsValueBuffer(t *testing.T) {
 		t.Fatalf("value buffers %v: want one buffer for the three back-to-back writes", rec.at)
 	}
 }
+
+// pacedParts is a PartsPutter that calls pace once per MiB of payload, as
+// the fs tier does per piece it writes.
+type pacedParts struct{ *memtier.Tier }
+
+func (p pacedParts) PutParts(ctx context.Context, key string, head, payload []byte, valid func() bool, pace func()) error {
+	if pace == nil {
+		return errors.New("no pace given")
+	}
+	for off := 0; off < len(payload); off += 1 << 20 {
+		pace()
+	}
+	if !valid() {
+		return tier.ErrSourceChanged
+	}
+	return p.Tier.Put(ctx, key, append(append([]byte(nil), head...), payload...))
+}
+
+// TestWriteBehindYieldsToRequests: while requests keep coming (the request
+// path's last message is always now), a writer waits its longest (10 ms)
+// before each MiB it copies, checksums or writes, and still writes the
+// chunk, whole; with the request path quiet it does not wait.
+func TestWriteBehindYieldsToRequests(t *testing.T) {
+	lay, err := layout.New(4, 64, 1536, "float32", false) // 3 MiB
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name   string
+		wrap   func(*memtier.Tier) tier.Backend
+		pieces int // the MiB yields of one write: copy, or checksum then file write
+	}{
+		{"whole value", func(mt *memtier.Tier) tier.Backend { return mt }, 3},
+		{"parts", func(mt *memtier.Tier) tier.Backend { return pacedParts{mt} }, 6},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, busy := range []bool{true, false} {
+				p := openPool(t, 16<<20)
+				mt := memtier.New()
+				last := func() time.Time { return time.Time{} }
+				if busy {
+					last = time.Now
+				}
+				s := newSet(t, p, lay, tier.Options{WorkersPerTier: 1, LastRequest: last}, tc.wrap(mt))
+				k := testKey(0)
+				store(t, p, k, payload(int(lay.Bytes), 0))
+				start := time.Now()
+				s.Enqueue([]keys.ObjectKey{k}, lay)
+				if q := waitQueue(t, s, 0); q.Written != 1 {
+					t.Fatalf("busy %v: queue %+v, want 1 written", busy, q)
+				}
+				took := time.Since(start)
+				holdsPayloads(t, mt.Values(), []keys.ObjectKey{k}, lay)
+				if min := time.Duration(tc.pieces) * 10 * time.Millisecond; busy && took < min {
+					t.Errorf("requests coming: the write took %v, want at least %v (%d yields of 10 ms)", took, min, tc.pieces)
+				}
+			}
+		})
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -20,9 +21,10 @@ import (
 // has been written and before the value becomes visible under key; false
 // means the payload's memory may have been reused meanwhile (the L1 hold
 // ended), and the backend must discard what it wrote and return an error
-// wrapping ErrSourceChanged.
+// wrapping ErrSourceChanged. pace, when not nil, is called before each
+// piece of the value is written (the writer's yield to the request path).
 type PartsPutter interface {
-	PutParts(ctx context.Context, key string, head, payload []byte, valid func() bool) error
+	PutParts(ctx context.Context, key string, head, payload []byte, valid func() bool, pace func()) error
 }
 
 // ErrSourceChanged is wrapped by PartsPutter.PutParts when valid said the
@@ -179,13 +181,14 @@ func (s *Set) put(ctx context.Context, m *member, it item, name string, spare []
 		return spare, errGone
 	}
 	if pp, ok := m.b.(PartsPutter); ok {
-		head, err := newHeader(name, it.lay, src)
+		pace := func() { s.yieldToRequests(ctx) }
+		head, err := newHeader(name, it.lay, src, pace)
 		if err != nil {
 			return spare, err
 		}
 		// The hold bounds nothing in time by itself (its read TTL can end
 		// it while the write runs): the backend asks before it publishes.
-		return spare, pp.PutParts(ctx, name, head, src, func() bool { return s.pool.Held(ref) })
+		return spare, pp.PutParts(ctx, name, head, src, func() bool { return s.pool.Held(ref) }, pace)
 	}
 	v, dst, err := newValue(name, it.lay, len(src), spare)
 	if err != nil {
@@ -196,6 +199,7 @@ func (s *Set) put(ctx context.Context, m *member, it item, name string, spare []
 	h := len(v) - len(dst)
 	sum := HeadSum(v[:h])
 	for off := 0; off < len(src); off += yieldSlice {
+		s.yieldToRequests(ctx)
 		end := min(off+yieldSlice, len(src))
 		copy(dst[off:end], src[off:end])
 		sum = PayloadSum(sum, dst[off:end])
@@ -208,4 +212,34 @@ func (s *Set) put(ctx context.Context, m *member, it item, name string, spare []
 		return v, fmt.Errorf("put %d bytes: %w", len(v), err)
 	}
 	return v, nil
+}
+
+// A write-behind writer yields to the request path: before each piece
+// (yieldSlice or the backend's write piece) it waits until no request has
+// come for requestQuiet, but never longer than requestYieldMax, so writes
+// still progress (at least a piece per requestYieldMax per writer) under a
+// constant stream of requests. Without it, the writers' copies, checksums
+// and file writes took the CPU from the requests (kvdock bench's saturated
+// round trips, docs/BENCHMARKS.md). A tier then falls behind sooner under
+// load, and drops (and counts) more writes.
+const (
+	requestQuiet    = 300 * time.Microsecond
+	requestYieldMax = 10 * time.Millisecond
+)
+
+// yieldToRequests waits, as above, for a quiet moment on the request path;
+// it returns at once without Options.LastRequest, and when ctx ends.
+func (s *Set) yieldToRequests(ctx context.Context) {
+	if s.opts.LastRequest == nil {
+		return
+	}
+	deadline := time.Now().Add(requestYieldMax)
+	for {
+		quietFor := time.Since(s.opts.LastRequest())
+		left := time.Until(deadline)
+		if quietFor >= requestQuiet || left <= 0 || ctx.Err() != nil {
+			return
+		}
+		time.Sleep(min(requestQuiet-quietFor, left))
+	}
 }

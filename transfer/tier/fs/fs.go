@@ -51,8 +51,9 @@ const (
 	// blockSize rounds each file's charge up: a file costs at least a block
 	// on disk, which also bounds the index to capacity/4 KiB entries.
 	blockSize = 4096
-	// ioPiece is how much is written between context checks.
-	ioPiece = 8 << 20
+	// ioPiece is how much is written between context checks and the
+	// writer's yields to the request path (a few hundred µs of copying).
+	ioPiece = 1 << 20
 	// readPiece is how much is read between context checks: small enough
 	// that the caller's checksum of a piece (GetInto) finds it still in
 	// the CPU's cache.
@@ -225,17 +226,18 @@ func charge(size int64) int64 { return (size + blockSize - 1) / blockSize * bloc
 // within the capacity. A write the disk cannot take is dropped, counted and
 // turns the tier degraded until a later write succeeds.
 func (t *Tier) Put(ctx context.Context, key string, value []byte) error {
-	return t.put(ctx, key, [][]byte{value}, nil)
+	return t.put(ctx, key, [][]byte{value}, nil, nil)
 }
 
 // PutParts implements tier.PartsPutter: the value is head then payload,
 // written to the file from where they lie; valid is asked after the last
-// byte is written, and a false answer discards the file.
-func (t *Tier) PutParts(ctx context.Context, key string, head, payload []byte, valid func() bool) error {
-	return t.put(ctx, key, [][]byte{head, payload}, valid)
+// byte is written, and a false answer discards the file; pace (when not
+// nil) is called before each piece (ioPiece) is written.
+func (t *Tier) PutParts(ctx context.Context, key string, head, payload []byte, valid func() bool, pace func()) error {
+	return t.put(ctx, key, [][]byte{head, payload}, valid, pace)
 }
 
-func (t *Tier) put(ctx context.Context, key string, parts [][]byte, valid func() bool) error {
+func (t *Tier) put(ctx context.Context, key string, parts [][]byte, valid func() bool, pace func()) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("fs tier: put: %w", err)
 	}
@@ -266,7 +268,7 @@ func (t *Tier) put(ctx context.Context, key string, parts [][]byte, valid func()
 		}
 	}
 
-	tmp, err := t.writeTemp(ctx, dir, h, parts)
+	tmp, err := t.writeTemp(ctx, dir, h, parts, pace)
 	if err != nil {
 		if ctx.Err() == nil {
 			t.writeFailed(size, err)
@@ -367,7 +369,7 @@ func (t *Tier) buryLocked(file string, graves []string) []string {
 
 // writeTemp writes value to a fresh temporary file beside its final place
 // (or in relative_tmp_dir) and returns its path; on error nothing is left.
-func (t *Tier) writeTemp(ctx context.Context, dir string, h [hashLen]byte, parts [][]byte) (path string, err error) {
+func (t *Tier) writeTemp(ctx context.Context, dir string, h [hashLen]byte, parts [][]byte, pace func()) (path string, err error) {
 	if !t.shardMade[h[0]].Load() {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return "", fmt.Errorf("create shard directory: %w", err)
@@ -399,6 +401,9 @@ func (t *Tier) writeTemp(ctx context.Context, dir string, h [hashLen]byte, parts
 		for off := 0; off < len(value); {
 			if err := ctx.Err(); err != nil {
 				return "", err
+			}
+			if pace != nil {
+				pace()
 			}
 			n := min(ioPiece, len(value)-off)
 			if _, err := f.Write(value[off : off+n]); err != nil {
