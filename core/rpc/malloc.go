@@ -75,7 +75,7 @@ const tuneTarget = 1 << 30
 // never shrunk, and malloc_trim trims only the main arena's top. libzmq's
 // I/O thread reads every request into its own arena, so after a burst of
 // large requests (TestHostilePeersCombined's 64 x 16 MiB) tens of MiB stayed
-// resident there for good (+34 MiB in that test). On the main arena the
+// resident there for good. On the main arena the
 // scavenger's malloc_trim gives it all back. Threads then share one arena
 // lock, taken only for sizes the per-thread caches do not serve.
 func TuneMalloc() MallocTuning {
