@@ -5,8 +5,10 @@
 // least recently used first, and watches the connection: a failure marks the
 // tier down with the reason, calls then fail at once instead of waiting on a
 // dead server, and a background probe with exponential backoff brings the
-// tier back up by itself. The password never appears in a log line, an error
-// or the snapshot.
+// tier back up by itself. The write-behind's values go out through
+// connections of the tier's own, streamed a piece at a time from their L1
+// bytes (stream.go). The password never appears in a log line, an error or
+// the snapshot.
 package resp
 
 import (
@@ -72,6 +74,8 @@ type Tier struct {
 	stop chan struct{}
 	done chan struct{}
 
+	streams *streams // the write-behind's SET connections (PutParts)
+
 	readBytes, writeBytes atomic.Uint64
 	notify                atomic.Pointer[func(tierstate.Tier)]
 }
@@ -83,6 +87,7 @@ var (
 	_ tier.Backend       = (*Tier)(nil)
 	_ tier.StateNotifier = (*Tier)(nil)
 	_ tier.AbsenceKnower = (*Tier)(nil)
+	_ tier.PartsPutter   = (*Tier)(nil)
 )
 
 // Open connects to the server (or cluster) of cfg. A server that refuses the
@@ -140,6 +145,7 @@ func Open(ctx context.Context, cfg RESPConfig, log *slog.Logger) (*Tier, error) 
 			ConnWriteTimeout: connWriteTimeout,
 		},
 	}
+	t.streams = newStreams(t)
 	client, err := t.dial(ctx)
 	if err != nil {
 		if isAuth(err) {
@@ -261,27 +267,8 @@ func (t *Tier) Put(ctx context.Context, key string, value []byte) error {
 	defer release()
 	// Past this point the caller's ctx is not handed to the client (see
 	// detached and the SET below); the evictions get a bound of their own.
-	victims, err := t.idx.reserve(key, int64(len(value)), time.Now())
-	if err != nil {
-		return fmt.Errorf("resp tier %s: put: %w", t.target, err)
-	}
-	if len(victims) > 0 {
-		// Victims are out of the index already: a failed DEL leaves
-		// them on the server until their TTL or the server's own
-		// eviction, which an approximate budget tolerates.
-		cmds := make(valkey.Commands, len(victims))
-		for i, v := range victims {
-			// UNLINK: the server frees the value off its event loop
-			// (a 32 MiB free stalls every client's command for ms).
-			cmds[i] = c.B().Unlink().Key(t.serverKey(v)).Build()
-		}
-		ectx := context.WithoutCancel(ctx) // see detached
-		for _, r := range c.DoMulti(ectx, cmds...) {
-			if err := r.Error(); err != nil {
-				t.idx.remove(key)
-				return t.fail(ectx, "evict", err)
-			}
-		}
+	if err := t.reserve(ctx, c, key, int64(len(value))); err != nil {
+		return err
 	}
 	set := c.B().Set().Key(t.serverKey(key)).Value(valkey.BinaryString(value))
 	var cmd valkey.Completed
@@ -308,6 +295,66 @@ func (t *Tier) Put(ctx context.Context, key string, value []byte) error {
 	}
 	t.absent.forget(key)
 	t.writeBytes.Add(uint64(len(value)))
+	t.recovered()
+	return nil
+}
+
+// reserve makes room for size bytes under key in this process's budget,
+// deleting the least recently used values past it (through c).
+func (t *Tier) reserve(ctx context.Context, c valkey.Client, key string, size int64) error {
+	victims, err := t.idx.reserve(key, size, time.Now())
+	if err != nil {
+		return fmt.Errorf("resp tier %s: put: %w", t.target, err)
+	}
+	if len(victims) == 0 {
+		return nil
+	}
+	// Victims are out of the index already: a failed DEL leaves them on
+	// the server until their TTL or the server's own eviction, which an
+	// approximate budget tolerates.
+	cmds := make(valkey.Commands, len(victims))
+	for i, v := range victims {
+		// UNLINK: the server frees the value off its event loop (a
+		// 32 MiB free stalls every client's command for ms).
+		cmds[i] = c.B().Unlink().Key(t.serverKey(v)).Build()
+	}
+	ectx := context.WithoutCancel(ctx) // see detached
+	for _, r := range c.DoMulti(ectx, cmds...) {
+		if err := r.Error(); err != nil {
+			t.idx.remove(key)
+			return t.fail(ectx, "evict", err)
+		}
+	}
+	return nil
+}
+
+// PutParts implements tier.PartsPutter: it stores head ‖ payload under key
+// like Put, streaming payload from where it lies, a piece after each pace
+// (see streams). valid false (asked before the SET's last byte) abandons
+// the SET unfinished, and nothing is stored.
+func (t *Tier) PutParts(ctx context.Context, key string, head, payload []byte, valid func() bool, pace func()) error {
+	c, release, err := t.begin(ctx, false)
+	if err != nil {
+		return err
+	}
+	defer release()
+	size := int64(len(head) + len(payload))
+	if err := t.reserve(ctx, c, key, size); err != nil {
+		return err
+	}
+	if err := t.streams.set(ctx, t.serverKey(key), head, payload, t.cfg.TTL, valid, pace); err != nil {
+		t.idx.remove(key)
+		err = t.clean(err)
+		switch {
+		case errors.Is(err, errUnfinished) && ctx.Err() == nil:
+			return fmt.Errorf("resp tier %s: put of %d bytes discarded: %w", t.target, size, tier.ErrSourceChanged)
+		case errors.Is(err, ErrClosed):
+			return fmt.Errorf("resp tier %s: put: %w", t.target, err)
+		}
+		return t.fail(ctx, "put", err)
+	}
+	t.absent.forget(key)
+	t.writeBytes.Add(uint64(size))
 	t.recovered()
 	return nil
 }
@@ -468,6 +515,7 @@ func (t *Tier) Close() error {
 	t.mu.Unlock()
 	close(t.stop)
 	<-t.done
+	t.streams.flush(true)
 	t.mu.Lock()
 	c := t.client
 	t.client = nil
@@ -545,6 +593,7 @@ func (t *Tier) setState(s tierstate.State, reason string) {
 		t.log.Info("resp tier up")
 	case tierstate.Down:
 		t.log.Warn("resp tier down", "reason", reason)
+		t.streams.flush(false) // they may be dead; fresh ones after
 		select {
 		case t.wake <- struct{}{}:
 		default:
@@ -654,6 +703,10 @@ func serverErr(err error) (string, bool) {
 	var ve *valkey.ValkeyError
 	if errors.As(err, &ve) && !valkey.IsValkeyNil(ve) {
 		return ve.Error(), true
+	}
+	var re *replyError
+	if errors.As(err, &re) {
+		return re.msg, true
 	}
 	return "", false
 }

@@ -66,8 +66,8 @@ func roundTrip(t *testing.T, tr *Tier, n int) {
 	for i := range n {
 		k := key(i)
 		keys = append(keys, k)
-		if err := tr.Put(ctx, k, value(i, sizes[i%len(sizes)])); err != nil {
-			t.Fatalf("Put %d: %v", i, err)
+		if err := putEither(ctx, tr, i, k, value(i, sizes[i%len(sizes)])); err != nil {
+			t.Fatalf("put %d: %v", i, err)
 		}
 	}
 	for i, k := range keys {
@@ -101,6 +101,16 @@ func roundTrip(t *testing.T, tr *Tier, n int) {
 	if st.Type != "resp" || st.State != tierstate.Up || st.Objects != int64(n-1) || st.WriteBytes == 0 || st.ReadBytes == 0 {
 		t.Fatalf("Stats = %+v", st)
 	}
+}
+
+// putEither stores v under k through Put for even i, through PutParts (the
+// write-behind's way, head and payload apart) for odd i.
+func putEither(ctx context.Context, tr *Tier, i int, k string, v []byte) error {
+	if i%2 == 0 {
+		return tr.Put(ctx, k, v)
+	}
+	h := min(len(v), 7)
+	return tr.PutParts(ctx, k, v[:h], v[h:], func() bool { return true }, func() {})
 }
 
 func TestRoundTripStandalone(t *testing.T) {
@@ -148,6 +158,14 @@ func TestTTL(t *testing.T) {
 	}
 	if ms, _ := strconv.Atoi(ttl); ms <= 0 || ms > 100_000 {
 		t.Fatalf("PTTL = %s ms, want in (0, 100000]", ttl)
+	}
+	if err := putEither(ctx, tr, 3, key(3), value(3, 10)); err != nil {
+		t.Fatal(err)
+	}
+	if ttl, err := s.Do(ctx, "PTTL", tr.serverKey(key(3))); err != nil {
+		t.Fatal(err)
+	} else if ms, _ := strconv.Atoi(ttl); ms <= 0 || ms > 100_000 {
+		t.Fatalf("PTTL of a streamed value = %s ms, want in (0, 100000]", ttl)
 	}
 	cfg.TTL = 0
 	tr2, _ := open(t, cfg)
@@ -248,6 +266,14 @@ func TestWrongPasswordIsClearAndSecret(t *testing.T) {
 	tr, _ = open(t, cfg)
 	if err := tr.Put(ctx, key(1), value(1, 10)); err != nil {
 		t.Fatalf("the right password: %v", err)
+	}
+	if err := putEither(ctx, tr, 1, key(2), value(2, 10)); err != nil {
+		t.Fatalf("the right password, streamed: %v", err)
+	}
+	for i := 1; i <= 2; i++ {
+		if got, err := tr.Get(ctx, key(i)); err != nil || !bytes.Equal(got, value(i, 10)) {
+			t.Fatalf("Get %d: %v", i, err)
+		}
 	}
 }
 
