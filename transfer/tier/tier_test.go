@@ -921,3 +921,37 @@ func TestWriteBehindYieldsToRequests(t *testing.T) {
 		})
 	}
 }
+
+// TestWriteBehindYieldsToTierLookups: with no message coming (the request
+// path looks idle) but a lookup in its tier phase, waiting on a tier, a
+// writer still waits its longest before each piece, so its writes do not
+// queue ahead of the lookup's call at the tier; once the lookup is done it
+// writes at once.
+func TestWriteBehindYieldsToTierLookups(t *testing.T) {
+	lay, err := layout.New(4, 64, 1536, "float32", false) // 3 MiB
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, lookup := range []bool{true, false} {
+		p := openPool(t, 16<<20)
+		mt := memtier.New()
+		idle := func() time.Time { return time.Time{} }
+		s := newSet(t, p, lay, tier.Options{WorkersPerTier: 1, LastRequest: idle}, pacedParts{mt})
+		if lookup {
+			release := tier.HoldTierPhase(s)
+			time.AfterFunc(200*time.Millisecond, release)
+		}
+		k := testKey(0)
+		store(t, p, k, payload(int(lay.Bytes), 0))
+		start := time.Now()
+		s.Enqueue([]keys.ObjectKey{k}, lay)
+		if q := waitQueue(t, s, 0); q.Written != 1 {
+			t.Fatalf("lookup %v: queue %+v, want 1 written", lookup, q)
+		}
+		took := time.Since(start)
+		holdsPayloads(t, mt.Values(), []keys.ObjectKey{k}, lay)
+		if want := 6 * 10 * time.Millisecond; lookup && took < want {
+			t.Errorf("a lookup in its tier phase: the write took %v, want at least %v (6 yields of 10 ms)", took, want)
+		}
+	}
+}

@@ -74,13 +74,14 @@ func (s *Set) Enqueue(ks []keys.ObjectKey, lay layout.Layout) {
 
 // work writes m's queued objects until the Set stops. For a backend that
 // streams from L1 on the writer's own thread (a PartsPutter: fs does its
-// file writes there, most of a write's CPU), the writer runs on an OS
-// thread of its own at a lower priority (see writerNice); the thread is
-// never unlocked, so it ends with the goroutine instead of going back to
-// the runtime's pool with its priority lowered. Other backends (resp) do
-// their I/O on their client's threads: lowering only the copy's priority
-// measured a slower tier (its server competes for the same CPU) and no
-// faster request path, so their writers keep the process's priority.
+// file writes there, resp its socket writes, most of a write's CPU), the
+// writer runs on an OS thread of its own at a lower priority (see
+// writerNice); the thread is never unlocked, so it ends with the goroutine
+// instead of going back to the runtime's pool with its priority lowered.
+// Backends that take whole values do their I/O on their own threads:
+// lowering only the copy's priority measured a slower tier (a resp client's,
+// before it streamed) and no faster request path, so their writers keep the
+// process's priority.
 func (s *Set) work(m *member) {
 	if _, ok := m.b.(PartsPutter); ok {
 		runtime.LockOSThread()
@@ -216,15 +217,24 @@ func (s *Set) put(ctx context.Context, m *member, it item, name string, spare []
 
 // A write-behind writer yields to the request path: before each piece
 // (yieldSlice or the backend's write piece) it waits until no request has
-// come for requestQuiet, but never longer than requestYieldMax, so writes
-// still progress (at least a piece per requestYieldMax per writer) under a
-// constant stream of requests. Without it, the writers' copies, checksums
-// and file writes took the CPU from the requests (kvdock bench's saturated
-// round trips, docs/BENCHMARKS.md). A tier then falls behind sooner under
-// load, and drops (and counts) more writes.
+// come for requestQuiet and no lookup is in its tier phase, but never
+// longer than requestYieldMax, so writes still progress (at least a piece
+// per requestYieldMax per writer) under a constant stream of requests.
+// Without it, the writers' copies, checksums and file writes took the CPU
+// from the requests (kvdock bench's saturated round trips,
+// docs/BENCHMARKS.md). A tier then falls behind sooner under load, and
+// drops (and counts) more writes.
+//
+// A lookup waiting on a tier (a resp EXISTS, a load) sends no message
+// meanwhile: after requestQuiet the request path would look idle, and a
+// write piece sent then queued ahead of the lookup's own call at the
+// server. So a lookup in its tier phase counts as a request under way.
 const (
 	requestQuiet    = 300 * time.Microsecond
 	requestYieldMax = 10 * time.Millisecond
+	// tierPhasePoll is how often a yielding writer looks again while a
+	// lookup is in its tier phase.
+	tierPhasePoll = 100 * time.Microsecond
 )
 
 // yieldToRequests waits, as above, for a quiet moment on the request path;
@@ -237,9 +247,16 @@ func (s *Set) yieldToRequests(ctx context.Context) {
 	for {
 		quietFor := time.Since(s.opts.LastRequest())
 		left := time.Until(deadline)
-		if quietFor >= requestQuiet || left <= 0 || ctx.Err() != nil {
+		if left <= 0 || ctx.Err() != nil {
 			return
 		}
-		time.Sleep(min(requestQuiet-quietFor, left))
+		switch {
+		case len(s.jobs) > 0:
+			time.Sleep(min(tierPhasePoll, left))
+		case quietFor < requestQuiet:
+			time.Sleep(min(requestQuiet-quietFor, left))
+		default:
+			return
+		}
 	}
 }
