@@ -64,9 +64,6 @@ type driver struct {
 	// dests are the workers' retrieve destinations (the "scatter into paged
 	// KV"), prefaulted once.
 	dests [][]byte
-	// gate runs the retrieves' checksums apart from the timed work and
-	// measures the retrieve phase's busy time.
-	gate verifyGate
 }
 
 // counters are one worker's results; merged after the phase.
@@ -269,10 +266,8 @@ func (d *driver) transfer(ctx context.Context) transferResult {
 type workerFunc func(ctx context.Context, w, round int, st *counters)
 
 // phase runs fn on every worker concurrently and returns its wall time and
-// the largest busy time of one worker, with that worker's copy time (for
-// retrieves, the union of the workers' timed spans: see verifyGate).
+// the largest busy time of one worker, with that worker's copy time.
 func (d *driver) phase(ctx context.Context, total *counters, round int, fn workerFunc) (wall, busy, copied time.Duration) {
-	d.gate.take() // spans of retrieves outside a phase (the tiers' bench) do not count
 	results := make([]counters, d.cfg.Workers)
 	var wg sync.WaitGroup
 	start := time.Now()
@@ -286,11 +281,6 @@ func (d *driver) phase(ctx context.Context, total *counters, round int, fn worke
 			busy, copied = b, results[i].storeCopy+results[i].retrieveCopy
 		}
 		total.merge(&results[i])
-	}
-	// A retrieve phase's workers took turns with the checksums: its busy
-	// time is the union of their timed spans (see verifyGate).
-	if u := d.gate.take(); u > 0 {
-		busy = u
 	}
 	return wall, busy, copied
 }
@@ -346,8 +336,7 @@ func (d *driver) lookup(ctx context.Context, w int, st *counters, p prompt) (int
 
 // retrieveWorker looks up and retrieves the worker's prompts of the round,
 // verifying every chunk. Timed: PREPARE_RETRIEVE, the copies out (and the
-// unpickling), COMMIT_RETRIEVE; the checksums are not, and run while no
-// worker's timed work does (see verifyGate).
+// unpickling), COMMIT_RETRIEVE; the checksums are not.
 func (d *driver) retrieveWorker(ctx context.Context, w, round int, st *counters) {
 	for i := range d.cfg.PromptsPerRound {
 		p := d.wl.prompt(w, round, i)
@@ -373,7 +362,6 @@ func (d *driver) retrieveWorker(ctx context.Context, w, round int, st *counters)
 func (d *driver) retrieveOne(ctx context.Context, w int, st *counters, p prompt, hits int) {
 	wk, dest := d.workers[w], d.dests[w]
 	var unTimed, copied time.Duration
-	d.gate.enter()
 	start := time.Now()
 	cctx, cancel := context.WithTimeout(ctx, d.cfg.Timeout)
 	got, err := wk.Retrieve(cctx, wk.Key(p.tokens, hits, p.requestID), func(j int, chunk []byte) {
@@ -381,21 +369,13 @@ func (d *driver) retrieveOne(ctx context.Context, w int, st *counters, p prompt,
 		copy(dest, chunk)
 		t := time.Now()
 		copied += t.Sub(c)
-		// Untimed from here until this worker's timed work may go on:
-		// the wait for the others' timed work to pause, the checksum,
-		// and the wait for the other checksums queued meanwhile.
-		d.gate.leave()
-		d.gate.alone(func() {
-			if checksum(dest) != d.pat.sum(p.ids[j]) {
-				st.mismatches++
-			}
-		})
-		d.gate.enter()
+		if checksum(dest) != d.pat.sum(p.ids[j]) {
+			st.mismatches++
+		}
 		unTimed += time.Since(t)
 	})
 	cancel()
 	timed := time.Since(start) - unTimed
-	d.gate.leave()
 	st.verify += unTimed
 	if err != nil {
 		st.fail(fmt.Errorf("retrieve %s: %w", p.requestID, err))
