@@ -898,22 +898,11 @@ func TestWriteBehindYieldsToRequests(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for _, busy := range []bool{true, false} {
-				p := openPool(t, 16<<20)
-				mt := memtier.New()
 				last := func() time.Time { return time.Time{} }
 				if busy {
 					last = time.Now
 				}
-				s := newSet(t, p, lay, tier.Options{WorkersPerTier: 1, LastRequest: last}, tc.wrap(mt))
-				k := testKey(0)
-				store(t, p, k, payload(int(lay.Bytes), 0))
-				start := time.Now()
-				s.Enqueue([]keys.ObjectKey{k}, lay)
-				if q := waitQueue(t, s, 0); q.Written != 1 {
-					t.Fatalf("busy %v: queue %+v, want 1 written", busy, q)
-				}
-				took := time.Since(start)
-				holdsPayloads(t, mt.Values(), []keys.ObjectKey{k}, lay)
+				took := timeOneWrite(t, lay, last, tc.wrap, nil)
 				if min := time.Duration(tc.pieces) * 10 * time.Millisecond; busy && took < min {
 					t.Errorf("requests coming: the write took %v, want at least %v (%d yields of 10 ms)", took, min, tc.pieces)
 				}
@@ -933,25 +922,41 @@ func TestWriteBehindYieldsToTierLookups(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, lookup := range []bool{true, false} {
-		p := openPool(t, 16<<20)
-		mt := memtier.New()
 		idle := func() time.Time { return time.Time{} }
-		s := newSet(t, p, lay, tier.Options{WorkersPerTier: 1, LastRequest: idle}, pacedParts{mt})
+		var before func(*tier.Set)
 		if lookup {
-			release := tier.HoldTierPhase(s)
-			time.AfterFunc(200*time.Millisecond, release)
+			before = func(s *tier.Set) {
+				release := tier.HoldTierPhase(s)
+				time.AfterFunc(200*time.Millisecond, release)
+			}
 		}
-		k := testKey(0)
-		store(t, p, k, payload(int(lay.Bytes), 0))
-		start := time.Now()
-		s.Enqueue([]keys.ObjectKey{k}, lay)
-		if q := waitQueue(t, s, 0); q.Written != 1 {
-			t.Fatalf("lookup %v: queue %+v, want 1 written", lookup, q)
-		}
-		took := time.Since(start)
-		holdsPayloads(t, mt.Values(), []keys.ObjectKey{k}, lay)
+		took := timeOneWrite(t, lay, idle, func(mt *memtier.Tier) tier.Backend { return pacedParts{mt} }, before)
 		if want := 6 * 10 * time.Millisecond; lookup && took < want {
 			t.Errorf("a lookup in its tier phase: the write took %v, want at least %v (6 yields of 10 ms)", took, want)
 		}
 	}
+}
+
+// timeOneWrite stores one chunk of lay in a fresh pool, has a one-writer
+// Set (LastRequest last, over wrap of a memtier) write it to its tier, and
+// returns how long the write took once the tier holds the chunk's bytes.
+// before, when set, runs on the Set before the chunk is queued.
+func timeOneWrite(t *testing.T, lay layout.Layout, last func() time.Time, wrap func(*memtier.Tier) tier.Backend, before func(*tier.Set)) time.Duration {
+	t.Helper()
+	p := openPool(t, 16<<20)
+	mt := memtier.New()
+	s := newSet(t, p, lay, tier.Options{WorkersPerTier: 1, LastRequest: last}, wrap(mt))
+	if before != nil {
+		before(s)
+	}
+	k := testKey(0)
+	store(t, p, k, payload(int(lay.Bytes), 0))
+	start := time.Now()
+	s.Enqueue([]keys.ObjectKey{k}, lay)
+	if q := waitQueue(t, s, 0); q.Written != 1 {
+		t.Fatalf("queue %+v, want 1 written", q)
+	}
+	took := time.Since(start)
+	holdsPayloads(t, mt.Values(), []keys.ObjectKey{k}, lay)
+	return took
 }
