@@ -42,6 +42,9 @@ const (
 	backoffMin       = 50 * time.Millisecond
 	backoffMax       = 5 * time.Second
 	hasBatch         = 128 // EXISTS per pipeline round trip
+	// maxValueBytes is the largest value written: Redis's and Valkey's
+	// default proto-max-bulk-len (512 MB).
+	maxValueBytes = 512 << 20
 )
 
 // ErrDown is wrapped by every call made while the tier is down.
@@ -339,6 +342,11 @@ func (t *Tier) PutParts(ctx context.Context, key string, head, payload []byte, v
 	}
 	defer release()
 	size := int64(len(head) + len(payload))
+	if size > maxValueBytes {
+		// The server would answer with a protocol error and close the
+		// connection, which reads as the tier failing.
+		return fmt.Errorf("resp tier %s: put: value of %d bytes exceeds the server's default bulk limit (%d)", t.target, size, maxValueBytes)
+	}
 	if err := t.reserve(ctx, c, key, size); err != nil {
 		return err
 	}

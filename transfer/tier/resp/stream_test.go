@@ -277,3 +277,23 @@ func TestPutPartsStaleSlotMapRecovers(t *testing.T) {
 		t.Fatalf("Get: %d bytes, %v", len(got), err)
 	}
 }
+
+// A value past the server's default bulk limit is refused before anything
+// is sent (the server would close the connection on it, which reads as the
+// tier failing): an error, the tier up, the key absent.
+func TestPutPartsRefusesValuePastBulkLimit(t *testing.T) {
+	s := redisserver.Start(t, redisserver.Options{})
+	tr, _ := open(t, standaloneCfg(s))
+	ctx := context.Background()
+	huge := make([]byte, maxValueBytes) // fresh pages: not touched
+	err := tr.PutParts(ctx, key(1), []byte{1}, huge, func() bool { return true }, nil)
+	if err == nil || !strings.Contains(err.Error(), "bulk limit") {
+		t.Fatalf("PutParts of %d bytes: %v", maxValueBytes+1, err)
+	}
+	if st := tr.Stats(); st.State != tierstate.Up || st.Objects != 0 {
+		t.Fatalf("after a refused value: %+v", st)
+	}
+	if n, err := s.Do(ctx, "EXISTS", tr.serverKey(key(1))); err != nil || n != "0" {
+		t.Fatalf("EXISTS = %s, %v", n, err)
+	}
+}
