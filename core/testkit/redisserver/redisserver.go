@@ -16,6 +16,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -138,12 +139,27 @@ func (s *Server) start() error {
 	lb := &logbuf.Buffer{}
 	cmd.Stdout, cmd.Stderr = lb, lb
 	// The server dies with the test process even when cleanup never runs.
+	// The parent-death signal fires when the thread that started the child
+	// exits, not the process: a goroutine that locks its thread and ends
+	// (the tier's write-behind writers do) ends that thread, and a server
+	// started from it would die mid-test. So the server is started, and
+	// waited for, on a thread locked for its whole life.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	started := make(chan error, 1)
+	done := make(chan struct{})
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends after the server
+		if err := cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
+		_ = cmd.Wait()
+		close(done)
+	}()
+	if err := <-started; err != nil {
 		return fmt.Errorf("start redis-server: %w", err)
 	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
 	s.mu.Lock()
 	s.cmd, s.done, s.log = cmd, done, lb
 	s.mu.Unlock()

@@ -2,6 +2,7 @@ package redisserver
 
 import (
 	"context"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -47,5 +48,23 @@ func TestCluster(t *testing.T) {
 	}
 	if want := "cluster_slots_assigned:16384"; !strings.Contains(slots, want) {
 		t.Fatalf("cluster info lacks %q:\n%s", want, slots)
+	}
+}
+
+// A goroutine that locks its thread and ends (as the tier's writers do)
+// ends the thread; that may not kill a server started from that thread (its
+// parent-death signal follows the starting thread, not the process).
+func TestServerOutlivesItsStartingThread(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	started := make(chan *Server)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
+		started <- Start(t, Options{})
+	}()
+	s := <-started
+	time.Sleep(200 * time.Millisecond) // the thread's end and a signal take a moment
+	if v, err := s.Do(ctx, "PING"); err != nil || v != "PONG" {
+		t.Fatalf("server after its starting thread ended: %q, %v\n%s", v, err, s.Log())
 	}
 }
