@@ -155,8 +155,8 @@ func (s *streams) flush(close bool) {
 // (the server name from the address), AUTH when there is a password.
 func (s *streams) dial(ctx context.Context, addr string) (*streamConn, error) {
 	cfg := s.t.cfg
-	d := net.Dialer{Timeout: dialTimeoutOf(cfg)}
-	dctx, cancel := context.WithTimeout(ctx, dialTimeoutOf(cfg))
+	d := s.t.opt.Dialer // the client's: the same dial timeout
+	dctx, cancel := context.WithTimeout(ctx, d.Timeout)
 	defer cancel()
 	c, err := d.DialContext(dctx, "tcp", addr)
 	if err != nil {
@@ -190,13 +190,6 @@ func (s *streams) dial(ctx context.Context, addr string) (*streamConn, error) {
 		}
 	}
 	return sc, nil
-}
-
-func dialTimeoutOf(cfg RESPConfig) time.Duration {
-	if cfg.DialTimeout > 0 {
-		return cfg.DialTimeout
-	}
-	return dialTimeout
 }
 
 // command sends a small command and reads its simple-string reply.
