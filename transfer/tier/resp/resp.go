@@ -79,6 +79,16 @@ type Tier struct {
 
 	streams *streams // the write-behind's SET connections (PutParts)
 
+	// bg is the context of the background refreshes (refreshAbsent), ended
+	// by Close, which then waits for them (refreshes; Add under mu, only
+	// while not closed).
+	bg        context.Context
+	stopBg    context.CancelFunc
+	refreshes sync.WaitGroup
+	// refreshing counts the refreshes under way (at most half the small
+	// calls' worker slots, at least one).
+	refreshing atomic.Int32
+
 	readBytes, writeBytes atomic.Uint64
 	notify                atomic.Pointer[func(tierstate.Tier)]
 }
@@ -149,12 +159,15 @@ func Open(ctx context.Context, cfg RESPConfig, log *slog.Logger) (*Tier, error) 
 		},
 	}
 	t.streams = newStreams(t)
+	t.bg, t.stopBg = context.WithCancel(context.Background())
 	client, err := t.dial(ctx)
 	if err != nil {
 		if isAuth(err) {
+			t.stopBg()
 			return nil, fmt.Errorf("resp tier %s: %w", t.target, t.clean(err))
 		}
 		if ctx.Err() != nil {
+			t.stopBg()
 			return nil, fmt.Errorf("resp tier %s: %w", t.target, ctx.Err())
 		}
 		t.state, t.reason = tierstate.Down, t.clean(err).Error()
@@ -236,6 +249,36 @@ func (t *Tier) dial(ctx context.Context) (*clients, error) {
 // when small), failing at once while the tier is down or closed, and takes
 // a worker slot of that client (honouring ctx).
 func (t *Tier) begin(ctx context.Context, small bool) (valkey.Client, func(), error) {
+	c, sem, err := t.usable(small)
+	if err != nil {
+		return nil, nil, err
+	}
+	select {
+	case sem <- struct{}{}:
+		return c, func() { <-sem }, nil
+	case <-ctx.Done():
+		return nil, nil, fmt.Errorf("resp tier %s: waiting for a worker: %w", t.target, ctx.Err())
+	}
+}
+
+// beginNow is begin that does not wait: ok is false while the tier is down
+// or closed, or every worker slot is taken.
+func (t *Tier) beginNow(small bool) (c valkey.Client, release func(), ok bool) {
+	c, sem, err := t.usable(small)
+	if err != nil {
+		return nil, nil, false
+	}
+	select {
+	case sem <- struct{}{}:
+		return c, func() { <-sem }, true
+	default:
+		return nil, nil, false
+	}
+}
+
+// usable returns the client for small or value calls and its worker slots,
+// or why neither can be used now.
+func (t *Tier) usable(small bool) (valkey.Client, chan struct{}, error) {
 	t.mu.Lock()
 	cs, state, reason, closed := t.client, t.state, t.reason, t.closed
 	t.mu.Unlock()
@@ -245,16 +288,10 @@ func (t *Tier) begin(ctx context.Context, small bool) (valkey.Client, func(), er
 	case state == tierstate.Down || cs == nil:
 		return nil, nil, fmt.Errorf("%w (%s): %s", ErrDown, t.target, reason)
 	}
-	c, sem := cs.bulk, t.sem
 	if small {
-		c, sem = cs.small, t.smallSem
+		return cs.small, t.smallSem, nil
 	}
-	select {
-	case sem <- struct{}{}:
-		return c, func() { <-sem }, nil
-	case <-ctx.Done():
-		return nil, nil, fmt.Errorf("resp tier %s: waiting for a worker: %w", t.target, ctx.Err())
-	}
+	return cs.bulk, t.sem, nil
 }
 
 // Put stores value under key (SET, with EX when a TTL is configured), first
@@ -394,8 +431,8 @@ func (t *Tier) Get(ctx context.Context, key string) ([]byte, error) {
 // asking only up to the first key the server said was absent less than
 // absentFor ago.
 func (t *Tier) Has(ctx context.Context, keys []string) (int, error) {
-	asked := time.Now()
-	keys = keys[:t.absent.firstFresh(keys, asked)]
+	asked := t.absent.ask()
+	keys = keys[:t.absent.firstFresh(keys, asked.at)]
 	if len(keys) == 0 {
 		return 0, nil
 	}
@@ -433,9 +470,63 @@ func (t *Tier) Has(ctx context.Context, keys []string) (int, error) {
 }
 
 // KnownAbsent implements tier.AbsenceKnower: the server said key was
-// absent less than absentFor ago (and we have not written it since).
+// absent less than absentFor ago (and we have not written it since). An
+// answer past refreshAfter is asked again in the background, so a prefix
+// that keeps being looked up (a scheduler asks at every step while the
+// request waits) is answered from memory throughout instead of waiting on
+// the server every absentFor; the answer relied on is still never older
+// than absentFor.
 func (t *Tier) KnownAbsent(key string) bool {
-	return t.absent.firstFresh([]string{key}, time.Now()) == 0
+	absent, refresh := t.absent.knownAbsent(key, time.Now())
+	if refresh {
+		t.refreshAbsent(key)
+	}
+	return absent
+}
+
+// refreshAbsent asks the server about key in the background and remembers
+// the answer. It takes a small-call worker slot only if one is free now and
+// refreshes hold fewer than half of them (lookups that must ask the server
+// always find one; a refresh not made lets the answer age out as before),
+// and Close waits for it.
+func (t *Tier) refreshAbsent(key string) {
+	if t.refreshing.Add(1) > int32(max(1, t.cfg.NumWorkers/2)) {
+		t.refreshing.Add(-1)
+		t.absent.drop(key)
+		return
+	}
+	c, release, ok := t.beginNow(true)
+	if !ok {
+		t.refreshing.Add(-1)
+		t.absent.drop(key)
+		return
+	}
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		release()
+		t.refreshing.Add(-1)
+		t.absent.drop(key)
+		return
+	}
+	t.refreshes.Add(1)
+	t.mu.Unlock()
+	go func() {
+		defer t.refreshes.Done()
+		defer t.refreshing.Add(-1)
+		defer release()
+		q := t.absent.ask()
+		v, err := c.Do(t.bg, c.B().Exists().Key(t.serverKey(key)).Build()).AsInt64()
+		switch {
+		case err != nil:
+			t.absent.drop(key)
+			_ = t.fail(t.bg, "has", err)
+		case v == 0:
+			t.absent.add(key, q)
+		default:
+			t.absent.present(key)
+		}
+	}()
 }
 
 // Delete removes key; an absent key is not an error.
@@ -523,6 +614,7 @@ func (t *Tier) Close() error {
 	t.mu.Unlock()
 	close(t.stop)
 	<-t.done
+	t.stopBg()
 	t.streams.flush(true)
 	t.mu.Lock()
 	c := t.client
@@ -531,6 +623,9 @@ func (t *Tier) Close() error {
 	if c != nil {
 		c.close()
 	}
+	// After the client: closing it ends a refresh that a server does not
+	// answer, which the cancelled context alone does not.
+	t.refreshes.Wait()
 	return nil
 }
 
