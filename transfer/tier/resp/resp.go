@@ -486,9 +486,9 @@ func (t *Tier) KnownAbsent(key string) bool {
 
 // refreshAbsent asks the server about key in the background and remembers
 // the answer. It takes a small-call worker slot only if one is free now and
-// refreshes hold fewer than half of them (lookups that must ask the server
-// always find one; a refresh not made lets the answer age out as before),
-// and Close waits for it.
+// refreshes hold at most half of them (one of a single slot), so lookups
+// that must ask the server find a slot or wait at most for one EXISTS; a
+// refresh not made lets the answer age out as before. Close waits for it.
 func (t *Tier) refreshAbsent(key string) {
 	if t.refreshing.Add(1) > int32(max(1, t.cfg.NumWorkers/2)) {
 		t.refreshing.Add(-1)
