@@ -1,8 +1,10 @@
 package tier
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 
 	"kvdock/core/keys"
@@ -238,15 +240,51 @@ type ReaderInto interface {
 // is not the one asked for.
 var ErrSizeMismatch = errors.New("tier: value has another length")
 
+// HeadReader is implemented by backends that can read the start of a value
+// without the rest: a value of another length than our layout's is then
+// classified (another layout's, or damage) from its header alone.
+type HeadReader interface {
+	// GetHead reads the first len(buf) bytes of the value under key into
+	// buf (all of it when it is shorter) and returns how many, with the
+	// value's full length. Errors are Get's.
+	GetHead(ctx context.Context, key string, buf []byte) (n int, size int64, err error)
+}
+
+// mismatched is the error of a value under name whose length is not our
+// layout's (err, ErrSizeMismatch's): ErrCorrupt, and also ErrForeign when
+// its header, read alone (HeadReader), is an intact header of another
+// layout under name whose payload length accounts for the value's length.
+// Its checksum is not checked (that would mean reading a value of any
+// length): a damaged payload behind such a header stays until our next
+// write of the chunk replaces it, served never.
+func (s *Set) mismatched(ctx context.Context, m *member, name string, lay layout.Layout, err error) error {
+	err = fmt.Errorf("%w: %w", ErrCorrupt, err)
+	hr, ok := m.b.(HeadReader)
+	if !ok {
+		return err
+	}
+	// The longest header a value stored under name can have.
+	buf := make([]byte, fixedBytes+len(name)+8*maxDims+maxDtype)
+	n, size, herr := hr.GetHead(ctx, name, buf)
+	if herr != nil {
+		return err
+	}
+	if key, herr := StoredKey(buf[:n], size); herr != nil || string(key) != name {
+		return err
+	}
+	// Our own header up to the payload length: a value that has it is
+	// ours, damaged.
+	ours := appendHeader(nil, name, lay, 0)
+	if bytes.HasPrefix(buf[:n], ours[:len(ours)-8]) {
+		return err
+	}
+	return fmt.Errorf("%w: %w: a header of another layout, %d bytes", ErrCorrupt, ErrForeign, size)
+}
+
 // loadKey puts the value of k into L1 unless it is there already.
 func (s *Set) loadKey(ctx context.Context, m *member, k keys.ObjectKey, name string, lay layout.Layout) bool {
 	if ri, ok := m.b.(ReaderInto); ok {
-		loaded, done := s.loadInto(ctx, m, ri, k, name, lay)
-		if done {
-			return loaded
-		}
-		// Another length: not our layout's value; the full read below
-		// tells damage from a foreign value.
+		return s.loadInto(ctx, m, ri, k, name, lay)
 	}
 	v, err := m.b.Get(ctx, name)
 	if !s.fetched(ctx, m, k, err) {
@@ -291,6 +329,10 @@ func (s *Set) fetched(ctx context.Context, m *member, k keys.ObjectKey, err erro
 	switch {
 	case err == nil:
 		return true
+	case errors.Is(err, ErrCorrupt):
+		// The backend found the value damaged (and removed it).
+		m.st.corrupt.Add(1)
+		s.log.Warn("tier value rejected by the tier", "key", k, "err", err)
 	case errors.Is(err, ErrNotFound):
 		m.st.misses.Add(1)
 	case ctx.Err() != nil:
@@ -327,27 +369,32 @@ func (s *Set) rejected(m *member, k keys.ObjectKey, name string, err error) {
 // reserved first (write-locked: nobody reads it), the value's header and
 // payload are read into a buffer and the slot, verified there, and only
 // then published; any failure aborts the reservation, so nothing half
-// read or unverified is ever visible. done is false when the value has
-// another length than our layout's (the caller reads it whole to classify
-// it).
-func (s *Set) loadInto(ctx context.Context, m *member, ri ReaderInto, k keys.ObjectKey, name string, lay layout.Layout) (loaded, done bool) {
+// read or unverified is ever visible. The reservation is given back only
+// once GetInto has returned: a read into the slot never outlives it (ctx
+// ending stops the read at its next piece). A value of another length
+// than our layout's is never read (it may be any size): it is rejected as
+// damage and deleted. Unlike Verify's foreign values it cannot be told
+// from damage without reading it; a layout fingerprint collision between
+// two hosts (1 in 2^32) then costs them each other's copy of a chunk,
+// never wrong bytes.
+func (s *Set) loadInto(ctx context.Context, m *member, ri ReaderInto, k keys.ObjectKey, name string, lay layout.Layout) bool {
 	if ctx.Err() != nil {
 		m.st.timeouts.Add(1)
-		return false, true
+		return false
 	}
 	res, err := s.pool.ReserveWrite(s.opts.Owner, []keys.ObjectKey{k}, lay.Bytes)
 	if err != nil {
 		s.log.Debug("no L1 room for a tier load", "key", k, "err", err)
-		return false, true
+		return false
 	}
 	if len(res) == 0 {
-		return true, true // present in L1 already (stored meanwhile)
+		return true // present in L1 already (stored meanwhile)
 	}
 	dst, unview := s.pool.View(res[0].Offset, res[0].Length)
 	if dst == nil || int64(len(dst)) != lay.Bytes {
 		unview()
 		s.pool.AbortWrite(res)
-		return false, true
+		return false
 	}
 	head := make([]byte, headerLen(name, lay))
 	// The checksum is taken piece by piece as the payload arrives (the
@@ -379,29 +426,30 @@ func (s *Set) loadInto(ctx context.Context, m *member, ri ReaderInto, k keys.Obj
 			unview()
 			s.pool.AbortWrite(res)
 			s.rejected(m, k, name, err)
-			return false, true
+			return false
 		}
 	}
 	unview()
 	if err != nil {
 		s.pool.AbortWrite(res)
 		if errors.Is(err, ErrSizeMismatch) {
-			return false, false
+			s.rejected(m, k, name, s.mismatched(ctx, m, name, lay, err))
+			return false
 		}
 		s.fetched(ctx, m, k, err)
-		return false, true
+		return false
 	}
 	m.st.hits.Add(1)
 	if ctx.Err() != nil {
 		s.pool.AbortWrite(res)
 		m.st.timeouts.Add(1)
-		return false, true
+		return false
 	}
 	if !s.pool.FinishWrite(res) {
-		return false, true
+		return false
 	}
 	m.st.loads.Add(1)
-	return true, true
+	return true
 }
 
 var _ Pool = (*l1.Pool)(nil)

@@ -110,6 +110,7 @@ var (
 	_ tier.PartsPutter   = (*Tier)(nil)
 	_ tier.ReaderInto    = (*Tier)(nil)
 	_ tier.AbsenceKnower = (*Tier)(nil)
+	_ tier.HeadReader    = (*Tier)(nil)
 )
 
 // Open takes base_path for this process (flock on base_path/.kvdock.lock),
@@ -172,7 +173,7 @@ func Open(cfg FSConfig, log *slog.Logger) (*Tier, error) {
 	}
 	t.log.Info("fs tier open", "objects", len(t.idx), "used_bytes", t.used, "capacity_bytes", cfg.CapacityBytes,
 		"recovered", cfg.RecoverOnStart, "stale_temp_removed", st.tempsRemoved, "evicted_over_capacity", st.evicted,
-		"cold_removed", st.coldRemoved, "foreign_ignored", st.foreign, "took", time.Since(start))
+		"cold_removed", st.coldRemoved, "invalid_removed", st.invalid, "foreign_ignored", st.foreign, "took", time.Since(start))
 	return t, nil
 }
 
@@ -522,6 +523,19 @@ func (t *Tier) GetInto(ctx context.Context, key string, head, payload []byte, ea
 	return nil
 }
 
+// GetHead implements tier.HeadReader: the first len(buf) bytes of key's
+// file, and its length.
+func (t *Tier) GetHead(ctx context.Context, key string, buf []byte) (n int, size int64, err error) {
+	err = t.read(ctx, key, func(sz int64) ([][]byte, error) {
+		size, n = sz, int(min(sz, int64(len(buf))))
+		return [][]byte{buf[:n]}, nil
+	}, nil)
+	if err != nil {
+		return 0, 0, fmt.Errorf("fs tier: get head: %w", err)
+	}
+	return n, size, nil
+}
+
 // read reads key's file into the buffers dst returns for its length,
 // calling each (when set) with every piece read and the index of its
 // buffer. Only a file of exactly the indexed length is read; anything else
@@ -546,24 +560,20 @@ func (t *Tier) read(ctx context.Context, key string, dst func(size int64) ([][]b
 	t.mu.Unlock()
 
 	_, file := t.paths(h)
-	f, err := os.OpenFile(file, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	f, err := openChunk(file, size)
 	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
+		switch {
+		case errors.Is(err, os.ErrNotExist):
 			t.forget(e, false)
 			return fmt.Errorf("file gone: %w", tier.ErrNotFound)
+		case errors.Is(err, tier.ErrCorrupt):
+			t.forget(e, true)
+			t.log.Warn("fs tier: chunk file changed behind the index, removed", "file", file, "err", err)
+			return fmt.Errorf("%w (%w)", err, tier.ErrNotFound)
 		}
 		return err
 	}
 	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return err
-	}
-	if !fi.Mode().IsRegular() || fi.Size() != size {
-		t.forget(e, true)
-		t.log.Warn("fs tier: chunk file changed behind the index, removed", "file", file, "want_bytes", size, "got_bytes", fi.Size())
-		return fmt.Errorf("file is %d bytes, index says %d: %w", fi.Size(), size, tier.ErrNotFound)
-	}
 	parts, err := dst(size)
 	if err != nil {
 		return err
@@ -577,7 +587,7 @@ func (t *Tier) read(ctx context.Context, key string, dst func(size int64) ([][]b
 			if _, err := io.ReadFull(f, buf[off:off+n]); err != nil {
 				if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
 					t.forget(e, true)
-					return fmt.Errorf("file shrank while read: %w", tier.ErrNotFound)
+					return fmt.Errorf("file shrank while read: %w (%w)", tier.ErrCorrupt, tier.ErrNotFound)
 				}
 				return fmt.Errorf("read: %w", err)
 			}
@@ -587,8 +597,49 @@ func (t *Tier) read(ctx context.Context, key string, dst func(size int64) ([][]b
 			off += n
 		}
 	}
-	t.readBytes.Add(uint64(size))
+	var got int
+	for _, buf := range parts {
+		got += len(buf)
+	}
+	t.readBytes.Add(uint64(got))
 	return nil
+}
+
+// openChunk opens a chunk file for reading when it is a regular file of
+// exactly size bytes. A file under a chunk name is outside input: it is
+// opened without following a link and without blocking (a FIFO would wait
+// for a writer forever, out of reach of any context), and its type and
+// length are checked (fstat) before a byte is read, so a planted device,
+// FIFO or huge sparse file costs one open. Anything else wraps
+// tier.ErrCorrupt.
+func openChunk(file string, size int64) (*os.File, error) {
+	fd, err := unix.Open(file, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		if errors.Is(err, unix.ELOOP) {
+			return nil, fmt.Errorf("open %s: a symbolic link: %w", file, tier.ErrCorrupt)
+		}
+		return nil, &os.PathError{Op: "open", Path: file, Err: err}
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("fstat %s: %w", file, err)
+	}
+	switch {
+	case st.Mode&unix.S_IFMT != unix.S_IFREG:
+		unix.Close(fd)
+		return nil, fmt.Errorf("%s is not a regular file (mode %#o): %w", file, st.Mode, tier.ErrCorrupt)
+	case st.Size != size:
+		unix.Close(fd)
+		return nil, fmt.Errorf("%s is %d bytes, the index says %d: %w", file, st.Size, size, tier.ErrCorrupt)
+	}
+	// A regular file never blocks; the flag is cleared so that os.File
+	// reads it as the plain file it is.
+	if err := unix.SetNonblock(fd, false); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("%s: clear O_NONBLOCK: %w", file, err)
+	}
+	return os.NewFile(uintptr(fd), file), nil
 }
 
 // Has counts the leading keys present in the index.
@@ -679,7 +730,7 @@ func (t *Tier) Close() error {
 	return nil
 }
 
-type scanStats struct{ tempsRemoved, evicted, coldRemoved, foreign int }
+type scanStats struct{ tempsRemoved, evicted, coldRemoved, invalid, foreign int }
 
 // byAge is a min-heap of entries by mtime: the scan keeps the newest files
 // that fit the capacity, so its memory is bounded by capacity/4 KiB entries
@@ -697,58 +748,36 @@ func (a *byAge) Pop() any {
 	return e
 }
 
+// scanner is one scan's state: the files kept so far (newest by mtime
+// within the capacity) and what was found.
+type scanner struct {
+	t    *Tier
+	now  int64
+	kept byAge
+	used int64
+	st   scanStats
+	head []byte // reused for each file's first bytes
+}
+
 // scan visits only our shard directories (two lowercase hex digits) and
-// only names we write; anything else is left alone.
+// only names we write; anything else is left alone. Everything under a
+// chunk name is outside input: only a regular file whose header is a tier
+// value's, names the key the file is named by and accounts for its exact
+// length is indexed and counted against the capacity; anything else under a
+// chunk name is removed, so it never pushes a valid chunk out.
 func (t *Tier) scan() (scanStats, error) {
-	var st scanStats
-	var kept byAge
-	var used int64
+	sc := &scanner{t: t, now: time.Now().UnixNano(), head: make([]byte, headProbe)}
 	err := eachEntry(t.base, func(d os.DirEntry) error {
 		if !d.IsDir() || !isHex(d.Name(), 2) {
 			return nil
 		}
-		shard := filepath.Join(t.base, d.Name())
-		err := eachEntry(shard, func(f os.DirEntry) error {
-			name := f.Name()
-			switch {
-			case strings.HasPrefix(name, tmpPrefix) && f.Type().IsRegular():
-				if os.Remove(filepath.Join(shard, name)) == nil {
-					st.tempsRemoved++
-				}
-			case isHex(name, nameLen) && name[:2] == d.Name() && f.Type().IsRegular():
-				if !t.cfg.RecoverOnStart {
-					if os.Remove(filepath.Join(shard, name)) == nil {
-						st.coldRemoved++
-					}
-					return nil
-				}
-				info, err := f.Info()
-				if err != nil {
-					return nil // gone meanwhile
-				}
-				e := &entry{size: info.Size(), charge: charge(info.Size()), mtime: info.ModTime().UnixNano()}
-				hex.Decode(e.h[:], []byte(name))
-				heap.Push(&kept, e)
-				used += e.charge
-				for used > t.cfg.CapacityBytes {
-					old := heap.Pop(&kept).(*entry)
-					used -= old.charge
-					_, file := t.paths(old.h)
-					if os.Remove(file) == nil {
-						st.evicted++
-					}
-				}
-			default:
-				st.foreign++
-			}
-			return nil
-		})
-		if err != nil {
+		if err := sc.shard(d.Name()); err != nil {
 			// An unreadable shard costs its chunks, not the tier.
-			t.log.Warn("fs tier: shard directory skipped", "dir", shard, "err", err)
+			t.log.Warn("fs tier: shard directory skipped", "dir", filepath.Join(t.base, d.Name()), "err", err)
 		}
 		return nil
 	})
+	st := sc.st
 	if err != nil {
 		return st, err
 	}
@@ -766,13 +795,180 @@ func (t *Tier) scan() (scanStats, error) {
 		}
 	}
 	// Oldest first, each pushed to the front: the newest ends most recent.
-	for kept.Len() > 0 {
-		e := heap.Pop(&kept).(*entry)
+	for sc.kept.Len() > 0 {
+		e := heap.Pop(&sc.kept).(*entry)
 		e.elem = t.lru.PushFront(e)
 		t.idx[e.h] = e
 		t.used += e.charge
 	}
 	return st, nil
+}
+
+// headProbe is how much of a file the scan reads first to check its
+// header: one block holds the header of any realistic key; a longer one
+// is read again, up to tier.MaxHeaderLen.
+const headProbe = blockSize
+
+// maxInvalidLogged bounds the scan's log lines about invalid files: a
+// directory planted with millions of them logs a handful and a count.
+const maxInvalidLogged = 8
+
+// shard scans one shard directory. It is opened without following a link
+// (a shard replaced by a link to elsewhere is not ours), and every file in
+// it is opened and removed relative to it, so nothing outside base_path is
+// ever removed.
+func (sc *scanner) shard(name string) error {
+	dir := filepath.Join(sc.t.base, name)
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return &os.PathError{Op: "open", Path: dir, Err: err}
+	}
+	d := os.NewFile(uintptr(fd), dir)
+	defer d.Close()
+	for {
+		ents, err := d.ReadDir(dirBatch)
+		for _, f := range ents {
+			sc.file(fd, name, f)
+		}
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("read directory %s: %w", dir, err)
+		}
+	}
+}
+
+// file handles one entry f of shard directory shard (open as dirfd).
+func (sc *scanner) file(dirfd int, shard string, f os.DirEntry) {
+	t, name := sc.t, f.Name()
+	switch {
+	case strings.HasPrefix(name, tmpPrefix) && f.Type().IsRegular():
+		if unix.Unlinkat(dirfd, name, 0) == nil {
+			sc.st.tempsRemoved++
+		}
+	case isHex(name, nameLen) && name[:2] == shard && !f.IsDir():
+		if !t.cfg.RecoverOnStart {
+			if unix.Unlinkat(dirfd, name, 0) == nil {
+				sc.st.coldRemoved++
+			}
+			return
+		}
+		e, err := sc.check(dirfd, name)
+		if errors.Is(err, unix.ENOENT) {
+			return // gone meanwhile
+		}
+		if err != nil {
+			// Under our name and not our value: ours to remove (the
+			// name, never what a link points to).
+			if unix.Unlinkat(dirfd, name, 0) == nil {
+				sc.st.invalid++
+			}
+			// The first few are named; Open's line counts them all.
+			if sc.st.invalid <= maxInvalidLogged {
+				t.log.Warn("fs tier: invalid chunk file removed", "file", filepath.Join(t.base, shard, name), "err", err)
+			}
+			return
+		}
+		heap.Push(&sc.kept, e)
+		sc.used += e.charge
+		for sc.used > t.cfg.CapacityBytes {
+			old := heap.Pop(&sc.kept).(*entry)
+			sc.used -= old.charge
+			if t.unlinkChunk(old.h) == nil {
+				sc.st.evicted++
+			}
+		}
+	default:
+		sc.st.foreign++
+	}
+}
+
+// check opens chunk file name in dirfd (without blocking or following a
+// link) and returns its entry when it is a regular file within the limits
+// whose header names the key it is named by and accounts for its length.
+// A future mtime (a clock set back, or a file planted to look newest)
+// ranks as the oldest, so it is the first to go when the files exceed the
+// capacity.
+func (sc *scanner) check(dirfd int, name string) (*entry, error) {
+	fd, err := unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		if errors.Is(err, unix.ELOOP) {
+			return nil, errors.New("a symbolic link")
+		}
+		return nil, fmt.Errorf("open: %w", err)
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, fmt.Errorf("fstat: %w", err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return nil, fmt.Errorf("not a regular file (mode %#o)", st.Mode)
+	}
+	size := st.Size
+	if size > MaxValueBytes || charge(size) > sc.t.cfg.CapacityBytes {
+		return nil, fmt.Errorf("%d bytes: over the limit of a value (%d bytes, capacity %d)", size, MaxValueBytes, sc.t.cfg.CapacityBytes)
+	}
+	head := sc.head[:min(int64(len(sc.head)), size)]
+	if err := preadFull(fd, head); err != nil {
+		return nil, err
+	}
+	key, err := tier.StoredKey(head, size)
+	if errors.Is(err, tier.ErrHeadShort) {
+		head = make([]byte, min(int64(tier.MaxHeaderLen), size))
+		if err := preadFull(fd, head); err != nil {
+			return nil, err
+		}
+		key, err = tier.StoredKey(head, size)
+	}
+	if err != nil {
+		return nil, err
+	}
+	e := &entry{size: size, charge: charge(size), mtime: st.Mtim.Nano()}
+	if _, err := hex.Decode(e.h[:], []byte(name)); err != nil {
+		return nil, fmt.Errorf("name: %w", err)
+	}
+	if sha256.Sum256(key) != e.h {
+		return nil, errors.New("its header names another key")
+	}
+	if e.mtime > sc.now {
+		e.mtime = 0
+	}
+	return e, nil
+}
+
+// preadFull reads len(b) bytes from the start of fd.
+func preadFull(fd int, b []byte) error {
+	for off := 0; off < len(b); {
+		n, err := unix.Pread(fd, b[off:], int64(off))
+		switch {
+		case errors.Is(err, unix.EINTR):
+			continue
+		case err != nil:
+			return fmt.Errorf("read: %w", err)
+		case n == 0:
+			return fmt.Errorf("read: %w", io.ErrUnexpectedEOF)
+		}
+		off += n
+	}
+	return nil
+}
+
+// unlinkChunk removes the chunk file of h through its shard directory,
+// opened without following a link.
+func (t *Tier) unlinkChunk(h [hashLen]byte) error {
+	name := hex.EncodeToString(h[:])
+	dir := filepath.Join(t.base, name[:2])
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return &os.PathError{Op: "open", Path: dir, Err: err}
+	}
+	defer unix.Close(fd)
+	if err := unix.Unlinkat(fd, name, 0); err != nil {
+		return &os.PathError{Op: "unlink", Path: filepath.Join(dir, name), Err: err}
+	}
+	return nil
 }
 
 // eachEntry calls fn for the entries of dir, read in batches so a huge

@@ -22,6 +22,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"kvdock/core/layout"
 	"kvdock/core/testkit/tmpfs"
 	"kvdock/core/tierstate"
 	"kvdock/transfer/tier"
@@ -42,14 +43,26 @@ func openTier(t *testing.T, base string, capacity int64) *Tier {
 }
 
 // value is what key k holds: its length and every byte derive from k, so a
-// read can tell whose bytes it got.
+// read can tell whose bytes it got. When size leaves room for it, the value
+// is a tier value stored under k (header, then payload), as the scan at
+// start indexes only those.
 func value(k string, size int) []byte {
 	h := hashKey(k)
 	v := make([]byte, size)
 	for i := range v {
 		v[i] = h[i%len(h)] ^ byte(i/len(h))
 	}
-	return v
+	lay := layout.Layout{Shape: []int{1}, Dtype: "uint8"}
+	hl := tier.HeaderLen(k, lay)
+	if size < hl {
+		return v
+	}
+	lay.Shape[0], lay.Bytes = size-hl, int64(size-hl)
+	enc, err := tier.Encode(k, lay, v[hl:])
+	if err != nil {
+		panic(err) // a test's own key and size
+	}
+	return enc
 }
 
 // files lists the regular files under dir, relative to it.
