@@ -124,7 +124,7 @@ func table() []keyDef {
 			field: func(c *Config) any { return &c.Server.ShmName },
 			check: func(c Config) string { return checkShmName(c.Server.ShmName) }},
 		{key: "server.protocol", flag: "protocol", class: Restart,
-			help:  "wire protocol profile: nongpu-v1, nongpu-v2, engine-driven, engine-driven-v2, rpc-messages, or auto (detected per worker)",
+			help:  "wire protocol profile: nongpu-v1, nongpu-v2, engine-driven, engine-driven-v2-early, engine-driven-v2, rpc-messages, or auto (detected per worker)",
 			field: func(c *Config) any { return &c.Server.Protocol },
 			check: func(c Config) string {
 				return oneOf(c.Server.Protocol, append(ProtocolProfiles(), ProtocolAuto)...)
@@ -365,7 +365,7 @@ const ProtocolAuto = "auto"
 // ProtocolProfiles lists the explicit protocol profiles, oldest first (the
 // names of assets/protocols/*.yaml).
 func ProtocolProfiles() []string {
-	return []string{"nongpu-v1", "nongpu-v2", "engine-driven", "engine-driven-v2", "rpc-messages"}
+	return []string{"nongpu-v1", "nongpu-v2", "engine-driven", "engine-driven-v2-early", "engine-driven-v2", "rpc-messages"}
 }
 
 // ClientProtocol is the profile a client of this server speaks: the

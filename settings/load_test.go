@@ -210,7 +210,7 @@ func TestValidationListsEveryProblemWithItsSource(t *testing.T) {
 	got := problems(t, err)
 	want := []string{
 		"server.port = 70000 (from " + file + ":2): must be in 1..65535",
-		`server.protocol = "nongpu-v9" (from ` + file + ":3): accepted: nongpu-v1, nongpu-v2, engine-driven, engine-driven-v2, rpc-messages, auto",
+		`server.protocol = "nongpu-v9" (from ` + file + ":3): accepted: nongpu-v1, nongpu-v2, engine-driven, engine-driven-v2-early, engine-driven-v2, rpc-messages, auto",
 		"log.level = \"loud\" (from " + file + ":5): accepted: debug, info, warn, error",
 		"l1.size_gb = -2 (from KVDOCK_L1_SIZE_GB): must be > 0",
 		"ui.refresh = 10ms (from KVDOCK_REFRESH): must be a duration >= 100ms",

@@ -91,7 +91,7 @@ func TestReaperFollowsProfileAndSettings(t *testing.T) {
 		// auto: on, but only for instances registered through these tables
 		only []string
 	}{{"nongpu-v1", false, nil}, {"nongpu-v2", false, nil}, {"engine-driven", true, nil},
-		{"auto", true, []string{"rpc-messages", "engine-driven-v2", "engine-driven"}}} {
+		{"auto", true, []string{"rpc-messages", "engine-driven-v2", "engine-driven-v2-early", "engine-driven"}}} {
 		cfg, _ := testConfig(t)
 		cfg.Server.Protocol = c.profile
 		e := startEngine(t, cfg)

@@ -107,6 +107,13 @@ func (p *Profile) ReplyFrame(spec *Spec, res any) ([]byte, bool, error) {
 		if res == nil {
 			return nil, false, nil
 		}
+		if spec.Result == ResultIntDigits {
+			s, err := digits(res)
+			if err != nil {
+				return nil, false, err
+			}
+			res = s
+		}
 		b, err := Encode(res)
 		return b, err == nil, err
 	}

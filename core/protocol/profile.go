@@ -241,6 +241,10 @@ const (
 	KindHandlerErr  = "handler_error" // the handler returned an error
 	KindPanic       = "handler_panic" // the handler panicked
 	KindTooMany     = "too_many_frames"
+	// KindAmbiguous is a message of a peer whose table is not known yet
+	// (--protocol auto) that its candidate tables read as different
+	// requests, none of which may run on a guess: dropped unanswered.
+	KindAmbiguous = "ambiguous_unanswered"
 	// KindCUDAUnsupported is the unsupported kind the shipped profiles give
 	// the GPU-path requests (REGISTER_KV_CACHE, STORE, RETRIEVE): counted and
 	// dropped, never dispatched.

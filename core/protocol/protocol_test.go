@@ -52,7 +52,7 @@ func TestProfileTables(t *testing.T) {
 			"UNREGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT", "PREPARE_STORE", "COMMIT_STORE", "COMMIT_STORE_GROUP"),
 			seedTail[2:]...),
 	}
-	if got := assets.ProtocolNames(); !reflect.DeepEqual(got, []string{"engine-driven", "engine-driven-v2", "nongpu-v1", "nongpu-v2", "rpc-messages"}) {
+	if got := assets.ProtocolNames(); !reflect.DeepEqual(got, []string{"engine-driven", "engine-driven-v2", "engine-driven-v2-early", "nongpu-v1", "nongpu-v2", "rpc-messages"}) {
 		t.Fatalf("ProtocolNames = %v", got)
 	}
 	for name, want := range cases {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"kvdock/core/protocol"
 )
@@ -14,43 +15,64 @@ import (
 // the messages it sends. A message "fits" a table when its type number is in
 // the table and its payload decodes under it in full. Candidates start as
 // every table; each message keeps those it fits. One left: decided, logged
-// once with the evidence, and the peer's later messages take the ordinary
-// path. Several left that read the message as the same request: it is
-// served and detection goes on. Several that disagree: ambiguous, served
-// under the configured default when it fits, otherwise under the newest
-// fitting table, but never as CLEAR when another table reads it otherwise
-// (a guess must never wipe the cache); logged once per peer; detection goes
-// on. A message that fits no
-// candidate (GPU-path requests included: they carry no evidence) is
-// handled under the default, as bad or unsupported input, and narrows
-// nothing. A peer still undecided after maxUndecided messages
-// is settled on that same tie-break.
+// with the evidence, and the peer's later messages take the ordinary path.
+// Several left that read the message as the same request: it is served and
+// detection goes on. Several that disagree: ambiguous (see serveAmbiguous:
+// never CLEAR on a guess, never a reply one of the readings' clients cannot
+// decode; otherwise no answer). A message that fits no candidate (GPU-path
+// requests included: they carry no evidence) is bad or unsupported input and
+// narrows nothing. A peer still undecided after maxUndecided messages is
+// settled on the tie-break.
 //
-// The state is bounded: at most maxPeers peers are remembered, least
-// recently seen dropped first (a dropped peer is detected afresh), so a
-// hostile peer cycling identities cannot grow it. Only the socket goroutine
-// touches it.
+// The state is bounded in two tables a hostile peer cannot use against
+// each other. Undecided peers: at most maxPeers, least recently seen
+// dropped first (a dropped peer is detected afresh). Decided peers: at most
+// maxPeers more, and one is dropped only when it has sent nothing for
+// decidedMinIdle, so cycling identities (decided or not) never makes the
+// server forget a worker that is in use: with the decided table full of
+// recently active peers, a newly decided peer stays in the undecided table
+// (served under its table while it stays there). Only the socket goroutine
+// touches the state.
 
 const (
 	defaultDetectPeers = 16384
 	maxUndecided       = 64
+	// decidedMinIdle is how long a decided peer must have been quiet before
+	// a newly decided one may take its place: longer than any pause inside
+	// a worker's transfer (a read lock lives 300 s).
+	decidedMinIdle = 10 * time.Minute
 )
 
 type detector struct {
 	profiles []*protocol.Profile // newest first: the tie-break order
 	def      *protocol.Profile
 	maxPeers int
-	peers    map[string]*list.Element // of *peerState
-	lru      *list.List
+	minIdle  time.Duration
+	now      func() time.Time
+	// undecided and decided are LRU lists of *peerState (front: least
+	// recently seen), indexed by peers.
+	undecided, decided *list.List
+	peers              map[string]*list.Element
+	// digits are GET_CHUNK_SIZE specs answering the size as a decimal
+	// string, made once per table.
+	digits map[*protocol.Spec]*protocol.Spec
+	// evicted counts decided peers dropped after decidedMinIdle; overflow
+	// counts decisions kept in the undecided table because every decided
+	// peer was recently active.
+	evicted, overflow int64
 }
 
 type peerState struct {
-	id      string
-	cands   uint64 // bit i: profiles[i] still fits everything seen
-	decided *protocol.Profile
-	seen    int
-	warned  bool
-	history []string // evidence so far, a few entries
+	id         string
+	cands      uint64 // bit i: profiles[i] still fits everything seen
+	decided    *protocol.Profile
+	inDecided  bool // lives in the decided table
+	last       time.Time
+	seen       int
+	warned     bool
+	registered bool     // a registration was served to it: a worker
+	prepared   uint64   // bit i: a message read as PREPARE_RETRIEVE by profiles[i]
+	history    []string // evidence so far, a few entries
 }
 
 func newDetector(profiles []*protocol.Profile, def *protocol.Profile, maxPeers int) (*detector, error) {
@@ -63,29 +85,62 @@ func newDetector(profiles []*protocol.Profile, def *protocol.Profile, maxPeers i
 	if maxPeers <= 0 {
 		maxPeers = defaultDetectPeers
 	}
-	return &detector{profiles: profiles, def: def, maxPeers: maxPeers,
-		peers: map[string]*list.Element{}, lru: list.New()}, nil
+	return &detector{profiles: profiles, def: def, maxPeers: maxPeers, minIdle: decidedMinIdle, now: time.Now,
+		undecided: list.New(), decided: list.New(), peers: map[string]*list.Element{},
+		digits: map[*protocol.Spec]*protocol.Spec{}}, nil
 }
 
-// peers is the number of peers remembered (for tests of the bound).
-func (d *detector) size() int { return d.lru.Len() }
+// size is the number of peers remembered, both tables (for tests of the bound).
+func (d *detector) size() int { return d.undecided.Len() + d.decided.Len() }
 
 func (d *detector) state(peer []byte) *peerState {
+	now := d.now()
 	if e, ok := d.peers[string(peer)]; ok {
-		d.lru.MoveToBack(e)
-		return e.Value.(*peerState)
+		st := e.Value.(*peerState)
+		if st.inDecided {
+			d.decided.MoveToBack(e)
+		} else {
+			d.undecided.MoveToBack(e)
+		}
+		st.last = now
+		return st
 	}
-	for d.lru.Len() >= d.maxPeers {
-		old := d.lru.Front()
+	for d.undecided.Len() >= d.maxPeers {
+		old := d.undecided.Front()
 		delete(d.peers, old.Value.(*peerState).id)
-		d.lru.Remove(old)
+		d.undecided.Remove(old)
 	}
-	st := &peerState{id: string(peer), cands: 1<<uint(len(d.profiles)) - 1}
+	st := &peerState{id: string(peer), cands: 1<<uint(len(d.profiles)) - 1, last: now}
 	if len(d.profiles) == 64 {
 		st.cands = ^uint64(0)
 	}
-	d.peers[st.id] = d.lru.PushBack(st)
+	d.peers[st.id] = d.undecided.PushBack(st)
 	return st
+}
+
+// decide settles st on p and moves it to the decided table when there is
+// room there, or when the least recently seen decided peer has been quiet
+// for minIdle (it is dropped). It reports a dropped peer's idle time.
+func (d *detector) decide(st *peerState, p *protocol.Profile) (droppedIdle time.Duration, overflow bool) {
+	st.decided = p
+	if d.decided.Len() >= d.maxPeers {
+		old := d.decided.Front()
+		ost := old.Value.(*peerState)
+		idle := st.last.Sub(ost.last)
+		if idle < d.minIdle {
+			d.overflow++
+			return 0, true
+		}
+		delete(d.peers, ost.id)
+		d.decided.Remove(old)
+		d.evicted++
+		droppedIdle = idle
+	}
+	d.undecided.Remove(d.peers[st.id])
+	st.inDecided = true
+	st.history = nil
+	d.peers[st.id] = d.decided.PushBack(st)
+	return droppedIdle, false
 }
 
 // fit is one table's reading of a message.
@@ -126,9 +181,7 @@ func (s *Server) route(peer []byte, frames [][]byte) (prof *protocol.Profile, sp
 		fits = append(fits, fit{idx: i, spec: sp, args: a})
 	}
 	if len(fits) == 0 {
-		// Bad input whatever the table: reported under the default.
-		spec, err = d.def.DecodeHead(frames)
-		return d.def, spec, nil, false, err
+		return d.fitsNone(frames, s.lim)
 	}
 	var mask uint64
 	var names []string
@@ -138,6 +191,11 @@ func (s *Server) route(peer []byte, frames [][]byte) (prof *protocol.Profile, sp
 	}
 	st.cands = mask
 	st.seen++
+	for _, f := range fits {
+		if f.spec.Handler == protocol.PrepareRetrieve {
+			st.prepared |= 1 << uint(f.idx)
+		}
+	}
 	if len(st.history) < 4 {
 		st.history = append(st.history, fmt.Sprintf("type %s with %d payload frames fits %s",
 			typeText(frames), len(frames)-2, strings.Join(names, ",")))
@@ -145,11 +203,8 @@ func (s *Server) route(peer []byte, frames [][]byte) (prof *protocol.Profile, sp
 	peerHex := hex.EncodeToString(peer)
 	if len(fits) == 1 {
 		f := fits[0]
-		st.decided = d.profiles[f.idx]
-		s.stats.detected(st.decided.Name, false)
-		s.log.Info("protocol auto: peer's table detected", "peer", peerHex, "profile", st.decided.Name,
-			"evidence", strings.Join(st.history, "; "), "messages", st.seen)
-		return st.decided, f.spec, f.args, true, nil
+		s.settle(st, d.profiles[f.idx], false, peerHex, names)
+		return d.profiles[f.idx], f.spec, f.args, true, nil
 	}
 	agree := true
 	for _, f := range fits[1:] {
@@ -157,41 +212,166 @@ func (s *Server) route(peer []byte, frames [][]byte) (prof *protocol.Profile, sp
 			agree = false
 		}
 	}
-	pick := d.tieBreak(fits)
-	if !agree && !st.warned {
+	if agree {
+		if fits[0].spec.Handler == protocol.RegisterKVCacheNonGPUContext {
+			st.registered = true
+		}
+		pick := d.tieBreak(fits)
+		if st.seen >= maxUndecided {
+			s.settle(st, d.profiles[pick.idx], true, peerHex, names)
+		}
+		return d.profiles[pick.idx], pick.spec, pick.args, true, nil
+	}
+	pick, spec, ok := d.serveAmbiguous(fits, st)
+	if !st.warned {
 		st.warned = true
-		s.log.Warn("protocol auto: ambiguous message, served under the configured default when it fits, else the newest table",
-			"peer", peerHex, "fits", strings.Join(names, ","), "default", d.def.Name,
-			"served_as", d.profiles[pick.idx].Name+":"+pick.spec.Name)
-	}
-	if st.seen >= maxUndecided {
-		st.decided = d.profiles[pick.idx]
-		s.stats.detected(st.decided.Name, true)
-		s.log.Warn("protocol auto: peer still ambiguous, settled", "peer", peerHex, "profile", st.decided.Name,
-			"fits", strings.Join(names, ","), "messages", st.seen)
-	}
-	return d.profiles[pick.idx], pick.spec, pick.args, true, nil
-}
-
-// tieBreak picks among disagreeing fits: the default when it fits, else the
-// newest table; but never a reading as CLEAR while another table reads the
-// message as something else (a guess must not wipe the cache).
-func (d *detector) tieBreak(fits []fit) fit {
-	safe := fits[:0:0]
-	for _, f := range fits {
-		if f.spec.Handler != protocol.Clear {
-			safe = append(safe, f)
+		served := "nothing (no reading every candidate's client decodes)"
+		if ok {
+			served = d.profiles[pick.idx].Name + ":" + spec.Name + " answered as " + spec.Result
+		}
+		if s.limiter.allow("protocol_auto_ambiguous") {
+			s.log.Warn("protocol auto: ambiguous message from an undecided peer",
+				"peer", peerHex, "fits", strings.Join(names, ","), "served", served)
 		}
 	}
-	if len(safe) == 0 {
-		safe = fits
+	if st.seen >= maxUndecided {
+		s.settle(st, d.profiles[d.tieBreak(fits).idx], true, peerHex, names)
 	}
-	for _, f := range safe {
+	if !ok {
+		return d.profiles[fits[0].idx], fits[0].spec, nil, false, &protocol.DecodeError{Kind: protocol.KindAmbiguous,
+			Spec: fits[0].spec, Err: fmt.Errorf("the peer's table is not known yet and its candidates read this message as %s", strings.Join(names, ", "))}
+	}
+	return d.profiles[pick.idx], spec, pick.args, true, nil
+}
+
+// settle decides st on p, counted and logged (the logs rate-limited: a
+// peer cycling identities must not write a line for each).
+func (s *Server) settle(st *peerState, p *protocol.Profile, guessed bool, peerHex string, names []string) {
+	d := s.detect
+	evidence := strings.Join(st.history, "; ")
+	idle, overflow := d.decide(st, p)
+	s.stats.detected(p.Name, guessed)
+	switch {
+	case guessed:
+		if s.limiter.allow("protocol_auto_settled") {
+			s.log.Warn("protocol auto: peer still ambiguous, settled", "peer", peerHex, "profile", p.Name,
+				"fits", strings.Join(names, ","), "messages", st.seen)
+		}
+	case s.limiter.allow("protocol_auto_detected|" + p.Name):
+		s.log.Info("protocol auto: peer's table detected", "peer", peerHex, "profile", p.Name,
+			"evidence", evidence, "messages", st.seen)
+	}
+	if idle > 0 && s.limiter.allow("protocol_auto_evicted") {
+		s.log.Warn("protocol auto: decided peers at their bound; the longest quiet one is forgotten (detected afresh if it comes back)",
+			"bound", d.maxPeers, "idle", idle.Round(time.Second), "evicted_total", d.evicted)
+	}
+	if overflow && s.limiter.allow("protocol_auto_overflow") {
+		s.log.Warn("protocol auto: decided peers at their bound, all active; a newly decided peer is kept among the undecided",
+			"bound", d.maxPeers, "min_idle", d.minIdle, "overflow_total", d.overflow)
+	}
+}
+
+// fitsNone handles a message no candidate of its peer reads: a GPU-path
+// request is reported as unsupported, anything else as bad input of the
+// default table, never served (serving it under a table the peer has
+// already been told apart from would be a guess).
+func (d *detector) fitsNone(frames [][]byte, lim protocol.Limits) (*protocol.Profile, *protocol.Spec, []any, bool, error) {
+	spec, err := d.def.DecodeHead(frames)
+	if err != nil || spec.Unsupported != "" {
+		return d.def, spec, nil, false, err
+	}
+	if _, err := d.def.DecodePayloadLimits(spec, frames[2:], lim); err != nil {
+		return d.def, spec, nil, false, err
+	}
+	return d.def, spec, nil, false, &protocol.DecodeError{Kind: protocol.KindUnknownType, Spec: spec,
+		Err: fmt.Errorf("type %s fits none of the tables left for this peer", typeText(frames))}
+}
+
+// serveAmbiguous picks how to serve a message its peer's candidates read as
+// different requests, or reports that it must go unanswered. A reading runs
+// only when it is not CLEAR (a guess must never wipe the cache) and its
+// reply decodes in the client of every plausible reading (ReplyDecodes: the
+// upstream clients' rules). GET_CHUNK_SIZE may answer its size as a decimal
+// string, which int() reads and a str client decodes. Readings no upstream
+// client sends at that point are not plausible: CLEAR from a peer that
+// registered (a worker asks the chunk size and never clears), and
+// COMMIT_RETRIEVE under a table that read none of the peer's messages as
+// PREPARE_RETRIEVE (a worker commits the retrieve it prepared).
+func (d *detector) serveAmbiguous(fits []fit, st *peerState) (fit, *protocol.Spec, bool) {
+	plausible := fits[:0:0]
+	for _, f := range fits {
+		switch {
+		case st.registered && f.spec.Handler == protocol.Clear:
+		case f.spec.Handler == protocol.CommitRetrieve && st.prepared&(1<<uint(f.idx)) == 0:
+		default:
+			plausible = append(plausible, f)
+		}
+	}
+	if len(plausible) == 0 {
+		plausible = fits
+	}
+	accepts := func(sent string) bool {
+		for _, f := range plausible {
+			if !protocol.ReplyDecodes(d.profiles[f.idx], f.spec, sent) {
+				return false
+			}
+		}
+		return true
+	}
+	order := d.order(plausible)
+	for _, f := range order {
+		if f.spec.Handler == protocol.Clear {
+			continue
+		}
+		if accepts(protocol.ReplySent(d.profiles[f.idx], f.spec)) {
+			return f, f.spec, true
+		}
+	}
+	for _, f := range order {
+		if f.spec.Handler == protocol.GetChunkSize && !d.profiles[f.idx].Message() && accepts(protocol.SentDigits) {
+			return f, d.digitsSpec(f.spec), true
+		}
+	}
+	return fit{}, nil, false
+}
+
+func (d *detector) digitsSpec(sp *protocol.Spec) *protocol.Spec {
+	if ds, ok := d.digits[sp]; ok {
+		return ds
+	}
+	ds := *sp
+	ds.Result = protocol.ResultIntDigits
+	d.digits[sp] = &ds
+	return &ds
+}
+
+// order is the tie-break order: the default first when it fits, then the
+// newest table.
+func (d *detector) order(fits []fit) []fit {
+	out := make([]fit, 0, len(fits))
+	for _, f := range fits {
 		if d.profiles[f.idx] == d.def {
+			out = append(out, f)
+		}
+	}
+	for _, f := range fits {
+		if d.profiles[f.idx] != d.def {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// tieBreak is the table a peer that stays ambiguous is settled on: the
+// first of order that does not read the message as CLEAR (any, if all do).
+func (d *detector) tieBreak(fits []fit) fit {
+	order := d.order(fits)
+	for _, f := range order {
+		if f.spec.Handler != protocol.Clear {
 			return f
 		}
 	}
-	return safe[0]
+	return order[0]
 }
 
 // typeText is the type frame as a number for logs ("?" when undecodable).

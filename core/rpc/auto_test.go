@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -123,7 +124,8 @@ func mustSpec(t *testing.T, p *protocol.Profile, name string) *protocol.Spec {
 // autoProfiles are the detection tables, newest first, as the engine gives them.
 func autoProfiles(t *testing.T) []*protocol.Profile {
 	return []*protocol.Profile{profile(t, "rpc-messages"), profile(t, "engine-driven-v2"),
-		profile(t, "engine-driven"), profile(t, "nongpu-v2"), profile(t, "nongpu-v1")}
+		profile(t, "engine-driven-v2-early"), profile(t, "engine-driven"), profile(t, "nongpu-v2"),
+		profile(t, "nongpu-v1")}
 }
 
 // TestAutoDetectsEachTable runs one worker flow per table (register, store,
@@ -133,10 +135,11 @@ func autoProfiles(t *testing.T) []*protocol.Profile {
 func TestAutoDetectsEachTable(t *testing.T) {
 	profiles := autoProfiles(t)
 	var logs logbuf.Buffer
-	h := start(t, rpc.Options{Profile: profiles[4], Detect: profiles,
+	h := start(t, rpc.Options{Profile: profiles[5], Detect: profiles,
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	var s seen
 	recordAll(h, &s, map[string]any{protocol.CommitStore: true, protocol.CommitRetrieve: true,
+		protocol.GetExperimental:              []string{},
 		protocol.PrepareStore:                 protocol.PrepareStoreResponse{},
 		protocol.PrepareRetrieve:              protocol.PrepareRetrieveResponse{Success: true, Data: []byte("x")},
 		protocol.RegisterKVCacheNonGPUContext: protocol.RegisterResponse{}, protocol.GetChunkSize: int64(64)})
@@ -149,17 +152,24 @@ func TestAutoDetectsEachTable(t *testing.T) {
 			t.Fatal(err)
 		}
 		ctx := context.Background()
-		steps := []struct {
+		type step struct {
 			name string
 			args []any
-		}{
+		}
+		var steps []step
+		if _, ok := p.ByName(protocol.GetExperimental); ok {
+			// Workers of the frozen numbers ask first; it is what tells
+			// the two engine-driven-v2 numberings apart.
+			steps = append(steps, step{protocol.GetExperimental, nil})
+		}
+		steps = append(steps, []step{
 			{protocol.RegisterKVCacheNonGPUContext, []any{reg}},
 			{protocol.PrepareStore, []any{k, int64(1)}},
 			{protocol.CommitStore, []any{k, int64(1), []byte("bytes")}},
 			{protocol.PrepareRetrieve, []any{k, int64(1)}},
 			{protocol.CommitRetrieve, []any{k, int64(1)}},
 			{protocol.GetChunkSize, nil},
-		}
+		}...)
 		for _, st := range steps {
 			r, err := c.Call(ctx, st.name, st.args...)
 			if err != nil {
@@ -196,13 +206,14 @@ func TestAutoDetectsEachTable(t *testing.T) {
 	}
 }
 
-// TestAutoAmbiguousFallsBackToDefault: a message that two tables read as
-// different requests is served under the configured default and logged as
-// ambiguous; a message fitting no table is bad input and narrows nothing.
-func TestAutoAmbiguousFallsBackToDefault(t *testing.T) {
+// TestAutoAmbiguousUnanswered: a message its candidates read as different
+// requests with no reply every reading's client decodes is dropped
+// unanswered and counted; one with such a reply is served; a message
+// fitting no table is bad input and narrows nothing.
+func TestAutoAmbiguousUnanswered(t *testing.T) {
 	profiles := autoProfiles(t)
 	var logs logbuf.Buffer
-	h := start(t, rpc.Options{Profile: profiles[4], Detect: profiles,
+	h := start(t, rpc.Options{Profile: profiles[5], Detect: profiles,
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	var s seen
 	recordAll(h, &s, map[string]any{protocol.Ping: true, protocol.GetChunkSize: int64(64), protocol.Noop: "OK"})
@@ -214,14 +225,13 @@ func TestAutoAmbiguousFallsBackToDefault(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// 17 with no payload: nongpu-v1 PING, nongpu-v2 GET_CHUNK_SIZE,
-	// engine-driven CLEAR. The default (nongpu-v1) fits: PING.
+	// 17 with no payload: nongpu-v1 PING (bool), nongpu-v2 GET_CHUNK_SIZE
+	// (int), engine-driven CLEAR (no result frame): no reply decodes in
+	// all three, and CLEAR never runs on a guess.
 	send(17)
-	if _, err := d.RecvMessageBytes(0); err != nil {
-		t.Fatal(err)
-	}
-	if s.last() != "nongpu-v1:PING0" {
-		t.Errorf("ambiguous 17 served as %s", s.last())
+	waitFor(t, func() bool { return h.srv.Stats().BadInput[protocol.KindAmbiguous] == 1 }, "ambiguous 17 counted")
+	if s.last() != "" {
+		t.Errorf("ambiguous 17 ran %s", s.last())
 	}
 	if !strings.Contains(logs.String(), "ambiguous") {
 		t.Errorf("no ambiguity log:\n%s", logs.String())
@@ -229,15 +239,18 @@ func TestAutoAmbiguousFallsBackToDefault(t *testing.T) {
 	// Type 99 fits no table: bad input, no reply, and the next message
 	// still decides.
 	send(99)
-	send(19) // NOOP in nongpu-v1, REPORT_BLOCK_ALLOCATION needs records in v2, PING in engine-driven
-	if _, err := d.RecvMessageBytes(0); err != nil {
+	// 19 []: nongpu-v1 NOOP (str), engine-driven PING (bool): "OK" decodes
+	// in both (bool("OK")).
+	send(19)
+	reply, err := d.RecvMessageBytes(0)
+	if err != nil {
 		t.Fatal(err)
 	}
 	if h.srv.Stats().BadInput[protocol.KindUnknownType] != 1 {
 		t.Errorf("bad input %v", h.srv.Stats().BadInput)
 	}
-	if s.last() != "nongpu-v1:NOOP0" {
-		t.Errorf("19 served as %s", s.last())
+	if s.last() != "nongpu-v1:NOOP0" || len(reply) != 3 || !bytes.Equal(reply[2], enc(t, "OK")) {
+		t.Errorf("19 served as %s, reply %x", s.last(), reply)
 	}
 	// A GPU-path request (3: STORE or REGISTER_Q_CACHE in every table) is
 	// no evidence: counted as unsupported under the default, and a later
@@ -255,33 +268,117 @@ func TestAutoAmbiguousFallsBackToDefault(t *testing.T) {
 	}
 }
 
-// TestAutoNeverGuessesClear: a message one candidate reads as CLEAR and
-// another as something else is never served as CLEAR, whether the default
-// does not fit (rpc-messages) or is the table reading it as CLEAR (v2).
-func TestAutoNeverGuessesClear(t *testing.T) {
+// TestAutoFirstMessages: each era's NOOP, CLEAR, PING and GET_CHUNK_SIZE
+// as a peer's first message, under every default: never CLEAR on a guess,
+// and a reply only when every reading's client decodes it (int() and
+// bool() coerce, a str client needs a str, a CLEAR client no frame).
+func TestAutoFirstMessages(t *testing.T) {
 	profiles := autoProfiles(t)
-	for _, c := range []struct {
-		def  *protocol.Profile
-		typ  int64
-		want string
+	const none = "" // no reply
+	cases := []struct {
+		what    string
+		typ     int64
+		payload []any
+		served  string // handler reached, "" none
+		reply   any    // decoded reply frame, none: no reply at all
 	}{
-		// 17 []: engine-driven CLEAR, nongpu-v2 GET_CHUNK_SIZE, nongpu-v1 PING.
-		{profiles[0], 17, "nongpu-v2:GET_CHUNK_SIZE"},
-		// 16 []: nongpu-v2 CLEAR, nongpu-v1 GET_CHUNK_SIZE (the default v2 reads CLEAR).
-		{profiles[3], 16, "nongpu-v1:GET_CHUNK_SIZE"},
-	} {
-		h := start(t, rpc.Options{Profile: c.def, Detect: profiles})
+		{"nongpu-v1 CLEAR (decided)", 15, nil, "CLEAR", nil},
+		{"nongpu-v1 GET_CHUNK_SIZE / nongpu-v2 CLEAR", 16, nil, none, none},
+		{"nongpu-v1 PING / nongpu-v2 GET_CHUNK_SIZE / engine-driven CLEAR", 17, nil, none, none},
+		{"nongpu-v2 PING / engine-driven GET_CHUNK_SIZE", 18, nil, "GET_CHUNK_SIZE", int64(64)},
+		{"nongpu-v1 NOOP / engine-driven PING", 19, nil, "NOOP", "OK"},
+		{"nongpu-v2 NOOP (decided)", 20, nil, "NOOP", "OK"},
+		{"engine-driven NOOP / engine-driven-v2 GET_CHUNK_SIZE", 21, nil, "GET_CHUNK_SIZE", "64"},
+		{"engine-driven CLEAR [force] (decided)", 17, []any{true}, "CLEAR", nil},
+		{"engine-driven PING [id] (decided)", 19, []any{int64(3)}, "PING", true},
+		{"engine-driven-v2 CLEAR [force] (both numberings: CLEAR)", 20, []any{false}, "CLEAR", nil},
+		{"engine-driven-v2 PING [None]", 22, []any{nil}, "PING", true},
+		{"engine-driven-v2 NOOP", 24, nil, "NOOP", "OK"},
+		{"engine-driven-v2 GET_EXPERIMENTAL (decided)", 32, nil, "GET_EXPERIMENTAL", []any{}},
+		{"engine-driven-v2-early GET_EXPERIMENTAL (decided)", 40, nil, "GET_EXPERIMENTAL", []any{}},
+	}
+	for _, def := range profiles {
+		h := start(t, rpc.Options{Profile: def, Detect: profiles})
 		var s seen
-		recordAll(h, &s, map[string]any{protocol.Ping: true, protocol.GetChunkSize: int64(64)})
+		recordAll(h, &s, map[string]any{protocol.Ping: true, protocol.GetChunkSize: int64(64), protocol.Noop: "OK",
+			protocol.GetExperimental: []string{}})
+		for i, c := range cases {
+			d := rawDealer(t, h.srv.Endpoint())
+			_ = d.SetRcvtimeo(300 * time.Millisecond)
+			frames := []any{enc(t, int64(i)), enc(t, c.typ)}
+			for _, a := range c.payload {
+				frames = append(frames, enc(t, a))
+			}
+			before := len(s.calls)
+			if _, err := d.SendMessage(frames...); err != nil {
+				t.Fatal(err)
+			}
+			reply, err := d.RecvMessageBytes(0)
+			s.mu.Lock()
+			ran := ""
+			if len(s.calls) > before {
+				ran = s.calls[len(s.calls)-1]
+			}
+			s.mu.Unlock()
+			if c.served == none {
+				if err == nil {
+					t.Errorf("default %s, %s: answered %x", def.Name, c.what, reply)
+				}
+				if ran != "" {
+					t.Errorf("default %s, %s: ran %s", def.Name, c.what, ran)
+				}
+				continue
+			}
+			if err != nil {
+				t.Errorf("default %s, %s: no reply (%v)", def.Name, c.what, err)
+				continue
+			}
+			if !strings.Contains(ran, ":"+c.served) {
+				t.Errorf("default %s, %s: ran %q, want %s", def.Name, c.what, ran, c.served)
+			}
+			if c.reply == nil {
+				if len(reply) != 2 {
+					t.Errorf("default %s, %s: reply %x, want no result frame", def.Name, c.what, reply)
+				}
+				continue
+			}
+			if len(reply) != 3 || !bytes.Equal(reply[2], enc(t, c.reply)) {
+				t.Errorf("default %s, %s: reply %x, want %#v", def.Name, c.what, reply, c.reply)
+			}
+		}
+	}
+}
+
+// TestAutoRegisteredWorkerAsksChunkSize: after a registration every frames
+// era of the seed numbering reads, the nongpu workers' GET_CHUNK_SIZE (16
+// in nongpu-v1, 17 in nongpu-v2, which nongpu-v2 and engine-driven read as
+// CLEAR) is answered: a registered worker never clears, so the CLEAR
+// reading does not hold the reply back, and it still never runs.
+func TestAutoRegisteredWorkerAsksChunkSize(t *testing.T) {
+	profiles := autoProfiles(t)
+	h := start(t, rpc.Options{Profile: profiles[0], Detect: profiles})
+	var s seen
+	recordAll(h, &s, map[string]any{protocol.Ping: true, protocol.GetChunkSize: int64(64),
+		protocol.RegisterKVCacheNonGPUContext: protocol.RegisterResponse{ShmName: "seg", PoolSize: 4}})
+	reg := protocol.RegisterPayload{InstanceID: 1, ModelName: "m", WorldSize: 1, BlockSize: 16, NumLayers: 1,
+		HiddenDimSize: 8, DtypeStr: "float16"}
+	for _, typ := range []int64{16, 17} {
 		d := rawDealer(t, h.srv.Endpoint())
-		if _, err := d.SendMessage(enc(t, int64(1)), enc(t, c.typ)); err != nil {
+		if _, err := d.SendMessage(enc(t, int64(1)), enc(t, int64(10)), enc(t, reg)); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := d.RecvMessageBytes(0); err != nil {
+			t.Fatalf("register: %v", err)
+		}
+		if _, err := d.SendMessage(enc(t, int64(2)), enc(t, typ)); err != nil {
 			t.Fatal(err)
 		}
-		if !strings.HasPrefix(s.last(), c.want) {
-			t.Errorf("default %s, type %d: served as %s, want %s", c.def.Name, c.typ, s.last(), c.want)
+		reply, err := d.RecvMessageBytes(0)
+		if err != nil || len(reply) != 3 || !bytes.Equal(reply[2], enc(t, int64(64))) {
+			t.Fatalf("GET_CHUNK_SIZE %d after registering: %x %v", typ, reply, err)
+		}
+		if !strings.HasSuffix(s.last(), ":GET_CHUNK_SIZE0") {
+			t.Errorf("type %d ran %s", typ, s.last())
 		}
 	}
 }
@@ -290,7 +387,7 @@ func TestAutoNeverGuessesClear(t *testing.T) {
 // seen out; the server keeps serving.
 func TestAutoStateBounded(t *testing.T) {
 	profiles := autoProfiles(t)
-	h := start(t, rpc.Options{Profile: profiles[4], Detect: profiles, MaxDetectPeers: 4})
+	h := start(t, rpc.Options{Profile: profiles[5], Detect: profiles, MaxDetectPeers: 4})
 	for i := range 12 {
 		d, err := zmq.NewSocket(zmq.DEALER)
 		if err != nil {
@@ -374,7 +471,7 @@ func TestAutoSettlesAPeerThatStaysAmbiguous(t *testing.T) {
 // handler sees exactly the bytes sent.
 func TestAutoDecodedArgsKeepTheirFrames(t *testing.T) {
 	profiles := autoProfiles(t)
-	h := start(t, rpc.Options{Profile: profiles[4], Detect: profiles, MaxMessageBytes: 64 << 20})
+	h := start(t, rpc.Options{Profile: profiles[5], Detect: profiles, MaxMessageBytes: 64 << 20})
 	type seen struct {
 		crc      uint32
 		n        int
@@ -449,5 +546,74 @@ func TestDeferredAnswerUnderMessageProfile(t *testing.T) {
 	}
 	if st := h.srv.Stats(); st.BadInput[protocol.KindPanic] != 0 {
 		t.Fatalf("panics: %v", st.BadInput)
+	}
+}
+
+// TestAutoDecidedPeersOutliveChurn: peers cycling identities, decided or
+// not, never make the server forget a decided peer that is in use; a
+// decided peer quiet for longer than the idle bound gives its place up.
+func TestAutoDecidedPeersOutliveChurn(t *testing.T) {
+	profiles := autoProfiles(t)
+	var clock atomic.Int64
+	base := time.Now()
+	srv, err := rpc.New(rpc.Options{Host: "localhost", Profile: profiles[0], Detect: profiles, MaxDetectPeers: 4,
+		Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rpc.SetDetectClock(srv, func() time.Time { return base.Add(time.Duration(clock.Load())) })
+	var s seen
+	h := &harness{srv: srv}
+	recordAll(h, &s, map[string]any{protocol.GetChunkSize: int64(64), protocol.Noop: "OK",
+		protocol.GetExperimental: []string{}, protocol.Ping: true})
+	if err := srv.Bind(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx) }()
+	defer func() { cancel(); <-done }()
+	call := func(d *zmq.Socket, typ int64) ([][]byte, error) {
+		if _, err := d.SendMessage(enc(t, int64(1)), enc(t, typ)); err != nil {
+			t.Fatal(err)
+		}
+		return d.RecvMessageBytes(0)
+	}
+	// The worker: nongpu-v2 (NOOP at 20 fits it alone).
+	w := rawDealer(t, srv.Endpoint())
+	if _, err := call(w, 20); err != nil {
+		t.Fatal(err)
+	}
+	churn := func(n int) {
+		for i := range n {
+			d := rawDealer(t, srv.Endpoint())
+			typ := int64(32) // decided at once: engine-driven-v2's GET_EXPERIMENTAL
+			if i%2 == 1 {
+				typ = 18 // undecided: engine-driven GET_CHUNK_SIZE or nongpu-v2 PING
+			}
+			if _, err := call(d, typ); err != nil {
+				t.Fatalf("churn peer %d: %v", i, err)
+			}
+			d.Close()
+		}
+	}
+	churn(24)
+	if n := rpc.DetectPeers(srv); n > 8 {
+		t.Errorf("%d peers remembered, bound 4 + 4", n)
+	}
+	// Forgotten, nongpu-v2's GET_CHUNK_SIZE (17: nongpu-v1 PING and
+	// engine-driven CLEAR too) would go unanswered.
+	reply, err := call(w, 17)
+	if err != nil || len(reply) != 3 || !bytes.Equal(reply[2], enc(t, int64(64))) {
+		t.Fatalf("decided worker after churn: GET_CHUNK_SIZE %x %v", reply, err)
+	}
+	if ev, over := rpc.DetectEvictions(srv); ev != 0 || over == 0 {
+		t.Errorf("evicted %d, overflow %d: want no eviction of active peers and the churn kept undecided", ev, over)
+	}
+	// Quiet past the idle bound, the worker's place may go to a new peer.
+	clock.Store(int64(11 * time.Minute))
+	churn(2)
+	if ev, _ := rpc.DetectEvictions(srv); ev == 0 {
+		t.Errorf("no decided peer evicted after the idle bound")
 	}
 }
