@@ -37,7 +37,8 @@ func livenessFor(cfg settings.Config, profile *protocol.Profile, detect []*proto
 
 // RemoveInstance drops a registered worker instance on the operator's word
 // (dashboard, kvdock ctl unregister, the HTTP API), as an unregister would:
-// its pending writes are aborted, its pending reads released. It reports
+// its pending writes are never published, its pending transfers abandoned
+// to their TTL (the worker may still be copying). It reports
 // ErrUnknownInstance for an id nobody registered, which changes nothing.
 func (e *Engine) RemoveInstance(id int64, by ClearOrigin) error {
 	p := e.cur.Load().plane

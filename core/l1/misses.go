@@ -144,21 +144,12 @@ func (p *Pool) storedElsewhere(k *keys.ObjectKey, now int64) bool {
 	return false
 }
 
-// ExpireWrite is AbortWrite for reservations whose worker never committed
-// in time (the transfer module gives a pending store up before the pool's
-// write TTL would): the keys are noted as expired, not as never stored.
+// ExpireWrite is Abandon for reservations whose worker never committed in
+// time (the transfer module gives a pending store up before the pool's write
+// TTL would): the bytes stay until that TTL, since the worker may still be
+// copying, and the keys are noted as expired, not as never stored.
 func (p *Pool) ExpireWrite(rs []Reservation) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	now := p.now().UnixNano()
-	for _, r := range rs {
-		if i := p.holds(r, now); i != nilRec {
-			if !p.t.recs[i].doomed {
-				p.note(i, misses.Expired)
-			}
-			p.drop(i)
-		} else {
-			p.st.StaleFinishes++
-		}
-	}
+	p.abandonLocked(rs, nil, p.now().UnixNano(), true)
 }

@@ -81,9 +81,10 @@ type OwnerKind uint8
 
 // Owner kinds.
 const (
-	OwnerInstance OwnerKind = iota // a worker instance (its instance id)
-	OwnerLookup                    // the scheduler's lookups, all together
-	OwnerPrefetch                  // loads from the L2 tiers, all together
+	OwnerInstance  OwnerKind = iota // a worker instance (its instance id)
+	OwnerLookup                     // the scheduler's lookups, all together
+	OwnerPrefetch                   // loads from the L2 tiers, all together
+	OwnerAbandoned                  // holds whose holder went away (Abandon), until their TTL
 )
 
 // Owner names who holds a lock, for the lock caps.
@@ -101,8 +102,13 @@ func LookupOwner() Owner { return Owner{Kind: OwnerLookup} }
 // PrefetchOwner is the owner of the write locks of loads from the L2 tiers.
 func PrefetchOwner() Owner { return Owner{Kind: OwnerPrefetch} }
 
+// AbandonedOwner is charged for the holds of holders that went away.
+func AbandonedOwner() Owner { return Owner{Kind: OwnerAbandoned} }
+
 func (o Owner) String() string {
 	switch o.Kind {
+	case OwnerAbandoned:
+		return "abandoned holds"
 	case OwnerLookup:
 		return "lookups"
 	case OwnerPrefetch:
@@ -204,6 +210,8 @@ type Stats struct {
 	ExpiredReadLocks  uint64 // read locks reset by the read TTL
 	WriteDoomed       uint64 // keys ReserveWrite skipped because a cleared object of that key is still locked
 	StaleFinishes     uint64 // FinishWrite/AbortWrite/ReleaseRead calls for a lock that had already ended
+	AbandonedWrites   uint64 // reservations doomed by Abandon (bytes kept until their TTL)
+	AbandonedReads    uint64 // read holds left in force by Abandon until their TTL
 	LockCapRefusals   uint64 // reservations or read locks refused by a lock cap
 	OwnerLockCap      int64  // bytes one owner may hold locked
 	TotalLockCap      int64  // bytes all owners together may hold locked

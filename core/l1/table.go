@@ -63,6 +63,7 @@ type record struct {
 	owner      uint32 // Pool.ownerSlots index charged for the lock
 	state      uint8
 	doomed     bool // cleared while locked: freed when the lock ends
+	detached   bool // abandoned reservation: out of the key index until freed
 }
 
 type nameKey struct{ model, salt string }
@@ -81,6 +82,7 @@ type table struct {
 
 	writeLocked, readLocked int
 	doomed                  int
+	detached                int // records out of the index (see detach)
 	doomedBytes             int64
 	bytes                   int64 // rounded sizes of every record
 }
@@ -96,7 +98,8 @@ func (t *table) init() {
 	}
 }
 
-func (t *table) len() int { return len(t.index) }
+// len is the number of records holding bytes, detached ones included.
+func (t *table) len() int { return len(t.index) + t.detached }
 
 // find returns the record index of k, or nilRec.
 func (t *table) find(k keys.ObjectKey) int32 {
@@ -155,7 +158,11 @@ func (t *table) remove(i int32, rounded int64) {
 		t.doomedBytes -= rounded
 	}
 	t.bytes -= rounded
-	delete(t.index, r.id)
+	if r.detached {
+		t.detached--
+	} else {
+		delete(t.index, r.id)
+	}
 	t.unlink(i)
 	n := r.id.name
 	if t.nameRefs[n]--; t.nameRefs[n] == 0 {
@@ -166,6 +173,16 @@ func (t *table) remove(i int32, rounded int64) {
 	}
 	*r = record{state: stateFree, prev: nilRec, next: t.freeRec}
 	t.freeRec = i
+}
+
+// detach takes record i out of the key index (an abandoned reservation:
+// a newer record may then take its key) while it keeps its bytes.
+func (t *table) detach(i int32) {
+	if r := &t.recs[i]; !r.detached {
+		delete(t.index, r.id)
+		r.detached = true
+		t.detached++
+	}
 }
 
 func (t *table) pushMRU(i int32) {
@@ -607,7 +624,9 @@ func (p *Pool) FinishWrite(rs []Reservation) bool {
 }
 
 // AbortWrite drops the reservations it still holds and frees their space
-// without ever publishing them; stale ones are ignored.
+// without ever publishing them; stale ones are ignored. It is for a holder
+// that is done with the bytes (a load that stopped copying, slots never
+// handed out); a holder that went away is Abandoned.
 func (p *Pool) AbortWrite(rs []Reservation) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -619,6 +638,74 @@ func (p *Pool) AbortWrite(rs []Reservation) {
 			p.st.StaleFinishes++
 		}
 	}
+}
+
+// Abandon is how every holder that goes away without its own commit ends:
+// its instance was unregistered, reaped, replaced by a new registration of
+// its id or removed by the operator, or its transfer was given up. The
+// reservations rs and read holds refs were handed to a worker that may still
+// be copying, so their bytes are not freed: a reservation is doomed (never
+// published, its FinishWrite answers false; invisible to lookups and new
+// reservations) and keeps its bytes until its write TTL; a read hold stays
+// in force until its read TTL, so eviction cannot reuse the bytes under the
+// reader. Their charge moves to the abandoned owner, so a new worker under
+// the same instance id starts with nothing charged. Stale entries are
+// ignored. This is the one way a dropped owner ends its holds; AbortWrite
+// and ReleaseRead are for holders that are done with the bytes.
+func (p *Pool) Abandon(rs []Reservation, refs []ReadRef) {
+	if len(rs) == 0 && len(refs) == 0 {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.abandonLocked(rs, refs, p.now().UnixNano(), false)
+}
+
+// abandonLocked is Abandon with p.mu held; expired notes the doomed keys as
+// lost to an expiry (for the miss reasons).
+func (p *Pool) abandonLocked(rs []Reservation, refs []ReadRef, now int64, expired bool) {
+	for _, r := range rs {
+		i := p.holds(r, now)
+		if i == nilRec {
+			p.st.StaleFinishes++
+			continue
+		}
+		if p.t.recs[i].detached {
+			continue // abandoned already
+		}
+		if rec := &p.t.recs[i]; !rec.doomed {
+			if expired {
+				p.note(i, misses.Expired)
+			}
+			rec.doomed = true
+			p.t.doomed++
+			p.t.doomedBytes += p.rounded(i)
+		}
+		// Nothing finds a reservation by key (commits and aborts carry the
+		// handle), so the key leaves the index at once and may be stored
+		// again in other bytes while these wait for their TTL.
+		p.t.detach(i)
+		p.recharge(i, AbandonedOwner())
+		p.st.AbandonedWrites++
+	}
+	for _, ref := range refs {
+		if p.heldBy(ref, now) == nilRec {
+			p.st.StaleFinishes++
+			continue
+		}
+		p.st.AbandonedReads++
+	}
+}
+
+// recharge moves record i's lock charge to owner o.
+func (p *Pool) recharge(i int32, o Owner) {
+	r := &p.t.recs[i]
+	if p.ownerSlots[r.owner].owner == o {
+		return
+	}
+	n := p.rounded(i)
+	p.uncharge(r.owner, n)
+	r.owner = p.charge(o, n)
 }
 
 // ReserveReadPrefix takes count read locks for the scheduler's lookups

@@ -169,8 +169,8 @@ func (m *Module) staleLocked(inst *instance, now time.Time) string {
 }
 
 // Reap runs one reaper scan: every instance due is dropped as an
-// unregister drops it (pending writes aborted, never published; pending
-// reads released), with an event, and counted. It returns the reaped ids.
+// unregister drops it (pending writes never published; pending
+// transfers abandoned to their TTL), with an event, and counted. It returns the reaped ids.
 // Nothing happens unless the reaper is enabled.
 func (m *Module) Reap() []int64 {
 	now := m.now()
@@ -200,7 +200,7 @@ func (m *Module) Reap() []int64 {
 		m.discard(r.writes, r.read)
 		ids = append(ids, r.inst.id)
 		m.event(workers.EventReaped, slog.LevelWarn, r.inst.id, fmt.Sprintf(
-			"instance %d (%s, %s) reaped: %s; %d pending writes aborted, %d pending reads released",
+			"instance %d (%s, %s) reaped: %s; %d pending writes (never published) and %d pending reads abandoned to their TTL",
 			r.inst.id, r.inst.p.ModelName, peerText(r.inst.peer), r.why, len(r.writes), len(r.read)))
 	}
 	return ids
@@ -223,7 +223,7 @@ func (m *Module) Remove(id int64, by string) bool {
 	m.mu.Unlock()
 	m.discard(writes, reads)
 	m.event(workers.EventRemoved, slog.LevelInfo, id, fmt.Sprintf(
-		"instance %d (%s, %s) removed by %s; %d pending writes aborted, %d pending reads released",
+		"instance %d (%s, %s) removed by %s; %d pending writes (never published) and %d pending reads abandoned to their TTL",
 		id, inst.p.ModelName, peerText(inst.peer), by, len(writes), len(reads)))
 	return true
 }

@@ -189,9 +189,16 @@ func TestByKeyReleaseCannotUnlockAWorkersRead(t *testing.T) {
 	if !bytes.Equal(e.slotBytes(rr.Slots[0]), want) {
 		t.Fatal("the worker's slot changed")
 	}
-	// A repeated PREPARE_RETRIEVE holds the same lock again.
+	// A repeated PREPARE_RETRIEVE reads the same held slot; the hold ends
+	// with the second COMMIT_RETRIEVE, not the first.
 	if rr2, err := e.mod.PrepareRetrieve(k, 1); err != nil || !rr2.Success || rr2.Slots[0].Offset != rr.Slots[0].Offset {
 		t.Fatalf("repeated retrieve %+v %v", rr2, err)
+	}
+	if ok, _ := e.mod.CommitRetrieve(k, 1); !ok {
+		t.Fatal("commit retrieve")
+	}
+	if n := e.pool.Delete(ks); n != 0 {
+		t.Fatal("the first COMMIT_RETRIEVE released a hold the second prepare still reads")
 	}
 	if ok, _ := e.mod.CommitRetrieve(k, 1); !ok {
 		t.Fatal("commit retrieve")

@@ -9,9 +9,10 @@
 // the segment advertised at registration is always the one that exists.
 //
 // Compared with upstream the wire answers are the same, but clean-up is
-// stricter: pending SHM writes are aborted (never published half-written)
-// on unregister, expiry, a repeated prepare or a pickle commit, and pending
-// reads are released. A peer's input changes an instance only once it is
+// stricter: pending SHM writes are never published half-written on
+// unregister, reaping, id reuse, expiry, a repeated prepare or a pickle
+// commit, and neither they nor pending reads give their bytes back before
+// the pool's TTL, since the worker may still be copying (l1.Pool.Abandon). A peer's input changes an instance only once it is
 // validated in full: a pickle commit switches an SHM instance to PICKLE only
 // when it decoded to one tensor of the instance's layout per chunk, and an
 // SHM commit switches a PICKLE instance back. Registrations are bounded in
@@ -48,19 +49,21 @@ import (
 type Pool interface {
 	Decision() l1.Decision
 	// ReserveWrite, FinishWrite and AbortWrite work on reservations, so a
-	// late commit or abort never touches a lock it does not hold.
+	// late commit or abort never touches a lock it does not hold. AbortWrite
+	// frees at once: only for reservations whose slots no worker was given.
 	ReserveWrite(owner l1.Owner, ks []keys.ObjectKey, size int64) ([]l1.Reservation, error)
 	FinishWrite(rs []l1.Reservation) bool
 	AbortWrite(rs []l1.Reservation)
-	// ExpireWrite is AbortWrite for a store given up because its worker
-	// did not commit in time (the pool notes why, for the miss reasons).
+	// Abandon ends the holds of a worker that went away or whose transfer
+	// was given up; the bytes stay until the holds' TTL, since the worker
+	// may still be copying. ExpireWrite is Abandon for a store given up
+	// because its worker did not commit in time (noted for the miss reasons).
+	Abandon(rs []l1.Reservation, refs []l1.ReadRef)
 	ExpireWrite(rs []l1.Reservation)
 	// HoldRead takes one of the read locks LOOKUP left for the workers;
-	// ReleaseRead ends the hold (COMMIT_RETRIEVE), ReturnRead gives it back
-	// unused (a repeated PREPARE_RETRIEVE).
+	// ReleaseRead ends the hold (COMMIT_RETRIEVE, or holds never handed out).
 	HoldRead(k keys.ObjectKey) (l1.ReadRef, bool)
 	ReleaseRead(refs []l1.ReadRef)
-	ReturnRead(refs []l1.ReadRef)
 	// View pins a range of the pool for a copy; Close waits for it.
 	View(off, n int64) ([]byte, func())
 }
@@ -93,6 +96,17 @@ var ErrClosed = errors.New("nongpu: module closed")
 // ErrTooManyInstances refuses a registration beyond server.max_instances.
 var ErrTooManyInstances = errors.New("too many registered instances")
 
+// ErrNotRegistered is a transfer request naming an instance that is not
+// registered (never, or no longer: unregistered, reaped, removed). The
+// handlers answer it with the request's failure reply rather than nothing,
+// so the worker never waits out its timeout for it.
+var ErrNotRegistered = errors.New("non-GPU context not registered")
+
+// ErrLayoutConflict refuses a registration whose model (and world size) is
+// registered with another layout: the object keys name no layout, so two
+// layouts of one model would read each other's chunks.
+var ErrLayoutConflict = errors.New("layout conflicts with the one registered for the model")
+
 // DefaultMaxInstances applies when server.max_instances is not positive. It
 // is far above any real deployment (one instance per worker process) and
 // keeps /status and the dashboard to a few hundred KiB.
@@ -113,10 +127,14 @@ type instance struct {
 	reason     string
 	registered time.Time
 	last       time.Time
-	// peer is the ZMQ routing id that last spoke for the instance;
-	// inFlight counts its requests being served. pinged and transferred are
-	// the reaper's two signals (a PING with the id; a prepare or commit).
-	peer string
+	// peer is the ZMQ routing id that holds the instance: the one that
+	// registered it, or that spoke for it once the holder was silent for
+	// the peer window (a reconnected worker); peerSeen is when the holder
+	// last spoke for it. inFlight counts its requests being served. pinged
+	// and transferred are the reaper's two signals (a PING with the id; a
+	// prepare or commit).
+	peer     string
+	peerSeen time.Time
 	// profile is the protocol table it registered through.
 	profile             string
 	inFlight            int
@@ -142,13 +160,16 @@ type pendingKey struct {
 }
 
 // pending is a reservation awaiting COMMIT_STORE (res) or read locks
-// awaiting COMMIT_RETRIEVE (refs).
+// awaiting COMMIT_RETRIEVE (refs): readers of them, each answered reply,
+// until as many commits came.
 type pending struct {
 	inst    *instance
 	res     []l1.Reservation
 	refs    []l1.ReadRef
 	bytes   int64
 	created time.Time
+	readers int
+	reply   protocol.PrepareRetrieveResponse
 }
 
 // chunks is how many objects the entry holds.
@@ -311,7 +332,7 @@ func (m *Module) RegisterThrough(p protocol.RegisterPayload, peer []byte, profil
 	old, known := m.instances[p.InstanceID]
 	if known && (len(peer) == 0 || old.peer == "" || old.peer == string(peer)) {
 		old.last = now
-		m.notePeerLocked(old, peer)
+		m.notePeerLocked(old, peer, now)
 		m.mu.Unlock()
 		m.rateLimited("register/again", func() {
 			m.event(workers.EventRegister, slog.LevelWarn, p.InstanceID,
@@ -343,7 +364,7 @@ func (m *Module) RegisterThrough(p protocol.RegisterPayload, peer []byte, profil
 	}
 	lay := groups[0]
 	inst := &instance{id: p.InstanceID, p: p, lay: lay, groups: groups, mode: mode, reason: reason, registered: now, last: now,
-		peer: string(peer), profile: profile}
+		peer: string(peer), peerSeen: now, profile: profile}
 
 	m.mu.Lock()
 	if m.closed {
@@ -373,9 +394,11 @@ func (m *Module) RegisterThrough(p protocol.RegisterPayload, peer []byte, profil
 		if replacing {
 			m.layouts.AddGroups(old.p.ModelName, old.p.WorldSize, old.groups)
 		}
+		holders := m.holdersLocked(p.ModelName, p.WorldSize, p.InstanceID)
+		m.stats.Conflicts++
 		m.mu.Unlock()
-		err := fmt.Errorf("register instance %d: layout %s conflicts with %s already registered for model %q world size %d",
-			p.InstanceID, groupsText(groups), groupsText(have), p.ModelName, p.WorldSize)
+		err := fmt.Errorf("register instance %d from %s: %w: %s, but %s registered %s for model %s world size %d; if that registration is not a worker of yours, remove it (POST /unregister, kvdock ctl unregister)",
+			p.InstanceID, peerText(string(peer)), ErrLayoutConflict, groupsText(groups), holders, groupsText(have), quoteBounded(p.ModelName), p.WorldSize)
 		m.event(workers.EventError, slog.LevelError, p.InstanceID, err.Error())
 		return protocol.RegisterResponse{}, err
 	}
@@ -395,7 +418,7 @@ func (m *Module) RegisterThrough(p protocol.RegisterPayload, peer []byte, profil
 		// log; Stats.Reused counts every one.
 		m.rateLimited("register/reused", func() {
 			m.event(workers.EventReused, slog.LevelWarn, p.InstanceID, fmt.Sprintf(
-				"instance %d registered from %s while %s held it: taken as a new worker; the old one's %d pending writes aborted (never published), %d pending reads released",
+				"instance %d registered from %s while %s held it: taken as a new worker; the old one's %d pending writes (never published) and %d pending reads abandoned to their TTL",
 				p.InstanceID, peerText(string(peer)), peerText(old.peer), len(writes), len(reads)))
 		})
 	}
@@ -404,6 +427,33 @@ func (m *Module) RegisterThrough(p protocol.RegisterPayload, peer []byte, profil
 		"instance %d registered: model %s, world size %d, layout %s, %s (%s)",
 		p.InstanceID, p.ModelName, p.WorldSize, groupsText(groups), mode, reason))
 	return resp, nil
+}
+
+// maxHoldersShown bounds the registrations a conflict event names.
+const maxHoldersShown = 4
+
+// holdersLocked names the registrations of model and world size (other than
+// instance except) with their peers, for the operator: "instance 7 (peer
+// 0a0b…)", at most maxHoldersShown and a count of the rest. m.mu is held.
+func (m *Module) holdersLocked(model string, worldSize int, except int64) string {
+	var ids []int64
+	for id, inst := range m.instances {
+		if id != except && inst.p.ModelName == model && inst.p.WorldSize == worldSize {
+			ids = append(ids, id)
+		}
+	}
+	if len(ids) == 0 {
+		return "an instance being replaced"
+	}
+	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	var parts []string
+	for _, id := range ids[:min(len(ids), maxHoldersShown)] {
+		parts = append(parts, fmt.Sprintf("instance %d (%s)", id, peerText(m.instances[id].peer)))
+	}
+	if n := len(ids) - maxHoldersShown; n > 0 {
+		parts = append(parts, fmt.Sprintf("%d more", n))
+	}
+	return strings.Join(parts, ", ")
 }
 
 // groupsText renders a model's layouts: the one layout of a plain model,
@@ -482,6 +532,33 @@ func (m *Module) validate(p protocol.RegisterPayload) ([]layout.Layout, error) {
 	return groups, nil
 }
 
+// UnregisterFrom handles UNREGISTER_KV_CACHE[_NON_GPU_CONTEXT] (spec 4.8)
+// sent by the ZMQ peer peer. From another peer than the one holding the
+// instance, while that one is alive (it spoke for the instance within the
+// peer window), it is refused, counted and reported with both peers: one
+// peer must not end another's registration by naming its id (the operator
+// can, with POST /unregister). From the holder, an unknown peer, or once the
+// holder has gone silent (a worker that died or reconnected), it is
+// Unregister. It reports whether the instance was unregistered.
+func (m *Module) UnregisterFrom(id int64, peer []byte) bool {
+	now := m.now()
+	m.mu.Lock()
+	inst, ok := m.instances[id]
+	if ok && len(peer) > 0 && inst.peer != "" && inst.peer != string(peer) && m.peerAliveLocked(inst, now) {
+		m.stats.RefusedUnregisters++
+		holder, seen, window := inst.peer, now.Sub(inst.peerSeen), m.peerWindowLocked()
+		m.mu.Unlock()
+		m.rateLimited("unregister/refused", func() {
+			m.event(workers.EventUnregister, slog.LevelWarn, id, fmt.Sprintf(
+				"UNREGISTER of instance %d from %s refused: %s registered it and spoke for it %s ago (alive within %s); if it is not a worker of yours, remove it (POST /unregister, kvdock ctl unregister)",
+				id, peerText(string(peer)), peerText(holder), seen.Round(time.Millisecond), window))
+		})
+		return false
+	}
+	m.mu.Unlock()
+	return m.Unregister(id)
+}
+
 // Unregister handles UNREGISTER_KV_CACHE[_NON_GPU_CONTEXT] (spec 4.8): the
 // instance's pending writes are aborted (not published), its pending reads
 // released, and its layout reference dropped. It reports whether the instance
@@ -502,7 +579,7 @@ func (m *Module) Unregister(id int64) bool {
 	m.discard(writes, reads)
 	m.gate.forget(id)
 	m.event(workers.EventUnregister, slog.LevelInfo, id, fmt.Sprintf(
-		"instance %d unregistered (%s); %d pending writes aborted, %d pending reads released",
+		"instance %d unregistered (%s); %d pending writes (never published) and %d pending reads abandoned to their TTL",
 		id, inst.p.ModelName, len(writes), len(reads)))
 	return true
 }
@@ -543,13 +620,16 @@ func (m *Module) takePendingLocked(match func(pendingKey) bool) (writes, reads [
 	return writes, reads
 }
 
-// discard aborts pending writes and releases pending reads.
+// discard abandons the holds of pending writes and reads whose instance was
+// dropped (unregister, reap, removal, id reuse, close): the worker may still
+// be copying, so the pool keeps their bytes until the holds' TTL and never
+// publishes the writes.
 func (m *Module) discard(writes, reads []*pending) {
 	for _, p := range writes {
-		m.pool.AbortWrite(p.res)
+		m.pool.Abandon(p.res, nil)
 	}
 	for _, p := range reads {
-		m.pool.ReleaseRead(p.refs)
+		m.pool.Abandon(nil, p.refs)
 	}
 }
 
@@ -563,7 +643,7 @@ func (m *Module) lookupInstance(id int64) (*instance, error) {
 	}
 	inst, ok := m.instances[id]
 	if !ok {
-		return nil, fmt.Errorf("non-GPU context not registered for instance %d", id)
+		return nil, fmt.Errorf("%w for instance %d", ErrNotRegistered, id)
 	}
 	inst.last = now
 	inst.transferred = true // only prepare/commit requests look instances up

@@ -89,9 +89,15 @@ func (m *Module) PrepareStore(k protocol.Key, id int64) (protocol.PrepareStoreRe
 	if err != nil {
 		return protocol.PrepareStoreResponse{}, fmt.Errorf("prepare store for instance %d: %w", id, err)
 	}
-	// A repeated prepare for the same transfer releases the first reservation
-	// before reserving again (upstream overwrote it and leaked the locks).
-	m.abortPendingWrite(pk)
+	// A prepare of a transfer already pending (the pending key ignores
+	// request_id, as upstream's does) gets no slots: the first one's slots
+	// may be being written, and the next COMMIT_STORE of the key publishes
+	// them, so handing out others would let that commit publish slots still
+	// being written. Upstream answers no slots here too (the keys are
+	// write-locked), but loses the first reservation.
+	if m.repeatedWrite(pk) {
+		return emptyShm(inst), nil
+	}
 
 	created := m.now()
 	resp, res, err := m.reserveGroups(inst, ks)
@@ -112,12 +118,14 @@ func (m *Module) PrepareStore(k protocol.Key, id int64) (protocol.PrepareStoreRe
 		m.pool.AbortWrite(res)
 		return protocol.PrepareStoreResponse{}, fmt.Errorf("prepare store: instance %d unregistered meanwhile", id)
 	}
-	prev := m.writes[pk]
+	if m.writes[pk] != nil {
+		// A concurrent prepare of the same transfer won: as above.
+		m.mu.Unlock()
+		m.pool.AbortWrite(res)
+		return emptyShm(inst), nil
+	}
 	m.writes[pk] = &pending{inst: inst, res: res, bytes: reservedBytes(res), created: created}
 	m.mu.Unlock()
-	if prev != nil {
-		m.pool.AbortWrite(prev.res)
-	}
 	return resp, nil
 }
 
@@ -193,7 +201,7 @@ func (m *Module) CommitStore(k protocol.Key, id int64, data []byte) (bool, error
 		m.noteFallback(inst)
 		// An SHM prepare before this pickle commit reserved the same objects:
 		// release them so the pickled data can be stored.
-		m.abortPendingWrite(pk)
+		m.abandonPendingWrite(pk)
 	}
 	ok, err := m.commitPickle(inst, ks, ts, inst.lay, false)
 	if err != nil {
@@ -231,7 +239,7 @@ func (m *Module) commitGroups(inst *instance, k protocol.Key, data []byte) (bool
 			}
 		}
 		m.noteFallback(inst)
-		m.abortPendingWrite(pk)
+		m.abandonPendingWrite(pk)
 	}
 	all := true
 	for g, ts := range gs {
@@ -288,7 +296,7 @@ func (m *Module) CommitStoreGroup(k protocol.Key, id int64, group int64, data []
 			return false, nil
 		}
 		m.noteFallback(inst)
-		m.abortPendingWrite(pk)
+		m.abandonPendingWrite(pk)
 	}
 	ok, err := m.commitPickle(inst, keys.InGroup(ks, uint32(group)), ts, lay, true)
 	if err != nil {
@@ -588,10 +596,13 @@ func (m *Module) prepareRetrieve(k protocol.Key, id int64, encode func(ts []torc
 		return protocol.PrepareRetrieveResponse{}, fmt.Errorf("prepare retrieve for instance %d: %w", id, err)
 	}
 	created := m.now()
-	// A repeated prepare of the same transfer gives the first one's holds
-	// back, so that this one can hold the same locks again.
-	if prev := m.takePending(m.reads, pk); prev != nil {
-		m.pool.ReturnRead(prev.refs)
+	// A prepare of a transfer already pending reads the same held slots:
+	// the holds end with the last of their COMMIT_RETRIEVEs, so no commit
+	// releases slots another copy of the same key is still reading.
+	if m.modeOf(inst) == workers.ModeSHM {
+		if r, ok := m.repeatedRead(pk); ok {
+			return r, nil
+		}
 	}
 	// Every group of every chunk must be there: a chunk one of whose groups
 	// was never committed is a miss, and its found groups' holds go back.
@@ -638,18 +649,22 @@ func (m *Module) prepareRetrieve(k protocol.Key, id int64, encode func(ts []torc
 			m.pool.ReleaseRead(found)
 			return protocol.PrepareRetrieveResponse{}, fmt.Errorf("prepare retrieve: instance %d unregistered meanwhile", id)
 		}
-		prev := m.reads[pk]
-		m.reads[pk] = &pending{inst: inst, refs: found, bytes: total, created: created}
+		resp := protocol.PrepareRetrieveResponse{Success: true, Slots: slots, GroupIDs: groupIDs}
 		inst.retrieves++
 		inst.hitChunks += int64(len(ks))
 		inst.bytesOut += total
-		m.mu.Unlock()
-		if prev != nil {
-			// A concurrent prepare of the same transfer: its holds are not
-			// coming back.
-			m.pool.ReleaseRead(prev.refs)
+		if prev := m.reads[pk]; prev != nil {
+			// A concurrent prepare of the same transfer won: read its
+			// slots; ours were never handed out.
+			prev.readers++
+			resp = prev.reply
+			m.mu.Unlock()
+			m.pool.ReleaseRead(found)
+			return resp, nil
 		}
-		return protocol.PrepareRetrieveResponse{Success: true, Slots: slots, GroupIDs: groupIDs}, nil
+		m.reads[pk] = &pending{inst: inst, refs: found, bytes: total, created: created, readers: 1, reply: resp}
+		m.mu.Unlock()
+		return resp, nil
 	}
 
 	// The tensors view the pool directly: the read locks keep the objects in
@@ -706,10 +721,73 @@ func (m *Module) CommitRetrieve(k protocol.Key, id int64) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("commit retrieve for instance %d: %w", id, err)
 	}
-	if p := m.takePending(m.reads, pk); p != nil && !m.expireIfDue(p, false) {
+	if p := m.endRead(pk); p != nil && !m.expireIfDue(p, false) {
 		m.pool.ReleaseRead(p.refs)
 	}
 	return true, nil
+}
+
+// endRead counts one COMMIT_RETRIEVE of pk's pending read and returns the
+// entry, taken from the map, when it was the last one its holds wait for.
+func (m *Module) endRead(pk pendingKey) *pending {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	p := m.reads[pk]
+	if p == nil {
+		return nil
+	}
+	if p.readers > 1 {
+		p.readers--
+		return nil
+	}
+	delete(m.reads, pk)
+	return p
+}
+
+// repeatedWrite reports whether pk has a pending write within its life; one
+// past it is expired here.
+func (m *Module) repeatedWrite(pk pendingKey) bool {
+	now := m.now()
+	m.mu.Lock()
+	p, ok := m.writes[pk]
+	due := ok && now.Sub(p.created) >= m.writeTTL/2
+	if due {
+		delete(m.writes, pk)
+		m.stats.Expired++
+	}
+	m.mu.Unlock()
+	if due {
+		m.expire(p, true, now)
+	}
+	return ok && !due
+}
+
+// repeatedRead answers a prepare of pk's pending read (within its life)
+// with the same slots, and counts it as one more reader of its holds; one
+// past its life is expired here.
+func (m *Module) repeatedRead(pk pendingKey) (protocol.PrepareRetrieveResponse, bool) {
+	now := m.now()
+	m.mu.Lock()
+	p, ok := m.reads[pk]
+	due := ok && now.Sub(p.created) >= m.readTTL/2
+	switch {
+	case due:
+		delete(m.reads, pk)
+		m.stats.Expired++
+	case ok:
+		p.readers++
+		p.inst.retrieves++
+		p.inst.hitChunks += int64(len(p.reply.Slots))
+		p.inst.bytesOut += p.bytes
+	}
+	m.mu.Unlock()
+	if due {
+		m.expire(p, false, now)
+	}
+	if !ok || due {
+		return protocol.PrepareRetrieveResponse{}, false
+	}
+	return p.reply, true
 }
 
 // takePending removes and returns one entry of the given pending map.
@@ -723,9 +801,13 @@ func (m *Module) takePending(table map[pendingKey]*pending, pk pendingKey) *pend
 	return p
 }
 
-func (m *Module) abortPendingWrite(pk pendingKey) {
+// abandonPendingWrite gives up the pending write of pk (a repeated prepare,
+// or a pickle commit of the same transfer). Its slots were handed out, so
+// they are abandoned, not freed: a copy into them may still be running. The
+// keys are free to be reserved again at once.
+func (m *Module) abandonPendingWrite(pk pendingKey) {
 	if p := m.takePending(m.writes, pk); p != nil && !m.expireIfDue(p, true) {
-		m.pool.AbortWrite(p.res)
+		m.pool.Abandon(p.res, nil)
 	}
 }
 
@@ -757,13 +839,14 @@ func (m *Module) expireIfDue(p *pending, write bool) bool {
 	return true
 }
 
-// expire aborts or releases an entry past its life (stale locks are ignored
-// by the pool) and tells the operator.
+// expire abandons an entry past its life (stale locks are ignored by the
+// pool; live ones keep their bytes until the pool's TTL) and tells the
+// operator.
 func (m *Module) expire(p *pending, write bool, now time.Time) {
 	if write {
 		m.pool.ExpireWrite(p.res)
 	} else {
-		m.pool.ReleaseRead(p.refs)
+		m.pool.Abandon(nil, p.refs)
 	}
 	what := "read"
 	if write {
