@@ -1,15 +1,10 @@
 package segment
 
-import (
-	"fmt"
-	"path/filepath"
-
-	"golang.org/x/sys/unix"
-)
+import "golang.org/x/sys/unix"
 
 // Detach is Close without the unmap, for a pool whose memory may still be
 // read or written through views that were not returned in time: it stops
-// the prefault, unlinks the segment name (if it is still this segment) and
+// the prefault, unlinks the segment's names (if they are still this segment) and
 // releases the flock, but the mapping stays valid until the process exits,
 // so a late copy cannot fault. Bytes keeps answering the mapping. Detach and
 // Close share one once: after either, the other does nothing.
@@ -21,14 +16,7 @@ func (s *Segment) Detach() error {
 		if s.fd < 0 {
 			return
 		}
-		path := filepath.Join(s.dir, s.dec.Segment)
-		var mine, named unix.Stat_t
-		if unix.Fstat(s.fd, &mine) == nil && unix.Stat(path, &named) == nil &&
-			mine.Dev == named.Dev && mine.Ino == named.Ino {
-			if e := unix.Unlink(path); e != nil {
-				err = fmt.Errorf("unlink %s: %w", path, e)
-			}
-		}
+		err = unlinkNames(s.fd, s.dir, s.dec.Segment)
 		unix.Close(s.fd) // releases the flock
 		s.fd = -1
 	})

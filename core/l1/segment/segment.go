@@ -11,9 +11,13 @@
 // live server that never locks (Python LMCache) and is left alone.
 //
 // Before a segment is created, stale segments are removed (CleanStale): the
-// requested name if its flock can be taken, and kvdock-marked segments of our
-// uid whose flock can be taken (their owner died). A segment whose flock is
-// held is never touched, nor other users' files under other names.
+// requested name if it is a regular file of our uid whose flock is free, and
+// kvdock-marked segments of our uid whose flock is free (their owner died).
+// A segment whose flock is held is never touched, nor another user's file
+// (even by root), nor a symbolic link or other non-regular file: at the
+// requested name these make Open fail with ErrBusy or ErrForeign and a
+// reason that says which. The protocol is race-free between kvdocks starting
+// and cleaning at once; CleanStale says how.
 package segment
 
 import (
@@ -22,8 +26,9 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
+	"os/user"
 	"path/filepath"
-	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -50,6 +55,10 @@ const markerPrefix = ".kvdock-seg-"
 
 // ErrBusy means the requested segment name is held by a live process.
 var ErrBusy = errors.New("shared memory segment is held by a live process")
+
+// ErrForeign means the requested segment name is taken by something kvdock
+// may not remove: another user's file, a symbolic link, any non-regular file.
+var ErrForeign = errors.New("kvdock removes only stale segments of its own user")
 
 // NormalizeName strips leading slashes and adds Prefix unless the name
 // already carries it: "foo" and "/foo" → "lmcache_l1_pool_foo".
@@ -93,6 +102,9 @@ type Options struct {
 	Statfs func(dir string) (int64, error)
 	// Logger receives stale-cleanup and fallback notices; nil discards.
 	Logger *slog.Logger
+	// afterLock runs whenever the cleanup holds a candidate's lock; tests
+	// use it to yield there, widening the windows a race needs.
+	afterLock func(path string)
 }
 
 // Decision says which memory backs the pool and why.
@@ -147,15 +159,17 @@ func Open(o Options) (*Segment, error) {
 	if err := ValidName(name); err != nil {
 		return nil, err
 	}
-	removed, err := CleanStale(o.Dir, name, log)
+	c := cleaner{dir: o.Dir, want: name, uid: os.Geteuid(), log: log, afterLock: o.afterLock}
+	removed, err := c.run()
 	if err != nil {
 		log.Warn("stale shared-memory cleanup incomplete", "dir", o.Dir, "err", err)
 	}
 	path := filepath.Join(o.Dir, name)
-	if _, err := os.Lstat(path); err == nil {
-		// CleanStale left it: a live process holds it, or it could not be
-		// checked (the warning above says why).
-		return nil, fmt.Errorf("segment %s in %s: %w; stop that server or choose another --shm-name", name, o.Dir, ErrBusy)
+	if ok, err := c.clearWant(); err != nil {
+		return nil, err
+	} else if ok {
+		log.Info("removed stale shared memory segment", "segment", name, "dir", o.Dir)
+		removed = append(removed, name)
 	}
 	free, err := o.Statfs(o.Dir)
 	if err != nil {
@@ -168,8 +182,8 @@ func Open(o Options) (*Segment, error) {
 		log.Warn("shared memory off", "reason", reason)
 		return openAnon(o, Decision{Size: o.Size, Reason: reason, ShmFree: free}, log)
 	}
-	s, err := create(o, name, path, free, log)
-	if errors.Is(err, ErrBusy) {
+	s, err := create(o, c, path, free, log)
+	if errors.Is(err, ErrBusy) || errors.Is(err, ErrForeign) {
 		return nil, err
 	}
 	var re *reserveError
@@ -191,7 +205,10 @@ func Open(o Options) (*Segment, error) {
 	return s, nil
 }
 
-func create(o Options, name, path string, free int64, log *slog.Logger) (*Segment, error) {
+// create makes the segment under a temporary name, flocked before anything
+// else can see it, reserves its pages, then links it as c.want and its marker.
+func create(o Options, c cleaner, path string, free int64, log *slog.Logger) (*Segment, error) {
+	name := c.want
 	var fd int
 	var tmp string
 	for attempt := 0; ; attempt++ {
@@ -223,18 +240,29 @@ func create(o Options, name, path string, free int64, log *slog.Logger) (*Segmen
 	if err := reserve(fd, o.Size); err != nil {
 		return fail(&reserveError{dir: o.Dir, size: o.Size, err: err})
 	}
-	if err := unix.Link(tmp, path); err != nil {
-		if errors.Is(err, unix.EEXIST) {
-			return fail(fmt.Errorf("segment %s in %s appeared while starting: %w", name, o.Dir, ErrBusy))
+	// Something may have taken the name since clearWant: a live server (busy),
+	// a file that is not ours (refused with its reason), or a stale segment
+	// of ours left by a server that died meanwhile (removed, then retried).
+	for attempt := 0; ; attempt++ {
+		err := unix.Link(tmp, path)
+		if err == nil {
+			break
 		}
-		return fail(fmt.Errorf("publish %s as %s: %w", tmp, path, err))
+		if !errors.Is(err, unix.EEXIST) {
+			return fail(fmt.Errorf("publish %s as %s: %w", tmp, path, err))
+		}
+		if _, err := c.clearWant(); err != nil {
+			return fail(err)
+		}
+		if attempt == 3 {
+			return fail(fmt.Errorf("segment %s in %s keeps reappearing while starting: %w", name, o.Dir, ErrBusy))
+		}
 	}
-	mark(o.Dir, name, tmp, log)
+	mark(c, tmp, log)
 	unix.Unlink(tmp)
 	mem, err := unix.Mmap(fd, 0, int(o.Size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
-		unlinkIfSame(fd, path)
-		unlinkIfSame(fd, filepath.Join(o.Dir, markerPrefix+name))
+		unlinkNames(fd, o.Dir, name)
 		unix.Close(fd)
 		return nil, fmt.Errorf("map %s: %w", path, err)
 	}
@@ -288,20 +316,26 @@ func (e *reserveError) Error() string {
 func (e *reserveError) Unwrap() error { return e.err }
 
 // mark links the new segment (still reachable as tmp) as markerPrefix+name.
-// A marker left by a dead owner whose segment name was removed is replaced;
-// without a marker the segment still works, but if this server dies it is
+// A marker left by a dead owner is replaced; a live owner cannot hold one,
+// since owners unlink their marker before their name and we hold the name.
+// Without a marker the segment still works, but if this server dies it is
 // cleaned only by a server started with the same name.
-func mark(dir, name, tmp string, log *slog.Logger) {
-	marker := filepath.Join(dir, markerPrefix+name)
-	err := unix.Link(tmp, marker)
-	if errors.Is(err, unix.EEXIST) {
-		if ok, _ := removeIfStale(marker, os.Geteuid(), nil); ok {
-			err = unix.Link(tmp, marker)
+func mark(c cleaner, tmp string, log *slog.Logger) {
+	marker := filepath.Join(c.dir, markerPrefix+c.want)
+	var err error
+	for attempt := 0; ; attempt++ {
+		err = unix.Link(tmp, marker)
+		if !errors.Is(err, unix.EEXIST) || attempt == 3 {
+			break
+		}
+		if _, rerr := c.removeIfStale(marker); rerr != nil {
+			err = rerr
+			break
 		}
 	}
 	if err != nil {
 		log.Warn("shared memory segment left unmarked: if this server dies, only a server started with the same name removes it",
-			"segment", name, "marker", marker, "err", err)
+			"segment", c.want, "marker", marker, "err", err)
 	}
 }
 
@@ -339,11 +373,8 @@ func (s *Segment) Close() error {
 		if s.fd < 0 {
 			return
 		}
-		for _, name := range []string{s.dec.Segment, markerPrefix + s.dec.Segment} {
-			path := filepath.Join(s.dir, name)
-			if e := unlinkIfSame(s.fd, path); e != nil && err == nil {
-				err = fmt.Errorf("unlink %s: %w", path, e)
-			}
+		if e := unlinkNames(s.fd, s.dir, s.dec.Segment); e != nil && err == nil {
+			err = e
 		}
 		unix.Close(s.fd) // releases the flock
 		s.fd = -1
@@ -382,24 +413,46 @@ func (s *Segment) startPrefault(on bool) {
 }
 
 // CleanStale removes stale segments from dir and returns the names of the
-// segments removed. Stale means the flock can be taken (no live kvdock holds
-// it) and the file is provably one we may remove:
+// segments removed. Stale means the file is a regular file owned by our uid
+// and no live kvdock holds its flock; then it is removed when it is provably
+// one we may remove:
 //
-//   - want, the name about to be created (normalised; "" for none), whoever
-//     created it: the operator asked for that name;
-//   - a segment of another name only with kvdock's marker link and owned by
-//     our uid. Python LMCache never takes the flock, so an unmarked segment
-//     is unlocked while its server lives, and another user's segment is not
-//     ours to remove even when we are root;
+//   - want, the name about to be created (normalised; "" for none), marker or
+//     not: the operator asked for that name. A file of another user there is
+//     never removed, even when we are root, nor a symbolic link or any other
+//     non-regular file (Open refuses to start and says which it is);
+//   - a segment of another name only with kvdock's marker link. Python
+//     LMCache never takes the flock, so an unmarked segment is unlocked
+//     while its server lives;
 //   - a marker whose segment is gone, and a crash leftover of a segment being
-//     created (tmpPrefix, older than a minute), both ours by uid.
+//     created (tmpPrefix, older than a minute).
 //
-// Each file is unlinked only while its flock is held and after its path is
-// checked to still name the locked inode, so a segment that a starting
-// server has just put in its place is never removed.
+// The protocol, race-free between any number of kvdocks starting, cleaning
+// and stopping at once:
+//
+//   - a segment's creator takes an exclusive flock on the inode before the
+//     inode has any public name and holds it for life; nothing else ever
+//     takes an exclusive flock, so an inode once found unlocked stays stale;
+//   - a cleaner proves an inode stale with a shared flock, which other
+//     cleaners' shared flocks do not refuse: a cleaner at work never makes a
+//     stale segment look alive to a starting kvdock;
+//   - a cleaner unlinks a name only while it holds the stale inode's
+//     open-file-description write lock (fcntl, independent of flock), after
+//     checking that the name still names that inode. Every unlink of a
+//     stale inode's name happens under that lock, so no name can move from
+//     the stale inode to a live segment between the check and the unlink.
 func CleanStale(dir, want string, log *slog.Logger) ([]string, error) {
 	c := cleaner{dir: dir, want: want, uid: os.Geteuid(), log: log}
-	return c.run()
+	removed, err := c.run()
+	if c.want == "" {
+		return removed, err
+	}
+	ok, werr := c.clearWant()
+	if ok {
+		c.logger().Info("removed stale shared memory segment", "segment", c.want, "dir", c.dir)
+		removed = append(removed, c.want)
+	}
+	return removed, errors.Join(err, werr)
 }
 
 type cleaner struct {
@@ -407,30 +460,28 @@ type cleaner struct {
 	want string
 	uid  int
 	log  *slog.Logger
-	// afterLock runs once a candidate's flock is held, before its path is
-	// checked; tests use it to replace the file under the cleaner.
+	// afterLock runs once a candidate is proved stale, before its names are
+	// checked; tests use it to replace the file under the cleaner or to
+	// yield there.
 	afterLock func(path string)
 }
 
-func (c cleaner) run() ([]string, error) {
+func (c cleaner) logger() *slog.Logger {
 	if c.log == nil {
-		c.log = slog.New(slog.DiscardHandler)
+		return slog.New(slog.DiscardHandler)
 	}
+	return c.log
+}
+
+// run removes the stale marked segments, orphan markers and old leftovers
+// of other names; want is handled by clearWant.
+func (c cleaner) run() ([]string, error) {
 	ents, err := os.ReadDir(c.dir)
 	if err != nil {
 		return nil, fmt.Errorf("scan %s for stale segments: %w", c.dir, err)
 	}
 	var removed []string
 	var errs []error
-	note := func(name string, ok bool, err error) {
-		if err != nil {
-			errs = append(errs, err)
-		}
-		if ok {
-			c.log.Info("removed stale shared memory segment", "segment", name, "dir", c.dir)
-			removed = append(removed, name)
-		}
-	}
 	for _, e := range ents {
 		name := e.Name()
 		if !e.Type().IsRegular() {
@@ -439,127 +490,214 @@ func (c cleaner) run() ([]string, error) {
 		switch {
 		case strings.HasPrefix(name, markerPrefix):
 			seg := strings.TrimPrefix(name, markerPrefix)
+			if seg == c.want {
+				continue // clearWant decides, and says why it cannot
+			}
 			ok, err := c.removeMarked(seg)
-			note(seg, ok, err)
+			if err != nil {
+				errs = append(errs, err)
+			}
+			if ok {
+				c.logger().Info("removed stale shared memory segment", "segment", seg, "dir", c.dir)
+				removed = append(removed, seg)
+			}
 		case strings.HasPrefix(name, tmpPrefix):
 			// A segment being created is locked within microseconds; only
 			// leftovers of a crash are old.
 			if info, err := e.Info(); err != nil || time.Since(info.ModTime()) < time.Minute {
 				continue
 			}
-			_, err := removeIfStale(filepath.Join(c.dir, name), c.uid, c.afterLock)
-			note(name, false, err)
+			if _, err := c.removeIfStale(filepath.Join(c.dir, name)); err != nil {
+				errs = append(errs, err)
+			}
 		}
-	}
-	if c.want != "" && !slices.Contains(removed, c.want) {
-		ok, err := c.removeWanted()
-		note(c.want, ok, err)
 	}
 	return removed, errors.Join(errs...)
 }
 
-// removeMarked removes seg and its marker when the marker is ours by uid and
-// unlocked; seg goes only if it is the marker's inode.
+// removeMarked removes seg and its marker when the marker is a stale file of
+// ours; seg goes only if it is the marker's inode.
 func (c cleaner) removeMarked(seg string) (bool, error) {
 	marker := filepath.Join(c.dir, markerPrefix+seg)
-	fd, ok, err := lockIfStale(marker, c.uid)
-	if !ok {
+	v, err := c.examine(marker)
+	if err != nil || v.state != stale {
 		return false, err
 	}
-	defer unix.Close(fd)
-	if c.afterLock != nil {
-		c.afterLock(marker)
-	}
+	defer unix.Close(v.fd)
 	// The marker is the segment's inode: if seg still names it, seg is the
 	// dead owner's segment. A marker whose segment name is gone still pinned
 	// the memory; it goes too, but no segment is reported.
 	path := filepath.Join(c.dir, seg)
-	segGone := false
-	if strings.HasPrefix(seg, Prefix) && sameFile(fd, path) {
-		if err := unix.Unlink(path); err != nil && !errors.Is(err, unix.ENOENT) {
-			return false, fmt.Errorf("remove stale %s: %w", path, err)
-		}
-		segGone = true
+	names := []string{marker}
+	if strings.HasPrefix(seg, Prefix) {
+		names = []string{path, marker}
 	}
-	if err := unlinkIfSame(fd, marker); err != nil {
-		return false, fmt.Errorf("remove stale %s: %w", marker, err)
-	}
-	return segGone, nil
+	gone, err := unlinkStale(v.fd, names...)
+	return strings.HasPrefix(seg, Prefix) && gone[0], err
 }
 
-// removeWanted removes the requested name, whoever owns it, if its flock can
-// be taken, with its marker if it has one (another user's marker would
-// otherwise keep the old segment's memory).
-func (c cleaner) removeWanted() (bool, error) {
+// clearWant makes way for the requested name: nil when nothing is there or
+// a stale segment of ours was removed (ok), an error wrapping ErrBusy when a
+// live process holds it, an error wrapping ErrForeign (saying what the file
+// is) when it is not ours to remove.
+func (c cleaner) clearWant() (ok bool, err error) {
 	path := filepath.Join(c.dir, c.want)
-	fd, ok, err := lockIfStale(path, -1)
-	if !ok {
+	v, err := c.examine(path)
+	if err != nil {
 		return false, err
 	}
-	defer unix.Close(fd)
-	if c.afterLock != nil {
-		c.afterLock(path)
+	switch v.state {
+	case gone:
+		return false, nil
+	case live:
+		return false, fmt.Errorf("segment %s in %s: %w; stop that server or choose another --shm-name", c.want, c.dir, ErrBusy)
+	case foreign:
+		return false, fmt.Errorf("segment %s in %s is %s: %w; remove it or choose another --shm-name", c.want, c.dir, c.describe(&v.st), ErrForeign)
 	}
-	if !sameFile(fd, path) {
-		return false, nil // replaced since we opened it: not the file we locked
-	}
-	for _, p := range []string{path, filepath.Join(c.dir, markerPrefix+c.want)} {
-		if err := unlinkIfSame(fd, p); err != nil {
-			return false, fmt.Errorf("remove stale %s: %w", p, err)
-		}
-	}
-	return true, nil
+	defer unix.Close(v.fd)
+	// Its marker goes with it, if it has one: another marker would keep the
+	// old segment's memory.
+	gone, err := unlinkStale(v.fd, path, filepath.Join(c.dir, markerPrefix+c.want))
+	return gone[0], err
 }
 
-// removeIfStale unlinks path if its flock can be taken, it is owned by uid
-// (-1: any owner) and path still names the locked inode when it is removed.
-func removeIfStale(path string, uid int, afterLock func(string)) (bool, error) {
-	fd, ok, err := lockIfStale(path, uid)
-	if !ok {
+// removeIfStale unlinks path if it is a stale file of ours and path still
+// names it when it is removed.
+func (c cleaner) removeIfStale(path string) (bool, error) {
+	v, err := c.examine(path)
+	if err != nil || v.state != stale {
 		return false, err
 	}
-	defer unix.Close(fd)
-	if afterLock != nil {
-		afterLock(path)
-	}
-	if !sameFile(fd, path) {
-		return false, nil // replaced since we opened it: not the file we locked
-	}
-	if err := unlinkIfSame(fd, path); err != nil {
-		return false, fmt.Errorf("remove stale %s: %w", path, err)
-	}
-	return true, nil
+	defer unix.Close(v.fd)
+	gone, err := unlinkStale(v.fd, path)
+	return gone[0], err
 }
 
-// lockIfStale opens path and takes its flock without blocking; ok is true,
-// with the descriptor holding the lock, when the lock was free and the file
-// is a regular file owned by uid (-1: any owner).
-func lockIfStale(path string, uid int) (fd int, ok bool, err error) {
-	// O_NONBLOCK: a FIFO swapped in under the name must not block the open.
-	fd, err = unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+// state is what examine found at a path.
+type state int
+
+const (
+	gone    state = iota // nothing there
+	stale                // a regular file of ours that no live kvdock holds
+	live                 // a regular file of ours whose flock a live process holds
+	foreign              // anything else: not ours to remove
+)
+
+// verdict is examine's answer; fd is open (the caller closes it) only when
+// state is stale, and holds a shared flock.
+type verdict struct {
+	state state
+	fd    int
+	st    unix.Stat_t // foreign: what describe words for the error
+}
+
+// examine opens path without following a symbolic link (or blocking on a
+// FIFO) and says what it is. It is opened for writing because unlinkStale
+// takes a write lock on it; a file of another user is never written.
+func (c cleaner) examine(path string) (verdict, error) {
+	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_NOCTTY, 0)
 	if err != nil {
 		if errors.Is(err, unix.ENOENT) {
-			return -1, false, nil
+			return verdict{state: gone}, nil
 		}
-		return -1, false, fmt.Errorf("open %s: %w", path, err)
+		// A symbolic link (ELOOP), a directory (EISDIR), a socket (ENXIO)
+		// or another user's file we cannot write (EACCES): say what it is.
+		var st unix.Stat_t
+		if lerr := unix.Lstat(path, &st); lerr == nil && !c.ours(&st) {
+			return verdict{state: foreign, st: st}, nil
+		}
+		return verdict{}, fmt.Errorf("open %s: %w", path, err)
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		unix.Close(fd)
-		return -1, false, fmt.Errorf("stat %s: %w", path, err)
+		return verdict{}, fmt.Errorf("stat %s: %w", path, err)
 	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG || uid >= 0 && int(st.Uid) != uid {
+	if !c.ours(&st) {
 		unix.Close(fd)
-		return -1, false, nil
+		return verdict{state: foreign, st: st}, nil
 	}
-	if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
+	// Shared: owners hold the only exclusive flocks, so this fails exactly
+	// when a live owner holds the file, never because another cleaner looks.
+	if err := unix.Flock(fd, unix.LOCK_SH|unix.LOCK_NB); err != nil {
 		unix.Close(fd)
 		if errors.Is(err, unix.EWOULDBLOCK) {
-			return -1, false, nil // live owner
+			return verdict{state: live}, nil
 		}
-		return -1, false, fmt.Errorf("lock %s: %w", path, err)
+		return verdict{}, fmt.Errorf("lock %s: %w", path, err)
 	}
-	return fd, true, nil
+	if c.afterLock != nil {
+		c.afterLock(path)
+	}
+	return verdict{state: stale, fd: fd}, nil
+}
+
+// ours reports whether st is a regular file owned by our uid.
+func (c cleaner) ours(st *unix.Stat_t) bool {
+	return st.Mode&unix.S_IFMT == unix.S_IFREG && int(st.Uid) == c.uid
+}
+
+// describe says why a file is not a segment kvdock may remove: not a
+// regular file, or another user's.
+func (c cleaner) describe(st *unix.Stat_t) string {
+	var kind string
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFREG:
+		return fmt.Sprintf("a file owned by uid %d%s, not by this server's uid %d", st.Uid, userName(st.Uid), c.uid)
+	case unix.S_IFLNK:
+		kind = "a symbolic link (not followed)"
+	case unix.S_IFDIR:
+		kind = "a directory"
+	case unix.S_IFIFO:
+		kind = "a named pipe"
+	case unix.S_IFSOCK:
+		kind = "a socket"
+	default:
+		kind = "a device file"
+	}
+	return kind + ", not a shared memory segment"
+}
+
+// userName is " (name)" for a uid the user database knows, else "".
+func userName(uid uint32) string {
+	u, err := user.LookupId(strconv.FormatUint(uint64(uid), 10))
+	if err != nil {
+		return ""
+	}
+	return " (" + u.Username + ")"
+}
+
+// unlinkStale removes each of paths that still names the stale inode open as
+// fd, holding the inode's write lock (F_OFD_SETLKW) across each check and
+// unlink. Only cleaners take that lock, only on inodes proved stale, for a
+// few system calls and never while waiting for another lock, so the wait is
+// short and cannot deadlock. gone[i] reports whether paths[i] was removed.
+func unlinkStale(fd int, paths ...string) (gone []bool, err error) {
+	gone = make([]bool, len(paths))
+	lk := unix.Flock_t{Type: unix.F_WRLCK, Whence: 0, Start: 0, Len: 0}
+	for {
+		err = unix.FcntlFlock(uintptr(fd), unix.F_OFD_SETLKW, &lk)
+		if !errors.Is(err, unix.EINTR) {
+			break
+		}
+	}
+	if err != nil {
+		return gone, fmt.Errorf("lock stale %s for removal: %w", paths[0], err)
+	}
+	defer func() {
+		lk.Type = unix.F_UNLCK
+		unix.FcntlFlock(uintptr(fd), unix.F_OFD_SETLK, &lk)
+	}()
+	for i, p := range paths {
+		if !sameFile(fd, p) {
+			continue
+		}
+		if err := unix.Unlink(p); err != nil && !errors.Is(err, unix.ENOENT) {
+			return gone, fmt.Errorf("remove stale %s: %w", p, err)
+		}
+		gone[i] = true
+	}
+	return gone, nil
 }
 
 // sameFile reports whether path names the inode open as fd.
@@ -569,10 +707,23 @@ func sameFile(fd int, path string) bool {
 		mine.Dev == named.Dev && mine.Ino == named.Ino
 }
 
-// unlinkIfSame unlinks path if it names the inode open as fd. The caller
-// holds that inode's flock, so no kvdock can remove it and link a new
-// segment under the name between the check and the unlink.
-func unlinkIfSame(fd int, path string) error {
+// unlinkNames removes a live segment's names, the marker first: a marker
+// then never outlives its owner's name, so a server that has just linked the
+// name finds no live marker in the way of its own.
+func unlinkNames(fd int, dir, name string) error {
+	var errs []error
+	for _, p := range []string{filepath.Join(dir, markerPrefix+name), filepath.Join(dir, name)} {
+		if err := unlinkOwn(fd, p); err != nil {
+			errs = append(errs, fmt.Errorf("unlink %s: %w", p, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// unlinkOwn unlinks path if it names the inode open as fd, whose exclusive
+// flock the caller holds: no cleaner touches a name of a live inode, so the
+// name cannot change between the check and the unlink.
+func unlinkOwn(fd int, path string) error {
 	if !sameFile(fd, path) {
 		return nil
 	}
