@@ -45,6 +45,23 @@ const (
 	// maxValueBytes is the largest value written: Redis's and Valkey's
 	// default proto-max-bulk-len (512 MB).
 	maxValueBytes = 512 << 20
+	// callTimeout bounds every call to the server that has no shorter
+	// deadline of its caller's: a server that keeps answering without
+	// ever finishing (a reply a byte at a time) holds a worker no longer.
+	callTimeout = 2 * connWriteTimeout
+	// maxRedirects is how many MOVED or ASK one call follows; more is a
+	// redirect loop, and the tier goes down with the two nodes named.
+	maxRedirects = 3
+	// clientBuffer is the valkey-go clients' read and write buffer per
+	// connection: their replies are small (guard.go) and a value written
+	// through them passes the buffer by.
+	clientBuffer = 64 << 10
+	// connsPerNode is what the two clients may open to one node: each
+	// pipelines on up to four connections per node.
+	connsPerNode = 8
+	// minNodes is how many nodes the connection bound has room for at the
+	// least; a larger cluster is given room for its startup nodes.
+	minNodes = 16
 )
 
 // ErrDown is wrapped by every call made while the tier is down.
@@ -91,7 +108,21 @@ type Tier struct {
 
 	readBytes, writeBytes atomic.Uint64
 	notify                atomic.Pointer[func(tierstate.Tier)]
+
+	// conns counts the connections open, the clients' and the tier's own,
+	// bounded by maxConns (dialConn).
+	conns    atomic.Int64
+	maxConns int64
+	// redirect is the last MOVED or ASK a client was answered, which names
+	// the loop when a call ends on one (redirectLoop).
+	redirect atomic.Pointer[redirectSeen]
+	// legal is the longest value length this process wrote or asked for,
+	// the bound of a Get (read.go); 0 until there is one.
+	legal atomic.Int64
 }
+
+// redirectSeen is a redirect answered by the node at from, to the node at to.
+type redirectSeen struct{ from, to string }
 
 // NotifyState implements tier.StateNotifier.
 func (t *Tier) NotifyState(f func(tierstate.Tier)) { t.notify.Store(&f) }
@@ -143,6 +174,9 @@ func Open(ctx context.Context, cfg RESPConfig, log *slog.Logger) (*Tier, error) 
 		wake:     make(chan struct{}, 1),
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
+		// The clients' connections to every node, then the tier's own:
+		// NumWorkers in flight and as many idle (stream.go).
+		maxConns: int64(connsPerNode*max(minNodes, len(cfg.StartupNodes)) + 2*cfg.NumWorkers),
 		opt: valkey.ClientOption{
 			InitAddress:       cfg.addrs(),
 			Username:          cfg.Username,
@@ -156,8 +190,16 @@ func Open(ctx context.Context, cfg RESPConfig, log *slog.Logger) (*Tier, error) 
 			DisableRetry:     true,
 			Dialer:           net.Dialer{Timeout: cmp.Or(cfg.DialTimeout, dialTimeout)},
 			ConnWriteTimeout: connWriteTimeout,
+			// A node that redirects to itself, or two that redirect to
+			// each other, would otherwise be followed until the call's
+			// context ends (with a fresh connection per turn for a node
+			// that names itself).
+			ClusterOption:       valkey.ClusterOption{MaxMovedRedirections: maxRedirects},
+			ReadBufferEachConn:  clientBuffer,
+			WriteBufferEachConn: clientBuffer,
 		},
 	}
+	t.opt.DialCtxFn = t.dialClient
 	t.streams = newStreams(t)
 	t.bg, t.stopBg = context.WithCancel(context.Background())
 	client, err := t.dial(ctx)
@@ -334,6 +376,7 @@ func (t *Tier) Put(ctx context.Context, key string, value []byte) error {
 		return t.fail(context.WithoutCancel(ctx), "put", err)
 	}
 	t.absent.forget(key)
+	t.learn(int64(len(value)))
 	t.writeBytes.Add(uint64(len(value)))
 	t.recovered()
 	return nil
@@ -358,7 +401,8 @@ func (t *Tier) reserve(ctx context.Context, c valkey.Client, key string, size in
 		// 32 MiB free stalls every client's command for ms).
 		cmds[i] = c.B().Unlink().Key(t.serverKey(v)).Build()
 	}
-	ectx := context.WithoutCancel(ctx) // see detached
+	ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), callTimeout) // see detached
+	defer cancel()
 	for _, r := range c.DoMulti(ectx, cmds...) {
 		if err := r.Error(); err != nil {
 			t.idx.remove(key)
@@ -399,32 +443,10 @@ func (t *Tier) PutParts(ctx context.Context, key string, head, payload []byte, v
 		return t.fail(ctx, "put", err)
 	}
 	t.absent.forget(key)
+	t.learn(size)
 	t.writeBytes.Add(uint64(size))
 	t.recovered()
 	return nil
-}
-
-// Get returns the value under key, or an error wrapping tier.ErrNotFound.
-func (t *Tier) Get(ctx context.Context, key string) ([]byte, error) {
-	var b []byte
-	err := t.detached(ctx, "get", false, func(c valkey.Client, dctx context.Context) error {
-		v, err := c.Do(dctx, c.B().Get().Key(t.serverKey(key)).Build()).AsBytes()
-		if valkey.IsValkeyNil(err) {
-			t.idx.remove(key)
-			return fmt.Errorf("resp tier %s: get: %w", t.target, tier.ErrNotFound)
-		}
-		if err != nil {
-			return t.fail(dctx, "get", err)
-		}
-		t.idx.touch(key)
-		t.readBytes.Add(uint64(len(v)))
-		b = v
-		return nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	return b, nil
 }
 
 // Has counts how many leading keys are present, with pipelined EXISTS,
@@ -516,11 +538,13 @@ func (t *Tier) refreshAbsent(key string) {
 		defer t.refreshing.Add(-1)
 		defer release()
 		q := t.absent.ask()
-		v, err := c.Do(t.bg, c.B().Exists().Key(t.serverKey(key)).Build()).AsInt64()
+		ctx, cancel := context.WithTimeout(t.bg, callTimeout)
+		defer cancel()
+		v, err := c.Do(ctx, c.B().Exists().Key(t.serverKey(key)).Build()).AsInt64()
 		switch {
 		case err != nil:
 			t.absent.drop(key)
-			_ = t.fail(t.bg, "has", err)
+			_ = t.fail(ctx, "has", err)
 		case v == 0:
 			t.absent.add(key, q)
 		default:
@@ -544,25 +568,29 @@ func (t *Tier) Delete(ctx context.Context, key string) error {
 // the caller's ctx ends. The client never sees the caller's deadline:
 // valkey-go answers a deadline that ends mid-call by closing the connection
 // that every concurrent call shares (auto-pipelining), failing them all and
-// the tier with them. So f gets a context that does not end; a server that
-// stops answering is caught by the client's connWriteTimeout (deadlines on
-// the connection and its keep-alive PINGs). An abandoned f finishes in the
-// background and keeps its worker slot until then, so num_workers still
-// bounds the calls and bytes in flight.
+// the tier with them. So f gets a context of its own, ending only after
+// callTimeout; a server that stops answering is caught sooner by the
+// client's connWriteTimeout (deadlines on the connection and its keep-alive
+// PINGs). An abandoned f finishes in the background and keeps its worker
+// slot until then, so num_workers still bounds the calls and bytes in
+// flight.
 func (t *Tier) detached(ctx context.Context, op string, small bool, f func(valkey.Client, context.Context) error) error {
 	c, release, err := t.begin(ctx, small)
 	if err != nil {
 		return err
 	}
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), callTimeout)
 	if ctx.Done() == nil {
 		// A context that never ends needs no watching.
 		defer release()
-		return f(c, ctx)
+		defer cancel()
+		return f(c, dctx)
 	}
 	done := make(chan error, 1)
 	go func() {
 		defer release()
-		done <- f(c, context.WithoutCancel(ctx))
+		defer cancel()
+		done <- f(c, dctx)
 	}()
 	select {
 	case err := <-done:
@@ -645,6 +673,11 @@ func (t *Tier) fail(ctx context.Context, op string, err error) error {
 			t.setState(tierstate.Degraded, "server out of memory: "+msg)
 		case hasPrefix(msg, "MOVED", "ASK") && !t.cfg.Cluster:
 			t.setState(tierstate.Degraded, "server is a cluster node; set \"cluster\": true")
+		case hasPrefix(msg, "MOVED", "ASK") && !errors.As(err, new(*replyError)):
+			// The client follows maxRedirects of them; one that comes
+			// back is a loop. (The tier's own connections follow none:
+			// theirs fetch the slot map again.)
+			t.setState(tierstate.Down, t.redirectLoop(msg))
 		}
 		return fmt.Errorf("resp tier %s: %s: %w", t.target, op, err)
 	}
@@ -780,7 +813,45 @@ func (t *Tier) probe() error {
 			return fmt.Errorf("node %s: cluster state is not ok", addr)
 		}
 	}
+	if t.cfg.Cluster {
+		// A keyed command, routed and redirected as the calls are: nodes
+		// that all answer PING may still redirect in a loop.
+		key := t.serverKey(probeKey)
+		if err := c.small.Do(ctx, c.small.B().Exists().Key(key).Build()).Error(); err != nil {
+			if msg, ok := serverErr(err); ok && hasPrefix(msg, "MOVED", "ASK") {
+				return errors.New(t.redirectLoop(msg))
+			}
+			return fmt.Errorf("exists %s: %w", key, err)
+		}
+	}
 	return nil
+}
+
+// probeKey is the key the probe asks about: no chunk's key looks like it.
+const probeKey = "probe"
+
+// sawRedirect remembers a MOVED or ASK reply of the node at from.
+func (t *Tier) sawRedirect(from, msg string) {
+	if f := strings.Fields(msg); len(f) == 3 {
+		t.redirect.Store(&redirectSeen{from: from, to: f[2]})
+	}
+}
+
+// redirectLoop is the reason of a call that ended on msg, a MOVED or ASK
+// left after maxRedirects: the loop's two nodes, as far as known.
+func (t *Tier) redirectLoop(msg string) string {
+	to := ""
+	if f := strings.Fields(msg); len(f) == 3 {
+		to = f[2]
+	}
+	r := t.redirect.Load()
+	switch {
+	case r == nil || r.to != to:
+		return fmt.Sprintf("redirect loop: more than %d redirects, the last to %s", maxRedirects, to)
+	case r.from == r.to:
+		return fmt.Sprintf("redirect loop between %s and itself", r.to)
+	}
+	return fmt.Sprintf("redirect loop between %s and %s", r.from, r.to)
 }
 
 // clean strips the password from an error's text, should a library ever

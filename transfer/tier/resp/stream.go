@@ -3,7 +3,6 @@ package resp
 import (
 	"bufio"
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -35,13 +34,15 @@ const streamPiece = 1 << 20
 // replyBuffer bounds a reply line read from the server (an error text).
 const replyBuffer = 4096
 
-// streams holds the idle SET connections, per node address, at most
-// NumWorkers each, and in a cluster the slot map that routes a key.
+// streams holds the idle connections (of SETs and value reads), per node
+// address, at most NumWorkers of them in all, and in a cluster the slot map
+// that routes a key.
 type streams struct {
 	t *Tier
 
 	mu     sync.Mutex
 	idle   map[string][]*streamConn
+	nidle  int // of all addresses
 	closed bool
 	slots  *slotMap // nil until fetched; reset when found stale
 }
@@ -77,7 +78,7 @@ func (s *streams) set(ctx context.Context, serverKey string, head, payload []byt
 		return err
 	}
 	for attempt := 0; ; attempt++ {
-		sc, reused, err := s.get(ctx, addr)
+		sc, reused, err := s.conn(ctx, addr)
 		if err != nil {
 			return err
 		}
@@ -106,8 +107,8 @@ func (s *streams) set(ctx context.Context, serverKey string, head, payload []byt
 	}
 }
 
-// get returns an idle connection to addr, or dials one.
-func (s *streams) get(ctx context.Context, addr string) (*streamConn, bool, error) {
+// conn returns an idle connection to addr, or dials one.
+func (s *streams) conn(ctx context.Context, addr string) (*streamConn, bool, error) {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -116,6 +117,7 @@ func (s *streams) get(ctx context.Context, addr string) (*streamConn, bool, erro
 	if l := s.idle[addr]; len(l) > 0 {
 		sc := l[len(l)-1]
 		s.idle[addr] = l[:len(l)-1]
+		s.nidle--
 		s.mu.Unlock()
 		return sc, true, nil
 	}
@@ -128,11 +130,12 @@ func (s *streams) get(ctx context.Context, addr string) (*streamConn, bool, erro
 func (s *streams) put(sc *streamConn) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.closed || len(s.idle[sc.addr]) >= s.t.cfg.NumWorkers {
+	if s.closed || s.nidle >= s.t.cfg.NumWorkers {
 		sc.c.Close()
 		return
 	}
 	s.idle[sc.addr] = append(s.idle[sc.addr], sc)
+	s.nidle++
 }
 
 // flush closes the idle connections (the tier went down: they may be
@@ -141,6 +144,7 @@ func (s *streams) flush(close bool) {
 	s.mu.Lock()
 	idle := s.idle
 	s.idle = map[string][]*streamConn{}
+	s.nidle = 0
 	s.slots = nil
 	s.closed = s.closed || close
 	s.mu.Unlock()
@@ -151,29 +155,14 @@ func (s *streams) flush(close bool) {
 	}
 }
 
-// dial connects to addr the way the client does: TLS when configured
-// (the server name from the address), AUTH when there is a password.
+// dial connects to addr the way the client does (dialConn: TLS when
+// configured, within the tier's bound on connections), then AUTH when
+// there is a password.
 func (s *streams) dial(ctx context.Context, addr string) (*streamConn, error) {
 	cfg := s.t.cfg
-	d := s.t.opt.Dialer // the client's: the same dial timeout
-	dctx, cancel := context.WithTimeout(ctx, d.Timeout)
-	defer cancel()
-	c, err := d.DialContext(dctx, "tcp", addr)
+	c, err := s.t.dialConn(ctx, addr)
 	if err != nil {
-		return nil, fmt.Errorf("dial %s: %w", addr, err)
-	}
-	if s.t.opt.TLSConfig != nil {
-		tc := s.t.opt.TLSConfig.Clone()
-		if tc.ServerName == "" {
-			host, _, _ := net.SplitHostPort(addr)
-			tc.ServerName = host
-		}
-		conn := tls.Client(c, tc)
-		if err := conn.HandshakeContext(dctx); err != nil {
-			c.Close()
-			return nil, fmt.Errorf("tls handshake with %s: %w", addr, err)
-		}
-		c = conn
+		return nil, err
 	}
 	sc := &streamConn{addr: addr, c: c, r: bufio.NewReaderSize(c, replyBuffer)}
 	if cfg.Password != "" {
@@ -181,9 +170,7 @@ func (s *streams) dial(ctx context.Context, addr string) (*streamConn, error) {
 		if cfg.Username != "" {
 			args = []string{"AUTH", cfg.Username, cfg.Password}
 		}
-		if dl, ok := dctx.Deadline(); ok {
-			_ = c.SetDeadline(dl)
-		}
+		_ = c.SetDeadline(time.Now().Add(s.t.opt.Dialer.Timeout))
 		if err := sc.command(args...); err != nil {
 			c.Close()
 			return nil, fmt.Errorf("auth with %s: %w", addr, err)
@@ -263,16 +250,9 @@ func (sc *streamConn) set(ctx context.Context, key string, head, payload []byte,
 
 // reply reads one reply and expects "+…" (an error reply is a replyError).
 func (sc *streamConn) reply() error {
-	line, err := sc.r.ReadSlice('\n')
+	line, err := sc.line()
 	if err != nil {
-		if errors.Is(err, bufio.ErrBufferFull) {
-			return fmt.Errorf("reply longer than %d bytes", sc.r.Size())
-		}
-		return fmt.Errorf("read reply: %w", err)
-	}
-	line = line[:len(line)-1]
-	if len(line) > 0 && line[len(line)-1] == '\r' {
-		line = line[:len(line)-1]
+		return err
 	}
 	switch {
 	case len(line) > 0 && line[0] == '+':
@@ -356,8 +336,10 @@ func (s *streams) fetchSlots(ctx context.Context) (*slotMap, error) {
 		return nil, ErrDown
 	}
 	c := cs.small
-	// Not ctx itself: see detached (the connection's own timeouts bound it).
-	entries, err := c.Do(context.WithoutCancel(ctx), c.B().ClusterSlots().Build()).ToArray()
+	// Not ctx itself: see detached.
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), callTimeout)
+	defer cancel()
+	entries, err := c.Do(sctx, c.B().ClusterSlots().Build()).ToArray()
 	if err != nil {
 		return nil, fmt.Errorf("cluster slots: %w", err)
 	}
