@@ -122,6 +122,15 @@ type Stats struct {
 	Reaped        int64 // instances dropped by the liveness reaper
 	Removed       int64 // instances removed by the operator
 	Reused        int64 // instance ids registered again from another peer, taken as new workers
+	// Conflicts counts registrations refused because their model (and world
+	// size) is registered with another layout.
+	Conflicts int64
+	// RefusedUnregisters counts UNREGISTERs refused because they came from
+	// another peer than the live one that registered the instance.
+	RefusedUnregisters int64
+	// Unknown counts transfer requests naming an instance that is not
+	// registered, answered with the request's failure reply.
+	Unknown int64
 }
 
 // Info is what registration advertises to every worker: the shared segment

@@ -2,16 +2,21 @@ package nongpu
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 
 	"kvdock/core/protocol"
 	"kvdock/core/rpc"
+	"kvdock/core/workers"
 )
 
 // Handlers returns the module's request handlers keyed by canonical name.
 // Each checks its arguments' count and types and returns an error (counted
-// and logged by the server, no reply in seed profiles) on bad input.
-// Unregister answers nothing (nil result); so does a failed request.
+// and logged by the server, no reply in seed profiles) on bad input. A
+// transfer request naming an instance that is not registered is answered
+// with the request's failure reply (notRegistered), never left unanswered.
+// Unregister answers nothing (nil result), refused or not.
 func (m *Module) Handlers() map[string]rpc.Handler {
 	unregister := func(_ context.Context, req *rpc.Request) (any, error) {
 		if err := req.Arity(1); err != nil {
@@ -21,7 +26,7 @@ func (m *Module) Handlers() map[string]rpc.Handler {
 		if err != nil {
 			return nil, err
 		}
-		m.Unregister(id)
+		m.UnregisterFrom(id, req.Peer)
 		return nil, nil
 	}
 	return map[string]rpc.Handler{
@@ -41,7 +46,7 @@ func (m *Module) Handlers() map[string]rpc.Handler {
 		}),
 		protocol.UnregisterKVCache:              m.reporting(unregister),
 		protocol.UnregisterKVCacheNonGPUContext: m.reporting(unregister),
-		protocol.PrepareStore: m.reporting(func(_ context.Context, req *rpc.Request) (any, error) {
+		protocol.PrepareStore: m.reporting(m.notRegistered(protocol.PrepareStoreResponse{}, func(_ context.Context, req *rpc.Request) (any, error) {
 			k, id, err := keyAndInstance(req, 2)
 			if err != nil {
 				return nil, err
@@ -56,8 +61,8 @@ func (m *Module) Handlers() map[string]rpc.Handler {
 				return nil, nil
 			}
 			return resp, err
-		}),
-		protocol.CommitStore: m.reporting(func(_ context.Context, req *rpc.Request) (any, error) {
+		})),
+		protocol.CommitStore: m.reporting(m.notRegistered(false, func(_ context.Context, req *rpc.Request) (any, error) {
 			k, id, err := keyAndInstance(req, 3)
 			if err != nil {
 				return nil, err
@@ -73,8 +78,8 @@ func (m *Module) Handlers() map[string]rpc.Handler {
 				defer m.gate.committed(id)
 			}
 			return m.CommitStore(k, id, data)
-		}),
-		protocol.CommitStoreGroup: m.reporting(func(_ context.Context, req *rpc.Request) (any, error) {
+		})),
+		protocol.CommitStoreGroup: m.reporting(m.notRegistered(false, func(_ context.Context, req *rpc.Request) (any, error) {
 			k, id, err := keyAndInstance(req, 4)
 			if err != nil {
 				return nil, err
@@ -89,8 +94,8 @@ func (m *Module) Handlers() map[string]rpc.Handler {
 			}
 			defer m.begin(id, req.Peer)()
 			return m.CommitStoreGroup(k, id, group, data)
-		}),
-		protocol.PrepareRetrieve: m.reporting(func(_ context.Context, req *rpc.Request) (any, error) {
+		})),
+		protocol.PrepareRetrieve: m.reporting(m.notRegistered(protocol.PrepareRetrieveResponse{}, func(_ context.Context, req *rpc.Request) (any, error) {
 			k, id, err := keyAndInstance(req, 2)
 			if err != nil {
 				return nil, err
@@ -103,10 +108,14 @@ func (m *Module) Handlers() map[string]rpc.Handler {
 				// the handler.
 				later := req.DeferReply()
 				end := m.begin(id, req.Peer)
-				name := req.Name
+				name, peer := req.Name, string(req.Peer) // the frames end with the handler
 				m.gate.acquireRetrieve(id, n+retrieveReplySlack, func(charge *rpc.HeldBytes) {
 					defer end()
 					res, err := m.prepareRetrieveReply(k, id, func(n int) ([]byte, error) { return later.ReplyBuffer(n, charge) })
+					if errors.Is(err, ErrNotRegistered) {
+						// Unregistered while it waited for the gate.
+						res, err = m.answerUnregistered(name, id, []byte(peer), protocol.PrepareRetrieveResponse{}), nil
+					}
 					if err != nil {
 						m.errorEvent("request/"+name, id, fmt.Sprintf("%s: %v", name, err))
 						res = nil
@@ -117,16 +126,48 @@ func (m *Module) Handlers() map[string]rpc.Handler {
 			}
 			defer m.begin(id, req.Peer)()
 			return m.prepareRetrieveReply(k, id, req.ReplyBuffer)
-		}),
-		protocol.CommitRetrieve: m.reporting(func(_ context.Context, req *rpc.Request) (any, error) {
+		})),
+		protocol.CommitRetrieve: m.reporting(m.notRegistered(false, func(_ context.Context, req *rpc.Request) (any, error) {
 			k, id, err := keyAndInstance(req, 2)
 			if err != nil {
 				return nil, err
 			}
 			defer m.begin(id, req.Peer)()
 			return m.CommitRetrieve(k, id)
-		}),
+		})),
 	}
+}
+
+// notRegistered answers a request of h that names an instance not
+// registered with fail, the request's failure reply in every profile
+// (PREPARE_STORE: an empty context, so the worker has no slots and its
+// commit is answered false; the commits: false; PREPARE_RETRIEVE: success
+// false, a miss), counted and reported. The instance may have been
+// unregistered, reaped or removed while its worker lives on: left
+// unanswered, every request of that worker would wait out its timeout.
+func (m *Module) notRegistered(fail any, h rpc.Handler) rpc.Handler {
+	return func(ctx context.Context, req *rpc.Request) (any, error) {
+		v, err := h(ctx, req)
+		if errors.Is(err, ErrNotRegistered) {
+			id, _ := instanceArg(req)
+			return m.answerUnregistered(req.Name, id, req.Peer, fail), nil
+		}
+		return v, err
+	}
+}
+
+// answerUnregistered counts a request of name for the unregistered instance
+// id from peer, reports it (at most once a second), and returns fail.
+func (m *Module) answerUnregistered(name string, id int64, peer []byte, fail any) any {
+	m.mu.Lock()
+	m.stats.Unknown++
+	m.mu.Unlock()
+	m.rateLimited("request/unregistered", func() {
+		m.event(workers.EventError, slog.LevelWarn, id, fmt.Sprintf(
+			"%s for instance %d from %s: not registered (never, or unregistered, reaped or removed since); answered as a failure",
+			name, id, peerText(string(peer))))
+	})
+	return fail
 }
 
 // retrieveReplySlack is what a pickle retrieve reply holds beyond its

@@ -89,7 +89,7 @@ func (m *Module) Touch(id int64, peer []byte) bool {
 	}
 	inst.last = now
 	inst.pinged = true
-	m.notePeerLocked(inst, peer)
+	m.notePeerLocked(inst, peer, now)
 	return true
 }
 
@@ -106,7 +106,7 @@ func (m *Module) begin(id int64, peer []byte) func() {
 	}
 	inst.last = now
 	inst.inFlight++
-	m.notePeerLocked(inst, peer)
+	m.notePeerLocked(inst, peer, now)
 	m.mu.Unlock()
 	return func() {
 		m.mu.Lock()
@@ -115,12 +115,43 @@ func (m *Module) begin(id int64, peer []byte) func() {
 	}
 }
 
-// notePeerLocked records the ZMQ peer that spoke for inst; m.mu is held.
-// The routing id is at most 255 bytes (ZMQ's limit), so keeping it is bounded.
-func (m *Module) notePeerLocked(inst *instance, peer []byte) {
-	if len(peer) > 0 && inst.peer != string(peer) {
+// DefaultPeerWindow is how long the peer holding an instance counts as
+// alive after it last spoke for it when the reap timeout is not set.
+const DefaultPeerWindow = 120 * time.Second
+
+// peerWindowLocked is how long the holder of an instance counts as alive
+// after it last spoke for it: the reap timeout (a pinging worker speaks
+// well within it), else DefaultPeerWindow. m.mu is held.
+func (m *Module) peerWindowLocked() time.Duration {
+	if m.liveness.Timeout > 0 {
+		return m.liveness.Timeout
+	}
+	return DefaultPeerWindow
+}
+
+// peerAliveLocked reports whether the peer holding inst spoke for it within
+// the peer window; m.mu is held.
+func (m *Module) peerAliveLocked(inst *instance, now time.Time) bool {
+	return now.Sub(inst.peerSeen) < m.peerWindowLocked()
+}
+
+// notePeerLocked records that peer spoke for inst at now; m.mu is held. The
+// holder stays until it has been silent for the peer window; then the next
+// peer that speaks for the instance holds it (a worker whose connection
+// came back under a new routing id). Another peer naming the instance
+// meanwhile takes nothing, so it cannot make an UNREGISTER its own. The
+// routing id is at most 255 bytes (ZMQ's limit), so keeping it is bounded.
+func (m *Module) notePeerLocked(inst *instance, peer []byte, now time.Time) {
+	if len(peer) == 0 {
+		return
+	}
+	if inst.peer != string(peer) {
+		if inst.peer != "" && m.peerAliveLocked(inst, now) {
+			return
+		}
 		inst.peer = string(peer)
 	}
+	inst.peerSeen = now
 }
 
 // peerText renders a routing id for logs and the operator.

@@ -908,8 +908,8 @@ func TestHandlers(t *testing.T) {
 	if _, err := call(protocol.PrepareStore, otherModel, int64(1)); err == nil {
 		t.Error("key of another model accepted")
 	}
-	if _, err := call(protocol.PrepareStore, k, int64(99)); err == nil {
-		t.Error("unregistered instance accepted")
+	if v, err := call(protocol.PrepareStore, k, int64(99)); err != nil || v.(protocol.PrepareStoreResponse).Shm {
+		t.Errorf("unregistered instance = %v, %v; want its failure reply, an empty context", v, err)
 	}
 	if len(e.eventsOf(workers.EventError)) == 0 {
 		t.Error("handler errors not reported")
