@@ -1,0 +1,197 @@
+package reliability
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"testing"
+	"time"
+
+	"kvdock/core/protocol"
+	"kvdock/tests/harness"
+)
+
+// Dropping a worker's instance while it copies (the same bug as a clear
+// during a transfer, through the other drop paths): every way of dropping it
+// must leave its slots to it until its lock's TTL, so no other worker is
+// given those bytes and its late copy lands nowhere that is served.
+
+// dropInstance drops instance id by one of the drop paths; c is another
+// peer's connection.
+func dropInstance(t *testing.T, srv *harness.Server, how string, id int64, model string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	switch how {
+	case "register id reuse":
+		// Another peer registers the same id (a new worker reusing a PID).
+		other := srv.Dial(t, srv.Protocol)
+		if _, err := registerWorker(other, id, model, false); err != nil {
+			t.Logf("re-registration of %d from another peer: %v", id, err)
+		}
+	case "zmq unregister":
+		other := srv.Dial(t, srv.Protocol)
+		name := protocol.UnregisterKVCacheNonGPUContext
+		if _, ok := harness.Profile(t, srv.Protocol).ByName(name); !ok {
+			name = protocol.UnregisterKVCache
+		}
+		if _, err := other.Call(ctx, name, id); err != nil {
+			t.Logf("UNREGISTER of %d from another peer: %v", id, err)
+		}
+	case "http unregister":
+		resp, err := http.Post(fmt.Sprintf("http://127.0.0.1:%d/unregister?instance_id=%d", srv.HTTPPort, id), "application/json", nil)
+		if err != nil {
+			t.Fatalf("POST /unregister: %v", err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("POST /unregister: %s", resp.Status)
+		}
+	case "reaper":
+		waitFor(t, 20*time.Second, fmt.Sprintf("instance %d reaped", id), func() bool {
+			for _, c := range status(t, srv).Contexts {
+				if c.InstanceID == id {
+					return c.State == "reaped"
+				}
+			}
+			return false
+		})
+	default:
+		t.Fatalf("unknown drop path %q", how)
+	}
+}
+
+var dropPaths = []string{"register id reuse", "zmq unregister", "http unregister", "reaper"}
+
+// startForDrop starts a server on which the drop path can happen: the
+// reaper needs a table whose PING names the instance.
+func startForDrop(t *testing.T, how string) *harness.Server {
+	if how == "reaper" {
+		return startAttacked(t, "--protocol", "engine-driven",
+			"--worker-reap-timeout-seconds", "1", "--worker-registration-grace-seconds", "1")
+	}
+	return startAttacked(t)
+}
+
+// TestHostileDropDuringStore: A reserves slots and starts copying; A's
+// instance is dropped; C stores; A's late copy lands. C's chunks must read
+// back as C's bytes, and C must not have been given A's slots.
+func TestHostileDropDuringStore(t *testing.T) {
+	for i, how := range dropPaths {
+		t.Run(how, func(t *testing.T) {
+			srv := startForDrop(t, how)
+			ctx := context.Background()
+			base := int64(20_000 + 100*i)
+			a := newWorker(t, srv.Dial(t, srv.Protocol), base+1, "drop-store", false)
+			if a.shm == nil {
+				t.Fatal("the server advertises no segment")
+			}
+			postClear(t, srv) // an empty pool: A gets the allocator's first slots
+			ta, da := tokensFor(int(base)+1, 2, a.chunk), seqData(int(base)+1, 2, a.chunkBytes)
+			psA, err := a.prepare(ctx, ta, 2, "drop-a")
+			if err != nil || len(psA.Context.Slots) != 2 {
+				t.Fatalf("A prepare: %d slots, %v", len(psA.Context.Slots), err)
+			}
+			half := psA
+			half.Context.Slots, half.Context.ChunkIndices = psA.Context.Slots[:1], psA.Context.ChunkIndices[:1]
+			if err := a.write(half, da); err != nil {
+				t.Fatal(err) // half of A's copy is done when it is dropped
+			}
+			dropInstance(t, srv, how, a.id, a.model)
+
+			c := newWorker(t, srv.Dial(t, srv.Protocol), base+2, "drop-store", false)
+			tc, dc := tokensFor(int(base)+2, 2, c.chunk), seqData(int(base)+2, 2, c.chunkBytes)
+			psC, err := c.prepare(ctx, tc, 2, "drop-c")
+			if err != nil || len(psC.Context.Slots) != 2 {
+				t.Fatalf("C prepare: %d slots, %v", len(psC.Context.Slots), err)
+			}
+			overlap := 0
+			for _, x := range psA.Context.Slots {
+				for _, y := range psC.Context.Slots {
+					if x.Offset < y.Offset+y.Length && y.Offset < x.Offset+x.Length {
+						overlap++
+					}
+				}
+			}
+			if err := c.write(psC, dc); err != nil {
+				t.Fatal(err)
+			}
+			if err := a.write(psA, da); err != nil { // A's copy goes on, late
+				t.Fatal(err)
+			}
+			okC, errC := c.commit(ctx, tc, 2, "drop-c", []byte{})
+			t.Logf("%s during a store: C given %d of A's slots; C commit %v (%v)", how, overlap, okC, errC)
+			if overlap > 0 {
+				t.Errorf("after A was dropped (%s), C was given %d slots A was still copying into", how, overlap)
+			}
+			if !okC || errC != nil {
+				t.Fatalf("C's commit: %v %v", okC, errC)
+			}
+			readBack(t, c, tc, dc, "drop-rc")
+			alive(t, srv, time.Second, how+" during a store")
+		})
+	}
+}
+
+// TestHostileDropDuringRetrieve: R holds read slots of X and copies out of
+// them; R's instance is dropped; W then fills the pool with other chunks.
+// R's slots must still hold X's bytes.
+func TestHostileDropDuringRetrieve(t *testing.T) {
+	for i, how := range dropPaths {
+		t.Run(how, func(t *testing.T) {
+			srv := startForDrop(t, how)
+			ctx := context.Background()
+			base := int64(30_000 + 100*i)
+			w := newWorker(t, srv.Dial(t, srv.Protocol), base+1, "drop-read", false)
+			r := newWorker(t, srv.Dial(t, srv.Protocol), base+2, "drop-read", false)
+			if r.shm == nil {
+				t.Fatal("the server advertises no segment")
+			}
+			tx, dx := tokensFor(int(base)+1, 2, w.chunk), seqData(int(base)+1, 2, w.chunkBytes)
+			if res, err := w.store(ctx, tx, dx, "drop-sx"); err != nil || res != "true" {
+				t.Fatalf("store X: %q %v", res, err)
+			}
+			if n, err := lookupKeep(ctx, r.c, r.model, tx, "drop-rx"); err != nil || n != 2 {
+				t.Fatalf("lookup X: %d %v", n, err)
+			}
+			rep, err := r.c.Call(ctx, protocol.PrepareRetrieve, r.key(tx, 2, "drop-rx"), r.id)
+			var pr prepRetrieve
+			if err == nil {
+				err = rep.Decode(&pr)
+			}
+			if err != nil || !pr.Success || len(pr.Context.Slots) != 2 {
+				t.Fatalf("prepare retrieve X: %+v %v", pr.Success, err)
+			}
+			// The scheduler is done with the lookup: only R's hold keeps X.
+			_, _ = r.c.Call(ctx, protocol.EndSession, "drop-rx")
+			dropInstance(t, srv, how, r.id, r.model)
+			if how == "register id reuse" || how == "reaper" {
+				// W is silent while the reaper runs; it comes back as a new worker.
+				w = newWorker(t, srv.Dial(t, srv.Protocol), base+3, "drop-read", false)
+			}
+			// Fill the pool past its size with other chunks: everything
+			// evictable is evicted.
+			chunks := int(w.poolSize) / w.chunkBytes
+			stored := 0
+			for s := 0; stored < chunks+chunks/4; s++ {
+				ts, ds := tokensFor(int(base)+10+s, 16, w.chunk), seqData(int(base)+10+s, 16, w.chunkBytes)
+				if _, err := w.store(ctx, ts, ds, fmt.Sprintf("drop-fill-%d", s)); err != nil {
+					t.Fatalf("fill store %d: %v", s, err)
+				}
+				stored += 16
+			}
+			bad := 0
+			for n, s := range pr.Context.Slots {
+				if !bytes.Equal(r.shm[s.Offset:s.Offset+s.Length], dx[n]) {
+					bad++
+				}
+			}
+			t.Logf("%s during a retrieve: %d chunks stored after the drop; %d of 2 read chunks changed under the reader", how, stored, bad)
+			if bad > 0 {
+				t.Errorf("a reader dropped (%s) while holding X's slots read other bytes (%d of 2 chunks)", how, bad)
+			}
+			alive(t, srv, time.Second, how+" during a retrieve")
+		})
+	}
+}
