@@ -1,0 +1,182 @@
+package reliability
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"kvdock/core/testkit/fakeresp"
+	"kvdock/tests/harness"
+)
+
+// The resp tier against a hostile node (core/testkit/fakeresp), on the
+// real binary: whatever the node answers, kvdock keeps serving, its memory
+// and connections stay bounded, and /status says why the tier is down.
+
+// hostileNode answers EXISTS and GET with what *exists and *get hold
+// (raw RESP), everything else as a plain server would.
+func hostileNode(t *testing.T, exists, get *atomic.Pointer[[]byte]) *fakeresp.Node {
+	return fakeresp.Start(t, func(cmd []string) []byte {
+		if r := fakeresp.Basic(cmd); r != nil {
+			return r
+		}
+		switch cmd[0] {
+		case "EXISTS":
+			return *exists.Load()
+		case "GET":
+			return *get.Load()
+		case "UNLINK", "DEL":
+			return fakeresp.Int(1)
+		case "SET":
+			return fakeresp.OK
+		}
+		return fakeresp.Err("ERR unknown command " + cmd[0])
+	})
+}
+
+func setReply(p *atomic.Pointer[[]byte], b []byte) { p.Store(&b) }
+
+// TestHostileRESPReplies: a node that offers a 64 MiB value under each of
+// a prompt's keys, then answers with a negative and a 1 TiB length (to
+// EXISTS and to GET), then sanely again. kvdock reads none of the values
+// (its RSS grows by less than 16 MiB where reading them takes 256 MiB),
+// survives every reply, serves L1 throughout, and its tier comes back up.
+func TestHostileRESPReplies(t *testing.T) {
+	var exists, get atomic.Pointer[[]byte]
+	setReply(&exists, fakeresp.Int(1))
+	setReply(&get, fakeresp.Bulk(bytes.Repeat([]byte{0xA5}, 64<<20)))
+	n := hostileNode(t, &exists, &get)
+	srv := harness.Start(t, "--chunk-size", "16", "--l2-adapter",
+		tierAdapter(t, map[string]any{"type": "resp", "host": "127.0.0.1", "port": n.Port()}))
+	capProcess(t, srv.PID())
+	w := tierWorker(t, srv, 1, "resp-hostile", hidden)
+
+	const chunks = 4
+	base, peak := peakGrowth(t, srv.PID(), func() {
+		if good, wrong := w.checkPrompt(t, 1, chunks); good != 0 || wrong != 0 {
+			t.Fatalf("64 MiB values: %d good, %d wrong chunks served", good, wrong)
+		}
+	})
+	t.Logf("a prompt of %d chunks over 64 MiB values: RSS %s -> peak %s (+%s), %d GETs answered",
+		chunks, mib(base), mib(peak), mib(peak-base), n.Count("GET"))
+	if n.Count("GET") == 0 {
+		t.Fatal("the lookup asked for no value: the test tests nothing")
+	}
+	if peak-base > 16<<10 {
+		t.Fatalf("RSS grew by %s reading %d values of 64 MiB, bound 16 MiB", mib(peak-base), chunks)
+	}
+	alive(t, srv, 5*time.Second, "64 MiB values")
+
+	// A malformed reply marks the tier down (the log says why); a GET's
+	// well-formed length of 1 TiB is a value of another length, a miss.
+	for i, c := range []struct {
+		exists, get, length string
+		down                bool
+	}{
+		{"$-5\r\n", "$-1\r\n", "-5", true},
+		{"$1099511627776\r\n", "$-1\r\n", "1099511627776", true},
+		{":1\r\n", "$-5\r\n", "-5", true},
+		{":1\r\n", "$1099511627776\r\n", "1099511627776", false},
+	} {
+		// From a tier that is up (the last reply marked it down).
+		setReply(&exists, fakeresp.Int(0))
+		waitFor(t, 30*time.Second, "tier up", func() bool { return tier0(t, srv).State == "up" })
+		setReply(&exists, []byte(c.exists))
+		setReply(&get, []byte(c.get))
+		downs := downFor(srv.Output(), c.length)
+		base, peak := peakGrowth(t, srv.PID(), func() {
+			if good, wrong := w.checkPrompt(t, 10+i, 2); good != 0 || wrong != 0 {
+				t.Fatalf("EXISTS %q GET %q: %d good, %d wrong chunks served", c.exists, c.get, good, wrong)
+			}
+		})
+		alive(t, srv, 5*time.Second, fmt.Sprintf("EXISTS answered %q, GET %q", c.exists, c.get))
+		ts := tier0(t, srv)
+		t.Logf("EXISTS %q, GET %q: kvdock alive, RSS +%s; tier %s (%s)", c.exists, c.get, mib(peak-base), ts.State, ts.Reason)
+		if peak-base > 16<<10 {
+			t.Fatalf("RSS grew by %s, bound 16 MiB", mib(peak-base))
+		}
+		// The probe (PING) may have brought the tier back already: the
+		// log keeps the reason it went down.
+		if went := downFor(srv.Output(), c.length) > downs; went != c.down {
+			t.Fatalf("tier %s (%q); went down for the length %s: %t, want %t", ts.State, ts.Reason, c.length, went, c.down)
+		}
+		stillServing(t, w, 100+i)
+	}
+
+	setReply(&exists, fakeresp.Int(0))
+	waitFor(t, 30*time.Second, "tier up again", func() bool { return tier0(t, srv).State == "up" })
+	stillServing(t, w, 200)
+}
+
+// TestHostileRESPRedirectLoop: a cluster node that redirects every key to
+// itself. Lookups end, the tier goes down naming the loop, kvdock opens a
+// bounded number of connections (open files stay under 128), and it keeps
+// serving L1.
+func TestHostileRESPRedirectLoop(t *testing.T) {
+	var n *fakeresp.Node
+	var addr atomic.Pointer[string]
+	n = fakeresp.Start(t, func(cmd []string) []byte {
+		if r := fakeresp.Basic(cmd); r != nil {
+			return r
+		}
+		a := *addr.Load()
+		switch {
+		case cmd[0] == "CLUSTER" && len(cmd) > 1 && strings.EqualFold(cmd[1], "SLOTS"):
+			return fakeresp.Slots(a)
+		case cmd[0] == "CLUSTER":
+			return fakeresp.Bulk([]byte("cluster_state:ok\r\n"))
+		}
+		return fakeresp.Err("MOVED 1 " + a)
+	})
+	a := n.Addr()
+	addr.Store(&a)
+	srv := harness.Start(t, "--chunk-size", "16", "--l2-adapter",
+		tierAdapter(t, map[string]any{"type": "resp", "cluster": true, "startup_nodes": []string{a}}))
+	capProcess(t, srv.PID())
+	w := tierWorker(t, srv, 1, "resp-loop", hidden)
+
+	maxFDs := 0
+	deadline := time.Now().Add(3 * time.Second)
+	lookups := 0
+	for time.Now().Before(deadline) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if _, _, err := w.tryPrompt(ctx, lookups, 2); err != nil {
+			cancel()
+			t.Fatalf("lookup %d: %v", lookups, err)
+		}
+		cancel()
+		lookups++
+		if fds, err := os.ReadDir("/proc/" + strconv.Itoa(srv.PID()) + "/fd"); err == nil {
+			maxFDs = max(maxFDs, len(fds))
+		}
+	}
+	ts := tier0(t, srv)
+	t.Logf("%d lookups in 3 s: %d connections accepted (%d open), %d EXISTS, at most %d open files; tier %s (%s)",
+		lookups, n.Accepted(), n.Open(), n.Count("EXISTS"), maxFDs, ts.State, ts.Reason)
+	if n.Accepted() > 100 || maxFDs > 128 {
+		t.Fatalf("%d connections accepted, %d open files at most", n.Accepted(), maxFDs)
+	}
+	if ts.State != "down" || !strings.Contains(ts.Reason, "redirect loop between "+a) {
+		t.Fatalf("tier %s (%q), want down naming the loop at %s", ts.State, ts.Reason, a)
+	}
+	alive(t, srv, 5*time.Second, "a redirect loop")
+	stillServing(t, w, 300)
+}
+
+// downFor counts the "resp tier down" lines of log for a malformed reply
+// naming length.
+func downFor(log, length string) int {
+	n := 0
+	for _, line := range strings.Split(log, "\n") {
+		if strings.Contains(line, "resp tier down") && strings.Contains(line, "malformed reply") && strings.Contains(line, length) {
+			n++
+		}
+	}
+	return n
+}
