@@ -38,6 +38,16 @@
 //   - large reply buffers are mapped (some kept for reuse), and after large
 //     traffic an idle server returns freed Go heap, glibc bins and those
 //     mappings to the OS (malloc.go).
+//
+// Idle peers: libzmq keeps one file and a few KiB per TCP connection and has
+// no per-socket connection cap, and kvdock keeps nothing for a peer that has
+// sent no message. A connection that has not finished its ZMTP handshake
+// within HandshakeTimeout (default 5 s; libzmq's own default is 30 s) is
+// closed, so peers that connect and say nothing, or stop mid-greeting, hold
+// at most the files opened within that time and free them by themselves.
+// Peers that finish the handshake are real ZMQ sockets and stay (idle
+// workers do); they are bounded by the process's open-files limit
+// (RLIMIT_NOFILE, logged at listen), like every other file.
 package rpc
 
 import (
@@ -48,6 +58,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
+	"math"
 	"net"
 	"slices"
 	"strconv"
@@ -58,6 +69,7 @@ import (
 	"unsafe"
 
 	zmq "github.com/pebbe/zmq4"
+	"golang.org/x/sys/unix"
 
 	"kvdock/core/protocol"
 	"kvdock/core/rpc/internal/wake"
@@ -181,6 +193,9 @@ type Options struct {
 	// SendHWM is the ROUTER send high-water mark in messages per peer
 	// (default 1000); replies beyond it wait in kvdock under the reply budget.
 	SendHWM int
+	// HandshakeTimeout is ZMQ_HANDSHAKE_IVL: a connection that has not
+	// completed its ZMTP handshake within it is closed (default 5 s).
+	HandshakeTimeout time.Duration
 	// RecvHWM is the ROUTER receive high-water mark in messages per peer
 	// (default 16): what libzmq holds for a peer while the server does not read.
 	RecvHWM int
@@ -254,6 +269,9 @@ func (o *Options) defaults() error {
 	}
 	if o.RecvHWM <= 0 {
 		o.RecvHWM = 16
+	}
+	if o.HandshakeTimeout <= 0 {
+		o.HandshakeTimeout = 5 * time.Second
 	}
 	if o.QueueDepth <= 0 {
 		o.QueueDepth = 1024
@@ -544,6 +562,8 @@ func (s *Server) Bind() error {
 		func() error { return router.SetMaxmsgsize(s.opts.MaxMessageBytes) },
 		func() error { return router.SetSndhwm(s.opts.SendHWM) },
 		func() error { return router.SetRcvhwm(s.opts.RecvHWM) },
+		// A connection that says nothing holds a file until this ends.
+		func() error { return router.SetHandshakeIvl(s.opts.HandshakeTimeout) },
 		// Refuse (EAGAIN), not drop, a reply to a peer at the HWM, and say
 		// when a peer is gone (EHOSTUNREACH): the server budgets what waits.
 		func() error { return router.SetRouterMandatory(1) },
@@ -591,6 +611,17 @@ func (s *Server) Bind() error {
 	s.endpoint.Store(bound)
 	close(s.bound)
 	return nil
+}
+
+// openFilesLimit is the soft RLIMIT_NOFILE (the Go runtime raises it to the
+// hard limit at start): the bound on ZMQ connections with everything else
+// kvdock opens; -1 if unknown.
+func openFilesLimit() int64 {
+	var lim unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err != nil || lim.Cur > math.MaxInt64 {
+		return -1
+	}
+	return int64(lim.Cur)
 }
 
 // closeSockets releases what Bind created (the caller owns the sockets).
@@ -668,7 +699,8 @@ func (s *Server) Serve(ctx context.Context) error {
 	}
 	s.rp = &replyPeers{m: map[string]*peerOut{}, total: total}
 	s.log.Info("rpc server listening", "endpoint", bound, "ordered_workers", s.opts.OrderedWorkers,
-		"shared_workers", s.opts.SharedWorkers, "max_message_bytes", s.opts.MaxMessageBytes)
+		"shared_workers", s.opts.SharedWorkers, "max_message_bytes", s.opts.MaxMessageBytes,
+		"handshake_timeout", s.opts.HandshakeTimeout, "max_open_files", openFilesLimit())
 
 	// Handlers get a context that survives ctx (so drains finish) but is
 	// cancelled once the drain timeout is up.
