@@ -160,6 +160,9 @@ func TestHostileFSBigSparseChunkFiles(t *testing.T) {
 	if good != 2 {
 		t.Errorf("%d intact prompts hit, want 2", good)
 	}
+	if ts.Corrupt != 4 {
+		t.Errorf("corrupt %d, want 4", ts.Corrupt)
+	}
 	if limit := uint64(1 << 20); ts.ReadBytes > limit {
 		t.Errorf("the tier read %d bytes for six 4 KiB chunks, bound %d", ts.ReadBytes, limit)
 	}

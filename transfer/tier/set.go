@@ -305,7 +305,9 @@ func (s *Set) Stats() []tierstate.Tier {
 	for i, m := range s.tiers {
 		t := m.b.Stats()
 		t.Index = i
-		t.Hits, t.Misses, t.Corrupt = m.st.hits.Load(), m.st.misses.Load(), m.st.corrupt.Load()
+		// A backend's own Corrupt (files its start scan rejected) adds
+		// to the values the loads rejected.
+		t.Hits, t.Misses, t.Corrupt = m.st.hits.Load(), m.st.misses.Load(), t.Corrupt+m.st.corrupt.Load()
 		t.Loads, t.LoadTimeouts = m.st.loads.Load(), m.st.timeouts.Load()
 		t.QueueDepth = int(m.st.queued.Load())
 		t.QueueBytes = m.st.qbytes.Load()

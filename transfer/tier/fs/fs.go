@@ -94,6 +94,9 @@ type Tier struct {
 	closed  bool
 
 	readBytes, writeBytes, dropped atomic.Uint64
+	// invalid counts the files under chunk names the start scan rejected
+	// and removed: reported as corrupt values.
+	invalid uint64
 	// graveSeq names the files moved aside to be freed outside mu.
 	graveSeq atomic.Uint64
 	// beforeFree, when set (tests), runs after a Put released mu and
@@ -152,6 +155,7 @@ func Open(cfg FSConfig, log *slog.Logger) (*Tier, error) {
 		t.releaseLock()
 		return nil, fmt.Errorf("fs tier %s: rebuild index: %w", base, err)
 	}
+	t.invalid = uint64(st.invalid)
 	// All 256 shard directories up front (a few ms, once per base_path), so
 	// no write pays a mkdir.
 	for i := range t.shardMade {
@@ -703,7 +707,8 @@ func (t *Tier) Delete(ctx context.Context, key string) error {
 }
 
 // Stats is the backend part of the tier's snapshot. DroppedWrites counts
-// the writes this tier could not take (disk full, I/O errors).
+// the writes this tier could not take (disk full, I/O errors); Corrupt the
+// invalid files the start scan removed.
 func (t *Tier) Stats() tierstate.Tier {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -711,8 +716,8 @@ func (t *Tier) Stats() tierstate.Tier {
 		Type: "fs", Target: t.base,
 		State: t.state, Reason: t.reason, Since: t.since,
 		UsedBytes: t.used, CapacityBytes: t.cfg.CapacityBytes, Objects: int64(len(t.idx)),
-		DroppedWrites: t.dropped.Load(),
-		ReadBytes:     t.readBytes.Load(), WriteBytes: t.writeBytes.Load(),
+		DroppedWrites: t.dropped.Load(), Corrupt: t.invalid,
+		ReadBytes: t.readBytes.Load(), WriteBytes: t.writeBytes.Load(),
 	}
 }
 

@@ -195,8 +195,8 @@ func TestHostileFSBigSparseFilesAreNotRead(t *testing.T) {
 	if limit := uint64(8 << 20); alloc > limit {
 		t.Errorf("the loads allocated %d bytes, bound %d", alloc, limit)
 	}
-	if st.Corrupt != 2 {
-		t.Errorf("corrupt %d, want 2 (the forged headers)", st.Corrupt)
+	if st.Corrupt != 4 {
+		t.Errorf("corrupt %d, want 4 (two removed by the scan, two forged headers at load)", st.Corrupt)
 	}
 	for i := range 4 {
 		if _, err := os.Lstat(chunkPath(tr2, ks[i], lay)); !errors.Is(err, os.ErrNotExist) {
@@ -489,6 +489,9 @@ func TestHostileFSScanKeepsValidChunks(t *testing.T) {
 	// fit; with one more valid chunk, the future-dated one goes first.
 	if n, _ := tr2.Has(ctx, []string{tier.Key(ks[10], lay)}); n != 1 {
 		t.Errorf("valid chunk with a future mtime not indexed")
+	}
+	if st.Corrupt != uint64(len(planted)) {
+		t.Errorf("corrupt %d, want %d (the invalid files removed)", st.Corrupt, len(planted))
 	}
 	if st.Objects != 5 || st.UsedBytes > capacity {
 		t.Errorf("index: %d objects, %d bytes, want 5 within %d", st.Objects, st.UsedBytes, capacity)
