@@ -159,10 +159,9 @@ func Open(cfg FSConfig, log *slog.Logger) (*Tier, error) {
 	// All 256 shard directories up front (a few ms, once per base_path), so
 	// no write pays a mkdir.
 	for i := range t.shardMade {
-		dir := filepath.Join(base, fmt.Sprintf("%02x", i))
-		if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		if err := t.makeShard(filepath.Join(base, fmt.Sprintf("%02x", i))); err != nil {
 			t.releaseLock()
-			return nil, fmt.Errorf("fs tier: create shard directory: %w", err)
+			return nil, err
 		}
 		t.shardMade[i].Store(true)
 	}
@@ -179,6 +178,28 @@ func Open(cfg FSConfig, log *slog.Logger) (*Tier, error) {
 		"recovered", cfg.RecoverOnStart, "stale_temp_removed", st.tempsRemoved, "evicted_over_capacity", st.evicted,
 		"cold_removed", st.coldRemoved, "invalid_removed", st.invalid, "foreign_ignored", st.foreign, "took", time.Since(start))
 	return t, nil
+}
+
+// makeShard makes shard directory dir. A shard name that is there but not
+// a directory (a link to a directory elsewhere, a file) is ours to
+// replace: a write or an eviction through it would create or remove files
+// outside base_path.
+func (t *Tier) makeShard(dir string) error {
+	err := os.Mkdir(dir, 0o700)
+	if errors.Is(err, os.ErrExist) {
+		fi, lerr := os.Lstat(dir)
+		if lerr != nil || fi.IsDir() {
+			return nil
+		}
+		t.log.Warn("fs tier: a shard name that is not a directory replaced", "path", dir, "mode", fi.Mode().String())
+		if err = os.Remove(dir); err == nil {
+			err = os.Mkdir(dir, 0o700)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("fs tier: create shard directory: %w", err)
+	}
+	return nil
 }
 
 // takeLock refuses a base_path another live process holds: two kvdocks
@@ -563,10 +584,13 @@ func (t *Tier) read(ctx context.Context, key string, dst func(size int64) ([][]b
 	size := e.size
 	t.mu.Unlock()
 
-	_, file := t.paths(h)
-	f, err := openChunk(file, size)
+	dir, file := t.paths(h)
+	f, err := openChunk(dir, file, size)
 	if err != nil {
 		switch {
+		case errors.Is(err, errNotShard):
+			t.forget(e, false) // nothing removed through it
+			return fmt.Errorf("%w: %w", err, tier.ErrNotFound)
 		case errors.Is(err, os.ErrNotExist):
 			t.forget(e, false)
 			return fmt.Errorf("file gone: %w", tier.ErrNotFound)
@@ -609,15 +633,28 @@ func (t *Tier) read(ctx context.Context, key string, dst func(size int64) ([][]b
 	return nil
 }
 
-// openChunk opens a chunk file for reading when it is a regular file of
-// exactly size bytes. A file under a chunk name is outside input: it is
-// opened without following a link and without blocking (a FIFO would wait
+// errNotShard is openChunk's error for a shard directory replaced (by a
+// link, a file) behind our back.
+var errNotShard = errors.New("shard directory is not a directory")
+
+// openChunk opens chunk file file in shard directory dir for reading when
+// it is a regular file of exactly size bytes. A file under a chunk name is
+// outside input: it is opened without following a link (nor a link in
+// place of its shard directory) and without blocking (a FIFO would wait
 // for a writer forever, out of reach of any context), and its type and
 // length are checked (fstat) before a byte is read, so a planted device,
-// FIFO or huge sparse file costs one open. Anything else wraps
-// tier.ErrCorrupt.
-func openChunk(file string, size int64) (*os.File, error) {
-	fd, err := unix.Open(file, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+// FIFO or huge sparse file costs one open. A file that is not what the
+// index says wraps tier.ErrCorrupt.
+func openChunk(dir, file string, size int64) (*os.File, error) {
+	dfd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR) {
+			return nil, fmt.Errorf("%s: %w", dir, errNotShard)
+		}
+		return nil, &os.PathError{Op: "open", Path: dir, Err: err}
+	}
+	fd, err := unix.Openat(dfd, filepath.Base(file), unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	unix.Close(dfd)
 	if err != nil {
 		if errors.Is(err, unix.ELOOP) {
 			return nil, fmt.Errorf("open %s: a symbolic link: %w", file, tier.ErrCorrupt)

@@ -306,12 +306,41 @@ func TestHostileFSFIFOsDoNotBlockLoads(t *testing.T) {
 // TestHostileFSLinksAndDevicesAreMisses: chunk files replaced behind the
 // index by a link to a valid copy outside base_path, a link to /dev/zero
 // and a directory are misses at once, never followed; the links are
-// removed, never their targets.
+// removed, never their targets. A shard directory replaced by a link to a
+// directory outside holding a valid copy is a miss too, and nothing there
+// is removed.
 func TestHostileFSLinksAndDevicesAreMisses(t *testing.T) {
 	lay := hostileLayout(t)
 	parent := t.TempDir()
 	tr := openTier(t, filepath.Join(parent, "l2"), 64<<20)
 	ks := putChunks(t, tr, lay, 4)
+	// A chunk alone in its shard, whose shard becomes a link.
+	used := map[string]bool{}
+	for _, k := range ks {
+		used[filepath.Dir(chunkPath(tr, k, lay))] = true
+	}
+	lk := hostileKey(300)
+	for j := 301; used[filepath.Dir(chunkPath(tr, lk, lay))]; j++ {
+		lk = hostileKey(j)
+	}
+	lv, _ := tier.Encode(tier.Key(lk, lay), lay, hostilePayload(int(lay.Bytes), 300))
+	if err := tr.Put(context.Background(), tier.Key(lk, lay), lv); err != nil {
+		t.Fatal(err)
+	}
+	linked := chunkPath(tr, lk, lay)
+	elsewhere := filepath.Join(parent, "elsewhere")
+	if err := os.Mkdir(elsewhere, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(linked, filepath.Join(elsewhere, filepath.Base(linked))); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Dir(linked)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(elsewhere, filepath.Dir(linked)); err != nil {
+		t.Fatal(err)
+	}
 	outside := filepath.Join(parent, "outside")
 	v, err := os.ReadFile(chunkPath(tr, ks[0], lay))
 	if err != nil {
@@ -349,6 +378,12 @@ func TestHostileFSLinksAndDevicesAreMisses(t *testing.T) {
 	}
 	if n := s.Prefetch(context.Background(), "m", 1, ks[3:4], 1, 1); n != 1 {
 		t.Errorf("intact chunk: %d hits", n)
+	}
+	if n := s.Prefetch(context.Background(), "m", 1, []keys.ObjectKey{lk}, 1, 1); n != 0 {
+		t.Errorf("a chunk through a linked shard directory: %d hits", n)
+	}
+	if got, err := os.ReadFile(filepath.Join(elsewhere, filepath.Base(linked))); err != nil || !bytes.Equal(got, lv) {
+		t.Errorf("a chunk file behind a linked shard directory changed: %v", err)
 	}
 	if got, err := os.ReadFile(outside); err != nil || !bytes.Equal(got, v) {
 		t.Errorf("the link's target outside base_path changed: %v", err)
@@ -504,6 +539,11 @@ func TestHostileFSScanKeepsValidChunks(t *testing.T) {
 	}
 	if got, err := os.ReadFile(outsideChunk); err != nil || !bytes.Equal(got, lv) {
 		t.Errorf("a chunk-named file outside base_path changed (%v)", err)
+	}
+	// The linked shard is replaced by a directory of ours: no write or
+	// eviction goes through it.
+	if fi, err := os.Lstat(filepath.Dir(linkedFile)); err != nil || !fi.IsDir() {
+		t.Errorf("a shard directory that is a link kept (%v)", err)
 	}
 	tr2.Close()
 
