@@ -361,10 +361,11 @@ func TestMetricsExistAtZeroAndMoveWithTraffic(t *testing.T) {
 		t.Fatalf("lookup hit chunks = %d, want 2", hits)
 	}
 	h.retrieve("r1", 2)
-	// A request for an unknown instance is a handler error: counted as bad input.
-	// The seed profile sends no reply to a failed request, so the call times out.
+	// A pickle COMMIT_STORE without data is a handler error (upstream fails
+	// to unpickle it): counted as bad input. The seed profile sends no reply
+	// to a failed request, so the call times out.
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-	_, _ = h.cli.Call(ctx, protocol.PrepareStore, key("r2", 1), int64(99))
+	_, _ = h.cli.Call(ctx, protocol.CommitStore, key("r2", 1), int64(instance), []byte{})
 	cancel()
 
 	after := h.metrics()
@@ -375,8 +376,8 @@ func TestMetricsExistAtZeroAndMoveWithTraffic(t *testing.T) {
 	}{
 		{"kvdock_requests_total", []string{"type", "COMMIT_STORE", "outcome", "ok"}, 1},
 		{"kvdock_requests_total", []string{"type", "LOOKUP", "outcome", "ok"}, 1},
-		{"kvdock_requests_total", []string{"type", "PREPARE_STORE", "outcome", "error"}, 1},
-		{"kvdock_request_duration_seconds", []string{"type", "COMMIT_STORE"}, 1},
+		{"kvdock_requests_total", []string{"type", "COMMIT_STORE", "outcome", "error"}, 1},
+		{"kvdock_request_duration_seconds", []string{"type", "COMMIT_STORE"}, 2}, // the store and the failed one
 		{"kvdock_transfer_bytes_total", []string{"mode", "pickle", "direction", "in"}, float64(in)},
 		{"kvdock_transfer_bytes_total", []string{"mode", "pickle", "direction", "out"}, float64(in)},
 		{"kvdock_transfer_bytes_total", []string{"mode", "shm", "direction", "in"}, 0},

@@ -181,8 +181,10 @@ type ContextStatus struct {
 	RegisteredAt  time.Time     `json:"registered_at"`
 	LastRequestAt *time.Time    `json:"last_request_at,omitempty"`
 	// State is active, idle, reaped or removed; LastSeenSeconds is the
-	// silence since LastRequestAt; Peer the ZMQ routing id (hex) that last
-	// spoke for the instance; GoneAt when it was reaped or removed.
+	// silence since LastRequestAt; Peer the ZMQ routing id (hex, its first
+	// 16 bytes) holding the instance: the one that registered it, or that
+	// spoke for it after the holder went silent; GoneAt when it was reaped
+	// or removed.
 	State           string     `json:"state"`
 	LastSeenSeconds float64    `json:"last_seen_seconds"`
 	Peer            string     `json:"peer,omitempty"`
@@ -246,6 +248,14 @@ type TransferStatus struct {
 	Reaped  int64 `json:"reaped"`
 	Removed int64 `json:"removed"`
 	Reused  int64 `json:"reused"`
+	// LayoutConflicts: registrations refused because their model was
+	// registered with another layout; RefusedUnregisters: UNREGISTERs from
+	// another peer than the live one holding the instance;
+	// UnknownInstanceRequests: transfer requests naming an instance not
+	// registered, answered with their failure reply.
+	LayoutConflicts         int64 `json:"layout_conflicts"`
+	RefusedUnregisters      int64 `json:"refused_unregisters"`
+	UnknownInstanceRequests int64 `json:"unknown_instance_requests"`
 }
 
 // LookupStatus are the lookup module's counters.
@@ -431,7 +441,8 @@ func NewStatus(s engine.Snapshot) Status {
 	t := s.Transfer
 	out.Transfer = TransferStatus{Instances: t.Instances, PendingWrites: t.PendingWrites, PendingReads: t.PendingReads,
 		NoSpace: t.NoSpace, Rejected: t.Rejected, Expired: t.Expired, Fallbacks: t.Fallbacks,
-		Reaped: t.Reaped, Removed: t.Removed, Reused: t.Reused}
+		Reaped: t.Reaped, Removed: t.Removed, Reused: t.Reused,
+		LayoutConflicts: t.Conflicts, RefusedUnregisters: t.RefusedUnregisters, UnknownInstanceRequests: t.Unknown}
 	lv := s.Liveness
 	out.WorkerLiveness = WorkerLiveness{Enabled: lv.Reaping, ReapTimeoutSeconds: lv.Timeout.Seconds(),
 		RegistrationGraceSeconds: lv.Grace.Seconds(), IdleSeconds: lv.Idle.Seconds(), TrackedInstances: t.Instances}
