@@ -33,7 +33,7 @@ lw.PROFILES["engine-driven-v2"] = dict(
     LOOKUP=8, QUERY_PREFETCH_STATUS=9, WAIT_PREFETCH_STATUS=10, QUERY_PREFETCH_LOOKUP_HITS=11,
     FREE_LOOKUP_LOCKS=12, END_SESSION=13, REGISTER=14, UNREGISTER=15, PREPARE_STORE=16,
     COMMIT_STORE=17, PREPARE_RETRIEVE=18, COMMIT_RETRIEVE=19, CLEAR=20, GET_CHUNK_SIZE=21,
-    PING=22, NOOP=24,
+    PING=22, NOOP=24, GET_EXPERIMENTAL=32,
 )
 lw.PROFILES["rpc-messages"] = dict(
     LOOKUP=8, QUERY_PREFETCH_STATUS=9, WAIT_PREFETCH_STATUS=10, QUERY_PREFETCH_LOOKUP_HITS=11,
@@ -51,13 +51,14 @@ FIELDS = {
     "UNREGISTER": ["instance_id"], "PREPARE_STORE": ["key", "instance_id"],
     "COMMIT_STORE": ["key", "instance_id", "data"], "PREPARE_RETRIEVE": ["key", "instance_id"],
     "COMMIT_RETRIEVE": ["key", "instance_id"], "CLEAR": ["force"], "GET_CHUNK_SIZE": [],
-    "PING": ["instance_id"], "NOOP": [],
+    "PING": ["instance_id"], "NOOP": [], "GET_EXPERIMENTAL": [],
 }
 # Reply struct field of scalar results; other replies are structs as is.
 REPLY = {
     "QUERY_PREFETCH_STATUS": "chunk_count", "WAIT_PREFETCH_STATUS": "chunk_count",
     "QUERY_PREFETCH_LOOKUP_HITS": "chunk_count", "COMMIT_STORE": "success",
     "COMMIT_RETRIEVE": "success", "GET_CHUNK_SIZE": "chunk_size", "PING": "ok", "NOOP": "message",
+    "GET_EXPERIMENTAL": "names",
 }
 STRUCT_REPLY = {"REGISTER", "PREPARE_STORE", "PREPARE_RETRIEVE"}
 
@@ -92,6 +93,10 @@ class Worker(lw.Worker):
     def __init__(self, endpoint, p, instance_id, worker_id):
         self.c = Client(endpoint, p["profile"])
         self.p, self.instance_id, self.worker_id = p, instance_id, worker_id
+        if "GET_EXPERIMENTAL" in self.c.num:
+            # As the frozen-number workers do at start; under --protocol
+            # auto it tells engine-driven-v2 from engine-driven-v2-early.
+            lw.check(self.c.call("GET_EXPERIMENTAL") == [], "GET_EXPERIMENTAL")
         reg = {
             "instance_id": instance_id, "model_name": p["model"], "world_size": p["world"],
             "block_size": 16, "num_layers": p["layers"], "hidden_dim_size": p["hidden"],
