@@ -36,6 +36,14 @@ func dialNamed(t testing.TB, srv *harness.Server, id []byte) *namedPeer {
 	if err != nil {
 		t.Fatal(err)
 	}
+	p := dialNamedIn(t, zctx, srv, id)
+	p.zctx = zctx
+	return p
+}
+
+// dialNamedIn is dialNamed on a context the caller terminates.
+func dialNamedIn(t testing.TB, zctx *zmq.Context, srv *harness.Server, id []byte) *namedPeer {
+	t.Helper()
 	sock, err := zctx.NewSocket(zmq.DEALER)
 	if err != nil {
 		t.Fatal(err)
@@ -49,7 +57,7 @@ func dialNamed(t testing.TB, srv *harness.Server, id []byte) *namedPeer {
 	if err := sock.Connect(srv.Endpoint); err != nil {
 		t.Fatal(err)
 	}
-	p := &namedPeer{zctx: zctx, sock: sock, prof: harness.Profile(t, srv.Protocol)}
+	p := &namedPeer{sock: sock, prof: harness.Profile(t, srv.Protocol)}
 	t.Cleanup(p.close)
 	return p
 }
@@ -57,8 +65,10 @@ func dialNamed(t testing.TB, srv *harness.Server, id []byte) *namedPeer {
 func (p *namedPeer) close() {
 	if p.sock != nil {
 		_ = p.sock.Close()
-		_ = p.zctx.Term()
 		p.sock = nil
+		if p.zctx != nil {
+			_ = p.zctx.Term()
+		}
 	}
 }
 
@@ -112,11 +122,15 @@ func TestHostileStatusSize(t *testing.T) {
 	srv := harness.Start(t, "--chunk-size", "16")
 	wid := 0
 	before := handled(t, srv, protocol.Lookup)
-	const batch = 64
+	zctx, err := zmq.NewContext()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const batch = 128
 	for b := 0; b < n; b += batch {
 		var peers []*namedPeer
 		for i := b; i < b+batch && i < n; i++ {
-			p := dialNamed(t, srv, hostilePeerID(i))
+			p := dialNamedIn(t, zctx, srv, hostilePeerID(i))
 			peers = append(peers, p)
 			name := hostileName(i)
 			p.send(t, protocol.RegisterKVCacheNonGPUContext, protocol.RegisterPayload{InstanceID: int64(10000 + i),
@@ -133,6 +147,7 @@ func TestHostileStatusSize(t *testing.T) {
 			p.close()
 		}
 	}
+	_ = zctx.Term() // once every request has left
 	if !waitHandled(t, srv, protocol.Lookup, before+n, time.Minute, "1,024 hostile peers") {
 		t.Fatal("the lookups were not all handled")
 	}
@@ -140,10 +155,7 @@ func TestHostileStatusSize(t *testing.T) {
 	if st.Transfer.Instances != n {
 		t.Fatalf("%d instances registered, want %d", st.Transfer.Instances, n)
 	}
-	stores := 0
-	for _, c := range st.Contexts {
-		stores += int(c.Stores)
-	}
+	stores := int(st.Requests.ByType[protocol.CommitStore].OK)
 	sb := statusBytes(t, srv, 30*time.Second)
 	logSections(t, srv)
 	t.Logf("/status with %d contexts (256-byte control-byte names, 255-byte routing ids, %d stores): %d bytes", n, stores, sb)
@@ -152,6 +164,10 @@ func TestHostileStatusSize(t *testing.T) {
 	}
 	if sb >= 1<<20 {
 		t.Errorf("/status is %d bytes with %d contexts, bound 1 MiB", sb, n)
+	}
+	if len(st.NonCudaContextMeta) != n || len(st.Contexts)+st.ContextsOmitted != n {
+		t.Errorf("/status lists %d contexts' meta, details %d and counts %d omitted; want all %d accounted for",
+			len(st.NonCudaContextMeta), len(st.Contexts), st.ContextsOmitted, n)
 	}
 	alive(t, srv, time.Second, "1,024 hostile peers")
 }

@@ -1,9 +1,13 @@
 package httpapi
 
 import (
+	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"kvdock/core/engine"
 	"kvdock/core/workers"
@@ -43,9 +47,13 @@ type Status struct {
 	ShmReason string `json:"shm_reason"`
 	ShmShared bool   `json:"shm_shared"`
 
-	Pool     PoolStatus      `json:"pool"`
-	Contexts []ContextStatus `json:"contexts"`
-	Transfer TransferStatus  `json:"transfer"`
+	Pool PoolStatus `json:"pool"`
+	// Contexts details at most MaxContextDetail contexts, the most recently
+	// active; ContextsOmitted counts the others (every registered one is in
+	// registered_non_cuda_instance_ids and non_cuda_context_meta).
+	Contexts        []ContextStatus `json:"contexts"`
+	ContextsOmitted int             `json:"contexts_omitted"`
+	Transfer        TransferStatus  `json:"transfer"`
 	// WorkerLiveness has upstream's name and fields.
 	WorkerLiveness WorkerLiveness `json:"worker_liveness"`
 	Lookup         LookupStatus   `json:"lookup"`
@@ -336,6 +344,87 @@ type EventStatus struct {
 // maxEvents bounds the events /status carries.
 const maxEvents = 20
 
+// What one peer can make /status carry is bounded, so that the document
+// stays under 1 MiB with server.max_instances' default of 1,024 contexts
+// whatever their names (TestHostileStatusSize):
+//
+//   - MaxContextDetail contexts are detailed in contexts and
+//     rates.contexts, the most recently active first; contexts_omitted
+//     counts the rest;
+//   - a model name is shown as it is when its JSON form is at most
+//     ShownNameBytes and it has no control character or invalid UTF-8;
+//     otherwise those are shown as '?' and it is cut to ShownNameBytes of
+//     JSON, followed by "…" and its length (e.g. "…[256 bytes]");
+//   - an event message is cut the same way to shownMessageBytes.
+const (
+	MaxContextDetail  = 256
+	ShownNameBytes    = 128
+	shownMessageBytes = 1024
+)
+
+// jsonCost is how many bytes encoding/json (escaping HTML) writes for r
+// inside a string.
+func jsonCost(r rune) int {
+	switch r {
+	case '<', '>', '&', '\u2028', '\u2029':
+		return 6
+	case '"', '\\':
+		return 2
+	}
+	return utf8.RuneLen(r)
+}
+
+// shown is s for /status: as it is when plain (no control character, valid
+// UTF-8) and its JSON form fits limit bytes; otherwise with '?' for each
+// control character or invalid byte and cut to limit bytes of JSON, its
+// length noted when cut.
+func shown(s string, limit int) string {
+	cost, plain := 0, true
+	for _, r := range s {
+		if r == utf8.RuneError || unicode.IsControl(r) {
+			plain = false
+			break
+		}
+		cost += jsonCost(r)
+	}
+	if plain && cost <= limit {
+		return s
+	}
+	var b strings.Builder
+	cost = 0
+	for _, r := range s {
+		if r == utf8.RuneError || unicode.IsControl(r) {
+			r = '?'
+		}
+		if cost+jsonCost(r) > limit {
+			return b.String() + fmt.Sprintf("…[%d bytes]", len(s))
+		}
+		b.WriteRune(r)
+		cost += jsonCost(r)
+	}
+	return b.String()
+}
+
+// detailed returns the contexts /status details: all of them, or the
+// MaxContextDetail most recently active, in their order.
+func detailed(cs []workers.ContextInfo) []workers.ContextInfo {
+	if len(cs) <= MaxContextDetail {
+		return cs
+	}
+	idx := make([]int, len(cs))
+	for i := range idx {
+		idx[i] = i
+	}
+	slices.SortStableFunc(idx, func(a, b int) int { return cs[b].LastRequest.Compare(cs[a].LastRequest) })
+	idx = idx[:MaxContextDetail]
+	slices.Sort(idx)
+	out := make([]workers.ContextInfo, len(idx))
+	for i, j := range idx {
+		out[i] = cs[j]
+	}
+	return out
+}
+
 func timePtr(t time.Time) *time.Time {
 	if t.IsZero() {
 		return nil
@@ -384,6 +473,9 @@ func NewStatus(s engine.Snapshot) Status {
 
 		ProtocolDetection: protocolDetection(s),
 	}
+	all := s.Contexts
+	s.Contexts = detailed(all) // what rates.contexts and contexts detail
+	out.ContextsOmitted = len(all) - len(s.Contexts)
 	out.Rates, out.TokensSaved = ratesStatus(s)
 	if out.StorageManager.L1EvictionController.EvictionPolicy == "" {
 		out.StorageManager.L1EvictionController.EvictionPolicy = cfg.Eviction.Policy
@@ -409,13 +501,15 @@ func NewStatus(s engine.Snapshot) Status {
 		LockCapRefusals: p.LockCapRefusals, OwnerLockCapBytes: p.OwnerLockCap, TotalLockCapBytes: p.TotalLockCap,
 	}
 
-	for _, c := range s.Contexts {
+	for _, c := range all {
 		if registered(c) {
 			out.RegisteredNonCudaInstanceIDs = append(out.RegisteredNonCudaInstanceIDs, c.InstanceID)
 			out.NonCudaContextMeta[strconv.FormatInt(c.InstanceID, 10)] = ContextMeta{
-				ModelName: c.Model, WorldSize: c.WorldSize, BlockSize: c.BlockSize, UseMLA: c.MLA, NumGroups: len(c.Groups),
+				ModelName: shown(c.Model, ShownNameBytes), WorldSize: c.WorldSize, BlockSize: c.BlockSize, UseMLA: c.MLA, NumGroups: len(c.Groups),
 			}
 		}
+	}
+	for _, c := range s.Contexts {
 		shape := c.Layout.Shape
 		if shape == nil {
 			shape = []int{}
@@ -426,7 +520,7 @@ func NewStatus(s engine.Snapshot) Status {
 		}
 		out.Contexts = append(out.Contexts, ContextStatus{
 			Groups:     groups,
-			InstanceID: c.InstanceID, ModelName: c.Model, WorldSize: c.WorldSize, BlockSize: c.BlockSize,
+			InstanceID: c.InstanceID, ModelName: shown(c.Model, ShownNameBytes), WorldSize: c.WorldSize, BlockSize: c.BlockSize,
 			NumLayers: c.NumLayers, HiddenDimSize: c.HiddenDimSize, UseMLA: c.MLA,
 			Dtype: c.Layout.Dtype, Shape: shape, ChunkBytes: c.Layout.Bytes,
 			Mode: string(c.Mode), Reason: c.Reason,
@@ -453,6 +547,9 @@ func NewStatus(s engine.Snapshot) Status {
 		ReplacedJobs: l.ReplacedJobs, ExpiredJobs: l.ExpiredJobs, FreedKeys: l.FreedKeys, TouchedKeys: l.TouchedKeys}
 
 	out.Misses = missesStatus(s.Misses)
+	for i := range out.Misses.Contexts {
+		out.Misses.Contexts[i].ModelName = shown(out.Misses.Contexts[i].ModelName, ShownNameBytes)
+	}
 	out.Host = hostStatus(s.Host)
 
 	r := s.Requests
@@ -495,7 +592,7 @@ func NewStatus(s engine.Snapshot) Status {
 	}
 	for _, e := range evs {
 		out.Events = append(out.Events, EventStatus{Seq: e.Seq, Time: e.Time, Kind: string(e.Kind),
-			Level: e.Level.String(), Message: e.Message})
+			Level: e.Level.String(), Message: shown(e.Message, shownMessageBytes)})
 	}
 	return out
 }
