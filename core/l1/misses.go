@@ -83,11 +83,12 @@ func (p *Pool) readable(k keys.ObjectKey, now int64) int32 {
 
 // ClassifyMisses adds to c the reason each chunk of ks missed: ks holds
 // per keys a chunk, chunk-major, as a LOOKUP asks them. A chunk whose keys
-// are all readable missed only because an earlier one did (AfterMiss);
+// are all readable missed for the lookup's own reason, stored: AfterMiss
+// (an earlier chunk missed) or Refused (a lock cap stopped the lookup);
 // otherwise its first unreadable key is judged: the ghost's reason if it
 // has one, OtherLayout if the chunk is readable for another world size of
 // the same model and salt, else NeverStored.
-func (p *Pool) ClassifyMisses(ks []keys.ObjectKey, per int, c *misses.Counts) {
+func (p *Pool) ClassifyMisses(ks []keys.ObjectKey, per int, stored misses.Reason, c *misses.Counts) {
 	if per <= 0 {
 		return
 	}
@@ -95,7 +96,7 @@ func (p *Pool) ClassifyMisses(ks []keys.ObjectKey, per int, c *misses.Counts) {
 	defer p.mu.Unlock()
 	now := p.now().UnixNano()
 	for from := 0; from+per <= len(ks); from += per {
-		r := misses.AfterMiss
+		r := stored
 		for j := from; j < from+per; j++ {
 			if p.readable(ks[j], now) == nilRec {
 				r = p.whyMissing(&ks[j], now)

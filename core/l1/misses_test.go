@@ -14,7 +14,7 @@ func why(p *Pool, ks ...keys.ObjectKey) []misses.Reason {
 	out := make([]misses.Reason, len(ks))
 	for i, k := range ks {
 		var c misses.Counts
-		p.ClassifyMisses([]keys.ObjectKey{k}, 1, &c)
+		p.ClassifyMisses([]keys.ObjectKey{k}, 1, misses.AfterMiss, &c)
 		for r, n := range c {
 			if n == 1 && c.Total() == 1 {
 				out[i] = misses.Reason(r)
@@ -141,13 +141,13 @@ func TestClassifyMultiRankChunk(t *testing.T) {
 	store(t, p, []keys.ObjectKey{wsKey(1, 2, 0, "m", ""), wsKey(1, 2, 1, "m", "")}, 4096)
 	p.Delete([]keys.ObjectKey{wsKey(1, 2, 1, "m", "")})
 	var c misses.Counts
-	p.ClassifyMisses([]keys.ObjectKey{wsKey(1, 2, 0, "m", ""), wsKey(1, 2, 1, "m", ""), wsKey(2, 2, 0, "m", ""), wsKey(2, 2, 1, "m", "")}, 2, &c)
+	p.ClassifyMisses([]keys.ObjectKey{wsKey(1, 2, 0, "m", ""), wsKey(1, 2, 1, "m", ""), wsKey(2, 2, 0, "m", ""), wsKey(2, 2, 1, "m", "")}, 2, misses.AfterMiss, &c)
 	if c[misses.Cleared] != 1 || c[misses.NeverStored] != 1 || c.Total() != 2 {
 		t.Fatalf("counts %v", c)
 	}
 	// A trailing partial chunk or a zero per is ignored, never a panic.
-	p.ClassifyMisses([]keys.ObjectKey{wsKey(1, 2, 0, "m", "")}, 2, &c)
-	p.ClassifyMisses(nil, 0, &c)
+	p.ClassifyMisses([]keys.ObjectKey{wsKey(1, 2, 0, "m", "")}, 2, misses.AfterMiss, &c)
+	p.ClassifyMisses(nil, 0, misses.AfterMiss, &c)
 	if c.Total() != 2 {
 		t.Fatalf("counts %v", c)
 	}
@@ -228,7 +228,7 @@ func TestClassifyConcurrent(t *testing.T) {
 					p.FinishWrite(res)
 				}
 				var c misses.Counts
-				p.ClassifyMisses(keyRange(g*1000, g*1000+i), 1, &c)
+				p.ClassifyMisses(keyRange(g*1000, g*1000+i), 1, misses.AfterMiss, &c)
 				if c.Total() != uint64(i) {
 					t.Errorf("classified %d of %d chunks", c.Total(), i)
 					return
@@ -256,7 +256,7 @@ func BenchmarkClassifyMisses(b *testing.B) {
 	var c misses.Counts
 	b.Run("classify-64-missed", func(b *testing.B) {
 		for b.Loop() {
-			p.ClassifyMisses(absent, 1, &c)
+			p.ClassifyMisses(absent, 1, misses.AfterMiss, &c)
 		}
 	})
 	b.Run("reference-lock-64-hits", func(b *testing.B) {

@@ -29,6 +29,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"strings"
 	"sync"
@@ -82,7 +83,7 @@ type OwnerKind uint8
 // Owner kinds.
 const (
 	OwnerInstance  OwnerKind = iota // a worker instance (its instance id)
-	OwnerLookup                     // the scheduler's lookups, all together
+	OwnerLookup                     // a lookup request (or, ID 0, the server's own readers)
 	OwnerPrefetch                   // loads from the L2 tiers, all together
 	OwnerAbandoned                  // holds whose holder went away (Abandon), until their TTL
 )
@@ -96,8 +97,16 @@ type Owner struct {
 // InstanceOwner is the owner of a worker instance's locks.
 func InstanceOwner(id int64) Owner { return Owner{Kind: OwnerInstance, ID: id} }
 
-// LookupOwner is the owner of every read lock taken by ReserveReadPrefix.
+// LookupOwner is the owner of the read locks ReserveReadPrefix takes.
 func LookupOwner() Owner { return Owner{Kind: OwnerLookup} }
+
+// RequestOwner is the owner of the read locks the LOOKUP of one request
+// takes (ReserveLookup): its id hashed, never 0 (LookupOwner's).
+func RequestOwner(request string) Owner {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(request))
+	return Owner{Kind: OwnerLookup, ID: int64(h.Sum64() | 1)}
+}
 
 // PrefetchOwner is the owner of the write locks of loads from the L2 tiers.
 func PrefetchOwner() Owner { return Owner{Kind: OwnerPrefetch} }
@@ -110,6 +119,9 @@ func (o Owner) String() string {
 	case OwnerAbandoned:
 		return "abandoned holds"
 	case OwnerLookup:
+		if o.ID != 0 {
+			return fmt.Sprintf("lookup %016x", uint64(o.ID))
+		}
 		return "lookups"
 	case OwnerPrefetch:
 		return "tier loads"

@@ -708,17 +708,30 @@ func (p *Pool) recharge(i int32, o Owner) {
 	r.owner = p.charge(o, n)
 }
 
-// ReserveReadPrefix takes count read locks for the scheduler's lookups
+// ReserveReadPrefix takes count read locks for the server's own readers
 // (LookupOwner) on each leading readable key of ks (count > 1 for MLA, where
 // several workers read one object), stopping at the first key that is
 // absent, write-locked or doomed, or whose lock would pass a lock cap. It
 // returns how many keys it locked. Locked keys move to the MRU end and their
 // read TTL restarts.
 func (p *Pool) ReserveReadPrefix(ks []keys.ObjectKey, count int) int {
+	n, _ := p.reserveReadPrefix(LookupOwner(), ks, count)
+	return n
+}
+
+// ReserveLookup is ReserveReadPrefix for the LOOKUP of one request: the
+// read-lock eras it starts are charged to that request (RequestOwner), so a
+// scheduler that looks several prompts up before retrieving them is capped
+// per prompt and by the total cap, not by one owner's share; refused says
+// that a lock cap, not a miss, stopped it.
+func (p *Pool) ReserveLookup(request string, ks []keys.ObjectKey, count int) (n int, refused bool) {
+	return p.reserveReadPrefix(RequestOwner(request), ks, count)
+}
+
+func (p *Pool) reserveReadPrefix(owner Owner, ks []keys.ObjectKey, count int) (int, bool) {
 	if count <= 0 {
-		return 0
+		return 0, false
 	}
-	owner := LookupOwner()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	now := p.now().UnixNano()
@@ -726,7 +739,7 @@ func (p *Pool) ReserveReadPrefix(ks []keys.ObjectKey, count int) int {
 		i := p.lookup(k, now)
 		if i == nilRec || p.t.recs[i].state != stateReady || p.t.recs[i].doomed {
 			p.st.ReadMisses++
-			return n
+			return n, false
 		}
 		r := &p.t.recs[i]
 		if !r.readLocked() {
@@ -735,7 +748,7 @@ func (p *Pool) ReserveReadPrefix(ks []keys.ObjectKey, count int) int {
 				if p.logCap(err, now) && p.readCapRefused != nil {
 					p.readCapRefused(err.Error())
 				}
-				return n
+				return n, true
 			}
 			r.owner = p.charge(owner, p.rounded(i))
 			r.lock = p.newLock()
@@ -747,7 +760,7 @@ func (p *Pool) ReserveReadPrefix(ks []keys.ObjectKey, count int) int {
 		p.t.touch(i)
 		p.st.ReadHits++
 	}
-	return len(ks)
+	return len(ks), false
 }
 
 // endIfUnlocked ends record i's read-lock era once no lock of either kind

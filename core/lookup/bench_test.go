@@ -14,7 +14,9 @@ import (
 // hitStore finds every key, so a lookup's cost is the key path alone.
 type hitStore struct{}
 
-func (hitStore) ReserveReadPrefix(ks []keys.ObjectKey, _ int) int { return len(ks) }
+func (hitStore) ReserveLookup(_ string, ks []keys.ObjectKey, _ int) (int, bool) {
+	return len(ks), false
+}
 func (hitStore) FinishRead([]keys.ObjectKey, int)                 {}
 func (hitStore) Touch([]keys.ObjectKey)                           {}
 

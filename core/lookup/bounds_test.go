@@ -27,15 +27,15 @@ func (b *batchStore) note(n int) {
 	b.maxBatch = max(b.maxBatch, n)
 }
 
-func (b *batchStore) ReserveReadPrefix(ks []keys.ObjectKey, count int) int {
+func (b *batchStore) ReserveLookup(_ string, ks []keys.ObjectKey, count int) (int, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.note(len(ks))
 	if !b.hit {
-		return 0
+		return 0, false
 	}
 	b.locks += int64(len(ks)) * int64(count)
-	return len(ks)
+	return len(ks), false
 }
 
 func (b *batchStore) FinishRead(ks []keys.ObjectKey, count int) {

@@ -27,9 +27,10 @@ import (
 
 // Store is the part of the L1 pool a lookup needs.
 type Store interface {
-	// ReserveReadPrefix takes count read locks on each leading readable key,
-	// stopping at the first miss, and returns how many keys it locked.
-	ReserveReadPrefix(ks []keys.ObjectKey, count int) int
+	// ReserveLookup takes count read locks for request on each leading
+	// readable key, stopping at the first miss or lock-cap refusal, and
+	// returns how many keys it locked and whether a cap refused the next.
+	ReserveLookup(request string, ks []keys.ObjectKey, count int) (n int, refused bool)
 	// FinishRead releases count read locks on each key.
 	FinishRead(ks []keys.ObjectKey, count int)
 	// Touch refreshes the keys' recency for eviction.
@@ -48,8 +49,10 @@ type Tiers interface {
 // Classifier says why chunks missed; *l1.Pool satisfies it.
 type Classifier interface {
 	// ClassifyMisses adds to c the reason each chunk of ks (per keys a
-	// chunk, chunk-major) is not a hit.
-	ClassifyMisses(ks []keys.ObjectKey, per int, c *misses.Counts)
+	// chunk, chunk-major) is not a hit; stored is the reason of a chunk
+	// that is readable (AfterMiss, or Refused when a lock cap stopped the
+	// lookup).
+	ClassifyMisses(ks []keys.ObjectKey, per int, stored misses.Reason, c *misses.Counts)
 }
 
 // TiersKnownAbsent is implemented by Tiers that can tell from memory,
@@ -319,10 +322,17 @@ func (m *Module) Lookup(r keys.KeyRequest, tpSize int) error {
 	}
 	m.reqChunks.Add(int64(ks.Chunks()))
 	count := 1 + ExtraCount(tpSize, r.WorldSize)
-	hit := m.reservePrefix(ks, count)
+	hit, refused := m.reservePrefix(r.RequestID, ks, count)
 	m.hitChunks.Add(int64(hit))
 	m.hitTk.Add(int64(hit * m.sessions.Hasher().ChunkSize()))
 	m.models.add(r.Model, r.WorldSize, 1, ks.Chunks(), hit, m.sessions.Hasher().ChunkSize())
+	if refused {
+		// The next chunks are in L1; a lock cap refused them, and the
+		// tiers could only load what L1 holds.
+		m.put(r.RequestID, hit, false)
+		m.classifyMissesAs(r.Model, r.WorldSize, ks, hit, false, misses.Refused)
+		return nil
+	}
 	if m.tiers == nil || hit >= ks.Chunks() {
 		m.put(r.RequestID, hit, false)
 		m.classifyMisses(r.Model, r.WorldSize, ks, hit, false)
@@ -388,21 +398,24 @@ func (m *Module) startTierPhase(r keys.KeyRequest, ks keys.KeySet, hit, count in
 	}()
 }
 
-// reservePrefix read-locks the leading chunks of ks that are readable on
-// every rank, count locks per key, and returns how many chunks it locked. It
-// asks the store lockBatch chunks at a time and stops at the first miss.
-// With a what-if estimator it goes on past the miss, a batch at a time, to
-// show it the keys a larger pool might have held (no more work than a lookup
-// that hits throughout).
-func (m *Module) reservePrefix(ks keys.KeySet, count int) int {
+// reservePrefix read-locks for request the leading chunks of ks that are
+// readable on every rank, count locks per key, and returns how many chunks
+// it locked and whether a lock cap stopped it. It asks the store lockBatch
+// chunks at a time and stops at the first miss. With a what-if estimator it
+// goes on past the miss, a batch at a time, to show it the keys a larger
+// pool might have held (no more work than a lookup that hits throughout).
+func (m *Module) reservePrefix(request string, ks keys.KeySet, count int) (int, bool) {
 	per, batch := ks.PerChunk(), chunkBatch(ks)
 	buf := make([]keys.ObjectKey, 0, min(batch, ks.Chunks())*per)
 	hit := 0
 	var pre whatif.Prefix
+	refused := false
 	from := 0
 	for ; from < ks.Chunks(); from += batch {
 		buf = ks.Append(buf[:0], from, from+batch)
-		n := min(max(m.store.ReserveReadPrefix(buf, count), 0), len(buf))
+		locked, capped := m.store.ReserveLookup(request, buf, count)
+		n := min(max(locked, 0), len(buf))
+		refused = capped
 		full := n / per
 		hit += full
 		m.whatif.Probe(&pre, buf, full*per)
@@ -418,13 +431,19 @@ func (m *Module) reservePrefix(ks keys.KeySet, count int) int {
 		buf = ks.Append(buf[:0], from, from+batch)
 		m.whatif.Probe(&pre, buf, 0)
 	}
-	return hit
+	return hit, refused
 }
 
 // classifyMisses tallies why chunks [hit, Chunks) of ks missed, asking
 // the classifier a batch (chunkBatch) at a time; tiers says the L2 tiers
 // were asked for them too.
 func (m *Module) classifyMisses(model string, worldSize int, ks keys.KeySet, hit int, tiers bool) {
+	m.classifyMissesAs(model, worldSize, ks, hit, tiers, misses.AfterMiss)
+}
+
+// classifyMissesAs is classifyMisses with the reason of the chunks that
+// are readable: stored.
+func (m *Module) classifyMissesAs(model string, worldSize int, ks keys.KeySet, hit int, tiers bool, stored misses.Reason) {
 	if m.classify == nil || hit >= ks.Chunks() {
 		return
 	}
@@ -433,7 +452,7 @@ func (m *Module) classifyMisses(model string, worldSize int, ks keys.KeySet, hit
 	buf := make([]keys.ObjectKey, 0, min(batch, ks.Chunks()-hit)*per)
 	for from := hit; from < ks.Chunks(); from += batch {
 		buf = ks.Append(buf[:0], from, from+batch)
-		m.classify.ClassifyMisses(buf, per, &c)
+		m.classify.ClassifyMisses(buf, per, stored, &c)
 	}
 	var tierMissed uint64
 	if tiers {

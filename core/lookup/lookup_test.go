@@ -29,17 +29,17 @@ func newStore() *fakeStore {
 	return &fakeStore{present: map[keys.ObjectKey]bool{}, locks: map[keys.ObjectKey]int{}}
 }
 
-func (f *fakeStore) ReserveReadPrefix(ks []keys.ObjectKey, count int) int {
+func (f *fakeStore) ReserveLookup(_ string, ks []keys.ObjectKey, count int) (int, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.reserves++
 	for i, k := range ks {
 		if !f.present[k] {
-			return i
+			return i, false
 		}
 		f.locks[k] += count
 	}
-	return len(ks)
+	return len(ks), false
 }
 
 func (f *fakeStore) FinishRead(ks []keys.ObjectKey, count int) {

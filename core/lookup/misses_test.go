@@ -14,12 +14,12 @@ type presenceClassifier struct {
 	asked []keys.ObjectKey
 }
 
-func (p *presenceClassifier) ClassifyMisses(ks []keys.ObjectKey, per int, c *misses.Counts) {
+func (p *presenceClassifier) ClassifyMisses(ks []keys.ObjectKey, per int, stored misses.Reason, c *misses.Counts) {
 	p.asked = append(p.asked, ks...)
 	p.store.mu.Lock()
 	defer p.store.mu.Unlock()
 	for from := 0; from+per <= len(ks); from += per {
-		r := misses.AfterMiss
+		r := stored
 		for _, k := range ks[from : from+per] {
 			if !p.store.present[k] {
 				r = misses.NeverStored

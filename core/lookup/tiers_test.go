@@ -39,7 +39,8 @@ func (f *fakeTiers) Prefetch(ctx context.Context, model string, ws int, ks []key
 		f.store.present[k] = true
 	}
 	f.store.mu.Unlock()
-	return f.store.ReserveReadPrefix(ks[:n], count) / per
+	locked, _ := f.store.ReserveLookup("", ks[:n], count)
+	return locked / per
 }
 
 func TestLookupTierPhaseNoneUntilLoadedThenCount(t *testing.T) {

@@ -1,0 +1,93 @@
+package reliability
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+)
+
+// storeLong stores the first n chunks of toks through w, in steps that stay
+// under one owner's write-lock cap (a step reserves only the new chunks).
+func storeLong(t *testing.T, w *gworker, seed int, toks []uint32, n, step int, req string) [][]byte {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	data := seqData(seed, n, w.chunkBytes)
+	for end := step; ; end += step {
+		end = min(end, n)
+		if res, err := w.store(ctx, toks, data[:end], fmt.Sprintf("%s-%d", req, end)); err != nil || (res != "true" && res != "none") {
+			t.Fatalf("store %d chunks: %q %v", end, res, err)
+		}
+		if end == n {
+			return data
+		}
+	}
+}
+
+// TestHostileLookupLookahead: a scheduler that looks several prompts up
+// before retrieving any of them holds read locks on all of them at once. On
+// 31a00e7 every LOOKUP shared one owner capped at half the pool, so the
+// ninth prompt of ten (62.5% of the pool together) got no hits. Each
+// request is now its own owner, capped at half the pool, with all of them
+// under the total cap; a single lookup past its cap is refused and its
+// refused chunks are counted as `refused`, not `after_miss`.
+func TestHostileLookupLookahead(t *testing.T) {
+	srv := startAttacked(t)
+	ctx := context.Background()
+	w := newWorker(t, srv.Dial(t, srv.Protocol), 41_001, "ahead", false)
+	if w.shm == nil {
+		t.Fatal("the server advertises no segment")
+	}
+	poolChunks := int(w.poolSize) / w.chunkBytes
+	perPrompt := poolChunks / 16 // ten prompts: 62.5% of the pool
+	prompts := make([][]uint32, 10)
+	for i := range prompts {
+		prompts[i] = tokensFor(41_100+i, perPrompt, w.chunk)
+		storeLong(t, w, 41_100+i, prompts[i], perPrompt, perPrompt, fmt.Sprintf("ahead-s%d", i))
+	}
+	sched := srv.Dial(t, srv.Protocol)
+	hits := make([]int, len(prompts))
+	short := 0
+	for i, toks := range prompts {
+		n, err := lookupKeep(ctx, sched, w.model, toks, fmt.Sprintf("ahead-l%d", i))
+		if err != nil {
+			t.Fatalf("lookup %d: %v", i, err)
+		}
+		hits[i] = n
+		if n < perPrompt {
+			short++
+		}
+	}
+	t.Logf("ten prompts of %d chunks each (pool %d chunks) looked up ahead: hits %v", perPrompt, poolChunks, hits)
+	if short > 0 {
+		t.Errorf("%d of 10 prompts looked up ahead got fewer than their %d stored chunks: %v", short, perPrompt, hits)
+	}
+	alive(t, srv, time.Second, "lookups ahead")
+
+	// One lookup past one owner's cap (half the pool) is refused there; a
+	// fresh server, since the lookups above hold their locks until their
+	// retrieves or the read TTL.
+	srv = startAttacked(t)
+	w = newWorker(t, srv.Dial(t, srv.Protocol), 41_002, "ahead", false)
+	sched = srv.Dial(t, srv.Protocol)
+	long := poolChunks * 5 / 8
+	toks := tokensFor(41_900, long, w.chunk)
+	storeLong(t, w, 41_900, toks, long, poolChunks/4, "ahead-long")
+	before := status(t, srv).Misses.Missed["refused"]
+	n, err := lookup(ctx, sched, w.model, toks, "ahead-long-l")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := status(t, srv)
+	refused := st.Misses.Missed["refused"] - before
+	t.Logf("one lookup of %d chunks: %d hits, %d counted refused, misses %v", long, n, refused, st.Misses.Missed)
+	if n >= long || n < poolChunks/2-1 {
+		t.Errorf("a single lookup of %d chunks hit %d: want its cap, about %d", long, n, poolChunks/2)
+	}
+	if refused != uint64(long-n) {
+		t.Errorf("%d chunks refused by the lock cap, %d counted as refused (misses %v)", long-n, refused, st.Misses.Missed)
+	}
+	alive(t, srv, time.Second, "lookups ahead")
+}
