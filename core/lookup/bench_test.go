@@ -17,8 +17,8 @@ type hitStore struct{}
 func (hitStore) ReserveLookup(_ string, ks []keys.ObjectKey, _ int) (int, bool) {
 	return len(ks), false
 }
-func (hitStore) FinishRead([]keys.ObjectKey, int)                 {}
-func (hitStore) Touch([]keys.ObjectKey)                           {}
+func (hitStore) FinishRead([]keys.ObjectKey, int) {}
+func (hitStore) Touch([]keys.ObjectKey)           {}
 
 type allLayouts struct{}
 

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"testing"
 	"time"
-
 )
 
 // storeLong stores the first n chunks of toks through w, in steps that stay
