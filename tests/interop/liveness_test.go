@@ -200,7 +200,8 @@ func TestLivenessKilledWorkerIsReaped(t *testing.T) {
 		}
 		return fmt.Sprint(m["answer"])
 	}
-	if reaped, never := probe(5151), probe(999); reaped != never || reaped != "none" {
+	// Both get PREPARE_STORE's failure reply at once: no slots.
+	if reaped, never := probe(5151), probe(999); reaped != never || reaped != "{'context': {}}" {
 		t.Fatalf("reaped instance answered %q, unregistered %q", reaped, never)
 	}
 }
@@ -256,7 +257,7 @@ func TestLivenessSeedIdleWorkerRemovedByCtl(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := w.next()
-	if r["answered_while_removed"] != "none" || r["store_after_register"] != true {
+	if r["answered_while_removed"] != "{'context': {}}" || r["store_after_register"] != true {
 		t.Fatalf("worker after removal: %v", r)
 	}
 	if st := status(t, srv); len(st.RegisteredNonCudaInstanceIDs) != 1 {

@@ -68,9 +68,9 @@ def role_hold(endpoint, p):
 
 
 def probe_call(c, k, instance_id):
-    """PREPARE_STORE for instance_id; "none" when nothing answers in 1.5 s
-    (what an unregistered instance gets in the seed and engine-driven
-    profiles), else the answer's repr."""
+    """PREPARE_STORE for instance_id; "none" when nothing answers in 1.5 s,
+    else the answer's repr (an unregistered instance gets PREPARE_STORE's
+    failure reply, an empty context)."""
     try:
         r = c.call("PREPARE_STORE", k, instance_id, timeout=1.5)
     except Failure:
