@@ -560,14 +560,13 @@ func TestShutdownWhileOverBudget(t *testing.T) {
 	}
 }
 
-// TestShutdownUnderBacklog (issue 12, point 3, a rebuild under retrieve
-// load): with requests queued behind a running handler, a Shutdown whose
-// ctx ends must (1) drop the queued requests instead of running them, and
-// (2) close the socket before it returns, so that a restart or a rollback
-// can bind the port again at once. On a64a735 the workers ran the whole
-// backlog and the socket stayed bound for the full drain timeout: the
-// rollback of a rebuild failed with "address already in use" and the
-// server was left without a wire server.
+// TestShutdownUnderBacklog (a rebuild under retrieve load): with requests
+// queued behind a running handler, a Shutdown whose ctx ends must (1) drop
+// the queued requests instead of running them, and (2) close the socket
+// before it returns, so that a restart or a rollback can bind the port
+// again at once. Otherwise the socket stays bound for the whole backlog's
+// drain, the rollback of a rebuild fails with "address already in use" and
+// the server is left without a wire server.
 func TestShutdownUnderBacklog(t *testing.T) {
 	srv, err := rpc.New(rpc.Options{Host: "localhost", Profile: profile(t, "nongpu-v1"), Logger: quietLogger(),
 		DrainTimeout: 10 * time.Second})

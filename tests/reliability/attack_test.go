@@ -613,10 +613,9 @@ func attackSlowReader(t *testing.T, srv *harness.Server, base int64) {
 // and TCP pushes back on the sender. Memory therefore stops growing with
 // what the peer sends: the bound is the pool, that many messages plus the
 // two in hand, the peer's request budget and 64 MiB, and the attack sends
-// twice that. Here the peer's worker keeps up, so a64a735 also stays under
-// the bound (+411 MiB for 1 GiB sent, against +267 MiB now); the queue
-// behind a worker that is really busy is core/rpc's
-// TestQueuedRequestBytesBounded, which a64a735 fails.
+// twice that. Here the peer's worker keeps up, so even a server without the
+// read stop stays under the bound; the queue behind a worker that is really
+// busy is core/rpc's TestQueuedRequestBytesBounded.
 const inboundRecvHWM, inboundPeerBudget = 16, 64 << 20
 
 func attackInboundQueue(t *testing.T, srv *harness.Server, base int64) {

@@ -24,12 +24,13 @@ import (
 	"kvdock/tests/harness"
 )
 
-// The hostile-local-peer tests (issue 12) share this kit: a server started
+// The hostile-local-peer tests share this kit: a server started
 // with a memory cap, liveness and memory probes, raw DEALER sockets that
 // send without reading, and the hostile payload builders.
 
-// attackFull selects the issue's full sizes (KVDOCK_ATTACK_FULL=1); CI runs
-// scaled-down sizes whose bounds still tell a fixed server from a64a735.
+// attackFull selects the full attack sizes (KVDOCK_ATTACK_FULL=1); CI runs
+// scaled-down sizes whose bounds still tell a bounded server from an
+// unbounded one.
 func attackFull() bool { return os.Getenv("KVDOCK_ATTACK_FULL") == "1" }
 
 // serverMemCap bounds a server under attack (RLIMIT_AS): an unbounded one

@@ -45,13 +45,13 @@ func (w *gworker) readSlot(s slot) []byte {
 }
 
 // TestClearDuringSHMTransfers sends CLEAR over the wire while SHM transfers
-// are in flight (ISSUE12 point 1). Write side: A prepares, CLEAR, B
+// are in flight. Write side: A prepares, CLEAR, B
 // prepares the same size, B writes, A writes its slot late and commits: A's
 // commit answers false and B reads back its own bytes. Read side: B holds K
 // for reading (LOOKUP + PREPARE_RETRIEVE), CLEAR, C stores K again and a new
 // key and writes its slots: B's slot still holds K's bytes until its
-// COMMIT_RETRIEVE. On a64a735 CLEAR reset the allocator: B got A's slot, A's
-// commit answered true, and C's bytes landed in B's slot.
+// COMMIT_RETRIEVE. A CLEAR that reset the allocator would give B A's slot,
+// answer A's commit true, and land C's bytes in B's slot.
 func TestClearDuringSHMTransfers(t *testing.T) {
 	cfg := engineConfig(t, 4)
 	startEngine(t, cfg)
@@ -124,10 +124,10 @@ func TestClearDuringSHMTransfers(t *testing.T) {
 	}
 }
 
-// TestLockCapOverTheWire (ISSUE12 point 8): one PREPARE_STORE of more than
-// half the pool is answered with no slots, the operator sees a lock-cap
-// event, and another instance still stores. On a64a735 one instance could
-// write-lock the whole pool for the write TTL.
+// TestLockCapOverTheWire: one PREPARE_STORE of more than half the pool is
+// answered with no slots, the operator sees a lock-cap event, and another
+// instance still stores. Without the cap one instance could write-lock the
+// whole pool for the write TTL.
 func TestLockCapOverTheWire(t *testing.T) {
 	cfg := engineConfig(t, 4) // 1024 chunks of 4 KiB
 	e := startEngine(t, cfg)

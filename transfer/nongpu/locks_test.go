@@ -29,11 +29,11 @@ func (e *env) writeSlots(slots []protocol.Slot, seed byte) {
 	}
 }
 
-// TestClearOvertakesPendingStore (ISSUE12 point 1, write side): A prepares,
-// the cache is cleared, B prepares the same size, A writes its slot late
-// and commits. A's commit answers false and publishes nothing; B's slot
-// still holds B's bytes, and a reader of B's key gets them. On a64a735 the
-// clear reset the allocator: B got A's slot, A's commit answered true.
+// TestClearOvertakesPendingStore (write side): A prepares, the cache is
+// cleared, B prepares the same size, A writes its slot late and commits.
+// A's commit answers false and publishes nothing; B's slot still holds B's
+// bytes, and a reader of B's key gets them. A clear that reset the
+// allocator would give B A's slot and answer A's commit true.
 func TestClearOvertakesPendingStore(t *testing.T) {
 	e := newEnv(t, true, 1<<20)
 	e.register(1)
@@ -88,11 +88,11 @@ func TestClearOvertakesPendingStore(t *testing.T) {
 	}
 }
 
-// TestClearKeepsReadersBytes (ISSUE12 point 1, read side): B holds K's slot
-// for reading, the cache is cleared, C stores new data (K again and
-// another key) and writes its slots; B's slot still holds K's original
-// bytes until B's COMMIT_RETRIEVE, after which K is gone. On a64a735 C got
-// B's slot and B copied out C's bytes.
+// TestClearKeepsReadersBytes (read side): B holds K's slot for reading, the
+// cache is cleared, C stores new data (K again and another key) and writes
+// its slots; B's slot still holds K's original bytes until B's
+// COMMIT_RETRIEVE, after which K is gone (C must not get B's slot, or B
+// copies out C's bytes).
 func TestClearKeepsReadersBytes(t *testing.T) {
 	e := newEnv(t, true, 1<<20)
 	e.register(1)
@@ -133,10 +133,10 @@ func TestClearKeepsReadersBytes(t *testing.T) {
 	}
 }
 
-// TestLockCapRefusalAnswersNoSlots (ISSUE12 point 8): one PREPARE_STORE may
-// not write-lock more than half the pool; the answer is upstream's "no
-// slots" and the operator gets an event saying which cap refused it. Other
-// instances still store. On a64a735 one instance could lock the whole pool.
+// TestLockCapRefusalAnswersNoSlots: one PREPARE_STORE may not write-lock
+// more than half the pool; the answer is upstream's "no slots" and the
+// operator gets an event saying which cap refused it. Other instances still
+// store.
 func TestLockCapRefusalAnswersNoSlots(t *testing.T) {
 	e := newEnv(t, true, 1<<20) // 2048 chunks of 512 bytes
 	e.register(1)
@@ -165,8 +165,8 @@ func TestLockCapRefusalAnswersNoSlots(t *testing.T) {
 // TestByKeyReleaseCannotUnlockAWorkersRead: the scheduler's by-key release
 // (FREE_LOOKUP_LOCKS), stale or excessive, must not unlock an object a
 // worker holds between PREPARE_RETRIEVE and COMMIT_RETRIEVE: it stays
-// undeletable and unevictable and keeps its bytes. On a64a735 the release
-// dropped the worker's lock, and Delete (or eviction) freed the slot.
+// undeletable and unevictable and keeps its bytes (a release that dropped
+// the worker's lock would let Delete or eviction free the slot).
 func TestByKeyReleaseCannotUnlockAWorkersRead(t *testing.T) {
 	e := newEnv(t, true, 1<<20)
 	e.register(1)
