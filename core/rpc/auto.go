@@ -11,28 +11,21 @@ import (
 	"kvdock/core/protocol"
 )
 
-// Protocol auto-detection (--protocol auto): each peer's table is told from
-// the messages it sends. A message "fits" a table when its type number is in
-// the table and its payload decodes under it in full. Candidates start as
-// every table; each message keeps those it fits. One left: decided, logged
-// with the evidence, and the peer's later messages take the ordinary path.
-// Several left that read the message as the same request: it is served and
-// detection goes on. Several that disagree: ambiguous (see serveAmbiguous:
-// never CLEAR on a guess, never a reply one of the readings' clients cannot
-// decode; otherwise no answer). A message that fits no candidate (GPU-path
-// requests included: they carry no evidence) is bad or unsupported input and
-// narrows nothing. A peer still undecided after maxUndecided messages is
-// settled on the tie-break.
+// Protocol auto-detection (--protocol auto): a message "fits" a table when
+// its type number is in it and its payload decodes under it in full; each
+// message keeps the peer's candidate tables it fits. One left: decided and
+// logged with the evidence. Several that read the message as the same
+// request: served, detection goes on. Several that disagree: see
+// serveAmbiguous. A message that fits none (GPU-path requests included)
+// narrows nothing. After maxUndecided messages the peer is settled on the
+// tie-break.
 //
-// The state is bounded in two tables a hostile peer cannot use against
-// each other. Undecided peers: at most maxPeers, least recently seen
-// dropped first (a dropped peer is detected afresh). Decided peers: at most
-// maxPeers more, and one is dropped only when it has sent nothing for
-// decidedMinIdle, so cycling identities (decided or not) never makes the
-// server forget a worker that is in use: with the decided table full of
-// recently active peers, a newly decided peer stays in the undecided table
-// (served under its table while it stays there). Only the socket goroutine
-// touches the state.
+// The state lives in two bounded LRU tables, touched only by the socket
+// goroutine: undecided peers (maxPeers, least recently seen dropped first)
+// and decided peers (maxPeers more, one dropped only after decidedMinIdle of
+// silence), so a peer cycling identities never makes the server forget a
+// worker in use; while the decided table is full of active peers a newly
+// decided one stays, served under its table, in the undecided table.
 
 const (
 	defaultDetectPeers = 16384
@@ -290,13 +283,10 @@ func (d *detector) fitsNone(frames [][]byte, lim protocol.Limits) (*protocol.Pro
 // serveAmbiguous picks how to serve a message its peer's candidates read as
 // different requests, or reports that it must go unanswered. A reading runs
 // only when it is not CLEAR (a guess must never wipe the cache) and its
-// reply decodes in the client of every plausible reading (ReplyDecodes: the
-// upstream clients' rules). GET_CHUNK_SIZE may answer its size as a decimal
-// string, which int() reads and a str client decodes. Readings no upstream
-// client sends at that point are not plausible: CLEAR from a peer that
-// registered (a worker asks the chunk size and never clears), and
-// COMMIT_RETRIEVE under a table that read none of the peer's messages as
-// PREPARE_RETRIEVE (a worker commits the retrieve it prepared).
+// reply decodes in the client of every plausible reading (ReplyDecodes);
+// GET_CHUNK_SIZE may answer as a decimal string, which both int and str
+// clients decode. Not plausible: CLEAR from a peer that registered, and
+// COMMIT_RETRIEVE under a table that read no PREPARE_RETRIEVE from it.
 func (d *detector) serveAmbiguous(fits []fit, st *peerState) (fit, *protocol.Spec, bool) {
 	plausible := fits[:0:0]
 	for _, f := range fits {

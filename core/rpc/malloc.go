@@ -64,20 +64,11 @@ const tuneTarget = 1 << 30
 
 // TuneMalloc raises glibc's mmap and trim thresholds so libzmq's large
 // message buffers are recycled from the heap instead of being mmapped and
-// unmapped per message, and reports the single glibc arena the package set
-// when the process was loaded. Call it once at start-up, before traffic
-// (main does).
-// glibc refuses an mmap threshold above HEAP_MAX_SIZE/2 (32 MiB on 64-bit);
-// TuneMalloc then halves down to the largest value glibc accepts and says so.
-//
-// One arena (set by a constructor in this package, for every binary that
-// links it): with the trim threshold raised, the top of a thread arena is
-// never shrunk, and malloc_trim trims only the main arena's top. libzmq's
-// I/O thread reads every request into its own arena, so after a burst of
-// large requests (TestHostilePeersCombined's 64 x 16 MiB) tens of MiB stayed
-// resident there for good. On the main arena the
-// scavenger's malloc_trim gives it all back. Threads then share one arena
-// lock, taken only for sizes the per-thread caches do not serve.
+// unmapped per message (halving the mmap threshold down to what glibc
+// accepts, and saying so), and reports the single arena set at load. Call
+// it once at start-up, before traffic (main does). One arena because
+// malloc_trim trims only the main arena: freed memory in libzmq's I/O
+// thread's own arena would otherwise stay resident for good.
 func TuneMalloc() MallocTuning {
 	var t MallocTuning
 	if t.ArenaMax = int(C.kv_arena_setting()); t.ArenaMax == 0 {
@@ -100,20 +91,13 @@ func TuneMalloc() MallocTuning {
 	return t
 }
 
-// Scavenging: large transient buffers (requests read from libzmq, replies
-// copied out for it, Go copies of both) are freed, but neither glibc (its
-// trim threshold is raised by TuneMalloc) nor Go's background scavenger
-// gives the pages back soon: after a burst of large messages, or an attack,
-// the process would keep hundreds of MiB resident. The server counts the
-// messages it read and the bytes of large messages it moved since it last
-// gave memory back. It returns freed memory to the OS, at most once per
-// tick, when it is idle (nothing queued, charged or running) and either
-//   - scavengeAfter bytes of large messages moved, or the Go heap holds that
-//     much freed but unreleased memory (a long burst, between requests), or
-//   - no message came for a whole tick after some did, and at least
-//     scavengeQuiet bytes moved or lie freed in the Go heap (once per lull:
-//     smaller leftovers, such as the garbage of many small hostile
-//     requests, do not stay resident while nothing happens).
+// Scavenging: neither glibc (trim threshold raised) nor Go's background
+// scavenger returns freed pages soon, so after a burst of large messages
+// the process would keep hundreds of MiB resident. At most once per tick,
+// while the server is idle (nothing queued, charged or running), freed
+// memory goes back to the OS when scavengeAfter bytes of large messages
+// moved (or lie freed in the Go heap), or, once per lull (a whole tick
+// without a message), when at least scavengeQuiet did.
 const (
 	scavengeAfter = 64 << 20
 	scavengeQuiet = 4 << 20

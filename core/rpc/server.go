@@ -1,53 +1,21 @@
 // Package rpc is kvdock's LMCache MP transport: a ZeroMQ ROUTER server that
-// decodes requests under a protocol profile and dispatches them inline, on a
-// per-peer FIFO worker, or on a shared pool, and sends the replies from the one
-// goroutine that owns the socket.
+// decodes requests under a protocol profile, runs them inline, on a per-peer
+// FIFO worker or on a shared pool, and sends the replies from the one
+// goroutine that owns the socket. Requests are [identity, uid, type,
+// payload…]; replies echo uid and type byte for byte, with no result frame
+// when the handler returns nil. Bad input is counted and logged
+// (rate-limited), never stops the loop and, in the seed profiles, is never
+// answered.
 //
-// Wire (spec 1.2): requests are [identity, uid, type, payload…] with no
-// delimiter; replies are [identity, uid, type] plus one result frame, uid and
-// type echoed byte for byte, and no result frame when the handler returns nil.
-// Bad input is counted, logged (rate-limited) and, in the seed profiles, never
-// answered; it never stops the loop.
-//
-// Oversized messages: the maximum message size is set as ZMQ_MAXMSGSIZE, so
-// libzmq refuses a frame over the limit without allocating it and disconnects
-// that peer (a DEALER reconnects by itself, with its pending message lost). The
-// server sees that only as a disconnect event, counted in Stats.Disconnects; a
-// message whose frames are each under the limit but total over it, or over
-// the dynamic cap of Options.MessageCap, is dropped by the server and counted
-// as "oversized".
-//
-// Memory bounds (a peer controls how much it sends and whether it reads):
-//   - requests queued for the workers are budgeted in bytes, per peer and in
-//     total; over budget the socket goroutine stops reading (backpressure, the
-//     waiting requests stay in libzmq, at most RecvHWM messages per peer plus
-//     the one it is reading, and in TCP buffers) until queued requests
-//     finish. No request is dropped while serving. The queued payloads are
-//     Go memory until their handler ends.
-//   - replies: a reply is admitted to its peer's budget (ReplyBytesPerPeer)
-//     and the total (ReplyBytes) or dropped, counted and logged, then copied
-//     once out of Go memory into a buffer that stays charged to its peer
-//     and the total until libzmq has written it to the connection: waiting
-//     here (libzmq refused it at SendHWM, ZMQ_ROUTER_MANDATORY) and held by
-//     libzmq are one budget, and libzmq sends the buffer without a copy. A
-//     reply is always admitted to a peer with nothing charged (while the
-//     total allows it), so one reply of any size goes. A peer that does not
-//     read its replies loses them (as a ROUTER at its HWM would) and pins at
-//     most its budget, or one reply when that is larger; other peers keep
-//     being served. The Go copy of a reply is garbage once copied out.
-//   - large reply buffers are mapped (some kept for reuse), and after large
-//     traffic an idle server returns freed Go heap, glibc bins and those
-//     mappings to the OS (malloc.go).
-//
-// Idle peers: libzmq keeps one file and a few KiB per TCP connection and has
-// no per-socket connection cap, and kvdock keeps nothing for a peer that has
-// sent no message. A connection that has not finished its ZMTP handshake
-// within HandshakeTimeout (default 5 s; libzmq's own default is 30 s) is
-// closed, so peers that connect and say nothing, or stop mid-greeting, hold
-// at most the files opened within that time and free them by themselves.
-// Peers that finish the handshake are real ZMQ sockets and stay (idle
-// workers do); they are bounded by the process's open-files limit
-// (RLIMIT_NOFILE, logged at listen), like every other file.
+// A peer controls how much it sends and whether it reads, so everything it
+// can make the server hold is bounded: frames by ZMQ_MAXMSGSIZE (libzmq
+// drops the peer) and messages by Options.MessageCap; queued requests by a
+// byte budget per peer and in total (over it the socket goroutine stops
+// reading, dropping nothing); replies by ReplyBytesPerPeer and ReplyBytes,
+// charged until libzmq has written them (an unread reply is dropped, never
+// waited for); connections that do not finish the ZMTP handshake by
+// HandshakeTimeout. Freed memory goes back to the OS when the server idles
+// (malloc.go).
 package rpc
 
 import (

@@ -7,33 +7,17 @@ import (
 	"kvdock/core/rpc"
 )
 
-// pickleGate bounds the pickled bytes on their way in. A pickle worker
-// waits for its PREPARE_STORE reply before it pickles and sends the chunks
-// (spec 4.3), so that reply is the one point where the server can make a
-// worker wait before the bytes exist: each pickle PREPARE_STORE takes a
-// ticket for the bytes its key can carry, and is answered only once the
-// tickets held stay within the limit (one is always granted when none is
-// held). A ticket is returned when that instance's next COMMIT_STORE with
-// data is done, when the instance unregisters, or after ticketTTL (a worker
-// that gave up waiting, or never commits, holds nothing for long). The
-// wire server's in-flight read stop is the backstop for workers that send
-// without waiting.
-//
-// Pickle PREPARE_RETRIEVE replies (a whole prompt's chunks, encoded into a
-// C reply buffer) take tickets from the same budget: a retrieve is prepared
-// and answered once its reply fits, and its ticket is returned when libzmq
-// has written the reply to the peer's connection (the buffer is uncharged
-// from the ticket's rpc.HeldBytes; polled every retrievePoll while anything
-// waits, and before each grant). One budget, not two: the target is what
-// the process holds, stores and retrieves together; and neither kind waits
-// on the other, since every ticket comes back by a peer action that does
-// not go through the gate (a commit sent after its prepare's reply, a reply
-// read) or by its lapse. An instance holds at most one retrieve ticket (a
-// worker retrieves one prompt at a time; its next retrieve waits without
-// holding up other instances), and a retrieve ticket lapses after ttl like
-// a store ticket: a peer that does not read its reply stops counting then
-// and its bytes are bounded by the wire server's reply budget
-// (ReplyBytesPerPeer, ReplyBytes) instead.
+// pickleGate bounds the pickled bytes in flight, stores and retrieves in
+// one budget. A pickle worker sends its chunks only after its PREPARE_STORE
+// reply (spec 4.3), so that reply waits for a ticket for the bytes its key
+// can carry; a pickle PREPARE_RETRIEVE likewise waits before its reply is
+// built. A ticket comes back with the instance's next COMMIT_STORE with
+// data (store), once libzmq has written the reply (retrieve), on
+// unregister, or after ticketTTL, so neither kind waits on the other and a
+// peer that never commits or reads holds nothing for long. One ticket is
+// always granted when none is held; an instance holds one retrieve ticket
+// at a time. The wire server's read stop and reply budget bound what is
+// left (peers that send without waiting, replies nobody reads).
 type pickleGate struct {
 	mu      sync.Mutex
 	limit   int64
