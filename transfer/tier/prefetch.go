@@ -124,27 +124,50 @@ func (s *Set) KnownAbsent(model string, worldSize int, ks []keys.ObjectKey, per 
 			return false
 		}
 	}
+	// Every tier was asked (from memory) and lacks the chunk.
+	for _, m := range s.tiers {
+		m.st.misses.Add(1)
+	}
 	return true
 }
 
 // find returns, for each leading chunk present in some tier, the index of
 // the tier that holds all its keys: each tier in order continues where the
-// ones before stopped, until none has the next chunk.
+// ones before stopped, until none has the next chunk. A tier is asked about
+// a chunk once: its lack of it counts as one miss of that tier.
 func (s *Set) find(ctx context.Context, names []string, per int) []int {
 	var owner []int
 	pos := 0
+	// lacked[i] is the position tier i last said it lacks (or failed at).
+	lacked := make([]int, len(s.tiers))
+	for i := range lacked {
+		lacked[i] = -1
+	}
 	for advanced := true; advanced && pos < len(names); {
 		advanced = false
 		for i, m := range s.tiers {
 			if ctx.Err() != nil || pos >= len(names) {
 				return owner
 			}
+			if lacked[i] == pos {
+				continue
+			}
 			n, err := m.b.Has(ctx, names[pos:])
 			if err != nil {
+				if ctx.Err() == nil {
+					// Asked and not answered (a tier down fails at once):
+					// the chunk was not found there.
+					m.st.misses.Add(1)
+				}
+				lacked[i] = pos
 				s.log.Debug("tier lookup failed", "tier", i, "err", err)
 				continue
 			}
 			full := min(max(n, 0), len(names)-pos) / per
+			if full*per < len(names)-pos {
+				m.st.misses.Add(1)
+				lacked[i] = pos + full*per
+			}
 			for range full {
 				owner = append(owner, i)
 			}

@@ -91,7 +91,11 @@ type Options struct {
 	LastRequest func() time.Time
 }
 
-// tierCounters are the Set's own counters of one tier.
+// tierCounters are the Set's own counters of one tier. hits counts values
+// loaded; misses counts the chunks a lookup asked the tier for and did not
+// get: the chunk after the tier's last one (also from its memory, see
+// KnownAbsent), every chunk asked of a tier that failed to answer, and a
+// load that found its value gone.
 type tierCounters struct {
 	hits, misses, corrupt, loads, timeouts atomic.Uint64
 	dropped, written, skipped, failed      atomic.Uint64
