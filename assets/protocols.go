@@ -1,5 +1,6 @@
 // Package assets holds the files kvdock embeds: protocol profile tables, the
-// annotated default configuration and other shipped artefacts.
+// annotated default configuration and other shipped artefacts. It is data
+// only and imports no package of kvdock: core/protocol parses the tables.
 package assets
 
 import (
@@ -8,15 +9,13 @@ import (
 	"path"
 	"slices"
 	"strings"
-
-	"kvdock/core/protocol"
 )
 
 //go:embed protocols/*.yaml
 var protocolFS embed.FS
 
 // Protocol returns the YAML table of the named protocol profile
-// (assets/protocols/<name>.yaml), for core/protocol.Parse.
+// (assets/protocols/<name>.yaml), for core/protocol.Load.
 func Protocol(name string) ([]byte, error) {
 	if name == "" || strings.ContainsAny(name, "/\\.") {
 		return nil, fmt.Errorf("protocol profile %q: not a profile name (known: %s)", name, strings.Join(ProtocolNames(), ", "))
@@ -42,17 +41,4 @@ func ProtocolNames() []string {
 	}
 	slices.Sort(names)
 	return names
-}
-
-// Profile parses the named embedded protocol profile.
-func Profile(name string) (*protocol.Profile, error) {
-	data, err := Protocol(name)
-	if err != nil {
-		return nil, err
-	}
-	p, err := protocol.Parse(data)
-	if err != nil {
-		return nil, fmt.Errorf("protocol profile %s: %w", name, err)
-	}
-	return p, nil
 }

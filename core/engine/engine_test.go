@@ -54,7 +54,7 @@ func startEngine(t *testing.T, cfg settings.Config) *Engine {
 
 func dial(t *testing.T, port int, profile string) *client.Client {
 	t.Helper()
-	p, err := assets.Profile(profile)
+	p, err := protocol.Load(profile, assets.Protocol)
 	if err != nil {
 		t.Fatal(err)
 	}

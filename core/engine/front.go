@@ -167,13 +167,13 @@ func messageCap(cfg settings.Config, layouts *layout.Registry) func() int64 {
 // detection's tie-break order).
 func profiles(cfg settings.ServerConfig) (*protocol.Profile, []*protocol.Profile, error) {
 	if cfg.Protocol != settings.ProtocolAuto {
-		p, err := assets.Profile(cfg.Protocol)
+		p, err := protocol.Load(cfg.Protocol, assets.Protocol)
 		return p, nil, err
 	}
 	var def *protocol.Profile
 	var all []*protocol.Profile
 	for _, name := range slices.Backward(settings.ProtocolProfiles()) {
-		p, err := assets.Profile(name)
+		p, err := protocol.Load(name, assets.Protocol)
 		if err != nil {
 			return nil, nil, err
 		}

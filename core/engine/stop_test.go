@@ -194,7 +194,7 @@ func exitChild() {
 		fmt.Println("child: start:", err)
 		os.Exit(2)
 	}
-	p, _ := assets.Profile(cfg.Server.Protocol)
+	p, _ := protocol.Load(cfg.Server.Protocol, assets.Protocol)
 	c, err := client.Dial(fmt.Sprintf("tcp://127.0.0.1:%d", port), p, client.Options{Timeout: time.Second})
 	if err != nil {
 		fmt.Println("child: dial:", err)

@@ -117,6 +117,20 @@ type Profile struct {
 	byName   map[string]*Spec
 }
 
+// Load reads the table of the named profile through read (assets.Protocol
+// for the embedded ones) and parses it.
+func Load(name string, read func(name string) ([]byte, error)) (*Profile, error) {
+	data, err := read(name)
+	if err != nil {
+		return nil, err
+	}
+	p, err := Parse(data)
+	if err != nil {
+		return nil, fmt.Errorf("protocol profile %s: %w", name, err)
+	}
+	return p, nil
+}
+
 // Parse reads and validates a profile table; every problem is reported.
 func Parse(data []byte) (*Profile, error) {
 	var p Profile

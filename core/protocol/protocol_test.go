@@ -534,3 +534,19 @@ func TestGroupLayouts(t *testing.T) {
 		t.Error("lying group_layouts length accepted")
 	}
 }
+
+// Load reads a table through the function it is handed and names the
+// profile in a parse error.
+func TestLoad(t *testing.T) {
+	p, err := protocol.Load("nongpu-v1", assets.Protocol)
+	if err != nil || p.Name == "" {
+		t.Fatalf("embedded profile: %v, %v", p, err)
+	}
+	if _, err := protocol.Load("nope", assets.Protocol); err == nil || !strings.Contains(err.Error(), "nongpu-v1") {
+		t.Errorf("unknown profile: %v", err)
+	}
+	bad := func(string) ([]byte, error) { return []byte("requests: [}"), nil }
+	if _, err := protocol.Load("broken", bad); err == nil || !strings.Contains(err.Error(), "broken") {
+		t.Errorf("bad table: %v", err)
+	}
+}

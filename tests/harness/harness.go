@@ -158,7 +158,7 @@ func Start(t testing.TB, extra ...string) *Server {
 // Profile is the named embedded protocol profile.
 func Profile(t testing.TB, name string) *protocol.Profile {
 	t.Helper()
-	p, err := assets.Profile(name)
+	p, err := protocol.Load(name, assets.Protocol)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -170,7 +170,7 @@ func (s *Server) waitReady(limit time.Duration) error {
 	if name == "auto" {
 		name = s.autoDefault // what kvdock ctl speaks under auto
 	}
-	p, err := assets.Profile(name)
+	p, err := protocol.Load(name, assets.Protocol)
 	if err != nil {
 		return err
 	}

@@ -452,7 +452,7 @@ func promptsFor(o Options, pool, chunkBytes int64) int {
 // Execute runs the benchmark; the Result is returned also with an error
 // (whatever was measured before it).
 func Execute(ctx context.Context, o Options) (*Result, error) {
-	prof, err := assets.Profile(o.Protocol)
+	prof, err := protocol.Load(o.Protocol, assets.Protocol)
 	if err != nil {
 		return nil, err
 	}

@@ -40,7 +40,7 @@ func runClear(cfg settings.Config, f flagSet, env Env) int {
 		return code
 	}
 	if !viaHTTP {
-		prof, err := assets.Profile(cfg.Server.ClientProtocol())
+		prof, err := protocol.Load(cfg.Server.ClientProtocol(), assets.Protocol)
 		if err != nil {
 			fmt.Fprintf(stderr, "kvdock ctl: --protocol: %v\n", err)
 			return 2

@@ -216,7 +216,7 @@ func Run(args []string, env Env) int {
 	if cmd == "clear" {
 		return runClear(cfg, f, env)
 	}
-	prof, err := assets.Profile(cfg.Server.ClientProtocol())
+	prof, err := protocol.Load(cfg.Server.ClientProtocol(), assets.Protocol)
 	if err != nil {
 		fmt.Fprintf(env.Stderr, "kvdock ctl: --protocol: %v\n", err)
 		return 2
