@@ -292,8 +292,10 @@ func TestLivenessReusedIDNeverSeesOldPendingData(t *testing.T) {
 				t.Fatalf("the new worker saw the old one's pending data: %v", r)
 			}
 			st := status(t, srv)
-			if st.Transfer.Reused != 1 || st.Transfer.PendingWrites != 0 || st.Pool.WriteLocked != 0 {
-				t.Fatalf("after reuse: transfer %+v write-locked %d", st.Transfer, st.Pool.WriteLocked)
+			// The old worker's reservation is abandoned: never published,
+			// its bytes kept (doomed) until its write TTL.
+			if st.Transfer.Reused != 1 || st.Transfer.PendingWrites != 0 || st.Pool.WriteLocked != st.Pool.DoomedObjects {
+				t.Fatalf("after reuse: transfer %+v write-locked %d, doomed %d", st.Transfer, st.Pool.WriteLocked, st.Pool.DoomedObjects)
 			}
 			log := srv.Output()
 			if !strings.Contains(log, "taken as a new worker") {

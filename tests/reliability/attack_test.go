@@ -1069,12 +1069,6 @@ func lockReads(t testing.TB, c *client.Client, model string, toks []uint32, req 
 	return 0
 }
 
-func TestHostileDevShmFullAfterStart(t *testing.T) {
-	t.Skip("point 4 (SIGBUS when /dev/shm fills after start) needs /dev/shm to fill up under a running server: " +
-		"the segment directory is fixed and the tests cannot mount a small tmpfs there, nor fill the shared one; " +
-		"the page reservation is left to core/l1/segment's unit tests")
-}
-
 func TestHostileNestedMsgpack(t *testing.T) { attackNestedMsgpack(t, startAttacked(t), 4000) }
 
 func TestHostileCPUBombPickle(t *testing.T) { attackCPUBomb(t, startAttacked(t), 5000) }

@@ -17,12 +17,15 @@ import (
 // must leave its slots to it until its lock's TTL, so no other worker is
 // given those bytes and its late copy lands nowhere that is served.
 
-// dropInstance drops instance id by one of the drop paths; c is another
-// peer's connection.
-func dropInstance(t *testing.T, srv *harness.Server, how string, id int64, model string) {
+// dropInstance drops worker w's instance by one of the drop paths. The ZMQ
+// UNREGISTER comes from w's own connection (a worker shutting down while
+// another of its threads copies): from another peer it is refused while w
+// is alive.
+func dropInstance(t *testing.T, srv *harness.Server, how string, w *gworker) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
+	id, model := w.id, w.model
 	switch how {
 	case "register id reuse":
 		// Another peer registers the same id (a new worker reusing a PID).
@@ -31,23 +34,23 @@ func dropInstance(t *testing.T, srv *harness.Server, how string, id int64, model
 			t.Logf("re-registration of %d from another peer: %v", id, err)
 		}
 	case "zmq unregister":
-		other := srv.Dial(t, srv.Protocol)
 		name := protocol.UnregisterKVCacheNonGPUContext
 		if _, ok := harness.Profile(t, srv.Protocol).ByName(name); !ok {
 			name = protocol.UnregisterKVCache
 		}
-		if _, err := other.Call(ctx, name, id); err != nil {
-			t.Logf("UNREGISTER of %d from another peer: %v", id, err)
+		if _, err := w.c.Call(ctx, name, id); err != nil {
+			t.Logf("UNREGISTER of %d: %v", id, err)
 		}
+		waitFor(t, 5*time.Second, fmt.Sprintf("instance %d unregistered", id), func() bool {
+			for _, c := range status(t, srv).Contexts {
+				if c.InstanceID == id {
+					return false
+				}
+			}
+			return true
+		})
 	case "http unregister":
-		resp, err := http.Post(fmt.Sprintf("http://127.0.0.1:%d/unregister?instance_id=%d", srv.HTTPPort, id), "application/json", nil)
-		if err != nil {
-			t.Fatalf("POST /unregister: %v", err)
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("POST /unregister: %s", resp.Status)
-		}
+		postUnregister(t, srv, id)
 	case "reaper":
 		waitFor(t, 20*time.Second, fmt.Sprintf("instance %d reaped", id), func() bool {
 			for _, c := range status(t, srv).Contexts {
@@ -59,6 +62,19 @@ func dropInstance(t *testing.T, srv *harness.Server, how string, id int64, model
 		})
 	default:
 		t.Fatalf("unknown drop path %q", how)
+	}
+}
+
+// postUnregister removes instance id on the operator's word.
+func postUnregister(t testing.TB, srv *harness.Server, id int64) {
+	t.Helper()
+	resp, err := http.Post(fmt.Sprintf("http://127.0.0.1:%d/unregister?instance_id=%d", srv.HTTPPort, id), "application/json", nil)
+	if err != nil {
+		t.Fatalf("POST /unregister: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("POST /unregister: %s", resp.Status)
 	}
 }
 
@@ -98,7 +114,7 @@ func TestHostileDropDuringStore(t *testing.T) {
 			if err := a.write(half, da); err != nil {
 				t.Fatal(err) // half of A's copy is done when it is dropped
 			}
-			dropInstance(t, srv, how, a.id, a.model)
+			dropInstance(t, srv, how, a)
 
 			c := newWorker(t, srv.Dial(t, srv.Protocol), base+2, "drop-store", false)
 			tc, dc := tokensFor(int(base)+2, 2, c.chunk), seqData(int(base)+2, 2, c.chunkBytes)
@@ -165,7 +181,7 @@ func TestHostileDropDuringRetrieve(t *testing.T) {
 			}
 			// The scheduler is done with the lookup: only R's hold keeps X.
 			_, _ = r.c.Call(ctx, protocol.EndSession, "drop-rx")
-			dropInstance(t, srv, how, r.id, r.model)
+			dropInstance(t, srv, how, r)
 			if how == "register id reuse" || how == "reaper" {
 				// W is silent while the reaper runs; it comes back as a new worker.
 				w = newWorker(t, srv.Dial(t, srv.Protocol), base+3, "drop-read", false)

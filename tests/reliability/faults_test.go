@@ -14,7 +14,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"kvdock/core/protocol"
 	"kvdock/tests/harness"
 )
 
@@ -72,18 +71,18 @@ func TestWorkerKilledBetweenPrepareAndCommitStore(t *testing.T) {
 	if n, err := lookup(context.Background(), c, "faults-model", toks, "l-after"); err != nil || n != 0 {
 		t.Fatalf("garbage of a dead worker published: %d hits, %v", n, err)
 	}
-	// A second dead writer, reclaimed at once by UNREGISTER (what a
-	// restarted worker or an operator sends) rather than by the TTL.
+	// A second dead writer, removed by the operator: its garbage is never
+	// published, and its slots come back at the write TTL (a dropped
+	// worker may still be copying), not before.
 	killedWorker(t, srv, "die_mid_store", map[string]any{"instance_id": 503, "seed": 78, "chunks": 2})
 	if p := status(t, srv).Pool; p.WriteLocked != 2 {
 		t.Fatalf("write locks of the second dead worker: %d, want 2", p.WriteLocked)
 	}
-	if _, err := c.Call(context.Background(), protocol.UnregisterKVCache, int64(503)); err != nil {
-		t.Fatal(err)
-	}
-	if p := status(t, srv).Pool; p.WriteLocked != 0 || p.UsedBytes != base.UsedBytes || p.Objects != base.Objects {
-		t.Fatalf("after UNREGISTER of the dead writer: %+v", p)
-	}
+	postUnregister(t, srv, 503)
+	waitFor(t, 10*time.Second, "the removed writer's reservation reclaimed by the TTL", func() bool {
+		p := status(t, srv).Pool
+		return p.WriteLocked == 0 && p.UsedBytes == base.UsedBytes && p.Objects == base.Objects
+	})
 	if n, err := lookup(context.Background(), c, "faults-model", pyTokens(78, 2*16), "l-unreg"); err != nil || n != 0 {
 		t.Fatalf("garbage of an unregistered dead worker published: %d hits, %v", n, err)
 	}
@@ -105,8 +104,8 @@ func TestWorkerKilledBetweenPrepareAndCommitStore(t *testing.T) {
 }
 
 // TestWorkerKilledBetweenPrepareAndCommitRetrieve: the read locks of a dead
-// reader are reset by the read TTL (SHM) or released on UNREGISTER
-// (pickle), the chunks stay correct and evictable.
+// reader are reset by the read TTL, whether it is left alone (SHM) or
+// removed by the operator (pickle); the chunks stay correct and evictable.
 func TestWorkerKilledBetweenPrepareAndCommitRetrieve(t *testing.T) {
 	srv := harness.Start(t, "--chunk-size", "16", "--l1-read-ttl-seconds", "4")
 	c := srv.Dial(t, srv.Protocol)
@@ -131,13 +130,7 @@ func TestWorkerKilledBetweenPrepareAndCommitRetrieve(t *testing.T) {
 				t.Fatalf("read locks while the reader is dead: %d, want 2", p.ReadLocked)
 			}
 			if tc.pickle {
-				// A restarted worker (or an operator) unregisters the dead instance.
-				if _, err := c.Call(context.Background(), protocol.UnregisterKVCache, int64(tc.id)); err != nil {
-					t.Fatal(err)
-				}
-				if p := status(t, srv).Pool; p.ReadLocked != 0 {
-					t.Fatalf("read locks after UNREGISTER: %d", p.ReadLocked)
-				}
+				postUnregister(t, srv, int64(tc.id))
 			}
 			waitFor(t, 10*time.Second, "read locks reclaimed", func() bool {
 				p := status(t, srv).Pool

@@ -116,7 +116,7 @@ func (m *Module) PrepareStore(k protocol.Key, id int64) (protocol.PrepareStoreRe
 	if m.closed || m.instances[id] != inst {
 		m.mu.Unlock()
 		m.pool.AbortWrite(res)
-		return protocol.PrepareStoreResponse{}, fmt.Errorf("prepare store: instance %d unregistered meanwhile", id)
+		return protocol.PrepareStoreResponse{}, fmt.Errorf("prepare store: instance %d went away meanwhile: %w", id, ErrNotRegistered)
 	}
 	if m.writes[pk] != nil {
 		// A concurrent prepare of the same transfer won: as above.
@@ -647,7 +647,7 @@ func (m *Module) prepareRetrieve(k protocol.Key, id int64, encode func(ts []torc
 		if m.closed || m.instances[id] != inst {
 			m.mu.Unlock()
 			m.pool.ReleaseRead(found)
-			return protocol.PrepareRetrieveResponse{}, fmt.Errorf("prepare retrieve: instance %d unregistered meanwhile", id)
+			return protocol.PrepareRetrieveResponse{}, fmt.Errorf("prepare retrieve: instance %d went away meanwhile: %w", id, ErrNotRegistered)
 		}
 		resp := protocol.PrepareRetrieveResponse{Success: true, Slots: slots, GroupIDs: groupIDs}
 		inst.retrieves++
