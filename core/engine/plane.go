@@ -142,26 +142,26 @@ func shmNameSource(src map[string]settings.Source) string {
 }
 
 // buildPlane is upstream's context construction plus _build_modules: the pool
-// under the segment the seed decision names, then the modules, which read the
-// server settings themselves.
+// carrying out the seed plan (PlanSegment, made once here), then the modules,
+// which read the server settings themselves but take the SHM decision from
+// the pool.
 func (e *Engine) buildPlane(cfg settings.Config) (*plane, error) {
 	if cfg.Server.TransferMode != "non_gpu" {
 		return nil, fmt.Errorf("transfer mode %q is not served: kvdock serves non-GPU workers only (CUDA IPC transfer needs LMCache's own server)", cfg.Server.TransferMode)
 	}
-	segment, reason := nongpu.PlanSegment(cfg.Server, cfg.L1, e.opts.PID, shmNameSource(e.sources))
+	plan := nongpu.PlanSegment(cfg.Server, cfg.L1, e.opts.PID, shmNameSource(e.sources))
 	est := whatif.New(whatif.Options{PoolBytes: cfg.L1.SizeBytes()})
 	pool, err := l1.Open(l1.Options{
-		Size:        cfg.L1.SizeBytes(),
-		Align:       int64(cfg.L1.AlignBytes),
-		Segment:     segment,
-		NoShmReason: reason,
-		Prefault:    cfg.L1.Prefault,
-		WriteTTL:    time.Duration(cfg.L1.WriteTTLSeconds) * time.Second,
-		ReadTTL:     time.Duration(cfg.L1.ReadTTLSeconds) * time.Second,
-		Policy:      cfg.Eviction.Policy,
-		Watermark:   cfg.Eviction.TriggerWatermark,
-		Ratio:       cfg.Eviction.Ratio,
-		Logger:      e.log.With("component", "l1"),
+		Size:      cfg.L1.SizeBytes(),
+		Align:     int64(cfg.L1.AlignBytes),
+		Plan:      plan,
+		Prefault:  cfg.L1.Prefault,
+		WriteTTL:  time.Duration(cfg.L1.WriteTTLSeconds) * time.Second,
+		ReadTTL:   time.Duration(cfg.L1.ReadTTLSeconds) * time.Second,
+		Policy:    cfg.Eviction.Policy,
+		Watermark: cfg.Eviction.TriggerWatermark,
+		Ratio:     cfg.Eviction.Ratio,
+		Logger:    e.log.With("component", "l1"),
 
 		ReadCapRefused: func(reason string) {
 			e.events.add(EventKind(workers.EventNoSpace), slog.LevelWarn, "lookup locks refused: "+reason)

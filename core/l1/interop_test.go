@@ -18,7 +18,7 @@ import (
 // exit), writes at the offset ReserveWrite chose and reads what Go wrote.
 func TestPythonAttachesSegment(t *testing.T) {
 	name := fmt.Sprintf("%skvdocktest_%d_%08x", SegmentPrefix, os.Getpid(), rand.Uint32())
-	p, err := Open(Options{Size: 4 << 20, Segment: name})
+	p, err := Open(Options{Size: 4 << 20, Plan: Decision{Segment: name}})
 	if err != nil {
 		t.Fatal(err)
 	}

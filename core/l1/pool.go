@@ -141,10 +141,12 @@ type Decision = segment.Decision
 // Options configures a Pool. Zero values take the defaults above.
 type Options struct {
 	Size, Align int64
-	// Segment is the shared-memory name (normalised); "" = anonymous memory.
-	Segment string
-	// NoShmReason is the Decision reason when Segment is "".
-	NoShmReason string
+	// Plan is the seed decision this pool carries out, made once from the
+	// settings before the pool exists: Plan.Segment is the shared segment to
+	// create (normalised), "" = anonymous memory because of Plan.Reason.
+	// Open checks that the segment fits the shared-memory directory;
+	// Pool.Decision is the outcome, the one value read after Open.
+	Plan Decision
 	// ShmDir is the shared-memory directory; "" = /dev/shm.
 	ShmDir string
 	// Prefault populates the pages in the background after Open.
@@ -347,8 +349,8 @@ func Open(opts Options) (*Pool, error) {
 		return nil, err
 	}
 	seg, err := segment.Open(segment.Options{
-		Name:        opts.Segment,
-		NoShmReason: opts.NoShmReason,
+		Name:        opts.Plan.Segment,
+		NoShmReason: opts.Plan.Reason,
 		Dir:         opts.ShmDir,
 		Size:        opts.Size,
 		Prefault:    opts.Prefault,

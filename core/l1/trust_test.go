@@ -215,7 +215,7 @@ func TestCloseWaitsForViews(t *testing.T) {
 		if round%2 == 1 {
 			seg = fmt.Sprintf("%skvdocktest_%d_%08x", SegmentPrefix, os.Getpid(), rand.Uint32())
 		}
-		p, err := Open(Options{Size: 1 << 20, Segment: seg})
+		p, err := Open(Options{Size: 1 << 20, Plan: Decision{Segment: seg}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -254,7 +254,7 @@ func TestCloseWaitsForViews(t *testing.T) {
 // and the flock are released, so the segment can be created again.
 func TestCloseDetachesWhenViewsStayOut(t *testing.T) {
 	name := fmt.Sprintf("%skvdocktest_%d_%08x", SegmentPrefix, os.Getpid(), rand.Uint32())
-	p, err := Open(Options{Size: 1 << 20, Segment: name})
+	p, err := Open(Options{Size: 1 << 20, Plan: Decision{Segment: name}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -269,7 +269,7 @@ func TestCloseDetachesWhenViewsStayOut(t *testing.T) {
 	if _, err := os.Stat(filepath.Join("/dev/shm", name)); !os.IsNotExist(err) {
 		t.Fatalf("segment name kept: %v", err)
 	}
-	q, err := Open(Options{Size: 1 << 20, Segment: name})
+	q, err := Open(Options{Size: 1 << 20, Plan: Decision{Segment: name}})
 	if err != nil {
 		t.Fatalf("reopen after detach: %v", err)
 	}

@@ -90,7 +90,7 @@ type modelWorld struct {
 func newModelWorld(t *testing.T, seed uint64, seg string) *modelWorld {
 	w := &modelWorld{t: t, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), clk: fakeclock.New(), drops: map[string]int{}}
 	pool, err := l1.Open(l1.Options{
-		Size: modelPool * chunkBytes, Align: 64, Segment: seg,
+		Size: modelPool * chunkBytes, Align: 64, Plan: l1.Decision{Segment: seg},
 		WriteTTL: modelWTTL, ReadTTL: modelRTTL, Policy: "LRU",
 		Watermark: 0.8, Ratio: 0.2, Now: w.clk.Now, OwnerLockShare: 1, TotalLockShare: 1,
 	})

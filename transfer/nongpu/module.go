@@ -5,8 +5,10 @@
 // tensors (PICKLE), and serves the prepare/commit store and retrieve requests
 // of both strategies (spec 4.4–4.8).
 //
-// It also owns the --shm-name decision of the seed (PlanSegment, PoolInfo):
-// the segment advertised at registration is always the one that exists.
+// It also owns the --shm-name decision of the seed: PlanSegment makes it
+// once, l1.Open carries it out, and the module advertises the pool's final
+// Decision (PoolInfo), so the segment advertised at registration is always
+// the one that exists.
 //
 // Compared with upstream the wire answers are the same, but clean-up is
 // stricter: pending SHM writes are never published half-written on
@@ -212,7 +214,8 @@ type Module struct {
 
 // New builds the module from the engine's dependencies and the server and L1
 // settings, passed through unchanged. The advertised pool info is computed
-// once, here, from server.ShmName and the pool's actual decision.
+// once, here, from the pool's Decision alone: server.ShmName was spent on
+// the plan the pool carried out (PlanSegment) and is not read again.
 func New(deps Deps, server settings.ServerConfig, l1cfg settings.L1Config) (*Module, error) {
 	if deps.Pool == nil || deps.Keys == nil || deps.Layouts == nil {
 		return nil, errors.New("nongpu: Deps needs Pool, Keys and Layouts")
@@ -233,7 +236,7 @@ func New(deps Deps, server settings.ServerConfig, l1cfg settings.L1Config) (*Mod
 		emit:      deps.Events,
 		published: deps.Published,
 		now:       deps.Now,
-		info:      PoolInfo(server, deps.Pool.Decision()),
+		info:      PoolInfo(deps.Pool.Decision()),
 		seed:      maphash.MakeSeed(),
 		maxBytes:  server.MaxMessageBytes,
 		instances: make(map[int64]*instance),

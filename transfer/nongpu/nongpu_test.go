@@ -49,7 +49,7 @@ func view(t testing.TB, p *l1.Pool, off, n int64) []byte {
 func openPool(t *testing.T, segment string, size int64, clk *fakeclock.Clock) *l1.Pool {
 	t.Helper()
 	p, err := l1.Open(l1.Options{
-		Size: size, Align: 64, Segment: segment, NoShmReason: "test: anonymous pool",
+		Size: size, Align: 64, Plan: l1.Decision{Segment: segment, Reason: "test: anonymous pool"},
 		WriteTTL: 600 * time.Second, ReadTTL: 300 * time.Second, Policy: "LRU",
 		Watermark: 0.8, Ratio: 0.2, Now: clk.Now,
 	})
@@ -219,12 +219,15 @@ func TestPlanSegment(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			seg, reason := PlanSegment(settings.ServerConfig{ShmName: c.shm}, c.l1, 4242, c.source)
-			if seg != c.want {
-				t.Errorf("segment = %q, want %q", seg, c.want)
+			d := PlanSegment(settings.ServerConfig{ShmName: c.shm}, c.l1, 4242, c.source)
+			if d.Segment != c.want {
+				t.Errorf("segment = %q, want %q", d.Segment, c.want)
 			}
-			if !strings.Contains(reason, c.wantReason) {
-				t.Errorf("reason = %q, want it to contain %q", reason, c.wantReason)
+			if d.Shared || d.Size != 0 {
+				t.Errorf("plan %+v claims an outcome: only l1.Open knows whether the segment exists", d)
+			}
+			if !strings.Contains(d.Reason, c.wantReason) {
+				t.Errorf("reason = %q, want it to contain %q", d.Reason, c.wantReason)
 			}
 		})
 	}
@@ -233,21 +236,21 @@ func TestPlanSegment(t *testing.T) {
 func TestPoolInfoFromDecision(t *testing.T) {
 	shared := l1.Decision{Segment: "lmcache_l1_pool_9", Size: 1 << 20, Shared: true, Reason: "shared"}
 	anon := l1.Decision{Size: 1 << 20, Reason: "/dev/shm has 60 MiB free, pool needs 1 GiB"}
+	off := l1.Decision{Size: 1 << 20, Reason: `--shm-name "" given (on the command line)`}
 	cases := []struct {
 		name string
-		shm  *string
 		d    l1.Decision
 		want workers.Info
 	}{
-		{"auto shared", nil, shared, workers.Info{ShmName: "lmcache_l1_pool_9", PoolSize: 1 << 20, Reason: "shared"}},
-		{"auto fallback", nil, anon, workers.Info{Reason: anon.Reason}},
-		{"off with shared pool", strptr(""), shared, workers.Info{Reason: `--shm-name "" given: SHM off, pickle for every worker`}},
-		{"name but capacity fallback", strptr("foo"), anon, workers.Info{Reason: anon.Reason}},
-		{"name", strptr("foo"), l1.Decision{Segment: "lmcache_l1_pool_foo", Size: 4096, Shared: true}, workers.Info{ShmName: "lmcache_l1_pool_foo", PoolSize: 4096, Reason: "shared segment lmcache_l1_pool_foo (4096 bytes)"}},
+		{"shared", shared, workers.Info{ShmName: "lmcache_l1_pool_9", PoolSize: 1 << 20, Reason: "shared"}},
+		{"capacity fallback", anon, workers.Info{Reason: anon.Reason}},
+		{"off", off, workers.Info{Reason: off.Reason}},
+		{"planned, not created", l1.Decision{Segment: "lmcache_l1_pool_foo", Reason: "--shm-name foo given"}, workers.Info{Reason: "--shm-name foo given"}},
+		{"no reason", l1.Decision{Segment: "lmcache_l1_pool_foo", Size: 4096, Shared: true}, workers.Info{ShmName: "lmcache_l1_pool_foo", PoolSize: 4096, Reason: "shared segment lmcache_l1_pool_foo (4096 bytes)"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			got := PoolInfo(settings.ServerConfig{ShmName: c.shm}, c.d)
+			got := PoolInfo(c.d)
 			if got != c.want {
 				t.Errorf("PoolInfo = %+v, want %+v", got, c.want)
 			}
@@ -255,16 +258,17 @@ func TestPoolInfoFromDecision(t *testing.T) {
 	}
 }
 
-// seedCase runs the seed wiring: the same server settings go to PlanSegment,
-// l1.Open and the module; the registration reply is what the pool created.
+// seedCase runs the seed wiring: PlanSegment turns the settings into the
+// plan, l1.Open carries it out and the module advertises the pool's
+// Decision; the registration reply is what the pool created.
 func seedCase(t *testing.T, server settings.ServerConfig, l1cfg settings.L1Config) (protocol.RegisterResponse, *l1.Pool, *Module) {
 	t.Helper()
 	clk := fakeclock.New()
-	seg, reason := PlanSegment(server, l1cfg, os.Getpid(), "on the command line")
-	pool, err := l1.Open(l1.Options{Size: 1 << 20, Align: 64, Segment: seg, NoShmReason: reason,
+	plan := PlanSegment(server, l1cfg, os.Getpid(), "on the command line")
+	pool, err := l1.Open(l1.Options{Size: 1 << 20, Align: 64, Plan: plan,
 		WriteTTL: time.Minute, ReadTTL: time.Minute, Policy: "LRU", Watermark: 0.8, Ratio: 0.2, Now: clk.Now})
 	if err != nil {
-		t.Fatalf("l1.Open(%q): %v", seg, err)
+		t.Fatalf("l1.Open(%q): %v", plan.Segment, err)
 	}
 	t.Cleanup(func() { pool.Close() })
 	h, _ := keys.NewHasher(testChunk, "blake3")
@@ -314,11 +318,58 @@ func TestSeedNotSetEager(t *testing.T) {
 	}
 }
 
-func TestSeedEmptyOverridesSharedPool(t *testing.T) {
-	// A valid shared pool exists, but --shm-name "" forces pickle.
+func TestSeedNamedCapacityFallback(t *testing.T) {
+	// The plan names a segment; the capacity check in l1.Open fails; the
+	// module advertises the outcome, never the planned name.
+	clk := fakeclock.New()
+	plan := PlanSegment(settings.ServerConfig{ShmName: strptr(uniqueName(t))}, settings.L1Config{}, os.Getpid(), "")
+	pool, err := l1.Open(l1.Options{Size: 1 << 20, Align: 64, Plan: plan, Now: clk.Now,
+		Statfs: func(string) (int64, error) { return 4096, nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	h, _ := keys.NewHasher(testChunk, "blake3")
+	mod, err := New(Deps{Pool: pool, Keys: keys.NewSessions(h, time.Hour, clk.Now), Layouts: layout.NewRegistry(), Now: clk.Now},
+		settings.ServerConfig{ShmName: strptr(plan.Segment), ChunkSize: testChunk}, settings.L1Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mod.Close()
+	info := mod.PoolInfo()
+	if info.ShmName != "" || info.PoolSize != 0 || !strings.Contains(info.Reason, "pool needs") {
+		t.Fatalf("advertised %+v, want {\"\", 0} with the capacity reason", info)
+	}
+	if _, err := os.Stat(filepath.Join("/dev/shm", plan.Segment)); !os.IsNotExist(err) {
+		t.Fatalf("planned segment %s exists after the fallback: %v", plan.Segment, err)
+	}
+}
+
+func TestSeedEmptyMakesNoSegment(t *testing.T) {
+	// An eager pool /dev/shm could hold, but --shm-name "" plans none: no
+	// segment is created and every worker gets pickle.
+	resp, pool, mod := seedCase(t, settings.ServerConfig{ShmName: strptr("")}, settings.L1Config{})
+	if resp != (protocol.RegisterResponse{}) {
+		t.Fatalf("Register = %+v; want {\"\", 0}", resp)
+	}
+	if d := pool.Decision(); d.Shared || d.Segment != "" || !strings.Contains(d.Reason, `--shm-name "" given (on the command line)`) {
+		t.Fatalf("pool decision %+v, want anonymous because of --shm-name \"\"", d)
+	}
+	if _, err := os.Stat(filepath.Join("/dev/shm", fmt.Sprintf("lmcache_l1_pool_%d", os.Getpid()))); !os.IsNotExist(err) {
+		t.Fatalf("--shm-name \"\" left a default segment: %v", err)
+	}
+	if c := mod.Contexts(); c[0].Mode != workers.ModePickle || !strings.Contains(c[0].Reason, `--shm-name ""`) {
+		t.Fatalf("context %+v, want PICKLE with the --shm-name \"\" reason", c[0])
+	}
+}
+
+func TestModuleAdvertisesThePoolNotTheSetting(t *testing.T) {
+	// The module takes the pool's Decision only: server.ShmName was spent on
+	// the plan, so a setting that disagrees with the pool changes nothing.
 	clk := fakeclock.New()
 	pool := openPool(t, l1.NormalizeName(uniqueName(t)), 1<<20, clk)
-	if !pool.Decision().Shared {
+	d := pool.Decision()
+	if !d.Shared {
 		t.Fatal("test pool should be shared")
 	}
 	h, _ := keys.NewHasher(testChunk, "blake3")
@@ -329,11 +380,8 @@ func TestSeedEmptyOverridesSharedPool(t *testing.T) {
 	}
 	defer mod.Close()
 	resp, err := mod.Register(payload(1))
-	if err != nil || resp != (protocol.RegisterResponse{}) {
-		t.Fatalf("Register = %+v, %v; want {\"\", 0}", resp, err)
-	}
-	if c := mod.Contexts(); c[0].Mode != workers.ModePickle {
-		t.Fatalf("mode %s, want PICKLE", c[0].Mode)
+	if err != nil || resp.ShmName != d.Segment || resp.PoolSize != d.Size {
+		t.Fatalf("Register = %+v, %v; want the pool's segment %s", resp, err, d.Segment)
 	}
 }
 

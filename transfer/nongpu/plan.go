@@ -9,27 +9,30 @@ import (
 	"kvdock/settings"
 )
 
-// PlanSegment is the seed decision made before the pool exists: the segment
-// name the engine should ask core/l1 to create ("" = anonymous pool) and why.
+// PlanSegment is the seed decision, made once before the pool exists, from
+// server.shm_name and the L1 settings: the segment l1.Open is to create
+// (Segment, normalised; "" = anonymous memory) and why (Reason). l1.Open
+// carries the plan out and completes it with what it mapped, the capacity
+// check's fallback included; that final Decision is all PoolInfo reads.
 // shmNameSource says where a given --shm-name came from ("on the command
 // line", "by KVDOCK_SHM_NAME", "in <file>:<line>"); it is only used in reasons.
-func PlanSegment(server settings.ServerConfig, l1cfg settings.L1Config, pid int, shmNameSource string) (segment, reason string) {
+func PlanSegment(server settings.ServerConfig, l1cfg settings.L1Config, pid int, shmNameSource string) l1.Decision {
 	if server.ShmName == nil {
 		if l1cfg.UseLazy {
-			return "", "l1.use_lazy is on: a lazy pool cannot be shared"
+			return l1.Decision{Reason: "l1.use_lazy is on: a lazy pool cannot be shared"}
 		}
 		seg := l1.SegmentPrefix + strconv.Itoa(pid)
-		return seg, fmt.Sprintf("--shm-name not set: default segment %s for server pid %d", seg, pid)
+		return l1.Decision{Segment: seg, Reason: fmt.Sprintf("--shm-name not set: default segment %s for server pid %d", seg, pid)}
 	}
 	name := *server.ShmName
 	if name == "" {
-		return "", fmt.Sprintf("--shm-name \"\" given%s", sourceSuffix(shmNameSource))
+		return l1.Decision{Reason: fmt.Sprintf("--shm-name \"\" given%s", sourceSuffix(shmNameSource))}
 	}
 	seg := l1.NormalizeName(name)
 	if seg == name {
-		return seg, fmt.Sprintf("--shm-name %s given%s", name, sourceSuffix(shmNameSource))
+		return l1.Decision{Segment: seg, Reason: fmt.Sprintf("--shm-name %s given%s", name, sourceSuffix(shmNameSource))}
 	}
-	return seg, fmt.Sprintf("--shm-name %s given%s, normalised to %s", name, sourceSuffix(shmNameSource), seg)
+	return l1.Decision{Segment: seg, Reason: fmt.Sprintf("--shm-name %s given%s, normalised to %s", name, sourceSuffix(shmNameSource), seg)}
 }
 
 func sourceSuffix(source string) string {
@@ -39,20 +42,12 @@ func sourceSuffix(source string) string {
 	return " (" + source + ")"
 }
 
-// PoolInfo is what registration advertises given the server settings and the
-// pool that was actually built. The advertised name is always the segment that
-// exists: an explicit --shm-name "" advertises nothing even when the pool
-// happens to be shared; otherwise the pool's own decision is advertised when
-// it is shared, and {"", 0} with the pool's reason (lazy pool, /dev/shm too
-// small, …) when it is not.
-func PoolInfo(server settings.ServerConfig, d l1.Decision) workers.Info {
-	if server.ShmName != nil && *server.ShmName == "" {
-		reason := "--shm-name \"\" given: SHM off, pickle for every worker"
-		if !d.Shared && d.Reason != "" {
-			reason = d.Reason
-		}
-		return workers.Info{Reason: reason}
-	}
+// PoolInfo is what registration advertises for the pool's final decision
+// (the plan as l1.Open carried it out): the segment when it exists and is
+// shared, so the advertised segment is always the one that exists;
+// otherwise {"", 0} with the decision's reason (--shm-name "", lazy pool,
+// /dev/shm too small, …).
+func PoolInfo(d l1.Decision) workers.Info {
 	if d.Shared && d.Segment != "" && d.Size > 0 {
 		reason := d.Reason
 		if reason == "" {

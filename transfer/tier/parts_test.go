@@ -112,7 +112,7 @@ func TestWriteBehindPartsDiscardedWhenHoldEnds(t *testing.T) {
 	var now atomic.Int64
 	now.Store(time.Now().UnixNano())
 	p, err := l1.Open(l1.Options{
-		Size: 4 * lay.Bytes, Align: 64, NoShmReason: "test: anonymous pool",
+		Size: 4 * lay.Bytes, Align: 64, Plan: l1.Decision{Reason: "test: anonymous pool"},
 		WriteTTL: 600 * time.Second, ReadTTL: 10 * time.Second, Policy: "LRU",
 		Watermark: 0.8, Ratio: 0.2, Now: func() time.Time { return time.Unix(0, now.Load()) },
 	})

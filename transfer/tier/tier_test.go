@@ -180,7 +180,7 @@ func openPool(t *testing.T, size int64) *l1.Pool {
 func openPoolB(t testing.TB, size int64) *l1.Pool {
 	t.Helper()
 	p, err := l1.Open(l1.Options{
-		Size: size, Align: 64, NoShmReason: "test: anonymous pool",
+		Size: size, Align: 64, Plan: l1.Decision{Reason: "test: anonymous pool"},
 		WriteTTL: 600 * time.Second, ReadTTL: 300 * time.Second, Policy: "LRU",
 		Watermark: 0.8, Ratio: 0.2,
 	})

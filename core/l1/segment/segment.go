@@ -107,7 +107,11 @@ type Options struct {
 	afterLock func(path string)
 }
 
-// Decision says which memory backs the pool and why.
+// Decision says which memory backs the pool and why. It is first the plan
+// made from the settings (Segment to create, "" = anonymous memory, and
+// Reason; the rest zero), then, as Segment.Decision, the outcome of Open:
+// the segment exists and Shared is set, or the memory is anonymous with the
+// plan's reason or the fallback's (capacity check, reservation failure).
 type Decision struct {
 	Segment string // segment name; "" when anonymous
 	Size    int64  // bytes mapped

@@ -79,7 +79,7 @@ func chunkPath(tr *Tier, k keys.ObjectKey, lay layout.Layout) string {
 func hostilePool(t *testing.T, size int64) *l1.Pool {
 	t.Helper()
 	p, err := l1.Open(l1.Options{
-		Size: size, Align: 64, NoShmReason: "test: anonymous pool",
+		Size: size, Align: 64, Plan: l1.Decision{Reason: "test: anonymous pool"},
 		WriteTTL: 600 * time.Second, ReadTTL: 300 * time.Second, Policy: "LRU",
 		Watermark: 0.8, Ratio: 0.2,
 	})
