@@ -5,7 +5,8 @@
 // least recently used first, and watches the connection: a failure marks the
 // tier down with the reason, calls then fail at once instead of waiting on a
 // dead server, and a background probe with exponential backoff brings the
-// tier back up by itself. The write-behind's values go out through
+// tier back up by itself. While up, a PING every few seconds checks the
+// server also when no call touches the tier. The write-behind's values go out through
 // connections of the tier's own, streamed a piece at a time from their L1
 // bytes (stream.go). The password never appears in a log line, an error or
 // the snapshot.
@@ -39,9 +40,17 @@ const (
 	// connWriteTimeout bounds a write to a connection and how long a
 	// connection may go without an answer before the client drops it.
 	connWriteTimeout = 30 * time.Second
-	backoffMin       = 50 * time.Millisecond
-	backoffMax       = 5 * time.Second
-	hasBatch         = 128 // EXISTS per pipeline round trip
+	// healthEvery spaces the PINGs that check an up tier's server, so a
+	// server that dies while nothing touches the tier shows down within
+	// seconds rather than at the next call.
+	healthEvery = 2 * time.Second
+	// pingPatience is how long a health PING may go unanswered before the
+	// tier is marked down: a server that long silent misses every
+	// lookup's load timeout anyway.
+	pingPatience = 3 * time.Second
+	backoffMin   = 50 * time.Millisecond
+	backoffMax   = 5 * time.Second
+	hasBatch     = 128 // EXISTS per pipeline round trip
 	// maxValueBytes is the largest value written: Redis's and Valkey's
 	// default proto-max-bulk-len (512 MB).
 	maxValueBytes = 512 << 20
@@ -96,9 +105,9 @@ type Tier struct {
 
 	streams *streams // the write-behind's SET connections (PutParts)
 
-	// bg is the context of the background refreshes (refreshAbsent), ended
-	// by Close, which then waits for them (refreshes; Add under mu, only
-	// while not closed).
+	// bg is the context of the background calls (refreshAbsent, the health
+	// PING), ended by Close, which then waits for them (refreshes; Add
+	// under mu, only while not closed).
 	bg        context.Context
 	stopBg    context.CancelFunc
 	refreshes sync.WaitGroup
@@ -119,6 +128,8 @@ type Tier struct {
 	// legal is the longest value length this process wrote or asked for,
 	// the bound of a Get (read.go); 0 until there is one.
 	legal atomic.Int64
+	// pinging is set while a health PING is under way (healthPing).
+	pinging atomic.Bool
 }
 
 // redirectSeen is a redirect answered by the node at from, to the node at to.
@@ -739,15 +750,34 @@ func (t *Tier) setState(s tierstate.State, reason string) {
 	}
 }
 
-// monitor probes a down server with exponential backoff until it answers.
+// monitor PINGs the server every healthEvery while the tier is up, so a
+// server that dies while no call touches it shows down within seconds, and
+// probes a down server with exponential backoff until it answers.
 func (t *Tier) monitor() {
 	defer close(t.done)
+	health := time.NewTicker(healthEvery)
+	defer health.Stop()
+	var answer <-chan error // the health PING under way; nil when none
+	var asked time.Time
 	for {
 		select {
 		case <-t.stop:
 			return
+		case err := <-answer:
+			answer = nil
+			t.healthAnswered(err)
+			continue
+		case <-health.C:
+			switch {
+			case answer == nil:
+				answer, asked = t.healthPing(), time.Now()
+			case time.Since(asked) >= pingPatience:
+				t.setState(tierstate.Down, fmt.Sprintf("health check: no answer to a PING in %v", time.Since(asked).Round(time.Second)))
+			}
+			continue
 		case <-t.wake:
 		}
+		answer = nil // the probe's answers are the ones that count now
 		wait := backoffMin
 		for {
 			// Jitter keeps many hosts from probing a restarted server in step.
@@ -766,6 +796,51 @@ func (t *Tier) monitor() {
 			wait = min(wait*2, backoffMax)
 		}
 	}
+}
+
+// healthPing PINGs every node through the small commands' client (whose
+// replies never wait behind a value) in the background and returns where
+// the outcome will be sent; nil when the tier is down or closing (the probe
+// has it) or the last health PING has not ended yet. The PING gets the
+// deadline of any call, not a short one: valkey-go answers a deadline
+// ending mid-call by closing the connection the lookups share; the monitor
+// instead gives up waiting after pingPatience.
+func (t *Tier) healthPing() <-chan error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	c := t.client
+	if c == nil || t.state == tierstate.Down || t.closed || !t.pinging.CompareAndSwap(false, true) {
+		return nil
+	}
+	t.refreshes.Add(1) // Close waits for it
+	out := make(chan error, 1)
+	go func() {
+		defer t.refreshes.Done()
+		defer t.pinging.Store(false)
+		ctx, cancel := context.WithTimeout(t.bg, callTimeout)
+		defer cancel()
+		for addr, node := range c.small.Nodes() {
+			if err := node.Do(ctx, node.B().Ping().Build()).Error(); err != nil {
+				out <- fmt.Errorf("ping %s: %w", addr, err)
+				return
+			}
+		}
+		out <- nil
+	}()
+	return out
+}
+
+// healthAnswered acts on a health PING's outcome: an error marks the tier
+// down (an error reply, as fail reads it).
+func (t *Tier) healthAnswered(err error) {
+	if err == nil || t.bg.Err() != nil {
+		return
+	}
+	if _, reply := serverErr(err); reply {
+		_ = t.fail(context.Background(), "health check", err)
+		return
+	}
+	t.setState(tierstate.Down, "health check: "+t.clean(err).Error())
 }
 
 // probe PINGs every node (making the client first when Open could not)
