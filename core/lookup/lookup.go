@@ -165,12 +165,13 @@ type Module struct {
 	order *list.List // of *job, oldest first
 	bytes int64      // sum of job.cost over jobs
 
-	lookups, earlyExits, failures          atomic.Int64
-	reqTokens, reqChunks, hitChunks, hitTk atomic.Int64
-	replaced, expired, evicted, answered   atomic.Int64
-	freedKeys, touchedKeys                 atomic.Int64
-	tierHits, tierJobs, tierSkipped        atomic.Int64
-	models                                 models
+	// work counts the workers' lookups, bench the benchmark's (IsBench).
+	work, bench                          traffic
+	replaced, expired, evicted, answered atomic.Int64
+	freedKeys, touchedKeys               atomic.Int64
+	tierJobs, tierSkipped                atomic.Int64
+	models                               models
+	unreg                                unregistered
 }
 
 type job struct {
@@ -187,6 +188,7 @@ type job struct {
 
 // Stats is a snapshot of the module's counters (lmcache_mp.lookups,
 // lookup_requested, lookup_hit, lookup_early_exit, active_prefetch_jobs).
+// The lookup figures are the workers'; benchmark traffic is in Bench.
 type Stats struct {
 	Lookups         int64 // LOOKUP calls
 	EarlyExits      int64 // lookups answered 0 without touching L1 (no layout, no full chunk)
@@ -207,6 +209,9 @@ type Stats struct {
 	TierHitChunks   int64 // chunks loaded from the tiers and reported as hits
 	TierSkipped     int64 // lookups that could not start a tier phase (too many running)
 	TierRunning     int   // lookups in their tier phase now
+	// Bench is the benchmark's lookups (models named with
+	// BenchModelPrefix), left out of the figures above.
+	Bench BenchStats
 }
 
 // New returns a Module resolving keys through s, locking in store and
@@ -288,27 +293,29 @@ func ValidateTPSize(tpSize int) error {
 // query does not report a stale job) and returns the error; an invalid
 // request id records nothing.
 func (m *Module) Lookup(r keys.KeyRequest, tpSize int) error {
-	m.lookups.Add(1)
-	m.reqTokens.Add(int64(len(r.Tokens)))
+	t := m.trafficOf(r.Model)
+	t.lookups.Add(1)
+	t.reqTokens.Add(int64(len(r.Tokens)))
 	if err := keys.ValidateRequestID(r.RequestID); err != nil {
-		m.failures.Add(1)
+		t.failures.Add(1)
 		return fmt.Errorf("lookup: %w", err)
 	}
 	if err := ValidateTPSize(tpSize); err != nil {
-		m.failures.Add(1)
+		t.failures.Add(1)
 		m.put(r.RequestID, 0, false)
 		return fmt.Errorf("lookup: request %s: %w", keys.Clip(r.RequestID), err)
 	}
 	groups := m.layouts.GroupCount(r.Model, r.WorldSize)
 	if groups == 0 {
-		m.earlyExits.Add(1)
+		t.earlyExits.Add(1)
+		m.unreg.note(r.Model, r.WorldSize, m.now())
 		m.log.Debug("lookup: no layout registered", "request_id", r.RequestID, "model", keys.Clip(r.Model), "world_size", r.WorldSize)
 		m.put(r.RequestID, 0, false)
 		return nil
 	}
 	ks, err := m.sessions.LookupKeys(r)
 	if err != nil {
-		m.failures.Add(1)
+		t.failures.Add(1)
 		m.put(r.RequestID, 0, false)
 		return fmt.Errorf("lookup: %w", err)
 	}
@@ -316,15 +323,15 @@ func (m *Module) Lookup(r keys.KeyRequest, tpSize int) error {
 	// there: a store whose groups are not all committed is a miss.
 	ks = ks.WithGroups(groups)
 	if ks.Chunks() == 0 {
-		m.earlyExits.Add(1)
+		t.earlyExits.Add(1)
 		m.put(r.RequestID, 0, false)
 		return nil
 	}
-	m.reqChunks.Add(int64(ks.Chunks()))
+	t.reqChunks.Add(int64(ks.Chunks()))
 	count := 1 + ExtraCount(tpSize, r.WorldSize)
-	hit, refused := m.reservePrefix(r.RequestID, ks, count)
-	m.hitChunks.Add(int64(hit))
-	m.hitTk.Add(int64(hit * m.sessions.Hasher().ChunkSize()))
+	hit, refused := m.reservePrefix(r.RequestID, ks, count, t == &m.work)
+	t.hitChunks.Add(int64(hit))
+	t.hitTokens.Add(int64(hit * m.sessions.Hasher().ChunkSize()))
 	m.models.add(r.Model, r.WorldSize, 1, ks.Chunks(), hit, m.sessions.Hasher().ChunkSize())
 	if refused {
 		// The next chunks are in L1; a lock cap refused them, and the
@@ -391,9 +398,10 @@ func (m *Module) startTierPhase(r keys.KeyRequest, ks keys.KeySet, hit, count in
 			m.store.FinishRead(rest[:n*per], count)
 			return
 		}
-		m.tierHits.Add(int64(n))
-		m.hitChunks.Add(int64(n))
-		m.hitTk.Add(int64(n * chunk))
+		t := m.trafficOf(model)
+		t.tierHits.Add(int64(n))
+		t.hitChunks.Add(int64(n))
+		t.hitTokens.Add(int64(n * chunk))
 		m.models.add(model, ws, 0, 0, n, chunk)
 	}()
 }
@@ -403,8 +411,13 @@ func (m *Module) startTierPhase(r keys.KeyRequest, ks keys.KeySet, hit, count in
 // it locked and whether a lock cap stopped it. It asks the store lockBatch
 // chunks at a time and stops at the first miss. With a what-if estimator it
 // goes on past the miss, a batch at a time, to show it the keys a larger
-// pool might have held (no more work than a lookup that hits throughout).
-func (m *Module) reservePrefix(request string, ks keys.KeySet, count int) (int, bool) {
+// pool might have held (no more work than a lookup that hits throughout);
+// probe false (benchmark traffic) keeps the keys from the estimator.
+func (m *Module) reservePrefix(request string, ks keys.KeySet, count int, probe bool) (int, bool) {
+	est := m.whatif
+	if !probe {
+		est = nil // a nil estimator is shown nothing
+	}
 	per, batch := ks.PerChunk(), chunkBatch(ks)
 	buf := make([]keys.ObjectKey, 0, min(batch, ks.Chunks())*per)
 	hit := 0
@@ -418,7 +431,7 @@ func (m *Module) reservePrefix(request string, ks keys.KeySet, count int) (int, 
 		refused = capped
 		full := n / per
 		hit += full
-		m.whatif.Probe(&pre, buf, full*per)
+		est.Probe(&pre, buf, full*per)
 		if partial := buf[full*per : n]; len(partial) > 0 {
 			m.store.FinishRead(partial, count)
 		}
@@ -427,9 +440,9 @@ func (m *Module) reservePrefix(request string, ks keys.KeySet, count int) (int, 
 			break
 		}
 	}
-	for ; m.whatif != nil && from < ks.Chunks(); from += batch {
+	for ; est != nil && from < ks.Chunks(); from += batch {
 		buf = ks.Append(buf[:0], from, from+batch)
-		m.whatif.Probe(&pre, buf, 0)
+		est.Probe(&pre, buf, 0)
 	}
 	return hit, refused
 }
@@ -443,8 +456,9 @@ func (m *Module) classifyMisses(model string, worldSize int, ks keys.KeySet, hit
 
 // classifyMissesAs is classifyMisses with the reason of the chunks that
 // are readable: stored.
+// Benchmark traffic is not classified: the breakdown is the workers'.
 func (m *Module) classifyMissesAs(model string, worldSize int, ks keys.KeySet, hit int, tiers bool, stored misses.Reason) {
-	if m.classify == nil || hit >= ks.Chunks() {
+	if m.classify == nil || hit >= ks.Chunks() || IsBench(model) {
 		return
 	}
 	var c misses.Counts
@@ -627,14 +641,15 @@ func (m *Module) Stats() Stats {
 	m.expireLocked(now)
 	active, bytes, running := len(m.jobs), m.bytes, m.running
 	m.mu.Unlock()
+	w := &m.work
 	return Stats{
-		Lookups:         m.lookups.Load(),
-		EarlyExits:      m.earlyExits.Load(),
-		Failures:        m.failures.Load(),
-		RequestedTokens: m.reqTokens.Load(),
-		RequestedChunks: m.reqChunks.Load(),
-		HitChunks:       m.hitChunks.Load(),
-		HitTokens:       m.hitTk.Load(),
+		Lookups:         w.lookups.Load(),
+		EarlyExits:      w.earlyExits.Load(),
+		Failures:        w.failures.Load(),
+		RequestedTokens: w.reqTokens.Load(),
+		RequestedChunks: w.reqChunks.Load(),
+		HitChunks:       w.hitChunks.Load(),
+		HitTokens:       w.hitTokens.Load(),
 		ActiveJobs:      active,
 		JobBytes:        bytes,
 		AnsweredJobs:    m.answered.Load(),
@@ -644,9 +659,10 @@ func (m *Module) Stats() Stats {
 		FreedKeys:       m.freedKeys.Load(),
 		TouchedKeys:     m.touchedKeys.Load(),
 		TierJobs:        m.tierJobs.Load(),
-		TierHitChunks:   m.tierHits.Load(),
+		TierHitChunks:   w.tierHits.Load(),
 		TierSkipped:     m.tierSkipped.Load(),
 		TierRunning:     running,
+		Bench:           m.bench.bench(),
 	}
 }
 
