@@ -29,7 +29,7 @@ func kindOf(ptr any) string {
 		return "duration"
 	case **string:
 		return "optional-string"
-	case *[]map[string]any:
+	case *[]Adapter:
 		return "adapters"
 	}
 	return "unknown"
@@ -55,7 +55,7 @@ func text(ptr any) string {
 			return AutoText
 		}
 		return **p
-	case *[]map[string]any:
+	case *[]Adapter:
 		return adaptersText(*p)
 	}
 	return ""
@@ -147,12 +147,12 @@ func assign(ptr any, v any) string {
 		default:
 			return "must be a duration with a unit, such as 500ms or 2s"
 		}
-	case *[]map[string]any:
-		list, _, reason := rawAdapters(v)
+	case *[]Adapter:
+		list, reason := rawAdapters(v)
 		if reason != "" {
 			return reason
 		}
-		out, probs := checkAdapters(list, func(int, string) Source { return Source{} })
+		out, probs := checkAdapters(list, []Adapter{}, func(int, string) Source { return Source{} })
 		if len(probs) > 0 {
 			return probs[0].Key + ": " + probs[0].Reason
 		}

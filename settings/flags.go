@@ -35,7 +35,7 @@ func RegisterFlags(fs *pflag.FlagSet) {
 			}
 		case *time.Duration:
 			fs.Duration(d.flag, *p, usage)
-		case *[]map[string]any:
+		case *[]Adapter:
 			// Repeated, the flags replace the file's or env's list whole.
 			fs.StringArray(d.flag, nil, usage)
 		}

@@ -498,7 +498,7 @@ func Shown(c Config, key string) (string, error) {
 	if !ok {
 		return "", fmt.Errorf("unknown setting %q", key)
 	}
-	if p, ok := d.field(&c).(*[]map[string]any); ok {
+	if p, ok := d.field(&c).(*[]Adapter); ok {
 		return adaptersText(redactAdapters(*p)), nil
 	}
 	v := text(d.field(&c))
@@ -515,7 +515,7 @@ func Redact(c Config) Config {
 		if p, ok := d.field(&c).(*string); ok && d.secret && *p != "" {
 			*p = Redacted
 		}
-		if p, ok := d.field(&c).(*[]map[string]any); ok {
+		if p, ok := d.field(&c).(*[]Adapter); ok {
 			*p = redactAdapters(*p)
 		}
 	}

@@ -19,9 +19,9 @@ func TestL2AdapterFlagsKeepOrderAndTypes(t *testing.T) {
 		"--l2-adapter", respFlag, "--l2-adapter", fsFlag,
 		"--l2-store-policy", "none", "--l2-prefetch-max-in-flight", "3",
 		"--l2-prefetch-load-timeout", "0.5", "--l2-queue-bytes", "2097152")})
-	want := []map[string]any{
-		{"type": "resp", "host": "redis", "port": 6379},
-		{"type": "fs", "base_path": "/data/l2"},
+	want := []settings.Adapter{
+		{Type: "resp", RESP: settings.RESPAdapter{Host: "redis", Port: 6379}},
+		{Type: "fs", FS: settings.FSAdapter{BasePath: "/data/l2"}},
 	}
 	if !reflect.DeepEqual(l.Config.L2.Adapters, want) {
 		t.Fatalf("adapters = %#v\nwant %#v", l.Config.L2.Adapters, want)
@@ -43,9 +43,9 @@ func TestL2AdapterSourcesLayer(t *testing.T) {
 	env := []string{`KVDOCK_L2_ADAPTERS=[{"type": "fs", "base_path": "/env/l2"}]`}
 
 	l := mustLoad(t, settings.LoadOptions{ConfigPath: file})
-	want := []map[string]any{
-		{"type": "fs", "base_path": "/file/l2", "max_capacity_gb": 5.0},
-		{"type": "resp", "host": "r", "port": 1},
+	want := []settings.Adapter{
+		{Type: "fs", FS: settings.FSAdapter{BasePath: "/file/l2", MaxCapacityGB: 5}},
+		{Type: "resp", RESP: settings.RESPAdapter{Host: "r", Port: 1}},
 	}
 	if !reflect.DeepEqual(l.Config.L2.Adapters, want) {
 		t.Fatalf("file adapters = %#v", l.Config.L2.Adapters)
@@ -56,14 +56,14 @@ func TestL2AdapterSourcesLayer(t *testing.T) {
 
 	// The env list replaces the file's as a whole, and the flags the env's.
 	l = mustLoad(t, settings.LoadOptions{ConfigPath: file, Environ: env})
-	if len(l.Config.L2.Adapters) != 1 || l.Config.L2.Adapters[0]["base_path"] != "/env/l2" {
+	if len(l.Config.L2.Adapters) != 1 || l.Config.L2.Adapters[0].FS.BasePath != "/env/l2" {
 		t.Fatalf("env adapters = %#v", l.Config.L2.Adapters)
 	}
 	if s := l.Sources[settings.KeyAdapters]; s.Detail != "KVDOCK_L2_ADAPTERS" {
 		t.Fatalf("env source = %+v", s)
 	}
 	l = mustLoad(t, settings.LoadOptions{ConfigPath: file, Environ: env, Flags: flags(t, "--l2-adapter", respFlag)})
-	if len(l.Config.L2.Adapters) != 1 || l.Config.L2.Adapters[0]["type"] != "resp" {
+	if len(l.Config.L2.Adapters) != 1 || l.Config.L2.Adapters[0].Type != "resp" {
 		t.Fatalf("flag adapters = %#v", l.Config.L2.Adapters)
 	}
 	// An empty env array, or an empty variable, means no tiers, overriding the file.
@@ -182,8 +182,8 @@ func TestL2AdapterBounds(t *testing.T) {
 func TestL2FileStringsKeepTheirText(t *testing.T) {
 	file := writeFile(t, "l2:\n  adapters:\n    - type: resp\n      host: 10.0.0.1\n      password: 0123\n      username: true\n      key_prefix: 0x1F\n")
 	l := mustLoad(t, settings.LoadOptions{ConfigPath: file})
-	a := l.Config.L2.Adapters[0]
-	if a["password"] != "0123" || a["username"] != "true" || a["key_prefix"] != "0x1F" {
+	a := l.Config.L2.Adapters[0].RESP
+	if a.Password != "0123" || a.Username != "true" || a.KeyPrefix == nil || *a.KeyPrefix != "0x1F" {
 		t.Fatalf("adapter = %#v", a)
 	}
 }
@@ -195,13 +195,13 @@ func TestL2RespCredentialsFromEnv(t *testing.T) {
 		"LMCACHE_RESP_USERNAME=up-user", "LMCACHE_RESP_PASSWORD=up-pass", "KVDOCK_RESP_PASSWORD=kv-pass",
 	}})
 	a := l.Config.L2.Adapters
-	if a[0]["username"] != "up-user" || a[0]["password"] != "kv-pass" {
+	if a[0].RESP.Username != "up-user" || a[0].RESP.Password != "kv-pass" {
 		t.Errorf("filled = %#v", a[0])
 	}
-	if a[1]["username"] != "own" || a[1]["password"] != "mine" {
+	if a[1].RESP.Username != "own" || a[1].RESP.Password != "mine" {
 		t.Errorf("given credentials replaced: %#v", a[1])
 	}
-	if _, ok := a[2]["password"]; ok {
+	if !reflect.DeepEqual(a[2].RESP, settings.RESPAdapter{}) {
 		t.Errorf("fs adapter got a password: %#v", a[2])
 	}
 	if len(l.Warnings) != 0 {
@@ -220,7 +220,7 @@ func secretConfig(t *testing.T) (settings.Config, map[string]settings.Source) {
 
 func TestL2SecretsNeverShown(t *testing.T) {
 	c, src := secretConfig(t)
-	if c.L2.Adapters[0]["password"] != secret {
+	if c.L2.Adapters[0].RESP.Password != secret {
 		t.Fatal("password not loaded")
 	}
 	shown, err := settings.Shown(c, settings.KeyAdapters)
@@ -230,7 +230,7 @@ func TestL2SecretsNeverShown(t *testing.T) {
 	if r := string(settings.Render(settings.Redact(c), src)); strings.Contains(r, secret) || !strings.Contains(r, settings.Redacted) {
 		t.Errorf("render of redacted config:\n%s", r)
 	}
-	if c.L2.Adapters[0]["password"] != secret {
+	if c.L2.Adapters[0].RESP.Password != secret {
 		t.Errorf("Redact changed the caller's adapters")
 	}
 	for _, s := range settings.AdapterTexts(c) {
@@ -241,7 +241,7 @@ func TestL2SecretsNeverShown(t *testing.T) {
 
 	// A password change alone is a change, shown without the value.
 	other := settings.Default()
-	other.L2.Adapters = []map[string]any{{"type": "resp", "host": "redis", "port": 6379, "username": "bob", "password": "other-" + secret}}
+	other.L2.Adapters = []settings.Adapter{{Type: "resp", RESP: settings.RESPAdapter{Host: "redis", Port: 6379, Username: "bob", Password: "other-" + secret}}}
 	for _, pair := range [][2]settings.Config{{settings.Default(), c}, {c, other}} {
 		ch := settings.Diff(pair[0], pair[1])
 		if len(ch) != 1 || ch[0].Key != settings.KeyAdapters || ch[0].Class != settings.Restart {
@@ -282,11 +282,11 @@ func TestL2AdaptersNeverEditedOrSaved(t *testing.T) {
 
 func TestL2ValidateRechecksAdapters(t *testing.T) {
 	c := settings.Default()
-	c.L2.Adapters = []map[string]any{{"type": "resp", "cluster": true, "startup_nodes": []string{"a:1", "b:2"}}}
+	c.L2.Adapters = []settings.Adapter{{Type: "resp", RESP: settings.RESPAdapter{Cluster: true, StartupNodes: []string{"a:1", "b:2"}}}}
 	if err := settings.Validate(c, nil); err != nil {
 		t.Fatalf("valid cluster: %v", err)
 	}
-	c.L2.Adapters = []map[string]any{{"type": "fs"}}
+	c.L2.Adapters = []settings.Adapter{{Type: "fs"}}
 	if err := settings.Validate(c, nil); err == nil || !strings.Contains(err.Error(), "l2.adapters[0].base_path") {
 		t.Fatalf("Validate = %v", err)
 	}
@@ -295,7 +295,7 @@ func TestL2ValidateRechecksAdapters(t *testing.T) {
 // TestL2FSFieldsOfUpstream: the fs fields the tier reads are accepted, and
 // upstream's fields it refuses are errors that say why.
 func TestL2FSFieldsOfUpstream(t *testing.T) {
-	ok := `{"type": "fs", "base_path": "/data/l2", "relative_tmp_dir": "tmp", "recover_on_start": false, "scan_on_startup": true}`
+	ok := `{"type": "fs", "base_path": "/data/l2", "relative_tmp_dir": "tmp", "recover_on_start": false, "scan_on_startup": false}`
 	if _, err := settings.Load(settings.LoadOptions{Flags: flags(t, "--l2-adapter", ok)}); err != nil {
 		t.Fatalf("upstream's fs fields refused: %v", err)
 	}
@@ -303,10 +303,107 @@ func TestL2FSFieldsOfUpstream(t *testing.T) {
 		"read_ahead_size":  `{"type": "fs", "base_path": "/d", "read_ahead_size": 4096}`,
 		"use_odirect":      `{"type": "fs", "base_path": "/d", "use_odirect": true}`,
 		"relative_tmp_dir": `{"type": "fs", "base_path": "/d", "relative_tmp_dir": "../x"}`,
+		"scan_on_startup":  `{"type": "fs", "base_path": "/d", "recover_on_start": false, "scan_on_startup": true}`,
 	} {
 		_, err := settings.Load(settings.LoadOptions{Flags: flags(t, "--l2-adapter", adapter)})
 		if err == nil || !strings.Contains(err.Error(), field) {
 			t.Errorf("%s: %v", field, err)
 		}
+	}
+}
+
+// TestL2AdapterFieldChecks: each check of an adapter field, named with its
+// field, and only that problem.
+func TestL2AdapterFieldChecks(t *testing.T) {
+	for _, c := range []struct{ json, field, reason string }{
+		{`{"type": "resp", "hots": "x", "host": "h"}`, "hots", "unknown field"},
+		{`{"type": "resp", "host": "a b"}`, "host", "not a host name"},
+		{`{"type": "resp", "host": ""}`, "host", "empty"},
+		{`{"type": "resp", "host": 5}`, "host", "string"},
+		{`{"type": "resp", "host": "h", "port": 63.5}`, "port", "whole number"},
+		{`{"type": "resp", "host": "h", "num_workers": 100000}`, "num_workers", "1..1024"},
+		{`{"type": "resp", "host": "h", "max_capacity_gb": 0}`, "max_capacity_gb", "> 0"},
+		{`{"type": "resp", "host": "h", "ttl_seconds": -1}`, "ttl_seconds", "0..315360000"},
+		{`{"type": "resp", "host": "h", "ttl_seconds": 400000000}`, "ttl_seconds", "0..315360000"},
+		{`{"type": "resp", "host": "h", "startup_nodes": ["a:1"]}`, "startup_nodes", `"cluster": true`},
+		{`{"type": "resp", "cluster": true, "startup_nodes": []}`, "startup_nodes", "at least one"},
+		{`{"type": "resp", "cluster": true, "startup_nodes": [1]}`, "startup_nodes", "host:port"},
+		{`{"type": "resp", "cluster": true, "port": 7000, "startup_nodes": ["a:1"]}`, "host", "not used"},
+		{`{"type": "resp", "host": "h", "password": 1234}`, "password", "string"},
+		{`{"type": "resp", "host": "h", "ca_file": ""}`, "ca_file", "empty"},
+		{`{"type": "fs", "base_path": " "}`, "base_path", "empty"},
+		{`{"type": "fs", "base_path": 7}`, "base_path", "string"},
+		{`{"type": "fs", "base_path": "/x\u0000y"}`, "base_path", "NUL"},
+		{`{"type": "fs", "base_path": "/x", "max_capacity_gb": 0}`, "max_capacity_gb", "unbounded"},
+		{`{"type": "fs", "base_path": "/x", "max_capacity_gb": "10"}`, "max_capacity_gb", "number"},
+		{`{"type": "fs", "base_path": "/x", "max_capacity_gb": 1e300}`, "max_capacity_gb", "<= 1048576"},
+		{`{"type": "fs", "base_path": "/x", "max_capacity_gb": 0.0001}`, "max_capacity_gb", "under 1 MiB"},
+		{`{"type": "fs", "base_path": "/x", "relative_tmp_dir": "/abs"}`, "relative_tmp_dir", "sub-directory"},
+		{`{"type": "fs", "base_path": "/x", "relative_tmp_dir": "."}`, "relative_tmp_dir", "sub-directory"},
+		{`{"type": "fs", "base_path": "/x", "relative_tmp_dir": "a/../.."}`, "relative_tmp_dir", "sub-directory"},
+		{`{"type": "fs", "base_path": "/x", "recover_on_start": "yes"}`, "recover_on_start", "true or false"},
+	} {
+		_, err := settings.Load(settings.LoadOptions{Flags: flags(t, "--l2-adapter", c.json)})
+		probs := problems(t, err)
+		if len(probs) != 1 || probs[0].Key != "l2.adapters[0]."+c.field || !strings.Contains(probs[0].Reason, c.reason) {
+			t.Errorf("%s: %v; want one problem of %s with %q", c.json, err, c.field, c.reason)
+		}
+	}
+}
+
+// TestL2AdapterReportsEveryProblem: an adapter with several problems, from
+// a flag, the file or a Config built in code, reports each with its source.
+func TestL2AdapterReportsEveryProblem(t *testing.T) {
+	_, err := settings.Load(settings.LoadOptions{Flags: flags(t, "--l2-adapter", `{"type": "resp", "host": "redis", "port": 0, "num_workers": 0}`)})
+	probs := problems(t, err)
+	if len(probs) != 2 || probs[0].Key != "l2.adapters[0].num_workers" || probs[1].Key != "l2.adapters[0].port" ||
+		probs[0].Value != "0" || probs[1].Source.Detail != "--l2-adapter[0]" {
+		t.Fatalf("two problems: %v", err)
+	}
+
+	file := writeFile(t, "l2:\n  adapters:\n    - type: resp\n      cluster: true\n      tls: 1\n      ca_file: /ca.pem\n      password: [x]\n")
+	_, err = settings.Load(settings.LoadOptions{ConfigPath: file})
+	want := map[string]string{
+		"l2.adapters[0].tls":           file + ":5",
+		"l2.adapters[0].password":      file + ":7",
+		"l2.adapters[0].startup_nodes": file + ":3",
+		"l2.adapters[0].ca_file":       file + ":6",
+	}
+	if probs = problems(t, err); len(probs) != len(want) {
+		t.Fatalf("file: %v", err)
+	}
+	for _, p := range probs {
+		if want[p.Key] != p.Source.Detail {
+			t.Errorf("%s from %s; want %s", p.Key, p.Source.Detail, want[p.Key])
+		}
+	}
+
+	c := settings.Default()
+	c.L2.Adapters = []settings.Adapter{{Type: "resp", RESP: settings.RESPAdapter{Host: "h", Port: 70000, NumWorkers: -1}}, {Type: "s3"}}
+	err = settings.Validate(c, map[string]settings.Source{settings.KeyAdapters: {Kind: settings.SourceFlag, Detail: "--l2-adapter"}})
+	if probs = problems(t, err); len(probs) != 3 || probs[2].Key != "l2.adapters[1].type" || probs[0].Source.Detail != "--l2-adapter" {
+		t.Fatalf("Validate: %v", err)
+	}
+}
+
+// TestL2AdaptersRenderLoadsBack: values that differ from the defaults only
+// by being given (an empty key_prefix, recover_on_start false) survive the
+// rendered file.
+func TestL2AdaptersRenderLoadsBack(t *testing.T) {
+	l := mustLoad(t, settings.LoadOptions{Flags: flags(t,
+		"--l2-adapter", `{"type": "fs", "base_path": "/d", "scan_on_startup": false, "max_capacity_gb": 2.5}`,
+		"--l2-adapter", `{"type": "resp", "host": "h", "key_prefix": "", "tls": true, "ttl_seconds": 0}`)})
+	if a := l.Config.L2.Adapters; *a[0].FS.RecoverOnStart || *a[1].RESP.KeyPrefix != "" {
+		t.Fatalf("adapters = %+v", a)
+	}
+	again := writeFile(t, string(settings.Render(l.Config, l.Sources)))
+	l2 := mustLoad(t, settings.LoadOptions{ConfigPath: again})
+	if !reflect.DeepEqual(l.Config.L2.Adapters, l2.Config.L2.Adapters) {
+		t.Fatalf("round trip: %+v\n%+v", l.Config.L2.Adapters, l2.Config.L2.Adapters)
+	}
+	want := []string{`{"type": "fs", "base_path": "/d", "max_capacity_gb": 2.5, "recover_on_start": false}`,
+		`{"type": "resp", "host": "h", "key_prefix": "", "tls": true}`}
+	if got := settings.AdapterTexts(l.Config); !reflect.DeepEqual(got, want) {
+		t.Fatalf("AdapterTexts = %q", got)
 	}
 }

@@ -69,7 +69,7 @@ func Load(opts LoadOptions) (*Loaded, error) {
 		if p, ok := d.field(&defCfg).(**string); ok && *p == nil {
 			continue // absent means auto
 		}
-		if _, ok := d.field(&defCfg).(*[]map[string]any); ok {
+		if _, ok := d.field(&defCfg).(*[]Adapter); ok {
 			continue // no tiers by default
 		}
 		flat[d.key] = derefField(d.field(&defCfg))

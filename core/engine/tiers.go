@@ -30,19 +30,15 @@ const tierOpenTimeout = 10 * time.Second
 // is no package-level registry.
 func (e *Engine) tierOpeners() map[string]tier.Opener {
 	m := map[string]tier.Opener{
-		"fs": func(_ context.Context, adapter map[string]any, log *slog.Logger) (tier.Backend, error) {
-			cfg, err := fs.ParseConfig(adapter)
+		"fs": func(_ context.Context, adapter settings.Adapter, log *slog.Logger) (tier.Backend, error) {
+			cfg, err := fs.FromAdapter(adapter.FS)
 			if err != nil {
 				return nil, err
 			}
 			return fs.Open(cfg, log)
 		},
-		"resp": func(ctx context.Context, adapter map[string]any, log *slog.Logger) (tier.Backend, error) {
-			cfg, err := resp.ParseConfig(adapter)
-			if err != nil {
-				return nil, err
-			}
-			return resp.Open(ctx, cfg, log)
+		"resp": func(ctx context.Context, adapter settings.Adapter, log *slog.Logger) (tier.Backend, error) {
+			return resp.Open(ctx, resp.FromAdapter(adapter.RESP), log)
 		},
 	}
 	for typ, open := range e.opts.TierOpeners {

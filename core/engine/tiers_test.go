@@ -28,11 +28,11 @@ func startTieredN(t *testing.T, cfg settings.Config, n int, mts ...*memtier.Tier
 	t.Helper()
 	cfg.L2.Adapters = nil
 	for range n {
-		cfg.L2.Adapters = append(cfg.L2.Adapters, map[string]any{"type": "mem"})
+		cfg.L2.Adapters = append(cfg.L2.Adapters, settings.Adapter{Type: "mem"})
 	}
 	next := 0
 	e := New(cfg, Options{TierOpeners: map[string]tier.Opener{
-		"mem": func(context.Context, map[string]any, *slog.Logger) (tier.Backend, error) {
+		"mem": func(context.Context, settings.Adapter, *slog.Logger) (tier.Backend, error) {
 			if next >= len(mts) {
 				return nil, errors.New("no test tier left")
 			}

@@ -23,6 +23,7 @@ import (
 	"kvdock/core/keys"
 	"kvdock/core/layout"
 	"kvdock/core/tierstate"
+	"kvdock/settings"
 )
 
 // Backend stores opaque values under string keys; the value header is
@@ -105,13 +106,13 @@ func Fingerprint(lay layout.Layout) string {
 	return fmt.Sprintf("%08x", crc32.Checksum(appendLayout(b, lay), castagnoli))
 }
 
-// Opener opens one backend from its validated adapter object.
-type Opener func(ctx context.Context, adapter map[string]any, log *slog.Logger) (Backend, error)
+// Opener opens one backend from its validated adapter.
+type Opener func(ctx context.Context, adapter settings.Adapter, log *slog.Logger) (Backend, error)
 
 // OpenAll opens the adapters in order (lookup order) through openers, by
 // their "type". On a failure the backends already open are closed again
 // and the error names the adapter by position and type.
-func OpenAll(ctx context.Context, adapters []map[string]any, openers map[string]Opener, log *slog.Logger) ([]Backend, error) {
+func OpenAll(ctx context.Context, adapters []settings.Adapter, openers map[string]Opener, log *slog.Logger) ([]Backend, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -123,7 +124,7 @@ func OpenAll(ctx context.Context, adapters []map[string]any, openers map[string]
 		return nil, err
 	}
 	for i, a := range adapters {
-		typ, _ := a["type"].(string)
+		typ := a.Type
 		open, ok := openers[typ]
 		if !ok {
 			return fail(fmt.Errorf("l2 adapter %d: type %q is not available", i, typ))

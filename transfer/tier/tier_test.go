@@ -18,6 +18,7 @@ import (
 	"kvdock/core/l1"
 	"kvdock/core/layout"
 	"kvdock/core/tierstate"
+	"kvdock/settings"
 	"kvdock/transfer/tier"
 	"kvdock/transfer/tier/memtier"
 )
@@ -754,12 +755,12 @@ func (c *countingTier) Get(ctx context.Context, key string) ([]byte, error) {
 
 func TestOpenAllUnknownTypeClosesOpened(t *testing.T) {
 	var opened []*memtier.Tier
-	openers := map[string]tier.Opener{"mem": func(context.Context, map[string]any, *slog.Logger) (tier.Backend, error) {
+	openers := map[string]tier.Opener{"mem": func(context.Context, settings.Adapter, *slog.Logger) (tier.Backend, error) {
 		m := memtier.New()
 		opened = append(opened, m)
 		return m, nil
 	}}
-	_, err := tier.OpenAll(context.Background(), []map[string]any{{"type": "mem"}, {"type": "nope"}}, openers, nil)
+	_, err := tier.OpenAll(context.Background(), []settings.Adapter{{Type: "mem"}, {Type: "nope"}}, openers, nil)
 	if err == nil {
 		t.Fatal("unknown type accepted")
 	}

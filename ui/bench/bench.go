@@ -100,7 +100,7 @@ type Options struct {
 	ServerProcess bool
 	// Adapters are the validated --l2-adapter objects: each is measured as
 	// the one tier of an in-process engine.
-	Adapters []map[string]any
+	Adapters []settings.Adapter
 	Args     []string
 	// Baseline is the saved run of --compare (nil: none), read from
 	// BaselinePath; From (--from) replaces the run; FailDrop is --fail-drop.
@@ -336,7 +336,7 @@ func parseFlags(args []string, stderr io.Writer, environ []string) (Options, int
 	if _, err := assets.Protocol(*proto); err != nil {
 		bad = append(bad, "--protocol: "+err.Error())
 	}
-	var adapters []map[string]any
+	var adapters []settings.Adapter
 	if *child {
 		if *host != "" || len(*l2) > 0 {
 			bad = append(bad, "--server-process: not with --host/--port or --l2-adapter (it starts its own server)")
@@ -393,7 +393,7 @@ func parseFlags(args []string, stderr io.Writer, environ []string) (Options, int
 // loadAdapters validates --l2-adapter values as kvdock serve does (the
 // settings layers, with only these flags and no settings file), credentials
 // filled from environ's KVDOCK_RESP_* / LMCACHE_RESP_*.
-func loadAdapters(values []string, environ []string) ([]map[string]any, error) {
+func loadAdapters(values []string, environ []string) ([]settings.Adapter, error) {
 	fs := pflag.NewFlagSet("l2", pflag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	settings.RegisterFlags(fs)
@@ -793,7 +793,7 @@ func gbps(n int64, d time.Duration) float64 {
 // prefault so the first stores do not pay for it. The adapters (none: nil)
 // are its L2 tiers, with a write queue as large as the pool so that a
 // measured write is never dropped for want of queue room.
-func startEngine(ctx context.Context, o Options, mode string, pool int64, adapters []map[string]any) (*engine.Engine, string, error) {
+func startEngine(ctx context.Context, o Options, mode string, pool int64, adapters []settings.Adapter) (*engine.Engine, string, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, "", err

@@ -11,14 +11,10 @@ package bench
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,7 +24,9 @@ import (
 	"kvdock/core/engine"
 	"kvdock/core/protocol"
 	"kvdock/core/tierstate"
+	"kvdock/settings"
 	"kvdock/transfer/tier"
+	"kvdock/transfer/tier/resp"
 )
 
 // TierResult is one L2 adapter's figures and their references.
@@ -90,7 +88,7 @@ func runTiers(ctx context.Context, o Options, prof *protocol.Profile, pool int64
 			out = append(out, tr)
 		}
 		if err != nil {
-			errs = append(errs, fmt.Errorf("tier %d (%v): %w", i, a["type"], err))
+			errs = append(errs, fmt.Errorf("tier %d (%v): %w", i, a.Type, err))
 		}
 		if ctx.Err() != nil {
 			break
@@ -100,10 +98,10 @@ func runTiers(ctx context.Context, o Options, prof *protocol.Profile, pool int64
 }
 
 // runTier measures one adapter.
-func runTier(ctx context.Context, o Options, prof *protocol.Profile, pool int64, adapter map[string]any, base int64) (*TierResult, error) {
-	typ, _ := adapter["type"].(string)
+func runTier(ctx context.Context, o Options, prof *protocol.Profile, pool int64, adapter settings.Adapter, base int64) (*TierResult, error) {
+	typ := adapter.Type
 	o.progress.setPhase("tiers: "+typ+" write and prefetch-read", "")
-	eng, ep, err := startEngine(ctx, o, "shm", pool, []map[string]any{adapter})
+	eng, ep, err := startEngine(ctx, o, "shm", pool, []settings.Adapter{adapter})
 	if err != nil {
 		return nil, err
 	}
@@ -149,10 +147,10 @@ func runTier(ctx context.Context, o Options, prof *protocol.Profile, pool int64,
 	switch typ {
 	case "fs":
 		tr.Reference = fmt.Sprintf("sequential write/read of one file of the same bytes (%d × %s) in base_path, no fsync (as the tier)", n, mib(int64(valSize)))
-		ref, tr.RefWriteGBps, err = newFileRef(adapter["base_path"].(string), valSize, n)
+		ref, tr.RefWriteGBps, err = newFileRef(adapter.FS.BasePath, valSize, n)
 	case "resp":
 		tr.Reference = fmt.Sprintf("valkey-go SET/GET of the same values (%d × %s) on the same server, %d writers / %d readers as the tier", n, mib(int64(valSize)), tierWorkers, prefetchStreams(o))
-		ref, tr.RefWriteGBps, err = newRespRef(ctx, adapter, valSize, n, prefetchStreams(o))
+		ref, tr.RefWriteGBps, err = newRespRef(ctx, adapter.RESP, valSize, n, prefetchStreams(o))
 	default:
 		err = fmt.Errorf("no reference for tier type %q", typ)
 	}
@@ -197,7 +195,7 @@ func runTier(ctx context.Context, o Options, prof *protocol.Profile, pool int64,
 	_ = eng.Stop(context.Background())
 
 	o.progress.setPhase("tiers: "+typ+" small requests, tier saturated", "in turns with an engine without a tier")
-	sat, plain, dropped, err := saturatedTurns(ctx, o, prof, pool, adapter, base+32)
+	sat, plain, dropped, err := saturatedTurns(ctx, o, prof, pool, &adapter, base+32)
 	tr.NoopRTPS, tr.LookupRTPS, tr.SaturatedDropped = round4(sat.noopRTPS), round4(2*sat.lookupPairsPS), dropped
 	tr.NoopNoTierRTPS, tr.LookupNoTierRTPS = round4(plain.noopRTPS), round4(2*plain.lookupPairsPS)
 	tr.Mismatches, tr.Errors, tr.FirstError = c.mismatches, c.errors+c.timeouts, c.firstErr
@@ -268,10 +266,10 @@ type saturation struct {
 	tier  bool
 }
 
-func newSaturation(ctx context.Context, o Options, prof *protocol.Profile, pool int64, adapter map[string]any, base int64) (*saturation, error) {
-	var adapters []map[string]any
+func newSaturation(ctx context.Context, o Options, prof *protocol.Profile, pool int64, adapter *settings.Adapter, base int64) (*saturation, error) {
+	var adapters []settings.Adapter
 	if adapter != nil {
-		adapters = []map[string]any{adapter}
+		adapters = []settings.Adapter{*adapter}
 	}
 	eng, ep, err := startEngine(ctx, o, "shm", pool, adapters)
 	if err != nil {
@@ -353,7 +351,7 @@ func (s *saturation) measure(ctx context.Context, dur time.Duration, round *int)
 // engines run side by side, one loaded at a time, so a machine whose speed
 // drifts during the run (a shared VM) moves the figure and its reference
 // alike. The rates are the means over the turns.
-func saturatedTurns(ctx context.Context, o Options, prof *protocol.Profile, pool int64, adapter map[string]any, base int64) (withTier, noTier smallResult, dropped uint64, err error) {
+func saturatedTurns(ctx context.Context, o Options, prof *protocol.Profile, pool int64, adapter *settings.Adapter, base int64) (withTier, noTier smallResult, dropped uint64, err error) {
 	tiered, err := newSaturation(ctx, o, prof, pool, adapter, base)
 	if err != nil {
 		return withTier, noTier, 0, err
@@ -461,7 +459,7 @@ type respRef struct {
 
 // newRespRef SETs n values of size bytes with tierWorkers streams and
 // returns the rate; reads GET them with readers streams.
-func newRespRef(ctx context.Context, adapter map[string]any, size, n, readers int) (*respRef, float64, error) {
+func newRespRef(ctx context.Context, adapter settings.RESPAdapter, size, n, readers int) (*respRef, float64, error) {
 	opt, err := respClientOption(adapter)
 	if err != nil {
 		return nil, 0, err
@@ -527,36 +525,14 @@ func (r *respRef) close() {
 
 // respClientOption is the valkey-go option for a validated resp adapter:
 // the same address(es), credentials, TLS and mode as the tier's client.
-func respClientOption(a map[string]any) (valkey.ClientOption, error) {
-	host, _ := a["host"].(string)
-	if host == "" {
-		host = "localhost"
+func respClientOption(a settings.RESPAdapter) (valkey.ClientOption, error) {
+	c := resp.FromAdapter(a)
+	opt := valkey.ClientOption{InitAddress: c.Seeds(), ForceSingleClient: !c.Cluster, DisableCache: true,
+		Username: c.Username, Password: c.Password}
+	tc, err := c.TLSConfig()
+	if err != nil {
+		return opt, fmt.Errorf("resp reference: %w", err)
 	}
-	port, _ := a["port"].(int)
-	if port == 0 {
-		port = 6379
-	}
-	addrs := []string{net.JoinHostPort(host, strconv.Itoa(port))}
-	cluster, _ := a["cluster"].(bool)
-	if nodes, ok := a["startup_nodes"].([]string); ok && len(nodes) > 0 {
-		addrs = nodes
-	}
-	opt := valkey.ClientOption{InitAddress: addrs, ForceSingleClient: !cluster, DisableCache: true}
-	opt.Username, _ = a["username"].(string)
-	opt.Password, _ = a["password"].(string)
-	if useTLS, _ := a["tls"].(bool); useTLS {
-		tc := &tls.Config{MinVersion: tls.VersionTLS12}
-		if ca, _ := a["ca_file"].(string); ca != "" {
-			pem, err := os.ReadFile(ca)
-			if err != nil {
-				return opt, fmt.Errorf("resp reference: ca_file: %w", err)
-			}
-			tc.RootCAs = x509.NewCertPool()
-			if !tc.RootCAs.AppendCertsFromPEM(pem) {
-				return opt, fmt.Errorf("resp reference: ca_file %s: no PEM certificate", ca)
-			}
-		}
-		opt.TLSConfig = tc
-	}
+	opt.TLSConfig = tc
 	return opt, nil
 }

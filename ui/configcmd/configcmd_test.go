@@ -212,7 +212,7 @@ func TestShowAdaptersLoadBackAndRedactCredentials(t *testing.T) {
 		t.Fatalf("show: %d %v", code, err)
 	}
 	l, err := settings.Load(settings.LoadOptions{ConfigPath: again})
-	if err != nil || len(l.Config.L2.Adapters) != 1 || l.Config.L2.Adapters[0]["max_capacity_gb"] != 2.5 {
+	if err != nil || len(l.Config.L2.Adapters) != 1 || l.Config.L2.Adapters[0].FS.MaxCapacityGB != 2.5 {
 		t.Fatalf("shown adapters do not load back: %v\n%s", err, plain)
 	}
 

@@ -34,10 +34,10 @@ func withTiers(t *testing.T, f *fakeEngine, tiers []tierstate.Tier) {
 	t.Helper()
 	f.mu.Lock()
 	f.snap.Tiers = tiers
-	f.cfg.L2.Adapters = []map[string]any{
-		{"type": "fs", "base_path": "/data/l2"},
-		{"type": "resp", "host": "redis", "port": 6379, "password": "sekrit-pw"},
-		{"type": "resp", "cluster": true, "startup_nodes": []string{"10.0.0.1:7000", "10.0.0.2:7000"}},
+	f.cfg.L2.Adapters = []settings.Adapter{
+		{Type: "fs", FS: settings.FSAdapter{BasePath: "/data/l2"}},
+		{Type: "resp", RESP: settings.RESPAdapter{Host: "redis", Port: 6379, Password: "sekrit-pw"}},
+		{Type: "resp", RESP: settings.RESPAdapter{Cluster: true, StartupNodes: []string{"10.0.0.1:7000", "10.0.0.2:7000"}}},
 	}
 	f.mu.Unlock()
 }

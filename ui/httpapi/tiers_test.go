@@ -58,9 +58,9 @@ func TestStatusTiers(t *testing.T) {
 func TestConfAdaptersRedacted(t *testing.T) {
 	const pass = "p4ss-w0rd-xyz"
 	cfg := settings.Default()
-	cfg.L2.Adapters = []map[string]any{
-		{"type": "fs", "base_path": "/data/l2"},
-		{"type": "resp", "host": "redis", "port": 6379, "password": pass},
+	cfg.L2.Adapters = []settings.Adapter{
+		{Type: "fs", FS: settings.FSAdapter{BasePath: "/data/l2"}},
+		{Type: "resp", RESP: settings.RESPAdapter{Host: "redis", Port: 6379, Password: pass}},
 	}
 	src := map[string]settings.Source{settings.KeyAdapters: {Kind: settings.SourceFlag, Detail: "--l2-adapter"}}
 	conf := httpapi.NewConf(cfg, src)

@@ -25,6 +25,7 @@ import (
 	"kvdock/core/layout"
 	"kvdock/core/testkit/tmpfs"
 	"kvdock/core/tierstate"
+	"kvdock/settings"
 	"kvdock/transfer/tier"
 )
 
@@ -727,7 +728,7 @@ func TestClosed(t *testing.T) {
 func TestRelativeTmpDir(t *testing.T) {
 	ctx := context.Background()
 	base := t.TempDir()
-	cfg, err := ParseConfig(map[string]any{"type": "fs", "base_path": base, "max_capacity_gb": 0.01, "relative_tmp_dir": "staging"})
+	cfg, err := FromAdapter(settings.FSAdapter{BasePath: base, MaxCapacityGB: 0.01, RelativeTmpDir: "staging"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -758,49 +759,15 @@ func TestRelativeTmpDir(t *testing.T) {
 	}
 }
 
-func TestParseConfig(t *testing.T) {
-	cfg, err := ParseConfig(map[string]any{"type": "fs", "base_path": "/data/l2"})
+func TestFromAdapter(t *testing.T) {
+	cfg, err := FromAdapter(settings.FSAdapter{BasePath: "/data/l2"})
 	if err != nil || cfg.BasePath != "/data/l2" || cfg.CapacityBytes != DefaultCapacityGB<<30 || !cfg.RecoverOnStart || cfg.RelativeTmpDir != "" {
 		t.Fatalf("defaults: %+v, %v", cfg, err)
 	}
-	cfg, err = ParseConfig(map[string]any{"base_path": "rel/dir", "max_capacity_gb": 2, "recover_on_start": false, "relative_tmp_dir": "tmp/x"})
-	if err != nil || !filepath.IsAbs(cfg.BasePath) || cfg.CapacityBytes != 2<<30 || cfg.RecoverOnStart || cfg.RelativeTmpDir != "tmp/x" {
+	off := false
+	cfg, err = FromAdapter(settings.FSAdapter{BasePath: "rel/dir", MaxCapacityGB: 1.5, RecoverOnStart: &off, RelativeTmpDir: "tmp//x/"})
+	if err != nil || !filepath.IsAbs(cfg.BasePath) || cfg.CapacityBytes != 3<<29 || cfg.RecoverOnStart || cfg.RelativeTmpDir != "tmp/x" {
 		t.Fatalf("%+v, %v", cfg, err)
-	}
-	if cfg, err := ParseConfig(map[string]any{"base_path": "/x", "scan_on_startup": false, "max_capacity_gb": 1.5}); err != nil || cfg.RecoverOnStart || cfg.CapacityBytes != 3<<29 {
-		t.Fatalf("alias / float: %+v, %v", cfg, err)
-	}
-	bad := []struct {
-		m    map[string]any
-		want string
-	}{
-		{map[string]any{}, "base_path: required"},
-		{map[string]any{"base_path": ""}, "base_path"},
-		{map[string]any{"base_path": 7}, "base_path"},
-		{map[string]any{"base_path": "/x\x00y"}, "NUL"},
-		{map[string]any{"type": "resp", "base_path": "/x"}, "type"},
-		{map[string]any{"base_path": "/x", "max_capacity_gb": 0}, "max_capacity_gb"},
-		{map[string]any{"base_path": "/x", "max_capacity_gb": -1}, "max_capacity_gb"},
-		{map[string]any{"base_path": "/x", "max_capacity_gb": "10"}, "max_capacity_gb"},
-		{map[string]any{"base_path": "/x", "max_capacity_gb": 1e300}, "max_capacity_gb"},
-		{map[string]any{"base_path": "/x", "relative_tmp_dir": "../out"}, "relative_tmp_dir"},
-		{map[string]any{"base_path": "/x", "relative_tmp_dir": "/abs"}, "relative_tmp_dir"},
-		{map[string]any{"base_path": "/x", "relative_tmp_dir": "."}, "relative_tmp_dir"},
-		{map[string]any{"base_path": "/x", "recover_on_start": "yes"}, "recover_on_start"},
-		{map[string]any{"base_path": "/x", "recover_on_start": true, "scan_on_startup": false}, "disagree"},
-		{map[string]any{"base_path": "/x", "use_odirect": true}, "use_odirect: not supported"},
-		{map[string]any{"base_path": "/x", "read_ahead_size": 4096}, "read_ahead_size: not supported"},
-		{map[string]any{"base_path": "/x", "bsae_path": "/y"}, "bsae_path: unknown field"},
-	}
-	for _, c := range bad {
-		if _, err := ParseConfig(c.m); err == nil || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("%v: err %v, want it to mention %q", c.m, err, c.want)
-		}
-	}
-	// Every problem at once.
-	_, err = ParseConfig(map[string]any{"max_capacity_gb": 0, "x": 1})
-	if err == nil || !strings.Contains(err.Error(), "base_path") || !strings.Contains(err.Error(), "max_capacity_gb") || !strings.Contains(err.Error(), "x: unknown") {
-		t.Fatalf("not every problem reported: %v", err)
 	}
 }
 
