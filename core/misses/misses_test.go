@@ -57,7 +57,7 @@ func TestGhostBoundedFIFO(t *testing.T) {
 	if g.Entries() != 1024 || g.Bytes() != 1024*8+1024/8 {
 		t.Fatalf("entries %d bytes %d", g.Entries(), g.Bytes())
 	}
-	if d := NewGhost(DefaultGhostEntries); d.Bytes() != 532480 { // the 520 KiB the README states
+	if d := NewGhost(DefaultGhostEntries); d.Bytes() != 532480 { // the 520 KiB docs/DASHBOARD.md states
 		t.Fatalf("default ghost is %d bytes", d.Bytes())
 	}
 	const n = 100000
