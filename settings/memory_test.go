@@ -8,7 +8,7 @@ import (
 	"kvdock/settings"
 )
 
-// Issue 16 point 5: a pool larger than the host's available memory is
+// A pool larger than the host's available memory is
 // refused, naming both sizes, unless overcommit is allowed.
 func TestCheckMemory(t *testing.T) {
 	c := settings.Default()

@@ -261,7 +261,7 @@ func TestApplyRebuildDropsContextsAndSwapsSegment(t *testing.T) {
 	if len(s.Contexts) != 0 || s.Shm.ShmName != seg+"_b" || s.Shm.PoolSize != next.L1.SizeBytes() {
 		t.Fatalf("after rebuild: contexts %d shm %+v", len(s.Contexts), s.Shm)
 	}
-	// The faces say why the table is empty (issue 16 point 8).
+	// The faces say why the table is empty.
 	if s.Rebuilt.DroppedContexts != 1 || s.Rebuilt.At.IsZero() {
 		t.Fatalf("after rebuild: %+v, want 1 dropped context", s.Rebuilt)
 	}
@@ -278,7 +278,7 @@ type fixedMemory int64
 
 func (f fixedMemory) MemAvailable() (int64, error) { return int64(f), nil }
 
-// Issue 16 point 5: a new pool size past the host's memory is refused by
+// A new pool size past the host's memory is refused by
 // Apply whichever face asked (dashboard, HTTP, SIGHUP); the running pool
 // counts as available since a rebuild closes it first.
 func TestApplyRefusesPoolLargerThanMemory(t *testing.T) {

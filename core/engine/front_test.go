@@ -15,7 +15,7 @@ import (
 	"kvdock/core/rpc"
 )
 
-// TestWireFailureReportsFrontFailed (issue 12, point 19): a wire server
+// TestWireFailureReportsFrontFailed: a wire server
 // whose socket can no longer be polled used to log every 10 ms forever; now
 // Serve gives up and the engine reports the failure (Failed, state, event).
 func TestWireFailureReportsFrontFailed(t *testing.T) {
@@ -94,7 +94,7 @@ func TestBindFailureNeverReportsFailed(t *testing.T) {
 	}
 }
 
-// TestMessageCapFollowsLayouts (issue 12, point 12): before any registration
+// TestMessageCapFollowsLayouts: before any registration
 // the cap admits keys of the most tokens allowed and registrations, no bulk
 // data; a registered layout raises it to the largest legal commit, and it
 // falls back when the last layout goes. --max-message-bytes bounds it.

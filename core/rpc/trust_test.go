@@ -192,7 +192,7 @@ func baselineRSS(t *testing.T) int64 {
 	return rssKiB(t)
 }
 
-// TestSlowReaderRepliesBounded (issue 12, point 11): a peer sends 40
+// TestSlowReaderRepliesBounded: a peer sends 40
 // requests whose 8 MiB replies it never reads. libzmq used to queue every
 // reply (SNDHWM counts messages): +320 MiB. Now what libzmq holds for the
 // peer and what waits here are bounded together by the peer's reply budget
@@ -237,7 +237,7 @@ func TestSlowReaderRepliesBounded(t *testing.T) {
 	waitFor(t, func() bool { return h.srv.Stats().WaitingReplyBytes == 0 }, "waiting replies released")
 }
 
-// TestQueuedRequestBytesBounded (issue 12, point 12): a peer sends 40 × 8 MiB
+// TestQueuedRequestBytesBounded: a peer sends 40 × 8 MiB
 // requests behind a busy worker. The server used to read and queue them all
 // (+320 MiB); now it stops reading once the peer's queued bytes pass the
 // budget, the rest waits in libzmq (RecvHWM messages) and TCP, and every
@@ -285,7 +285,7 @@ func TestQueuedRequestBytesBounded(t *testing.T) {
 	}
 }
 
-// TestPollFailureEndsServe (issue 12, point 19): a socket that can no longer
+// TestPollFailureEndsServe: a socket that can no longer
 // be polled used to be retried every 10 ms forever; Serve now gives up after
 // repeated failures and returns the error.
 func TestPollFailureEndsServe(t *testing.T) {
@@ -351,7 +351,7 @@ func TestBindSeparateFromServe(t *testing.T) {
 	_ = srv3.Shutdown(context.Background())
 }
 
-// TestShutdownWaitsForHandlers (issue 12, point 3, wire side): Serve used to
+// TestShutdownWaitsForHandlers (wire side): Serve used to
 // return nil with a handler still running (which may hold views of the pool).
 // Now Serve and Shutdown report it, and HandlersDone says when it ends.
 func TestShutdownWaitsForHandlers(t *testing.T) {
@@ -466,7 +466,7 @@ func TestMessageCapAndTokenCapOverTheWire(t *testing.T) {
 	noopWithin(t, c, 2*time.Second)
 }
 
-// TestHostilePayloadsOverTheWire (issue 12, points 5 and 13): 8 MB of nested
+// TestHostilePayloadsOverTheWire: 8 MB of nested
 // arrays under an unknown key (a fatal stack overflow before), a 16 MiB model
 // name and a 16 MiB request id are decode errors whose log lines do not carry
 // the strings; the server keeps serving.

@@ -60,7 +60,7 @@ func TestInvalidSettingsExit2NamingTheSource(t *testing.T) {
 	}
 }
 
-// Issue 16 point 5: a pool larger than the host's available memory is an
+// A pool larger than the host's available memory is an
 // invalid setting (exit 2, both sizes named), not a start that prefaults
 // until the OOM killer comes.
 func TestPoolLargerThanMemoryExit2(t *testing.T) {

@@ -64,7 +64,7 @@ func checkEraWorker(t *testing.T, what string, r eraCase) {
 
 var autoEras = []string{"nongpu-v1", "nongpu-v2", "engine-driven", "engine-driven-v2-early", "engine-driven-v2", "rpc-messages"}
 
-// TestAutoEraFirstMessages (issue 31 point 2): one --protocol auto server;
+// TestAutoEraFirstMessages: one --protocol auto server;
 // for every era a client that decodes replies as that era's upstream
 // client does (a mistyped reply stops its receive loop) sends NOOP, CLEAR,
 // PING or GET_CHUNK_SIZE as its very first message, then works as a
@@ -100,7 +100,7 @@ func TestAutoEraFirstMessages(t *testing.T) {
 	}
 }
 
-// TestAutoEraGetExperimentalAt40 (issue 31 point 1): the engine-driven-v2
+// TestAutoEraGetExperimentalAt40: the engine-driven-v2
 // numbering with GET_EXPERIMENTAL at 40 registers, stores, retrieves
 // identical bytes and gets its experimental answer at once, under its own
 // profile and under auto.

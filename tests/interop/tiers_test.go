@@ -10,7 +10,7 @@ import (
 	"kvdock/tests/harness"
 )
 
-// The end-to-end tier tests (issue 14's interop acceptance): the real
+// The end-to-end tier tests: the real
 // binary with --l2-adapter, real redis-server processes and Python workers
 // that check every retrieved chunk with torch.equal.
 

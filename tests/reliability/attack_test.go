@@ -21,7 +21,7 @@ import (
 	"kvdock/transfer/torchpickle"
 )
 
-// Hostile local peers (issue 12): each attack is a function run against a
+// Hostile local peers: each attack is a function run against a
 // real kvdock, alone in its own test and all in sequence in
 // TestHostilePeersCombined. After every attack the server must answer NOOP
 // within 1 s; memory bounds are ratios of the bytes the attacker sent.

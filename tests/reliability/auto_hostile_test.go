@@ -76,7 +76,7 @@ func churnIdentities(t *testing.T, endpoint string, n int, typ func(i int) int64
 	return got.Load()
 }
 
-// TestHostileAutoChurnKeepsDecidedPeers (issue 26 point 8): under
+// TestHostileAutoChurnKeepsDecidedPeers: under
 // --protocol auto a local peer cycling 16,500 identities, half of them
 // settled at once (engine-driven-v2's GET_EXPERIMENTAL) and half left
 // undecided (18: engine-driven GET_CHUNK_SIZE or nongpu-v2 PING), must not

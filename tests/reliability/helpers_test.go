@@ -1,5 +1,5 @@
 // Package reliability holds kvdock's fault, pressure, soak, bad-input and
-// secure-default tests (issue 9). They drive the real binary through
+// secure-default tests. They drive the real binary through
 // tests/harness, or an in-process engine.Engine where the test needs to
 // apply settings or read the Go runtime's figures. docs/RELIABILITY.md
 // describes each scenario and the figures measured.

@@ -16,7 +16,7 @@ import (
 	"kvdock/tests/harness"
 )
 
-// Issue 26 points 2 and 10: what one peer can do to another worker by
+// What one peer can do to another worker by
 // messages alone (take its model with another layout, unregister its id),
 // and what a thousand peers with maximal names and routing ids make
 // /status weigh.

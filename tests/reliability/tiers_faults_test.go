@@ -26,7 +26,7 @@ import (
 	"kvdock/ui/httpapi"
 )
 
-// The tier fault tests (issue 14's fault acceptance), against the real
+// The tier fault tests, against the real
 // binary: each ends with 0 wrong bytes and kvdock still serving.
 
 func tierAdapter(t *testing.T, a map[string]any) string {

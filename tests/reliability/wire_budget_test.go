@@ -13,7 +13,7 @@ import (
 	"kvdock/tests/harness"
 )
 
-// TestSlowReaderRetrievesBoundedRSS (issue 12, point 11) against the real
+// TestSlowReaderRetrievesBoundedRSS against the real
 // binary (SHM off): a peer sends 40 PREPARE_RETRIEVEs of an 8 MiB sequence
 // and never reads a reply. libzmq used to queue them all (SNDHWM counts
 // messages, not bytes); now what is kept for that peer is bounded by

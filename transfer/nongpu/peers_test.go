@@ -13,7 +13,7 @@ import (
 )
 
 // One peer must not end another's registration, nor leave its requests
-// unanswered, by messages alone (issue 26 point 2).
+// unanswered, by messages alone.
 
 func TestUnregisterFromAnotherLivePeerIsRefused(t *testing.T) {
 	e := newEnv(t, true, 1<<20)

@@ -252,7 +252,7 @@ func (r *Result) finish() {
 				m.RetrieveRatio = ratio(m.RetrieveGBps, ref.MemcpySegmentGBps)
 			}
 			// Both directions are judged against the copy into the
-			// segment's pages, as issue 18 sets the target; the copy out
+			// segment's pages (the target's reference); the copy out
 			// of them (the retrieve's own direction) is reported beside it
 			// (retrieve_vs_memcpy_from_segment).
 			ts = append(ts,

@@ -14,7 +14,7 @@ import (
 // BenchmarkTierVsRaw measures the tier's Put/Get against valkey-go's own
 // SET/GET of the same values on the same server in the same loop, one call
 // at a time, alternating which goes first, and reports the throughputs and
-// the ratios tier/raw (issue 14 wants ≥ 0.7). The tier's calls carry a
+// the ratios tier/raw (the target is ≥ 0.7). The tier's calls carry a
 // deadline, as the engine's do; the raw calls do not (the client's best case).
 //
 //	go test -run '^$' -bench TierVsRaw -benchtime 20x ./transfer/tier/resp/
