@@ -192,12 +192,12 @@ func baselineRSS(t *testing.T) int64 {
 	return rssKiB(t)
 }
 
-// TestSlowReaderRepliesBounded: a peer sends 40
-// requests whose 8 MiB replies it never reads. libzmq used to queue every
-// reply (SNDHWM counts messages): +320 MiB. Now what libzmq holds for the
-// peer and what waits here are bounded together by the peer's reply budget
-// (one reply when that is larger); the rest is dropped before it is copied
-// and counted, and another peer is still answered.
+// TestSlowReaderRepliesBounded: a peer sends 40 requests whose 8 MiB
+// replies it never reads. libzmq alone would queue every reply (SNDHWM
+// counts messages, not bytes): +320 MiB. What libzmq holds for the peer and
+// what waits here are bounded together by the peer's reply budget (one
+// reply when that is larger); the rest is dropped before it is copied and
+// counted, and another peer is still answered.
 func TestSlowReaderRepliesBounded(t *testing.T) {
 	const n, size, budget = 40, 8 << 20, 16 << 20
 	body, err := protocol.Encode(make([]byte, size))
@@ -237,11 +237,11 @@ func TestSlowReaderRepliesBounded(t *testing.T) {
 	waitFor(t, func() bool { return h.srv.Stats().WaitingReplyBytes == 0 }, "waiting replies released")
 }
 
-// TestQueuedRequestBytesBounded: a peer sends 40 × 8 MiB
-// requests behind a busy worker. The server used to read and queue them all
-// (+320 MiB); now it stops reading once the peer's queued bytes pass the
-// budget, the rest waits in libzmq (RecvHWM messages) and TCP, and every
-// request is still served once the worker is free.
+// TestQueuedRequestBytesBounded: a peer sends 40 × 8 MiB requests behind a
+// busy worker. Reading and queueing them all would hold +320 MiB; the
+// server stops reading once the peer's queued bytes pass the budget, the
+// rest waits in libzmq (RecvHWM messages) and TCP, and every request is
+// still served once the worker is free.
 func TestQueuedRequestBytesBounded(t *testing.T) {
 	const n, size = 40, 8 << 20
 	h := start(t, rpc.Options{QueuedRequestBytes: 32 << 20, PeerQueuedRequestBytes: 16 << 20, RecvHWM: 4,
@@ -285,9 +285,9 @@ func TestQueuedRequestBytesBounded(t *testing.T) {
 	}
 }
 
-// TestPollFailureEndsServe: a socket that can no longer
-// be polled used to be retried every 10 ms forever; Serve now gives up after
-// repeated failures and returns the error.
+// TestPollFailureEndsServe: a socket that can no longer be polled is not
+// retried forever; Serve gives up after repeated failures and returns the
+// error.
 func TestPollFailureEndsServe(t *testing.T) {
 	var broken atomic.Bool
 	srv, err := rpc.New(rpc.Options{Host: "localhost", Profile: profile(t, "nongpu-v1"), Logger: quietLogger(),
@@ -351,9 +351,9 @@ func TestBindSeparateFromServe(t *testing.T) {
 	_ = srv3.Shutdown(context.Background())
 }
 
-// TestShutdownWaitsForHandlers (wire side): Serve used to
-// return nil with a handler still running (which may hold views of the pool).
-// Now Serve and Shutdown report it, and HandlersDone says when it ends.
+// TestShutdownWaitsForHandlers (wire side): Serve and Shutdown report a
+// handler still running (it may hold views of the pool) instead of
+// returning nil, and HandlersDone says when it ends.
 func TestShutdownWaitsForHandlers(t *testing.T) {
 	srv, err := rpc.New(rpc.Options{Host: "localhost", Profile: profile(t, "nongpu-v1"), Logger: quietLogger(),
 		DrainTimeout: 50 * time.Millisecond})
@@ -466,10 +466,10 @@ func TestMessageCapAndTokenCapOverTheWire(t *testing.T) {
 	noopWithin(t, c, 2*time.Second)
 }
 
-// TestHostilePayloadsOverTheWire: 8 MB of nested
-// arrays under an unknown key (a fatal stack overflow before), a 16 MiB model
-// name and a 16 MiB request id are decode errors whose log lines do not carry
-// the strings; the server keeps serving.
+// TestHostilePayloadsOverTheWire: 8 MB of nested arrays under an unknown
+// key (a recursive decoder overflows its stack, a fatal error), a 16 MiB
+// model name and a 16 MiB request id are decode errors whose log lines do
+// not carry the strings; the server keeps serving.
 func TestHostilePayloadsOverTheWire(t *testing.T) {
 	var mu sync.Mutex
 	var buf bytes.Buffer
