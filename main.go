@@ -24,7 +24,7 @@ import (
 
 	"kvdock/core/engine"
 	"kvdock/core/gpu"
-	"kvdock/core/l1"
+	"kvdock/core/hostmem"
 	"kvdock/core/logcap"
 	"kvdock/core/rpc"
 	"kvdock/settings"
@@ -150,7 +150,7 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	// A pool larger than the host would start, then prefault until the OOM
 	// killer ends it; refuse it like any other invalid setting. Unreadable
 	// meminfo (0) checks nothing.
-	avail, _ := l1.HostMemory{}.MemAvailable()
+	avail, _ := hostmem.Probe{}.MemAvailable()
 	if err := settings.CheckMemory(cfg, loaded.Sources, avail); err != nil {
 		fmt.Fprintf(stderr, "kvdock: invalid settings:\n%v\n", err)
 		return 2
@@ -193,7 +193,7 @@ func serve(args []string, stdout, stderr io.Writer) int {
 		Sources:  loaded.Sources,
 		Version:  buildVersion(),
 		Observer: m,
-		Memory:   l1.HostMemory{},
+		Memory:   hostmem.Probe{},
 		OnApply: func(_ context.Context, _, new settings.Config) error {
 			return web.Restart(new.HTTP)
 		},
@@ -252,7 +252,7 @@ func serve(args []string, stdout, stderr io.Writer) int {
 		}
 		go func() {
 			defer close(quit)
-			if err := dashboard.Run(dctx, eng, dashboard.Options{Version: buildVersion(), ConfigPath: path, LogFile: logCfg.File, Memory: l1.HostMemory{}}); err != nil {
+			if err := dashboard.Run(dctx, eng, dashboard.Options{Version: buildVersion(), ConfigPath: path, LogFile: logCfg.File, Memory: hostmem.Probe{}}); err != nil {
 				logger.Error("dashboard", "err", err)
 			}
 		}()

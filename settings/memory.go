@@ -3,7 +3,7 @@ package settings
 import "fmt"
 
 // MemoryProbe reports the memory the host can give a new pool: Linux's
-// MemAvailable (core/l1.HostMemory reads it). Tests pass a fixed figure.
+// MemAvailable (core/hostmem.Probe reads it). Tests pass a fixed figure.
 type MemoryProbe interface {
 	MemAvailable() (int64, error)
 }

@@ -8,10 +8,12 @@ import (
 	"sync"
 	"time"
 
+	"kvdock/core/hostmem"
 	"kvdock/core/keys"
 	"kvdock/core/l1"
 	"kvdock/core/layout"
 	"kvdock/core/lookup"
+	"kvdock/core/misses"
 	"kvdock/core/rpc"
 	"kvdock/core/whatif"
 	"kvdock/core/workers"
@@ -43,6 +45,10 @@ type plane struct {
 	// whatif estimates the hit ratio of other pool sizes from this
 	// plane's lookups and stores.
 	whatif *whatif.Estimator
+	// ghost remembers why the pool lost keys, for the miss reasons.
+	ghost *misses.Ghost
+	// placement is the last reading of where the pool's pages live.
+	placement hostmem.PlacementCache
 }
 
 // gate admits handlers until it is shut and says when the last one left.
@@ -151,6 +157,7 @@ func (e *Engine) buildPlane(cfg settings.Config) (*plane, error) {
 	}
 	plan := nongpu.PlanSegment(cfg.Server, cfg.L1, e.opts.PID, shmNameSource(e.sources))
 	est := whatif.New(whatif.Options{PoolBytes: cfg.L1.SizeBytes()})
+	ghost := misses.NewGhost(misses.DefaultGhostEntries)
 	pool, err := l1.Open(l1.Options{
 		Size:      cfg.L1.SizeBytes(),
 		Align:     int64(cfg.L1.AlignBytes),
@@ -168,7 +175,8 @@ func (e *Engine) buildPlane(cfg settings.Config) (*plane, error) {
 		},
 		OwnerLockShare: cfg.L1.MaxLockedSharePerInstance,
 		TotalLockShare: cfg.L1.MaxLockedShare,
-		WhatIf:         est,
+		Observer:       insight{est, ghost},
+		ObserveMax:     ghost.Entries(),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("L1 pool: %w", err)
@@ -186,6 +194,7 @@ func (e *Engine) buildPlane(cfg settings.Config) (*plane, error) {
 		sessions: keys.NewSessions(hasher, 600*time.Second, e.opts.Now),
 		layouts:  layout.NewRegistry(),
 		whatif:   est,
+		ghost:    ghost,
 		closed:   make(chan struct{}),
 		log:      e.log,
 		hook:     e.handlerHook,
@@ -202,7 +211,7 @@ func (e *Engine) buildPlane(cfg settings.Config) (*plane, error) {
 		JobTTL: time.Duration(cfg.L1.ReadTTLSeconds) * time.Second,
 		Logger: e.log.With("component", "lookup"),
 		Tiers:  p.tiers,
-		Misses: pool,
+		Misses: misses.NewClassifier(pool, ghost),
 		WhatIf: est,
 	})
 	p.transfer, err = nongpu.New(nongpu.Deps{

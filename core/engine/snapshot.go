@@ -116,7 +116,7 @@ func (e *Engine) Snapshot() Snapshot {
 	s.Protocol = cfg.Server.Protocol
 	s.Pool.ShmFree = shmFree()
 	s.Pool.HostAvailable = -1
-	if n, err := (l1.HostMemory{}).MemAvailable(); err == nil {
+	if n, err := (hostmem.Probe{}).MemAvailable(); err == nil {
 		s.Pool.HostAvailable = n
 	}
 	s.Host = hostInfo(p)
@@ -129,7 +129,7 @@ func (e *Engine) Snapshot() Snapshot {
 		s.Liveness = p.transfer.LivenessSettings().Summary()
 		s.Lookup = p.lookup.Stats()
 		s.Misses = p.lookup.Misses()
-		s.Misses.GhostEntries, s.Misses.GhostBytes = p.pool.Ghost()
+		s.Misses.GhostEntries, s.Misses.GhostBytes = p.ghost.Entries(), p.ghost.Bytes()
 		s.Sessions = p.sessions.Len()
 		s.Tiers = p.tiers.Stats()
 		s.WhatIf = p.whatif.Curve()
@@ -177,7 +177,7 @@ func hostInfo(p *plane) hostmem.Host {
 		if p == nil {
 			h.PoolErr = "no pool"
 		} else {
-			h.Pool, h.PoolErr = p.pool.Placement()
+			h.Pool, h.PoolErr = p.placement.Read(time.Now(), p.pool.Span)
 		}
 	}
 	return h

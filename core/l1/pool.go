@@ -38,8 +38,6 @@ import (
 	"kvdock/core/keys"
 	"kvdock/core/l1/alloc"
 	"kvdock/core/l1/segment"
-	"kvdock/core/misses"
-	"kvdock/core/whatif"
 )
 
 // SegmentPrefix starts every pool segment name.
@@ -172,9 +170,12 @@ type Options struct {
 	OwnerLockShare, TotalLockShare float64
 	// CloseWait bounds Close's wait for outstanding views; 0 = 10 s.
 	CloseWait time.Duration
-	// WhatIf, when set, is told of every object the pool takes in (key and
-	// allocated size), for the what-if pool size curve.
-	WhatIf *whatif.Estimator
+	// Observer, when set, is told what happens to objects (stored, lost,
+	// cleared) and of every eviction loop tick.
+	Observer Observer
+	// ObserveMax bounds the objects one Clear or one refused batch reports
+	// to the Observer one by one; 0 = DefaultObserveMax.
+	ObserveMax int
 }
 
 // Reservation is one object reserved by ReserveWrite: ks[Index] lives at
@@ -255,11 +256,11 @@ type Pool struct {
 	writeTTL  time.Duration
 	readTTL   time.Duration
 	st        Stats
-	// ghost remembers why recently lost or refused keys went (misses.go).
-	ghost *misses.Ghost
-
-	numaMu sync.Mutex
-	numa   placementCache
+	// obs hears what happens to objects (observer.go); key is the scratch
+	// key it is handed for a record.
+	obs        Observer
+	observeMax int
+	key        keys.ObjectKey
 
 	// Lock accounting: bytes locked per owner (an entry lives only while
 	// its owner holds locks, so the table is bounded by the locked records)
@@ -273,7 +274,6 @@ type Pool struct {
 	lastCapLog         int64 // unix ns of the last lock-cap log line
 	capSuppressed      uint64
 	readCapRefused     func(reason string) // called under mu
-	whatif             *whatif.Estimator
 }
 
 // ownerCharge is the bytes of locks one owner holds.
@@ -332,8 +332,11 @@ func Open(opts Options) (*Pool, error) {
 	if opts.CloseWait <= 0 {
 		opts.CloseWait = DefaultCloseWait
 	}
+	if opts.ObserveMax <= 0 {
+		opts.ObserveMax = DefaultObserveMax
+	}
 	p := &Pool{now: opts.Now, log: opts.Logger, tick: opts.Tick, closeWait: opts.CloseWait, owners: make(map[Owner]uint32),
-		readCapRefused: opts.ReadCapRefused, whatif: opts.WhatIf}
+		readCapRefused: opts.ReadCapRefused, obs: opts.Observer, observeMax: opts.ObserveMax}
 	if err := p.setEviction(opts.Policy, opts.Watermark, opts.Ratio); err != nil {
 		return nil, err
 	}
@@ -362,7 +365,6 @@ func Open(opts Options) (*Pool, error) {
 	}
 	p.seg = seg
 	p.t.init()
-	p.ghost = misses.NewGhost(misses.DefaultGhostEntries)
 	return p, nil
 }
 
@@ -473,7 +475,9 @@ func (p *Pool) maintain() {
 	if p.policy != PolicyLRU {
 		return
 	}
-	p.whatif.Tick(p.watermark, p.ratio)
+	if p.obs != nil {
+		p.obs.Tick(p.watermark, p.ratio)
+	}
 	if p.t.len() == 0 {
 		return
 	}

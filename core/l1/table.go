@@ -6,7 +6,6 @@ import (
 	"slices"
 
 	"kvdock/core/keys"
-	"kvdock/core/misses"
 )
 
 // The object table is laid out for a small Go heap at millions of objects:
@@ -78,7 +77,7 @@ type table struct {
 	nameList []nameKey
 	nameRefs []uint32
 	nameFree []uint32
-	nameWS   []wsSet // world sizes each name holds objects for (see misses.go)
+	nameWS   []wsSet // world sizes each name holds objects for (see readable.go)
 
 	writeLocked, readLocked int
 	doomed                  int
@@ -353,7 +352,7 @@ func (p *Pool) expire(i int32, now int64) bool {
 	switch {
 	case r.state == stateWrite:
 		if !r.doomed {
-			p.note(i, misses.Expired)
+			p.lost(i, LossExpired)
 		}
 		p.drop(i)
 		p.st.ExpiredWriteLocks++
@@ -387,7 +386,7 @@ func (p *Pool) evictable(i int32, now int64) bool {
 func (p *Pool) evictOne(now int64) bool {
 	for i := p.t.lru; i != nilRec; i = p.t.recs[i].prev {
 		if p.evictable(i, now) {
-			p.note(i, misses.Evicted)
+			p.lost(i, LossEvicted)
 			p.drop(i)
 			p.st.Evictions++
 			return true
@@ -430,7 +429,7 @@ func (p *Pool) ReserveWrite(owner Owner, ks []keys.ObjectKey, size int64) ([]Res
 	if unit > p.alloc.Size()/int64(len(ks)) {
 		p.mu.Lock()
 		p.st.AllocFailures++
-		p.noteKeys(ks, misses.Refused)
+		p.refused(ks, nil, unit)
 		p.mu.Unlock()
 		return nil, fmt.Errorf("%w: %d objects of %d bytes exceed the pool of %d bytes", ErrNoSpace, len(ks), size, p.alloc.Size())
 	}
@@ -473,14 +472,14 @@ func (p *Pool) ReserveWrite(owner Owner, ks []keys.ObjectKey, size int64) ([]Res
 	need := unit * int64(len(fresh))
 	if !p.feasible(need, now) {
 		p.st.AllocFailures++
-		p.noteRefused(ks, fresh)
+		p.refused(ks, fresh, unit)
 		return nil, fmt.Errorf("%w: %d objects of %d bytes, %d bytes free, %d locked", ErrNoSpace, len(fresh), size, p.alloc.Free(), p.lockedBytes)
 	}
 	// A batch that could fit but passes a cap is a lock-cap refusal, not
 	// "no space": the operator sees which limit refused it.
 	if err := p.capRefusal(owner, need, now); err != nil {
 		p.logCap(err, now)
-		p.noteRefused(ks, fresh)
+		p.refused(ks, fresh, unit)
 		return nil, err
 	}
 	offs := make([]int64, len(fresh))
@@ -488,7 +487,7 @@ func (p *Pool) ReserveWrite(owner Owner, ks []keys.ObjectKey, size int64) ([]Res
 		p.sweep(now) // expired locks give space back before anything is evicted
 		if !p.allocAll(offs, size) && !p.evictAndAlloc(offs, size, now) {
 			p.st.AllocFailures++
-			p.noteRefused(ks, fresh)
+			p.refused(ks, fresh, unit)
 			return nil, fmt.Errorf("%w: %d objects of %d bytes, %d bytes free", ErrNoSpace, len(fresh), size, p.alloc.Free())
 		}
 	}
@@ -496,7 +495,9 @@ func (p *Pool) ReserveWrite(owner Owner, ks []keys.ObjectKey, size int64) ([]Res
 	res := make([]Reservation, len(fresh))
 	for j, i := range fresh {
 		rec := p.t.add(ks[i], offs[j], size, unit)
-		p.whatif.Stored(&ks[i], unit)
+		if p.obs != nil {
+			p.obs.Stored(&ks[i], unit)
+		}
 		lock := p.lockWrite(rec, owner, deadline)
 		res[j] = Reservation{Index: i, Key: ks[i], Offset: offs[j], Length: size, rec: rec, lock: lock}
 	}
@@ -555,7 +556,7 @@ func (p *Pool) evictAndAlloc(offs []int64, size int64, now int64) bool {
 			return p.alloc.Free() >= need && p.allocAll(offs, size)
 		}
 		prev := p.t.recs[i].prev
-		p.note(i, misses.Evicted)
+		p.lost(i, LossEvicted)
 		p.drop(i)
 		p.st.Evictions++
 		i = prev
@@ -610,6 +611,9 @@ func (p *Pool) FinishWrite(rs []Reservation) bool {
 		p.st.StaleFinishes++
 		for _, r := range rs {
 			if i := p.holds(r, now); i != nilRec {
+				if !p.t.recs[i].doomed {
+					p.lost(i, LossAborted)
+				}
 				p.drop(i)
 			}
 		}
@@ -633,6 +637,9 @@ func (p *Pool) AbortWrite(rs []Reservation) {
 	now := p.now().UnixNano()
 	for _, r := range rs {
 		if i := p.holds(r, now); i != nilRec {
+			if !p.t.recs[i].doomed {
+				p.lost(i, LossAborted)
+			}
 			p.drop(i)
 		} else {
 			p.st.StaleFinishes++
@@ -661,8 +668,8 @@ func (p *Pool) Abandon(rs []Reservation, refs []ReadRef) {
 	p.abandonLocked(rs, refs, p.now().UnixNano(), false)
 }
 
-// abandonLocked is Abandon with p.mu held; expired notes the doomed keys as
-// lost to an expiry (for the miss reasons).
+// abandonLocked is Abandon with p.mu held; expired reports the doomed keys
+// as LossExpired rather than LossAborted.
 func (p *Pool) abandonLocked(rs []Reservation, refs []ReadRef, now int64, expired bool) {
 	for _, r := range rs {
 		i := p.holds(r, now)
@@ -675,7 +682,9 @@ func (p *Pool) abandonLocked(rs []Reservation, refs []ReadRef, now int64, expire
 		}
 		if rec := &p.t.recs[i]; !rec.doomed {
 			if expired {
-				p.note(i, misses.Expired)
+				p.lost(i, LossExpired)
+			} else {
+				p.lost(i, LossAborted)
 			}
 			rec.doomed = true
 			p.t.doomed++
@@ -916,7 +925,7 @@ func (p *Pool) Delete(ks []keys.ObjectKey) int {
 	n := 0
 	for _, k := range ks {
 		if i := p.lookup(k, now); i != nilRec && p.t.recs[i].state == stateReady && !p.t.recs[i].readLocked() {
-			p.note(i, misses.Cleared)
+			p.lost(i, LossCleared)
 			p.drop(i)
 			n++
 		}
@@ -939,9 +948,8 @@ func (p *Pool) ClearCounted() (objects int, bytes int64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.sweep(p.now().UnixNano()) // expired reservations are already absent
-	p.whatif.Cleared()
 	n, b := p.t.len()-p.t.doomed, p.t.bytes-p.t.doomedBytes
-	p.noteCleared()
+	p.cleared()
 	if len(p.t.locked) == 0 {
 		p.alloc.Reset()
 		p.t.init() // fresh maps: a cleared pool gives its table memory back

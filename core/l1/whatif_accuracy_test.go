@@ -107,6 +107,12 @@ func scanTrace(n int, scanDocs int, seed uint64) []traceReq {
 	return out
 }
 
+// estObserver feeds est what the pool reports, as the engine's observer
+// does; losses are for the miss record, not the curve.
+type estObserver struct{ *whatif.Estimator }
+
+func (estObserver) Lost(*keys.ObjectKey, int64, Loss) {}
+
 // alwaysLayouts registers every model (the replay has no workers).
 type alwaysLayouts struct{}
 
@@ -117,7 +123,7 @@ func (alwaysLayouts) GroupCount(string, int) int { return 1 }
 // watching it.
 func replay(t *testing.T, trace []traceReq, models []traceModel, poolBytes int64, tickEvery int, est *whatif.Estimator) float64 {
 	t.Helper()
-	p, err := Open(Options{Size: poolBytes, Align: accAlign, WhatIf: est})
+	p, err := Open(Options{Size: poolBytes, Align: accAlign, Observer: estObserver{est}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -46,7 +46,7 @@ type Tiers interface {
 	Prefetch(ctx context.Context, model string, worldSize int, ks []keys.ObjectKey, per, count int) int
 }
 
-// Classifier says why chunks missed; *l1.Pool satisfies it.
+// Classifier says why chunks missed; *misses.Classifier satisfies it.
 type Classifier interface {
 	// ClassifyMisses adds to c the reason each chunk of ks (per keys a
 	// chunk, chunk-major) is not a hit; stored is the reason of a chunk

@@ -2,7 +2,8 @@
 // the per-context tally the lookup module feeds, and the Ghost: a fixed-size
 // record of keys the L1 pool recently lost (evicted, expired, cleared) or
 // refused to store, so that "evicted" and "never stored" can be told apart
-// without keeping the keys themselves.
+// without keeping the keys themselves, and the Classifier that judges each
+// missed chunk from the ghost and what the pool answers of it.
 //
 // Objects in kvdock never expire by age: an object stays until it is
 // evicted, cleared or deleted. What expires is a lock: a store reserves its
@@ -194,9 +195,10 @@ func (t *Tally) Report() Report {
 // (8 ways a bucket, the oldest entry of a full bucket replaced first), so
 // memory is fixed at creation (8 bytes an entry plus 1 byte a bucket) and
 // recording or asking allocates nothing. A digest's low 3 bits carry the
-// reason; two keys collide only if 61 bits of their digests match. Ghost is
-// not safe for concurrent use: the pool calls it under its own lock.
+// reason; two keys collide only if 61 bits of their digests match. It is
+// safe for concurrent use; its lock is held for one bucket's scan.
 type Ghost struct {
+	mu     sync.Mutex
 	seed   maphash.Seed
 	slots  []uint64
 	cursor []uint8 // per bucket: the way written next
@@ -242,6 +244,11 @@ func (g *Ghost) Digest(chunk *keys.Hash, model, salt string, rank, group uint32)
 	return h.Sum64()
 }
 
+// DigestKey is Digest of k.
+func (g *Ghost) DigestKey(k *keys.ObjectKey) uint64 {
+	return g.Digest(&k.Chunk, k.Model, k.Salt, k.KVRank, k.Group)
+}
+
 func tagOf(d uint64) uint64 {
 	t := d &^ 7
 	if t == 0 {
@@ -253,6 +260,8 @@ func tagOf(d uint64) uint64 {
 // Note records that the key of digest d went for reason r (the latest
 // reason of a key wins).
 func (g *Ghost) Note(d uint64, r Reason) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
 	b := (d >> 3) & g.mask
 	bucket := g.slots[b*ways : b*ways+ways]
 	t := tagOf(d)
@@ -269,6 +278,8 @@ func (g *Ghost) Note(d uint64, r Reason) {
 
 // Find returns the reason recorded for digest d.
 func (g *Ghost) Find(d uint64) (Reason, bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
 	b := (d >> 3) & g.mask
 	t := tagOf(d)
 	for _, e := range g.slots[b*ways : b*ways+ways] {
