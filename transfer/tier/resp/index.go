@@ -12,11 +12,14 @@ import (
 // byte capacity.
 const maxIndexEntries = 1 << 18
 
-// index tracks this process's own writes to the server in LRU order, so the
-// tier can keep them under max_capacity_gb. It is approximate by design: the
-// server is shared and not ours (other hosts write under the same prefix,
-// Redis's own maxmemory policy or a TTL may drop keys behind our back), so
-// it counts what we wrote and evicts what we wrote, least recently used first.
+// index tracks this host's own values on the server in LRU order, so the
+// tier can keep them under max_capacity_gb: each counted at what the server
+// says it takes (MEMORY USAGE, see share.go), those of earlier runs adopted
+// at start from the copy kept on the server. It is approximate by design:
+// the server is shared and not ours (other hosts write under the same
+// prefix, Redis's own maxmemory policy or a TTL may drop keys behind our
+// back), so it counts what we wrote and evicts what we wrote, least
+// recently used first.
 type index struct {
 	mu       sync.Mutex
 	capacity int64
@@ -52,16 +55,57 @@ func (x *index) reserve(key string, size int64, now time.Time) ([]string, error)
 	if el, ok := x.m[key]; ok {
 		x.drop(el)
 	}
+	victims := x.trim(size, 1, now)
+	x.m[key] = x.ll.PushBack(&entry{key: key, size: size, written: now})
+	x.used += size
+	return victims, nil
+}
+
+// trim drops the least recently used entries until size more bytes and
+// entries more entries fit, and returns the keys to delete from the server
+// (entries past their TTL are dropped without a delete: the server did it).
+func (x *index) trim(size int64, entries int, now time.Time) []string {
 	var victims []string
-	for x.ll.Len() > 0 && (x.used+size > x.capacity || x.ll.Len() >= maxIndexEntries) {
+	for x.ll.Len() > 0 && (x.used+size > x.capacity || x.ll.Len()+entries > maxIndexEntries) {
 		e := x.drop(x.ll.Front())
 		if x.ttl == 0 || now.Sub(e.written) < x.ttl {
 			victims = append(victims, e.key)
 		}
 	}
-	x.m[key] = x.ll.PushBack(&entry{key: key, size: size, written: now})
-	x.used += size
-	return victims, nil
+	return victims
+}
+
+// resize sets key's size to what the server says it takes (the value's
+// length was counted until it answered) and returns the keys to delete to
+// stay within the capacity. A key no longer indexed stays out.
+func (x *index) resize(key string, size int64, now time.Time) []string {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	el, ok := x.m[key]
+	if !ok {
+		return nil
+	}
+	e := el.Value.(*entry)
+	x.used += size - e.size
+	e.size = size
+	return x.trim(0, 0, now)
+}
+
+// adopt counts entries of an earlier run (oldest first) as the least
+// recently used, except keys written since (their entries are newer), and
+// returns the keys to delete to stay within the capacity.
+func (x *index) adopt(entries []entry, now time.Time) []string {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	for i := len(entries) - 1; i >= 0; i-- {
+		e := entries[i]
+		if _, ok := x.m[e.key]; ok || (x.ttl > 0 && now.Sub(e.written) >= x.ttl) {
+			continue
+		}
+		x.m[e.key] = x.ll.PushFront(&e)
+		x.used += e.size
+	}
+	return x.trim(0, 0, now)
 }
 
 func (x *index) drop(el *list.Element) *entry {

@@ -130,6 +130,10 @@ type Tier struct {
 	legal atomic.Int64
 	// pinging is set while a health PING is under way (healthPing).
 	pinging atomic.Bool
+	// instance names this host's share of the server (share.go).
+	instance string
+	// noMemoryUsage is set once the server refused MEMORY USAGE (sizes).
+	noMemoryUsage atomic.Bool
 }
 
 // redirectSeen is a redirect answered by the node at from, to the node at to.
@@ -176,6 +180,7 @@ func Open(ctx context.Context, cfg RESPConfig, log *slog.Logger) (*Tier, error) 
 		cfg:      cfg,
 		log:      log.With("tier", "resp", "target", cfg.Target()),
 		target:   cfg.Target(),
+		instance: instanceName(cfg),
 		sem:      make(chan struct{}, cfg.NumWorkers),
 		smallSem: make(chan struct{}, cfg.NumWorkers),
 		idx:      newIndex(cfg.CapacityBytes, cfg.TTL),
@@ -231,6 +236,8 @@ func Open(ctx context.Context, cfg RESPConfig, log *slog.Logger) (*Tier, error) 
 		t.log.Info("resp tier connected", "config", cfg)
 	}
 	go t.monitor()
+	t.refreshes.Add(1)
+	go t.loadShare()
 	return t, nil
 }
 
@@ -386,10 +393,7 @@ func (t *Tier) Put(ctx context.Context, key string, value []byte) error {
 		t.idx.remove(key)
 		return t.fail(context.WithoutCancel(ctx), "put", err)
 	}
-	t.absent.forget(key)
-	t.learn(int64(len(value)))
-	t.writeBytes.Add(uint64(len(value)))
-	t.recovered()
+	t.written(ctx, key, int64(len(value)))
 	return nil
 }
 
@@ -403,22 +407,11 @@ func (t *Tier) reserve(ctx context.Context, c valkey.Client, key string, size in
 	if len(victims) == 0 {
 		return nil
 	}
-	// Victims are out of the index already: a failed DEL leaves them on
-	// the server until their TTL or the server's own eviction, which an
-	// approximate budget tolerates.
-	cmds := make(valkey.Commands, len(victims))
-	for i, v := range victims {
-		// UNLINK: the server frees the value off its event loop (a
-		// 32 MiB free stalls every client's command for ms).
-		cmds[i] = c.B().Unlink().Key(t.serverKey(v)).Build()
-	}
 	ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), callTimeout) // see detached
 	defer cancel()
-	for _, r := range c.DoMulti(ectx, cmds...) {
-		if err := r.Error(); err != nil {
-			t.idx.remove(key)
-			return t.fail(ectx, "evict", err)
-		}
+	if err := t.evict(ectx, c, "evict", victims); err != nil {
+		t.idx.remove(key)
+		return err
 	}
 	return nil
 }
@@ -453,10 +446,7 @@ func (t *Tier) PutParts(ctx context.Context, key string, head, payload []byte, v
 		}
 		return t.fail(ctx, "put", err)
 	}
-	t.absent.forget(key)
-	t.learn(size)
-	t.writeBytes.Add(uint64(size))
-	t.recovered()
+	t.written(ctx, key, size)
 	return nil
 }
 
@@ -568,10 +558,7 @@ func (t *Tier) refreshAbsent(key string) {
 func (t *Tier) Delete(ctx context.Context, key string) error {
 	return t.detached(ctx, "delete", true, func(c valkey.Client, dctx context.Context) error {
 		t.idx.remove(key)
-		if err := c.Do(dctx, c.B().Unlink().Key(t.serverKey(key)).Build()).Error(); err != nil {
-			return t.fail(dctx, "delete", err)
-		}
-		return nil
+		return t.evict(dctx, c, "delete", []string{key})
 	})
 }
 
