@@ -45,7 +45,7 @@ type RESPConfig struct {
 	// (0 = 2 s). Not an adapter field: tests on a loaded machine raise it.
 	DialTimeout time.Duration
 	// Instance names this host's share of a server other hosts may use
-	// too: its index of its own values is kept under it (index.go). ""
+	// too: the list of its own values is kept under it (share.go). ""
 	// = the host name. Not an adapter field: tests run two hosts in one.
 	Instance string
 }
