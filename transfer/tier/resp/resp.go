@@ -1,15 +1,16 @@
 // Package resp is the L2 tier on a Redis or Valkey server or cluster, shared
 // by every kvdock host that points at it. It talks RESP through valkey-go
-// (chosen over go-redis by a measured bake-off, see the closing note of issue
-// 14), keeps this process's own writes under max_capacity_gb by evicting them
-// least recently used first, and watches the connection: a failure marks the
-// tier down with the reason, calls then fail at once instead of waiting on a
-// dead server, and a background probe with exponential backoff brings the
-// tier back up by itself. While up, a PING every few seconds checks the
-// server also when no call touches the tier. The write-behind's values go out through
-// connections of the tier's own, streamed a piece at a time from their L1
-// bytes (stream.go). The password never appears in a log line, an error or
-// the snapshot.
+// (chosen over go-redis by a measured bake-off, see the closing note of
+// issue 14), keeps this host's own values (its earlier runs' too, see
+// share.go) under max_capacity_gb, counted at what the server says they
+// take, by evicting them least recently used first, and watches the
+// connection: a failure marks the tier down with the reason, calls then fail
+// at once instead of waiting on a dead server, and a background probe with
+// exponential backoff brings the tier back up by itself. While up, a PING
+// every few seconds checks the server also when no call touches the tier.
+// The write-behind's values go out through connections of the tier's own,
+// streamed a piece at a time from their L1 bytes (stream.go). The password
+// never appears in a log line, an error or the snapshot.
 package resp
 
 import (
