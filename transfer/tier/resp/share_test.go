@@ -7,15 +7,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/valkey-io/valkey-go"
-
 	"kvdock/core/testkit/logbuf"
 	"kvdock/core/testkit/redisserver"
 )
 
 // held is what the server holds under prefix besides the share lists: the
-// values (by the tier's key) and the bytes MEMORY USAGE gives for them,
-// counted by SCAN.
+// values (by the tier's key) and the bytes MEMORY USAGE gives for them.
 type held struct {
 	keys  map[string]int64
 	bytes int64
@@ -23,36 +20,22 @@ type held struct {
 
 func serverHolds(t *testing.T, s *redisserver.Server, prefix string) held {
 	t.Helper()
-	c, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{s.Addr}, ForceSingleClient: true, DisableCache: true})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	all, err := s.Holds(ctx, "*")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
 	h := held{keys: map[string]int64{}}
-	var cursor uint64
-	for {
-		e, err := c.Do(ctx, c.B().Scan().Cursor(cursor).Match("*").Count(1000).Build()).AsScanEntry()
-		if err != nil {
-			t.Fatal(err)
+	for k, n := range all {
+		name, ok := strings.CutPrefix(strings.TrimPrefix(k, "{}"), prefix)
+		if !ok || strings.HasPrefix(name, "index:") {
+			continue
 		}
-		for _, k := range e.Elements {
-			name, ok := strings.CutPrefix(strings.TrimPrefix(k, "{}"), prefix)
-			if !ok || strings.HasPrefix(name, "index:") {
-				continue
-			}
-			n, err := c.Do(ctx, c.B().MemoryUsage().Key(k).Samples(0).Build()).AsInt64()
-			if err != nil {
-				t.Fatalf("MEMORY USAGE %s: %v", k, err)
-			}
-			h.keys[name] = n
-			h.bytes += n
-		}
-		if cursor = e.Cursor; cursor == 0 {
-			return h
-		}
+		h.keys[name] = n
+		h.bytes += n
 	}
+	return h
 }
 
 // openLoaded opens a tier and waits until it has adopted its share.
