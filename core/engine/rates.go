@@ -78,8 +78,16 @@ const (
 // memory is fixed per server, per context seen (dropped when the context
 // goes) and per request kind of the profile.
 type rates struct {
+	// sampleMu makes a reading of the counters and its push into the
+	// histories one step, which a reset of the statistics does not split;
+	// it also guards marks.
+	sampleMu sync.Mutex
+	marks    []whatifMark
+
 	mu    sync.Mutex
 	taken time.Time
+	// resetAt is the last reset of the statistics (zero when none).
+	resetAt time.Time
 
 	lookups, asked, hit, tokens counterHistory
 	evictions                   counterHistory
@@ -304,6 +312,34 @@ func (r *rates) add(s sample) {
 	r.latMu.RUnlock()
 }
 
+// resetInsight starts the lookup, hit and tokens-saved histories (the
+// server's and each context's) again from now, with every lookup counter
+// read as zero: the caller zeroes those counters, with sampleMu held.
+func (r *rates) resetInsight(now time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.resetAt = now
+	r.marks = r.marks[:0]
+	for _, c := range []*counterHistory{&r.lookups, &r.asked, &r.hit, &r.tokens} {
+		c.h = series.NewHistory()
+		c.c = series.Counter{}
+		c.c.Delta(0)
+	}
+	r.tokensTotal = 0
+	for _, gc := range r.groups {
+		for _, c := range []*series.Counter{&gc.lookups, &gc.asked, &gc.hit, &gc.tokens} {
+			*c = series.Counter{}
+			c.Delta(0)
+		}
+	}
+	for _, c := range r.ctx {
+		for _, h := range []*series.History{&c.lookups, &c.asked, &c.hit, &c.tok} {
+			*h = series.NewHistoryOf(ctxFineLen, ctxCoarseLen)
+		}
+		c.tokensTotal = 0
+	}
+}
+
 // Window copies the histories for a snapshot.
 func (r *rates) window() Rates {
 	r.mu.Lock()
@@ -360,8 +396,11 @@ func (e *Engine) runRates(ctx context.Context) {
 // sampleRates reads the running plane's counters into the histories; a
 // stopped engine (between planes) records zero rates.
 func (e *Engine) sampleRates() {
+	e.rates.sampleMu.Lock()
+	defer e.rates.sampleMu.Unlock()
 	s := sample{now: e.opts.Now()}
 	if p := e.cur.Load().plane; p != nil {
+		e.rates.markWhatIf(s.now, p.whatif)
 		s.lookup = p.lookup.Stats()
 		s.groups = p.lookup.ModelStats()
 		s.contexts = p.transfer.Contexts()

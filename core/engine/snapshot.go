@@ -77,6 +77,12 @@ type Snapshot struct {
 	// WhatIf is the estimated hit ratio at other pool sizes (empty points
 	// until lookups were seen).
 	WhatIf whatif.Curve
+	// Stats says what the insight figures (hit ratio, tokens saved, miss
+	// breakdown, what-if) cover.
+	Stats StatsWindow
+	// Unregistered are models that lookups named with no worker registered
+	// (each answered 0), most recent first.
+	Unregistered []lookup.Unregistered
 }
 
 // Rebuilt says when the pool was last rebuilt and how many registered
@@ -133,7 +139,9 @@ func (e *Engine) Snapshot() Snapshot {
 		s.Sessions = p.sessions.Len()
 		s.Tiers = p.tiers.Stats()
 		s.WhatIf = p.whatif.Curve()
+		s.Unregistered = p.lookup.Unregistered()
 	}
+	s.Stats = e.rates.statsWindow(s.Started, s.WhatIf.Sampled)
 	if f != nil {
 		s.Endpoint = f.srv.Endpoint()
 		s.Requests = f.srv.Stats()

@@ -1,6 +1,10 @@
 package httpapi
 
-import "kvdock/core/misses"
+import (
+	"time"
+
+	"kvdock/core/misses"
+)
 
 // MissesStatus says why lookups missed: every chunk a LOOKUP asked for and
 // did not hit (lookup.requested_chunks - lookup.hit_chunks) counted under
@@ -22,6 +26,9 @@ type MissesStatus struct {
 	// refused keys that tells evicted (and the rest) from never stored.
 	GhostEntries int   `json:"ghost_entries"`
 	GhostBytes   int64 `json:"ghost_bytes"`
+	// Since is when the counts began: the start, the last reset or the
+	// last pool rebuild. Benchmark lookups are not counted.
+	Since *time.Time `json:"since,omitempty"`
 }
 
 // ContextMissesStatus is the miss breakdown of one lookup context.

@@ -3,6 +3,7 @@ package httpapi
 import (
 	"math"
 	"strconv"
+	"time"
 
 	"kvdock/core/engine"
 	"kvdock/core/series"
@@ -26,8 +27,10 @@ type RatesStatus struct {
 }
 
 // RatesSummary is the means over the window (HitRatio is hit chunks ÷
-// asked chunks over it; null without lookups).
+// asked chunks over it; null without lookups). WindowSeconds is the span
+// they cover: window_seconds, or less right after a start or a reset.
 type RatesSummary struct {
+	WindowSeconds          float64  `json:"window_seconds"`
 	LookupsPerSecond       float64  `json:"lookups_per_s"`
 	HitRatio               *float64 `json:"hit_ratio"`
 	StoreBytesPerSecond    float64  `json:"store_bytes_per_s"`
@@ -73,10 +76,12 @@ type ContextRatesStatus struct {
 }
 
 // TokensSavedStatus is the prefill tokens served from cache (hit chunks ×
-// chunk size): since the server started and in the last hour.
+// chunk size): since Since (the start or the last reset) and in the last
+// hour (of that).
 type TokensSavedStatus struct {
-	Total    int64 `json:"total"`
-	LastHour int64 `json:"last_hour"`
+	Total    int64      `json:"total"`
+	LastHour int64      `json:"last_hour"`
+	Since    *time.Time `json:"since,omitempty"`
 }
 
 // ratioSeries marshals NaN (no lookups that second) as null.
@@ -135,6 +140,7 @@ func ratesStatus(s engine.Snapshot) (RatesStatus, TokensSavedStatus) {
 	}
 	srv := out.Server
 	out.LastMinute = RatesSummary{
+		WindowSeconds:          float64(len(srv.LookupsPerSecond)) * out.StepSeconds,
 		LookupsPerSecond:       mean(srv.LookupsPerSecond),
 		StoreBytesPerSecond:    mean(srv.StoreBytesPerSecond),
 		RetrieveBytesPerSecond: mean(srv.RetrieveBytesPerSecond),
@@ -169,5 +175,5 @@ func ratesStatus(s engine.Snapshot) (RatesStatus, TokensSavedStatus) {
 		}
 		out.Contexts = append(out.Contexts, cs)
 	}
-	return out, TokensSavedStatus{Total: sv.TokensSavedTotal, LastHour: int64(math.Round(sv.TokensSavedHour))}
+	return out, TokensSavedStatus{Total: sv.TokensSavedTotal, LastHour: int64(math.Round(sv.TokensSavedHour)), Since: timePtr(s.Stats.Since)}
 }

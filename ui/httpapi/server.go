@@ -7,6 +7,7 @@
 //	GET  /metrics      Prometheus text from kvdock's private registry
 //	POST /clear-cache  drop every object in the L1 pool; answers the objects and bytes dropped
 //	POST /unregister?instance_id=N  remove worker instance N (as its own unregister would)
+//	POST /reset-stats  zero the insight figures (hit ratio, tokens saved, miss breakdown, what-if)
 //
 // Each path is also served under /api/. Mutating endpoints require
 // "Authorization: Bearer <token>" when a token is configured. Errors are JSON
@@ -113,8 +114,9 @@ func New(eng Engine, opts Options) *Server {
 		"/metrics":     {method: http.MethodGet, serve: s.metrics.ServeHTTP},
 		"/clear-cache": {method: http.MethodPost, mutating: true, serve: s.clearCache},
 		"/unregister":  {method: http.MethodPost, mutating: true, serve: s.unregister},
+		"/reset-stats": {method: http.MethodPost, mutating: true, serve: s.resetStats},
 	}
-	for _, p := range []string{"/healthcheck", "/status", "/conf", "/metrics", "/clear-cache", "/unregister"} {
+	for _, p := range []string{"/healthcheck", "/status", "/conf", "/metrics", "/clear-cache", "/unregister", "/reset-stats"} {
 		s.routes["/api"+p] = s.routes[p]
 	}
 	s.handler = http.HandlerFunc(s.dispatch)
@@ -231,7 +233,7 @@ func (s *Server) dispatch(w http.ResponseWriter, r *http.Request) {
 
 	rt, ok := s.routes[r.URL.Path]
 	if !ok {
-		writeError(rw, http.StatusNotFound, fmt.Sprintf("no such endpoint %q; try /healthcheck, /status, /conf, /metrics, POST /clear-cache or POST /unregister", r.URL.Path))
+		writeError(rw, http.StatusNotFound, fmt.Sprintf("no such endpoint %q; try /healthcheck, /status, /conf, /metrics, POST /clear-cache, POST /unregister or POST /reset-stats", r.URL.Path))
 		return
 	}
 	if r.Method != rt.method && !(rt.method == http.MethodGet && r.Method == http.MethodHead) {
@@ -308,7 +310,7 @@ func (s *Server) root(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{
 		"status":    "ok",
 		"service":   "kvdock HTTP API",
-		"endpoints": []string{"GET /healthcheck", "GET /status", "GET /conf", "GET /metrics", "POST /clear-cache", "POST /unregister?instance_id=N"},
+		"endpoints": []string{"GET /healthcheck", "GET /status", "GET /conf", "GET /metrics", "POST /clear-cache", "POST /unregister?instance_id=N", "POST /reset-stats"},
 	})
 }
 
@@ -351,11 +353,16 @@ type ClearResult struct {
 	Bytes   int64  `json:"bytes_cleared"`
 }
 
-func (s *Server) clearCache(w http.ResponseWriter, r *http.Request) {
-	by := engine.ClearByHTTP
+// origin is who sent r, for the events: kvdock ctl or the HTTP API.
+func origin(r *http.Request) engine.ClearOrigin {
 	if strings.HasPrefix(r.UserAgent(), CtlAgent) {
-		by = engine.ClearByCtl
+		return engine.ClearByCtl
 	}
+	return engine.ClearByHTTP
+}
+
+func (s *Server) clearCache(w http.ResponseWriter, r *http.Request) {
+	by := origin(r)
 	c, err := s.eng.ClearCache(by)
 	if err != nil {
 		writeJSON(w, http.StatusServiceUnavailable, ClearResult{Status: "error", Reason: err.Error()})
@@ -391,10 +398,7 @@ func (s *Server) unregister(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("instance_id %q is not a 64-bit integer", shown))
 		return
 	}
-	by := engine.ClearByHTTP
-	if strings.HasPrefix(r.UserAgent(), CtlAgent) {
-		by = engine.ClearByCtl
-	}
+	by := origin(r)
 	err = s.eng.RemoveInstance(id, by)
 	switch {
 	case errors.Is(err, engine.ErrUnknownInstance):

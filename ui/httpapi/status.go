@@ -70,6 +70,11 @@ type Status struct {
 	TokensSaved TokensSavedStatus `json:"tokens_saved"`
 	// WhatIf is the estimated hit ratio of other pool sizes.
 	WhatIf WhatIfStatus `json:"whatif"`
+	// StatsSince is when the insight figures (hit ratio, tokens saved,
+	// miss breakdown, what-if) started: the start or the last reset
+	// (StatsResetAt, POST /reset-stats); each figure also says its window.
+	StatsSince   *time.Time `json:"stats_since,omitempty"`
+	StatsResetAt *time.Time `json:"stats_reset_at,omitempty"`
 }
 
 // TierStatus is one L2 tier: its state with the reason, its figures and its
@@ -281,6 +286,33 @@ type LookupStatus struct {
 	ExpiredJobs     int64 `json:"expired_jobs"`
 	FreedKeys       int64 `json:"freed_keys"`
 	TouchedKeys     int64 `json:"touched_keys"`
+	// Bench is the benchmark's lookups (models named "kvdock-bench:…"),
+	// left out of the figures above, of rates, tokens_saved, misses and
+	// whatif.
+	Bench BenchLookupStatus `json:"bench"`
+	// UnregisteredModels are models lookups named while no worker had
+	// registered them (after a restart, before the workers register
+	// again): each such lookup answers 0 and counts as an early exit.
+	UnregisteredModels []UnregisteredStatus `json:"unregistered_models"`
+}
+
+// BenchLookupStatus are the benchmark's lookup counters.
+type BenchLookupStatus struct {
+	Lookups         int64 `json:"lookups"`
+	EarlyExits      int64 `json:"early_exits"`
+	Failures        int64 `json:"failures"`
+	RequestedChunks int64 `json:"requested_chunks"`
+	HitChunks       int64 `json:"hit_chunks"`
+}
+
+// UnregisteredStatus is one model looked up with no registered worker.
+type UnregisteredStatus struct {
+	ModelName string    `json:"model_name"`
+	WorldSize int       `json:"world_size"`
+	Lookups   int64     `json:"lookups"`
+	LastAt    time.Time `json:"last_at"`
+	// Message says it in words, as the dashboard does.
+	Message string `json:"message"`
 }
 
 // RequestsStatus are the wire server's counters.
@@ -544,9 +576,25 @@ func NewStatus(s engine.Snapshot) Status {
 	out.Lookup = LookupStatus{Lookups: l.Lookups, EarlyExits: l.EarlyExits, Failures: l.Failures,
 		RequestedTokens: l.RequestedTokens, RequestedChunks: l.RequestedChunks, HitChunks: l.HitChunks,
 		HitTokens: l.HitTokens, ActiveJobs: l.ActiveJobs, AnsweredJobs: l.AnsweredJobs,
-		ReplacedJobs: l.ReplacedJobs, ExpiredJobs: l.ExpiredJobs, FreedKeys: l.FreedKeys, TouchedKeys: l.TouchedKeys}
+		ReplacedJobs: l.ReplacedJobs, ExpiredJobs: l.ExpiredJobs, FreedKeys: l.FreedKeys, TouchedKeys: l.TouchedKeys,
+		Bench: BenchLookupStatus{Lookups: l.Bench.Lookups, EarlyExits: l.Bench.EarlyExits, Failures: l.Bench.Failures,
+			RequestedChunks: l.Bench.RequestedChunks, HitChunks: l.Bench.HitChunks},
+		UnregisteredModels: make([]UnregisteredStatus, 0, len(s.Unregistered))}
+	for _, u := range s.Unregistered {
+		name := shown(u.Model, ShownNameBytes)
+		out.Lookup.UnregisteredModels = append(out.Lookup.UnregisteredModels, UnregisteredStatus{
+			ModelName: name, WorldSize: u.WorldSize, Lookups: u.Lookups, LastAt: u.Last,
+			Message: engine.UnregisteredMessage(name, u.WorldSize)})
+	}
+	out.StatsSince, out.StatsResetAt = timePtr(s.Stats.Since), timePtr(s.Stats.ResetAt)
 
 	out.Misses = missesStatus(s.Misses)
+	out.Misses.Since = timePtr(s.Stats.PlaneStart(s.Rebuilt.At))
+	if from := s.Stats.WhatIfStart(s.Rebuilt.At); !from.IsZero() {
+		out.WhatIf.WindowSince = &from
+		out.WhatIf.WindowSeconds = max(0, s.Taken.Sub(from).Seconds())
+		out.WhatIf.Window = "last " + engine.WindowLabel(from, s.Taken)
+	}
 	for i := range out.Misses.Contexts {
 		out.Misses.Contexts[i].ModelName = shown(out.Misses.Contexts[i].ModelName, ShownNameBytes)
 	}

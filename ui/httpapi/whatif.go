@@ -1,6 +1,10 @@
 package httpapi
 
-import "kvdock/core/whatif"
+import (
+	"time"
+
+	"kvdock/core/whatif"
+)
 
 // WhatIfStatus is the what-if pool size estimate: the hit ratio the recent
 // traffic would get from pools of other sizes, and what it rests on.
@@ -19,6 +23,13 @@ type WhatIfStatus struct {
 	TrackedObjects   int     `json:"tracked_objects"`
 	TrackedLimit     int     `json:"tracked_limit"`
 	MemoryBytes      int64   `json:"memory_bytes"`
+	// WindowSince is where the window the points rest on begins (the
+	// lookups before it weigh less, or there are none), WindowSeconds its
+	// length at taken_at and Window the same in words ("last 10 min").
+	// Benchmark lookups are not shown to the estimator.
+	WindowSince   *time.Time `json:"window_since,omitempty"`
+	WindowSeconds float64    `json:"window_seconds"`
+	Window        string     `json:"window"`
 }
 
 // WhatIfPoint is the estimated hit ratio of one pool size.

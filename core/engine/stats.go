@@ -1,0 +1,147 @@
+package engine
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	"kvdock/core/whatif"
+)
+
+// StatsWindow says what the insight figures (hit ratio, tokens saved, miss
+// breakdown, what-if) cover, so that every face can label them.
+type StatsWindow struct {
+	// Since is when the figures started: the engine's start or the last
+	// reset, whichever is later. The miss breakdown and the what-if also
+	// restart with a pool rebuild (Snapshot.Rebuilt).
+	Since time.Time
+	// ResetAt is the last reset (zero when none).
+	ResetAt time.Time
+	// WhatIfFrom is where the what-if curve's window begins: it weighs
+	// the last whatif.DefaultWindow sampled lookups most, and this is when
+	// the oldest of them came. Zero when all its lookups since Since (or
+	// the rebuild) still count in full.
+	WhatIfFrom time.Time
+}
+
+// ResetStats zeroes the insight figures: the lookup counters and per-model
+// figures, the miss breakdown, the what-if curve's counts, and the hit,
+// lookup and tokens-saved histories. What the cache holds, the jobs and
+// the locks stay as they are. by says who asked, for the events.
+func (e *Engine) ResetStats(by ClearOrigin) (time.Time, error) {
+	p := e.cur.Load().plane
+	if p == nil || !p.gate.enter() {
+		return time.Time{}, errNotRunning
+	}
+	defer p.gate.exit()
+	now := e.opts.Now()
+	// Under the sampler's lock: a reading of the counters taken before the
+	// reset must not be rated against the zeroed histories.
+	e.rates.sampleMu.Lock()
+	p.lookup.ResetStats()
+	p.whatif.ResetCounts()
+	e.rates.resetInsight(now)
+	e.rates.sampleMu.Unlock()
+	e.events.add(EventLifecycle, slog.LevelInfo, fmt.Sprintf("statistics reset by %s: hit ratio, tokens saved, miss breakdown and what-if start again", by))
+	e.log.Info("statistics reset", "by", string(by))
+	return now, nil
+}
+
+// whatifMarkEvery is how often the sampler notes the what-if's sampled
+// lookups; whatifMarks how many notes it keeps (an hour).
+const (
+	whatifMarkEvery = 10 * time.Second
+	whatifMarks     = 360
+)
+
+// whatifMark is the what-if's sampled lookups at a time.
+type whatifMark struct {
+	at      time.Time
+	sampled uint64
+}
+
+// markWhatIf notes the what-if's sampled lookups now, at most once every
+// whatifMarkEvery. A count below the last one (a reset, a rebuild) starts
+// the notes again. Called with sampleMu held.
+func (r *rates) markWhatIf(now time.Time, est *whatif.Estimator) {
+	n := len(r.marks)
+	if n > 0 && now.Sub(r.marks[n-1].at) < whatifMarkEvery {
+		return
+	}
+	sampled := est.Curve().Sampled
+	if n > 0 && sampled < r.marks[n-1].sampled {
+		r.marks = r.marks[:0]
+	}
+	if len(r.marks) == whatifMarks {
+		r.marks = append(r.marks[:0], r.marks[1:]...)
+	}
+	r.marks = append(r.marks, whatifMark{now, sampled})
+}
+
+// whatifFrom is when the last whatif.DefaultWindow sampled lookups began
+// (to whatifMarkEvery), zero when fewer came since the notes began.
+func (r *rates) whatifFrom(sampled uint64) time.Time {
+	r.sampleMu.Lock()
+	defer r.sampleMu.Unlock()
+	if sampled < whatif.DefaultWindow {
+		return time.Time{}
+	}
+	for i := len(r.marks) - 1; i >= 0; i-- {
+		if r.marks[i].sampled <= sampled-whatif.DefaultWindow {
+			return r.marks[i].at
+		}
+	}
+	return time.Time{}
+}
+
+// statsWindow is the window of the insight figures for a snapshot whose
+// engine started at started and whose what-if sampled so many lookups.
+func (r *rates) statsWindow(started time.Time, sampled uint64) StatsWindow {
+	w := StatsWindow{Since: started, WhatIfFrom: r.whatifFrom(sampled)}
+	r.mu.Lock()
+	w.ResetAt = r.resetAt
+	r.mu.Unlock()
+	if w.ResetAt.After(w.Since) {
+		w.Since = w.ResetAt
+	}
+	return w
+}
+
+// UnregisteredMessage says, for the faces, that lookups of model at
+// worldSize find no registered worker.
+func UnregisteredMessage(model string, worldSize int) string {
+	return fmt.Sprintf("no worker registered for model %s (world size %d): lookups answer 0", model, worldSize)
+}
+
+// WindowLabel names a window that began at from, seen at now: "1 min",
+// "10 min", "2 h" (rounded; "<1 min" under half a minute).
+func WindowLabel(from, now time.Time) string {
+	d := now.Sub(from)
+	switch {
+	case d < 30*time.Second:
+		return "<1 min"
+	case d < 90*time.Minute:
+		return fmt.Sprintf("%d min", int(d.Round(time.Minute)/time.Minute))
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%d h", int(d.Round(time.Hour)/time.Hour))
+	}
+	return fmt.Sprintf("%d d", int(d.Round(24*time.Hour)/(24*time.Hour)))
+}
+
+// PlaneStart is where the figures a pool rebuild restarts (miss
+// breakdown, what-if counts) begin: Since, or the later rebuild.
+func (w StatsWindow) PlaneStart(rebuilt time.Time) time.Time {
+	if rebuilt.After(w.Since) {
+		return rebuilt
+	}
+	return w.Since
+}
+
+// WhatIfStart is where the what-if curve's window begins: WhatIfFrom when
+// older lookups weigh less, else PlaneStart.
+func (w StatsWindow) WhatIfStart(rebuilt time.Time) time.Time {
+	if !w.WhatIfFrom.IsZero() {
+		return w.WhatIfFrom
+	}
+	return w.PlaneStart(rebuilt)
+}
