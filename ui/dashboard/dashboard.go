@@ -26,6 +26,13 @@
 //	editing      enter accept (refused while the value is invalid), esc cancel,
 //	             ctrl+u clear the field, ctrl+r put the default back
 //
+// The model (model.go) draws the header, the tabs, the help bar, the help
+// screen and the yes/no questions, and routes keys and the screen to the
+// pane on show. Each pane is a component (pane.go) that owns its state,
+// keys, Update, View and size; they share the snapshot, the running config,
+// the styles, the status line, the event log and the question on screen
+// through one programContext (context.go).
+//
 // Save edits the file in place (settings.SaveFile): its comments, order and
 // mode stay, values from the environment and flags never reach it, and
 // without a file it creates $XDG_CONFIG_HOME/kvdock/config.yaml (0600).

@@ -155,7 +155,7 @@ func TestFilter(t *testing.T) {
 // selectKey moves the settings selection to key.
 func selectKey(t *testing.T, m *Model, key string) {
 	t.Helper()
-	for i, k := range m.keyInfos {
+	for i, k := range m.settings.keyInfos {
 		if k.Key == key {
 			press(t, m, "g")
 			for range i {
@@ -187,8 +187,8 @@ func TestSettingsEditValidation(t *testing.T) {
 	press(t, m, "enter")
 	s = screen(m)
 	mustContain(t, s, "1 pending edit(s)", "server.port")
-	if m.pending.Server.Port != 7001 {
-		t.Fatalf("pending port = %d", m.pending.Server.Port)
+	if m.settings.pending.Server.Port != 7001 {
+		t.Fatalf("pending port = %d", m.settings.pending.Server.Port)
 	}
 	if len(f.applyCalls()) != 0 {
 		t.Fatal("editing must not apply")
@@ -197,11 +197,11 @@ func TestSettingsEditValidation(t *testing.T) {
 	press(t, m, "enter", "ctrl+u")
 	typeText(t, m, "9")
 	press(t, m, "esc")
-	if m.pending.Server.Port != 7001 {
-		t.Fatalf("esc changed the value: %d", m.pending.Server.Port)
+	if m.settings.pending.Server.Port != 7001 {
+		t.Fatalf("esc changed the value: %d", m.settings.pending.Server.Port)
 	}
 	press(t, m, "u")
-	if m.pending.Server.Port != 5555 {
+	if m.settings.pending.Server.Port != 5555 {
 		t.Fatal("u did not discard")
 	}
 }
@@ -213,7 +213,7 @@ func TestShmNameEmptyVersusAuto(t *testing.T) {
 	selectKey(t, m, "server.shm_name")
 	// ctrl+u empties the field: the empty string, SHM off.
 	press(t, m, "enter", "ctrl+u", "enter")
-	if p := m.pending.Server.ShmName; p == nil || *p != "" {
+	if p := m.settings.pending.Server.ShmName; p == nil || *p != "" {
 		t.Fatalf("want empty shm_name, got %v", p)
 	}
 	mustContain(t, screen(m), `* server.shm_name`, `""`)
@@ -221,14 +221,14 @@ func TestShmNameEmptyVersusAuto(t *testing.T) {
 	press(t, m, "enter", "ctrl+r")
 	mustContain(t, screen(m), "new value: (auto)")
 	press(t, m, "enter")
-	if m.pending.Server.ShmName != nil {
-		t.Fatalf("want auto, got %q", *m.pending.Server.ShmName)
+	if m.settings.pending.Server.ShmName != nil {
+		t.Fatalf("want auto, got %q", *m.settings.pending.Server.ShmName)
 	}
 	// Typing "" also means empty.
 	press(t, m, "enter", "ctrl+u")
 	typeText(t, m, `""`)
 	press(t, m, "enter")
-	if p := m.pending.Server.ShmName; p == nil || *p != "" {
+	if p := m.settings.pending.Server.ShmName; p == nil || *p != "" {
 		t.Fatalf(`"" typed: want empty shm_name, got %v`, p)
 	}
 	// A bad name is refused inline.
@@ -314,7 +314,7 @@ func TestApplyNothingAndInvalid(t *testing.T) {
 	press(t, m, "5", "a")
 	mustContain(t, screen(m), "nothing to apply")
 	// An invalid pending config (made through the API, not the editor) is refused.
-	m.pending.Server.Port = 0
+	m.settings.pending.Server.Port = 0
 	press(t, m, "a")
 	mustContain(t, screen(m), "INVALID: 1 problem(s)", "server.port = 0 (from dashboard): must be in 1..65535")
 	if len(f.applyCalls()) != 0 {
@@ -496,17 +496,17 @@ func TestSettingsFind(t *testing.T) {
 	m := newTestModel(t, newFakeEngine(t), 80, 24)
 	press(t, m, "5", "/")
 	typeText(t, m, "ratio")
-	if k := m.keyInfos[m.setSel].Key; k != "eviction.ratio" {
+	if k := m.settings.keyInfos[m.settings.cur.sel].Key; k != "eviction.ratio" {
 		t.Fatalf("find ratio selected %s", k)
 	}
 	// "port" is exactly server.port's leaf, before http.port.
 	press(t, m, "ctrl+u")
 	typeText(t, m, "port")
-	if k := m.keyInfos[m.setSel].Key; k != "server.port" {
+	if k := m.settings.keyInfos[m.settings.cur.sel].Key; k != "server.port" {
 		t.Fatalf("find port selected %s", k)
 	}
 	press(t, m, "esc")
-	if m.setSel != 0 {
+	if m.settings.cur.sel != 0 {
 		t.Fatal("esc must restore the selection")
 	}
 }

@@ -141,41 +141,15 @@ func newConfirmKeys() confirmKeys {
 
 func (k confirmKeys) list() []key.Binding { return []key.Binding{k.Yes, k.No} }
 
-// keyMap is every view's key map; the help bar and the help screen are
-// generated from the one in use.
+// keyMap is the keys every view shares; each pane has its own beside
+// them, and the help bar and the help screen are generated from the ones
+// in use.
 type keyMap struct {
-	Global   globalKeys
-	Contexts contextKeys
-	Filter   promptKeys // while typing a contexts filter
-	EvFilter promptKeys // while typing an events filter
-	Find     promptKeys // while typing a setting's name to jump to it
-	Events   eventKeys
-	Settings settingsKeys
-	Edit     editKeys
-	Confirm  confirmKeys
-	List     listKeys
+	Global  globalKeys
+	List    listKeys
+	Confirm confirmKeys
 }
 
 func newKeyMap() keyMap {
-	return keyMap{
-		Global:   newGlobalKeys(),
-		Contexts: newContextKeys(),
-		Filter:   newPromptKeys("keep filter", "clear filter"),
-		EvFilter: newPromptKeys("keep filter", "clear filter"),
-		Find:     newPromptKeys("select", "back"),
-		Events:   newEventKeys(),
-		Settings: newSettingsKeys(),
-		Edit:     newEditKeys(),
-		Confirm:  newConfirmKeys(),
-		List:     newListKeys(),
-	}
+	return keyMap{Global: newGlobalKeys(), List: newListKeys(), Confirm: newConfirmKeys()}
 }
-
-// helpKeys adapts a view's bindings to bubbles' help.KeyMap.
-type helpKeys struct {
-	short []key.Binding
-	full  [][]key.Binding
-}
-
-func (h helpKeys) ShortHelp() []key.Binding  { return h.short }
-func (h helpKeys) FullHelp() [][]key.Binding { return h.full }

@@ -23,9 +23,9 @@ type latencyRow struct {
 }
 
 // latencyRows are the request kinds seen in the last minute, busiest first.
-func (m *Model) latencyRows() []latencyRow {
+func (pc *programContext) latencyRows() []latencyRow {
 	var rows []latencyRow
-	for name, l := range m.snap.Rates.Latency {
+	for name, l := range pc.snap.Rates.Latency {
 		rate := l.Rate.Mean(minuteSeconds)
 		if !(rate > 0) { // NaN too
 			continue
@@ -87,10 +87,10 @@ func latText(s float64) string {
 // last minute, at most a third of h rows of kinds, with a sparkline of each
 // second's p99 where the width has room for one of at least 10 cells;
 // then a blank line.
-func (m *Model) latencyBlock(w, h int) []string {
-	rows := m.latencyRows()
+func (pc *programContext) latencyBlock(w, h int) []string {
+	rows := pc.latencyRows()
 	if len(rows) == 0 {
-		return []string{m.st.Bold.Render("Latency   ") + m.st.Faint.Render("no requests in the last minute"), ""}
+		return []string{pc.st.Bold.Render("Latency   ") + pc.st.Faint.Render("no requests in the last minute"), ""}
 	}
 	const nameHead = "REQUEST, LAST MIN"
 	nameW := len(nameHead)
@@ -116,7 +116,7 @@ func (m *Model) latencyBlock(w, h int) []string {
 	if sparkW >= 10 {
 		title = head + "   P99 EACH SECOND · last " + durationText(time.Duration(sparkW)*series.FineStep)
 	}
-	out := []string{m.st.Header.Render(fit(title, w))}
+	out := []string{pc.st.Header.Render(fit(title, w))}
 	show := min(len(rows), max(1, (h-4)/3))
 	if show < len(rows) {
 		show = max(1, show-1) // the last row says what is left out
@@ -133,7 +133,7 @@ func (m *Model) latencyBlock(w, h int) []string {
 		for i, r := range left {
 			names[i] = r.name
 		}
-		out = append(out, fit(m.st.Faint.Render(fmt.Sprintf("+%d more: %s", len(left), strings.Join(names, ", "))), w))
+		out = append(out, fit(pc.st.Faint.Render(fmt.Sprintf("+%d more: %s", len(left), strings.Join(names, ", "))), w))
 	}
 	return append(out, "")
 }

@@ -60,9 +60,9 @@ func missText(c misses.Counts, w int) string {
 }
 
 // missLine is the Pool pane's line on why lookups missed, all contexts.
-func (m *Model) missLine(w int) string {
-	r := m.snap.Misses
-	s := m.st.Bold.Render("Misses    ") + missText(r.Total, w-10)
+func (pc *programContext) missLine(w int) string {
+	r := pc.snap.Misses
+	s := pc.st.Bold.Render("Misses    ") + missText(r.Total, w-10)
 	if r.TierMissed > 0 && r.Total.Total() > 0 {
 		s += fmt.Sprintf(" (%s missed L2 too)", countText(float64(r.TierMissed)))
 	}
@@ -72,22 +72,11 @@ func (m *Model) missLine(w int) string {
 // contextMissLine is the details view's line on why lookups of the
 // context's model and world size missed (the LOOKUPs of a scheduler name
 // both, not an instance).
-func (m *Model) contextMissLine(model string, worldSize int, w int) string {
+func (pc *programContext) contextMissLine(model string, worldSize int, w int) string {
 	const label = "  misses     "
-	c, ok := m.snap.Misses.For(misses.Context{Model: model, WorldSize: worldSize})
+	c, ok := pc.snap.Misses.For(misses.Context{Model: model, WorldSize: worldSize})
 	if !ok {
 		return label + "none (no lookup of this model and world size missed)"
 	}
 	return label + missText(c.Missed, w-len(label))
-}
-
-// hostRAMLine is the host's RAM and where the pool's pages live, for the
-// Pool and GPU panes.
-func (m *Model) hostRAMLine() string {
-	h := m.snap.Host
-	ram := "n/a"
-	if h.Total > 0 {
-		ram = fmt.Sprintf("%s available / %s", bytesText(h.Available), bytesText(h.Total))
-	}
-	return m.st.Bold.Render("Host RAM  ") + ram + " · NUMA " + h.Where()
 }

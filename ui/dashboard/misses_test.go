@@ -35,22 +35,22 @@ func TestPoolAndGPUPanesShowHostRAMAndNUMA(t *testing.T) {
 		Pool: hostmem.Placement{Pages: []int64{1, 3}}}
 	f.snap.Misses.TierMissed = 12
 	m := newTestModel(t, f, 120, 40)
-	pool := ansi.Strip(m.renderPool(120, 40))
+	pool := ansi.Strip(m.pool.render(120, 40))
 	for _, want := range []string{"Host RAM  10.0 GiB available / 64.0 GiB · NUMA N0 25% N1 75%", "(12 missed L2 too)"} {
 		if !strings.Contains(pool, want) {
 			t.Fatalf("pool pane lacks %q:\n%s", want, pool)
 		}
 	}
-	if gpu := ansi.Strip(m.renderGPU(120, 40)); !strings.Contains(gpu, "NUMA N0 25% N1 75%") {
+	if gpu := ansi.Strip(m.gpu.render(120, 40)); !strings.Contains(gpu, "NUMA N0 25% N1 75%") {
 		t.Fatalf("GPU pane lacks the host line:\n%s", gpu)
 	}
 	f.snap.GPU.Available = false
 	m = newTestModel(t, f, 120, 40)
-	if gpu := m.renderGPU(120, 40); !strings.Contains(gpu, "Host RAM") {
+	if gpu := m.gpu.render(120, 40); !strings.Contains(gpu, "Host RAM") {
 		t.Fatalf("GPU pane without NVML lacks the host line:\n%s", gpu)
 	}
 	// A context whose lookups never missed says so.
-	if got := m.contextMissLine("Qwen/Qwen2-0.5B", 1, 120); !strings.Contains(got, "none") {
+	if got := m.pc.contextMissLine("Qwen/Qwen2-0.5B", 1, 120); !strings.Contains(got, "none") {
 		t.Fatalf("context line %q", got)
 	}
 }

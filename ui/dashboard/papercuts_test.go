@@ -37,7 +37,7 @@ func headerLine2(m *Model) string {
 	return strings.Split(screen(m), "\n")[1]
 }
 
-// The apply result gives way to the live line.
+// Issue 16 point 4: the apply result gives way to the live line.
 func TestStatusExpires(t *testing.T) {
 	f := newFakeEngine(t)
 	m, now := clockModel(t, f, 80, 24)
@@ -70,7 +70,7 @@ func TestStatusExpires(t *testing.T) {
 	mustContain(t, headerLine2(m), "50% used")
 }
 
-// An empty table after a rebuild says why.
+// Issue 16 point 8: an empty table after a rebuild says why.
 func TestContextsAfterRebuild(t *testing.T) {
 	f := newFakeEngine(t)
 	f.snap.Contexts = nil
@@ -111,10 +111,10 @@ func selectedID(t *testing.T, m *Model) string {
 	return ""
 }
 
-// Paging and "n more below".
+// Issue 16 point 9: paging and "n more below".
 func TestPagingAndMoreBelow(t *testing.T) {
 	m := newTestModel(t, manyContexts(t, 60), 80, 24)
-	page := m.pageSize()
+	page := m.pc.pageSize()
 	mustContain(t, screen(m), fmt.Sprintf("… %d more below", 60-16))
 	press(t, m, "pgdown")
 	if got, want := selectedID(t, m), fmt.Sprint(1000+page); got != want {
@@ -142,8 +142,8 @@ func TestPagingAndMoreBelow(t *testing.T) {
 	press(t, m, "5")
 	mustContain(t, screen(m), "more below")
 	press(t, m, "pgdown")
-	if m.setSel != page {
-		t.Fatalf("settings pgdown: selection %d, want %d", m.setSel, page)
+	if m.settings.cur.sel != page {
+		t.Fatalf("settings pgdown: selection %d, want %d", m.settings.cur.sel, page)
 	}
 }
 
@@ -159,7 +159,7 @@ func headerRow(t *testing.T, m *Model) string {
 	return ""
 }
 
-// Shift+letter sorts by that column; the sort column
+// Issue 16 point 9: shift+letter sorts by that column; the sort column
 // and its arrow are always on screen.
 func TestSortPicksColumn(t *testing.T) {
 	m := newTestModel(t, newFakeEngine(t), 80, 24)
@@ -185,13 +185,13 @@ func TestSortPicksColumn(t *testing.T) {
 				t.Fatalf("%d columns, after %d× s: no sort arrow in %q", w, i+1, h)
 			}
 		}
-		if m.sortCol != 1 { // back to MODEL after a full round
-			t.Fatalf("%d columns: s went through hidden columns (sort column %d)", w, m.sortCol)
+		if m.contexts.sortCol != 1 { // back to MODEL after a full round
+			t.Fatalf("%d columns: s went through hidden columns (sort column %d)", w, m.contexts.sortCol)
 		}
 	}
 }
 
-// The filter matches id and model, or one named column.
+// Issue 16 point 9: the filter matches id and model, or one named column.
 func TestFilterByColumn(t *testing.T) {
 	cases := []struct {
 		filter, rows, info string
@@ -221,7 +221,7 @@ func TestFilterByColumn(t *testing.T) {
 	}
 }
 
-// The Events pane filters by level and text.
+// Issue 16 point 9: the Events pane filters by level and text.
 func TestEventsFilter(t *testing.T) {
 	m := newTestModel(t, newFakeEngine(t), 80, 24)
 	press(t, m, "4", "l")
@@ -250,7 +250,7 @@ func footer(m *Model) string {
 	return lines[len(lines)-1]
 }
 
-// The footer is never cut off.
+// Issue 16 point 10: the footer is never cut off.
 func TestFooterNotCut(t *testing.T) {
 	for _, w := range []int{80, 120} {
 		m := newTestModel(t, newFakeEngine(t), w, 24)
@@ -264,7 +264,7 @@ func TestFooterNotCut(t *testing.T) {
 	}
 }
 
-// A long model name gets a bounded column, cut in the
+// Issue 16 point 10: a long model name gets a bounded column, cut in the
 // middle; the state word survives 50x12.
 func TestLayoutWideAndNarrow(t *testing.T) {
 	f := newFakeEngine(t)
@@ -295,7 +295,7 @@ func TestLayoutWideAndNarrow(t *testing.T) {
 	mustContain(t, strings.Split(screen(m), "\n")[0], "SERVING")
 }
 
-// Event text wraps between words, never inside one.
+// Issue 16 point 10: event text wraps between words, never inside one.
 func TestEventsWrapAtWords(t *testing.T) {
 	f := newFakeEngine(t)
 	msg := "pool rebuilt: cache cleared, 30 worker contexts dropped (workers must re-register) after l1.size_gb changed; meta-llama/Llama-3.1-70B-Instruct and Qwen/Qwen2-0.5B-Instruct lost their segment lmcache_l1_pool_demo-rebuilt"
@@ -328,7 +328,7 @@ func TestEventsWrapAtWords(t *testing.T) {
 	}
 }
 
-// q with unapplied edits asks, and says so.
+// Issue 16 point 11: q with unapplied edits asks, and says so.
 func TestQuitMentionsPendingEdits(t *testing.T) {
 	f := newFakeEngine(t)
 	f.snap.Contexts = nil
@@ -350,7 +350,7 @@ func TestQuitMentionsPendingEdits(t *testing.T) {
 	}
 }
 
-// The log file is named in the Settings pane and help.
+// Issue 16 point 11: the log file is named in the Settings pane and help.
 func TestLogFileShown(t *testing.T) {
 	m := newTestModel(t, newFakeEngine(t), 80, 24)
 	press(t, m, "5")
@@ -361,7 +361,7 @@ func TestLogFileShown(t *testing.T) {
 	m = newTestModel(t, newFakeEngine(t), minWidth+10, minHeight+2)
 	press(t, m, "?")
 	mustContain(t, screen(m), "Keys — Contexts", "Log file  /var/log/kvdock/kvd")
-	m.opts.LogFile = ""
+	m.pc.opts.LogFile = ""
 	press(t, m, "x", "?")
 	mustContain(t, screen(m), "Log file  none (logs go to stderr)")
 }
@@ -374,7 +374,7 @@ type fixedMemory struct {
 
 func (f fixedMemory) MemAvailable() (int64, error) { return f.avail, f.err }
 
-// The editor refuses a pool larger than the host.
+// Issue 16 point 5: the editor refuses a pool larger than the host.
 func TestEditorRefusesPoolLargerThanMemory(t *testing.T) {
 	f := newFakeEngine(t)
 	opts := testOptions()
@@ -390,13 +390,13 @@ func TestEditorRefusesPoolLargerThanMemory(t *testing.T) {
 	// 3 GiB free plus the running pool's 768 MiB resident.
 	mustContain(t, s, "INVALID: l1.size_gb = 40", "the pool needs 40.00 GiB", "3.75 GiB", "--l1-allow-overcommit")
 	press(t, m, "enter") // refused
-	if m.mode != modeEdit {
+	if m.settings.mode != setEdit {
 		t.Fatal("an oversized pool was accepted")
 	}
 	press(t, m, "ctrl+u")
 	typeText(t, m, "3.5")
 	press(t, m, "enter")
-	if m.mode != modeNormal {
+	if m.settings.mode != setList {
 		t.Fatalf("a pool that fits was refused:\n%s", screen(m))
 	}
 
@@ -409,7 +409,7 @@ func TestEditorRefusesPoolLargerThanMemory(t *testing.T) {
 	press(t, m, "enter", "ctrl+u")
 	typeText(t, m, "40")
 	press(t, m, "enter")
-	if m.mode != modeNormal {
+	if m.settings.mode != setList {
 		t.Fatalf("overcommit allowed but refused:\n%s", screen(m))
 	}
 	// Taking overcommit back makes the apply refuse it.
@@ -421,14 +421,14 @@ func TestEditorRefusesPoolLargerThanMemory(t *testing.T) {
 	}
 
 	// An unreadable probe checks nothing.
-	m.opts.Memory = fixedMemory{err: errors.New("no /proc")}
+	m.pc.opts.Memory = fixedMemory{err: errors.New("no /proc")}
 	press(t, m, "a")
-	if m.mode != modeConfirmApply {
+	if m.pc.asking == nil {
 		t.Fatalf("an unreadable probe blocked the apply:\n%s", screen(m))
 	}
 }
 
-// SHM off shows host memory, and prefault progress shows.
+// Issue 16 point 5: SHM off shows host memory, and prefault progress shows.
 func TestPoolPaneHostMemoryAndPrefault(t *testing.T) {
 	f := newFakeEngine(t)
 	m := newTestModel(t, f, 80, 24)

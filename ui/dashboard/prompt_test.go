@@ -37,11 +37,11 @@ func TestTextPrompt(t *testing.T) {
 	m := newTestModel(t, newFakeEngine(t), 80, 24)
 	press(t, m, "5", "/")
 	m.Update(tea.PasteMsg{Content: "ratio"})
-	if k := m.keyInfos[m.setSel].Key; k != "eviction.ratio" || m.mode != modeFind {
-		t.Fatalf("pasted find selected %s (mode %v)", k, m.mode)
+	if k := m.settings.keyInfos[m.settings.cur.sel].Key; k != "eviction.ratio" || m.settings.mode != setFind {
+		t.Fatalf("pasted find selected %s (mode %v)", k, m.settings.mode)
 	}
 	press(t, m, "enter")
-	if m.mode != modeNormal || m.keyInfos[m.setSel].Key != "eviction.ratio" {
-		t.Fatalf("after enter: mode %v key %s", m.mode, m.keyInfos[m.setSel].Key)
+	if m.settings.mode != setList || m.settings.keyInfos[m.settings.cur.sel].Key != "eviction.ratio" {
+		t.Fatalf("after enter: mode %v key %s", m.settings.mode, m.settings.keyInfos[m.settings.cur.sel].Key)
 	}
 }

@@ -124,7 +124,7 @@ func TestDetailsChartsDegradeToNumbers(t *testing.T) {
 // TestPoolHistoryDegradesToNumbers: a narrow Pool pane keeps the figures.
 func TestPoolHistoryDegradesToNumbers(t *testing.T) {
 	m := newTestModel(t, newFakeEngine(t), 80, 24)
-	if got := ansi.Strip(strings.Join(m.poolHistory(30), "\n")); got != "History   used 50% now, evictions 1.0/s last min" {
+	if got := ansi.Strip(strings.Join(m.pc.poolHistory(30), "\n")); got != "History   used 50% now, evictions 1.0/s last min" {
 		t.Fatalf("30 columns: %q", got)
 	}
 	m.goPane(panePool)

@@ -76,9 +76,9 @@ func figuresLine(head string, figs []figure, w, maxSpark int) string {
 // ratesLine is the header's third line: tokens saved in the last hour (the
 // headline), then the server's hit ratio and store/retrieve bandwidth over
 // the last minute with their recent history.
-func (m *Model) ratesLine(w int) string {
-	r := m.snap.Rates.Server
-	head := m.st.Bold.Render(countText(r.TokensSavedHour)+" tokens") + " not recomputed in the last hour"
+func (pc *programContext) ratesLine(w int) string {
+	r := pc.snap.Rates.Server
+	head := pc.st.Bold.Render(countText(r.TokensSavedHour)+" tokens") + " not recomputed in the last hour"
 	hit, ok := series.SumRatio(r.HitChunks.Fine, r.AskedChunks.Fine, minuteSeconds)
 	figs := []figure{
 		{text: "hit " + ratioText(hit, ok), vals: series.Ratio(r.HitChunks.Fine, r.AskedChunks.Fine), top: 1},
@@ -90,8 +90,8 @@ func (m *Model) ratesLine(w int) string {
 
 // ctxHitRatio is a context's hit ratio over the last minute (of its worker
 // group's lookups) and the per-second series.
-func (m *Model) ctxHitRatio(c workers.ContextInfo) (ratio float64, ok bool, vals []float64) {
-	r, found := m.snap.Rates.Contexts[c.InstanceID]
+func (pc *programContext) ctxHitRatio(c workers.ContextInfo) (ratio float64, ok bool, vals []float64) {
+	r, found := pc.snap.Rates.Contexts[c.InstanceID]
 	if !found {
 		return 0, false, nil
 	}
@@ -103,21 +103,21 @@ func (m *Model) ctxHitRatio(c workers.ContextInfo) (ratio float64, ok bool, vals
 // and, when the column has room, its sparkline.
 var hitColumn = ctxColumn{
 	title: "HIT%", width: 4, key: 'P', prio: 3, right: true, sortName: "hit ratio", grow: 13,
-	value: func(m *Model, c workers.ContextInfo) string {
-		r, ok, _ := m.ctxHitRatio(c)
+	value: func(pc *programContext, c workers.ContextInfo) string {
+		r, ok, _ := pc.ctxHitRatio(c)
 		return ratioText(r, ok)
 	},
-	chart: func(m *Model, c workers.ContextInfo, w int) string {
-		r, ok, vals := m.ctxHitRatio(c)
+	chart: func(pc *programContext, c workers.ContextInfo, w int) string {
+		r, ok, vals := pc.ctxHitRatio(c)
 		num := ratioText(r, ok)
 		if sw := w - 5; sw >= 5 {
 			return sparkline(vals, sw, 1) + " " + fmt.Sprintf("%4s", num)
 		}
 		return num
 	},
-	lessBy: func(m *Model, a, b workers.ContextInfo) int {
-		ra, oka, _ := m.ctxHitRatio(a)
-		rb, okb, _ := m.ctxHitRatio(b)
+	lessBy: func(pc *programContext, a, b workers.ContextInfo) int {
+		ra, oka, _ := pc.ctxHitRatio(a)
+		rb, okb, _ := pc.ctxHitRatio(b)
 		if !oka {
 			ra = -1
 		}
@@ -131,10 +131,10 @@ var hitColumn = ctxColumn{
 // poolHistory is the Pool pane's history: usage and evictions over the
 // last minutes (as much as the width shows, one column a second), or the
 // last minute's numbers when there is no room for a chart.
-func (m *Model) poolHistory(w int) []string {
-	r := m.snap.Rates.Server
-	label := m.st.Bold
-	used, size := r.PoolUsed.Last(), float64(m.snap.Pool.Size)
+func (pc *programContext) poolHistory(w int) []string {
+	r := pc.snap.Rates.Server
+	label := pc.st.Bold
+	used, size := r.PoolUsed.Last(), float64(pc.snap.Pool.Size)
 	usedText := fmt.Sprintf("%.0f%% now", percent(used, size))
 	evText := fmt.Sprintf("%.1f/s last min", r.Evictions.Mean(minuteSeconds))
 	chartW := min(w-10-1-len(evText), series.FineLen)
@@ -145,7 +145,7 @@ func (m *Model) poolHistory(w int) []string {
 	return []string{
 		label.Render("Used      ") + sparkline(r.PoolUsed.Fine, chartW, size) + " " + usedText,
 		label.Render("Evicted   ") + sparkline(r.Evictions.Fine, chartW, 0) + " " + evText,
-		m.st.Faint.Render("          last " + span + ", a column a second; used to pool size, evicted to peak"),
+		pc.st.Faint.Render("          last " + span + ", a column a second; used to pool size, evicted to peak"),
 	}
 }
 
@@ -153,10 +153,10 @@ func (m *Model) poolHistory(w int) []string {
 // hit ratio and lookups, its own store and retrieve bandwidth, each h rows
 // high with the figure beside it; one line of numbers each when there is
 // no room to draw.
-func (m *Model) contextCharts(c workers.ContextInfo, w, h int) []string {
-	r, found := m.snap.Rates.Contexts[c.InstanceID]
+func (pc *programContext) contextCharts(c workers.ContextInfo, w, h int) []string {
+	r, found := pc.snap.Rates.Contexts[c.InstanceID]
 	if !found {
-		return []string{m.st.Faint.Render("  no rates yet: they start with its first store, retrieve or lookup of its model")}
+		return []string{pc.st.Faint.Render("  no rates yet: they start with its first store, retrieve or lookup of its model")}
 	}
 	hit, ok := series.SumRatio(r.HitChunks.Fine, r.AskedChunks.Fine, minuteSeconds)
 	count := func(v float64) string { return fmt.Sprintf("%.1f/s", v) }
@@ -180,7 +180,7 @@ func (m *Model) contextCharts(c workers.ContextInfo, w, h int) []string {
 		return append(strings.Split("  "+strings.ReplaceAll(text, "\n", "\n  "), "\n"), tokens)
 	}
 	rows = min(rows, 4)
-	lines := []string{m.st.Faint.Render(fmt.Sprintf("  last %s, one column a second; figures are the last minute's",
+	lines := []string{pc.st.Faint.Render(fmt.Sprintf("  last %s, one column a second; figures are the last minute's",
 		durationText(time.Duration(chartW)*series.FineStep)))}
 	for _, s := range specs {
 		bars := blockChart(s.vals, chartW, rows, s.top)

@@ -145,7 +145,7 @@ func TestSaveRefusals(t *testing.T) {
 	}
 	m, _ = saveModel(t, path, nil, nil)
 	press(t, m, "5")
-	m.pending.Server.Port = 0
+	m.settings.pending.Server.Port = 0
 	press(t, m, "w")
 	mustContain(t, screen(m), "INVALID: 1 problem(s); fix them before saving", "server.port = 0")
 	if got, _ := os.ReadFile(path); string(got) != "# mine\n" {
@@ -153,7 +153,7 @@ func TestSaveRefusals(t *testing.T) {
 	}
 
 	// A file that became invalid on disk is left alone, with the reason.
-	m.pending.Server.Port = 5601
+	m.settings.pending.Server.Port = 5601
 	if err := os.WriteFile(path, []byte("server:\n  prot: 1\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -189,7 +189,7 @@ func TestEditHintsFollowTheKind(t *testing.T) {
 		mustContain(t, s, tc.want...)
 		mustNotContain(t, s, tc.wantNot...)
 		press(t, m, "ctrl+u", "ctrl+r")
-		if got := m.edit.Value(); got != tc.ctrlRVal {
+		if got := m.settings.edit.Value(); got != tc.ctrlRVal {
 			t.Errorf("%s: ctrl+r put %q back, want %q", tc.key, got, tc.ctrlRVal)
 		}
 		press(t, m, "esc")

@@ -1,6 +1,7 @@
 package dashboard
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -10,6 +11,7 @@ import (
 	tea "charm.land/bubbletea/v2"
 	"charm.land/lipgloss/v2"
 
+	"kvdock/core/engine"
 	"kvdock/settings"
 	"kvdock/ui/termtext"
 )
@@ -80,119 +82,211 @@ func editValue(s string) string {
 	return s
 }
 
+// settingsMode is what has the keyboard in the settings pane.
+type settingsMode int
+
+const (
+	setList settingsMode = iota
+	setFind              // typing a key's name to jump to it
+	setEdit              // editing the selected key's value
+)
+
+// configApplier is what the settings pane needs from the engine.
+type configApplier interface {
+	Apply(ctx context.Context, cfg settings.Config, sources map[string]settings.Source) (engine.ApplyResult, error)
+	Config() (settings.Config, map[string]settings.Source)
+}
+
+// applyMsg is the engine's answer to an apply.
+type applyMsg struct {
+	res engine.ApplyResult
+	err error
+}
+
+// settingsPane lists every setting with its value, source and restart
+// class; it edits values into a pending config, validates it, applies it
+// to the engine (after a yes) and saves it to the settings file.
+type settingsPane struct {
+	sized
+	pc  *programContext
+	ctx context.Context
+	eng configApplier
+
+	keys     settingsKeys
+	editKeys editKeys // the editor's, naming the default of the key edited
+	mode     settingsMode
+	cur      listCursor
+	keyInfos []settings.KeyInfo
+
+	pending  settings.Config
+	edit     lineEdit
+	editErr  string
+	find     textPrompt
+	findFrom int      // selection before a find, restored by esc
+	problems []string // validation problems shown after a refused apply
+	changes  []settings.Change
+}
+
+func newSettingsPane(ctx context.Context, pc *programContext, eng configApplier) *settingsPane {
+	return &settingsPane{
+		pc: pc, ctx: ctx, eng: eng,
+		keys: newSettingsKeys(), editKeys: newEditKeys(),
+		keyInfos: settings.Keys(),
+		pending:  pc.running,
+		edit:     newLineEdit(pc.st, "new value: "),
+		find:     newTextPrompt(pc.st, "find: ", newPromptKeys("select", "back")),
+	}
+}
+
+func (p *settingsPane) Typing() bool { return p.mode != setList }
+func (p *settingsPane) Leave()       { p.mode = setList }
+
+func (p *settingsPane) ShortKeys() []key.Binding {
+	switch p.mode {
+	case setFind:
+		return p.find.keys.list()
+	case setEdit:
+		return p.editKeys.list()
+	}
+	return p.keys.list()
+}
+
+func (p *settingsPane) HelpKeys() [][]key.Binding {
+	return [][]key.Binding{p.keys.list(), p.editKeys.list()}
+}
+
+// pendingEdits counts the settings edited but not applied.
+func (p *settingsPane) pendingEdits() int { return len(settings.Diff(p.pc.running, p.pending)) }
+
 // pendingSources are the running sources with every pending change marked
 // as coming from the dashboard.
-func (m *Model) pendingSources() map[string]settings.Source {
-	src := make(map[string]settings.Source, len(m.runSrc))
-	for k, v := range m.runSrc {
+func (p *settingsPane) pendingSources() map[string]settings.Source {
+	src := make(map[string]settings.Source, len(p.pc.runSrc))
+	for k, v := range p.pc.runSrc {
 		src[k] = v
 	}
-	for _, c := range settings.Diff(m.running, m.pending) {
+	for _, c := range settings.Diff(p.pc.running, p.pending) {
 		src[c.Key] = settings.Source{Kind: settings.SourceDashboard}
 	}
 	return src
 }
 
-func (m *Model) onSettingsKey(msg tea.KeyPressMsg) tea.Cmd {
-	k := m.keys.Settings
-	if m.moveSel(msg, &m.setSel, len(m.keyInfos)) {
+func (p *settingsPane) Update(msg tea.Msg) tea.Cmd {
+	switch p.mode {
+	case setFind:
+		p.onFind(msg)
+		return nil
+	case setEdit:
+		p.onEdit(msg)
 		return nil
 	}
-	ki := m.keyInfos[m.setSel]
-	if ki.ReadOnly && (key.Matches(msg, k.Edit) || key.Matches(msg, k.Reset)) {
-		m.setStatus(levelInfo, readOnlyText(ki))
+	kp, ok := msg.(tea.KeyPressMsg)
+	if !ok {
+		return nil
+	}
+	k := p.keys
+	if p.cur.move(k.listKeys, kp, len(p.keyInfos), p.pc.pageSize()) {
+		return nil
+	}
+	ki := p.keyInfos[p.cur.sel]
+	if ki.ReadOnly && (key.Matches(kp, k.Edit) || key.Matches(kp, k.Reset)) {
+		p.pc.setStatus(levelInfo, readOnlyText(ki))
 		return nil
 	}
 	switch {
-	case key.Matches(msg, k.Edit):
-		m.mode = modeEdit
-		v, _ := settings.Get(m.pending, ki.Key)
-		m.edit.SetValue(v)
-		m.edit.mask = ki.Secret // edited in place, never shown
-		m.keys.Edit = editKeysFor(ki)
-		m.edit.Focus()
-		m.checkEdit()
-		return nil
-	case key.Matches(msg, k.Find):
-		m.mode = modeFind
-		m.findFrom = m.setSel
-		m.find.Open("")
-	case key.Matches(msg, k.Reset):
-		if err := settings.Reset(&m.pending, ki.Key); err != nil {
-			m.setStatus(levelBad, err.Error())
+	case key.Matches(kp, k.Edit):
+		p.mode = setEdit
+		v, _ := settings.Get(p.pending, ki.Key)
+		p.edit.SetValue(v)
+		p.edit.mask = ki.Secret // edited in place, never shown
+		p.editKeys = editKeysFor(ki)
+		p.edit.Focus()
+		p.checkEdit()
+	case key.Matches(kp, k.Find):
+		p.mode = setFind
+		p.findFrom = p.cur.sel
+		p.find.Open("")
+	case key.Matches(kp, k.Reset):
+		if err := settings.Reset(&p.pending, ki.Key); err != nil {
+			p.pc.setStatus(levelBad, err.Error())
 		}
-	case key.Matches(msg, k.Discard):
-		m.pending = m.running
-		m.problems = nil
-		m.setStatus(levelInfo, "pending edits discarded")
-	case key.Matches(msg, k.Apply):
-		m.askApply()
-	case key.Matches(msg, k.Save):
-		m.save()
+	case key.Matches(kp, k.Discard):
+		p.pending = p.pc.running
+		p.problems = nil
+		p.pc.setStatus(levelInfo, "pending edits discarded")
+	case key.Matches(kp, k.Apply):
+		p.askApply()
+	case key.Matches(kp, k.Save):
+		p.save()
 	}
 	return nil
 }
 
-func (m *Model) onEditKey(msg tea.KeyPressMsg) tea.Cmd {
-	ki := m.keyInfos[m.setSel]
-	k := m.keys.Edit
-	switch {
-	case key.Matches(msg, k.Cancel):
-		m.mode = modeNormal
-		m.edit.Blur()
-		m.editErr = ""
-		m.keys.Edit = newEditKeys()
-		return nil
-	case key.Matches(msg, k.Accept):
-		if m.editErr != "" {
-			return nil // the problem stays on screen until fixed or esc
+// onEdit takes a key or a paste while a value is edited.
+func (p *settingsPane) onEdit(msg tea.Msg) {
+	ki := p.keyInfos[p.cur.sel]
+	k := p.editKeys
+	if kp, ok := msg.(tea.KeyPressMsg); ok {
+		switch {
+		case key.Matches(kp, k.Cancel):
+			p.mode = setList
+			p.edit.Blur()
+			p.editErr = ""
+			p.editKeys = newEditKeys()
+			return
+		case key.Matches(kp, k.Accept):
+			if p.editErr != "" {
+				return // the problem stays on screen until fixed or esc
+			}
+			if err := settings.Set(&p.pending, ki.Key, editValue(p.edit.Value())); err != nil {
+				p.editErr = err.Error()
+				return
+			}
+			p.mode = setList
+			p.edit.Blur()
+			p.editKeys = newEditKeys()
+			return
+		case key.Matches(kp, k.Default):
+			p.edit.SetValue(ki.Default)
+			p.checkEdit()
+			return
+		case key.Matches(kp, k.Empty):
+			p.edit.SetValue("")
+			p.checkEdit()
+			return
 		}
-		if err := settings.Set(&m.pending, ki.Key, editValue(m.edit.Value())); err != nil {
-			m.editErr = err.Error()
-			return nil
-		}
-		m.mode = modeNormal
-		m.edit.Blur()
-		m.keys.Edit = newEditKeys()
-		return nil
-	case key.Matches(msg, k.Default):
-		m.edit.SetValue(ki.Default)
-		m.checkEdit()
-		return nil
-	case key.Matches(msg, k.Empty):
-		m.edit.SetValue("")
-		m.checkEdit()
-		return nil
 	}
-	return m.onText(msg)
+	if p.edit.Update(msg) {
+		p.checkEdit()
+	}
 }
 
 // onFind takes a key or a paste while a setting's name is typed: the
 // selection follows the text; esc goes back to where it was.
-func (m *Model) onFind(msg tea.Msg) {
-	switch m.find.Update(msg) {
+func (p *settingsPane) onFind(msg tea.Msg) {
+	switch p.find.Update(msg) {
 	case promptChanged:
-		m.findKey()
+		p.findKey()
 	case promptAccepted:
-		m.mode = modeNormal
+		p.mode = setList
 	case promptCancelled:
-		m.mode = modeNormal
-		m.setSel = m.findFrom
+		p.mode = setList
+		p.cur.sel = p.findFrom
 	}
 }
 
 // findKey selects the first setting whose key is the typed text or, failing
 // that, contains it.
-func (m *Model) findKey() {
-	q := strings.ToLower(m.find.Value())
+func (p *settingsPane) findKey() {
+	q := strings.ToLower(p.find.Value())
 	if q == "" {
-		m.setSel = m.findFrom
+		p.cur.sel = p.findFrom
 		return
 	}
 	for _, exact := range []bool{true, false} {
-		for i, ki := range m.keyInfos {
+		for i, ki := range p.keyInfos {
 			if exact && (ki.Key == q || strings.HasSuffix(ki.Key, "."+q)) || !exact && strings.Contains(ki.Key, q) {
-				m.setSel = i
+				p.cur.sel = i
 				return
 			}
 		}
@@ -201,79 +295,309 @@ func (m *Model) findKey() {
 
 // checkEdit validates the editor's text as typed: Set on a copy of the
 // pending config, then the key's own rules.
-func (m *Model) checkEdit() {
-	ki := m.keyInfos[m.setSel]
-	c := m.pending
-	if err := settings.Set(&c, ki.Key, editValue(m.edit.Value())); err != nil {
-		m.editErr = err.Error()
+func (p *settingsPane) checkEdit() {
+	ki := p.keyInfos[p.cur.sel]
+	c := p.pending
+	if err := settings.Set(&c, ki.Key, editValue(p.edit.Value())); err != nil {
+		p.editErr = err.Error()
 		return
 	}
-	m.editErr = ""
+	p.editErr = ""
 	var ve *settings.ValidationError
-	err := settings.Validate(c, m.pendingSources())
+	err := settings.Validate(c, p.pendingSources())
 	if err == nil {
-		err = m.memoryCheck(c)
+		err = p.memoryCheck(c)
 	}
 	if errors.As(err, &ve) {
-		for _, p := range ve.Problems {
-			if p.Key == ki.Key || ki.Key == "l1.allow_overcommit" && p.Key == "l1.size_gb" {
-				m.editErr = fmt.Sprintf("%s = %s: %s", p.Key, p.Value, p.Reason)
+		for _, pr := range ve.Problems {
+			if pr.Key == ki.Key || ki.Key == "l1.allow_overcommit" && pr.Key == "l1.size_gb" {
+				p.editErr = fmt.Sprintf("%s = %s: %s", pr.Key, pr.Value, pr.Reason)
 				return
 			}
 		}
 	}
 }
 
+// memoryCheck is settings.CheckMemory for an edited config: a new pool
+// size must fit the host's available memory plus what the running pool
+// gives back (a rebuild closes it before the new one is made). An
+// unchanged size, or no probe, checks nothing.
+func (p *settingsPane) memoryCheck(c settings.Config) error {
+	pc := p.pc
+	if pc.opts.Memory == nil || c.L1.SizeBytes() == pc.running.L1.SizeBytes() {
+		return nil
+	}
+	avail, err := pc.opts.Memory.MemAvailable()
+	if err != nil {
+		return nil
+	}
+	pool := pc.snap.Pool
+	avail += min(pool.Size, max(pool.Prefaulted, pool.UsedBytes))
+	return settings.CheckMemory(c, p.pendingSources(), avail)
+}
+
 // askApply shows the changes with their classes and asks to confirm.
-func (m *Model) askApply() {
-	if m.applying {
-		m.setStatus(levelWarn, "an apply is already running")
+func (p *settingsPane) askApply() {
+	if p.pc.status.applying {
+		p.pc.setStatus(levelWarn, "an apply is already running")
 		return
 	}
-	m.changes = settings.Diff(m.running, m.pending)
-	if len(m.changes) == 0 {
-		m.setStatus(levelInfo, "nothing to apply: no pending edits")
+	p.changes = settings.Diff(p.pc.running, p.pending)
+	if len(p.changes) == 0 {
+		p.pc.setStatus(levelInfo, "nothing to apply: no pending edits")
 		return
 	}
-	if !m.pendingValid("applying") {
+	if !p.pendingValid("applying") {
 		return
 	}
-	m.mode = modeConfirmApply
+	p.pc.ask(question{view: p.confirmApplyView, yes: p.startApply, no: "apply cancelled"})
 }
 
 // pendingValid validates the pending config; when it is invalid it lists
 // the problems under the pane, says so in the header and returns false.
-func (m *Model) pendingValid(doing string) bool {
-	m.problems = nil
+func (p *settingsPane) pendingValid(doing string) bool {
+	p.problems = nil
 	var ve *settings.ValidationError
-	err := settings.Validate(m.pending, m.pendingSources())
+	err := settings.Validate(p.pending, p.pendingSources())
 	if err == nil {
-		err = m.memoryCheck(m.pending)
+		err = p.memoryCheck(p.pending)
 	}
 	if errors.As(err, &ve) {
-		for _, p := range ve.Problems {
-			m.problems = append(m.problems, p.String())
+		for _, pr := range ve.Problems {
+			p.problems = append(p.problems, pr.String())
 		}
-		m.setStatus(levelBad, fmt.Sprintf("INVALID: %d problem(s); fix them before %s", len(m.problems), doing))
+		p.pc.setStatus(levelBad, fmt.Sprintf("INVALID: %d problem(s); fix them before %s", len(p.problems), doing))
 		return false
 	} else if err != nil {
-		m.setStatus(levelBad, "INVALID: "+err.Error())
+		p.pc.setStatus(levelBad, "INVALID: "+err.Error())
 		return false
 	}
 	return true
 }
 
-func (m *Model) startApply() tea.Cmd {
-	m.mode = modeNormal
-	m.applying = true
-	class := settings.Strongest(m.changes)
-	m.setStatus(levelWarn, fmt.Sprintf("%s: %s", class, changeKeys(m.changes)))
-	m.note(slog.LevelInfo, fmt.Sprintf("applying (%s): %s", class, changeKeys(m.changes)))
-	eng, ctx, cfg, src := m.eng, m.ctx, m.pending, m.pendingSources()
+func (p *settingsPane) startApply() tea.Cmd {
+	pc := p.pc
+	pc.status.applying = true
+	class := settings.Strongest(p.changes)
+	pc.setStatus(levelWarn, fmt.Sprintf("%s: %s", class, changeKeys(p.changes)))
+	pc.note(slog.LevelInfo, fmt.Sprintf("applying (%s): %s", class, changeKeys(p.changes)))
+	eng, ctx, cfg, src := p.eng, p.ctx, p.pending, p.pendingSources()
 	return func() tea.Msg {
 		res, err := eng.Apply(ctx, cfg, src)
 		return applyMsg{res: res, err: err}
 	}
+}
+
+// applied takes Apply's answer: the header and the events pane say what
+// happened, a rollback included.
+func (p *settingsPane) applied(msg applyMsg) {
+	pc := p.pc
+	pc.status.applying = false
+	pc.running, pc.runSrc = p.eng.Config()
+	what := changeKeys(msg.res.Changes)
+	switch {
+	case msg.err != nil && msg.res.RolledBack:
+		pc.setStatus(levelBad, fmt.Sprintf("APPLY FAILED, ROLLED BACK to the running config: %v", strings.TrimSuffix(msg.err.Error(), " (rolled back to the running config)")))
+		pc.note(slog.LevelError, fmt.Sprintf("apply %s failed and was rolled back: %v", what, msg.err))
+	case msg.err != nil:
+		pc.setStatus(levelBad, fmt.Sprintf("APPLY FAILED: %v", msg.err))
+		pc.note(slog.LevelError, fmt.Sprintf("apply %s failed: %v", what, msg.err))
+	default:
+		text := fmt.Sprintf("applied (%s): %s", msg.res.Class, what)
+		if msg.res.Class == settings.Rebuild {
+			text += " - pool rebuilt, cache cleared"
+		}
+		var later []settings.Change
+		for _, c := range msg.res.Changes {
+			if c.Class == settings.NextStart {
+				later = append(later, c)
+			}
+		}
+		if len(later) > 0 {
+			text += " - " + changeKeys(later) + " at the next start"
+		}
+		pc.setStatus(levelOK, "OK "+text)
+		pc.note(slog.LevelInfo, text)
+		p.pending = pc.running
+	}
+}
+
+func changeKeys(cs []settings.Change) string {
+	if len(cs) == 0 {
+		return "no changes"
+	}
+	keys := make([]string, len(cs))
+	for i, c := range cs {
+		keys[i] = c.Key
+	}
+	return strings.Join(keys, ", ")
+}
+
+func (p *settingsPane) confirmApplyView(w int) string {
+	st := p.pc.st
+	var b strings.Builder
+	b.WriteString(st.Title.Render(fmt.Sprintf("Apply %d change(s)?", len(p.changes))) + "\n\n")
+	for _, c := range p.changes {
+		b.WriteString(fit(fmt.Sprintf("  [%s] %s: %s -> %s (%s)", strings.ToUpper(c.Class.String()), c.Key, c.Old, c.New, changeNote(c)), w) + "\n")
+	}
+	b.WriteString("\n")
+	switch settings.Strongest(p.changes) {
+	case settings.Rebuild:
+		n := registeredContexts(p.pc.snap.Contexts)
+		b.WriteString(st.Bad.Render("REBUILD") + fmt.Sprintf(": the cache will be cleared; %d registered worker(s) must re-register.\n", n))
+	case settings.Restart:
+		b.WriteString(st.Warn.Render("RESTART") + ": the wire server restarts; the cache and contexts are kept.\n")
+	case settings.NextStart:
+		b.WriteString(st.Warn.Render("NEXT START") + ": nothing restarts now; the change takes effect when kvdock starts again.\n")
+	default:
+		b.WriteString(st.OK.Render("LIVE") + ": applied in place.\n")
+	}
+	b.WriteString("A restart that fails rolls back to the running config.\n\n")
+	b.WriteString("Apply? " + st.Key.Render("y") + " apply  " + st.Key.Render("n") + " cancel")
+	return b.String()
+}
+
+// save writes the values set in the dashboard, applied or pending, into the
+// settings file and keeps the rest of it; values that came from the
+// environment, flags or defaults stay out (settings.SaveFile). With no file
+// yet it creates the default one.
+func (p *settingsPane) save() {
+	pc := p.pc
+	path := pc.opts.ConfigPath
+	if path == "" {
+		pc.setStatus(levelWarn, "nowhere to save: $XDG_CONFIG_HOME and $HOME are unset; start kvdock with --config PATH")
+		return
+	}
+	src := p.pendingSources()
+	if len(settings.Edited(src)) == 0 {
+		pc.setStatus(levelInfo, "nothing to save: no value was set in the dashboard (values from env and flags are never saved)")
+		return
+	}
+	if !p.pendingValid("saving") {
+		return
+	}
+	res, err := settings.SaveFile(path, p.pending, src)
+	if err != nil {
+		pc.setStatus(levelBad, "SAVE FAILED: "+err.Error())
+		pc.note(slog.LevelError, "save failed: "+err.Error())
+		return
+	}
+	msg := fmt.Sprintf("saved %s to %s", strings.Join(res.Keys, ", "), res.Path)
+	if res.Created {
+		msg = fmt.Sprintf("created %s (mode %04o) with %s", res.Path, res.Mode, strings.Join(res.Keys, ", "))
+	}
+	if n := p.pendingEdits(); n > 0 {
+		msg += fmt.Sprintf("; %d edit(s) saved but not applied (a applies)", n)
+	}
+	pc.setStatus(levelOK, "OK "+msg)
+	pc.note(slog.LevelInfo, msg)
+}
+
+func (p *settingsPane) View() string {
+	pc, st, w, h := p.pc, p.pc.st, p.w, p.h
+	var b strings.Builder
+	changes := settings.Diff(pc.running, p.pending)
+	changed := map[string]settings.Change{}
+	for _, c := range changes {
+		changed[c.Key] = c
+	}
+	head := fmt.Sprintf("%d setting(s) · %d pending edit(s)", len(p.keyInfos), len(changes))
+	if len(changes) > 0 {
+		head += " · a to apply, u to undo"
+	}
+	b.WriteString(head + "\n")
+
+	// "> * " marker, key, value, source, class.
+	keyW := 28
+	valW := max(10, min(30, w-4-keyW-1-1-10-1-7))
+	b.WriteString(st.Header.Render(fit(fmt.Sprintf("    %-*s %-*s %-10s %s", keyW, "KEY", valW, "VALUE", "SOURCE", "CLASS"), w)) + "\n")
+
+	// Room under the list: the selected key's help, the editor, problems.
+	foot := p.footer(w)
+	listH := max(1, h-2-strings.Count(foot, "\n")-1)
+	more := len(p.keyInfos) > listH
+	if more {
+		listH = max(1, listH-1) // room for "n more below"
+	}
+	start := p.cur.start(listH)
+	for i := start; i < len(p.keyInfos) && i < start+listH; i++ {
+		ki := p.keyInfos[i]
+		val := valueText(p.pending, ki)
+		src := pc.runSrc[ki.Key].Kind.String()
+		mark := " "
+		if _, ok := changed[ki.Key]; ok {
+			mark = "*"
+			src = "dashboard"
+			val = st.Changed.Render(fit(val, valW))
+		} else {
+			val = fit(val, valW)
+		}
+		sel := " "
+		if i == p.cur.sel {
+			sel = ">"
+		}
+		line := fmt.Sprintf("%s %s %-*s %s %-10s %s", sel, mark, keyW, ki.Key, val, src, ki.Class)
+		if i == p.cur.sel {
+			b.WriteString(st.Selected.Render(fit(line, w)) + "\n")
+		} else {
+			b.WriteString(fit(line, w) + "\n")
+		}
+	}
+	for i := min(len(p.keyInfos)-start, listH); i < listH; i++ {
+		b.WriteString("\n")
+	}
+	if more {
+		b.WriteString(st.Faint.Render(fmt.Sprintf("  … %d more below", max(0, len(p.keyInfos)-start-listH))) + "\n")
+	}
+	b.WriteString(foot)
+	return b.String()
+}
+
+func (p *settingsPane) footer(w int) string {
+	pc, st := p.pc, p.pc.st
+	ki := p.keyInfos[p.cur.sel]
+	var lines []string
+	lines = append(lines, st.Bold.Render(ki.Key)+": "+ki.Help)
+	if ki.ReadOnly {
+		lines = append(lines, "  "+readOnlyText(ki))
+		adapters := settings.AdapterTexts(pc.running)
+		if len(adapters) == 0 {
+			lines = append(lines, "  running: none")
+		}
+		for i, a := range adapters {
+			lines = append(lines, fmt.Sprintf("  running %d: %s", i, a))
+		}
+	} else {
+		lines = append(lines, fmt.Sprintf("  --%s · %s · default %s · running %s", ki.Flag, ki.Env, ki.Default, valueText(pc.running, ki)))
+	}
+	lines = append(lines, pc.logLine())
+	if p.mode == setFind {
+		lines = append(lines, p.find.View())
+	}
+	if p.mode == setEdit {
+		lines = append(lines, p.edit.View())
+		hint := editHint(ki)
+		if p.editErr != "" {
+			lines = append(lines, st.Bad.Render("INVALID: ")+p.editErr)
+		} else {
+			lines = append(lines, st.OK.Render("ok")+" · "+hint)
+		}
+	}
+	for _, pr := range p.problems {
+		lines = append(lines, st.Bad.Render("INVALID: ")+pr)
+	}
+	// Problems wrap rather than lose their end (the numbers, the way out).
+	var out []string
+	for _, l := range lines {
+		if lipgloss.Width(l) <= w {
+			out = append(out, fit(l, w))
+			continue
+		}
+		for _, part := range strings.Split(wrapWords(l, w), "\n") {
+			out = append(out, fit(part, w))
+		}
+	}
+	return strings.Join(out, "\n")
 }
 
 // changeNote says what applying c does. The faces' own keys do not restart
@@ -293,173 +617,7 @@ func changeNote(c settings.Change) string {
 	return "in place"
 }
 
-func (m *Model) renderConfirmApply(w int) string {
-	var b strings.Builder
-	b.WriteString(m.st.Title.Render(fmt.Sprintf("Apply %d change(s)?", len(m.changes))) + "\n\n")
-	for _, c := range m.changes {
-		b.WriteString(fit(fmt.Sprintf("  [%s] %s: %s -> %s (%s)", strings.ToUpper(c.Class.String()), c.Key, c.Old, c.New, changeNote(c)), w) + "\n")
-	}
-	b.WriteString("\n")
-	switch settings.Strongest(m.changes) {
-	case settings.Rebuild:
-		n := registeredContexts(m.snap.Contexts)
-		b.WriteString(m.st.Bad.Render("REBUILD") + fmt.Sprintf(": the cache will be cleared; %d registered worker(s) must re-register.\n", n))
-	case settings.Restart:
-		b.WriteString(m.st.Warn.Render("RESTART") + ": the wire server restarts; the cache and contexts are kept.\n")
-	case settings.NextStart:
-		b.WriteString(m.st.Warn.Render("NEXT START") + ": nothing restarts now; the change takes effect when kvdock starts again.\n")
-	default:
-		b.WriteString(m.st.OK.Render("LIVE") + ": applied in place.\n")
-	}
-	b.WriteString("A restart that fails rolls back to the running config.\n\n")
-	b.WriteString("Apply? " + m.st.Key.Render("y") + " apply  " + m.st.Key.Render("n") + " cancel")
-	return b.String()
-}
-
-// save writes the values set in the dashboard, applied or pending, into the
-// settings file and keeps the rest of it; values that came from the
-// environment, flags or defaults stay out (settings.SaveFile). With no file
-// yet it creates the default one.
-func (m *Model) save() {
-	path := m.opts.ConfigPath
-	if path == "" {
-		m.setStatus(levelWarn, "nowhere to save: $XDG_CONFIG_HOME and $HOME are unset; start kvdock with --config PATH")
-		return
-	}
-	src := m.pendingSources()
-	if len(settings.Edited(src)) == 0 {
-		m.setStatus(levelInfo, "nothing to save: no value was set in the dashboard (values from env and flags are never saved)")
-		return
-	}
-	if !m.pendingValid("saving") {
-		return
-	}
-	res, err := settings.SaveFile(path, m.pending, src)
-	if err != nil {
-		m.setStatus(levelBad, "SAVE FAILED: "+err.Error())
-		m.note(slog.LevelError, "save failed: "+err.Error())
-		return
-	}
-	msg := fmt.Sprintf("saved %s to %s", strings.Join(res.Keys, ", "), res.Path)
-	if res.Created {
-		msg = fmt.Sprintf("created %s (mode %04o) with %s", res.Path, res.Mode, strings.Join(res.Keys, ", "))
-	}
-	if n := len(settings.Diff(m.running, m.pending)); n > 0 {
-		msg += fmt.Sprintf("; %d edit(s) saved but not applied (a applies)", n)
-	}
-	m.setStatus(levelOK, "OK "+msg)
-	m.note(slog.LevelInfo, msg)
-}
-
-func (m *Model) renderSettings(w, h int) string {
-	var b strings.Builder
-	changes := settings.Diff(m.running, m.pending)
-	changed := map[string]settings.Change{}
-	for _, c := range changes {
-		changed[c.Key] = c
-	}
-	head := fmt.Sprintf("%d setting(s) · %d pending edit(s)", len(m.keyInfos), len(changes))
-	if len(changes) > 0 {
-		head += " · a to apply, u to undo"
-	}
-	b.WriteString(head + "\n")
-
-	// "> * " marker, key, value, source, class.
-	keyW := 28
-	valW := max(10, min(30, w-4-keyW-1-1-10-1-7))
-	b.WriteString(m.st.Header.Render(fit(fmt.Sprintf("    %-*s %-*s %-10s %s", keyW, "KEY", valW, "VALUE", "SOURCE", "CLASS"), w)) + "\n")
-
-	// Room under the list: the selected key's help, the editor, problems.
-	foot := m.settingsFooter(w)
-	listH := max(1, h-2-strings.Count(foot, "\n")-1)
-	more := len(m.keyInfos) > listH
-	if more {
-		listH = max(1, listH-1) // room for "n more below"
-	}
-	start := 0
-	if m.setSel >= listH {
-		start = m.setSel - listH + 1
-	}
-	for i := start; i < len(m.keyInfos) && i < start+listH; i++ {
-		ki := m.keyInfos[i]
-		val := valueText(m.pending, ki)
-		src := m.runSrc[ki.Key].Kind.String()
-		mark := " "
-		if _, ok := changed[ki.Key]; ok {
-			mark = "*"
-			src = "dashboard"
-			val = m.st.Changed.Render(fit(val, valW))
-		} else {
-			val = fit(val, valW)
-		}
-		sel := " "
-		if i == m.setSel {
-			sel = ">"
-		}
-		line := fmt.Sprintf("%s %s %-*s %s %-10s %s", sel, mark, keyW, ki.Key, val, src, ki.Class)
-		if i == m.setSel {
-			b.WriteString(m.st.Selected.Render(fit(line, w)) + "\n")
-		} else {
-			b.WriteString(fit(line, w) + "\n")
-		}
-	}
-	for i := min(len(m.keyInfos)-start, listH); i < listH; i++ {
-		b.WriteString("\n")
-	}
-	if more {
-		b.WriteString(m.st.Faint.Render(fmt.Sprintf("  … %d more below", max(0, len(m.keyInfos)-start-listH))) + "\n")
-	}
-	b.WriteString(foot)
-	return b.String()
-}
-
 // readOnlyText says where a key the dashboard does not edit is set.
 func readOnlyText(ki settings.KeyInfo) string {
 	return fmt.Sprintf("%s is read-only here: set it with --%s, %s or the settings file, then restart (6 Tiers shows the tiers)", ki.Key, ki.Flag, ki.Env)
-}
-
-func (m *Model) settingsFooter(w int) string {
-	ki := m.keyInfos[m.setSel]
-	var lines []string
-	lines = append(lines, m.st.Bold.Render(ki.Key)+": "+ki.Help)
-	if ki.ReadOnly {
-		lines = append(lines, "  "+readOnlyText(ki))
-		adapters := settings.AdapterTexts(m.running)
-		if len(adapters) == 0 {
-			lines = append(lines, "  running: none")
-		}
-		for i, a := range adapters {
-			lines = append(lines, fmt.Sprintf("  running %d: %s", i, a))
-		}
-	} else {
-		lines = append(lines, fmt.Sprintf("  --%s · %s · default %s · running %s", ki.Flag, ki.Env, ki.Default, valueText(m.running, ki)))
-	}
-	lines = append(lines, m.logLine())
-	if m.mode == modeFind {
-		lines = append(lines, m.find.View())
-	}
-	if m.mode == modeEdit {
-		lines = append(lines, m.edit.View())
-		hint := editHint(ki)
-		if m.editErr != "" {
-			lines = append(lines, m.st.Bad.Render("INVALID: ")+m.editErr)
-		} else {
-			lines = append(lines, m.st.OK.Render("ok")+" · "+hint)
-		}
-	}
-	for _, p := range m.problems {
-		lines = append(lines, m.st.Bad.Render("INVALID: ")+p)
-	}
-	// Problems wrap rather than lose their end (the numbers, the way out).
-	var out []string
-	for _, l := range lines {
-		if lipgloss.Width(l) <= w {
-			out = append(out, fit(l, w))
-			continue
-		}
-		for _, part := range strings.Split(wrapWords(l, w), "\n") {
-			out = append(out, fit(part, w))
-		}
-	}
-	return strings.Join(out, "\n")
 }

@@ -157,14 +157,14 @@ func TestAdaptersReadOnlyInSettings(t *testing.T) {
 	mustNotContain(t, s, "sekrit-pw")
 	for _, k := range []string{"enter", "e", "r"} {
 		press(t, m, k)
-		if m.mode == modeEdit {
+		if m.settings.mode == setEdit {
 			t.Fatalf("%s opened the editor on l2.adapters", k)
 		}
 		mustContain(t, screen(m), "read-only here")
 		mustNotContain(t, screen(m), "sekrit-pw")
 	}
-	if m.pendingEdits() != 0 {
-		t.Fatalf("pending edits: %d", m.pendingEdits())
+	if m.settings.pendingEdits() != 0 {
+		t.Fatalf("pending edits: %d", m.settings.pendingEdits())
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"time"
 
+	"charm.land/bubbles/v2/key"
 	tea "charm.land/bubbletea/v2"
 	"charm.land/lipgloss/v2"
 
@@ -20,27 +21,58 @@ type tierRate struct {
 	ok          bool
 }
 
-// addTierRates derives each tier's throughput from the byte totals of the
+// tiersPane is every L2 tier in lookup order: state and why, usage,
+// reads, writes and the throughput between the last two snapshots.
+type tiersPane struct {
+	sized
+	pc  *programContext
+	cur listCursor // the first tier shown
+	// prev and prevAt are the previous snapshot's tiers, the rates are
+	// derived from.
+	prev   []tierstate.Tier
+	prevAt time.Time
+	rates  map[int]tierRate
+}
+
+func (p *tiersPane) ShortKeys() []key.Binding {
+	if len(p.pc.snap.Tiers) > 1 {
+		return p.pc.keys.List.list()
+	}
+	return nil
+}
+
+func (p *tiersPane) HelpKeys() [][]key.Binding { return [][]key.Binding{p.pc.keys.List.list()} }
+
+func (p *tiersPane) Update(msg tea.Msg) tea.Cmd {
+	if kp, ok := msg.(tea.KeyPressMsg); ok {
+		p.cur.move(p.pc.keys.List, kp, len(p.pc.snap.Tiers), p.pc.pageSize())
+	}
+	return nil
+}
+
+func (p *tiersPane) View() string { return p.render(p.w, p.h) }
+
+// addRates derives each tier's throughput from the byte totals of the
 // previous snapshot and this one; a tier is the same when its position and
 // type are.
-func (m *Model) addTierRates(tiers []tierstate.Tier, at time.Time) {
+func (p *tiersPane) addRates(tiers []tierstate.Tier, at time.Time) {
 	rates := make(map[int]tierRate, len(tiers))
-	dt := at.Sub(m.tierPrevAt).Seconds()
+	dt := at.Sub(p.prevAt).Seconds()
 	for _, t := range tiers {
-		for _, p := range m.tierPrev {
-			if p.Index != t.Index || p.Type != t.Type || dt <= 0 || t.ReadBytes < p.ReadBytes || t.WriteBytes < p.WriteBytes {
+		for _, prev := range p.prev {
+			if prev.Index != t.Index || prev.Type != t.Type || dt <= 0 || t.ReadBytes < prev.ReadBytes || t.WriteBytes < prev.WriteBytes {
 				continue
 			}
 			rates[t.Index] = tierRate{
-				read:  float64(t.ReadBytes-p.ReadBytes) / dt,
-				write: float64(t.WriteBytes-p.WriteBytes) / dt,
+				read:  float64(t.ReadBytes-prev.ReadBytes) / dt,
+				write: float64(t.WriteBytes-prev.WriteBytes) / dt,
 				ok:    true,
 			}
 		}
 	}
-	m.tierPrev = append(m.tierPrev[:0], tiers...)
-	m.tierPrevAt = at
-	m.tierRates = rates
+	p.prev = append(p.prev[:0], tiers...)
+	p.prevAt = at
+	p.rates = rates
 }
 
 // rateText is bytes per second as decimal GB/s, the unit disks and links
@@ -50,14 +82,14 @@ func rateText(r float64) string {
 }
 
 // tierStateStyle tones a tier state; the label carries the meaning.
-func (m *Model) tierStateStyle(s tierstate.State) lipgloss.Style {
+func (c *programContext) tierStateStyle(s tierstate.State) lipgloss.Style {
 	switch s {
 	case tierstate.Up:
-		return m.st.OK
+		return c.st.OK
 	case tierstate.Degraded:
-		return m.st.Warn
+		return c.st.Warn
 	}
-	return m.st.Bad
+	return c.st.Bad
 }
 
 // tierStateText is the state label, "UNKNOWN" for a state this build does
@@ -70,34 +102,31 @@ func tierStateText(s tierstate.State) string {
 	return "UNKNOWN"
 }
 
-func (m *Model) onTiersKey(msg tea.KeyPressMsg) {
-	m.moveSel(msg, &m.tierSel, len(m.snap.Tiers))
-}
-
 // renderTiers shows every L2 tier in lookup order, from the selected one
 // down as far as the screen goes.
-func (m *Model) renderTiers(w, h int) string {
-	tiers := m.snap.Tiers
-	l2 := m.running.L2
+func (p *tiersPane) render(w, h int) string {
+	pc := p.pc
+	tiers := pc.snap.Tiers
+	l2 := pc.running.L2
 	if len(tiers) == 0 {
-		return m.renderNoTiers(w)
+		return p.renderNoTiers(w)
 	}
 	head := fmt.Sprintf("%d tier(s) in lookup order · store %s · %d loads in flight · timeout %s",
 		len(tiers), l2.StorePolicy, l2.PrefetchMaxInFlight,
 		durationText(time.Duration(l2.LoadTimeoutSeconds*float64(time.Second))))
 	lines := strings.Split(wrapWords(head, w), "\n")
-	sel := max(0, min(m.tierSel, len(tiers)-1))
+	sel := max(0, min(p.cur.sel, len(tiers)-1))
 	if sel > 0 {
-		lines = append(lines, m.st.Faint.Render(fmt.Sprintf("  … %d tier(s) above (↑/k)", sel)))
+		lines = append(lines, pc.st.Faint.Render(fmt.Sprintf("  … %d tier(s) above (↑/k)", sel)))
 	}
 	for i := sel; i < len(tiers); i++ {
-		block := m.tierBlock(tiers[i], w)
+		block := p.tierBlock(tiers[i], w)
 		need := len(lines) + 1 + len(block)
 		if i < len(tiers)-1 {
 			need++ // room for "n more below" after it
 		}
 		if need > h && i > sel {
-			lines = append(lines, m.st.Faint.Render(fmt.Sprintf("  … %d more tier(s) below (↓/j)", len(tiers)-i)))
+			lines = append(lines, pc.st.Faint.Render(fmt.Sprintf("  … %d more tier(s) below (↓/j)", len(tiers)-i)))
 			break
 		}
 		lines = append(lines, "")
@@ -107,17 +136,18 @@ func (m *Model) renderTiers(w, h int) string {
 }
 
 // tierBlock is one tier: title and state, then its figures.
-func (m *Model) tierBlock(t tierstate.Tier, w int) []string {
-	now := m.opts.Now()
-	state := m.tierStateStyle(t.State).Render(tierStateText(t.State))
+func (p *tiersPane) tierBlock(t tierstate.Tier, w int) []string {
+	pc := p.pc
+	now := pc.opts.Now()
+	state := pc.tierStateStyle(t.State).Render(tierStateText(t.State))
 	if !t.Since.IsZero() {
 		state += " for " + durationText(now.Sub(t.Since))
 	}
-	title := m.st.Title.Render(fmt.Sprintf("Tier %d  %s", t.Index, t.Type)) + "  " + state + "  " + t.Target
+	title := pc.st.Title.Render(fmt.Sprintf("Tier %d  %s", t.Index, t.Type)) + "  " + state + "  " + t.Target
 	lines := []string{fit(title, w)}
 	if t.Reason != "" {
 		for _, l := range strings.Split(wrapWords("why: "+t.Reason, max(10, w-12)), "\n") {
-			lines = append(lines, "          "+m.tierStateStyle(t.State).Render(l))
+			lines = append(lines, "          "+pc.tierStateStyle(t.State).Render(l))
 		}
 	}
 
@@ -126,9 +156,9 @@ func (m *Model) tierBlock(t tierstate.Tier, w int) []string {
 		pct := percent(float64(t.UsedBytes), float64(t.CapacityBytes))
 		nums := fmt.Sprintf(" %s / %s (%.1f%%) · %d object(s)", used, bytesText(t.CapacityBytes), pct, t.Objects)
 		barW := max(10, min(40, w-10-lipgloss.Width(nums)))
-		lines = append(lines, m.st.Bold.Render("  Used    ")+bar(m.st, barW, pct)+nums)
+		lines = append(lines, pc.st.Bold.Render("  Used    ")+bar(pc.st, barW, pct)+nums)
 	} else {
-		lines = append(lines, m.st.Bold.Render("  Used    ")+fmt.Sprintf("%s, no capacity bound · %d object(s)", used, t.Objects))
+		lines = append(lines, pc.st.Bold.Render("  Used    ")+fmt.Sprintf("%s, no capacity bound · %d object(s)", used, t.Objects))
 	}
 	loads := fmt.Sprintf("%d loaded", t.Loads)
 	if t.LoadTimeouts > 0 {
@@ -136,21 +166,21 @@ func (m *Model) tierBlock(t tierstate.Tier, w int) []string {
 	}
 	corrupt := fmt.Sprintf("%d corrupt rejected", t.Corrupt)
 	if t.Corrupt > 0 {
-		corrupt = m.st.Warn.Render(corrupt)
+		corrupt = pc.st.Warn.Render(corrupt)
 	}
 	lines = append(lines,
-		fit(m.st.Bold.Render("  Reads   ")+fmt.Sprintf("%d hits · %d misses · ", t.Hits, t.Misses)+corrupt+" · "+loads, w))
+		fit(pc.st.Bold.Render("  Reads   ")+fmt.Sprintf("%d hits · %d misses · ", t.Hits, t.Misses)+corrupt+" · "+loads, w))
 	dropped := fmt.Sprintf("%d dropped", t.DroppedWrites)
 	if t.DroppedWrites > 0 {
-		dropped = m.st.Warn.Render(dropped)
+		dropped = pc.st.Warn.Render(dropped)
 	}
 	lines = append(lines,
-		fit(m.st.Bold.Render("  Writes  ")+fmt.Sprintf("queue %d (%s) · ", t.QueueDepth, bytesText(t.QueueBytes))+dropped, w))
+		fit(pc.st.Bold.Render("  Writes  ")+fmt.Sprintf("queue %d (%s) · ", t.QueueDepth, bytesText(t.QueueBytes))+dropped, w))
 	rate := "read - · write - (needs two refreshes)"
-	if r, ok := m.tierRates[t.Index]; ok && r.ok {
+	if r, ok := p.rates[t.Index]; ok && r.ok {
 		rate = "read " + rateText(r.read) + " · write " + rateText(r.write)
 	}
-	rateLine := m.st.Bold.Render("  Rate    ") + rate
+	rateLine := pc.st.Bold.Render("  Rate    ") + rate
 	// The totals only where they fit whole: a cut figure misleads.
 	if withTotals := rateLine + fmt.Sprintf("   totals %s read, %s written",
 		bytesText(int64(min(t.ReadBytes, 1<<62))), bytesText(int64(min(t.WriteBytes, 1<<62)))); lipgloss.Width(withTotals) <= w {
@@ -162,11 +192,12 @@ func (m *Model) tierBlock(t tierstate.Tier, w int) []string {
 
 // renderNoTiers says there is no tier, and how to add one; adapters that
 // are configured but not opened (yet) are listed, credentials redacted.
-func (m *Model) renderNoTiers(w int) string {
-	configured := settings.AdapterTexts(m.running)
+func (p *tiersPane) renderNoTiers(w int) string {
+	pc := p.pc
+	configured := settings.AdapterTexts(pc.running)
 	if len(configured) == 0 {
 		text := []string{
-			m.st.Faint.Render("no L2 tier configured"),
+			pc.st.Faint.Render("no L2 tier configured"),
 			"",
 			wrapWords("Chunks live only in the L1 pool. Add a tier behind it with --l2-adapter (repeatable; the first is tried first), then restart:", w),
 			`  --l2-adapter '{"type": "fs", "base_path": "/data/l2"}'`,
@@ -176,7 +207,7 @@ func (m *Model) renderNoTiers(w int) string {
 		return strings.Join(text, "\n")
 	}
 	lines := []string{
-		m.st.Warn.Render("no tier is open") + fmt.Sprintf(": %d adapter(s) configured, none reported by the engine yet", len(configured)),
+		pc.st.Warn.Render("no tier is open") + fmt.Sprintf(": %d adapter(s) configured, none reported by the engine yet", len(configured)),
 		"",
 	}
 	for i, a := range configured {

@@ -20,12 +20,12 @@ const (
 // whatIfLines is the what-if pool size estimate in at most rows lines of
 // width w: a bar chart of hit ratio over pool size, the current size
 // marked, when there is room; else the headline alone.
-func (m *Model) whatIfLines(w, rows int) []string {
+func (pc *programContext) whatIfLines(w, rows int) []string {
 	if rows < 1 {
 		return nil
 	}
-	c := m.snap.WhatIf
-	label := m.st.Bold.Render("What-if   ")
+	c := pc.snap.WhatIf
+	label := pc.st.Bold.Render("What-if   ")
 	if len(c.Points) == 0 {
 		none := label + "no lookups seen yet: the estimate for other pool sizes starts with traffic"
 		if rows < 2 {
@@ -34,8 +34,8 @@ func (m *Model) whatIfLines(w, rows int) []string {
 		return []string{"", none}
 	}
 	head := label + whatIfHeadline(c)
-	if m.snap.Pool.Policy == l1.PolicyNoop {
-		head += m.st.Warn.Render("  (sizes modelled with LRU eviction; this pool's policy is noop)")
+	if pc.snap.Pool.Policy == l1.PolicyNoop {
+		head += pc.st.Warn.Render("  (sizes modelled with LRU eviction; this pool's policy is noop)")
 	}
 	if rows < 2 {
 		return []string{head}
@@ -71,8 +71,8 @@ func (m *Model) whatIfLines(w, rows int) []string {
 		}
 		sizes += fmt.Sprintf("%*s ", whatIfColW-1, f)
 	}
-	lines = append(lines, sizes+" × pool ("+bytesText(m.snap.Pool.Size)+" now)")
-	lines = append(lines, m.st.Faint.Render(fmt.Sprintf("       estimate from %s of keys sampled (SHARDS), %d sampled lookups; the pool's own hit ratio now %s",
+	lines = append(lines, sizes+" × pool ("+bytesText(pc.snap.Pool.Size)+" now)")
+	lines = append(lines, pc.st.Faint.Render(fmt.Sprintf("       estimate from %s of keys sampled (SHARDS), %d sampled lookups; the pool's own hit ratio now %s",
 		sampleRateText(c.SampleRate), c.Sampled, ratioPctText(c.Measured))))
 	return lines
 }

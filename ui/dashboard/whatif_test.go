@@ -18,20 +18,20 @@ func TestWhatIfPoolPane(t *testing.T) {
 		}
 	}
 	// No room for the chart: the headline alone, and it fits the width.
-	lines := m.whatIfLines(80, whatIfChartRows-1)
+	lines := m.pc.whatIfLines(80, whatIfChartRows-1)
 	if len(lines) != 2 || !strings.Contains(lines[1], "2× pool: hit ratio 41 % → 63 %") {
 		t.Errorf("short pane: %q", lines)
 	}
 	// One row left: the headline without its blank line; none: nothing.
-	if got := m.whatIfLines(80, 1); len(got) != 1 || !strings.Contains(got[0], "2× pool: hit ratio 41 % → 63 %") {
+	if got := m.pc.whatIfLines(80, 1); len(got) != 1 || !strings.Contains(got[0], "2× pool: hit ratio 41 % → 63 %") {
 		t.Errorf("one row left: %q, want the headline", got)
 	}
-	if got := m.whatIfLines(80, 0); got != nil {
+	if got := m.pc.whatIfLines(80, 0); got != nil {
 		t.Errorf("no row left: %q, want nothing", got)
 	}
 	// A noop pool evicts nothing: the curve says it models LRU.
-	m.snap.Pool.Policy = "noop"
-	if l := m.whatIfLines(160, 2); !strings.Contains(l[1], "modelled with LRU eviction; this pool's policy is noop") {
+	m.pc.snap.Pool.Policy = "noop"
+	if l := m.pc.whatIfLines(160, 2); !strings.Contains(l[1], "modelled with LRU eviction; this pool's policy is noop") {
 		t.Errorf("noop pool: %q", l)
 	}
 	// Before traffic: says so in words, no chart of zeros.

@@ -1,0 +1,197 @@
+package dashboard
+
+import (
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+
+	"charm.land/bubbles/v2/key"
+	tea "charm.land/bubbletea/v2"
+	"charm.land/lipgloss/v2"
+
+	"kvdock/core/engine"
+)
+
+// eventsPane is request latency over the last minute, then the event log,
+// newest at the bottom, filtered by level and text.
+type eventsPane struct {
+	sized
+	pc     *programContext
+	keys   eventKeys
+	typing bool // the filter prompt has the keyboard
+	// scroll is how many events the view is scrolled up from the newest.
+	scroll    int
+	level     slog.Level // events below it are hidden
+	filter    textPrompt
+	filterStr string
+}
+
+func newEventsPane(pc *programContext) *eventsPane {
+	return &eventsPane{
+		pc: pc, keys: newEventKeys(), level: slog.LevelDebug,
+		filter: newTextPrompt(pc.st, "filter: ", newPromptKeys("keep filter", "clear filter")),
+	}
+}
+
+func (p *eventsPane) Typing() bool { return p.typing }
+func (p *eventsPane) Leave()       { p.typing = false }
+
+func (p *eventsPane) ShortKeys() []key.Binding {
+	if p.typing {
+		return p.filter.keys.list()
+	}
+	return p.keys.list()
+}
+
+func (p *eventsPane) HelpKeys() [][]key.Binding {
+	return [][]key.Binding{p.keys.list(), p.filter.keys.list()}
+}
+
+func (p *eventsPane) Update(msg tea.Msg) tea.Cmd {
+	if p.typing {
+		p.onFilter(msg)
+		return nil
+	}
+	kp, ok := msg.(tea.KeyPressMsg)
+	if !ok {
+		return nil
+	}
+	// The cursor is the newest event shown; scroll counts back from the
+	// newest so that new events do not move the view.
+	n := len(p.visible())
+	cur := listCursor{sel: n - 1 - p.scroll}
+	if cur.move(p.keys.listKeys, kp, n, p.pc.pageSize()) {
+		p.scroll = max(0, n-1-cur.sel)
+		return nil
+	}
+	k := p.keys
+	switch {
+	case key.Matches(kp, k.Filter):
+		p.typing = true
+		p.filter.Open(p.filterStr)
+	case key.Matches(kp, k.Level):
+		// all -> INFO and up -> WARN and up -> ERROR only -> all
+		switch {
+		case p.level < slog.LevelInfo:
+			p.level = slog.LevelInfo
+		case p.level < slog.LevelWarn:
+			p.level = slog.LevelWarn
+		case p.level < slog.LevelError:
+			p.level = slog.LevelError
+		default:
+			p.level = slog.LevelDebug
+		}
+		p.scroll = 0
+	case key.Matches(kp, k.Clear):
+		p.level, p.filterStr, p.scroll = slog.LevelDebug, "", 0
+	}
+	return nil
+}
+
+// onFilter takes a key or a paste while the filter is typed.
+func (p *eventsPane) onFilter(msg tea.Msg) {
+	switch p.filter.Update(msg) {
+	case promptChanged:
+		p.filterStr = p.filter.Value()
+		p.scroll = 0
+	case promptAccepted:
+		p.typing = false
+	case promptCancelled:
+		p.typing = false
+		p.filterStr = ""
+		p.scroll = 0
+	}
+}
+
+// visible is the events that pass the level and text filters.
+func (p *eventsPane) visible() []engine.Event {
+	all := p.pc.events.list
+	f := strings.ToLower(p.filterStr)
+	if f == "" && p.level <= slog.LevelDebug {
+		return all
+	}
+	var out []engine.Event
+	for _, ev := range all {
+		if ev.Level < p.level {
+			continue
+		}
+		if f != "" && !strings.Contains(strings.ToLower(string(ev.Kind)+" "+ev.Message), f) {
+			continue
+		}
+		out = append(out, ev)
+	}
+	return out
+}
+
+func (p *eventsPane) View() string {
+	pc, st, w, h := p.pc, p.pc.st, p.w, p.h
+	// Request latency heads the pane: what the workers feel, above what
+	// the server did.
+	head := pc.latencyBlock(w, h)
+	h = max(1, h-len(head))
+	all := pc.events.list
+	if len(all) == 0 {
+		return strings.Join(append(head, st.Faint.Render("no events yet")), "\n")
+	}
+	evs := p.visible()
+	if p.typing || p.filterStr != "" || p.level > slog.LevelDebug {
+		info := fmt.Sprintf("%d of %d event(s) · level: %s", len(evs), len(all), levelText(p.level))
+		if p.typing {
+			info += " · " + p.filter.View()
+		} else if p.filterStr != "" {
+			info += " · filter: " + strconv.Quote(p.filterStr)
+		}
+		head = append(head, fit(info, w))
+		h = max(1, h-1)
+	}
+	if len(evs) == 0 {
+		return strings.Join(append(head, st.Faint.Render("no event matches the filter")), "\n")
+	}
+	scroll := min(p.scroll, len(evs)-1)
+	end := len(evs) - scroll
+	if scroll > 0 {
+		h = max(1, h-1) // room for "n more below"
+	}
+	start := max(0, end-h)
+	var lines []string
+	for _, ev := range evs[start:end] {
+		lv := strings.ToUpper(ev.Level.String())
+		tone := lipgloss.NewStyle()
+		switch {
+		case ev.Level >= slog.LevelError:
+			tone = st.Bad
+		case ev.Level >= slog.LevelWarn:
+			tone = st.Warn
+		}
+		prefix := fmt.Sprintf("%s %s %-10s ", ev.Time.In(pc.opts.Location).Format("15:04:05"), tone.Render(fmt.Sprintf("%-5s", lv)), ev.Kind)
+		// Messages wrap under their own column so reasons stay whole.
+		indent := strings.Repeat(" ", lipgloss.Width(prefix))
+		msgW := max(10, w-len(indent))
+		for i, part := range strings.Split(wrapWords(ev.Message, msgW), "\n") {
+			if i == 0 {
+				lines = append(lines, fit(prefix+part, w))
+			} else {
+				lines = append(lines, fit(indent+part, w))
+			}
+		}
+	}
+	if len(lines) > h {
+		lines = lines[len(lines)-h:]
+	}
+	if scroll > 0 {
+		lines = append(lines, st.Faint.Render(fmt.Sprintf("  … %d newer event(s) below", scroll)))
+	}
+	return strings.Join(append(head, lines...), "\n")
+}
+
+// levelText names the events level filter.
+func levelText(lv slog.Level) string {
+	if lv <= slog.LevelDebug {
+		return "all"
+	}
+	if lv >= slog.LevelError {
+		return "ERROR only"
+	}
+	return lv.String() + " and up"
+}

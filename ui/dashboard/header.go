@@ -1,0 +1,124 @@
+package dashboard
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	"charm.land/lipgloss/v2"
+	"github.com/charmbracelet/x/ansi"
+
+	"kvdock/core/engine"
+	"kvdock/settings"
+)
+
+// stateStyle tones a state label; the label itself carries the meaning.
+func (c *programContext) stateStyle(s engine.State) lipgloss.Style {
+	switch s {
+	case engine.Serving:
+		return c.st.OK
+	case engine.Starting, engine.Restarting:
+		return c.st.Warn
+	case engine.Failed:
+		return c.st.Bad
+	}
+	return c.st.Faint
+}
+
+func (c *programContext) renderHeader(w int) string {
+	s := c.snap
+	version := s.Version
+	if version == "" {
+		version = c.opts.Version
+	}
+	endpoint := s.Endpoint
+	if endpoint == "" {
+		endpoint = "(not bound)"
+	}
+	proto := s.Protocol
+	if proto == "" {
+		proto = c.running.Server.Protocol
+	}
+	state := c.stateStyle(s.State).Render(strings.ToUpper(s.State.String()))
+	// The state comes right after the title: it is what a narrow screen
+	// must still show.
+	line1 := c.st.Title.Render("kvdock "+version) + "  state: " + state + "  " + endpoint + "  " + proto + "  up " + durationText(s.Uptime)
+	// Under --protocol auto, the tables the peers were settled on, when
+	// the line has room for them.
+	if d := detectionsText(s); d != "" && lipgloss.Width(line1)+2+lipgloss.Width(d) <= w {
+		line1 += "  " + d
+	}
+	if s.Error != "" {
+		line1 += "  " + c.st.Bad.Render("error: "+s.Error)
+	}
+
+	var line2 string
+	switch {
+	case c.status.applying:
+		line2 = c.st.Warn.Render("APPLYING") + " " + c.status.text
+	case c.status.text != "":
+		st := c.st.Faint
+		switch c.status.level {
+		case levelOK:
+			st = c.st.OK
+		case levelWarn:
+			st = c.st.Warn
+		case levelBad:
+			st = c.st.Bad
+		}
+		// A long result (a rollback and its cause) wraps onto a second line
+		// rather than losing the why.
+		lines := strings.Split(ansi.Wrap(c.status.text, w, " "), "\n")
+		if len(lines) > 2 {
+			lines = lines[:2]
+		}
+		for i := range lines {
+			lines[i] = fit(st.Render(lines[i]), w)
+		}
+		return fit(line1, w) + "\n" + strings.Join(lines, "\n") + "\n" + fit(c.ratesLine(w), w)
+	default:
+		line2 = c.summary()
+	}
+	return fit(line1, w) + "\n" + fit(line2, w) + "\n" + fit(c.ratesLine(w), w)
+}
+
+// detectionsText is the peers --protocol auto settled on each table
+// ("peers nongpu-v1 2 · rpc-messages 1"), "" under a fixed profile or
+// before any peer settled.
+func detectionsText(s engine.Snapshot) string {
+	if s.Protocol != settings.ProtocolAuto {
+		return ""
+	}
+	var parts []string
+	for _, p := range slices.Sorted(maps.Keys(s.Requests.Detections)) {
+		if n := s.Requests.Detections[p]; n > 0 {
+			parts = append(parts, fmt.Sprintf("%s %d", p, n))
+		}
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	out := "peers " + strings.Join(parts, " · ")
+	if n := s.Requests.AmbiguousDetections; n > 0 {
+		out += fmt.Sprintf(" (%d guessed)", n)
+	}
+	return out
+}
+
+// summary is the one-line overview under the title when nothing else is
+// to be said.
+func (c *programContext) summary() string {
+	s := c.snap
+	shm := "SHM " + s.Shm.ShmName
+	if !s.Shm.Shared() {
+		shm = "PICKLE (SHM off)"
+	}
+	pct := percent(float64(s.Pool.UsedBytes), float64(s.Pool.Size))
+	workers := fmt.Sprintf("%d worker context(s)", registeredContexts(s.Contexts))
+	gpu := "GPU n/a"
+	if s.GPU.Available {
+		gpu = fmt.Sprintf("%d GPU(s)", len(s.GPU.Devices))
+	}
+	return fmt.Sprintf("pool %s %.0f%% used · %s · %s", shm, pct, workers, gpu)
+}

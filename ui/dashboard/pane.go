@@ -1,0 +1,106 @@
+package dashboard
+
+import (
+	"charm.land/bubbles/v2/key"
+	tea "charm.land/bubbletea/v2"
+)
+
+// pane is one screen of the dashboard, chosen with tab or its number.
+type pane int
+
+const (
+	paneContexts pane = iota
+	panePool
+	paneGPU
+	paneEvents
+	paneSettings
+	paneTiers
+	paneCount
+)
+
+var paneNames = [paneCount]string{"Contexts", "Pool", "GPU", "Events", "Settings", "Tiers"}
+
+// component is a pane as the model sees it: it owns its state and its
+// keys, draws itself at the size it was given, and says which keys the
+// help bar and the help screen show while it has the keyboard. Everything
+// panes share (snapshot, styles, status line, events, questions) is in the
+// programContext each holds.
+type component interface {
+	// SetSize is the room the pane draws in (the screen less header, tabs
+	// and help bar).
+	SetSize(w, h int)
+	// Update takes a key press, or a paste while Typing.
+	Update(msg tea.Msg) tea.Cmd
+	View() string
+	// Typing reports that a text field of the pane has the keyboard: every
+	// key but ctrl+c goes to it.
+	Typing() bool
+	// ShortKeys are the help bar's keys for what has the keyboard in the
+	// pane; HelpKeys and HelpNotes are the help screen's groups and words.
+	ShortKeys() []key.Binding
+	HelpKeys() [][]key.Binding
+	HelpNotes(w int) string
+	// Leave closes what the pane had open (a prompt, the details, the
+	// editor) when another view takes the screen.
+	Leave()
+}
+
+// sized is the size part of a component and its defaults for a pane with
+// no keys of its own.
+type sized struct{ w, h int }
+
+func (s *sized) SetSize(w, h int)        { s.w, s.h = w, h }
+func (*sized) Update(tea.Msg) tea.Cmd    { return nil }
+func (*sized) Typing() bool              { return false }
+func (*sized) ShortKeys() []key.Binding  { return nil }
+func (*sized) HelpKeys() [][]key.Binding { return nil }
+func (*sized) HelpNotes(int) string      { return "" }
+func (*sized) Leave()                    {}
+
+// question is a yes/no overlay (apply, remove, quit): it takes the
+// keyboard until y or n.
+type question struct {
+	view func(w int) string
+	yes  func() tea.Cmd
+	// no is the status line after n ("" leaves the header alone).
+	no string
+}
+
+// listCursor is a selection in a list that the list keys move, and the
+// first row of the window that keeps it in view.
+type listCursor struct{ sel int }
+
+// move applies the list keys to a list of n rows, PgUp/PgDn going page
+// rows; it reports whether msg was one of them.
+func (c *listCursor) move(k listKeys, msg tea.KeyPressMsg, n, page int) bool {
+	switch {
+	case key.Matches(msg, k.Up):
+		c.sel--
+	case key.Matches(msg, k.Down):
+		c.sel++
+	case key.Matches(msg, k.PageUp):
+		c.sel -= page
+	case key.Matches(msg, k.PageDown):
+		c.sel += page
+	case key.Matches(msg, k.Top):
+		c.sel = 0
+	case key.Matches(msg, k.Bottom):
+		c.sel = n - 1
+	default:
+		return false
+	}
+	c.clamp(n)
+	return true
+}
+
+// clamp keeps the selection inside a list of n rows.
+func (c *listCursor) clamp(n int) { c.sel = max(0, min(c.sel, n-1)) }
+
+// start is the first row shown when rows rows fit: the selection is the
+// last row on screen once it is past the first screen.
+func (c listCursor) start(rows int) int {
+	if c.sel >= rows {
+		return c.sel - rows + 1
+	}
+	return 0
+}

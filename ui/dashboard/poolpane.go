@@ -1,0 +1,106 @@
+package dashboard
+
+import (
+	"fmt"
+	"strings"
+
+	"charm.land/lipgloss/v2"
+)
+
+// poolPane is the L1 pool: the segment and what REGISTER advertises, usage,
+// locks, misses, host memory, prefault, eviction, transfer counters, the
+// usage history and the what-if estimate for other pool sizes.
+type poolPane struct {
+	sized
+	pc *programContext
+}
+
+func (p *poolPane) View() string { return p.render(p.w, p.h) }
+
+func (p *poolPane) render(w, h int) string {
+	pc := p.pc
+	s := pc.snap
+	d := s.Pool.Decision
+	var lines []string
+	if d.Shared && d.Segment != "" {
+		lines = append(lines, pc.st.Bold.Render("Segment   ")+d.Segment+"  (SHM: workers attach it)")
+	} else {
+		reason := d.Reason
+		if reason == "" {
+			reason = s.Shm.Reason
+		}
+		lines = append(lines, pc.st.Bold.Render("Segment   ")+pc.st.Warn.Render("anonymous")+" (SHM off: "+reason+")")
+	}
+	if d.Shared && d.Reason != "" {
+		lines = append(lines, "          "+d.Reason)
+	}
+	adv := "shm_name \"\" pool_size 0 (pickle fallback)"
+	if s.Shm.Shared() {
+		adv = fmt.Sprintf("shm_name %q pool_size %d", s.Shm.ShmName, s.Shm.PoolSize)
+	}
+	lines = append(lines, pc.st.Bold.Render("Register  ")+"replies "+adv)
+
+	pct := percent(float64(s.Pool.UsedBytes), float64(s.Pool.Size))
+	nums := fmt.Sprintf(" %s / %s (%.1f%%)", bytesText(s.Pool.UsedBytes), bytesText(s.Pool.Size), pct)
+	barW := max(10, min(50, w-10-lipgloss.Width(nums)))
+	lines = append(lines,
+		"",
+		pc.st.Bold.Render("Usage     ")+bar(pc.st, barW, pct)+nums,
+		fmt.Sprintf("%s%d   %s%d   %s%d",
+			pc.st.Bold.Render("Objects   "), s.Pool.Objects,
+			pc.st.Bold.Render("Evictions "), s.Pool.Evictions,
+			pc.st.Bold.Render("Alloc failures "), s.Pool.AllocFailures),
+		fmt.Sprintf("%s%d write, %d read   reads %d hit / %d miss",
+			pc.st.Bold.Render("Locked    "), s.Pool.WriteLocked, s.Pool.ReadLocked, s.Pool.ReadHits, s.Pool.ReadMisses),
+		pc.missLine(w),
+		p.hostLine(),
+		pc.hostRAMLine(),
+		p.prefaultLine(w),
+		"",
+		fmt.Sprintf("%s%s, watermark %.2f, ratio %.2f   TTL write %s, read %s",
+			pc.st.Bold.Render("Eviction  "), s.Pool.Policy, s.Pool.Watermark, s.Pool.Ratio,
+			durationText(s.Pool.WriteTTL), durationText(s.Pool.ReadTTL)),
+		fmt.Sprintf("%s%d pending writes, %d pending reads, %d no-space, %d rejected, %d fallbacks",
+			pc.st.Bold.Render("Transfer  "), s.Transfer.PendingWrites, s.Transfer.PendingReads,
+			s.Transfer.NoSpace, s.Transfer.Rejected, s.Transfer.Fallbacks),
+		"",
+	)
+	// The what-if headline outranks the history's caption on a short screen.
+	hist := pc.poolHistory(w)
+	if len(hist) == 3 && h-len(lines)-len(hist) < 2 {
+		hist = hist[:2]
+	}
+	lines = append(lines, hist...)
+	lines = append(lines, pc.whatIfLines(w, h-len(lines))...)
+	return strings.Join(lines, "\n")
+}
+
+// hostLine is the memory the pool draws on: /dev/shm for a shared
+// segment, the host's available memory for a private (SHM off) pool.
+func (p *poolPane) hostLine() string {
+	pc := p.pc
+	s := pc.snap
+	if s.Pool.Decision.Shared {
+		return pc.st.Bold.Render("/dev/shm  ") + bytesText(s.Pool.ShmFree) + " free"
+	}
+	return pc.st.Bold.Render("Host mem  ") + bytesText(s.Pool.HostAvailable) + " available (MemAvailable; SHM off: the pool is private memory)"
+}
+
+// prefaultLine shows the background prefault's progress.
+func (p *poolPane) prefaultLine(w int) string {
+	pc := p.pc
+	pool := pc.snap.Pool
+	label := pc.st.Bold.Render("Prefault  ")
+	switch {
+	case !pc.snap.Config.L1.Prefault:
+		return label + "off (pages are faulted in by the first writes)"
+	case pool.Size <= 0:
+		return label + "- (no pool)"
+	case pool.Size > 0 && pool.Prefaulted >= pool.Size:
+		return label + "done, " + bytesText(pool.Size) + " resident"
+	}
+	pct := percent(float64(pool.Prefaulted), float64(pool.Size))
+	nums := fmt.Sprintf(" %s / %s (%.1f%%) in progress", bytesText(pool.Prefaulted), bytesText(pool.Size), pct)
+	barW := max(10, min(50, w-10-lipgloss.Width(nums)))
+	return label + bar(pc.st, barW, pct) + nums
+}
