@@ -885,7 +885,7 @@ func echoFrames(m Model, chunkTokens int, prof *protocol.Profile) (small, look [
 	}
 	lw := &workload{chunkTokens: chunkTokens, chunks: 16}
 	p := lw.prompt(1<<15, 0, 0)
-	key, err := protocol.Encode(protocol.Key{ModelName: "bench-" + m.Name, WorldSize: 1, TokenIDs: p.tokens, End: len(p.tokens), RequestID: "bench-small-w0"})
+	key, err := protocol.Encode(protocol.Key{ModelName: benchModel(m), WorldSize: 1, TokenIDs: p.tokens, End: len(p.tokens), RequestID: "bench-small-w0"})
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("encode the LOOKUP key: %w", err)
 	}

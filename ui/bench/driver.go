@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"kvdock/core/layout"
+	"kvdock/core/lookup"
 	"kvdock/core/protocol"
 	"kvdock/core/rpc/client"
 	"kvdock/transfer/worker"
@@ -139,7 +140,7 @@ func newDriver(ctx context.Context, cfg driverConfig) (_ *driver, err error) {
 	}
 	for w, c := range d.clients {
 		wcfg := worker.Config{
-			InstanceID: cfg.InstanceBase + int64(w), Model: "bench-" + cfg.Model.Name,
+			InstanceID: cfg.InstanceBase + int64(w), Model: benchModel(cfg.Model),
 			Layers: cfg.Model.Layers, Hidden: cfg.Model.Hidden, Dtype: cfg.Model.Dtype, MLA: cfg.Model.MLA,
 			Pickle: cfg.Mode == "pickle", ShmDir: cfg.ShmDir, Populate: true, Segment: d.seg,
 		}
@@ -589,3 +590,9 @@ func (d *driver) underStream(ctx context.Context, ld *driver, dur time.Duration,
 	el := time.Since(start)
 	return smallLoaded{smallResult: sr, streamGBps: float64(stream.storeBytes) / el.Seconds() / 1e9}
 }
+
+// benchModel is the model name the benchmark's workers register: marked as
+// benchmark traffic (lookup.BenchModelPrefix), so that a run against a
+// live server stays out of the real workers' hit ratio, tokens saved,
+// miss breakdown and what-if.
+func benchModel(m Model) string { return lookup.BenchModelPrefix + m.Name }

@@ -93,7 +93,7 @@ func probeTarget(ctx context.Context, o Options, prof *protocol.Profile, instanc
 	// Pickle: the probe only reads the reply; attaching is checked below
 	// without mapping (a MAP_POPULATE of a large pool would cost seconds).
 	wk, err := worker.Register(rctx, c, worker.Config{
-		InstanceID: instance, Model: "bench-" + o.Model.Name,
+		InstanceID: instance, Model: benchModel(o.Model),
 		Layers: o.Model.Layers, Hidden: o.Model.Hidden, Dtype: o.Model.Dtype, MLA: o.Model.MLA, Pickle: true,
 	})
 	if err != nil {
