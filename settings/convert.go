@@ -152,7 +152,7 @@ func assign(ptr any, v any) string {
 		if reason != "" {
 			return reason
 		}
-		out, probs := checkAdapters(list, []Adapter{}, func(int, string) Source { return Source{} })
+		out, probs := checkAdapters(list, func(int, string) Source { return Source{} })
 		if len(probs) > 0 {
 			return probs[0].Key + ": " + probs[0].Reason
 		}

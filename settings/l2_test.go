@@ -326,7 +326,7 @@ func TestL2AdapterFieldChecks(t *testing.T) {
 		{`{"type": "resp", "host": "h", "ttl_seconds": -1}`, "ttl_seconds", "0..315360000"},
 		{`{"type": "resp", "host": "h", "ttl_seconds": 400000000}`, "ttl_seconds", "0..315360000"},
 		{`{"type": "resp", "host": "h", "startup_nodes": ["a:1"]}`, "startup_nodes", `"cluster": true`},
-		{`{"type": "resp", "cluster": true, "startup_nodes": []}`, "startup_nodes", "at least one"},
+		{`{"type": "resp", "cluster": true, "startup_nodes": []}`, "startup_nodes", "1..64"},
 		{`{"type": "resp", "cluster": true, "startup_nodes": [1]}`, "startup_nodes", "host:port"},
 		{`{"type": "resp", "cluster": true, "port": 7000, "startup_nodes": ["a:1"]}`, "host", "not used"},
 		{`{"type": "resp", "host": "h", "password": 1234}`, "password", "string"},

@@ -201,7 +201,7 @@ func TestShowAdaptersLoadBackAndRedactCredentials(t *testing.T) {
 		t.Fatalf("show: %d %q", code, errs)
 	}
 	if strings.Contains(out, pass) || strings.Contains(out, `"kv"`) || !strings.Contains(out, settings.Redacted) ||
-		!strings.Contains(out, "# from --l2-adapter") || !strings.Contains(out, `"base_path":"/data/l2"`) {
+		!strings.Contains(out, "# from --l2-adapter") || !strings.Contains(out, `"base_path": "/data/l2"`) {
 		t.Fatalf("show:\n%s", out)
 	}
 
