@@ -23,6 +23,9 @@
 // Memory views (View) are counted; Close waits for them before it unmaps,
 // and leaves the mapping in place (name unlinked, flock released) when they
 // are not returned in time, so a late copy can never fault the process.
+//
+// What happens to objects (stored, evicted, expired, cleared, refused) is
+// reported to an Observer, so the pool imports nothing that learns from it.
 package l1
 
 import (
