@@ -7,9 +7,34 @@ import (
 	"strconv"
 
 	"kvdock/core/logcap"
+	"kvdock/settings"
 	"kvdock/ui/httpapi"
 	"kvdock/ui/termtext"
 )
+
+// httpAPI checks the flags of a command sent to kvdock's HTTP API and
+// loads the settings: the settings and the API's base URL, or the exit
+// status when it cannot go on (the problem printed).
+func (f flagSet) httpAPI(env Env, cmd string) (cfg settings.Config, base string, code int, ok bool) {
+	if *f.timeout <= 0 {
+		fmt.Fprintf(env.Stderr, "kvdock ctl: --timeout %v must be positive\n", *f.timeout)
+		return cfg, "", 2, false
+	}
+	if f.fs.Changed("json") {
+		fmt.Fprintf(env.Stderr, "kvdock ctl: --json applies only to status\n%s\n", usageLine)
+		return cfg, "", 2, false
+	}
+	cfg, err := f.load(env)
+	if err != nil {
+		fmt.Fprintf(env.Stderr, "kvdock ctl: %v\n", err)
+		return cfg, "", 2, false
+	}
+	if cfg.HTTP.Port == 0 {
+		fmt.Fprintf(env.Stderr, "kvdock ctl %s: needs kvdock's HTTP API, and --http-port is 0\n", cmd)
+		return cfg, "", 2, false
+	}
+	return cfg, "http://" + net.JoinHostPort(dialHost(cfg.HTTP.Host), strconv.Itoa(cfg.HTTP.Port)), 0, true
+}
 
 // runUnregister is `kvdock ctl unregister ID`: the operator removes a
 // worker instance (one that died without unregistering, in a seed-era
@@ -27,25 +52,11 @@ func runUnregister(f flagSet, params []string, env Env) int {
 		fmt.Fprintf(stderr, "kvdock ctl: unregister: instance id %q is not a 64-bit integer\n", logcap.Truncate(termtext.Clean(params[0]), 40))
 		return 2
 	}
-	if *f.timeout <= 0 {
-		fmt.Fprintf(stderr, "kvdock ctl: --timeout %v must be positive\n", *f.timeout)
-		return 2
+	cfg, base, code, ok := f.httpAPI(env, "unregister")
+	if !ok {
+		return code
 	}
-	if f.fs.Changed("json") {
-		fmt.Fprintf(stderr, "kvdock ctl: --json applies only to status\n%s\n", usageLine)
-		return 2
-	}
-	cfg, err := f.load(env)
-	if err != nil {
-		fmt.Fprintf(stderr, "kvdock ctl: %v\n", err)
-		return 2
-	}
-	if cfg.HTTP.Port == 0 {
-		fmt.Fprintln(stderr, "kvdock ctl unregister: needs kvdock's HTTP API, and --http-port is 0")
-		return 2
-	}
-	url := "http://" + net.JoinHostPort(dialHost(cfg.HTTP.Host), strconv.Itoa(cfg.HTTP.Port)) +
-		"/unregister?instance_id=" + strconv.FormatInt(id, 10)
+	url := base + "/unregister?instance_id=" + strconv.FormatInt(id, 10)
 	if code, ok := confirm(env, *f.yes, "unregister", "remove", "removed",
 		fmt.Sprintf("Remove worker instance %d from kvdock? Its pending stores are aborted; a live worker must register again.", id)); !ok {
 		return code

@@ -1,0 +1,48 @@
+package ctl
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"kvdock/core/logcap"
+	"kvdock/ui/httpapi"
+	"kvdock/ui/termtext"
+)
+
+// runResetStats is `kvdock ctl reset-stats`: the hit ratio, tokens saved,
+// miss breakdown and what-if start again from now (after a benchmark run,
+// say), through the HTTP API's POST /reset-stats behind its token. It does
+// not ask first: the cache, the workers and the counters of the pool are
+// untouched, and a script resetting after its own benchmark must not need
+// a terminal.
+func runResetStats(f flagSet, params []string, env Env) int {
+	stderr := env.Stderr
+	if len(params) > 0 {
+		fmt.Fprintf(stderr, "kvdock ctl: reset-stats takes no arguments (got %q)\n%s\n", strings.Join(params, " "), usageLine)
+		return 2
+	}
+	cfg, base, code, ok := f.httpAPI(env, "reset-stats")
+	if !ok {
+		return code
+	}
+	url := base + "/reset-stats"
+	code, body, err := postHTTP(url, cfg.HTTP.Token, *f.timeout)
+	if err != nil {
+		fmt.Fprintf(stderr, "kvdock ctl reset-stats: %v\n", err)
+		return 1
+	}
+	var rr httpapi.ResetResult
+	decodeErr := json.Unmarshal(body, &rr)
+	if err := httpFailure(url, code, body, rr.Reason); err != nil {
+		fmt.Fprintf(stderr, "kvdock ctl reset-stats: %v\n", err)
+		return 1
+	}
+	if decodeErr != nil || rr.Status != "ok" || rr.ResetAt == nil {
+		fmt.Fprintf(stderr, "kvdock ctl reset-stats: %s did not answer a kvdock reset result: %q\n", url, logcap.Truncate(termtext.Clean(string(body)), 200))
+		return 1
+	}
+	fmt.Fprintf(env.Stdout, "statistics reset at %s: hit ratio, tokens saved, miss breakdown and what-if start again\n", rr.ResetAt.Local().Format(time.DateTime))
+	return 0
+}
