@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"kvdock/core/protocol"
 	"net"
 	"os"
 	"sync"
@@ -252,4 +253,80 @@ func tmpfsCopyRate(dir string, size int64, src []byte, dur time.Duration) (float
 	}
 	defer func() { _ = unix.Munmap(m) }()
 	return copyRate(m[:need], src, dur), nil
+}
+
+// measureReferences runs memcpy and the raw ZMQ echoes (same sizes as the
+// workload's messages, as many streams as workers).
+func (r *Result) measureReferences(ctx context.Context, o Options, prof *protocol.Profile) error {
+	chunk := r.Config.ChunkBytes
+	pat := newPattern(int(chunk), 0xc0ffee)
+	r.References.MemcpyGBps = round4(memcpyGBps(pat.chunk(0), o.RefDuration))
+	small, look, typ, err := echoFrames(o.Model, r.Config.ChunkTokens, prof)
+	if err != nil {
+		return fmt.Errorf("references: %w", err)
+	}
+	uid, _ := protocol.Encode(int64(1) << 40)
+	r.References.EchoStreams = o.Workers
+	var errs []error
+	e, err := echo(ctx, small, o.Workers, o.RefDuration)
+	errs = append(errs, err)
+	r.References.EchoNoopBytes, r.References.EchoNoopRTPS = size(small), round4(e.RoundTripsPS)
+	e, err = echo(ctx, look, o.Workers, o.RefDuration)
+	errs = append(errs, err)
+	r.References.EchoLookupBytes, r.References.EchoLookupRTPS = size(look), round4(e.RoundTripsPS)
+	large := [][]byte{uid, typ(protocol.CommitStore), pat.chunk(1)}
+	e, err = echo(ctx, large, o.Workers, o.RefDuration)
+	errs = append(errs, err)
+	r.References.EchoLargeBytes, r.References.EchoLargeGBps = size(large), round4(e.GBps)
+	if (r.SHM != nil && r.SHM.NoopLoadedRTPS > 0) || (r.Pickle != nil && r.Pickle.NoopLoadedRTPS > 0) {
+		e, err = echoUnder(ctx, small, o.Workers, o.RefDuration, large)
+		errs = append(errs, err)
+		r.References.EchoNoopLoadedRTPS = round4(e.RoundTripsPS)
+		e, err = echoUnder(ctx, look, o.Workers, o.RefDuration, large)
+		errs = append(errs, err)
+		r.References.EchoLookupLoadedRTPS = round4(e.RoundTripsPS)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("references: %w", err)
+	}
+	return nil
+}
+
+// echoFrames builds the raw echo's messages of the small requests: a NOOP
+// and a LOOKUP of a 16-chunk prompt (frames as the workers send them, uid
+// first), and returns how a request type is encoded.
+func echoFrames(m Model, chunkTokens int, prof *protocol.Profile) (small, look [][]byte, typ func(string) []byte, err error) {
+	uid, _ := protocol.Encode(int64(1) << 40)
+	typ = func(name string) []byte {
+		spec, ok := prof.ByName(name)
+		if !ok {
+			return []byte{0}
+		}
+		b, _ := protocol.Encode(spec.Number)
+		return b
+	}
+	lw := &workload{chunkTokens: chunkTokens, chunks: 16}
+	p := lw.prompt(1<<15, 0, 0)
+	key, err := protocol.Encode(protocol.Key{ModelName: benchModel(m), WorldSize: 1, TokenIDs: p.tokens, End: len(p.tokens), RequestID: "bench-small-w0"})
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("encode the LOOKUP key: %w", err)
+	}
+	one, _ := protocol.Encode(int64(1))
+	return [][]byte{uid, typ(protocol.Noop)}, [][]byte{uid, typ(protocol.Lookup), key, one}, typ, nil
+}
+
+func mean(xs []float64) float64 {
+	var t float64
+	for _, x := range xs {
+		t += x
+	}
+	return t / float64(len(xs))
+}
+
+func size(frames [][]byte) int {
+	n := 0
+	for _, f := range frames {
+		n += len(f)
+	}
+	return n
 }
