@@ -7,7 +7,12 @@
 // It imports nothing else of kvdock, so every other package can depend on it.
 package settings
 
-import "time"
+import (
+	"fmt"
+	"path/filepath"
+	"strings"
+	"time"
+)
 
 // Config is everything kvdock can be told. Field tags name the YAML keys; the
 // flag of a key is its name with '_' → '-' and, for groups other than server,
@@ -73,6 +78,10 @@ type ServerConfig struct {
 	// GoMemoryLimitMB is the Go heap's soft limit; 0 derives it
 	// (GoMemoryLimit).
 	GoMemoryLimitMB int `koanf:"go_memory_limit_mb"`
+	// StateDir holds what must outlive the process (the kept pool's table
+	// and registrations for a restart); "" = $XDG_STATE_HOME/kvdock, else
+	// ~/.local/state/kvdock (StateDirPath).
+	StateDir string `koanf:"state_dir"`
 }
 
 // GoMemoryLimit is the Go heap's soft limit in bytes: GoMemoryLimitMB, or
@@ -102,6 +111,9 @@ type L1Config struct {
 	// locked (reserved for writing or read-locked) at once.
 	MaxLockedSharePerInstance float64 `koanf:"max_locked_share_per_instance"`
 	MaxLockedShare            float64 `koanf:"max_locked_share"`
+	// KeepOnExit keeps the pool's segment and records its state at a
+	// graceful stop (SIGTERM, SIGINT), so that the next start adopts it.
+	KeepOnExit bool `koanf:"keep_on_exit"`
 }
 
 // EvictionConfig is the L1 eviction policy and its watermark loop.
@@ -192,6 +204,23 @@ func (s ServerConfig) CPUWorkers() int {
 		return s.MaxCPUWorkers
 	}
 	return s.MaxWorkers
+}
+
+// StateDirPath is the state directory: StateDir when set, else
+// $XDG_STATE_HOME/kvdock, else ~/.local/state/kvdock (getenv reads the
+// environment, home the user's home directory).
+func (s ServerConfig) StateDirPath(getenv func(string) string, home func() (string, error)) (string, error) {
+	if s.StateDir != "" {
+		return s.StateDir, nil
+	}
+	if d := getenv("XDG_STATE_HOME"); d != "" && strings.HasPrefix(d, "/") {
+		return filepath.Join(d, "kvdock"), nil
+	}
+	h, err := home()
+	if err != nil || h == "" {
+		return "", fmt.Errorf("no state directory: server.state_dir unset, XDG_STATE_HOME unset and no home directory (%v)", err)
+	}
+	return filepath.Join(h, ".local", "state", "kvdock"), nil
 }
 
 // SizeBytes is the L1 pool size in bytes (GiB × 2^30, as upstream).

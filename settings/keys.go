@@ -214,6 +214,15 @@ func table() []keyDef {
 			help:  "Go heap soft limit in MiB (GOMEMLIMIT); 0 derives it: 64 MiB + 2 x max-inflight-pickle-mb (the pool is mapped outside the Go heap)",
 			field: func(c *Config) any { return &c.Server.GoMemoryLimitMB },
 			check: func(c Config) string { return intRange(c.Server.GoMemoryLimitMB, 0, 1<<24) }},
+		{key: "server.state_dir", flag: "state-dir", class: Restart,
+			help:  "directory (mode 0700, ours) for state that outlives the process, the kept pool's record; empty = $XDG_STATE_HOME/kvdock or ~/.local/state/kvdock",
+			field: func(c *Config) any { return &c.Server.StateDir },
+			check: func(c Config) string {
+				if d := c.Server.StateDir; d != "" && !strings.HasPrefix(d, "/") {
+					return "must be an absolute path, or empty for the default"
+				}
+				return ""
+			}},
 		{key: "l1.size_gb", flag: "l1-size-gb", class: Rebuild,
 			help:  "L1 pool size in GiB",
 			field: func(c *Config) any { return &c.L1.SizeGB },
@@ -252,6 +261,9 @@ func table() []keyDef {
 			help:  "share of the pool all instances and lookups together may hold locked",
 			field: func(c *Config) any { return &c.L1.MaxLockedShare },
 			check: func(c Config) string { return fraction(c.L1.MaxLockedShare) }},
+		{key: "l1.keep_on_exit", flag: "l1-keep-on-exit", class: Restart, negatable: true,
+			help:  "on SIGTERM/SIGINT keep the pool's segment and record its state, so the next start adopts the cache",
+			field: func(c *Config) any { return &c.L1.KeepOnExit }},
 		{key: "eviction.policy", flag: "eviction-policy", class: Live,
 			help:  "L1 eviction policy: LRU or noop",
 			field: func(c *Config) any { return &c.Eviction.Policy },
