@@ -152,7 +152,8 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	// meminfo (0) checks nothing.
 	avail, _ := hostmem.Probe{}.MemAvailable()
 	if err := settings.CheckMemory(cfg, loaded.Sources, avail); err != nil {
-		fmt.Fprintf(stderr, "kvdock: invalid settings:\n%v\n", err)
+		// It says "invalid settings (1 problem):" itself.
+		fmt.Fprintf(stderr, "kvdock: %v\n", err)
 		return 2
 	}
 

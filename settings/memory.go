@@ -36,3 +36,28 @@ func CheckMemory(c Config, src map[string]Source, avail int64) error {
 func gibText(n int64) string {
 	return fmt.Sprintf("%.2f GiB", float64(n)/(1<<30))
 }
+
+// MemoryWarnShare is the share of the host's available memory above which
+// a pool is accepted with a warning: the host is left too little for the
+// workers, the page cache and kvdock's own heap.
+const MemoryWarnShare = 0.8
+
+// MemoryWarning is the warning for a configuration whose memory need is
+// above MemoryWarnShare of avail bytes ("" when it is not, or avail is
+// unknown). A need above avail itself is CheckMemory's refusal, unless
+// l1.allow_overcommit lets it through, which the warning says.
+func MemoryWarning(c Config, avail int64) string {
+	need := MemoryNeed(c)
+	if avail <= 0 || float64(need) <= MemoryWarnShare*float64(avail) {
+		return ""
+	}
+	share := fmt.Sprintf("the pool (l1.size_gb) takes %s of the %s the host has available (MemAvailable, %.0f %%)",
+		gibText(need), gibText(avail), 100*float64(need)/float64(avail))
+	if need > avail {
+		if c.L1.AllowOvercommit {
+			return share + ": l1.allow_overcommit lets it start, and the OOM killer may end kvdock or a worker once it fills"
+		}
+		return share + ": kvdock serve refuses it; lower it or pass --l1-allow-overcommit"
+	}
+	return fmt.Sprintf("%s: above %.0f %%, the workers and the page cache are left little; consider a smaller pool", share, 100*MemoryWarnShare)
+}

@@ -68,3 +68,29 @@ func TestAllowOvercommitKey(t *testing.T) {
 		t.Fatal("KVDOCK_L1_ALLOW_OVERCOMMIT=true ignored")
 	}
 }
+
+// The warning starts above 80 % of the available memory, and says what
+// serve does past all of it.
+func TestMemoryWarning(t *testing.T) {
+	const gib = 1 << 30
+	c := settings.Default()
+	c.L1.SizeGB = 22
+	for _, tc := range []struct {
+		avail      int64
+		overcommit bool
+		want       string
+	}{
+		{0, false, ""},
+		{100 * gib, false, ""},
+		{275 * gib / 10, false, ""},
+		{22760 * gib / 1000, false, "takes 22.00 GiB of the 22.76 GiB the host has available (MemAvailable, 97 %): above 80 %"},
+		{20 * gib, false, "kvdock serve refuses it"},
+		{20 * gib, true, "l1.allow_overcommit lets it start"},
+	} {
+		c.L1.AllowOvercommit = tc.overcommit
+		got := settings.MemoryWarning(c, tc.avail)
+		if (tc.want == "") != (got == "") || !strings.Contains(got, tc.want) {
+			t.Errorf("avail %d overcommit %v: %q, want %q", tc.avail, tc.overcommit, got, tc.want)
+		}
+	}
+}

@@ -254,5 +254,9 @@ func (e *Engine) checkMemoryLocked(old, cfg settings.Config, sources map[string]
 	if sources == nil {
 		sources = e.sources
 	}
-	return settings.CheckMemory(cfg, sources, avail)
+	if err := settings.CheckMemory(cfg, sources, avail); err != nil {
+		return err
+	}
+	e.warnMemoryAt(cfg, avail)
+	return nil
 }

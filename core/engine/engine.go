@@ -198,6 +198,7 @@ func (e *Engine) Start(ctx context.Context) error {
 		go e.opts.GPU.Run(bgCtx, e.cfg.UI.Refresh)
 	}
 	go e.runRates(bgCtx)
+	e.warnMemory(e.cfg)
 	if err := e.startLocked(e.cfg); err != nil {
 		cancel()
 		e.bg = nil

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"kvdock/core/whatif"
+	"kvdock/settings"
 )
 
 // StatsWindow says what the insight figures (hit ratio, tokens saved, miss
@@ -144,4 +145,23 @@ func (w StatsWindow) WhatIfStart(rebuilt time.Time) time.Time {
 		return w.WhatIfFrom
 	}
 	return w.PlaneStart(rebuilt)
+}
+
+// warnMemory says, in the log and the events, that cfg's pool leaves the
+// host little memory (settings.MemoryWarning).
+func (e *Engine) warnMemory(cfg settings.Config) {
+	if e.opts.Memory == nil {
+		return
+	}
+	if avail, err := e.opts.Memory.MemAvailable(); err == nil {
+		e.warnMemoryAt(cfg, avail)
+	}
+}
+
+// warnMemoryAt is warnMemory with the available memory known.
+func (e *Engine) warnMemoryAt(cfg settings.Config, avail int64) {
+	if w := settings.MemoryWarning(cfg, avail); w != "" {
+		e.log.Warn(w)
+		e.events.add(EventLifecycle, slog.LevelWarn, w)
+	}
 }

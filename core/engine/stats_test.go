@@ -123,3 +123,22 @@ func sum(v []float64) float64 {
 	}
 	return t
 }
+
+// A pool above 80 % of the available memory starts with a warning event.
+func TestStartWarnsOfAPoolThatLeavesLittleMemory(t *testing.T) {
+	cfg, _ := testConfig(t)
+	e := New(cfg, Options{Memory: fixedMemory(cfg.L1.SizeBytes() * 11 / 10)})
+	if err := e.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.Stop(context.Background()) })
+	found := ""
+	for _, ev := range e.Snapshot().Events {
+		if strings.Contains(ev.Message, "MemAvailable, 91 %") {
+			found = ev.Message
+		}
+	}
+	if !strings.Contains(found, "above 80 %") {
+		t.Fatalf("no memory warning among the events: %+v", e.Snapshot().Events)
+	}
+}

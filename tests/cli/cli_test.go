@@ -21,9 +21,10 @@ import (
 // its exit code, stdout and stderr.
 func kvdock(t *testing.T, env []string, args ...string) (int, string, string) {
 	t.Helper()
+	bin := harness.Binary(t) // a first call builds it: not within the run's deadline
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, harness.Binary(t), args...)
+	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir(), "KVDOCK_CONFIG="}, env...)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb

@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"kvdock/assets"
+	"kvdock/core/hostmem"
 	"kvdock/settings"
 )
 
@@ -187,7 +188,8 @@ func runShow(args []string, stdout, stderr io.Writer, environ []string) int {
 const checkHelp = `Usage: kvdock config check PATH
 
 Validates the settings file PATH on its own (no flags, no environment): prints
-"ok" and exits 0, or lists every problem with its line and exits 2.
+"ok" and exits 0, or lists every problem with its line and exits 2. A pool
+above 80 % of this host's available memory is warned about on stderr.
 `
 
 func runCheck(args []string, stdout, stderr io.Writer) int {
@@ -200,8 +202,16 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 		return ExitInvalid
 	}
 	path := fs.Arg(0)
-	if _, err := settings.Load(settings.LoadOptions{ConfigPath: path}); err != nil {
+	l, err := settings.Load(settings.LoadOptions{ConfigPath: path})
+	if err != nil {
 		return loadFailed("kvdock config check", err, stderr)
+	}
+	// This host's memory is no part of the file's validity, but a pool
+	// that would leave it little is worth saying before a start.
+	if avail, err := (hostmem.Probe{}).MemAvailable(); err == nil {
+		if w := settings.MemoryWarning(l.Config, avail); w != "" {
+			fmt.Fprintf(stderr, "kvdock config check: warning: %s\n", w)
+		}
 	}
 	fmt.Fprintf(stdout, "%s: ok\n", path)
 	return ExitOK
