@@ -1,0 +1,108 @@
+package segment
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+func keepOne(t *testing.T, dir, name string, size int64) Identity {
+	t.Helper()
+	s, err := Open(Options{Name: name, Dir: dir, Size: size})
+	if err != nil {
+		t.Fatal(err)
+	}
+	copy(s.Bytes()[100:], "kept bytes")
+	var id Identity
+	if err := s.Keep(func(i Identity) error { id = i; return nil }); err != nil {
+		t.Fatalf("keep: %v", err)
+	}
+	if _, err := os.Lstat(filepath.Join(dir, markerPrefix+id.Name)); !os.IsNotExist(err) {
+		t.Fatalf("kept segment still marked (other kvdocks would clean it): %v", err)
+	}
+	return id
+}
+
+func TestKeepThenAdoptKeepsBytes(t *testing.T) {
+	dir := shmDir(t)
+	id := keepOne(t, dir, "keep", 1<<20)
+	// Another kvdock's stale cleanup leaves a kept segment alone.
+	if removed, _ := CleanStale(dir, Prefix+"other", nil); len(removed) != 0 {
+		t.Fatalf("stale cleanup removed %v", removed)
+	}
+	s, err := Adopt(dir, id, 1<<20, true, nil)
+	if err != nil {
+		t.Fatalf("adopt: %v", err)
+	}
+	if got := string(s.Bytes()[100:110]); got != "kept bytes" {
+		t.Fatalf("adopted bytes %q", got)
+	}
+	if _, err := os.Lstat(filepath.Join(dir, markerPrefix+id.Name)); err != nil {
+		t.Fatalf("adopted segment not marked again: %v", err)
+	}
+	// Adopted means held: a second adopter is told it is busy.
+	if _, err := Adopt(dir, id, 1<<20, false, nil); !errors.Is(err, ErrBusy) {
+		t.Fatalf("second adopt: %v, want ErrBusy", err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(filepath.Join(dir, id.Name)); !os.IsNotExist(err) {
+		t.Fatalf("closed adopted segment still there")
+	}
+}
+
+func TestAdoptRefusesAnotherFile(t *testing.T) {
+	dir := shmDir(t)
+	id := keepOne(t, dir, "swap", 1<<20)
+	path := filepath.Join(dir, id.Name)
+	for name, tc := range map[string]struct {
+		id   Identity
+		size int64
+		prep func()
+	}{
+		"other inode": {id: Identity{Name: id.Name, Dev: id.Dev, Ino: id.Ino + 1, Size: id.Size, UID: id.UID}, size: 1 << 20},
+		"other size":  {id: id, size: 2 << 20},
+		"other uid":   {id: Identity{Name: id.Name, Dev: id.Dev, Ino: id.Ino, Size: id.Size, UID: id.UID + 1}, size: 1 << 20},
+		"bad name":    {id: Identity{Name: "../etc", Size: 1 << 20}, size: 1 << 20},
+		"mode":        {id: id, size: 1 << 20, prep: func() { os.Chmod(path, 0o644) }},
+	} {
+		if tc.prep != nil {
+			tc.prep()
+		}
+		if _, err := Adopt(dir, tc.id, tc.size, false, nil); !errors.Is(err, ErrNotAdoptable) {
+			t.Errorf("%s: %v, want ErrNotAdoptable", name, err)
+		}
+		os.Chmod(path, 0o600)
+	}
+	// A symbolic link at the name is never followed.
+	os.Rename(path, path+".real")
+	os.Symlink(path+".real", path)
+	if _, err := Adopt(dir, id, 1<<20, false, nil); !errors.Is(err, ErrNotAdoptable) {
+		t.Fatalf("symlink: %v", err)
+	}
+	os.Remove(path)
+	os.Rename(path+".real", path)
+	// Held by a live process: busy, and RemoveKept leaves it.
+	kill := holdFlock(t, path)
+	if _, err := Adopt(dir, id, 1<<20, false, nil); !errors.Is(err, ErrBusy) {
+		t.Fatalf("held: %v, want ErrBusy", err)
+	}
+	if gone, _ := RemoveKept(dir, id); gone {
+		t.Fatal("RemoveKept removed a live segment")
+	}
+	kill()
+	if gone, err := RemoveKept(dir, Identity{Name: id.Name, Dev: id.Dev, Ino: id.Ino + 1}); gone || err != nil {
+		t.Fatalf("RemoveKept removed another inode: %v %v", gone, err)
+	}
+	if gone, err := RemoveKept(dir, id); !gone || err != nil {
+		t.Fatalf("RemoveKept: %v %v", gone, err)
+	}
+	var st unix.Stat_t
+	if unix.Lstat(path, &st) == nil {
+		t.Fatal("kept segment still there")
+	}
+}
