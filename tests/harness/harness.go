@@ -111,8 +111,7 @@ type Server struct {
 func Start(t testing.TB, extra ...string) *Server {
 	t.Helper()
 	s := &Server{Port: FreePort(t), HTTPPort: FreePort(t)}
-	args := []string{"--headless", "--port", fmt.Sprint(s.Port), "--http-port", fmt.Sprint(s.HTTPPort),
-		"--l1-size-gb", "0.0625", "--no-l1-prefault", "--log-level", "debug"}
+	args := s.baseArgs()
 	hasName := false
 	s.Protocol, s.autoDefault = "nongpu-v1", "rpc-messages"
 	for i, a := range extra {
@@ -134,25 +133,40 @@ func Start(t testing.TB, extra ...string) *Server {
 		args = append(args, "--shm-name", name)
 		s.Segment = "lmcache_l1_pool_" + name
 	}
-	args = append(args, extra...)
-	s.cmd = exec.Command(Binary(t), args...)
-	s.cmd.Env = append(os.Environ(), "KVDOCK_CONFIG=")
 	s.out = &logbuf.Buffer{}
-	s.cmd.Stdout, s.cmd.Stderr = s.out, s.out
-	if err := s.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	s.done = make(chan struct{})
-	go func() {
-		s.exitErr = s.cmd.Wait()
-		close(s.done)
-	}()
-	s.Endpoint = fmt.Sprintf("tcp://127.0.0.1:%d", s.Port)
+	s.launch(t, append(args, extra...))
 	t.Cleanup(func() { s.Stop(t) })
 	if err := s.waitReady(15 * time.Second); err != nil {
 		t.Fatalf("kvdock did not come up: %v\n%s", err, s.out.String())
 	}
 	return s
+}
+
+// baseArgs are the flags every test server gets: headless on s's ports,
+// a 64 MiB pool left unfaulted, debug logs.
+func (s *Server) baseArgs() []string {
+	return []string{"--headless", "--port", fmt.Sprint(s.Port), "--http-port", fmt.Sprint(s.HTTPPort),
+		"--l1-size-gb", "0.0625", "--no-l1-prefault", "--log-level", "debug"}
+}
+
+// launch starts the binary with args, its output appended to s.out, and
+// sets s.Endpoint; it does not wait for the server to answer.
+func (s *Server) launch(t testing.TB, args []string) {
+	t.Helper()
+	s.cmd = exec.Command(Binary(t), args...)
+	s.cmd.Env = append(os.Environ(), "KVDOCK_CONFIG=")
+	s.cmd.Stdout, s.cmd.Stderr = s.out, s.out
+	if err := s.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	s.done = done
+	cmd := s.cmd
+	go func() {
+		s.exitErr = cmd.Wait()
+		close(done)
+	}()
+	s.Endpoint = fmt.Sprintf("tcp://127.0.0.1:%d", s.Port)
 }
 
 // Profile is the named embedded protocol profile.

@@ -34,8 +34,15 @@ func startLiveWorker(t *testing.T, srv *harness.Server, role string, params map[
 	if err != nil {
 		t.Fatal(err)
 	}
+	return startPyWorker(t, "py/liveness_worker.py", srv.Endpoint, role, string(p))
+}
+
+// startPyWorker runs a long-lived Python worker script with args.
+func startPyWorker(t *testing.T, script string, args ...string) *liveWorker {
+	t.Helper()
+	var err error
 	w := &liveWorker{t: t, lines: make(chan string, 16)}
-	w.cmd = exec.Command(harness.Python, "py/liveness_worker.py", srv.Endpoint, role, string(p))
+	w.cmd = exec.Command(harness.Python, append([]string{script}, args...)...)
 	w.cmd.Stderr = &w.errb
 	if w.stdin, err = w.cmd.StdinPipe(); err != nil {
 		t.Fatal(err)
