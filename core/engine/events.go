@@ -17,6 +17,9 @@ const (
 	EventLifecycle EventKind = "lifecycle"
 	EventRestart   EventKind = "restart"
 	EventError     EventKind = "error"
+	// EventRefused: a lock cap refused a lookup's read locks (at most one
+	// event a second); the miss breakdown counts those chunks as refused.
+	EventRefused EventKind = "refused"
 )
 
 // Event is one line of the engine's story: registrations, fallbacks,

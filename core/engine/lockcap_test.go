@@ -5,7 +5,6 @@ import (
 	"strings"
 	"testing"
 
-	"kvdock/core/workers"
 	"kvdock/transfer/worker"
 )
 
@@ -43,7 +42,7 @@ func TestLookupLockCapRefusalIsAnEvent(t *testing.T) {
 		t.Fatalf("lookup under a cap below one chunk: %d hits, %v", hits, err)
 	}
 	for _, ev := range e.Snapshot().Events {
-		if ev.Kind == EventKind(workers.EventNoSpace) && strings.Contains(ev.Message, "lookup locks refused") && strings.Contains(ev.Message, "cap") {
+		if ev.Kind == EventRefused && strings.Contains(ev.Message, "lookup locks refused, the chunks count as refused") && strings.Contains(ev.Message, "cap") {
 			return
 		}
 	}

@@ -16,7 +16,6 @@ import (
 	"kvdock/core/misses"
 	"kvdock/core/rpc"
 	"kvdock/core/whatif"
-	"kvdock/core/workers"
 	"kvdock/settings"
 	"kvdock/transfer/nongpu"
 )
@@ -171,7 +170,7 @@ func (e *Engine) buildPlane(cfg settings.Config) (*plane, error) {
 		Logger:    e.log.With("component", "l1"),
 
 		ReadCapRefused: func(reason string) {
-			e.events.add(EventKind(workers.EventNoSpace), slog.LevelWarn, "lookup locks refused: "+reason)
+			e.events.add(EventRefused, slog.LevelWarn, "lookup locks refused, the chunks count as refused: "+reason)
 		},
 		OwnerLockShare: cfg.L1.MaxLockedSharePerInstance,
 		TotalLockShare: cfg.L1.MaxLockedShare,

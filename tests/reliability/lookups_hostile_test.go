@@ -3,6 +3,7 @@ package reliability
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 )
@@ -87,6 +88,15 @@ func TestHostileLookupLookahead(t *testing.T) {
 	}
 	if refused != uint64(long-n) {
 		t.Errorf("%d chunks refused by the lock cap, %d counted as refused (misses %v)", long-n, refused, st.Misses.Missed)
+	}
+	// The operator sees it as it happens: a "refused" event in the Events
+	// pane and /status.
+	seen := false
+	for _, ev := range st.Events {
+		seen = seen || (ev.Kind == "refused" && strings.Contains(ev.Message, "count as refused"))
+	}
+	if !seen {
+		t.Errorf("no refused event among %+v", st.Events)
 	}
 	alive(t, srv, time.Second, "lookups ahead")
 }
