@@ -128,7 +128,7 @@ func (w *modelWorld) note(format string, args ...any) {
 }
 
 func (w *modelWorld) register(id int, peer string) {
-	if _, err := w.mod.RegisterFrom(payload(int64(id)), []byte(peer)); err != nil {
+	if _, err := w.mod.RegisterThrough(payload(int64(id)), []byte(peer), ""); err != nil {
 		w.t.Fatalf("register %d from %s: %v", id, peer, err)
 	}
 }

@@ -28,7 +28,7 @@ func TestWireUnreadRetrieveStallsOthersOnlyUntilLapse(t *testing.T) {
 	}
 	const chunk = 2 * 32 * testChunk * 8192 * 2
 	for _, id := range []int64{1, 2} {
-		if _, err := e.mod.Register(big(id)); err != nil {
+		if _, err := e.mod.RegisterThrough(big(id), nil, ""); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -44,7 +44,7 @@ func pickledGroups(t *testing.T, groups ...[]torchpickle.Tensor) []byte {
 
 func (e *env) registerHybrid(id int64) {
 	e.t.Helper()
-	if _, err := e.mod.Register(hybridPayload(id)); err != nil {
+	if _, err := e.mod.RegisterThrough(hybridPayload(id), nil, ""); err != nil {
 		e.t.Fatalf("Register hybrid: %v", err)
 	}
 }
@@ -92,7 +92,7 @@ func TestHybridRegistration(t *testing.T) {
 		t.Helper()
 		p := hybridPayload(9)
 		mut(&p)
-		_, err := e.mod.Register(p)
+		_, err := e.mod.RegisterThrough(p, nil, "")
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: err = %v, want %q", name, err, want)
 		}
@@ -119,7 +119,7 @@ func TestHybridRegistration(t *testing.T) {
 	// The same id again, with other groups: the first registration stays.
 	p := hybridPayload(1)
 	p.GroupLayouts[1].HiddenDimSize = 16
-	if _, err := e.mod.Register(p); err != nil {
+	if _, err := e.mod.RegisterThrough(p, nil, ""); err != nil {
 		t.Fatal(err)
 	}
 	if gs, _ := e.layouts.Groups("m", 1); gs[1].Bytes != group1Bytes {
@@ -387,7 +387,7 @@ func TestPickleGateCountsEveryGroup(t *testing.T) {
 	e.registerHybrid(1)
 	plain := payload(2)
 	plain.ModelName = "plain"
-	if _, err := e.mod.Register(plain); err != nil {
+	if _, err := e.mod.RegisterThrough(plain, nil, ""); err != nil {
 		t.Fatal(err)
 	}
 	k := key(tokens(2*testChunk, 5), 0, 2*testChunk)

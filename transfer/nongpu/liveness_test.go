@@ -207,12 +207,12 @@ func TestGoneRecordsAreBounded(t *testing.T) {
 
 func TestReuseFromNewPeerAbortsOldReservations(t *testing.T) {
 	e := newEnv(t, true, 1<<20)
-	if _, err := e.mod.RegisterFrom(payload(1), []byte("old")); err != nil {
+	if _, err := e.mod.RegisterThrough(payload(1), []byte("old"), ""); err != nil {
 		t.Fatal(err)
 	}
 	k := e.prepareHalfWritten(1, 300)
 	// The same peer again: the first registration stays, its pending too.
-	if _, err := e.mod.RegisterFrom(payload(1), []byte("old")); err != nil {
+	if _, err := e.mod.RegisterThrough(payload(1), []byte("old"), ""); err != nil {
 		t.Fatal(err)
 	}
 	if e.mod.Stats().PendingWrites != 1 || e.mod.Stats().Reused != 0 {
@@ -221,7 +221,7 @@ func TestReuseFromNewPeerAbortsOldReservations(t *testing.T) {
 	// A bad payload from a new peer changes nothing.
 	bad := payload(1)
 	bad.DtypeStr = "nope"
-	if _, err := e.mod.RegisterFrom(bad, []byte("new")); err == nil {
+	if _, err := e.mod.RegisterThrough(bad, []byte("new"), ""); err == nil {
 		t.Fatal("bad payload accepted")
 	}
 	if e.mod.Stats().PendingWrites != 1 || contextOf(t, e.mod, 1).Peer != fmt.Sprintf("%x", "old") {
@@ -230,7 +230,7 @@ func TestReuseFromNewPeerAbortsOldReservations(t *testing.T) {
 	// The new peer: a new worker.
 	p := payload(1)
 	p.NumLayers = 4 // a different layout for the same model is fine: the old one's reference went
-	if _, err := e.mod.RegisterFrom(p, []byte("new")); err != nil {
+	if _, err := e.mod.RegisterThrough(p, []byte("new"), ""); err != nil {
 		t.Fatal(err)
 	}
 	if s := e.mod.Stats(); s.PendingWrites != 0 || s.Reused != 1 || s.Instances != 1 {
@@ -260,16 +260,16 @@ func TestReuseFromNewPeerAbortsOldReservations(t *testing.T) {
 
 func TestReuseRefusedOnLayoutConflictKeepsOld(t *testing.T) {
 	e := newEnv(t, true, 1<<20)
-	if _, err := e.mod.RegisterFrom(payload(1), []byte("a")); err != nil {
+	if _, err := e.mod.RegisterThrough(payload(1), []byte("a"), ""); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.mod.RegisterFrom(payload(2), []byte("b")); err != nil {
+	if _, err := e.mod.RegisterThrough(payload(2), []byte("b"), ""); err != nil {
 		t.Fatal(err)
 	}
 	e.prepareHalfWritten(1, 50)
 	p := payload(1)
 	p.NumLayers = 4 // conflicts with instance 2's layout for model m
-	if _, err := e.mod.RegisterFrom(p, []byte("c")); err == nil {
+	if _, err := e.mod.RegisterThrough(p, []byte("c"), ""); err == nil {
 		t.Fatal("conflicting layout accepted")
 	}
 	if s := e.mod.Stats(); s.PendingWrites != 1 || s.Reused != 0 || contextOf(t, e.mod, 1).NumLayers != 2 {
@@ -369,7 +369,7 @@ func TestReuseFloodIsBounded(t *testing.T) {
 	e := newEnv(t, true, 1<<20)
 	for i := 0; i < 1000; i++ {
 		peer := []byte{byte(i % 2)}
-		if _, err := e.mod.RegisterFrom(payload(1), peer); err != nil {
+		if _, err := e.mod.RegisterThrough(payload(1), peer, ""); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -413,7 +413,7 @@ func TestReaperUnderAutoTakesOnlyPingingTables(t *testing.T) {
 func TestLongPeerIDsShownShort(t *testing.T) {
 	e := newEnv(t, true, 1<<20)
 	peer := bytes.Repeat([]byte{0xab}, 255)
-	if _, err := e.mod.RegisterFrom(payload(1), peer); err != nil {
+	if _, err := e.mod.RegisterThrough(payload(1), peer, ""); err != nil {
 		t.Fatal(err)
 	}
 	c := contextOf(t, e.mod, 1)

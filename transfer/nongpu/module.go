@@ -304,26 +304,15 @@ func (m *Module) event(kind workers.EventKind, level slog.Level, id int64, msg s
 	}
 }
 
-// Register handles REGISTER_KV_CACHE_NON_GPU_CONTEXT (spec 4.4) from an
-// unknown peer; see RegisterFrom.
-func (m *Module) Register(p protocol.RegisterPayload) (protocol.RegisterResponse, error) {
-	return m.RegisterFrom(p, nil)
-}
-
-// RegisterFrom handles REGISTER_KV_CACHE_NON_GPU_CONTEXT (spec 4.4) sent by
-// the ZMQ peer peer. A known id registered again from the peer that holds it
-// (or from an unknown peer) keeps the first registration, as upstream. From
-// another peer it is a new worker reusing the id (upstream's PID reuse in
-// containers): once the new payload is validated, the old worker's pending
-// writes are aborted (never published) and its reads released, and the new
-// registration replaces the old, so the new worker never sees the old one's
-// pending data.
-func (m *Module) RegisterFrom(p protocol.RegisterPayload, peer []byte) (protocol.RegisterResponse, error) {
-	return m.RegisterThrough(p, peer, "")
-}
-
-// RegisterThrough is RegisterFrom for a request that came in under the
-// protocol profile named profile (the reaper tells tables apart by it).
+// RegisterThrough handles REGISTER_KV_CACHE_NON_GPU_CONTEXT (spec 4.4) sent
+// by the ZMQ peer peer (nil: unknown) under the protocol profile named
+// profile (the reaper tells tables apart by it). A known id registered again
+// from the peer that holds it (or from an unknown peer) keeps the first
+// registration, as upstream. From another peer it is a new worker reusing the
+// id (upstream's PID reuse in containers): once the new payload is validated,
+// the old worker's pending writes are aborted (never published) and its reads
+// released, and the new registration replaces the old, so the new worker
+// never sees the old one's pending data.
 func (m *Module) RegisterThrough(p protocol.RegisterPayload, peer []byte, profile string) (protocol.RegisterResponse, error) {
 	resp := protocol.RegisterResponse{ShmName: m.info.ShmName, PoolSize: m.info.PoolSize}
 	now := m.now()

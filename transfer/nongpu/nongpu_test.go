@@ -127,7 +127,7 @@ const chunkBytes = 2 * 2 * testChunk * 4 * 2
 
 func (e *env) register(id int64) protocol.RegisterResponse {
 	e.t.Helper()
-	r, err := e.mod.Register(payload(id))
+	r, err := e.mod.RegisterThrough(payload(id), nil, "")
 	if err != nil {
 		e.t.Fatalf("Register: %v", err)
 	}
@@ -278,7 +278,7 @@ func seedCase(t *testing.T, server settings.ServerConfig, l1cfg settings.L1Confi
 		t.Fatal(err)
 	}
 	t.Cleanup(mod.Close)
-	resp, err := mod.Register(payload(1))
+	resp, err := mod.RegisterThrough(payload(1), nil, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -379,7 +379,7 @@ func TestModuleAdvertisesThePoolNotTheSetting(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer mod.Close()
-	resp, err := mod.Register(payload(1))
+	resp, err := mod.RegisterThrough(payload(1), nil, "")
 	if err != nil || resp.ShmName != d.Segment || resp.PoolSize != d.Size {
 		t.Fatalf("Register = %+v, %v; want the pool's segment %s", resp, err, d.Segment)
 	}
@@ -420,7 +420,7 @@ func TestRegistrationValidation(t *testing.T) {
 	for name, mut := range bad {
 		p := payload(7)
 		mut(&p)
-		if _, err := e.mod.Register(p); err == nil {
+		if _, err := e.mod.RegisterThrough(p, nil, ""); err == nil {
 			t.Errorf("%s: registration accepted", name)
 		}
 	}
@@ -438,7 +438,7 @@ func TestRegistrationValidation(t *testing.T) {
 	p := payload(8)
 	p.UseMLA = true
 	p.ModelName = "mla"
-	if _, err := e.mod.Register(p); err != nil {
+	if _, err := e.mod.RegisterThrough(p, nil, ""); err != nil {
 		t.Fatal(err)
 	}
 	l, _ := e.layouts.Get("mla", 1)
@@ -449,7 +449,7 @@ func TestRegistrationValidation(t *testing.T) {
 	// Another layout for the same (model, world size) is refused.
 	p = payload(9)
 	p.ModelName = "mla"
-	if _, err := e.mod.Register(p); err == nil || !strings.Contains(err.Error(), "conflicts") {
+	if _, err := e.mod.RegisterThrough(p, nil, ""); err == nil || !strings.Contains(err.Error(), "conflicts") {
 		t.Fatalf("conflicting layout: err = %v", err)
 	}
 }
@@ -462,7 +462,7 @@ func TestReRegistration(t *testing.T) {
 	}
 	p := payload(1)
 	p.NumLayers = 99 // ignored: nothing is replaced
-	again, err := e.mod.Register(p)
+	again, err := e.mod.RegisterThrough(p, nil, "")
 	if err != nil || again != first {
 		t.Fatalf("re-registration = %+v, %v; want %+v", again, err, first)
 	}
@@ -894,7 +894,7 @@ func TestCloseDiscardsPending(t *testing.T) {
 	if e.cached(k) != 0 || e.layouts.Has("m", 1) {
 		t.Fatal("Close left a reservation or a layout")
 	}
-	if _, err := e.mod.Register(payload(3)); err == nil {
+	if _, err := e.mod.RegisterThrough(payload(3), nil, ""); err == nil {
 		t.Fatal("closed module registered")
 	}
 	e.mod.Close() // idempotent

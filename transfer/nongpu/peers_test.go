@@ -17,7 +17,7 @@ import (
 
 func TestUnregisterFromAnotherLivePeerIsRefused(t *testing.T) {
 	e := newEnv(t, true, 1<<20)
-	if _, err := e.mod.RegisterFrom(payload(1), []byte("victim")); err != nil {
+	if _, err := e.mod.RegisterThrough(payload(1), []byte("victim"), ""); err != nil {
 		t.Fatal(err)
 	}
 	// The squatter naming the id (a PING, a request) takes nothing.
@@ -45,7 +45,7 @@ func TestUnregisterFromAnotherLivePeerIsRefused(t *testing.T) {
 func TestUnregisterFromAnotherPeerOnceTheHolderIsSilent(t *testing.T) {
 	e := newEnv(t, true, 1<<20)
 	e.mod.SetLiveness(Liveness{Timeout: 30 * time.Second})
-	if _, err := e.mod.RegisterFrom(payload(1), []byte("dead")); err != nil {
+	if _, err := e.mod.RegisterThrough(payload(1), []byte("dead"), ""); err != nil {
 		t.Fatal(err)
 	}
 	e.clk.Advance(29 * time.Second)
@@ -60,7 +60,7 @@ func TestUnregisterFromAnotherPeerOnceTheHolderIsSilent(t *testing.T) {
 
 func TestReconnectedWorkerHoldsItsInstanceAfterTheWindow(t *testing.T) {
 	e := newEnv(t, true, 1<<20)
-	if _, err := e.mod.RegisterFrom(payload(1), []byte("before")); err != nil {
+	if _, err := e.mod.RegisterThrough(payload(1), []byte("before"), ""); err != nil {
 		t.Fatal(err)
 	}
 	e.clk.Advance(DefaultPeerWindow)
@@ -78,12 +78,12 @@ func TestReconnectedWorkerHoldsItsInstanceAfterTheWindow(t *testing.T) {
 
 func TestConflictingRegistrationNamesBothPeers(t *testing.T) {
 	e := newEnv(t, true, 1<<20)
-	if _, err := e.mod.RegisterFrom(payload(1), []byte("squatter")); err != nil {
+	if _, err := e.mod.RegisterThrough(payload(1), []byte("squatter"), ""); err != nil {
 		t.Fatal(err)
 	}
 	p := payload(2)
 	p.NumLayers = 3
-	_, err := e.mod.RegisterFrom(p, []byte("victim"))
+	_, err := e.mod.RegisterThrough(p, []byte("victim"), "")
 	if !errors.Is(err, ErrLayoutConflict) {
 		t.Fatalf("conflicting registration: %v", err)
 	}

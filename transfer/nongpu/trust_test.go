@@ -303,14 +303,14 @@ func TestMaxInstances(t *testing.T) {
 	for id := int64(1); id <= 3; id++ {
 		e.register(id)
 	}
-	_, err := e.mod.Register(payload(4))
+	_, err := e.mod.RegisterThrough(payload(4), nil, "")
 	if !errors.Is(err, ErrTooManyInstances) || !strings.Contains(err.Error(), "--max-instances") || !strings.Contains(err.Error(), "3") {
 		t.Fatalf("4th registration: %v", err)
 	}
 	if evs := e.eventsOf(workers.EventError); len(evs) == 0 || !strings.Contains(evs[len(evs)-1].Message, "max_instances") {
 		t.Fatalf("no event for the refusal: %+v", evs)
 	}
-	if _, err := e.mod.Register(payload(2)); err != nil {
+	if _, err := e.mod.RegisterThrough(payload(2), nil, ""); err != nil {
 		t.Fatalf("re-registering a known id at the limit: %v", err)
 	}
 	e.mod.Unregister(3)
@@ -319,7 +319,7 @@ func TestMaxInstances(t *testing.T) {
 	if n := len(e.mod.Contexts()); n != 3 {
 		t.Fatalf("%d instances after lowering the limit, want 3 kept", n)
 	}
-	if _, err := e.mod.Register(payload(5)); !errors.Is(err, ErrTooManyInstances) { // …but nobody new gets in
+	if _, err := e.mod.RegisterThrough(payload(5), nil, ""); !errors.Is(err, ErrTooManyInstances) { // …but nobody new gets in
 		t.Fatalf("registration above a lowered limit: %v", err)
 	}
 	if e.layouts.Has("m", 1) != true {
@@ -337,7 +337,7 @@ func TestRegistrationFloodBounded(t *testing.T) {
 	for id := int64(0); id < 200_000; id++ {
 		p := payload(id)
 		p.ModelName = fmt.Sprintf("%s%08d", name, id) // every name its own layout entry
-		if _, err := e.mod.Register(p); err == nil {
+		if _, err := e.mod.RegisterThrough(p, nil, ""); err == nil {
 			accepted++
 		} else if !errors.Is(err, ErrTooManyInstances) {
 			t.Fatalf("registration %d: %v", id, err)
@@ -377,7 +377,7 @@ func TestRegistrationStringsBounded(t *testing.T) {
 	for name, mut := range cases {
 		p := payload(1)
 		mut(&p)
-		_, err := e.mod.Register(p)
+		_, err := e.mod.RegisterThrough(p, nil, "")
 		if err == nil {
 			t.Errorf("%s: registered", name)
 			continue
@@ -393,7 +393,7 @@ func TestRegistrationStringsBounded(t *testing.T) {
 	}
 	p := payload(2)
 	p.ModelName = strings.Repeat("a", MaxModelNameBytes)
-	if _, err := e.mod.Register(p); err != nil {
+	if _, err := e.mod.RegisterThrough(p, nil, ""); err != nil {
 		t.Fatalf("a %d-byte name: %v", MaxModelNameBytes, err)
 	}
 	// A key for a registered instance naming a huge model: short error.
@@ -411,7 +411,7 @@ func TestRegistrationRefusesOverflowingLayout(t *testing.T) {
 	for _, hidden := range []int{1 << 28, 1 << 24, 1<<31 - 1} {
 		p := payload(1)
 		p.NumLayers, p.HiddenDimSize = 1<<30, hidden
-		_, err := e.mod.Register(p)
+		_, err := e.mod.RegisterThrough(p, nil, "")
 		if err == nil {
 			t.Fatalf("hidden %d registered: %+v", hidden, e.mod.Contexts())
 		}
@@ -433,13 +433,13 @@ func TestWorldSizeClamped(t *testing.T) {
 	for _, ws := range []int{0, -1, 256, 1<<31 - 1, math.MinInt32} {
 		p := payload(1)
 		p.WorldSize = ws
-		if _, err := e.mod.Register(p); err == nil {
+		if _, err := e.mod.RegisterThrough(p, nil, ""); err == nil {
 			t.Errorf("world_size %d registered", ws)
 		}
 	}
 	p := payload(1)
 	p.WorldSize = 255
-	if _, err := e.mod.Register(p); err != nil {
+	if _, err := e.mod.RegisterThrough(p, nil, ""); err != nil {
 		t.Fatalf("world_size 255: %v", err)
 	}
 	k := key(tokens(testChunk, 1), 0, testChunk)
@@ -484,7 +484,7 @@ func TestMaxInstancesConcurrent(t *testing.T) {
 	for id := int64(0); id < 64; id++ {
 		go func() {
 			<-start
-			_, err := e.mod.Register(payload(id % 32)) // every id twice
+			_, err := e.mod.RegisterThrough(payload(id%32), nil, "") // every id twice
 			errs <- err
 		}()
 	}
