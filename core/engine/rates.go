@@ -83,6 +83,8 @@ type rates struct {
 	// it also guards marks.
 	sampleMu sync.Mutex
 	marks    []whatifMark
+	// told is when each unregistered model was last told as an event.
+	told map[unregisteredKey]time.Time
 
 	mu    sync.Mutex
 	taken time.Time
@@ -401,6 +403,7 @@ func (e *Engine) sampleRates() {
 	s := sample{now: e.opts.Now()}
 	if p := e.cur.Load().plane; p != nil {
 		e.rates.markWhatIf(s.now, p.whatif)
+		e.tellUnregistered(s.now, p.lookup.Unregistered())
 		s.lookup = p.lookup.Stats()
 		s.groups = p.lookup.ModelStats()
 		s.contexts = p.transfer.Contexts()

@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"time"
 
+	"kvdock/core/keys"
+	"kvdock/core/lookup"
 	"kvdock/core/whatif"
 	"kvdock/settings"
 )
@@ -163,5 +165,43 @@ func (e *Engine) warnMemoryAt(cfg settings.Config, avail int64) {
 	if w := settings.MemoryWarning(cfg, avail); w != "" {
 		e.log.Warn(w)
 		e.events.add(EventLifecycle, slog.LevelWarn, w)
+	}
+}
+
+// unregisteredKey names a model looked up with no registered worker.
+type unregisteredKey struct {
+	model string
+	ws    int
+}
+
+// tellEvery is how often an event repeats that a model's lookups find no
+// registered worker while they go on.
+const tellEvery = time.Minute
+
+// tellUnregistered adds an event for each model looked up since the last
+// sample with no registered worker, at most once a tellEvery per model:
+// after a restart the scheduler's lookups answer 0 until the workers
+// register again, which the hit ratio alone does not explain. Called with
+// sampleMu held.
+func (e *Engine) tellUnregistered(now time.Time, list []lookup.Unregistered) {
+	r := e.rates
+	if r.told == nil {
+		r.told = map[unregisteredKey]time.Time{}
+	}
+	seen := make(map[unregisteredKey]bool, len(list))
+	for _, u := range list {
+		k := unregisteredKey{u.Model, u.WorldSize}
+		seen[k] = true
+		if last, ok := r.told[k]; ok && (now.Sub(last) < tellEvery || !u.Last.After(last)) {
+			continue
+		}
+		r.told[k] = now
+		e.events.add(EventLifecycle, slog.LevelWarn, fmt.Sprintf("%s (%d so far)",
+			UnregisteredMessage(keys.Clip(u.Model), u.WorldSize), u.Lookups))
+	}
+	for k := range r.told {
+		if !seen[k] {
+			delete(r.told, k)
+		}
 	}
 }

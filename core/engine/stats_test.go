@@ -114,6 +114,18 @@ func TestUnregisteredModelInSnapshot(t *testing.T) {
 	if got := UnregisteredMessage(u[0].Model, u[0].WorldSize); got != "no worker registered for model gone-model (world size 1): lookups answer 0" {
 		t.Fatalf("message %q", got)
 	}
+	// The events say it once, not every second.
+	e.sampleRates()
+	e.sampleRates()
+	n := 0
+	for _, ev := range e.Snapshot().Events {
+		if strings.Contains(ev.Message, `no worker registered for model "gone-model" (world size 1): lookups answer 0`) {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Fatalf("%d events name the unregistered model, want 1: %+v", n, e.Snapshot().Events)
+	}
 }
 
 func sum(v []float64) float64 {
