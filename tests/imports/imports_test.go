@@ -54,6 +54,7 @@ var rules = []rule{
 	leaf("core/whatif", "core/keys"),
 	leaf("core/workers", "core/layout"),
 	leaf("core/lookup", "core/keys", "core/layout", "core/misses", "core/whatif"),
+	leaf("core/restart", "core/keys", "core/l1", "core/protocol"),
 	leaf("core/rpc/...", "core/protocol", "core/rpc/..."),
 	leaf("core/testkit/...", "core/testkit/..."),
 	{pkg: "core/engine/...", only: []string{"settings", "assets", "core/...", "transfer/..."},

@@ -1,0 +1,175 @@
+package restart
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// FileName is the record file of the wire server at host:port in the state
+// directory: one per endpoint, since a pool named by the pid
+// (lmcache_l1_pool_<pid>) has no name that outlives its process.
+func FileName(host string, port int) string {
+	clean := strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '-' {
+			return r
+		}
+		return '_'
+	}, host)
+	if len(clean) > 128 {
+		clean = clean[:128]
+	}
+	return "l1-pool-" + clean + "-" + strconv.Itoa(port) + ".state"
+}
+
+// openDir opens dir, which must be a real directory (not a symbolic link)
+// owned by our user and writable by nobody else; with create it is made
+// (mode 0700, parents 0700) when missing, and an existing one of ours is
+// narrowed to 0700. The caller closes the descriptor.
+func openDir(dir string, create bool) (int, error) {
+	if !filepath.IsAbs(dir) {
+		return -1, fmt.Errorf("state directory %q: want an absolute path", dir)
+	}
+	if create {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return -1, fmt.Errorf("state directory: %w", err)
+		}
+	}
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR) {
+			return -1, fmt.Errorf("%w: state directory %s is a symbolic link or not a directory", ErrInvalid, dir)
+		}
+		return -1, fmt.Errorf("state directory %s: %w", dir, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("state directory %s: %w", dir, err)
+	}
+	uid := uint32(os.Geteuid())
+	switch {
+	case st.Uid != uid:
+		unix.Close(fd)
+		return -1, fmt.Errorf("%w: state directory %s is owned by uid %d, this server runs as %d", ErrInvalid, dir, st.Uid, uid)
+	case st.Mode&0o022 != 0:
+		unix.Close(fd)
+		return -1, fmt.Errorf("%w: state directory %s has mode %#o: others may write it (want 0700)", ErrInvalid, dir, st.Mode&0o777)
+	case create && st.Mode&0o777 != 0o700:
+		if err := unix.Fchmod(fd, 0o700); err != nil {
+			unix.Close(fd)
+			return -1, fmt.Errorf("state directory %s: chmod 0700: %w", dir, err)
+		}
+	}
+	return fd, nil
+}
+
+// Write records r as dir/file, atomically (a temporary file of mode 0600,
+// synced, renamed over the name, the directory synced).
+func Write(dir, file string, r Record) error {
+	data, err := Encode(r)
+	if err != nil {
+		return err
+	}
+	dfd, err := openDir(dir, true)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(dfd)
+	tmp := "." + file + ".tmp-" + strconv.Itoa(os.Getpid())
+	_ = unix.Unlinkat(dfd, tmp, 0)
+	fd, err := unix.Openat(dfd, tmp, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return fmt.Errorf("state file %s: %w", filepath.Join(dir, tmp), err)
+	}
+	f := os.NewFile(uintptr(fd), filepath.Join(dir, tmp))
+	fail := func(err error) error {
+		f.Close()
+		_ = unix.Unlinkat(dfd, tmp, 0)
+		return fmt.Errorf("state file %s: %w", filepath.Join(dir, file), err)
+	}
+	if err := f.Chmod(0o600); err != nil {
+		return fail(err)
+	}
+	if _, err := f.Write(data); err != nil {
+		return fail(err)
+	}
+	if err := f.Sync(); err != nil {
+		return fail(err)
+	}
+	if err := f.Close(); err != nil {
+		_ = unix.Unlinkat(dfd, tmp, 0)
+		return fmt.Errorf("state file %s: %w", filepath.Join(dir, file), err)
+	}
+	if err := unix.Renameat(dfd, tmp, dfd, file); err != nil {
+		_ = unix.Unlinkat(dfd, tmp, 0)
+		return fmt.Errorf("state file %s: %w", filepath.Join(dir, file), err)
+	}
+	return unix.Fsync(dfd)
+}
+
+// ErrNone means there is no record to take.
+var ErrNone = errors.New("no restart record")
+
+// Take reads dir/file, removes it (a record is used once, adopted or not)
+// and returns it validated in full. No file is ErrNone; a file that is not
+// a regular file of ours with mode 0600, in a directory of ours no one else
+// writes, or whose contents fail Decode, is removed too when it can be and
+// refused with an error wrapping ErrInvalid.
+func Take(dir, file string) (Record, error) {
+	dfd, err := openDir(dir, false)
+	if errors.Is(err, unix.ENOENT) {
+		return Record{}, ErrNone
+	}
+	if err != nil {
+		return Record{}, err
+	}
+	defer unix.Close(dfd)
+	path := filepath.Join(dir, file)
+	fd, err := unix.Openat(dfd, file, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.ENOENT) {
+		return Record{}, ErrNone
+	}
+	// Whatever was found under the name is spent, whether it is used or not.
+	consume := func() { _ = unix.Unlinkat(dfd, file, 0) }
+	if err != nil {
+		consume()
+		if errors.Is(err, unix.ELOOP) {
+			return Record{}, fmt.Errorf("%w: %s is a symbolic link", ErrInvalid, path)
+		}
+		return Record{}, fmt.Errorf("%w: open %s: %v", ErrInvalid, path, err)
+	}
+	f := os.NewFile(uintptr(fd), path)
+	defer f.Close()
+	defer consume()
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return Record{}, fmt.Errorf("%w: stat %s: %v", ErrInvalid, path, err)
+	}
+	uid := uint32(os.Geteuid())
+	switch {
+	case st.Mode&unix.S_IFMT != unix.S_IFREG:
+		return Record{}, fmt.Errorf("%w: %s is not a regular file", ErrInvalid, path)
+	case st.Uid != uid:
+		return Record{}, fmt.Errorf("%w: %s is owned by uid %d, this server runs as %d", ErrInvalid, path, st.Uid, uid)
+	case st.Mode&0o077 != 0:
+		return Record{}, fmt.Errorf("%w: %s has mode %#o, want 0600", ErrInvalid, path, st.Mode&0o777)
+	case st.Size > MaxFileBytes:
+		return Record{}, fmt.Errorf("%w: %s has %d bytes, more than the bound of %d", ErrInvalid, path, st.Size, MaxFileBytes)
+	}
+	data, err := io.ReadAll(io.LimitReader(f, MaxFileBytes+1))
+	if err != nil {
+		return Record{}, fmt.Errorf("%w: read %s: %v", ErrInvalid, path, err)
+	}
+	r, err := Decode(data)
+	if err != nil {
+		return Record{}, fmt.Errorf("%s: %w", path, err)
+	}
+	return r, nil
+}
