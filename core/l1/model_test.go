@@ -134,8 +134,11 @@ func TestRandomAgainstModel(t *testing.T) {
 		r := rand.New(rand.NewPCG(uint64(seq), 99))
 		c := fakeclock.New()
 		policy := PolicyLRU
-		if seq%4 == 3 {
+		switch seq % 4 {
+		case 3:
 			policy = PolicyNoop
+		case 2:
+			policy = PolicyPrefix
 		}
 		ownerShare, totalShare := 1.0, 1.0
 		if seq%2 == 1 { // the default caps: refusals are predicted
@@ -187,7 +190,7 @@ func TestRandomAgainstModel(t *testing.T) {
 				need := unit * int64(len(want))
 				mine, total := m.lockedBytes(owner)
 				avail := m.poolSize - m.usedBytes()
-				if policy == PolicyLRU {
+				if policy != PolicyNoop {
 					avail = m.poolSize - total
 				}
 				var wantErr error // nil: may still fail for fragmentation
@@ -456,8 +459,8 @@ func check(p *Pool, m *model) string {
 		}
 		delete(m.objs, k) // evicted
 	}
-	if len(p.t.index) != len(m.objs) {
-		return fmt.Sprintf("pool has %d objects, model %d", len(p.t.index), len(m.objs))
+	if p.t.index.n != len(m.objs) {
+		return fmt.Sprintf("pool has %d objects, model %d", p.t.index.n, len(m.objs))
 	}
 	type span struct{ off, end int64 }
 	var spans []span

@@ -21,7 +21,7 @@ type Observer interface {
 	// them (up to Options.ObserveMax) follow as Lost with LossCleared,
 	// oldest first.
 	Cleared()
-	// Tick: the LRU eviction loop ran, with these settings.
+	// Tick: the eviction loop ran, with these settings (not under noop).
 	Tick(watermark, ratio float64)
 }
 

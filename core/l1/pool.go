@@ -1,7 +1,8 @@
 // Package l1 is the L1 memory pool of the cache server: one contiguous region
 // (a named shared-memory segment workers write into directly, or private
 // memory), an aligned allocator over it, and the table of cached objects with
-// their TTL read/write locks and LRU eviction.
+// their TTL read/write locks and eviction: LRU, or prefix (prefix.go),
+// which evicts a chunk only after every resident chunk that follows it.
 //
 // Object states follow LMCache's L1 manager: absent → write-locked
 // (ReserveWrite) → ready (FinishWrite) → read-locked with a count
@@ -68,6 +69,10 @@ const (
 const (
 	PolicyLRU  = "LRU"
 	PolicyNoop = "noop"
+	// PolicyPrefix evicts only chunks no resident chunk depends on (the
+	// leaves of the prefix tree, prefix.go), the least recently used
+	// first, every rank and group of a chunk together.
+	PolicyPrefix = "prefix"
 )
 
 // ErrNoSpace means a ReserveWrite batch does not fit even after evicting
@@ -153,7 +158,7 @@ type Options struct {
 	// Prefault populates the pages in the background after Open.
 	Prefault          bool
 	WriteTTL, ReadTTL time.Duration
-	// Policy is LRU or noop (case-insensitive).
+	// Policy is LRU, prefix or noop (case-insensitive).
 	Policy           string
 	Watermark, Ratio float64
 	// Now is the clock for lock TTLs; nil = time.Now.
@@ -233,6 +238,11 @@ type Stats struct {
 	LockCapRefusals   uint64 // reservations or read locks refused by a lock cap
 	OwnerLockCap      int64  // bytes one owner may hold locked
 	TotalLockCap      int64  // bytes all owners together may hold locked
+
+	// ResidentBytes is the rounded sizes of the objects not doomed;
+	// UsableBytes those of them a LOOKUP can reach: they start a prompt or
+	// the chunk before them is resident (prefix.go).
+	ResidentBytes, UsableBytes int64
 
 	Policy            string
 	Watermark, Ratio  float64
@@ -475,7 +485,7 @@ func (p *Pool) maintain() {
 	now := p.now().UnixNano()
 	p.st.EvictionTicks++
 	p.sweep(now)
-	if p.policy != PolicyLRU {
+	if p.policy == PolicyNoop {
 		return
 	}
 	if p.obs != nil {
@@ -490,8 +500,12 @@ func (p *Pool) maintain() {
 	}
 	n := max(1, int(p.ratio*float64(p.t.len())))
 	got := 0
-	for got < n && p.evictOne(now) {
-		got++
+	for got < n {
+		k := p.evictOne(now)
+		if k == 0 {
+			break
+		}
+		got += k
 	}
 	if got > 0 {
 		p.log.Debug("l1 eviction", "evicted", got, "wanted", n, "used", used, "size", p.alloc.Size())
@@ -512,8 +526,10 @@ func (p *Pool) setEviction(policy string, watermark, ratio float64) error {
 		pol = PolicyLRU
 	case strings.EqualFold(policy, PolicyNoop):
 		pol = PolicyNoop
+	case strings.EqualFold(policy, PolicyPrefix):
+		pol = PolicyPrefix
 	default:
-		return fmt.Errorf("l1: eviction policy %q: want LRU or noop", policy)
+		return fmt.Errorf("l1: eviction policy %q: want LRU, prefix or noop", policy)
 	}
 	if !(watermark > 0 && watermark <= 1) {
 		return fmt.Errorf("l1: eviction watermark %v: want a fraction in (0, 1]", watermark)
@@ -568,6 +584,7 @@ func (p *Pool) Stats() Stats {
 	s.Size = p.alloc.Size()
 	s.UsedBytes = p.alloc.Size() - p.alloc.Free()
 	s.LiveBytes = p.t.bytes
+	s.ResidentBytes, s.UsableBytes = p.t.bytes-p.t.doomedBytes, p.t.usableBytes
 	s.LockedBytes = p.lockedBytes
 	s.Doomed, s.DoomedBytes = p.t.doomed, p.t.doomedBytes
 	s.LockOwners = len(p.owners)

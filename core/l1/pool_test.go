@@ -463,7 +463,7 @@ func TestEvictionLoop(t *testing.T) {
 	if s := p.Stats(); s.Objects != 10 {
 		t.Fatalf("loop evicted locked objects: %+v", s)
 	}
-	if err := p.SetEviction("ARC", 0.8, 0.2); err == nil || !strings.Contains(err.Error(), "LRU or noop") {
+	if err := p.SetEviction("ARC", 0.8, 0.2); err == nil || !strings.Contains(err.Error(), "LRU, prefix or noop") {
 		t.Fatalf("bad policy: %v", err)
 	}
 	if err := p.SetTTLs(0, time.Second); err == nil {

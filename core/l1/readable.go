@@ -70,8 +70,8 @@ func (p *Pool) StoredElsewhere(k *keys.ObjectKey) bool {
 			if probes++; probes > maxLayoutProbes {
 				return false
 			}
-			i, ok := p.t.index[ident{k.Chunk, n, keys.KVRank(int(ws), int(w)), k.Group}]
-			if ok && !p.expire(i, now) && p.t.recs[i].state == stateReady && !p.t.recs[i].doomed {
+			i := p.t.index.find(p.t.recs, &ident{k.Chunk, n, keys.KVRank(int(ws), int(w)), k.Group})
+			if i != nilRec && !p.expire(i, now) && p.t.recs[i].state == stateReady && !p.t.recs[i].doomed {
 				return true
 			}
 		}

@@ -9,9 +9,11 @@ import (
 )
 
 // The object table is laid out for a small Go heap at millions of objects:
-// a map from a 40-byte identity (chunk hash, interned model+salt, rank) to an
-// index into a slice of fixed-size records; the LRU list is intrusive
-// (indices in the records); only locked objects sit in an extra set.
+// an open-addressing index (index.go) from an identity (chunk hash,
+// interned model+salt, rank, group) to an index into a slice of fixed-size
+// records; the LRU list, the prefix tree and the heap of evictable leaves
+// (prefix.go) are intrusive (indices in the records); only locked objects
+// sit in an extra set.
 //
 // Clear and in-flight transfers: a cleared object that is locked stays in
 // the index, doomed, rather than leaving it for a separate list. One key then
@@ -57,18 +59,27 @@ type record struct {
 	deadline   int64  // unix ns: expiry of the write lock or of the read locks
 	lock       uint64 // id of the current write lock or read-lock era; 0 = none
 	prev, next int32  // LRU neighbours (prev towards MRU); next links free slots
-	readers    uint32 // anonymous read locks left by lookups for the workers
-	holds      uint32 // read locks workers took (HoldRead) and release by ReadRef
-	owner      uint32 // Pool.ownerSlots index charged for the lock
-	state      uint8
-	doomed     bool // cleared while locked: freed when the lock ends
-	detached   bool // abandoned reservation: out of the key index until freed
+	stamp      uint64 // last use, for the prefix policy's heap (older first)
+	// The prefix tree (prefix.go): the record of the chunk before this one
+	// in its prompt (nilRec: none resident), the first of its resident
+	// children and its siblings; heap is its place in the heap of
+	// evictable leaves (-1: not there); peer rings the records of the same
+	// chunk (other ranks and groups).
+	parent, kid, sibPrev, sibNext int32
+	heap, peer                    int32
+	readers                       uint32 // anonymous read locks left by lookups for the workers
+	holds                         uint32 // read locks workers took (HoldRead) and release by ReadRef
+	owner                         uint32 // Pool.ownerSlots index charged for the lock
+	state                         uint8
+	doomed                        bool // cleared while locked: freed when the lock ends
+	detached                      bool // abandoned reservation: out of the key index until freed
+	root                          bool // starts a prompt: usable without a parent
 }
 
 type nameKey struct{ model, salt string }
 
 type table struct {
-	index    map[ident]int32
+	index    keyIndex
 	recs     []record
 	freeRec  int32
 	mru, lru int32
@@ -84,11 +95,13 @@ type table struct {
 	detached                int // records out of the index (see detach)
 	doomedBytes             int64
 	bytes                   int64 // rounded sizes of every record
+	usableBytes             int64 // rounded sizes of the usable records (prefix.go)
+	clock                   uint64
+	heap                    []int32 // evictable leaves, a min-heap by stamp
 }
 
 func (t *table) init() {
 	*t = table{
-		index:   make(map[ident]int32),
 		freeRec: nilRec,
 		mru:     nilRec,
 		lru:     nilRec,
@@ -98,7 +111,7 @@ func (t *table) init() {
 }
 
 // len is the number of records holding bytes, detached ones included.
-func (t *table) len() int { return len(t.index) + t.detached }
+func (t *table) len() int { return t.index.n + t.detached }
 
 // find returns the record index of k, or nilRec.
 func (t *table) find(k keys.ObjectKey) int32 {
@@ -106,11 +119,7 @@ func (t *table) find(k keys.ObjectKey) int32 {
 	if !ok {
 		return nilRec
 	}
-	i, ok := t.index[ident{k.Chunk, n, k.KVRank, k.Group}]
-	if !ok {
-		return nilRec
-	}
-	return i
+	return t.index.find(t.recs, &ident{k.Chunk, n, k.KVRank, k.Group})
 }
 
 // add creates a record at the MRU end; the caller locks it.
@@ -141,8 +150,10 @@ func (t *table) add(k keys.ObjectKey, off, length, rounded int64) int32 {
 		i = int32(len(t.recs) - 1)
 	}
 	id := ident{k.Chunk, n, k.KVRank, k.Group}
-	t.recs[i] = record{id: id, off: off, length: length, prev: nilRec, next: nilRec, state: stateReady}
-	t.index[id] = i
+	t.clock++
+	t.recs[i] = record{id: id, off: off, length: length, prev: nilRec, next: nilRec, state: stateReady, stamp: t.clock,
+		parent: nilRec, kid: nilRec, sibPrev: nilRec, sibNext: nilRec, heap: -1, peer: i}
+	t.index.insert(t.recs, i)
 	t.pushMRU(i)
 	t.bytes += rounded
 	return i
@@ -160,7 +171,7 @@ func (t *table) remove(i int32, rounded int64) {
 	if r.detached {
 		t.detached--
 	} else {
-		delete(t.index, r.id)
+		t.index.remove(t.recs, i)
 	}
 	t.unlink(i)
 	n := r.id.name
@@ -178,7 +189,7 @@ func (t *table) remove(i int32, rounded int64) {
 // a newer record may then take its key) while it keeps its bytes.
 func (t *table) detach(i int32) {
 	if r := &t.recs[i]; !r.detached {
-		delete(t.index, r.id)
+		t.index.remove(t.recs, i)
 		r.detached = true
 		t.detached++
 	}
@@ -212,6 +223,7 @@ func (t *table) unlink(i int32) {
 }
 
 func (t *table) touch(i int32) {
+	t.stampNow(i)
 	if t.mru != i {
 		t.unlink(i)
 		t.pushMRU(i)
@@ -331,11 +343,15 @@ func (p *Pool) unlock(i int32) {
 	delete(p.t.locked, i)
 	p.uncharge(r.owner, p.rounded(i))
 	r.lock, r.owner = 0, 0
+	p.t.reheap(i)
 }
 
 // drop removes record i and frees its space.
 func (p *Pool) drop(i int32) {
 	p.unlock(i)
+	if !p.t.recs[i].doomed { // a doomed record left the tree when doomed
+		p.untree(i)
+	}
 	r := p.t.recs[i]
 	p.t.remove(i, p.alloc.Round(r.length))
 	p.alloc.Release(r.off, r.length)
@@ -381,18 +397,21 @@ func (p *Pool) evictable(i int32, now int64) bool {
 	return r.state == stateReady && (!r.readLocked() || r.deadline <= now)
 }
 
-// evictOne drops the least recently used unlocked object; false when every
-// object is locked.
-func (p *Pool) evictOne(now int64) bool {
+// evictOne evicts in policy order: the least recently used unlocked object
+// (LRU), or the least recently used evictable leaf with its chunk's other
+// ranks and groups (prefix). It returns how many objects went, 0 when
+// nothing may be evicted.
+func (p *Pool) evictOne(now int64) int {
+	if p.policy == PolicyPrefix {
+		return p.evictLeaf()
+	}
 	for i := p.t.lru; i != nilRec; i = p.t.recs[i].prev {
 		if p.evictable(i, now) {
-			p.lost(i, LossEvicted)
-			p.drop(i)
-			p.st.Evictions++
-			return true
+			p.evict(i)
+			return 1
 		}
 	}
-	return false
+	return 0
 }
 
 // lookup finds k and applies its TTLs; nilRec when absent or expired. A
@@ -467,6 +486,7 @@ func (p *Pool) ReserveWrite(owner Owner, ks []keys.ObjectKey, size int64) ([]Res
 		fresh = append(fresh, i)
 	}
 	if len(fresh) == 0 {
+		p.chain(ks, true) // links of keys stored before, kept as they were
 		return nil, nil
 	}
 	need := unit * int64(len(fresh))
@@ -495,12 +515,14 @@ func (p *Pool) ReserveWrite(owner Owner, ks []keys.ObjectKey, size int64) ([]Res
 	res := make([]Reservation, len(fresh))
 	for j, i := range fresh {
 		rec := p.t.add(ks[i], offs[j], size, unit)
+		p.joinRing(rec)
 		if p.obs != nil {
 			p.obs.Stored(&ks[i], unit)
 		}
 		lock := p.lockWrite(rec, owner, deadline)
 		res[j] = Reservation{Index: i, Key: ks[i], Offset: offs[j], Length: size, rec: rec, lock: lock}
 	}
+	p.chain(ks, true)
 	p.st.WriteReservations += uint64(len(fresh))
 	return res, nil
 }
@@ -510,7 +532,7 @@ func (p *Pool) ReserveWrite(owner Owner, ks []keys.ObjectKey, size int64) ([]Res
 func (p *Pool) feasible(need int64, now int64) bool {
 	avail := func() int64 {
 		a := p.alloc.Free()
-		if p.policy == PolicyLRU {
+		if p.policy != PolicyNoop {
 			a += p.alloc.Size() - p.alloc.Free() - p.lockedBytes
 		}
 		return a
@@ -528,8 +550,11 @@ func (p *Pool) feasible(need int64, now int64) bool {
 // batch, so a batch that cannot fit does not empty the cache on its way to
 // failing.
 func (p *Pool) evictAndAlloc(offs []int64, size int64, now int64) bool {
-	if p.policy != PolicyLRU {
+	switch p.policy {
+	case PolicyNoop:
 		return false
+	case PolicyPrefix:
+		return p.evictLeavesAndAlloc(offs, size)
 	}
 	need := p.alloc.Round(size) * int64(len(offs))
 	used := p.alloc.Size() - p.alloc.Free()
@@ -556,10 +581,31 @@ func (p *Pool) evictAndAlloc(offs []int64, size int64, now int64) bool {
 			return p.alloc.Free() >= need && p.allocAll(offs, size)
 		}
 		prev := p.t.recs[i].prev
-		p.lost(i, LossEvicted)
-		p.drop(i)
-		p.st.Evictions++
+		p.evict(i)
 		i = prev
+	}
+}
+
+// evictLeavesAndAlloc is evictAndAlloc for the prefix policy: leaves go,
+// least recently used first, until allocAll succeeds or none is left.
+func (p *Pool) evictLeavesAndAlloc(offs []int64, size int64) bool {
+	need := p.alloc.Round(size) * int64(len(offs))
+	used := p.alloc.Size() - p.alloc.Free()
+	if p.alloc.Free()+used-p.lockedBytes < need {
+		return false
+	}
+	step := max(p.alloc.Round(size), need/8) // as evictAndAlloc's retries
+	retryAt := need
+	for {
+		if free := p.alloc.Free(); free >= retryAt {
+			if p.allocAll(offs, size) {
+				return true
+			}
+			retryAt = free + step
+		}
+		if p.evictLeaf() == 0 {
+			return p.alloc.Free() >= need && p.allocAll(offs, size)
+		}
 	}
 }
 
@@ -686,6 +732,7 @@ func (p *Pool) abandonLocked(rs []Reservation, refs []ReadRef, now int64, expire
 			} else {
 				p.lost(i, LossAborted)
 			}
+			p.untree(i)
 			rec.doomed = true
 			p.t.doomed++
 			p.t.doomedBytes += p.rounded(i)
@@ -765,6 +812,7 @@ func (p *Pool) reserveReadPrefix(owner Owner, ks []keys.ObjectKey, count int) (i
 			p.t.locked[i] = struct{}{}
 		}
 		r.readers = uint32(min(uint64(r.readers)+uint64(count), math.MaxUint32))
+		p.t.reheap(i) // a read-locked object is no eviction candidate
 		r.deadline = now + int64(p.readTTL)
 		p.t.touch(i)
 		p.st.ReadHits++
@@ -960,6 +1008,7 @@ func (p *Pool) ClearCounted() (objects int, bytes int64) {
 		switch {
 		case r.state == stateFree || r.doomed:
 		case r.state == stateWrite || r.readLocked():
+			p.untree(int32(i))
 			r.doomed = true
 			p.t.doomed++
 			p.t.doomedBytes += p.rounded(int32(i))

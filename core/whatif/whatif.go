@@ -73,7 +73,7 @@ const (
 	// TableBytesPerObject is a floor on what the L1 object table holds per
 	// object (measured by l1's TestWhatIfMemoryBudget): the sample set is
 	// sized so that it stays within BudgetShare of it.
-	TableBytesPerObject = 150
+	TableBytesPerObject = 140
 	// BudgetShare is the share of the object table's memory the estimator
 	// may use.
 	BudgetShare = 0.01
