@@ -52,6 +52,9 @@ type Options struct {
 	// ServerProcess (--server-process) starts the server as a child process
 	// and drives it as a target.
 	ServerProcess bool
+	// Restart (--restart) measures the gap and the hit ratio around
+	// restarts of a server process that keeps its pool (restart.go).
+	Restart bool
 	// Adapters are the validated --l2-adapter objects: each is measured as
 	// the one tier of an in-process engine.
 	Adapters []settings.Adapter
@@ -112,6 +115,9 @@ func run(args []string, stdout, stderr io.Writer, environ []string, tty bool) in
 	defer stop()
 	if !opts.JSON {
 		opts.progress = newProgress(stderr, tty)
+	}
+	if opts.Restart {
+		return runRestart(ctx, opts, stdout, stderr)
 	}
 	var res *Result
 	var err error

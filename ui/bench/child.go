@@ -26,8 +26,9 @@ type childServer struct {
 
 // startChild starts this executable as a headless kvdock on free loopback
 // ports with an empty settings file, a pool of pool bytes and SHM on
-// (a segment name of its own) or off, and waits until its pool is prefaulted.
-func startChild(ctx context.Context, o Options, mode string, pool int64) (*childServer, error) {
+// (a segment name of its own) or off, and extra flags, and waits until its
+// pool is prefaulted.
+func startChild(ctx context.Context, o Options, mode string, pool int64, extra ...string) (*childServer, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, fmt.Errorf("server process: %w", err)
@@ -65,6 +66,7 @@ func startChild(ctx context.Context, o Options, mode string, pool int64) (*child
 		"--max-message-bytes", strconv.FormatInt(max(1<<30, int64(o.Chunks)*lay.Bytes*2+(1<<20)), 10),
 		"--protocol", o.Protocol, "--log-level", "warn", "--log-file", filepath.Join(dir, "kvdock.log"),
 	}
+	args = append(args, extra...)
 	cmd := exec.Command(exe, args...)
 	cmd.Env = append(os.Environ(), "XDG_CONFIG_HOME="+dir, "XDG_STATE_HOME="+dir)
 	if err := cmd.Start(); err != nil {

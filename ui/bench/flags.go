@@ -38,6 +38,13 @@ against plain file I/O (fs) or valkey-go SET/GET (resp) of the same bytes
 on the same target, and NOOP/LOOKUP while the tier is saturated with
 writes against the same load without a tier.
 
+With --restart it measures restarts instead: a server process that keeps
+its pool (--l1-keep-on-exit), a working set stored once, then the workers
+look it up and retrieve it without pause while the server restarts by
+SIGUSR2 and by SIGTERM followed by the same command line; it reports the
+gap (the longest time without an answer), the hit ratio in the second
+before and in the first second after, and failed requests.
+
 A progress line (phase, elapsed, GB moved) goes to stderr: redrawn on a
 terminal, a plain line per phase otherwise, none with --json.
 
@@ -78,6 +85,7 @@ func parseFlags(args []string, stderr io.Writer, environ []string) (Options, int
 	port := fs.Int("port", 0, "the target server's ZMQ port (with --host)")
 	pid := fs.Int("server-pid", 0, "the target server's pid, for its CPU time and peak RSS")
 	child := fs.Bool("server-process", false, "start the server as a separate kvdock process and measure it as a target (its own RSS and CPU); one --mode")
+	restart := fs.Bool("restart", false, "measure restarts instead: a server process that keeps its pool (--l1-keep-on-exit) restarted by SIGUSR2 and by SIGTERM + the same command line under load; the gap and the hit ratio around it (--mode shm unless given)")
 	def := settings.Default()
 	fs.String(settings.ConfigFlag, "", "settings file to read the target's HTTP address from (default $XDG_CONFIG_HOME/kvdock/config.yaml when it exists) ["+settings.EnvConfig+"]")
 	fs.String("http-host", "", "host of the target's HTTP API, for /status (default: --host) [KVDOCK_HTTP_HOST]")
@@ -171,6 +179,17 @@ func parseFlags(args []string, stderr io.Writer, environ []string) (Options, int
 	if _, err := assets.Protocol(*proto); err != nil {
 		bad = append(bad, "--protocol: "+err.Error())
 	}
+	if *restart {
+		if !fs.Changed("mode") {
+			*mode = "shm"
+		}
+		if *host != "" || len(*l2) > 0 || *child || *compare != "" {
+			bad = append(bad, "--restart: not with --host/--port, --l2-adapter, --server-process or --compare (it starts its own server process)")
+		}
+		if *mode == "both" {
+			bad = append(bad, "--restart: give one --mode (shm or pickle)")
+		}
+	}
 	var adapters []settings.Adapter
 	if *child {
 		if *host != "" || len(*l2) > 0 {
@@ -220,7 +239,7 @@ func parseFlags(args []string, stderr io.Writer, environ []string) (Options, int
 		PoolBytes: int64(*poolGB * (1 << 30)), Host: *host, Port: *port, ServerPID: *pid,
 		HTTPHost: httpHost, HTTPPort: httpPort,
 		Protocol: *proto, Timeout: *timeout, JSON: *asJSON, CPUProfile: *cpuprof,
-		Adapters: adapters, Args: append([]string(nil), args...), ServerProcess: *child,
+		Adapters: adapters, Args: append([]string(nil), args...), ServerProcess: *child, Restart: *restart,
 		Baseline: baseline, BaselinePath: *compare, From: fromRun, FailDrop: *failDrop,
 	}, -1
 }
