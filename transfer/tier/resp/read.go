@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/valkey-io/valkey-go"
+
 	"kvdock/transfer/tier"
 )
 
@@ -249,4 +251,41 @@ func (sc *streamConn) line() ([]byte, error) {
 		line = line[:len(line)-1]
 	}
 	return line, nil
+}
+
+// GetHead implements tier.HeadReader: the first len(buf) bytes of the value
+// under key (GETRANGE, so never more than buf is asked for) and its length
+// (STRLEN), so that a value of another length is classified from its header
+// without being read. The two answers are one pipelined round trip; a value
+// replaced between them reads as damage, a miss either way.
+func (t *Tier) GetHead(ctx context.Context, key string, buf []byte) (n int, size int64, err error) {
+	if len(buf) == 0 {
+		return 0, 0, errors.New("resp tier: get head: empty buffer")
+	}
+	err = t.detached(ctx, "get head", true, func(c valkey.Client, dctx context.Context) error {
+		sk := t.serverKey(key)
+		res := c.DoMulti(dctx,
+			c.B().Strlen().Key(sk).Build(),
+			c.B().Getrange().Key(sk).Start(0).End(int64(len(buf)-1)).Build())
+		l, err := res[0].AsInt64()
+		if err != nil {
+			return t.fail(dctx, "get head", err)
+		}
+		if l == 0 {
+			return fmt.Errorf("resp tier %s: get head: %w", t.target, tier.ErrNotFound)
+		}
+		head, err := res[1].AsBytes()
+		if err != nil {
+			return t.fail(dctx, "get head", err)
+		}
+		if len(head) > len(buf) {
+			return fmt.Errorf("resp tier %s: get head: %d bytes for a range of %d: %w", t.target, len(head), len(buf), errProtocol)
+		}
+		n, size = copy(buf, head), l
+		return nil
+	})
+	if err != nil {
+		return 0, 0, err
+	}
+	return n, size, nil
 }
