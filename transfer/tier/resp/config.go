@@ -33,7 +33,7 @@ type RESPConfig struct {
 	Port          int
 	Username      string
 	Password      string // secret: never printed (String and LogValue redact it)
-	CapacityBytes int64  // max_capacity_gb in bytes: the budget for this process's own writes
+	CapacityBytes int64  // max_capacity_gb in bytes: the budget for this host's own values, at their server memory
 	NumWorkers    int    // calls in flight at once
 	TLS           bool
 	CAFile        string // PEM roots for TLS; "" = the system's
