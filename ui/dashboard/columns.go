@@ -11,6 +11,7 @@ import (
 
 	"kvdock/core/layout"
 	"kvdock/core/workers"
+	"kvdock/settings"
 )
 
 // ctxColumn is one column of the contexts table. Columns with a lower
@@ -62,10 +63,10 @@ var ctxColumns = []ctxColumn{
 		less:  func(a, b workers.ContextInfo) int { return cmp.Compare(a.HitChunks, b.HitChunks) }},
 	hitColumn,
 	{title: "IN", width: 9, key: 'B', prio: 8, right: true, sortName: "bytes in",
-		value: func(_ *programContext, c workers.ContextInfo) string { return bytesText(c.BytesIn) },
+		value: func(_ *programContext, c workers.ContextInfo) string { return settings.BytesText(c.BytesIn) },
 		less:  func(a, b workers.ContextInfo) int { return cmp.Compare(a.BytesIn, b.BytesIn) }},
 	{title: "OUT", width: 9, key: 'O', prio: 9, right: true, sortName: "bytes out",
-		value: func(_ *programContext, c workers.ContextInfo) string { return bytesText(c.BytesOut) },
+		value: func(_ *programContext, c workers.ContextInfo) string { return settings.BytesText(c.BytesOut) },
 		less:  func(a, b workers.ContextInfo) int { return cmp.Compare(a.BytesOut, b.BytesOut) }},
 	{title: "SEEN", width: 7, key: 'T', prio: 6, right: true, sortName: "last seen",
 		value: func(pc *programContext, c workers.ContextInfo) string {

@@ -8,7 +8,9 @@
 //
 //	everywhere   tab / shift+tab next/previous pane, 1-5 go to a pane,
 //	             ? help (with the log file's path), q quit (asks when workers
-//	             are registered or edits are not applied), ctrl+c quit now
+//	             are registered or edits are not applied), ctrl+c quit now,
+//	             Z zero the statistics (hit ratio, tokens saved, misses,
+//	             what-if; y confirms, n cancels)
 //	lists        ↑↓/jk move, pgup/pgdn or ctrl+u/ctrl+d page, g/G top/bottom;
 //	             "… n more below" when the list goes on
 //	1 Contexts   shift+letter sorts by that column (again: reverse; the sort

@@ -4,7 +4,7 @@ import "charm.land/bubbles/v2/key"
 
 // globalKeys work in every pane unless a text field has the keyboard.
 type globalKeys struct {
-	Next, Prev, Jump, Help, Quit, ForceQuit key.Binding
+	Next, Prev, Jump, Help, Quit, ForceQuit, ResetStats key.Binding
 }
 
 func newGlobalKeys() globalKeys {
@@ -15,11 +15,13 @@ func newGlobalKeys() globalKeys {
 		Help:      key.NewBinding(key.WithKeys("?"), key.WithHelp("?", "help")),
 		Quit:      key.NewBinding(key.WithKeys("q"), key.WithHelp("q", "quit")),
 		ForceQuit: key.NewBinding(key.WithKeys("ctrl+c"), key.WithHelp("ctrl+c", "quit now")),
+		// Z for zero: the other capitals sort the contexts table.
+		ResetStats: key.NewBinding(key.WithKeys("Z"), key.WithHelp("Z", "zero stats")),
 	}
 }
 
 func (k globalKeys) list() []key.Binding {
-	return []key.Binding{k.Next, k.Prev, k.Jump, k.Help, k.Quit, k.ForceQuit}
+	return []key.Binding{k.Next, k.Prev, k.Jump, k.Help, k.Quit, k.ForceQuit, k.ResetStats}
 }
 
 // listKeys move a selection.

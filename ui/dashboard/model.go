@@ -145,6 +145,9 @@ func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 	case removeMsg:
 		m.contexts.removed(msg)
 		return m, m.snapshotCmd()
+	case resetMsg:
+		m.statsReset(msg)
+		return m, m.snapshotCmd()
 	case tea.KeyPressMsg:
 		return m, m.onKey(msg)
 	case tea.PasteMsg:
@@ -201,6 +204,10 @@ func (m *Model) onKey(msg tea.KeyPressMsg) tea.Cmd {
 			return nil
 		}
 		return tea.Quit
+	case key.Matches(msg, g.ResetStats):
+		m.askResetStats()
+		p.Leave()
+		return nil
 	case key.Matches(msg, g.Help):
 		m.helpOpen = true
 		p.Leave()

@@ -58,9 +58,9 @@ func TestHeaderRatesDegradeToNumbers(t *testing.T) {
 		w          int
 		has, lacks []string
 	}{
-		{160, []string{"12.3 M tokens not recomputed in the last hour", "hit 62% ▇", "in 600 MB/s ▁", "out 744 MB/s ▅"}, nil},
-		{80, []string{"hit 62% ▆", "in 600 MB/s"}, []string{"out", "MB/s ▁"}},
-		{56, []string{"12.3 M tokens", "hit 62%"}, []string{"▇", "in 600"}},
+		{160, []string{"12.3 M tokens not recomputed in the last hour", "hit 62% · 1 min ▇", "in 600 MB/s ▁", "out 744 MB/s ▁"}, nil},
+		{80, []string{"hit 62% · 1 min", "in 600 MB/s"}, []string{"out", "MB/s ▁"}},
+		{56, []string{"12.3 M tokens"}, []string{"▇", "in 600", "hit"}},
 	} {
 		m := newTestModel(t, newFakeEngine(t), c.w, 24)
 		line := strings.Split(screen(m), "\n")[2]

@@ -8,6 +8,7 @@ import (
 
 	"charm.land/lipgloss/v2"
 
+	"kvdock/core/engine"
 	"kvdock/core/series"
 	"kvdock/core/workers"
 )
@@ -81,11 +82,22 @@ func (pc *programContext) ratesLine(w int) string {
 	head := pc.st.Bold.Render(countText(r.TokensSavedHour)+" tokens") + " not recomputed in the last hour"
 	hit, ok := series.SumRatio(r.HitChunks.Fine, r.AskedChunks.Fine, minuteSeconds)
 	figs := []figure{
-		{text: "hit " + ratioText(hit, ok), vals: series.Ratio(r.HitChunks.Fine, r.AskedChunks.Fine), top: 1},
+		{text: "hit " + ratioText(hit, ok) + " · " + pc.minuteLabel(), vals: series.Ratio(r.HitChunks.Fine, r.AskedChunks.Fine), top: 1},
 		{text: "in " + bwText(r.StoreBytes.Mean(minuteSeconds)), vals: r.StoreBytes.Fine},
 		{text: "out " + bwText(r.RetrieveBytes.Mean(minuteSeconds)), vals: r.RetrieveBytes.Fine},
 	}
 	return figuresLine(head, figs, w, max(10, (w-70)/3))
+}
+
+// minuteLabel is the window of a last-minute figure: "1 min", or less
+// right after a start or a reset of the statistics.
+func (pc *programContext) minuteLabel() string {
+	now := pc.snap.Taken
+	from := now.Add(-minuteSeconds * time.Second)
+	if pc.snap.Stats.Since.After(from) {
+		from = pc.snap.Stats.Since
+	}
+	return engine.WindowLabel(from, now)
 }
 
 // ctxHitRatio is a context's hit ratio over the last minute (of its worker

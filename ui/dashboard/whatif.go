@@ -5,8 +5,10 @@ import (
 	"strconv"
 	"strings"
 
+	"kvdock/core/engine"
 	"kvdock/core/l1"
 	"kvdock/core/whatif"
+	"kvdock/settings"
 )
 
 // whatIfChartRows is the height of the what-if chart: a blank line, the
@@ -34,6 +36,9 @@ func (pc *programContext) whatIfLines(w, rows int) []string {
 		return []string{"", none}
 	}
 	head := label + whatIfHeadline(c)
+	if s := pc.snap; !s.Stats.WhatIfStart(s.Rebuilt.At).IsZero() {
+		head += pc.st.Faint.Render("  · last " + engine.WindowLabel(s.Stats.WhatIfStart(s.Rebuilt.At), s.Taken))
+	}
 	if pc.snap.Pool.Policy == l1.PolicyNoop {
 		head += pc.st.Warn.Render("  (sizes modelled with LRU eviction; this pool's policy is noop)")
 	}
@@ -71,7 +76,7 @@ func (pc *programContext) whatIfLines(w, rows int) []string {
 		}
 		sizes += fmt.Sprintf("%*s ", whatIfColW-1, f)
 	}
-	lines = append(lines, sizes+" × pool ("+bytesText(pc.snap.Pool.Size)+" now)")
+	lines = append(lines, sizes+" × pool ("+settings.BytesText(pc.snap.Pool.Size)+" now)")
 	lines = append(lines, pc.st.Faint.Render(fmt.Sprintf("       estimate from %s of keys sampled (SHARDS), %d sampled lookups; the pool's own hit ratio now %s",
 		sampleRateText(c.SampleRate), c.Sampled, ratioPctText(c.Measured))))
 	return lines
