@@ -249,6 +249,14 @@ type Stats struct {
 	WriteTTL, ReadTTL time.Duration
 }
 
+// UsableRatio is UsableBytes over ResidentBytes, 1 for an empty pool.
+func (s Stats) UsableRatio() float64 {
+	if s.ResidentBytes <= 0 {
+		return 1
+	}
+	return float64(s.UsableBytes) / float64(s.ResidentBytes)
+}
+
 // Pool is the L1 memory pool.
 type Pool struct {
 	seg  *segment.Segment

@@ -134,7 +134,7 @@ func (c *programContext) hostRAMLine() string {
 	h := c.snap.Host
 	ram := "n/a"
 	if h.Total > 0 {
-		ram = fmt.Sprintf("%s available / %s", bytesText(h.Available), bytesText(h.Total))
+		ram = fmt.Sprintf("%s available / %s", settings.BytesText(h.Available), settings.BytesText(h.Total))
 	}
 	return c.st.Bold.Render("Host RAM  ") + ram + " · NUMA " + h.Where()
 }

@@ -12,6 +12,7 @@ import (
 
 	"kvdock/core/engine"
 	"kvdock/core/workers"
+	"kvdock/settings"
 )
 
 // contextsMode is what the contexts pane shows besides its table.
@@ -315,17 +316,17 @@ func (p *contextsPane) details(c workers.ContextInfo, w, h int) string {
 	lines := []string{
 		st.Title.Render(fmt.Sprintf("Instance %d", c.InstanceID)) + "  " + c.Model + fmt.Sprintf("  world size %d", c.WorldSize),
 		"  mode       " + string(c.Mode) + ": " + c.Reason,
-		fmt.Sprintf("  layout     %s%s, %s per chunk", shapeText(c.Layout), mla, bytesText(c.Layout.Bytes)),
+		fmt.Sprintf("  layout     %s%s, %s per chunk", shapeText(c.Layout), mla, settings.BytesText(c.Layout.Bytes)),
 	}
 	// A hybrid model: one line per KV group (group 0 is the layout above).
 	for g := 1; g < len(c.Groups); g++ {
-		lines = append(lines, fmt.Sprintf("  group %-4d %s, %s per chunk", g, shapeText(c.Groups[g]), bytesText(c.Groups[g].Bytes)))
+		lines = append(lines, fmt.Sprintf("  group %-4d %s, %s per chunk", g, shapeText(c.Groups[g]), settings.BytesText(c.Groups[g].Bytes)))
 	}
 	lines = append(lines,
 		fmt.Sprintf("  geometry   block %d, %d layers, hidden %d", c.BlockSize, c.NumLayers, c.HiddenDimSize),
 		fmt.Sprintf("  stores     %d (%d failed)   retrieves %d   hit chunks %d", c.Stores, c.StoreFailures, c.Retrieves, c.HitChunks),
 		pc.contextMissLine(c.Model, c.WorldSize, pc.width),
-		fmt.Sprintf("  bytes      in %s   out %s", bytesText(c.BytesIn), bytesText(c.BytesOut)),
+		fmt.Sprintf("  bytes      in %s   out %s", settings.BytesText(c.BytesIn), settings.BytesText(c.BytesOut)),
 		"  registered "+reg+" · last seen "+ageText(pc.opts.Now(), c.LastRequest),
 	)
 	live := fmt.Sprintf("  liveness   %s; %d in flight; peer %s", stateText(pc, c), c.InFlight, orDash(c.Peer))

@@ -130,13 +130,19 @@ type EvictionController struct {
 // PoolStatus is the L1 pool as built (segment or anonymous, and why) and
 // its figures.
 type PoolStatus struct {
-	Segment            string  `json:"segment"`
-	Shared             bool    `json:"shared"`
-	Reason             string  `json:"reason"`
-	ShmFreeBytes       int64   `json:"shm_free_bytes"`
-	CapacityBytes      int64   `json:"capacity_bytes"`
-	UsedBytes          int64   `json:"used_bytes"`
-	UsageRatio         float64 `json:"usage_ratio"`
+	Segment       string  `json:"segment"`
+	Shared        bool    `json:"shared"`
+	Reason        string  `json:"reason"`
+	ShmFreeBytes  int64   `json:"shm_free_bytes"`
+	CapacityBytes int64   `json:"capacity_bytes"`
+	UsedBytes     int64   `json:"used_bytes"`
+	UsageRatio    float64 `json:"usage_ratio"`
+	// usable_bytes is what of resident_bytes a LOOKUP can reach (first
+	// chunks, and chunks whose previous chunk is resident); usable_ratio
+	// is their ratio (1 when nothing is resident).
+	ResidentBytes      int64   `json:"resident_bytes"`
+	UsableBytes        int64   `json:"usable_bytes"`
+	UsableRatio        float64 `json:"usable_ratio"`
 	Objects            int     `json:"objects"`
 	FreeExtents        int     `json:"free_extents"`
 	PrefaultedBytes    int64   `json:"prefaulted_bytes"`
@@ -521,6 +527,7 @@ func NewStatus(s engine.Snapshot) Status {
 	out.Pool = PoolStatus{
 		Segment: p.Decision.Segment, Shared: p.Decision.Shared, Reason: p.Decision.Reason,
 		ShmFreeBytes: p.ShmFree, CapacityBytes: p.Size, UsedBytes: p.UsedBytes, UsageRatio: ratio,
+		ResidentBytes: p.ResidentBytes, UsableBytes: p.UsableBytes, UsableRatio: p.UsableRatio(),
 		Objects: p.Objects, FreeExtents: p.FreeExtents, PrefaultedBytes: p.Prefaulted,
 		WriteLocked: p.WriteLocked, ReadLocked: p.ReadLocked,
 		Evictions: p.Evictions, EvictionLoopTicks: p.EvictionTicks, AllocationFailures: p.AllocFailures,

@@ -147,6 +147,7 @@ type snapshotCollector struct {
 	rates ratesDescs
 
 	memUsed, usageRatio, capacity, objects, activeJobs *prometheus.Desc
+	resident, usable, usableRatio                      *prometheus.Desc
 	l1Read, l1Write, l1Evicted, l1AllocFail, l1Ticks   *prometheus.Desc
 	lookupReq, lookupHit, lookups                      *prometheus.Desc
 	transferBytes, contexts, badInput                  *prometheus.Desc
@@ -179,6 +180,9 @@ func newSnapshotCollector(m *Metrics) *snapshotCollector {
 		usageRatio:       d("lmcache_mp_l1_usage_ratio", "L1 pool bytes allocated over its capacity."),
 		capacity:         d("kvdock_l1_capacity_bytes", "L1 pool allocatable bytes."),
 		objects:          d("kvdock_l1_objects", "Objects held in the L1 pool."),
+		resident:         d("kvdock_l1_resident_bytes", "L1 pool bytes of objects not doomed by a clear."),
+		usable:           d("kvdock_l1_usable_bytes", "L1 resident bytes a lookup can reach: first chunks and chunks whose previous chunk is resident."),
+		usableRatio:      d("kvdock_l1_usable_ratio", "L1 usable bytes over resident bytes (1 when empty)."),
 		activeJobs:       d("lmcache_mp_active_prefetch_jobs", "Lookup jobs waiting for QUERY_PREFETCH_STATUS."),
 		l1Read:           d("lmcache_mp_l1_read_total", "Keys read-locked in L1 (lookup and retrieve hits)."),
 		l1Write:          d("lmcache_mp_l1_write_total", "Objects reserved for writing in L1."),
@@ -232,7 +236,7 @@ func (c *snapshotCollector) setSource(src Source) {
 }
 
 func (c *snapshotCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.memUsed, c.usageRatio, c.capacity, c.objects, c.activeJobs,
+	for _, d := range []*prometheus.Desc{c.memUsed, c.usageRatio, c.capacity, c.objects, c.activeJobs, c.resident, c.usable, c.usableRatio,
 		c.l1Read, c.l1Write, c.l1Evicted, c.l1AllocFail, c.l1Ticks, c.lookupReq, c.lookupHit, c.lookups,
 		c.transferBytes, c.contexts, c.badInput, c.contextStates, c.lastSeen, c.reaped, c.removed, c.reused, c.gpuUsed, c.gpuTotal, c.up, c.sessions, c.inFlight,
 		c.tierUp, c.tierState, c.tierUsed, c.tierCapacity, c.tierObjects, c.tierQueue, c.tierQueueBytes,
@@ -298,6 +302,9 @@ func (c *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.usageRatio, ratio)
 	gauge(c.capacity, float64(p.Size))
 	gauge(c.objects, float64(p.Objects))
+	gauge(c.resident, float64(p.ResidentBytes))
+	gauge(c.usable, float64(p.UsableBytes))
+	gauge(c.usableRatio, p.UsableRatio())
 	gauge(c.activeJobs, float64(s.Lookup.ActiveJobs))
 	gauge(c.sessions, float64(s.Sessions))
 	gauge(c.inFlight, float64(s.Requests.InFlight))
