@@ -313,20 +313,6 @@ func (e *Engine) ClearCache(by ClearOrigin) (Cleared, error) {
 // clearPlane clears p's pool and records who did it and what went.
 func (e *Engine) clearPlane(p *plane, by ClearOrigin) Cleared {
 	n, b := p.pool.ClearCounted()
-	e.events.add(EventLifecycle, slog.LevelInfo, fmt.Sprintf("cache cleared by %s: %d objects, %s dropped", by, n, formatBytes(b)))
+	e.events.add(EventLifecycle, slog.LevelInfo, fmt.Sprintf("cache cleared by %s: %d objects, %s dropped", by, n, settings.BytesText(b)))
 	return Cleared{Objects: n, Bytes: b}
-}
-
-// formatBytes renders a byte count with a binary unit, for event texts.
-func formatBytes(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit && exp < 5; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }

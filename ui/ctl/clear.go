@@ -57,7 +57,7 @@ func runClear(cfg settings.Config, f flagSet, env Env) int {
 		fmt.Fprintf(stderr, "kvdock ctl clear: %v\n", err)
 		return 1
 	}
-	fmt.Fprintf(env.Stdout, "cleared %d objects (%s)\n", res.Objects, statusBytes(res.Bytes))
+	fmt.Fprintf(env.Stdout, "cleared %d objects (%s)\n", res.Objects, settings.BytesText(res.Bytes))
 	return 0
 }
 

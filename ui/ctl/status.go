@@ -12,6 +12,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"kvdock/settings"
 	"kvdock/ui/httpapi"
 	"kvdock/ui/termtext"
 )
@@ -117,20 +118,6 @@ func statusFetch(url string, timeout time.Duration) ([]byte, error) {
 	return body, nil
 }
 
-// statusBytes renders a byte count with a binary unit.
-func statusBytes(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit && exp < 5; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
-}
-
 // statusPrint writes the header lines and the contexts table.
 func statusPrint(w io.Writer, st httpapi.Status) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
@@ -143,7 +130,7 @@ func statusPrint(w io.Writer, st httpapi.Status) {
 	fmt.Fprintf(tw, "endpoint\t%s\n", statusOrDash(st.Endpoint))
 	fmt.Fprintf(tw, "protocol\t%s, chunk %d tokens, hash %s\n", protocolText(st), st.ChunkSize, st.HashAlgorithm)
 	if st.ShmShared {
-		fmt.Fprintf(tw, "SHM\ton: %s (%s): %s\n", st.ShmName, statusBytes(st.PoolSize), st.ShmReason)
+		fmt.Fprintf(tw, "SHM\ton: %s (%s): %s\n", st.ShmName, settings.BytesText(st.PoolSize), st.ShmReason)
 	} else {
 		fmt.Fprintf(tw, "SHM\toff, pickle for every worker: %s\n", st.ShmReason)
 	}
@@ -153,7 +140,7 @@ func statusPrint(w io.Writer, st httpapi.Status) {
 		kind = "segment " + p.Segment
 	}
 	fmt.Fprintf(tw, "pool\t%s of %s used (%.1f%%), %d objects, %s\n",
-		statusBytes(p.UsedBytes), statusBytes(p.CapacityBytes), 100*p.UsageRatio, p.Objects, kind)
+		settings.BytesText(p.UsedBytes), settings.BytesText(p.CapacityBytes), 100*p.UsageRatio, p.Objects, kind)
 	bad := int64(0)
 	for _, n := range st.Requests.BadInput {
 		bad += n
@@ -171,9 +158,9 @@ func statusPrint(w io.Writer, st httpapi.Status) {
 		if t.Reason != "" {
 			state += " (" + t.Reason + ")"
 		}
-		used := statusBytes(t.UsedBytes)
+		used := settings.BytesText(t.UsedBytes)
 		if t.CapacityBytes > 0 {
-			used += " of " + statusBytes(t.CapacityBytes)
+			used += " of " + settings.BytesText(t.CapacityBytes)
 		}
 		fmt.Fprintf(tw, "tier %d\t%s %s: %s, %s used, %d hits, %d misses, %d corrupt rejected, %d writes dropped\n",
 			t.Index, t.Type, t.Target, state, used, t.Hits, t.Misses, t.Corrupt, t.DroppedWrites)
@@ -183,7 +170,7 @@ func statusPrint(w io.Writer, st httpapi.Status) {
 	} else {
 		for _, d := range st.GPU.Devices {
 			fmt.Fprintf(tw, "GPU %d\t%s, %s of %s used\n", d.Index, d.Name,
-				statusBytes(int64(d.MemoryUsedBytes)), statusBytes(int64(d.MemoryTotalBytes)))
+				settings.BytesText(int64(d.MemoryUsedBytes)), settings.BytesText(int64(d.MemoryTotalBytes)))
 		}
 	}
 	_ = tw.Flush()

@@ -7,29 +7,9 @@ import (
 
 	"charm.land/lipgloss/v2"
 	"github.com/charmbracelet/x/ansi"
-)
 
-// bytesText prints a byte count with a binary unit ("1.5 GiB").
-func bytesText(n int64) string {
-	if n < 0 {
-		return "n/a"
-	}
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	units := []string{"KiB", "MiB", "GiB", "TiB", "PiB"}
-	v := float64(n) / unit
-	i := 0
-	for v >= unit && i < len(units)-1 {
-		v /= unit
-		i++
-	}
-	if v >= 100 {
-		return fmt.Sprintf("%.0f %s", v, units[i])
-	}
-	return fmt.Sprintf("%.1f %s", v, units[i])
-}
+	"kvdock/settings"
+)
 
 // durationText prints a duration as "3d04h", "1h02m", "4m05s" or "12s".
 func durationText(d time.Duration) string {

@@ -5,6 +5,8 @@ import (
 	"strings"
 
 	"charm.land/lipgloss/v2"
+
+	"kvdock/settings"
 )
 
 // gpuPane is GPU memory as NVML reports it: each device's used/total and
@@ -41,7 +43,7 @@ func (p *gpuPane) render(w, h int) string {
 	lines = append(lines, head, pc.hostRAMLine())
 	for _, d := range g.Devices {
 		pct := percent(float64(d.MemUsed), float64(d.MemTotal))
-		nums := fmt.Sprintf(" %s / %s (%.1f%%)", bytesText(int64(d.MemUsed)), bytesText(int64(d.MemTotal)), pct)
+		nums := fmt.Sprintf(" %s / %s (%.1f%%)", settings.BytesText(int64(d.MemUsed)), settings.BytesText(int64(d.MemTotal)), pct)
 		util := "util n/a"
 		if d.Util >= 0 {
 			util = fmt.Sprintf("util %d%%", d.Util)
@@ -57,7 +59,7 @@ func (p *gpuPane) render(w, h int) string {
 		for _, p := range d.Processes {
 			mem := "n/a"
 			if p.MemKnown {
-				mem = bytesText(int64(p.MemUsed))
+				mem = settings.BytesText(int64(p.MemUsed))
 			}
 			mark := ""
 			if workers[int64(p.PID)] {

@@ -5,6 +5,8 @@ import (
 	"strings"
 
 	"charm.land/lipgloss/v2"
+
+	"kvdock/settings"
 )
 
 // poolPane is the L1 pool: the segment and what REGISTER advertises, usage,
@@ -41,7 +43,7 @@ func (p *poolPane) render(w, h int) string {
 	lines = append(lines, pc.st.Bold.Render("Register  ")+"replies "+adv)
 
 	pct := percent(float64(s.Pool.UsedBytes), float64(s.Pool.Size))
-	nums := fmt.Sprintf(" %s / %s (%.1f%%)", bytesText(s.Pool.UsedBytes), bytesText(s.Pool.Size), pct)
+	nums := fmt.Sprintf(" %s / %s (%.1f%%)", settings.BytesText(s.Pool.UsedBytes), settings.BytesText(s.Pool.Size), pct)
 	barW := max(10, min(50, w-10-lipgloss.Width(nums)))
 	lines = append(lines,
 		"",
@@ -81,9 +83,9 @@ func (p *poolPane) hostLine() string {
 	pc := p.pc
 	s := pc.snap
 	if s.Pool.Decision.Shared {
-		return pc.st.Bold.Render("/dev/shm  ") + bytesText(s.Pool.ShmFree) + " free"
+		return pc.st.Bold.Render("/dev/shm  ") + settings.BytesText(s.Pool.ShmFree) + " free"
 	}
-	return pc.st.Bold.Render("Host mem  ") + bytesText(s.Pool.HostAvailable) + " available (MemAvailable; SHM off: the pool is private memory)"
+	return pc.st.Bold.Render("Host mem  ") + settings.BytesText(s.Pool.HostAvailable) + " available (MemAvailable; SHM off: the pool is private memory)"
 }
 
 // prefaultLine shows the background prefault's progress.
@@ -97,10 +99,10 @@ func (p *poolPane) prefaultLine(w int) string {
 	case pool.Size <= 0:
 		return label + "- (no pool)"
 	case pool.Size > 0 && pool.Prefaulted >= pool.Size:
-		return label + "done, " + bytesText(pool.Size) + " resident"
+		return label + "done, " + settings.BytesText(pool.Size) + " resident"
 	}
 	pct := percent(float64(pool.Prefaulted), float64(pool.Size))
-	nums := fmt.Sprintf(" %s / %s (%.1f%%) in progress", bytesText(pool.Prefaulted), bytesText(pool.Size), pct)
+	nums := fmt.Sprintf(" %s / %s (%.1f%%) in progress", settings.BytesText(pool.Prefaulted), settings.BytesText(pool.Size), pct)
 	barW := max(10, min(50, w-10-lipgloss.Width(nums)))
 	return label + bar(pc.st, barW, pct) + nums
 }

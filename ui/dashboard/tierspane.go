@@ -151,10 +151,10 @@ func (p *tiersPane) tierBlock(t tierstate.Tier, w int) []string {
 		}
 	}
 
-	used := bytesText(t.UsedBytes)
+	used := settings.BytesText(t.UsedBytes)
 	if t.CapacityBytes > 0 {
 		pct := percent(float64(t.UsedBytes), float64(t.CapacityBytes))
-		nums := fmt.Sprintf(" %s / %s (%.1f%%) · %d object(s)", used, bytesText(t.CapacityBytes), pct, t.Objects)
+		nums := fmt.Sprintf(" %s / %s (%.1f%%) · %d object(s)", used, settings.BytesText(t.CapacityBytes), pct, t.Objects)
 		barW := max(10, min(40, w-10-lipgloss.Width(nums)))
 		lines = append(lines, pc.st.Bold.Render("  Used    ")+bar(pc.st, barW, pct)+nums)
 	} else {
@@ -175,7 +175,7 @@ func (p *tiersPane) tierBlock(t tierstate.Tier, w int) []string {
 		dropped = pc.st.Warn.Render(dropped)
 	}
 	lines = append(lines,
-		fit(pc.st.Bold.Render("  Writes  ")+fmt.Sprintf("queue %d (%s) · ", t.QueueDepth, bytesText(t.QueueBytes))+dropped, w))
+		fit(pc.st.Bold.Render("  Writes  ")+fmt.Sprintf("queue %d (%s) · ", t.QueueDepth, settings.BytesText(t.QueueBytes))+dropped, w))
 	rate := "read - · write - (needs two refreshes)"
 	if r, ok := p.rates[t.Index]; ok && r.ok {
 		rate = "read " + rateText(r.read) + " · write " + rateText(r.write)
@@ -183,7 +183,7 @@ func (p *tiersPane) tierBlock(t tierstate.Tier, w int) []string {
 	rateLine := pc.st.Bold.Render("  Rate    ") + rate
 	// The totals only where they fit whole: a cut figure misleads.
 	if withTotals := rateLine + fmt.Sprintf("   totals %s read, %s written",
-		bytesText(int64(min(t.ReadBytes, 1<<62))), bytesText(int64(min(t.WriteBytes, 1<<62)))); lipgloss.Width(withTotals) <= w {
+		settings.BytesText(int64(min(t.ReadBytes, 1<<62))), settings.BytesText(int64(min(t.WriteBytes, 1<<62)))); lipgloss.Width(withTotals) <= w {
 		rateLine = withTotals
 	}
 	lines = append(lines, fit(rateLine, w))
