@@ -7,8 +7,6 @@ import (
 
 	"charm.land/lipgloss/v2"
 	"github.com/charmbracelet/x/ansi"
-
-	"kvdock/settings"
 )
 
 // durationText prints a duration as "3d04h", "1h02m", "4m05s" or "12s".
