@@ -107,6 +107,7 @@ type Engine struct {
 	lastErr string
 	started time.Time
 	rebuilt Rebuilt
+	restart Restart
 
 	// handlerHook, when set (tests), runs inside each plane's gate before
 	// every handler.
@@ -234,7 +235,18 @@ func (e *Engine) startLocked(cfg settings.Config) error {
 // discarded and the pool is closed (segment unlinked). Requests still running
 // after the drain hold views of the pool: it is then left mapped for them
 // and Stop returns an error wrapping ErrDrainTimeout.
-func (e *Engine) Stop(ctx context.Context) error {
+func (e *Engine) Stop(ctx context.Context) error { return e.stop(ctx, false) }
+
+// StopKeeping is Stop that keeps the pool for the next start instead of
+// removing it: once the requests received are answered and no handler
+// runs, the object table, the registrations and the time the server
+// stopped reading are recorded in the state directory and the segment is
+// left in place (l1.Pool.Keep). A pool that cannot be kept (private
+// memory, a drain that timed out, a state directory that is not ours) is
+// closed as Stop closes it and the error says why.
+func (e *Engine) StopKeeping(ctx context.Context) error { return e.stop(ctx, true) }
+
+func (e *Engine) stop(ctx context.Context, keep bool) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	defer e.publish()
@@ -247,6 +259,9 @@ func (e *Engine) Stop(ctx context.Context) error {
 	e.publish()
 	dctx, cancel := context.WithTimeout(ctx, DrainTimeout)
 	defer cancel()
+	if keep {
+		p.keep = e.keeper(e.cfg, e.opts.Now())
+	}
 	if f != nil {
 		errs = append(errs, f.stop(dctx))
 	}

@@ -80,6 +80,7 @@ func (e *Engine) startFront(cfg settings.Config, p *plane) (*front, error) {
 	if err := srv.Bind(); err != nil {
 		return nil, err
 	}
+	e.restartBound(p)
 	ctx, cancel := context.WithCancel(context.Background())
 	f := &front{srv: srv, cancel: cancel, done: make(chan struct{})}
 	go func() {

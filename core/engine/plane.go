@@ -14,6 +14,7 @@ import (
 	"kvdock/core/layout"
 	"kvdock/core/lookup"
 	"kvdock/core/misses"
+	"kvdock/core/restart"
 	"kvdock/core/rpc"
 	"kvdock/core/whatif"
 	"kvdock/settings"
@@ -48,6 +49,11 @@ type plane struct {
 	ghost *misses.Ghost
 	// placement is the last reading of where the pool's pages live.
 	placement hostmem.PlacementCache
+	// adoption is set when the pool was adopted from the previous process
+	// (restart.go); keep, when set, is how release ends the pool instead
+	// of closing it (a stop that keeps the pool for the next start).
+	adoption *adoption
+	keep     func(p *plane, regs []restart.Registration) error
 }
 
 // gate admits handlers until it is shut and says when the last one left.
@@ -157,7 +163,7 @@ func (e *Engine) buildPlane(cfg settings.Config) (*plane, error) {
 	plan := nongpu.PlanSegment(cfg.Server, cfg.L1, e.opts.PID, shmNameSource(e.sources))
 	est := whatif.New(whatif.Options{PoolBytes: cfg.L1.SizeBytes()})
 	ghost := misses.NewGhost(misses.DefaultGhostEntries)
-	pool, err := l1.Open(l1.Options{
+	pool, adopted, err := e.openPool(cfg, l1.Options{
 		Size:      cfg.L1.SizeBytes(),
 		Align:     int64(cfg.L1.AlignBytes),
 		Plan:      plan,
@@ -197,6 +203,7 @@ func (e *Engine) buildPlane(cfg settings.Config) (*plane, error) {
 		closed:   make(chan struct{}),
 		log:      e.log,
 		hook:     e.handlerHook,
+		adoption: adopted,
 	}
 	p.sessions.SetLimits(sessionLimits(cfg))
 	set, err := e.buildTiers(cfg.L2, pool, p.layouts)
@@ -226,6 +233,7 @@ func (e *Engine) buildPlane(cfg settings.Config) (*plane, error) {
 		_ = pool.Close()
 		return nil, fmt.Errorf("non-GPU transfer module: %w", err)
 	}
+	e.restoreRegistrations(p, adopted)
 	info := p.transfer.PoolInfo()
 	if info.Shared() {
 		e.events.add(EventLifecycle, slog.LevelInfo, fmt.Sprintf("SHM on: %s (%s)", info.ShmName, info.Reason))
@@ -275,14 +283,23 @@ func (p *plane) close(ctx context.Context) error {
 }
 
 // release discards pending transfers, stops the loops and closes the pool
-// (the segment is unlinked). Only once no handler runs.
+// (the segment is unlinked), or keeps it when the stop keeps it (p.keep,
+// told the registrations before the module forgets them; the pending
+// transfers' holds are abandoned first, so they are kept as held). Only
+// once no handler runs.
 func (p *plane) release() error {
 	p.closeOnce.Do(func() {
+		var regs []restart.Registration
+		if p.keep != nil {
+			regs = p.transfer.Registrations()
+		}
 		p.transfer.Close()
 		p.cancel()
 		<-p.done // the lookups' tier phases have ended
 		p.tiers.close()
-		if err := p.pool.Close(); err != nil {
+		if p.keep != nil {
+			p.closeErr = p.keep(p, regs)
+		} else if err := p.pool.Close(); err != nil {
 			p.closeErr = fmt.Errorf("close L1 pool: %w", err)
 		}
 		close(p.closed)

@@ -70,6 +70,8 @@ type Snapshot struct {
 	GPU      gpu.Snapshot
 	// Rebuilt is the last pool rebuild (zero when none happened).
 	Rebuilt Rebuilt
+	// Restart is this start's adoption of the previous process's pool.
+	Restart Restart
 	// Tiers are the L2 tiers in lookup order (empty when none is configured).
 	Tiers []tierstate.Tier
 	// Rates is the recent history of the rates, sampled once a second.
@@ -110,8 +112,10 @@ func (e *Engine) Snapshot() Snapshot {
 		Taken:   now,
 		Config:  cfg,
 		Rebuilt: e.rebuilt,
+		Restart: e.restart,
 	}
 	e.st.RUnlock()
+	s.Restart.Refused = append([]string(nil), s.Restart.Refused...)
 	if !s.Started.IsZero() && s.State != Stopped {
 		s.Uptime = now.Sub(s.Started)
 	}

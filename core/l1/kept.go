@@ -44,3 +44,8 @@ type Adopted struct {
 	Expired     int // locked objects whose TTL had passed: their bytes are free
 	ExpiredHeld int // of those, held (never readable) ones
 }
+
+// RemoveKept removes a kept segment that will not be adopted, only when it
+// is still the recorded file, ours, and held by no live process; dir "" is
+// /dev/shm. It reports whether it was removed.
+func RemoveKept(dir string, id SegmentIdentity) (bool, error) { return segment.RemoveKept(dir, id) }
