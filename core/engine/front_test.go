@@ -13,6 +13,7 @@ import (
 	"kvdock/core/layout"
 	"kvdock/core/protocol"
 	"kvdock/core/rpc"
+	"kvdock/core/testkit/poll"
 )
 
 // TestWireFailureReportsFrontFailed: a wire server
@@ -140,22 +141,11 @@ func TestMessageCapFollowsLayouts(t *testing.T) {
 	}
 	stats := func() rpc.Stats { return e.Snapshot().Requests }
 	send()
-	waitUntil(t, func() bool { return stats().BadInput[protocol.KindOversized] == 1 }, "oversized before registration")
+	poll.Until(t, 5*time.Second, "oversized before registration", func() bool { return stats().BadInput[protocol.KindOversized] == 1 })
 	register(t, c, 1)
 	send()
-	waitUntil(t, func() bool { return stats().DecodeFailures["QUERY_PREFETCH_STATUS"] == 1 }, "read after registration")
+	poll.Until(t, 5*time.Second, "read after registration", func() bool { return stats().DecodeFailures["QUERY_PREFETCH_STATUS"] == 1 })
 	if n := stats().BadInput[protocol.KindOversized]; n != 1 {
 		t.Fatalf("oversized %d after registration", n)
-	}
-}
-
-func waitUntil(t *testing.T, cond func() bool, what string) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }

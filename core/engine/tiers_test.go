@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"kvdock/core/testkit/poll"
 	"kvdock/core/tierstate"
 	"kvdock/settings"
 	"kvdock/transfer/tier"
@@ -46,18 +47,6 @@ func startTieredN(t *testing.T, cfg settings.Config, n int, mts ...*memtier.Tier
 	}
 	t.Cleanup(func() { _ = e.Stop(context.Background()) })
 	return e
-}
-
-// waitFor polls cond until it holds (10 s at most).
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
 }
 
 func tierWorker(t *testing.T, e *Engine, port int) (*worker.Worker, worker.Scheduler) {
@@ -106,7 +95,7 @@ func TestTierStoreClearLookupRetrieve(t *testing.T) {
 	if res, err := w.Store(ctx, w.Key(toks, 3, "s"), data); err != nil || !res.Committed {
 		t.Fatalf("store: %+v %v", res, err)
 	}
-	waitFor(t, "3 chunks in the tier", func() bool { return len(mt.Values()) == 3 })
+	poll.Until(t, 10*time.Second, "3 chunks in the tier", func() bool { return len(mt.Values()) == 3 })
 	if c, err := e.ClearCache(ClearByCtl); err != nil || c.Objects != 3 {
 		t.Fatalf("clear: %+v %v", c, err)
 	}
@@ -146,7 +135,7 @@ func TestTierHungLookupAnswersL1Hits(t *testing.T) {
 	if _, err := w.Store(ctx, w.Key(toks, 3, "s"), data); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "3 chunks in the tier", func() bool { return len(mt.Values()) == 3 })
+	poll.Until(t, 10*time.Second, "3 chunks in the tier", func() bool { return len(mt.Values()) == 3 })
 	if _, err := e.ClearCache(ClearByCtl); err != nil {
 		t.Fatal(err)
 	}
@@ -174,11 +163,12 @@ func TestTierStateEvents(t *testing.T) {
 	mt := memtier.New()
 	e := startTiered(t, cfg, mt)
 	mt.SetDown("connection refused")
-	waitFor(t, "a tier-down event", func() bool {
+	poll.Until(t, 10*time.Second, "a tier-down event", func() bool {
 		return strings.Contains(lastEvent(e, "tier 0"), "down (connection refused)")
 	})
+
 	mt.SetDown("")
-	waitFor(t, "a tier-up event", func() bool { return strings.HasSuffix(lastEvent(e, "tier 0"), "is up") })
+	poll.Until(t, 10*time.Second, "a tier-up event", func() bool { return strings.HasSuffix(lastEvent(e, "tier 0"), "is up") })
 }
 
 // A store while the queue is off (store_policy none) writes nothing.
@@ -241,7 +231,7 @@ func TestTierStopDuringHungPrefetch(t *testing.T) {
 	if _, err := w.Store(ctx, w.Key(toks, 2, "s"), chunkData(w, 2, 5)); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "2 chunks in the tier", func() bool { return len(mt.Values()) == 2 })
+	poll.Until(t, 10*time.Second, "2 chunks in the tier", func() bool { return len(mt.Values()) == 2 })
 	if _, err := e.ClearCache(ClearByCtl); err != nil {
 		t.Fatal(err)
 	}
@@ -283,7 +273,7 @@ func TestTierEvictedChunksComeBackFromTier(t *testing.T) {
 		}
 		// Write-behind copies a chunk while it is in L1; the test waits so
 		// that the next prompt's eviction finds it in the tier.
-		waitFor(t, "the prompt in the tier", func() bool { return len(mt.Values()) == (p+1)*chunks })
+		poll.Until(t, 10*time.Second, "the prompt in the tier", func() bool { return len(mt.Values()) == (p+1)*chunks })
 	}
 	if st := e.Snapshot().Pool; st.Evictions == 0 {
 		t.Fatalf("nothing was evicted: %+v", st.Stats)

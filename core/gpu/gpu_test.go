@@ -5,6 +5,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"kvdock/core/testkit/poll"
 )
 
 func TestNone(t *testing.T) {
@@ -38,18 +40,6 @@ func TestFakeReturnsCopies(t *testing.T) {
 	}
 }
 
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
 func TestSamplerLatestBeforeRun(t *testing.T) {
 	s := NewSampler(NewFake(Snapshot{Available: true}))
 	if l := s.Latest(); l.Available || l.Reason == "" || !l.Sampled.IsZero() {
@@ -65,7 +55,7 @@ func TestSamplerRunsUpdatesAndStops(t *testing.T) {
 	go func() { s.Run(ctx, time.Hour); close(done) }()
 
 	// The first reading is immediate, not an hour away.
-	waitFor(t, "first sample", func() bool { return s.Latest().Driver == "1" })
+	poll.Until(t, 5*time.Second, "first sample", func() bool { return s.Latest().Driver == "1" })
 	if f.Samples() != 1 {
 		t.Fatalf("samples = %d, want 1", f.Samples())
 	}
@@ -76,8 +66,8 @@ func TestSamplerRunsUpdatesAndStops(t *testing.T) {
 	if s.Interval() != 5*time.Millisecond {
 		t.Fatalf("Interval = %v", s.Interval())
 	}
-	waitFor(t, "sample at the new interval", func() bool { return s.Latest().Driver == "2" })
-	waitFor(t, "repeated samples", func() bool { return f.Samples() >= 5 })
+	poll.Until(t, 5*time.Second, "sample at the new interval", func() bool { return s.Latest().Driver == "2" })
+	poll.Until(t, 5*time.Second, "repeated samples", func() bool { return f.Samples() >= 5 })
 
 	cancel()
 	select {
@@ -101,7 +91,7 @@ func TestSamplerLongerIntervalStopsFastSampling(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go s.Run(ctx, time.Millisecond)
-	waitFor(t, "fast samples", func() bool { return f.Samples() >= 3 })
+	poll.Until(t, 5*time.Second, "fast samples", func() bool { return f.Samples() >= 3 })
 	s.SetInterval(time.Hour)
 	time.Sleep(20 * time.Millisecond) // a reading already under way may land
 	n := f.Samples()
@@ -155,14 +145,14 @@ func TestSamplerLatestNeverWaitsForSample(t *testing.T) {
 		t.Fatal("Latest blocked on a reading in progress")
 	}
 	close(b.release)
-	waitFor(t, "late sample", func() bool { return s.Latest().Driver == "late" })
+	poll.Until(t, 5*time.Second, "late sample", func() bool { return s.Latest().Driver == "late" })
 }
 
 func TestSamplerLatestIsACopy(t *testing.T) {
 	s := NewSampler(NewFake(Snapshot{Available: true, Devices: []Device{{Name: "a"}}}))
 	ctx, cancel := context.WithCancel(context.Background())
 	go s.Run(ctx, time.Hour)
-	waitFor(t, "sample", func() bool { return s.Latest().Available })
+	poll.Until(t, 5*time.Second, "sample", func() bool { return s.Latest().Available })
 	cancel()
 	l := s.Latest()
 	l.Devices[0].Name = "b"

@@ -19,6 +19,7 @@ import (
 	"kvdock/core/rpc"
 	"kvdock/core/rpc/client"
 	"kvdock/core/testkit/logbuf"
+	"kvdock/core/testkit/poll"
 )
 
 // echoHandlers register handlers that answer with their wire name and args,
@@ -229,7 +230,7 @@ func TestAutoAmbiguousUnanswered(t *testing.T) {
 	// (int), engine-driven CLEAR (no result frame): no reply decodes in
 	// all three, and CLEAR never runs on a guess.
 	send(17)
-	waitFor(t, func() bool { return h.srv.Stats().BadInput[protocol.KindAmbiguous] == 1 }, "ambiguous 17 counted")
+	poll.Until(t, 2*time.Second, "ambiguous 17 counted", func() bool { return h.srv.Stats().BadInput[protocol.KindAmbiguous] == 1 })
 	if s.last() != "" {
 		t.Errorf("ambiguous 17 ran %s", s.last())
 	}
@@ -510,7 +511,7 @@ func TestAutoDecodedArgsKeepTheirFrames(t *testing.T) {
 	if s.inflight < size {
 		t.Errorf("%d in-flight bytes while the handler ran, want >= %d: the frame under the decoded args was released", s.inflight, size)
 	}
-	waitFor(t, func() bool { return h.srv.Stats().InFlightBytes == 0 }, "in-flight bytes released")
+	poll.Until(t, 2*time.Second, "in-flight bytes released", func() bool { return h.srv.Stats().InFlightBytes == 0 })
 }
 
 // TestDeferredAnswerUnderMessageProfile: a deferred answer is encoded under

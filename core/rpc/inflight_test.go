@@ -15,6 +15,7 @@ import (
 
 	"kvdock/core/protocol"
 	"kvdock/core/rpc"
+	"kvdock/core/testkit/poll"
 )
 
 // commitFrames is a COMMIT_STORE request [uid, type, key, instance, bytes]
@@ -80,7 +81,7 @@ func TestLargeFramesBorrowedOnlyAsBytes(t *testing.T) {
 		if !c.borrowed && s.inflight != 0 {
 			t.Errorf("%s: %d in-flight bytes while its handler ran, want 0 (copied)", c.name, s.inflight)
 		}
-		waitFor(t, func() bool { return h.srv.Stats().InFlightBytes == 0 }, c.name+": in-flight bytes released")
+		poll.Until(t, 2*time.Second, c.name+": in-flight bytes released", func() bool { return h.srv.Stats().InFlightBytes == 0 })
 	}
 }
 
@@ -106,7 +107,7 @@ func TestInFlightBytesStopReading(t *testing.T) {
 	}
 	<-entered
 	<-entered
-	waitFor(t, func() bool { return h.srv.Stats().InFlightWaits > 0 }, "reading to stop at the in-flight limit")
+	poll.Until(t, 2*time.Second, "reading to stop at the in-flight limit", func() bool { return h.srv.Stats().InFlightWaits > 0 })
 	if n := h.srv.Stats().InFlightBytes; n > limit+size {
 		t.Errorf("%d bytes in flight, limit %d plus one message %d", n, limit, size)
 	}
@@ -125,7 +126,7 @@ func TestInFlightBytesStopReading(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	waitFor(t, func() bool { return h.srv.Stats().InFlightBytes == 0 }, "in-flight bytes released")
+	poll.Until(t, 2*time.Second, "in-flight bytes released", func() bool { return h.srv.Stats().InFlightBytes == 0 })
 }
 
 // TestDeferredAnswer: a handler that defers answers later from another
@@ -241,6 +242,6 @@ func TestReplyBuffer(t *testing.T) {
 	}
 	k := protocol.Key{ModelName: "m", WorldSize: 1, TokenIDs: []uint32{1}, End: 1}
 	sendFrames(t, d, enc(t, 3), enc(t, 12), enc(t, k), enc(t, int64(3)), enc(t, data))
-	waitFor(t, func() bool { return h.srv.Stats().BadInput[protocol.KindHandlerErr] == 1 }, "the failing handler counted")
+	poll.Until(t, 2*time.Second, "the failing handler counted", func() bool { return h.srv.Stats().BadInput[protocol.KindHandlerErr] == 1 })
 	noopWithin(t, dial(t, h), 5*time.Second)
 }

@@ -22,6 +22,7 @@ import (
 	"kvdock/core/rpc"
 	"kvdock/core/rpc/client"
 	"kvdock/core/testkit/logbuf"
+	"kvdock/core/testkit/poll"
 )
 
 func profile(t testing.TB, name string) *protocol.Profile {
@@ -321,7 +322,7 @@ func TestBadInputCountedAndLoopSurvives(t *testing.T) {
 		before := h.srv.Stats().BadInput[tc.kind]
 		sendFrames(t, d, tc.frames...)
 		noopWithin(t, c, time.Second)
-		waitFor(t, func() bool { return h.srv.Stats().BadInput[tc.kind] == before+1 }, tc.name+" counter")
+		poll.Until(t, 2*time.Second, tc.name+" counter", func() bool { return h.srv.Stats().BadInput[tc.kind] == before+1 })
 	}
 	// Nothing was answered on the raw dealer.
 	_ = d.SetRcvtimeo(100 * time.Millisecond)
@@ -339,7 +340,7 @@ func TestBadInputCountedAndLoopSurvives(t *testing.T) {
 	before := h.srv.Stats().Disconnects
 	big := rawDealer(t, h.srv.Endpoint())
 	sendFrames(t, big, enc(t, 1), enc(t, 12), make([]byte, 2<<20))
-	waitFor(t, func() bool { return h.srv.Stats().Disconnects > before }, "disconnect after oversized frame")
+	poll.Until(t, 2*time.Second, "disconnect after oversized frame", func() bool { return h.srv.Stats().Disconnects > before })
 	noopWithin(t, c, time.Second)
 
 	logMu.Lock()
@@ -363,7 +364,7 @@ func TestBadInputLogsAreRateLimited(t *testing.T) {
 		sendFrames(t, d, enc(t, 1), enc(t, 250))
 	}
 	noopWithin(t, c, time.Second)
-	waitFor(t, func() bool { return h.srv.Stats().BadInput[protocol.KindUnknownType] == 20 }, "20 unknown types")
+	poll.Until(t, 2*time.Second, "20 unknown types", func() bool { return h.srv.Stats().BadInput[protocol.KindUnknownType] == 20 })
 	mu.Lock()
 	defer mu.Unlock()
 	if n := strings.Count(logs.String(), "kind=unknown_type"); n != 1 {
@@ -380,17 +381,6 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.w.Write(p)
-}
-
-func waitFor(t *testing.T, cond func() bool, what string) {
-	t.Helper()
-	deadline := time.Now().Add(2 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
 }
 
 func TestErrorsNotAnsweredInSeedProfile(t *testing.T) {

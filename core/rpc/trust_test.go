@@ -24,6 +24,7 @@ import (
 
 	"kvdock/core/protocol"
 	"kvdock/core/rpc"
+	"kvdock/core/testkit/poll"
 )
 
 // The peer of the memory tests runs in a child process (this test binary),
@@ -214,7 +215,7 @@ func TestSlowReaderRepliesBounded(t *testing.T) {
 	base := baselineRSS(t)
 	s := samplePeak(t)
 	peer := startPeer(t, h.srv.Endpoint(), n, 1, 0)
-	waitFor(t, func() bool { return h.srv.Stats().Requests["QUERY_PREFETCH_STATUS"].OK == n }, "all requests handled")
+	poll.Until(t, 2*time.Second, "all requests handled", func() bool { return h.srv.Stats().Requests["QUERY_PREFETCH_STATUS"].OK == n })
 	s.settled(300*time.Millisecond, 5*time.Second)
 	noopWithin(t, c, 2*time.Second) // another peer is served meanwhile
 	peak := s.stop()
@@ -234,7 +235,7 @@ func TestSlowReaderRepliesBounded(t *testing.T) {
 	// Once the peer is gone, nothing stays waiting for it.
 	peer.stop()
 	noopWithin(t, c, 2*time.Second)
-	waitFor(t, func() bool { return h.srv.Stats().WaitingReplyBytes == 0 }, "waiting replies released")
+	poll.Until(t, 2*time.Second, "waiting replies released", func() bool { return h.srv.Stats().WaitingReplyBytes == 0 })
 }
 
 // TestQueuedRequestBytesBounded: a peer sends 40 × 8 MiB requests behind a
@@ -260,16 +261,19 @@ func TestQueuedRequestBytesBounded(t *testing.T) {
 	s := samplePeak(t)
 	startPeer(t, h.srv.Endpoint(), n, size, 1)
 	<-entered
-	waitFor(t, func() bool { return h.srv.Stats().BudgetWaits > 0 }, "the budget to stop reading")
+	poll.Until(t, 2*time.Second, "the budget to stop reading", func() bool { return h.srv.Stats().BudgetWaits > 0 })
 	s.settled(300*time.Millisecond, 5*time.Second)
 	queued := h.srv.Stats().QueuedRequestBytes
 	close(release)
 	// Every request is answered in the end (here: dropped as undecodable,
 	// an 8 MiB str is over the 256-byte cap): none was lost to the budget.
-	waitFor(t, func() bool {
-		r := h.srv.Stats().Requests["QUERY_PREFETCH_STATUS"]
-		return r.OK+r.Dropped == n+1
-	}, "all requests processed")
+	poll.Until(t, 2*time.Second,
+
+		"all requests processed", func() bool {
+			r := h.srv.Stats().Requests["QUERY_PREFETCH_STATUS"]
+			return r.OK+r.Dropped == n+1
+		})
+
 	peak := s.stop()
 	growth := peak - base
 	t.Logf("%d requests of %d MiB behind a busy worker: RSS %d -> peak %d KiB (+%d MiB); %d bytes queued while reading stopped",
@@ -451,18 +455,18 @@ func TestMessageCapAndTokenCapOverTheWire(t *testing.T) {
 	d := rawDealer(t, h.srv.Endpoint())
 	big := make([]byte, 2<<20)
 	sendFrames(t, d, enc(t, 1), enc(t, 6), big)
-	waitFor(t, func() bool { return h.srv.Stats().BadInput[protocol.KindOversized] == 1 }, "oversized counted")
+	poll.Until(t, 2*time.Second, "oversized counted", func() bool { return h.srv.Stats().BadInput[protocol.KindOversized] == 1 })
 	cap.Store(4 << 20) // a registration raised the cap
 	sendFrames(t, d, enc(t, 2), enc(t, 6), big)
-	waitFor(t, func() bool { return h.srv.Stats().DecodeFailures["QUERY_PREFETCH_STATUS"] == 1 }, "decoded under the raised cap")
+	poll.Until(t, 2*time.Second, "decoded under the raised cap", func() bool { return h.srv.Stats().DecodeFailures["QUERY_PREFETCH_STATUS"] == 1 })
 
 	key := func(n int) []byte {
 		return enc(t, protocol.Key{ModelName: "m", WorldSize: 1, TokenIDs: make([]uint32, n), End: n, RequestID: "r"})
 	}
 	sendFrames(t, d, enc(t, 3), enc(t, 5), key(1001), enc(t, 0))
-	waitFor(t, func() bool { return h.srv.Stats().DecodeFailures["LOOKUP"] == 1 }, "token cap")
+	poll.Until(t, 2*time.Second, "token cap", func() bool { return h.srv.Stats().DecodeFailures["LOOKUP"] == 1 })
 	sendFrames(t, d, enc(t, 4), enc(t, 5), key(1000), enc(t, 0))
-	waitFor(t, func() bool { mu.Lock(); defer mu.Unlock(); return lookups == 1 }, "lookup at the cap")
+	poll.Until(t, 2*time.Second, "lookup at the cap", func() bool { mu.Lock(); defer mu.Unlock(); return lookups == 1 })
 	noopWithin(t, c, 2*time.Second)
 }
 
@@ -500,7 +504,7 @@ func TestHostilePayloadsOverTheWire(t *testing.T) {
 	sendFrames(t, d, enc(t, 1), enc(t, 5), key("x", deep), enc(t, 0))
 	sendFrames(t, d, enc(t, 2), enc(t, 5), key("model_name", huge), enc(t, 0))
 	sendFrames(t, d, enc(t, 3), enc(t, 5), key("request_id", huge), enc(t, 0))
-	waitFor(t, func() bool { return h.srv.Stats().DecodeFailures["LOOKUP"] == 3 }, "three decode failures")
+	poll.Until(t, 2*time.Second, "three decode failures", func() bool { return h.srv.Stats().DecodeFailures["LOOKUP"] == 3 })
 	noopWithin(t, c, 2*time.Second)
 	if d := time.Since(start); d > 10*time.Second {
 		t.Errorf("hostile payloads took %v", d)
@@ -540,7 +544,7 @@ func TestShutdownWhileOverBudget(t *testing.T) {
 	for i := range 4 {
 		sendFrames(t, d, enc(t, i+1), enc(t, 6), strEncoded(700<<10))
 	}
-	waitFor(t, func() bool { return srv.Stats().BudgetWaits > 0 }, "the budget to stop reading")
+	poll.Until(t, 2*time.Second, "the budget to stop reading", func() bool { return srv.Stats().BudgetWaits > 0 })
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	start := time.Now()

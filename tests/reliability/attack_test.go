@@ -16,6 +16,7 @@ import (
 
 	"kvdock/core/protocol"
 	"kvdock/core/rpc/client"
+	"kvdock/core/testkit/poll"
 	"kvdock/settings"
 	"kvdock/tests/harness"
 	"kvdock/transfer/torchpickle"
@@ -822,7 +823,7 @@ func TestHostileReloadKeepsTokenSecret(t *testing.T) {
 	}
 	// Reloaded once /status takes the new token; main logs the outcome
 	// ("SIGHUP: ...") after the apply.
-	waitFor(t, 15*time.Second, "the new token accepted", func() bool {
+	poll.Until(t, 15*time.Second, "the new token accepted", func() bool {
 		req, _ := http.NewRequest(http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d/status", srv.HTTPPort), nil)
 		req.Header.Set("Authorization", "Bearer "+newTok)
 		resp, err := http.DefaultClient.Do(req)
@@ -832,7 +833,8 @@ func TestHostileReloadKeepsTokenSecret(t *testing.T) {
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK
 	})
-	waitFor(t, 5*time.Second, "the reload logged", func() bool { return strings.Contains(srv.Output(), "SIGHUP: ") })
+
+	poll.Until(t, 5*time.Second, "the reload logged", func() bool { return strings.Contains(srv.Output(), "SIGHUP: ") })
 	alive(t, srv, 5*time.Second, "a token change by SIGHUP")
 	out := srv.Output()
 	for _, tok := range []string{oldTok, newTok} {
@@ -1008,7 +1010,7 @@ func TestHostileStopUnderRetrieveLoad(t *testing.T) {
 		// the queued requests are dropped), replaces the pool and serves
 		// again. A client that connects before the old socket closes loses
 		// its request with it, so the NOOP waits for the rebuild's outcome.
-		waitFor(t, 30*time.Second, "the rebuild's outcome logged", func() bool { return strings.Contains(srv.Output(), "SIGHUP: ") })
+		poll.Until(t, 30*time.Second, "the rebuild's outcome logged", func() bool { return strings.Contains(srv.Output(), "SIGHUP: ") })
 		if !strings.Contains(srv.Output(), "SIGHUP: applied") {
 			t.Fatalf("round %d: the rebuild under load was not applied:\n%s", round, grepLines(srv.Output(), "SIGHUP"))
 		}

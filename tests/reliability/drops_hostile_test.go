@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"kvdock/core/protocol"
+	"kvdock/core/testkit/poll"
 	"kvdock/tests/harness"
 )
 
@@ -41,7 +42,7 @@ func dropInstance(t *testing.T, srv *harness.Server, how string, w *gworker) {
 		if _, err := w.c.Call(ctx, name, id); err != nil {
 			t.Logf("UNREGISTER of %d: %v", id, err)
 		}
-		waitFor(t, 5*time.Second, fmt.Sprintf("instance %d unregistered", id), func() bool {
+		poll.Until(t, 5*time.Second, fmt.Sprintf("instance %d unregistered", id), func() bool {
 			for _, c := range status(t, srv).Contexts {
 				if c.InstanceID == id {
 					return false
@@ -49,10 +50,11 @@ func dropInstance(t *testing.T, srv *harness.Server, how string, w *gworker) {
 			}
 			return true
 		})
+
 	case "http unregister":
 		postUnregister(t, srv, id)
 	case "reaper":
-		waitFor(t, 20*time.Second, fmt.Sprintf("instance %d reaped", id), func() bool {
+		poll.Until(t, 20*time.Second, fmt.Sprintf("instance %d reaped", id), func() bool {
 			for _, c := range status(t, srv).Contexts {
 				if c.InstanceID == id {
 					return c.State == "reaped"
@@ -60,6 +62,7 @@ func dropInstance(t *testing.T, srv *harness.Server, how string, w *gworker) {
 			}
 			return false
 		})
+
 	default:
 		t.Fatalf("unknown drop path %q", how)
 	}

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"kvdock/core/protocol"
+	"kvdock/core/testkit/poll"
 	"kvdock/tests/harness"
 )
 
@@ -126,7 +127,7 @@ func TestSIGHUPLogsNoSecret(t *testing.T) {
 	if err := syscall.Kill(srv.PID(), syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "SIGHUP applied", func() bool { return strings.Contains(srv.Output(), "SIGHUP: applied") })
+	poll.Until(t, 10*time.Second, "SIGHUP applied", func() bool { return strings.Contains(srv.Output(), "SIGHUP: applied") })
 	out := srv.Output()
 	if strings.Contains(out, "s3cret") {
 		t.Fatalf("the log holds the token:\n%s", out)

@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"kvdock/core/testkit/poll"
 	"kvdock/tests/harness"
 )
 
@@ -59,10 +60,11 @@ func TestWorkerKilledBetweenPrepareAndCommitStore(t *testing.T) {
 	if n, err := lookup(context.Background(), c, "faults-model", toks, "l-mid"); err != nil || n != 0 {
 		t.Fatalf("half-written chunks visible to LOOKUP: %d %v", n, err)
 	}
-	waitFor(t, 10*time.Second, "write reservation reclaimed by the TTL", func() bool {
+	poll.Until(t, 10*time.Second, "write reservation reclaimed by the TTL", func() bool {
 		p := status(t, srv).Pool
 		return p.WriteLocked == 0 && p.UsedBytes == base.UsedBytes && p.Objects == base.Objects
 	})
+
 	// The transfer module aborts the reservation at half the TTL; the pool's
 	// own write TTL is the backstop. Either way it is counted.
 	if st := status(t, srv); st.Transfer.Expired < 1 && st.Pool.ExpiredWriteLocks < 3 {
@@ -79,10 +81,11 @@ func TestWorkerKilledBetweenPrepareAndCommitStore(t *testing.T) {
 		t.Fatalf("write locks of the second dead worker: %d, want 2", p.WriteLocked)
 	}
 	postUnregister(t, srv, 503)
-	waitFor(t, 10*time.Second, "the removed writer's reservation reclaimed by the TTL", func() bool {
+	poll.Until(t, 10*time.Second, "the removed writer's reservation reclaimed by the TTL", func() bool {
 		p := status(t, srv).Pool
 		return p.WriteLocked == 0 && p.UsedBytes == base.UsedBytes && p.Objects == base.Objects
 	})
+
 	if n, err := lookup(context.Background(), c, "faults-model", pyTokens(78, 2*16), "l-unreg"); err != nil || n != 0 {
 		t.Fatalf("garbage of an unregistered dead worker published: %d hits, %v", n, err)
 	}
@@ -132,10 +135,11 @@ func TestWorkerKilledBetweenPrepareAndCommitRetrieve(t *testing.T) {
 			if tc.pickle {
 				postUnregister(t, srv, int64(tc.id))
 			}
-			waitFor(t, 10*time.Second, "read locks reclaimed", func() bool {
+			poll.Until(t, 10*time.Second, "read locks reclaimed", func() bool {
 				p := status(t, srv).Pool
 				return p.ReadLocked == 0 && p.UsedBytes == base.UsedBytes && p.Objects == base.Objects
 			})
+
 			got, err := w.retrieve(context.Background(), toks, 2, "r-"+tc.name)
 			if err != nil || len(got) != 2 || sum(got[0]) != sum(data[0]) || sum(got[1]) != sum(data[1]) {
 				t.Fatalf("chunks after a dead reader: %d %v", len(got), err)

@@ -233,15 +233,3 @@ func segmentExists(name string) bool {
 	_, err := os.Stat(filepath.Join("/dev/shm", name))
 	return err == nil
 }
-
-// waitFor polls cond every 50 ms until it holds or limit passes.
-func waitFor(t testing.TB, limit time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(limit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, limit)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}

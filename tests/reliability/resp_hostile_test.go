@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"kvdock/core/testkit/fakeresp"
+	"kvdock/core/testkit/poll"
 	"kvdock/tests/harness"
 )
 
@@ -86,7 +87,7 @@ func TestHostileRESPReplies(t *testing.T) {
 	} {
 		// From a tier that is up (the last reply marked it down).
 		setReply(&exists, fakeresp.Int(0))
-		waitFor(t, 30*time.Second, "tier up", func() bool { return tier0(t, srv).State == "up" })
+		poll.Until(t, 30*time.Second, "tier up", func() bool { return tier0(t, srv).State == "up" })
 		setReply(&exists, []byte(c.exists))
 		setReply(&get, []byte(c.get))
 		downs := downFor(srv.Output(), c.length)
@@ -110,7 +111,7 @@ func TestHostileRESPReplies(t *testing.T) {
 	}
 
 	setReply(&exists, fakeresp.Int(0))
-	waitFor(t, 30*time.Second, "tier up again", func() bool { return tier0(t, srv).State == "up" })
+	poll.Until(t, 30*time.Second, "tier up again", func() bool { return tier0(t, srv).State == "up" })
 	stillServing(t, w, 200)
 }
 

@@ -11,6 +11,7 @@ import (
 	"kvdock/core/engine"
 	"kvdock/core/protocol"
 	"kvdock/core/rpc/client"
+	"kvdock/core/testkit/poll"
 	"kvdock/settings"
 	"kvdock/tests/harness"
 )
@@ -134,7 +135,7 @@ func TestRestartKeepsCacheAndContexts(t *testing.T) {
 	before := hits.Load()
 	// Calls in flight at the switch time out (2 s, and END_SESSION another
 	// 2 s); then the workers move to the new port and hit again.
-	waitFor(t, 15*time.Second, "hits after the restart", func() bool { return hits.Load() > before+4*nw })
+	poll.Until(t, 15*time.Second, "hits after the restart", func() bool { return hits.Load() > before+4*nw })
 	close(stop)
 	wg.Wait()
 	for _, w := range ws {

@@ -18,6 +18,7 @@ import (
 
 	"kvdock/core/layout"
 	"kvdock/core/protocol"
+	"kvdock/core/testkit/poll"
 	"kvdock/core/testkit/redisserver"
 	"kvdock/tests/harness"
 	"kvdock/transfer/tier"
@@ -52,7 +53,7 @@ func tier0(t *testing.T, srv *harness.Server) httpapi.TierStatus {
 // written, failed or dropped).
 func waitTierIdle(t *testing.T, srv *harness.Server) {
 	t.Helper()
-	waitFor(t, 30*time.Second, "tier queue empty", func() bool { return tier0(t, srv).QueueDepth == 0 })
+	poll.Until(t, 30*time.Second, "tier queue empty", func() bool { return tier0(t, srv).QueueDepth == 0 })
 }
 
 // tierWorker registers a Go worker of model with hidden size h (chunk bytes
@@ -185,7 +186,7 @@ func TestTierRESPServerKilledAndRestarted(t *testing.T) {
 		}()
 	}()
 	r.Kill()
-	waitFor(t, 15*time.Second, "resp tier down", func() bool { return tier0(t, srv).State == "down" })
+	poll.Until(t, 15*time.Second, "resp tier down", func() bool { return tier0(t, srv).State == "down" })
 	down := tier0(t, srv)
 	if down.Reason == "" {
 		t.Fatalf("tier down without a reason: %+v", down)
@@ -202,7 +203,7 @@ func TestTierRESPServerKilledAndRestarted(t *testing.T) {
 	stillServing(t, w, 200)
 
 	r.Restart()
-	waitFor(t, 30*time.Second, "resp tier up again", func() bool { return tier0(t, srv).State == "up" })
+	poll.Until(t, 30*time.Second, "resp tier up again", func() bool { return tier0(t, srv).State == "up" })
 	close(stop)
 	if err := <-traffic; err != nil {
 		t.Fatalf("traffic across the kill: %v", err)
@@ -219,7 +220,7 @@ func TestTierRESPServerKilledAndRestarted(t *testing.T) {
 	stillServing(t, w, 301)
 	// The events pane tells the story: down with the reason, then up (the
 	// watcher reports within a tick of /status).
-	waitFor(t, 10*time.Second, "tier down and up again in the events", func() bool {
+	poll.Until(t, 10*time.Second, "tier down and up again in the events", func() bool {
 		var sawDown, sawUp bool
 		for _, e := range status(t, srv).Events {
 			if e.Kind == "tier" {
@@ -229,6 +230,7 @@ func TestTierRESPServerKilledAndRestarted(t *testing.T) {
 		}
 		return sawUp
 	})
+
 	t.Logf("down reason: %q; traffic: %d good chunks", down.Reason, good.Load())
 }
 
@@ -456,10 +458,11 @@ func TestTierKvdockKilledDuringWrites(t *testing.T) {
 	}()
 	// Kill once chunks are in the tier and more are queued behind them.
 	var before httpapi.TierStatus
-	waitFor(t, 30*time.Second, "tier writes under way", func() bool {
+	poll.Until(t, 30*time.Second, "tier writes under way", func() bool {
 		before = tier0(t, a)
 		return before.Objects >= 4 && before.QueueDepth > 0
 	})
+
 	a.Kill()
 	cancel() // the store in flight has no server to answer it
 	<-storing
@@ -536,7 +539,7 @@ func TestTierFSFilesystemFull(t *testing.T) {
 	if v := metricValue(t, srv, `kvdock_tier_dropped_writes_total{index="0",type="fs"}`); v != float64(ts.DroppedWrites) {
 		t.Errorf("/metrics dropped writes %v, /status %d", v, ts.DroppedWrites)
 	}
-	waitFor(t, 10*time.Second, "the fs tier's degraded state in the events", func() bool {
+	poll.Until(t, 10*time.Second, "the fs tier's degraded state in the events", func() bool {
 		for _, e := range status(t, srv).Events {
 			if e.Kind == "tier" && strings.Contains(e.Message, "is degraded (no space left") {
 				return true
@@ -544,6 +547,7 @@ func TestTierFSFilesystemFull(t *testing.T) {
 		}
 		return false
 	})
+
 	t.Logf("full tier: %d objects, %d dropped writes, %s (%s)", ts.Objects, ts.DroppedWrites, ts.State, ts.Reason)
 }
 

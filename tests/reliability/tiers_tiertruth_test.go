@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"kvdock/core/testkit/poll"
 	"kvdock/core/testkit/redisserver"
 	"kvdock/tests/harness"
 )
@@ -56,10 +57,11 @@ func TestTierTruthRESPCapacityAcrossRestarts(t *testing.T) {
 		waitTierIdle(t, srv)
 		n, bytes := redisValues(t, r)
 		// The count settles with the last write's MEMORY USAGE.
-		waitFor(t, 10*time.Second, "/status used_bytes = Redis", func() bool {
+		poll.Until(t, 10*time.Second, "/status used_bytes = Redis", func() bool {
 			st := tier0(t, srv)
 			return st.UsedBytes == bytes && st.Objects == int64(n)
 		})
+
 		srv.Stop(t)
 		return n, bytes
 	}
@@ -96,7 +98,7 @@ func TestTierTruthRESPMissesAndIdleDown(t *testing.T) {
 	}
 	killed := time.Now()
 	r.Kill()
-	waitFor(t, 10*time.Second, "idle resp tier down after redis-server was killed", func() bool { return tier0(t, srv).State == "down" })
+	poll.Until(t, 10*time.Second, "idle resp tier down after redis-server was killed", func() bool { return tier0(t, srv).State == "down" })
 	t.Logf("%d lookups: %d tier misses; idle tier down %v after SIGKILL (%q)",
 		lookups, st.Tiers[0].Misses, time.Since(killed).Round(time.Millisecond), tier0(t, srv).Reason)
 }

@@ -10,6 +10,7 @@ import (
 	zmq "github.com/pebbe/zmq4"
 
 	"kvdock/core/protocol"
+	"kvdock/core/testkit/poll"
 	"kvdock/tests/harness"
 )
 
@@ -86,9 +87,10 @@ func TestSlowReaderRetrievesBoundedRSS(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, 30*time.Second, "the retrieves handled", func() bool {
+	poll.Until(t, 30*time.Second, "the retrieves handled", func() bool {
 		return status(t, srv).Requests.ByType[protocol.PrepareRetrieve].OK >= before+n
 	})
+
 	if r, err := c.Call(ctx, protocol.Noop); err != nil || !r.Present {
 		t.Fatalf("another worker not answered: %v", err)
 	}
