@@ -1,5 +1,5 @@
 // Package configcmd is the `kvdock config` face: init writes the annotated
-// default settings file, show prints the settings kvdock would run with (and
+// default settings file (every key commented out at its default), show prints the settings kvdock would run with (and
 // where each value came from), check validates a settings file.
 package configcmd
 
@@ -14,7 +14,6 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"kvdock/assets"
 	"kvdock/core/hostmem"
 	"kvdock/settings"
 )
@@ -79,8 +78,8 @@ func parse(fs *pflag.FlagSet, help string, args []string, stdout, stderr io.Writ
 
 const initHelp = `Usage: kvdock config init [--force] [PATH]
 
-Writes the annotated default settings file (every key, its default and what
-it does) to PATH, by default $XDG_CONFIG_HOME/kvdock/config.yaml (or
+Writes the annotated default settings file (every key commented out at its
+default, with what it does, its flag and its environment variable) to PATH, by default $XDG_CONFIG_HOME/kvdock/config.yaml (or
 ~/.config/kvdock/config.yaml), creating its directories. An existing file is
 left alone unless --force is given.
 `
@@ -114,9 +113,13 @@ func runInit(args []string, stdout, stderr io.Writer, environ []string) int {
 	return ExitOK
 }
 
-// writeConfig writes the embedded default file; 0600 because an operator
+// writeConfig writes the commented default file; 0600 because an operator
 // may later put the HTTP token in it.
 func writeConfig(path string, force bool) error {
+	body, err := initFile()
+	if err != nil {
+		return err
+	}
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return fmt.Errorf("creating the directory of %s: %w", path, err)
 	}
@@ -131,7 +134,7 @@ func writeConfig(path string, force bool) error {
 	if err != nil {
 		return fmt.Errorf("creating %s: %w", path, err)
 	}
-	if _, err := f.Write(assets.DefaultConfig()); err != nil {
+	if _, err := f.Write(body); err != nil {
 		f.Close()
 		return fmt.Errorf("writing %s: %w", path, err)
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -26,9 +27,10 @@ func TestInit(t *testing.T) {
 		t.Fatalf("init: %d %q %q", code, out, errs)
 	}
 	got, err := os.ReadFile(path)
-	if err != nil || !bytes.Equal(got, assets.DefaultConfig()) {
-		t.Fatalf("written file differs from the embedded one: %v", err)
+	if err != nil {
+		t.Fatal(err)
 	}
+	checkInitFile(t, path, got)
 	if err := os.WriteFile(path, []byte("mine\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -42,8 +44,61 @@ func TestInit(t *testing.T) {
 	if code, _, errs = run(nil, "init", "--force", path); code != 0 {
 		t.Fatalf("init --force: %d %q", code, errs)
 	}
-	if got, _ := os.ReadFile(path); !bytes.Equal(got, assets.DefaultConfig()) {
+	if again, _ := os.ReadFile(path); !bytes.Equal(again, got) {
 		t.Fatalf("--force did not overwrite")
+	}
+}
+
+// checkInitFile: the file init wrote sets nothing (every value reads as a
+// default, so a later release's new default is not pinned by it), names
+// each key commented out at its default with its flag and environment
+// variable, and each line uncommented sets exactly that key to its default.
+func checkInitFile(t *testing.T, path string, body []byte) {
+	t.Helper()
+	l, err := settings.Load(settings.LoadOptions{ConfigPath: path})
+	if err != nil {
+		t.Fatalf("the written file does not load: %v\n%s", err, body)
+	}
+	for k, src := range l.Sources {
+		if src.Kind != settings.SourceDefault {
+			t.Errorf("%s comes from %s, want the default", k, src)
+		}
+	}
+	for _, ki := range settings.Keys() {
+		_, name, _ := strings.Cut(ki.Key, ".")
+		var line string
+		for _, l := range strings.Split(string(body), "\n") {
+			if strings.HasPrefix(l, "  # "+name+": ") && strings.Contains(l, "# --"+ki.Flag) {
+				line = l
+			}
+		}
+		if line == "" || !strings.HasSuffix(line, ", "+ki.Env) {
+			t.Errorf("no commented line for %s with --%s and %s in:\n%s", ki.Key, ki.Flag, ki.Env, body)
+			continue
+		}
+		if ki.NoFlag != "" && !strings.Contains(line, "--"+ki.NoFlag) {
+			t.Errorf("%s: %q lacks --%s", ki.Key, line, ki.NoFlag)
+		}
+		if ki.Key == "server.shm_name" {
+			continue // its default is an absence; the line shows "" (SHM off)
+		}
+		one := filepath.Join(t.TempDir(), "one.yaml")
+		if err := os.WriteFile(one, []byte(strings.Replace(string(body), line, "  "+strings.TrimPrefix(line, "  # "), 1)), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		l, err := settings.Load(settings.LoadOptions{ConfigPath: one})
+		if err != nil {
+			t.Errorf("%s uncommented: %v", ki.Key, err)
+			continue
+		}
+		if !reflect.DeepEqual(l.Config, settings.Default()) {
+			t.Errorf("%s uncommented changes the settings", ki.Key)
+		}
+		for k, src := range l.Sources {
+			if fromFile := src.Kind == settings.SourceFile; fromFile != (k == ki.Key) {
+				t.Errorf("%s uncommented: %s comes from %s", ki.Key, k, src)
+			}
+		}
 	}
 }
 
