@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -107,7 +106,7 @@ func probeTarget(ctx context.Context, o Options, prof *protocol.Profile, instanc
 		t.attachErr = canOpenSegment("/dev/shm", t.shmName)
 	}
 	if o.HTTPPort > 0 {
-		t.statusURL = "http://" + net.JoinHostPort(dialHost(o.HTTPHost), strconv.Itoa(o.HTTPPort)) + "/status"
+		t.statusURL = "http://" + settings.DialAddr(o.HTTPHost, o.HTTPPort) + "/status"
 		// A hung HTTP API delays the run by at most this much.
 		t.status, t.statusErr = fetchStatus(ctx, t.statusURL, min(o.Timeout, statusTimeout))
 		if t.status != nil {
@@ -212,18 +211,6 @@ func httpAddress(fs *pflag.FlagSet, environ []string, zmqHost string) (string, i
 		host = zmqHost
 	}
 	return host, l.Config.HTTP.Port, nil
-}
-
-// dialHost turns a bind-all address into one a client can dial, and
-// localhost into 127.0.0.1 (as ctl does).
-func dialHost(host string) string {
-	switch host {
-	case "", "0.0.0.0", "localhost":
-		return "127.0.0.1"
-	case "::", "[::]":
-		return "::1"
-	}
-	return strings.Trim(host, "[]")
 }
 
 // servable says whether the target can serve mode, and in user words why

@@ -6,9 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
-	"strconv"
 	"strings"
 	"time"
 
@@ -29,10 +27,10 @@ import (
 func runClear(cfg settings.Config, f flagSet, env Env) int {
 	stderr := env.Stderr
 	viaHTTP := cfg.HTTP.Port != 0
-	target := "tcp://" + net.JoinHostPort(dialHost(cfg.Server.Host), strconv.Itoa(cfg.Server.Port))
+	target := "tcp://" + settings.DialAddr(cfg.Server.Host, cfg.Server.Port)
 	url := ""
 	if viaHTTP {
-		url = "http://" + net.JoinHostPort(dialHost(cfg.HTTP.Host), strconv.Itoa(cfg.HTTP.Port)) + "/clear-cache"
+		url = "http://" + settings.DialAddr(cfg.HTTP.Host, cfg.HTTP.Port) + "/clear-cache"
 		target = url
 	}
 	if code, ok := confirm(env, *f.yes, "clear", "clear", "cleared",

@@ -10,8 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
-	"strconv"
 	"strings"
 	"time"
 
@@ -134,19 +132,6 @@ func (f flagSet) load(env Env) (settings.Config, error) {
 	return l.Config, nil
 }
 
-// dialHost turns a bind-all address (what a server listens on) into one a
-// client can dial, and localhost into its IPv4 address (ZMQ resolves it
-// to ::1 first on some hosts, where kvdock is not listening).
-func dialHost(host string) string {
-	switch host {
-	case "", "0.0.0.0", "localhost":
-		return "127.0.0.1"
-	case "::", "[::]":
-		return "::1"
-	}
-	return strings.Trim(host, "[]")
-}
-
 // Run executes one ctl command and returns the process exit code: 0 success,
 // 1 the request failed or timed out (or a clear was declined), 2 usage or
 // settings error.
@@ -237,7 +222,7 @@ func Run(args []string, env Env) int {
 // call sends one request to the ZMQ endpoint of cfg and returns the reply
 // and the address it dialled.
 func call(cfg settings.Config, prof *protocol.Profile, timeout time.Duration, name string, args ...any) (client.Reply, string, error) {
-	addr := net.JoinHostPort(dialHost(cfg.Server.Host), strconv.Itoa(cfg.Server.Port))
+	addr := settings.DialAddr(cfg.Server.Host, cfg.Server.Port)
 	c, err := client.Dial("tcp://"+addr, prof, client.Options{Timeout: timeout})
 	if err != nil {
 		return client.Reply{}, addr, err

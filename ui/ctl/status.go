@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -70,7 +69,7 @@ func runStatus(f flagSet, params []string, env Env) int {
 		return 2
 	}
 
-	url := "http://" + net.JoinHostPort(dialHost(cfg.HTTP.Host), strconv.Itoa(port)) + "/status"
+	url := "http://" + settings.DialAddr(cfg.HTTP.Host, port) + "/status"
 	body, err := statusFetch(url, *f.timeout)
 	if err != nil {
 		fmt.Fprintf(stderr, "kvdock ctl status: kvdock's HTTP API does not answer at %s: %v\n(is kvdock running, with --http-port %d?)\n", url, err, port)

@@ -3,7 +3,6 @@ package ctl
 import (
 	"encoding/json"
 	"fmt"
-	"net"
 	"strconv"
 
 	"kvdock/core/logcap"
@@ -33,7 +32,7 @@ func (f flagSet) httpAPI(env Env, cmd string) (cfg settings.Config, base string,
 		fmt.Fprintf(env.Stderr, "kvdock ctl %s: needs kvdock's HTTP API, and --http-port is 0\n", cmd)
 		return cfg, "", 2, false
 	}
-	return cfg, "http://" + net.JoinHostPort(dialHost(cfg.HTTP.Host), strconv.Itoa(cfg.HTTP.Port)), 0, true
+	return cfg, "http://" + settings.DialAddr(cfg.HTTP.Host, cfg.HTTP.Port), 0, true
 }
 
 // runUnregister is `kvdock ctl unregister ID`: the operator removes a
