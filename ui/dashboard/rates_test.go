@@ -58,9 +58,10 @@ func TestHeaderRatesDegradeToNumbers(t *testing.T) {
 		w          int
 		has, lacks []string
 	}{
-		{160, []string{"12.3 M tokens not recomputed in the last hour", "hit 62% · 1 min ▇", "in 600 MB/s ▁", "out 744 MB/s ▁"}, nil},
-		{80, []string{"hit 62% · 1 min", "in 600 MB/s"}, []string{"out", "MB/s ▁"}},
-		{56, []string{"12.3 M tokens"}, []string{"▇", "in 600", "hit"}},
+		{160, []string{"12.3 M tokens not recomputed in the last hour", "hit 62% · 1 min ▇", "in 572 MiB/s ▁", "out 709 MiB/s"}, nil},
+		// The short wording keeps every number.
+		{80, []string{"12.3 M tokens saved in 1 h", "hit 62% · 1 min", "in 572 MiB/s", "out 709 MiB/s"}, []string{"MiB/s ▁"}},
+		{56, []string{"12.3 M tokens saved in 1 h", "hit 62%"}, []string{"in 572"}},
 	} {
 		m := newTestModel(t, newFakeEngine(t), c.w, 24)
 		line := strings.Split(screen(m), "\n")[2]
@@ -105,11 +106,11 @@ func TestHitColumnSortsAndDegrades(t *testing.T) {
 func TestDetailsChartsDegradeToNumbers(t *testing.T) {
 	m := newTestModel(t, newFakeEngine(t), 120, 48)
 	press(t, m, "enter")
-	mustContain(t, screen(m), "hit ratio (model)", "top 100%", "top 800 MB/s", "tokens saved 9.9 M")
+	mustContain(t, screen(m), "hit ratio (model)", "top 100%", "top 763 MiB/s", "tokens saved 9.9 M")
 	m = newTestModel(t, newFakeEngine(t), 80, 24)
 	press(t, m, "enter")
 	s := screen(m)
-	mustContain(t, s, "last minute: hit 56%", "retrieve 290 MB/s", "tokens saved 9.9 M")
+	mustContain(t, s, "last minute: hit 56%", "retrieve 277 MiB/s", "tokens saved 9.9 M")
 	if strings.Contains(s, "top 100%") {
 		t.Fatal("80x24 draws charts it has no room for")
 	}
@@ -142,15 +143,16 @@ func TestChartsFollowSnapshots(t *testing.T) {
 	next.Rates.Server.StoreBytes = series.Window{Fine: []float64{0, 0, 2e9}}
 	m.Update(snapMsg(next))
 	after := strings.Split(screen(m), "\n")[2]
-	if before == after || !strings.Contains(after, "in 667 MB/s") || !strings.Contains(after, "▁▁█") {
+	if before == after || !strings.Contains(after, "in 636 MiB/s") || !strings.Contains(after, "▁▁█") {
 		t.Fatalf("header did not follow the snapshot:\n%s\n%s", before, after)
 	}
 }
 
-func TestBandwidthText(t *testing.T) {
-	for v, want := range map[float64]string{0: "0 kB/s", 2_500: "2 kB/s", 3.25e6: "3.2 MB/s", 6e8: "600 MB/s", 1.5e9: "1.50 GB/s"} {
-		if got := bwText(v); got != want {
-			t.Errorf("bwText(%v) = %q, want %q", v, got, want)
+// TestRateText: rates read in the binary units of the sizes beside them.
+func TestRateText(t *testing.T) {
+	for v, want := range map[float64]string{-1: "0 B/s", 0: "0 B/s", 2_500: "2.4 KiB/s", 3.25e6: "3.1 MiB/s", 6e8: "572 MiB/s", 1.5e9: "1.4 GiB/s"} {
+		if got := rateText(v); got != want {
+			t.Errorf("rateText(%v) = %q, want %q", v, got, want)
 		}
 	}
 }

@@ -11,23 +11,17 @@ import (
 	"kvdock/core/engine"
 	"kvdock/core/series"
 	"kvdock/core/workers"
+	"kvdock/settings"
 )
 
 // minuteSeconds is the window the headline figures average over.
 const minuteSeconds = 60
 
-// bwText prints bytes per second in decimal units, GB/s down to kB/s, so
-// a test load and a production one both read as a number.
-func bwText(bps float64) string {
-	switch {
-	case bps >= 1e9:
-		return fmt.Sprintf("%.2f GB/s", bps/1e9)
-	case bps >= 1e8:
-		return fmt.Sprintf("%.0f MB/s", bps/1e6)
-	case bps >= 1e6:
-		return fmt.Sprintf("%.1f MB/s", bps/1e6)
-	}
-	return fmt.Sprintf("%.0f kB/s", bps/1e3)
+// rateText prints bytes per second in the binary units sizes use
+// ("572 MiB/s", "1.4 GiB/s"), so a rate and the size beside it read in one
+// system.
+func rateText(bps float64) string {
+	return settings.BytesText(int64(max(bps, 0))) + "/s"
 }
 
 // ratioText prints a hit ratio, "-" when nothing was asked.
@@ -45,21 +39,27 @@ type figure struct {
 	top  float64 // scale; 0 = the largest value shown
 }
 
-// figuresLine is head then the figures, dropping figures from the end when
-// their numbers do not fit w, then giving each figure in turn a sparkline
-// of up to maxSpark cells while the spare width allows one of at least 5:
-// numbers first, charts where there is room.
-func figuresLine(head string, figs []figure, w, maxSpark int) string {
+// figuresLine is the first of heads (the same words, longest first) with
+// room for the most figures, then the figures, dropping figures from the
+// end when their numbers do not fit w, then giving each figure in turn a
+// sparkline of up to maxSpark cells while the spare width allows one of at
+// least 5: numbers first, charts where there is room.
+func figuresLine(heads []string, figs []figure, w, maxSpark int) string {
 	const sep = " · "
-	used := lipgloss.Width(head)
-	n := 0
-	for _, f := range figs {
-		fw := lipgloss.Width(sep) + lipgloss.Width(f.text)
-		if used+fw > w {
-			break
+	head, used, n := "", 0, -1
+	for _, h := range heads {
+		hu, hn := lipgloss.Width(h), 0
+		for _, f := range figs {
+			fw := lipgloss.Width(sep) + lipgloss.Width(f.text)
+			if hu+fw > w {
+				break
+			}
+			hu += fw
+			hn++
 		}
-		used += fw
-		n++
+		if hn > n {
+			head, used, n = h, hu, hn
+		}
 	}
 	var b strings.Builder
 	b.WriteString(head)
@@ -75,18 +75,20 @@ func figuresLine(head string, figs []figure, w, maxSpark int) string {
 }
 
 // ratesLine is the header's third line: tokens saved in the last hour (the
-// headline), then the server's hit ratio and store/retrieve bandwidth over
+// headline, shorter on a narrow screen), then the server's hit ratio and store/retrieve bandwidth over
 // the last minute with their recent history.
 func (pc *programContext) ratesLine(w int) string {
 	r := pc.snap.Rates.Server
-	head := pc.st.Bold.Render(countText(r.TokensSavedHour)+" tokens") + " not recomputed in the last hour"
+	tokens := pc.st.Bold.Render(countText(r.TokensSavedHour) + " tokens")
+	// The short wording where the long one would cost a figure.
+	heads := []string{tokens + " not recomputed in the last hour", tokens + " saved in 1 h"}
 	hit, ok := series.SumRatio(r.HitChunks.Fine, r.AskedChunks.Fine, minuteSeconds)
 	figs := []figure{
 		{text: "hit " + ratioText(hit, ok) + " · " + pc.minuteLabel(), vals: series.Ratio(r.HitChunks.Fine, r.AskedChunks.Fine), top: 1},
-		{text: "in " + bwText(r.StoreBytes.Mean(minuteSeconds)), vals: r.StoreBytes.Fine},
-		{text: "out " + bwText(r.RetrieveBytes.Mean(minuteSeconds)), vals: r.RetrieveBytes.Fine},
+		{text: "in " + rateText(r.StoreBytes.Mean(minuteSeconds)), vals: r.StoreBytes.Fine},
+		{text: "out " + rateText(r.RetrieveBytes.Mean(minuteSeconds)), vals: r.RetrieveBytes.Fine},
 	}
-	return figuresLine(head, figs, w, max(10, (w-70)/3))
+	return figuresLine(heads, figs, w, max(10, (w-70)/3))
 }
 
 // minuteLabel is the window of a last-minute figure: "1 min", or less
@@ -175,8 +177,8 @@ func (pc *programContext) contextCharts(c workers.ContextInfo, w, h int) []strin
 	specs := []chartSpec{
 		{"hit ratio (model)", "hit", ratioText(hit, ok), series.Ratio(r.HitChunks.Fine, r.AskedChunks.Fine), 1, func(float64) string { return "100%" }},
 		{"lookups (model)", "lookups", count(r.Lookups.Mean(minuteSeconds)), r.Lookups.Fine, 0, count},
-		{"store", "store", bwText(r.StoreBytes.Mean(minuteSeconds)), r.StoreBytes.Fine, 0, bwText},
-		{"retrieve", "retrieve", bwText(r.RetrieveBytes.Mean(minuteSeconds)), r.RetrieveBytes.Fine, 0, bwText},
+		{"store", "store", rateText(r.StoreBytes.Mean(minuteSeconds)), r.StoreBytes.Fine, 0, rateText},
+		{"retrieve", "retrieve", rateText(r.RetrieveBytes.Mean(minuteSeconds)), r.RetrieveBytes.Fine, 0, rateText},
 	}
 	tokens := fmt.Sprintf("  tokens saved %s (last hour %s, its model's lookup hits × chunk size)",
 		countText(float64(r.TokensSavedTotal)), countText(r.TokensSavedHour))

@@ -82,7 +82,7 @@ func TestTiersPane(t *testing.T) {
 	next.Tiers[0].ReadBytes += 4e9
 	next.Tiers[0].WriteBytes += 1e9
 	m.Update(snapMsg(next))
-	mustContain(t, screen(m), "read 2.00 GB/s · write 0.50 GB/s", "read 0.00 GB/s · write 0.00 GB/s")
+	mustContain(t, screen(m), "read 1.9 GiB/s · write 477 MiB/s", "read 0 B/s · write 0 B/s")
 
 	// A tier whose totals went back (its process restarted) shows no rate
 	// rather than a huge or negative one.
@@ -91,7 +91,7 @@ func TestTiersPane(t *testing.T) {
 	again.Tiers = fakeTiers()
 	m.Update(snapMsg(again))
 	s = screen(m)
-	if strings.Count(s, "needs two refreshes") != 1 || !strings.Contains(s, "read 0.00 GB/s") {
+	if strings.Count(s, "needs two refreshes") != 1 || !strings.Contains(s, "read 0 B/s") {
 		t.Fatalf("after a reset:\n%s", s)
 	}
 

@@ -75,12 +75,6 @@ func (p *tiersPane) addRates(tiers []tierstate.Tier, at time.Time) {
 	p.rates = rates
 }
 
-// rateText is bytes per second as decimal GB/s, the unit disks and links
-// are sold in.
-func rateText(r float64) string {
-	return fmt.Sprintf("%.2f GB/s", r/1e9)
-}
-
 // tierStateStyle tones a tier state; the label carries the meaning.
 func (c *programContext) tierStateStyle(s tierstate.State) lipgloss.Style {
 	switch s {
