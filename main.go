@@ -200,10 +200,11 @@ func serve(args []string, stdout, stderr io.Writer) int {
 		},
 	})
 	m.Watch(eng)
-	web = httpapi.NewRunner(eng, httpapi.Options{Metrics: m, Logger: logger.With("component", "http")})
+	restarts := make(restartRequests, 1)
+	web = httpapi.NewRunner(eng, httpapi.Options{Metrics: m, Logger: logger.With("component", "http"), Restart: restarts.ask})
 
 	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGUSR2)
 	defer signal.Stop(sigs)
 
 	if err := eng.Start(ctx); err != nil {
@@ -265,6 +266,9 @@ func serve(args []string, stdout, stderr io.Writer) int {
 				reload(ctx, eng, loadOpts, logger)
 				continue
 			}
+			if sig == syscall.SIGUSR2 {
+				return restartInPlace(eng, web, logger, dash, stopDash, quit, bye, "SIGUSR2")
+			}
 			// With the dashboard, SIGHUP is the terminal hanging up (the
 			// settings pane is how it reloads): stop rather than run on
 			// without a screen.
@@ -273,6 +277,8 @@ func serve(args []string, stdout, stderr io.Writer) int {
 				<-quit
 			}
 			return bye(shutdown(eng, sigs, logger, sig.String()), signalName(sig))
+		case <-restarts:
+			return restartInPlace(eng, web, logger, dash, stopDash, quit, bye, "kvdock ctl restart")
 		case <-quit:
 			return bye(shutdown(eng, sigs, logger, "dashboard quit"), "dashboard quit")
 		case <-eng.Failed():
@@ -304,7 +310,12 @@ func shutdown(eng *engine.Engine, sigs <-chan os.Signal, logger *slog.Logger, wh
 	ctx, cancel := context.WithTimeout(context.Background(), engine.StopTimeout)
 	defer cancel()
 	done := make(chan error, 1)
-	go func() { done <- eng.Stop(ctx) }()
+	stop := eng.Stop
+	if cfg, _ := eng.Config(); cfg.L1.KeepOnExit {
+		// l1.keep_on_exit: the next start adopts the pool.
+		stop = eng.StopKeeping
+	}
+	go func() { done <- stop(ctx) }()
 	for {
 		select {
 		case err := <-done:

@@ -8,6 +8,7 @@
 //	POST /clear-cache  drop every object in the L1 pool; answers the objects and bytes dropped
 //	POST /unregister?instance_id=N  remove worker instance N (as its own unregister would)
 //	POST /reset-stats  zero the insight figures (hit ratio, tokens saved, miss breakdown, what-if)
+//	POST /restart      restart in place keeping the pool (what SIGUSR2 does)
 //
 // Each path is also served under /api/. Mutating endpoints require
 // "Authorization: Bearer <token>" when a token is configured. Errors are JSON
@@ -68,6 +69,9 @@ type Options struct {
 	MaxConns    int
 	IdleTimeout time.Duration
 	Logger      *slog.Logger
+	// Restart, when set, makes POST /restart ask the process to restart in
+	// place keeping the pool (kvdock ctl restart; what SIGUSR2 does).
+	Restart func() error
 }
 
 // Server is the HTTP API over one engine.
@@ -115,8 +119,9 @@ func New(eng Engine, opts Options) *Server {
 		"/clear-cache": {method: http.MethodPost, mutating: true, serve: s.clearCache},
 		"/unregister":  {method: http.MethodPost, mutating: true, serve: s.unregister},
 		"/reset-stats": {method: http.MethodPost, mutating: true, serve: s.resetStats},
+		"/restart":     {method: http.MethodPost, mutating: true, serve: s.restart},
 	}
-	for _, p := range []string{"/healthcheck", "/status", "/conf", "/metrics", "/clear-cache", "/unregister", "/reset-stats"} {
+	for _, p := range []string{"/healthcheck", "/status", "/conf", "/metrics", "/clear-cache", "/unregister", "/reset-stats", "/restart"} {
 		s.routes["/api"+p] = s.routes[p]
 	}
 	s.handler = http.HandlerFunc(s.dispatch)
@@ -233,7 +238,7 @@ func (s *Server) dispatch(w http.ResponseWriter, r *http.Request) {
 
 	rt, ok := s.routes[r.URL.Path]
 	if !ok {
-		writeError(rw, http.StatusNotFound, fmt.Sprintf("no such endpoint %q; try /healthcheck, /status, /conf, /metrics, POST /clear-cache, POST /unregister or POST /reset-stats", r.URL.Path))
+		writeError(rw, http.StatusNotFound, fmt.Sprintf("no such endpoint %q; try /healthcheck, /status, /conf, /metrics, POST /clear-cache, POST /unregister, POST /reset-stats or POST /restart", r.URL.Path))
 		return
 	}
 	if r.Method != rt.method && !(rt.method == http.MethodGet && r.Method == http.MethodHead) {
@@ -310,7 +315,7 @@ func (s *Server) root(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{
 		"status":    "ok",
 		"service":   "kvdock HTTP API",
-		"endpoints": []string{"GET /healthcheck", "GET /status", "GET /conf", "GET /metrics", "POST /clear-cache", "POST /unregister?instance_id=N", "POST /reset-stats"},
+		"endpoints": []string{"GET /healthcheck", "GET /status", "GET /conf", "GET /metrics", "POST /clear-cache", "POST /unregister?instance_id=N", "POST /reset-stats", "POST /restart"},
 	})
 }
 

@@ -75,6 +75,8 @@ type Status struct {
 	// (StatsResetAt, POST /reset-stats); each figure also says its window.
 	StatsSince   *time.Time `json:"stats_since,omitempty"`
 	StatsResetAt *time.Time `json:"stats_reset_at,omitempty"`
+	// Restart is what this start adopted of the previous process's pool.
+	Restart RestartStatus `json:"restart"`
 }
 
 // TierStatus is one L2 tier: its state with the reason, its figures and its
@@ -498,6 +500,7 @@ func NewStatus(s engine.Snapshot) Status {
 		Version:       s.Version,
 		StartedAt:     timePtr(s.Started),
 		UptimeSeconds: s.Uptime.Seconds(),
+		Restart:       restartStatus(s.Restart),
 		TakenAt:       s.Taken,
 		ShmName:       s.Shm.ShmName,
 		PoolSize:      s.Shm.PoolSize,

@@ -159,6 +159,7 @@ type snapshotCollector struct {
 	tierLoads, tierLoadTimeouts                                                       *prometheus.Desc
 	misses                                                                            missDescs
 	whatif                                                                            whatIfDescs
+	restart                                                                           restartDescs
 	protocol                                                                          protocolDescs
 
 	mu       sync.Mutex
@@ -222,6 +223,7 @@ func newSnapshotCollector(m *Metrics) *snapshotCollector {
 		tierLoadTimeouts: d("kvdock_tier_load_timeouts_total", "Prefetch loads from the L2 tier given up at the load timeout.", "index", "type"),
 		misses:           newMissDescs(),
 		whatif:           newWhatIfDescs(),
+		restart:          newRestartDescs(),
 		protocol:         newProtocolDescs(),
 		counters:         map[string]*counter{},
 		ctx:              map[ctxKey]ctxBytes{},
@@ -246,6 +248,7 @@ func (c *snapshotCollector) Describe(ch chan<- *prometheus.Desc) {
 	}
 	c.misses.describe(ch)
 	c.whatif.describe(ch)
+	c.restart.describe(ch)
 	c.protocol.describe(ch)
 	c.m.requests.Describe(ch)
 	c.m.duration.Describe(ch)
@@ -346,6 +349,7 @@ func (c *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 	count(c.removed, "removed", float64(s.Transfer.Removed))
 	count(c.reused, "reused", float64(s.Transfer.Reused))
 	c.whatif.collect(s.WhatIf, gauge)
+	c.restart.collect(s.Restart, gauge)
 	for _, mode := range [...]string{"shm", "pickle"} {
 		for _, dir := range [...]string{"in", "out"} {
 			ch <- prometheus.MustNewConstMetric(c.transferBytes, prometheus.CounterValue, c.bytes[[2]string{mode, dir}], mode, dir)

@@ -1,0 +1,57 @@
+package httpapi
+
+import (
+	"net/http"
+	"time"
+
+	"kvdock/core/engine"
+)
+
+// RestartStatus is /status's restart block: what this start adopted of the
+// previous process's pool (a restart that kept it), or why nothing.
+type RestartStatus struct {
+	Adopted         bool       `json:"adopted"`
+	AdoptedObjects  int        `json:"adopted_objects"`
+	AdoptedBytes    int64      `json:"adopted_bytes"`
+	AdoptedContexts int        `json:"adopted_contexts"`
+	HeldObjects     int        `json:"held_objects"`
+	RefusedContexts int        `json:"refused_contexts"`
+	GapMS           int64      `json:"gap_ms"`
+	Generation      uint64     `json:"generation"`
+	Reason          string     `json:"reason"`
+	At              *time.Time `json:"at,omitempty"`
+}
+
+// restartStatus renders the snapshot's restart; reason says "no restart
+// record" when the start found none.
+func restartStatus(r engine.Restart) RestartStatus {
+	reason := r.Reason
+	if !r.Adopted && reason == "" {
+		reason = "no restart record: the previous stop did not keep the pool"
+	}
+	return RestartStatus{Adopted: r.Adopted, AdoptedObjects: r.Objects, AdoptedBytes: r.Bytes, AdoptedContexts: r.Contexts,
+		HeldObjects: r.Held, RefusedContexts: len(r.Refused), GapMS: r.Gap.Milliseconds(), Generation: r.Generation,
+		Reason: shown(reason, shownMessageBytes), At: timePtr(r.At)}
+}
+
+// RestartResult is the POST /restart answer.
+type RestartResult struct {
+	Status string `json:"status"`
+	Reason string `json:"reason,omitempty"`
+}
+
+// restart asks the process to do what SIGUSR2 does: stop keeping the pool
+// and execute its binary again (Options.Restart). It answers before the
+// restart begins; the new process is seen on /status (restart block).
+func (s *Server) restart(w http.ResponseWriter, r *http.Request) {
+	if s.opts.Restart == nil {
+		writeJSON(w, http.StatusNotImplemented, RestartResult{Status: "error", Reason: "this server cannot restart itself (not kvdock serve)"})
+		return
+	}
+	if err := s.opts.Restart(); err != nil {
+		writeJSON(w, http.StatusConflict, RestartResult{Status: "error", Reason: err.Error()})
+		return
+	}
+	s.log.Info("restart asked over HTTP", "by", string(origin(r)), "remote", r.RemoteAddr)
+	writeJSON(w, http.StatusAccepted, RestartResult{Status: "restarting"})
+}
