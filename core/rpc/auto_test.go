@@ -522,7 +522,7 @@ func TestDeferredAnswerUnderMessageProfile(t *testing.T) {
 	h := start(t, rpc.Options{Profile: p})
 	answers := make(chan func(any, error), 1)
 	h.srv.Handle(protocol.QueryPrefetchStatus, func(_ context.Context, req *rpc.Request) (any, error) {
-		answers <- req.Defer()
+		answers <- req.Defer().Answer
 		return nil, nil
 	})
 	c := dial(t, h)

@@ -136,7 +136,7 @@ func TestDeferredAnswer(t *testing.T) {
 	h := start(t, rpc.Options{})
 	answers := make(chan func(any, error), 1)
 	h.srv.Handle(protocol.QueryPrefetchStatus, func(_ context.Context, req *rpc.Request) (any, error) {
-		answers <- req.Defer()
+		answers <- req.Defer().Answer
 		return "ignored", nil
 	})
 	d := rawDealer(t, h.srv.Endpoint())

@@ -33,8 +33,8 @@ func (h *HeldBytes) Load() int64 { return h.c.load() }
 // charged to it again (a buffer still charged would write freed memory).
 func (h *HeldBytes) Free() { h.c.free() }
 
-// Later is a deferred answer (Request.DeferReply) whose result may be
-// written into reply buffers allocated after the handler returned.
+// Later is a deferred answer (Request.Defer): made from any goroutine
+// after the handler returned, possibly from reply buffers allocated then.
 type Later struct {
 	mu     sync.Mutex
 	bufs   []replyBuf
@@ -42,10 +42,13 @@ type Later struct {
 	done   bool
 }
 
-// DeferReply is Defer for an answer made later into a reply buffer of its
-// own (Later.ReplyBuffer): the handler's own return value is ignored and
-// the reply is made from the first Later.Answer.
-func (r *Request) DeferReply() *Later {
+// Defer answers the request later: the handler's own return value is
+// ignored, and the reply is made from the first Later.Answer (from any
+// goroutine; later calls do nothing), as if the handler had returned its
+// arguments then. A request whose answer never comes gets no reply. For flow
+// control: a handler that must not block its worker (which serves other
+// requests) but may not answer yet.
+func (r *Request) Defer() *Later {
 	r.deferred.Store(true)
 	return &Later{answer: r.laterAnswer()}
 }

@@ -12,7 +12,7 @@ import (
 )
 
 // TestDeferredReplyBufferCharged: a deferred answer written into a reply
-// buffer of its own (Request.DeferReply, Later.ReplyBuffer) reaches the
+// buffer of its own (Request.Defer, Later.ReplyBuffer) reaches the
 // peer byte for byte; the buffer's bytes are charged to its HeldBytes from
 // its allocation until libzmq released it after sending, and a buffer not
 // sent (an error answered instead) is uncharged at once.
@@ -29,7 +29,7 @@ func TestDeferredReplyBufferCharged(t *testing.T) {
 	}
 	steps := make(chan step, 2)
 	h.srv.Handle(protocol.CommitStore, func(_ context.Context, req *rpc.Request) (any, error) {
-		later := req.DeferReply()
+		later := req.Defer()
 		buf, err := later.ReplyBuffer(n, held)
 		if err != nil {
 			return nil, err

@@ -78,24 +78,6 @@ func (r *Request) laterAnswer() func(res any, err error, adopted *replyBuf) {
 	}
 }
 
-// Defer answers the request later: the handler's own return value is
-// ignored, and the reply is made from the first call of the returned
-// function (from any goroutine, once; later calls do nothing), as if the
-// handler had returned its arguments then. A request whose answer never
-// comes gets no reply. For flow control: a handler that must not block its
-// worker (which serves other requests) but may not answer yet.
-func (r *Request) Defer() func(res any, err error) {
-	r.deferred.Store(true)
-	answer := r.laterAnswer()
-	var once sync.Once
-	return func(res any, err error) {
-		if answer == nil {
-			return // not a request of a running server (a test's own)
-		}
-		once.Do(func() { answer(res, err, nil) })
-	}
-}
-
 // ReplyBuffer returns n bytes outside the Go heap for the handler to encode
 // its reply into: a protocol.Raw result that starts at the buffer's first
 // byte (and is no longer than n) is sent from it as it is, without the copy

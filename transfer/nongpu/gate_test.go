@@ -137,7 +137,7 @@ func newRetrieveRig(t *testing.T, limit int64, ttl time.Duration) *retrieveRig {
 
 func (r *retrieveRig) retrieve(inst, n int64, tag int) {
 	r.g.acquireRetrieve(inst, n, func(charge *rpc.HeldBytes) {
-		later := (&rpc.Request{}).DeferReply()
+		later := (&rpc.Request{}).Defer()
 		if _, err := later.ReplyBuffer(int(n), charge); err != nil {
 			r.t.Error(err)
 		}

@@ -56,8 +56,8 @@ func (m *Module) Handlers() map[string]rpc.Handler {
 			if n, ok := m.pickleStoreBytes(k, id); ok && err == nil {
 				// Answered once its chunks fit the in-flight pickle bytes: the
 				// worker sends them only after this reply.
-				answer := req.Defer()
-				m.gate.acquire(id, n, func() { answer(resp, nil) })
+				later := req.Defer()
+				m.gate.acquire(id, n, func() { later.Answer(resp, nil) })
 				return nil, nil
 			}
 			return resp, err
@@ -106,7 +106,7 @@ func (m *Module) Handlers() map[string]rpc.Handler {
 				// written the reply. The key's tokens are the request's
 				// own (decoded, not a view of the frame), so it outlives
 				// the handler.
-				later := req.DeferReply()
+				later := req.Defer()
 				end := m.begin(id, req.Peer)
 				name, peer := req.Name, string(req.Peer) // the frames end with the handler
 				m.gate.acquireRetrieve(id, n+retrieveReplySlack, func(charge *rpc.HeldBytes) {
