@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+	"time"
 
 	"kvdock/core/keys"
 	"kvdock/core/lookup"
@@ -118,28 +119,57 @@ type alwaysLayouts struct{}
 
 func (alwaysLayouts) GroupCount(string, int) int { return 1 }
 
-// replay drives one pool of poolBytes with trace and returns its hit ratio
-// (chunks hit ÷ chunks asked) over the second half, with est (nil for none)
-// watching it.
+// replay drives one LRU pool of poolBytes with trace and returns its hit
+// ratio (chunks hit ÷ chunks asked) over the second half, with est (nil for
+// none) watching it.
 func replay(t *testing.T, trace []traceReq, models []traceModel, poolBytes int64, tickEvery int, est *whatif.Estimator) float64 {
 	t.Helper()
-	p, err := Open(Options{Size: poolBytes, Align: accAlign, Observer: estObserver{est}})
+	return replayPolicy(t, trace, models, poolBytes, tickEvery, est, PolicyLRU).hitRatio()
+}
+
+// replayResult is what a replay measured over the trace's second half.
+type replayResult struct {
+	asked, hit  int64         // chunks looked up, chunks hit
+	usable, res float64       // sums of usable and resident bytes after each request
+	samples     int           // requests summed in usable and res
+	evicted     uint64        // objects the watermark loop evicted
+	evictTime   time.Duration // time in the watermark loop
+	final       Stats         // the pool at the end
+	chunkTokens int
+	poolBytes   int64
+}
+
+func (r replayResult) hitRatio() float64 { return float64(r.hit) / float64(r.asked) }
+
+// replayPolicy drives one pool of poolBytes under policy with trace the way
+// workers drive kvdock: LOOKUP through the real lookup module, retrieve of
+// the hits, store of the chunks that missed, END_SESSION; the watermark
+// loop ticks every tickEvery requests.
+func replayPolicy(tb testing.TB, trace []traceReq, models []traceModel, poolBytes int64, tickEvery int, est *whatif.Estimator, policy string) replayResult {
+	tb.Helper()
+	p, err := Open(Options{Size: poolBytes, Align: accAlign, Observer: estObserver{est}, Policy: policy})
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 	defer p.Close()
 	h, err := keys.NewHasher(accChunkTokens, keys.AlgorithmBLAKE3)
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 	sess := keys.NewSessions(h, 0, nil)
 	mod := lookup.New(sess, p, alwaysLayouts{}, lookup.Options{WhatIf: est})
 	owner := InstanceOwner(1)
-	var asked, hit int64
+	out := replayResult{chunkTokens: accChunkTokens, poolBytes: poolBytes}
 	tokens := make([]uint32, 0, 32*accChunkTokens)
 	for i, rq := range trace {
 		if i%tickEvery == 0 {
+			before := p.st.Evictions
+			start := time.Now()
 			p.maintain() // the watermark loop's tick
+			if i >= len(trace)/2 {
+				out.evictTime += time.Since(start)
+				out.evicted += p.st.Evictions - before
+			}
 		}
 		tokens = tokens[:0]
 		for _, c := range rq.chunks {
@@ -149,30 +179,37 @@ func replay(t *testing.T, trace []traceReq, models []traceModel, poolBytes int64
 		id := fmt.Sprintf("r%d", i)
 		req := keys.KeyRequest{RequestID: id, Tokens: tokens, Model: m.name, WorldSize: 1}
 		if err := mod.Lookup(req, 0); err != nil {
-			t.Fatal(err)
+			tb.Fatal(err)
 		}
 		n, done := mod.QueryStatus(id)
 		if !done {
-			t.Fatal("lookup without tiers still running")
+			tb.Fatal("lookup without tiers still running")
 		}
 		ks := keys.ObjectKeys(h.Hashes(tokens), m.name, 1, nil, "")
 		p.FinishRead(ks[:n], 1) // the worker retrieved them
 		if n < len(ks) {
-			res, err := p.ReserveWrite(owner, ks[n:], m.size)
+			// The worker stores the whole prompt: the pool skips what it has.
+			res, err := p.ReserveWrite(owner, ks, m.size)
 			if err != nil {
-				t.Fatalf("request %d: store: %v", i, err)
+				tb.Fatalf("request %d: store: %v", i, err)
 			}
 			if !p.FinishWrite(res) {
-				t.Fatalf("request %d: store not published", i)
+				tb.Fatalf("request %d: store not published", i)
 			}
 		}
 		mod.EndSession(id)
 		if i >= len(trace)/2 {
-			asked += int64(len(ks))
-			hit += int64(n)
+			out.asked += int64(len(ks))
+			out.hit += int64(n)
+			p.mu.Lock()
+			out.usable += float64(p.t.usableBytes)
+			out.res += float64(p.t.bytes - p.t.doomedBytes)
+			p.mu.Unlock()
+			out.samples++
 		}
 	}
-	return float64(hit) / float64(asked)
+	out.final = p.Stats()
+	return out
 }
 
 func TestWhatIfMatchesRealPools(t *testing.T) {

@@ -1,0 +1,171 @@
+package l1
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+)
+
+// Traces for the eviction policies: the shapes of prefix traffic the prefix
+// policy is for, and a scan, each a slice of prompts (traceReq).
+
+// multiTurnTrace is chat: 400 conversations open at a time, each prompt a
+// conversation's whole history plus its new turn (1 to 3 chunks); a
+// conversation ends after 4 to 16 turns and a new one takes its place.
+// Each prompt picks one of the open conversations at random.
+func multiTurnTrace(n int, seed uint64) []traceReq {
+	r := rand.New(rand.NewPCG(seed, 3))
+	const open = 400
+	type conv struct {
+		id, turns, left int
+		chunks          [][]uint32
+	}
+	next := 0
+	fresh := func() *conv {
+		next++
+		return &conv{id: next, left: 4 + r.IntN(13)}
+	}
+	convs := make([]*conv, open)
+	for i := range convs {
+		convs[i] = fresh()
+	}
+	out := make([]traceReq, n)
+	for i := range out {
+		j := r.IntN(open)
+		c := convs[j]
+		for range 1 + r.IntN(3) {
+			c.chunks = append(c.chunks, chunkTokens(uint64(c.id)<<20|uint64(len(c.chunks)), 0))
+		}
+		c.turns++
+		out[i] = traceReq{chunks: append([][]uint32(nil), c.chunks...)}
+		// The conversation moves to the front (most recent).
+		copy(convs[1:j+1], convs[:j])
+		convs[0] = c
+		if c.turns == c.left {
+			convs[0] = fresh()
+		}
+	}
+	return out
+}
+
+// systemPromptTrace is one system prompt of 12 chunks shared by every
+// prompt, then a user's context (4 chunks, 3000 users, Zipf) and a
+// question of 1 to 2 chunks asked once.
+func systemPromptTrace(n int, seed uint64) []traceReq {
+	r := rand.New(rand.NewPCG(seed, 4))
+	z := rand.NewZipf(r, 1.05, 2, 2999)
+	out := make([]traceReq, n)
+	unique := uint64(1 << 41)
+	for i := range out {
+		var ch [][]uint32
+		for c := range 12 {
+			ch = append(ch, chunkTokens(7, c))
+		}
+		u := z.Uint64()
+		for c := range 4 {
+			ch = append(ch, chunkTokens(1<<30+u, c))
+		}
+		for range 1 + r.IntN(2) {
+			unique++
+			ch = append(ch, chunkTokens(unique, 0))
+		}
+		out[i] = traceReq{chunks: ch}
+	}
+	return out
+}
+
+// ragTrace is retrieval: a system prompt of 2 chunks, then 3 of 400
+// documents (4 chunks each, Zipf popularity) in the order the retriever
+// ranked them, then a question asked once.
+func ragTrace(n int, seed uint64) []traceReq {
+	r := rand.New(rand.NewPCG(seed, 5))
+	z := rand.NewZipf(r, 1.2, 2, 399)
+	out := make([]traceReq, n)
+	unique := uint64(1 << 42)
+	for i := range out {
+		var ch [][]uint32
+		for c := range 2 {
+			ch = append(ch, chunkTokens(11, c))
+		}
+		for range 3 {
+			d := z.Uint64()
+			for c := range 4 {
+				ch = append(ch, chunkTokens(1<<31+d, c))
+			}
+		}
+		unique++
+		ch = append(ch, chunkTokens(unique, 0))
+		out[i] = traceReq{chunks: ch}
+	}
+	return out
+}
+
+// workingSet is the bytes of the distinct chunks that the last eighth of
+// trace asks for more than once (a chunk asked once can never hit), with
+// objects of size bytes: what a pool must hold for the traffic of a while.
+func workingSet(trace []traceReq, size int64) int64 {
+	seen := map[string]int{}
+	for _, rq := range trace[len(trace)*7/8:] {
+		prefix := ""
+		for _, c := range rq.chunks {
+			prefix += fmt.Sprint(c[:2]) // the chain: a chunk is its prefix
+			seen[prefix]++
+		}
+	}
+	n := int64(0)
+	for _, v := range seen {
+		if v > 1 {
+			n++
+		}
+	}
+	return n * size
+}
+
+// evictionTrace is one trace of the evaluation.
+type evictionTrace struct {
+	name  string
+	trace []traceReq
+	tick  int // requests between two ticks of the watermark loop
+}
+
+func evictionTraces() []evictionTrace {
+	return []evictionTrace{
+		{"multi-turn", multiTurnTrace(40_000, 1), 100},
+		{"system-prompt", systemPromptTrace(40_000, 2), 100},
+		{"rag", ragTrace(40_000, 3), 100},
+		{"zipf-prefix", zipfTrace(40_000, 4), 100},
+		{"scan", scanTrace(40_000, 1200, 5), 100},
+	}
+}
+
+// BenchmarkEvictionTraces replays each trace through real pools of 0.5×, 1×
+// and 2× its working set under each policy and reports the hit ratio (%),
+// the hit tokens per GiB of pool, usable ÷ resident bytes (mean over the
+// measured half, and at the end), and the watermark loop's CPU per evicted
+// object.
+//
+//	go test -run '^$' -bench BenchmarkEvictionTraces -benchtime 1x ./core/l1
+func BenchmarkEvictionTraces(b *testing.B) {
+	models := []traceModel{{"m", accAlign}, {"m2", accAlign}} // zipf-prefix uses two
+	for _, tr := range evictionTraces() {
+		ws := workingSet(tr.trace, accAlign)
+		for _, f := range []float64{0.5, 1, 2} {
+			size := max(int64(f*float64(ws))/accAlign*accAlign, 64*accAlign)
+			for _, pol := range []string{PolicyLRU, PolicyPrefix} {
+				b.Run(fmt.Sprintf("%s/%.1fx/%s", tr.name, f, pol), func(b *testing.B) {
+					var res replayResult
+					for range b.N {
+						res = replayPolicy(b, tr.trace, models, size, tr.tick, nil, pol)
+					}
+					b.ReportMetric(100*res.hitRatio(), "hit%")
+					b.ReportMetric(float64(res.hit*int64(res.chunkTokens))/(float64(size)/(1<<30)), "hit-tokens/GiB")
+					b.ReportMetric(res.usable/res.res, "usable/resident")
+					b.ReportMetric(res.final.UsableRatio(), "usable/resident-end")
+					if res.evicted > 0 {
+						b.ReportMetric(float64(res.evictTime.Nanoseconds())/float64(res.evicted), "evict-ns/obj")
+					}
+				})
+			}
+		}
+	}
+}
