@@ -45,7 +45,7 @@ func (e *Engine) Apply(ctx context.Context, cfg settings.Config, sources map[str
 	if sources != nil {
 		e.sources = sources
 	}
-	if e.plane == nil {
+	if e.dataPlane == nil {
 		// Not running: the next Start uses the new config.
 		e.cfg = cfg
 		return res, nil
@@ -77,8 +77,8 @@ func (e *Engine) Apply(ctx context.Context, cfg settings.Config, sources map[str
 	e.events.add(EventRestart, slog.LevelInfo, "applying "+what)
 	stopCtx, cancel := context.WithTimeout(ctx, DrainTimeout)
 	defer cancel()
-	f := e.front
-	e.front = nil
+	f := e.wireServer
+	e.wireServer = nil
 	e.publish()
 	if err := f.stop(stopCtx); err != nil {
 		e.log.Warn("wire server stop during apply", "err", err)
@@ -103,7 +103,7 @@ func (e *Engine) Apply(ctx context.Context, cfg settings.Config, sources map[str
 	e.sources = oldSources
 	e.events.add(EventError, slog.LevelError, fmt.Sprintf("apply failed, rolling back: %v", err))
 	var rbErr error
-	if e.plane == nil {
+	if e.dataPlane == nil {
 		rbErr = e.rebuildLocked(context.Background(), old)
 	} else {
 		rbErr = e.restartFrontLocked(old)
@@ -142,28 +142,29 @@ func nextStartNote(changes []settings.Change) string {
 
 // restartFrontLocked starts a wire server for cfg over the kept plane.
 func (e *Engine) restartFrontLocked(cfg settings.Config) error {
-	f, err := e.startFront(cfg, e.plane)
+	f, err := e.startWireServer(cfg, e.dataPlane)
 	if err != nil {
 		return err
 	}
-	e.front = f
+	e.wireServer = f
 	return nil
 }
 
-// rebuildLocked replaces the plane (pool, sessions, contexts) and the front.
+// rebuildLocked replaces the data plane (pool, sessions, contexts) and the
+// wire server.
 // The old pool is closed first: its segment is unlinked and its contexts are
 // dropped, so no worker is ever handed offsets into a segment it has not
-// attached. Requests of the old front still running when ctx ends hold
+// attached. Requests of the old wire server still running when ctx ends hold
 // views of the old pool: the rebuild is then refused and the plane kept.
 func (e *Engine) rebuildLocked(ctx context.Context, cfg settings.Config) error {
-	if p := e.plane; p != nil {
+	if p := e.dataPlane; p != nil {
 		if !waitIdle(ctx, p.gate.close()) {
 			n := p.gate.inFlight()
 			p.gate.reopen()
 			return fmt.Errorf("pool not rebuilt: %w: %d request(s) still running hold views of it", ErrDrainTimeout, n)
 		}
 		n := p.transfer.Stats().Instances
-		e.plane = nil
+		e.dataPlane = nil
 		e.publish()
 		if err := p.release(); err != nil {
 			e.log.Warn("closing the old pool", "err", err)
@@ -181,7 +182,7 @@ func (e *Engine) rebuildLocked(ctx context.Context, cfg settings.Config) error {
 // applyLive changes the live keys of cfg in place.
 func (e *Engine) applyLive(cfg settings.Config) {
 	e.applyTiersLocked(cfg.L2)
-	if p := e.plane; p != nil {
+	if p := e.dataPlane; p != nil {
 		if err := p.pool.SetEviction(cfg.Eviction.Policy, cfg.Eviction.TriggerWatermark, cfg.Eviction.Ratio); err != nil {
 			e.log.Warn("eviction settings", "err", err)
 		}
@@ -192,7 +193,7 @@ func (e *Engine) applyLive(cfg settings.Config) {
 		}
 		p.transfer.SetTTLs(w, r)
 		p.transfer.SetMaxInstances(cfg.Server.MaxInstances)
-		if f := e.front; f != nil {
+		if f := e.wireServer; f != nil {
 			p.transfer.SetLiveness(livenessFor(cfg, f.srv.Profile(), f.srv.Detect()))
 		}
 		p.sessions.SetLimits(sessionLimits(cfg))
@@ -247,7 +248,7 @@ func (e *Engine) checkMemoryLocked(old, cfg settings.Config, sources map[string]
 		e.log.Warn("host memory unknown: pool size not checked", "err", err)
 		return nil
 	}
-	if p := e.plane; p != nil {
+	if p := e.dataPlane; p != nil {
 		st := p.pool.Stats()
 		avail += min(st.Size, max(st.Prefaulted, st.UsedBytes))
 	}

@@ -11,7 +11,7 @@ import (
 )
 
 // TestApplyNextStartRestartsNothing: log.format, log.file and ui.headless are
-// read once at start; applying them keeps the wire server (the same front,
+// read once at start; applying them keeps the wire server (the same wireServer,
 // the worker's connection) and says they wait for the next start.
 func TestApplyNextStartRestartsNothing(t *testing.T) {
 	cfg, _ := testConfig(t)
@@ -19,7 +19,7 @@ func TestApplyNextStartRestartsNothing(t *testing.T) {
 	c := dial(t, cfg.Server.Port, cfg.Server.Protocol)
 	register(t, c, 1)
 	e.mu.Lock()
-	front := e.front
+	wireServer := e.wireServer
 	e.mu.Unlock()
 
 	next := cfg
@@ -31,7 +31,7 @@ func TestApplyNextStartRestartsNothing(t *testing.T) {
 		t.Fatalf("apply next-start keys: %+v %v", res, err)
 	}
 	e.mu.Lock()
-	same := e.front == front
+	same := e.wireServer == wireServer
 	e.mu.Unlock()
 	if !same {
 		t.Fatal("a next-start change restarted the wire server")

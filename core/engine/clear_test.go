@@ -20,7 +20,7 @@ func storeObjects(t *testing.T, e *Engine, n int, size int64) {
 		binary.LittleEndian.PutUint64(h[:], uint64(i+1))
 		ks[i] = keys.ObjectKey{Chunk: h, Model: "m", KVRank: keys.KVRank(1, 0)}
 	}
-	pool := e.cur.Load().plane.pool
+	pool := e.cur.Load().dataPlane.pool
 	rs, err := pool.ReserveWrite(l1.InstanceOwner(1), ks, size)
 	if err != nil || !pool.FinishWrite(rs) {
 		t.Fatalf("storing %d objects: %v", n, err)

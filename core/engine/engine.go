@@ -90,13 +90,13 @@ type Engine struct {
 	mu  sync.Mutex
 	cur atomic.Pointer[current]
 	// failed is closed once when the wire server dies by itself.
-	failed   chan struct{}
-	failOnce sync.Once
-	cfg      settings.Config
-	sources  map[string]settings.Source
-	plane    *plane
-	front    *front
-	bg       context.CancelFunc // background loops of the engine itself
+	failed     chan struct{}
+	failOnce   sync.Once
+	cfg        settings.Config
+	sources    map[string]settings.Source
+	dataPlane  *dataPlane
+	wireServer *wireServer
+	bg         context.CancelFunc // background loops of the engine itself
 	// wireOptions, set by tests only, adjusts each wire server's options
 	// (fault injection).
 	wireOptions func(*rpc.Options)
@@ -111,7 +111,7 @@ type Engine struct {
 
 	// handlerHook, when set (tests), runs inside each plane's gate before
 	// every handler.
-	handlerHook func(*plane)
+	handlerHook func(*dataPlane)
 }
 
 // DrainTimeout bounds the wait for requests in flight when the wire server
@@ -156,14 +156,14 @@ func New(cfg settings.Config, opts Options) *Engine {
 // current is what readers see of the lifecycle fields, published after
 // every change under mu.
 type current struct {
-	cfg     settings.Config
-	sources map[string]settings.Source
-	plane   *plane
-	front   *front
+	cfg        settings.Config
+	sources    map[string]settings.Source
+	dataPlane  *dataPlane
+	wireServer *wireServer
 }
 
 func (e *Engine) publish() {
-	e.cur.Store(&current{cfg: e.cfg, sources: e.sources, plane: e.plane, front: e.front})
+	e.cur.Store(&current{cfg: e.cfg, sources: e.sources, dataPlane: e.dataPlane, wireServer: e.wireServer})
 }
 
 // Config returns the running configuration and the source of each value.
@@ -189,7 +189,7 @@ func (e *Engine) Start(ctx context.Context) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	defer e.publish()
-	if e.plane != nil {
+	if e.dataPlane != nil {
 		return errors.New("engine already started")
 	}
 	e.setState(Starting, nil)
@@ -214,19 +214,19 @@ func (e *Engine) Start(ctx context.Context) error {
 	return nil
 }
 
-// startLocked builds a plane and a front for cfg; on failure nothing is left.
+// startLocked builds a data plane and a wire server for cfg; on failure nothing is left.
 func (e *Engine) startLocked(cfg settings.Config) error {
-	p, err := e.buildPlane(cfg)
+	p, err := e.buildDataPlane(cfg)
 	if err != nil {
 		return err
 	}
-	f, err := e.startFront(cfg, p)
+	f, err := e.startWireServer(cfg, p)
 	if err != nil {
 		// Nothing was served: no handler can be running.
 		_ = p.close(context.Background())
 		return err
 	}
-	e.plane, e.front = p, f
+	e.dataPlane, e.wireServer = p, f
 	return nil
 }
 
@@ -250,12 +250,12 @@ func (e *Engine) stop(ctx context.Context, keep bool) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	defer e.publish()
-	if e.plane == nil {
+	if e.dataPlane == nil {
 		return nil
 	}
 	var errs []error
-	f, p := e.front, e.plane
-	e.front, e.plane = nil, nil
+	f, p := e.wireServer, e.dataPlane
+	e.wireServer, e.dataPlane = nil, nil
 	e.publish()
 	dctx, cancel := context.WithTimeout(ctx, DrainTimeout)
 	defer cancel()
@@ -282,8 +282,8 @@ func (e *Engine) stop(ctx context.Context, keep bool) error {
 // failure), never by Stop or Apply; callers select on it to notice.
 func (e *Engine) Failed() <-chan struct{} { return e.failed }
 
-// frontFailed records a wire server that stopped by itself.
-func (e *Engine) frontFailed(err error) {
+// wireServerFailed records a wire server that stopped by itself.
+func (e *Engine) wireServerFailed(err error) {
 	if err == nil {
 		err = errors.New("wire server stopped")
 	}
@@ -316,17 +316,17 @@ type Cleared struct {
 // objects held by a transfer go when it ends (see l1.Pool.Clear). by names
 // the requester in the event it records.
 func (e *Engine) ClearCache(by ClearOrigin) (Cleared, error) {
-	p := e.cur.Load().plane
+	p := e.cur.Load().dataPlane
 	if p == nil || !p.gate.enter() {
 		return Cleared{}, errNotRunning
 	}
-	c := e.clearPlane(p, by)
+	c := e.clearDataPlane(p, by)
 	p.gate.exit()
 	return c, nil
 }
 
-// clearPlane clears p's pool and records who did it and what went.
-func (e *Engine) clearPlane(p *plane, by ClearOrigin) Cleared {
+// clearDataPlane clears p's pool and records who did it and what went.
+func (e *Engine) clearDataPlane(p *dataPlane, by ClearOrigin) Cleared {
 	n, b := p.pool.ClearCounted()
 	e.events.add(EventLifecycle, slog.LevelInfo, fmt.Sprintf("cache cleared by %s: %d objects, %s dropped", by, n, settings.BytesText(b)))
 	return Cleared{Objects: n, Bytes: b}

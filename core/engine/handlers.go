@@ -65,7 +65,7 @@ func waitArgs(req *rpc.Request) (string, time.Duration, error) {
 
 // handlers are the lookup and management modules (the transfer module brings
 // its own), by canonical request name.
-func (e *Engine) handlers(cfg settings.Config, p *plane) map[string]rpc.Handler {
+func (e *Engine) handlers(cfg settings.Config, p *dataPlane) map[string]rpc.Handler {
 	chunk := int64(cfg.Server.ChunkSize)
 	h := map[string]rpc.Handler{
 		protocol.Lookup: func(_ context.Context, req *rpc.Request) (any, error) {
@@ -146,7 +146,7 @@ func (e *Engine) handlers(cfg settings.Config, p *plane) map[string]rpc.Handler 
 					return nil, fmt.Errorf("CLEAR: force is %T, want a bool", req.Args[0])
 				}
 			}
-			e.clearPlane(p, ClearByWorker)
+			e.clearDataPlane(p, ClearByWorker)
 			return nil, nil
 		},
 		// Observability only upstream; the server's request stats count it.
@@ -166,7 +166,7 @@ func (e *Engine) handlers(cfg settings.Config, p *plane) map[string]rpc.Handler 
 // for the reaper; None (an untracked prober such as a scheduler) and ids
 // nobody registered change nothing, so a flood of made-up ids keeps no
 // state. The answer is always true, as upstream's.
-func ping(p *plane, req *rpc.Request) (any, error) {
+func ping(p *dataPlane, req *rpc.Request) (any, error) {
 	switch len(req.Args) {
 	case 0:
 		return true, nil

@@ -27,7 +27,7 @@ func ikeys(from, to int) []keys.ObjectKey {
 	return ks
 }
 
-// observedPool is a pool of units×4096 bytes wired as buildPlane wires it:
+// observedPool is a pool of units×4096 bytes wired as buildDataPlane wires it:
 // its observer feeds the ghost the classifier reads.
 func observedPool(t testing.TB, units int64, mod func(*l1.Options)) (*l1.Pool, *misses.Classifier, *fakeclock.Clock) {
 	t.Helper()

@@ -41,7 +41,7 @@ func livenessFor(cfg settings.Config, profile *protocol.Profile, detect []*proto
 // to their TTL (the worker may still be copying). It reports
 // ErrUnknownInstance for an id nobody registered, which changes nothing.
 func (e *Engine) RemoveInstance(id int64, by ClearOrigin) error {
-	p := e.cur.Load().plane
+	p := e.cur.Load().dataPlane
 	if p == nil || !p.gate.enter() {
 		return errNotRunning
 	}

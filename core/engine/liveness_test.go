@@ -95,7 +95,7 @@ func TestReaperFollowsProfileAndSettings(t *testing.T) {
 		cfg, _ := testConfig(t)
 		cfg.Server.Protocol = c.profile
 		e := startEngine(t, cfg)
-		l := e.cur.Load().plane.transfer.LivenessSettings()
+		l := e.cur.Load().dataPlane.transfer.LivenessSettings()
 		if l.Reap != c.reap || l.Timeout != 120*time.Second || l.Grace != time.Hour || l.Idle != 5*time.Minute {
 			t.Fatalf("%s: liveness %+v", c.profile, l)
 		}
@@ -107,7 +107,7 @@ func TestReaperFollowsProfileAndSettings(t *testing.T) {
 		if _, err := e.Apply(context.Background(), next, nil); err != nil {
 			t.Fatal(err)
 		}
-		if l := e.cur.Load().plane.transfer.LivenessSettings(); l.Timeout != 30*time.Second || l.Reap != c.reap {
+		if l := e.cur.Load().dataPlane.transfer.LivenessSettings(); l.Timeout != 30*time.Second || l.Reap != c.reap {
 			t.Fatalf("%s: after apply %+v", c.profile, l)
 		}
 	}

@@ -23,7 +23,7 @@ func TestClearForceKeepsLockedBytes(t *testing.T) {
 			cfg.Server.Protocol = prof
 			e := startEngine(t, cfg)
 			storeObjects(t, e, 2, 4096)
-			pool := e.cur.Load().plane.pool
+			pool := e.cur.Load().dataPlane.pool
 			var h keys.Hash
 			binary.LittleEndian.PutUint64(h[:], 1)
 			locked := []keys.ObjectKey{{Chunk: h, Model: "m", KVRank: keys.KVRank(1, 0)}}

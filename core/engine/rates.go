@@ -401,7 +401,7 @@ func (e *Engine) sampleRates() {
 	e.rates.sampleMu.Lock()
 	defer e.rates.sampleMu.Unlock()
 	s := sample{now: e.opts.Now()}
-	if p := e.cur.Load().plane; p != nil {
+	if p := e.cur.Load().dataPlane; p != nil {
 		e.rates.markWhatIf(s.now, p.whatif)
 		e.tellUnregistered(s.now, p.lookup.Unregistered())
 		s.lookup = p.lookup.Stats()

@@ -102,7 +102,7 @@ func (e *Engine) openPool(cfg settings.Config, opts l1.Options) (*l1.Pool, *adop
 }
 
 // restoreRegistrations registers the adopted pool's workers again.
-func (e *Engine) restoreRegistrations(p *plane, a *adoption) {
+func (e *Engine) restoreRegistrations(p *dataPlane, a *adoption) {
 	if a == nil {
 		return
 	}
@@ -117,7 +117,7 @@ func (e *Engine) restoreRegistrations(p *plane, a *adoption) {
 
 // restartBound ends the gap once the wire server over an adopted plane is
 // bound: the previous process stopped reading at a.stoppedAt.
-func (e *Engine) restartBound(p *plane) {
+func (e *Engine) restartBound(p *dataPlane) {
 	a := p.adoption
 	if a == nil || a.bound {
 		return
@@ -142,11 +142,11 @@ func (e *Engine) setRestart(r Restart) {
 // keeper returns what the plane's release does instead of closing the
 // pool when the stop keeps it: record the table, the registrations and the
 // stop time in the state directory, and keep the segment.
-func (e *Engine) keeper(cfg settings.Config, stoppedAt time.Time) func(p *plane, regs []restart.Registration) error {
+func (e *Engine) keeper(cfg settings.Config, stoppedAt time.Time) func(p *dataPlane, regs []restart.Registration) error {
 	e.st.RLock()
 	gen := e.restart.Generation
 	e.st.RUnlock()
-	return func(p *plane, regs []restart.Registration) error {
+	return func(p *dataPlane, regs []restart.Registration) error {
 		dir, file, err := e.stateFile(cfg)
 		if err != nil {
 			return errors.Join(err, p.pool.Close())

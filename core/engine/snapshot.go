@@ -100,7 +100,7 @@ func (s Snapshot) Healthy() bool { return s.State == Serving }
 // Snapshot returns the engine's state now. It is cheap enough for a 1 s tick.
 func (e *Engine) Snapshot() Snapshot {
 	c := e.cur.Load()
-	cfg, src, p, f := c.cfg, c.sources, c.plane, c.front
+	cfg, src, p, f := c.cfg, c.sources, c.dataPlane, c.wireServer
 
 	now := e.opts.Now()
 	e.st.RLock()
@@ -171,7 +171,7 @@ func shmFree() int64 {
 
 // hostInfo reads the host's RAM and NUMA nodes and, on a host of several
 // nodes, where the pool's pages live (p nil: no pool).
-func hostInfo(p *plane) hostmem.Host {
+func hostInfo(p *dataPlane) hostmem.Host {
 	var h hostmem.Host
 	m, err := hostmem.ReadMemory("")
 	if err != nil {

@@ -32,7 +32,7 @@ type StatsWindow struct {
 // lookup and tokens-saved histories. What the cache holds, the jobs and
 // the locks stay as they are. by says who asked, for the events.
 func (e *Engine) ResetStats(by ClearOrigin) (time.Time, error) {
-	p := e.cur.Load().plane
+	p := e.cur.Load().dataPlane
 	if p == nil || !p.gate.enter() {
 		return time.Time{}, errNotRunning
 	}

@@ -24,16 +24,16 @@ import (
 // until release is closed, then write through it: a write into an unmapped
 // pool is "fatal error: fault", which no recover catches.
 type stuckHandler struct {
-	once    sync.Once
-	started chan struct{}
-	release chan struct{}
-	wrote   chan struct{}
-	plane   *plane
+	once      sync.Once
+	started   chan struct{}
+	release   chan struct{}
+	wrote     chan struct{}
+	dataPlane *dataPlane
 }
 
 func newStuckHandler(e *Engine) *stuckHandler {
 	s := &stuckHandler{started: make(chan struct{}), release: make(chan struct{}), wrote: make(chan struct{})}
-	e.handlerHook = func(p *plane) {
+	e.handlerHook = func(p *dataPlane) {
 		first := false
 		s.once.Do(func() { first = true })
 		if !first {
@@ -41,7 +41,7 @@ func newStuckHandler(e *Engine) *stuckHandler {
 		}
 		view, release := p.pool.View(0, 1<<20)
 		defer release()
-		s.plane = p
+		s.dataPlane = p
 		close(s.started)
 		<-s.release
 		for i := range view {
@@ -83,7 +83,7 @@ func TestStopLeavesThePoolMappedWhileAHandlerRuns(t *testing.T) {
 	close(stuck.release)
 	<-stuck.wrote // the process did not fault
 	select {
-	case <-stuck.plane.closed:
+	case <-stuck.dataPlane.closed:
 	case <-time.After(10 * time.Second):
 		t.Fatal("pool not closed after the last handler finished")
 	}
@@ -182,7 +182,7 @@ func exitChild() {
 	e := New(cfg, Options{})
 	started := make(chan struct{})
 	var once sync.Once
-	e.handlerHook = func(p *plane) {
+	e.handlerHook = func(p *dataPlane) {
 		view, _ := p.pool.View(0, 4096) // never released: the process exits first
 		once.Do(func() { close(started) })
 		for {

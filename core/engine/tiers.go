@@ -170,7 +170,7 @@ func (t *tiers) close() {
 // applyTiersLocked rebuilds the plane's tier set when the l2 settings
 // changed; on failure the running set stays and the event says why.
 func (e *Engine) applyTiersLocked(cfg settings.L2Config) {
-	p := e.plane
+	p := e.dataPlane
 	if p == nil {
 		return
 	}
@@ -192,8 +192,8 @@ func (e *Engine) applyTiersLocked(cfg settings.L2Config) {
 // lastRequest is when the wire server last saw a message (the zero time
 // while none serves): the tiers' writers yield to the request path.
 func (e *Engine) lastRequest() time.Time {
-	if c := e.cur.Load(); c != nil && c.front != nil {
-		return c.front.srv.LastMessage()
+	if c := e.cur.Load(); c != nil && c.wireServer != nil {
+		return c.wireServer.srv.LastMessage()
 	}
 	return time.Time{}
 }

@@ -18,8 +18,8 @@ import (
 	"kvdock/settings"
 )
 
-// front is the wire server of one configuration; a restart replaces it.
-type front struct {
+// wireServer is the wire server of one configuration; a restart replaces it.
+type wireServer struct {
 	srv      *rpc.Server
 	cancel   context.CancelFunc
 	done     chan struct{}
@@ -27,9 +27,9 @@ type front struct {
 	stopping atomic.Bool
 }
 
-// startFront binds the wire server for cfg over plane p and returns once it
+// startWireServer binds the wire server for cfg over plane p and returns once it
 // is bound, or with the bind error.
-func (e *Engine) startFront(cfg settings.Config, p *plane) (*front, error) {
+func (e *Engine) startWireServer(cfg settings.Config, p *dataPlane) (*wireServer, error) {
 	profile, detect, err := profiles(cfg.Server)
 	if err != nil {
 		return nil, err
@@ -76,18 +76,18 @@ func (e *Engine) startFront(cfg settings.Config, p *plane) (*front, error) {
 	}
 	// Bind here, so a bind error is returned to the caller and nothing runs;
 	// only a server that bound is served, and only its own failure (never a
-	// stop) reaches frontFailed.
+	// stop) reaches wireServerFailed.
 	if err := srv.Bind(); err != nil {
 		return nil, err
 	}
 	e.restartBound(p)
 	ctx, cancel := context.WithCancel(context.Background())
-	f := &front{srv: srv, cancel: cancel, done: make(chan struct{})}
+	f := &wireServer{srv: srv, cancel: cancel, done: make(chan struct{})}
 	go func() {
 		f.err = srv.Serve(ctx)
 		close(f.done)
 		if !f.stopping.Load() {
-			e.frontFailed(f.err)
+			e.wireServerFailed(f.err)
 		}
 	}()
 	e.log.Info("serving", "endpoint", srv.Endpoint(), "protocol", profile.Name)
@@ -117,7 +117,7 @@ func loopbackEndpoint(endpoint string) bool {
 // stop stops reading, drains in-flight requests and closes the socket. It
 // returns nil only when no handler is running any more; an error wrapping
 // rpc.ErrHandlersRunning means handlers may still use the pool.
-func (f *front) stop(ctx context.Context) error {
+func (f *wireServer) stop(ctx context.Context) error {
 	f.stopping.Store(true)
 	f.cancel()
 	if err := f.srv.Shutdown(ctx); err != nil {

@@ -21,9 +21,9 @@ import (
 	"kvdock/transfer/nongpu"
 )
 
-// plane is the data plane: what holds the cache and the worker contexts. A
+// dataPlane is the data plane: what holds the cache and the worker contexts. A
 // restart keeps it; a rebuild replaces it.
-type plane struct {
+type dataPlane struct {
 	pool     *l1.Pool
 	sessions *keys.Sessions
 	layouts  *layout.Registry
@@ -41,7 +41,7 @@ type plane struct {
 	closeErr  error
 	log       *slog.Logger
 	// hook, when set (tests), runs inside the gate before each handler.
-	hook func(*plane)
+	hook func(*dataPlane)
 	// whatif estimates the hit ratio of other pool sizes from this
 	// plane's lookups and stores.
 	whatif *whatif.Estimator
@@ -53,7 +53,7 @@ type plane struct {
 	// (restart.go); keep, when set, is how release ends the pool instead
 	// of closing it (a stop that keeps the pool for the next start).
 	adoption *adoption
-	keep     func(p *plane, regs []restart.Registration) error
+	keep     func(p *dataPlane, regs []restart.Registration) error
 }
 
 // gate admits handlers until it is shut and says when the last one left.
@@ -152,11 +152,11 @@ func shmNameSource(src map[string]settings.Source) string {
 	return ""
 }
 
-// buildPlane is upstream's context construction plus _build_modules: the pool
+// buildDataPlane is upstream's context construction plus _build_modules: the pool
 // carrying out the seed plan (PlanSegment, made once here), then the modules,
 // which read the server settings themselves but take the SHM decision from
 // the pool.
-func (e *Engine) buildPlane(cfg settings.Config) (*plane, error) {
+func (e *Engine) buildDataPlane(cfg settings.Config) (*dataPlane, error) {
 	if cfg.Server.TransferMode != "non_gpu" {
 		return nil, fmt.Errorf("transfer mode %q is not served: kvdock serves non-GPU workers only (CUDA IPC transfer needs LMCache's own server)", cfg.Server.TransferMode)
 	}
@@ -194,7 +194,7 @@ func (e *Engine) buildPlane(cfg settings.Config) (*plane, error) {
 		_ = pool.Close()
 		return nil, fmt.Errorf("token hasher: %w", err)
 	}
-	p := &plane{
+	p := &dataPlane{
 		pool:     pool,
 		sessions: keys.NewSessions(hasher, 600*time.Second, e.opts.Now),
 		layouts:  layout.NewRegistry(),
@@ -267,7 +267,7 @@ func (e *Engine) buildPlane(cfg settings.Config) (*plane, error) {
 // process. The last of them to finish releases it; if the process exits
 // first, the kernel drops the mapping and the next start's stale-segment
 // cleanup removes the name (its flock died with the process).
-func (p *plane) close(ctx context.Context) error {
+func (p *dataPlane) close(ctx context.Context) error {
 	idle := p.gate.close()
 	if waitIdle(ctx, idle) {
 		return p.release()
@@ -287,7 +287,7 @@ func (p *plane) close(ctx context.Context) error {
 // told the registrations before the module forgets them; the pending
 // transfers' holds are abandoned first, so they are kept as held). Only
 // once no handler runs.
-func (p *plane) release() error {
+func (p *dataPlane) release() error {
 	p.closeOnce.Do(func() {
 		var regs []restart.Registration
 		if p.keep != nil {
@@ -309,7 +309,7 @@ func (p *plane) release() error {
 
 // guard runs h inside the gate: refused once the plane closes, counted
 // while it runs.
-func (p *plane) guard(h rpc.Handler) rpc.Handler {
+func (p *dataPlane) guard(h rpc.Handler) rpc.Handler {
 	return func(ctx context.Context, req *rpc.Request) (any, error) {
 		if !p.gate.enter() {
 			return nil, errStopping
