@@ -13,6 +13,7 @@
 //	             what-if; y confirms, n cancels)
 //	lists        ↑↓/jk move, pgup/pgdn or ctrl+u/ctrl+d page, g/G top/bottom;
 //	             "… n more below" when the list goes on
+//	2 Pool, 3 GPU  the same keys scroll the pane when it does not fit
 //	1 Contexts   shift+letter sorts by that column (again: reverse; the sort
 //	             column is always shown), s next shown column, / filter:
 //	             text matches id or model, col:value one column (enter keeps

@@ -11,14 +11,11 @@ import (
 
 // gpuPane is GPU memory as NVML reports it: each device's used/total and
 // its processes, registered workers marked; why not, when NVML is absent.
-type gpuPane struct {
-	sized
-	pc *programContext
-}
+type gpuPane struct{ scrollPane }
 
-func (p *gpuPane) View() string { return p.render(p.w, p.h) }
+func (p *gpuPane) View() string { return p.show(p.lines(p.w), p.h) }
 
-func (p *gpuPane) render(w, h int) string {
+func (p *gpuPane) lines(w int) []string {
 	pc := p.pc
 	g := pc.snap.GPU
 	if !g.Available {
@@ -29,7 +26,7 @@ func (p *gpuPane) render(w, h int) string {
 		// The source's reason already says "NVML unavailable: …" when NVML
 		// is the cause; other reasons get the label here.
 		reason, _ = strings.CutPrefix(reason, "NVML unavailable: ")
-		return pc.st.Warn.Render("NVML unavailable") + ": " + reason + "\n\n" + pc.hostRAMLine()
+		return []string{pc.st.Warn.Render("NVML unavailable") + ": " + reason, "", pc.hostRAMLine()}
 	}
 	workers := map[int64]bool{}
 	for _, c := range pc.snap.Contexts {
@@ -68,8 +65,5 @@ func (p *gpuPane) render(w, h int) string {
 			lines = append(lines, fmt.Sprintf("  %-9d %10s  %-4s %s", p.PID, mem, p.Kind, mark))
 		}
 	}
-	if len(lines) > h {
-		lines = append(lines[:h-1], pc.st.Faint.Render(fmt.Sprintf("  … %d more lines (enlarge the terminal)", len(lines)-h+1)))
-	}
-	return strings.Join(lines, "\n")
+	return lines
 }

@@ -35,18 +35,18 @@ func TestPoolAndGPUPanesShowHostRAMAndNUMA(t *testing.T) {
 		Pool: hostmem.Placement{Pages: []int64{1, 3}}}
 	f.snap.Misses.TierMissed = 12
 	m := newTestModel(t, f, 120, 40)
-	pool := ansi.Strip(m.pool.render(120, 40))
+	pool := ansi.Strip(strings.Join(m.pool.lines(120), "\n"))
 	for _, want := range []string{"Host RAM  10.0 GiB available / 64.0 GiB · NUMA N0 25% N1 75%", "(12 missed L2 too)"} {
 		if !strings.Contains(pool, want) {
 			t.Fatalf("pool pane lacks %q:\n%s", want, pool)
 		}
 	}
-	if gpu := ansi.Strip(m.gpu.render(120, 40)); !strings.Contains(gpu, "NUMA N0 25% N1 75%") {
+	if gpu := ansi.Strip(strings.Join(m.gpu.lines(120), "\n")); !strings.Contains(gpu, "NUMA N0 25% N1 75%") {
 		t.Fatalf("GPU pane lacks the host line:\n%s", gpu)
 	}
 	f.snap.GPU.Available = false
 	m = newTestModel(t, f, 120, 40)
-	if gpu := m.gpu.render(120, 40); !strings.Contains(gpu, "Host RAM") {
+	if gpu := strings.Join(m.gpu.lines(120), "\n"); !strings.Contains(gpu, "Host RAM") {
 		t.Fatalf("GPU pane without NVML lacks the host line:\n%s", gpu)
 	}
 	// A context whose lookups never missed says so.

@@ -60,8 +60,8 @@ func newModel(ctx context.Context, eng Engine, opts Options, profile colorprofil
 		pc:       pc,
 		help:     help.New(),
 		contexts: newContextsPane(pc, eng),
-		pool:     &poolPane{pc: pc},
-		gpu:      &gpuPane{pc: pc},
+		pool:     &poolPane{scrollPane{pc: pc}},
+		gpu:      &gpuPane{scrollPane{pc: pc}},
 		events:   newEventsPane(pc),
 		settings: newSettingsPane(ctx, pc, eng),
 		tiers:    &tiersPane{pc: pc},
@@ -266,9 +266,11 @@ func (m *Model) render() string {
 	}
 	header := m.pc.renderHeader(w)
 	tabs := m.renderTabs(w)
-	footer := m.renderHelpBar(w)
 	bodyH := h - lipgloss.Height(header) - 2
 	body := fitLines(m.renderBody(w, bodyH), w, bodyH)
+	// After the body: whether a pane offers its scroll keys depends on
+	// whether what it drew fit.
+	footer := m.renderHelpBar(w)
 	return strings.Join([]string{header, tabs, body, footer}, "\n")
 }
 

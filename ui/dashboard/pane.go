@@ -1,6 +1,10 @@
 package dashboard
 
 import (
+	"fmt"
+	"math"
+	"strings"
+
 	"charm.land/bubbles/v2/key"
 	tea "charm.land/bubbletea/v2"
 )
@@ -103,4 +107,90 @@ func (c listCursor) start(rows int) int {
 		return c.sel - rows + 1
 	}
 	return 0
+}
+
+// scroller pages a pane whose lines outrun its room: the list keys move
+// the first line shown, and the window says what is above and below.
+type scroller struct{ top int }
+
+// move applies the list keys to a view h rows high; the window clamps the
+// result to the lines there are. It reports whether msg was one of them.
+func (s *scroller) move(k listKeys, msg tea.KeyPressMsg, h int) bool {
+	page := max(1, h-2)
+	switch {
+	case key.Matches(msg, k.Up):
+		s.top--
+	case key.Matches(msg, k.Down):
+		s.top++
+	case key.Matches(msg, k.PageUp):
+		s.top -= page
+	case key.Matches(msg, k.PageDown):
+		s.top += page
+	case key.Matches(msg, k.Top):
+		s.top = 0
+	case key.Matches(msg, k.Bottom):
+		s.top = math.MaxInt32
+	default:
+		return false
+	}
+	s.top = max(0, s.top)
+	return true
+}
+
+// window is what h rows show of lines from the first line shown: all of
+// them when they fit, else a row "… n more above" first when scrolled and
+// "… n more below" last when more follow.
+func (s *scroller) window(st Styles, lines []string, h int) []string {
+	if len(lines) <= h || h < 3 {
+		s.top = 0
+		return lines[:min(len(lines), max(h, 0))]
+	}
+	// Scrolled to the end, only the "above" row is taken.
+	s.top = min(s.top, len(lines)-(h-1))
+	rows := h
+	var out []string
+	if s.top > 0 {
+		out = append(out, st.Faint.Render(fmt.Sprintf("  … %d more above (pgup, g top)", s.top)))
+		rows--
+	}
+	end := s.top + rows
+	if end < len(lines) {
+		end--
+	}
+	out = append(out, lines[s.top:end]...)
+	if end < len(lines) {
+		out = append(out, st.Faint.Render(fmt.Sprintf("  … %d more below (pgdn, G bottom)", len(lines)-end)))
+	}
+	return out
+}
+
+// scrollPane is a pane of text lines that scrolls when they do not fit.
+type scrollPane struct {
+	sized
+	pc       *programContext
+	scroll   scroller
+	overflow bool // the last view did not fit: the help bar offers the keys
+}
+
+func (p *scrollPane) Update(msg tea.Msg) tea.Cmd {
+	if kp, ok := msg.(tea.KeyPressMsg); ok {
+		p.scroll.move(p.pc.keys.List, kp, p.h)
+	}
+	return nil
+}
+
+func (p *scrollPane) ShortKeys() []key.Binding {
+	if !p.overflow {
+		return nil
+	}
+	k := p.pc.keys.List
+	return []key.Binding{k.PageDown, k.PageUp, k.Top, k.Bottom}
+}
+
+func (p *scrollPane) HelpKeys() [][]key.Binding { return [][]key.Binding{p.pc.keys.List.list()} }
+
+// show is lines as the pane's h rows show them.
+func (p *scrollPane) show(lines []string, h int) string {
+	p.overflow = len(lines) > h
+	return strings.Join(p.scroll.window(p.pc.st, lines, h), "\n")
 }

@@ -2,7 +2,6 @@ package dashboard
 
 import (
 	"fmt"
-	"strings"
 
 	"charm.land/lipgloss/v2"
 
@@ -11,15 +10,13 @@ import (
 
 // poolPane is the L1 pool: the segment and what REGISTER advertises, usage,
 // locks, misses, host memory, prefault, eviction, transfer counters, the
-// usage history and the what-if estimate for other pool sizes.
-type poolPane struct {
-	sized
-	pc *programContext
-}
+// usage history and the what-if estimate for other pool sizes; it scrolls
+// when they do not fit.
+type poolPane struct{ scrollPane }
 
-func (p *poolPane) View() string { return p.render(p.w, p.h) }
+func (p *poolPane) View() string { return p.show(p.lines(p.w), p.h) }
 
-func (p *poolPane) render(w, h int) string {
+func (p *poolPane) lines(w int) []string {
 	pc := p.pc
 	s := pc.snap
 	d := s.Pool.Decision
@@ -67,14 +64,8 @@ func (p *poolPane) render(w, h int) string {
 			s.Transfer.NoSpace, s.Transfer.Rejected, s.Transfer.Fallbacks),
 		"",
 	)
-	// The what-if headline outranks the history's caption on a short screen.
-	hist := pc.poolHistory(w)
-	if len(hist) == 3 && h-len(lines)-len(hist) < 2 {
-		hist = hist[:2]
-	}
-	lines = append(lines, hist...)
-	lines = append(lines, pc.whatIfLines(w, h-len(lines))...)
-	return strings.Join(lines, "\n")
+	lines = append(lines, pc.poolHistory(w)...)
+	return append(lines, pc.whatIfLines(w, whatIfChartRows)...)
 }
 
 // hostLine is the memory the pool draws on: /dev/shm for a shared

@@ -5,6 +5,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/charmbracelet/x/ansi"
+
 	"kvdock/core/engine"
 	"kvdock/core/l1"
 	"kvdock/core/whatif"
@@ -35,20 +37,22 @@ func (pc *programContext) whatIfLines(w, rows int) []string {
 		}
 		return []string{"", none}
 	}
-	head := label + whatIfHeadline(c)
+	text := whatIfHeadline(c)
 	if s := pc.snap; !s.Stats.WhatIfStart(s.Rebuilt.At).IsZero() {
-		head += pc.st.Faint.Render("  · last " + engine.WindowLabel(s.Stats.WhatIfStart(s.Rebuilt.At), s.Taken))
+		text += pc.st.Faint.Render("  · last " + engine.WindowLabel(s.Stats.WhatIfStart(s.Rebuilt.At), s.Taken))
 	}
 	if pc.snap.Pool.Policy == l1.PolicyNoop {
-		head += pc.st.Warn.Render("  (sizes modelled with LRU eviction; this pool's policy is noop)")
+		text += pc.st.Warn.Render("  (sizes modelled with LRU eviction; this pool's policy is noop)")
 	}
+	// Wrapped between words under its label, never cut inside one.
+	head := labelled(label, text, w)
 	if rows < 2 {
-		return []string{head}
+		return head[:1]
 	}
 	if rows < whatIfChartRows || w < 12+whatIfColW*len(c.Points) {
-		return []string{"", head}
+		return append([]string{""}, head...)
 	}
-	lines := []string{"", head}
+	lines := append([]string{""}, head...)
 	vals := "       "
 	for _, p := range c.Points {
 		vals += fmt.Sprintf("%*s ", whatIfColW-1, fmt.Sprintf("%.0f%%", p.HitRatio*100))
@@ -77,9 +81,24 @@ func (pc *programContext) whatIfLines(w, rows int) []string {
 		sizes += fmt.Sprintf("%*s ", whatIfColW-1, f)
 	}
 	lines = append(lines, sizes+" × pool ("+settings.BytesText(pc.snap.Pool.Size)+" now)")
-	lines = append(lines, pc.st.Faint.Render(fmt.Sprintf("       estimate from %s of keys sampled (SHARDS), %d sampled lookups; the pool's own hit ratio now %s",
-		sampleRateText(c.SampleRate), c.Sampled, ratioPctText(c.Measured))))
+	caption := fmt.Sprintf("estimate from %s of keys sampled (SHARDS), %d sampled lookups; the pool's own hit ratio now %s",
+		sampleRateText(c.SampleRate), c.Sampled, ratioPctText(c.Measured))
+	for _, l := range strings.Split(ansi.Wrap(caption, max(20, w-7), " "), "\n") {
+		lines = append(lines, pc.st.Faint.Render("       "+strings.TrimLeft(l, " ")))
+	}
 	return lines
+}
+
+// labelled is text after a label of labelW columns, wrapped between words
+// to width w with the lines after the first under the text.
+func labelled(label, text string, w int) []string {
+	const labelW = 10
+	body := strings.Split(ansi.Wrap(text, max(20, w-labelW), " "), "\n")
+	out := []string{label + body[0]}
+	for _, l := range body[1:] {
+		out = append(out, strings.Repeat(" ", labelW)+strings.TrimLeft(l, " "))
+	}
+	return out
 }
 
 // whatIfHeadline says what doubling and halving the pool would change.

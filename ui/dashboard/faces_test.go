@@ -1,0 +1,51 @@
+package dashboard
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/charmbracelet/x/ansi"
+)
+
+// TestPoolPaneScrolls: at 80×24 the Pool pane does not fit; pgdn shows
+// the rest (the what-if chart whole), G its end, g its top again, and the
+// help bar offers the keys while it does not fit.
+func TestPoolPaneScrolls(t *testing.T) {
+	m := newTestModel(t, newFakeEngine(t), 80, 24)
+	press(t, m, "2")
+	top := screen(m)
+	mustContain(t, top, "more below (pgdn, G bottom)", "pgdn/ctrl+d page down")
+	press(t, m, "pgdown")
+	golden(t, "pool_scrolled_80x24", goldenView(m))
+	press(t, m, "G")
+	end := screen(m)
+	mustContain(t, end, "more above (pgup, g top)", "What-if   2× pool", "100% ┤", "× pool (1.0 GiB now)", "estimate from")
+	mustNotContain(t, end, "more below")
+	press(t, m, "g")
+	if screen(m) != top {
+		t.Fatalf("g did not go back to the top:\n%s", screen(m))
+	}
+	// At 160×48 it fits: no scrolling, no keys offered.
+	m = newTestModel(t, newFakeEngine(t), 160, 48)
+	press(t, m, "2", "pgdown")
+	mustNotContain(t, screen(m), "more above", "more below", "page down")
+}
+
+// TestWhatIfHeadlineWrapsBetweenWords: a headline wider than the screen
+// goes on under its label rather than being cut inside a word.
+func TestWhatIfHeadlineWrapsBetweenWords(t *testing.T) {
+	f := newFakeEngine(t)
+	f.snap.Pool.Policy = "noop"
+	m := newTestModel(t, f, 80, 24)
+	lines := strings.Split(ansi.Strip(strings.Join(m.pc.whatIfLines(80, whatIfChartRows), "\n")), "\n")
+	text := strings.Join(lines, "\n")
+	mustContain(t, text, "What-if   2× pool: hit ratio", "          with LRU eviction; this pool's policy is noop)", "       pool's own hit ratio now")
+	for _, l := range lines {
+		if w := ansi.StringWidth(l); w > 80 {
+			t.Errorf("line of %d columns: %q", w, l)
+		}
+		if strings.HasSuffix(l, "~") {
+			t.Errorf("line cut: %q", l)
+		}
+	}
+}
