@@ -129,8 +129,8 @@ func (e *Engine) restartBound(p *dataPlane) {
 	r := e.restart
 	e.st.Unlock()
 	e.events.add(EventLifecycle, slog.LevelInfo, fmt.Sprintf(
-		"restart: adopted %d objects (%.1f MiB) and %d contexts, %d held for the previous process's workers; gap %d ms",
-		r.Objects, float64(r.Bytes)/(1<<20), r.Contexts, r.Held, gap.Milliseconds()))
+		"restart: adopted %d objects (%s) and %d contexts, %d held for the previous process's workers; gap %d ms",
+		r.Objects, settings.BytesText(r.Bytes), r.Contexts, r.Held, gap.Milliseconds()))
 }
 
 func (e *Engine) setRestart(r Restart) {

@@ -34,6 +34,9 @@ Commands:
   status            the engine's /status as a table (HTTP API; see kvdock ctl status --help)
   reset-stats       start the hit ratio, tokens saved, miss breakdown and what-if again
                     from now, e.g. after a benchmark (HTTP API; the cache is untouched)
+  restart           restart the server in place keeping its cache, as SIGUSR2 does, and
+                    print what the new process adopted (HTTP API; asks first on a
+                    terminal; --yes skips)
 
 The server's address comes from the same settings as kvdock serve's: the
 settings file (--config, $KVDOCK_CONFIG, the default path), KVDOCK_HOST,
@@ -44,7 +47,7 @@ Flags:
 `
 
 // usageLine is the one line printed under a usage error.
-const usageLine = "usage: kvdock ctl [flags] ping|noop|chunk-size|clear|end-session ID|unregister ID|status|reset-stats (kvdock ctl --help for more)"
+const usageLine = "usage: kvdock ctl [flags] ping|noop|chunk-size|clear|end-session ID|unregister ID|status|reset-stats|restart (kvdock ctl --help for more)"
 
 // Env is what ctl reads and writes besides its arguments; main passes the
 // process's own.
@@ -162,6 +165,8 @@ func Run(args []string, env Env) int {
 		return runUnregister(f, params, env)
 	case "reset-stats":
 		return runResetStats(f, params, env)
+	case "restart":
+		return runRestart(f, params, env)
 	}
 	var name string
 	var callArgs []any

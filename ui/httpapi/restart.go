@@ -53,5 +53,5 @@ func (s *Server) restart(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.log.Info("restart asked over HTTP", "by", string(origin(r)), "remote", r.RemoteAddr)
-	writeJSON(w, http.StatusAccepted, RestartResult{Status: "restarting"})
+	writeJSON(w, http.StatusOK, RestartResult{Status: "restarting"})
 }

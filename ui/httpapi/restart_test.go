@@ -53,7 +53,7 @@ func TestRestartAsksTheProcess(t *testing.T) {
 	if rec := post(""); rec.Code != http.StatusUnauthorized || asked != 0 {
 		t.Fatalf("without the token: %d, asked %d", rec.Code, asked)
 	}
-	if rec := post("Bearer t"); rec.Code != http.StatusAccepted || asked != 1 {
+	if rec := post("Bearer t"); rec.Code != http.StatusOK || asked != 1 {
 		t.Fatalf("with the token: %d %s, asked %d", rec.Code, rec.Body, asked)
 	}
 	if rec := post("Bearer t"); rec.Code != http.StatusConflict || !strings.Contains(rec.Body.String(), "under way") {

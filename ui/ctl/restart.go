@@ -1,0 +1,88 @@
+package ctl
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"kvdock/core/logcap"
+	"kvdock/settings"
+	"kvdock/ui/httpapi"
+	"kvdock/ui/termtext"
+)
+
+// restartWait bounds how long `kvdock ctl restart` waits for the new
+// process to answer /status: the old one's drain and stop, the exec, the
+// adoption and the bind.
+const restartWait = 30 * time.Second
+
+// runRestart is `kvdock ctl restart`: the server stops keeping its pool and
+// executes its binary again (what SIGUSR2 does), through the HTTP API's
+// POST /restart behind its token. It asks first on a terminal (workers see
+// a short gap), and without a terminal only with --yes. It then waits for
+// the new process's /status and prints what it adopted and the gap.
+func runRestart(f flagSet, params []string, env Env) int {
+	stderr := env.Stderr
+	if len(params) > 0 {
+		fmt.Fprintf(stderr, "kvdock ctl: restart takes no arguments (got %q)\n%s\n", strings.Join(params, " "), usageLine)
+		return 2
+	}
+	cfg, base, code, ok := f.httpAPI(env, "restart")
+	if !ok {
+		return code
+	}
+	if code, ok := confirm(env, *f.yes, "restart", "restart", "restarted",
+		fmt.Sprintf("Restart kvdock (%s) in place, keeping its cache? Workers wait for the gap.", base)); !ok {
+		return code
+	}
+	before, _ := restartStatusOf(base, *f.timeout)
+	url := base + "/restart"
+	code, body, err := postHTTP(url, cfg.HTTP.Token, *f.timeout)
+	if err != nil {
+		fmt.Fprintf(stderr, "kvdock ctl restart: %v\n", err)
+		return 1
+	}
+	var rr httpapi.RestartResult
+	decodeErr := json.Unmarshal(body, &rr)
+	if err := httpFailure(url, code, body, rr.Reason); err != nil {
+		fmt.Fprintf(stderr, "kvdock ctl restart: %v\n", err)
+		return 1
+	}
+	if decodeErr != nil || rr.Status != "restarting" {
+		fmt.Fprintf(stderr, "kvdock ctl restart: %s did not answer a kvdock restart: %q\n", url, logcap.Truncate(termtext.Clean(string(body)), 200))
+		return 1
+	}
+	deadline := time.Now().Add(restartWait)
+	for time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+		st, err := restartStatusOf(base, *f.timeout)
+		if err != nil || st.At == nil || (before.At != nil && !st.At.After(*before.At)) {
+			continue // the old process, or nobody yet
+		}
+		if !st.Adopted {
+			fmt.Fprintf(env.Stdout, "restarted, nothing adopted: %s\n", termtext.Clean(st.Reason))
+			return 1
+		}
+		fmt.Fprintf(env.Stdout, "restarted: adopted %d objects (%s) and %d contexts, gap %d ms\n",
+			st.AdoptedObjects, settings.BytesText(st.AdoptedBytes), st.AdoptedContexts, st.GapMS)
+		return 0
+	}
+	fmt.Fprintf(stderr, "kvdock ctl restart: asked, but no restarted kvdock answered %s/status within %s; see its log\n", base, restartWait)
+	return 1
+}
+
+// restartStatusOf reads the restart block of base's /status.
+func restartStatusOf(base string, timeout time.Duration) (httpapi.RestartStatus, error) {
+	body, err := statusFetch(base+"/status", timeout)
+	if err != nil {
+		return httpapi.RestartStatus{}, err
+	}
+	var st struct {
+		Restart httpapi.RestartStatus `json:"restart"`
+	}
+	if err := json.Unmarshal(body, &st); err != nil {
+		return httpapi.RestartStatus{}, fmt.Errorf("%s/status: %w", base, err)
+	}
+	return st.Restart, nil
+}
