@@ -69,13 +69,27 @@ Usage:
   kvdock ctl COMMAND [flags]  talk to a running kvdock (ping, noop, chunk-size, clear, end-session, unregister, status)
   kvdock bench [flags]        measure store/retrieve throughput and round trips against memcpy and a raw ZMQ echo
   kvdock config COMMAND       init | show [--sources] | check PATH
-  kvdock version              print the version
+  kvdock version              print the version, the commit it was built from and its date
   kvdock help [COMMAND]       this text, or a command's flags
+
+  kvdock --version, -v        the same as kvdock version
+  kvdock --help, -h           this text
 
 Run "kvdock serve --help" for every setting flag with its default and env variable.
 `
 
 func run(args []string, stdout, stderr io.Writer) int {
+	// Alone and without a command, these are about kvdock itself, not
+	// about serve's flags (kvdock serve --help lists those).
+	if len(args) == 1 {
+		switch args[0] {
+		case "--version", "-v":
+			return printVersion(stdout)
+		case "--help", "-h":
+			fmt.Fprint(stdout, usage)
+			return 0
+		}
+	}
 	cmd := "serve"
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		cmd, args = args[0], args[1:]
@@ -101,8 +115,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "kvdock version: takes no arguments (got %q)\nusage: kvdock version\n", strings.Join(args, " "))
 			return 2
 		}
-		fmt.Fprintf(stdout, "kvdock %s\n", buildVersion())
-		return 0
+		return printVersion(stdout)
 	case "help":
 		switch {
 		case len(args) == 0 || len(args) == 1 && (args[0] == "--help" || args[0] == "-h"):
@@ -227,6 +240,13 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	// bye prints the one line an operator reads after kvdock exits: what
 	// ran, for how long, where the log is (the dashboard hid it). Where
 	// stderr carries JSON logs it is a log record, so the stream stays JSON.
+	// The endpoint is read again before each stop: a SIGHUP or the
+	// settings pane may have moved the port since the start.
+	lastEndpoint := func() {
+		if e := eng.Snapshot().Endpoint; e != "" {
+			endpoint = e
+		}
+	}
 	bye := func(code int, why string) int {
 		ran := time.Since(started).Round(time.Second)
 		if logCfg.File == "" && logCfg.Format == "json" {
@@ -266,6 +286,7 @@ func serve(args []string, stdout, stderr io.Writer) int {
 				reload(ctx, eng, loadOpts, logger)
 				continue
 			}
+			lastEndpoint()
 			if sig == syscall.SIGUSR2 {
 				return restartInPlace(eng, web, logger, dash, stopDash, quit, bye, "SIGUSR2")
 			}
@@ -278,8 +299,10 @@ func serve(args []string, stdout, stderr io.Writer) int {
 			}
 			return bye(shutdown(eng, sigs, logger, sig.String()), signalName(sig))
 		case <-restarts:
+			lastEndpoint()
 			return restartInPlace(eng, web, logger, dash, stopDash, quit, bye, "kvdock ctl restart")
 		case <-quit:
+			lastEndpoint()
 			return bye(shutdown(eng, sigs, logger, "dashboard quit"), "dashboard quit")
 		case <-eng.Failed():
 			logger.Error("wire server stopped unexpectedly")
@@ -287,6 +310,7 @@ func serve(args []string, stdout, stderr io.Writer) int {
 				stopDash() // give the terminal back before the exit line
 				<-quit
 			}
+			lastEndpoint()
 			stopNow(eng)
 			return bye(1, "a wire server failure")
 		}
@@ -354,6 +378,7 @@ func reload(ctx context.Context, eng *engine.Engine, opts settings.LoadOptions, 
 		logger.Error("SIGHUP: settings not reloaded", "err", err)
 		return
 	}
+	logOverridden(loaded, logger)
 	res, err := eng.Apply(ctx, loaded.Config, loaded.Sources)
 	if err != nil {
 		logger.Error("SIGHUP: apply failed", "err", err, "rolled_back", res.RolledBack)

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"testing"
@@ -118,5 +119,30 @@ func TestSIGHUPNextStartKeysWarn(t *testing.T) {
 	}
 	if len(applied) != 1 || !strings.Contains(applied[0], "key=log.level") {
 		t.Fatalf("applied lines %q in:\n%s", applied, buf.String())
+	}
+}
+
+// TestVersionTextNamesTheCommit: with the toolchain's VCS stamps, the
+// version says the revision, its date and whether the tree was modified;
+// without them it says why there is no revision.
+func TestVersionTextNamesTheCommit(t *testing.T) {
+	bi := &debug.BuildInfo{GoVersion: "go1.26", Settings: []debug.BuildSetting{
+		{Key: "vcs.revision", Value: "0123456789abcdef0123456789abcdef01234567"},
+		{Key: "vcs.time", Value: "2026-11-30T10:00:00Z"},
+		{Key: "vcs.modified", Value: "true"},
+	}}
+	out := versionText("dev-0123456789ab", bi)
+	for _, want := range []string{"kvdock dev-0123456789ab\n", "revision  0123456789abcdef0123456789abcdef01234567\n",
+		"date      2026-11-30T10:00:00Z\n", "modified  yes", "go        go1.26\n"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("version text lacks %q:\n%s", want, out)
+		}
+	}
+	bi.Settings[2].Value = "false"
+	if out := versionText("v1.2.3", bi); !strings.Contains(out, "modified  no\n") || !strings.HasPrefix(out, "kvdock v1.2.3\n") {
+		t.Errorf("clean tree:\n%s", out)
+	}
+	if out := versionText("dev", &debug.BuildInfo{}); !strings.Contains(out, "revision  unknown (built without VCS stamping") {
+		t.Errorf("no stamps:\n%s", out)
 	}
 }
