@@ -120,5 +120,19 @@ func (c *programContext) summary() string {
 	if s.GPU.Available {
 		gpu = fmt.Sprintf("%d GPU(s)", len(s.GPU.Devices))
 	}
-	return fmt.Sprintf("pool %s %.0f%% used · %s · %s", shm, pct, workers, gpu)
+	return fmt.Sprintf("pool %s %.0f%% used · %s · %s", shm, pct, workers, gpu) + restartText(s.Restart)
+}
+
+// restartText is the last restart for the summary line: what was adopted
+// of the previous process's pool and the gap, or that nothing was (the
+// events pane and /status say why); "" when the start found no record.
+func restartText(r engine.Restart) string {
+	switch {
+	case r.Adopted:
+		return fmt.Sprintf(" · restarted: %d objects (%s), %d ctx adopted, gap %d ms",
+			r.Objects, settings.BytesText(r.Bytes), r.Contexts, r.Gap.Milliseconds())
+	case r.Reason != "":
+		return " · restart: nothing adopted (see events)"
+	}
+	return ""
 }
