@@ -67,7 +67,7 @@ func clearHTTP(url, token string, timeout time.Duration) (httpapi.ClearResult, e
 		return cr, fmt.Errorf("%w\n(--http-port 0 clears over ZMQ instead, without counts)", err)
 	}
 	decodeErr := json.Unmarshal(body, &cr)
-	if err := httpFailure(url, code, body, cr.Reason); err != nil {
+	if err := httpFailure(url, code, body); err != nil {
 		return cr, err
 	}
 	if decodeErr != nil || cr.Status != "ok" {
@@ -103,14 +103,15 @@ func postHTTP(url, token string, timeout time.Duration) (int, []byte, error) {
 }
 
 // httpFailure explains a non-200 answer (nil for 200): the token, or the
-// server's reason (reason, or the error body's).
-func httpFailure(url string, code int, body []byte, reason string) error {
+// server's reason (every kvdock error answer is an httpapi.ErrorBody).
+func httpFailure(url string, code int, body []byte) error {
 	switch code {
 	case http.StatusOK:
 		return nil
 	case http.StatusUnauthorized:
 		return fmt.Errorf("%s refused: kvdock requires its HTTP token; set KVDOCK_HTTP_TOKEN (or http.token in the settings file) to it", url)
 	}
+	reason := ""
 	var eb httpapi.ErrorBody
 	if json.Unmarshal(body, &eb) == nil && eb.Error != "" {
 		reason = eb.Error

@@ -108,7 +108,7 @@ func TestClearHostileAnswers(t *testing.T) {
 		},
 		"escapes": func(w http.ResponseWriter, r *http.Request) {
 			w.WriteHeader(http.StatusServiceUnavailable)
-			_ = json.NewEncoder(w).Encode(httpapi.ClearResult{Status: "error", Reason: "down\x1b[2J\x07"})
+			_ = json.NewEncoder(w).Encode(httpapi.ErrorBody{Status: "error", Error: "down\x1b[2J\x07"})
 		},
 	} {
 		srv := httptest.NewServer(h)

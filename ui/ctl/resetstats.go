@@ -35,7 +35,7 @@ func runResetStats(f flagSet, params []string, env Env) int {
 	}
 	var rr httpapi.ResetResult
 	decodeErr := json.Unmarshal(body, &rr)
-	if err := httpFailure(url, code, body, rr.Reason); err != nil {
+	if err := httpFailure(url, code, body); err != nil {
 		fmt.Fprintf(stderr, "kvdock ctl reset-stats: %v\n", err)
 		return 1
 	}

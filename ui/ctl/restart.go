@@ -45,7 +45,7 @@ func runRestart(f flagSet, params []string, env Env) int {
 	}
 	var rr httpapi.RestartResult
 	decodeErr := json.Unmarshal(body, &rr)
-	if err := httpFailure(url, code, body, rr.Reason); err != nil {
+	if err := httpFailure(url, code, body); err != nil {
 		fmt.Fprintf(stderr, "kvdock ctl restart: %v\n", err)
 		return 1
 	}

@@ -67,7 +67,7 @@ func runUnregister(f flagSet, params []string, env Env) int {
 	}
 	var ur httpapi.UnregisterResult
 	decodeErr := json.Unmarshal(body, &ur)
-	if err := httpFailure(url, code, body, ur.Reason); err != nil {
+	if err := httpFailure(url, code, body); err != nil {
 		fmt.Fprintf(stderr, "kvdock ctl unregister: %v\n", err)
 		return 1
 	}

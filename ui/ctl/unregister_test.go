@@ -30,7 +30,7 @@ func fakeUnregisterAPI(t *testing.T) (port string, asked func() []string) {
 		mu.Unlock()
 		if id != "42" {
 			w.WriteHeader(http.StatusNotFound)
-			_ = json.NewEncoder(w).Encode(httpapi.UnregisterResult{Status: "error", Reason: "instance " + id + " is not registered: unknown instance"})
+			_ = json.NewEncoder(w).Encode(httpapi.ErrorBody{Status: "error", Error: "instance " + id + " is not registered: unknown instance"})
 			return
 		}
 		_ = json.NewEncoder(w).Encode(httpapi.UnregisterResult{Status: "ok", InstanceID: 42})

@@ -508,9 +508,9 @@ func TestHealthcheckAndStoppedEngine(t *testing.T) {
 		t.Errorf("healthcheck of a stopped engine = %d %s", r.code, r.body)
 	}
 	r = h.do(http.MethodPost, "/clear-cache", nil, nil)
-	var cr httpapi.ClearResult
+	var cr httpapi.ErrorBody
 	if err := json.Unmarshal(r.body, &cr); err != nil || r.code != http.StatusServiceUnavailable ||
-		cr.Status != "error" || cr.Reason == "" {
+		cr.Status != "error" || cr.Error == "" {
 		t.Errorf("clear-cache of a stopped engine = %d %s", r.code, r.body)
 	}
 	var st httpapi.Status

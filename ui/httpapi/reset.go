@@ -16,7 +16,6 @@ type StatsResetter interface {
 // ResetResult is the /reset-stats answer: when the figures start again.
 type ResetResult struct {
 	Status  string     `json:"status"`
-	Reason  string     `json:"reason,omitempty"`
 	ResetAt *time.Time `json:"reset_at,omitempty"`
 }
 
@@ -25,13 +24,13 @@ type ResetResult struct {
 func (s *Server) resetStats(w http.ResponseWriter, r *http.Request) {
 	rs, ok := s.eng.(StatsResetter)
 	if !ok {
-		writeJSON(w, http.StatusNotImplemented, ResetResult{Status: "error", Reason: "this engine cannot reset its statistics"})
+		writeError(w, http.StatusNotImplemented, "this engine cannot reset its statistics")
 		return
 	}
 	by := origin(r)
 	at, err := rs.ResetStats(by)
 	if err != nil {
-		writeJSON(w, http.StatusServiceUnavailable, ResetResult{Status: "error", Reason: err.Error()})
+		writeError(w, http.StatusServiceUnavailable, err.Error())
 		return
 	}
 	s.log.Info("statistics reset over HTTP", "by", string(by), "remote", r.RemoteAddr)

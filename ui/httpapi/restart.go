@@ -37,7 +37,6 @@ func restartStatus(r engine.Restart) RestartStatus {
 // RestartResult is the POST /restart answer.
 type RestartResult struct {
 	Status string `json:"status"`
-	Reason string `json:"reason,omitempty"`
 }
 
 // restart asks the process to do what SIGUSR2 does: stop keeping the pool
@@ -45,11 +44,11 @@ type RestartResult struct {
 // restart begins; the new process is seen on /status (restart block).
 func (s *Server) restart(w http.ResponseWriter, r *http.Request) {
 	if s.opts.Restart == nil {
-		writeJSON(w, http.StatusNotImplemented, RestartResult{Status: "error", Reason: "this server cannot restart itself (not kvdock serve)"})
+		writeError(w, http.StatusNotImplemented, "this server cannot restart itself (not kvdock serve)")
 		return
 	}
 	if err := s.opts.Restart(); err != nil {
-		writeJSON(w, http.StatusConflict, RestartResult{Status: "error", Reason: err.Error()})
+		writeError(w, http.StatusConflict, err.Error())
 		return
 	}
 	s.log.Info("restart asked over HTTP", "by", string(origin(r)), "remote", r.RemoteAddr)

@@ -12,8 +12,10 @@
 //
 // Each path is also served under /api/. Mutating endpoints require
 // "Authorization: Bearer <token>" when a token is configured. Errors are JSON
-// {"status":"error","error":…}: 404 for an unknown path, 405 with Allow for a
-// wrong method, 413 for a body over the limit, 401 for a missing or wrong token.
+// {"status":"error","error":…} on every endpoint: 404 for an unknown path,
+// 405 with Allow for a wrong method, 413 for a body over the limit, 401 for a
+// missing token and, with another message, a wrong one; an endpoint's own
+// failures (an unknown instance, an engine that cannot) likewise.
 package httpapi
 
 import (
@@ -254,9 +256,9 @@ func (s *Server) dispatch(w http.ResponseWriter, r *http.Request) {
 		writeError(rw, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body of %d bytes exceeds the limit of %d bytes", r.ContentLength, s.opts.MaxBodyBytes))
 		return
 	}
-	if rt.mutating && !s.authorized(r) {
+	if why := s.unauthorized(r); rt.mutating && why != "" {
 		rw.Header().Set("WWW-Authenticate", `Bearer realm="kvdock"`)
-		writeError(rw, http.StatusUnauthorized, "this endpoint needs \"Authorization: Bearer <token>\" with the token set by --http-token or KVDOCK_HTTP_TOKEN")
+		writeError(rw, http.StatusUnauthorized, why)
 		return
 	}
 	// No endpoint reads a body, but a chunked one must still respect the
@@ -282,20 +284,36 @@ func (s *Server) dispatch(w http.ResponseWriter, r *http.Request) {
 	rt.serve(rw, r)
 }
 
-// authorized checks the bearer token in constant time (hashes first, so
-// the comparison does not leak the token's length either).
-func (s *Server) authorized(r *http.Request) bool {
+// Why a request is refused with 401: no token and a wrong one are
+// different mistakes (the client was not given the token, or an old one).
+const (
+	tokenHow       = "this endpoint needs \"Authorization: Bearer <token>\" with the token set by --http-token or KVDOCK_HTTP_TOKEN"
+	tokenMissing   = tokenHow + "; the request carries none"
+	tokenNotBearer = tokenHow + "; the request's Authorization header is not a bearer token"
+	tokenWrong     = "the bearer token does not match the one set by --http-token or KVDOCK_HTTP_TOKEN"
+)
+
+// unauthorized is why r may not change anything, "" when it may. The
+// token is compared in constant time (hashes first, so the comparison does
+// not leak the token's length either).
+func (s *Server) unauthorized(r *http.Request) string {
 	if s.opts.Token == "" {
-		return true
+		return ""
 	}
-	auth := r.Header.Get("Authorization")
+	auth := strings.TrimSpace(r.Header.Get("Authorization"))
+	if auth == "" {
+		return tokenMissing
+	}
 	scheme, tok, ok := strings.Cut(auth, " ")
 	if !ok || !strings.EqualFold(scheme, "Bearer") {
-		return false
+		return tokenNotBearer
 	}
 	got := sha256.Sum256([]byte(strings.TrimSpace(tok)))
 	want := sha256.Sum256([]byte(s.opts.Token))
-	return subtle.ConstantTimeCompare(got[:], want[:]) == 1
+	if subtle.ConstantTimeCompare(got[:], want[:]) != 1 {
+		return tokenWrong
+	}
+	return ""
 }
 
 type statusWriter struct {
@@ -353,7 +371,6 @@ func (s *Server) conf(w http.ResponseWriter, r *http.Request) {
 // alignment).
 type ClearResult struct {
 	Status  string `json:"status"`
-	Reason  string `json:"reason,omitempty"`
 	Objects int    `json:"objects_cleared"`
 	Bytes   int64  `json:"bytes_cleared"`
 }
@@ -370,7 +387,7 @@ func (s *Server) clearCache(w http.ResponseWriter, r *http.Request) {
 	by := origin(r)
 	c, err := s.eng.ClearCache(by)
 	if err != nil {
-		writeJSON(w, http.StatusServiceUnavailable, ClearResult{Status: "error", Reason: err.Error()})
+		writeError(w, http.StatusServiceUnavailable, err.Error())
 		return
 	}
 	s.log.Info("cache cleared over HTTP", "by", string(by), "objects", c.Objects, "bytes", c.Bytes, "remote", r.RemoteAddr)
@@ -380,7 +397,6 @@ func (s *Server) clearCache(w http.ResponseWriter, r *http.Request) {
 // UnregisterResult is the /unregister answer.
 type UnregisterResult struct {
 	Status     string `json:"status"`
-	Reason     string `json:"reason,omitempty"`
 	InstanceID int64  `json:"instance_id"`
 }
 
@@ -407,10 +423,10 @@ func (s *Server) unregister(w http.ResponseWriter, r *http.Request) {
 	err = s.eng.RemoveInstance(id, by)
 	switch {
 	case errors.Is(err, engine.ErrUnknownInstance):
-		writeJSON(w, http.StatusNotFound, UnregisterResult{Status: "error", Reason: err.Error(), InstanceID: id})
+		writeError(w, http.StatusNotFound, err.Error())
 		return
 	case err != nil:
-		writeJSON(w, http.StatusServiceUnavailable, UnregisterResult{Status: "error", Reason: err.Error(), InstanceID: id})
+		writeError(w, http.StatusServiceUnavailable, err.Error())
 		return
 	}
 	s.log.Info("instance removed over HTTP", "by", string(by), "instance_id", id, "remote", r.RemoteAddr)
