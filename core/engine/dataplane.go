@@ -244,7 +244,16 @@ func (e *Engine) buildDataPlane(cfg settings.Config) (*dataPlane, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	p.cancel = cancel
 	p.done = make(chan struct{})
-	loops := []func(context.Context){pool.Run, p.sessions.Run, p.lookup.Run, p.transfer.Run, p.transfer.RunReaper}
+	loops := []func(context.Context){
+		every(l1.MaintainEvery, pool.Maintain),
+		every(keys.SessionSweepPeriod, func() { p.sessions.Sweep() }),
+		func(ctx context.Context) {
+			every(lookup.JobSweepPeriod, func() { p.lookup.Sweep() })(ctx)
+			p.lookup.Stop() // nothing touches the pool once the loops end
+		},
+		every(nongpu.SweepEvery, p.transfer.Sweep),
+		p.transfer.RunReaper,
+	}
 	finished := make(chan struct{}, len(loops))
 	for _, run := range loops {
 		go func() {

@@ -198,7 +198,7 @@ func (e *Engine) Start(ctx context.Context) error {
 	if e.opts.GPU != nil {
 		go e.opts.GPU.Run(bgCtx, e.cfg.UI.Refresh)
 	}
-	go e.runRates(bgCtx)
+	go every(SampleEvery, e.sampleRates)(bgCtx)
 	e.warnMemory(e.cfg)
 	if err := e.startLocked(e.cfg); err != nil {
 		cancel()

@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"context"
 	"math"
 	"sync"
 	"time"
@@ -380,20 +379,6 @@ func (r *rates) window() Rates {
 
 // SampleEvery is how often the engine samples its rates.
 const SampleEvery = series.FineStep
-
-// runRates samples the engine's counters every SampleEvery until ctx ends.
-func (e *Engine) runRates(ctx context.Context) {
-	t := time.NewTicker(SampleEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			e.sampleRates()
-		}
-	}
-}
 
 // sampleRates reads the running plane's counters into the histories; a
 // stopped engine (between planes) records zero rates.

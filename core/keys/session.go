@@ -3,7 +3,6 @@ package keys
 import (
 	"bytes"
 	"container/list"
-	"context"
 	"fmt"
 	"strings"
 	"sync"
@@ -77,7 +76,7 @@ type KeyRequest struct {
 // PREPARE_STORE/PREPARE_RETRIEVE of the same prompt hash it once.
 //
 // A session lives TTL from its creation (600 s by default, as upstream); it
-// expires lazily on any access and in the periodic sweep of Run. Memory is
+// expires lazily on any access and in the periodic Sweep. Memory is
 // bounded (SetLimits): a request carries at most MaxRequestTokens tokens and a
 // request id of at most MaxRequestIDLen bytes, and the table holds at most
 // MaxSessions sessions and MaxBytes bytes in total; past either limit the
@@ -293,20 +292,6 @@ func (s *Sessions) Sweep() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.expireLocked(now)
-}
-
-// Run sweeps expired sessions every SessionSweepPeriod until ctx is done.
-func (s *Sessions) Run(ctx context.Context) {
-	t := time.NewTicker(SessionSweepPeriod)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			s.Sweep()
-		}
-	}
 }
 
 // Stats returns a snapshot of the counters.

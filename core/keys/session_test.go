@@ -1,7 +1,6 @@
 package keys
 
 import (
-	"context"
 	"fmt"
 	"strings"
 	"sync"
@@ -154,19 +153,6 @@ func TestSessionTTL(t *testing.T) {
 	}
 	if s.Stats().ChunksHashed != before+2 {
 		t.Fatal("expired session's cache was reused")
-	}
-}
-
-func TestSessionRunStopsWithContext(t *testing.T) {
-	s := newSessions(t, 4, fakeclock.New())
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { s.Run(ctx); close(done) }()
-	cancel()
-	select {
-	case <-done:
-	case <-time.After(5 * time.Second):
-		t.Fatal("Run did not return after cancel")
 	}
 }
 

@@ -125,7 +125,7 @@ func TestKeepAdoptRestoresReadableObjectsAndHolds(t *testing.T) {
 	// After the TTL the held bytes are free again.
 	q.AbortWrite(got)
 	c.Advance(2 * time.Minute)
-	q.maintain()
+	q.Maintain()
 	if s := q.Stats(); s.Doomed != 0 || s.LockedBytes != 0 {
 		t.Fatalf("held records outlived their TTL: %+v", s)
 	}

@@ -159,7 +159,7 @@ func BenchmarkPoolChurnFragmentation(b *testing.B) {
 				p.Delete([]keys.ObjectKey{h})
 			}
 			if step%100 == 99 {
-				p.maintain()
+				p.Maintain()
 				if step > steps/2 {
 					p.mu.Lock()
 					if free := p.alloc.Free(); free > 0 {

@@ -323,7 +323,7 @@ func TestRandomAgainstModel(t *testing.T) {
 			case 10: // eviction loop
 				trace = append(trace, "L")
 				m.evictionsAllowed = true
-				p.maintain()
+				p.Maintain()
 			case 12: // HoldRead: a worker takes one of the anonymous locks
 				trace = append(trace, "h")
 				k := ks[0]

@@ -60,7 +60,7 @@ func TestObserverHearsEachEvent(t *testing.T) {
 		wantEvents(t, r, "stored 0 4096", "stored 1 4096", "stored 2 4096", "stored 3 4096")
 		store(t, p, keyRange(4, 6), 4096) // evicts 0 and 1, LRU first
 		wantEvents(t, r, "evicted 0 4096", "evicted 1 4096", "stored 4 4096", "stored 5 4096")
-		p.maintain() // the loop evicts and ticks too
+		p.Maintain() // the loop evicts and ticks too
 		wantEvents(t, r, "tick 0.8 0.2", "evicted 2 4096")
 	})
 	t.Run("expired", func(t *testing.T) {
@@ -73,7 +73,7 @@ func TestObserverHearsEachEvent(t *testing.T) {
 		p.ExpireWrite(res[:1]) // given up by the transfer: expired at once
 		wantEvents(t, r, "expired 0 4096")
 		advance(11 * time.Second)
-		p.maintain()
+		p.Maintain()
 		wantEvents(t, r, "expired 1 4096", "tick 0.8 0.2")
 	})
 	t.Run("aborted", func(t *testing.T) {
@@ -133,7 +133,7 @@ func TestObserverHearsEachEvent(t *testing.T) {
 	})
 	t.Run("noop policy ticks nothing", func(t *testing.T) {
 		p, r, _ := observed(t, 4, func(o *Options) { o.Policy = PolicyNoop })
-		p.maintain()
+		p.Maintain()
 		wantEvents(t, r)
 	})
 }
@@ -278,7 +278,7 @@ func TestExpireWriteKeepsBytes(t *testing.T) {
 		t.Fatalf("repeated expire: %+v", s)
 	}
 	clk.Advance(DefaultWriteTTL + time.Second)
-	p.maintain()
+	p.Maintain()
 	if s := p.Stats(); s.UsedBytes != 0 || s.Doomed != 0 || s.LiveBytes != 0 {
 		t.Fatalf("bytes of the expired reservation after its TTL: %+v", s)
 	}

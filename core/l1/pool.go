@@ -54,7 +54,8 @@ const (
 	DefaultReadTTL   = 300 * time.Second
 	DefaultWatermark = 0.8
 	DefaultRatio     = 0.2
-	DefaultTick      = time.Second
+	// MaintainEvery is how often the owner runs Maintain.
+	MaintainEvery = time.Second
 	// DefaultOwnerLockShare is the share of the pool one owner (a worker
 	// instance, or all lookups) may hold locked at once.
 	DefaultOwnerLockShare = 0.5
@@ -164,8 +165,6 @@ type Options struct {
 	// Now is the clock for lock TTLs; nil = time.Now.
 	Now    func() time.Time
 	Logger *slog.Logger
-	// Tick is the eviction loop period; 0 = 1 s.
-	Tick time.Duration
 	// Statfs returns the free bytes of a directory; nil = statfs(2).
 	Statfs func(dir string) (int64, error)
 	// ReadCapRefused, when set, is told (at most once a second, with the
@@ -259,10 +258,9 @@ func (s Stats) UsableRatio() float64 {
 
 // Pool is the L1 memory pool.
 type Pool struct {
-	seg  *segment.Segment
-	now  func() time.Time
-	log  *slog.Logger
-	tick time.Duration
+	seg *segment.Segment
+	now func() time.Time
+	log *slog.Logger
 
 	mu        sync.Mutex
 	closed    bool
@@ -341,9 +339,6 @@ func Open(opts Options) (*Pool, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	if opts.Tick <= 0 {
-		opts.Tick = DefaultTick
-	}
 	if opts.OwnerLockShare == 0 {
 		opts.OwnerLockShare = DefaultOwnerLockShare
 	}
@@ -356,7 +351,7 @@ func Open(opts Options) (*Pool, error) {
 	if opts.ObserveMax <= 0 {
 		opts.ObserveMax = DefaultObserveMax
 	}
-	p := &Pool{now: opts.Now, log: opts.Logger, tick: opts.Tick, closeWait: opts.CloseWait, owners: make(map[Owner]uint32),
+	p := &Pool{now: opts.Now, log: opts.Logger, closeWait: opts.CloseWait, owners: make(map[Owner]uint32),
 		readCapRefused: opts.ReadCapRefused, obs: opts.Observer, observeMax: opts.ObserveMax}
 	if err := p.setEviction(opts.Policy, opts.Watermark, opts.Ratio); err != nil {
 		return nil, err
@@ -470,24 +465,10 @@ func (p *Pool) View(off, n int64) ([]byte, func()) {
 	}
 }
 
-// Run sweeps expired locks and evicts on the watermark every tick (1 s)
-// until ctx is done.
-func (p *Pool) Run(ctx context.Context) {
-	t := time.NewTicker(p.tick)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			p.maintain()
-		}
-	}
-}
-
-// maintain is one loop iteration: expire locks, then, at or above the
+// Maintain is one pass of the pool's upkeep, which its owner runs every
+// MaintainEvery: expire locks, then, at or above the
 // watermark, evict Ratio of the objects (at least one) in policy order.
-func (p *Pool) maintain() {
+func (p *Pool) Maintain() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	now := p.now().UnixNano()

@@ -1,7 +1,6 @@
 package l1
 
 import (
-	"context"
 	"encoding/binary"
 	"errors"
 	"strings"
@@ -214,12 +213,12 @@ func TestWriteTTLExpiry(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.Advance(9 * time.Second)
-	p.maintain()
+	p.Maintain()
 	if s := p.Stats(); s.WriteLocked != 2 {
 		t.Fatalf("write lock expired early: %+v", s)
 	}
 	c.Advance(time.Second)
-	p.maintain()
+	p.Maintain()
 	if s := p.Stats(); s.WriteLocked != 0 || s.Objects != 0 || s.UsedBytes != 0 || s.ExpiredWriteLocks != 2 {
 		t.Fatalf("after the write TTL: %+v", s)
 	}
@@ -245,7 +244,7 @@ func TestWriteTTLExpiry(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.Advance(30 * time.Minute)
-	p.maintain()
+	p.Maintain()
 	if s := p.Stats(); s.WriteLocked != 1 {
 		t.Fatalf("new write TTL not applied: %+v", s)
 	}
@@ -271,7 +270,7 @@ func TestReadTTLExpiry(t *testing.T) {
 		t.Fatal("renewed read lock expired")
 	}
 	c.Advance(5 * time.Second)
-	p.maintain()
+	p.Maintain()
 	if s := p.Stats(); s.ReadLocked != 0 || s.Objects != 2 || s.ExpiredReadLocks != 2 {
 		t.Fatalf("after the read TTL: %+v", s)
 	}
@@ -425,24 +424,24 @@ func TestOnDemandEvictionLRU(t *testing.T) {
 func TestEvictionLoop(t *testing.T) {
 	p, _ := newPool(t, 10, nil)
 	store(t, p, keyRange(0, 7), 4096)
-	p.maintain() // 70% < 80%
+	p.Maintain() // 70% < 80%
 	if s := p.Stats(); s.Evictions != 0 || s.EvictionTicks != 1 {
 		t.Fatalf("evicted below the watermark: %+v", s)
 	}
 	store(t, p, keyRange(7, 10), 4096)
 	p.ReserveReadPrefix(keyRange(0, 1), 1) // locked and MRU; key 1 is now LRU
-	p.maintain()                           // 100%: evict 20% of 10 = 2
+	p.Maintain()                           // 100%: evict 20% of 10 = 2
 	if s := p.Stats(); s.Evictions != 2 || s.Objects != 8 {
 		t.Fatalf("first eviction round: %+v", s)
 	}
 	if present(p, key(1)) || present(p, key(2)) || !present(p, key(0)) || !present(p, key(3)) {
 		t.Fatal("eviction did not follow LRU order")
 	}
-	p.maintain() // 80% ≥ 80%: int(0.2*8) = 1
+	p.Maintain() // 80% ≥ 80%: int(0.2*8) = 1
 	if s := p.Stats(); s.Evictions != 3 {
 		t.Fatalf("second round: %+v", s)
 	}
-	p.maintain() // 70%: nothing
+	p.Maintain() // 70%: nothing
 	if s := p.Stats(); s.Evictions != 3 || s.EvictionTicks != 4 {
 		t.Fatalf("third round: %+v", s)
 	}
@@ -450,7 +449,7 @@ func TestEvictionLoop(t *testing.T) {
 	if err := p.SetEviction("lru", 0.1, 0.01); err != nil {
 		t.Fatal(err)
 	}
-	p.maintain()
+	p.Maintain()
 	if s := p.Stats(); s.Evictions != 4 || s.Policy != PolicyLRU || s.Watermark != 0.1 {
 		t.Fatalf("ratio floor: %+v", s)
 	}
@@ -459,7 +458,7 @@ func TestEvictionLoop(t *testing.T) {
 	p.Clear()
 	store(t, p, keyRange(0, 10), 4096)
 	p.ReserveReadPrefix(keyRange(0, 10), 1)
-	p.maintain()
+	p.Maintain()
 	if s := p.Stats(); s.Objects != 10 {
 		t.Fatalf("loop evicted locked objects: %+v", s)
 	}
@@ -468,28 +467,6 @@ func TestEvictionLoop(t *testing.T) {
 	}
 	if err := p.SetTTLs(0, time.Second); err == nil {
 		t.Fatal("zero write TTL accepted")
-	}
-}
-
-func TestRunTicksUntilCancelled(t *testing.T) {
-	p, c := newPool(t, 10, func(o *Options) { o.Tick = 2 * time.Millisecond; o.WriteTTL = time.Second })
-	p.ReserveWrite(InstanceOwner(1), keyRange(0, 2), 4096)
-	c.Advance(2 * time.Second)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { p.Run(ctx); close(done) }()
-	deadline := time.Now().Add(10 * time.Second)
-	for p.Stats().EvictionTicks < 3 || p.Stats().WriteLocked != 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("loop did not tick and sweep: %+v", p.Stats())
-		}
-		time.Sleep(time.Millisecond)
-	}
-	cancel()
-	select {
-	case <-done:
-	case <-time.After(5 * time.Second):
-		t.Fatal("Run did not return after cancel")
 	}
 }
 
@@ -537,7 +514,7 @@ func TestConcurrentUse(t *testing.T) {
 				n := p.ReserveReadPrefix(ks, 1)
 				p.FinishRead(ks[:n], 1)
 				if i%50 == 0 {
-					p.maintain()
+					p.Maintain()
 					p.Stats()
 				}
 			}

@@ -176,7 +176,7 @@ func TestPrefixTreeAgainstRecount(t *testing.T) {
 					}
 				}
 			case op < 16:
-				p.maintain()
+				p.Maintain()
 			case op == 16:
 				if r.IntN(3) == 0 {
 					p.Clear()

@@ -352,7 +352,7 @@ func TestConcurrentClearNeverServesWrongBytes(t *testing.T) {
 				return
 			default:
 				p.Clear()
-				p.maintain()
+				p.Maintain()
 			}
 		}
 	}()

@@ -165,7 +165,7 @@ func replayPolicy(tb testing.TB, trace []traceReq, models []traceModel, poolByte
 		if i%tickEvery == 0 {
 			before := p.st.Evictions
 			start := time.Now()
-			p.maintain() // the watermark loop's tick
+			p.Maintain() // the watermark loop's tick
 			if i >= len(trace)/2 {
 				out.evictTime += time.Since(start)
 				out.evicted += p.st.Evictions - before

@@ -153,7 +153,7 @@ type Module struct {
 	misses   *misses.Tally
 	whatif   *whatif.Estimator
 
-	// bg ends the tier phases (Run's ctx done); wg counts them.
+	// bg ends the tier phases (Stop); wg counts them.
 	bg      context.Context
 	stopBg  context.CancelFunc
 	wg      sync.WaitGroup
@@ -605,23 +605,6 @@ func (m *Module) Sweep() int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.expireLocked(now)
-}
-
-// Run sweeps stale jobs every JobSweepPeriod until ctx is done, then ends
-// the tier phases and waits for them, so nothing touches the pool after it
-// returns. (The session table has its own Run; the owner of both starts both.)
-func (m *Module) Run(ctx context.Context) {
-	t := time.NewTicker(JobSweepPeriod)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			m.Stop()
-			return
-		case <-t.C:
-			m.Sweep()
-		}
-	}
 }
 
 // Stop ends the tier phases running (their jobs report what was loaded so

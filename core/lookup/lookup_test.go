@@ -1,7 +1,6 @@
 package lookup
 
 import (
-	"context"
 	"fmt"
 	"strings"
 	"sync"
@@ -397,19 +396,6 @@ func TestJobBounds(t *testing.T) {
 	}
 	if st := f.m.Stats(); st.ExpiredJobs != 3 || st.EvictedJobs != 1 || st.ActiveJobs != 0 || st.JobBytes != 0 {
 		t.Fatalf("stats %+v", st)
-	}
-}
-
-func TestRunStops(t *testing.T) {
-	f := newFixture(t, Options{})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { f.m.Run(ctx); close(done) }()
-	cancel()
-	select {
-	case <-done:
-	case <-time.After(5 * time.Second):
-		t.Fatal("Run did not return")
 	}
 }
 

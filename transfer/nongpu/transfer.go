@@ -1,7 +1,6 @@
 package nongpu
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -871,8 +870,8 @@ func (m *Module) maybeSweep() {
 }
 
 // Sweep expires the pending writes and reads older than half their TTL. The
-// handlers call it at most once a second; Run calls it on a ticker so that
-// idle workers' entries go too.
+// handlers call it at most once a second; the owner runs it every
+// SweepEvery so that idle workers' entries go too.
 func (m *Module) Sweep() {
 	now := m.now()
 	m.mu.Lock()
@@ -901,19 +900,8 @@ func (m *Module) Sweep() {
 	}
 }
 
-// Run sweeps expired pending entries every second until ctx is done.
-func (m *Module) Run(ctx context.Context) {
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			m.Sweep()
-		}
-	}
-}
+// SweepEvery is how often the owner runs Sweep.
+const SweepEvery = time.Second
 
 // rateLimited runs report at most once a second per kind.
 func (m *Module) rateLimited(kind string, report func()) {
