@@ -91,6 +91,9 @@ type table struct {
 	nameWS   []wsSet // world sizes each name holds objects for (see readable.go)
 
 	writeLocked, readLocked int
+	// lookupBytes is what lookups hold read-locked, all requests together
+	// (capped at lookupLockShare of the pool).
+	lookupBytes int64
 	doomed                  int
 	detached                int // records out of the index (see detach)
 	doomedBytes             int64
@@ -252,6 +255,9 @@ func (p *Pool) charge(o Owner, bytes int64) uint32 {
 	}
 	p.ownerSlots[s].bytes += bytes
 	p.lockedBytes += bytes
+	if o.Kind == OwnerLookup {
+		p.t.lookupBytes += bytes
+	}
 	return s
 }
 
@@ -260,6 +266,9 @@ func (p *Pool) charge(o Owner, bytes int64) uint32 {
 func (p *Pool) uncharge(s uint32, bytes int64) {
 	p.lockedBytes -= bytes
 	sl := &p.ownerSlots[s]
+	if sl.owner.Kind == OwnerLookup {
+		p.t.lookupBytes -= bytes
+	}
 	if sl.bytes -= bytes; sl.bytes <= 0 {
 		delete(p.owners, sl.owner)
 		*sl = ownerCharge{}
@@ -275,10 +284,23 @@ func (p *Pool) ownerBytes(o Owner) int64 {
 	return 0
 }
 
+// lookupLockShare caps what lookups hold read-locked, all requests
+// together: a scheduler may look several prompts up ahead (each request is
+// an owner of its own, under the owner cap), while a peer that looks
+// everything up under many request ids leaves a quarter of the pool that
+// lookups cannot pin.
+const lookupLockShare = 0.75
+
+// lookupCap is the bytes lookups together may hold read-locked.
+func (p *Pool) lookupCap() int64 {
+	return min(p.totalCap, int64(lookupLockShare*float64(p.alloc.Size())))
+}
+
 // capRefusal reports whether o may not lock bytes more, and why; locks past
 // their TTL are expired before a refusal is decided.
 func (p *Pool) capRefusal(o Owner, bytes int64, now int64) error {
-	if p.ownerBytes(o)+bytes <= p.ownerCap && p.lockedBytes+bytes <= p.totalCap {
+	lookupOK := o.Kind != OwnerLookup || p.t.lookupBytes+bytes <= p.lookupCap()
+	if p.ownerBytes(o)+bytes <= p.ownerCap && p.lockedBytes+bytes <= p.totalCap && lookupOK {
 		return nil
 	}
 	p.sweep(now)
@@ -290,6 +312,9 @@ func (p *Pool) capRefusal(o Owner, bytes int64, now int64) error {
 	case p.lockedBytes+bytes > p.totalCap:
 		err = fmt.Errorf("%w: %d bytes are locked, %d more for %s would pass the total cap of %d bytes (%.0f%% of the pool)",
 			ErrLockCap, p.lockedBytes, bytes, o, p.totalCap, 100*float64(p.totalCap)/float64(p.alloc.Size()))
+	case o.Kind == OwnerLookup && p.t.lookupBytes+bytes > p.lookupCap():
+		err = fmt.Errorf("%w: lookups hold %d bytes read-locked, %d more for %s would pass their cap of %d bytes (%.0f%% of the pool)",
+			ErrLockCap, p.t.lookupBytes, bytes, o, p.lookupCap(), 100*float64(p.lookupCap())/float64(p.alloc.Size()))
 	default:
 		return nil
 	}

@@ -420,6 +420,10 @@ loop:
 
 // --- 8: lock pinning ---
 
+// pinWriteTTL is the write TTL (seconds) of the servers the lock-pinning
+// attack runs on: the reservations it abandons hold their bytes that long.
+const pinWriteTTL = 4
+
 func attackLockPinning(t *testing.T, srv *harness.Server, base int64) {
 	ctx := context.Background()
 	v := newWorker(t, srv.Dial(t, srv.Protocol), base+3, "pin-victim", false)
@@ -457,7 +461,12 @@ func attackLockPinning(t *testing.T, srv *harness.Server, base int64) {
 	t.Logf("lock pinning: one peer holds %d write reservations; pool %d write-locked, %d of %d bytes used", granted, st.WriteLocked, st.UsedBytes, st.CapacityBytes)
 	alive(t, srv, time.Second, "whole-pool PREPARE_STOREs")
 	victim(int(base)+3, "write-locked the free pool")
+	// Its unregister abandons the reservations: a worker's slots come back
+	// at their write TTL, never under a copy that may still run.
 	_, _ = w.c.Call(ctx, protocol.UnregisterKVCache, w.id)
+	poll.Until(t, 4*pinWriteTTL*time.Second, "the abandoned reservations' write TTL", func() bool {
+		return status(t, srv).Pool.WriteLocked == 0
+	})
 
 	// Read pinning: the attacker fills the pool and looks everything up
 	// with tp_size 2^31, never ending its sessions.
@@ -1077,7 +1086,9 @@ func TestHostileCPUBombPickle(t *testing.T) { attackCPUBomb(t, startAttacked(t),
 
 func TestHostileQuadraticReserve(t *testing.T) { attackQuadraticReserve(t, startAttacked(t), 6000) }
 
-func TestHostileLockPinning(t *testing.T) { attackLockPinning(t, startAttacked(t), 7000) }
+func TestHostileLockPinning(t *testing.T) {
+	attackLockPinning(t, startAttacked(t, "--l1-write-ttl-seconds", fmt.Sprint(pinWriteTTL)), 7000)
+}
 
 func TestHostileMemoryBombPickle(t *testing.T) { attackMemoryBomb(t, startAttacked(t), 8000) }
 
@@ -1105,7 +1116,7 @@ func TestHostileLayoutOverflow(t *testing.T) { attackLayoutOverflow(t, startAtta
 // start.
 func TestHostilePeersCombined(t *testing.T) {
 	logPath := filepath.Join(t.TempDir(), "kvdock.log")
-	srv := startAttacked(t, "--log-file", logPath)
+	srv := startAttacked(t, "--log-file", logPath, "--l1-write-ttl-seconds", fmt.Sprint(pinWriteTTL))
 	ctx := context.Background()
 	good := []*gworker{
 		newWorker(t, srv.Dial(t, srv.Protocol), 90001, "good", false),
