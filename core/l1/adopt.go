@@ -185,13 +185,19 @@ func (p *Pool) adoptObject(o KeptObject, ad *Adopted) {
 	case o.Readers > 0 || o.Holds > 0:
 		r.readers, r.holds = o.Readers, o.Holds
 		p.t.readLocked++
-	default:
-		return
 	}
-	// The holders are gone with the previous process: their locks are the
-	// abandoned owner's until their deadlines.
-	r.lock = p.newLock()
-	r.deadline = o.Deadline
-	r.owner = p.charge(AbandonedOwner(), unit)
-	p.t.locked[i] = struct{}{}
+	if o.Write || o.Readers > 0 || o.Holds > 0 {
+		// The holders are gone with the previous process: their locks are
+		// the abandoned owner's until their deadlines.
+		r.lock = p.newLock()
+		r.deadline = o.Deadline
+		r.owner = p.charge(AbandonedOwner(), unit)
+		p.t.locked[i] = struct{}{}
+	}
+	if !o.Held {
+		// The prompt links are not recorded: under the prefix policy an
+		// adopted object is a leaf of its own, evictable in its LRU turn.
+		p.joinRing(i)
+		p.t.reheap(i)
+	}
 }

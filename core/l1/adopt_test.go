@@ -179,3 +179,33 @@ func TestAdoptRefusesWhatIsNotTheKeptPool(t *testing.T) {
 	}
 	q.Close()
 }
+
+// Under the prefix policy adopted objects are evictable: a full adopted
+// pool still takes new stores.
+func TestAdoptedObjectsEvictableUnderPrefix(t *testing.T) {
+	dir := testShmDir(t)
+	c := fakeclock.New()
+	opts := sharedPool(t, dir, 16, c)
+	opts.Policy = PolicyPrefix
+	p, err := Open(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store(t, p, keyRange(0, 16), 4096)
+	var k Kept
+	if err := p.Keep(func(x Kept) error { k = x; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	q, ad, err := Adopt(opts, k)
+	if err != nil || ad.Objects != 16 {
+		t.Fatalf("adopt: %+v %v", ad, err)
+	}
+	defer q.Close()
+	res, err := q.ReserveWrite(InstanceOwner(1), keyRange(100, 104), 4096)
+	if err != nil || len(res) != 4 {
+		t.Fatalf("a full adopted pool refused new stores: %v", err)
+	}
+	if present(q, key(15)) == false || present(q, key(0)) {
+		t.Fatal("eviction did not take the least recently used adopted objects first")
+	}
+}
