@@ -66,7 +66,7 @@ const usage = `kvdock: a local KV-cache appliance for LMCache MP workers (non-CU
 Usage:
   kvdock [flags]              run the appliance (dashboard on a terminal, else headless)
   kvdock serve [flags]        the same, explicitly
-  kvdock ctl COMMAND [flags]  talk to a running kvdock (ping, noop, chunk-size, clear, end-session, unregister, status)
+  kvdock ctl COMMAND [flags]  talk to a running kvdock (ping, noop, chunk-size, clear, end-session, unregister, reset-stats, restart, status)
   kvdock bench [flags]        measure store/retrieve throughput and round trips against memcpy and a raw ZMQ echo
   kvdock config COMMAND       init | show [--sources] | check PATH
   kvdock version              print the version, the commit it was built from and its date
