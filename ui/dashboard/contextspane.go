@@ -78,7 +78,7 @@ func (p *contextsPane) HelpNotes(w int) string {
 		cols = append(cols, string(c.key)+" "+c.sortName)
 	}
 	return wrapWords("sort: shift+letter picks a column, again reverses it: "+strings.Join(cols, " · "), w) +
-		"\n" + wrapWords("filter: text matches id or model; col:value matches one column (model:llama, mode:pickle, layout:bfloat16)", w)
+		"\n" + wrapWords("filter: "+filterSyntax, w)
 }
 
 // snapshotChanged keeps the selection on a row that still exists.
@@ -111,7 +111,8 @@ func (p *contextsPane) Update(msg tea.Msg) tea.Cmd {
 			if i == p.sortCol {
 				p.sortDesc = !p.sortDesc
 			} else {
-				p.sortCol, p.sortDesc = i, false
+				// Figures start with the largest, as htop and k9s do.
+				p.sortCol, p.sortDesc = i, c.right
 			}
 		}
 	case key.Matches(kp, k.Sort):
@@ -151,7 +152,7 @@ func (p *contextsPane) nextSort() {
 	}
 	for i, c := range ctxColumns {
 		if c.title == next {
-			p.sortCol, p.sortDesc = i, false
+			p.sortCol, p.sortDesc = i, c.right
 		}
 	}
 }
@@ -172,9 +173,29 @@ func (p *contextsPane) onFilter(msg tea.Msg) {
 	}
 }
 
+// filterSyntax is what the contexts filter accepts.
+const filterSyntax = "text matches every column (digits: the id), col:value one column (mode:pickle, model:llama, layout:bf16)"
+
+// textColumns is what a plain filter f searches in c: the id and every
+// column shown as text, or the id alone when f is digits.
+func (p *contextsPane) textColumns(c workers.ContextInfo, f string) string {
+	id := strconv.FormatInt(c.InstanceID, 10)
+	if strings.Trim(f, "0123456789") == "" {
+		return id
+	}
+	parts := []string{id}
+	for _, col := range ctxColumns {
+		if !col.right {
+			parts = append(parts, col.value(p.pc, c))
+		}
+	}
+	return strings.Join(parts, "\x00")
+}
+
 // visible is the contexts after the filter, in the chosen order. The
-// filter matches the chosen column (col:value), else the ID and MODEL
-// columns: "4" must not match every row through its layout's dimensions.
+// filter matches the chosen column (col:value), else every column shown as
+// text (id, model, state, mode, layout); digits alone match the id only:
+// "4" must not match every row through its layout's dimensions.
 func (p *contextsPane) visible() []workers.ContextInfo {
 	fcol, f := filterColumn(p.filterStr)
 	f = strings.ToLower(f)
@@ -186,7 +207,7 @@ func (p *contextsPane) visible() []workers.ContextInfo {
 			case -2:
 				continue
 			case -1:
-				hay = strconv.FormatInt(c.InstanceID, 10) + "\x00" + c.Model
+				hay = p.textColumns(c, f)
 			default:
 				hay = ctxColumns[fcol].value(p.pc, c)
 			}
@@ -233,6 +254,13 @@ func (p *contextsPane) View() string {
 		info += " · filter: " + strconv.Quote(p.filterStr)
 	}
 	b.WriteString(info + "\n")
+	if p.mode == ctxFilter {
+		// The syntax while it is typed, not only behind ?.
+		for _, l := range strings.Split(wrapWords(filterSyntax, w-2), "\n") {
+			b.WriteString(st.Faint.Render("  "+l) + "\n")
+			h--
+		}
+	}
 
 	cols := tableColumns(w, p.sortCol)
 	var head []string

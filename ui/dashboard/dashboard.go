@@ -14,10 +14,11 @@
 //	lists        ↑↓/jk move, pgup/pgdn or ctrl+u/ctrl+d page, g/G top/bottom;
 //	             "… n more below" when the list goes on
 //	2 Pool, 3 GPU  the same keys scroll the pane when it does not fit
-//	1 Contexts   shift+letter sorts by that column (again: reverse; the sort
-//	             column is always shown), s next shown column, / filter:
-//	             text matches id or model, col:value one column (enter keeps
-//	             it, esc clears it), enter details, esc close, x remove
+//	1 Contexts   shift+letter sorts by that column (figures start with the
+//	             largest; again: reverse; the sort column is always shown),
+//	             s next shown column, / filter: text matches every text
+//	             column (digits the id), col:value one column, the syntax
+//	             shown while typing (enter keeps it, esc clears it), enter details, esc close, x remove
 //	             the selected worker (y confirms, n cancels); STATE shows
 //	             active, idle 5m, reaped or removed, SEEN the last request
 //	4 Events     ↑↓ scroll, l minimum level, / filter text, esc clear filters

@@ -112,11 +112,11 @@ func TestSortAndDetails(t *testing.T) {
 		t.Fatalf("reversed id order: %v", got)
 	}
 	press(t, m, "I")
-	// shift+S picks "stores" directly.
+	// shift+S picks "stores" directly, largest first (a figure).
 	press(t, m, "S")
 	s := screen(m)
-	mustContain(t, s, "sort: stores (ascending)")
-	if got := rowOrder(s); strings.Join(got, ",") != "9001,4243,4242" {
+	mustContain(t, s, "sort: stores (descending)")
+	if got := rowOrder(s); strings.Join(got, ",") != "4242,4243,9001" {
 		t.Fatalf("order by stores: %v", got)
 	}
 	press(t, m, "down", "enter")

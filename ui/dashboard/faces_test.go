@@ -1,6 +1,7 @@
 package dashboard
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -47,5 +48,29 @@ func TestWhatIfHeadlineWrapsBetweenWords(t *testing.T) {
 		if strings.HasSuffix(l, "~") {
 			t.Errorf("line cut: %q", l)
 		}
+	}
+}
+
+// TestPlainFilterMatchesEveryColumn: plain text matches every column shown
+// as text (mode, state, layout, model), digits the id only; while the
+// filter is typed its syntax is on screen.
+func TestPlainFilterMatchesEveryColumn(t *testing.T) {
+	for filter, rows := range map[string]string{"pickle": "9001", "idle": "9001", "SHM": "4242,4243", "4": "4242,4243", "x512": "9001"} {
+		m := newTestModel(t, newFakeEngine(t), 80, 24)
+		press(t, m, "/")
+		typeText(t, m, filter)
+		press(t, m, "enter")
+		if got := strings.Join(rowOrder(screen(m)), ","); got != rows {
+			t.Errorf("filter %q: rows %q, want %q", filter, got, rows)
+		}
+	}
+	for _, size := range [][2]int{{80, 24}, {160, 48}} {
+		m := newTestModel(t, newFakeEngine(t), size[0], size[1])
+		press(t, m, "/")
+		typeText(t, m, "pick")
+		mustContain(t, screen(m), "text matches every column", "col:value one column (mode:pickle")
+		golden(t, fmt.Sprintf("filter_typing_%dx%d", size[0], size[1]), goldenView(m))
+		press(t, m, "enter")
+		mustNotContain(t, screen(m), "text matches every column")
 	}
 }

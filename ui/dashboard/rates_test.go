@@ -83,12 +83,12 @@ func TestHeaderRatesDegradeToNumbers(t *testing.T) {
 func TestHitColumnSortsAndDegrades(t *testing.T) {
 	m := newTestModel(t, newFakeEngine(t), 160, 24)
 	press(t, m, "P")
-	if id := selectedID(t, m); id != "9001" {
-		t.Fatalf("ascending by hit ratio starts with %s, want 9001 (no lookups)", id)
+	if id := selectedID(t, m); id != "4243" {
+		t.Fatalf("descending by hit ratio (first) starts with %s, want 4243 (59%%)", id)
 	}
 	press(t, m, "P")
-	if id := selectedID(t, m); id != "4243" {
-		t.Fatalf("descending by hit ratio starts with %s, want 4243 (59%%)", id)
+	if id := selectedID(t, m); id != "9001" {
+		t.Fatalf("ascending by hit ratio starts with %s, want 9001 (no lookups)", id)
 	}
 	m = newTestModel(t, newFakeEngine(t), 60, 24)
 	press(t, m, "P")
