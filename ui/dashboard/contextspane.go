@@ -43,6 +43,9 @@ type contextsPane struct {
 	sortDesc  bool
 	filter    textPrompt
 	filterStr string
+	// hadWorkers: a worker was registered since the dashboard started, so
+	// an empty table means they left, not that none came yet.
+	hadWorkers bool
 }
 
 // removeMsg is the engine's answer to a remove.
@@ -83,6 +86,7 @@ func (p *contextsPane) HelpNotes(w int) string {
 
 // snapshotChanged keeps the selection on a row that still exists.
 func (p *contextsPane) snapshotChanged() {
+	p.hadWorkers = p.hadWorkers || len(p.pc.snap.Contexts) > 0
 	if n := len(p.visible()); p.cur.sel >= n {
 		p.cur.sel = max(0, n-1)
 	}
@@ -285,6 +289,8 @@ func (p *contextsPane) View() string {
 			for _, l := range strings.Split(wrapWords(text, w-2), "\n") {
 				b.WriteString("  " + st.Warn.Render(l) + "\n")
 			}
+		case len(pc.snap.Contexts) == 0 && p.hadWorkers:
+			b.WriteString(st.Faint.Render("  no worker is registered now: the workers left (4 Events says when)") + "\n")
 		case len(pc.snap.Contexts) == 0:
 			b.WriteString(st.Faint.Render("  no worker has registered yet") + "\n")
 		default:

@@ -74,3 +74,31 @@ func TestPlainFilterMatchesEveryColumn(t *testing.T) {
 		mustNotContain(t, screen(m), "text matches every column")
 	}
 }
+
+// TestHTTPPortDialogSaysOnlyTheAPIRestarts: applying http.port restarts
+// the HTTP API alone (the engine leaves http.* to its face), and the
+// question says so.
+func TestHTTPPortDialogSaysOnlyTheAPIRestarts(t *testing.T) {
+	m := newTestModel(t, newFakeEngine(t), 160, 48)
+	press(t, m, "5")
+	selectKey(t, m, "http.port")
+	press(t, m, "enter", "ctrl+u")
+	typeText(t, m, "8181")
+	press(t, m, "enter", "a")
+	s := screen(m)
+	mustContain(t, s, "the HTTP API restarts on its new address; the wire server, the cache and the contexts are untouched")
+	mustNotContain(t, s, "the wire server restarts")
+}
+
+// TestEmptyTableAfterWorkersLeft: once workers were registered, an empty
+// table says they left, not that none has registered yet.
+func TestEmptyTableAfterWorkersLeft(t *testing.T) {
+	f := newFakeEngine(t)
+	m := newTestModel(t, f, 80, 24)
+	next := f.Snapshot()
+	next.Contexts = nil
+	m.Update(snapMsg(next))
+	s := screen(m)
+	mustContain(t, s, "no worker is registered now: the workers left")
+	mustNotContain(t, s, "no worker has registered yet")
+}

@@ -433,6 +433,17 @@ func changeKeys(cs []settings.Change) string {
 	return strings.Join(keys, ", ")
 }
 
+// onlyHTTP reports that every restart-class change is the HTTP API's own
+// (http.*): applying them restarts only its listener.
+func onlyHTTP(changes []settings.Change) bool {
+	for _, c := range changes {
+		if c.Class == settings.Restart && !strings.HasPrefix(c.Key, "http.") {
+			return false
+		}
+	}
+	return true
+}
+
 func (p *settingsPane) confirmApplyView(w int) string {
 	st := p.pc.st
 	var b strings.Builder
@@ -446,7 +457,11 @@ func (p *settingsPane) confirmApplyView(w int) string {
 		n := registeredContexts(p.pc.snap.Contexts)
 		b.WriteString(st.Bad.Render("REBUILD") + fmt.Sprintf(": the cache will be cleared; %d registered worker(s) must re-register.\n", n))
 	case settings.Restart:
-		b.WriteString(st.Warn.Render("RESTART") + ": the wire server restarts; the cache and contexts are kept.\n")
+		what := "the wire server restarts; the cache and contexts are kept."
+		if onlyHTTP(p.changes) {
+			what = "the HTTP API restarts on its new address; the wire server, the cache and the contexts are untouched."
+		}
+		b.WriteString(st.Warn.Render("RESTART") + ": " + what + "\n")
 	case settings.NextStart:
 		b.WriteString(st.Warn.Render("NEXT START") + ": nothing restarts now; the change takes effect when kvdock starts again.\n")
 	default:
