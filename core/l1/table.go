@@ -94,13 +94,13 @@ type table struct {
 	// lookupBytes is what lookups hold read-locked, all requests together
 	// (capped at lookupLockShare of the pool).
 	lookupBytes int64
-	doomed                  int
-	detached                int // records out of the index (see detach)
-	doomedBytes             int64
-	bytes                   int64 // rounded sizes of every record
-	usableBytes             int64 // rounded sizes of the usable records (prefix.go)
-	clock                   uint64
-	heap                    []int32 // evictable leaves, a min-heap by stamp
+	doomed      int
+	detached    int // records out of the index (see detach)
+	doomedBytes int64
+	bytes       int64 // rounded sizes of every record
+	usableBytes int64 // rounded sizes of the usable records (prefix.go)
+	clock       uint64
+	heap        []int32 // evictable leaves, a min-heap by stamp
 }
 
 func (t *table) init() {
@@ -931,25 +931,15 @@ func (p *Pool) Held(ref ReadRef) bool {
 // ReleaseRead releases the holds of refs (the worker's read is done). A
 // ref whose read-lock era ended is stale and ignored: a late release never
 // takes a lock another reader holds.
-func (p *Pool) ReleaseRead(refs []ReadRef) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	now := p.now().UnixNano()
-	for _, ref := range refs {
-		i := p.heldBy(ref, now)
-		if i == nilRec {
-			p.st.StaleFinishes++
-			continue
-		}
-		p.t.recs[i].holds--
-		p.endIfUnlocked(i)
-	}
-}
+func (p *Pool) ReleaseRead(refs []ReadRef) { p.endHolds(refs, false) }
 
-// ReturnRead gives the holds of refs back as anonymous read locks, unused:
-// a worker that repeats PREPARE_RETRIEVE returns the locks of the first
-// one so that the second can hold them again. Stale refs are ignored.
-func (p *Pool) ReturnRead(refs []ReadRef) {
+// ReturnRead gives the holds of refs back as anonymous read locks, unused
+// (a test's look that must not take the lock). Stale refs are ignored.
+func (p *Pool) ReturnRead(refs []ReadRef) { p.endHolds(refs, true) }
+
+// endHolds ends the holds of refs that are still in force; unused turns
+// each back into a read lock, otherwise the lock ends with the hold.
+func (p *Pool) endHolds(refs []ReadRef, unused bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	now := p.now().UnixNano()
@@ -960,7 +950,11 @@ func (p *Pool) ReturnRead(refs []ReadRef) {
 			continue
 		}
 		p.t.recs[i].holds--
-		p.t.recs[i].readers++
+		if unused {
+			p.t.recs[i].readers++
+		} else {
+			p.endIfUnlocked(i)
+		}
 	}
 }
 
