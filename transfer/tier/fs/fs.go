@@ -472,9 +472,13 @@ func (t *Tier) setStateLocked(s tierstate.State, reason string) {
 	changed := s != t.state
 	if changed {
 		t.since = time.Now()
-		if s == tierstate.Up {
+		switch {
+		case s == tierstate.Up:
 			t.log.Info("fs tier up", "was", t.state)
-		} else {
+		case t.closed:
+			// A normal stop, not a fault.
+			t.log.Info("fs tier closed", "base_path", t.base)
+		default:
 			t.log.Warn("fs tier "+string(s), "reason", reason)
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	iofs "io/fs"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -885,5 +886,30 @@ func TestFreeOutsideIndexLock(t *testing.T) {
 	}
 	if n := int64(len(files(t, base)) - 1); n != tr.Stats().Objects {
 		t.Fatalf("%d chunk files on disk, index has %d", n, tr.Stats().Objects)
+	}
+}
+
+// TestCloseLogsNoWarning: closing the tier on a normal stop is not a fault:
+// one INFO line says it closed, nothing at WARN or above.
+func TestCloseLogsNoWarning(t *testing.T) {
+	var buf bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	tr, err := Open(FSConfig{BasePath: t.TempDir(), CapacityBytes: 1 << 20, RecoverOnStart: true}, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf.Reset()
+	if err := tr.Close(); err != nil {
+		t.Fatal(err)
+	}
+	out := buf.String()
+	if strings.Contains(out, "level=WARN") || strings.Contains(out, "level=ERROR") || strings.Contains(out, "tier down") {
+		t.Fatalf("close logged a fault:\n%s", out)
+	}
+	if !strings.Contains(out, "level=INFO msg=\"fs tier closed\"") {
+		t.Fatalf("close did not say it closed:\n%s", out)
+	}
+	if st := tr.Stats(); st.State != tierstate.Down || st.Reason != "closed" {
+		t.Fatalf("state after close: %s %q", st.State, st.Reason)
 	}
 }
