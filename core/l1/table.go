@@ -92,7 +92,7 @@ type table struct {
 
 	writeLocked, readLocked int
 	// lookupBytes is what lookups hold read-locked, all requests together
-	// (capped at lookupLockShare of the pool).
+	// (capped at lookupCap).
 	lookupBytes int64
 	doomed      int
 	detached    int // records out of the index (see detach)
@@ -284,16 +284,14 @@ func (p *Pool) ownerBytes(o Owner) int64 {
 	return 0
 }
 
-// lookupLockShare caps what lookups hold read-locked, all requests
-// together: a scheduler may look several prompts up ahead (each request is
-// an owner of its own, under the owner cap), while a peer that looks
-// everything up under many request ids leaves a quarter of the pool that
-// lookups cannot pin.
-const lookupLockShare = 0.75
-
-// lookupCap is the bytes lookups together may hold read-locked.
+// lookupCap is the bytes lookups may hold read-locked, all requests
+// together: midway between one owner's cap and the total cap (70 % of the
+// pool with the default shares). A scheduler may look several prompts up
+// ahead (each request is an owner of its own, under the owner cap), while a
+// peer that looks everything up under many request ids leaves the rest to
+// stores.
 func (p *Pool) lookupCap() int64 {
-	return min(p.totalCap, int64(lookupLockShare*float64(p.alloc.Size())))
+	return p.ownerCap + (p.totalCap-p.ownerCap)/2
 }
 
 // capRefusal reports whether o may not lock bytes more, and why; locks past
