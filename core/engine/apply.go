@@ -28,6 +28,8 @@ type ApplyResult struct {
 // faces' own keys (http.*) go to Options.OnApply first. A face or a restart
 // or rebuild that fails rolls back to the running config and returns the
 // failure; the engine (and the faces) keep serving the old config then.
+// Every apply that changes something records one event: the keys, their
+// class and how it ended.
 func (e *Engine) Apply(ctx context.Context, cfg settings.Config, sources map[string]settings.Source) (ApplyResult, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -38,7 +40,16 @@ func (e *Engine) Apply(ctx context.Context, cfg settings.Config, sources map[str
 	if len(changes) == 0 {
 		return res, nil
 	}
+	keys := make([]string, len(changes))
+	for i, c := range changes {
+		keys[i] = c.Key
+	}
+	// Errors say "restart (k1, k2)"; the event "(live): k1, k2", not
+	// "live: live (k1, k2)".
+	what := fmt.Sprintf("%s (%s)", res.Class, strings.Join(keys, ", "))
+	changed := fmt.Sprintf("(%s): %s", res.Class, strings.Join(keys, ", "))
 	if err := e.checkMemoryLocked(old, cfg, sources); err != nil {
+		e.events.add(EventError, slog.LevelError, fmt.Sprintf("apply %s refused: %v", changed, err))
 		return res, fmt.Errorf("apply: %w", err)
 	}
 	oldSources := e.sources
@@ -48,19 +59,15 @@ func (e *Engine) Apply(ctx context.Context, cfg settings.Config, sources map[str
 	if e.dataPlane == nil {
 		// Not running: the next Start uses the new config.
 		e.cfg = cfg
+		e.events.add(EventRestart, slog.LevelInfo, "applied "+changed+"; the engine is not running: they take effect when it starts")
 		return res, nil
 	}
-	keys := make([]string, len(changes))
-	for i, c := range changes {
-		keys[i] = c.Key
-	}
-	what := fmt.Sprintf("%s (%s)", res.Class, strings.Join(keys, ", "))
 
 	// The faces first: moving the HTTP API back is cheap, a rebuilt pool is not.
 	if err := e.applyFaces(ctx, old, cfg); err != nil {
 		res.RolledBack = true
 		e.sources = oldSources
-		e.events.add(EventError, slog.LevelError, fmt.Sprintf("apply failed, kept the running config: %v", err))
+		e.events.add(EventError, slog.LevelError, fmt.Sprintf("apply %s failed, kept the running config: %v", changed, err))
 		return res, fmt.Errorf("apply %s: %w (rolled back to the running config)", what, err)
 	}
 
@@ -68,13 +75,12 @@ func (e *Engine) Apply(ctx context.Context, cfg settings.Config, sources map[str
 	if class < settings.Restart {
 		e.applyLive(cfg)
 		e.cfg = cfg
-		// "applied (live): k1, k2", not "applied live: live (k1, k2)".
-		e.events.add(EventRestart, slog.LevelInfo, fmt.Sprintf("applied (%s): %s", res.Class, strings.Join(keys, ", "))+nextStartNote(changes))
+		e.events.add(EventRestart, slog.LevelInfo, "applied "+changed+nextStartNote(changes))
 		return res, nil
 	}
 
+	// The state says RESTARTING meanwhile; the event comes with the outcome.
 	e.setState(Restarting, nil)
-	e.events.add(EventRestart, slog.LevelInfo, "applying "+what)
 	stopCtx, cancel := context.WithTimeout(ctx, DrainTimeout)
 	defer cancel()
 	f := e.wireServer
@@ -85,8 +91,9 @@ func (e *Engine) Apply(ctx context.Context, cfg settings.Config, sources map[str
 	}
 
 	var err error
+	dropped := 0
 	if class == settings.Rebuild {
-		err = e.rebuildLocked(stopCtx, cfg)
+		dropped, err = e.rebuildLocked(stopCtx, cfg)
 	} else {
 		err = e.restartFrontLocked(cfg)
 	}
@@ -94,35 +101,43 @@ func (e *Engine) Apply(ctx context.Context, cfg settings.Config, sources map[str
 		e.applyLive(cfg)
 		e.cfg = cfg
 		e.setState(Serving, nil)
-		e.events.add(EventRestart, slog.LevelInfo, fmt.Sprintf("applied (%s): %s", res.Class, strings.Join(keys, ", "))+nextStartNote(changes))
+		msg, lv := "applied "+changed+nextStartNote(changes), slog.LevelInfo
+		if class == settings.Rebuild {
+			msg += "; pool rebuilt, cache cleared"
+			if dropped > 0 {
+				msg += fmt.Sprintf(", %d worker contexts dropped (workers must re-register)", dropped)
+				lv = slog.LevelWarn
+			}
+			msg += "; " + e.dataPlane.shmText()
+		}
+		e.events.add(EventRestart, lv, msg)
 		return res, nil
 	}
 
 	// Roll back to the running config: the engine, then the faces.
 	res.RolledBack = true
 	e.sources = oldSources
-	e.events.add(EventError, slog.LevelError, fmt.Sprintf("apply failed, rolling back: %v", err))
+	e.log.Warn("apply failed, rolling back", "change", what, "err", err)
 	var rbErr error
 	if e.dataPlane == nil {
-		rbErr = e.rebuildLocked(context.Background(), old)
+		_, rbErr = e.rebuildLocked(context.Background(), old)
 	} else {
 		rbErr = e.restartFrontLocked(old)
 	}
 	if rbErr != nil {
 		e.setState(Failed, rbErr)
-		e.events.add(EventError, slog.LevelError, "rollback failed: "+rbErr.Error())
 		rbErr = fmt.Errorf("rollback: %w", rbErr)
 	} else {
 		e.setState(Serving, nil)
 	}
 	if ferr := e.applyFaces(context.WithoutCancel(ctx), cfg, old); ferr != nil {
-		e.events.add(EventError, slog.LevelError, "rollback of the faces failed: "+ferr.Error())
 		rbErr = errors.Join(rbErr, fmt.Errorf("rollback of the faces: %w", ferr))
 	}
 	if rbErr != nil {
+		e.events.add(EventError, slog.LevelError, fmt.Sprintf("apply %s failed: %v; %v", changed, err, rbErr))
 		return res, errors.Join(fmt.Errorf("apply %s: %w", what, err), rbErr)
 	}
-	e.events.add(EventRestart, slog.LevelWarn, "rolled back to the running config")
+	e.events.add(EventError, slog.LevelError, fmt.Sprintf("apply %s failed, rolled back to the running config: %v", changed, err))
 	return res, fmt.Errorf("apply %s: %w (rolled back to the running config)", what, err)
 }
 
@@ -151,32 +166,29 @@ func (e *Engine) restartFrontLocked(cfg settings.Config) error {
 }
 
 // rebuildLocked replaces the data plane (pool, sessions, contexts) and the
-// wire server.
+// wire server; it returns how many worker contexts the old pool dropped.
 // The old pool is closed first: its segment is unlinked and its contexts are
 // dropped, so no worker is ever handed offsets into a segment it has not
 // attached. Requests of the old wire server still running when ctx ends hold
 // views of the old pool: the rebuild is then refused and the plane kept.
-func (e *Engine) rebuildLocked(ctx context.Context, cfg settings.Config) error {
+func (e *Engine) rebuildLocked(ctx context.Context, cfg settings.Config) (dropped int, err error) {
 	if p := e.dataPlane; p != nil {
 		if !waitIdle(ctx, p.gate.close()) {
 			n := p.gate.inFlight()
 			p.gate.reopen()
-			return fmt.Errorf("pool not rebuilt: %w: %d request(s) still running hold views of it", ErrDrainTimeout, n)
+			return 0, fmt.Errorf("pool not rebuilt: %w: %d request(s) still running hold views of it", ErrDrainTimeout, n)
 		}
-		n := p.transfer.Stats().Instances
+		dropped = p.transfer.Stats().Instances
 		e.dataPlane = nil
 		e.publish()
 		if err := p.release(); err != nil {
 			e.log.Warn("closing the old pool", "err", err)
 		}
 		e.st.Lock()
-		e.rebuilt = Rebuilt{At: e.opts.Now(), DroppedContexts: n}
+		e.rebuilt = Rebuilt{At: e.opts.Now(), DroppedContexts: dropped}
 		e.st.Unlock()
-		if n > 0 {
-			e.events.add(EventRestart, slog.LevelWarn, fmt.Sprintf("pool rebuilt: cache cleared, %d worker contexts dropped (workers must re-register)", n))
-		}
 	}
-	return e.startLocked(cfg)
+	return dropped, e.startLocked(cfg)
 }
 
 // applyLive changes the live keys of cfg in place.

@@ -234,12 +234,6 @@ func (e *Engine) buildDataPlane(cfg settings.Config) (*dataPlane, error) {
 		return nil, fmt.Errorf("non-GPU transfer module: %w", err)
 	}
 	e.restoreRegistrations(p, adopted)
-	info := p.transfer.PoolInfo()
-	if info.Shared() {
-		e.events.add(EventLifecycle, slog.LevelInfo, fmt.Sprintf("SHM on: %s (%s)", info.ShmName, info.Reason))
-	} else {
-		e.events.add(EventLifecycle, slog.LevelInfo, "SHM off: "+info.Reason)
-	}
 
 	ctx, cancel := context.WithCancel(context.Background())
 	p.cancel = cancel
@@ -346,4 +340,14 @@ var errNotRunning = errors.New("engine is not running")
 // other path can hash or keep more.
 func sessionLimits(cfg settings.Config) keys.Limits {
 	return keys.Limits{MaxRequestTokens: cfg.Server.MaxTokensPerRequest}
+}
+
+// shmText says whether the plane's pool is shared and why: the start's
+// event, and part of a rebuild's.
+func (p *dataPlane) shmText() string {
+	info := p.transfer.PoolInfo()
+	if info.Shared() {
+		return fmt.Sprintf("SHM on: %s (%s)", info.ShmName, info.Reason)
+	}
+	return "SHM off: " + info.Reason
 }

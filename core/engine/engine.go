@@ -207,6 +207,7 @@ func (e *Engine) Start(ctx context.Context) error {
 		e.events.add(EventError, slog.LevelError, "start failed: "+err.Error())
 		return err
 	}
+	e.events.add(EventLifecycle, slog.LevelInfo, e.dataPlane.shmText())
 	e.st.Lock()
 	e.started = e.opts.Now()
 	e.st.Unlock()

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -73,10 +74,20 @@ func (f *fakeEngine) Apply(_ context.Context, cfg settings.Config, src map[strin
 	f.appSrc = append(f.appSrc, src)
 	ch := settings.Diff(f.cfg, cfg)
 	res := engine.ApplyResult{Changes: ch, Class: settings.Strongest(ch)}
+	// One event per apply, as the engine records it.
+	var keys []string
+	for _, c := range ch {
+		keys = append(keys, c.Key)
+	}
+	what := fmt.Sprintf("(%s): %s", res.Class, strings.Join(keys, ", "))
+	ev := engine.Event{Seq: uint64(len(f.snap.Events) + 100), Time: t0, Kind: engine.EventRestart, Level: slog.LevelInfo, Message: "applied " + what}
 	if f.applyErr != nil {
 		res.RolledBack = f.rollback
+		ev.Kind, ev.Level, ev.Message = engine.EventError, slog.LevelError, fmt.Sprintf("apply %s failed, rolled back to the running config: %v", what, f.applyErr)
+		f.snap.Events = append(f.snap.Events, ev)
 		return res, f.applyErr
 	}
+	f.snap.Events = append(f.snap.Events, ev)
 	f.cfg, f.src = cfg, src
 	return res, nil
 }

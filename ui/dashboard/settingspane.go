@@ -380,7 +380,6 @@ func (p *settingsPane) startApply() tea.Cmd {
 	pc.status.applying = true
 	class := settings.Strongest(p.changes)
 	pc.setStatus(levelWarn, fmt.Sprintf("%s: %s", class, changeKeys(p.changes)))
-	pc.note(slog.LevelInfo, fmt.Sprintf("applying (%s): %s", class, changeKeys(p.changes)))
 	eng, ctx, cfg, src := p.eng, p.ctx, p.pending, p.pendingSources()
 	return func() tea.Msg {
 		res, err := eng.Apply(ctx, cfg, src)
@@ -388,8 +387,9 @@ func (p *settingsPane) startApply() tea.Cmd {
 	}
 }
 
-// applied takes Apply's answer: the header and the events pane say what
-// happened, a rollback included.
+// applied takes Apply's answer: the header says what happened, a rollback
+// included. The events pane has it from the engine, which records one
+// event per apply; a note here would say it twice.
 func (p *settingsPane) applied(msg applyMsg) {
 	pc := p.pc
 	pc.status.applying = false
@@ -398,10 +398,8 @@ func (p *settingsPane) applied(msg applyMsg) {
 	switch {
 	case msg.err != nil && msg.res.RolledBack:
 		pc.setStatus(levelBad, fmt.Sprintf("APPLY FAILED, ROLLED BACK to the running config: %v", strings.TrimSuffix(msg.err.Error(), " (rolled back to the running config)")))
-		pc.note(slog.LevelError, fmt.Sprintf("apply %s failed and was rolled back: %v", what, msg.err))
 	case msg.err != nil:
 		pc.setStatus(levelBad, fmt.Sprintf("APPLY FAILED: %v", msg.err))
-		pc.note(slog.LevelError, fmt.Sprintf("apply %s failed: %v", what, msg.err))
 	default:
 		text := fmt.Sprintf("applied (%s): %s", msg.res.Class, what)
 		if msg.res.Class == settings.Rebuild {
@@ -417,7 +415,6 @@ func (p *settingsPane) applied(msg applyMsg) {
 			text += " - " + changeKeys(later) + " at the next start"
 		}
 		pc.setStatus(levelOK, "OK "+text)
-		pc.note(slog.LevelInfo, text)
 		p.pending = pc.running
 	}
 }
