@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"kvdock/core/testkit/poll"
 	"kvdock/tests/harness"
 )
 
@@ -77,6 +78,10 @@ func TestBenchLeavesWorkersFigures(t *testing.T) {
 	if res["hits"] != float64(3) {
 		t.Fatalf("worker: %v", res)
 	}
+	// Tokens saved are taken from the rate samples (one a second).
+	poll.Until(t, 5*time.Second, "the worker's tokens saved sampled", func() bool {
+		return insight(t, srv).TokensSaved.Total > 0
+	})
 	before := insight(t, srv)
 	if before.Lookup.Lookups != 1 || before.Lookup.HitChunks != 3 || before.TokensSaved.Total == 0 || before.WhatIf.Sampled == 0 {
 		t.Fatalf("the worker's figures before the bench: %+v", before)
