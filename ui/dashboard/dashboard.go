@@ -41,8 +41,8 @@
 // mode stay, values from the environment and flags never reach it, and
 // without a file it creates $XDG_CONFIG_HOME/kvdock/config.yaml (0600).
 //
-// Header messages (apply, save, undo results) give way to the live line
-// after a few seconds. An edited l1.size_gb larger than the host's
+// Header messages (apply, save, undo results) take a line of their own
+// under the rates line, never the pool line's, and go after a few seconds. An edited l1.size_gb larger than the host's
 // available memory is refused in the editor unless l1.allow_overcommit.
 //
 // server.shm_name is tri-state. In the editor an empty field (or the two

@@ -322,7 +322,9 @@ func TestApplyRollback(t *testing.T) {
 	// At 80 columns the reason wraps onto a second header line, whole.
 	m.Update(tea.WindowSizeMsg{Width: 80, Height: 24})
 	lines := strings.Split(screen(m), "\n")
-	head := strings.Join([]string{strings.TrimSpace(lines[1]), strings.TrimSpace(lines[2])}, " ")
+	// Under the pool and rates lines, which stay.
+	mustContain(t, lines[1], "pool SHM lmcache_l1_pool_demo 50% used")
+	head := strings.Join([]string{strings.TrimSpace(lines[3]), strings.TrimSpace(lines[4])}, " ")
 	mustContain(t, head, "APPLY FAILED, ROLLED BACK", "address already in use")
 	press(t, m, "4")
 	mustContain(t, screen(m), "apply (restart): server.port failed, rolled back to")

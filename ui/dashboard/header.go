@@ -53,34 +53,42 @@ func (c *programContext) renderHeader(w int) string {
 		line1 += "  " + c.st.Bad.Render("error: "+s.Error)
 	}
 
-	var line2 string
-	switch {
-	case c.status.applying:
-		line2 = c.st.Warn.Render("APPLYING") + " " + c.status.text
-	case c.status.text != "":
-		st := c.st.Faint
-		switch c.status.level {
-		case levelOK:
-			st = c.st.OK
-		case levelWarn:
-			st = c.st.Warn
-		case levelBad:
-			st = c.st.Bad
-		}
-		// A long result (a rollback and its cause) wraps onto a second line
-		// rather than losing the why.
-		lines := strings.Split(ansi.Wrap(c.status.text, w, " "), "\n")
-		if len(lines) > 2 {
-			lines = lines[:2]
-		}
-		for i := range lines {
-			lines[i] = fit(st.Render(lines[i]), w)
-		}
-		return fit(line1, w) + "\n" + strings.Join(lines, "\n") + "\n" + fit(c.ratesLine(w), w)
-	default:
-		line2 = c.summary()
+	// The pool line stays: a message (apply, save, remove results) takes
+	// a line of its own under the rates, for as long as it shows.
+	head := fit(line1, w) + "\n" + fit(c.summary(), w) + "\n" + fit(c.ratesLine(w), w)
+	if msg := c.statusLines(w); msg != "" {
+		head += "\n" + msg
 	}
-	return fit(line1, w) + "\n" + fit(line2, w) + "\n" + fit(c.ratesLine(w), w)
+	return head
+}
+
+// statusLines is the header's message, "" when there is none: APPLYING
+// while an apply runs, else the last result, wrapped onto a second line
+// rather than losing the why (a rollback and its cause).
+func (c *programContext) statusLines(w int) string {
+	if c.status.applying {
+		return fit(c.st.Warn.Render("APPLYING")+" "+c.status.text, w)
+	}
+	if c.status.text == "" {
+		return ""
+	}
+	st := c.st.Faint
+	switch c.status.level {
+	case levelOK:
+		st = c.st.OK
+	case levelWarn:
+		st = c.st.Warn
+	case levelBad:
+		st = c.st.Bad
+	}
+	lines := strings.Split(ansi.Wrap(c.status.text, w, " "), "\n")
+	if len(lines) > 2 {
+		lines = lines[:2]
+	}
+	for i := range lines {
+		lines[i] = fit(st.Render(lines[i]), w)
+	}
+	return strings.Join(lines, "\n")
 }
 
 // detectionsText is the peers --protocol auto settled on each table

@@ -114,8 +114,8 @@ func (m *Model) setSnapshot(s engine.Snapshot) {
 }
 
 // resize gives every pane the screen's width and the height left under a
-// three-line header; render corrects the height of the pane on show when
-// a long status line takes a fourth.
+// three-line header; render corrects the height of the pane on show while
+// a status message takes a line or two more.
 func (m *Model) resize() {
 	for _, p := range m.panes {
 		p.SetSize(m.pc.width, m.pc.height-5)
