@@ -1,0 +1,191 @@
+package reliability
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"kvdock/core/protocol"
+	"kvdock/tests/harness"
+)
+
+// The eviction policies through the wire: a multi-turn chat trace replayed
+// against the real binary under LRU and under prefix, by a scheduler and a
+// Go SHM worker doing what LMCache does each turn (LOOKUP of the whole
+// conversation, PREPARE/COMMIT_RETRIEVE of the hits, PREPARE/COMMIT_STORE
+// of the whole prompt, which stores what is missing, END_SESSION), with a
+// pool half the trace's working set.
+
+// Chunks of 16 tokens: 4 KiB with the Go worker's geometry, so a small
+// pool holds many.
+const (
+	wireChunkTokens = 16
+	wireChunkBytes  = 4096
+)
+
+// chatTurn is one prompt of the chat trace: conversation conv's first
+// chunks chunks.
+type chatTurn struct{ conv, chunks int }
+
+// wireChatTrace is chat with think time: open conversations at a time,
+// each extended by 1 to 3 chunks a turn, ending after 4 to 16 turns (a new
+// one takes its place); a conversation comes back think turns after it was
+// served on average (uniform between half and one and a half times that),
+// after the conversations served meanwhile. (core/l1's chatTrace is the
+// same shape for the in-process benchmark.)
+func wireChatTrace(n, open int, think float64, seed uint64) []chatTurn {
+	r := rand.New(rand.NewPCG(seed, 6))
+	type conv struct {
+		id, turns, left, chunks int
+		at                      float64
+	}
+	next := 0
+	fresh := func(now float64) *conv {
+		next++
+		return &conv{id: next, left: 4 + r.IntN(13), at: now + think*r.Float64()}
+	}
+	convs := make([]*conv, open)
+	for i := range convs {
+		convs[i] = fresh(0)
+	}
+	out := make([]chatTurn, n)
+	for i := range out {
+		j := 0
+		for k, c := range convs {
+			if c.at < convs[j].at {
+				j = k
+			}
+		}
+		c := convs[j]
+		c.chunks += 1 + r.IntN(3)
+		c.turns++
+		out[i] = chatTurn{conv: c.id, chunks: c.chunks}
+		if c.turns == c.left {
+			convs[j] = fresh(float64(i))
+		} else {
+			c.at = float64(i) + think*(0.5+r.Float64())
+		}
+	}
+	return out
+}
+
+// chatWorkingSet is the chunks that the last eighth of trace asks for
+// more than once: what a pool must hold to serve the traffic of a while.
+func chatWorkingSet(trace []chatTurn) int {
+	seen := map[[2]int]int{}
+	for _, tu := range trace[len(trace)*7/8:] {
+		for c := range tu.chunks {
+			seen[[2]int{tu.conv, c}]++
+		}
+	}
+	n := 0
+	for _, v := range seen {
+		if v > 1 {
+			n++
+		}
+	}
+	return n
+}
+
+// wireReplay is what one policy's replay measured over the trace's second
+// half (asked, hit) and in all (wrong chunks), and the pool at the end.
+type wireReplay struct {
+	asked, hit, wrong int
+	usable            float64
+	evictions         uint64
+}
+
+// replayWire replays trace against a real kvdock with a pool of poolBytes
+// under policy.
+func replayWire(t *testing.T, trace []chatTurn, poolBytes int64, policy string) wireReplay {
+	t.Helper()
+	srv := harness.Start(t, "--eviction-policy", policy, "--chunk-size", fmt.Sprint(wireChunkTokens),
+		"--l1-size-gb", fmt.Sprint(float64(poolBytes)/(1<<30)))
+	defer srv.Stop(t)
+	sched := srv.Dial(t, srv.Protocol)
+	w := newWorker(t, srv.Dial(t, srv.Protocol), 1, "chat", false)
+	if w.chunkBytes != wireChunkBytes {
+		t.Fatalf("chunks of %d bytes, want %d", w.chunkBytes, wireChunkBytes)
+	}
+	if w.mode() != "shm" {
+		t.Fatalf("worker in %s mode, want shm", w.mode())
+	}
+	ctx := context.Background()
+	var out wireReplay
+	for i, tu := range trace {
+		req := fmt.Sprintf("t%d", i)
+		toks := tokensFor(tu.conv, tu.chunks, w.chunk)
+		hits, err := lookupKeep(ctx, sched, w.model, toks, req)
+		if err != nil {
+			t.Fatalf("turn %d: lookup: %v", i, err)
+		}
+		if hits > 0 {
+			if _, err := w.wk().Retrieve(ctx, w.key(toks, hits, req), func(c int, chunk []byte) {
+				if !bytes.Equal(chunk, chunkData(tu.conv, c, w.chunkBytes)) {
+					out.wrong++
+				}
+			}); err != nil {
+				t.Fatalf("turn %d: retrieve %d chunks: %v", i, hits, err)
+			}
+		}
+		if hits < tu.chunks {
+			data := make([][]byte, tu.chunks)
+			for c := range data {
+				data[c] = chunkData(tu.conv, c, w.chunkBytes)
+			}
+			if _, err := w.store(ctx, toks, data, req); err != nil {
+				t.Fatalf("turn %d: store: %v", i, err)
+			}
+		}
+		if _, err := sched.Call(ctx, protocol.EndSession, req); err != nil {
+			t.Fatalf("turn %d: end session: %v", i, err)
+		}
+		if i >= len(trace)/2 {
+			out.asked += tu.chunks
+			out.hit += hits
+		}
+	}
+	p := status(t, srv).Pool
+	out.usable, out.evictions = p.UsableRatio, p.Evictions
+	return out
+}
+
+// TestEvictionPoliciesOnTheWire replays the chat trace under LRU and under
+// prefix with a pool of half its working set: no wrong byte under either,
+// the prefix pool's resident bytes all usable at the end, and prefix no more
+// than a point below LRU. The ratio of their hits is logged, not asserted:
+// prompt-wide touches (a LOOKUP touches the hit chunks in order,
+// END_SESSION the whole prompt, a store puts the new chunks last) keep each
+// conversation's chunks together in LRU order, so LRU evicts conversation
+// by conversation, oldest first, as prefix does (a conversation's leaf is
+// older than any chunk of a conversation served later); the two differ only
+// in the one conversation an eviction leaves partly resident (LRU keeps its
+// useless tail, prefix its head). docs/BENCHMARKS.md has the figures.
+func TestEvictionPoliciesOnTheWire(t *testing.T) {
+	trace := wireChatTrace(4000, 100, 100, 1)
+	ws := chatWorkingSet(trace)
+	pool := int64(ws/2) * wireChunkBytes
+	res := map[string]wireReplay{}
+	for _, pol := range []string{"LRU", "prefix"} {
+		r := replayWire(t, trace, pool, pol)
+		res[pol] = r
+		t.Logf("%s: %d of %d chunks hit (%.2f%%) over the second half; %d wrong; usable/resident %.4f at the end; %d evictions",
+			pol, r.hit, r.asked, 100*float64(r.hit)/float64(r.asked), r.wrong, r.usable, r.evictions)
+		if r.wrong != 0 {
+			t.Errorf("%s: %d chunks retrieved with wrong bytes", pol, r.wrong)
+		}
+		if r.evictions == 0 {
+			t.Errorf("%s: no eviction: the pool (%d bytes) held the trace (working set %d chunks)", pol, pool, ws)
+		}
+	}
+	lru, pre := res["LRU"], res["prefix"]
+	t.Logf("working set %d chunks, pool %d chunks; prefix hits %.3f× LRU's", ws, pool/wireChunkBytes, float64(pre.hit)/float64(lru.hit))
+	if pre.usable < 0.99 {
+		t.Errorf("prefix: usable/resident %.4f at the end, want ≥ 0.99", pre.usable)
+	}
+	if d := 100 * float64(lru.hit-pre.hit) / float64(lru.asked); d > 1 {
+		t.Errorf("prefix hit %.2f points below LRU", d)
+	}
+}
