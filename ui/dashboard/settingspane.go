@@ -452,7 +452,9 @@ func (p *settingsPane) confirmApplyView(w int) string {
 	switch settings.Strongest(p.changes) {
 	case settings.Rebuild:
 		n := registeredContexts(p.pc.snap.Contexts)
-		b.WriteString(st.Bad.Render("REBUILD") + fmt.Sprintf(": the cache will be cleared; %d registered worker(s) must re-register.\n", n))
+		pool := p.pc.snap.Pool
+		b.WriteString(st.Bad.Render("REBUILD") + fmt.Sprintf(": the cache will be cleared: %d objects, %s dropped.\n", pool.Objects, settings.BytesText(pool.UsedBytes)))
+		b.WriteString(fmt.Sprintf("%d registered worker(s) must re-register.\n", n))
 	case settings.Restart:
 		what := "the wire server restarts; the cache and contexts are kept."
 		if onlyHTTP(p.changes) {
