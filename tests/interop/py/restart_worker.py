@@ -83,6 +83,7 @@ class Session:
             self.workers.append(wk)
         self.sched = Counted(Client(endpoint, p["profile"], timeout=p["timeout"]), self.stats)
         self.committed = []  # (worker index, tag, prompt index)
+        self.loops = 0
         self.t0 = time.monotonic()
 
     def ping(self, wk):
@@ -184,13 +185,15 @@ class Session:
     def cmd_loop(self):
         """Stores and retrieves until "stop" arrives on stdin."""
         self.reset()
-        g = random.Random(self.p.get("seed", 1))
+        self.loops += 1
+        tag = f"loop{self.loops}"  # each loop stores prompts of its own
+        g = random.Random(self.loops)
         before = len(self.committed)
         n = 0
         say({"looping": True})
         while not select.select([sys.stdin], [], [], 0)[0]:
             w = n % len(self.workers)
-            self.store(w, "loop", n)
+            self.store(w, tag, n)
             pw, ptag, pi = self.committed[g.randrange(len(self.committed))]
             self.retrieve(pw, ptag, pi, f"loop-{n}")
             if n % 8 == 0:
