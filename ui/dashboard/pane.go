@@ -109,6 +109,37 @@ func (c listCursor) start(rows int) int {
 	return 0
 }
 
+// window is the rows of a list of n that h rows show around the
+// selection, from start to end: the caller writes "… k more above" first
+// when start > 0 and "… k more below" last when end < n, each taking a
+// row of the h.
+func (c listCursor) window(n, h int) (start, end int) {
+	h = max(h, 3)
+	switch {
+	case n <= h:
+		return 0, n
+	case c.sel < h-1:
+		return 0, h - 1
+	}
+	start = c.sel - (h - 2) + 1
+	if start+h-1 >= n {
+		return n - (h - 1), n
+	}
+	return start, start + h - 2
+}
+
+// listRows is how many rows window's list takes with its "more" rows.
+func listRows(start, end, n int) int {
+	rows := end - start
+	if start > 0 {
+		rows++
+	}
+	if end < n {
+		rows++
+	}
+	return rows
+}
+
 // scroller pages a pane whose lines outrun its room: the list keys move
 // the first line shown, and the window says what is above and below.
 type scroller struct{ top int }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 
 	"charm.land/bubbles/v2/key"
@@ -32,7 +33,27 @@ func valueText(c settings.Config, k settings.KeyInfo) string {
 	if v == "" && (k.Kind == "string" || k.Kind == "optional-string") {
 		return emptyLiteral
 	}
-	return v
+	return bytesShown(k, v)
+}
+
+// bytesKey reports that k's value counts bytes (max_message_bytes,
+// queue_bytes, align_bytes, ...): the pane shows it in binary units.
+func bytesKey(k settings.KeyInfo) bool {
+	return (k.Kind == "int" || k.Kind == "int64") && strings.Contains(k.Key, "_bytes")
+}
+
+// bytesShown is v, a value of k as settings.Get prints it, in binary units
+// when k counts bytes ("256 MiB" for 268435456); anything else unchanged.
+// The editor still takes the number of bytes.
+func bytesShown(k settings.KeyInfo, v string) string {
+	if !bytesKey(k) {
+		return v
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < 0 {
+		return v
+	}
+	return settings.BytesText(n)
 }
 
 // editHint says what the editor takes for a key of ki's kind; only strings
@@ -48,6 +69,9 @@ func editHint(ki settings.KeyInfo) string {
 	case "duration":
 		return "a duration with a unit: 500ms, 2s, 1m"
 	case "int", "int64":
+		if bytesKey(ki) {
+			return "a whole number of bytes"
+		}
 		return "a whole number"
 	case "float":
 		return "a number"
@@ -521,20 +545,21 @@ func (p *settingsPane) View() string {
 	}
 	b.WriteString(head + "\n")
 
-	// "> * " marker, key, value, source, class.
-	keyW := 28
-	valW := max(10, min(30, w-4-keyW-1-1-10-1-7))
-	b.WriteString(st.Header.Render(fit(fmt.Sprintf("    %-*s %-*s %-10s %s", keyW, "KEY", valW, "VALUE", "SOURCE", "CLASS"), w)) + "\n")
+	// "> * " marker, key, value, source, class. SOURCE and CLASS take
+	// their longest value; a key longer than its column loses its middle
+	// (the footer and the editor show it whole); VALUE takes the rest.
+	cols := p.columns(w)
+	b.WriteString(st.Header.Render(fit(fmt.Sprintf("    %-*s %-*s %-*s %s", cols.key, "KEY", cols.val, "VALUE", cols.src, "SOURCE", "CLASS"), w)) + "\n")
 
 	// Room under the list: the selected key's help, the editor, problems.
 	foot := p.footer(w)
-	listH := max(1, h-2-strings.Count(foot, "\n")-1)
-	more := len(p.keyInfos) > listH
-	if more {
-		listH = max(1, listH-1) // room for "n more below"
+	rows := max(1, h-2-strings.Count(foot, "\n")-1)
+	n := len(p.keyInfos)
+	start, end := p.cur.window(n, rows)
+	if start > 0 {
+		b.WriteString(st.Faint.Render(fmt.Sprintf("  … %d more above", start)) + "\n")
 	}
-	start := p.cur.start(listH)
-	for i := start; i < len(p.keyInfos) && i < start+listH; i++ {
+	for i := start; i < end; i++ {
 		ki := p.keyInfos[i]
 		val := valueText(p.pending, ki)
 		src := pc.runSrc[ki.Key].Kind.String()
@@ -542,29 +567,48 @@ func (p *settingsPane) View() string {
 		if _, ok := changed[ki.Key]; ok {
 			mark = "*"
 			src = "dashboard"
-			val = st.Changed.Render(fit(val, valW))
+			val = st.Changed.Render(fit(val, cols.val))
 		} else {
-			val = fit(val, valW)
+			val = fit(val, cols.val)
 		}
 		sel := " "
 		if i == p.cur.sel {
 			sel = ">"
 		}
-		line := fmt.Sprintf("%s %s %-*s %s %-10s %s", sel, mark, keyW, ki.Key, val, src, ki.Class)
+		line := fmt.Sprintf("%s %s %s %s %-*s %s", sel, mark, fit(midTrunc(ki.Key, cols.key), cols.key), val, cols.src, src, ki.Class)
 		if i == p.cur.sel {
 			b.WriteString(st.Selected.Render(fit(line, w)) + "\n")
 		} else {
 			b.WriteString(fit(line, w) + "\n")
 		}
 	}
-	for i := min(len(p.keyInfos)-start, listH); i < listH; i++ {
-		b.WriteString("\n")
+	if end < n {
+		b.WriteString(st.Faint.Render(fmt.Sprintf("  … %d more below", n-end)) + "\n")
 	}
-	if more {
-		b.WriteString(st.Faint.Render(fmt.Sprintf("  … %d more below", max(0, len(p.keyInfos)-start-listH))) + "\n")
+	for i := listRows(start, end, n); i < rows; i++ {
+		b.WriteString("\n")
 	}
 	b.WriteString(foot)
 	return b.String()
+}
+
+// settingsColumns are the widths of the settings table's columns.
+type settingsColumns struct{ key, val, src int }
+
+// columns fits the table to w cells: SOURCE as wide as "dashboard", CLASS
+// as its longest class ("next-start"), KEY its longest key where the
+// screen allows and 28 cells at least, VALUE the rest up to 48.
+func (p *settingsPane) columns(w int) settingsColumns {
+	longKey, classW := 0, 0
+	for _, ki := range p.keyInfos {
+		longKey = max(longKey, len(ki.Key))
+		classW = max(classW, len(ki.Class.String()))
+	}
+	c := settingsColumns{src: len("dashboard")}
+	rest := w - 4 - 3 - c.src - classW // marker, separators, SOURCE, CLASS
+	c.key = min(longKey, max(28, rest-48))
+	c.val = max(10, min(48, rest-c.key))
+	return c
 }
 
 func (p *settingsPane) footer(w int) string {
@@ -582,7 +626,7 @@ func (p *settingsPane) footer(w int) string {
 			lines = append(lines, fmt.Sprintf("  running %d: %s", i, a))
 		}
 	} else {
-		lines = append(lines, fmt.Sprintf("  --%s · %s · default %s · running %s", ki.Flag, ki.Env, ki.Default, valueText(pc.running, ki)))
+		lines = append(lines, fmt.Sprintf("  --%s · %s · default %s · running %s", ki.Flag, ki.Env, bytesShown(ki, ki.Default), valueText(pc.running, ki)))
 	}
 	lines = append(lines, pc.logLine())
 	if p.mode == setFind {
@@ -591,6 +635,9 @@ func (p *settingsPane) footer(w int) string {
 	if p.mode == setEdit {
 		lines = append(lines, p.edit.View())
 		hint := editHint(ki)
+		if v := editValue(p.edit.Value()); bytesKey(ki) && bytesShown(ki, v) != v {
+			hint += " · " + v + " = " + bytesShown(ki, v)
+		}
 		if p.editErr != "" {
 			lines = append(lines, st.Bad.Render("INVALID: ")+p.editErr)
 		} else {
