@@ -43,6 +43,12 @@ type contextsPane struct {
 	sortDesc  bool
 	filter    textPrompt
 	filterStr string
+	// detail scrolls the details when they do not fit under the table;
+	// detailOverflow says the last view did not fit, detailOf whose they
+	// were (another context's start at the top).
+	detail         scroller
+	detailOverflow bool
+	detailOf       int64
 	// hadWorkers: a worker was registered since the dashboard started, so
 	// an empty table means they left, not that none came yet.
 	hadWorkers bool
@@ -68,7 +74,18 @@ func (p *contextsPane) ShortKeys() []key.Binding {
 	if p.mode == ctxFilter {
 		return p.filter.keys.list()
 	}
+	if p.scrollsDetails() {
+		k := p.keys.listKeys
+		return append([]key.Binding{k.PageDown, k.PageUp, k.Top, k.Bottom}, p.keys.list()...)
+	}
 	return p.keys.list()
+}
+
+// scrollsDetails reports that pgup/pgdn and g/G scroll the details (they
+// are open and did not fit) rather than page the table; ↑↓ still move the
+// selection.
+func (p *contextsPane) scrollsDetails() bool {
+	return p.mode == ctxDetails && p.detailOverflow
 }
 
 func (p *contextsPane) HelpKeys() [][]key.Binding {
@@ -103,6 +120,10 @@ func (p *contextsPane) Update(msg tea.Msg) tea.Cmd {
 	}
 	k := p.keys
 	rows := p.visible()
+	if p.scrollsDetails() && key.Matches(kp, k.PageUp, k.PageDown, k.Top, k.Bottom) {
+		p.detail.move(k.listKeys, kp, p.h)
+		return nil
+	}
 	if p.cur.move(k.listKeys, kp, len(rows), p.pc.pageSize()) {
 		return nil
 	}
@@ -300,9 +321,13 @@ func (p *contextsPane) View() string {
 	}
 
 	details := p.mode == ctxDetails
+	var detail []string
 	listH := h - 2
 	if details {
-		listH = max(1, min(len(rows), listH-10))
+		// The details' text first (a blank line, then its lines); the
+		// table keeps one row at least, charts take what is left.
+		detail = p.details(rows[min(p.cur.sel, len(rows)-1)], w)
+		listH = max(1, min(len(rows), listH-1-len(detail)))
 	}
 	if len(rows) > listH {
 		listH = max(1, listH-1) // room for "n more below"
@@ -328,16 +353,27 @@ func (p *contextsPane) View() string {
 			b.WriteString("  " + line + "\n")
 		}
 	}
+	shown := min(len(rows)-start, listH)
 	if n := len(rows) - start - listH; n > 0 {
 		b.WriteString(st.Faint.Render(fmt.Sprintf("  … %d more below", n)) + "\n")
+		shown++
 	}
 	if details {
-		b.WriteString(p.details(rows[min(p.cur.sel, len(rows)-1)], w, h-2-min(len(rows)-start, listH)))
+		c := rows[min(p.cur.sel, len(rows)-1)]
+		if c.InstanceID != p.detailOf {
+			p.detail.top, p.detailOf = 0, c.InstanceID
+		}
+		room := h - 2 - shown - 1 // under the blank line
+		detail = append(detail, pc.contextCharts(c, w, room-len(detail))...)
+		p.detailOverflow = len(detail) > room
+		b.WriteString("\n" + strings.Join(p.detail.window(st, detail, room), "\n") + "\n")
 	}
 	return b.String()
 }
 
-func (p *contextsPane) details(c workers.ContextInfo, w, h int) string {
+// details are the text lines of c's details: what it is, its figures and
+// its headline numbers; the charts come after them where there is room.
+func (p *contextsPane) details(c workers.ContextInfo, w int) []string {
 	pc, st := p.pc, p.pc.st
 	reg := "-"
 	if !c.Registered.IsZero() {
@@ -368,8 +404,7 @@ func (p *contextsPane) details(c workers.ContextInfo, w, h int) string {
 		live += " · " + st.Key.Render("x") + " removes it"
 	}
 	lines = append(lines, live)
-	lines = append(lines, pc.contextCharts(c, w, h-1-len(lines))...)
-	return "\n" + strings.Join(lines, "\n") + "\n"
+	return append(lines, pc.contextFigures(c, w)...)
 }
 
 // askRemove asks to remove the selected worker context (x): seed-era

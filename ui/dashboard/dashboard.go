@@ -20,7 +20,9 @@
 //	             column (digits the id), col:value one column, the syntax
 //	             shown while typing (enter keeps it, esc clears it), enter details, esc close, x remove
 //	             the selected worker (y confirms, n cancels); STATE shows
-//	             active, idle 5m, reaped or removed, SEEN the last request
+//	             active, idle 5m, reaped or removed, SEEN the last request;
+//	             the details show their figures first, charts in the room
+//	             left, and pgup/pgdn, g/G scroll them when they do not fit
 //	4 Events     ↑↓ scroll, l minimum level, / filter text, esc clear filters
 //	5 Settings   ↑↓ move, / find a key (enter selects, esc goes back),
 //	             enter edit, a apply (shows the diff with each change's class,

@@ -78,3 +78,77 @@ func TestSettingsTableColumns(t *testing.T) {
 		golden(t, fmt.Sprintf("edit_bytes_%dx%d", w, h), goldenView(m))
 	}
 }
+
+// TestDetailsHeadlineNumbersFirst: the details always show the last
+// minute's figures and the tokens saved; the charts take the room left,
+// one row each on a short screen (titles only, the figures are above),
+// none when even that does not fit; nothing is cut.
+func TestDetailsHeadlineNumbersFirst(t *testing.T) {
+	one := func() *fakeEngine {
+		f := newFakeEngine(t)
+		f.snap.Contexts = f.snap.Contexts[1:2] // 4243: no extra KV group
+		return f
+	}
+	figures := "last minute: hit 59% · lookups 1.9/s · store 191 MiB/s · retrieve 143 MiB/s"
+	for _, size := range [][2]int{{80, 24}, {160, 48}} {
+		w, h := size[0], size[1]
+		m := newTestModel(t, one(), w, h)
+		press(t, m, "enter")
+		golden(t, fmt.Sprintf("details_one_%dx%d", w, h), goldenView(m))
+		s := screen(m)
+		mustContain(t, s, figures, "tokens saved 4.9 M")
+		mustNotContain(t, s, "~", "more below")
+		if w == 80 {
+			mustNotContain(t, s, "one column a second")
+		} else {
+			mustContain(t, s, "one column a second", "top 100%")
+		}
+	}
+	// A few rows more: one row a chart, titled, under the figures.
+	m := newTestModel(t, one(), 80, 30)
+	press(t, m, "enter")
+	s := screen(m)
+	mustContain(t, s, figures, "one column a second")
+	mustNotContain(t, s, "~")
+	if strings.Index(s, figures) > strings.Index(s, "one column a second") {
+		t.Fatalf("the charts come before the figures:\n%s", s)
+	}
+	for _, l := range strings.Split(s, "\n") {
+		if strings.HasPrefix(l, "  hit ratio (model)") && strings.Contains(l, "%") {
+			t.Fatalf("a one-row chart repeats its figure: %q", l)
+		}
+	}
+}
+
+// TestDetailsScroll: details longer than their room scroll with pgdn/pgup
+// and G/g, saying what is above and below, while ↑↓ still move the
+// selection (whose details start at the top).
+func TestDetailsScroll(t *testing.T) {
+	f := newFakeEngine(t)
+	c := &f.snap.Contexts[0]
+	for range 4 {
+		c.Groups = append(c.Groups, mustLayout(t, 8, 256, 256, "float32"))
+	}
+	m := newTestModel(t, f, 80, 24)
+	press(t, m, "enter")
+	top := screen(m)
+	mustContain(t, top, "Instance 4242", "more below (pgdn, G bottom)", "pgdn/ctrl+d page down")
+	press(t, m, "pgdown")
+	golden(t, "details_scrolled_80x24", goldenView(m))
+	mustContain(t, screen(m), "more above (pgup, g top)")
+	press(t, m, "G")
+	end := screen(m)
+	mustContain(t, end, "tokens saved 9.9 M", "last minute: hit 56%")
+	mustNotContain(t, end, "more below (pgdn")
+	press(t, m, "g")
+	if screen(m) != top {
+		t.Fatalf("g did not go back to the top:\n%s", screen(m))
+	}
+	// ↓ moves the selection; the next context's details start at the top.
+	press(t, m, "pgdown", "down")
+	if id := selectedID(t, m); id != "4243" {
+		t.Fatalf("selected %s after ↓", id)
+	}
+	mustContain(t, screen(m), "Instance 4243")
+	mustNotContain(t, screen(m), "more above (pgup")
+}

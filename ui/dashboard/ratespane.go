@@ -163,35 +163,53 @@ func (pc *programContext) poolHistory(w int) []string {
 	}
 }
 
-// contextCharts are the details view's charts of one context: its group's
-// hit ratio and lookups, its own store and retrieve bandwidth, each h rows
-// high with the figure beside it; one line of numbers each when there is
-// no room to draw.
-func (pc *programContext) contextCharts(c workers.ContextInfo, w, h int) []string {
-	r, found := pc.snap.Rates.Contexts[c.InstanceID]
-	if !found {
-		return []string{pc.st.Faint.Render("  no rates yet: they start with its first store, retrieve or lookup of its model")}
+// contextSpecs are the details view's charts of one context: its group's
+// hit ratio and lookups, its own store and retrieve bandwidth; ok is false
+// before it has rates.
+func (pc *programContext) contextSpecs(c workers.ContextInfo) (specs []chartSpec, r engine.ContextRates, ok bool) {
+	r, ok = pc.snap.Rates.Contexts[c.InstanceID]
+	if !ok {
+		return nil, r, false
 	}
-	hit, ok := series.SumRatio(r.HitChunks.Fine, r.AskedChunks.Fine, minuteSeconds)
+	hit, hitOK := series.SumRatio(r.HitChunks.Fine, r.AskedChunks.Fine, minuteSeconds)
 	count := func(v float64) string { return fmt.Sprintf("%.1f/s", v) }
-	specs := []chartSpec{
-		{"hit ratio (model)", "hit", ratioText(hit, ok), series.Ratio(r.HitChunks.Fine, r.AskedChunks.Fine), 1, func(float64) string { return "100%" }},
+	return []chartSpec{
+		{"hit ratio (model)", "hit", ratioText(hit, hitOK), series.Ratio(r.HitChunks.Fine, r.AskedChunks.Fine), 1, func(float64) string { return "100%" }},
 		{"lookups (model)", "lookups", count(r.Lookups.Mean(minuteSeconds)), r.Lookups.Fine, 0, count},
 		{"store", "store", rateText(r.StoreBytes.Mean(minuteSeconds)), r.StoreBytes.Fine, 0, rateText},
 		{"retrieve", "retrieve", rateText(r.RetrieveBytes.Mean(minuteSeconds)), r.RetrieveBytes.Fine, 0, rateText},
+	}, r, true
+}
+
+// contextFigures are the details view's headline numbers of one context:
+// the last minute's figure of each chart and the tokens saved. They always
+// show; the charts take the room left under them.
+func (pc *programContext) contextFigures(c workers.ContextInfo, w int) []string {
+	specs, r, ok := pc.contextSpecs(c)
+	if !ok {
+		return []string{pc.st.Faint.Render("  no rates yet: they start with its first store, retrieve or lookup of its model")}
 	}
-	tokens := fmt.Sprintf("  tokens saved %s (last hour %s, its model's lookup hits × chunk size)",
-		countText(float64(r.TokensSavedTotal)), countText(r.TokensSavedHour))
+	var parts []string
+	for _, s := range specs {
+		parts = append(parts, s.short+" "+s.now)
+	}
+	text := wrapWords("last minute: "+strings.Join(parts, " · "), w-2)
+	lines := strings.Split("  "+strings.ReplaceAll(text, "\n", "\n  "), "\n")
+	return append(lines, fmt.Sprintf("  tokens saved %s (last hour %s, its model's lookup hits × chunk size)",
+		countText(float64(r.TokensSavedTotal)), countText(r.TokensSavedHour)))
+}
+
+// contextCharts draw the figures of contextFigures over the last minutes
+// in h rows at most: a caption, then each chart up to 4 rows high with its
+// title (and, given the rows, its figure and scale) beside it; none when
+// even one row each does not fit.
+func (pc *programContext) contextCharts(c workers.ContextInfo, w, h int) []string {
+	specs, r, ok := pc.contextSpecs(c)
 	const labelW = 20
-	rows := (h - 2) / len(specs) // each chart: rows of bars
+	rows := (h - 1) / max(1, len(specs)) // each chart: rows of bars
 	chartW := min(w-labelW-4, len(r.HitChunks.Fine), series.FineLen)
-	if rows < 1 || chartW < 10 {
-		var parts []string
-		for _, s := range specs {
-			parts = append(parts, s.short+" "+s.now)
-		}
-		text := wrapWords("last minute: "+strings.Join(parts, " · "), w-2)
-		return append(strings.Split("  "+strings.ReplaceAll(text, "\n", "\n  "), "\n"), tokens)
+	if !ok || rows < 1 || chartW < 10 {
+		return nil
 	}
 	rows = min(rows, 4)
 	lines := []string{pc.st.Faint.Render(fmt.Sprintf("  last %s, one column a second; figures are the last minute's",
@@ -209,13 +227,10 @@ func (pc *programContext) contextCharts(c workers.ContextInfo, w, h int) []strin
 			case 2:
 				left = "top " + s.topText(scaleTop(shown, s.top))
 			}
-			if rows == 1 {
-				left = s.title + " " + s.now
-			}
 			lines = append(lines, "  "+fit(left, labelW)+" "+b)
 		}
 	}
-	return append(lines, tokens)
+	return lines
 }
 
 // chartSpec is one chart of the details view: its title (and short title), the last
