@@ -23,7 +23,10 @@
 //	             active, idle 5m, reaped or removed, SEEN the last request;
 //	             the details show their figures first, charts in the room
 //	             left, and pgup/pgdn, g/G scroll them when they do not fit
-//	4 Events     ↑↓ scroll, l minimum level, / filter text, esc clear filters
+//	4 Events     ↑↓, pgup/pgdn, g/G scroll the events under the latency
+//	             table (newest at the bottom; scrolled back, new events do
+//	             not move the view, G follows them again), l minimum
+//	             level, / filter text, esc clear filters
 //	5 Settings   ↑↓ move, / find a key (enter selects, esc goes back),
 //	             enter edit, a apply (shows the diff with each change's class,
 //	             y confirms, n cancels), w save the values set here (applied

@@ -3,6 +3,7 @@ package dashboard
 import (
 	"fmt"
 	"log/slog"
+	"math"
 	"strconv"
 	"strings"
 
@@ -20,8 +21,12 @@ type eventsPane struct {
 	pc     *programContext
 	keys   eventKeys
 	typing bool // the filter prompt has the keyboard
-	// scroll is how many events the view is scrolled up from the newest.
-	scroll    int
+	// scroll is the event lines' window under the latency head; while
+	// follow holds it stays at the newest, which new events then push up.
+	scroll    scroller
+	follow    bool
+	rows      int        // the lines the last view had for events
+	overflow  bool       // the events did not fit: the help bar offers the keys
 	level     slog.Level // events below it are hidden
 	filter    textPrompt
 	filterStr string
@@ -29,7 +34,7 @@ type eventsPane struct {
 
 func newEventsPane(pc *programContext) *eventsPane {
 	return &eventsPane{
-		pc: pc, keys: newEventKeys(), level: slog.LevelDebug,
+		pc: pc, keys: newEventKeys(), level: slog.LevelDebug, follow: true,
 		filter: newTextPrompt(pc.st, "filter: ", newPromptKeys("keep filter", "clear filter")),
 	}
 }
@@ -40,6 +45,10 @@ func (p *eventsPane) Leave()       { p.typing = false }
 func (p *eventsPane) ShortKeys() []key.Binding {
 	if p.typing {
 		return p.filter.keys.list()
+	}
+	if p.overflow {
+		k := p.keys.listKeys
+		return append([]key.Binding{k.PageUp, k.PageDown, k.Top, k.Bottom}, p.keys.list()...)
 	}
 	return p.keys.list()
 }
@@ -57,12 +66,9 @@ func (p *eventsPane) Update(msg tea.Msg) tea.Cmd {
 	if !ok {
 		return nil
 	}
-	// The cursor is the newest event shown; scroll counts back from the
-	// newest so that new events do not move the view.
-	n := len(p.visible())
-	cur := listCursor{sel: n - 1 - p.scroll}
-	if cur.move(p.keys.listKeys, kp, n, p.pc.pageSize()) {
-		p.scroll = max(0, n-1-cur.sel)
+	// The view decides whether this left it at the newest.
+	if p.scroll.move(p.keys.listKeys, kp, p.rows) {
+		p.follow = false
 		return nil
 	}
 	k := p.keys
@@ -82,9 +88,9 @@ func (p *eventsPane) Update(msg tea.Msg) tea.Cmd {
 		default:
 			p.level = slog.LevelDebug
 		}
-		p.scroll = 0
+		p.follow = true
 	case key.Matches(kp, k.Clear):
-		p.level, p.filterStr, p.scroll = slog.LevelDebug, "", 0
+		p.level, p.filterStr, p.follow = slog.LevelDebug, "", true
 	}
 	return nil
 }
@@ -94,13 +100,13 @@ func (p *eventsPane) onFilter(msg tea.Msg) {
 	switch p.filter.Update(msg) {
 	case promptChanged:
 		p.filterStr = p.filter.Value()
-		p.scroll = 0
+		p.follow = true
 	case promptAccepted:
 		p.typing = false
 	case promptCancelled:
 		p.typing = false
 		p.filterStr = ""
-		p.scroll = 0
+		p.follow = true
 	}
 }
 
@@ -148,14 +154,8 @@ func (p *eventsPane) View() string {
 	if len(evs) == 0 {
 		return strings.Join(append(head, st.Faint.Render("no event matches the filter")), "\n")
 	}
-	scroll := min(p.scroll, len(evs)-1)
-	end := len(evs) - scroll
-	if scroll > 0 {
-		h = max(1, h-1) // room for "n more below"
-	}
-	start := max(0, end-h)
 	var lines []string
-	for _, ev := range evs[start:end] {
+	for _, ev := range evs {
 		lv := strings.ToUpper(ev.Level.String())
 		tone := lipgloss.NewStyle()
 		switch {
@@ -176,13 +176,17 @@ func (p *eventsPane) View() string {
 			}
 		}
 	}
-	if len(lines) > h {
-		lines = lines[len(lines)-h:]
+	p.rows, p.overflow = h, len(lines) > h
+	if p.follow {
+		p.scroll.top = math.MaxInt32
 	}
-	if scroll > 0 {
-		lines = append(lines, st.Faint.Render(fmt.Sprintf("  … %d newer event(s) below", scroll)))
+	shown := p.scroll.window(st, lines, h)
+	if h < 3 {
+		shown = lines[max(0, len(lines)-h):] // no room to say more: the newest
 	}
-	return strings.Join(append(head, lines...), "\n")
+	// Back at the newest (G, or scrolled down to it): follow again.
+	p.follow = !p.overflow || p.scroll.top >= len(lines)-(h-1)
+	return strings.Join(append(head, shown...), "\n")
 }
 
 // levelText names the events level filter.

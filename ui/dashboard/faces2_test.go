@@ -2,9 +2,13 @@ package dashboard
 
 import (
 	"fmt"
+	"log/slog"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
+
+	"kvdock/core/engine"
 )
 
 // tableRow is a row of the settings table: selection, edit mark, key.
@@ -151,4 +155,54 @@ func TestDetailsScroll(t *testing.T) {
 	}
 	mustContain(t, screen(m), "Instance 4243")
 	mustNotContain(t, screen(m), "more above (pgup")
+}
+
+// manyEvents is the fixture with n more register events, a minute apart.
+func manyEvents(t *testing.T, n int) *fakeEngine {
+	f := newFakeEngine(t)
+	for i := range n {
+		f.snap.Events = append(f.snap.Events, engine.Event{Seq: uint64(10 + i), Time: t0.Add(time.Duration(i-n) * time.Minute),
+			Kind: "register", Level: slog.LevelInfo, Message: fmt.Sprintf("instance %d registered: SHM", 5000+i)})
+	}
+	return f
+}
+
+// TestEventsScroll: the Events pane opens on the newest events, says how
+// many lines are above, and pages back with pgup, g and G the way the
+// other panes do; scrolled back, a new event does not move the view, and
+// at the newest again new events come into view.
+func TestEventsScroll(t *testing.T) {
+	for _, size := range [][2]int{{80, 24}, {160, 48}} {
+		w, h := size[0], size[1]
+		f := manyEvents(t, 100)
+		m := newTestModel(t, f, w, h)
+		press(t, m, "4")
+		newest := screen(m)
+		mustContain(t, newest, "instance 5099 registered", "more above (pgup, g top)", "pgup/ctrl+u page up")
+		mustNotContain(t, newest, "more below")
+		press(t, m, "pgup")
+		golden(t, fmt.Sprintf("events_scrolled_%dx%d", w, h), goldenView(m))
+		scrolled := screen(m)
+		mustContain(t, scrolled, "more above (pgup, g top)", "more below (pgdn, G bottom)")
+		mustNotContain(t, scrolled, "instance 5099 registered")
+
+		// A new event while scrolled back: the view stays.
+		f.snap.Events = append(f.snap.Events, engine.Event{Seq: 500, Time: t0, Kind: "register", Level: slog.LevelInfo, Message: "instance 7777 registered: SHM"})
+		m.Update(snapMsg(f.Snapshot()))
+		if got := screen(m); strings.Split(got, "[4 Events]")[1] != strings.Split(scrolled, "[4 Events]")[1] {
+			// Only the "more below" count may change.
+			mustContain(t, got, "more below")
+		}
+		mustNotContain(t, screen(m), "instance 7777")
+
+		press(t, m, "g")
+		mustContain(t, screen(m), "serving on tcp://localhost:5555", "more below")
+		mustNotContain(t, screen(m), "more above")
+		press(t, m, "G")
+		mustContain(t, screen(m), "instance 7777 registered")
+		// Following the newest again.
+		f.snap.Events = append(f.snap.Events, engine.Event{Seq: 501, Time: t0, Kind: "register", Level: slog.LevelInfo, Message: "instance 8888 registered: SHM"})
+		m.Update(snapMsg(f.Snapshot()))
+		mustContain(t, screen(m), "instance 8888 registered")
+	}
 }
