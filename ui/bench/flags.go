@@ -42,8 +42,9 @@ With --restart it measures restarts instead: a server process that keeps
 its pool (--l1-keep-on-exit), a working set stored once, then the workers
 look it up and retrieve it without pause while the server restarts by
 SIGUSR2 and by SIGTERM followed by the same command line; it reports the
-gap (the longest time without an answer), the hit ratio in the second
-before and in the first second after, and failed requests.
+gap (from the signal to the first answer to a request sent after it), the
+hit ratio in the second before and in the first second after, and failed
+requests (--timeout 2s unless given).
 
 A progress line (phase, elapsed, GB moved) goes to stderr: redrawn on a
 terminal, a plain line per phase otherwise, none with --json.
@@ -85,7 +86,7 @@ func parseFlags(args []string, stderr io.Writer, environ []string) (Options, int
 	port := fs.Int("port", 0, "the target server's ZMQ port (with --host)")
 	pid := fs.Int("server-pid", 0, "the target server's pid, for its CPU time and peak RSS")
 	child := fs.Bool("server-process", false, "start the server as a separate kvdock process and measure it as a target (its own RSS and CPU); one --mode")
-	restart := fs.Bool("restart", false, "measure restarts instead: a server process that keeps its pool (--l1-keep-on-exit) restarted by SIGUSR2 and by SIGTERM + the same command line under load; the gap and the hit ratio around it (--mode shm unless given)")
+	restart := fs.Bool("restart", false, "measure restarts instead: a server process that keeps its pool (--l1-keep-on-exit) restarted by SIGUSR2 and by SIGTERM + the same command line under load; the gap and the hit ratio around it (--mode shm, --timeout 2s unless given)")
 	def := settings.Default()
 	fs.String(settings.ConfigFlag, "", "settings file to read the target's HTTP address from (default $XDG_CONFIG_HOME/kvdock/config.yaml when it exists) ["+settings.EnvConfig+"]")
 	fs.String("http-host", "", "host of the target's HTTP API, for /status (default: --host) [KVDOCK_HTTP_HOST]")
@@ -182,6 +183,9 @@ func parseFlags(args []string, stderr io.Writer, environ []string) (Options, int
 	if *restart {
 		if !fs.Changed("mode") {
 			*mode = "shm"
+		}
+		if !fs.Changed("timeout") {
+			*timeout = 2 * time.Second // a request lost at the restart comes back soon
 		}
 		if *host != "" || len(*l2) > 0 || *child || *compare != "" {
 			bad = append(bad, "--restart: not with --host/--port, --l2-adapter, --server-process or --compare (it starts its own server process)")

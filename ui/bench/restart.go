@@ -25,6 +25,7 @@ import (
 
 	"kvdock/assets"
 	"kvdock/core/protocol"
+	"kvdock/core/rpc/client"
 )
 
 // restartWindow is how long before a restart and after the first answer
@@ -49,18 +50,24 @@ type RestartResult struct {
 // RestartRun is one restart seen from the workers.
 type RestartRun struct {
 	Way string `json:"way"`
-	// GapMs is the longest time no worker got an answer, around the
-	// restart; ServerGapMs is the gap the new process reports in /status.
-	GapMs       float64 `json:"gap_ms"`
-	ServerGapMs float64 `json:"server_gap_ms"`
-	Adopted     bool    `json:"adopted"`
-	Objects     int64   `json:"adopted_objects"`
-	Reason      string  `json:"reason,omitempty"`
-	// Before is the second before the signal, After the second after the
+	// GapMs is the longest time without an answer after the signal to a
+	// NOOP probe sent every millisecond on a DEALER of its own (20 ms
+	// timeout); WorkersGapMs is the time from the signal to the first
+	// answer to a workers' lookup sent after it (longer when their
+	// requests in flight were lost: they wait for their timeout);
+	// ServerGapMs is the gap the new process reports in /status.
+	GapMs        float64 `json:"gap_ms"`
+	WorkersGapMs float64 `json:"workers_gap_ms"`
+	ServerGapMs  float64 `json:"server_gap_ms"`
+	Adopted      bool    `json:"adopted"`
+	Objects      int64   `json:"adopted_objects"`
+	Reason       string  `json:"reason,omitempty"`
+	// Before is the second before the signal, After the second from the
 	// first answer that ended the gap.
 	Before RestartWindow `json:"before"`
 	After  RestartWindow `json:"after"`
-	// Failed are lookups or retrieves that timed out or failed; Mismatches
+	// Failed are lookups or retrieves that timed out or failed (a request
+	// in flight at the signal that is never answered times out); Mismatches
 	// chunks whose bytes differ.
 	Failed     int64  `json:"failed"`
 	Mismatches int64  `json:"mismatches"`
@@ -77,7 +84,7 @@ type RestartWindow struct {
 
 // restartSample is one lookup (and retrieve of its hits) done.
 type restartSample struct {
-	done           time.Time
+	sent, done     time.Time
 	requested, hit int
 	failed         bool
 	mismatches     int64
@@ -117,8 +124,8 @@ func executeRestart(ctx context.Context, o Options) (*RestartResult, error) {
 		Mode: o.Mode, ChunkBytes: lay.Bytes, Chunks: o.Chunks, Workers: o.Workers,
 		WorkingSet: o.Workers * d.cfg.PromptsPerRound, PoolBytes: pool,
 		Definitions: []string{
-			"gap: the longest time no worker got an answer, from a second before the signal until the end",
-			"before: lookups completed in the second before the signal; after: in the second after the first answer that ended the gap",
+			"gap: the longest time without an answer after the signal to a NOOP probe sent every millisecond on a DEALER of its own (20 ms timeout); workers' gap: from the signal to the first answer to a workers' lookup sent after it, which includes waiting out a request lost at the signal (failed)",
+			"before: lookups completed in the second before the signal; after: in the second from the first answer after the gap",
 			"hit ratio: hit chunks / requested chunks of those lookups; the working set was stored once, before the first restart",
 		},
 	}
@@ -155,9 +162,27 @@ func (d *driver) measureRestart(ctx context.Context, c *childServer, way string,
 	if err != nil {
 		return nil, err
 	}
+	probe, err := client.Dial(d.cfg.Endpoint, d.cfg.Profile, client.Options{Timeout: 20 * time.Millisecond})
+	if err != nil {
+		return nil, err
+	}
+	defer probe.Close()
 	stop := make(chan struct{})
 	samples := make([][]restartSample, d.cfg.Workers)
+	var probes []restartSample
 	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Millisecond):
+			}
+			sent := time.Now()
+			_, err := probe.Call(ctx, protocol.Noop)
+			probes = append(probes, restartSample{sent: sent, done: time.Now(), failed: err != nil})
+		}
+	})
 	for w := range d.cfg.Workers {
 		wg.Go(func() {
 			for i := 0; ; i++ {
@@ -188,9 +213,11 @@ func (d *driver) measureRestart(ctx context.Context, c *childServer, way string,
 		finish()
 		return nil, fmt.Errorf("%s: %w", way, err)
 	}
-	time.Sleep(restartWindow + restartWindow/2)
+	// Long enough for workers whose request was lost to time out and
+	// come back.
+	time.Sleep(max(restartWindow+restartWindow/2, time.Until(signalled.Add(d.cfg.Timeout+restartWindow))))
 	run := summarize(finish(), signalled)
-	run.Way = way
+	run.Way, run.WorkersGapMs, run.GapMs = way, run.GapMs, longestHole(probes, signalled)
 	run.ServerGapMs, run.Adopted, run.Objects, run.Reason = after.Restart.GapMs, after.Restart.Adopted, after.Restart.AdoptedObjects, after.Restart.Reason
 	return run, nil
 }
@@ -200,12 +227,13 @@ func (d *driver) measureRestart(ctx context.Context, c *childServer, way string,
 // END_SESSION.
 func (d *driver) lookupAndRetrieve(ctx context.Context, w int, p prompt) restartSample {
 	var st counters
+	sent := time.Now()
 	hits, err := d.lookup(ctx, w, &st, p)
 	if err == nil && hits > 0 {
 		d.retrieveOne(ctx, w, &st, p, min(hits, len(p.ids)))
 	}
 	_, _ = d.call(ctx, d.clients[w], &st, protocol.EndSession, p.requestID)
-	return restartSample{done: time.Now(), requested: len(p.ids), hit: hits,
+	return restartSample{sent: sent, done: time.Now(), requested: len(p.ids), hit: hits,
 		failed: st.timeouts+st.errors > 0, mismatches: st.mismatches, err: st.firstErr}
 }
 
@@ -213,43 +241,55 @@ func sortSamples(all []restartSample) {
 	slices.SortFunc(all, func(a, b restartSample) int { return a.done.Compare(b.done) })
 }
 
-// summarize finds the gap (the longest time without an answer, from a
-// window before the signal on) and the windows around it.
+// summarize finds the gap (from the signal to the first answer to a
+// lookup sent after it) and the windows around it.
 func summarize(all []restartSample, signalled time.Time) *RestartRun {
 	run := &RestartRun{}
-	from := signalled.Add(-restartWindow)
-	var resume time.Time
-	prev := time.Time{}
+	resume := time.Time{}
 	for _, s := range all {
 		if s.failed {
 			run.Failed++
 			if run.FirstError == "" {
 				run.FirstError = s.err
 			}
-		}
-		run.Mismatches += s.mismatches
-		if s.done.Before(from) {
 			continue
 		}
-		if !prev.IsZero() && s.done.After(signalled) {
-			if gap := s.done.Sub(prev); float64(gap.Microseconds())/1e3 > run.GapMs {
-				run.GapMs, resume = float64(gap.Microseconds())/1e3, s.done
-			}
+		run.Mismatches += s.mismatches
+		if !s.sent.Before(signalled) && (resume.IsZero() || s.done.Before(resume)) {
+			resume = s.done
 		}
-		prev = s.done
 	}
 	if resume.IsZero() {
-		resume = signalled
+		return run // nothing answered after the signal
 	}
+	run.GapMs = float64(resume.Sub(signalled).Microseconds()) / 1e3
 	for _, s := range all {
 		switch {
-		case !s.done.Before(from) && s.done.Before(signalled):
+		case s.failed:
+		case !s.done.Before(signalled.Add(-restartWindow)) && s.done.Before(signalled):
 			run.Before.add(s)
 		case !s.done.Before(resume) && s.done.Before(resume.Add(restartWindow)):
 			run.After.add(s)
 		}
 	}
 	return run
+}
+
+// longestHole is the longest time between two answers (in order of
+// arrival) where the later came after the signal, in ms.
+func longestHole(all []restartSample, signalled time.Time) float64 {
+	var prev time.Time
+	var hole time.Duration
+	for _, s := range all {
+		if s.failed {
+			continue
+		}
+		if !prev.IsZero() && s.done.After(signalled) {
+			hole = max(hole, s.done.Sub(prev))
+		}
+		prev = s.done
+	}
+	return float64(hole.Microseconds()) / 1e3
 }
 
 func (w *RestartWindow) add(s restartSample) {
@@ -366,13 +406,13 @@ func (r *RestartResult) WriteTable(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "restart: %s mode, %d workers, working set %d prompts of %d chunks (%d B each), pool %d MiB\n\n",
 		r.Mode, r.Workers, r.WorkingSet, r.Chunks, r.ChunkBytes, r.PoolBytes>>20)
-	fmt.Fprintln(tw, "way\tgap ms\tserver gap ms\tadopted objects\thit ratio before\tafter (first second)\tfailed\tmismatches")
+	fmt.Fprintln(tw, "way\tgap ms\tworkers' gap ms\tserver gap ms\tadopted objects\thit ratio before\tafter (first second)\tfailed\tmismatches")
 	for _, x := range r.Restarts {
 		adopted := fmt.Sprint(x.Objects)
 		if !x.Adopted {
 			adopted = "none: " + x.Reason
 		}
-		fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%s\t%.3f (%d lookups)\t%.3f (%d lookups)\t%d\t%d\n", x.Way, x.GapMs, x.ServerGapMs, adopted,
+		fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%.1f\t%s\t%.3f (%d lookups)\t%.3f (%d lookups)\t%d\t%d\n", x.Way, x.GapMs, x.WorkersGapMs, x.ServerGapMs, adopted,
 			x.Before.HitRatio, x.Before.Lookups, x.After.HitRatio, x.After.Lookups, x.Failed, x.Mismatches)
 	}
 	fmt.Fprintln(tw)
