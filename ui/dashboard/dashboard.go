@@ -13,7 +13,8 @@
 //	             what-if; y confirms, n cancels)
 //	lists        ↑↓/jk move, pgup/pgdn or ctrl+u/ctrl+d page, g/G top/bottom;
 //	             "… n more below" when the list goes on
-//	2 Pool, 3 GPU  the same keys scroll the pane when it does not fit
+//	2 Pool, 3 GPU, 6 Tiers  the same keys scroll the pane when it does
+//	             not fit
 //	1 Contexts   shift+letter sorts by that column (figures start with the
 //	             largest; again: reverse; the sort column is always shown),
 //	             s next shown column, / filter: text matches every text

@@ -206,3 +206,13 @@ func TestEventsScroll(t *testing.T) {
 		mustContain(t, screen(m), "instance 8888 registered")
 	}
 }
+
+// TestTiersScrolledGolden: the Tiers pane pages like the Pool pane.
+func TestTiersScrolledGolden(t *testing.T) {
+	f := newFakeEngine(t)
+	withTiers(t, f, fakeTiers())
+	m := newTestModel(t, f, 80, 24)
+	press(t, m, "6", "pgdown")
+	golden(t, "tiers_scrolled_80x24", goldenView(m))
+	mustContain(t, screen(m), "more above (pgup, g top)")
+}

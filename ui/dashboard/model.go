@@ -64,7 +64,7 @@ func newModel(ctx context.Context, eng Engine, opts Options, profile colorprofil
 		gpu:      &gpuPane{scrollPane{pc: pc}},
 		events:   newEventsPane(pc),
 		settings: newSettingsPane(ctx, pc, eng),
-		tiers:    &tiersPane{pc: pc},
+		tiers:    &tiersPane{scrollPane: scrollPane{pc: pc}},
 		dirty:    true,
 	}
 	m.panes = [paneCount]component{m.contexts, m.pool, m.gpu, m.events, m.settings, m.tiers}

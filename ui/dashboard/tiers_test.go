@@ -114,17 +114,20 @@ func TestTiersPaneScrollsAndFitsSmallScreens(t *testing.T) {
 	m := newTestModel(t, f, 80, 24)
 	press(t, m, "6")
 	s := screen(m)
-	mustContain(t, s, "Tier 0", "more tier(s) below", "↓/j")
+	mustContain(t, s, "Tier 0", "more below (pgdn, G bottom)", "pgdn/ctrl+d page down")
 	mustNotContain(t, s, "Tier 7")
 	if n := len(strings.Split(m.View().Content, "\n")); n != 24 {
 		t.Fatalf("%d lines at 80x24", n)
 	}
 	press(t, m, "G")
 	s = screen(m)
-	mustContain(t, s, "Tier 7", "7 tier(s) above")
-	mustNotContain(t, s, "Tier 0 ")
+	mustContain(t, s, "Tier 7", "more above (pgup, g top)")
+	mustNotContain(t, s, "Tier 0 ", "more below")
+	press(t, m, "pgup")
+	mustContain(t, screen(m), "more above", "more below")
 	press(t, m, "g")
 	mustContain(t, screen(m), "Tier 0")
+	mustNotContain(t, screen(m), "more above")
 	for _, size := range [][2]int{{40, 10}, {60, 15}} {
 		m.Update(tea.WindowSizeMsg{Width: size[0], Height: size[1]})
 		for _, l := range strings.Split(screen(m), "\n") {

@@ -5,8 +5,6 @@ import (
 	"strings"
 	"time"
 
-	"charm.land/bubbles/v2/key"
-	tea "charm.land/bubbletea/v2"
 	"charm.land/lipgloss/v2"
 
 	"kvdock/core/tierstate"
@@ -22,11 +20,10 @@ type tierRate struct {
 }
 
 // tiersPane is every L2 tier in lookup order: state and why, usage,
-// reads, writes and the throughput between the last two snapshots.
+// reads, writes and the throughput between the last two snapshots; it
+// scrolls when they do not fit.
 type tiersPane struct {
-	sized
-	pc  *programContext
-	cur listCursor // the first tier shown
+	scrollPane
 	// prev and prevAt are the previous snapshot's tiers, the rates are
 	// derived from.
 	prev   []tierstate.Tier
@@ -34,23 +31,7 @@ type tiersPane struct {
 	rates  map[int]tierRate
 }
 
-func (p *tiersPane) ShortKeys() []key.Binding {
-	if len(p.pc.snap.Tiers) > 1 {
-		return p.pc.keys.List.list()
-	}
-	return nil
-}
-
-func (p *tiersPane) HelpKeys() [][]key.Binding { return [][]key.Binding{p.pc.keys.List.list()} }
-
-func (p *tiersPane) Update(msg tea.Msg) tea.Cmd {
-	if kp, ok := msg.(tea.KeyPressMsg); ok {
-		p.cur.move(p.pc.keys.List, kp, len(p.pc.snap.Tiers), p.pc.pageSize())
-	}
-	return nil
-}
-
-func (p *tiersPane) View() string { return p.render(p.w, p.h) }
+func (p *tiersPane) View() string { return p.show(p.lines(p.w), p.h) }
 
 // addRates derives each tier's throughput from the byte totals of the
 // previous snapshot and this one; a tier is the same when its position and
@@ -96,37 +77,24 @@ func tierStateText(s tierstate.State) string {
 	return "UNKNOWN"
 }
 
-// renderTiers shows every L2 tier in lookup order, from the selected one
-// down as far as the screen goes.
-func (p *tiersPane) render(w, h int) string {
+// lines are every L2 tier in lookup order under a line about them all,
+// or what renderNoTiers says.
+func (p *tiersPane) lines(w int) []string {
 	pc := p.pc
 	tiers := pc.snap.Tiers
 	l2 := pc.running.L2
 	if len(tiers) == 0 {
-		return p.renderNoTiers(w)
+		return strings.Split(p.renderNoTiers(w), "\n")
 	}
 	head := fmt.Sprintf("%d tier(s) in lookup order · store %s · %d loads in flight · timeout %s",
 		len(tiers), l2.StorePolicy, l2.PrefetchMaxInFlight,
 		durationText(time.Duration(l2.LoadTimeoutSeconds*float64(time.Second))))
 	lines := strings.Split(wrapWords(head, w), "\n")
-	sel := max(0, min(p.cur.sel, len(tiers)-1))
-	if sel > 0 {
-		lines = append(lines, pc.st.Faint.Render(fmt.Sprintf("  … %d tier(s) above (↑/k)", sel)))
-	}
-	for i := sel; i < len(tiers); i++ {
-		block := p.tierBlock(tiers[i], w)
-		need := len(lines) + 1 + len(block)
-		if i < len(tiers)-1 {
-			need++ // room for "n more below" after it
-		}
-		if need > h && i > sel {
-			lines = append(lines, pc.st.Faint.Render(fmt.Sprintf("  … %d more tier(s) below (↓/j)", len(tiers)-i)))
-			break
-		}
+	for _, t := range tiers {
 		lines = append(lines, "")
-		lines = append(lines, block...)
+		lines = append(lines, p.tierBlock(t, w)...)
 	}
-	return strings.Join(lines, "\n")
+	return lines
 }
 
 // tierBlock is one tier: title and state, then its figures.
