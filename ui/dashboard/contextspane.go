@@ -48,6 +48,7 @@ type contextsPane struct {
 	// were (another context's start at the top).
 	detail         scroller
 	detailOverflow bool
+	detailRows     int // the rows the details had in the last view
 	detailOf       int64
 	// hadWorkers: a worker was registered since the dashboard started, so
 	// an empty table means they left, not that none came yet.
@@ -121,7 +122,7 @@ func (p *contextsPane) Update(msg tea.Msg) tea.Cmd {
 	k := p.keys
 	rows := p.visible()
 	if p.scrollsDetails() && key.Matches(kp, k.PageUp, k.PageDown, k.Top, k.Bottom) {
-		p.detail.move(k.listKeys, kp, p.h)
+		p.detail.move(k.listKeys, kp, p.detailRows)
 		return nil
 	}
 	if p.cur.move(k.listKeys, kp, len(rows), p.pc.pageSize()) {
@@ -365,7 +366,7 @@ func (p *contextsPane) View() string {
 		}
 		room := h - 2 - shown - 1 // under the blank line
 		detail = append(detail, pc.contextCharts(c, w, room-len(detail))...)
-		p.detailOverflow = len(detail) > room
+		p.detailOverflow, p.detailRows = len(detail) > room, room
 		b.WriteString("\n" + strings.Join(p.detail.window(st, detail, room), "\n") + "\n")
 	}
 	return b.String()
