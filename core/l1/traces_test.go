@@ -131,6 +131,9 @@ type evictionTrace struct {
 func evictionTraces() []evictionTrace {
 	return []evictionTrace{
 		{"multi-turn", multiTurnTrace(40_000, 1), 100},
+		{"chat-think", chatTrace(40_000, 400, 400, 6), 100},
+		{"multi-turn-ondemand", multiTurnTrace(40_000, 1), 1 << 30},
+		{"chat-think-ondemand", chatTrace(40_000, 400, 400, 6), 1 << 30},
 		{"system-prompt", systemPromptTrace(40_000, 2), 100},
 		{"rag", ragTrace(40_000, 3), 100},
 		{"zipf-prefix", zipfTrace(40_000, 4), 100},

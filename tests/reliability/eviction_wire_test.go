@@ -4,14 +4,15 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"testing"
 
 	"kvdock/core/protocol"
+	"kvdock/core/testkit/chat"
 	"kvdock/tests/harness"
 )
 
-// The eviction policies through the wire: a multi-turn chat trace replayed
+// The eviction policies through the wire: a multi-turn chat trace (chat.Trace:
+// conversations return after the ones served meanwhile) replayed
 // against the real binary under LRU and under prefix, by a scheduler and a
 // Go SHM worker doing what LMCache does each turn (LOOKUP of the whole
 // conversation, PREPARE/COMMIT_RETRIEVE of the hits, PREPARE/COMMIT_STORE
@@ -25,70 +26,6 @@ const (
 	wireChunkBytes  = 4096
 )
 
-// chatTurn is one prompt of the chat trace: conversation conv's first
-// chunks chunks.
-type chatTurn struct{ conv, chunks int }
-
-// wireChatTrace is chat with think time: open conversations at a time,
-// each extended by 1 to 3 chunks a turn, ending after 4 to 16 turns (a new
-// one takes its place); a conversation comes back think turns after it was
-// served on average (uniform between half and one and a half times that),
-// after the conversations served meanwhile. (core/l1's chatTrace is the
-// same shape for the in-process benchmark.)
-func wireChatTrace(n, open int, think float64, seed uint64) []chatTurn {
-	r := rand.New(rand.NewPCG(seed, 6))
-	type conv struct {
-		id, turns, left, chunks int
-		at                      float64
-	}
-	next := 0
-	fresh := func(now float64) *conv {
-		next++
-		return &conv{id: next, left: 4 + r.IntN(13), at: now + think*r.Float64()}
-	}
-	convs := make([]*conv, open)
-	for i := range convs {
-		convs[i] = fresh(0)
-	}
-	out := make([]chatTurn, n)
-	for i := range out {
-		j := 0
-		for k, c := range convs {
-			if c.at < convs[j].at {
-				j = k
-			}
-		}
-		c := convs[j]
-		c.chunks += 1 + r.IntN(3)
-		c.turns++
-		out[i] = chatTurn{conv: c.id, chunks: c.chunks}
-		if c.turns == c.left {
-			convs[j] = fresh(float64(i))
-		} else {
-			c.at = float64(i) + think*(0.5+r.Float64())
-		}
-	}
-	return out
-}
-
-// chatWorkingSet is the chunks that the last eighth of trace asks for
-// more than once: what a pool must hold to serve the traffic of a while.
-func chatWorkingSet(trace []chatTurn) int {
-	seen := map[[2]int]int{}
-	for _, tu := range trace[len(trace)*7/8:] {
-		for c := range tu.chunks {
-			seen[[2]int{tu.conv, c}]++
-		}
-	}
-	n := 0
-	for _, v := range seen {
-		if v > 1 {
-			n++
-		}
-	}
-	return n
-}
-
 // wireReplay is what one policy's replay measured over the trace's second
 // half (asked, hit) and in all (wrong chunks), and the pool at the end.
 type wireReplay struct {
@@ -99,7 +36,7 @@ type wireReplay struct {
 
 // replayWire replays trace against a real kvdock with a pool of poolBytes
 // under policy.
-func replayWire(t *testing.T, trace []chatTurn, poolBytes int64, policy string) wireReplay {
+func replayWire(t *testing.T, trace []chat.Turn, poolBytes int64, policy string) wireReplay {
 	t.Helper()
 	srv := harness.Start(t, "--eviction-policy", policy, "--chunk-size", fmt.Sprint(wireChunkTokens),
 		"--l1-size-gb", fmt.Sprint(float64(poolBytes)/(1<<30)))
@@ -116,24 +53,24 @@ func replayWire(t *testing.T, trace []chatTurn, poolBytes int64, policy string) 
 	var out wireReplay
 	for i, tu := range trace {
 		req := fmt.Sprintf("t%d", i)
-		toks := tokensFor(tu.conv, tu.chunks, w.chunk)
+		toks := tokensFor(tu.Conv, tu.Chunks, w.chunk)
 		hits, err := lookupKeep(ctx, sched, w.model, toks, req)
 		if err != nil {
 			t.Fatalf("turn %d: lookup: %v", i, err)
 		}
 		if hits > 0 {
 			if _, err := w.wk().Retrieve(ctx, w.key(toks, hits, req), func(c int, chunk []byte) {
-				if !bytes.Equal(chunk, chunkData(tu.conv, c, w.chunkBytes)) {
+				if !bytes.Equal(chunk, chunkData(tu.Conv, c, w.chunkBytes)) {
 					out.wrong++
 				}
 			}); err != nil {
 				t.Fatalf("turn %d: retrieve %d chunks: %v", i, hits, err)
 			}
 		}
-		if hits < tu.chunks {
-			data := make([][]byte, tu.chunks)
+		if hits < tu.Chunks {
+			data := make([][]byte, tu.Chunks)
 			for c := range data {
-				data[c] = chunkData(tu.conv, c, w.chunkBytes)
+				data[c] = chunkData(tu.Conv, c, w.chunkBytes)
 			}
 			if _, err := w.store(ctx, toks, data, req); err != nil {
 				t.Fatalf("turn %d: store: %v", i, err)
@@ -143,7 +80,7 @@ func replayWire(t *testing.T, trace []chatTurn, poolBytes int64, policy string) 
 			t.Fatalf("turn %d: end session: %v", i, err)
 		}
 		if i >= len(trace)/2 {
-			out.asked += tu.chunks
+			out.asked += tu.Chunks
 			out.hit += hits
 		}
 	}
@@ -164,8 +101,8 @@ func replayWire(t *testing.T, trace []chatTurn, poolBytes int64, policy string) 
 // in the one conversation an eviction leaves partly resident (LRU keeps its
 // useless tail, prefix its head). docs/BENCHMARKS.md has the figures.
 func TestEvictionPoliciesOnTheWire(t *testing.T) {
-	trace := wireChatTrace(4000, 100, 100, 1)
-	ws := chatWorkingSet(trace)
+	trace := chat.Trace(4000, 100, 100, 1)
+	ws := chat.WorkingSet(trace)
 	pool := int64(ws/2) * wireChunkBytes
 	res := map[string]wireReplay{}
 	for _, pol := range []string{"LRU", "prefix"} {
