@@ -52,9 +52,9 @@ type RestartRun struct {
 	Way string `json:"way"`
 	// GapMs is the longest time without an answer after the signal to a
 	// NOOP probe sent every millisecond on a DEALER of its own (20 ms
-	// timeout); WorkersGapMs is the time from the signal to the first
-	// answer to a workers' lookup sent after it (longer when their
-	// requests in flight were lost: they wait for their timeout);
+	// timeout); WorkersGapMs the longest time no worker's lookup was
+	// answered (longer when their requests in flight were lost: they wait
+	// for their timeout);
 	// ServerGapMs is the gap the new process reports in /status.
 	GapMs        float64 `json:"gap_ms"`
 	WorkersGapMs float64 `json:"workers_gap_ms"`
@@ -63,7 +63,7 @@ type RestartRun struct {
 	Objects      int64   `json:"adopted_objects"`
 	Reason       string  `json:"reason,omitempty"`
 	// Before is the second before the signal, After the second from the
-	// first answer that ended the gap.
+	// answer that ended the workers' gap.
 	Before RestartWindow `json:"before"`
 	After  RestartWindow `json:"after"`
 	// Failed are lookups or retrieves that timed out or failed (a request
@@ -124,8 +124,8 @@ func executeRestart(ctx context.Context, o Options) (*RestartResult, error) {
 		Mode: o.Mode, ChunkBytes: lay.Bytes, Chunks: o.Chunks, Workers: o.Workers,
 		WorkingSet: o.Workers * d.cfg.PromptsPerRound, PoolBytes: pool,
 		Definitions: []string{
-			"gap: the longest time without an answer after the signal to a NOOP probe sent every millisecond on a DEALER of its own (20 ms timeout); workers' gap: from the signal to the first answer to a workers' lookup sent after it, which includes waiting out a request lost at the signal (failed)",
-			"before: lookups completed in the second before the signal; after: in the second from the first answer after the gap",
+			"gap: the longest time without an answer after the signal to a NOOP probe sent every millisecond on a DEALER of its own (20 ms timeout); workers' gap: the longest time no worker's lookup was answered, which includes waiting out a request lost at the signal (failed)",
+			"before: lookups completed in the second before the signal; after: in the second from the answer that ended the workers' gap",
 			"hit ratio: hit chunks / requested chunks of those lookups; the working set was stored once, before the first restart",
 		},
 	}
@@ -217,7 +217,8 @@ func (d *driver) measureRestart(ctx context.Context, c *childServer, way string,
 	// come back.
 	time.Sleep(max(restartWindow+restartWindow/2, time.Until(signalled.Add(d.cfg.Timeout+restartWindow))))
 	run := summarize(finish(), signalled)
-	run.Way, run.WorkersGapMs, run.GapMs = way, run.GapMs, longestHole(probes, signalled)
+	run.Way, run.WorkersGapMs = way, run.GapMs
+	run.GapMs, _ = longestHole(probes, signalled)
 	run.ServerGapMs, run.Adopted, run.Objects, run.Reason = after.Restart.GapMs, after.Restart.Adopted, after.Restart.AdoptedObjects, after.Restart.Reason
 	return run, nil
 }
@@ -241,28 +242,24 @@ func sortSamples(all []restartSample) {
 	slices.SortFunc(all, func(a, b restartSample) int { return a.done.Compare(b.done) })
 }
 
-// summarize finds the gap (from the signal to the first answer to a
-// lookup sent after it) and the windows around it.
+// summarize finds the workers' gap (the longest time no lookup was
+// answered, after the signal) and the windows around it.
 func summarize(all []restartSample, signalled time.Time) *RestartRun {
 	run := &RestartRun{}
-	resume := time.Time{}
 	for _, s := range all {
 		if s.failed {
 			run.Failed++
 			if run.FirstError == "" {
 				run.FirstError = s.err
 			}
-			continue
 		}
 		run.Mismatches += s.mismatches
-		if !s.sent.Before(signalled) && (resume.IsZero() || s.done.Before(resume)) {
-			resume = s.done
-		}
 	}
+	gap, resume := longestHole(all, signalled)
 	if resume.IsZero() {
 		return run // nothing answered after the signal
 	}
-	run.GapMs = float64(resume.Sub(signalled).Microseconds()) / 1e3
+	run.GapMs = gap
 	for _, s := range all {
 		switch {
 		case s.failed:
@@ -276,20 +273,21 @@ func summarize(all []restartSample, signalled time.Time) *RestartRun {
 }
 
 // longestHole is the longest time between two answers (in order of
-// arrival) where the later came after the signal, in ms.
-func longestHole(all []restartSample, signalled time.Time) float64 {
-	var prev time.Time
+// arrival) where the later came after the signal, in ms, and when that
+// later answer came.
+func longestHole(all []restartSample, signalled time.Time) (float64, time.Time) {
+	var prev, end time.Time
 	var hole time.Duration
 	for _, s := range all {
 		if s.failed {
 			continue
 		}
-		if !prev.IsZero() && s.done.After(signalled) {
-			hole = max(hole, s.done.Sub(prev))
+		if !prev.IsZero() && s.done.After(signalled) && s.done.Sub(prev) > hole {
+			hole, end = s.done.Sub(prev), s.done
 		}
 		prev = s.done
 	}
-	return float64(hole.Microseconds()) / 1e3
+	return float64(hole.Microseconds()) / 1e3, end
 }
 
 func (w *RestartWindow) add(s restartSample) {

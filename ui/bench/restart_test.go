@@ -8,10 +8,9 @@ import (
 	"time"
 )
 
-// The gap runs from the signal to the first answer to a lookup sent after
-// it; the windows are the second before the signal and the second from
-// that answer; a lookup in flight at the signal and lost is a failure,
-// not the gap.
+// The workers' gap is the longest time without an answer after the
+// signal; the windows are the second before the signal and the second from
+// the answer that ended the gap; a lookup lost at the signal is a failure.
 func TestRestartSummary(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	sig := t0.Add(2 * time.Second)
@@ -23,7 +22,7 @@ func TestRestartSummary(t *testing.T) {
 	}
 	all = append(all,
 		restartSample{sent: at(1995), done: at(4000), requested: 4, failed: true, err: "no reply"},
-		restartSample{sent: at(1998), done: at(2100), requested: 4, hit: 4},
+		restartSample{sent: at(1998), done: at(2000), requested: 4, hit: 4},
 		restartSample{sent: at(2005), done: at(2350), requested: 4, hit: 3})
 	// Then every 10 ms: 3 of 4 chunks hit, one with 2 chunks wrong.
 	for ms := 2360; ms <= 4000; ms += 10 {
@@ -55,10 +54,10 @@ func TestRestartSummary(t *testing.T) {
 		down := ms > 2003 && ms < 2290
 		probes = append(probes, restartSample{sent: at(ms), done: at(ms), failed: down})
 	}
-	if h := longestHole(probes, sig); h != 287 {
+	if h, end := longestHole(probes, sig); h != 287 || !end.Equal(at(2290)) {
 		t.Fatalf("probe hole %.1f ms, want 287", h)
 	}
-	if r := summarize(all[:200], sig); r.GapMs != 0 || r.After.Lookups != 0 {
+	if r := summarize(all[:201], sig); r.GapMs != 0 || r.After.Lookups != 0 {
 		t.Fatalf("nothing after the signal: %+v", r)
 	}
 }
