@@ -7,8 +7,12 @@
 // sampled keys keep an LRU stack of their own, and the byte-weighted reuse
 // distance of a sampled access (the bytes of distinct objects used since its
 // last use, its own size included) is the sum of the sizes above it in that
-// stack divided by the sampling rate R = T/2^64. Under LRU (kvdock's policy)
-// an object is in a pool that holds U bytes when its distance is at most U.
+// stack divided by the sampling rate R = T/2^64. Under LRU an object is in
+// a pool that holds U bytes when its distance is at most U. The prefix
+// policy is not replayed (a sampled chunk's parent is seldom sampled); the
+// LRU curve serves it, since lookups and END_SESSION touch whole prompts and
+// so LRU evicts prompt by prompt, oldest first, as prefix does (l1's
+// TestWhatIfMatchesRealPools checks both).
 // When the sample set is full T drops by an eighth and the keys above it
 // leave, so memory is fixed (sized to 1 % of what the pool's object table
 // holds for a full pool, see TableBytesPerObject); entries deeper than 4×
