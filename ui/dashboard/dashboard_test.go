@@ -256,7 +256,7 @@ func TestApplyConfirmShowsClasses(t *testing.T) {
 		`[REBUILD] server.shm_name: "demo" -> "" (cache will be cleared)`,
 		"[RESTART] server.port: 5555 -> 6000 (server restarts)",
 		"[LIVE] eviction.ratio: 0.2 -> 0.3 (in place)",
-		"REBUILD: the cache will be cleared; 3 registered worker(s) must re-register.")
+		"REBUILD: the cache will be cleared: 321 objects, 512 MiB dropped.", "3 registered worker(s) must re-register.")
 	press(t, m, "n")
 	if len(f.applyCalls()) != 0 {
 		t.Fatal("n must not apply")
