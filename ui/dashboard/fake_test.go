@@ -157,7 +157,7 @@ func newFakeEngine(t *testing.T) *fakeEngine {
 		Config: cfg, Sources: src,
 		Shm: workers.Info{ShmName: "lmcache_l1_pool_demo", PoolSize: 1 << 30, Reason: "--shm-name \"demo\" given on the command line"},
 		Pool: engine.Pool{
-			Stats: l1.Stats{Objects: 321, UsedBytes: 512 << 20, Size: 1 << 30, Evictions: 17, AllocFailures: 2, Prefaulted: 768 << 20,
+			Stats: l1.Stats{Objects: 321, UsedBytes: 512 << 20, ResidentBytes: 512 << 20, UsableBytes: 510 << 20, Size: 1 << 30, Evictions: 17, AllocFailures: 2, Prefaulted: 768 << 20,
 				Policy: "LRU", Watermark: 0.8, Ratio: 0.2, WriteTTL: 600 * time.Second, ReadTTL: 300 * time.Second},
 			Decision: l1.Decision{Segment: "lmcache_l1_pool_demo", Size: 1 << 30, Shared: true,
 				Reason: "--shm-name \"demo\" given on the command line", ShmFree: 30 << 30},

@@ -55,7 +55,7 @@ func (c *programContext) renderHeader(w int) string {
 
 	// The pool line stays: a message (apply, save, remove results) takes
 	// a line of its own under the rates, for as long as it shows.
-	head := fit(line1, w) + "\n" + fit(c.summary(), w) + "\n" + fit(c.ratesLine(w), w)
+	head := fit(line1, w) + "\n" + fit(c.summary(w), w) + "\n" + fit(c.ratesLine(w), w)
 	if msg := c.statusLines(w); msg != "" {
 		head += "\n" + msg
 	}
@@ -115,8 +115,10 @@ func detectionsText(s engine.Snapshot) string {
 }
 
 // summary is the one-line overview under the title when nothing else is
-// to be said.
-func (c *programContext) summary() string {
+// to be said, within w columns where it can: the share of resident bytes
+// a LOOKUP can reach (usable) is left out when the line would not fit with
+// it (the Pool pane has it too).
+func (c *programContext) summary(w int) string {
 	s := c.snap
 	shm := "SHM " + s.Shm.ShmName
 	if !s.Shm.Shared() {
@@ -128,7 +130,12 @@ func (c *programContext) summary() string {
 	if s.GPU.Available {
 		gpu = fmt.Sprintf("%d GPU(s)", len(s.GPU.Devices))
 	}
-	return fmt.Sprintf("pool %s %.0f%% used · %s · %s", shm, pct, workers, gpu) + restartText(s.Restart)
+	head := fmt.Sprintf("pool %s %.0f%% used", shm, pct)
+	tail := fmt.Sprintf(" · %s · %s", workers, gpu) + restartText(s.Restart)
+	if usable := fmt.Sprintf(", %.1f%% usable", 100*s.Pool.UsableRatio()); lipgloss.Width(head+usable+tail) <= w {
+		head += usable
+	}
+	return head + tail
 }
 
 // restartText is the last restart for the summary line: what was adopted

@@ -45,6 +45,10 @@ func (p *poolPane) lines(w int) []string {
 	lines = append(lines,
 		"",
 		pc.st.Bold.Render("Usage     ")+bar(pc.st, barW, pct)+nums,
+		// Usable bytes are those a LOOKUP can reach: a chunk whose
+		// previous chunk was evicted is resident but never served.
+		pc.st.Bold.Render("Usable    ")+fmt.Sprintf("%s of %s resident (%.1f%%)",
+			settings.BytesText(s.Pool.UsableBytes), settings.BytesText(s.Pool.ResidentBytes), 100*s.Pool.UsableRatio()),
 		fmt.Sprintf("%s%d   %s%d   %s%d",
 			pc.st.Bold.Render("Objects   "), s.Pool.Objects,
 			pc.st.Bold.Render("Evictions "), s.Pool.Evictions,
