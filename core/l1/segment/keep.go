@@ -22,9 +22,9 @@ type Identity struct {
 // Keep ends the segment like Close but leaves the file for a successor
 // (a restarted kvdock that adopts it). record is called with the segment's
 // identity while this process still holds the flock; only when it succeeds
-// is the segment kept: its kvdock marker is removed (so that no other
-// kvdock's stale cleanup takes it while nobody holds it), it is unmapped
-// and its flock released. When record fails, or the memory is anonymous,
+// is the segment kept: it is unmapped and its flock released. Its kvdock
+// marker stays, so a kvdock that starts and does not adopt it removes it as
+// stale: a kept pool nobody adopts does not hold the host's memory. When record fails, or the memory is anonymous,
 // the segment is closed as by Close and the error returned.
 func (s *Segment) Keep(record func(Identity) error) error {
 	if s.fd < 0 {
@@ -53,9 +53,6 @@ func (s *Segment) Keep(record func(Identity) error) error {
 			err = fmt.Errorf("unmap pool: %w", e)
 		}
 		s.mem = nil
-		if e := unlinkOwn(s.fd, filepath.Join(s.dir, markerPrefix+s.dec.Segment)); e != nil && err == nil {
-			err = fmt.Errorf("unlink marker of kept segment %s: %w", s.dec.Segment, e)
-		}
 		unix.Close(s.fd) // releases the flock
 		s.fd = -1
 	})

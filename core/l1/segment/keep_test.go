@@ -20,8 +20,9 @@ func keepOne(t *testing.T, dir, name string, size int64) Identity {
 	if err := s.Keep(func(i Identity) error { id = i; return nil }); err != nil {
 		t.Fatalf("keep: %v", err)
 	}
-	if _, err := os.Lstat(filepath.Join(dir, markerPrefix+id.Name)); !os.IsNotExist(err) {
-		t.Fatalf("kept segment still marked (other kvdocks would clean it): %v", err)
+	// Still marked: a kvdock that starts and does not adopt it removes it.
+	if _, err := os.Lstat(filepath.Join(dir, markerPrefix+id.Name)); err != nil {
+		t.Fatalf("kept segment lost its marker: %v", err)
 	}
 	return id
 }
@@ -29,10 +30,6 @@ func keepOne(t *testing.T, dir, name string, size int64) Identity {
 func TestKeepThenAdoptKeepsBytes(t *testing.T) {
 	dir := shmDir(t)
 	id := keepOne(t, dir, "keep", 1<<20)
-	// Another kvdock's stale cleanup leaves a kept segment alone.
-	if removed, _ := CleanStale(dir, Prefix+"other", nil); len(removed) != 0 {
-		t.Fatalf("stale cleanup removed %v", removed)
-	}
 	s, err := Adopt(dir, id, 1<<20, true, nil)
 	if err != nil {
 		t.Fatalf("adopt: %v", err)
@@ -52,6 +49,25 @@ func TestKeepThenAdoptKeepsBytes(t *testing.T) {
 	}
 	if _, err := os.Lstat(filepath.Join(dir, id.Name)); !os.IsNotExist(err) {
 		t.Fatalf("closed adopted segment still there")
+	}
+}
+
+// A kept segment that nobody adopts does not hold the host's memory: the
+// next kvdock that starts without adopting it removes it as stale.
+func TestKeptSegmentRemovedByTheNextStartThatDoesNotAdopt(t *testing.T) {
+	dir := shmDir(t)
+	id := keepOne(t, dir, "orphan", 1<<20)
+	removed, err := CleanStale(dir, Prefix+"other", nil)
+	if err != nil || len(removed) != 1 {
+		t.Fatalf("stale cleanup of another kvdock's start: removed %v, %v", removed, err)
+	}
+	for _, name := range []string{id.Name, markerPrefix + id.Name} {
+		if _, err := os.Lstat(filepath.Join(dir, name)); !os.IsNotExist(err) {
+			t.Fatalf("%s still there after the cleanup: %v", name, err)
+		}
+	}
+	if _, err := Adopt(dir, id, 1<<20, false, nil); !errors.Is(err, ErrNotAdoptable) {
+		t.Fatalf("adopt after the cleanup: %v, want ErrNotAdoptable", err)
 	}
 }
 

@@ -329,6 +329,9 @@ func mark(c cleaner, tmp string, log *slog.Logger) {
 	var err error
 	for attempt := 0; ; attempt++ {
 		err = unix.Link(tmp, marker)
+		if errors.Is(err, unix.EEXIST) && sameNames(tmp, marker) {
+			return // an adopted segment: its marker stayed while it was kept
+		}
 		if !errors.Is(err, unix.EEXIST) || attempt == 3 {
 			break
 		}
@@ -341,6 +344,15 @@ func mark(c cleaner, tmp string, log *slog.Logger) {
 		log.Warn("shared memory segment left unmarked: if this server dies, only a server started with the same name removes it",
 			"segment", c.want, "marker", marker, "err", err)
 	}
+}
+
+// sameNames reports whether the names a and b are links to one inode.
+func sameNames(a, b string) bool {
+	var sa, sb unix.Stat_t
+	if unix.Lstat(a, &sa) != nil || unix.Lstat(b, &sb) != nil {
+		return false
+	}
+	return sa.Dev == sb.Dev && sa.Ino == sb.Ino
 }
 
 func openAnon(o Options, dec Decision, log *slog.Logger) (*Segment, error) {
