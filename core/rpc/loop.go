@@ -61,6 +61,37 @@ type loop struct {
 	// handedOff is set when a request went to a worker goroutine since the
 	// last poll: see yieldToWorkers.
 	handedOff bool
+
+	// lastRead is when a request was last read; graceEnd when a stop's
+	// grace ends (zero until the stop).
+	lastRead, graceEnd time.Time
+}
+
+// stopPoll is the poll timeout during a stop's grace.
+const stopPoll = 5 * time.Millisecond
+
+// stopQuiet is the silence that ends a stop's grace early: no request in
+// flight or queued, and none read for this long.
+const stopQuiet = 20 * time.Millisecond
+
+// serving reports whether the loop goes on reading: until ctx is done, then
+// for the stop's grace while requests are in flight, queued or arriving.
+func (l *loop) serving() bool {
+	if l.ctx.Err() == nil {
+		return true
+	}
+	if l.s.opts.StopGrace <= 0 {
+		return false
+	}
+	now := time.Now()
+	if l.graceEnd.IsZero() {
+		l.graceEnd = now.Add(l.s.opts.StopGrace)
+	}
+	if now.After(l.graceEnd) {
+		return false
+	}
+	busy := l.s.stats.inFlight.Load() > 0 || l.s.in.queued() > 0
+	return busy || now.Sub(l.lastRead) < stopQuiet
 }
 
 // outMsg is a reply admitted to its peer's budget, its frames (identity,
@@ -99,10 +130,13 @@ func (l *loop) run() error {
 	}
 	failures := 0
 	pause := pollRetryFirst
-	for l.ctx.Err() == nil {
+	for l.serving() {
 		timeout := time.Duration(-1)
 		if l.s.rp.n.Load() > 0 {
 			timeout = l.retryWait
+		}
+		if l.ctx.Err() != nil && (timeout < 0 || timeout > stopPoll) {
+			timeout = stopPoll // in the grace: look at the clock often
 		}
 		l.yieldToWorkers()
 		polled, err := l.poll(poller, timeout)
@@ -123,6 +157,9 @@ func (l *loop) run() error {
 			case <-t.C:
 			case <-l.ctx.Done():
 				t.Stop()
+				if !l.graceEnd.IsZero() {
+					return nil // failing polls in the grace: stop at once
+				}
 			}
 			pause = min(2*pause, pollRetryMax)
 			continue
@@ -353,6 +390,9 @@ func (l *loop) read() {
 		frames, held, total, tooMany, lost, ok := l.rc.recv(limit, &l.s.inflight)
 		if !ok {
 			return
+		}
+		if l.ctx.Err() != nil {
+			l.lastRead = time.Now()
 		}
 		l.s.churn.add(total)
 		l.dispatch(frames, held, total, limit, tooMany, lost)

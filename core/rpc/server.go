@@ -185,6 +185,11 @@ type Options struct {
 	// DrainTimeout bounds the wait for in-flight handlers on shutdown
 	// (default 5 s).
 	DrainTimeout time.Duration
+	// StopGrace is how long a stop keeps reading and answering while
+	// requests are in flight or still arriving (quiet for stopQuiet ends it
+	// sooner), so that a worker's request sent just before the stop is
+	// answered rather than dropped unread (default 100 ms; negative: none).
+	StopGrace time.Duration
 	// LogInterval is the rate limit for bad-input logs: once per kind per peer
 	// per interval (default 10 s).
 	LogInterval time.Duration
@@ -246,6 +251,9 @@ func (o *Options) defaults() error {
 	}
 	if o.DrainTimeout <= 0 {
 		o.DrainTimeout = 5 * time.Second
+	}
+	if o.StopGrace == 0 {
+		o.StopGrace = 100 * time.Millisecond
 	}
 	if o.LogInterval <= 0 {
 		o.LogInterval = 10 * time.Second
