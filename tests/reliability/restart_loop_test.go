@@ -114,7 +114,10 @@ func (w *loopWorker) retrieveSeq(ctx context.Context, tally *restartLoopTally, s
 // restart.
 func TestRestartLoopLosesNoRequest(t *testing.T) {
 	const nw, restarts = 4, 6
-	srv := harness.StartKeeping(t, false, "--chunk-size", "16")
+	// A pool of 256 MiB keeps every sequence the loop stores on a fast
+	// machine (~7,000 of 2 chunks of 4 KiB) under the eviction watermark,
+	// so the final read may ask for all of them.
+	srv := harness.StartKeeping(t, false, "--chunk-size", "16", "--l1-size-gb", "0.25")
 	ws := make([]*loopWorker, nw)
 	for i := range ws {
 		c, err := client.Dial(srv.Endpoint, harness.Profile(t, "nongpu-v1"), client.Options{Timeout: 3 * time.Second})

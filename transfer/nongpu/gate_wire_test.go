@@ -42,7 +42,9 @@ func TestWireUnreadRetrieveStallsOthersOnlyUntilLapse(t *testing.T) {
 		t.Fatalf("commit = %v, %v", ok, err)
 	}
 	e.mod.SetMaxInflightPickle(chunk + retrieveReplySlack) // one reply
-	const lapse = time.Second
+	// Long enough that the hostile's second retrieve (a 16 MiB reply) is
+	// granted before its first ticket lapses on a loaded 2-core machine.
+	const lapse = 4 * time.Second
 	e.mod.gate.mu.Lock()
 	e.mod.gate.ttl = lapse
 	e.mod.gate.mu.Unlock()
