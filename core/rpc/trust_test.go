@@ -632,3 +632,53 @@ func TestShutdownUnderBacklog(t *testing.T) {
 		t.Errorf("%d requests still counted in flight after the drain", st.InFlight)
 	}
 }
+
+// TestStopGraceAnswersRequestsStillArriving: a request that reaches the
+// server just after its stop began, while another is still being handled,
+// is read and answered within the stop's grace instead of dropped unread;
+// with the grace off it gets no answer.
+func TestStopGraceAnswersRequestsStillArriving(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		grace    time.Duration
+		answered bool
+	}{{"grace", 0, true}, {"no grace", -1, false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv, err := rpc.New(rpc.Options{Host: "localhost", Profile: profile(t, "nongpu-v1"), Logger: quietLogger(), StopGrace: tc.grace})
+			if err != nil {
+				t.Fatal(err)
+			}
+			entered, release := make(chan struct{}), make(chan struct{})
+			srv.Handle(protocol.QueryPrefetchStatus, func(context.Context, *rpc.Request) (any, error) {
+				close(entered)
+				<-release
+				return 1, nil
+			})
+			srv.Handle(protocol.Noop, func(context.Context, *rpc.Request) (any, error) { return "OK", nil })
+			ctx, cancel := context.WithCancel(context.Background())
+			served := make(chan error, 1)
+			go func() { served <- srv.Serve(ctx) }()
+			<-srv.Bound()
+			busy, late := rawDealer(t, srv.Endpoint()), rawDealer(t, srv.Endpoint())
+			sendFrames(t, late, enc(t, 1), enc(t, 19)) // connect and get answered once first
+			if _, err := late.RecvMessageBytes(0); err != nil {
+				t.Fatalf("NOOP before the stop: %v", err)
+			}
+			sendFrames(t, busy, enc(t, 2), enc(t, 6), enc(t, "req"))
+			<-entered
+			cancel() // the stop begins while QUERY_PREFETCH_STATUS runs
+			time.Sleep(10 * time.Millisecond)
+			sendFrames(t, late, enc(t, 3), enc(t, 19))
+			time.Sleep(30 * time.Millisecond)
+			close(release)
+			_ = late.SetRcvtimeo(time.Second)
+			_, err = late.RecvMessageBytes(0)
+			if got := err == nil; got != tc.answered {
+				t.Errorf("NOOP sent 10 ms into the stop: answered %v (%v), want %v", got, err, tc.answered)
+			}
+			if err := <-served; err != nil {
+				t.Fatalf("Serve: %v", err)
+			}
+		})
+	}
+}
