@@ -1,53 +1,14 @@
 package keys
 
 import (
-	"encoding/binary"
 	"testing"
-	"time"
 
-	"github.com/zeebo/blake3"
+	"kvdock/core/testkit/chainbench"
 )
 
-// chainMessages returns the exact byte strings the chain hashes for tokens:
-// previous digest || chunk tokens, one per full chunk.
+// chainMessages returns the exact byte strings the chain hashes for tokens.
 func chainMessages(h *Hasher, tokens []uint32) [][]byte {
-	cs := h.ChunkSize()
-	hs := h.Hashes(tokens)
-	msgs := make([][]byte, len(hs))
-	for i := range hs {
-		prev := NoneHash()
-		if i > 0 {
-			prev = hs[i-1]
-		}
-		m := append([]byte(nil), prev[:]...)
-		for _, t := range tokens[i*cs : (i+1)*cs] {
-			m = binary.BigEndian.AppendUint32(m, t)
-		}
-		msgs[i] = m
-	}
-	return msgs
-}
-
-// pairedRatio runs op and one raw BLAKE3 pass over msgs (one Sum256 per
-// chain message, the floor for a chained hash of those bytes) alternately k
-// times and returns time(op)/time(raw). Pairing the two keeps the ratio
-// steady on a shared machine, where separate runs drift apart.
-func pairedRatio(k int, op func(int), msgs [][]byte) float64 {
-	k = min(max(k, 20), 200)
-	var tOp, tRaw time.Duration
-	var sink Hash
-	for j := range k {
-		t0 := time.Now()
-		op(j)
-		t1 := time.Now()
-		for _, m := range msgs {
-			sink = blake3.Sum256(m)
-		}
-		tRaw += time.Since(t1)
-		tOp += t1.Sub(t0)
-	}
-	_ = sink
-	return float64(tOp) / float64(tRaw)
+	return chainbench.Messages(h.Hashes(tokens), NoneHash(), h.ChunkSize(), tokens)
 }
 
 // BenchmarkHashes32k hashes a 32k-token prompt (128 chunks of 256).
@@ -62,7 +23,7 @@ func BenchmarkHashes32k(b *testing.B) {
 		_ = h.Hashes(tokens)
 	}
 	b.StopTimer()
-	b.ReportMetric(pairedRatio(b.N, func(int) { _ = h.Hashes(tokens) }, msgs), "x-raw-blake3")
+	b.ReportMetric(chainbench.PairedRatio(b.N, func(int) { _ = h.Hashes(tokens) }, msgs), "x-raw-blake3")
 }
 
 // BenchmarkObjectKeys derives the scheduler keys of 128 chunks for 8 ranks.

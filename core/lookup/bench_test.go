@@ -1,14 +1,11 @@
 package lookup
 
 import (
-	"encoding/binary"
 	"fmt"
 	"testing"
-	"time"
-
-	"github.com/zeebo/blake3"
 
 	"kvdock/core/keys"
+	"kvdock/core/testkit/chainbench"
 )
 
 // hitStore finds every key, so a lookup's cost is the key path alone.
@@ -23,45 +20,6 @@ func (hitStore) Touch([]keys.ObjectKey)           {}
 type allLayouts struct{}
 
 func (allLayouts) GroupCount(string, int) int { return 1 }
-
-// chainMessages returns the byte strings the chain hashes for tokens:
-// previous digest || chunk tokens as big-endian uint32, one per full chunk.
-func chainMessages(h *keys.Hasher, tokens []uint32) [][]byte {
-	cs := h.ChunkSize()
-	hs := h.Hashes(tokens)
-	msgs := make([][]byte, len(hs))
-	for i := range hs {
-		prev := keys.NoneHash()
-		if i > 0 {
-			prev = hs[i-1]
-		}
-		m := append([]byte(nil), prev[:]...)
-		for _, t := range tokens[i*cs : (i+1)*cs] {
-			m = binary.BigEndian.AppendUint32(m, t)
-		}
-		msgs[i] = m
-	}
-	return msgs
-}
-
-// pairedRatio runs op and one raw BLAKE3 pass over msgs alternately k times
-// and returns time(op)/time(raw); pairing keeps the ratio steady on a shared
-// machine.
-func pairedRatio(k int, op func(int), msgs [][]byte) float64 {
-	k = min(max(k, 20), 200)
-	var tOp, tRaw time.Duration
-	for j := range k {
-		t0 := time.Now()
-		op(j)
-		t1 := time.Now()
-		for _, m := range msgs {
-			_ = blake3.Sum256(m)
-		}
-		tRaw += time.Since(t1)
-		tOp += t1.Sub(t0)
-	}
-	return float64(tOp) / float64(tRaw)
-}
 
 // BenchmarkLookup32k runs LOOKUP + QUERY_PREFETCH_STATUS for a 32k-token
 // prompt (128 chunks of 256 tokens, world size 1): "cold" with a new request
@@ -108,7 +66,7 @@ func BenchmarkLookup32k(b *testing.B) {
 				}
 			}
 			b.StopTimer()
-			ratio := pairedRatio(b.N, func(j int) {
+			ratio := chainbench.PairedRatio(b.N, func(j int) {
 				r.RequestID = "req"
 				if mode == "cold" {
 					r.RequestID = fmt.Sprint("pair-", j)
@@ -117,7 +75,7 @@ func BenchmarkLookup32k(b *testing.B) {
 					b.Fatal(err)
 				}
 				m.QueryStatus(r.RequestID)
-			}, chainMessages(h, tokens))
+			}, chainbench.Messages(h.Hashes(tokens), keys.NoneHash(), h.ChunkSize(), tokens))
 			b.ReportMetric(ratio, "x-raw-blake3")
 		})
 	}
