@@ -319,23 +319,9 @@ func (s *Set) loadKey(ctx context.Context, m *member, k keys.ObjectKey, name str
 		return false
 	}
 	m.st.hits.Add(1)
-	if ctx.Err() != nil {
-		m.st.timeouts.Add(1)
-		return false
-	}
-	res, err := s.pool.ReserveWrite(s.opts.Owner, []keys.ObjectKey{k}, lay.Bytes)
-	if err != nil {
-		s.log.Debug("no L1 room for a tier load", "key", k, "err", err)
-		return false
-	}
-	if len(res) == 0 {
-		return true // present in L1 already (stored meanwhile)
-	}
-	dst, release := s.pool.View(res[0].Offset, res[0].Length)
-	if dst == nil || len(dst) != len(payload) {
-		release()
-		s.pool.AbortWrite(res)
-		return false
+	res, dst, release, present := s.reserve(ctx, m, k, lay, int64(len(payload)))
+	if dst == nil {
+		return present
 	}
 	copy(dst, payload)
 	release()
@@ -344,6 +330,33 @@ func (s *Set) loadKey(ctx context.Context, m *member, k keys.ObjectKey, name str
 	}
 	m.st.loads.Add(1)
 	return true
+}
+
+// reserve write-locks an L1 slot of lay.Bytes for k and views it: dst,
+// n bytes long, is the slot until unview is called, and the caller then
+// finishes or aborts res. dst is nil when nothing is reserved: ctx has
+// ended (counted as a timeout), L1 has no room or no view of n bytes, or
+// k is in L1 already (stored meanwhile), which present says.
+func (s *Set) reserve(ctx context.Context, m *member, k keys.ObjectKey, lay layout.Layout, n int64) (res []l1.Reservation, dst []byte, unview func(), present bool) {
+	if ctx.Err() != nil {
+		m.st.timeouts.Add(1)
+		return nil, nil, nil, false
+	}
+	res, err := s.pool.ReserveWrite(s.opts.Owner, []keys.ObjectKey{k}, lay.Bytes)
+	if err != nil {
+		s.log.Debug("no L1 room for a tier load", "key", k, "err", err)
+		return nil, nil, nil, false
+	}
+	if len(res) == 0 {
+		return nil, nil, nil, true
+	}
+	dst, unview = s.pool.View(res[0].Offset, res[0].Length)
+	if dst == nil || int64(len(dst)) != n {
+		unview()
+		s.pool.AbortWrite(res)
+		return nil, nil, nil, false
+	}
+	return res, dst, unview, false
 }
 
 // fetched accounts for a failed tier read (a miss or a timeout) and
@@ -401,23 +414,9 @@ func (s *Set) rejected(m *member, k keys.ObjectKey, name string, err error) {
 // two hosts (1 in 2^32) then costs them each other's copy of a chunk,
 // never wrong bytes.
 func (s *Set) loadInto(ctx context.Context, m *member, ri ReaderInto, k keys.ObjectKey, name string, lay layout.Layout) bool {
-	if ctx.Err() != nil {
-		m.st.timeouts.Add(1)
-		return false
-	}
-	res, err := s.pool.ReserveWrite(s.opts.Owner, []keys.ObjectKey{k}, lay.Bytes)
-	if err != nil {
-		s.log.Debug("no L1 room for a tier load", "key", k, "err", err)
-		return false
-	}
-	if len(res) == 0 {
-		return true // present in L1 already (stored meanwhile)
-	}
-	dst, unview := s.pool.View(res[0].Offset, res[0].Length)
-	if dst == nil || int64(len(dst)) != lay.Bytes {
-		unview()
-		s.pool.AbortWrite(res)
-		return false
+	res, dst, unview, present := s.reserve(ctx, m, k, lay, lay.Bytes)
+	if dst == nil {
+		return present
 	}
 	head := make([]byte, headerLen(name, lay))
 	// The checksum is taken piece by piece as the payload arrives (the
@@ -428,7 +427,7 @@ func (s *Set) loadInto(ctx context.Context, m *member, ri ReaderInto, k keys.Obj
 	var sum uint32
 	var summed int64
 	inOrder := true
-	err = ri.GetInto(ctx, name, head, dst, func(piece []byte) {
+	err := ri.GetInto(ctx, name, head, dst, func(piece []byte) {
 		if !inOrder || len(piece) == 0 || summed+int64(len(piece)) > int64(len(dst)) || &piece[0] != &dst[summed] {
 			inOrder = false
 			return
