@@ -17,6 +17,7 @@ import (
 
 	"kvdock/assets"
 	"kvdock/core/engine"
+	"kvdock/core/layout"
 	"kvdock/core/protocol"
 	"kvdock/settings"
 )
@@ -51,14 +52,24 @@ func promptsFor(o Options, pool, chunkBytes int64) int {
 	return max(1, min(n, 64))
 }
 
+// profileAndLayout loads the wire profile the workers speak and the
+// layout of one chunk of the model, as the server is started with.
+func (o Options) profileAndLayout() (*protocol.Profile, layout.Layout, error) {
+	prof, err := protocol.Load(o.Protocol, assets.Protocol)
+	if err != nil {
+		return nil, layout.Layout{}, err
+	}
+	lay, err := o.Model.chunkLayout(inProcessChunkTokens)
+	if err != nil {
+		return nil, layout.Layout{}, err
+	}
+	return prof, lay, nil
+}
+
 // Execute runs the benchmark; the Result is returned also with an error
 // (whatever was measured before it).
 func Execute(ctx context.Context, o Options) (*Result, error) {
-	prof, err := protocol.Load(o.Protocol, assets.Protocol)
-	if err != nil {
-		return nil, err
-	}
-	lay, err := o.Model.chunkLayout(inProcessChunkTokens)
+	prof, lay, err := o.profileAndLayout()
 	if err != nil {
 		return nil, err
 	}

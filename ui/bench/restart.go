@@ -23,7 +23,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"kvdock/assets"
 	"kvdock/core/protocol"
 	"kvdock/core/rpc/client"
 )
@@ -94,11 +93,7 @@ type restartSample struct {
 // executeRestart runs --restart: a server process, a working set, and one
 // measured restart per way.
 func executeRestart(ctx context.Context, o Options) (*RestartResult, error) {
-	prof, err := protocol.Load(o.Protocol, assets.Protocol)
-	if err != nil {
-		return nil, err
-	}
-	lay, err := o.Model.chunkLayout(inProcessChunkTokens)
+	prof, lay, err := o.profileAndLayout()
 	if err != nil {
 		return nil, err
 	}
