@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"encoding/binary"
 	"errors"
 	"testing"
 	"time"
@@ -9,23 +8,14 @@ import (
 	"kvdock/core/keys"
 	"kvdock/core/l1"
 	"kvdock/core/misses"
+	"kvdock/core/testkit/chunks"
 	"kvdock/core/testkit/fakeclock"
 	"kvdock/core/whatif"
 )
 
-func ikey(i int) keys.ObjectKey {
-	var h keys.Hash
-	binary.LittleEndian.PutUint64(h[:], uint64(i))
-	return keys.ObjectKey{Chunk: h, Model: "m", KVRank: keys.KVRank(1, 0)}
-}
+func ikey(i int) keys.ObjectKey { return chunks.Key(i) }
 
-func ikeys(from, to int) []keys.ObjectKey {
-	var ks []keys.ObjectKey
-	for i := from; i < to; i++ {
-		ks = append(ks, ikey(i))
-	}
-	return ks
-}
+func ikeys(from, to int) []keys.ObjectKey { return chunks.Keys(from, to) }
 
 // observedPool is a pool of units×4096 bytes wired as buildDataPlane wires it:
 // its observer feeds the ghost the classifier reads.

@@ -1,7 +1,6 @@
 package l1
 
 import (
-	"encoding/binary"
 	"errors"
 	"strings"
 	"sync"
@@ -9,22 +8,13 @@ import (
 	"time"
 
 	"kvdock/core/keys"
+	"kvdock/core/testkit/chunks"
 	"kvdock/core/testkit/fakeclock"
 )
 
-func key(i int) keys.ObjectKey {
-	var h keys.Hash
-	binary.LittleEndian.PutUint64(h[:], uint64(i))
-	return keys.ObjectKey{Chunk: h, Model: "m", KVRank: keys.KVRank(1, 0)}
-}
+func key(i int) keys.ObjectKey { return chunks.Key(i) }
 
-func keyRange(from, to int) []keys.ObjectKey {
-	var ks []keys.ObjectKey
-	for i := from; i < to; i++ {
-		ks = append(ks, key(i))
-	}
-	return ks
-}
+func keyRange(from, to int) []keys.ObjectKey { return chunks.Keys(from, to) }
 
 // newPool returns an anonymous pool of units×4096 bytes on a test clock.
 func newPool(t testing.TB, units int64, mod func(*Options)) (*Pool, *fakeclock.Clock) {

@@ -1,10 +1,10 @@
 package misses
 
 import (
-	"encoding/binary"
 	"testing"
 
 	"kvdock/core/keys"
+	"kvdock/core/testkit/chunks"
 )
 
 // fakePool answers from sets of readable keys and of keys stored under
@@ -27,19 +27,9 @@ func (f *fakePool) Unreadable(ks []keys.ObjectKey) uint64 {
 
 func (f *fakePool) StoredElsewhere(k *keys.ObjectKey) bool { return f.elsewhere[*k] }
 
-func ck(i int) keys.ObjectKey {
-	var h keys.Hash
-	binary.LittleEndian.PutUint64(h[:], uint64(i))
-	return keys.ObjectKey{Chunk: h, Model: "m", KVRank: keys.KVRank(1, 0)}
-}
+func ck(i int) keys.ObjectKey { return chunks.Key(i) }
 
-func cks(from, to int) []keys.ObjectKey {
-	var ks []keys.ObjectKey
-	for i := from; i < to; i++ {
-		ks = append(ks, ck(i))
-	}
-	return ks
-}
+func cks(from, to int) []keys.ObjectKey { return chunks.Keys(from, to) }
 
 func TestClassifierReasons(t *testing.T) {
 	f := &fakePool{readable: map[keys.ObjectKey]bool{ck(0): true, ck(1): true}, elsewhere: map[keys.ObjectKey]bool{ck(3): true}}

@@ -17,34 +17,19 @@ import (
 	"kvdock/core/keys"
 	"kvdock/core/l1"
 	"kvdock/core/layout"
+	"kvdock/core/testkit/chunks"
 	"kvdock/core/tierstate"
 	"kvdock/settings"
 	"kvdock/transfer/tier"
 	"kvdock/transfer/tier/memtier"
 )
 
-func testLayout(t *testing.T) layout.Layout {
-	t.Helper()
-	l, err := layout.New(2, 4, 8, "float16", false) // 2*2*4*8*2 = 256 bytes
-	if err != nil {
-		t.Fatal(err)
-	}
-	return l
-}
+// testLayout is a 256-byte chunk (2 layers × 2 × 4 tokens × 8 × float16).
+func testLayout(t *testing.T) layout.Layout { return chunks.Layout(t, 2, 4, 8, "float16") }
 
-func testKey(i int) keys.ObjectKey {
-	var h keys.Hash
-	h[0], h[1], h[31] = byte(i), byte(i>>8), 0xAB
-	return keys.ObjectKey{Chunk: h, Model: "org/model:v1", KVRank: keys.KVRank(1, 0)}
-}
+func testKey(i int) keys.ObjectKey { return chunks.Tagged(i, "org/model:v1", 0xAB) }
 
-func payload(n, seed int) []byte {
-	b := make([]byte, n)
-	for i := range b {
-		b[i] = byte(i*7 + seed*13 + 1)
-	}
-	return b
-}
+func payload(n, seed int) []byte { return chunks.Payload(n, seed, 7, 13, 1) }
 
 func TestKeyHoldsFullHashModelRankLayoutSalt(t *testing.T) {
 	lay := testLayout(t)

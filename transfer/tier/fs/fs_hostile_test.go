@@ -16,6 +16,7 @@ import (
 	"kvdock/core/keys"
 	"kvdock/core/l1"
 	"kvdock/core/layout"
+	"kvdock/core/testkit/chunks"
 	"kvdock/transfer/tier"
 )
 
@@ -25,32 +26,15 @@ import (
 // lets a planted file push valid chunks out.
 
 // hostileLayout is a 16 KiB chunk (2 layers × 2 × 16 tokens × 64 × float32).
-func hostileLayout(t *testing.T) layout.Layout {
-	t.Helper()
-	lay, err := layout.New(2, 16, 64, "float32", false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return lay
-}
+func hostileLayout(t *testing.T) layout.Layout { return chunks.Layout(t, 2, 16, 64, "float32") }
 
 type oneLayout struct{ l layout.Layout }
 
 func (o oneLayout) GroupLayout(string, int, uint32) (layout.Layout, bool) { return o.l, true }
 
-func hostileKey(i int) keys.ObjectKey {
-	var h keys.Hash
-	h[0], h[1], h[31] = byte(i), byte(i>>8), 0x5A
-	return keys.ObjectKey{Chunk: h, Model: "hostile/model", KVRank: keys.KVRank(1, 0)}
-}
+func hostileKey(i int) keys.ObjectKey { return chunks.Tagged(i, "hostile/model", 0x5A) }
 
-func hostilePayload(n, seed int) []byte {
-	b := make([]byte, n)
-	for i := range b {
-		b[i] = byte(i*31 + seed*7 + 3)
-	}
-	return b
-}
+func hostilePayload(n, seed int) []byte { return chunks.Payload(n, seed, 31, 7, 3) }
 
 // putChunks stores n chunk values of lay in tr and returns their keys.
 func putChunks(t *testing.T, tr *Tier, lay layout.Layout, n int) []keys.ObjectKey {
