@@ -45,18 +45,7 @@ func (s *Segment) Keep(record func(Identity) error) error {
 		}
 		return err
 	}
-	var err error
-	s.once.Do(func() {
-		s.stop.Store(true)
-		<-s.done
-		if e := unix.Munmap(s.mem); e != nil {
-			err = fmt.Errorf("unmap pool: %w", e)
-		}
-		s.mem = nil
-		unix.Close(s.fd) // releases the flock
-		s.fd = -1
-	})
-	return err
+	return s.end(false)
 }
 
 // ErrNotAdoptable means a kept segment is not the one recorded, or not

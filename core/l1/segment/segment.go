@@ -377,7 +377,12 @@ func (s *Segment) Prefaulted() int64 { return s.faulted.Load() }
 
 // Close stops the prefault, unmaps, unlinks the segment name (if it still
 // names this segment) and releases the flock. Later calls do nothing.
-func (s *Segment) Close() error {
+func (s *Segment) Close() error { return s.end(true) }
+
+// end stops the prefault, unmaps and releases the flock, unlinking the
+// segment name first when unlink is set (Close; Keep leaves it). Only the
+// first call does anything.
+func (s *Segment) end(unlink bool) error {
 	var err error
 	s.once.Do(func() {
 		s.stop.Store(true)
@@ -389,8 +394,10 @@ func (s *Segment) Close() error {
 		if s.fd < 0 {
 			return
 		}
-		if e := unlinkNames(s.fd, s.dir, s.dec.Segment); e != nil && err == nil {
-			err = e
+		if unlink {
+			if e := unlinkNames(s.fd, s.dir, s.dec.Segment); e != nil && err == nil {
+				err = e
+			}
 		}
 		unix.Close(s.fd) // releases the flock
 		s.fd = -1
