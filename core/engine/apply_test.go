@@ -14,9 +14,7 @@ import (
 // read once at start; applying them keeps the wire server (the same wireServer,
 // the worker's connection) and says they wait for the next start.
 func TestApplyNextStartRestartsNothing(t *testing.T) {
-	cfg, _ := testConfig(t)
-	e := startEngine(t, cfg)
-	c := dial(t, cfg.Server.Port, cfg.Server.Protocol)
+	e, cfg, c := startDialed(t)
 	register(t, c, 1)
 	e.mu.Lock()
 	wireServer := e.wireServer

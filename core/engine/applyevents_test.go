@@ -29,9 +29,7 @@ func applyEvents(t *testing.T, e *Engine, next settings.Config) ([]Event, error)
 // TestApplyRecordsOneEvent: every apply, live, restart, rebuild or rolled
 // back, records exactly one event that names the keys and their class.
 func TestApplyRecordsOneEvent(t *testing.T) {
-	cfg, _ := testConfig(t)
-	e := startEngine(t, cfg)
-	c := dial(t, cfg.Server.Port, cfg.Server.Protocol)
+	e, cfg, c := startDialed(t)
 	register(t, c, 1)
 
 	busy, err := net.Listen("tcp", "127.0.0.1:0")

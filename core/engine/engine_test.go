@@ -178,9 +178,7 @@ func TestSecondServerOnLiveSegmentIsAnError(t *testing.T) {
 }
 
 func TestApplyLiveKeepsEverything(t *testing.T) {
-	cfg, _ := testConfig(t)
-	e := startEngine(t, cfg)
-	c := dial(t, cfg.Server.Port, cfg.Server.Protocol)
+	e, cfg, c := startDialed(t)
 	register(t, c, 1)
 	next := cfg
 	next.Eviction.Ratio = 0.5
@@ -314,9 +312,7 @@ func TestApplyRefusesPoolLargerThanMemory(t *testing.T) {
 }
 
 func TestApplyRollsBackWhenPortTaken(t *testing.T) {
-	cfg, _ := testConfig(t)
-	e := startEngine(t, cfg)
-	c := dial(t, cfg.Server.Port, cfg.Server.Protocol)
+	e, cfg, c := startDialed(t)
 	register(t, c, 1)
 	busy, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -15,9 +15,7 @@ import (
 // refuses it at decode, and whatever text does reach the sink is cut to a
 // bounded length.
 func TestEventsCutPeerStrings(t *testing.T) {
-	cfg, _ := testConfig(t)
-	e := startEngine(t, cfg)
-	c := dial(t, cfg.Server.Port, cfg.Server.Protocol)
+	e, _, c := startDialed(t)
 	huge := strings.Repeat("M", 4<<20)
 	for _, p := range []protocol.RegisterPayload{
 		{InstanceID: 1, ModelName: huge, WorldSize: 1, BlockSize: 16, NumLayers: 2, HiddenDimSize: 16, DtypeStr: "float32"},

@@ -115,9 +115,7 @@ func TestReaperFollowsProfileAndSettings(t *testing.T) {
 
 // RemoveInstance: unknown ids are refused and change nothing.
 func TestRemoveInstance(t *testing.T) {
-	cfg, _ := testConfig(t)
-	e := startEngine(t, cfg)
-	c := dial(t, cfg.Server.Port, cfg.Server.Protocol)
+	e, _, c := startDialed(t)
 	register(t, c, 3)
 	if err := e.RemoveInstance(4, ClearByCtl); err == nil {
 		t.Fatal("unknown id removed")

@@ -12,20 +12,11 @@ import (
 // refuses has no reply that could say so; the operator learns it from an
 // event naming the cap.
 func TestLookupLockCapRefusalIsAnEvent(t *testing.T) {
-	cfg, _ := testConfig(t)
-	e := startEngine(t, cfg)
+	e, cfg, c := startDialed(t)
 	ctx := context.Background()
-	c := dial(t, cfg.Server.Port, cfg.Server.Protocol)
-	w, err := worker.Register(ctx, c, worker.Config{InstanceID: 7, Model: "capped", Layers: 1, Hidden: 32, Dtype: "float32", Pickle: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
+	w := newWorker(t, c, 7, "capped")
 	n := w.ChunkTokens()
-	toks := make([]uint32, 2*n)
-	for i := range toks {
-		toks[i] = uint32(i + 1)
-	}
+	toks := seqTokens(2 * n)
 	chunk := make([]byte, w.Layout().Bytes)
 	if res, err := w.Store(ctx, w.Key(toks, 2, "s"), [][]byte{chunk, chunk}); err != nil || !res.Committed {
 		t.Fatalf("store: %+v %v", res, err)

@@ -14,27 +14,15 @@ import (
 // figures, miss breakdown and what-if as they were; ResetStats zeroes them
 // and the rates' lookup histories, keeps the cache, and says when.
 func TestBenchApartAndResetStats(t *testing.T) {
-	cfg, _ := testConfig(t)
-	e := startEngine(t, cfg)
+	e, _, c := startDialed(t)
 	ctx := context.Background()
-	c := dial(t, cfg.Server.Port, cfg.Server.Protocol)
 	sched := worker.Scheduler{C: c}
-	reg := func(id int64, model string) *worker.Worker {
-		w, err := worker.Register(ctx, c, worker.Config{InstanceID: id, Model: model, Layers: 1, Hidden: 32, Dtype: "float32", Pickle: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { w.Close() })
-		return w
-	}
+	reg := func(id int64, model string) *worker.Worker { return newWorker(t, c, id, model) }
 	e.sampleRates() // the first reading is the counters' baseline
 	w := reg(7, "real")
 	b := reg(8, lookup.BenchModelPrefix+"small")
 	n := w.ChunkTokens()
-	toks := make([]uint32, 4*n)
-	for i := range toks {
-		toks[i] = uint32(i + 1)
-	}
+	toks := seqTokens(4 * n)
 	chunk := make([]byte, w.Layout().Bytes)
 	if res, err := w.Store(ctx, w.Key(toks[:2*n], 2, "s"), [][]byte{chunk, chunk}); err != nil || !res.Committed {
 		t.Fatalf("store: %+v %v", res, err)
@@ -99,9 +87,7 @@ func TestBenchApartAndResetStats(t *testing.T) {
 
 // A lookup of a model no worker registered is named in the snapshot.
 func TestUnregisteredModelInSnapshot(t *testing.T) {
-	cfg, _ := testConfig(t)
-	e := startEngine(t, cfg)
-	c := dial(t, cfg.Server.Port, cfg.Server.Protocol)
+	e, _, c := startDialed(t)
 	sched := worker.Scheduler{C: c}
 	key := protocol.Key{ModelName: "gone-model", WorldSize: 1, TokenIDs: make([]uint32, 512), End: 512, RequestID: "r"}
 	if hits, err := sched.Hits(context.Background(), key, 1); err != nil || hits != 0 {

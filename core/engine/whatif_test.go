@@ -18,16 +18,9 @@ func TestWhatIfFromWireTraffic(t *testing.T) {
 	}
 	ctx := context.Background()
 	c := dial(t, cfg.Server.Port, cfg.Server.Protocol)
-	w, err := worker.Register(ctx, c, worker.Config{InstanceID: 7, Model: "whatif", Layers: 1, Hidden: 32, Dtype: "float32", Pickle: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
+	w := newWorker(t, c, 7, "whatif")
 	n := w.ChunkTokens()
-	toks := make([]uint32, 4*n)
-	for i := range toks {
-		toks[i] = uint32(i + 1)
-	}
+	toks := seqTokens(4 * n)
 	chunk := make([]byte, w.Layout().Bytes)
 	if res, err := w.Store(ctx, w.Key(toks[:2*n], 2, "s"), [][]byte{chunk, chunk}); err != nil || !res.Committed {
 		t.Fatalf("store: %+v %v", res, err)
