@@ -77,23 +77,33 @@ type listCursor struct{ sel int }
 // move applies the list keys to a list of n rows, PgUp/PgDn going page
 // rows; it reports whether msg was one of them.
 func (c *listCursor) move(k listKeys, msg tea.KeyPressMsg, n, page int) bool {
-	switch {
-	case key.Matches(msg, k.Up):
-		c.sel--
-	case key.Matches(msg, k.Down):
-		c.sel++
-	case key.Matches(msg, k.PageUp):
-		c.sel -= page
-	case key.Matches(msg, k.PageDown):
-		c.sel += page
-	case key.Matches(msg, k.Top):
-		c.sel = 0
-	case key.Matches(msg, k.Bottom):
-		c.sel = n - 1
-	default:
+	if !stepKeys(k, msg, &c.sel, page, n-1) {
 		return false
 	}
 	c.clamp(n)
+	return true
+}
+
+// stepKeys moves pos by the list keys: a row for ↑↓, page rows for
+// PgUp/PgDn, to 0 or last for Top and Bottom; the caller clamps. It
+// reports whether msg was one of them.
+func stepKeys(k listKeys, msg tea.KeyPressMsg, pos *int, page, last int) bool {
+	switch {
+	case key.Matches(msg, k.Up):
+		*pos--
+	case key.Matches(msg, k.Down):
+		*pos++
+	case key.Matches(msg, k.PageUp):
+		*pos -= page
+	case key.Matches(msg, k.PageDown):
+		*pos += page
+	case key.Matches(msg, k.Top):
+		*pos = 0
+	case key.Matches(msg, k.Bottom):
+		*pos = last
+	default:
+		return false
+	}
 	return true
 }
 
@@ -147,21 +157,7 @@ type scroller struct{ top int }
 // move applies the list keys to a view h rows high; the window clamps the
 // result to the lines there are. It reports whether msg was one of them.
 func (s *scroller) move(k listKeys, msg tea.KeyPressMsg, h int) bool {
-	page := max(1, h-2)
-	switch {
-	case key.Matches(msg, k.Up):
-		s.top--
-	case key.Matches(msg, k.Down):
-		s.top++
-	case key.Matches(msg, k.PageUp):
-		s.top -= page
-	case key.Matches(msg, k.PageDown):
-		s.top += page
-	case key.Matches(msg, k.Top):
-		s.top = 0
-	case key.Matches(msg, k.Bottom):
-		s.top = math.MaxInt32
-	default:
+	if !stepKeys(k, msg, &s.top, max(1, h-2), math.MaxInt32) {
 		return false
 	}
 	s.top = max(0, s.top)
