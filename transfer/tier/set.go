@@ -152,6 +152,14 @@ type Set struct {
 	beforeCopy func(k keys.ObjectKey)
 }
 
+// positiveOr is v, or def where v is not positive (an option left unset).
+func positiveOr[T int | int64 | time.Duration](v, def T) T {
+	if v <= 0 {
+		return def
+	}
+	return v
+}
+
 // NewSet returns a Set over backends (in lookup order), copying from and
 // loading into pool. Run starts its workers; Close stops them and closes
 // the backends.
@@ -159,27 +167,13 @@ func NewSet(backends []Backend, pool Pool, layouts Layouts, opts Options) *Set {
 	if opts.StorePolicy == "" {
 		opts.StorePolicy = StoreWriteBehind
 	}
-	if opts.QueueBytes <= 0 {
-		opts.QueueBytes = DefaultQueueBytes
-	}
-	if opts.QueueItems <= 0 {
-		opts.QueueItems = DefaultQueueItems
-	}
-	if opts.WorkersPerTier <= 0 {
-		opts.WorkersPerTier = DefaultWorkersPerTier
-	}
-	if opts.MaxInFlight <= 0 {
-		opts.MaxInFlight = DefaultMaxInFlight
-	}
-	if opts.LoadTimeout <= 0 {
-		opts.LoadTimeout = DefaultLoadTimeout
-	}
-	if opts.WriteTimeout <= 0 {
-		opts.WriteTimeout = DefaultWriteTimeout
-	}
-	if opts.MaxJobs <= 0 {
-		opts.MaxJobs = DefaultMaxJobs
-	}
+	opts.QueueBytes = positiveOr(opts.QueueBytes, DefaultQueueBytes)
+	opts.QueueItems = positiveOr(opts.QueueItems, DefaultQueueItems)
+	opts.WorkersPerTier = positiveOr(opts.WorkersPerTier, DefaultWorkersPerTier)
+	opts.MaxInFlight = positiveOr(opts.MaxInFlight, DefaultMaxInFlight)
+	opts.LoadTimeout = positiveOr(opts.LoadTimeout, DefaultLoadTimeout)
+	opts.WriteTimeout = positiveOr(opts.WriteTimeout, DefaultWriteTimeout)
+	opts.MaxJobs = positiveOr(opts.MaxJobs, DefaultMaxJobs)
 	if opts.Owner == (l1.Owner{}) {
 		opts.Owner = l1.PrefetchOwner()
 	}
