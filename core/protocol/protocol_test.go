@@ -15,6 +15,7 @@ import (
 
 	"kvdock/assets"
 	"kvdock/core/protocol"
+	"kvdock/core/testkit/profiles"
 )
 
 func mustEncode(t testing.TB, v any) []byte {
@@ -28,14 +29,7 @@ func mustEncode(t testing.TB, v any) []byte {
 
 func loadProfile(t testing.TB, name string) *protocol.Profile {
 	t.Helper()
-	b, err := assets.Protocol(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := protocol.Parse(b)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := profiles.Load(t, name)
 	return p
 }
 

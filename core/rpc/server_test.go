@@ -17,24 +17,17 @@ import (
 
 	zmq "github.com/pebbe/zmq4"
 
-	"kvdock/assets"
 	"kvdock/core/protocol"
 	"kvdock/core/rpc"
 	"kvdock/core/rpc/client"
 	"kvdock/core/testkit/logbuf"
 	"kvdock/core/testkit/poll"
+	"kvdock/core/testkit/profiles"
 )
 
 func profile(t testing.TB, name string) *protocol.Profile {
 	t.Helper()
-	b, err := assets.Protocol(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := protocol.Parse(b)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := profiles.Load(t, name)
 	return p
 }
 

@@ -8,8 +8,8 @@ import (
 
 	zmq "github.com/pebbe/zmq4"
 
-	"kvdock/assets"
 	"kvdock/core/protocol"
+	"kvdock/core/testkit/profiles"
 	"kvdock/transfer/torchpickle"
 )
 
@@ -52,14 +52,7 @@ func TestWireUnreadRetrieveStallsOthersOnlyUntilLapse(t *testing.T) {
 	good := dial()
 
 	// The hostile worker: two retrieves, never read.
-	b, err := assets.Protocol("nongpu-v1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	prof, err := protocol.Parse(b)
-	if err != nil {
-		t.Fatal(err)
-	}
+	prof := profiles.Load(t, "nongpu-v1")
 	spec, ok := prof.ByName(protocol.PrepareRetrieve)
 	if !ok {
 		t.Fatal("no PREPARE_RETRIEVE in the profile")

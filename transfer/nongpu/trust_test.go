@@ -12,11 +12,11 @@ import (
 	"testing"
 	"time"
 
-	"kvdock/assets"
 	"kvdock/core/l1"
 	"kvdock/core/protocol"
 	"kvdock/core/rpc"
 	"kvdock/core/rpc/client"
+	"kvdock/core/testkit/profiles"
 	"kvdock/core/workers"
 )
 
@@ -190,14 +190,7 @@ func serveWire(t *testing.T, m *Module) func() *client.Client {
 // serveWireAt is serveWire that also gives the server's endpoint.
 func serveWireAt(t *testing.T, m *Module) (string, func() *client.Client) {
 	t.Helper()
-	b, err := assets.Protocol("nongpu-v1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	prof, err := protocol.Parse(b)
-	if err != nil {
-		t.Fatal(err)
-	}
+	prof := profiles.Load(t, "nongpu-v1")
 	srv, err := rpc.New(rpc.Options{Host: "127.0.0.1", Port: 0, Profile: prof,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {

@@ -14,11 +14,11 @@ import (
 	"testing"
 	"time"
 
-	"kvdock/assets"
 	"kvdock/core/engine"
 	"kvdock/core/protocol"
 	"kvdock/core/rpc"
 	"kvdock/core/rpc/client"
+	"kvdock/core/testkit/profiles"
 	"kvdock/settings"
 	"kvdock/transfer/torchpickle"
 	"kvdock/transfer/worker"
@@ -32,14 +32,7 @@ const (
 
 func profile(t testing.TB) *protocol.Profile {
 	t.Helper()
-	b, err := assets.Protocol("nongpu-v1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := protocol.Parse(b)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := profiles.Load(t, "nongpu-v1")
 	return p
 }
 

@@ -17,11 +17,11 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
-	"kvdock/assets"
 	"kvdock/core/engine"
 	"kvdock/core/protocol"
 	"kvdock/core/rpc/client"
 	"kvdock/core/testkit/logbuf"
+	"kvdock/core/testkit/profiles"
 	"kvdock/settings"
 	"kvdock/transfer/torchpickle"
 	"kvdock/ui/httpapi"
@@ -114,14 +114,7 @@ func startWith(t *testing.T, tok string, edit func(*settings.Config)) *harness {
 	served := make(chan error, 1)
 	go func() { served <- api.Serve(ctx, ln) }()
 
-	data, err := assets.Protocol(cfg.Server.ClientProtocol())
-	if err != nil {
-		t.Fatal(err)
-	}
-	prof, err := protocol.Parse(data)
-	if err != nil {
-		t.Fatal(err)
-	}
+	prof := profiles.Load(t, cfg.Server.ClientProtocol())
 	cli, err := client.Dial(fmt.Sprintf("tcp://127.0.0.1:%d", cfg.Server.Port), prof, client.Options{Timeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)

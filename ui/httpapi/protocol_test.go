@@ -6,9 +6,9 @@ import (
 	"testing"
 	"time"
 
-	"kvdock/assets"
 	"kvdock/core/protocol"
 	"kvdock/core/rpc/client"
+	"kvdock/core/testkit/profiles"
 	"kvdock/settings"
 	"kvdock/ui/httpapi"
 )
@@ -69,14 +69,7 @@ func TestStatusProtocolFixed(t *testing.T) {
 // and asks to store one chunk.
 func workerAs(t *testing.T, h *harness, profile string, id int64) {
 	t.Helper()
-	data, err := assets.Protocol(profile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	prof, err := protocol.Parse(data)
-	if err != nil {
-		t.Fatal(err)
-	}
+	prof := profiles.Load(t, profile)
 	c, err := client.Dial(fmt.Sprintf("tcp://127.0.0.1:%d", h.port), prof, client.Options{Timeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
