@@ -14,12 +14,12 @@ import (
 	"testing"
 	"time"
 
-	"kvdock/assets"
 	"kvdock/core/engine"
 	"kvdock/core/misses"
 	"kvdock/core/protocol"
 	"kvdock/core/rpc"
 	"kvdock/core/rpc/client"
+	"kvdock/core/testkit/profiles"
 	"kvdock/core/tierstate"
 	"kvdock/settings"
 	"kvdock/ui/ctl"
@@ -70,14 +70,7 @@ func statusServe(t *testing.T) int {
 		_ = eng.Stop(stop)
 	})
 
-	b, err := assets.Protocol(cfg.Server.Protocol)
-	if err != nil {
-		t.Fatal(err)
-	}
-	prof, err := protocol.Parse(b)
-	if err != nil {
-		t.Fatal(err)
-	}
+	prof := profiles.Load(t, cfg.Server.Protocol)
 	cli, err := client.Dial(fmt.Sprintf("tcp://127.0.0.1:%d", cfg.Server.Port), prof, client.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -173,17 +166,8 @@ func TestStatusTiers(t *testing.T) {
 		{Index: 1, Type: "resp", Target: "redis://redis:6379", State: tierstate.Down, Reason: "connection \x1b[2Jrefused"},
 	}}
 	var mu sync.Mutex
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		mu.Lock()
-		defer mu.Unlock()
-		_ = json.NewEncoder(w).Encode(httpapi.NewStatus(snap))
-	}))
-	defer srv.Close()
-	port := strconv.Itoa(srv.Listener.Addr().(*net.TCPAddr).Port)
-	code, out, errs := runStatus("--http-host", "127.0.0.1", "--http-port", port)
-	if code != 0 {
-		t.Fatalf("exit %d: %s", code, errs)
-	}
+	port := serveSnapshot(t, &mu, &snap)
+	out := runStatusOK(t, port)
 	for _, want := range []string{
 		"tier 0    fs /data/l2: UP, 1.0 GiB of 10.0 GiB used, 7 hits, 3 misses, 1 corrupt rejected, 2 writes dropped",
 		"tier 1    resp redis://redis:6379: DOWN (connection refused), 0 B used",
@@ -212,17 +196,8 @@ func TestStatusTokensMissesAndDetections(t *testing.T) {
 			TierMissed: 5},
 	}
 	var mu sync.Mutex
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		mu.Lock()
-		defer mu.Unlock()
-		_ = json.NewEncoder(w).Encode(httpapi.NewStatus(snap))
-	}))
-	defer srv.Close()
-	port := strconv.Itoa(srv.Listener.Addr().(*net.TCPAddr).Port)
-	code, out, errs := runStatus("--http-host", "127.0.0.1", "--http-port", port)
-	if code != 0 {
-		t.Fatalf("exit %d: %s", code, errs)
-	}
+	port := serveSnapshot(t, &mu, &snap)
+	out := runStatusOK(t, port)
 	for _, want := range []string{
 		"protocol  auto (default rpc-messages; peers: nongpu-v1 1, rpc-messages 2 (1 by the tie-break)), chunk",
 		"saved     12.3 k prefill tokens not recomputed in the last hour, 48.5 M since the start",
@@ -241,4 +216,28 @@ func TestStatusTokensMissesAndDetections(t *testing.T) {
 			t.Errorf("idle output lacks %q:\n%s", want, out)
 		}
 	}
+}
+
+// serveSnapshot serves the /status of *snap, read under mu so that a test
+// can change it between requests, and returns the server's port.
+func serveSnapshot(t *testing.T, mu *sync.Mutex, snap *engine.Snapshot) string {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		_ = json.NewEncoder(w).Encode(httpapi.NewStatus(*snap))
+	}))
+	t.Cleanup(srv.Close)
+	return strconv.Itoa(srv.Listener.Addr().(*net.TCPAddr).Port)
+}
+
+// runStatusOK runs `kvdock status` against port, fails t unless it exits 0,
+// and returns its output.
+func runStatusOK(t *testing.T, port string) string {
+	t.Helper()
+	code, out, errs := runStatus("--http-host", "127.0.0.1", "--http-port", port)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	return out
 }
