@@ -17,6 +17,7 @@ import (
 	"kvdock/core/keys"
 	"kvdock/core/l1"
 	"kvdock/core/layout"
+	"kvdock/core/testkit/testpool"
 	"kvdock/transfer/tier"
 	"kvdock/transfer/tier/fs"
 	"kvdock/transfer/tier/memtier"
@@ -34,10 +35,11 @@ func openFS(t *testing.T) (*fs.Tier, string) {
 	return ft, base
 }
 
-// refill overwrites every free slot of p with 0xEE bytes under other keys:
-// a slot freed under a writer would now hold other bytes.
-func refill(p *l1.Pool, lay layout.Layout) {
-	for i := 100; i < 108; i++ {
+// refill overwrites free slots of p with 0xEE bytes under the keys
+// testKey(from) to testKey(to): a slot freed under a writer would now hold
+// other bytes.
+func refill(p *l1.Pool, lay layout.Layout, from, to int) {
+	for i := from; i <= to; i++ {
 		res, err := p.ReserveWrite(l1.InstanceOwner(2), []keys.ObjectKey{testKey(i)}, lay.Bytes)
 		if err != nil || len(res) == 0 {
 			continue
@@ -78,7 +80,7 @@ func TestWriteBehindPartsStreamPublishedBytes(t *testing.T) {
 	tier.SetBeforeCopy(s, func(keys.ObjectKey) {
 		once.Do(func() {
 			p.Clear()
-			refill(p, lay)
+			refill(p, lay, 100, 107)
 		})
 	})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -111,15 +113,10 @@ func TestWriteBehindPartsDiscardedWhenHoldEnds(t *testing.T) {
 	lay := testLayout(t)
 	var now atomic.Int64
 	now.Store(time.Now().UnixNano())
-	p, err := l1.Open(l1.Options{
-		Size: 4 * lay.Bytes, Align: 64, Plan: l1.Decision{Reason: "test: anonymous pool"},
-		WriteTTL: 600 * time.Second, ReadTTL: 10 * time.Second, Policy: "LRU",
-		Watermark: 0.8, Ratio: 0.2, Now: func() time.Time { return time.Unix(0, now.Load()) },
+	p := testpool.Anon(t, 4*lay.Bytes, func(o *l1.Options) {
+		o.ReadTTL = 10 * time.Second
+		o.Now = func() time.Time { return time.Unix(0, now.Load()) }
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.Close() })
 	ft, base := openFS(t)
 	s := tier.NewSet([]tier.Backend{ft}, p, fakeLayouts{lay}, tier.Options{WorkersPerTier: 1})
 	store(t, p, testKey(0), payload(int(lay.Bytes), 7))
@@ -128,7 +125,7 @@ func TestWriteBehindPartsDiscardedWhenHoldEnds(t *testing.T) {
 		once.Do(func() {
 			now.Add(int64(11 * time.Second)) // the writer's hold expires
 			p.Clear()                        // and its object goes with it
-			refill(p, lay)                   // and its slot holds other bytes
+			refill(p, lay, 100, 107)         // and its slot holds other bytes
 		})
 	})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -209,11 +206,7 @@ func TestPrefetchIntoL1FromFS(t *testing.T) {
 	ctx := context.Background()
 	var ks []keys.ObjectKey
 	for i := range 6 {
-		k := testKey(i)
-		v, err := tier.Encode(tier.Key(k, lay), lay, payload(int(lay.Bytes), i))
-		if err != nil {
-			t.Fatal(err)
-		}
+		k, v := encoded(t, lay, i)
 		switch i {
 		case 1: // a flipped payload byte
 			v[len(v)-3] ^= 0xFF
@@ -282,11 +275,7 @@ func TestPrefetchIntoL1ChecksEveryPiece(t *testing.T) {
 	ctx := context.Background()
 	var ks []keys.ObjectKey
 	for i := range 3 {
-		k := testKey(i)
-		v, err := tier.Encode(tier.Key(k, lay), lay, payload(int(lay.Bytes), i))
-		if err != nil {
-			t.Fatal(err)
-		}
+		k, v := encoded(t, lay, i)
 		switch i {
 		case 1: // in the third MiB of the payload
 			v[len(v)-int(lay.Bytes)+5<<19] ^= 0x01

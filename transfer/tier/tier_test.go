@@ -18,6 +18,7 @@ import (
 	"kvdock/core/l1"
 	"kvdock/core/layout"
 	"kvdock/core/testkit/chunks"
+	"kvdock/core/testkit/testpool"
 	"kvdock/core/tierstate"
 	"kvdock/settings"
 	"kvdock/transfer/tier"
@@ -165,16 +166,7 @@ func openPool(t *testing.T, size int64) *l1.Pool {
 
 func openPoolB(t testing.TB, size int64) *l1.Pool {
 	t.Helper()
-	p, err := l1.Open(l1.Options{
-		Size: size, Align: 64, Plan: l1.Decision{Reason: "test: anonymous pool"},
-		WriteTTL: 600 * time.Second, ReadTTL: 300 * time.Second, Policy: "LRU",
-		Watermark: 0.8, Ratio: 0.2,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.Close() })
-	return p
+	return testpool.Anon(t, size)
 }
 
 // store publishes data under k in p.
@@ -236,12 +228,7 @@ func TestWriteBehindStoresPublishedBytes(t *testing.T) {
 	p := openPool(t, 1<<20)
 	mt := memtier.New()
 	s := newSet(t, p, lay, tier.Options{}, mt)
-	var ks []keys.ObjectKey
-	for i := range 10 {
-		k := testKey(i)
-		store(t, p, k, payload(int(lay.Bytes), i))
-		ks = append(ks, k)
-	}
+	ks := storeN(t, p, lay, 10)
 	s.Enqueue(ks, lay)
 	q := waitQueue(t, s, 0)
 	if q.Written != 10 || q.Dropped != 0 {
@@ -302,12 +289,7 @@ func TestWriteBehindFailedWritesCountAsDropped(t *testing.T) {
 	mt := memtier.New()
 	mt.SetDown("no space left")
 	s := newSet(t, p, lay, tier.Options{}, mt)
-	var ks []keys.ObjectKey
-	for i := range 4 {
-		k := testKey(i)
-		store(t, p, k, payload(int(lay.Bytes), i))
-		ks = append(ks, k)
-	}
+	ks := storeN(t, p, lay, 4)
 	s.Enqueue(ks, lay)
 	if q := waitQueue(t, s, 0); q.Failed != 4 || q.Dropped != 0 {
 		t.Fatalf("queue %+v, want 4 failed", q)
@@ -368,12 +350,7 @@ func TestWriteBehindFullQueueDropsAndNeverBlocks(t *testing.T) {
 	mt.Block() // a hung tier: every write waits
 	entered := mt.Entered(64)
 	s := newSet(t, p, lay, tier.Options{QueueItems: 4, QueueBytes: 1 << 30, WorkersPerTier: 1, WriteTimeout: time.Minute}, mt)
-	var ks []keys.ObjectKey
-	for i := range 20 {
-		k := testKey(i)
-		store(t, p, k, payload(int(lay.Bytes), i))
-		ks = append(ks, k)
-	}
+	ks := storeN(t, p, lay, 20)
 	s.Enqueue(ks[:1], lay)
 	<-entered // the worker is stuck in Put with the first chunk
 	done := make(chan struct{})
@@ -407,12 +384,7 @@ func TestWriteBehindQueueBytesBound(t *testing.T) {
 	mt.Block()
 	entered := mt.Entered(64)
 	s := newSet(t, p, lay, tier.Options{QueueItems: 1000, QueueBytes: 3 * lay.Bytes, WorkersPerTier: 1, WriteTimeout: time.Minute}, mt)
-	var ks []keys.ObjectKey
-	for i := range 10 {
-		k := testKey(i)
-		store(t, p, k, payload(int(lay.Bytes), i))
-		ks = append(ks, k)
-	}
+	ks := storeN(t, p, lay, 10)
 	s.Enqueue(ks, lay)
 	<-entered
 	if q := s.Queue(0); q.Dropped != 7 || q.Bytes != 3*lay.Bytes {
@@ -466,18 +438,7 @@ func TestWriteBehindClearDuringCopyWritesPublishedBytes(t *testing.T) {
 		once.Do(func() {
 			p.Clear()
 			// Fill the pool with other bytes: a freed slot would be rewritten.
-			for i := 1; i <= 4; i++ {
-				res, err := p.ReserveWrite(l1.InstanceOwner(2), []keys.ObjectKey{testKey(i)}, lay.Bytes)
-				if err != nil || len(res) == 0 {
-					continue
-				}
-				dst, release := p.View(res[0].Offset, res[0].Length)
-				for j := range dst {
-					dst[j] = 0xEE
-				}
-				release()
-				p.FinishWrite(res)
-			}
+			refill(p, lay, 1, 4)
 		})
 	})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -497,16 +458,36 @@ func TestWriteBehindClearDuringCopyWritesPublishedBytes(t *testing.T) {
 	}
 }
 
+// storeN publishes testKey(i) with payload i in p for i in [0, n) and
+// returns the keys.
+func storeN(t *testing.T, p *l1.Pool, lay layout.Layout, n int) []keys.ObjectKey {
+	t.Helper()
+	var ks []keys.ObjectKey
+	for i := range n {
+		k := testKey(i)
+		store(t, p, k, payload(int(lay.Bytes), i))
+		ks = append(ks, k)
+	}
+	return ks
+}
+
+// encoded is testKey(i) and its payload i encoded as a tier value of lay.
+func encoded(t *testing.T, lay layout.Layout, i int) (keys.ObjectKey, []byte) {
+	t.Helper()
+	k := testKey(i)
+	v, err := tier.Encode(tier.Key(k, lay), lay, payload(int(lay.Bytes), i))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k, v
+}
+
 // putTier stores chunks 0..n-1 in mt as the write-behind path would.
 func putTier(t *testing.T, mt *memtier.Tier, lay layout.Layout, from, n int) []keys.ObjectKey {
 	t.Helper()
 	var ks []keys.ObjectKey
 	for i := from; i < from+n; i++ {
-		k := testKey(i)
-		v, err := tier.Encode(tier.Key(k, lay), lay, payload(int(lay.Bytes), i))
-		if err != nil {
-			t.Fatal(err)
-		}
+		k, v := encoded(t, lay, i)
 		mt.Set(tier.Key(k, lay), v)
 		ks = append(ks, k)
 	}

@@ -17,6 +17,7 @@ import (
 	"kvdock/core/l1"
 	"kvdock/core/layout"
 	"kvdock/core/testkit/chunks"
+	"kvdock/core/testkit/testpool"
 	"kvdock/transfer/tier"
 )
 
@@ -60,19 +61,7 @@ func chunkPath(tr *Tier, k keys.ObjectKey, lay layout.Layout) string {
 	return file
 }
 
-func hostilePool(t *testing.T, size int64) *l1.Pool {
-	t.Helper()
-	p, err := l1.Open(l1.Options{
-		Size: size, Align: 64, Plan: l1.Decision{Reason: "test: anonymous pool"},
-		WriteTTL: 600 * time.Second, ReadTTL: 300 * time.Second, Policy: "LRU",
-		Watermark: 0.8, Ratio: 0.2,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.Close() })
-	return p
-}
+func hostilePool(t *testing.T, size int64) *l1.Pool { return testpool.Anon(t, size) }
 
 // hostileSet runs a Set over tr; the returned stop closes it and tells how
 // long that took (bounded by limit: a Set whose loads hang never closes).
