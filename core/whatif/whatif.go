@@ -358,12 +358,18 @@ func (e *Estimator) shed(n int) {
 				e.st.remove(int32(j))
 			}
 		}
-		e.fold()
-		old := e.rate
-		e.threshold.Store(t)
-		e.rate = float64(t) / math.MaxUint64
-		e.scale(e.rate / old)
+		e.setThreshold(t)
 	}
+}
+
+// setThreshold samples hashes below t from now on, rescaling the weights
+// gathered at the old rate to the new one.
+func (e *Estimator) setThreshold(t uint64) {
+	e.fold()
+	old := e.rate
+	e.threshold.Store(t)
+	e.rate = float64(t) / math.MaxUint64
+	e.scale(e.rate / old)
 }
 
 // trim drops the least recently used objects deeper than maxFactor pools:
@@ -395,11 +401,7 @@ func (e *Estimator) raise() {
 	if t < math.MaxUint64/2 {
 		nt = 2 * t
 	}
-	e.fold()
-	old := e.rate
-	e.threshold.Store(nt)
-	e.rate = float64(nt) / math.MaxUint64
-	e.scale(e.rate / old)
+	e.setThreshold(nt)
 }
 
 // resize sets the stack's size to BudgetShare of the object table of a
