@@ -27,6 +27,19 @@ func (servingEngine) ClearCache(engine.ClearOrigin) (engine.Cleared, error) {
 func serveAPI(t *testing.T, opts httpapi.Options) (*httpapi.Server, string) {
 	t.Helper()
 	api := httpapi.New(servingEngine{}, opts)
+	ln, cancel, done := serve(t, api)
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	return api, ln.Addr().String()
+}
+
+// serve runs api.Serve on a new listener on a free 127.0.0.1 port and
+// returns the listener, the cancel that stops Serve and where its error
+// arrives.
+func serve(t *testing.T, api *httpapi.Server) (net.Listener, context.CancelFunc, <-chan error) {
+	t.Helper()
 	ln, err := httpapi.Listen("127.0.0.1", 0)
 	if err != nil {
 		t.Fatal(err)
@@ -34,11 +47,7 @@ func serveAPI(t *testing.T, opts httpapi.Options) (*httpapi.Server, string) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- api.Serve(ctx, ln) }()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-	})
-	return api, ln.Addr().String()
+	return ln, cancel, done
 }
 
 // keepAlive opens a connection, makes one request on it and leaves it open

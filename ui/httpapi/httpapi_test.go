@@ -22,6 +22,7 @@ import (
 	"kvdock/core/rpc/client"
 	"kvdock/core/testkit/logbuf"
 	"kvdock/core/testkit/profiles"
+	"kvdock/core/testkit/promseries"
 	"kvdock/settings"
 	"kvdock/transfer/torchpickle"
 	"kvdock/ui/httpapi"
@@ -292,25 +293,15 @@ func value(t *testing.T, fams map[string]*dto.MetricFamily, name string, want ..
 	if !ok {
 		t.Fatalf("metric %s missing", name)
 	}
-next:
-	for _, m := range f.GetMetric() {
-		have := map[string]string{}
-		for _, l := range m.GetLabel() {
-			have[l.GetName()] = l.GetValue()
-		}
-		for i := 0; i+1 < len(want); i += 2 {
-			if have[want[i]] != want[i+1] {
-				continue next
-			}
-		}
-		switch {
-		case m.Counter != nil:
-			return m.Counter.GetValue()
-		case m.Gauge != nil:
-			return m.Gauge.GetValue()
-		case m.Histogram != nil:
-			return float64(m.Histogram.GetSampleCount())
-		}
+	m, _ := promseries.Match(f, want...)
+	switch {
+	case m == nil:
+	case m.Counter != nil:
+		return m.Counter.GetValue()
+	case m.Gauge != nil:
+		return m.Gauge.GetValue()
+	case m.Histogram != nil:
+		return float64(m.Histogram.GetSampleCount())
 	}
 	t.Fatalf("metric %s has no series with labels %v", name, want)
 	return 0
@@ -649,13 +640,7 @@ func TestBadRequests(t *testing.T) {
 
 func TestServeStopsOnContext(t *testing.T) {
 	api := httpapi.New(fakeEngine{}, httpapi.Options{})
-	ln, err := httpapi.Listen("127.0.0.1", 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- api.Serve(ctx, ln) }()
+	ln, cancel, done := serve(t, api)
 	res, err := http.Get("http://" + ln.Addr().String() + "/healthcheck")
 	if err != nil {
 		t.Fatal(err)
@@ -686,13 +671,7 @@ func TestServeStopsOnContext(t *testing.T) {
 // stop: Serve returns within ShutdownGrace and a little, having closed them.
 func TestServeStopsDespiteSilentConnections(t *testing.T) {
 	api := httpapi.New(fakeEngine{}, httpapi.Options{})
-	ln, err := httpapi.Listen("127.0.0.1", 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- api.Serve(ctx, ln) }()
+	ln, cancel, done := serve(t, api)
 	var silent []net.Conn
 	for range 3 {
 		c, err := net.Dial("tcp", ln.Addr().String())

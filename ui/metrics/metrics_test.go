@@ -17,6 +17,7 @@ import (
 	"kvdock/core/engine"
 	"kvdock/core/gpu"
 	"kvdock/core/rpc"
+	"kvdock/core/testkit/promseries"
 	"kvdock/core/tierstate"
 	"kvdock/core/workers"
 )
@@ -57,17 +58,7 @@ func get(t *testing.T, fams map[string]*dto.MetricFamily, name string, labels ..
 	if f == nil {
 		t.Fatalf("%s missing", name)
 	}
-next:
-	for _, m := range f.GetMetric() {
-		have := map[string]string{}
-		for _, l := range m.GetLabel() {
-			have[l.GetName()] = l.GetValue()
-		}
-		for i := 0; i+1 < len(labels); i += 2 {
-			if have[labels[i]] != labels[i+1] {
-				continue next
-			}
-		}
+	if m, ok := promseries.Match(f, labels...); ok {
 		if m.Counter != nil {
 			return m.Counter.GetValue()
 		}
