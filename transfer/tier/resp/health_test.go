@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"kvdock/core/testkit/fakeresp"
-	"kvdock/core/testkit/redisserver"
 	"kvdock/core/tierstate"
 )
 
@@ -20,8 +19,7 @@ const idleDownLimit = 10 * time.Second
 // the tier turns it down within seconds, with the reason, and it comes back
 // up by itself once the server listens again.
 func TestIdleTierDownWhenServerKilled(t *testing.T) {
-	s := redisserver.Start(t, redisserver.Options{})
-	tr, _ := open(t, standaloneCfg(s))
+	s, tr, _ := startTier(t)
 	if err := tr.Put(context.Background(), key(1), value(1, 1024)); err != nil {
 		t.Fatal(err)
 	}

@@ -27,6 +27,15 @@ func standaloneCfg(s *redisserver.Server) RESPConfig {
 	return RESPConfig{Host: "127.0.0.1", Port: s.Port, NumWorkers: 8, CapacityBytes: 1 << 30, KeyPrefix: DefaultKeyPrefix}
 }
 
+// startTier starts a standalone Redis and opens a tier on it with
+// standaloneCfg.
+func startTier(t *testing.T) (*redisserver.Server, *Tier, *logbuf.Buffer) {
+	t.Helper()
+	s := redisserver.Start(t, redisserver.Options{})
+	tr, lb := open(t, standaloneCfg(s))
+	return s, tr, lb
+}
+
 func open(t *testing.T, cfg RESPConfig) (*Tier, *logbuf.Buffer) {
 	t.Helper()
 	lb := &logbuf.Buffer{}
@@ -114,8 +123,7 @@ func putEither(ctx context.Context, tr *Tier, i int, k string, v []byte) error {
 }
 
 func TestRoundTripStandalone(t *testing.T) {
-	s := redisserver.Start(t, redisserver.Options{})
-	tr, _ := open(t, standaloneCfg(s))
+	s, tr, _ := startTier(t)
 	roundTrip(t, tr, 16)
 	if got := tr.Stats().Target; got != s.Addr {
 		t.Fatalf("Target = %q, want %q", got, s.Addr)
@@ -465,8 +473,7 @@ func TestServerKeyDefusesHashTags(t *testing.T) {
 // once Put returns, even when Put gave up on the caller's deadline; the
 // server must then hold the original bytes or nothing, never the reuse.
 func TestPutNeverReadsValueAfterReturn(t *testing.T) {
-	s := redisserver.Start(t, redisserver.Options{})
-	tr, _ := open(t, standaloneCfg(s))
+	_, tr, _ := startTier(t)
 	const size = 1 << 20
 	var wg sync.WaitGroup
 	for w := range 8 {
@@ -638,8 +645,7 @@ func TestServerOutOfMemoryDegrades(t *testing.T) {
 // TestForeignValueUnderOurKey: something else stored under one of our keys
 // (here a hash) is an error for that call only; the tier stays up.
 func TestForeignValueUnderOurKey(t *testing.T) {
-	s := redisserver.Start(t, redisserver.Options{})
-	tr, _ := open(t, standaloneCfg(s))
+	s, tr, _ := startTier(t)
 	ctx := context.Background()
 	if _, err := s.Do(ctx, "HSET", tr.serverKey(key(3)), "f", "v"); err != nil {
 		t.Fatal(err)
@@ -714,8 +720,7 @@ func TestClusterNodeKilledAndRestarted(t *testing.T) {
 // server (writes paused with CLIENT PAUSE WRITE, as a 32 MiB SET holds its
 // pipeline while it crosses the socket) instead of queueing behind it.
 func TestLookupNotBehindWrites(t *testing.T) {
-	s := redisserver.Start(t, redisserver.Options{})
-	tr, _ := open(t, standaloneCfg(s))
+	s, tr, _ := startTier(t)
 	ctx := context.Background()
 	var present []string
 	for i := range 64 {
@@ -806,8 +811,7 @@ func existsCalls(t *testing.T, s *redisserver.Server) int {
 // lacks are answered from memory for a moment instead of an EXISTS each;
 // our own write is seen at once, another host's write shortly after.
 func TestHasRemembersAbsentBriefly(t *testing.T) {
-	s := redisserver.Start(t, redisserver.Options{})
-	tr, _ := open(t, standaloneCfg(s))
+	s, tr, _ := startTier(t)
 	ctx := context.Background()
 	if err := tr.Put(ctx, "present", value(1, 100)); err != nil {
 		t.Fatal(err)
@@ -855,8 +859,7 @@ func TestHasRemembersAbsentBriefly(t *testing.T) {
 // TestKnownAbsentFollowsAbsentAnswers: a key is known absent only after the
 // server said so (and until our own write of it).
 func TestKnownAbsentFollowsAbsentAnswers(t *testing.T) {
-	s := redisserver.Start(t, redisserver.Options{})
-	tr, _ := open(t, standaloneCfg(s))
+	_, tr, _ := startTier(t)
 	ctx := context.Background()
 	if tr.KnownAbsent("k") {
 		t.Fatal("known absent before the server was asked")
