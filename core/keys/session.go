@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 	"unsafe"
+
+	"kvdock/settings"
 )
 
 // Session defaults. The TTL and sweep period match LMCache's session.py; the
@@ -41,15 +43,9 @@ type Limits struct {
 }
 
 func (l Limits) withDefaults() Limits {
-	if l.MaxSessions <= 0 {
-		l.MaxSessions = DefaultMaxSessions
-	}
-	if l.MaxBytes <= 0 {
-		l.MaxBytes = DefaultMaxBytes
-	}
-	if l.MaxRequestTokens <= 0 {
-		l.MaxRequestTokens = DefaultMaxRequestTokens
-	}
+	l.MaxSessions = settings.PositiveOr(l.MaxSessions, DefaultMaxSessions)
+	l.MaxBytes = settings.PositiveOr(l.MaxBytes, DefaultMaxBytes)
+	l.MaxRequestTokens = settings.PositiveOr(l.MaxRequestTokens, DefaultMaxRequestTokens)
 	return l
 }
 

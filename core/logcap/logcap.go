@@ -13,6 +13,8 @@ import (
 	"sync"
 	"time"
 	"unicode/utf8"
+
+	"kvdock/settings"
 )
 
 // Defaults of Options.
@@ -60,15 +62,9 @@ type Handler struct {
 
 // NewHandler returns next bounded by o.
 func NewHandler(next slog.Handler, o Options) *Handler {
-	if o.MaxString <= 0 {
-		o.MaxString = DefaultMaxString
-	}
-	if o.Rate <= 0 {
-		o.Rate = DefaultRate
-	}
-	if o.Burst <= 0 {
-		o.Burst = DefaultBurst
-	}
+	o.MaxString = settings.PositiveOr(o.MaxString, DefaultMaxString)
+	o.Rate = settings.PositiveOr(o.Rate, DefaultRate)
+	o.Burst = settings.PositiveOr(o.Burst, DefaultBurst)
 	if o.Now == nil {
 		o.Now = time.Now
 	}

@@ -23,6 +23,7 @@ import (
 	"kvdock/core/keys"
 	"kvdock/core/misses"
 	"kvdock/core/whatif"
+	"kvdock/settings"
 )
 
 // Store is the part of the L1 pool a lookup needs.
@@ -217,15 +218,9 @@ type Stats struct {
 // New returns a Module resolving keys through s, locking in store and
 // checking registrations in layouts.
 func New(s *keys.Sessions, store Store, layouts Layouts, opts Options) *Module {
-	if opts.JobTTL <= 0 {
-		opts.JobTTL = DefaultJobTTL
-	}
-	if opts.MaxJobs <= 0 {
-		opts.MaxJobs = DefaultMaxJobs
-	}
-	if opts.MaxJobBytes <= 0 {
-		opts.MaxJobBytes = DefaultMaxJobBytes
-	}
+	opts.JobTTL = settings.PositiveOr(opts.JobTTL, DefaultJobTTL)
+	opts.MaxJobs = settings.PositiveOr(opts.MaxJobs, DefaultMaxJobs)
+	opts.MaxJobBytes = settings.PositiveOr(opts.MaxJobBytes, DefaultMaxJobBytes)
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}

@@ -13,6 +13,7 @@ import (
 	"kvdock/core/l1"
 	"kvdock/core/layout"
 	"kvdock/core/tierstate"
+	"kvdock/settings"
 )
 
 // Pool is the part of the L1 pool (core/l1) the tiers use.
@@ -152,14 +153,6 @@ type Set struct {
 	beforeCopy func(k keys.ObjectKey)
 }
 
-// positiveOr is v, or def where v is not positive (an option left unset).
-func positiveOr[T int | int64 | time.Duration](v, def T) T {
-	if v <= 0 {
-		return def
-	}
-	return v
-}
-
 // NewSet returns a Set over backends (in lookup order), copying from and
 // loading into pool. Run starts its workers; Close stops them and closes
 // the backends.
@@ -167,13 +160,13 @@ func NewSet(backends []Backend, pool Pool, layouts Layouts, opts Options) *Set {
 	if opts.StorePolicy == "" {
 		opts.StorePolicy = StoreWriteBehind
 	}
-	opts.QueueBytes = positiveOr(opts.QueueBytes, DefaultQueueBytes)
-	opts.QueueItems = positiveOr(opts.QueueItems, DefaultQueueItems)
-	opts.WorkersPerTier = positiveOr(opts.WorkersPerTier, DefaultWorkersPerTier)
-	opts.MaxInFlight = positiveOr(opts.MaxInFlight, DefaultMaxInFlight)
-	opts.LoadTimeout = positiveOr(opts.LoadTimeout, DefaultLoadTimeout)
-	opts.WriteTimeout = positiveOr(opts.WriteTimeout, DefaultWriteTimeout)
-	opts.MaxJobs = positiveOr(opts.MaxJobs, DefaultMaxJobs)
+	opts.QueueBytes = settings.PositiveOr(opts.QueueBytes, DefaultQueueBytes)
+	opts.QueueItems = settings.PositiveOr(opts.QueueItems, DefaultQueueItems)
+	opts.WorkersPerTier = settings.PositiveOr(opts.WorkersPerTier, DefaultWorkersPerTier)
+	opts.MaxInFlight = settings.PositiveOr(opts.MaxInFlight, DefaultMaxInFlight)
+	opts.LoadTimeout = settings.PositiveOr(opts.LoadTimeout, DefaultLoadTimeout)
+	opts.WriteTimeout = settings.PositiveOr(opts.WriteTimeout, DefaultWriteTimeout)
+	opts.MaxJobs = settings.PositiveOr(opts.MaxJobs, DefaultMaxJobs)
 	if opts.Owner == (l1.Owner{}) {
 		opts.Owner = l1.PrefetchOwner()
 	}

@@ -36,6 +36,7 @@ import (
 	"time"
 
 	"kvdock/core/engine"
+	"kvdock/settings"
 	"kvdock/ui/metrics"
 )
 
@@ -98,15 +99,9 @@ func New(eng Engine, opts Options) *Server {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	if opts.MaxBodyBytes <= 0 {
-		opts.MaxBodyBytes = DefaultMaxBodyBytes
-	}
-	if opts.MaxConns <= 0 {
-		opts.MaxConns = DefaultMaxConns
-	}
-	if opts.IdleTimeout <= 0 {
-		opts.IdleTimeout = DefaultIdleTimeout
-	}
+	opts.MaxBodyBytes = settings.PositiveOr(opts.MaxBodyBytes, DefaultMaxBodyBytes)
+	opts.MaxConns = settings.PositiveOr(opts.MaxConns, DefaultMaxConns)
+	opts.IdleTimeout = settings.PositiveOr(opts.IdleTimeout, DefaultIdleTimeout)
 	if opts.Metrics == nil {
 		opts.Metrics = metrics.New()
 		opts.Metrics.Watch(eng)
