@@ -26,15 +26,7 @@ func BenchmarkRatio(b *testing.B) {
 	}{{"128KiB", 128 << 10}, {"32MiB", 32 << 20}} {
 		const files = 16
 		b.Run("write-"+sz.name, func(b *testing.B) {
-			dir := b.TempDir()
-			tr, err := Open(FSConfig{BasePath: filepath.Join(dir, "tier"), CapacityBytes: files * charge(int64(sz.size)), RecoverOnStart: true}, nil)
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer tr.Close()
-			plain := filepath.Join(dir, "plain")
-			os.Mkdir(plain, 0o700)
-			val := bytes.Repeat([]byte{7}, sz.size)
+			tr, plain, val := benchSides(b, files, sz.size)
 			ctx := context.Background()
 			var tierT, plainT time.Duration
 			b.SetBytes(int64(sz.size))
@@ -57,15 +49,7 @@ func BenchmarkRatio(b *testing.B) {
 			report(b, tierT, plainT)
 		})
 		b.Run("read-"+sz.name, func(b *testing.B) {
-			dir := b.TempDir()
-			tr, err := Open(FSConfig{BasePath: filepath.Join(dir, "tier"), CapacityBytes: files * charge(int64(sz.size)), RecoverOnStart: true}, nil)
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer tr.Close()
-			plain := filepath.Join(dir, "plain")
-			os.Mkdir(plain, 0o700)
-			val := bytes.Repeat([]byte{7}, sz.size)
+			tr, plain, val := benchSides(b, files, sz.size)
 			ctx := context.Background()
 			for i := range files {
 				if err := tr.Put(ctx, fmt.Sprint("key", i), val); err != nil {
@@ -93,6 +77,22 @@ func BenchmarkRatio(b *testing.B) {
 			report(b, tierT, plainT)
 		})
 	}
+}
+
+// benchSides opens a tier that holds files values of size bytes and a
+// plain directory beside it, both closed when b ends, and returns the value
+// both sides store.
+func benchSides(b *testing.B, files, size int) (tr *Tier, plain string, val []byte) {
+	b.Helper()
+	dir := b.TempDir()
+	tr, err := Open(FSConfig{BasePath: filepath.Join(dir, "tier"), CapacityBytes: int64(files) * charge(int64(size)), RecoverOnStart: true}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { tr.Close() })
+	plain = filepath.Join(dir, "plain")
+	os.Mkdir(plain, 0o700)
+	return tr, plain, bytes.Repeat([]byte{7}, size)
 }
 
 // pair runs both sides, the tier first on even iterations and the plain
