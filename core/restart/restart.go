@@ -15,6 +15,7 @@ package restart
 
 import (
 	"bytes"
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -318,15 +319,7 @@ func (b *body) check() error {
 		}
 		spans = append(spans, span{o.Off, o.Off + rounded})
 	}
-	slices.SortFunc(spans, func(x, y span) int {
-		switch {
-		case x.off < y.off:
-			return -1
-		case x.off > y.off:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(spans, func(x, y span) int { return cmp.Compare(x.off, y.off) })
 	for i := 1; i < len(spans) && len(errs) <= 8; i++ {
 		if spans[i].off < spans[i-1].end {
 			errs = append(errs, fmt.Errorf("objects at %d and %d overlap", spans[i-1].off, spans[i].off))

@@ -1,6 +1,7 @@
 package alloc
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 )
@@ -14,15 +15,7 @@ type Extent struct{ Off, Size int64 }
 // non-empty, inside the region and overlap no other, else nothing changes
 // and the error says which extent is wrong. used is sorted in place.
 func (a *Allocator) Carve(used []Extent) error {
-	slices.SortFunc(used, func(x, y Extent) int {
-		switch {
-		case x.Off < y.Off:
-			return -1
-		case x.Off > y.Off:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(used, func(x, y Extent) int { return cmp.Compare(x.Off, y.Off) })
 	var end int64
 	for i, e := range used {
 		n := a.Round(e.Size)
