@@ -41,6 +41,7 @@ import (
 
 	"kvdock/core/protocol"
 	"kvdock/core/rpc/internal/wake"
+	"kvdock/settings"
 )
 
 // Request is one decoded request as a handler sees it. Args follow the
@@ -207,57 +208,25 @@ func (o *Options) defaults() error {
 	if o.Port < 0 || o.Port > 65535 {
 		return fmt.Errorf("rpc: port %d out of range 0-65535", o.Port)
 	}
-	if o.OrderedWorkers <= 0 {
-		o.OrderedWorkers = 1
-	}
-	if o.SharedWorkers <= 0 {
-		o.SharedWorkers = 1
-	}
-	if o.MaxMessageBytes <= 0 {
-		o.MaxMessageBytes = 1 << 30
-	}
-	if o.MaxTokensPerRequest <= 0 {
-		o.MaxTokensPerRequest = protocol.DefaultMaxTokens
-	}
-	if o.SendHWM <= 0 {
-		o.SendHWM = 1000
-	}
-	if o.RecvHWM <= 0 {
-		o.RecvHWM = 16
-	}
-	if o.HandshakeTimeout <= 0 {
-		o.HandshakeTimeout = 5 * time.Second
-	}
-	if o.QueueDepth <= 0 {
-		o.QueueDepth = 1024
-	}
-	if o.QueuedRequestBytes <= 0 {
-		o.QueuedRequestBytes = 256 << 20
-	}
-	if o.PeerQueuedRequestBytes <= 0 {
-		o.PeerQueuedRequestBytes = 64 << 20
-	}
-	if o.ReplyBytes <= 0 {
-		o.ReplyBytes = 1 << 30
-	}
-	if o.ReplyBytesPerPeer <= 0 {
-		o.ReplyBytesPerPeer = 128 << 20
-	}
-	if o.FastSharedBytes <= 0 {
-		o.FastSharedBytes = 64 << 10
-	}
-	if o.InFlightBytes <= 0 {
-		o.InFlightBytes = 256 << 20
-	}
-	if o.DrainTimeout <= 0 {
-		o.DrainTimeout = 5 * time.Second
-	}
+	o.OrderedWorkers = settings.PositiveOr(o.OrderedWorkers, 1)
+	o.SharedWorkers = settings.PositiveOr(o.SharedWorkers, 1)
+	o.MaxMessageBytes = settings.PositiveOr(o.MaxMessageBytes, 1<<30)
+	o.MaxTokensPerRequest = settings.PositiveOr(o.MaxTokensPerRequest, protocol.DefaultMaxTokens)
+	o.SendHWM = settings.PositiveOr(o.SendHWM, 1000)
+	o.RecvHWM = settings.PositiveOr(o.RecvHWM, 16)
+	o.HandshakeTimeout = settings.PositiveOr(o.HandshakeTimeout, 5*time.Second)
+	o.QueueDepth = settings.PositiveOr(o.QueueDepth, 1024)
+	o.QueuedRequestBytes = settings.PositiveOr(o.QueuedRequestBytes, 256<<20)
+	o.PeerQueuedRequestBytes = settings.PositiveOr(o.PeerQueuedRequestBytes, 64<<20)
+	o.ReplyBytes = settings.PositiveOr(o.ReplyBytes, 1<<30)
+	o.ReplyBytesPerPeer = settings.PositiveOr(o.ReplyBytesPerPeer, 128<<20)
+	o.FastSharedBytes = settings.PositiveOr(o.FastSharedBytes, 64<<10)
+	o.InFlightBytes = settings.PositiveOr(o.InFlightBytes, 256<<20)
+	o.DrainTimeout = settings.PositiveOr(o.DrainTimeout, 5*time.Second)
 	if o.StopGrace == 0 {
 		o.StopGrace = 100 * time.Millisecond
 	}
-	if o.LogInterval <= 0 {
-		o.LogInterval = 10 * time.Second
-	}
+	o.LogInterval = settings.PositiveOr(o.LogInterval, 10*time.Second)
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
