@@ -3,11 +3,11 @@ package interop
 import (
 	"encoding/json"
 	"fmt"
-	"net/http"
 	"strings"
 	"testing"
 	"time"
 
+	"kvdock/core/testkit/httpjson"
 	"kvdock/tests/harness"
 )
 
@@ -97,11 +97,6 @@ func TestHybridGroupsHostile(t *testing.T) {
 			t.Errorf("log lacks %q", want)
 		}
 	}
-	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/status", srv.HTTPPort))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
 	var st struct {
 		Requests struct {
 			ByType map[string]struct {
@@ -109,9 +104,7 @@ func TestHybridGroupsHostile(t *testing.T) {
 			} `json:"by_type"`
 		} `json:"requests"`
 	}
-	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
-		t.Fatalf("/status: %v", err)
-	}
+	httpjson.Get(t, statusURL(srv), &st)
 	if n := st.Requests.ByType["COMMIT_STORE_GROUP"].Error; n < 3 {
 		t.Errorf("COMMIT_STORE_GROUP errors %d, want at least 3 (group 2, -1 and 2**40 refused)", n)
 	}

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"kvdock/core/testkit/httpjson"
 	"kvdock/tests/harness"
 	"kvdock/ui/httpapi"
 )
@@ -91,15 +92,8 @@ func (w *liveWorker) next() map[string]any {
 
 func status(t *testing.T, srv *harness.Server) httpapi.Status {
 	t.Helper()
-	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/status", srv.HTTPPort))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
 	var st httpapi.Status
-	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
-		t.Fatalf("/status: %v", err)
-	}
+	httpjson.Get(t, statusURL(srv), &st)
 	return st
 }
 

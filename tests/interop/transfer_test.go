@@ -6,7 +6,6 @@ package interop
 import (
 	"encoding/json"
 	"fmt"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,6 +13,7 @@ import (
 	"time"
 
 	"kvdock/core/protocol"
+	"kvdock/core/testkit/httpjson"
 	"kvdock/tests/harness"
 )
 
@@ -146,11 +146,6 @@ type storeCounts struct {
 
 func poolAndCounts(t *testing.T, srv *harness.Server) storeCounts {
 	t.Helper()
-	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/status", srv.HTTPPort))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
 	var st struct {
 		Pool struct {
 			Objects   int   `json:"objects"`
@@ -167,9 +162,7 @@ func poolAndCounts(t *testing.T, srv *harness.Server) storeCounts {
 			BadInput map[string]int64 `json:"bad_input"`
 		} `json:"requests"`
 	}
-	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
-		t.Fatalf("/status: %v", err)
-	}
+	httpjson.Get(t, statusURL(srv), &st)
 	c := storeCounts{objects: st.Pool.Objects, liveBytes: st.Pool.LiveBytes,
 		commitOK: st.Requests.ByType[protocol.CommitStore].OK, commitErrors: st.Requests.ByType[protocol.CommitStore].Error,
 		handlerErrors: st.Requests.BadInput[protocol.KindHandlerErr]}

@@ -3,10 +3,8 @@ package interop
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"log/slog"
-	"net/http"
 	"strconv"
 	"strings"
 	"testing"
@@ -14,6 +12,7 @@ import (
 
 	"kvdock/core/protocol"
 	"kvdock/core/rpc"
+	"kvdock/core/testkit/httpjson"
 	"kvdock/tests/harness"
 )
 
@@ -167,11 +166,6 @@ func TestWireBadInputInProcess(t *testing.T) {
 // bad input by kind, decode failures and OK outcomes by request name.
 func binaryStatus(t *testing.T, srv *harness.Server) (badInput, decodeFailures, ok map[string]int64) {
 	t.Helper()
-	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/status", srv.HTTPPort))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
 	var st struct {
 		Requests struct {
 			BadInput       map[string]int64 `json:"bad_input"`
@@ -181,9 +175,7 @@ func binaryStatus(t *testing.T, srv *harness.Server) (badInput, decodeFailures, 
 			} `json:"by_type"`
 		} `json:"requests"`
 	}
-	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
-		t.Fatalf("/status: %v", err)
-	}
+	httpjson.Get(t, statusURL(srv), &st)
 	ok = map[string]int64{}
 	for name, c := range st.Requests.ByType {
 		ok[name] = c.OK

@@ -9,10 +9,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
-	"encoding/json"
 	"fmt"
 	"hash/crc32"
-	"net/http"
 	"os"
 	"path/filepath"
 	"testing"
@@ -22,6 +20,7 @@ import (
 
 	"kvdock/core/protocol"
 	"kvdock/core/rpc/client"
+	"kvdock/core/testkit/httpjson"
 	"kvdock/tests/harness"
 	"kvdock/transfer/worker"
 	"kvdock/ui/httpapi"
@@ -38,17 +37,7 @@ const (
 func status(t testing.TB, srv *harness.Server) httpapi.Status {
 	t.Helper()
 	var st httpapi.Status
-	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/status", srv.HTTPPort))
-	if err != nil {
-		t.Fatalf("GET /status: %v", err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("GET /status: %s", resp.Status)
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
-		t.Fatalf("decode /status: %v", err)
-	}
+	httpjson.Get(t, fmt.Sprintf("http://127.0.0.1:%d/status", srv.HTTPPort), &st)
 	return st
 }
 
