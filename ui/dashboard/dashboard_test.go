@@ -167,13 +167,20 @@ func selectKey(t *testing.T, m *Model, key string) {
 	t.Fatalf("no setting %s", key)
 }
 
+// retype selects the setting key, opens its editor, empties the field and
+// types text (not yet confirmed).
+func retype(t *testing.T, m *Model, key, text string) {
+	t.Helper()
+	selectKey(t, m, key)
+	press(t, m, "enter", "ctrl+u")
+	typeText(t, m, text)
+}
+
 func TestSettingsEditValidation(t *testing.T) {
 	f := newFakeEngine(t)
 	m := newTestModel(t, f, 80, 24)
 	press(t, m, "5")
-	selectKey(t, m, "server.port")
-	press(t, m, "enter", "ctrl+u")
-	typeText(t, m, "70000")
+	retype(t, m, "server.port", "70000")
 	s := screen(m)
 	mustContain(t, s, "INVALID: server.port = 70000: must be in 1..65535")
 	press(t, m, "enter") // refused while invalid
@@ -243,13 +250,9 @@ func TestApplyConfirmShowsClasses(t *testing.T) {
 	press(t, m, "5")
 	selectKey(t, m, "server.shm_name")
 	press(t, m, "enter", "ctrl+u", "enter")
-	selectKey(t, m, "eviction.ratio")
-	press(t, m, "enter", "ctrl+u")
-	typeText(t, m, "0.3")
+	retype(t, m, "eviction.ratio", "0.3")
 	press(t, m, "enter")
-	selectKey(t, m, "server.port")
-	press(t, m, "enter", "ctrl+u")
-	typeText(t, m, "6000")
+	retype(t, m, "server.port", "6000")
 	press(t, m, "enter", "a")
 	s := screen(m)
 	mustContain(t, s, "Apply 3 change(s)?",
@@ -309,9 +312,7 @@ func TestApplyRollback(t *testing.T) {
 	f.rollback = true
 	m := newTestModel(t, f, 120, 30)
 	press(t, m, "5")
-	selectKey(t, m, "server.port")
-	press(t, m, "enter", "ctrl+u")
-	typeText(t, m, "6000")
+	retype(t, m, "server.port", "6000")
 	press(t, m, "enter", "a")
 	mustContain(t, screen(m), "[RESTART]", "RESTART: the wire server restarts")
 	press(t, m, "y")
@@ -540,9 +541,7 @@ func TestApplyNextStart(t *testing.T) {
 	f := newFakeEngine(t)
 	m := newTestModel(t, f, 120, 30)
 	press(t, m, "5")
-	selectKey(t, m, "log.format")
-	press(t, m, "enter", "ctrl+u")
-	typeText(t, m, "json")
+	retype(t, m, "log.format", "json")
 	press(t, m, "enter", "a")
 	s := screen(m)
 	mustContain(t, s, "[NEXT-START] log.format: ", "(takes effect at the next start)",

@@ -21,9 +21,7 @@ func TestStatusHasItsOwnLine(t *testing.T) {
 		w, h := size[0], size[1]
 		m := newTestModel(t, newFakeEngine(t), w, h)
 		press(t, m, "5")
-		selectKey(t, m, "eviction.ratio")
-		press(t, m, "enter", "ctrl+u")
-		typeText(t, m, "0.3")
+		retype(t, m, "eviction.ratio", "0.3")
 		press(t, m, "enter", "a", "y")
 		lines := strings.Split(screen(m), "\n")
 		mustContain(t, lines[1], "pool SHM lmcache_l1_pool_demo 50% used")

@@ -81,9 +81,7 @@ func TestPlainFilterMatchesEveryColumn(t *testing.T) {
 func TestHTTPPortDialogSaysOnlyTheAPIRestarts(t *testing.T) {
 	m := newTestModel(t, newFakeEngine(t), 160, 48)
 	press(t, m, "5")
-	selectKey(t, m, "http.port")
-	press(t, m, "enter", "ctrl+u")
-	typeText(t, m, "8181")
+	retype(t, m, "http.port", "8181")
 	press(t, m, "enter", "a")
 	s := screen(m)
 	mustContain(t, s, "the HTTP API restarts on its new address; the wire server, the cache and the contexts are untouched")

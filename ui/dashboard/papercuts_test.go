@@ -53,9 +53,7 @@ func TestStatusExpires(t *testing.T) {
 	m, now := clockModel(t, f, 80, 24)
 	pool := "pool SHM lmcache_l1_pool_demo 50% used"
 	press(t, m, "5")
-	selectKey(t, m, "eviction.ratio")
-	press(t, m, "enter", "ctrl+u")
-	typeText(t, m, "0.3")
+	retype(t, m, "eviction.ratio", "0.3")
 	press(t, m, "enter", "a", "y")
 	mustContain(t, headerStatus(m), "OK applied (live): eviction.ratio")
 	mustContain(t, headerLine2(m), pool)
@@ -350,9 +348,7 @@ func TestQuitMentionsPendingEdits(t *testing.T) {
 	f.snap.Contexts = nil
 	m := newTestModel(t, f, 80, 24)
 	press(t, m, "5")
-	selectKey(t, m, "eviction.ratio")
-	press(t, m, "enter", "ctrl+u")
-	typeText(t, m, "0.3")
+	retype(t, m, "eviction.ratio", "0.3")
 	press(t, m, "enter")
 	if cmd := press(t, m, "q"); isQuit(cmd) {
 		t.Fatal("q quit with an unapplied edit")
@@ -399,9 +395,7 @@ func TestEditorRefusesPoolLargerThanMemory(t *testing.T) {
 	m := newModel(context.Background(), f, opts, opts.Profile)
 	m.Update(tea.WindowSizeMsg{Width: 160, Height: 48})
 	press(t, m, "5")
-	selectKey(t, m, "l1.size_gb")
-	press(t, m, "enter", "ctrl+u")
-	typeText(t, m, "40")
+	retype(t, m, "l1.size_gb", "40")
 	s := screen(m)
 	// 3 GiB free plus the running pool's 768 MiB resident.
 	mustContain(t, s, "INVALID: l1.size_gb = 40", "the pool needs 40.00 GiB", "3.75 GiB", "--l1-allow-overcommit")
@@ -417,13 +411,9 @@ func TestEditorRefusesPoolLargerThanMemory(t *testing.T) {
 	}
 
 	// With overcommit allowed, 40 GiB passes the editor and the apply.
-	selectKey(t, m, "l1.allow_overcommit")
-	press(t, m, "enter", "ctrl+u")
-	typeText(t, m, "true")
+	retype(t, m, "l1.allow_overcommit", "true")
 	press(t, m, "enter")
-	selectKey(t, m, "l1.size_gb")
-	press(t, m, "enter", "ctrl+u")
-	typeText(t, m, "40")
+	retype(t, m, "l1.size_gb", "40")
 	press(t, m, "enter")
 	if m.settings.mode != setList {
 		t.Fatalf("overcommit allowed but refused:\n%s", screen(m))

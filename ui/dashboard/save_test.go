@@ -45,9 +45,7 @@ func saveModel(t *testing.T, path string, args, environ []string) (*Model, *fake
 // editKey types val into key's editor and accepts it.
 func editKey(t *testing.T, m *Model, key, val string) {
 	t.Helper()
-	selectKey(t, m, key)
-	press(t, m, "enter", "ctrl+u")
-	typeText(t, m, val)
+	retype(t, m, key, val)
 	press(t, m, "enter")
 }
 
