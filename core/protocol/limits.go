@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+
+	"kvdock/settings"
 )
 
 // Limits bound what one decoded payload may make the server keep: a peer
@@ -32,12 +34,8 @@ func DefaultLimits() Limits {
 }
 
 func (l Limits) withDefaults() Limits {
-	if l.MaxTokens <= 0 {
-		l.MaxTokens = DefaultMaxTokens
-	}
-	if l.MaxString <= 0 {
-		l.MaxString = DefaultMaxString
-	}
+	l.MaxTokens = settings.PositiveOr(l.MaxTokens, DefaultMaxTokens)
+	l.MaxString = settings.PositiveOr(l.MaxString, DefaultMaxString)
 	return l
 }
 

@@ -47,6 +47,7 @@ import (
 	"unsafe"
 
 	"kvdock/core/keys"
+	"kvdock/settings"
 )
 
 // factors are the pool sizes the curve reports, as multiples of the pool.
@@ -137,19 +138,11 @@ type Estimator struct {
 
 // New returns an estimator for a pool of opts.PoolBytes bytes.
 func New(opts Options) *Estimator {
-	if opts.PoolBytes <= 0 {
-		opts.PoolBytes = 1
-	}
-	if opts.MinSamples <= 0 {
-		opts.MinSamples = DefaultMinSamples
-	}
-	if opts.MaxSamples <= 0 {
-		opts.MaxSamples = DefaultMaxSamples
-	}
+	opts.PoolBytes = settings.PositiveOr(opts.PoolBytes, 1)
+	opts.MinSamples = settings.PositiveOr(opts.MinSamples, DefaultMinSamples)
+	opts.MaxSamples = settings.PositiveOr(opts.MaxSamples, DefaultMaxSamples)
 	opts.MaxSamples = max(opts.MaxSamples, opts.MinSamples)
-	if opts.Window <= 0 {
-		opts.Window = DefaultWindow
-	}
+	opts.Window = settings.PositiveOr(opts.Window, DefaultWindow)
 	e := &Estimator{
 		pool:    opts.PoolBytes,
 		maxDist: maxFactor * float64(opts.PoolBytes),

@@ -30,6 +30,7 @@ import (
 	"github.com/valkey-io/valkey-go"
 
 	"kvdock/core/tierstate"
+	"kvdock/settings"
 	"kvdock/transfer/tier"
 )
 
@@ -158,12 +159,8 @@ func Open(ctx context.Context, cfg RESPConfig, log *slog.Logger) (*Tier, error) 
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	if cfg.NumWorkers <= 0 {
-		cfg.NumWorkers = DefaultNumWorkers
-	}
-	if cfg.CapacityBytes <= 0 {
-		cfg.CapacityBytes = DefaultCapacityGB << 30
-	}
+	cfg.NumWorkers = settings.PositiveOr(cfg.NumWorkers, DefaultNumWorkers)
+	cfg.CapacityBytes = settings.PositiveOr(cfg.CapacityBytes, DefaultCapacityGB<<30)
 	if cfg.Host == "" {
 		cfg.Host = DefaultHost
 	}
