@@ -32,6 +32,20 @@ func clockModel(t *testing.T, f *fakeEngine, w, h int) (*Model, *time.Time) {
 	return m, &now
 }
 
+// tickAfter moves the model's clock d on and delivers the tick.
+func tickAfter(m *Model, now *time.Time, d time.Duration) {
+	*now = now.Add(d)
+	m.Update(tickMsg(*now))
+}
+
+// statusGone fails t while the header still shows an apply status.
+func statusGone(t *testing.T, m *Model) {
+	t.Helper()
+	if st := headerStatus(m); st != "" {
+		t.Fatalf("status still shown: %q", st)
+	}
+}
+
 // headerLine2 is the line under the title.
 func headerLine2(m *Model) string {
 	return strings.Split(screen(m), "\n")[1]
@@ -58,15 +72,11 @@ func TestStatusExpires(t *testing.T) {
 	mustContain(t, headerStatus(m), "OK applied (live): eviction.ratio")
 	mustContain(t, headerLine2(m), pool)
 
-	*now = now.Add(2 * time.Second)
-	m.Update(tickMsg(*now))
+	tickAfter(m, now, 2*time.Second)
 	mustContain(t, headerStatus(m), "OK applied")
 
-	*now = now.Add(statusTTL)
-	m.Update(tickMsg(*now))
-	if st := headerStatus(m); st != "" {
-		t.Fatalf("status still shown: %q", st)
-	}
+	tickAfter(m, now, statusTTL)
+	statusGone(t, m)
 	mustContain(t, headerLine2(m), pool, "3 worker context(s)")
 
 	// A failure stays longer, then goes too.
@@ -74,14 +84,10 @@ func TestStatusExpires(t *testing.T) {
 	press(t, m, "r", "a", "y")
 	mustContain(t, headerStatus(m), "APPLY FAILED")
 	mustContain(t, headerLine2(m), pool)
-	*now = now.Add(statusTTL + time.Second)
-	m.Update(tickMsg(*now))
+	tickAfter(m, now, statusTTL+time.Second)
 	mustContain(t, headerStatus(m), "APPLY FAILED")
-	*now = now.Add(badTTL)
-	m.Update(tickMsg(*now))
-	if st := headerStatus(m); st != "" {
-		t.Fatalf("status still shown: %q", st)
-	}
+	tickAfter(m, now, badTTL)
+	statusGone(t, m)
 }
 
 // Issue 16 point 8: an empty table after a rebuild says why.
