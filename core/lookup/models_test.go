@@ -53,9 +53,7 @@ func TestGroupsBounded(t *testing.T) {
 // TestModelStatsCountTierHits: chunks a tier phase loads count as hits of
 // the group, as they do in the totals (the worker reads them from L1).
 func TestModelStatsCountTierHits(t *testing.T) {
-	store := newStore()
-	ft := newFakeTiers(store)
-	f := newFixtureStore(t, Options{Tiers: ft}, store)
+	f, store, ft := newTierFixture(t)
 	ts := tokens(5 * cs)
 	ks := keysOf(t, ts, 1)
 	store.present[ks[0]] = true

@@ -22,6 +22,15 @@ func newFakeTiers(store *fakeStore) *fakeTiers {
 	return &fakeTiers{store: store, held: map[keys.ObjectKey]bool{}, calls: make(chan []keys.ObjectKey, 16), release: make(chan struct{})}
 }
 
+// newTierFixture is a fixture whose lookups go on to fake tiers over a new
+// store.
+func newTierFixture(t *testing.T) (*fixture, *fakeStore, *fakeTiers) {
+	t.Helper()
+	store := newStore()
+	ft := newFakeTiers(store)
+	return newFixtureStore(t, Options{Tiers: ft}, store), store, ft
+}
+
 func (f *fakeTiers) Prefetch(ctx context.Context, model string, ws int, ks []keys.ObjectKey, per, count int) int {
 	f.calls <- ks
 	select {
@@ -44,9 +53,7 @@ func (f *fakeTiers) Prefetch(ctx context.Context, model string, ws int, ks []key
 }
 
 func TestLookupTierPhaseNoneUntilLoadedThenCount(t *testing.T) {
-	store := newStore()
-	ft := newFakeTiers(store)
-	f := newFixtureStore(t, Options{Tiers: ft}, store)
+	f, store, ft := newTierFixture(t)
 	ts := tokens(5 * cs)
 	ks := keysOf(t, ts, 1)
 	store.present[ks[0]] = true // chunk 0 in L1
@@ -88,9 +95,7 @@ func TestLookupTierPhaseNoneUntilLoadedThenCount(t *testing.T) {
 }
 
 func TestLookupTierPhaseReplacedJobReleasesTierLocks(t *testing.T) {
-	store := newStore()
-	ft := newFakeTiers(store)
-	f := newFixtureStore(t, Options{Tiers: ft}, store)
+	f, store, ft := newTierFixture(t)
 	ts := tokens(2 * cs)
 	ks := keysOf(t, ts, 1)
 	ft.held[ks[0]], ft.held[ks[1]] = true, true
@@ -111,9 +116,7 @@ func TestLookupTierPhaseReplacedJobReleasesTierLocks(t *testing.T) {
 }
 
 func TestLookupTierPhaseStopEndsHungTier(t *testing.T) {
-	store := newStore()
-	ft := newFakeTiers(store)
-	f := newFixtureStore(t, Options{Tiers: ft}, store)
+	f, _, ft := newTierFixture(t)
 	ts := tokens(2 * cs)
 	if err := f.m.Lookup(lookupReq("r", ts, 1), 1); err != nil {
 		t.Fatal(err)
@@ -160,9 +163,7 @@ func TestLookupTierPhaseBounded(t *testing.T) {
 
 // A lookup with a full L1 hit never asks the tiers.
 func TestLookupFullL1HitSkipsTiers(t *testing.T) {
-	store := newStore()
-	ft := newFakeTiers(store)
-	f := newFixtureStore(t, Options{Tiers: ft}, store)
+	f, store, ft := newTierFixture(t)
 	ts := tokens(2 * cs)
 	for _, k := range keysOf(t, ts, 1) {
 		store.present[k] = true
@@ -182,9 +183,7 @@ func TestLookupFullL1HitSkipsTiers(t *testing.T) {
 // None after its timeout while the job loads, then the count as soon as the
 // tier phase ends (woken, not polled), and 0 for an unknown id at once.
 func TestWaitStatusBlocksUntilTheTierPhaseEnds(t *testing.T) {
-	store := newStore()
-	ft := newFakeTiers(store)
-	f := newFixtureStore(t, Options{Tiers: ft}, store)
+	f, store, ft := newTierFixture(t)
 	ts := tokens(3 * cs)
 	ks := keysOf(t, ts, 1)
 	store.present[ks[0]] = true
