@@ -252,7 +252,14 @@ func container(class string, declared uint64, rawCount uint64, data []byte) []by
 }
 
 func tensorPickle(cont []byte, offset int64, size, stride []int64) []byte {
-	p := pb{}.op(opPROTO, 4, opEMPTY_LIST).stackGlobal("torch._utils", "_rebuild_tensor_v2").op(opMARK).
+	return rebuildArgs("_rebuild_tensor_v2", cont, offset, size, stride).op(opTUPLE, opREDUCE, opAPPEND, opSTOP)
+}
+
+// rebuildArgs starts [torch._utils.<rebuild>(_load_from_bytes(cont), offset,
+// size, stride, False, OrderedDict() at protocol 4: the arguments every
+// tensor rebuild takes, before the version's own ones and the call.
+func rebuildArgs(rebuild string, cont []byte, offset int64, size, stride []int64) pb {
+	p := pb{}.op(opPROTO, 4, opEMPTY_LIST).stackGlobal("torch._utils", rebuild).op(opMARK).
 		stackGlobal("torch.storage", "_load_from_bytes").bytes(cont).op(opTUPLE1, opREDUCE)
 	p = appendInt(p, offset)
 	p = p.op(opMARK)
@@ -263,8 +270,7 @@ func tensorPickle(cont []byte, offset int64, size, stride []int64) []byte {
 	for _, s := range stride {
 		p = appendInt(p, s)
 	}
-	p = p.op(opTUPLE, opNEWFALSE).stackGlobal("collections", "OrderedDict").op(opEMPTY_TUPLE, opREDUCE, opTUPLE, opREDUCE, opAPPEND, opSTOP)
-	return p
+	return p.op(opTUPLE, opNEWFALSE).stackGlobal("collections", "OrderedDict").op(opEMPTY_TUPLE, opREDUCE)
 }
 
 func TestHugeDeclaredSizesRejectedWithoutAllocation(t *testing.T) {

@@ -175,18 +175,7 @@ func float8Cases() []encCase {
 // v3Pickle builds [_rebuild_tensor_v3(_load_from_bytes(cont), offset, size,
 // stride, False, OrderedDict(), <dtypeMod>.<dtypeName>)] at protocol 4.
 func v3Pickle(cont []byte, offset int64, size, stride []int64, dtypeMod, dtypeName string) []byte {
-	p := pb{}.op(opPROTO, 4, opEMPTY_LIST).stackGlobal("torch._utils", "_rebuild_tensor_v3").op(opMARK).
-		stackGlobal("torch.storage", "_load_from_bytes").bytes(cont).op(opTUPLE1, opREDUCE)
-	p = appendInt(p, offset)
-	p = p.op(opMARK)
-	for _, s := range size {
-		p = appendInt(p, s)
-	}
-	p = p.op(opTUPLE, opMARK)
-	for _, s := range stride {
-		p = appendInt(p, s)
-	}
-	p = p.op(opTUPLE, opNEWFALSE).stackGlobal("collections", "OrderedDict").op(opEMPTY_TUPLE, opREDUCE)
+	p := rebuildArgs("_rebuild_tensor_v3", cont, offset, size, stride)
 	return p.stackGlobal(dtypeMod, dtypeName).op(opTUPLE, opREDUCE, opAPPEND, opSTOP)
 }
 
