@@ -25,10 +25,7 @@ func TestPrefetchHybridGroups(t *testing.T) {
 	p := openPool(t, 1<<20)
 	mt := memtier.New()
 	s := tier.NewSet([]tier.Backend{mt}, p, reg, tier.Options{})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { s.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done; _ = s.Close() })
+	runSet(t, s)
 
 	put := func(k keys.ObjectKey, lay layout.Layout, seed int) {
 		v, err := tier.Encode(tier.Key(k, lay), lay, payload(int(lay.Bytes), seed))

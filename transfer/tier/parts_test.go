@@ -83,10 +83,7 @@ func TestWriteBehindPartsStreamPublishedBytes(t *testing.T) {
 			refill(p, lay, 100, 107)
 		})
 	})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { s.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done; _ = s.Close() })
+	runSet(t, s)
 	s.Enqueue([]keys.ObjectKey{testKey(0)}, lay)
 	if q := waitQueue(t, s, 0); q.Written != 1 {
 		t.Fatalf("queue %+v, want 1 written", q)
@@ -128,10 +125,7 @@ func TestWriteBehindPartsDiscardedWhenHoldEnds(t *testing.T) {
 			refill(p, lay, 100, 107)         // and its slot holds other bytes
 		})
 	})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { s.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done; _ = s.Close() })
+	runSet(t, s)
 	s.Enqueue([]keys.ObjectKey{testKey(0)}, lay)
 	if q := waitQueue(t, s, 0); q.Written != 0 || q.Skipped != 1 {
 		t.Fatalf("queue %+v, want the write skipped", q)

@@ -200,11 +200,17 @@ func read(t *testing.T, p *l1.Pool, k keys.ObjectKey) []byte {
 func newSet(t *testing.T, p *l1.Pool, lay layout.Layout, opts tier.Options, bs ...tier.Backend) *tier.Set {
 	t.Helper()
 	s := tier.NewSet(bs, p, fakeLayouts{lay}, opts)
+	runSet(t, s)
+	return s
+}
+
+// runSet runs s until the test ends, then closes it.
+func runSet(t *testing.T, s *tier.Set) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { s.Run(ctx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done; _ = s.Close() })
-	return s
 }
 
 // waitQueue waits until tier i's queue is empty.
@@ -323,10 +329,7 @@ func TestStateChangeBetweenWatchTicksIsReported(t *testing.T) {
 			})
 			mt.SetDown("connection reset")
 			mt.SetDown("")
-			ctx, cancel := context.WithCancel(context.Background())
-			done := make(chan struct{})
-			go func() { s.Run(ctx); close(done) }()
-			t.Cleanup(func() { cancel(); <-done; _ = s.Close() })
+			runSet(t, s)
 			var got []string
 			for len(strings.Join(got, " ")) < len(tc.events) {
 				select {
@@ -441,10 +444,7 @@ func TestWriteBehindClearDuringCopyWritesPublishedBytes(t *testing.T) {
 			refill(p, lay, 1, 4)
 		})
 	})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { s.Run(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
+	runSet(t, s)
 	s.Enqueue([]keys.ObjectKey{testKey(0)}, lay)
 	if q := waitQueue(t, s, 0); q.Written != 1 {
 		t.Fatalf("queue %+v, want 1 written", q)
