@@ -3,7 +3,6 @@ package engine
 import (
 	"context"
 	"errors"
-	"net"
 	"strings"
 	"testing"
 
@@ -106,14 +105,10 @@ func TestApplyEngineFailureMovesFacesBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = e.Stop(context.Background()) })
-	busy, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer busy.Close()
+	busy := busyPort(t)
 	next := cfg
 	next.HTTP.Port = cfg.HTTP.Port + 1
-	next.Server.Port = busy.Addr().(*net.TCPAddr).Port
+	next.Server.Port = busy
 	res, err := e.Apply(context.Background(), next, nil)
 	if err == nil || !res.RolledBack {
 		t.Fatalf("apply onto a taken wire port: %+v %v", res, err)

@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"net"
 	"strings"
 	"testing"
 
@@ -32,11 +31,7 @@ func TestApplyRecordsOneEvent(t *testing.T) {
 	e, cfg, c := startDialed(t)
 	register(t, c, 1)
 
-	busy, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer busy.Close()
+	busy := busyPort(t)
 
 	cur := cfg
 	step := func(name string, change func(*settings.Config), wantErr bool, want ...string) {
@@ -61,7 +56,7 @@ func TestApplyRecordsOneEvent(t *testing.T) {
 	}
 	step("live", func(c *settings.Config) { c.Eviction.Ratio = 0.5 }, false, "applied (live): eviction.ratio")
 	step("restart", func(c *settings.Config) { c.Server.Port = freePort(t) }, false, "applied (restart): server.port")
-	step("rollback", func(c *settings.Config) { c.Server.Port = busy.Addr().(*net.TCPAddr).Port }, true,
+	step("rollback", func(c *settings.Config) { c.Server.Port = busy }, true,
 		"apply (restart): server.port failed, rolled back to the running config")
 	step("rebuild", func(c *settings.Config) { c.L1.AlignBytes *= 2 }, false,
 		"applied (rebuild): l1.align_bytes", "1 worker contexts dropped", "SHM on: ")

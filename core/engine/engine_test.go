@@ -314,13 +314,9 @@ func TestApplyRefusesPoolLargerThanMemory(t *testing.T) {
 func TestApplyRollsBackWhenPortTaken(t *testing.T) {
 	e, cfg, c := startDialed(t)
 	register(t, c, 1)
-	busy, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer busy.Close()
+	busy := busyPort(t)
 	next := cfg
-	next.Server.Port = busy.Addr().(*net.TCPAddr).Port
+	next.Server.Port = busy
 	res, err := e.Apply(context.Background(), next, nil)
 	if err == nil || !res.RolledBack || !strings.Contains(err.Error(), "rolled back") {
 		t.Fatalf("apply onto a taken port: %+v %v", res, err)

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"net"
 	"testing"
 
 	"kvdock/core/rpc/client"
@@ -28,6 +29,18 @@ func newWorker(t *testing.T, c *client.Client, id int64, model string) *worker.W
 	}
 	t.Cleanup(func() { w.Close() })
 	return w
+}
+
+// busyPort is a 127.0.0.1 port held by a listener until the test ends, for
+// an apply that must fail to bind.
+func busyPort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l.Addr().(*net.TCPAddr).Port
 }
 
 // seqTokens is the prompt 1, 2, …, n.

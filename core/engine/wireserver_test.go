@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"net"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -70,13 +69,9 @@ func TestWireFailureReportsFrontFailed(t *testing.T) {
 func TestBindFailureNeverReportsFailed(t *testing.T) {
 	cfg, _ := testConfig(t)
 	e := startEngine(t, cfg)
-	busy, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer busy.Close()
+	busy := busyPort(t)
 	next := cfg
-	next.Server.Port = busy.Addr().(*net.TCPAddr).Port
+	next.Server.Port = busy
 	for range 20 {
 		if res, err := e.Apply(context.Background(), next, nil); err == nil || !res.RolledBack {
 			t.Fatalf("apply onto a taken port: %+v %v", res, err)
