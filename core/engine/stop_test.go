@@ -52,10 +52,10 @@ func newStuckHandler(e *Engine) *stuckHandler {
 	return s
 }
 
-// TestStopLeavesThePoolMappedWhileAHandlerRuns: Stop's drain times out with
-// a handler still using the pool; the pool must stay mapped until the
-// handler is done, then be closed and its segment name unlinked.
-func TestStopLeavesThePoolMappedWhileAHandlerRuns(t *testing.T) {
+// startStuck starts an engine (not stopped at the end) whose NOOP handler
+// blocks, and sends a NOOP that reaches it.
+func startStuck(t *testing.T) (settings.Config, string, *Engine, *stuckHandler) {
+	t.Helper()
 	cfg, seg := testConfig(t)
 	e := New(cfg, Options{})
 	stuck := newStuckHandler(e)
@@ -65,6 +65,14 @@ func TestStopLeavesThePoolMappedWhileAHandlerRuns(t *testing.T) {
 	c := dial(t, cfg.Server.Port, cfg.Server.Protocol)
 	go func() { _, _ = c.Call(context.Background(), protocol.Noop) }()
 	<-stuck.started
+	return cfg, seg, e, stuck
+}
+
+// TestStopLeavesThePoolMappedWhileAHandlerRuns: Stop's drain times out with
+// a handler still using the pool; the pool must stay mapped until the
+// handler is done, then be closed and its segment name unlinked.
+func TestStopLeavesThePoolMappedWhileAHandlerRuns(t *testing.T) {
+	_, seg, e, stuck := startStuck(t)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
@@ -95,15 +103,7 @@ func TestStopLeavesThePoolMappedWhileAHandlerRuns(t *testing.T) {
 // TestRebuildRefusedWhileAHandlerRuns: a rebuild whose drain times out must
 // not close the pool under the handler; the apply fails instead.
 func TestRebuildRefusedWhileAHandlerRuns(t *testing.T) {
-	cfg, seg := testConfig(t)
-	e := New(cfg, Options{})
-	stuck := newStuckHandler(e)
-	if err := e.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	c := dial(t, cfg.Server.Port, cfg.Server.Protocol)
-	go func() { _, _ = c.Call(context.Background(), protocol.Noop) }()
-	<-stuck.started
+	cfg, seg, e, stuck := startStuck(t)
 
 	next := cfg
 	name := *cfg.Server.ShmName + "_b"
