@@ -126,16 +126,23 @@ func TestStopKeepingThenStartAdopts(t *testing.T) {
 	}
 }
 
+// keptStop starts an engine on keepConfig, stores 4 objects of 4 KiB and
+// stops it keeping the pool; it returns the engine's settings.
+func keptStop(t *testing.T) settings.Config {
+	t.Helper()
+	cfg, _ := keepConfig(t)
+	e := startEngine(t, cfg)
+	storeObjects(t, e, 4, 4096)
+	if err := e.StopKeeping(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
 // TestKeptPoolNotAdoptedByAnotherPool: a start whose settings give another
 // pool does not adopt, says why, and removes the kept segment.
 func TestKeptPoolNotAdoptedByAnotherPool(t *testing.T) {
-	cfg, _ := keepConfig(t)
-	ctx := context.Background()
-	e := startEngine(t, cfg)
-	storeObjects(t, e, 4, 4096)
-	if err := e.StopKeeping(ctx); err != nil {
-		t.Fatal(err)
-	}
+	cfg := keptStop(t)
 	next := cfg
 	next.L1.SizeGB = 8.0 / 1024
 	e2 := startEngine(t, next)
@@ -154,13 +161,7 @@ func TestKeptPoolNotAdoptedByAnotherPool(t *testing.T) {
 // TestHostileStateFileColdStart: a record changed by someone else is
 // refused, the start is cold and says why.
 func TestHostileStateFileColdStart(t *testing.T) {
-	cfg, _ := keepConfig(t)
-	ctx := context.Background()
-	e := startEngine(t, cfg)
-	storeObjects(t, e, 4, 4096)
-	if err := e.StopKeeping(ctx); err != nil {
-		t.Fatal(err)
-	}
+	cfg := keptStop(t)
 	path := filepath.Join(cfg.Server.StateDir, restart.FileName(cfg.Server.Host, cfg.Server.Port))
 	data, err := os.ReadFile(path)
 	if err != nil {
