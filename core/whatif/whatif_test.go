@@ -98,6 +98,26 @@ func TestStackMatchesNaiveLRU(t *testing.T) {
 	}
 }
 
+// playLoop probes and stores (10 bytes each) testKey(0) to testKey(n-1) of
+// model "m" in order, 20 times over; after, when not nil, runs after each
+// store with the key's index.
+func playLoop(e *Estimator, n int, after func(i int)) {
+	ks := make([]keys.ObjectKey, n)
+	for i := range ks {
+		ks[i] = testKey(uint64(i), "m")
+	}
+	for range 20 {
+		for i := range ks {
+			var p Prefix
+			e.Probe(&p, ks[i:i+1], 0)
+			e.Stored(&ks[i], 10)
+			if after != nil {
+				after(i)
+			}
+		}
+	}
+}
+
 func testKey(i uint64, model string) keys.ObjectKey {
 	var h keys.Hash
 	binary.LittleEndian.PutUint64(h[:], i*0x9e3779b97f4a7c15+3)
@@ -121,17 +141,7 @@ func point(t *testing.T, c Curve, f float64) float64 {
 // in one of 25 (LRU's worst case).
 func TestLoopExactAtFullSampling(t *testing.T) {
 	e := New(Options{PoolBytes: 100})
-	ks := make([]keys.ObjectKey, 5)
-	for i := range ks {
-		ks[i] = testKey(uint64(i), "m")
-	}
-	for range 20 {
-		for i := range ks {
-			var p Prefix
-			e.Probe(&p, ks[i:i+1], 0)
-			e.Stored(&ks[i], 10)
-		}
-	}
+	playLoop(e, 5, nil)
 	c := e.Curve()
 	if c.SampleRate != 1 || c.Tracked != 5 {
 		t.Fatalf("rate %v, %d tracked: want every key", c.SampleRate, c.Tracked)
@@ -195,20 +205,11 @@ func TestModelsAreDistinctObjects(t *testing.T) {
 func TestTickPlaysTheWatermark(t *testing.T) {
 	run := func(tick bool) float64 {
 		e := New(Options{PoolBytes: 1000})
-		ks := make([]keys.ObjectKey, 100)
-		for i := range ks {
-			ks[i] = testKey(uint64(i), "m")
-		}
-		for range 20 {
-			for i := range ks {
-				var p Prefix
-				e.Probe(&p, ks[i:i+1], 0)
-				e.Stored(&ks[i], 10)
-				if tick && i%10 == 0 {
-					e.Tick(0.8, 0.2)
-				}
+		playLoop(e, 100, func(i int) {
+			if tick && i%10 == 0 {
+				e.Tick(0.8, 0.2)
 			}
-		}
+		})
 		return point(t, e.Curve(), 1)
 	}
 	if got := run(false); got < 0.9 {
