@@ -48,6 +48,14 @@ func multiTurnTrace(n int, seed uint64) []traceReq {
 	return out
 }
 
+// appendChunks appends the first n chunks of prompt to ch.
+func appendChunks(ch [][]uint32, prompt uint64, n int) [][]uint32 {
+	for c := range n {
+		ch = append(ch, chunkTokens(prompt, c))
+	}
+	return ch
+}
+
 // systemPromptTrace is one system prompt of 12 chunks shared by every
 // prompt, then a user's context (4 chunks, 3000 users, Zipf) and a
 // question of 1 to 2 chunks asked once.
@@ -58,13 +66,9 @@ func systemPromptTrace(n int, seed uint64) []traceReq {
 	unique := uint64(1 << 41)
 	for i := range out {
 		var ch [][]uint32
-		for c := range 12 {
-			ch = append(ch, chunkTokens(7, c))
-		}
+		ch = appendChunks(ch, 7, 12)
 		u := z.Uint64()
-		for c := range 4 {
-			ch = append(ch, chunkTokens(1<<30+u, c))
-		}
+		ch = appendChunks(ch, 1<<30+u, 4)
 		for range 1 + r.IntN(2) {
 			unique++
 			ch = append(ch, chunkTokens(unique, 0))
@@ -84,14 +88,10 @@ func ragTrace(n int, seed uint64) []traceReq {
 	unique := uint64(1 << 42)
 	for i := range out {
 		var ch [][]uint32
-		for c := range 2 {
-			ch = append(ch, chunkTokens(11, c))
-		}
+		ch = appendChunks(ch, 11, 2)
 		for range 3 {
 			d := z.Uint64()
-			for c := range 4 {
-				ch = append(ch, chunkTokens(1<<31+d, c))
-			}
+			ch = appendChunks(ch, 1<<31+d, 4)
 		}
 		unique++
 		ch = append(ch, chunkTokens(unique, 0))
