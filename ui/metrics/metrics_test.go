@@ -52,6 +52,14 @@ func gather(t *testing.T, m *Metrics) map[string]*dto.MetricFamily {
 	return out
 }
 
+// watched is a collector watching a new fake engine.
+func watched() (*fakeSource, *Metrics) {
+	src := &fakeSource{}
+	m := New()
+	m.Watch(src)
+	return src, m
+}
+
 func get(t *testing.T, fams map[string]*dto.MetricFamily, name string, labels ...string) float64 {
 	t.Helper()
 	f := fams[name]
@@ -69,9 +77,7 @@ func get(t *testing.T, fams map[string]*dto.MetricFamily, name string, labels ..
 }
 
 func TestCountersStayMonotonicAcrossResets(t *testing.T) {
-	src := &fakeSource{}
-	m := New()
-	m.Watch(src)
+	src, m := watched()
 	src.set(func(s *engine.Snapshot) { s.Pool.WriteReservations = 5; s.Lookup.HitTokens = 64 })
 	if v := get(t, gather(t, m), "lmcache_mp_l1_write_total"); v != 5 {
 		t.Fatalf("write total = %v, want 5", v)
@@ -88,9 +94,7 @@ func TestCountersStayMonotonicAcrossResets(t *testing.T) {
 }
 
 func TestTransferBytesSurviveUnregisterAndFallback(t *testing.T) {
-	src := &fakeSource{}
-	m := New()
-	m.Watch(src)
+	src, m := watched()
 	reg := time.Unix(100, 0)
 	src.set(func(s *engine.Snapshot) {
 		s.Contexts = []workers.ContextInfo{
@@ -129,9 +133,7 @@ func TestTransferBytesSurviveUnregisterAndFallback(t *testing.T) {
 }
 
 func TestObserverAndGPU(t *testing.T) {
-	src := &fakeSource{}
-	m := New()
-	m.Watch(src)
+	src, m := watched()
 	src.set(func(s *engine.Snapshot) {
 		s.Requests.Requests = map[string]rpc.RequestStats{"LOOKUP": {}, "NOOP": {}}
 		s.Requests.BadInput = map[string]int64{"something_new": 3}
@@ -253,9 +255,7 @@ func TestDashboardUsesExportedMetrics(t *testing.T) {
 }
 
 func TestTierMetricsByIndexAndType(t *testing.T) {
-	src := &fakeSource{}
-	m := New()
-	m.Watch(src)
+	src, m := watched()
 	if fams := gather(t, m); fams["kvdock_tier_up"] != nil {
 		t.Fatal("tier series exist with no tier configured")
 	}
@@ -322,9 +322,7 @@ func TestTierMetricsByIndexAndType(t *testing.T) {
 }
 
 func TestLivenessMetrics(t *testing.T) {
-	src := &fakeSource{}
-	m := New()
-	m.Watch(src)
+	src, m := watched()
 	now := time.Unix(1_700_000_000, 0)
 	src.set(func(s *engine.Snapshot) {
 		s.Taken = now

@@ -10,9 +10,7 @@ import (
 )
 
 func TestMissMetricsByReasonAndContext(t *testing.T) {
-	src := &fakeSource{}
-	m := New()
-	m.Watch(src)
+	src, m := watched()
 	f := gather(t, m)
 	for i := range misses.NumReasons { // every reason exists at zero
 		if v := get(t, f, "kvdock_lookup_missed_chunks_total", "reason", i.String()); v != 0 {

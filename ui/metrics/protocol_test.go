@@ -11,9 +11,7 @@ import (
 // zero from the first scrape, counts the snapshot's detections, and stays
 // monotonic when an engine restart resets the wire server's counters.
 func TestProtocolDetectionMetrics(t *testing.T) {
-	src := &fakeSource{}
-	m := New()
-	m.Watch(src)
+	src, m := watched()
 	fams := gather(t, m)
 	for _, p := range settings.ProtocolProfiles() {
 		if v := get(t, fams, "kvdock_protocol_detections_total", "profile", p); v != 0 {

@@ -11,9 +11,7 @@ import (
 // last-minute gauges come from the engine's sampled rates, at zero before
 // any traffic.
 func TestTokensSavedAndRateGauges(t *testing.T) {
-	src := &fakeSource{}
-	m := New()
-	m.Watch(src)
+	src, m := watched()
 	f := gather(t, m)
 	for _, n := range []string{"kvdock_tokens_saved_total", "kvdock_hit_ratio_last_minute", "kvdock_store_bytes_per_second_last_minute"} {
 		if v := get(t, f, n); v != 0 {

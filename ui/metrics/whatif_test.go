@@ -10,9 +10,7 @@ import (
 )
 
 func TestWhatIfSeries(t *testing.T) {
-	src := &fakeSource{}
-	m := New()
-	m.Watch(src)
+	src, m := watched()
 	// Before traffic every factor exists, at zero.
 	fams := gather(t, m)
 	for _, f := range []string{"0.25", "0.5", "0.75", "1", "1.5", "2", "3", "4"} {
