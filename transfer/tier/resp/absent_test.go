@@ -60,7 +60,7 @@ func TestAbsentRefreshEndsOnce(t *testing.T) {
 // per key, however many lookups ask at once); another host's write of it
 // is still seen within about absentFor.
 func TestKnownAbsentRefreshedInBackground(t *testing.T) {
-	s, tr, _ := startTier(t)
+	tr, s := startTier(t)
 	ctx := context.Background()
 	if n, err := tr.Has(ctx, []string{"k"}); n != 0 || err != nil {
 		t.Fatalf("Has = %d, %v", n, err)
@@ -118,7 +118,7 @@ func TestKnownAbsentRefreshedInBackground(t *testing.T) {
 // TestCloseEndsAbsentRefresh: Close does not wait out a background refresh
 // that a paused server does not answer, and no refresh starts after it.
 func TestCloseEndsAbsentRefresh(t *testing.T) {
-	s, tr, _ := startTier(t)
+	tr, s := startTier(t)
 	ctx := context.Background()
 	if n, err := tr.Has(ctx, []string{"k"}); n != 0 || err != nil {
 		t.Fatalf("Has = %d, %v", n, err)

@@ -13,7 +13,7 @@ import (
 // whole length, so that a value of another layout is judged by its header
 // alone; an absent key is tier.ErrNotFound.
 func TestGetHeadReadsOnlyTheStart(t *testing.T) {
-	_, tr, _ := startTier(t)
+	tr, _ := startTier(t)
 	ctx := context.Background()
 	v := value(7, 1<<20)
 	if err := tr.Put(ctx, key(1), v); err != nil {

@@ -19,7 +19,7 @@ const idleDownLimit = 10 * time.Second
 // the tier turns it down within seconds, with the reason, and it comes back
 // up by itself once the server listens again.
 func TestIdleTierDownWhenServerKilled(t *testing.T) {
-	s, tr, _ := startTier(t)
+	tr, s := startTier(t)
 	if err := tr.Put(context.Background(), key(1), value(1, 1024)); err != nil {
 		t.Fatal(err)
 	}

@@ -29,11 +29,11 @@ func standaloneCfg(s *redisserver.Server) RESPConfig {
 
 // startTier starts a standalone Redis and opens a tier on it with
 // standaloneCfg.
-func startTier(t *testing.T) (*redisserver.Server, *Tier, *logbuf.Buffer) {
+func startTier(t *testing.T) (*Tier, *redisserver.Server) {
 	t.Helper()
 	s := redisserver.Start(t, redisserver.Options{})
-	tr, lb := open(t, standaloneCfg(s))
-	return s, tr, lb
+	tr, _ := open(t, standaloneCfg(s))
+	return tr, s
 }
 
 func open(t *testing.T, cfg RESPConfig) (*Tier, *logbuf.Buffer) {
@@ -123,7 +123,7 @@ func putEither(ctx context.Context, tr *Tier, i int, k string, v []byte) error {
 }
 
 func TestRoundTripStandalone(t *testing.T) {
-	s, tr, _ := startTier(t)
+	tr, s := startTier(t)
 	roundTrip(t, tr, 16)
 	if got := tr.Stats().Target; got != s.Addr {
 		t.Fatalf("Target = %q, want %q", got, s.Addr)
@@ -473,7 +473,7 @@ func TestServerKeyDefusesHashTags(t *testing.T) {
 // once Put returns, even when Put gave up on the caller's deadline; the
 // server must then hold the original bytes or nothing, never the reuse.
 func TestPutNeverReadsValueAfterReturn(t *testing.T) {
-	_, tr, _ := startTier(t)
+	tr, _ := startTier(t)
 	const size = 1 << 20
 	var wg sync.WaitGroup
 	for w := range 8 {
@@ -645,7 +645,7 @@ func TestServerOutOfMemoryDegrades(t *testing.T) {
 // TestForeignValueUnderOurKey: something else stored under one of our keys
 // (here a hash) is an error for that call only; the tier stays up.
 func TestForeignValueUnderOurKey(t *testing.T) {
-	s, tr, _ := startTier(t)
+	tr, s := startTier(t)
 	ctx := context.Background()
 	if _, err := s.Do(ctx, "HSET", tr.serverKey(key(3)), "f", "v"); err != nil {
 		t.Fatal(err)
@@ -720,7 +720,7 @@ func TestClusterNodeKilledAndRestarted(t *testing.T) {
 // server (writes paused with CLIENT PAUSE WRITE, as a 32 MiB SET holds its
 // pipeline while it crosses the socket) instead of queueing behind it.
 func TestLookupNotBehindWrites(t *testing.T) {
-	s, tr, _ := startTier(t)
+	tr, s := startTier(t)
 	ctx := context.Background()
 	var present []string
 	for i := range 64 {
@@ -811,7 +811,7 @@ func existsCalls(t *testing.T, s *redisserver.Server) int {
 // lacks are answered from memory for a moment instead of an EXISTS each;
 // our own write is seen at once, another host's write shortly after.
 func TestHasRemembersAbsentBriefly(t *testing.T) {
-	s, tr, _ := startTier(t)
+	tr, s := startTier(t)
 	ctx := context.Background()
 	if err := tr.Put(ctx, "present", value(1, 100)); err != nil {
 		t.Fatal(err)
@@ -859,7 +859,7 @@ func TestHasRemembersAbsentBriefly(t *testing.T) {
 // TestKnownAbsentFollowsAbsentAnswers: a key is known absent only after the
 // server said so (and until our own write of it).
 func TestKnownAbsentFollowsAbsentAnswers(t *testing.T) {
-	_, tr, _ := startTier(t)
+	tr, _ := startTier(t)
 	ctx := context.Background()
 	if tr.KnownAbsent("k") {
 		t.Fatal("known absent before the server was asked")

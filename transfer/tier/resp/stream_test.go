@@ -18,7 +18,7 @@ import (
 // A streamed SET goes out a piece per pace, and the value is not visible
 // under its key until the whole of it (its last byte) has arrived.
 func TestPutPartsPacedAndNeverVisibleInPart(t *testing.T) {
-	s, tr, _ := startTier(t)
+	tr, s := startTier(t)
 	ctx := context.Background()
 	v := value(7, 3*streamPiece+12345)
 	k := key(7)
@@ -65,7 +65,7 @@ func errString(err error) string {
 // stored, the error says so (the writer counts it as skipped, not failed),
 // the tier stays up, and the next write goes through.
 func TestPutPartsSourceReleasedStoresNothing(t *testing.T) {
-	s, tr, _ := startTier(t)
+	tr, s := startTier(t)
 	ctx := context.Background()
 	v := value(8, 2*streamPiece)
 	k := key(8)
@@ -94,7 +94,7 @@ func TestPutPartsSourceReleasedStoresNothing(t *testing.T) {
 // A writer whose context ends mid-value (the write timeout, a stop) leaves
 // nothing stored and the tier up: slow is not down.
 func TestPutPartsGivenUpMidway(t *testing.T) {
-	s, tr, _ := startTier(t)
+	tr, s := startTier(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	v := value(10, 4*streamPiece)
 	k := key(10)
@@ -119,7 +119,7 @@ func TestPutPartsGivenUpMidway(t *testing.T) {
 // Connections the server dropped while idle (a client kill, its timeout)
 // cost a redial, not a failed write or a tier marked down.
 func TestPutPartsRedialsDroppedIdleConnection(t *testing.T) {
-	s, tr, _ := startTier(t)
+	tr, s := startTier(t)
 	ctx := context.Background()
 	for i := range 3 {
 		v := value(20+i, streamPiece+1)
@@ -278,7 +278,7 @@ func TestPutPartsStaleSlotMapRecovers(t *testing.T) {
 // is sent (the server would close the connection on it, which reads as the
 // tier failing): an error, the tier up, the key absent.
 func TestPutPartsRefusesValuePastBulkLimit(t *testing.T) {
-	s, tr, _ := startTier(t)
+	tr, s := startTier(t)
 	ctx := context.Background()
 	huge := make([]byte, maxValueBytes) // fresh pages: not touched
 	err := tr.PutParts(ctx, key(1), []byte{1}, huge, func() bool { return true }, nil)
