@@ -89,6 +89,23 @@ type fixture struct {
 	clk   *fakeclock.Clock
 }
 
+// lookup sends LOOKUP of ts under request id for world size ws (worker 1)
+// and fails t when it errs.
+func (f *fixture) lookup(t *testing.T, id string, ts []uint32, ws int) {
+	t.Helper()
+	if err := f.m.Lookup(lookupReq(id, ts, ws), 1); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// inL1 marks every full chunk of ts (world size 1) present in the store.
+func (f *fixture) inL1(t *testing.T, ts []uint32) {
+	t.Helper()
+	for _, k := range keysOf(t, ts, 1) {
+		f.store.present[k] = true
+	}
+}
+
 func newFixture(t *testing.T, opts Options) *fixture {
 	t.Helper()
 	return newFixtureStore(t, opts, newStore())
@@ -147,9 +164,7 @@ func TestLookupLeadingPrefix(t *testing.T) {
 	for _, i := range []int{0, 1, 2, 3, 4, 6, 7} {
 		f.store.present[ks[i]] = true
 	}
-	if err := f.m.Lookup(lookupReq("r", ts, 2), 1); err != nil {
-		t.Fatal(err)
-	}
+	f.lookup(t, "r", ts, 2)
 	for i, want := range []int{1, 1, 1, 1, 0, 0, 0, 0} {
 		if got := f.store.lockOf(ks[i]); got != want {
 			t.Errorf("key %d holds %d locks, want %d", i, got, want)
@@ -194,9 +209,7 @@ func TestLookupNoLocksAfterFirstMiss(t *testing.T) {
 	ks := keysOf(t, ts, 1)
 	f.store.present[ks[1]] = true
 	f.store.present[ks[2]] = true
-	if err := f.m.Lookup(lookupReq("miss0", ts, 1), 1); err != nil {
-		t.Fatal(err)
-	}
+	f.lookup(t, "miss0", ts, 1)
 	if n := f.store.totalLocks(); n != 0 {
 		t.Fatalf("%d locks taken after a first-chunk miss", n)
 	}
@@ -208,12 +221,8 @@ func TestLookupNoLocksAfterFirstMiss(t *testing.T) {
 func TestQueryStatusOnce(t *testing.T) {
 	f := newFixture(t, Options{})
 	ts := tokens(2 * cs)
-	for _, k := range keysOf(t, ts, 1) {
-		f.store.present[k] = true
-	}
-	if err := f.m.Lookup(lookupReq("q", ts, 1), 1); err != nil {
-		t.Fatal(err)
-	}
+	f.inL1(t, ts)
+	f.lookup(t, "q", ts, 1)
 	for range 2 {
 		if n, ok := f.m.QueryHits("q"); n != 2 || !ok {
 			t.Fatalf("QueryHits = %d, %v", n, ok)
@@ -239,16 +248,10 @@ func TestQueryStatusOnce(t *testing.T) {
 func TestLookupEarlyExits(t *testing.T) {
 	f := newFixture(t, Options{})
 	ts := tokens(2 * cs)
-	for _, k := range keysOf(t, ts, 1) {
-		f.store.present[k] = true
-	}
+	f.inL1(t, ts)
 	// Unregistered world size, then a prompt shorter than one chunk.
-	if err := f.m.Lookup(lookupReq("nolayout", ts, 4), 1); err != nil {
-		t.Fatal(err)
-	}
-	if err := f.m.Lookup(lookupReq("short", ts[:cs-1], 1), 1); err != nil {
-		t.Fatal(err)
-	}
+	f.lookup(t, "nolayout", ts, 4)
+	f.lookup(t, "short", ts[:cs-1], 1)
 	if f.store.reserves != 0 {
 		t.Fatal("an early exit reached the store")
 	}
@@ -271,12 +274,8 @@ func TestLookupEarlyExits(t *testing.T) {
 func TestLookupInvalidKeyRecordsZero(t *testing.T) {
 	f := newFixture(t, Options{})
 	ts := tokens(2 * cs)
-	for _, k := range keysOf(t, ts, 1) {
-		f.store.present[k] = true
-	}
-	if err := f.m.Lookup(lookupReq("x", ts, 1), 1); err != nil {
-		t.Fatal(err)
-	}
+	f.inL1(t, ts)
+	f.lookup(t, "x", ts, 1)
 	bad := lookupReq("x", ts, 1)
 	bad.Salt = "a/b"
 	err := f.m.Lookup(bad, 1)
@@ -296,9 +295,7 @@ func TestLookupReplaceKeepsOldLocks(t *testing.T) {
 		f.store.present[k] = true
 	}
 	for range 2 {
-		if err := f.m.Lookup(lookupReq("same", ts, 1), 1); err != nil {
-			t.Fatal(err)
-		}
+		f.lookup(t, "same", ts, 1)
 	}
 	if f.m.ActiveJobs() != 1 {
 		t.Fatalf("ActiveJobs = %d, want 1", f.m.ActiveJobs())
@@ -318,9 +315,7 @@ func TestFreeLocks(t *testing.T) {
 	for _, k := range ks {
 		f.store.present[k] = true
 	}
-	if err := f.m.Lookup(lookupReq("f", ts, 2), 1); err != nil {
-		t.Fatal(err)
-	}
+	f.lookup(t, "f", ts, 2)
 	// Worker 1 frees chunk 1 only: one key.
 	w := 1
 	if err := f.m.FreeLocks(keys.KeyRequest{RequestID: "f", Model: "m", WorldSize: 2, Worker: &w, Tokens: ts, Start: cs, End: 2 * cs}, 1); err != nil {
@@ -351,9 +346,7 @@ func TestFreeLocks(t *testing.T) {
 func TestEndSessionTouches(t *testing.T) {
 	f := newFixture(t, Options{})
 	ts := tokens(3*cs + 1)
-	if err := f.m.Lookup(lookupReq("e", ts, 2), 1); err != nil {
-		t.Fatal(err)
-	}
+	f.lookup(t, "e", ts, 2)
 	f.m.EndSession("e")
 	want := keysOf(t, ts, 2)
 	if fmt.Sprint(f.store.touched) != fmt.Sprint(want) || len(want) != 6 {
@@ -376,9 +369,7 @@ func TestJobBounds(t *testing.T) {
 	f := newFixture(t, Options{JobTTL: time.Minute, MaxJobs: 3})
 	ts := tokens(cs)
 	for i := range 4 {
-		if err := f.m.Lookup(lookupReq(fmt.Sprint("j", i), ts, 1), 1); err != nil {
-			t.Fatal(err)
-		}
+		f.lookup(t, fmt.Sprint("j", i), ts, 1)
 	}
 	if n := f.m.ActiveJobs(); n != 3 {
 		t.Fatalf("ActiveJobs = %d, want MaxJobs 3", n)

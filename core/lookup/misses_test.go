@@ -44,9 +44,7 @@ func TestLookupClassifiesEveryMissedChunk(t *testing.T) {
 	for _, k := range ks[3*2 : 5*2] {
 		store.present[k] = true // chunks 3, 4: behind the gap
 	}
-	if err := f.m.Lookup(lookupReq("r", ts, 2), 1); err != nil {
-		t.Fatal(err)
-	}
+	f.lookup(t, "r", ts, 2)
 	if err := f.m.Lookup(lookupReq("s", ts[:3*cs], 1), 1); err != nil { // another context
 		t.Fatal(err)
 	}
@@ -67,12 +65,8 @@ func TestLookupClassifiesEveryMissedChunk(t *testing.T) {
 	}
 	// A full hit classifies nothing; an unregistered pair exits early.
 	cl.asked = nil
-	if err := f.m.Lookup(lookupReq("t", ts[:2*cs], 2), 1); err != nil {
-		t.Fatal(err)
-	}
-	if err := f.m.Lookup(lookupReq("u", ts, 3), 1); err != nil {
-		t.Fatal(err)
-	}
+	f.lookup(t, "t", ts[:2*cs], 2)
+	f.lookup(t, "u", ts, 3)
 	if len(cl.asked) != 0 || f.m.Misses().Total != rep.Total {
 		t.Fatalf("a full hit or an early exit was classified: %d keys", len(cl.asked))
 	}
@@ -91,9 +85,7 @@ func TestLookupTierPhaseClassifiesTheRest(t *testing.T) {
 	for _, k := range ks[1:3] {
 		ft.held[k] = true
 	}
-	if err := f.m.Lookup(lookupReq("r", ts, 1), 1); err != nil {
-		t.Fatal(err)
-	}
+	f.lookup(t, "r", ts, 1)
 	<-ft.calls
 	if rep := f.m.Misses(); rep.Total.Total() != 0 {
 		t.Fatalf("%d chunks classified before the tier phase ended", rep.Total.Total())

@@ -14,13 +14,9 @@ func TestModelStatsPerModelAndWorldSize(t *testing.T) {
 	f.store.present[ks[0]] = true
 	f.store.present[ks[1]] = true
 	for i := range 3 {
-		if err := f.m.Lookup(lookupReq(fmt.Sprint("a", i), ts, 1), 1); err != nil {
-			t.Fatal(err)
-		}
+		f.lookup(t, fmt.Sprint("a", i), ts, 1)
 	}
-	if err := f.m.Lookup(lookupReq("b", ts, 2), 1); err != nil {
-		t.Fatal(err)
-	}
+	f.lookup(t, "b", ts, 2)
 	// Not counted apart: no layout (an early exit), and a prompt under a chunk.
 	_ = f.m.Lookup(keys.KeyRequest{RequestID: "x", Model: "other", WorldSize: 1, Tokens: ts}, 1)
 	_ = f.m.Lookup(lookupReq("short", ts[:cs-1], 1), 1)
@@ -60,9 +56,7 @@ func TestModelStatsCountTierHits(t *testing.T) {
 	for _, k := range ks[1:4] {
 		ft.held[k] = true
 	}
-	if err := f.m.Lookup(lookupReq("r", ts, 1), 1); err != nil {
-		t.Fatal(err)
-	}
+	f.lookup(t, "r", ts, 1)
 	<-ft.calls
 	close(ft.release)
 	f.m.Stop() // waits for the tier phase

@@ -60,9 +60,7 @@ func TestLookupTierPhaseNoneUntilLoadedThenCount(t *testing.T) {
 	for _, k := range ks[1:4] { // chunks 1..3 in the tier, 4 nowhere
 		ft.held[k] = true
 	}
-	if err := f.m.Lookup(lookupReq("r", ts, 1), 1); err != nil {
-		t.Fatal(err)
-	}
+	f.lookup(t, "r", ts, 1)
 	asked := <-ft.calls
 	if len(asked) != 4 || asked[0] != ks[1] {
 		t.Fatalf("tiers asked for %d keys starting %v, want the 4 after the L1 prefix", len(asked), asked[0])
@@ -99,15 +97,11 @@ func TestLookupTierPhaseReplacedJobReleasesTierLocks(t *testing.T) {
 	ts := tokens(2 * cs)
 	ks := keysOf(t, ts, 1)
 	ft.held[ks[0]], ft.held[ks[1]] = true, true
-	if err := f.m.Lookup(lookupReq("r", ts, 1), 1); err != nil {
-		t.Fatal(err)
-	}
+	f.lookup(t, "r", ts, 1)
 	<-ft.calls
 	// A new LOOKUP of the same id replaces the running job (L1-only now:
 	// it finds nothing in L1 and starts its own tier phase).
-	if err := f.m.Lookup(lookupReq("r", tokens(cs-1), 1), 1); err != nil {
-		t.Fatal(err)
-	}
+	f.lookup(t, "r", tokens(cs-1), 1)
 	close(ft.release)
 	f.m.Stop()
 	if n := store.totalLocks(); n != 0 {
@@ -118,9 +112,7 @@ func TestLookupTierPhaseReplacedJobReleasesTierLocks(t *testing.T) {
 func TestLookupTierPhaseStopEndsHungTier(t *testing.T) {
 	f, _, ft := newTierFixture(t)
 	ts := tokens(2 * cs)
-	if err := f.m.Lookup(lookupReq("r", ts, 1), 1); err != nil {
-		t.Fatal(err)
-	}
+	f.lookup(t, "r", ts, 1)
 	<-ft.calls
 	done := make(chan struct{})
 	go func() { f.m.Stop(); close(done) }()
@@ -133,9 +125,7 @@ func TestLookupTierPhaseStopEndsHungTier(t *testing.T) {
 		t.Fatalf("after stop: %d, %v", n, ok)
 	}
 	// No tier phase starts after Stop: the job answers its L1 hits at once.
-	if err := f.m.Lookup(lookupReq("r2", ts, 1), 1); err != nil {
-		t.Fatal(err)
-	}
+	f.lookup(t, "r2", ts, 1)
 	if n, ok := f.m.QueryStatus("r2"); !ok || n != 0 {
 		t.Fatalf("lookup after stop: %d, %v", n, ok)
 	}
@@ -147,9 +137,7 @@ func TestLookupTierPhaseBounded(t *testing.T) {
 	f := newFixtureStore(t, Options{Tiers: ft, MaxTierJobs: 2}, store)
 	ts := tokens(cs)
 	for _, id := range []string{"a", "b", "c"} {
-		if err := f.m.Lookup(lookupReq(id, ts, 1), 1); err != nil {
-			t.Fatal(err)
-		}
+		f.lookup(t, id, ts, 1)
 	}
 	if n, done := f.m.QueryStatus("c"); !done || n != 0 {
 		t.Fatalf("third lookup past the bound: %d, %v; want 0 at once", n, done)
@@ -168,9 +156,7 @@ func TestLookupFullL1HitSkipsTiers(t *testing.T) {
 	for _, k := range keysOf(t, ts, 1) {
 		store.present[k] = true
 	}
-	if err := f.m.Lookup(lookupReq("r", ts, 1), 1); err != nil {
-		t.Fatal(err)
-	}
+	f.lookup(t, "r", ts, 1)
 	if n, done := f.m.QueryStatus("r"); !done || n != 2 {
 		t.Fatalf("%d, %v", n, done)
 	}
@@ -188,9 +174,7 @@ func TestWaitStatusBlocksUntilTheTierPhaseEnds(t *testing.T) {
 	ks := keysOf(t, ts, 1)
 	store.present[ks[0]] = true
 	ft.held[ks[1]], ft.held[ks[2]] = true, true
-	if err := f.m.Lookup(lookupReq("r", ts, 1), 1); err != nil {
-		t.Fatal(err)
-	}
+	f.lookup(t, "r", ts, 1)
 	<-ft.calls
 	if n, done := f.m.WaitStatus(context.Background(), "r", time.Millisecond); done || n != 0 {
 		t.Fatalf("WaitStatus while loading = %d, %v; want None", n, done)
@@ -246,9 +230,7 @@ func TestLookupKnownAbsentAnswersAtOnce(t *testing.T) {
 	ts := tokens(3 * cs)
 	ks := keysOf(t, ts, 1)
 	store.present[ks[0]] = true // chunk 0 in L1, 1 and 2 nowhere
-	if err := f.m.Lookup(lookupReq("r", ts, 1), 1); err != nil {
-		t.Fatal(err)
-	}
+	f.lookup(t, "r", ts, 1)
 	select {
 	case asked := <-kt.asked:
 		if len(asked) != 1 || asked[0] != ks[1] {
@@ -266,9 +248,7 @@ func TestLookupKnownAbsentAnswersAtOnce(t *testing.T) {
 	default:
 	}
 	kt.held[ks[1]] = true // now a tier may hold chunk 1
-	if err := f.m.Lookup(lookupReq("r2", ts, 1), 1); err != nil {
-		t.Fatal(err)
-	}
+	f.lookup(t, "r2", ts, 1)
 	<-kt.asked
 	<-kt.calls
 	if _, done := f.m.QueryStatus("r2"); done {
