@@ -48,6 +48,14 @@ func openTier(t *testing.T, base string, capacity int64) *Tier {
 // read can tell whose bytes it got. When size leaves room for it, the value
 // is a tier value stored under k (header, then payload), as the scan at
 // start indexes only those.
+// mustPut stores value(k, size) under k and fails t when the put errs.
+func mustPut(t *testing.T, tr *Tier, k string, size int) {
+	t.Helper()
+	if err := tr.Put(context.Background(), k, value(k, size)); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func value(k string, size int) []byte {
 	h := hashKey(k)
 	v := make([]byte, size)
@@ -176,9 +184,7 @@ func TestLRUEvictionAtCapacity(t *testing.T) {
 	tr := openTier(t, base, 4*size)
 	for i := range 4 {
 		k := fmt.Sprint("k", i)
-		if err := tr.Put(ctx, k, value(k, size)); err != nil {
-			t.Fatal(err)
-		}
+		mustPut(t, tr, k, size)
 	}
 	if _, err := tr.Get(ctx, "k0"); err != nil { // k0 becomes most recent; k1 is now the oldest
 		t.Fatal(err)
@@ -293,9 +299,7 @@ func TestRestartOverCapacityAndCold(t *testing.T) {
 	now := time.Now()
 	for i := range 10 {
 		k := fmt.Sprint("k", i)
-		if err := tr.Put(ctx, k, value(k, size)); err != nil {
-			t.Fatal(err)
-		}
+		mustPut(t, tr, k, size)
 		h := hex.EncodeToString(func() []byte { a := hashKey(k); return a[:] }())
 		ts := now.Add(time.Duration(i-10) * time.Minute)
 		if err := os.Chtimes(filepath.Join(base, h[:2], h), ts, ts); err != nil {
@@ -358,9 +362,7 @@ func TestCrashLeftoverNeverServed(t *testing.T) {
 	}
 	// A chunk file whose length no longer matches the index (changed behind
 	// our back) is a miss and removed, never served.
-	if err := tr.Put(ctx, k, value(k, 1000)); err != nil {
-		t.Fatal(err)
-	}
+	mustPut(t, tr, k, 1000)
 	if err := os.Truncate(filepath.Join(dir, h), 999); err != nil {
 		t.Fatal(err)
 	}
@@ -825,9 +827,7 @@ func TestFreeOutsideIndexLock(t *testing.T) {
 	const size = 64 << 10
 	tr := openTier(t, base, 2*size)
 	for _, k := range []string{"a", "b"} {
-		if err := tr.Put(ctx, k, value(k, size)); err != nil {
-			t.Fatal(err)
-		}
+		mustPut(t, tr, k, size)
 	}
 	held := make(chan []string, 1)
 	resume := make(chan struct{})
