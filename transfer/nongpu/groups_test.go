@@ -294,9 +294,7 @@ func TestHybridSHM(t *testing.T) {
 // layout and fingerprint), after an SHM commit of all groups and after a
 // group commit alike.
 func TestHybridPublishedPerGroup(t *testing.T) {
-	e := newEnv(t, true, 1<<20)
-	var rec recorder
-	e.mod.published = rec.note
+	e, rec := recordingEnv(t, true)
 	e.registerHybrid(1)
 	k := key(tokens(testChunk, 70), 0, testChunk)
 	if _, err := e.mod.PrepareStore(k, 1); err != nil {

@@ -30,10 +30,18 @@ func (r *recorder) got() []keys.ObjectKey {
 	return slices.Clone(r.keys)
 }
 
-func TestPublishedAfterSHMCommitOnly(t *testing.T) {
-	e := newEnv(t, true, 1<<20)
-	var rec recorder
+// recordingEnv is a 1 MiB env whose module reports what it publishes to
+// the returned recorder.
+func recordingEnv(t *testing.T, shared bool) (*env, *recorder) {
+	t.Helper()
+	e := newEnv(t, shared, 1<<20)
+	rec := &recorder{}
 	e.mod.published = rec.note
+	return e, rec
+}
+
+func TestPublishedAfterSHMCommitOnly(t *testing.T) {
+	e, rec := recordingEnv(t, true)
 	e.register(1)
 	k := key(tokens(2*testChunk, 100), 0, 2*testChunk)
 	if _, err := e.mod.PrepareStore(k, 1); err != nil {
@@ -66,9 +74,7 @@ func TestPublishedAfterSHMCommitOnly(t *testing.T) {
 }
 
 func TestPublishedAfterPickleCommit(t *testing.T) {
-	e := newEnv(t, false, 1<<20)
-	var rec recorder
-	e.mod.published = rec.note
+	e, rec := recordingEnv(t, false)
 	e.register(1)
 	k := key(tokens(2*testChunk, 3), 0, 2*testChunk)
 	if _, err := e.mod.PrepareStore(k, 1); err != nil {
