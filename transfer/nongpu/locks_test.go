@@ -29,6 +29,17 @@ func (e *env) writeSlots(slots []protocol.Slot, seed byte) {
 	}
 }
 
+// storeSHM stores k for worker id through shared memory, its slots filled
+// from seed, and fails the test with what when the commit is refused.
+func (e *env) storeSHM(k protocol.Key, id int64, seed byte, what string) {
+	e.t.Helper()
+	r, _ := e.mod.PrepareStore(k, id)
+	e.writeSlots(r.Slots, seed)
+	if ok, _ := e.mod.CommitStore(k, id, nil); !ok {
+		e.t.Fatal(what)
+	}
+}
+
 // TestClearOvertakesPendingStore (write side): A prepares, the cache is
 // cleared, B prepares the same size, A writes its slot late and commits.
 // A's commit answers false and publishes nothing; B's slot still holds B's
@@ -99,11 +110,7 @@ func TestClearKeepsReadersBytes(t *testing.T) {
 	e.register(2)
 	e.register(3)
 	k := key(tokens(testChunk, 1000), 0, testChunk)
-	r, _ := e.mod.PrepareStore(k, 1)
-	e.writeSlots(r.Slots, 0x10)
-	if ok, _ := e.mod.CommitStore(k, 1, nil); !ok {
-		t.Fatal("store K")
-	}
+	e.storeSHM(k, 1, 0x10, "store K")
 	e.lookupLock(k)
 	rb, err := e.mod.PrepareRetrieve(k, 2)
 	if err != nil || !rb.Success || len(rb.Slots) != 1 {
@@ -171,11 +178,7 @@ func TestByKeyReleaseCannotUnlockAWorkersRead(t *testing.T) {
 	e := newEnv(t, true, 1<<20)
 	e.register(1)
 	k := key(tokens(testChunk, 1000), 0, testChunk)
-	r, _ := e.mod.PrepareStore(k, 1)
-	e.writeSlots(r.Slots, 0x10)
-	if ok, _ := e.mod.CommitStore(k, 1, nil); !ok {
-		t.Fatal("store")
-	}
+	e.storeSHM(k, 1, 0x10, "store")
 	ks := e.lookupLock(k)
 	rr, err := e.mod.PrepareRetrieve(k, 1)
 	if err != nil || !rr.Success {
