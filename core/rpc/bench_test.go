@@ -70,6 +70,12 @@ func kvdockNoop(b *testing.B) (endpoint string, stop func()) {
 		b.Fatal(err)
 	}
 	srv.Handle(protocol.Noop, func(context.Context, *rpc.Request) (any, error) { return "OK", nil })
+	return serveBench(srv)
+}
+
+// serveBench serves srv and returns its endpoint, once bound, and the stop
+// that ends Serve.
+func serveBench(srv *rpc.Server) (string, func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ctx) }()
@@ -226,13 +232,7 @@ func smallServer(b *testing.B, fast bool) (endpoint string, stop func()) {
 	srv.Handle(protocol.Lookup, func(context.Context, *rpc.Request) (any, error) { return nil, nil })
 	srv.Handle(protocol.QueryPrefetchStatus, func(context.Context, *rpc.Request) (any, error) { return int64(0), nil })
 	srv.Handle(protocol.CommitStore, func(context.Context, *rpc.Request) (any, error) { return true, nil })
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx) }()
-	for srv.Endpoint() == "" {
-		time.Sleep(time.Millisecond)
-	}
-	return srv.Endpoint(), func() { cancel(); <-done }
+	return serveBench(srv)
 }
 
 // exchange is one synchronous client operation: requests sent one after the
