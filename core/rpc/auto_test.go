@@ -123,6 +123,17 @@ func mustSpec(t *testing.T, p *protocol.Profile, name string) *protocol.Spec {
 }
 
 // autoProfiles are the detection tables, newest first, as the engine gives them.
+// startAuto starts an auto server over every table, nongpu-v1 the default,
+// logging to the returned buffer.
+func startAuto(t *testing.T) ([]*protocol.Profile, *harness, *logbuf.Buffer) {
+	t.Helper()
+	profiles := autoProfiles(t)
+	logs := &logbuf.Buffer{}
+	h := start(t, rpc.Options{Profile: profiles[5], Detect: profiles,
+		Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	return profiles, h, logs
+}
+
 func autoProfiles(t *testing.T) []*protocol.Profile {
 	return []*protocol.Profile{profile(t, "rpc-messages"), profile(t, "engine-driven-v2"),
 		profile(t, "engine-driven-v2-early"), profile(t, "engine-driven"), profile(t, "nongpu-v2"),
@@ -134,10 +145,7 @@ func autoProfiles(t *testing.T) []*protocol.Profile {
 // that every request reached the handler its own table names, and that
 // each peer was settled on its table with the evidence logged.
 func TestAutoDetectsEachTable(t *testing.T) {
-	profiles := autoProfiles(t)
-	var logs logbuf.Buffer
-	h := start(t, rpc.Options{Profile: profiles[5], Detect: profiles,
-		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	profiles, h, logs := startAuto(t)
 	var s seen
 	recordAll(h, &s, map[string]any{protocol.CommitStore: true, protocol.CommitRetrieve: true,
 		protocol.GetExperimental:              []string{},
@@ -212,10 +220,7 @@ func TestAutoDetectsEachTable(t *testing.T) {
 // unanswered and counted; one with such a reply is served; a message
 // fitting no table is bad input and narrows nothing.
 func TestAutoAmbiguousUnanswered(t *testing.T) {
-	profiles := autoProfiles(t)
-	var logs logbuf.Buffer
-	h := start(t, rpc.Options{Profile: profiles[5], Detect: profiles,
-		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	_, h, logs := startAuto(t)
 	var s seen
 	recordAll(h, &s, map[string]any{protocol.Ping: true, protocol.GetChunkSize: int64(64), protocol.Noop: "OK"})
 	d := rawDealer(t, h.srv.Endpoint())
