@@ -204,6 +204,20 @@ type fakeServer struct {
 
 const fakeName = "lmcache_l1_pool_fake"
 
+// registerOn registers instance 1 in the test geometry (pickle, or SHM
+// under f's directory) with f, closed when the test ends.
+func registerOn(t *testing.T, f *fakeServer, pickle bool) *worker.Worker {
+	t.Helper()
+	cfg := geometry(1, pickle)
+	cfg.ShmDir = f.dir
+	w, err := worker.Register(context.Background(), dial(t, f.endpoint), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.Close() })
+	return w
+}
+
 func startFake(t *testing.T) *fakeServer {
 	t.Helper()
 	f := &fakeServer{dir: t.TempDir(), size: 8 * chunkBytes}
@@ -262,13 +276,7 @@ func slot(off, length int64) protocol.Slot {
 func TestHostileServerStore(t *testing.T) {
 	f := startFake(t)
 	ctx := context.Background()
-	cfg := geometry(1, false)
-	cfg.ShmDir = f.dir
-	w, err := worker.Register(ctx, dial(t, f.endpoint), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
+	w := registerOn(t, f, false)
 	if w.Mode() != worker.ModeSHM {
 		t.Fatalf("mode %s", w.Mode())
 	}
@@ -316,13 +324,7 @@ func TestHostileServerRetrieve(t *testing.T) {
 	f := startFake(t)
 	ctx := context.Background()
 	for _, pickle := range []bool{false, true} {
-		cfg := geometry(1, pickle)
-		cfg.ShmDir = f.dir
-		w, err := worker.Register(ctx, dial(t, f.endpoint), cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer w.Close()
+		w := registerOn(t, f, pickle)
 		pk := func(ts ...torchpickle.Tensor) []byte {
 			b, err := torchpickle.AppendEncode(nil, ts)
 			if err != nil {
