@@ -45,7 +45,19 @@ func (s *Segment) Keep(record func(Identity) error) error {
 		}
 		return err
 	}
-	return s.end(false)
+	// The kept marker replaces the kvdock marker: other kvdocks' cleanup
+	// leaves the segment to its successor for keptGrace, then removes it.
+	path := filepath.Join(s.dir, s.dec.Segment)
+	kept := filepath.Join(s.dir, keptPrefix+s.dec.Segment)
+	var errs []error
+	if err := unix.Link(path, kept); err != nil && !errors.Is(err, unix.EEXIST) {
+		errs = append(errs, fmt.Errorf("mark %s kept: %w", s.dec.Segment, err))
+	}
+	if err := unlinkOwn(s.fd, filepath.Join(s.dir, markerPrefix+s.dec.Segment)); err != nil {
+		errs = append(errs, fmt.Errorf("unlink marker of kept segment %s: %w", s.dec.Segment, err))
+	}
+	errs = append(errs, s.end(false))
+	return errors.Join(errs...)
 }
 
 // ErrNotAdoptable means a kept segment is not the one recorded, or not
@@ -108,6 +120,7 @@ func Adopt(dir string, id Identity, size int64, prefault bool, log *slog.Logger)
 	}
 	c := cleaner{dir: dir, want: id.Name, uid: int(st.Uid), log: log}
 	mark(c, path, log)
+	_ = unlinkOwn(fd, filepath.Join(dir, keptPrefix+id.Name))
 	s := &Segment{
 		dec:  Decision{Segment: id.Name, Size: size, Shared: true, Reason: fmt.Sprintf("segment %s adopted from the previous process, %s", id.Name, Human(size))},
 		dir:  dir,
@@ -142,6 +155,6 @@ func RemoveKept(dir string, id Identity) (bool, error) {
 	if unix.Fstat(v.fd, &st) != nil || st.Dev != id.Dev || st.Ino != id.Ino {
 		return false, nil
 	}
-	gone, err := unlinkStale(v.fd, path, filepath.Join(dir, markerPrefix+id.Name))
+	gone, err := unlinkStale(v.fd, path, filepath.Join(dir, markerPrefix+id.Name), filepath.Join(dir, keptPrefix+id.Name))
 	return gone[0], err
 }

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -20,9 +21,12 @@ func keepOne(t *testing.T, dir, name string, size int64) Identity {
 	if err := s.Keep(func(i Identity) error { id = i; return nil }); err != nil {
 		t.Fatalf("keep: %v", err)
 	}
-	// Still marked: a kvdock that starts and does not adopt it removes it.
-	if _, err := os.Lstat(filepath.Join(dir, markerPrefix+id.Name)); err != nil {
-		t.Fatalf("kept segment lost its marker: %v", err)
+	// Marked kept: other kvdocks leave it to its successor for keptGrace.
+	if _, err := os.Lstat(filepath.Join(dir, keptPrefix+id.Name)); err != nil {
+		t.Fatalf("kept segment not marked kept: %v", err)
+	}
+	if _, err := os.Lstat(filepath.Join(dir, markerPrefix+id.Name)); !os.IsNotExist(err) {
+		t.Fatalf("kept segment still carries a live server's marker: %v", err)
 	}
 	return id
 }
@@ -40,6 +44,9 @@ func TestKeepThenAdoptKeepsBytes(t *testing.T) {
 	if _, err := os.Lstat(filepath.Join(dir, markerPrefix+id.Name)); err != nil {
 		t.Fatalf("adopted segment not marked again: %v", err)
 	}
+	if _, err := os.Lstat(filepath.Join(dir, keptPrefix+id.Name)); !os.IsNotExist(err) {
+		t.Fatalf("adopted segment still marked kept: %v", err)
+	}
 	// Adopted means held: a second adopter is told it is busy.
 	if _, err := Adopt(dir, id, 1<<20, false, nil); !errors.Is(err, ErrBusy) {
 		t.Fatalf("second adopt: %v, want ErrBusy", err)
@@ -52,16 +59,21 @@ func TestKeepThenAdoptKeepsBytes(t *testing.T) {
 	}
 }
 
-// A kept segment that nobody adopts does not hold the host's memory: the
-// next kvdock that starts without adopting it removes it as stale.
+// A kept segment that nobody adopts does not hold the host's memory: a
+// kvdock that starts during the restart's gap leaves it to its successor,
+// one that starts after keptGrace removes it as stale.
 func TestKeptSegmentRemovedByTheNextStartThatDoesNotAdopt(t *testing.T) {
 	dir := shmDir(t)
 	id := keepOne(t, dir, "orphan", 1<<20)
-	removed, err := CleanStale(dir, Prefix+"other", nil)
-	if err != nil || len(removed) != 1 {
-		t.Fatalf("stale cleanup of another kvdock's start: removed %v, %v", removed, err)
+	if removed, err := CleanStale(dir, Prefix+"other", nil); err != nil || len(removed) != 0 {
+		t.Fatalf("stale cleanup during the gap: removed %v, %v", removed, err)
 	}
-	for _, name := range []string{id.Name, markerPrefix + id.Name} {
+	later := cleaner{dir: dir, want: Prefix + "other", uid: os.Geteuid(), now: func() time.Time { return time.Now().Add(keptGrace + time.Second) }}
+	removed, err := later.run()
+	if err != nil || len(removed) != 1 {
+		t.Fatalf("stale cleanup after the grace: removed %v, %v", removed, err)
+	}
+	for _, name := range []string{id.Name, markerPrefix + id.Name, keptPrefix + id.Name} {
 		if _, err := os.Lstat(filepath.Join(dir, name)); !os.IsNotExist(err) {
 			t.Fatalf("%s still there after the cleanup: %v", name, err)
 		}

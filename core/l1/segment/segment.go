@@ -53,6 +53,15 @@ const tmpPrefix = ".kvdock-new-"
 // while alive.
 const markerPrefix = ".kvdock-seg-"
 
+// keptPrefix names the marker of a segment kept for a successor (Keep).
+// Other kvdocks' cleanup spares it for keptGrace after it was kept (the
+// restart's gap), then removes it as stale: a kept pool nobody adopts does
+// not hold the host's memory.
+const (
+	keptPrefix = ".kvdock-kept-"
+	keptGrace  = 2 * time.Minute
+)
+
 // ErrBusy means the requested segment name is held by a live process.
 var ErrBusy = errors.New("shared memory segment is held by a live process")
 
@@ -483,6 +492,8 @@ type cleaner struct {
 	want string
 	uid  int
 	log  *slog.Logger
+	// now is the clock kept markers are judged by (time.Now when nil).
+	now func() time.Time
 	// afterLock runs once a candidate is proved stale, before its names are
 	// checked; tests use it to replace the file under the cleaner or to
 	// yield there.
@@ -511,12 +522,19 @@ func (c cleaner) run() ([]string, error) {
 			continue
 		}
 		switch {
-		case strings.HasPrefix(name, markerPrefix):
-			seg := strings.TrimPrefix(name, markerPrefix)
+		case strings.HasPrefix(name, markerPrefix), strings.HasPrefix(name, keptPrefix):
+			prefix := markerPrefix
+			if strings.HasPrefix(name, keptPrefix) {
+				prefix = keptPrefix
+				if c.keptRecently(name) {
+					continue // its successor may be about to adopt it
+				}
+			}
+			seg := strings.TrimPrefix(name, prefix)
 			if seg == c.want {
 				continue // clearWant decides, and says why it cannot
 			}
-			ok, err := c.removeMarked(seg)
+			ok, err := c.removeMarked(prefix, seg)
 			if err != nil {
 				errs = append(errs, err)
 			}
@@ -538,10 +556,24 @@ func (c cleaner) run() ([]string, error) {
 	return removed, errors.Join(errs...)
 }
 
-// removeMarked removes seg and its marker when the marker is a stale file of
-// ours; seg goes only if it is the marker's inode.
-func (c cleaner) removeMarked(seg string) (bool, error) {
-	marker := filepath.Join(c.dir, markerPrefix+seg)
+// keptRecently reports whether the kept marker name was linked (or its
+// segment written) within keptGrace: a link sets the inode's change time.
+func (c cleaner) keptRecently(name string) bool {
+	var st unix.Stat_t
+	if unix.Lstat(filepath.Join(c.dir, name), &st) != nil {
+		return true // gone or unreadable: nothing to decide now
+	}
+	now := time.Now()
+	if c.now != nil {
+		now = c.now()
+	}
+	return now.Sub(time.Unix(st.Ctim.Unix())) < keptGrace
+}
+
+// removeMarked removes seg and its marker (prefix+seg) when the marker is a
+// stale file of ours; seg goes only if it is the marker's inode.
+func (c cleaner) removeMarked(prefix, seg string) (bool, error) {
+	marker := filepath.Join(c.dir, prefix+seg)
 	v, err := c.examine(marker)
 	if err != nil || v.state != stale {
 		return false, err
@@ -580,7 +612,7 @@ func (c cleaner) clearWant() (ok bool, err error) {
 	defer unix.Close(v.fd)
 	// Its marker goes with it, if it has one: another marker would keep the
 	// old segment's memory.
-	gone, err := unlinkStale(v.fd, path, filepath.Join(c.dir, markerPrefix+c.want))
+	gone, err := unlinkStale(v.fd, path, filepath.Join(c.dir, markerPrefix+c.want), filepath.Join(c.dir, keptPrefix+c.want))
 	return gone[0], err
 }
 
