@@ -171,6 +171,7 @@ func (s *streams) get(ctx context.Context, serverKey string, accept func(n int64
 		if err == nil || answered || !reused || attempt > 0 || ctx.Err() != nil {
 			return n, err
 		}
+		s.dropIdle(sc.addr) // as old as the broken one: retry on a fresh one
 	}
 }
 

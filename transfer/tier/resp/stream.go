@@ -103,7 +103,22 @@ func (s *streams) set(ctx context.Context, serverKey string, head, payload []byt
 			return err
 		}
 		// An idle connection the server (or a restart of it) closed
-		// meanwhile: one fresh try.
+		// meanwhile: its idle siblings are as old, so one try on a fresh
+		// connection.
+		s.dropIdle(sc.addr)
+	}
+}
+
+// dropIdle closes the idle connections to addr: one of them was found
+// closed by the server, so the others, as old, are likely closed too.
+func (s *streams) dropIdle(addr string) {
+	s.mu.Lock()
+	idle := s.idle[addr]
+	delete(s.idle, addr)
+	s.nidle -= len(idle)
+	s.mu.Unlock()
+	for _, sc := range idle {
+		sc.c.Close()
 	}
 }
 
@@ -396,4 +411,11 @@ func keySlot(key string) int {
 		}
 	}
 	return int(crc) % clusterSlots
+}
+
+// idleCount is how many idle connections are kept (for tests and stats).
+func (s *streams) idleCount() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.nidle
 }
