@@ -23,6 +23,9 @@ func TestIdleTierDownWhenServerKilled(t *testing.T) {
 	if err := tr.Put(context.Background(), key(1), value(1, 1024)); err != nil {
 		t.Fatal(err)
 	}
+	// Idle: the start-up adoption of this host's index and the write's
+	// index update are done, so only the health check can notice the kill.
+	time.Sleep(2 * healthEvery)
 	killed := time.Now()
 	s.Kill()
 	st := waitState(t, tr, tierstate.Down, idleDownLimit)
