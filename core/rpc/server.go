@@ -189,7 +189,9 @@ type Options struct {
 	// StopGrace is how long a stop keeps reading and answering while
 	// requests are in flight or still arriving (quiet for stopQuiet ends it
 	// sooner), so that a worker's request sent just before the stop is
-	// answered rather than dropped unread (default 100 ms; negative: none).
+	// answered rather than dropped unread (0: none). Off by default: across
+	// a restart it turns some unanswered requests into a prepare answered by
+	// the old process and a commit refused by the new one.
 	StopGrace time.Duration
 	// LogInterval is the rate limit for bad-input logs: once per kind per peer
 	// per interval (default 10 s).
@@ -223,9 +225,6 @@ func (o *Options) defaults() error {
 	o.FastSharedBytes = settings.PositiveOr(o.FastSharedBytes, 64<<10)
 	o.InFlightBytes = settings.PositiveOr(o.InFlightBytes, 256<<20)
 	o.DrainTimeout = settings.PositiveOr(o.DrainTimeout, 5*time.Second)
-	if o.StopGrace == 0 {
-		o.StopGrace = 100 * time.Millisecond
-	}
 	o.LogInterval = settings.PositiveOr(o.LogInterval, 10*time.Second)
 	if o.Logger == nil {
 		o.Logger = slog.Default()

@@ -642,7 +642,7 @@ func TestStopGraceAnswersRequestsStillArriving(t *testing.T) {
 		name     string
 		grace    time.Duration
 		answered bool
-	}{{"grace", 0, true}, {"no grace", -1, false}} {
+	}{{"grace", 100 * time.Millisecond, true}, {"no grace", 0, false}} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv, err := rpc.New(rpc.Options{Host: "localhost", Profile: profile(t, "nongpu-v1"), Logger: quietLogger(), StopGrace: tc.grace})
 			if err != nil {
