@@ -4,7 +4,8 @@
 // issue 14), keeps this host's own values (its earlier runs' too, see
 // share.go) under max_capacity_gb, counted at what the server says they
 // take, by evicting them least recently used first, and watches the
-// connection: a failure marks the tier down with the reason, calls then fail
+// connection: a failure marks the tier down with the reason (a connection
+// the server closed only when a fresh PING fails too), calls then fail
 // at once instead of waiting on a dead server, and a background probe with
 // exponential backoff brings the tier back up by itself. While up, a PING
 // every few seconds checks the server also when no call touches the tier.
@@ -18,6 +19,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net"
@@ -25,6 +27,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/valkey-io/valkey-go"
@@ -132,6 +135,9 @@ type Tier struct {
 	legal atomic.Int64
 	// pinging is set while a health PING is under way (healthPing).
 	pinging atomic.Bool
+	// recheck shares one confirming PING among the calls that found their
+	// connection closed at once (stillAnswers).
+	recheck recheck
 	// instance names this host's share of the server (share.go).
 	instance string
 	// noMemoryUsage is set once the server refused MEMORY USAGE (sizes).
@@ -677,8 +683,87 @@ func (t *Tier) fail(ctx context.Context, op string, err error) error {
 		}
 		return fmt.Errorf("resp tier %s: %s: %w", t.target, op, err)
 	}
+	if connClosed(err) && t.stillAnswers() {
+		// The connection predates a restart of the server (or its idle
+		// timeout): this call fails, the tier is not down.
+		return fmt.Errorf("resp tier %s: %s: %w", t.target, op, err)
+	}
 	t.setState(tierstate.Down, err.Error())
 	return fmt.Errorf("resp tier %s: %s: %w", t.target, op, err)
+}
+
+// connClosed tells a connection the server closed (EOF, reset, broken
+// pipe) from other failures: a malformed reply or a timeout marks the tier
+// down at once, a closed connection only when the server does not answer a
+// fresh PING either.
+func connClosed(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
+		errors.Is(err, net.ErrClosed)
+}
+
+// recheckTimeout bounds the confirming PING: a server that answers does so
+// in well under it, a killed one refuses the connection at once.
+const recheckTimeout = time.Second
+
+// recheck is one confirming PING, shared by the calls that ask while it runs.
+type recheck struct {
+	mu      sync.Mutex
+	running chan struct{} // closed when the PING under way ends; nil when none
+	ok      bool          // its outcome, once running is closed
+}
+
+// stillAnswers PINGs every node through the small commands' client, twice
+// at most (the first may meet the same stale connection, which the client
+// then replaces): true when the server answers, so the call's closed
+// connection was the connection's fault, not the server's.
+func (t *Tier) stillAnswers() bool {
+	r := &t.recheck
+	r.mu.Lock()
+	if ch := r.running; ch != nil {
+		r.mu.Unlock()
+		<-ch
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return r.ok
+	}
+	ch := make(chan struct{})
+	r.running = ch
+	r.mu.Unlock()
+	ok := t.pingAll()
+	r.mu.Lock()
+	r.ok, r.running = ok, nil
+	r.mu.Unlock()
+	close(ch)
+	return ok
+}
+
+// pingAll is stillAnswers' PING of every node, tried twice.
+func (t *Tier) pingAll() bool {
+	t.mu.Lock()
+	c, down := t.client, t.state == tierstate.Down || t.closed
+	t.mu.Unlock()
+	if c == nil || down {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(t.bg, recheckTimeout)
+	defer cancel()
+	for try := 0; try < 2; try++ {
+		ok := true
+		for _, node := range c.small.Nodes() {
+			if node.Do(ctx, node.B().Ping().Build()).Error() != nil {
+				ok = false
+				break
+			}
+		}
+		if ok {
+			return true
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+	}
+	return false
 }
 
 // callerGaveUp tells a call cut short by its context from a server failure.
