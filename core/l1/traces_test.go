@@ -125,19 +125,23 @@ func workingSet(trace []traceReq, size int64) int64 {
 type evictionTrace struct {
 	name  string
 	trace []traceReq
-	tick  int // requests between two ticks of the watermark loop
+	tick  int   // requests between two ticks of the watermark loop
+	base  int64 // the pool sizes' unit in bytes; 0: the working set
 }
 
 func evictionTraces() []evictionTrace {
+	long, live := longChatTrace(8_000, 8, 8, 100, 6)
 	return []evictionTrace{
-		{"multi-turn", multiTurnTrace(40_000, 1), 100},
-		{"chat-think", chatTrace(40_000, 400, 400, 6), 100},
-		{"multi-turn-ondemand", multiTurnTrace(40_000, 1), 1 << 30},
-		{"chat-think-ondemand", chatTrace(40_000, 400, 400, 6), 1 << 30},
-		{"system-prompt", systemPromptTrace(40_000, 2), 100},
-		{"rag", ragTrace(40_000, 3), 100},
-		{"zipf-prefix", zipfTrace(40_000, 4), 100},
-		{"scan", scanTrace(40_000, 1200, 5), 100},
+		{"long-context-chat", long, 4, live},
+		{"long-context-chat-ondemand", long, 1 << 30, live},
+		{"multi-turn", multiTurnTrace(40_000, 1), 100, 0},
+		{"chat-think", chatTrace(40_000, 400, 400, 6), 100, 0},
+		{"multi-turn-ondemand", multiTurnTrace(40_000, 1), 1 << 30, 0},
+		{"chat-think-ondemand", chatTrace(40_000, 400, 400, 6), 1 << 30, 0},
+		{"system-prompt", systemPromptTrace(40_000, 2), 100, 0},
+		{"rag", ragTrace(40_000, 3), 100, 0},
+		{"zipf-prefix", zipfTrace(40_000, 4), 100, 0},
+		{"scan", scanTrace(40_000, 1200, 5), 100, 0},
 	}
 }
 
@@ -151,7 +155,10 @@ func evictionTraces() []evictionTrace {
 func BenchmarkEvictionTraces(b *testing.B) {
 	models := []traceModel{{"m", accAlign}, {"m2", accAlign}} // zipf-prefix uses two
 	for _, tr := range evictionTraces() {
-		ws := workingSet(tr.trace, accAlign)
+		ws := tr.base
+		if ws == 0 {
+			ws = workingSet(tr.trace, accAlign)
+		}
 		for _, f := range []float64{0.5, 1, 2} {
 			size := max(int64(f*float64(ws))/accAlign*accAlign, 64*accAlign)
 			for _, pol := range []string{PolicyLRU, PolicyPrefix} {

@@ -126,3 +126,41 @@ func TestEvictionPoliciesOnTheWire(t *testing.T) {
 		t.Errorf("prefix hit %.2f points below LRU", d)
 	}
 }
+
+// TestEvictionPoliciesOnTheWireLongContext replays long-context chat
+// (chat.TraceWithContext: 8 conversations open, each opening on a context
+// of 100 chunks and extended by 1 to 3 a turn) with pools of 0.5×, 1× and
+// 2× its live set, where one prompt is an eighth of the pool or more. LRU,
+// evicting a conversation's first chunks first, strands the rest of it;
+// prefix keeps its head. Prefix must hit at least 1.2× the chunks LRU hits
+// at 1×, never a point less at any size, with no wrong byte and every
+// resident byte usable at the end.
+func TestEvictionPoliciesOnTheWireLongContext(t *testing.T) {
+	trace := chat.TraceWithContext(1500, 8, 8, 100, 6)
+	live := chat.LiveSet(trace)
+	for _, f := range []float64{0.5, 1, 2} {
+		pool := int64(f*float64(live)) * wireChunkBytes
+		res := map[string]wireReplay{}
+		for _, pol := range []string{"LRU", "prefix"} {
+			r := replayWire(t, trace, pool, pol)
+			res[pol] = r
+			t.Logf("%.1f× live set, %s: %d of %d chunks hit (%.2f%%) over the second half; %d wrong; usable/resident %.4f at the end; %d evictions",
+				f, pol, r.hit, r.asked, 100*float64(r.hit)/float64(r.asked), r.wrong, r.usable, r.evictions)
+			if r.wrong != 0 {
+				t.Errorf("%s: %d chunks retrieved with wrong bytes", pol, r.wrong)
+			}
+		}
+		lru, pre := res["LRU"], res["prefix"]
+		ratio := float64(pre.hit) / float64(max(lru.hit, 1))
+		t.Logf("%.1f× live set (%d chunks): prefix hits %.3f× LRU's", f, pool/wireChunkBytes, ratio)
+		if pre.usable < 0.99 {
+			t.Errorf("%.1f×: prefix usable/resident %.4f at the end, want ≥ 0.99", f, pre.usable)
+		}
+		if d := 100 * float64(lru.hit-pre.hit) / float64(lru.asked); d > 1 {
+			t.Errorf("%.1f×: prefix hit %.2f points below LRU", f, d)
+		}
+		if f == 1 && ratio < 1.2 {
+			t.Errorf("1× live set: prefix hits %.3f× LRU's, want ≥ 1.2×", ratio)
+		}
+	}
+}

@@ -19,6 +19,15 @@ type Turn struct{ Conv, Chunks int }
 // order of returns follows the order of service, so a user answered long
 // ago is the likeliest to come back next.
 func Trace(n, open int, think float64, seed uint64) []Turn {
+	return TraceWithContext(n, open, think, 0, seed)
+}
+
+// TraceWithContext is Trace with conversations that open on a context of
+// context chunks (a document, a code base, an agent's instructions) before
+// their first message: long prompts, each a large share of a pool, which is
+// where LRU, evicting a prompt's first chunks first, strands the rest of it
+// (LMCache #4867: a repeated 59k-token prompt).
+func TraceWithContext(n, open int, think float64, context int, seed uint64) []Turn {
 	r := rand.New(rand.NewPCG(seed, 6))
 	type conv struct {
 		id, turns, left, chunks int
@@ -27,7 +36,7 @@ func Trace(n, open int, think float64, seed uint64) []Turn {
 	next := 0
 	fresh := func(now float64) *conv {
 		next++
-		return &conv{id: next, left: 4 + r.IntN(13), at: now + think*r.Float64()}
+		return &conv{id: next, left: 4 + r.IntN(13), chunks: context, at: now + think*r.Float64()}
 	}
 	convs := make([]*conv, open)
 	for i := range convs {
@@ -71,4 +80,31 @@ func WorkingSet(trace []Turn) int {
 		}
 	}
 	return n
+}
+
+// LiveSet is the chunks a pool must hold to serve every repeat of trace:
+// at each prompt, the chunks asked for before that are asked for again
+// later, averaged over the second half. Unlike WorkingSet it does not count
+// conversations that ended, so it suits traces of few long conversations.
+func LiveSet(trace []Turn) int {
+	last := map[int]int{}    // conversation → its last prompt
+	longest := map[int]int{} // conversation → its chunks asked so far
+	for i, tu := range trace {
+		last[tu.Conv] = i
+	}
+	live, sum, n := 0, 0, 0
+	for i, tu := range trace {
+		if tu.Chunks > longest[tu.Conv] {
+			live += tu.Chunks - longest[tu.Conv]
+			longest[tu.Conv] = tu.Chunks
+		}
+		if last[tu.Conv] == i {
+			live -= longest[tu.Conv] // never asked again
+		}
+		if i >= len(trace)/2 {
+			sum += live
+			n++
+		}
+	}
+	return sum / max(n, 1)
 }
