@@ -177,7 +177,7 @@ func Default() Config {
 			MaxLockedSharePerInstance: 0.5,
 			MaxLockedShare:            0.9,
 		},
-		Eviction: EvictionConfig{Policy: "LRU", TriggerWatermark: 0.8, Ratio: 0.2},
+		Eviction: EvictionConfig{Policy: "prefix", TriggerWatermark: 0.8, Ratio: 0.2},
 		L2: L2Config{
 			StorePolicy:         "write-behind",
 			PrefetchMaxInFlight: 8,

@@ -265,7 +265,7 @@ func table() []keyDef {
 			help:  "on SIGTERM/SIGINT keep the pool's segment and record its state, so the next start adopts the cache",
 			field: func(c *Config) any { return &c.L1.KeepOnExit }},
 		{key: "eviction.policy", flag: "eviction-policy", class: Live,
-			help:  "L1 eviction policy: LRU, prefix (evict a chunk only after the chunks that follow it) or noop",
+			help:  "L1 eviction policy: prefix (evict a chunk only after the chunks that follow it), LRU or noop",
 			field: func(c *Config) any { return &c.Eviction.Policy },
 			check: func(c Config) string { return oneOf(c.Eviction.Policy, "LRU", "prefix", "noop") }},
 		{key: "eviction.trigger_watermark", flag: "eviction-trigger-watermark", class: Live,

@@ -159,7 +159,8 @@ type Options struct {
 	// Prefault populates the pages in the background after Open.
 	Prefault          bool
 	WriteTTL, ReadTTL time.Duration
-	// Policy is LRU, prefix or noop (case-insensitive).
+	// Policy is LRU (when empty), prefix or noop (case-insensitive);
+	// kvdock's settings default to prefix.
 	Policy           string
 	Watermark, Ratio float64
 	// Now is the clock for lock TTLs; nil = time.Now.
