@@ -204,12 +204,10 @@ func replayPolicy(tb testing.TB, trace []traceReq, models []traceModel, poolByte
 	return out
 }
 
-// TestWhatIfMatchesRealPools checks the estimate against real pools under
-// each eviction policy. The estimator replays LRU (a sampled prefix tree
-// would miss the parents of its sampled chunks); it holds for prefix pools
-// because prompt-wide touches make LRU evict prompt by prompt, oldest first,
-// as the prefix policy does: the two differ in the prompt an eviction
-// leaves partly resident (docs/BENCHMARKS.md, eviction policies).
+// TestWhatIfMatchesRealPools checks each policy's curve against real pools
+// of that policy. The long-context chat case is where the two policies part
+// (LRU evicts a long prompt's first chunks first and strands the rest; the
+// prefix policy evicts it from its last chunk back).
 func TestWhatIfMatchesRealPools(t *testing.T) {
 	if testing.Short() {
 		t.Skip("replays three traces through nine pools per policy")
@@ -224,6 +222,7 @@ func TestWhatIfMatchesRealPools(t *testing.T) {
 	// tick is how many requests arrive between two ticks of the watermark
 	// loop (once a second): busy traffic refills what a tick evicts before
 	// the next one, slow traffic leaves the pool between 64 % and 80 % full.
+	longChat, longLive := longChatTrace(8_000, 8, 8, 100, 6)
 	cases := []struct {
 		name   string
 		trace  []traceReq
@@ -242,6 +241,9 @@ func TestWhatIfMatchesRealPools(t *testing.T) {
 		// a few objects, which no sampled estimate can tell.
 		{"scan-heavy", scanTrace(60_000, 1200, 11),
 			[]traceModel{{"m", accAlign}}, 9000 * accAlign, 1000},
+		// Few conversations that each open on a 100-chunk context, a pool
+		// of their live set, ticking as BenchmarkEvictionTraces does.
+		{"long-context-chat", longChat, []traceModel{{"m", accAlign}}, longLive, 4},
 	}
 	for _, pol := range []string{PolicyLRU, PolicyPrefix} {
 		for _, tc := range cases {
@@ -254,11 +256,15 @@ func TestWhatIfMatchesRealPools(t *testing.T) {
 				c := est.Curve()
 				t.Logf("estimator: rate %.4f, %d/%d tracked, weight %.0f, measured %.3f, %d bytes",
 					c.SampleRate, c.Tracked, c.Limit, c.Weight, c.Measured, c.MemoryBytes)
-				for _, pt := range c.Points {
-					t.Logf("  %.2f× estimated %.3f", pt.Factor, pt.HitRatio)
+				for i, pt := range c.Points {
+					t.Logf("  %.2f× estimated LRU %.3f, prefix %.3f", pt.Factor, pt.HitRatio, c.Prefix[i].HitRatio)
+				}
+				points := c.Points
+				if pol == PolicyPrefix {
+					points = c.Prefix
 				}
 				for _, f := range []float64{0.5, 1, 2} {
-					e := pointAt(t, c, f)
+					e := pointAt(t, points, f)
 					t.Logf("%.1f× pool: measured %.3f, estimated %.3f", f, got[f], e)
 					if math.Abs(e-got[f]) > 0.05 {
 						t.Errorf("%.1f× pool: estimated hit ratio %.3f, the real pool measured %.3f (more than 5 points apart)", f, e, got[f])
@@ -269,13 +275,13 @@ func TestWhatIfMatchesRealPools(t *testing.T) {
 	}
 }
 
-func pointAt(t *testing.T, c whatif.Curve, f float64) float64 {
+func pointAt(t *testing.T, points []whatif.Point, f float64) float64 {
 	t.Helper()
-	for _, p := range c.Points {
+	for _, p := range points {
 		if p.Factor == f {
 			return p.HitRatio
 		}
 	}
-	t.Fatalf("no point at %v× in %+v", f, c.Points)
+	t.Fatalf("no point at %v× in %+v", f, points)
 	return 0
 }

@@ -1,35 +1,52 @@
 package whatif
 
-// stack is the LRU stack of the sampled objects, with the sums SHARDS
-// needs in O(log n): every use of an object gets the next time stamp, a
-// Fenwick tree over time stamps holds each object's size at its last use,
-// and so the bytes used since an object's last use are the total minus a
-// prefix sum. A linear-probing index finds an object by its hash. Time
-// stamps run over twice the slots; when they run out the live ones are
-// renumbered in order (amortised O(1) a use).
+// stack holds the sampled objects in two recency orders at once, with the
+// sums SHARDS needs in O(log n): in each order every use of an object gets
+// a time stamp, a Fenwick tree over time stamps holds each object's size at
+// its last use, and so the bytes used since an object's last use are the
+// total minus a prefix sum. Order lruOrder is plain LRU; order prefixOrder
+// is the prefix policy's (see Estimator.placePrefix). The objects, their
+// sizes and the linear-probing index that finds one by its hash are shared
+// by both orders. Time stamps run over twice the slots; when an order runs
+// out the live ones are renumbered in order (amortised O(1) a use).
 //
 // Memory is fixed by the slot count given to reset: slotBytes a slot.
 type stack struct {
-	// Per slot. A free slot has spat 0 and links the free list through ts.
+	// Per slot. A free slot has spat 0 and links the free list through
+	// ord[0].ts.
 	spat []uint64 // spatial hash (never 0 for a live slot)
 	id   []uint32 // identity check among objects sharing spat
 	size []int64  // bytes (0: looked up, never stored)
-	ts   []uint32 // time of last use
 
 	index []int32 // slot+1 by hash, 0 = empty; a power of two ≥ 2 slots
-	fen   []int64 // Fenwick tree over times: size of the object last used then
-	rev   []int32 // time → slot, -1 once that slot was used again or left
+	ord   [orders]order
 
-	free   int32  // first free slot, -1 for none
-	live   int    // objects held
-	clock  uint32 // next time stamp
-	oldest uint32 // no live object was last used before it
-	total  int64  // sum of the live sizes
+	free  int32 // first free slot, -1 for none
+	live  int   // objects held
+	total int64 // sum of the live sizes
 }
 
-// slotBytes is the most memory one slot takes: the per-slot fields, up to
-// four index entries, and two times in the tree and the reverse map.
-const slotBytes = 8 + 4 + 8 + 4 + 4*4 + 2*8 + 2*4
+// The orders a stack keeps.
+const (
+	lruOrder    = 0
+	prefixOrder = 1
+	orders      = 2
+)
+
+// order is one recency order of the stack's objects.
+type order struct {
+	ts     []uint32 // per slot: time of last use
+	fen    []int64  // Fenwick tree over times: size of the object last used then
+	rev    []int32  // time → slot, -1 once that slot was used again or left
+	clock  uint32   // next time stamp
+	oldest uint32   // no live object was last used before it
+	epoch  uint32   // renumberings so far: times reserved before one are void
+}
+
+// slotBytes is the most memory one slot takes: the shared per-slot fields,
+// up to four index entries, and per order a time, two times in the tree
+// and two in the reverse map.
+const slotBytes = 8 + 4 + 8 + 4*4 + orders*(4+2*8+2*4)
 
 // reset empties the stack and sizes it for n objects.
 func (s *stack) reset(n int) {
@@ -39,17 +56,21 @@ func (s *stack) reset(n int) {
 		idx <<= 1
 	}
 	*s = stack{
-		spat: make([]uint64, n), id: make([]uint32, n), size: make([]int64, n), ts: make([]uint32, n),
-		index: make([]int32, idx), fen: make([]int64, 2*n), rev: make([]int32, 2*n),
+		spat: make([]uint64, n), id: make([]uint32, n), size: make([]int64, n),
+		index: make([]int32, idx),
 	}
-	for i := range s.ts {
-		s.ts[i] = uint32(i + 1) // next free; n ends the list
+	for o := range s.ord {
+		s.ord[o] = order{ts: make([]uint32, n), fen: make([]int64, 2*n), rev: make([]int32, 2*n)}
+		for i := range s.ord[o].rev {
+			s.ord[o].rev[i] = -1
+		}
 	}
-	s.ts[n-1] = ^uint32(0)
+	ts := s.ord[0].ts
+	for i := range ts {
+		ts[i] = uint32(i + 1) // next free; n ends the list
+	}
+	ts[n-1] = ^uint32(0)
 	s.free = 0
-	for i := range s.rev {
-		s.rev[i] = -1
-	}
 }
 
 // slots is the stack's capacity in objects.
@@ -57,8 +78,11 @@ func (s *stack) slots() int { return len(s.spat) }
 
 // memory is what the stack holds, in bytes.
 func (s *stack) memory() int64 {
-	return int64(cap(s.spat))*8 + int64(cap(s.id))*4 + int64(cap(s.size))*8 + int64(cap(s.ts))*4 +
-		int64(cap(s.index))*4 + int64(cap(s.fen))*8 + int64(cap(s.rev))*4
+	m := int64(cap(s.spat))*8 + int64(cap(s.id))*4 + int64(cap(s.size))*8 + int64(cap(s.index))*4
+	for o := range s.ord {
+		m += int64(cap(s.ord[o].ts))*4 + int64(cap(s.ord[o].fen))*8 + int64(cap(s.ord[o].rev))*4
+	}
+	return m
 }
 
 // find returns the slot of (sp, id), or -1.
@@ -75,36 +99,62 @@ func (s *stack) find(sp uint64, id uint32) int32 {
 	}
 }
 
-// above is the bytes of the objects used since slot j's last use.
-func (s *stack) above(j int32) int64 {
-	return s.total - s.prefix(s.ts[j])
+// above is the bytes of the objects used, in order o, since slot j's last
+// use.
+func (s *stack) above(o int, j int32) int64 {
+	return s.total - s.ord[o].prefix(s.ord[o].ts[j])
 }
 
-// touch makes slot j the most recently used.
-func (s *stack) touch(j int32) {
-	t := s.ts[j]
-	if t+1 == s.clock {
+// touch makes slot j the most recently used in order o.
+func (s *stack) touch(o int, j int32) {
+	or := &s.ord[o]
+	if or.ts[j]+1 == or.clock {
 		return // already on top
 	}
-	s.add(t, -s.size[j])
-	s.rev[t] = -1
-	s.stamp(j)
+	or.leave(j, s.size[j])
+	s.stamp(o, j)
+}
+
+// reserve sets aside n unused times above every time given so far in
+// order o (renumbering first when fewer are left) and returns the lowest;
+// n is at most half the slots. place hands them out.
+func (s *stack) reserve(o int, n uint32) uint32 {
+	or := &s.ord[o]
+	if int(or.clock)+int(n) > len(or.rev) {
+		s.renumber(o)
+	}
+	t := or.clock
+	or.clock += n
+	return t
+}
+
+// place moves slot j in order o to time t, one reserve set aside and no
+// slot took since.
+func (s *stack) place(o int, j int32, t uint32) {
+	or := &s.ord[o]
+	or.leave(j, s.size[j])
+	or.ts[j] = t
+	or.rev[t] = j
+	or.add(t, s.size[j])
 }
 
 // setSize changes slot j's size.
 func (s *stack) setSize(j int32, size int64) {
-	s.add(s.ts[j], size-s.size[j])
+	for o := range s.ord {
+		s.ord[o].add(s.ord[o].ts[j], size-s.size[j])
+	}
 	s.total += size - s.size[j]
 	s.size[j] = size
 }
 
-// insert adds an object on top and returns its slot; -1 when full.
+// insert adds an object on top of both orders and returns its slot; -1
+// when full.
 func (s *stack) insert(sp uint64, id uint32, size int64) int32 {
 	j := s.free
 	if j < 0 {
 		return -1
 	}
-	if n := s.ts[j]; n == ^uint32(0) {
+	if n := s.ord[0].ts[j]; n == ^uint32(0) {
 		s.free = -1
 	} else {
 		s.free = int32(n)
@@ -118,7 +168,9 @@ func (s *stack) insert(sp uint64, id uint32, size int64) int32 {
 	s.index[h] = j + 1
 	s.total += size
 	s.live++
-	s.stamp(j)
+	for o := range s.ord {
+		s.stamp(o, j)
+	}
 	return j
 }
 
@@ -139,80 +191,93 @@ func (s *stack) remove(j int32) {
 			i = k
 		}
 	}
-	t := s.ts[j]
-	s.add(t, -s.size[j])
-	s.rev[t] = -1
+	for o := range s.ord {
+		s.ord[o].leave(j, s.size[j])
+	}
 	s.total -= s.size[j]
 	s.live--
 	s.spat[j], s.id[j], s.size[j] = 0, 0, 0
 	if s.free < 0 {
-		s.ts[j] = ^uint32(0)
+		s.ord[0].ts[j] = ^uint32(0)
 	} else {
-		s.ts[j] = uint32(s.free)
+		s.ord[0].ts[j] = uint32(s.free)
 	}
 	s.free = j
 }
 
-// bottom returns the least recently used slot, or -1 when empty.
-func (s *stack) bottom() int32 {
-	for s.oldest < s.clock && s.rev[s.oldest] < 0 {
-		s.oldest++
+// bottom returns the least recently used slot in order o, or -1 when
+// empty.
+func (s *stack) bottom(o int) int32 {
+	or := &s.ord[o]
+	for or.oldest < or.clock && or.rev[or.oldest] < 0 {
+		or.oldest++
 	}
-	if s.oldest == s.clock {
+	if or.oldest == or.clock {
 		return -1
 	}
-	return s.rev[s.oldest]
+	return or.rev[or.oldest]
 }
 
-// stamp gives slot j the next time, renumbering first when none is left.
-func (s *stack) stamp(j int32) {
-	if int(s.clock) == len(s.rev) {
-		s.renumber()
+// stamp gives slot j the next time in order o, renumbering first when
+// none is left.
+func (s *stack) stamp(o int, j int32) {
+	or := &s.ord[o]
+	if int(or.clock) == len(or.rev) {
+		s.renumber(o)
 	}
-	t := s.clock
-	s.clock++
-	s.ts[j] = t
-	s.rev[t] = j
-	s.add(t, s.size[j])
+	t := or.clock
+	or.clock++
+	or.ts[j] = t
+	or.rev[t] = j
+	or.add(t, s.size[j])
 }
 
-// renumber packs the live objects' times to 0..live-1, in order, and
-// rebuilds the tree.
-func (s *stack) renumber() {
+// renumber packs order o's live times to 0..live-1, in order, and
+// rebuilds its tree.
+func (s *stack) renumber(o int) {
+	or := &s.ord[o]
 	n := uint32(0)
-	for t := s.oldest; t < s.clock; t++ {
-		if j := s.rev[t]; j >= 0 {
-			s.rev[t] = -1
-			s.rev[n] = j
-			s.ts[j] = n
+	for t := or.oldest; t < or.clock; t++ {
+		if j := or.rev[t]; j >= 0 {
+			or.rev[t] = -1
+			or.rev[n] = j
+			or.ts[j] = n
 			n++
 		}
 	}
-	clear(s.fen)
+	clear(or.fen)
 	for t := range n {
-		s.fen[t] = s.size[s.rev[t]]
+		or.fen[t] = s.size[or.rev[t]]
 	}
 	// Linear-time Fenwick build: each node adds itself to its parent.
-	for i := 1; i <= len(s.fen); i++ {
-		if p := i + i&-i; p <= len(s.fen) {
-			s.fen[p-1] += s.fen[i-1]
+	for i := 1; i <= len(or.fen); i++ {
+		if p := i + i&-i; p <= len(or.fen) {
+			or.fen[p-1] += or.fen[i-1]
 		}
 	}
-	s.clock, s.oldest = n, 0
+	or.clock, or.oldest = n, 0
+	or.epoch++
+}
+
+// leave takes slot j, of size bytes, off its time.
+func (or *order) leave(j int32, size int64) {
+	t := or.ts[j]
+	or.add(t, -size)
+	or.rev[t] = -1
 }
 
 // add adds v at time t in the tree.
-func (s *stack) add(t uint32, v int64) {
-	for i := int(t) + 1; i <= len(s.fen); i += i & -i {
-		s.fen[i-1] += v
+func (or *order) add(t uint32, v int64) {
+	for i := int(t) + 1; i <= len(or.fen); i += i & -i {
+		or.fen[i-1] += v
 	}
 }
 
 // prefix is the sum of the tree over times 0..t.
-func (s *stack) prefix(t uint32) int64 {
+func (or *order) prefix(t uint32) int64 {
 	var sum int64
 	for i := int(t) + 1; i > 0; i -= i & -i {
-		sum += s.fen[i-1]
+		sum += or.fen[i-1]
 	}
 	return sum
 }

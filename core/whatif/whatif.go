@@ -8,23 +8,36 @@
 // distance of a sampled access (the bytes of distinct objects used since its
 // last use, its own size included) is the sum of the sizes above it in that
 // stack divided by the sampling rate R = T/2^64. Under LRU an object is in
-// a pool that holds U bytes when its distance is at most U. The prefix
-// policy is not replayed (a sampled chunk's parent is seldom sampled); the
-// LRU curve serves it, since lookups and END_SESSION touch whole prompts and
-// so LRU evicts prompt by prompt, oldest first, as prefix does (l1's
-// TestWhatIfMatchesRealPools checks both).
+// a pool that holds U bytes when its distance is at most U.
+//
+// The same samples give a second curve, for the prefix policy (a pool that
+// evicts only leaves of the prefix tree, least recently used first). A
+// sampled chunk's parent is seldom sampled, so the tree is not kept; what
+// stands for it is that a lookup touches every chunk of its prompt, so a
+// chunk's ancestors are used whenever it is. A chunk then leaves a prefix
+// pool when the newest use in its subtree is the oldest, and a prompt goes
+// from its last chunk back: the sampled keys keep a second recency order
+// in which each lookup's keys take the top, the deepest lowest, and a key
+// is in a prefix pool of U bytes when its distance in that order is at
+// most U. On most traffic the curves agree; they part where prompts are
+// long against the pool (long-context chat), where LRU evicts a prompt's
+// first chunks and strands the rest. l1's TestWhatIfMatchesRealPools checks
+// each curve against real pools of its policy.
+//
 // When the sample set is full T drops by an eighth and the keys above it
-// leave, so memory is fixed (sized to 1 % of what the pool's object table
-// holds for a full pool, see TableBytesPerObject); entries deeper than 4×
-// the pool are dropped too, since they miss at every size the curve shows.
+// leave, so memory is fixed (both orders together sized to 1 % of what the
+// pool's object table holds for a full pool, see TableBytesPerObject);
+// entries deeper than 4× the pool in both orders are dropped too, since
+// they miss at every size the curves show.
 //
 // A kvdock pool does not stay full: once a second (Tick) its watermark loop
 // evicts a share of the objects when the pool is above the watermark, so
-// what it holds swings between the two. For each size on the curve the
-// estimator keeps what such a pool would hold now: each sampled miss at that
-// size adds the object's bytes (scaled by 1/R) up to the size, each Tick
-// applies the watermark rule, and an access hits when its distance is within
-// it. That is the pool's own eviction, played at every size at once.
+// what it holds swings between the two. For each size on the curve and
+// each policy the estimator keeps what such a pool would hold now: each
+// sampled miss at that size adds the object's bytes (scaled by 1/R) up to
+// the size, each Tick applies the watermark rule, and an access hits when
+// its distance is within it. That is the pool's own eviction, played at
+// every size at once.
 //
 // kvdock's lookups are prefix lookups: a chunk counts as hit only when every
 // chunk before it hit too. A lookup therefore carries the largest distance
@@ -124,9 +137,10 @@ type Estimator struct {
 	meanSize float64
 
 	// held is what a pool of each size on the curve holds now (bytes), and
-	// hits the sampled weight it would have hit.
-	held     [nf]float64
-	hits     [nf]float64
+	// hits the sampled weight it would have hit, under each policy (the
+	// stack's orders).
+	held     [orders][nf]float64
+	hits     [orders][nf]float64
 	weight   float64 // sampled keys looked up
 	realHits float64 // sampled keys the pool itself hit
 	expected float64 // keys probed × rate at the time: the weight SHARDS expects
@@ -134,6 +148,9 @@ type Estimator struct {
 	folded   int64   // probes already folded into expected
 	foldedH  int64   // pool hits already folded into expHits
 	lookups  uint64  // sampled probes, never decayed
+	// perLookup is the most sampled keys one lookup placed lately: the
+	// prefix order's times a lookup reserves (placePrefix).
+	perLookup int
 }
 
 // New returns an estimator for a pool of opts.PoolBytes bytes.
@@ -191,9 +208,14 @@ func mix(x uint64) uint64 {
 }
 
 // Prefix is the state of one lookup across its batches: the largest reuse
-// distance of its keys so far. The zero value starts a lookup.
+// distance of its keys so far in each order, and the prefix order's times
+// it reserved. The zero value starts a lookup.
 type Prefix struct {
-	worst float64 // +Inf once a key missed at every size
+	worst [orders]float64 // +Inf once a key missed at every size
+	// next-1 down to low are the prefix order's times left to the lookup's
+	// next keys, reserved in that order's epoch.
+	next, low, epoch uint32
+	keys             int // sampled keys placed
 }
 
 // Probe records the keys of one lookup batch, in lookup order: the first
@@ -240,8 +262,11 @@ func (e *Estimator) Stored(k *keys.ObjectKey, size int64) {
 	defer e.mu.Unlock()
 	id := identity(k)
 	if j := e.st.find(sp, id); j >= 0 {
+		// A store follows the lookup that missed it, which placed it in
+		// the prefix order already: in prompt order it would put a
+		// prompt's last chunk above its first.
 		e.st.setSize(j, size)
-		e.st.touch(j)
+		e.st.touch(lruOrder, j)
 	} else {
 		e.insert(sp, id, size)
 	}
@@ -264,27 +289,35 @@ func (e *Estimator) fold() {
 }
 
 func (e *Estimator) probeLocked(p *Prefix, id uint32, sp uint64, realHit bool) {
-	d := math.Inf(1)
+	d := [orders]float64{math.Inf(1), math.Inf(1)}
 	size := e.meanSize
-	if j := e.st.find(sp, id); j >= 0 {
+	j := e.st.find(sp, id)
+	if j >= 0 {
 		if s := e.st.size[j]; s > 0 {
-			d = float64(s) + float64(e.st.above(j))/e.rate
+			for o := range d {
+				d[o] = float64(s) + float64(e.st.above(o, j))/e.rate
+			}
 			size = float64(s)
 		}
-		e.st.touch(j)
+		e.st.touch(lruOrder, j)
 	} else {
 		// Never seen (or dropped): at the top now, with no size until the
 		// pool stores it, as a store after this miss would put it.
-		e.insert(sp, id, 0)
+		j = e.insert(sp, id, 0)
 	}
-	p.worst = max(p.worst, d)
-	for k, f := range factors() {
-		switch {
-		case p.worst <= e.held[k]:
-			e.hits[k]++
-		case d > e.held[k]:
-			// Absent at this size: the worker stores it after the miss.
-			e.held[k] = min(e.held[k]+size/e.rate, f*float64(e.pool))
+	if j >= 0 {
+		e.placePrefix(p, j)
+	}
+	for o := range d {
+		p.worst[o] = max(p.worst[o], d[o])
+		for k, f := range factors() {
+			switch {
+			case p.worst[o] <= e.held[o][k]:
+				e.hits[o][k]++
+			case d[o] > e.held[o][k]:
+				// Absent at this size: the worker stores it after the miss.
+				e.held[o][k] = min(e.held[o][k]+size/e.rate, f*float64(e.pool))
+			}
 		}
 	}
 	e.weight++
@@ -294,8 +327,36 @@ func (e *Estimator) probeLocked(p *Prefix, id uint32, sp uint64, realHit bool) {
 	}
 	if e.weight >= e.window {
 		e.scale(0.5)
+		e.perLookup = (e.perLookup + 1) / 2
 	}
 	e.trim()
+}
+
+// placePrefix puts slot j, the next sampled key of p's lookup, in the
+// prefix order. The prefix policy evicts a chunk only after its resident
+// descendants, least recently used leaf first, so a chunk leaves when the
+// newest use in its subtree is the oldest: a prompt goes from its last
+// chunk back. A lookup touches every chunk of its prompt, and so its
+// ancestors with it; its keys therefore take times above every time
+// before the lookup, each below the key before it (the deepest lowest),
+// out of a run the lookup reserves on its first sampled key. Keys placed
+// so far sat above the key placed now before the lookup too (ancestors
+// above descendants), so its distance in this order is the one it had
+// when the lookup began.
+func (e *Estimator) placePrefix(p *Prefix, j int32) {
+	p.keys++
+	e.perLookup = max(e.perLookup, p.keys)
+	or := &e.st.ord[prefixOrder]
+	if p.next == p.low || p.epoch != or.epoch {
+		// A lookup longer than its run goes on in a new run, above the
+		// keys it placed: rare once perLookup has seen such lookups.
+		n := uint32(max(min(2*e.perLookup, e.st.slots()/2), 1))
+		p.low = e.st.reserve(prefixOrder, n)
+		p.next = p.low + n
+		p.epoch = or.epoch
+	}
+	p.next--
+	e.st.place(prefixOrder, j, p.next)
 }
 
 // Tick plays the pool's watermark loop at every size: a pool at or above
@@ -307,9 +368,11 @@ func (e *Estimator) Tick(watermark, ratio float64) {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	for k, f := range factors() {
-		if e.held[k] > 0 && e.held[k] >= watermark*f*float64(e.pool) {
-			e.held[k] *= 1 - ratio
+	for o := range e.held {
+		for k, f := range factors() {
+			if e.held[o][k] > 0 && e.held[o][k] >= watermark*f*float64(e.pool) {
+				e.held[o][k] *= 1 - ratio
+			}
 		}
 	}
 }
@@ -321,20 +384,20 @@ func (e *Estimator) Cleared() {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.held = [nf]float64{}
+	e.held = [orders][nf]float64{}
 }
 
-// insert puts a new object on top, making room by lowering the threshold
-// when the stack is full; the object is left out when it falls out of the
-// sample itself.
-func (e *Estimator) insert(sp uint64, id uint32, size int64) {
+// insert puts a new object on top and returns its slot, making room by
+// lowering the threshold when the stack is full; the object is left out
+// (-1) when it falls out of the sample itself.
+func (e *Estimator) insert(sp uint64, id uint32, size int64) int32 {
 	if e.st.live >= e.st.slots() {
 		e.shed(e.st.slots() - 1)
 		if sp >= e.threshold.Load() {
-			return
+			return -1
 		}
 	}
-	e.st.insert(sp, id, size)
+	return e.st.insert(sp, id, size)
 }
 
 // shed lowers the threshold until at most n objects are left. Sampled
@@ -365,19 +428,33 @@ func (e *Estimator) setThreshold(t uint64) {
 	e.scale(e.rate / old)
 }
 
-// trim drops the least recently used objects deeper than maxFactor pools:
-// they miss at every size the curve shows, as they will when next used.
-// A stack left under a quarter full raises the threshold again.
+// trim drops the least recently used objects (in either order) deeper
+// than maxFactor pools in both orders: they miss at every size the curves
+// show, as they will when next used. A stack left under a quarter full
+// raises the threshold again.
 func (e *Estimator) trim() {
 	for e.st.live > 1 {
-		j := e.st.bottom()
-		own := e.st.size[j]
-		if float64(own)+float64(e.st.total-own)/e.rate <= e.maxDist {
-			break
+		j := e.st.bottom(lruOrder)
+		if !e.cold(j) {
+			if j = e.st.bottom(prefixOrder); !e.cold(j) {
+				break
+			}
 		}
 		e.st.remove(j)
 	}
 	e.raise()
+}
+
+// cold reports whether slot j is deeper than maxFactor pools in every
+// order.
+func (e *Estimator) cold(j int32) bool {
+	own := float64(e.st.size[j])
+	for o := range e.st.ord {
+		if own+float64(e.st.above(o, j))/e.rate <= e.maxDist {
+			return false
+		}
+	}
+	return true
 }
 
 // raise doubles the threshold when the stack is under a quarter full:
@@ -412,21 +489,36 @@ func (e *Estimator) resize() {
 	if e.st.live > n {
 		e.shed(n)
 	}
-	// Re-insert the live objects, oldest first, into a stack of n slots.
+	// Re-insert the live objects into a stack of n slots, oldest first in
+	// LRU order, then touch them in the prefix order's, oldest first.
 	old := e.st
 	e.st.reset(n)
 	e.limit = n
-	for t := old.oldest; t < old.clock; t++ {
-		if j := old.rev[t]; j >= 0 {
+	lru, pre := &old.ord[lruOrder], &old.ord[prefixOrder]
+	for t := lru.oldest; t < lru.clock; t++ {
+		if j := lru.rev[t]; j >= 0 {
 			e.st.insert(old.spat[j], old.id[j], old.size[j])
 		}
+	}
+	for t := pre.oldest; t < pre.clock; t++ {
+		if j := pre.rev[t]; j >= 0 {
+			if k := e.st.find(old.spat[j], old.id[j]); k >= 0 {
+				e.st.touch(prefixOrder, k)
+			}
+		}
+	}
+	// The runs lookups reserved are void (their epoch is past).
+	for o := range e.st.ord {
+		e.st.ord[o].epoch = old.ord[o].epoch + 1
 	}
 }
 
 // scale multiplies every weight by f (decay, or a rate change).
 func (e *Estimator) scale(f float64) {
-	for i := range e.hits {
-		e.hits[i] *= f
+	for o := range e.hits {
+		for i := range e.hits[o] {
+			e.hits[o][i] *= f
+		}
 	}
 	e.weight *= f
 	e.realHits *= f
@@ -443,9 +535,14 @@ type Point struct {
 
 // Curve is the estimator's picture now.
 type Curve struct {
-	// Points are the estimates at Factors(), ascending; empty until a
+	// Points are the estimates at Factors(), ascending, for a pool that
+	// evicts least recently used chunks first (policy LRU); empty until a
 	// sampled key was looked up.
 	Points []Point
+	// Prefix are the same for a pool that evicts only leaves of the prefix
+	// tree, least recently used first (policy prefix), from the same
+	// samples.
+	Prefix []Point
 	// Measured is the pool's own hit ratio over the same window (on the
 	// sampled keys, corrected as the points are: the pool's ratio on every
 	// key unless the correction was clamped); Points at 1 should be near it.
@@ -494,7 +591,8 @@ func (e *Estimator) Curve() Curve {
 	ratio := func(h float64) float64 { return min(max((h+adj)/(e.weight+adj), 0), 1) }
 	c.Measured = ratio(e.realHits)
 	for k, f := range factors() {
-		c.Points = append(c.Points, Point{Factor: f, PoolBytes: int64(f * float64(e.pool)), HitRatio: ratio(e.hits[k])})
+		c.Points = append(c.Points, Point{Factor: f, PoolBytes: int64(f * float64(e.pool)), HitRatio: ratio(e.hits[lruOrder][k])})
+		c.Prefix = append(c.Prefix, Point{Factor: f, PoolBytes: int64(f * float64(e.pool)), HitRatio: ratio(e.hits[prefixOrder][k])})
 	}
 	return c
 }

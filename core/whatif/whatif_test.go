@@ -40,11 +40,28 @@ func (n *naiveStack) drop(id uint64) {
 	}
 }
 
+// setSize changes id's size in place.
+func (n *naiveStack) setSize(id uint64, size int64) {
+	n.sizes[slices.Index(n.ids, id)] = size
+}
+
+// aboveOf is the bytes above id.
+func (n *naiveStack) aboveOf(id uint64) (above int64) {
+	for _, s := range n.sizes[:slices.Index(n.ids, id)] {
+		above += s
+	}
+	return above
+}
+
+// TestStackMatchesNaiveLRU checks both orders of the stack against naive
+// ones: the LRU order is touched on every use, the prefix order on some,
+// or a few objects at once take a run of reserved times, handed out
+// downwards (the first placed on top).
 func TestStackMatchesNaiveLRU(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
 	var s stack
 	s.reset(64)
-	var n naiveStack
+	var n [orders]naiveStack
 	// Spatial hashes share their low bits often, so the index probes and
 	// its backward-shift deletions are exercised; identities tell apart
 	// keys that share a hash.
@@ -57,43 +74,83 @@ func TestStackMatchesNaiveLRU(t *testing.T) {
 		switch {
 		case r.IntN(10) == 0 && j >= 0:
 			s.remove(j)
-			n.drop(uint64(i))
+			for o := range n {
+				n[o].drop(uint64(i))
+			}
 			continue
+		case r.IntN(8) == 0 && s.live > 0:
+			// A run: up to 5 live objects placed below one another.
+			np := &n[prefixOrder]
+			var run []uint64
+			for range 1 + r.IntN(5) {
+				if c := np.ids[r.IntN(len(np.ids))]; !slices.Contains(run, c) {
+					run = append(run, c)
+				}
+			}
+			low := s.reserve(prefixOrder, uint32(len(run)))
+			for k, c := range run {
+				csp, cid := key(int(c))
+				s.place(prefixOrder, s.find(csp, cid), low+uint32(len(run)-1-k))
+				at := slices.Index(np.ids, c)
+				z := np.sizes[at]
+				np.ids = slices.Delete(np.ids, at, at+1)
+				np.sizes = slices.Delete(np.sizes, at, at+1)
+				np.ids = slices.Insert(np.ids, k, c)
+				np.sizes = slices.Insert(np.sizes, k, z)
+			}
 		case j >= 0:
-			want, found := n.use(uint64(i), size)
+			want, found := n[lruOrder].use(uint64(i), size)
 			if !found {
 				t.Fatalf("step %d: %d in the stack, not in the naive one", step, i)
 			}
-			if got := s.above(j); got != want {
+			if got := s.above(lruOrder, j); got != want {
 				t.Fatalf("step %d: bytes above %d = %d, want %d", step, i, got, want)
 			}
-			s.touch(j)
+			s.touch(lruOrder, j)
+			if r.IntN(2) == 0 {
+				n[prefixOrder].use(uint64(i), 0)
+				s.touch(prefixOrder, j)
+			}
 			s.setSize(j, size)
+			n[prefixOrder].setSize(uint64(i), size)
 		case s.live < s.slots():
-			if _, found := n.use(uint64(i), size); found {
-				t.Fatalf("step %d: %d lost from the stack", step, i)
+			for o := range n {
+				if _, found := n[o].use(uint64(i), size); found {
+					t.Fatalf("step %d: %d lost from the stack", step, i)
+				}
 			}
 			if s.insert(sp, id, size) < 0 {
 				t.Fatalf("step %d: insert refused with %d of %d live", step, s.live, s.slots())
 			}
 		default:
-			b := s.bottom()
-			last := n.ids[len(n.ids)-1]
+			o := r.IntN(orders)
+			b := s.bottom(o)
+			last := n[o].ids[len(n[o].ids)-1]
 			if bsp, bid := key(int(last)); s.spat[b] != bsp || s.id[b] != bid {
-				t.Fatalf("step %d: bottom is not the least recently used", step)
+				t.Fatalf("step %d: order %d: bottom is not the least recently used", step, o)
 			}
 			s.remove(b)
-			n.drop(last)
+			for o := range n {
+				n[o].drop(last)
+			}
 		}
-		if s.live != len(n.ids) {
-			t.Fatalf("step %d: %d live, naive %d", step, s.live, len(n.ids))
+		if s.live != len(n[lruOrder].ids) {
+			t.Fatalf("step %d: %d live, naive %d", step, s.live, len(n[lruOrder].ids))
 		}
 		var total int64
-		for _, z := range n.sizes {
+		for _, z := range n[lruOrder].sizes {
 			total += z
 		}
 		if s.total != total {
 			t.Fatalf("step %d: total %d, want %d", step, s.total, total)
+		}
+		for o := range n {
+			for _, c := range n[o].ids {
+				csp, cid := key(int(c))
+				if got, want := s.above(o, s.find(csp, cid)), n[o].aboveOf(c); got != want {
+					t.Fatalf("step %d: order %d: bytes above %d = %d, want %d", step, o, c, got, want)
+				}
+			}
 		}
 	}
 }
