@@ -275,6 +275,17 @@ func (p *Pool) chain(ks []keys.ObjectKey, first bool) {
 	}
 }
 
+// chainAfter chains ks, a store's keys in prompt order: from the prompt's
+// start when prev is empty, else after prev, the keys of the chunk before
+// ks's first, which is then no prompt start.
+func (p *Pool) chainAfter(prev, ks []keys.ObjectKey) {
+	if len(prev) == 0 {
+		p.chain(ks, true)
+		return
+	}
+	p.chain(append(prev[:len(prev):len(prev)], ks...), false)
+}
+
 // evictLeaf evicts the least recently used evictable leaf and the other
 // evictable leaves of its chunk (ranks, groups); it returns how many
 // objects it evicted, 0 when the heap is empty.

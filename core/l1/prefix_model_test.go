@@ -43,7 +43,12 @@ func newPrefixWorld(r *rand.Rand, ws int) *prefixWorld {
 
 // keysOf are prompt p's first n chunks on every rank, as a scheduler asks.
 func (w *prefixWorld) keysOf(p, n int) []keys.ObjectKey {
-	return keys.ObjectKeys(w.prompts[p][:n], "m", w.ws, nil, "")
+	return w.keysIn(p, 0, n)
+}
+
+// keysIn are prompt p's chunks [from, to) on every rank.
+func (w *prefixWorld) keysIn(p, from, to int) []keys.ObjectKey {
+	return keys.ObjectKeys(w.prompts[p][from:to], "m", w.ws, nil, "")
 }
 
 // recount walks every record and sums the bytes of the usable ones: not
@@ -104,7 +109,9 @@ type hold struct {
 	abandoned bool
 }
 
-// TestPrefixTreeAgainstRecount runs random stores, lookups, retrieves,
+// TestPrefixTreeAgainstRecount runs random stores (from a prompt's start or
+// from one of its chunks on, as a worker storing only what LOOKUP missed
+// does), lookups, retrieves,
 // evictions (each policy), clears, deletes, aborts, abandons and TTL
 // expiries, and after every step checks that the usable figure equals a
 // full recount, that links name true parents, and that no eviction, clear
@@ -132,8 +139,15 @@ func TestPrefixTreeAgainstRecount(t *testing.T) {
 			pr := r.IntN(len(w.prompts))
 			n := 1 + r.IntN(len(w.prompts[pr]))
 			switch op := r.IntN(20); {
-			case op < 7: // a worker stores the prompt's first n chunks
-				res, err := p.ReserveWrite(InstanceOwner(int64(1+r.IntN(2))), w.keysOf(pr, n), 4096)
+			case op < 7: // a worker stores the prompt's first n chunks, or from chunk s on
+				owner := InstanceOwner(int64(1 + r.IntN(2)))
+				var res []Reservation
+				var err error
+				if s := r.IntN(n); s > 0 && r.IntN(3) == 0 {
+					res, err = p.ReserveWriteAfter(owner, w.keysIn(pr, s-1, s), w.keysIn(pr, s, n), 4096)
+				} else {
+					res, err = p.ReserveWrite(owner, w.keysOf(pr, n), 4096)
+				}
 				if err != nil || len(res) == 0 {
 					break
 				}

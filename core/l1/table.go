@@ -458,7 +458,23 @@ func (p *Pool) lookup(k keys.ObjectKey, now int64) int32 {
 //
 // A batch of more keys than the pool could ever hold fails before any key is
 // looked at, and the work under the pool mutex is linear in len(ks).
+//
+// ks's first chunk starts a prompt (the prefix tree's root): a store that
+// starts mid-prompt is ReserveWriteAfter.
 func (p *Pool) ReserveWrite(owner Owner, ks []keys.ObjectKey, size int64) ([]Reservation, error) {
+	return p.reserveWrite(owner, nil, ks, size)
+}
+
+// ReserveWriteAfter is ReserveWrite for keys that continue a prompt: prev
+// are the keys of the chunk before ks's first (its ranks and groups, as
+// ks's are laid out), whose records become the parents of ks's first
+// chunk. A prev not resident leaves that chunk without a parent: not
+// usable, since no LOOKUP can reach it, until prev is stored again.
+func (p *Pool) ReserveWriteAfter(owner Owner, prev, ks []keys.ObjectKey, size int64) ([]Reservation, error) {
+	return p.reserveWrite(owner, prev, ks, size)
+}
+
+func (p *Pool) reserveWrite(owner Owner, prev, ks []keys.ObjectKey, size int64) ([]Reservation, error) {
 	if size <= 0 {
 		return nil, fmt.Errorf("l1: object size %d bytes, want > 0", size)
 	}
@@ -509,7 +525,7 @@ func (p *Pool) ReserveWrite(owner Owner, ks []keys.ObjectKey, size int64) ([]Res
 		fresh = append(fresh, i)
 	}
 	if len(fresh) == 0 {
-		p.chain(ks, true) // links of keys stored before, kept as they were
+		p.chainAfter(prev, ks) // links of keys stored before, kept as they were
 		return nil, nil
 	}
 	need := unit * int64(len(fresh))
@@ -545,7 +561,7 @@ func (p *Pool) ReserveWrite(owner Owner, ks []keys.ObjectKey, size int64) ([]Res
 		lock := p.lockWrite(rec, owner, deadline)
 		res[j] = Reservation{Index: i, Key: ks[i], Offset: offs[j], Length: size, rec: rec, lock: lock}
 	}
-	p.chain(ks, true)
+	p.chainAfter(prev, ks)
 	p.st.WriteReservations += uint64(len(fresh))
 	return res, nil
 }

@@ -54,6 +54,9 @@ type Pool interface {
 	// late commit or abort never touches a lock it does not hold. AbortWrite
 	// frees at once: only for reservations whose slots no worker was given.
 	ReserveWrite(owner l1.Owner, ks []keys.ObjectKey, size int64) ([]l1.Reservation, error)
+	// ReserveWriteAfter is ReserveWrite for a store that starts mid-prompt:
+	// prev are the keys of the chunk before ks's first (its parent).
+	ReserveWriteAfter(owner l1.Owner, prev, ks []keys.ObjectKey, size int64) ([]l1.Reservation, error)
 	FinishWrite(rs []l1.Reservation) bool
 	AbortWrite(rs []l1.Reservation)
 	// Abandon ends the holds of a worker that went away or whose transfer
@@ -698,6 +701,28 @@ func (m *Module) resolve(inst *instance, k protocol.Key) ([]keys.ObjectKey, pend
 		return nil, pk, fmt.Errorf("resolve keys: %w", err)
 	}
 	return ks, pk, nil
+}
+
+// resolveStore is resolve for a store, which also returns the keys of the
+// chunk before the key's first when the key starts mid-prompt (a worker
+// storing only what LOOKUP missed): the pool links the stored chunks to
+// it, so its prefix tree and usable bytes stay true. nil: the key starts
+// the prompt.
+func (m *Module) resolveStore(inst *instance, k protocol.Key) (ks, prev []keys.ObjectKey, pk pendingKey, err error) {
+	ks, pk, err = m.resolve(inst, k)
+	if err != nil || k.Start < m.chunkSize || len(ks) == 0 {
+		return ks, nil, pk, err
+	}
+	req, _, err := m.keyRequest(inst, k)
+	if err != nil {
+		return nil, nil, pk, err
+	}
+	req.Start, req.End = k.Start-m.chunkSize, k.Start
+	prev, err = m.resolver.ObjectKeys(req)
+	if err != nil {
+		return nil, nil, pk, fmt.Errorf("resolve the keys before the store's first chunk: %w", err)
+	}
+	return ks, prev, pk, nil
 }
 
 // Contexts lists the registered instances, by id, then the last reaped or

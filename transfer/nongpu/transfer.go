@@ -28,18 +28,18 @@ func emptyShm(inst *instance) protocol.PrepareStoreResponse {
 // of inst (group-major), each of its group's size, and builds the SHM
 // answer: a slot per reservation, its chunk index within its group, and for
 // a hybrid model the group of each slot. All groups are reserved or none.
-func (m *Module) reserveGroups(inst *instance, ks []keys.ObjectKey) (protocol.PrepareStoreResponse, []l1.Reservation, error) {
+func (m *Module) reserveGroups(inst *instance, prev, ks []keys.ObjectKey) (protocol.PrepareStoreResponse, []l1.Reservation, error) {
 	resp := protocol.PrepareStoreResponse{Shm: true, Slots: []protocol.Slot{}, ChunkIndices: []int{}}
 	if len(inst.groups) > 1 {
 		resp.GroupIDs = []int{}
 	}
 	var all []l1.Reservation
 	for g, lay := range inst.groups {
-		gks := ks
+		gks, gprev := ks, prev
 		if g > 0 {
-			gks = keys.InGroup(ks, uint32(g))
+			gks, gprev = keys.InGroup(ks, uint32(g)), keys.InGroup(prev, uint32(g))
 		}
-		res, err := m.pool.ReserveWrite(l1.InstanceOwner(inst.id), gks, lay.Bytes)
+		res, err := m.reserve(inst, gprev, gks, lay.Bytes)
 		if err != nil {
 			m.pool.AbortWrite(all)
 			return protocol.PrepareStoreResponse{}, nil, err
@@ -84,7 +84,7 @@ func (m *Module) PrepareStore(k protocol.Key, id int64) (protocol.PrepareStoreRe
 	if m.modeOf(inst) == workers.ModePickle {
 		return protocol.PrepareStoreResponse{}, nil
 	}
-	ks, pk, err := m.resolve(inst, k)
+	ks, prev, pk, err := m.resolveStore(inst, k)
 	if err != nil {
 		return protocol.PrepareStoreResponse{}, fmt.Errorf("prepare store for instance %d: %w", id, err)
 	}
@@ -99,7 +99,7 @@ func (m *Module) PrepareStore(k protocol.Key, id int64) (protocol.PrepareStoreRe
 	}
 
 	created := m.now()
-	resp, res, err := m.reserveGroups(inst, ks)
+	resp, res, err := m.reserveGroups(inst, prev, ks)
 	if errors.Is(err, l1.ErrNoSpace) || errors.Is(err, l1.ErrLockCap) {
 		m.noSpace(inst, len(ks)*len(inst.groups), err)
 		return emptyShm(inst), nil
@@ -179,7 +179,7 @@ func (m *Module) CommitStore(k protocol.Key, id int64, data []byte) (bool, error
 		return m.commitGroups(inst, k, data)
 	}
 
-	ks, pk, err := m.resolve(inst, k)
+	ks, prev, pk, err := m.resolveStore(inst, k)
 	if err != nil {
 		return false, fmt.Errorf("commit store for instance %d: %w", id, err)
 	}
@@ -202,7 +202,7 @@ func (m *Module) CommitStore(k protocol.Key, id int64, data []byte) (bool, error
 		// release them so the pickled data can be stored.
 		m.abandonPendingWrite(pk)
 	}
-	ok, err := m.commitPickle(inst, ks, ts, inst.lay, false)
+	ok, err := m.commitPickle(inst, prev, ks, ts, inst.lay, false)
 	if err != nil {
 		return false, fmt.Errorf("commit store for instance %d: %w", id, err)
 	}
@@ -215,7 +215,7 @@ func (m *Module) CommitStore(k protocol.Key, id int64, data []byte) (bool, error
 // COMMIT_STORE_GROUP stores it, and the answer is true only when every
 // group stored everything.
 func (m *Module) commitGroups(inst *instance, k protocol.Key, data []byte) (bool, error) {
-	ks, pk, err := m.resolve(inst, k)
+	ks, prev, pk, err := m.resolveStore(inst, k)
 	if err != nil {
 		return false, fmt.Errorf("commit store for instance %d: %w", inst.id, err)
 	}
@@ -242,7 +242,7 @@ func (m *Module) commitGroups(inst *instance, k protocol.Key, data []byte) (bool
 	}
 	all := true
 	for g, ts := range gs {
-		ok, err := m.commitPickle(inst, keys.InGroup(ks, uint32(g)), ts, inst.groups[g], true)
+		ok, err := m.commitPickle(inst, keys.InGroup(prev, uint32(g)), keys.InGroup(ks, uint32(g)), ts, inst.groups[g], true)
 		if err != nil {
 			return false, fmt.Errorf("commit store for instance %d, group %d: %w", inst.id, g, err)
 		}
@@ -275,7 +275,7 @@ func (m *Module) CommitStoreGroup(k protocol.Key, id int64, group int64, data []
 	if len(data) == 0 {
 		return false, fmt.Errorf("commit store group for instance %d: no data (a group commit always carries its chunks)", id)
 	}
-	ks, pk, err := m.resolve(inst, k)
+	ks, prev, pk, err := m.resolveStore(inst, k)
 	if err != nil {
 		return false, fmt.Errorf("commit store group for instance %d: %w", id, err)
 	}
@@ -297,7 +297,7 @@ func (m *Module) CommitStoreGroup(k protocol.Key, id int64, group int64, data []
 		m.noteFallback(inst)
 		m.abandonPendingWrite(pk)
 	}
-	ok, err := m.commitPickle(inst, keys.InGroup(ks, uint32(group)), ts, lay, true)
+	ok, err := m.commitPickle(inst, keys.InGroup(prev, uint32(group)), keys.InGroup(ks, uint32(group)), ts, lay, true)
 	if err != nil {
 		return false, fmt.Errorf("commit store group for instance %d, group %d: %w", id, group, err)
 	}
@@ -384,7 +384,7 @@ func matches(t torchpickle.Tensor, lay layout.Layout) bool {
 // reserved, except that a tensor not matching the layout is never stored and
 // makes it false; with exact (group commits) so does a tensor count other
 // than the key's chunk count.
-func (m *Module) commitPickle(inst *instance, ks []keys.ObjectKey, ts []torchpickle.Tensor, lay layout.Layout, exact bool) (bool, error) {
+func (m *Module) commitPickle(inst *instance, prev, ks []keys.ObjectKey, ts []torchpickle.Tensor, lay layout.Layout, exact bool) (bool, error) {
 	valid := make([]bool, len(ks))
 	rejected := 0
 	if exact && len(ts) != len(ks) {
@@ -408,7 +408,7 @@ func (m *Module) commitPickle(inst *instance, ks []keys.ObjectKey, ts []torchpic
 		}
 	}
 
-	res, err := m.pool.ReserveWrite(l1.InstanceOwner(inst.id), ks, lay.Bytes)
+	res, err := m.reserve(inst, prev, ks, lay.Bytes)
 	if errors.Is(err, l1.ErrNoSpace) || errors.Is(err, l1.ErrLockCap) {
 		m.noSpace(inst, len(ks), err)
 		res, err = nil, nil
@@ -940,4 +940,13 @@ func (m *Module) notePublished(rs []l1.Reservation, inst *instance) {
 			m.published(ks, groupOf(inst, uint32(g)))
 		}
 	}
+}
+
+// reserve reserves ks for inst, linked after prev when the store starts
+// mid-prompt (resolveStore).
+func (m *Module) reserve(inst *instance, prev, ks []keys.ObjectKey, size int64) ([]l1.Reservation, error) {
+	if len(prev) == 0 {
+		return m.pool.ReserveWrite(l1.InstanceOwner(inst.id), ks, size)
+	}
+	return m.pool.ReserveWriteAfter(l1.InstanceOwner(inst.id), prev, ks, size)
 }
