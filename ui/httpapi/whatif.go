@@ -3,6 +3,7 @@ package httpapi
 import (
 	"time"
 
+	"kvdock/core/l1"
 	"kvdock/core/whatif"
 )
 
@@ -11,9 +12,13 @@ import (
 type WhatIfStatus struct {
 	// Method names the estimator, for whoever reads the figures.
 	Method string `json:"method"`
-	// Points are the estimates from 0.25× to 4× the pool ([] before any
-	// lookup was seen).
+	// Points are the estimates from 0.25× to 4× the pool for LRU eviction
+	// ([] before any lookup was seen).
 	Points []WhatIfPoint `json:"points"`
+	// Policies are the same estimates for each eviction policy, by its
+	// eviction_policy name ("LRU": the points above, which stand for
+	// "noop" too; "prefix"), from the same samples.
+	Policies map[string][]WhatIfPoint `json:"policies"`
 	// MeasuredHitRatio is the pool's own hit ratio over the same recent
 	// window; the point at pool_factor 1 should be near it.
 	MeasuredHitRatio float64 `json:"measured_hit_ratio"`
@@ -40,14 +45,20 @@ type WhatIfPoint struct {
 }
 
 // whatIfMethod says how the points are computed.
-const whatIfMethod = "SHARDS sampled LRU reuse distances (byte-weighted), watermark loop replayed per size"
+const whatIfMethod = "SHARDS sampled reuse distances (byte-weighted) in LRU and prefix-policy order, watermark loop replayed per size"
 
 func whatIfStatus(c whatif.Curve) WhatIfStatus {
-	out := WhatIfStatus{Method: whatIfMethod, Points: make([]WhatIfPoint, 0, len(c.Points)),
+	return WhatIfStatus{Method: whatIfMethod, Points: whatIfPoints(c.Points),
+		Policies:         map[string][]WhatIfPoint{l1.PolicyLRU: whatIfPoints(c.Points), l1.PolicyPrefix: whatIfPoints(c.Prefix)},
 		MeasuredHitRatio: c.Measured, SampleRate: c.SampleRate, SampledLookups: c.Sampled,
 		WindowWeight: c.Weight, TrackedObjects: c.Tracked, TrackedLimit: c.Limit, MemoryBytes: c.MemoryBytes}
-	for _, p := range c.Points {
-		out.Points = append(out.Points, WhatIfPoint{PoolFactor: p.Factor, PoolBytes: p.PoolBytes, HitRatio: p.HitRatio})
+}
+
+// whatIfPoints is pts as the status shows them ([] for none).
+func whatIfPoints(pts []whatif.Point) []WhatIfPoint {
+	out := make([]WhatIfPoint, 0, len(pts))
+	for _, p := range pts {
+		out = append(out, WhatIfPoint{PoolFactor: p.Factor, PoolBytes: p.PoolBytes, HitRatio: p.HitRatio})
 	}
 	return out
 }

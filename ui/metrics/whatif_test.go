@@ -21,6 +21,7 @@ func TestWhatIfSeries(t *testing.T) {
 	src.set(func(s *engine.Snapshot) {
 		s.WhatIf = whatif.Curve{
 			Points:   []whatif.Point{{Factor: 0.5, HitRatio: 0.2}, {Factor: 1, HitRatio: 0.41}, {Factor: 2, HitRatio: 0.63}},
+			Prefix:   []whatif.Point{{Factor: 0.5, HitRatio: 0.3}, {Factor: 1, HitRatio: 0.47}, {Factor: 2, HitRatio: 0.66}},
 			Measured: 0.4, SampleRate: 0.01, MemoryBytes: 7000,
 		}
 	})
@@ -33,6 +34,9 @@ func TestWhatIfSeries(t *testing.T) {
 		{"kvdock_whatif_hit_ratio", []string{"pool_factor", "2"}, 0.63},
 		{"kvdock_whatif_hit_ratio", []string{"pool_factor", "1"}, 0.41},
 		{"kvdock_whatif_hit_ratio", []string{"pool_factor", "0.5"}, 0.2},
+		{"kvdock_whatif_policy_hit_ratio", []string{"policy", "LRU", "pool_factor", "1"}, 0.41},
+		{"kvdock_whatif_policy_hit_ratio", []string{"policy", "prefix", "pool_factor", "1"}, 0.47},
+		{"kvdock_whatif_policy_hit_ratio", []string{"policy", "prefix", "pool_factor", "2"}, 0.66},
 		{"kvdock_whatif_measured_hit_ratio", nil, 0.4},
 		{"kvdock_whatif_sample_rate", nil, 0.01},
 		{"kvdock_whatif_memory_bytes", nil, 7000},
