@@ -37,7 +37,8 @@ func (pc *programContext) whatIfLines(w, rows int) []string {
 		}
 		return []string{"", none}
 	}
-	text := whatIfHeadline(c)
+	pts := whatIfPoints(c, pc.snap.Pool.Policy)
+	text := whatIfHeadline(pts) + whatIfPolicyText(c, pc.snap.Pool.Policy)
 	if s := pc.snap; !s.Stats.WhatIfStart(s.Rebuilt.At).IsZero() {
 		text += pc.st.Faint.Render("  · last " + engine.WindowLabel(s.Stats.WhatIfStart(s.Rebuilt.At), s.Taken))
 	}
@@ -49,12 +50,12 @@ func (pc *programContext) whatIfLines(w, rows int) []string {
 	if rows < 2 {
 		return head[:1]
 	}
-	if rows < whatIfChartRows || w < 12+whatIfColW*len(c.Points) {
+	if rows < whatIfChartRows || w < 12+whatIfColW*len(pts) {
 		return append([]string{""}, head...)
 	}
 	lines := append([]string{""}, head...)
 	vals := "       "
-	for _, p := range c.Points {
+	for _, p := range pts {
 		vals += fmt.Sprintf("%*s ", whatIfColW-1, fmt.Sprintf("%.0f%%", p.HitRatio*100))
 	}
 	lines = append(lines, vals)
@@ -67,13 +68,13 @@ func (pc *programContext) whatIfLines(w, rows int) []string {
 			axis = "   0% ┼"
 		}
 		row := axis
-		for _, p := range c.Points {
+		for _, p := range pts {
 			row += " " + strings.Repeat(barGlyph(p.HitRatio*whatIfBarRows-float64(r)), whatIfColW-2) + " "
 		}
 		lines = append(lines, strings.TrimRight(row, " "))
 	}
 	sizes := "       "
-	for _, p := range c.Points {
+	for _, p := range pts {
 		f := factorText(p.Factor)
 		if p.Factor == 1 {
 			f = "[1×]"
@@ -101,15 +102,51 @@ func labelled(label, text string, w int) []string {
 	return out
 }
 
-// whatIfHeadline says what doubling and halving the pool would change.
-func whatIfHeadline(c whatif.Curve) string {
-	at := map[float64]float64{}
-	for _, p := range c.Points {
-		at[p.Factor] = p.HitRatio
+// whatIfPoints are the estimates for the pool's eviction policy: the
+// prefix curve for a prefix pool, the LRU curve for the others (and for a
+// prefix pool when the curve has no prefix points).
+func whatIfPoints(c whatif.Curve, policy string) []whatif.Point {
+	if policy == l1.PolicyPrefix && len(c.Prefix) == len(c.Points) {
+		return c.Prefix
 	}
+	return c.Points
+}
+
+// whatIfHeadline says what doubling and halving the pool would change.
+func whatIfHeadline(pts []whatif.Point) string {
+	at := pointsAt(pts)
 	now := at[1]
 	return fmt.Sprintf("2× pool: hit ratio %s → %s   ½× pool: %s → %s",
 		ratioPctText(now), ratioPctText(at[2]), ratioPctText(now), ratioPctText(at[0.5]))
+}
+
+// whatIfPolicyText names the eviction policy the headline's estimate is
+// for, and what the other policy would hit at this size when the two
+// differ ("" when the curve has one policy's points only, or for a noop
+// pool, which the headline warns about).
+func whatIfPolicyText(c whatif.Curve, policy string) string {
+	if len(c.Prefix) != len(c.Points) || policy == l1.PolicyNoop {
+		return ""
+	}
+	lru, prefix := ratioPctText(pointsAt(c.Points)[1]), ratioPctText(pointsAt(c.Prefix)[1])
+	switch {
+	case policy == l1.PolicyPrefix && lru != prefix:
+		return "   prefix eviction; with LRU at this size: " + prefix + " → " + lru
+	case policy == l1.PolicyPrefix:
+		return "   prefix eviction"
+	case lru != prefix:
+		return "   LRU eviction; prefix-aware at this size: " + lru + " → " + prefix
+	}
+	return "   LRU eviction"
+}
+
+// pointsAt is pts' hit ratios by factor.
+func pointsAt(pts []whatif.Point) map[float64]float64 {
+	at := make(map[float64]float64, len(pts))
+	for _, p := range pts {
+		at[p.Factor] = p.HitRatio
+	}
+	return at
 }
 
 // barGlyph is one cell of a vertical bar filled to f of its height (0..1,

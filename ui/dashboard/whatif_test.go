@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/charmbracelet/x/ansi"
+
 	"kvdock/core/whatif"
 )
 
@@ -40,6 +42,40 @@ func TestWhatIfPoolPane(t *testing.T) {
 	m.goPane(panePool)
 	if v := goldenView(m); !strings.Contains(v, "no lookups seen yet") || strings.Contains(v, "[1×]") {
 		t.Errorf("no traffic:\n%s", v)
+	}
+}
+
+// TestWhatIfPolicyCurves: with both policies' curves, the headline and
+// the bars are the configured policy's, named, with what the other policy
+// would hit at this size when the two differ.
+func TestWhatIfPolicyCurves(t *testing.T) {
+	f := newFakeEngine(t)
+	for _, p := range f.snap.WhatIf.Points {
+		p.HitRatio = min(1, p.HitRatio+0.07) // prefix hits more on this traffic
+		f.snap.WhatIf.Prefix = append(f.snap.WhatIf.Prefix, p)
+	}
+	for _, c := range []struct {
+		policy string
+		want   []string
+	}{
+		{"LRU", []string{"2× pool: hit ratio 41 % → 63 %", "LRU eviction; prefix-aware at this size: 41 % → 48 %", " 63% "}},
+		{"prefix", []string{"2× pool: hit ratio 48 % → 70 %", "prefix eviction; with LRU at this size: 48 % → 41 %", " 70% "}},
+	} {
+		f.snap.Pool.Policy = c.policy
+		m := newTestModel(t, f, 160, 48)
+		text := ansi.Strip(strings.Join(m.pc.whatIfLines(160, whatIfChartRows), "\n"))
+		for _, w := range c.want {
+			if !strings.Contains(text, w) {
+				t.Errorf("%s pool: what-if lacks %q:\n%s", c.policy, w, text)
+			}
+		}
+	}
+	// Curves that agree at this size: the policy alone.
+	f.snap.WhatIf.Prefix = f.snap.WhatIf.Points
+	f.snap.Pool.Policy = "prefix"
+	m := newTestModel(t, f, 160, 48)
+	if l := ansi.Strip(m.pc.whatIfLines(160, 2)[1]); !strings.HasSuffix(l, "½× pool: 41 % → 30 %   prefix eviction") {
+		t.Errorf("curves that agree: %q", l)
 	}
 }
 
