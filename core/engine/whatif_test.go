@@ -33,8 +33,8 @@ func TestWhatIfFromWireTraffic(t *testing.T) {
 		}
 	}
 	got := e.Snapshot().WhatIf
-	if got.Sampled != 12 || len(got.Points) != 8 {
-		t.Fatalf("after 3 lookups of 4 chunks: %d sampled, %d points", got.Sampled, len(got.Points))
+	if got.Sampled != 12 || len(got.Points) != 8 || len(got.Prefix) != 8 {
+		t.Fatalf("after 3 lookups of 4 chunks: %d sampled, %d LRU and %d prefix points", got.Sampled, len(got.Points), len(got.Prefix))
 	}
 	if got.Measured != 0.5 {
 		t.Errorf("measured %v, want the pool's 6 hits of 12", got.Measured)
