@@ -17,8 +17,8 @@ import (
 // watermark loop ticking as it does once a second) of 0.5×, 1× and 2× a
 // pool, driven the way workers drive kvdock (LOOKUP through the real lookup
 // module, retrieve, store of the chunks that missed, END_SESSION). The
-// estimator watches the 1× pool only; its curve must give each pool's
-// measured hit ratio within 5 percentage points.
+// estimator watches the 1× pool only; its curve for the pools' policy must
+// give each pool's measured hit ratio within 5 percentage points.
 
 // traceReq is one prompt: its model and its chunks' token runs.
 type traceReq struct {
@@ -210,7 +210,7 @@ func replayPolicy(tb testing.TB, trace []traceReq, models []traceModel, poolByte
 // prefix policy evicts it from its last chunk back).
 func TestWhatIfMatchesRealPools(t *testing.T) {
 	if testing.Short() {
-		t.Skip("replays three traces through nine pools per policy")
+		t.Skip("replays four traces through twelve pools per policy")
 	}
 	if raceDetector {
 		// The replay is one goroutine: the detector has nothing to find in
