@@ -238,7 +238,7 @@ func TestSIGHUPLogsPlainValues(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	out := srv.Output()
-	for _, want := range []string{"key=eviction.policy old=prefix new=noop", "key=log.format old=text new=json"} {
+	for _, want := range []string{"key=eviction.policy old=LRU new=noop", "key=log.format old=text new=json"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("the SIGHUP log lacks %q:\n%s", want, out)
 		}
