@@ -53,7 +53,7 @@ type dataPlane struct {
 	// (restart.go); keep, when set, is how release ends the pool instead
 	// of closing it (a stop that keeps the pool for the next start).
 	adoption *adoption
-	keep     func(p *dataPlane, regs []restart.Registration) error
+	keep     func(p *dataPlane, regs []restart.Registration, lookups []restart.Lookup) error
 }
 
 // gate admits handlers until it is shut and says when the last one left.
@@ -287,7 +287,8 @@ func (p *dataPlane) close(ctx context.Context) error {
 
 // release discards pending transfers, stops the loops and closes the pool
 // (the segment is unlinked), or keeps it when the stop keeps it (p.keep,
-// told the registrations before the module forgets them; the pending
+// told the registrations before the module forgets them, and the lookups
+// answered and not queried once their tier phases ended; the pending
 // transfers' holds are abandoned first, so they are kept as held). Only
 // once no handler runs.
 func (p *dataPlane) release() error {
@@ -301,7 +302,7 @@ func (p *dataPlane) release() error {
 		<-p.done // the lookups' tier phases have ended
 		p.tiers.close()
 		if p.keep != nil {
-			p.closeErr = p.keep(p, regs)
+			p.closeErr = p.keep(p, regs, keptLookups(p.lookup.Answers()))
 		} else if err := p.pool.Close(); err != nil {
 			p.closeErr = fmt.Errorf("close L1 pool: %w", err)
 		}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"kvdock/core/l1"
+	"kvdock/core/lookup"
 	"kvdock/core/restart"
 	"kvdock/settings"
 )
@@ -23,6 +24,7 @@ type Restart struct {
 	Bytes    int64 // their sizes rounded to the alignment
 	Held     int   // objects kept for holders of the previous process until their TTL
 	Contexts int   // registrations restored
+	Lookups  int   // LOOKUPs answered and not queried, restored for their queries
 	// Gap is from the previous process's stop of reading requests to this
 	// one's first bind (0 until bound).
 	Gap        time.Duration
@@ -36,6 +38,7 @@ type Restart struct {
 // adoption is what a plane built over an adopted pool still has to do.
 type adoption struct {
 	regs      []restart.Registration
+	lookups   []restart.Lookup
 	stoppedAt time.Time
 	bound     bool
 }
@@ -85,7 +88,7 @@ func (e *Engine) openPool(cfg settings.Config, opts l1.Options) (*l1.Pool, *adop
 					At: now, Generation: rec.Generation + 1})
 				e.log.Info("restart: pool adopted", "segment", rec.Pool.Segment.Name, "objects", ad.Objects, "bytes", ad.Bytes,
 					"held", ad.Held, "expired", ad.Expired, "generation", rec.Generation+1, "written_by", rec.Build)
-				return pool, &adoption{regs: rec.Registrations, stoppedAt: rec.StoppedAt}, nil
+				return pool, &adoption{regs: rec.Registrations, lookups: rec.Lookups, stoppedAt: rec.StoppedAt}, nil
 			}
 			reason = aerr.Error()
 		}
@@ -101,7 +104,8 @@ func (e *Engine) openPool(cfg settings.Config, opts l1.Options) (*l1.Pool, *adop
 	return pool, nil, err
 }
 
-// restoreRegistrations registers the adopted pool's workers again.
+// restoreRegistrations registers the adopted pool's workers again and
+// restores the lookups the previous process answered and nobody queried.
 func (e *Engine) restoreRegistrations(p *dataPlane, a *adoption) {
 	if a == nil {
 		return
@@ -110,9 +114,26 @@ func (e *Engine) restoreRegistrations(p *dataPlane, a *adoption) {
 	for _, r := range refused {
 		e.log.Warn("restart: registration not restored", "reason", r)
 	}
+	as := make([]lookup.Answer, len(a.lookups))
+	for i, l := range a.lookups {
+		as[i] = lookup.Answer{RequestID: l.RequestID, HitChunks: l.HitChunks, Created: l.Created}
+	}
+	nl, err := p.lookup.Restore(as)
+	if err != nil {
+		e.log.Warn("restart: lookups not restored", "err", err)
+	}
 	e.st.Lock()
-	e.restart.Contexts, e.restart.Refused = n, refused
+	e.restart.Contexts, e.restart.Refused, e.restart.Lookups = n, refused, nl
 	e.st.Unlock()
+}
+
+// keptLookups is what a kept pool's record carries of the lookups.
+func keptLookups(as []lookup.Answer) []restart.Lookup {
+	out := make([]restart.Lookup, len(as))
+	for i, a := range as {
+		out[i] = restart.Lookup{RequestID: a.RequestID, HitChunks: a.HitChunks, Created: a.Created}
+	}
+	return out
 }
 
 // restartBound ends the gap once the wire server over an adopted plane is
@@ -129,8 +150,8 @@ func (e *Engine) restartBound(p *dataPlane) {
 	r := e.restart
 	e.st.Unlock()
 	e.events.add(EventLifecycle, slog.LevelInfo, fmt.Sprintf(
-		"restart: adopted %d objects (%s) and %d contexts, %d held for the previous process's workers; gap %d ms",
-		r.Objects, settings.BytesText(r.Bytes), r.Contexts, r.Held, gap.Milliseconds()))
+		"restart: adopted %d objects (%s), %d contexts and %d answered lookups, %d held for the previous process's workers; gap %d ms",
+		r.Objects, settings.BytesText(r.Bytes), r.Contexts, r.Lookups, r.Held, gap.Milliseconds()))
 }
 
 func (e *Engine) setRestart(r Restart) {
@@ -142,11 +163,11 @@ func (e *Engine) setRestart(r Restart) {
 // keeper returns what the plane's release does instead of closing the
 // pool when the stop keeps it: record the table, the registrations and the
 // stop time in the state directory, and keep the segment.
-func (e *Engine) keeper(cfg settings.Config, stoppedAt time.Time) func(p *dataPlane, regs []restart.Registration) error {
+func (e *Engine) keeper(cfg settings.Config, stoppedAt time.Time) func(p *dataPlane, regs []restart.Registration, lookups []restart.Lookup) error {
 	e.st.RLock()
 	gen := e.restart.Generation
 	e.st.RUnlock()
-	return func(p *dataPlane, regs []restart.Registration) error {
+	return func(p *dataPlane, regs []restart.Registration, lookups []restart.Lookup) error {
 		dir, file, err := e.stateFile(cfg)
 		if err != nil {
 			return errors.Join(err, p.pool.Close())
@@ -156,13 +177,13 @@ func (e *Engine) keeper(cfg settings.Config, stoppedAt time.Time) func(p *dataPl
 			objects = len(k.Objects)
 			return restart.Write(dir, file, restart.Record{Build: e.opts.Version, Generation: gen, PID: e.opts.PID,
 				Endpoint: endpointOf(cfg), StoppedAt: stoppedAt, WrittenAt: e.opts.Now(), Auto: cfg.Server.ShmName == nil,
-				Pool: k, Registrations: regs})
+				Pool: k, Registrations: regs, Lookups: lookups})
 		})
 		if err != nil {
 			e.events.add(EventError, slog.LevelWarn, "stop: pool not kept: "+err.Error())
 			return fmt.Errorf("keep pool: %w", err)
 		}
-		e.log.Info("stop: pool kept for the next start", "objects", objects, "registrations", len(regs), "record", dir+"/"+file)
+		e.log.Info("stop: pool kept for the next start", "objects", objects, "registrations", len(regs), "lookups", len(lookups), "record", dir+"/"+file)
 		e.events.add(EventLifecycle, slog.LevelInfo, fmt.Sprintf("stop: pool kept for the next start (%d objects, %d contexts)", objects, len(regs)))
 		return nil
 	}

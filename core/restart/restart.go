@@ -2,6 +2,10 @@
 // its successor: the kept L1 pool (segment identity, geometry, object table)
 // and the worker registrations, with the build and the time it stopped.
 //
+// It also carries the LOOKUPs answered and not yet queried, so that a
+// QUERY_PREFETCH_STATUS reaching the successor gets the hits its
+// predecessor found (their read locks are in the kept table).
+//
 // The record is outside input to whoever reads it, like any file: it lives
 // in a directory only our user can write (mode 0700; a directory or file of
 // another user, writable by others, or a symbolic link is refused), is
@@ -43,6 +47,7 @@ const (
 	MaxObjects       = 1 << 22
 	MaxNames         = 1 << 16
 	MaxRegistrations = 1 << 16
+	MaxLookups       = 1 << 16
 	MaxStringBytes   = 1024
 	maxHeaderBytes   = 128
 )
@@ -73,6 +78,15 @@ type Record struct {
 	Auto          bool
 	Pool          l1.Kept
 	Registrations []Registration
+	// Lookups are the LOOKUPs answered and not queried yet, oldest first.
+	Lookups []Lookup
+}
+
+// Lookup is a LOOKUP whose outcome waits for its QUERY_PREFETCH_STATUS.
+type Lookup struct {
+	RequestID string
+	HitChunks int
+	Created   time.Time
 }
 
 // Want is the pool a starting kvdock would build from its settings.
@@ -118,6 +132,13 @@ type body struct {
 	Names      []name    `json:"names"`
 	Objects    []object  `json:"objects"`
 	Regs       []regWire `json:"registrations"`
+	Lookups    []lookup  `json:"lookups,omitempty"`
+}
+
+type lookup struct {
+	ID      string `json:"id"`
+	Hits    int    `json:"hits"`
+	Created int64  `json:"created_ns"`
 }
 
 type segment struct {
@@ -182,6 +203,9 @@ func Encode(r Record) ([]byte, error) {
 	}
 	for _, g := range r.Registrations {
 		b.Regs = append(b.Regs, regWire{ID: g.ID, Profile: g.Profile, Mode: g.Mode, Registered: g.Registered.UnixNano(), Payload: g.Payload})
+	}
+	for _, l := range r.Lookups {
+		b.Lookups = append(b.Lookups, lookup{ID: l.RequestID, Hits: l.HitChunks, Created: l.Created.UnixNano()})
 	}
 	js, err := json.Marshal(b)
 	if err != nil {
@@ -253,6 +277,9 @@ func Decode(data []byte) (Record, error) {
 	for i, g := range b.Regs {
 		r.Registrations[i] = Registration{ID: g.ID, Profile: g.Profile, Mode: g.Mode, Registered: time.Unix(0, g.Registered), Payload: g.Payload}
 	}
+	for _, l := range b.Lookups {
+		r.Lookups = append(r.Lookups, Lookup{RequestID: l.ID, HitChunks: l.Hits, Created: time.Unix(0, l.Created)})
+	}
 	return r, nil
 }
 
@@ -281,6 +308,8 @@ func (b *body) check() error {
 		return fmt.Errorf("%d objects, at most %d (and one per %d-byte unit of the pool)", len(b.Objects), MaxObjects, b.Align)
 	case len(b.Regs) > MaxRegistrations:
 		return fmt.Errorf("%d registrations, at most %d", len(b.Regs), MaxRegistrations)
+	case len(b.Lookups) > MaxLookups:
+		return fmt.Errorf("%d lookups, at most %d", len(b.Lookups), MaxLookups)
 	}
 	for i, n := range b.Names {
 		str(fmt.Sprintf("name %d model", i), n.Model)
@@ -348,6 +377,15 @@ func (b *body) check() error {
 		}
 		for j, gl := range g.Payload.GroupLayouts {
 			str(fmt.Sprintf("registration %d group %d dtype", i, j), gl.DtypeStr)
+		}
+	}
+	for i, l := range b.Lookups {
+		if len(errs) > 8 {
+			break
+		}
+		str(fmt.Sprintf("lookup %d request id", i), l.ID)
+		if l.Hits < 0 || l.Hits > MaxObjects || l.Created <= 0 {
+			errs = append(errs, fmt.Errorf("lookup %d: %d hits created at %d ns, want 0 to %d hits and a time", i, l.Hits, l.Created, MaxObjects))
 		}
 	}
 	return errors.Join(errs...)

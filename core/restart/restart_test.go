@@ -33,6 +33,7 @@ func sample() Record {
 	}
 	r.Registrations = []Registration{{ID: 7, Mode: "SHM", Profile: "nongpu-v1", Registered: time.Unix(50, 0),
 		Payload: protocol.RegisterPayload{InstanceID: 7, ModelName: "m", WorldSize: 1, BlockSize: 16, NumLayers: 2, HiddenDimSize: 8, DtypeStr: "float16"}}}
+	r.Lookups = []Lookup{{RequestID: "req-1", HitChunks: 3, Created: time.Unix(99, 7)}}
 	return r
 }
 
@@ -131,8 +132,9 @@ func TestHostileStateFileContents(t *testing.T) {
 		"mode":           {hostileBody(t, func(s string) string { return strings.Replace(s, `"mode":"SHM"`, `"mode":"ROOT"`, 1) }), "want SHM or PICKLE"},
 		"duplicate reg": {hostileBody(t, func(s string) string {
 			i := strings.Index(s, `"registrations":[`) + len(`"registrations":[`)
-			reg := s[i : len(s)-2]
-			return s[:i] + reg + "," + reg + "]}"
+			j := i + strings.Index(s[i:], `],"lookups"`)
+			reg := s[i:j]
+			return s[:i] + reg + "," + reg + s[j:]
 		}), "recorded twice"},
 		"payload id":  {hostileBody(t, func(s string) string { return strings.Replace(s, `"InstanceID":7`, `"InstanceID":8`, 1) }), "payload names"},
 		"long string": {hostileBody(t, func(s string) string { return strings.Replace(s, `"m":"m"`, `"m":"`+strings.Repeat("a", 2000)+`"`, 1) }), "at most 1024"},
@@ -140,7 +142,12 @@ func TestHostileStateFileContents(t *testing.T) {
 			s = strings.Replace(s, `"size":1048576,"uid"`, `"size":16384,"uid"`, 1)
 			return strings.Replace(s, `"size":1048576,"align"`, `"size":16384,"align"`, 1)
 		}), "objects, at most"},
-		"trailing": {withHeader(string(good[nl+1:]) + "{}"), "after the record"},
+		"trailing":    {withHeader(string(good[nl+1:]) + "{}"), "after the record"},
+		"lookup hits": {hostileBody(t, func(s string) string { return strings.Replace(s, `"hits":3`, `"hits":-3`, 1) }), "lookup 0"},
+		"lookup time": {hostileBody(t, func(s string) string { return strings.Replace(s, `"created_ns":99000000007`, `"created_ns":0`, 1) }), "lookup 0"},
+		"lookup id": {hostileBody(t, func(s string) string {
+			return strings.Replace(s, `"id":"req-1"`, `"id":"`+strings.Repeat("r", 2000)+`"`, 1)
+		}), "lookup 0 request id"},
 	}
 	for name, tc := range cases {
 		_, err := Decode(tc.data)

@@ -21,6 +21,7 @@ type RestartStatus struct {
 	AdoptedObjects  int64   `json:"adopted_objects"`
 	AdoptedBytes    int64   `json:"adopted_bytes"`
 	AdoptedContexts int64   `json:"adopted_contexts"`
+	AdoptedLookups  int64   `json:"adopted_lookups"`
 	GapMs           float64 `json:"gap_ms"`
 	Reason          string  `json:"reason"`
 	At              string  `json:"at"`

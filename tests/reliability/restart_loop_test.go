@@ -26,10 +26,11 @@ type restartLoopTally struct {
 	lostStores          []lostStore
 	start               time.Time
 	// missSpans are when the missed retrieves ran, restartSpans when the
-	// restarts did (signal sent to server back): a miss within a restart is
-	// a LOOKUP the old process answered whose QUERY_PREFETCH_STATUS reached
-	// the new one, which knows no such job and answers 0, as upstream does
-	// for an unknown request (docs/RESTART.md).
+	// restarts did (signal sent to server back): a miss within a restart
+	// counts with the requests in flight there. Lookups the old process
+	// answered are carried to the new one with their hits, so none is
+	// expected; a lookup still in its tier phase at the stop is not
+	// (docs/RESTART.md).
 	missSpans, restartSpans []span
 }
 
@@ -139,8 +140,7 @@ func (w *loopWorker) retrieveSeq(ctx context.Context, tally *restartLoopTally, s
 // committed sequence misses, no byte differs, and at the end every
 // committed sequence reads back identical. The target for unanswered
 // requests is 0; what is measured (a request or reply in flight when the
-// old process closes its socket is lost; a LOOKUP answered by the old
-// process and queried from the new one answers 0 hits) is logged with each
+// old process closes its socket is lost) is logged with each
 // store's fate, and bounded here: at most the one request each worker has
 // in flight per restart. A committed sequence missed outside a restart, or
 // at the final read, fails the test.

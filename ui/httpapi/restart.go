@@ -10,10 +10,13 @@ import (
 // RestartStatus is /status's restart block: what this start adopted of the
 // previous process's pool (a restart that kept it), or why nothing.
 type RestartStatus struct {
-	Adopted         bool       `json:"adopted"`
-	AdoptedObjects  int        `json:"adopted_objects"`
-	AdoptedBytes    int64      `json:"adopted_bytes"`
-	AdoptedContexts int        `json:"adopted_contexts"`
+	Adopted         bool  `json:"adopted"`
+	AdoptedObjects  int   `json:"adopted_objects"`
+	AdoptedBytes    int64 `json:"adopted_bytes"`
+	AdoptedContexts int   `json:"adopted_contexts"`
+	// AdoptedLookups are the LOOKUPs the previous process answered and no
+	// QUERY_PREFETCH_STATUS had asked for yet, answered now by this one.
+	AdoptedLookups  int        `json:"adopted_lookups"`
 	HeldObjects     int        `json:"held_objects"`
 	RefusedContexts int        `json:"refused_contexts"`
 	GapMS           int64      `json:"gap_ms"`
@@ -30,7 +33,7 @@ func restartStatus(r engine.Restart) RestartStatus {
 		reason = "no restart record: the previous stop did not keep the pool"
 	}
 	return RestartStatus{Adopted: r.Adopted, AdoptedObjects: r.Objects, AdoptedBytes: r.Bytes, AdoptedContexts: r.Contexts,
-		HeldObjects: r.Held, RefusedContexts: len(r.Refused), GapMS: r.Gap.Milliseconds(), Generation: r.Generation,
+		AdoptedLookups: r.Lookups, HeldObjects: r.Held, RefusedContexts: len(r.Refused), GapMS: r.Gap.Milliseconds(), Generation: r.Generation,
 		Reason: shown(reason, shownMessageBytes), At: timePtr(r.At)}
 }
 

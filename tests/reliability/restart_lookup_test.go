@@ -1,0 +1,69 @@
+package reliability
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"kvdock/core/protocol"
+	"kvdock/core/rpc/client"
+	"kvdock/tests/harness"
+	"kvdock/transfer/worker"
+)
+
+// TestRestartAnswersALookupOfThePreviousProcess: a scheduler's LOOKUP is
+// answered by the old process, the restart comes before its
+// QUERY_PREFETCH_STATUS, and the new process answers the query with the
+// hits the old one found; the worker then retrieves those chunks under the
+// same request id, byte-identical, through the read locks the kept pool
+// carried. (Without the lookups in the restart record the new process
+// knew no such request and answered 0: the prompt was computed again.)
+func TestRestartAnswersALookupOfThePreviousProcess(t *testing.T) {
+	srv := harness.StartKeeping(t, false, "--chunk-size", "16")
+	dial := func() *client.Client {
+		c, err := client.Dial(srv.Endpoint, harness.Profile(t, "nongpu-v1"), client.Options{Timeout: 5 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+	ctx := context.Background()
+	w := newWorker(t, dial(), 700, "restart-lookup", false)
+	sched := worker.Scheduler{C: dial(), Poll: 2 * time.Millisecond}
+	const seq, n = 5, 3
+	toks := tokensFor(seq, n, w.chunk)
+	data := make([][]byte, n)
+	for c := range data {
+		data[c] = chunkData(seq, c, w.chunkBytes)
+	}
+	if r, err := w.store(ctx, toks, data, "store"); err != nil || r != "true" {
+		t.Fatalf("store: %q %v", r, err)
+	}
+	k := protocol.Key{ModelName: w.model, WorldSize: 1, TokenIDs: toks, Start: 0, End: len(toks), RequestID: "across"}
+	if err := sched.Lookup(ctx, k, 1); err != nil {
+		t.Fatal(err)
+	}
+	// No tier: the job is done when LOOKUP is answered, before the restart.
+	took := srv.RestartSignal(t)
+	rs := srv.LastRestart(t)
+	if !rs.Adopted || rs.AdoptedLookups != 1 {
+		t.Fatalf("restart: %+v, want the pool adopted with 1 answered lookup", rs)
+	}
+	hits, done, err := sched.PrefetchStatus(ctx, k.RequestID)
+	if err != nil || !done || hits != n {
+		t.Fatalf("QUERY_PREFETCH_STATUS after the restart (%v): %d %v %v; want the %d hits the old process found", took, hits, done, err, n)
+	}
+	got := 0
+	if _, err := w.wk().Retrieve(ctx, w.key(toks, n, k.RequestID), func(c int, chunk []byte) {
+		if sum(chunk) != sum(data[c]) {
+			t.Errorf("chunk %d differs after the restart", c)
+		}
+		got++
+	}); err != nil || got != n {
+		t.Fatalf("retrieve after the restart: %d chunks, %v", got, err)
+	}
+	if _, err := sched.C.Call(ctx, protocol.EndSession, k.RequestID); err != nil {
+		t.Fatal(err)
+	}
+}
