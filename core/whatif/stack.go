@@ -129,13 +129,15 @@ func (s *stack) reserve(o int, n uint32) uint32 {
 }
 
 // place moves slot j in order o to time t, one reserve set aside and no
-// slot took since.
+// slot took since. The oldest mark may have passed t meanwhile (bottom
+// skips the run's times still unused): it comes back to t.
 func (s *stack) place(o int, j int32, t uint32) {
 	or := &s.ord[o]
 	or.leave(j, s.size[j])
 	or.ts[j] = t
 	or.rev[t] = j
 	or.add(t, s.size[j])
+	or.oldest = min(or.oldest, t)
 }
 
 // setSize changes slot j's size.

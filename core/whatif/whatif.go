@@ -435,8 +435,8 @@ func (e *Estimator) setThreshold(t uint64) {
 func (e *Estimator) trim() {
 	for e.st.live > 1 {
 		j := e.st.bottom(lruOrder)
-		if !e.cold(j) {
-			if j = e.st.bottom(prefixOrder); !e.cold(j) {
+		if j < 0 || !e.cold(j) {
+			if j = e.st.bottom(prefixOrder); j < 0 || !e.cold(j) {
 				break
 			}
 		}

@@ -459,3 +459,32 @@ func TestNoAllocationPerAccess(t *testing.T) {
 		t.Errorf("%v allocations per lookup of 16 keys and a store", allocs)
 	}
 }
+
+// TestRunPlacedBelowTheOldestStaysInOrder: a lookup places its keys one by
+// one, downwards, in a run of times it reserved; a trim between two of
+// them can move the order's oldest mark past the run's unused times. The
+// key placed next, below that mark, must still be found at the bottom, or
+// an order with live objects looks empty (a LOOKUP panicked on it).
+func TestRunPlacedBelowTheOldestStaysInOrder(t *testing.T) {
+	var s stack
+	s.reset(8)
+	a := s.insert(1, 1, 10)
+	b := s.insert(2, 1, 10)
+	c := s.insert(3, 1, 10)
+	low := s.reserve(prefixOrder, 3)
+	s.place(prefixOrder, a, low+2) // the lookup's first key, on top
+	// The other keys leave (trimmed): the oldest mark passes the run's
+	// unused times up to a's.
+	for _, j := range []int32{b, c} {
+		s.remove(j)
+	}
+	if got := s.bottom(prefixOrder); got != a {
+		t.Fatalf("bottom %d, want %d", got, a)
+	}
+	d := s.insert(4, 1, 10)
+	s.place(prefixOrder, d, low+1) // the lookup's next key, below a
+	s.remove(a)
+	if got := s.bottom(prefixOrder); got != d {
+		t.Fatalf("bottom of the prefix order %d with %d live, want slot %d", got, s.live, d)
+	}
+}
