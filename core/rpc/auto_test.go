@@ -235,7 +235,7 @@ func TestAutoAmbiguousUnanswered(t *testing.T) {
 	// (int), engine-driven CLEAR (no result frame): no reply decodes in
 	// all three, and CLEAR never runs on a guess.
 	send(17)
-	poll.Until(t, 2*time.Second, "ambiguous 17 counted", func() bool { return h.srv.Stats().BadInput[protocol.KindAmbiguous] == 1 })
+	poll.Until(t, statsLimit, "ambiguous 17 counted", func() bool { return h.srv.Stats().BadInput[protocol.KindAmbiguous] == 1 })
 	if s.last() != "" {
 		t.Errorf("ambiguous 17 ran %s", s.last())
 	}
@@ -516,7 +516,7 @@ func TestAutoDecodedArgsKeepTheirFrames(t *testing.T) {
 	if s.inflight < size {
 		t.Errorf("%d in-flight bytes while the handler ran, want >= %d: the frame under the decoded args was released", s.inflight, size)
 	}
-	poll.Until(t, 2*time.Second, "in-flight bytes released", func() bool { return h.srv.Stats().InFlightBytes == 0 })
+	poll.Until(t, statsLimit, "in-flight bytes released", func() bool { return h.srv.Stats().InFlightBytes == 0 })
 }
 
 // TestDeferredAnswerUnderMessageProfile: a deferred answer is encoded under

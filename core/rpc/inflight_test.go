@@ -81,7 +81,7 @@ func TestLargeFramesBorrowedOnlyAsBytes(t *testing.T) {
 		if !c.borrowed && s.inflight != 0 {
 			t.Errorf("%s: %d in-flight bytes while its handler ran, want 0 (copied)", c.name, s.inflight)
 		}
-		poll.Until(t, 2*time.Second, c.name+": in-flight bytes released", func() bool { return h.srv.Stats().InFlightBytes == 0 })
+		poll.Until(t, statsLimit, c.name+": in-flight bytes released", func() bool { return h.srv.Stats().InFlightBytes == 0 })
 	}
 }
 
@@ -107,7 +107,7 @@ func TestInFlightBytesStopReading(t *testing.T) {
 	}
 	<-entered
 	<-entered
-	poll.Until(t, 2*time.Second, "reading to stop at the in-flight limit", func() bool { return h.srv.Stats().InFlightWaits > 0 })
+	poll.Until(t, statsLimit, "reading to stop at the in-flight limit", func() bool { return h.srv.Stats().InFlightWaits > 0 })
 	if n := h.srv.Stats().InFlightBytes; n > limit+size {
 		t.Errorf("%d bytes in flight, limit %d plus one message %d", n, limit, size)
 	}
@@ -126,7 +126,7 @@ func TestInFlightBytesStopReading(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	poll.Until(t, 2*time.Second, "in-flight bytes released", func() bool { return h.srv.Stats().InFlightBytes == 0 })
+	poll.Until(t, statsLimit, "in-flight bytes released", func() bool { return h.srv.Stats().InFlightBytes == 0 })
 }
 
 // TestDeferredAnswer: a handler that defers answers later from another
@@ -242,6 +242,6 @@ func TestReplyBuffer(t *testing.T) {
 	}
 	k := protocol.Key{ModelName: "m", WorldSize: 1, TokenIDs: []uint32{1}, End: 1}
 	sendFrames(t, d, enc(t, 3), enc(t, 12), enc(t, k), enc(t, int64(3)), enc(t, data))
-	poll.Until(t, 2*time.Second, "the failing handler counted", func() bool { return h.srv.Stats().BadInput[protocol.KindHandlerErr] == 1 })
+	poll.Until(t, statsLimit, "the failing handler counted", func() bool { return h.srv.Stats().BadInput[protocol.KindHandlerErr] == 1 })
 	noopWithin(t, dial(t, h), 5*time.Second)
 }
