@@ -226,7 +226,9 @@ func TestHostileFSFIFOsDoNotBlockLoads(t *testing.T) {
 	}
 	t.Cleanup(func() { unblockFIFOs(planted) })
 
-	const timeout = 500 * time.Millisecond
+	// Long enough that "at once" (under half of it) holds on a loaded -race
+	// run; a lookup that waited for its load would still show.
+	const timeout = 2 * time.Second
 	p := hostilePool(t, 4<<20)
 	s, stop := hostileSet(t, tr, p, lay, tier.Options{LoadTimeout: timeout})
 	ctx := context.Background()
@@ -245,7 +247,7 @@ func TestHostileFSFIFOsDoNotBlockLoads(t *testing.T) {
 	// An abandoned load gives its reservation back once it stops; none
 	// should be left a moment later.
 	var ps l1.Stats
-	for deadline := time.Now().Add(timeout); ; time.Sleep(10 * time.Millisecond) {
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		if ps = p.Stats(); ps.WriteLocked == 0 || time.Now().After(deadline) {
 			break
 		}
@@ -336,13 +338,16 @@ func TestHostileFSLinksAndDevicesAreMisses(t *testing.T) {
 	}
 
 	p := hostilePool(t, 4<<20)
-	s, _ := hostileSet(t, tr, p, lay, tier.Options{LoadTimeout: 500 * time.Millisecond})
+	// As in the FIFO test: "at once" is under half a load timeout long
+	// enough for a loaded -race run.
+	const timeout = 2 * time.Second
+	s, _ := hostileSet(t, tr, p, lay, tier.Options{LoadTimeout: timeout})
 	for i := range 3 {
 		start := time.Now()
 		if n := s.Prefetch(context.Background(), "m", 1, ks[i:i+1], 1, 1); n != 0 {
 			t.Fatalf("planted chunk %d: %d hits", i, n)
 		}
-		if d := time.Since(start); d > 250*time.Millisecond {
+		if d := time.Since(start); d > timeout/2 {
 			t.Errorf("planted chunk %d: lookup took %v", i, d)
 		}
 		if n, _ := tr.Has(context.Background(), []string{tier.Key(ks[i], lay)}); n != 0 {
