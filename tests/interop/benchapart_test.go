@@ -78,8 +78,9 @@ func TestBenchLeavesWorkersFigures(t *testing.T) {
 	if res["hits"] != float64(3) {
 		t.Fatalf("worker: %v", res)
 	}
-	// Tokens saved are taken from the rate samples (one a second).
-	poll.Until(t, 5*time.Second, "the worker's tokens saved sampled", func() bool {
+	// Tokens saved are taken from the rate samples (one a second); the
+	// limit only bounds a failure, and a loaded machine may skip a tick.
+	poll.Until(t, 15*time.Second, "the worker's tokens saved sampled", func() bool {
 		return insight(t, srv).TokensSaved.Total > 0
 	})
 	before := insight(t, srv)
