@@ -233,7 +233,7 @@ func TestSIGHUPLogsPlainValues(t *testing.T) {
 	if err := syscall.Kill(srv.PID(), syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(15 * time.Second) // bounds a failure only
 	for time.Now().Before(deadline) && !strings.Contains(srv.Output(), "SIGHUP: takes effect") {
 		time.Sleep(50 * time.Millisecond)
 	}
