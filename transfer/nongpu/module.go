@@ -692,15 +692,8 @@ func (m *Module) hashTokens(ts []uint32) uint64 {
 }
 
 func (m *Module) resolve(inst *instance, k protocol.Key) ([]keys.ObjectKey, pendingKey, error) {
-	req, pk, err := m.keyRequest(inst, k)
-	if err != nil {
-		return nil, pk, err
-	}
-	ks, err := m.resolver.ObjectKeys(req)
-	if err != nil {
-		return nil, pk, fmt.Errorf("resolve keys: %w", err)
-	}
-	return ks, pk, nil
+	ks, _, pk, err := m.resolveWith(inst, k, false)
+	return ks, pk, err
 }
 
 // resolveStore is resolve for a store, which also returns the keys of the
@@ -709,17 +702,24 @@ func (m *Module) resolve(inst *instance, k protocol.Key) ([]keys.ObjectKey, pend
 // it, so its prefix tree and usable bytes stay true. nil: the key starts
 // the prompt.
 func (m *Module) resolveStore(inst *instance, k protocol.Key) (ks, prev []keys.ObjectKey, pk pendingKey, err error) {
-	ks, pk, err = m.resolve(inst, k)
-	if err != nil || k.Start < m.chunkSize || len(ks) == 0 {
-		return ks, nil, pk, err
-	}
-	req, _, err := m.keyRequest(inst, k)
+	return m.resolveWith(inst, k, true)
+}
+
+// resolveWith resolves k's keys and, with parent and a key starting
+// mid-prompt, the keys of the chunk before its first (resolveStore).
+func (m *Module) resolveWith(inst *instance, k protocol.Key, parent bool) (ks, prev []keys.ObjectKey, pk pendingKey, err error) {
+	req, pk, err := m.keyRequest(inst, k)
 	if err != nil {
 		return nil, nil, pk, err
 	}
+	if ks, err = m.resolver.ObjectKeys(req); err != nil {
+		return nil, nil, pk, fmt.Errorf("resolve keys: %w", err)
+	}
+	if !parent || k.Start < m.chunkSize || len(ks) == 0 {
+		return ks, nil, pk, nil
+	}
 	req.Start, req.End = k.Start-m.chunkSize, k.Start
-	prev, err = m.resolver.ObjectKeys(req)
-	if err != nil {
+	if prev, err = m.resolver.ObjectKeys(req); err != nil {
 		return nil, nil, pk, fmt.Errorf("resolve the keys before the store's first chunk: %w", err)
 	}
 	return ks, prev, pk, nil
