@@ -16,8 +16,8 @@ import (
 // QUERY_PREFETCH_STATUS, and the new process answers the query with the
 // hits the old one found; the worker then retrieves those chunks under the
 // same request id, byte-identical, through the read locks the kept pool
-// carried. (Without the lookups in the restart record the new process
-// knew no such request and answered 0: the prompt was computed again.)
+// carried. (A process that knows no such request answers 0, as upstream
+// does for an unknown one, and the prompt is computed again.)
 func TestRestartAnswersALookupOfThePreviousProcess(t *testing.T) {
 	srv := harness.StartKeeping(t, false, "--chunk-size", "16")
 	dial := func() *client.Client {

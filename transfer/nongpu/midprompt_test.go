@@ -8,8 +8,8 @@ import (
 // LOOKUP missed sends a key starting mid-prompt. Its first chunk continues
 // the prompt, it does not start one: once the chunk before it is gone, it
 // is not usable (a chunk is usable when its parent is resident). Taken for
-// a prompt's start, it stayed usable, and the prefix policy could evict its
-// parent before it. SHM and pickle stores alike.
+// a prompt's start, it would stay usable, and the prefix policy could evict
+// its parent before it. SHM and pickle stores alike.
 func TestStoreFromMidPromptLinksToItsParent(t *testing.T) {
 	for _, shm := range []bool{true, false} {
 		e := newEnv(t, shm, 1<<20)

@@ -47,8 +47,8 @@ func TestReadAfterServerRestartSkipsStaleIdleConnections(t *testing.T) {
 // again between two calls, faster than the health check looks, has closed
 // every connection the clients hold. The first calls find theirs closed;
 // that is the connections' story, not the server's: the tier stays up and
-// the next calls succeed. (CI saw the tier marked down by such a call right
-// after it had come back up, so a read right after failed.)
+// the next calls succeed. (A tier marked down by such a call right after
+// coming back up fails every call until its probe runs again.)
 func TestServerRestartedBetweenCallsKeepsTierUp(t *testing.T) {
 	tr, s := startTier(t)
 	ctx := context.Background()
