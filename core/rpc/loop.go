@@ -45,8 +45,11 @@ type loop struct {
 	wake    *wake.Wake
 	ordered []chan job
 	shared  chan job
-	ctx     context.Context // Serve's: done means stop reading
+	ctx     context.Context // done means stop reading: Serve's, or in a handover when it ends
+	stop    context.Context // Serve's: done means a stop was asked for
+	endRead context.CancelFunc
 	hctx    context.Context // handlers'
+	ho      handoverState
 	buf     []pending
 
 	raw unsafe.Pointer // libzmq's handle of router, for counted sends
@@ -77,6 +80,16 @@ const stopQuiet = 20 * time.Millisecond
 // serving reports whether the loop goes on reading: until ctx is done, then
 // for the stop's grace while requests are in flight, queued or arriving.
 func (l *loop) serving() bool {
+	if l.stop.Err() == nil {
+		return true
+	}
+	if l.beginHandover() {
+		if l.handing() {
+			return true
+		}
+		l.endRead()
+		return false
+	}
 	if l.ctx.Err() == nil {
 		return true
 	}
@@ -101,6 +114,7 @@ type outMsg struct {
 	frames []cbuf
 	size   int64
 	sent   int
+	wire   int64 // the bytes it takes on the peer's connection
 }
 
 // release frees the frames libzmq has not taken.
@@ -135,8 +149,17 @@ func (l *loop) run() error {
 		if l.s.rp.n.Load() > 0 {
 			timeout = l.retryWait
 		}
-		if l.ctx.Err() != nil && (timeout < 0 || timeout > stopPoll) {
-			timeout = stopPoll // in the grace: look at the clock often
+		if l.stop.Err() != nil && (timeout < 0 || timeout > stopPoll) {
+			timeout = stopPoll // in the grace or a handover: look at the clock often
+		}
+		if l.ho.noRead && (timeout < 0 || timeout > answerPoll) {
+			timeout = answerPoll // the close must follow the last answer closely
+		}
+		if l.ho.noRead && !l.ho.unpolled {
+			// The handover's answer phase reads nothing more: requests
+			// left in libzmq must not wake the poll.
+			l.ho.unpolled = true
+			_ = poller.RemoveBySocket(l.router)
 		}
 		l.yieldToWorkers()
 		polled, err := l.poll(poller, timeout)
@@ -252,6 +275,9 @@ func (l *loop) write(m *outMsg) sendResult {
 		}
 		l.sendErr = fmt.Errorf("frame %d of %d: %w", m.sent, len(m.frames), err)
 		return failed
+	}
+	if l.ho.noRead {
+		l.ho.wire += m.wire
 	}
 	return sent
 }
@@ -391,12 +417,12 @@ func (l *loop) read() {
 		if !ok {
 			return
 		}
-		if l.ctx.Err() != nil {
+		if l.stop.Err() != nil {
 			l.lastRead = time.Now()
 		}
 		l.s.churn.add(total)
 		l.dispatch(frames, held, total, limit, tooMany, lost)
-		if l.ctx.Err() != nil {
+		if l.stop.Err() != nil && l.ho.h == nil {
 			return
 		}
 	}
@@ -474,6 +500,10 @@ func (l *loop) dispatch(frames [][]byte, held *borrowed, total, limit int64, too
 		if r, ok := s.errorReply(j, "Unsupported", spec.Name+" is not supported by kvdock (non-GPU transfer only)"); ok {
 			l.send(r)
 		}
+		return
+	}
+	if l.parks(spec.Handler) {
+		handedOff = l.park(frames, j)
 		return
 	}
 	var ch chan job

@@ -135,8 +135,8 @@ func (s *Server) admitReply(r *reply) (pending, bool) {
 // charged to peer and total: the small ones in one C call, a large result on
 // its own. A result frame written into a ReplyBuffer is adopted, not copied.
 func copyReply(r *reply, peer, total heldCounter) (outMsg, error) {
-	m := outMsg{frames: make([]cbuf, 0, 3+len(r.frames)), size: r.size()}
 	all := append([][]byte{r.peer, r.uid, r.typ}, r.frames...)
+	m := outMsg{frames: make([]cbuf, 0, 3+len(r.frames)), size: r.size(), wire: zmtpBytes(all[1:])}
 	packed := 0
 	for packed < len(all) && packed < maxPacked && (packed < 3 || r.buf == nil) {
 		n := 0
@@ -211,4 +211,17 @@ func (rp *replyPeers) free() {
 	rp.total.free()
 	rp.n.Store(0)
 	rp.mu.Unlock()
+}
+
+// zmtpBytes is what frames take on a ZMTP 3 connection: each a flags byte
+// and a 1-byte length (up to 255 bytes) or an 8-byte one, then its bytes.
+func zmtpBytes(frames [][]byte) int64 {
+	var n int64
+	for _, f := range frames {
+		n += int64(len(f)) + 2
+		if len(f) > 255 {
+			n += 7
+		}
+	}
+	return n
 }

@@ -72,7 +72,9 @@ func (r *Request) laterAnswer() func(res any, err error, adopted *replyBuf) {
 	}
 	j := r.head
 	later := job{peer: bytes.Clone(j.peer), uid: bytes.Clone(j.uid), typ: bytes.Clone(j.typ), prof: j.prof, spec: j.spec, start: j.start}
+	s.later.Add(1)
 	return func(res any, err error, adopted *replyBuf) {
+		defer s.later.Add(-1)
 		if rep, ok := s.result(later, adopted, res, err, false); ok {
 			s.reply(rep)
 		}
@@ -265,11 +267,14 @@ type Server struct {
 	bound    chan struct{} // closed once bound
 
 	// Sockets, set by Bind and owned by Serve's goroutine from then on.
-	bindMu  sync.Mutex
-	zctx    *zmq.Context
-	router  *zmq.Socket
-	raw     unsafe.Pointer // router's libzmq handle
-	monitor *zmq.Socket
+	bindMu sync.Mutex
+	zctx   *zmq.Context
+	router *zmq.Socket
+	raw    unsafe.Pointer // router's libzmq handle
+	// routerClosed: closeRouter ran (the socket goroutine, or closeSockets
+	// under bindMu, once Serve is done).
+	routerClosed bool
+	monitor      *zmq.Socket
 
 	replyMu sync.Mutex
 	replies []pending // admitted replies for the socket goroutine
@@ -284,7 +289,9 @@ type Server struct {
 	inflight atomic.Int64
 
 	serving      atomic.Bool
-	draining     atomic.Bool   // set once reading stopped: queued jobs are dropped
+	draining     atomic.Bool // set once reading stopped: queued jobs are dropped
+	handover     atomic.Pointer[Handover]
+	later        atomic.Int64  // deferred answers not made yet
 	abandon      chan struct{} // closed when a Shutdown's ctx ended: stop draining
 	abandonOnce  sync.Once
 	stopMu       sync.Mutex
@@ -550,6 +557,18 @@ func openFilesLimit() int64 {
 	return int64(lim.Cur)
 }
 
+// closeRouter closes the ROUTER socket (once). A handover's last answers
+// are in libzmq's queues: they go out before the connections close
+// (bounded by the linger).
+func (s *Server) closeRouter() {
+	if s.router == nil || s.routerClosed {
+		return
+	}
+	s.routerClosed = true
+	_ = s.router.SetLinger(s.lingerFor())
+	_ = s.router.Close()
+}
+
 // closeSockets releases what Bind created (the caller owns the sockets).
 func (s *Server) closeSockets() {
 	s.replyMu.Lock()
@@ -567,10 +586,7 @@ func (s *Server) closeSockets() {
 		_ = s.monitor.SetLinger(0)
 		_ = s.monitor.Close()
 	}
-	if s.router != nil {
-		_ = s.router.SetLinger(0)
-		_ = s.router.Close()
-	}
+	s.closeRouter()
 	if s.zctx != nil {
 		_ = s.zctx.Term()
 	}
@@ -646,7 +662,15 @@ func (s *Server) Serve(ctx context.Context) error {
 		go s.worker(hctx, shared, &workers)
 	}
 
-	stop := context.AfterFunc(ctx, w.Signal)
+	// Reading stops with ctx, or, in a handover, when the loop ends it.
+	rctx, rcancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer rcancel()
+	stop := context.AfterFunc(ctx, func() {
+		if s.handover.Load() == nil {
+			rcancel()
+		}
+		w.Signal()
+	})
 	defer stop()
 	// Idle: no request queued or running (replies held for peers that do
 	// not read them stay charged, and do not keep the memory of others).
@@ -660,7 +684,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	}()
 
 	l := &loop{s: s, router: router, raw: s.raw, rc: newReceiver(s.raw), monitor: s.monitor, wake: w, ordered: ordered, shared: shared,
-		ctx: ctx, hctx: hctx, retryWait: retryFirst}
+		ctx: rctx, stop: ctx, endRead: rcancel, hctx: hctx, retryWait: retryFirst}
 	loopErr := l.run()
 	scancel()
 	<-scavenged

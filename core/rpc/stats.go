@@ -34,6 +34,9 @@ type Stats struct {
 	// Disconnects counts peer disconnects seen on the ROUTER, including those
 	// libzmq forces on a peer that sent a frame over MaxMessageBytes.
 	Disconnects int64
+	// HandoverLost counts requests that arrived after a handover's last
+	// answer, down a connection already shut: never answered.
+	HandoverLost int64
 	// QueuedRequestBytes is the payload bytes of requests queued for the
 	// workers now; BudgetWaits counts requests that found the budget full
 	// (the server stopped reading until it had room).
@@ -66,6 +69,7 @@ type stats struct {
 	req            map[string]*reqCounters // fixed at construction
 	inFlight       atomic.Int64
 	disconnects    atomic.Int64
+	handoverLost   atomic.Int64
 	budgetWaits    atomic.Int64
 	inflightWaits  atomic.Int64
 	replyBytes     atomic.Int64
@@ -142,6 +146,7 @@ func (s *Server) Stats() Stats {
 		DecodeFailures: map[string]int64{},
 		InFlight:       st.inFlight.Load(),
 		Disconnects:    st.disconnects.Load(),
+		HandoverLost:   st.handoverLost.Load(),
 
 		QueuedRequestBytes: s.in.queued(),
 		BudgetWaits:        st.budgetWaits.Load(),

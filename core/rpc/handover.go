@@ -1,0 +1,302 @@
+package rpc
+
+import (
+	"encoding/hex"
+	"time"
+
+	"kvdock/core/protocol"
+)
+
+// Handover is how a stop for a restart ends the wire server so that no
+// request a worker sent is left unread, and none is answered in a way the
+// next process cannot finish. Set it with SetHandover before the stop.
+//
+// The problem it solves: a request libzmq has read into this process (or
+// that sits in the TCP buffers) when the socket closes is gone; the worker
+// that sent it waits out its timeout, and upstream's SHM worker raises. A
+// worker that is waiting for an answer sends nothing more (every LMCache
+// worker call on the data path is synchronous), so the stop runs in two
+// phases:
+//
+//  1. Park: reading goes on. Requests that finish work already begun
+//     (Finish: commits, the query of an answered lookup, END_SESSION) are
+//     served as usual; every other request is parked, read but not run,
+//     which holds its sender. The phase ends once nothing has arrived for
+//     Quiet, nothing runs and Busy reports no transfer still expecting its
+//     commit — every worker is then waiting on a parked request or idle —,
+//     or after Max at the latest.
+//  2. Answer: reading stops; the parked requests run (the transfers they
+//     begin are carried to the next process by the engine), their answers
+//     are handed to libzmq, and the socket closes with Linger so they
+//     reach the workers. A worker's next request then goes to the next
+//     process on the DEALER's reconnection.
+type Handover struct {
+	// Finish names the requests served during the park phase (handler
+	// names: protocol.CommitStore, …).
+	Finish []string
+	// Quiet is the silence that ends the park phase (default 25 ms).
+	Quiet time.Duration
+	// Max bounds the park phase (default 1 s): a parked request waits at
+	// most this long, well inside a worker's timeout (upstream: 2 s and up).
+	Max time.Duration
+	// Busy reports work begun that its worker will finish with a request
+	// of Finish (a prepared store awaiting its commit); nil: none.
+	Busy func() bool
+	// Linger is how long the close may take to send the last answers
+	// (default 2 s).
+	Linger time.Duration
+	// Parked is called once the park phase ends, before the parked
+	// requests run, with their count (the engine turns on carrying).
+	Parked func(n int)
+}
+
+func (h *Handover) defaults() {
+	if h.Quiet <= 0 {
+		h.Quiet = 25 * time.Millisecond
+	}
+	if h.Max <= 0 {
+		h.Max = time.Second
+	}
+	if h.Linger <= 0 {
+		h.Linger = 2 * time.Second
+	}
+}
+
+// SetHandover makes the next stop a handover (nil: a plain stop, the
+// default). It must be called before Shutdown or the cancel of Serve's ctx.
+func (s *Server) SetHandover(h *Handover) {
+	if h != nil {
+		c := *h
+		c.defaults()
+		h = &c
+	}
+	s.handover.Store(h)
+}
+
+// parkedJob is a request read in the park phase, to run in the answer
+// phase: ch is its worker queue (nil: inline).
+type parkedJob struct {
+	ch chan job
+	j  job
+}
+
+// handoverState is the socket goroutine's part of a handover.
+type handoverState struct {
+	h        *Handover
+	finish   map[string]bool
+	start    time.Time
+	parked   []parkedJob
+	noRead   bool // the answer phase: no more reads
+	unpolled bool // the router is out of the poller
+	// answerStart is when the answer phase began.
+	answerStart time.Time
+	// The TCP end (handover_conns.go): the accepted connections when the
+	// answer phase began, what the kernel had sent on them then, the
+	// answers' bytes handed to libzmq since, and whether they were shut.
+	quiet, baseOK, shut bool
+	port                int
+	fds                 []int
+	base                uint64
+	wire                int64
+	started             bool
+}
+
+// answerPoll is the poll timeout of the answer phase: replies made by the
+// workers wake the poll, so this only bounds a missed wake-up.
+const answerPoll = 200 * time.Microsecond
+
+// maxParked ends the park phase early: each parked request is charged to
+// the inbound budgets or is small, but their count is bounded too.
+const maxParked = 4096
+
+// park holds j (read in the park phase) for the answer phase, its frames
+// copied out of the receive buffer and its bytes charged as a queued
+// request's; true when it is held (its borrowed frames stay borrowed).
+func (l *loop) park(frames [][]byte, j job) bool {
+	s := l.s
+	class := j.spec.Class
+	if class == protocol.Shared && s.fastShared(j.spec, j.payload) {
+		class = protocol.Inline
+	}
+	var ch chan job
+	switch class {
+	case protocol.Inline:
+	case protocol.Ordered:
+		ch = l.ordered[peerWorker(j.peer, len(l.ordered))]
+	default:
+		ch = l.shared
+	}
+	if l.rc.inScratch {
+		l.rc.detach(frames)
+		j.peer, j.uid, j.typ, j.payload = frames[0], frames[1], frames[2], frames[3:]
+		if j.decoded {
+			j.decoded, j.args = false, nil
+		}
+	}
+	if ch != nil {
+		for _, f := range j.payload {
+			j.cost += int64(len(f))
+		}
+		if !l.charge(j) {
+			s.finish(j, OutcomeDropped)
+			return false
+		}
+	}
+	s.stats.inFlight.Add(1)
+	l.ho.parked = append(l.ho.parked, parkedJob{ch: ch, j: j})
+	return true
+}
+
+// begin starts the park phase once Serve's ctx is done and a handover was
+// asked for; false when there is none.
+func (l *loop) beginHandover() bool {
+	if l.ho.started {
+		return l.ho.h != nil
+	}
+	l.ho.started = true
+	h := l.s.handover.Load()
+	if h == nil {
+		return false
+	}
+	l.ho.h = h
+	l.ho.finish = make(map[string]bool, len(h.Finish))
+	for _, n := range h.Finish {
+		l.ho.finish[n] = true
+	}
+	l.ho.start = time.Now()
+	l.lastRead = l.ho.start
+	l.s.log.Info("rpc server handing over: parking new requests", "quiet", h.Quiet, "max", h.Max)
+	return true
+}
+
+// parks reports whether a request of this name is parked now.
+func (l *loop) parks(name string) bool {
+	return l.ho.h != nil && !l.ho.noRead && !l.ho.finish[name]
+}
+
+// handing reports whether the loop goes on in a handover, moving it from
+// park to answer when the park phase is over, and ending it once every
+// parked request is answered and libzmq has taken the answers.
+func (l *loop) handing() bool {
+	h := l.ho.h
+	now := time.Now()
+	running := l.s.stats.inFlight.Load() - int64(len(l.ho.parked))
+	if !l.ho.noRead {
+		running += l.s.later.Load()
+		quiet := now.Sub(l.lastRead) >= h.Quiet && running == 0 && (h.Busy == nil || !h.Busy())
+		if !quiet && now.Sub(l.ho.start) < h.Max && len(l.ho.parked) < maxParked {
+			return true
+		}
+		l.ho.noRead = true
+		l.ho.quiet = quiet
+		l.ho.port = l.s.boundPort()
+		if quiet {
+			// Every earlier answer left long ago: what the kernel sends on
+			// the connections from here on is the parked requests' answers.
+			l.ho.fds = acceptedConns(l.ho.port)
+			l.ho.base, l.ho.baseOK = bytesSent(l.ho.fds)
+			cork(l.ho.fds)
+		}
+		n := len(l.ho.parked)
+		l.s.log.Info("rpc server handing over: answering parked requests", "parked", n,
+			"after", now.Sub(l.ho.start).Round(time.Millisecond), "quiet", running == 0)
+		if h.Parked != nil {
+			h.Parked(n)
+		}
+		for _, p := range l.ho.parked {
+			l.run1(p)
+		}
+		l.ho.parked = nil
+		l.ho.answerStart = now
+		// Inline answers went out in run1: the close follows at once if
+		// nothing else is due, before their workers send again.
+		l.flush()
+	}
+	// The answers are out once nothing runs, no deferred answer is due and
+	// libzmq took every reply (a peer at its HWM keeps its replies here):
+	// bounded by the linger, after which the drain's own bounds apply.
+	if now.Sub(l.ho.answerStart) < h.Linger &&
+		(l.s.stats.inFlight.Load() > 0 || l.s.later.Load() > 0 || l.s.rp.n.Load() > 0) {
+		return true
+	}
+	// End the connections now, not after the drain's bookkeeping: each
+	// microsecond between a worker's last answer and the connection's end
+	// is one in which it may send its next request down the closing
+	// connection (see handover_conns.go).
+	if l.ho.quiet && l.ho.baseOK && l.ho.port > 0 {
+		l.ho.shut = shutWhenWritten(l.ho.fds, l.ho.base, uint64(max(l.ho.wire, 0)), l.ho.port)
+	}
+	late := l.lateRequests()
+	l.s.log.Info("rpc server handed over", "answered_bytes", l.ho.wire, "connections", len(l.ho.fds), "shut", l.ho.shut,
+		"unanswered", late)
+	l.s.closeRouter()
+	return false
+}
+
+// lateWait is how long the end reads what still arrives on the shut
+// connections: a request a worker sent before its libzmq saw the end.
+const lateWait = 5 * time.Millisecond
+
+// lateRequests reads, counts and logs the requests that arrived after the
+// last answers (they cannot be answered: the write sides are shut, and the
+// next process will not know the peer); the count is what the handover
+// lost.
+func (l *loop) lateRequests() int {
+	n := 0
+	deadline := time.Now().Add(lateWait)
+	for time.Now().Before(deadline) {
+		frames, held, _, _, _, ok := l.rc.recv(l.s.maxMessage(), &l.s.inflight)
+		if !ok {
+			time.Sleep(100 * time.Microsecond)
+			continue
+		}
+		if len(frames) >= 3 && l.s.limiter.allow("handover_late") {
+			l.s.log.Warn("request arrived after the handover's last answer: not answered", "peer", hex.EncodeToString(frames[0]))
+		}
+		held.release()
+		n++
+	}
+	l.s.stats.handoverLost.Add(int64(n))
+	return n
+}
+
+// run1 runs a parked request as dispatch would have.
+func (l *loop) run1(p parkedJob) {
+	j := p.j
+	if p.ch == nil {
+		defer j.held.release()
+		if !j.decoded && !l.s.decodePayload(&j, l.send) {
+			l.s.stats.inFlight.Add(-1)
+			return
+		}
+		if r, ok := l.s.execute(l.hctx, j); ok {
+			l.send(r)
+		}
+		return
+	}
+	select {
+	case p.ch <- j:
+		l.handedOff = true
+	default:
+		// The queue is full: wait for room, sending replies meanwhile.
+		t := time.NewTicker(5 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case p.ch <- j:
+				l.handedOff = true
+				return
+			case <-t.C:
+				l.flush()
+			}
+		}
+	}
+}
+
+// lingerFor is the close's linger: the handover's, else none.
+func (s *Server) lingerFor() time.Duration {
+	if h := s.handover.Load(); h != nil {
+		return h.Linger
+	}
+	return 0
+}
