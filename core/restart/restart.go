@@ -55,7 +55,6 @@ const magic = "kvdock-state"
 const (
 	MaxFileBytes     = 1 << 30
 	MaxObjects       = 1 << 22
-	MaxNames         = 1 << 16
 	MaxRegistrations = 1 << 16
 	MaxLookups       = 1 << 16
 	MaxStringBytes   = 1024
