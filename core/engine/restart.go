@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"kvdock/core/l1"
@@ -33,6 +34,11 @@ type Restart struct {
 	Generation uint64 // how many times the pool was handed over
 	// Refused lists the registrations not restored, with their reasons.
 	Refused []string
+	// Dropped counts the parts of the record left out one by one (objects,
+	// registrations, lookups, read locks past the caps: see restart.Decode
+	// and l1.Adopt); DropReasons gives them by kind.
+	Dropped     int
+	DropReasons []string
 }
 
 // adoption is what a plane built over an adopted pool still has to do.
@@ -84,10 +90,18 @@ func (e *Engine) openPool(cfg settings.Config, opts l1.Options) (*l1.Pool, *adop
 		if reason == "" {
 			pool, ad, aerr := l1.Adopt(opts, rec.Pool)
 			if aerr == nil {
+				drops := rec.Dropped
+				drops.Merge(ad.Dropped)
 				e.setRestart(Restart{Adopted: true, Objects: ad.Objects, Bytes: ad.Bytes, Held: ad.Held,
-					At: now, Generation: rec.Generation + 1})
+					At: now, Generation: rec.Generation + 1, Dropped: drops.N, DropReasons: drops.Reasons()})
 				e.log.Info("restart: pool adopted", "segment", rec.Pool.Segment.Name, "objects", ad.Objects, "bytes", ad.Bytes,
-					"held", ad.Held, "expired", ad.Expired, "generation", rec.Generation+1, "written_by", rec.Build)
+					"held", ad.Held, "expired", ad.Expired, "clamped", ad.Clamped, "dropped", drops.N,
+					"generation", rec.Generation+1, "written_by", rec.Build)
+				if drops.N > 0 {
+					e.log.Warn("restart: parts of the record left out", "dropped", drops.N, "reasons", drops.Reasons())
+					e.events.add(EventLifecycle, slog.LevelWarn, fmt.Sprintf("restart: %d parts of the record left out: %s",
+						drops.N, strings.Join(drops.Reasons(), "; ")))
+				}
 				return pool, &adoption{regs: rec.Registrations, lookups: rec.Lookups, stoppedAt: rec.StoppedAt}, nil
 			}
 			reason = aerr.Error()

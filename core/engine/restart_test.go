@@ -183,3 +183,27 @@ func TestHostileStateFileColdStart(t *testing.T) {
 		t.Fatalf("refused record not consumed: %v", err)
 	}
 }
+
+// TestHostileRecordPartsDroppedShownInRestart: a record with a key twice
+// is adopted without that key, and the start says what it left out
+// (Restart.Dropped and DropReasons, an event), instead of starting cold.
+func TestHostileRecordPartsDroppedShownInRestart(t *testing.T) {
+	cfg := keptStop(t)
+	dir, file := cfg.Server.StateDir, restart.FileName(cfg.Server.Host, cfg.Server.Port)
+	rec, err := restart.Take(dir, file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec.Pool.Objects[1].Key = rec.Pool.Objects[0].Key
+	if err := restart.Write(dir, file, rec); err != nil {
+		t.Fatal(err)
+	}
+	e2 := startEngine(t, cfg)
+	r := e2.Snapshot().Restart
+	if !r.Adopted || r.Objects != 2 || r.Dropped != 2 || len(r.DropReasons) != 1 || !strings.Contains(r.DropReasons[0], "key recorded twice: 2") {
+		t.Fatalf("restart %+v; want 2 objects adopted and the key recorded twice dropped", r)
+	}
+	if !strings.Contains(lastEvent(e2, "left out"), "key recorded twice") {
+		t.Fatal("no event says what was left out")
+	}
+}

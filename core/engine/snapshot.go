@@ -116,6 +116,7 @@ func (e *Engine) Snapshot() Snapshot {
 	}
 	e.st.RUnlock()
 	s.Restart.Refused = append([]string(nil), s.Restart.Refused...)
+	s.Restart.DropReasons = append([]string(nil), s.Restart.DropReasons...)
 	if !s.Started.IsZero() && s.State != Stopped {
 		s.Uptime = now.Sub(s.Started)
 	}

@@ -1,8 +1,13 @@
 package l1
 
 import (
+	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
+	"time"
 
 	"kvdock/core/keys"
 	"kvdock/core/l1/alloc"
@@ -73,6 +78,12 @@ func (p *Pool) keyOf(i int32) keys.ObjectKey {
 	return keys.ObjectKey{Chunk: id.chunk, Model: n.model, Salt: n.salt, KVRank: id.rank, Group: id.group}
 }
 
+// CarriedLookupOwner is charged for the read locks a kept pool carried:
+// the lookups of the previous process, counted against the lookup cap as
+// live ones. Its id is even and not 0, so no request (RequestOwner, odd)
+// or the server's own readers (LookupOwner, 0) share it.
+func CarriedLookupOwner() Owner { return Owner{Kind: OwnerLookup, ID: 2} }
+
 // Adopt opens a pool over the kept segment k instead of creating one, and
 // restores its table: published objects are readable again, with the read
 // locks they had (until their deadlines); held objects keep their bytes
@@ -80,10 +91,11 @@ func (p *Pool) keyOf(i int32) keys.ObjectKey {
 // deadline has passed give their bytes back. opts must give the kept
 // geometry (Size, Align); opts.Plan is not used. Nothing of k is trusted:
 // the segment must be the recorded file (segment.Adopt), and the objects
-// must lie aligned inside the pool without overlapping and name each
-// published key once; otherwise nothing is adopted and the error (wrapping
-// ErrNotAdoptable, or ErrSegmentBusy when a live process holds the
-// segment) says why.
+// must lie aligned inside the pool without overlapping; otherwise nothing
+// is adopted and the error (wrapping ErrNotAdoptable, or ErrSegmentBusy
+// when a live process holds the segment) says why. A published key
+// recorded twice, and carried locks past the caps, cost only those
+// objects or locks (Adopted.Dropped; see restore).
 func Adopt(opts Options, k Kept) (*Pool, Adopted, error) {
 	if opts.Align == 0 {
 		opts.Align = DefaultAlign
@@ -117,7 +129,17 @@ func Adopt(opts Options, k Kept) (*Pool, Adopted, error) {
 }
 
 // restore rebuilds the allocator and the table from k; on error the pool
-// is left empty.
+// is left empty. Whatever is wrong with one object costs that object (or
+// its lock), counted in ad.Dropped; only objects that overlap refuse the
+// whole table, since then no object's bytes can be told to be its own.
+//
+// Carried locks are charged as live ones are: each deadline is clamped to
+// now plus the TTL of its kind, read locks are charged to the lookups (so
+// they count against the lookup cap), and the lookups' read locks that no
+// worker holds yet are released, most recently used kept first, where they
+// would pass the lookup cap or the total cap. Bytes a holder may still be
+// using (write reservations, held objects, workers' read holds) stay its
+// own until the clamped deadline whatever the caps.
 func (p *Pool) restore(k Kept, ad *Adopted) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -127,12 +149,26 @@ func (p *Pool) restore(k Kept, ad *Adopted) error {
 		if (o.Held || o.Readers > 0 || o.Holds > 0) && o.Deadline <= now {
 			ad.Expired++
 			if o.Held {
-				continue
+				ad.ExpiredHeld++
+				continue // its holder's time is up: the bytes are free
 			}
 			o.Readers, o.Holds, o.Deadline = 0, 0, 0
 		}
+		locked := o.Write || o.Readers > 0 || o.Holds > 0
+		if o.Held && !locked {
+			// Nothing would ever free its bytes.
+			ad.Dropped.Add("held without a lock", fmt.Sprintf("%q at %d", o.Key.String(), o.Offset))
+			continue
+		}
+		o.Held = o.Held || o.Write // a reservation is never readable
+		if end := now + int64(p.ttlOf(o)); o.Deadline > end {
+			o.Deadline = end
+			ad.Clamped++
+		}
 		live = append(live, o)
 	}
+	live = dropDuplicates(live, &ad.Dropped)
+	p.budgetReadLocks(live, &ad.Dropped)
 	used := make([]alloc.Extent, len(live))
 	for i, o := range live {
 		used[i] = alloc.Extent{Off: o.Offset, Size: o.Length}
@@ -144,18 +180,92 @@ func (p *Pool) restore(k Kept, ad *Adopted) error {
 	// record of the same key finds its key free.
 	for _, held := range []bool{true, false} {
 		for _, o := range live {
-			if o.Held != held {
-				continue
+			if o.Held == held {
+				p.adoptObject(o, ad)
 			}
-			if !held && p.t.find(o.Key) != nilRec {
-				p.alloc.Reset()
-				p.t.init()
-				return fmt.Errorf("%w: key %s recorded twice", ErrNotAdoptable, o.Key)
-			}
-			p.adoptObject(o, ad)
 		}
 	}
 	return nil
+}
+
+// ttlOf is the TTL of o's lock kind: a write reservation's or a read's.
+func (p *Pool) ttlOf(o KeptObject) time.Duration {
+	if o.Write {
+		return p.writeTTL
+	}
+	return p.readTTL
+}
+
+// dropDuplicates leaves no published key in live twice: every published
+// copy of a repeated key is left out (none can be told to hold the key's
+// bytes), a locked one kept as held until its lock ends, so that bytes a
+// reader may still be using are not handed out again. O(n log n).
+func dropDuplicates(live []KeptObject, d *Drops) []KeptObject {
+	pub := make([]int32, 0, len(live))
+	for i, o := range live {
+		if !o.Held {
+			pub = append(pub, int32(i))
+		}
+	}
+	slices.SortFunc(pub, func(a, b int32) int { return compareKeys(&live[a].Key, &live[b].Key) })
+	dup := make([]bool, len(live))
+	for i := 1; i < len(pub); i++ {
+		if compareKeys(&live[pub[i-1]].Key, &live[pub[i]].Key) == 0 {
+			dup[pub[i-1]], dup[pub[i]] = true, true
+		}
+	}
+	out := live[:0]
+	for i, o := range live {
+		if !dup[i] {
+			out = append(out, o)
+			continue
+		}
+		if o.Write || o.Readers > 0 || o.Holds > 0 {
+			o.Held = true
+			out = append(out, o)
+			d.Add("key recorded twice (kept unreadable until its lock ends)", fmt.Sprintf("%q at %d", o.Key.String(), o.Offset))
+			continue
+		}
+		d.Add("key recorded twice", fmt.Sprintf("%q at %d", o.Key.String(), o.Offset))
+	}
+	return out
+}
+
+// compareKeys orders object keys (chunk, model, salt, rank, group).
+func compareKeys(a, b *keys.ObjectKey) int {
+	return cmp.Or(bytes.Compare(a.Chunk[:], b.Chunk[:]), strings.Compare(a.Model, b.Model),
+		strings.Compare(a.Salt, b.Salt), cmp.Compare(a.KVRank, b.KVRank), cmp.Compare(a.Group, b.Group))
+}
+
+// budgetReadLocks releases, in live, the lookups' read locks that would
+// pass the lookup cap or the total cap, least recently used first: only
+// those of published objects that no worker holds (nobody reads their
+// bytes yet; a PREPARE_RETRIEVE for them misses). p.mu is held.
+func (p *Pool) budgetReadLocks(live []KeptObject, d *Drops) {
+	var locked, lookups int64 // what stays locked whatever the caps; of it, read locks
+	for _, o := range live {
+		if o.Write || o.Held || o.Holds > 0 {
+			unit := p.alloc.Round(o.Length)
+			locked += unit
+			if !o.Write {
+				lookups += unit
+			}
+		}
+	}
+	for i := len(live) - 1; i >= 0; i-- {
+		o := &live[i]
+		if o.Write || o.Held || o.Holds > 0 || o.Readers == 0 {
+			continue
+		}
+		unit := p.alloc.Round(o.Length)
+		if lookups+unit <= p.lookupCap() && locked+unit <= p.totalCap {
+			lookups += unit
+			locked += unit
+			continue
+		}
+		d.Add("read lock released: lookups past the lock caps", fmt.Sprintf("%q, %d bytes", o.Key.String(), unit))
+		o.Readers, o.Deadline = 0, 0
+	}
 }
 
 // adoptObject adds one recorded object; p.mu is held and its bytes are
@@ -187,11 +297,16 @@ func (p *Pool) adoptObject(o KeptObject, ad *Adopted) {
 		p.t.readLocked++
 	}
 	if o.Write || o.Readers > 0 || o.Holds > 0 {
-		// The holders are gone with the previous process: their locks are
-		// the abandoned owner's until their deadlines.
+		// The writers are gone with the previous process: their locks are
+		// the abandoned owner's until their deadlines. Read locks are the
+		// lookups', charged as a live lookup's are (the lookup cap).
 		r.lock = p.newLock()
 		r.deadline = o.Deadline
-		r.owner = p.charge(AbandonedOwner(), unit)
+		owner := CarriedLookupOwner()
+		if o.Write {
+			owner = AbandonedOwner()
+		}
+		r.owner = p.charge(owner, unit)
 		p.t.locked[i] = struct{}{}
 	}
 	if !o.Held {

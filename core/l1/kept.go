@@ -1,6 +1,8 @@
 package l1
 
 import (
+	"fmt"
+
 	"kvdock/core/keys"
 	"kvdock/core/l1/segment"
 )
@@ -43,6 +45,81 @@ type Adopted struct {
 	HeldBytes   int64
 	Expired     int // locked objects whose TTL had passed: their bytes are free
 	ExpiredHeld int // of those, held (never readable) ones
+	// Clamped counts locks whose recorded deadline lay past now plus the
+	// TTL of their kind: they end then, as a lock taken now would.
+	Clamped int
+	// Dropped is what was left out object by object (a key recorded
+	// twice, a lookup's read lock past the lock caps), with the reasons.
+	Dropped Drops
+}
+
+// Drops counts the parts of a kept state left out one by one, so that a
+// bad or oversized part costs itself and never the whole state. Reasons
+// are grouped by kind with a count and the first example, at most
+// MaxDropKinds kinds (the rest are counted in N only).
+type Drops struct {
+	N     int
+	Kinds []DropKind
+}
+
+// DropKind is one kind of drop: how many, and the first one's detail.
+type DropKind struct {
+	Kind    string
+	N       int
+	Example string
+}
+
+// MaxDropKinds bounds the kinds a Drops keeps.
+const MaxDropKinds = 16
+
+// Add counts one drop of kind, with detail saying which.
+func (d *Drops) Add(kind, detail string) { d.AddN(kind, 1, detail) }
+
+// AddN counts n drops of kind, detail saying which (the first, or all).
+func (d *Drops) AddN(kind string, n int, detail string) {
+	if n <= 0 {
+		return
+	}
+	d.N += n
+	for i := range d.Kinds {
+		if d.Kinds[i].Kind == kind {
+			d.Kinds[i].N += n
+			return
+		}
+	}
+	if len(d.Kinds) < MaxDropKinds {
+		d.Kinds = append(d.Kinds, DropKind{Kind: kind, N: n, Example: detail})
+	}
+}
+
+// Merge adds o's drops to d.
+func (d *Drops) Merge(o Drops) {
+	for _, k := range o.Kinds {
+		d.AddN(k.Kind, k.N, k.Example)
+	}
+	if rest := o.N - o.counted(); rest > 0 {
+		d.N += rest
+	}
+}
+
+func (d Drops) counted() int {
+	n := 0
+	for _, k := range d.Kinds {
+		n += k.N
+	}
+	return n
+}
+
+// Reasons renders one line per kind: "kind: n (first: detail)".
+func (d Drops) Reasons() []string {
+	out := make([]string, 0, len(d.Kinds)+1)
+	for _, k := range d.Kinds {
+		out = append(out, fmt.Sprintf("%s: %d (first: %s)", k.Kind, k.N, k.Example))
+	}
+	if rest := d.N - d.counted(); rest > 0 {
+		out = append(out, fmt.Sprintf("%d more of other kinds", rest))
+	}
+	return out
 }
 
 // RemoveKept removes a kept segment that will not be adopted, only when it

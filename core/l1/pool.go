@@ -126,6 +126,9 @@ func (o Owner) String() string {
 	case OwnerAbandoned:
 		return "abandoned holds"
 	case OwnerLookup:
+		if o == CarriedLookupOwner() {
+			return "carried lookups"
+		}
 		if o.ID != 0 {
 			return fmt.Sprintf("lookup %016x", uint64(o.ID))
 		}

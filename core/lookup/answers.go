@@ -2,6 +2,7 @@ package lookup
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -39,16 +40,18 @@ func (m *Module) Answers() []Answer {
 // Restore takes the answers of a previous process (Answers, oldest first)
 // as finished jobs, before this process answers any LOOKUP: each keeps its
 // age (JobTTL counts from Created), the table's bounds hold (the oldest go
-// first), and an id this process already has keeps its own job. An answer
-// with an invalid id, negative hits or a time not before now is refused
-// with the reason; the others are restored. It returns how many were
-// added (the bounds may push the oldest out again).
+// first), and an id this process already has, or an earlier answer gave,
+// keeps its own job. An answer with an invalid id, negative hits or a time
+// not before now is refused with the reason; the others are restored. It
+// returns how many were added (the bounds may push the oldest out again).
+// The answers are sorted by age and merged into the table in one pass, so
+// a restore costs O(n log n) in whatever order they come.
 func (m *Module) Restore(as []Answer) (int, error) {
 	now := m.now()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var bad []string
-	n := 0
+	add := make([]*job, 0, len(as))
 	for i, a := range as {
 		switch err := keys.ValidateRequestID(a.RequestID); {
 		case err != nil:
@@ -67,19 +70,22 @@ func (m *Module) Restore(as []Answer) (int, error) {
 			continue
 		}
 		j := &job{id: strings.Clone(a.RequestID), created: a.Created, hitChunks: a.HitChunks, cost: int64(jobOverhead + len(a.RequestID))}
-		// Oldest first: behind the last job created no later than it.
-		at := m.order.Back()
-		for at != nil && at.Value.(*job).created.After(j.created) {
-			at = at.Prev()
-		}
-		if at == nil {
-			j.elem = m.order.PushFront(j)
-		} else {
-			j.elem = m.order.InsertAfter(j, at)
-		}
 		m.jobs[j.id] = j
 		m.bytes += j.cost
-		n++
+		add = append(add, j)
+	}
+	// Oldest first: each behind the last job created no later than it.
+	slices.SortStableFunc(add, func(x, y *job) int { return x.created.Compare(y.created) })
+	at := m.order.Front()
+	for _, j := range add {
+		for at != nil && !at.Value.(*job).created.After(j.created) {
+			at = at.Next()
+		}
+		if at == nil {
+			j.elem = m.order.PushBack(j)
+		} else {
+			j.elem = m.order.InsertBefore(j, at)
+		}
 	}
 	for len(m.jobs) > m.maxJobs || m.bytes > m.maxBytes {
 		m.removeLocked(m.order.Front().Value.(*job))
@@ -89,7 +95,7 @@ func (m *Module) Restore(as []Answer) (int, error) {
 		if len(bad) > 4 {
 			bad = append(bad[:4], fmt.Sprintf("and %d more", len(bad)-4))
 		}
-		return n, fmt.Errorf("lookup: restore: %s", strings.Join(bad, "; "))
+		return len(add), fmt.Errorf("lookup: restore: %s", strings.Join(bad, "; "))
 	}
-	return n, nil
+	return len(add), nil
 }

@@ -166,7 +166,8 @@ func TestCrashPointsNeverAdoptAnUncleanRecord(t *testing.T) {
 				if len(k.Objects) > 1 {
 					rec.Pool.Objects[1].Offset = rec.Pool.Objects[0].Offset
 				} else {
-					rec.Pool.Objects = append(rec.Pool.Objects, l1.KeptObject{Key: crashKey(99), Offset: opts.Size, Length: 1})
+					rec.Pool.Objects = append(rec.Pool.Objects, l1.KeptObject{Key: crashKey(99), Offset: 0, Length: 1},
+						l1.KeptObject{Key: crashKey(98), Offset: 0, Length: 1})
 				}
 			case 4: // kept for another inode
 				rec.Pool.Segment.Ino++
@@ -238,5 +239,77 @@ func TestCrashPointsNeverAdoptAnUncleanRecord(t *testing.T) {
 	}
 	if adopted < points/4 || refused < points/4 {
 		t.Fatalf("the crash points do not exercise both outcomes: %d adopted, %d refused", adopted, refused)
+	}
+}
+
+// TestHostileInvalidUTF8KeysAdoptedExactly: prompts stored under salts and
+// model names with invalid UTF-8 are adopted under exactly those bytes:
+// after Keep, Encode, Decode and Adopt each key reads its own bytes, and a
+// reader whose salt JSON text would have made the same ("\ufffd\ufffd",
+// "\xff\xff") misses.
+func TestHostileInvalidUTF8KeysAdoptedExactly(t *testing.T) {
+	dir, err := os.MkdirTemp(segment.DefaultDir, "kvdock-utf8-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	clk := fakeclock.New()
+	opts := l1.Options{Size: 16 * 4096, Align: 4096, Now: clk.Now, OwnerLockShare: 1, TotalLockShare: 1,
+		Plan: l1.Decision{Segment: l1.SegmentPrefix + "recutf8"}, ShmDir: dir, WriteTTL: time.Minute, ReadTTL: time.Minute}
+	p, err := l1.Open(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := func(model, salt string) keys.ObjectKey {
+		return keys.ObjectKey{Model: model, Salt: salt, KVRank: keys.KVRank(1, 0)}
+	}
+	stored := []keys.ObjectKey{key("m", "\xff\xfe"), key("m", "\xfe\xff"), key("m\xff", ""), key("m\xfe", "")}
+	for i, k := range stored {
+		res, err := p.ReserveWrite(l1.InstanceOwner(1), []keys.ObjectKey{k}, 4096)
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, done := p.View(res[0].Offset, 4096)
+		copy(v, bytes.Repeat([]byte{byte(i + 1)}, 4096))
+		done()
+		if !p.FinishWrite(res) {
+			t.Fatal("finish")
+		}
+	}
+	var data []byte
+	if err := p.Keep(func(k l1.Kept) error {
+		data, err = restart.Encode(restart.Record{Build: "utf8", Endpoint: "h:1", StoppedAt: clk.Now(), WrittenAt: clk.Now(), Pool: k})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := restart.Decode(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, ad, err := l1.Adopt(opts, rec.Pool)
+	if err != nil {
+		t.Fatalf("adopt: %v", err)
+	}
+	defer q.Close()
+	if ad.Objects != len(stored) || ad.Dropped.N != 0 {
+		t.Fatalf("adopted %+v, want all %d keys", ad, len(stored))
+	}
+	for i, k := range stored {
+		if q.ReserveReadPrefix([]keys.ObjectKey{k}, 1) != 1 {
+			t.Fatalf("key %q/%q not readable after the restart", k.Model, k.Salt)
+		}
+		ref, _ := q.HoldRead(k)
+		v, done := q.View(ref.Offset, ref.Length)
+		if !bytes.Equal(v, bytes.Repeat([]byte{byte(i + 1)}, 4096)) {
+			t.Fatalf("key %q/%q reads another key's bytes", k.Model, k.Salt)
+		}
+		done()
+		q.ReleaseRead([]l1.ReadRef{ref})
+	}
+	for _, k := range []keys.ObjectKey{key("m", "\ufffd\ufffd"), key("m", "\xff\xff"), key("m\ufffd", "")} {
+		if q.ReserveReadPrefix([]keys.ObjectKey{k}, 1) != 0 {
+			t.Fatalf("key %q/%q, never stored, is served after the restart", k.Model, k.Salt)
+		}
 	}
 }

@@ -11,16 +11,21 @@
 // another user, writable by others, or a symbolic link is refused), is
 // written atomically with mode 0600, carries a version, its length and a
 // SHA-256 of its body, and Decode validates it in full before anything in
-// it is used: every count and string is bounded, every object lies inside
-// the pool, aligned, with no two overlapping, every name index resolves.
-// Take reads and removes it in one step, so a record is used at most once
-// and a later crash finds none.
+// it is used. Damage to its structure (header, length, checksum, syntax,
+// the pool's geometry, overlapping objects) refuses it whole; an object,
+// registration or lookup that is bad on its own, or past a bound (objects
+// by the pool's units, names by the objects and registrations), is left
+// out alone with the reason, so a peer that fills one table costs only
+// what does not fit. Every string (model names, salts, request ids) is
+// kept byte for byte. Take reads and removes it in one step, so a record
+// is used at most once and a later crash finds none.
 package restart
 
 import (
 	"bytes"
 	"cmp"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -35,17 +40,21 @@ import (
 	"kvdock/core/protocol"
 )
 
-// Version is the record format this build writes and reads.
-const Version = 1
+// Version is the record format this build writes and reads: 2 keeps
+// every string byte for byte (base64); a record of another version is
+// refused with the reason.
+const Version = 2
 
 // magic starts the header line: "kvdock-state <version> <body bytes> <sha256 hex>\n".
 const magic = "kvdock-state"
 
-// Bounds on what a record may hold; a record past one is refused whole.
+// Bounds on what a record may hold. A file past MaxFileBytes is refused
+// whole; past the other bounds the parts that do not fit are left out one
+// by one (Record.Dropped), and objects are bounded by the pool too (one
+// per alignment unit), names by the objects and registrations.
 const (
 	MaxFileBytes     = 1 << 30
 	MaxObjects       = 1 << 22
-	MaxNames         = 1 << 16
 	MaxRegistrations = 1 << 16
 	MaxLookups       = 1 << 16
 	MaxStringBytes   = 1024
@@ -80,6 +89,9 @@ type Record struct {
 	Registrations []Registration
 	// Lookups are the LOOKUPs answered and not queried yet, oldest first.
 	Lookups []Lookup
+	// Dropped is what Decode left out part by part, with the reasons (not
+	// written: Encode ignores it).
+	Dropped l1.Drops
 }
 
 // Lookup is a LOOKUP whose outcome waits for its QUERY_PREFETCH_STATUS.
@@ -118,11 +130,15 @@ func Match(r Record, w Want) string {
 }
 
 // The body's JSON form: short field names, model and salt strings once.
+// Every string is an exact (base64 of its bytes): JSON text holds only
+// UTF-8, and encoding/json turns each invalid byte into U+FFFD, which would
+// make the salts ff fe and "\ufffd\ufffd" one salt after a restart. A new
+// field that holds a peer's string is an exact too.
 type body struct {
-	Build      string    `json:"build"`
+	Build      exact     `json:"build"`
 	Generation uint64    `json:"generation"`
 	PID        int       `json:"pid"`
-	Endpoint   string    `json:"endpoint"`
+	Endpoint   exact     `json:"endpoint"`
 	StoppedAt  int64     `json:"stopped_at_ns"`
 	WrittenAt  int64     `json:"written_at_ns"`
 	Auto       bool      `json:"auto"`
@@ -135,14 +151,39 @@ type body struct {
 	Lookups    []lookup  `json:"lookups,omitempty"`
 }
 
+// exact is a string the record keeps byte for byte: written as the
+// standard base64 of its bytes in a JSON string.
+type exact string
+
+// MarshalJSON writes the base64 of s's bytes.
+func (s exact) MarshalJSON() ([]byte, error) {
+	out := make([]byte, 0, base64.StdEncoding.EncodedLen(len(s))+2)
+	out = append(out, '"')
+	out = base64.StdEncoding.AppendEncode(out, []byte(s))
+	return append(out, '"'), nil
+}
+
+// UnmarshalJSON reads what MarshalJSON wrote; anything else is refused.
+func (s *exact) UnmarshalJSON(b []byte) error {
+	if len(b) < 2 || b[0] != '"' || b[len(b)-1] != '"' {
+		return fmt.Errorf("string %s: want base64 in a JSON string", bounded(string(b)))
+	}
+	v, err := base64.StdEncoding.AppendDecode(nil, b[1:len(b)-1])
+	if err != nil {
+		return fmt.Errorf("string %s: %w", bounded(string(b)), err)
+	}
+	*s = exact(v)
+	return nil
+}
+
 type lookup struct {
-	ID      string `json:"id"`
-	Hits    int    `json:"hits"`
-	Created int64  `json:"created_ns"`
+	ID      exact `json:"id"`
+	Hits    int   `json:"hits"`
+	Created int64 `json:"created_ns"`
 }
 
 type segment struct {
-	Name string `json:"name"`
+	Name exact  `json:"name"`
 	Dev  uint64 `json:"dev"`
 	Ino  uint64 `json:"ino"`
 	Size int64  `json:"size"`
@@ -150,12 +191,12 @@ type segment struct {
 }
 
 type name struct {
-	Model string `json:"m"`
-	Salt  string `json:"s"`
+	Model exact `json:"m"`
+	Salt  exact `json:"s"`
 }
 
 type object struct {
-	Chunk    string `json:"c"`
+	Chunk    string `json:"c"` // hex
 	Name     int    `json:"n"`
 	Rank     uint32 `json:"r"`
 	Group    uint32 `json:"g"`
@@ -169,19 +210,61 @@ type object struct {
 }
 
 type regWire struct {
-	ID         int64                    `json:"id"`
-	Profile    string                   `json:"profile"`
-	Mode       string                   `json:"mode"`
-	Registered int64                    `json:"registered_ns"`
-	Payload    protocol.RegisterPayload `json:"payload"`
+	ID         int64   `json:"id"`
+	Profile    exact   `json:"profile"`
+	Mode       exact   `json:"mode"`
+	Registered int64   `json:"registered_ns"`
+	Payload    payload `json:"payload"`
+}
+
+// payload is protocol.RegisterPayload with its strings kept exactly.
+type payload struct {
+	InstanceID    int64   `json:"instance"`
+	ModelName     exact   `json:"model"`
+	WorldSize     int     `json:"world_size"`
+	BlockSize     int     `json:"block_size"`
+	NumLayers     int     `json:"layers"`
+	HiddenDimSize int     `json:"hidden"`
+	DtypeStr      exact   `json:"dtype"`
+	UseMLA        bool    `json:"mla,omitempty"`
+	GroupLayouts  []group `json:"groups,omitempty"`
+}
+
+type group struct {
+	BlockSize      int   `json:"block_size"`
+	NumLayers      int   `json:"layers"`
+	HiddenDimSize  int   `json:"hidden"`
+	DtypeStr       exact `json:"dtype"`
+	UseMLA         bool  `json:"mla,omitempty"`
+	TokensPerBlock int   `json:"tokens_per_block"`
+}
+
+func payloadWire(p protocol.RegisterPayload) payload {
+	w := payload{InstanceID: p.InstanceID, ModelName: exact(p.ModelName), WorldSize: p.WorldSize, BlockSize: p.BlockSize,
+		NumLayers: p.NumLayers, HiddenDimSize: p.HiddenDimSize, DtypeStr: exact(p.DtypeStr), UseMLA: p.UseMLA}
+	for _, g := range p.GroupLayouts {
+		w.GroupLayouts = append(w.GroupLayouts, group{BlockSize: g.BlockSize, NumLayers: g.NumLayers, HiddenDimSize: g.HiddenDimSize,
+			DtypeStr: exact(g.DtypeStr), UseMLA: g.UseMLA, TokensPerBlock: g.TokensPerBlock})
+	}
+	return w
+}
+
+func (w payload) register() protocol.RegisterPayload {
+	p := protocol.RegisterPayload{InstanceID: w.InstanceID, ModelName: string(w.ModelName), WorldSize: w.WorldSize, BlockSize: w.BlockSize,
+		NumLayers: w.NumLayers, HiddenDimSize: w.HiddenDimSize, DtypeStr: string(w.DtypeStr), UseMLA: w.UseMLA}
+	for _, g := range w.GroupLayouts {
+		p.GroupLayouts = append(p.GroupLayouts, protocol.GroupLayout{BlockSize: g.BlockSize, NumLayers: g.NumLayers,
+			HiddenDimSize: g.HiddenDimSize, DtypeStr: string(g.DtypeStr), UseMLA: g.UseMLA, TokensPerBlock: g.TokensPerBlock})
+	}
+	return p
 }
 
 // Encode renders r as a record file: the header line, then the body.
 func Encode(r Record) ([]byte, error) {
 	b := body{
-		Build: r.Build, Generation: r.Generation, PID: r.PID, Endpoint: r.Endpoint,
+		Build: exact(r.Build), Generation: r.Generation, PID: r.PID, Endpoint: exact(r.Endpoint),
 		StoppedAt: r.StoppedAt.UnixNano(), WrittenAt: r.WrittenAt.UnixNano(), Auto: r.Auto,
-		Segment: segment{Name: r.Pool.Segment.Name, Dev: r.Pool.Segment.Dev, Ino: r.Pool.Segment.Ino,
+		Segment: segment{Name: exact(r.Pool.Segment.Name), Dev: r.Pool.Segment.Dev, Ino: r.Pool.Segment.Ino,
 			Size: r.Pool.Segment.Size, UID: r.Pool.Segment.UID},
 		Size: r.Pool.Size, Align: r.Pool.Align,
 		Names:   []name{},
@@ -190,7 +273,7 @@ func Encode(r Record) ([]byte, error) {
 	}
 	idx := map[name]int{}
 	for _, o := range r.Pool.Objects {
-		n := name{o.Key.Model, o.Key.Salt}
+		n := name{exact(o.Key.Model), exact(o.Key.Salt)}
 		i, ok := idx[n]
 		if !ok {
 			i = len(b.Names)
@@ -202,10 +285,11 @@ func Encode(r Record) ([]byte, error) {
 			Readers: o.Readers, Holds: o.Holds, Deadline: o.Deadline})
 	}
 	for _, g := range r.Registrations {
-		b.Regs = append(b.Regs, regWire{ID: g.ID, Profile: g.Profile, Mode: g.Mode, Registered: g.Registered.UnixNano(), Payload: g.Payload})
+		b.Regs = append(b.Regs, regWire{ID: g.ID, Profile: exact(g.Profile), Mode: exact(g.Mode), Registered: g.Registered.UnixNano(),
+			Payload: payloadWire(g.Payload)})
 	}
 	for _, l := range r.Lookups {
-		b.Lookups = append(b.Lookups, lookup{ID: l.RequestID, Hits: l.HitChunks, Created: l.Created.UnixNano()})
+		b.Lookups = append(b.Lookups, lookup{ID: exact(l.RequestID), Hits: l.HitChunks, Created: l.Created.UnixNano()})
 	}
 	js, err := json.Marshal(b)
 	if err != nil {
@@ -219,8 +303,12 @@ func Encode(r Record) ([]byte, error) {
 	return append(out, js...), nil
 }
 
-// Decode parses and validates a record file in full; every refusal wraps
-// ErrInvalid and says what was wrong.
+// Decode parses and validates a record file in full; a refusal wraps
+// ErrInvalid and says what was wrong. Damage to the structure (header,
+// length, checksum, syntax, the pool's geometry, objects that overlap)
+// refuses the whole record; a part that is bad or past its bound on its
+// own (an object, a registration, a lookup) is left out with the reason,
+// counted in Record.Dropped.
 func Decode(data []byte) (Record, error) {
 	bad := func(format string, args ...any) (Record, error) {
 		return Record{}, fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, args...))
@@ -257,44 +345,33 @@ func Decode(data []byte) (Record, error) {
 	if dec.More() {
 		return bad("body: data after the record")
 	}
-	if err := b.check(); err != nil {
+	if err := b.geometry(); err != nil {
 		return bad("%v", err)
 	}
-	r := Record{Build: b.Build, Generation: b.Generation, PID: b.PID, Endpoint: b.Endpoint,
+	r := Record{Build: string(b.Build), Generation: b.Generation, PID: b.PID, Endpoint: string(b.Endpoint),
 		StoppedAt: time.Unix(0, b.StoppedAt), WrittenAt: time.Unix(0, b.WrittenAt), Auto: b.Auto,
-		Pool: l1.Kept{Segment: l1.SegmentIdentity{Name: b.Segment.Name, Dev: b.Segment.Dev, Ino: b.Segment.Ino,
-			Size: b.Segment.Size, UID: b.Segment.UID}, Size: b.Size, Align: b.Align,
-			Objects: make([]l1.KeptObject, len(b.Objects))},
-		Registrations: make([]Registration, len(b.Regs)),
+		Pool: l1.Kept{Segment: l1.SegmentIdentity{Name: string(b.Segment.Name), Dev: b.Segment.Dev, Ino: b.Segment.Ino,
+			Size: b.Segment.Size, UID: b.Segment.UID}, Size: b.Size, Align: b.Align},
 	}
-	for i, o := range b.Objects {
-		var h keys.Hash
-		_, _ = hex.Decode(h[:], []byte(o.Chunk)) // checked
-		n := b.Names[o.Name]
-		r.Pool.Objects[i] = l1.KeptObject{Key: keys.ObjectKey{Chunk: h, Model: n.Model, Salt: n.Salt, KVRank: o.Rank, Group: o.Group},
-			Offset: o.Off, Length: o.Len, Held: o.Held, Write: o.Write, Readers: o.Readers, Holds: o.Holds, Deadline: o.Deadline}
+	if r.Pool.Objects, err = b.objects(&r.Dropped); err != nil {
+		return bad("%v", err)
 	}
-	for i, g := range b.Regs {
-		r.Registrations[i] = Registration{ID: g.ID, Profile: g.Profile, Mode: g.Mode, Registered: time.Unix(0, g.Registered), Payload: g.Payload}
-	}
-	for _, l := range b.Lookups {
-		r.Lookups = append(r.Lookups, Lookup{RequestID: l.ID, HitChunks: l.Hits, Created: time.Unix(0, l.Created)})
-	}
+	r.Registrations = b.registrations(&r.Dropped)
+	r.Lookups = b.lookups(&r.Dropped)
 	return r, nil
 }
 
-// check validates a decoded body: bounds, geometry, every object inside the
-// pool and aligned, no overlaps, every reference resolved.
-func (b *body) check() error {
-	var errs []error
-	str := func(what, s string) {
-		if len(s) > MaxStringBytes {
-			errs = append(errs, fmt.Errorf("%s is %d bytes, at most %d", what, len(s), MaxStringBytes))
+// geometry checks what the whole record stands on: its own strings and
+// the pool's size, alignment and segment.
+func (b *body) geometry() error {
+	for _, f := range []struct {
+		what string
+		s    exact
+	}{{"build", b.Build}, {"endpoint", b.Endpoint}, {"segment name", b.Segment.Name}} {
+		if len(f.s) > MaxStringBytes {
+			return fmt.Errorf("%s is %d bytes, at most %d", f.what, len(f.s), MaxStringBytes)
 		}
 	}
-	str("build", b.Build)
-	str("endpoint", b.Endpoint)
-	str("segment name", b.Segment.Name)
 	switch {
 	case b.Size <= 0 || b.Align <= 0 || b.Align&(b.Align-1) != 0 || b.Size < b.Align:
 		return fmt.Errorf("pool of %d bytes aligned to %d: want a power-of-two alignment no larger than the pool", b.Size, b.Align)
@@ -302,93 +379,185 @@ func (b *body) check() error {
 		return fmt.Errorf("segment of %d bytes for a pool of %d", b.Segment.Size, b.Size)
 	case b.Segment.Name == "":
 		return errors.New("no segment name: only a shared segment can be kept")
-	case len(b.Names) > MaxNames:
-		return fmt.Errorf("%d names, at most %d", len(b.Names), MaxNames)
-	case len(b.Objects) > MaxObjects || int64(len(b.Objects)) > b.Size/b.Align:
-		return fmt.Errorf("%d objects, at most %d (and one per %d-byte unit of the pool)", len(b.Objects), MaxObjects, b.Align)
-	case len(b.Regs) > MaxRegistrations:
-		return fmt.Errorf("%d registrations, at most %d", len(b.Regs), MaxRegistrations)
-	case len(b.Lookups) > MaxLookups:
-		return fmt.Errorf("%d lookups, at most %d", len(b.Lookups), MaxLookups)
 	}
-	for i, n := range b.Names {
-		str(fmt.Sprintf("name %d model", i), n.Model)
-		str(fmt.Sprintf("name %d salt", i), n.Salt)
+	return nil
+}
+
+// locked reports whether o holds a lock of any kind.
+func (o *object) locked() bool { return o.Write || o.Readers > 0 || o.Holds > 0 }
+
+// objects checks the recorded objects against the pool: at most one per
+// alignment unit of the pool (and MaxObjects), the least recently used,
+// unlocked ones first, left out past that; each inside the pool, aligned,
+// its name resolved. An object whose key cannot be read but which is
+// locked is kept held (never readable) so its holder's bytes are not
+// handed out before its lock ends. Objects that overlap refuse the record.
+func (b *body) objects(d *l1.Drops) ([]l1.KeptObject, error) {
+	names := b.names(d)
+	skip := make([]bool, len(b.Objects))
+	if limit := int(min(int64(MaxObjects), b.Size/b.Align)); len(b.Objects) > limit {
+		excess := len(b.Objects) - limit
+		for pass := range 2 {
+			for i := range b.Objects {
+				if excess > 0 && !skip[i] && b.Objects[i].locked() == (pass == 1) {
+					skip[i] = true
+					excess--
+				}
+			}
+		}
+		d.AddN("objects past the pool's bound", len(b.Objects)-limit,
+			fmt.Sprintf("%d objects, at most %d (one per %d-byte unit, at most %d)", len(b.Objects), limit, b.Align, MaxObjects))
 	}
+	out := make([]l1.KeptObject, 0, len(b.Objects))
 	type span struct{ off, end int64 }
 	spans := make([]span, 0, len(b.Objects))
-	for i, o := range b.Objects {
-		if len(errs) > 8 {
-			break
-		}
-		var h keys.Hash
-		if len(o.Chunk) != 2*len(h) {
-			errs = append(errs, fmt.Errorf("object %d: chunk hash of %d characters, want %d hex digits", i, len(o.Chunk), 2*len(h)))
-		} else if _, err := hex.Decode(h[:], []byte(o.Chunk)); err != nil {
-			errs = append(errs, fmt.Errorf("object %d: chunk hash: %v", i, err))
-		}
-		if o.Name < 0 || o.Name >= len(b.Names) {
-			errs = append(errs, fmt.Errorf("object %d: name index %d outside the %d names", i, o.Name, len(b.Names)))
+	for i := range b.Objects {
+		o := &b.Objects[i]
+		if skip[i] {
+			continue
 		}
 		rounded := (o.Len + b.Align - 1) &^ (b.Align - 1)
 		switch {
 		case o.Len <= 0 || rounded <= 0:
-			errs = append(errs, fmt.Errorf("object %d: length %d, want > 0", i, o.Len))
+			d.Add("object of no length", fmt.Sprintf("object %d: length %d", i, o.Len))
 			continue
 		case o.Off < 0 || o.Off&(b.Align-1) != 0:
-			errs = append(errs, fmt.Errorf("object %d: offset %d not aligned to %d", i, o.Off, b.Align))
+			d.Add("object not aligned", fmt.Sprintf("object %d: offset %d not aligned to %d", i, o.Off, b.Align))
 			continue
 		case o.Off > b.Size || rounded > b.Size-o.Off:
-			errs = append(errs, fmt.Errorf("object %d: [%d, +%d) passes the pool of %d bytes", i, o.Off, rounded, b.Size))
+			d.Add("object outside the pool", fmt.Sprintf("object %d: [%d, +%d) passes the pool of %d bytes", i, o.Off, rounded, b.Size))
 			continue
-		case o.Write && !o.Held:
-			errs = append(errs, fmt.Errorf("object %d: a write reservation recorded as readable", i))
-		case (o.Readers > 0 || o.Holds > 0 || o.Write) && o.Deadline <= 0:
-			errs = append(errs, fmt.Errorf("object %d: locked without a deadline", i))
+		case o.locked() && o.Deadline <= 0:
+			d.Add("locked without a deadline", fmt.Sprintf("object %d", i))
+			continue
 		}
+		k := l1.KeptObject{Offset: o.Off, Length: o.Len, Held: o.Held, Write: o.Write, Readers: o.Readers, Holds: o.Holds, Deadline: o.Deadline}
+		key, why := b.key(o, names)
+		if why == "" && o.Write && !o.Held {
+			why = "a write reservation recorded as readable"
+		}
+		switch {
+		case why != "" && !o.locked():
+			d.Add(why, fmt.Sprintf("object %d", i))
+			continue
+		case why != "":
+			d.Add(why+" (kept unreadable until its lock ends)", fmt.Sprintf("object %d", i))
+			k.Held = true
+		default:
+			k.Key = key
+		}
+		out = append(out, k)
 		spans = append(spans, span{o.Off, o.Off + rounded})
 	}
 	slices.SortFunc(spans, func(x, y span) int { return cmp.Compare(x.off, y.off) })
-	for i := 1; i < len(spans) && len(errs) <= 8; i++ {
+	for i := 1; i < len(spans); i++ {
 		if spans[i].off < spans[i-1].end {
-			errs = append(errs, fmt.Errorf("objects at %d and %d overlap", spans[i-1].off, spans[i].off))
+			return nil, fmt.Errorf("objects at %d and %d overlap", spans[i-1].off, spans[i].off)
 		}
 	}
-	seen := make(map[int64]bool, len(b.Regs))
-	for i, g := range b.Regs {
-		if len(errs) > 8 {
-			break
-		}
-		if seen[g.ID] {
-			errs = append(errs, fmt.Errorf("registration %d: instance %d recorded twice", i, g.ID))
-		}
-		seen[g.ID] = true
-		if g.Payload.InstanceID != g.ID {
-			errs = append(errs, fmt.Errorf("registration %d: payload names instance %d, not %d", i, g.Payload.InstanceID, g.ID))
-		}
-		str(fmt.Sprintf("registration %d profile", i), g.Profile)
-		str(fmt.Sprintf("registration %d model", i), g.Payload.ModelName)
-		str(fmt.Sprintf("registration %d dtype", i), g.Payload.DtypeStr)
-		if g.Mode != "SHM" && g.Mode != "PICKLE" {
-			errs = append(errs, fmt.Errorf("registration %d: mode %q, want SHM or PICKLE", i, bounded(g.Mode)))
-		}
-		if n := len(g.Payload.GroupLayouts); n > protocol.MaxGroupLayouts {
-			errs = append(errs, fmt.Errorf("registration %d: %d group layouts, at most %d", i, n, protocol.MaxGroupLayouts))
-		}
-		for j, gl := range g.Payload.GroupLayouts {
-			str(fmt.Sprintf("registration %d group %d dtype", i, j), gl.DtypeStr)
+	return out, nil
+}
+
+// names returns the usable names, nil where a name is not: past the bound
+// (one per object or registration) or with a string past MaxStringBytes.
+func (b *body) names(d *l1.Drops) []*name {
+	limit := min(len(b.Objects)+len(b.Regs), MaxObjects+MaxRegistrations)
+	if len(b.Names) > limit {
+		d.AddN("names past the bound", len(b.Names)-limit, fmt.Sprintf("%d names, at most %d (one per object or registration)", len(b.Names), limit))
+	}
+	out := make([]*name, min(len(b.Names), limit))
+	for i := range out {
+		if n := &b.Names[i]; len(n.Model) <= MaxStringBytes && len(n.Salt) <= MaxStringBytes {
+			out[i] = n
 		}
 	}
-	for i, l := range b.Lookups {
-		if len(errs) > 8 {
-			break
+	return out
+}
+
+// key reads o's key, or says why it cannot be read.
+func (b *body) key(o *object, names []*name) (keys.ObjectKey, string) {
+	var k keys.ObjectKey
+	if len(o.Chunk) != 2*len(k.Chunk) {
+		return k, "chunk hash not 64 hex digits"
+	}
+	if _, err := hex.Decode(k.Chunk[:], []byte(o.Chunk)); err != nil {
+		return k, "chunk hash not 64 hex digits"
+	}
+	if o.Name < 0 || o.Name >= len(names) || names[o.Name] == nil {
+		return k, "name unknown, or a string past the bound"
+	}
+	n := names[o.Name]
+	k.Model, k.Salt, k.KVRank, k.Group = string(n.Model), string(n.Salt), o.Rank, o.Group
+	return k, ""
+}
+
+// registrations returns the valid registrations, at most MaxRegistrations
+// (the first); an instance recorded twice is left out, every copy, since
+// neither can be told to be the worker's.
+func (b *body) registrations(d *l1.Drops) []Registration {
+	regs := b.Regs
+	if len(regs) > MaxRegistrations {
+		d.AddN("registrations past the bound", len(regs)-MaxRegistrations, fmt.Sprintf("%d registrations, at most %d", len(regs), MaxRegistrations))
+		regs = regs[:MaxRegistrations]
+	}
+	count := make(map[int64]int, len(regs))
+	for _, g := range regs {
+		count[g.ID]++
+	}
+	out := make([]Registration, 0, len(regs))
+	for i := range regs {
+		g := &regs[i]
+		if why := g.invalid(count[g.ID]); why != "" {
+			d.Add("registration "+why, fmt.Sprintf("registration %d (instance %d)", i, g.ID))
+			continue
 		}
-		str(fmt.Sprintf("lookup %d request id", i), l.ID)
-		if l.Hits < 0 || l.Hits > MaxObjects || l.Created <= 0 {
-			errs = append(errs, fmt.Errorf("lookup %d: %d hits created at %d ns, want 0 to %d hits and a time", i, l.Hits, l.Created, MaxObjects))
+		out = append(out, Registration{ID: g.ID, Profile: string(g.Profile), Mode: string(g.Mode), Registered: time.Unix(0, g.Registered),
+			Payload: g.Payload.register()})
+	}
+	return out
+}
+
+// invalid says what is wrong with g ("" when nothing); copies is how many
+// registrations of its instance the record holds.
+func (g *regWire) invalid(copies int) string {
+	long := func(s exact) bool { return len(s) > MaxStringBytes }
+	switch {
+	case copies > 1:
+		return "of an instance recorded twice"
+	case g.Payload.InstanceID != g.ID:
+		return fmt.Sprintf("whose payload names instance %d", g.Payload.InstanceID)
+	case long(g.Profile) || long(g.Payload.ModelName) || long(g.Payload.DtypeStr):
+		return fmt.Sprintf("with a string past %d bytes", MaxStringBytes)
+	case g.Mode != "SHM" && g.Mode != "PICKLE":
+		return fmt.Sprintf("of mode %q, want SHM or PICKLE", bounded(string(g.Mode)))
+	case len(g.Payload.GroupLayouts) > protocol.MaxGroupLayouts:
+		return fmt.Sprintf("with %d group layouts, at most %d", len(g.Payload.GroupLayouts), protocol.MaxGroupLayouts)
+	}
+	for _, gl := range g.Payload.GroupLayouts {
+		if long(gl.DtypeStr) {
+			return fmt.Sprintf("with a string past %d bytes", MaxStringBytes)
 		}
 	}
-	return errors.Join(errs...)
+	return ""
+}
+
+// lookups returns the valid lookups, at most MaxLookups (the newest: the
+// record lists them oldest first).
+func (b *body) lookups(d *l1.Drops) []Lookup {
+	ls := b.Lookups
+	if len(ls) > MaxLookups {
+		d.AddN("lookups past the bound", len(ls)-MaxLookups, fmt.Sprintf("%d lookups, at most %d (the oldest left out)", len(ls), MaxLookups))
+		ls = ls[len(ls)-MaxLookups:]
+	}
+	var out []Lookup
+	for i, l := range ls {
+		if len(l.ID) > MaxStringBytes || l.Hits < 0 || l.Hits > MaxObjects || l.Created <= 0 {
+			d.Add("lookup invalid", fmt.Sprintf("lookup %d: a %d-byte id, %d hits, created at %d ns", i, len(l.ID), l.Hits, l.Created))
+			continue
+		}
+		out = append(out, Lookup{RequestID: string(l.ID), HitChunks: l.Hits, Created: time.Unix(0, l.Created)})
+	}
+	return out
 }
 
 // bounded cuts an outside string for an error message.

@@ -3,11 +3,14 @@ package restart
 import (
 	"bytes"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -83,6 +86,29 @@ func TestMatchNamesEveryPoolChange(t *testing.T) {
 	}
 }
 
+// TestHostileMatchRefusesAnotherSegmentName: a segment kept under one
+// --shm-name is never adopted under another name, nor once the name is
+// unset (auto naming): the workers map the segment by its name, and the
+// new process advertises what its settings name.
+func TestHostileMatchRefusesAnotherSegmentName(t *testing.T) {
+	r := sample()
+	r.Auto, r.Pool.Segment.Name = false, "lmcache_l1_pool_a"
+	named := Want{Endpoint: "localhost:5555", Segment: "lmcache_l1_pool_a", Size: 1 << 20, Align: 4096}
+	if m := Match(r, named); m != "" {
+		t.Fatalf("the same name refused: %s", m)
+	}
+	other := named
+	other.Segment = "lmcache_l1_pool_b"
+	if m := Match(r, other); !strings.Contains(m, "lmcache_l1_pool_a") || !strings.Contains(m, "lmcache_l1_pool_b") {
+		t.Fatalf("kept as lmcache_l1_pool_a, wanted as lmcache_l1_pool_b: %q, want a refusal naming both", m)
+	}
+	auto := named
+	auto.Auto, auto.Segment = true, ""
+	if m := Match(r, auto); !strings.Contains(m, "now unset") {
+		t.Fatalf("kept under --shm-name, now auto: %q, want a refusal", m)
+	}
+}
+
 // encode writes a record whose body was changed after validation would
 // pass: mutate edits the JSON text, and the checksum is recomputed, as a
 // hostile writer would.
@@ -102,6 +128,16 @@ func withHeader(body string) []byte {
 	return []byte(fmt.Sprintf("%s %d %d %s\n%s", magic, Version, len(body), sum, body))
 }
 
+// b64 is s as the record writes it.
+func b64(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) }
+
+// replace is a body mutation replacing old by new once.
+func replace(old, new string) func(string) string {
+	return func(s string) string { return strings.Replace(s, old, new, 1) }
+}
+
+// TestHostileStateFileContents: damage to the record's structure refuses
+// it whole with the reason.
 func TestHostileStateFileContents(t *testing.T) {
 	good, _ := Encode(sample())
 	nl := bytes.IndexByte(good, '\n')
@@ -109,58 +145,175 @@ func TestHostileStateFileContents(t *testing.T) {
 		data []byte
 		want string
 	}{
-		"empty":          {nil, "no header"},
-		"foreign":        {[]byte("hello world\nthis is not ours\n"), "not a kvdock state header"},
-		"binary":         {bytes.Repeat([]byte{0xff}, 4096), "no header"},
-		"version":        {bytes.Replace(good, []byte(magic+" 1 "), []byte(magic+" 9 "), 1), "format version"},
-		"truncated":      {good[:len(good)-10], "truncated"},
-		"appended":       {append(append([]byte{}, good...), "{}"...), "truncated or appended"},
-		"corrupt":        {append(append([]byte{}, good[:nl+20]...), append([]byte("X"), good[nl+21:]...)...), "checksum"},
-		"overlap":        {hostileBody(t, func(s string) string { return strings.Replace(s, `"o":8192`, `"o":4096`, 1) }), "overlap"},
-		"unaligned":      {hostileBody(t, func(s string) string { return strings.Replace(s, `"o":8192`, `"o":8193`, 1) }), "not aligned"},
-		"outside":        {hostileBody(t, func(s string) string { return strings.Replace(s, `"o":8192`, `"o":1044480`, 1) }), "passes the pool"},
-		"negative":       {hostileBody(t, func(s string) string { return strings.Replace(s, `"o":8192`, `"o":-8192`, 1) }), "not aligned"},
-		"huge length":    {hostileBody(t, func(s string) string { return strings.Replace(s, `"l":5000`, `"l":9223372036854775000`, 1) }), "want > 0"},
-		"name index":     {hostileBody(t, func(s string) string { return strings.Replace(s, `"n":1`, `"n":99`, 1) }), "name index"},
-		"chunk":          {hostileBody(t, func(s string) string { return strings.Replace(s, `"c":"00`, `"c":"zz`, 1) }), "chunk hash"},
-		"short chunk":    {hostileBody(t, func(s string) string { return strings.Replace(s, `"c":"00`, `"c":"`, 1) }), "hex digits"},
-		"write readable": {hostileBody(t, func(s string) string { return strings.Replace(s, `"h":true,`, ``, 1) }), "recorded as readable"},
-		"no deadline":    {hostileBody(t, func(s string) string { return strings.Replace(s, `"w":true,`, `"w":true,"rd":3,`, 1) + "" }), ""},
-		"pool geometry":  {hostileBody(t, func(s string) string { return strings.Replace(s, `"align":4096`, `"align":3000`, 1) }), "power-of-two"},
-		"segment size":   {hostileBody(t, func(s string) string { return strings.Replace(s, `"size":1048576,"uid"`, `"size":1,"uid"`, 1) }), "segment of 1 bytes"},
-		"unknown field":  {hostileBody(t, func(s string) string { return strings.Replace(s, `{"build"`, `{"evil":1,"build"`, 1) }), "unknown field"},
-		"mode":           {hostileBody(t, func(s string) string { return strings.Replace(s, `"mode":"SHM"`, `"mode":"ROOT"`, 1) }), "want SHM or PICKLE"},
-		"duplicate reg": {hostileBody(t, func(s string) string {
-			i := strings.Index(s, `"registrations":[`) + len(`"registrations":[`)
-			j := i + strings.Index(s[i:], `],"lookups"`)
-			reg := s[i:j]
-			return s[:i] + reg + "," + reg + s[j:]
-		}), "recorded twice"},
-		"payload id":  {hostileBody(t, func(s string) string { return strings.Replace(s, `"InstanceID":7`, `"InstanceID":8`, 1) }), "payload names"},
-		"long string": {hostileBody(t, func(s string) string { return strings.Replace(s, `"m":"m"`, `"m":"`+strings.Repeat("a", 2000)+`"`, 1) }), "at most 1024"},
-		"oversized count": {hostileBody(t, func(s string) string {
-			s = strings.Replace(s, `"size":1048576,"uid"`, `"size":16384,"uid"`, 1)
-			return strings.Replace(s, `"size":1048576,"align"`, `"size":16384,"align"`, 1)
-		}), "objects, at most"},
-		"trailing":    {withHeader(string(good[nl+1:]) + "{}"), "after the record"},
-		"lookup hits": {hostileBody(t, func(s string) string { return strings.Replace(s, `"hits":3`, `"hits":-3`, 1) }), "lookup 0"},
-		"lookup time": {hostileBody(t, func(s string) string { return strings.Replace(s, `"created_ns":99000000007`, `"created_ns":0`, 1) }), "lookup 0"},
-		"lookup id": {hostileBody(t, func(s string) string {
-			return strings.Replace(s, `"id":"req-1"`, `"id":"`+strings.Repeat("r", 2000)+`"`, 1)
-		}), "lookup 0 request id"},
+		"empty":         {nil, "no header"},
+		"foreign":       {[]byte("hello world\nthis is not ours\n"), "not a kvdock state header"},
+		"binary":        {bytes.Repeat([]byte{0xff}, 4096), "no header"},
+		"version":       {bytes.Replace(good, []byte(magic+" 2 "), []byte(magic+" 9 "), 1), "format version"},
+		"old version":   {bytes.Replace(good, []byte(magic+" 2 "), []byte(magic+" 1 "), 1), `format version "1", this build reads 2`},
+		"truncated":     {good[:len(good)-10], "truncated"},
+		"appended":      {append(append([]byte{}, good...), "{}"...), "truncated or appended"},
+		"corrupt":       {append(append([]byte{}, good[:nl+20]...), append([]byte("X"), good[nl+21:]...)...), "checksum"},
+		"overlap":       {hostileBody(t, replace(`"o":8192`, `"o":4096`)), "overlap"},
+		"pool geometry": {hostileBody(t, replace(`"align":4096`, `"align":3000`)), "power-of-two"},
+		"segment size":  {hostileBody(t, replace(`"size":1048576,"uid"`, `"size":1,"uid"`)), "segment of 1 bytes"},
+		"unknown field": {hostileBody(t, replace(`{"build"`, `{"evil":1,"build"`)), "unknown field"},
+		"raw string":    {hostileBody(t, replace(`"m":"`+b64("m")+`"`, `"m":"m!"`)), "base64"},
+		"not a string":  {hostileBody(t, replace(`"m":"`+b64("m")+`"`, `"m":5`)), "want base64"},
+		"long build":    {hostileBody(t, replace(`"build":"`+b64("test")+`"`, `"build":"`+b64(strings.Repeat("b", 2000))+`"`)), "build is 2000 bytes"},
+		"trailing":      {withHeader(string(good[nl+1:]) + "{}"), "after the record"},
 	}
 	for name, tc := range cases {
 		_, err := Decode(tc.data)
-		if tc.want == "" {
-			// Locks with a deadline are fine; the mutation must still decode.
-			if err != nil {
-				t.Errorf("%s: %v", name, err)
-			}
-			continue
-		}
 		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: err = %v, want ErrInvalid saying %q", name, err, tc.want)
 		}
+	}
+}
+
+// TestHostileStateFilePartsDroppedAlone: a part of the record that is bad
+// on its own (an object, a registration, a lookup) is left out with a
+// counted reason; the rest of the record is adopted as it was.
+func TestHostileStateFilePartsDroppedAlone(t *testing.T) {
+	deadline := regexp.MustCompile(`"d":[0-9]+`)
+	reg := func(s string) (int, int) {
+		i := strings.Index(s, `"registrations":[`) + len(`"registrations":[`)
+		return i, i + strings.Index(s[i:], `],"lookups"`)
+	}
+	cases := map[string]struct {
+		mutate               func(string) string
+		want                 string // the reason
+		drops, objects, held int
+		regs, lookups        int
+	}{
+		"unaligned":      {replace(`"o":8192`, `"o":8193`), "object not aligned", 1, 7, 1, 1, 1},
+		"outside":        {replace(`"o":8192`, `"o":1044480`), "object outside the pool", 1, 7, 1, 1, 1},
+		"negative":       {replace(`"o":8192`, `"o":-8192`), "object not aligned", 1, 7, 1, 1, 1},
+		"huge length":    {replace(`"l":5000`, `"l":9223372036854775000`), "object of no length", 1, 7, 1, 1, 1},
+		"name index":     {replace(`"n":1`, `"n":99`), "name unknown", 1, 7, 1, 1, 1},
+		"chunk":          {replace(`"c":"00`, `"c":"zz`), "chunk hash", 1, 7, 1, 1, 1},
+		"short chunk":    {replace(`"c":"00`, `"c":"`), "chunk hash", 1, 7, 1, 1, 1},
+		"write readable": {replace(`"h":true,`, ``), "recorded as readable (kept unreadable", 1, 8, 1, 1, 1},
+		"bad held key":   {replace(`"c":"07`, `"c":"zz`), "chunk hash not 64 hex digits (kept unreadable", 1, 8, 1, 1, 1},
+		"no deadline":    {func(s string) string { return deadline.ReplaceAllString(s, `"d":0`) }, "locked without a deadline", 1, 7, 0, 1, 1},
+		"long salt":      {replace(`"s":"`+b64("0")+`"`, `"s":"`+b64(strings.Repeat("a", 2000))+`"`), "name unknown, or a string past the bound", 4, 4, 1, 1, 1},
+		"mode":           {replace(`"mode":"`+b64("SHM")+`"`, `"mode":"`+b64("ROOT")+`"`), "want SHM or PICKLE", 1, 8, 1, 0, 1},
+		"payload id":     {replace(`"instance":7`, `"instance":8`), "payload names instance 8", 1, 8, 1, 0, 1},
+		"long model":     {replace(`"model":"`+b64("m")+`"`, `"model":"`+b64(strings.Repeat("m", 2000))+`"`), "string past 1024 bytes", 1, 8, 1, 0, 1},
+		"duplicate reg": {func(s string) string {
+			i, j := reg(s)
+			return s[:i] + s[i:j] + "," + s[i:j] + s[j:]
+		}, "instance recorded twice", 2, 8, 1, 0, 1},
+		"lookup hits": {replace(`"hits":3`, `"hits":-3`), "lookup invalid", 1, 8, 1, 1, 0},
+		"lookup time": {replace(`"created_ns":99000000007`, `"created_ns":0`), "lookup invalid", 1, 8, 1, 1, 0},
+		"lookup id":   {replace(`"id":"`+b64("req-1")+`"`, `"id":"`+b64(strings.Repeat("r", 2000))+`"`), "lookup invalid", 1, 8, 1, 1, 0},
+	}
+	for name, tc := range cases {
+		r, err := Decode(hostileBody(t, tc.mutate))
+		if err != nil {
+			t.Errorf("%s: the whole record refused: %v", name, err)
+			continue
+		}
+		held := 0
+		for _, o := range r.Pool.Objects {
+			if o.Held {
+				held++
+			}
+		}
+		reasons := strings.Join(r.Dropped.Reasons(), "; ")
+		if r.Dropped.N != tc.drops || !strings.Contains(reasons, tc.want) || len(r.Pool.Objects) != tc.objects || held != tc.held ||
+			len(r.Registrations) != tc.regs || len(r.Lookups) != tc.lookups {
+			t.Errorf("%s: %d dropped (%s), %d objects (%d held), %d registrations, %d lookups; want %d dropped saying %q, %d objects (%d held), %d, %d",
+				name, r.Dropped.N, reasons, len(r.Pool.Objects), held, len(r.Registrations), len(r.Lookups),
+				tc.drops, tc.want, tc.objects, tc.held, tc.regs, tc.lookups)
+		}
+	}
+}
+
+// TestHostileManyNamesKeepTheRecord: one peer storing 65,600 one-chunk
+// prompts under distinct salts made the next start refuse the record
+// ("65601 names, at most 65536"), every tenant's cache lost. Names are
+// bounded by the objects and registrations they serve: such a record is
+// adopted whole; past its bounds a table loses only what does not fit.
+func TestHostileManyNamesKeepTheRecord(t *testing.T) {
+	const n = 65600
+	r := sample()
+	r.Pool.Size, r.Pool.Segment.Size = int64(n+16)*4096, int64(n+16)*4096
+	for i := range n {
+		k := keys.ObjectKey{Model: "m", KVRank: keys.KVRank(1, 0), Salt: fmt.Sprint("tenant-", i)}
+		k.Chunk[0], k.Chunk[1], k.Chunk[2] = byte(i), byte(i>>8), byte(i>>16)
+		r.Pool.Objects = append(r.Pool.Objects, l1.KeptObject{Key: k, Offset: int64(16+i) * 4096, Length: 4096})
+	}
+	data, err := Encode(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := Decode(data)
+	if err != nil {
+		t.Fatalf("a record of %d salts refused: %v", n+2, err)
+	}
+	if len(got.Pool.Objects) != n+8 || got.Dropped.N != 0 {
+		t.Fatalf("%d of %d objects kept, %v dropped", len(got.Pool.Objects), n+8, got.Dropped.Reasons())
+	}
+	// Past the lookups' bound, the oldest are left out, not the record.
+	r = sample()
+	r.Lookups = nil
+	for i := range MaxLookups + 10 {
+		r.Lookups = append(r.Lookups, Lookup{RequestID: fmt.Sprint("q", i), HitChunks: 1, Created: time.Unix(1000+int64(i), 0)})
+	}
+	if data, err = Encode(r); err != nil {
+		t.Fatal(err)
+	}
+	if got, err = Decode(data); err != nil {
+		t.Fatalf("a record of %d lookups refused: %v", MaxLookups+10, err)
+	}
+	if len(got.Lookups) != MaxLookups || got.Lookups[0].RequestID != "q10" || got.Dropped.N != 10 || len(got.Pool.Objects) != 8 {
+		t.Fatalf("%d lookups kept from %q, %d dropped, %d objects", len(got.Lookups), got.Lookups[0].RequestID, got.Dropped.N, len(got.Pool.Objects))
+	}
+	// Past the registrations' bound, the ones after it.
+	r = sample()
+	base := r.Registrations[0]
+	for i := range MaxRegistrations {
+		g := base
+		g.ID, g.Payload.InstanceID = int64(100+i), int64(100+i)
+		r.Registrations = append(r.Registrations, g)
+	}
+	if data, err = Encode(r); err != nil {
+		t.Fatal(err)
+	}
+	if got, err = Decode(data); err != nil {
+		t.Fatalf("a record of %d registrations refused: %v", MaxRegistrations+1, err)
+	}
+	if len(got.Registrations) != MaxRegistrations || got.Dropped.N != 1 || got.Registrations[0].ID != 7 {
+		t.Fatalf("%d registrations kept, %d dropped", len(got.Registrations), got.Dropped.N)
+	}
+}
+
+// TestHostileRecordKeepsEveryByte: the strings a peer gave come back byte
+// for byte, invalid UTF-8 included: salts that JSON text would make one
+// ("\xff\xfe", "\xfe\xff" and "\ufffd\ufffd" all read as U+FFFD U+FFFD),
+// a model name and a request id with invalid bytes.
+func TestHostileRecordKeepsEveryByte(t *testing.T) {
+	r := sample()
+	salts := []string{"\xff\xfe", "\xfe\xff", "\ufffd\ufffd"}
+	for i, o := range r.Pool.Objects[:6] {
+		o.Key.Salt, o.Key.Model = salts[i%3], "m\xff"+fmt.Sprint(i/3)
+		r.Pool.Objects[i] = o
+	}
+	r.Registrations[0].Payload.ModelName = "m\xff0"
+	r.Registrations[0].Payload.DtypeStr = "f\xc3"
+	r.Registrations[0].Profile = "p\x80"
+	r.Lookups[0].RequestID = "req-\xff\x00\xfe"
+	r.Endpoint = "h\xfe:1"
+	data, err := Encode(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := Decode(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, r) {
+		t.Fatalf("round trip changed bytes:\n got %#v\nwant %#v", got, r)
 	}
 }
 

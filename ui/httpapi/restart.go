@@ -16,13 +16,18 @@ type RestartStatus struct {
 	AdoptedContexts int   `json:"adopted_contexts"`
 	// AdoptedLookups are the LOOKUPs the previous process answered and no
 	// QUERY_PREFETCH_STATUS had asked for yet, answered now by this one.
-	AdoptedLookups  int        `json:"adopted_lookups"`
-	HeldObjects     int        `json:"held_objects"`
-	RefusedContexts int        `json:"refused_contexts"`
-	GapMS           int64      `json:"gap_ms"`
-	Generation      uint64     `json:"generation"`
-	Reason          string     `json:"reason"`
-	At              *time.Time `json:"at,omitempty"`
+	AdoptedLookups  int `json:"adopted_lookups"`
+	HeldObjects     int `json:"held_objects"`
+	RefusedContexts int `json:"refused_contexts"`
+	// Dropped counts the parts of the record left out one by one (an
+	// object, a registration, a lookup, a read lock past the caps);
+	// DroppedReasons gives them by kind, with the first of each.
+	Dropped        int        `json:"dropped"`
+	DroppedReasons []string   `json:"dropped_reasons,omitempty"`
+	GapMS          int64      `json:"gap_ms"`
+	Generation     uint64     `json:"generation"`
+	Reason         string     `json:"reason"`
+	At             *time.Time `json:"at,omitempty"`
 }
 
 // restartStatus renders the snapshot's restart; reason says "no restart
@@ -32,8 +37,13 @@ func restartStatus(r engine.Restart) RestartStatus {
 	if !r.Adopted && reason == "" {
 		reason = "no restart record: the previous stop did not keep the pool"
 	}
+	var reasons []string
+	for _, d := range r.DropReasons {
+		reasons = append(reasons, shown(d, shownMessageBytes))
+	}
 	return RestartStatus{Adopted: r.Adopted, AdoptedObjects: r.Objects, AdoptedBytes: r.Bytes, AdoptedContexts: r.Contexts,
 		AdoptedLookups: r.Lookups, HeldObjects: r.Held, RefusedContexts: len(r.Refused), GapMS: r.Gap.Milliseconds(), Generation: r.Generation,
+		Dropped: r.Dropped, DroppedReasons: reasons,
 		Reason: shown(reason, shownMessageBytes), At: timePtr(r.At)}
 }
 
