@@ -83,8 +83,8 @@ func (p *Pool) keyOf(i int32) keys.ObjectKey {
 // deadline has passed give their bytes back; the prompt links are restored
 // (restoreLinks: a bad link is dropped, its object adopted unlinked, and
 // Adopted says so), so usable bytes and the prefix eviction order are the
-// kept pool's. opts must give the kept
-// geometry (Size, Align); opts.Plan is not used. Nothing of k is trusted:
+// kept pool's. opts must give the kept geometry (Size, Align); opts.Plan
+// is not used. Nothing of k is trusted:
 // the segment must be the recorded file (segment.Adopt), and the objects
 // must lie aligned inside the pool without overlapping and name each
 // published key once; otherwise nothing is adopted and the error (wrapping

@@ -20,7 +20,7 @@ func (e *evictions) Lost(k *keys.ObjectKey, _ int64, why Loss) {
 		e.got = append(e.got, fmt.Sprintf("%s/%d", k, k.Group))
 	}
 }
-func (e *evictions) Cleared()             {}
+func (e *evictions) Cleared()              {}
 func (e *evictions) Tick(float64, float64) {}
 
 // prefixTraffic runs the same seeded traffic on p every time: prompts that
