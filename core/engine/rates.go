@@ -89,6 +89,11 @@ type rates struct {
 	taken time.Time
 	// resetAt is the last reset of the statistics (zero when none).
 	resetAt time.Time
+	// Carried figures (carry.go): since is when a predecessor's figures
+	// began (zero: none carried, they begin with this engine), carried when
+	// this process took them over, poolSince when a new pool began under
+	// carried figures (the miss breakdown starts there).
+	since, carried, poolSince time.Time
 
 	lookups, asked, hit, tokens counterHistory
 	evictions                   counterHistory

@@ -80,6 +80,13 @@ type Record struct {
 	Registrations []Registration
 	// Lookups are the LOOKUPs answered and not queried yet, oldest first.
 	Lookups []Lookup
+
+	// The operator's view (stats.go; the prompt links travel in
+	// Pool.Objects, links.go): the statistics handed to the successor (nil:
+	// none), and what Decode left out of the record, each with the reason
+	// (the rest is used).
+	Stats   *Stats
+	Ignored []string
 }
 
 // Lookup is a LOOKUP whose outcome waits for its QUERY_PREFETCH_STATUS.
@@ -133,6 +140,9 @@ type body struct {
 	Objects    []object  `json:"objects"`
 	Regs       []regWire `json:"registrations"`
 	Lookups    []lookup  `json:"lookups,omitempty"`
+	// Decoded apart (links.go, stats.go): a bad block is left out alone.
+	Links json.RawMessage `json:"links,omitempty"`
+	Stats json.RawMessage `json:"stats,omitempty"`
 }
 
 type lookup struct {
@@ -207,6 +217,12 @@ func Encode(r Record) ([]byte, error) {
 	for _, l := range r.Lookups {
 		b.Lookups = append(b.Lookups, lookup{ID: l.RequestID, Hits: l.HitChunks, Created: l.Created.UnixNano()})
 	}
+	b.Links = encodeLinks(r.Pool.Objects)
+	st, err := encodeStats(r.Stats)
+	if err != nil {
+		return nil, fmt.Errorf("restart: encode record: %w", err)
+	}
+	b.Stats = st
 	js, err := json.Marshal(b)
 	if err != nil {
 		return nil, fmt.Errorf("restart: encode record: %w", err)
@@ -280,6 +296,12 @@ func Decode(data []byte) (Record, error) {
 	for _, l := range b.Lookups {
 		r.Lookups = append(r.Lookups, Lookup{RequestID: l.ID, HitChunks: l.Hits, Created: time.Unix(0, l.Created)})
 	}
+	if why := decodeLinks(b.Links, r.Pool.Objects); why != "" {
+		r.Ignored = append(r.Ignored, why)
+	}
+	var ignored []string
+	r.Stats, ignored = decodeStats(b.Stats, r.WrittenAt)
+	r.Ignored = append(r.Ignored, ignored...)
 	return r, nil
 }
 
