@@ -97,7 +97,9 @@ func TestHostileRecordLinksAndStats(t *testing.T) {
 		reason string
 		check  func(r Record) string
 	}{
-		{"links not a list", func(s string) string { return regexp.MustCompile(`"links":\[[-0-9,]*\]`).ReplaceAllString(s, `"links":"x"`) },
+		{"links not a list", func(s string) string {
+			return regexp.MustCompile(`"links":\[[-0-9,]*\]`).ReplaceAllString(s, `"links":"x"`)
+		},
 			"prompt links left out: json", func(r Record) string {
 				if r.Pool.Objects[0].Root || r.Stats == nil {
 					return "links kept, or the figures lost"
@@ -122,7 +124,9 @@ func TestHostileRecordLinksAndStats(t *testing.T) {
 			}
 			return ""
 		}},
-		{"since in the future", func(s string) string { return strings.Replace(s, `"since_ns":40000000000`, `"since_ns":999000000000`, 1) }, "statistics left out: since", nil},
+		{"since in the future", func(s string) string {
+			return strings.Replace(s, `"since_ns":40000000000`, `"since_ns":999000000000`, 1)
+		}, "statistics left out: since", nil},
 		{"negative tokens", func(s string) string { return strings.Replace(s, `"tokens_saved":123456`, `"tokens_saved":-1`, 1) }, "tokens saved", nil},
 		{"negative point", func(s string) string { return strings.Replace(s, `"fine":[1,2.5,0]`, `"fine":[1,-2.5,0]`, 1) }, `series 0 ("hit_chunks") left out`, func(r Record) string {
 			if len(r.Stats.Series) != 1 || r.Stats.Series[0].Name != "lookups" || r.Stats.TokensSavedTotal != 123456 {
@@ -135,7 +139,9 @@ func TestHostileRecordLinksAndStats(t *testing.T) {
 			return strings.Replace(s, `"coarse":[0.25]`, `"coarse":[0.25`+strings.Repeat(",1", series.CoarseLen)+`]`, 1)
 		}, "coarse points, at most", nil},
 		{"same name twice", func(s string) string { return strings.Replace(s, `"name":"lookups"`, `"name":"hit_chunks"`, 1) }, "a second series", nil},
-		{"miss reasons", func(s string) string { return strings.Replace(s, `"c":[2,5,0,0,0,0,0],"l2":1}]`, `"c":[2,5],"l2":1}]`, 1) }, "miss context 0 left out", func(r Record) string {
+		{"miss reasons", func(s string) string {
+			return strings.Replace(s, `"c":[2,5,0,0,0,0,0],"l2":1}]`, `"c":[2,5],"l2":1}]`, 1)
+		}, "miss context 0 left out", func(r Record) string {
 			if len(r.Stats.Misses.Contexts) != 0 || r.Stats.Misses.Total.Missed[misses.Evicted] != 5 {
 				return "the context was kept, or the total was not"
 			}
