@@ -86,12 +86,9 @@ func (e *Engine) carryStats(st *restart.Stats, adopted bool, now time.Time) {
 			h.Restore(s.State)
 		}
 	}
-	// This process's counters start at zero: the first sample counts all
-	// of them, over the time since the predecessor's last sample.
-	for _, c := range []*counterHistory{&r.lookups, &r.asked, &r.hit, &r.tokens, &r.evictions} {
-		c.c = series.Counter{}
-		c.c.Delta(0)
-	}
+	// The first sample counts this process's counters over the time since
+	// the predecessor's last sample.
+	r.countFromZero()
 	r.taken = st.Taken
 	r.tokensTotal = st.TokensSavedTotal
 	r.since, r.resetAt, r.carried = st.Since, st.ResetAt, now

@@ -183,6 +183,17 @@ func newRates() *rates {
 	}
 }
 
+// countFromZero makes the next reading of the server's counters count all
+// of them, for an engine whose counters start at zero (New; a process that
+// took its predecessor's figures over): lookups served before the first
+// sample are rated, not taken as the base.
+func (r *rates) countFromZero() {
+	for _, c := range []*counterHistory{&r.lookups, &r.asked, &r.hit, &r.tokens, &r.evictions} {
+		c.c = series.Counter{}
+		c.c.Delta(0)
+	}
+}
+
 // kinds makes sure every request kind of a profile has a histogram.
 func (r *rates) kinds(names []string) {
 	r.latMu.Lock()
