@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -104,6 +105,12 @@ func (e *Engine) carryStats(st *restart.Stats, adopted bool, now time.Time) {
 			Message: logcap.Truncate(ev.Message, logcap.DefaultMaxString)})
 	}
 	e.events.carry(evs)
+	what := "the pool adopted"
+	if !adopted {
+		what = "a new pool: the miss breakdown starts now"
+	}
+	e.events.add(EventLifecycle, slog.LevelInfo, fmt.Sprintf("restart: figures since %s carried over (%s); %s",
+		st.Since.Format(time.DateTime), what, StatsRule))
 }
 
 // carriedMisses is a record's miss breakdown as a report.
