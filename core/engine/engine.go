@@ -149,6 +149,7 @@ func New(cfg settings.Config, opts Options) *Engine {
 		sources: opts.Sources,
 		failed:  make(chan struct{}),
 	}
+	e.rates.countFromZero()
 	e.publish()
 	return e
 }

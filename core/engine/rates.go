@@ -89,6 +89,11 @@ type rates struct {
 	taken time.Time
 	// resetAt is the last reset of the statistics (zero when none).
 	resetAt time.Time
+	// Carried figures (carry.go): since is when a predecessor's figures
+	// began (zero: none carried, they begin with this engine), carried when
+	// this process took them over, poolSince when a new pool began under
+	// carried figures (the miss breakdown starts there).
+	since, carried, poolSince time.Time
 
 	lookups, asked, hit, tokens counterHistory
 	evictions                   counterHistory
@@ -175,6 +180,17 @@ func newRates() *rates {
 		groups: map[groupKey]*groupCounters{},
 		deltas: map[groupKey]groupDelta{},
 		lat:    map[string]*latencyKind{},
+	}
+}
+
+// countFromZero makes the next reading of the server's counters count all
+// of them, for an engine whose counters start at zero (New; a process that
+// took its predecessor's figures over): lookups served before the first
+// sample are rated, not taken as the base.
+func (r *rates) countFromZero() {
+	for _, c := range []*counterHistory{&r.lookups, &r.asked, &r.hit, &r.tokens, &r.evictions} {
+		c.c = series.Counter{}
+		c.c.Delta(0)
 	}
 }
 

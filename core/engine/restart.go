@@ -39,6 +39,12 @@ type Restart struct {
 	// and l1.Adopt); DropReasons gives them by kind.
 	Dropped     int
 	DropReasons []string
+
+	// StatsCarried: the predecessor's figures were taken over (StatsRule),
+	// also when its pool was not adopted. Links are the prompt links
+	// restored, LinksDropped those left out (the events say why).
+	StatsCarried        bool
+	Links, LinksDropped int
 }
 
 // adoption is what a plane built over an adopted pool still has to do.
@@ -47,6 +53,9 @@ type adoption struct {
 	lookups   []restart.Lookup
 	stoppedAt time.Time
 	bound     bool
+	// stats are the predecessor's figures (carry.go): its miss breakdown
+	// goes to the new plane's lookup module.
+	stats *restart.Stats
 }
 
 // stateFile is the record's directory and file for cfg.
@@ -92,8 +101,11 @@ func (e *Engine) openPool(cfg settings.Config, opts l1.Options) (*l1.Pool, *adop
 			if aerr == nil {
 				drops := rec.Dropped
 				drops.Merge(ad.Dropped)
+				e.carryStats(rec.Stats, true, now)
+				e.tellIgnored(rec.Ignored, ad)
 				e.setRestart(Restart{Adopted: true, Objects: ad.Objects, Bytes: ad.Bytes, Held: ad.Held,
-					At: now, Generation: rec.Generation + 1, Dropped: drops.N, DropReasons: drops.Reasons()})
+					At: now, Generation: rec.Generation + 1, Dropped: drops.N, DropReasons: drops.Reasons(),
+					StatsCarried: rec.Stats != nil, Links: ad.Links, LinksDropped: ad.LinksDropped})
 				e.log.Info("restart: pool adopted", "segment", rec.Pool.Segment.Name, "objects", ad.Objects, "bytes", ad.Bytes,
 					"held", ad.Held, "expired", ad.Expired, "clamped", ad.Clamped, "dropped", drops.N,
 					"generation", rec.Generation+1, "written_by", rec.Build)
@@ -102,16 +114,20 @@ func (e *Engine) openPool(cfg settings.Config, opts l1.Options) (*l1.Pool, *adop
 					e.events.add(EventLifecycle, slog.LevelWarn, fmt.Sprintf("restart: %d parts of the record left out: %s",
 						drops.N, strings.Join(drops.Reasons(), "; ")))
 				}
-				return pool, &adoption{regs: rec.Registrations, lookups: rec.Lookups, stoppedAt: rec.StoppedAt}, nil
+				return pool, &adoption{regs: rec.Registrations, lookups: rec.Lookups, stoppedAt: rec.StoppedAt, stats: rec.Stats}, nil
 			}
 			reason = aerr.Error()
 		}
 		reason = "kept pool not adopted: " + reason
+		// The figures go on as over a rebuild: the record is sound, only
+		// its pool is not this start's.
+		e.carryStats(rec.Stats, false, now)
+		e.tellIgnored(rec.Ignored, l1.Adopted{})
 		if gone, _ := l1.RemoveKept(opts.ShmDir, rec.Pool.Segment); gone {
 			reason += fmt.Sprintf(" (kept segment %s removed)", rec.Pool.Segment.Name)
 		}
 	}
-	e.setRestart(Restart{Reason: reason, At: now})
+	e.setRestart(Restart{Reason: reason, At: now, StatsCarried: err == nil && rec.Stats != nil})
 	e.log.Warn("restart: cold start", "reason", reason)
 	e.events.add(EventLifecycle, slog.LevelWarn, "restart: nothing adopted: "+reason)
 	pool, err := l1.Open(opts)
@@ -131,6 +147,9 @@ func (e *Engine) restoreRegistrations(p *dataPlane, a *adoption) {
 	as := make([]lookup.Answer, len(a.lookups))
 	for i, l := range a.lookups {
 		as[i] = lookup.Answer{RequestID: l.RequestID, HitChunks: l.HitChunks, Created: l.Created}
+	}
+	if a.stats != nil {
+		p.lookup.CarryMisses(carriedMisses(a.stats.Misses))
 	}
 	nl, err := p.lookup.Restore(as)
 	if err != nil {
@@ -179,7 +198,7 @@ func (e *Engine) setRestart(r Restart) {
 // stop time in the state directory, and keep the segment.
 func (e *Engine) keeper(cfg settings.Config, stoppedAt time.Time) func(p *dataPlane, regs []restart.Registration, lookups []restart.Lookup) error {
 	e.st.RLock()
-	gen := e.restart.Generation
+	gen, started := e.restart.Generation, e.started
 	e.st.RUnlock()
 	return func(p *dataPlane, regs []restart.Registration, lookups []restart.Lookup) error {
 		dir, file, err := e.stateFile(cfg)
@@ -191,7 +210,7 @@ func (e *Engine) keeper(cfg settings.Config, stoppedAt time.Time) func(p *dataPl
 			objects = len(k.Objects)
 			return restart.Write(dir, file, restart.Record{Build: e.opts.Version, Generation: gen, PID: e.opts.PID,
 				Endpoint: endpointOf(cfg), StoppedAt: stoppedAt, WrittenAt: e.opts.Now(), Auto: cfg.Server.ShmName == nil,
-				Pool: k, Registrations: regs, Lookups: lookups})
+				Pool: k, Registrations: regs, Lookups: lookups, Stats: e.statsRecord(p, started)})
 		})
 		if err != nil {
 			e.events.add(EventError, slog.LevelWarn, "stop: pool not kept: "+err.Error())
@@ -200,5 +219,17 @@ func (e *Engine) keeper(cfg settings.Config, stoppedAt time.Time) func(p *dataPl
 		e.log.Info("stop: pool kept for the next start", "objects", objects, "registrations", len(regs), "lookups", len(lookups), "record", dir+"/"+file)
 		e.events.add(EventLifecycle, slog.LevelInfo, fmt.Sprintf("stop: pool kept for the next start (%d objects, %d contexts)", objects, len(regs)))
 		return nil
+	}
+}
+
+// tellIgnored says in the log and the events what of the record was left
+// out (its other parts were used) and which prompt links Adopt dropped.
+func (e *Engine) tellIgnored(ignored []string, ad l1.Adopted) {
+	if ad.LinksDropped > 0 {
+		ignored = append(ignored, fmt.Sprintf("%d prompt link(s) dropped, first: %s", ad.LinksDropped, ad.LinkDropReason))
+	}
+	for _, why := range ignored {
+		e.log.Warn("restart: part of the record left out", "reason", why)
+		e.events.add(EventLifecycle, slog.LevelWarn, "restart: "+why)
 	}
 }

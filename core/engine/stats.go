@@ -25,6 +25,16 @@ type StatsWindow struct {
 	// the oldest of them came. Zero when all its lookups since Since (or
 	// the rebuild) still count in full.
 	WhatIfFrom time.Time
+
+	// Across a restart (carry.go, StatsRule): Carried is when this process
+	// took its predecessor's figures over (zero when it did not: Since is
+	// then this process's start or a reset); PoolSince is when the pool the
+	// miss breakdown describes began, when later than Since (a restart that
+	// carried the figures and not the pool); Started is this process's
+	// start, where the figures of each process (what-if) begin.
+	Carried, PoolSince, Started time.Time
+	// Rule is StatsRule.
+	Rule string
 }
 
 // ResetStats zeroes the insight figures: the lookup counters and per-model
@@ -100,9 +110,12 @@ func (r *rates) whatifFrom(sampled uint64) time.Time {
 // statsWindow is the window of the insight figures for a snapshot whose
 // engine started at started and whose what-if sampled so many lookups.
 func (r *rates) statsWindow(started time.Time, sampled uint64) StatsWindow {
-	w := StatsWindow{Since: started, WhatIfFrom: r.whatifFrom(sampled)}
+	w := StatsWindow{Since: started, WhatIfFrom: r.whatifFrom(sampled), Started: started, Rule: StatsRule}
 	r.mu.Lock()
-	w.ResetAt = r.resetAt
+	w.ResetAt, w.Carried, w.PoolSince = r.resetAt, r.carried, r.poolSince
+	if !r.since.IsZero() {
+		w.Since = r.since
+	}
 	r.mu.Unlock()
 	if w.ResetAt.After(w.Since) {
 		w.Since = w.ResetAt
@@ -131,22 +144,30 @@ func WindowLabel(from, now time.Time) string {
 	return fmt.Sprintf("%d d", int(d.Round(24*time.Hour)/(24*time.Hour)))
 }
 
-// PlaneStart is where the figures a pool rebuild restarts (miss
-// breakdown, what-if counts) begin: Since, or the later rebuild.
+// PlaneStart is where the figures that follow the pool (the miss
+// breakdown) begin: Since, or the later rebuild or new pool.
 func (w StatsWindow) PlaneStart(rebuilt time.Time) time.Time {
-	if rebuilt.After(w.Since) {
-		return rebuilt
-	}
-	return w.Since
+	return latest(w.Since, rebuilt, w.PoolSince)
 }
 
 // WhatIfStart is where the what-if curve's window begins: WhatIfFrom when
-// older lookups weigh less, else PlaneStart.
+// older lookups weigh less, else PlaneStart or this process's start.
 func (w StatsWindow) WhatIfStart(rebuilt time.Time) time.Time {
 	if !w.WhatIfFrom.IsZero() {
 		return w.WhatIfFrom
 	}
-	return w.PlaneStart(rebuilt)
+	return latest(w.PlaneStart(rebuilt), w.Started)
+}
+
+// latest is the latest of ts.
+func latest(ts ...time.Time) time.Time {
+	var l time.Time
+	for _, t := range ts {
+		if t.After(l) {
+			l = t
+		}
+	}
+	return l
 }
 
 // warnMemory says, in the log and the events, that cfg's pool leaves the

@@ -52,6 +52,7 @@ func (p *Pool) Keep(record func(Kept) error) error {
 // export lists the records, least recently used first; p.mu is held.
 func (p *Pool) export(now int64) Kept {
 	k := Kept{Size: p.alloc.Size(), Align: p.alloc.Align(), Objects: make([]KeptObject, 0, p.t.len())}
+	recs := make([]int32, 0, p.t.len()) // the record of each kept object
 	for i := p.t.lru; i != nilRec; i = p.t.recs[i].prev {
 		r := &p.t.recs[i]
 		locked := r.state == stateWrite || r.readLocked()
@@ -67,7 +68,9 @@ func (p *Pool) export(now int64) Kept {
 			o.Readers, o.Holds, o.Deadline = r.readers, r.holds, r.deadline
 		}
 		k.Objects = append(k.Objects, o)
+		recs = append(recs, i)
 	}
+	p.exportLinks(k.Objects, recs)
 	return k
 }
 
@@ -88,8 +91,11 @@ func CarriedLookupOwner() Owner { return Owner{Kind: OwnerLookup, ID: 2} }
 // restores its table: published objects are readable again, with the read
 // locks they had (until their deadlines); held objects keep their bytes
 // for their holders, never readable, until their deadlines; objects whose
-// deadline has passed give their bytes back. opts must give the kept
-// geometry (Size, Align); opts.Plan is not used. Nothing of k is trusted:
+// deadline has passed give their bytes back; the prompt links are restored
+// (restoreLinks: a bad link is dropped, its object adopted unlinked, and
+// Adopted says so), so usable bytes and the prefix eviction order are the
+// kept pool's. opts must give the kept geometry (Size, Align); opts.Plan
+// is not used. Nothing of k is trusted:
 // the segment must be the recorded file (segment.Adopt), and the objects
 // must lie aligned inside the pool without overlapping; otherwise nothing
 // is adopted and the error (wrapping ErrNotAdoptable, or ErrSegmentBusy
@@ -185,6 +191,7 @@ func (p *Pool) restore(k Kept, ad *Adopted) error {
 			}
 		}
 	}
+	p.restoreLinks(k.Objects, ad)
 	return nil
 }
 
@@ -310,8 +317,7 @@ func (p *Pool) adoptObject(o KeptObject, ad *Adopted) {
 		p.t.locked[i] = struct{}{}
 	}
 	if !o.Held {
-		// The prompt links are not recorded: under the prefix policy an
-		// adopted object is a leaf of its own, evictable in its LRU turn.
+		// A leaf until restoreLinks links its children to it.
 		p.joinRing(i)
 		p.t.reheap(i)
 	}

@@ -175,7 +175,8 @@ func TestAdoptRefusesWhatIsNotTheKeptPool(t *testing.T) {
 }
 
 // Under the prefix policy adopted objects are evictable: a full adopted
-// pool still takes new stores.
+// pool still takes new stores, and evicts as the pool that kept it would
+// have: the prompt's last chunks (its leaves) first.
 func TestAdoptedObjectsEvictableUnderPrefix(t *testing.T) {
 	dir := testShmDir(t)
 	c := fakeclock.New()
@@ -199,7 +200,7 @@ func TestAdoptedObjectsEvictableUnderPrefix(t *testing.T) {
 	if err != nil || len(res) != 4 {
 		t.Fatalf("a full adopted pool refused new stores: %v", err)
 	}
-	if present(q, key(15)) == false || present(q, key(0)) {
-		t.Fatal("eviction did not take the least recently used adopted objects first")
+	if present(q, key(15)) || present(q, key(12)) || !present(q, key(11)) || !present(q, key(0)) {
+		t.Fatal("eviction did not take the adopted prompt's leaves first")
 	}
 }

@@ -27,6 +27,14 @@ type KeptObject struct {
 	Readers, Holds uint32
 	// Deadline is when the object's lock ends (unix ns); 0 when unlocked.
 	Deadline int64
+
+	// The prompt links (prefix.go), so that a successor's usable bytes and
+	// prefix eviction order are this pool's. Parent is 1 + the index in
+	// Kept.Objects of the object of the chunk before this one in its
+	// prompt (0: none resident); Root says the object starts a prompt.
+	// Only published objects carry them, and only to published objects.
+	Parent int
+	Root   bool
 }
 
 // Kept is what a successor needs to adopt a pool: the segment, the pool's
@@ -45,6 +53,13 @@ type Adopted struct {
 	HeldBytes   int64
 	Expired     int // locked objects whose TTL had passed: their bytes are free
 	ExpiredHeld int // of those, held (never readable) ones
+	// The prompt links restored: objects marked as starting a prompt, and
+	// objects linked to their parent. LinksDropped are the links left out
+	// (the objects themselves are adopted, unlinked), LinkDropReason the
+	// first of their reasons.
+	Roots, Links   int
+	LinksDropped   int
+	LinkDropReason string
 	// Clamped counts locks whose recorded deadline lay past now plus the
 	// TTL of their kind: they end then, as a lock taken now would.
 	Clamped int

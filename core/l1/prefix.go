@@ -1,6 +1,10 @@
 package l1
 
-import "kvdock/core/keys"
+import (
+	"fmt"
+
+	"kvdock/core/keys"
+)
 
 // The prefix tree. A LOOKUP serves only the leading run of a prompt's
 // chunks, so a chunk is worth its bytes only while the chunk before it in
@@ -312,4 +316,137 @@ func (p *Pool) evict(i int32) {
 	p.lost(i, LossEvicted)
 	p.drop(i)
 	p.st.Evictions++
+}
+
+// The tree across a restart (adopt.go). Keep records, for each published
+// object, its parent's place in the kept table and whether it starts a
+// prompt; Adopt links the records again, so the successor's usable bytes
+// and its eviction order are the predecessor's (the records are adopted
+// least recently used first, so their stamps keep their order). Links to
+// or from held objects are not kept: a held object is never readable in
+// the successor, as it is not here once doomed.
+//
+// The kept table is outside input: a link is restored only when it names
+// another published object of the table, adopted, of the same rank, group,
+// model and salt and of another chunk, and the links form no cycle (a
+// cycle would make its records nobody's leaf, never evictable). Any other
+// link is dropped, its object adopted unlinked, with the reason. What a
+// record cannot prove (that a parent's digest chains to its child's) costs
+// at most an object's place in the eviction order, never a byte served:
+// reads go by key.
+
+// exportLinks fills the prompt links of objs, the kept objects of the
+// records recs (objs[j] is record recs[j]); p.mu is held.
+func (p *Pool) exportLinks(objs []KeptObject, recs []int32) {
+	at := make([]int32, len(p.t.recs)) // 1 + a published record's place in objs
+	for j, i := range recs {
+		if !objs[j].Held {
+			at[i] = int32(j + 1)
+		}
+	}
+	for j, i := range recs {
+		r := &p.t.recs[i]
+		switch {
+		case objs[j].Held:
+		case r.root:
+			objs[j].Root = true
+		case r.parent != nilRec && at[r.parent] != 0:
+			objs[j].Parent = int(at[r.parent])
+		}
+	}
+}
+
+// restoreLinks links the adopted records of objs as their prompt links
+// say, after checking each link; p.mu is held and every object is adopted.
+func (p *Pool) restoreLinks(objs []KeptObject, ad *Adopted) {
+	n := len(objs)
+	drop := func(j int, format string, args ...any) {
+		ad.LinksDropped++
+		if ad.LinkDropReason == "" {
+			ad.LinkDropReason = fmt.Sprintf("object %d (%s): %s", j, objs[j].Key, fmt.Sprintf(format, args...))
+		}
+	}
+	// The record of each published object (nilRec: none, or not this one).
+	rec := make([]int32, n)
+	for j, o := range objs {
+		rec[j] = nilRec
+		if o.Held {
+			continue
+		}
+		if i := p.t.find(o.Key); i != nilRec && !p.t.recs[i].doomed && p.t.recs[i].off == o.Offset {
+			rec[j] = i
+		}
+	}
+	par := make([]int32, n) // each object's checked parent, -1 for none
+	for j, o := range objs {
+		par[j] = -1
+		if o.Parent == 0 && !o.Root {
+			continue
+		}
+		q := o.Parent - 1
+		switch {
+		case rec[j] == nilRec:
+			drop(j, "a prompt link on an object that is not published")
+		case o.Root && o.Parent != 0:
+			drop(j, "recorded both as a prompt start and with a parent")
+		case o.Root:
+		case q < 0 || q >= n:
+			drop(j, "parent %d outside the %d objects", q, n)
+		case q == j:
+			drop(j, "its own parent")
+		case rec[q] == nilRec:
+			drop(j, "parent %d is not a published object", q)
+		case !sameLine(&objs[q].Key, &o.Key):
+			drop(j, "parent %d is not an earlier chunk of the same rank, group, model and salt", q)
+		default:
+			par[j] = int32(q)
+		}
+	}
+	// Break cycles: walk each object's chain of parents once; a walk that
+	// meets its own path closes a cycle, whose last link goes.
+	const (
+		unseen uint8 = iota
+		onPath
+		done
+	)
+	state := make([]uint8, n)
+	var path []int32
+	for s := range n {
+		path = path[:0]
+		v := int32(s)
+		for v >= 0 && state[v] == unseen {
+			state[v] = onPath
+			path = append(path, v)
+			v = par[v]
+		}
+		if v >= 0 && state[v] == onPath {
+			last := path[len(path)-1]
+			drop(int(last), "its links form a cycle")
+			par[last] = -1
+		}
+		for _, u := range path {
+			state[u] = done
+		}
+	}
+	for j, o := range objs {
+		i := rec[j]
+		switch {
+		case i == nilRec:
+		case par[j] >= 0:
+			p.link(i, rec[par[j]])
+			ad.Links++
+		case o.Root && o.Parent == 0:
+			if r := &p.t.recs[i]; !r.root && r.parent == nilRec {
+				r.root = true
+				p.t.usableBytes += p.rounded(i)
+				ad.Roots++
+			}
+		}
+	}
+}
+
+// sameLine reports whether a and b are keys of two chunks of one prompt
+// line: another chunk, the same rank, group, model and salt.
+func sameLine(a, b *keys.ObjectKey) bool {
+	return a.Chunk != b.Chunk && a.KVRank == b.KVRank && a.Group == b.Group && a.Model == b.Model && a.Salt == b.Salt
 }

@@ -475,6 +475,11 @@ func (m *Module) classifyMissesAs(model string, worldSize int, ks keys.KeySet, h
 // is counted under one reason.
 func (m *Module) Misses() misses.Report { return m.misses.Report() }
 
+// CarryMisses adds a predecessor's miss breakdown to the module's: a
+// restart that adopted its pool hands it over (then Misses counts more
+// than this process's Stats).
+func (m *Module) CarryMisses(r misses.Report) { m.misses.Carry(r) }
+
 // QueryStatus answers QUERY_PREFETCH_STATUS: the job's hit chunks, removing
 // the job, so a second query of the same id answers 0. An unknown id answers
 // 0. done is false (None on the wire, the job kept) while the job's tier

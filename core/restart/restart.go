@@ -92,6 +92,13 @@ type Record struct {
 	// Dropped is what Decode left out part by part, with the reasons (not
 	// written: Encode ignores it).
 	Dropped l1.Drops
+
+	// The operator's view (stats.go; the prompt links travel in
+	// Pool.Objects, links.go): the statistics handed to the successor (nil:
+	// none), and what Decode left out of the record, each with the reason
+	// (the rest is used).
+	Stats   *Stats
+	Ignored []string
 }
 
 // Lookup is a LOOKUP whose outcome waits for its QUERY_PREFETCH_STATUS.
@@ -149,6 +156,9 @@ type body struct {
 	Objects    []object  `json:"objects"`
 	Regs       []regWire `json:"registrations"`
 	Lookups    []lookup  `json:"lookups,omitempty"`
+	// Decoded apart (links.go, stats.go): a bad block is left out alone.
+	Links json.RawMessage `json:"links,omitempty"`
+	Stats json.RawMessage `json:"stats,omitempty"`
 }
 
 // exact is a string the record keeps byte for byte: written as the
@@ -291,6 +301,12 @@ func Encode(r Record) ([]byte, error) {
 	for _, l := range r.Lookups {
 		b.Lookups = append(b.Lookups, lookup{ID: exact(l.RequestID), Hits: l.HitChunks, Created: l.Created.UnixNano()})
 	}
+	b.Links = encodeLinks(r.Pool.Objects)
+	st, err := encodeStats(r.Stats)
+	if err != nil {
+		return nil, fmt.Errorf("restart: encode record: %w", err)
+	}
+	b.Stats = st
 	js, err := json.Marshal(b)
 	if err != nil {
 		return nil, fmt.Errorf("restart: encode record: %w", err)
@@ -353,11 +369,18 @@ func Decode(data []byte) (Record, error) {
 		Pool: l1.Kept{Segment: l1.SegmentIdentity{Name: string(b.Segment.Name), Dev: b.Segment.Dev, Ino: b.Segment.Ino,
 			Size: b.Segment.Size, UID: b.Segment.UID}, Size: b.Size, Align: b.Align},
 	}
-	if r.Pool.Objects, err = b.objects(&r.Dropped); err != nil {
+	var from []int
+	if r.Pool.Objects, from, err = b.objects(&r.Dropped); err != nil {
 		return bad("%v", err)
 	}
 	r.Registrations = b.registrations(&r.Dropped)
 	r.Lookups = b.lookups(&r.Dropped)
+	if why := decodeLinks(b.Links, len(b.Objects), from, r.Pool.Objects); why != "" {
+		r.Ignored = append(r.Ignored, why)
+	}
+	var ignored []string
+	r.Stats, ignored = decodeStats(b.Stats, r.WrittenAt)
+	r.Ignored = append(r.Ignored, ignored...)
 	return r, nil
 }
 
@@ -392,7 +415,9 @@ func (o *object) locked() bool { return o.Write || o.Readers > 0 || o.Holds > 0 
 // its name resolved. An object whose key cannot be read but which is
 // locked is kept held (never readable) so its holder's bytes are not
 // handed out before its lock ends. Objects that overlap refuse the record.
-func (b *body) objects(d *l1.Drops) ([]l1.KeptObject, error) {
+// objects returns the usable objects and, for each, its index in the
+// body (the prompt links name body indices).
+func (b *body) objects(d *l1.Drops) ([]l1.KeptObject, []int, error) {
 	names := b.names(d)
 	skip := make([]bool, len(b.Objects))
 	if limit := int(min(int64(MaxObjects), b.Size/b.Align)); len(b.Objects) > limit {
@@ -409,6 +434,7 @@ func (b *body) objects(d *l1.Drops) ([]l1.KeptObject, error) {
 			fmt.Sprintf("%d objects, at most %d (one per %d-byte unit, at most %d)", len(b.Objects), limit, b.Align, MaxObjects))
 	}
 	out := make([]l1.KeptObject, 0, len(b.Objects))
+	from := make([]int, 0, len(b.Objects))
 	type span struct{ off, end int64 }
 	spans := make([]span, 0, len(b.Objects))
 	for i := range b.Objects {
@@ -447,15 +473,16 @@ func (b *body) objects(d *l1.Drops) ([]l1.KeptObject, error) {
 			k.Key = key
 		}
 		out = append(out, k)
+		from = append(from, i)
 		spans = append(spans, span{o.Off, o.Off + rounded})
 	}
 	slices.SortFunc(spans, func(x, y span) int { return cmp.Compare(x.off, y.off) })
 	for i := 1; i < len(spans); i++ {
 		if spans[i].off < spans[i-1].end {
-			return nil, fmt.Errorf("objects at %d and %d overlap", spans[i-1].off, spans[i].off)
+			return nil, nil, fmt.Errorf("objects at %d and %d overlap", spans[i-1].off, spans[i].off)
 		}
 	}
-	return out, nil
+	return out, from, nil
 }
 
 // names returns the usable names, nil where a name is not: past the bound

@@ -140,14 +140,20 @@ func (c *programContext) summary(w int) string {
 
 // restartText is the last restart for the summary line: what was adopted
 // of the previous process's pool and the gap, or that nothing was (the
-// events pane and /status say why); "" when the start found no record.
+// events pane and /status say why), and whether the figures went on
+// (engine.StatsRule: "stats kept") or start with this process ("stats
+// restarted"); "" when the start found no record.
 func restartText(r engine.Restart) string {
+	stats := ", stats restarted"
+	if r.StatsCarried {
+		stats = ", stats kept"
+	}
 	switch {
 	case r.Adopted:
 		return fmt.Sprintf(" · restarted: %d objects (%s), %d ctx adopted, gap %d ms",
-			r.Objects, settings.BytesText(r.Bytes), r.Contexts, r.Gap.Milliseconds())
+			r.Objects, settings.BytesText(r.Bytes), r.Contexts, r.Gap.Milliseconds()) + stats
 	case r.Reason != "":
-		return " · restart: nothing adopted (see events)"
+		return " · restart: nothing adopted" + stats + " (see events)"
 	}
 	return ""
 }

@@ -82,6 +82,9 @@ func (pc *programContext) ratesLine(w int) string {
 	tokens := pc.st.Bold.Render(countText(r.TokensSavedHour) + " tokens")
 	// The short wording where the long one would cost a figure.
 	heads := []string{tokens + " not recomputed in the last hour", tokens + " saved in 1 h"}
+	if what, label := pc.statsBegan(); what != "" {
+		heads = []string{tokens + " not recomputed since " + what + " (" + label + ")", tokens + " saved in " + label}
+	}
 	hit, ok := series.SumRatio(r.HitChunks.Fine, r.AskedChunks.Fine, minuteSeconds)
 	figs := []figure{
 		{text: "hit " + ratioText(hit, ok) + " · " + pc.minuteLabel(), vals: series.Ratio(r.HitChunks.Fine, r.AskedChunks.Fine), top: 1},
@@ -89,6 +92,23 @@ func (pc *programContext) ratesLine(w int) string {
 		{text: "out " + rateText(r.RetrieveBytes.Mean(minuteSeconds)), vals: r.RetrieveBytes.Fine},
 	}
 	return figuresLine(heads, figs, w, max(10, (w-70)/3))
+}
+
+// statsBegan names when the figures began, less than an hour ago ("the
+// start" of a server that carried nothing over, or "the reset") and how
+// long ago; "" when they span the last hour (engine.StatsRule: a restart
+// that hands its record over, like a rebuild, does not start them again).
+func (pc *programContext) statsBegan() (what, label string) {
+	s := pc.snap
+	since := s.Stats.Since
+	if since.IsZero() || s.Taken.Sub(since) >= time.Hour {
+		return "", ""
+	}
+	what = "the start"
+	if !s.Stats.ResetAt.IsZero() && !s.Stats.ResetAt.Before(since) {
+		what = "the reset"
+	}
+	return what, engine.WindowLabel(since, s.Taken)
 }
 
 // minuteLabel is the window of a last-minute figure: "1 min", or less

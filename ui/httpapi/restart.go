@@ -28,6 +28,13 @@ type RestartStatus struct {
 	Generation     uint64     `json:"generation"`
 	Reason         string     `json:"reason"`
 	At             *time.Time `json:"at,omitempty"`
+	// StatsCarried: the previous process's figures were taken over
+	// (stats_rule). PromptLinks are the adopted objects' links to their
+	// parent chunk restored, PromptLinksDropped those left out (the events
+	// say why).
+	StatsCarried       bool `json:"stats_carried"`
+	PromptLinks        int  `json:"prompt_links"`
+	PromptLinksDropped int  `json:"prompt_links_dropped"`
 }
 
 // restartStatus renders the snapshot's restart; reason says "no restart
@@ -44,7 +51,8 @@ func restartStatus(r engine.Restart) RestartStatus {
 	return RestartStatus{Adopted: r.Adopted, AdoptedObjects: r.Objects, AdoptedBytes: r.Bytes, AdoptedContexts: r.Contexts,
 		AdoptedLookups: r.Lookups, HeldObjects: r.Held, RefusedContexts: len(r.Refused), GapMS: r.Gap.Milliseconds(), Generation: r.Generation,
 		Dropped: r.Dropped, DroppedReasons: reasons,
-		Reason: shown(reason, shownMessageBytes), At: timePtr(r.At)}
+		Reason: shown(reason, shownMessageBytes), At: timePtr(r.At),
+		StatsCarried: r.StatsCarried, PromptLinks: r.Links, PromptLinksDropped: r.LinksDropped}
 }
 
 // RestartResult is the POST /restart answer.

@@ -75,6 +75,11 @@ type Status struct {
 	// (StatsResetAt, POST /reset-stats); each figure also says its window.
 	StatsSince   *time.Time `json:"stats_since,omitempty"`
 	StatsResetAt *time.Time `json:"stats_reset_at,omitempty"`
+	// StatsRule says what the figures span across rebuilds and restarts
+	// (engine.StatsRule); StatsCarriedAt is when this process took its
+	// predecessor's figures over (absent when it did not).
+	StatsRule      string     `json:"stats_rule"`
+	StatsCarriedAt *time.Time `json:"stats_carried_at,omitempty"`
 	// Restart is what this start adopted of the previous process's pool.
 	Restart RestartStatus `json:"restart"`
 }
@@ -597,6 +602,7 @@ func NewStatus(s engine.Snapshot) Status {
 			Message: engine.UnregisteredMessage(name, u.WorldSize)})
 	}
 	out.StatsSince, out.StatsResetAt = timePtr(s.Stats.Since), timePtr(s.Stats.ResetAt)
+	out.StatsRule, out.StatsCarriedAt = s.Stats.Rule, timePtr(s.Stats.Carried)
 
 	out.Misses = missesStatus(s.Misses)
 	out.Misses.Since = timePtr(s.Stats.PlaneStart(s.Rebuilt.At))

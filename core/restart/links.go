@@ -1,0 +1,78 @@
+package restart
+
+import (
+	"encoding/json"
+	"fmt"
+
+	"kvdock/core/l1"
+)
+
+// The kept table's prompt links travel beside the objects, one number an
+// object: 0 none, -1 the object starts a prompt, k > 0 its parent is
+// object k-1. They are a block of their own, decoded apart from the rest:
+// a block that does not parse, or does not cover the objects one to one,
+// is left out with the reason and the pool adopted without its links.
+// Each link is checked again by l1.Adopt, which drops a bad one object by
+// object.
+
+// encodeLinks renders the links of objs, nil when there is none.
+func encodeLinks(objs []l1.KeptObject) json.RawMessage {
+	links := make([]int64, len(objs))
+	some := false
+	for i, o := range objs {
+		switch {
+		case o.Root:
+			links[i], some = -1, true
+		case o.Parent > 0:
+			links[i], some = int64(o.Parent), true
+		}
+	}
+	if !some {
+		return nil
+	}
+	js, _ := json.Marshal(links) // a slice of integers always marshals
+	return js
+}
+
+// decodeLinks sets the links of objs from raw and returns what it left
+// out, with the reason ("" when nothing). raw covers the body's n objects;
+// from gives each of objs its body index, so a link to an object Decode
+// dropped is left out with it.
+func decodeLinks(raw json.RawMessage, n int, from []int, objs []l1.KeptObject) string {
+	if len(raw) == 0 {
+		return ""
+	}
+	var links []int64
+	if err := json.Unmarshal(raw, &links); err != nil {
+		return fmt.Sprintf("prompt links left out: %v", err)
+	}
+	if len(links) != n {
+		return fmt.Sprintf("prompt links left out: %d for %d objects", len(links), n)
+	}
+	at := make(map[int]int, len(from)) // body index -> index in objs
+	for j, i := range from {
+		at[i] = j
+	}
+	bad, gone := 0, 0
+	for j, i := range from {
+		switch v := links[i]; {
+		case v == -1:
+			objs[j].Root = true
+		case v > 0 && v <= int64(n):
+			if p, ok := at[int(v-1)]; ok {
+				objs[j].Parent = p + 1
+			} else {
+				gone++
+			}
+		case v != 0:
+			bad++
+		}
+	}
+	switch {
+	case bad > 0:
+		return fmt.Sprintf("%d prompt link(s) left out: they name no object of the %d", bad, n)
+	case gone > 0:
+		return fmt.Sprintf("%d prompt link(s) left out: their parents were left out of the record", gone)
+	}
+	return ""
+}
