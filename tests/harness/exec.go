@@ -1,6 +1,7 @@
 package harness
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -29,9 +30,28 @@ func (s *Server) WaitExit(limit time.Duration) bool {
 	}
 }
 
-// WaitReady waits up to limit for NOOP to answer on the endpoint; an error
-// when the process exits first or NOOP does not answer in time.
-func (s *Server) WaitReady(limit time.Duration) error { return s.waitReady(limit) }
+// WaitReady waits up to limit for NOOP to answer on the endpoint and
+// /status on the HTTP API (which starts after the wire server); an error
+// when the process exits first or either does not answer in time.
+func (s *Server) WaitReady(limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	if err := s.waitReady(limit); err != nil {
+		return err
+	}
+	for {
+		_, err := s.keptStatus()
+		if err == nil {
+			return nil
+		}
+		if done, exit := s.Exited(); done {
+			return fmt.Errorf("exited: %v", exit)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("/status did not answer: %w", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
 
 // StopKept sends SIGTERM and waits for exit 0, leaving the kept pool and
 // its record for the next start (StartKeeping's servers).
