@@ -210,10 +210,10 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	checkRestart := func(why string) (string, error) {
 		path, err := rs.check()
 		if err != nil {
-			err = fmt.Errorf("restart refused, serving on: %w", err)
-			logger.Error(err.Error(), "cause", why)
+			logger.Error("restart refused; serving on", "cause", why, "err", err)
+			return "", fmt.Errorf("restart refused, serving on: %w", err)
 		}
-		return path, err
+		return path, nil
 	}
 	askRestart := func() error {
 		if _, err := checkRestart("kvdock ctl restart"); err != nil {

@@ -17,6 +17,7 @@ import (
 	"kvdock/core/engine"
 	"kvdock/core/protocol"
 	"kvdock/core/rpc/client"
+	"kvdock/core/testkit/logbuf"
 	"kvdock/settings"
 	"kvdock/transfer/worker"
 )
@@ -44,8 +45,8 @@ func TestHostileExecFailureServesOnWithThePool(t *testing.T) {
 	cfg.L1.SizeGB = 16.0 / 1024
 	cfg.L1.Prefault = false
 	cfg.L1.KeepOnExit = true
-	var logs bytes.Buffer
-	logger := slog.New(slog.NewTextHandler(&logs, nil))
+	logs := &logbuf.Buffer{} // the wire server logs from its own goroutine
+	logger := slog.New(slog.NewTextHandler(logs, nil))
 	eng := engine.New(cfg, engine.Options{Logger: logger})
 	ctx := context.Background()
 	if err := eng.Start(ctx); err != nil {
