@@ -114,6 +114,18 @@ func TestHostileSIGUSR2StormKeepsServing(t *testing.T) {
 		servesUnrestarted(t, srv, pid, "")
 		check(fmt.Sprintf("after the storm %v apart", gap))
 	}
+	// The image that inherited SIGHUP ignored took it back: a reload runs.
+	reloads := strings.Count(srv.Output(), "SIGHUP: settings unchanged")
+	if err := syscall.Kill(pid, syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for strings.Count(srv.Output(), "SIGHUP: settings unchanged") == reloads {
+		if time.Now().After(deadline) {
+			t.Fatalf("SIGHUP after the storms did not reload\n%s", srv.Output())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // restartOverHTTP is POST /restart with token: the status code and body.
