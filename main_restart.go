@@ -39,7 +39,7 @@ func (r restartRequests) ask() error {
 const binaryCheckTimeout = 10 * time.Second
 
 // execSignals are ignored from the moment the exec begins until the new
-// image asks for them (signal.Notify early in serve): a dispositon set to
+// image asks for them (signal.Notify early in serve): a disposition set to
 // SIG_IGN survives execve, and the Go runtime of the new image drops them
 // until Notify, where the default action (SIGUSR2 before the runtime
 // starts, SIGHUP until Notify) would end the process holding the pool.
