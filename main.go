@@ -134,6 +134,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 // serve runs the appliance until SIGINT/SIGTERM.
 func serve(args []string, stdout, stderr io.Writer) int {
+	// First of all: a re-executed image inherits SIGUSR2 and SIGHUP
+	// ignored (restarter.handOver) and takes them back here.
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGUSR2)
+	defer signal.Stop(sigs)
+
 	fs := pflag.NewFlagSet("kvdock serve", pflag.ContinueOnError)
 	fs.SetOutput(io.Discard) // ContinueOnError prints nothing useful; the error is printed below
 	settings.RegisterFlags(fs)
@@ -153,29 +159,13 @@ func serve(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	loadOpts := settings.LoadOptions{Flags: fs, Environ: os.Environ()}
-	loaded, err := settings.Load(loadOpts)
+	loaded, err := loadStartable(loadOpts)
 	if err != nil {
-		// A *ValidationError says "invalid settings (N problems):" itself.
 		fmt.Fprintf(stderr, "kvdock: %v\n", err)
 		return 2
 	}
 	cfg := loaded.Config
-	// A pool larger than the host would start, then prefault until the OOM
-	// killer ends it; refuse it like any other invalid setting. Unreadable
-	// meminfo (0) checks nothing.
-	avail, _ := hostmem.Probe{}.MemAvailable()
-	if err := settings.CheckMemory(cfg, loaded.Sources, avail); err != nil {
-		// It says "invalid settings (1 problem):" itself.
-		fmt.Fprintf(stderr, "kvdock: %v\n", err)
-		return 2
-	}
-
-	dash := !cfg.UI.Headless && isTerminal(os.Stdin) && isTerminal(os.Stdout)
-	logCfg := cfg.Log
-	if dash && logCfg.File == "" {
-		// The dashboard owns the screen: logs go to a file.
-		logCfg.File = defaultLogFile()
-	}
+	dash, logCfg := faceOf(cfg)
 	level := new(slog.LevelVar)
 	logger, closeLog, err := newLogger(logCfg, level, stderr)
 	if err != nil {
@@ -214,11 +204,24 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	})
 	m.Watch(eng)
 	restarts := make(restartRequests, 1)
-	web = httpapi.NewRunner(eng, httpapi.Options{Metrics: m, Logger: logger.With("component", "http"), Restart: restarts.ask})
-
-	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGUSR2)
-	defer signal.Stop(sigs)
+	rs := restarter{eng: eng, loadOpts: loadOpts, logger: logger, sigs: sigs, exec: syscall.Exec}
+	// checkRestart is the restart's check, said where the operator looks:
+	// a restart that is refused stops nothing.
+	checkRestart := func(why string) (string, error) {
+		path, err := rs.check()
+		if err != nil {
+			logger.Error("restart refused; serving on", "cause", why, "err", err)
+			return "", fmt.Errorf("restart refused, serving on: %w", err)
+		}
+		return path, nil
+	}
+	askRestart := func() error {
+		if _, err := checkRestart("kvdock ctl restart"); err != nil {
+			return err
+		}
+		return restarts.ask()
+	}
+	web = httpapi.NewRunner(eng, httpapi.Options{Metrics: m, Logger: logger.With("component", "http"), Restart: askRestart})
 
 	if err := eng.Start(ctx); err != nil {
 		logger.Error("kvdock could not start", "err", err)
@@ -263,21 +266,57 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	logger.Info("kvdock serving", "version", snap.Version, "endpoint", snap.Endpoint, "protocol", snap.Protocol,
 		"shm_name", snap.Shm.ShmName, "pool_size", snap.Shm.PoolSize, "shm_reason", snap.Shm.Reason)
 
-	var quit chan struct{} // closed when the dashboard ends
-	dctx, stopDash := context.WithCancel(ctx)
-	defer stopDash()
-	if dash {
-		quit = make(chan struct{})
+	var quit chan struct{} // closed when the dashboard ends; nil without one
+	stopDash := func() {}
+	startDash := func() {
+		dctx, cancel := context.WithCancel(ctx)
+		q := make(chan struct{})
+		quit, stopDash = q, cancel
 		path := loaded.File
 		if path == "" {
 			path, _ = settings.DefaultPath(os.Environ())
 		}
 		go func() {
-			defer close(quit)
+			defer close(q)
 			if err := dashboard.Run(dctx, eng, dashboard.Options{Version: buildVersion(), ConfigPath: path, LogFile: logCfg.File, Memory: hostmem.Probe{}}); err != nil {
 				logger.Error("dashboard", "err", err)
 			}
 		}()
+	}
+	if dash {
+		startDash()
+	}
+	defer func() { stopDash() }()
+	// restartInPlace checks the restart, gives the terminal back
+	// (dashboard), stops the HTTP API and hands over to the new image. It
+	// returns (code, true) when this process is to exit; after a refused
+	// restart, or an exec that failed with the engine serving again over
+	// the kept pool, it returns false and serving goes on.
+	restartInPlace := func(why string) (int, bool) {
+		path, err := checkRestart(why)
+		if err != nil {
+			return 0, false
+		}
+		lastEndpoint()
+		if dash {
+			stopDash()
+			<-quit
+		}
+		web.Stop()
+		logger.Info("restarting in place, keeping the pool", "cause", why)
+		up, err := rs.handOver(ctx, path, why)
+		if !up {
+			logger.Error("restart: the exec failed and the engine could not start again", "err", err)
+			return bye(1, why+" (exec failed)"), true
+		}
+		now, _ := eng.Config()
+		if err := web.Start(ctx, now.HTTP); err != nil {
+			logger.Error("restart: the exec failed and the HTTP API could not start again; the wire server serves", "err", err)
+		}
+		if dash {
+			startDash()
+		}
+		return 0, false
 	}
 	for {
 		select {
@@ -288,7 +327,10 @@ func serve(args []string, stdout, stderr io.Writer) int {
 			}
 			lastEndpoint()
 			if sig == syscall.SIGUSR2 {
-				return restartInPlace(eng, web, logger, dash, stopDash, quit, bye, "SIGUSR2")
+				if code, exit := restartInPlace("SIGUSR2"); exit {
+					return code
+				}
+				continue
 			}
 			// With the dashboard, SIGHUP is the terminal hanging up (the
 			// settings pane is how it reloads): stop rather than run on
@@ -299,8 +341,9 @@ func serve(args []string, stdout, stderr io.Writer) int {
 			}
 			return bye(shutdown(eng, sigs, logger, sig.String()), signalName(sig))
 		case <-restarts:
-			lastEndpoint()
-			return restartInPlace(eng, web, logger, dash, stopDash, quit, bye, "kvdock ctl restart")
+			if code, exit := restartInPlace("kvdock ctl restart"); exit {
+				return code
+			}
 		case <-quit:
 			lastEndpoint()
 			return bye(shutdown(eng, sigs, logger, "dashboard quit"), "dashboard quit")

@@ -218,6 +218,11 @@ func (e *Engine) Start(ctx context.Context) error {
 
 // startLocked builds a data plane and a wire server for cfg; on failure nothing is left.
 func (e *Engine) startLocked(cfg settings.Config) error {
+	release, err := e.claimStart(cfg)
+	if err != nil {
+		return err
+	}
+	defer release()
 	p, err := e.buildDataPlane(cfg)
 	if err != nil {
 		return err

@@ -68,6 +68,33 @@ func endpointOf(cfg settings.Config) string {
 	return net.JoinHostPort(cfg.Server.Host, strconv.Itoa(cfg.Server.Port))
 }
 
+// claimStart takes the start lock of cfg's endpoint (restart.Lock) for a
+// start, which holds it from before openPool takes the record until the
+// wire server is bound or the start failed: of two kvdocks started at
+// once on one kept pool, one adopts and the other is refused here with
+// the reason. A state directory the lock cannot be taken in (not ours)
+// leaves nothing this start could adopt (Take says why): it goes on
+// without the lock.
+func (e *Engine) claimStart(cfg settings.Config) (release func(), err error) {
+	dir, file, err := e.stateFile(cfg)
+	if err != nil {
+		return func() {}, nil
+	}
+	l, err := restart.Lock(dir, file)
+	if errors.Is(err, restart.ErrStarting) {
+		return nil, fmt.Errorf("%w: it adopts the pool kept for %s, if there is one, and this start stops", err, endpointOf(cfg))
+	}
+	if err != nil {
+		e.log.Debug("restart: start lock not taken", "err", err)
+		return func() {}, nil
+	}
+	return func() {
+		if err := l.Release(); err != nil {
+			e.log.Warn("restart: start lock not released", "err", err)
+		}
+	}, nil
+}
+
 // openPool opens the pool of cfg: it adopts the pool kept by the previous
 // process when a record for this endpoint exists and matches the settings
 // (segment name or auto, size, alignment) and the segment is the one

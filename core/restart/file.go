@@ -173,3 +173,101 @@ func Take(dir, file string) (Record, error) {
 	}
 	return r, nil
 }
+
+// ErrStarting means another process holds the start lock of the endpoint
+// (Lock): it is taking the record, opening the pool and binding.
+var ErrStarting = errors.New("another kvdock is starting on this endpoint")
+
+// StartLock is a held start lock (Lock).
+type StartLock struct {
+	dfd, fd int
+	name    string
+}
+
+// Lock takes the start lock of the record dir/file: an exclusive flock on
+// dir/l1-pool-<endpoint>.lock, which a start holds from before it takes
+// the record until its wire server is bound (or its start failed). Two
+// kvdocks started at once on one endpoint then cannot both act on the kept
+// pool: one takes the record and adopts the segment, while the other,
+// refused here at once, could otherwise find no record and remove the
+// kept segment as stale, or bind first and make the adopter fail. A lock
+// held by another process is an error wrapping ErrStarting that names the
+// holder's pid. A directory that does not exist holds no record: nil lock
+// and nil error (Release of nil does nothing). Other errors say why the
+// lock could not be taken at all (a directory that is not ours).
+func Lock(dir, file string) (*StartLock, error) {
+	dfd, err := openDir(dir, false)
+	if errors.Is(err, unix.ENOENT) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	name := strings.TrimSuffix(file, ".state") + ".lock"
+	path := filepath.Join(dir, name)
+	// The holder unlinks the file when it lets go: a start that opened it
+	// just before then locks an inode no longer under the name, and tries
+	// again with the new one.
+	for attempt := 0; attempt < 8; attempt++ {
+		fd, err := unix.Openat(dfd, name, unix.O_RDWR|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0o600)
+		if err != nil {
+			unix.Close(dfd)
+			return nil, fmt.Errorf("start lock %s: %w", path, err)
+		}
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG || st.Uid != uint32(os.Geteuid()) {
+			unix.Close(fd)
+			unix.Close(dfd)
+			return nil, fmt.Errorf("%w: start lock %s is not a regular file of ours", ErrInvalid, path)
+		}
+		if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
+			holder := lockHolder(fd)
+			unix.Close(fd)
+			unix.Close(dfd)
+			if errors.Is(err, unix.EWOULDBLOCK) {
+				return nil, fmt.Errorf("%w (pid %s holds %s)", ErrStarting, holder, path)
+			}
+			return nil, fmt.Errorf("start lock %s: %w", path, err)
+		}
+		var named unix.Stat_t
+		if unix.Fstatat(dfd, name, &named, unix.AT_SYMLINK_NOFOLLOW) != nil || named.Dev != st.Dev || named.Ino != st.Ino {
+			unix.Close(fd)
+			continue
+		}
+		pid := []byte(strconv.Itoa(os.Getpid()) + "\n")
+		if err := unix.Ftruncate(fd, 0); err == nil {
+			_, _ = unix.Pwrite(fd, pid, 0)
+		}
+		return &StartLock{dfd: dfd, fd: fd, name: name}, nil
+	}
+	unix.Close(dfd)
+	return nil, fmt.Errorf("start lock %s: replaced under this start 8 times", path)
+}
+
+// lockHolder is the pid the holder of the lock open as fd wrote there, or
+// "unknown" before it wrote it.
+func lockHolder(fd int) string {
+	b := make([]byte, 16)
+	n, _ := unix.Pread(fd, b, 0)
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b[:max(n, 0)])))
+	if err != nil || pid <= 0 {
+		return "unknown"
+	}
+	return strconv.Itoa(pid)
+}
+
+// Release unlinks the lock file and lets go of the lock; on nil it does
+// nothing. The name is removed while the lock is held, so the next start
+// creates and locks a new file (see Lock).
+func (l *StartLock) Release() error {
+	if l == nil {
+		return nil
+	}
+	var err error
+	if uerr := unix.Unlinkat(l.dfd, l.name, 0); uerr != nil && !errors.Is(uerr, unix.ENOENT) {
+		err = fmt.Errorf("start lock %s: %w", l.name, uerr)
+	}
+	unix.Close(l.fd)
+	unix.Close(l.dfd)
+	return err
+}

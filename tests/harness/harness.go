@@ -98,6 +98,7 @@ type Server struct {
 	// Protocol is the profile the server speaks (--protocol, else nongpu-v1).
 	Protocol    string
 	autoDefault string // --protocol-auto-default, else rpc-messages
+	bin         string // the binary to run; "" = Binary's
 	cmd         *exec.Cmd
 	out         *logbuf.Buffer
 	done        chan struct{}
@@ -153,7 +154,11 @@ func (s *Server) baseArgs() []string {
 // sets s.Endpoint; it does not wait for the server to answer.
 func (s *Server) launch(t testing.TB, args []string) {
 	t.Helper()
-	s.cmd = exec.Command(Binary(t), args...)
+	bin := s.bin
+	if bin == "" {
+		bin = Binary(t)
+	}
+	s.cmd = exec.Command(bin, args...)
 	s.cmd.Env = append(os.Environ(), "KVDOCK_CONFIG=")
 	s.cmd.Stdout, s.cmd.Stderr = s.out, s.out
 	if err := s.cmd.Start(); err != nil {

@@ -41,7 +41,15 @@ type keptStatus struct {
 // is stopped and its kept segment removed.
 func StartKeeping(t testing.TB, auto bool, extra ...string) *Server {
 	t.Helper()
-	s := &Server{Port: FreePort(t), HTTPPort: FreePort(t), Protocol: "nongpu-v1", autoDefault: "rpc-messages"}
+	return StartKeepingFrom(t, "", auto, extra...)
+}
+
+// StartKeepingFrom is StartKeeping running the binary at bin ("" = the
+// one Binary builds): a test that deletes or breaks the binary under a
+// running server works on a copy of its own.
+func StartKeepingFrom(t testing.TB, bin string, auto bool, extra ...string) *Server {
+	t.Helper()
+	s := &Server{Port: FreePort(t), HTTPPort: FreePort(t), Protocol: "nongpu-v1", autoDefault: "rpc-messages", bin: bin}
 	for i, a := range extra {
 		if a == "--protocol" && i+1 < len(extra) {
 			s.Protocol = extra[i+1]

@@ -1,0 +1,105 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"kvdock/assets"
+	"kvdock/core/engine"
+	"kvdock/core/protocol"
+	"kvdock/core/rpc/client"
+	"kvdock/core/testkit/logbuf"
+	"kvdock/settings"
+	"kvdock/transfer/worker"
+)
+
+// TestHostileExecFailureServesOnWithThePool: the exec of a restart fails
+// after the pool was kept (here E2BIG; in life the binary removed between
+// the check and the exec). The process starts its engine again, adopting
+// the pool it has just kept, and says why: the worker, on the same
+// connection and mapping, reads what it stored (before, the restart
+// returned exit 1 with the engine stopped and the pool left to the next
+// start).
+func TestHostileExecFailureServesOnWithThePool(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	cfg := settings.Default()
+	cfg.Server.Port = port
+	cfg.Server.ChunkSize = 16
+	cfg.Server.StateDir = filepath.Join(t.TempDir(), "state")
+	name := fmt.Sprintf("exec_fail_%d", os.Getpid())
+	cfg.Server.ShmName = &name
+	cfg.L1.SizeGB = 16.0 / 1024
+	cfg.L1.Prefault = false
+	cfg.L1.KeepOnExit = true
+	logs := &logbuf.Buffer{} // the wire server logs from its own goroutine
+	logger := slog.New(slog.NewTextHandler(logs, nil))
+	eng := engine.New(cfg, engine.Options{Logger: logger})
+	ctx := context.Background()
+	if err := eng.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = eng.Stop(context.Background()) })
+
+	p, err := protocol.Load("nongpu-v1", assets.Protocol)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.Dial(fmt.Sprintf("tcp://127.0.0.1:%d", port), p, client.Options{Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	w, err := worker.Register(ctx, c, worker.Config{InstanceID: 2305, Model: "exec-model", Layers: 2, Hidden: 16, Dtype: "float32"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	toks := make([]uint32, 2*w.ChunkTokens())
+	for i := range toks {
+		toks[i] = uint32(i*13 + 5)
+	}
+	chunk := func(j int) []byte { return bytes.Repeat([]byte{byte(j + 7)}, int(w.Layout().Bytes)) }
+	if res, err := w.Store(ctx, w.Key(toks, 2, "s"), [][]byte{chunk(0), chunk(1)}); err != nil || !res.Committed {
+		t.Fatalf("store: %+v %v", res, err)
+	}
+
+	rs := restarter{eng: eng, logger: logger, sigs: make(chan os.Signal, 4),
+		exec: func(string, []string, []string) error { return syscall.E2BIG }}
+	up, err := rs.handOver(ctx, "/kvdock/that/did/not/run", "test")
+	if !up || err == nil || !strings.Contains(err.Error(), "argument list too long") {
+		t.Fatalf("handOver: up %v, err %v\n%s", up, err, logs.String())
+	}
+	if !strings.Contains(logs.String(), "exec failed; serving again in this process") {
+		t.Fatalf("the failed exec is not logged:\n%s", logs.String())
+	}
+	if r := eng.Snapshot().Restart; !r.Adopted || r.Objects != 2 || r.Contexts != 1 {
+		t.Fatalf("after the failed exec the engine did not adopt its kept pool: %+v\n%s", r, logs.String())
+	}
+	hits, err := worker.Scheduler{C: c}.Hits(ctx, w.LookupKey(toks, "r"), 1)
+	if err != nil || hits != 2 {
+		t.Fatalf("after the failed exec: %d hits (%v)", hits, err)
+	}
+	wrong := 0
+	got, err := w.Retrieve(ctx, w.Key(toks, hits, "r"), func(j int, b []byte) {
+		if !bytes.Equal(b, chunk(j)) {
+			wrong++
+		}
+	})
+	if err != nil || got != 2 || wrong != 0 {
+		t.Fatalf("retrieve after the failed exec: %d chunks, %d wrong, %v", got, wrong, err)
+	}
+}
