@@ -70,7 +70,7 @@ func parse(fs *pflag.FlagSet, help string, args []string, stdout, stderr io.Writ
 		return ExitOK, true
 	case err != nil:
 		usageLine, _, _ := strings.Cut(help, "\n")
-		fmt.Fprintf(stderr, "%s: %v\n%s (%s --help for more)\n", fs.Name(), err, strings.ToLower(usageLine[:1])+usageLine[1:], fs.Name())
+		fmt.Fprintf(stderr, "%s: %v%s\n%s (%s --help for more)\n", fs.Name(), err, settings.FlagHint(fs, err), strings.ToLower(usageLine[:1])+usageLine[1:], fs.Name())
 		return ExitInvalid, true
 	}
 	return 0, false
