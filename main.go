@@ -153,22 +153,17 @@ func serve(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	loadOpts := settings.LoadOptions{Flags: fs, Environ: os.Environ()}
-	loaded, err := settings.Load(loadOpts)
+	// A pool larger than the host would start, then prefault until the OOM
+	// killer ends it: LoadForServe refuses it with the other invalid
+	// settings. Unreadable meminfo (0) checks nothing.
+	avail, _ := hostmem.Probe{}.MemAvailable()
+	loaded, err := settings.LoadForServe(loadOpts, avail)
 	if err != nil {
 		// A *ValidationError says "invalid settings (N problems):" itself.
 		fmt.Fprintf(stderr, "kvdock: %v\n", err)
 		return 2
 	}
 	cfg := loaded.Config
-	// A pool larger than the host would start, then prefault until the OOM
-	// killer ends it; refuse it like any other invalid setting. Unreadable
-	// meminfo (0) checks nothing.
-	avail, _ := hostmem.Probe{}.MemAvailable()
-	if err := settings.CheckMemory(cfg, loaded.Sources, avail); err != nil {
-		// It says "invalid settings (1 problem):" itself.
-		fmt.Fprintf(stderr, "kvdock: %v\n", err)
-		return 2
-	}
 
 	dash := !cfg.UI.Headless && isTerminal(os.Stdin) && isTerminal(os.Stdout)
 	logCfg := cfg.Log
