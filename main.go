@@ -63,7 +63,7 @@ Flags people start with (a KVDOCK_* variable or the settings file sets each too)
   --l1-size-gb GIB            L1 pool size in GiB (default %g)
   --eviction-policy NAME      %s (default), LRU or noop
   --l2-adapter JSON           an L2 tier, e.g. '{"type": "fs", "base_path": "/data/l2"}' (repeatable)
-  --http-port N               HTTP API for status, metrics and kvdock ctl (default %d; 0 = off)
+  --http-port N               the HTTP API: status, metrics, ctl (default %d; 0 = off)
   --headless                  run without the dashboard, logging to stderr
   --log-level LEVEL           debug, info, warn or error (default %s)
 

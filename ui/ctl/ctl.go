@@ -42,7 +42,9 @@ Commands:
 The server's address comes from the same settings as kvdock serve's: the
 settings file (--config, $KVDOCK_CONFIG, the default path), KVDOCK_HOST,
 KVDOCK_PORT, KVDOCK_PROTOCOL, KVDOCK_HTTP_HOST, KVDOCK_HTTP_PORT,
-KVDOCK_HTTP_TOKEN, then these flags.
+KVDOCK_HTTP_TOKEN, then these flags. With the protocol left unset, ctl
+reads the server's from its /status. Every command takes every flag, so one
+alias (kvdock ctl --port 5655 --http-port 8155) serves them all.
 
 Flags:
 `
