@@ -36,27 +36,6 @@ import (
 	"kvdock/ui/metrics"
 )
 
-// version is set at build time with -ldflags "-X main.version=…"; otherwise
-// the module version from the build info is used.
-var version = ""
-
-func buildVersion() string {
-	if version != "" {
-		return version
-	}
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		for _, s := range bi.Settings {
-			if s.Key == "vcs.revision" && len(s.Value) >= 12 {
-				return "dev-" + s.Value[:12]
-			}
-		}
-		if bi.Main.Version != "" && bi.Main.Version != "(devel)" {
-			return bi.Main.Version
-		}
-	}
-	return "dev"
-}
-
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
@@ -75,8 +54,29 @@ Usage:
   kvdock --version, -v        the same as kvdock version
   kvdock --help, -h           this text
 
-Run "kvdock serve --help" for every setting flag with its default and env variable.
+Flags people start with (a KVDOCK_* variable or the settings file sets each too):
+  --config PATH               settings file (default ~/.config/kvdock/config.yaml when it exists)
+  --host ADDR                 address the ZMQ server binds (default %s)
+  --port N                    TCP port of the ZMQ server (default %d)
+  --protocol NAME             the workers' LMCache wire table: %s (default), ..., rpc-messages, or auto
+  --shm-name NAME             shared-memory segment; "" = SHM off (pickle fallback); unset = auto
+  --l1-size-gb GIB            L1 pool size in GiB (default %g)
+  --eviction-policy NAME      %s (default), LRU or noop
+  --l2-adapter JSON           an L2 tier, e.g. '{"type": "fs", "base_path": "/data/l2"}' (repeatable)
+  --http-port N               the HTTP API: status, metrics, ctl (default %d; 0 = off)
+  --headless                  run without the dashboard, logging to stderr
+  --log-level LEVEL           debug, info, warn or error (default %s)
+
+Run "kvdock serve --help" for all %d setting flags with their defaults and env variables.
 `
+
+// usageText is usage with the defaults filled in from the settings, so the
+// text cannot drift from them.
+func usageText() string {
+	d := settings.Default()
+	return fmt.Sprintf(usage, d.Server.Host, d.Server.Port, d.Server.Protocol, d.L1.SizeGB, d.Eviction.Policy,
+		d.HTTP.Port, d.Log.Level, len(settings.Keys()))
+}
 
 func run(args []string, stdout, stderr io.Writer) int {
 	// Alone and without a command, these are about kvdock itself, not
@@ -86,7 +86,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		case "--version", "-v":
 			return printVersion(stdout)
 		case "--help", "-h":
-			fmt.Fprint(stdout, usage)
+			fmt.Fprint(stdout, usageText())
 			return 0
 		}
 	}
@@ -119,7 +119,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case "help":
 		switch {
 		case len(args) == 0 || len(args) == 1 && (args[0] == "--help" || args[0] == "-h"):
-			fmt.Fprint(stdout, usage)
+			fmt.Fprint(stdout, usageText())
 			return 0
 		case len(args) > 1 || strings.HasPrefix(args[0], "-"):
 			fmt.Fprintf(stderr, "kvdock help: takes one command name (got %q)\nusage: kvdock help [COMMAND]\n", strings.Join(args, " "))
@@ -127,7 +127,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		return run([]string{args[0], "--help"}, stdout, stderr)
 	default:
-		fmt.Fprintf(stderr, "kvdock: unknown command %q\n\n%s", cmd, usage)
+		fmt.Fprintf(stderr, "kvdock: unknown command %q\n\n%s", cmd, usageText())
 		return 2
 	}
 }

@@ -157,15 +157,8 @@ func (r restarter) handOver(ctx context.Context, path, why string) (engineUp boo
 // invalid setting (unreadable meminfo, 0, checks nothing). The errors say
 // "invalid settings (N problems):" themselves.
 func loadStartable(opts settings.LoadOptions) (*settings.Loaded, error) {
-	loaded, err := settings.Load(opts)
-	if err != nil {
-		return nil, err
-	}
 	avail, _ := hostmem.Probe{}.MemAvailable()
-	if err := settings.CheckMemory(loaded.Config, loaded.Sources, avail); err != nil {
-		return nil, err
-	}
-	return loaded, nil
+	return settings.LoadForServe(opts, avail)
 }
 
 // faceOf is whether cfg runs the dashboard here (a terminal on stdin and

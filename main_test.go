@@ -122,16 +122,17 @@ func TestSIGHUPNextStartKeysWarn(t *testing.T) {
 	}
 }
 
-// TestVersionTextNamesTheCommit: with the toolchain's VCS stamps, the
-// version says the revision, its date and whether the tree was modified;
-// without them it says why there is no revision.
+// TestVersionTextNamesTheCommit: with the build's own stamps (task build),
+// the version says them; else with the toolchain's VCS stamps it says the
+// revision, its date and whether the tree was modified; without either it
+// says so and how to get them.
 func TestVersionTextNamesTheCommit(t *testing.T) {
 	bi := &debug.BuildInfo{GoVersion: "go1.26", Settings: []debug.BuildSetting{
 		{Key: "vcs.revision", Value: "0123456789abcdef0123456789abcdef01234567"},
 		{Key: "vcs.time", Value: "2026-11-30T10:00:00Z"},
 		{Key: "vcs.modified", Value: "true"},
 	}}
-	out := versionText("dev-0123456789ab", bi)
+	out := versionText(stamps{}, bi)
 	for _, want := range []string{"kvdock dev-0123456789ab\n", "revision  0123456789abcdef0123456789abcdef01234567\n",
 		"date      2026-11-30T10:00:00Z\n", "modified  yes", "go        go1.26\n"} {
 		if !strings.Contains(out, want) {
@@ -139,10 +140,18 @@ func TestVersionTextNamesTheCommit(t *testing.T) {
 		}
 	}
 	bi.Settings[2].Value = "false"
-	if out := versionText("v1.2.3", bi); !strings.Contains(out, "modified  no\n") || !strings.HasPrefix(out, "kvdock v1.2.3\n") {
+	if out := versionText(stamps{version: "v1.2.3"}, bi); !strings.Contains(out, "modified  no\n") || !strings.HasPrefix(out, "kvdock v1.2.3\n") {
 		t.Errorf("clean tree:\n%s", out)
 	}
-	if out := versionText("dev", &debug.BuildInfo{}); !strings.Contains(out, "revision  unknown (built without VCS stamping") {
+	// -buildvcs=false: the build's stamps alone.
+	noVCS := &debug.BuildInfo{GoVersion: "go1.26"}
+	out = versionText(stamps{version: "365b08b1234a-dirty", revision: "365b08b1234abcdef", date: "2026-12-01T10:00:00+00:00"}, noVCS)
+	if out != "kvdock 365b08b1234a-dirty\nrevision  365b08b1234abcdef\ndate      2026-12-01T10:00:00+00:00\ngo        go1.26\n" {
+		t.Errorf("stamped build:\n%s", out)
+	}
+	out = versionText(stamps{}, noVCS)
+	if !strings.HasPrefix(out, "kvdock dev (no version stamped: a plain go build; task build stamps one from git)\n") ||
+		!strings.Contains(out, "revision  unknown: this binary carries no build stamps") {
 		t.Errorf("no stamps:\n%s", out)
 	}
 }

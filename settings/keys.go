@@ -35,6 +35,9 @@ type KeyInfo struct {
 	// the dashboard shows them without an editor (l2.adapters, whose
 	// credentials must never reach a saved file).
 	ReadOnly bool
+	// Choices are the values a string key accepts (any case; Load and Set
+	// keep the form listed here), nil for a free string.
+	Choices []string
 }
 
 // Redacted stands for a secret value that is set.
@@ -50,7 +53,40 @@ type keyDef struct {
 	readOnly        bool
 	envName         string              // when not derived from the flag
 	field           func(c *Config) any // pointer to the field
-	check           func(c Config) string
+	// choices are the accepted values of a string key, in their canonical
+	// form: any case is taken and stored as listed; others are refused
+	// (before check, which then sees a canonical value).
+	choices []string
+	check   func(c Config) string
+}
+
+// canon puts the value of an enumerated key of c in its canonical form
+// when it names a choice in another case.
+func (d keyDef) canon(c *Config) {
+	p, ok := d.field(c).(*string)
+	if !ok {
+		return
+	}
+	for _, ch := range d.choices {
+		if strings.EqualFold(*p, ch) {
+			*p = ch
+			return
+		}
+	}
+}
+
+// verdict is what is wrong with the value of d in c ("" when nothing).
+func (d keyDef) verdict(c Config) string {
+	if len(d.choices) > 0 {
+		p, _ := d.field(&c).(*string)
+		if reason := oneOf(*p, d.choices...); reason != "" && d.check == nil {
+			return reason + " (any case)"
+		}
+	}
+	if d.check != nil {
+		return d.check(c)
+	}
+	return ""
 }
 
 func (d keyDef) env() string {
@@ -99,8 +135,9 @@ func table() []keyDef {
 				return intMin(c.Server.MaxCPUWorkers, 0, "must be >= 1, or 0 to use server.max_workers")
 			}},
 		{key: "server.hash_algorithm", flag: "hash-algorithm", class: Rebuild,
-			help:  `token chunk hash; only "blake3"`,
-			field: func(c *Config) any { return &c.Server.HashAlgorithm },
+			help:    `token chunk hash; only "blake3"`,
+			field:   func(c *Config) any { return &c.Server.HashAlgorithm },
+			choices: []string{"blake3"},
 			check: func(c Config) string {
 				if c.Server.HashAlgorithm != "blake3" {
 					return `only "blake3" is supported (kvdock does not implement LMCache's other hash algorithms)`
@@ -108,8 +145,9 @@ func table() []keyDef {
 				return ""
 			}},
 		{key: "server.transfer_mode", flag: "transfer-mode", class: Restart,
-			help:  `how KV data moves; only "non_gpu"`,
-			field: func(c *Config) any { return &c.Server.TransferMode },
+			help:    `how KV data moves; only "non_gpu"`,
+			field:   func(c *Config) any { return &c.Server.TransferMode },
+			choices: []string{"non_gpu"},
 			check: func(c Config) string {
 				switch c.Server.TransferMode {
 				case "non_gpu":
@@ -124,17 +162,13 @@ func table() []keyDef {
 			field: func(c *Config) any { return &c.Server.ShmName },
 			check: func(c Config) string { return checkShmName(c.Server.ShmName) }},
 		{key: "server.protocol", flag: "protocol", class: Restart,
-			help:  "wire protocol profile: nongpu-v1, nongpu-v2, engine-driven, engine-driven-v2-early, engine-driven-v2, rpc-messages, or auto (detected per worker)",
-			field: func(c *Config) any { return &c.Server.Protocol },
-			check: func(c Config) string {
-				return oneOf(c.Server.Protocol, append(ProtocolProfiles(), ProtocolAuto)...)
-			}},
+			help:    "wire protocol profile: nongpu-v1, nongpu-v2, engine-driven, engine-driven-v2-early, engine-driven-v2, rpc-messages, or auto (detected per worker)",
+			field:   func(c *Config) any { return &c.Server.Protocol },
+			choices: append(ProtocolProfiles(), ProtocolAuto)},
 		{key: "server.protocol_auto_default", flag: "protocol-auto-default", class: Restart,
-			help:  "with --protocol auto: the profile an ambiguous worker message is read under, and the one kvdock ctl speaks",
-			field: func(c *Config) any { return &c.Server.ProtocolAutoDefault },
-			check: func(c Config) string {
-				return oneOf(c.Server.ProtocolAutoDefault, ProtocolProfiles()...)
-			}},
+			help:    "with --protocol auto: the profile an ambiguous worker message is read under, and the one kvdock ctl speaks",
+			field:   func(c *Config) any { return &c.Server.ProtocolAutoDefault },
+			choices: ProtocolProfiles()},
 		{key: "server.max_message_bytes", flag: "max-message-bytes", class: Restart,
 			help:  "largest ZMQ message accepted, in bytes",
 			field: func(c *Config) any { return &c.Server.MaxMessageBytes },
@@ -265,9 +299,9 @@ func table() []keyDef {
 			help:  "on SIGTERM/SIGINT keep the pool's segment and record its state, so the next start adopts the cache",
 			field: func(c *Config) any { return &c.L1.KeepOnExit }},
 		{key: "eviction.policy", flag: "eviction-policy", class: Live,
-			help:  "L1 eviction policy: prefix (evict a chunk only after the chunks that follow it), LRU or noop",
-			field: func(c *Config) any { return &c.Eviction.Policy },
-			check: func(c Config) string { return oneOf(c.Eviction.Policy, "LRU", "prefix", "noop") }},
+			help:    "L1 eviction policy: prefix (evict a chunk only after the chunks that follow it), LRU or noop",
+			field:   func(c *Config) any { return &c.Eviction.Policy },
+			choices: []string{"LRU", "prefix", "noop"}},
 		{key: "eviction.trigger_watermark", flag: "eviction-trigger-watermark", class: Live,
 			help:  "pool usage fraction that starts eviction",
 			field: func(c *Config) any { return &c.Eviction.TriggerWatermark },
@@ -280,9 +314,9 @@ func table() []keyDef {
 			help:  `an L2 tier as JSON, repeatable, first = tried first: {"type": "fs", "base_path": "/data/l2"} or {"type": "resp", "host": "redis", "port": 6379}; the env var takes a JSON array`,
 			field: func(c *Config) any { return &c.L2.Adapters }},
 		{key: "l2.store_policy", flag: "l2-store-policy", class: Restart,
-			help:  "write-behind: published L1 chunks are copied to the tiers in the background; none: tiers are only read",
-			field: func(c *Config) any { return &c.L2.StorePolicy },
-			check: func(c Config) string { return oneOf(c.L2.StorePolicy, "write-behind", "none") }},
+			help:    "write-behind: published L1 chunks are copied to the tiers in the background; none: tiers are only read",
+			field:   func(c *Config) any { return &c.L2.StorePolicy },
+			choices: []string{"write-behind", "none"}},
 		{key: "l2.prefetch_max_in_flight", flag: "l2-prefetch-max-in-flight", class: Restart,
 			help:  "tier loads into L1 in flight at once",
 			field: func(c *Config) any { return &c.L2.PrefetchMaxInFlight },
@@ -316,13 +350,13 @@ func table() []keyDef {
 			help:  "bearer token the HTTP API requires for changes (empty = none); pass it by KVDOCK_HTTP_TOKEN or the file, a flag shows in ps",
 			field: func(c *Config) any { return &c.HTTP.Token }},
 		{key: "log.level", flag: "log-level", class: Live,
-			help:  "log level: debug, info, warn or error",
-			field: func(c *Config) any { return &c.Log.Level },
-			check: func(c Config) string { return oneOf(c.Log.Level, "debug", "info", "warn", "error") }},
+			help:    "log level: debug, info, warn or error",
+			field:   func(c *Config) any { return &c.Log.Level },
+			choices: []string{"debug", "info", "warn", "error"}},
 		{key: "log.format", flag: "log-format", class: NextStart,
-			help:  "log format: text or json",
-			field: func(c *Config) any { return &c.Log.Format },
-			check: func(c Config) string { return oneOf(c.Log.Format, "text", "json") }},
+			help:    "log format: text or json",
+			field:   func(c *Config) any { return &c.Log.Format },
+			choices: []string{"text", "json"}},
 		{key: "log.file", flag: "log-file", class: NextStart,
 			help:  "log file (empty = stderr, or a state-dir file under the dashboard)",
 			field: func(c *Config) any { return &c.Log.File }},
@@ -462,7 +496,7 @@ func (d keyDef) info(def *Config) KeyInfo {
 	ki := KeyInfo{
 		Key: d.key, Flag: d.flag, Env: d.env(), Kind: kindOf(d.field(def)),
 		Default: text(d.field(def)), Help: d.help, Class: d.class, Secret: d.secret,
-		ReadOnly: d.readOnly,
+		ReadOnly: d.readOnly, Choices: d.choices,
 	}
 	if d.negatable {
 		ki.NoFlag = "no-" + d.flag
@@ -556,6 +590,7 @@ func Set(c *Config, key, value string) error {
 		}
 		return fmt.Errorf("%s = %q: %s", key, value, reason)
 	}
+	d.canon(c)
 	return nil
 }
 

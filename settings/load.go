@@ -219,7 +219,9 @@ func Load(opts LoadOptions) (*Loaded, error) {
 			}
 			probs = append(probs, Problem{Key: d.key, Value: shown, Source: src, Reason: reason})
 			skip[d.key] = true
+			continue
 		}
+		d.canon(&out.Config)
 	}
 	probs = append(probs, validate(out.Config, out.Sources, skip)...)
 	if len(probs) > 0 {

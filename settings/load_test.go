@@ -256,7 +256,7 @@ func TestValidateRules(t *testing.T) {
 		{"l1.size_gb", "0", false}, {"l1.size_gb", "0.25", true}, {"l1.size_gb", "2e6", false},
 		{"l1.align_bytes", "1", true}, {"l1.align_bytes", "0", false}, {"l1.align_bytes", "64", true},
 		{"l1.write_ttl_seconds", "0", false}, {"l1.read_ttl_seconds", "1", true},
-		{"eviction.policy", "lru", false}, {"eviction.policy", "noop", true},
+		{"eviction.policy", "lru", true}, {"eviction.policy", "fifo", false}, {"eviction.policy", "noop", true},
 		{"eviction.trigger_watermark", "0", false}, {"eviction.trigger_watermark", "1", true}, {"eviction.ratio", "1.01", false},
 		{"log.level", "warn", true}, {"log.level", "trace", false},
 		{"log.format", "json", true}, {"log.format", "xml", false},

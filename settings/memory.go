@@ -1,6 +1,9 @@
 package settings
 
-import "fmt"
+import (
+	"errors"
+	"fmt"
+)
 
 // MemoryProbe reports the memory the host can give a new pool: Linux's
 // MemAvailable (core/hostmem.Probe reads it). Tests pass a fixed figure.
@@ -30,6 +33,36 @@ func CheckMemory(c Config, src map[string]Source, avail int64) error {
 		Reason: fmt.Sprintf("the pool needs %s but the host has %s available (MemAvailable); lower it or pass --l1-allow-overcommit",
 			gibText(need), gibText(avail)),
 	}}}
+}
+
+// LoadForServe is Load followed by CheckMemory against avail bytes (the
+// host's MemAvailable; 0 checks nothing): every setting serve refuses, in
+// one *ValidationError. serve and kvdock config check both call it, so
+// check passes exactly what serve starts with. Like Load, it returns the
+// Loaded with a *ValidationError and nil with any other error.
+func LoadForServe(opts LoadOptions, avail int64) (*Loaded, error) {
+	l, err := Load(opts)
+	var ve *ValidationError
+	if err != nil && !errors.As(err, &ve) {
+		return nil, err
+	}
+	var probs []Problem
+	sizeBad := false
+	if ve != nil {
+		probs = ve.Problems
+		for _, p := range probs {
+			// A size or switch that did not decode is not checked again.
+			sizeBad = sizeBad || p.Key == "l1.size_gb" || p.Key == "l1.allow_overcommit"
+		}
+	}
+	var me *ValidationError
+	if !sizeBad && errors.As(CheckMemory(l.Config, l.Sources, avail), &me) {
+		probs = append(probs, me.Problems...)
+	}
+	if len(probs) == 0 {
+		return l, nil
+	}
+	return l, &ValidationError{Problems: probs}
 }
 
 // gibText prints a byte count in GiB with two decimals.

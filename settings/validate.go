@@ -56,10 +56,10 @@ func Validate(c Config, src map[string]Source) error {
 func validate(c Config, src map[string]Source, skip map[string]bool) []Problem {
 	var probs []Problem
 	for _, d := range table() {
-		if d.check == nil || skip[d.key] {
+		if skip[d.key] {
 			continue
 		}
-		if reason := d.check(c); reason != "" {
+		if reason := d.verdict(c); reason != "" {
 			shown := display(d.field(&c))
 			if d.secret {
 				shown = redactShown(d, &c)

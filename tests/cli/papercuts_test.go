@@ -30,8 +30,10 @@ func TestBadFlagsPrintTheErrorAndUsage(t *testing.T) {
 		{[]string{"--port", "abc"}, []string{`invalid argument "abc" for "--port"`, "usage: kvdock [serve]"}},
 		{[]string{"serve", "--headless", "stray"}, []string{"unexpected arguments", "usage: kvdock [serve]"}},
 		{[]string{"ctl", "--timeout", "1", "ping"}, []string{`invalid argument "1" for "--timeout"`, "usage: kvdock ctl"}},
-		// status reads the HTTP API: --port is answered with what it reads.
-		{[]string{"ctl", "status", "--port", "5591"}, []string{"--port is the ZMQ server's", "--http-port", "usage: kvdock ctl status"}},
+		// A flag ctl does not know is answered with the ones it may mean.
+		{[]string{"ctl", "--prot", "5591", "ping"}, []string{"unknown flag: --prot; did you mean --port or --protocol?", "usage: kvdock ctl"}},
+		{[]string{"ctl", "status", "--htp-port", "8155"}, []string{"did you mean --http-port?", "usage: kvdock ctl status"}},
+		{[]string{"config", "check", "--l1-size-g", "1", "f.yaml"}, []string{"did you mean --l1-size-gb?", "usage: kvdock config check"}},
 		{[]string{"ctl", "--bogus", "ping"}, []string{"unknown flag: --bogus", "usage: kvdock ctl"}},
 		{[]string{"config", "show", "--bogus"}, []string{"unknown flag: --bogus", "usage: kvdock config show"}},
 		{[]string{"config", "init", "--bogus"}, []string{"unknown flag: --bogus", "usage: kvdock config init"}},
@@ -106,7 +108,7 @@ func TestCtlReadsTheSettingsLayers(t *testing.T) {
 	}
 	// Where the layers point at nothing, the error names that address.
 	code, _, stderr := kvdock(t, []string{"KVDOCK_PORT=" + strconv.Itoa(harness.FreePort(t))}, "ctl", "--timeout", "300ms", "ping")
-	if code != 1 || !strings.Contains(stderr, "did not answer") {
+	if code != 1 || !strings.Contains(stderr, "no answer from") {
 		t.Errorf("KVDOCK_PORT to nowhere: exit %d, %q", code, stderr)
 	}
 }

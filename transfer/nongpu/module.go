@@ -300,8 +300,15 @@ func (m *Module) PoolInfo() workers.Info { return m.info }
 // ChunkSize is the server chunk size layouts are built with.
 func (m *Module) ChunkSize() int { return m.chunkSize }
 
+// event tells the operator: a log line and an event for the faces. An id
+// of 0 is a module-wide event (restart's restore count): its line names no
+// instance_id, which would read as a worker's.
 func (m *Module) event(kind workers.EventKind, level slog.Level, id int64, msg string) {
-	m.log.Log(context.Background(), level, msg, "event", string(kind), "instance_id", id)
+	if id == 0 {
+		m.log.Log(context.Background(), level, msg, "event", string(kind))
+	} else {
+		m.log.Log(context.Background(), level, msg, "event", string(kind), "instance_id", id)
+	}
 	if m.emit != nil {
 		m.emit(workers.Event{Time: m.now(), Kind: kind, Level: level, Instance: id, Message: msg})
 	}

@@ -851,9 +851,15 @@ func (m *Module) expire(p *pending, write bool, now time.Time) {
 	if write {
 		what = "write"
 	}
+	m.mu.Lock()
+	ttl := m.ttlOf(write)
+	m.mu.Unlock()
+	// The pane shows the pool's lock TTLs; the event says how this figure
+	// relates to them, so the two never seem to disagree.
 	m.rateLimited("expired", func() {
 		m.event(workers.EventExpired, slog.LevelWarn, p.inst.id, fmt.Sprintf(
-			"instance %d: pending %s of %d chunks expired after %s without a commit", p.inst.id, what, p.chunks(), now.Sub(p.created).Round(time.Second)))
+			"instance %d: pending %s of %d chunks expired after %s without a commit: given up at half the %s %s TTL (l1.%s_ttl_seconds), its lock kept to the TTL",
+			p.inst.id, what, p.chunks(), now.Sub(p.created).Round(time.Second), ttl, what, what))
 	})
 }
 

@@ -52,7 +52,7 @@ func Run(args []string, stdout, stderr io.Writer, environ []string) int {
 	case "show":
 		return runShow(args[1:], stdout, stderr, environ)
 	case "check":
-		return runCheck(args[1:], stdout, stderr)
+		return runCheck(args[1:], stdout, stderr, environ)
 	}
 	fmt.Fprintf(stderr, "kvdock config: unknown command %q\n\n%s", args[0], usage)
 	return ExitInvalid
@@ -70,7 +70,7 @@ func parse(fs *pflag.FlagSet, help string, args []string, stdout, stderr io.Writ
 		return ExitOK, true
 	case err != nil:
 		usageLine, _, _ := strings.Cut(help, "\n")
-		fmt.Fprintf(stderr, "%s: %v\n%s (%s --help for more)\n", fs.Name(), err, strings.ToLower(usageLine[:1])+usageLine[1:], fs.Name())
+		fmt.Fprintf(stderr, "%s: %v%s\n%s (%s --help for more)\n", fs.Name(), err, settings.FlagHint(fs, err), strings.ToLower(usageLine[:1])+usageLine[1:], fs.Name())
 		return ExitInvalid, true
 	}
 	return 0, false
@@ -188,15 +188,20 @@ func runShow(args []string, stdout, stderr io.Writer, environ []string) int {
 	return ExitOK
 }
 
-const checkHelp = `Usage: kvdock config check PATH
+const checkHelp = `Usage: kvdock config check [setting flags] PATH
 
-Validates the settings file PATH on its own (no flags, no environment): prints
-"ok" and exits 0, or lists every problem with its line and exits 2. A pool
-above 80 % of this host's available memory is warned about on stderr.
+Validates what kvdock serve would run with, PATH as its settings file, under
+the same KVDOCK_* environment variables and setting flags: prints "ok" and
+exits 0, or lists every problem serve would refuse (each with its source:
+file:line, variable or flag; a pool larger than this host's available
+memory included) and exits 2. A pool above 80 % of the available memory is
+warned about on stderr.
 `
 
-func runCheck(args []string, stdout, stderr io.Writer) int {
+func runCheck(args []string, stdout, stderr io.Writer, environ []string) int {
 	fs := pflag.NewFlagSet("kvdock config check", pflag.ContinueOnError)
+	settings.RegisterFlags(fs)
+	_ = fs.MarkHidden(settings.ConfigFlag) // PATH is the file
 	if code, done := parse(fs, checkHelp, args, stdout, stderr); done {
 		return code
 	}
@@ -205,16 +210,19 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 		return ExitInvalid
 	}
 	path := fs.Arg(0)
-	l, err := settings.Load(settings.LoadOptions{ConfigPath: path})
+	// Unreadable meminfo (0) checks nothing, as in serve.
+	avail, _ := hostmem.Probe{}.MemAvailable()
+	l, err := settings.LoadForServe(settings.LoadOptions{ConfigPath: path, Flags: fs, Environ: environ}, avail)
 	if err != nil {
 		return loadFailed("kvdock config check", err, stderr)
 	}
-	// This host's memory is no part of the file's validity, but a pool
-	// that would leave it little is worth saying before a start.
-	if avail, err := (hostmem.Probe{}).MemAvailable(); err == nil {
-		if w := settings.MemoryWarning(l.Config, avail); w != "" {
-			fmt.Fprintf(stderr, "kvdock config check: warning: %s\n", w)
-		}
+	for _, w := range l.Warnings {
+		fmt.Fprintf(stderr, "kvdock config check: warning: %s\n", w)
+	}
+	// Short of a refusal, a pool that would leave the host little is
+	// worth saying before a start.
+	if w := settings.MemoryWarning(l.Config, avail); w != "" {
+		fmt.Fprintf(stderr, "kvdock config check: warning: %s\n", w)
 	}
 	fmt.Fprintf(stdout, "%s: ok\n", path)
 	return ExitOK

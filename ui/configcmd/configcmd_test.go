@@ -186,10 +186,22 @@ func TestCheck(t *testing.T) {
 	if err := os.WriteFile(good, assets.DefaultConfig(), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	// The environment must not matter to check.
-	code, out, errs := run([]string{"KVDOCK_PORT=0"}, "check", good)
+	code, out, errs := run(nil, "check", good)
 	if code != 0 || !strings.Contains(out, "ok") {
 		t.Fatalf("check good: %d %q %q", code, out, errs)
+	}
+	// The environment and the flags apply as they do to serve.
+	code, out, errs = run([]string{"KVDOCK_PORT=0"}, "check", good)
+	if code != 2 || out != "" || !strings.Contains(errs, "server.port = 0 (from KVDOCK_PORT)") {
+		t.Fatalf("check good under KVDOCK_PORT=0: %d %q %q", code, out, errs)
+	}
+	code, out, errs = run([]string{"KVDOCK_PORT=0"}, "check", "--port", "5555", good)
+	if code != 0 || !strings.Contains(out, "ok") {
+		t.Fatalf("check good, --port over KVDOCK_PORT=0: %d %q %q", code, out, errs)
+	}
+	code, _, errs = run(nil, "check", "--eviction-ratio", "2", good)
+	if code != 2 || !strings.Contains(errs, "eviction.ratio = 2 (from --eviction-ratio)") {
+		t.Fatalf("check good --eviction-ratio 2: %d %q", code, errs)
 	}
 	bad := filepath.Join(dir, "bad.yaml")
 	if err := os.WriteFile(bad, []byte("server:\n  port: 0\n  hash_algorithm: md5\nl1:\n  size: 3\n"), 0o600); err != nil {

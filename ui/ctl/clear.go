@@ -10,9 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"kvdock/assets"
 	"kvdock/core/logcap"
-	"kvdock/core/protocol"
 	"kvdock/settings"
 	"kvdock/ui/httpapi"
 	"kvdock/ui/termtext"
@@ -24,8 +22,9 @@ import (
 // HTTP API, whose answer says what went (and whose token protects it);
 // with the API off (--http-port 0) it sends the ZMQ CLEAR, which answers
 // nothing to count.
-func runClear(cfg settings.Config, f flagSet, env Env) int {
+func runClear(l *settings.Loaded, r wireRequest, f flagSet, env Env) int {
 	stderr := env.Stderr
+	cfg := l.Config
 	viaHTTP := cfg.HTTP.Port != 0
 	target := "tcp://" + settings.DialAddr(cfg.Server.Host, cfg.Server.Port)
 	url := ""
@@ -38,14 +37,9 @@ func runClear(cfg settings.Config, f flagSet, env Env) int {
 		return code
 	}
 	if !viaHTTP {
-		prof, err := protocol.Load(cfg.Server.ClientProtocol(), assets.Protocol)
-		if err != nil {
-			fmt.Fprintf(stderr, "kvdock ctl: --protocol: %v\n", err)
-			return 2
-		}
-		if _, addr, err := call(cfg, prof, *f.timeout, protocol.Clear); err != nil {
-			explainCallError(stderr, "clear", addr, prof.Name, *f.timeout, err)
-			return 1
+		t := targetOf(cfg, l.Sources["server.protocol"], *f.timeout)
+		if _, code := callWire(cfg, t, r, *f.timeout, stderr); code != 0 {
+			return code
 		}
 		fmt.Fprintln(env.Stdout, "cleared (over ZMQ CLEAR, which does not say what went: the HTTP API is off)")
 		return 0

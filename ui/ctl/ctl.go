@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 
@@ -41,7 +42,9 @@ Commands:
 The server's address comes from the same settings as kvdock serve's: the
 settings file (--config, $KVDOCK_CONFIG, the default path), KVDOCK_HOST,
 KVDOCK_PORT, KVDOCK_PROTOCOL, KVDOCK_HTTP_HOST, KVDOCK_HTTP_PORT,
-KVDOCK_HTTP_TOKEN, then these flags.
+KVDOCK_HTTP_TOKEN, then these flags. With the protocol left unset, ctl
+reads the server's from its /status. Every command takes every flag, so one
+alias (kvdock ctl --port 5655 --http-port 8155) serves them all.
 
 Flags:
 `
@@ -79,7 +82,8 @@ func newFlags(name string) flagSet {
 	fs.String(settings.ConfigFlag, "", "settings file (default $XDG_CONFIG_HOME/kvdock/config.yaml when it exists) ["+settings.EnvConfig+"]")
 	fs.String("host", def.Server.Host, "server host [KVDOCK_HOST]")
 	fs.Int("port", def.Server.Port, "server ZMQ port [KVDOCK_PORT]")
-	fs.String("protocol", def.Server.Protocol, "protocol profile: "+strings.Join(assets.ProtocolNames(), ", ")+" [KVDOCK_PROTOCOL]")
+	fs.String("protocol", def.Server.Protocol, "the server's protocol profile: "+strings.Join(assets.ProtocolNames(), ", ")+", or "+settings.ProtocolAuto+
+		"; unset: the one the server's /status names (else "+def.Server.Protocol+") [KVDOCK_PROTOCOL]")
 	fs.String("http-host", def.HTTP.Host, "host of kvdock's HTTP API [KVDOCK_HTTP_HOST]")
 	fs.Int("http-port", def.HTTP.Port, "port of kvdock's HTTP API, for status and clear's counts (0: clear over ZMQ, without counts) [KVDOCK_HTTP_PORT]")
 	fs.String("http-token", "", "bearer token of kvdock's HTTP API, for clear (better KVDOCK_HTTP_TOKEN: a flag shows in ps) [KVDOCK_HTTP_TOKEN]")
@@ -102,7 +106,7 @@ func (f flagSet) parse(args []string, stderr io.Writer, help func(), line string
 		help()
 		return 0, true
 	case err != nil:
-		fmt.Fprintf(stderr, "%s: %v\n%s\n", f.fs.Name(), err, line)
+		fmt.Fprintf(stderr, "%s: %v%s\n%s\n", f.fs.Name(), err, settings.FlagHint(f.fs, err), line)
 		return 2, true
 	}
 	return 0, false
@@ -112,27 +116,34 @@ func (f flagSet) parse(args []string, stderr io.Writer, help func(), line string
 // on problems with the keys ctl reads: the others are serve's to report,
 // and a client need not share the server's view of, say, free memory.
 func (f flagSet) load(env Env) (settings.Config, error) {
-	ctlKeys := []string{"server.host", "server.port", "server.protocol", "http.host", "http.port", "http.token"}
+	l, err := f.loadSources(env)
+	if err != nil {
+		return settings.Config{}, err
+	}
+	return l.Config, nil
+}
+
+// loadSources is load with where each value came from.
+func (f flagSet) loadSources(env Env) (*settings.Loaded, error) {
+	ctlKeys := []string{"server.host", "server.port", "server.protocol", "server.protocol_auto_default", "http.host", "http.port", "http.token"}
 	l, err := settings.Load(settings.LoadOptions{Flags: f.fs, Environ: env.Environ})
 	var ve *settings.ValidationError
 	if errors.As(err, &ve) && l != nil {
 		var mine []settings.Problem
 		for _, p := range ve.Problems {
-			for _, k := range ctlKeys {
-				if p.Key == k {
-					mine = append(mine, p)
-				}
+			if slices.Contains(ctlKeys, p.Key) {
+				mine = append(mine, p)
 			}
 		}
 		if len(mine) == 0 {
-			return l.Config, nil
+			return l, nil
 		}
-		return settings.Config{}, &settings.ValidationError{Problems: mine}
+		return nil, &settings.ValidationError{Problems: mine}
 	}
 	if err != nil {
-		return settings.Config{}, err
+		return nil, err
 	}
-	return l.Config, nil
+	return l, nil
 }
 
 // Run executes one ctl command and returns the process exit code: 0 success,
@@ -168,25 +179,24 @@ func Run(args []string, env Env) int {
 	case "restart":
 		return runRestart(f, params, env)
 	}
-	var name string
-	var callArgs []any
+	r := wireRequest{cmd: cmd}
 	switch cmd {
 	case "ping":
-		name = protocol.Ping
+		r.name = protocol.Ping
 	case "noop":
-		name = protocol.Noop
+		r.name = protocol.Noop
 	case "chunk-size":
-		name = protocol.GetChunkSize
+		r.name = protocol.GetChunkSize
 	case "clear":
-		name = protocol.Clear
+		r.name = protocol.Clear
 	case "end-session":
 		if len(params) != 1 {
 			fmt.Fprintf(env.Stderr, "kvdock ctl: end-session takes exactly one request id\n%s\n", usageLine)
 			return 2
 		}
-		name, callArgs, params = protocol.EndSession, []any{params[0]}, nil
+		r.name, r.params, params = protocol.EndSession, params, nil
 	default:
-		fmt.Fprintf(env.Stderr, "kvdock ctl: unknown command %q\n%s\n", cmd, usageLine)
+		fmt.Fprintf(env.Stderr, "kvdock ctl: unknown command %q%s\n%s\n", cmd, settings.DidYouMean("", cmd, commands()), usageLine)
 		return 2
 	}
 	if len(params) > 0 {
@@ -203,56 +213,84 @@ func Run(args []string, env Env) int {
 		fmt.Fprintf(env.Stderr, "kvdock ctl: --json applies only to status\n%s\n", usageLine)
 		return 2
 	}
-	cfg, err := f.load(env)
+	l, err := f.loadSources(env)
 	if err != nil {
 		fmt.Fprintf(env.Stderr, "kvdock ctl: %v\n", err)
 		return 2
 	}
+	cfg := l.Config
 	if cmd == "clear" {
-		return runClear(cfg, f, env)
+		return runClear(l, r, f, env)
 	}
-	prof, err := protocol.Load(cfg.Server.ClientProtocol(), assets.Protocol)
-	if err != nil {
-		fmt.Fprintf(env.Stderr, "kvdock ctl: --protocol: %v\n", err)
-		return 2
+	t := targetOf(cfg, l.Sources["server.protocol"], *f.timeout)
+	reply, code := callWire(cfg, t, r, *f.timeout, env.Stderr)
+	if code != 0 {
+		return code
 	}
-	r, addr, err := call(cfg, prof, *f.timeout, name, callArgs...)
-	if err != nil {
-		explainCallError(env.Stderr, cmd, addr, prof.Name, *f.timeout, err)
-		return 1
-	}
-	return printReply(env.Stdout, env.Stderr, cmd, callArgs, r)
+	return printReply(env.Stdout, env.Stderr, r, reply)
 }
 
-// call sends one request to the ZMQ endpoint of cfg and returns the reply
-// and the address it dialled.
-func call(cfg settings.Config, prof *protocol.Profile, timeout time.Duration, name string, args ...any) (client.Reply, string, error) {
+// commands are ctl's commands, for "did you mean".
+func commands() []string {
+	return []string{"ping", "noop", "chunk-size", "clear", "end-session", "unregister", "status", "reset-stats", "restart"}
+}
+
+// callWire sends r to the ZMQ endpoint of cfg in t's table and returns the
+// reply, or the exit status (the problem printed): 2 when ctl cannot say
+// r in that table, 1 when the call failed.
+func callWire(cfg settings.Config, t wireTarget, r wireRequest, timeout time.Duration, stderr io.Writer) (client.Reply, int) {
+	c, err := t.call(r)
+	if err != nil {
+		fmt.Fprintf(stderr, "kvdock ctl: --protocol %s (%s): %v\n", t.profile, t.how, err)
+		return client.Reply{}, 2
+	}
+	reply, addr, err := call(cfg, c, timeout)
+	if err != nil {
+		explainCallError(stderr, cfg, r.cmd, addr, t, c.prof.Name, timeout, err)
+		return client.Reply{}, 1
+	}
+	return reply, 0
+}
+
+// call sends c to the ZMQ endpoint of cfg and returns the reply and the
+// address it dialled.
+func call(cfg settings.Config, c wireCall, timeout time.Duration) (client.Reply, string, error) {
 	addr := settings.DialAddr(cfg.Server.Host, cfg.Server.Port)
-	c, err := client.Dial("tcp://"+addr, prof, client.Options{Timeout: timeout})
+	cl, err := client.Dial("tcp://"+addr, c.prof, client.Options{Timeout: timeout})
 	if err != nil {
 		return client.Reply{}, addr, err
 	}
-	defer c.Close()
+	defer cl.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	r, err := c.Call(ctx, name, args...)
+	r, err := cl.Call(ctx, c.spec.Name, c.args...)
 	return r, addr, err
 }
 
-// explainCallError prints a failed call; a timeout gets the usual causes.
-func explainCallError(stderr io.Writer, cmd, addr, profile string, timeout time.Duration, err error) {
-	if errors.Is(err, client.ErrTimeout) {
-		fmt.Fprintf(stderr, "kvdock ctl: %s: the server did not answer within %v.\n"+
-			"Check that kvdock is running and listening on %s (--host/--port), and that\n"+
-			"--protocol %s matches the server's profile (a mismatched profile is dropped silently).\n",
-			cmd, timeout, addr, profile)
+// explainCallError prints a failed call. A timeout says what the server's
+// /status tells of its table, when it answers: a server drops a request
+// it reads under another table without an answer.
+func explainCallError(stderr io.Writer, cfg settings.Config, cmd, addr string, t wireTarget, sent string, timeout time.Duration, err error) {
+	if !errors.Is(err, client.ErrTimeout) {
+		fmt.Fprintf(stderr, "kvdock ctl: %s: %v\n", cmd, err)
 		return
 	}
-	fmt.Fprintf(stderr, "kvdock ctl: %s: %v\n", cmd, err)
+	fmt.Fprintf(stderr, "kvdock ctl: %s: no answer from %s within %v (sent as %s, --protocol %s %s).\n", cmd, addr, timeout, sent, t.profile, t.how)
+	s, ok := serverProtocol(cfg, min(timeout, discoverWait))
+	switch {
+	case !ok:
+		fmt.Fprintf(stderr, "Check that kvdock is running and listening on %s (--host/--port), and that it speaks\n"+
+			"--protocol %s: a server drops a request of another table without an answer. Its /status\n"+
+			"(--http-port) names its table; with --protocol unset ctl reads it there.\n", addr, t.profile)
+	case s.Protocol != t.profile:
+		fmt.Fprintf(stderr, "The server speaks %s (its /status says): pass --protocol %s, or leave --protocol unset.\n", s.Protocol, s.Protocol)
+	default:
+		fmt.Fprintf(stderr, "The server speaks %s as well (its /status says): its log says why the request went unanswered.\n", s.Protocol)
+	}
 }
 
-func printReply(stdout, stderr io.Writer, cmd string, args []any, r client.Reply) int {
-	switch cmd {
+func printReply(stdout, stderr io.Writer, req wireRequest, r client.Reply) int {
+	switch req.cmd {
 	case "ping":
 		var ok bool
 		if err := r.Decode(&ok); err != nil {
@@ -278,7 +316,7 @@ func printReply(stdout, stderr io.Writer, cmd string, args []any, r client.Reply
 		}
 		fmt.Fprintln(stdout, n)
 	case "end-session":
-		fmt.Fprintf(stdout, "ended session %s\n", args[0])
+		fmt.Fprintf(stdout, "ended session %s\n", req.params[0])
 	}
 	return 0
 }

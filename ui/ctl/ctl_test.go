@@ -95,7 +95,7 @@ func TestTimeoutExplains(t *testing.T) {
 	if code != 1 {
 		t.Fatalf("code %d", code)
 	}
-	for _, want := range []string{"did not answer within 300ms", "running and listening on 127.0.0.1:" + strconv.Itoa(port), "--protocol nongpu-v1"} {
+	for _, want := range []string{"no answer from 127.0.0.1:" + strconv.Itoa(port) + " within 300ms", "running and listening on 127.0.0.1:" + strconv.Itoa(port), "--protocol nongpu-v1"} {
 		if !strings.Contains(errs, want) {
 			t.Errorf("stderr lacks %q: %s", want, errs)
 		}
@@ -109,7 +109,7 @@ func TestWrongProtocolTimesOut(t *testing.T) {
 	port, _ := serve(t)
 	// engine-driven NOOP is 21, which nongpu-v1 does not know: dropped.
 	code, _, errs := run("--port", strconv.Itoa(port), "--protocol", "engine-driven", "--timeout", "300ms", "noop")
-	if code != 1 || !strings.Contains(errs, "--protocol engine-driven matches") {
+	if code != 1 || !strings.Contains(errs, "speaks\n--protocol engine-driven: a server drops a request of another table") {
 		t.Errorf("code %d: %s", code, errs)
 	}
 }

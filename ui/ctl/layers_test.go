@@ -19,13 +19,12 @@ func TestFlagErrorsArePrinted(t *testing.T) {
 	}{
 		{[]string{"--timeout", "1", "ping"}, []string{`invalid argument "1" for "--timeout"`, "usage: kvdock ctl"}},
 		{[]string{"--port", "abc", "ping"}, []string{`invalid argument "abc" for "--port"`, "usage: kvdock ctl"}},
-		{[]string{"--prot", "5591", "ping"}, []string{"unknown flag: --prot", "usage: kvdock ctl"}},
+		{[]string{"--prot", "5591", "ping"}, []string{"unknown flag: --prot; did you mean --port or --protocol?", "usage: kvdock ctl"}},
+		{[]string{"pnig"}, []string{`unknown command "pnig"; did you mean ping?`}},
+		{[]string{"status", "--htp-port", "1"}, []string{"did you mean --http-port?", "usage: kvdock ctl status"}},
 		{[]string{}, []string{"no command", "usage: kvdock ctl"}},
 		{[]string{"bogus"}, []string{`unknown command "bogus"`, "usage: kvdock ctl"}},
 		{[]string{"--json", "ping"}, []string{"--json applies only to status"}},
-		// status reads the HTTP API: a ZMQ flag is answered with what it reads.
-		{[]string{"status", "--port", "5591"}, []string{"--port is the ZMQ server's", "--http-port", "usage: kvdock ctl status"}},
-		{[]string{"--port", "5591", "status"}, []string{"--port is the ZMQ server's", "--http-port"}},
 		{[]string{"status", "--http-port", "x"}, []string{`invalid argument "x"`, "usage: kvdock ctl status"}},
 		{[]string{"status", "--bogus"}, []string{"unknown flag: --bogus", "usage: kvdock ctl status"}},
 	} {

@@ -21,7 +21,9 @@ const statusUsage = `usage: kvdock ctl status [--http-host HOST] [--http-port PO
 Prints a running kvdock's state, SHM decision, pool usage, L2 tiers and worker contexts,
 read from its HTTP API (GET /status). Host and port come from the settings,
 as for kvdock serve: the settings file, $KVDOCK_HTTP_HOST and
-$KVDOCK_HTTP_PORT, then the flags; by default 127.0.0.1:8080.
+$KVDOCK_HTTP_PORT, then the flags; by default 127.0.0.1:8080. It takes
+every kvdock ctl flag (--port, --protocol, ... change nothing here), so one
+alias such as kvdock ctl --port 5655 --http-port 8155 serves every command.
 
 Flags:
 `
@@ -33,8 +35,9 @@ const statusLine = "usage: kvdock ctl status [--http-host HOST] [--http-port POR
 // an answer, 1 when the API does not answer or errs, 2 on usage errors.
 func Status(args []string, env Env) int {
 	f := newFlags("kvdock ctl status")
-	// The ZMQ flags stay defined, hidden, so that giving one is answered
-	// with what status reads instead.
+	// Every ctl flag is accepted, so one alias with --port and --http-port
+	// serves every command; the ZMQ ones are hidden from this help, being
+	// of no use to status.
 	for _, name := range []string{"host", "port", "protocol", "http-token", "yes"} {
 		_ = f.fs.MarkHidden(name)
 	}
@@ -51,12 +54,6 @@ func runStatus(f flagSet, params []string, env Env) int {
 	if len(params) > 0 {
 		fmt.Fprintf(stderr, "kvdock ctl status: unexpected arguments %q\n%s\n", params, statusLine)
 		return 2
-	}
-	for _, name := range []string{"host", "port", "protocol"} {
-		if f.fs.Changed(name) {
-			fmt.Fprintf(stderr, "kvdock ctl status: --%s is the ZMQ server's; status reads kvdock's HTTP API: give --http-host/--http-port\n%s\n", name, statusLine)
-			return 2
-		}
 	}
 	cfg, err := f.load(env)
 	if err != nil {

@@ -78,6 +78,15 @@ func TestSettingsTableColumns(t *testing.T) {
 		s = screen(m)
 		mustContain(t, s, "server.queued_request_bytes: ", "default 256 MiB", "new value: 268435456", "a whole number of bytes · 268435456 = 256 MiB")
 		golden(t, fmt.Sprintf("edit_bytes_%dx%d", w, h), goldenView(m))
+		press(t, m, "esc")
+
+		// An enumerated key's editor lists its choices, not the empty string.
+		selectKey(t, m, "eviction.policy")
+		press(t, m, "enter")
+		s = screen(m)
+		mustContain(t, s, "one of LRU, prefix, noop (any case)")
+		mustNotContain(t, s, `"" = empty string`, "clear (empty)")
+		golden(t, fmt.Sprintf("edit_enum_%dx%d", w, h), goldenView(m))
 	}
 }
 

@@ -180,6 +180,7 @@ func TestEditHintsFollowTheKind(t *testing.T) {
 		{"l1.prefault", []string{"true or false", "ctrl+r default true"}, []string{`"" = empty string`, "default (auto)"}, "true"},
 		{"log.file", []string{`empty or "" = empty string`, "ctrl+r default (empty)", "ctrl+u clear (empty)"}, []string{"(auto)"}, ""},
 		{"server.shm_name", []string{`"" = SHM off`, "ctrl+r default (auto)"}, nil, settings.AutoText},
+		{"eviction.policy", []string{"one of LRU, prefix, noop (any case)", "ctrl+r default prefix"}, []string{`"" = empty string`, "clear (empty)"}, "prefix"},
 	} {
 		selectKey(t, m, tc.key)
 		press(t, m, "enter")

@@ -56,9 +56,13 @@ func bytesShown(k settings.KeyInfo, v string) string {
 	return settings.BytesText(n)
 }
 
-// editHint says what the editor takes for a key of ki's kind; only strings
-// can be empty, and only server.shm_name is auto.
+// editHint says what the editor takes for a key of ki's kind; only free
+// strings can be empty, an enumerated one takes its choices in any case,
+// and only server.shm_name is auto.
 func editHint(ki settings.KeyInfo) string {
+	if len(ki.Choices) > 0 {
+		return "one of " + strings.Join(ki.Choices, ", ") + " (any case)"
+	}
 	switch ki.Kind {
 	case "string":
 		return `empty or "" = empty string`
@@ -92,7 +96,7 @@ func editKeysFor(ki settings.KeyInfo) editKeys {
 	default:
 		k.Default.SetHelp("ctrl+r", "default "+termtext.Clean(ki.Default))
 	}
-	if ki.Kind == "string" || ki.Kind == "optional-string" {
+	if (ki.Kind == "string" && len(ki.Choices) == 0) || ki.Kind == "optional-string" {
 		k.Empty.SetHelp("ctrl+u", "clear (empty)")
 	}
 	return k

@@ -5,6 +5,7 @@ package logbuf
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"sync"
@@ -60,4 +61,37 @@ func (s *Buffer) Wait(substr string, limit time.Duration) error {
 			return fmt.Errorf("%q not written within %v; output so far:\n%s", substr, limit, s.String())
 		}
 	}
+}
+
+// RepeatedKeys lists the top-level keys that occur more than once in each
+// JSON log record of s (one per line), as "key in line": slog's JSON
+// handler writes a key given twice twice, which a map decode would hide.
+func RepeatedKeys(s string) ([]string, error) {
+	var out []string
+	for _, line := range strings.Split(strings.TrimSpace(s), "\n") {
+		if line == "" {
+			continue
+		}
+		d := json.NewDecoder(strings.NewReader(line))
+		if _, err := d.Token(); err != nil {
+			return nil, fmt.Errorf("%q: %w", line, err)
+		}
+		seen := map[string]bool{}
+		for d.More() {
+			k, err := d.Token()
+			if err != nil {
+				return nil, fmt.Errorf("%q: %w", line, err)
+			}
+			var v json.RawMessage
+			if err := d.Decode(&v); err != nil {
+				return nil, fmt.Errorf("%q: %w", line, err)
+			}
+			key, _ := k.(string)
+			if seen[key] {
+				out = append(out, key+" in "+line)
+			}
+			seen[key] = true
+		}
+	}
+	return out, nil
 }

@@ -138,7 +138,9 @@ func Open(cfg FSConfig, log *slog.Logger) (*Tier, error) {
 		return nil, err
 	}
 	t := &Tier{
-		cfg: cfg, base: base, log: log.With("tier", "fs", "base_path", base), lockFile: lf,
+		// The tier set's logger names the tier (index, type): only the
+		// path is this tier's own.
+		cfg: cfg, base: base, log: log.With("base_path", base), lockFile: lf,
 		idx: make(map[[hashLen]byte]*entry), lru: list.New(),
 		state: tierstate.Up, since: time.Now(),
 	}
@@ -477,7 +479,7 @@ func (t *Tier) setStateLocked(s tierstate.State, reason string) {
 			t.log.Info("fs tier up", "was", t.state)
 		case t.closed:
 			// A normal stop, not a fault.
-			t.log.Info("fs tier closed", "base_path", t.base)
+			t.log.Info("fs tier closed")
 		default:
 			t.log.Warn("fs tier "+string(s), "reason", reason)
 		}

@@ -182,7 +182,7 @@ func Open(ctx context.Context, cfg RESPConfig, log *slog.Logger) (*Tier, error) 
 	}
 	t := &Tier{
 		cfg:      cfg,
-		log:      log.With("tier", "resp", "target", cfg.Target()),
+		log:      log.With("target", cfg.Target()), // the set's logger names the tier
 		target:   cfg.Target(),
 		instance: instanceName(cfg),
 		sem:      make(chan struct{}, cfg.NumWorkers),
