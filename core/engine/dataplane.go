@@ -14,7 +14,6 @@ import (
 	"kvdock/core/layout"
 	"kvdock/core/lookup"
 	"kvdock/core/misses"
-	"kvdock/core/restart"
 	"kvdock/core/rpc"
 	"kvdock/core/whatif"
 	"kvdock/settings"
@@ -53,7 +52,7 @@ type dataPlane struct {
 	// (restart.go); keep, when set, is how release ends the pool instead
 	// of closing it (a stop that keeps the pool for the next start).
 	adoption *adoption
-	keep     func(p *dataPlane, regs []restart.Registration, lookups []restart.Lookup) error
+	keep     func(p *dataPlane, kept keptState) error
 }
 
 // gate admits handlers until it is shut and says when the last one left.
@@ -234,6 +233,7 @@ func (e *Engine) buildDataPlane(cfg settings.Config) (*dataPlane, error) {
 		return nil, fmt.Errorf("non-GPU transfer module: %w", err)
 	}
 	e.restoreRegistrations(p, adopted)
+	e.restoreTransfers(p, adopted)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	p.cancel = cancel
@@ -293,16 +293,20 @@ func (p *dataPlane) close(ctx context.Context) error {
 // once no handler runs.
 func (p *dataPlane) release() error {
 	p.closeOnce.Do(func() {
-		var regs []restart.Registration
+		var kept keptState
 		if p.keep != nil {
-			regs = p.transfer.Registrations()
+			// The carried transfers leave the pending maps before Close, so
+			// their reservations stay live and their holds in force.
+			kept.regs = p.transfer.Registrations()
+			kept.transfers, kept.carryKey = p.transfer.Carry()
 		}
 		p.transfer.Close()
 		p.cancel()
 		<-p.done // the lookups' tier phases have ended
 		p.tiers.close()
 		if p.keep != nil {
-			p.closeErr = p.keep(p, regs, keptLookups(p.lookup.Answers()))
+			kept.lookups = keptLookups(p.lookup.Answers())
+			p.closeErr = p.keep(p, kept)
 		} else if err := p.pool.Close(); err != nil {
 			p.closeErr = fmt.Errorf("close L1 pool: %w", err)
 		}

@@ -268,6 +268,9 @@ func (e *Engine) stop(ctx context.Context, keep bool) error {
 	defer cancel()
 	if keep {
 		p.keep = e.keeper(e.cfg, e.opts.Now())
+		if f != nil {
+			f.srv.SetHandover(e.handover(p))
+		}
 	}
 	if f != nil {
 		errs = append(errs, f.stop(dctx))

@@ -45,6 +45,10 @@ type Restart struct {
 	// restored, LinksDropped those left out (the events say why).
 	StatsCarried        bool
 	Links, LinksDropped int
+	// Transfers are the transfers the previous process prepared (a
+	// handover's last answers) restored for their commits here;
+	// TransfersRefused those left to their locks' deadlines.
+	Transfers, TransfersRefused int
 }
 
 // adoption is what a plane built over an adopted pool still has to do.
@@ -56,6 +60,35 @@ type adoption struct {
 	// stats are the predecessor's figures (carry.go): its miss breakdown
 	// goes to the new plane's lookup module.
 	stats *restart.Stats
+	// transfers are the prepared transfers whose commits come to this
+	// process, their keys hashed with carryKey.
+	transfers []restart.Transfer
+	carryKey  []byte
+}
+
+// keptState is what a stop that keeps the pool hands its record beside the
+// pool: the registrations, the answered lookups and the carried transfers.
+type keptState struct {
+	regs      []restart.Registration
+	lookups   []restart.Lookup
+	transfers []restart.Transfer
+	carryKey  []byte
+}
+
+// restoreTransfers gives the carried transfers back to their instances
+// (after restoreRegistrations), then ends the pool's claims.
+func (e *Engine) restoreTransfers(p *dataPlane, a *adoption) {
+	if a == nil {
+		return
+	}
+	n, refused := p.transfer.RestoreCarried(a.transfers, a.carryKey)
+	p.pool.EndClaims()
+	for _, r := range refused {
+		e.log.Warn("restart: carried transfer not restored", "reason", r)
+	}
+	e.st.Lock()
+	e.restart.Transfers, e.restart.TransfersRefused = n, len(refused)
+	e.st.Unlock()
 }
 
 // stateFile is the record's directory and file for cfg.
@@ -141,7 +174,8 @@ func (e *Engine) openPool(cfg settings.Config, opts l1.Options) (*l1.Pool, *adop
 					e.events.add(EventLifecycle, slog.LevelWarn, fmt.Sprintf("restart: %d parts of the record left out: %s",
 						drops.N, strings.Join(drops.Reasons(), "; ")))
 				}
-				return pool, &adoption{regs: rec.Registrations, lookups: rec.Lookups, stoppedAt: rec.StoppedAt, stats: rec.Stats}, nil
+				return pool, &adoption{regs: rec.Registrations, lookups: rec.Lookups, stoppedAt: rec.StoppedAt, stats: rec.Stats,
+					transfers: rec.Transfers, carryKey: rec.CarryKey}, nil
 			}
 			reason = aerr.Error()
 		}
@@ -223,11 +257,12 @@ func (e *Engine) setRestart(r Restart) {
 // keeper returns what the plane's release does instead of closing the
 // pool when the stop keeps it: record the table, the registrations and the
 // stop time in the state directory, and keep the segment.
-func (e *Engine) keeper(cfg settings.Config, stoppedAt time.Time) func(p *dataPlane, regs []restart.Registration, lookups []restart.Lookup) error {
+func (e *Engine) keeper(cfg settings.Config, stoppedAt time.Time) func(p *dataPlane, kept keptState) error {
 	e.st.RLock()
 	gen, started := e.restart.Generation, e.started
 	e.st.RUnlock()
-	return func(p *dataPlane, regs []restart.Registration, lookups []restart.Lookup) error {
+	return func(p *dataPlane, kept keptState) error {
+		regs, lookups := kept.regs, kept.lookups
 		dir, file, err := e.stateFile(cfg)
 		if err != nil {
 			return errors.Join(err, p.pool.Close())
@@ -237,13 +272,15 @@ func (e *Engine) keeper(cfg settings.Config, stoppedAt time.Time) func(p *dataPl
 			objects = len(k.Objects)
 			return restart.Write(dir, file, restart.Record{Build: e.opts.Version, Generation: gen, PID: e.opts.PID,
 				Endpoint: endpointOf(cfg), StoppedAt: stoppedAt, WrittenAt: e.opts.Now(), Auto: cfg.Server.ShmName == nil,
-				Pool: k, Registrations: regs, Lookups: lookups, Stats: e.statsRecord(p, started)})
+				Pool: k, Registrations: regs, Lookups: lookups, Transfers: kept.transfers, CarryKey: kept.carryKey,
+				Stats: e.statsRecord(p, started)})
 		})
 		if err != nil {
 			e.events.add(EventError, slog.LevelWarn, "stop: pool not kept: "+err.Error())
 			return fmt.Errorf("keep pool: %w", err)
 		}
-		e.log.Info("stop: pool kept for the next start", "objects", objects, "registrations", len(regs), "lookups", len(lookups), "record", dir+"/"+file)
+		e.log.Info("stop: pool kept for the next start", "objects", objects, "registrations", len(regs), "lookups", len(lookups),
+			"transfers", len(kept.transfers), "record", dir+"/"+file)
 		e.events.add(EventLifecycle, slog.LevelInfo, fmt.Sprintf("stop: pool kept for the next start (%d objects, %d contexts)", objects, len(regs)))
 		return nil
 	}

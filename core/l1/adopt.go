@@ -63,7 +63,8 @@ func (p *Pool) export(now int64) Kept {
 			continue
 		}
 		o := KeptObject{Key: p.keyOf(i), Offset: r.off, Length: r.length,
-			Held: r.doomed || r.detached || r.state == stateWrite, Write: r.state == stateWrite}
+			Held: r.doomed || r.detached || r.state == stateWrite, Write: r.state == stateWrite,
+			Live: r.state == stateWrite && !r.doomed && !r.detached}
 		if locked {
 			o.Readers, o.Holds, o.Deadline = r.readers, r.holds, r.deadline
 		}
@@ -183,10 +184,10 @@ func (p *Pool) restore(k Kept, ad *Adopted) error {
 		return fmt.Errorf("%w: %v", ErrNotAdoptable, err)
 	}
 	// Held records first: they leave the key index at once, so a published
-	// record of the same key finds its key free.
+	// record (or a live reservation) of the same key finds its key free.
 	for _, held := range []bool{true, false} {
 		for _, o := range live {
-			if o.Held == held {
+			if (o.Held && !o.Live) == held {
 				p.adoptObject(o, ad)
 			}
 		}
@@ -210,7 +211,7 @@ func (p *Pool) ttlOf(o KeptObject) time.Duration {
 func dropDuplicates(live []KeptObject, d *Drops) []KeptObject {
 	pub := make([]int32, 0, len(live))
 	for i, o := range live {
-		if !o.Held {
+		if !o.Held || o.Live {
 			pub = append(pub, int32(i))
 		}
 	}
@@ -228,7 +229,7 @@ func dropDuplicates(live []KeptObject, d *Drops) []KeptObject {
 			continue
 		}
 		if o.Write || o.Readers > 0 || o.Holds > 0 {
-			o.Held = true
+			o.Held, o.Live = true, false
 			out = append(out, o)
 			d.Add("key recorded twice (kept unreadable until its lock ends)", fmt.Sprintf("%q at %d", o.Key.String(), o.Offset))
 			continue
@@ -281,14 +282,25 @@ func (p *Pool) adoptObject(o KeptObject, ad *Adopted) {
 	unit := p.alloc.Round(o.Length)
 	i := p.t.add(o.Key, o.Offset, o.Length, unit)
 	r := &p.t.recs[i]
-	if o.Held {
+	live := o.Live && o.Write
+	switch {
+	case live:
+		// A carried transfer's reservation: in the index, write-locked,
+		// for the worker's commit to publish once ClaimWrites hands it
+		// over; never readable before.
+		r.carried = true
+		ad.Carried++
+		if p.obs != nil {
+			p.obs.Stored(&o.Key, unit)
+		}
+	case o.Held:
 		p.t.detach(i)
 		r.doomed = true
 		p.t.doomed++
 		p.t.doomedBytes += unit
 		ad.Held++
 		ad.HeldBytes += unit
-	} else {
+	default:
 		ad.Objects++
 		ad.Bytes += unit
 		if p.obs != nil {
@@ -316,7 +328,16 @@ func (p *Pool) adoptObject(o KeptObject, ad *Adopted) {
 		r.owner = p.charge(owner, unit)
 		p.t.locked[i] = struct{}{}
 	}
-	if !o.Held {
+	if live || o.Holds > 0 {
+		if p.claimable == nil {
+			p.claimable = make(map[int64]int32)
+		}
+		p.claimable[o.Offset] = i
+	}
+	switch {
+	case live:
+		p.joinRing(i) // as a reservation made here: on the heap once published
+	case !o.Held:
 		// A leaf until restoreLinks links its children to it.
 		p.joinRing(i)
 		p.t.reheap(i)

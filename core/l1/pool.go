@@ -273,6 +273,9 @@ type Pool struct {
 	closeWait time.Duration
 	alloc     *alloc.Allocator
 	t         table
+	// claimable indexes, by offset, the adopted records a carried transfer
+	// may claim (claim.go), until EndClaims.
+	claimable map[int64]int32
 	policy    string
 	watermark float64
 	ratio     float64

@@ -74,6 +74,7 @@ type record struct {
 	doomed                        bool // cleared while locked: freed when the lock ends
 	detached                      bool // abandoned reservation: out of the key index until freed
 	root                          bool // starts a prompt: usable without a parent
+	carried                       bool // a live write reservation adopted for ClaimWrites
 }
 
 type nameKey struct{ model, salt string }

@@ -89,6 +89,12 @@ type Record struct {
 	Registrations []Registration
 	// Lookups are the LOOKUPs answered and not queried yet, oldest first.
 	Lookups []Lookup
+	// Transfers are the transfers a worker was answered a prepare for and
+	// has not committed yet, carried so that its commit to the successor
+	// publishes or releases what it was given (transfers.go); CarryKey is
+	// the secret their keys are hashed with.
+	Transfers []Transfer
+	CarryKey  []byte
 	// Dropped is what Decode left out part by part, with the reasons (not
 	// written: Encode ignores it).
 	Dropped l1.Drops
@@ -142,20 +148,22 @@ func Match(r Record, w Want) string {
 // make the salts ff fe and "\ufffd\ufffd" one salt after a restart. A new
 // field that holds a peer's string is an exact too.
 type body struct {
-	Build      exact     `json:"build"`
-	Generation uint64    `json:"generation"`
-	PID        int       `json:"pid"`
-	Endpoint   exact     `json:"endpoint"`
-	StoppedAt  int64     `json:"stopped_at_ns"`
-	WrittenAt  int64     `json:"written_at_ns"`
-	Auto       bool      `json:"auto"`
-	Segment    segment   `json:"segment"`
-	Size       int64     `json:"size"`
-	Align      int64     `json:"align"`
-	Names      []name    `json:"names"`
-	Objects    []object  `json:"objects"`
-	Regs       []regWire `json:"registrations"`
-	Lookups    []lookup  `json:"lookups,omitempty"`
+	Build      exact      `json:"build"`
+	Generation uint64     `json:"generation"`
+	PID        int        `json:"pid"`
+	Endpoint   exact      `json:"endpoint"`
+	StoppedAt  int64      `json:"stopped_at_ns"`
+	WrittenAt  int64      `json:"written_at_ns"`
+	Auto       bool       `json:"auto"`
+	Segment    segment    `json:"segment"`
+	Size       int64      `json:"size"`
+	Align      int64      `json:"align"`
+	Names      []name     `json:"names"`
+	Objects    []object   `json:"objects"`
+	Regs       []regWire  `json:"registrations"`
+	Lookups    []lookup   `json:"lookups,omitempty"`
+	Transfers  []transfer `json:"transfers,omitempty"`
+	CarryKey   []byte     `json:"carry_key,omitempty"`
 	// Decoded apart (links.go, stats.go): a bad block is left out alone.
 	Links json.RawMessage `json:"links,omitempty"`
 	Stats json.RawMessage `json:"stats,omitempty"`
@@ -217,6 +225,7 @@ type object struct {
 	Readers  uint32 `json:"rd,omitempty"`
 	Holds    uint32 `json:"hd,omitempty"`
 	Deadline int64  `json:"d,omitempty"`
+	Live     bool   `json:"lv,omitempty"`
 }
 
 type regWire struct {
@@ -292,7 +301,7 @@ func Encode(r Record) ([]byte, error) {
 		}
 		b.Objects = append(b.Objects, object{Chunk: hex.EncodeToString(o.Key.Chunk[:]), Name: i, Rank: o.Key.KVRank,
 			Group: o.Key.Group, Off: o.Offset, Len: o.Length, Held: o.Held, Write: o.Write,
-			Readers: o.Readers, Holds: o.Holds, Deadline: o.Deadline})
+			Readers: o.Readers, Holds: o.Holds, Deadline: o.Deadline, Live: o.Live && o.Write && o.Held})
 	}
 	for _, g := range r.Registrations {
 		b.Regs = append(b.Regs, regWire{ID: g.ID, Profile: exact(g.Profile), Mode: exact(g.Mode), Registered: g.Registered.UnixNano(),
@@ -301,6 +310,7 @@ func Encode(r Record) ([]byte, error) {
 	for _, l := range r.Lookups {
 		b.Lookups = append(b.Lookups, lookup{ID: exact(l.RequestID), Hits: l.HitChunks, Created: l.Created.UnixNano()})
 	}
+	b.Transfers, b.CarryKey = encodeTransfers(r.Transfers), r.CarryKey
 	b.Links = encodeLinks(r.Pool.Objects)
 	st, err := encodeStats(r.Stats)
 	if err != nil {
@@ -375,6 +385,7 @@ func Decode(data []byte) (Record, error) {
 	}
 	r.Registrations = b.registrations(&r.Dropped)
 	r.Lookups = b.lookups(&r.Dropped)
+	r.Transfers, r.CarryKey = b.transfers(r.Pool.Objects, &r.Dropped)
 	if why := decodeLinks(b.Links, len(b.Objects), from, r.Pool.Objects); why != "" {
 		r.Ignored = append(r.Ignored, why)
 	}
@@ -457,7 +468,8 @@ func (b *body) objects(d *l1.Drops) ([]l1.KeptObject, []int, error) {
 			d.Add("locked without a deadline", fmt.Sprintf("object %d", i))
 			continue
 		}
-		k := l1.KeptObject{Offset: o.Off, Length: o.Len, Held: o.Held, Write: o.Write, Readers: o.Readers, Holds: o.Holds, Deadline: o.Deadline}
+		k := l1.KeptObject{Offset: o.Off, Length: o.Len, Held: o.Held, Write: o.Write, Readers: o.Readers, Holds: o.Holds, Deadline: o.Deadline,
+			Live: o.Live && o.Write && o.Held}
 		key, why := b.key(o, names)
 		if why == "" && o.Write && !o.Held {
 			why = "a write reservation recorded as readable"

@@ -122,7 +122,9 @@ func (s *Server) RestartTerm(t testing.TB) time.Duration {
 		t.Fatalf("segment %s gone after a SIGTERM with --l1-keep-on-exit: %v\n%s", s.Segment, err, s.out.String())
 	}
 	s.launch(t, args)
-	if err := s.waitReady(15 * time.Second); err != nil {
+	// Back means both faces answer: ZMQ, then /status (the HTTP API starts
+	// after the engine).
+	if err := s.WaitReady(15 * time.Second); err != nil {
 		t.Fatalf("kvdock did not come back after SIGTERM: %v\n%s", err, s.out.String())
 	}
 	return time.Since(start)

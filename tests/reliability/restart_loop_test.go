@@ -158,6 +158,10 @@ func (w *loopWorker) retrieveSeq(ctx context.Context, tally *restartLoopTally, s
 // a miss outside a restart, or at the final read, fails the test.
 func TestRestartLoopLosesNoRequest(t *testing.T) {
 	const nw, restarts = 4, 6
+	// Each worker stores at most maxLoopStores sequences, then only
+	// retrieves: 4 × 3,000 × 2 chunks of 4 KiB stay under the pool's
+	// eviction watermark, so every committed sequence must hit.
+	const maxLoopStores = 3000
 	// A pool of 256 MiB keeps every sequence the loop stores on a fast
 	// machine (~7,000 of 2 chunks of 4 KiB) under the eviction watermark,
 	// so the final read may ask for all of them.
@@ -194,7 +198,9 @@ func TestRestartLoopLosesNoRequest(t *testing.T) {
 					return
 				default:
 				}
-				w.storeSeq(ctx, tally, i*1_000_000+n)
+				if n < maxLoopStores {
+					w.storeSeq(ctx, tally, i*1_000_000+n)
+				}
 				w.mu.Lock()
 				seq := w.committed[g.IntN(len(w.committed))]
 				w.mu.Unlock()

@@ -71,6 +71,10 @@ type Pool interface {
 	ReleaseRead(refs []l1.ReadRef)
 	// View pins a range of the pool for a copy; Close waits for it.
 	View(off, n int64) ([]byte, func())
+	// ClaimWrites and ClaimHolds hand the reservations and read holds of a
+	// transfer carried across a restart to its instance (carry.go).
+	ClaimWrites(owner l1.Owner, offs []int64) ([]l1.Reservation, bool)
+	ClaimHolds(offs []int64) ([]l1.ReadRef, bool)
 }
 
 // KeyResolver turns a worker-side key into ObjectKeys; *keys.Sessions is one.
@@ -162,6 +166,9 @@ type pendingKey struct {
 	end       int
 	nSalt     int
 	salt      uint64
+	// carried: a transfer the previous process prepared (carry.go);
+	// tokens and salt then hold the halves of its keyed digest.
+	carried bool
 }
 
 // pending is a reservation awaiting COMMIT_STORE (res) or read locks
@@ -175,6 +182,9 @@ type pending struct {
 	created time.Time
 	readers int
 	reply   protocol.PrepareRetrieveResponse
+	// carry is the entry's key as the next process matches it (carry.go):
+	// set for entries prepared while the stop carries transfers.
+	carry *pendingKey
 }
 
 // chunks is how many objects the entry holds.
@@ -213,6 +223,12 @@ type Module struct {
 	gone []workers.ContextInfo
 	// gate admits pickle stores within server.max_inflight_pickle_mb.
 	gate *pickleGate
+	// The transfers carried across a restart (carry.go): the secret their
+	// keys are hashed with, whether new entries get their carry key, and
+	// whether carried entries were restored here.
+	carryKey      []byte
+	carrying      bool
+	restoredCarry bool
 }
 
 // New builds the module from the engine's dependencies and the server and L1

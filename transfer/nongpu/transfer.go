@@ -123,7 +123,7 @@ func (m *Module) PrepareStore(k protocol.Key, id int64) (protocol.PrepareStoreRe
 		m.pool.AbortWrite(res)
 		return emptyShm(inst), nil
 	}
-	m.writes[pk] = &pending{inst: inst, res: res, bytes: reservedBytes(res), created: created}
+	m.writes[pk] = &pending{inst: inst, res: res, bytes: reservedBytes(res), created: created, carry: m.carryKeyLocked(pk, k)}
 	m.mu.Unlock()
 	return resp, nil
 }
@@ -151,6 +151,9 @@ func (m *Module) CommitStore(k protocol.Key, id int64, data []byte) (bool, error
 			return false, fmt.Errorf("commit store for instance %d: %w", id, err)
 		}
 		p := m.takePending(m.writes, pk)
+		if p == nil {
+			p = m.takeCarriedWrite(pk, k)
+		}
 		if p == nil {
 			if m.modeOf(inst) == workers.ModePickle {
 				// Upstream's pickle strategy fails to unpickle b"" and sends no reply.
@@ -661,7 +664,7 @@ func (m *Module) prepareRetrieve(k protocol.Key, id int64, encode func(ts []torc
 			m.pool.ReleaseRead(found)
 			return resp, nil
 		}
-		m.reads[pk] = &pending{inst: inst, refs: found, bytes: total, created: created, readers: 1, reply: resp}
+		m.reads[pk] = &pending{inst: inst, refs: found, bytes: total, created: created, readers: 1, reply: resp, carry: m.carryKeyLocked(pk, k)}
 		m.mu.Unlock()
 		return resp, nil
 	}
@@ -720,7 +723,11 @@ func (m *Module) CommitRetrieve(k protocol.Key, id int64) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("commit retrieve for instance %d: %w", id, err)
 	}
-	if p := m.endRead(pk); p != nil && !m.expireIfDue(p, false) {
+	p := m.endRead(pk)
+	if p == nil && m.hasCarried() {
+		p = m.endRead(m.carriedKey(pk, k))
+	}
+	if p != nil && !m.expireIfDue(p, false) {
 		m.pool.ReleaseRead(p.refs)
 	}
 	return true, nil
