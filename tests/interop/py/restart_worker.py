@@ -195,7 +195,7 @@ class Session:
             w = n % len(self.workers)
             self.store(w, tag, n)
             pw, ptag, pi = self.committed[g.randrange(len(self.committed))]
-            self.retrieve(pw, ptag, pi, f"loop-{n}")
+            self.retrieve(pw, ptag, pi, f"{self.p['rid_prefix']}loop-{self.loops}-{n}")
             if n % 8 == 0:
                 try:
                     if self.ping(self.workers[w]) is not True:
@@ -214,7 +214,7 @@ class Session:
 def main():
     endpoint, p = sys.argv[1], json.loads(sys.argv[2])
     p = dict(dict(model="restart-model", world=1, layers=2, hidden=16, dtype="float32", mla=False,
-                  profile="nongpu-v1", prompts=6, chunks=2, timeout=10.0), **p)
+                  profile="nongpu-v1", prompts=6, chunks=2, timeout=10.0, rid_prefix=""), **p)
     try:
         s = Session(endpoint, p)
         say({"ready": True, "modes": [wk.mode for wk in s.workers], "shm_name": s.workers[0].shm_name,

@@ -1,0 +1,149 @@
+package interop
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"kvdock/tests/harness"
+)
+
+// stormRestarts is how many times TestRestartStormUpstreamWorkers restarts
+// kvdock in each mode (KVDOCK_STORM_RESTARTS overrides it).
+func stormRestarts(t *testing.T) int {
+	if v := os.Getenv("KVDOCK_STORM_RESTARTS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			t.Fatalf("KVDOCK_STORM_RESTARTS=%q: want a positive count", v)
+		}
+		return n
+	}
+	return 50
+}
+
+// Three Python worker processes, each one LMCache worker as upstream's
+// non-GPU code drives it (an SHM PREPARE_STORE that raises on a reply not
+// come within 2 s, upstream's mq_timeout; a pickle store that answers
+// false or nothing; each its own DEALERs, one request at a time), loop
+// store → LOOKUP → retrieve without pause while kvdock restarts 50 times,
+// SIGUSR2 and SIGTERM + the same command line in turn, 0.8 s apart. No
+// worker registers again. In SHM mode and in pickle mode (the seed's own
+// --shm-name ""): no request times out (an exception in the engine), none
+// is refused, no committed prompt misses, no byte differs, every prompt
+// committed reads back identical at the end, and no lock is left held.
+func TestRestartStormUpstreamWorkers(t *testing.T) {
+	for _, mode := range []struct {
+		name   string
+		flags  []string
+		pickle bool
+	}{
+		{"shm", nil, false},
+		{"pickle", []string{"--shm-name", ""}, true},
+	} {
+		t.Run(mode.name, func(t *testing.T) {
+			flags := append([]string{"--chunk-size", "16", "--l1-size-gb", "0.25"}, mode.flags...)
+			srv := harness.StartKeeping(t, false, flags...)
+			const procs = 3
+			ws := make([]*liveWorker, procs)
+			for i := range ws {
+				p, err := json.Marshal(map[string]any{"profile": "nongpu-v1", "prompts": 2, "chunks": 2, "timeout": 2.0,
+					"rid_prefix": fmt.Sprintf("p%d-", i), "workers": []map[string]any{{"instance_id": 7301 + i, "pickle": mode.pickle}}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				ws[i] = startPyWorker(t, "py/restart_worker.py", srv.Endpoint, string(p))
+				if r := ws[i].report(); !r.Ready {
+					t.Fatalf("worker %d: %+v", i, r)
+				}
+			}
+			for i, w := range ws {
+				storeAll(t, w, fmt.Sprint("before", i), 2)
+			}
+			for _, w := range ws {
+				if r := w.ask("loop"); !r.Looping {
+					t.Fatalf("loop did not start: %+v", r)
+				}
+			}
+			n := stormRestarts(t)
+			var slowest time.Duration
+			for i := range n {
+				time.Sleep(800 * time.Millisecond)
+				var took time.Duration
+				if i%2 == 0 {
+					took = srv.RestartSignal(t)
+				} else {
+					took = srv.RestartTerm(t)
+				}
+				slowest = max(slowest, took)
+				if rs := srv.LastRestart(t); !rs.Adopted || rs.AdoptedContexts != procs {
+					t.Fatalf("restart %d: %+v", i, rs)
+				}
+			}
+			time.Sleep(800 * time.Millisecond)
+			var total restartReport
+			for i, w := range ws {
+				r := w.ask("stop")
+				t.Logf("worker %d: %d iterations, %d requests in %.1fs: %d timed out, %d refused, %d missed, %d wrong; slowest answer %.3fs",
+					i, r.Iterations, r.Requests, r.Seconds, r.Timeouts, r.Refused, r.Missed, r.Wrong, r.SlowestS)
+				if r.Iterations == 0 || r.Committed == 0 {
+					t.Errorf("worker %d did no work through the restarts: %+v", i, r)
+				}
+				if r.failed() != 0 {
+					t.Errorf("worker %d: %d timed out, %d refused, %d missed, %d wrong; first failures %+v",
+						i, r.Timeouts, r.Refused, r.Missed, r.Wrong, r.Failures)
+				}
+				total.Requests += r.Requests
+				total.Timeouts += r.Timeouts
+			}
+			t.Logf("%s: %d restarts (slowest back after %v), %d requests, %d timed out",
+				mode.name, n, slowest.Round(time.Millisecond), total.Requests, total.Timeouts)
+			if t.Failed() {
+				for _, l := range strings.Split(srv.Output(), "\n") {
+					if strings.Contains(l, "handed over") || strings.Contains(l, "after the handover") {
+						t.Log(l)
+					}
+				}
+			}
+			for i, w := range ws {
+				checkAll(t, w, fmt.Sprintf("the storm (worker %d)", i))
+			}
+			// Every transfer has ended: nothing stays locked.
+			deadline := time.Now().Add(15 * time.Second)
+			for {
+				wl, rl, err := lockedObjects(srv)
+				if err == nil && wl == 0 && rl == 0 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("after the storm: %d write-locked and %d read-locked objects left (%v)", wl, rl, err)
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+		})
+	}
+}
+
+// lockedObjects reads the pool's write- and read-locked object counts.
+func lockedObjects(srv *harness.Server) (write, read int, err error) {
+	hc := http.Client{Timeout: 5 * time.Second}
+	resp, err := hc.Get(fmt.Sprintf("http://127.0.0.1:%d/status", srv.HTTPPort))
+	if err != nil {
+		return 0, 0, err
+	}
+	defer resp.Body.Close()
+	var st struct {
+		Pool struct {
+			WriteLocked int `json:"write_locked"`
+			ReadLocked  int `json:"read_locked"`
+		} `json:"pool"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		return 0, 0, err
+	}
+	return st.Pool.WriteLocked, st.Pool.ReadLocked, nil
+}
