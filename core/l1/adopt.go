@@ -18,8 +18,9 @@ import (
 // never readable), read locks stay on published objects. Locks whose TTL
 // has passed are left out: their bytes are free, as they would be here.
 //
-// Keep needs the pool quiet: with memory views out, or a private pool, it
-// closes the pool as Close does and returns an error (nothing is kept).
+// Keep needs the pool quiet: with memory views out, or a pool in anonymous
+// memory, it closes the pool as Close does and returns an error (nothing
+// is kept). A private segment is kept as a shared one is.
 func (p *Pool) Keep(record func(Kept) error) error {
 	p.mu.Lock()
 	if p.closed {
@@ -78,7 +79,10 @@ func (p *Pool) keyOf(i int32) keys.ObjectKey {
 // locks they had (until their deadlines); held objects keep their bytes
 // for their holders, never readable, until their deadlines; objects whose
 // deadline has passed give their bytes back. opts must give the kept
-// geometry (Size, Align); opts.Plan is not used. Nothing of k is trusted:
+// geometry (Size, Align), and opts.Plan the kind of segment: a private
+// segment is adopted only for a plan of that private segment, a shared one
+// only for a plan that is not private, so a private pool is never
+// advertised and a shared one never hidden. Nothing of k is trusted:
 // the segment must be the recorded file (segment.Adopt), and the objects
 // must lie aligned inside the pool without overlapping and name each
 // published key once; otherwise nothing is adopted and the error (wrapping
@@ -92,7 +96,13 @@ func Adopt(opts Options, k Kept) (*Pool, Adopted, error) {
 		return nil, Adopted{}, fmt.Errorf("%w: kept pool of %d bytes aligned to %d, settings give %d aligned to %d",
 			ErrNotAdoptable, k.Size, k.Align, opts.Size, opts.Align)
 	}
-	// The pool is built as Open builds it, over private memory that is never
+	switch name := k.Segment.Name; {
+	case opts.Plan.Private != "" && name != opts.Plan.Private:
+		return nil, Adopted{}, fmt.Errorf("%w: the kept segment is %s, this start's pool is the private segment %s", ErrNotAdoptable, name, opts.Plan.Private)
+	case opts.Plan.Private == "" && segment.IsPrivate(name):
+		return nil, Adopted{}, fmt.Errorf("%w: the kept segment %s is private (never advertised), this start's pool is not", ErrNotAdoptable, name)
+	}
+	// The pool is built as Open builds it, over anonymous memory that is never
 	// touched, and takes the adopted segment before anyone sees it.
 	prefault := opts.Prefault
 	opts.Plan = Decision{Reason: "adopting"}
@@ -111,7 +121,7 @@ func Adopt(opts Options, k Kept) (*Pool, Adopted, error) {
 		_ = p.Close()
 		return nil, Adopted{}, fmt.Errorf("l1: %w", err)
 	}
-	_ = p.seg.Close() // the untouched private memory
+	_ = p.seg.Close() // the untouched anonymous memory
 	p.seg = seg
 	return p, ad, nil
 }

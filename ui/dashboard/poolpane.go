@@ -23,6 +23,8 @@ func (p *poolPane) lines(w int) []string {
 	var lines []string
 	if d.Shared && d.Segment != "" {
 		lines = append(lines, pc.st.Bold.Render("Segment   ")+d.Segment+"  (SHM: workers attach it)")
+	} else if d.Private != "" {
+		lines = append(lines, pc.st.Bold.Render("Segment   ")+d.Private+"  (private: never advertised, a restart keeps it)")
 	} else {
 		reason := d.Reason
 		if reason == "" {
