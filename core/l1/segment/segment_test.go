@@ -16,7 +16,7 @@ import (
 
 // shmDir is a fresh directory on the real /dev/shm tmpfs, so names are
 // unique per test and statfs sees tmpfs.
-func shmDir(t *testing.T) string {
+func shmDir(t testing.TB) string {
 	t.Helper()
 	d, err := os.MkdirTemp(DefaultDir, "kvdock-test-")
 	if err != nil {
