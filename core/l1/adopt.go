@@ -80,9 +80,9 @@ func (p *Pool) keyOf(i int32) keys.ObjectKey {
 // for their holders, never readable, until their deadlines; objects whose
 // deadline has passed give their bytes back. opts must give the kept
 // geometry (Size, Align), and opts.Plan the kind of segment: a private
-// segment is adopted only for a plan of that private segment, a shared one
-// only for a plan that is not private, so a private pool is never
-// advertised and a shared one never hidden. Nothing of k is trusted:
+// segment is adopted only for a private plan (under its kept name, as an
+// auto segment is), a shared one only for a plan that is not private, so a
+// private pool is never advertised and a shared one never hidden. Nothing of k is trusted:
 // the segment must be the recorded file (segment.Adopt), and the objects
 // must lie aligned inside the pool without overlapping and name each
 // published key once; otherwise nothing is adopted and the error (wrapping
@@ -97,8 +97,8 @@ func Adopt(opts Options, k Kept) (*Pool, Adopted, error) {
 			ErrNotAdoptable, k.Size, k.Align, opts.Size, opts.Align)
 	}
 	switch name := k.Segment.Name; {
-	case opts.Plan.Private != "" && name != opts.Plan.Private:
-		return nil, Adopted{}, fmt.Errorf("%w: the kept segment is %s, this start's pool is the private segment %s", ErrNotAdoptable, name, opts.Plan.Private)
+	case opts.Plan.Private != "" && !segment.IsPrivate(name):
+		return nil, Adopted{}, fmt.Errorf("%w: the kept segment %s is shared, this start's pool is private (%s)", ErrNotAdoptable, name, opts.Plan.Private)
 	case opts.Plan.Private == "" && segment.IsPrivate(name):
 		return nil, Adopted{}, fmt.Errorf("%w: the kept segment %s is private (never advertised), this start's pool is not", ErrNotAdoptable, name)
 	}

@@ -66,7 +66,7 @@ func TestPrivatePoolKeptAndAdopted(t *testing.T) {
 
 // Adoption follows the plan, whatever the record says: a kept private
 // segment is not adopted for a shared plan (it would be advertised), nor a
-// shared segment for a private plan, nor another private segment.
+// shared segment for a private plan (it would be hidden from its workers).
 func TestHostileAdoptKeepsPrivateAndSharedApart(t *testing.T) {
 	dir := testShmDir(t)
 	c := fakeclock.New()
@@ -84,18 +84,15 @@ func TestHostileAdoptKeepsPrivateAndSharedApart(t *testing.T) {
 		return k
 	}
 	private, shared := privatePool(t, dir, 16, c), sharedPool(t, dir, 16, c)
-	other := private
-	other.Plan.Private = PrivateSegmentName("another endpoint", 2)
 	keptPrivate, keptShared := keep(private), keep(shared)
 	for name, tc := range map[string]struct {
 		opts Options
 		k    Kept
 		want string
 	}{
-		"private kept, shared plan":      {shared, keptPrivate, "is private (never advertised)"},
-		"private kept, anonymous plan":   {Options{Size: private.Size, Align: private.Align, ShmDir: dir}, keptPrivate, "is private"},
-		"shared kept, private plan":      {private, keptShared, "this start's pool is the private segment"},
-		"another private segment's pool": {other, keptPrivate, "this start's pool is the private segment " + other.Plan.Private},
+		"private kept, shared plan":    {shared, keptPrivate, "is private (never advertised)"},
+		"private kept, anonymous plan": {Options{Size: private.Size, Align: private.Align, ShmDir: dir}, keptPrivate, "is private"},
+		"shared kept, private plan":    {private, keptShared, "is shared, this start's pool is private"},
 	} {
 		if q, _, err := Adopt(tc.opts, tc.k); !errors.Is(err, ErrNotAdoptable) || !strings.Contains(err.Error(), tc.want) {
 			if q != nil {
@@ -104,11 +101,15 @@ func TestHostileAdoptKeepsPrivateAndSharedApart(t *testing.T) {
 			t.Errorf("%s: %v, want ErrNotAdoptable saying %q", name, err, tc.want)
 		}
 	}
-	// Refusals took nothing: each is still adoptable by its own plan.
+	// Refusals took nothing: each is still adoptable by a plan of its
+	// kind, a private one under its kept name whatever the plan names (an
+	// endpoint changed in place kept its old name).
+	moved := private
+	moved.Plan.Private = PrivateSegmentName("another endpoint", 2)
 	for _, tc := range []struct {
 		opts Options
 		k    Kept
-	}{{private, keptPrivate}, {shared, keptShared}} {
+	}{{moved, keptPrivate}, {shared, keptShared}} {
 		q, _, err := Adopt(tc.opts, tc.k)
 		if err != nil {
 			t.Fatalf("adopt by its own plan after the refusals: %v", err)

@@ -8,8 +8,8 @@ import (
 )
 
 // A pool kept in a private segment (--shm-name "") is adopted only by a
-// start planning that same private segment: never by a shared plan, named
-// or auto, nor the other way round, nor with another size or alignment.
+// start whose pool is private too: never by a shared plan, named or auto,
+// nor the other way round, nor with another size or alignment.
 func TestMatchKeepsPrivateAndSharedApart(t *testing.T) {
 	private := l1.PrivateSegmentName("localhost", 5555)
 	r := sample()
@@ -18,6 +18,13 @@ func TestMatchKeepsPrivateAndSharedApart(t *testing.T) {
 	w := Want{Endpoint: "localhost:5555", Segment: private, Size: r.Pool.Size, Align: r.Pool.Align}
 	if m := Match(r, w); m != "" {
 		t.Fatalf("the same private pool refused: %s", m)
+	}
+	// The kept private segment is adopted whatever its name, as an auto
+	// segment is: an endpoint changed in place kept its old name.
+	moved := w
+	moved.Segment = l1.PrivateSegmentName("localhost", 1)
+	if m := Match(r, moved); m != "" {
+		t.Fatalf("the kept private pool refused for another private name: %s", m)
 	}
 	for name, tc := range map[string]struct {
 		change func(*Record, *Want)
@@ -29,9 +36,8 @@ func TestMatchKeepsPrivateAndSharedApart(t *testing.T) {
 		"shared kept, private plan": {func(r *Record, _ *Want) { r.Pool.Segment.Name = "lmcache_l1_pool_x" }, "this start's pool is private"},
 		"auto kept, private plan": {func(r *Record, _ *Want) { r.Auto, r.Pool.Segment.Name = true, "lmcache_l1_pool_42" },
 			"this start's pool is private"},
-		"another private segment": {func(_ *Record, w *Want) { w.Segment = l1.PrivateSegmentName("localhost", 1) }, private},
-		"size":                    {func(_ *Record, w *Want) { w.Size *= 2 }, "l1.size_gb"},
-		"align":                   {func(_ *Record, w *Want) { w.Align *= 2 }, "l1.align_bytes"},
+		"size":  {func(_ *Record, w *Want) { w.Size *= 2 }, "l1.size_gb"},
+		"align": {func(_ *Record, w *Want) { w.Align *= 2 }, "l1.align_bytes"},
 	} {
 		r2, w2 := r, w
 		tc.change(&r2, &w2)

@@ -100,9 +100,11 @@ type Want struct {
 	Align   int64
 }
 
-// Match says why r may not be adopted for w ("" when it may). A private
-// segment (--shm-name "") matches only the same private segment: a pool
-// never changes between shared and private across a restart.
+// Match says why r may not be adopted for w ("" when it may). A pool
+// never changes between shared and private (--shm-name "") across a
+// restart; a private plan adopts the kept private segment whatever its
+// name, as auto naming does (an endpoint changed in place kept the name
+// of the old one), since nobody is told that name.
 func Match(r Record, w Want) string {
 	switch kept, private := r.Pool.Segment.Name, l1.IsPrivateSegment(w.Segment); {
 	case r.Endpoint != w.Endpoint:
@@ -115,7 +117,7 @@ func Match(r Record, w Want) string {
 		return fmt.Sprintf("the kept segment %s was named automatically, --shm-name now names %s", r.Pool.Segment.Name, w.Segment)
 	case r.Auto != w.Auto:
 		return fmt.Sprintf("the kept segment %s was named by --shm-name, which is now unset (auto)", r.Pool.Segment.Name)
-	case !w.Auto && r.Pool.Segment.Name != w.Segment:
+	case !w.Auto && !private && r.Pool.Segment.Name != w.Segment:
 		return fmt.Sprintf("the kept segment is %s, --shm-name now names %s", r.Pool.Segment.Name, w.Segment)
 	case r.Pool.Size != w.Size:
 		return fmt.Sprintf("the kept pool has %d bytes, l1.size_gb now gives %d", r.Pool.Size, w.Size)
