@@ -130,7 +130,7 @@ func (e *Engine) claimStart(cfg settings.Config) (release func(), err error) {
 
 // openPool opens the pool of cfg: it adopts the pool kept by the previous
 // process when a record for this endpoint exists and matches the settings
-// (segment name or auto, size, alignment) and the segment is the one
+// (segment name, private or auto, size, alignment) and the segment is the one
 // recorded; otherwise it creates one, after removing a kept segment that
 // will not be adopted. The record is consumed either way.
 func (e *Engine) openPool(cfg settings.Config, opts l1.Options) (*l1.Pool, *adoption, error) {
@@ -149,10 +149,12 @@ func (e *Engine) openPool(cfg settings.Config, opts l1.Options) (*l1.Pool, *adop
 	if err != nil {
 		reason = "restart record refused: " + err.Error()
 	} else {
-		want := restart.Want{Endpoint: endpointOf(cfg), Auto: cfg.Server.ShmName == nil, Segment: opts.Plan.Segment,
+		// The plan's file: the shared segment, or the private one of a pool
+		// that is not shared (--shm-name ""), kept and adopted the same way.
+		want := restart.Want{Endpoint: endpointOf(cfg), Auto: cfg.Server.ShmName == nil, Segment: opts.Plan.File(),
 			Size: opts.Size, Align: opts.Align}
-		if opts.Plan.Segment == "" {
-			reason = "this start's pool is not shared (" + opts.Plan.Reason + ")"
+		if opts.Plan.File() == "" {
+			reason = "this start's pool is anonymous memory (" + opts.Plan.Reason + ")"
 		} else {
 			reason = restart.Match(rec, want)
 		}

@@ -23,8 +23,9 @@ import (
 // never readable), read locks stay on published objects. Locks whose TTL
 // has passed are left out: their bytes are free, as they would be here.
 //
-// Keep needs the pool quiet: with memory views out, or a private pool, it
-// closes the pool as Close does and returns an error (nothing is kept).
+// Keep needs the pool quiet: with memory views out, or a pool in anonymous
+// memory, it closes the pool as Close does and returns an error (nothing
+// is kept). A private segment is kept as a shared one is.
 func (p *Pool) Keep(record func(Kept) error) error {
 	p.mu.Lock()
 	if p.closed {
@@ -95,8 +96,11 @@ func CarriedLookupOwner() Owner { return Owner{Kind: OwnerLookup, ID: 2} }
 // deadline has passed give their bytes back; the prompt links are restored
 // (restoreLinks: a bad link is dropped, its object adopted unlinked, and
 // Adopted says so), so usable bytes and the prefix eviction order are the
-// kept pool's. opts must give the kept geometry (Size, Align); opts.Plan
-// is not used. Nothing of k is trusted:
+// kept pool's. opts must give the kept geometry (Size, Align), and
+// opts.Plan the kind of segment: a private segment is adopted only for a
+// private plan (under its kept name, as an auto segment is), a shared one
+// only for a plan that is not private, so a private pool is never
+// advertised and a shared one never hidden. Nothing of k is trusted:
 // the segment must be the recorded file (segment.Adopt), and the objects
 // must lie aligned inside the pool without overlapping; otherwise nothing
 // is adopted and the error (wrapping ErrNotAdoptable, or ErrSegmentBusy
@@ -111,7 +115,13 @@ func Adopt(opts Options, k Kept) (*Pool, Adopted, error) {
 		return nil, Adopted{}, fmt.Errorf("%w: kept pool of %d bytes aligned to %d, settings give %d aligned to %d",
 			ErrNotAdoptable, k.Size, k.Align, opts.Size, opts.Align)
 	}
-	// The pool is built as Open builds it, over private memory that is never
+	switch name := k.Segment.Name; {
+	case opts.Plan.Private != "" && !segment.IsPrivate(name):
+		return nil, Adopted{}, fmt.Errorf("%w: the kept segment %s is shared, this start's pool is private (%s)", ErrNotAdoptable, name, opts.Plan.Private)
+	case opts.Plan.Private == "" && segment.IsPrivate(name):
+		return nil, Adopted{}, fmt.Errorf("%w: the kept segment %s is private (never advertised), this start's pool is not", ErrNotAdoptable, name)
+	}
+	// The pool is built as Open builds it, over anonymous memory that is never
 	// touched, and takes the adopted segment before anyone sees it.
 	prefault := opts.Prefault
 	opts.Plan = Decision{Reason: "adopting"}
@@ -130,7 +140,7 @@ func Adopt(opts Options, k Kept) (*Pool, Adopted, error) {
 		_ = p.Close()
 		return nil, Adopted{}, fmt.Errorf("l1: %w", err)
 	}
-	_ = p.seg.Close() // the untouched private memory
+	_ = p.seg.Close() // the untouched anonymous memory
 	p.seg = seg
 	return p, ad, nil
 }

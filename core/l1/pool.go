@@ -145,6 +145,15 @@ var ErrSegmentBusy = segment.ErrBusy
 // NormalizeName strips leading '/' and adds SegmentPrefix unless present.
 func NormalizeName(name string) string { return segment.NormalizeName(name) }
 
+// PrivateSegmentName is the private segment of the server at host:port:
+// the memory of a pool that is not shared, kept by a restart like a shared
+// segment and never advertised.
+func PrivateSegmentName(host string, port int) string { return segment.PrivateName(host, port) }
+
+// IsPrivateSegment reports whether name is a private segment's: never one
+// to advertise.
+func IsPrivateSegment(name string) bool { return segment.IsPrivate(name) }
+
 // Decision describes the memory behind the pool and why it was chosen.
 type Decision = segment.Decision
 
@@ -153,9 +162,11 @@ type Options struct {
 	Size, Align int64
 	// Plan is the seed decision this pool carries out, made once from the
 	// settings before the pool exists: Plan.Segment is the shared segment to
-	// create (normalised), "" = anonymous memory because of Plan.Reason.
-	// Open checks that the segment fits the shared-memory directory;
-	// Pool.Decision is the outcome, the one value read after Open.
+	// create (normalised); "" = not shared because of Plan.Reason, in the
+	// private segment Plan.Private (PrivateSegmentName, never advertised)
+	// or, when that is "" too, anonymous memory. Open checks that the
+	// segment fits the shared-memory directory; Pool.Decision is the
+	// outcome, the one value read after Open.
 	Plan Decision
 	// ShmDir is the shared-memory directory; "" = /dev/shm.
 	ShmDir string
@@ -376,6 +387,7 @@ func Open(opts Options) (*Pool, error) {
 	}
 	seg, err := segment.Open(segment.Options{
 		Name:        opts.Plan.Segment,
+		Private:     opts.Plan.Private,
 		NoShmReason: opts.Plan.Reason,
 		Dir:         opts.ShmDir,
 		Size:        opts.Size,

@@ -118,21 +118,31 @@ type Lookup struct {
 type Want struct {
 	Endpoint string
 	Auto     bool
-	Segment  string // normalised segment name when not Auto
-	Size     int64
-	Align    int64
+	// Segment is the normalised segment name when not Auto, or the
+	// private segment (l1.IsPrivateSegment) of a pool that is not shared.
+	Segment string
+	Size    int64
+	Align   int64
 }
 
-// Match says why r may not be adopted for w ("" when it may).
+// Match says why r may not be adopted for w ("" when it may). A pool
+// never changes between shared and private (--shm-name "") across a
+// restart; a private plan adopts the kept private segment whatever its
+// name, as auto naming does (an endpoint changed in place kept the name
+// of the old one), since nobody is told that name.
 func Match(r Record, w Want) string {
-	switch {
+	switch kept, private := r.Pool.Segment.Name, l1.IsPrivateSegment(w.Segment); {
 	case r.Endpoint != w.Endpoint:
 		return fmt.Sprintf("recorded for %s, this server is %s", r.Endpoint, w.Endpoint)
+	case l1.IsPrivateSegment(kept) && !private:
+		return fmt.Sprintf("the kept pool is the private segment %s (--shm-name \"\"), this start's pool is shared", kept)
+	case private && !l1.IsPrivateSegment(kept):
+		return fmt.Sprintf("the kept segment %s is shared, this start's pool is private (--shm-name \"\")", kept)
 	case r.Auto != w.Auto && r.Auto:
 		return fmt.Sprintf("the kept segment %s was named automatically, --shm-name now names %s", r.Pool.Segment.Name, w.Segment)
 	case r.Auto != w.Auto:
 		return fmt.Sprintf("the kept segment %s was named by --shm-name, which is now unset (auto)", r.Pool.Segment.Name)
-	case !w.Auto && r.Pool.Segment.Name != w.Segment:
+	case !w.Auto && !private && r.Pool.Segment.Name != w.Segment:
 		return fmt.Sprintf("the kept segment is %s, --shm-name now names %s", r.Pool.Segment.Name, w.Segment)
 	case r.Pool.Size != w.Size:
 		return fmt.Sprintf("the kept pool has %d bytes, l1.size_gb now gives %d", r.Pool.Size, w.Size)

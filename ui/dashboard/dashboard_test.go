@@ -101,6 +101,21 @@ func TestPoolAnonymous(t *testing.T) {
 	mustContain(t, screen(m), `anonymous (SHM off: --shm-name "" given on the command line)`, `replies shm_name "" pool_size 0`)
 }
 
+// A pickle-mode pool in its private segment: the pane names the segment
+// as private and says why, and REGISTER advertises nothing.
+func TestPoolPrivateSegment(t *testing.T) {
+	f := newFakeEngine(t)
+	f.snap.Pool.Decision.Segment = ""
+	f.snap.Pool.Decision.Shared = false
+	f.snap.Pool.Decision.Private = "kvdock_private_pool_0_5555_0a1b2c3d"
+	f.snap.Pool.Decision.Reason = `--shm-name "" given on the command line; the pool is the private segment`
+	f.snap.Shm.ShmName, f.snap.Shm.PoolSize = "", 0
+	m := newTestModel(t, f, 80, 24)
+	press(t, m, "2")
+	mustContain(t, screen(m), "kvdock_private_pool_0_5555_0a1b2c3d  (private, not advertised)", `--shm-name "" given on the command line`,
+		`replies shm_name "" pool_size 0`)
+}
+
 func TestSortAndDetails(t *testing.T) {
 	m := newTestModel(t, newFakeEngine(t), 80, 24)
 	if got := rowOrder(screen(m)); strings.Join(got, ",") != "4242,4243,9001" {

@@ -184,6 +184,11 @@ type PoolStatus struct {
 	LockCapRefusals   uint64 `json:"lock_cap_refusals"`
 	OwnerLockCapBytes int64  `json:"owner_lock_cap_bytes"`
 	TotalLockCapBytes int64  `json:"total_lock_cap_bytes"`
+
+	// PrivateSegment is the unadvertised segment behind a pool that is not
+	// shared (--shm-name ""), which a restart keeps; "" for shared or
+	// anonymous memory.
+	PrivateSegment string `json:"private_segment,omitempty"`
 }
 
 // ContextStatus is one registered worker context: its layout, its transfer
@@ -533,7 +538,7 @@ func NewStatus(s engine.Snapshot) Status {
 		ratio = float64(p.UsedBytes) / float64(p.Size)
 	}
 	out.Pool = PoolStatus{
-		Segment: p.Decision.Segment, Shared: p.Decision.Shared, Reason: p.Decision.Reason,
+		Segment: p.Decision.Segment, PrivateSegment: p.Decision.Private, Shared: p.Decision.Shared, Reason: p.Decision.Reason,
 		ShmFreeBytes: p.ShmFree, CapacityBytes: p.Size, UsedBytes: p.UsedBytes, UsageRatio: ratio,
 		ResidentBytes: p.ResidentBytes, UsableBytes: p.UsableBytes, UsableRatio: p.UsableRatio(),
 		Objects: p.Objects, FreeExtents: p.FreeExtents, PrefaultedBytes: p.Prefaulted,
