@@ -39,15 +39,16 @@ func stormRestarts(t *testing.T) int {
 func TestRestartStormUpstreamWorkers(t *testing.T) {
 	for _, mode := range []struct {
 		name   string
-		flags  []string
 		pickle bool
-	}{
-		{"shm", nil, false},
-		{"pickle", []string{"--shm-name", ""}, true},
-	} {
+	}{{"shm", false}, {"pickle", true}} {
 		t.Run(mode.name, func(t *testing.T) {
-			flags := append([]string{"--chunk-size", "16", "--l1-size-gb", "0.25"}, mode.flags...)
-			srv := harness.StartKeeping(t, false, flags...)
+			flags := []string{"--chunk-size", "16", "--l1-size-gb", "0.25"}
+			var srv *harness.Server
+			if mode.pickle {
+				srv = harness.StartKeepingPickle(t, flags...)
+			} else {
+				srv = harness.StartKeeping(t, false, flags...)
+			}
 			const procs = 3
 			ws := make([]*liveWorker, procs)
 			for i := range ws {
