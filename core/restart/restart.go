@@ -295,16 +295,22 @@ func (b *body) check() error {
 	str("build", b.Build)
 	str("endpoint", b.Endpoint)
 	str("segment name", b.Segment.Name)
+	// A record without a pool (its pool was private memory) carries the
+	// registrations alone.
+	poolless := b.Segment == segment{} && b.Size == 0 && b.Align == 0 && len(b.Objects) == 0 && len(b.Lookups) == 0
 	switch {
+	case poolless:
 	case b.Size <= 0 || b.Align <= 0 || b.Align&(b.Align-1) != 0 || b.Size < b.Align:
 		return fmt.Errorf("pool of %d bytes aligned to %d: want a power-of-two alignment no larger than the pool", b.Size, b.Align)
 	case b.Segment.Size != b.Size:
 		return fmt.Errorf("segment of %d bytes for a pool of %d", b.Segment.Size, b.Size)
 	case b.Segment.Name == "":
 		return errors.New("no segment name: only a shared segment can be kept")
+	}
+	switch {
 	case len(b.Names) > MaxNames:
 		return fmt.Errorf("%d names, at most %d", len(b.Names), MaxNames)
-	case len(b.Objects) > MaxObjects || int64(len(b.Objects)) > b.Size/b.Align:
+	case !poolless && (len(b.Objects) > MaxObjects || int64(len(b.Objects)) > b.Size/b.Align):
 		return fmt.Errorf("%d objects, at most %d (and one per %d-byte unit of the pool)", len(b.Objects), MaxObjects, b.Align)
 	case len(b.Regs) > MaxRegistrations:
 		return fmt.Errorf("%d registrations, at most %d", len(b.Regs), MaxRegistrations)
