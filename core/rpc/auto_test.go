@@ -652,3 +652,51 @@ func TestAutoHeldPeersOutliveChurn(t *testing.T) {
 		t.Errorf("%d undecided peers, bound 4", undecided)
 	}
 }
+
+// TestAutoInstanceTableWins: a message that names a registered instance is
+// read under the table that instance registered through: from a peer
+// decided on another table (nongpu-v2, by its NOOP at 20), 14 [key, 7]
+// is nongpu-v2's PREPARE_RETRIEVE, but instance 7 registered through
+// nongpu-v1, whose 14 is COMMIT_RETRIEVE; from a peer never seen it
+// decides the peer. A message naming an instance not registered, or one
+// whose table reads it otherwise, is read as before.
+func TestAutoInstanceTableWins(t *testing.T) {
+	profiles := autoProfiles(t)
+	inst := fakeInstances{tables: map[int64]string{7: "nongpu-v1"}, held: map[string]int64{}}
+	h := start(t, rpc.Options{Profile: profiles[5], Detect: profiles, Instances: inst, Logger: quietLogger()})
+	var s seen
+	recordAll(h, &s, map[string]any{protocol.CommitRetrieve: true, protocol.Noop: "OK",
+		protocol.PrepareRetrieve: protocol.PrepareRetrieveResponse{Success: true, Data: []byte("x")}})
+	k := enc(t, protocol.Key{ModelName: "m", WorldSize: 1, TokenIDs: []uint32{1}, End: 1})
+	call := func(d *zmq.Socket, typ int64, payload ...[]byte) {
+		t.Helper()
+		if _, err := d.SendMessage(append([][]byte{enc(t, int64(1)), enc(t, typ)}, payload...)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := d.RecvMessageBytes(0); err != nil {
+			t.Fatalf("type %d: %v", typ, err)
+		}
+	}
+	decided := rawDealer(t, h.srv.Endpoint())
+	call(decided, 20)
+	if got := s.last(); got != "nongpu-v2:NOOP0" {
+		t.Fatalf("NOOP read as %s", got)
+	}
+	call(decided, 14, k, enc(t, int64(7)))
+	if got := s.last(); got != "nongpu-v1:COMMIT_RETRIEVE2" {
+		t.Errorf("a decided nongpu-v2 peer's 14 naming nongpu-v1's instance 7 read as %s", got)
+	}
+	call(decided, 14, k, enc(t, int64(8)))
+	if got := s.last(); got != "nongpu-v2:PREPARE_RETRIEVE2" {
+		t.Errorf("14 naming an unregistered instance read as %s, want the peer's table", got)
+	}
+	fresh := rawDealer(t, h.srv.Endpoint())
+	call(fresh, 14, k, enc(t, int64(7)))
+	if got := s.last(); got != "nongpu-v1:COMMIT_RETRIEVE2" {
+		t.Errorf("a new peer's 14 naming instance 7 read as %s", got)
+	}
+	call(fresh, 19)
+	if got := s.last(); got != "nongpu-v1:NOOP0" {
+		t.Errorf("the new peer's 19 read as %s: it was not decided on its instance's table", got)
+	}
+}
