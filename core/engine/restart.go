@@ -18,7 +18,9 @@ import (
 // Restart is the last start's adoption of a kept pool, for the faces.
 type Restart struct {
 	// Adopted: the pool and registrations of the previous process were
-	// adopted; otherwise Reason says why not ("" when there was no record).
+	// adopted; otherwise Reason says why not ("" when there was no record),
+	// and Contexts counts the registrations restored over the cold pool
+	// (those that need no segment).
 	Adopted  bool
 	Objects  int   // published objects readable again
 	Bytes    int64 // their sizes rounded to the alignment
