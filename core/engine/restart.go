@@ -19,7 +19,9 @@ import (
 // Restart is the last start's adoption of a kept pool, for the faces.
 type Restart struct {
 	// Adopted: the pool and registrations of the previous process were
-	// adopted; otherwise Reason says why not ("" when there was no record).
+	// adopted; otherwise Reason says why not ("" when there was no record),
+	// and Contexts counts the registrations restored over the cold pool
+	// (those that need no segment).
 	Adopted  bool
 	Objects  int   // published objects readable again
 	Bytes    int64 // their sizes rounded to the alignment
@@ -51,11 +53,15 @@ type Restart struct {
 	Transfers, TransfersRefused int
 }
 
-// adoption is what a plane built over an adopted pool still has to do.
+// adoption is what a plane built after a restart still has to do: over
+// an adopted pool, restore the registrations and lookups; over a cold one
+// (cold: the pool was not kept or not adopted), the registrations that
+// need no segment.
 type adoption struct {
 	regs      []restart.Registration
 	lookups   []restart.Lookup
 	stoppedAt time.Time
+	cold      bool
 	bound     bool
 	// stats are the predecessor's figures (carry.go): its miss breakdown
 	// goes to the new plane's lookup module.
@@ -132,7 +138,9 @@ func (e *Engine) claimStart(cfg settings.Config) (release func(), err error) {
 // process when a record for this endpoint exists and matches the settings
 // (segment name, private or auto, size, alignment) and the segment is the one
 // recorded; otherwise it creates one, after removing a kept segment that
-// will not be adopted. The record is consumed either way.
+// will not be adopted, and still hands on the record's registrations (a
+// cold adoption: restoreRegistrations keeps those that need no segment).
+// The record is consumed either way.
 func (e *Engine) openPool(cfg settings.Config, opts l1.Options) (*l1.Pool, *adoption, error) {
 	now := e.opts.Now()
 	dir, file, err := e.stateFile(cfg)
@@ -146,9 +154,17 @@ func (e *Engine) openPool(cfg settings.Config, opts l1.Options) (*l1.Pool, *adop
 		return pool, nil, err
 	}
 	reason := ""
-	if err != nil {
+	var carried *adoption
+	switch {
+	case err != nil:
 		reason = "restart record refused: " + err.Error()
-	} else {
+	case rec.Endpoint != endpointOf(cfg) && rec.Pool.Segment.Name == "":
+		reason = restart.Match(rec, restart.Want{Endpoint: endpointOf(cfg)})
+	case rec.Pool.Segment.Name == "":
+		// The previous pool was anonymous memory (or its keep failed): the
+		// record carries the registrations alone.
+		reason = "the previous process kept no pool, only its registrations"
+	default:
 		// The plan's file: the shared segment, or the private one of a pool
 		// that is not shared (--shm-name ""), kept and adopted the same way.
 		want := restart.Want{Endpoint: endpointOf(cfg), Auto: cfg.Server.ShmName == nil, Segment: opts.Plan.File(),
@@ -190,22 +206,42 @@ func (e *Engine) openPool(cfg settings.Config, opts l1.Options) (*l1.Pool, *adop
 			reason += fmt.Sprintf(" (kept segment %s removed)", rec.Pool.Segment.Name)
 		}
 	}
+	if err == nil && rec.Endpoint == endpointOf(cfg) {
+		// Registrations outlive the pool: those that need no segment are
+		// restored over the new one.
+		carried = &adoption{regs: rec.Registrations, stoppedAt: rec.StoppedAt, cold: true}
+	}
 	e.setRestart(Restart{Reason: reason, At: now, StatsCarried: err == nil && rec.Stats != nil})
 	e.log.Warn("restart: cold start", "reason", reason)
-	e.events.add(EventLifecycle, slog.LevelWarn, "restart: nothing adopted: "+reason)
+	what := "nothing adopted"
+	if carried != nil {
+		what = "pool not adopted, registrations that need no segment restored"
+	}
+	e.events.add(EventLifecycle, slog.LevelWarn, "restart: "+what+": "+reason)
 	pool, err := l1.Open(opts)
-	return pool, nil, err
+	if err != nil {
+		carried = nil
+	}
+	return pool, carried, err
 }
 
-// restoreRegistrations registers the adopted pool's workers again and
-// restores the lookups the previous process answered and nobody queried.
+// restoreRegistrations registers the previous process's workers again:
+// over an adopted pool every one, with the lookups it answered and nobody
+// queried; over a cold pool the PICKLE ones (the SHM ones map the old
+// segment, and its read locks are gone with it).
 func (e *Engine) restoreRegistrations(p *dataPlane, a *adoption) {
 	if a == nil {
 		return
 	}
-	n, refused := p.transfer.Restore(a.regs)
+	n, refused := p.transfer.Restore(a.regs, !a.cold)
 	for _, r := range refused {
 		e.log.Warn("restart: registration not restored", "reason", r)
+	}
+	if a.cold {
+		e.st.Lock()
+		e.restart.Contexts, e.restart.Refused = n, refused
+		e.st.Unlock()
+		return
 	}
 	as := make([]lookup.Answer, len(a.lookups))
 	for i, l := range a.lookups {
@@ -245,6 +281,11 @@ func (e *Engine) restartBound(p *dataPlane) {
 	e.restart.Gap = gap
 	r := e.restart
 	e.st.Unlock()
+	if a.cold {
+		e.events.add(EventLifecycle, slog.LevelInfo, fmt.Sprintf(
+			"restart: cold pool; %d contexts restored, %d refused; gap %d ms", r.Contexts, len(r.Refused), gap.Milliseconds()))
+		return
+	}
 	e.events.add(EventLifecycle, slog.LevelInfo, fmt.Sprintf(
 		"restart: adopted %d objects (%s), %d contexts and %d answered lookups, %d held for the previous process's workers; gap %d ms",
 		r.Objects, settings.BytesText(r.Bytes), r.Contexts, r.Lookups, r.Held, gap.Milliseconds()))
@@ -270,13 +311,28 @@ func (e *Engine) keeper(cfg settings.Config, stoppedAt time.Time) func(p *dataPl
 			return errors.Join(err, p.pool.Close())
 		}
 		var objects int
+		recorded := false
+		rec := restart.Record{Build: e.opts.Version, Generation: gen, PID: e.opts.PID,
+			Endpoint: endpointOf(cfg), StoppedAt: stoppedAt, Auto: cfg.Server.ShmName == nil, Registrations: regs}
 		err = p.pool.Keep(func(k l1.Kept) error {
 			objects = len(k.Objects)
-			return restart.Write(dir, file, restart.Record{Build: e.opts.Version, Generation: gen, PID: e.opts.PID,
-				Endpoint: endpointOf(cfg), StoppedAt: stoppedAt, WrittenAt: e.opts.Now(), Auto: cfg.Server.ShmName == nil,
-				Pool: k, Registrations: regs, Lookups: lookups, Transfers: kept.transfers, CarryKey: kept.carryKey,
-				Stats: e.statsRecord(p, started)})
+			r := rec
+			r.WrittenAt, r.Pool, r.Lookups = e.opts.Now(), k, lookups
+			r.Transfers, r.CarryKey, r.Stats = kept.transfers, kept.carryKey, e.statsRecord(p, started)
+			err := restart.Write(dir, file, r)
+			recorded = err == nil
+			return err
 		})
+		if err != nil && !recorded {
+			// The pool is gone (private memory cannot be kept); the
+			// registrations need no segment and are carried alone.
+			rec.WrittenAt = e.opts.Now()
+			if werr := restart.Write(dir, file, rec); werr != nil {
+				err = errors.Join(err, fmt.Errorf("registrations not carried either: %w", werr))
+			} else {
+				e.log.Info("stop: registrations kept for the next start, without the pool", "registrations", len(regs), "record", dir+"/"+file)
+			}
+		}
 		if err != nil {
 			e.events.add(EventError, slog.LevelWarn, "stop: pool not kept: "+err.Error())
 			return fmt.Errorf("keep pool: %w", err)

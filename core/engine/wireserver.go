@@ -40,6 +40,7 @@ func (e *Engine) startWireServer(cfg settings.Config, p *dataPlane) (*wireServer
 		Port:                   cfg.Server.Port,
 		Profile:                profile,
 		Detect:                 detect,
+		Instances:              p.transfer,
 		OrderedWorkers:         cfg.Server.GPUWorkers(),
 		SharedWorkers:          cfg.Server.CPUWorkers(),
 		MaxMessageBytes:        cfg.Server.MaxMessageBytes,

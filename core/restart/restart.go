@@ -416,7 +416,11 @@ func (b *body) geometry() error {
 			return fmt.Errorf("%s is %d bytes, at most %d", f.what, len(f.s), MaxStringBytes)
 		}
 	}
+	// A record without a pool (its pool was anonymous memory) carries the
+	// registrations alone.
+	poolless := b.Segment == segment{} && b.Size == 0 && b.Align == 0 && len(b.Objects) == 0 && len(b.Lookups) == 0
 	switch {
+	case poolless:
 	case b.Size <= 0 || b.Align <= 0 || b.Align&(b.Align-1) != 0 || b.Size < b.Align:
 		return fmt.Errorf("pool of %d bytes aligned to %d: want a power-of-two alignment no larger than the pool", b.Size, b.Align)
 	case b.Segment.Size != b.Size:
@@ -441,7 +445,11 @@ func (o *object) locked() bool { return o.Write || o.Readers > 0 || o.Holds > 0 
 func (b *body) objects(d *l1.Drops) ([]l1.KeptObject, []int, error) {
 	names := b.names(d)
 	skip := make([]bool, len(b.Objects))
-	if limit := int(min(int64(MaxObjects), b.Size/b.Align)); len(b.Objects) > limit {
+	units := int64(0)
+	if b.Align > 0 {
+		units = b.Size / b.Align
+	}
+	if limit := int(min(int64(MaxObjects), units)); len(b.Objects) > limit {
 		excess := len(b.Objects) - limit
 		for pass := range 2 {
 			for i := range b.Objects {

@@ -493,7 +493,7 @@ func (l *loop) dispatch(frames [][]byte, held *borrowed, total, limit int64, too
 	// memory before the job is built from them.
 	settle(frames, held, func(i int) bool { return decoded || bytesAt(spec, len(frames)-3, i) })
 	j := job{peer: peer, uid: frames[1], typ: frames[2], prof: prof, spec: spec, payload: frames[3:], held: held,
-		start: time.Now(), args: args, decoded: decoded}
+		start: time.Now(), args: args, decoded: decoded, tentative: s.tentative(peer)}
 	if spec.Unsupported != "" {
 		s.badInput(spec.Unsupported, peer, spec, fmt.Errorf("%s is not served", spec.Name))
 		s.finish(j, OutcomeDropped)

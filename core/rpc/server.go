@@ -54,6 +54,10 @@ type Request struct {
 	Name string // wire name in the active profile
 	Args []any
 	Spec *protocol.Spec
+	// Tentative (--protocol auto): the sender's table is not decided yet,
+	// and Spec is the reading of one of several tables that read this
+	// request alike.
+	Tentative bool
 
 	bufs     []replyBuf
 	srv      *Server // nil: not a running server's request (a test's own)
@@ -126,9 +130,15 @@ type Options struct {
 	// messages among these profiles, newest first (--protocol auto; see
 	// auto.go); Profile must be one of them.
 	Detect []*protocol.Profile
-	// MaxDetectPeers bounds the peers whose detection state is kept
-	// (default 16384; least recently seen dropped first).
+	// MaxDetectPeers bounds the peers whose detection state is kept, in
+	// each of the undecided and decided tables (default 16384; least
+	// recently seen dropped first).
 	MaxDetectPeers int
+	// Instances, with Detect, names the tables registered instances were
+	// registered through: a message naming one is served under its table,
+	// and a peer holding one speaks its table, whatever the detection
+	// tables hold (auto.go).
+	Instances Instances
 	// OrderedWorkers serve the per-peer FIFO class (default 1).
 	OrderedWorkers int
 	// SharedWorkers serve the shared class (default 1).
@@ -308,6 +318,7 @@ type job struct {
 	payload        [][]byte // frames after type, until decoded into args
 	decoded        bool
 	args           []any
+	tentative      bool // read before its peer's table was decided
 	start          time.Time
 	cost           int64     // payload bytes charged to the inbound budget
 	held           *borrowed // payload frames still in libzmq's buffers
@@ -894,7 +905,7 @@ func (s *Server) execute(ctx context.Context, j job) (r reply, send bool) {
 		s.finish(j, OutcomeDropped)
 		return s.errorReply(j, "NoHandler", "no handler for "+j.spec.Name)
 	}
-	req := &Request{Peer: j.peer, Name: j.spec.Name, Args: j.args, Spec: j.spec, srv: s,
+	req := &Request{Peer: j.peer, Name: j.spec.Name, Args: j.args, Spec: j.spec, Tentative: j.tentative, srv: s,
 		head: job{peer: j.peer, uid: j.uid, typ: j.typ, prof: j.prof, spec: j.spec, start: j.start}}
 	res, err, panicked := s.call(ctx, h, j, req)
 	deferred := req.deferred.Load() && !panicked

@@ -33,6 +33,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"log/slog"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -144,8 +145,16 @@ type instance struct {
 	// prepare or commit).
 	peer     string
 	peerSeen time.Time
-	// profile is the protocol table it registered through.
+	// restored: carried by a restart record, and no peer has spoken for
+	// it since (peer is ""): it counts as held by a live peer for the
+	// peer window from its restore (peerSeen), so no other peer can end it
+	// meanwhile; the first peer that speaks for it takes it.
+	restored bool
+	// profile is the protocol table it registered through; "" while its
+	// REGISTER's table was a tie-break (--protocol auto) until its holder
+	// peer is decided (tentative: PeerDecided sets it then).
 	profile             string
+	tentative           bool
 	inFlight            int
 	pinged, transferred bool
 
@@ -207,6 +216,7 @@ type Module struct {
 	mu        sync.Mutex
 	closed    bool
 	instances map[int64]*instance
+	routes    routes
 	writes    map[pendingKey]*pending
 	reads     map[pendingKey]*pending
 	writeTTL  time.Duration
@@ -259,6 +269,7 @@ func New(deps Deps, server settings.ServerConfig, l1cfg settings.L1Config) (*Mod
 		seed:      maphash.MakeSeed(),
 		maxBytes:  server.MaxMessageBytes,
 		instances: make(map[int64]*instance),
+		routes:    routes{tables: make(map[int64]string), held: make(map[string]int64)},
 		writes:    make(map[pendingKey]*pending),
 		reads:     make(map[pendingKey]*pending),
 		errLast:   make(map[string]time.Time),
@@ -348,7 +359,11 @@ func (m *Module) RegisterThrough(p protocol.RegisterPayload, peer []byte, profil
 		return protocol.RegisterResponse{}, ErrClosed
 	}
 	old, known := m.instances[p.InstanceID]
-	if known && (len(peer) == 0 || old.peer == "" || old.peer == string(peer)) {
+	// A restored registration no peer spoke for yet is its worker's, which
+	// registers again with the same payload after a reconnect (newer
+	// clients do); another payload is a new worker reusing the id.
+	unheld := old != nil && old.peer == "" && (!old.restored || samePayload(old.p, p))
+	if known && (len(peer) == 0 || unheld || old.peer == string(peer)) {
 		old.last = now
 		m.notePeerLocked(old, peer, now)
 		m.mu.Unlock()
@@ -382,7 +397,7 @@ func (m *Module) RegisterThrough(p protocol.RegisterPayload, peer []byte, profil
 	}
 	lay := groups[0]
 	inst := &instance{id: p.InstanceID, p: p, lay: lay, groups: groups, mode: mode, reason: reason, registered: now, last: now,
-		peer: string(peer), peerSeen: now, profile: profile}
+		peer: string(peer), peerSeen: now, profile: profile, tentative: profile == "" && len(peer) > 0}
 
 	m.mu.Lock()
 	if m.closed {
@@ -426,7 +441,7 @@ func (m *Module) RegisterThrough(p protocol.RegisterPayload, peer []byte, profil
 		m.stats.Reused++
 	}
 	m.forgetGoneLocked(p.InstanceID)
-	m.instances[p.InstanceID] = inst
+	m.putLocked(inst)
 	m.layouts.AddGroups(p.ModelName, p.WorldSize, groups)
 	m.mu.Unlock()
 
@@ -445,6 +460,13 @@ func (m *Module) RegisterThrough(p protocol.RegisterPayload, peer []byte, profil
 		"instance %d registered: model %s, world size %d, layout %s, %s (%s)",
 		p.InstanceID, p.ModelName, p.WorldSize, groupsText(groups), mode, reason))
 	return resp, nil
+}
+
+// samePayload reports whether two registrations carry the same fields.
+func samePayload(a, b protocol.RegisterPayload) bool {
+	return a.InstanceID == b.InstanceID && a.ModelName == b.ModelName && a.WorldSize == b.WorldSize &&
+		a.BlockSize == b.BlockSize && a.NumLayers == b.NumLayers && a.HiddenDimSize == b.HiddenDimSize &&
+		a.DtypeStr == b.DtypeStr && a.UseMLA == b.UseMLA && slices.Equal(a.GroupLayouts, b.GroupLayouts)
 }
 
 // maxHoldersShown bounds the registrations a conflict event names.
@@ -555,21 +577,29 @@ func (m *Module) validate(p protocol.RegisterPayload) ([]layout.Layout, error) {
 // instance, while that one is alive (it spoke for the instance within the
 // peer window), it is refused, counted and reported with both peers: one
 // peer must not end another's registration by naming its id (the operator
-// can, with POST /unregister). From the holder, an unknown peer, or once the
-// holder has gone silent (a worker that died or reconnected), it is
-// Unregister. It reports whether the instance was unregistered.
+// can, with POST /unregister). A registration a restart restored is held
+// by its worker's previous connection until a peer speaks for it, and
+// counts as alive for the peer window from its restore: an UNREGISTER
+// before that is refused from every peer. From the holder, an unknown
+// peer, or once the holder has gone silent (a worker that died or
+// reconnected), it is Unregister. It reports whether the instance was
+// unregistered.
 func (m *Module) UnregisterFrom(id int64, peer []byte) bool {
 	now := m.now()
 	m.mu.Lock()
 	inst, ok := m.instances[id]
-	if ok && len(peer) > 0 && inst.peer != "" && inst.peer != string(peer) && m.peerAliveLocked(inst, now) {
+	if ok && len(peer) > 0 && (inst.peer != "" || inst.restored) && inst.peer != string(peer) && m.peerAliveLocked(inst, now) {
 		m.stats.RefusedUnregisters++
-		holder, seen, window := inst.peer, now.Sub(inst.peerSeen), m.peerWindowLocked()
+		holder, seen, window, restored := inst.peer, now.Sub(inst.peerSeen), m.peerWindowLocked(), inst.restored
 		m.mu.Unlock()
 		m.rateLimited("unregister/refused", func() {
+			why := fmt.Sprintf("%s registered it and spoke for it %s ago", peerText(holder), seen.Round(time.Millisecond))
+			if restored {
+				why = fmt.Sprintf("a restart restored it %s ago and no peer has spoken for it since", seen.Round(time.Millisecond))
+			}
 			m.event(workers.EventUnregister, slog.LevelWarn, id, fmt.Sprintf(
-				"UNREGISTER of instance %d from %s refused: %s registered it and spoke for it %s ago (alive within %s); if it is not a worker of yours, remove it (POST /unregister, kvdock ctl unregister)",
-				id, peerText(string(peer)), peerText(holder), seen.Round(time.Millisecond), window))
+				"UNREGISTER of instance %d from %s refused: %s (alive within %s); if it is not a worker of yours, remove it (POST /unregister, kvdock ctl unregister)",
+				id, peerText(string(peer)), why, window))
 		})
 		return false
 	}
@@ -589,7 +619,7 @@ func (m *Module) Unregister(id int64) bool {
 		m.event(workers.EventUnregister, slog.LevelWarn, id, fmt.Sprintf("unregister of unknown instance %d ignored", id))
 		return false
 	}
-	delete(m.instances, id)
+	m.deleteLocked(inst)
 	writes, reads := m.takePendingLocked(func(k pendingKey) bool { return k.instance == id })
 	m.layouts.Remove(inst.p.ModelName, inst.p.WorldSize)
 	m.mu.Unlock()
@@ -612,9 +642,9 @@ func (m *Module) Close() {
 	}
 	m.closed = true
 	writes, reads := m.takePendingLocked(func(pendingKey) bool { return true })
-	for id, inst := range m.instances {
+	for _, inst := range m.instances {
 		m.layouts.Remove(inst.p.ModelName, inst.p.WorldSize)
-		delete(m.instances, id)
+		m.deleteLocked(inst)
 	}
 	m.mu.Unlock()
 	m.discard(writes, reads)
