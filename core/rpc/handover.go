@@ -36,6 +36,11 @@ type Handover struct {
 	Finish []string
 	// Quiet is the silence that ends the park phase (default 25 ms).
 	Quiet time.Duration
+	// Think is how long a worker answered during (or just before) the
+	// park phase may take to send its next request (computing, pickling,
+	// or descheduled on a busy host): the phase waits that long for it to
+	// be parked too, unless it is (default 200 ms).
+	Think time.Duration
 	// Max bounds the park phase (default 1 s): a parked request waits at
 	// most this long, well inside a worker's timeout (upstream: 2 s and up).
 	Max time.Duration
@@ -53,6 +58,9 @@ type Handover struct {
 func (h *Handover) defaults() {
 	if h.Quiet <= 0 {
 		h.Quiet = 25 * time.Millisecond
+	}
+	if h.Think <= 0 {
+		h.Think = 200 * time.Millisecond
 	}
 	if h.Max <= 0 {
 		h.Max = time.Second
@@ -90,6 +98,10 @@ type handoverState struct {
 	unpolled bool // the router is out of the poller
 	// answerStart is when the answer phase began.
 	answerStart time.Time
+	// Per peer, when it was last answered in the park phase and when its
+	// last request was parked; before is the last answer before the phase.
+	lastAnswer, lastParked map[string]time.Time
+	before                 time.Time
 	// The TCP end (handover_conns.go): the accepted connections when the
 	// answer phase began, what the kernel had sent on them then, the
 	// answers' bytes handed to libzmq since, and whether they were shut.
@@ -144,7 +156,35 @@ func (l *loop) park(frames [][]byte, j job) bool {
 	}
 	s.stats.inFlight.Add(1)
 	l.ho.parked = append(l.ho.parked, parkedJob{ch: ch, j: j})
+	l.ho.lastParked[string(j.peer)] = time.Now()
 	return true
+}
+
+// answered notes a reply to peer in the park phase: the peer is thinking
+// until its next request is parked.
+func (l *loop) answered(peer string) {
+	if l.ho.h != nil && !l.ho.noRead {
+		l.ho.lastAnswer[peer] = time.Now()
+	}
+}
+
+// thinking reports a peer answered less than Think ago (or an answer just
+// before the phase) whose next request has not been parked yet.
+func (l *loop) thinking(now time.Time) bool {
+	think := l.ho.h.Think
+	if !l.ho.before.IsZero() && now.Sub(l.ho.before) < think {
+		return true
+	}
+	for peer, t := range l.ho.lastAnswer {
+		if now.Sub(t) >= think {
+			delete(l.ho.lastAnswer, peer)
+			continue
+		}
+		if !l.ho.lastParked[peer].After(t) {
+			return true
+		}
+	}
+	return false
 }
 
 // begin starts the park phase once Serve's ctx is done and a handover was
@@ -165,6 +205,8 @@ func (l *loop) beginHandover() bool {
 	}
 	l.ho.start = time.Now()
 	l.lastRead = l.ho.start
+	l.ho.before = l.lastWrite
+	l.ho.lastAnswer, l.ho.lastParked = map[string]time.Time{}, map[string]time.Time{}
 	l.s.log.Info("rpc server handing over: parking new requests", "quiet", h.Quiet, "max", h.Max)
 	return true
 }
@@ -183,7 +225,7 @@ func (l *loop) handing() bool {
 	running := l.s.stats.inFlight.Load() - int64(len(l.ho.parked))
 	if !l.ho.noRead {
 		running += l.s.later.Load()
-		quiet := now.Sub(l.lastRead) >= h.Quiet && running == 0 && (h.Busy == nil || !h.Busy())
+		quiet := now.Sub(l.lastRead) >= h.Quiet && running == 0 && !l.thinking(now) && (h.Busy == nil || !h.Busy())
 		if !quiet && now.Sub(l.ho.start) < h.Max && len(l.ho.parked) < maxParked {
 			return true
 		}
@@ -215,8 +257,9 @@ func (l *loop) handing() bool {
 	// The answers are out once nothing runs, no deferred answer is due and
 	// libzmq took every reply (a peer at its HWM keeps its replies here):
 	// bounded by the linger, after which the drain's own bounds apply.
+	l.flush() // replies made since the last poll (a deferred answer's among them)
 	if now.Sub(l.ho.answerStart) < h.Linger &&
-		(l.s.stats.inFlight.Load() > 0 || l.s.later.Load() > 0 || l.s.rp.n.Load() > 0) {
+		(l.s.stats.inFlight.Load() > 0 || l.s.later.Load() > 0 || l.s.rp.n.Load() > 0 || l.s.repliesQueued()) {
 		return true
 	}
 	// End the connections now, not after the drain's bookkeeping: each
@@ -291,6 +334,14 @@ func (l *loop) run1(p parkedJob) {
 			}
 		}
 	}
+}
+
+// repliesQueued reports replies made by the workers that the socket
+// goroutine has not taken yet.
+func (s *Server) repliesQueued() bool {
+	s.replyMu.Lock()
+	defer s.replyMu.Unlock()
+	return len(s.replies) > 0
 }
 
 // lingerFor is the close's linger: the handover's, else none.

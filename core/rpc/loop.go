@@ -65,9 +65,10 @@ type loop struct {
 	// last poll: see yieldToWorkers.
 	handedOff bool
 
-	// lastRead is when a request was last read; graceEnd when a stop's
-	// grace ends (zero until the stop).
-	lastRead, graceEnd time.Time
+	// lastRead is when a request was last read (during a stop); graceEnd
+	// when a stop's grace ends (zero until the stop); lastWrite when a
+	// reply was last handed to libzmq.
+	lastRead, graceEnd, lastWrite time.Time
 }
 
 // stopPoll is the poll timeout during a stop's grace.
@@ -279,6 +280,7 @@ func (l *loop) write(m *outMsg) sendResult {
 	if l.ho.noRead {
 		l.ho.wire += m.wire
 	}
+	l.lastWrite = time.Now()
 	return sent
 }
 
@@ -295,6 +297,9 @@ func (l *loop) send(r reply) {
 // deliver hands an admitted reply to libzmq, or queues it behind the
 // replies already waiting for its peer or while libzmq refuses it.
 func (l *loop) deliver(p pending) {
+	if p.peer != "" {
+		l.answered(p.peer)
+	}
 	if len(p.po.q) > 0 {
 		l.hold(p.po, p.m)
 		return
