@@ -14,6 +14,7 @@ import (
 	"kvdock/core/layout"
 	"kvdock/core/lookup"
 	"kvdock/core/misses"
+	"kvdock/core/restart"
 	"kvdock/core/rpc"
 	"kvdock/core/whatif"
 	"kvdock/settings"
@@ -53,6 +54,9 @@ type dataPlane struct {
 	// of closing it (a stop that keeps the pool for the next start).
 	adoption *adoption
 	keep     func(p *dataPlane, kept keptState) error
+	// handover is what the keeping stop's wire server handover did, for
+	// the record (set before the plane closes).
+	handover restart.Handover
 }
 
 // gate admits handlers until it is shut and says when the last one left.

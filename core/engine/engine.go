@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"kvdock/core/restart"
 	"kvdock/core/rpc"
 	"kvdock/settings"
 	"kvdock/transfer/tier"
@@ -274,6 +275,10 @@ func (e *Engine) stop(ctx context.Context, keep bool) error {
 	}
 	if f != nil {
 		errs = append(errs, f.stop(dctx))
+		if keep {
+			st := f.srv.Stats()
+			p.handover = restart.Handover{Parked: st.HandoverParked, Lost: st.HandoverLost}
+		}
 	}
 	if err := p.close(dctx); err != nil {
 		errs = append(errs, err)

@@ -51,6 +51,10 @@ type Restart struct {
 	// handover's last answers) restored for their commits here;
 	// TransfersRefused those left to their locks' deadlines.
 	Transfers, TransfersRefused int
+	// HandoverParked and HandoverLost are the previous stop's handover:
+	// requests it parked and answered, and requests that arrived after its
+	// last answer (never answered).
+	HandoverParked, HandoverLost int64
 }
 
 // adoption is what a plane built after a restart still has to do: over
@@ -183,7 +187,12 @@ func (e *Engine) openPool(cfg settings.Config, opts l1.Options) (*l1.Pool, *adop
 				e.tellIgnored(rec.Ignored, ad)
 				e.setRestart(Restart{Adopted: true, Objects: ad.Objects, Bytes: ad.Bytes, Held: ad.Held,
 					At: now, Generation: rec.Generation + 1, Dropped: drops.N, DropReasons: drops.Reasons(),
-					StatsCarried: rec.Stats != nil, Links: ad.Links, LinksDropped: ad.LinksDropped})
+					StatsCarried: rec.Stats != nil, Links: ad.Links, LinksDropped: ad.LinksDropped,
+					HandoverParked: rec.Handover.Parked, HandoverLost: rec.Handover.Lost})
+				if rec.Handover.Lost > 0 {
+					e.events.add(EventLifecycle, slog.LevelWarn, fmt.Sprintf(
+						"restart: %d request(s) reached the previous process after its last answer and went unanswered", rec.Handover.Lost))
+				}
 				e.log.Info("restart: pool adopted", "segment", rec.Pool.Segment.Name, "objects", ad.Objects, "bytes", ad.Bytes,
 					"held", ad.Held, "expired", ad.Expired, "clamped", ad.Clamped, "dropped", drops.N,
 					"generation", rec.Generation+1, "written_by", rec.Build)
@@ -319,6 +328,7 @@ func (e *Engine) keeper(cfg settings.Config, stoppedAt time.Time) func(p *dataPl
 			r := rec
 			r.WrittenAt, r.Pool, r.Lookups = e.opts.Now(), k, lookups
 			r.Transfers, r.CarryKey, r.Stats = kept.transfers, kept.carryKey, e.statsRecord(p, started)
+			r.Handover = p.handover
 			err := restart.Write(dir, file, r)
 			recorded = err == nil
 			return err

@@ -95,6 +95,10 @@ type Record struct {
 	// the secret their keys are hashed with.
 	Transfers []Transfer
 	CarryKey  []byte
+	// Handover is how the stop that wrote the record ended its wire
+	// server: requests parked and answered, and requests that arrived after
+	// the last answer (never answered).
+	Handover Handover
 	// Dropped is what Decode left out part by part, with the reasons (not
 	// written: Encode ignores it).
 	Dropped l1.Drops
@@ -173,6 +177,7 @@ type body struct {
 	Regs       []regWire  `json:"registrations"`
 	Lookups    []lookup   `json:"lookups,omitempty"`
 	Transfers  []transfer `json:"transfers,omitempty"`
+	Handover   Handover   `json:"handover"`
 	CarryKey   []byte     `json:"carry_key,omitempty"`
 	// Decoded apart (links.go, stats.go): a bad block is left out alone.
 	Links json.RawMessage `json:"links,omitempty"`
@@ -320,7 +325,7 @@ func Encode(r Record) ([]byte, error) {
 	for _, l := range r.Lookups {
 		b.Lookups = append(b.Lookups, lookup{ID: exact(l.RequestID), Hits: l.HitChunks, Created: l.Created.UnixNano()})
 	}
-	b.Transfers, b.CarryKey = encodeTransfers(r.Transfers), r.CarryKey
+	b.Transfers, b.CarryKey, b.Handover = encodeTransfers(r.Transfers), r.CarryKey, r.Handover
 	b.Links = encodeLinks(r.Pool.Objects)
 	st, err := encodeStats(r.Stats)
 	if err != nil {
@@ -396,6 +401,7 @@ func Decode(data []byte) (Record, error) {
 	r.Registrations = b.registrations(&r.Dropped)
 	r.Lookups = b.lookups(&r.Dropped)
 	r.Transfers, r.CarryKey = b.transfers(r.Pool.Objects, &r.Dropped)
+	r.Handover = b.Handover.bounded(&r.Dropped)
 	if why := decodeLinks(b.Links, len(b.Objects), from, r.Pool.Objects); why != "" {
 		r.Ignored = append(r.Ignored, why)
 	}

@@ -139,3 +139,22 @@ func offsetsFit(t transfer, byOff map[int64]*l1.KeptObject, used map[int64]bool)
 	}
 	return ""
 }
+
+// Handover counts what the stop's wire server handover did (rpc.Handover).
+type Handover struct {
+	Parked int64 `json:"parked"`
+	Lost   int64 `json:"lost"`
+}
+
+// maxHandoverCount bounds each count read back: more requests than a stop
+// could park.
+const maxHandoverCount = 1 << 32
+
+// bounded returns h, or zeros with the reason when a count is out of range.
+func (h Handover) bounded(d *l1.Drops) Handover {
+	if h.Parked < 0 || h.Lost < 0 || h.Parked > maxHandoverCount || h.Lost > maxHandoverCount {
+		d.Add("handover counts out of range", fmt.Sprintf("parked %d, lost %d", h.Parked, h.Lost))
+		return Handover{}
+	}
+	return h
+}

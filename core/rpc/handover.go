@@ -95,6 +95,7 @@ type handoverState struct {
 	start    time.Time
 	parked   []parkedJob
 	noRead   bool // the answer phase: no more reads
+	holding  bool // the answer phase: replies held until all are made
 	unpolled bool // the router is out of the poller
 	// answerStart is when the answer phase began.
 	answerStart time.Time
@@ -245,22 +246,28 @@ func (l *loop) handing() bool {
 		if h.Parked != nil {
 			h.Parked(n)
 		}
+		l.s.stats.handoverParked.Add(int64(n))
+		// The answers are held until every one is made, then handed to
+		// libzmq together: a worker answered early could otherwise send
+		// its next request while the others are still being worked on,
+		// into a connection that reads no more.
+		l.ho.holding = true
 		for _, p := range l.ho.parked {
 			l.run1(p)
 		}
 		l.ho.parked = nil
 		l.ho.answerStart = now
-		// Inline answers went out in run1: the close follows at once if
-		// nothing else is due, before their workers send again.
-		l.flush()
 	}
-	// The answers are out once nothing runs, no deferred answer is due and
-	// libzmq took every reply (a peer at its HWM keeps its replies here):
-	// bounded by the linger, after which the drain's own bounds apply.
-	l.flush() // replies made since the last poll (a deferred answer's among them)
+	l.flush() // take the workers' replies (a deferred answer's among them)
 	if now.Sub(l.ho.answerStart) < h.Linger &&
-		(l.s.stats.inFlight.Load() > 0 || l.s.later.Load() > 0 || l.s.rp.n.Load() > 0 || l.s.repliesQueued()) {
+		(l.s.stats.inFlight.Load() > 0 || l.s.later.Load() > 0 || l.s.repliesQueued()) {
 		return true
+	}
+	// Every answer is made: out they go, together, while libzmq takes them
+	// (a peer at its HWM keeps its replies here; bounded by the linger).
+	l.ho.holding = false
+	for l.retry(); l.outBytes > 0 && time.Since(l.ho.answerStart) < h.Linger; l.retry() {
+		time.Sleep(50 * time.Microsecond)
 	}
 	// End the connections now, not after the drain's bookkeeping: each
 	// microsecond between a worker's last answer and the connection's end

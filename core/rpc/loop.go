@@ -300,7 +300,7 @@ func (l *loop) deliver(p pending) {
 	if p.peer != "" {
 		l.answered(p.peer)
 	}
-	if len(p.po.q) > 0 {
+	if len(p.po.q) > 0 || l.ho.holding {
 		l.hold(p.po, p.m)
 		return
 	}
@@ -339,7 +339,7 @@ func (l *loop) hold(po *peerOut, m outMsg) {
 // and recycles the state of peers with nothing waiting or charged.
 func (l *loop) retry() {
 	rp := l.s.rp
-	if rp.n.Load() == 0 {
+	if rp.n.Load() == 0 || l.ho.holding {
 		return
 	}
 	progress := false

@@ -25,6 +25,11 @@ type RestartStatus struct {
 	GapMs           float64 `json:"gap_ms"`
 	Reason          string  `json:"reason"`
 	At              string  `json:"at"`
+	// What the previous stop's handover did: requests parked and answered,
+	// requests read after its last answer, transfers carried here.
+	HandoverParked int64 `json:"handover_parked"`
+	HandoverLost   int64 `json:"handover_lost"`
+	Transfers      int64 `json:"transfers"`
 }
 
 // keptStatus is the part of /status a restart changes.

@@ -72,6 +72,7 @@ func TestRestartStormUpstreamWorkers(t *testing.T) {
 			}
 			n := stormRestarts(t)
 			var slowest time.Duration
+			var parked, late, carried int64
 			for i := range n {
 				time.Sleep(800 * time.Millisecond)
 				var took time.Duration
@@ -81,9 +82,11 @@ func TestRestartStormUpstreamWorkers(t *testing.T) {
 					took = srv.RestartTerm(t)
 				}
 				slowest = max(slowest, took)
-				if rs := srv.LastRestart(t); !rs.Adopted || rs.AdoptedContexts != procs {
+				rs := srv.LastRestart(t)
+				if !rs.Adopted || rs.AdoptedContexts != procs {
 					t.Fatalf("restart %d: %+v", i, rs)
 				}
+				parked, late, carried = parked+rs.HandoverParked, late+rs.HandoverLost, carried+rs.Transfers
 			}
 			time.Sleep(800 * time.Millisecond)
 			var total restartReport
@@ -101,8 +104,11 @@ func TestRestartStormUpstreamWorkers(t *testing.T) {
 				total.Requests += r.Requests
 				total.Timeouts += r.Timeouts
 			}
-			t.Logf("%s: %d restarts (slowest back after %v), %d requests, %d timed out",
-				mode.name, n, slowest.Round(time.Millisecond), total.Requests, total.Timeouts)
+			t.Logf("%s: %d restarts (slowest back after %v), %d requests, %d timed out; the handovers parked and answered %d, carried %d transfers, read %d after their last answers",
+				mode.name, n, slowest.Round(time.Millisecond), total.Requests, total.Timeouts, parked, carried, late)
+			if parked == 0 {
+				t.Errorf("no handover parked a request over %d restarts under load: the workers were not looping", n)
+			}
 			if t.Failed() {
 				for _, l := range strings.Split(srv.Output(), "\n") {
 					if strings.Contains(l, "handed over") || strings.Contains(l, "after the handover") {
