@@ -248,11 +248,11 @@ type Stats struct {
 	AbandonedWrites   uint64 // reservations doomed by Abandon (bytes kept until their TTL)
 	AbandonedReads    uint64 // read holds left in force by Abandon until their TTL
 	LockCapRefusals   uint64 // reservations or read locks refused by a lock cap
+	OwnerLockCap      int64  // bytes one owner may hold locked
+	TotalLockCap      int64  // bytes all owners together may hold locked
 	// LookupReclaims counts the lookups' read-lock eras released so that a
 	// peer under its share of the lookups' cap could lock (lookupshare.go).
 	LookupReclaims uint64
-	OwnerLockCap      int64  // bytes one owner may hold locked
-	TotalLockCap      int64  // bytes all owners together may hold locked
 
 	// ResidentBytes is the rounded sizes of the objects not doomed;
 	// UsableBytes those of them a LOOKUP can reach: they start a prompt or
@@ -305,14 +305,14 @@ type Pool struct {
 	ownerFree          []uint32
 	lockedBytes        int64
 	ownerCap, totalCap int64
-	// lookupPeers is what each peer's lookups hold read-locked (an entry
-	// lives while the peer holds some), for their shares of the lookups'
-	// cap (lookupshare.go).
-	lookupPeers map[uint64]int64
 	nextLock           uint64
 	lastCapLog         int64 // unix ns of the last lock-cap log line
 	capSuppressed      uint64
 	readCapRefused     func(reason string) // called under mu
+	// lookupPeers is what each peer's lookups hold read-locked (an entry
+	// lives while the peer holds some), for their shares of the lookups'
+	// cap (lookupshare.go).
+	lookupPeers map[uint64]int64
 }
 
 // ownerCharge is the bytes of locks one owner holds.

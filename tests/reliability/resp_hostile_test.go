@@ -319,3 +319,45 @@ func stillServingTier(t *testing.T, srv *harness.Server) {
 	alive(t, srv, 5*time.Second, "a hostile share")
 	stillServing(t, tierWorker(t, srv, 1, "resp-share", hidden), 400)
 }
+
+// TestHostileRESPMalformedReplyIsACountedMiss: a node answers EXISTS with a
+// bulk of length -5 (valkey-go's reader panics in makeslice on it). The
+// outcome is asserted, not a crash: kvdock's guard refuses the reply, the
+// lookup answers its L1 hits (0 wrong chunks), the reply is counted
+// corrupt and the chunk a miss, and the tier is down with the reason
+// naming the length. Without the guard the tier's barrier catches the
+// client's panic, and this test fails on the reason and the count.
+func TestHostileRESPMalformedReplyIsACountedMiss(t *testing.T) {
+	var exists, get atomic.Pointer[[]byte]
+	setReply(&exists, fakeresp.Int(0))
+	setReply(&get, []byte("$-1\r\n"))
+	n := hostileNode(t, &exists, &get)
+	srv := harness.Start(t, "--chunk-size", "16", "--l2-adapter",
+		tierAdapter(t, map[string]any{"type": "resp", "host": "127.0.0.1", "port": n.Port()}))
+	capProcess(t, srv.PID())
+	w := tierWorker(t, srv, 1, "resp-malformed", hidden)
+	poll.Until(t, 30*time.Second, "tier up", func() bool { return tier0(t, srv).State == "up" })
+	before := tier0(t, srv)
+	setReply(&exists, []byte("$-5\r\n"))
+	if good, wrong := w.checkPrompt(t, 1, 2); good != 0 || wrong != 0 {
+		t.Fatalf("EXISTS answered $-5: %d good, %d wrong chunks served", good, wrong)
+	}
+	alive(t, srv, 5*time.Second, "EXISTS answered $-5")
+	after := tier0(t, srv)
+	t.Logf("EXISTS answered $-5: tier %s (%q), corrupt %d -> %d, misses %d -> %d",
+		after.State, after.Reason, before.Corrupt, after.Corrupt, before.Misses, after.Misses)
+	if after.Corrupt <= before.Corrupt {
+		t.Errorf("the malformed reply was not counted corrupt (%d -> %d)", before.Corrupt, after.Corrupt)
+	}
+	if after.Misses <= before.Misses {
+		t.Errorf("the lookup's tier miss was not counted (%d -> %d)", before.Misses, after.Misses)
+	}
+	// The probe may have brought the tier up again: the log keeps why it
+	// went down.
+	if downFor(srv.Output(), "-5") == 0 {
+		t.Errorf("the tier did not go down for the malformed length -5:\n%s", grepLines(srv.Output(), "resp tier"))
+	}
+	setReply(&exists, fakeresp.Int(0))
+	poll.Until(t, 30*time.Second, "tier up again", func() bool { return tier0(t, srv).State == "up" })
+	stillServing(t, w, 500)
+}
