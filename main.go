@@ -221,7 +221,10 @@ func serve(args []string, stdout, stderr io.Writer) int {
 		}
 		return restarts.ask()
 	}
-	web = httpapi.NewRunner(eng, httpapi.Options{Metrics: m, Logger: logger.With("component", "http"), Restart: askRestart})
+	// No token set: POST /restart still needs one, the local token written
+	// in the state directory for kvdock ctl (ui/httpapi/localtoken.go).
+	stateDir, _ := cfg.Server.StateDirPath(os.Getenv, os.UserHomeDir)
+	web = httpapi.NewRunner(eng, httpapi.Options{Metrics: m, Logger: logger.With("component", "http"), Restart: askRestart, StateDir: stateDir})
 
 	if err := eng.Start(ctx); err != nil {
 		logger.Error("kvdock could not start", "err", err)

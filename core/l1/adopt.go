@@ -87,7 +87,7 @@ func (p *Pool) keyOf(i int32) keys.ObjectKey {
 // the lookups of the previous process, counted against the lookup cap as
 // live ones. Its id is even and not 0, so no request (RequestOwner, odd)
 // or the server's own readers (LookupOwner, 0) share it.
-func CarriedLookupOwner() Owner { return Owner{Kind: OwnerLookup, ID: 2} }
+func CarriedLookupOwner() Owner { return Owner{Kind: OwnerLookup, ID: 2, Peer: 2} }
 
 // Adopt opens a pool over the kept segment k instead of creating one, and
 // restores its table: published objects are readable again, with the read

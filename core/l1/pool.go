@@ -95,10 +95,13 @@ const (
 	OwnerAbandoned                  // holds whose holder went away (Abandon), until their TTL
 )
 
-// Owner names who holds a lock, for the lock caps.
+// Owner names who holds a lock, for the lock caps. Peer, for a lookup
+// owner, is the peer whose share of the lookups' cap its locks count
+// against (lookupshare.go).
 type Owner struct {
 	Kind OwnerKind
 	ID   int64
+	Peer uint64
 }
 
 // InstanceOwner is the owner of a worker instance's locks.
@@ -108,11 +111,17 @@ func InstanceOwner(id int64) Owner { return Owner{Kind: OwnerInstance, ID: id} }
 func LookupOwner() Owner { return Owner{Kind: OwnerLookup} }
 
 // RequestOwner is the owner of the read locks the LOOKUP of one request
-// takes (ReserveLookup): its id hashed, never 0 (LookupOwner's).
-func RequestOwner(request string) Owner {
+// takes (ReserveLookup): the peer (its ZMQ routing id) and the request id
+// hashed, never 0 (LookupOwner's), so two peers that send the same request
+// id are two owners; Peer is the routing id hashed, odd, so no peer shares
+// the server's own readers' (0) or the carried lookups' (2).
+func RequestOwner(peer, request string) Owner {
 	h := fnv.New64a()
+	_, _ = h.Write([]byte(peer))
+	pid := h.Sum64() | 1
+	_, _ = h.Write([]byte{0})
 	_, _ = h.Write([]byte(request))
-	return Owner{Kind: OwnerLookup, ID: int64(h.Sum64() | 1)}
+	return Owner{Kind: OwnerLookup, ID: int64(h.Sum64() | 1), Peer: pid}
 }
 
 // PrefetchOwner is the owner of the write locks of loads from the L2 tiers.
@@ -252,6 +261,9 @@ type Stats struct {
 	LockCapRefusals   uint64 // reservations or read locks refused by a lock cap
 	OwnerLockCap      int64  // bytes one owner may hold locked
 	TotalLockCap      int64  // bytes all owners together may hold locked
+	// LookupReclaims counts the lookups' read-lock eras released so that a
+	// peer under its share of the lookups' cap could lock (lookupshare.go).
+	LookupReclaims uint64
 
 	// ResidentBytes is the rounded sizes of the objects not doomed;
 	// UsableBytes those of them a LOOKUP can reach: they start a prompt or
@@ -311,6 +323,10 @@ type Pool struct {
 	lastCapLog         int64 // unix ns of the last lock-cap log line
 	capSuppressed      uint64
 	readCapRefused     func(reason string) // called under mu
+	// lookupPeers is what each peer's lookups hold read-locked (an entry
+	// lives while the peer holds some), for their shares of the lookups'
+	// cap (lookupshare.go).
+	lookupPeers map[uint64]int64
 }
 
 // ownerCharge is the bytes of locks one owner holds.
@@ -370,7 +386,7 @@ func Open(opts Options) (*Pool, error) {
 		opts.ObserveMax = DefaultObserveMax
 	}
 	p := &Pool{now: opts.Now, log: opts.Logger, closeWait: opts.CloseWait, owners: make(map[Owner]uint32),
-		readCapRefused: opts.ReadCapRefused, obs: opts.Observer, observeMax: opts.ObserveMax}
+		lookupPeers: make(map[uint64]int64), readCapRefused: opts.ReadCapRefused, obs: opts.Observer, observeMax: opts.ObserveMax}
 	if err := p.setEviction(opts.Policy, opts.Watermark, opts.Ratio); err != nil {
 		return nil, err
 	}

@@ -72,6 +72,7 @@ type record struct {
 	owner                         uint32 // Pool.ownerSlots index charged for the lock
 	state                         uint8
 	doomed                        bool // cleared while locked: freed when the lock ends
+	shared                        bool // another peer's lookup added readers to this read-lock era
 	detached                      bool // abandoned reservation: out of the key index until freed
 	root                          bool // starts a prompt: usable without a parent
 	carried                       bool // a live write reservation adopted for ClaimWrites
@@ -258,6 +259,7 @@ func (p *Pool) charge(o Owner, bytes int64) uint32 {
 	p.lockedBytes += bytes
 	if o.Kind == OwnerLookup {
 		p.t.lookupBytes += bytes
+		p.lookupPeers[o.Peer] += bytes
 	}
 	return s
 }
@@ -269,6 +271,9 @@ func (p *Pool) uncharge(s uint32, bytes int64) {
 	sl := &p.ownerSlots[s]
 	if sl.owner.Kind == OwnerLookup {
 		p.t.lookupBytes -= bytes
+		if p.lookupPeers[sl.owner.Peer] -= bytes; p.lookupPeers[sl.owner.Peer] <= 0 {
+			delete(p.lookupPeers, sl.owner.Peer)
+		}
 	}
 	if sl.bytes -= bytes; sl.bytes <= 0 {
 		delete(p.owners, sl.owner)
@@ -295,11 +300,16 @@ func (p *Pool) lookupCap() int64 {
 	return p.ownerCap + (p.totalCap-p.ownerCap)/2
 }
 
+// capFits reports whether o may lock bytes more under every cap now.
+func (p *Pool) capFits(o Owner, bytes int64) bool {
+	lookupOK := o.Kind != OwnerLookup || p.t.lookupBytes+bytes <= p.lookupCap()
+	return p.ownerBytes(o)+bytes <= p.ownerCap && p.lockedBytes+bytes <= p.totalCap && lookupOK
+}
+
 // capRefusal reports whether o may not lock bytes more, and why; locks past
 // their TTL are expired before a refusal is decided.
 func (p *Pool) capRefusal(o Owner, bytes int64, now int64) error {
-	lookupOK := o.Kind != OwnerLookup || p.t.lookupBytes+bytes <= p.lookupCap()
-	if p.ownerBytes(o)+bytes <= p.ownerCap && p.lockedBytes+bytes <= p.totalCap && lookupOK {
+	if p.capFits(o, bytes) {
 		return nil
 	}
 	p.sweep(now)
@@ -366,7 +376,7 @@ func (p *Pool) unlock(i int32) {
 	}
 	delete(p.t.locked, i)
 	p.uncharge(r.owner, p.rounded(i))
-	r.lock, r.owner = 0, 0
+	r.lock, r.owner, r.shared = 0, 0, false
 	p.t.reheap(i)
 }
 
@@ -815,13 +825,15 @@ func (p *Pool) ReserveReadPrefix(ks []keys.ObjectKey, count int) int {
 	return n
 }
 
-// ReserveLookup is ReserveReadPrefix for the LOOKUP of one request: the
-// read-lock eras it starts are charged to that request (RequestOwner), so a
-// scheduler that looks several prompts up before retrieving them is capped
-// per prompt and by the total cap, not by one owner's share; refused says
-// that a lock cap, not a miss, stopped it.
-func (p *Pool) ReserveLookup(request string, ks []keys.ObjectKey, count int) (n int, refused bool) {
-	return p.reserveReadPrefix(RequestOwner(request), ks, count)
+// ReserveLookup is ReserveReadPrefix for the LOOKUP of one request of
+// peer (its ZMQ routing id): the read-lock eras it starts are charged to
+// that request (RequestOwner), so a scheduler that looks several prompts up
+// before retrieving them is capped per prompt and by the total cap, not by
+// one owner's share; and a peer under its share of the lookups' cap gets
+// room from peers past theirs (lookupshare.go). refused says that a lock
+// cap, not a miss, stopped it.
+func (p *Pool) ReserveLookup(peer, request string, ks []keys.ObjectKey, count int) (n int, refused bool) {
+	return p.reserveReadPrefix(RequestOwner(peer, request), ks, count)
 }
 
 func (p *Pool) reserveReadPrefix(owner Owner, ks []keys.ObjectKey, count int) (int, bool) {
@@ -831,6 +843,7 @@ func (p *Pool) reserveReadPrefix(owner Owner, ks []keys.ObjectKey, count int) (i
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	now := p.now().UnixNano()
+	reclaimed := false
 	for n, k := range ks {
 		i := p.lookup(k, now)
 		if i == nilRec || p.t.recs[i].state != stateReady || p.t.recs[i].doomed {
@@ -840,16 +853,25 @@ func (p *Pool) reserveReadPrefix(owner Owner, ks []keys.ObjectKey, count int) (i
 		r := &p.t.recs[i]
 		if !r.readLocked() {
 			// A new read-lock era, charged to the owner that starts it.
-			if err := p.capRefusal(owner, p.rounded(i), now); err != nil {
+			unit := p.rounded(i)
+			if !reclaimed && owner.Kind == OwnerLookup && !p.capFits(owner, unit) {
+				// Once a call: room for the rest of ks, taken from the
+				// peers past their share (lookupshare.go).
+				reclaimed = true
+				p.reclaimLookups(owner, int64(len(ks)-n)*unit, now)
+			}
+			if err := p.capRefusal(owner, unit, now); err != nil {
 				if p.logCap(err, now) && p.readCapRefused != nil {
 					p.readCapRefused(err.Error())
 				}
 				return n, true
 			}
-			r.owner = p.charge(owner, p.rounded(i))
+			r.owner = p.charge(owner, unit)
 			r.lock = p.newLock()
 			p.t.readLocked++
 			p.t.locked[i] = struct{}{}
+		} else if owner.Kind == OwnerLookup && p.ownerSlots[r.owner].owner.Peer != owner.Peer {
+			r.shared = true
 		}
 		r.readers = uint32(min(uint64(r.readers)+uint64(count), math.MaxUint32))
 		p.t.reheap(i) // a read-locked object is no eviction candidate

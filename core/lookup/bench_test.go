@@ -11,7 +11,7 @@ import (
 // hitStore finds every key, so a lookup's cost is the key path alone.
 type hitStore struct{}
 
-func (hitStore) ReserveLookup(_ string, ks []keys.ObjectKey, _ int) (int, bool) {
+func (hitStore) ReserveLookup(_, _ string, ks []keys.ObjectKey, _ int) (int, bool) {
 	return len(ks), false
 }
 func (hitStore) FinishRead([]keys.ObjectKey, int) {}

@@ -27,7 +27,7 @@ func (b *batchStore) note(n int) {
 	b.maxBatch = max(b.maxBatch, n)
 }
 
-func (b *batchStore) ReserveLookup(_ string, ks []keys.ObjectKey, count int) (int, bool) {
+func (b *batchStore) ReserveLookup(_, _ string, ks []keys.ObjectKey, count int) (int, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.note(len(ks))

@@ -28,10 +28,11 @@ import (
 
 // Store is the part of the L1 pool a lookup needs.
 type Store interface {
-	// ReserveLookup takes count read locks for request on each leading
-	// readable key, stopping at the first miss or lock-cap refusal, and
-	// returns how many keys it locked and whether a cap refused the next.
-	ReserveLookup(request string, ks []keys.ObjectKey, count int) (n int, refused bool)
+	// ReserveLookup takes count read locks for request of peer (its
+	// routing id: the lookups' cap is shared fairly between peers) on each
+	// leading readable key, stopping at the first miss or lock-cap refusal,
+	// and returns how many keys it locked and whether a cap refused the next.
+	ReserveLookup(peer, request string, ks []keys.ObjectKey, count int) (n int, refused bool)
 	// FinishRead releases count read locks on each key.
 	FinishRead(ks []keys.ObjectKey, count int)
 	// Touch refreshes the keys' recency for eviction.
@@ -287,7 +288,11 @@ func ValidateTPSize(tpSize int) error {
 // "still running" until then. An invalid key or tp_size records 0 too (so the status
 // query does not report a stale job) and returns the error; an invalid
 // request id records nothing.
-func (m *Module) Lookup(r keys.KeyRequest, tpSize int) error {
+func (m *Module) Lookup(r keys.KeyRequest, tpSize int) error { return m.LookupFrom("", r, tpSize) }
+
+// LookupFrom is Lookup for peer (the ZMQ routing id that sent it): its
+// read locks count against that peer's share of the lookups' lock cap.
+func (m *Module) LookupFrom(peer string, r keys.KeyRequest, tpSize int) error {
 	t := m.trafficOf(r.Model)
 	t.lookups.Add(1)
 	t.reqTokens.Add(int64(len(r.Tokens)))
@@ -324,7 +329,7 @@ func (m *Module) Lookup(r keys.KeyRequest, tpSize int) error {
 	}
 	t.reqChunks.Add(int64(ks.Chunks()))
 	count := 1 + ExtraCount(tpSize, r.WorldSize)
-	hit, refused := m.reservePrefix(r.RequestID, ks, count, t == &m.work)
+	hit, refused := m.reservePrefix(peer, r.RequestID, ks, count, t == &m.work)
 	t.hitChunks.Add(int64(hit))
 	t.hitTokens.Add(int64(hit * m.sessions.Hasher().ChunkSize()))
 	m.models.add(r.Model, r.WorldSize, 1, ks.Chunks(), hit, m.sessions.Hasher().ChunkSize())
@@ -401,14 +406,14 @@ func (m *Module) startTierPhase(r keys.KeyRequest, ks keys.KeySet, hit, count in
 	}()
 }
 
-// reservePrefix read-locks for request the leading chunks of ks that are
+// reservePrefix read-locks for request of peer the leading chunks of ks that are
 // readable on every rank, count locks per key, and returns how many chunks
 // it locked and whether a lock cap stopped it. It asks the store lockBatch
 // chunks at a time and stops at the first miss. With a what-if estimator it
 // goes on past the miss, a batch at a time, to show it the keys a larger
 // pool might have held (no more work than a lookup that hits throughout);
 // probe false (benchmark traffic) keeps the keys from the estimator.
-func (m *Module) reservePrefix(request string, ks keys.KeySet, count int, probe bool) (int, bool) {
+func (m *Module) reservePrefix(peer, request string, ks keys.KeySet, count int, probe bool) (int, bool) {
 	est := m.whatif
 	if !probe {
 		est = nil // a nil estimator is shown nothing
@@ -421,7 +426,7 @@ func (m *Module) reservePrefix(request string, ks keys.KeySet, count int, probe 
 	from := 0
 	for ; from < ks.Chunks(); from += batch {
 		buf = ks.Append(buf[:0], from, from+batch)
-		locked, capped := m.store.ReserveLookup(request, buf, count)
+		locked, capped := m.store.ReserveLookup(peer, request, buf, count)
 		n := min(max(locked, 0), len(buf))
 		refused = capped
 		full := n / per

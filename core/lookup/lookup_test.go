@@ -28,7 +28,7 @@ func newStore() *fakeStore {
 	return &fakeStore{present: map[keys.ObjectKey]bool{}, locks: map[keys.ObjectKey]int{}}
 }
 
-func (f *fakeStore) ReserveLookup(_ string, ks []keys.ObjectKey, count int) (int, bool) {
+func (f *fakeStore) ReserveLookup(_, _ string, ks []keys.ObjectKey, count int) (int, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.reserves++

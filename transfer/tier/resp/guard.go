@@ -216,6 +216,8 @@ type guardedConn struct {
 	mu   sync.Mutex
 	scan scanner
 	err  error
+	// refused is told once of the refusal (the tier counts it).
+	refused func()
 }
 
 func (g *guardedConn) Read(p []byte) (int, error) {
@@ -229,6 +231,9 @@ func (g *guardedConn) Read(p []byte) (int, error) {
 		if serr := g.scan.feed(p[:n]); serr != nil {
 			g.err = fmt.Errorf("resp connection to %s closed: %w", g.RemoteAddr(), serr)
 			g.Conn.Close()
+			if g.refused != nil {
+				g.refused()
+			}
 			return 0, g.err
 		}
 	}
@@ -300,5 +305,5 @@ func (t *Tier) dialClient(ctx context.Context, addr string, _ *net.Dialer, _ *tl
 	}
 	return &guardedConn{Conn: c, scan: scanner{lim: clientLimits, redirect: func(msg string) {
 		t.sawRedirect(addr, msg)
-	}}}, nil
+	}}, refused: func() { t.malformed.Add(1) }}, nil
 }

@@ -23,6 +23,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"sync"
@@ -121,7 +122,10 @@ type Tier struct {
 	refreshing atomic.Int32
 
 	readBytes, writeBytes atomic.Uint64
-	notify                atomic.Pointer[func(tierstate.Tier)]
+	// malformed counts the replies the guard refused (guard.go), the
+	// backend's Corrupt: each failed its call as a miss.
+	malformed atomic.Uint64
+	notify    atomic.Pointer[func(tierstate.Tier)]
 
 	// conns counts the connections open, the clients' and the tier's own,
 	// bounded by maxConns (dialConn).
@@ -586,13 +590,13 @@ func (t *Tier) detached(ctx context.Context, op string, small bool, f func(valke
 		// A context that never ends needs no watching.
 		defer release()
 		defer cancel()
-		return f(c, dctx)
+		return t.contained(op, c, dctx, f)
 	}
 	done := make(chan error, 1)
 	go func() {
 		defer release()
 		defer cancel()
-		done <- f(c, dctx)
+		done <- t.contained(op, c, dctx, f)
 	}()
 	select {
 	case err := <-done:
@@ -600,6 +604,34 @@ func (t *Tier) detached(ctx context.Context, op string, small bool, f func(valke
 	case <-ctx.Done():
 		return fmt.Errorf("resp tier %s: %s: %w", t.target, op, ctx.Err())
 	}
+}
+
+// contained runs f, turning a panic of the client library into the call's
+// error: the guard (guard.go) checks every reply before the client reads
+// it, and this is what stands if the client still fails on one. The
+// clients go (their connections may be mid-reply), the tier is down with
+// the reason and the probe dials fresh ones. A panic on the client's own
+// reader goroutine is out of reach here; the guard is what keeps it from
+// happening.
+func (t *Tier) contained(op string, c valkey.Client, ctx context.Context, f func(valkey.Client, context.Context) error) (err error) {
+	defer func() {
+		r := recover()
+		if r == nil {
+			return
+		}
+		reason := fmt.Sprintf("the client library failed on a reply: %v", r)
+		t.log.Error("resp tier: "+reason, "op", op, "stack", string(debug.Stack()))
+		t.mu.Lock()
+		old := t.client
+		t.client = nil
+		t.mu.Unlock()
+		if old != nil {
+			go old.close() // may wait on the broken connection's state
+		}
+		t.setState(tierstate.Down, reason)
+		err = fmt.Errorf("resp tier %s: %s: %s", t.target, op, reason)
+	}()
+	return f(c, ctx)
 }
 
 // serverKey is key_prefix + key. Redis Cluster hashes only the part between
@@ -630,6 +662,7 @@ func (t *Tier) Stats() tierstate.Tier {
 		Objects:       objects,
 		ReadBytes:     t.readBytes.Load(),
 		WriteBytes:    t.writeBytes.Load(),
+		Corrupt:       t.malformed.Load(),
 	}
 }
 
