@@ -77,10 +77,29 @@ func (p *Pool) lockedAt(offs []int64) map[int64]int32 {
 	return at
 }
 
-// EndClaims ends the claims: what was not claimed stays as it is until its
-// deadline, and the index of claimable records is freed.
+// EndClaims ends the claims: a carried reservation nobody claimed is then
+// abandoned as any reservation whose holder went away (doomed, out of the
+// key index, its bytes kept until its deadline: a worker may still write
+// into them), so a new store of its key is served at once; unclaimed
+// holds end at their deadline. The index of claimable records is freed.
 func (p *Pool) EndClaims() {
 	p.mu.Lock()
+	defer p.mu.Unlock()
+	for off, i := range p.claimable {
+		if int(i) >= len(p.t.recs) {
+			continue
+		}
+		r := &p.t.recs[i]
+		if r.off != off || !r.carried {
+			continue
+		}
+		r.carried = false
+		if r.state == stateWrite && !r.doomed {
+			p.t.detach(i)
+			r.doomed = true
+			p.t.doomed++
+			p.t.doomedBytes += p.rounded(i)
+		}
+	}
 	p.claimable = nil
-	p.mu.Unlock()
 }
