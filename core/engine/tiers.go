@@ -57,9 +57,13 @@ type tiers struct {
 	done chan struct{}
 }
 
+// Benchmark traffic (keys.IsBenchModel) never reaches a tier: its chunks
+// are not written behind (they would take the real workers' place there)
+// and its lookups load nothing from a tier into the pool.
+
 // Prefetch is lookup.Tiers over the current set.
 func (t *tiers) Prefetch(ctx context.Context, model string, ws int, ks []keys.ObjectKey, per, count int) int {
-	if s := t.current(); s != nil {
+	if s := t.current(); s != nil && !keys.IsBenchModel(model) {
 		return s.Prefetch(ctx, model, ws, ks, per, count)
 	}
 	return 0
@@ -67,7 +71,7 @@ func (t *tiers) Prefetch(ctx context.Context, model string, ws int, ks []keys.Ob
 
 // KnownAbsent is lookup.TiersKnownAbsent over the current set.
 func (t *tiers) KnownAbsent(model string, ws int, ks []keys.ObjectKey, per int) bool {
-	if s := t.current(); s != nil {
+	if s := t.current(); s != nil && !keys.IsBenchModel(model) {
 		return s.KnownAbsent(model, ws, ks, per)
 	}
 	return true
@@ -75,7 +79,7 @@ func (t *tiers) KnownAbsent(model string, ws int, ks []keys.ObjectKey, per int) 
 
 // Enqueue is nongpu's Published hook over the current set.
 func (t *tiers) Enqueue(ks []keys.ObjectKey, lay layout.Layout) {
-	if s := t.current(); s != nil {
+	if s := t.current(); s != nil && (len(ks) == 0 || !keys.IsBenchModel(ks[0].Model)) {
 		s.Enqueue(ks, lay)
 	}
 }
