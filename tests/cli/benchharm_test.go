@@ -158,6 +158,52 @@ func sameObjects(a, b map[string][32]byte) bool {
 	return true
 }
 
+// newRealWorker registers a worker of a real model (128 KiB chunks: 2 ×
+// 2 layers × 16 tokens × 1024 × 2 bytes) and stores prompts of chunks
+// chunks each, ending each request's session.
+func newRealWorker(t *testing.T, srv *harness.Server, prompts, chunks int) *realWorker {
+	t.Helper()
+	c, err := client.Dial(srv.Endpoint, harness.Profile(t, srv.Protocol), client.Options{Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	ctx := context.Background()
+	wk, err := worker.Register(ctx, c, worker.Config{InstanceID: 11, Model: "real-model", Layers: 2, Hidden: 1024, Dtype: "float16"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = wk.Close() })
+	rw := &realWorker{wk: wk, sched: worker.Scheduler{C: c, Poll: time.Millisecond, Patience: 10 * time.Second}, chunks: chunks}
+	size := int(wk.Layout().Bytes)
+	rw.data = func(p, ch int) []byte {
+		b := make([]byte, size)
+		for i := range b {
+			b[i] = byte(p*31 + ch*7 + i/4096)
+		}
+		return b
+	}
+	for p := range prompts {
+		toks := make([]uint32, rw.chunks*wk.ChunkTokens())
+		for i := range toks {
+			toks[i] = uint32(100000*p + i + 1)
+		}
+		rw.prompts = append(rw.prompts, toks)
+		data := make([][]byte, rw.chunks)
+		for ch := range data {
+			data[ch] = rw.data(p, ch)
+		}
+		id := fmt.Sprintf("real-%d", p)
+		if res, err := wk.Store(ctx, wk.Key(toks, rw.chunks, id), data); err != nil || !res.Committed {
+			t.Fatalf("store of prompt %d: %+v, %v", p, res, err)
+		}
+		if err := rw.sched.EndSession(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return rw
+}
+
 // TestHostileBenchLeavesALiveServerAsItWas: `kvdock bench` against a
 // server whose real worker fills its pool to ~47% leaves that worker's hit
 // chunks, the fs tier's files and the Redis tier's keys exactly as they
@@ -171,46 +217,7 @@ func TestHostileBenchLeavesALiveServerAsItWas(t *testing.T) {
 	respTier, _ := json.Marshal(map[string]any{"type": "resp", "host": "127.0.0.1", "port": r.Port})
 	srv := harness.Start(t, "--chunk-size", "16", "--l2-adapter", string(fsTier), "--l2-adapter", string(respTier))
 
-	c, err := client.Dial(srv.Endpoint, harness.Profile(t, srv.Protocol), client.Options{Timeout: 10 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	ctx := context.Background()
-	// 128 KiB chunks (2 × 2 layers × 16 tokens × 1024 × 2 bytes): 30
-	// prompts of 8 chunks, 30 MiB of the 64 MiB pool.
-	wk, err := worker.Register(ctx, c, worker.Config{InstanceID: 11, Model: "real-model", Layers: 2, Hidden: 1024, Dtype: "float16"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer wk.Close()
-	rw := &realWorker{wk: wk, sched: worker.Scheduler{C: c, Poll: time.Millisecond, Patience: 10 * time.Second}, chunks: 8}
-	size := int(wk.Layout().Bytes)
-	rw.data = func(p, ch int) []byte {
-		b := make([]byte, size)
-		for i := range b {
-			b[i] = byte(p*31 + ch*7 + i/4096)
-		}
-		return b
-	}
-	for p := range 30 {
-		toks := make([]uint32, rw.chunks*wk.ChunkTokens())
-		for i := range toks {
-			toks[i] = uint32(100000*p + i + 1)
-		}
-		rw.prompts = append(rw.prompts, toks)
-		chunks := make([][]byte, rw.chunks)
-		for ch := range chunks {
-			chunks[ch] = rw.data(p, ch)
-		}
-		id := fmt.Sprintf("real-%d", p)
-		if res, err := wk.Store(ctx, wk.Key(toks, rw.chunks, id), chunks); err != nil || !res.Committed {
-			t.Fatalf("store of prompt %d: %+v, %v", p, res, err)
-		}
-		if err := rw.sched.EndSession(ctx, id); err != nil {
-			t.Fatal(err)
-		}
-	}
+	rw := newRealWorker(t, srv, 30, 8)
 	want := 30 * rw.chunks
 	poll.Until(t, 30*time.Second, "both tiers hold the worker's chunks", func() bool {
 		d := liveStatus(t, srv.HTTPPort)
