@@ -7,8 +7,8 @@ import (
 	"github.com/charmbracelet/x/ansi"
 
 	"kvdock/core/hostmem"
-	"kvdock/core/tierstate"
 	"kvdock/core/misses"
+	"kvdock/core/tierstate"
 )
 
 func TestMissText(t *testing.T) {
