@@ -259,8 +259,12 @@ type Stats struct {
 	AbandonedWrites   uint64 // reservations doomed by Abandon (bytes kept until their TTL)
 	AbandonedReads    uint64 // read holds left in force by Abandon until their TTL
 	LockCapRefusals   uint64 // reservations or read locks refused by a lock cap
-	OwnerLockCap      int64  // bytes one owner may hold locked
-	TotalLockCap      int64  // bytes all owners together may hold locked
+	BenchRefusals     uint64 // benchmark batches refused for want of their own room (ErrBenchRoom)
+	// BenchBytes is the rounded sizes of benchmark models' objects
+	// (apart.go), included in UsedBytes.
+	BenchBytes   int64
+	OwnerLockCap int64 // bytes one owner may hold locked
+	TotalLockCap int64 // bytes all owners together may hold locked
 	// LookupReclaims counts the lookups' read-lock eras released so that a
 	// peer under its share of the lookups' cap could lock (lookupshare.go).
 	LookupReclaims uint64
@@ -523,7 +527,10 @@ func (p *Pool) Maintain() {
 		return
 	}
 	n := max(1, int(p.ratio*float64(p.t.len())))
-	got := 0
+	got := p.evictBenchBelowWatermark(now) // benchmark objects first (apart.go)
+	if got > 0 && float64(p.alloc.Size()-p.alloc.Free()) < p.watermark*float64(p.alloc.Size()) {
+		n = got
+	}
 	for got < n {
 		k := p.evictOne(now)
 		if k == 0 {
@@ -608,6 +615,7 @@ func (p *Pool) Stats() Stats {
 	s.Size = p.alloc.Size()
 	s.UsedBytes = p.alloc.Size() - p.alloc.Free()
 	s.LiveBytes = p.t.bytes
+	s.BenchBytes = p.t.benchBytes
 	s.ResidentBytes, s.UsableBytes = p.t.bytes-p.t.doomedBytes, p.t.usableBytes
 	s.LockedBytes = p.lockedBytes
 	s.Doomed, s.DoomedBytes = p.t.doomed, p.t.doomedBytes

@@ -59,7 +59,10 @@ type record struct {
 	deadline   int64  // unix ns: expiry of the write lock or of the read locks
 	lock       uint64 // id of the current write lock or read-lock era; 0 = none
 	prev, next int32  // LRU neighbours (prev towards MRU); next links free slots
-	stamp      uint64 // last use, for the prefix policy's heap (older first)
+	// bprev, bnext: neighbours in the benchmark's own LRU list (apart.go),
+	// for records of a benchmark model only.
+	bprev, bnext int32
+	stamp        uint64 // last use, for the prefix policy's heap (older first)
 	// The prefix tree (prefix.go): the record of the chunk before this one
 	// in its prompt (nilRec: none resident), the first of its resident
 	// children and its siblings; heap is its place in the heap of
@@ -91,6 +94,11 @@ type table struct {
 	nameRefs []uint32
 	nameFree []uint32
 	nameWS   []wsSet // world sizes each name holds objects for (see readable.go)
+	// nameBench marks the names of benchmark models (apart.go); bmru, blru
+	// end the benchmark records' LRU list, benchBytes is their rounded sizes.
+	nameBench  []bool
+	bmru, blru int32
+	benchBytes int64
 
 	writeLocked, readLocked int
 	// lookupBytes is what lookups hold read-locked, all requests together
@@ -110,6 +118,8 @@ func (t *table) init() {
 		freeRec: nilRec,
 		mru:     nilRec,
 		lru:     nilRec,
+		bmru:    nilRec,
+		blru:    nilRec,
 		locked:  make(map[int32]struct{}),
 		names:   make(map[nameKey]uint32),
 	}
@@ -136,11 +146,13 @@ func (t *table) add(k keys.ObjectKey, off, length, rounded int64) int32 {
 			n = t.nameFree[l-1]
 			t.nameFree = t.nameFree[:l-1]
 			t.nameList[n] = nk
+			t.nameBench[n] = keys.IsBenchModel(k.Model)
 		} else {
 			n = uint32(len(t.nameList))
 			t.nameList = append(t.nameList, nk)
 			t.nameRefs = append(t.nameRefs, 0)
 			t.nameWS = append(t.nameWS, wsSet{})
+			t.nameBench = append(t.nameBench, keys.IsBenchModel(k.Model))
 		}
 		t.names[nk] = n
 	}
@@ -156,11 +168,14 @@ func (t *table) add(k keys.ObjectKey, off, length, rounded int64) int32 {
 	}
 	id := ident{k.Chunk, n, k.KVRank, k.Group}
 	t.clock++
-	t.recs[i] = record{id: id, off: off, length: length, prev: nilRec, next: nilRec, state: stateReady, stamp: t.clock,
+	t.recs[i] = record{id: id, off: off, length: length, prev: nilRec, next: nilRec, bprev: nilRec, bnext: nilRec, state: stateReady, stamp: t.clock,
 		parent: nilRec, kid: nilRec, sibPrev: nilRec, sibNext: nilRec, heap: -1, peer: i}
 	t.index.insert(t.recs, i)
 	t.pushMRU(i)
 	t.bytes += rounded
+	if t.nameBench[n] {
+		t.benchBytes += rounded
+	}
 	return i
 }
 
@@ -173,6 +188,9 @@ func (t *table) remove(i int32, rounded int64) {
 		t.doomedBytes -= rounded
 	}
 	t.bytes -= rounded
+	if t.nameBench[r.id.name] {
+		t.benchBytes -= rounded
+	}
 	if r.detached {
 		t.detached--
 	} else {
@@ -210,6 +228,9 @@ func (t *table) pushMRU(i int32) {
 	if t.lru == nilRec {
 		t.lru = i
 	}
+	if t.nameBench[r.id.name] {
+		t.pushBenchMRU(i)
+	}
 }
 
 func (t *table) unlink(i int32) {
@@ -225,6 +246,9 @@ func (t *table) unlink(i int32) {
 		t.lru = r.prev
 	}
 	r.prev, r.next = nilRec, nilRec
+	if t.nameBench[r.id.name] {
+		t.unlinkBench(i)
+	}
 }
 
 func (t *table) touch(i int32) {
@@ -553,9 +577,18 @@ func (p *Pool) reserveWrite(owner Owner, prev, ks []keys.ObjectKey, size int64) 
 		return nil, err
 	}
 	offs := make([]int64, len(fresh))
-	if p.alloc.Free() < need || !p.allocAll(offs, size) {
+	if isBenchBatch(ks) {
+		// Benchmark traffic: its own room, its own evictions (apart.go).
+		p.sweep(now)
+		if err := p.benchRoom(offs, size, need, now); err != nil {
+			p.st.AllocFailures++
+			p.st.BenchRefusals++
+			p.refused(ks, fresh, unit)
+			return nil, err
+		}
+	} else if p.alloc.Free() < need || !p.allocAll(offs, size) {
 		p.sweep(now) // expired locks give space back before anything is evicted
-		if !p.allocAll(offs, size) && !p.evictAndAlloc(offs, size, now) {
+		if !p.allocAll(offs, size) && !p.evictBenchAndAlloc(offs, size, now) && !p.evictAndAlloc(offs, size, now) {
 			p.st.AllocFailures++
 			p.refused(ks, fresh, unit)
 			return nil, fmt.Errorf("%w: %d objects of %d bytes, %d bytes free", ErrNoSpace, len(fresh), size, p.alloc.Free())

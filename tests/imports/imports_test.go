@@ -47,6 +47,7 @@ var rules = []rule{
 	leaf("core/hostmem"),
 	leaf("core/gpu"),
 	leaf("core/logcap"),
+	leaf("core/portholder"),
 	leaf("core/series"),
 	leaf("core/tierstate"),
 	leaf("core/protocol"),

@@ -2,7 +2,6 @@ package ctl
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -25,6 +24,9 @@ import (
 func runClear(l *settings.Loaded, r wireRequest, f flagSet, env Env) int {
 	stderr := env.Stderr
 	cfg := l.Config
+	if *f.tier != "" {
+		return runClearTier(cfg, f, env)
+	}
 	viaHTTP := cfg.HTTP.Port != 0
 	target := "tcp://" + settings.DialAddr(cfg.Server.Host, cfg.Server.Port)
 	url := ""
@@ -73,27 +75,7 @@ func clearHTTP(url, token string, timeout time.Duration) (httpapi.ClearResult, e
 // postHTTP posts to one of kvdock's mutating endpoints as kvdock ctl, with
 // the token, and returns the status and (at most 64 KiB of) the body.
 func postHTTP(url, token string, timeout time.Duration) (int, []byte, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, nil)
-	if err != nil {
-		return 0, nil, err
-	}
-	req.Header.Set("User-Agent", httpapi.CtlAgent)
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	res, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return 0, nil, fmt.Errorf("kvdock's HTTP API does not answer at %s: %w\n"+
-			"(is kvdock running, with this --http-port?)", url, err)
-	}
-	defer res.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(res.Body, 64<<10))
-	if err != nil {
-		return 0, nil, fmt.Errorf("reading the answer of %s: %w", url, err)
-	}
-	return res.StatusCode, body, nil
+	return sendHTTP(http.MethodPost, url, token, timeout, 64<<10)
 }
 
 // httpFailure explains a non-200 answer (nil for 200): the token, or the

@@ -10,6 +10,7 @@ import (
 	"github.com/charmbracelet/x/ansi"
 
 	"kvdock/core/engine"
+	"kvdock/core/tierstate"
 	"kvdock/settings"
 )
 
@@ -132,10 +133,37 @@ func (c *programContext) summary(w int) string {
 	}
 	head := fmt.Sprintf("pool %s %.0f%% used", shm, pct)
 	tail := fmt.Sprintf(" · %s · %s", workers, gpu) + restartText(s.Restart)
+	// A tier that is down comes before the rest: lookups skip it and its
+	// writes are dropped, which the operator must see on every pane.
+	if down := tiersDownText(s.Tiers); down != "" {
+		tail = " · " + c.st.Bad.Render(down) + tail
+		if lipgloss.Width(head+tail) > w {
+			// Short forms rather than a cut word.
+			tail = " · " + c.st.Bad.Render(down) + fmt.Sprintf(" · %d ctx", registeredContexts(s.Contexts)) + restartText(s.Restart)
+		}
+	}
 	if usable := fmt.Sprintf(", %.1f%% usable", 100*s.Pool.UsableRatio()); lipgloss.Width(head+usable+tail) <= w {
 		head += usable
 	}
 	return head + tail
+}
+
+// tiersDownText names the L2 tiers that are down ("L2 tier 1 resp DOWN"),
+// "" when none is.
+func tiersDownText(tiers []tierstate.Tier) string {
+	var down []string
+	for _, t := range tiers {
+		if t.State == tierstate.Down {
+			down = append(down, fmt.Sprintf("%d %s", t.Index, t.Type))
+		}
+	}
+	switch len(down) {
+	case 0:
+		return ""
+	case 1:
+		return "L2 tier " + down[0] + " DOWN"
+	}
+	return "L2 tiers " + strings.Join(down, ", ") + " DOWN"
 }
 
 // restartText is the last restart for the summary line: what was adopted

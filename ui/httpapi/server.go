@@ -127,8 +127,11 @@ func New(eng Engine, opts Options) *Server {
 		"/unregister":  {method: http.MethodPost, mutating: true, serve: s.unregister},
 		"/reset-stats": {method: http.MethodPost, mutating: true, serve: s.resetStats},
 		"/restart":     {method: http.MethodPost, mutating: true, account: true, serve: s.restart},
+		"/l2/keys":     {method: http.MethodGet, serve: s.l2Keys},
+		// LMCache's name for a clear of chosen tiers (tiers.go).
+		"/cache/objects": {method: http.MethodDelete, mutating: true, serve: s.clearObjects},
 	}
-	for _, p := range []string{"/healthcheck", "/status", "/conf", "/metrics", "/clear-cache", "/unregister", "/reset-stats", "/restart"} {
+	for _, p := range []string{"/healthcheck", "/status", "/conf", "/metrics", "/clear-cache", "/unregister", "/reset-stats", "/restart", "/l2/keys", "/cache/objects"} {
 		s.routes["/api"+p] = s.routes[p]
 	}
 	s.handler = http.HandlerFunc(s.dispatch)
@@ -245,7 +248,7 @@ func (s *Server) dispatch(w http.ResponseWriter, r *http.Request) {
 
 	rt, ok := s.routes[r.URL.Path]
 	if !ok {
-		writeError(rw, http.StatusNotFound, fmt.Sprintf("no such endpoint %q; try /healthcheck, /status, /conf, /metrics, POST /clear-cache, POST /unregister, POST /reset-stats or POST /restart", r.URL.Path))
+		writeError(rw, http.StatusNotFound, fmt.Sprintf("no such endpoint %q; try /healthcheck, /status, /conf, /metrics, GET /l2/keys, POST /clear-cache, DELETE /cache/objects?tier=, POST /unregister, POST /reset-stats or POST /restart", r.URL.Path))
 		return
 	}
 	if r.Method != rt.method && !(rt.method == http.MethodGet && r.Method == http.MethodHead) {
@@ -345,7 +348,7 @@ func (s *Server) root(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{
 		"status":    "ok",
 		"service":   "kvdock HTTP API",
-		"endpoints": []string{"GET /healthcheck", "GET /status", "GET /conf", "GET /metrics", "POST /clear-cache", "POST /unregister?instance_id=N", "POST /reset-stats", "POST /restart"},
+		"endpoints": []string{"GET /healthcheck", "GET /status", "GET /conf", "GET /metrics", "GET /l2/keys?tier=&limit=", "POST /clear-cache", "DELETE /cache/objects?tier=l1|l2|all|N", "POST /unregister?instance_id=N", "POST /reset-stats", "POST /restart"},
 	})
 }
 

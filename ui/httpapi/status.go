@@ -189,6 +189,11 @@ type PoolStatus struct {
 	// shared (--shm-name ""), which a restart keeps; "" for shared or
 	// anonymous memory.
 	PrivateSegment string `json:"private_segment,omitempty"`
+	// bench_bytes is what benchmark traffic (kvdock bench's models) holds
+	// of used_bytes; it may use at most the room below the watermark the
+	// other models leave, and never evicts their chunks.
+	BenchBytes    int64  `json:"bench_bytes"`
+	BenchRefusals uint64 `json:"bench_refusals"`
 }
 
 // ContextStatus is one registered worker context: its layout, its transfer
@@ -549,6 +554,7 @@ func NewStatus(s engine.Snapshot) Status {
 		EvictionPolicy: p.Policy, TriggerWatermark: p.Watermark, EvictionRatio: p.Ratio,
 		WriteTTLSeconds: p.WriteTTL.Seconds(), ReadTTLSeconds: p.ReadTTL.Seconds(),
 		LiveBytes: p.LiveBytes, LockedBytes: p.LockedBytes, DoomedObjects: p.Doomed, DoomedBytes: p.DoomedBytes,
+		BenchBytes: p.BenchBytes, BenchRefusals: p.BenchRefusals,
 		LockOwners: p.LockOwners, Views: p.Views, WriteDoomed: p.WriteDoomed, StaleFinishes: p.StaleFinishes,
 		LockCapRefusals: p.LockCapRefusals, OwnerLockCapBytes: p.OwnerLockCap, TotalLockCapBytes: p.TotalLockCap,
 	}

@@ -279,6 +279,10 @@ func (t *Tier) dialRaw(ctx context.Context, addr string) (net.Conn, error) {
 	defer cancel()
 	c, err := d.DialContext(dctx, "tcp", addr)
 	if err != nil {
+		var op *net.OpError
+		if errors.As(err, &op) {
+			return nil, err // "dial tcp ADDR: …" says it already
+		}
 		return nil, fmt.Errorf("dial %s: %w", addr, err)
 	}
 	if t.opt.TLSConfig == nil {
@@ -306,4 +310,13 @@ func (t *Tier) dialClient(ctx context.Context, addr string, _ *net.Dialer, _ *tl
 	return &guardedConn{Conn: c, scan: scanner{lim: clientLimits, redirect: func(msg string) {
 		t.sawRedirect(addr, msg)
 	}}, refused: func() { t.malformed.Add(1) }}, nil
+}
+
+// pingFailed is a PING of the node at addr that failed, the address said
+// once: an error of the dial already names it.
+func pingFailed(addr string, err error) error {
+	if strings.Contains(err.Error(), addr) {
+		return fmt.Errorf("ping: %w", err)
+	}
+	return fmt.Errorf("ping %s: %w", addr, err)
 }

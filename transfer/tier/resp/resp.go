@@ -924,7 +924,7 @@ func (t *Tier) healthPing() <-chan error {
 		defer cancel()
 		for addr, node := range c.small.Nodes() {
 			if err := node.Do(ctx, node.B().Ping().Build()).Error(); err != nil {
-				out <- fmt.Errorf("ping %s: %w", addr, err)
+				out <- pingFailed(addr, err)
 				return
 			}
 		}
@@ -971,12 +971,12 @@ func (t *Tier) probe() error {
 	// Both clients' connections must answer: either may be the one that broke.
 	for addr, node := range c.small.Nodes() {
 		if err := node.Do(ctx, node.B().Ping().Build()).Error(); err != nil {
-			return fmt.Errorf("ping %s: %w", addr, err)
+			return pingFailed(addr, err)
 		}
 	}
 	for addr, node := range c.bulk.Nodes() {
 		if err := node.Do(ctx, node.B().Ping().Build()).Error(); err != nil {
-			return fmt.Errorf("ping %s: %w", addr, err)
+			return pingFailed(addr, err)
 		}
 		if !t.cfg.Cluster {
 			continue
