@@ -55,7 +55,7 @@ var rules = []rule{
 	leaf("core/whatif", "core/keys"),
 	leaf("core/workers", "core/layout"),
 	leaf("core/lookup", "core/keys", "core/layout", "core/misses", "core/whatif"),
-	leaf("core/restart", "core/keys", "core/l1", "core/protocol"),
+	leaf("core/restart", "core/keys", "core/l1", "core/protocol", "core/misses", "core/series"),
 	leaf("core/rpc/...", "core/protocol", "core/rpc/..."),
 	{pkg: "core/testkit/...", only: []string{"settings", "assets", "core/testkit/...", "core/keys", "core/layout", "core/l1/...", "core/protocol"},
 		why: "test kits build on the leaves they help test (keys, layouts, a pool, a profile), never on the engine, the transfer modules or the faces"},
