@@ -31,7 +31,7 @@ func stormRestarts(t *testing.T) int {
 // come within 2 s, upstream's mq_timeout; a pickle store that answers
 // false or nothing; each its own DEALERs, one request at a time), loop
 // store → LOOKUP → retrieve without pause while kvdock restarts 50 times,
-// SIGUSR2 and SIGTERM + the same command line in turn, 0.8 s apart. No
+// SIGUSR2 and SIGTERM + the same command line in turn, 0.5 s apart. No
 // worker registers again. In SHM mode and in pickle mode (the seed's own
 // --shm-name ""): no request times out (an exception in the engine), none
 // is refused, no committed prompt misses, no byte differs, every prompt
@@ -74,7 +74,7 @@ func TestRestartStormUpstreamWorkers(t *testing.T) {
 			var slowest time.Duration
 			var parked, late, carried int64
 			for i := range n {
-				time.Sleep(800 * time.Millisecond)
+				time.Sleep(500 * time.Millisecond)
 				var took time.Duration
 				if i%2 == 0 {
 					took = srv.RestartSignal(t)
@@ -88,7 +88,7 @@ func TestRestartStormUpstreamWorkers(t *testing.T) {
 				}
 				parked, late, carried = parked+rs.HandoverParked, late+rs.HandoverLost, carried+rs.Transfers
 			}
-			time.Sleep(800 * time.Millisecond)
+			time.Sleep(500 * time.Millisecond)
 			var total restartReport
 			for i, w := range ws {
 				r := w.ask("stop")
