@@ -285,7 +285,7 @@ func (l *loop) handing() bool {
 
 // lateWait is how long the end reads what still arrives on the shut
 // connections: a request a worker sent before its libzmq saw the end.
-const lateWait = 5 * time.Millisecond
+const lateWait = 20 * time.Millisecond
 
 // lateRequests reads, counts and logs the requests that arrived after the
 // last answers (they cannot be answered: the write sides are shut, and the
