@@ -189,22 +189,39 @@ func TestHostileAutoDecidedFlood(t *testing.T) {
 	}
 }
 
-// TestHostilePickleRestartKeepsRegistrations: with --shm-name "" (the
-// seed's pickle mode) the pool is private memory and cannot be kept, but
-// the registrations need no segment: after SIGUSR2 and after SIGTERM + the
+// TestHostilePickleRestartKeepsRegistrations: the registrations of pickle
+// workers need no segment. With --shm-name "" (the seed's pickle mode) the
+// pool lives in a private segment and is adopted with them; with a lazy
+// pool (anonymous memory, which cannot be kept) the record carries the
+// registrations alone. Either way, after SIGUSR2 and after SIGTERM + the
 // same command line a seed-era pickle worker, which never registers
 // again, stores and reads back under its registration.
 func TestHostilePickleRestartKeepsRegistrations(t *testing.T) {
-	srv := harness.Start(t, "--chunk-size", "16", "--shm-name", "", "--l1-keep-on-exit",
-		"--state-dir", filepath.Join(t.TempDir(), "state"))
+	for _, tc := range []struct {
+		name    string
+		flags   []string
+		adopted bool
+	}{
+		{"private segment", nil, true},
+		{"lazy pool", []string{"--l1-use-lazy"}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append([]string{"--chunk-size", "16", "--shm-name", "", "--l1-keep-on-exit",
+				"--state-dir", filepath.Join(t.TempDir(), "state")}, tc.flags...)
+			pickleRestartKeepsRegistrations(t, harness.Start(t, args...), tc.adopted)
+		})
+	}
+}
+
+func pickleRestartKeepsRegistrations(t *testing.T, srv *harness.Server, adopted bool) {
 	w := newWorker(t, srv.Dial(t, srv.Protocol), 740, "pickle-restart", true)
 	for i, restart := range []func(testing.TB) time.Duration{srv.RestartSignal, srv.RestartTerm} {
 		seq := 740 + i
 		toks, data := tokensFor(seq, 2, w.chunk), seqData(seq, 2, w.chunkBytes)
 		restart(t)
 		rs := srv.LastRestart(t)
-		if rs.Adopted || rs.AdoptedContexts != 1 {
-			t.Fatalf("restart %d: %+v, want a cold pool with 1 registration restored", i, rs)
+		if rs.Adopted != adopted || rs.AdoptedContexts != 1 {
+			t.Fatalf("restart %d: %+v, want adopted %v with 1 registration restored", i, rs, adopted)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		r, err := w.store(ctx, toks, data, "after-restart")
