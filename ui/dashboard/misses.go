@@ -80,5 +80,7 @@ func (pc *programContext) contextMissLine(model string, worldSize int, w int) st
 	if !ok {
 		return label + "none (no lookup of this model and world size missed)"
 	}
-	return label + missText(c.Missed, w-len(label))
+	// The LOOKUPs name a model, not an instance: the figures are the
+	// model's, which the line says.
+	return label + "(model) " + missText(c.Missed, w-len(label)-8)
 }
