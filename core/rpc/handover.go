@@ -225,7 +225,7 @@ func (l *loop) handing() bool {
 	now := time.Now()
 	running := l.s.stats.inFlight.Load() - int64(len(l.ho.parked))
 	if !l.ho.noRead {
-		running += l.s.later.Load()
+		running += l.s.later.Load() + l.s.replying.Load()
 		quiet := now.Sub(l.lastRead) >= h.Quiet && running == 0 && !l.thinking(now) && (h.Busy == nil || !h.Busy())
 		if !quiet && now.Sub(l.ho.start) < h.Max && len(l.ho.parked) < maxParked {
 			return true
@@ -260,7 +260,7 @@ func (l *loop) handing() bool {
 	}
 	l.flush() // take the workers' replies (a deferred answer's among them)
 	if now.Sub(l.ho.answerStart) < h.Linger &&
-		(l.s.stats.inFlight.Load() > 0 || l.s.later.Load() > 0 || l.s.repliesQueued()) {
+		(l.s.stats.inFlight.Load() > 0 || l.s.replying.Load() > 0 || l.s.later.Load() > 0 || l.s.repliesQueued()) {
 		return true
 	}
 	// Every answer is made: out they go, together, while libzmq takes them

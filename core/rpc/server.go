@@ -302,6 +302,7 @@ type Server struct {
 	draining     atomic.Bool // set once reading stopped: queued jobs are dropped
 	handover     atomic.Pointer[Handover]
 	later        atomic.Int64  // deferred answers not made yet
+	replying     atomic.Int64  // workers between a handler's end and its reply's queueing
 	abandon      chan struct{} // closed when a Shutdown's ctx ended: stop draining
 	abandonOnce  sync.Once
 	stopMu       sync.Mutex
@@ -851,9 +852,14 @@ func (s *Server) worker(ctx context.Context, jobs <-chan job, wg *sync.WaitGroup
 			j.held.release()
 			continue
 		}
+		// replying covers the time between the handler's end (execute
+		// counts it out of inFlight) and its reply's queueing, so a
+		// handover never ends between the two.
+		s.replying.Add(1)
 		if r, ok := s.execute(ctx, j); ok {
 			s.reply(r)
 		}
+		s.replying.Add(-1)
 		// The handler is done with the payload's frames (its []byte args).
 		j.held.release()
 		s.in.release(j.peer, j.cost)
