@@ -173,7 +173,7 @@ type body struct {
 	Size       int64      `json:"size"`
 	Align      int64      `json:"align"`
 	Names      []name     `json:"names"`
-	Objects    []object   `json:"objects"`
+	Objects    objectList `json:"objects"`
 	Regs       []regWire  `json:"registrations"`
 	Lookups    []lookup   `json:"lookups,omitempty"`
 	Transfers  []transfer `json:"transfers,omitempty"`
@@ -302,7 +302,7 @@ func Encode(r Record) ([]byte, error) {
 			Size: r.Pool.Segment.Size, UID: r.Pool.Segment.UID},
 		Size: r.Pool.Size, Align: r.Pool.Align,
 		Names:   []name{},
-		Objects: make([]object, 0, len(r.Pool.Objects)),
+		Objects: make(objectList, 0, len(r.Pool.Objects)),
 		Regs:    make([]regWire, 0, len(r.Registrations)),
 	}
 	idx := map[name]int{}
@@ -332,7 +332,7 @@ func Encode(r Record) ([]byte, error) {
 		return nil, fmt.Errorf("restart: encode record: %w", err)
 	}
 	b.Stats = st
-	js, err := json.Marshal(b)
+	js, err := marshalBody(b)
 	if err != nil {
 		return nil, fmt.Errorf("restart: encode record: %w", err)
 	}

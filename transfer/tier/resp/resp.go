@@ -54,9 +54,16 @@ const (
 	// tier is marked down: a server that long silent misses every
 	// lookup's load timeout anyway.
 	pingPatience = 3 * time.Second
-	backoffMin   = 50 * time.Millisecond
-	backoffMax   = 5 * time.Second
-	hasBatch     = 128 // EXISTS per pipeline round trip
+	// closeWait bounds how long Close waits for the clients to close:
+	// valkey-go ends each connection with a PING it waits a second for, so
+	// a server that stopped answering would hold a stop (a restart) a
+	// second per connection. Past it the close finishes in the background;
+	// no call that reads the caller's memory is left by then (Put runs to
+	// its end, PutParts goes through streams, closed first).
+	closeWait  = 200 * time.Millisecond
+	backoffMin = 50 * time.Millisecond
+	backoffMax = 5 * time.Second
+	hasBatch   = 128 // EXISTS per pipeline round trip
 	// maxValueBytes is the largest value written: Redis's and Valkey's
 	// default proto-max-bulk-len (512 MB).
 	maxValueBytes = 512 << 20
@@ -259,9 +266,12 @@ type clients struct {
 	bulk, small valkey.Client
 }
 
+// close closes both clients at once: each may wait on a silent server.
 func (c *clients) close() {
-	c.bulk.Close()
+	var wg sync.WaitGroup
+	wg.Go(c.bulk.Close)
 	c.small.Close()
+	wg.Wait()
 }
 
 // dial makes the clients, giving up when ctx ends (the client's own dial
@@ -683,12 +693,21 @@ func (t *Tier) Close() error {
 	c := t.client
 	t.client = nil
 	t.mu.Unlock()
-	if c != nil {
-		c.close()
+	closed := make(chan struct{})
+	go func() {
+		if c != nil {
+			c.close()
+		}
+		// After the client: closing it ends a refresh that a server does
+		// not answer, which the cancelled context alone does not.
+		t.refreshes.Wait()
+		close(closed)
+	}()
+	select {
+	case <-closed:
+	case <-time.After(closeWait):
+		t.log.Warn("resp tier: its server does not answer; the client's connections close in the background", "waited", closeWait)
 	}
-	// After the client: closing it ends a refresh that a server does not
-	// answer, which the cancelled context alone does not.
-	t.refreshes.Wait()
 	return nil
 }
 
@@ -951,6 +970,15 @@ func (t *Tier) healthAnswered(err error) {
 func (t *Tier) probe() error {
 	ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
 	defer cancel()
+	// Close waits for the monitor: it does not wait out a probe of a
+	// server that does not answer.
+	go func() {
+		select {
+		case <-t.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
 	t.mu.Lock()
 	c := t.client
 	t.mu.Unlock()
