@@ -1,0 +1,224 @@
+package kvevents
+
+import (
+	"testing"
+
+	"github.com/vmihailenco/msgpack/v5"
+
+	"kvdock/core/keys"
+)
+
+const cs = 4
+
+// router is a subscriber's index as llm-d keeps it: a stored block whose
+// parent it does not know is dropped; it also checks the rules of the stream.
+type router struct {
+	t     *testing.T
+	known map[uint64]bool
+}
+
+func (r *router) apply(b Batch) {
+	r.t.Helper()
+	var raw []any
+	if err := msgpack.Unmarshal(b.Payload, &raw); err != nil || len(raw) != 3 {
+		r.t.Fatalf("batch %d: %v (%d fields)", b.Seq, err, len(raw))
+	}
+	for _, e := range raw[1].([]any) {
+		m := e.(map[string]any)
+		var hs []uint64
+		for _, h := range m["block_hashes"].([]any) {
+			hs = append(hs, toU64(h))
+		}
+		switch m["type"] {
+		case "BlockStored":
+			if p := m["parent_block_hash"]; p != nil && !r.known[toU64(p)] {
+				r.t.Fatalf("batch %d: child %x before its parent %x", b.Seq, hs[0], toU64(p))
+			}
+			if n := len(m["token_ids"].([]any)); n != len(hs)*cs {
+				r.t.Fatalf("batch %d: %d tokens for %d blocks", b.Seq, n, len(hs))
+			}
+			for _, h := range hs {
+				if r.known[h] {
+					r.t.Fatalf("batch %d: %x announced twice", b.Seq, h)
+				}
+				r.known[h] = true
+			}
+		case "BlockRemoved":
+			for _, h := range hs {
+				if !r.known[h] {
+					r.t.Fatalf("batch %d: removal of %x, not announced", b.Seq, h)
+				}
+				delete(r.known, h)
+			}
+		default:
+			r.t.Fatalf("batch %d: event %v", b.Seq, m["type"])
+		}
+	}
+}
+
+func toU64(v any) uint64 {
+	switch x := v.(type) {
+	case uint64:
+		return x
+	case int64:
+		return uint64(x)
+	case uint8:
+		return uint64(x)
+	case int8:
+		return uint64(x)
+	case uint16:
+		return uint64(x)
+	case uint32:
+		return uint64(x)
+	case int16:
+		return uint64(x)
+	case int32:
+		return uint64(x)
+	}
+	panic(v)
+}
+
+func hashOf(i byte) keys.Hash { var h keys.Hash; h[31], h[0] = i, i; return h }
+
+// store stores chunks first..last of a prompt (hash i = hashOf(i), chained)
+// for ranks objects each, committing every rank's keys in one commit.
+func store(tr *Tracker, model string, ranks int, first, last byte) {
+	var c Commit
+	c.Model, c.Objects = model, ranks
+	if first > 1 {
+		c.Parent, c.HasParent = hashOf(first-1), true
+	}
+	for i := first; i <= last; i++ {
+		c.Hashes = append(c.Hashes, hashOf(i))
+		c.Tokens = append(c.Tokens, uint32(i), uint32(i), uint32(i), uint32(i))
+		for r := range ranks {
+			k := keys.ObjectKey{Chunk: hashOf(i), Model: model, KVRank: uint32(r)}
+			tr.Stored(&k)
+			c.Keys = append(c.Keys, k)
+		}
+	}
+	tr.Commit(c)
+}
+
+func lose(tr *Tracker, model string, rank uint32, i byte) {
+	k := keys.ObjectKey{Chunk: hashOf(i), Model: model, KVRank: rank}
+	tr.Lost(&k)
+}
+
+func TestTrackerRules(t *testing.T) {
+	tr := New(Options{BlockSize: cs})
+	r := &router{t: t, known: map[uint64]bool{}}
+	flush := func() {
+		for _, b := range tr.Flush() {
+			r.apply(b)
+		}
+	}
+	want := func(hs ...byte) {
+		t.Helper()
+		flush()
+		if len(r.known) != len(hs) {
+			t.Fatalf("router knows %d blocks, want %v", len(r.known), hs)
+		}
+		for _, h := range hs {
+			if !r.known[WireHash(hashOf(h))] {
+				t.Fatalf("router lacks %d; want %v", h, hs)
+			}
+		}
+	}
+	store(tr, "m", 1, 1, 3)
+	want(1, 2, 3)
+	lose(tr, "m", 0, 2) // an eviction in the middle removes the descendants
+	want(1)
+	store(tr, "m", 1, 5, 6) // parent 4 missing: held back
+	want(1)
+	store(tr, "m", 1, 4, 4) // still held: 2 is gone
+	want(1)
+	if s := tr.Stats(); s.Held != 4 || s.Announced != 1 {
+		t.Fatalf("stats %+v", s)
+	}
+	store(tr, "m", 1, 2, 3) // the parents return: all announced
+	want(1, 2, 3, 4, 5, 6)
+	// Several ranks: announced when the last commits, removed when the first goes.
+	store(tr, "m", 1, 7, 7)
+	want(1, 2, 3, 4, 5, 6, 7)
+	tr.Cleared()
+	want()
+	store(tr, "w", 2, 1, 1)
+	want(1)
+	lose(tr, "w", 1, 1)
+	want()
+	lose(tr, "w", 0, 1) // the second rank's loss: no second removal
+	want()
+	// A commit whose objects were lost first announces nothing.
+	k := keys.ObjectKey{Chunk: hashOf(9), Model: "m"}
+	tr.Stored(&k)
+	tr.Lost(&k)
+	tr.Commit(Commit{Model: "m", Objects: 1, Hashes: []keys.Hash{hashOf(9)}, Tokens: make([]uint32, cs), Keys: []keys.ObjectKey{k}})
+	want()
+	// Bench traffic is not announced.
+	store(tr, keys.BenchModelPrefix+"x", 1, 1, 2)
+	want()
+	if s := tr.Stats(); s.Batches == 0 || s.NextSeq != s.Batches {
+		t.Fatalf("stats %+v", s)
+	}
+}
+
+func TestTrackerRanksWaitForAll(t *testing.T) {
+	tr := New(Options{BlockSize: cs})
+	k0 := keys.ObjectKey{Chunk: hashOf(1), Model: "m", KVRank: 0}
+	k1 := keys.ObjectKey{Chunk: hashOf(1), Model: "m", KVRank: 1}
+	tr.Stored(&k0)
+	tr.Stored(&k1)
+	c := Commit{Model: "m", Objects: 2, Hashes: []keys.Hash{hashOf(1)}, Tokens: make([]uint32, cs), Keys: []keys.ObjectKey{k0}}
+	tr.Commit(c)
+	if bs := tr.Flush(); len(bs) != 0 {
+		t.Fatalf("announced with one rank of two: %d batches", len(bs))
+	}
+	c.Keys = []keys.ObjectKey{k1}
+	tr.Commit(c)
+	if bs := tr.Flush(); len(bs) != 1 || bs[0].Seq != 0 {
+		t.Fatalf("batches %+v", bs)
+	}
+}
+
+func TestTrackerReplayBounded(t *testing.T) {
+	tr := New(Options{BlockSize: cs, BufferSteps: 3})
+	for i := byte(1); i <= 5; i++ {
+		store(tr, "m", 1, i, i)
+		tr.Flush()
+	}
+	bs := tr.Since(0)
+	if len(bs) != 3 || bs[0].Seq != 2 || bs[2].Seq != 4 {
+		t.Fatalf("replay %+v", bs)
+	}
+	if bs := tr.Since(4); len(bs) != 1 || bs[0].Seq != 4 {
+		t.Fatalf("replay from 4: %+v", bs)
+	}
+}
+
+func TestTrackerQueueBounded(t *testing.T) {
+	tr := New(Options{BlockSize: cs, MaxQueued: 2})
+	store(tr, "a", 1, 1, 1)
+	store(tr, "b", 1, 1, 1)
+	store(tr, "c", 1, 1, 1)
+	if s := tr.Stats(); s.Dropped != 1 || s.Queued != 2 {
+		t.Fatalf("stats %+v", s)
+	}
+}
+
+func TestEncodeArrayForm(t *testing.T) {
+	p := encodeBatch(1.5, []Event{{Stored: true, Hashes: []uint64{1 << 63}, Tokens: []uint32{1, 2}}, {Hashes: []uint64{7}}}, 2, "CPU", true, 0)
+	var raw []any
+	if err := msgpack.Unmarshal(p, &raw); err != nil {
+		t.Fatal(err)
+	}
+	evs := raw[1].([]any)
+	st := evs[0].([]any)
+	if len(st) != 8 || st[0] != "BlockStored" || toU64(st[1].([]any)[0]) != 1<<63 || st[2] != nil || st[6] != "CPU" {
+		t.Fatalf("stored %v", st)
+	}
+	rm := evs[1].([]any)
+	if len(rm) != 3 || rm[0] != "BlockRemoved" || rm[2] != "CPU" {
+		t.Fatalf("removed %v", rm)
+	}
+}
