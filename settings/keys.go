@@ -372,14 +372,14 @@ func table() []keyDef {
 				}
 				return ""
 			}},
-		{key: "kv_events.endpoint", flag: "kv-events-endpoint", class: Restart,
+		{key: "kv_events.endpoint", flag: "kv-events-endpoint", class: NextStart,
 			help:  "ZMQ PUB endpoint of vLLM's KV event stream for routers, tcp://HOST:PORT (empty = off)",
 			field: func(c *Config) any { return &c.KVEvents.Endpoint },
 			check: func(c Config) string { return zmqEndpoint(c.KVEvents.Endpoint) }},
-		{key: "kv_events.connect", flag: "kv-events-connect", class: Restart,
+		{key: "kv_events.connect", flag: "kv-events-connect", class: NextStart,
 			help:  "connect the KV event PUB to the endpoint (a router's bound SUB) instead of binding it",
 			field: func(c *Config) any { return &c.KVEvents.Connect }},
-		{key: "kv_events.replay_endpoint", flag: "kv-events-replay-endpoint", class: Restart,
+		{key: "kv_events.replay_endpoint", flag: "kv-events-replay-endpoint", class: NextStart,
 			help:  "ZMQ ROUTER endpoint kvdock binds to replay buffered KV event batches (empty = none)",
 			field: func(c *Config) any { return &c.KVEvents.ReplayEndpoint },
 			check: func(c Config) string {
@@ -391,15 +391,15 @@ func table() []keyDef {
 				}
 				return zmqEndpoint(c.KVEvents.ReplayEndpoint)
 			}},
-		{key: "kv_events.replay_format", flag: "kv-events-replay-format", class: Restart,
+		{key: "kv_events.replay_format", flag: "kv-events-replay-format", class: NextStart,
 			help:    "replay frames: current (vLLM >= 0.26, topic frame) or legacy",
 			field:   func(c *Config) any { return &c.KVEvents.ReplayFormat },
 			choices: []string{"current", "legacy"}},
-		{key: "kv_events.encoding", flag: "kv-events-encoding", class: Restart,
+		{key: "kv_events.encoding", flag: "kv-events-encoding", class: NextStart,
 			help:    "KV event encoding: map (tagged maps: vLLM >= 0.26, llm-d, Dynamo) or array (positional)",
 			field:   func(c *Config) any { return &c.KVEvents.Encoding },
 			choices: []string{"map", "array"}},
-		{key: "kv_events.pod", flag: "kv-events-pod", class: Restart,
+		{key: "kv_events.pod", flag: "kv-events-pod", class: NextStart,
 			help:  "pod name in the KV event topic kv@<pod>@<model> (empty = the host name)",
 			field: func(c *Config) any { return &c.KVEvents.Pod },
 			check: func(c Config) string {
@@ -408,11 +408,11 @@ func table() []keyDef {
 				}
 				return ""
 			}},
-		{key: "kv_events.buffer_steps", flag: "kv-events-buffer-steps", class: Restart,
+		{key: "kv_events.buffer_steps", flag: "kv-events-buffer-steps", class: NextStart,
 			help:  "KV event batches kept for replay",
 			field: func(c *Config) any { return &c.KVEvents.BufferSteps },
 			check: func(c Config) string { return intRange(c.KVEvents.BufferSteps, 1, 1000000) }},
-		{key: "kv_events.medium_l1", flag: "kv-events-medium-l1", class: Restart,
+		{key: "kv_events.medium_l1", flag: "kv-events-medium-l1", class: NextStart,
 			help:  "medium of the L1 pool's KV events",
 			field: func(c *Config) any { return &c.KVEvents.MediumL1 },
 			check: func(c Config) string {
