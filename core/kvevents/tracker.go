@@ -202,6 +202,10 @@ func (t *Tracker) Stored(k *keys.ObjectKey) {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.storedLocked(k)
+}
+
+func (t *Tracker) storedLocked(k *keys.ObjectKey) {
 	ek := keyOf(k)
 	n := t.nodes[ek]
 	if n == nil {
@@ -210,7 +214,10 @@ func (t *Tracker) Stored(k *keys.ObjectKey) {
 	}
 	for i := range n.objs {
 		if n.objs[i].rank == k.KVRank && n.objs[i].group == k.Group {
-			n.objs[i].committed = false // a new store of a key the pool had lost
+			// The pool reports every object lost before it stores its key
+			// again; should it not, the old object is taken as lost.
+			t.lostLocked(ek, n, k)
+			t.storedLocked(k)
 			return
 		}
 	}
@@ -226,18 +233,24 @@ func (t *Tracker) Lost(k *keys.ObjectKey) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	ek := keyOf(k)
-	n := t.nodes[ek]
-	if n == nil {
-		return
+	if n := t.nodes[ek]; n != nil {
+		t.lostLocked(ek, n, k)
 	}
+}
+
+func (t *Tracker) lostLocked(ek ekey, n *node, k *keys.ObjectKey) {
+	was := n.whole()
 	for i := range n.objs {
 		if n.objs[i].rank == k.KVRank && n.objs[i].group == k.Group {
 			n.objs = append(n.objs[:i], n.objs[i+1:]...)
 			break
 		}
 	}
-	if n.announced && !n.whole() {
-		t.unannounce(ek)
+	if was && !n.whole() {
+		if n.announced {
+			t.unannounce(ek)
+		}
+		t.st.Held-- // unannounce counted it held: it is not whole
 	}
 	if len(n.objs) == 0 {
 		t.drop(ek, n)
@@ -260,6 +273,7 @@ func (t *Tracker) Cleared() {
 	}
 	t.nodes = map[ekey]*node{}
 	t.kids = map[ekey][]keys.Hash{}
+	t.st.Announced, t.st.Held = 0, 0
 }
 
 // Commit notes a committed store batch, announcing every chunk it made
@@ -287,7 +301,7 @@ func (t *Tracker) Commit(c Commit) {
 		if n == nil {
 			continue // lost before its commit was told: nothing to announce
 		}
-		found := false
+		found, was := false, n.whole()
 		for j := range n.objs {
 			if n.objs[j].rank == k.KVRank && n.objs[j].group == k.Group {
 				n.objs[j].committed, found = true, true
@@ -309,6 +323,9 @@ func (t *Tracker) Commit(c Commit) {
 				pk := ekey{model: c.Model, salt: c.Salt, h: n.parent}
 				t.kids[pk] = append(t.kids[pk], k.Chunk)
 			}
+		}
+		if !was && n.whole() {
+			t.st.Held++ // until tryAnnounce announces it
 		}
 		touched[i] = true
 	}
@@ -344,6 +361,8 @@ func (t *Tracker) tryAnnounce(ek ekey) {
 			continue
 		}
 		n.announced = true
+		t.st.Announced++
+		t.st.Held--
 		w := wkey{model: e.model, h: WireHash(e.h)}
 		t.wire[w]++
 		if t.wire[w] == 1 {
@@ -366,6 +385,8 @@ func (t *Tracker) unannounce(ek ekey) {
 			continue
 		}
 		n.announced = false
+		t.st.Announced--
+		t.st.Held++ // whole still; lostLocked corrects the chunk that was not
 		t.unwire(e)
 		for _, c := range t.kids[e] {
 			stack = append(stack, ekey{model: e.model, salt: e.salt, h: c})
@@ -461,27 +482,34 @@ func (t *Tracker) emitRemoved(model string, h uint64) {
 }
 
 // Flush turns the waiting events into batches, one per model, numbers them,
-// keeps them in the replay buffer and returns them for publishing.
+// keeps them in the replay buffer and returns them for publishing. Only the
+// publisher calls it: the batches are encoded outside the mutex the pool's
+// observer takes, and numbered in the order they are kept.
 func (t *Tracker) Flush() []Batch {
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	if t.queued == 0 {
+		t.mu.Unlock()
 		return nil
 	}
+	queue, order := t.queue, t.order
+	t.queue, t.order, t.queued = map[string][]Event{}, nil, 0
+	t.mu.Unlock()
+
 	ts := float64(t.opt.Now().UnixNano()) / 1e9
-	out := make([]Batch, 0, len(t.order))
-	for _, m := range t.order {
-		evs := t.queue[m]
-		b := Batch{Seq: t.st.NextSeq, Model: m, Events: len(evs),
-			Payload: encodeBatch(ts, evs, t.opt.BlockSize, t.opt.Medium, t.opt.Array, t.opt.DataParallelRank)}
+	out := make([]Batch, 0, len(order))
+	for _, m := range order {
+		evs := queue[m]
+		out = append(out, Batch{Model: m, Events: len(evs),
+			Payload: encodeBatch(ts, evs, t.opt.BlockSize, t.opt.Medium, t.opt.Array, t.opt.DataParallelRank)})
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for i := range out {
+		out[i].Seq = t.st.NextSeq
 		t.st.NextSeq++
 		t.st.Batches++
-		t.keep(b)
-		out = append(out, b)
+		t.keep(out[i])
 	}
-	t.queue = map[string][]Event{}
-	t.order = t.order[:0]
-	t.queued = 0
 	return out
 }
 
@@ -515,12 +543,5 @@ func (t *Tracker) Stats() Stats {
 	defer t.mu.Unlock()
 	s := t.st
 	s.Queued, s.Buffered = t.queued, len(t.buf)
-	for ek, n := range t.nodes {
-		if n.announced {
-			s.Announced++
-		} else if n.whole() && !t.usable(ek, n) {
-			s.Held++
-		}
-	}
 	return s
 }

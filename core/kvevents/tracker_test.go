@@ -1,6 +1,7 @@
 package kvevents
 
 import (
+	"math/rand/v2"
 	"testing"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -220,5 +221,58 @@ func TestEncodeArrayForm(t *testing.T) {
 	rm := evs[1].([]any)
 	if len(rm) != 3 || rm[0] != "BlockRemoved" || rm[2] != "CPU" {
 		t.Fatalf("removed %v", rm)
+	}
+}
+
+// recount is the announced and held counts computed from scratch.
+func (t *Tracker) recount() (announced, held int) {
+	for ek, n := range t.nodes {
+		if n.announced {
+			announced++
+		} else if n.whole() {
+			held++
+			if t.usable(ek, n) {
+				announced = -1 << 30 // usable and not announced: a broken rule
+			}
+		}
+	}
+	return announced, held
+}
+
+// Random stores (two ranks, shared prefixes), losses and clears: after each
+// step the counters equal a recount, nothing usable stays unannounced, and
+// a router's index equals the announced set.
+func TestTrackerRandomModel(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	tr := New(Options{BlockSize: cs})
+	r := &router{t: t, known: map[uint64]bool{}}
+	for step := range 5000 {
+		switch op := rng.IntN(10); {
+		case op < 5:
+			first := byte(1 + rng.IntN(12))
+			store(tr, "m", 2, first, first+byte(rng.IntN(4)))
+		case op < 9:
+			lose(tr, "m", uint32(rng.IntN(2)), byte(1+rng.IntN(15)))
+		default:
+			if rng.IntN(20) == 0 {
+				tr.Cleared()
+			}
+		}
+		for _, b := range tr.Flush() {
+			r.apply(b)
+		}
+		tr.mu.Lock()
+		a, h := tr.recount()
+		s := tr.st
+		n := 0
+		for _, nd := range tr.nodes {
+			if nd.announced {
+				n++
+			}
+		}
+		tr.mu.Unlock()
+		if a != s.Announced || h != s.Held || len(r.known) != n {
+			t.Fatalf("step %d: counted announced %d held %d, recount %d %d, router %d", step, s.Announced, s.Held, a, h, len(r.known))
+		}
 	}
 }
