@@ -244,16 +244,26 @@ func TestKVEventsIndexEqualsLookup(t *testing.T) {
 	go x.run(ctx, sub)
 
 	// 256 KiB chunks (16 tokens, 2 layers, hidden 1024, float32): the
-	// 64 MiB pool holds 256 of them.
-	var ws []*goworker.Worker
-	for i, pickle := range []bool{false, true} {
-		w, err := goworker.Register(ctx, srv.Dial(t, "nongpu-v1"), goworker.Config{InstanceID: int64(3601 + i),
-			Model: fmt.Sprintf("events-model-%d", i), Layers: 2, Hidden: 1024, Dtype: "float32", Pickle: pickle})
-		if err != nil {
-			t.Fatalf("register: %v\n%s", err, srv.Output())
+	// 64 MiB pool holds 256 of them. Three models: one SHM worker, one
+	// pickle worker, and two SHM ranks of a world size 2 (a chunk is whole
+	// once both ranks committed it).
+	var ws [][]*goworker.Worker
+	for i, g := range []struct {
+		pickle    bool
+		worldSize int
+	}{{false, 1}, {true, 1}, {false, 2}} {
+		var group []*goworker.Worker
+		for r := range g.worldSize {
+			w, err := goworker.Register(ctx, srv.Dial(t, "nongpu-v1"), goworker.Config{InstanceID: int64(3601 + 10*i + r),
+				Model: fmt.Sprintf("events-model-%d", i), WorldSize: g.worldSize, WorkerID: r,
+				Layers: 2, Hidden: 1024, Dtype: "float32", Pickle: g.pickle})
+			if err != nil {
+				t.Fatalf("register: %v\n%s", err, srv.Output())
+			}
+			defer w.Close()
+			group = append(group, w)
 		}
-		defer w.Close()
-		ws = append(ws, w)
+		ws = append(ws, group)
 	}
 	sched := goworker.Scheduler{C: srv.Dial(t, "nongpu-v1")}
 	hasher, err := keys.NewHasher(16, "blake3")
@@ -262,20 +272,24 @@ func TestKVEventsIndexEqualsLookup(t *testing.T) {
 	}
 	rng := rand.New(rand.NewPCG(36, 36))
 	type prompt struct {
-		w      *goworker.Worker
+		g      []*goworker.Worker
 		tokens []uint32
 	}
 	var prompts []prompt
-	chunk := make([]byte, ws[0].Layout().Bytes)
+	chunk := make([]byte, ws[0][0].Layout().Bytes)
 	// store stores n prompts of 2..6 chunks; half of them extend an earlier
 	// prompt's first chunks, so prefixes are shared and parents held.
-	store := func(n int) {
+	// ranks, when not 0, stores with that many ranks of the group only.
+	store := func(n, ranks int) {
 		for range n {
-			w := ws[rng.IntN(len(ws))]
+			g := ws[rng.IntN(len(ws))]
+			if ranks > 0 {
+				g = ws[2]
+			}
 			var toks []uint32
-			if len(prompts) > 0 && rng.IntN(2) == 0 {
+			if len(prompts) > 0 && rng.IntN(2) == 0 && ranks == 0 {
 				base := prompts[rng.IntN(len(prompts))]
-				if base.w == w {
+				if base.g[0] == g[0] {
 					toks = append(toks, base.tokens[:16*(1+rng.IntN(len(base.tokens)/16))]...)
 				}
 			}
@@ -287,14 +301,19 @@ func TestKVEventsIndexEqualsLookup(t *testing.T) {
 			for i := range chunks {
 				chunks[i] = chunk
 			}
-			res, err := w.Store(ctx, w.Key(toks, len(chunks), fmt.Sprintf("store-%d", len(prompts))), chunks)
-			if err != nil {
-				t.Fatalf("store: %v\n%s", err, srv.Output())
+			for r, w := range g {
+				if ranks > 0 && r >= ranks {
+					break
+				}
+				res, err := w.Store(ctx, w.Key(toks, len(chunks), fmt.Sprintf("store-%d", len(prompts))), chunks)
+				if err != nil {
+					t.Fatalf("store: %v\n%s", err, srv.Output())
+				}
+				if !res.Committed && !res.Skipped {
+					t.Logf("store %d: %s, %d chunks: %+v", len(prompts), w.Mode(), len(chunks), res)
+				}
 			}
-			if !res.Committed && !res.Skipped {
-				t.Logf("store %d: %s, %d chunks: %+v", len(prompts), w.Mode(), len(chunks), res)
-			}
-			prompts = append(prompts, prompt{w: w, tokens: toks})
+			prompts = append(prompts, prompt{g: g, tokens: toks})
 		}
 	}
 	// caughtUp waits until the router applied every batch kvdock made.
@@ -327,15 +346,16 @@ func TestKVEventsIndexEqualsLookup(t *testing.T) {
 		defer x.mu.Unlock()
 		for i, p := range prompts {
 			id := fmt.Sprintf("lookup-%s-%d", phase, i)
-			n, err := sched.Hits(ctx, p.w.LookupKey(p.tokens, id), 1)
+			w, tp := p.g[0], len(p.g)
+			n, err := sched.Hits(ctx, w.LookupKey(p.tokens, id), tp)
 			if err != nil {
 				t.Fatalf("%s: lookup: %v", phase, err)
 			}
 			// The hits stay read-locked until freed: held, they would keep
 			// the pool from evicting and later lookups from locking.
-			free := p.w.LookupKey(p.tokens, id)
+			free := w.LookupKey(p.tokens, id)
 			free.End = n * 16
-			if err := sched.FreeLookupLocks(ctx, free, 1); err != nil {
+			if err := sched.FreeLookupLocks(ctx, free, tp); err != nil {
 				t.Fatal(err)
 			}
 			if err := sched.EndSession(ctx, id); err != nil {
@@ -343,7 +363,7 @@ func TestKVEventsIndexEqualsLookup(t *testing.T) {
 			}
 			lead := 0
 			for _, h := range hasher.Hashes(p.tokens) {
-				if !x.known[p.w.Model()][kvevents.WireHash(h)] {
+				if !x.known[w.Model()][kvevents.WireHash(h)] {
 					break
 				}
 				lead++
@@ -360,11 +380,23 @@ func TestKVEventsIndexEqualsLookup(t *testing.T) {
 		return hits
 	}
 
-	store(30)
+	store(30, 0)
 	if hits := check("stored"); hits == 0 {
 		t.Fatal("nothing hit after the first stores")
 	}
-	store(120) // about 500 chunks into a pool of 256: evictions
+	// Fresh prompts of the world size 2 model stored by one rank of two:
+	// neither a hit nor announced.
+	before := len(prompts)
+	store(3, 1)
+	check("one rank of two")
+	for _, p := range prompts[before:] {
+		for _, h := range hasher.Hashes(p.tokens) {
+			if x.known[p.g[0].Model()][kvevents.WireHash(h)] {
+				t.Errorf("a chunk one rank of two committed is announced")
+			}
+		}
+	}
+	store(120, 0) // about 500 chunks into a pool of 256: evictions
 	var st kvEventsStatus
 	httpjson.Get(t, statusURL(srv), &st)
 	if st.Pool.Evictions == 0 {
@@ -384,7 +416,7 @@ func TestKVEventsIndexEqualsLookup(t *testing.T) {
 			t.Errorf("model %s: %d blocks still indexed after the clear", m, len(idx))
 		}
 	}
-	store(20)
+	store(20, 0)
 	check("stored again")
 	httpjson.Get(t, statusURL(srv), &st)
 	if !st.KVEvents.Enabled || st.KVEvents.Dropped != 0 || st.KVEvents.Sent != st.KVEvents.NextSeq {
