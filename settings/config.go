@@ -166,6 +166,9 @@ type KVEventsConfig struct {
 	BufferSteps int `koanf:"buffer_steps"`
 	// MediumL1 is the medium of the L1 pool's announcements.
 	MediumL1 string `koanf:"medium_l1"`
+	// BlockSize announces each chunk as chunk_size/BlockSize blocks (0 =
+	// the chunk size); it must divide server.chunk_size.
+	BlockSize int `koanf:"block_size"`
 }
 
 // Default returns the configuration kvdock runs with when told nothing.

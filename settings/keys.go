@@ -412,6 +412,16 @@ func table() []keyDef {
 			help:  "KV event batches kept for replay",
 			field: func(c *Config) any { return &c.KVEvents.BufferSteps },
 			check: func(c Config) string { return intRange(c.KVEvents.BufferSteps, 1, 1000000) }},
+		{key: "kv_events.block_size", flag: "kv-events-block-size", class: NextStart,
+			help:  "tokens per announced KV event block; 0 = the chunk size, else it must divide it (routers with smaller blocks)",
+			field: func(c *Config) any { return &c.KVEvents.BlockSize },
+			check: func(c Config) string {
+				b := c.KVEvents.BlockSize
+				if b < 0 || b > 0 && c.Server.ChunkSize > 0 && c.Server.ChunkSize%b != 0 {
+					return fmt.Sprintf("must be 0 or divide server.chunk_size (%d)", c.Server.ChunkSize)
+				}
+				return ""
+			}},
 		{key: "kv_events.medium_l1", flag: "kv-events-medium-l1", class: NextStart,
 			help:  "medium of the L1 pool's KV events",
 			field: func(c *Config) any { return &c.KVEvents.MediumL1 },

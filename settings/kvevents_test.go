@@ -32,6 +32,8 @@ func TestKVEventsValidation(t *testing.T) {
 		{func(c *settings.Config) { c.KVEvents.Pod = "a@b" }, "kv_events.pod"},
 		{func(c *settings.Config) { c.KVEvents.BufferSteps = 0 }, "kv_events.buffer_steps"},
 		{func(c *settings.Config) { c.KVEvents.MediumL1 = "" }, "kv_events.medium_l1"},
+		{func(c *settings.Config) { c.KVEvents.BlockSize = 100 }, "kv_events.block_size"},
+		{func(c *settings.Config) { c.KVEvents.BlockSize = -1 }, "kv_events.block_size"},
 	} {
 		c := settings.Default()
 		tc.set(&c)

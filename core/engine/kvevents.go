@@ -17,7 +17,7 @@ func newKVTracker(cfg settings.Config) *kvevents.Tracker {
 		return nil
 	}
 	return kvevents.New(kvevents.Options{
-		Medium: c.MediumL1, BlockSize: cfg.Server.ChunkSize, Array: c.Encoding == "array",
+		Medium: c.MediumL1, BlockSize: cfg.Server.ChunkSize, EventBlockSize: c.BlockSize, Array: c.Encoding == "array",
 		BufferSteps: c.BufferSteps,
 	})
 }

@@ -44,8 +44,15 @@ const DefaultMaxQueued = 1 << 16
 type Options struct {
 	// Medium is the medium of the pool's announcements ("CPU").
 	Medium string
-	// BlockSize is the announced block size in tokens: the chunk size.
+	// BlockSize is the chunk size in tokens.
 	BlockSize int
+	// EventBlockSize, when it is not 0 or BlockSize (and divides it), has
+	// each chunk announced as BlockSize/EventBlockSize chained blocks, each
+	// named as a server with that chunk size names it (the same BLAKE3
+	// chain over EventBlockSize tokens), for routers whose block size is
+	// smaller. A block shared by two announced chunks (same parent, same
+	// leading tokens) is removed when the last of them goes.
+	EventBlockSize int
 	// Array selects the positional encoding of events (older consumers);
 	// false is vLLM's tagged map form.
 	Array bool
@@ -120,7 +127,8 @@ type obj struct {
 
 type node struct {
 	objs      []obj
-	want      int // objects that make the chunk whole; 0 until a commit
+	subs      []keys.Hash // the chunk's blocks, while announced (split only)
+	want      int         // objects that make the chunk whole; 0 until a commit
 	parent    keys.Hash
 	hasParent bool
 	tokens    []uint32
@@ -153,8 +161,9 @@ type Tracker struct {
 	order  []string             // models of queue in first-event order
 	queued int
 	st     Stats
-	buf    []Batch // the replay ring
-	head   int     // index of the oldest batch in buf when full
+	split  *keys.Hasher // EventBlockSize's hasher; nil when chunks are announced whole
+	buf    []Batch      // the replay ring
+	head   int          // index of the oldest batch in buf when full
 	wake   chan struct{}
 }
 
@@ -180,10 +189,16 @@ func New(opt Options) *Tracker {
 	if opt.Now == nil {
 		opt.Now = time.Now
 	}
-	return &Tracker{
+	t := &Tracker{
 		opt: opt, nodes: map[ekey]*node{}, kids: map[ekey][]keys.Hash{}, wire: map[wkey]int{},
 		queue: map[string][]Event{}, wake: make(chan struct{}, 1),
 	}
+	if n := opt.EventBlockSize; n > 0 && n != opt.BlockSize && opt.BlockSize%n == 0 {
+		t.split, _ = keys.NewHasher(n, keys.AlgorithmBLAKE3) // n > 0: cannot fail
+	} else {
+		t.opt.EventBlockSize = opt.BlockSize
+	}
+	return t
 }
 
 // Wake is signalled when events wait to be published.
@@ -363,11 +378,7 @@ func (t *Tracker) tryAnnounce(ek ekey) {
 		n.announced = true
 		t.st.Announced++
 		t.st.Held--
-		w := wkey{model: e.model, h: WireHash(e.h)}
-		t.wire[w]++
-		if t.wire[w] == 1 {
-			t.emitStored(e.model, w.h, n)
-		}
+		t.wireUp(e, n)
 		for _, c := range t.kids[e] {
 			stack = append(stack, ekey{model: e.model, salt: e.salt, h: c})
 		}
@@ -394,16 +405,75 @@ func (t *Tracker) unannounce(ek ekey) {
 	}
 }
 
-// unwire drops one announcement of e's wire hash and emits its removal when
-// it was the last.
-func (t *Tracker) unwire(e ekey) {
-	w := wkey{model: e.model, h: WireHash(e.h)}
-	t.wire[w]--
-	if t.wire[w] > 0 {
+// blocks are the announced blocks of chunk e, and the block before its
+// first (hasParent false for a prompt's first): the chunk itself, or its
+// split blocks chained after the parent chunk's last block.
+func (t *Tracker) blocks(e ekey, n *node) (bs []keys.Hash, parent keys.Hash, hasParent bool) {
+	var pn *node
+	if n.hasParent {
+		pn = t.nodes[ekey{model: e.model, salt: e.salt, h: n.parent}]
+	}
+	if t.split == nil {
+		return []keys.Hash{e.h}, n.parent, n.hasParent
+	}
+	if n.subs == nil {
+		prev := keys.NoneHash()
+		if pn != nil && len(pn.subs) > 0 {
+			prev = pn.subs[len(pn.subs)-1]
+		}
+		n.subs = t.split.HashesAfter(prev, n.tokens)
+	}
+	if pn != nil && len(pn.subs) > 0 {
+		return n.subs, pn.subs[len(pn.subs)-1], true
+	}
+	return n.subs, keys.Hash{}, false
+}
+
+// wireUp counts e's blocks announced and emits the ones new to the router:
+// a suffix of the chunk's blocks, since a block shared with another
+// announced chunk has its leading blocks shared too.
+func (t *Tracker) wireUp(e ekey, n *node) {
+	bs, parent, hasParent := t.blocks(e, n)
+	first := len(bs)
+	for i, b := range bs {
+		w := wkey{model: e.model, h: WireHash(b)}
+		t.wire[w]++
+		if t.wire[w] == 1 && first == len(bs) {
+			first = i
+		}
+	}
+	if first == len(bs) {
 		return
 	}
-	delete(t.wire, w)
-	t.emitRemoved(e.model, w.h)
+	if first > 0 {
+		parent, hasParent = bs[first-1], true
+	}
+	per := t.opt.EventBlockSize
+	hs := make([]uint64, 0, len(bs)-first)
+	for _, b := range bs[first:] {
+		hs = append(hs, WireHash(b))
+	}
+	t.emitStored(e.model, hs, WireHash(parent), hasParent, n.tokens[first*per:])
+}
+
+// unwire drops one announcement of each of e's blocks and emits the
+// removal of those no announced chunk holds any more.
+func (t *Tracker) unwire(e ekey) {
+	n := t.nodes[e]
+	bs := []keys.Hash{e.h}
+	if t.split != nil && n != nil {
+		bs = n.subs
+		n.subs = nil // recomputed at the next announcement: the parent may change
+	}
+	for _, b := range bs {
+		w := wkey{model: e.model, h: WireHash(b)}
+		t.wire[w]--
+		if t.wire[w] > 0 {
+			continue
+		}
+		delete(t.wire, w)
+		t.emitRemoved(e.model, w.h)
+	}
 }
 
 // drop forgets a node none of whose objects is resident; its children stay
@@ -446,23 +516,23 @@ func (t *Tracker) room(model string) bool {
 	return true
 }
 
-// emitStored queues a BlockStored, extending the model's last event when it
-// is a BlockStored ending with this chunk's parent (one event per run of a
-// prompt, as vLLM sends them).
-func (t *Tracker) emitStored(model string, h uint64, n *node) {
-	t.st.StoredEvents++
+// emitStored queues a BlockStored of hs (tokens, EventBlockSize each),
+// extending the model's last event when it is a BlockStored ending with
+// this one's parent (one event per run of a prompt, as vLLM sends them).
+func (t *Tracker) emitStored(model string, hs []uint64, parent uint64, hasParent bool, tokens []uint32) {
+	t.st.StoredEvents += uint64(len(hs))
 	evs := t.queue[model]
-	if l := len(evs); l > 0 && evs[l-1].Stored && n.hasParent && evs[l-1].Hashes[len(evs[l-1].Hashes)-1] == WireHash(n.parent) {
-		evs[l-1].Hashes = append(evs[l-1].Hashes, h)
-		evs[l-1].Tokens = append(evs[l-1].Tokens, n.tokens...)
+	if l := len(evs); l > 0 && evs[l-1].Stored && hasParent && evs[l-1].Hashes[len(evs[l-1].Hashes)-1] == parent {
+		evs[l-1].Hashes = append(evs[l-1].Hashes, hs...)
+		evs[l-1].Tokens = append(evs[l-1].Tokens, tokens...)
 		return
 	}
 	if !t.room(model) {
 		return
 	}
 	t.queued++
-	t.queue[model] = append(evs, Event{Stored: true, Hashes: []uint64{h}, Parent: WireHash(n.parent),
-		HasParent: n.hasParent, Tokens: append([]uint32(nil), n.tokens...)})
+	t.queue[model] = append(evs, Event{Stored: true, Hashes: hs, Parent: parent,
+		HasParent: hasParent, Tokens: append([]uint32(nil), tokens...)})
 }
 
 // emitRemoved queues a BlockRemoved, extending the model's last event when
@@ -500,7 +570,7 @@ func (t *Tracker) Flush() []Batch {
 	for _, m := range order {
 		evs := queue[m]
 		out = append(out, Batch{Model: m, Events: len(evs),
-			Payload: encodeBatch(ts, evs, t.opt.BlockSize, t.opt.Medium, t.opt.Array, t.opt.DataParallelRank)})
+			Payload: encodeBatch(ts, evs, t.opt.EventBlockSize, t.opt.Medium, t.opt.Array, t.opt.DataParallelRank)})
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()

@@ -276,3 +276,84 @@ func TestTrackerRandomModel(t *testing.T) {
 		}
 	}
 }
+
+// With EventBlockSize 2 of a chunk of 4, each chunk is announced as two
+// blocks named as a chunk-size-2 server names them; a block two announced
+// chunks share is announced once and removed with the last of them.
+func TestTrackerSplitsChunks(t *testing.T) {
+	tr := New(Options{BlockSize: 4, EventBlockSize: 2})
+	small, err := keys.NewHasher(2, keys.AlgorithmBLAKE3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	big, _ := keys.NewHasher(4, keys.AlgorithmBLAKE3)
+	known := map[uint64]int{}
+	apply := func() {
+		t.Helper()
+		for _, b := range tr.Flush() {
+			var raw []any
+			if err := msgpack.Unmarshal(b.Payload, &raw); err != nil {
+				t.Fatal(err)
+			}
+			for _, e := range raw[1].([]any) {
+				m := e.(map[string]any)
+				if m["type"] == "BlockStored" {
+					if p := m["parent_block_hash"]; p != nil && known[toU64(p)] == 0 {
+						t.Fatalf("block before its parent")
+					}
+					if toU64(m["block_size"]) != 2 || len(m["token_ids"].([]any)) != 2*len(m["block_hashes"].([]any)) {
+						t.Fatalf("event %v", m)
+					}
+				}
+				for _, h := range m["block_hashes"].([]any) {
+					if m["type"] == "BlockStored" {
+						known[toU64(h)]++
+					} else {
+						delete(known, toU64(h))
+					}
+				}
+			}
+		}
+	}
+	commit := func(toks []uint32) {
+		hs := big.Hashes(toks)
+		c := Commit{Model: "m", Objects: 1, Hashes: hs, Tokens: toks}
+		for _, h := range hs {
+			k := keys.ObjectKey{Chunk: h, Model: "m"}
+			tr.Stored(&k)
+			c.Keys = append(c.Keys, k)
+		}
+		tr.Commit(c)
+	}
+	a := []uint32{1, 2, 3, 4, 5, 6, 7, 8}
+	b := []uint32{1, 2, 3, 4, 5, 6, 9, 9} // shares a's first chunk and the block 5 6
+	commit(a)
+	commit(b)
+	apply()
+	want := map[uint64]bool{}
+	for _, toks := range [][]uint32{a, b} {
+		for _, h := range small.Hashes(toks) {
+			want[WireHash(h)] = true
+		}
+	}
+	if len(known) != len(want) || len(want) != 5 {
+		t.Fatalf("router holds %d blocks, want %d", len(known), len(want))
+	}
+	for h, n := range known {
+		if !want[h] || n != 1 {
+			t.Fatalf("block %x announced %d times (wanted: %v)", h, n, want[h])
+		}
+	}
+	// b's second chunk goes: only its own block 9 9 is removed.
+	k := keys.ObjectKey{Chunk: big.Hashes(b)[1], Model: "m"}
+	tr.Lost(&k)
+	apply()
+	if len(known) != 4 || known[WireHash(small.Hashes(b)[2])] != 1 {
+		t.Fatalf("after b's second chunk went: %d blocks", len(known))
+	}
+	tr.Cleared()
+	apply()
+	if len(known) != 0 {
+		t.Fatalf("after a clear: %d blocks", len(known))
+	}
+}

@@ -21,14 +21,17 @@ import (
 // LOOKUP hits, in both encodings and both replay forms, after stores with
 // shared prefixes and evictions.
 func TestKVEventsReplayPython(t *testing.T) {
-	for i, form := range []struct{ encoding, replay string }{{"map", "current"}, {"array", "legacy"}} {
-		t.Run(form.encoding+"-"+form.replay, func(t *testing.T) {
+	for i, form := range []struct {
+		encoding, replay string
+		block            int // --kv-events-block-size; 0 = the chunk size
+	}{{"map", "current", 0}, {"array", "legacy", 0}, {"map", "current", 4}} {
+		t.Run(fmt.Sprintf("%s-%s-%d", form.encoding, form.replay, form.block), func(t *testing.T) {
 			pub, rep := 31050+2*i, 31051+2*i
 			srv := harness.Start(t, "--chunk-size", "16",
 				"--kv-events-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", pub),
 				"--kv-events-replay-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", rep),
 				"--kv-events-encoding", form.encoding, "--kv-events-replay-format", form.replay,
-				"--kv-events-pod", "pypod")
+				"--kv-events-pod", "pypod", "--kv-events-block-size", fmt.Sprint(form.block))
 			ctx := context.Background()
 			w, err := goworker.Register(ctx, srv.Dial(t, "nongpu-v1"), goworker.Config{InstanceID: 3701,
 				Model: "events-py", Layers: 2, Hidden: 1024, Dtype: "float32"})
@@ -74,7 +77,13 @@ func TestKVEventsReplayPython(t *testing.T) {
 				}
 				time.Sleep(20 * time.Millisecond) // polling a condition, bounded by the deadline
 			}
-			hasher, err := keys.NewHasher(16, "blake3")
+			// The router's blocks: a quarter chunk names its blocks as a
+			// server with that chunk size would.
+			block := 16
+			if form.block != 0 {
+				block = form.block
+			}
+			hasher, err := keys.NewHasher(block, "blake3")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -91,7 +100,7 @@ func TestKVEventsReplayPython(t *testing.T) {
 				if err := sched.FreeLookupLocks(ctx, free, 1); err != nil {
 					t.Fatal(err)
 				}
-				for _, h := range hasher.Hashes(toks)[:n] {
+				for _, h := range hasher.Hashes(toks[:n*16]) {
 					want[kvevents.WireHash(h)] = true
 				}
 			}

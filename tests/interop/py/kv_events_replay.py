@@ -70,6 +70,8 @@ def main():
             if any(not isinstance(h, int) for h in hashes):
                 errors.append("hash not an integer")
             if tag == "BlockStored":
+                if len(f.get("token_ids", [])) != len(hashes) * f.get("block_size", 0):
+                    errors.append("tokens do not fill the blocks")
                 parent = f.get("parent_block_hash")
                 if parent is not None and parent not in known:
                     dropped += 1
