@@ -16,6 +16,7 @@ const cs = 4
 type router struct {
 	t     *testing.T
 	known map[uint64]bool
+	per   int // tokens per block; 0 = cs
 }
 
 func (r *router) apply(b Batch) {
@@ -35,7 +36,11 @@ func (r *router) apply(b Batch) {
 			if p := m["parent_block_hash"]; p != nil && !r.known[toU64(p)] {
 				r.t.Fatalf("batch %d: child %x before its parent %x", b.Seq, hs[0], toU64(p))
 			}
-			if n := len(m["token_ids"].([]any)); n != len(hs)*cs {
+			per := r.per
+			if per == 0 {
+				per = cs
+			}
+			if n := len(m["token_ids"].([]any)); n != len(hs)*per {
 				r.t.Fatalf("batch %d: %d tokens for %d blocks", b.Seq, n, len(hs))
 			}
 			for _, h := range hs {
@@ -243,36 +248,42 @@ func (t *Tracker) recount() (announced, held int) {
 // step the counters equal a recount, nothing usable stays unannounced, and
 // a router's index equals the announced set.
 func TestTrackerRandomModel(t *testing.T) {
-	rng := rand.New(rand.NewPCG(1, 2))
-	tr := New(Options{BlockSize: cs})
-	r := &router{t: t, known: map[uint64]bool{}}
-	for step := range 5000 {
-		switch op := rng.IntN(10); {
-		case op < 5:
-			first := byte(1 + rng.IntN(12))
-			store(tr, "m", 2, first, first+byte(rng.IntN(4)))
-		case op < 9:
-			lose(tr, "m", uint32(rng.IntN(2)), byte(1+rng.IntN(15)))
-		default:
-			if rng.IntN(20) == 0 {
-				tr.Cleared()
+	for _, per := range []int{0, 2} {
+		rng := rand.New(rand.NewPCG(1, 2))
+		tr := New(Options{BlockSize: cs, EventBlockSize: per})
+		r := &router{t: t, known: map[uint64]bool{}, per: per}
+		for step := range 5000 {
+			switch op := rng.IntN(10); {
+			case op < 5:
+				first := byte(1 + rng.IntN(12))
+				store(tr, "m", 2, first, first+byte(rng.IntN(4)))
+			case op < 9:
+				lose(tr, "m", uint32(rng.IntN(2)), byte(1+rng.IntN(15)))
+			default:
+				if rng.IntN(20) == 0 {
+					tr.Cleared()
+				}
 			}
-		}
-		for _, b := range tr.Flush() {
-			r.apply(b)
-		}
-		tr.mu.Lock()
-		a, h := tr.recount()
-		s := tr.st
-		n := 0
-		for _, nd := range tr.nodes {
-			if nd.announced {
-				n++
+			for _, b := range tr.Flush() {
+				r.apply(b)
 			}
-		}
-		tr.mu.Unlock()
-		if a != s.Announced || h != s.Held || len(r.known) != n {
-			t.Fatalf("step %d: counted announced %d held %d, recount %d %d, router %d", step, s.Announced, s.Held, a, h, len(r.known))
+			tr.mu.Lock()
+			a, h := tr.recount()
+			s := tr.st
+			blocks := 0
+			for _, nd := range tr.nodes {
+				if nd.announced {
+					blocks++
+				}
+			}
+			tr.mu.Unlock()
+			if per == 2 {
+				blocks *= cs / per // the test's chunks share no blocks
+			}
+			if a != s.Announced || h != s.Held || len(r.known) != blocks {
+				t.Fatalf("block %d, step %d: counted announced %d held %d, recount %d %d, router %d blocks, want %d",
+					per, step, s.Announced, s.Held, a, h, len(r.known), blocks)
+			}
 		}
 	}
 }
