@@ -10,6 +10,7 @@ import (
 
 	"kvdock/core/hostmem"
 	"kvdock/core/keys"
+	"kvdock/core/kvevents"
 	"kvdock/core/l1"
 	"kvdock/core/layout"
 	"kvdock/core/lookup"
@@ -57,6 +58,10 @@ type dataPlane struct {
 	// handover is what the keeping stop's wire server handover did, for
 	// the record (set before the plane closes).
 	handover restart.Handover
+	// kv keeps the KV event stream's announced set, kvPub publishes it;
+	// both nil when kv_events.endpoint is empty.
+	kv    *kvevents.Tracker
+	kvPub *kvevents.Publisher
 }
 
 // gate admits handlers until it is shut and says when the last one left.
@@ -166,6 +171,7 @@ func (e *Engine) buildDataPlane(cfg settings.Config) (*dataPlane, error) {
 	plan := nongpu.PlanSegment(cfg.Server, cfg.L1, e.opts.PID, shmNameSource(e.sources))
 	est := whatif.New(whatif.Options{PoolBytes: cfg.L1.SizeBytes()})
 	ghost := misses.NewGhost(misses.DefaultGhostEntries)
+	kv := newKVTracker(cfg)
 	pool, adopted, err := e.openPool(cfg, l1.Options{
 		Size:      cfg.L1.SizeBytes(),
 		Align:     int64(cfg.L1.AlignBytes),
@@ -183,7 +189,7 @@ func (e *Engine) buildDataPlane(cfg settings.Config) (*dataPlane, error) {
 		},
 		OwnerLockShare: cfg.L1.MaxLockedSharePerInstance,
 		TotalLockShare: cfg.L1.MaxLockedShare,
-		Observer:       insight{est, ghost},
+		Observer:       insight{est, ghost, kv},
 		ObserveMax:     ghost.Entries(),
 	})
 	if err != nil {
@@ -207,10 +213,18 @@ func (e *Engine) buildDataPlane(cfg settings.Config) (*dataPlane, error) {
 		log:      e.log,
 		hook:     e.handlerHook,
 		adoption: adopted,
+		kv:       kv,
+	}
+	if kv != nil {
+		if p.kvPub, err = startKVPublisher(cfg, kv, e.log); err != nil {
+			_ = pool.Close()
+			return nil, err
+		}
 	}
 	p.sessions.SetLimits(sessionLimits(cfg))
 	set, err := e.buildTiers(cfg.L2, pool, p.layouts)
 	if err != nil {
+		p.closeKV()
 		_ = pool.Close()
 		return nil, err
 	}
@@ -230,8 +244,10 @@ func (e *Engine) buildDataPlane(cfg settings.Config) (*dataPlane, error) {
 		Logger:    e.log.With("component", "nongpu"),
 		Events:    e.transferEvent,
 		Published: p.tiers.Enqueue,
+		Committed: p.kvCommitted(),
 	}, cfg.Server, cfg.L1)
 	if err != nil {
+		p.closeKV()
 		p.tiers.close()
 		_ = pool.Close()
 		return nil, fmt.Errorf("non-GPU transfer module: %w", err)
@@ -308,6 +324,7 @@ func (p *dataPlane) release() error {
 		p.cancel()
 		<-p.done // the lookups' tier phases have ended
 		p.tiers.close()
+		p.closeKV()
 		if p.keep != nil {
 			kept.lookups = keptLookups(p.lookup.Answers())
 			p.closeErr = p.keep(p, kept)

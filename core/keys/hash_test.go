@@ -276,3 +276,18 @@ func TestKeySetGroups(t *testing.T) {
 		t.Fatalf("String of a group 1 key: %s", s)
 	}
 }
+
+func TestHashesAfterContinuesTheChain(t *testing.T) {
+	h, err := NewHasher(4, AlgorithmBLAKE3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	toks := []uint32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13}
+	all := h.Hashes(toks)
+	if got := h.HashesAfter(NoneHash(), toks); len(got) != 3 || got[0] != all[0] || got[2] != all[2] {
+		t.Fatalf("from the start: %x, want %x", got, all)
+	}
+	if got := h.HashesAfter(all[0], toks[4:]); len(got) != 2 || got[0] != all[1] || got[1] != all[2] {
+		t.Fatalf("after the first chunk: %x, want %x", got, all[1:])
+	}
+}

@@ -53,6 +53,7 @@ var rules = []rule{
 	leaf("core/protocol"),
 	leaf("core/misses", "core/keys"),
 	leaf("core/whatif", "core/keys"),
+	leaf("core/kvevents", "core/keys"),
 	leaf("core/workers", "core/layout"),
 	leaf("core/lookup", "core/keys", "core/layout", "core/misses", "core/whatif"),
 	leaf("core/restart", "core/keys", "core/l1", "core/protocol", "core/misses", "core/series"),

@@ -41,6 +41,7 @@ import (
 	"time"
 
 	"kvdock/core/keys"
+	"kvdock/core/kvevents"
 	"kvdock/core/l1"
 	"kvdock/core/layout"
 	"kvdock/core/protocol"
@@ -98,6 +99,10 @@ type Deps struct {
 	// Published, when set, is told of every batch of objects a commit
 	// published in L1 (the tiers' write-behind queue). It must not block.
 	Published func(ks []keys.ObjectKey, lay layout.Layout)
+	// Committed, when set, is told of every committed store batch with
+	// what the KV event stream needs beyond the pool's observer (tokens,
+	// parent, objects per chunk). It must not block.
+	Committed func(kvevents.Commit)
 }
 
 // ErrClosed is returned by every request after Close.
@@ -208,6 +213,7 @@ type Module struct {
 	log       *slog.Logger
 	emit      func(workers.Event)
 	published func(ks []keys.ObjectKey, lay layout.Layout)
+	committed func(kvevents.Commit)
 	now       func() time.Time
 	info      workers.Info
 	seed      maphash.Seed
@@ -264,6 +270,7 @@ func New(deps Deps, server settings.ServerConfig, l1cfg settings.L1Config) (*Mod
 		log:       deps.Logger,
 		emit:      deps.Events,
 		published: deps.Published,
+		committed: deps.Committed,
 		now:       deps.Now,
 		info:      PoolInfo(deps.Pool.Decision()),
 		seed:      maphash.MakeSeed(),

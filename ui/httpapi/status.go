@@ -64,6 +64,8 @@ type Status struct {
 	// Tiers are the L2 tiers in lookup order ([] when none is configured).
 	Tiers  []TierStatus  `json:"tiers"`
 	Events []EventStatus `json:"events"`
+	// KVEvents is the KV event stream for routers (docs/EVENTS.md).
+	KVEvents engine.KVEventsStatus `json:"kv_events"`
 	// Rates is the last minute of rates; TokensSaved the prefill tokens
 	// served from cache.
 	Rates       RatesStatus       `json:"rates"`
@@ -526,6 +528,7 @@ func NewStatus(s engine.Snapshot) Status {
 		Tiers:         make([]TierStatus, 0, len(s.Tiers)),
 		Events:        []EventStatus{},
 		WhatIf:        whatIfStatus(s.WhatIf),
+		KVEvents:      s.KVEvents,
 
 		ProtocolDetection: protocolDetection(s),
 	}

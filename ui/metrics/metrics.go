@@ -161,6 +161,7 @@ type snapshotCollector struct {
 	whatif                                                                            whatIfDescs
 	restart                                                                           restartDescs
 	protocol                                                                          protocolDescs
+	kvEvents                                                                          kvEventsDescs
 
 	mu       sync.Mutex
 	src      Source
@@ -225,6 +226,7 @@ func newSnapshotCollector(m *Metrics) *snapshotCollector {
 		whatif:           newWhatIfDescs(),
 		restart:          newRestartDescs(),
 		protocol:         newProtocolDescs(),
+		kvEvents:         newKVEventsDescs(),
 		counters:         map[string]*counter{},
 		ctx:              map[ctxKey]ctxBytes{},
 		bytes:            map[[2]string]float64{},
@@ -250,6 +252,7 @@ func (c *snapshotCollector) Describe(ch chan<- *prometheus.Desc) {
 	c.whatif.describe(ch)
 	c.restart.describe(ch)
 	c.protocol.describe(ch)
+	c.kvEvents.describe(ch)
 	c.m.requests.Describe(ch)
 	c.m.duration.Describe(ch)
 	c.rates.describe(ch)
@@ -388,6 +391,7 @@ func (c *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 		count(c.tierLoadTimeouts, key+"load_timeouts", float64(t.LoadTimeouts), idx, t.Type)
 	}
 
+	c.collectKVEvents(s.KVEvents, gauge, count)
 	if s.GPU.Available {
 		for _, d := range s.GPU.Devices {
 			idx := strconv.Itoa(d.Index)
