@@ -231,7 +231,7 @@ func TestStoredElsewhere(t *testing.T) {
 	// slot does not inherit it.
 	p.Delete([]keys.ObjectKey{wsKey(2, 2, 1, "m", "")})
 	store(t, p, []keys.ObjectKey{wsKey(5, 1, 0, "x", "")}, 4096)
-	if ws := p.t.nameWS[p.t.names[nameKey{"x", ""}]]; ws != (wsSet{1 << 1}) {
+	if ws := p.t.nameWS[p.t.names[nameKey{"x", "", 0}]]; ws != (wsSet{1 << 1}) {
 		t.Fatalf("recycled name slot holds world sizes %v", ws)
 	}
 }

@@ -54,7 +54,7 @@ func (p *Pool) Unreadable(ks []keys.ObjectKey) uint64 {
 func (p *Pool) StoredElsewhere(k *keys.ObjectKey) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	n, ok := p.t.names[nameKey{k.Model, k.Salt}]
+	n, ok := p.t.names[nameKey{k.Model, k.Salt, k.Layout}]
 	if !ok {
 		return false
 	}

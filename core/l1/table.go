@@ -10,7 +10,7 @@ import (
 
 // The object table is laid out for a small Go heap at millions of objects:
 // an open-addressing index (index.go) from an identity (chunk hash,
-// interned model+salt, rank, group) to an index into a slice of fixed-size
+// interned model+salt+layout, rank, group) to an index into a slice of fixed-size
 // records; the LRU list, the prefix tree and the heap of evictable leaves
 // (prefix.go) are intrusive (indices in the records); only locked objects
 // sit in an extra set.
@@ -44,7 +44,7 @@ const nilRec = -1
 // smallBatch is the largest ReserveWrite batch deduplicated by a scan.
 const smallBatch = 32
 
-// ident is an ObjectKey with the model and salt strings interned.
+// ident is an ObjectKey with the model, salt and layout ID interned.
 type ident struct {
 	chunk keys.Hash
 	name  uint32 // index into table.names
@@ -81,7 +81,12 @@ type record struct {
 	carried                       bool // a live write reservation adopted for ClaimWrites
 }
 
-type nameKey struct{ model, salt string }
+// nameKey is what objects of one name share: the layout ID lives here, not
+// in each record, so keeping layouts apart costs nothing per object.
+type nameKey struct {
+	model, salt string
+	layout      uint64
+}
 
 type table struct {
 	index    keyIndex
@@ -130,7 +135,7 @@ func (t *table) len() int { return t.index.n + t.detached }
 
 // find returns the record index of k, or nilRec.
 func (t *table) find(k keys.ObjectKey) int32 {
-	n, ok := t.names[nameKey{k.Model, k.Salt}]
+	n, ok := t.names[nameKey{k.Model, k.Salt, k.Layout}]
 	if !ok {
 		return nilRec
 	}
@@ -139,7 +144,7 @@ func (t *table) find(k keys.ObjectKey) int32 {
 
 // add creates a record at the MRU end; the caller locks it.
 func (t *table) add(k keys.ObjectKey, off, length, rounded int64) int32 {
-	nk := nameKey{k.Model, k.Salt}
+	nk := nameKey{k.Model, k.Salt, k.Layout}
 	n, ok := t.names[nk]
 	if !ok {
 		if l := len(t.nameFree); l > 0 {
