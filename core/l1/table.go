@@ -88,6 +88,9 @@ type nameKey struct {
 	layout      uint64
 }
 
+// modelSalt is a name without its layout.
+type modelSalt struct{ model, salt string }
+
 type table struct {
 	index    keyIndex
 	recs     []record
@@ -99,6 +102,9 @@ type table struct {
 	nameRefs []uint32
 	nameFree []uint32
 	nameWS   []wsSet // world sizes each name holds objects for (see readable.go)
+	// layoutNames lists the names of each (model, salt), one per layout
+	// (readable.go).
+	layoutNames map[modelSalt][]uint32
 	// nameBench marks the names of benchmark models (apart.go); bmru, blru
 	// end the benchmark records' LRU list, benchBytes is their rounded sizes.
 	nameBench  []bool
@@ -127,6 +133,8 @@ func (t *table) init() {
 		blru:    nilRec,
 		locked:  make(map[int32]struct{}),
 		names:   make(map[nameKey]uint32),
+
+		layoutNames: make(map[modelSalt][]uint32),
 	}
 }
 
@@ -160,6 +168,8 @@ func (t *table) add(k keys.ObjectKey, off, length, rounded int64) int32 {
 			t.nameBench = append(t.nameBench, keys.IsBenchModel(k.Model))
 		}
 		t.names[nk] = n
+		ms := modelSalt{nk.model, nk.salt}
+		t.layoutNames[ms] = append(t.layoutNames[ms], n)
 	}
 	t.nameRefs[n]++
 	t.nameWS[n].add(rankWorldSize(k.KVRank))
@@ -204,7 +214,14 @@ func (t *table) remove(i int32, rounded int64) {
 	t.unlink(i)
 	n := r.id.name
 	if t.nameRefs[n]--; t.nameRefs[n] == 0 {
-		delete(t.names, t.nameList[n])
+		nk := t.nameList[n]
+		delete(t.names, nk)
+		ms := modelSalt{nk.model, nk.salt}
+		if ns := slices.DeleteFunc(t.layoutNames[ms], func(x uint32) bool { return x == n }); len(ns) > 0 {
+			t.layoutNames[ms] = ns
+		} else {
+			delete(t.layoutNames, ms)
+		}
 		t.nameList[n] = nameKey{}
 		t.nameWS[n] = wsSet{}
 		t.nameFree = append(t.nameFree, n)
