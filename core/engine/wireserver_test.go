@@ -118,8 +118,8 @@ func TestMessageCapFollowsLayouts(t *testing.T) {
 	if got, want := capf(), base+(cfg.L1.SizeBytes()/big.Bytes+1)*(big.Bytes+4<<10); got != want {
 		t.Fatalf("cap with a layout larger than the pool %d, want %d", got, want)
 	}
-	reg.Remove("big", 1)
-	reg.Remove("m", 1)
+	reg.Remove("big", 1, layout.ID([]layout.Layout{big}))
+	reg.Remove("m", 1, layout.ID([]layout.Layout{lay}))
 	if got := capf(); got != base {
 		t.Fatalf("cap after the last unregistration %d, want %d", got, base)
 	}

@@ -65,6 +65,9 @@ type KeyRequest struct {
 	Tokens           []uint32
 	Start, End       int
 	Salt             string
+	// Layout is the layout ID worker-side keys name (ObjectKey.Layout); 0
+	// for keys built without one.
+	Layout uint64
 }
 
 // Sessions caches the chunk hashes of each request's prompt, keyed by
@@ -218,7 +221,7 @@ func (s *Sessions) Keys(r KeyRequest) (KeySet, error) {
 	sess.mu.Lock()
 	hashes := s.hashesLocked(sess, r.Tokens)
 	// A copy: the cache's digests change when the prompt diverges.
-	ks := newKeySet(append([]Hash(nil), hashes[r.Start/cs:r.End/cs]...), r.Model, r.WorldSize, r.Worker, r.Salt)
+	ks := newKeySet(append([]Hash(nil), hashes[r.Start/cs:r.End/cs]...), r.Model, r.WorldSize, r.Worker, r.Salt).WithLayout(r.Layout)
 	cost, ntok := sess.costLocked(), len(sess.tokens)
 	sess.mu.Unlock()
 	s.account(sess, cost, ntok)

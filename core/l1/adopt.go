@@ -80,7 +80,7 @@ func (p *Pool) export(now int64) Kept {
 func (p *Pool) keyOf(i int32) keys.ObjectKey {
 	id := p.t.recs[i].id
 	n := p.t.nameList[id.name]
-	return keys.ObjectKey{Chunk: id.chunk, Model: n.model, Salt: n.salt, KVRank: id.rank, Group: id.group}
+	return keys.ObjectKey{Chunk: id.chunk, Model: n.model, Salt: n.salt, KVRank: id.rank, Group: id.group, Layout: n.layout}
 }
 
 // CarriedLookupOwner is charged for the read locks a kept pool carried:

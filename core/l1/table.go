@@ -10,7 +10,7 @@ import (
 
 // The object table is laid out for a small Go heap at millions of objects:
 // an open-addressing index (index.go) from an identity (chunk hash,
-// interned model+salt, rank, group) to an index into a slice of fixed-size
+// interned model+salt+layout, rank, group) to an index into a slice of fixed-size
 // records; the LRU list, the prefix tree and the heap of evictable leaves
 // (prefix.go) are intrusive (indices in the records); only locked objects
 // sit in an extra set.
@@ -44,7 +44,7 @@ const nilRec = -1
 // smallBatch is the largest ReserveWrite batch deduplicated by a scan.
 const smallBatch = 32
 
-// ident is an ObjectKey with the model and salt strings interned.
+// ident is an ObjectKey with the model, salt and layout ID interned.
 type ident struct {
 	chunk keys.Hash
 	name  uint32 // index into table.names
@@ -81,7 +81,15 @@ type record struct {
 	carried                       bool // a live write reservation adopted for ClaimWrites
 }
 
-type nameKey struct{ model, salt string }
+// nameKey is what objects of one name share: the layout ID lives here, not
+// in each record, so keeping layouts apart costs nothing per object.
+type nameKey struct {
+	model, salt string
+	layout      uint64
+}
+
+// modelSalt is a name without its layout.
+type modelSalt struct{ model, salt string }
 
 type table struct {
 	index    keyIndex
@@ -94,6 +102,9 @@ type table struct {
 	nameRefs []uint32
 	nameFree []uint32
 	nameWS   []wsSet // world sizes each name holds objects for (see readable.go)
+	// layoutNames lists the names of each (model, salt), one per layout
+	// (readable.go).
+	layoutNames map[modelSalt][]uint32
 	// nameBench marks the names of benchmark models (apart.go); bmru, blru
 	// end the benchmark records' LRU list, benchBytes is their rounded sizes.
 	nameBench  []bool
@@ -122,6 +133,8 @@ func (t *table) init() {
 		blru:    nilRec,
 		locked:  make(map[int32]struct{}),
 		names:   make(map[nameKey]uint32),
+
+		layoutNames: make(map[modelSalt][]uint32),
 	}
 }
 
@@ -130,7 +143,7 @@ func (t *table) len() int { return t.index.n + t.detached }
 
 // find returns the record index of k, or nilRec.
 func (t *table) find(k keys.ObjectKey) int32 {
-	n, ok := t.names[nameKey{k.Model, k.Salt}]
+	n, ok := t.names[nameKey{k.Model, k.Salt, k.Layout}]
 	if !ok {
 		return nilRec
 	}
@@ -139,7 +152,7 @@ func (t *table) find(k keys.ObjectKey) int32 {
 
 // add creates a record at the MRU end; the caller locks it.
 func (t *table) add(k keys.ObjectKey, off, length, rounded int64) int32 {
-	nk := nameKey{k.Model, k.Salt}
+	nk := nameKey{k.Model, k.Salt, k.Layout}
 	n, ok := t.names[nk]
 	if !ok {
 		if l := len(t.nameFree); l > 0 {
@@ -155,6 +168,8 @@ func (t *table) add(k keys.ObjectKey, off, length, rounded int64) int32 {
 			t.nameBench = append(t.nameBench, keys.IsBenchModel(k.Model))
 		}
 		t.names[nk] = n
+		ms := modelSalt{nk.model, nk.salt}
+		t.layoutNames[ms] = append(t.layoutNames[ms], n)
 	}
 	t.nameRefs[n]++
 	t.nameWS[n].add(rankWorldSize(k.KVRank))
@@ -199,7 +214,14 @@ func (t *table) remove(i int32, rounded int64) {
 	t.unlink(i)
 	n := r.id.name
 	if t.nameRefs[n]--; t.nameRefs[n] == 0 {
-		delete(t.names, t.nameList[n])
+		nk := t.nameList[n]
+		delete(t.names, nk)
+		ms := modelSalt{nk.model, nk.salt}
+		if ns := slices.DeleteFunc(t.layoutNames[ms], func(x uint32) bool { return x == n }); len(ns) > 0 {
+			t.layoutNames[ms] = ns
+		} else {
+			delete(t.layoutNames, ms)
+		}
 		t.nameList[n] = nameKey{}
 		t.nameWS[n] = wsSet{}
 		t.nameFree = append(t.nameFree, n)

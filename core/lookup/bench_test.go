@@ -19,7 +19,7 @@ func (hitStore) Touch([]keys.ObjectKey)           {}
 
 type allLayouts struct{}
 
-func (allLayouts) GroupCount(string, int) int { return 1 }
+func (allLayouts) Registered(string, int) ([]uint64, []int) { return []uint64{0}, []int{1} }
 
 // BenchmarkLookup32k runs LOOKUP + QUERY_PREFETCH_STATUS for a 32k-token
 // prompt (128 chunks of 256 tokens, world size 1): "cold" with a new request

@@ -66,11 +66,16 @@ type TiersKnownAbsent interface {
 	KnownAbsent(model string, worldSize int, ks []keys.ObjectKey, per int) bool
 }
 
-// Layouts tells how many KV groups a model registered (0: none; a hybrid
-// model has several, each chunk then is one object per group);
-// *layout.Registry satisfies it.
+// Layouts tells which layouts a LOOKUP of a model answers for, as a LOOKUP
+// names none: every layout registered for the model, by ID
+// (keys.ObjectKey.Layout) and KV group count (none: the model is not
+// registered; a hybrid model has several groups, each chunk then is one
+// object per group). A chunk hits only when every layout holds it, each
+// layout's objects locked for its own workers, so a worker of any layout
+// retrieves every chunk the scheduler was told of, from its own layout's
+// keys. *layout.Registry satisfies it.
 type Layouts interface {
-	GroupCount(model string, worldSize int) int
+	Registered(model string, worldSize int) (ids []uint64, groups []int)
 }
 
 // Defaults for Options.
@@ -305,8 +310,8 @@ func (m *Module) LookupFrom(peer string, r keys.KeyRequest, tpSize int) error {
 		m.put(r.RequestID, 0, false)
 		return fmt.Errorf("lookup: request %s: %w", keys.Clip(r.RequestID), err)
 	}
-	groups := m.layouts.GroupCount(r.Model, r.WorldSize)
-	if groups == 0 {
+	ids, groups := m.layouts.Registered(r.Model, r.WorldSize)
+	if len(ids) == 0 {
 		t.earlyExits.Add(1)
 		m.unreg.note(r.Model, r.WorldSize, m.now())
 		m.log.Debug("lookup: no layout registered", "request_id", r.RequestID, "model", keys.Clip(r.Model), "world_size", r.WorldSize)
@@ -320,8 +325,10 @@ func (m *Module) LookupFrom(peer string, r keys.KeyRequest, tpSize int) error {
 		return fmt.Errorf("lookup: %w", err)
 	}
 	// A chunk of a hybrid model hits only when every group's object is
-	// there: a store whose groups are not all committed is a miss.
-	ks = ks.WithGroups(groups)
+	// there, and of a model registered with several layouts only when
+	// every layout's is: a store whose objects are not all committed is a
+	// miss.
+	ks = ks.WithLayouts(ids, groups)
 	if ks.Chunks() == 0 {
 		t.earlyExits.Add(1)
 		m.put(r.RequestID, 0, false)
@@ -560,7 +567,7 @@ func (m *Module) FreeLocks(r keys.KeyRequest, tpSize int) error {
 	if err != nil {
 		return fmt.Errorf("free lookup locks: %w", err)
 	}
-	ks = ks.WithGroups(m.layouts.GroupCount(r.Model, r.WorldSize))
+	ks = ks.WithLayouts(m.layouts.Registered(r.Model, r.WorldSize))
 	count := 1 + ExtraCount(tpSize, r.WorldSize)
 	m.inBatches(ks, func(batch []keys.ObjectKey) { m.store.FinishRead(batch, count) })
 	m.freedKeys.Add(int64(ks.Len()))
@@ -590,7 +597,7 @@ func (m *Module) EndSession(requestID string) {
 		m.log.Debug("end session: no live session", "request_id", requestID)
 		return
 	}
-	ks = ks.WithGroups(m.layouts.GroupCount(ks.Model(), ks.WorldSize()))
+	ks = ks.WithLayouts(m.layouts.Registered(ks.Model(), ks.WorldSize()))
 	m.inBatches(ks, m.store.Touch)
 	m.touchedKeys.Add(int64(ks.Len()))
 }

@@ -73,11 +73,11 @@ func (f *fakeStore) totalLocks() int {
 
 type layoutsSet map[string]bool
 
-func (l layoutsSet) GroupCount(model string, ws int) int {
+func (l layoutsSet) Registered(model string, ws int) ([]uint64, []int) {
 	if l[fmt.Sprint(model, "/", ws)] {
-		return 1
+		return []uint64{0}, []int{1}
 	}
-	return 0
+	return nil, nil
 }
 
 const cs = 4

@@ -105,7 +105,7 @@ func (m *Module) Unregistered() []Unregistered {
 	out := make([]Unregistered, 0, len(m.unreg.list))
 	for i := len(m.unreg.list) - 1; i >= 0; i-- {
 		e := m.unreg.list[i]
-		if m.layouts.GroupCount(e.Model, e.WorldSize) == 0 {
+		if ids, _ := m.layouts.Registered(e.Model, e.WorldSize); len(ids) == 0 {
 			out = append(out, e)
 		}
 	}

@@ -226,6 +226,9 @@ type segment struct {
 type name struct {
 	Model exact `json:"m"`
 	Salt  exact `json:"s"`
+	// Layout is the objects' layout ID (keys.ObjectKey.Layout), so a kept
+	// object is adopted under its own layout's key.
+	Layout uint64 `json:"l,omitempty"`
 }
 
 type object struct {
@@ -307,7 +310,7 @@ func Encode(r Record) ([]byte, error) {
 	}
 	idx := map[name]int{}
 	for _, o := range r.Pool.Objects {
-		n := name{exact(o.Key.Model), exact(o.Key.Salt)}
+		n := name{exact(o.Key.Model), exact(o.Key.Salt), o.Key.Layout}
 		i, ok := idx[n]
 		if !ok {
 			i = len(b.Names)
@@ -550,7 +553,7 @@ func (b *body) key(o *object, names []*name) (keys.ObjectKey, string) {
 		return k, "name unknown, or a string past the bound"
 	}
 	n := names[o.Name]
-	k.Model, k.Salt, k.KVRank, k.Group = string(n.Model), string(n.Salt), o.Rank, o.Group
+	k.Model, k.Salt, k.KVRank, k.Group, k.Layout = string(n.Model), string(n.Salt), o.Rank, o.Group, n.Layout
 	return k, ""
 }
 

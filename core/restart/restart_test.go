@@ -26,7 +26,7 @@ func sample() Record {
 		Pool: l1.Kept{Segment: l1.SegmentIdentity{Name: "lmcache_l1_pool_42", Dev: 1, Ino: 2, Size: 1 << 20, UID: uint32(os.Geteuid())},
 			Size: 1 << 20, Align: 4096}}
 	for i := range 8 {
-		k := keys.ObjectKey{Model: "m", KVRank: keys.KVRank(1, 0), Salt: fmt.Sprint(i % 2)}
+		k := keys.ObjectKey{Model: "m", KVRank: keys.KVRank(1, 0), Salt: fmt.Sprint(i % 2), Layout: uint64(i % 3)}
 		k.Chunk[0] = byte(i)
 		o := l1.KeptObject{Key: k, Offset: int64(i) * 8192, Length: 5000}
 		if i == 7 {

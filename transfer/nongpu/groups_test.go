@@ -113,8 +113,23 @@ func TestHybridRegistration(t *testing.T) {
 	bad("overflowing size", func(p *protocol.RegisterPayload) {
 		p.GroupLayouts[1].NumLayers, p.GroupLayouts[1].HiddenDimSize = 1<<30, 1<<30
 	}, "exceed")
-	bad("other groups for the same model", func(p *protocol.RegisterPayload) { p.GroupLayouts[1].HiddenDimSize = 16 }, "conflicts")
-	bad("one group for a hybrid model", func(p *protocol.RegisterPayload) { p.GroupLayouts = nil }, "conflicts")
+
+	// Other groups, or one group, for the same model register beside it,
+	// each under its own layout ID.
+	other := hybridPayload(2)
+	other.GroupLayouts[1].HiddenDimSize = 16
+	plain := hybridPayload(3)
+	plain.GroupLayouts = nil
+	for _, p := range []protocol.RegisterPayload{other, plain} {
+		if _, err := e.mod.RegisterThrough(p, nil, ""); err != nil {
+			t.Fatalf("instance %d with other groups: %v", p.InstanceID, err)
+		}
+	}
+	if ids, groups := e.layouts.Registered("m", 1); len(ids) != 3 || groups[0] != 2 || groups[1] != 2 || groups[2] != 1 {
+		t.Fatalf("registered layouts %x, groups %v", ids, groups)
+	}
+	e.mod.Unregister(2)
+	e.mod.Unregister(3)
 
 	// The same id again, with other groups: the first registration stays.
 	p := hybridPayload(1)

@@ -269,7 +269,7 @@ func (m *Module) Remove(id int64, by string) bool {
 func (m *Module) dropLocked(id int64, inst *instance, state workers.State, now time.Time) (writes, reads []*pending) {
 	m.deleteLocked(inst)
 	writes, reads = m.takePendingLocked(func(k pendingKey) bool { return k.instance == id })
-	m.layouts.Remove(inst.p.ModelName, inst.p.WorldSize)
+	m.layouts.Remove(inst.p.ModelName, inst.p.WorldSize, inst.layoutID)
 	if state == workers.StateReaped || state == workers.StateRemoved {
 		c := m.contextLocked(inst, now)
 		c.State, c.Gone, c.InFlight = state, now, 0

@@ -117,9 +117,10 @@ var ErrTooManyInstances = errors.New("too many registered instances")
 // so the worker never waits out its timeout for it.
 var ErrNotRegistered = errors.New("non-GPU context not registered")
 
-// ErrLayoutConflict refuses a registration whose model (and world size) is
-// registered with another layout: the object keys name no layout, so two
-// layouts of one model would read each other's chunks.
+// ErrLayoutConflict refuses a registration whose layouts' ID
+// (layout.ID, named by every object key) is that of other layouts
+// registered for the model: a SHA-256 prefix collision, which no peer can
+// aim at. Other layouts of a registered model register beside it.
 var ErrLayoutConflict = errors.New("layout conflicts with the one registered for the model")
 
 // DefaultMaxInstances applies when server.max_instances is not positive. It
@@ -137,7 +138,10 @@ type instance struct {
 	lay layout.Layout // groups[0]
 	// groups holds one layout per KV group: one for a plain model, several
 	// for a hybrid one (each group's objects live under their own keys).
-	groups     []layout.Layout
+	groups []layout.Layout
+	// layoutID is layout.ID(groups): every key of the instance names it,
+	// so its chunks are apart from other layouts' of the model.
+	layoutID   uint64
 	mode       workers.Mode
 	reason     string
 	registered time.Time
@@ -425,22 +429,20 @@ func (m *Module) RegisterThrough(p protocol.RegisterPayload, peer []byte, profil
 			return protocol.RegisterResponse{}, err
 		}
 	}
-	if replacing {
-		// The old worker's layout reference must not make the new one's
-		// conflict with itself; it is put back if the new one is refused.
-		m.layouts.Remove(old.p.ModelName, old.p.WorldSize)
-	}
-	if have, ok := m.layouts.Groups(p.ModelName, p.WorldSize); ok && !layout.GroupsEqual(have, groups) {
-		if replacing {
-			m.layouts.AddGroups(old.p.ModelName, old.p.WorldSize, old.groups)
-		}
+	// Each layout of a model is its own entry, its keys apart (layout.ID
+	// in every key), so another layout registered for the model first
+	// does not stand in the way; only an ID collision is refused.
+	if inst.layoutID, err = m.layouts.AddGroups(p.ModelName, p.WorldSize, groups); err != nil {
 		holders := m.holdersLocked(p.ModelName, p.WorldSize, p.InstanceID)
 		m.stats.Conflicts++
 		m.mu.Unlock()
-		err := fmt.Errorf("register instance %d from %s: %w: %s, but %s registered %s for model %s world size %d; if that registration is not a worker of yours, remove it (POST /unregister, kvdock ctl unregister)",
-			p.InstanceID, peerText(string(peer)), ErrLayoutConflict, groupsText(groups), holders, groupsText(have), quoteBounded(p.ModelName), p.WorldSize)
+		err := fmt.Errorf("register instance %d from %s: %w: %s, %s registered model %s world size %d: %v",
+			p.InstanceID, peerText(string(peer)), ErrLayoutConflict, groupsText(groups), holders, quoteBounded(p.ModelName), p.WorldSize, err)
 		m.event(workers.EventError, slog.LevelError, p.InstanceID, err.Error())
 		return protocol.RegisterResponse{}, err
+	}
+	if replacing {
+		m.layouts.Remove(old.p.ModelName, old.p.WorldSize, old.layoutID)
 	}
 	var writes, reads []*pending
 	if replacing {
@@ -449,7 +451,6 @@ func (m *Module) RegisterThrough(p protocol.RegisterPayload, peer []byte, profil
 	}
 	m.forgetGoneLocked(p.InstanceID)
 	m.putLocked(inst)
-	m.layouts.AddGroups(p.ModelName, p.WorldSize, groups)
 	m.mu.Unlock()
 
 	if replacing {
@@ -628,7 +629,7 @@ func (m *Module) Unregister(id int64) bool {
 	}
 	m.deleteLocked(inst)
 	writes, reads := m.takePendingLocked(func(k pendingKey) bool { return k.instance == id })
-	m.layouts.Remove(inst.p.ModelName, inst.p.WorldSize)
+	m.layouts.Remove(inst.p.ModelName, inst.p.WorldSize, inst.layoutID)
 	m.mu.Unlock()
 
 	m.discard(writes, reads)
@@ -650,7 +651,7 @@ func (m *Module) Close() {
 	m.closed = true
 	writes, reads := m.takePendingLocked(func(pendingKey) bool { return true })
 	for _, inst := range m.instances {
-		m.layouts.Remove(inst.p.ModelName, inst.p.WorldSize)
+		m.layouts.Remove(inst.p.ModelName, inst.p.WorldSize, inst.layoutID)
 		m.deleteLocked(inst)
 	}
 	m.mu.Unlock()
@@ -724,7 +725,7 @@ func (m *Module) keyRequest(inst *instance, k protocol.Key) (keys.KeyRequest, pe
 	}
 	req := keys.KeyRequest{
 		RequestID: k.RequestID, Model: k.ModelName, WorldSize: k.WorldSize, Worker: k.WorkerID,
-		Tokens: k.TokenIDs, Start: k.Start, End: k.End, Salt: k.CacheSalt,
+		Tokens: k.TokenIDs, Start: k.Start, End: k.End, Salt: k.CacheSalt, Layout: inst.layoutID,
 	}
 	pk := pendingKey{
 		instance: inst.id, worldSize: k.WorldSize, worker: *k.WorkerID,

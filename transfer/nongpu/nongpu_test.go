@@ -147,10 +147,13 @@ func key(toks []uint32, start, end int) protocol.Key {
 		Start: start, End: end, RequestID: "req"}
 }
 
+// objectKeys are k's keys under the layout a LOOKUP of its model answers
+// for (the model's first registered layout).
 func (e *env) objectKeys(k protocol.Key) []keys.ObjectKey {
 	e.t.Helper()
+	id, _ := e.layouts.First(k.ModelName, k.WorldSize)
 	ks, err := e.sessions.ObjectKeys(keys.KeyRequest{RequestID: k.RequestID, Model: k.ModelName,
-		WorldSize: k.WorldSize, Worker: k.WorkerID, Tokens: k.TokenIDs, Start: k.Start, End: k.End, Salt: k.CacheSalt})
+		WorldSize: k.WorldSize, Worker: k.WorkerID, Tokens: k.TokenIDs, Start: k.Start, End: k.End, Salt: k.CacheSalt, Layout: id})
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -461,11 +464,14 @@ func TestRegistrationValidation(t *testing.T) {
 		t.Fatalf("MLA layout %v (%d bytes)", l.Shape, l.Bytes)
 	}
 
-	// Another layout for the same (model, world size) is refused.
+	// Another layout for the same (model, world size) registers beside it.
 	p = payload(9)
 	p.ModelName = "mla"
-	if _, err := e.mod.RegisterThrough(p, nil, ""); err == nil || !strings.Contains(err.Error(), "conflicts") {
-		t.Fatalf("conflicting layout: err = %v", err)
+	if _, err := e.mod.RegisterThrough(p, nil, ""); err != nil {
+		t.Fatalf("another layout of the model: %v", err)
+	}
+	if ids, _ := e.layouts.Registered("mla", 1); len(ids) != 2 || ids[0] == ids[1] {
+		t.Fatalf("registered layouts %x", ids)
 	}
 }
 

@@ -95,15 +95,15 @@ func (m *Module) restoreOne(g restart.Registration, groups []layout.Layout, mode
 	if err := m.roomLocked(g.ID); err != nil {
 		return err
 	}
-	if have, ok := m.layouts.Groups(p.ModelName, p.WorldSize); ok && !layout.GroupsEqual(have, groups) {
-		return fmt.Errorf("%w: %s, the model is registered with %s", ErrLayoutConflict, groupsText(groups), groupsText(have))
+	id, err := m.layouts.AddGroups(p.ModelName, p.WorldSize, groups)
+	if err != nil {
+		return fmt.Errorf("%w: %s: %v", ErrLayoutConflict, groupsText(groups), err)
 	}
 	registered := g.Registered
 	if registered.IsZero() || registered.After(now) {
 		registered = now
 	}
 	m.putLocked(&instance{id: g.ID, p: p, lay: groups[0], groups: groups, mode: mode, reason: reason,
-		registered: registered, last: now, peerSeen: now, profile: g.Profile, restored: true})
-	m.layouts.AddGroups(p.ModelName, p.WorldSize, groups)
+		registered: registered, last: now, peerSeen: now, profile: g.Profile, restored: true, layoutID: id})
 	return nil
 }

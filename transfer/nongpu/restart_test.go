@@ -17,17 +17,20 @@ func TestRestoreRegistrationsAsRegisterChecksThem(t *testing.T) {
 	}
 	bad := regs[1]
 	bad.ID, bad.Payload.InstanceID, bad.Payload.DtypeStr = 3, 3, "evil"
-	conflict := regs[1]
-	conflict.ID, conflict.Payload.InstanceID, conflict.Payload.NumLayers = 4, 4, 7
+	other := regs[1] // another layout of the model: restored beside it
+	other.ID, other.Payload.InstanceID, other.Payload.NumLayers = 4, 4, 7
 	liar := regs[1]
 	liar.ID = 5
 
 	fresh := newEnv(t, true, 1<<20)
-	n, refused := fresh.mod.Restore(append(regs, bad, conflict, liar), true)
-	if n != 2 || len(refused) != 3 {
+	n, refused := fresh.mod.Restore(append(regs, bad, other, liar), true)
+	if n != 3 || len(refused) != 2 {
 		t.Fatalf("restored %d, refused %q", n, refused)
 	}
-	for _, want := range []string{"instance 3", "instance 4", "instance 5"} {
+	if ids, _ := fresh.layouts.Registered("m", 1); len(ids) != 2 {
+		t.Fatalf("restored layouts %x, want 2", ids)
+	}
+	for _, want := range []string{"instance 3", "instance 5"} {
 		if !strings.Contains(strings.Join(refused, "\n"), want) {
 			t.Errorf("refusals %q do not name %s", refused, want)
 		}
@@ -42,7 +45,7 @@ func TestRestoreRegistrationsAsRegisterChecksThem(t *testing.T) {
 	if r, err := fresh.mod.RegisterThrough(payload(2), []byte("peer"), ""); err != nil || r.ShmName == "" {
 		t.Fatalf("register again: %+v %v", r, err)
 	}
-	if s := fresh.mod.Stats(); s.Instances != 2 || s.Reused != 0 {
+	if s := fresh.mod.Stats(); s.Instances != 3 || s.Reused != 0 {
 		t.Fatalf("stats %+v", s)
 	}
 	// Into a module whose pool is not shared, SHM registrations are refused.

@@ -31,7 +31,7 @@ func hostileLayout(t *testing.T) layout.Layout { return chunks.Layout(t, 2, 16, 
 
 type oneLayout struct{ l layout.Layout }
 
-func (o oneLayout) GroupLayout(string, int, uint32) (layout.Layout, bool) { return o.l, true }
+func (o oneLayout) LayoutOf(string, int, uint64, uint32) (layout.Layout, bool) { return o.l, true }
 
 func hostileKey(i int) keys.ObjectKey { return chunks.Tagged(i, "hostile/model", 0x5A) }
 
