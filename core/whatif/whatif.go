@@ -60,7 +60,6 @@ import (
 	"unsafe"
 
 	"kvdock/core/keys"
-	"kvdock/settings"
 )
 
 // factors are the pool sizes the curve reports, as multiples of the pool.
@@ -155,11 +154,11 @@ type Estimator struct {
 
 // New returns an estimator for a pool of opts.PoolBytes bytes.
 func New(opts Options) *Estimator {
-	opts.PoolBytes = settings.PositiveOr(opts.PoolBytes, 1)
-	opts.MinSamples = settings.PositiveOr(opts.MinSamples, DefaultMinSamples)
-	opts.MaxSamples = settings.PositiveOr(opts.MaxSamples, DefaultMaxSamples)
+	opts.PoolBytes = positiveOr(opts.PoolBytes, 1)
+	opts.MinSamples = positiveOr(opts.MinSamples, DefaultMinSamples)
+	opts.MaxSamples = positiveOr(opts.MaxSamples, DefaultMaxSamples)
 	opts.MaxSamples = max(opts.MaxSamples, opts.MinSamples)
-	opts.Window = settings.PositiveOr(opts.Window, DefaultWindow)
+	opts.Window = positiveOr(opts.Window, DefaultWindow)
 	e := &Estimator{
 		pool:    opts.PoolBytes,
 		maxDist: maxFactor * float64(opts.PoolBytes),
@@ -601,4 +600,13 @@ func (e *Estimator) Curve() Curve {
 // and the struct's fixed fields.
 func (e *Estimator) memory() int64 {
 	return e.st.memory() + int64(unsafe.Sizeof(*e))
+}
+
+// positiveOr is v, or def where v is not positive: an option left unset
+// takes its default. Each core leaf keeps its own, so none imports settings.
+func positiveOr[T ~int | ~int64 | ~float64](v, def T) T {
+	if v <= 0 {
+		return def
+	}
+	return v
 }
