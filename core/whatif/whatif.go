@@ -178,7 +178,7 @@ func New(opts Options) *Estimator {
 // hot path. Keys of different models that share a chunk digest and rank
 // share it, and so are sampled together; their identities still differ.
 func spatial(k *keys.ObjectKey) uint64 {
-	return mix(binary.LittleEndian.Uint64(k.Chunk[:8]) ^ uint64(k.KVRank)<<32 ^ uint64(k.KVRank))
+	return keys.Mix64(binary.LittleEndian.Uint64(k.Chunk[:8]) ^ uint64(k.KVRank)<<32 ^ uint64(k.KVRank))
 }
 
 // identity tells apart sampled keys that share a spatial hash: the model
@@ -193,17 +193,7 @@ func identity(k *keys.ObjectKey) uint32 {
 		h = (h ^ uint64(k.Salt[i])) * 1099511628211
 	}
 	h ^= binary.LittleEndian.Uint64(k.Chunk[8:16])
-	return uint32(mix(h))
-}
-
-// mix is splitmix64's finaliser.
-func mix(x uint64) uint64 {
-	x ^= x >> 30
-	x *= 0xbf58476d1ce4e5b9
-	x ^= x >> 27
-	x *= 0x94d049bb133111eb
-	x ^= x >> 31
-	return x
+	return uint32(keys.Mix64(h))
 }
 
 // Prefix is the state of one lookup across its batches: the largest reuse
