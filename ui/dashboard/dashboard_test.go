@@ -415,16 +415,10 @@ func TestEventsMergeAndRefresh(t *testing.T) {
 // again shows the contexts' idle times moved on too: a tick alone keeps the
 // frame, the snapshot it asks for and a resize draw a new one.
 func TestViewCachedWhenIdle(t *testing.T) {
-	f := newFakeEngine(t)
-	now := t0
-	opts := testOptions()
-	opts.Now = func() time.Time { return now }
-	opts = opts.withDefaults(f)
-	m := newModel(context.Background(), f, opts, opts.Profile)
-	m.Update(tea.WindowSizeMsg{Width: 80, Height: 24})
+	m, now := clockModel(t, newFakeEngine(t), 80, 24)
 	first := screen(m)
-	now = now.Add(90 * time.Second)
-	_, cmd := m.Update(tickMsg(now))
+	*now = now.Add(90 * time.Second)
+	_, cmd := m.Update(tickMsg(*now))
 	if got := screen(m); got != first {
 		t.Fatalf("a tick alone drew a new frame:\n%s\nwas:\n%s", got, first)
 	}
