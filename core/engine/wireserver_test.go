@@ -16,8 +16,8 @@ import (
 )
 
 // TestWireFailureReportsFrontFailed: a wire server
-// whose socket can no longer be polled used to log every 10 ms forever; now
-// Serve gives up and the engine reports the failure (Failed, state, event).
+// whose socket can no longer be polled gives up Serve rather than log every
+// 10 ms forever, and the engine reports the failure (Failed, state, event).
 func TestWireFailureReportsFrontFailed(t *testing.T) {
 	cfg, _ := testConfig(t)
 	e := New(cfg, Options{})
