@@ -64,8 +64,8 @@ func TestWireFailureReportsFrontFailed(t *testing.T) {
 }
 
 // TestBindFailureNeverReportsFailed: a bind failure (port taken) during an
-// apply is returned and rolled back; it must never close Failed (the old code
-// started Serve before marking the start, so a fast bind failure could).
+// apply is returned and rolled back; it must never close Failed (were Serve
+// started before the start is marked, a fast bind failure could).
 func TestBindFailureNeverReportsFailed(t *testing.T) {
 	cfg, _ := testConfig(t)
 	e := startEngine(t, cfg)
