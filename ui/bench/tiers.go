@@ -144,10 +144,10 @@ func runTier(ctx context.Context, o Options, prof *protocol.Profile, pool int64,
 	var ref readRef
 	switch typ {
 	case "fs":
-		tr.Reference = fmt.Sprintf("sequential write/read of one file of the same bytes (%d × %s) in base_path, no fsync (as the tier)", n, mib(int64(valSize)))
+		tr.Reference = fmt.Sprintf("sequential write/read of one file of the same bytes (%d × %s) in base_path, no fsync (as the tier)", n, settings.BytesText(int64(valSize)))
 		ref, tr.RefWriteGBps, err = newFileRef(adapter.FS.BasePath, valSize, n)
 	case "resp":
-		tr.Reference = fmt.Sprintf("valkey-go SET/GET of the same values (%d × %s) on the same server, %d writers / %d readers as the tier", n, mib(int64(valSize)), tierWorkers, prefetchStreams(o))
+		tr.Reference = fmt.Sprintf("valkey-go SET/GET of the same values (%d × %s) on the same server, %d writers / %d readers as the tier", n, settings.BytesText(int64(valSize)), tierWorkers, prefetchStreams(o))
 		ref, tr.RefWriteGBps, err = newRespRef(ctx, adapter.RESP, valSize, n, prefetchStreams(o))
 	default:
 		err = fmt.Errorf("no reference for tier type %q", typ)
