@@ -404,7 +404,7 @@ func TestEditorRefusesPoolLargerThanMemory(t *testing.T) {
 	retype(t, m, "l1.size_gb", "40")
 	s := screen(m)
 	// 3 GiB free plus the running pool's 768 MiB resident.
-	mustContain(t, s, "INVALID: l1.size_gb = 40", "the pool needs 40.00 GiB", "3.75 GiB", "--l1-allow-overcommit")
+	mustContain(t, s, "INVALID: l1.size_gb = 40", "the pool needs 40.0 GiB", "3.8 GiB", "--l1-allow-overcommit")
 	press(t, m, "enter") // refused
 	if m.settings.mode != setEdit {
 		t.Fatal("an oversized pool was accepted")
