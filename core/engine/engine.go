@@ -62,7 +62,7 @@ type Options struct {
 	// GPU samples GPU memory; nil = none.
 	GPU GPUSampler
 	// Observer sees every request's outcome and latency (metrics).
-	Observer rpc.Observer
+	Observer Observer
 	// OnApply moves the faces that own settings of their own (http.*) from
 	// old to new. Apply calls it with the engine's lock held, before the
 	// engine's own changes, and again with the arguments swapped when those

@@ -9,8 +9,6 @@ import (
 	"sync/atomic"
 	"time"
 	"unsafe"
-
-	"kvdock/settings"
 )
 
 // Session defaults. The TTL and sweep period match LMCache's session.py; the
@@ -43,9 +41,9 @@ type Limits struct {
 }
 
 func (l Limits) withDefaults() Limits {
-	l.MaxSessions = settings.PositiveOr(l.MaxSessions, DefaultMaxSessions)
-	l.MaxBytes = settings.PositiveOr(l.MaxBytes, DefaultMaxBytes)
-	l.MaxRequestTokens = settings.PositiveOr(l.MaxRequestTokens, DefaultMaxRequestTokens)
+	l.MaxSessions = positiveOr(l.MaxSessions, DefaultMaxSessions)
+	l.MaxBytes = positiveOr(l.MaxBytes, DefaultMaxBytes)
+	l.MaxRequestTokens = positiveOr(l.MaxRequestTokens, DefaultMaxRequestTokens)
 	return l
 }
 
@@ -452,4 +450,13 @@ func u32bytes(v []uint32) []byte {
 		return nil
 	}
 	return unsafe.Slice((*byte)(unsafe.Pointer(&v[0])), 4*len(v))
+}
+
+// positiveOr is v, or def where v is not positive: an option left unset
+// takes its default. Each core leaf keeps its own, so none imports settings.
+func positiveOr[T ~int | ~int64 | ~float64](v, def T) T {
+	if v <= 0 {
+		return def
+	}
+	return v
 }

@@ -199,7 +199,7 @@ func TestLookupJobsBoundedInBytes(t *testing.T) {
 	ts := tokens(cs)
 	const huge = 8 << 20
 	// 8 MiB ids: rejected, never kept, whether or not the model is
-	// registered (the early exit used to record them unchecked).
+	// registered (the early exit records nothing unchecked).
 	grew := retained(func() {
 		for i := range 16 {
 			id := strings.Repeat(string(rune('a'+i)), huge)

@@ -23,7 +23,6 @@ import (
 	"kvdock/core/keys"
 	"kvdock/core/misses"
 	"kvdock/core/whatif"
-	"kvdock/settings"
 )
 
 // Store is the part of the L1 pool a lookup needs.
@@ -224,9 +223,9 @@ type Stats struct {
 // New returns a Module resolving keys through s, locking in store and
 // checking registrations in layouts.
 func New(s *keys.Sessions, store Store, layouts Layouts, opts Options) *Module {
-	opts.JobTTL = settings.PositiveOr(opts.JobTTL, DefaultJobTTL)
-	opts.MaxJobs = settings.PositiveOr(opts.MaxJobs, DefaultMaxJobs)
-	opts.MaxJobBytes = settings.PositiveOr(opts.MaxJobBytes, DefaultMaxJobBytes)
+	opts.JobTTL = positiveOr(opts.JobTTL, DefaultJobTTL)
+	opts.MaxJobs = positiveOr(opts.MaxJobs, DefaultMaxJobs)
+	opts.MaxJobBytes = positiveOr(opts.MaxJobBytes, DefaultMaxJobBytes)
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
@@ -709,4 +708,13 @@ func (m *Module) removeLocked(j *job) {
 	m.order.Remove(j.elem)
 	delete(m.jobs, j.id)
 	m.bytes -= j.cost
+}
+
+// positiveOr is v, or def where v is not positive: an option left unset
+// takes its default. Each core leaf keeps its own, so none imports settings.
+func positiveOr[T ~int | ~int64 | ~float64](v, def T) T {
+	if v <= 0 {
+		return def
+	}
+	return v
 }

@@ -41,7 +41,6 @@ import (
 
 	"kvdock/core/protocol"
 	"kvdock/core/rpc/internal/wake"
-	"kvdock/settings"
 )
 
 // Request is one decoded request as a handler sees it. Args follow the
@@ -222,22 +221,22 @@ func (o *Options) defaults() error {
 	if o.Port < 0 || o.Port > 65535 {
 		return fmt.Errorf("rpc: port %d out of range 0-65535", o.Port)
 	}
-	o.OrderedWorkers = settings.PositiveOr(o.OrderedWorkers, 1)
-	o.SharedWorkers = settings.PositiveOr(o.SharedWorkers, 1)
-	o.MaxMessageBytes = settings.PositiveOr(o.MaxMessageBytes, 1<<30)
-	o.MaxTokensPerRequest = settings.PositiveOr(o.MaxTokensPerRequest, protocol.DefaultMaxTokens)
-	o.SendHWM = settings.PositiveOr(o.SendHWM, 1000)
-	o.RecvHWM = settings.PositiveOr(o.RecvHWM, 16)
-	o.HandshakeTimeout = settings.PositiveOr(o.HandshakeTimeout, 5*time.Second)
-	o.QueueDepth = settings.PositiveOr(o.QueueDepth, 1024)
-	o.QueuedRequestBytes = settings.PositiveOr(o.QueuedRequestBytes, 256<<20)
-	o.PeerQueuedRequestBytes = settings.PositiveOr(o.PeerQueuedRequestBytes, 64<<20)
-	o.ReplyBytes = settings.PositiveOr(o.ReplyBytes, 1<<30)
-	o.ReplyBytesPerPeer = settings.PositiveOr(o.ReplyBytesPerPeer, 128<<20)
-	o.FastSharedBytes = settings.PositiveOr(o.FastSharedBytes, 64<<10)
-	o.InFlightBytes = settings.PositiveOr(o.InFlightBytes, 256<<20)
-	o.DrainTimeout = settings.PositiveOr(o.DrainTimeout, 5*time.Second)
-	o.LogInterval = settings.PositiveOr(o.LogInterval, 10*time.Second)
+	o.OrderedWorkers = positiveOr(o.OrderedWorkers, 1)
+	o.SharedWorkers = positiveOr(o.SharedWorkers, 1)
+	o.MaxMessageBytes = positiveOr(o.MaxMessageBytes, 1<<30)
+	o.MaxTokensPerRequest = positiveOr(o.MaxTokensPerRequest, protocol.DefaultMaxTokens)
+	o.SendHWM = positiveOr(o.SendHWM, 1000)
+	o.RecvHWM = positiveOr(o.RecvHWM, 16)
+	o.HandshakeTimeout = positiveOr(o.HandshakeTimeout, 5*time.Second)
+	o.QueueDepth = positiveOr(o.QueueDepth, 1024)
+	o.QueuedRequestBytes = positiveOr(o.QueuedRequestBytes, 256<<20)
+	o.PeerQueuedRequestBytes = positiveOr(o.PeerQueuedRequestBytes, 64<<20)
+	o.ReplyBytes = positiveOr(o.ReplyBytes, 1<<30)
+	o.ReplyBytesPerPeer = positiveOr(o.ReplyBytesPerPeer, 128<<20)
+	o.FastSharedBytes = positiveOr(o.FastSharedBytes, 64<<10)
+	o.InFlightBytes = positiveOr(o.InFlightBytes, 256<<20)
+	o.DrainTimeout = positiveOr(o.DrainTimeout, 5*time.Second)
+	o.LogInterval = positiveOr(o.LogInterval, 10*time.Second)
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
@@ -1044,4 +1043,13 @@ func peerWorker(peer []byte, n int) int {
 	h := fnv.New32a()
 	_, _ = h.Write(peer)
 	return int(h.Sum32() % uint32(n))
+}
+
+// positiveOr is v, or def where v is not positive: an option left unset
+// takes its default. Each core leaf keeps its own, so none imports settings.
+func positiveOr[T ~int | ~int64 | ~float64](v, def T) T {
+	if v <= 0 {
+		return def
+	}
+	return v
 }

@@ -14,8 +14,7 @@ import (
 
 // Registrations carried across a restart are held and charged as live
 // ones: their holder peer, their protocol table, and the pickle workers'
-// registrations whatever happens to the pool (issue 34 points 3 and 7,
-// issue 35 point 2).
+// registrations whatever happens to the pool.
 
 // registered reports whether /status lists instance id.
 func registered(t testing.TB, srv *harness.Server, id int64) bool {

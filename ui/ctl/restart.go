@@ -3,11 +3,11 @@ package ctl
 import (
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"strings"
 	"time"
 
-	"kvdock/core/logcap"
 	"kvdock/settings"
 	"kvdock/ui/httpapi"
 	"kvdock/ui/termtext"
@@ -40,22 +40,12 @@ func runRestart(f flagSet, params []string, env Env) int {
 	before, _ := restartStatusOf(base, *f.timeout)
 	url := base + "/restart"
 	token, local := restartToken(cfg, env)
-	code, body, err := postHTTP(url, token, *f.timeout)
+	_, code, err := postDecode(url, token, *f.timeout, "restart", func(rr *httpapi.RestartResult) bool { return rr.Status == "restarting" })
 	if err != nil {
 		fmt.Fprintf(stderr, "kvdock ctl restart: %v\n", err)
-		return 1
-	}
-	var rr httpapi.RestartResult
-	decodeErr := json.Unmarshal(body, &rr)
-	if err := httpFailure(url, code, body); err != nil {
-		fmt.Fprintf(stderr, "kvdock ctl restart: %v\n", err)
-		if local != nil {
+		if local != nil && code != 0 && code != http.StatusOK {
 			fmt.Fprintf(stderr, "kvdock ctl restart: no token set, and the server's local one could not be read: %v\n", local)
 		}
-		return 1
-	}
-	if decodeErr != nil || rr.Status != "restarting" {
-		fmt.Fprintf(stderr, "kvdock ctl restart: %s did not answer a kvdock restart: %q\n", url, logcap.Truncate(termtext.Clean(string(body)), 200))
 		return 1
 	}
 	deadline := time.Now().Add(restartWait)

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"kvdock/core/engine"
+	"kvdock/core/testkit/promseries"
 )
 
 func TestKVEventsMetricsOnlyWhenOn(t *testing.T) {
@@ -20,7 +21,7 @@ func TestKVEventsMetricsOnlyWhenOn(t *testing.T) {
 		"kvdock_kv_events_stored_blocks_total": 9, "kvdock_kv_events_removed_blocks_total": 2,
 		"kvdock_kv_events_dropped_total": 1, "kvdock_kv_events_replay_requests_total": 3,
 	} {
-		if v := get(t, f, name); v != want {
+		if v := promseries.Value(t, f, name); v != want {
 			t.Errorf("%s = %v, want %v", name, v, want)
 		}
 	}

@@ -1,6 +1,6 @@
 // Package metrics is kvdock's Prometheus side: a private registry holding the
 // request counters and latency histogram fed by the wire server (Metrics is an
-// rpc.Observer) and a collector that reads the engine's snapshot at scrape
+// engine.Observer) and a collector that reads the engine's snapshot at scrape
 // time for everything else (pool, lookups, contexts, transfer bytes, bad
 // input, GPU memory, the L2 tiers as kvdock_tier_* by index and type). Names follow upstream's lmcache_mp.* instruments where
 // one exists; kvdock's own figures are kvdock_*.
@@ -23,7 +23,6 @@ import (
 
 	"kvdock/core/engine"
 	"kvdock/core/protocol"
-	"kvdock/core/rpc"
 	"kvdock/core/tierstate"
 	"kvdock/core/workers"
 )
@@ -34,7 +33,7 @@ type Source interface {
 }
 
 // outcomes are the request outcomes every request type is primed with.
-var outcomes = [...]string{rpc.OutcomeOK, rpc.OutcomeError, rpc.OutcomeDropped}
+var outcomes = [...]string{engine.OutcomeOK, engine.OutcomeError, engine.OutcomeDropped}
 
 // badKinds are the bad-input kinds primed at zero; others appear when seen.
 func badKinds() []string {
@@ -81,13 +80,13 @@ func New() *Metrics {
 	return m
 }
 
-// OnRequest implements rpc.Observer: one call per dispatched request.
+// OnRequest implements engine.Observer: one call per dispatched request.
 func (m *Metrics) OnRequest(name, outcome string, dur time.Duration) {
 	m.requests.WithLabelValues(name, outcome).Inc()
 	m.duration.WithLabelValues(name).Observe(dur.Seconds())
 }
 
-var _ rpc.Observer = (*Metrics)(nil)
+var _ engine.Observer = (*Metrics)(nil)
 
 // Watch makes the snapshot-derived metrics read src at every scrape.
 func (m *Metrics) Watch(src Source) { m.snap.setSource(src) }

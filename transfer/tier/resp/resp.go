@@ -1,7 +1,7 @@
 // Package resp is the L2 tier on a Redis or Valkey server or cluster, shared
 // by every kvdock host that points at it. It talks RESP through valkey-go
-// (chosen over go-redis by a measured bake-off, see the closing note of
-// issue 14), keeps this host's own values (its earlier runs' too, see
+// (chosen over go-redis by a measured bake-off; docs/RELIABILITY.md says
+// why it stays), keeps this host's own values (its earlier runs' too, see
 // share.go) under max_capacity_gb, counted at what the server says they
 // take, by evicting them least recently used first, and watches the
 // connection: a failure marks the tier down with the reason (a connection
