@@ -3,8 +3,6 @@ package rpc
 import (
 	"encoding/hex"
 	"time"
-
-	"kvdock/core/protocol"
 )
 
 // Handover is how a stop for a restart ends the wire server so that no
@@ -127,25 +125,8 @@ const maxParked = 4096
 // request's; true when it is held (its borrowed frames stay borrowed).
 func (l *loop) park(frames [][]byte, j job) bool {
 	s := l.s
-	class := j.spec.Class
-	if class == protocol.Shared && s.fastShared(j.spec, j.payload) {
-		class = protocol.Inline
-	}
-	var ch chan job
-	switch class {
-	case protocol.Inline:
-	case protocol.Ordered:
-		ch = l.ordered[peerWorker(j.peer, len(l.ordered))]
-	default:
-		ch = l.shared
-	}
-	if l.rc.inScratch {
-		l.rc.detach(frames)
-		j.peer, j.uid, j.typ, j.payload = frames[0], frames[1], frames[2], frames[3:]
-		if j.decoded {
-			j.decoded, j.args = false, nil
-		}
-	}
+	ch := l.queueOf(j)
+	l.ownCopy(frames, &j)
 	if ch != nil {
 		for _, f := range j.payload {
 			j.cost += int64(len(f))

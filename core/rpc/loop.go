@@ -511,15 +511,8 @@ func (l *loop) dispatch(frames [][]byte, held *borrowed, total, limit int64, too
 		handedOff = l.park(frames, j)
 		return
 	}
-	var ch chan job
-	class := spec.Class
-	if class == protocol.Shared && s.fastShared(spec, j.payload) {
-		// Cheap and non-blocking at this size: answered here, without the
-		// hand-off to a worker and the wake-up to send its reply.
-		class = protocol.Inline
-	}
-	switch class {
-	case protocol.Inline:
+	ch := l.queueOf(j)
+	if ch == nil {
 		if !j.decoded && !s.decodePayload(&j, l.send) {
 			return
 		}
@@ -528,21 +521,8 @@ func (l *loop) dispatch(frames [][]byte, held *borrowed, total, limit int64, too
 			l.send(r)
 		}
 		return
-	case protocol.Ordered:
-		ch = l.ordered[peerWorker(peer, len(l.ordered))]
-	default:
-		ch = l.shared
 	}
-	if l.rc.inScratch {
-		// Its small frames are in the receive buffer, which the next
-		// message overwrites: the worker gets its own copy (and decodes it
-		// again if protocol detection did: those args point into it).
-		l.rc.detach(frames)
-		j.peer, j.uid, j.typ, j.payload = frames[0], frames[1], frames[2], frames[3:]
-		if j.decoded {
-			j.decoded, j.args = false, nil
-		}
-	}
+	l.ownCopy(frames, &j)
 	for _, f := range j.payload {
 		j.cost += int64(len(f))
 	}
@@ -562,6 +542,38 @@ func (l *loop) dispatch(frames [][]byte, held *borrowed, total, limit int64, too
 		handedOff = l.enqueueSlow(ch, j)
 	}
 	l.handedOff = l.handedOff || handedOff
+}
+
+// queueOf is the worker queue j runs on, nil for the inline class.
+func (l *loop) queueOf(j job) chan job {
+	class := j.spec.Class
+	if class == protocol.Shared && l.s.fastShared(j.spec, j.payload) {
+		// Cheap and non-blocking at this size: answered here, without the
+		// hand-off to a worker and the wake-up to send its reply.
+		class = protocol.Inline
+	}
+	switch class {
+	case protocol.Inline:
+		return nil
+	case protocol.Ordered:
+		return l.ordered[peerWorker(j.peer, len(l.ordered))]
+	default:
+		return l.shared
+	}
+}
+
+// ownCopy gives j its own copy of its frames when they are in the receive
+// buffer, which the next message overwrites (and drops args decoded into
+// them: the worker decodes them again).
+func (l *loop) ownCopy(frames [][]byte, j *job) {
+	if !l.rc.inScratch {
+		return
+	}
+	l.rc.detach(frames)
+	j.peer, j.uid, j.typ, j.payload = frames[0], frames[1], frames[2], frames[3:]
+	if j.decoded {
+		j.decoded, j.args = false, nil
+	}
 }
 
 // yieldToWorkers lets the workers just handed a request run before the
