@@ -389,6 +389,7 @@ func TestKVEventsIndexEqualsLookup(t *testing.T) {
 	before := len(prompts)
 	store(3, 1)
 	check("one rank of two")
+	x.mu.Lock()
 	for _, p := range prompts[before:] {
 		for _, h := range hasher.Hashes(p.tokens) {
 			if x.known[p.g[0].Model()][kvevents.WireHash(h)] {
@@ -396,6 +397,7 @@ func TestKVEventsIndexEqualsLookup(t *testing.T) {
 			}
 		}
 	}
+	x.mu.Unlock()
 	store(120, 0) // about 500 chunks into a pool of 256: evictions
 	var st kvEventsStatus
 	httpjson.Get(t, statusURL(srv), &st)
@@ -411,19 +413,24 @@ func TestKVEventsIndexEqualsLookup(t *testing.T) {
 	if hits := check("cleared"); hits != 0 {
 		t.Errorf("hits after a clear: %d", hits)
 	}
+	x.mu.Lock()
 	for m, idx := range x.known {
 		if len(idx) != 0 {
 			t.Errorf("model %s: %d blocks still indexed after the clear", m, len(idx))
 		}
 	}
+	x.mu.Unlock()
 	store(20, 0)
 	check("stored again")
 	httpjson.Get(t, statusURL(srv), &st)
 	if !st.KVEvents.Enabled || st.KVEvents.Dropped != 0 || st.KVEvents.Sent != st.KVEvents.NextSeq {
 		t.Errorf("/status kv_events %+v", st.KVEvents)
 	}
-	if x.dropped != 0 {
-		t.Errorf("%d events a router drops (unknown parent)", x.dropped)
+	x.mu.Lock()
+	dropped := x.dropped
+	x.mu.Unlock()
+	if dropped != 0 {
+		t.Errorf("%d events a router drops (unknown parent)", dropped)
 	}
 	// A router that starts now rebuilds the same index from replay alone.
 	caughtUp("replay")

@@ -36,7 +36,7 @@ func stormRestarts(t *testing.T) int {
 // worker registers again. In SHM mode and in pickle mode (the seed's own
 // --shm-name ""): none is refused, no committed prompt misses, no byte
 // differs, every prompt committed reads back identical at the end, and no
-// lock is left held. Timeouts (an exception in the engine) are counted
+// lock is left held but a timed-out request's. Timeouts (an exception in the engine) are counted
 // and bounded: at most one in five restarts, for the race a worker's
 // descheduled libzmq I/O thread can lose (docs/RESTART.md, "No request
 // lost").
@@ -136,17 +136,24 @@ func TestRestartStormUpstreamWorkers(t *testing.T) {
 			for i, w := range ws {
 				checkAll(t, w, fmt.Sprintf("the storm (worker %d)", i))
 			}
-			// Every transfer has ended: nothing stays locked.
+			// Every transfer has ended: nothing stays locked, but what a
+			// timed-out request's transfer or lookup took (2 chunks each,
+			// held to their TTL: its worker went on without it).
+			allowed := 2 * 2 * total.Timeouts
 			deadline := time.Now().Add(15 * time.Second)
 			for {
 				wl, rl, err := lockedObjects(srv)
-				if err == nil && wl == 0 && rl == 0 {
+				if err == nil && wl+rl <= allowed {
+					if wl+rl > 0 {
+						t.Logf("after the storm: %d write-locked and %d read-locked objects left by %d timed-out requests", wl, rl, total.Timeouts)
+					}
 					break
 				}
 				if time.Now().After(deadline) {
-					t.Fatalf("after the storm: %d write-locked and %d read-locked objects left (%v)", wl, rl, err)
+					t.Fatalf("after the storm: %d write-locked and %d read-locked objects left (%v), %d timed-out requests allow %d",
+						wl, rl, err, total.Timeouts, allowed)
 				}
-				time.Sleep(100 * time.Millisecond)
+				time.Sleep(100 * time.Millisecond) // polling a condition, bounded by the deadline
 			}
 		})
 	}
