@@ -37,7 +37,7 @@ func stormRestarts(t *testing.T) int {
 // --shm-name ""): none is refused, no committed prompt misses, no byte
 // differs, every prompt committed reads back identical at the end, and no
 // lock is left held but a timed-out request's. Timeouts (an exception in the engine) are counted
-// and bounded: at most one in five restarts, for the race a worker's
+// and bounded: at most one in four restarts, for the race a worker's
 // descheduled libzmq I/O thread can lose (docs/RESTART.md, "No request
 // lost").
 func TestRestartStormUpstreamWorkers(t *testing.T) {
@@ -120,9 +120,10 @@ func TestRestartStormUpstreamWorkers(t *testing.T) {
 			// I/O thread, descheduled between the last answer and the end
 			// of the connection, lets the worker send down the closing
 			// connection (the old process reads and counts such a request
-			// while it can). On the loaded 2-core machine that is 0-4 of
-			// 150 worker restarts; before the handover, 19-33 of 60.
-			if limit := max(1, n/5); total.Timeouts > limit {
+			// while it can). Measured on the 2-core machine: SHM 1-4 and
+			// pickle 1-5 of 150 worker restarts, quiet or loaded; before
+			// the handover, 19-33 of 60.
+			if limit := max(1, n/4); total.Timeouts > limit {
 				t.Errorf("%d requests timed out over %d restarts (%d counted as arriving after a handover's last answer), more than %d",
 					total.Timeouts, n, late, limit)
 			}
