@@ -121,8 +121,7 @@ func TestRestartStormUpstreamWorkers(t *testing.T) {
 			// of the connection, lets the worker send down the closing
 			// connection (the old process reads and counts such a request
 			// while it can). Measured on the 2-core machine: SHM 1-4 and
-			// pickle 1-5 of 150 worker restarts, quiet or loaded; before
-			// the handover, 19-33 of 60.
+			// pickle 1-5 of 150 worker restarts, quiet or loaded.
 			if limit := max(1, n/4); total.Timeouts > limit {
 				t.Errorf("%d requests timed out over %d restarts (%d counted as arriving after a handover's last answer), more than %d",
 					total.Timeouts, n, late, limit)
