@@ -54,7 +54,7 @@ func (m *Module) Handlers() map[string]rpc.Handler {
 				return nil, err
 			}
 			defer m.begin(id, req.Peer)()
-			resp, err := m.PrepareStore(k, id)
+			resp, err := m.prepareStore(k, id, req.Peer)
 			if n, ok := m.pickleStoreBytes(k, id); ok && err == nil {
 				// Answered once its chunks fit the in-flight pickle bytes: the
 				// worker sends them only after this reply.
@@ -79,7 +79,7 @@ func (m *Module) Handlers() map[string]rpc.Handler {
 				// refused) once this returns.
 				defer m.gate.committed(id)
 			}
-			return m.CommitStore(k, id, data)
+			return m.commitStore(k, id, data, req.Peer)
 		})),
 		protocol.CommitStoreGroup: m.reporting(m.notRegistered(false, func(_ context.Context, req *rpc.Request) (any, error) {
 			k, id, err := keyAndInstance(req, 4)
@@ -95,7 +95,7 @@ func (m *Module) Handlers() map[string]rpc.Handler {
 				return nil, err
 			}
 			defer m.begin(id, req.Peer)()
-			return m.CommitStoreGroup(k, id, group, data)
+			return m.commitStoreGroup(k, id, group, data, req.Peer)
 		})),
 		protocol.PrepareRetrieve: m.reporting(m.notRegistered(protocol.PrepareRetrieveResponse{}, func(_ context.Context, req *rpc.Request) (any, error) {
 			k, id, err := keyAndInstance(req, 2)
@@ -113,7 +113,7 @@ func (m *Module) Handlers() map[string]rpc.Handler {
 				name, peer := req.Name, string(req.Peer) // the frames end with the handler
 				m.gate.acquireRetrieve(id, n+retrieveReplySlack, func(charge *rpc.HeldBytes) {
 					defer end()
-					res, err := m.prepareRetrieveReply(k, id, func(n int) ([]byte, error) { return later.ReplyBuffer(n, charge) })
+					res, err := m.prepareRetrieveReply(k, id, []byte(peer), func(n int) ([]byte, error) { return later.ReplyBuffer(n, charge) })
 					if errors.Is(err, ErrNotRegistered) {
 						// Unregistered while it waited for the gate.
 						res, err = m.answerUnregistered(name, id, []byte(peer), protocol.PrepareRetrieveResponse{}), nil
@@ -127,7 +127,7 @@ func (m *Module) Handlers() map[string]rpc.Handler {
 				return nil, nil
 			}
 			defer m.begin(id, req.Peer)()
-			return m.prepareRetrieveReply(k, id, req.ReplyBuffer)
+			return m.prepareRetrieveReply(k, id, req.Peer, req.ReplyBuffer)
 		})),
 		protocol.CommitRetrieve: m.reporting(m.notRegistered(false, func(_ context.Context, req *rpc.Request) (any, error) {
 			k, id, err := keyAndInstance(req, 2)
@@ -135,7 +135,7 @@ func (m *Module) Handlers() map[string]rpc.Handler {
 				return nil, err
 			}
 			defer m.begin(id, req.Peer)()
-			return m.CommitRetrieve(k, id)
+			return m.commitRetrieve(k, id, req.Peer)
 		})),
 	}
 }

@@ -193,7 +193,13 @@ type pendingKey struct {
 // awaiting COMMIT_RETRIEVE (refs): readers of them, each answered reply,
 // until as many commits came.
 type pending struct {
-	inst    *instance
+	inst *instance
+	// peer is the ZMQ routing id that prepared it ("": unknown, or carried
+	// by a restart, when the worker reconnects under a new id): only that
+	// peer commits it, so an old worker whose instance id another peer
+	// registered again cannot publish (or release) the new one's transfer
+	// while it is still being written (or read).
+	peer    string
 	res     []l1.Reservation
 	refs    []l1.ReadRef
 	bytes   int64
@@ -203,6 +209,12 @@ type pending struct {
 	// carry is the entry's key as the next process matches it (carry.go):
 	// set for entries prepared while the stop carries transfers.
 	carry *pendingKey
+}
+
+// ownedBy reports whether a request from peer (nil: unknown, an
+// in-process caller) may end the entry.
+func (p *pending) ownedBy(peer []byte) bool {
+	return p.peer == "" || len(peer) == 0 || p.peer == string(peer)
 }
 
 // chunks is how many objects the entry holds.

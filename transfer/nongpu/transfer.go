@@ -77,6 +77,12 @@ func groupOf(inst *instance, g uint32) layout.Layout {
 // cached yet and hand out their slots, keeping the reservation pending until
 // COMMIT_STORE. PICKLE: an empty context; nothing is touched.
 func (m *Module) PrepareStore(k protocol.Key, id int64) (protocol.PrepareStoreResponse, error) {
+	return m.prepareStore(k, id, nil)
+}
+
+// prepareStore is PrepareStore for the ZMQ peer peer (nil: unknown), which
+// alone may commit the reservation (see pending.peer).
+func (m *Module) prepareStore(k protocol.Key, id int64, peer []byte) (protocol.PrepareStoreResponse, error) {
 	inst, err := m.lookupInstance(id)
 	if err != nil {
 		return protocol.PrepareStoreResponse{}, fmt.Errorf("prepare store: %w", err)
@@ -124,7 +130,7 @@ func (m *Module) PrepareStore(k protocol.Key, id int64) (protocol.PrepareStoreRe
 		m.pool.AbortWrite(res)
 		return emptyShm(inst), nil
 	}
-	m.writes[pk] = &pending{inst: inst, res: res, bytes: reservedBytes(res), created: created, carry: m.carryKeyLocked(pk, k)}
+	m.writes[pk] = &pending{inst: inst, peer: string(peer), res: res, bytes: reservedBytes(res), created: created, carry: m.carryKeyLocked(pk, k)}
 	m.mu.Unlock()
 	return resp, nil
 }
@@ -141,6 +147,12 @@ func (m *Module) PrepareStore(k protocol.Key, id int64) (protocol.PrepareStoreRe
 // reservations, counters); it is an error (no reply) when the key or the
 // pickle is invalid, false otherwise.
 func (m *Module) CommitStore(k protocol.Key, id int64, data []byte) (bool, error) {
+	return m.commitStore(k, id, data, nil)
+}
+
+// commitStore is CommitStore from the ZMQ peer peer (nil: unknown): an SHM
+// commit publishes a reservation only when peer prepared it.
+func (m *Module) commitStore(k protocol.Key, id int64, data []byte, peer []byte) (bool, error) {
 	inst, err := m.lookupInstance(id)
 	if err != nil {
 		return false, fmt.Errorf("commit store: %w", err)
@@ -151,9 +163,13 @@ func (m *Module) CommitStore(k protocol.Key, id int64, data []byte) (bool, error
 		if err != nil {
 			return false, fmt.Errorf("commit store for instance %d: %w", id, err)
 		}
-		p := m.takePending(m.writes, pk)
-		if p == nil {
+		p, foreign := m.takeOwn(m.writes, pk, peer)
+		if p == nil && !foreign {
 			p = m.takeCarriedWrite(pk, k)
+		}
+		if foreign {
+			m.foreignCommit("COMMIT_STORE", id, peer)
+			return false, nil
 		}
 		if p == nil {
 			if m.modeOf(inst) == workers.ModePickle {
@@ -181,7 +197,7 @@ func (m *Module) CommitStore(k protocol.Key, id int64, data []byte) (bool, error
 		return true, nil
 	}
 	if len(inst.groups) > 1 {
-		return m.commitGroups(inst, k, data)
+		return m.commitGroups(inst, k, data, peer)
 	}
 
 	ks, prev, pk, err := m.resolveStore(inst, k)
@@ -205,7 +221,7 @@ func (m *Module) CommitStore(k protocol.Key, id int64, data []byte) (bool, error
 		m.noteFallback(inst)
 		// An SHM prepare before this pickle commit reserved the same objects:
 		// release them so the pickled data can be stored.
-		m.abandonPendingWrite(pk)
+		m.abandonPendingWrite(pk, peer)
 	}
 	ok, err := m.commitPickle(inst, k, prev, ks, ts, inst.lay, false)
 	if err != nil {
@@ -219,7 +235,7 @@ func (m *Module) CommitStore(k protocol.Key, id int64, data []byte) (bool, error
 // the registered number of groups; each group is then stored as
 // COMMIT_STORE_GROUP stores it, and the answer is true only when every
 // group stored everything.
-func (m *Module) commitGroups(inst *instance, k protocol.Key, data []byte) (bool, error) {
+func (m *Module) commitGroups(inst *instance, k protocol.Key, data []byte, peer []byte) (bool, error) {
 	ks, prev, pk, err := m.resolveStore(inst, k)
 	if err != nil {
 		return false, fmt.Errorf("commit store for instance %d: %w", inst.id, err)
@@ -243,7 +259,7 @@ func (m *Module) commitGroups(inst *instance, k protocol.Key, data []byte) (bool
 			}
 		}
 		m.noteFallback(inst)
-		m.abandonPendingWrite(pk)
+		m.abandonPendingWrite(pk, peer)
 	}
 	all := true
 	for g, ts := range gs {
@@ -269,6 +285,11 @@ func (m *Module) commitGroups(inst *instance, k protocol.Key, data []byte) (bool
 // is false. Bad input (unknown instance or group, undecodable pickle) is
 // an error and changes nothing.
 func (m *Module) CommitStoreGroup(k protocol.Key, id int64, group int64, data []byte) (bool, error) {
+	return m.commitStoreGroup(k, id, group, data, nil)
+}
+
+// commitStoreGroup is CommitStoreGroup from the ZMQ peer peer (nil: unknown).
+func (m *Module) commitStoreGroup(k protocol.Key, id int64, group int64, data []byte, peer []byte) (bool, error) {
 	inst, err := m.lookupInstance(id)
 	if err != nil {
 		return false, fmt.Errorf("commit store group: %w", err)
@@ -300,7 +321,7 @@ func (m *Module) CommitStoreGroup(k protocol.Key, id int64, group int64, data []
 			return false, nil
 		}
 		m.noteFallback(inst)
-		m.abandonPendingWrite(pk)
+		m.abandonPendingWrite(pk, peer)
 	}
 	ok, err := m.commitPickle(inst, k, keys.InGroup(prev, uint32(group)), keys.InGroup(ks, uint32(group)), ts, lay, true)
 	if err != nil {
@@ -531,7 +552,7 @@ func (m *Module) pickleStoreBytes(k protocol.Key, id int64) (int64, bool) {
 // COMMIT_RETRIEVE; PICKLE answers the pickled chunks and releases at once.
 func (m *Module) PrepareRetrieve(k protocol.Key, id int64) (protocol.PrepareRetrieveResponse, error) {
 	var data []byte
-	r, err := m.prepareRetrieve(k, id, func(ts []torchpickle.Tensor, groups [][]torchpickle.Tensor) error {
+	r, err := m.prepareRetrieve(k, id, nil, func(ts []torchpickle.Tensor, groups [][]torchpickle.Tensor) error {
 		var err error
 		if groups != nil {
 			data, err = torchpickle.AppendEncodeGroups(make([]byte, 0, max(torchpickle.EncodedGroupsSize(groups), 0)), groups)
@@ -555,9 +576,9 @@ func (m *Module) PrepareRetrieve(k protocol.Key, id int64) (protocol.PrepareRetr
 // (the wire server's reply buffer, outside the Go heap: msgpack header, the
 // pickle straight after it), and sent by the server without another copy;
 // SHM and misses answer the response.
-func (m *Module) prepareRetrieveReply(k protocol.Key, id int64, alloc func(n int) ([]byte, error)) (any, error) {
+func (m *Module) prepareRetrieveReply(k protocol.Key, id int64, peer []byte, alloc func(n int) ([]byte, error)) (any, error) {
 	var out protocol.Raw
-	r, err := m.prepareRetrieve(k, id, func(ts []torchpickle.Tensor, groups [][]torchpickle.Tensor) error {
+	r, err := m.prepareRetrieve(k, id, peer, func(ts []torchpickle.Tensor, groups [][]torchpickle.Tensor) error {
 		size := func() int { return torchpickle.EncodedSize(ts) }
 		enc := func(dst []byte) ([]byte, error) { return torchpickle.AppendEncode(dst, ts) }
 		if groups != nil {
@@ -590,7 +611,7 @@ func (m *Module) prepareRetrieveReply(k protocol.Key, id int64, alloc func(n int
 // calls encode with tensors that view the pool, under the read locks (a
 // plain model's as ts, a hybrid model's as groups, group-major), and answers
 // Success with neither Data nor Slots.
-func (m *Module) prepareRetrieve(k protocol.Key, id int64, encode func(ts []torchpickle.Tensor, groups [][]torchpickle.Tensor) error) (protocol.PrepareRetrieveResponse, error) {
+func (m *Module) prepareRetrieve(k protocol.Key, id int64, peer []byte, encode func(ts []torchpickle.Tensor, groups [][]torchpickle.Tensor) error) (protocol.PrepareRetrieveResponse, error) {
 	inst, err := m.lookupInstance(id)
 	if err != nil {
 		return protocol.PrepareRetrieveResponse{}, fmt.Errorf("prepare retrieve: %w", err)
@@ -605,7 +626,7 @@ func (m *Module) prepareRetrieve(k protocol.Key, id int64, encode func(ts []torc
 	// the holds end with the last of their COMMIT_RETRIEVEs, so no commit
 	// releases slots another copy of the same key is still reading.
 	if m.modeOf(inst) == workers.ModeSHM {
-		if r, ok := m.repeatedRead(pk); ok {
+		if r, ok := m.repeatedRead(pk, peer); ok {
 			return r, nil
 		}
 	}
@@ -656,9 +677,17 @@ func (m *Module) prepareRetrieve(k protocol.Key, id int64, encode func(ts []torc
 		}
 		resp := protocol.PrepareRetrieveResponse{Success: true, Slots: slots, GroupIDs: groupIDs}
 		inst.retrieves++
+		prev := m.reads[pk]
+		if prev != nil && !prev.ownedBy(peer) {
+			// Another peer's read of the same transfer: its holds are that
+			// peer's to end, so this one is a miss.
+			m.mu.Unlock()
+			m.pool.ReleaseRead(found)
+			return protocol.PrepareRetrieveResponse{Success: false}, nil
+		}
 		inst.hitChunks += int64(len(ks))
 		inst.bytesOut += total
-		if prev := m.reads[pk]; prev != nil {
+		if prev != nil {
 			// A concurrent prepare of the same transfer won: read its
 			// slots; ours were never handed out.
 			prev.readers++
@@ -667,7 +696,7 @@ func (m *Module) prepareRetrieve(k protocol.Key, id int64, encode func(ts []torc
 			m.pool.ReleaseRead(found)
 			return resp, nil
 		}
-		m.reads[pk] = &pending{inst: inst, refs: found, bytes: total, created: created, readers: 1, reply: resp, carry: m.carryKeyLocked(pk, k)}
+		m.reads[pk] = &pending{inst: inst, peer: string(peer), refs: found, bytes: total, created: created, readers: 1, reply: resp, carry: m.carryKeyLocked(pk, k)}
 		m.mu.Unlock()
 		return resp, nil
 	}
@@ -717,6 +746,12 @@ func (m *Module) prepareRetrieve(k protocol.Key, id int64, encode func(ts []torc
 // CommitRetrieve handles COMMIT_RETRIEVE: the pending SHM read (if any)
 // releases one lock per key. Always true.
 func (m *Module) CommitRetrieve(k protocol.Key, id int64) (bool, error) {
+	return m.commitRetrieve(k, id, nil)
+}
+
+// commitRetrieve is CommitRetrieve from the ZMQ peer peer (nil: unknown): it
+// ends only holds that peer took.
+func (m *Module) commitRetrieve(k protocol.Key, id int64, peer []byte) (bool, error) {
 	inst, err := m.lookupInstance(id)
 	if err != nil {
 		return false, fmt.Errorf("commit retrieve: %w", err)
@@ -726,9 +761,12 @@ func (m *Module) CommitRetrieve(k protocol.Key, id int64) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("commit retrieve for instance %d: %w", id, err)
 	}
-	p := m.endRead(pk)
-	if p == nil && m.hasCarried() {
-		p = m.endRead(m.carriedKey(pk, k))
+	p, foreign := m.endRead(pk, peer)
+	if p == nil && !foreign && m.hasCarried() {
+		p, foreign = m.endRead(m.carriedKey(pk, k), peer)
+	}
+	if foreign {
+		m.foreignCommit("COMMIT_RETRIEVE", id, peer)
 	}
 	if p != nil && !m.expireIfDue(p, false) {
 		m.pool.ReleaseRead(p.refs)
@@ -736,21 +774,25 @@ func (m *Module) CommitRetrieve(k protocol.Key, id int64) (bool, error) {
 	return true, nil
 }
 
-// endRead counts one COMMIT_RETRIEVE of pk's pending read and returns the
-// entry, taken from the map, when it was the last one its holds wait for.
-func (m *Module) endRead(pk pendingKey) *pending {
+// endRead counts one COMMIT_RETRIEVE from peer of pk's pending read and
+// returns the entry, taken from the map, when it was the last one its holds
+// wait for; foreign when another peer took the holds (nothing is counted).
+func (m *Module) endRead(pk pendingKey, peer []byte) (p *pending, foreign bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	p := m.reads[pk]
+	p = m.reads[pk]
 	if p == nil {
-		return nil
+		return nil, false
+	}
+	if !p.ownedBy(peer) {
+		return nil, true
 	}
 	if p.readers > 1 {
 		p.readers--
-		return nil
+		return nil, false
 	}
 	delete(m.reads, pk)
-	return p
+	return p, false
 }
 
 // repeatedWrite reports whether pk has a pending write within its life; one
@@ -774,10 +816,15 @@ func (m *Module) repeatedWrite(pk pendingKey) bool {
 // repeatedRead answers a prepare of pk's pending read (within its life)
 // with the same slots, and counts it as one more reader of its holds; one
 // past its life is expired here.
-func (m *Module) repeatedRead(pk pendingKey) (protocol.PrepareRetrieveResponse, bool) {
+func (m *Module) repeatedRead(pk pendingKey, peer []byte) (protocol.PrepareRetrieveResponse, bool) {
 	now := m.now()
 	m.mu.Lock()
 	p, ok := m.reads[pk]
+	if ok && !p.ownedBy(peer) {
+		// Another peer's holds: prepareRetrieve answers a miss.
+		m.mu.Unlock()
+		return protocol.PrepareRetrieveResponse{}, false
+	}
 	due := ok && now.Sub(p.created) >= m.readTTL/2
 	switch {
 	case due:
@@ -801,21 +848,45 @@ func (m *Module) repeatedRead(pk pendingKey) (protocol.PrepareRetrieveResponse, 
 
 // takePending removes and returns one entry of the given pending map.
 func (m *Module) takePending(table map[pendingKey]*pending, pk pendingKey) *pending {
+	p, _ := m.takeOwn(table, pk, nil)
+	return p
+}
+
+// takeOwn removes and returns pk's entry of table when peer may end it
+// (pending.ownedBy); an entry of another peer stays (foreign).
+func (m *Module) takeOwn(table map[pendingKey]*pending, pk pendingKey, peer []byte) (p *pending, foreign bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	p := table[pk]
-	if p != nil {
-		delete(table, pk)
+	p = table[pk]
+	if p == nil {
+		return nil, false
 	}
-	return p
+	if !p.ownedBy(peer) {
+		return nil, true
+	}
+	delete(table, pk)
+	return p, false
+}
+
+// foreignCommit counts and reports (rate-limited) a commit from a peer of a
+// transfer another peer prepared: refused, the transfer left to its own.
+func (m *Module) foreignCommit(kind string, id int64, peer []byte) {
+	m.mu.Lock()
+	m.stats.ForeignCommits++
+	m.mu.Unlock()
+	m.rateLimited("commit/foreign", func() {
+		m.event(workers.EventError, slog.LevelWarn, id, fmt.Sprintf(
+			"%s of instance %d from %s refused: another peer prepared that transfer (an old worker whose id was registered again, or a peer naming another's id); it stays for the peer that prepared it",
+			kind, id, peerText(string(peer))))
+	})
 }
 
 // abandonPendingWrite gives up the pending write of pk (a repeated prepare,
 // or a pickle commit of the same transfer). Its slots were handed out, so
 // they are abandoned, not freed: a copy into them may still be running. The
 // keys are free to be reserved again at once.
-func (m *Module) abandonPendingWrite(pk pendingKey) {
-	if p := m.takePending(m.writes, pk); p != nil && !m.expireIfDue(p, true) {
+func (m *Module) abandonPendingWrite(pk pendingKey, peer []byte) {
+	if p, _ := m.takeOwn(m.writes, pk, peer); p != nil && !m.expireIfDue(p, true) {
 		m.pool.Abandon(p.res, nil)
 	}
 }

@@ -291,8 +291,11 @@ type TransferStatus struct {
 	// another peer than the live one holding the instance;
 	// UnknownInstanceRequests: transfer requests naming an instance not
 	// registered, answered with their failure reply.
-	LayoutConflicts         int64 `json:"layout_conflicts"`
-	RefusedUnregisters      int64 `json:"refused_unregisters"`
+	LayoutConflicts    int64 `json:"layout_conflicts"`
+	RefusedUnregisters int64 `json:"refused_unregisters"`
+	// ForeignCommits: commits refused because another peer prepared the
+	// transfer they name.
+	ForeignCommits          int64 `json:"foreign_commits"`
 	UnknownInstanceRequests int64 `json:"unknown_instance_requests"`
 }
 
@@ -597,7 +600,7 @@ func NewStatus(s engine.Snapshot) Status {
 	out.Transfer = TransferStatus{Instances: t.Instances, PendingWrites: t.PendingWrites, PendingReads: t.PendingReads,
 		NoSpace: t.NoSpace, Rejected: t.Rejected, Expired: t.Expired, Fallbacks: t.Fallbacks,
 		Reaped: t.Reaped, Removed: t.Removed, Reused: t.Reused,
-		LayoutConflicts: t.Conflicts, RefusedUnregisters: t.RefusedUnregisters, UnknownInstanceRequests: t.Unknown}
+		LayoutConflicts: t.Conflicts, RefusedUnregisters: t.RefusedUnregisters, ForeignCommits: t.ForeignCommits, UnknownInstanceRequests: t.Unknown}
 	lv := s.Liveness
 	out.WorkerLiveness = WorkerLiveness{Enabled: lv.Reaping, ReapTimeoutSeconds: lv.Timeout.Seconds(),
 		RegistrationGraceSeconds: lv.Grace.Seconds(), IdleSeconds: lv.Idle.Seconds(), TrackedInstances: t.Instances}
