@@ -102,7 +102,7 @@ func (m *Module) Handlers() map[string]rpc.Handler {
 			if err != nil {
 				return nil, err
 			}
-			if n, ok := m.pickleStoreBytes(k, id); ok {
+			if n, ok := m.retrieveReplyBytes(k, id); ok {
 				// Prepared and answered once its reply fits the in-flight
 				// pickle bytes; the ticket comes back when libzmq has
 				// written the reply. The key's tokens are the request's

@@ -141,9 +141,13 @@ type instance struct {
 	groups []layout.Layout
 	// layoutID is layout.ID(groups): every key of the instance names it,
 	// so its chunks are apart from other layouts' of the model.
-	layoutID   uint64
-	mode       workers.Mode
-	reason     string
+	layoutID uint64
+	mode     workers.Mode
+	reason   string
+	// shmProven: the worker committed an SHM store it wrote (or a restart
+	// restored the registration), so it maps the segment; until then its
+	// retrieve replies carry the data beside the slots (carriesData).
+	shmProven  bool
 	registered time.Time
 	last       time.Time
 	// peer is the ZMQ routing id that holds the instance: the one that

@@ -190,6 +190,7 @@ func (m *Module) commitStore(k protocol.Key, id int64, data []byte, peer []byte)
 		m.mu.Lock()
 		inst.stores++
 		inst.bytesIn += p.bytes
+		inst.shmProven = true
 		m.mu.Unlock()
 		m.notePublished(p.res, inst)
 		m.noteCommittedSHM(inst, k, p.res)
@@ -535,6 +536,36 @@ func (m *Module) pickleStoreBytes(k protocol.Key, id int64) (int64, bool) {
 	if err != nil || m.modeOf(inst) != workers.ModePickle {
 		return 0, false
 	}
+	return m.keyBytes(inst, k), true
+}
+
+// retrieveReplyBytes is what a PREPARE_RETRIEVE reply of k carrying the
+// pickled chunks may hold (false: its reply carries no data, nothing to
+// gate): a pickle instance's, and an SHM instance's not yet proven to map
+// the segment (carriesData).
+func (m *Module) retrieveReplyBytes(k protocol.Key, id int64) (int64, bool) {
+	inst, err := m.lookupInstance(id)
+	if err != nil || !m.carriesData(inst) {
+		return 0, false
+	}
+	return m.keyBytes(inst, k), true
+}
+
+// carriesData reports whether inst's retrieve replies carry the pickled
+// chunks: a pickle instance's always; an SHM instance's beside the slots
+// until the worker proved it maps the segment (an SHM store it wrote and
+// committed), since a worker that could not attach it (or chose pickle)
+// looks the same until then, reads only the data and would get nothing
+// from slots. Counting its retrieve as a hit is then true either way.
+func (m *Module) carriesData(inst *instance) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return inst.mode == workers.ModePickle || !inst.shmProven
+}
+
+// keyBytes is one chunk of each of inst's KV group layouts per chunk of the
+// key's range.
+func (m *Module) keyBytes(inst *instance, k protocol.Key) int64 {
 	chunks := int64(1)
 	if n := int64(k.End - k.Start); n > 0 {
 		chunks = (n + int64(m.chunkSize) - 1) / int64(m.chunkSize)
@@ -543,7 +574,7 @@ func (m *Module) pickleStoreBytes(k protocol.Key, id int64) (int64, bool) {
 	for _, lay := range inst.groups {
 		perChunk += lay.Bytes
 	}
-	return chunks * perChunk, true
+	return chunks * perChunk
 }
 
 // PrepareRetrieve handles PREPARE_RETRIEVE (spec 4.7). Every key must be
@@ -552,7 +583,7 @@ func (m *Module) pickleStoreBytes(k protocol.Key, id int64) (int64, bool) {
 // COMMIT_RETRIEVE; PICKLE answers the pickled chunks and releases at once.
 func (m *Module) PrepareRetrieve(k protocol.Key, id int64) (protocol.PrepareRetrieveResponse, error) {
 	var data []byte
-	r, err := m.prepareRetrieve(k, id, nil, func(ts []torchpickle.Tensor, groups [][]torchpickle.Tensor) error {
+	r, err := m.prepareRetrieve(k, id, nil, func(ts []torchpickle.Tensor, groups [][]torchpickle.Tensor, _ []byte) error {
 		var err error
 		if groups != nil {
 			data, err = torchpickle.AppendEncodeGroups(make([]byte, 0, max(torchpickle.EncodedGroupsSize(groups), 0)), groups)
@@ -565,7 +596,7 @@ func (m *Module) PrepareRetrieve(k protocol.Key, id int64) (protocol.PrepareRetr
 		data, err = torchpickle.AppendEncode(buf, ts)
 		return err
 	})
-	if err == nil && r.Success && r.Slots == nil {
+	if err == nil && r.Success {
 		r.Data = data
 	}
 	return r, err
@@ -578,7 +609,7 @@ func (m *Module) PrepareRetrieve(k protocol.Key, id int64) (protocol.PrepareRetr
 // SHM and misses answer the response.
 func (m *Module) prepareRetrieveReply(k protocol.Key, id int64, peer []byte, alloc func(n int) ([]byte, error)) (any, error) {
 	var out protocol.Raw
-	r, err := m.prepareRetrieve(k, id, peer, func(ts []torchpickle.Tensor, groups [][]torchpickle.Tensor) error {
+	r, err := m.prepareRetrieve(k, id, peer, func(ts []torchpickle.Tensor, groups [][]torchpickle.Tensor, ctx []byte) error {
 		size := func() int { return torchpickle.EncodedSize(ts) }
 		enc := func(dst []byte) ([]byte, error) { return torchpickle.AppendEncode(dst, ts) }
 		if groups != nil {
@@ -590,11 +621,11 @@ func (m *Module) prepareRetrieveReply(k protocol.Key, id int64, peer []byte, all
 			_, err := enc(nil) // for its error
 			return err
 		}
-		buf, err := alloc(protocol.PickleReplySize(n))
+		buf, err := alloc(protocol.RetrieveReplySize(n, max(len(ctx), 1)))
 		if err != nil {
 			return fmt.Errorf("reply buffer: %w", err)
 		}
-		b, err := protocol.AppendPickleRetrieveReply(buf, n, enc)
+		b, err := protocol.AppendRetrieveReply(buf, n, enc, ctx)
 		out = b
 		return err
 	})
@@ -607,11 +638,18 @@ func (m *Module) prepareRetrieveReply(k protocol.Key, id int64, peer []byte, all
 	return r, nil
 }
 
+// retrieveEncoder encodes a retrieve's chunks (a plain model's as ts, a
+// hybrid model's as groups, group-major) into the reply, whose context is
+// ctx (nil: the empty map) as PrepareRetrieveResponse.AppendContext writes it.
+type retrieveEncoder func(ts []torchpickle.Tensor, groups [][]torchpickle.Tensor, ctx []byte) error
+
 // prepareRetrieve does the work of PREPARE_RETRIEVE; for a pickle instance it
-// calls encode with tensors that view the pool, under the read locks (a
-// plain model's as ts, a hybrid model's as groups, group-major), and answers
-// Success with neither Data nor Slots.
-func (m *Module) prepareRetrieve(k protocol.Key, id int64, peer []byte, encode func(ts []torchpickle.Tensor, groups [][]torchpickle.Tensor) error) (protocol.PrepareRetrieveResponse, error) {
+// calls encode with tensors that view the pool, under the read locks, and
+// answers Success with neither Data nor Slots. An SHM instance whose replies
+// carry data (carriesData) gets its slots answered and encode called with
+// them as the context, the holds kept until COMMIT_RETRIEVE as for any SHM
+// read.
+func (m *Module) prepareRetrieve(k protocol.Key, id int64, peer []byte, encode retrieveEncoder) (protocol.PrepareRetrieveResponse, error) {
 	inst, err := m.lookupInstance(id)
 	if err != nil {
 		return protocol.PrepareRetrieveResponse{}, fmt.Errorf("prepare retrieve: %w", err)
@@ -669,6 +707,7 @@ func (m *Module) prepareRetrieve(k protocol.Key, id int64, peer []byte, encode f
 	}
 
 	if m.modeOf(inst) == workers.ModeSHM {
+		withData := m.carriesData(inst)
 		m.mu.Lock()
 		if m.closed || m.instances[id] != inst {
 			m.mu.Unlock()
@@ -698,42 +737,27 @@ func (m *Module) prepareRetrieve(k protocol.Key, id int64, peer []byte, encode f
 		}
 		m.reads[pk] = &pending{inst: inst, peer: string(peer), refs: found, bytes: total, created: created, readers: 1, reply: resp, carry: m.carryKeyLocked(pk, k)}
 		m.mu.Unlock()
+		if withData {
+			// The pending read's holds keep the slots in place while
+			// they are encoded; its reply (for a repeated prepare) keeps
+			// the slots only.
+			ctx, err := resp.AppendContext(nil)
+			if err == nil {
+				err = m.encodeSlots(slots, sizes, len(inst.groups) > 1, encode, ctx)
+			}
+			if err != nil {
+				return protocol.PrepareRetrieveResponse{}, fmt.Errorf("prepare retrieve for instance %d: encode %d chunks beside their slots: %w", id, len(slots), err)
+			}
+		}
 		return resp, nil
 	}
 
 	// The tensors view the pool directly: the read locks keep the objects in
-	// place and the views keep the mapping until the one copy into the reply
-	// buffer is done.
-	ts := make([]torchpickle.Tensor, len(slots))
-	releases := make([]func(), 0, len(slots))
-	for i, s := range slots {
-		b, release := m.pool.View(s.Offset, s.Length)
-		releases = append(releases, release)
-		if b == nil {
-			err = errors.New("the pool is closing")
-			break
-		}
-		ts[i] = torchpickle.Tensor{Dtype: s.Dtype, Shape: s.Shape, Data: b}
-	}
-	if err == nil {
-		if len(inst.groups) > 1 {
-			groups := make([][]torchpickle.Tensor, len(sizes))
-			at := 0
-			for g, n := range sizes {
-				groups[g] = ts[at : at+n]
-				at += n
-			}
-			err = encode(nil, groups)
-		} else {
-			err = encode(ts, nil)
-		}
-	}
-	for _, release := range releases {
-		release()
-	}
+	// place until the one copy into the reply buffer is done.
+	err = m.encodeSlots(slots, sizes, len(inst.groups) > 1, encode, nil)
 	m.pool.ReleaseRead(found)
 	if err != nil {
-		return protocol.PrepareRetrieveResponse{}, fmt.Errorf("prepare retrieve for instance %d: encode %d chunks: %w", id, len(ts), err)
+		return protocol.PrepareRetrieveResponse{}, fmt.Errorf("prepare retrieve for instance %d: encode %d chunks: %w", id, len(slots), err)
 	}
 	m.mu.Lock()
 	inst.retrieves++
@@ -741,6 +765,38 @@ func (m *Module) prepareRetrieve(k protocol.Key, id int64, peer []byte, encode f
 	inst.bytesOut += total
 	m.mu.Unlock()
 	return protocol.PrepareRetrieveResponse{Success: true}, nil
+}
+
+// encodeSlots calls encode with tensors that view the pool at slots (sizes:
+// the slots of each KV group, split into groups when hybrid) and context
+// ctx; the caller's read holds keep the objects in place, and the views
+// keep the mapping until encode returned.
+func (m *Module) encodeSlots(slots []protocol.Slot, sizes []int, hybrid bool, encode retrieveEncoder, ctx []byte) error {
+	ts := make([]torchpickle.Tensor, len(slots))
+	releases := make([]func(), 0, len(slots))
+	defer func() {
+		for _, release := range releases {
+			release()
+		}
+	}()
+	for i, s := range slots {
+		b, release := m.pool.View(s.Offset, s.Length)
+		releases = append(releases, release)
+		if b == nil {
+			return errors.New("the pool is closing")
+		}
+		ts[i] = torchpickle.Tensor{Dtype: s.Dtype, Shape: s.Shape, Data: b}
+	}
+	if !hybrid {
+		return encode(ts, nil, ctx)
+	}
+	groups := make([][]torchpickle.Tensor, len(sizes))
+	at := 0
+	for g, n := range sizes {
+		groups[g] = ts[at : at+n]
+		at += n
+	}
+	return encode(nil, groups, ctx)
 }
 
 // CommitRetrieve handles COMMIT_RETRIEVE: the pending SHM read (if any)
