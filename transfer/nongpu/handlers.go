@@ -4,11 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 
 	"kvdock/core/protocol"
 	"kvdock/core/rpc"
-	"kvdock/core/workers"
 )
 
 // Handlers returns the module's request handlers keyed by canonical name.
@@ -161,13 +159,9 @@ func (m *Module) notRegistered(fail any, h rpc.Handler) rpc.Handler {
 // answerUnregistered counts a request of name for the unregistered instance
 // id from peer, reports it (at most once a second), and returns fail.
 func (m *Module) answerUnregistered(name string, id int64, peer []byte, fail any) any {
-	m.mu.Lock()
-	m.stats.Unknown++
-	m.mu.Unlock()
-	m.rateLimited("request/unregistered", func() {
-		m.event(workers.EventError, slog.LevelWarn, id, fmt.Sprintf(
-			"%s for instance %d from %s: not registered (never, or unregistered, reaped or removed since); answered as a failure",
-			name, id, peerText(string(peer))))
+	m.countAndWarn(&m.stats.Unknown, "request/unregistered", id, func() string {
+		return fmt.Sprintf("%s for instance %d from %s: not registered (never, or unregistered, reaped or removed since); answered as a failure",
+			name, id, peerText(string(peer)))
 	})
 	return fail
 }

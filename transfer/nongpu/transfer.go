@@ -927,14 +927,19 @@ func (m *Module) takeOwn(table map[pendingKey]*pending, pk pendingKey, peer []by
 // foreignCommit counts and reports (rate-limited) a commit from a peer of a
 // transfer another peer prepared: refused, the transfer left to its own.
 func (m *Module) foreignCommit(kind string, id int64, peer []byte) {
-	m.mu.Lock()
-	m.stats.ForeignCommits++
-	m.mu.Unlock()
-	m.rateLimited("commit/foreign", func() {
-		m.event(workers.EventError, slog.LevelWarn, id, fmt.Sprintf(
-			"%s of instance %d from %s refused: another peer prepared that transfer (an old worker whose id was registered again, or a peer naming another's id); it stays for the peer that prepared it",
-			kind, id, peerText(string(peer))))
+	m.countAndWarn(&m.stats.ForeignCommits, "commit/foreign", id, func() string {
+		return fmt.Sprintf("%s of instance %d from %s refused: another peer prepared that transfer (an old worker whose id was registered again, or a peer naming another's id); it stays for the peer that prepared it",
+			kind, id, peerText(string(peer)))
 	})
+}
+
+// countAndWarn counts one refused request in counter (a field of m.stats)
+// and reports it as a warning, at most once a second per limiter.
+func (m *Module) countAndWarn(counter *int64, limiter string, id int64, msg func() string) {
+	m.mu.Lock()
+	*counter++
+	m.mu.Unlock()
+	m.rateLimited(limiter, func() { m.event(workers.EventError, slog.LevelWarn, id, msg()) })
 }
 
 // abandonPendingWrite gives up the pending write of pk (a repeated prepare,
