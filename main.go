@@ -11,20 +11,15 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"runtime/debug"
 	"strconv"
 	"strings"
 	"syscall"
-	"time"
 
-	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
 
 	"kvdock/core/engine"
-	"kvdock/core/gpu"
-	"kvdock/core/hostmem"
 	"kvdock/core/logcap"
 	"kvdock/core/portholder"
 	"kvdock/core/rpc"
@@ -32,9 +27,6 @@ import (
 	"kvdock/ui/bench"
 	"kvdock/ui/configcmd"
 	"kvdock/ui/ctl"
-	"kvdock/ui/dashboard"
-	"kvdock/ui/httpapi"
-	"kvdock/ui/metrics"
 )
 
 func main() {
@@ -130,253 +122,6 @@ func run(args []string, stdout, stderr io.Writer) int {
 	default:
 		fmt.Fprintf(stderr, "kvdock: unknown command %q\n\n%s", cmd, usageText())
 		return 2
-	}
-}
-
-// serve runs the appliance until SIGINT/SIGTERM.
-func serve(args []string, stdout, stderr io.Writer) int {
-	// First of all: a re-executed image inherits SIGUSR2 and SIGHUP
-	// ignored (restarter.handOver) and takes them back here.
-	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGUSR2)
-	defer signal.Stop(sigs)
-
-	fs := pflag.NewFlagSet("kvdock serve", pflag.ContinueOnError)
-	fs.SetOutput(io.Discard) // ContinueOnError prints nothing useful; the error is printed below
-	settings.RegisterFlags(fs)
-	fs.Usage = func() {
-		fmt.Fprintf(stdout, "Usage: kvdock [serve] [flags]\n\nFlags (each also settable by its KVDOCK_* variable or the settings file):\n%s", fs.FlagUsages())
-	}
-	const serveLine = "usage: kvdock [serve] [flags] (kvdock serve --help lists every flag; kvdock help for the commands)"
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			return 0
-		}
-		fmt.Fprintf(stderr, "kvdock: %v\n%s\n", err, serveLine)
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "kvdock: unexpected arguments %q\n%s\n", fs.Args(), serveLine)
-		return 2
-	}
-	loadOpts := settings.LoadOptions{Flags: fs, Environ: os.Environ()}
-	loaded, err := loadStartable(loadOpts)
-	if err != nil {
-		fmt.Fprintf(stderr, "kvdock: %v\n", err)
-		return 2
-	}
-	cfg := loaded.Config
-	dash, logCfg := faceOf(cfg)
-	level := new(slog.LevelVar)
-	logger, closeLog, err := newLogger(logCfg, level, stderr)
-	if err != nil {
-		fmt.Fprintf(stderr, "kvdock: %v\n", err)
-		return 2
-	}
-	defer closeLog()
-	for _, w := range loaded.Warnings {
-		logger.Warn(w)
-	}
-	if loaded.File != "" {
-		logger.Info("settings file", "path", loaded.File, "chosen_by", loaded.FileSource.String())
-	}
-	if t := rpc.TuneMalloc(); t.String() != "" {
-		logger.Debug("malloc tuning", "result", t.String())
-	}
-	applyMemoryLimit(cfg.Server, os.Getenv("GOMEMLIMIT"), logger)
-
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	m := metrics.New()
-	var web *httpapi.Runner // set once the engine exists; OnApply runs only after Start
-	gpuSrc := gpu.NewNVML(logger.With("component", "gpu"))
-	defer gpuSrc.Close()
-	eng := engine.New(cfg, engine.Options{
-		GPU:      gpu.NewSampler(gpuSrc),
-		Logger:   logger,
-		LogLevel: level,
-		Sources:  loaded.Sources,
-		Version:  buildVersion(),
-		Observer: m,
-		Memory:   hostmem.Probe{},
-		OnApply: func(_ context.Context, _, new settings.Config) error {
-			return web.Restart(new.HTTP)
-		},
-	})
-	m.Watch(eng)
-	restarts := make(restartRequests, 1)
-	rs := restarter{eng: eng, loadOpts: loadOpts, logger: logger, sigs: sigs, exec: syscall.Exec}
-	// checkRestart is the restart's check, said where the operator looks:
-	// a restart that is refused stops nothing.
-	checkRestart := func(why string) (string, error) {
-		path, err := rs.check()
-		if err != nil {
-			logger.Error("restart refused; serving on", "cause", why, "err", err)
-			return "", fmt.Errorf("restart refused, serving on: %w", err)
-		}
-		return path, nil
-	}
-	askRestart := func() error {
-		if _, err := checkRestart("kvdock ctl restart"); err != nil {
-			return err
-		}
-		return restarts.ask()
-	}
-	// No token set: POST /restart still needs one, the local token written
-	// in the state directory for kvdock ctl (ui/httpapi/localtoken.go).
-	stateDir, _ := cfg.Server.StateDirPath(os.Getenv, os.UserHomeDir)
-	web = httpapi.NewRunner(eng, httpapi.Options{Metrics: m, Logger: logger.With("component", "http"), Restart: askRestart, StateDir: stateDir})
-
-	if err := eng.Start(ctx); err != nil {
-		logger.Error("kvdock could not start", "err", err)
-		fmt.Fprintf(stderr, "kvdock: could not start: %v\n%s", err, portHint(err, cfg.Server.Port, "--port", "KVDOCK_PORT, server.port"))
-		return 1
-	}
-	if err := web.Start(ctx, cfg.HTTP); err != nil {
-		stopNow(eng)
-		fmt.Fprintf(stderr, "kvdock: could not start the HTTP API: %v\n%s", err,
-			portHint(err, cfg.HTTP.Port, "--http-port", "KVDOCK_HTTP_PORT, http.port; 0 turns the HTTP API off"))
-		return 1
-	}
-	defer web.Stop()
-	snap := eng.Snapshot()
-	started, endpoint := time.Now(), snap.Endpoint
-	face := "headless"
-	if dash {
-		face = "dashboard"
-	}
-	// bye prints the one line an operator reads after kvdock exits: what
-	// ran, for how long, where the log is (the dashboard hid it). Where
-	// stderr carries JSON logs it is a log record, so the stream stays JSON.
-	// The endpoint is read again before each stop: a SIGHUP or the
-	// settings pane may have moved the port since the start.
-	lastEndpoint := func() {
-		if e := eng.Snapshot().Endpoint; e != "" {
-			endpoint = e
-		}
-	}
-	kept := "" // what a stop that kept the pool left in /dev/shm (keptNote)
-	bye := func(code int, why string) int {
-		ran := time.Since(started).Round(time.Second)
-		if logCfg.File == "" && logCfg.Format == "json" {
-			attrs := []any{"face", face, "endpoint", endpoint, "ran", ran.String(), "cause", why, "exit_code", code, "log", "stderr"}
-			if kept != "" {
-				attrs = append(attrs, "kept", kept)
-			}
-			logger.Info("kvdock exited", attrs...)
-			return code
-		}
-		where := logCfg.File
-		if where == "" {
-			where = "stderr (above)"
-		}
-		if kept != "" {
-			kept = "; " + kept
-		}
-		fmt.Fprintf(stderr, "kvdock: %s on %s ran %s, stopped by %s, exit %d%s; log: %s\n", face, endpoint, ran, why, code, kept, where)
-		return code
-	}
-	// stop is shutdown, noting what it kept for the exit line.
-	stop := func(why string) int {
-		before := eng.Snapshot()
-		code := shutdown(eng, sigs, logger, why)
-		kept = keptNote(before, shmDir)
-		return code
-	}
-	logger.Info("kvdock serving", "version", snap.Version, "endpoint", snap.Endpoint, "protocol", snap.Protocol,
-		"shm_name", snap.Shm.ShmName, "pool_size", snap.Shm.PoolSize, "shm_reason", snap.Shm.Reason)
-
-	var quit chan struct{} // closed when the dashboard ends; nil without one
-	stopDash := func() {}
-	startDash := func() {
-		dctx, cancel := context.WithCancel(ctx)
-		q := make(chan struct{})
-		quit, stopDash = q, cancel
-		path := loaded.File
-		if path == "" {
-			path, _ = settings.DefaultPath(os.Environ())
-		}
-		go func() {
-			defer close(q)
-			if err := dashboard.Run(dctx, eng, dashboard.Options{Version: buildVersion(), ConfigPath: path, LogFile: logCfg.File, Memory: hostmem.Probe{}}); err != nil {
-				logger.Error("dashboard", "err", err)
-			}
-		}()
-	}
-	if dash {
-		startDash()
-	}
-	defer func() { stopDash() }()
-	// restartInPlace checks the restart, gives the terminal back
-	// (dashboard), stops the HTTP API and hands over to the new image. It
-	// returns (code, true) when this process is to exit; after a refused
-	// restart, or an exec that failed with the engine serving again over
-	// the kept pool, it returns false and serving goes on.
-	restartInPlace := func(why string) (int, bool) {
-		path, err := checkRestart(why)
-		if err != nil {
-			return 0, false
-		}
-		lastEndpoint()
-		if dash {
-			stopDash()
-			<-quit
-		}
-		web.Stop()
-		logger.Info("restarting in place, keeping the pool", "cause", why)
-		up, err := rs.handOver(ctx, path, why)
-		if !up {
-			logger.Error("restart: the exec failed and the engine could not start again", "err", err)
-			return bye(1, why+" (exec failed)"), true
-		}
-		now, _ := eng.Config()
-		if err := web.Start(ctx, now.HTTP); err != nil {
-			logger.Error("restart: the exec failed and the HTTP API could not start again; the wire server serves", "err", err)
-		}
-		if dash {
-			startDash()
-		}
-		return 0, false
-	}
-	for {
-		select {
-		case sig := <-sigs:
-			if sig == syscall.SIGHUP && !dash {
-				reload(ctx, eng, loadOpts, logger)
-				continue
-			}
-			lastEndpoint()
-			if sig == syscall.SIGUSR2 {
-				if code, exit := restartInPlace("SIGUSR2"); exit {
-					return code
-				}
-				continue
-			}
-			// With the dashboard, SIGHUP is the terminal hanging up (the
-			// settings pane is how it reloads): stop rather than run on
-			// without a screen.
-			if dash {
-				stopDash() // give the terminal back before stopping
-				<-quit
-			}
-			return bye(stop(sig.String()), signalName(sig))
-		case <-restarts:
-			if code, exit := restartInPlace("kvdock ctl restart"); exit {
-				return code
-			}
-		case <-quit:
-			lastEndpoint()
-			return bye(stop("dashboard quit"), "dashboard quit")
-		case <-eng.Failed():
-			logger.Error("wire server stopped unexpectedly")
-			if dash {
-				stopDash() // give the terminal back before the exit line
-				<-quit
-			}
-			lastEndpoint()
-			stopNow(eng)
-			return bye(1, "a wire server failure")
-		}
 	}
 }
 
