@@ -5,23 +5,15 @@
 package main
 
 import (
-	"context"
-	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"path/filepath"
-	"runtime/debug"
 	"strconv"
 	"strings"
-	"syscall"
 
 	"golang.org/x/sys/unix"
 
-	"kvdock/core/engine"
-	"kvdock/core/logcap"
-	"kvdock/core/portholder"
 	"kvdock/core/rpc"
 	"kvdock/settings"
 	"kvdock/ui/bench"
@@ -125,122 +117,6 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 }
 
-// signalName is "SIGTERM" for SIGTERM (its String is "terminated").
-func signalName(sig os.Signal) string {
-	if s, ok := sig.(syscall.Signal); ok && unix.SignalName(s) != "" {
-		return unix.SignalName(s)
-	}
-	return sig.String()
-}
-
-// shutdown stops the engine within a bounded time; a second SIGINT or
-// SIGTERM exits at once.
-func shutdown(eng *engine.Engine, sigs <-chan os.Signal, logger *slog.Logger, why string) int {
-	logger.Info("stopping", "cause", why)
-	// The engine bounds its own drain; this only guards against a stop
-	// that hangs past what it needs (drain + closing the pool).
-	ctx, cancel := context.WithTimeout(context.Background(), engine.StopTimeout)
-	defer cancel()
-	done := make(chan error, 1)
-	stop := eng.Stop
-	if cfg, _ := eng.Config(); cfg.L1.KeepOnExit {
-		// l1.keep_on_exit: the next start adopts the pool.
-		stop = eng.StopKeeping
-	}
-	go func() { done <- stop(ctx) }()
-	for {
-		select {
-		case err := <-done:
-			if err != nil {
-				logger.Warn("stopped with errors", "err", err)
-			}
-			logger.Info("stopped")
-			return 0
-		case <-ctx.Done():
-			// Exiting unmaps the pool safely; its name goes at the next
-			// start's stale-segment cleanup.
-			logger.Warn("stop did not finish in time: exiting", "timeout", engine.StopTimeout)
-			return 1
-		case s := <-sigs:
-			if s == syscall.SIGHUP {
-				continue
-			}
-			logger.Warn("second signal: exiting at once", "signal", s.String())
-			return 130
-		}
-	}
-}
-
-// shmDir is where kvdock creates its pool segments.
-const shmDir = "/dev/shm"
-
-// keptNote says what a stop left in the shared-memory directory for the
-// next start to adopt (l1.keep_on_exit), from the snapshot taken before the
-// stop: the segment, the memory it holds and what it caches. "" when no
-// segment was kept.
-func keptNote(before engine.Snapshot, dir string) string {
-	seg := before.Pool.Decision.Segment
-	if !before.Config.L1.KeepOnExit || seg == "" {
-		return ""
-	}
-	path := filepath.Join(dir, seg)
-	fi, err := os.Stat(path)
-	if err != nil {
-		return ""
-	}
-	return fmt.Sprintf("kept %s (%s of shared memory, %d object(s), %s cached) for the next start; rm it to free the memory",
-		path, settings.BytesText(fi.Size()), before.Pool.Objects, settings.BytesText(before.Pool.ResidentBytes))
-}
-
-// portHint follows a start refused because port is taken: who holds the
-// port, when /proc says (best effort), and the setting that moves kvdock
-// elsewhere. "" for any other error.
-func portHint(err error, port int, flag, others string) string {
-	if !errors.Is(err, syscall.EADDRINUSE) && !strings.Contains(err.Error(), "address already in use") {
-		return ""
-	}
-	who := "another process"
-	if h, ok := portholder.Find("", port); ok {
-		who = h.String()
-	}
-	return fmt.Sprintf("kvdock: port %d is held by %s; give kvdock another with %s (or %s)\n", port, who, flag, others)
-}
-
-// stopNow stops the engine on an error path, bounded like shutdown.
-func stopNow(eng *engine.Engine) {
-	ctx, cancel := context.WithTimeout(context.Background(), engine.StopTimeout)
-	defer cancel()
-	_ = eng.Stop(ctx)
-}
-
-// reload re-reads the settings (file, env, the original flags) and applies
-// the difference; problems are logged and the running config kept.
-func reload(ctx context.Context, eng *engine.Engine, opts settings.LoadOptions, logger *slog.Logger) {
-	loaded, err := settings.Load(opts)
-	if err != nil {
-		logger.Error("SIGHUP: settings not reloaded", "err", err)
-		return
-	}
-	logOverridden(loaded, logger)
-	res, err := eng.Apply(ctx, loaded.Config, loaded.Sources)
-	if err != nil {
-		logger.Error("SIGHUP: apply failed", "err", err, "rolled_back", res.RolledBack)
-		return
-	}
-	if len(res.Changes) == 0 {
-		logger.Info("SIGHUP: settings unchanged")
-		return
-	}
-	for _, c := range res.Changes {
-		old, new := plainValue(c.Old), plainValue(c.New)
-		if c.Class == settings.NextStart {
-			logger.Warn("SIGHUP: takes effect when kvdock restarts", "key", c.Key, "old", old, "new", new)
-			continue
-		}
-		logger.Info("SIGHUP: applied", "key", c.Key, "old", old, "new", new, "class", c.Class.String())
-	}
-}
-
 // plainValue undoes the quotes settings.Diff puts around strings: the log
 // handler quotes a value itself where it needs to, and twice reads as
 // old="\"info\"".
@@ -249,33 +125,6 @@ func plainValue(s string) string {
 		return u
 	}
 	return s
-}
-
-// newLogger builds the slog logger of cfg: text or JSON, to the log file
-// when one is set, else to stderr.
-func newLogger(cfg settings.LogConfig, level *slog.LevelVar, stderr io.Writer) (*slog.Logger, func(), error) {
-	if err := level.UnmarshalText([]byte(cfg.Level)); err != nil {
-		return nil, nil, fmt.Errorf("log level %q: %w", cfg.Level, err)
-	}
-	w, closer := stderr, func() {}
-	if cfg.File != "" {
-		if err := os.MkdirAll(filepath.Dir(cfg.File), 0o755); err != nil {
-			return nil, nil, fmt.Errorf("log file directory: %w", err)
-		}
-		f, err := os.OpenFile(cfg.File, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
-		if err != nil {
-			return nil, nil, fmt.Errorf("log file: %w", err)
-		}
-		w, closer = f, func() { _ = f.Close() }
-	}
-	hopts := &slog.HandlerOptions{Level: level}
-	var h slog.Handler = slog.NewTextHandler(w, hopts)
-	if cfg.Format == "json" {
-		h = slog.NewJSONHandler(w, hopts)
-	}
-	// Peers put strings into log lines (names, ids, error texts): cut them
-	// and rate-limit, in both faces.
-	return slog.New(logcap.NewHandler(h, logcap.Options{})), closer, nil
 }
 
 // isTerminal reports whether f is a terminal (the dashboard needs one on
@@ -295,19 +144,4 @@ func defaultLogFile() string {
 		return filepath.Join(h, ".local", "state", "kvdock", "kvdock.log")
 	}
 	return filepath.Join(os.TempDir(), "kvdock.log")
-}
-
-// applyMemoryLimit sets the Go heap's soft limit from the settings, so the
-// garbage of large messages (pickle replies built in Go) is collected long
-// before GOGC's doubling of the live heap would. A GOMEMLIMIT in the
-// environment wins over the derived value (not over an explicit setting).
-func applyMemoryLimit(sc settings.ServerConfig, env string, log *slog.Logger) int64 {
-	if sc.GoMemoryLimitMB == 0 && env != "" {
-		log.Info("go memory limit from GOMEMLIMIT", "value", env)
-		return debug.SetMemoryLimit(-1)
-	}
-	limit := sc.GoMemoryLimit()
-	debug.SetMemoryLimit(limit)
-	log.Info("go memory limit", "bytes", limit, "derived", sc.GoMemoryLimitMB == 0)
-	return limit
 }
