@@ -8,11 +8,8 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
-
-	"golang.org/x/sys/unix"
 
 	"kvdock/core/rpc"
 	"kvdock/settings"
@@ -125,23 +122,4 @@ func plainValue(s string) string {
 		return u
 	}
 	return s
-}
-
-// isTerminal reports whether f is a terminal (the dashboard needs one on
-// stdin and stdout).
-func isTerminal(f *os.File) bool {
-	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
-	return err == nil
-}
-
-// defaultLogFile is where the dashboard sends logs when --log-file is not
-// set: $XDG_STATE_HOME/kvdock/kvdock.log, else ~/.local/state/kvdock/kvdock.log.
-func defaultLogFile() string {
-	if d := os.Getenv("XDG_STATE_HOME"); d != "" {
-		return filepath.Join(d, "kvdock", "kvdock.log")
-	}
-	if h, err := os.UserHomeDir(); err == nil {
-		return filepath.Join(h, ".local", "state", "kvdock", "kvdock.log")
-	}
-	return filepath.Join(os.TempDir(), "kvdock.log")
 }

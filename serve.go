@@ -515,3 +515,22 @@ func applyMemoryLimit(sc settings.ServerConfig, env string, log *slog.Logger) in
 	log.Info("go memory limit", "bytes", limit, "derived", sc.GoMemoryLimitMB == 0)
 	return limit
 }
+
+// isTerminal reports whether f is a terminal (the dashboard needs one on
+// stdin and stdout).
+func isTerminal(f *os.File) bool {
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
+}
+
+// defaultLogFile is where the dashboard sends logs when --log-file is not
+// set: $XDG_STATE_HOME/kvdock/kvdock.log, else ~/.local/state/kvdock/kvdock.log.
+func defaultLogFile() string {
+	if d := os.Getenv("XDG_STATE_HOME"); d != "" {
+		return filepath.Join(d, "kvdock", "kvdock.log")
+	}
+	if h, err := os.UserHomeDir(); err == nil {
+		return filepath.Join(h, ".local", "state", "kvdock", "kvdock.log")
+	}
+	return filepath.Join(os.TempDir(), "kvdock.log")
+}
