@@ -105,7 +105,7 @@ type KVEventLogStatus struct {
 	LostAnswers uint64 `json:"lost_answers"`
 }
 
-// kvStatus reads the stream's counters.
+// kvStatus reads the stream's counters and the poll log's.
 func (p *dataPlane) kvStatus(cfg settings.Config) KVEventsStatus {
 	if p == nil || p.kv == nil {
 		return KVEventsStatus{}

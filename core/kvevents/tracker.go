@@ -1,7 +1,9 @@
 // Package kvevents keeps what kvdock announces to cache-aware routers
 // (llm-d's indexer, Dynamo's KV router, vLLM's subscriber) in vLLM's KV event
 // stream: the announced set of the L1 medium, the batches that change it and
-// the bounded replay buffer of published batches.
+// the bounded replay buffer of published batches; and, fed by the same
+// announced set, the bounded log LMCache's vLLM connector polls
+// (POLL_KV_EVENTS, log.go).
 //
 // The announced set is the usable set: a chunk is announced once every object
 // of it (every rank, every KV group) is committed and its parent chunk is
