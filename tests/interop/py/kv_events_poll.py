@@ -190,7 +190,7 @@ def main():
             if params.get("paged_from_zero"):
                 # Cursor 0 pages through the oldest records, one at a time.
                 q = Poller(w.c, params["model"], params["chunk"])
-                r1, r2 = q.raw(q.model, 0, 1), None
+                r1 = q.raw(q.model, 0, 1)
                 r2 = q.raw(q.model, r1["next_cursor"], 1)
                 out["paged"] = [[e["seq"] for e in r["events"]] for r in (r1, r2)]
             with open(params["state"], "w") as f:
