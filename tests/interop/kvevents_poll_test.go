@@ -250,3 +250,36 @@ func TestKVEventsPollLostPython(t *testing.T) {
 			r.Incarnation, r2.Incarnation)
 	}
 }
+
+// TestKVEventsPollRestartPython: a restart in place that adopts the pool
+// (SIGUSR2, the same pid) starts a new log under a new incarnation: the
+// poller withdraws what it announced, and what it then holds is among the
+// chunks LOOKUP hits in the adopted pool.
+func TestKVEventsPollRestartPython(t *testing.T) {
+	srv := harness.StartKeeping(t, false, "--protocol", "engine-driven-v2", "--chunk-size", "16")
+	prompts := pollPrompts(3, 20)
+	state := filepath.Join(t.TempDir(), "state.json")
+	runPoller(t, srv, map[string]any{"phase": "store", "prompts": prompts, "state": state})
+	before := runPoller(t, srv, map[string]any{"phase": "poll", "state": state})
+	if len(before.Index) == 0 || before.Resyncs["server_restart"] != 0 {
+		t.Fatalf("before the restart: %d indexed, resyncs %v", len(before.Index), before.Resyncs)
+	}
+	pid := srv.PID()
+	srv.RestartSignal(t)
+	after := runPoller(t, srv, map[string]any{"phase": "poll", "state": state})
+	if after.Resyncs["server_restart"] != 1 || after.Incarnation == before.Incarnation {
+		t.Fatalf("after the restart (pid %d then %d): resyncs %v, incarnation %d then %d", pid, srv.PID(),
+			after.Resyncs, before.Incarnation, after.Incarnation)
+	}
+	want := lookupChunks(t, srv, "poll-m", prompts)
+	if len(want) == 0 {
+		t.Fatal("the adopted pool hits nothing")
+	}
+	for h := range after.Index {
+		if _, ok := want[h]; !ok {
+			t.Fatalf("poller indexes %s, which LOOKUP does not hit", h[:8])
+		}
+	}
+	t.Logf("restart: %d chunks indexed before, %d after (LOOKUP hits %d in the adopted pool)",
+		len(before.Index), len(after.Index), len(want))
+}
