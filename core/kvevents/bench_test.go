@@ -23,13 +23,7 @@ func BenchmarkTrackerStoreCommitEvict(b *testing.B) {
 				opt.Log = NewLog(DefaultLogSize, size, 1)
 			}
 			tr := New(opt)
-			c := Commit{Model: "m", Objects: 1, Tokens: make([]uint32, chunks*size)}
-			for i := range chunks {
-				var h keys.Hash
-				h[0], h[31] = byte(i), byte(i)
-				c.Hashes = append(c.Hashes, h)
-				c.Keys = append(c.Keys, keys.ObjectKey{Chunk: h, Model: "m"})
-			}
+			c := benchCommit(chunks, size)
 			b.ReportAllocs()
 			for i := 0; b.Loop(); i++ {
 				for k := range c.Keys {
@@ -55,13 +49,7 @@ func BenchmarkTrackerStoreCommitEvict(b *testing.B) {
 func BenchmarkTrackerFlush(b *testing.B) {
 	const chunks, size = 16, 256
 	tr := New(Options{BlockSize: size})
-	c := Commit{Model: "m", Objects: 1, Tokens: make([]uint32, chunks*size)}
-	for i := range chunks {
-		var h keys.Hash
-		h[0], h[31] = byte(i), byte(i)
-		c.Hashes = append(c.Hashes, h)
-		c.Keys = append(c.Keys, keys.ObjectKey{Chunk: h, Model: "m"})
-	}
+	c := benchCommit(chunks, size)
 	b.ReportAllocs()
 	for b.Loop() {
 		b.StopTimer()
@@ -75,4 +63,16 @@ func BenchmarkTrackerFlush(b *testing.B) {
 		b.StartTimer()
 		tr.Flush()
 	}
+}
+
+// benchCommit is one prompt's store of chunks chunks of size tokens.
+func benchCommit(chunks, size int) Commit {
+	c := Commit{Model: "m", Objects: 1, Tokens: make([]uint32, chunks*size)}
+	for i := range chunks {
+		var h keys.Hash
+		h[0], h[31] = byte(i), byte(i)
+		c.Hashes = append(c.Hashes, h)
+		c.Keys = append(c.Keys, keys.ObjectKey{Chunk: h, Model: "m"})
+	}
+	return c
 }

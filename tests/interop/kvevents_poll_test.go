@@ -34,27 +34,6 @@ type pollResult struct {
 	Skipped     int                           `json:"skipped"`
 }
 
-type pollStatus struct {
-	KVEvents struct {
-		Enabled bool `json:"enabled"`
-		Log     struct {
-			Enabled     bool   `json:"enabled"`
-			Incarnation int64  `json:"incarnation"`
-			Depth       int    `json:"log_depth"`
-			Capacity    int    `json:"log_capacity"`
-			NextSeq     uint64 `json:"next_seq"`
-			Trimmed     uint64 `json:"trimmed"`
-			Polls       uint64 `json:"polls"`
-			LostAnswers uint64 `json:"lost_answers"`
-		} `json:"log"`
-	} `json:"kv_events"`
-	Pool struct {
-		Evictions  uint64  `json:"evictions"`
-		UsageRatio float64 `json:"usage_ratio"`
-		Watermark  float64 `json:"trigger_watermark"`
-	} `json:"pool"`
-}
-
 func runPoller(t *testing.T, srv *harness.Server, params map[string]any) pollResult {
 	t.Helper()
 	p := map[string]any{"profile": "engine-driven-v2", "model": "poll-m", "dtype": "float32", "layers": 2,
@@ -98,11 +77,11 @@ func pollPrompts(seed uint64, n int) [][]uint32 {
 
 // settle waits until the pool is below its eviction watermark (the
 // eviction loop done) and returns the status.
-func settle(t *testing.T, srv *harness.Server) pollStatus {
+func settle(t *testing.T, srv *harness.Server) kvEventsStatus {
 	t.Helper()
 	deadline := time.Now().Add(15 * time.Second)
 	for {
-		var st pollStatus
+		var st kvEventsStatus
 		httpjson.Get(t, statusURL(srv), &st)
 		if st.Pool.UsageRatio <= st.Pool.Watermark {
 			return st
@@ -234,7 +213,7 @@ func TestKVEventsPollLostPython(t *testing.T) {
 			t.Fatalf("poller indexes %s, which LOOKUP does not hit", h[:8])
 		}
 	}
-	var st pollStatus
+	var st kvEventsStatus
 	httpjson.Get(t, statusURL(srv), &st)
 	t.Logf("lost after %d records into a log of 16: %d indexed of %d LOOKUP hits, %d removals skipped, log %+v",
 		st.KVEvents.Log.NextSeq-1, len(r.Index), len(want), r.Skipped, st.KVEvents.Log)
