@@ -222,7 +222,7 @@ func (e *Engine) buildDataPlane(cfg settings.Config) (*dataPlane, error) {
 		}
 	}
 	p.sessions.SetLimits(sessionLimits(cfg))
-	set, err := e.buildTiers(cfg.L2, pool, p.layouts)
+	set, err := e.buildTiers(cfg.L2, pool, p.layouts, kv)
 	if err != nil {
 		p.closeKV()
 		_ = pool.Close()

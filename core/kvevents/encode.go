@@ -10,7 +10,7 @@ import (
 // [ts, [events...], data_parallel_rank]. Events are tagged maps with the keys
 // in vLLM's declaration order, or positional arrays led by the tag (array).
 // Hashes are integers; fields without a default are always present.
-func encodeBatch(ts float64, evs []Event, blockSize int, medium string, array bool, dpRank int) []byte {
+func encodeBatch(ts float64, evs []Event, blockSize int, array bool, dpRank int) []byte {
 	var b bytes.Buffer
 	e := msgpack.NewEncoder(&b)
 	// Writes to a bytes.Buffer cannot fail.
@@ -18,13 +18,13 @@ func encodeBatch(ts float64, evs []Event, blockSize int, medium string, array bo
 	_ = e.EncodeFloat64(ts)
 	_ = e.EncodeArrayLen(len(evs))
 	for i := range evs {
-		encodeEvent(e, &evs[i], blockSize, medium, array)
+		encodeEvent(e, &evs[i], blockSize, array)
 	}
 	_ = e.EncodeInt(int64(dpRank))
 	return b.Bytes()
 }
 
-func encodeEvent(e *msgpack.Encoder, ev *Event, blockSize int, medium string, array bool) {
+func encodeEvent(e *msgpack.Encoder, ev *Event, blockSize int, array bool) {
 	field := func(name string) {
 		if !array {
 			_ = e.EncodeString(name)
@@ -56,7 +56,7 @@ func encodeEvent(e *msgpack.Encoder, ev *Event, blockSize int, medium string, ar
 		field("lora_id")
 		_ = e.EncodeNil()
 		field("medium")
-		_ = e.EncodeString(medium)
+		_ = e.EncodeString(ev.Medium)
 		field("lora_name")
 		_ = e.EncodeNil()
 		return
@@ -71,7 +71,7 @@ func encodeEvent(e *msgpack.Encoder, ev *Event, blockSize int, medium string, ar
 	field("block_hashes")
 	hashes(e, ev.Hashes)
 	field("medium")
-	_ = e.EncodeString(medium)
+	_ = e.EncodeString(ev.Medium)
 }
 
 func hashes(e *msgpack.Encoder, hs []uint64) {

@@ -29,12 +29,14 @@ type routerIndex struct {
 	t      *testing.T
 	replay gozmq.Socket
 
-	mu      sync.Mutex
-	next    uint64                     // the next seq to apply
-	known   map[string]map[uint64]bool // model -> announced hashes (medium CPU)
-	broken  []string                   // rule breaks: must stay empty
-	dropped int                        // stored events with an unknown parent
-	replays int
+	mu          sync.Mutex
+	next        uint64                     // the next seq to apply
+	known       map[string]map[uint64]bool // model -> announced hashes (medium CPU)
+	storage     map[string]map[uint64]bool // model -> announced hashes (medium STORAGE)
+	broken      []string                   // rule breaks: must stay empty
+	dropped     int                        // stored events with an unknown parent
+	storageSeen int                        // STORAGE events applied
+	replays     int
 }
 
 func (x *routerIndex) breakf(format string, args ...any) {
@@ -64,19 +66,27 @@ func (x *routerIndex) apply(topic []byte, seq uint64, payload []byte) {
 	if len(evs) == 0 {
 		x.breakf("batch %d: no events", seq)
 	}
-	idx := x.known[model]
-	if idx == nil {
-		idx = map[uint64]bool{}
-		x.known[model] = idx
-	}
 	for _, e := range evs {
 		m, ok := e.(map[string]any)
 		if !ok {
 			x.breakf("batch %d: event %T", seq, e)
 			continue
 		}
-		if m["medium"] != "CPU" {
+		// An index per medium, each with its own rules (llm-d keeps the
+		// medium of each entry).
+		media := map[any]map[string]map[uint64]bool{"CPU": x.known, "STORAGE": x.storage}
+		byModel := media[m["medium"]]
+		if byModel == nil {
 			x.breakf("batch %d: medium %v", seq, m["medium"])
+			continue
+		}
+		if m["medium"] == "STORAGE" {
+			x.storageSeen++
+		}
+		idx := byModel[model]
+		if idx == nil {
+			idx = map[uint64]bool{}
+			byModel[model] = idx
 		}
 		var hs []uint64
 		for _, h := range asList(m["block_hashes"]) {
@@ -197,6 +207,9 @@ func asUint(v any) (uint64, bool) {
 }
 
 type kvEventsStatus struct {
+	Tiers []struct {
+		QueueDepth int `json:"queue_depth"`
+	} `json:"tiers"`
 	KVEvents struct {
 		Enabled bool   `json:"enabled"`
 		NextSeq uint64 `json:"next_seq"`
@@ -216,15 +229,27 @@ type kvEventsStatus struct {
 // prefixes, evictions under pressure and a clear, while a router subscribes
 // with go-zeromq (llm-d's ZMQ library). After each phase, for every stored
 // prompt, the leading chunks the router's index holds equal the hits
-// LOOKUP answers: 0 divergence, and no event breaks a rule.
+// LOOKUP answers: 0 divergence, and no event breaks a rule. With an fs
+// tier written behind, the leading chunks held in CPU or STORAGE equal
+// them: through the L1 clear (the tier still answers) and a clear of the
+// tier (nothing left).
 func TestKVEventsIndexEqualsLookup(t *testing.T) {
 	// Fixed ports of this test's own range: FreePort's picks are free only
 	// until the harness picks its own.
-	pub, rep := 31036, 31037
-	srv := harness.Start(t, "--chunk-size", "16",
+	t.Run("l1", func(t *testing.T) { kvEventsIndexEqualsLookup(t, 31036, 31037, false) })
+	t.Run("fs tier", func(t *testing.T) { kvEventsIndexEqualsLookup(t, 47210, 47211, true) })
+}
+
+func kvEventsIndexEqualsLookup(t *testing.T, pub, rep int, withTier bool) {
+	args := []string{"--chunk-size", "16",
 		"--kv-events-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", pub),
 		"--kv-events-replay-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", rep),
-		"--kv-events-pod", "eventspod")
+		"--kv-events-pod", "eventspod"}
+	if withTier {
+		// 1 GiB: the tier keeps every chunk, so L1's evictions leave them there.
+		args = append(args, "--l2-adapter", fmt.Sprintf(`{"type": "fs", "base_path": %q, "max_capacity_gb": 1}`, t.TempDir()))
+	}
+	srv := harness.Start(t, args...)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	sub := gozmq.NewSub(ctx)
@@ -240,7 +265,7 @@ func TestKVEventsIndexEqualsLookup(t *testing.T) {
 	if err := dealer.Dial(fmt.Sprintf("tcp://127.0.0.1:%d", rep)); err != nil {
 		t.Fatal(err)
 	}
-	x := &routerIndex{t: t, replay: dealer, known: map[string]map[uint64]bool{}}
+	x := &routerIndex{t: t, replay: dealer, known: map[string]map[uint64]bool{}, storage: map[string]map[uint64]bool{}}
 	go x.run(ctx, sub)
 
 	// 256 KiB chunks (16 tokens, 2 layers, hidden 1024, float32): the
@@ -329,7 +354,12 @@ func TestKVEventsIndexEqualsLookup(t *testing.T) {
 			// The eviction loop runs on its own above the watermark: the
 			// pool must be below it, or an eviction could land between
 			// the index read and the lookups.
-			if st.KVEvents.Queued == 0 && next == st.KVEvents.NextSeq && st.Pool.UsageRatio <= st.Pool.Watermark {
+			// The tier's writes behind must have landed too.
+			queued := 0
+			for _, tr := range st.Tiers {
+				queued += tr.QueueDepth
+			}
+			if st.KVEvents.Queued == 0 && queued == 0 && next == st.KVEvents.NextSeq && st.Pool.UsageRatio <= st.Pool.Watermark {
 				return
 			}
 			if time.Now().After(deadline) {
@@ -363,7 +393,8 @@ func TestKVEventsIndexEqualsLookup(t *testing.T) {
 			}
 			lead := 0
 			for _, h := range hasher.Hashes(p.tokens) {
-				if !x.known[w.Model()][kvevents.WireHash(h)] {
+				wh := kvevents.WireHash(h)
+				if !x.known[w.Model()][wh] && !x.storage[w.Model()][wh] {
 					break
 				}
 				lead++
@@ -392,7 +423,7 @@ func TestKVEventsIndexEqualsLookup(t *testing.T) {
 	x.mu.Lock()
 	for _, p := range prompts[before:] {
 		for _, h := range hasher.Hashes(p.tokens) {
-			if x.known[p.g[0].Model()][kvevents.WireHash(h)] {
+			if wh := kvevents.WireHash(h); x.known[p.g[0].Model()][wh] || x.storage[p.g[0].Model()][wh] {
 				t.Errorf("a chunk one rank of two committed is announced")
 			}
 		}
@@ -410,14 +441,32 @@ func TestKVEventsIndexEqualsLookup(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
+	if withTier {
+		// The tier still holds every chunk: LOOKUP hits them there, and
+		// the index holds them in STORAGE.
+		if hits := check("L1 cleared"); hits == 0 {
+			t.Errorf("no hits from the tier after a clear of L1")
+		}
+		req, _ := http.NewRequest(http.MethodDelete, fmt.Sprintf("http://127.0.0.1:%d/cache/objects?tier=all", srv.HTTPPort), nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
 	if hits := check("cleared"); hits != 0 {
 		t.Errorf("hits after a clear: %d", hits)
 	}
 	x.mu.Lock()
-	for m, idx := range x.known {
-		if len(idx) != 0 {
-			t.Errorf("model %s: %d blocks still indexed after the clear", m, len(idx))
+	for _, byModel := range []map[string]map[uint64]bool{x.known, x.storage} {
+		for m, idx := range byModel {
+			if len(idx) != 0 {
+				t.Errorf("model %s: %d blocks still indexed after the clear", m, len(idx))
+			}
 		}
+	}
+	if withTier && x.storageSeen == 0 {
+		t.Errorf("no STORAGE event seen with an fs tier written behind")
 	}
 	x.mu.Unlock()
 	store(20, 0)
@@ -434,7 +483,7 @@ func TestKVEventsIndexEqualsLookup(t *testing.T) {
 	}
 	// A router that starts now rebuilds the same index from replay alone.
 	caughtUp("replay")
-	y := &routerIndex{t: t, replay: dealer, known: map[string]map[uint64]bool{}}
+	y := &routerIndex{t: t, replay: dealer, known: map[string]map[uint64]bool{}, storage: map[string]map[uint64]bool{}}
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if err := y.fill(^uint64(0)); err != nil {
@@ -443,13 +492,15 @@ func TestKVEventsIndexEqualsLookup(t *testing.T) {
 	if y.next != x.next || len(y.broken) != 0 {
 		t.Errorf("replay: next seq %d (live %d), broken %v", y.next, x.next, y.broken)
 	}
-	for m, idx := range x.known {
-		if len(y.known[m]) != len(idx) {
-			t.Errorf("model %s: replay indexes %d blocks, live %d", m, len(y.known[m]), len(idx))
-		}
-		for h := range idx {
-			if !y.known[m][h] {
-				t.Errorf("model %s: replay lacks %x", m, h)
+	for _, pair := range [][2]map[string]map[uint64]bool{{x.known, y.known}, {x.storage, y.storage}} {
+		for m, idx := range pair[0] {
+			if len(pair[1][m]) != len(idx) {
+				t.Errorf("model %s: replay indexes %d blocks, live %d", m, len(pair[1][m]), len(idx))
+			}
+			for h := range idx {
+				if !pair[1][m][h] {
+					t.Errorf("model %s: replay lacks %x", m, h)
+				}
 			}
 		}
 	}

@@ -67,6 +67,7 @@ const (
 
 type entry struct {
 	h      [hashLen]byte
+	key    string // the key this process wrote it under; "" for a file the start scan found
 	size   int64 // exact file length
 	charge int64 // size rounded up to a block: what counts against capacity
 	mtime  int64 // only used while scanning
@@ -105,6 +106,7 @@ type Tier struct {
 	// shardMade skips the MkdirAll stat once a shard directory is known.
 	shardMade [256]atomic.Bool
 	notify    atomic.Pointer[func(tierstate.Tier)] // tier.StateNotifier's hook
+	contents  atomic.Pointer[func(string, bool)]   // tier.ContentNotifier's hook
 }
 
 var (
@@ -308,7 +310,7 @@ func (t *Tier) put(ctx context.Context, key string, parts [][]byte, valid func()
 		return fmt.Errorf("fs tier: put of %d bytes discarded: %w", size, tier.ErrSourceChanged)
 	}
 
-	graves, err := t.install(h, tmp, final, size)
+	graves, err := t.install(key, h, tmp, final, size)
 	if t.beforeFree != nil {
 		t.beforeFree(graves)
 	}
@@ -328,7 +330,7 @@ func (t *Tier) put(ctx context.Context, key string, parts [][]byte, valid func()
 // files it displaces (victims, the key's previous value) are only renamed
 // aside to temporary names (cheap: no blocks freed); it returns those for
 // the caller to remove after the lock is released.
-func (t *Tier) install(h [hashLen]byte, tmp, final string, size int64) ([]string, error) {
+func (t *Tier) install(key string, h [hashLen]byte, tmp, final string, size int64) ([]string, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
@@ -361,12 +363,17 @@ func (t *Tier) install(h [hashLen]byte, tmp, final string, size int64) ([]string
 		t.writeFailedLocked(size, err)
 		return graves, fmt.Errorf("fs tier: put: rename into place: %w", err)
 	}
+	told := false // a rewrite of a value this process wrote: held still
 	if old != nil {
-		graves = t.dropLocked(old, false, graves)
+		told = old.key != ""
+		t.unindexLocked(old)
 	}
-	e := &entry{h: h, size: size, charge: charge(size)}
+	e := &entry{h: h, key: key, size: size, charge: charge(size)}
 	e.elem = t.lru.PushFront(e)
 	t.idx[h] = e
+	if !told {
+		t.tellLocked(key, true)
+	}
 	t.used += e.charge
 	t.writeBytes.Add(uint64(size))
 	if t.state != tierstate.Up {
@@ -496,14 +503,33 @@ func (t *Tier) NotifyState(f func(tierstate.Tier)) { t.notify.Store(&f) }
 // dropLocked forgets e and, if asked, buries its file (see buryLocked),
 // returning graves with the grave appended.
 func (t *Tier) dropLocked(e *entry, removeFile bool, graves []string) []string {
-	delete(t.idx, e.h)
-	t.lru.Remove(e.elem)
-	t.used -= e.charge
+	t.unindexLocked(e)
+	if e.key != "" {
+		t.tellLocked(e.key, false)
+	}
 	if removeFile {
 		_, file := t.paths(e.h)
 		graves = t.buryLocked(file, graves)
 	}
 	return graves
+}
+
+// unindexLocked takes e out of the index and the LRU.
+func (t *Tier) unindexLocked(e *entry) {
+	delete(t.idx, e.h)
+	t.lru.Remove(e.elem)
+	t.used -= e.charge
+}
+
+// NotifyContents implements tier.ContentNotifier: f is told, under the
+// index lock, each value this process wrote as it is installed and as it
+// leaves the index (evicted, deleted, cleared, found bad).
+func (t *Tier) NotifyContents(f func(key string, present bool)) { t.contents.Store(&f) }
+
+func (t *Tier) tellLocked(key string, present bool) {
+	if f := t.contents.Load(); f != nil {
+		(*f)(key, present)
+	}
 }
 
 // forget drops e if it is still the indexed entry for its hash (a Put that

@@ -161,6 +161,14 @@ type redirectSeen struct{ from, to string }
 // NotifyState implements tier.StateNotifier.
 func (t *Tier) NotifyState(f func(tierstate.Tier)) { t.notify.Store(&f) }
 
+// NotifyContents implements tier.ContentNotifier from the index: f is told
+// each value this process wrote once its SET succeeded, and when the index
+// lets it go (evicted for room, deleted, cleared, past its TTL by kvdock's
+// clock, or found gone by a read). A value the server drops behind kvdock's
+// back (its own maxmemory policy, another host) is told only once a read
+// finds it gone.
+func (t *Tier) NotifyContents(f func(key string, present bool)) { t.idx.tell.Store(&f) }
+
 var (
 	_ tier.Backend       = (*Tier)(nil)
 	_ tier.StateNotifier = (*Tier)(nil)
@@ -411,6 +419,7 @@ func (t *Tier) Put(ctx context.Context, key string, value []byte) error {
 		t.idx.remove(key)
 		return t.fail(context.WithoutCancel(ctx), "put", err)
 	}
+	t.idx.confirm(key)
 	t.written(ctx, key, int64(len(value)))
 	return nil
 }
@@ -464,6 +473,7 @@ func (t *Tier) PutParts(ctx context.Context, key string, head, payload []byte, v
 		}
 		return t.fail(ctx, "put", err)
 	}
+	t.idx.confirm(key)
 	t.written(ctx, key, size)
 	return nil
 }
