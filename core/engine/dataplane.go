@@ -197,6 +197,7 @@ func (e *Engine) buildDataPlane(cfg settings.Config) (*dataPlane, error) {
 	}
 	d := pool.Decision()
 	e.log.Info("L1 pool", "segment", d.Segment, "size", d.Size, "shared", d.Shared, "reason", d.Reason)
+	e.reannounceKV(cfg, kv, pool, adopted)
 
 	hasher, err := keys.NewHasher(cfg.Server.ChunkSize, cfg.Server.HashAlgorithm)
 	if err != nil {
