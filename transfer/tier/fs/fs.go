@@ -68,9 +68,9 @@ const (
 type entry struct {
 	h      [hashLen]byte
 	key    string // the key this process wrote it under; "" for a file the start scan found
-	size   int64 // exact file length
-	charge int64 // size rounded up to a block: what counts against capacity
-	mtime  int64 // only used while scanning
+	size   int64  // exact file length
+	charge int64  // size rounded up to a block: what counts against capacity
+	mtime  int64  // only used while scanning
 	elem   *list.Element
 }
 
