@@ -508,3 +508,44 @@ func TestTrackerSplitsChunks(t *testing.T) {
 		t.Fatalf("after a clear: %d blocks", len(known))
 	}
 }
+
+// TestEncodeFormsDecode: the hand-written msgpack decodes, at every size
+// boundary of its integers, strings and arrays, to what was encoded.
+func TestEncodeFormsDecode(t *testing.T) {
+	ints := []uint64{0, 127, 128, 255, 256, 65535, 65536, 1<<32 - 1, 1 << 32, 1<<64 - 1}
+	for _, v := range ints {
+		var got uint64
+		if err := msgpack.Unmarshal(mpUint(nil, v), &got); err != nil || got != v {
+			t.Fatalf("uint %d: %d, %v", v, got, err)
+		}
+	}
+	for _, n := range []int{0, 31, 32, 255, 256, 65535, 65536} {
+		s := string(make([]byte, n))
+		var got string
+		if err := msgpack.Unmarshal(mpStr(nil, s), &got); err != nil || got != s {
+			t.Fatalf("str of %d: %d bytes, %v", n, len(got), err)
+		}
+	}
+	for _, n := range []int{0, 15, 16, 65535, 65536} {
+		ev := Event{Stored: true, Medium: "STORAGE", Hashes: make([]uint64, n), Tokens: make([]uint32, n)}
+		for i := range n {
+			ev.Hashes[i], ev.Tokens[i] = ints[i%len(ints)], uint32(ints[i%6])
+		}
+		var raw []any
+		if err := msgpack.Unmarshal(encodeBatch(2.5, []Event{ev, {Medium: "CPU", Hashes: ev.Hashes}}, 16, false, 3), &raw); err != nil {
+			t.Fatalf("%d: %v", n, err)
+		}
+		evs := raw[1].([]any)
+		st, rm := evs[0].(map[string]any), evs[1].(map[string]any)
+		hs, toks := st["block_hashes"].([]any), st["token_ids"].([]any)
+		if raw[0] != 2.5 || toU64(raw[2]) != 3 || len(hs) != n || len(toks) != n || st["medium"] != "STORAGE" ||
+			toU64(st["block_size"]) != 16 || st["parent_block_hash"] != nil || len(st) != 8 || rm["medium"] != "CPU" || len(rm) != 3 {
+			t.Fatalf("%d: batch %v", n, raw[0])
+		}
+		for i := range n {
+			if toU64(hs[i]) != ev.Hashes[i] || toU64(toks[i]) != uint64(ev.Tokens[i]) {
+				t.Fatalf("%d: item %d: %v %v", n, i, hs[i], toks[i])
+			}
+		}
+	}
+}

@@ -13,6 +13,7 @@ import (
 
 	gozmq "github.com/go-zeromq/zmq4"
 	"github.com/vmihailenco/msgpack/v5"
+	"golang.org/x/sys/unix"
 
 	"kvdock/core/keys"
 	"kvdock/core/kvevents"
@@ -244,7 +245,10 @@ func TestKVEventsIndexEqualsLookup(t *testing.T) {
 	// Fixed ports of this test's own range: FreePort's picks are free only
 	// until the harness picks its own.
 	t.Run("l1", func(t *testing.T) { kvEventsIndexEqualsLookup(t, 31036, 31037, false) })
-	t.Run("fs tier", func(t *testing.T) { kvEventsIndexEqualsLookup(t, 47210, 47211, true) })
+	t.Run("fs tier", func(t *testing.T) {
+		ps := eventsPorts(t, 47200, 47230, 2)
+		kvEventsIndexEqualsLookup(t, ps[0], ps[1], true)
+	})
 }
 
 // eventsRun is a kvdock driven through randomized stores while a router
@@ -575,7 +579,8 @@ func sameIndex(t *testing.T, what string, x, y *routerIndex) {
 // the index it had before, which equals LOOKUP's hits; later stores and
 // evictions go on from there with 0 divergence.
 func TestKVEventsReannouncedAfterRestart(t *testing.T) {
-	pub, rep := 47220, 47221
+	ps := eventsPorts(t, 47230, 47260, 2)
+	pub, rep := ps[0], ps[1]
 	srv := harness.StartKeeping(t, false, eventsArgs(pub, rep)...)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -613,4 +618,28 @@ func TestKVEventsReannouncedAfterRestart(t *testing.T) {
 	r.store(100, 0) // past the pool: evictions of adopted chunks too
 	r.check("stored after the restart")
 	t.Logf("%d prompts, %d batches re-announced %d blocks", len(r.prompts), next, stored)
+}
+
+// eventsPorts returns n ports of [from, to) that libzmq can bind now. A
+// ZMQ socket binds without SO_REUSEADDR, so a port whose connections a
+// server closed in the last minute (TIME_WAIT) is refused to the next
+// server; the probe binds the way it does, and the next port is tried.
+func eventsPorts(t testing.TB, from, to, n int) []int {
+	t.Helper()
+	var out []int
+	for p := from; p < to && len(out) < n; p++ {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = unix.Bind(fd, &unix.SockaddrInet4{Port: p, Addr: [4]byte{127, 0, 0, 1}})
+		unix.Close(fd)
+		if err == nil {
+			out = append(out, p)
+		}
+	}
+	if len(out) < n {
+		t.Fatalf("%d of %d ports free in [%d, %d)", len(out), n, from, to)
+	}
+	return out
 }
