@@ -23,10 +23,9 @@ const Coalesce = time.Millisecond
 // stream of stores the events of several go in one batch per model, so
 // that the publisher's sends (each a wake of libzmq's I/O thread and of
 // every subscriber) stay a few hundred a second whatever the store rate.
-// An event after a quiet spell still leaves Coalesce after it. Measured
-// with BenchmarkKVEventsLagAndThroughput (docs/EVENTS.md): flushing every
-// millisecond cost a fifth of the store throughput on a loaded 2-core
-// host; the lag stays under 10 ms at the 99th percentile.
+// An event after a quiet spell still leaves Coalesce after it; the lag
+// under load stays under 10 ms at the 99th percentile
+// (BenchmarkKVEventsLagAndThroughput, docs/EVENTS.md).
 const FlushEvery = 5 * time.Millisecond
 
 // PublisherOptions configures a Publisher.
