@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"slices"
 
 	"kvdock/core/keys"
 )
@@ -117,7 +116,7 @@ func (t *Tracker) Reannounce(data []byte, stamp int64, published []keys.ObjectKe
 			m.describe(ek, n, d.want, d.parent, d.hasParent, d.tokens)
 		}
 		was := n.whole()
-		j := slices.IndexFunc(n.objs, func(o obj) bool { return o.rank == k.KVRank && o.group == k.Group })
+		j := n.find(k)
 		if j < 0 {
 			continue
 		}

@@ -357,66 +357,65 @@ func (v *Tiers) medium(i int) *medium {
 // so a value whose L1 chunk was never committed (an earlier run's) is not
 // announced.
 func (v *Tiers) Stored(i int, k *keys.ObjectKey) {
-	if v == nil || keys.IsBenchModel(k.Model) {
-		return
-	}
-	t := v.t
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	m, ek := v.medium(i), keyOf(k)
-	if m == nil {
-		return
-	}
-	n := m.nodes[ek]
-	if n == nil {
-		src := t.l1.nodes[ek]
-		if src == nil || src.want == 0 {
-			return
+	v.locked(i, k, func(t *Tracker, m *medium, ek ekey) {
+		n := m.nodes[ek]
+		if n == nil {
+			src := t.l1.nodes[ek]
+			if src == nil || src.want == 0 {
+				return
+			}
+			n = &node{}
+			m.nodes[ek] = n
+			m.describe(ek, n, src.want, src.parent, src.hasParent, src.tokens)
 		}
-		n = &node{}
-		m.nodes[ek] = n
-		m.describe(ek, n, src.want, src.parent, src.hasParent, src.tokens)
-	}
-	for j := range n.objs {
-		if n.objs[j].rank == k.KVRank && n.objs[j].group == k.Group {
+		if j := n.find(k); j >= 0 {
 			n.objs[j].tiers++ // another tier of this medium holds it too
 			return
 		}
-	}
-	was := n.whole()
-	n.objs = append(n.objs, obj{rank: k.KVRank, group: k.Group, committed: true, tiers: 1})
-	if !was && n.whole() {
-		m.held++ // until tryAnnounce announces it
-	}
-	t.tryAnnounce(m, ek)
+		was := n.whole()
+		n.objs = append(n.objs, obj{rank: k.KVRank, group: k.Group, committed: true, tiers: 1})
+		if !was && n.whole() {
+			m.held++ // until tryAnnounce announces it
+		}
+		t.tryAnnounce(m, ek)
+	})
 }
 
 // Lost notes that tier i no longer holds k's value (evicted, deleted,
 // cleared, expired, found gone): when no tier of its medium holds it, its
 // chunk is removed there with its announced descendants.
 func (v *Tiers) Lost(i int, k *keys.ObjectKey) {
+	v.locked(i, k, func(t *Tracker, m *medium, ek ekey) {
+		n := m.nodes[ek]
+		if n == nil {
+			return
+		}
+		if j := n.find(k); j >= 0 {
+			if n.objs[j].tiers--; n.objs[j].tiers == 0 {
+				t.lostLocked(m, ek, n, k)
+			}
+		}
+	})
+}
+
+// locked runs f with the tracker's mutex held on tier i's medium and k's
+// chunk, unless the set was replaced, i is no tier of it or k is bench
+// traffic.
+func (v *Tiers) locked(i int, k *keys.ObjectKey, f func(t *Tracker, m *medium, ek ekey)) {
 	if v == nil || keys.IsBenchModel(k.Model) {
 		return
 	}
 	t := v.t
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	m, ek := v.medium(i), keyOf(k)
-	if m == nil {
-		return
+	if m := v.medium(i); m != nil {
+		f(t, m, keyOf(k))
 	}
-	n := m.nodes[ek]
-	if n == nil {
-		return
-	}
-	for j := range n.objs {
-		if n.objs[j].rank == k.KVRank && n.objs[j].group == k.Group {
-			if n.objs[j].tiers--; n.objs[j].tiers == 0 {
-				t.lostLocked(m, ek, n, k)
-			}
-			return
-		}
-	}
+}
+
+// find is the index in n.objs of k's object (its rank and group), -1 if none.
+func (n *node) find(k *keys.ObjectKey) int {
+	return slices.IndexFunc(n.objs, func(o obj) bool { return o.rank == k.KVRank && o.group == k.Group })
 }
 
 // Loaded notes objects a prefetch loaded from a tier and published in L1:
@@ -442,10 +441,8 @@ func (t *Tracker) Loaded(ks []keys.ObjectKey) {
 			}
 		}
 		was := n.whole()
-		for j := range n.objs {
-			if n.objs[j].rank == k.KVRank && n.objs[j].group == k.Group {
-				n.objs[j].committed = true
-			}
+		if j := n.find(k); j >= 0 {
+			n.objs[j].committed = true
 		}
 		if !was && n.whole() {
 			m.held++ // until tryAnnounce announces it
@@ -461,16 +458,7 @@ func (t *Tracker) Loaded(ks []keys.ObjectKey) {
 func (t *Tracker) Cleared() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	m := t.l1
-	for ek, n := range m.nodes {
-		if n.announced {
-			n.announced = false
-			t.unwire(m, ek)
-		}
-	}
-	m.nodes = map[ekey]*node{}
-	m.kids = map[ekey][]keys.Hash{}
-	m.announced, m.held = 0, 0
+	t.removeAll(t.l1)
 }
 
 // Commit notes a committed store batch, announcing every chunk it made
