@@ -36,7 +36,7 @@ func BenchmarkKVEventsLagAndThroughput(b *testing.B) {
 		rounds      = 80
 		perRound    = 10
 	)
-	ps := eventsPorts(b, 47260, 47300, 2)
+	ps := eventsPorts(b, 47260, 47270, 2)
 	pub, rep := ps[0], ps[1]
 	common := []string{"--chunk-size", fmt.Sprint(chunkTokens), "--l1-size-gb", "0.25", "--log-level", "info"}
 	on := harness.Start(b, append(common, "--kv-events-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", pub),
