@@ -192,8 +192,10 @@ func (m *Module) commitStore(k protocol.Key, id int64, data []byte, peer []byte)
 		inst.bytesIn += p.bytes
 		inst.shmProven = true
 		m.mu.Unlock()
-		m.notePublished(p.res, inst)
+		// The event stream first: a tier told its write landed takes the
+		// chunk's tokens and parent from what the commit told it.
 		m.noteCommittedSHM(inst, k, p.res)
+		m.notePublished(p.res, inst)
 		m.noteSHMWorks(inst)
 		return true, nil
 	}
@@ -470,8 +472,8 @@ func (m *Module) commitPickle(inst *instance, k protocol.Key, prev, ks []keys.Ob
 	if len(written) > 0 && !m.pool.FinishWrite(written) {
 		written, bytesIn = nil, 0 // a clear overtook the batch: nothing published
 	}
+	m.noteCommitted(inst, k, prev, ks, written) // before the tiers, as above
 	m.notePublished(written, inst)
-	m.noteCommitted(inst, k, prev, ks, written)
 	ok := len(written) == len(res) && rejected == 0
 	m.mu.Lock()
 	if rejected > 0 {

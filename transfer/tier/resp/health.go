@@ -25,6 +25,14 @@ type redirectSeen struct{ from, to string }
 // NotifyState implements tier.StateNotifier.
 func (t *Tier) NotifyState(f func(tierstate.Tier)) { t.notify.Store(&f) }
 
+// NotifyContents implements tier.ContentNotifier from the index: f is told
+// each value this process wrote once its SET succeeded, and when the index
+// lets it go (evicted for room, deleted, cleared, past its TTL by kvdock's
+// clock, or found gone by a read). A value the server drops behind kvdock's
+// back (its own maxmemory policy, another host) is told only once a read
+// finds it gone.
+func (t *Tier) NotifyContents(f func(key string, present bool)) { t.idx.tell.Store(&f) }
+
 // Stats is the backend's part of the tier's snapshot.
 func (t *Tier) Stats() tierstate.Tier {
 	used, objects := t.idx.usage(time.Now())

@@ -53,6 +53,7 @@ func (t *Tier) Put(ctx context.Context, key string, value []byte) error {
 		t.idx.remove(key)
 		return t.fail(context.WithoutCancel(ctx), "put", err)
 	}
+	t.idx.confirm(key)
 	t.written(ctx, key, int64(len(value)))
 	return nil
 }
@@ -106,6 +107,7 @@ func (t *Tier) PutParts(ctx context.Context, key string, head, payload []byte, v
 		}
 		return t.fail(ctx, "put", err)
 	}
+	t.idx.confirm(key)
 	t.written(ctx, key, size)
 	return nil
 }
