@@ -264,10 +264,23 @@ func (s *Server) Kill() {
 	<-s.done
 }
 
-// Dial connects a Go client to the server.
+// Dial connects a Go client to the server, 5 s a call.
 func (s *Server) Dial(t testing.TB, profile string) *client.Client {
 	t.Helper()
-	c, err := client.Dial(s.Endpoint, Profile(t, profile), client.Options{Timeout: 5 * time.Second})
+	return s.DialWith(t, profile, 5*time.Second)
+}
+
+// DialWith is Dial with another per-call timeout.
+func (s *Server) DialWith(t testing.TB, profile string, timeout time.Duration) *client.Client {
+	t.Helper()
+	return dial(t, s.Endpoint, profile, timeout)
+}
+
+// dial connects a Go client speaking profile to endpoint, closed when the
+// test ends.
+func dial(t testing.TB, endpoint, profile string, timeout time.Duration) *client.Client {
+	t.Helper()
+	c, err := client.Dial(endpoint, Profile(t, profile), client.Options{Timeout: timeout})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -322,7 +322,7 @@ func TestKVEventsIndexEqualsLookup(t *testing.T) {
 		deadline := time.Now().Add(15 * time.Second)
 		for {
 			var st kvEventsStatus
-			httpjson.Get(t, statusURL(srv), &st)
+			httpjson.Get(t, srv.StatusURL(), &st)
 			x.mu.Lock()
 			next := x.next
 			x.mu.Unlock()
@@ -400,7 +400,7 @@ func TestKVEventsIndexEqualsLookup(t *testing.T) {
 	x.mu.Unlock()
 	store(120, 0) // about 500 chunks into a pool of 256: evictions
 	var st kvEventsStatus
-	httpjson.Get(t, statusURL(srv), &st)
+	httpjson.Get(t, srv.StatusURL(), &st)
 	if st.Pool.Evictions == 0 {
 		t.Errorf("no evictions under pressure: %+v", st)
 	}
@@ -422,7 +422,7 @@ func TestKVEventsIndexEqualsLookup(t *testing.T) {
 	x.mu.Unlock()
 	store(20, 0)
 	check("stored again")
-	httpjson.Get(t, statusURL(srv), &st)
+	httpjson.Get(t, srv.StatusURL(), &st)
 	if !st.KVEvents.Enabled || st.KVEvents.Dropped != 0 || st.KVEvents.Sent != st.KVEvents.NextSeq {
 		t.Errorf("/status kv_events %+v", st.KVEvents)
 	}

@@ -28,13 +28,9 @@ type tierStatus struct {
 	Loads         uint64 `json:"loads"`
 }
 
-func statusURL(srv *harness.Server) string {
-	return fmt.Sprintf("http://127.0.0.1:%d/status", srv.HTTPPort)
-}
-
 func tiersOf(t *testing.T, srv *harness.Server) []tierStatus {
 	t.Helper()
-	resp, err := http.Get(statusURL(srv))
+	resp, err := http.Get(srv.StatusURL())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +75,7 @@ func with(p map[string]any, kv ...any) map[string]any {
 // and checks on b that every chunk is a hit with identical bytes.
 func storeThenCheckElsewhere(t *testing.T, a, b *harness.Server, p map[string]any) map[string]any {
 	t.Helper()
-	st := worker(t, a, "tier_store", with(p, "status_url", statusURL(a)))
+	st := worker(t, a, "tier_store", with(p, "status_url", a.StatusURL()))
 	want := p["prompts"].(int) * p["chunks"].(int)
 	if st["stored"] != float64(want) {
 		t.Fatalf("stored %v chunks, want %d", st["stored"], want)
@@ -104,7 +100,7 @@ func TestTierFSWarmRestart(t *testing.T) {
 	args := []string{"--chunk-size", "16", "--l2-adapter", adapter}
 	first := harness.Start(t, args...)
 	p := tierParams("tier-fs-warm", 3, 2, 1)
-	st := worker(t, first, "tier_store", with(p, "status_url", statusURL(first)))
+	st := worker(t, first, "tier_store", with(p, "status_url", first.StatusURL()))
 	if st["mode"] != "shm" {
 		t.Fatalf("store mode %v, want shm", st["mode"])
 	}
@@ -169,7 +165,7 @@ func TestTierFSOverSubscribedL1(t *testing.T) {
 	srv := harness.Start(t, "--chunk-size", "256", "--l2-adapter", adapter)
 	p := map[string]any{"model": "tier-oversub", "dtype": "float32", "layers": 2, "hidden": 1024,
 		"prompts": 12, "chunks": 4, "seed": 4}
-	st := worker(t, srv, "tier_store", with(p, "status_url", statusURL(srv)))
+	st := worker(t, srv, "tier_store", with(p, "status_url", srv.StatusURL()))
 	stored := st["stored"].(float64) * st["chunk_bytes"].(float64)
 	if st["chunk_bytes"] != float64(4<<20) || stored < 3*64<<20 {
 		t.Fatalf("stored %v B in %v B chunks: not 3× the 64 MiB pool", stored, st["chunk_bytes"])

@@ -162,7 +162,7 @@ func poolAndCounts(t *testing.T, srv *harness.Server) storeCounts {
 			BadInput map[string]int64 `json:"bad_input"`
 		} `json:"requests"`
 	}
-	httpjson.Get(t, statusURL(srv), &st)
+	httpjson.Get(t, srv.StatusURL(), &st)
 	c := storeCounts{objects: st.Pool.Objects, liveBytes: st.Pool.LiveBytes,
 		commitOK: st.Requests.ByType[protocol.CommitStore].OK, commitErrors: st.Requests.ByType[protocol.CommitStore].Error,
 		handlerErrors: st.Requests.BadInput[protocol.KindHandlerErr]}

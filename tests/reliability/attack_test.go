@@ -29,9 +29,9 @@ import (
 
 // --- worker steps, for interleaving two workers ---
 
-func (w *gworker) prepare(ctx context.Context, toks []uint32, n int, req string) (prepStore, error) {
-	var ps prepStore
-	r, err := w.c.Call(ctx, protocol.PrepareStore, w.key(toks, n, req), w.id)
+func prepareStore(ctx context.Context, w *harness.GoWorker, toks []uint32, n int, req string) (harness.PrepStore, error) {
+	var ps harness.PrepStore
+	r, err := w.C.Call(ctx, protocol.PrepareStore, w.Key(toks, n, req), w.ID)
 	if err != nil {
 		return ps, fmt.Errorf("prepare_store: %w", err)
 	}
@@ -41,22 +41,22 @@ func (w *gworker) prepare(ctx context.Context, toks []uint32, n int, req string)
 	return ps, nil
 }
 
-func (w *gworker) write(ps prepStore, data [][]byte) error {
+func writeSlots(w *harness.GoWorker, ps harness.PrepStore, data [][]byte) error {
 	for n, s := range ps.Context.Slots {
 		i := n
 		if n < len(ps.Context.ChunkIndices) {
 			i = ps.Context.ChunkIndices[n]
 		}
-		if s.Offset < 0 || s.Offset+s.Length > int64(len(w.shm)) || i >= len(data) || s.Length != int64(len(data[i])) {
-			return fmt.Errorf("slot %+v does not fit a %d-byte mapping", s, len(w.shm))
+		if s.Offset < 0 || s.Offset+s.Length > int64(len(w.Shm)) || i >= len(data) || s.Length != int64(len(data[i])) {
+			return fmt.Errorf("slot %+v does not fit a %d-byte mapping", s, len(w.Shm))
 		}
-		copy(w.shm[s.Offset:], data[i])
+		copy(w.Shm[s.Offset:], data[i])
 	}
 	return nil
 }
 
-func (w *gworker) commit(ctx context.Context, toks []uint32, n int, req string, payload []byte) (bool, error) {
-	r, err := w.c.Call(ctx, protocol.CommitStore, w.key(toks, n, req), w.id, payload)
+func commitStore(ctx context.Context, w *harness.GoWorker, toks []uint32, n int, req string, payload []byte) (bool, error) {
+	r, err := w.C.Call(ctx, protocol.CommitStore, w.Key(toks, n, req), w.ID, payload)
 	if err != nil {
 		return false, fmt.Errorf("commit_store: %w", err)
 	}
@@ -70,40 +70,30 @@ func (w *gworker) commit(ctx context.Context, toks []uint32, n int, req string, 
 func seqData(seed, n, size int) [][]byte {
 	out := make([][]byte, n)
 	for i := range out {
-		out[i] = chunkData(seed, i, size)
+		out[i] = harness.ChunkData(seed, i, size)
 	}
 	return out
 }
 
 // readBack retrieves n chunks of toks through w and compares them to want.
-func readBack(t testing.TB, w *gworker, toks []uint32, want [][]byte, req string) {
+func readBack(t testing.TB, w *harness.GoWorker, toks []uint32, want [][]byte, req string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	got, err := w.retrieve(ctx, toks, len(want), req)
+	got, err := w.Retrieve(ctx, toks, len(want), req)
 	if err != nil {
-		t.Errorf("%s worker %d: retrieve: %v", w.mode(), w.id, err)
+		t.Errorf("%s worker %d: retrieve: %v", w.Mode(), w.ID, err)
 		return
 	}
 	if len(got) != len(want) {
-		t.Errorf("%s worker %d: retrieve got %d chunks, want %d (miss)", w.mode(), w.id, len(got), len(want))
+		t.Errorf("%s worker %d: retrieve got %d chunks, want %d (miss)", w.Mode(), w.ID, len(got), len(want))
 		return
 	}
 	for i := range want {
 		if !bytes.Equal(got[i], want[i]) {
-			t.Errorf("%s worker %d: chunk %d is not what was stored (crc %08x, want %08x)", w.mode(), w.id, i, sum(got[i]), sum(want[i]))
+			t.Errorf("%s worker %d: chunk %d is not what was stored (crc %08x, want %08x)", w.Mode(), w.ID, i, harness.Sum(got[i]), harness.Sum(want[i]))
 		}
 	}
-}
-
-func dialWith(t testing.TB, srv *harness.Server, timeout time.Duration) *client.Client {
-	t.Helper()
-	c, err := client.Dial(srv.Endpoint, harness.Profile(t, srv.Protocol), client.Options{Timeout: timeout})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
-	return c
 }
 
 func clearVia(t testing.TB, srv *harness.Server, c *client.Client, zmqClear bool) {
@@ -126,20 +116,20 @@ func clearVia(t testing.TB, srv *harness.Server, c *client.Client, zmqClear bool
 // commit answers false and publishes nothing, B reads B's bytes.
 func attackClearDuringStore(t *testing.T, srv *harness.Server, base int64, zmqClear bool) {
 	ctx := context.Background()
-	a := newWorker(t, srv.Dial(t, srv.Protocol), base+1, "clear-store", false)
-	b := newWorker(t, srv.Dial(t, srv.Protocol), base+2, "clear-store", false)
-	if a.shm == nil || b.shm == nil {
+	a := harness.NewWorker(t, srv.Dial(t, srv.Protocol), base+1, "clear-store", false)
+	b := harness.NewWorker(t, srv.Dial(t, srv.Protocol), base+2, "clear-store", false)
+	if a.Shm == nil || b.Shm == nil {
 		t.Fatal("the server advertises no segment")
 	}
-	clearVia(t, srv, a.c, zmqClear) // an empty pool: A gets the allocator's first slots
-	ta, tb := tokensFor(int(base)+1, 2, a.chunk), tokensFor(int(base)+2, 2, b.chunk)
-	da, db := seqData(int(base)+1, 2, a.chunkBytes), seqData(int(base)+2, 2, b.chunkBytes)
-	psA, err := a.prepare(ctx, ta, 2, "clear-a")
+	clearVia(t, srv, a.C, zmqClear) // an empty pool: A gets the allocator's first slots
+	ta, tb := harness.Tokens(int(base)+1, 2, a.Chunk), harness.Tokens(int(base)+2, 2, b.Chunk)
+	da, db := seqData(int(base)+1, 2, a.ChunkBytes), seqData(int(base)+2, 2, b.ChunkBytes)
+	psA, err := prepareStore(ctx, a, ta, 2, "clear-a")
 	if err != nil || len(psA.Context.Slots) != 2 {
 		t.Fatalf("A prepare: %d slots, %v", len(psA.Context.Slots), err)
 	}
-	clearVia(t, srv, a.c, zmqClear)
-	psB, err := b.prepare(ctx, tb, 2, "clear-b")
+	clearVia(t, srv, a.C, zmqClear)
+	psB, err := prepareStore(ctx, b, tb, 2, "clear-b")
 	if err != nil || len(psB.Context.Slots) != 2 {
 		t.Fatalf("B prepare: %d slots, %v", len(psB.Context.Slots), err)
 	}
@@ -151,14 +141,14 @@ func attackClearDuringStore(t *testing.T, srv *harness.Server, base int64, zmqCl
 			}
 		}
 	}
-	if err := b.write(psB, db); err != nil {
+	if err := writeSlots(b, psB, db); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.write(psA, da); err != nil {
+	if err := writeSlots(a, psA, da); err != nil {
 		t.Fatal(err)
 	}
-	okA, errA := a.commit(ctx, ta, 2, "clear-a", []byte{})
-	okB, errB := b.commit(ctx, tb, 2, "clear-b", []byte{})
+	okA, errA := commitStore(ctx, a, ta, 2, "clear-a", []byte{})
+	okB, errB := commitStore(ctx, b, tb, 2, "clear-b", []byte{})
 	t.Logf("clear during store (zmq=%v): slots overlap %v, A commit %v (%v), B commit %v (%v)", zmqClear, overlap, okA, errA, okB, errB)
 	if overlap {
 		t.Errorf("after the clear B was given slots that A still holds locked")
@@ -170,7 +160,7 @@ func attackClearDuringStore(t *testing.T, srv *harness.Server, base int64, zmqCl
 		t.Errorf("B's commit: %v %v", okB, errB)
 	}
 	readBack(t, b, tb, db, "clear-rb")
-	if n, err := lookup(ctx, a.c, a.model, ta, "clear-la"); err != nil || n != 0 {
+	if n, err := harness.Lookup(ctx, a.C, a.Model, ta, "clear-la"); err != nil || n != 0 {
 		t.Errorf("A's overtaken reservation was published: %d hits (%v)", n, err)
 	}
 	alive(t, srv, time.Second, "a clear during a store")
@@ -180,37 +170,37 @@ func attackClearDuringStore(t *testing.T, srv *harness.Server, base int64, zmqCl
 // stores Y; R's copy must still be X's bytes.
 func attackClearDuringRetrieve(t *testing.T, srv *harness.Server, base int64, zmqClear bool) {
 	ctx := context.Background()
-	w := newWorker(t, srv.Dial(t, srv.Protocol), base+1, "clear-read", false)
-	r := newWorker(t, srv.Dial(t, srv.Protocol), base+2, "clear-read", false)
-	if w.shm == nil || r.shm == nil {
+	w := harness.NewWorker(t, srv.Dial(t, srv.Protocol), base+1, "clear-read", false)
+	r := harness.NewWorker(t, srv.Dial(t, srv.Protocol), base+2, "clear-read", false)
+	if w.Shm == nil || r.Shm == nil {
 		t.Fatal("the server advertises no segment")
 	}
-	clearVia(t, srv, w.c, zmqClear)
-	tx, ty := tokensFor(int(base)+1, 2, w.chunk), tokensFor(int(base)+3, 2, w.chunk)
-	dx, dy := seqData(int(base)+1, 2, w.chunkBytes), seqData(int(base)+3, 2, w.chunkBytes)
-	if res, err := w.store(ctx, tx, dx, "clear-sx"); err != nil || res != "true" {
+	clearVia(t, srv, w.C, zmqClear)
+	tx, ty := harness.Tokens(int(base)+1, 2, w.Chunk), harness.Tokens(int(base)+3, 2, w.Chunk)
+	dx, dy := seqData(int(base)+1, 2, w.ChunkBytes), seqData(int(base)+3, 2, w.ChunkBytes)
+	if res, err := w.Store(ctx, tx, dx, "clear-sx"); err != nil || res != "true" {
 		t.Fatalf("store X: %q %v", res, err)
 	}
-	if n, err := lookupKeep(ctx, r.c, r.model, tx, "clear-rx"); err != nil || n != 2 {
+	if n, err := harness.LookupKeep(ctx, r.C, r.Model, tx, "clear-rx"); err != nil || n != 2 {
 		t.Fatalf("lookup X: %d %v", n, err)
 	}
-	k := r.key(tx, 2, "clear-rx")
-	rep, err := r.c.Call(ctx, protocol.PrepareRetrieve, k, r.id)
-	var pr prepRetrieve
+	k := r.Key(tx, 2, "clear-rx")
+	rep, err := r.C.Call(ctx, protocol.PrepareRetrieve, k, r.ID)
+	var pr harness.PrepRetrieve
 	if err == nil {
 		err = rep.Decode(&pr)
 	}
 	if err != nil || !pr.Success || len(pr.Context.Slots) != 2 {
 		t.Fatalf("prepare retrieve X: %+v %v", pr.Success, err)
 	}
-	clearVia(t, srv, w.c, zmqClear)
-	resY, errY := w.store(ctx, ty, dy, "clear-sy")
+	clearVia(t, srv, w.C, zmqClear)
+	resY, errY := w.Store(ctx, ty, dy, "clear-sy")
 	bad := 0
 	for i, s := range pr.Context.Slots {
-		if s.Offset < 0 || s.Offset+s.Length > int64(len(r.shm)) {
+		if s.Offset < 0 || s.Offset+s.Length > int64(len(r.Shm)) {
 			t.Fatalf("slot %+v outside the mapping", s)
 		}
-		if !bytes.Equal(r.shm[s.Offset:s.Offset+s.Length], dx[i]) {
+		if !bytes.Equal(r.Shm[s.Offset:s.Offset+s.Length], dx[i]) {
 			bad++
 		}
 	}
@@ -218,8 +208,8 @@ func attackClearDuringRetrieve(t *testing.T, srv *harness.Server, base int64, zm
 	if bad > 0 {
 		t.Errorf("a reader holding X's slots read other bytes after a clear (%d of 2 chunks)", bad)
 	}
-	_, _ = r.c.Call(ctx, protocol.CommitRetrieve, k, r.id)
-	_, _ = r.c.Call(ctx, protocol.EndSession, "clear-rx")
+	_, _ = r.C.Call(ctx, protocol.CommitRetrieve, k, r.ID)
+	_, _ = r.C.Call(ctx, protocol.EndSession, "clear-rx")
 	readBack(t, w, ty, dy, "clear-ry")
 	alive(t, srv, time.Second, "a clear during a retrieve")
 }
@@ -228,7 +218,7 @@ func attackClearDuringRetrieve(t *testing.T, srv *harness.Server, base int64, zm
 
 func contextMode(t testing.TB, srv *harness.Server, id int64) string {
 	t.Helper()
-	for _, c := range status(t, srv).Contexts {
+	for _, c := range srv.Status(t).Contexts {
 		if c.InstanceID == id {
 			return c.Mode
 		}
@@ -238,41 +228,41 @@ func contextMode(t testing.TB, srv *harness.Server, id int64) string {
 
 func attackBadCommitMode(t *testing.T, srv *harness.Server, base int64) {
 	ctx := context.Background()
-	v := newWorker(t, srv.Dial(t, srv.Protocol), base+1, "victim", false)
-	if v.shm == nil {
+	v := harness.NewWorker(t, srv.Dial(t, srv.Protocol), base+1, "victim", false)
+	if v.Shm == nil {
 		t.Fatal("the server advertises no segment")
 	}
-	atk := dialWith(t, srv, 500*time.Millisecond)
+	atk := srv.DialWith(t, srv.Protocol, 500*time.Millisecond)
 	wid := 0
 	garbage := func(seed int) {
-		k := protocol.Key{ModelName: "anything", WorldSize: 1, WorkerID: &wid, TokenIDs: tokensFor(seed, 1, v.chunk),
-			End: v.chunk, RequestID: "evil"}
-		_, _ = atk.Call(ctx, protocol.CommitStore, k, v.id, []byte{0x00})
+		k := protocol.Key{ModelName: "anything", WorldSize: 1, WorkerID: &wid, TokenIDs: harness.Tokens(seed, 1, v.Chunk),
+			End: v.Chunk, RequestID: "evil"}
+		_, _ = atk.Call(ctx, protocol.CommitStore, k, v.ID, []byte{0x00})
 	}
-	before := contextMode(t, srv, v.id)
+	before := contextMode(t, srv, v.ID)
 	garbage(int(base) + 9)
-	after := contextMode(t, srv, v.id)
+	after := contextMode(t, srv, v.ID)
 	t.Logf("victim mode %q → %q after a garbage COMMIT_STORE with its instance id", before, after)
 	if after != before {
 		t.Errorf("a garbage commit with the victim's instance id switched it from %q to %q", before, after)
 	}
-	toks, data := tokensFor(int(base)+1, 2, v.chunk), seqData(int(base)+1, 2, v.chunkBytes)
-	if res, err := v.store(ctx, toks, data, "victim-1"); err != nil || res != "true" {
+	toks, data := harness.Tokens(int(base)+1, 2, v.Chunk), seqData(int(base)+1, 2, v.ChunkBytes)
+	if res, err := v.Store(ctx, toks, data, "victim-1"); err != nil || res != "true" {
 		t.Errorf("victim store after the bad commit: %q %v (SHM slots withheld?)", res, err)
 	} else {
 		readBack(t, v, toks, data, "victim-r1")
 	}
 	// With a reservation pending: the garbage must not abort it.
-	toks2, data2 := tokensFor(int(base)+2, 2, v.chunk), seqData(int(base)+2, 2, v.chunkBytes)
-	ps, err := v.prepare(ctx, toks2, 2, "victim-2")
+	toks2, data2 := harness.Tokens(int(base)+2, 2, v.Chunk), seqData(int(base)+2, 2, v.ChunkBytes)
+	ps, err := prepareStore(ctx, v, toks2, 2, "victim-2")
 	if err != nil || len(ps.Context.Slots) != 2 {
 		t.Fatalf("victim prepare: %d slots %v", len(ps.Context.Slots), err)
 	}
 	garbage(int(base) + 10)
-	if err := v.write(ps, data2); err != nil {
+	if err := writeSlots(v, ps, data2); err != nil {
 		t.Fatal(err)
 	}
-	ok, err := v.commit(ctx, toks2, 2, "victim-2", []byte{})
+	ok, err := commitStore(ctx, v, toks2, 2, "victim-2", []byte{})
 	if !ok || err != nil {
 		t.Errorf("victim's pending SHM store was aborted by another peer's garbage commit: %v %v", ok, err)
 	} else {
@@ -286,13 +276,13 @@ func attackBadCommitMode(t *testing.T, srv *harness.Server, base int64) {
 func attackNestedMsgpack(t *testing.T, srv *harness.Server, base int64) {
 	const depth = 8 << 20
 	raw := dialRaw(t, srv, false)
-	k := protocol.Key{ModelName: "nest", WorldSize: 1, TokenIDs: tokensFor(1, 1, attackChunk), End: attackChunk, RequestID: "nest"}
+	k := protocol.Key{ModelName: "nest", WorldSize: 1, TokenIDs: harness.Tokens(1, 1, attackChunk), End: attackChunk, RequestID: "nest"}
 	before := handled(t, srv, protocol.Lookup)
 	raw.send(t, protocol.Lookup, nestedMap(t, k, depth), enc(t, 1))
 	waitHandled(t, srv, protocol.Lookup, before+1, 10*time.Second, "a nested LOOKUP key")
 	alive(t, srv, time.Second, "a LOOKUP key with 8 MiB of nested arrays")
-	reg := protocol.RegisterPayload{InstanceID: base + 1, ModelName: "nest", WorldSize: 1, BlockSize: 16, NumLayers: layers,
-		HiddenDimSize: hidden, DtypeStr: "float32"}
+	reg := protocol.RegisterPayload{InstanceID: base + 1, ModelName: "nest", WorldSize: 1, BlockSize: 16, NumLayers: harness.WorkerLayers,
+		HiddenDimSize: harness.WorkerHidden, DtypeStr: "float32"}
 	before = handled(t, srv, protocol.RegisterKVCacheNonGPUContext)
 	raw.send(t, protocol.RegisterKVCacheNonGPUContext, nestedMap(t, reg, depth))
 	waitHandled(t, srv, protocol.RegisterKVCacheNonGPUContext, before+1, 10*time.Second, "a nested registration")
@@ -304,22 +294,22 @@ func attackNestedMsgpack(t *testing.T, srv *harness.Server, base int64) {
 
 func attackCPUBomb(t *testing.T, srv *harness.Server, base int64) {
 	ctx := context.Background()
-	p := newWorker(t, dialWith(t, srv, 5*time.Minute), base+1, "cpu-bomb", true)
-	v := newWorker(t, srv.Dial(t, srv.Protocol), base+2, "cpu-victim", false)
-	toks := tokensFor(int(base)+1, 1, p.chunk)
-	k := p.key(toks, 1, "bomb")
-	if _, err := p.c.Call(ctx, protocol.PrepareStore, k, p.id); err != nil {
+	p := harness.NewWorker(t, srv.DialWith(t, srv.Protocol, 5*time.Minute), base+1, "cpu-bomb", true)
+	v := harness.NewWorker(t, srv.Dial(t, srv.Protocol), base+2, "cpu-victim", false)
+	toks := harness.Tokens(int(base)+1, 1, p.Chunk)
+	k := p.Key(toks, 1, "bomb")
+	if _, err := p.C.Call(ctx, protocol.PrepareStore, k, p.ID); err != nil {
 		t.Fatal(err)
 	}
 	bomb := cpuBombPickle(4096)
 	before := handled(t, srv, protocol.CommitStore)
-	go func() { _, _ = p.c.Call(ctx, protocol.CommitStore, k, p.id, bomb) }()
+	go func() { _, _ = p.C.Call(ctx, protocol.CommitStore, k, p.ID, bomb) }()
 	done := watchHandled(t, srv, protocol.CommitStore, before)
 	waitBusy(t, srv, done, 10*time.Second)
 	vctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	start := time.Now()
-	res, err := v.store(vctx, tokensFor(int(base)+2, 1, v.chunk), seqData(int(base)+2, 1, v.chunkBytes), "cpu-victim")
+	res, err := v.Store(vctx, harness.Tokens(int(base)+2, 1, v.Chunk), seqData(int(base)+2, 1, v.ChunkBytes), "cpu-victim")
 	wall := time.Since(start)
 	t.Logf("CPU bomb: %d-byte pickle; another worker's store took %v (%q %v)", len(bomb), wall.Round(time.Millisecond), res, err)
 	if err != nil || wall > 2*time.Second {
@@ -367,20 +357,20 @@ func attackQuadraticReserve(t *testing.T, srv *harness.Server, base int64) {
 	ctx := context.Background()
 	// The victim looks up chunks it stored: a registered model, so the
 	// LOOKUP goes to the pool.
-	v := newWorker(t, dialWith(t, srv, 30*time.Second), base+2, "quad-victim", false)
-	probe := tokensFor(int(base)+2, 2, v.chunk)
-	if res, err := v.store(ctx, probe, seqData(int(base)+2, 2, v.chunkBytes), "quad-v"); err != nil || res != "true" {
+	v := harness.NewWorker(t, srv.DialWith(t, srv.Protocol, 30*time.Second), base+2, "quad-victim", false)
+	probe := harness.Tokens(int(base)+2, 2, v.Chunk)
+	if res, err := v.Store(ctx, probe, seqData(int(base)+2, 2, v.ChunkBytes), "quad-v"); err != nil || res != "true" {
 		t.Fatalf("victim store: %q %v", res, err)
 	}
-	a := newWorker(t, srv.Dial(t, srv.Protocol), base+1, "quad", false) // SHM: PREPARE_STORE reserves
+	a := harness.NewWorker(t, srv.Dial(t, srv.Protocol), base+1, "quad", false) // SHM: PREPARE_STORE reserves
 	n := 16 << 20
 	wid := 0
 	k := protocol.Key{ModelName: "quad", WorldSize: 1, WorkerID: &wid, TokenIDs: smallTokens(n, 5), End: n, RequestID: "quad"}
-	atk := dialWith(t, srv, 2*time.Minute)
+	atk := srv.DialWith(t, srv.Protocol, 2*time.Minute)
 	before := handled(t, srv, protocol.PrepareStore)
 	start := time.Now()
 	done := awaitCall(func() error {
-		_, err := atk.Call(ctx, protocol.PrepareStore, k, a.id)
+		_, err := atk.Call(ctx, protocol.PrepareStore, k, a.ID)
 		return err
 	})
 	finished := watchHandled(t, srv, protocol.PrepareStore, before)
@@ -398,7 +388,7 @@ loop:
 		default:
 		}
 		t0 := time.Now()
-		hits, err := lookup(ctx, v.c, v.model, probe, fmt.Sprintf("quad-%d", lookups))
+		hits, err := harness.Lookup(ctx, v.C, v.Model, probe, fmt.Sprintf("quad-%d", lookups))
 		d := time.Since(t0)
 		lookups++
 		worst = max(worst, d)
@@ -426,16 +416,16 @@ const pinWriteTTL = 4
 
 func attackLockPinning(t *testing.T, srv *harness.Server, base int64) {
 	ctx := context.Background()
-	v := newWorker(t, srv.Dial(t, srv.Protocol), base+3, "pin-victim", false)
+	v := harness.NewWorker(t, srv.Dial(t, srv.Protocol), base+3, "pin-victim", false)
 	victim := func(seed int, what string) {
 		t.Helper()
-		tv, dv := tokensFor(seed, 2, v.chunk), seqData(seed, 2, v.chunkBytes)
-		res, err := v.store(ctx, tv, dv, fmt.Sprintf("pin-v%d", seed))
+		tv, dv := harness.Tokens(seed, 2, v.Chunk), seqData(seed, 2, v.ChunkBytes)
+		res, err := v.Store(ctx, tv, dv, fmt.Sprintf("pin-v%d", seed))
 		if err != nil || res != "true" {
 			t.Errorf("another worker could not store while one peer %s: %q %v", what, res, err)
 			return
 		}
-		if n, err := lookup(ctx, v.c, v.model, tv, fmt.Sprintf("pin-vl%d", seed)); err != nil || n != 2 {
+		if n, err := harness.Lookup(ctx, v.C, v.Model, tv, fmt.Sprintf("pin-vl%d", seed)); err != nil || n != 2 {
 			t.Errorf("another worker's stored chunks while one peer %s: %d of 2 hits (%v)", what, n, err)
 			return
 		}
@@ -445,39 +435,39 @@ func attackLockPinning(t *testing.T, srv *harness.Server, base int64) {
 	// Write pinning: PREPARE_STOREs of the whole pool (one request, then
 	// batches until nothing more is granted), never committed; then the
 	// attacker unregisters (its reservations go).
-	w := newWorker(t, srv.Dial(t, srv.Protocol), base+1, "pin", false)
-	capChunks := int(status(t, srv).Pool.CapacityBytes / int64(w.chunkBytes))
-	ps, err := w.prepare(ctx, tokensFor(int(base)+2, capChunks, w.chunk), capChunks, "pin-hog")
+	w := harness.NewWorker(t, srv.Dial(t, srv.Protocol), base+1, "pin", false)
+	capChunks := int(srv.Status(t).Pool.CapacityBytes / int64(w.ChunkBytes))
+	ps, err := prepareStore(ctx, w, harness.Tokens(int(base)+2, capChunks, w.Chunk), capChunks, "pin-hog")
 	granted := len(ps.Context.Slots)
 	t.Logf("lock pinning: PREPARE_STORE of the whole pool (%d chunks) got %d slots (%v)", capChunks, granted, err)
 	for b := 0; b < 2*capChunks/64; b++ {
-		ps, err := w.prepare(ctx, tokensFor(int(base)*1000+b, 64, w.chunk), 64, fmt.Sprintf("pin-hog%d", b))
+		ps, err := prepareStore(ctx, w, harness.Tokens(int(base)*1000+b, 64, w.Chunk), 64, fmt.Sprintf("pin-hog%d", b))
 		if err != nil || len(ps.Context.Slots) == 0 {
 			break
 		}
 		granted += len(ps.Context.Slots)
 	}
-	st := status(t, srv).Pool
+	st := srv.Status(t).Pool
 	t.Logf("lock pinning: one peer holds %d write reservations; pool %d write-locked, %d of %d bytes used", granted, st.WriteLocked, st.UsedBytes, st.CapacityBytes)
 	alive(t, srv, time.Second, "whole-pool PREPARE_STOREs")
 	victim(int(base)+3, "write-locked the free pool")
 	// Its unregister abandons the reservations: a worker's slots come back
 	// at their write TTL, never under a copy that may still run.
-	_, _ = w.c.Call(ctx, protocol.UnregisterKVCache, w.id)
+	_, _ = w.C.Call(ctx, protocol.UnregisterKVCache, w.ID)
 	poll.Until(t, 4*pinWriteTTL*time.Second, "the abandoned reservations' write TTL", func() bool {
-		return status(t, srv).Pool.WriteLocked == 0
+		return srv.Status(t).Pool.WriteLocked == 0
 	})
 
 	// Read pinning: the attacker fills the pool and looks everything up
 	// with tp_size 2^31, never ending its sessions.
-	a := newWorker(t, srv.Dial(t, srv.Protocol), base+2, "pin", false)
-	atk := dialWith(t, srv, 5*time.Second)
+	a := harness.NewWorker(t, srv.Dial(t, srv.Protocol), base+2, "pin", false)
+	atk := srv.DialWith(t, srv.Protocol, 5*time.Second)
 	const per = 64
 	batches := 2 * capChunks / per // twice the pool: every chunk ends up pinned
 	stored, locked := 0, 0
 	for b := range batches {
-		toks := tokensFor(int(base)*100+b, per, a.chunk)
-		if res, err := a.store(ctx, toks, seqData(int(base)*100+b, per, a.chunkBytes), fmt.Sprintf("pin-s%d", b)); err == nil && res == "true" {
+		toks := harness.Tokens(int(base)*100+b, per, a.Chunk)
+		if res, err := a.Store(ctx, toks, seqData(int(base)*100+b, per, a.ChunkBytes), fmt.Sprintf("pin-s%d", b)); err == nil && res == "true" {
 			stored += per
 		}
 		lk := protocol.Key{ModelName: "pin", WorldSize: 1, TokenIDs: toks, End: len(toks), RequestID: fmt.Sprintf("pin-l%d", b)}
@@ -489,7 +479,7 @@ func attackLockPinning(t *testing.T, srv *harness.Server, base int64) {
 		cancel()
 	}
 	alive(t, srv, time.Second, "LOOKUPs with tp_size 2^31")
-	st = status(t, srv).Pool
+	st = srv.Status(t).Pool
 	t.Logf("lock pinning: %d chunks stored, %d LOOKUPs with tp_size 2^31; pool %d read-locked, %d of %d bytes used",
 		stored, locked, st.ReadLocked, st.UsedBytes, st.CapacityBytes)
 	victim(int(base)+4, "read-pinned the pool")
@@ -503,16 +493,16 @@ func attackMemoryBomb(t *testing.T, srv *harness.Server, base int64) {
 		size = 32 << 20
 	}
 	ctx := context.Background()
-	p := newWorker(t, dialWith(t, srv, 2*time.Minute), base+1, "mem-bomb", true)
-	k := p.key(tokensFor(int(base)+1, 1, p.chunk), 1, "mem-bomb")
-	if _, err := p.c.Call(ctx, protocol.PrepareStore, k, p.id); err != nil {
+	p := harness.NewWorker(t, srv.DialWith(t, srv.Protocol, 2*time.Minute), base+1, "mem-bomb", true)
+	k := p.Key(harness.Tokens(int(base)+1, 1, p.Chunk), 1, "mem-bomb")
+	if _, err := p.C.Call(ctx, protocol.PrepareStore, k, p.ID); err != nil {
 		t.Fatal(err)
 	}
 	bomb := memoryBombPickle(size)
 	var res string
 	b, peak := peakGrowth(t, srv.PID(), func() {
 		start := time.Now()
-		r, err, fin := callHandled(t, srv, p.c, 30*time.Second, protocol.CommitStore, k, p.id, bomb)
+		r, err, fin := callHandled(t, srv, p.C, 30*time.Second, protocol.CommitStore, k, p.ID, bomb)
 		var ok bool
 		if err == nil && r.Present {
 			_ = r.Decode(&ok)
@@ -535,10 +525,10 @@ func attackKeyExpansion(t *testing.T, srv *harness.Server, base int64) {
 		n = 15 << 20
 	}
 	ctx := context.Background()
-	c := dialWith(t, srv, 30*time.Second)
+	c := srv.DialWith(t, srv.Protocol, 30*time.Second)
 	// A layout for (expand, 255) must be registered, or LOOKUP exits early.
 	if _, err := c.Call(ctx, protocol.RegisterKVCacheNonGPUContext, protocol.RegisterPayload{InstanceID: base + 1, ModelName: "expand",
-		WorldSize: 255, BlockSize: 16, NumLayers: layers, HiddenDimSize: hidden, DtypeStr: "float32"}); err != nil {
+		WorldSize: 255, BlockSize: 16, NumLayers: harness.WorkerLayers, HiddenDimSize: harness.WorkerHidden, DtypeStr: "float32"}); err != nil {
 		t.Fatalf("register world_size 255: %v", err)
 	}
 	k := protocol.Key{ModelName: "expand", WorldSize: 255, TokenIDs: smallTokens(n, 7), End: n, RequestID: "expand"}
@@ -582,21 +572,21 @@ func attackSlowReader(t *testing.T, srv *harness.Server, base int64) {
 		nch = 256
 	}
 	ctx := context.Background()
-	p := newWorker(t, dialWith(t, srv, time.Minute), base+1, "slow-reader", true)
-	toks, data := tokensFor(int(base)+1, nch, p.chunk), seqData(int(base)+1, nch, p.chunkBytes)
-	if res, err := p.store(ctx, toks, data, "slow-s"); err != nil || res != "true" {
+	p := harness.NewWorker(t, srv.DialWith(t, srv.Protocol, time.Minute), base+1, "slow-reader", true)
+	toks, data := harness.Tokens(int(base)+1, nch, p.Chunk), seqData(int(base)+1, nch, p.ChunkBytes)
+	if res, err := p.Store(ctx, toks, data, "slow-s"); err != nil || res != "true" {
 		t.Fatalf("store %d chunks: %q %v", nch, res, err)
 	}
 	// One LOOKUP with tp_size 40 takes the 40 read locks the retrieves use.
-	if hits := lockReads(t, p.c, p.model, toks, "slow-l", reqs); hits != nch {
+	if hits := lockReads(t, p.C, p.Model, toks, "slow-l", reqs); hits != nch {
 		t.Fatalf("only %d of %d stored chunks are cached: nothing to retrieve", hits, nch)
 	}
 	raw := dialRaw(t, srv, true)
 	before := handled(t, srv, protocol.PrepareRetrieve)
-	replyBytes := int64(reqs) * int64(nch) * int64(p.chunkBytes)
+	replyBytes := int64(reqs) * int64(nch) * int64(p.ChunkBytes)
 	b, peak := peakGrowth(t, srv.PID(), func() {
 		for i := range reqs {
-			raw.send(t, protocol.PrepareRetrieve, enc(t, p.key(toks, nch, fmt.Sprintf("slow-%d", i))), enc(t, p.id))
+			raw.send(t, protocol.PrepareRetrieve, enc(t, p.Key(toks, nch, fmt.Sprintf("slow-%d", i))), enc(t, p.ID))
 		}
 		if !waitHandled(t, srv, protocol.PrepareRetrieve, before+reqs, time.Minute, "40 unread retrieves") {
 			t.Errorf("40 legitimate PREPARE_RETRIEVEs were not all handled")
@@ -609,10 +599,10 @@ func attackSlowReader(t *testing.T, srv *harness.Server, base int64) {
 	// reply is garbage once it is copied out. Bound: the default budget,
 	// one reply, and 64 MiB for the Go heap and malloc's slack.
 	budget := settings.Default().Server.QueuedReplyBytesPerPeer
-	oneReply := int64(nch) * int64(p.chunkBytes)
+	oneReply := int64(nch) * int64(p.ChunkBytes)
 	checkBound(t, "40 unread PREPARE_RETRIEVE replies", b, peak, (budget+oneReply)/kib+64<<10, replyBytes)
 	raw.close()
-	_, _ = p.c.Call(ctx, protocol.UnregisterKVCache, p.id)
+	_, _ = p.C.Call(ctx, protocol.UnregisterKVCache, p.ID)
 }
 
 // --- 12: inbound queue ---
@@ -637,23 +627,23 @@ func attackInboundQueue(t *testing.T, srv *harness.Server, base int64) {
 	// Legitimate commits of 16 MiB each (256 chunks of a real layout, each
 	// message another sequence), pipelined on one peer: the worker copies
 	// every one into the pool while the next ones arrive.
-	p := newWorker(t, dialWith(t, srv, time.Minute), base+1, "inbound", true)
-	nch := size / p.chunkBytes
+	p := harness.NewWorker(t, srv.DialWith(t, srv.Protocol, time.Minute), base+1, "inbound", true)
+	nch := size / p.ChunkBytes
 	ts := make([]torchpickle.Tensor, nch)
 	for i := range ts {
-		ts[i] = torchpickle.Tensor{Dtype: "float32", Shape: []int{2, layers, p.chunk, hidden}, Data: chunkData(int(base), i, p.chunkBytes)}
+		ts[i] = torchpickle.Tensor{Dtype: "float32", Shape: []int{2, harness.WorkerLayers, p.Chunk, harness.WorkerHidden}, Data: harness.ChunkData(int(base), i, p.ChunkBytes)}
 	}
 	pk, err := torchpickle.AppendEncode(nil, ts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	payload, idf := enc(t, pk), enc(t, p.id)
+	payload, idf := enc(t, pk), enc(t, p.ID)
 	raw := dialRaw(t, srv, false)
 	before := handled(t, srv, protocol.CommitStore)
 	sent := int64(n) * int64(len(payload))
 	b, peak := peakGrowth(t, srv.PID(), func() {
 		for i := range n {
-			raw.send(t, protocol.CommitStore, enc(t, p.key(tokensFor(int(base)+i, nch, p.chunk), nch, "inbound")), idf, payload)
+			raw.send(t, protocol.CommitStore, enc(t, p.Key(harness.Tokens(int(base)+i, nch, p.Chunk), nch, "inbound")), idf, payload)
 		}
 		if !waitHandled(t, srv, protocol.CommitStore, before+int64(n), time.Minute, fmt.Sprintf("%d large commits", n)) {
 			t.Errorf("%d legitimate commits were not all handled", n)
@@ -661,14 +651,14 @@ func attackInboundQueue(t *testing.T, srv *harness.Server, base int64) {
 	})
 	raw.close()
 	alive(t, srv, time.Second, fmt.Sprintf("%d large requests at once", n))
-	last := tokensFor(int(base)+n-1, nch, p.chunk)
-	hits, err := lookup(ctx, p.c, p.model, last, "inbound-l")
+	last := harness.Tokens(int(base)+n-1, nch, p.Chunk)
+	hits, err := harness.Lookup(ctx, p.C, p.Model, last, "inbound-l")
 	t.Logf("inbound queue: the last of %d commits: %d of %d chunks cached (%v)", n, hits, nch, err)
 	if hits != nch {
 		t.Errorf("the last of %d legitimate commits left %d of %d chunks cached", n, hits, nch)
 	}
 	// The pool's own pages count once touched: the bound allows for them.
-	capKiB := status(t, srv).Pool.CapacityBytes / kib
+	capKiB := srv.Status(t).Pool.CapacityBytes / kib
 	bound := capKiB + (inboundRecvHWM+2)*int64(size)/kib + inboundPeerBudget/kib + 64<<10
 	if sent/kib < 2*bound {
 		t.Fatalf("the attack sends %d KiB, not twice the bound of %d KiB: it would not tell a bound from none", sent/kib, bound)
@@ -684,8 +674,8 @@ func attackIdsAndNames(t *testing.T, srv *harness.Server, base int64) {
 		idSize, names, regs = 8<<20, 16<<20, 200000
 	}
 	// A worker is registered, as it would be when a peer turns hostile.
-	newWorker(t, srv.Dial(t, srv.Protocol), base+99, "ids-worker", false)
-	c := dialWith(t, srv, time.Minute)
+	harness.NewWorker(t, srv.Dial(t, srv.Protocol), base+99, "ids-worker", false)
+	c := srv.DialWith(t, srv.Protocol, time.Minute)
 	var sent int64
 	// A message the server drops unseen (libzmq's size cap) is never
 	// counted: after one such, the rest of that kind would be dropped too.
@@ -696,7 +686,7 @@ func attackIdsAndNames(t *testing.T, srv *harness.Server, base int64) {
 	b, peak := peakGrowth(t, srv.PID(), func() {
 		for i := range 30 {
 			id := strings.Repeat(string(rune('a'+i%26)), idSize) + fmt.Sprint(i)
-			k := protocol.Key{ModelName: "ids", WorldSize: 1, TokenIDs: tokensFor(i, 1, attackChunk), End: attackChunk, RequestID: id}
+			k := protocol.Key{ModelName: "ids", WorldSize: 1, TokenIDs: harness.Tokens(i, 1, attackChunk), End: attackChunk, RequestID: id}
 			sent += int64(idSize)
 			if !call(protocol.Lookup, k, 1) {
 				break
@@ -706,10 +696,10 @@ func attackIdsAndNames(t *testing.T, srv *harness.Server, base int64) {
 			name := strings.Repeat("m", names) + fmt.Sprint(i)
 			sent += 2 * int64(names)
 			if !call(protocol.RegisterKVCacheNonGPUContext, protocol.RegisterPayload{InstanceID: base + 1 + int64(i),
-				ModelName: name, WorldSize: 1, BlockSize: 16, NumLayers: layers, HiddenDimSize: hidden, DtypeStr: "float32"}) {
+				ModelName: name, WorldSize: 1, BlockSize: 16, NumLayers: harness.WorkerLayers, HiddenDimSize: harness.WorkerHidden, DtypeStr: "float32"}) {
 				break
 			}
-			k := protocol.Key{ModelName: name, WorldSize: 1, TokenIDs: tokensFor(i, 1, attackChunk), End: attackChunk, RequestID: "n"}
+			k := protocol.Key{ModelName: name, WorldSize: 1, TokenIDs: harness.Tokens(i, 1, attackChunk), End: attackChunk, RequestID: "n"}
 			if !call(protocol.Lookup, k, 1) {
 				break
 			}
@@ -725,13 +715,13 @@ func attackIdsAndNames(t *testing.T, srv *harness.Server, base int64) {
 	start := time.Now()
 	for i := range regs {
 		raw.send(t, protocol.RegisterKVCacheNonGPUContext, enc(t, protocol.RegisterPayload{InstanceID: base + 100 + int64(i),
-			ModelName: "flood", WorldSize: 1, BlockSize: 16, NumLayers: layers, HiddenDimSize: hidden, DtypeStr: "float32"}))
+			ModelName: "flood", WorldSize: 1, BlockSize: 16, NumLayers: harness.WorkerLayers, HiddenDimSize: harness.WorkerHidden, DtypeStr: "float32"}))
 	}
 	waitHandled(t, srv, protocol.RegisterKVCacheNonGPUContext, before+int64(regs), time.Minute, "a registration flood")
 	wall := time.Since(start)
 	raw.close()
 	alive(t, srv, time.Second, fmt.Sprintf("%d registrations", regs))
-	st := status(t, srv)
+	st := srv.Status(t)
 	sb := statusBytes(t, srv, 30*time.Second)
 	t.Logf("%d registrations handled in %v; %d instances registered; /status is %d bytes", regs, wall.Round(time.Millisecond), st.Transfer.Instances, sb)
 	if sb >= 1<<20 {
@@ -749,7 +739,7 @@ func attackLogFlood(t *testing.T, srv *harness.Server, logPath string, base int6
 	ctx := context.Background()
 	// A registered instance whose keys name another model: each store fails
 	// with both names in the reason.
-	w := newWorker(t, srv.Dial(t, srv.Protocol), base+1, "log", false)
+	w := harness.NewWorker(t, srv.Dial(t, srv.Protocol), base+1, "log", false)
 	raw := dialRaw(t, srv, false)
 	before := fileSize(logPath)
 	bp, bl, br := handled(t, srv, protocol.PrepareStore), handled(t, srv, protocol.Lookup), handled(t, srv, protocol.RegisterKVCacheNonGPUContext)
@@ -757,15 +747,15 @@ func attackLogFlood(t *testing.T, srv *harness.Server, logPath string, base int6
 	wid := 0
 	for i := range n {
 		name := strings.Repeat("L", names) + fmt.Sprint(i)
-		k := protocol.Key{ModelName: name, WorldSize: 1, WorkerID: &wid, TokenIDs: tokensFor(i, 1, w.chunk), End: w.chunk, RequestID: "log"}
-		raw.send(t, protocol.PrepareStore, enc(t, k), enc(t, w.id))
+		k := protocol.Key{ModelName: name, WorldSize: 1, WorkerID: &wid, TokenIDs: harness.Tokens(i, 1, w.Chunk), End: w.Chunk, RequestID: "log"}
+		raw.send(t, protocol.PrepareStore, enc(t, k), enc(t, w.ID))
 		raw.send(t, protocol.Lookup, enc(t, k), enc(t, 1))
 		// Registrations of the name with two layouts: each refused for the
 		// name's length, each with the name in the reason.
 		raw.send(t, protocol.RegisterKVCacheNonGPUContext, enc(t, protocol.RegisterPayload{InstanceID: base + 10 + int64(2*i), ModelName: name,
-			WorldSize: 1, BlockSize: 16, NumLayers: layers, HiddenDimSize: hidden, DtypeStr: "float32"}))
+			WorldSize: 1, BlockSize: 16, NumLayers: harness.WorkerLayers, HiddenDimSize: harness.WorkerHidden, DtypeStr: "float32"}))
 		raw.send(t, protocol.RegisterKVCacheNonGPUContext, enc(t, protocol.RegisterPayload{InstanceID: base + 11 + int64(2*i), ModelName: name,
-			WorldSize: 1, BlockSize: 16, NumLayers: layers + 1, HiddenDimSize: hidden, DtypeStr: "float32"}))
+			WorldSize: 1, BlockSize: 16, NumLayers: harness.WorkerLayers + 1, HiddenDimSize: harness.WorkerHidden, DtypeStr: "float32"}))
 		sent += 4 * int64(names)
 	}
 	waitHandled(t, srv, protocol.PrepareStore, bp+int64(n), 20*time.Second, "huge model names")
@@ -773,7 +763,7 @@ func attackLogFlood(t *testing.T, srv *harness.Server, logPath string, base int6
 	waitHandled(t, srv, protocol.RegisterKVCacheNonGPUContext, br+2*int64(n), 20*time.Second, "huge model names")
 	raw.close()
 	for i := range n {
-		_, _ = w.c.Call(ctx, protocol.UnregisterKVCache, base+10+int64(i))
+		_, _ = w.C.Call(ctx, protocol.UnregisterKVCache, base+10+int64(i))
 	}
 	alive(t, srv, time.Second, "errors with huge model names")
 	grown := fileSize(logPath) - before
@@ -799,12 +789,12 @@ func attackIdleHTTP(t *testing.T, srv *harness.Server) {
 // --- 17: layout overflow ---
 
 func attackLayoutOverflow(t *testing.T, srv *harness.Server, base int64) {
-	c := dialWith(t, srv, 2*time.Second)
+	c := srv.DialWith(t, srv.Protocol, 2*time.Second)
 	id := base + 1
 	_, _, _ = callHandled(t, srv, c, 5*time.Second, protocol.RegisterKVCacheNonGPUContext, protocol.RegisterPayload{InstanceID: id,
 		ModelName: "overflow", WorldSize: 1, BlockSize: 16, NumLayers: 1 << 30, HiddenDimSize: 1 << 24, DtypeStr: "float32", UseMLA: true})
 	alive(t, srv, time.Second, "a layout overflowing int64")
-	for _, ctx := range status(t, srv).Contexts {
+	for _, ctx := range srv.Status(t).Contexts {
 		if ctx.InstanceID == id {
 			t.Errorf("an MLA layout of 2^30 layers × 256 tokens × 2^24 hidden float32 (2^64 bytes per chunk) registered (chunk bytes %d)", ctx.ChunkBytes)
 		}
@@ -908,7 +898,7 @@ func heavyRetrieves(t *testing.T, srv *harness.Server, id int64) func() string {
 	// items) refuses thousands of tensors much smaller than that.
 	const per, parts, peers, each, chunkTok, hid = 4000, 2, 4, 256, 16, 4
 	ctx := context.Background()
-	c := dialWith(t, srv, time.Minute)
+	c := srv.DialWith(t, srv.Protocol, time.Minute)
 	if _, err := c.Call(ctx, protocol.RegisterKVCacheNonGPUContext, protocol.RegisterPayload{InstanceID: id, ModelName: "heavy",
 		WorldSize: 1, BlockSize: 16, NumLayers: 1, HiddenDimSize: hid, DtypeStr: "float32"}); err != nil {
 		t.Fatal(err)
@@ -923,7 +913,7 @@ func heavyRetrieves(t *testing.T, srv *harness.Server, id int64) func() string {
 	for part := range parts {
 		ts := make([]torchpickle.Tensor, per)
 		for i := range ts {
-			ts[i] = torchpickle.Tensor{Dtype: "float32", Shape: []int{2, 1, chunkTok, hid}, Data: chunkData(int(id), part*per+i, 2*chunkTok*hid*4)}
+			ts[i] = torchpickle.Tensor{Dtype: "float32", Shape: []int{2, 1, chunkTok, hid}, Data: harness.ChunkData(int(id), part*per+i, 2*chunkTok*hid*4)}
 		}
 		pk, err := torchpickle.AppendEncode(nil, ts)
 		if err != nil {
@@ -1120,11 +1110,11 @@ func TestHostilePeersCombined(t *testing.T) {
 	logPath := filepath.Join(t.TempDir(), "kvdock.log")
 	srv := startAttacked(t, "--log-file", logPath, "--l1-write-ttl-seconds", fmt.Sprint(pinWriteTTL))
 	ctx := context.Background()
-	good := []*gworker{
-		newWorker(t, srv.Dial(t, srv.Protocol), 90001, "good", false),
-		newWorker(t, srv.Dial(t, srv.Protocol), 90002, "good", true),
+	good := []*harness.GoWorker{
+		harness.NewWorker(t, srv.Dial(t, srv.Protocol), 90001, "good", false),
+		harness.NewWorker(t, srv.Dial(t, srv.Protocol), 90002, "good", true),
 	}
-	if good[0].shm == nil {
+	if good[0].Shm == nil {
 		t.Fatal("the server advertises no segment")
 	}
 	// The pickle worker fills the pool once (the server copies into every
@@ -1133,8 +1123,8 @@ func TestHostilePeersCombined(t *testing.T) {
 	// the attacks left behind.
 	pw := good[1]
 	per := 256
-	for i := range int(status(t, srv).Pool.CapacityBytes) / pw.chunkBytes / per {
-		if res, err := pw.store(ctx, tokensFor(96000+i, per, pw.chunk), seqData(96000+i, per, pw.chunkBytes), "warm"); err != nil || res != "true" {
+	for i := range int(srv.Status(t).Pool.CapacityBytes) / pw.ChunkBytes / per {
+		if res, err := pw.Store(ctx, harness.Tokens(96000+i, per, pw.Chunk), seqData(96000+i, per, pw.ChunkBytes), "warm"); err != nil || res != "true" {
 			t.Fatalf("warming the pool: %q %v", res, err)
 		}
 	}
@@ -1178,13 +1168,13 @@ func TestHostilePeersCombined(t *testing.T) {
 		}
 	}
 	for i, w := range good {
-		toks, data := tokensFor(95000+i, 3, w.chunk), seqData(95000+i, 3, w.chunkBytes)
-		if res, err := w.store(ctx, toks, data, fmt.Sprintf("good-s%d", i)); err != nil || res != "true" {
-			t.Errorf("%s worker store after the attacks: %q %v", w.mode(), res, err)
+		toks, data := harness.Tokens(95000+i, 3, w.Chunk), seqData(95000+i, 3, w.ChunkBytes)
+		if res, err := w.Store(ctx, toks, data, fmt.Sprintf("good-s%d", i)); err != nil || res != "true" {
+			t.Errorf("%s worker store after the attacks: %q %v", w.Mode(), res, err)
 			continue
 		}
-		if n, err := lookup(ctx, w.c, w.model, toks, fmt.Sprintf("good-l%d", i)); err != nil || n != 3 {
-			t.Errorf("%s worker lookup after the attacks: %d of 3 (%v)", w.mode(), n, err)
+		if n, err := harness.Lookup(ctx, w.C, w.Model, toks, fmt.Sprintf("good-l%d", i)); err != nil || n != 3 {
+			t.Errorf("%s worker lookup after the attacks: %d of 3 (%v)", w.Mode(), n, err)
 		}
 		readBack(t, w, toks, data, fmt.Sprintf("good-r%d", i))
 	}

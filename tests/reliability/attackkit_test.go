@@ -136,14 +136,14 @@ func statusBytes(t testing.TB, srv *harness.Server, timeout time.Duration) int {
 // handled is how many requests of a canonical type the server has finished.
 func handled(t testing.TB, srv *harness.Server, typ string) int64 {
 	t.Helper()
-	c := status(t, srv).Requests.ByType[typ]
+	c := srv.Status(t).Requests.ByType[typ]
 	return c.OK + c.Error + c.Dropped
 }
 
 // inFlight is the server's count of requests being handled.
 func inFlight(t testing.TB, srv *harness.Server) int64 {
 	t.Helper()
-	return status(t, srv).Requests.InFlight
+	return srv.Status(t).Requests.InFlight
 }
 
 // postClear runs POST /clear-cache.

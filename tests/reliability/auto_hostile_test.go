@@ -140,7 +140,7 @@ func TestHostileAutoChurnKeepsDecidedPeers(t *testing.T) {
 	if n := inFlight(t, srv); n != 0 {
 		t.Errorf("%d requests in flight after the churn", n)
 	}
-	st := status(t, srv)
+	st := srv.Status(t)
 	t.Logf("detections %v, settled by tie-break %d", st.ProtocolDetection.Detections, st.ProtocolDetection.Ambiguous)
 	if r, err := w.Call(ctx, protocol.Noop); err != nil || !r.Present {
 		t.Errorf("NOOP after the churn: %+v %v", r, err)

@@ -28,9 +28,9 @@ func fsHostileArgs(t *testing.T, dir string, capacityGB int) []string {
 func fsHostileStored(t *testing.T, dir, model string, n, capacityGB int) []string {
 	t.Helper()
 	a := harness.Start(t, fsHostileArgs(t, dir, capacityGB)...)
-	w := tierWorker(t, a, 1, model, hidden)
+	w := tierWorker(t, a, 1, model, harness.WorkerHidden)
 	for seed := range n {
-		w.storePrompt(t, seed, 1)
+		storePrompt(t, w, seed, 1)
 	}
 	waitTierIdle(t, a)
 	a.Stop(t)
@@ -54,7 +54,7 @@ func TestHostileFSFIFOChunkFiles(t *testing.T) {
 	dir := t.TempDir()
 	files := fsHostileStored(t, dir, "fs-fifo", prompts, 1)
 	b := harness.Start(t, fsHostileArgs(t, dir, 1)...)
-	w := tierWorker(t, b, 1, "fs-fifo", hidden)
+	w := tierWorker(t, b, 1, "fs-fifo", harness.WorkerHidden)
 	for _, f := range files[:fifos] {
 		if err := os.Remove(f); err != nil {
 			t.Fatal(err)
@@ -67,7 +67,7 @@ func TestHostileFSFIFOChunkFiles(t *testing.T) {
 	good, wrong := 0, 0
 	for seed := range prompts {
 		start := time.Now()
-		g, bad := w.checkPrompt(t, seed, 1)
+		g, bad := checkPrompt(t, w, seed, 1)
 		slowest = max(slowest, time.Since(start))
 		good += g
 		wrong += bad
@@ -77,7 +77,7 @@ func TestHostileFSFIFOChunkFiles(t *testing.T) {
 	postClear(t, b)
 	again := 0
 	for seed := range prompts {
-		g, bad := w.checkPrompt(t, seed, 1)
+		g, bad := checkPrompt(t, w, seed, 1)
 		again += g
 		wrong += bad
 	}
@@ -140,11 +140,11 @@ func TestHostileFSBigSparseChunkFiles(t *testing.T) {
 		}
 	}
 	b := harness.Start(t, fsHostileArgs(t, dir, 4)...)
-	w := tierWorker(t, b, 1, "fs-sparse", hidden)
+	w := tierWorker(t, b, 1, "fs-sparse", harness.WorkerHidden)
 	good, wrong := 0, 0
 	base, peak := peakGrowth(t, b.PID(), func() {
 		for seed := range 6 {
-			g, bad := w.checkPrompt(t, seed, 1)
+			g, bad := checkPrompt(t, w, seed, 1)
 			good += g
 			wrong += bad
 		}

@@ -135,13 +135,13 @@ func TestHostileStatusSize(t *testing.T) {
 			peers = append(peers, p)
 			name := hostileName(i)
 			p.send(t, protocol.RegisterKVCacheNonGPUContext, protocol.RegisterPayload{InstanceID: int64(10000 + i),
-				ModelName: name, WorldSize: 1, BlockSize: 16, NumLayers: layers, HiddenDimSize: hidden, DtypeStr: "float32"})
-			k := protocol.Key{ModelName: name, WorldSize: 1, WorkerID: &wid, TokenIDs: tokensFor(i, 1, 16), End: 16, RequestID: "s"}
+				ModelName: name, WorldSize: 1, BlockSize: 16, NumLayers: harness.WorkerLayers, HiddenDimSize: harness.WorkerHidden, DtypeStr: "float32"})
+			k := protocol.Key{ModelName: name, WorldSize: 1, WorkerID: &wid, TokenIDs: harness.Tokens(i, 1, 16), End: 16, RequestID: "s"}
 			p.send(t, protocol.PrepareStore, k, int64(10000+i))
 			p.send(t, protocol.CommitStore, k, int64(10000+i), []byte{})
 			lk := k
 			lk.WorkerID, lk.RequestID = nil, fmt.Sprint("l", i)
-			lk.TokenIDs = tokensFor(i+n, 1, 16) // a miss, counted per model
+			lk.TokenIDs = harness.Tokens(i+n, 1, 16) // a miss, counted per model
 			p.send(t, protocol.Lookup, lk, 1)
 		}
 		for _, p := range peers {
@@ -152,7 +152,7 @@ func TestHostileStatusSize(t *testing.T) {
 	if !waitHandled(t, srv, protocol.Lookup, before+n, time.Minute, "1,024 hostile peers") {
 		t.Fatal("the lookups were not all handled")
 	}
-	st := status(t, srv)
+	st := srv.Status(t)
 	if st.Transfer.Instances != n {
 		t.Fatalf("%d instances registered, want %d", st.Transfer.Instances, n)
 	}
@@ -212,7 +212,7 @@ func shownPeer(id []byte) string { return fmt.Sprintf("%x", id[:min(len(id), 16)
 func eventsWith(t testing.TB, srv *harness.Server, parts ...string) []string {
 	t.Helper()
 	var out []string
-	for _, e := range status(t, srv).Events {
+	for _, e := range srv.Status(t).Events {
 		ok := true
 		for _, p := range parts {
 			ok = ok && strings.Contains(e.Message, p)
@@ -231,7 +231,7 @@ func victimAnswered(t *testing.T, srv *harness.Server, id int64, model string, l
 	t.Helper()
 	c := srv.Dial(t, srv.Protocol)
 	wid := 0
-	k := protocol.Key{ModelName: model, WorldSize: 1, WorkerID: &wid, TokenIDs: tokensFor(int(id), 1, 16), End: 16, RequestID: "v"}
+	k := protocol.Key{ModelName: model, WorldSize: 1, WorkerID: &wid, TokenIDs: harness.Tokens(int(id), 1, 16), End: 16, RequestID: "v"}
 	call := func(name string, args ...any) client.Reply {
 		ctx, cancel := context.WithTimeout(context.Background(), limit)
 		defer cancel()
@@ -243,7 +243,7 @@ func victimAnswered(t *testing.T, srv *harness.Server, id int64, model string, l
 		}
 		return r
 	}
-	var ps prepStore
+	var ps harness.PrepStore
 	if err := call(protocol.PrepareStore, k, id).Decode(&ps); err != nil || len(ps.Context.Slots) != 0 {
 		t.Fatalf("PREPARE_STORE of instance %d: %+v, %v; want no slots", id, ps, err)
 	}
@@ -251,7 +251,7 @@ func victimAnswered(t *testing.T, srv *harness.Server, id int64, model string, l
 	if err := call(protocol.CommitStore, k, id, []byte{}).Decode(&ok); err != nil || ok {
 		t.Fatalf("COMMIT_STORE of instance %d: %v, %v; want false", id, ok, err)
 	}
-	var pr prepRetrieve
+	var pr harness.PrepRetrieve
 	if err := call(protocol.PrepareRetrieve, k, id).Decode(&pr); err != nil || pr.Success {
 		t.Fatalf("PREPARE_RETRIEVE of instance %d: success %v, %v; want a miss", id, pr.Success, err)
 	}
@@ -268,7 +268,7 @@ func victimAnswered(t *testing.T, srv *harness.Server, id int64, model string, l
 // left to its timeout.
 func TestHostileUnregisterOfAnotherPeersInstance(t *testing.T) {
 	srv := harness.Start(t, "--chunk-size", "16")
-	w := newWorker(t, srv.Dial(t, srv.Protocol), 700, "victim", false)
+	w := harness.NewWorker(t, srv.Dial(t, srv.Protocol), 700, "victim", false)
 	squatterID := []byte("squatter-unregister")
 	sq := dialNamed(t, srv, squatterID)
 	before := handled(t, srv, protocol.UnregisterKVCache)
@@ -278,9 +278,9 @@ func TestHostileUnregisterOfAnotherPeersInstance(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	toks := tokensFor(70, 2, w.chunk)
-	data := seqData(70, 2, w.chunkBytes)
-	if r, err := w.store(ctx, toks, data, "after-unregister"); err != nil || r != "true" {
+	toks := harness.Tokens(70, 2, w.Chunk)
+	data := seqData(70, 2, w.ChunkBytes)
+	if r, err := w.Store(ctx, toks, data, "after-unregister"); err != nil || r != "true" {
 		t.Fatalf("the victim's store after another peer's UNREGISTER: %q, %v", r, err)
 	}
 	readBack(t, w, toks, data, "after-unregister-r")

@@ -56,11 +56,11 @@ func TestHostileRESPReplies(t *testing.T) {
 	srv := harness.Start(t, "--chunk-size", "16", "--l2-adapter",
 		tierAdapter(t, map[string]any{"type": "resp", "host": "127.0.0.1", "port": n.Port()}))
 	capProcess(t, srv.PID())
-	w := tierWorker(t, srv, 1, "resp-hostile", hidden)
+	w := tierWorker(t, srv, 1, "resp-hostile", harness.WorkerHidden)
 
 	const chunks = 4
 	base, peak := peakGrowth(t, srv.PID(), func() {
-		if good, wrong := w.checkPrompt(t, 1, chunks); good != 0 || wrong != 0 {
+		if good, wrong := checkPrompt(t, w, 1, chunks); good != 0 || wrong != 0 {
 			t.Fatalf("64 MiB values: %d good, %d wrong chunks served", good, wrong)
 		}
 	})
@@ -92,7 +92,7 @@ func TestHostileRESPReplies(t *testing.T) {
 		setReply(&get, []byte(c.get))
 		downs := downFor(srv.Output(), c.length)
 		base, peak := peakGrowth(t, srv.PID(), func() {
-			if good, wrong := w.checkPrompt(t, 10+i, 2); good != 0 || wrong != 0 {
+			if good, wrong := checkPrompt(t, w, 10+i, 2); good != 0 || wrong != 0 {
 				t.Fatalf("EXISTS %q GET %q: %d good, %d wrong chunks served", c.exists, c.get, good, wrong)
 			}
 		})
@@ -140,14 +140,14 @@ func TestHostileRESPRedirectLoop(t *testing.T) {
 	srv := harness.Start(t, "--chunk-size", "16", "--l2-adapter",
 		tierAdapter(t, map[string]any{"type": "resp", "cluster": true, "startup_nodes": []string{a}}))
 	capProcess(t, srv.PID())
-	w := tierWorker(t, srv, 1, "resp-loop", hidden)
+	w := tierWorker(t, srv, 1, "resp-loop", harness.WorkerHidden)
 
 	maxFDs := 0
 	deadline := time.Now().Add(3 * time.Second)
 	lookups := 0
 	for time.Now().Before(deadline) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		if _, _, err := w.tryPrompt(ctx, lookups, 2); err != nil {
+		if _, _, err := tryPrompt(ctx, w, lookups, 2); err != nil {
 			cancel()
 			t.Fatalf("lookup %d: %v", lookups, err)
 		}
@@ -317,7 +317,7 @@ func TestHostileRESPShareScan(t *testing.T) {
 func stillServingTier(t *testing.T, srv *harness.Server) {
 	t.Helper()
 	alive(t, srv, 5*time.Second, "a hostile share")
-	stillServing(t, tierWorker(t, srv, 1, "resp-share", hidden), 400)
+	stillServing(t, tierWorker(t, srv, 1, "resp-share", harness.WorkerHidden), 400)
 }
 
 // TestHostileRESPMalformedReplyIsACountedMiss: a node answers EXISTS with a
@@ -335,11 +335,11 @@ func TestHostileRESPMalformedReplyIsACountedMiss(t *testing.T) {
 	srv := harness.Start(t, "--chunk-size", "16", "--l2-adapter",
 		tierAdapter(t, map[string]any{"type": "resp", "host": "127.0.0.1", "port": n.Port()}))
 	capProcess(t, srv.PID())
-	w := tierWorker(t, srv, 1, "resp-malformed", hidden)
+	w := tierWorker(t, srv, 1, "resp-malformed", harness.WorkerHidden)
 	poll.Until(t, 30*time.Second, "tier up", func() bool { return tier0(t, srv).State == "up" })
 	before := tier0(t, srv)
 	setReply(&exists, []byte("$-5\r\n"))
-	if good, wrong := w.checkPrompt(t, 1, 2); good != 0 || wrong != 0 {
+	if good, wrong := checkPrompt(t, w, 1, 2); good != 0 || wrong != 0 {
 		t.Fatalf("EXISTS answered $-5: %d good, %d wrong chunks served", good, wrong)
 	}
 	alive(t, srv, 5*time.Second, "EXISTS answered $-5")

@@ -1,4 +1,4 @@
-package interop
+package restart
 
 import (
 	"encoding/json"
@@ -54,15 +54,15 @@ func TestRestartStormUpstreamWorkers(t *testing.T) {
 				srv = harness.StartKeeping(t, false, flags...)
 			}
 			const procs = 3
-			ws := make([]*liveWorker, procs)
+			ws := make([]*harness.PyWorker, procs)
 			for i := range ws {
 				p, err := json.Marshal(map[string]any{"profile": "nongpu-v1", "prompts": 2, "chunks": 2, "timeout": 2.0,
 					"rid_prefix": fmt.Sprintf("p%d-", i), "store_limit": 2000, "workers": []map[string]any{{"instance_id": 7301 + i, "pickle": mode.pickle}}})
 				if err != nil {
 					t.Fatal(err)
 				}
-				ws[i] = startPyWorker(t, "py/restart_worker.py", srv.Endpoint, string(p))
-				if r := ws[i].report(); !r.Ready {
+				ws[i] = harness.StartPyWorker(t, "../py/restart_worker.py", srv.Endpoint, string(p))
+				if r := report(t, ws[i]); !r.Ready {
 					t.Fatalf("worker %d: %+v", i, r)
 				}
 			}
@@ -70,7 +70,7 @@ func TestRestartStormUpstreamWorkers(t *testing.T) {
 				storeAll(t, w, fmt.Sprint("before", i), 2)
 			}
 			for _, w := range ws {
-				if r := w.ask("loop"); !r.Looping {
+				if r := ask(t, w, "loop"); !r.Looping {
 					t.Fatalf("loop did not start: %+v", r)
 				}
 			}
@@ -95,7 +95,7 @@ func TestRestartStormUpstreamWorkers(t *testing.T) {
 			time.Sleep(500 * time.Millisecond)
 			var total restartReport
 			for i, w := range ws {
-				r := w.ask("stop")
+				r := ask(t, w, "stop")
 				t.Logf("worker %d: %d iterations, %d requests in %.1fs: %d timed out, %d refused, %d missed, %d wrong; slowest answer %.3fs",
 					i, r.Iterations, r.Requests, r.Seconds, r.Timeouts, r.Refused, r.Missed, r.Wrong, r.SlowestS)
 				if r.Iterations == 0 || r.Committed == 0 {

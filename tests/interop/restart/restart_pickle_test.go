@@ -1,4 +1,4 @@
-package interop
+package restart
 
 import (
 	"context"

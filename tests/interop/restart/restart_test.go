@@ -1,9 +1,8 @@
-package interop
+package restart
 
 import (
 	"encoding/json"
 	"fmt"
-	"io"
 	"strconv"
 	"testing"
 	"time"
@@ -60,15 +59,15 @@ func (r restartReport) failed() int { return r.Timeouts + r.Refused + r.Missed +
 
 // startRestartWorkers runs py/restart_worker.py against srv with prof's
 // workers (registered once, here) and checks their modes and segment.
-func startRestartWorkers(t *testing.T, srv *harness.Server, prof restartProfile, prompts int, timeout time.Duration) *liveWorker {
+func startRestartWorkers(t *testing.T, srv *harness.Server, prof restartProfile, prompts int, timeout time.Duration) *harness.PyWorker {
 	t.Helper()
 	p, err := json.Marshal(map[string]any{"profile": prof.name, "workers": prof.workers, "prompts": prompts, "chunks": 2,
 		"timeout": timeout.Seconds()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := startPyWorker(t, "py/restart_worker.py", srv.Endpoint, string(p))
-	r := w.report()
+	w := harness.StartPyWorker(t, "../py/restart_worker.py", srv.Endpoint, string(p))
+	r := report(t, w)
 	if fmt.Sprint(r.Modes) != prof.modes || r.ShmName != srv.Segment {
 		t.Fatalf("workers: modes %v on %q, want %s on %s", r.Modes, r.ShmName, prof.modes, srv.Segment)
 	}
@@ -76,31 +75,30 @@ func startRestartWorkers(t *testing.T, srv *harness.Server, prof restartProfile,
 }
 
 // ask sends one command line and decodes the answer.
-func (w *liveWorker) ask(cmd string) restartReport {
-	w.t.Helper()
-	if _, err := io.WriteString(w.stdin, cmd+"\n"); err != nil {
-		w.t.Fatalf("worker stdin: %v", err)
-	}
-	return w.report()
+func ask(t testing.TB, w *harness.PyWorker, cmd string) restartReport {
+	t.Helper()
+	w.Send(cmd)
+	return report(t, w)
 }
 
-func (w *liveWorker) report() restartReport {
-	w.t.Helper()
-	b, err := json.Marshal(w.next())
+// report decodes the worker's next answer.
+func report(t testing.TB, w *harness.PyWorker) restartReport {
+	t.Helper()
+	b, err := json.Marshal(w.Next())
 	if err != nil {
-		w.t.Fatal(err)
+		t.Fatal(err)
 	}
 	var r restartReport
 	if err := json.Unmarshal(b, &r); err != nil {
-		w.t.Fatalf("worker line %s: %v", b, err)
+		t.Fatalf("worker line %s: %v", b, err)
 	}
 	return r
 }
 
 // storeAll stores a batch under tag and requires every prompt to commit.
-func storeAll(t *testing.T, w *liveWorker, tag string, want int) {
+func storeAll(t *testing.T, w *harness.PyWorker, tag string, want int) {
 	t.Helper()
-	r := w.ask("store " + tag)
+	r := ask(t, w, "store "+tag)
 	if r.Committed != want || r.failed() != 0 {
 		t.Fatalf("store %s: %d of %d committed: %+v", tag, r.Committed, want, r)
 	}
@@ -113,9 +111,9 @@ func storeAll(t *testing.T, w *liveWorker, tag string, want int) {
 
 // checkAll requires every prompt committed so far to hit in full and come
 // back identical, and returns how many prompts that is.
-func checkAll(t *testing.T, w *liveWorker, after string) int {
+func checkAll(t *testing.T, w *harness.PyWorker, after string) int {
 	t.Helper()
-	r := w.ask("check")
+	r := ask(t, w, "check")
 	if r.Prompts == 0 || r.Identical != r.Prompts || r.failed() != 0 {
 		t.Fatalf("after %s: %d of %d prompts identical (%d missed, %d wrong, %d unanswered, %d refused); first failures %+v",
 			after, r.Identical, r.Prompts, r.Missed, r.Wrong, r.Timeouts, r.Refused, r.Failures)
@@ -137,7 +135,7 @@ func restartWays(token string) []restartWay {
 	if token != "" {
 		ways = append(ways, restartWay{"kvdock ctl restart", func(t *testing.T, srv *harness.Server) time.Duration {
 			return srv.RestartBy(t, func() error {
-				out, err := runKvdock(t, []string{"KVDOCK_HTTP_TOKEN=" + token}, "ctl", "--http-port", strconv.Itoa(srv.HTTPPort), "restart", "--yes")
+				out, err := harness.Run(t, []string{"KVDOCK_HTTP_TOKEN=" + token}, "ctl", "--http-port", strconv.Itoa(srv.HTTPPort), "restart", "--yes")
 				if err != nil {
 					return fmt.Errorf("kvdock ctl restart: %w\n%s", err, out)
 				}
@@ -210,13 +208,13 @@ func TestRestartUnderLoadLosesNoRequest(t *testing.T) {
 			w := startRestartWorkers(t, srv, prof, 4, 3*time.Second)
 			storeAll(t, w, "before", 4*len(prof.workers))
 			for _, way := range restartWays("") {
-				if r := w.ask("loop"); !r.Looping {
+				if r := ask(t, w, "loop"); !r.Looping {
 					t.Fatalf("loop did not start: %+v", r)
 				}
 				time.Sleep(time.Second)
 				gap := way.do(t, srv)
 				time.Sleep(time.Second)
-				r := w.ask("stop")
+				r := ask(t, w, "stop")
 				t.Logf("%s (back in %v): %d iterations in %.1fs, %d requests: %d unanswered, %d refused, %d missed, %d wrong; slowest answer %.3fs",
 					way.name, gap.Round(time.Millisecond), r.Iterations, r.Seconds, r.Requests, r.Timeouts, r.Refused, r.Missed, r.Wrong, r.SlowestS)
 				if r.Iterations == 0 || r.Committed == 0 {
