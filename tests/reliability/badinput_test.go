@@ -8,8 +8,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -18,28 +16,9 @@ import (
 	"kvdock/core/protocol"
 	"kvdock/core/rpc/client"
 	"kvdock/tests/harness"
+	"kvdock/tests/harness/attackkit"
 	"kvdock/transfer/torchpickle"
 )
-
-// procKiB reads a "Field:   N kB" line of /proc/pid/status.
-func procKiB(t testing.TB, pid int, field string) int64 {
-	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, field+":"); ok {
-			n, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return n
-		}
-	}
-	t.Fatalf("no %s in /proc/%d/status", field, pid)
-	return 0
-}
 
 // hostile pickles: code execution, bombs and huge declared sizes.
 func hostilePickles(t testing.TB) map[string][]byte {
@@ -105,7 +84,7 @@ func TestMaliciousPicklesBoundedRSS(t *testing.T) {
 	c := srv.Dial(t, srv.Protocol)
 	w := harness.NewWorker(t, c, 1, "evil", true)
 	ctx := context.Background()
-	baseHWM := procKiB(t, srv.PID(), "VmHWM")
+	baseHWM := attackkit.ProcKiB(t, srv.PID(), "VmHWM")
 	before := srv.Status(t)
 	toks := harness.Tokens(1, 1, w.Chunk)
 	k := w.Key(toks, 1, "evil")
@@ -154,7 +133,7 @@ func TestMaliciousPicklesBoundedRSS(t *testing.T) {
 	if n, err := harness.Lookup(ctx, c, "evil", toks, "l"); err != nil || n != 0 {
 		t.Fatalf("a hostile store left a chunk: %d %v", n, err)
 	}
-	hwm := procKiB(t, srv.PID(), "VmHWM")
+	hwm := attackkit.ProcKiB(t, srv.PID(), "VmHWM")
 	t.Logf("%d hostile pickles sent; peak RSS %d KiB before, %d KiB after", sent, baseHWM, hwm)
 	if hwm-baseHWM > 96<<10 {
 		t.Fatalf("peak RSS grew by %d KiB on hostile pickles", hwm-baseHWM)
@@ -181,7 +160,7 @@ func TestOversizedFramesRejected(t *testing.T) {
 	srv := harness.Start(t, "--chunk-size", "16", "--shm-name", "", "--max-message-bytes", "1048576")
 	c := srv.Dial(t, srv.Protocol)
 	w := harness.NewWorker(t, c, 1, "big", true)
-	baseHWM := procKiB(t, srv.PID(), "VmHWM")
+	baseHWM := attackkit.ProcKiB(t, srv.PID(), "VmHWM")
 	big := make([]byte, 4<<20)
 	for i := range 10 {
 		fast, err := client.Dial(srv.Endpoint, harness.Profile(t, srv.Protocol), client.Options{Timeout: 300 * time.Millisecond})
@@ -202,7 +181,7 @@ func TestOversizedFramesRejected(t *testing.T) {
 	if r, err := w.Store(context.Background(), harness.Tokens(1, 1, w.Chunk), data, "ok"); err != nil || r != "true" {
 		t.Fatalf("store under the limit: %q %v", r, err)
 	}
-	hwm := procKiB(t, srv.PID(), "VmHWM")
+	hwm := attackkit.ProcKiB(t, srv.PID(), "VmHWM")
 	t.Logf("10 oversized frames of 4 MiB; peak RSS %d KiB before, %d KiB after", baseHWM, hwm)
 	if hwm-baseHWM > 32<<10 {
 		t.Fatalf("peak RSS grew by %d KiB on rejected frames", hwm-baseHWM)

@@ -11,6 +11,7 @@ import (
 	"kvdock/core/protocol"
 	"kvdock/core/testkit/poll"
 	"kvdock/tests/harness"
+	"kvdock/tests/harness/attackkit"
 )
 
 // Dropping a worker's instance while it copies (the same bug as a clear
@@ -88,10 +89,10 @@ var dropPaths = []string{"register id reuse", "zmq unregister", "http unregister
 // reaper needs a table whose PING names the instance.
 func startForDrop(t *testing.T, how string) *harness.Server {
 	if how == "reaper" {
-		return startAttacked(t, "--protocol", "engine-driven",
+		return attackkit.StartAttacked(t, "--protocol", "engine-driven",
 			"--worker-reap-timeout-seconds", "1", "--worker-registration-grace-seconds", "1")
 	}
-	return startAttacked(t)
+	return attackkit.StartAttacked(t)
 }
 
 // TestHostileDropDuringStore: A reserves slots and starts copying; A's
@@ -107,22 +108,22 @@ func TestHostileDropDuringStore(t *testing.T) {
 			if a.Shm == nil {
 				t.Fatal("the server advertises no segment")
 			}
-			postClear(t, srv) // an empty pool: A gets the allocator's first slots
-			ta, da := harness.Tokens(int(base)+1, 2, a.Chunk), seqData(int(base)+1, 2, a.ChunkBytes)
-			psA, err := prepareStore(ctx, a, ta, 2, "drop-a")
+			attackkit.PostClear(t, srv) // an empty pool: A gets the allocator's first slots
+			ta, da := harness.Tokens(int(base)+1, 2, a.Chunk), attackkit.SeqData(int(base)+1, 2, a.ChunkBytes)
+			psA, err := attackkit.PrepareStore(ctx, a, ta, 2, "drop-a")
 			if err != nil || len(psA.Context.Slots) != 2 {
 				t.Fatalf("A prepare: %d slots, %v", len(psA.Context.Slots), err)
 			}
 			half := psA
 			half.Context.Slots, half.Context.ChunkIndices = psA.Context.Slots[:1], psA.Context.ChunkIndices[:1]
-			if err := writeSlots(a, half, da); err != nil {
+			if err := attackkit.WriteSlots(a, half, da); err != nil {
 				t.Fatal(err) // half of A's copy is done when it is dropped
 			}
 			dropInstance(t, srv, how, a)
 
 			c := harness.NewWorker(t, srv.Dial(t, srv.Protocol), base+2, "drop-store", false)
-			tc, dc := harness.Tokens(int(base)+2, 2, c.Chunk), seqData(int(base)+2, 2, c.ChunkBytes)
-			psC, err := prepareStore(ctx, c, tc, 2, "drop-c")
+			tc, dc := harness.Tokens(int(base)+2, 2, c.Chunk), attackkit.SeqData(int(base)+2, 2, c.ChunkBytes)
+			psC, err := attackkit.PrepareStore(ctx, c, tc, 2, "drop-c")
 			if err != nil || len(psC.Context.Slots) != 2 {
 				t.Fatalf("C prepare: %d slots, %v", len(psC.Context.Slots), err)
 			}
@@ -134,13 +135,13 @@ func TestHostileDropDuringStore(t *testing.T) {
 					}
 				}
 			}
-			if err := writeSlots(c, psC, dc); err != nil {
+			if err := attackkit.WriteSlots(c, psC, dc); err != nil {
 				t.Fatal(err)
 			}
-			if err := writeSlots(a, psA, da); err != nil { // A's copy goes on, late
+			if err := attackkit.WriteSlots(a, psA, da); err != nil { // A's copy goes on, late
 				t.Fatal(err)
 			}
-			okC, errC := commitStore(ctx, c, tc, 2, "drop-c", []byte{})
+			okC, errC := attackkit.CommitStore(ctx, c, tc, 2, "drop-c", []byte{})
 			t.Logf("%s during a store: C given %d of A's slots; C commit %v (%v)", how, overlap, okC, errC)
 			if overlap > 0 {
 				t.Errorf("after A was dropped (%s), C was given %d slots A was still copying into", how, overlap)
@@ -148,8 +149,8 @@ func TestHostileDropDuringStore(t *testing.T) {
 			if !okC || errC != nil {
 				t.Fatalf("C's commit: %v %v", okC, errC)
 			}
-			readBack(t, c, tc, dc, "drop-rc")
-			alive(t, srv, time.Second, how+" during a store")
+			attackkit.ReadBack(t, c, tc, dc, "drop-rc")
+			attackkit.Alive(t, srv, time.Second, how+" during a store")
 		})
 	}
 }
@@ -168,7 +169,7 @@ func TestHostileDropDuringRetrieve(t *testing.T) {
 			if r.Shm == nil {
 				t.Fatal("the server advertises no segment")
 			}
-			tx, dx := harness.Tokens(int(base)+1, 2, w.Chunk), seqData(int(base)+1, 2, w.ChunkBytes)
+			tx, dx := harness.Tokens(int(base)+1, 2, w.Chunk), attackkit.SeqData(int(base)+1, 2, w.ChunkBytes)
 			if res, err := w.Store(ctx, tx, dx, "drop-sx"); err != nil || res != "true" {
 				t.Fatalf("store X: %q %v", res, err)
 			}
@@ -195,7 +196,7 @@ func TestHostileDropDuringRetrieve(t *testing.T) {
 			chunks := int(w.PoolSize) / w.ChunkBytes
 			stored := 0
 			for s := 0; stored < chunks+chunks/4; s++ {
-				ts, ds := harness.Tokens(int(base)+10+s, 16, w.Chunk), seqData(int(base)+10+s, 16, w.ChunkBytes)
+				ts, ds := harness.Tokens(int(base)+10+s, 16, w.Chunk), attackkit.SeqData(int(base)+10+s, 16, w.ChunkBytes)
 				if _, err := w.Store(ctx, ts, ds, fmt.Sprintf("drop-fill-%d", s)); err != nil {
 					t.Fatalf("fill store %d: %v", s, err)
 				}
@@ -211,7 +212,7 @@ func TestHostileDropDuringRetrieve(t *testing.T) {
 			if bad > 0 {
 				t.Errorf("a reader dropped (%s) while holding X's slots read other bytes (%d of 2 chunks)", how, bad)
 			}
-			alive(t, srv, time.Second, how+" during a retrieve")
+			attackkit.Alive(t, srv, time.Second, how+" during a retrieve")
 		})
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"kvdock/tests/harness"
+	"kvdock/tests/harness/attackkit"
 )
 
 // Files under an fs tier's base_path are outside input (DESIGN "Trust"):
@@ -74,7 +75,7 @@ func TestHostileFSFIFOChunkFiles(t *testing.T) {
 	}
 	// Again from the tier alone: the intact chunks load, nothing is left
 	// holding the load slots.
-	postClear(t, b)
+	attackkit.PostClear(t, b)
 	again := 0
 	for seed := range prompts {
 		g, bad := checkPrompt(t, w, seed, 1)
@@ -142,7 +143,7 @@ func TestHostileFSBigSparseChunkFiles(t *testing.T) {
 	b := harness.Start(t, fsHostileArgs(t, dir, 4)...)
 	w := tierWorker(t, b, 1, "fs-sparse", harness.WorkerHidden)
 	good, wrong := 0, 0
-	base, peak := peakGrowth(t, b.PID(), func() {
+	base, peak := attackkit.PeakGrowth(t, b.PID(), func() {
 		for seed := range 6 {
 			g, bad := checkPrompt(t, w, seed, 1)
 			good += g
@@ -151,7 +152,7 @@ func TestHostileFSBigSparseChunkFiles(t *testing.T) {
 	})
 	ts := tier0(t, b)
 	t.Logf("read_bytes %d, corrupt %d, %d good, %d wrong", ts.ReadBytes, ts.Corrupt, good, wrong)
-	checkBound(t, "lookups of 4 KiB chunks planted as 512 MiB sparse files", base, peak, 32<<10, 4*big)
+	attackkit.CheckBound(t, "lookups of 4 KiB chunks planted as 512 MiB sparse files", base, peak, 32<<10, 4*big)
 	if wrong != 0 {
 		t.Fatalf("%d wrong chunks served", wrong)
 	}

@@ -9,6 +9,7 @@ import (
 
 	"kvdock/core/rpc/client"
 	"kvdock/tests/harness"
+	"kvdock/tests/harness/attackkit"
 	"kvdock/transfer/worker"
 )
 
@@ -107,7 +108,7 @@ func TestHostileRegisterVictimsModelFirst(t *testing.T) {
 			if n := transferCounters(t, srv)["layout_conflicts"]; n != 0 {
 				t.Errorf("layout_conflicts = %v, want 0", n)
 			}
-			alive(t, srv, time.Second, "two layouts of one model")
+			attackkit.Alive(t, srv, time.Second, "two layouts of one model")
 		})
 	}
 }

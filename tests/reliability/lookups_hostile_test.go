@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"kvdock/tests/harness"
+	"kvdock/tests/harness/attackkit"
 )
 
 // storeLong stores the first n chunks of toks through w, in steps that stay
@@ -16,7 +17,7 @@ func storeLong(t *testing.T, w *harness.GoWorker, seed int, toks []uint32, n, st
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	data := seqData(seed, n, w.ChunkBytes)
+	data := attackkit.SeqData(seed, n, w.ChunkBytes)
 	for end := step; ; end += step {
 		end = min(end, n)
 		if res, err := w.Store(ctx, toks, data[:end], fmt.Sprintf("%s-%d", req, end)); err != nil || (res != "true" && res != "none") {
@@ -36,7 +37,7 @@ func storeLong(t *testing.T, w *harness.GoWorker, seed int, toks []uint32, n, st
 // under the total cap; a single lookup past its cap is refused and its
 // refused chunks are counted as `refused`, not `after_miss`.
 func TestHostileLookupLookahead(t *testing.T) {
-	srv := startAttacked(t)
+	srv := attackkit.StartAttacked(t)
 	ctx := context.Background()
 	w := harness.NewWorker(t, srv.Dial(t, srv.Protocol), 41_001, "ahead", false)
 	if w.Shm == nil {
@@ -66,12 +67,12 @@ func TestHostileLookupLookahead(t *testing.T) {
 	if short > 0 {
 		t.Errorf("%d of 10 prompts looked up ahead got fewer than their %d stored chunks: %v", short, perPrompt, hits)
 	}
-	alive(t, srv, time.Second, "lookups ahead")
+	attackkit.Alive(t, srv, time.Second, "lookups ahead")
 
 	// One lookup past one owner's cap (half the pool) is refused there; a
 	// fresh server, since the lookups above hold their locks until their
 	// retrieves or the read TTL.
-	srv = startAttacked(t)
+	srv = attackkit.StartAttacked(t)
 	w = harness.NewWorker(t, srv.Dial(t, srv.Protocol), 41_002, "ahead", false)
 	sched = srv.Dial(t, srv.Protocol)
 	long := poolChunks * 5 / 8
@@ -100,7 +101,7 @@ func TestHostileLookupLookahead(t *testing.T) {
 	if !seen {
 		t.Errorf("no refused event among %+v", st.Events)
 	}
-	alive(t, srv, time.Second, "lookups ahead")
+	attackkit.Alive(t, srv, time.Second, "lookups ahead")
 }
 
 // TestHostileLookupHogCannotStarveAnotherScheduler: one scheduler keeps 69 %
@@ -111,7 +112,7 @@ func TestHostileLookupLookahead(t *testing.T) {
 // cap is shared between the peers holding lookup locks), and lookups
 // together stay under the cap.
 func TestHostileLookupHogCannotStarveAnotherScheduler(t *testing.T) {
-	srv := startAttacked(t)
+	srv := attackkit.StartAttacked(t)
 	ctx := context.Background()
 	hw := harness.NewWorker(t, srv.Dial(t, srv.Protocol), 42_001, "hog", false)
 	poolChunks := int(hw.PoolSize) / hw.ChunkBytes
@@ -179,5 +180,5 @@ func TestHostileLookupHogCannotStarveAnotherScheduler(t *testing.T) {
 	if limit := st.CapacityBytes * 7 / 10; st.LockedBytes > limit {
 		t.Errorf("%d bytes locked, past the lookups' cap of %d", st.LockedBytes, limit)
 	}
-	alive(t, srv, time.Second, "a lookup hog")
+	attackkit.Alive(t, srv, time.Second, "a lookup hog")
 }

@@ -10,6 +10,7 @@ import (
 	"kvdock/core/protocol"
 	"kvdock/core/rpc/client"
 	"kvdock/tests/harness"
+	"kvdock/tests/harness/attackkit"
 )
 
 // Registrations carried across a restart are held and charged as live
@@ -28,9 +29,9 @@ func unregisterFrom(t testing.TB, srv *harness.Server, peer string, id int64) {
 	t.Helper()
 	p := dialNamed(t, srv, []byte(peer))
 	defer p.close()
-	before := handled(t, srv, protocol.UnregisterKVCache)
+	before := attackkit.Handled(t, srv, protocol.UnregisterKVCache)
 	p.send(t, protocol.UnregisterKVCache, id)
-	if !waitHandled(t, srv, protocol.UnregisterKVCache, before+1, 10*time.Second, "UNREGISTER from "+peer) {
+	if !attackkit.WaitHandled(t, srv, protocol.UnregisterKVCache, before+1, 10*time.Second, "UNREGISTER from "+peer) {
 		t.Fatalf("UNREGISTER from %s not handled", peer)
 	}
 }
@@ -62,7 +63,7 @@ func TestHostileUnregisterOfARestoredInstance(t *testing.T) {
 	w := harness.NewWorker(t, srv.Dial(t, srv.Protocol), 710, "restored-holder", false)
 	for i, restart := range []func(testing.TB) time.Duration{srv.RestartSignal, srv.RestartTerm} {
 		seq := 710 + i
-		toks, data := harness.Tokens(seq, 2, w.Chunk), seqData(seq, 2, w.ChunkBytes)
+		toks, data := harness.Tokens(seq, 2, w.Chunk), attackkit.SeqData(seq, 2, w.ChunkBytes)
 		restart(t)
 		if rs := srv.LastRestart(t); !rs.Adopted || rs.AdoptedContexts != 1 {
 			t.Fatalf("restart %d: %+v, want the pool and 1 registration adopted", i, rs)
@@ -77,7 +78,7 @@ func TestHostileUnregisterOfARestoredInstance(t *testing.T) {
 		if err != nil || r != "true" {
 			t.Fatalf("restart %d: the worker's store after another peer's UNREGISTER: %q, %v", i, r, err)
 		}
-		readBack(t, w, toks, data, "after-restart-r")
+		attackkit.ReadBack(t, w, toks, data, "after-restart-r")
 		unregisterFrom(t, srv, "squatter-after", 710)
 		if !registered(t, srv, 710) {
 			t.Fatalf("restart %d: a squatter's UNREGISTER ended the registration its worker holds again", i)
@@ -103,7 +104,7 @@ func prepareRetrieveAcross(t *testing.T, w *harness.GoWorker, seq int) protocol.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	toks := harness.Tokens(seq, 1, w.Chunk)
-	if r, err := w.Store(ctx, toks, seqData(seq, 1, w.ChunkBytes), "store"); err != nil || r != "true" {
+	if r, err := w.Store(ctx, toks, attackkit.SeqData(seq, 1, w.ChunkBytes), "store"); err != nil || r != "true" {
 		t.Fatalf("store: %q %v", r, err)
 	}
 	if hits, err := harness.LookupKeep(ctx, w.C, w.Model, toks, "across"); err != nil || hits != 1 {
@@ -171,7 +172,7 @@ func TestHostileAutoRestartCommitRetrieve(t *testing.T) {
 // COMMIT_RETRIEVE must still be served as nongpu-v1's, whatever the
 // detection tables kept of its connection.
 func TestHostileAutoDecidedFlood(t *testing.T) {
-	srv := startAttacked(t, "--protocol", "auto")
+	srv := attackkit.StartAttacked(t, "--protocol", "auto")
 	answered := churnIdentities(t, srv.Endpoint, "decided", 17500, func(int) int64 { return 32 })
 	c, err := client.Dial(srv.Endpoint, harness.Profile(t, "nongpu-v1"), client.Options{Timeout: 5 * time.Second})
 	if err != nil {
@@ -216,7 +217,7 @@ func pickleRestartKeepsRegistrations(t *testing.T, srv *harness.Server, adopted 
 	w := harness.NewWorker(t, srv.Dial(t, srv.Protocol), 740, "pickle-restart", true)
 	for i, restart := range []func(testing.TB) time.Duration{srv.RestartSignal, srv.RestartTerm} {
 		seq := 740 + i
-		toks, data := harness.Tokens(seq, 2, w.Chunk), seqData(seq, 2, w.ChunkBytes)
+		toks, data := harness.Tokens(seq, 2, w.Chunk), attackkit.SeqData(seq, 2, w.ChunkBytes)
 		restart(t)
 		rs := srv.LastRestart(t)
 		if rs.Adopted != adopted || rs.AdoptedContexts != 1 {
@@ -228,6 +229,6 @@ func pickleRestartKeepsRegistrations(t *testing.T, srv *harness.Server, adopted 
 		if err != nil || r != "true" {
 			t.Fatalf("restart %d: the pickle worker's store: %q, %v\n%s", i, r, err, srv.Output())
 		}
-		readBack(t, w, toks, data, "after-restart-r")
+		attackkit.ReadBack(t, w, toks, data, "after-restart-r")
 	}
 }

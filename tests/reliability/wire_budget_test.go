@@ -12,6 +12,7 @@ import (
 	"kvdock/core/protocol"
 	"kvdock/core/testkit/poll"
 	"kvdock/tests/harness"
+	"kvdock/tests/harness/attackkit"
 )
 
 // TestSlowReaderRetrievesBoundedRSS against the real
@@ -63,7 +64,7 @@ func TestSlowReaderRetrievesBoundedRSS(t *testing.T) {
 		}
 	}
 	before := srv.Status(t).Requests.ByType[protocol.PrepareRetrieve].OK
-	base := procKiB(t, srv.PID(), "VmRSS")
+	base := attackkit.ProcKiB(t, srv.PID(), "VmRSS")
 	// VmHWM already holds the store's peak: sample VmRSS during the attack.
 	var peak atomic.Int64
 	stop := make(chan struct{})
@@ -75,7 +76,7 @@ func TestSlowReaderRetrievesBoundedRSS(t *testing.T) {
 			case <-stop:
 				return
 			case <-time.After(2 * time.Millisecond):
-				if v := procKiB(t, srv.PID(), "VmRSS"); v > peak.Load() {
+				if v := attackkit.ProcKiB(t, srv.PID(), "VmRSS"); v > peak.Load() {
 					peak.Store(v)
 				}
 			}
