@@ -210,7 +210,18 @@ func Lookup(ctx context.Context, c *client.Client, model string, toks []uint32, 
 // a PREPARE_RETRIEVE of the same request id.
 func LookupKeep(ctx context.Context, c *client.Client, model string, toks []uint32, req string) (int, error) {
 	k := protocol.Key{ModelName: model, WorldSize: 1, TokenIDs: toks, Start: 0, End: len(toks), RequestID: req}
-	return worker.Scheduler{C: c, Poll: 2 * time.Millisecond}.Hits(ctx, k, 1)
+	return scheduler(c).Hits(ctx, k, 1)
+}
+
+// Scheduler is a scheduler on a connection of its own to s (nongpu-v1):
+// LOOKUP, then QUERY_PREFETCH_STATUS every 2 ms until it answers.
+func (s *Server) Scheduler(t testing.TB) worker.Scheduler {
+	t.Helper()
+	return scheduler(s.Dial(t, "nongpu-v1"))
+}
+
+func scheduler(c *client.Client) worker.Scheduler {
+	return worker.Scheduler{C: c, Poll: 2 * time.Millisecond}
 }
 
 // SegmentExists reports whether /dev/shm/name exists.

@@ -4,11 +4,9 @@ import (
 	"bytes"
 	"context"
 	"testing"
-	"time"
 
 	"kvdock/core/protocol"
 	"kvdock/tests/harness"
-	"kvdock/transfer/worker"
 )
 
 // TestHostileRestartKeepsSaltAndModelBytes (real binary, SIGUSR2): the
@@ -22,7 +20,7 @@ func TestHostileRestartKeepsSaltAndModelBytes(t *testing.T) {
 	srv := harness.StartKeeping(t, false, "--chunk-size", "16")
 	ctx := context.Background()
 	w := harness.NewWorker(t, srv.Dial(t, "nongpu-v1"), 710, "rec-\xffmodel", false)
-	sched := worker.Scheduler{C: srv.Dial(t, "nongpu-v1"), Poll: 2 * time.Millisecond}
+	sched := srv.Scheduler(t)
 	const n = 2
 	toks := harness.Tokens(71, n, w.Chunk)
 	salted := func(salt, req string) protocol.Key {

@@ -3,11 +3,9 @@ package restart
 import (
 	"context"
 	"testing"
-	"time"
 
 	"kvdock/core/protocol"
 	"kvdock/tests/harness"
-	"kvdock/transfer/worker"
 )
 
 // TestRestartAnswersALookupOfThePreviousProcess: a scheduler's LOOKUP is
@@ -21,7 +19,7 @@ func TestRestartAnswersALookupOfThePreviousProcess(t *testing.T) {
 	srv := harness.StartKeeping(t, false, "--chunk-size", "16")
 	ctx := context.Background()
 	w := harness.NewWorker(t, srv.Dial(t, "nongpu-v1"), 700, "restart-lookup", false)
-	sched := worker.Scheduler{C: srv.Dial(t, "nongpu-v1"), Poll: 2 * time.Millisecond}
+	sched := srv.Scheduler(t)
 	const seq, n = 5, 3
 	toks := harness.Tokens(seq, n, w.Chunk)
 	data := make([][]byte, n)
