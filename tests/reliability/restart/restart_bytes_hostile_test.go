@@ -17,10 +17,8 @@ import (
 // under a model name with an invalid byte stores and reads on under its
 // registration.
 func TestHostileRestartKeepsSaltAndModelBytes(t *testing.T) {
-	srv := harness.StartKeeping(t, false, "--chunk-size", "16")
+	srv, w, sched := keptWorker(t, 710, "rec-\xffmodel")
 	ctx := context.Background()
-	w := harness.NewWorker(t, srv.Dial(t, "nongpu-v1"), 710, "rec-\xffmodel", false)
-	sched := srv.Scheduler(t)
 	const n = 2
 	toks := harness.Tokens(71, n, w.Chunk)
 	salted := func(salt, req string) protocol.Key {

@@ -6,7 +6,17 @@ import (
 
 	"kvdock/core/protocol"
 	"kvdock/tests/harness"
+	"kvdock/transfer/worker"
 )
+
+// keptWorker starts a kvdock that keeps its pool across restarts (16-token
+// chunks) with a Go worker registered as id of model (SHM) and a scheduler
+// on a connection of its own.
+func keptWorker(t *testing.T, id int64, model string) (*harness.Server, *harness.GoWorker, worker.Scheduler) {
+	t.Helper()
+	srv := harness.StartKeeping(t, false, "--chunk-size", "16")
+	return srv, harness.NewWorker(t, srv.Dial(t, "nongpu-v1"), id, model, false), srv.Scheduler(t)
+}
 
 // TestRestartAnswersALookupOfThePreviousProcess: a scheduler's LOOKUP is
 // answered by the old process, the restart comes before its
@@ -16,10 +26,8 @@ import (
 // carried. (A process that knows no such request answers 0, as upstream
 // does for an unknown one, and the prompt is computed again.)
 func TestRestartAnswersALookupOfThePreviousProcess(t *testing.T) {
-	srv := harness.StartKeeping(t, false, "--chunk-size", "16")
+	srv, w, sched := keptWorker(t, 700, "restart-lookup")
 	ctx := context.Background()
-	w := harness.NewWorker(t, srv.Dial(t, "nongpu-v1"), 700, "restart-lookup", false)
-	sched := srv.Scheduler(t)
 	const seq, n = 5, 3
 	toks := harness.Tokens(seq, n, w.Chunk)
 	data := make([][]byte, n)
