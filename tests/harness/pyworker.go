@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -90,6 +91,24 @@ func (w *PyWorker) Kill() {
 		w.t.Fatal(err)
 	}
 	_ = w.cmd.Wait()
+}
+
+// LMCacheWorker runs one scenario of tests/interop/py/lmcache_worker.py
+// (an emulated LMCache non-GPU worker: pyzmq, msgpack, torch) under python
+// against srv and decodes the JSON it prints.
+func LMCacheWorker(t testing.TB, python string, srv *Server, scenario string, params map[string]any) map[string]any {
+	t.Helper()
+	p, err := json.Marshal(params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	script := filepath.Join(repoRoot(), "tests", "interop", "py", "lmcache_worker.py")
+	out := RunPythonWith(t, python, 120*time.Second, script, srv.Endpoint, scenario, string(p))
+	var res map[string]any
+	if err := json.Unmarshal([]byte(strings.TrimSpace(out)), &res); err != nil {
+		t.Fatalf("worker output %q: %v", out, err)
+	}
+	return res
 }
 
 // Run runs the kvdock binary with args and the extra environment (no

@@ -1,4 +1,9 @@
-package interop
+// Package liveness drives real Python workers (py/liveness_worker.py) that
+// die, go idle or reuse an instance id while kvdock serves: a SIGKILLed
+// worker is reaped and its reservation freed, an idle seed worker is removed
+// by kvdock ctl, and a reused id never sees the old worker's pending data.
+// docs/LIVENESS.md gives the settings and figures.
+package liveness
 
 import (
 	"context"
@@ -22,7 +27,7 @@ func startLiveWorker(t *testing.T, srv *harness.Server, role string, params map[
 	if err != nil {
 		t.Fatal(err)
 	}
-	return harness.StartPyWorker(t, "py/liveness_worker.py", srv.Endpoint, role, string(p))
+	return harness.StartPyWorker(t, "../py/liveness_worker.py", srv.Endpoint, role, string(p))
 }
 
 func contextStatus(st httpapi.Status, id int64) (httpapi.ContextStatus, bool) {
@@ -102,7 +107,7 @@ func TestLivenessKilledWorkerIsReaped(t *testing.T) {
 	}
 	// The reaped id and an id nobody registered get the same answer.
 	probe := func(id int) string {
-		out := harness.RunPython(t, 60*time.Second, "py/liveness_worker.py", srv.Endpoint, "probe",
+		out := harness.RunPython(t, 60*time.Second, "../py/liveness_worker.py", srv.Endpoint, "probe",
 			fmt.Sprintf(`{"profile": "engine-driven", "instance_id": %d, "chunk": 256}`, id))
 		var m map[string]any
 		if err := json.Unmarshal([]byte(out), &m); err != nil {
@@ -188,7 +193,7 @@ func TestLivenessReusedIDNeverSeesOldPendingData(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
 			p, _ := json.Marshal(params)
-			out, err := exec.CommandContext(ctx, harness.Python, "py/liveness_worker.py", srv.Endpoint, "reuse", string(p)).Output()
+			out, err := exec.CommandContext(ctx, harness.Python, "../py/liveness_worker.py", srv.Endpoint, "reuse", string(p)).Output()
 			if err != nil {
 				t.Fatalf("reuse worker: %v\n%s", err, out)
 			}
