@@ -221,9 +221,18 @@ func TestRestartLoopLosesNoRequest(t *testing.T) {
 		}
 		gaps = append(gaps, fmt.Sprintf("%v (server gap %.0f ms)", took.Round(time.Millisecond), rs.GapMs))
 	}
-	time.Sleep(500 * time.Millisecond)
+	// Traffic follows the last restart too: the workers go on until they
+	// have finished two calls each after it (30 s only bounds a failure).
+	calls := func() int64 { return tally.stores.Load() + tally.retrieves.Load() }
+	want := calls() + 2*nw
+	for deadline := time.Now().Add(30 * time.Second); calls() < want && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
 	close(stop)
 	wg.Wait()
+	if n := calls() - want + 2*nw; n < 2*nw {
+		t.Fatalf("%d calls finished within 30 s of the last restart, want %d", n, 2*nw)
+	}
 	t.Logf("%d restarts, back after %v; %d stores, %d retrieves: %d unanswered, %d refused, %d missed, %d wrong; slowest call %v",
 		restarts, gaps, tally.stores.Load(), tally.retrieves.Load(), tally.unanswered.Load(), tally.refused.Load(),
 		tally.missed.Load(), tally.wrong.Load(), time.Duration(tally.slowestNs.Load()).Round(time.Millisecond))
