@@ -143,7 +143,31 @@ func Start(t testing.TB, extra ...string) *Server {
 	if err := s.waitReady(15 * time.Second); err != nil {
 		t.Fatalf("kvdock did not come up: %v\n%s", err, s.out.String())
 	}
+	// The HTTP API starts after the wire server: a loaded machine can
+	// leave a gap between the two that a test's first POST falls into.
+	if err := s.waitHTTP(15 * time.Second); err != nil {
+		t.Fatalf("kvdock's HTTP API did not come up: %v\n%s", err, s.out.String())
+	}
 	return s
+}
+
+// waitHTTP waits up to limit for the HTTP port to accept a connection.
+func (s *Server) waitHTTP(limit time.Duration) error {
+	addr := fmt.Sprintf("127.0.0.1:%d", s.HTTPPort)
+	deadline := time.Now().Add(limit)
+	for {
+		c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+		if err == nil {
+			return c.Close()
+		}
+		if done, exit := s.Exited(); done {
+			return fmt.Errorf("exited: %v", exit)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s: %w", addr, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // baseArgs are the flags every test server gets: headless on s's ports,
