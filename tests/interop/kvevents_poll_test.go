@@ -82,7 +82,7 @@ func settle(t *testing.T, srv *harness.Server) kvEventsStatus {
 	deadline := time.Now().Add(15 * time.Second)
 	for {
 		var st kvEventsStatus
-		httpjson.Get(t, statusURL(srv), &st)
+		httpjson.Get(t, srv.StatusURL(), &st)
 		if st.Pool.UsageRatio <= st.Pool.Watermark {
 			return st
 		}
@@ -214,7 +214,7 @@ func TestKVEventsPollLostPython(t *testing.T) {
 		}
 	}
 	var st kvEventsStatus
-	httpjson.Get(t, statusURL(srv), &st)
+	httpjson.Get(t, srv.StatusURL(), &st)
 	t.Logf("lost after %d records into a log of 16: %d indexed of %d LOOKUP hits, %d removals skipped, log %+v",
 		st.KVEvents.Log.NextSeq-1, len(r.Index), len(want), r.Skipped, st.KVEvents.Log)
 	if l := st.KVEvents.Log; l.Depth != 16 || l.Trimmed == 0 || l.LostAnswers != 1 {

@@ -66,7 +66,7 @@ func TestKVEventsReplayPython(t *testing.T) {
 			deadline := time.Now().Add(15 * time.Second)
 			for {
 				var st kvEventsStatus
-				httpjson.Get(t, statusURL(srv), &st)
+				httpjson.Get(t, srv.StatusURL(), &st)
 				if st.KVEvents.Queued == 0 && st.KVEvents.NextSeq == st.KVEvents.Sent && st.Pool.UsageRatio <= st.Pool.Watermark {
 					if st.Pool.Evictions == 0 {
 						t.Fatalf("no evictions: %+v", st)

@@ -394,7 +394,7 @@ func (r *eventsRun) caughtUp(phase string) {
 	deadline := time.Now().Add(15 * time.Second)
 	for {
 		var st kvEventsStatus
-		httpjson.Get(t, statusURL(r.srv), &st)
+		httpjson.Get(t, r.srv.StatusURL(), &st)
 		r.x.mu.Lock()
 		next := r.x.next
 		r.x.mu.Unlock()
@@ -494,7 +494,7 @@ func kvEventsIndexEqualsLookup(t *testing.T, pub, rep int, withTier bool) {
 	x.mu.Unlock()
 	r.store(120, 0) // about 500 chunks into a pool of 256: evictions
 	var st kvEventsStatus
-	httpjson.Get(t, statusURL(srv), &st)
+	httpjson.Get(t, srv.StatusURL(), &st)
 	if st.Pool.Evictions == 0 {
 		t.Errorf("no evictions under pressure: %+v", st)
 	}
@@ -534,7 +534,7 @@ func kvEventsIndexEqualsLookup(t *testing.T, pub, rep int, withTier bool) {
 	x.mu.Unlock()
 	r.store(20, 0)
 	r.check("stored again")
-	httpjson.Get(t, statusURL(srv), &st)
+	httpjson.Get(t, srv.StatusURL(), &st)
 	if !st.KVEvents.Enabled || st.KVEvents.Dropped != 0 || st.KVEvents.Sent != st.KVEvents.NextSeq {
 		t.Errorf("/status kv_events %+v", st.KVEvents)
 	}
@@ -602,7 +602,7 @@ func TestKVEventsReannouncedAfterRestart(t *testing.T) {
 	// What the new process published before anything new happened: the
 	// re-announcement alone.
 	var st kvEventsStatus
-	httpjson.Get(t, statusURL(srv), &st)
+	httpjson.Get(t, srv.StatusURL(), &st)
 	after := subscribe(t, ctx, pub, rep, true)
 	after.mu.Lock()
 	stored, removed := after.applied()
