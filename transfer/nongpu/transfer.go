@@ -709,13 +709,13 @@ func (m *Module) prepareRetrieve(k protocol.Key, id int64, peer []byte, encode r
 	}
 
 	if m.modeOf(inst) == workers.ModeSHM {
-		withData := m.carriesData(inst)
 		m.mu.Lock()
 		if m.closed || m.instances[id] != inst {
 			m.mu.Unlock()
 			m.pool.ReleaseRead(found)
 			return protocol.PrepareRetrieveResponse{}, fmt.Errorf("prepare retrieve: instance %d went away meanwhile: %w", id, ErrNotRegistered)
 		}
+		withData := !inst.shmProven // carriesData, under the lock already held
 		resp := protocol.PrepareRetrieveResponse{Success: true, Slots: slots, GroupIDs: groupIDs}
 		inst.retrieves++
 		inst.hitChunks += int64(len(ks))
