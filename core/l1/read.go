@@ -160,6 +160,42 @@ func (p *Pool) Held(ref ReadRef) bool {
 	return p.heldBy(ref, p.now().UnixNano()) != nilRec
 }
 
+// Rehold takes one more hold on each object refs still hold, all or none:
+// the returned refs keep the objects in place while their bytes are copied
+// out, even if the holds refs stand for end meanwhile (another reader's
+// commit, an unregister, a drop). False, and none, when any of refs no
+// longer holds its object. The new holds end with ReleaseRead, or at the
+// objects' lock deadline like every hold (Held tells).
+func (p *Pool) Rehold(refs []ReadRef) ([]ReadRef, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := p.now().UnixNano()
+	for _, ref := range refs {
+		if i := p.heldBy(ref, now); i == nilRec || p.t.recs[i].holds == math.MaxUint32 {
+			return nil, false
+		}
+	}
+	out := make([]ReadRef, len(refs))
+	for j, ref := range refs {
+		p.t.recs[ref.rec].holds++
+		out[j] = ref
+	}
+	return out, true
+}
+
+// HeldAll is Held for every ref of refs.
+func (p *Pool) HeldAll(refs []ReadRef) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := p.now().UnixNano()
+	for _, ref := range refs {
+		if p.heldBy(ref, now) == nilRec {
+			return false
+		}
+	}
+	return true
+}
+
 // ReleaseRead releases the holds of refs (the worker's read is done). A
 // ref whose read-lock era ended is stale and ignored: a late release never
 // takes a lock another reader holds.

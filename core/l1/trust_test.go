@@ -401,3 +401,33 @@ func TestHeldEndsWithTheHoldsEra(t *testing.T) {
 		t.Fatal("a zero or out-of-range ref is held")
 	}
 }
+
+// TestReholdOutlastsTheHoldsItCopies: Rehold's holds keep an object whose
+// other holds all ended (its bytes stay through a Clear and a store that
+// needs the room), all or none; a released ref cannot be re-held.
+func TestReholdOutlastsTheHoldsItCopies(t *testing.T) {
+	p, _ := newPool(t, 2, func(o *Options) { o.ReadTTL = 10 * time.Second })
+	store(t, p, keyRange(0, 2), 4096)
+	p.ReserveReadPrefix(keyRange(0, 2), 1)
+	a, _ := p.HoldRead(key(0))
+	b, _ := p.HoldRead(key(1))
+	extra, ok := p.Rehold([]ReadRef{a, b})
+	if !ok || len(extra) != 2 {
+		t.Fatalf("Rehold of two live holds = %d, %v", len(extra), ok)
+	}
+	p.ReleaseRead([]ReadRef{a, b})
+	p.Clear()
+	if !p.HeldAll(extra) {
+		t.Fatal("the re-held objects went with the holds they copied")
+	}
+	if _, err := p.ReserveWrite(InstanceOwner(1), keyRange(2, 3), 4096); err == nil {
+		t.Fatal("a store took the room of objects still re-held (pool of two)")
+	}
+	p.ReleaseRead(extra)
+	if p.HeldAll(extra) {
+		t.Fatal("released re-holds still held")
+	}
+	if _, ok := p.Rehold([]ReadRef{a}); ok {
+		t.Fatal("a released ref was re-held")
+	}
+}

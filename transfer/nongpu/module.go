@@ -71,6 +71,11 @@ type Pool interface {
 	// ReleaseRead ends the hold (COMMIT_RETRIEVE, or holds never handed out).
 	HoldRead(k keys.ObjectKey) (l1.ReadRef, bool)
 	ReleaseRead(refs []l1.ReadRef)
+	// Rehold takes holds of its own on the objects refs hold (all or
+	// none), for a copy out of them that outlasts the holds refs stand for.
+	Rehold(refs []l1.ReadRef) ([]l1.ReadRef, bool)
+	// HeldAll reports whether every ref's hold is still in force.
+	HeldAll(refs []l1.ReadRef) bool
 	// View pins a range of the pool for a copy; Close waits for it.
 	View(off, n int64) ([]byte, func())
 	// ClaimWrites and ClaimHolds hand the reservations and read holds of a
@@ -214,6 +219,8 @@ type pending struct {
 	created time.Time
 	readers int
 	reply   protocol.PrepareRetrieveResponse
+	// sizes is a read's slots per KV group (reply.Slots, group-major).
+	sizes []int
 	// carry is the entry's key as the next process matches it (carry.go):
 	// set for entries prepared while the stop carries transfers.
 	carry *pendingKey
@@ -230,6 +237,15 @@ func (p *pending) ownedBy(peer []byte) bool {
 		return p.joined[string(peer)] > 0
 	}
 	return p.peer == string(peer)
+}
+
+// promptChunks is the number of the prompt's chunks a read's reply names:
+// its slots over its KV groups.
+func (p *pending) promptChunks() int {
+	if len(p.sizes) == 0 {
+		return len(p.reply.Slots)
+	}
+	return p.sizes[0]
 }
 
 // join counts one more reader of the read from peer.

@@ -666,8 +666,8 @@ func (m *Module) prepareRetrieve(k protocol.Key, id int64, peer []byte, encode r
 	// the holds end with the last of their COMMIT_RETRIEVEs, so no commit
 	// releases slots another copy of the same key is still reading.
 	if m.modeOf(inst) == workers.ModeSHM {
-		if r, ok := m.repeatedRead(pk, peer); ok {
-			return r, nil
+		if p, withData := m.repeatedRead(pk, peer); p != nil {
+			return m.readReply(p, withData, encode)
 		}
 	}
 	// Every group of every chunk must be there: a chunk one of whose groups
@@ -724,28 +724,16 @@ func (m *Module) prepareRetrieve(k protocol.Key, id int64, peer []byte, encode r
 			// A concurrent prepare of the same transfer won: read its
 			// slots; ours were never handed out.
 			prev.join(peer)
-			resp = prev.reply
 			m.mu.Unlock()
 			m.pool.ReleaseRead(found)
-			return resp, nil
+			return m.readReply(prev, withData, encode)
 		}
-		p := &pending{inst: inst, peer: string(peer), refs: found, bytes: total, created: created, reply: resp, carry: m.carryKeyLocked(pk, k)}
+		p := &pending{inst: inst, peer: string(peer), refs: found, bytes: total, created: created, reply: resp,
+			sizes: sizes, carry: m.carryKeyLocked(pk, k)}
 		p.join(peer)
 		m.reads[pk] = p
 		m.mu.Unlock()
-		if withData {
-			// The pending read's holds keep the slots in place while
-			// they are encoded; its reply (for a repeated prepare) keeps
-			// the slots only.
-			ctx, err := resp.AppendContext(nil)
-			if err == nil {
-				err = m.encodeSlots(slots, sizes, len(inst.groups) > 1, encode, ctx)
-			}
-			if err != nil {
-				return protocol.PrepareRetrieveResponse{}, fmt.Errorf("prepare retrieve for instance %d: encode %d chunks beside their slots: %w", id, len(slots), err)
-			}
-		}
-		return resp, nil
+		return m.readReply(p, withData, encode)
 	}
 
 	// The tensors view the pool directly: the read locks keep the objects in
@@ -761,6 +749,39 @@ func (m *Module) prepareRetrieve(k protocol.Key, id int64, peer []byte, encode r
 	inst.bytesOut += total
 	m.mu.Unlock()
 	return protocol.PrepareRetrieveResponse{Success: true}, nil
+}
+
+// readReply answers a prepare of the SHM read p: its slots, and when
+// withData (carriesData) the chunks encoded beside them, under holds of
+// its own: the read's holds may end while it encodes (another reader's
+// commit, an unregister, a drop) and the encoded bytes must be the ones
+// stored under the key, so a hold that ended (lock deadline) before the
+// encoding did fails the reply rather than send what the slot may hold
+// by then.
+func (m *Module) readReply(p *pending, withData bool, encode retrieveEncoder) (protocol.PrepareRetrieveResponse, error) {
+	resp := p.reply
+	if !withData {
+		return resp, nil
+	}
+	fail := func(err error) (protocol.PrepareRetrieveResponse, error) {
+		return protocol.PrepareRetrieveResponse{}, fmt.Errorf("prepare retrieve for instance %d: encode %d chunks beside their slots: %w", p.inst.id, len(resp.Slots), err)
+	}
+	held, ok := m.pool.Rehold(p.refs)
+	if !ok {
+		return fail(errors.New("the read's holds ended before its chunks were encoded"))
+	}
+	defer m.pool.ReleaseRead(held)
+	ctx, err := resp.AppendContext(nil)
+	if err == nil {
+		err = m.encodeSlots(resp.Slots, p.sizes, len(p.inst.groups) > 1, encode, ctx)
+	}
+	if err == nil && !m.pool.HeldAll(held) {
+		err = errors.New("the read's holds expired while its chunks were encoded")
+	}
+	if err != nil {
+		return fail(err)
+	}
+	return resp, nil
 }
 
 // encodeSlots calls encode with tensors that view the pool at slots (sizes:
@@ -864,14 +885,16 @@ func (m *Module) repeatedWrite(pk pendingKey) bool {
 	return ok && !due
 }
 
-// repeatedRead answers a prepare of pk's pending read (within its life)
-// with the same slots, and counts it as one more reader of its holds; one
-// past its life is expired here.
-func (m *Module) repeatedRead(pk pendingKey, peer []byte) (protocol.PrepareRetrieveResponse, bool) {
+// repeatedRead finds a prepare of pk's pending read (within its life),
+// counts it as one more reader of its holds and returns it with whether
+// its reply carries the data (carriesData); nil when there is none, or it
+// was past its life and expired here.
+func (m *Module) repeatedRead(pk pendingKey, peer []byte) (*pending, bool) {
 	now := m.now()
 	m.mu.Lock()
 	p, ok := m.reads[pk]
 	due := ok && now.Sub(p.created) >= m.readTTL/2
+	withData := false
 	switch {
 	case due:
 		delete(m.reads, pk)
@@ -879,17 +902,18 @@ func (m *Module) repeatedRead(pk pendingKey, peer []byte) (protocol.PrepareRetri
 	case ok:
 		p.join(peer)
 		p.inst.retrieves++
-		p.inst.hitChunks += int64(len(p.reply.Slots))
+		p.inst.hitChunks += int64(p.promptChunks())
 		p.inst.bytesOut += p.bytes
+		withData = !p.inst.shmProven
 	}
 	m.mu.Unlock()
 	if due {
 		m.expire(p, false, now)
 	}
 	if !ok || due {
-		return protocol.PrepareRetrieveResponse{}, false
+		return nil, false
 	}
-	return p.reply, true
+	return p, withData
 }
 
 // takePending removes and returns one entry of the given pending map.

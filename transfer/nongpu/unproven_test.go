@@ -86,3 +86,81 @@ func TestUnprovenSHMRetrieveCarriesTheData(t *testing.T) {
 		t.Fatalf("instance 2 counted %d hit chunks in %d retrieves, want 6 in 3", c.HitChunks, c.Retrieves)
 	}
 }
+
+// A prepare of a read already pending (the same key again before its
+// COMMIT_RETRIEVE) is answered from the pending read; for a worker not
+// yet proven it must carry the data too, or the second retrieve is a
+// miss to a worker that reads only the data, counted as a hit.
+func TestUnprovenSHMRepeatedRetrieveCarriesTheData(t *testing.T) {
+	e := newEnv(t, true, 1<<20)
+	e.register(1)
+	e.register(2)
+	k := key(tokens(2*testChunk, 700), 0, 2*testChunk)
+	e.storeSHM(k, 1, 0x42, "warming store refused")
+	want := make([]byte, chunkBytes)
+	fill(want, 0x42)
+	// One LOOKUP's locks: the second prepare joins the pending read.
+	ks := e.lookupLock(k)
+	for i := range 2 {
+		r, err := e.mod.PrepareRetrieve(k, 2)
+		if err != nil || !r.Success || len(r.Slots) != 2 {
+			t.Fatalf("retrieve %d = %+v, %v", i, r, err)
+		}
+		ts, err := torchpickle.Decode(r.Data, torchpickle.Limits{})
+		if err != nil || len(ts) != 2 || !bytes.Equal(ts[0].Data, want) || !bytes.Equal(ts[1].Data, want) {
+			t.Fatalf("retrieve %d of a pending read carries %d chunks (%v), or other bytes", i, len(ts), err)
+		}
+	}
+	if c := contextOf(t, e.mod, 2); c.HitChunks != 4 || c.Retrieves != 2 {
+		t.Fatalf("instance 2 counted %d hit chunks in %d retrieves, want 4 in 2", c.HitChunks, c.Retrieves)
+	}
+	for range 2 {
+		if !e.pool.IsLocked(ks[0]) {
+			t.Fatal("the holds ended before the last COMMIT_RETRIEVE")
+		}
+		if ok, _ := e.mod.CommitRetrieve(k, 2); !ok {
+			t.Fatal("COMMIT_RETRIEVE refused")
+		}
+	}
+	if e.pool.IsLocked(ks[0]) {
+		t.Fatal("the holds outlived both COMMIT_RETRIEVEs")
+	}
+}
+
+// TestHostileCommitsWhileTheDataIsEncoded: the chunks an unproven worker's
+// reply carries are encoded after the read is published, so the worker
+// can end the read's holds meanwhile (one COMMIT_RETRIEVE more than it
+// prepared, running beside the prepare), and a clear and another store
+// can then take the slots. The encoding holds the objects itself: the
+// reply carries the bytes stored under the key, never the new store's.
+func TestHostileCommitsWhileTheDataIsEncoded(t *testing.T) {
+	e := newEnv(t, true, 1<<20)
+	e.register(1)
+	e.register(2)
+	k := key(tokens(2*testChunk, 700), 0, 2*testChunk)
+	e.storeSHM(k, 1, 0x42, "warming store refused")
+	want := make([]byte, chunkBytes)
+	fill(want, 0x42)
+	e.lookupLock(k)
+	var got [][]byte
+	r, err := e.mod.prepareRetrieve(k, 2, []byte("peer-2"), func(ts []torchpickle.Tensor, _ [][]torchpickle.Tensor, _ []byte) error {
+		for range 2 {
+			_, _ = e.mod.commitRetrieve(k, 2, []byte("peer-2"))
+		}
+		e.pool.Clear()
+		other := key(tokens(2*testChunk, 9000), 0, 2*testChunk)
+		e.storeSHM(other, 1, 0x99, "the store after the clear refused")
+		for _, tn := range ts {
+			got = append(got, bytes.Clone(tn.Data))
+		}
+		return nil
+	})
+	if err != nil || !r.Success || len(got) != 2 {
+		t.Fatalf("retrieve = %+v, %v, %d chunks encoded", r, err, len(got))
+	}
+	for i, b := range got {
+		if !bytes.Equal(b, want) {
+			t.Fatalf("chunk %d encoded from a slot another store wrote meanwhile", i)
+		}
+	}
+}
