@@ -45,7 +45,9 @@ func BenchmarkKVEventsLagAndThroughput(b *testing.B) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 
-	// The subscriber notes when each prompt's first block arrives.
+	// The subscriber notes when each message arrives and keeps its bytes;
+	// it decodes them after the run, as a router on another host would
+	// spend its decoding on its own cores, not on the server's.
 	sub := gozmq.NewSub(ctx)
 	defer sub.Close()
 	if err := sub.Dial(fmt.Sprintf("tcp://127.0.0.1:%d", pub)); err != nil {
@@ -54,8 +56,12 @@ func BenchmarkKVEventsLagAndThroughput(b *testing.B) {
 	if err := sub.SetOption(gozmq.OptionSubscribe, "kv@benchpod@"); err != nil {
 		b.Fatal(err)
 	}
+	type arrival struct {
+		at      time.Time
+		payload []byte
+	}
 	var mu sync.Mutex
-	arrived := map[uint64]time.Time{}
+	var arrivals []arrival
 	go func() {
 		for {
 			msg, err := sub.Recv()
@@ -63,8 +69,23 @@ func BenchmarkKVEventsLagAndThroughput(b *testing.B) {
 				return
 			}
 			now := time.Now()
-			// A router's decoding, lean: the fields it keys on, the
-			// tokens skipped (this machine's cores are the server's too).
+			if len(msg.Frames) != 3 {
+				continue
+			}
+			mu.Lock()
+			arrivals = append(arrivals, arrival{now, msg.Frames[2]})
+			mu.Unlock()
+		}
+	}()
+	// arrived decodes the messages kept so far as a router does (the
+	// fields it keys on; the tokens skipped) and returns when each
+	// prompt's first block arrived.
+	arrived := func() map[uint64]time.Time {
+		mu.Lock()
+		kept := slices.Clone(arrivals)
+		mu.Unlock()
+		out := map[uint64]time.Time{}
+		for _, a := range kept {
 			var batch struct {
 				_msgpack struct{} `msgpack:",as_array"`
 				TS       float64
@@ -74,18 +95,17 @@ func BenchmarkKVEventsLagAndThroughput(b *testing.B) {
 				}
 				Rank int
 			}
-			if len(msg.Frames) != 3 || msgpack.Unmarshal(msg.Frames[2], &batch) != nil {
+			if msgpack.Unmarshal(a.payload, &batch) != nil {
 				continue
 			}
-			mu.Lock()
 			for _, e := range batch.Events {
 				if e.Type == "BlockStored" && len(e.Hashes) > 0 {
-					arrived[e.Hashes[0]] = now
+					out[e.Hashes[0]] = a.at
 				}
 			}
-			mu.Unlock()
 		}
-	}()
+		return out
+	}
 
 	worker := func(srv *harness.Server, id int64) *goworker.Worker {
 		w, err := goworker.Register(ctx, srv.Dial(b, "nongpu-v1"), goworker.Config{InstanceID: id, Model: "events-bench",
@@ -133,7 +153,8 @@ func BenchmarkKVEventsLagAndThroughput(b *testing.B) {
 	}
 	var sent []sentAt
 	var onTime, offTime time.Duration
-	var pairs []float64 // per round, the off round's time over the on round's
+	var onCPU, offCPU time.Duration // the servers' own CPU time (every thread) over their rounds
+	var pairs []float64             // per round, the off round's time over the on round's
 	b.ResetTimer()
 	for r := range rounds {
 		// Alternate which server goes first, so neither always follows the other.
@@ -142,6 +163,11 @@ func BenchmarkKVEventsLagAndThroughput(b *testing.B) {
 			if r%2 == 1 {
 				w = []*goworker.Worker{woff, won}[i]
 			}
+			srv := on
+			if w == woff {
+				srv = off
+			}
+			cpu0 := harness.CPUTime(b, srv.PID())
 			start := time.Now()
 			for range perRound {
 				at, h := store(w)
@@ -149,10 +175,11 @@ func BenchmarkKVEventsLagAndThroughput(b *testing.B) {
 					sent = append(sent, sentAt{at, h})
 				}
 			}
+			d, cpu := time.Since(start), harness.CPUTime(b, srv.PID())-cpu0
 			if w == won {
-				took[0] = time.Since(start)
+				took[0], onCPU = d, onCPU+cpu
 			} else {
-				took[1] = time.Since(start)
+				took[1], offCPU = d, offCPU+cpu
 			}
 		}
 		onTime += took[0]
@@ -164,21 +191,20 @@ func BenchmarkKVEventsLagAndThroughput(b *testing.B) {
 	deadline := time.Now().Add(10 * time.Second)
 	var lags []float64
 	for {
-		mu.Lock()
 		lags = lags[:0]
+		at := arrived()
 		for _, s := range sent {
-			if a, ok := arrived[s.h]; ok {
+			if a, ok := at[s.h]; ok {
 				lags = append(lags, float64(a.Sub(s.at).Microseconds())/1000)
 			}
 		}
-		mu.Unlock()
 		if len(lags) == len(sent) {
 			break
 		}
 		if time.Now().After(deadline) {
 			b.Fatalf("%d of %d stores announced", len(lags), len(sent))
 		}
-		time.Sleep(10 * time.Millisecond) // polling a condition, bounded by the deadline
+		time.Sleep(50 * time.Millisecond) // polling a condition, bounded by the deadline
 	}
 	slices.Sort(lags)
 	n := float64(rounds * perRound)
@@ -188,6 +214,11 @@ func BenchmarkKVEventsLagAndThroughput(b *testing.B) {
 	b.ReportMetric(onRate, "on_stores/s")
 	b.ReportMetric(offRate, "off_stores/s")
 	b.ReportMetric(onRate/offRate, "on_off")
+	// The servers' own CPU per store: what the stream costs kvdock itself,
+	// apart from the subscriber and the worker sharing these cores.
+	b.ReportMetric(float64(onCPU.Microseconds())/n, "on_cpu_us/store")
+	b.ReportMetric(float64(offCPU.Microseconds())/n, "off_cpu_us/store")
+	b.ReportMetric(onCPU.Seconds()/offCPU.Seconds(), "cpu_on_off")
 	// Load from elsewhere comes in spells: the median of the rounds'
 	// ratios (each pair run back to back) is the steadier figure.
 	slices.Sort(pairs)
