@@ -538,7 +538,22 @@ func (m *Module) pickleStoreBytes(k protocol.Key, id int64) (int64, bool) {
 	if err != nil || m.modeOf(inst) != workers.ModePickle {
 		return 0, false
 	}
-	return m.keyBytes(inst, k), true
+	return m.pickleBytes(inst, k), true
+}
+
+// pickleBytes is the size of the pickle of k's chunks in inst's layouts,
+// exactly: its headers grow with the chunks (a few hundred bytes each),
+// past any fixed slack once prompts are long and chunks small.
+func (m *Module) pickleBytes(inst *instance, k protocol.Key) int64 {
+	chunks := int(m.keyChunks(k))
+	gs := make([]torchpickle.Shaped, len(inst.groups))
+	for g, lay := range inst.groups {
+		gs[g] = torchpickle.Shaped{Count: chunks, Dtype: lay.Dtype, Shape: lay.Shape}
+	}
+	if n := torchpickle.ShapedSize(gs, len(gs) > 1); n >= 0 {
+		return int64(n)
+	}
+	return m.keyBytes(inst, k) // not encodable: the transfer fails on its own
 }
 
 // retrieveReplyBytes is what a PREPARE_RETRIEVE reply of k carrying the
@@ -550,7 +565,29 @@ func (m *Module) retrieveReplyBytes(k protocol.Key, id int64) (int64, bool) {
 	if err != nil || !m.carriesData(inst) {
 		return 0, false
 	}
-	return m.keyBytes(inst, k), true
+	n := m.pickleBytes(inst, k)
+	if m.modeOf(inst) == workers.ModeSHM {
+		// The slots go beside the data: past a few hundred chunks their
+		// list outgrows the reply's slack.
+		n += m.keyChunks(k) * m.slotsBytes(inst)
+	}
+	return n, true
+}
+
+// slotsBytes bounds the wire size of one chunk's slots in a reply's
+// context: one slot per KV group, each a map of offset, length, shape and
+// dtype (and its group id for a hybrid model).
+func (m *Module) slotsBytes(inst *instance) int64 {
+	// fixmap, the four keys, two int64s, the shape's and dtype's headers.
+	const fixed = 1 + (1 + 6) + (1 + 6) + (1 + 5) + (1 + 5) + 9 + 9 + 5 + 5
+	var n int64
+	for _, lay := range inst.groups {
+		n += fixed + 9*int64(len(lay.Shape)) + int64(len(lay.Dtype))
+		if len(inst.groups) > 1 {
+			n += 9
+		}
+	}
+	return n
 }
 
 // carriesData reports whether inst's retrieve replies carry the pickled
@@ -568,15 +605,20 @@ func (m *Module) carriesData(inst *instance) bool {
 // keyBytes is one chunk of each of inst's KV group layouts per chunk of the
 // key's range.
 func (m *Module) keyBytes(inst *instance, k protocol.Key) int64 {
-	chunks := int64(1)
-	if n := int64(k.End - k.Start); n > 0 {
-		chunks = (n + int64(m.chunkSize) - 1) / int64(m.chunkSize)
-	}
 	var perChunk int64 // every KV group's chunk (one for a plain model)
 	for _, lay := range inst.groups {
 		perChunk += lay.Bytes
 	}
-	return chunks * perChunk
+	return m.keyChunks(k) * perChunk
+}
+
+// keyChunks is the number of chunks of the key's range (at least one).
+func (m *Module) keyChunks(k protocol.Key) int64 {
+	chunks := int64(1)
+	if n := int64(k.End - k.Start); n > 0 {
+		chunks = (n + int64(m.chunkSize) - 1) / int64(m.chunkSize)
+	}
+	return chunks
 }
 
 // PrepareRetrieve handles PREPARE_RETRIEVE (spec 4.7). Every key must be

@@ -164,3 +164,55 @@ func TestHostileCommitsWhileTheDataIsEncoded(t *testing.T) {
 		}
 	}
 }
+
+// TestHostileManyChunkRetrieveFitsItsTicket: an unproven worker's reply
+// carries the slots beside the data, and the in-flight pickle gate charges
+// what it may hold before it is made; past a few hundred chunks the slot
+// list alone outgrew the fixed slack, so a worker asking for long prompts
+// held more reply bytes than the gate let through.
+func TestHostileManyChunkRetrieveFitsItsTicket(t *testing.T) {
+	const chunks = 1500
+	k := key(tokens(chunks*testChunk, 700), 0, chunks*testChunk)
+	fits := func(t *testing.T, e *env) {
+		t.Helper()
+		e.lookupLock(k)
+		ticket, ok := e.mod.retrieveReplyBytes(k, 2)
+		if !ok {
+			t.Fatal("the reply is not gated")
+		}
+		var asked int
+		r, err := e.mod.prepareRetrieveReply(k, 2, []byte("peer-2"), func(n int) ([]byte, error) {
+			asked = n
+			return make([]byte, 0, n), nil
+		})
+		if err != nil || r == nil || asked == 0 {
+			t.Fatalf("retrieve of %d chunks: %v (reply buffer %d)", chunks, err, asked)
+		}
+		if int64(asked) > ticket+retrieveReplySlack {
+			t.Fatalf("reply of %d bytes past its gate ticket of %d", asked, ticket+retrieveReplySlack)
+		}
+	}
+	t.Run("unproven_shm", func(t *testing.T) {
+		e := newEnv(t, true, 8<<20)
+		e.register(1)
+		e.register(2)
+		e.storeSHM(k, 1, 0x42, "warming store refused")
+		fits(t, e)
+	})
+	t.Run("pickle", func(t *testing.T) {
+		e := newEnv(t, false, 8<<20)
+		e.register(1)
+		e.register(2)
+		in := make([]torchpickle.Tensor, chunks)
+		for i := range in {
+			in[i] = tensorOf(byte(i))
+		}
+		if _, err := e.mod.PrepareStore(k, 1); err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := e.mod.CommitStore(k, 1, pickled(t, in...)); !ok || err != nil {
+			t.Fatalf("pickle store of %d chunks = %v, %v", chunks, ok, err)
+		}
+		fits(t, e)
+	})
+}

@@ -87,38 +87,90 @@ func EncodedGroupsSize(groups [][]Tensor) int {
 	return n
 }
 
+// Shaped describes count tensors of one dtype and shape, without their
+// data, for sizing a pickle before the tensors are at hand.
+type Shaped struct {
+	Count int
+	Dtype string
+	Shape []int
+}
+
+// ShapedSize is EncodedSize of the tensors gs describe, in order, as one
+// list (groups false) or EncodedGroupsSize of one group per element of gs
+// (groups true); -1 when they cannot be encoded.
+func ShapedSize(gs []Shaped, groups bool) int {
+	n, err := sizeOf(len(gs), groups, func(g int) int { return gs[g].Count }, func(g, _ int) (string, []int, int, bool) {
+		return gs[g].Dtype, gs[g].Shape, 0, false
+	})
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
 // encodedSize sizes the pickle of groups: nested, a list of lists; else
 // groups[0] as one list.
 func encodedSize(groups [][]Tensor, nested bool) (int, error) {
-	if nested && len(groups) > appendsBatch {
-		return 0, fmt.Errorf("%d groups: at most %d: %w", len(groups), appendsBatch, ErrInvalidTensor)
+	return sizeOf(len(groups), nested, func(g int) int { return len(groups[g]) }, func(g, i int) (string, []int, int, bool) {
+		t := &groups[g][i]
+		return t.Dtype, t.Shape, len(t.Data), true
+	})
+}
+
+// sizeOf sizes the pickle of n groups (nested: a list of lists; else one
+// list of every group's tensors), count(g) tensors in group g, each one
+// described by tensor(g, i): its dtype, shape and, when hasData, its data
+// length (checked against the shape; else taken from it).
+func sizeOf(n int, nested bool, count func(g int) int, tensor func(g, i int) (dtype string, shape []int, dataLen int, hasData bool)) (int, error) {
+	if nested && n > appendsBatch {
+		return 0, fmt.Errorf("%d groups: at most %d: %w", n, appendsBatch, ErrInvalidTensor)
 	}
 	total := 2 + frameHdr + 1 // PROTO, first FRAME, EMPTY_LIST
 	var ms memoSlots
 	i0 := 0
 	if nested {
-		if len(groups) > 0 {
+		if n > 0 {
 			total += 2 // MARK ... APPENDS
 		}
-		total += len(groups) // an EMPTY_LIST per group
+		total += n // an EMPTY_LIST per group
 	}
-	for _, ts := range groups {
-		if len(ts) > 0 {
-			total++                                     // MARK (for APPENDS)
-			total += 2 * ((len(ts) - 1) / appendsBatch) // APPENDS, MARK between batches
-			total++                                     // APPENDS
+	// Not nested, the groups' tensors are one list: its APPENDS batches
+	// run across them.
+	lists := n
+	if !nested {
+		lists = min(n, 1)
+	}
+	all := 0
+	for g := range n {
+		all += count(g)
+	}
+	for l := range lists {
+		c := all
+		if nested {
+			c = count(l)
 		}
-		for i := range ts {
-			dt, numel, err := checkTensor(&ts[i], i0+i)
+		if c > 0 {
+			total++                               // MARK (for APPENDS)
+			total += 2 * ((c - 1) / appendsBatch) // APPENDS, MARK between batches
+			total++                               // APPENDS
+		}
+	}
+	for g := range n {
+		for i := range count(g) {
+			dtype, shape, dataLen, hasData := tensor(g, i)
+			dt, numel, err := checkMeta(dtype, shape, dataLen, hasData, i0+i)
 			if err != nil {
 				return 0, err
 			}
-			total += segA(&ms, dt) + segB(&ms, &ts[i], dt)
-			c := containerSize(dt, numel, len(ts[i].Data))
+			if !hasData {
+				dataLen = numel * dt.size
+			}
+			total += segA(&ms, dt) + segB(&ms, shape, dt)
+			c := containerSize(dt, numel, dataLen)
 			total += bytesHdr(c) + c
 			total += frameHdr // the frame that follows this container
 		}
-		i0 += len(ts)
+		i0 += count(g)
 	}
 	return total + 1, nil // STOP
 }
@@ -223,23 +275,29 @@ func appendTensors(dst []byte, frame int, ms *memoSlots, ts []Tensor) ([]byte, i
 }
 
 func checkTensor(t *Tensor, i int) (*dtypeInfo, int, error) {
-	dt, ok := dtypeByName(t.Dtype)
+	return checkMeta(t.Dtype, t.Shape, len(t.Data), true, i)
+}
+
+// checkMeta is checkTensor of a tensor described by its dtype, shape and
+// (when hasData) its data length.
+func checkMeta(dtype string, shape []int, dataLen int, hasData bool, i int) (*dtypeInfo, int, error) {
+	dt, ok := dtypeByName(dtype)
 	if !ok {
-		return nil, 0, fmt.Errorf("tensor %d: dtype %q not supported (%s): %w", i, t.Dtype, supportedDtypes(), ErrInvalidTensor)
+		return nil, 0, fmt.Errorf("tensor %d: dtype %q not supported (%s): %w", i, dtype, supportedDtypes(), ErrInvalidTensor)
 	}
 	numel := uint64(1)
-	for _, d := range t.Shape {
+	for _, d := range shape {
 		if d < 0 {
-			return nil, 0, fmt.Errorf("tensor %d: negative dimension in shape %v: %w", i, t.Shape, ErrInvalidTensor)
+			return nil, 0, fmt.Errorf("tensor %d: negative dimension in shape %v: %w", i, shape, ErrInvalidTensor)
 		}
 		hi, lo := bits.Mul64(numel, uint64(d))
 		if hi != 0 || lo > math.MaxInt64/8 {
-			return nil, 0, fmt.Errorf("tensor %d: shape %v too large: %w", i, t.Shape, ErrInvalidTensor)
+			return nil, 0, fmt.Errorf("tensor %d: shape %v too large: %w", i, shape, ErrInvalidTensor)
 		}
 		numel = lo
 	}
-	if uint64(len(t.Data)) != numel*uint64(dt.size) {
-		return nil, 0, fmt.Errorf("tensor %d: %d data bytes, shape %v of %s needs %d: %w", i, len(t.Data), t.Shape, t.Dtype, numel*uint64(dt.size), ErrInvalidTensor)
+	if hasData && uint64(dataLen) != numel*uint64(dt.size) {
+		return nil, 0, fmt.Errorf("tensor %d: %d data bytes, shape %v of %s needs %d: %w", i, dataLen, shape, dtype, numel*uint64(dt.size), ErrInvalidTensor)
 	}
 	return dt, int(numel), nil
 }
@@ -299,14 +357,14 @@ func segA(ms *memoSlots, dt *dtypeInfo) int {
 	return globalSize(ms, rebuildSlot(dt)) + 1 + globalSize(ms, globalRef{slotLoad, strLoadMod, strLoadName})
 }
 
-func segB(ms *memoSlots, t *Tensor, dt *dtypeInfo) int {
+func segB(ms *memoSlots, shape []int, dt *dtypeInfo) int {
 	n := 2 + intSize(0) + 1 // TUPLE1 REDUCE, offset, MARK
-	for _, d := range t.Shape {
+	for _, d := range shape {
 		n += intSize(int64(d))
 	}
 	n += 2 // TUPLE MARK
-	for j := range t.Shape {
-		n += intSize(rowMajorStride(t.Shape, j))
+	for j := range shape {
+		n += intSize(rowMajorStride(shape, j))
 	}
 	n += 2 // TUPLE NEWFALSE
 	n += globalSize(ms, globalRef{slotOD, strODMod, strODName})

@@ -197,3 +197,35 @@ func writeFile(t *testing.T, p string, b []byte) {
 		t.Fatal(err)
 	}
 }
+
+// TestShapedSizeIsTheEncodedSize: sizing from the dtypes and shapes alone
+// gives the bytes the encoders write, for one list and for groups, across
+// APPENDS batches and the memo of the globals.
+func TestShapedSizeIsTheEncodedSize(t *testing.T) {
+	mk := func(n int, dtype string, shape []int, esize int) []Tensor {
+		numel := 1
+		for _, d := range shape {
+			numel *= d
+		}
+		data := make([]byte, numel*esize)
+		ts := make([]Tensor, n)
+		for i := range ts {
+			ts[i] = Tensor{Dtype: dtype, Shape: shape, Data: data}
+		}
+		return ts
+	}
+	for _, n := range []int{0, 1, 2, 999, 1000, 1001, 2500} {
+		ts := mk(n, "float16", []int{2, 2, 16, 4}, 2)
+		if got, want := ShapedSize([]Shaped{{n, "float16", []int{2, 2, 16, 4}}}, false), EncodedSize(ts); got != want || want < 0 {
+			t.Fatalf("%d tensors: ShapedSize %d, EncodedSize %d", n, got, want)
+		}
+		gs := [][]Tensor{ts, mk(n/2+1, "float32", []int{1, 3, 8}, 4)}
+		desc := []Shaped{{n, "float16", []int{2, 2, 16, 4}}, {n/2 + 1, "float32", []int{1, 3, 8}}}
+		if got, want := ShapedSize(desc, true), EncodedGroupsSize(gs); got != want || want < 0 {
+			t.Fatalf("groups of %d and %d: ShapedSize %d, EncodedGroupsSize %d", n, n/2+1, got, want)
+		}
+	}
+	if ShapedSize([]Shaped{{1, "complex512", []int{2}}}, false) != -1 {
+		t.Fatal("an unsupported dtype was sized")
+	}
+}
