@@ -200,7 +200,6 @@ func (e *Engine) buildDataPlane(cfg settings.Config) (*dataPlane, error) {
 	}
 	d := pool.Decision()
 	e.log.Info("L1 pool", "segment", d.Segment, "size", d.Size, "shared", d.Shared, "reason", d.Reason)
-	e.reannounceKV(cfg, kv, pool, adopted)
 
 	hasher, err := keys.NewHasher(cfg.Server.ChunkSize, cfg.Server.HashAlgorithm)
 	if err != nil {
@@ -219,6 +218,14 @@ func (e *Engine) buildDataPlane(cfg settings.Config) (*dataPlane, error) {
 		adoption: adopted,
 		kv:       kv,
 		kvLog:    kvLog,
+	}
+	if kv != nil {
+		// LOOKUP answers only for registered layouts: the announced set
+		// follows them (an unregister removes, a registration again
+		// re-announces).
+		p.layouts.Observe(func(model string, worldSize int, ids []uint64, groups []int) {
+			kv.Registered(model, worldSize, kvevents.Layouts{IDs: ids, Groups: groups})
+		})
 	}
 	if cfg.KVEvents.Endpoint != "" {
 		if p.kvPub, err = startKVPublisher(cfg, kv, e.log); err != nil {
@@ -259,6 +266,10 @@ func (e *Engine) buildDataPlane(cfg settings.Config) (*dataPlane, error) {
 	}
 	e.restoreRegistrations(p, adopted)
 	e.restoreTransfers(p, adopted)
+	// After the registrations the restart restored, which the adopted
+	// chunks count for, and before the plane serves: the re-announcement
+	// leads the new stream.
+	e.reannounceKV(cfg, kv, pool, adopted)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	p.cancel = cancel

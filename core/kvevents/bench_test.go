@@ -29,7 +29,7 @@ func BenchmarkTrackerStoreCommitEvict(b *testing.B) {
 				for k := range c.Keys {
 					tr.Stored(&c.Keys[k])
 				}
-				tr.Commit(c)
+				commit(tr, c)
 				for k := range c.Keys {
 					tr.Lost(&c.Keys[k])
 				}
@@ -56,7 +56,7 @@ func BenchmarkTrackerFlush(b *testing.B) {
 		for k := range c.Keys {
 			tr.Stored(&c.Keys[k])
 		}
-		tr.Commit(c)
+		commit(tr, c)
 		for k := range c.Keys {
 			tr.Lost(&c.Keys[k])
 		}
@@ -67,7 +67,7 @@ func BenchmarkTrackerFlush(b *testing.B) {
 
 // benchCommit is one prompt's store of chunks chunks of size tokens.
 func benchCommit(chunks, size int) Commit {
-	c := Commit{Model: "m", Objects: 1, Tokens: make([]uint32, chunks*size)}
+	c := Commit{Model: "m", WorldSize: 1, Tokens: make([]uint32, chunks*size)}
 	for i := range chunks {
 		var h keys.Hash
 		h[0], h[31] = byte(i), byte(i)

@@ -21,7 +21,7 @@ import (
 // that name an adopted chunk can be announced for it; a part that fails its
 // checks is left out alone.
 
-const describeMagic = "kvdock kv events 2\n"
+const describeMagic = "kvdock kv events 3\n"
 
 // describeHead is the header after the magic: the stamp, the chunk size
 // and the poll log's next seq.
@@ -34,11 +34,8 @@ const maxLogSeq = 1 << 62
 // chunks left out are counted and not re-announced.
 const MaxDescribeBytes = 1 << 30
 
-// maxWant bounds a chunk's object count (world size times KV groups).
-const maxWant = 1 << 16
-
 // Describe returns the description of the L1 chunks a commit described
-// (tokens, parent, object count), headed by stamp (which names the handover:
+// (tokens, parent, world size), headed by stamp (which names the handover:
 // Reannounce refuses another), at most maxBytes long, and how many chunks
 // did not fit.
 func (t *Tracker) Describe(stamp int64, maxBytes int) (data []byte, left int) {
@@ -51,7 +48,7 @@ func (t *Tracker) Describe(stamp int64, maxBytes int) (data []byte, left int) {
 		binary.BigEndian.PutUint64(b[len(describeMagic)+12:], t.opt.Log.next())
 	}
 	for ek, n := range t.l1.nodes {
-		if n.want == 0 {
+		if n.ws == 0 {
 			continue
 		}
 		size := 2 + len(ek.model) + 2 + len(ek.salt) + 32 + 1 + 32 + 4 + 4*len(n.tokens)
@@ -70,7 +67,7 @@ func (t *Tracker) Describe(stamp int64, maxBytes int) (data []byte, left int) {
 			b = append(b, 0)
 		}
 		b = append(b, n.parent[:]...)
-		b = binary.BigEndian.AppendUint32(b, uint32(n.want))
+		b = binary.BigEndian.AppendUint32(b, uint32(n.ws))
 		for _, tk := range n.tokens {
 			b = binary.BigEndian.AppendUint32(b, tk)
 		}
@@ -82,14 +79,14 @@ func (t *Tracker) Describe(stamp int64, maxBytes int) (data []byte, left int) {
 type Reannounced struct {
 	Chunks    int // chunks announced (whole, parents adopted)
 	Described int // chunk descriptions accepted
-	Dropped   int // descriptions left out: a hash that is not its chain, an object count out of range, a part cut short
+	Dropped   int // descriptions left out: a hash that is not its chain, a world size out of range, a part cut short
 }
 
 // ErrDescription is wrapped by Reannounce for a description it refuses whole.
 var ErrDescription = errors.New("kv events description refused")
 
 type described struct {
-	want      int
+	ws        int
 	parent    keys.Hash
 	hasParent bool
 	tokens    []uint32
@@ -131,18 +128,16 @@ func (t *Tracker) Reannounce(data []byte, stamp int64, published []keys.ObjectKe
 		if n == nil {
 			continue // lost since the adoption told it
 		}
-		if n.want == 0 {
-			m.describe(ek, n, d.want, d.parent, d.hasParent, d.tokens)
+		if n.ws == 0 {
+			m.describe(ek, n, d.ws, d.parent, d.hasParent, d.tokens)
 		}
-		was := n.whole()
 		j := n.find(k)
 		if j < 0 {
 			continue
 		}
+		was := t.whole(ek.model, n)
 		n.objs[j].committed = true
-		if !was && n.whole() {
-			m.held++ // until tryAnnounce announces it
-		}
+		t.rewhole(m, ek, n, was)
 	}
 	t.mu.Unlock()
 	// What left the pool since it was kept (expired, evicted) goes now.
@@ -220,9 +215,9 @@ func (t *Tracker) parse(data []byte, stamp int64, r *Reannounced) (map[ekey]desc
 		var ek ekey
 		ek.model, ek.salt = model, salt
 		copy(ek.h[:], fixed[:32])
-		d := described{hasParent: fixed[32] == 1, want: int(binary.BigEndian.Uint32(fixed[65:]))}
+		d := described{hasParent: fixed[32] == 1, ws: int(binary.BigEndian.Uint32(fixed[65:]))}
 		copy(d.parent[:], fixed[33:65])
-		if fixed[32] > 1 || d.want < 1 || d.want > maxWant {
+		if fixed[32] > 1 || d.ws < 1 || d.ws > keys.MaxWorldSize {
 			r.Dropped++
 			continue
 		}

@@ -20,7 +20,7 @@ func prompt(t *testing.T, tr *Tracker, model string, ranks int, seed uint32, n i
 	for i := range toks {
 		toks[i] = seed*1000 + uint32(i)
 	}
-	c := Commit{Model: model, Objects: ranks, Hashes: h.Hashes(toks), Tokens: toks}
+	c := Commit{Model: model, WorldSize: ranks, Hashes: h.Hashes(toks), Tokens: toks}
 	for _, ch := range c.Hashes {
 		for r := range ranks {
 			k := keys.ObjectKey{Chunk: ch, Model: model, KVRank: uint32(r)}
@@ -28,7 +28,7 @@ func prompt(t *testing.T, tr *Tracker, model string, ranks int, seed uint32, n i
 			c.Keys = append(c.Keys, k)
 		}
 	}
-	tr.Commit(c)
+	commit(tr, c)
 	return c.Keys
 }
 
@@ -58,6 +58,10 @@ func TestTrackerReannounce(t *testing.T) {
 	gone := a[2] // expired since the keep: chunks 2 and 3 of a go
 	carried := keys.ObjectKey{Chunk: keys.Hash{9}, Model: "m"}
 	tr := New(Options{BlockSize: cs})
+	// The registrations the restart restored, before the re-announcement.
+	tr.Registered("m", 1, one)
+	tr.Registered("m", 2, one)
+	tr.Registered("w", 1, one)
 	for _, k := range append(published, carried) {
 		tr.Stored(&k) // as the pool's adoption tells the observer
 	}
@@ -87,7 +91,7 @@ func TestTrackerReannounce(t *testing.T) {
 		}
 	}
 	// The carried reservation's commit announces it, with its tokens.
-	tr.Commit(Commit{Model: "m", Objects: 1, Hashes: []keys.Hash{carried.Chunk}, Tokens: make([]uint32, cs), Keys: []keys.ObjectKey{carried}})
+	commit(tr, Commit{Model: "m", WorldSize: 1, Hashes: []keys.Hash{carried.Chunk}, Tokens: make([]uint32, cs), Keys: []keys.ObjectKey{carried}})
 	drain(tr, now)
 	if !now.known[WireHash(carried.Chunk)] || len(now.known) != 6 {
 		t.Fatalf("after the carried commit the router knows %d", len(now.known))
@@ -102,7 +106,7 @@ func TestTrackerReannounce(t *testing.T) {
 
 // TestHostileReannounceDescription: a description is outside input. A
 // chunk whose hash is not the chain of its parent and tokens, or whose
-// object count is out of range, is left out alone; a description of
+// world size is out of range, is left out alone; a description of
 // another handover, another chunk size, or not one at all is refused
 // whole; one cut short keeps the chunks before the cut; a chunk described
 // but not adopted is not announced.
@@ -140,18 +144,19 @@ func TestHostileReannounceDescription(t *testing.T) {
 		}, 7, 0, true},
 		{"a token changed", func(d []byte) []byte { d[at(a[0].Chunk)+32+1+32+4] ^= 1; return d }, 7, 1, false},
 		{"a parent claimed", func(d []byte) []byte { d[at(b[0].Chunk)+32] = 1; return d }, 7, 1, false},
-		{"no objects", func(d []byte) []byte {
+		{"world size 0", func(d []byte) []byte {
 			binary.BigEndian.PutUint32(d[at(a[0].Chunk)+32+1+32:], 0)
 			return d
 		}, 7, 1, false},
-		{"too many objects", func(d []byte) []byte {
-			binary.BigEndian.PutUint32(d[at(b[0].Chunk)+32+1+32:], maxWant+1)
+		{"a world size out of range", func(d []byte) []byte {
+			binary.BigEndian.PutUint32(d[at(b[0].Chunk)+32+1+32:], keys.MaxWorldSize+1)
 			return d
 		}, 7, 1, false},
 		{"cut short", func(d []byte) []byte { return d[:len(d)-3] }, 7, -1, false},
 	} {
 		d := c.edit(append([]byte(nil), data...))
 		tr := New(Options{BlockSize: cs})
+		tr.Registered("m", 1, one)
 		for _, k := range adopted {
 			tr.Stored(&k)
 		}
@@ -198,6 +203,7 @@ func TestReannounceCarriesThePollLogOn(t *testing.T) {
 		c.edit(d)
 		newLog := NewLog(64, cs, 2)
 		tr := New(Options{BlockSize: cs, Log: newLog, NoStream: true})
+		tr.Registered("m", 1, one)
 		for _, k := range a {
 			tr.Stored(&k) // as the pool's adoption tells the observer
 		}
