@@ -269,7 +269,7 @@ func (e *Engine) buildDataPlane(cfg settings.Config) (*dataPlane, error) {
 	// After the registrations the restart restored, which the adopted
 	// chunks count for, and before the plane serves: the re-announcement
 	// leads the new stream.
-	e.reannounceKV(cfg, kv, pool, adopted)
+	e.reannounceKV(cfg, kv, pool, adopted, p.tiers.current())
 
 	ctx, cancel := context.WithCancel(context.Background())
 	p.cancel = cancel
@@ -339,7 +339,13 @@ func (p *dataPlane) release() error {
 		p.transfer.Close()
 		p.cancel()
 		<-p.done // the lookups' tier phases have ended
+		set := p.tiers.current()
 		p.tiers.close()
+		if p.keep != nil && p.kv != nil && set != nil {
+			// Once the tiers stopped: their writes behind have landed or
+			// gone.
+			kept.tierHeld = set.Held()
+		}
 		p.closeKV()
 		if p.keep != nil {
 			kept.lookups = keptLookups(p.lookup.Answers())

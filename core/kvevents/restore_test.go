@@ -49,7 +49,7 @@ func TestTrackerReannounce(t *testing.T) {
 	w := prompt(t, old, "w", 1, 3, 1)
 	was := &router{t: t, known: map[uint64]bool{}}
 	drain(old, was)
-	data, left := old.Describe(42, MaxDescribeBytes)
+	data, left := old.Describe(42, MaxDescribeBytes, nil)
 	if left != 0 || len(was.known) != 4+2+1 {
 		t.Fatalf("left %d, announced %d", left, len(was.known))
 	}
@@ -115,7 +115,7 @@ func TestHostileReannounceDescription(t *testing.T) {
 	a := prompt(t, old, "m", 1, 1, 1)
 	b := prompt(t, old, "m", 1, 2, 1)
 	prompt(t, old, "m", 1, 3, 1) // described, never adopted
-	data, _ := old.Describe(7, MaxDescribeBytes)
+	data, _ := old.Describe(7, MaxDescribeBytes, nil)
 	none := func([]keys.ObjectKey) uint64 { return 0 }
 	adopted := append(append([]keys.ObjectKey(nil), a...), b...)
 	// The entries are in map order: find each one's tokens by its hash.
@@ -189,7 +189,7 @@ func TestReannounceCarriesThePollLogOn(t *testing.T) {
 	if cursor != 2 {
 		t.Fatalf("old log: cursor %d after two chunks", cursor)
 	}
-	data, _ := old.Describe(7, MaxDescribeBytes)
+	data, _ := old.Describe(7, MaxDescribeBytes, nil)
 	none := func([]keys.ObjectKey) uint64 { return 0 }
 	for _, c := range []struct {
 		name  string
@@ -227,6 +227,98 @@ func TestReannounceCarriesThePollLogOn(t *testing.T) {
 			if q := newLog.Read(cursor-1, "m", MaxPollEvents); !q.Lost || len(q.Events) != 2 || q.Events[0].Seq != 3 {
 				t.Fatalf("%s: an older cursor: lost %v, %d records", c.name, q.Lost, len(q.Events))
 			}
+		}
+	}
+}
+
+// TestReannounceCarriesTierObjects: the description carries the chunks of
+// the tiers' media (also those L1 lost) and the objects each tier held; a
+// new tracker keeps them for the tiers, and as each tier tells it still
+// holds an object (in any order) the tier's usable set is re-announced
+// for STORAGE, parents first. What a tier no longer holds stays out, and
+// so do its descendants; the descriptions go with the tier set.
+func TestReannounceCarriesTierObjects(t *testing.T) {
+	old := New(Options{BlockSize: cs})
+	ov := old.SetTiers([]string{""})
+	a := prompt(t, old, "m", 1, 1, 4)
+	for i := range a {
+		ov.Stored(0, &a[i])
+	}
+	old.Lost(&a[3]) // L1 lost it; the tier holds it still
+	held := [][]keys.ObjectKey{a}
+	data, left := old.Describe(5, MaxDescribeBytes, held)
+	if left != 0 {
+		t.Fatalf("left %d", left)
+	}
+
+	tr := New(Options{BlockSize: cs})
+	tv := tr.SetTiers([]string{""})
+	tr.Registered("m", 1, one)
+	r, err := tr.Reannounce(data, 5, nil, func([]keys.ObjectKey) uint64 { return 0 })
+	if err != nil || r.Chunks != 0 || r.Described != 4 || r.TierObjects != 4 || len(r.Tiers) != 1 || len(r.Tiers[0]) != 4 {
+		t.Fatalf("reannounced %+v, %v", r, err)
+	}
+	sto := &router{t: t, known: map[uint64]bool{}, medium: MediumStorage}
+	// The tier tells the last first (a scan's order is the directory's);
+	// chunk 2 is gone from it.
+	for _, i := range []int{3, 0, 1} {
+		tv.Stored(0, &r.Tiers[0][i])
+	}
+	drain(tr, sto) // fails on a child before its parent
+	if len(sto.known) != 2 || !sto.known[WireHash(a[0].Chunk)] || !sto.known[WireHash(a[1].Chunk)] {
+		t.Fatalf("STORAGE holds %d blocks, want chunks 0 and 1", len(sto.known))
+	}
+	tv.Stored(0, &r.Tiers[0][2]) // found after all: 2 and its child 3
+	drain(tr, sto)
+	if len(sto.known) != 4 {
+		t.Fatalf("STORAGE holds %d blocks, want 4", len(sto.known))
+	}
+	// A new tier set drops what was carried.
+	nv := tr.SetTiers([]string{""})
+	drain(tr, sto)
+	nv.Stored(0, &r.Tiers[0][0])
+	drain(tr, sto)
+	if len(sto.known) != 0 {
+		t.Fatalf("a replaced tier set's carried description announced %d", len(sto.known))
+	}
+}
+
+// TestHostileReannounceTierObjects: a tier object is kept only for a
+// chunk described before it and a tier index under MaxTiers; a record of
+// no known kind or one cut short ends the description, keeping what came
+// before.
+func TestHostileReannounceTierObjects(t *testing.T) {
+	old := New(Options{BlockSize: cs})
+	a := prompt(t, old, "m", 1, 1, 1)
+	stranger := keys.ObjectKey{Chunk: keys.Hash{7}, Model: "m"}
+	data, left := old.Describe(5, MaxDescribeBytes, [][]keys.ObjectKey{{a[0], stranger}})
+	if left != 1 { // the stranger's chunk is not described: left out
+		t.Fatalf("left %d", left)
+	}
+	tierRec := func(i byte, k keys.ObjectKey) []byte {
+		b := []byte{tagTier, i}
+		b = appendStr(b, k.Model)
+		b = appendStr(b, k.Salt)
+		b = append(b, k.Chunk[:]...)
+		return append(b, make([]byte, 16)...)
+	}
+	for _, c := range []struct {
+		name           string
+		extra          []byte
+		objects, drops int
+	}{
+		{"as written", nil, 1, 0},
+		{"of a chunk not described", tierRec(0, stranger), 1, 1},
+		{"tier index past the bound", tierRec(MaxTiers, a[0]), 1, 1},
+		{"cut short", tierRec(0, a[0])[:20], 1, 1},
+		{"no known kind", append([]byte{'x'}, tierRec(0, a[0])...), 1, 1},
+	} {
+		tr := New(Options{BlockSize: cs})
+		tr.SetTiers([]string{""})
+		tr.Registered("m", 1, one)
+		r, err := tr.Reannounce(append(append([]byte(nil), data...), c.extra...), 5, nil, func([]keys.ObjectKey) uint64 { return 0 })
+		if err != nil || r.TierObjects != c.objects || r.Dropped != c.drops || len(r.Tiers) != 1 || len(r.Tiers[0]) != c.objects {
+			t.Fatalf("%s: %+v, %v", c.name, r, err)
 		}
 	}
 }

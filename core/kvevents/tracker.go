@@ -247,6 +247,10 @@ type Tracker struct {
 	// regs are the layouts registered per (model, world size), as the
 	// layout registry told them (Registered); absent when none is.
 	regs map[regKey]Layouts
+	// carried are the descriptions a restart carried of the chunks of
+	// the tiers' objects (Reannounce), for the tiers' media as the tiers
+	// tell they still hold them; dropped with the tier set.
+	carried map[ekey]described
 }
 
 // Batch is one published batch.
@@ -427,6 +431,7 @@ func (t *Tracker) SetTiers(media []string) *Tiers {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.cur != nil {
+		t.carried = nil // of the objects of the tiers replaced
 		t.cur.retired = true
 		for i, m := range t.cur.media {
 			if !slices.Contains(t.cur.media[:i], m) {
@@ -472,22 +477,24 @@ func (v *Tiers) medium(i int) *medium {
 	return v.media[i]
 }
 
-// Stored notes that tier i holds k's value now (its write behind landed).
-// The object counts for the tier's medium from then on; its chunk's
-// tokens, parent and object count come from the L1 chunk written behind,
-// so a value whose L1 chunk was never committed (an earlier run's) is not
-// announced.
+// Stored notes that tier i holds k's value now (its write behind landed,
+// or the tier still holds a value a restart carried for it). The object
+// counts for the tier's medium from then on; its chunk's tokens, parent
+// and world size come from the chunk a commit described (in L1, in
+// another medium) or from the description the restart carried, so a value
+// of a chunk never described (an earlier run's the restart did not carry)
+// is not announced.
 func (v *Tiers) Stored(i int, k *keys.ObjectKey) {
 	v.locked(i, k, func(t *Tracker, m *medium, ek ekey) {
 		n := m.nodes[ek]
 		if n == nil {
-			src := t.l1.nodes[ek]
-			if src == nil || src.ws == 0 {
+			d, ok := t.description(ek)
+			if !ok {
 				return
 			}
 			n = &node{}
 			m.add(ek, n)
-			m.describe(ek, n, src.ws, src.parent, src.hasParent, src.tokens)
+			m.describe(ek, n, d.ws, d.parent, d.hasParent, d.tokens)
 		}
 		if j := n.find(k); j >= 0 {
 			n.objs[j].tiers++ // another tier of this medium holds it too
@@ -498,6 +505,19 @@ func (v *Tiers) Stored(i int, k *keys.ObjectKey) {
 		t.rewhole(m, ek, n, was)
 		t.tryAnnounce(m, ek)
 	})
+}
+
+// description is what a commit or the restart told of ek's chunk, from
+// the first medium that holds it described, else from what the restart
+// carried; t.mu is held.
+func (t *Tracker) description(ek ekey) (described, bool) {
+	for _, m := range t.media() {
+		if n := m.nodes[ek]; n != nil && n.ws > 0 {
+			return described{ws: n.ws, parent: n.parent, hasParent: n.hasParent, tokens: n.tokens}, true
+		}
+	}
+	d, ok := t.carried[ek]
+	return d, ok
 }
 
 // Lost notes that tier i no longer holds k's value (evicted, deleted,

@@ -751,6 +751,64 @@ func TestKVEventsReannouncedAfterRestart(t *testing.T) {
 	t.Logf("%d prompts, %d batches re-announced %d blocks", len(r.prompts), next, stored)
 }
 
+// TestKVEventsTierReannouncedAfterRestart: with an fs tier written behind
+// and L1 evicting, a SIGUSR2 restart that adopts the pool re-announces the
+// adopted L1 usable set for CPU and the values the tier still holds, which
+// the new process adopts, for STORAGE, parents first: a router that comes
+// up after the restart rebuilds from replay alone an index whose leading
+// chunks held in CPU or STORAGE equal LOOKUP's hits for every prompt, with
+// chunks only the tier holds among them; stores, unregisters and
+// registrations again go on from there with 0 divergence.
+func TestKVEventsTierReannouncedAfterRestart(t *testing.T) {
+	ps := eventsPorts(t, 47230, 47245, 2)
+	pub, rep := ps[0], ps[1]
+	args := append(eventsArgs(pub, rep),
+		"--l2-adapter", fmt.Sprintf(`{"type": "fs", "base_path": %q, "max_capacity_gb": 1}`, t.TempDir()))
+	srv := harness.StartKeeping(t, false, args...)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	before := subscribe(t, ctx, pub, rep, false)
+	r := newEventsRun(t, ctx, srv, before)
+	r.store(120, 0) // about 500 chunks into a pool of 256: the tier keeps what L1 evicts
+	if hits := r.check("before the restart"); hits == 0 {
+		t.Fatal("nothing hit before the restart")
+	}
+	srv.RestartSignal(t)
+	if rs := srv.LastRestart(t); !rs.Adopted {
+		t.Fatalf("the pool was not adopted: %+v", rs)
+	}
+	after := subscribe(t, ctx, pub, rep, true)
+	r.x = after
+	hits := r.check("after the restart") // replay alone, then the stream
+	after.mu.Lock()
+	cpu, sto, tierOnly := 0, 0, 0
+	for _, p := range r.prompts {
+		for _, h := range r.hasher.Hashes(p.tokens) {
+			wh := kvevents.WireHash(h)
+			inCPU, inSto := after.known[p.g[0].Model()][wh], after.storage[p.g[0].Model()][wh]
+			if inCPU {
+				cpu++
+			}
+			if inSto {
+				sto++
+			}
+			if inSto && !inCPU {
+				tierOnly++
+			}
+		}
+	}
+	after.mu.Unlock()
+	if hits == 0 || cpu == 0 || tierOnly == 0 {
+		t.Fatalf("after the restart: %d hits, %d prompt chunks indexed in CPU, %d in STORAGE, %d in STORAGE alone\n%s",
+			hits, cpu, sto, tierOnly, srv.Output())
+	}
+	r.store(20, 0)
+	r.check("stored after the restart")
+	r.churn(4)
+	t.Logf("%d prompts, %d hits after the restart: %d prompt chunks indexed in CPU, %d in STORAGE (%d there alone)",
+		len(r.prompts), hits, cpu, sto, tierOnly)
+}
+
 // eventsPorts returns n ports of [from, to) that libzmq can bind now. A
 // ZMQ socket binds without SO_REUSEADDR, so a port whose connections a
 // server closed in the last minute (TIME_WAIT) is refused to the next
