@@ -23,13 +23,14 @@ func BenchmarkTrackerStoreCommitEvict(b *testing.B) {
 				opt.Log = NewLog(DefaultLogSize, size, 1)
 			}
 			tr := New(opt)
+			tr.Registered("m", 1, one)
 			c := benchCommit(chunks, size)
 			b.ReportAllocs()
 			for i := 0; b.Loop(); i++ {
 				for k := range c.Keys {
 					tr.Stored(&c.Keys[k])
 				}
-				commit(tr, c)
+				tr.Commit(c)
 				for k := range c.Keys {
 					tr.Lost(&c.Keys[k])
 				}
@@ -49,6 +50,7 @@ func BenchmarkTrackerStoreCommitEvict(b *testing.B) {
 func BenchmarkTrackerFlush(b *testing.B) {
 	const chunks, size = 16, 256
 	tr := New(Options{BlockSize: size})
+	tr.Registered("m", 1, one)
 	c := benchCommit(chunks, size)
 	b.ReportAllocs()
 	for b.Loop() {
@@ -56,7 +58,7 @@ func BenchmarkTrackerFlush(b *testing.B) {
 		for k := range c.Keys {
 			tr.Stored(&c.Keys[k])
 		}
-		commit(tr, c)
+		tr.Commit(c)
 		for k := range c.Keys {
 			tr.Lost(&c.Keys[k])
 		}
