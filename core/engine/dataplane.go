@@ -336,6 +336,10 @@ func (p *dataPlane) release() error {
 			kept.regs = p.transfer.Registrations()
 			kept.transfers, kept.carryKey = p.transfer.Carry()
 		}
+		// The plane stopping is no unregister: the stream ends with it
+		// (a restart's new stream resets the pod), so the registrations
+		// the module forgets now remove nothing.
+		p.layouts.Observe(nil)
 		p.transfer.Close()
 		p.cancel()
 		<-p.done // the lookups' tier phases have ended

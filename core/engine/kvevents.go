@@ -66,7 +66,7 @@ func kvFile(record string) string { return record + ".kvevents" }
 func (e *Engine) describeKV(kv *kvevents.Tracker, dir, record string, stoppedAt time.Time, tierHeld [][]keys.ObjectKey) {
 	data, left := kv.Describe(stoppedAt.UnixNano(), kvevents.MaxDescribeBytes, tierHeld)
 	if left > 0 {
-		e.log.Warn("stop: KV event records past the description's bound (or of chunks not described) are not re-announced", "left_out", left)
+		e.log.Warn("stop: KV event records past the description's bound are not re-announced", "left_out", left)
 	}
 	if err := restart.WriteFile(dir, kvFile(record), data); err != nil {
 		e.log.Warn("stop: KV event chunks not carried: the next process announces what it stores", "err", err)

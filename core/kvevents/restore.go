@@ -82,8 +82,11 @@ func (t *Tracker) Describe(stamp int64, maxBytes int, tiers [][]keys.ObjectKey) 
 		for j := range ks {
 			k := &ks[j]
 			size := 1 + 1 + 2 + len(k.Model) + 2 + len(k.Salt) + 32 + 4 + 4 + 8
-			if i >= MaxTiers || !written[keyOf(k)] || len(b)+size > maxBytes {
-				left++ // a tier object of a chunk not described cannot be announced
+			if !written[keyOf(k)] {
+				continue // of a chunk never described (never announced): nothing to carry
+			}
+			if i >= MaxTiers || len(b)+size > maxBytes {
+				left++
 				continue
 			}
 			b = append(b, tagTier, byte(i))
