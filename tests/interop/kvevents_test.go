@@ -21,6 +21,8 @@ import (
 	"kvdock/core/kvevents"
 	"kvdock/core/protocol"
 	"kvdock/core/testkit/httpjson"
+	"kvdock/core/testkit/poll"
+	"kvdock/core/testkit/redisserver"
 	"kvdock/tests/harness"
 	goworker "kvdock/transfer/worker"
 )
@@ -760,10 +762,29 @@ func TestKVEventsReannouncedAfterRestart(t *testing.T) {
 // chunks only the tier holds among them; stores, unregisters and
 // registrations again go on from there with 0 divergence.
 func TestKVEventsTierReannouncedAfterRestart(t *testing.T) {
+	t.Run("fs", func(t *testing.T) {
+		kvEventsTierReannounced(t, fmt.Sprintf(`{"type": "fs", "base_path": %q, "max_capacity_gb": 1}`, t.TempDir()), nil)
+	})
+	// The resp tier adopts this host's share in the background: the
+	// values it still holds are re-announced as its load reaches them.
+	t.Run("resp", func(t *testing.T) {
+		rs := redisserver.Start(t, redisserver.Options{})
+		kvEventsTierReannounced(t, fmt.Sprintf(`{"type": "resp", "host": "127.0.0.1", "port": %d, "max_capacity_gb": 1}`, rs.Port),
+			func(srv *harness.Server) {
+				poll.Until(t, 30*time.Second, "the new process's share load ends", func() bool {
+					return strings.Count(srv.Output(), "adopted this host's values of earlier runs") >= 2
+				})
+			})
+	})
+}
+
+// kvEventsTierReannounced runs TestKVEventsTierReannouncedAfterRestart
+// with the tier adapter; loaded, when set, waits after the restart until
+// the tier adopted what it keeps.
+func kvEventsTierReannounced(t *testing.T, adapter string, loaded func(*harness.Server)) {
 	ps := eventsPorts(t, 47230, 47245, 2)
 	pub, rep := ps[0], ps[1]
-	args := append(eventsArgs(pub, rep),
-		"--l2-adapter", fmt.Sprintf(`{"type": "fs", "base_path": %q, "max_capacity_gb": 1}`, t.TempDir()))
+	args := append(eventsArgs(pub, rep), "--l2-adapter", adapter)
 	srv := harness.StartKeeping(t, false, args...)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -776,6 +797,9 @@ func TestKVEventsTierReannouncedAfterRestart(t *testing.T) {
 	srv.RestartSignal(t)
 	if rs := srv.LastRestart(t); !rs.Adopted {
 		t.Fatalf("the pool was not adopted: %+v", rs)
+	}
+	if loaded != nil {
+		loaded(srv)
 	}
 	after := subscribe(t, ctx, pub, rep, true)
 	r.x = after
