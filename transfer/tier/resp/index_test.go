@@ -65,16 +65,7 @@ func TestIndexEntryBound(t *testing.T) {
 func TestIndexTellsContents(t *testing.T) {
 	t0 := time.Unix(1_000_000, 0)
 	x := newIndex(100, 10*time.Second)
-	var got []string
-	f := func(k string, present bool) { got = append(got, fmt.Sprint(k, present)) }
-	x.tell.Store(&f)
-	take := func(want ...string) {
-		t.Helper()
-		if fmt.Sprint(got) != fmt.Sprint(want) {
-			t.Fatalf("told %v, want %v", got, want)
-		}
-		got = nil
-	}
+	take := telling(t, x)
 	x.reserve("a", 40, t0)
 	take()
 	x.confirm("a")
@@ -109,16 +100,7 @@ func TestIndexTellsContents(t *testing.T) {
 func TestIndexTakesOnAdoptedKeys(t *testing.T) {
 	t0 := time.Unix(1_000_000, 0)
 	x := newIndex(100, 0)
-	var got []string
-	f := func(k string, present bool) { got = append(got, fmt.Sprint(k, present)) }
-	x.tell.Store(&f)
-	take := func(want ...string) {
-		t.Helper()
-		if fmt.Sprint(got) != fmt.Sprint(want) {
-			t.Fatalf("told %v, want %v", got, want)
-		}
-		got = nil
-	}
+	take := telling(t, x)
 	if !x.takeOn("a") || !x.takeOn("gone") { // before the load: wanted
 		t.Fatal("a key taken on before the load was refused")
 	}
@@ -139,4 +121,19 @@ func TestIndexTakesOnAdoptedKeys(t *testing.T) {
 	x.remove("a")
 	x.remove("b")
 	take("afalse", "bfalse")
+}
+
+// telling records what x tells; take fails t unless it told want since
+// the last take.
+func telling(t *testing.T, x *index) (take func(want ...string)) {
+	var got []string
+	f := func(k string, present bool) { got = append(got, fmt.Sprint(k, present)) }
+	x.tell.Store(&f)
+	return func(want ...string) {
+		t.Helper()
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("told %v, want %v", got, want)
+		}
+		got = nil
+	}
 }
