@@ -24,9 +24,10 @@
 // layout again they count again, and are announced again, parents first. A
 // commit only marks objects the observer reported stored and not yet lost, so
 // a commit that arrives after an eviction of its objects announces nothing.
-// A tier's medium learns from the tier (TierStored, TierLost: a value it
-// came to hold or dropped, in the tier's own order) and takes each chunk's
-// tokens, parent and object count from the L1 chunk that was written behind.
+// A tier's medium learns from the tier (Tiers.Stored, Tiers.Lost: a value
+// it came to hold or dropped, in the tier's own order) and takes each
+// chunk's tokens, parent and world size from the chunk a commit described
+// (the L1 chunk written behind) or a restart carried (restore.go).
 package kvevents
 
 import (
@@ -562,7 +563,8 @@ func (n *node) find(k *keys.ObjectKey) int {
 
 // Loaded notes objects a prefetch loaded from a tier and published in L1:
 // they are committed there like a store's, with their chunk's tokens,
-// parent and object count taken from the tier's medium that held it.
+// parent and world size taken from the tier's medium that held it (or
+// what a restart carried of it).
 func (t *Tracker) Loaded(ks []keys.ObjectKey) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -575,11 +577,8 @@ func (t *Tracker) Loaded(ks []keys.ObjectKey) {
 			continue // lost before it was told
 		}
 		if n.ws == 0 {
-			for _, tm := range t.tiers {
-				if src := tm.nodes[ek]; src != nil && src.ws > 0 {
-					m.describe(ek, n, src.ws, src.parent, src.hasParent, src.tokens)
-					break
-				}
+			if d, ok := t.description(ek); ok {
+				m.describe(ek, n, d.ws, d.parent, d.hasParent, d.tokens)
 			}
 		}
 		was := t.whole(ek.model, n)
