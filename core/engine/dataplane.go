@@ -200,7 +200,6 @@ func (e *Engine) buildDataPlane(cfg settings.Config) (*dataPlane, error) {
 	}
 	d := pool.Decision()
 	e.log.Info("L1 pool", "segment", d.Segment, "size", d.Size, "shared", d.Shared, "reason", d.Reason)
-	e.reannounceKV(cfg, kv, pool, adopted)
 
 	hasher, err := keys.NewHasher(cfg.Server.ChunkSize, cfg.Server.HashAlgorithm)
 	if err != nil {
@@ -219,6 +218,14 @@ func (e *Engine) buildDataPlane(cfg settings.Config) (*dataPlane, error) {
 		adoption: adopted,
 		kv:       kv,
 		kvLog:    kvLog,
+	}
+	if kv != nil {
+		// LOOKUP answers only for registered layouts: the announced set
+		// follows them (an unregister removes, a registration again
+		// re-announces).
+		p.layouts.Observe(func(model string, worldSize int, ids []uint64, groups []int) {
+			kv.Registered(model, worldSize, kvevents.Layouts{IDs: ids, Groups: groups})
+		})
 	}
 	if cfg.KVEvents.Endpoint != "" {
 		if p.kvPub, err = startKVPublisher(cfg, kv, e.log); err != nil {
@@ -259,6 +266,10 @@ func (e *Engine) buildDataPlane(cfg settings.Config) (*dataPlane, error) {
 	}
 	e.restoreRegistrations(p, adopted)
 	e.restoreTransfers(p, adopted)
+	// After the registrations the restart restored, which the adopted
+	// chunks count for, and before the plane serves: the re-announcement
+	// leads the new stream.
+	e.reannounceKV(cfg, kv, pool, adopted, p.tiers.current())
 
 	ctx, cancel := context.WithCancel(context.Background())
 	p.cancel = cancel
@@ -325,10 +336,20 @@ func (p *dataPlane) release() error {
 			kept.regs = p.transfer.Registrations()
 			kept.transfers, kept.carryKey = p.transfer.Carry()
 		}
+		// The plane stopping is no unregister: the stream ends with it
+		// (a restart's new stream resets the pod), so the registrations
+		// the module forgets now remove nothing.
+		p.layouts.Observe(nil)
 		p.transfer.Close()
 		p.cancel()
 		<-p.done // the lookups' tier phases have ended
+		set := p.tiers.current()
 		p.tiers.close()
+		if p.keep != nil && p.kv != nil && set != nil {
+			// Once the tiers stopped: their writes behind have landed or
+			// gone.
+			kept.tierHeld = set.Held()
+		}
 		p.closeKV()
 		if p.keep != nil {
 			kept.lookups = keptLookups(p.lookup.Answers())

@@ -6,10 +6,12 @@ import (
 	"os"
 	"time"
 
+	"kvdock/core/keys"
 	"kvdock/core/kvevents"
 	"kvdock/core/l1"
 	"kvdock/core/restart"
 	"kvdock/settings"
+	"kvdock/transfer/tier"
 )
 
 // newKVTracker returns the tracker of the announced set, nil when neither
@@ -61,10 +63,10 @@ func kvFile(record string) string { return record + ".kvevents" }
 // describeKV writes what the next process needs to re-announce the pool
 // it adopts (kvevents.Tracker.Describe) beside the record; a failure costs
 // only the re-announcement, never the handover.
-func (e *Engine) describeKV(kv *kvevents.Tracker, dir, record string, stoppedAt time.Time) {
-	data, left := kv.Describe(stoppedAt.UnixNano(), kvevents.MaxDescribeBytes)
+func (e *Engine) describeKV(kv *kvevents.Tracker, dir, record string, stoppedAt time.Time, tierHeld [][]keys.ObjectKey) {
+	data, left := kv.Describe(stoppedAt.UnixNano(), kvevents.MaxDescribeBytes, tierHeld)
 	if left > 0 {
-		e.log.Warn("stop: KV event chunks past the description's bound are not re-announced", "left_out", left)
+		e.log.Warn("stop: KV event records past the description's bound are not re-announced", "left_out", left)
 	}
 	if err := restart.WriteFile(dir, kvFile(record), data); err != nil {
 		e.log.Warn("stop: KV event chunks not carried: the next process announces what it stores", "err", err)
@@ -73,9 +75,11 @@ func (e *Engine) describeKV(kv *kvevents.Tracker, dir, record string, stoppedAt 
 
 // reannounceKV, over an adopted pool, re-announces the adopted usable set
 // (before the plane serves: its events lead the new stream) from the
-// description the previous process left; the description is consumed in
-// any case, so a later start never reads a stale one.
-func (e *Engine) reannounceKV(cfg settings.Config, kv *kvevents.Tracker, pool *l1.Pool, a *adoption) {
+// description the previous process left, and has the tiers (set, nil
+// without) adopt the objects it carried for them, which are re-announced
+// for their media as each tier tells it still holds them; the description
+// is consumed in any case, so a later start never reads a stale one.
+func (e *Engine) reannounceKV(cfg settings.Config, kv *kvevents.Tracker, pool *l1.Pool, a *adoption, set *tier.Set) {
 	if a == nil {
 		return
 	}
@@ -101,7 +105,14 @@ func (e *Engine) reannounceKV(cfg settings.Config, kv *kvevents.Tracker, pool *l
 	if r.Dropped > 0 {
 		e.log.Warn("restart: KV event chunk descriptions left out", "dropped", r.Dropped)
 	}
-	e.log.Info("restart: KV event chunks re-announced", "chunks", r.Chunks, "described", r.Described)
+	adopted := 0
+	if set != nil {
+		for i, ks := range r.Tiers {
+			adopted += set.Adopt(i, ks)
+		}
+	}
+	e.log.Info("restart: KV event chunks re-announced", "chunks", r.Chunks, "described", r.Described,
+		"tier_objects", r.TierObjects, "tier_objects_adopted", adopted)
 }
 
 // kvCommitted is the transfer module's commit hook, nil when the stream is

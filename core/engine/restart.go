@@ -87,6 +87,10 @@ type keptState struct {
 	lookups   []restart.Lookup
 	transfers []restart.Transfer
 	carryKey  []byte
+	// tierHeld are the objects each tier held for the KV event stream
+	// (tier.Set.Held), carried in its description for the next process
+	// to adopt and re-announce.
+	tierHeld [][]keys.ObjectKey
 }
 
 // restoreTransfers gives the carried transfers back to their instances
@@ -344,7 +348,7 @@ func (e *Engine) keeper(cfg settings.Config, stoppedAt time.Time) func(p *dataPl
 			return err
 		})
 		if recorded && p.kv != nil {
-			e.describeKV(p.kv, dir, file, stoppedAt)
+			e.describeKV(p.kv, dir, file, stoppedAt, kept.tierHeld)
 		}
 		if err != nil && !recorded {
 			// The pool is gone (private memory cannot be kept); the

@@ -23,6 +23,7 @@ func BenchmarkTrackerStoreCommitEvict(b *testing.B) {
 				opt.Log = NewLog(DefaultLogSize, size, 1)
 			}
 			tr := New(opt)
+			tr.Registered("m", 1, one)
 			c := benchCommit(chunks, size)
 			b.ReportAllocs()
 			for i := 0; b.Loop(); i++ {
@@ -49,6 +50,7 @@ func BenchmarkTrackerStoreCommitEvict(b *testing.B) {
 func BenchmarkTrackerFlush(b *testing.B) {
 	const chunks, size = 16, 256
 	tr := New(Options{BlockSize: size})
+	tr.Registered("m", 1, one)
 	c := benchCommit(chunks, size)
 	b.ReportAllocs()
 	for b.Loop() {
@@ -67,7 +69,7 @@ func BenchmarkTrackerFlush(b *testing.B) {
 
 // benchCommit is one prompt's store of chunks chunks of size tokens.
 func benchCommit(chunks, size int) Commit {
-	c := Commit{Model: "m", Objects: 1, Tokens: make([]uint32, chunks*size)}
+	c := Commit{Model: "m", WorldSize: 1, Tokens: make([]uint32, chunks*size)}
 	for i := range chunks {
 		var h keys.Hash
 		h[0], h[31] = byte(i), byte(i)

@@ -62,7 +62,7 @@ func (p *poller) drain(l *Log) {
 func root(tr *Tracker, model string, i byte) {
 	k := keys.ObjectKey{Chunk: hashOf(i), Model: model}
 	tr.Stored(&k)
-	tr.Commit(Commit{Model: model, Objects: 1, Hashes: []keys.Hash{hashOf(i)}, Tokens: []uint32{1, 2, 3, 4},
+	commit(tr, Commit{Model: model, WorldSize: 1, Hashes: []keys.Hash{hashOf(i)}, Tokens: []uint32{1, 2, 3, 4},
 		Keys: []keys.ObjectKey{k}})
 }
 
@@ -91,19 +91,27 @@ func sameSet(a, b map[keys.Hash]bool) bool {
 }
 
 // The log's records, read by a poller, rebuild the tracker's announced set
-// after random stores, losses and clears, with or without a stream.
+// after random stores, losses, clears and unregisters of the model's last
+// worker (and registrations again), with or without a stream.
 func TestLogMirrorsAnnouncedSet(t *testing.T) {
 	for _, noStream := range []bool{false, true} {
 		log := NewLog(1<<16, cs, 7)
 		tr := New(Options{BlockSize: cs, Log: log, NoStream: noStream})
+		tr.Registered("m", 1, one)
 		p := &poller{t: t, model: "m", index: map[keys.Hash]bool{}}
 		rng := rand.New(rand.NewPCG(3, 4))
 		most := 0
 		for step := range 3000 {
-			switch x := rng.IntN(20); {
+			switch x := rng.IntN(21); {
+			case x == 20: // m's last worker goes, or registers again
+				if rng.IntN(2) == 0 {
+					tr.Registered("m", 1, Layouts{})
+				} else {
+					tr.Registered("m", 1, one)
+				}
 			case x < 12:
 				first := byte(1 + rng.IntN(30))
-				store(tr, "m", 1, first, first+byte(rng.IntN(4)))
+				storeAsIs(tr, "m", 1, first, first+byte(rng.IntN(4)))
 				store(tr, "other", 1, first, first)
 			case x < 19:
 				lose(tr, "m", 0, byte(1+rng.IntN(34)))
@@ -190,7 +198,7 @@ func TestLogSaltsShareOneBlock(t *testing.T) {
 	for _, salt := range []string{"a", "b"} {
 		k := keys.ObjectKey{Chunk: hashOf(1), Model: "m", Salt: salt}
 		tr.Stored(&k)
-		tr.Commit(Commit{Model: "m", Salt: salt, Objects: 1, Hashes: []keys.Hash{hashOf(1)},
+		commit(tr, Commit{Model: "m", Salt: salt, WorldSize: 1, Hashes: []keys.Hash{hashOf(1)},
 			Tokens: []uint32{1, 1, 1, 1}, Keys: []keys.ObjectKey{k}})
 	}
 	k := keys.ObjectKey{Chunk: hashOf(1), Model: "m", Salt: "a"}

@@ -12,20 +12,36 @@ import (
 // A restart that adopts the pool starts a new stream (seq 0, which llm-d
 // takes as a reset of the pod), so the new process re-announces the
 // adopted usable set before any new event. What the pool keeps has no
-// tokens, so the stopping process writes its L1 chunks' descriptions
-// (Describe) beside the restart record, and the adopting one re-announces
-// the chunks it adopted whole (Reannounce).
+// tokens, so the stopping process writes the descriptions of its chunks
+// (Describe: those of L1 and of the tiers' media) beside the restart
+// record, with the objects each tier held for it, and the adopting one
+// re-announces the chunks it adopted whole (Reannounce). The tiers'
+// values are adopted apart (the tier set asks each tier whether it still
+// holds each object carried for it); as each tier says it does, the
+// object counts for its medium with the carried description (Tiers.Stored),
+// so the tiers' usable sets are re-announced too, parents first.
 //
 // The description is outside input when read back: each chunk's hash must
 // be the hash chain of its parent and tokens, so nothing but the tokens
-// that name an adopted chunk can be announced for it; a part that fails its
-// checks is left out alone.
+// that name an adopted chunk can be announced for it; a tier object is
+// kept only for a chunk described; a part that fails its checks is left
+// out alone.
 
-const describeMagic = "kvdock kv events 2\n"
+const describeMagic = "kvdock kv events 3\n"
 
 // describeHead is the header after the magic: the stamp, the chunk size
 // and the poll log's next seq.
 const describeHead = 8 + 4 + 8
+
+// The records that follow the header, each led by its tag: a chunk's
+// description, or an object a tier held.
+const (
+	tagChunk = 'c'
+	tagTier  = 't'
+)
+
+// MaxTiers bounds the tier index of a tier object carried.
+const MaxTiers = 64
 
 // maxLogSeq bounds the poll log's seq a description may carry on.
 const maxLogSeq = 1 << 62
@@ -34,14 +50,12 @@ const maxLogSeq = 1 << 62
 // chunks left out are counted and not re-announced.
 const MaxDescribeBytes = 1 << 30
 
-// maxWant bounds a chunk's object count (world size times KV groups).
-const maxWant = 1 << 16
-
-// Describe returns the description of the L1 chunks a commit described
-// (tokens, parent, object count), headed by stamp (which names the handover:
-// Reannounce refuses another), at most maxBytes long, and how many chunks
-// did not fit.
-func (t *Tracker) Describe(stamp int64, maxBytes int) (data []byte, left int) {
+// Describe returns the description of the chunks a commit described
+// (tokens, parent, world size) that L1 or a tier's medium holds, and of
+// the objects tier i held (tiers[i], as the tier set tells them), headed
+// by stamp (which names the handover: Reannounce refuses another), at most
+// maxBytes long, and how many records did not fit.
+func (t *Tracker) Describe(stamp int64, maxBytes int, tiers [][]keys.ObjectKey) (data []byte, left int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	b := append([]byte(describeMagic), make([]byte, describeHead)...)
@@ -50,46 +64,90 @@ func (t *Tracker) Describe(stamp int64, maxBytes int) (data []byte, left int) {
 	if t.opt.Log != nil {
 		binary.BigEndian.PutUint64(b[len(describeMagic)+12:], t.opt.Log.next())
 	}
-	for ek, n := range t.l1.nodes {
-		if n.want == 0 {
-			continue
+	written := map[ekey]bool{}
+	for _, m := range t.media() {
+		for ek, n := range m.nodes {
+			if n.ws == 0 || written[ek] {
+				continue
+			}
+			var ok bool
+			if b, ok = appendChunk(b, ek, n, maxBytes); !ok {
+				left++
+				continue
+			}
+			written[ek] = true
 		}
-		size := 2 + len(ek.model) + 2 + len(ek.salt) + 32 + 1 + 32 + 4 + 4*len(n.tokens)
-		if len(ek.model) > 0xffff || len(ek.salt) > 0xffff || len(b)+size > maxBytes {
-			left++
-			continue
-		}
-		b = binary.BigEndian.AppendUint16(b, uint16(len(ek.model)))
-		b = append(b, ek.model...)
-		b = binary.BigEndian.AppendUint16(b, uint16(len(ek.salt)))
-		b = append(b, ek.salt...)
-		b = append(b, ek.h[:]...)
-		if n.hasParent {
-			b = append(b, 1)
-		} else {
-			b = append(b, 0)
-		}
-		b = append(b, n.parent[:]...)
-		b = binary.BigEndian.AppendUint32(b, uint32(n.want))
-		for _, tk := range n.tokens {
-			b = binary.BigEndian.AppendUint32(b, tk)
+	}
+	for i, ks := range tiers {
+		for j := range ks {
+			k := &ks[j]
+			size := 1 + 1 + 2 + len(k.Model) + 2 + len(k.Salt) + 32 + 4 + 4 + 8
+			if !written[keyOf(k)] {
+				continue // of a chunk never described (never announced): nothing to carry
+			}
+			if i >= MaxTiers || len(b)+size > maxBytes {
+				left++
+				continue
+			}
+			b = append(b, tagTier, byte(i))
+			b = appendStr(b, k.Model)
+			b = appendStr(b, k.Salt)
+			b = append(b, k.Chunk[:]...)
+			b = binary.BigEndian.AppendUint32(b, k.KVRank)
+			b = binary.BigEndian.AppendUint32(b, k.Group)
+			b = binary.BigEndian.AppendUint64(b, k.Layout)
 		}
 	}
 	return b, left
+}
+
+func appendStr(b []byte, s string) []byte {
+	b = binary.BigEndian.AppendUint16(b, uint16(len(s)))
+	return append(b, s...)
+}
+
+// appendChunk appends the record of ek's description, unless a name is
+// too long for it or it would take b past maxBytes.
+func appendChunk(b []byte, ek ekey, n *node, maxBytes int) ([]byte, bool) {
+	size := 1 + 2 + len(ek.model) + 2 + len(ek.salt) + 32 + 1 + 32 + 4 + 4*len(n.tokens)
+	if len(ek.model) > 0xffff || len(ek.salt) > 0xffff || len(b)+size > maxBytes {
+		return b, false
+	}
+	b = append(b, tagChunk)
+	b = appendStr(b, ek.model)
+	b = appendStr(b, ek.salt)
+	b = append(b, ek.h[:]...)
+	if n.hasParent {
+		b = append(b, 1)
+	} else {
+		b = append(b, 0)
+	}
+	b = append(b, n.parent[:]...)
+	b = binary.BigEndian.AppendUint32(b, uint32(n.ws))
+	for _, tk := range n.tokens {
+		b = binary.BigEndian.AppendUint32(b, tk)
+	}
+	return b, true
 }
 
 // Reannounced says what Reannounce did.
 type Reannounced struct {
 	Chunks    int // chunks announced (whole, parents adopted)
 	Described int // chunk descriptions accepted
-	Dropped   int // descriptions left out: a hash that is not its chain, an object count out of range, a part cut short
+	Dropped   int // records left out: a hash that is not its chain, a world size out of range, a tier object of no chunk described, a part cut short
+	// TierObjects counts the tier objects carried, which Tiers lists by
+	// tier index: for the tier set to adopt (each tier tells which it
+	// still holds), their chunks' descriptions kept until the tier set is
+	// replaced.
+	TierObjects int
+	Tiers       [][]keys.ObjectKey
 }
 
 // ErrDescription is wrapped by Reannounce for a description it refuses whole.
 var ErrDescription = errors.New("kv events description refused")
 
 type described struct {
-	want      int
+	ws        int
 	parent    keys.Hash
 	hasParent bool
 	tokens    []uint32
@@ -120,6 +178,15 @@ func (t *Tracker) Reannounce(data []byte, stamp int64, published []keys.ObjectKe
 	}
 	t.mu.Lock()
 	m := t.l1
+	if len(r.Tiers) > 0 && len(t.tiers) > 0 {
+		t.carried = make(map[ekey]described, r.TierObjects)
+		for _, ks := range r.Tiers {
+			for i := range ks {
+				ek := keyOf(&ks[i])
+				t.carried[ek] = desc[ek]
+			}
+		}
+	}
 	for i := range published {
 		k := &published[i]
 		ek := keyOf(k)
@@ -131,18 +198,16 @@ func (t *Tracker) Reannounce(data []byte, stamp int64, published []keys.ObjectKe
 		if n == nil {
 			continue // lost since the adoption told it
 		}
-		if n.want == 0 {
-			m.describe(ek, n, d.want, d.parent, d.hasParent, d.tokens)
+		if n.ws == 0 {
+			m.describe(ek, n, d.ws, d.parent, d.hasParent, d.tokens)
 		}
-		was := n.whole()
 		j := n.find(k)
 		if j < 0 {
 			continue
 		}
+		was := t.whole(ek.model, n)
 		n.objs[j].committed = true
-		if !was && n.whole() {
-			m.held++ // until tryAnnounce announces it
-		}
+		t.rewhole(m, ek, n, was)
 	}
 	t.mu.Unlock()
 	// What left the pool since it was kept (expired, evicted) goes now.
@@ -208,21 +273,46 @@ func (t *Tracker) parse(data []byte, stamp int64, r *Reannounced) (map[ekey]desc
 		b := take(int(binary.BigEndian.Uint16(l)))
 		return string(b), b != nil
 	}
+	var tiers [][]keys.ObjectKey
 	for len(rest) > 0 {
+		tag := take(1)[0]
+		if tag == tagTier {
+			ti := take(1)
+			model, ok1 := str()
+			salt, ok2 := str()
+			fixed := take(32 + 4 + 4 + 8)
+			if ti == nil || !ok1 || !ok2 || fixed == nil {
+				r.Dropped++ // cut short
+				break
+			}
+			k := keys.ObjectKey{Model: model, Salt: salt, KVRank: binary.BigEndian.Uint32(fixed[32:]),
+				Group: binary.BigEndian.Uint32(fixed[36:]), Layout: binary.BigEndian.Uint64(fixed[40:])}
+			copy(k.Chunk[:], fixed[:32])
+			if _, ok := desc[keyOf(&k)]; !ok || int(ti[0]) >= MaxTiers {
+				r.Dropped++ // of no chunk described before it
+				continue
+			}
+			for len(tiers) <= int(ti[0]) {
+				tiers = append(tiers, nil)
+			}
+			tiers[ti[0]] = append(tiers[ti[0]], k)
+			r.TierObjects++
+			continue
+		}
 		model, ok1 := str()
 		salt, ok2 := str()
 		fixed := take(32 + 1 + 32 + 4)
 		toks := take(4 * bs)
-		if !ok1 || !ok2 || fixed == nil || toks == nil {
-			r.Dropped++ // cut short: what follows cannot be framed
+		if tag != tagChunk || !ok1 || !ok2 || fixed == nil || toks == nil {
+			r.Dropped++ // cut short, or a record of no known kind: what follows cannot be framed
 			break
 		}
 		var ek ekey
 		ek.model, ek.salt = model, salt
 		copy(ek.h[:], fixed[:32])
-		d := described{hasParent: fixed[32] == 1, want: int(binary.BigEndian.Uint32(fixed[65:]))}
+		d := described{hasParent: fixed[32] == 1, ws: int(binary.BigEndian.Uint32(fixed[65:]))}
 		copy(d.parent[:], fixed[33:65])
-		if fixed[32] > 1 || d.want < 1 || d.want > maxWant {
+		if fixed[32] > 1 || d.ws < 1 || d.ws > keys.MaxWorldSize {
 			r.Dropped++
 			continue
 		}
@@ -241,5 +331,6 @@ func (t *Tracker) parse(data []byte, stamp int64, r *Reannounced) (map[ekey]desc
 		desc[ek] = d
 		r.Described++
 	}
+	r.Tiers = tiers
 	return desc, logNext, nil
 }

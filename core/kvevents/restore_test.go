@@ -1,6 +1,7 @@
 package kvevents
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"testing"
@@ -20,7 +21,7 @@ func prompt(t *testing.T, tr *Tracker, model string, ranks int, seed uint32, n i
 	for i := range toks {
 		toks[i] = seed*1000 + uint32(i)
 	}
-	c := Commit{Model: model, Objects: ranks, Hashes: h.Hashes(toks), Tokens: toks}
+	c := Commit{Model: model, WorldSize: ranks, Hashes: h.Hashes(toks), Tokens: toks}
 	for _, ch := range c.Hashes {
 		for r := range ranks {
 			k := keys.ObjectKey{Chunk: ch, Model: model, KVRank: uint32(r)}
@@ -28,7 +29,7 @@ func prompt(t *testing.T, tr *Tracker, model string, ranks int, seed uint32, n i
 			c.Keys = append(c.Keys, k)
 		}
 	}
-	tr.Commit(c)
+	commit(tr, c)
 	return c.Keys
 }
 
@@ -49,7 +50,7 @@ func TestTrackerReannounce(t *testing.T) {
 	w := prompt(t, old, "w", 1, 3, 1)
 	was := &router{t: t, known: map[uint64]bool{}}
 	drain(old, was)
-	data, left := old.Describe(42, MaxDescribeBytes)
+	data, left := old.Describe(42, MaxDescribeBytes, nil)
 	if left != 0 || len(was.known) != 4+2+1 {
 		t.Fatalf("left %d, announced %d", left, len(was.known))
 	}
@@ -58,6 +59,10 @@ func TestTrackerReannounce(t *testing.T) {
 	gone := a[2] // expired since the keep: chunks 2 and 3 of a go
 	carried := keys.ObjectKey{Chunk: keys.Hash{9}, Model: "m"}
 	tr := New(Options{BlockSize: cs})
+	// The registrations the restart restored, before the re-announcement.
+	tr.Registered("m", 1, one)
+	tr.Registered("m", 2, one)
+	tr.Registered("w", 1, one)
 	for _, k := range append(published, carried) {
 		tr.Stored(&k) // as the pool's adoption tells the observer
 	}
@@ -87,7 +92,7 @@ func TestTrackerReannounce(t *testing.T) {
 		}
 	}
 	// The carried reservation's commit announces it, with its tokens.
-	tr.Commit(Commit{Model: "m", Objects: 1, Hashes: []keys.Hash{carried.Chunk}, Tokens: make([]uint32, cs), Keys: []keys.ObjectKey{carried}})
+	commit(tr, Commit{Model: "m", WorldSize: 1, Hashes: []keys.Hash{carried.Chunk}, Tokens: make([]uint32, cs), Keys: []keys.ObjectKey{carried}})
 	drain(tr, now)
 	if !now.known[WireHash(carried.Chunk)] || len(now.known) != 6 {
 		t.Fatalf("after the carried commit the router knows %d", len(now.known))
@@ -102,7 +107,7 @@ func TestTrackerReannounce(t *testing.T) {
 
 // TestHostileReannounceDescription: a description is outside input. A
 // chunk whose hash is not the chain of its parent and tokens, or whose
-// object count is out of range, is left out alone; a description of
+// world size is out of range, is left out alone; a description of
 // another handover, another chunk size, or not one at all is refused
 // whole; one cut short keeps the chunks before the cut; a chunk described
 // but not adopted is not announced.
@@ -111,7 +116,7 @@ func TestHostileReannounceDescription(t *testing.T) {
 	a := prompt(t, old, "m", 1, 1, 1)
 	b := prompt(t, old, "m", 1, 2, 1)
 	prompt(t, old, "m", 1, 3, 1) // described, never adopted
-	data, _ := old.Describe(7, MaxDescribeBytes)
+	data, _ := old.Describe(7, MaxDescribeBytes, nil)
 	none := func([]keys.ObjectKey) uint64 { return 0 }
 	adopted := append(append([]keys.ObjectKey(nil), a...), b...)
 	// The entries are in map order: find each one's tokens by its hash.
@@ -140,18 +145,19 @@ func TestHostileReannounceDescription(t *testing.T) {
 		}, 7, 0, true},
 		{"a token changed", func(d []byte) []byte { d[at(a[0].Chunk)+32+1+32+4] ^= 1; return d }, 7, 1, false},
 		{"a parent claimed", func(d []byte) []byte { d[at(b[0].Chunk)+32] = 1; return d }, 7, 1, false},
-		{"no objects", func(d []byte) []byte {
+		{"world size 0", func(d []byte) []byte {
 			binary.BigEndian.PutUint32(d[at(a[0].Chunk)+32+1+32:], 0)
 			return d
 		}, 7, 1, false},
-		{"too many objects", func(d []byte) []byte {
-			binary.BigEndian.PutUint32(d[at(b[0].Chunk)+32+1+32:], maxWant+1)
+		{"a world size out of range", func(d []byte) []byte {
+			binary.BigEndian.PutUint32(d[at(b[0].Chunk)+32+1+32:], keys.MaxWorldSize+1)
 			return d
 		}, 7, 1, false},
 		{"cut short", func(d []byte) []byte { return d[:len(d)-3] }, 7, -1, false},
 	} {
 		d := c.edit(append([]byte(nil), data...))
 		tr := New(Options{BlockSize: cs})
+		tr.Registered("m", 1, one)
 		for _, k := range adopted {
 			tr.Stored(&k)
 		}
@@ -184,7 +190,7 @@ func TestReannounceCarriesThePollLogOn(t *testing.T) {
 	if cursor != 2 {
 		t.Fatalf("old log: cursor %d after two chunks", cursor)
 	}
-	data, _ := old.Describe(7, MaxDescribeBytes)
+	data, _ := old.Describe(7, MaxDescribeBytes, nil)
 	none := func([]keys.ObjectKey) uint64 { return 0 }
 	for _, c := range []struct {
 		name  string
@@ -198,6 +204,7 @@ func TestReannounceCarriesThePollLogOn(t *testing.T) {
 		c.edit(d)
 		newLog := NewLog(64, cs, 2)
 		tr := New(Options{BlockSize: cs, Log: newLog, NoStream: true})
+		tr.Registered("m", 1, one)
 		for _, k := range a {
 			tr.Stored(&k) // as the pool's adoption tells the observer
 		}
@@ -221,6 +228,98 @@ func TestReannounceCarriesThePollLogOn(t *testing.T) {
 			if q := newLog.Read(cursor-1, "m", MaxPollEvents); !q.Lost || len(q.Events) != 2 || q.Events[0].Seq != 3 {
 				t.Fatalf("%s: an older cursor: lost %v, %d records", c.name, q.Lost, len(q.Events))
 			}
+		}
+	}
+}
+
+// TestReannounceCarriesTierObjects: the description carries the chunks of
+// the tiers' media (also those L1 lost) and the objects each tier held; a
+// new tracker keeps them for the tiers, and as each tier tells it still
+// holds an object (in any order) the tier's usable set is re-announced
+// for STORAGE, parents first. What a tier no longer holds stays out, and
+// so do its descendants; the descriptions go with the tier set.
+func TestReannounceCarriesTierObjects(t *testing.T) {
+	old := New(Options{BlockSize: cs})
+	ov := old.SetTiers([]string{""})
+	a := prompt(t, old, "m", 1, 1, 4)
+	for i := range a {
+		ov.Stored(0, &a[i])
+	}
+	old.Lost(&a[3]) // L1 lost it; the tier holds it still
+	held := [][]keys.ObjectKey{a}
+	data, left := old.Describe(5, MaxDescribeBytes, held)
+	if left != 0 {
+		t.Fatalf("left %d", left)
+	}
+
+	tr := New(Options{BlockSize: cs})
+	tv := tr.SetTiers([]string{""})
+	tr.Registered("m", 1, one)
+	r, err := tr.Reannounce(data, 5, nil, func([]keys.ObjectKey) uint64 { return 0 })
+	if err != nil || r.Chunks != 0 || r.Described != 4 || r.TierObjects != 4 || len(r.Tiers) != 1 || len(r.Tiers[0]) != 4 {
+		t.Fatalf("reannounced %+v, %v", r, err)
+	}
+	sto := &router{t: t, known: map[uint64]bool{}, medium: MediumStorage}
+	// The tier tells the last first (a scan's order is the directory's);
+	// chunk 2 is gone from it.
+	for _, i := range []int{3, 0, 1} {
+		tv.Stored(0, &r.Tiers[0][i])
+	}
+	drain(tr, sto) // fails on a child before its parent
+	if len(sto.known) != 2 || !sto.known[WireHash(a[0].Chunk)] || !sto.known[WireHash(a[1].Chunk)] {
+		t.Fatalf("STORAGE holds %d blocks, want chunks 0 and 1", len(sto.known))
+	}
+	tv.Stored(0, &r.Tiers[0][2]) // found after all: 2 and its child 3
+	drain(tr, sto)
+	if len(sto.known) != 4 {
+		t.Fatalf("STORAGE holds %d blocks, want 4", len(sto.known))
+	}
+	// A new tier set drops what was carried.
+	nv := tr.SetTiers([]string{""})
+	drain(tr, sto)
+	nv.Stored(0, &r.Tiers[0][0])
+	drain(tr, sto)
+	if len(sto.known) != 0 {
+		t.Fatalf("a replaced tier set's carried description announced %d", len(sto.known))
+	}
+}
+
+// TestHostileReannounceTierObjects: a tier object is kept only for a
+// chunk described before it and a tier index under MaxTiers; a record of
+// no known kind or one cut short ends the description, keeping what came
+// before.
+func TestHostileReannounceTierObjects(t *testing.T) {
+	old := New(Options{BlockSize: cs})
+	a := prompt(t, old, "m", 1, 1, 1)
+	stranger := keys.ObjectKey{Chunk: keys.Hash{7}, Model: "m"}
+	data, left := old.Describe(5, MaxDescribeBytes, [][]keys.ObjectKey{{a[0], stranger}})
+	if left != 0 || bytes.Contains(data, stranger.Chunk[:]) { // the stranger's chunk is not described: not carried
+		t.Fatalf("left %d", left)
+	}
+	tierRec := func(i byte, k keys.ObjectKey) []byte {
+		b := []byte{tagTier, i}
+		b = appendStr(b, k.Model)
+		b = appendStr(b, k.Salt)
+		b = append(b, k.Chunk[:]...)
+		return append(b, make([]byte, 16)...)
+	}
+	for _, c := range []struct {
+		name           string
+		extra          []byte
+		objects, drops int
+	}{
+		{"as written", nil, 1, 0},
+		{"of a chunk not described", tierRec(0, stranger), 1, 1},
+		{"tier index past the bound", tierRec(MaxTiers, a[0]), 1, 1},
+		{"cut short", tierRec(0, a[0])[:20], 1, 1},
+		{"no known kind", append([]byte{'x'}, tierRec(0, a[0])...), 1, 1},
+	} {
+		tr := New(Options{BlockSize: cs})
+		tr.SetTiers([]string{""})
+		tr.Registered("m", 1, one)
+		r, err := tr.Reannounce(append(append([]byte(nil), data...), c.extra...), 5, nil, func([]keys.ObjectKey) uint64 { return 0 })
+		if err != nil || r.TierObjects != c.objects || r.Dropped != c.drops || len(r.Tiers) != 1 || len(r.Tiers[0]) != c.objects {
+			t.Fatalf("%s: %+v, %v", c.name, r, err)
 		}
 	}
 }

@@ -6,22 +6,28 @@
 // LMCache's vLLM connector polls (POLL_KV_EVENTS, log.go).
 //
 // The announced set is the usable set: a chunk is announced once every object
-// of it (every rank, every KV group) is committed and its parent chunk is
+// of it (every rank, every KV group, every layout registered for its model)
+// is committed, a layout of its model is registered and its parent chunk is
 // announced — exactly when LOOKUP would count it as a hit. A chunk whose
 // parent is not announced is held back and announced when the parent returns;
 // a chunk that stops being usable is removed with its announced descendants.
 // So a router never sees a child before its parent, and a removal names only
 // an announced hash, once.
 //
-// It learns from two sources: the pool's observer (Stored, Lost, Cleared,
-// called under the pool's mutex, in the pool's order) and the transfer
+// It learns from three sources: the pool's observer (Stored, Lost, Cleared,
+// called under the pool's mutex, in the pool's order), the transfer
 // module's commits (Commit), which carry what the pool does not know: the
-// tokens of each chunk, its parent and how many objects make it whole. A
+// tokens of each chunk, its parent and its prompt's world size, and the
+// layout registry LOOKUP answers from (Registered): when the last worker of
+// a model unregisters, LOOKUP answers 0 for its prompts while their objects
+// stay in the pool, so its chunks are removed; when a worker registers the
+// layout again they count again, and are announced again, parents first. A
 // commit only marks objects the observer reported stored and not yet lost, so
 // a commit that arrives after an eviction of its objects announces nothing.
-// A tier's medium learns from the tier (TierStored, TierLost: a value it
-// came to hold or dropped, in the tier's own order) and takes each chunk's
-// tokens, parent and object count from the L1 chunk that was written behind.
+// A tier's medium learns from the tier (Tiers.Stored, Tiers.Lost: a value
+// it came to hold or dropped, in the tier's own order) and takes each
+// chunk's tokens, parent and world size from the chunk a commit described
+// (the L1 chunk written behind) or a restart carried (restore.go).
 package kvevents
 
 import (
@@ -83,9 +89,10 @@ type Options struct {
 // them.
 type Commit struct {
 	Model, Salt string
-	// Objects is how many objects make one chunk whole: world size times
-	// KV groups.
-	Objects int
+	// WorldSize is the world size of the store's keys: each layout
+	// registered for (Model, WorldSize) makes a chunk whole with
+	// WorldSize objects per KV group.
+	WorldSize int
 	// Parent is the hash of the chunk before Hashes[0]; HasParent is false
 	// for a prompt's first chunk.
 	Parent    keys.Hash
@@ -136,6 +143,7 @@ type wkey struct {
 
 type obj struct {
 	rank, group uint32
+	layout      uint64
 	committed   bool
 	tiers       int // tiers of the medium holding it (a tier's medium only)
 }
@@ -143,24 +151,54 @@ type obj struct {
 type node struct {
 	objs      []obj
 	subs      []keys.Hash // the chunk's blocks, while announced (split only)
-	want      int         // objects that make the chunk whole; 0 until a commit
+	ws        int         // the world size of its prompt's keys; 0 until a commit described it
 	parent    keys.Hash
 	hasParent bool
 	tokens    []uint32
 	announced bool
 }
 
-func (n *node) whole() bool {
-	if n.want == 0 {
+// Layouts are the layouts registered for one (model, world size), as
+// layout.Registry.Registered lists them: IDs[i] with Groups[i] KV groups.
+type Layouts struct {
+	IDs    []uint64
+	Groups []int
+}
+
+func (l Layouts) equal(o Layouts) bool {
+	return slices.Equal(l.IDs, o.IDs) && slices.Equal(l.Groups, o.Groups)
+}
+
+type regKey struct {
+	model string
+	ws    int
+}
+
+// whole: n is described and, as LOOKUP counts it, some layout of its
+// model and world size is registered and every registered layout has
+// every rank of every KV group committed (objects are told once each per
+// rank, group and layout, so counting them is enough).
+func (t *Tracker) whole(model string, n *node) bool {
+	if n.ws == 0 {
 		return false
 	}
-	c := 0
-	for _, o := range n.objs {
-		if o.committed {
-			c++
+	reg, ok := t.regs[regKey{model, n.ws}]
+	if !ok {
+		return false
+	}
+	for i, id := range reg.IDs {
+		groups := uint32(max(reg.Groups[i], 1))
+		c := 0
+		for _, o := range n.objs {
+			if o.committed && o.layout == id && o.group < groups {
+				c++
+			}
+		}
+		if c < n.ws*int(groups) {
+			return false
 		}
 	}
-	return c >= n.want
+	return true
 }
 
 // medium is one medium's announced set: the L1 pool's, or one shared by
@@ -168,13 +206,26 @@ func (n *node) whole() bool {
 type medium struct {
 	name            string
 	nodes           map[ekey]*node
-	kids            map[ekey][]keys.Hash // children whose parent is the key, resident or not
-	wire            map[wkey]int         // announced chunks per wire hash (salts share one)
+	byModel         map[string]map[ekey]*node // nodes, by model (Registered visits one model's)
+	kids            map[ekey][]keys.Hash      // children whose parent is the key, resident or not
+	wire            map[wkey]int              // announced chunks per wire hash (salts share one)
 	announced, held int
 }
 
 func newMedium(name string) *medium {
-	return &medium{name: name, nodes: map[ekey]*node{}, kids: map[ekey][]keys.Hash{}, wire: map[wkey]int{}}
+	return &medium{name: name, nodes: map[ekey]*node{}, byModel: map[string]map[ekey]*node{},
+		kids: map[ekey][]keys.Hash{}, wire: map[wkey]int{}}
+}
+
+// add makes n the node of ek.
+func (m *medium) add(ek ekey, n *node) {
+	m.nodes[ek] = n
+	bm := m.byModel[ek.model]
+	if bm == nil {
+		bm = map[ekey]*node{}
+		m.byModel[ek.model] = bm
+	}
+	bm[ek] = n
 }
 
 // Tracker keeps the announced sets and the batches to publish. Its methods
@@ -194,6 +245,13 @@ type Tracker struct {
 	buf    []Batch      // the replay ring
 	head   int          // index of the oldest batch in buf when full
 	wake   chan struct{}
+	// regs are the layouts registered per (model, world size), as the
+	// layout registry told them (Registered); absent when none is.
+	regs map[regKey]Layouts
+	// carried are the descriptions a restart carried of the chunks of
+	// the tiers' objects (Reannounce), for the tiers' media as the tiers
+	// tell they still hold them; dropped with the tier set.
+	carried map[ekey]described
 }
 
 // Batch is one published batch.
@@ -218,7 +276,8 @@ func New(opt Options) *Tracker {
 	if opt.Now == nil {
 		opt.Now = time.Now
 	}
-	t := &Tracker{opt: opt, l1: newMedium(opt.Medium), queue: map[string][]Event{}, wake: make(chan struct{}, 1)}
+	t := &Tracker{opt: opt, l1: newMedium(opt.Medium), queue: map[string][]Event{}, wake: make(chan struct{}, 1),
+		regs: map[regKey]Layouts{}}
 	if n := opt.EventBlockSize; n > 0 && n != opt.BlockSize && opt.BlockSize%n == 0 {
 		t.split, _ = keys.NewHasher(n, keys.AlgorithmBLAKE3) // n > 0: cannot fail
 	} else {
@@ -251,18 +310,16 @@ func (t *Tracker) storedLocked(k *keys.ObjectKey) {
 	n := m.nodes[ek]
 	if n == nil {
 		n = &node{}
-		m.nodes[ek] = n
+		m.add(ek, n)
 	}
-	for i := range n.objs {
-		if n.objs[i].rank == k.KVRank && n.objs[i].group == k.Group {
-			// The pool reports every object lost before it stores its key
-			// again; should it not, the old object is taken as lost.
-			t.lostLocked(m, ek, n, k)
-			t.storedLocked(k)
-			return
-		}
+	if n.find(k) >= 0 {
+		// The pool reports every object lost before it stores its key
+		// again; should it not, the old object is taken as lost.
+		t.lostLocked(m, ek, n, k)
+		t.storedLocked(k)
+		return
 	}
-	n.objs = append(n.objs, obj{rank: k.KVRank, group: k.Group})
+	n.objs = append(n.objs, obj{rank: k.KVRank, group: k.Group, layout: k.Layout})
 }
 
 // Lost notes an object that left the pool (or never entered it): its chunk
@@ -280,22 +337,82 @@ func (t *Tracker) Lost(k *keys.ObjectKey) {
 }
 
 func (t *Tracker) lostLocked(m *medium, ek ekey, n *node, k *keys.ObjectKey) {
-	was := n.whole()
-	for i := range n.objs {
-		if n.objs[i].rank == k.KVRank && n.objs[i].group == k.Group {
-			n.objs = append(n.objs[:i], n.objs[i+1:]...)
-			break
-		}
+	was := t.whole(ek.model, n)
+	if i := n.find(k); i >= 0 {
+		n.objs = append(n.objs[:i], n.objs[i+1:]...)
 	}
-	if was && !n.whole() {
+	t.rewhole(m, ek, n, was)
+	if len(n.objs) == 0 {
+		m.drop(ek, n)
+	}
+}
+
+// rewhole accounts for a change of n, whole before it (was): a chunk that
+// became whole is held until tryAnnounce announces it; one that stopped
+// being whole is removed with its announced descendants.
+func (t *Tracker) rewhole(m *medium, ek ekey, n *node, was bool) {
+	switch now := t.whole(ek.model, n); {
+	case was && !now:
 		if n.announced {
 			t.unannounce(m, ek)
 		}
 		m.held-- // unannounce counted it held: it is not whole
+	case !was && now:
+		m.held++ // until tryAnnounce announces it
 	}
-	if len(n.objs) == 0 {
-		m.drop(ek, n)
+}
+
+// Registered tells the tracker the layouts registered now for (model,
+// worldSize), as the layout registry LOOKUP answers from lists them (none
+// when the last worker of it went: unregistered, reaped, removed, its id
+// reused). LOOKUP counts a chunk only for registered layouts, so in every
+// medium the model's chunks that stop counting are removed with their
+// announced descendants, and those that count again are announced again,
+// parents first. A call that changes nothing costs nothing.
+func (t *Tracker) Registered(model string, worldSize int, l Layouts) {
+	if keys.IsBenchModel(model) || len(l.Groups) != len(l.IDs) {
+		return
 	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	rk := regKey{model, worldSize}
+	if old, ok := t.regs[rk]; ok == (len(l.IDs) > 0) && old.equal(l) {
+		return
+	}
+	media := t.media()
+	was := make([]map[ekey]bool, len(media))
+	for i, m := range media {
+		was[i] = make(map[ekey]bool, len(m.byModel[model]))
+		for ek, n := range m.byModel[model] {
+			was[i][ek] = t.whole(model, n)
+		}
+	}
+	if len(l.IDs) == 0 {
+		delete(t.regs, rk)
+	} else {
+		t.regs[rk] = Layouts{IDs: slices.Clone(l.IDs), Groups: slices.Clone(l.Groups)}
+	}
+	for i, m := range media {
+		for ek, n := range m.byModel[model] {
+			t.rewhole(m, ek, n, was[i][ek])
+		}
+	}
+	for _, m := range media {
+		for ek := range m.byModel[model] {
+			t.tryAnnounce(m, ek)
+		}
+	}
+}
+
+// media are the L1 medium and each distinct tier medium; t.mu is held.
+func (t *Tracker) media() []*medium {
+	out := []*medium{t.l1}
+	for _, m := range t.tiers {
+		if !slices.Contains(out, m) {
+			out = append(out, m)
+		}
+	}
+	return out
 }
 
 // Tiers is the tracker's side of one set of L2 tiers (SetTiers): what
@@ -315,6 +432,7 @@ func (t *Tracker) SetTiers(media []string) *Tiers {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.cur != nil {
+		t.carried = nil // of the objects of the tiers replaced
 		t.cur.retired = true
 		for i, m := range t.cur.media {
 			if !slices.Contains(t.cur.media[:i], m) {
@@ -347,6 +465,7 @@ func (t *Tracker) removeAll(m *medium) {
 		}
 	}
 	m.nodes = map[ekey]*node{}
+	m.byModel = map[string]map[ekey]*node{}
 	m.kids = map[ekey][]keys.Hash{}
 	m.announced, m.held = 0, 0
 }
@@ -359,34 +478,47 @@ func (v *Tiers) medium(i int) *medium {
 	return v.media[i]
 }
 
-// Stored notes that tier i holds k's value now (its write behind landed).
-// The object counts for the tier's medium from then on; its chunk's
-// tokens, parent and object count come from the L1 chunk written behind,
-// so a value whose L1 chunk was never committed (an earlier run's) is not
-// announced.
+// Stored notes that tier i holds k's value now (its write behind landed,
+// or the tier still holds a value a restart carried for it). The object
+// counts for the tier's medium from then on; its chunk's tokens, parent
+// and world size come from the chunk a commit described (in L1, in
+// another medium) or from the description the restart carried, so a value
+// of a chunk never described (an earlier run's the restart did not carry)
+// is not announced.
 func (v *Tiers) Stored(i int, k *keys.ObjectKey) {
 	v.locked(i, k, func(t *Tracker, m *medium, ek ekey) {
 		n := m.nodes[ek]
 		if n == nil {
-			src := t.l1.nodes[ek]
-			if src == nil || src.want == 0 {
+			d, ok := t.description(ek)
+			if !ok {
 				return
 			}
 			n = &node{}
-			m.nodes[ek] = n
-			m.describe(ek, n, src.want, src.parent, src.hasParent, src.tokens)
+			m.add(ek, n)
+			m.describe(ek, n, d.ws, d.parent, d.hasParent, d.tokens)
 		}
 		if j := n.find(k); j >= 0 {
 			n.objs[j].tiers++ // another tier of this medium holds it too
 			return
 		}
-		was := n.whole()
-		n.objs = append(n.objs, obj{rank: k.KVRank, group: k.Group, committed: true, tiers: 1})
-		if !was && n.whole() {
-			m.held++ // until tryAnnounce announces it
-		}
+		was := t.whole(ek.model, n)
+		n.objs = append(n.objs, obj{rank: k.KVRank, group: k.Group, layout: k.Layout, committed: true, tiers: 1})
+		t.rewhole(m, ek, n, was)
 		t.tryAnnounce(m, ek)
 	})
+}
+
+// description is what a commit or the restart told of ek's chunk, from
+// the first medium that holds it described, else from what the restart
+// carried; t.mu is held.
+func (t *Tracker) description(ek ekey) (described, bool) {
+	for _, m := range t.media() {
+		if n := m.nodes[ek]; n != nil && n.ws > 0 {
+			return described{ws: n.ws, parent: n.parent, hasParent: n.hasParent, tokens: n.tokens}, true
+		}
+	}
+	d, ok := t.carried[ek]
+	return d, ok
 }
 
 // Lost notes that tier i no longer holds k's value (evicted, deleted,
@@ -421,14 +553,18 @@ func (v *Tiers) locked(i int, k *keys.ObjectKey, f func(t *Tracker, m *medium, e
 	}
 }
 
-// find is the index in n.objs of k's object (its rank and group), -1 if none.
+// find is the index in n.objs of k's object (its rank, group and layout),
+// -1 if none.
 func (n *node) find(k *keys.ObjectKey) int {
-	return slices.IndexFunc(n.objs, func(o obj) bool { return o.rank == k.KVRank && o.group == k.Group })
+	return slices.IndexFunc(n.objs, func(o obj) bool {
+		return o.rank == k.KVRank && o.group == k.Group && o.layout == k.Layout
+	})
 }
 
 // Loaded notes objects a prefetch loaded from a tier and published in L1:
 // they are committed there like a store's, with their chunk's tokens,
-// parent and object count taken from the tier's medium that held it.
+// parent and world size taken from the tier's medium that held it (or
+// what a restart carried of it).
 func (t *Tracker) Loaded(ks []keys.ObjectKey) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -440,21 +576,16 @@ func (t *Tracker) Loaded(ks []keys.ObjectKey) {
 		if keys.IsBenchModel(k.Model) || n == nil {
 			continue // lost before it was told
 		}
-		if n.want == 0 {
-			for _, tm := range t.tiers {
-				if src := tm.nodes[ek]; src != nil && src.want > 0 {
-					m.describe(ek, n, src.want, src.parent, src.hasParent, src.tokens)
-					break
-				}
+		if n.ws == 0 {
+			if d, ok := t.description(ek); ok {
+				m.describe(ek, n, d.ws, d.parent, d.hasParent, d.tokens)
 			}
 		}
-		was := n.whole()
+		was := t.whole(ek.model, n)
 		if j := n.find(k); j >= 0 {
 			n.objs[j].committed = true
 		}
-		if !was && n.whole() {
-			m.held++ // until tryAnnounce announces it
-		}
+		t.rewhole(m, ek, n, was)
 		t.tryAnnounce(m, ek)
 	}
 }
@@ -472,7 +603,7 @@ func (t *Tracker) Cleared() {
 // Commit notes a committed store batch, announcing every chunk it made
 // usable and every held-back descendant that was waiting for one of them.
 func (t *Tracker) Commit(c Commit) {
-	if keys.IsBenchModel(c.Model) || len(c.Keys) == 0 || c.Objects <= 0 {
+	if keys.IsBenchModel(c.Model) || len(c.Keys) == 0 || c.WorldSize <= 0 {
 		return
 	}
 	bs := t.opt.BlockSize
@@ -495,26 +626,20 @@ func (t *Tracker) Commit(c Commit) {
 		if n == nil {
 			continue // lost before its commit was told: nothing to announce
 		}
-		found, was := false, n.whole()
-		for j := range n.objs {
-			if n.objs[j].rank == k.KVRank && n.objs[j].group == k.Group {
-				n.objs[j].committed, found = true, true
-				break
-			}
-		}
-		if !found {
+		j := n.find(k)
+		if j < 0 {
 			continue
 		}
-		if n.want == 0 {
+		was := t.whole(ek.model, n)
+		n.objs[j].committed = true
+		if n.ws == 0 {
 			parent, hasParent := c.Parent, c.HasParent
 			if i > 0 {
 				parent, hasParent = c.Hashes[i-1], true
 			}
-			m.describe(ek, n, c.Objects, parent, hasParent, append([]uint32(nil), c.Tokens[i*bs:(i+1)*bs]...))
+			m.describe(ek, n, c.WorldSize, parent, hasParent, append([]uint32(nil), c.Tokens[i*bs:(i+1)*bs]...))
 		}
-		if !was && n.whole() {
-			m.held++ // until tryAnnounce announces it
-		}
+		t.rewhole(m, ek, n, was)
 		touched[i] = true
 	}
 	// In prompt order, so that a batch announces parents before children.
@@ -525,11 +650,11 @@ func (t *Tracker) Commit(c Commit) {
 	}
 }
 
-// describe gives n, the node of ek, what a commit tells of its chunk: the
-// objects that make it whole, its parent and its tokens (never changed
-// after: tokens is shared by every medium's node of the chunk).
-func (m *medium) describe(ek ekey, n *node, want int, parent keys.Hash, hasParent bool, tokens []uint32) {
-	n.want, n.parent, n.hasParent, n.tokens = want, parent, hasParent, tokens
+// describe gives n, the node of ek, what a commit tells of its chunk: its
+// prompt's world size, its parent and its tokens (never changed after:
+// tokens is shared by every medium's node of the chunk).
+func (m *medium) describe(ek ekey, n *node, ws int, parent keys.Hash, hasParent bool, tokens []uint32) {
+	n.ws, n.parent, n.hasParent, n.tokens = ws, parent, hasParent, tokens
 	if hasParent {
 		pk := ekey{model: ek.model, salt: ek.salt, h: parent}
 		m.kids[pk] = append(m.kids[pk], ek.h)
@@ -537,8 +662,8 @@ func (m *medium) describe(ek ekey, n *node, want int, parent keys.Hash, hasParen
 }
 
 // usable: whole, and its parent announced in m (or none).
-func (m *medium) usable(n *node, ek ekey) bool {
-	if !n.whole() {
+func (t *Tracker) usable(m *medium, n *node, ek ekey) bool {
+	if !t.whole(ek.model, n) {
 		return false
 	}
 	if !n.hasParent {
@@ -556,7 +681,7 @@ func (t *Tracker) tryAnnounce(m *medium, ek ekey) {
 		e := stack[len(stack)-1]
 		stack = stack[:len(stack)-1]
 		n := m.nodes[e]
-		if n == nil || n.announced || !m.usable(n, e) {
+		if n == nil || n.announced || !t.usable(m, n, e) {
 			continue
 		}
 		n.announced = true
@@ -672,7 +797,12 @@ func (t *Tracker) unwire(m *medium, e ekey) {
 // listed under it, waiting for it to return.
 func (m *medium) drop(ek ekey, n *node) {
 	delete(m.nodes, ek)
-	if n.want == 0 || !n.hasParent {
+	if bm := m.byModel[ek.model]; bm != nil {
+		if delete(bm, ek); len(bm) == 0 {
+			delete(m.byModel, ek.model)
+		}
+	}
+	if n.ws == 0 || !n.hasParent {
 		return
 	}
 	pk := ekey{model: ek.model, salt: ek.salt, h: n.parent}
@@ -806,12 +936,9 @@ func (t *Tracker) Stats() Stats {
 	defer t.mu.Unlock()
 	s := t.st
 	s.Queued, s.Buffered = t.queued, len(t.buf)
-	s.Announced, s.Held = t.l1.announced, t.l1.held
-	for i, m := range t.tiers {
-		if !slices.Contains(t.tiers[:i], m) { // tiers of one medium share it
-			s.Announced += m.announced
-			s.Held += m.held
-		}
+	for _, m := range t.media() {
+		s.Announced += m.announced
+		s.Held += m.held
 	}
 	return s
 }

@@ -94,10 +94,17 @@ func toU64(v any) uint64 {
 func hashOf(i byte) keys.Hash { var h keys.Hash; h[31], h[0] = i, i; return h }
 
 // store stores chunks first..last of a prompt (hash i = hashOf(i), chained)
-// for ranks objects each, committing every rank's keys in one commit.
+// for ranks objects each, committing every rank's keys in one commit, with
+// (model, ranks) registered.
 func store(tr *Tracker, model string, ranks int, first, last byte) {
+	tr.Registered(model, ranks, one)
+	storeAsIs(tr, model, ranks, first, last)
+}
+
+// storeAsIs is store with the registrations as they are.
+func storeAsIs(tr *Tracker, model string, ranks int, first, last byte) {
 	var c Commit
-	c.Model, c.Objects = model, ranks
+	c.Model, c.WorldSize = model, ranks
 	if first > 1 {
 		c.Parent, c.HasParent = hashOf(first-1), true
 	}
@@ -166,7 +173,7 @@ func TestTrackerRules(t *testing.T) {
 	k := keys.ObjectKey{Chunk: hashOf(9), Model: "m"}
 	tr.Stored(&k)
 	tr.Lost(&k)
-	tr.Commit(Commit{Model: "m", Objects: 1, Hashes: []keys.Hash{hashOf(9)}, Tokens: make([]uint32, cs), Keys: []keys.ObjectKey{k}})
+	commit(tr, Commit{Model: "m", WorldSize: 1, Hashes: []keys.Hash{hashOf(9)}, Tokens: make([]uint32, cs), Keys: []keys.ObjectKey{k}})
 	want()
 	// Bench traffic is not announced.
 	store(tr, keys.BenchModelPrefix+"x", 1, 1, 2)
@@ -182,13 +189,13 @@ func TestTrackerRanksWaitForAll(t *testing.T) {
 	k1 := keys.ObjectKey{Chunk: hashOf(1), Model: "m", KVRank: 1}
 	tr.Stored(&k0)
 	tr.Stored(&k1)
-	c := Commit{Model: "m", Objects: 2, Hashes: []keys.Hash{hashOf(1)}, Tokens: make([]uint32, cs), Keys: []keys.ObjectKey{k0}}
-	tr.Commit(c)
+	c := Commit{Model: "m", WorldSize: 2, Hashes: []keys.Hash{hashOf(1)}, Tokens: make([]uint32, cs), Keys: []keys.ObjectKey{k0}}
+	commit(tr, c)
 	if bs := tr.Flush(); len(bs) != 0 {
 		t.Fatalf("announced with one rank of two: %d batches", len(bs))
 	}
 	c.Keys = []keys.ObjectKey{k1}
-	tr.Commit(c)
+	commit(tr, c)
 	if bs := tr.Flush(); len(bs) != 1 || bs[0].Seq != 0 {
 		t.Fatalf("batches %+v", bs)
 	}
@@ -237,13 +244,16 @@ func TestEncodeArrayForm(t *testing.T) {
 }
 
 // recount is m's announced and held counts computed from scratch.
-func (m *medium) recount() (announced, held int) {
+func (t *Tracker) recount(m *medium) (announced, held int) {
 	for ek, n := range m.nodes {
 		if n.announced {
 			announced++
-		} else if n.whole() {
+			if !t.usable(m, n, ek) {
+				announced = -1 << 30 // announced and not usable: a broken rule
+			}
+		} else if t.whole(ek.model, n) {
 			held++
-			if m.usable(n, ek) {
+			if t.usable(m, n, ek) {
 				announced = -1 << 30 // usable and not announced: a broken rule
 			}
 		}
@@ -251,25 +261,40 @@ func (m *medium) recount() (announced, held int) {
 	return announced, held
 }
 
-// Random stores (two ranks, shared prefixes), losses, clears and the
-// writes and losses of two tiers of one STORAGE medium: after each step
-// each medium's counters equal a recount, nothing usable stays
-// unannounced, and a router's index of each medium equals its announced
-// set.
+// Random stores (two ranks, shared prefixes), losses, clears, the
+// writes and losses of two tiers of one STORAGE medium, and the model's
+// registrations changing (its last worker unregistered, its layout
+// registered again, a second layout registered beside it, which LOOKUP
+// then asks of every chunk too): after each step each medium's counters
+// equal a recount, nothing usable stays unannounced and nothing announced
+// is unusable, and a router's index of each medium equals its announced
+// set (the router fails on a removal of a hash not announced, or twice).
 func TestTrackerRandomModel(t *testing.T) {
 	for _, per := range []int{0, 2} {
 		rng := rand.New(rand.NewPCG(1, 2))
 		tr := New(Options{BlockSize: cs, EventBlockSize: per})
 		tv := tr.SetTiers([]string{"", MediumStorage})
+		tr.Registered("m", 2, one)
 		r := &router{t: t, known: map[uint64]bool{}, per: per}
 		rs := &router{t: t, known: map[uint64]bool{}, per: per, medium: MediumStorage}
 		// in is what each tier holds, as a tier tells it: a value once.
 		in := [2]map[keys.ObjectKey]bool{{}, {}}
+		unregistered := 0
 		for step := range 5000 {
-			switch op := rng.IntN(14); {
+			switch op := rng.IntN(15); {
+			case op == 14:
+				switch rng.IntN(3) {
+				case 0:
+					tr.Registered("m", 2, Layouts{})
+					unregistered++
+				case 1:
+					tr.Registered("m", 2, one)
+				default:
+					tr.Registered("m", 2, Layouts{IDs: []uint64{0, 7}, Groups: []int{1, 1}})
+				}
 			case op < 5:
 				first := byte(1 + rng.IntN(12))
-				store(tr, "m", 2, first, first+byte(rng.IntN(4)))
+				storeAsIs(tr, "m", 2, first, first+byte(rng.IntN(4)))
 			case op < 9:
 				lose(tr, "m", uint32(rng.IntN(2)), byte(1+rng.IntN(15)))
 			case op < 13:
@@ -282,7 +307,7 @@ func TestTrackerRandomModel(t *testing.T) {
 				case !in[i][k] && op < 12:
 					tr.mu.Lock()
 					src := tr.l1.nodes[keyOf(&k)]
-					resident := src != nil && src.want > 0 && slices.ContainsFunc(src.objs, func(o obj) bool { return o.rank == k.KVRank && o.committed })
+					resident := src != nil && src.ws > 0 && slices.ContainsFunc(src.objs, func(o obj) bool { return o.rank == k.KVRank && o.committed })
 					tr.mu.Unlock()
 					if resident { // a tier writes only committed objects
 						in[i][k] = true
@@ -299,8 +324,8 @@ func TestTrackerRandomModel(t *testing.T) {
 				rs.apply(b)
 			}
 			tr.mu.Lock()
-			a, h := tr.l1.recount()
-			as, hs := tr.tiers[0].recount()
+			a, h := tr.recount(tr.l1)
+			as, hs := tr.recount(tr.tiers[0])
 			la, lh, sa, sh := tr.l1.announced, tr.l1.held, tr.tiers[0].announced, tr.tiers[0].held
 			blocks, sblocks := 0, 0
 			for _, nd := range tr.l1.nodes {
@@ -328,8 +353,8 @@ func TestTrackerRandomModel(t *testing.T) {
 				t.Fatalf("step %d: stats %+v, want announced %d held %d", step, s, la+sa, lh+sh)
 			}
 		}
-		if s := tr.Stats(); s.StoredEvents == 0 || len(rs.known) == 0 && s.RemovedEvents == 0 {
-			t.Fatalf("block %d: the random run announced nothing in STORAGE: %+v", per, s)
+		if s := tr.Stats(); s.StoredEvents == 0 || len(rs.known) == 0 && s.RemovedEvents == 0 || unregistered == 0 {
+			t.Fatalf("block %d: the random run announced nothing in STORAGE or never unregistered: %+v", per, s)
 		}
 	}
 }
@@ -468,13 +493,13 @@ func TestTrackerSplitsChunks(t *testing.T) {
 	}
 	commit := func(toks []uint32) {
 		hs := big.Hashes(toks)
-		c := Commit{Model: "m", Objects: 1, Hashes: hs, Tokens: toks}
+		c := Commit{Model: "m", WorldSize: 1, Hashes: hs, Tokens: toks}
 		for _, h := range hs {
 			k := keys.ObjectKey{Chunk: h, Model: "m"}
 			tr.Stored(&k)
 			c.Keys = append(c.Keys, k)
 		}
-		tr.Commit(c)
+		commit(tr, c)
 	}
 	a := []uint32{1, 2, 3, 4, 5, 6, 7, 8}
 	b := []uint32{1, 2, 3, 4, 5, 6, 9, 9} // shares a's first chunk and the block 5 6
@@ -548,4 +573,82 @@ func TestEncodeFormsDecode(t *testing.T) {
 			}
 		}
 	}
+}
+
+// one is the layouts of a worker registered with one layout (ID 0, the
+// layout of the tests' keys) and one KV group.
+var one = Layouts{IDs: []uint64{0}, Groups: []int{1}}
+
+// commit registers c's model and world size with one layout, as a worker
+// registers before it stores, and commits c.
+func commit(tr *Tracker, c Commit) {
+	tr.Registered(c.Model, c.WorldSize, one)
+	tr.Commit(c)
+}
+
+// TestTrackerFollowsRegistrations: LOOKUP counts a chunk only for the
+// layouts registered for its model, so the announced set follows them in
+// every medium and in the poll log: the last worker's unregister removes
+// every chunk of the model (each announced hash once, none that was not),
+// a registration of the same layout announces them again parents first, a
+// second layout registered beside it (LOOKUP then asks every chunk of it
+// too) removes those it lacks, and a call that changes nothing, a bench
+// model or a malformed list sends nothing. (The poll log's side:
+// TestLogMirrorsAnnouncedSet.)
+func TestTrackerFollowsRegistrations(t *testing.T) {
+	tr := New(Options{BlockSize: cs})
+	tv := tr.SetTiers([]string{""})
+	cpu := &router{t: t, known: map[uint64]bool{}}
+	sto := &router{t: t, known: map[uint64]bool{}, medium: MediumStorage}
+	flush := func() int {
+		bs := tr.Flush()
+		for _, b := range bs {
+			cpu.apply(b)
+			sto.apply(b)
+		}
+		return len(bs)
+	}
+	want := func(what string, cpuN, stoN int) {
+		t.Helper()
+		flush()
+		if len(cpu.known) != cpuN || len(sto.known) != stoN {
+			t.Fatalf("%s: CPU %d STORAGE %d blocks, want %d %d", what, len(cpu.known), len(sto.known), cpuN, stoN)
+		}
+	}
+	store(tr, "m", 1, 1, 3)
+	root(tr, "w", 20)               // another model's chunk stays throughout
+	for i := byte(1); i <= 2; i++ { // the tier holds chunks 1 and 2
+		k := keys.ObjectKey{Chunk: hashOf(i), Model: "m"}
+		tv.Stored(0, &k)
+	}
+	want("stored", 4, 2)
+	tr.Registered("m", 1, one) // another worker of the same layout
+	if n := flush(); n != 0 {
+		t.Fatalf("a registration that changes nothing sent %d batches", n)
+	}
+	tr.Registered("m", 2, Layouts{}) // another world size: not m's chunks
+	tr.Registered(keys.BenchModelPrefix+"m", 1, Layouts{})
+	tr.Registered("m", 1, Layouts{IDs: []uint64{0}}) // malformed: ignored
+	want("unrelated", 4, 2)
+	tr.Registered("m", 1, Layouts{}) // the last worker of m went
+	want("unregistered", 1, 0)
+	if s := tr.Stats(); s.Announced != 1 || s.Held != 0 {
+		t.Fatalf("stats after the unregister %+v", s)
+	}
+	// Evicted while unregistered: it does not come back.
+	lose(tr, "m", 0, 3)
+	tr.Registered("m", 1, one)
+	want("registered again", 3, 2) // w's, m's 1 and 2; the router fails on a child first
+	// A second layout beside it: every chunk must have its objects too.
+	two := Layouts{IDs: []uint64{0, 9}, Groups: []int{1, 1}}
+	tr.Registered("m", 1, two)
+	want("second layout", 1, 0)
+	k := keys.ObjectKey{Chunk: hashOf(1), Model: "m", Layout: 9}
+	tr.Stored(&k)
+	tr.Commit(Commit{Model: "m", WorldSize: 1, Hashes: []keys.Hash{hashOf(1)}, Tokens: make([]uint32, cs), Keys: []keys.ObjectKey{k}})
+	want("second layout's first chunk", 2, 0)
+	tv.Stored(0, &k)
+	want("second layout's first chunk in the tier", 2, 1)
+	tr.Registered("m", 1, Layouts{IDs: []uint64{9}, Groups: []int{1}}) // the first layout's workers went
+	want("first layout gone", 2, 1)
 }

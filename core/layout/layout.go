@@ -236,6 +236,38 @@ type Registry struct {
 	// maxBytes is the largest registered layout's Bytes, kept current on
 	// every change so readers (one per wire message) never scan entries.
 	maxBytes atomic.Int64
+	// observe, when set, is told every change of what Registered lists.
+	observe func(model string, worldSize int, ids []uint64, groups []int)
+}
+
+// Observe makes the registry tell f, under its lock and so in the order
+// of the changes, the layouts Registered lists for (model, worldSize)
+// after each change of them (none when the last went): the KV event
+// stream's announced set follows what LOOKUP answers for. A reference
+// added to or dropped from a layout still registered changes nothing and
+// tells nothing. f must not call the registry. Set it before the first
+// registration.
+func (r *Registry) Observe(f func(model string, worldSize int, ids []uint64, groups []int)) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.observe = f
+}
+
+// changedLocked tells the observer what k lists now; r.mu is held.
+func (r *Registry) changedLocked(k regKey) {
+	if r.observe == nil {
+		return
+	}
+	ids, groups := listLocked(r.entries[k])
+	r.observe(k.model, k.world, ids, groups)
+}
+
+func listLocked(es []*regEntry) (ids []uint64, groups []int) {
+	for _, e := range es {
+		ids = append(ids, e.id)
+		groups = append(groups, len(e.groups))
+	}
+	return ids, groups
 }
 
 // NewRegistry returns an empty registry.
@@ -275,6 +307,7 @@ func (r *Registry) AddGroups(model string, worldSize int, groups []Layout) (uint
 			r.maxBytes.Store(l.Bytes)
 		}
 	}
+	r.changedLocked(k)
 	return id, nil
 }
 
@@ -314,6 +347,7 @@ func (r *Registry) Remove(model string, worldSize int, id uint64) {
 	} else {
 		r.entries[k] = es
 	}
+	r.changedLocked(k)
 	if e.maxBytes() >= r.maxBytes.Load() {
 		var m int64
 		for _, list := range r.entries {
@@ -356,11 +390,7 @@ func (r *Registry) First(model string, worldSize int) (id uint64, groups int) {
 func (r *Registry) Registered(model string, worldSize int) (ids []uint64, groups []int) {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
-	for _, e := range r.entries[regKey{model, worldSize}] {
-		ids = append(ids, e.id)
-		groups = append(groups, len(e.groups))
-	}
-	return ids, groups
+	return listLocked(r.entries[regKey{model, worldSize}])
 }
 
 // Get returns the first layout of (model, worldSize), of group 0 for a
@@ -422,6 +452,13 @@ func (r *Registry) Has(model string, worldSize int) bool {
 func (r *Registry) Clear() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	ks := make([]regKey, 0, len(r.entries))
+	for k := range r.entries {
+		ks = append(ks, k)
+	}
 	clear(r.entries)
 	r.maxBytes.Store(0)
+	for _, k := range ks {
+		r.changedLocked(k)
+	}
 }

@@ -1,6 +1,8 @@
 package layout
 
 import (
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -115,4 +117,41 @@ func TestRegistryRefCounts(t *testing.T) {
 	if r.Has("x", 1) {
 		t.Fatal("Clear")
 	}
+}
+
+// TestRegistryObserved: the observer is told what Registered lists after
+// each change of it, in order, and nothing for a reference added to or
+// dropped from a layout still registered, nor for a Remove of a layout
+// never registered.
+func TestRegistryObserved(t *testing.T) {
+	r := NewRegistry()
+	var told []string
+	r.Observe(func(model string, worldSize int, ids []uint64, groups []int) {
+		told = append(told, fmt.Sprintf("%s/%d:%d,%v", model, worldSize, len(ids), groups))
+		if got, _ := r.registeredForTest(model, worldSize); !slices.Equal(got, ids) {
+			t.Errorf("told %v, registered %v", ids, got)
+		}
+	})
+	a, _ := New(2, 16, 16, "float16", false)
+	b, _ := New(2, 16, 16, "float32", false)
+	r.Add("m", 1, a)
+	r.Add("m", 1, a)                  // a second reference: nothing
+	r.Remove("m", 1, ID([]Layout{b})) // never registered: nothing
+	r.Remove("n", 1, ID([]Layout{a})) // another model: nothing
+	r.Add("m", 1, b)
+	r.Remove("m", 1, ID([]Layout{a}))
+	r.Remove("m", 1, ID([]Layout{a})) // the last reference of a
+	r.Remove("m", 1, ID([]Layout{b}))
+	r.Add("x", 2, a)
+	r.Clear()
+	want := []string{"m/1:1,[1]", "m/1:2,[1 1]", "m/1:1,[1]", "m/1:0,[]", "x/2:1,[1]", "x/2:0,[]"}
+	if !slices.Equal(told, want) {
+		t.Fatalf("told %q, want %q", told, want)
+	}
+}
+
+// registeredForTest is Registered with r.mu held already (the observer
+// runs under it).
+func (r *Registry) registeredForTest(model string, worldSize int) ([]uint64, []int) {
+	return listLocked(r.entries[regKey{model, worldSize}])
 }

@@ -192,6 +192,36 @@ func TestKVEventsPollPython(t *testing.T) {
 	}
 }
 
+// TestKVEventsPollUnregisterPython: the model's last worker unregisters
+// (LOOKUP answers 0 for its prompts, whose chunks stay in the pool): the
+// poller, which fails on a removal of a chunk it does not hold, ends with
+// nothing indexed; the same layout registered again makes the chunks hits
+// again, and the poller rebuilds exactly the chunks LOOKUP hits, parents
+// first (it fails on a child before its parent).
+func TestKVEventsPollUnregisterPython(t *testing.T) {
+	srv := harness.Start(t, "--protocol", "engine-driven-v2", "--chunk-size", "16")
+	prompts := pollPrompts(4, 30)
+	state := filepath.Join(t.TempDir(), "state.json")
+	runPoller(t, srv, map[string]any{"phase": "store", "prompts": prompts, "state": state, "unregister": true})
+	r := runPoller(t, srv, map[string]any{"phase": "poll", "state": state})
+	if want := lookupChunks(t, srv, "poll-m", prompts); len(r.Index) != 0 || len(want) != 0 || r.Records == 0 {
+		t.Fatalf("after the unregister: the poller holds %d chunks of %d records, LOOKUP hits %d", len(r.Index), r.Records, len(want))
+	}
+	runPoller(t, srv, map[string]any{"phase": "register"})
+	r2 := runPoller(t, srv, map[string]any{"phase": "poll", "state": state})
+	want := lookupChunks(t, srv, "poll-m", prompts)
+	if len(want) == 0 || len(r2.Index) != len(want) || r2.Resyncs["events_lost"]+r2.Resyncs["server_restart"] != 0 {
+		t.Fatalf("registered again: the poller holds %d chunks, LOOKUP hits %d; resyncs %v", len(r2.Index), len(want), r2.Resyncs)
+	}
+	for h := range r2.Index {
+		if _, ok := want[h]; !ok {
+			t.Fatalf("poller indexes %s, which LOOKUP does not hit", h[:8])
+		}
+	}
+	t.Logf("%d records in all; %d chunks held after the unregister, %d after the registration again (= LOOKUP hits)",
+		r2.Records, len(r.Index), len(r2.Index))
+}
+
 // TestKVEventsPollLostPython: with a log of 16 records, a poller that
 // reads nothing while ~90 records pass is told lost, withdraws what it
 // held and keeps only what follows (a subset of the chunks LOOKUP hits);

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -18,7 +19,10 @@ import (
 	"kvdock/core/engine"
 	"kvdock/core/keys"
 	"kvdock/core/kvevents"
+	"kvdock/core/protocol"
 	"kvdock/core/testkit/httpjson"
+	"kvdock/core/testkit/poll"
+	"kvdock/core/testkit/redisserver"
 	"kvdock/tests/harness"
 	goworker "kvdock/transfer/worker"
 )
@@ -237,7 +241,8 @@ type kvEventsStatus struct {
 
 // TestKVEventsIndexEqualsLookup drives the real binary with a SHM worker and
 // a pickle worker (two models) through randomized stores with shared
-// prefixes, evictions under pressure and a clear, while a router subscribes
+// prefixes, evictions under pressure, unregisters and registrations again
+// of workers, and a clear, while a router subscribes
 // with go-zeromq (llm-d's ZMQ library). After each phase, for every stored
 // prompt, the leading chunks the router's index holds equal the hits
 // LOOKUP answers: 0 divergence, and no event breaks a rule. With an fs
@@ -263,11 +268,15 @@ type eventsRun struct {
 	srv     *harness.Server
 	x       *routerIndex
 	ws      [][]*goworker.Worker
+	cfgs    [][]goworker.Config
+	down    [][]bool // the ranks unregistered now, per group (their group stores nothing)
 	sched   goworker.Scheduler
 	hasher  *keys.Hasher
 	rng     *rand.Rand
 	prompts []eventsPrompt
 	chunk   []byte
+	// unregisters counts the churn's unregisters.
+	unregisters int
 }
 
 type eventsPrompt struct {
@@ -324,18 +333,18 @@ func newEventsRun(t *testing.T, ctx context.Context, srv *harness.Server, x *rou
 		pickle    bool
 		worldSize int
 	}{{false, 1}, {true, 1}, {false, 2}} {
-		var group []*goworker.Worker
+		var cfgs []goworker.Config
 		for rank := range g.worldSize {
-			w, err := goworker.Register(ctx, srv.Dial(t, "nongpu-v1"), goworker.Config{InstanceID: int64(3601 + 10*i + rank),
+			cfgs = append(cfgs, goworker.Config{InstanceID: int64(3601 + 10*i + rank),
 				Model: fmt.Sprintf("events-model-%d", i), WorldSize: g.worldSize, WorkerID: rank,
 				Layers: 2, Hidden: 1024, Dtype: "float32", Pickle: g.pickle})
-			if err != nil {
-				t.Fatalf("register: %v\n%s", err, srv.Output())
-			}
-			t.Cleanup(func() { w.Close() })
-			group = append(group, w)
 		}
-		r.ws = append(r.ws, group)
+		r.cfgs = append(r.cfgs, cfgs)
+		r.ws = append(r.ws, make([]*goworker.Worker, g.worldSize))
+		r.down = append(r.down, make([]bool, g.worldSize))
+		for rank := range g.worldSize {
+			r.register(i, rank)
+		}
 	}
 	r.sched = goworker.Scheduler{C: srv.Dial(t, "nongpu-v1")}
 	var err error
@@ -346,16 +355,73 @@ func newEventsRun(t *testing.T, ctx context.Context, srv *harness.Server, x *rou
 	return r
 }
 
+// register registers rank of group i (again: a worker of the same model,
+// layout and instance id).
+func (r *eventsRun) register(i, rank int) {
+	t := r.t
+	w, err := goworker.Register(r.ctx, r.srv.Dial(t, "nongpu-v1"), r.cfgs[i][rank])
+	if err != nil {
+		t.Fatalf("register: %v\n%s", err, r.srv.Output())
+	}
+	t.Cleanup(func() { w.Close() })
+	r.ws[i][rank], r.down[i][rank] = w, false
+}
+
+// isDown reports whether a rank of group i is unregistered.
+func (r *eventsRun) isDown(i int) bool { return slices.Contains(r.down[i], true) }
+
+// churn unregisters and registers again workers, n times at random, and
+// stores between: a group's last worker unregistered (LOOKUP answers 0 for
+// its prompts, whose chunks stay in the pool), one rank of the world size
+// 2 model alone (its layout stays registered through the other rank:
+// LOOKUP still counts), the ranks down registered again (their chunks
+// count again). After each step the index equals LOOKUP's hits.
+func (r *eventsRun) churn(n int) {
+	t, rng := r.t, r.rng
+	for step := range n {
+		i := rng.IntN(len(r.ws))
+		switch {
+		case r.isDown(i):
+			for rank, d := range r.down[i] {
+				if d {
+					r.register(i, rank)
+				}
+			}
+		default:
+			ranks := len(r.ws[i])
+			if ranks > 1 && rng.IntN(2) == 0 {
+				ranks = 1 // one rank of two: nothing changes for LOOKUP
+			}
+			for rank := range ranks {
+				w := r.ws[i][rank]
+				if err := w.Unregister(r.ctx); err != nil {
+					t.Fatal(err)
+				}
+				w.Close()
+				r.down[i][rank] = true
+			}
+			r.unregisters++
+		}
+		r.store(3, 0)
+		r.check(fmt.Sprintf("churn %d (group %d down %v)", step, i, r.down[i]))
+	}
+}
+
 // store stores n prompts of 2..6 chunks; half of them extend an earlier
 // prompt's first chunks, so prefixes are shared and parents held.
-// ranks, when not 0, stores with that many ranks of the group only.
+// ranks, when not 0, stores with that many ranks of the group only. A
+// group with a rank unregistered stores nothing.
 func (r *eventsRun) store(n, ranks int) {
 	t, rng := r.t, r.rng
 	for range n {
-		g := r.ws[rng.IntN(len(r.ws))]
+		gi := rng.IntN(len(r.ws))
 		if ranks > 0 {
-			g = r.ws[2]
+			gi = 2
 		}
+		if r.isDown(gi) {
+			continue
+		}
+		g := r.ws[gi]
 		var toks []uint32
 		if len(r.prompts) > 0 && rng.IntN(2) == 0 && ranks == 0 {
 			base := r.prompts[rng.IntN(len(r.prompts))]
@@ -499,6 +565,21 @@ func kvEventsIndexEqualsLookup(t *testing.T, pub, rep int, withTier bool) {
 		t.Errorf("no evictions under pressure: %+v", st)
 	}
 	r.check("evicted")
+	// Workers unregister and register again: LOOKUP stops counting a
+	// model's chunks when its last worker goes and counts them again when
+	// one registers the layout again; the index follows.
+	r.churn(8)
+	if r.unregisters == 0 {
+		t.Fatal("the churn unregistered nothing")
+	}
+	for i := range r.ws {
+		for rank, d := range r.down[i] {
+			if d {
+				r.register(i, rank)
+			}
+		}
+	}
+	r.check("registered again")
 	resp, err := http.Post(fmt.Sprintf("http://127.0.0.1:%d/clear-cache", srv.HTTPPort), "application/json", nil)
 	if err != nil {
 		t.Fatal(err)
@@ -559,6 +640,54 @@ func kvEventsIndexEqualsLookup(t *testing.T, pub, rep int, withTier bool) {
 	t.Logf("%d prompts, %d batches, %d gap replays, %d STORAGE events", len(r.prompts), st.KVEvents.NextSeq, x.replays, x.storageSeen)
 }
 
+// TestHostileKVEventsUnregister: an UNREGISTER kvdock does not act on
+// removes nothing: one naming an instance never registered, and one
+// naming a live worker's instance from another connection (refused while
+// its holder is alive). Only the holder's own UNREGISTER of the model's
+// last worker removes its chunks, each announced hash once; the other
+// models' chunks stay.
+func TestHostileKVEventsUnregister(t *testing.T) {
+	ps := eventsPorts(t, 47245, 47260, 2)
+	srv := harness.Start(t, eventsArgs(ps[0], ps[1])...)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	x := subscribe(t, ctx, ps[0], ps[1], false)
+	r := newEventsRun(t, ctx, srv, x)
+	r.store(20, 0)
+	if hits := r.check("stored"); hits == 0 {
+		t.Fatal("nothing hit")
+	}
+	x.mu.Lock()
+	_, removed := x.applied()
+	x.mu.Unlock()
+	w := r.ws[0][0]
+	for _, id := range []int64{999999, w.InstanceID()} {
+		// From the scheduler's connection: unknown, then foreign.
+		if _, err := r.sched.C.Call(ctx, protocol.UnregisterKVCache, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r.check("hostile unregisters")
+	x.mu.Lock()
+	_, after := x.applied()
+	indexed := len(x.known[w.Model()])
+	x.mu.Unlock()
+	if after != removed || indexed == 0 {
+		t.Fatalf("hostile unregisters removed %d blocks (model 0 indexes %d)", after-removed, indexed)
+	}
+	if err := w.Unregister(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r.down[0][0] = true
+	r.check("unregistered by its holder") // fails on a removal not announced, or twice
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if _, gone := x.applied(); gone-after != indexed || len(x.known[w.Model()]) != 0 || len(x.known[r.ws[1][0].Model()]) == 0 {
+		t.Fatalf("the holder's unregister removed %d blocks of the %d model 0 had; models indexed %d %d",
+			gone-after, indexed, len(x.known[w.Model()]), len(x.known[r.ws[1][0].Model()]))
+	}
+}
+
 // sameIndex fails t unless y indexes what x does, in every medium.
 func sameIndex(t *testing.T, what string, x, y *routerIndex) {
 	t.Helper()
@@ -583,7 +712,7 @@ func sameIndex(t *testing.T, what string, x, y *routerIndex) {
 // the index it had before, which equals LOOKUP's hits; later stores and
 // evictions go on from there with 0 divergence.
 func TestKVEventsReannouncedAfterRestart(t *testing.T) {
-	ps := eventsPorts(t, 47230, 47260, 2)
+	ps := eventsPorts(t, 47230, 47245, 2)
 	pub, rep := ps[0], ps[1]
 	srv := harness.StartKeeping(t, false, eventsArgs(pub, rep)...)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -622,6 +751,86 @@ func TestKVEventsReannouncedAfterRestart(t *testing.T) {
 	r.store(100, 0) // past the pool: evictions of adopted chunks too
 	r.check("stored after the restart")
 	t.Logf("%d prompts, %d batches re-announced %d blocks", len(r.prompts), next, stored)
+}
+
+// TestKVEventsTierReannouncedAfterRestart: with an fs tier written behind
+// and L1 evicting, a SIGUSR2 restart that adopts the pool re-announces the
+// adopted L1 usable set for CPU and the values the tier still holds, which
+// the new process adopts, for STORAGE, parents first: a router that comes
+// up after the restart rebuilds from replay alone an index whose leading
+// chunks held in CPU or STORAGE equal LOOKUP's hits for every prompt, with
+// chunks only the tier holds among them; stores, unregisters and
+// registrations again go on from there with 0 divergence.
+func TestKVEventsTierReannouncedAfterRestart(t *testing.T) {
+	t.Run("fs", func(t *testing.T) {
+		kvEventsTierReannounced(t, fmt.Sprintf(`{"type": "fs", "base_path": %q, "max_capacity_gb": 1}`, t.TempDir()), nil)
+	})
+	// The resp tier adopts this host's share in the background: the
+	// values it still holds are re-announced as its load reaches them.
+	t.Run("resp", func(t *testing.T) {
+		rs := redisserver.Start(t, redisserver.Options{})
+		kvEventsTierReannounced(t, fmt.Sprintf(`{"type": "resp", "host": "127.0.0.1", "port": %d, "max_capacity_gb": 1}`, rs.Port),
+			func(srv *harness.Server) {
+				poll.Until(t, 30*time.Second, "the new process's share load ends", func() bool {
+					return strings.Count(srv.Output(), "adopted this host's values of earlier runs") >= 2
+				})
+			})
+	})
+}
+
+// kvEventsTierReannounced runs TestKVEventsTierReannouncedAfterRestart
+// with the tier adapter; loaded, when set, waits after the restart until
+// the tier adopted what it keeps.
+func kvEventsTierReannounced(t *testing.T, adapter string, loaded func(*harness.Server)) {
+	ps := eventsPorts(t, 47230, 47245, 2)
+	pub, rep := ps[0], ps[1]
+	args := append(eventsArgs(pub, rep), "--l2-adapter", adapter)
+	srv := harness.StartKeeping(t, false, args...)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	before := subscribe(t, ctx, pub, rep, false)
+	r := newEventsRun(t, ctx, srv, before)
+	r.store(120, 0) // about 500 chunks into a pool of 256: the tier keeps what L1 evicts
+	if hits := r.check("before the restart"); hits == 0 {
+		t.Fatal("nothing hit before the restart")
+	}
+	srv.RestartSignal(t)
+	if rs := srv.LastRestart(t); !rs.Adopted {
+		t.Fatalf("the pool was not adopted: %+v", rs)
+	}
+	if loaded != nil {
+		loaded(srv)
+	}
+	after := subscribe(t, ctx, pub, rep, true)
+	r.x = after
+	hits := r.check("after the restart") // replay alone, then the stream
+	after.mu.Lock()
+	cpu, sto, tierOnly := 0, 0, 0
+	for _, p := range r.prompts {
+		for _, h := range r.hasher.Hashes(p.tokens) {
+			wh := kvevents.WireHash(h)
+			inCPU, inSto := after.known[p.g[0].Model()][wh], after.storage[p.g[0].Model()][wh]
+			if inCPU {
+				cpu++
+			}
+			if inSto {
+				sto++
+			}
+			if inSto && !inCPU {
+				tierOnly++
+			}
+		}
+	}
+	after.mu.Unlock()
+	if hits == 0 || cpu == 0 || tierOnly == 0 {
+		t.Fatalf("after the restart: %d hits, %d prompt chunks indexed in CPU, %d in STORAGE, %d in STORAGE alone\n%s",
+			hits, cpu, sto, tierOnly, srv.Output())
+	}
+	r.store(20, 0)
+	r.check("stored after the restart")
+	r.churn(4)
+	t.Logf("%d prompts, %d hits after the restart: %d prompt chunks indexed in CPU, %d in STORAGE (%d there alone)",
+		len(r.prompts), hits, cpu, sto, tierOnly)
 }
 
 // eventsPorts returns n ports of [from, to) that libzmq can bind now. A

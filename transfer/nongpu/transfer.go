@@ -1162,14 +1162,15 @@ func (m *Module) noteCommittedSHM(inst *instance, k protocol.Key, rs []l1.Reserv
 
 // noteCommitted tells Deps.Committed what the KV event stream needs of a
 // commit that published rs: the store's chunk hashes in prompt order, the
-// parent of its first, its tokens and how many objects make a chunk whole
-// (every rank of every group, as LOOKUP counts).
+// parent of its first, its tokens and its world size (a chunk is whole
+// once every rank of every group of every registered layout committed it,
+// as LOOKUP counts).
 func (m *Module) noteCommitted(inst *instance, k protocol.Key, prev, ks []keys.ObjectKey, rs []l1.Reservation) {
 	if m.committed == nil || len(rs) == 0 || k.Start < 0 || k.End > len(k.TokenIDs) || k.Start > k.End {
 		return
 	}
 	c := kvevents.Commit{
-		Model: k.ModelName, Salt: k.CacheSalt, Objects: k.WorldSize * len(inst.groups),
+		Model: k.ModelName, Salt: k.CacheSalt, WorldSize: k.WorldSize,
 		Hashes: make([]keys.Hash, len(ks)), Tokens: k.TokenIDs[k.Start:k.End], Keys: make([]keys.ObjectKey, len(rs)),
 	}
 	for i := range ks {

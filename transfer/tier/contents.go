@@ -1,6 +1,8 @@
 package tier
 
-import "kvdock/core/keys"
+import (
+	"kvdock/core/keys"
+)
 
 // named is a backend key this Set writes or a tier holds, for
 // Options.Contents: the object it stores, whether the tier said it holds
@@ -60,4 +62,74 @@ func (s *Set) told(i int, m *member, name string, present bool) {
 	}
 	m.nmu.Unlock()
 	s.opts.Contents(i, k, present)
+}
+
+// Held lists, per tier, the objects the tiers told they hold now
+// (Options.Contents), for a restart that keeps the pool to carry them to
+// the next process, which adopts them (Adopt). Bounded by the tiers' own
+// values.
+func (s *Set) Held() [][]keys.ObjectKey {
+	out := make([][]keys.ObjectKey, len(s.tiers))
+	for i, m := range s.tiers {
+		if m.names == nil {
+			continue
+		}
+		m.nmu.Lock()
+		for _, e := range m.names {
+			if e.present {
+				out[i] = append(out[i], e.key)
+			}
+		}
+		m.nmu.Unlock()
+	}
+	return out
+}
+
+// Adopt takes on, for Options.Contents, the objects ks an earlier process
+// held in tier i (its Held, carried by a restart), told as this Set's own
+// values from then on: each one whose layout is registered now (its name
+// is the one a lookup asks the tier for, Key) and that the tier still
+// holds is told present, now or once the tier finds it (Adopter), and its
+// going later. A key that is no KV rank, a layout not registered, a name
+// this Set knows already (written since) or a tier that cannot adopt
+// changes nothing. It returns how many the tier took on.
+func (s *Set) Adopt(i int, ks []keys.ObjectKey) int {
+	if i < 0 || i >= len(s.tiers) {
+		return 0
+	}
+	m := s.tiers[i]
+	a, ok := m.b.(Adopter)
+	if !ok || m.names == nil {
+		return 0
+	}
+	took := 0
+	for _, k := range ks {
+		ws, w := int(k.KVRank>>24), int(k.KVRank>>16&0xff)
+		if ws < 1 || w >= ws || k.KVRank != keys.KVRank(ws, w) {
+			continue
+		}
+		lay, ok := s.layouts.LayoutOf(k.Model, ws, k.Layout, k.Group)
+		if !ok {
+			continue
+		}
+		name := Key(k, lay)
+		m.nmu.Lock()
+		if m.names[name] != nil {
+			m.nmu.Unlock()
+			continue
+		}
+		m.names[name] = &named{key: k}
+		m.nmu.Unlock()
+		// Not under nmu: the backend tells (told) under its own lock.
+		if a.Adopt(name) {
+			took++
+			continue
+		}
+		m.nmu.Lock()
+		if e := m.names[name]; e != nil && !e.present && e.writing == 0 {
+			delete(m.names, name)
+		}
+		m.nmu.Unlock()
+	}
+	return took
 }

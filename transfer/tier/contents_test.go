@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
 	"kvdock/core/keys"
+	"kvdock/core/layout"
 	"kvdock/transfer/tier"
 	"kvdock/transfer/tier/fs"
 )
@@ -78,4 +80,81 @@ func TestHostileContentsToldOnlyForOwnWrites(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.take(t, "0:"+id(ks[2])+"-")
+}
+
+// noLayouts registers no layout.
+type noLayouts struct{}
+
+func (noLayouts) LayoutOf(string, int, uint64, uint32) (layout.Layout, bool) {
+	return layout.Layout{}, false
+}
+
+// TestSetAdoptsCarriedValues: the objects a Set's tiers held (Held), given
+// to the next process's Set over the same fs tier (Adopt, as a restart
+// carries them), are told present there as the tier still holds them,
+// and their going later; an object the tier does not hold, one that is no
+// KV rank, one told twice, a tier index out of range and a layout not
+// registered take nothing on.
+func TestSetAdoptsCarriedValues(t *testing.T) {
+	lay := testLayout(t)
+	p := openPool(t, 1<<20)
+	dir := t.TempDir()
+	b, err := fs.Open(fs.FSConfig{BasePath: dir, CapacityBytes: 1 << 20, RecoverOnStart: true}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &contents{}
+	s := tier.NewSet([]tier.Backend{b}, p, fakeLayouts{lay}, tier.Options{WorkersPerTier: 1, Contents: c.note})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { s.Run(ctx); close(done) }()
+	ks := storeN(t, p, lay, 3)
+	for _, k := range ks {
+		s.Enqueue([]keys.ObjectKey{k}, lay)
+		waitQueue(t, s, 0)
+	}
+	id := func(k keys.ObjectKey) string { return fmt.Sprintf("%x", k.Chunk[0]) }
+	c.take(t, "0:"+id(ks[0])+"+", "0:"+id(ks[1])+"+", "0:"+id(ks[2])+"+")
+	held := s.Held()
+	cancel()
+	<-done
+	_ = s.Close() // the restart: the files stay
+	if len(held) != 1 || len(held[0]) != 3 {
+		t.Fatalf("held %v", held)
+	}
+
+	b2, err := fs.Open(fs.FSConfig{BasePath: dir, CapacityBytes: 1 << 20, RecoverOnStart: true}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c2 := &contents{}
+	s2 := newSet(t, p, lay, tier.Options{WorkersPerTier: 1, Contents: c2.note}, b2)
+	notHeld := testKey(9)
+	noRank := ks[0]
+	noRank.KVRank = 0xAB
+	if n := s2.Adopt(0, append(append([]keys.ObjectKey(nil), held[0]...), notHeld, noRank)); n != 3 {
+		t.Fatalf("adopted %d of 3", n)
+	}
+	slices.SortFunc(c2.got, strings.Compare)
+	c2.take(t, "0:"+id(ks[0])+"+", "0:"+id(ks[1])+"+", "0:"+id(ks[2])+"+")
+	if n := s2.Adopt(0, held[0]) + s2.Adopt(1, held[0]) + s2.Adopt(-1, held[0]); n != 0 {
+		t.Fatalf("adopted %d again", n)
+	}
+	if _, _, err := s2.Clear(context.Background(), 0); err != nil {
+		t.Fatal(err)
+	}
+	slices.SortFunc(c2.got, strings.Compare)
+	c2.take(t, "0:"+id(ks[0])+"-", "0:"+id(ks[1])+"-", "0:"+id(ks[2])+"-")
+
+	// Without the layout registered the name is unknown: nothing taken on.
+	b3, err := fs.Open(fs.FSConfig{BasePath: t.TempDir(), CapacityBytes: 1 << 20}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s3 := tier.NewSet([]tier.Backend{b3}, p, noLayouts{}, tier.Options{Contents: c2.note})
+	runSet(t, s3)
+	if n := s3.Adopt(0, held[0]); n != 0 {
+		t.Fatalf("adopted %d without a layout", n)
+	}
+	c2.take(t)
 }

@@ -69,6 +69,17 @@ type ContentNotifier interface {
 	NotifyContents(f func(key string, present bool))
 }
 
+// Adopter is implemented by ContentNotifiers that can take on, as a value
+// this process put, a value an earlier process put under key that they
+// hold (the fs tier's start scan indexed it; the resp tier's share holds
+// it): from then on it is told like the values this process put, its
+// holding now (or, for a share still loading, once the load finds it) and
+// its going. Adopt reports false when the backend does not hold key and
+// will not tell it.
+type Adopter interface {
+	Adopt(key string) bool
+}
+
 // ErrNotFound is wrapped by Backend.Get for an absent key.
 var ErrNotFound = errors.New("tier: not found")
 

@@ -16,7 +16,10 @@ from next_cursor.
 Phases (JSON_PARAMS "phase"):
   store  register, check GET_EXPERIMENTAL, store the prompts, polling a page
          after each store (and checking the cursor rules on the way), then
-         write the poller's state to "state".
+         write the poller's state to "state"; with "unregister", the worker
+         sends UNREGISTER for its instance last (its model's last worker).
+  register  register the instance again (the same model and layout), and
+         nothing else.
   poll   read the state, poll until caught up, with hostile polls first
          (wrong types, a negative cursor, a cursor in the future, a huge
          max_events): the wrong ones go unanswered, the others get
@@ -195,6 +198,12 @@ def main():
                 out["paged"] = [[e["seq"] for e in r["events"]] for r in (r1, r2)]
             with open(params["state"], "w") as f:
                 json.dump(p.state(), f)
+            if params.get("unregister"):
+                w.c.call("UNREGISTER", params["instance_id"])
+            w.c.close()
+        elif params["phase"] == "register":
+            w = pw.Worker(endpoint, params, params["instance_id"], 0)
+            out["mode"] = w.mode
             w.c.close()
         else:
             with open(params["state"]) as f:

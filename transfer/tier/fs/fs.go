@@ -274,6 +274,24 @@ func (t *Tier) unindexLocked(e *entry) {
 // leaves the index (evicted, deleted, cleared, found bad).
 func (t *Tier) NotifyContents(f func(key string, present bool)) { t.contents.Store(&f) }
 
+// Adopt implements tier.Adopter: a file the start scan indexed under key
+// (its header names key) becomes one this process wrote, told present now
+// and when it leaves the index.
+func (t *Tier) Adopt(key string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e := t.idx[hashKey(key)]
+	if t.closed || e == nil {
+		return false
+	}
+	if e.key != "" {
+		return false // this process wrote it since: told already
+	}
+	e.key = key
+	t.tellLocked(key, true)
+	return true
+}
+
 func (t *Tier) tellLocked(key string, present bool) {
 	if f := t.contents.Load(); f != nil {
 		(*f)(key, present)

@@ -35,6 +35,11 @@ func (t *Tier) NotifyState(f func(tierstate.Tier)) { t.notify.Store(&f) }
 // finds it gone.
 func (t *Tier) NotifyContents(f func(key string, present bool)) { t.idx.tell.Store(&f) }
 
+// Adopt implements tier.Adopter from the index: a value of this host's
+// share (see share.go) counts as written by this process, told present
+// once the share's load adopted it, and its going later.
+func (t *Tier) Adopt(key string) bool { return t.idx.takeOn(key) }
+
 // Stats is the backend's part of the tier's snapshot.
 func (t *Tier) Stats() tierstate.Tier {
 	used, objects := t.idx.usage(time.Now())

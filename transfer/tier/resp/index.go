@@ -30,8 +30,12 @@ type index struct {
 	m        map[string]*list.Element
 	swept    time.Time // last pass dropping entries past their TTL
 	// tell, when set (tier.ContentNotifier), is told under mu each key
-	// confirmed written and each confirmed key dropped.
+	// confirmed written or taken on (takeOn), and each such key dropped.
 	tell atomic.Pointer[func(string, bool)]
+	// wanted are the keys taken on before the share's load adopted them,
+	// told once it does; loaded ends them (bounded by maxIndexEntries).
+	wanted map[string]struct{}
+	loaded bool
 }
 
 // sweepEvery spaces the passes that drop expired entries from the count.
@@ -111,10 +115,50 @@ func (x *index) adopt(entries []entry, now time.Time) []string {
 		if _, ok := x.m[e.key]; ok || (x.ttl > 0 && now.Sub(e.written) >= x.ttl) {
 			continue
 		}
+		_, want := x.wanted[e.key]
+		e.held = want
 		x.m[e.key] = x.ll.PushFront(&e)
 		x.used += e.size
+		if f := x.tell.Load(); f != nil && want {
+			(*f)(e.key, true)
+		}
 	}
 	return x.trim(0, 0, now)
+}
+
+// takeOn makes key, a value of an earlier run, one this process tells of
+// (tier.Adopter): held now if the share's load adopted it, else once the
+// load does. It reports false when neither can be.
+func (x *index) takeOn(key string) bool {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if el, ok := x.m[key]; ok {
+		e := el.Value.(*entry)
+		if e.held {
+			return false // this process wrote it since: told already
+		}
+		e.held = true
+		if f := x.tell.Load(); f != nil {
+			(*f)(key, true)
+		}
+		return true
+	}
+	if x.loaded || len(x.wanted) >= maxIndexEntries {
+		return false
+	}
+	if x.wanted == nil {
+		x.wanted = map[string]struct{}{}
+	}
+	x.wanted[key] = struct{}{}
+	return true
+}
+
+// loadEnded notes that the share's load ended (adopted, stopped by a
+// bound, or given up): keys taken on later are held only if adopted.
+func (x *index) loadEnded() {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.loaded, x.wanted = true, nil
 }
 
 func (x *index) drop(el *list.Element) *entry {

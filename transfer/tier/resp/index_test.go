@@ -65,16 +65,7 @@ func TestIndexEntryBound(t *testing.T) {
 func TestIndexTellsContents(t *testing.T) {
 	t0 := time.Unix(1_000_000, 0)
 	x := newIndex(100, 10*time.Second)
-	var got []string
-	f := func(k string, present bool) { got = append(got, fmt.Sprint(k, present)) }
-	x.tell.Store(&f)
-	take := func(want ...string) {
-		t.Helper()
-		if fmt.Sprint(got) != fmt.Sprint(want) {
-			t.Fatalf("told %v, want %v", got, want)
-		}
-		got = nil
-	}
+	take := telling(t, x)
 	x.reserve("a", 40, t0)
 	take()
 	x.confirm("a")
@@ -98,4 +89,51 @@ func TestIndexTellsContents(t *testing.T) {
 	x.confirm("d")
 	x.takeAll()
 	take("dtrue", "dfalse")
+}
+
+// TestIndexTakesOnAdoptedKeys: a key of an earlier run taken on (a
+// restart carried it for the KV event stream) is told held once the
+// share's load adopts it (before: when the load comes; after: at once),
+// and told gone when it leaves the index; a key the load did not adopt, a
+// key taken on twice, a key this process confirmed itself, or one taken
+// on after the load ended without it tells nothing.
+func TestIndexTakesOnAdoptedKeys(t *testing.T) {
+	t0 := time.Unix(1_000_000, 0)
+	x := newIndex(100, 0)
+	take := telling(t, x)
+	if !x.takeOn("a") || !x.takeOn("gone") { // before the load: wanted
+		t.Fatal("a key taken on before the load was refused")
+	}
+	take()
+	x.reserve("mine", 10, t0)
+	x.confirm("mine")
+	take("minetrue")
+	x.adopt([]entry{{key: "a", size: 10, written: t0}, {key: "b", size: 10, written: t0}}, t0)
+	take("atrue")
+	x.loadEnded()
+	if x.takeOn("gone") || x.takeOn("a") || x.takeOn("mine") {
+		t.Fatal("a key not adopted, taken on twice, or confirmed by this process was taken on")
+	}
+	if !x.takeOn("b") {
+		t.Fatal("an adopted key taken on after the load was refused")
+	}
+	take("btrue")
+	x.remove("a")
+	x.remove("b")
+	take("afalse", "bfalse")
+}
+
+// telling records what x tells; take fails t unless it told want since
+// the last take.
+func telling(t *testing.T, x *index) (take func(want ...string)) {
+	var got []string
+	f := func(k string, present bool) { got = append(got, fmt.Sprint(k, present)) }
+	x.tell.Store(&f)
+	return func(want ...string) {
+		t.Helper()
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("told %v, want %v", got, want)
+		}
+		got = nil
+	}
 }

@@ -200,6 +200,7 @@ func (t *Tier) evict(ctx context.Context, c valkey.Client, op string, victims []
 // shareLoadLimit. Close ends it (t.bg) and waits for it (t.refreshes).
 func (t *Tier) loadShare() {
 	defer t.refreshes.Done()
+	defer t.idx.loadEnded()
 	ctx, cancel := context.WithTimeout(t.bg, shareLoadLimit)
 	defer cancel()
 	start := time.Now()

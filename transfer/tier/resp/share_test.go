@@ -3,7 +3,9 @@ package resp
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -179,5 +181,48 @@ func TestShareRefusesHostileFields(t *testing.T) {
 	}
 	if n, err := s.Do(ctx, "HLEN", shareKey); err != nil || n != "1" {
 		t.Fatalf("the share holds %s fields (%v), want the one present", n, err)
+	}
+}
+
+// TestShareValuesTakenOnAfterARestart: values this host wrote, the tier
+// reopened (a restart), the keys a restart carried taken on before the
+// share's load ends: each still on the server is told held once the load
+// adopts it, one taken on after the load at once, a key not on the server
+// never, and a value taken on is told gone when deleted.
+func TestShareValuesTakenOnAfterARestart(t *testing.T) {
+	s := redisserver.Start(t, redisserver.Options{})
+	cfg := standaloneCfg(s)
+	cfg.Instance = "hostA"
+	tr, _ := openLoaded(t, cfg)
+	store(t, tr, 0, 3, 1000)
+	_ = tr.Close()
+
+	tr, lb := open(t, cfg)
+	var mu sync.Mutex
+	var got []string
+	f := func(k string, present bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		got = append(got, fmt.Sprint(k == key(0), k == key(1), k == key(2), present))
+	}
+	tr.NotifyContents(f)
+	tr.Adopt(key(0))
+	tr.Adopt(key(1))
+	tr.Adopt(key(99)) // not on the server
+	if err := lb.Wait("adopted this host's values", 10*time.Second); err != nil {
+		t.Fatalf("the share was not loaded: %v\n%s", err, lb.String())
+	}
+	if !tr.Adopt(key(2)) || tr.Adopt(key(2)) || tr.Adopt(key(98)) {
+		t.Fatal("after the load: an adopted key refused, taken on twice, or an absent key taken on")
+	}
+	if err := tr.Delete(context.Background(), key(0)); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	slices.Sort(got[:2]) // the load adopts in its own order
+	want := []string{"false true false true", "true false false true", "false false true true", "true false false false"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("told %q, want %q", got, want)
 	}
 }
