@@ -227,7 +227,7 @@ func TestTrackerQueueBounded(t *testing.T) {
 }
 
 func TestEncodeArrayForm(t *testing.T) {
-	p := encodeBatch(1.5, []Event{{Stored: true, Medium: "CPU", Hashes: []uint64{1 << 63}, Tokens: []uint32{1, 2}}, {Medium: "CPU", Hashes: []uint64{7}}}, 2, true, 0)
+	p := encodeBatch(1.5, []Event{{Stored: true, Medium: "CPU", Hashes: []uint64{1 << 63}, Tokens: [][]uint32{{1, 2}}}, {Medium: "CPU", Hashes: []uint64{7}}}, 2, true, 0)
 	var raw []any
 	if err := msgpack.Unmarshal(p, &raw); err != nil {
 		t.Fatal(err)
@@ -552,9 +552,10 @@ func TestEncodeFormsDecode(t *testing.T) {
 		}
 	}
 	for _, n := range []int{0, 15, 16, 65535, 65536} {
-		ev := Event{Stored: true, Medium: "STORAGE", Hashes: make([]uint64, n), Tokens: make([]uint32, n)}
+		want := make([]uint32, n)
+		ev := Event{Stored: true, Medium: "STORAGE", Hashes: make([]uint64, n), Tokens: [][]uint32{want[:n/2], want[n/2:]}}
 		for i := range n {
-			ev.Hashes[i], ev.Tokens[i] = ints[i%len(ints)], uint32(ints[i%6])
+			ev.Hashes[i], want[i] = ints[i%len(ints)], uint32(ints[i%6])
 		}
 		var raw []any
 		if err := msgpack.Unmarshal(encodeBatch(2.5, []Event{ev, {Medium: "CPU", Hashes: ev.Hashes}}, 16, false, 3), &raw); err != nil {
@@ -568,7 +569,7 @@ func TestEncodeFormsDecode(t *testing.T) {
 			t.Fatalf("%d: batch %v", n, raw[0])
 		}
 		for i := range n {
-			if toU64(hs[i]) != ev.Hashes[i] || toU64(toks[i]) != uint64(ev.Tokens[i]) {
+			if toU64(hs[i]) != ev.Hashes[i] || toU64(toks[i]) != uint64(want[i]) {
 				t.Fatalf("%d: item %d: %v %v", n, i, hs[i], toks[i])
 			}
 		}
