@@ -309,7 +309,7 @@ func New(opt Options) *Tracker {
 		opt.Now = time.Now
 	}
 	t := &Tracker{opt: opt, l1: newMedium(opt.Medium), wake: make(chan struct{}, 1), regs: map[regKey]Layouts{},
-		fl: flushScratch{byModel: map[string]int{}}}
+		fl: flushScratch{byModel: map[string]int{}, last: -1}}
 	if n := opt.EventBlockSize; n > 0 && n != opt.BlockSize && opt.BlockSize%n == 0 {
 		t.split, _ = keys.NewHasher(n, keys.AlgorithmBLAKE3) // n > 0: cannot fail
 	} else {
@@ -884,6 +884,7 @@ type flushScratch struct {
 	models  []string
 	byModel map[string]int // index in models and evs
 	evs     [][]Event
+	last    int // the model of the record added last, -1 before the first
 }
 
 // Flush turns the waiting records into batches, one per model, numbers
@@ -933,7 +934,10 @@ func (t *Tracker) Flush() []Batch {
 
 // add merges r into its model's events.
 func (f *flushScratch) add(r *rec) {
-	mi, ok := f.byModel[r.model]
+	mi, ok := f.last, f.last >= 0 && f.models[f.last] == r.model // most records follow one of their model
+	if !ok {
+		mi, ok = f.byModel[r.model]
+	}
 	if !ok {
 		mi = len(f.models)
 		f.byModel[r.model] = mi
@@ -942,6 +946,7 @@ func (f *flushScratch) add(r *rec) {
 			f.evs = append(f.evs, nil)
 		}
 	}
+	f.last = mi
 	evs := f.evs[mi]
 	if l := len(evs); l > 0 {
 		e := &evs[l-1]
@@ -987,7 +992,7 @@ func (f *flushScratch) reset() {
 		}
 		f.evs[i] = f.evs[i][:0]
 	}
-	f.models = f.models[:0]
+	f.models, f.last = f.models[:0], -1
 	clear(f.byModel)
 }
 
