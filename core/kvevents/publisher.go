@@ -19,9 +19,9 @@ import (
 // one batch.
 const Coalesce = time.Millisecond
 
-// FlushEvery is the shortest time between two flushes that send: under a
-// steady stream of stores the events of several go in one batch per model,
-// so that the publisher's sends (each a wake of libzmq's I/O thread and of
+// FlushEvery is the shortest time between two flushes: under a steady
+// stream of stores the events of several go in one batch per model, so
+// that the publisher's sends (each a wake of libzmq's I/O thread and of
 // every subscriber) stay a few hundred a second whatever the store rate.
 // An event after a quiet spell still leaves Coalesce after it; the lag
 // under load stays under 10 ms at the 99th percentile
@@ -160,57 +160,37 @@ func (p *Publisher) topic(model string) []byte { return []byte("kv@" + p.opt.Pod
 
 func seq8(s uint64) []byte { return binary.BigEndian.AppendUint64(nil, s) }
 
-// publish owns the PUB socket. Idle, it waits on the tracker's wake; woken,
-// it waits Coalesce for the rest of the batch and sends what the tracker
-// flushed, then, as long as a flush found events, sleeps until FlushEvery
-// after it and flushes again without waiting on the wake: under a steady
-// stream of stores the data path's wake finds its channel's slot free and
-// wakes no goroutine, and the publisher wakes once per flush (its timer),
-// not twice. The wake a record left during a busy spell is taken before
-// each flush, so at most one empty flush follows a spell. A PUB never
-// blocks: past the HWM libzmq drops for that subscriber.
+// publish owns the PUB socket: each wake, it waits Coalesce for the rest of
+// the batch (longer when the last flush was under FlushEvery ago), then
+// sends what the tracker flushed. A PUB never blocks: past
+// the HWM libzmq drops for that subscriber.
 func (p *Publisher) publish(ctx context.Context, pub *zmq.Socket) {
 	defer p.wg.Done()
 	defer func() { _ = pub.Close() }()
 	t := time.NewTimer(0)
 	<-t.C
-	sleep := func(d time.Duration) bool {
-		t.Reset(d)
-		select {
-		case <-ctx.Done():
-			return false
-		case <-t.C:
-			return true
-		}
-	}
+	var last time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-p.tr.Wake():
 		}
-		if !sleep(Coalesce) {
+		t.Reset(max(Coalesce, FlushEvery-time.Since(last)))
+		select {
+		case <-ctx.Done():
 			return
+		case <-t.C:
 		}
-		for {
-			select {
-			case <-p.tr.Wake():
-			default:
-			}
-			last := time.Now()
-			bs := p.tr.Flush()
-			for _, b := range bs {
-				if _, err := pub.SendMessageDontwait(p.topic(b.Model), seq8(b.Seq), b.Payload); err != nil {
-					if p.sendErrs.Add(1) == 1 {
-						p.opt.Logger.Warn("kv events: publish failed", "seq", b.Seq, "err", err)
-					}
-					continue
+		last = time.Now()
+		for _, b := range p.tr.Flush() {
+			if _, err := pub.SendMessageDontwait(p.topic(b.Model), seq8(b.Seq), b.Payload); err != nil {
+				if p.sendErrs.Add(1) == 1 {
+					p.opt.Logger.Warn("kv events: publish failed", "seq", b.Seq, "err", err)
 				}
-				p.sent.Add(1)
+				continue
 			}
-			if len(bs) == 0 || !sleep(FlushEvery-time.Since(last)) {
-				break
-			}
+			p.sent.Add(1)
 		}
 	}
 }
