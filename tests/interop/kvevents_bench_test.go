@@ -32,7 +32,10 @@ import (
 // store, the CPU time of each server (every thread) over the whole loop and
 // the subscriber's (this process's CPU over the on rounds less the off
 // rounds: the worker's share is the same in both), since on two cores
-// every microsecond of either shows in the wall clock. Rounds of 40 stores
+// every microsecond of either shows in the wall clock; and, to tell where
+// the on server's extra time goes, the batches a store (flushes), each
+// server's context switches and minor page faults a store and the extra
+// CPU of the on server's libzmq I/O threads. Rounds of 40 stores
 // (about 40 ms) keep what a round's last flush leaves to the next round (a
 // few milliseconds' events) a small part of it.
 //
@@ -166,7 +169,7 @@ func BenchmarkKVEventsLagAndThroughput(b *testing.B) {
 	// The servers' own CPU time (every thread) over the whole loop: what
 	// the on server's publisher does after its round, while the off
 	// server stores, counts as its own.
-	onCPU0, offCPU0 := harness.CPUTime(b, on.PID()), harness.CPUTime(b, off.PID())
+	on0, off0 := harness.Threads(b, on.PID()), harness.Threads(b, off.PID())
 	b.ResetTimer()
 	for r := range rounds {
 		// Alternate which server goes first, so neither always follows the other.
@@ -195,7 +198,8 @@ func BenchmarkKVEventsLagAndThroughput(b *testing.B) {
 		pairs = append(pairs, took[1].Seconds()/took[0].Seconds())
 	}
 	b.StopTimer()
-	onCPU, offCPU := harness.CPUTime(b, on.PID())-onCPU0, harness.CPUTime(b, off.PID())-offCPU0
+	on1, off1 := harness.Threads(b, on.PID()), harness.Threads(b, off.PID())
+	onCPU, offCPU := on1.CPU-on0.CPU, off1.CPU-off0.CPU
 	// Every prompt's event arrives; a missing one fails the benchmark.
 	deadline := time.Now().Add(10 * time.Second)
 	var lags []float64
@@ -229,6 +233,17 @@ func BenchmarkKVEventsLagAndThroughput(b *testing.B) {
 	b.ReportMetric(float64(offCPU.Microseconds())/n, "off_cpu_us/store")
 	b.ReportMetric(onCPU.Seconds()/offCPU.Seconds(), "cpu_on_off")
 	b.ReportMetric(float64((onSelf-offSelf).Microseconds())/n, "sub_cpu_us/store")
+	// Where the on server's extra time goes: libzmq's I/O threads (the
+	// PUB's beside the wire server's, which both have), the threads' wakes
+	// and the fresh pages the replay buffer's payloads take.
+	b.ReportMetric(float64((on1.ZMQIO-on0.ZMQIO-(off1.ZMQIO-off0.ZMQIO)).Microseconds())/n, "zmq_io_on_off_us/store")
+	b.ReportMetric(float64(on1.Switches-on0.Switches)/n, "on_switches/store")
+	b.ReportMetric(float64(off1.Switches-off0.Switches)/n, "off_switches/store")
+	b.ReportMetric(float64(on1.MinorFaults-on0.MinorFaults)/n, "on_faults/store")
+	b.ReportMetric(float64(off1.MinorFaults-off0.MinorFaults)/n, "off_faults/store")
+	mu.Lock()
+	b.ReportMetric(float64(len(arrivals))/n, "batches/store")
+	mu.Unlock()
 	// Load from elsewhere comes in spells: the median of the rounds'
 	// ratios (each pair run back to back) is the steadier figure.
 	slices.Sort(pairs)
