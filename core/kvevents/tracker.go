@@ -153,7 +153,7 @@ type Stats struct {
 	StoredEvents  uint64 // hashes announced
 	RemovedEvents uint64 // hashes removed
 	Dropped       uint64 // events dropped because the queue was full
-	Queued        int    // chunk records waiting for the publisher
+	Queued        int    // chunk records waiting for the publisher or in a flush not yet numbered
 	Buffered      int    // batches in the replay buffer
 	NextSeq       uint64
 }
@@ -268,11 +268,15 @@ type Tracker struct {
 	// data path queued them; spare is the slice the last Flush emptied,
 	// handed back for the next records.
 	pend, spare []rec
-	st          Stats
-	split       *keys.Hasher // EventBlockSize's hasher; nil when chunks are announced whole
-	buf         []Batch      // the replay ring
-	head        int          // index of the oldest batch in buf when full
-	wake        chan struct{}
+	// flushing are the records a Flush took and has not numbered yet:
+	// counted as queued, so that Queued 0 means every event is in a
+	// numbered batch (a router at NextSeq has them all).
+	flushing int
+	st       Stats
+	split    *keys.Hasher // EventBlockSize's hasher; nil when chunks are announced whole
+	buf      []Batch      // the replay ring
+	head     int          // index of the oldest batch in buf when full
+	wake     chan struct{}
 	// fl is Flush's scratch, reused from flush to flush; flushMu
 	// serializes Flush (the publisher's alone) so that it can be.
 	flushMu sync.Mutex
@@ -904,7 +908,7 @@ func (t *Tracker) Flush() []Batch {
 		t.mu.Unlock()
 		return nil
 	}
-	t.pend, t.spare = t.spare[:0], nil
+	t.pend, t.spare, t.flushing = t.spare[:0], nil, len(recs)
 	t.mu.Unlock()
 
 	f := &t.fl
@@ -922,7 +926,7 @@ func (t *Tracker) Flush() []Batch {
 
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.spare = recs[:0]
+	t.spare, t.flushing = recs[:0], 0
 	for i := range out {
 		out[i].Seq = t.st.NextSeq
 		t.st.NextSeq++
@@ -1025,7 +1029,7 @@ func (t *Tracker) Stats() Stats {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	s := t.st
-	s.Queued, s.Buffered = len(t.pend), len(t.buf)
+	s.Queued, s.Buffered = len(t.pend)+t.flushing, len(t.buf)
 	for _, m := range t.media() {
 		s.Announced += m.announced
 		s.Held += m.held

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"math/rand/v2"
 	"testing"
+	"time"
 
 	"slices"
 
@@ -223,6 +224,32 @@ func TestTrackerQueueBounded(t *testing.T) {
 	store(tr, "c", 1, 1, 1)
 	if s := tr.Stats(); s.Dropped != 1 || s.Queued != 2 {
 		t.Fatalf("stats %+v", s)
+	}
+}
+
+// TestTrackerQueuedUntilNumbered: while a flush encodes the records it
+// took, Stats counts them queued and NextSeq is not yet past them, so a
+// reader that sees Queued 0 knows every event is in a batch numbered below
+// NextSeq (what a router's catch-up check relies on).
+func TestTrackerQueuedUntilNumbered(t *testing.T) {
+	var tr *Tracker
+	var during Stats
+	tr = New(Options{BlockSize: cs, Now: func() time.Time {
+		during = tr.Stats() // Flush reads the clock between taking the records and numbering them
+		return time.Unix(1, 0)
+	}})
+	store(tr, "m", 1, 1, 3)
+	if s := tr.Stats(); s.Queued != 3 || s.NextSeq != 0 { // one record a chunk
+		t.Fatalf("before the flush: %+v", s)
+	}
+	if bs := tr.Flush(); len(bs) != 1 {
+		t.Fatalf("%d batches", len(bs))
+	}
+	if during.Queued != 3 || during.NextSeq != 0 {
+		t.Fatalf("during the flush: %+v", during)
+	}
+	if s := tr.Stats(); s.Queued != 0 || s.NextSeq != 1 {
+		t.Fatalf("after the flush: %+v", s)
 	}
 }
 
