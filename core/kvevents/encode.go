@@ -17,7 +17,7 @@ import (
 func encodeBatch(ts float64, evs []Event, blockSize int, array bool, dpRank int) []byte {
 	n := 16
 	for i := range evs {
-		n += 64 + 9*len(evs[i].Hashes) + 5*len(evs[i].Tokens)
+		n += 64 + 9*len(evs[i].Hashes) + 5*evs[i].tokenCount()
 	}
 	b := make([]byte, 0, n)
 	b = mpArray(b, 3)
@@ -51,9 +51,11 @@ func encodeEvent(b []byte, ev *Event, blockSize int, array bool) []byte {
 		} else {
 			b = append(b, 0xc0)
 		}
-		b = mpArray(field(b, "token_ids"), len(ev.Tokens))
-		for _, tk := range ev.Tokens {
-			b = mpUint(b, uint64(tk))
+		b = mpArray(field(b, "token_ids"), ev.tokenCount())
+		for _, run := range ev.Tokens {
+			for _, tk := range run {
+				b = mpUint(b, uint64(tk))
+			}
 		}
 		b = mpUint(field(b, "block_size"), uint64(blockSize))
 		b = append(field(b, "lora_id"), 0xc0)
@@ -68,6 +70,15 @@ func encodeEvent(b []byte, ev *Event, blockSize int, array bool) []byte {
 	b = mpStr(b, "BlockRemoved")
 	b = hashes(field(b, "block_hashes"), ev.Hashes)
 	return mpStr(field(b, "medium"), ev.Medium)
+}
+
+// tokenCount is the number of ev's tokens, over its runs.
+func (ev *Event) tokenCount() int {
+	n := 0
+	for _, run := range ev.Tokens {
+		n += len(run)
+	}
+	return n
 }
 
 func hashes(b []byte, hs []uint64) []byte {

@@ -48,9 +48,10 @@ const (
 // DefaultBufferSteps is how many published batches the replay buffer keeps.
 const DefaultBufferSteps = 10000
 
-// DefaultMaxQueued bounds the events waiting for the publisher; past it new
-// events are dropped and counted, so a stalled publisher costs bounded memory
-// and never blocks the data path.
+// DefaultMaxQueued bounds the chunk records waiting for the publisher (one
+// per chunk announced or block removed, about a hundred bytes each); past it
+// new ones are dropped and counted, so a stalled publisher costs bounded
+// memory and never blocks the data path.
 const DefaultMaxQueued = 1 << 16
 
 // Options configures a Tracker.
@@ -71,7 +72,7 @@ type Options struct {
 	Array bool
 	// BufferSteps is the replay buffer's size in batches.
 	BufferSteps int
-	// MaxQueued bounds the events waiting to be published.
+	// MaxQueued bounds the chunk records waiting to be published.
 	MaxQueued int
 	// DataParallelRank is the batch's last field.
 	DataParallelRank int
@@ -115,7 +116,33 @@ type Event struct {
 	Hashes    []uint64
 	Parent    uint64
 	HasParent bool
-	Tokens    []uint32
+	// Tokens are the tokens of Hashes' blocks, run after run: each run is
+	// a chunk's (or the new blocks' of one), shared with the tracker's
+	// node, so that building an event copies no token.
+	Tokens [][]uint32
+}
+
+// rec is what the data path queues for the publisher: one chunk's blocks
+// new to the wire (stored) or one block leaving it. It holds references
+// only (the model and medium names, the node's tokens and split blocks,
+// which are never written once set), so queueing one copies nothing and,
+// once the queue's two slices have grown, allocates nothing; Flush merges
+// the records into events and encodes them on the publisher's goroutine.
+type rec struct {
+	model, medium     string
+	stored, hasParent bool
+	parent            uint64
+	h                 uint64      // the block, when blocks is nil
+	blocks            []keys.Hash // stored and split: the chunk's blocks new to the wire
+	tokens            []uint32    // stored: the tokens of those blocks
+}
+
+// last is the wire hash of r's last block.
+func (r *rec) last() uint64 {
+	if len(r.blocks) > 0 {
+		return WireHash(r.blocks[len(r.blocks)-1])
+	}
+	return r.h
 }
 
 // Stats are the tracker's counters.
@@ -126,7 +153,7 @@ type Stats struct {
 	StoredEvents  uint64 // hashes announced
 	RemovedEvents uint64 // hashes removed
 	Dropped       uint64 // events dropped because the queue was full
-	Queued        int    // events waiting for the publisher
+	Queued        int    // chunk records waiting for the publisher or in a flush not yet numbered
 	Buffered      int    // batches in the replay buffer
 	NextSeq       uint64
 }
@@ -233,18 +260,27 @@ func (m *medium) add(ek ekey, n *node) {
 type Tracker struct {
 	opt Options
 
-	mu     sync.Mutex
-	l1     *medium
-	tiers  []*medium          // cur's media
-	cur    *Tiers             // the tiers behind the pool now
-	queue  map[string][]Event // events waiting, per model
-	order  []string           // models of queue in first-event order
-	queued int
-	st     Stats
-	split  *keys.Hasher // EventBlockSize's hasher; nil when chunks are announced whole
-	buf    []Batch      // the replay ring
-	head   int          // index of the oldest batch in buf when full
-	wake   chan struct{}
+	mu    sync.Mutex
+	l1    *medium
+	tiers []*medium // cur's media
+	cur   *Tiers    // the tiers behind the pool now
+	// pend are the records waiting for the publisher, in the order the
+	// data path queued them; spare is the slice the last Flush emptied,
+	// handed back for the next records.
+	pend, spare []rec
+	// flushing are the records a Flush took and has not numbered yet:
+	// counted as queued, so that Queued 0 means every event is in a
+	// numbered batch (a router at NextSeq has them all).
+	flushing int
+	st       Stats
+	split    *keys.Hasher // EventBlockSize's hasher; nil when chunks are announced whole
+	buf      []Batch      // the replay ring
+	head     int          // index of the oldest batch in buf when full
+	wake     chan struct{}
+	// fl is Flush's scratch, reused from flush to flush; flushMu
+	// serializes Flush (the publisher's alone) so that it can be.
+	flushMu sync.Mutex
+	fl      flushScratch
 	// regs are the layouts registered per (model, world size), as the
 	// layout registry told them (Registered); absent when none is.
 	regs map[regKey]Layouts
@@ -276,8 +312,8 @@ func New(opt Options) *Tracker {
 	if opt.Now == nil {
 		opt.Now = time.Now
 	}
-	t := &Tracker{opt: opt, l1: newMedium(opt.Medium), queue: map[string][]Event{}, wake: make(chan struct{}, 1),
-		regs: map[regKey]Layouts{}}
+	t := &Tracker{opt: opt, l1: newMedium(opt.Medium), wake: make(chan struct{}, 1), regs: map[regKey]Layouts{},
+		fl: flushScratch{byModel: map[string]int{}, last: -1}}
 	if n := opt.EventBlockSize; n > 0 && n != opt.BlockSize && opt.BlockSize%n == 0 {
 		t.split, _ = keys.NewHasher(n, keys.AlgorithmBLAKE3) // n > 0: cannot fail
 	} else {
@@ -716,16 +752,13 @@ func (t *Tracker) unannounce(m *medium, ek ekey) {
 	}
 }
 
-// blocks are the announced blocks of chunk e in m, and the block before
-// its first (hasParent false for a prompt's first): the chunk itself, or
-// its split blocks chained after the parent chunk's last block.
-func (t *Tracker) blocks(m *medium, e ekey, n *node) (bs []keys.Hash, parent keys.Hash, hasParent bool) {
+// splitBlocks are the announced blocks of chunk e in m (split only), and
+// the block before its first (hasParent false for a prompt's first): its
+// split blocks chained after the parent chunk's last block.
+func (t *Tracker) splitBlocks(m *medium, e ekey, n *node) (bs []keys.Hash, parent keys.Hash, hasParent bool) {
 	var pn *node
 	if n.hasParent {
 		pn = m.nodes[ekey{model: e.model, salt: e.salt, h: n.parent}]
-	}
-	if t.split == nil {
-		return []keys.Hash{e.h}, n.parent, n.hasParent
 	}
 	if n.subs == nil {
 		prev := keys.NoneHash()
@@ -740,14 +773,25 @@ func (t *Tracker) blocks(m *medium, e ekey, n *node) (bs []keys.Hash, parent key
 	return n.subs, keys.Hash{}, false
 }
 
-// wireUp counts e's blocks announced in m and emits the ones new to the
+// wireUp counts e's blocks announced in m and queues the ones new to the
 // router: a suffix of the chunk's blocks, since a block shared with
-// another announced chunk has its leading blocks shared too.
+// another announced chunk has its leading blocks shared too. A chunk
+// announced whole (the default) costs two map operations and one append.
 func (t *Tracker) wireUp(m *medium, e ekey, n *node) {
 	if t.opt.NoStream {
 		return
 	}
-	bs, parent, hasParent := t.blocks(m, e, n)
+	if t.split == nil {
+		w := wkey{model: e.model, h: WireHash(e.h)}
+		if m.wire[w]++; m.wire[w] > 1 {
+			return
+		}
+		t.st.StoredEvents++
+		t.queue(rec{model: e.model, medium: m.name, stored: true, h: w.h, parent: WireHash(n.parent),
+			hasParent: n.hasParent, tokens: n.tokens})
+		return
+	}
+	bs, parent, hasParent := t.splitBlocks(m, e, n)
 	first := len(bs)
 	for i, b := range bs {
 		w := wkey{model: e.model, h: WireHash(b)}
@@ -762,35 +806,37 @@ func (t *Tracker) wireUp(m *medium, e ekey, n *node) {
 	if first > 0 {
 		parent, hasParent = bs[first-1], true
 	}
-	per := t.opt.EventBlockSize
-	hs := make([]uint64, 0, len(bs)-first)
-	for _, b := range bs[first:] {
-		hs = append(hs, WireHash(b))
-	}
-	t.emitStored(e.model, m.name, hs, WireHash(parent), hasParent, n.tokens[first*per:])
+	t.st.StoredEvents += uint64(len(bs) - first)
+	t.queue(rec{model: e.model, medium: m.name, stored: true, blocks: bs[first:], parent: WireHash(parent),
+		hasParent: hasParent, tokens: n.tokens[first*t.opt.EventBlockSize:]})
 }
 
-// unwire drops one announcement in m of each of e's blocks and emits the
+// unwire drops one announcement in m of each of e's blocks and queues the
 // removal of those no announced chunk holds any more.
 func (t *Tracker) unwire(m *medium, e ekey) {
 	if t.opt.NoStream {
 		return
 	}
-	n := m.nodes[e]
-	bs := []keys.Hash{e.h}
-	if t.split != nil && n != nil {
-		bs = n.subs
+	if n := m.nodes[e]; t.split != nil && n != nil {
+		bs := n.subs
 		n.subs = nil // recomputed at the next announcement: the parent may change
-	}
-	for _, b := range bs {
-		w := wkey{model: e.model, h: WireHash(b)}
-		m.wire[w]--
-		if m.wire[w] > 0 {
-			continue
+		for _, b := range bs {
+			t.unwireBlock(m, wkey{model: e.model, h: WireHash(b)})
 		}
-		delete(m.wire, w)
-		t.emitRemoved(e.model, m.name, w.h)
+		return
 	}
+	t.unwireBlock(m, wkey{model: e.model, h: WireHash(e.h)})
+}
+
+// unwireBlock drops one announcement of block w in m, queueing its
+// removal when it was the last.
+func (t *Tracker) unwireBlock(m *medium, w wkey) {
+	if m.wire[w]--; m.wire[w] > 0 {
+		return
+	}
+	delete(m.wire, w)
+	t.st.RemovedEvents++
+	t.queue(rec{model: w.model, medium: m.name, h: w.h})
 }
 
 // drop forgets a node none of whose objects is resident; its children stay
@@ -820,83 +866,67 @@ func (m *medium) drop(ek ekey, n *node) {
 	}
 }
 
-// room reserves one queued event, or counts a drop.
-func (t *Tracker) room(model string) bool {
-	if t.queued >= t.opt.MaxQueued {
+// queue hands r to the publisher (waking it when the queue was empty), or
+// counts a drop when MaxQueued records wait already.
+func (t *Tracker) queue(r rec) {
+	if len(t.pend) >= t.opt.MaxQueued {
 		t.st.Dropped++
-		return false
+		return
 	}
-	if _, ok := t.queue[model]; !ok {
-		t.order = append(t.order, model)
-	}
-	if t.queued == 0 {
+	if len(t.pend) == 0 {
 		select {
 		case t.wake <- struct{}{}:
 		default:
 		}
 	}
-	return true
+	t.pend = append(t.pend, r)
 }
 
-// emitStored queues a BlockStored of hs (tokens, EventBlockSize each) for
-// medium, extending the model's last event when it is a BlockStored of the
-// medium ending with this one's parent (one event per run of a prompt, as
-// vLLM sends them).
-func (t *Tracker) emitStored(model, medium string, hs []uint64, parent uint64, hasParent bool, tokens []uint32) {
-	t.st.StoredEvents += uint64(len(hs))
-	evs := t.queue[model]
-	if l := len(evs); l > 0 && evs[l-1].Stored && evs[l-1].Medium == medium && hasParent && evs[l-1].Hashes[len(evs[l-1].Hashes)-1] == parent {
-		evs[l-1].Hashes = append(evs[l-1].Hashes, hs...)
-		evs[l-1].Tokens = append(evs[l-1].Tokens, tokens...)
-		return
-	}
-	if !t.room(model) {
-		return
-	}
-	t.queued++
-	t.queue[model] = append(evs, Event{Stored: true, Medium: medium, Hashes: hs, Parent: parent,
-		HasParent: hasParent, Tokens: append([]uint32(nil), tokens...)})
+// flushScratch is what Flush reuses from one flush to the next: the
+// events of each model, in the order of its first record.
+type flushScratch struct {
+	models  []string
+	byModel map[string]int // index in models and evs
+	evs     [][]Event
+	last    int // the model of the record added last, -1 before the first
 }
 
-// emitRemoved queues a BlockRemoved for medium, extending the model's last
-// event when it is one of the medium.
-func (t *Tracker) emitRemoved(model, medium string, h uint64) {
-	t.st.RemovedEvents++
-	evs := t.queue[model]
-	if l := len(evs); l > 0 && !evs[l-1].Stored && evs[l-1].Medium == medium {
-		evs[l-1].Hashes = append(evs[l-1].Hashes, h)
-		return
-	}
-	if !t.room(model) {
-		return
-	}
-	t.queued++
-	t.queue[model] = append(evs, Event{Medium: medium, Hashes: []uint64{h}})
-}
-
-// Flush turns the waiting events into batches, one per model, numbers them,
-// keeps them in the replay buffer and returns them for publishing. Only the
-// publisher calls it: the batches are encoded outside the mutex the pool's
-// observer takes, and numbered in the order they are kept.
+// Flush turns the waiting records into batches, one per model, numbers
+// them, keeps them in the replay buffer and returns them for publishing.
+// Only the publisher calls it: the records are merged into events and
+// encoded on its goroutine, outside the mutex the pool's observer takes,
+// and numbered in the order they are kept. The records of one model merge
+// as vLLM sends a prompt's: a BlockStored extends the model's last event
+// when that is a BlockStored of the medium ending with its parent, a
+// BlockRemoved the last when that is a BlockRemoved of the medium.
 func (t *Tracker) Flush() []Batch {
+	t.flushMu.Lock()
+	defer t.flushMu.Unlock()
 	t.mu.Lock()
-	if t.queued == 0 {
+	recs := t.pend
+	if len(recs) == 0 {
 		t.mu.Unlock()
 		return nil
 	}
-	queue, order := t.queue, t.order
-	t.queue, t.order, t.queued = map[string][]Event{}, nil, 0
+	t.pend, t.spare, t.flushing = t.spare[:0], nil, len(recs)
 	t.mu.Unlock()
 
-	ts := float64(t.opt.Now().UnixNano()) / 1e9
-	out := make([]Batch, 0, len(order))
-	for _, m := range order {
-		evs := queue[m]
-		out = append(out, Batch{Model: m, Events: len(evs),
-			Payload: encodeBatch(ts, evs, t.opt.EventBlockSize, t.opt.Array, t.opt.DataParallelRank)})
+	f := &t.fl
+	for i := range recs {
+		f.add(&recs[i])
 	}
+	ts := float64(t.opt.Now().UnixNano()) / 1e9
+	out := make([]Batch, 0, len(f.models))
+	for i, m := range f.models {
+		out = append(out, Batch{Model: m, Events: len(f.evs[i]),
+			Payload: encodeBatch(ts, f.evs[i], t.opt.EventBlockSize, t.opt.Array, t.opt.DataParallelRank)})
+	}
+	f.reset()
+	clear(recs) // the references to nodes' tokens go with the records
+
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.spare, t.flushing = recs[:0], 0
 	for i := range out {
 		out[i].Seq = t.st.NextSeq
 		t.st.NextSeq++
@@ -904,6 +934,70 @@ func (t *Tracker) Flush() []Batch {
 		t.keep(out[i])
 	}
 	return out
+}
+
+// add merges r into its model's events.
+func (f *flushScratch) add(r *rec) {
+	mi, ok := f.last, f.last >= 0 && f.models[f.last] == r.model // most records follow one of their model
+	if !ok {
+		mi, ok = f.byModel[r.model]
+	}
+	if !ok {
+		mi = len(f.models)
+		f.byModel[r.model] = mi
+		f.models = append(f.models, r.model)
+		if mi == len(f.evs) {
+			f.evs = append(f.evs, nil)
+		}
+	}
+	f.last = mi
+	evs := f.evs[mi]
+	if l := len(evs); l > 0 {
+		e := &evs[l-1]
+		if e.Stored == r.stored && e.Medium == r.medium &&
+			(!r.stored || r.hasParent && e.Hashes[len(e.Hashes)-1] == r.parent) {
+			e.appendRec(r)
+			return
+		}
+	}
+	// A new event, in a slot whose slices an earlier flush grew when
+	// there is one.
+	if len(evs) < cap(evs) {
+		evs = evs[:len(evs)+1]
+	} else {
+		evs = append(evs, Event{})
+	}
+	e := &evs[len(evs)-1]
+	*e = Event{Stored: r.stored, Medium: r.medium, Parent: r.parent, HasParent: r.stored && r.hasParent,
+		Hashes: e.Hashes[:0], Tokens: e.Tokens[:0]}
+	e.appendRec(r)
+	f.evs[mi] = evs
+}
+
+// appendRec appends r's blocks (and tokens) to e.
+func (e *Event) appendRec(r *rec) {
+	if r.blocks == nil {
+		e.Hashes = append(e.Hashes, r.h)
+	}
+	for _, b := range r.blocks {
+		e.Hashes = append(e.Hashes, WireHash(b))
+	}
+	if r.stored {
+		e.Tokens = append(e.Tokens, r.tokens)
+	}
+}
+
+// reset empties f for the next flush, keeping what it grew; the events'
+// token runs are cleared so that no node's tokens stay referenced.
+func (f *flushScratch) reset() {
+	for i := range f.evs {
+		for j := range f.evs[i] {
+			clear(f.evs[i][j].Tokens)
+		}
+		f.evs[i] = f.evs[i][:0]
+	}
+	f.models, f.last = f.models[:0], -1
+	clear(f.byModel)
 }
 
 // keep adds b to the replay ring.
@@ -935,7 +1029,7 @@ func (t *Tracker) Stats() Stats {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	s := t.st
-	s.Queued, s.Buffered = t.queued, len(t.buf)
+	s.Queued, s.Buffered = len(t.pend)+t.flushing, len(t.buf)
 	for _, m := range t.media() {
 		s.Announced += m.announced
 		s.Held += m.held

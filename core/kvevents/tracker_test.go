@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"math/rand/v2"
 	"testing"
+	"time"
 
 	"slices"
 
@@ -226,8 +227,34 @@ func TestTrackerQueueBounded(t *testing.T) {
 	}
 }
 
+// TestTrackerQueuedUntilNumbered: while a flush encodes the records it
+// took, Stats counts them queued and NextSeq is not yet past them, so a
+// reader that sees Queued 0 knows every event is in a batch numbered below
+// NextSeq (what a router's catch-up check relies on).
+func TestTrackerQueuedUntilNumbered(t *testing.T) {
+	var tr *Tracker
+	var during Stats
+	tr = New(Options{BlockSize: cs, Now: func() time.Time {
+		during = tr.Stats() // Flush reads the clock between taking the records and numbering them
+		return time.Unix(1, 0)
+	}})
+	store(tr, "m", 1, 1, 3)
+	if s := tr.Stats(); s.Queued != 3 || s.NextSeq != 0 { // one record a chunk
+		t.Fatalf("before the flush: %+v", s)
+	}
+	if bs := tr.Flush(); len(bs) != 1 {
+		t.Fatalf("%d batches", len(bs))
+	}
+	if during.Queued != 3 || during.NextSeq != 0 {
+		t.Fatalf("during the flush: %+v", during)
+	}
+	if s := tr.Stats(); s.Queued != 0 || s.NextSeq != 1 {
+		t.Fatalf("after the flush: %+v", s)
+	}
+}
+
 func TestEncodeArrayForm(t *testing.T) {
-	p := encodeBatch(1.5, []Event{{Stored: true, Medium: "CPU", Hashes: []uint64{1 << 63}, Tokens: []uint32{1, 2}}, {Medium: "CPU", Hashes: []uint64{7}}}, 2, true, 0)
+	p := encodeBatch(1.5, []Event{{Stored: true, Medium: "CPU", Hashes: []uint64{1 << 63}, Tokens: [][]uint32{{1, 2}}}, {Medium: "CPU", Hashes: []uint64{7}}}, 2, true, 0)
 	var raw []any
 	if err := msgpack.Unmarshal(p, &raw); err != nil {
 		t.Fatal(err)
@@ -552,9 +579,10 @@ func TestEncodeFormsDecode(t *testing.T) {
 		}
 	}
 	for _, n := range []int{0, 15, 16, 65535, 65536} {
-		ev := Event{Stored: true, Medium: "STORAGE", Hashes: make([]uint64, n), Tokens: make([]uint32, n)}
+		want := make([]uint32, n)
+		ev := Event{Stored: true, Medium: "STORAGE", Hashes: make([]uint64, n), Tokens: [][]uint32{want[:n/2], want[n/2:]}}
 		for i := range n {
-			ev.Hashes[i], ev.Tokens[i] = ints[i%len(ints)], uint32(ints[i%6])
+			ev.Hashes[i], want[i] = ints[i%len(ints)], uint32(ints[i%6])
 		}
 		var raw []any
 		if err := msgpack.Unmarshal(encodeBatch(2.5, []Event{ev, {Medium: "CPU", Hashes: ev.Hashes}}, 16, false, 3), &raw); err != nil {
@@ -568,7 +596,7 @@ func TestEncodeFormsDecode(t *testing.T) {
 			t.Fatalf("%d: batch %v", n, raw[0])
 		}
 		for i := range n {
-			if toU64(hs[i]) != ev.Hashes[i] || toU64(toks[i]) != uint64(ev.Tokens[i]) {
+			if toU64(hs[i]) != ev.Hashes[i] || toU64(toks[i]) != uint64(want[i]) {
 				t.Fatalf("%d: item %d: %v %v", n, i, hs[i], toks[i])
 			}
 		}

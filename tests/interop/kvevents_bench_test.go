@@ -3,6 +3,7 @@ package interop
 import (
 	"context"
 	"fmt"
+	"os"
 	"slices"
 	"sync"
 	"testing"
@@ -26,15 +27,25 @@ import (
 // each, so both pools evict as they go), in alternating rounds so that
 // load from elsewhere falls on both alike. It reports lag_p50_ms,
 // lag_p99_ms, the stores/s of each, on_off (the ratio of the two) and
-// on_off_median (the median over the rounds of each pair's ratio).
+// on_off_median (the median over the rounds of each pair's ratio, with its
+// quartiles on_off_p25 and on_off_p75); and, per
+// store, the CPU time of each server (every thread) over the whole loop and
+// the subscriber's (this process's CPU over the on rounds less the off
+// rounds: the worker's share is the same in both), since on two cores
+// every microsecond of either shows in the wall clock; and, to tell where
+// the on server's extra time goes, the batches a store (flushes), each
+// server's context switches and minor page faults a store and the extra
+// CPU of the on server's libzmq I/O threads. Rounds of 40 stores
+// (about 40 ms) keep what a round's last flush leaves to the next round (a
+// few milliseconds' events) a small part of it.
 //
 //	go test -run '^$' -bench KVEventsLagAndThroughput -benchtime 1x ./tests/interop/
 func BenchmarkKVEventsLagAndThroughput(b *testing.B) {
 	const (
 		chunkTokens = 256
 		chunks      = 8
-		rounds      = 80
-		perRound    = 10
+		rounds      = 60
+		perRound    = 40
 	)
 	ps := eventsPorts(b, 47260, 47270, 2)
 	pub, rep := ps[0], ps[1]
@@ -153,8 +164,12 @@ func BenchmarkKVEventsLagAndThroughput(b *testing.B) {
 	}
 	var sent []sentAt
 	var onTime, offTime time.Duration
-	var onCPU, offCPU time.Duration // the servers' own CPU time (every thread) over their rounds
-	var pairs []float64             // per round, the off round's time over the on round's
+	var onSelf, offSelf time.Duration // this process's (worker and subscriber) CPU over each server's rounds
+	var pairs []float64               // per round, the off round's time over the on round's
+	// The servers' own CPU time (every thread) over the whole loop: what
+	// the on server's publisher does after its round, while the off
+	// server stores, counts as its own.
+	on0, off0 := harness.Threads(b, on.PID()), harness.Threads(b, off.PID())
 	b.ResetTimer()
 	for r := range rounds {
 		// Alternate which server goes first, so neither always follows the other.
@@ -163,11 +178,7 @@ func BenchmarkKVEventsLagAndThroughput(b *testing.B) {
 			if r%2 == 1 {
 				w = []*goworker.Worker{woff, won}[i]
 			}
-			srv := on
-			if w == woff {
-				srv = off
-			}
-			cpu0 := harness.CPUTime(b, srv.PID())
+			self0 := harness.CPUTime(b, os.Getpid())
 			start := time.Now()
 			for range perRound {
 				at, h := store(w)
@@ -175,11 +186,11 @@ func BenchmarkKVEventsLagAndThroughput(b *testing.B) {
 					sent = append(sent, sentAt{at, h})
 				}
 			}
-			d, cpu := time.Since(start), harness.CPUTime(b, srv.PID())-cpu0
+			d, self := time.Since(start), harness.CPUTime(b, os.Getpid())-self0
 			if w == won {
-				took[0], onCPU = d, onCPU+cpu
+				took[0], onSelf = d, onSelf+self
 			} else {
-				took[1], offCPU = d, offCPU+cpu
+				took[1], offSelf = d, offSelf+self
 			}
 		}
 		onTime += took[0]
@@ -187,6 +198,8 @@ func BenchmarkKVEventsLagAndThroughput(b *testing.B) {
 		pairs = append(pairs, took[1].Seconds()/took[0].Seconds())
 	}
 	b.StopTimer()
+	on1, off1 := harness.Threads(b, on.PID()), harness.Threads(b, off.PID())
+	onCPU, offCPU := on1.CPU-on0.CPU, off1.CPU-off0.CPU
 	// Every prompt's event arrives; a missing one fails the benchmark.
 	deadline := time.Now().Add(10 * time.Second)
 	var lags []float64
@@ -219,8 +232,23 @@ func BenchmarkKVEventsLagAndThroughput(b *testing.B) {
 	b.ReportMetric(float64(onCPU.Microseconds())/n, "on_cpu_us/store")
 	b.ReportMetric(float64(offCPU.Microseconds())/n, "off_cpu_us/store")
 	b.ReportMetric(onCPU.Seconds()/offCPU.Seconds(), "cpu_on_off")
+	b.ReportMetric(float64((onSelf-offSelf).Microseconds())/n, "sub_cpu_us/store")
+	// Where the on server's extra time goes: libzmq's I/O threads (the
+	// PUB's beside the wire server's, which both have), the threads' wakes
+	// and the fresh pages the replay buffer's payloads take.
+	b.ReportMetric(float64((on1.ZMQIO-on0.ZMQIO-(off1.ZMQIO-off0.ZMQIO)).Microseconds())/n, "zmq_io_on_off_us/store")
+	b.ReportMetric(float64(on1.Switches-on0.Switches)/n, "on_switches/store")
+	b.ReportMetric(float64(off1.Switches-off0.Switches)/n, "off_switches/store")
+	b.ReportMetric(float64(on1.MinorFaults-on0.MinorFaults)/n, "on_faults/store")
+	b.ReportMetric(float64(off1.MinorFaults-off0.MinorFaults)/n, "off_faults/store")
+	mu.Lock()
+	b.ReportMetric(float64(len(arrivals))/n, "batches/store")
+	mu.Unlock()
 	// Load from elsewhere comes in spells: the median of the rounds'
 	// ratios (each pair run back to back) is the steadier figure.
 	slices.Sort(pairs)
 	b.ReportMetric(pairs[len(pairs)/2], "on_off_median")
+	// and its spread: a quarter of the pairs fall below p25, a quarter above p75.
+	b.ReportMetric(pairs[len(pairs)/4], "on_off_p25")
+	b.ReportMetric(pairs[len(pairs)*3/4], "on_off_p75")
 }
