@@ -145,6 +145,8 @@ type KVEventsStatus struct {
 	Dropped        uint64 `json:"dropped"`
 	Queued         int    `json:"queued"`
 	Buffered       int    `json:"buffered_batches"`
+	BufferedBytes  int    `json:"buffered_bytes"`
+	BufferTrimmed  uint64 `json:"buffer_trimmed"`
 	NextSeq        uint64 `json:"next_seq"`
 	Sent           uint64 `json:"sent"`
 	SendErrors     uint64 `json:"send_errors"`
@@ -162,6 +164,7 @@ type KVEventLogStatus struct {
 	Enabled     bool   `json:"enabled"`
 	Incarnation int64  `json:"incarnation,omitempty"`
 	Depth       int    `json:"log_depth"`
+	Bytes       int    `json:"log_bytes"`
 	Capacity    int    `json:"log_capacity"`
 	NextSeq     uint64 `json:"next_seq"`
 	Trimmed     uint64 `json:"trimmed"`
@@ -177,7 +180,7 @@ func (p *dataPlane) kvStatus(cfg settings.Config) KVEventsStatus {
 	var lg KVEventLogStatus
 	if p.kvLog != nil {
 		ls := p.kvLog.Stats()
-		lg = KVEventLogStatus{Enabled: true, Incarnation: ls.Incarnation, Depth: ls.Depth, Capacity: ls.Capacity,
+		lg = KVEventLogStatus{Enabled: true, Incarnation: ls.Incarnation, Depth: ls.Depth, Bytes: ls.Bytes, Capacity: ls.Capacity,
 			NextSeq: ls.NextSeq, Trimmed: ls.Trimmed, Polls: ls.Polls, LostAnswers: ls.LostAnswers}
 	}
 	if cfg.KVEvents.Endpoint == "" {
@@ -187,7 +190,7 @@ func (p *dataPlane) kvStatus(cfg settings.Config) KVEventsStatus {
 	out := KVEventsStatus{Log: lg, Enabled: true, Endpoint: cfg.KVEvents.Endpoint, Connect: cfg.KVEvents.Connect,
 		ReplayEndpoint: cfg.KVEvents.ReplayEndpoint, Announced: s.Announced, Held: s.Held, Batches: s.Batches,
 		StoredEvents: s.StoredEvents, RemovedEvents: s.RemovedEvents, Dropped: s.Dropped, Queued: s.Queued,
-		Buffered: s.Buffered, NextSeq: s.NextSeq}
+		Buffered: s.Buffered, BufferedBytes: s.BufferedBytes, BufferTrimmed: s.BufferTrimmed, NextSeq: s.NextSeq}
 	if p.kvPub != nil {
 		ps := p.kvPub.Stats()
 		out.Sent, out.SendErrors, out.ReplayRequests, out.ReplayBad, out.ReplayBatches =

@@ -48,8 +48,9 @@ type Poll struct {
 type LogStats struct {
 	Capacity    int
 	Depth       int    // records kept now
+	Bytes       int    // what they hold: tokens and hashes (at most MaxLogBytes)
 	NextSeq     uint64 // seq of the next record
-	Trimmed     uint64 // records overwritten by newer ones (a slow poller's loss)
+	Trimmed     uint64 // records let go, oldest first, past the capacity or MaxLogBytes (a slow poller's loss)
 	Polls       uint64
 	LostAnswers uint64 // polls answered lost=true
 	Incarnation int64
@@ -73,10 +74,10 @@ type Log struct {
 	capacity    int
 	blockSize   int
 	incarnation int64
-	ring        []Record
-	head        int    // oldest record's index once the ring is full
-	nextSeq     uint64 // from 1
-	read        uint64 // highest cursor a poll handed out: records up to it never change
+	ring        fifo[Record] // capacity records, MaxLogBytes of them
+	bytes       int          // what ring's records hold (recordBytes)
+	nextSeq     uint64       // from 1
+	read        uint64       // highest cursor a poll handed out: records up to it never change
 	refs        map[lkey]int
 	st          LogStats
 }
@@ -122,27 +123,45 @@ func (l *Log) withdrawn(medium, model string, h keys.Hash) {
 	// Extend the newest record when it is a removal of the same model and
 	// medium no poll has handed out yet, so one eviction pass takes few
 	// records.
-	if len(l.ring) > 0 {
-		last := &l.ring[(l.head+len(l.ring)-1)%len(l.ring)]
+	if l.ring.len() > 0 {
+		last := l.ring.at(l.ring.len() - 1)
 		if !last.Stored && last.Seq > l.read && last.Model == model && last.Medium == medium &&
 			len(last.Hashes) < MaxRemovedPerRecord {
 			last.Hashes = append(last.Hashes, h)
+			l.bytes += len(h)
+			l.trim()
 			return
 		}
 	}
 	l.append(Record{Medium: medium, Model: model, Hashes: []keys.Hash{h}})
 }
 
+// MaxLogBytes bounds what the log's records hold (their tokens and
+// hashes, recordBytes), whatever its capacity: a record keeps its chunk's
+// tokens after the chunk itself is gone, and capacity records of long
+// chunks would hold hundreds of MiB. The oldest records leave first, as
+// past the capacity; a poller behind them is answered lost.
+const MaxLogBytes = 64 << 20
+
+// recordBytes is what a record holds: its tokens and its hashes.
+func recordBytes(r *Record) int { return 4*len(r.Tokens) + len(keys.Hash{})*len(r.Hashes) }
+
 func (l *Log) append(r Record) {
 	r.Seq = l.nextSeq
 	l.nextSeq++
-	if len(l.ring) < l.capacity {
-		l.ring = append(l.ring, r)
-		return
+	l.ring.push(r)
+	l.bytes += recordBytes(&r)
+	l.trim()
+}
+
+// trim lets the oldest records go past the capacity or MaxLogBytes (the
+// newest is kept).
+func (l *Log) trim() {
+	for l.ring.len() > 1 && (l.ring.len() > l.capacity || l.bytes > MaxLogBytes) {
+		r := l.ring.pop()
+		l.bytes -= recordBytes(&r)
+		l.st.Trimmed++
 	}
-	l.ring[l.head] = r
-	l.head = (l.head + 1) % len(l.ring)
-	l.st.Trimmed++
 }
 
 // Read returns the records of model after cursor (the seq of the last
@@ -174,19 +193,19 @@ func (l *Log) Read(cursor uint64, model string, max int) Poll {
 func (l *Log) read1(cursor uint64, model string, max int) Poll {
 	last := l.nextSeq - 1
 	p := Poll{Incarnation: l.incarnation, NextCursor: last}
-	if len(l.ring) == 0 || cursor > last {
+	if l.ring.len() == 0 || cursor > last {
 		p.Lost = cursor > last
 		return p
 	}
-	first := l.ring[l.head].Seq
+	first := l.ring.at(0).Seq
 	p.Lost = cursor+1 < first
 	start := uint64(0)
 	if cursor+1 > first {
 		start = cursor + 1 - first // seqs are consecutive
 	}
 	p.NextCursor = cursor
-	for i := int(start); i < len(l.ring); i++ {
-		r := l.ring[(l.head+i)%len(l.ring)]
+	for i := int(start); i < l.ring.len(); i++ {
+		r := *l.ring.at(i)
 		p.NextCursor = r.Seq
 		if r.Model != model {
 			continue
@@ -212,7 +231,7 @@ func (l *Log) next() uint64 {
 func (l *Log) continueFrom(next uint64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if len(l.ring) == 0 && next > l.nextSeq {
+	if l.ring.len() == 0 && next > l.nextSeq {
 		l.nextSeq = next
 	}
 }
@@ -222,7 +241,7 @@ func (l *Log) Stats() LogStats {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	s := l.st
-	s.Capacity, s.Depth, s.NextSeq, s.Incarnation = l.capacity, len(l.ring), l.nextSeq, l.incarnation
+	s.Capacity, s.Depth, s.Bytes, s.NextSeq, s.Incarnation = l.capacity, l.ring.len(), l.bytes, l.nextSeq, l.incarnation
 	return s
 }
 

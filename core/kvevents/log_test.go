@@ -263,3 +263,24 @@ func TestLogBounded(t *testing.T) {
 		t.Fatalf("%d counts left for no announced chunk", n)
 	}
 }
+
+// TestHostileLogBoundedByBytes: a record keeps its chunk's tokens after
+// the chunk is gone, so capacity records of long chunks would hold
+// hundreds of MiB; the log holds at most MaxLogBytes, the newest records,
+// and a poller behind them is answered lost.
+func TestHostileLogBoundedByBytes(t *testing.T) {
+	log := NewLog(1<<20, cs, 1)
+	tokens := make([]uint32, 64<<10) // 256 KiB a record
+	for i := range 400 {
+		var h keys.Hash
+		h[0], h[1] = byte(i), byte(i>>8)
+		log.announced(MediumCPU, "m", h, keys.Hash{}, false, tokens)
+	}
+	st := log.Stats()
+	if st.Bytes > MaxLogBytes || st.Depth >= 400 || st.Trimmed != uint64(400-st.Depth) {
+		t.Fatalf("log of 400 records of 256 KiB: %+v", st)
+	}
+	if p := log.Read(0, "m", MaxPollEvents); !p.Lost || len(p.Events) != st.Depth || p.Events[0].Seq != uint64(400-st.Depth+1) {
+		t.Fatalf("a poll from the start: lost %v, %d records from seq %d; want lost, the %d newest", p.Lost, len(p.Events), p.Events[0].Seq, st.Depth)
+	}
+}

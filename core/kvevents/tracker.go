@@ -155,6 +155,8 @@ type Stats struct {
 	Dropped       uint64 // events dropped because the queue was full
 	Queued        int    // chunk records waiting for the publisher or in a flush not yet numbered
 	Buffered      int    // batches in the replay buffer
+	BufferedBytes int    // their payloads' bytes (at most MaxBufferBytes)
+	BufferTrimmed uint64 // batches the buffer let go, oldest first, past its count or bytes
 	NextSeq       uint64
 }
 
@@ -274,8 +276,8 @@ type Tracker struct {
 	flushing int
 	st       Stats
 	split    *keys.Hasher // EventBlockSize's hasher; nil when chunks are announced whole
-	buf      []Batch      // the replay ring
-	head     int          // index of the oldest batch in buf when full
+	buf      fifo[Batch]  // the replay ring: BufferSteps batches, MaxBufferBytes of payloads
+	bufBytes int          // the payloads' bytes in buf
 	wake     chan struct{}
 	// fl is Flush's scratch, reused from flush to flush; flushMu
 	// serializes Flush (the publisher's alone) so that it can be.
@@ -1000,14 +1002,22 @@ func (f *flushScratch) reset() {
 	clear(f.byModel)
 }
 
-// keep adds b to the replay ring.
+// MaxBufferBytes bounds the payloads the replay buffer keeps, whatever
+// BufferSteps: under a steady stream of stores a batch carries tens of
+// KiB of token ids, and 10,000 of them would hold hundreds of MiB. The
+// oldest batches leave first; a replay from before them starts at the
+// oldest kept, and the subscriber sees the gap in the seqs.
+const MaxBufferBytes = 64 << 20
+
+// keep adds b to the replay ring, dropping the oldest batches past
+// BufferSteps or MaxBufferBytes (b itself is kept).
 func (t *Tracker) keep(b Batch) {
-	if len(t.buf) < t.opt.BufferSteps {
-		t.buf = append(t.buf, b)
-		return
+	t.buf.push(b)
+	t.bufBytes += len(b.Payload)
+	for t.buf.len() > 1 && (t.buf.len() > t.opt.BufferSteps || t.bufBytes > MaxBufferBytes) {
+		t.bufBytes -= len(t.buf.pop().Payload)
+		t.st.BufferTrimmed++
 	}
-	t.buf[t.head] = b
-	t.head = (t.head + 1) % len(t.buf)
 }
 
 // Since returns the buffered batches with seq >= start, oldest first.
@@ -1015,10 +1025,9 @@ func (t *Tracker) Since(start uint64) []Batch {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	var out []Batch
-	for i := range t.buf {
-		b := t.buf[(t.head+i)%len(t.buf)]
-		if b.Seq >= start {
-			out = append(out, b)
+	for i := range t.buf.len() {
+		if b := t.buf.at(i); b.Seq >= start {
+			out = append(out, *b)
 		}
 	}
 	return out
@@ -1029,7 +1038,7 @@ func (t *Tracker) Stats() Stats {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	s := t.st
-	s.Queued, s.Buffered = len(t.pend)+t.flushing, len(t.buf)
+	s.Queued, s.Buffered, s.BufferedBytes = len(t.pend)+t.flushing, t.buf.len(), t.bufBytes
 	for _, m := range t.media() {
 		s.Announced += m.announced
 		s.Held += m.held

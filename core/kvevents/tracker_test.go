@@ -680,3 +680,34 @@ func TestTrackerFollowsRegistrations(t *testing.T) {
 	tr.Registered("m", 1, Layouts{IDs: []uint64{9}, Groups: []int{1}}) // the first layout's workers went
 	want("first layout gone", 2, 1)
 }
+
+// TestHostileReplayBufferBoundedByBytes: a steady stream of stores makes
+// batches of tens of KiB, and BufferSteps (10,000 by default) of them
+// would hold hundreds of MiB; the buffer keeps at most MaxBufferBytes of
+// payloads, the newest, in order.
+func TestHostileReplayBufferBoundedByBytes(t *testing.T) {
+	tr := New(Options{BlockSize: cs})
+	payload := make([]byte, 1<<20)
+	tr.mu.Lock()
+	for i := range 100 {
+		tr.keep(Batch{Seq: uint64(i), Model: "m", Events: 1, Payload: payload})
+	}
+	tr.mu.Unlock()
+	st := tr.Stats()
+	if st.BufferedBytes > MaxBufferBytes || st.Buffered != MaxBufferBytes>>20 || st.BufferTrimmed != uint64(100-st.Buffered) {
+		t.Fatalf("buffer of 100 batches of 1 MiB: %d batches, %d bytes, %d trimmed", st.Buffered, st.BufferedBytes, st.BufferTrimmed)
+	}
+	bs := tr.Since(0)
+	for i, b := range bs {
+		if b.Seq != uint64(100-len(bs)+i) {
+			t.Fatalf("replay %d has seq %d: not the newest in order", i, b.Seq)
+		}
+	}
+	// One batch past the bound on its own is kept (the newest always is).
+	tr.mu.Lock()
+	tr.keep(Batch{Seq: 100, Payload: make([]byte, MaxBufferBytes+1)})
+	tr.mu.Unlock()
+	if bs := tr.Since(0); len(bs) != 1 || bs[0].Seq != 100 {
+		t.Fatalf("after an oversized batch the buffer holds %d batches", len(bs))
+	}
+}
