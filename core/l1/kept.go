@@ -35,6 +35,13 @@ type KeptObject struct {
 	// Only published objects carry them, and only to published objects.
 	Parent int
 	Root   bool
+
+	// The prefix policy's order (prefix.go), so that a successor evicts in
+	// this pool's order: the ticks of the pool's clock since the object's
+	// last use, its reuse gap in ticks (0: none yet) and whether the gap
+	// comes from its own reuses. All zero: adopted in the table's order.
+	Age, Gap uint64
+	Measured bool
 }
 
 // Kept is what a successor needs to adopt a pool: the segment, the pool's
@@ -43,6 +50,7 @@ type Kept struct {
 	Segment     SegmentIdentity
 	Size, Align int64
 	Objects     []KeptObject
+	MeanGap     uint64 // the prefix policy's mean reuse gap, in ticks
 }
 
 // Adopted says what an adoption restored.

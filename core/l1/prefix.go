@@ -19,16 +19,45 @@ import (
 // link (link, untree), so the figure costs nothing to read.
 //
 // The prefix policy evicts leaves only (records without resident
-// children), the least recently used first: the heap holds every leaf that
-// is published, unlocked and not doomed, by stamp (the time of its last
-// use). A record's chunk has a record per rank and per KV group; peer rings
-// them, and an eviction takes every one of them that is an evictable leaf,
-// since a chunk missing one rank or group is a miss for all of them.
-// Each step is O(log n) for the heap, O(children) for the links of a
-// record that leaves, and O(ranks × groups) for its ring.
+// children), in the order of their next use as the table predicts it.
+// Each record keeps its last use (stamp, on a logical clock that ticks at
+// every use) and its reuse gap (the clock ticks between its last two uses,
+// smoothed; a new record takes its parent's, a new prompt start the
+// table's mean). A leaf is due at stamp + gap and late a while after
+// (lateAt). The victim is the leaf the longest late,
+// if any is late (a conversation that ended, a question never asked
+// again); else the leaf due the latest (Belady's choice, as far as the
+// gaps tell it). Recency alone evicts the conversation that comes back
+// soonest when conversations return in turn (each is the least recently
+// used when its turn comes), and a prefix pool that evicts it from its
+// tail back passes a growing deficit to the next conversation, until every
+// one misses in full (docs/BENCHMARKS.md); by gaps, the conversation just
+// served is due the latest, so its tail goes and the others keep theirs.
+// A store pins the chunks of its own prompt while it evicts (pinPrompt):
+// the prompt it extends is the one just used, due the latest, and its tip
+// is the parent the new chunks need to be usable.
+//
+// The heaps hold every leaf that is published, unlocked, not doomed and
+// not pinned: one by due time (latest first), one by late time (earliest
+// first). A record's chunk has a record per rank and per KV group; peer
+// rings them, and an eviction takes every one of them that is an
+// evictable leaf, since a chunk missing one rank or group is a miss for
+// all of them. Each step is O(log n) for the heaps, O(children) for the
+// links of a record that leaves, and O(ranks × groups) for its ring.
 
 // maxPeerProbes bounds the index probes that find a new record's ring.
 const maxPeerProbes = 16
+
+// order is a record's place in the prefix policy's order.
+type order struct {
+	stamp     uint64 // last use, on the table's clock
+	gap       uint64 // reuse gap estimate in clock ticks; 0: none yet
+	due, late int32  // places in the two heaps (-1: not there)
+	measured  bool   // gap comes from the record's own uses
+	pinned    bool   // a store of its prompt is evicting (pinPrompt)
+}
+
+func newOrder(clock uint64) order { return order{stamp: clock, due: -1, late: -1} }
 
 // usable reports whether record i counts as usable.
 func (t *table) usable(i int32) bool {
@@ -36,86 +65,197 @@ func (t *table) usable(i int32) bool {
 	return !r.doomed && (r.root || r.parent != nilRec)
 }
 
-// candidate reports whether record i belongs in the heap of evictable
+// candidate reports whether record i belongs in the heaps of evictable
 // leaves.
 func (t *table) candidate(i int32) bool {
 	r := &t.recs[i]
-	return r.state == stateReady && !r.doomed && !r.readLocked() && r.kid == nilRec
+	return r.state == stateReady && !r.doomed && !r.readLocked() && r.kid == nilRec && !r.ord.pinned
 }
 
-// reheap puts record i in the heap or takes it out, as its state says.
+// reheap puts record i in the heaps or takes it out, as its state says.
 func (t *table) reheap(i int32) {
-	in, want := t.recs[i].heap >= 0, t.candidate(i)
+	o := &t.recs[i].ord
+	in, want := o.due >= 0, t.candidate(i)
 	switch {
 	case want && !in:
-		t.recs[i].heap = int32(len(t.heap))
-		t.heap = append(t.heap, i)
-		t.heapUp(int(t.recs[i].heap))
+		if o.gap == 0 {
+			o.gap = t.priorGap() // fixed while in the heaps: their keys must not move
+		}
+		t.push(false, i)
+		t.push(true, i)
 	case !want && in:
-		t.heapRemove(i)
+		t.heapRemove(false, i)
+		t.heapRemove(true, i)
 	}
 }
 
-// stampNow marks record i as used now.
+// priorGap is the reuse gap a record without one is given: the table's
+// mean, or one turnover of the table before any reuse.
+func (t *table) priorGap() uint64 {
+	if t.meanGap > 0 {
+		return t.meanGap
+	}
+	return uint64(max(t.len(), 1))
+}
+
+// stampNow marks record i as used now and learns its reuse gap.
 func (t *table) stampNow(i int32) {
 	t.clock++
-	t.recs[i].stamp = t.clock
-	if h := t.recs[i].heap; h >= 0 {
-		t.heapDown(int(h)) // a newer stamp only moves it down
+	o := &t.recs[i].ord
+	d := t.clock - o.stamp
+	if o.measured {
+		o.gap = (o.gap + d + 1) / 2
+	} else {
+		o.gap, o.measured = d, true
+	}
+	t.meanGap = (7*t.meanGap + d + 7) / 8
+	o.stamp = t.clock
+	t.refix(i)
+}
+
+// inherit lends the new record c its parent's reuse gap: a conversation's
+// new chunks come back when it does.
+func (t *table) inherit(c, par int32) {
+	if o := &t.recs[c].ord; o.gap == 0 && t.recs[par].ord.gap > 0 {
+		o.gap = t.recs[par].ord.gap
+		t.refix(c)
 	}
 }
 
-func (t *table) heapLess(a, b int) bool {
-	return t.recs[t.heap[a]].stamp < t.recs[t.heap[b]].stamp
+// refix restores the heaps after record i's keys changed.
+func (t *table) refix(i int32) {
+	if t.recs[i].ord.due >= 0 {
+		t.heapRemove(false, i)
+		t.heapRemove(true, i)
+		t.push(false, i)
+		t.push(true, i)
+	}
 }
 
-func (t *table) heapSwap(a, b int) {
-	t.heap[a], t.heap[b] = t.heap[b], t.heap[a]
-	t.recs[t.heap[a]].heap = int32(a)
-	t.recs[t.heap[b]].heap = int32(b)
+// victim is the prefix policy's next leaf to evict, nilRec when none.
+func (t *table) victim() int32 {
+	if len(t.lateHeap) == 0 {
+		return nilRec
+	}
+	if i := t.lateHeap[0]; t.lateAt(i) < t.clock {
+		return i
+	}
+	return t.dueHeap[0]
 }
 
-func (t *table) heapUp(j int) {
+// lateAt is when record i is late: half a gap past its due time once it
+// has reuses of its own (gaps vary from one use to the next: a turn stores
+// more or fewer chunks), at its due time on a gap it was lent (a parent's
+// or the mean), which a chunk stored once and never asked again (a
+// question, a scan) does not earn.
+func (t *table) lateAt(i int32) uint64 {
+	o := &t.recs[i].ord
+	if !o.measured {
+		return o.stamp + o.gap
+	}
+	return o.stamp + o.gap + o.gap/2
+}
+
+// heapOf is the late heap or the due heap, and place the field of record i
+// that holds its position there.
+func (t *table) heapOf(late bool) *[]int32 {
+	if late {
+		return &t.lateHeap
+	}
+	return &t.dueHeap
+}
+
+func (t *table) place(late bool, i int32) *int32 {
+	if late {
+		return &t.recs[i].ord.late
+	}
+	return &t.recs[i].ord.due
+}
+
+// before reports whether record a comes out of the heap before record b.
+func (t *table) before(late bool, a, b int32) bool {
+	x, y := &t.recs[a].ord, &t.recs[b].ord
+	if late {
+		return t.lateAt(a) < t.lateAt(b)
+	}
+	if dx, dy := x.stamp+x.gap, y.stamp+y.gap; dx != dy {
+		return dx > dy
+	}
+	return x.stamp > y.stamp // a prompt's deeper chunks were used later
+}
+
+func (t *table) push(late bool, i int32) {
+	h := t.heapOf(late)
+	*t.place(late, i) = int32(len(*h))
+	*h = append(*h, i)
+	t.heapUp(late, len(*h)-1)
+}
+
+func (t *table) heapSwap(late bool, a, b int) {
+	h := *t.heapOf(late)
+	h[a], h[b] = h[b], h[a]
+	*t.place(late, h[a]) = int32(a)
+	*t.place(late, h[b]) = int32(b)
+}
+
+func (t *table) heapUp(late bool, j int) {
+	h := *t.heapOf(late)
 	for j > 0 {
 		p := (j - 1) / 2
-		if !t.heapLess(j, p) {
+		if !t.before(late, h[j], h[p]) {
 			return
 		}
-		t.heapSwap(j, p)
+		t.heapSwap(late, j, p)
 		j = p
 	}
 }
 
-func (t *table) heapDown(j int) {
-	n := len(t.heap)
+func (t *table) heapDown(late bool, j int) {
+	h := *t.heapOf(late)
+	n := len(h)
 	for {
 		l := 2*j + 1
 		if l >= n {
 			return
 		}
 		m := l
-		if r := l + 1; r < n && t.heapLess(r, l) {
+		if r := l + 1; r < n && t.before(late, h[r], h[l]) {
 			m = r
 		}
-		if !t.heapLess(m, j) {
+		if !t.before(late, h[m], h[j]) {
 			return
 		}
-		t.heapSwap(j, m)
+		t.heapSwap(late, j, m)
 		j = m
 	}
 }
 
-func (t *table) heapRemove(i int32) {
-	j := int(t.recs[i].heap)
-	last := len(t.heap) - 1
+func (t *table) heapRemove(late bool, i int32) {
+	h := t.heapOf(late)
+	j := int(*t.place(late, i))
+	last := len(*h) - 1
 	if j != last {
-		t.heapSwap(j, last)
+		t.heapSwap(late, j, last)
 	}
-	t.heap = t.heap[:last]
-	t.recs[i].heap = -1
+	*h = (*h)[:last]
+	*t.place(late, i) = -1
 	if j != last {
-		t.heapDown(j)
-		t.heapUp(j)
+		t.heapDown(late, j)
+		t.heapUp(late, j)
+	}
+}
+
+// pinPrompt pins (on) or unpins the resident records of prev and ks, the
+// prompt of a store, while the store evicts: the prompt just looked up is
+// the one due the latest, and its tip is the new chunks' parent.
+func (p *Pool) pinPrompt(prev, ks []keys.ObjectKey, on bool) {
+	for _, run := range [2][]keys.ObjectKey{prev, ks} {
+		for _, k := range run {
+			if i := p.t.find(k); i != nilRec && !p.t.recs[i].doomed && p.t.recs[i].ord.pinned != on {
+				p.t.recs[i].ord.pinned = on
+				p.t.reheap(i)
+			}
+		}
 	}
 }
 
@@ -138,6 +278,7 @@ func (p *Pool) link(c, par int32) {
 	}
 	t.recs[par].kid = c
 	t.reheap(par) // no longer a leaf
+	t.inherit(c, par)
 }
 
 // untree takes record i out of the tree, its ring and the heap, as it
@@ -182,8 +323,9 @@ func (p *Pool) untree(i int32) {
 		t.recs[j].peer = r.peer
 		r.peer = i
 	}
-	if r.heap >= 0 {
-		t.heapRemove(i)
+	if r.ord.due >= 0 {
+		t.heapRemove(false, i)
+		t.heapRemove(true, i)
 	}
 }
 
@@ -290,18 +432,18 @@ func (p *Pool) chainAfter(prev, ks []keys.ObjectKey) {
 	p.chain(append(prev[:len(prev):len(prev)], ks...), false)
 }
 
-// evictLeaf evicts the least recently used evictable leaf and the other
-// evictable leaves of its chunk (ranks, groups); it returns how many
-// objects it evicted, 0 when the heap is empty.
+// evictLeaf evicts the policy's victim and the other evictable leaves of
+// its chunk (ranks, groups); it returns how many objects it evicted, 0
+// when no leaf is evictable.
 func (p *Pool) evictLeaf() int {
-	if len(p.t.heap) == 0 {
+	i := p.t.victim()
+	if i == nilRec {
 		return 0
 	}
-	i := p.t.heap[0]
 	n := 0
 	for j := p.t.recs[i].peer; j != i; {
 		next := p.t.recs[j].peer
-		if p.t.recs[j].heap >= 0 {
+		if p.t.recs[j].ord.due >= 0 {
 			p.evict(j)
 			n++
 		}
@@ -334,6 +476,44 @@ func (p *Pool) evict(i int32) {
 // record cannot prove (that a parent's digest chains to its child's) costs
 // at most an object's place in the eviction order, never a byte served:
 // reads go by key.
+
+// maxKeptTicks bounds the ages and gaps a kept table may give: outside
+// input, whose sums must not wrap the clock (a bad one costs an object's
+// place in the order, never a byte served).
+const maxKeptTicks = 1 << 48
+
+// exportOrder fills the order of objs, the kept objects of the records
+// recs, and returns the mean gap; p.mu is held.
+func (p *Pool) exportOrder(objs []KeptObject, recs []int32) uint64 {
+	for j, i := range recs {
+		o := &p.t.recs[i].ord
+		objs[j].Age, objs[j].Gap, objs[j].Measured = p.t.clock-o.stamp, o.gap, o.measured
+	}
+	return p.t.meanGap
+}
+
+// orderBase returns the tick the ages of k count back from, past the
+// stamps the adoption of its objects gives (the clock is set to it once
+// they are adopted, so each kept age is its age again).
+func (t *table) orderBase(k Kept) uint64 {
+	var oldest uint64
+	for _, o := range k.Objects {
+		oldest = max(oldest, min(o.Age, maxKeptTicks))
+	}
+	t.meanGap = min(k.MeanGap, maxKeptTicks)
+	return t.clock + uint64(len(k.Objects)) + oldest + 1
+}
+
+// adoptOrder gives the adopted record i the order o kept; a kept object
+// with none keeps the stamp its adoption gave it (the table's order).
+func (t *table) adoptOrder(i int32, o KeptObject, base uint64) {
+	if o.Age == 0 && o.Gap == 0 {
+		return
+	}
+	r := &t.recs[i].ord
+	r.stamp = base - min(o.Age, maxKeptTicks)
+	r.gap, r.measured = min(o.Gap, maxKeptTicks), o.Measured && o.Gap > 0
+}
 
 // exportLinks fills the prompt links of objs, the kept objects of the
 // records recs (objs[j] is record recs[j]); p.mu is held.

@@ -61,7 +61,7 @@ func recount(p *Pool, w *prefixWorld) (int64, string) {
 	for i := range t.recs {
 		r := &t.recs[i]
 		if r.state == stateFree || r.doomed {
-			if r.state != stateFree && (r.parent != nilRec || r.kid != nilRec || r.heap >= 0 || r.peer != int32(i)) {
+			if r.state != stateFree && (r.parent != nilRec || r.kid != nilRec || r.ord.due >= 0 || r.ord.late >= 0 || r.peer != int32(i)) {
 				return 0, fmt.Sprintf("doomed record %d still in the tree, heap or a ring", i)
 			}
 			continue
@@ -79,11 +79,11 @@ func recount(p *Pool, w *prefixWorld) (int64, string) {
 		} else if r.root {
 			usable += p.rounded(int32(i))
 		}
-		if (r.heap >= 0) != t.candidate(int32(i)) {
-			return 0, fmt.Sprintf("record %d: in heap %v, evictable leaf %v", i, r.heap >= 0, t.candidate(int32(i)))
+		if (r.ord.due >= 0) != t.candidate(int32(i)) || (r.ord.late >= 0) != t.candidate(int32(i)) {
+			return 0, fmt.Sprintf("record %d: in the heaps %v/%v, evictable leaf %v", i, r.ord.due >= 0, r.ord.late >= 0, t.candidate(int32(i)))
 		}
-		if r.heap >= 0 && t.heap[r.heap] != int32(i) {
-			return 0, fmt.Sprintf("record %d: heap position %d holds %d", i, r.heap, t.heap[r.heap])
+		if r.ord.due >= 0 && (t.dueHeap[r.ord.due] != int32(i) || t.lateHeap[r.ord.late] != int32(i)) {
+			return 0, fmt.Sprintf("record %d: heap positions %d/%d hold %d/%d", i, r.ord.due, r.ord.late, t.dueHeap[r.ord.due], t.lateHeap[r.ord.late])
 		}
 		for j := r.peer; j != int32(i); j = t.recs[j].peer {
 			if t.recs[j].id.chunk != r.id.chunk {
@@ -91,9 +91,12 @@ func recount(p *Pool, w *prefixWorld) (int64, string) {
 			}
 		}
 	}
-	for j := 1; j < len(t.heap); j++ {
-		if t.recs[t.heap[j]].stamp < t.recs[t.heap[(j-1)/2]].stamp {
-			return 0, "heap order broken"
+	for _, late := range []bool{false, true} {
+		h := *t.heapOf(late)
+		for j := 1; j < len(h); j++ {
+			if t.before(late, h[j], h[(j-1)/2]) {
+				return 0, fmt.Sprintf("heap order broken (late %v)", late)
+			}
 		}
 	}
 	return usable, ""

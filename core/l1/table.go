@@ -59,14 +59,13 @@ type record struct {
 	deadline   int64  // unix ns: expiry of the write lock or of the read locks
 	lock       uint64 // id of the current write lock or read-lock era; 0 = none
 	prev, next int32  // LRU neighbours (prev towards MRU); next links free slots
-	stamp      uint64 // last use, for the prefix policy's heap (older first)
+	ord        order  // the prefix policy's order (prefix.go)
 	// The prefix tree (prefix.go): the record of the chunk before this one
 	// in its prompt (nilRec: none resident), the first of its resident
-	// children and its siblings; heap is its place in the heap of
-	// evictable leaves (-1: not there); peer rings the records of the same
+	// children and its siblings; peer rings the records of the same
 	// chunk (other ranks and groups).
 	parent, kid, sibPrev, sibNext int32
-	heap, peer                    int32
+	peer                          int32
 	readers                       uint32 // anonymous read locks left by lookups for the workers
 	holds                         uint32 // read locks workers took (HoldRead) and release by ReadRef
 	owner                         uint32 // Pool.ownerSlots index charged for the lock
@@ -97,10 +96,12 @@ type table struct {
 	doomed      int
 	detached    int // records out of the index (see detach)
 	doomedBytes int64
-	bytes       int64 // rounded sizes of every record
-	usableBytes int64 // rounded sizes of the usable records (prefix.go)
-	clock       uint64
-	heap        []int32 // evictable leaves, a min-heap by stamp
+	bytes       int64   // rounded sizes of every record
+	usableBytes int64   // rounded sizes of the usable records (prefix.go)
+	clock       uint64  // the prefix policy's clock: one tick per use
+	meanGap     uint64  // the mean reuse gap, in ticks
+	dueHeap     []int32 // evictable leaves, the latest due first
+	lateHeap    []int32 // the same leaves, the earliest late first
 }
 
 func (t *table) init() {
@@ -154,8 +155,8 @@ func (t *table) add(k keys.ObjectKey, off, length, rounded int64) int32 {
 	}
 	id := ident{k.Chunk, n, k.KVRank, k.Group}
 	t.clock++
-	t.recs[i] = record{id: id, off: off, length: length, prev: nilRec, next: nilRec, state: stateReady, stamp: t.clock,
-		parent: nilRec, kid: nilRec, sibPrev: nilRec, sibNext: nilRec, heap: -1, peer: i}
+	t.recs[i] = record{id: id, off: off, length: length, prev: nilRec, next: nilRec, state: stateReady, ord: newOrder(t.clock),
+		parent: nilRec, kid: nilRec, sibPrev: nilRec, sibNext: nilRec, peer: i}
 	t.index.insert(t.recs, i)
 	t.pushMRU(i)
 	t.bytes += rounded
@@ -544,7 +545,10 @@ func (p *Pool) reserveWrite(owner Owner, prev, ks []keys.ObjectKey, size int64) 
 	offs := make([]int64, len(fresh))
 	if p.alloc.Free() < need || !p.allocAll(offs, size) {
 		p.sweep(now) // expired locks give space back before anything is evicted
-		if !p.allocAll(offs, size) && !p.evictAndAlloc(offs, size, now) {
+		p.pinPrompt(prev, ks, true)
+		ok := p.allocAll(offs, size) || p.evictAndAlloc(offs, size, now)
+		p.pinPrompt(prev, ks, false)
+		if !ok {
 			p.st.AllocFailures++
 			p.refused(ks, fresh, unit)
 			return nil, fmt.Errorf("%w: %d objects of %d bytes, %d bytes free", ErrNoSpace, len(fresh), size, p.alloc.Free())
