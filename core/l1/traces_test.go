@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"testing"
+
+	"kvdock/core/testkit/chat"
 )
 
 // Traces for the eviction policies: the shapes of prefix traffic the prefix
@@ -149,10 +151,27 @@ func evictionTraces() []evictionTrace {
 // and 2× its working set under each policy and reports the hit ratio (%),
 // the hit tokens per GiB of pool, usable ÷ resident bytes (mean over the
 // measured half, and at the end), and the watermark loop's CPU per evicted
-// object.
+// object. Then the trace families (chat.Families, on demand, whole trace):
+// each policy's hit ratio and its share of the offline bound.
 //
 //	go test -run '^$' -bench BenchmarkEvictionTraces -benchtime 1x ./core/l1
+//	go test -run '^$' -bench 'BenchmarkEvictionTraces/family' -benchtime 1x ./core/l1
 func BenchmarkEvictionTraces(b *testing.B) {
+	for _, f := range chat.Families() {
+		for _, x := range familySizes(f) {
+			b.Run(fmt.Sprintf("family/%s/%.2fx", f.Name, x), func(b *testing.B) {
+				var r familyRun
+				for range b.N {
+					r = runFamily(b, f, x)
+				}
+				b.ReportMetric(100*float64(r.lru)/float64(r.asked), "LRU-hit%")
+				b.ReportMetric(100*float64(r.prefix)/float64(r.asked), "prefix-hit%")
+				b.ReportMetric(float64(r.lru)/float64(r.bound), "LRU/bound")
+				b.ReportMetric(float64(r.prefix)/float64(r.bound), "prefix/bound")
+				b.ReportMetric(r.end.UsableRatio(), "usable/resident-end")
+			})
+		}
+	}
 	models := []traceModel{{"m", accAlign}, {"m2", accAlign}} // zipf-prefix uses two
 	for _, tr := range evictionTraces() {
 		ws := tr.base
