@@ -32,7 +32,6 @@ func replayFamily(tb testing.TB, trace []chat.Prompt, poolChunks int, policy str
 	if err != nil {
 		tb.Fatal(err)
 	}
-	owner := InstanceOwner(1)
 	var out familyResult
 	var tokens []uint32
 	for i, pr := range trace {
@@ -50,27 +49,38 @@ func replayFamily(tb testing.TB, trace []chat.Prompt, poolChunks int, policy str
 		p.FinishRead(ks[:n], 1)
 		out.asked += len(ks)
 		out.hit += n
-		if n == len(ks) || len(ks) > poolChunks {
-			continue
+		if n < len(ks) && len(ks) <= poolChunks {
+			replayStore(tb, p, ks, n, i)
 		}
-		var res []Reservation
+		p.Touch(ks) // END_SESSION
+	}
+	out.final = p.Stats()
+	return out
+}
+
+// replayStore stores the chunks of ks from n on, after ks[n-1] when n > 0
+// (a mid-prompt store); a store past the worker's lock cap fails.
+func replayStore(tb testing.TB, p *Pool, ks []keys.ObjectKey, n, prompt int) {
+	tb.Helper()
+	owner := InstanceOwner(1)
+	var res []Reservation
+	var err error
+	{
 		if n == 0 {
 			res, err = p.ReserveWrite(owner, ks, accAlign)
 		} else {
 			res, err = p.ReserveWriteAfter(owner, ks[n-1:n], ks[n:], accAlign)
 		}
-		if errors.Is(err, ErrLockCap) {
-			continue // more than a worker may hold locked: the store fails
-		}
-		if err != nil {
-			tb.Fatalf("prompt %d: store %d chunks: %v", i, len(ks)-n, err)
-		}
-		if !p.FinishWrite(res) {
-			tb.Fatalf("prompt %d: store not published", i)
-		}
 	}
-	out.final = p.Stats()
-	return out
+	if errors.Is(err, ErrLockCap) {
+		return // more than a worker may hold locked: the store fails
+	}
+	if err != nil {
+		tb.Fatalf("prompt %d: store %d chunks: %v", prompt, len(ks)-n, err)
+	}
+	if !p.FinishWrite(res) {
+		tb.Fatalf("prompt %d: store not published", prompt)
+	}
 }
 
 // familySizes are the pools a family is replayed with, as multiples of

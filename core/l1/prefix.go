@@ -113,6 +113,19 @@ func (t *table) stampNow(i int32) {
 	t.refix(i)
 }
 
+// refresh moves record i to the MRU end and restamps it without taking
+// the time since its last use for a reuse gap: END_SESSION touches the
+// prompt its LOOKUP just used (Touch), which is the same use.
+func (t *table) refresh(i int32) {
+	t.clock++
+	t.recs[i].ord.stamp = t.clock
+	t.refix(i)
+	if t.mru != i {
+		t.unlink(i)
+		t.pushMRU(i)
+	}
+}
+
 // inherit lends the new record c its parent's reuse gap: a conversation's
 // new chunks come back when it does.
 func (t *table) inherit(c, par int32) {

@@ -996,7 +996,7 @@ func (p *Pool) Touch(ks []keys.ObjectKey) {
 	now := p.now().UnixNano()
 	for _, k := range ks {
 		if i := p.lookup(k, now); i != nilRec && !p.t.recs[i].doomed {
-			p.t.touch(i)
+			p.t.refresh(i)
 		}
 	}
 }
