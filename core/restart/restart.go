@@ -156,8 +156,10 @@ type body struct {
 	Objects    []object  `json:"objects"`
 	Regs       []regWire `json:"registrations"`
 	Lookups    []lookup  `json:"lookups,omitempty"`
-	// Decoded apart (links.go, stats.go): a bad block is left out alone.
+	// Decoded apart (links.go, order.go, stats.go): a bad block is left
+	// out alone.
 	Links json.RawMessage `json:"links,omitempty"`
+	Order json.RawMessage `json:"order,omitempty"`
 	Stats json.RawMessage `json:"stats,omitempty"`
 }
 
@@ -302,6 +304,7 @@ func Encode(r Record) ([]byte, error) {
 		b.Lookups = append(b.Lookups, lookup{ID: exact(l.RequestID), Hits: l.HitChunks, Created: l.Created.UnixNano()})
 	}
 	b.Links = encodeLinks(r.Pool.Objects)
+	b.Order = encodeOrder(r.Pool)
 	st, err := encodeStats(r.Stats)
 	if err != nil {
 		return nil, fmt.Errorf("restart: encode record: %w", err)
@@ -376,6 +379,9 @@ func Decode(data []byte) (Record, error) {
 	r.Registrations = b.registrations(&r.Dropped)
 	r.Lookups = b.lookups(&r.Dropped)
 	if why := decodeLinks(b.Links, len(b.Objects), from, r.Pool.Objects); why != "" {
+		r.Ignored = append(r.Ignored, why)
+	}
+	if why := decodeOrder(b.Order, len(b.Objects), from, &r.Pool); why != "" {
 		r.Ignored = append(r.Ignored, why)
 	}
 	var ignored []string
