@@ -476,8 +476,8 @@ func (p *Pool) evict(i int32) {
 // The tree across a restart (adopt.go). Keep records, for each published
 // object, its parent's place in the kept table and whether it starts a
 // prompt; Adopt links the records again, so the successor's usable bytes
-// and its eviction order are the predecessor's (the records are adopted
-// least recently used first, so their stamps keep their order). Links to
+// are the predecessor's, and gives each its kept place in the order (age,
+// gap), so its evictions are too. Links to
 // or from held objects are not kept: a held object is never readable in
 // the successor, as it is not here once doomed.
 //

@@ -107,14 +107,8 @@ func replayWireWith(t *testing.T, trace []chat.Turn, poolBytes int64, policy str
 // TestEvictionPoliciesOnTheWire replays the chat trace under LRU and under
 // prefix with a pool of half its working set: no wrong byte under either,
 // the prefix pool's resident bytes all usable at the end, and prefix no more
-// than a point below LRU. The ratio of their hits is logged, not asserted:
-// prompt-wide touches (a LOOKUP touches the hit chunks in order,
-// END_SESSION the whole prompt, a store puts the new chunks last) keep each
-// conversation's chunks together in LRU order, so LRU evicts conversation
-// by conversation, oldest first, as prefix does (a conversation's leaf is
-// older than any chunk of a conversation served later); the two differ only
-// in the one conversation an eviction leaves partly resident (LRU keeps its
-// useless tail, prefix its head). docs/BENCHMARKS.md has the figures.
+// than a point below LRU. The ratio of their hits is logged, not asserted
+// (docs/BENCHMARKS.md has the figures).
 func TestEvictionPoliciesOnTheWire(t *testing.T) {
 	trace := chat.Trace(4000, 100, 100, 1)
 	ws := chat.WorkingSet(trace)
