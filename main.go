@@ -26,6 +26,7 @@ import (
 	"kvdock/core/gpu"
 	"kvdock/core/hostmem"
 	"kvdock/core/logcap"
+	"kvdock/core/portholder"
 	"kvdock/core/rpc"
 	"kvdock/settings"
 	"kvdock/ui/bench"
@@ -221,16 +222,20 @@ func serve(args []string, stdout, stderr io.Writer) int {
 		}
 		return restarts.ask()
 	}
-	web = httpapi.NewRunner(eng, httpapi.Options{Metrics: m, Logger: logger.With("component", "http"), Restart: askRestart})
+	// No token set: POST /restart still needs one, the local token written
+	// in the state directory for kvdock ctl (ui/httpapi/localtoken.go).
+	stateDir, _ := cfg.Server.StateDirPath(os.Getenv, os.UserHomeDir)
+	web = httpapi.NewRunner(eng, httpapi.Options{Metrics: m, Logger: logger.With("component", "http"), Restart: askRestart, StateDir: stateDir})
 
 	if err := eng.Start(ctx); err != nil {
 		logger.Error("kvdock could not start", "err", err)
-		fmt.Fprintf(stderr, "kvdock: could not start: %v\n", err)
+		fmt.Fprintf(stderr, "kvdock: could not start: %v\n%s", err, portHint(err, cfg.Server.Port, "--port", "KVDOCK_PORT, server.port"))
 		return 1
 	}
 	if err := web.Start(ctx, cfg.HTTP); err != nil {
 		stopNow(eng)
-		fmt.Fprintf(stderr, "kvdock: could not start the HTTP API: %v\n", err)
+		fmt.Fprintf(stderr, "kvdock: could not start the HTTP API: %v\n%s", err,
+			portHint(err, cfg.HTTP.Port, "--http-port", "KVDOCK_HTTP_PORT, http.port; 0 turns the HTTP API off"))
 		return 1
 	}
 	defer web.Stop()
@@ -250,17 +255,32 @@ func serve(args []string, stdout, stderr io.Writer) int {
 			endpoint = e
 		}
 	}
+	kept := "" // what a stop that kept the pool left in /dev/shm (keptNote)
 	bye := func(code int, why string) int {
 		ran := time.Since(started).Round(time.Second)
 		if logCfg.File == "" && logCfg.Format == "json" {
-			logger.Info("kvdock exited", "face", face, "endpoint", endpoint, "ran", ran.String(), "cause", why, "exit_code", code, "log", "stderr")
+			attrs := []any{"face", face, "endpoint", endpoint, "ran", ran.String(), "cause", why, "exit_code", code, "log", "stderr"}
+			if kept != "" {
+				attrs = append(attrs, "kept", kept)
+			}
+			logger.Info("kvdock exited", attrs...)
 			return code
 		}
 		where := logCfg.File
 		if where == "" {
 			where = "stderr (above)"
 		}
-		fmt.Fprintf(stderr, "kvdock: %s on %s ran %s, stopped by %s, exit %d; log: %s\n", face, endpoint, ran, why, code, where)
+		if kept != "" {
+			kept = "; " + kept
+		}
+		fmt.Fprintf(stderr, "kvdock: %s on %s ran %s, stopped by %s, exit %d%s; log: %s\n", face, endpoint, ran, why, code, kept, where)
+		return code
+	}
+	// stop is shutdown, noting what it kept for the exit line.
+	stop := func(why string) int {
+		before := eng.Snapshot()
+		code := shutdown(eng, sigs, logger, why)
+		kept = keptNote(before, shmDir)
 		return code
 	}
 	logger.Info("kvdock serving", "version", snap.Version, "endpoint", snap.Endpoint, "protocol", snap.Protocol,
@@ -339,14 +359,14 @@ func serve(args []string, stdout, stderr io.Writer) int {
 				stopDash() // give the terminal back before stopping
 				<-quit
 			}
-			return bye(shutdown(eng, sigs, logger, sig.String()), signalName(sig))
+			return bye(stop(sig.String()), signalName(sig))
 		case <-restarts:
 			if code, exit := restartInPlace("kvdock ctl restart"); exit {
 				return code
 			}
 		case <-quit:
 			lastEndpoint()
-			return bye(shutdown(eng, sigs, logger, "dashboard quit"), "dashboard quit")
+			return bye(stop("dashboard quit"), "dashboard quit")
 		case <-eng.Failed():
 			logger.Error("wire server stopped unexpectedly")
 			if dash {
@@ -404,6 +424,41 @@ func shutdown(eng *engine.Engine, sigs <-chan os.Signal, logger *slog.Logger, wh
 			return 130
 		}
 	}
+}
+
+// shmDir is where kvdock creates its pool segments.
+const shmDir = "/dev/shm"
+
+// keptNote says what a stop left in the shared-memory directory for the
+// next start to adopt (l1.keep_on_exit), from the snapshot taken before the
+// stop: the segment, the memory it holds and what it caches. "" when no
+// segment was kept.
+func keptNote(before engine.Snapshot, dir string) string {
+	seg := before.Pool.Decision.Segment
+	if !before.Config.L1.KeepOnExit || seg == "" {
+		return ""
+	}
+	path := filepath.Join(dir, seg)
+	fi, err := os.Stat(path)
+	if err != nil {
+		return ""
+	}
+	return fmt.Sprintf("kept %s (%s of shared memory, %d object(s), %s cached) for the next start; rm it to free the memory",
+		path, settings.BytesText(fi.Size()), before.Pool.Objects, settings.BytesText(before.Pool.ResidentBytes))
+}
+
+// portHint follows a start refused because port is taken: who holds the
+// port, when /proc says (best effort), and the setting that moves kvdock
+// elsewhere. "" for any other error.
+func portHint(err error, port int, flag, others string) string {
+	if !errors.Is(err, syscall.EADDRINUSE) && !strings.Contains(err.Error(), "address already in use") {
+		return ""
+	}
+	who := "another process"
+	if h, ok := portholder.Find("", port); ok {
+		who = h.String()
+	}
+	return fmt.Sprintf("kvdock: port %d is held by %s; give kvdock another with %s (or %s)\n", port, who, flag, others)
 }
 
 // stopNow stops the engine on an error path, bounded like shutdown.

@@ -25,6 +25,7 @@ type Config struct {
 	HTTP     HTTPConfig     `koanf:"http"`
 	Log      LogConfig      `koanf:"log"`
 	UI       UIConfig       `koanf:"ui"`
+	KVEvents KVEventsConfig `koanf:"kv_events"`
 }
 
 // ServerConfig is the MP server part: the ZMQ endpoint, handler pools and the
@@ -144,6 +145,32 @@ type UIConfig struct {
 	Refresh  time.Duration `koanf:"refresh"`
 }
 
+// KVEventsConfig is vLLM's KV event stream for cache-aware routers
+// (docs/EVENTS.md): off while Endpoint is empty.
+type KVEventsConfig struct {
+	// Endpoint is the ZMQ PUB endpoint (tcp://HOST:PORT); empty = off.
+	Endpoint string `koanf:"endpoint"`
+	// Connect connects the PUB to Endpoint (a router's bound SUB) instead
+	// of binding it.
+	Connect bool `koanf:"connect"`
+	// ReplayEndpoint is the replay ROUTER's endpoint; empty = no replay.
+	ReplayEndpoint string `koanf:"replay_endpoint"`
+	// ReplayFormat is "current" (vLLM >= 0.26: topic frame, empty-topic end
+	// marker) or "legacy".
+	ReplayFormat string `koanf:"replay_format"`
+	// Encoding of events: "map" (tagged maps) or "array" (positional).
+	Encoding string `koanf:"encoding"`
+	// Pod names the topic kv@<pod>@<model>; empty = the host name.
+	Pod string `koanf:"pod"`
+	// BufferSteps is how many batches the replay buffer keeps.
+	BufferSteps int `koanf:"buffer_steps"`
+	// MediumL1 is the medium of the L1 pool's announcements.
+	MediumL1 string `koanf:"medium_l1"`
+	// BlockSize announces each chunk as chunk_size/BlockSize blocks (0 =
+	// the chunk size); it must divide server.chunk_size.
+	BlockSize int `koanf:"block_size"`
+}
+
 // Default returns the configuration kvdock runs with when told nothing.
 func Default() Config {
 	return Config{
@@ -184,9 +211,10 @@ func Default() Config {
 			LoadTimeoutSeconds:  2,
 			QueueBytes:          256 << 20,
 		},
-		HTTP: HTTPConfig{Host: "127.0.0.1", Port: 8080},
-		Log:  LogConfig{Level: "info", Format: "text"},
-		UI:   UIConfig{Refresh: time.Second},
+		HTTP:     HTTPConfig{Host: "127.0.0.1", Port: 8080},
+		Log:      LogConfig{Level: "info", Format: "text"},
+		UI:       UIConfig{Refresh: time.Second},
+		KVEvents: KVEventsConfig{ReplayFormat: "current", Encoding: "map", BufferSteps: 10000, MediumL1: "CPU"},
 	}
 }
 

@@ -100,7 +100,7 @@ func (d keyDef) group() string { g, _, _ := strings.Cut(d.key, "."); return g }
 func (d keyDef) leaf() string  { _, l, _ := strings.Cut(d.key, "."); return l }
 
 // groups in file order.
-var groupOrder = [...]string{"server", "l1", "eviction", "l2", "http", "log", "ui"}
+var groupOrder = [...]string{"server", "l1", "eviction", "l2", "http", "log", "ui", "kv_events"}
 
 // table returns the key table. It is rebuilt per call (it is small) so the
 // package keeps no mutable state.
@@ -372,6 +372,65 @@ func table() []keyDef {
 				}
 				return ""
 			}},
+		{key: "kv_events.endpoint", flag: "kv-events-endpoint", class: NextStart,
+			help:  "ZMQ PUB endpoint of vLLM's KV event stream for routers, tcp://HOST:PORT (empty = off)",
+			field: func(c *Config) any { return &c.KVEvents.Endpoint },
+			check: func(c Config) string { return zmqEndpoint(c.KVEvents.Endpoint) }},
+		{key: "kv_events.connect", flag: "kv-events-connect", class: NextStart,
+			help:  "connect the KV event PUB to the endpoint (a router's bound SUB) instead of binding it",
+			field: func(c *Config) any { return &c.KVEvents.Connect }},
+		{key: "kv_events.replay_endpoint", flag: "kv-events-replay-endpoint", class: NextStart,
+			help:  "ZMQ ROUTER endpoint kvdock binds to replay buffered KV event batches (empty = none)",
+			field: func(c *Config) any { return &c.KVEvents.ReplayEndpoint },
+			check: func(c Config) string {
+				if c.KVEvents.ReplayEndpoint != "" && c.KVEvents.Endpoint == "" {
+					return "needs kv_events.endpoint"
+				}
+				if c.KVEvents.ReplayEndpoint != "" && c.KVEvents.ReplayEndpoint == c.KVEvents.Endpoint {
+					return "must differ from kv_events.endpoint"
+				}
+				return zmqEndpoint(c.KVEvents.ReplayEndpoint)
+			}},
+		{key: "kv_events.replay_format", flag: "kv-events-replay-format", class: NextStart,
+			help:    "replay frames: current (vLLM >= 0.26, topic frame) or legacy",
+			field:   func(c *Config) any { return &c.KVEvents.ReplayFormat },
+			choices: []string{"current", "legacy"}},
+		{key: "kv_events.encoding", flag: "kv-events-encoding", class: NextStart,
+			help:    "KV event encoding: map (tagged maps: vLLM >= 0.26, llm-d, Dynamo) or array (positional)",
+			field:   func(c *Config) any { return &c.KVEvents.Encoding },
+			choices: []string{"map", "array"}},
+		{key: "kv_events.pod", flag: "kv-events-pod", class: NextStart,
+			help:  "pod name in the KV event topic kv@<pod>@<model> (empty = the host name)",
+			field: func(c *Config) any { return &c.KVEvents.Pod },
+			check: func(c Config) string {
+				if strings.ContainsAny(c.KVEvents.Pod, "@\x00") || len(c.KVEvents.Pod) > 253 {
+					return "must not contain '@' or NUL, at most 253 bytes"
+				}
+				return ""
+			}},
+		{key: "kv_events.buffer_steps", flag: "kv-events-buffer-steps", class: NextStart,
+			help:  "KV event batches kept for replay",
+			field: func(c *Config) any { return &c.KVEvents.BufferSteps },
+			check: func(c Config) string { return intRange(c.KVEvents.BufferSteps, 1, 1000000) }},
+		{key: "kv_events.block_size", flag: "kv-events-block-size", class: NextStart,
+			help:  "tokens per announced KV event block; 0 = the chunk size, else it must divide it (routers with smaller blocks)",
+			field: func(c *Config) any { return &c.KVEvents.BlockSize },
+			check: func(c Config) string {
+				b := c.KVEvents.BlockSize
+				if b < 0 || b > 0 && c.Server.ChunkSize > 0 && c.Server.ChunkSize%b != 0 {
+					return fmt.Sprintf("must be 0 or divide server.chunk_size (%d)", c.Server.ChunkSize)
+				}
+				return ""
+			}},
+		{key: "kv_events.medium_l1", flag: "kv-events-medium-l1", class: NextStart,
+			help:  "medium of the L1 pool's KV events",
+			field: func(c *Config) any { return &c.KVEvents.MediumL1 },
+			check: func(c Config) string {
+				if c.KVEvents.MediumL1 == "" || len(c.KVEvents.MediumL1) > 64 {
+					return "must be 1..64 bytes"
+				}
+				return ""
+			}},
 	}
 }
 
@@ -382,6 +441,23 @@ func findDef(key string) (keyDef, bool) {
 		}
 	}
 	return keyDef{}, false
+}
+
+// zmqEndpoint checks an optional tcp://HOST:PORT endpoint.
+func zmqEndpoint(e string) string {
+	if e == "" {
+		return ""
+	}
+	rest, ok := strings.CutPrefix(e, "tcp://")
+	i := strings.LastIndex(rest, ":")
+	if !ok || i <= 0 {
+		return "must be tcp://HOST:PORT"
+	}
+	var port int
+	if _, err := fmt.Sscanf(rest[i+1:], "%d", &port); err != nil || fmt.Sprint(port) != rest[i+1:] {
+		return "must be tcp://HOST:PORT"
+	}
+	return intRange(port, 1, 65535)
 }
 
 func nonEmpty(s string) string {

@@ -31,7 +31,7 @@ func CheckMemory(c Config, src map[string]Source, avail int64) error {
 	return &ValidationError{Problems: []Problem{{
 		Key: "l1.size_gb", Value: display(&c.L1.SizeGB), Source: src["l1.size_gb"],
 		Reason: fmt.Sprintf("the pool needs %s but the host has %s available (MemAvailable); lower it or pass --l1-allow-overcommit",
-			gibText(need), gibText(avail)),
+			BytesText(need), BytesText(avail)),
 	}}}
 }
 
@@ -65,11 +65,6 @@ func LoadForServe(opts LoadOptions, avail int64) (*Loaded, error) {
 	return l, &ValidationError{Problems: probs}
 }
 
-// gibText prints a byte count in GiB with two decimals.
-func gibText(n int64) string {
-	return fmt.Sprintf("%.2f GiB", float64(n)/(1<<30))
-}
-
 // MemoryWarnShare is the share of the host's available memory above which
 // a pool is accepted with a warning: the host is left too little for the
 // workers, the page cache and kvdock's own heap.
@@ -85,7 +80,7 @@ func MemoryWarning(c Config, avail int64) string {
 		return ""
 	}
 	share := fmt.Sprintf("the pool (l1.size_gb) takes %s of the %s the host has available (MemAvailable, %.0f %%)",
-		gibText(need), gibText(avail), 100*float64(need)/float64(avail))
+		BytesText(need), BytesText(avail), 100*float64(need)/float64(avail))
 	if need > avail {
 		if c.L1.AllowOvercommit {
 			return share + ": l1.allow_overcommit lets it start, and the OOM killer may end kvdock or a worker once it fills"

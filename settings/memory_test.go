@@ -25,7 +25,7 @@ func TestCheckMemory(t *testing.T) {
 	if p.Key != "l1.size_gb" || p.Value != "40" || p.Source.Detail != "--l1-size-gb" {
 		t.Fatalf("problem %+v", p)
 	}
-	for _, want := range []string{"40.00 GiB", "23.00 GiB available", "--l1-allow-overcommit"} {
+	for _, want := range []string{"40.0 GiB", "23.0 GiB available", "--l1-allow-overcommit"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Fatalf("%q lacks %q", err, want)
 		}
@@ -83,7 +83,7 @@ func TestMemoryWarning(t *testing.T) {
 		{0, false, ""},
 		{100 * gib, false, ""},
 		{275 * gib / 10, false, ""},
-		{22760 * gib / 1000, false, "takes 22.00 GiB of the 22.76 GiB the host has available (MemAvailable, 97 %): above 80 %"},
+		{22760 * gib / 1000, false, "takes 22.0 GiB of the 22.8 GiB the host has available (MemAvailable, 97 %): above 80 %"},
 		{20 * gib, false, "kvdock serve refuses it"},
 		{20 * gib, true, "l1.allow_overcommit lets it start"},
 	} {

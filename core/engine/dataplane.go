@@ -10,6 +10,7 @@ import (
 
 	"kvdock/core/hostmem"
 	"kvdock/core/keys"
+	"kvdock/core/kvevents"
 	"kvdock/core/l1"
 	"kvdock/core/layout"
 	"kvdock/core/lookup"
@@ -53,7 +54,14 @@ type dataPlane struct {
 	// (restart.go); keep, when set, is how release ends the pool instead
 	// of closing it (a stop that keeps the pool for the next start).
 	adoption *adoption
-	keep     func(p *dataPlane, regs []restart.Registration, lookups []restart.Lookup) error
+	keep     func(p *dataPlane, kept keptState) error
+	// handover is what the keeping stop's wire server handover did, for
+	// the record (set before the plane closes).
+	handover restart.Handover
+	// kv keeps the KV event stream's announced set, kvPub publishes it;
+	// both nil when kv_events.endpoint is empty.
+	kv    *kvevents.Tracker
+	kvPub *kvevents.Publisher
 }
 
 // gate admits handlers until it is shut and says when the last one left.
@@ -163,6 +171,7 @@ func (e *Engine) buildDataPlane(cfg settings.Config) (*dataPlane, error) {
 	plan := nongpu.PlanSegment(cfg.Server, cfg.L1, e.opts.PID, shmNameSource(e.sources))
 	est := whatif.New(whatif.Options{PoolBytes: cfg.L1.SizeBytes()})
 	ghost := misses.NewGhost(misses.DefaultGhostEntries)
+	kv := newKVTracker(cfg)
 	pool, adopted, err := e.openPool(cfg, l1.Options{
 		Size:      cfg.L1.SizeBytes(),
 		Align:     int64(cfg.L1.AlignBytes),
@@ -180,7 +189,7 @@ func (e *Engine) buildDataPlane(cfg settings.Config) (*dataPlane, error) {
 		},
 		OwnerLockShare: cfg.L1.MaxLockedSharePerInstance,
 		TotalLockShare: cfg.L1.MaxLockedShare,
-		Observer:       insight{est, ghost},
+		Observer:       insight{est, ghost, kv},
 		ObserveMax:     ghost.Entries(),
 	})
 	if err != nil {
@@ -204,10 +213,18 @@ func (e *Engine) buildDataPlane(cfg settings.Config) (*dataPlane, error) {
 		log:      e.log,
 		hook:     e.handlerHook,
 		adoption: adopted,
+		kv:       kv,
+	}
+	if kv != nil {
+		if p.kvPub, err = startKVPublisher(cfg, kv, e.log); err != nil {
+			_ = pool.Close()
+			return nil, err
+		}
 	}
 	p.sessions.SetLimits(sessionLimits(cfg))
 	set, err := e.buildTiers(cfg.L2, pool, p.layouts)
 	if err != nil {
+		p.closeKV()
 		_ = pool.Close()
 		return nil, err
 	}
@@ -227,13 +244,16 @@ func (e *Engine) buildDataPlane(cfg settings.Config) (*dataPlane, error) {
 		Logger:    e.log.With("component", "nongpu"),
 		Events:    e.transferEvent,
 		Published: p.tiers.Enqueue,
+		Committed: p.kvCommitted(),
 	}, cfg.Server, cfg.L1)
 	if err != nil {
+		p.closeKV()
 		p.tiers.close()
 		_ = pool.Close()
 		return nil, fmt.Errorf("non-GPU transfer module: %w", err)
 	}
 	e.restoreRegistrations(p, adopted)
+	e.restoreTransfers(p, adopted)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	p.cancel = cancel
@@ -293,16 +313,21 @@ func (p *dataPlane) close(ctx context.Context) error {
 // once no handler runs.
 func (p *dataPlane) release() error {
 	p.closeOnce.Do(func() {
-		var regs []restart.Registration
+		var kept keptState
 		if p.keep != nil {
-			regs = p.transfer.Registrations()
+			// The carried transfers leave the pending maps before Close, so
+			// their reservations stay live and their holds in force.
+			kept.regs = p.transfer.Registrations()
+			kept.transfers, kept.carryKey = p.transfer.Carry()
 		}
 		p.transfer.Close()
 		p.cancel()
 		<-p.done // the lookups' tier phases have ended
 		p.tiers.close()
+		p.closeKV()
 		if p.keep != nil {
-			p.closeErr = p.keep(p, regs, keptLookups(p.lookup.Answers()))
+			kept.lookups = keptLookups(p.lookup.Answers())
+			p.closeErr = p.keep(p, kept)
 		} else if err := p.pool.Close(); err != nil {
 			p.closeErr = fmt.Errorf("close L1 pool: %w", err)
 		}

@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"kvdock/core/restart"
 	"kvdock/core/rpc"
 	"kvdock/settings"
 	"kvdock/transfer/tier"
@@ -61,7 +62,7 @@ type Options struct {
 	// GPU samples GPU memory; nil = none.
 	GPU GPUSampler
 	// Observer sees every request's outcome and latency (metrics).
-	Observer rpc.Observer
+	Observer Observer
 	// OnApply moves the faces that own settings of their own (http.*) from
 	// old to new. Apply calls it with the engine's lock held, before the
 	// engine's own changes, and again with the arguments swapped when those
@@ -268,9 +269,16 @@ func (e *Engine) stop(ctx context.Context, keep bool) error {
 	defer cancel()
 	if keep {
 		p.keep = e.keeper(e.cfg, e.opts.Now())
+		if f != nil {
+			f.srv.SetHandover(e.handover(p))
+		}
 	}
 	if f != nil {
 		errs = append(errs, f.stop(dctx))
+		if keep {
+			st := f.srv.Stats()
+			p.handover = restart.Handover{Parked: st.HandoverParked, Lost: st.HandoverLost}
+		}
 	}
 	if err := p.close(dctx); err != nil {
 		errs = append(errs, err)

@@ -293,7 +293,7 @@ func TestApplyRefusesPoolLargerThanMemory(t *testing.T) {
 	next.L1.SizeGB = 64.0 / 1024
 	_, err := e.Apply(context.Background(), next, nil)
 	var ve *settings.ValidationError
-	if !errors.As(err, &ve) || !strings.Contains(err.Error(), "needs 0.06 GiB") || !strings.Contains(err.Error(), "0.01 GiB available") {
+	if !errors.As(err, &ve) || !strings.Contains(err.Error(), "needs 64.0 MiB") || !strings.Contains(err.Error(), "8.0 MiB available") {
 		t.Fatalf("64 MiB pool with 8 MiB free: %v", err)
 	}
 	s := e.Snapshot()

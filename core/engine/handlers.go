@@ -73,7 +73,7 @@ func (e *Engine) handlers(cfg settings.Config, p *dataPlane) map[string]rpc.Hand
 			if err != nil {
 				return nil, err
 			}
-			return nil, p.lookup.Lookup(keyRequest(k), tp)
+			return nil, p.lookup.LookupFrom(string(req.Peer), keyRequest(k), tp)
 		},
 		protocol.QueryPrefetchStatus: func(_ context.Context, req *rpc.Request) (any, error) {
 			id, err := requestID(req)

@@ -24,7 +24,7 @@ func observedPool(t testing.TB, units int64, mod func(*l1.Options)) (*l1.Pool, *
 	c := fakeclock.New()
 	ghost := misses.NewGhost(misses.DefaultGhostEntries)
 	o := l1.Options{Size: units * 4096, Align: 4096, Now: c.Now, OwnerLockShare: 1, TotalLockShare: 1,
-		Observer: insight{whatif.New(whatif.Options{PoolBytes: units * 4096}), ghost}, ObserveMax: ghost.Entries()}
+		Observer: insight{whatif.New(whatif.Options{PoolBytes: units * 4096}), ghost, nil}, ObserveMax: ghost.Entries()}
 	if mod != nil {
 		mod(&o)
 	}

@@ -19,7 +19,9 @@ import (
 // Restart is the last start's adoption of a kept pool, for the faces.
 type Restart struct {
 	// Adopted: the pool and registrations of the previous process were
-	// adopted; otherwise Reason says why not ("" when there was no record).
+	// adopted; otherwise Reason says why not ("" when there was no record),
+	// and Contexts counts the registrations restored over the cold pool
+	// (those that need no segment).
 	Adopted  bool
 	Objects  int   // published objects readable again
 	Bytes    int64 // their sizes rounded to the alignment
@@ -45,17 +47,58 @@ type Restart struct {
 	// restored, LinksDropped those left out (the events say why).
 	StatsCarried        bool
 	Links, LinksDropped int
+	// Transfers are the transfers the previous process prepared (a
+	// handover's last answers) restored for their commits here;
+	// TransfersRefused those left to their locks' deadlines.
+	Transfers, TransfersRefused int
+	// HandoverParked and HandoverLost are the previous stop's handover:
+	// requests it parked and answered, and requests that arrived after its
+	// last answer (never answered).
+	HandoverParked, HandoverLost int64
 }
 
-// adoption is what a plane built over an adopted pool still has to do.
+// adoption is what a plane built after a restart still has to do: over
+// an adopted pool, restore the registrations and lookups; over a cold one
+// (cold: the pool was not kept or not adopted), the registrations that
+// need no segment.
 type adoption struct {
 	regs      []restart.Registration
 	lookups   []restart.Lookup
 	stoppedAt time.Time
+	cold      bool
 	bound     bool
 	// stats are the predecessor's figures (carry.go): its miss breakdown
 	// goes to the new plane's lookup module.
 	stats *restart.Stats
+	// transfers are the prepared transfers whose commits come to this
+	// process, their keys hashed with carryKey.
+	transfers []restart.Transfer
+	carryKey  []byte
+}
+
+// keptState is what a stop that keeps the pool hands its record beside the
+// pool: the registrations, the answered lookups and the carried transfers.
+type keptState struct {
+	regs      []restart.Registration
+	lookups   []restart.Lookup
+	transfers []restart.Transfer
+	carryKey  []byte
+}
+
+// restoreTransfers gives the carried transfers back to their instances
+// (after restoreRegistrations), then ends the pool's claims.
+func (e *Engine) restoreTransfers(p *dataPlane, a *adoption) {
+	if a == nil {
+		return
+	}
+	n, refused := p.transfer.RestoreCarried(a.transfers, a.carryKey)
+	p.pool.EndClaims()
+	for _, r := range refused {
+		e.log.Warn("restart: carried transfer not restored", "reason", r)
+	}
+	e.st.Lock()
+	e.restart.Transfers, e.restart.TransfersRefused = n, len(refused)
+	e.st.Unlock()
 }
 
 // stateFile is the record's directory and file for cfg.
@@ -97,9 +140,11 @@ func (e *Engine) claimStart(cfg settings.Config) (release func(), err error) {
 
 // openPool opens the pool of cfg: it adopts the pool kept by the previous
 // process when a record for this endpoint exists and matches the settings
-// (segment name or auto, size, alignment) and the segment is the one
+// (segment name, private or auto, size, alignment) and the segment is the one
 // recorded; otherwise it creates one, after removing a kept segment that
-// will not be adopted. The record is consumed either way.
+// will not be adopted, and still hands on the record's registrations (a
+// cold adoption: restoreRegistrations keeps those that need no segment).
+// The record is consumed either way.
 func (e *Engine) openPool(cfg settings.Config, opts l1.Options) (*l1.Pool, *adoption, error) {
 	now := e.opts.Now()
 	dir, file, err := e.stateFile(cfg)
@@ -113,13 +158,23 @@ func (e *Engine) openPool(cfg settings.Config, opts l1.Options) (*l1.Pool, *adop
 		return pool, nil, err
 	}
 	reason := ""
-	if err != nil {
+	var carried *adoption
+	switch {
+	case err != nil:
 		reason = "restart record refused: " + err.Error()
-	} else {
-		want := restart.Want{Endpoint: endpointOf(cfg), Auto: cfg.Server.ShmName == nil, Segment: opts.Plan.Segment,
+	case rec.Endpoint != endpointOf(cfg) && rec.Pool.Segment.Name == "":
+		reason = restart.Match(rec, restart.Want{Endpoint: endpointOf(cfg)})
+	case rec.Pool.Segment.Name == "":
+		// The previous pool was anonymous memory (or its keep failed): the
+		// record carries the registrations alone.
+		reason = "the previous process kept no pool, only its registrations"
+	default:
+		// The plan's file: the shared segment, or the private one of a pool
+		// that is not shared (--shm-name ""), kept and adopted the same way.
+		want := restart.Want{Endpoint: endpointOf(cfg), Auto: cfg.Server.ShmName == nil, Segment: opts.Plan.File(),
 			Size: opts.Size, Align: opts.Align}
-		if opts.Plan.Segment == "" {
-			reason = "this start's pool is not shared (" + opts.Plan.Reason + ")"
+		if opts.Plan.File() == "" {
+			reason = "this start's pool is anonymous memory (" + opts.Plan.Reason + ")"
 		} else {
 			reason = restart.Match(rec, want)
 		}
@@ -132,7 +187,12 @@ func (e *Engine) openPool(cfg settings.Config, opts l1.Options) (*l1.Pool, *adop
 				e.tellIgnored(rec.Ignored, ad)
 				e.setRestart(Restart{Adopted: true, Objects: ad.Objects, Bytes: ad.Bytes, Held: ad.Held,
 					At: now, Generation: rec.Generation + 1, Dropped: drops.N, DropReasons: drops.Reasons(),
-					StatsCarried: rec.Stats != nil, Links: ad.Links, LinksDropped: ad.LinksDropped})
+					StatsCarried: rec.Stats != nil, Links: ad.Links, LinksDropped: ad.LinksDropped,
+					HandoverParked: rec.Handover.Parked, HandoverLost: rec.Handover.Lost})
+				if rec.Handover.Lost > 0 {
+					e.events.add(EventLifecycle, slog.LevelWarn, fmt.Sprintf(
+						"restart: %d request(s) reached the previous process after its last answer and went unanswered", rec.Handover.Lost))
+				}
 				e.log.Info("restart: pool adopted", "segment", rec.Pool.Segment.Name, "objects", ad.Objects, "bytes", ad.Bytes,
 					"held", ad.Held, "expired", ad.Expired, "clamped", ad.Clamped, "dropped", drops.N,
 					"generation", rec.Generation+1, "written_by", rec.Build)
@@ -141,7 +201,8 @@ func (e *Engine) openPool(cfg settings.Config, opts l1.Options) (*l1.Pool, *adop
 					e.events.add(EventLifecycle, slog.LevelWarn, fmt.Sprintf("restart: %d parts of the record left out: %s",
 						drops.N, strings.Join(drops.Reasons(), "; ")))
 				}
-				return pool, &adoption{regs: rec.Registrations, lookups: rec.Lookups, stoppedAt: rec.StoppedAt, stats: rec.Stats}, nil
+				return pool, &adoption{regs: rec.Registrations, lookups: rec.Lookups, stoppedAt: rec.StoppedAt, stats: rec.Stats,
+					transfers: rec.Transfers, carryKey: rec.CarryKey}, nil
 			}
 			reason = aerr.Error()
 		}
@@ -154,22 +215,42 @@ func (e *Engine) openPool(cfg settings.Config, opts l1.Options) (*l1.Pool, *adop
 			reason += fmt.Sprintf(" (kept segment %s removed)", rec.Pool.Segment.Name)
 		}
 	}
+	if err == nil && rec.Endpoint == endpointOf(cfg) {
+		// Registrations outlive the pool: those that need no segment are
+		// restored over the new one.
+		carried = &adoption{regs: rec.Registrations, stoppedAt: rec.StoppedAt, cold: true}
+	}
 	e.setRestart(Restart{Reason: reason, At: now, StatsCarried: err == nil && rec.Stats != nil})
 	e.log.Warn("restart: cold start", "reason", reason)
-	e.events.add(EventLifecycle, slog.LevelWarn, "restart: nothing adopted: "+reason)
+	what := "nothing adopted"
+	if carried != nil {
+		what = "pool not adopted, registrations that need no segment restored"
+	}
+	e.events.add(EventLifecycle, slog.LevelWarn, "restart: "+what+": "+reason)
 	pool, err := l1.Open(opts)
-	return pool, nil, err
+	if err != nil {
+		carried = nil
+	}
+	return pool, carried, err
 }
 
-// restoreRegistrations registers the adopted pool's workers again and
-// restores the lookups the previous process answered and nobody queried.
+// restoreRegistrations registers the previous process's workers again:
+// over an adopted pool every one, with the lookups it answered and nobody
+// queried; over a cold pool the PICKLE ones (the SHM ones map the old
+// segment, and its read locks are gone with it).
 func (e *Engine) restoreRegistrations(p *dataPlane, a *adoption) {
 	if a == nil {
 		return
 	}
-	n, refused := p.transfer.Restore(a.regs)
+	n, refused := p.transfer.Restore(a.regs, !a.cold)
 	for _, r := range refused {
 		e.log.Warn("restart: registration not restored", "reason", r)
+	}
+	if a.cold {
+		e.st.Lock()
+		e.restart.Contexts, e.restart.Refused = n, refused
+		e.st.Unlock()
+		return
 	}
 	as := make([]lookup.Answer, len(a.lookups))
 	for i, l := range a.lookups {
@@ -209,6 +290,11 @@ func (e *Engine) restartBound(p *dataPlane) {
 	e.restart.Gap = gap
 	r := e.restart
 	e.st.Unlock()
+	if a.cold {
+		e.events.add(EventLifecycle, slog.LevelInfo, fmt.Sprintf(
+			"restart: cold pool; %d contexts restored, %d refused; gap %d ms", r.Contexts, len(r.Refused), gap.Milliseconds()))
+		return
+	}
 	e.events.add(EventLifecycle, slog.LevelInfo, fmt.Sprintf(
 		"restart: adopted %d objects (%s), %d contexts and %d answered lookups, %d held for the previous process's workers; gap %d ms",
 		r.Objects, settings.BytesText(r.Bytes), r.Contexts, r.Lookups, r.Held, gap.Milliseconds()))
@@ -223,27 +309,46 @@ func (e *Engine) setRestart(r Restart) {
 // keeper returns what the plane's release does instead of closing the
 // pool when the stop keeps it: record the table, the registrations and the
 // stop time in the state directory, and keep the segment.
-func (e *Engine) keeper(cfg settings.Config, stoppedAt time.Time) func(p *dataPlane, regs []restart.Registration, lookups []restart.Lookup) error {
+func (e *Engine) keeper(cfg settings.Config, stoppedAt time.Time) func(p *dataPlane, kept keptState) error {
 	e.st.RLock()
 	gen, started := e.restart.Generation, e.started
 	e.st.RUnlock()
-	return func(p *dataPlane, regs []restart.Registration, lookups []restart.Lookup) error {
+	return func(p *dataPlane, kept keptState) error {
+		regs, lookups := kept.regs, kept.lookups
 		dir, file, err := e.stateFile(cfg)
 		if err != nil {
 			return errors.Join(err, p.pool.Close())
 		}
 		var objects int
+		recorded := false
+		rec := restart.Record{Build: e.opts.Version, Generation: gen, PID: e.opts.PID,
+			Endpoint: endpointOf(cfg), StoppedAt: stoppedAt, Auto: cfg.Server.ShmName == nil, Registrations: regs}
 		err = p.pool.Keep(func(k l1.Kept) error {
 			objects = len(k.Objects)
-			return restart.Write(dir, file, restart.Record{Build: e.opts.Version, Generation: gen, PID: e.opts.PID,
-				Endpoint: endpointOf(cfg), StoppedAt: stoppedAt, WrittenAt: e.opts.Now(), Auto: cfg.Server.ShmName == nil,
-				Pool: k, Registrations: regs, Lookups: lookups, Stats: e.statsRecord(p, started)})
+			r := rec
+			r.WrittenAt, r.Pool, r.Lookups = e.opts.Now(), k, lookups
+			r.Transfers, r.CarryKey, r.Stats = kept.transfers, kept.carryKey, e.statsRecord(p, started)
+			r.Handover = p.handover
+			err := restart.Write(dir, file, r)
+			recorded = err == nil
+			return err
 		})
+		if err != nil && !recorded {
+			// The pool is gone (private memory cannot be kept); the
+			// registrations need no segment and are carried alone.
+			rec.WrittenAt = e.opts.Now()
+			if werr := restart.Write(dir, file, rec); werr != nil {
+				err = errors.Join(err, fmt.Errorf("registrations not carried either: %w", werr))
+			} else {
+				e.log.Info("stop: registrations kept for the next start, without the pool", "registrations", len(regs), "record", dir+"/"+file)
+			}
+		}
 		if err != nil {
 			e.events.add(EventError, slog.LevelWarn, "stop: pool not kept: "+err.Error())
 			return fmt.Errorf("keep pool: %w", err)
 		}
-		e.log.Info("stop: pool kept for the next start", "objects", objects, "registrations", len(regs), "lookups", len(lookups), "record", dir+"/"+file)
+		e.log.Info("stop: pool kept for the next start", "objects", objects, "registrations", len(regs), "lookups", len(lookups),
+			"transfers", len(kept.transfers), "record", dir+"/"+file)
 		e.events.add(EventLifecycle, slog.LevelInfo, fmt.Sprintf("stop: pool kept for the next start (%d objects, %d contexts)", objects, len(regs)))
 		return nil
 	}

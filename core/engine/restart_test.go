@@ -153,7 +153,7 @@ func TestKeptPoolNotAdoptedByAnotherPool(t *testing.T) {
 	if s := e2.Snapshot().Pool; s.Objects != 0 {
 		t.Fatalf("a cold start has %d objects", s.Objects)
 	}
-	if !strings.Contains(lastEvent(e2, "nothing adopted"), "l1.size_gb") {
+	if !strings.Contains(lastEvent(e2, "pool not adopted"), "l1.size_gb") {
 		t.Fatal("no event says why nothing was adopted")
 	}
 }

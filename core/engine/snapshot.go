@@ -85,6 +85,8 @@ type Snapshot struct {
 	// Unregistered are models that lookups named with no worker registered
 	// (each answered 0), most recent first.
 	Unregistered []lookup.Unregistered
+	// KVEvents is the KV event stream for routers (Enabled false when off).
+	KVEvents KVEventsStatus
 }
 
 // Rebuilt says when the pool was last rebuilt and how many registered
@@ -133,6 +135,7 @@ func (e *Engine) Snapshot() Snapshot {
 	s.Host = hostInfo(p)
 	if p != nil {
 		s.Shm = p.transfer.PoolInfo()
+		s.KVEvents = p.kvStatus(cfg)
 		s.Pool.Stats = p.pool.Stats()
 		s.Pool.Decision = p.pool.Decision()
 		s.Contexts = p.transfer.Contexts()

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"reflect"
@@ -57,9 +58,13 @@ type tiers struct {
 	done chan struct{}
 }
 
+// Benchmark traffic (keys.IsBenchModel) never reaches a tier: its chunks
+// are not written behind (they would take the real workers' place there)
+// and its lookups load nothing from a tier into the pool.
+
 // Prefetch is lookup.Tiers over the current set.
 func (t *tiers) Prefetch(ctx context.Context, model string, ws int, ks []keys.ObjectKey, per, count int) int {
-	if s := t.current(); s != nil {
+	if s := t.current(); s != nil && !keys.IsBenchModel(model) {
 		return s.Prefetch(ctx, model, ws, ks, per, count)
 	}
 	return 0
@@ -67,7 +72,7 @@ func (t *tiers) Prefetch(ctx context.Context, model string, ws int, ks []keys.Ob
 
 // KnownAbsent is lookup.TiersKnownAbsent over the current set.
 func (t *tiers) KnownAbsent(model string, ws int, ks []keys.ObjectKey, per int) bool {
-	if s := t.current(); s != nil {
+	if s := t.current(); s != nil && !keys.IsBenchModel(model) {
 		return s.KnownAbsent(model, ws, ks, per)
 	}
 	return true
@@ -75,7 +80,7 @@ func (t *tiers) KnownAbsent(model string, ws int, ks []keys.ObjectKey, per int) 
 
 // Enqueue is nongpu's Published hook over the current set.
 func (t *tiers) Enqueue(ks []keys.ObjectKey, lay layout.Layout) {
-	if s := t.current(); s != nil {
+	if s := t.current(); s != nil && (len(ks) == 0 || !keys.IsBenchModel(ks[0].Model)) {
 		s.Enqueue(ks, lay)
 	}
 }
@@ -197,3 +202,60 @@ func (e *Engine) lastRequest() time.Time {
 	}
 	return time.Time{}
 }
+
+// tierCallTimeout bounds a listing or a clear of one tier.
+const tierCallTimeout = 30 * time.Second
+
+// TierCleared is what a clear of one tier removed.
+type TierCleared struct {
+	Index          int
+	Type, Target   string
+	Objects, Bytes int64
+}
+
+// TierKeys lists up to limit of tier i's own keys (most recently used
+// first) and how many it holds.
+func (e *Engine) TierKeys(ctx context.Context, i, limit int) ([]string, int64, error) {
+	p := e.cur.Load().dataPlane
+	if p == nil || !p.gate.enter() {
+		return nil, 0, errNotRunning
+	}
+	defer p.gate.exit()
+	s := p.tiers.current()
+	if s == nil {
+		return nil, 0, errors.New("no L2 tier is configured")
+	}
+	ctx, cancel := context.WithTimeout(ctx, tierCallTimeout)
+	defer cancel()
+	return s.Keys(ctx, i, limit)
+}
+
+// ClearTier removes tier i's own objects (kvdock's files or keys, nothing
+// else where the tier lives) and records who did it.
+func (e *Engine) ClearTier(ctx context.Context, i int, by ClearOrigin) (TierCleared, error) {
+	p := e.cur.Load().dataPlane
+	if p == nil || !p.gate.enter() {
+		return TierCleared{}, errNotRunning
+	}
+	defer p.gate.exit()
+	s := p.tiers.current()
+	if s == nil {
+		return TierCleared{}, errors.New("no L2 tier is configured")
+	}
+	ctx, cancel := context.WithTimeout(ctx, tierCallTimeout)
+	defer cancel()
+	n, b, err := s.Clear(ctx, i)
+	c := TierCleared{Index: i, Objects: n, Bytes: b}
+	if sts := s.Stats(); i >= 0 && i < len(sts) {
+		c.Type, c.Target = sts[i].Type, sts[i].Target
+	}
+	if err != nil {
+		e.events.add(EventTier, slog.LevelWarn, fmt.Sprintf("tier %d (%s) clear by %s failed after %d objects: %v", i, c.Type, by, n, err))
+		return c, err
+	}
+	e.events.add(EventTier, slog.LevelInfo, fmt.Sprintf("tier %d (%s %s) cleared by %s: %d objects, %s removed", i, c.Type, c.Target, by, n, settings.BytesText(b)))
+	return c, nil
+}
+
+// MaxTierKeys bounds the keys one TierKeys call returns.
+const MaxTierKeys = tier.MaxListKeys

@@ -40,6 +40,7 @@ func (e *Engine) startWireServer(cfg settings.Config, p *dataPlane) (*wireServer
 		Port:                   cfg.Server.Port,
 		Profile:                profile,
 		Detect:                 detect,
+		Instances:              p.transfer,
 		OrderedWorkers:         cfg.Server.GPUWorkers(),
 		SharedWorkers:          cfg.Server.CPUWorkers(),
 		MaxMessageBytes:        cfg.Server.MaxMessageBytes,
@@ -187,4 +188,24 @@ func profiles(cfg settings.ServerConfig) (*protocol.Profile, []*protocol.Profile
 		return nil, nil, fmt.Errorf("protocol auto: default %q is not a profile", cfg.ProtocolAutoDefault)
 	}
 	return def, all, nil
+}
+
+// handover is how a stop that keeps the pool ends the wire server
+// (rpc.Handover): the requests that finish work begun are served while the
+// rest are parked, the transfers the last answers begin are carried to the
+// next process, and no request a worker sent is left unread.
+func (e *Engine) handover(p *dataPlane) *rpc.Handover {
+	return &rpc.Handover{
+		Finish: []string{protocol.CommitStore, protocol.CommitStoreGroup, protocol.CommitRetrieve,
+			protocol.QueryPrefetchStatus, protocol.WaitPrefetchStatus, protocol.QueryPrefetchLookupHits,
+			protocol.FreeLookupLocks, protocol.EndSession, protocol.UnregisterKVCache,
+			protocol.UnregisterKVCacheNonGPUContext},
+		Busy: func() bool { return p.transfer.Busy() || p.lookup.Busy() },
+		Parked: func(n int) {
+			if err := p.transfer.StartCarrying(); err != nil {
+				e.log.Warn("handover: transfers will not be carried", "err", err)
+			}
+			e.log.Info("handover: answering the parked requests", "parked", n)
+		},
+	}
 }

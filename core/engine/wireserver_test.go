@@ -16,8 +16,8 @@ import (
 )
 
 // TestWireFailureReportsFrontFailed: a wire server
-// whose socket can no longer be polled used to log every 10 ms forever; now
-// Serve gives up and the engine reports the failure (Failed, state, event).
+// whose socket can no longer be polled gives up Serve rather than log every
+// 10 ms forever, and the engine reports the failure (Failed, state, event).
 func TestWireFailureReportsFrontFailed(t *testing.T) {
 	cfg, _ := testConfig(t)
 	e := New(cfg, Options{})
@@ -64,8 +64,8 @@ func TestWireFailureReportsFrontFailed(t *testing.T) {
 }
 
 // TestBindFailureNeverReportsFailed: a bind failure (port taken) during an
-// apply is returned and rolled back; it must never close Failed (the old code
-// started Serve before marking the start, so a fast bind failure could).
+// apply is returned and rolled back; it must never close Failed (were Serve
+// started before the start is marked, a fast bind failure could).
 func TestBindFailureNeverReportsFailed(t *testing.T) {
 	cfg, _ := testConfig(t)
 	e := startEngine(t, cfg)
@@ -118,8 +118,8 @@ func TestMessageCapFollowsLayouts(t *testing.T) {
 	if got, want := capf(), base+(cfg.L1.SizeBytes()/big.Bytes+1)*(big.Bytes+4<<10); got != want {
 		t.Fatalf("cap with a layout larger than the pool %d, want %d", got, want)
 	}
-	reg.Remove("big", 1)
-	reg.Remove("m", 1)
+	reg.Remove("big", 1, layout.ID([]layout.Layout{big}))
+	reg.Remove("m", 1, layout.ID([]layout.Layout{lay}))
 	if got := capf(); got != base {
 		t.Fatalf("cap after the last unregistration %d, want %d", got, base)
 	}

@@ -93,6 +93,22 @@ func (h *Hasher) extend(prev []Hash, tokens []uint32) []Hash {
 	return out
 }
 
+// HashesAfter returns the digests of the complete chunks of tokens chained
+// after prev, the digest of the chunk before them (NoneHash for a prompt's
+// first): what Hashes gives for those chunks within the whole prompt.
+func (h *Hasher) HashesAfter(prev Hash, tokens []uint32) []Hash {
+	cs := h.chunkSize
+	out := make([]Hash, 0, len(tokens)/cs)
+	buf := make([]byte, len(prev)+4*cs)
+	for i := range len(tokens) / cs {
+		copy(buf, prev[:])
+		putBE32(buf[len(prev):], tokens[i*cs:(i+1)*cs])
+		prev = blake3.Sum256(buf)
+		out = append(out, prev)
+	}
+	return out
+}
+
 // putBE32 packs src into dst as big-endian uint32s, two tokens per 64-bit
 // store (the packing is a visible share of a chunk's cost otherwise).
 func putBE32(dst []byte, src []uint32) {

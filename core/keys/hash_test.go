@@ -276,3 +276,44 @@ func TestKeySetGroups(t *testing.T) {
 		t.Fatalf("String of a group 1 key: %s", s)
 	}
 }
+
+func TestHashesAfterContinuesTheChain(t *testing.T) {
+	h, err := NewHasher(4, AlgorithmBLAKE3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	toks := []uint32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13}
+	all := h.Hashes(toks)
+	if got := h.HashesAfter(NoneHash(), toks); len(got) != 3 || got[0] != all[0] || got[2] != all[2] {
+		t.Fatalf("from the start: %x, want %x", got, all)
+	}
+	if got := h.HashesAfter(all[0], toks[4:]); len(got) != 2 || got[0] != all[1] || got[1] != all[2] {
+		t.Fatalf("after the first chunk: %x, want %x", got, all[1:])
+	}
+}
+
+// TestKeySetLayouts: a set over two layouts (one of two groups) has, per
+// chunk, the first layout's keys then the second's, each naming its ID.
+func TestKeySetLayouts(t *testing.T) {
+	h, err := NewHasher(4, "blake3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := h.Hashes([]uint32{1, 2, 3, 4, 5, 6, 7, 8})
+	ks := newKeySet(hs, "m", 2, nil, "").WithLayouts([]uint64{7, 9}, []int{1, 2})
+	if ks.PerChunk() != 6 || ks.Groups() != 3 || ks.Len() != 12 {
+		t.Fatalf("per chunk %d, groups %d, len %d", ks.PerChunk(), ks.Groups(), ks.Len())
+	}
+	layouts := []uint64{7, 7, 9, 9, 9, 9}
+	groups := []uint32{0, 0, 0, 0, 1, 1}
+	for i, k := range ks.All() {
+		j := i % 6
+		if k.Chunk != hs[i/6] || k.Layout != layouts[j] || k.Group != groups[j] || k.KVRank != KVRank(2, i%2) {
+			t.Fatalf("key %d = %v", i, k)
+		}
+	}
+	one := newKeySet(hs, "m", 1, nil, "").WithLayout(5).All()
+	if len(one) != 2 || one[0].Layout != 5 || !strings.Contains(one[0].String(), "/l0000000000000005") {
+		t.Fatalf("one layout: %v", one)
+	}
+}

@@ -9,13 +9,16 @@ type Hash [32]byte
 // and one KV group, optionally isolated by a cache salt. Group is upstream's
 // object_group_id: a hybrid-attention model stores one object per chunk per
 // group, each of its group's layout, and two groups never share a key. Group
-// 0 is the only group of every other model.
+// 0 is the only group of every other model. Layout is the ID of the
+// layouts the chunk is stored with (layout.ID), so workers of one model
+// with other layouts never share a key; 0 is a key built without one.
 type ObjectKey struct {
 	Chunk  Hash
 	Model  string
 	KVRank uint32
 	Group  uint32
 	Salt   string
+	Layout uint64
 }
 
 // KVRank packs a (worldSize, worker) pair as (ws<<24)|(w<<16)|(ws<<8)|w,
@@ -28,11 +31,14 @@ func KVRank(worldSize, worker int) uint32 {
 }
 
 // String renders the key for logs: a short digest prefix, model, rank,
-// group (when not 0) and salt.
+// group (when not 0), layout ID (when not 0) and salt.
 func (k ObjectKey) String() string {
 	s := fmt.Sprintf("%x@%s@%08x", k.Chunk[:8], k.Model, k.KVRank)
 	if k.Group != 0 {
 		s += fmt.Sprintf("/g%d", k.Group)
+	}
+	if k.Layout != 0 {
+		s += fmt.Sprintf("/l%016x", k.Layout)
 	}
 	if k.Salt != "" {
 		s += "@" + k.Salt
@@ -101,6 +107,31 @@ type KeySet struct {
 	worldSize int
 	worker    int // -1: every rank
 	groups    int // KV groups per chunk; 0 counts as 1
+	layout    uint64
+	// layouts and layoutGroups, when set, replace layout and groups: the
+	// keys of every registered layout of the model (WithLayouts).
+	layouts      []uint64
+	layoutGroups []int
+}
+
+// WithLayout returns the set with its keys naming layout ID id
+// (ObjectKey.Layout).
+func (k KeySet) WithLayout(id uint64) KeySet {
+	k.layout = id
+	return k
+}
+
+// WithLayouts returns the set expanded over several layouts of the model,
+// ids[i] with groups[i] KV groups (the slices are kept, not copied): each
+// chunk has the keys of ids[0] (group-major, rank-minor, as WithGroups),
+// then of ids[1], …, so a chunk counts as present only when every layout
+// holds it. With no ids the set is unchanged.
+func (k KeySet) WithLayouts(ids []uint64, groups []int) KeySet {
+	if len(ids) == 0 || len(groups) != len(ids) {
+		return k
+	}
+	k.layouts, k.layoutGroups = ids, groups
+	return k
 }
 
 // WithGroups returns the set expanded over n KV groups (a hybrid model's
@@ -112,9 +143,20 @@ func (k KeySet) WithGroups(n int) KeySet {
 	return k
 }
 
-func (k KeySet) groupCount() int { return max(k.groups, 1) }
+// groupCount is the group objects per chunk and rank, over every layout.
+func (k KeySet) groupCount() int {
+	if len(k.layouts) == 0 {
+		return max(k.groups, 1)
+	}
+	n := 0
+	for _, g := range k.layoutGroups {
+		n += max(g, 1)
+	}
+	return n
+}
 
-// Groups is the number of KV groups each chunk's keys cover (at least 1).
+// Groups is the number of objects each chunk's keys cover per rank: its
+// KV groups, summed over the layouts of WithLayouts (at least 1).
 func (k KeySet) Groups() int { return k.groupCount() }
 
 // Model and WorldSize name whose keys the set holds.
@@ -126,8 +168,8 @@ func (k KeySet) WorldSize() int { return k.worldSize }
 // Chunks is the number of chunks in the set.
 func (k KeySet) Chunks() int { return len(k.hashes) }
 
-// PerChunk is the number of keys per chunk: per KV group, 1 for one
-// worker's rank, the world size for every rank.
+// PerChunk is the number of keys per chunk: per KV group (and layout), 1
+// for one worker's rank, the world size for every rank.
 func (k KeySet) PerChunk() int {
 	if k.worker >= 0 {
 		return k.groupCount()
@@ -139,8 +181,8 @@ func (k KeySet) PerChunk() int {
 func (k KeySet) Len() int { return len(k.hashes) * k.PerChunk() }
 
 // Append appends the keys of chunks [from, to) to dst, chunk-major, then
-// group, then rank-minor (with one group: as ObjectKeys orders them); the
-// range is clamped to the set.
+// layout, then group, then rank-minor (with one group and layout: as
+// ObjectKeys orders them); the range is clamped to the set.
 func (k KeySet) Append(dst []ObjectKey, from, to int) []ObjectKey {
 	from, to = max(from, 0), min(to, len(k.hashes))
 	if from >= to {
@@ -150,20 +192,37 @@ func (k KeySet) Append(dst []ObjectKey, from, to int) []ObjectKey {
 	if k.worker >= 0 {
 		worker = &k.worker
 	}
-	g := k.groupCount()
-	if g == 1 {
-		return AppendObjectKeys(dst, k.hashes[from:to], k.model, k.worldSize, worker, k.salt)
+	if len(k.layouts) == 0 && max(k.groups, 1) == 1 {
+		n := len(dst)
+		dst = AppendObjectKeys(dst, k.hashes[from:to], k.model, k.worldSize, worker, k.salt)
+		setLayout(dst[n:], k.layout)
+		return dst
+	}
+	ids, groups := k.layouts, k.layoutGroups
+	if len(ids) == 0 {
+		ids, groups = []uint64{k.layout}, []int{k.groups}
 	}
 	for i := from; i < to; i++ {
-		for grp := range g {
-			n := len(dst)
-			dst = AppendObjectKeys(dst, k.hashes[i:i+1], k.model, k.worldSize, worker, k.salt)
-			for j := n; j < len(dst); j++ {
-				dst[j].Group = uint32(grp)
+		for l, id := range ids {
+			for grp := range max(groups[l], 1) {
+				n := len(dst)
+				dst = AppendObjectKeys(dst, k.hashes[i:i+1], k.model, k.worldSize, worker, k.salt)
+				for j := n; j < len(dst); j++ {
+					dst[j].Group, dst[j].Layout = uint32(grp), id
+				}
 			}
 		}
 	}
 	return dst
+}
+
+func setLayout(ks []ObjectKey, id uint64) {
+	if id == 0 {
+		return
+	}
+	for j := range ks {
+		ks[j].Layout = id
+	}
 }
 
 // All materialises every key of the set; for sets known to be small.

@@ -9,8 +9,6 @@ import (
 	"sync/atomic"
 	"time"
 	"unsafe"
-
-	"kvdock/settings"
 )
 
 // Session defaults. The TTL and sweep period match LMCache's session.py; the
@@ -43,9 +41,9 @@ type Limits struct {
 }
 
 func (l Limits) withDefaults() Limits {
-	l.MaxSessions = settings.PositiveOr(l.MaxSessions, DefaultMaxSessions)
-	l.MaxBytes = settings.PositiveOr(l.MaxBytes, DefaultMaxBytes)
-	l.MaxRequestTokens = settings.PositiveOr(l.MaxRequestTokens, DefaultMaxRequestTokens)
+	l.MaxSessions = positiveOr(l.MaxSessions, DefaultMaxSessions)
+	l.MaxBytes = positiveOr(l.MaxBytes, DefaultMaxBytes)
+	l.MaxRequestTokens = positiveOr(l.MaxRequestTokens, DefaultMaxRequestTokens)
 	return l
 }
 
@@ -65,6 +63,9 @@ type KeyRequest struct {
 	Tokens           []uint32
 	Start, End       int
 	Salt             string
+	// Layout is the layout ID worker-side keys name (ObjectKey.Layout); 0
+	// for keys built without one.
+	Layout uint64
 }
 
 // Sessions caches the chunk hashes of each request's prompt, keyed by
@@ -218,7 +219,7 @@ func (s *Sessions) Keys(r KeyRequest) (KeySet, error) {
 	sess.mu.Lock()
 	hashes := s.hashesLocked(sess, r.Tokens)
 	// A copy: the cache's digests change when the prompt diverges.
-	ks := newKeySet(append([]Hash(nil), hashes[r.Start/cs:r.End/cs]...), r.Model, r.WorldSize, r.Worker, r.Salt)
+	ks := newKeySet(append([]Hash(nil), hashes[r.Start/cs:r.End/cs]...), r.Model, r.WorldSize, r.Worker, r.Salt).WithLayout(r.Layout)
 	cost, ntok := sess.costLocked(), len(sess.tokens)
 	sess.mu.Unlock()
 	s.account(sess, cost, ntok)
@@ -449,4 +450,13 @@ func u32bytes(v []uint32) []byte {
 		return nil
 	}
 	return unsafe.Slice((*byte)(unsafe.Pointer(&v[0])), 4*len(v))
+}
+
+// positiveOr is v, or def where v is not positive: an option left unset
+// takes its default. Each core leaf keeps its own, so none imports settings.
+func positiveOr[T ~int | ~int64 | ~float64](v, def T) T {
+	if v <= 0 {
+		return def
+	}
+	return v
 }

@@ -23,8 +23,9 @@ import (
 // never readable), read locks stay on published objects. Locks whose TTL
 // has passed are left out: their bytes are free, as they would be here.
 //
-// Keep needs the pool quiet: with memory views out, or a private pool, it
-// closes the pool as Close does and returns an error (nothing is kept).
+// Keep needs the pool quiet: with memory views out, or a pool in anonymous
+// memory, it closes the pool as Close does and returns an error (nothing
+// is kept). A private segment is kept as a shared one is.
 func (p *Pool) Keep(record func(Kept) error) error {
 	p.mu.Lock()
 	if p.closed {
@@ -63,7 +64,8 @@ func (p *Pool) export(now int64) Kept {
 			continue
 		}
 		o := KeptObject{Key: p.keyOf(i), Offset: r.off, Length: r.length,
-			Held: r.doomed || r.detached || r.state == stateWrite, Write: r.state == stateWrite}
+			Held: r.doomed || r.detached || r.state == stateWrite, Write: r.state == stateWrite,
+			Live: r.state == stateWrite && !r.doomed && !r.detached}
 		if locked {
 			o.Readers, o.Holds, o.Deadline = r.readers, r.holds, r.deadline
 		}
@@ -79,14 +81,14 @@ func (p *Pool) export(now int64) Kept {
 func (p *Pool) keyOf(i int32) keys.ObjectKey {
 	id := p.t.recs[i].id
 	n := p.t.nameList[id.name]
-	return keys.ObjectKey{Chunk: id.chunk, Model: n.model, Salt: n.salt, KVRank: id.rank, Group: id.group}
+	return keys.ObjectKey{Chunk: id.chunk, Model: n.model, Salt: n.salt, KVRank: id.rank, Group: id.group, Layout: n.layout}
 }
 
 // CarriedLookupOwner is charged for the read locks a kept pool carried:
 // the lookups of the previous process, counted against the lookup cap as
 // live ones. Its id is even and not 0, so no request (RequestOwner, odd)
 // or the server's own readers (LookupOwner, 0) share it.
-func CarriedLookupOwner() Owner { return Owner{Kind: OwnerLookup, ID: 2} }
+func CarriedLookupOwner() Owner { return Owner{Kind: OwnerLookup, ID: 2, Peer: 2} }
 
 // Adopt opens a pool over the kept segment k instead of creating one, and
 // restores its table: published objects are readable again, with the read
@@ -95,8 +97,11 @@ func CarriedLookupOwner() Owner { return Owner{Kind: OwnerLookup, ID: 2} }
 // deadline has passed give their bytes back; the prompt links are restored
 // (restoreLinks: a bad link is dropped, its object adopted unlinked, and
 // Adopted says so), so usable bytes and the prefix eviction order are the
-// kept pool's. opts must give the kept geometry (Size, Align); opts.Plan
-// is not used. Nothing of k is trusted:
+// kept pool's. opts must give the kept geometry (Size, Align), and
+// opts.Plan the kind of segment: a private segment is adopted only for a
+// private plan (under its kept name, as an auto segment is), a shared one
+// only for a plan that is not private, so a private pool is never
+// advertised and a shared one never hidden. Nothing of k is trusted:
 // the segment must be the recorded file (segment.Adopt), and the objects
 // must lie aligned inside the pool without overlapping; otherwise nothing
 // is adopted and the error (wrapping ErrNotAdoptable, or ErrSegmentBusy
@@ -111,7 +116,13 @@ func Adopt(opts Options, k Kept) (*Pool, Adopted, error) {
 		return nil, Adopted{}, fmt.Errorf("%w: kept pool of %d bytes aligned to %d, settings give %d aligned to %d",
 			ErrNotAdoptable, k.Size, k.Align, opts.Size, opts.Align)
 	}
-	// The pool is built as Open builds it, over private memory that is never
+	switch name := k.Segment.Name; {
+	case opts.Plan.Private != "" && !segment.IsPrivate(name):
+		return nil, Adopted{}, fmt.Errorf("%w: the kept segment %s is shared, this start's pool is private (%s)", ErrNotAdoptable, name, opts.Plan.Private)
+	case opts.Plan.Private == "" && segment.IsPrivate(name):
+		return nil, Adopted{}, fmt.Errorf("%w: the kept segment %s is private (never advertised), this start's pool is not", ErrNotAdoptable, name)
+	}
+	// The pool is built as Open builds it, over anonymous memory that is never
 	// touched, and takes the adopted segment before anyone sees it.
 	prefault := opts.Prefault
 	opts.Plan = Decision{Reason: "adopting"}
@@ -130,7 +141,7 @@ func Adopt(opts Options, k Kept) (*Pool, Adopted, error) {
 		_ = p.Close()
 		return nil, Adopted{}, fmt.Errorf("l1: %w", err)
 	}
-	_ = p.seg.Close() // the untouched private memory
+	_ = p.seg.Close() // the untouched anonymous memory
 	p.seg = seg
 	return p, ad, nil
 }
@@ -185,10 +196,10 @@ func (p *Pool) restore(k Kept, ad *Adopted) error {
 	}
 	base := p.t.orderBase(k)
 	// Held records first: they leave the key index at once, so a published
-	// record of the same key finds its key free.
+	// record (or a live reservation) of the same key finds its key free.
 	for _, held := range []bool{true, false} {
 		for _, o := range live {
-			if o.Held == held {
+			if (o.Held && !o.Live) == held {
 				p.adoptObject(o, ad, base)
 			}
 		}
@@ -213,7 +224,7 @@ func (p *Pool) ttlOf(o KeptObject) time.Duration {
 func dropDuplicates(live []KeptObject, d *Drops) []KeptObject {
 	pub := make([]int32, 0, len(live))
 	for i, o := range live {
-		if !o.Held {
+		if !o.Held || o.Live {
 			pub = append(pub, int32(i))
 		}
 	}
@@ -231,7 +242,7 @@ func dropDuplicates(live []KeptObject, d *Drops) []KeptObject {
 			continue
 		}
 		if o.Write || o.Readers > 0 || o.Holds > 0 {
-			o.Held = true
+			o.Held, o.Live = true, false
 			out = append(out, o)
 			d.Add("key recorded twice (kept unreadable until its lock ends)", fmt.Sprintf("%q at %d", o.Key.String(), o.Offset))
 			continue
@@ -284,14 +295,25 @@ func (p *Pool) adoptObject(o KeptObject, ad *Adopted, base uint64) {
 	unit := p.alloc.Round(o.Length)
 	i := p.t.add(o.Key, o.Offset, o.Length, unit)
 	r := &p.t.recs[i]
-	if o.Held {
+	live := o.Live && o.Write
+	switch {
+	case live:
+		// A carried transfer's reservation: in the index, write-locked,
+		// for the worker's commit to publish once ClaimWrites hands it
+		// over; never readable before.
+		r.carried = true
+		ad.Carried++
+		if p.obs != nil {
+			p.obs.Stored(&o.Key, unit)
+		}
+	case o.Held:
 		p.t.detach(i)
 		r.doomed = true
 		p.t.doomed++
 		p.t.doomedBytes += unit
 		ad.Held++
 		ad.HeldBytes += unit
-	} else {
+	default:
 		ad.Objects++
 		ad.Bytes += unit
 		if p.obs != nil {
@@ -319,7 +341,16 @@ func (p *Pool) adoptObject(o KeptObject, ad *Adopted, base uint64) {
 		r.owner = p.charge(owner, unit)
 		p.t.locked[i] = struct{}{}
 	}
-	if !o.Held {
+	if live || o.Holds > 0 {
+		if p.claimable == nil {
+			p.claimable = make(map[int64]int32)
+		}
+		p.claimable[o.Offset] = i
+	}
+	switch {
+	case live:
+		p.joinRing(i) // as a reservation made here: on the heap once published
+	case !o.Held:
 		// A leaf until restoreLinks links its children to it.
 		p.joinRing(i)
 		p.t.adoptOrder(i, o, base)

@@ -156,7 +156,7 @@ func TestHostileCarriedReadLocksCountAgainstLookupCap(t *testing.T) {
 		lookupCap = s.OwnerLockCap + (s.TotalLockCap-s.OwnerLockCap)/2
 		// Two requests lock what the lookup cap allows (14 units).
 		for r, ks := range [][]int{{0, 7}, {7, 14}} {
-			if n, refused := p.ReserveLookup(string(rune('a'+r)), keyRange(ks[0], ks[1]), 1); n != 7 || refused {
+			if n, refused := p.ReserveLookup("sched", string(rune('a'+r)), keyRange(ks[0], ks[1]), 1); n != 7 || refused {
 				t.Fatalf("lookup %d: %d %v", r, n, refused)
 			}
 		}
@@ -168,8 +168,22 @@ func TestHostileCarriedReadLocksCountAgainstLookupCap(t *testing.T) {
 	if ad.Dropped.N != 0 {
 		t.Fatalf("legitimate carried locks released: %v", ad.Dropped.Reasons())
 	}
-	if n, refused := q.ReserveLookup("c", keyRange(14, 20), 1); n != 0 || !refused {
-		t.Fatalf("a new lookup locked %d more chunks (refused %v) past the lookup cap the carried locks fill", n, refused)
+	// A new peer's lookup is served within its share (the cap over two
+	// peers: the carried lookups are one), by releasing carried locks: had
+	// they not been charged, it would have needed no release.
+	if n, refused := q.ReserveLookup("sched", "c", keyRange(14, 20), 1); n != 6 || refused {
+		t.Fatalf("a new lookup beside carried locks filling the lookup cap: %d of 6 locked, refused %v", n, refused)
+	}
+	if s := q.Stats(); s.LookupReclaims != 6 || s.LockedBytes != lookupCap {
+		t.Fatalf("%d carried eras released, %d bytes locked; want 6 and the lookup cap %d", s.LookupReclaims, s.LockedBytes, lookupCap)
+	}
+	// Past its share (7 units) the new peer is refused: the carried
+	// lookups keep theirs.
+	if n, refused := q.ReserveLookup("sched", "d", keyRange(0, 14), 1); n >= 14 || !refused {
+		t.Fatalf("a lookup past the new peer's share: %d locked, refused %v", n, refused)
+	}
+	if s := q.Stats(); s.LockedBytes > lookupCap {
+		t.Fatalf("%d bytes locked, past the lookup cap %d", s.LockedBytes, lookupCap)
 	}
 	// A carried lock's readers serve the successor's workers.
 	if !locatable(q, key(0)) {

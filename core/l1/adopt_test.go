@@ -78,8 +78,14 @@ func TestKeepAdoptRestoresReadableObjectsAndHolds(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer q.Close()
-	if ad.Objects != 8 || ad.Held != 2 || ad.Bytes != 8*8192 {
+	if ad.Objects != 8 || ad.Carried != 2 || ad.Bytes != 8*8192 {
 		t.Fatalf("adopted %+v", ad)
+	}
+	// No transfer claims the reservation: once the claims end it is held
+	// for its worker as any abandoned one.
+	q.EndClaims()
+	if s := q.Stats(); s.Doomed != 2 {
+		t.Fatalf("unclaimed reservations not held after EndClaims: %+v", s)
 	}
 	// Every published key is readable with its bytes, without storing again.
 	if n := q.ReserveReadPrefix(pub, 1); n != len(pub) {

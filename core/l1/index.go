@@ -1,6 +1,10 @@
 package l1
 
-import "encoding/binary"
+import (
+	"encoding/binary"
+
+	"kvdock/core/keys"
+)
 
 // keyIndex finds a record by its identity: open addressing with linear
 // probing over record indices, at most half full. A slot is 4 bytes where a
@@ -15,13 +19,7 @@ type keyIndex struct {
 // identHash spreads an identity over the slots: the digest is uniform
 // already, the rest is mixed in (splitmix64's finaliser).
 func identHash(id *ident) uint64 {
-	x := binary.LittleEndian.Uint64(id.chunk[:8]) ^ uint64(id.name)<<32 ^ uint64(id.rank)*0x9e3779b97f4a7c15 ^ uint64(id.group)<<48
-	x ^= x >> 30
-	x *= 0xbf58476d1ce4e5b9
-	x ^= x >> 27
-	x *= 0x94d049bb133111eb
-	x ^= x >> 31
-	return x
+	return keys.Mix64(binary.LittleEndian.Uint64(id.chunk[:8]) ^ uint64(id.name)<<32 ^ uint64(id.rank)*0x9e3779b97f4a7c15 ^ uint64(id.group)<<48)
 }
 
 // find returns the record holding id, or nilRec.

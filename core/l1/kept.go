@@ -42,6 +42,12 @@ type KeptObject struct {
 	// comes from its own reuses. All zero: adopted in the table's order.
 	Age, Gap uint64
 	Measured bool
+
+	// Live marks a write reservation whose transfer the record carries
+	// (Write and Held are set too): the successor adopts it as a live
+	// reservation in the key index, for ClaimWrites to hand back to the
+	// worker's commit; unclaimed, it ends at its deadline.
+	Live bool
 }
 
 // Kept is what a successor needs to adopt a pool: the segment, the pool's
@@ -55,11 +61,13 @@ type Kept struct {
 
 // Adopted says what an adoption restored.
 type Adopted struct {
-	Objects     int   // published objects, readable again
-	Bytes       int64 // their sizes rounded to the alignment
-	Held        int   // objects kept for their holders until their TTL
-	HeldBytes   int64
-	Expired     int // locked objects whose TTL had passed: their bytes are free
+	Objects   int   // published objects, readable again
+	Bytes     int64 // their sizes rounded to the alignment
+	Held      int   // objects kept for their holders until their TTL
+	HeldBytes int64
+	Expired   int // locked objects whose TTL had passed: their bytes are free
+	// Carried counts the live write reservations adopted for ClaimWrites.
+	Carried     int
 	ExpiredHeld int // of those, held (never readable) ones
 	// The prompt links restored: objects marked as starting a prompt, and
 	// objects linked to their parent. LinksDropped are the links left out

@@ -62,7 +62,7 @@ const DefaultObserveMax = 1 << 16
 func (p *Pool) objectKey(i int32) *keys.ObjectKey {
 	id := &p.t.recs[i].id
 	nk := p.t.nameList[id.name]
-	p.key = keys.ObjectKey{Chunk: id.chunk, Model: nk.model, Salt: nk.salt, KVRank: id.rank, Group: id.group}
+	p.key = keys.ObjectKey{Chunk: id.chunk, Model: nk.model, Salt: nk.salt, KVRank: id.rank, Group: id.group, Layout: nk.layout}
 	return &p.key
 }
 

@@ -231,8 +231,22 @@ func TestStoredElsewhere(t *testing.T) {
 	// slot does not inherit it.
 	p.Delete([]keys.ObjectKey{wsKey(2, 2, 1, "m", "")})
 	store(t, p, []keys.ObjectKey{wsKey(5, 1, 0, "x", "")}, 4096)
-	if ws := p.t.nameWS[p.t.names[nameKey{"x", ""}]]; ws != (wsSet{1 << 1}) {
+	if ws := p.t.nameWS[p.t.names[nameKey{"x", "", 0}]]; ws != (wsSet{1 << 1}) {
 		t.Fatalf("recycled name slot holds world sizes %v", ws)
+	}
+	// Another layout of the same world size is elsewhere too; its own
+	// layout's chunk is not, and neither is it once the other is gone.
+	other := wsKey(7, 1, 0, "m", "")
+	other.Layout = 2
+	store(t, p, []keys.ObjectKey{other}, 4096)
+	mine := other
+	mine.Layout = 1
+	if !elsewhere(mine) || elsewhere(other) {
+		t.Fatalf("another layout's chunk: elsewhere %v for layout 1, %v for its own", elsewhere(mine), elsewhere(other))
+	}
+	p.Delete([]keys.ObjectKey{other})
+	if elsewhere(mine) || len(p.t.layoutNames) != 1 {
+		t.Fatalf("deleted layout still found elsewhere, or its name kept: %v", p.t.layoutNames)
 	}
 }
 

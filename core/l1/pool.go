@@ -95,10 +95,13 @@ const (
 	OwnerAbandoned                  // holds whose holder went away (Abandon), until their TTL
 )
 
-// Owner names who holds a lock, for the lock caps.
+// Owner names who holds a lock, for the lock caps. Peer, for a lookup
+// owner, is the peer whose share of the lookups' cap its locks count
+// against (lookupshare.go).
 type Owner struct {
 	Kind OwnerKind
 	ID   int64
+	Peer uint64
 }
 
 // InstanceOwner is the owner of a worker instance's locks.
@@ -108,11 +111,17 @@ func InstanceOwner(id int64) Owner { return Owner{Kind: OwnerInstance, ID: id} }
 func LookupOwner() Owner { return Owner{Kind: OwnerLookup} }
 
 // RequestOwner is the owner of the read locks the LOOKUP of one request
-// takes (ReserveLookup): its id hashed, never 0 (LookupOwner's).
-func RequestOwner(request string) Owner {
+// takes (ReserveLookup): the peer (its ZMQ routing id) and the request id
+// hashed, never 0 (LookupOwner's), so two peers that send the same request
+// id are two owners; Peer is the routing id hashed, odd, so no peer shares
+// the server's own readers' (0) or the carried lookups' (2).
+func RequestOwner(peer, request string) Owner {
 	h := fnv.New64a()
+	_, _ = h.Write([]byte(peer))
+	pid := h.Sum64() | 1
+	_, _ = h.Write([]byte{0})
 	_, _ = h.Write([]byte(request))
-	return Owner{Kind: OwnerLookup, ID: int64(h.Sum64() | 1)}
+	return Owner{Kind: OwnerLookup, ID: int64(h.Sum64() | 1), Peer: pid}
 }
 
 // PrefetchOwner is the owner of the write locks of loads from the L2 tiers.
@@ -145,6 +154,15 @@ var ErrSegmentBusy = segment.ErrBusy
 // NormalizeName strips leading '/' and adds SegmentPrefix unless present.
 func NormalizeName(name string) string { return segment.NormalizeName(name) }
 
+// PrivateSegmentName is the private segment of the server at host:port:
+// the memory of a pool that is not shared, kept by a restart like a shared
+// segment and never advertised.
+func PrivateSegmentName(host string, port int) string { return segment.PrivateName(host, port) }
+
+// IsPrivateSegment reports whether name is a private segment's: never one
+// to advertise.
+func IsPrivateSegment(name string) bool { return segment.IsPrivate(name) }
+
 // Decision describes the memory behind the pool and why it was chosen.
 type Decision = segment.Decision
 
@@ -153,9 +171,11 @@ type Options struct {
 	Size, Align int64
 	// Plan is the seed decision this pool carries out, made once from the
 	// settings before the pool exists: Plan.Segment is the shared segment to
-	// create (normalised), "" = anonymous memory because of Plan.Reason.
-	// Open checks that the segment fits the shared-memory directory;
-	// Pool.Decision is the outcome, the one value read after Open.
+	// create (normalised); "" = not shared because of Plan.Reason, in the
+	// private segment Plan.Private (PrivateSegmentName, never advertised)
+	// or, when that is "" too, anonymous memory. Open checks that the
+	// segment fits the shared-memory directory; Pool.Decision is the
+	// outcome, the one value read after Open.
 	Plan Decision
 	// ShmDir is the shared-memory directory; "" = /dev/shm.
 	ShmDir string
@@ -239,8 +259,15 @@ type Stats struct {
 	AbandonedWrites   uint64 // reservations doomed by Abandon (bytes kept until their TTL)
 	AbandonedReads    uint64 // read holds left in force by Abandon until their TTL
 	LockCapRefusals   uint64 // reservations or read locks refused by a lock cap
-	OwnerLockCap      int64  // bytes one owner may hold locked
-	TotalLockCap      int64  // bytes all owners together may hold locked
+	BenchRefusals     uint64 // benchmark batches refused for want of their own room (ErrBenchRoom)
+	// BenchBytes is the rounded sizes of benchmark models' objects
+	// (apart.go), included in UsedBytes.
+	BenchBytes   int64
+	OwnerLockCap int64 // bytes one owner may hold locked
+	TotalLockCap int64 // bytes all owners together may hold locked
+	// LookupReclaims counts the lookups' read-lock eras released so that a
+	// peer under its share of the lookups' cap could lock (lookupshare.go).
+	LookupReclaims uint64
 
 	// ResidentBytes is the rounded sizes of the objects not doomed;
 	// UsableBytes those of them a LOOKUP can reach: they start a prompt or
@@ -273,6 +300,9 @@ type Pool struct {
 	closeWait time.Duration
 	alloc     *alloc.Allocator
 	t         table
+	// claimable indexes, by offset, the adopted records a carried transfer
+	// may claim (claim.go), until EndClaims.
+	claimable map[int64]int32
 	policy    string
 	watermark float64
 	ratio     float64
@@ -297,6 +327,10 @@ type Pool struct {
 	lastCapLog         int64 // unix ns of the last lock-cap log line
 	capSuppressed      uint64
 	readCapRefused     func(reason string) // called under mu
+	// lookupPeers is what each peer's lookups hold read-locked (an entry
+	// lives while the peer holds some), for their shares of the lookups'
+	// cap (lookupshare.go).
+	lookupPeers map[uint64]int64
 }
 
 // ownerCharge is the bytes of locks one owner holds.
@@ -356,7 +390,7 @@ func Open(opts Options) (*Pool, error) {
 		opts.ObserveMax = DefaultObserveMax
 	}
 	p := &Pool{now: opts.Now, log: opts.Logger, closeWait: opts.CloseWait, owners: make(map[Owner]uint32),
-		readCapRefused: opts.ReadCapRefused, obs: opts.Observer, observeMax: opts.ObserveMax}
+		lookupPeers: make(map[uint64]int64), readCapRefused: opts.ReadCapRefused, obs: opts.Observer, observeMax: opts.ObserveMax}
 	if err := p.setEviction(opts.Policy, opts.Watermark, opts.Ratio); err != nil {
 		return nil, err
 	}
@@ -373,6 +407,7 @@ func Open(opts Options) (*Pool, error) {
 	}
 	seg, err := segment.Open(segment.Options{
 		Name:        opts.Plan.Segment,
+		Private:     opts.Plan.Private,
 		NoShmReason: opts.Plan.Reason,
 		Dir:         opts.ShmDir,
 		Size:        opts.Size,
@@ -492,7 +527,10 @@ func (p *Pool) Maintain() {
 		return
 	}
 	n := max(1, int(p.ratio*float64(p.t.len())))
-	got := 0
+	got := p.evictBenchBelowWatermark(now) // benchmark objects first (apart.go)
+	if got > 0 && float64(p.alloc.Size()-p.alloc.Free()) < p.watermark*float64(p.alloc.Size()) {
+		n = got
+	}
 	for got < n {
 		k := p.evictOne(now)
 		if k == 0 {
@@ -577,6 +615,7 @@ func (p *Pool) Stats() Stats {
 	s.Size = p.alloc.Size()
 	s.UsedBytes = p.alloc.Size() - p.alloc.Free()
 	s.LiveBytes = p.t.bytes
+	s.BenchBytes = p.t.benchBytes
 	s.ResidentBytes, s.UsableBytes = p.t.bytes-p.t.doomedBytes, p.t.usableBytes
 	s.LockedBytes = p.lockedBytes
 	s.Doomed, s.DoomedBytes = p.t.doomed, p.t.doomedBytes

@@ -6,10 +6,11 @@ import (
 
 // What the pool answers about readability, for whoever says why a lookup
 // missed (package misses): which keys are readable now, and whether a chunk
-// is stored under another world size of its model. The table keeps, per
-// interned (model, salt) name, the set of world sizes it holds objects for,
-// so a missed key can be looked for under the other world sizes of the same
-// model (their keys differ in the rank, and their layouts may differ: such
+// is stored under another world size or layout of its model. The table
+// keeps, per interned (model, salt, layout) name, the set of world sizes it
+// holds objects for, and per (model, salt) its names (one per layout), so a
+// missed key can be looked for under the other world sizes and layouts of
+// the same model (their keys differ in the rank or the layout ID: such
 // chunks can never be shared).
 
 // maxLayoutProbes bounds the table probes one StoredElsewhere costs.
@@ -50,29 +51,29 @@ func (p *Pool) Unreadable(ks []keys.ObjectKey) uint64 {
 }
 
 // StoredElsewhere reports whether k's chunk is readable under another world
-// size of k's model and salt (any of its ranks, within maxLayoutProbes).
+// size or layout of k's model and salt (any of its ranks, within
+// maxLayoutProbes).
 func (p *Pool) StoredElsewhere(k *keys.ObjectKey) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	n, ok := p.t.names[nameKey{k.Model, k.Salt}]
-	if !ok {
-		return false
-	}
 	now := p.now().UnixNano()
 	own := rankWorldSize(k.KVRank)
-	set := &p.t.nameWS[n]
 	probes := 0
-	for ws := uint32(1); ws < 256; ws++ {
-		if ws == own || !set.has(ws) {
-			continue
-		}
-		for w := range ws {
-			if probes++; probes > maxLayoutProbes {
-				return false
+	for _, n := range p.t.layoutNames[modelSalt{k.Model, k.Salt}] {
+		set := &p.t.nameWS[n]
+		ownLayout := p.t.nameList[n].layout == k.Layout
+		for ws := uint32(1); ws < 256; ws++ {
+			if (ownLayout && ws == own) || !set.has(ws) {
+				continue
 			}
-			i := p.t.index.find(p.t.recs, &ident{k.Chunk, n, keys.KVRank(int(ws), int(w)), k.Group})
-			if i != nilRec && !p.expire(i, now) && p.t.recs[i].state == stateReady && !p.t.recs[i].doomed {
-				return true
+			for w := range ws {
+				if probes++; probes > maxLayoutProbes {
+					return false
+				}
+				i := p.t.index.find(p.t.recs, &ident{k.Chunk, n, keys.KVRank(int(ws), int(w)), k.Group})
+				if i != nilRec && !p.expire(i, now) && p.t.recs[i].state == stateReady && !p.t.recs[i].doomed {
+					return true
+				}
 			}
 		}
 	}

@@ -10,7 +10,7 @@ import (
 
 // The object table is laid out for a small Go heap at millions of objects:
 // an open-addressing index (index.go) from an identity (chunk hash,
-// interned model+salt, rank, group) to an index into a slice of fixed-size
+// interned model+salt+layout, rank, group) to an index into a slice of fixed-size
 // records; the LRU list, the prefix tree and the heap of evictable leaves
 // (prefix.go) are intrusive (indices in the records); only locked objects
 // sit in an extra set.
@@ -44,7 +44,7 @@ const nilRec = -1
 // smallBatch is the largest ReserveWrite batch deduplicated by a scan.
 const smallBatch = 32
 
-// ident is an ObjectKey with the model and salt strings interned.
+// ident is an ObjectKey with the model, salt and layout ID interned.
 type ident struct {
 	chunk keys.Hash
 	name  uint32 // index into table.names
@@ -59,7 +59,10 @@ type record struct {
 	deadline   int64  // unix ns: expiry of the write lock or of the read locks
 	lock       uint64 // id of the current write lock or read-lock era; 0 = none
 	prev, next int32  // LRU neighbours (prev towards MRU); next links free slots
-	ord        order  // the prefix policy's order (prefix.go)
+	// bprev, bnext: neighbours in the benchmark's own LRU list (apart.go),
+	// for records of a benchmark model only.
+	bprev, bnext int32
+	ord          order // the prefix policy's order (prefix.go)
 	// The prefix tree (prefix.go): the record of the chunk before this one
 	// in its prompt (nilRec: none resident), the first of its resident
 	// children and its siblings; peer rings the records of the same
@@ -71,11 +74,21 @@ type record struct {
 	owner                         uint32 // Pool.ownerSlots index charged for the lock
 	state                         uint8
 	doomed                        bool // cleared while locked: freed when the lock ends
+	shared                        bool // another peer's lookup added readers to this read-lock era
 	detached                      bool // abandoned reservation: out of the key index until freed
 	root                          bool // starts a prompt: usable without a parent
+	carried                       bool // a live write reservation adopted for ClaimWrites
 }
 
-type nameKey struct{ model, salt string }
+// nameKey is what objects of one name share: the layout ID lives here, not
+// in each record, so keeping layouts apart costs nothing per object.
+type nameKey struct {
+	model, salt string
+	layout      uint64
+}
+
+// modelSalt is a name without its layout.
+type modelSalt struct{ model, salt string }
 
 type table struct {
 	index    keyIndex
@@ -88,6 +101,14 @@ type table struct {
 	nameRefs []uint32
 	nameFree []uint32
 	nameWS   []wsSet // world sizes each name holds objects for (see readable.go)
+	// layoutNames lists the names of each (model, salt), one per layout
+	// (readable.go).
+	layoutNames map[modelSalt][]uint32
+	// nameBench marks the names of benchmark models (apart.go); bmru, blru
+	// end the benchmark records' LRU list, benchBytes is their rounded sizes.
+	nameBench  []bool
+	bmru, blru int32
+	benchBytes int64
 
 	writeLocked, readLocked int
 	// lookupBytes is what lookups hold read-locked, all requests together
@@ -109,8 +130,12 @@ func (t *table) init() {
 		freeRec: nilRec,
 		mru:     nilRec,
 		lru:     nilRec,
+		bmru:    nilRec,
+		blru:    nilRec,
 		locked:  make(map[int32]struct{}),
 		names:   make(map[nameKey]uint32),
+
+		layoutNames: make(map[modelSalt][]uint32),
 	}
 }
 
@@ -119,7 +144,7 @@ func (t *table) len() int { return t.index.n + t.detached }
 
 // find returns the record index of k, or nilRec.
 func (t *table) find(k keys.ObjectKey) int32 {
-	n, ok := t.names[nameKey{k.Model, k.Salt}]
+	n, ok := t.names[nameKey{k.Model, k.Salt, k.Layout}]
 	if !ok {
 		return nilRec
 	}
@@ -128,20 +153,24 @@ func (t *table) find(k keys.ObjectKey) int32 {
 
 // add creates a record at the MRU end; the caller locks it.
 func (t *table) add(k keys.ObjectKey, off, length, rounded int64) int32 {
-	nk := nameKey{k.Model, k.Salt}
+	nk := nameKey{k.Model, k.Salt, k.Layout}
 	n, ok := t.names[nk]
 	if !ok {
 		if l := len(t.nameFree); l > 0 {
 			n = t.nameFree[l-1]
 			t.nameFree = t.nameFree[:l-1]
 			t.nameList[n] = nk
+			t.nameBench[n] = keys.IsBenchModel(k.Model)
 		} else {
 			n = uint32(len(t.nameList))
 			t.nameList = append(t.nameList, nk)
 			t.nameRefs = append(t.nameRefs, 0)
 			t.nameWS = append(t.nameWS, wsSet{})
+			t.nameBench = append(t.nameBench, keys.IsBenchModel(k.Model))
 		}
 		t.names[nk] = n
+		ms := modelSalt{nk.model, nk.salt}
+		t.layoutNames[ms] = append(t.layoutNames[ms], n)
 	}
 	t.nameRefs[n]++
 	t.nameWS[n].add(rankWorldSize(k.KVRank))
@@ -155,11 +184,14 @@ func (t *table) add(k keys.ObjectKey, off, length, rounded int64) int32 {
 	}
 	id := ident{k.Chunk, n, k.KVRank, k.Group}
 	t.clock++
-	t.recs[i] = record{id: id, off: off, length: length, prev: nilRec, next: nilRec, state: stateReady, ord: newOrder(t.clock),
+	t.recs[i] = record{id: id, off: off, length: length, prev: nilRec, next: nilRec, bprev: nilRec, bnext: nilRec, state: stateReady, ord: newOrder(t.clock),
 		parent: nilRec, kid: nilRec, sibPrev: nilRec, sibNext: nilRec, peer: i}
 	t.index.insert(t.recs, i)
 	t.pushMRU(i)
 	t.bytes += rounded
+	if t.nameBench[n] {
+		t.benchBytes += rounded
+	}
 	return i
 }
 
@@ -172,6 +204,9 @@ func (t *table) remove(i int32, rounded int64) {
 		t.doomedBytes -= rounded
 	}
 	t.bytes -= rounded
+	if t.nameBench[r.id.name] {
+		t.benchBytes -= rounded
+	}
 	if r.detached {
 		t.detached--
 	} else {
@@ -180,7 +215,14 @@ func (t *table) remove(i int32, rounded int64) {
 	t.unlink(i)
 	n := r.id.name
 	if t.nameRefs[n]--; t.nameRefs[n] == 0 {
-		delete(t.names, t.nameList[n])
+		nk := t.nameList[n]
+		delete(t.names, nk)
+		ms := modelSalt{nk.model, nk.salt}
+		if ns := slices.DeleteFunc(t.layoutNames[ms], func(x uint32) bool { return x == n }); len(ns) > 0 {
+			t.layoutNames[ms] = ns
+		} else {
+			delete(t.layoutNames, ms)
+		}
 		t.nameList[n] = nameKey{}
 		t.nameWS[n] = wsSet{}
 		t.nameFree = append(t.nameFree, n)
@@ -209,6 +251,9 @@ func (t *table) pushMRU(i int32) {
 	if t.lru == nilRec {
 		t.lru = i
 	}
+	if t.nameBench[r.id.name] {
+		t.pushBenchMRU(i)
+	}
 }
 
 func (t *table) unlink(i int32) {
@@ -224,6 +269,9 @@ func (t *table) unlink(i int32) {
 		t.lru = r.prev
 	}
 	r.prev, r.next = nilRec, nilRec
+	if t.nameBench[r.id.name] {
+		t.unlinkBench(i)
+	}
 }
 
 func (t *table) touch(i int32) {
@@ -258,6 +306,7 @@ func (p *Pool) charge(o Owner, bytes int64) uint32 {
 	p.lockedBytes += bytes
 	if o.Kind == OwnerLookup {
 		p.t.lookupBytes += bytes
+		p.lookupPeers[o.Peer] += bytes
 	}
 	return s
 }
@@ -269,6 +318,9 @@ func (p *Pool) uncharge(s uint32, bytes int64) {
 	sl := &p.ownerSlots[s]
 	if sl.owner.Kind == OwnerLookup {
 		p.t.lookupBytes -= bytes
+		if p.lookupPeers[sl.owner.Peer] -= bytes; p.lookupPeers[sl.owner.Peer] <= 0 {
+			delete(p.lookupPeers, sl.owner.Peer)
+		}
 	}
 	if sl.bytes -= bytes; sl.bytes <= 0 {
 		delete(p.owners, sl.owner)
@@ -295,11 +347,16 @@ func (p *Pool) lookupCap() int64 {
 	return p.ownerCap + (p.totalCap-p.ownerCap)/2
 }
 
+// capFits reports whether o may lock bytes more under every cap now.
+func (p *Pool) capFits(o Owner, bytes int64) bool {
+	lookupOK := o.Kind != OwnerLookup || p.t.lookupBytes+bytes <= p.lookupCap()
+	return p.ownerBytes(o)+bytes <= p.ownerCap && p.lockedBytes+bytes <= p.totalCap && lookupOK
+}
+
 // capRefusal reports whether o may not lock bytes more, and why; locks past
 // their TTL are expired before a refusal is decided.
 func (p *Pool) capRefusal(o Owner, bytes int64, now int64) error {
-	lookupOK := o.Kind != OwnerLookup || p.t.lookupBytes+bytes <= p.lookupCap()
-	if p.ownerBytes(o)+bytes <= p.ownerCap && p.lockedBytes+bytes <= p.totalCap && lookupOK {
+	if p.capFits(o, bytes) {
 		return nil
 	}
 	p.sweep(now)
@@ -366,7 +423,7 @@ func (p *Pool) unlock(i int32) {
 	}
 	delete(p.t.locked, i)
 	p.uncharge(r.owner, p.rounded(i))
-	r.lock, r.owner = 0, 0
+	r.lock, r.owner, r.shared = 0, 0, false
 	p.t.reheap(i)
 }
 
@@ -543,10 +600,19 @@ func (p *Pool) reserveWrite(owner Owner, prev, ks []keys.ObjectKey, size int64) 
 		return nil, err
 	}
 	offs := make([]int64, len(fresh))
-	if p.alloc.Free() < need || !p.allocAll(offs, size) {
+	if isBenchBatch(ks) {
+		// Benchmark traffic: its own room, its own evictions (apart.go).
+		p.sweep(now)
+		if err := p.benchRoom(offs, size, need, now); err != nil {
+			p.st.AllocFailures++
+			p.st.BenchRefusals++
+			p.refused(ks, fresh, unit)
+			return nil, err
+		}
+	} else if p.alloc.Free() < need || !p.allocAll(offs, size) {
 		p.sweep(now) // expired locks give space back before anything is evicted
 		p.pinPrompt(prev, ks, true)
-		ok := p.allocAll(offs, size) || p.evictAndAlloc(offs, size, now)
+		ok := p.allocAll(offs, size) || p.evictBenchAndAlloc(offs, size, now) || p.evictAndAlloc(offs, size, now)
 		p.pinPrompt(prev, ks, false)
 		if !ok {
 			p.st.AllocFailures++
@@ -818,13 +884,15 @@ func (p *Pool) ReserveReadPrefix(ks []keys.ObjectKey, count int) int {
 	return n
 }
 
-// ReserveLookup is ReserveReadPrefix for the LOOKUP of one request: the
-// read-lock eras it starts are charged to that request (RequestOwner), so a
-// scheduler that looks several prompts up before retrieving them is capped
-// per prompt and by the total cap, not by one owner's share; refused says
-// that a lock cap, not a miss, stopped it.
-func (p *Pool) ReserveLookup(request string, ks []keys.ObjectKey, count int) (n int, refused bool) {
-	return p.reserveReadPrefix(RequestOwner(request), ks, count)
+// ReserveLookup is ReserveReadPrefix for the LOOKUP of one request of
+// peer (its ZMQ routing id): the read-lock eras it starts are charged to
+// that request (RequestOwner), so a scheduler that looks several prompts up
+// before retrieving them is capped per prompt and by the total cap, not by
+// one owner's share; and a peer under its share of the lookups' cap gets
+// room from peers past theirs (lookupshare.go). refused says that a lock
+// cap, not a miss, stopped it.
+func (p *Pool) ReserveLookup(peer, request string, ks []keys.ObjectKey, count int) (n int, refused bool) {
+	return p.reserveReadPrefix(RequestOwner(peer, request), ks, count)
 }
 
 func (p *Pool) reserveReadPrefix(owner Owner, ks []keys.ObjectKey, count int) (int, bool) {
@@ -834,6 +902,7 @@ func (p *Pool) reserveReadPrefix(owner Owner, ks []keys.ObjectKey, count int) (i
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	now := p.now().UnixNano()
+	reclaimed := false
 	for n, k := range ks {
 		i := p.lookup(k, now)
 		if i == nilRec || p.t.recs[i].state != stateReady || p.t.recs[i].doomed {
@@ -843,16 +912,25 @@ func (p *Pool) reserveReadPrefix(owner Owner, ks []keys.ObjectKey, count int) (i
 		r := &p.t.recs[i]
 		if !r.readLocked() {
 			// A new read-lock era, charged to the owner that starts it.
-			if err := p.capRefusal(owner, p.rounded(i), now); err != nil {
+			unit := p.rounded(i)
+			if !reclaimed && owner.Kind == OwnerLookup && !p.capFits(owner, unit) {
+				// Once a call: room for the rest of ks, taken from the
+				// peers past their share (lookupshare.go).
+				reclaimed = true
+				p.reclaimLookups(owner, int64(len(ks)-n)*unit, now)
+			}
+			if err := p.capRefusal(owner, unit, now); err != nil {
 				if p.logCap(err, now) && p.readCapRefused != nil {
 					p.readCapRefused(err.Error())
 				}
 				return n, true
 			}
-			r.owner = p.charge(owner, p.rounded(i))
+			r.owner = p.charge(owner, unit)
 			r.lock = p.newLock()
 			p.t.readLocked++
 			p.t.locked[i] = struct{}{}
+		} else if owner.Kind == OwnerLookup && p.ownerSlots[r.owner].owner.Peer != owner.Peer {
+			r.shared = true
 		}
 		r.readers = uint32(min(uint64(r.readers)+uint64(count), math.MaxUint32))
 		p.t.reheap(i) // a read-locked object is no eviction candidate

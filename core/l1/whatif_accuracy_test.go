@@ -117,7 +117,7 @@ func (estObserver) Lost(*keys.ObjectKey, int64, Loss) {}
 // alwaysLayouts registers every model (the replay has no workers).
 type alwaysLayouts struct{}
 
-func (alwaysLayouts) GroupCount(string, int) int { return 1 }
+func (alwaysLayouts) Registered(string, int) ([]uint64, []int) { return []uint64{0}, []int{1} }
 
 // replayResult is what a replay measured over the trace's second half.
 type replayResult struct {

@@ -61,7 +61,7 @@ func TestRegistryGroups(t *testing.T) {
 	if !GroupsEqual([]Layout{a, b}, []Layout{a, b}) || GroupsEqual([]Layout{a, b}, []Layout{b, a}) || GroupsEqual([]Layout{a}, []Layout{a, b}) {
 		t.Fatal("GroupsEqual")
 	}
-	r.Remove("m", 1)
+	r.Remove("m", 1, ID([]Layout{a, b}))
 	if r.GroupCount("m", 1) != 0 || r.MaxBytes() != a.Bytes {
 		t.Fatalf("after remove: %d groups, MaxBytes %d", r.GroupCount("m", 1), r.MaxBytes())
 	}

@@ -1,11 +1,16 @@
 // Package layout describes the shape of one KV chunk as a worker registers it
 // (dtype, layers, tokens per chunk, hidden size, MLA or not) and keeps the
-// ref-counted registry of layouts per (model, world size) that LOOKUP consults.
+// ref-counted registry of layouts per (model, world size) and layout ID that
+// LOOKUP consults.
 package layout
 
 import (
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
 	"fmt"
 	"math/bits"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -187,16 +192,47 @@ type regKey struct {
 }
 
 type regEntry struct {
+	id     uint64
 	groups []Layout // one per KV group; a plain model has one
 	refs   int
 }
 
-// Registry ref-counts layouts per (model, world size): one layout per KV
-// group (a plain model has one group). The first registration of a pair
-// fixes its layouts; later ones add a reference.
+// ID names a model's layouts (every KV group's, in order) in its object
+// keys (keys.ObjectKey.Layout), so the chunks of two layouts of one model
+// never share a key. It is the first 8 bytes of the SHA-256 of the groups'
+// shapes and dtypes: stable across processes and hosts (a kept pool and a
+// shared tier mean the same layout by it), and a peer cannot pick a layout
+// whose ID is another's without a 2^64 search. It is never 0, the ID of
+// keys built without a layout.
+func ID(groups []Layout) uint64 {
+	h := sha256.New()
+	var b []byte
+	for _, l := range groups {
+		b = binary.LittleEndian.AppendUint32(b[:0], uint32(len(l.Shape)))
+		for _, d := range l.Shape {
+			b = binary.LittleEndian.AppendUint64(b, uint64(d))
+		}
+		b = binary.LittleEndian.AppendUint32(b, uint32(len(l.Dtype)))
+		b = append(b, l.Dtype...)
+		h.Write(b)
+	}
+	id := binary.LittleEndian.Uint64(h.Sum(nil))
+	return max(id, 1)
+}
+
+// ErrIDCollision refuses layouts whose ID is another registered layout's
+// of the same model (a SHA-256 prefix collision): their keys would meet.
+var ErrIDCollision = errors.New("layout id collides with another layout of the model")
+
+// Registry ref-counts layouts per (model, world size): each registered
+// layout (one per KV group; a plain model has one group) is its own entry,
+// under its ID, so workers of one model with other layouts register side
+// by side. LOOKUPs, which name no layout, answer for all of them
+// (Registered); First, Get, Groups and GroupCount name the model's first
+// registered layout still registered.
 type Registry struct {
 	mu      sync.RWMutex
-	entries map[regKey]*regEntry
+	entries map[regKey][]*regEntry // in registration order
 	// maxBytes is the largest registered layout's Bytes, kept current on
 	// every change so readers (one per wire message) never scan entries.
 	maxBytes atomic.Int64
@@ -204,33 +240,42 @@ type Registry struct {
 
 // NewRegistry returns an empty registry.
 func NewRegistry() *Registry {
-	return &Registry{entries: make(map[regKey]*regEntry)}
+	return &Registry{entries: make(map[regKey][]*regEntry)}
 }
 
 // Add references the layout of (model, worldSize), a one-group model.
-func (r *Registry) Add(model string, worldSize int, l Layout) {
-	r.AddGroups(model, worldSize, []Layout{l})
+func (r *Registry) Add(model string, worldSize int, l Layout) error {
+	_, err := r.AddGroups(model, worldSize, []Layout{l})
+	return err
 }
 
-// AddGroups references the per-group layouts of (model, worldSize); groups
-// must not be empty.
-func (r *Registry) AddGroups(model string, worldSize int, groups []Layout) {
+// AddGroups references the per-group layouts of (model, worldSize) and
+// returns their ID; groups must not be empty. Other layouts registered
+// for the model are kept; only an ID collision is refused.
+func (r *Registry) AddGroups(model string, worldSize int, groups []Layout) (uint64, error) {
 	if len(groups) == 0 {
-		return
+		return 0, errors.New("layout: no groups")
 	}
+	id := ID(groups)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	k := regKey{model, worldSize}
-	if e, ok := r.entries[k]; ok {
-		e.refs++
-		return
+	for _, e := range r.entries[k] {
+		if e.id == id {
+			if !GroupsEqual(e.groups, groups) {
+				return 0, fmt.Errorf("%w: %016x", ErrIDCollision, id)
+			}
+			e.refs++
+			return id, nil
+		}
 	}
-	r.entries[k] = &regEntry{groups: cloneGroups(groups), refs: 1}
+	r.entries[k] = append(r.entries[k], &regEntry{id: id, groups: cloneGroups(groups), refs: 1})
 	for _, l := range groups {
 		if l.Bytes > r.maxBytes.Load() {
 			r.maxBytes.Store(l.Bytes)
 		}
 	}
+	return id, nil
 }
 
 func cloneGroups(gs []Layout) []Layout {
@@ -249,71 +294,128 @@ func (e *regEntry) maxBytes() int64 {
 	return m
 }
 
-// Remove drops one reference; the entry goes when the last one does.
-func (r *Registry) Remove(model string, worldSize int) {
+// Remove drops one reference of layout id of (model, worldSize); the entry
+// goes when the last one does.
+func (r *Registry) Remove(model string, worldSize int, id uint64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	k := regKey{model, worldSize}
-	if e, ok := r.entries[k]; ok {
-		e.refs--
-		if e.refs <= 0 {
-			delete(r.entries, k)
-			if e.maxBytes() >= r.maxBytes.Load() {
-				var m int64
-				for _, o := range r.entries {
-					m = max(m, o.maxBytes())
-				}
-				r.maxBytes.Store(m)
+	es := r.entries[k]
+	i := slices.IndexFunc(es, func(e *regEntry) bool { return e.id == id })
+	if i < 0 {
+		return
+	}
+	e := es[i]
+	if e.refs--; e.refs > 0 {
+		return
+	}
+	if es = slices.Delete(es, i, i+1); len(es) == 0 {
+		delete(r.entries, k)
+	} else {
+		r.entries[k] = es
+	}
+	if e.maxBytes() >= r.maxBytes.Load() {
+		var m int64
+		for _, list := range r.entries {
+			for _, o := range list {
+				m = max(m, o.maxBytes())
 			}
 		}
+		r.maxBytes.Store(m)
 	}
 }
 
 // MaxBytes is the largest registered layout's chunk bytes, 0 when none.
 func (r *Registry) MaxBytes() int64 { return r.maxBytes.Load() }
 
-// Get returns the layout of (model, worldSize), of group 0 for a hybrid model.
+// firstLocked is the entry LOOKUPs of (model, worldSize) answer for; r.mu
+// is held.
+func (r *Registry) firstLocked(model string, worldSize int) *regEntry {
+	if es := r.entries[regKey{model, worldSize}]; len(es) > 0 {
+		return es[0]
+	}
+	return nil
+}
+
+// First returns the ID and group count of the first registered layout of
+// (model, worldSize) still registered; groups is 0 when none is.
+func (r *Registry) First(model string, worldSize int) (id uint64, groups int) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	if e := r.firstLocked(model, worldSize); e != nil {
+		return e.id, len(e.groups)
+	}
+	return 0, 0
+}
+
+// Registered returns the IDs and KV group counts of every layout
+// registered for (model, worldSize), in registration order; none when none
+// is. A LOOKUP, which names no layout, answers for all of them: a chunk
+// hits only when each layout holds it, so every worker of the model can
+// retrieve what it was told is there.
+func (r *Registry) Registered(model string, worldSize int) (ids []uint64, groups []int) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	for _, e := range r.entries[regKey{model, worldSize}] {
+		ids = append(ids, e.id)
+		groups = append(groups, len(e.groups))
+	}
+	return ids, groups
+}
+
+// Get returns the first layout of (model, worldSize), of group 0 for a
+// hybrid model.
 func (r *Registry) Get(model string, worldSize int) (Layout, bool) {
 	return r.GroupLayout(model, worldSize, 0)
 }
 
-// GroupLayout returns the layout of KV group g of (model, worldSize).
+// GroupLayout returns the layout of KV group g of the first layout of
+// (model, worldSize).
 func (r *Registry) GroupLayout(model string, worldSize int, g uint32) (Layout, bool) {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	e, ok := r.entries[regKey{model, worldSize}]
-	if !ok || uint64(g) >= uint64(len(e.groups)) {
+	id, n := r.First(model, worldSize)
+	if n == 0 {
 		return Layout{}, false
 	}
-	return e.groups[g], true
+	return r.LayoutOf(model, worldSize, id, g)
 }
 
-// Groups returns the per-group layouts of (model, worldSize).
+// LayoutOf returns the layout of KV group g of the layouts registered as id
+// for (model, worldSize): the layout a key naming id was stored with.
+func (r *Registry) LayoutOf(model string, worldSize int, id uint64, g uint32) (Layout, bool) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	for _, e := range r.entries[regKey{model, worldSize}] {
+		if e.id == id {
+			if uint64(g) >= uint64(len(e.groups)) {
+				return Layout{}, false
+			}
+			return e.groups[g], true
+		}
+	}
+	return Layout{}, false
+}
+
+// Groups returns the per-group layouts of the first layout of (model,
+// worldSize).
 func (r *Registry) Groups(model string, worldSize int) ([]Layout, bool) {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
-	e, ok := r.entries[regKey{model, worldSize}]
-	if !ok {
-		return nil, false
+	if e := r.firstLocked(model, worldSize); e != nil {
+		return cloneGroups(e.groups), true
 	}
-	return cloneGroups(e.groups), true
+	return nil, false
 }
 
-// GroupCount returns how many KV groups (model, worldSize) registered, 0
-// when none did.
+// GroupCount returns how many KV groups the first layout of (model,
+// worldSize) has, 0 when none is registered.
 func (r *Registry) GroupCount(model string, worldSize int) int {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	if e, ok := r.entries[regKey{model, worldSize}]; ok {
-		return len(e.groups)
-	}
-	return 0
+	_, n := r.First(model, worldSize)
+	return n
 }
 
 // Has reports whether any worker registered (model, worldSize).
 func (r *Registry) Has(model string, worldSize int) bool {
-	_, ok := r.Get(model, worldSize)
-	return ok
+	return r.GroupCount(model, worldSize) > 0
 }
 
 // Clear forgets every layout (a pool rebuild drops all contexts).

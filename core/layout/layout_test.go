@@ -102,11 +102,11 @@ func TestRegistryRefCounts(t *testing.T) {
 	if !r.Has("m", 2) || r.Has("m", 1) || r.Has("n", 2) {
 		t.Fatal("Has")
 	}
-	r.Remove("m", 2)
+	r.Remove("m", 2, ID([]Layout{l}))
 	if got, ok := r.Get("m", 2); !ok || !got.Equal(l) {
 		t.Fatal("entry dropped while referenced")
 	}
-	r.Remove("m", 2)
+	r.Remove("m", 2, ID([]Layout{l}))
 	if r.Has("m", 2) {
 		t.Fatal("entry kept after the last reference")
 	}

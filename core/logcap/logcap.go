@@ -13,8 +13,6 @@ import (
 	"sync"
 	"time"
 	"unicode/utf8"
-
-	"kvdock/settings"
 )
 
 // Defaults of Options.
@@ -62,9 +60,9 @@ type Handler struct {
 
 // NewHandler returns next bounded by o.
 func NewHandler(next slog.Handler, o Options) *Handler {
-	o.MaxString = settings.PositiveOr(o.MaxString, DefaultMaxString)
-	o.Rate = settings.PositiveOr(o.Rate, DefaultRate)
-	o.Burst = settings.PositiveOr(o.Burst, DefaultBurst)
+	o.MaxString = positiveOr(o.MaxString, DefaultMaxString)
+	o.Rate = positiveOr(o.Rate, DefaultRate)
+	o.Burst = positiveOr(o.Burst, DefaultBurst)
 	if o.Now == nil {
 		o.Now = time.Now
 	}
@@ -203,4 +201,13 @@ func (b *bucket) take(msg string, max int) (ok bool, dropped int64, first string
 	dropped, first = b.dropped, b.first
 	b.dropped, b.first = 0, ""
 	return true, dropped, first
+}
+
+// positiveOr is v, or def where v is not positive: an option left unset
+// takes its default. Each core leaf keeps its own, so none imports settings.
+func positiveOr[T ~int | ~int64 | ~float64](v, def T) T {
+	if v <= 0 {
+		return def
+	}
+	return v
 }

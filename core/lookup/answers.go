@@ -99,3 +99,16 @@ func (m *Module) Restore(as []Answer) (int, error) {
 	}
 	return len(add), nil
 }
+
+// Busy reports lookups in their tier phase: a handover stop waits for
+// them (bounded), so that their answers are carried rather than lost.
+func (m *Module) Busy() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, j := range m.jobs {
+		if j.running {
+			return true
+		}
+	}
+	return false
+}

@@ -11,7 +11,7 @@ import (
 // hitStore finds every key, so a lookup's cost is the key path alone.
 type hitStore struct{}
 
-func (hitStore) ReserveLookup(_ string, ks []keys.ObjectKey, _ int) (int, bool) {
+func (hitStore) ReserveLookup(_, _ string, ks []keys.ObjectKey, _ int) (int, bool) {
 	return len(ks), false
 }
 func (hitStore) FinishRead([]keys.ObjectKey, int) {}
@@ -19,7 +19,7 @@ func (hitStore) Touch([]keys.ObjectKey)           {}
 
 type allLayouts struct{}
 
-func (allLayouts) GroupCount(string, int) int { return 1 }
+func (allLayouts) Registered(string, int) ([]uint64, []int) { return []uint64{0}, []int{1} }
 
 // BenchmarkLookup32k runs LOOKUP + QUERY_PREFETCH_STATUS for a 32k-token
 // prompt (128 chunks of 256 tokens, world size 1): "cold" with a new request

@@ -27,7 +27,7 @@ func (b *batchStore) note(n int) {
 	b.maxBatch = max(b.maxBatch, n)
 }
 
-func (b *batchStore) ReserveLookup(_ string, ks []keys.ObjectKey, count int) (int, bool) {
+func (b *batchStore) ReserveLookup(_, _ string, ks []keys.ObjectKey, count int) (int, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.note(len(ks))
@@ -199,7 +199,7 @@ func TestLookupJobsBoundedInBytes(t *testing.T) {
 	ts := tokens(cs)
 	const huge = 8 << 20
 	// 8 MiB ids: rejected, never kept, whether or not the model is
-	// registered (the early exit used to record them unchecked).
+	// registered (the early exit records nothing unchecked).
 	grew := retained(func() {
 		for i := range 16 {
 			id := strings.Repeat(string(rune('a'+i)), huge)

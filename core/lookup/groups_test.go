@@ -9,7 +9,12 @@ import (
 
 type groupCounts map[string]int
 
-func (g groupCounts) GroupCount(model string, ws int) int { return g[model] }
+func (g groupCounts) Registered(model string, ws int) ([]uint64, []int) {
+	if n := g[model]; n > 0 {
+		return []uint64{0}, []int{n}
+	}
+	return nil, nil
+}
 
 // TestLookupHybridGroups: for a model registered with two KV groups a chunk
 // hits only when both groups' objects are there (a store whose second

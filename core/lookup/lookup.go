@@ -23,15 +23,15 @@ import (
 	"kvdock/core/keys"
 	"kvdock/core/misses"
 	"kvdock/core/whatif"
-	"kvdock/settings"
 )
 
 // Store is the part of the L1 pool a lookup needs.
 type Store interface {
-	// ReserveLookup takes count read locks for request on each leading
-	// readable key, stopping at the first miss or lock-cap refusal, and
-	// returns how many keys it locked and whether a cap refused the next.
-	ReserveLookup(request string, ks []keys.ObjectKey, count int) (n int, refused bool)
+	// ReserveLookup takes count read locks for request of peer (its
+	// routing id: the lookups' cap is shared fairly between peers) on each
+	// leading readable key, stopping at the first miss or lock-cap refusal,
+	// and returns how many keys it locked and whether a cap refused the next.
+	ReserveLookup(peer, request string, ks []keys.ObjectKey, count int) (n int, refused bool)
 	// FinishRead releases count read locks on each key.
 	FinishRead(ks []keys.ObjectKey, count int)
 	// Touch refreshes the keys' recency for eviction.
@@ -65,11 +65,16 @@ type TiersKnownAbsent interface {
 	KnownAbsent(model string, worldSize int, ks []keys.ObjectKey, per int) bool
 }
 
-// Layouts tells how many KV groups a model registered (0: none; a hybrid
-// model has several, each chunk then is one object per group);
-// *layout.Registry satisfies it.
+// Layouts tells which layouts a LOOKUP of a model answers for, as a LOOKUP
+// names none: every layout registered for the model, by ID
+// (keys.ObjectKey.Layout) and KV group count (none: the model is not
+// registered; a hybrid model has several groups, each chunk then is one
+// object per group). A chunk hits only when every layout holds it, each
+// layout's objects locked for its own workers, so a worker of any layout
+// retrieves every chunk the scheduler was told of, from its own layout's
+// keys. *layout.Registry satisfies it.
 type Layouts interface {
-	GroupCount(model string, worldSize int) int
+	Registered(model string, worldSize int) (ids []uint64, groups []int)
 }
 
 // Defaults for Options.
@@ -218,9 +223,9 @@ type Stats struct {
 // New returns a Module resolving keys through s, locking in store and
 // checking registrations in layouts.
 func New(s *keys.Sessions, store Store, layouts Layouts, opts Options) *Module {
-	opts.JobTTL = settings.PositiveOr(opts.JobTTL, DefaultJobTTL)
-	opts.MaxJobs = settings.PositiveOr(opts.MaxJobs, DefaultMaxJobs)
-	opts.MaxJobBytes = settings.PositiveOr(opts.MaxJobBytes, DefaultMaxJobBytes)
+	opts.JobTTL = positiveOr(opts.JobTTL, DefaultJobTTL)
+	opts.MaxJobs = positiveOr(opts.MaxJobs, DefaultMaxJobs)
+	opts.MaxJobBytes = positiveOr(opts.MaxJobBytes, DefaultMaxJobBytes)
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
@@ -287,7 +292,11 @@ func ValidateTPSize(tpSize int) error {
 // "still running" until then. An invalid key or tp_size records 0 too (so the status
 // query does not report a stale job) and returns the error; an invalid
 // request id records nothing.
-func (m *Module) Lookup(r keys.KeyRequest, tpSize int) error {
+func (m *Module) Lookup(r keys.KeyRequest, tpSize int) error { return m.LookupFrom("", r, tpSize) }
+
+// LookupFrom is Lookup for peer (the ZMQ routing id that sent it): its
+// read locks count against that peer's share of the lookups' lock cap.
+func (m *Module) LookupFrom(peer string, r keys.KeyRequest, tpSize int) error {
 	t := m.trafficOf(r.Model)
 	t.lookups.Add(1)
 	t.reqTokens.Add(int64(len(r.Tokens)))
@@ -300,8 +309,8 @@ func (m *Module) Lookup(r keys.KeyRequest, tpSize int) error {
 		m.put(r.RequestID, 0, false)
 		return fmt.Errorf("lookup: request %s: %w", keys.Clip(r.RequestID), err)
 	}
-	groups := m.layouts.GroupCount(r.Model, r.WorldSize)
-	if groups == 0 {
+	ids, groups := m.layouts.Registered(r.Model, r.WorldSize)
+	if len(ids) == 0 {
 		t.earlyExits.Add(1)
 		m.unreg.note(r.Model, r.WorldSize, m.now())
 		m.log.Debug("lookup: no layout registered", "request_id", r.RequestID, "model", keys.Clip(r.Model), "world_size", r.WorldSize)
@@ -315,8 +324,10 @@ func (m *Module) Lookup(r keys.KeyRequest, tpSize int) error {
 		return fmt.Errorf("lookup: %w", err)
 	}
 	// A chunk of a hybrid model hits only when every group's object is
-	// there: a store whose groups are not all committed is a miss.
-	ks = ks.WithGroups(groups)
+	// there, and of a model registered with several layouts only when
+	// every layout's is: a store whose objects are not all committed is a
+	// miss.
+	ks = ks.WithLayouts(ids, groups)
 	if ks.Chunks() == 0 {
 		t.earlyExits.Add(1)
 		m.put(r.RequestID, 0, false)
@@ -324,7 +335,7 @@ func (m *Module) Lookup(r keys.KeyRequest, tpSize int) error {
 	}
 	t.reqChunks.Add(int64(ks.Chunks()))
 	count := 1 + ExtraCount(tpSize, r.WorldSize)
-	hit, refused := m.reservePrefix(r.RequestID, ks, count, t == &m.work)
+	hit, refused := m.reservePrefix(peer, r.RequestID, ks, count, t == &m.work)
 	t.hitChunks.Add(int64(hit))
 	t.hitTokens.Add(int64(hit * m.sessions.Hasher().ChunkSize()))
 	m.models.add(r.Model, r.WorldSize, 1, ks.Chunks(), hit, m.sessions.Hasher().ChunkSize())
@@ -401,14 +412,14 @@ func (m *Module) startTierPhase(r keys.KeyRequest, ks keys.KeySet, hit, count in
 	}()
 }
 
-// reservePrefix read-locks for request the leading chunks of ks that are
+// reservePrefix read-locks for request of peer the leading chunks of ks that are
 // readable on every rank, count locks per key, and returns how many chunks
 // it locked and whether a lock cap stopped it. It asks the store lockBatch
 // chunks at a time and stops at the first miss. With a what-if estimator it
 // goes on past the miss, a batch at a time, to show it the keys a larger
 // pool might have held (no more work than a lookup that hits throughout);
 // probe false (benchmark traffic) keeps the keys from the estimator.
-func (m *Module) reservePrefix(request string, ks keys.KeySet, count int, probe bool) (int, bool) {
+func (m *Module) reservePrefix(peer, request string, ks keys.KeySet, count int, probe bool) (int, bool) {
 	est := m.whatif
 	if !probe {
 		est = nil // a nil estimator is shown nothing
@@ -421,7 +432,7 @@ func (m *Module) reservePrefix(request string, ks keys.KeySet, count int, probe 
 	from := 0
 	for ; from < ks.Chunks(); from += batch {
 		buf = ks.Append(buf[:0], from, from+batch)
-		locked, capped := m.store.ReserveLookup(request, buf, count)
+		locked, capped := m.store.ReserveLookup(peer, request, buf, count)
 		n := min(max(locked, 0), len(buf))
 		refused = capped
 		full := n / per
@@ -555,7 +566,7 @@ func (m *Module) FreeLocks(r keys.KeyRequest, tpSize int) error {
 	if err != nil {
 		return fmt.Errorf("free lookup locks: %w", err)
 	}
-	ks = ks.WithGroups(m.layouts.GroupCount(r.Model, r.WorldSize))
+	ks = ks.WithLayouts(m.layouts.Registered(r.Model, r.WorldSize))
 	count := 1 + ExtraCount(tpSize, r.WorldSize)
 	m.inBatches(ks, func(batch []keys.ObjectKey) { m.store.FinishRead(batch, count) })
 	m.freedKeys.Add(int64(ks.Len()))
@@ -585,7 +596,7 @@ func (m *Module) EndSession(requestID string) {
 		m.log.Debug("end session: no live session", "request_id", requestID)
 		return
 	}
-	ks = ks.WithGroups(m.layouts.GroupCount(ks.Model(), ks.WorldSize()))
+	ks = ks.WithLayouts(m.layouts.Registered(ks.Model(), ks.WorldSize()))
 	m.inBatches(ks, m.store.Touch)
 	m.touchedKeys.Add(int64(ks.Len()))
 }
@@ -697,4 +708,13 @@ func (m *Module) removeLocked(j *job) {
 	m.order.Remove(j.elem)
 	delete(m.jobs, j.id)
 	m.bytes -= j.cost
+}
+
+// positiveOr is v, or def where v is not positive: an option left unset
+// takes its default. Each core leaf keeps its own, so none imports settings.
+func positiveOr[T ~int | ~int64 | ~float64](v, def T) T {
+	if v <= 0 {
+		return def
+	}
+	return v
 }

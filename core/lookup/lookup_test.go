@@ -28,7 +28,7 @@ func newStore() *fakeStore {
 	return &fakeStore{present: map[keys.ObjectKey]bool{}, locks: map[keys.ObjectKey]int{}}
 }
 
-func (f *fakeStore) ReserveLookup(_ string, ks []keys.ObjectKey, count int) (int, bool) {
+func (f *fakeStore) ReserveLookup(_, _ string, ks []keys.ObjectKey, count int) (int, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.reserves++
@@ -73,11 +73,11 @@ func (f *fakeStore) totalLocks() int {
 
 type layoutsSet map[string]bool
 
-func (l layoutsSet) GroupCount(model string, ws int) int {
+func (l layoutsSet) Registered(model string, ws int) ([]uint64, []int) {
 	if l[fmt.Sprint(model, "/", ws)] {
-		return 1
+		return []uint64{0}, []int{1}
 	}
-	return 0
+	return nil, nil
 }
 
 const cs = 4

@@ -48,7 +48,7 @@ func (f *fakeTiers) Prefetch(ctx context.Context, model string, ws int, ks []key
 		f.store.present[k] = true
 	}
 	f.store.mu.Unlock()
-	locked, _ := f.store.ReserveLookup("", ks[:n], count)
+	locked, _ := f.store.ReserveLookup("", "", ks[:n], count)
 	return locked / per
 }
 

@@ -9,16 +9,14 @@ import (
 	"kvdock/core/keys"
 )
 
-// BenchModelPrefix marks benchmark traffic: `kvdock bench` registers its
-// workers under model names that start with it, and the lookups of such a
-// model are counted apart (Stats.Bench) and kept out of the insight
-// figures (hit ratio, tokens saved, miss breakdown, what-if), which are
-// about the real workers. A model id from a hub or a path never starts with
-// it: it has a colon, which neither allows.
-const BenchModelPrefix = "kvdock-bench:"
+// BenchModelPrefix marks benchmark traffic (keys.BenchModelPrefix): the
+// lookups of such a model are counted apart (Stats.Bench) and kept out of
+// the insight figures (hit ratio, tokens saved, miss breakdown, what-if),
+// which are about the real workers.
+const BenchModelPrefix = keys.BenchModelPrefix
 
 // IsBench reports whether model is benchmark traffic (see BenchModelPrefix).
-func IsBench(model string) bool { return strings.HasPrefix(model, BenchModelPrefix) }
+func IsBench(model string) bool { return keys.IsBenchModel(model) }
 
 // traffic is one kind of traffic's lookup counters: the workers', or the
 // benchmark's.
@@ -107,7 +105,7 @@ func (m *Module) Unregistered() []Unregistered {
 	out := make([]Unregistered, 0, len(m.unreg.list))
 	for i := len(m.unreg.list) - 1; i >= 0; i-- {
 		e := m.unreg.list[i]
-		if m.layouts.GroupCount(e.Model, e.WorldSize) == 0 {
+		if ids, _ := m.layouts.Registered(e.Model, e.WorldSize); len(ids) == 0 {
 			out = append(out, e)
 		}
 	}

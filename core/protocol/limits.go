@@ -4,8 +4,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-
-	"kvdock/settings"
 )
 
 // Limits bound what one decoded payload may make the server keep: a peer
@@ -34,8 +32,8 @@ func DefaultLimits() Limits {
 }
 
 func (l Limits) withDefaults() Limits {
-	l.MaxTokens = settings.PositiveOr(l.MaxTokens, DefaultMaxTokens)
-	l.MaxString = settings.PositiveOr(l.MaxString, DefaultMaxString)
+	l.MaxTokens = positiveOr(l.MaxTokens, DefaultMaxTokens)
+	l.MaxString = positiveOr(l.MaxString, DefaultMaxString)
 	return l
 }
 
@@ -142,4 +140,13 @@ func skipValue(b []byte, pos int) (int, error) {
 		}
 	}
 	return pos, nil
+}
+
+// positiveOr is v, or def where v is not positive: an option left unset
+// takes its default. Each core leaf keeps its own, so none imports settings.
+func positiveOr[T ~int | ~int64 | ~float64](v, def T) T {
+	if v <= 0 {
+		return def
+	}
+	return v
 }

@@ -42,9 +42,11 @@ func decodeLinks(raw json.RawMessage, n int, from []int, objs []l1.KeptObject) s
 	if len(raw) == 0 {
 		return ""
 	}
-	var links []int64
-	if err := json.Unmarshal(raw, &links); err != nil {
-		return fmt.Sprintf("prompt links left out: %v", err)
+	links, ok := parseLinks(raw)
+	if !ok {
+		if err := json.Unmarshal(raw, &links); err != nil {
+			return fmt.Sprintf("prompt links left out: %v", err)
+		}
 	}
 	if len(links) != n {
 		return fmt.Sprintf("prompt links left out: %d for %d objects", len(links), n)
@@ -75,4 +77,19 @@ func decodeLinks(raw json.RawMessage, n int, from []int, objs []l1.KeptObject) s
 		return fmt.Sprintf("%d prompt link(s) left out: their parents were left out of the record", gone)
 	}
 	return ""
+}
+
+// parseLinks reads the form encodeLinks writes ([n,n,…], no whitespace) in
+// one pass; ok is false for anything else, which json.Unmarshal judges.
+func parseLinks(raw []byte) ([]int64, bool) {
+	p := objectParser{b: raw}
+	p.lit("[")
+	out := make([]int64, 0, len(raw)/2)
+	for !p.bad && !p.opt("]") {
+		if len(out) > 0 {
+			p.lit(",")
+		}
+		out = append(out, p.signed(64))
+	}
+	return out, !p.bad && p.i == len(raw)
 }

@@ -89,6 +89,16 @@ type Record struct {
 	Registrations []Registration
 	// Lookups are the LOOKUPs answered and not queried yet, oldest first.
 	Lookups []Lookup
+	// Transfers are the transfers a worker was answered a prepare for and
+	// has not committed yet, carried so that its commit to the successor
+	// publishes or releases what it was given (transfers.go); CarryKey is
+	// the secret their keys are hashed with.
+	Transfers []Transfer
+	CarryKey  []byte
+	// Handover is how the stop that wrote the record ended its wire
+	// server: requests parked and answered, and requests that arrived after
+	// the last answer (never answered).
+	Handover Handover
 	// Dropped is what Decode left out part by part, with the reasons (not
 	// written: Encode ignores it).
 	Dropped l1.Drops
@@ -112,21 +122,31 @@ type Lookup struct {
 type Want struct {
 	Endpoint string
 	Auto     bool
-	Segment  string // normalised segment name when not Auto
-	Size     int64
-	Align    int64
+	// Segment is the normalised segment name when not Auto, or the
+	// private segment (l1.IsPrivateSegment) of a pool that is not shared.
+	Segment string
+	Size    int64
+	Align   int64
 }
 
-// Match says why r may not be adopted for w ("" when it may).
+// Match says why r may not be adopted for w ("" when it may). A pool
+// never changes between shared and private (--shm-name "") across a
+// restart; a private plan adopts the kept private segment whatever its
+// name, as auto naming does (an endpoint changed in place kept the name
+// of the old one), since nobody is told that name.
 func Match(r Record, w Want) string {
-	switch {
+	switch kept, private := r.Pool.Segment.Name, l1.IsPrivateSegment(w.Segment); {
 	case r.Endpoint != w.Endpoint:
 		return fmt.Sprintf("recorded for %s, this server is %s", r.Endpoint, w.Endpoint)
+	case l1.IsPrivateSegment(kept) && !private:
+		return fmt.Sprintf("the kept pool is the private segment %s (--shm-name \"\"), this start's pool is shared", kept)
+	case private && !l1.IsPrivateSegment(kept):
+		return fmt.Sprintf("the kept segment %s is shared, this start's pool is private (--shm-name \"\")", kept)
 	case r.Auto != w.Auto && r.Auto:
 		return fmt.Sprintf("the kept segment %s was named automatically, --shm-name now names %s", r.Pool.Segment.Name, w.Segment)
 	case r.Auto != w.Auto:
 		return fmt.Sprintf("the kept segment %s was named by --shm-name, which is now unset (auto)", r.Pool.Segment.Name)
-	case !w.Auto && r.Pool.Segment.Name != w.Segment:
+	case !w.Auto && !private && r.Pool.Segment.Name != w.Segment:
 		return fmt.Sprintf("the kept segment is %s, --shm-name now names %s", r.Pool.Segment.Name, w.Segment)
 	case r.Pool.Size != w.Size:
 		return fmt.Sprintf("the kept pool has %d bytes, l1.size_gb now gives %d", r.Pool.Size, w.Size)
@@ -142,20 +162,23 @@ func Match(r Record, w Want) string {
 // make the salts ff fe and "\ufffd\ufffd" one salt after a restart. A new
 // field that holds a peer's string is an exact too.
 type body struct {
-	Build      exact     `json:"build"`
-	Generation uint64    `json:"generation"`
-	PID        int       `json:"pid"`
-	Endpoint   exact     `json:"endpoint"`
-	StoppedAt  int64     `json:"stopped_at_ns"`
-	WrittenAt  int64     `json:"written_at_ns"`
-	Auto       bool      `json:"auto"`
-	Segment    segment   `json:"segment"`
-	Size       int64     `json:"size"`
-	Align      int64     `json:"align"`
-	Names      []name    `json:"names"`
-	Objects    []object  `json:"objects"`
-	Regs       []regWire `json:"registrations"`
-	Lookups    []lookup  `json:"lookups,omitempty"`
+	Build      exact      `json:"build"`
+	Generation uint64     `json:"generation"`
+	PID        int        `json:"pid"`
+	Endpoint   exact      `json:"endpoint"`
+	StoppedAt  int64      `json:"stopped_at_ns"`
+	WrittenAt  int64      `json:"written_at_ns"`
+	Auto       bool       `json:"auto"`
+	Segment    segment    `json:"segment"`
+	Size       int64      `json:"size"`
+	Align      int64      `json:"align"`
+	Names      []name     `json:"names"`
+	Objects    objectList `json:"objects"`
+	Regs       []regWire  `json:"registrations"`
+	Lookups    []lookup   `json:"lookups,omitempty"`
+	Transfers  []transfer `json:"transfers,omitempty"`
+	Handover   Handover   `json:"handover"`
+	CarryKey   []byte     `json:"carry_key,omitempty"`
 	// Decoded apart (links.go, order.go, stats.go): a bad block is left
 	// out alone.
 	Links json.RawMessage `json:"links,omitempty"`
@@ -205,6 +228,9 @@ type segment struct {
 type name struct {
 	Model exact `json:"m"`
 	Salt  exact `json:"s"`
+	// Layout is the objects' layout ID (keys.ObjectKey.Layout), so a kept
+	// object is adopted under its own layout's key.
+	Layout uint64 `json:"l,omitempty"`
 }
 
 type object struct {
@@ -219,6 +245,7 @@ type object struct {
 	Readers  uint32 `json:"rd,omitempty"`
 	Holds    uint32 `json:"hd,omitempty"`
 	Deadline int64  `json:"d,omitempty"`
+	Live     bool   `json:"lv,omitempty"`
 }
 
 type regWire struct {
@@ -280,12 +307,12 @@ func Encode(r Record) ([]byte, error) {
 			Size: r.Pool.Segment.Size, UID: r.Pool.Segment.UID},
 		Size: r.Pool.Size, Align: r.Pool.Align,
 		Names:   []name{},
-		Objects: make([]object, 0, len(r.Pool.Objects)),
+		Objects: make(objectList, 0, len(r.Pool.Objects)),
 		Regs:    make([]regWire, 0, len(r.Registrations)),
 	}
 	idx := map[name]int{}
 	for _, o := range r.Pool.Objects {
-		n := name{exact(o.Key.Model), exact(o.Key.Salt)}
+		n := name{exact(o.Key.Model), exact(o.Key.Salt), o.Key.Layout}
 		i, ok := idx[n]
 		if !ok {
 			i = len(b.Names)
@@ -294,7 +321,7 @@ func Encode(r Record) ([]byte, error) {
 		}
 		b.Objects = append(b.Objects, object{Chunk: hex.EncodeToString(o.Key.Chunk[:]), Name: i, Rank: o.Key.KVRank,
 			Group: o.Key.Group, Off: o.Offset, Len: o.Length, Held: o.Held, Write: o.Write,
-			Readers: o.Readers, Holds: o.Holds, Deadline: o.Deadline})
+			Readers: o.Readers, Holds: o.Holds, Deadline: o.Deadline, Live: o.Live && o.Write && o.Held})
 	}
 	for _, g := range r.Registrations {
 		b.Regs = append(b.Regs, regWire{ID: g.ID, Profile: exact(g.Profile), Mode: exact(g.Mode), Registered: g.Registered.UnixNano(),
@@ -303,6 +330,7 @@ func Encode(r Record) ([]byte, error) {
 	for _, l := range r.Lookups {
 		b.Lookups = append(b.Lookups, lookup{ID: exact(l.RequestID), Hits: l.HitChunks, Created: l.Created.UnixNano()})
 	}
+	b.Transfers, b.CarryKey, b.Handover = encodeTransfers(r.Transfers), r.CarryKey, r.Handover
 	b.Links = encodeLinks(r.Pool.Objects)
 	b.Order = encodeOrder(r.Pool)
 	st, err := encodeStats(r.Stats)
@@ -310,7 +338,7 @@ func Encode(r Record) ([]byte, error) {
 		return nil, fmt.Errorf("restart: encode record: %w", err)
 	}
 	b.Stats = st
-	js, err := json.Marshal(b)
+	js, err := marshalBody(b)
 	if err != nil {
 		return nil, fmt.Errorf("restart: encode record: %w", err)
 	}
@@ -378,6 +406,8 @@ func Decode(data []byte) (Record, error) {
 	}
 	r.Registrations = b.registrations(&r.Dropped)
 	r.Lookups = b.lookups(&r.Dropped)
+	r.Transfers, r.CarryKey = b.transfers(r.Pool.Objects, &r.Dropped)
+	r.Handover = b.Handover.bounded(&r.Dropped)
 	if why := decodeLinks(b.Links, len(b.Objects), from, r.Pool.Objects); why != "" {
 		r.Ignored = append(r.Ignored, why)
 	}
@@ -401,7 +431,11 @@ func (b *body) geometry() error {
 			return fmt.Errorf("%s is %d bytes, at most %d", f.what, len(f.s), MaxStringBytes)
 		}
 	}
+	// A record without a pool (its pool was anonymous memory) carries the
+	// registrations alone.
+	poolless := b.Segment == segment{} && b.Size == 0 && b.Align == 0 && len(b.Objects) == 0 && len(b.Lookups) == 0
 	switch {
+	case poolless:
 	case b.Size <= 0 || b.Align <= 0 || b.Align&(b.Align-1) != 0 || b.Size < b.Align:
 		return fmt.Errorf("pool of %d bytes aligned to %d: want a power-of-two alignment no larger than the pool", b.Size, b.Align)
 	case b.Segment.Size != b.Size:
@@ -426,7 +460,11 @@ func (o *object) locked() bool { return o.Write || o.Readers > 0 || o.Holds > 0 
 func (b *body) objects(d *l1.Drops) ([]l1.KeptObject, []int, error) {
 	names := b.names(d)
 	skip := make([]bool, len(b.Objects))
-	if limit := int(min(int64(MaxObjects), b.Size/b.Align)); len(b.Objects) > limit {
+	units := int64(0)
+	if b.Align > 0 {
+		units = b.Size / b.Align
+	}
+	if limit := int(min(int64(MaxObjects), units)); len(b.Objects) > limit {
 		excess := len(b.Objects) - limit
 		for pass := range 2 {
 			for i := range b.Objects {
@@ -463,7 +501,8 @@ func (b *body) objects(d *l1.Drops) ([]l1.KeptObject, []int, error) {
 			d.Add("locked without a deadline", fmt.Sprintf("object %d", i))
 			continue
 		}
-		k := l1.KeptObject{Offset: o.Off, Length: o.Len, Held: o.Held, Write: o.Write, Readers: o.Readers, Holds: o.Holds, Deadline: o.Deadline}
+		k := l1.KeptObject{Offset: o.Off, Length: o.Len, Held: o.Held, Write: o.Write, Readers: o.Readers, Holds: o.Holds, Deadline: o.Deadline,
+			Live: o.Live && o.Write && o.Held}
 		key, why := b.key(o, names)
 		if why == "" && o.Write && !o.Held {
 			why = "a write reservation recorded as readable"
@@ -520,7 +559,7 @@ func (b *body) key(o *object, names []*name) (keys.ObjectKey, string) {
 		return k, "name unknown, or a string past the bound"
 	}
 	n := names[o.Name]
-	k.Model, k.Salt, k.KVRank, k.Group = string(n.Model), string(n.Salt), o.Rank, o.Group
+	k.Model, k.Salt, k.KVRank, k.Group, k.Layout = string(n.Model), string(n.Salt), o.Rank, o.Group, n.Layout
 	return k, ""
 }
 

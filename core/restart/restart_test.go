@@ -26,7 +26,7 @@ func sample() Record {
 		Pool: l1.Kept{Segment: l1.SegmentIdentity{Name: "lmcache_l1_pool_42", Dev: 1, Ino: 2, Size: 1 << 20, UID: uint32(os.Geteuid())},
 			Size: 1 << 20, Align: 4096}}
 	for i := range 8 {
-		k := keys.ObjectKey{Model: "m", KVRank: keys.KVRank(1, 0), Salt: fmt.Sprint(i % 2)}
+		k := keys.ObjectKey{Model: "m", KVRank: keys.KVRank(1, 0), Salt: fmt.Sprint(i % 2), Layout: uint64(i % 3)}
 		k.Chunk[0] = byte(i)
 		o := l1.KeptObject{Key: k, Offset: int64(i) * 8192, Length: 5000}
 		if i == 7 {
@@ -195,7 +195,7 @@ func TestHostileStateFilePartsDroppedAlone(t *testing.T) {
 		"write readable": {replace(`"h":true,`, ``), "recorded as readable (kept unreadable", 1, 8, 1, 1, 1},
 		"bad held key":   {replace(`"c":"07`, `"c":"zz`), "chunk hash not 64 hex digits (kept unreadable", 1, 8, 1, 1, 1},
 		"no deadline":    {func(s string) string { return deadline.ReplaceAllString(s, `"d":0`) }, "locked without a deadline", 1, 7, 0, 1, 1},
-		"long salt":      {replace(`"s":"`+b64("0")+`"`, `"s":"`+b64(strings.Repeat("a", 2000))+`"`), "name unknown, or a string past the bound", 4, 4, 1, 1, 1},
+		"long salt":      {replace(`"s":"`+b64("0")+`"`, `"s":"`+b64(strings.Repeat("a", 2000))+`"`), "name unknown, or a string past the bound", 2, 6, 1, 1, 1},
 		"mode":           {replace(`"mode":"`+b64("SHM")+`"`, `"mode":"`+b64("ROOT")+`"`), "want SHM or PICKLE", 1, 8, 1, 0, 1},
 		"payload id":     {replace(`"instance":7`, `"instance":8`), "payload names instance 8", 1, 8, 1, 0, 1},
 		"long model":     {replace(`"model":"`+b64("m")+`"`, `"model":"`+b64(strings.Repeat("m", 2000))+`"`), "string past 1024 bytes", 1, 8, 1, 0, 1},

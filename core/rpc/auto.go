@@ -20,27 +20,48 @@ import (
 // narrows nothing. After maxUndecided messages the peer is settled on the
 // tie-break.
 //
+// Registered instances come first (Options.Instances): a message that
+// names a registered instance, read under the table that instance
+// registered through, is served under that table whatever the peer's
+// state says (decided otherwise, undecided, or forgotten: a restart or a
+// flood of identities), and decides the peer; a peer that holds a
+// registered instance (transfer/nongpu: the one that registered it or
+// first spoke for it) is decided on its table at its first message. So a
+// worker's transfers are never read under another table, and a worker's
+// table is carried across a restart by its registration.
+//
 // The state lives in two bounded LRU tables, touched only by the socket
-// goroutine: undecided peers (maxPeers, least recently seen dropped first)
-// and decided peers (maxPeers more, one dropped only after decidedMinIdle of
-// silence), so a peer cycling identities never makes the server forget a
-// worker in use; while the decided table is full of active peers a newly
-// decided one stays, served under its table, in the undecided table.
+// goroutine: undecided peers (maxPeers, least recently seen dropped
+// first) and decided peers (maxPeers more). A decided peer never goes back
+// to the undecided table: when the decided table is full, the least
+// recently seen decided peer is forgotten (counted and logged with its
+// idle time) and detected afresh if it comes back, which the rules above
+// make safe for workers.
 
 const (
 	defaultDetectPeers = 16384
 	maxUndecided       = 64
-	// decidedMinIdle is how long a decided peer must have been quiet before
-	// a newly decided one may take its place: longer than any pause inside
-	// a worker's transfer (a read lock lives 300 s).
-	decidedMinIdle = 10 * time.Minute
 )
+
+// Instances is what the detection asks of the registrations (the non-GPU
+// transfer module). Both are called on the socket goroutine for every
+// message of a peer not decided yet, and for a decided peer's messages
+// that name an instance: they must be cheap and never block for long.
+type Instances interface {
+	// InstanceTable is the protocol table instance id registered through.
+	InstanceTable(id int64) (profile string, ok bool)
+	// PeerTable is the table of a registered instance peer holds.
+	PeerTable(peer []byte) (profile string, ok bool)
+	// PeerDecided tells that peer's table was decided: an instance it
+	// registered with a Tentative request takes that table.
+	PeerDecided(peer []byte, profile string)
+}
 
 type detector struct {
 	profiles []*protocol.Profile // newest first: the tie-break order
+	byName   map[string]*protocol.Profile
 	def      *protocol.Profile
 	maxPeers int
-	minIdle  time.Duration
 	now      func() time.Time
 	// undecided and decided are LRU lists of *peerState (front: least
 	// recently seen), indexed by peers.
@@ -49,10 +70,8 @@ type detector struct {
 	// digits are GET_CHUNK_SIZE specs answering the size as a decimal
 	// string, made once per table.
 	digits map[*protocol.Spec]*protocol.Spec
-	// evicted counts decided peers dropped after decidedMinIdle; overflow
-	// counts decisions kept in the undecided table because every decided
-	// peer was recently active.
-	evicted, overflow int64
+	// evicted counts decided peers forgotten for a newly decided one.
+	evicted int64
 }
 
 type peerState struct {
@@ -78,7 +97,11 @@ func newDetector(profiles []*protocol.Profile, def *protocol.Profile, maxPeers i
 	if maxPeers <= 0 {
 		maxPeers = defaultDetectPeers
 	}
-	return &detector{profiles: profiles, def: def, maxPeers: maxPeers, minIdle: decidedMinIdle, now: time.Now,
+	byName := make(map[string]*protocol.Profile, len(profiles))
+	for _, p := range profiles {
+		byName[p.Name] = p
+	}
+	return &detector{profiles: profiles, byName: byName, def: def, maxPeers: maxPeers, now: time.Now,
 		undecided: list.New(), decided: list.New(), peers: map[string]*list.Element{},
 		digits: map[*protocol.Spec]*protocol.Spec{}}, nil
 }
@@ -86,16 +109,25 @@ func newDetector(profiles []*protocol.Profile, def *protocol.Profile, maxPeers i
 // size is the number of peers remembered, both tables (for tests of the bound).
 func (d *detector) size() int { return d.undecided.Len() + d.decided.Len() }
 
+// known returns peer's state, marked seen now, or nil when it has none.
+func (d *detector) known(peer []byte) *peerState {
+	e, ok := d.peers[string(peer)]
+	if !ok {
+		return nil
+	}
+	st := e.Value.(*peerState)
+	if st.inDecided {
+		d.decided.MoveToBack(e)
+	} else {
+		d.undecided.MoveToBack(e)
+	}
+	st.last = d.now()
+	return st
+}
+
+// state returns peer's state, a new undecided one when it has none.
 func (d *detector) state(peer []byte) *peerState {
-	now := d.now()
-	if e, ok := d.peers[string(peer)]; ok {
-		st := e.Value.(*peerState)
-		if st.inDecided {
-			d.decided.MoveToBack(e)
-		} else {
-			d.undecided.MoveToBack(e)
-		}
-		st.last = now
+	if st := d.known(peer); st != nil {
 		return st
 	}
 	for d.undecided.Len() >= d.maxPeers {
@@ -103,7 +135,7 @@ func (d *detector) state(peer []byte) *peerState {
 		delete(d.peers, old.Value.(*peerState).id)
 		d.undecided.Remove(old)
 	}
-	st := &peerState{id: string(peer), cands: 1<<uint(len(d.profiles)) - 1, last: now}
+	st := &peerState{id: string(peer), cands: 1<<uint(len(d.profiles)) - 1, last: d.now()}
 	if len(d.profiles) == 64 {
 		st.cands = ^uint64(0)
 	}
@@ -111,29 +143,27 @@ func (d *detector) state(peer []byte) *peerState {
 	return st
 }
 
-// decide settles st on p and moves it to the decided table when there is
-// room there, or when the least recently seen decided peer has been quiet
-// for minIdle (it is dropped). It reports a dropped peer's idle time.
-func (d *detector) decide(st *peerState, p *protocol.Profile) (droppedIdle time.Duration, overflow bool) {
+// decide settles st on p and moves it to the decided table; when that is
+// full the least recently seen decided peer is forgotten, and its idle
+// time reported.
+func (d *detector) decide(st *peerState, p *protocol.Profile) (droppedIdle time.Duration) {
 	st.decided = p
+	if st.inDecided {
+		return 0
+	}
 	if d.decided.Len() >= d.maxPeers {
 		old := d.decided.Front()
 		ost := old.Value.(*peerState)
-		idle := st.last.Sub(ost.last)
-		if idle < d.minIdle {
-			d.overflow++
-			return 0, true
-		}
+		droppedIdle = max(st.last.Sub(ost.last), time.Nanosecond)
 		delete(d.peers, ost.id)
 		d.decided.Remove(old)
 		d.evicted++
-		droppedIdle = idle
 	}
 	d.undecided.Remove(d.peers[st.id])
 	st.inDecided = true
 	st.history = nil
 	d.peers[st.id] = d.decided.PushBack(st)
-	return droppedIdle, false
+	return droppedIdle
 }
 
 // fit is one table's reading of a message.
@@ -151,11 +181,16 @@ func (s *Server) route(peer []byte, frames [][]byte) (prof *protocol.Profile, sp
 		spec, err = s.opts.Profile.DecodeHead(frames)
 		return s.opts.Profile, spec, nil, false, err
 	}
-	st := d.state(peer)
-	if st.decided != nil {
-		spec, err = st.decided.DecodeHead(frames)
-		return st.decided, spec, nil, false, err
+	if st := d.known(peer); st != nil && st.decided != nil {
+		return s.readUnder(st.decided, frames)
 	}
+	if p := s.heldTable(peer); p != nil {
+		st := d.state(peer)
+		st.history = append(st.history, "holds an instance registered through "+p.Name)
+		s.settle(st, p, false, hex.EncodeToString(peer), nil)
+		return s.readUnder(p, frames)
+	}
+	st := d.state(peer)
 	var fits []fit
 	for i, p := range d.profiles {
 		if st.cands&(1<<uint(i)) == 0 {
@@ -194,6 +229,12 @@ func (s *Server) route(peer []byte, frames [][]byte) (prof *protocol.Profile, sp
 			typeText(frames), len(frames)-2, strings.Join(names, ",")))
 	}
 	peerHex := hex.EncodeToString(peer)
+	if f, id, ok := s.instanceFit(fits); ok {
+		p := d.profiles[f.idx]
+		st.history = append(st.history, fmt.Sprintf("%s:%s names instance %d, registered through %s", p.Name, f.spec.Name, id, p.Name))
+		s.settle(st, p, false, peerHex, names)
+		return p, f.spec, f.args, true, nil
+	}
 	if len(fits) == 1 {
 		f := fits[0]
 		s.settle(st, d.profiles[f.idx], false, peerHex, names)
@@ -237,12 +278,88 @@ func (s *Server) route(peer []byte, frames [][]byte) (prof *protocol.Profile, sp
 	return d.profiles[pick.idx], spec, pick.args, true, nil
 }
 
+// tentative reports whether peer's table is still undecided once its
+// message was routed (route ran for it): the message was read under one of
+// several tables that read it alike.
+func (s *Server) tentative(peer []byte) bool {
+	if s.detect == nil {
+		return false
+	}
+	e, ok := s.detect.peers[string(peer)]
+	return !ok || e.Value.(*peerState).decided == nil
+}
+
+// readUnder reads a message of a peer whose table is p: under p, unless
+// it names a registered instance that registered through another table
+// and reads under that one as a request naming the same instance.
+func (s *Server) readUnder(p *protocol.Profile, frames [][]byte) (*protocol.Profile, *protocol.Spec, []any, bool, error) {
+	spec, err := p.DecodeHead(frames)
+	if err != nil || spec.Unsupported != "" || s.opts.Instances == nil {
+		return p, spec, nil, false, err
+	}
+	id, ok := p.NamedInstance(spec, frames[2:])
+	if !ok {
+		return p, spec, nil, false, nil
+	}
+	name, ok := s.opts.Instances.InstanceTable(id)
+	q := s.detect.byName[name]
+	if !ok || q == nil || q == p {
+		return p, spec, nil, false, nil
+	}
+	qs, err := q.DecodeHead(frames)
+	if err != nil || qs.Unsupported != "" {
+		return p, spec, nil, false, nil
+	}
+	args, err := q.DecodePayloadLimits(qs, frames[2:], s.lim)
+	if err != nil {
+		return p, spec, nil, false, nil
+	}
+	if named, ok := qs.InstanceOf(args); !ok || named != id {
+		return p, spec, nil, false, nil
+	}
+	return q, qs, args, true, nil
+}
+
+// heldTable is the table of a registered instance peer holds, nil when it
+// holds none (or Options.Instances is not set).
+func (s *Server) heldTable(peer []byte) *protocol.Profile {
+	if s.opts.Instances == nil {
+		return nil
+	}
+	name, ok := s.opts.Instances.PeerTable(peer)
+	if !ok {
+		return nil
+	}
+	return s.detect.byName[name]
+}
+
+// instanceFit is the reading among fits that names a registered instance
+// under the very table that instance registered through, if there is one.
+func (s *Server) instanceFit(fits []fit) (fit, int64, bool) {
+	if s.opts.Instances == nil {
+		return fit{}, 0, false
+	}
+	for _, f := range fits {
+		id, ok := f.spec.InstanceOf(f.args)
+		if !ok {
+			continue
+		}
+		if name, ok := s.opts.Instances.InstanceTable(id); ok && name == s.detect.profiles[f.idx].Name {
+			return f, id, true
+		}
+	}
+	return fit{}, 0, false
+}
+
 // settle decides st on p, counted and logged (the logs rate-limited: a
 // peer cycling identities must not write a line for each).
 func (s *Server) settle(st *peerState, p *protocol.Profile, guessed bool, peerHex string, names []string) {
 	d := s.detect
 	evidence := strings.Join(st.history, "; ")
-	idle, overflow := d.decide(st, p)
+	idle := d.decide(st, p)
+	if s.opts.Instances != nil {
+		s.opts.Instances.PeerDecided([]byte(st.id), p.Name)
+	}
 	s.stats.detected(p.Name, guessed)
 	switch {
 	case guessed:
@@ -255,12 +372,8 @@ func (s *Server) settle(st *peerState, p *protocol.Profile, guessed bool, peerHe
 			"evidence", evidence, "messages", st.seen)
 	}
 	if idle > 0 && s.limiter.allow("protocol_auto_evicted") {
-		s.log.Warn("protocol auto: decided peers at their bound; the longest quiet one is forgotten (detected afresh if it comes back)",
-			"bound", d.maxPeers, "idle", idle.Round(time.Second), "evicted_total", d.evicted)
-	}
-	if overflow && s.limiter.allow("protocol_auto_overflow") {
-		s.log.Warn("protocol auto: decided peers at their bound, all active; a newly decided peer is kept among the undecided",
-			"bound", d.maxPeers, "min_idle", d.minIdle, "overflow_total", d.overflow)
+		s.log.Warn("protocol auto: decided peers at their bound; the least recently seen one is forgotten (detected afresh if it comes back)",
+			"bound", d.maxPeers, "idle", idle.Round(time.Millisecond), "evicted_total", d.evicted)
 	}
 }
 

@@ -10,12 +10,12 @@ func SetDetectClock(s *Server, now func() time.Time) {
 	}
 }
 
-// DetectEvictions is how many decided peers s's detection forgot after
-// their idle time, and how many decisions it kept among the undecided
-// because every decided peer was active; read as DetectPeers is.
-func DetectEvictions(s *Server) (evicted, overflow int64) {
+// DetectEvictions is how many decided peers s's detection forgot for
+// newly decided ones, and how many peers its undecided table holds; read
+// as DetectPeers is.
+func DetectEvictions(s *Server) (evicted int64, undecided int) {
 	if s.detect == nil {
 		return 0, 0
 	}
-	return s.detect.evicted, s.detect.overflow
+	return s.detect.evicted, s.detect.undecided.Len()
 }

@@ -9,7 +9,6 @@ import (
 	"math/rand/v2"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -555,19 +554,40 @@ func TestDeferredAnswerUnderMessageProfile(t *testing.T) {
 	}
 }
 
-// TestAutoDecidedPeersOutliveChurn: peers cycling identities, decided or
-// not, never make the server forget a decided peer that is in use; a
-// decided peer quiet for longer than the idle bound gives its place up.
-func TestAutoDecidedPeersOutliveChurn(t *testing.T) {
+// fakeInstances is the registrations as the detection sees them: the
+// table of each instance, and the instance each holder peer holds.
+type fakeInstances struct {
+	tables map[int64]string
+	held   map[string]int64
+}
+
+func (f fakeInstances) InstanceTable(id int64) (string, bool) {
+	p, ok := f.tables[id]
+	return p, ok
+}
+
+func (fakeInstances) PeerDecided([]byte, string) {}
+
+func (f fakeInstances) PeerTable(peer []byte) (string, bool) {
+	id, ok := f.held[string(peer)]
+	if !ok {
+		return "", false
+	}
+	return f.InstanceTable(id)
+}
+
+// TestAutoHeldPeersOutliveChurn: peers cycling identities, decided or not,
+// never change how a peer holding a registered instance is served, and a
+// decided peer is never kept among the undecided: the decided table
+// forgets its least recently seen peer instead, counted.
+func TestAutoHeldPeersOutliveChurn(t *testing.T) {
 	profiles := autoProfiles(t)
-	var clock atomic.Int64
-	base := time.Now()
+	inst := fakeInstances{tables: map[int64]string{7: "nongpu-v2"}, held: map[string]int64{"worker": 7}}
 	srv, err := rpc.New(rpc.Options{Host: "localhost", Profile: profiles[0], Detect: profiles, MaxDetectPeers: 4,
-		Logger: quietLogger()})
+		Instances: inst, Logger: quietLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	rpc.SetDetectClock(srv, func() time.Time { return base.Add(time.Duration(clock.Load())) })
 	var s seen
 	h := &harness{srv: srv}
 	recordAll(h, &s, map[string]any{protocol.GetChunkSize: int64(64), protocol.Noop: "OK",
@@ -585,9 +605,17 @@ func TestAutoDecidedPeersOutliveChurn(t *testing.T) {
 		}
 		return d.RecvMessageBytes(0)
 	}
-	// The worker: nongpu-v2 (NOOP at 20 fits it alone).
-	w := rawDealer(t, srv.Endpoint())
-	if _, err := call(w, 20); err != nil {
+	w, err := zmq.NewSocket(zmq.DEALER)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	_ = w.SetLinger(0)
+	_ = w.SetRcvtimeo(2 * time.Second)
+	if err := w.SetIdentity("worker"); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Connect(srv.Endpoint()); err != nil {
 		t.Fatal(err)
 	}
 	churn := func(n int) {
@@ -603,23 +631,72 @@ func TestAutoDecidedPeersOutliveChurn(t *testing.T) {
 			d.Close()
 		}
 	}
-	churn(24)
-	if n := rpc.DetectPeers(srv); n > 8 {
-		t.Errorf("%d peers remembered, bound 4 + 4", n)
+	// nongpu-v2's GET_CHUNK_SIZE (17) is nongpu-v1's PING and
+	// engine-driven's CLEAR too: from a peer of unknown table it goes
+	// unanswered; from the holder of a nongpu-v2 instance it is answered.
+	for round := range 3 {
+		churn(24)
+		if n := rpc.DetectPeers(srv); n > 8 {
+			t.Errorf("%d peers remembered, bound 4 + 4", n)
+		}
+		reply, err := call(w, 17)
+		if err != nil || len(reply) != 3 || !bytes.Equal(reply[2], enc(t, int64(64))) {
+			t.Fatalf("round %d: the holder after churn: GET_CHUNK_SIZE %x %v", round, reply, err)
+		}
 	}
-	// Forgotten, nongpu-v2's GET_CHUNK_SIZE (17: nongpu-v1 PING and
-	// engine-driven CLEAR too) would go unanswered.
-	reply, err := call(w, 17)
-	if err != nil || len(reply) != 3 || !bytes.Equal(reply[2], enc(t, int64(64))) {
-		t.Fatalf("decided worker after churn: GET_CHUNK_SIZE %x %v", reply, err)
+	ev, undecided := rpc.DetectEvictions(srv)
+	if ev == 0 {
+		t.Errorf("no decided peer forgotten by 72 peers through a table of 4")
 	}
-	if ev, over := rpc.DetectEvictions(srv); ev != 0 || over == 0 {
-		t.Errorf("evicted %d, overflow %d: want no eviction of active peers and the churn kept undecided", ev, over)
+	if undecided > 4 {
+		t.Errorf("%d undecided peers, bound 4", undecided)
 	}
-	// Quiet past the idle bound, the worker's place may go to a new peer.
-	clock.Store(int64(11 * time.Minute))
-	churn(2)
-	if ev, _ := rpc.DetectEvictions(srv); ev == 0 {
-		t.Errorf("no decided peer evicted after the idle bound")
+}
+
+// TestAutoInstanceTableWins: a message that names a registered instance is
+// read under the table that instance registered through: from a peer
+// decided on another table (nongpu-v2, by its NOOP at 20), 14 [key, 7]
+// is nongpu-v2's PREPARE_RETRIEVE, but instance 7 registered through
+// nongpu-v1, whose 14 is COMMIT_RETRIEVE; from a peer never seen it
+// decides the peer. A message naming an instance not registered, or one
+// whose table reads it otherwise, is read as before.
+func TestAutoInstanceTableWins(t *testing.T) {
+	profiles := autoProfiles(t)
+	inst := fakeInstances{tables: map[int64]string{7: "nongpu-v1"}, held: map[string]int64{}}
+	h := start(t, rpc.Options{Profile: profiles[5], Detect: profiles, Instances: inst, Logger: quietLogger()})
+	var s seen
+	recordAll(h, &s, map[string]any{protocol.CommitRetrieve: true, protocol.Noop: "OK",
+		protocol.PrepareRetrieve: protocol.PrepareRetrieveResponse{Success: true, Data: []byte("x")}})
+	k := enc(t, protocol.Key{ModelName: "m", WorldSize: 1, TokenIDs: []uint32{1}, End: 1})
+	call := func(d *zmq.Socket, typ int64, payload ...[]byte) {
+		t.Helper()
+		if _, err := d.SendMessage(append([][]byte{enc(t, int64(1)), enc(t, typ)}, payload...)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := d.RecvMessageBytes(0); err != nil {
+			t.Fatalf("type %d: %v", typ, err)
+		}
+	}
+	decided := rawDealer(t, h.srv.Endpoint())
+	call(decided, 20)
+	if got := s.last(); got != "nongpu-v2:NOOP0" {
+		t.Fatalf("NOOP read as %s", got)
+	}
+	call(decided, 14, k, enc(t, int64(7)))
+	if got := s.last(); got != "nongpu-v1:COMMIT_RETRIEVE2" {
+		t.Errorf("a decided nongpu-v2 peer's 14 naming nongpu-v1's instance 7 read as %s", got)
+	}
+	call(decided, 14, k, enc(t, int64(8)))
+	if got := s.last(); got != "nongpu-v2:PREPARE_RETRIEVE2" {
+		t.Errorf("14 naming an unregistered instance read as %s, want the peer's table", got)
+	}
+	fresh := rawDealer(t, h.srv.Endpoint())
+	call(fresh, 14, k, enc(t, int64(7)))
+	if got := s.last(); got != "nongpu-v1:COMMIT_RETRIEVE2" {
+		t.Errorf("a new peer's 14 naming instance 7 read as %s", got)
+	}
+	call(fresh, 19)
+	if got := s.last(); got != "nongpu-v1:NOOP0" {
+		t.Errorf("the new peer's 19 read as %s: it was not decided on its instance's table", got)
 	}
 }

@@ -16,8 +16,8 @@ import (
 // right after its caller was busy for a while (a worker copying a prompt
 // into its slots) starts without waiting for the Go runtime. With two Ps,
 // one held by the in-process client blocked in zmq_poll, the worker readied
-// by the hand-off used to wait until the runtime's sysmon took back the P
-// that the socket goroutine kept while blocked in zmq_poll.
+// by the hand-off must not wait until the runtime's sysmon takes back the P
+// that the socket goroutine keeps while blocked in zmq_poll.
 func TestHandOffDoesNotWaitForSysmon(t *testing.T) {
 	prev := runtime.GOMAXPROCS(2)
 	t.Cleanup(func() { runtime.GOMAXPROCS(prev) })
@@ -53,8 +53,8 @@ func TestHandOffDoesNotWaitForSysmon(t *testing.T) {
 // caller of a shared client received gets it without waiting for the Go
 // runtime. The leader readies it on its own P, then blocks in zmq_poll for
 // its own reply; with two Ps, the other held by the server's socket
-// goroutine in zmq_poll, the follower used to wait until sysmon took the P
-// back. Judged against a lone caller's NOOPs on a second client, taken in
+// goroutine in zmq_poll, the follower must not wait until sysmon takes the
+// P back. Judged against a lone caller's NOOPs on a second client, taken in
 // turn with the follower's under the same conditions (so load from
 // elsewhere falls on both).
 func TestClientFollowerDoesNotWaitForSysmon(t *testing.T) {

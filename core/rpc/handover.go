@@ -3,8 +3,6 @@ package rpc
 import (
 	"encoding/hex"
 	"time"
-
-	"kvdock/core/protocol"
 )
 
 // Handover is how a stop for a restart ends the wire server so that no
@@ -36,6 +34,11 @@ type Handover struct {
 	Finish []string
 	// Quiet is the silence that ends the park phase (default 25 ms).
 	Quiet time.Duration
+	// Think is how long a worker answered during (or just before) the
+	// park phase may take to send its next request (computing, pickling,
+	// or descheduled on a busy host): the phase waits that long for it to
+	// be parked too, unless it is (default 200 ms).
+	Think time.Duration
 	// Max bounds the park phase (default 1 s): a parked request waits at
 	// most this long, well inside a worker's timeout (upstream: 2 s and up).
 	Max time.Duration
@@ -53,6 +56,9 @@ type Handover struct {
 func (h *Handover) defaults() {
 	if h.Quiet <= 0 {
 		h.Quiet = 25 * time.Millisecond
+	}
+	if h.Think <= 0 {
+		h.Think = 200 * time.Millisecond
 	}
 	if h.Max <= 0 {
 		h.Max = time.Second
@@ -87,9 +93,14 @@ type handoverState struct {
 	start    time.Time
 	parked   []parkedJob
 	noRead   bool // the answer phase: no more reads
+	holding  bool // the answer phase: replies held until all are made
 	unpolled bool // the router is out of the poller
 	// answerStart is when the answer phase began.
 	answerStart time.Time
+	// Per peer, when it was last answered in the park phase and when its
+	// last request was parked; before is the last answer before the phase.
+	lastAnswer, lastParked map[string]time.Time
+	before                 time.Time
 	// The TCP end (handover_conns.go): the accepted connections when the
 	// answer phase began, what the kernel had sent on them then, the
 	// answers' bytes handed to libzmq since, and whether they were shut.
@@ -114,25 +125,8 @@ const maxParked = 4096
 // request's; true when it is held (its borrowed frames stay borrowed).
 func (l *loop) park(frames [][]byte, j job) bool {
 	s := l.s
-	class := j.spec.Class
-	if class == protocol.Shared && s.fastShared(j.spec, j.payload) {
-		class = protocol.Inline
-	}
-	var ch chan job
-	switch class {
-	case protocol.Inline:
-	case protocol.Ordered:
-		ch = l.ordered[peerWorker(j.peer, len(l.ordered))]
-	default:
-		ch = l.shared
-	}
-	if l.rc.inScratch {
-		l.rc.detach(frames)
-		j.peer, j.uid, j.typ, j.payload = frames[0], frames[1], frames[2], frames[3:]
-		if j.decoded {
-			j.decoded, j.args = false, nil
-		}
-	}
+	ch := l.queueOf(j)
+	l.ownCopy(frames, &j)
 	if ch != nil {
 		for _, f := range j.payload {
 			j.cost += int64(len(f))
@@ -144,7 +138,35 @@ func (l *loop) park(frames [][]byte, j job) bool {
 	}
 	s.stats.inFlight.Add(1)
 	l.ho.parked = append(l.ho.parked, parkedJob{ch: ch, j: j})
+	l.ho.lastParked[string(j.peer)] = time.Now()
 	return true
+}
+
+// answered notes a reply to peer in the park phase: the peer is thinking
+// until its next request is parked.
+func (l *loop) answered(peer string) {
+	if l.ho.h != nil && !l.ho.noRead {
+		l.ho.lastAnswer[peer] = time.Now()
+	}
+}
+
+// thinking reports a peer answered less than Think ago (or an answer just
+// before the phase) whose next request has not been parked yet.
+func (l *loop) thinking(now time.Time) bool {
+	think := l.ho.h.Think
+	if !l.ho.before.IsZero() && now.Sub(l.ho.before) < think {
+		return true
+	}
+	for peer, t := range l.ho.lastAnswer {
+		if now.Sub(t) >= think {
+			delete(l.ho.lastAnswer, peer)
+			continue
+		}
+		if !l.ho.lastParked[peer].After(t) {
+			return true
+		}
+	}
+	return false
 }
 
 // begin starts the park phase once Serve's ctx is done and a handover was
@@ -165,6 +187,8 @@ func (l *loop) beginHandover() bool {
 	}
 	l.ho.start = time.Now()
 	l.lastRead = l.ho.start
+	l.ho.before = l.lastWrite
+	l.ho.lastAnswer, l.ho.lastParked = map[string]time.Time{}, map[string]time.Time{}
 	l.s.log.Info("rpc server handing over: parking new requests", "quiet", h.Quiet, "max", h.Max)
 	return true
 }
@@ -182,8 +206,8 @@ func (l *loop) handing() bool {
 	now := time.Now()
 	running := l.s.stats.inFlight.Load() - int64(len(l.ho.parked))
 	if !l.ho.noRead {
-		running += l.s.later.Load()
-		quiet := now.Sub(l.lastRead) >= h.Quiet && running == 0 && (h.Busy == nil || !h.Busy())
+		running += l.s.later.Load() + l.s.replying.Load()
+		quiet := now.Sub(l.lastRead) >= h.Quiet && running == 0 && !l.thinking(now) && (h.Busy == nil || !h.Busy())
 		if !quiet && now.Sub(l.ho.start) < h.Max && len(l.ho.parked) < maxParked {
 			return true
 		}
@@ -203,21 +227,28 @@ func (l *loop) handing() bool {
 		if h.Parked != nil {
 			h.Parked(n)
 		}
+		l.s.stats.handoverParked.Add(int64(n))
+		// The answers are held until every one is made, then handed to
+		// libzmq together: a worker answered early could otherwise send
+		// its next request while the others are still being worked on,
+		// into a connection that reads no more.
+		l.ho.holding = true
 		for _, p := range l.ho.parked {
 			l.run1(p)
 		}
 		l.ho.parked = nil
 		l.ho.answerStart = now
-		// Inline answers went out in run1: the close follows at once if
-		// nothing else is due, before their workers send again.
-		l.flush()
 	}
-	// The answers are out once nothing runs, no deferred answer is due and
-	// libzmq took every reply (a peer at its HWM keeps its replies here):
-	// bounded by the linger, after which the drain's own bounds apply.
+	l.flush() // take the workers' replies (a deferred answer's among them)
 	if now.Sub(l.ho.answerStart) < h.Linger &&
-		(l.s.stats.inFlight.Load() > 0 || l.s.later.Load() > 0 || l.s.rp.n.Load() > 0) {
+		(l.s.stats.inFlight.Load() > 0 || l.s.replying.Load() > 0 || l.s.later.Load() > 0 || l.s.repliesQueued()) {
 		return true
+	}
+	// Every answer is made: out they go, together, while libzmq takes them
+	// (a peer at its HWM keeps its replies here; bounded by the linger).
+	l.ho.holding = false
+	for l.retry(); l.outBytes > 0 && time.Since(l.ho.answerStart) < h.Linger; l.retry() {
+		time.Sleep(50 * time.Microsecond)
 	}
 	// End the connections now, not after the drain's bookkeeping: each
 	// microsecond between a worker's last answer and the connection's end
@@ -235,7 +266,7 @@ func (l *loop) handing() bool {
 
 // lateWait is how long the end reads what still arrives on the shut
 // connections: a request a worker sent before its libzmq saw the end.
-const lateWait = 5 * time.Millisecond
+const lateWait = 20 * time.Millisecond
 
 // lateRequests reads, counts and logs the requests that arrived after the
 // last answers (they cannot be answered: the write sides are shut, and the
@@ -291,6 +322,14 @@ func (l *loop) run1(p parkedJob) {
 			}
 		}
 	}
+}
+
+// repliesQueued reports replies made by the workers that the socket
+// goroutine has not taken yet.
+func (s *Server) repliesQueued() bool {
+	s.replyMu.Lock()
+	defer s.replyMu.Unlock()
+	return len(s.replies) > 0
 }
 
 // lingerFor is the close's linger: the handover's, else none.

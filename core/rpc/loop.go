@@ -65,9 +65,10 @@ type loop struct {
 	// last poll: see yieldToWorkers.
 	handedOff bool
 
-	// lastRead is when a request was last read; graceEnd when a stop's
-	// grace ends (zero until the stop).
-	lastRead, graceEnd time.Time
+	// lastRead is when a request was last read (during a stop); graceEnd
+	// when a stop's grace ends (zero until the stop); lastWrite when a
+	// reply was last handed to libzmq.
+	lastRead, graceEnd, lastWrite time.Time
 }
 
 // stopPoll is the poll timeout during a stop's grace.
@@ -279,6 +280,7 @@ func (l *loop) write(m *outMsg) sendResult {
 	if l.ho.noRead {
 		l.ho.wire += m.wire
 	}
+	l.lastWrite = time.Now()
 	return sent
 }
 
@@ -295,7 +297,10 @@ func (l *loop) send(r reply) {
 // deliver hands an admitted reply to libzmq, or queues it behind the
 // replies already waiting for its peer or while libzmq refuses it.
 func (l *loop) deliver(p pending) {
-	if len(p.po.q) > 0 {
+	if p.peer != "" {
+		l.answered(p.peer)
+	}
+	if len(p.po.q) > 0 || l.ho.holding {
 		l.hold(p.po, p.m)
 		return
 	}
@@ -334,7 +339,7 @@ func (l *loop) hold(po *peerOut, m outMsg) {
 // and recycles the state of peers with nothing waiting or charged.
 func (l *loop) retry() {
 	rp := l.s.rp
-	if rp.n.Load() == 0 {
+	if rp.n.Load() == 0 || l.ho.holding {
 		return
 	}
 	progress := false
@@ -493,7 +498,7 @@ func (l *loop) dispatch(frames [][]byte, held *borrowed, total, limit int64, too
 	// memory before the job is built from them.
 	settle(frames, held, func(i int) bool { return decoded || bytesAt(spec, len(frames)-3, i) })
 	j := job{peer: peer, uid: frames[1], typ: frames[2], prof: prof, spec: spec, payload: frames[3:], held: held,
-		start: time.Now(), args: args, decoded: decoded}
+		start: time.Now(), args: args, decoded: decoded, tentative: s.tentative(peer)}
 	if spec.Unsupported != "" {
 		s.badInput(spec.Unsupported, peer, spec, fmt.Errorf("%s is not served", spec.Name))
 		s.finish(j, OutcomeDropped)
@@ -506,15 +511,8 @@ func (l *loop) dispatch(frames [][]byte, held *borrowed, total, limit int64, too
 		handedOff = l.park(frames, j)
 		return
 	}
-	var ch chan job
-	class := spec.Class
-	if class == protocol.Shared && s.fastShared(spec, j.payload) {
-		// Cheap and non-blocking at this size: answered here, without the
-		// hand-off to a worker and the wake-up to send its reply.
-		class = protocol.Inline
-	}
-	switch class {
-	case protocol.Inline:
+	ch := l.queueOf(j)
+	if ch == nil {
 		if !j.decoded && !s.decodePayload(&j, l.send) {
 			return
 		}
@@ -523,21 +521,8 @@ func (l *loop) dispatch(frames [][]byte, held *borrowed, total, limit int64, too
 			l.send(r)
 		}
 		return
-	case protocol.Ordered:
-		ch = l.ordered[peerWorker(peer, len(l.ordered))]
-	default:
-		ch = l.shared
 	}
-	if l.rc.inScratch {
-		// Its small frames are in the receive buffer, which the next
-		// message overwrites: the worker gets its own copy (and decodes it
-		// again if protocol detection did: those args point into it).
-		l.rc.detach(frames)
-		j.peer, j.uid, j.typ, j.payload = frames[0], frames[1], frames[2], frames[3:]
-		if j.decoded {
-			j.decoded, j.args = false, nil
-		}
-	}
+	l.ownCopy(frames, &j)
 	for _, f := range j.payload {
 		j.cost += int64(len(f))
 	}
@@ -557,6 +542,38 @@ func (l *loop) dispatch(frames [][]byte, held *borrowed, total, limit int64, too
 		handedOff = l.enqueueSlow(ch, j)
 	}
 	l.handedOff = l.handedOff || handedOff
+}
+
+// queueOf is the worker queue j runs on, nil for the inline class.
+func (l *loop) queueOf(j job) chan job {
+	class := j.spec.Class
+	if class == protocol.Shared && l.s.fastShared(j.spec, j.payload) {
+		// Cheap and non-blocking at this size: answered here, without the
+		// hand-off to a worker and the wake-up to send its reply.
+		class = protocol.Inline
+	}
+	switch class {
+	case protocol.Inline:
+		return nil
+	case protocol.Ordered:
+		return l.ordered[peerWorker(j.peer, len(l.ordered))]
+	default:
+		return l.shared
+	}
+}
+
+// ownCopy gives j its own copy of its frames when they are in the receive
+// buffer, which the next message overwrites (and drops args decoded into
+// them: the worker decodes them again).
+func (l *loop) ownCopy(frames [][]byte, j *job) {
+	if !l.rc.inScratch {
+		return
+	}
+	l.rc.detach(frames)
+	j.peer, j.uid, j.typ, j.payload = frames[0], frames[1], frames[2], frames[3:]
+	if j.decoded {
+		j.decoded, j.args = false, nil
+	}
 }
 
 // yieldToWorkers lets the workers just handed a request run before the

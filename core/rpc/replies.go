@@ -40,6 +40,9 @@ type peerOut struct {
 type pending struct {
 	po *peerOut
 	m  outMsg
+	// peer names the reply's peer during a handover (see handover.go),
+	// "" otherwise.
+	peer string
 }
 
 // acquire returns peer's state for an admission (created if new), or nil
@@ -95,6 +98,9 @@ func (s *Server) prepare(r *reply) (pending, bool) {
 	p, ok := s.admitReply(r)
 	if !ok && r.buf != nil {
 		r.buf.c.release() // not adopted: freed uncharged
+	}
+	if ok && s.handover.Load() != nil {
+		p.peer = string(r.peer)
 	}
 	return p, ok
 }

@@ -41,7 +41,6 @@ import (
 
 	"kvdock/core/protocol"
 	"kvdock/core/rpc/internal/wake"
-	"kvdock/settings"
 )
 
 // Request is one decoded request as a handler sees it. Args follow the
@@ -54,6 +53,10 @@ type Request struct {
 	Name string // wire name in the active profile
 	Args []any
 	Spec *protocol.Spec
+	// Tentative (--protocol auto): the sender's table is not decided yet,
+	// and Spec is the reading of one of several tables that read this
+	// request alike.
+	Tentative bool
 
 	bufs     []replyBuf
 	srv      *Server // nil: not a running server's request (a test's own)
@@ -126,9 +129,15 @@ type Options struct {
 	// messages among these profiles, newest first (--protocol auto; see
 	// auto.go); Profile must be one of them.
 	Detect []*protocol.Profile
-	// MaxDetectPeers bounds the peers whose detection state is kept
-	// (default 16384; least recently seen dropped first).
+	// MaxDetectPeers bounds the peers whose detection state is kept, in
+	// each of the undecided and decided tables (default 16384; least
+	// recently seen dropped first).
 	MaxDetectPeers int
+	// Instances, with Detect, names the tables registered instances were
+	// registered through: a message naming one is served under its table,
+	// and a peer holding one speaks its table, whatever the detection
+	// tables hold (auto.go).
+	Instances Instances
 	// OrderedWorkers serve the per-peer FIFO class (default 1).
 	OrderedWorkers int
 	// SharedWorkers serve the shared class (default 1).
@@ -212,22 +221,22 @@ func (o *Options) defaults() error {
 	if o.Port < 0 || o.Port > 65535 {
 		return fmt.Errorf("rpc: port %d out of range 0-65535", o.Port)
 	}
-	o.OrderedWorkers = settings.PositiveOr(o.OrderedWorkers, 1)
-	o.SharedWorkers = settings.PositiveOr(o.SharedWorkers, 1)
-	o.MaxMessageBytes = settings.PositiveOr(o.MaxMessageBytes, 1<<30)
-	o.MaxTokensPerRequest = settings.PositiveOr(o.MaxTokensPerRequest, protocol.DefaultMaxTokens)
-	o.SendHWM = settings.PositiveOr(o.SendHWM, 1000)
-	o.RecvHWM = settings.PositiveOr(o.RecvHWM, 16)
-	o.HandshakeTimeout = settings.PositiveOr(o.HandshakeTimeout, 5*time.Second)
-	o.QueueDepth = settings.PositiveOr(o.QueueDepth, 1024)
-	o.QueuedRequestBytes = settings.PositiveOr(o.QueuedRequestBytes, 256<<20)
-	o.PeerQueuedRequestBytes = settings.PositiveOr(o.PeerQueuedRequestBytes, 64<<20)
-	o.ReplyBytes = settings.PositiveOr(o.ReplyBytes, 1<<30)
-	o.ReplyBytesPerPeer = settings.PositiveOr(o.ReplyBytesPerPeer, 128<<20)
-	o.FastSharedBytes = settings.PositiveOr(o.FastSharedBytes, 64<<10)
-	o.InFlightBytes = settings.PositiveOr(o.InFlightBytes, 256<<20)
-	o.DrainTimeout = settings.PositiveOr(o.DrainTimeout, 5*time.Second)
-	o.LogInterval = settings.PositiveOr(o.LogInterval, 10*time.Second)
+	o.OrderedWorkers = positiveOr(o.OrderedWorkers, 1)
+	o.SharedWorkers = positiveOr(o.SharedWorkers, 1)
+	o.MaxMessageBytes = positiveOr(o.MaxMessageBytes, 1<<30)
+	o.MaxTokensPerRequest = positiveOr(o.MaxTokensPerRequest, protocol.DefaultMaxTokens)
+	o.SendHWM = positiveOr(o.SendHWM, 1000)
+	o.RecvHWM = positiveOr(o.RecvHWM, 16)
+	o.HandshakeTimeout = positiveOr(o.HandshakeTimeout, 5*time.Second)
+	o.QueueDepth = positiveOr(o.QueueDepth, 1024)
+	o.QueuedRequestBytes = positiveOr(o.QueuedRequestBytes, 256<<20)
+	o.PeerQueuedRequestBytes = positiveOr(o.PeerQueuedRequestBytes, 64<<20)
+	o.ReplyBytes = positiveOr(o.ReplyBytes, 1<<30)
+	o.ReplyBytesPerPeer = positiveOr(o.ReplyBytesPerPeer, 128<<20)
+	o.FastSharedBytes = positiveOr(o.FastSharedBytes, 64<<10)
+	o.InFlightBytes = positiveOr(o.InFlightBytes, 256<<20)
+	o.DrainTimeout = positiveOr(o.DrainTimeout, 5*time.Second)
+	o.LogInterval = positiveOr(o.LogInterval, 10*time.Second)
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
@@ -292,6 +301,7 @@ type Server struct {
 	draining     atomic.Bool // set once reading stopped: queued jobs are dropped
 	handover     atomic.Pointer[Handover]
 	later        atomic.Int64  // deferred answers not made yet
+	replying     atomic.Int64  // workers between a handler's end and its reply's queueing
 	abandon      chan struct{} // closed when a Shutdown's ctx ended: stop draining
 	abandonOnce  sync.Once
 	stopMu       sync.Mutex
@@ -308,6 +318,7 @@ type job struct {
 	payload        [][]byte // frames after type, until decoded into args
 	decoded        bool
 	args           []any
+	tentative      bool // read before its peer's table was decided
 	start          time.Time
 	cost           int64     // payload bytes charged to the inbound budget
 	held           *borrowed // payload frames still in libzmq's buffers
@@ -840,9 +851,14 @@ func (s *Server) worker(ctx context.Context, jobs <-chan job, wg *sync.WaitGroup
 			j.held.release()
 			continue
 		}
+		// replying covers the time between the handler's end (execute
+		// counts it out of inFlight) and its reply's queueing, so a
+		// handover never ends between the two.
+		s.replying.Add(1)
 		if r, ok := s.execute(ctx, j); ok {
 			s.reply(r)
 		}
+		s.replying.Add(-1)
 		// The handler is done with the payload's frames (its []byte args).
 		j.held.release()
 		s.in.release(j.peer, j.cost)
@@ -894,7 +910,7 @@ func (s *Server) execute(ctx context.Context, j job) (r reply, send bool) {
 		s.finish(j, OutcomeDropped)
 		return s.errorReply(j, "NoHandler", "no handler for "+j.spec.Name)
 	}
-	req := &Request{Peer: j.peer, Name: j.spec.Name, Args: j.args, Spec: j.spec, srv: s,
+	req := &Request{Peer: j.peer, Name: j.spec.Name, Args: j.args, Spec: j.spec, Tentative: j.tentative, srv: s,
 		head: job{peer: j.peer, uid: j.uid, typ: j.typ, prof: j.prof, spec: j.spec, start: j.start}}
 	res, err, panicked := s.call(ctx, h, j, req)
 	deferred := req.deferred.Load() && !panicked
@@ -1027,4 +1043,13 @@ func peerWorker(peer []byte, n int) int {
 	h := fnv.New32a()
 	_, _ = h.Write(peer)
 	return int(h.Sum32() % uint32(n))
+}
+
+// positiveOr is v, or def where v is not positive: an option left unset
+// takes its default. Each core leaf keeps its own, so none imports settings.
+func positiveOr[T ~int | ~int64 | ~float64](v, def T) T {
+	if v <= 0 {
+		return def
+	}
+	return v
 }

@@ -37,6 +37,8 @@ type Stats struct {
 	// HandoverLost counts requests that arrived after a handover's last
 	// answer, down a connection already shut: never answered.
 	HandoverLost int64
+	// HandoverParked counts the requests a handover parked and answered.
+	HandoverParked int64
 	// QueuedRequestBytes is the payload bytes of requests queued for the
 	// workers now; BudgetWaits counts requests that found the budget full
 	// (the server stopped reading until it had room).
@@ -70,6 +72,7 @@ type stats struct {
 	inFlight       atomic.Int64
 	disconnects    atomic.Int64
 	handoverLost   atomic.Int64
+	handoverParked atomic.Int64
 	budgetWaits    atomic.Int64
 	inflightWaits  atomic.Int64
 	replyBytes     atomic.Int64
@@ -147,6 +150,7 @@ func (s *Server) Stats() Stats {
 		InFlight:       st.inFlight.Load(),
 		Disconnects:    st.disconnects.Load(),
 		HandoverLost:   st.handoverLost.Load(),
+		HandoverParked: st.handoverParked.Load(),
 
 		QueuedRequestBytes: s.in.queued(),
 		BudgetWaits:        st.budgetWaits.Load(),

@@ -60,7 +60,6 @@ import (
 	"unsafe"
 
 	"kvdock/core/keys"
-	"kvdock/settings"
 )
 
 // factors are the pool sizes the curve reports, as multiples of the pool.
@@ -155,11 +154,11 @@ type Estimator struct {
 
 // New returns an estimator for a pool of opts.PoolBytes bytes.
 func New(opts Options) *Estimator {
-	opts.PoolBytes = settings.PositiveOr(opts.PoolBytes, 1)
-	opts.MinSamples = settings.PositiveOr(opts.MinSamples, DefaultMinSamples)
-	opts.MaxSamples = settings.PositiveOr(opts.MaxSamples, DefaultMaxSamples)
+	opts.PoolBytes = positiveOr(opts.PoolBytes, 1)
+	opts.MinSamples = positiveOr(opts.MinSamples, DefaultMinSamples)
+	opts.MaxSamples = positiveOr(opts.MaxSamples, DefaultMaxSamples)
 	opts.MaxSamples = max(opts.MaxSamples, opts.MinSamples)
-	opts.Window = settings.PositiveOr(opts.Window, DefaultWindow)
+	opts.Window = positiveOr(opts.Window, DefaultWindow)
 	e := &Estimator{
 		pool:    opts.PoolBytes,
 		maxDist: maxFactor * float64(opts.PoolBytes),
@@ -179,7 +178,7 @@ func New(opts Options) *Estimator {
 // hot path. Keys of different models that share a chunk digest and rank
 // share it, and so are sampled together; their identities still differ.
 func spatial(k *keys.ObjectKey) uint64 {
-	return mix(binary.LittleEndian.Uint64(k.Chunk[:8]) ^ uint64(k.KVRank)<<32 ^ uint64(k.KVRank))
+	return keys.Mix64(binary.LittleEndian.Uint64(k.Chunk[:8]) ^ uint64(k.KVRank)<<32 ^ uint64(k.KVRank))
 }
 
 // identity tells apart sampled keys that share a spatial hash: the model
@@ -194,17 +193,7 @@ func identity(k *keys.ObjectKey) uint32 {
 		h = (h ^ uint64(k.Salt[i])) * 1099511628211
 	}
 	h ^= binary.LittleEndian.Uint64(k.Chunk[8:16])
-	return uint32(mix(h))
-}
-
-// mix is splitmix64's finaliser.
-func mix(x uint64) uint64 {
-	x ^= x >> 30
-	x *= 0xbf58476d1ce4e5b9
-	x ^= x >> 27
-	x *= 0x94d049bb133111eb
-	x ^= x >> 31
-	return x
+	return uint32(keys.Mix64(h))
 }
 
 // Prefix is the state of one lookup across its batches: the largest reuse
@@ -601,4 +590,13 @@ func (e *Estimator) Curve() Curve {
 // and the struct's fixed fields.
 func (e *Estimator) memory() int64 {
 	return e.st.memory() + int64(unsafe.Sizeof(*e))
+}
+
+// positiveOr is v, or def where v is not positive: an option left unset
+// takes its default. Each core leaf keeps its own, so none imports settings.
+func positiveOr[T ~int | ~int64 | ~float64](v, def T) T {
+	if v <= 0 {
+		return def
+	}
+	return v
 }

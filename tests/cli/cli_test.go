@@ -69,7 +69,7 @@ func TestPoolLargerThanMemoryExit2(t *testing.T) {
 	if code != 2 {
 		t.Fatalf("exit %d, stdout:\n%s\nstderr:\n%s", code, stdout, stderr)
 	}
-	for _, want := range []string{"l1.size_gb = 50000 (from --l1-size-gb)", "the pool needs 50000.00 GiB", "GiB available", "--l1-allow-overcommit"} {
+	for _, want := range []string{"l1.size_gb = 50000 (from --l1-size-gb)", "the pool needs 48.8 TiB", "GiB available", "--l1-allow-overcommit"} {
 		if !strings.Contains(stderr, want) {
 			t.Errorf("stderr lacks %q:\n%s", want, stderr)
 		}

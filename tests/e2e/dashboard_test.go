@@ -161,7 +161,7 @@ func TestDashboardInTmux(t *testing.T) {
 	m.waitFor("restart with SHM off", 20*time.Second, "SERVING", "applied")
 
 	m.keys("2")
-	m.waitFor("pool pane says why", 15*time.Second, "anonymous", `--shm-name "" given`)
+	m.waitFor("pool pane says why", 15*time.Second, "(private, not advertised)", `--shm-name "" given`)
 
 	// A newly registered worker gets pickle.
 	register(t, endpoint, 103, false)

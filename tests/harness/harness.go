@@ -95,6 +95,9 @@ type Server struct {
 	Endpoint string
 	// Segment is the /dev/shm name when the server was given --shm-name NAME.
 	Segment string
+	// Private is the unadvertised segment behind a pool that is not shared
+	// (StartKeepingPickle), as /status names it.
+	Private string
 	// Protocol is the profile the server speaks (--protocol, else nongpu-v1).
 	Protocol    string
 	autoDefault string // --protocol-auto-default, else rpc-messages

@@ -25,6 +25,11 @@ type RestartStatus struct {
 	GapMs           float64 `json:"gap_ms"`
 	Reason          string  `json:"reason"`
 	At              string  `json:"at"`
+	// What the previous stop's handover did: requests parked and answered,
+	// requests read after its last answer, transfers carried here.
+	HandoverParked int64 `json:"handover_parked"`
+	HandoverLost   int64 `json:"handover_lost"`
+	Transfers      int64 `json:"transfers"`
 }
 
 // keptStatus is the part of /status a restart changes.
@@ -32,7 +37,18 @@ type keptStatus struct {
 	ShmName   string        `json:"shm_name"`
 	StartedAt *time.Time    `json:"started_at"`
 	Restart   RestartStatus `json:"restart"`
+	Pool      struct {
+		PrivateSegment string `json:"private_segment"`
+		Reason         string `json:"reason"`
+	} `json:"pool"`
 }
+
+// The segment naming a keeping server is started with.
+const (
+	namedSegment = iota
+	autoSegment
+	noSharedSegment // --shm-name "": the pickle mode
+)
 
 // StartKeeping starts kvdock like Start, with --l1-keep-on-exit and a
 // state directory of the test's own, so that a SIGTERM keeps the pool for
@@ -49,6 +65,24 @@ func StartKeeping(t testing.TB, auto bool, extra ...string) *Server {
 // running server works on a copy of its own.
 func StartKeepingFrom(t testing.TB, bin string, auto bool, extra ...string) *Server {
 	t.Helper()
+	naming := namedSegment
+	if auto {
+		naming = autoSegment
+	}
+	return startKeeping(t, bin, naming, extra...)
+}
+
+// StartKeepingPickle is StartKeeping with --shm-name "" (the seed's pickle
+// mode): nothing is advertised (Segment is ""), and the pool is the
+// endpoint's private segment, read from /status into Private ("" when the
+// server fell back to anonymous memory).
+func StartKeepingPickle(t testing.TB, extra ...string) *Server {
+	t.Helper()
+	return startKeeping(t, "", noSharedSegment, extra...)
+}
+
+func startKeeping(t testing.TB, bin string, naming int, extra ...string) *Server {
+	t.Helper()
 	s := &Server{Port: FreePort(t), HTTPPort: FreePort(t), Protocol: "nongpu-v1", autoDefault: "rpc-messages", bin: bin}
 	for i, a := range extra {
 		if a == "--protocol" && i+1 < len(extra) {
@@ -59,10 +93,13 @@ func StartKeepingFrom(t testing.TB, bin string, auto bool, extra ...string) *Ser
 		}
 	}
 	args := append(s.baseArgs(), "--l1-keep-on-exit", "--state-dir", filepath.Join(t.TempDir(), "state"))
-	if !auto {
+	switch naming {
+	case namedSegment:
 		name := UniqueName("kvkeep")
 		args = append(args, "--shm-name", name)
 		s.Segment = "lmcache_l1_pool_" + name
+	case noSharedSegment:
+		args = append(args, "--shm-name", "")
 	}
 	s.out = &logbuf.Buffer{}
 	s.launch(t, append(args, extra...))
@@ -70,20 +107,33 @@ func StartKeepingFrom(t testing.TB, bin string, auto bool, extra ...string) *Ser
 		if err := s.stopKept(); err != nil {
 			t.Error(err)
 		}
-		if s.Segment != "" {
-			_ = os.Remove(filepath.Join("/dev/shm", s.Segment))
+		for _, name := range []string{s.Segment, s.Private} {
+			if name != "" {
+				_ = os.Remove(filepath.Join("/dev/shm", name))
+			}
 		}
 	})
 	if err := s.waitReady(15 * time.Second); err != nil {
 		t.Fatalf("kvdock did not come up: %v\n%s", err, s.out.String())
 	}
-	if auto {
-		s.Segment = s.kept(t).ShmName
+	switch st := s.kept(t); naming {
+	case autoSegment:
+		s.Segment = st.ShmName
 		if !strings.HasPrefix(s.Segment, "lmcache_l1_pool_") {
 			t.Fatalf("auto naming advertised %q\n%s", s.Segment, s.out.String())
 		}
+	case noSharedSegment:
+		s.Private = st.Pool.PrivateSegment
 	}
 	return s
+}
+
+// PoolStatus is /status's pool block as a restart test reads it: the
+// private segment behind a pool that is not shared, and the reason.
+func (s *Server) PoolStatus(t testing.TB) (privateSegment, reason string) {
+	t.Helper()
+	st := s.kept(t)
+	return st.Pool.PrivateSegment, st.Pool.Reason
 }
 
 // stopKept sends SIGTERM and waits (10 s at most) for exit 0, leaving the
@@ -113,16 +163,31 @@ func (s *Server) stopKept() error {
 // same ports; it returns once NOOP answers, with the time from the signal.
 func (s *Server) RestartTerm(t testing.TB) time.Duration {
 	t.Helper()
+	return s.RestartTermWith(t, nil)
+}
+
+// RestartTermWith is RestartTerm that runs between (when not nil) after
+// the server stopped and before it starts again: what a hostile process
+// could do to the kept pool during the gap.
+func (s *Server) RestartTermWith(t testing.TB, between func()) time.Duration {
+	t.Helper()
 	args := s.cmd.Args[1:]
 	start := time.Now()
 	if err := s.stopKept(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(filepath.Join("/dev/shm", s.Segment)); err != nil {
-		t.Fatalf("segment %s gone after a SIGTERM with --l1-keep-on-exit: %v\n%s", s.Segment, err, s.out.String())
+	for _, name := range []string{s.Segment, s.Private} {
+		if _, err := os.Stat(filepath.Join("/dev/shm", name)); name != "" && err != nil {
+			t.Fatalf("segment %s gone after a SIGTERM with --l1-keep-on-exit: %v\n%s", name, err, s.out.String())
+		}
+	}
+	if between != nil {
+		between()
 	}
 	s.launch(t, args)
-	if err := s.waitReady(15 * time.Second); err != nil {
+	// Back means both faces answer: ZMQ, then /status (the HTTP API starts
+	// after the engine).
+	if err := s.WaitReady(15 * time.Second); err != nil {
 		t.Fatalf("kvdock did not come back after SIGTERM: %v\n%s", err, s.out.String())
 	}
 	return time.Since(start)

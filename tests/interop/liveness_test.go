@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"os/exec"
 	"strings"
@@ -15,6 +14,7 @@ import (
 	"time"
 
 	"kvdock/core/testkit/httpjson"
+	"kvdock/core/testkit/promseries"
 	"kvdock/tests/harness"
 	"kvdock/ui/httpapi"
 )
@@ -122,22 +122,6 @@ func waitStatus(t *testing.T, srv *harness.Server, what string, cond func(httpap
 	}
 }
 
-func metricValue(t *testing.T, srv *harness.Server, name string) string {
-	t.Helper()
-	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", srv.HTTPPort))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, name+" "); ok {
-			return v
-		}
-	}
-	return ""
-}
-
 // A worker of the engine-driven profile (PING carries its id) is SIGKILLed
 // while it holds a reservation it wrote into: the reaper drops it, the
 // reservation is never published and keeps its bytes until its write TTL
@@ -185,8 +169,8 @@ func TestLivenessKilledWorkerIsReaped(t *testing.T) {
 	if len(st.RegisteredNonCudaInstanceIDs) != 0 {
 		t.Fatalf("reaped instance still registered: %v", st.RegisteredNonCudaInstanceIDs)
 	}
-	if v := metricValue(t, srv, "kvdock_workers_reaped_total"); v != "1" {
-		t.Fatalf("kvdock_workers_reaped_total = %q", v)
+	if v := promseries.Value(t, promseries.Scrape(t, fmt.Sprintf("http://127.0.0.1:%d/metrics", srv.HTTPPort)), "kvdock_workers_reaped_total"); v != 1 {
+		t.Fatalf("kvdock_workers_reaped_total = %v", v)
 	}
 	if !strings.Contains(srv.Output(), "reaped") {
 		t.Fatal("no reap in the log")

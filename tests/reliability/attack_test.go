@@ -760,7 +760,8 @@ func attackLogFlood(t *testing.T, srv *harness.Server, logPath string, base int6
 		k := protocol.Key{ModelName: name, WorldSize: 1, WorkerID: &wid, TokenIDs: tokensFor(i, 1, w.chunk), End: w.chunk, RequestID: "log"}
 		raw.send(t, protocol.PrepareStore, enc(t, k), enc(t, w.id))
 		raw.send(t, protocol.Lookup, enc(t, k), enc(t, 1))
-		// A second layout for a model already registered conflicts.
+		// Registrations of the name with two layouts: each refused for the
+		// name's length, each with the name in the reason.
 		raw.send(t, protocol.RegisterKVCacheNonGPUContext, enc(t, protocol.RegisterPayload{InstanceID: base + 10 + int64(2*i), ModelName: name,
 			WorldSize: 1, BlockSize: 16, NumLayers: layers, HiddenDimSize: hidden, DtypeStr: "float32"}))
 		raw.send(t, protocol.RegisterKVCacheNonGPUContext, enc(t, protocol.RegisterPayload{InstanceID: base + 11 + int64(2*i), ModelName: name,

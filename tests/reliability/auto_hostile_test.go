@@ -19,10 +19,11 @@ import (
 // undecided (and as many decided): enough to flush a single shared table.
 const autoChurnPeers = 16500
 
-// churnIdentities makes n new peers, each sending one message of type typ
-// (no payload) on a fresh DEALER and waiting for its answer, so every one
-// of them reached the server's detection before it returns.
-func churnIdentities(t *testing.T, endpoint string, n int, typ func(i int) int64) (answered int64) {
+// churnIdentities makes n new peers (routing ids name-0, name-1, …), each
+// sending one message of type typ (no payload) on a fresh DEALER and
+// waiting for its answer, so every one of them reached the server's
+// detection before it returns.
+func churnIdentities(t *testing.T, endpoint, name string, n int, typ func(i int) int64) (answered int64) {
 	t.Helper()
 	zctx, err := zmq.NewContext()
 	if err != nil {
@@ -48,7 +49,7 @@ func churnIdentities(t *testing.T, endpoint string, n int, typ func(i int) int64
 				}
 				_ = s.SetLinger(0)
 				_ = s.SetRcvtimeo(5 * time.Second)
-				_ = s.SetIdentity(fmt.Sprintf("churn-%d", i))
+				_ = s.SetIdentity(fmt.Sprintf("%s-%d", name, i))
 				if err := s.Connect(endpoint); err != nil {
 					s.Close()
 					errs <- err
@@ -120,7 +121,7 @@ func TestHostileAutoChurnKeepsDecidedPeers(t *testing.T) {
 	}
 
 	start := time.Now()
-	answered := churnIdentities(t, srv.Endpoint, autoChurnPeers, func(i int) int64 {
+	answered := churnIdentities(t, srv.Endpoint, "churn", autoChurnPeers, func(i int) int64 {
 		if i%2 == 0 {
 			return 32
 		}

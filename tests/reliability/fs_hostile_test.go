@@ -46,10 +46,9 @@ func fsHostileStored(t *testing.T, dir, model string, n, capacityGB int) []strin
 // their prompts is a miss at once (counted corrupt, the FIFO removed), the
 // three intact prompts still hit with their bytes, again from the tier
 // after the L1 pool is cleared, and SIGTERM ends with exit 0 within the
-// harness's 5 s. Before: each such lookup waited its 2 s
-// load timeout, the blocked loads then held every load slot and eight L1
-// slots for good so intact prompts missed too, and SIGTERM ended with exit
-// 1 after 10 s ("stop did not finish in time").
+// harness's 5 s. A load that opened a FIFO would wait its 2 s load timeout
+// and then stay blocked, holding its load slot and an L1 slot for good, so
+// that intact prompts missed too and SIGTERM could not finish.
 func TestHostileFSFIFOChunkFiles(t *testing.T) {
 	const prompts, fifos = 12, 9
 	dir := t.TempDir()
@@ -118,8 +117,7 @@ func fsHostileHeaderEnd(v []byte) int {
 // with a forged header whose payload length accounts for the whole file.
 // Looking up the six prompts reads none of them past its header: the peak
 // RSS grows by a few MiB, the tier reads a few chunks' bytes, the two
-// intact prompts hit. Before: each planted file was read whole for its
-// 4 KiB chunk.
+// intact prompts hit: no planted file is read whole for its 4 KiB chunk.
 func TestHostileFSBigSparseChunkFiles(t *testing.T) {
 	const big = 512 << 20
 	dir := t.TempDir()

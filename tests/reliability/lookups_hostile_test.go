@@ -100,3 +100,82 @@ func TestHostileLookupLookahead(t *testing.T) {
 	}
 	alive(t, srv, time.Second, "lookups ahead")
 }
+
+// TestHostileLookupHogCannotStarveAnotherScheduler: one scheduler keeps 69 %
+// of the pool looked up (two requests, under one owner's cap each, looked
+// up again and again), just under the lookups' cap of 70 %. Another
+// scheduler, on its own connection, looks up a prompt of 48 stored chunks:
+// every chunk hits, the hog's oldest read locks making room (the lookups'
+// cap is shared between the peers holding lookup locks), and lookups
+// together stay under the cap.
+func TestHostileLookupHogCannotStarveAnotherScheduler(t *testing.T) {
+	srv := startAttacked(t)
+	ctx := context.Background()
+	hw := newWorker(t, srv.Dial(t, srv.Protocol), 42_001, "hog", false)
+	poolChunks := int(hw.poolSize) / hw.chunkBytes
+	half := poolChunks * 69 / 200 // two prompts: 69 % of the pool
+	hogPrompts := [][]uint32{tokensFor(42_100, half, hw.chunk), tokensFor(42_101, half, hw.chunk)}
+	for i, toks := range hogPrompts {
+		storeLong(t, hw, 42_100+i, toks, half, poolChunks/4, fmt.Sprintf("hog-s%d", i))
+	}
+	hog := srv.Dial(t, srv.Protocol)
+	hogLookups := func() int {
+		n := 0
+		for i, toks := range hogPrompts {
+			h, err := lookupKeep(ctx, hog, hw.model, toks, fmt.Sprintf("hog-l%d", i))
+			if err != nil {
+				t.Errorf("hog lookup: %v", err)
+			}
+			n += h
+		}
+		return n
+	}
+	if n := hogLookups(); n != 2*half {
+		t.Fatalf("the hog alone: %d of %d chunks looked up", n, 2*half)
+	}
+	const victimChunks = 48
+	vw := newWorker(t, srv.Dial(t, srv.Protocol), 42_002, "hog-victim", false)
+	vt := tokensFor(42_200, victimChunks, vw.chunk)
+	storeLong(t, vw, 42_200, vt, victimChunks, victimChunks, "hog-vs")
+	victim := srv.Dial(t, srv.Protocol)
+	// The hog looks up again while the victim does, throughout.
+	stop := make(chan struct{})
+	done := make(chan int)
+	go func() {
+		rounds := 0
+		for {
+			select {
+			case <-stop:
+				done <- rounds
+				return
+			default:
+			}
+			hogLookups()
+			rounds++
+		}
+	}()
+	short := 0
+	var hits []int
+	for r := range 5 {
+		n, err := lookup(ctx, victim, vw.model, vt, fmt.Sprintf("hog-vl%d", r))
+		if err != nil {
+			t.Fatalf("victim lookup %d: %v", r, err)
+		}
+		hits = append(hits, n)
+		if n < victimChunks {
+			short++
+		}
+	}
+	close(stop)
+	rounds := <-done
+	st := status(t, srv).Pool
+	t.Logf("hog holds %d chunks looked up (pool %d); victim's 5 lookups of %d chunks hit %v while the hog looked up %d times again; %d bytes locked of %d",
+		2*half, poolChunks, victimChunks, hits, rounds, st.LockedBytes, st.CapacityBytes)
+	if short > 0 {
+		t.Errorf("%d of 5 victim lookups got fewer than their %d stored chunks: %v", short, victimChunks, hits)
+	}
+	if limit := st.CapacityBytes * 7 / 10; st.LockedBytes > limit {
+		t.Errorf("%d bytes locked, past the lookups' cap of %d", st.LockedBytes, limit)
+	}
+	alive(t, srv, time.Second, "a lookup hog")
+}

@@ -181,3 +181,183 @@ func downFor(log, length string) int {
 	}
 	return n
 }
+
+// scanPage is an HSCAN reply: cursor, then fields and values.
+func scanPage(cursor string, kv ...string) []byte {
+	b := []byte("*2\r\n")
+	b = append(b, fakeresp.Bulk([]byte(cursor))...)
+	b = append(b, fmt.Sprintf("*%d\r\n", len(kv))...)
+	for _, s := range kv {
+		b = append(b, fakeresp.Bulk([]byte(s))...)
+	}
+	return b
+}
+
+// shareNode is a node whose HSCAN of the share answers page(n) for the
+// n-th HSCAN and MEMORY USAGE usage; the rest as a plain empty server.
+func shareNode(t *testing.T, page func(n int64) []byte, usage int64) *fakeresp.Node {
+	var scans atomic.Int64
+	return fakeresp.Start(t, func(cmd []string) []byte {
+		if r := fakeresp.Basic(cmd); r != nil {
+			return r
+		}
+		switch cmd[0] {
+		case "HSCAN":
+			return page(scans.Add(1))
+		case "MEMORY":
+			return fakeresp.Int(usage)
+		case "EXISTS":
+			return fakeresp.Int(0)
+		case "UNLINK", "DEL", "HDEL", "HSET", "EXPIRE":
+			return fakeresp.Int(1)
+		case "SET":
+			return fakeresp.OK
+		}
+		return fakeresp.Err("ERR unknown command " + cmd[0])
+	})
+}
+
+// cpuSeconds is the user and system CPU time pid used so far.
+func cpuSeconds(t *testing.T, pid int) float64 {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+2:]))
+	ut, _ := strconv.ParseFloat(f[11], 64)
+	st, _ := strconv.ParseFloat(f[12], 64)
+	return (ut + st) / 100 // USER_HZ
+}
+
+// TestHostileRESPShareScan: the tier's start-up load of its own keys (an
+// HSCAN of its share) against nodes that answer as no server would. A
+// cursor that comes back ends the load at once, with the reason; fresh
+// cursors forever end it after maxSharePages (2,048) pages; sizes of 2^62
+// count at the largest a value takes; 262,144 listed keys of 1,000 bytes
+// stop at the load's 64 MiB of key bytes. Each load ends within seconds,
+// is not retried, and kvdock serves throughout.
+func TestHostileRESPShareScan(t *testing.T) {
+	start := func(t *testing.T, n *fakeresp.Node) *harness.Server {
+		srv := harness.Start(t, "--chunk-size", "16", "--l2-adapter",
+			tierAdapter(t, map[string]any{"type": "resp", "host": "127.0.0.1", "port": n.Port()}))
+		capProcess(t, srv.PID())
+		return srv
+	}
+	// The load logs "adopted" once it ends for good: a retried load
+	// (the former answer to a bound) never gets there.
+	ended := func(t *testing.T, srv *harness.Server, want string) {
+		poll.Until(t, 30*time.Second, "the share load ends", func() bool {
+			return strings.Contains(srv.Output(), "adopted this host's values of earlier runs")
+		})
+		if want != "" && !strings.Contains(srv.Output(), want) {
+			t.Fatalf("the load ended without the reason %q:\n%s", want, grepLines(srv.Output(), "share"))
+		}
+	}
+	t.Run("cursor repeats", func(t *testing.T) {
+		n := shareNode(t, func(int64) []byte { return scanPage("7") }, 100)
+		srv := start(t, n)
+		ended(t, srv, "answered cursor 7 again")
+		t.Logf("a cursor that comes back: %d HSCANs, %.2f CPU-s since the start", n.Count("HSCAN"), cpuSeconds(t, srv.PID()))
+		if n.Count("HSCAN") > 2 {
+			t.Fatalf("%d HSCANs for a cursor that came back at the second", n.Count("HSCAN"))
+		}
+		stillServingTier(t, srv)
+	})
+	t.Run("fresh cursors forever", func(t *testing.T) {
+		n := shareNode(t, func(i int64) []byte { return scanPage(strconv.FormatInt(i, 10)) }, 100)
+		srv := start(t, n)
+		ended(t, srv, "not done after 2048 pages")
+		t.Logf("fresh cursors: %d HSCANs, %.2f CPU-s since the start", n.Count("HSCAN"), cpuSeconds(t, srv.PID()))
+		if n.Count("HSCAN") > 2048 {
+			t.Fatalf("%d HSCANs, bound 2,048", n.Count("HSCAN"))
+		}
+		stillServingTier(t, srv)
+	})
+	t.Run("sizes of 2^62", func(t *testing.T) {
+		n := shareNode(t, func(int64) []byte {
+			return scanPage("0", "k1", "1700000000000", "k2", "1700000000000", "k3", "1700000000000")
+		}, 1<<62)
+		srv := start(t, n)
+		ended(t, srv, "")
+		ts := tier0(t, srv)
+		t.Logf("3 keys of MEMORY USAGE 2^62: used_bytes %d of %d, %d objects", ts.UsedBytes, ts.CapacityBytes, ts.Objects)
+		if ts.UsedBytes < 0 || ts.UsedBytes > ts.CapacityBytes {
+			t.Fatalf("used_bytes %d, want 0..%d", ts.UsedBytes, ts.CapacityBytes)
+		}
+		stillServingTier(t, srv)
+	})
+	t.Run("262144 long keys", func(t *testing.T) {
+		const keys, page = 262_144, 512
+		pad := strings.Repeat("k", 990)
+		n := shareNode(t, func(i int64) []byte {
+			kv := make([]string, 0, 2*page)
+			for j := range page {
+				kv = append(kv, fmt.Sprintf("%s%09d", pad, (i-1)*page+int64(j)), "1700000000000")
+			}
+			next := strconv.FormatInt(i, 10)
+			if i*page >= keys {
+				next = "0"
+			}
+			return scanPage(next, kv...)
+		}, 100)
+		srv := start(t, n)
+		base, peak := peakGrowth(t, srv.PID(), func() { ended(t, srv, "pass 67108864 bytes") })
+		ts := tier0(t, srv)
+		t.Logf("262,144 listed keys of 1,000 bytes: %d HSCANs, %d adopted; RSS %s -> peak %s (+%s)",
+			n.Count("HSCAN"), ts.Objects, mib(base), mib(peak), mib(peak-base))
+		if peak-base > 128<<10 {
+			t.Fatalf("RSS grew by %s, bound 128 MiB", mib(peak-base))
+		}
+		stillServingTier(t, srv)
+	})
+}
+
+// stillServingTier checks srv serves a worker through L1 beside the tier.
+func stillServingTier(t *testing.T, srv *harness.Server) {
+	t.Helper()
+	alive(t, srv, 5*time.Second, "a hostile share")
+	stillServing(t, tierWorker(t, srv, 1, "resp-share", hidden), 400)
+}
+
+// TestHostileRESPMalformedReplyIsACountedMiss: a node answers EXISTS with a
+// bulk of length -5 (valkey-go's reader panics in makeslice on it). The
+// outcome is asserted, not a crash: kvdock's guard refuses the reply, the
+// lookup answers its L1 hits (0 wrong chunks), the reply is counted
+// corrupt and the chunk a miss, and the tier is down with the reason
+// naming the length. Without the guard the tier's barrier catches the
+// client's panic, and this test fails on the reason and the count.
+func TestHostileRESPMalformedReplyIsACountedMiss(t *testing.T) {
+	var exists, get atomic.Pointer[[]byte]
+	setReply(&exists, fakeresp.Int(0))
+	setReply(&get, []byte("$-1\r\n"))
+	n := hostileNode(t, &exists, &get)
+	srv := harness.Start(t, "--chunk-size", "16", "--l2-adapter",
+		tierAdapter(t, map[string]any{"type": "resp", "host": "127.0.0.1", "port": n.Port()}))
+	capProcess(t, srv.PID())
+	w := tierWorker(t, srv, 1, "resp-malformed", hidden)
+	poll.Until(t, 30*time.Second, "tier up", func() bool { return tier0(t, srv).State == "up" })
+	before := tier0(t, srv)
+	setReply(&exists, []byte("$-5\r\n"))
+	if good, wrong := w.checkPrompt(t, 1, 2); good != 0 || wrong != 0 {
+		t.Fatalf("EXISTS answered $-5: %d good, %d wrong chunks served", good, wrong)
+	}
+	alive(t, srv, 5*time.Second, "EXISTS answered $-5")
+	after := tier0(t, srv)
+	t.Logf("EXISTS answered $-5: tier %s (%q), corrupt %d -> %d, misses %d -> %d",
+		after.State, after.Reason, before.Corrupt, after.Corrupt, before.Misses, after.Misses)
+	if after.Corrupt <= before.Corrupt {
+		t.Errorf("the malformed reply was not counted corrupt (%d -> %d)", before.Corrupt, after.Corrupt)
+	}
+	if after.Misses <= before.Misses {
+		t.Errorf("the lookup's tier miss was not counted (%d -> %d)", before.Misses, after.Misses)
+	}
+	// The probe may have brought the tier up again: the log keeps why it
+	// went down.
+	if downFor(srv.Output(), "-5") == 0 {
+		t.Errorf("the tier did not go down for the malformed length -5:\n%s", grepLines(srv.Output(), "resp tier"))
+	}
+	setReply(&exists, fakeresp.Int(0))
+	poll.Until(t, 30*time.Second, "tier up again", func() bool { return tier0(t, srv).State == "up" })
+	stillServing(t, w, 500)
+}

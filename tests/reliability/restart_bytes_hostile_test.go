@@ -13,14 +13,12 @@ import (
 )
 
 // TestHostileRestartKeepsSaltAndModelBytes (real binary, SIGUSR2): the
-// restart record keeps the peers' strings byte for byte. A prompt stored
-// under the cache_salt ff fe was served after a restart to a reader whose
-// salt is "\ufffd\ufffd" (the JSON record turned invalid UTF-8 into U+FFFD),
-// two salts that collide that way ("\xff\xfe", "\xfe\xff") made "key
-// recorded twice" refuse the whole pool, and a worker registered under a
-// model name with an invalid byte got no answer afterwards. Now each salt
-// reads its own bytes after the restart, the colliding reader misses, and
-// the worker stores and reads on under its registration.
+// restart record keeps the peers' strings byte for byte. Prompts stored
+// under the cache_salts ff fe and fe ff (which a JSON text record would
+// both turn into "\ufffd\ufffd") each read their own bytes after the
+// restart, a reader under "\ufffd\ufffd" misses, and a worker registered
+// under a model name with an invalid byte stores and reads on under its
+// registration.
 func TestHostileRestartKeepsSaltAndModelBytes(t *testing.T) {
 	srv := harness.StartKeeping(t, false, "--chunk-size", "16")
 	dial := func() *client.Client {

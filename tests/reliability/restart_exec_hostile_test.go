@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -303,5 +304,63 @@ func TestHostileConcurrentStartsOnAKeptPool(t *testing.T) {
 			}
 			check("after the concurrent starts")
 		})
+	}
+}
+
+// TestHostileRestartOnLoopbackNeedsTheLocalToken: with no token set (the
+// loopback default), any local process could POST /restart and interrupt
+// every worker. A restart needs a credential even there: POST /restart
+// without one, or with a wrong one, is refused (401, the same pid, no
+// restart), while `kvdock ctl restart` reads the local token the server
+// wrote in its state directory (mode 0600) and restarts it. /reset-stats
+// stays open on loopback.
+func TestHostileRestartOnLoopbackNeedsTheLocalToken(t *testing.T) {
+	state := filepath.Join(t.TempDir(), "state")
+	srv := harness.Start(t, "--state-dir", state)
+	pid := srv.PID()
+	post := func(path, auth string) (int, string) {
+		req, err := http.NewRequest(http.MethodPost, fmt.Sprintf("http://127.0.0.1:%d%s", srv.HTTPPort, path), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
+		if err != nil {
+			t.Fatalf("POST %s: %v", path, err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	for _, auth := range []string{"", "Bearer guess"} {
+		if code, body := post("/restart", auth); code != http.StatusUnauthorized {
+			t.Fatalf("POST /restart with %q: %d %s", auth, code, body)
+		}
+	}
+	if srv.PID() != pid || strings.Contains(srv.Output(), "restarting in place") {
+		t.Fatalf("a refused restart restarted the server\n%s", srv.Output())
+	}
+	if code, body := post("/reset-stats", ""); code != http.StatusOK {
+		t.Fatalf("POST /reset-stats on loopback without a token: %d %s", code, body)
+	}
+	tokenFile := filepath.Join(state, fmt.Sprintf("http-%d.token", srv.HTTPPort))
+	fi, err := os.Stat(tokenFile)
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("local token file %s: %v, %v; want mode 0600", tokenFile, fi, err)
+	}
+	gap := srv.RestartBy(t, func() error {
+		cmd := exec.Command(harness.Binary(t), "ctl", "--http-port", fmt.Sprint(srv.HTTPPort), "--yes", "restart")
+		cmd.Env = append(os.Environ(), "KVDOCK_CONFIG=", "KVDOCK_STATE_DIR="+state, "KVDOCK_HTTP_TOKEN=")
+		out, err := cmd.CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "restarted") {
+			return fmt.Errorf("kvdock ctl restart: %v\n%s", err, out)
+		}
+		return nil
+	})
+	t.Logf("POST /restart without a credential: 401 twice; kvdock ctl restart with the local token: restarted, gap %v", gap)
+	if srv.PID() != pid {
+		t.Fatalf("pid changed: %d -> %d", pid, srv.PID())
 	}
 }

@@ -144,20 +144,21 @@ func (w *loopWorker) retrieveSeq(ctx context.Context, tally *restartLoopTally, s
 }
 
 // Four Go workers (two over SHM, two over pickle, each on its own DEALER
-// with a 3 s timeout, ten times the gap) store a new sequence and retrieve
-// a committed one in turn while kvdock restarts six times, 3.5 s apart,
-// SIGTERM with --l1-keep-on-exit then the same command line alternating
-// with SIGUSR2. No worker registers again. No request is refused, no
+// with a 3 s timeout) store a new sequence and retrieve a committed one in
+// turn while kvdock restarts six times, 3.5 s apart, SIGTERM with
+// --l1-keep-on-exit then the same command line alternating with SIGUSR2.
+// No worker registers again. No request is refused (a store prepared by
+// the old process commits in the new one: the handover carries it), no
 // committed sequence misses, no byte differs, and at the end every
-// committed sequence reads back identical. The target for requests lost
-// to a restart is 0; what is measured (a request or reply in flight when
-// the old process closes its socket is lost; a store whose PREPARE_STORE
-// the old process answered and whose COMMIT_STORE the new one got is
-// answered false) is logged with each store's fate, and bounded here: at
-// most the one request each worker has in flight per restart. A refusal or
-// a miss outside a restart, or at the final read, fails the test.
+// committed sequence reads back identical. Unanswered requests are logged
+// with each store's fate; at most one a restart is tolerated, for a Go
+// worker fast enough to send down the closing connection.
 func TestRestartLoopLosesNoRequest(t *testing.T) {
 	const nw, restarts = 4, 6
+	// Each worker stores at most maxLoopStores sequences, then only
+	// retrieves: 4 × 3,000 × 2 chunks of 4 KiB stay under the pool's
+	// eviction watermark, so every committed sequence must hit.
+	const maxLoopStores = 3000
 	// A pool of 256 MiB keeps every sequence the loop stores on a fast
 	// machine (~7,000 of 2 chunks of 4 KiB) under the eviction watermark,
 	// so the final read may ask for all of them.
@@ -194,7 +195,9 @@ func TestRestartLoopLosesNoRequest(t *testing.T) {
 					return
 				default:
 				}
-				w.storeSeq(ctx, tally, i*1_000_000+n)
+				if n < maxLoopStores {
+					w.storeSeq(ctx, tally, i*1_000_000+n)
+				}
 				w.mu.Lock()
 				seq := w.committed[g.IntN(len(w.committed))]
 				w.mu.Unlock()
@@ -238,16 +241,18 @@ func TestRestartLoopLosesNoRequest(t *testing.T) {
 		n, err := lookup(ctx, l.w.c, l.w.model, tokensFor(l.seq, 2, l.w.chunk), fmt.Sprint("lost-", l.seq))
 		t.Logf("unanswered store %d (%s): %d of 2 chunks stored afterwards (%v)", l.seq, l.w.mode(), n, err)
 	}
-	straddled := tally.straddled()
-	if n := tally.failed() - tally.unanswered.Load() - straddled; n != 0 {
-		t.Errorf("%d requests refused or missed across %d restarts: %v", n, restarts, tally.first)
+	// The handover answers every request read and carries the transfers
+	// its answers began: nothing is refused or missed, across a restart or
+	// not. A Go worker that sends within microseconds of an answer can
+	// still beat its libzmq to the end of the connection (the old process
+	// reads and counts that request); at most one a restart.
+	if n := tally.failed() - tally.unanswered.Load(); n != 0 {
+		t.Errorf("%d requests refused or missed across %d restarts (%d of them during one): %v", n, restarts, tally.straddled(), tally.first)
 	}
-	if n := tally.unanswered.Load() + straddled; n > nw*restarts {
-		t.Errorf("%d requests unanswered and %d missed or refused across %d restarts: more than the %d in flight: %v",
-			tally.unanswered.Load(), straddled, restarts, nw*restarts, tally.first)
+	if n := tally.unanswered.Load(); n > restarts {
+		t.Errorf("%d requests unanswered across %d restarts: more than one a restart: %v", n, restarts, tally.first)
 	} else if n > 0 {
-		t.Logf("%d of the requests in flight at %d restarts unanswered, %d missed or refused across one (target 0): %v",
-			tally.unanswered.Load(), restarts, straddled, tally.first)
+		t.Logf("%d requests unanswered across %d restarts (target 0): %v", n, restarts, tally.first)
 	}
 	final := &restartLoopTally{start: time.Now()}
 	total := 0

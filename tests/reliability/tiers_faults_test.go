@@ -5,8 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,6 +17,7 @@ import (
 	"kvdock/core/layout"
 	"kvdock/core/protocol"
 	"kvdock/core/testkit/poll"
+	"kvdock/core/testkit/promseries"
 	"kvdock/core/testkit/redisserver"
 	"kvdock/tests/harness"
 	"kvdock/transfer/tier"
@@ -536,7 +535,7 @@ func TestTierFSFilesystemFull(t *testing.T) {
 	stillServing(t, w, 100)
 	waitTierIdle(t, srv)
 	ts = tier0(t, srv)
-	if v := metricValue(t, srv, `kvdock_tier_dropped_writes_total{index="0",type="fs"}`); v != float64(ts.DroppedWrites) {
+	if v := promseries.Value(t, promseries.Scrape(t, fmt.Sprintf("http://127.0.0.1:%d/metrics", srv.HTTPPort)), "kvdock_tier_dropped_writes_total", "index", "0", "type", "fs"); v != float64(ts.DroppedWrites) {
 		t.Errorf("/metrics dropped writes %v, /status %d", v, ts.DroppedWrites)
 	}
 	poll.Until(t, 10*time.Second, "the fs tier's degraded state in the events", func() bool {
@@ -549,30 +548,4 @@ func TestTierFSFilesystemFull(t *testing.T) {
 	})
 
 	t.Logf("full tier: %d objects, %d dropped writes, %s (%s)", ts.Objects, ts.DroppedWrites, ts.State, ts.Reason)
-}
-
-// metricValue is the value of the /metrics sample named series exactly
-// (name with its labels).
-func metricValue(t *testing.T, srv *harness.Server, series string) float64 {
-	t.Helper()
-	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", srv.HTTPPort))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(string(body), "\n") {
-		if v, ok := strings.CutPrefix(line, series+" "); ok {
-			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
-			if err != nil {
-				t.Fatalf("%s: %v", line, err)
-			}
-			return f
-		}
-	}
-	t.Fatalf("/metrics has no %s", series)
-	return 0
 }

@@ -16,8 +16,8 @@ import (
 
 // TestSlowReaderRetrievesBoundedRSS against the real
 // binary (SHM off): a peer sends 40 PREPARE_RETRIEVEs of an 8 MiB sequence
-// and never reads a reply. libzmq used to queue them all (SNDHWM counts
-// messages, not bytes); now what is kept for that peer is bounded by
+// and never reads a reply. libzmq alone would queue them all (SNDHWM counts
+// messages, not bytes); what is kept for that peer is bounded by
 // --queued-reply-bytes-per-peer (twice: held by libzmq, waiting in kvdock;
 // the bound allows as much again for the encoded replies Go has yet to collect),
 // the rest is dropped, and another worker is answered meanwhile.

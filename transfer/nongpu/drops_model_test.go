@@ -22,14 +22,18 @@ import (
 // copy into and out of SHM slots a step at a time while every way of
 // dropping an owner (unregister from any peer, operator removal, the reaper,
 // a registration of the same id from another peer, a clear, pending expiry,
-// eviction under a small pool) runs in between, in random order. Every
-// chunk a worker reads, during its copy and at the end, must be the bytes
-// stored under its key. A worker's copy counts only within its lock's TTL,
+// eviction under a small pool) runs in between, in random order. Half the
+// workers register model m with a second layout of the same chunk size
+// (bfloat16 for float16), and every chunk's bytes name its layout, so a
+// chunk of one layout served to a worker of the other counts as foreign;
+// lookups lock the chunks of every registered layout, as a LOOKUP does.
+// Every chunk a worker reads, during its copy and at the end, must be the
+// bytes stored under its key by a worker of its layout. A worker's copy counts only within its lock's TTL,
 // the contract the pool promises; past it the worker is taken to have
 // stopped.
 
 const (
-	modelWorkers = 3
+	modelWorkers = 3 // 1 and 2 register float16, 3 bfloat16
 	modelPrompts = 6
 	modelChunks  = 2  // chunks per prompt
 	modelPool    = 10 // chunks the pool holds
@@ -51,10 +55,22 @@ func modelSchedules(t *testing.T) int {
 	return 10_000
 }
 
-// modelContent is what chunk c of prompt p holds, whoever stores it.
-func modelContent(p, c int) []byte {
+// modelLayout is the layout worker id registers: 0 float16, 1 bfloat16.
+func modelLayout(id int) int { return (id - 1) * 2 / modelWorkers }
+
+func modelPayload(id int) protocol.RegisterPayload {
+	p := payload(int64(id))
+	if modelLayout(id) == 1 {
+		p.DtypeStr = "bfloat16"
+	}
+	return p
+}
+
+// modelContent is what chunk c of prompt p holds when a worker of layout
+// lay stores it.
+func modelContent(lay, p, c int) []byte {
 	b := make([]byte, chunkBytes)
-	fill(b, byte(1+p*modelChunks+c))
+	fill(b, byte(1+lay*modelPrompts*modelChunks+p*modelChunks+c))
 	return b
 }
 
@@ -80,11 +96,14 @@ type modelWorld struct {
 	pool    *l1.Pool
 	mod     *Module
 	sess    *keys.Sessions
+	layouts *layout.Registry
 	copies  []*modelCopy
 	log     []string
 	foreign int // chunks read with bytes other than their key's
 	checked int // chunks read and compared
-	drops   map[string]int
+	// byLayout counts the chunks read and compared per layout.
+	byLayout [2]int
+	drops    map[string]int
 }
 
 func newModelWorld(t *testing.T, seed uint64, seg string) *modelWorld {
@@ -106,7 +125,8 @@ func newModelWorld(t *testing.T, seed uint64, seg string) *modelWorld {
 	server := settings.Default().Server
 	server.ChunkSize = testChunk
 	server.ShmName = strptr(seg)
-	w.mod, err = New(Deps{Pool: pool, Keys: w.sess, Layouts: layout.NewRegistry(), Now: w.clk.Now}, server, settings.Default().L1)
+	w.layouts = layout.NewRegistry()
+	w.mod, err = New(Deps{Pool: pool, Keys: w.sess, Layouts: w.layouts, Now: w.clk.Now}, server, settings.Default().L1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +148,7 @@ func (w *modelWorld) note(format string, args ...any) {
 }
 
 func (w *modelWorld) register(id int, peer string) {
-	if _, err := w.mod.RegisterThrough(payload(int64(id)), []byte(peer), ""); err != nil {
+	if _, err := w.mod.RegisterThrough(modelPayload(id), []byte(peer), ""); err != nil {
 		w.t.Fatalf("register %d from %s: %v", id, peer, err)
 	}
 }
@@ -157,31 +177,71 @@ func (w *modelWorld) startStore() {
 	w.copies = append(w.copies, &modelCopy{worker: id, prompt: p, k: k, slots: r.Slots, chunks: r.ChunkIndices, started: w.clk.Now()})
 }
 
+// storeNow stores prompt p whole for worker id, copy and commit at once.
+func (w *modelWorld) storeNow(id, p int) {
+	w.ensure(id)
+	k := modelKey(p, modelChunks)
+	r, err := w.mod.PrepareStore(k, int64(id))
+	w.note("w%d prepare store p%d now: %d slots %v", id, p, len(r.Slots), err)
+	if err != nil || len(r.Slots) == 0 {
+		return
+	}
+	w.copies = append(w.copies, &modelCopy{worker: id, prompt: p, k: k, slots: r.Slots, chunks: r.ChunkIndices, started: w.clk.Now()})
+	c := len(w.copies) - 1
+	for w.copies[c].done < len(r.Slots) {
+		w.step(c)
+	}
+	w.step(c)
+}
+
+// layoutID is the layout ID worker id's keys name.
+func (w *modelWorld) layoutID(id int) uint64 {
+	p := modelPayload(id)
+	groups, err := w.mod.validate(p)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return layout.ID(groups)
+}
+
 func (w *modelWorld) startRead() {
 	w.read(1+w.rng.IntN(modelWorkers), w.rng.IntN(modelPrompts), 1+w.rng.IntN(modelChunks))
 }
 
-// read looks up the first n chunks of prompt p for worker id and, when all
-// hit, starts the worker's copy out of them.
+// read looks up the first n chunks of prompt p as a LOOKUP does (the
+// chunks of every registered layout of the model, one lock each) and, when
+// all hit, starts worker id's copy out of them; the locks of the other
+// layouts' chunks go, as their own workers' retrieves would take them.
 func (w *modelWorld) read(id, p, n int) {
 	w.ensure(id)
 	k := modelKey(p, n)
-	ks, err := w.sess.ObjectKeys(keys.KeyRequest{RequestID: k.RequestID, Model: k.ModelName,
+	set, err := w.sess.Keys(keys.KeyRequest{RequestID: k.RequestID, Model: k.ModelName,
 		WorldSize: k.WorldSize, Worker: k.WorkerID, Tokens: k.TokenIDs, Start: k.Start, End: k.End})
 	if err != nil {
 		w.t.Fatal(err)
 	}
+	ids, groups := w.layouts.Registered(k.ModelName, k.WorldSize)
+	ks := set.WithLayouts(ids, groups).All()
 	locked := w.pool.ReserveReadPrefix(ks, 1)
 	if locked < len(ks) {
 		w.pool.FinishRead(ks[:locked], 1)
-		w.note("w%d lookup p%d×%d: %d hits", id, p, n, locked)
+		w.note("w%d lookup p%d×%d: %d of %d keys", id, p, n, locked, len(ks))
 		return
 	}
+	own, others := ks[:0:0], ks[:0:0]
+	for _, key := range ks {
+		if key.Layout == w.layoutID(id) {
+			own = append(own, key)
+		} else {
+			others = append(others, key)
+		}
+	}
+	w.pool.FinishRead(others, 1)
 	started := w.clk.Now()
 	r, err := w.mod.PrepareRetrieve(k, int64(id))
 	w.note("w%d prepare retrieve p%d×%d: %v %d slots %v", id, p, n, r.Success, len(r.Slots), err)
 	if err != nil || !r.Success {
-		w.pool.FinishRead(ks, 1)
+		w.pool.FinishRead(own, 1)
 		return
 	}
 	chunks := make([]int, len(r.Slots))
@@ -208,9 +268,10 @@ func (w *modelWorld) step(i int) {
 	s := c.slots[c.done]
 	b, release := w.pool.View(s.Offset, s.Length)
 	defer release()
-	want := modelContent(c.prompt, c.chunks[c.done])
+	want := modelContent(modelLayout(c.worker), c.prompt, c.chunks[c.done])
 	if c.read {
 		w.checked++
+		w.byLayout[modelLayout(c.worker)]++
 		if !bytes.Equal(b, want) {
 			w.foreign++
 			w.note("w%d READ FOREIGN BYTES p%d chunk %d at %d", c.worker, c.prompt, c.chunks[c.done], s.Offset)
@@ -288,8 +349,15 @@ func (w *modelWorld) run() {
 	for len(w.copies) > 0 {
 		w.step(w.rng.IntN(len(w.copies)))
 	}
+	// Every prompt stored by a worker of each layout (what is resident
+	// already gets no slots), then read back by one of each.
 	for p := range modelPrompts {
-		w.read(1+p%modelWorkers, p, modelChunks)
+		w.storeNow(1, p)
+		w.storeNow(modelWorkers, p)
+	}
+	for p := range modelPrompts {
+		w.read(1, p, modelChunks)
+		w.read(modelWorkers, p, modelChunks)
 	}
 	for len(w.copies) > 0 {
 		w.step(w.rng.IntN(len(w.copies)))
@@ -300,6 +368,7 @@ func TestHostileDropPathsNeverServeForeignBytes(t *testing.T) {
 	n := modelSchedules(t)
 	seg := l1.NormalizeName(uniqueName(t))
 	var foreign, checked int
+	var byLayout [2]int
 	drops := map[string]int{}
 	for s := range n {
 		w := newModelWorld(t, uint64(s), seg)
@@ -307,6 +376,8 @@ func TestHostileDropPathsNeverServeForeignBytes(t *testing.T) {
 		w.close()
 		foreign += w.foreign
 		checked += w.checked
+		byLayout[0] += w.byLayout[0]
+		byLayout[1] += w.byLayout[1]
 		for k, v := range w.drops {
 			drops[k] += v
 		}
@@ -314,12 +385,13 @@ func TestHostileDropPathsNeverServeForeignBytes(t *testing.T) {
 			t.Errorf("schedule %d read foreign bytes; its steps:\n%s", s, strings.Join(w.log, "\n"))
 		}
 	}
-	t.Logf("%d schedules: %d chunks read and compared, %d with foreign bytes; drops %v", n, checked, foreign, drops)
+	t.Logf("%d schedules: %d chunks read and compared (%d float16, %d bfloat16), %d with foreign bytes; drops %v",
+		n, checked, byLayout[0], byLayout[1], foreign, drops)
 	if foreign > 0 {
 		t.Fatalf("%d of %d chunks read were another key's bytes", foreign, checked)
 	}
-	if checked < n {
-		t.Fatalf("only %d chunks read in %d schedules: the model reads too little to judge", checked, n)
+	if checked < n || min(byLayout[0], byLayout[1]) < n/4 {
+		t.Fatalf("only %d chunks read in %d schedules (%v per layout): the model reads too little to judge", checked, n, byLayout)
 	}
 	for _, k := range []string{"unregister", "remove", "reap", "id reuse", "clear", "pending expiry", "TTL"} {
 		if drops[k] < n/20 {

@@ -17,7 +17,7 @@ func TestEventLogsInstanceIDOnlyForAnInstance(t *testing.T) {
 	fresh := newEnv(t, true, 1<<20)
 	var buf logbuf.Buffer
 	fresh.mod.log = slog.New(slog.NewTextHandler(&buf, nil))
-	if n, refused := fresh.mod.Restore(old.mod.Registrations()); n != 1 || len(refused) != 0 {
+	if n, refused := fresh.mod.Restore(old.mod.Registrations(), true); n != 1 || len(refused) != 0 {
 		t.Fatalf("restored %d, refused %q", n, refused)
 	}
 	fresh.mod.Unregister(7)

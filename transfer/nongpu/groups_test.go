@@ -3,6 +3,7 @@ package nongpu
 import (
 	"bytes"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -74,7 +75,7 @@ func TestHybridRegistration(t *testing.T) {
 	e.registerHybrid(1)
 	gs, ok := e.layouts.Groups("m", 1)
 	if !ok || len(gs) != 2 || gs[0].Bytes != chunkBytes || gs[1].Bytes != group1Bytes ||
-		gs[1].Dtype != "float32" || !equalInts(gs[1].Shape, []int{2, 1, testChunk, 8}) {
+		gs[1].Dtype != "float32" || !slices.Equal(gs[1].Shape, []int{2, 1, testChunk, 8}) {
 		t.Fatalf("registry groups = %+v", gs)
 	}
 	if n := e.layouts.GroupCount("m", 1); n != 2 {
@@ -113,8 +114,23 @@ func TestHybridRegistration(t *testing.T) {
 	bad("overflowing size", func(p *protocol.RegisterPayload) {
 		p.GroupLayouts[1].NumLayers, p.GroupLayouts[1].HiddenDimSize = 1<<30, 1<<30
 	}, "exceed")
-	bad("other groups for the same model", func(p *protocol.RegisterPayload) { p.GroupLayouts[1].HiddenDimSize = 16 }, "conflicts")
-	bad("one group for a hybrid model", func(p *protocol.RegisterPayload) { p.GroupLayouts = nil }, "conflicts")
+
+	// Other groups, or one group, for the same model register beside it,
+	// each under its own layout ID.
+	other := hybridPayload(2)
+	other.GroupLayouts[1].HiddenDimSize = 16
+	plain := hybridPayload(3)
+	plain.GroupLayouts = nil
+	for _, p := range []protocol.RegisterPayload{other, plain} {
+		if _, err := e.mod.RegisterThrough(p, nil, ""); err != nil {
+			t.Fatalf("instance %d with other groups: %v", p.InstanceID, err)
+		}
+	}
+	if ids, groups := e.layouts.Registered("m", 1); len(ids) != 3 || groups[0] != 2 || groups[1] != 2 || groups[2] != 1 {
+		t.Fatalf("registered layouts %x, groups %v", ids, groups)
+	}
+	e.mod.Unregister(2)
+	e.mod.Unregister(3)
 
 	// The same id again, with other groups: the first registration stays.
 	p := hybridPayload(1)
@@ -129,18 +145,6 @@ func TestHybridRegistration(t *testing.T) {
 	if e.layouts.GroupCount("m", 1) != 0 {
 		t.Fatal("groups outlived the last instance")
 	}
-}
-
-func equalInts(a, b []int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // TestHybridPickleGroups: COMMIT_STORE_GROUP stores one group under its own
@@ -205,7 +209,7 @@ func TestHybridPickleGroups(t *testing.T) {
 	}
 	for g, want := range [][]torchpickle.Tensor{g0, g1} {
 		for i := range want {
-			if got[g][i].Dtype != want[i].Dtype || !equalInts(got[g][i].Shape, want[i].Shape) || !bytes.Equal(got[g][i].Data, want[i].Data) {
+			if got[g][i].Dtype != want[i].Dtype || !slices.Equal(got[g][i].Shape, want[i].Shape) || !bytes.Equal(got[g][i].Data, want[i].Data) {
 				t.Fatalf("group %d chunk %d came back different", g, i)
 			}
 		}
@@ -241,11 +245,11 @@ func TestHybridSHM(t *testing.T) {
 	if err != nil || !ps.Shm || len(ps.Slots) != 4 {
 		t.Fatalf("prepare = %+v, %v", ps, err)
 	}
-	if !equalInts(ps.GroupIDs, []int{0, 0, 1, 1}) || !equalInts(ps.ChunkIndices, []int{0, 1, 0, 1}) {
+	if !slices.Equal(ps.GroupIDs, []int{0, 0, 1, 1}) || !slices.Equal(ps.ChunkIndices, []int{0, 1, 0, 1}) {
 		t.Fatalf("group ids %v, chunk indices %v", ps.GroupIDs, ps.ChunkIndices)
 	}
 	if ps.Slots[0].Length != chunkBytes || ps.Slots[2].Length != group1Bytes || ps.Slots[2].Dtype != "float32" ||
-		!equalInts(ps.Slots[3].Shape, []int{2, 1, testChunk, 8}) {
+		!slices.Equal(ps.Slots[3].Shape, []int{2, 1, testChunk, 8}) {
 		t.Fatalf("slots %+v", ps.Slots)
 	}
 	for i, s := range ps.Slots {
@@ -261,7 +265,7 @@ func TestHybridSHM(t *testing.T) {
 		t.Fatal("committed groups are a miss")
 	}
 	r, err := e.mod.PrepareRetrieve(k, 1)
-	if err != nil || !r.Success || len(r.Slots) != 4 || !equalInts(r.GroupIDs, []int{0, 0, 1, 1}) {
+	if err != nil || !r.Success || len(r.Slots) != 4 || !slices.Equal(r.GroupIDs, []int{0, 0, 1, 1}) {
 		t.Fatalf("retrieve = %+v, %v", r, err)
 	}
 	for i, s := range r.Slots {

@@ -38,8 +38,10 @@ func (m *Module) Handlers() map[string]rpc.Handler {
 			if err != nil {
 				return nil, err
 			}
+			// Read under a tie-break, the table is not known yet: the
+			// peer's decision gives it (PeerDecided).
 			profile := ""
-			if req.Spec != nil {
+			if req.Spec != nil && !req.Tentative {
 				profile = req.Spec.Profile
 			}
 			return m.RegisterThrough(p, req.Peer, profile)

@@ -139,8 +139,11 @@ func (m *Module) peerAliveLocked(inst *instance, now time.Time) bool {
 // holder stays until it has been silent for the peer window; then the next
 // peer that speaks for the instance holds it (a worker whose connection
 // came back under a new routing id). Another peer naming the instance
-// meanwhile takes nothing, so it cannot make an UNREGISTER its own. The
-// routing id is at most 255 bytes (ZMQ's limit), so keeping it is bounded.
+// meanwhile takes nothing, so it cannot make an UNREGISTER its own. A
+// registration a restart restored has no holder (its worker reconnects
+// under a new routing id): the first peer that speaks for it takes it, as
+// after the window. The routing id is at most 255 bytes (ZMQ's limit), so
+// keeping it is bounded.
 func (m *Module) notePeerLocked(inst *instance, peer []byte, now time.Time) {
 	if len(peer) == 0 {
 		return
@@ -149,7 +152,7 @@ func (m *Module) notePeerLocked(inst *instance, peer []byte, now time.Time) {
 		if inst.peer != "" && m.peerAliveLocked(inst, now) {
 			return
 		}
-		inst.peer = string(peer)
+		m.holdLocked(inst, string(peer))
 	}
 	inst.peerSeen = now
 }
@@ -264,9 +267,9 @@ func (m *Module) Remove(id int64, by string) bool {
 // and, for a reaped or removed one, a record kept for the operator. m.mu is
 // held.
 func (m *Module) dropLocked(id int64, inst *instance, state workers.State, now time.Time) (writes, reads []*pending) {
-	delete(m.instances, id)
+	m.deleteLocked(inst)
 	writes, reads = m.takePendingLocked(func(k pendingKey) bool { return k.instance == id })
-	m.layouts.Remove(inst.p.ModelName, inst.p.WorldSize)
+	m.layouts.Remove(inst.p.ModelName, inst.p.WorldSize, inst.layoutID)
 	if state == workers.StateReaped || state == workers.StateRemoved {
 		c := m.contextLocked(inst, now)
 		c.State, c.Gone, c.InFlight = state, now, 0

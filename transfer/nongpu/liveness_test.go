@@ -258,7 +258,11 @@ func TestReuseFromNewPeerAbortsOldReservations(t *testing.T) {
 	}
 }
 
-func TestReuseRefusedOnLayoutConflictKeepsOld(t *testing.T) {
+// TestReuseWithAnotherLayoutReplacesOld: an id registered again from
+// another peer with another layout of the model is a new worker like any
+// other: the old one's pending write is discarded, and the layout
+// references are exact.
+func TestReuseWithAnotherLayoutReplacesOld(t *testing.T) {
 	e := newEnv(t, true, 1<<20)
 	if _, err := e.mod.RegisterThrough(payload(1), []byte("a"), ""); err != nil {
 		t.Fatal(err)
@@ -268,12 +272,15 @@ func TestReuseRefusedOnLayoutConflictKeepsOld(t *testing.T) {
 	}
 	e.prepareHalfWritten(1, 50)
 	p := payload(1)
-	p.NumLayers = 4 // conflicts with instance 2's layout for model m
-	if _, err := e.mod.RegisterThrough(p, []byte("c"), ""); err == nil {
-		t.Fatal("conflicting layout accepted")
+	p.NumLayers = 4 // another layout than instance 2's for model m
+	if _, err := e.mod.RegisterThrough(p, []byte("c"), ""); err != nil {
+		t.Fatalf("reuse with another layout: %v", err)
 	}
-	if s := e.mod.Stats(); s.PendingWrites != 1 || s.Reused != 0 || contextOf(t, e.mod, 1).NumLayers != 2 {
-		t.Fatalf("refused reuse changed state: %+v", s)
+	if s := e.mod.Stats(); s.PendingWrites != 0 || s.Reused != 1 || contextOf(t, e.mod, 1).NumLayers != 4 {
+		t.Fatalf("after the reuse: %+v", s)
+	}
+	if ids, _ := e.layouts.Registered("m", 1); len(ids) != 2 {
+		t.Fatalf("registered layouts %x, want instance 2's and the new one's", ids)
 	}
 	e.mod.Unregister(1)
 	e.mod.Unregister(2)

@@ -33,6 +33,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"log/slog"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -40,6 +41,7 @@ import (
 	"time"
 
 	"kvdock/core/keys"
+	"kvdock/core/kvevents"
 	"kvdock/core/l1"
 	"kvdock/core/layout"
 	"kvdock/core/protocol"
@@ -71,6 +73,10 @@ type Pool interface {
 	ReleaseRead(refs []l1.ReadRef)
 	// View pins a range of the pool for a copy; Close waits for it.
 	View(off, n int64) ([]byte, func())
+	// ClaimWrites and ClaimHolds hand the reservations and read holds of a
+	// transfer carried across a restart to its instance (carry.go).
+	ClaimWrites(owner l1.Owner, offs []int64) ([]l1.Reservation, bool)
+	ClaimHolds(offs []int64) ([]l1.ReadRef, bool)
 }
 
 // KeyResolver turns a worker-side key into ObjectKeys; *keys.Sessions is one.
@@ -93,6 +99,10 @@ type Deps struct {
 	// Published, when set, is told of every batch of objects a commit
 	// published in L1 (the tiers' write-behind queue). It must not block.
 	Published func(ks []keys.ObjectKey, lay layout.Layout)
+	// Committed, when set, is told of every committed store batch with
+	// what the KV event stream needs beyond the pool's observer (tokens,
+	// parent, objects per chunk). It must not block.
+	Committed func(kvevents.Commit)
 }
 
 // ErrClosed is returned by every request after Close.
@@ -107,9 +117,10 @@ var ErrTooManyInstances = errors.New("too many registered instances")
 // so the worker never waits out its timeout for it.
 var ErrNotRegistered = errors.New("non-GPU context not registered")
 
-// ErrLayoutConflict refuses a registration whose model (and world size) is
-// registered with another layout: the object keys name no layout, so two
-// layouts of one model would read each other's chunks.
+// ErrLayoutConflict refuses a registration whose layouts' ID
+// (layout.ID, named by every object key) is that of other layouts
+// registered for the model: a SHA-256 prefix collision, which no peer can
+// aim at. Other layouts of a registered model register beside it.
 var ErrLayoutConflict = errors.New("layout conflicts with the one registered for the model")
 
 // DefaultMaxInstances applies when server.max_instances is not positive. It
@@ -127,7 +138,10 @@ type instance struct {
 	lay layout.Layout // groups[0]
 	// groups holds one layout per KV group: one for a plain model, several
 	// for a hybrid one (each group's objects live under their own keys).
-	groups     []layout.Layout
+	groups []layout.Layout
+	// layoutID is layout.ID(groups): every key of the instance names it,
+	// so its chunks are apart from other layouts' of the model.
+	layoutID   uint64
 	mode       workers.Mode
 	reason     string
 	registered time.Time
@@ -140,8 +154,16 @@ type instance struct {
 	// prepare or commit).
 	peer     string
 	peerSeen time.Time
-	// profile is the protocol table it registered through.
+	// restored: carried by a restart record, and no peer has spoken for
+	// it since (peer is ""): it counts as held by a live peer for the
+	// peer window from its restore (peerSeen), so no other peer can end it
+	// meanwhile; the first peer that speaks for it takes it.
+	restored bool
+	// profile is the protocol table it registered through; "" while its
+	// REGISTER's table was a tie-break (--protocol auto) until its holder
+	// peer is decided (tentative: PeerDecided sets it then).
 	profile             string
+	tentative           bool
 	inFlight            int
 	pinged, transferred bool
 
@@ -162,6 +184,9 @@ type pendingKey struct {
 	end       int
 	nSalt     int
 	salt      uint64
+	// carried: a transfer the previous process prepared (carry.go);
+	// tokens and salt then hold the halves of its keyed digest.
+	carried bool
 }
 
 // pending is a reservation awaiting COMMIT_STORE (res) or read locks
@@ -175,6 +200,9 @@ type pending struct {
 	created time.Time
 	readers int
 	reply   protocol.PrepareRetrieveResponse
+	// carry is the entry's key as the next process matches it (carry.go):
+	// set for entries prepared while the stop carries transfers.
+	carry *pendingKey
 }
 
 // chunks is how many objects the entry holds.
@@ -189,6 +217,7 @@ type Module struct {
 	log       *slog.Logger
 	emit      func(workers.Event)
 	published func(ks []keys.ObjectKey, lay layout.Layout)
+	committed func(kvevents.Commit)
 	now       func() time.Time
 	info      workers.Info
 	seed      maphash.Seed
@@ -197,6 +226,7 @@ type Module struct {
 	mu        sync.Mutex
 	closed    bool
 	instances map[int64]*instance
+	routes    routes
 	writes    map[pendingKey]*pending
 	reads     map[pendingKey]*pending
 	writeTTL  time.Duration
@@ -213,6 +243,12 @@ type Module struct {
 	gone []workers.ContextInfo
 	// gate admits pickle stores within server.max_inflight_pickle_mb.
 	gate *pickleGate
+	// The transfers carried across a restart (carry.go): the secret their
+	// keys are hashed with, whether new entries get their carry key, and
+	// whether carried entries were restored here.
+	carryKey      []byte
+	carrying      bool
+	restoredCarry bool
 }
 
 // New builds the module from the engine's dependencies and the server and L1
@@ -238,11 +274,13 @@ func New(deps Deps, server settings.ServerConfig, l1cfg settings.L1Config) (*Mod
 		log:       deps.Logger,
 		emit:      deps.Events,
 		published: deps.Published,
+		committed: deps.Committed,
 		now:       deps.Now,
 		info:      PoolInfo(deps.Pool.Decision()),
 		seed:      maphash.MakeSeed(),
 		maxBytes:  server.MaxMessageBytes,
 		instances: make(map[int64]*instance),
+		routes:    routes{tables: make(map[int64]string), held: make(map[string]int64)},
 		writes:    make(map[pendingKey]*pending),
 		reads:     make(map[pendingKey]*pending),
 		errLast:   make(map[string]time.Time),
@@ -332,7 +370,11 @@ func (m *Module) RegisterThrough(p protocol.RegisterPayload, peer []byte, profil
 		return protocol.RegisterResponse{}, ErrClosed
 	}
 	old, known := m.instances[p.InstanceID]
-	if known && (len(peer) == 0 || old.peer == "" || old.peer == string(peer)) {
+	// A restored registration no peer spoke for yet is its worker's, which
+	// registers again with the same payload after a reconnect (newer
+	// clients do); another payload is a new worker reusing the id.
+	unheld := old != nil && old.peer == "" && (!old.restored || samePayload(old.p, p))
+	if known && (len(peer) == 0 || unheld || old.peer == string(peer)) {
 		old.last = now
 		m.notePeerLocked(old, peer, now)
 		m.mu.Unlock()
@@ -366,7 +408,7 @@ func (m *Module) RegisterThrough(p protocol.RegisterPayload, peer []byte, profil
 	}
 	lay := groups[0]
 	inst := &instance{id: p.InstanceID, p: p, lay: lay, groups: groups, mode: mode, reason: reason, registered: now, last: now,
-		peer: string(peer), peerSeen: now, profile: profile}
+		peer: string(peer), peerSeen: now, profile: profile, tentative: profile == "" && len(peer) > 0}
 
 	m.mu.Lock()
 	if m.closed {
@@ -387,22 +429,20 @@ func (m *Module) RegisterThrough(p protocol.RegisterPayload, peer []byte, profil
 			return protocol.RegisterResponse{}, err
 		}
 	}
-	if replacing {
-		// The old worker's layout reference must not make the new one's
-		// conflict with itself; it is put back if the new one is refused.
-		m.layouts.Remove(old.p.ModelName, old.p.WorldSize)
-	}
-	if have, ok := m.layouts.Groups(p.ModelName, p.WorldSize); ok && !layout.GroupsEqual(have, groups) {
-		if replacing {
-			m.layouts.AddGroups(old.p.ModelName, old.p.WorldSize, old.groups)
-		}
+	// Each layout of a model is its own entry, its keys apart (layout.ID
+	// in every key), so another layout registered for the model first
+	// does not stand in the way; only an ID collision is refused.
+	if inst.layoutID, err = m.layouts.AddGroups(p.ModelName, p.WorldSize, groups); err != nil {
 		holders := m.holdersLocked(p.ModelName, p.WorldSize, p.InstanceID)
 		m.stats.Conflicts++
 		m.mu.Unlock()
-		err := fmt.Errorf("register instance %d from %s: %w: %s, but %s registered %s for model %s world size %d; if that registration is not a worker of yours, remove it (POST /unregister, kvdock ctl unregister)",
-			p.InstanceID, peerText(string(peer)), ErrLayoutConflict, groupsText(groups), holders, groupsText(have), quoteBounded(p.ModelName), p.WorldSize)
+		err := fmt.Errorf("register instance %d from %s: %w: %s, %s registered model %s world size %d: %v",
+			p.InstanceID, peerText(string(peer)), ErrLayoutConflict, groupsText(groups), holders, quoteBounded(p.ModelName), p.WorldSize, err)
 		m.event(workers.EventError, slog.LevelError, p.InstanceID, err.Error())
 		return protocol.RegisterResponse{}, err
+	}
+	if replacing {
+		m.layouts.Remove(old.p.ModelName, old.p.WorldSize, old.layoutID)
 	}
 	var writes, reads []*pending
 	if replacing {
@@ -410,8 +450,7 @@ func (m *Module) RegisterThrough(p protocol.RegisterPayload, peer []byte, profil
 		m.stats.Reused++
 	}
 	m.forgetGoneLocked(p.InstanceID)
-	m.instances[p.InstanceID] = inst
-	m.layouts.AddGroups(p.ModelName, p.WorldSize, groups)
+	m.putLocked(inst)
 	m.mu.Unlock()
 
 	if replacing {
@@ -429,6 +468,13 @@ func (m *Module) RegisterThrough(p protocol.RegisterPayload, peer []byte, profil
 		"instance %d registered: model %s, world size %d, layout %s, %s (%s)",
 		p.InstanceID, p.ModelName, p.WorldSize, groupsText(groups), mode, reason))
 	return resp, nil
+}
+
+// samePayload reports whether two registrations carry the same fields.
+func samePayload(a, b protocol.RegisterPayload) bool {
+	return a.InstanceID == b.InstanceID && a.ModelName == b.ModelName && a.WorldSize == b.WorldSize &&
+		a.BlockSize == b.BlockSize && a.NumLayers == b.NumLayers && a.HiddenDimSize == b.HiddenDimSize &&
+		a.DtypeStr == b.DtypeStr && a.UseMLA == b.UseMLA && slices.Equal(a.GroupLayouts, b.GroupLayouts)
 }
 
 // maxHoldersShown bounds the registrations a conflict event names.
@@ -539,21 +585,29 @@ func (m *Module) validate(p protocol.RegisterPayload) ([]layout.Layout, error) {
 // instance, while that one is alive (it spoke for the instance within the
 // peer window), it is refused, counted and reported with both peers: one
 // peer must not end another's registration by naming its id (the operator
-// can, with POST /unregister). From the holder, an unknown peer, or once the
-// holder has gone silent (a worker that died or reconnected), it is
-// Unregister. It reports whether the instance was unregistered.
+// can, with POST /unregister). A registration a restart restored is held
+// by its worker's previous connection until a peer speaks for it, and
+// counts as alive for the peer window from its restore: an UNREGISTER
+// before that is refused from every peer. From the holder, an unknown
+// peer, or once the holder has gone silent (a worker that died or
+// reconnected), it is Unregister. It reports whether the instance was
+// unregistered.
 func (m *Module) UnregisterFrom(id int64, peer []byte) bool {
 	now := m.now()
 	m.mu.Lock()
 	inst, ok := m.instances[id]
-	if ok && len(peer) > 0 && inst.peer != "" && inst.peer != string(peer) && m.peerAliveLocked(inst, now) {
+	if ok && len(peer) > 0 && (inst.peer != "" || inst.restored) && inst.peer != string(peer) && m.peerAliveLocked(inst, now) {
 		m.stats.RefusedUnregisters++
-		holder, seen, window := inst.peer, now.Sub(inst.peerSeen), m.peerWindowLocked()
+		holder, seen, window, restored := inst.peer, now.Sub(inst.peerSeen), m.peerWindowLocked(), inst.restored
 		m.mu.Unlock()
 		m.rateLimited("unregister/refused", func() {
+			why := fmt.Sprintf("%s registered it and spoke for it %s ago", peerText(holder), seen.Round(time.Millisecond))
+			if restored {
+				why = fmt.Sprintf("a restart restored it %s ago and no peer has spoken for it since", seen.Round(time.Millisecond))
+			}
 			m.event(workers.EventUnregister, slog.LevelWarn, id, fmt.Sprintf(
-				"UNREGISTER of instance %d from %s refused: %s registered it and spoke for it %s ago (alive within %s); if it is not a worker of yours, remove it (POST /unregister, kvdock ctl unregister)",
-				id, peerText(string(peer)), peerText(holder), seen.Round(time.Millisecond), window))
+				"UNREGISTER of instance %d from %s refused: %s (alive within %s); if it is not a worker of yours, remove it (POST /unregister, kvdock ctl unregister)",
+				id, peerText(string(peer)), why, window))
 		})
 		return false
 	}
@@ -573,9 +627,9 @@ func (m *Module) Unregister(id int64) bool {
 		m.event(workers.EventUnregister, slog.LevelWarn, id, fmt.Sprintf("unregister of unknown instance %d ignored", id))
 		return false
 	}
-	delete(m.instances, id)
+	m.deleteLocked(inst)
 	writes, reads := m.takePendingLocked(func(k pendingKey) bool { return k.instance == id })
-	m.layouts.Remove(inst.p.ModelName, inst.p.WorldSize)
+	m.layouts.Remove(inst.p.ModelName, inst.p.WorldSize, inst.layoutID)
 	m.mu.Unlock()
 
 	m.discard(writes, reads)
@@ -596,9 +650,9 @@ func (m *Module) Close() {
 	}
 	m.closed = true
 	writes, reads := m.takePendingLocked(func(pendingKey) bool { return true })
-	for id, inst := range m.instances {
-		m.layouts.Remove(inst.p.ModelName, inst.p.WorldSize)
-		delete(m.instances, id)
+	for _, inst := range m.instances {
+		m.layouts.Remove(inst.p.ModelName, inst.p.WorldSize, inst.layoutID)
+		m.deleteLocked(inst)
 	}
 	m.mu.Unlock()
 	m.discard(writes, reads)
@@ -671,7 +725,7 @@ func (m *Module) keyRequest(inst *instance, k protocol.Key) (keys.KeyRequest, pe
 	}
 	req := keys.KeyRequest{
 		RequestID: k.RequestID, Model: k.ModelName, WorldSize: k.WorldSize, Worker: k.WorkerID,
-		Tokens: k.TokenIDs, Start: k.Start, End: k.End, Salt: k.CacheSalt,
+		Tokens: k.TokenIDs, Start: k.Start, End: k.End, Salt: k.CacheSalt, Layout: inst.layoutID,
 	}
 	pk := pendingKey{
 		instance: inst.id, worldSize: k.WorldSize, worker: *k.WorkerID,

@@ -147,10 +147,13 @@ func key(toks []uint32, start, end int) protocol.Key {
 		Start: start, End: end, RequestID: "req"}
 }
 
+// objectKeys are k's keys under the layout a LOOKUP of its model answers
+// for (the model's first registered layout).
 func (e *env) objectKeys(k protocol.Key) []keys.ObjectKey {
 	e.t.Helper()
+	id, _ := e.layouts.First(k.ModelName, k.WorldSize)
 	ks, err := e.sessions.ObjectKeys(keys.KeyRequest{RequestID: k.RequestID, Model: k.ModelName,
-		WorldSize: k.WorldSize, Worker: k.WorkerID, Tokens: k.TokenIDs, Start: k.Start, End: k.End, Salt: k.CacheSalt})
+		WorldSize: k.WorldSize, Worker: k.WorkerID, Tokens: k.TokenIDs, Start: k.Start, End: k.End, Salt: k.CacheSalt, Layout: id})
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -205,23 +208,28 @@ func TestPlanSegment(t *testing.T) {
 		l1         settings.L1Config
 		source     string
 		want       string
+		private    bool // planned in this endpoint's private segment
 		wantReason string
 	}{
-		{"auto lazy", nil, lazy, "", "", "l1.use_lazy is on: a lazy pool cannot be shared"},
-		{"auto eager", nil, eager, "", "lmcache_l1_pool_4242", "pid 4242"},
-		{"empty flag", strptr(""), eager, "on the command line", "", `--shm-name "" given (on the command line)`},
-		{"empty env", strptr(""), eager, "by KVDOCK_SHM_NAME", "", `--shm-name "" given (by KVDOCK_SHM_NAME)`},
-		{"empty file, lazy", strptr(""), lazy, "in kvdock.yaml:3", "", `--shm-name "" given (in kvdock.yaml:3)`},
-		{"bare", strptr("foo"), eager, "on the command line", "lmcache_l1_pool_foo", "--shm-name foo given"},
-		{"slash", strptr("/foo"), eager, "on the command line", "lmcache_l1_pool_foo", "--shm-name /foo given"},
-		{"prefixed", strptr("lmcache_l1_pool_x"), eager, "", "lmcache_l1_pool_x", "--shm-name lmcache_l1_pool_x given"},
-		{"name beats lazy", strptr("foo"), lazy, "", "lmcache_l1_pool_foo", "foo"},
+		{"auto lazy", nil, lazy, "", "", false, "l1.use_lazy is on: a lazy pool cannot be shared"},
+		{"auto eager", nil, eager, "", "lmcache_l1_pool_4242", false, "pid 4242"},
+		{"empty flag", strptr(""), eager, "on the command line", "", true, `--shm-name "" given (on the command line)`},
+		{"empty env", strptr(""), eager, "by KVDOCK_SHM_NAME", "", true, `--shm-name "" given (by KVDOCK_SHM_NAME)`},
+		{"empty file, lazy", strptr(""), lazy, "in kvdock.yaml:3", "", false, `--shm-name "" given (in kvdock.yaml:3); l1.use_lazy is on`},
+		{"bare", strptr("foo"), eager, "on the command line", "lmcache_l1_pool_foo", false, "--shm-name foo given"},
+		{"slash", strptr("/foo"), eager, "on the command line", "lmcache_l1_pool_foo", false, "--shm-name /foo given"},
+		{"prefixed", strptr("lmcache_l1_pool_x"), eager, "", "lmcache_l1_pool_x", false, "--shm-name lmcache_l1_pool_x given"},
+		{"name beats lazy", strptr("foo"), lazy, "", "lmcache_l1_pool_foo", false, "foo"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			d := PlanSegment(settings.ServerConfig{ShmName: c.shm}, c.l1, 4242, c.source)
+			server := settings.ServerConfig{ShmName: c.shm, Host: "127.0.0.1", Port: 27042}
+			d := PlanSegment(server, c.l1, 4242, c.source)
 			if d.Segment != c.want {
 				t.Errorf("segment = %q, want %q", d.Segment, c.want)
+			}
+			if want := map[bool]string{true: l1.PrivateSegmentName("127.0.0.1", 27042)}[c.private]; d.Private != want {
+				t.Errorf("private segment = %q, want %q", d.Private, want)
 			}
 			if d.Shared || d.Size != 0 {
 				t.Errorf("plan %+v claims an outcome: only l1.Open knows whether the segment exists", d)
@@ -237,6 +245,7 @@ func TestPoolInfoFromDecision(t *testing.T) {
 	shared := l1.Decision{Segment: "lmcache_l1_pool_9", Size: 1 << 20, Shared: true, Reason: "shared"}
 	anon := l1.Decision{Size: 1 << 20, Reason: "/dev/shm has 60 MiB free, pool needs 1 GiB"}
 	off := l1.Decision{Size: 1 << 20, Reason: `--shm-name "" given (on the command line)`}
+	private := l1.PrivateSegmentName("127.0.0.1", 27042)
 	cases := []struct {
 		name string
 		d    l1.Decision
@@ -247,6 +256,9 @@ func TestPoolInfoFromDecision(t *testing.T) {
 		{"off", off, workers.Info{Reason: off.Reason}},
 		{"planned, not created", l1.Decision{Segment: "lmcache_l1_pool_foo", Reason: "--shm-name foo given"}, workers.Info{Reason: "--shm-name foo given"}},
 		{"no reason", l1.Decision{Segment: "lmcache_l1_pool_foo", Size: 4096, Shared: true}, workers.Info{ShmName: "lmcache_l1_pool_foo", PoolSize: 4096, Reason: "shared segment lmcache_l1_pool_foo (4096 bytes)"}},
+		{"private segment", l1.Decision{Private: private, Size: 1 << 20, Reason: off.Reason}, workers.Info{Reason: off.Reason}},
+		// However a private name got into Segment, it is never advertised.
+		{"private name as shared", l1.Decision{Segment: private, Size: 1 << 20, Shared: true, Reason: "x"}, workers.Info{Reason: "x"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -345,15 +357,21 @@ func TestSeedNamedCapacityFallback(t *testing.T) {
 	}
 }
 
-func TestSeedEmptyMakesNoSegment(t *testing.T) {
-	// An eager pool /dev/shm could hold, but --shm-name "" plans none: no
-	// segment is created and every worker gets pickle.
-	resp, pool, mod := seedCase(t, settings.ServerConfig{ShmName: strptr("")}, settings.L1Config{})
+func TestSeedEmptyAdvertisesNoSegment(t *testing.T) {
+	// An eager pool /dev/shm could hold, but --shm-name "" shares none: the
+	// pool is the endpoint's private segment, which a restart can keep and
+	// no worker is told of; every worker gets pickle.
+	server := settings.ServerConfig{ShmName: strptr(""), Host: "127.0.0.1", Port: 27000 + os.Getpid()%1000}
+	resp, pool, mod := seedCase(t, server, settings.L1Config{})
 	if resp != (protocol.RegisterResponse{}) {
 		t.Fatalf("Register = %+v; want {\"\", 0}", resp)
 	}
-	if d := pool.Decision(); d.Shared || d.Segment != "" || !strings.Contains(d.Reason, `--shm-name "" given (on the command line)`) {
-		t.Fatalf("pool decision %+v, want anonymous because of --shm-name \"\"", d)
+	private := l1.PrivateSegmentName(server.Host, server.Port)
+	if d := pool.Decision(); d.Shared || d.Segment != "" || d.Private != private || !strings.Contains(d.Reason, `--shm-name "" given (on the command line)`) {
+		t.Fatalf("pool decision %+v, want the private segment %s because of --shm-name \"\"", d, private)
+	}
+	if _, err := os.Stat(filepath.Join("/dev/shm", private)); err != nil {
+		t.Fatalf("private segment: %v", err)
 	}
 	if _, err := os.Stat(filepath.Join("/dev/shm", fmt.Sprintf("lmcache_l1_pool_%d", os.Getpid()))); !os.IsNotExist(err) {
 		t.Fatalf("--shm-name \"\" left a default segment: %v", err)
@@ -446,11 +464,14 @@ func TestRegistrationValidation(t *testing.T) {
 		t.Fatalf("MLA layout %v (%d bytes)", l.Shape, l.Bytes)
 	}
 
-	// Another layout for the same (model, world size) is refused.
+	// Another layout for the same (model, world size) registers beside it.
 	p = payload(9)
 	p.ModelName = "mla"
-	if _, err := e.mod.RegisterThrough(p, nil, ""); err == nil || !strings.Contains(err.Error(), "conflicts") {
-		t.Fatalf("conflicting layout: err = %v", err)
+	if _, err := e.mod.RegisterThrough(p, nil, ""); err != nil {
+		t.Fatalf("another layout of the model: %v", err)
+	}
+	if ids, _ := e.layouts.Registered("mla", 1); len(ids) != 2 || ids[0] == ids[1] {
+		t.Fatalf("registered layouts %x", ids)
 	}
 }
 

@@ -1,12 +1,13 @@
 package nongpu
 
 import (
+	"bytes"
 	"context"
-	"errors"
 	"strings"
 	"testing"
 	"time"
 
+	"kvdock/core/keys"
 	"kvdock/core/protocol"
 	"kvdock/core/rpc"
 	"kvdock/core/workers"
@@ -76,24 +77,70 @@ func TestReconnectedWorkerHoldsItsInstanceAfterTheWindow(t *testing.T) {
 	}
 }
 
-func TestConflictingRegistrationNamesBothPeers(t *testing.T) {
+// TestHostileSquatterLayoutKeepsChunksApart: a peer registers the victim's
+// model first with another layout of the same chunk size (bfloat16 for
+// float16, so a foreign chunk would fit the victim's slots unnoticed) and
+// stores the victim's prompt. The victim registers all the same; the
+// squatter's chunks are not the victim's (the victim's store of the
+// prompt gets slots of its own), and once both stored the prompt, a lookup over
+// every registered layout locks each layout's chunks for its own worker,
+// and each reads its own bytes.
+func TestHostileSquatterLayoutKeepsChunksApart(t *testing.T) {
 	e := newEnv(t, true, 1<<20)
-	if _, err := e.mod.RegisterThrough(payload(1), []byte("squatter"), ""); err != nil {
+	sq := payload(1)
+	sq.DtypeStr = "bfloat16"
+	if _, err := e.mod.RegisterThrough(sq, []byte("squatter"), ""); err != nil {
 		t.Fatal(err)
 	}
-	p := payload(2)
-	p.NumLayers = 3
-	_, err := e.mod.RegisterThrough(p, []byte("victim"), "")
-	if !errors.Is(err, ErrLayoutConflict) {
-		t.Fatalf("conflicting registration: %v", err)
+	if _, err := e.mod.RegisterThrough(payload(2), []byte("victim"), ""); err != nil {
+		t.Fatalf("the victim's registration of a squatted model: %v", err)
 	}
-	if s := e.mod.Stats(); s.Conflicts != 1 || s.Instances != 1 {
-		t.Fatalf("after the conflict: %+v", s)
+	if s := e.mod.Stats(); s.Conflicts != 0 || s.Instances != 2 {
+		t.Fatalf("after both registrations: %+v", s)
 	}
-	ev := e.eventsOf(workers.EventError)
-	if len(ev) != 1 || !strings.Contains(ev[0].Message, "instance 1 ("+peerText("squatter")+")") ||
-		!strings.Contains(ev[0].Message, peerText("victim")) {
-		t.Fatalf("conflict event %+v does not name both peers", ev)
+	k := key(tokens(2*testChunk, 50), 0, 2*testChunk)
+	e.storeSHM(k, 1, 0xAA, "the squatter's store refused")
+	// The victim's PREPARE_STORE of the same prompt gets slots: the
+	// squatter's chunks do not count as the victim's.
+	r, err := e.mod.PrepareStore(k, 2)
+	if err != nil || len(r.Slots) != 2 {
+		t.Fatalf("the victim's prepare store after the squatter's: %d slots, %v", len(r.Slots), err)
+	}
+	e.writeSlots(r.Slots, 0x55)
+	if ok, _ := e.mod.CommitStore(k, 2, nil); !ok {
+		t.Fatal("the victim's commit refused")
+	}
+	ids, groups := e.layouts.Registered("m", 1)
+	if len(ids) != 2 || ids[0] == ids[1] {
+		t.Fatalf("registered layouts %x", ids)
+	}
+	ks, err := e.sessions.Keys(keys.KeyRequest{RequestID: k.RequestID, Model: "m", WorldSize: 1, Worker: intptr(0),
+		Tokens: k.TokenIDs, Start: k.Start, End: k.End})
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := ks.WithLayouts(ids, groups).All()
+	if n := e.pool.ReserveReadPrefix(all, 1); n != len(all) {
+		t.Fatalf("lookup over both layouts locked %d of %d keys", n, len(all))
+	}
+	for _, w := range []struct {
+		id   int64
+		seed byte
+	}{{1, 0xAA}, {2, 0x55}} {
+		r, err := e.mod.PrepareRetrieve(k, w.id)
+		if err != nil || !r.Success || len(r.Slots) != 2 {
+			t.Fatalf("instance %d retrieve: %+v, %v", w.id, r, err)
+		}
+		want := make([]byte, chunkBytes)
+		fill(want, w.seed)
+		for i, sl := range r.Slots {
+			if !bytes.Equal(e.slotBytes(sl), want) {
+				t.Fatalf("instance %d chunk %d: another layout's bytes", w.id, i)
+			}
+		}
+		if ok, _ := e.mod.CommitRetrieve(k, w.id); !ok {
+			t.Fatalf("instance %d commit retrieve refused", w.id)
+		}
 	}
 }
 

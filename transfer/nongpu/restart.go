@@ -1,6 +1,7 @@
 package nongpu
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"sort"
@@ -30,11 +31,21 @@ func (m *Module) Registrations() []restart.Registration {
 // Restore registers the instances of a restart record again, so that their
 // workers, which never register twice, are served by the new process. Each
 // is checked as a REGISTER is (the payload in full, the layout against the
-// model's, server.max_instances) and refused alone with its reason. A
-// restored instance has no ZMQ peer yet: the first that speaks for it
-// holds it. Its silence is counted from now. PICKLE stays PICKLE; SHM
-// needs the pool to be shared.
-func (m *Module) Restore(regs []restart.Registration) (restored int, refused []string) {
+// model's, server.max_instances) and refused alone with its reason.
+//
+// A PICKLE registration needs no segment and is always restored. An SHM
+// one is restored only when segmentKept says this start adopted the
+// segment its worker mapped, and the pool is shared: a worker never gets
+// slots of a segment it does not map. Refused, its worker's requests are
+// answered as for an unregistered instance (no slots, commits false,
+// retrieves a miss) until it registers again.
+//
+// A restored instance has no ZMQ peer yet (its worker reconnects under a
+// new routing id) and counts as held by a live one for the peer window:
+// the first peer that speaks for it holds it, and an UNREGISTER from any
+// peer before that is refused (UnregisterFrom). Its silence is counted
+// from now; it is served under the protocol table it registered through.
+func (m *Module) Restore(regs []restart.Registration, segmentKept bool) (restored int, refused []string) {
 	now := m.now()
 	for _, g := range regs {
 		groups, err := m.validate(g.Payload)
@@ -42,8 +53,14 @@ func (m *Module) Restore(regs []restart.Registration) (restored int, refused []s
 			err = fmt.Errorf("payload names instance %d", g.Payload.InstanceID)
 		}
 		mode, reason := workers.ModePickle, m.info.Reason
+		if m.info.Shared() {
+			reason = "the worker fell back to pickle before a restart"
+		}
 		if err == nil && workers.Mode(g.Mode) == workers.ModeSHM {
-			if !m.info.Shared() {
+			switch {
+			case !segmentKept:
+				err = errors.New("registered for SHM on the previous pool's segment, which this start did not adopt: its worker maps that segment, not this one")
+			case !m.info.Shared():
 				err = fmt.Errorf("registered for SHM, and the pool is not shared (%s)", m.info.Reason)
 			}
 			mode, reason = workers.ModeSHM, "shared segment "+m.info.ShmName
@@ -78,15 +95,15 @@ func (m *Module) restoreOne(g restart.Registration, groups []layout.Layout, mode
 	if err := m.roomLocked(g.ID); err != nil {
 		return err
 	}
-	if have, ok := m.layouts.Groups(p.ModelName, p.WorldSize); ok && !layout.GroupsEqual(have, groups) {
-		return fmt.Errorf("%w: %s, the model is registered with %s", ErrLayoutConflict, groupsText(groups), groupsText(have))
+	id, err := m.layouts.AddGroups(p.ModelName, p.WorldSize, groups)
+	if err != nil {
+		return fmt.Errorf("%w: %s: %v", ErrLayoutConflict, groupsText(groups), err)
 	}
 	registered := g.Registered
 	if registered.IsZero() || registered.After(now) {
 		registered = now
 	}
-	m.instances[g.ID] = &instance{id: g.ID, p: p, lay: groups[0], groups: groups, mode: mode, reason: reason,
-		registered: registered, last: now, peerSeen: now, profile: g.Profile}
-	m.layouts.AddGroups(p.ModelName, p.WorldSize, groups)
+	m.putLocked(&instance{id: g.ID, p: p, lay: groups[0], groups: groups, mode: mode, reason: reason,
+		registered: registered, last: now, peerSeen: now, profile: g.Profile, restored: true, layoutID: id})
 	return nil
 }

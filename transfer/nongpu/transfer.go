@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"kvdock/core/keys"
+	"kvdock/core/kvevents"
 	"kvdock/core/l1"
 	"kvdock/core/layout"
 	"kvdock/core/protocol"
@@ -123,7 +124,7 @@ func (m *Module) PrepareStore(k protocol.Key, id int64) (protocol.PrepareStoreRe
 		m.pool.AbortWrite(res)
 		return emptyShm(inst), nil
 	}
-	m.writes[pk] = &pending{inst: inst, res: res, bytes: reservedBytes(res), created: created}
+	m.writes[pk] = &pending{inst: inst, res: res, bytes: reservedBytes(res), created: created, carry: m.carryKeyLocked(pk, k)}
 	m.mu.Unlock()
 	return resp, nil
 }
@@ -152,6 +153,9 @@ func (m *Module) CommitStore(k protocol.Key, id int64, data []byte) (bool, error
 		}
 		p := m.takePending(m.writes, pk)
 		if p == nil {
+			p = m.takeCarriedWrite(pk, k)
+		}
+		if p == nil {
 			if m.modeOf(inst) == workers.ModePickle {
 				// Upstream's pickle strategy fails to unpickle b"" and sends no reply.
 				return false, fmt.Errorf("commit store for instance %d: empty data in pickle mode and nothing pending", id)
@@ -172,6 +176,7 @@ func (m *Module) CommitStore(k protocol.Key, id int64, data []byte) (bool, error
 		inst.bytesIn += p.bytes
 		m.mu.Unlock()
 		m.notePublished(p.res, inst)
+		m.noteCommittedSHM(inst, k, p.res)
 		m.noteSHMWorks(inst)
 		return true, nil
 	}
@@ -202,7 +207,7 @@ func (m *Module) CommitStore(k protocol.Key, id int64, data []byte) (bool, error
 		// release them so the pickled data can be stored.
 		m.abandonPendingWrite(pk)
 	}
-	ok, err := m.commitPickle(inst, prev, ks, ts, inst.lay, false)
+	ok, err := m.commitPickle(inst, k, prev, ks, ts, inst.lay, false)
 	if err != nil {
 		return false, fmt.Errorf("commit store for instance %d: %w", id, err)
 	}
@@ -242,7 +247,7 @@ func (m *Module) commitGroups(inst *instance, k protocol.Key, data []byte) (bool
 	}
 	all := true
 	for g, ts := range gs {
-		ok, err := m.commitPickle(inst, keys.InGroup(prev, uint32(g)), keys.InGroup(ks, uint32(g)), ts, inst.groups[g], true)
+		ok, err := m.commitPickle(inst, k, keys.InGroup(prev, uint32(g)), keys.InGroup(ks, uint32(g)), ts, inst.groups[g], true)
 		if err != nil {
 			return false, fmt.Errorf("commit store for instance %d, group %d: %w", inst.id, g, err)
 		}
@@ -297,7 +302,7 @@ func (m *Module) CommitStoreGroup(k protocol.Key, id int64, group int64, data []
 		m.noteFallback(inst)
 		m.abandonPendingWrite(pk)
 	}
-	ok, err := m.commitPickle(inst, keys.InGroup(prev, uint32(group)), keys.InGroup(ks, uint32(group)), ts, lay, true)
+	ok, err := m.commitPickle(inst, k, keys.InGroup(prev, uint32(group)), keys.InGroup(ks, uint32(group)), ts, lay, true)
 	if err != nil {
 		return false, fmt.Errorf("commit store group for instance %d, group %d: %w", id, group, err)
 	}
@@ -384,7 +389,7 @@ func matches(t torchpickle.Tensor, lay layout.Layout) bool {
 // reserved, except that a tensor not matching the layout is never stored and
 // makes it false; with exact (group commits) so does a tensor count other
 // than the key's chunk count.
-func (m *Module) commitPickle(inst *instance, prev, ks []keys.ObjectKey, ts []torchpickle.Tensor, lay layout.Layout, exact bool) (bool, error) {
+func (m *Module) commitPickle(inst *instance, k protocol.Key, prev, ks []keys.ObjectKey, ts []torchpickle.Tensor, lay layout.Layout, exact bool) (bool, error) {
 	valid := make([]bool, len(ks))
 	rejected := 0
 	if exact && len(ts) != len(ks) {
@@ -444,6 +449,7 @@ func (m *Module) commitPickle(inst *instance, prev, ks []keys.ObjectKey, ts []to
 		written, bytesIn = nil, 0 // a clear overtook the batch: nothing published
 	}
 	m.notePublished(written, inst)
+	m.noteCommitted(inst, k, prev, ks, written)
 	ok := len(written) == len(res) && rejected == 0
 	m.mu.Lock()
 	if rejected > 0 {
@@ -661,7 +667,7 @@ func (m *Module) prepareRetrieve(k protocol.Key, id int64, encode func(ts []torc
 			m.pool.ReleaseRead(found)
 			return resp, nil
 		}
-		m.reads[pk] = &pending{inst: inst, refs: found, bytes: total, created: created, readers: 1, reply: resp}
+		m.reads[pk] = &pending{inst: inst, refs: found, bytes: total, created: created, readers: 1, reply: resp, carry: m.carryKeyLocked(pk, k)}
 		m.mu.Unlock()
 		return resp, nil
 	}
@@ -720,7 +726,11 @@ func (m *Module) CommitRetrieve(k protocol.Key, id int64) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("commit retrieve for instance %d: %w", id, err)
 	}
-	if p := m.endRead(pk); p != nil && !m.expireIfDue(p, false) {
+	p := m.endRead(pk)
+	if p == nil && m.hasCarried() {
+		p = m.endRead(m.carriedKey(pk, k))
+	}
+	if p != nil && !m.expireIfDue(p, false) {
 		m.pool.ReleaseRead(p.refs)
 	}
 	return true, nil
@@ -946,6 +956,44 @@ func (m *Module) notePublished(rs []l1.Reservation, inst *instance) {
 			m.published(ks, groupOf(inst, uint32(g)))
 		}
 	}
+}
+
+// noteCommittedSHM is noteCommitted for an SHM commit, whose pending entry
+// keeps no keys: they are resolved again (from the session's cached hashes),
+// only when the KV event stream is on.
+func (m *Module) noteCommittedSHM(inst *instance, k protocol.Key, rs []l1.Reservation) {
+	if m.committed == nil || len(rs) == 0 {
+		return
+	}
+	ks, prev, _, err := m.resolveStore(inst, k)
+	if err != nil {
+		return // the commit resolved these keys at its prepare: not expected
+	}
+	m.noteCommitted(inst, k, prev, ks, rs)
+}
+
+// noteCommitted tells Deps.Committed what the KV event stream needs of a
+// commit that published rs: the store's chunk hashes in prompt order, the
+// parent of its first, its tokens and how many objects make a chunk whole
+// (every rank of every group, as LOOKUP counts).
+func (m *Module) noteCommitted(inst *instance, k protocol.Key, prev, ks []keys.ObjectKey, rs []l1.Reservation) {
+	if m.committed == nil || len(rs) == 0 || k.Start < 0 || k.End > len(k.TokenIDs) || k.Start > k.End {
+		return
+	}
+	c := kvevents.Commit{
+		Model: k.ModelName, Salt: k.CacheSalt, Objects: k.WorldSize * len(inst.groups),
+		Hashes: make([]keys.Hash, len(ks)), Tokens: k.TokenIDs[k.Start:k.End], Keys: make([]keys.ObjectKey, len(rs)),
+	}
+	for i := range ks {
+		c.Hashes[i] = ks[i].Chunk
+	}
+	if len(prev) > 0 {
+		c.Parent, c.HasParent = prev[0].Chunk, true
+	}
+	for i, r := range rs {
+		c.Keys[i] = r.Key
+	}
+	m.committed(c)
 }
 
 // reserve reserves ks for inst, linked after prev when the store starts

@@ -21,7 +21,10 @@ func TestPrefetchHybridGroups(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg := layout.NewRegistry()
-	reg.AddGroups("org/model:v1", 1, []layout.Layout{lay0, lay1})
+	id, err := reg.AddGroups("org/model:v1", 1, []layout.Layout{lay0, lay1})
+	if err != nil {
+		t.Fatal(err)
+	}
 	p := openPool(t, 1<<20)
 	mt := memtier.New()
 	s := tier.NewSet([]tier.Backend{mt}, p, reg, tier.Options{})
@@ -37,6 +40,7 @@ func TestPrefetchHybridGroups(t *testing.T) {
 	var ks []keys.ObjectKey
 	for c := range 2 {
 		k0 := testKey(c)
+		k0.Layout = id // the keys a lookup of the model builds
 		k1 := k0
 		k1.Group = 1
 		put(k0, lay0, 10*c)

@@ -12,6 +12,13 @@ import (
 	"kvdock/core/layout"
 )
 
+// layoutGroup names one KV group of one layout (keys.ObjectKey.Layout and
+// Group): a model registered with several layouts has a group 0 in each.
+type layoutGroup struct {
+	id    uint64
+	group uint32
+}
+
 // Prefetch is a lookup's tier phase. ks are the keys of the chunks after the
 // lookup's L1 prefix, chunk-major and rank-minor, per keys a chunk, of
 // (model, worldSize). It asks the tiers, in order, for the leading chunks
@@ -26,17 +33,19 @@ func (s *Set) Prefetch(ctx context.Context, model string, worldSize int, ks []ke
 	if len(s.tiers) == 0 || per <= 0 || len(ks) < per || count <= 0 {
 		return 0
 	}
-	// Each key is named and verified under its own group's layout.
-	lays := make(map[uint32]layout.Layout, 1)
+	// Each key is named and verified under its own group's layout (of the
+	// layouts its key names).
+	lays := make(map[layoutGroup]layout.Layout, 1)
 	for _, k := range ks[:min(len(ks), MaxPrefetchKeys)] {
-		if _, seen := lays[k.Group]; seen {
+		lg := layoutGroup{k.Layout, k.Group}
+		if _, seen := lays[lg]; seen {
 			continue
 		}
-		lay, ok := s.layouts.GroupLayout(model, worldSize, k.Group)
+		lay, ok := s.layouts.LayoutOf(model, worldSize, k.Layout, k.Group)
 		if !ok {
 			return 0
 		}
-		lays[k.Group] = lay
+		lays[lg] = lay
 	}
 	select {
 	case s.jobs <- struct{}{}:
@@ -56,7 +65,7 @@ func (s *Set) Prefetch(ctx context.Context, model string, worldSize int, ks []ke
 	ks = ks[:min(len(ks), MaxPrefetchKeys)/per*per]
 	names := make([]string, len(ks))
 	for i, k := range ks {
-		names[i] = Key(k, lays[k.Group])
+		names[i] = Key(k, lays[layoutGroup{k.Layout, k.Group}])
 	}
 	owner := s.find(ctx, names, per)
 	chunks := len(owner)
@@ -114,7 +123,7 @@ func (s *Set) KnownAbsent(model string, worldSize int, ks []keys.ObjectKey, per 
 	}
 	// The first key's KV group (a hybrid model's chunk is absent when any
 	// group of it is), under that group's layout.
-	lay, ok := s.layouts.GroupLayout(model, worldSize, ks[0].Group)
+	lay, ok := s.layouts.LayoutOf(model, worldSize, ks[0].Layout, ks[0].Group)
 	if !ok {
 		return true
 	}
@@ -226,9 +235,9 @@ func (j *loadJob) settle(ks []keys.ObjectKey, per, count int, pool Pool) int {
 
 // loadChunk loads every key of one chunk from m into L1 and read-locks
 // them count times; false, with nothing left locked, on any failure.
-func (s *Set) loadChunk(ctx context.Context, m *member, ck []keys.ObjectKey, names []string, lays map[uint32]layout.Layout, count int) bool {
+func (s *Set) loadChunk(ctx context.Context, m *member, ck []keys.ObjectKey, names []string, lays map[layoutGroup]layout.Layout, count int) bool {
 	for i, k := range ck {
-		if !s.loadKey(ctx, m, k, names[i], lays[k.Group]) {
+		if !s.loadKey(ctx, m, k, names[i], lays[layoutGroup{k.Layout, k.Group}]) {
 			return false
 		}
 	}

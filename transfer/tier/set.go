@@ -36,10 +36,11 @@ type Pool interface {
 
 // Layouts resolves a worker group's registered layout; *layout.Registry is one.
 type Layouts interface {
-	// GroupLayout is the layout of KV group g of (model, worldSize): each
-	// group of a hybrid model has its own, and its values are stored,
-	// named and verified under it.
-	GroupLayout(model string, worldSize int, g uint32) (layout.Layout, bool)
+	// LayoutOf is the layout of KV group g of the layouts registered as
+	// id (keys.ObjectKey.Layout) for (model, worldSize): each group of a
+	// hybrid model has its own, and its values are stored, named and
+	// verified under it.
+	LayoutOf(model string, worldSize int, id uint64, g uint32) (layout.Layout, bool)
 }
 
 // Store policies.

@@ -157,7 +157,7 @@ func TestHeaderRoundTripAndRejections(t *testing.T) {
 // fakeLayouts answers one layout for every group.
 type fakeLayouts struct{ l layout.Layout }
 
-func (f fakeLayouts) GroupLayout(string, int, uint32) (layout.Layout, bool) { return f.l, true }
+func (f fakeLayouts) LayoutOf(string, int, uint64, uint32) (layout.Layout, bool) { return f.l, true }
 
 func openPool(t *testing.T, size int64) *l1.Pool {
 	t.Helper()

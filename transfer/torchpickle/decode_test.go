@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"unsafe"
 )
@@ -226,7 +227,7 @@ func TestDecodeMemoizedStorage(t *testing.T) {
 		t.Fatalf("first view wrong: %+v", got)
 	}
 	// Second: the transpose of the first, shape [3,2], stride [1,3]: copied.
-	if !equalShape(got[1].Shape, []int{3, 2}) {
+	if !slices.Equal(got[1].Shape, []int{3, 2}) {
 		t.Fatalf("second shape %v", got[1].Shape)
 	}
 	var exp []byte

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -84,7 +85,7 @@ func TestEncodeDecodeRoundTrip(t *testing.T) {
 		}
 		for i, w := range c.tensors {
 			g := got[i]
-			if g.Dtype != w.Dtype || !equalShape(g.Shape, w.Shape) || !bytes.Equal(g.Data, w.Data) {
+			if g.Dtype != w.Dtype || !slices.Equal(g.Shape, w.Shape) || !bytes.Equal(g.Data, w.Data) {
 				t.Errorf("%s[%d]: got %s %v, want %s %v (or data differs)", c.name, i, g.Dtype, g.Shape, w.Dtype, w.Shape)
 			}
 			if !within(g.Data, out) {
@@ -105,18 +106,6 @@ func TestEncodeAllocatesOnce(t *testing.T) {
 	if allocs != 0 {
 		t.Fatalf("AppendEncode into a presized buffer allocated %v times", allocs)
 	}
-}
-
-func equalShape(a, b []int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 func TestEncodeRejectsBadTensors(t *testing.T) {

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -163,7 +164,7 @@ func FuzzDecode(f *testing.F) {
 			t.Fatalf("round trip: %d tensors, want %d", len(back), len(ts))
 		}
 		for i := range ts {
-			if back[i].Dtype != ts[i].Dtype || !equalShape(back[i].Shape, ts[i].Shape) || !bytes.Equal(back[i].Data, ts[i].Data) {
+			if back[i].Dtype != ts[i].Dtype || !slices.Equal(back[i].Shape, ts[i].Shape) || !bytes.Equal(back[i].Data, ts[i].Data) {
 				t.Fatalf("round trip changed tensor %d", i)
 			}
 		}

@@ -55,6 +55,9 @@ type Options struct {
 	// Restart (--restart) measures the gap and the hit ratio around
 	// restarts of a server process that keeps its pool (restart.go).
 	Restart bool
+	// RestartObjects (--restart-objects) are the table sizes --restart
+	// measures, one server process each (empty: one working set).
+	RestartObjects []int
 	// Adapters are the validated --l2-adapter objects: each is measured as
 	// the one tier of an in-process engine.
 	Adapters []settings.Adapter

@@ -44,6 +44,15 @@ type driverConfig struct {
 	PickleOnSHM bool
 	// Progress is told the phase and the bytes moved (nil: nobody).
 	Progress *progress
+	// EndStores ends each store's session (END_SESSION) once it is done:
+	// a worker that only stores (the store stream) has no retrieve that
+	// would end it, and a session left behind stays on the server for its
+	// TTL.
+	EndStores bool
+	// Live: the server is not the bench's own (--host without
+	// --server-process), so the workers register as benchmark traffic
+	// (benchModel), which that server keeps apart from its real workers.
+	Live bool
 }
 
 // driver is N simulated LMCache non-GPU workers on the real wire protocol,
@@ -140,7 +149,7 @@ func newDriver(ctx context.Context, cfg driverConfig) (_ *driver, err error) {
 	}
 	for w, c := range d.clients {
 		wcfg := worker.Config{
-			InstanceID: cfg.InstanceBase + int64(w), Model: benchModel(cfg.Model),
+			InstanceID: cfg.InstanceBase + int64(w), Model: benchModel(cfg.Model, cfg.Live),
 			Layers: cfg.Model.Layers, Hidden: cfg.Model.Hidden, Dtype: cfg.Model.Dtype, MLA: cfg.Model.MLA,
 			Pickle: cfg.Mode == "pickle", ShmDir: cfg.ShmDir, Populate: true, Segment: d.seg,
 		}
@@ -301,9 +310,16 @@ func (d *driver) storeWorker(ctx context.Context, w, round int, st *counters) {
 		}
 		st.ops++
 		start := time.Now()
-		cctx, cancel := context.WithTimeout(ctx, d.cfg.Timeout)
+		// A store once begun is finished even when ctx ends meanwhile (the
+		// stream's turn is over, the run was stopped): a PREPARE_STORE left
+		// without its COMMIT_STORE keeps its slots write-locked on the
+		// server for the write TTL.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.Timeout)
 		res, err := wk.Store(cctx, wk.Key(p.tokens, len(p.ids), p.requestID), chunks)
 		cancel()
+		if d.cfg.EndStores {
+			_, _ = d.call(context.WithoutCancel(ctx), d.clients[w], st, protocol.EndSession, p.requestID)
+		}
 		switch {
 		case err != nil:
 			st.fail(fmt.Errorf("store %s: %w", p.requestID, err))
@@ -356,7 +372,9 @@ func (d *driver) retrieveWorker(ctx context.Context, w, round int, st *counters)
 		if hits > 0 {
 			d.retrieveOne(ctx, w, st, p, hits)
 		}
-		_, _ = d.call(ctx, d.clients[w], st, protocol.EndSession, p.requestID)
+		// Ended also when the run was stopped: a session outlives its
+		// worker on the server for its TTL.
+		_, _ = d.call(context.WithoutCancel(ctx), d.clients[w], st, protocol.EndSession, p.requestID)
 	}
 }
 
@@ -453,7 +471,7 @@ func (d *driver) smallOps(ctx context.Context, dur time.Duration) smallResult {
 				st.ops++
 			}
 		}
-		_, _ = d.call(ctx, d.clients[w], st, protocol.EndSession, p.requestID)
+		_, _ = d.call(context.WithoutCancel(ctx), d.clients[w], st, protocol.EndSession, p.requestID)
 	})
 	return res
 }
@@ -527,6 +545,7 @@ func (d *driver) smallOpsUnderStoreBesideEcho(ctx context.Context, dur time.Dura
 	var ech echoRates
 	cfg := d.cfg
 	cfg.Workers, cfg.Chunks, cfg.Repeat, cfg.InstanceBase, cfg.Progress, cfg.AfterRound = 1, 1, 0, instance, nil, nil
+	cfg.EndStores = true
 	ld, err := newDriver(ctx, cfg)
 	if err != nil {
 		return res, ech, fmt.Errorf("store stream worker: %w", err)
@@ -591,8 +610,16 @@ func (d *driver) underStream(ctx context.Context, ld *driver, dur time.Duration,
 	return smallLoaded{smallResult: sr, streamGBps: float64(stream.storeBytes) / el.Seconds() / 1e9}
 }
 
-// benchModel is the model name the benchmark's workers register: marked as
-// benchmark traffic (lookup.BenchModelPrefix), so that a run against a
-// live server stays out of the real workers' hit ratio, tokens saved,
-// miss breakdown and what-if.
-func benchModel(m Model) string { return lookup.BenchModelPrefix + m.Name }
+// benchModel is the model name the benchmark's workers register. Against
+// a live server it is marked as benchmark traffic (lookup.BenchModelPrefix):
+// that server keeps it out of the real workers' hit ratio, tokens saved,
+// miss breakdown and what-if, gives it only the pool's room below the
+// watermark, never lets it evict another model's chunks and never writes
+// it to a tier. The bench's own servers treat it as any model, so that
+// what is measured there is the path real workers take.
+func benchModel(m Model, live bool) string {
+	if !live {
+		return m.Name
+	}
+	return lookup.BenchModelPrefix + m.Name
+}

@@ -87,6 +87,7 @@ func parseFlags(args []string, stderr io.Writer, environ []string) (Options, int
 	pid := fs.Int("server-pid", 0, "the target server's pid, for its CPU time and peak RSS")
 	child := fs.Bool("server-process", false, "start the server as a separate kvdock process and measure it as a target (its own RSS and CPU); one --mode")
 	restart := fs.Bool("restart", false, "measure restarts instead: a server process that keeps its pool (--l1-keep-on-exit) restarted by SIGUSR2 and by SIGTERM + the same command line under load; the gap and the hit ratio around it (--mode shm, --timeout 2s unless given)")
+	restartObjects := fs.IntSlice("restart-objects", nil, "with --restart: fill the pool with this many objects first, one server process per size, e.g. 1000,16000,64000 (default: one working set of --prompts)")
 	def := settings.Default()
 	fs.String(settings.ConfigFlag, "", "settings file to read the target's HTTP address from (default $XDG_CONFIG_HOME/kvdock/config.yaml when it exists) ["+settings.EnvConfig+"]")
 	fs.String("http-host", "", "host of the target's HTTP API, for /status (default: --host) [KVDOCK_HTTP_HOST]")
@@ -194,6 +195,14 @@ func parseFlags(args []string, stderr io.Writer, environ []string) (Options, int
 			bad = append(bad, "--restart: give one --mode (shm or pickle)")
 		}
 	}
+	for _, n := range *restartObjects {
+		if n < 1 || n > 1<<22 {
+			bad = append(bad, fmt.Sprintf("--restart-objects %d: must be 1..4194304", n))
+		}
+	}
+	if len(*restartObjects) > 0 && (!*restart || fs.Changed("prompts")) {
+		bad = append(bad, "--restart-objects: only with --restart, and not with --prompts (the size sets the prompts)")
+	}
 	var adapters []settings.Adapter
 	if *child {
 		if *host != "" || len(*l2) > 0 {
@@ -243,7 +252,7 @@ func parseFlags(args []string, stderr io.Writer, environ []string) (Options, int
 		PoolBytes: int64(*poolGB * (1 << 30)), Host: *host, Port: *port, ServerPID: *pid,
 		HTTPHost: httpHost, HTTPPort: httpPort,
 		Protocol: *proto, Timeout: *timeout, JSON: *asJSON, CPUProfile: *cpuprof,
-		Adapters: adapters, Args: append([]string(nil), args...), ServerProcess: *child, Restart: *restart,
+		Adapters: adapters, Args: append([]string(nil), args...), ServerProcess: *child, Restart: *restart, RestartObjects: *restartObjects,
 		Baseline: baseline, BaselinePath: *compare, From: fromRun, FailDrop: *failDrop,
 	}, -1
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"kvdock/core/protocol"
+	"kvdock/settings"
 )
 
 // runMode measures one transfer mode against a fresh in-process engine or
@@ -30,7 +31,7 @@ func runMode(ctx context.Context, o Options, prof *protocol.Profile, mode string
 		Endpoint: endpoint, Profile: prof, Mode: mode, Model: o.Model, Chunks: o.Chunks,
 		Workers: o.Workers, Repeat: o.Repeat, Timeout: o.Timeout, Rounds: o.Rounds,
 		Duration: o.Duration, ClearBetweenRounds: o.Host == "" || o.ServerProcess, InstanceBase: instanceBase,
-		PickleOnSHM: tgt != nil && tgt.status != nil, Progress: o.progress,
+		PickleOnSHM: tgt != nil && tgt.status != nil, Progress: o.progress, Live: o.Host != "" && !o.ServerProcess,
 	})
 	if err != nil {
 		return nil, 0, err
@@ -45,6 +46,19 @@ func runMode(ctx context.Context, o Options, prof *protocol.Profile, mode string
 		sizing = 1 << 30 // unknown: assume kvdock's default
 	}
 	d.cfg.PromptsPerRound = promptsFor(o, sizing, d.lay.Bytes)
+	if room, ok := tgt.benchRoom(); ok && o.Host != "" && !o.ServerProcess {
+		// A live server: the bench's stores get only the room below the
+		// watermark the real workers' chunks leave, and evict nothing of
+		// theirs; one round is sized to it.
+		round := int64(o.Workers) * int64(o.Chunks) * alignedChunk(d.lay.Bytes)
+		if room < round {
+			return nil, 0, fmt.Errorf("the server's pool has %s below its eviction watermark that other models' chunks leave, one round of %d worker(s) × %d chunk(s) needs %s, and the bench never evicts another model's chunks: run it when the pool has room, with fewer --chunks or --workers, or against a server of its own (no --host)",
+				settings.BytesText(room), o.Workers, o.Chunks, settings.BytesText(round))
+		}
+		if o.Prompts <= 0 {
+			d.cfg.PromptsPerRound = max(1, min(d.cfg.PromptsPerRound, int(room*7/10/round)))
+		}
+	}
 
 	mr := &ModeResult{Mode: mode, Endpoint: endpoint, ShmName: d.shmName, PoolBytes: pool, LookupChunks: 16}
 	meter := cpuMeter{pid: o.ServerPID}
@@ -154,7 +168,7 @@ func runMode(ctx context.Context, o Options, prof *protocol.Profile, mode string
 		mr.MemcpyFromSegmentGBps = round4(mean(mr.segOutSamples))
 	}
 	o.progress.setPhase(mode+": small requests", "NOOP, LOOKUP+STATUS, in turns with the raw echo")
-	small, look, typ, err := echoFrames(d.cfg.Model, d.chunkTok, prof)
+	small, look, typ, err := echoFrames(d.workers[0].Model(), d.chunkTok, prof)
 	if err != nil {
 		return nil, 0, err
 	}

@@ -261,7 +261,7 @@ func (r *Result) measureReferences(ctx context.Context, o Options, prof *protoco
 	chunk := r.Config.ChunkBytes
 	pat := newPattern(int(chunk), 0xc0ffee)
 	r.References.MemcpyGBps = round4(memcpyGBps(pat.chunk(0), o.RefDuration))
-	small, look, typ, err := echoFrames(o.Model, r.Config.ChunkTokens, prof)
+	small, look, typ, err := echoFrames(benchModel(o.Model, o.Host != "" && !o.ServerProcess), r.Config.ChunkTokens, prof)
 	if err != nil {
 		return fmt.Errorf("references: %w", err)
 	}
@@ -295,7 +295,7 @@ func (r *Result) measureReferences(ctx context.Context, o Options, prof *protoco
 // echoFrames builds the raw echo's messages of the small requests: a NOOP
 // and a LOOKUP of a 16-chunk prompt (frames as the workers send them, uid
 // first), and returns how a request type is encoded.
-func echoFrames(m Model, chunkTokens int, prof *protocol.Profile) (small, look [][]byte, typ func(string) []byte, err error) {
+func echoFrames(model string, chunkTokens int, prof *protocol.Profile) (small, look [][]byte, typ func(string) []byte, err error) {
 	uid, _ := protocol.Encode(int64(1) << 40)
 	typ = func(name string) []byte {
 		spec, ok := prof.ByName(name)
@@ -307,7 +307,7 @@ func echoFrames(m Model, chunkTokens int, prof *protocol.Profile) (small, look [
 	}
 	lw := &workload{chunkTokens: chunkTokens, chunks: 16}
 	p := lw.prompt(1<<15, 0, 0)
-	key, err := protocol.Encode(protocol.Key{ModelName: benchModel(m), WorldSize: 1, TokenIDs: p.tokens, End: len(p.tokens), RequestID: "bench-small-w0"})
+	key, err := protocol.Encode(protocol.Key{ModelName: model, WorldSize: 1, TokenIDs: p.tokens, End: len(p.tokens), RequestID: "bench-small-w0"})
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("encode the LOOKUP key: %w", err)
 	}

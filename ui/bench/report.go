@@ -10,6 +10,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"kvdock/settings"
 )
 
 // Result is everything one `kvdock bench` run measured. Its JSON form is
@@ -325,12 +327,12 @@ func (r *Result) WriteTable(w io.Writer) error {
 	c := r.Config
 	var b strings.Builder
 	fmt.Fprintf(&b, "kvdock bench: model %s (%d layers, hidden %d, %s, mla=%v), chunk %d tokens = %s, %d chunks/prompt, %d workers, repeat %.2f\n",
-		c.Model.Name, c.Model.Layers, c.Model.Hidden, c.Model.Dtype, c.Model.MLA, c.ChunkTokens, mib(c.ChunkBytes), c.Chunks, c.Workers, c.Repeat)
+		c.Model.Name, c.Model.Layers, c.Model.Hidden, c.Model.Dtype, c.Model.MLA, c.ChunkTokens, settings.BytesText(c.ChunkBytes), c.Chunks, c.Workers, c.Repeat)
 	where := "in-process engine, ZMQ over loopback"
 	if !c.InProcess {
 		where = "server " + c.Endpoint
 	}
-	pool := mib(c.PoolBytes)
+	pool := settings.BytesText(c.PoolBytes)
 	if c.PoolBytes == 0 {
 		pool = "unknown"
 	}
@@ -403,7 +405,9 @@ func (r *Result) WriteTable(w io.Writer) error {
 		}
 		return fmt.Sprintf("%.1f", m.PeakRSSBeyondMiB)
 	})
-	row("bytes stored / retrieved", "", func(m *ModeResult) string { return mib(m.StoreBytes) + " / " + mib(m.RetrieveByte) })
+	row("bytes stored / retrieved", "", func(m *ModeResult) string {
+		return settings.BytesText(m.StoreBytes) + " / " + settings.BytesText(m.RetrieveByte)
+	})
 	row("rounds / prompts", "", func(m *ModeResult) string { return fmt.Sprintf("%d / %d", m.Rounds, m.Prompts) })
 	row("missed chunks", "", func(m *ModeResult) string { return fmt.Sprint(m.MissChunks) })
 	row("checksum mismatches", "", func(m *ModeResult) string { return fmt.Sprint(m.Mismatches) })
@@ -425,7 +429,7 @@ func (r *Result) WriteTable(w io.Writer) error {
 		}
 		for i, t := range r.Tiers {
 			fmt.Fprintf(&b, "tier %d reference: %s; %s written (%d writes dropped), %s read back (%d chunks missed; %.2f GB/s with the retrieves); %d writes dropped while saturated; %d mismatches, %d errors\n",
-				i, t.Reference, mib(t.WriteBytes), t.DroppedWrites, mib(t.ReadBytes), t.ReadMisses, t.ReadRetrieveGBps, t.SaturatedDropped, t.Mismatches, t.Errors)
+				i, t.Reference, settings.BytesText(t.WriteBytes), t.DroppedWrites, settings.BytesText(t.ReadBytes), t.ReadMisses, t.ReadRetrieveGBps, t.SaturatedDropped, t.Mismatches, t.Errors)
 			if t.FirstError != "" {
 				fmt.Fprintf(&b, "tier %d first error: %s\n", i, t.FirstError)
 			}
@@ -457,8 +461,4 @@ func (r *Result) WriteTable(w io.Writer) error {
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
-}
-
-func mib(n int64) string {
-	return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
 }

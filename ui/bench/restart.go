@@ -4,7 +4,9 @@ package bench
 // A server process keeps its pool (--l1-keep-on-exit); the workers fill a
 // working set, then look it up and retrieve it without pause while the
 // server restarts by SIGUSR2 (re-executing itself) and by SIGTERM followed
-// by the same command line. Nobody registers again.
+// by the same command line. Nobody registers again. With --restart-objects
+// each size gets a server process of its own whose pool the workers fill
+// with that many objects first, so the gap is measured per table size.
 
 import (
 	"context"
@@ -33,15 +35,18 @@ const restartWindow = time.Second
 
 // RestartResult is what --restart measured.
 type RestartResult struct {
-	Command     string       `json:"command"`
-	Started     time.Time    `json:"started"`
-	Model       Model        `json:"model"`
-	Mode        string       `json:"mode"`
-	ChunkBytes  int64        `json:"chunk_bytes"`
-	Chunks      int          `json:"chunks"`
-	Workers     int          `json:"workers"`
-	WorkingSet  int          `json:"working_set_prompts"`
-	PoolBytes   int64        `json:"pool_bytes"`
+	Command    string    `json:"command"`
+	Started    time.Time `json:"started"`
+	Model      Model     `json:"model"`
+	Mode       string    `json:"mode"`
+	ChunkBytes int64     `json:"chunk_bytes"`
+	Chunks     int       `json:"chunks"`
+	Workers    int       `json:"workers"`
+	WorkingSet int       `json:"working_set_prompts"`
+	PoolBytes  int64     `json:"pool_bytes"`
+	// Sizes are the --restart-objects asked for (empty: one working set
+	// of --prompts per worker).
+	Sizes       []int        `json:"sizes,omitempty"`
 	Restarts    []RestartRun `json:"restarts"`
 	Definitions []string     `json:"definitions"`
 }
@@ -49,9 +54,14 @@ type RestartResult struct {
 // RestartRun is one restart seen from the workers.
 type RestartRun struct {
 	Way string `json:"way"`
+	// Size is the objects the pool was filled with (--restart-objects; 0:
+	// the working set alone), Stored the objects the server held before
+	// the signal, WorkingSet the prompts the workers stored and read.
+	Size       int   `json:"size,omitempty"`
+	Stored     int64 `json:"stored_objects"`
+	WorkingSet int   `json:"working_set_prompts"`
 	// GapMs is the longest time without an answer after the signal to a
-	// NOOP probe sent every millisecond on a DEALER of its own (20 ms
-	// timeout); WorkersGapMs the longest time no worker's lookup was
+	// NOOP probe sent 1 ms after each answer on a DEALER of its own; WorkersGapMs the longest time no worker's lookup was
 	// answered (longer when their requests in flight were lost: they wait
 	// for their timeout);
 	// ServerGapMs is the gap the new process reports in /status.
@@ -68,9 +78,15 @@ type RestartRun struct {
 	// Failed are lookups or retrieves that timed out or failed (a request
 	// in flight at the signal that is never answered times out); Mismatches
 	// chunks whose bytes differ.
-	Failed     int64  `json:"failed"`
-	Mismatches int64  `json:"mismatches"`
-	FirstError string `json:"first_error,omitempty"`
+	Failed int64 `json:"failed"`
+	// Lost are the workers' requests never answered (timed out); the
+	// server's handover figures say what the old process parked and
+	// answered, and what reached it after its last answer.
+	Lost           int64  `json:"lost_requests"`
+	HandoverParked int64  `json:"handover_parked"`
+	HandoverLost   int64  `json:"handover_lost"`
+	Mismatches     int64  `json:"mismatches"`
+	FirstError     string `json:"first_error,omitempty"`
 }
 
 // RestartWindow is the lookups completed in one second.
@@ -85,20 +101,67 @@ type RestartWindow struct {
 type restartSample struct {
 	sent, done     time.Time
 	requested, hit int
-	failed         bool
+	failed, lost   bool
 	mismatches     int64
 	err            string
 }
 
-// executeRestart runs --restart: a server process, a working set, and one
-// measured restart per way.
+// executeRestart runs --restart: per size (one when --restart-objects is
+// not given) a server process, a working set, and one measured restart per
+// way.
 func executeRestart(ctx context.Context, o Options) (*RestartResult, error) {
-	prof, lay, err := o.profileAndLayout()
+	_, lay, err := o.profileAndLayout()
 	if err != nil {
 		return nil, err
 	}
-	pool := poolFor(o, lay.Bytes)
-	o.progress.setPhase("restart: starting the server process", "")
+	res := &RestartResult{
+		Command: "kvdock bench " + strings.Join(o.Args, " "), Started: time.Now().UTC(), Model: o.Model,
+		Mode: o.Mode, ChunkBytes: lay.Bytes, Chunks: o.Chunks, Workers: o.Workers, Sizes: o.RestartObjects,
+		Definitions: []string{
+			"gap: the longest time without an answer after the signal to a NOOP probe sent 1 ms after each answer on a DEALER of its own (waiting for each answer, as a worker does); workers' gap: the longest time no worker's lookup was answered, which includes waiting out a request lost at the signal",
+			"before: lookups completed in the second before the signal; after: in the second from the answer that ended the workers' gap",
+			"hit ratio: hit chunks / requested chunks of those lookups; the working set was stored once, before the first restart",
+			"lost: the workers' requests never answered (each waited out --timeout); failed: lookups or retrieves that timed out or failed",
+			"objects: the pool filled with that many objects (one server process per size), stored: the objects it held at the signal",
+		},
+	}
+	sizes := o.RestartObjects
+	if len(sizes) == 0 {
+		sizes = []int{0}
+	}
+	for _, size := range sizes {
+		runs, err := restartSize(ctx, o, lay.Bytes, size, res)
+		res.Restarts = append(res.Restarts, runs...)
+		if err != nil {
+			return res, err
+		}
+	}
+	return res, nil
+}
+
+// restartSize starts a server process, fills its pool with size objects
+// (0: one working set of --prompts per worker) and restarts it once per
+// way under the workers' lookups.
+func restartSize(ctx context.Context, o Options, chunkBytes int64, size int, res *RestartResult) ([]RestartRun, error) {
+	prof, _, err := o.profileAndLayout()
+	if err != nil {
+		return nil, err
+	}
+	pool := poolFor(o, chunkBytes)
+	repeat, prompts := o.Repeat, 0
+	if size > 0 {
+		// Distinct prompts only, so that the pool holds size objects.
+		per := o.Workers * o.Chunks
+		prompts, repeat = (size+per-1)/per, 0
+		need := int64(float64(int64(prompts*per)*alignedChunk(chunkBytes))/0.7) + 1<<20
+		pool = max(pool, need&^(1<<20-1))
+	}
+	res.PoolBytes = max(res.PoolBytes, pool)
+	what := "restart"
+	if size > 0 {
+		what = fmt.Sprintf("restart at %d objects", size)
+	}
+	o.progress.setPhase(what+": starting the server process", "")
 	c, err := startChild(ctx, o, o.Mode, pool, "--l1-keep-on-exit")
 	if err != nil {
 		return nil, err
@@ -106,7 +169,7 @@ func executeRestart(ctx context.Context, o Options) (*RestartResult, error) {
 	defer c.stopKept()
 	d, err := newDriver(ctx, driverConfig{
 		Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", c.port), Profile: prof, Mode: o.Mode, Model: o.Model,
-		Chunks: o.Chunks, Workers: o.Workers, Repeat: o.Repeat, Timeout: o.Timeout,
+		Chunks: o.Chunks, Workers: o.Workers, Repeat: repeat, Timeout: o.Timeout,
 		InstanceBase: int64(os.Getpid()) * 1000, PickleOnSHM: true, Progress: o.progress,
 	})
 	if err != nil {
@@ -114,17 +177,11 @@ func executeRestart(ctx context.Context, o Options) (*RestartResult, error) {
 	}
 	defer d.close(context.Background())
 	d.cfg.PromptsPerRound = promptsFor(o, pool, d.lay.Bytes)
-	res := &RestartResult{
-		Command: "kvdock bench " + strings.Join(o.Args, " "), Started: time.Now().UTC(), Model: o.Model,
-		Mode: o.Mode, ChunkBytes: lay.Bytes, Chunks: o.Chunks, Workers: o.Workers,
-		WorkingSet: o.Workers * d.cfg.PromptsPerRound, PoolBytes: pool,
-		Definitions: []string{
-			"gap: the longest time without an answer after the signal to a NOOP probe sent every millisecond on a DEALER of its own (20 ms timeout); workers' gap: the longest time no worker's lookup was answered, which includes waiting out a request lost at the signal (failed)",
-			"before: lookups completed in the second before the signal; after: in the second from the answer that ended the workers' gap",
-			"hit ratio: hit chunks / requested chunks of those lookups; the working set was stored once, before the first restart",
-		},
+	if size > 0 {
+		d.cfg.PromptsPerRound = prompts
 	}
-	o.progress.setPhase("restart: storing the working set", "")
+	res.WorkingSet = max(res.WorkingSet, o.Workers*d.cfg.PromptsPerRound)
+	o.progress.setPhase(what+": storing the working set", "")
 	var st counters
 	d.phase(ctx, &st, 0, d.storeWorker)
 	if n := st.timeouts + st.errors + st.mismatches; n > 0 {
@@ -137,17 +194,19 @@ func executeRestart(ctx context.Context, o Options) (*RestartResult, error) {
 		{"SIGUSR2", func() error { return c.cmd.Process.Signal(syscall.SIGUSR2) }},
 		{"SIGTERM + the same command line", c.restartTerm},
 	}
+	var runs []RestartRun
 	for _, way := range ways {
-		o.progress.setPhase("restart: "+way.name, "")
+		o.progress.setPhase(what+": "+way.name, "")
 		run, err := d.measureRestart(ctx, c, way.name, way.restart)
 		if run != nil {
-			res.Restarts = append(res.Restarts, *run)
+			run.Size, run.WorkingSet = size, o.Workers*d.cfg.PromptsPerRound
+			runs = append(runs, *run)
 		}
 		if err != nil {
-			return res, err
+			return runs, err
 		}
 	}
-	return res, nil
+	return runs, nil
 }
 
 // measureRestart keeps every worker looking up and retrieving the working
@@ -157,7 +216,10 @@ func (d *driver) measureRestart(ctx context.Context, c *childServer, way string,
 	if err != nil {
 		return nil, err
 	}
-	probe, err := client.Dial(d.cfg.Endpoint, d.cfg.Profile, client.Options{Timeout: 20 * time.Millisecond})
+	// The probe waits for each answer as a worker does: one that gave up
+	// early and sent again would keep the old process's handover from
+	// going quiet, and its park phase would last its bound.
+	probe, err := client.Dial(d.cfg.Endpoint, d.cfg.Profile, client.Options{Timeout: d.cfg.Timeout})
 	if err != nil {
 		return nil, err
 	}
@@ -215,6 +277,7 @@ func (d *driver) measureRestart(ctx context.Context, c *childServer, way string,
 	run.Way, run.WorkersGapMs = way, run.GapMs
 	run.GapMs, _ = longestHole(probes, signalled)
 	run.ServerGapMs, run.Adopted, run.Objects, run.Reason = after.Restart.GapMs, after.Restart.Adopted, after.Restart.AdoptedObjects, after.Restart.Reason
+	run.HandoverParked, run.HandoverLost, run.Stored = after.Restart.HandoverParked, after.Restart.HandoverLost, before.Pool.Objects
 	return run, nil
 }
 
@@ -230,7 +293,7 @@ func (d *driver) lookupAndRetrieve(ctx context.Context, w int, p prompt) restart
 	}
 	_, _ = d.call(ctx, d.clients[w], &st, protocol.EndSession, p.requestID)
 	return restartSample{sent: sent, done: time.Now(), requested: len(p.ids), hit: hits,
-		failed: st.timeouts+st.errors > 0, mismatches: st.mismatches, err: st.firstErr}
+		failed: st.timeouts+st.errors > 0, lost: st.timeouts > 0, mismatches: st.mismatches, err: st.firstErr}
 }
 
 func sortSamples(all []restartSample) {
@@ -242,6 +305,9 @@ func sortSamples(all []restartSample) {
 func summarize(all []restartSample, signalled time.Time) *RestartRun {
 	run := &RestartRun{}
 	for _, s := range all {
+		if s.lost {
+			run.Lost++
+		}
 		if s.failed {
 			run.Failed++
 			if run.FirstError == "" {
@@ -303,7 +369,12 @@ type childRestart struct {
 		AdoptedObjects int64   `json:"adopted_objects"`
 		GapMs          float64 `json:"gap_ms"`
 		Reason         string  `json:"reason"`
+		HandoverParked int64   `json:"handover_parked"`
+		HandoverLost   int64   `json:"handover_lost"`
 	} `json:"restart"`
+	Pool struct {
+		Objects int64 `json:"objects"`
+	} `json:"pool"`
 }
 
 func (c *childServer) restartStatus() (childRestart, error) {
@@ -397,16 +468,16 @@ func (r *RestartResult) WriteJSON(w io.Writer) error {
 // WriteTable writes r for a terminal.
 func (r *RestartResult) WriteTable(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(tw, "restart: %s mode, %d workers, working set %d prompts of %d chunks (%d B each), pool %d MiB\n\n",
-		r.Mode, r.Workers, r.WorkingSet, r.Chunks, r.ChunkBytes, r.PoolBytes>>20)
-	fmt.Fprintln(tw, "way\tgap ms\tworkers' gap ms\tserver gap ms\tadopted objects\thit ratio before\tafter (first second)\tfailed\tmismatches")
+	fmt.Fprintf(tw, "restart: %s mode, %d workers, prompts of %d chunks (%d B each), pool %d MiB\n\n",
+		r.Mode, r.Workers, r.Chunks, r.ChunkBytes, r.PoolBytes>>20)
+	fmt.Fprintln(tw, "objects\tway\tgap ms\tworkers' gap ms\tserver gap ms\tadopted objects\thit ratio before\tafter (first second)\tlost\tfailed\tmismatches")
 	for _, x := range r.Restarts {
 		adopted := fmt.Sprint(x.Objects)
 		if !x.Adopted {
 			adopted = "none: " + x.Reason
 		}
-		fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%.1f\t%s\t%.3f (%d lookups)\t%.3f (%d lookups)\t%d\t%d\n", x.Way, x.GapMs, x.WorkersGapMs, x.ServerGapMs, adopted,
-			x.Before.HitRatio, x.Before.Lookups, x.After.HitRatio, x.After.Lookups, x.Failed, x.Mismatches)
+		fmt.Fprintf(tw, "%d\t%s\t%.1f\t%.1f\t%.1f\t%s\t%.3f (%d lookups)\t%.3f (%d lookups)\t%d\t%d\t%d\n", x.Stored, x.Way, x.GapMs, x.WorkersGapMs, x.ServerGapMs, adopted,
+			x.Before.HitRatio, x.Before.Lookups, x.After.HitRatio, x.After.Lookups, x.Lost, x.Failed, x.Mismatches)
 	}
 	fmt.Fprintln(tw)
 	for _, d := range r.Definitions {
@@ -433,7 +504,7 @@ func runRestart(ctx context.Context, o Options, stdout, stderr io.Writer) int {
 	}
 	for _, r := range res.Restarts {
 		if r.Failed > 0 || r.Mismatches > 0 {
-			fmt.Fprintf(stderr, "kvdock bench: %s: %d failed requests, %d mismatched chunks (first: %s)\n", r.Way, r.Failed, r.Mismatches, r.FirstError)
+			fmt.Fprintf(stderr, "kvdock bench: %d objects, %s: %d failed requests, %d mismatched chunks (first: %s)\n", r.Stored, r.Way, r.Failed, r.Mismatches, r.FirstError)
 			return 1
 		}
 	}

@@ -3,6 +3,7 @@ package bench
 import (
 	"bytes"
 	"io"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -74,10 +75,16 @@ func TestRestartFlags(t *testing.T) {
 	if code != -1 || !o.Restart || o.Mode != "shm" || o.Timeout != 2*time.Second {
 		t.Fatalf("--restart: code %d, restart %v, mode %q, timeout %v", code, o.Restart, o.Mode, o.Timeout)
 	}
+	if o, code := parseFlags([]string{"--restart", "--restart-objects", "1000,16000,64000"}, io.Discard, nil); code != -1 || !slices.Equal(o.RestartObjects, []int{1000, 16000, 64000}) {
+		t.Fatalf("--restart-objects: code %d, sizes %v", code, o.RestartObjects)
+	}
 	for name, args := range map[string][]string{
-		"both":  {"--restart", "--mode", "both"},
-		"host":  {"--restart", "--host", "127.0.0.1", "--port", "5555"},
-		"child": {"--restart", "--server-process"},
+		"objects without restart": {"--restart-objects", "1000"},
+		"objects with prompts":    {"--restart", "--restart-objects", "1000", "--prompts", "4"},
+		"objects zero":            {"--restart", "--restart-objects", "0"},
+		"both":                    {"--restart", "--mode", "both"},
+		"host":                    {"--restart", "--host", "127.0.0.1", "--port", "5555"},
+		"child":                   {"--restart", "--server-process"},
 	} {
 		var errb bytes.Buffer
 		if _, code := parseFlags(args, &errb, nil); code != 2 || !strings.Contains(errb.String(), "--restart") {

@@ -76,6 +76,18 @@ func (t *target) residentPool() (int64, string) {
 		"prefaulted part of the pool from %s (%d of %d bytes: pool pages the run touched count as overhead)", t.statusURL, p.PrefaultedBytes, p.CapacityBytes)
 }
 
+// benchRoom is what the server's pool lets benchmark traffic use: the
+// bytes below its eviction watermark that other models' objects leave
+// (core/l1 keeps a benchmark to them and never lets it evict another
+// model's chunks); ok is false when /status does not say.
+func (t *target) benchRoom() (room int64, ok bool) {
+	if t == nil || t.status == nil || t.status.Pool.CapacityBytes <= 0 {
+		return 0, false
+	}
+	p := t.status.Pool
+	return max(0, int64(p.TriggerWatermark*float64(p.CapacityBytes))-(p.UsedBytes-p.BenchBytes)), true
+}
+
 // probeTarget registers one worker to read the registration reply (the
 // segment name and pool size every worker gets), withdraws it, checks that
 // the advertised segment can be opened from here, and reads /status when an
@@ -92,7 +104,7 @@ func probeTarget(ctx context.Context, o Options, prof *protocol.Profile, instanc
 	// Pickle: the probe only reads the reply; attaching is checked below
 	// without mapping (a MAP_POPULATE of a large pool would cost seconds).
 	wk, err := worker.Register(rctx, c, worker.Config{
-		InstanceID: instance, Model: benchModel(o.Model),
+		InstanceID: instance, Model: benchModel(o.Model, true),
 		Layers: o.Model.Layers, Hidden: o.Model.Hidden, Dtype: o.Model.Dtype, MLA: o.Model.MLA, Pickle: true,
 	})
 	if err != nil {

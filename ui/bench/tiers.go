@@ -25,8 +25,6 @@ import (
 	"kvdock/core/protocol"
 	"kvdock/core/tierstate"
 	"kvdock/settings"
-	"kvdock/transfer/tier"
-	"kvdock/transfer/tier/resp"
 )
 
 // TierResult is one L2 adapter's figures and their references.
@@ -72,9 +70,9 @@ type TierResult struct {
 	FirstError string `json:"first_error,omitempty"`
 }
 
-// tierWorkers is the write-behind writers per tier (tier.DefaultWorkersPerTier),
-// the reference's write streams.
-const tierWorkers = tier.DefaultWorkersPerTier
+// tierWorkers is the write-behind writers per tier, the reference's write
+// streams.
+const tierWorkers = engine.TierWorkers
 
 // runTiers measures every adapter in turn, each with its own no-tier
 // small-request reference measured in turns with it.
@@ -146,10 +144,10 @@ func runTier(ctx context.Context, o Options, prof *protocol.Profile, pool int64,
 	var ref readRef
 	switch typ {
 	case "fs":
-		tr.Reference = fmt.Sprintf("sequential write/read of one file of the same bytes (%d × %s) in base_path, no fsync (as the tier)", n, mib(int64(valSize)))
+		tr.Reference = fmt.Sprintf("sequential write/read of one file of the same bytes (%d × %s) in base_path, no fsync (as the tier)", n, settings.BytesText(int64(valSize)))
 		ref, tr.RefWriteGBps, err = newFileRef(adapter.FS.BasePath, valSize, n)
 	case "resp":
-		tr.Reference = fmt.Sprintf("valkey-go SET/GET of the same values (%d × %s) on the same server, %d writers / %d readers as the tier", n, mib(int64(valSize)), tierWorkers, prefetchStreams(o))
+		tr.Reference = fmt.Sprintf("valkey-go SET/GET of the same values (%d × %s) on the same server, %d writers / %d readers as the tier", n, settings.BytesText(int64(valSize)), tierWorkers, prefetchStreams(o))
 		ref, tr.RefWriteGBps, err = newRespRef(ctx, adapter.RESP, valSize, n, prefetchStreams(o))
 	default:
 		err = fmt.Errorf("no reference for tier type %q", typ)
@@ -202,8 +200,6 @@ func runTier(ctx context.Context, o Options, prof *protocol.Profile, pool int64,
 	return tr, err
 }
 
-// prefetchStreams is the tier loads in flight (--l2-prefetch-max-in-flight's
-// default, which the bench's engine keeps), the reference's read streams.
 // readBack is the retrieve phase of round 0 (LOOKUP, the prefetch from the
 // tier, retrieve) on every worker, and its times: the slowest worker's time
 // in LOOKUP and its prefetch status polls (the prefetch-read), and the
@@ -229,7 +225,9 @@ func readBack(ctx context.Context, d *driver) (total counters, prefetch, all tim
 	return total, prefetch, all
 }
 
-func prefetchStreams(Options) int { return tier.DefaultMaxInFlight }
+// prefetchStreams is the tier loads in flight (--l2-prefetch-max-in-flight's
+// default, which the bench's engine keeps), the reference's read streams.
+func prefetchStreams(Options) int { return settings.Default().L2.PrefetchMaxInFlight }
 
 func tierStats(eng *engine.Engine) (tierstate.Tier, error) {
 	s := eng.Snapshot().Tiers
@@ -460,9 +458,9 @@ type respRef struct {
 // newRespRef SETs n values of size bytes with tierWorkers streams and
 // returns the rate; reads GET them with readers streams.
 func newRespRef(ctx context.Context, adapter settings.RESPAdapter, size, n, readers int) (*respRef, float64, error) {
-	opt, err := respClientOption(adapter)
+	opt, err := engine.RESPClientOption(adapter)
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, fmt.Errorf("resp reference: %w", err)
 	}
 	c, err := valkey.NewClient(opt)
 	if err != nil {
@@ -521,18 +519,4 @@ func (r *respRef) close() {
 		_ = r.c.Do(context.Background(), r.c.B().Del().Key(r.key(i)).Build()).Error()
 	}
 	r.c.Close()
-}
-
-// respClientOption is the valkey-go option for a validated resp adapter:
-// the same address(es), credentials, TLS and mode as the tier's client.
-func respClientOption(a settings.RESPAdapter) (valkey.ClientOption, error) {
-	c := resp.FromAdapter(a)
-	opt := valkey.ClientOption{InitAddress: c.Seeds(), ForceSingleClient: !c.Cluster, DisableCache: true,
-		Username: c.Username, Password: c.Password}
-	tc, err := c.TLSConfig()
-	if err != nil {
-		return opt, fmt.Errorf("resp reference: %w", err)
-	}
-	opt.TLSConfig = tc
-	return opt, nil
 }

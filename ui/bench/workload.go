@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"hash/crc32"
 	"sync"
+
+	"kvdock/core/keys"
 )
 
 // castagnoli is hardware-accelerated on amd64 and arm64, so verifying a
@@ -68,10 +70,7 @@ type splitmix struct{ state uint64 }
 
 func (s *splitmix) next() uint64 {
 	s.state += 0x9e3779b97f4a7c15
-	z := s.state
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
-	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
-	return z ^ (z >> 31)
+	return keys.Mix64(s.state)
 }
 
 // prompt is one request of K full chunks.

@@ -79,9 +79,6 @@ func checkInitFile(t *testing.T, path string, body []byte) {
 		if ki.NoFlag != "" && !strings.Contains(line, "--"+ki.NoFlag) {
 			t.Errorf("%s: %q lacks --%s", ki.Key, line, ki.NoFlag)
 		}
-		if ki.Key == "server.shm_name" {
-			continue // its default is an absence; the line shows "" (SHM off)
-		}
 		one := filepath.Join(t.TempDir(), "one.yaml")
 		if err := os.WriteFile(one, []byte(strings.Replace(string(body), line, "  "+strings.TrimPrefix(line, "  # "), 1)), 0o600); err != nil {
 			t.Fatal(err)

@@ -24,7 +24,7 @@ const initHeader = `# kvdock settings file, written by kvdock config init.
 var (
 	groupLine = regexp.MustCompile(`^([a-z0-9_]+):\s*$`)
 	// A key at its default, set ("  port: 5555") or already commented out
-	// because its default is an absence ("  # shm_name: \"\"").
+	// because its default is an absence ("  # shm_name: ~", auto).
 	keyLine = regexp.MustCompile(`^  (# )?([a-z0-9_]+): (.+)$`)
 )
 

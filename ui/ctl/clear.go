@@ -2,7 +2,6 @@ package ctl
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -25,6 +24,9 @@ import (
 func runClear(l *settings.Loaded, r wireRequest, f flagSet, env Env) int {
 	stderr := env.Stderr
 	cfg := l.Config
+	if *f.tier != "" {
+		return runClearTier(cfg, f, env)
+	}
 	viaHTTP := cfg.HTTP.Port != 0
 	target := "tcp://" + settings.DialAddr(cfg.Server.Host, cfg.Server.Port)
 	url := ""
@@ -55,45 +57,37 @@ func runClear(l *settings.Loaded, r wireRequest, f flagSet, env Env) int {
 
 // clearHTTP posts /clear-cache and returns its answer.
 func clearHTTP(url, token string, timeout time.Duration) (httpapi.ClearResult, error) {
-	var cr httpapi.ClearResult
-	code, body, err := postHTTP(url, token, timeout)
-	if err != nil {
+	cr, code, err := postDecode(url, token, timeout, "clear result", func(cr *httpapi.ClearResult) bool { return cr.Status == "ok" })
+	if err != nil && code == 0 {
 		return cr, fmt.Errorf("%w\n(--http-port 0 clears over ZMQ instead, without counts)", err)
 	}
-	decodeErr := json.Unmarshal(body, &cr)
-	if err := httpFailure(url, code, body); err != nil {
-		return cr, err
-	}
-	if decodeErr != nil || cr.Status != "ok" {
-		return cr, fmt.Errorf("%s did not answer a kvdock clear result: %q", url, logcap.Truncate(termtext.Clean(string(body)), 200))
-	}
-	return cr, nil
+	return cr, err
 }
 
 // postHTTP posts to one of kvdock's mutating endpoints as kvdock ctl, with
 // the token, and returns the status and (at most 64 KiB of) the body.
 func postHTTP(url, token string, timeout time.Duration) (int, []byte, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, nil)
+	return sendHTTP(http.MethodPost, url, token, timeout, 64<<10)
+}
+
+// postDecode posts to url (postHTTP) and decodes the answer into a T. The
+// error is the post's (code 0: no answer), the server's refusal
+// (httpFailure), or that the body is not a kvdock answer of its kind (what,
+// as "clear result"), which ok tells from the decoded T.
+func postDecode[T any](url, token string, timeout time.Duration, what string, ok func(*T) bool) (T, int, error) {
+	var v T
+	code, body, err := postHTTP(url, token, timeout)
 	if err != nil {
-		return 0, nil, err
+		return v, 0, err
 	}
-	req.Header.Set("User-Agent", httpapi.CtlAgent)
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
+	decodeErr := json.Unmarshal(body, &v)
+	if err := httpFailure(url, code, body); err != nil {
+		return v, code, err
 	}
-	res, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return 0, nil, fmt.Errorf("kvdock's HTTP API does not answer at %s: %w\n"+
-			"(is kvdock running, with this --http-port?)", url, err)
+	if decodeErr != nil || !ok(&v) {
+		return v, code, fmt.Errorf("%s did not answer a kvdock %s: %q", url, what, logcap.Truncate(termtext.Clean(string(body)), 200))
 	}
-	defer res.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(res.Body, 64<<10))
-	if err != nil {
-		return 0, nil, fmt.Errorf("reading the answer of %s: %w", url, err)
-	}
-	return res.StatusCode, body, nil
+	return v, code, nil
 }
 
 // httpFailure explains a non-200 answer (nil for 200): the token, or the

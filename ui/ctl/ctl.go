@@ -28,7 +28,11 @@ Commands:
   ping              PING the server (prints true)
   noop              NOOP round trip (prints OK)
   chunk-size        print the server chunk size (GET_CHUNK_SIZE)
-  clear             clear the L1 cache and print what went (asks first on a terminal; --yes skips)
+  clear             clear the L1 cache and print what went (asks first on a terminal; --yes skips);
+                    with --tier l1|l2|all|N, the L1 pool, every L2 tier, both, or tier N
+                    (index or type), only kvdock's own files and keys (HTTP API)
+  tiers             each L2 tier's state and objects; --keys N lists up to N keys of each
+                    (HTTP API; --tier N picks one)
   end-session ID    END_SESSION for request id ID
   unregister ID     remove worker instance ID: its context goes, its pending stores are
                     aborted (HTTP API; asks first on a terminal; --yes skips)
@@ -50,7 +54,7 @@ Flags:
 `
 
 // usageLine is the one line printed under a usage error.
-const usageLine = "usage: kvdock ctl [flags] ping|noop|chunk-size|clear|end-session ID|unregister ID|status|reset-stats|restart (kvdock ctl --help for more)"
+const usageLine = "usage: kvdock ctl [flags] ping|noop|chunk-size|clear [--tier l1|l2|all|N]|end-session ID|unregister ID|status|reset-stats|restart|tiers (kvdock ctl --help for more)"
 
 // Env is what ctl reads and writes besides its arguments; main passes the
 // process's own.
@@ -72,6 +76,8 @@ type flagSet struct {
 	timeout *time.Duration
 	yes     *bool
 	json    *bool
+	tier    *string
+	keys    *int
 }
 
 // newFlags registers ctl's flags on a set named name. The setting flags
@@ -92,6 +98,8 @@ func newFlags(name string) flagSet {
 		timeout: fs.Duration("timeout", 5*time.Second, "how long to wait for the reply"),
 		yes:     fs.Bool("yes", false, "clear: do not ask for confirmation"),
 		json:    fs.Bool("json", false, "status: print the /status document as JSON"),
+		tier:    fs.String("tier", "", "clear: what to clear, l1, l2 (every L2 tier), all, or one tier by index or type; tiers: the tier to list"),
+		keys:    fs.Int("keys", 0, "tiers: list up to this many keys of each tier"),
 	}
 }
 
@@ -178,6 +186,8 @@ func Run(args []string, env Env) int {
 		return runResetStats(f, params, env)
 	case "restart":
 		return runRestart(f, params, env)
+	case "tiers":
+		return runTiers(f, params, env)
 	}
 	r := wireRequest{cmd: cmd}
 	switch cmd {
@@ -232,7 +242,7 @@ func Run(args []string, env Env) int {
 
 // commands are ctl's commands, for "did you mean".
 func commands() []string {
-	return []string{"ping", "noop", "chunk-size", "clear", "end-session", "unregister", "status", "reset-stats", "restart"}
+	return []string{"ping", "noop", "chunk-size", "clear", "end-session", "unregister", "status", "reset-stats", "restart", "tiers"}
 }
 
 // callWire sends r to the ZMQ endpoint of cfg in t's table and returns the

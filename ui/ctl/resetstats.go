@@ -1,14 +1,11 @@
 package ctl
 
 import (
-	"encoding/json"
 	"fmt"
 	"strings"
 	"time"
 
-	"kvdock/core/logcap"
 	"kvdock/ui/httpapi"
-	"kvdock/ui/termtext"
 )
 
 // runResetStats is `kvdock ctl reset-stats`: the hit ratio, tokens saved,
@@ -28,19 +25,9 @@ func runResetStats(f flagSet, params []string, env Env) int {
 		return code
 	}
 	url := base + "/reset-stats"
-	code, body, err := postHTTP(url, cfg.HTTP.Token, *f.timeout)
+	rr, _, err := postDecode(url, cfg.HTTP.Token, *f.timeout, "reset result", func(rr *httpapi.ResetResult) bool { return rr.Status == "ok" && rr.ResetAt != nil })
 	if err != nil {
 		fmt.Fprintf(stderr, "kvdock ctl reset-stats: %v\n", err)
-		return 1
-	}
-	var rr httpapi.ResetResult
-	decodeErr := json.Unmarshal(body, &rr)
-	if err := httpFailure(url, code, body); err != nil {
-		fmt.Fprintf(stderr, "kvdock ctl reset-stats: %v\n", err)
-		return 1
-	}
-	if decodeErr != nil || rr.Status != "ok" || rr.ResetAt == nil {
-		fmt.Fprintf(stderr, "kvdock ctl reset-stats: %s did not answer a kvdock reset result: %q\n", url, logcap.Truncate(termtext.Clean(string(body)), 200))
 		return 1
 	}
 	fmt.Fprintf(env.Stdout, "statistics reset at %s: hit ratio, tokens saved, miss breakdown and what-if start again\n", rr.ResetAt.Local().Format(time.DateTime))

@@ -3,10 +3,11 @@ package ctl
 import (
 	"encoding/json"
 	"fmt"
+	"net/http"
+	"os"
 	"strings"
 	"time"
 
-	"kvdock/core/logcap"
 	"kvdock/settings"
 	"kvdock/ui/httpapi"
 	"kvdock/ui/termtext"
@@ -38,19 +39,13 @@ func runRestart(f flagSet, params []string, env Env) int {
 	}
 	before, _ := restartStatusOf(base, *f.timeout)
 	url := base + "/restart"
-	code, body, err := postHTTP(url, cfg.HTTP.Token, *f.timeout)
+	token, local := restartToken(cfg, env)
+	_, code, err := postDecode(url, token, *f.timeout, "restart", func(rr *httpapi.RestartResult) bool { return rr.Status == "restarting" })
 	if err != nil {
 		fmt.Fprintf(stderr, "kvdock ctl restart: %v\n", err)
-		return 1
-	}
-	var rr httpapi.RestartResult
-	decodeErr := json.Unmarshal(body, &rr)
-	if err := httpFailure(url, code, body); err != nil {
-		fmt.Fprintf(stderr, "kvdock ctl restart: %v\n", err)
-		return 1
-	}
-	if decodeErr != nil || rr.Status != "restarting" {
-		fmt.Fprintf(stderr, "kvdock ctl restart: %s did not answer a kvdock restart: %q\n", url, logcap.Truncate(termtext.Clean(string(body)), 200))
+		if local != nil && code != 0 && code != http.StatusOK {
+			fmt.Fprintf(stderr, "kvdock ctl restart: no token set, and the server's local one could not be read: %v\n", local)
+		}
 		return 1
 	}
 	deadline := time.Now().Add(restartWait)
@@ -70,6 +65,39 @@ func runRestart(f flagSet, params []string, env Env) int {
 	}
 	fmt.Fprintf(stderr, "kvdock ctl restart: asked, but no restarted kvdock answered %s/status within %s; see its log\n", base, restartWait)
 	return 1
+}
+
+// restartToken is the credential of a restart: the HTTP token of the
+// settings layers, else the local token the server wrote in the state
+// directory (a restart needs one even on loopback; httpapi/localtoken.go),
+// with why that one could not be read.
+func restartToken(cfg settings.Config, env Env) (string, error) {
+	if cfg.HTTP.Token != "" {
+		return cfg.HTTP.Token, nil
+	}
+	getenv := func(name string) string {
+		for _, kv := range env.Environ {
+			if k, v, ok := strings.Cut(kv, "="); ok && k == name {
+				return v
+			}
+		}
+		return ""
+	}
+	home := func() (string, error) {
+		if h := getenv("HOME"); h != "" {
+			return h, nil
+		}
+		return os.UserHomeDir()
+	}
+	dir, err := cfg.Server.StateDirPath(getenv, home)
+	if err != nil {
+		return "", err
+	}
+	tok, err := httpapi.ReadLocalToken(dir, cfg.HTTP.Port)
+	if err != nil {
+		return "", err
+	}
+	return tok, nil
 }
 
 // restartStatusOf reads the restart block of base's /status.

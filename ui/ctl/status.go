@@ -134,6 +134,8 @@ func statusPrint(w io.Writer, st httpapi.Status) {
 	kind := "anonymous memory"
 	if p.Shared {
 		kind = "segment " + p.Segment
+	} else if p.PrivateSegment != "" {
+		kind = "private segment " + p.PrivateSegment
 	}
 	fmt.Fprintf(tw, "pool\t%s of %s used (%.1f%%), %d objects, %s\n",
 		settings.BytesText(p.UsedBytes), settings.BytesText(p.CapacityBytes), 100*p.UsageRatio, p.Objects, kind)

@@ -103,7 +103,7 @@ func TestStatusTable(t *testing.T) {
 	for _, want := range []string{
 		"state", "serving", "endpoint", "tcp://127.0.0.1:", "nongpu-v1",
 		`SHM       off, pickle for every worker: --shm-name "" given`,
-		"pool", "anonymous memory",
+		"pool", "private segment kvdock_private_pool_",
 		"1 worker context(s)",
 		"INSTANCE", "MODE", "REASON",
 	} {

@@ -1,7 +1,6 @@
 package ctl
 
 import (
-	"encoding/json"
 	"fmt"
 	"strconv"
 
@@ -60,19 +59,8 @@ func runUnregister(f flagSet, params []string, env Env) int {
 		fmt.Sprintf("Remove worker instance %d from kvdock? Its pending stores are aborted; a live worker must register again.", id)); !ok {
 		return code
 	}
-	code, body, err := postHTTP(url, cfg.HTTP.Token, *f.timeout)
-	if err != nil {
+	if _, _, err := postDecode(url, cfg.HTTP.Token, *f.timeout, "result", func(ur *httpapi.UnregisterResult) bool { return ur.Status == "ok" }); err != nil {
 		fmt.Fprintf(stderr, "kvdock ctl unregister: %v\n", err)
-		return 1
-	}
-	var ur httpapi.UnregisterResult
-	decodeErr := json.Unmarshal(body, &ur)
-	if err := httpFailure(url, code, body); err != nil {
-		fmt.Fprintf(stderr, "kvdock ctl unregister: %v\n", err)
-		return 1
-	}
-	if decodeErr != nil || ur.Status != "ok" {
-		fmt.Fprintf(stderr, "kvdock ctl unregister: %s did not answer a kvdock result: %q\n", url, logcap.Truncate(termtext.Clean(string(body)), 200))
 		return 1
 	}
 	fmt.Fprintf(env.Stdout, "instance %d removed\n", id)

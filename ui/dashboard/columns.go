@@ -83,7 +83,8 @@ var ctxColumns = []ctxColumn{
 // reaped or removed. Words, never colour alone.
 func stateText(pc *programContext, c workers.ContextInfo) string {
 	if c.State == workers.StateIdle && !c.LastRequest.IsZero() {
-		return "idle " + durationText(pc.opts.Now().Sub(c.LastRequest))
+		// Whole units only: the column is 8 wide and "idle 5m03s" is not.
+		return "idle " + coarseDuration(pc.opts.Now().Sub(c.LastRequest))
 	}
 	if c.State == "" {
 		return string(workers.StateActive)

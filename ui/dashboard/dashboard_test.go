@@ -101,6 +101,21 @@ func TestPoolAnonymous(t *testing.T) {
 	mustContain(t, screen(m), `anonymous (SHM off: --shm-name "" given on the command line)`, `replies shm_name "" pool_size 0`)
 }
 
+// A pickle-mode pool in its private segment: the pane names the segment
+// as private and says why, and REGISTER advertises nothing.
+func TestPoolPrivateSegment(t *testing.T) {
+	f := newFakeEngine(t)
+	f.snap.Pool.Decision.Segment = ""
+	f.snap.Pool.Decision.Shared = false
+	f.snap.Pool.Decision.Private = "kvdock_private_pool_0_5555_0a1b2c3d"
+	f.snap.Pool.Decision.Reason = `--shm-name "" given on the command line; the pool is the private segment`
+	f.snap.Shm.ShmName, f.snap.Shm.PoolSize = "", 0
+	m := newTestModel(t, f, 80, 24)
+	press(t, m, "2")
+	mustContain(t, screen(m), "kvdock_private_pool_0_5555_0a1b2c3d  (private, not advertised)", `--shm-name "" given on the command line`,
+		`replies shm_name "" pool_size 0`)
+}
+
 func TestSortAndDetails(t *testing.T) {
 	m := newTestModel(t, newFakeEngine(t), 80, 24)
 	if got := rowOrder(screen(m)); strings.Join(got, ",") != "4242,4243,9001" {
@@ -395,19 +410,32 @@ func TestEventsMergeAndRefresh(t *testing.T) {
 	mustContain(t, s, "state: RESTARTING")
 }
 
+// TestViewCachedWhenIdle: the frame is drawn again only after a message
+// changed something. The clock moves on between frames, so a frame drawn
+// again shows the contexts' idle times moved on too: a tick alone keeps the
+// frame, the snapshot it asks for and a resize draw a new one.
 func TestViewCachedWhenIdle(t *testing.T) {
-	m := newTestModel(t, newFakeEngine(t), 80, 24)
-	_ = m.View()
-	if m.dirty {
-		t.Fatal("View must clear dirty")
+	m, now := clockModel(t, newFakeEngine(t), 80, 24)
+	first := screen(m)
+	*now = now.Add(90 * time.Second)
+	_, cmd := m.Update(tickMsg(*now))
+	if got := screen(m); got != first {
+		t.Fatalf("a tick alone drew a new frame:\n%s\nwas:\n%s", got, first)
 	}
-	m.Update(tickMsg(t0)) // a tick alone changes nothing on screen
-	if m.dirty {
-		t.Fatal("a tick must not force a re-render")
+	if cmd == nil {
+		t.Fatal("a tick must ask for a snapshot")
+	}
+	m.Update(cmd())
+	moved := screen(m)
+	if moved == first {
+		t.Fatalf("the snapshot after 90 s kept the old frame:\n%s", moved)
+	}
+	if got := screen(m); got != moved {
+		t.Fatalf("an idle View drew another frame:\n%s\nwas:\n%s", got, moved)
 	}
 	m.Update(tea.WindowSizeMsg{Width: 100, Height: 30})
-	if !m.dirty {
-		t.Fatal("a resize must re-render")
+	if lines := strings.Split(screen(m), "\n"); len(lines) != 30 {
+		t.Fatalf("after a resize to 100x30 the frame has %d lines", len(lines))
 	}
 }
 

@@ -100,14 +100,14 @@ func TestDetailsHeadlineNumbersFirst(t *testing.T) {
 		f.snap.Contexts = f.snap.Contexts[1:2] // 4243: no extra KV group
 		return f
 	}
-	figures := "last minute: hit 59% · lookups 1.9/s · store 191 MiB/s · retrieve 143 MiB/s"
+	figures := "this instance: store 191 MiB/s · retrieve 143 MiB/s"
 	for _, size := range [][2]int{{80, 24}, {160, 48}} {
 		w, h := size[0], size[1]
 		m := newTestModel(t, one(), w, h)
 		press(t, m, "enter")
 		golden(t, fmt.Sprintf("details_one_%dx%d", w, h), goldenView(m))
 		s := screen(m)
-		mustContain(t, s, figures, "tokens saved 4.9 M")
+		mustContain(t, s, "last minute, model: hit 59% · lookups 1.9/s", figures, "tokens saved 4.9 M")
 		mustNotContain(t, s, "~", "more below")
 		if w == 80 {
 			mustNotContain(t, s, "one column a second")
@@ -149,7 +149,7 @@ func TestDetailsScroll(t *testing.T) {
 	mustContain(t, screen(m), "more above (pgup, g top)")
 	press(t, m, "G")
 	end := screen(m)
-	mustContain(t, end, "tokens saved 9.9 M", "last minute: hit 56%")
+	mustContain(t, end, "tokens saved 9.9 M", "last minute, model: hit 56%")
 	mustNotContain(t, end, "more below (pgdn")
 	press(t, m, "g")
 	if screen(m) != top {

@@ -40,7 +40,7 @@ func TestWhatIfHeadlineWrapsBetweenWords(t *testing.T) {
 	m := newTestModel(t, f, 80, 24)
 	lines := strings.Split(ansi.Strip(strings.Join(m.pc.whatIfLines(80, whatIfChartRows), "\n")), "\n")
 	text := strings.Join(lines, "\n")
-	mustContain(t, text, "What-if   2× pool: hit ratio", "          with LRU eviction; this pool's policy is noop)", "       pool's own hit ratio now")
+	mustContain(t, text, "What-if   2× pool: hit ratio", "          with LRU eviction; this pool's policy is noop)", "       measured on those samples over the same window: 42 %")
 	for _, l := range lines {
 		if w := ansi.StringWidth(l); w > 80 {
 			t.Errorf("line of %d columns: %q", w, l)

@@ -29,6 +29,22 @@ func durationText(d time.Duration) string {
 	return fmt.Sprintf("%ds", s)
 }
 
+// coarseDuration is a duration in its largest unit only: "3d", "2h",
+// "5m", "12s".
+func coarseDuration(d time.Duration) string {
+	switch {
+	case d >= 24*time.Hour:
+		return fmt.Sprintf("%dd", int64(d/(24*time.Hour)))
+	case d >= time.Hour:
+		return fmt.Sprintf("%dh", int64(d/time.Hour))
+	case d >= time.Minute:
+		return fmt.Sprintf("%dm", int64(d/time.Minute))
+	case d < 0:
+		d = 0
+	}
+	return fmt.Sprintf("%ds", int64(d/time.Second))
+}
+
 // ageText is how long ago t was, "-" for the zero time.
 func ageText(now, t time.Time) string {
 	if t.IsZero() {
@@ -71,16 +87,86 @@ func bar(s Styles, width int, pct float64) string {
 	return "[" + style.Render(strings.Repeat("#", filled)) + s.Faint.Render(strings.Repeat(".", inner-filled)) + "]"
 }
 
-// fit cuts or pads s to exactly width cells.
+// fit cuts or pads s to exactly width cells. A cut ends at a space where
+// one is in the last third of the line, marked "~": a number or a word is
+// dropped whole rather than shown in part ("up 11~" reads as eleven).
 func fit(s string, width int) string {
 	if width <= 0 {
 		return ""
 	}
 	w := lipgloss.Width(s)
 	if w > width {
+		if at := lastSpace(ansi.Strip(s), width-2); at >= width*2/3 {
+			return ansi.Truncate(s, at+1, "") + "~" + strings.Repeat(" ", width-at-2)
+		}
 		return ansi.Truncate(s, width, "~")
 	}
 	return s + strings.Repeat(" ", width-w)
+}
+
+// lastSpace is the cell column of the last space of plain at or before
+// column limit, -1 when there is none.
+func lastSpace(plain string, limit int) int {
+	at, col := -1, 0
+	for _, r := range plain {
+		if col > limit {
+			break
+		}
+		if r == ' ' {
+			at = col
+		}
+		col += ansi.StringWidth(string(r))
+	}
+	return at
+}
+
+// wrapHanging breaks a line wider than width at spaces, the continuation
+// lines indented to where the line's text starts after its label (the
+// first run of two or more spaces within its first 16 columns: "Transfer  …",
+// "  Reads   …"), so a long line of figures reads whole on two lines.
+func wrapHanging(s string, width int) []string {
+	if width <= 0 || lipgloss.Width(s) <= width {
+		return []string{s}
+	}
+	plain := ansi.Strip(s)
+	indent := hangIndent(plain)
+	if indent >= width/2 {
+		indent = 0
+	}
+	var out []string
+	for lipgloss.Width(s) > width {
+		at := lastSpace(ansi.Strip(s), width)
+		if at <= indent {
+			break // one word wider than the line: fit cuts it
+		}
+		out = append(out, ansi.Truncate(s, at, ""))
+		rest := ansi.TruncateLeft(s, at, "")
+		rest = ansi.TruncateLeft(rest, len(ansi.Strip(rest))-len(strings.TrimLeft(ansi.Strip(rest), " ")), "")
+		s = strings.Repeat(" ", indent) + rest
+	}
+	return append(out, s)
+}
+
+// hangIndent is the column a line's text starts at after its label (see
+// wrapHanging), 0 when it has none.
+func hangIndent(plain string) int {
+	lead := len(plain) - len(strings.TrimLeft(plain, " "))
+	col, spaces := 0, 0
+	for _, r := range plain {
+		if col >= 16 {
+			break
+		}
+		switch {
+		case r == ' ':
+			spaces++
+		case spaces >= 2 && col-spaces >= lead:
+			return col
+		default:
+			spaces = 0
+		}
+		col += ansi.StringWidth(string(r))
+	}
+	return 0
 }
 
 // fitLines cuts every line of s to width cells and the block to height

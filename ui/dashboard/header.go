@@ -10,6 +10,7 @@ import (
 	"github.com/charmbracelet/x/ansi"
 
 	"kvdock/core/engine"
+	"kvdock/core/tierstate"
 	"kvdock/settings"
 )
 
@@ -43,7 +44,16 @@ func (c *programContext) renderHeader(w int) string {
 	state := c.stateStyle(s.State).Render(strings.ToUpper(s.State.String()))
 	// The state comes right after the title: it is what a narrow screen
 	// must still show.
-	line1 := c.st.Title.Render("kvdock "+version) + "  state: " + state + "  " + endpoint + "  " + proto + "  up " + durationText(s.Uptime)
+	up := "  up " + durationText(s.Uptime)
+	line1 := c.st.Title.Render("kvdock "+version) + "  state: " + state + "  " + endpoint + "  " + proto + up
+	// Too narrow: the profile goes first (the Settings pane has it), then
+	// the address is shortened in its middle; the uptime stays whole.
+	if lipgloss.Width(line1) > w {
+		line1 = c.st.Title.Render("kvdock "+version) + "  state: " + state + "  " + endpoint + up
+	}
+	if over := lipgloss.Width(line1) - w; over > 0 && ansi.StringWidth(endpoint) > over+8 {
+		line1 = c.st.Title.Render("kvdock "+version) + "  state: " + state + "  " + midTrunc(endpoint, ansi.StringWidth(endpoint)-over) + up
+	}
 	// Under --protocol auto, the tables the peers were settled on, when
 	// the line has room for them.
 	if d := detectionsText(s); d != "" && lipgloss.Width(line1)+2+lipgloss.Width(d) <= w {
@@ -132,10 +142,61 @@ func (c *programContext) summary(w int) string {
 	}
 	head := fmt.Sprintf("pool %s %.0f%% used", shm, pct)
 	tail := fmt.Sprintf(" · %s · %s", workers, gpu) + restartText(s.Restart)
+	// A tier that is down comes before the rest: lookups skip it and its
+	// writes are dropped, which the operator must see on every pane.
+	if down := tiersDownText(s.Tiers); down != "" {
+		tail = " · " + c.st.Bad.Render(down) + tail
+		if lipgloss.Width(head+tail) > w {
+			// Short forms rather than a cut word.
+			tail = " · " + c.st.Bad.Render(down) + fmt.Sprintf(" · %d ctx", registeredContexts(s.Contexts)) + restartText(s.Restart)
+		}
+	}
 	if usable := fmt.Sprintf(", %.1f%% usable", 100*s.Pool.UsableRatio()); lipgloss.Width(head+usable+tail) <= w {
 		head += usable
 	}
+	// The restart in shorter words rather than cut (the Events pane has
+	// the whole of it).
+	if full := restartText(s.Restart); full != "" {
+		base := strings.TrimSuffix(tail, full)
+		for _, short := range []string{restartShort(s.Restart), " · restarted"} {
+			if lipgloss.Width(head+tail) <= w {
+				break
+			}
+			tail = base + short
+		}
+	}
 	return head + tail
+}
+
+// restartShort is restartText in fewer words: the gap and whether the
+// figures were kept.
+func restartShort(r engine.Restart) string {
+	stats := ", stats restarted"
+	if r.StatsCarried {
+		stats = ", stats kept"
+	}
+	if !r.Adopted {
+		return " · restart: none adopted"
+	}
+	return fmt.Sprintf(" · restarted, gap %d ms", r.Gap.Milliseconds()) + stats
+}
+
+// tiersDownText names the L2 tiers that are down ("L2 tier 1 resp DOWN"),
+// "" when none is.
+func tiersDownText(tiers []tierstate.Tier) string {
+	var down []string
+	for _, t := range tiers {
+		if t.State == tierstate.Down {
+			down = append(down, fmt.Sprintf("%d %s", t.Index, t.Type))
+		}
+	}
+	switch len(down) {
+	case 0:
+		return ""
+	case 1:
+		return "L2 tier " + down[0] + " DOWN"
+	}
+	return "L2 tiers " + strings.Join(down, ", ") + " DOWN"
 }
 
 // restartText is the last restart for the summary line: what was adopted

@@ -63,7 +63,9 @@ func missText(c misses.Counts, w int) string {
 func (pc *programContext) missLine(w int) string {
 	r := pc.snap.Misses
 	s := pc.st.Bold.Render("Misses    ") + missText(r.Total, w-10)
-	if r.TierMissed > 0 && r.Total.Total() > 0 {
+	// Said only where a tier was there to miss: without one the count
+	// is no news.
+	if r.TierMissed > 0 && r.Total.Total() > 0 && len(pc.snap.Tiers) > 0 {
 		s += fmt.Sprintf(" (%s missed L2 too)", countText(float64(r.TierMissed)))
 	}
 	return s
@@ -78,5 +80,7 @@ func (pc *programContext) contextMissLine(model string, worldSize int, w int) st
 	if !ok {
 		return label + "none (no lookup of this model and world size missed)"
 	}
-	return label + missText(c.Missed, w-len(label))
+	// The LOOKUPs name a model, not an instance: the figures are the
+	// model's, which the line says.
+	return label + "(model) " + missText(c.Missed, w-len(label)-8)
 }

@@ -8,6 +8,7 @@ import (
 
 	"kvdock/core/hostmem"
 	"kvdock/core/misses"
+	"kvdock/core/tierstate"
 )
 
 func TestMissText(t *testing.T) {
@@ -34,6 +35,11 @@ func TestPoolAndGPUPanesShowHostRAMAndNUMA(t *testing.T) {
 	f.snap.Host = hostmem.Host{Memory: hostmem.Memory{Total: 64 << 30, Available: 10 << 30}, Nodes: 2,
 		Pool: hostmem.Placement{Pages: []int64{1, 3}}}
 	f.snap.Misses.TierMissed = 12
+	// Without an L2 tier there was nothing to miss there: not said.
+	if pool := ansi.Strip(strings.Join(newTestModel(t, f, 120, 40).pool.lines(120), "\n")); strings.Contains(pool, "missed L2") {
+		t.Fatalf("pool pane without a tier says the lookups missed L2:\n%s", pool)
+	}
+	f.snap.Tiers = []tierstate.Tier{{Index: 0, Type: "fs", State: tierstate.Up}}
 	m := newTestModel(t, f, 120, 40)
 	pool := ansi.Strip(strings.Join(m.pool.lines(120), "\n"))
 	for _, want := range []string{"Host RAM  10.0 GiB available / 64.0 GiB · NUMA N0 25% N1 75%", "(12 missed L2 too)"} {

@@ -218,6 +218,13 @@ func (p *scrollPane) HelpKeys() [][]key.Binding { return [][]key.Binding{p.pc.ke
 
 // show is lines as the pane's h rows show them.
 func (p *scrollPane) show(lines []string, h int) string {
+	// A line wider than the pane goes on under its label rather than
+	// losing its last figures to the cut.
+	wrapped := make([]string, 0, len(lines))
+	for _, l := range lines {
+		wrapped = append(wrapped, wrapHanging(l, p.w)...)
+	}
+	lines = wrapped
 	p.overflow = len(lines) > h
 	return strings.Join(p.scroll.window(p.pc.st, lines, h), "\n")
 }

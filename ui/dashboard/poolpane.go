@@ -23,6 +23,8 @@ func (p *poolPane) lines(w int) []string {
 	var lines []string
 	if d.Shared && d.Segment != "" {
 		lines = append(lines, pc.st.Bold.Render("Segment   ")+d.Segment+"  (SHM: workers attach it)")
+	} else if d.Private != "" {
+		lines = append(lines, pc.st.Bold.Render("Segment   ")+d.Private+"  (private, not advertised)")
 	} else {
 		reason := d.Reason
 		if reason == "" {
@@ -30,7 +32,7 @@ func (p *poolPane) lines(w int) []string {
 		}
 		lines = append(lines, pc.st.Bold.Render("Segment   ")+pc.st.Warn.Render("anonymous")+" (SHM off: "+reason+")")
 	}
-	if d.Shared && d.Reason != "" {
+	if (d.Shared || d.Private != "") && d.Reason != "" {
 		lines = append(lines, "          "+d.Reason)
 	}
 	adv := "shm_name \"\" pool_size 0 (pickle fallback)"
@@ -72,15 +74,15 @@ func (p *poolPane) lines(w int) []string {
 	return append(lines, pc.whatIfLines(w, whatIfChartRows)...)
 }
 
-// hostLine is the memory the pool draws on: /dev/shm for a shared
-// segment, the host's available memory for a private (SHM off) pool.
+// hostLine is the memory the pool draws on: /dev/shm for a shared or a
+// private segment, the host's available memory for anonymous memory.
 func (p *poolPane) hostLine() string {
 	pc := p.pc
 	s := pc.snap
-	if s.Pool.Decision.Shared {
+	if d := s.Pool.Decision; d.Shared || d.Private != "" {
 		return pc.st.Bold.Render("/dev/shm  ") + settings.BytesText(s.Pool.ShmFree) + " free"
 	}
-	return pc.st.Bold.Render("Host mem  ") + settings.BytesText(s.Pool.HostAvailable) + " available (MemAvailable; SHM off: the pool is private memory)"
+	return pc.st.Bold.Render("Host mem  ") + settings.BytesText(s.Pool.HostAvailable) + " available (MemAvailable; SHM off: the pool is anonymous memory)"
 }
 
 // prefaultLine shows the background prefault's progress.

@@ -58,10 +58,10 @@ func TestHeaderRatesDegradeToNumbers(t *testing.T) {
 		w          int
 		has, lacks []string
 	}{
-		{160, []string{"12.3 M tokens not recomputed in the last hour", "hit 62% · 1 min ▇", "in 572 MiB/s ▁", "out 709 MiB/s"}, nil},
+		{160, []string{"12.3 M tokens not recomputed in the last hour", "1 min avg: hit 62% ▇", "in 572 MiB/s ▁", "out 709 MiB/s"}, nil},
 		// The short wording keeps every number.
-		{80, []string{"12.3 M tokens saved in 1 h", "hit 62% · 1 min", "in 572 MiB/s", "out 709 MiB/s"}, []string{"MiB/s ▁"}},
-		{56, []string{"12.3 M tokens saved in 1 h", "hit 62%"}, []string{"in 572"}},
+		{80, []string{"12.3 M tokens saved in 1 h", "1 min avg: hit 62%", "in 572 MiB/s", "out 709 MiB/s"}, []string{"MiB/s ▁"}},
+		{56, []string{"12.3 M tokens saved in 1 h", "1 min avg: hit 62%"}, []string{"in 572"}},
 	} {
 		m := newTestModel(t, newFakeEngine(t), c.w, 24)
 		line := strings.Split(screen(m), "\n")[2]
@@ -110,7 +110,7 @@ func TestDetailsChartsDegradeToNumbers(t *testing.T) {
 	m = newTestModel(t, newFakeEngine(t), 80, 24)
 	press(t, m, "enter")
 	s := screen(m)
-	mustContain(t, s, "last minute: hit 56%", "retrieve 277 MiB/s", "tokens saved 9.9 M")
+	mustContain(t, s, "last minute, model: hit 56% · lookups 4.1/s", "retrieve 277 MiB/s", "tokens saved 9.9 M")
 	if strings.Contains(s, "top 100%") {
 		t.Fatal("80x24 draws charts it has no room for")
 	}

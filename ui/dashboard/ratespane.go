@@ -85,9 +85,12 @@ func (pc *programContext) ratesLine(w int) string {
 	if what, label := pc.statsBegan(); what != "" {
 		heads = []string{tokens + " not recomputed since " + what + " (" + label + ")", tokens + " saved in " + label}
 	}
+	// The screen's headline hit ratio and the bandwidths, all over one
+	// window and said to be its averages: a short burst (a bench run)
+	// shows in the sparklines, not in the figures.
 	hit, ok := series.SumRatio(r.HitChunks.Fine, r.AskedChunks.Fine, minuteSeconds)
 	figs := []figure{
-		{text: "hit " + ratioText(hit, ok) + " · " + pc.minuteLabel(), vals: series.Ratio(r.HitChunks.Fine, r.AskedChunks.Fine), top: 1},
+		{text: pc.minuteLabel() + " avg: hit " + ratioText(hit, ok), vals: series.Ratio(r.HitChunks.Fine, r.AskedChunks.Fine), top: 1},
 		{text: "in " + rateText(r.StoreBytes.Mean(minuteSeconds)), vals: r.StoreBytes.Fine},
 		{text: "out " + rateText(r.RetrieveBytes.Mean(minuteSeconds)), vals: r.RetrieveBytes.Fine},
 	}
@@ -209,12 +212,21 @@ func (pc *programContext) contextFigures(c workers.ContextInfo, w int) []string 
 	if !ok {
 		return []string{pc.st.Faint.Render("  no rates yet: they start with its first store, retrieve or lookup of its model")}
 	}
-	var parts []string
-	for _, s := range specs {
-		parts = append(parts, s.short+" "+s.now)
+	// The lookups name a model, not an instance: the hit ratio and the
+	// lookups are the model's (all its instances), the bandwidths this
+	// instance's own; each group says whose it is, on one line when it fits.
+	group := func(specs []chartSpec) string {
+		var parts []string
+		for _, s := range specs {
+			parts = append(parts, s.short+" "+s.now)
+		}
+		return strings.Join(parts, " · ")
 	}
-	text := wrapWords("last minute: "+strings.Join(parts, " · "), w-2)
-	lines := strings.Split("  "+strings.ReplaceAll(text, "\n", "\n  "), "\n")
+	model, own := "model: "+group(specs[:2]), "this instance: "+group(specs[2:])
+	lines := []string{"  last minute, " + model + " · " + own}
+	if lipgloss.Width(lines[0]) > w {
+		lines = []string{"  last minute, " + model, "  last minute, " + own}
+	}
 	return append(lines, fmt.Sprintf("  tokens saved %s (last hour %s, its model's lookup hits × chunk size)",
 		countText(float64(r.TokensSavedTotal)), countText(r.TokensSavedHour)))
 }

@@ -19,6 +19,10 @@ type tierRate struct {
 	ok          bool
 }
 
+// staleAfter is the age past which the tiers pane marks its figures
+// stale: three missed refreshes of the 1 s tick.
+const staleAfter = 3 * time.Second
+
 // tiersPane is every L2 tier in lookup order: state and why, usage,
 // reads, writes and the throughput between the last two snapshots; it
 // scrolls when they do not fit.
@@ -89,6 +93,15 @@ func (p *tiersPane) lines(w int) []string {
 	head := fmt.Sprintf("%d tier(s) in lookup order · store %s · %d loads in flight · timeout %s",
 		len(tiers), l2.StorePolicy, l2.PrefetchMaxInFlight,
 		durationText(time.Duration(l2.LoadTimeoutSeconds*float64(time.Second))))
+	// When the figures were taken: a screen that stopped refreshing (an
+	// engine that does not answer) shows its age rather than passing old
+	// figures for new ones.
+	if taken := pc.snap.Taken; !taken.IsZero() {
+		head += " · refreshed " + taken.Format("15:04:05")
+		if age := pc.opts.Now().Sub(taken); age >= staleAfter {
+			head += " " + pc.st.Warn.Render("("+durationText(age)+" ago: STALE)")
+		}
+	}
 	lines := strings.Split(wrapWords(head, w), "\n")
 	for _, t := range tiers {
 		lines = append(lines, "")
@@ -114,13 +127,20 @@ func (p *tiersPane) tierBlock(t tierstate.Tier, w int) []string {
 	}
 
 	used := settings.BytesText(t.UsedBytes)
+	usedLabel := "  Used    "
+	if t.State == tierstate.Down {
+		// What the tier held when it was last reached (the index's
+		// count); the server may have lost it meanwhile.
+		usedLabel = "  Held    "
+		used = "last known " + used
+	}
 	if t.CapacityBytes > 0 {
 		pct := percent(float64(t.UsedBytes), float64(t.CapacityBytes))
 		nums := fmt.Sprintf(" %s / %s (%.1f%%) · %d object(s)", used, settings.BytesText(t.CapacityBytes), pct, t.Objects)
 		barW := max(10, min(40, w-10-lipgloss.Width(nums)))
-		lines = append(lines, pc.st.Bold.Render("  Used    ")+bar(pc.st, barW, pct)+nums)
+		lines = append(lines, pc.st.Bold.Render(usedLabel)+bar(pc.st, barW, pct)+nums)
 	} else {
-		lines = append(lines, pc.st.Bold.Render("  Used    ")+fmt.Sprintf("%s, no capacity bound · %d object(s)", used, t.Objects))
+		lines = append(lines, pc.st.Bold.Render(usedLabel)+fmt.Sprintf("%s, no capacity bound · %d object(s)", used, t.Objects))
 	}
 	loads := fmt.Sprintf("%d loaded", t.Loads)
 	if t.LoadTimeouts > 0 {

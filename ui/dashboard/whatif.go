@@ -82,7 +82,7 @@ func (pc *programContext) whatIfLines(w, rows int) []string {
 		sizes += fmt.Sprintf("%*s ", whatIfColW-1, f)
 	}
 	lines = append(lines, sizes+" × pool ("+settings.BytesText(pc.snap.Pool.Size)+" now)")
-	caption := fmt.Sprintf("estimate from %s of keys sampled (SHARDS), %d sampled lookups; the pool's own hit ratio now %s",
+	caption := fmt.Sprintf("estimate from %s of keys sampled (SHARDS), %d sampled lookups; measured on those samples over the same window: %s (the header's hit is every lookup's, last minute)",
 		sampleRateText(c.SampleRate), c.Sampled, ratioPctText(c.Measured))
 	for _, l := range strings.Split(ansi.Wrap(caption, max(20, w-7), " "), "\n") {
 		lines = append(lines, pc.st.Faint.Render("       "+strings.TrimLeft(l, " ")))

@@ -286,27 +286,6 @@ func (h *harness) metrics() map[string]*dto.MetricFamily {
 	return fams
 }
 
-// value is the value of the series of name whose labels include want.
-func value(t *testing.T, fams map[string]*dto.MetricFamily, name string, want ...string) float64 {
-	t.Helper()
-	f, ok := fams[name]
-	if !ok {
-		t.Fatalf("metric %s missing", name)
-	}
-	m, _ := promseries.Match(f, want...)
-	switch {
-	case m == nil:
-	case m.Counter != nil:
-		return m.Counter.GetValue()
-	case m.Gauge != nil:
-		return m.Gauge.GetValue()
-	case m.Histogram != nil:
-		return float64(m.Histogram.GetSampleCount())
-	}
-	t.Fatalf("metric %s has no series with labels %v", name, want)
-	return 0
-}
-
 func TestMetricsExistAtZeroAndMoveWithTraffic(t *testing.T) {
 	h := start(t, "")
 	before := h.metrics()
@@ -317,25 +296,25 @@ func TestMetricsExistAtZeroAndMoveWithTraffic(t *testing.T) {
 		"lmcache_mp_l1_eviction_loop_ticks_total",
 	} {
 		if name != "lmcache_mp_l1_eviction_loop_ticks_total" {
-			if v := value(t, before, name); v != 0 {
+			if v := promseries.Value(t, before, name); v != 0 {
 				t.Errorf("%s = %v before traffic, want 0", name, v)
 			}
 		} else {
-			value(t, before, name)
+			promseries.Value(t, before, name)
 		}
 	}
-	if v := value(t, before, "kvdock_requests_total", "type", "LOOKUP", "outcome", "ok"); v != 0 {
+	if v := promseries.Value(t, before, "kvdock_requests_total", "type", "LOOKUP", "outcome", "ok"); v != 0 {
 		t.Errorf("LOOKUP ok before traffic = %v", v)
 	}
-	if v := value(t, before, "kvdock_transfer_bytes_total", "mode", "pickle", "direction", "in"); v != 0 {
+	if v := promseries.Value(t, before, "kvdock_transfer_bytes_total", "mode", "pickle", "direction", "in"); v != 0 {
 		t.Errorf("pickle bytes in before traffic = %v", v)
 	}
 	for _, kind := range []string{protocol.KindUnknownType, protocol.KindHandlerErr} {
-		value(t, before, "kvdock_bad_input_total", "kind", kind)
+		promseries.Value(t, before, "kvdock_bad_input_total", "kind", kind)
 	}
-	value(t, before, "kvdock_contexts", "mode", "shm")
-	value(t, before, "kvdock_request_duration_seconds", "type", "COMMIT_STORE")
-	if v := value(t, before, "kvdock_up"); v != 1 {
+	promseries.Value(t, before, "kvdock_contexts", "mode", "shm")
+	promseries.Value(t, before, "kvdock_request_duration_seconds", "type", "COMMIT_STORE")
+	if v := promseries.Value(t, before, "kvdock_up"); v != 1 {
 		t.Errorf("kvdock_up = %v while serving", v)
 	}
 
@@ -376,21 +355,21 @@ func TestMetricsExistAtZeroAndMoveWithTraffic(t *testing.T) {
 	// Only bounds a failure: a loaded -race run may take seconds to record.
 	deadline := time.Now().Add(10 * time.Second)
 	for _, c := range checks {
-		got := value(t, after, c.name, c.labels...)
+		got := promseries.Value(t, after, c.name, c.labels...)
 		// The error outcome is recorded after the handler returns; allow it a moment.
 		for got != c.want && time.Now().Before(deadline) {
 			time.Sleep(20 * time.Millisecond)
 			after = h.metrics()
-			got = value(t, after, c.name, c.labels...)
+			got = promseries.Value(t, after, c.name, c.labels...)
 		}
 		if got != c.want {
 			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)
 		}
 	}
-	if v := value(t, after, "lmcache_mp_l1_read_total"); v < 2 {
+	if v := promseries.Value(t, after, "lmcache_mp_l1_read_total"); v < 2 {
 		t.Errorf("lmcache_mp_l1_read_total = %v, want >= 2 after a 2-chunk hit", v)
 	}
-	if v := value(t, after, "lmcache_mp_l1_usage_ratio"); !(v > 0 && v < 1) {
+	if v := promseries.Value(t, after, "lmcache_mp_l1_usage_ratio"); !(v > 0 && v < 1) {
 		t.Errorf("lmcache_mp_l1_usage_ratio = %v", v)
 	}
 
@@ -399,10 +378,10 @@ func TestMetricsExistAtZeroAndMoveWithTraffic(t *testing.T) {
 		t.Fatalf("clear-cache = %d %s", r.code, r.body)
 	}
 	cleared := h.metrics()
-	if v := value(t, cleared, "lmcache_mp_l1_memory_usage_bytes"); v != 0 {
+	if v := promseries.Value(t, cleared, "lmcache_mp_l1_memory_usage_bytes"); v != 0 {
 		t.Errorf("usage after clear = %v", v)
 	}
-	if v := value(t, cleared, "lmcache_mp_l1_write_total"); v != 2 {
+	if v := promseries.Value(t, cleared, "lmcache_mp_l1_write_total"); v != 2 {
 		t.Errorf("write counter after clear = %v, want 2", v)
 	}
 }
@@ -503,7 +482,7 @@ func TestHealthcheckAndStoppedEngine(t *testing.T) {
 	if st.IsHealthy || st.State != "stopped" {
 		t.Errorf("status of a stopped engine: healthy %v state %q", st.IsHealthy, st.State)
 	}
-	if v := value(t, h.metrics(), "kvdock_up"); v != 0 {
+	if v := promseries.Value(t, h.metrics(), "kvdock_up"); v != 0 {
 		t.Errorf("kvdock_up = %v while stopped", v)
 	}
 }

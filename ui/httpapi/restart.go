@@ -35,6 +35,14 @@ type RestartStatus struct {
 	StatsCarried       bool `json:"stats_carried"`
 	PromptLinks        int  `json:"prompt_links"`
 	PromptLinksDropped int  `json:"prompt_links_dropped"`
+	// Transfers are the transfers the previous process prepared that were
+	// restored for their commits here, TransfersRefused those that were not.
+	// HandoverParked and HandoverLost are what the previous stop's handover
+	// parked and answered, and the requests it read after its last answer.
+	Transfers        int   `json:"transfers"`
+	TransfersRefused int   `json:"transfers_refused"`
+	HandoverParked   int64 `json:"handover_parked"`
+	HandoverLost     int64 `json:"handover_lost"`
 }
 
 // restartStatus renders the snapshot's restart; reason says "no restart
@@ -52,7 +60,8 @@ func restartStatus(r engine.Restart) RestartStatus {
 		AdoptedLookups: r.Lookups, HeldObjects: r.Held, RefusedContexts: len(r.Refused), GapMS: r.Gap.Milliseconds(), Generation: r.Generation,
 		Dropped: r.Dropped, DroppedReasons: reasons,
 		Reason: shown(reason, shownMessageBytes), At: timePtr(r.At),
-		StatsCarried: r.StatsCarried, PromptLinks: r.Links, PromptLinksDropped: r.LinksDropped}
+		StatsCarried: r.StatsCarried, PromptLinks: r.Links, PromptLinksDropped: r.LinksDropped,
+		Transfers: r.Transfers, TransfersRefused: r.TransfersRefused, HandoverParked: r.HandoverParked, HandoverLost: r.HandoverLost}
 }
 
 // RestartResult is the POST /restart answer.

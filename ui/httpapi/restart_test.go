@@ -59,10 +59,52 @@ func TestRestartAsksTheProcess(t *testing.T) {
 	if rec := post("Bearer t"); rec.Code != http.StatusConflict || !strings.Contains(rec.Body.String(), "under way") {
 		t.Fatalf("second ask: %d %s", rec.Code, rec.Body)
 	}
-	none := httpapi.New(fakeEngine{}, httpapi.Options{})
+	none := httpapi.New(fakeEngine{}, httpapi.Options{LocalToken: "l"})
 	rec := httptest.NewRecorder()
-	none.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/api/restart", nil))
+	req := httptest.NewRequest(http.MethodPost, "/api/restart", nil)
+	req.Header.Set("Authorization", "Bearer l")
+	none.Handler().ServeHTTP(rec, req)
 	if rec.Code != http.StatusNotImplemented {
 		t.Fatalf("without Restart: %d", rec.Code)
+	}
+}
+
+// TestHostileRestartNeedsACredentialWithoutToken: with no token set (the
+// loopback default) a restart still needs one: the local token, else it is
+// refused; the other mutating endpoints stay open there.
+func TestHostileRestartNeedsACredentialWithoutToken(t *testing.T) {
+	asked := 0
+	ask := func() error { asked++; return nil }
+	post := func(api *httpapi.Server, path, hdr string) int {
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest(http.MethodPost, path, nil)
+		if hdr != "" {
+			req.Header.Set("Authorization", hdr)
+		}
+		api.Handler().ServeHTTP(rec, req)
+		return rec.Code
+	}
+	noLocal := httpapi.New(fakeEngine{}, httpapi.Options{Restart: ask})
+	local := httpapi.New(fakeEngine{}, httpapi.Options{Restart: ask, LocalToken: "local"})
+	for _, c := range []struct {
+		api  *httpapi.Server
+		hdr  string
+		want int
+	}{
+		{noLocal, "", http.StatusUnauthorized},
+		{noLocal, "Bearer ", http.StatusUnauthorized},
+		{local, "", http.StatusUnauthorized},
+		{local, "Bearer other", http.StatusUnauthorized},
+		{local, "Bearer local", http.StatusOK},
+	} {
+		if code := post(c.api, "/restart", c.hdr); code != c.want {
+			t.Errorf("POST /restart %q: %d, want %d", c.hdr, code, c.want)
+		}
+	}
+	if asked != 1 {
+		t.Errorf("the process was asked %d times, want once (with the local token)", asked)
+	}
+	if code := post(local, "/reset-stats", ""); code == http.StatusUnauthorized {
+		t.Errorf("POST /reset-stats without a token on loopback: %d", code)
 	}
 }

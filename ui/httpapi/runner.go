@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"sync"
 
 	"kvdock/settings"
@@ -29,6 +30,9 @@ type serving struct {
 	addr   net.Addr
 	cancel context.CancelFunc
 	done   chan struct{}
+	// tokenFile is the local token written for this Serve ("" none),
+	// removed when it stops: a stopped API's token opens nothing.
+	tokenFile string
 }
 
 // NewRunner returns a stopped runner of the API over eng; opts.Token is
@@ -132,9 +136,19 @@ func (r *Runner) Addr() net.Addr {
 func (r *Runner) serveLocked(cfg settings.HTTPConfig, ln net.Listener) {
 	opts := r.opts
 	opts.Token = cfg.Token
+	tokenFile := ""
+	if opts.Token == "" && opts.StateDir != "" {
+		tok, err := WriteLocalToken(opts.StateDir, cfg.Port)
+		if err != nil {
+			r.logger().Warn("HTTP API: no local token for kvdock ctl restart; a restart needs --http-token", "err", err)
+		} else {
+			tokenFile = LocalTokenFile(opts.StateDir, cfg.Port)
+		}
+		opts.LocalToken = tok
+	}
 	api := New(r.eng, opts)
 	ctx, cancel := context.WithCancel(r.base)
-	s := &serving{addr: ln.Addr(), cancel: cancel, done: make(chan struct{})}
+	s := &serving{addr: ln.Addr(), cancel: cancel, done: make(chan struct{}), tokenFile: tokenFile}
 	log := r.logger()
 	go func() {
 		defer close(s.done)
@@ -150,6 +164,9 @@ func (r *Runner) stopLocked() {
 		r.running = nil
 		s.cancel()
 		<-s.done
+		if s.tokenFile != "" {
+			_ = os.Remove(s.tokenFile)
+		}
 	}
 }
 

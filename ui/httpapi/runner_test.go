@@ -84,8 +84,8 @@ func addrOf(cfg settings.HTTPConfig) string {
 }
 
 // TestApplyHTTPPortTakenRollsBack: moving the API onto a taken port fails
-// Apply (it used to be logged while the dashboard said "applied"), and the
-// old API keeps serving on the old port.
+// Apply (the failure is not merely logged while the dashboard says
+// "applied"), and the old API keeps serving on the old port.
 func TestApplyHTTPPortTakenRollsBack(t *testing.T) {
 	eng, web, cfg := runnerEngine(t, "")
 	busy, err := net.Listen("tcp", "127.0.0.1:0")

@@ -11,7 +11,8 @@
 //	POST /restart      restart in place keeping the pool (what SIGUSR2 does)
 //
 // Each path is also served under /api/. Mutating endpoints require
-// "Authorization: Bearer <token>" when a token is configured. Errors are JSON
+// "Authorization: Bearer <token>" when a token is configured; POST /restart
+// requires one even without (the local token, localtoken.go). Errors are JSON
 // {"status":"error","error":…} on every endpoint: 404 for an unknown path,
 // 405 with Allow for a wrong method, 413 for a body over the limit, 401 for a
 // missing token and, with another message, a wrong one; an endpoint's own
@@ -75,6 +76,12 @@ type Options struct {
 	// Restart, when set, makes POST /restart ask the process to restart in
 	// place keeping the pool (kvdock ctl restart; what SIGUSR2 does).
 	Restart func() error
+	// StateDir, when set, is where a runner without a token writes the
+	// local token (localtoken.go) at each start of the API.
+	StateDir string
+	// LocalToken is what POST /restart requires when no Token is set (it
+	// needs a credential even on loopback); "" refuses it until a token is.
+	LocalToken string
 }
 
 // Server is the HTTP API over one engine.
@@ -91,7 +98,10 @@ type Server struct {
 type route struct {
 	method   string
 	mutating bool
-	serve    http.HandlerFunc
+	// account: the request needs a credential even without a Token
+	// (Options.LocalToken), as the account's own SIGUSR2 would.
+	account bool
+	serve   http.HandlerFunc
 }
 
 // New returns the API over eng.
@@ -116,9 +126,12 @@ func New(eng Engine, opts Options) *Server {
 		"/clear-cache": {method: http.MethodPost, mutating: true, serve: s.clearCache},
 		"/unregister":  {method: http.MethodPost, mutating: true, serve: s.unregister},
 		"/reset-stats": {method: http.MethodPost, mutating: true, serve: s.resetStats},
-		"/restart":     {method: http.MethodPost, mutating: true, serve: s.restart},
+		"/restart":     {method: http.MethodPost, mutating: true, account: true, serve: s.restart},
+		"/l2/keys":     {method: http.MethodGet, serve: s.l2Keys},
+		// LMCache's name for a clear of chosen tiers (tiers.go).
+		"/cache/objects": {method: http.MethodDelete, mutating: true, serve: s.clearObjects},
 	}
-	for _, p := range []string{"/healthcheck", "/status", "/conf", "/metrics", "/clear-cache", "/unregister", "/reset-stats", "/restart"} {
+	for _, p := range []string{"/healthcheck", "/status", "/conf", "/metrics", "/clear-cache", "/unregister", "/reset-stats", "/restart", "/l2/keys", "/cache/objects"} {
 		s.routes["/api"+p] = s.routes[p]
 	}
 	s.handler = http.HandlerFunc(s.dispatch)
@@ -235,7 +248,7 @@ func (s *Server) dispatch(w http.ResponseWriter, r *http.Request) {
 
 	rt, ok := s.routes[r.URL.Path]
 	if !ok {
-		writeError(rw, http.StatusNotFound, fmt.Sprintf("no such endpoint %q; try /healthcheck, /status, /conf, /metrics, POST /clear-cache, POST /unregister, POST /reset-stats or POST /restart", r.URL.Path))
+		writeError(rw, http.StatusNotFound, fmt.Sprintf("no such endpoint %q; try /healthcheck, /status, /conf, /metrics, GET /l2/keys, POST /clear-cache, DELETE /cache/objects?tier=, POST /unregister, POST /reset-stats or POST /restart", r.URL.Path))
 		return
 	}
 	if r.Method != rt.method && !(rt.method == http.MethodGet && r.Method == http.MethodHead) {
@@ -251,7 +264,7 @@ func (s *Server) dispatch(w http.ResponseWriter, r *http.Request) {
 		writeError(rw, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body of %d bytes exceeds the limit of %d bytes", r.ContentLength, s.opts.MaxBodyBytes))
 		return
 	}
-	if why := s.unauthorized(r); rt.mutating && why != "" {
+	if why := s.unauthorized(r, rt.account); rt.mutating && why != "" {
 		rw.Header().Set("WWW-Authenticate", `Bearer realm="kvdock"`)
 		writeError(rw, http.StatusUnauthorized, why)
 		return
@@ -286,14 +299,21 @@ const (
 	tokenMissing   = tokenHow + "; the request carries none"
 	tokenNotBearer = tokenHow + "; the request's Authorization header is not a bearer token"
 	tokenWrong     = "the bearer token does not match the one set by --http-token or KVDOCK_HTTP_TOKEN"
+	tokenNoLocal   = "a restart needs a token even on loopback: set --http-token or KVDOCK_HTTP_TOKEN (kvdock writes a local one for kvdock ctl only in a state directory it can use)"
 )
 
 // unauthorized is why r may not change anything, "" when it may. The
 // token is compared in constant time (hashes first, so the comparison does
 // not leak the token's length either).
-func (s *Server) unauthorized(r *http.Request) string {
-	if s.opts.Token == "" {
-		return ""
+func (s *Server) unauthorized(r *http.Request, account bool) string {
+	want := s.opts.Token
+	if want == "" {
+		if !account {
+			return ""
+		}
+		if want = s.opts.LocalToken; want == "" {
+			return tokenNoLocal
+		}
 	}
 	auth := strings.TrimSpace(r.Header.Get("Authorization"))
 	if auth == "" {
@@ -304,8 +324,8 @@ func (s *Server) unauthorized(r *http.Request) string {
 		return tokenNotBearer
 	}
 	got := sha256.Sum256([]byte(strings.TrimSpace(tok)))
-	want := sha256.Sum256([]byte(s.opts.Token))
-	if subtle.ConstantTimeCompare(got[:], want[:]) != 1 {
+	sum := sha256.Sum256([]byte(want))
+	if subtle.ConstantTimeCompare(got[:], sum[:]) != 1 {
 		return tokenWrong
 	}
 	return ""
@@ -328,7 +348,7 @@ func (s *Server) root(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{
 		"status":    "ok",
 		"service":   "kvdock HTTP API",
-		"endpoints": []string{"GET /healthcheck", "GET /status", "GET /conf", "GET /metrics", "POST /clear-cache", "POST /unregister?instance_id=N", "POST /reset-stats", "POST /restart"},
+		"endpoints": []string{"GET /healthcheck", "GET /status", "GET /conf", "GET /metrics", "GET /l2/keys?tier=&limit=", "POST /clear-cache", "DELETE /cache/objects?tier=l1|l2|all|N", "POST /unregister?instance_id=N", "POST /reset-stats", "POST /restart"},
 	})
 }
 

@@ -64,6 +64,8 @@ type Status struct {
 	// Tiers are the L2 tiers in lookup order ([] when none is configured).
 	Tiers  []TierStatus  `json:"tiers"`
 	Events []EventStatus `json:"events"`
+	// KVEvents is the KV event stream for routers (docs/EVENTS.md).
+	KVEvents engine.KVEventsStatus `json:"kv_events"`
 	// Rates is the last minute of rates; TokensSaved the prefill tokens
 	// served from cache.
 	Rates       RatesStatus       `json:"rates"`
@@ -184,6 +186,16 @@ type PoolStatus struct {
 	LockCapRefusals   uint64 `json:"lock_cap_refusals"`
 	OwnerLockCapBytes int64  `json:"owner_lock_cap_bytes"`
 	TotalLockCapBytes int64  `json:"total_lock_cap_bytes"`
+
+	// PrivateSegment is the unadvertised segment behind a pool that is not
+	// shared (--shm-name ""), which a restart keeps; "" for shared or
+	// anonymous memory.
+	PrivateSegment string `json:"private_segment,omitempty"`
+	// bench_bytes is what benchmark traffic (kvdock bench's models) holds
+	// of used_bytes; it may use at most the room below the watermark the
+	// other models leave, and never evicts their chunks.
+	BenchBytes    int64  `json:"bench_bytes"`
+	BenchRefusals uint64 `json:"bench_refusals"`
 }
 
 // ContextStatus is one registered worker context: its layout, its transfer
@@ -516,6 +528,7 @@ func NewStatus(s engine.Snapshot) Status {
 		Tiers:         make([]TierStatus, 0, len(s.Tiers)),
 		Events:        []EventStatus{},
 		WhatIf:        whatIfStatus(s.WhatIf),
+		KVEvents:      s.KVEvents,
 
 		ProtocolDetection: protocolDetection(s),
 	}
@@ -533,7 +546,7 @@ func NewStatus(s engine.Snapshot) Status {
 		ratio = float64(p.UsedBytes) / float64(p.Size)
 	}
 	out.Pool = PoolStatus{
-		Segment: p.Decision.Segment, Shared: p.Decision.Shared, Reason: p.Decision.Reason,
+		Segment: p.Decision.Segment, PrivateSegment: p.Decision.Private, Shared: p.Decision.Shared, Reason: p.Decision.Reason,
 		ShmFreeBytes: p.ShmFree, CapacityBytes: p.Size, UsedBytes: p.UsedBytes, UsageRatio: ratio,
 		ResidentBytes: p.ResidentBytes, UsableBytes: p.UsableBytes, UsableRatio: p.UsableRatio(),
 		Objects: p.Objects, FreeExtents: p.FreeExtents, PrefaultedBytes: p.Prefaulted,
@@ -544,6 +557,7 @@ func NewStatus(s engine.Snapshot) Status {
 		EvictionPolicy: p.Policy, TriggerWatermark: p.Watermark, EvictionRatio: p.Ratio,
 		WriteTTLSeconds: p.WriteTTL.Seconds(), ReadTTLSeconds: p.ReadTTL.Seconds(),
 		LiveBytes: p.LiveBytes, LockedBytes: p.LockedBytes, DoomedObjects: p.Doomed, DoomedBytes: p.DoomedBytes,
+		BenchBytes: p.BenchBytes, BenchRefusals: p.BenchRefusals,
 		LockOwners: p.LockOwners, Views: p.Views, WriteDoomed: p.WriteDoomed, StaleFinishes: p.StaleFinishes,
 		LockCapRefusals: p.LockCapRefusals, OwnerLockCapBytes: p.OwnerLockCap, TotalLockCapBytes: p.TotalLockCap,
 	}

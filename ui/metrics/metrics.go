@@ -1,6 +1,6 @@
 // Package metrics is kvdock's Prometheus side: a private registry holding the
 // request counters and latency histogram fed by the wire server (Metrics is an
-// rpc.Observer) and a collector that reads the engine's snapshot at scrape
+// engine.Observer) and a collector that reads the engine's snapshot at scrape
 // time for everything else (pool, lookups, contexts, transfer bytes, bad
 // input, GPU memory, the L2 tiers as kvdock_tier_* by index and type). Names follow upstream's lmcache_mp.* instruments where
 // one exists; kvdock's own figures are kvdock_*.
@@ -23,7 +23,6 @@ import (
 
 	"kvdock/core/engine"
 	"kvdock/core/protocol"
-	"kvdock/core/rpc"
 	"kvdock/core/tierstate"
 	"kvdock/core/workers"
 )
@@ -34,7 +33,7 @@ type Source interface {
 }
 
 // outcomes are the request outcomes every request type is primed with.
-var outcomes = [...]string{rpc.OutcomeOK, rpc.OutcomeError, rpc.OutcomeDropped}
+var outcomes = [...]string{engine.OutcomeOK, engine.OutcomeError, engine.OutcomeDropped}
 
 // badKinds are the bad-input kinds primed at zero; others appear when seen.
 func badKinds() []string {
@@ -81,13 +80,13 @@ func New() *Metrics {
 	return m
 }
 
-// OnRequest implements rpc.Observer: one call per dispatched request.
+// OnRequest implements engine.Observer: one call per dispatched request.
 func (m *Metrics) OnRequest(name, outcome string, dur time.Duration) {
 	m.requests.WithLabelValues(name, outcome).Inc()
 	m.duration.WithLabelValues(name).Observe(dur.Seconds())
 }
 
-var _ rpc.Observer = (*Metrics)(nil)
+var _ engine.Observer = (*Metrics)(nil)
 
 // Watch makes the snapshot-derived metrics read src at every scrape.
 func (m *Metrics) Watch(src Source) { m.snap.setSource(src) }
@@ -161,6 +160,7 @@ type snapshotCollector struct {
 	whatif                                                                            whatIfDescs
 	restart                                                                           restartDescs
 	protocol                                                                          protocolDescs
+	kvEvents                                                                          kvEventsDescs
 
 	mu       sync.Mutex
 	src      Source
@@ -225,6 +225,7 @@ func newSnapshotCollector(m *Metrics) *snapshotCollector {
 		whatif:           newWhatIfDescs(),
 		restart:          newRestartDescs(),
 		protocol:         newProtocolDescs(),
+		kvEvents:         newKVEventsDescs(),
 		counters:         map[string]*counter{},
 		ctx:              map[ctxKey]ctxBytes{},
 		bytes:            map[[2]string]float64{},
@@ -250,6 +251,7 @@ func (c *snapshotCollector) Describe(ch chan<- *prometheus.Desc) {
 	c.whatif.describe(ch)
 	c.restart.describe(ch)
 	c.protocol.describe(ch)
+	c.kvEvents.describe(ch)
 	c.m.requests.Describe(ch)
 	c.m.duration.Describe(ch)
 	c.rates.describe(ch)
@@ -388,6 +390,7 @@ func (c *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 		count(c.tierLoadTimeouts, key+"load_timeouts", float64(t.LoadTimeouts), idx, t.Type)
 	}
 
+	c.collectKVEvents(s.KVEvents, gauge, count)
 	if s.GPU.Available {
 		for _, d := range s.GPU.Devices {
 			idx := strconv.Itoa(d.Index)

@@ -60,35 +60,19 @@ func watched() (*fakeSource, *Metrics) {
 	return src, m
 }
 
-func get(t *testing.T, fams map[string]*dto.MetricFamily, name string, labels ...string) float64 {
-	t.Helper()
-	f := fams[name]
-	if f == nil {
-		t.Fatalf("%s missing", name)
-	}
-	if m, ok := promseries.Match(f, labels...); ok {
-		if m.Counter != nil {
-			return m.Counter.GetValue()
-		}
-		return m.Gauge.GetValue()
-	}
-	t.Fatalf("%s%v missing", name, labels)
-	return 0
-}
-
 func TestCountersStayMonotonicAcrossResets(t *testing.T) {
 	src, m := watched()
 	src.set(func(s *engine.Snapshot) { s.Pool.WriteReservations = 5; s.Lookup.HitTokens = 64 })
-	if v := get(t, gather(t, m), "lmcache_mp_l1_write_total"); v != 5 {
+	if v := promseries.Value(t, gather(t, m), "lmcache_mp_l1_write_total"); v != 5 {
 		t.Fatalf("write total = %v, want 5", v)
 	}
 	// A pool rebuild resets the engine's counter; ours keeps counting.
 	src.set(func(s *engine.Snapshot) { s.Pool.WriteReservations = 2; s.Lookup.HitTokens = 80 })
 	f := gather(t, m)
-	if v := get(t, f, "lmcache_mp_l1_write_total"); v != 7 {
+	if v := promseries.Value(t, f, "lmcache_mp_l1_write_total"); v != 7 {
 		t.Errorf("write total after reset = %v, want 7", v)
 	}
-	if v := get(t, f, "lmcache_mp_lookup_hit_total"); v != 80 {
+	if v := promseries.Value(t, f, "lmcache_mp_lookup_hit_total"); v != 80 {
 		t.Errorf("hit total = %v, want 80", v)
 	}
 }
@@ -103,10 +87,10 @@ func TestTransferBytesSurviveUnregisterAndFallback(t *testing.T) {
 		}
 	})
 	f := gather(t, m)
-	if v := get(t, f, "kvdock_transfer_bytes_total", "mode", "shm", "direction", "in"); v != 1000 {
+	if v := promseries.Value(t, f, "kvdock_transfer_bytes_total", "mode", "shm", "direction", "in"); v != 1000 {
 		t.Errorf("shm in = %v", v)
 	}
-	if v := get(t, f, "kvdock_contexts", "mode", "shm"); v != 1 {
+	if v := promseries.Value(t, f, "kvdock_contexts", "mode", "shm"); v != 1 {
 		t.Errorf("shm contexts = %v", v)
 	}
 	// Instance 1 falls back to pickle and moves 200 more bytes; instance 2
@@ -120,14 +104,14 @@ func TestTransferBytesSurviveUnregisterAndFallback(t *testing.T) {
 	f = gather(t, m)
 	want := map[[2]string]float64{{"shm", "in"}: 1000, {"shm", "out"}: 10, {"pickle", "in"}: 50 + 200 + 30, {"pickle", "out"}: 0}
 	for k, w := range want {
-		if v := get(t, f, "kvdock_transfer_bytes_total", "mode", k[0], "direction", k[1]); v != w {
+		if v := promseries.Value(t, f, "kvdock_transfer_bytes_total", "mode", k[0], "direction", k[1]); v != w {
 			t.Errorf("transfer %v = %v, want %v", k, v, w)
 		}
 	}
-	if v := get(t, f, "kvdock_contexts", "mode", "shm"); v != 0 {
+	if v := promseries.Value(t, f, "kvdock_contexts", "mode", "shm"); v != 0 {
 		t.Errorf("shm contexts after fallback = %v", v)
 	}
-	if v := get(t, f, "kvdock_contexts", "mode", "pickle"); v != 2 {
+	if v := promseries.Value(t, f, "kvdock_contexts", "mode", "pickle"); v != 2 {
 		t.Errorf("pickle contexts = %v", v)
 	}
 }
@@ -140,20 +124,20 @@ func TestObserverAndGPU(t *testing.T) {
 		s.GPU = gpu.Snapshot{Available: true, Devices: []gpu.Device{{Index: 0, Name: "NVIDIA H200", MemUsed: 1 << 30, MemTotal: 141 << 30}}}
 	})
 	f := gather(t, m)
-	if v := get(t, f, "kvdock_requests_total", "type", "NOOP", "outcome", "error"); v != 0 {
+	if v := promseries.Value(t, f, "kvdock_requests_total", "type", "NOOP", "outcome", "error"); v != 0 {
 		t.Errorf("primed NOOP error = %v", v)
 	}
-	if v := get(t, f, "kvdock_bad_input_total", "kind", "something_new"); v != 3 {
+	if v := promseries.Value(t, f, "kvdock_bad_input_total", "kind", "something_new"); v != 3 {
 		t.Errorf("unknown bad-input kind = %v", v)
 	}
-	if v := get(t, f, "kvdock_gpu_memory_total_bytes", "gpu", "0", "name", "NVIDIA H200"); v != 141<<30 {
+	if v := promseries.Value(t, f, "kvdock_gpu_memory_total_bytes", "gpu", "0", "name", "NVIDIA H200"); v != 141<<30 {
 		t.Errorf("gpu total = %v", v)
 	}
 	var obs rpc.Observer = m
 	obs.OnRequest("LOOKUP", rpc.OutcomeOK, 2*time.Millisecond)
 	obs.OnRequest("LOOKUP", rpc.OutcomeDropped, time.Millisecond)
 	f = gather(t, m)
-	if v := get(t, f, "kvdock_requests_total", "type", "LOOKUP", "outcome", "ok"); v != 1 {
+	if v := promseries.Value(t, f, "kvdock_requests_total", "type", "LOOKUP", "outcome", "ok"); v != 1 {
 		t.Errorf("LOOKUP ok = %v", v)
 	}
 	h := f["kvdock_request_duration_seconds"].GetMetric()
@@ -292,7 +276,7 @@ func TestTierMetricsByIndexAndType(t *testing.T) {
 		{"kvdock_tier_loads_total", 5, []string{"index", "0"}},
 		{"kvdock_tier_load_timeouts_total", 1, []string{"index", "0"}},
 	} {
-		if got := get(t, fams, c.name, c.label...); got != c.want {
+		if got := promseries.Value(t, fams, c.name, c.label...); got != c.want {
 			t.Errorf("%s%v = %v, want %v", c.name, c.label, got, c.want)
 		}
 	}
@@ -302,7 +286,7 @@ func TestTierMetricsByIndexAndType(t *testing.T) {
 
 	// An engine restart resets the tier's totals; the series does not go down.
 	src.set(func(s *engine.Snapshot) { s.Tiers[0].Hits = 2 })
-	if got := get(t, gather(t, m), "kvdock_tier_hits_total", "index", "0"); got != 7 {
+	if got := promseries.Value(t, gather(t, m), "kvdock_tier_hits_total", "index", "0"); got != 7 {
 		t.Errorf("hits after reset = %v, want 7", got)
 	}
 
@@ -335,22 +319,22 @@ func TestLivenessMetrics(t *testing.T) {
 	})
 	f := gather(t, m)
 	for state, want := range map[string]float64{"active": 1, "idle": 1, "reaped": 1, "removed": 0} {
-		if v := get(t, f, "kvdock_contexts_by_state", "state", state); v != want {
+		if v := promseries.Value(t, f, "kvdock_contexts_by_state", "state", state); v != want {
 			t.Errorf("contexts %s = %v, want %v", state, v, want)
 		}
 	}
-	if v := get(t, f, "kvdock_context_last_seen_seconds", "instance_id", "2"); v != 600 {
+	if v := promseries.Value(t, f, "kvdock_context_last_seen_seconds", "instance_id", "2"); v != 600 {
 		t.Errorf("last seen of 2 = %v", v)
 	}
 	if n := len(f["kvdock_context_last_seen_seconds"].GetMetric()); n != 2 {
 		t.Errorf("%d last-seen series; a reaped context must not have one", n)
 	}
 	// A reaped context is not registered: it is not counted by mode.
-	if v := get(t, f, "kvdock_contexts", "mode", "pickle"); v != 0 {
+	if v := promseries.Value(t, f, "kvdock_contexts", "mode", "pickle"); v != 0 {
 		t.Errorf("pickle contexts = %v, want 0", v)
 	}
 	for name, want := range map[string]float64{"kvdock_workers_reaped_total": 1, "kvdock_workers_removed_total": 2, "kvdock_instance_id_reused_total": 3} {
-		if v := get(t, f, name); v != want {
+		if v := promseries.Value(t, f, name); v != want {
 			t.Errorf("%s = %v, want %v", name, v, want)
 		}
 	}

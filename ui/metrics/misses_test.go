@@ -7,13 +7,14 @@ import (
 
 	"kvdock/core/engine"
 	"kvdock/core/misses"
+	"kvdock/core/testkit/promseries"
 )
 
 func TestMissMetricsByReasonAndContext(t *testing.T) {
 	src, m := watched()
 	f := gather(t, m)
 	for i := range misses.NumReasons { // every reason exists at zero
-		if v := get(t, f, "kvdock_lookup_missed_chunks_total", "reason", i.String()); v != 0 {
+		if v := promseries.Value(t, f, "kvdock_lookup_missed_chunks_total", "reason", i.String()); v != 0 {
 			t.Fatalf("%v = %v before traffic", i, v)
 		}
 	}
@@ -24,13 +25,13 @@ func TestMissMetricsByReasonAndContext(t *testing.T) {
 			Contexts: []misses.ContextCounts{{Context: misses.Context{Model: "llama", WorldSize: 2}, Missed: c}}}
 	})
 	f = gather(t, m)
-	if v := get(t, f, "kvdock_lookup_missed_chunks_total", "reason", "evicted"); v != 4 {
+	if v := promseries.Value(t, f, "kvdock_lookup_missed_chunks_total", "reason", "evicted"); v != 4 {
 		t.Fatalf("evicted = %v", v)
 	}
-	if v := get(t, f, "kvdock_context_lookup_missed_chunks_total", "model", "llama", "world_size", "2", "reason", "refused"); v != 1 {
+	if v := promseries.Value(t, f, "kvdock_context_lookup_missed_chunks_total", "model", "llama", "world_size", "2", "reason", "refused"); v != 1 {
 		t.Fatalf("llama/2 refused = %v", v)
 	}
-	if v := get(t, f, "kvdock_lookup_tier_missed_chunks_total"); v != 2 {
+	if v := promseries.Value(t, f, "kvdock_lookup_tier_missed_chunks_total"); v != 2 {
 		t.Fatalf("tier missed = %v", v)
 	}
 	// A pool rebuild resets the tally: the total stays monotonic, the
@@ -42,7 +43,7 @@ func TestMissMetricsByReasonAndContext(t *testing.T) {
 			Contexts: []misses.ContextCounts{{Context: misses.Context{Model: "qwen", WorldSize: 1}, Missed: c2}}}
 	})
 	f = gather(t, m)
-	if v := get(t, f, "kvdock_lookup_missed_chunks_total", "reason", "evicted"); v != 5 {
+	if v := promseries.Value(t, f, "kvdock_lookup_missed_chunks_total", "reason", "evicted"); v != 5 {
 		t.Fatalf("evicted after reset = %v, want 5", v)
 	}
 	for _, mt := range f["kvdock_context_lookup_missed_chunks_total"].GetMetric() {

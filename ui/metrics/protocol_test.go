@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"kvdock/core/engine"
+	"kvdock/core/testkit/promseries"
 	"kvdock/settings"
 )
 
@@ -14,11 +15,11 @@ func TestProtocolDetectionMetrics(t *testing.T) {
 	src, m := watched()
 	fams := gather(t, m)
 	for _, p := range settings.ProtocolProfiles() {
-		if v := get(t, fams, "kvdock_protocol_detections_total", "profile", p); v != 0 {
+		if v := promseries.Value(t, fams, "kvdock_protocol_detections_total", "profile", p); v != 0 {
 			t.Errorf("%s before traffic = %v", p, v)
 		}
 	}
-	if v := get(t, fams, "kvdock_protocol_ambiguous_detections_total"); v != 0 {
+	if v := promseries.Value(t, fams, "kvdock_protocol_ambiguous_detections_total"); v != 0 {
 		t.Errorf("ambiguous before traffic = %v", v)
 	}
 	src.set(func(s *engine.Snapshot) {
@@ -27,16 +28,16 @@ func TestProtocolDetectionMetrics(t *testing.T) {
 	})
 	fams = gather(t, m)
 	for p, want := range map[string]float64{"rpc-messages": 3, "nongpu-v1": 1, "engine-driven": 0} {
-		if v := get(t, fams, "kvdock_protocol_detections_total", "profile", p); v != want {
+		if v := promseries.Value(t, fams, "kvdock_protocol_detections_total", "profile", p); v != want {
 			t.Errorf("%s = %v, want %v", p, v, want)
 		}
 	}
-	if v := get(t, fams, "kvdock_protocol_ambiguous_detections_total"); v != 1 {
+	if v := promseries.Value(t, fams, "kvdock_protocol_ambiguous_detections_total"); v != 1 {
 		t.Errorf("ambiguous = %v, want 1", v)
 	}
 	// A restart: the server counts from zero again; the series does not.
 	src.set(func(s *engine.Snapshot) { s.Requests.Detections = map[string]int64{"rpc-messages": 2} })
-	if v := get(t, gather(t, m), "kvdock_protocol_detections_total", "profile", "rpc-messages"); v != 5 {
+	if v := promseries.Value(t, gather(t, m), "kvdock_protocol_detections_total", "profile", "rpc-messages"); v != 5 {
 		t.Errorf("rpc-messages after a restart = %v, want 5", v)
 	}
 }

@@ -5,6 +5,7 @@ import (
 
 	"kvdock/core/engine"
 	"kvdock/core/series"
+	"kvdock/core/testkit/promseries"
 )
 
 // TestTokensSavedAndRateGauges: the tokens-saved counter and the
@@ -14,7 +15,7 @@ func TestTokensSavedAndRateGauges(t *testing.T) {
 	src, m := watched()
 	f := gather(t, m)
 	for _, n := range []string{"kvdock_tokens_saved_total", "kvdock_hit_ratio_last_minute", "kvdock_store_bytes_per_second_last_minute"} {
-		if v := get(t, f, n); v != 0 {
+		if v := promseries.Value(t, f, n); v != 0 {
 			t.Errorf("%s = %v before traffic, want 0", n, v)
 		}
 	}
@@ -30,17 +31,17 @@ func TestTokensSavedAndRateGauges(t *testing.T) {
 		}
 	})
 	f = gather(t, m)
-	if v := get(t, f, "kvdock_tokens_saved_total"); v != 4096 {
+	if v := promseries.Value(t, f, "kvdock_tokens_saved_total"); v != 4096 {
 		t.Errorf("tokens saved total %v, want 4096", v)
 	}
-	if v := get(t, f, "kvdock_tokens_saved_last_hour"); v != 1024 {
+	if v := promseries.Value(t, f, "kvdock_tokens_saved_last_hour"); v != 1024 {
 		t.Errorf("tokens saved last hour %v, want 1024", v)
 	}
 	// 4 hit of 58 × 1 + 8 asked in the last 60 s.
-	if v := get(t, f, "kvdock_hit_ratio_last_minute"); v != 4.0/66 {
+	if v := promseries.Value(t, f, "kvdock_hit_ratio_last_minute"); v != 4.0/66 {
 		t.Errorf("hit ratio %v, want %v", v, 4.0/66)
 	}
-	if v := get(t, f, "kvdock_store_bytes_per_second_last_minute"); v != 3e9 {
+	if v := promseries.Value(t, f, "kvdock_store_bytes_per_second_last_minute"); v != 3e9 {
 		t.Errorf("store B/s %v, want 3e9", v)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"kvdock/core/engine"
+	"kvdock/core/testkit/promseries"
 	"kvdock/core/whatif"
 )
 
@@ -14,7 +15,7 @@ func TestWhatIfSeries(t *testing.T) {
 	// Before traffic every factor exists, at zero.
 	fams := gather(t, m)
 	for _, f := range []string{"0.25", "0.5", "0.75", "1", "1.5", "2", "3", "4"} {
-		if got := get(t, fams, "kvdock_whatif_hit_ratio", "pool_factor", f); got != 0 {
+		if got := promseries.Value(t, fams, "kvdock_whatif_hit_ratio", "pool_factor", f); got != 0 {
 			t.Errorf("pool_factor %s before traffic = %v, want 0", f, got)
 		}
 	}
@@ -41,7 +42,7 @@ func TestWhatIfSeries(t *testing.T) {
 		{"kvdock_whatif_sample_rate", nil, 0.01},
 		{"kvdock_whatif_memory_bytes", nil, 7000},
 	} {
-		if got := get(t, fams, c.name, c.labels...); got != c.want {
+		if got := promseries.Value(t, fams, c.name, c.labels...); got != c.want {
 			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)
 		}
 	}

@@ -16,7 +16,7 @@ func (s *Segment) Detach() error {
 		if s.fd < 0 {
 			return
 		}
-		err = unlinkNames(s.fd, s.dir, s.dec.Segment)
+		err = unlinkNames(s.fd, s.dir, s.name)
 		unix.Close(s.fd) // releases the flock
 		s.fd = -1
 	})

@@ -31,14 +31,14 @@ func (s *Segment) Keep(record func(Identity) error) error {
 		if err := s.Close(); err != nil {
 			return err
 		}
-		return errors.New("segment: private memory cannot be kept")
+		return errors.New("segment: anonymous memory cannot be kept")
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(s.fd, &st); err != nil {
 		_ = s.Close()
-		return fmt.Errorf("segment: stat %s to keep it: %w", s.dec.Segment, err)
+		return fmt.Errorf("segment: stat %s to keep it: %w", s.name, err)
 	}
-	id := Identity{Name: s.dec.Segment, Dev: st.Dev, Ino: st.Ino, Size: st.Size, UID: st.Uid}
+	id := Identity{Name: s.name, Dev: st.Dev, Ino: st.Ino, Size: st.Size, UID: st.Uid}
 	if err := record(id); err != nil {
 		if cerr := s.Close(); cerr != nil {
 			err = errors.Join(err, cerr)
@@ -47,14 +47,14 @@ func (s *Segment) Keep(record func(Identity) error) error {
 	}
 	// The kept marker replaces the kvdock marker: other kvdocks' cleanup
 	// leaves the segment to its successor for keptGrace, then removes it.
-	path := filepath.Join(s.dir, s.dec.Segment)
-	kept := filepath.Join(s.dir, keptPrefix+s.dec.Segment)
+	path := filepath.Join(s.dir, s.name)
+	kept := filepath.Join(s.dir, keptPrefix+s.name)
 	var errs []error
 	if err := unix.Link(path, kept); err != nil && !errors.Is(err, unix.EEXIST) {
-		errs = append(errs, fmt.Errorf("mark %s kept: %w", s.dec.Segment, err))
+		errs = append(errs, fmt.Errorf("mark %s kept: %w", s.name, err))
 	}
-	if err := unlinkOwn(s.fd, filepath.Join(s.dir, markerPrefix+s.dec.Segment)); err != nil {
-		errs = append(errs, fmt.Errorf("unlink marker of kept segment %s: %w", s.dec.Segment, err))
+	if err := unlinkOwn(s.fd, filepath.Join(s.dir, markerPrefix+s.name)); err != nil {
+		errs = append(errs, fmt.Errorf("unlink marker of kept segment %s: %w", s.name, err))
 	}
 	errs = append(errs, s.end(false))
 	return errors.Join(errs...)
@@ -65,7 +65,8 @@ func (s *Segment) Keep(record func(Identity) error) error {
 var ErrNotAdoptable = errors.New("kept segment not adoptable")
 
 // Adopt maps the kept segment id in dir ("" = DefaultDir) instead of
-// creating one: the file must be a regular file of our uid, mode 0600,
+// creating one, shared or private as its name says (a private segment is
+// adopted private: never Shared): the file must be a regular file of our uid, mode 0600,
 // the recorded inode with the recorded size (the pool size, size), and
 // no live process may hold its flock. It takes the flock for life and puts
 // the kvdock marker back; its pages were reserved by its creator. The
@@ -121,8 +122,15 @@ func Adopt(dir string, id Identity, size int64, prefault bool, log *slog.Logger)
 	c := cleaner{dir: dir, want: id.Name, uid: int(st.Uid), log: log}
 	mark(c, path, log)
 	_ = unlinkOwn(fd, filepath.Join(dir, keptPrefix+id.Name))
+	dec := Decision{Segment: id.Name, Size: size, Shared: true, Reason: fmt.Sprintf("segment %s adopted from the previous process, %s", id.Name, Human(size))}
+	if IsPrivate(id.Name) {
+		// Adopted as it was kept: a private segment stays unadvertised.
+		dec = Decision{Private: id.Name, Size: size,
+			Reason: fmt.Sprintf("private segment %s adopted from the previous process, %s, never advertised", id.Name, Human(size))}
+	}
 	s := &Segment{
-		dec:  Decision{Segment: id.Name, Size: size, Shared: true, Reason: fmt.Sprintf("segment %s adopted from the previous process, %s", id.Name, Human(size))},
+		dec:  dec,
+		name: id.Name,
 		dir:  dir,
 		mem:  mem,
 		fd:   fd,
@@ -130,7 +138,7 @@ func Adopt(dir string, id Identity, size int64, prefault bool, log *slog.Logger)
 		log:  log,
 	}
 	s.startPrefault(prefault)
-	log.Info("shared memory segment adopted", "segment", id.Name, "dir", dir, "bytes", size)
+	log.Info("shared memory segment adopted", "segment", id.Name, "dir", dir, "bytes", size, "private", IsPrivate(id.Name))
 	return s, nil
 }
 

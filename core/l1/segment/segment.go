@@ -1,6 +1,9 @@
 // Package segment maps the memory behind the L1 pool: a named POSIX
-// shared-memory segment that workers attach by name (zero-copy transfers), or
-// private anonymous memory when shared memory is off or cannot hold the pool.
+// shared-memory segment that workers attach by name (zero-copy transfers); a
+// private segment, made and held the same way but never advertised, when
+// shared memory is off (pickle mode), so that a restart can keep the pool
+// all the same; or anonymous memory when neither can be made (no room in the
+// shm directory, a lazy pool), whose restarts are cold.
 //
 // A named segment is /dev/shm/<name> (what shm_open and Python's SharedMemory
 // use), mode 0600, with every page reserved at creation (fallocate), held
@@ -23,6 +26,7 @@ package segment
 import (
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"math/rand/v2"
 	"os"
@@ -38,8 +42,27 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Prefix starts every pool segment name; stale cleanup only looks at these.
+// Prefix starts every shared pool segment name; stale cleanup only looks at
+// these and at PrivatePrefix.
 const Prefix = "lmcache_l1_pool_"
+
+// PrivatePrefix starts the name of a private segment: the pool of a server
+// whose shared memory is off, in the shm directory only so that a restart
+// can keep it. It is never advertised, and no name a worker is told (always
+// Prefix + something) can be one.
+const PrivatePrefix = "kvdock_private_pool_"
+
+// PrivateName is the private segment of the server at host:port run by
+// this user: one per endpoint, so that the same command line started again
+// plans the segment it kept, and the uid keeps two users' names apart.
+func PrivateName(host string, port int) string {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(host))
+	return fmt.Sprintf("%s%d_%d_%08x", PrivatePrefix, os.Geteuid(), port, h.Sum32())
+}
+
+// IsPrivate reports whether name is a private segment's (PrivatePrefix).
+func IsPrivate(name string) bool { return strings.HasPrefix(name, PrivatePrefix) }
 
 // DefaultDir is where shm_open places segments on Linux.
 const DefaultDir = "/dev/shm"
@@ -80,10 +103,14 @@ func NormalizeName(name string) string {
 }
 
 // ValidName reports whether a normalised name is usable as a segment name:
-// [A-Za-z0-9_.-], at most 255 bytes, something after the prefix.
+// Prefix (or PrivatePrefix) followed by [A-Za-z0-9_.-], at most 255 bytes.
 func ValidName(name string) error {
-	if len(name) > 255 || len(name) <= len(Prefix) {
-		return fmt.Errorf("segment name %q: want %s followed by 1–%d characters", name, Prefix, 255-len(Prefix))
+	prefix := Prefix
+	if IsPrivate(name) {
+		prefix = PrivatePrefix
+	}
+	if len(name) > 255 || len(name) <= len(prefix) || !strings.HasPrefix(name, prefix) {
+		return fmt.Errorf("segment name %q: want %s followed by 1–%d characters", name, prefix, 255-len(prefix))
 	}
 	for _, c := range name {
 		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '.' || c == '-') {
@@ -95,9 +122,15 @@ func ValidName(name string) error {
 
 // Options selects the memory to map.
 type Options struct {
-	// Name is the segment name, normalised with NormalizeName; "" means
-	// anonymous private memory.
+	// Name is the shared segment's name, normalised with NormalizeName; ""
+	// means the memory is not shared: the private segment Private, or
+	// anonymous memory.
 	Name string
+	// Private, when Name is "", is the private segment to make
+	// (PrivateName): a file like a shared segment that is never
+	// advertised. When it cannot be made the memory is anonymous, with the
+	// reason; that is never an error. "" means anonymous memory.
+	Private string
 	// NoShmReason is the Decision reason when Name is "".
 	NoShmReason string
 	// Dir is the shared-memory directory; "" means DefaultDir.
@@ -117,21 +150,40 @@ type Options struct {
 }
 
 // Decision says which memory backs the pool and why. It is first the plan
-// made from the settings (Segment to create, "" = anonymous memory, and
-// Reason; the rest zero), then, as Segment.Decision, the outcome of Open:
-// the segment exists and Shared is set, or the memory is anonymous with the
-// plan's reason or the fallback's (capacity check, reservation failure).
+// made from the settings (Segment to create, or else Private, "" for both =
+// anonymous memory, and Reason; the rest zero), then, as Segment.Decision,
+// the outcome of Open: the shared segment exists and Shared is set, or the
+// private segment exists, or the memory is anonymous with the plan's reason
+// or the fallback's (capacity check, reservation failure).
 type Decision struct {
-	Segment string // segment name; "" when anonymous
+	Segment string // shared segment name, the one workers are told; "" when not shared
+	// Private is the private segment behind a pool that is not shared
+	// (never advertised); "" with Segment "" means anonymous memory.
+	Private string
 	Size    int64  // bytes mapped
 	Shared  bool   // workers can attach Segment
 	Reason  string // human sentence for logs, /status and the dashboard
 	ShmFree int64  // free bytes in the shm directory when checked; 0 if not checked
 }
 
+// File is the name of the file in the shm directory behind the pool (the
+// shared segment, else the private one), the one a restart keeps; "" for
+// anonymous memory, which a restart cannot keep.
+func (d Decision) File() string {
+	if d.Segment != "" {
+		return d.Segment
+	}
+	return d.Private
+}
+
+// coldSuffix ends the reason of every pool in anonymous memory: nothing of
+// it can outlive the process.
+const coldSuffix = "; restarts of this pool are cold"
+
 // Segment is one mapped region.
 type Segment struct {
 	dec     Decision
+	name    string // the file in dir (shared or private); "" when anonymous
 	dir     string
 	mem     []byte
 	fd      int // -1 when anonymous
@@ -142,11 +194,16 @@ type Segment struct {
 	log     *slog.Logger
 }
 
-// Open maps the memory described by o. A name held by a live process is an
-// error wrapping ErrBusy; a pool that does not fit in the shm directory, a
-// segment that cannot be created or whose pages cannot be reserved (the
-// directory filled up since it was checked) falls back to anonymous memory
-// with the reason in Decision.
+// Open maps the memory described by o. A shared name held by a live
+// process is an error wrapping ErrBusy, one taken by a file kvdock may not
+// remove (another user's, a symbolic link) an error wrapping ErrForeign; a
+// pool that does not fit in the shm directory, a segment that cannot be
+// created or whose pages cannot be reserved (the directory filled up since
+// it was checked) falls back to anonymous memory with the reason in
+// Decision. A private segment (o.Private) falls back to anonymous memory in
+// every one of those cases: shared memory is off, so it only spares a
+// restart the cold start, and a name squatted by another user must not stop
+// the server.
 func Open(o Options) (*Segment, error) {
 	if o.Size <= 0 {
 		return nil, fmt.Errorf("segment: size %d bytes, want > 0", o.Size)
@@ -162,60 +219,99 @@ func Open(o Options) (*Segment, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	if o.Name == "" {
-		reason := o.NoShmReason
-		if reason == "" {
-			reason = "shared memory off"
-		}
-		return openAnon(o, Decision{Size: o.Size, Reason: reason}, log)
+		return openPrivate(o, log)
 	}
 	name := NormalizeName(o.Name)
 	if err := ValidName(name); err != nil {
 		return nil, err
 	}
-	c := cleaner{dir: o.Dir, want: name, uid: os.Geteuid(), log: log, afterLock: o.afterLock}
-	removed, err := c.run()
+	s, fallback, removed, err := openFile(o, name, log)
 	if err != nil {
-		log.Warn("stale shared-memory cleanup incomplete", "dir", o.Dir, "err", err)
-	}
-	path := filepath.Join(o.Dir, name)
-	if ok, err := c.clearWant(); err != nil {
-		return nil, err
-	} else if ok {
-		log.Info("removed stale shared memory segment", "segment", name, "dir", o.Dir)
-		removed = append(removed, name)
-	}
-	free, err := o.Statfs(o.Dir)
-	if err != nil {
-		reason := fmt.Sprintf("cannot check free space of %s (%v); using private memory", o.Dir, err)
-		log.Warn("shared memory off", "reason", reason)
-		return openAnon(o, Decision{Size: o.Size, Reason: reason}, log)
-	}
-	if o.Size > free {
-		reason := fmt.Sprintf("%s has %s free, pool needs %s; using private memory", o.Dir, Human(free), Human(o.Size))
-		log.Warn("shared memory off", "reason", reason)
-		return openAnon(o, Decision{Size: o.Size, Reason: reason, ShmFree: free}, log)
-	}
-	s, err := create(o, c, path, free, log)
-	if errors.Is(err, ErrBusy) || errors.Is(err, ErrForeign) {
 		return nil, err
 	}
-	var re *reserveError
-	if errors.As(err, &re) {
-		reason := re.Error() + "; using private memory"
-		log.Warn("shared memory off", "reason", reason)
-		return openAnon(o, Decision{Size: o.Size, Reason: reason, ShmFree: free}, log)
+	if s == nil {
+		fallback.Size = o.Size
+		fallback.Reason += "; using anonymous memory" + coldSuffix
+		log.Warn("shared memory off", "reason", fallback.Reason)
+		return openAnon(o, fallback, log)
 	}
-	if err != nil {
-		reason := fmt.Sprintf("cannot create segment %s (%v); using private memory", name, err)
-		log.Warn("shared memory off", "reason", reason)
-		return openAnon(o, Decision{Size: o.Size, Reason: reason, ShmFree: free}, log)
-	}
+	s.dec.Segment, s.dec.Shared = name, true
 	s.dec.Reason = fmt.Sprintf("segment %s created, %s", name, Human(o.Size))
-	if len(removed) > 0 {
-		s.dec.Reason += fmt.Sprintf(" (removed %d stale segment(s))", len(removed))
+	if removed > 0 {
+		s.dec.Reason += fmt.Sprintf(" (removed %d stale segment(s))", removed)
 	}
 	s.startPrefault(o.Prefault)
 	return s, nil
+}
+
+// openPrivate maps the memory of a pool that is not shared: the private
+// segment o.Private when it can be made, else anonymous memory, the reason
+// saying which and why.
+func openPrivate(o Options, log *slog.Logger) (*Segment, error) {
+	reason := o.NoShmReason
+	if reason == "" {
+		reason = "shared memory off"
+	}
+	if o.Private == "" {
+		return openAnon(o, Decision{Size: o.Size, Reason: reason + coldSuffix}, log)
+	}
+	if !IsPrivate(o.Private) || ValidName(o.Private) != nil {
+		return nil, fmt.Errorf("segment: private segment name %q: want %s followed by [A-Za-z0-9_.-]", o.Private, PrivatePrefix)
+	}
+	s, fallback, _, err := openFile(o, o.Private, log)
+	if err != nil {
+		fallback = Decision{Reason: err.Error()}
+	}
+	if s == nil {
+		d := Decision{Size: o.Size, ShmFree: fallback.ShmFree,
+			Reason: fmt.Sprintf("%s; private segment %s not made (%s): anonymous memory%s", reason, o.Private, fallback.Reason, coldSuffix)}
+		log.Warn("private segment off", "reason", d.Reason)
+		return openAnon(o, d, log)
+	}
+	s.dec.Private = o.Private
+	s.dec.Reason = fmt.Sprintf("%s; the pool is the private segment %s, %s, never advertised (a restart can keep it)", reason, o.Private, Human(o.Size))
+	s.startPrefault(o.Prefault)
+	return s, nil
+}
+
+// openFile makes the segment name in o.Dir after the stale cleanup and
+// returns it with how many stale segments were removed, its Decision
+// holding Size and ShmFree. When the memory must be anonymous instead it
+// returns a nil segment and, in fallback, the reason (free space,
+// reservation, creation) and ShmFree. The errors wrap ErrBusy or ErrForeign.
+func openFile(o Options, name string, log *slog.Logger) (s *Segment, fallback Decision, removed int, err error) {
+	c := cleaner{dir: o.Dir, want: name, uid: os.Geteuid(), log: log, afterLock: o.afterLock}
+	gone, err := c.run()
+	if err != nil {
+		log.Warn("stale shared-memory cleanup incomplete", "dir", o.Dir, "err", err)
+	}
+	removed = len(gone)
+	path := filepath.Join(o.Dir, name)
+	if ok, err := c.clearWant(); err != nil {
+		return nil, Decision{}, 0, err
+	} else if ok {
+		log.Info("removed stale shared memory segment", "segment", name, "dir", o.Dir)
+		removed++
+	}
+	free, err := o.Statfs(o.Dir)
+	if err != nil {
+		return nil, Decision{Reason: fmt.Sprintf("cannot check free space of %s (%v)", o.Dir, err)}, removed, nil
+	}
+	if o.Size > free {
+		return nil, Decision{Reason: fmt.Sprintf("%s has %s free, pool needs %s", o.Dir, Human(free), Human(o.Size)), ShmFree: free}, removed, nil
+	}
+	s, err = create(o, c, path, free, log)
+	if errors.Is(err, ErrBusy) || errors.Is(err, ErrForeign) {
+		return nil, Decision{}, 0, err
+	}
+	var re *reserveError
+	if errors.As(err, &re) {
+		return nil, Decision{Reason: re.Error(), ShmFree: free}, removed, nil
+	}
+	if err != nil {
+		return nil, Decision{Reason: fmt.Sprintf("cannot create segment %s (%v)", name, err), ShmFree: free}, removed, nil
+	}
+	return s, Decision{}, removed, nil
 }
 
 // create makes the segment under a temporary name, flocked before anything
@@ -279,9 +375,10 @@ func create(o Options, c cleaner, path string, free int64, log *slog.Logger) (*S
 		unix.Close(fd)
 		return nil, fmt.Errorf("map %s: %w", path, err)
 	}
-	log.Info("shared memory segment created", "segment", name, "dir", o.Dir, "bytes", o.Size)
+	log.Info("shared memory segment created", "segment", name, "dir", o.Dir, "bytes", o.Size, "private", IsPrivate(name))
 	return &Segment{
-		dec:  Decision{Segment: name, Size: o.Size, Shared: true, ShmFree: free},
+		dec:  Decision{Size: o.Size, ShmFree: free},
+		name: name,
 		dir:  o.Dir,
 		mem:  mem,
 		fd:   fd,
@@ -404,7 +501,7 @@ func (s *Segment) end(unlink bool) error {
 			return
 		}
 		if unlink {
-			if e := unlinkNames(s.fd, s.dir, s.dec.Segment); e != nil && err == nil {
+			if e := unlinkNames(s.fd, s.dir, s.name); e != nil && err == nil {
 				err = e
 			}
 		}
@@ -453,9 +550,9 @@ func (s *Segment) startPrefault(on bool) {
 //     not: the operator asked for that name. A file of another user there is
 //     never removed, even when we are root, nor a symbolic link or any other
 //     non-regular file (Open refuses to start and says which it is);
-//   - a segment of another name only with kvdock's marker link. Python
-//     LMCache never takes the flock, so an unmarked segment is unlocked
-//     while its server lives;
+//   - a segment of another name (shared, or a private one of a server
+//     that died) only with kvdock's marker link. Python LMCache never takes
+//     the flock, so an unmarked segment is unlocked while its server lives;
 //   - a marker whose segment is gone, and a crash leftover of a segment being
 //     created (tmpPrefix, older than a minute).
 //
@@ -584,11 +681,12 @@ func (c cleaner) removeMarked(prefix, seg string) (bool, error) {
 	// the memory; it goes too, but no segment is reported.
 	path := filepath.Join(c.dir, seg)
 	names := []string{marker}
-	if strings.HasPrefix(seg, Prefix) {
+	pool := strings.HasPrefix(seg, Prefix) || IsPrivate(seg)
+	if pool {
 		names = []string{path, marker}
 	}
 	gone, err := unlinkStale(v.fd, names...)
-	return strings.HasPrefix(seg, Prefix) && gone[0], err
+	return pool && gone[0], err
 }
 
 // clearWant makes way for the requested name: nil when nothing is there or

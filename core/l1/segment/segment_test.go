@@ -16,7 +16,7 @@ import (
 
 // shmDir is a fresh directory on the real /dev/shm tmpfs, so names are
 // unique per test and statfs sees tmpfs.
-func shmDir(t *testing.T) string {
+func shmDir(t testing.TB) string {
 	t.Helper()
 	d, err := os.MkdirTemp(DefaultDir, "kvdock-test-")
 	if err != nil {
@@ -100,7 +100,7 @@ func TestAnonymousPassesReason(t *testing.T) {
 	}
 	defer s.Close()
 	d := s.Decision()
-	if d.Shared || d.Segment != "" || d.Size != 1<<20 || d.Reason != `--shm-name "" given on the command line` {
+	if d.Shared || d.Segment != "" || d.Private != "" || d.Size != 1<<20 || d.Reason != `--shm-name "" given on the command line; restarts of this pool are cold` {
 		t.Fatalf("decision %+v", d)
 	}
 	b := s.Bytes()

@@ -295,7 +295,7 @@ func TestFullShmAfterStartDoesNotFault(t *testing.T) {
 }
 
 // A /dev/shm that passes the free-space check but cannot reserve the pages
-// (filled up in between, or a lying statfs) falls back to private memory.
+// (filled up in between, or a lying statfs) falls back to anonymous memory.
 func TestReserveFailureFallsBack(t *testing.T) {
 	tmpfs.With(t, 8<<20, func(t *testing.T, dir string) {
 		s, err := Open(Options{Name: "nospace", Size: 16 << 20, Dir: dir,
@@ -305,9 +305,9 @@ func TestReserveFailureFallsBack(t *testing.T) {
 		}
 		defer s.Close()
 		d := s.Decision()
-		want := dir + " could not reserve 16 MiB: no space left on device; using private memory"
-		if d.Shared || d.Segment != "" || d.Reason != want {
-			t.Fatalf("decision %+v, want private memory with reason %q", d, want)
+		want := dir + " could not reserve 16 MiB: no space left on device; using anonymous memory; restarts of this pool are cold"
+		if d.Shared || d.Segment != "" || d.Size != 16<<20 || d.Reason != want {
+			t.Fatalf("decision %+v, want anonymous memory with reason %q", d, want)
 		}
 		ents, err := os.ReadDir(dir)
 		if err != nil || len(ents) != 0 {
@@ -321,7 +321,7 @@ func TestReserveFailureFallsBack(t *testing.T) {
 			t.Fatalf("the failed reservation still holds %d blocks", st.Blocks-st.Bfree)
 		}
 		if off, err := touchAll(s.Bytes()); err != nil || off != 16<<20 {
-			t.Fatalf("private fallback: touched %d bytes: %v", off, err)
+			t.Fatalf("anonymous fallback: touched %d bytes: %v", off, err)
 		}
 	})
 }

@@ -191,6 +191,29 @@ func (s *Server) Kill() {
 	<-done
 }
 
+// Pause stops the server with SIGSTOP: connections stay open, nothing is
+// answered (a server hung or descheduled). Resume sends SIGCONT; a paused
+// server is resumed at cleanup too, so that it can be killed.
+func (s *Server) Pause() {
+	s.mu.Lock()
+	cmd := s.cmd
+	s.mu.Unlock()
+	if cmd != nil {
+		_ = cmd.Process.Signal(syscall.SIGSTOP)
+		s.t.Cleanup(s.Resume)
+	}
+}
+
+// Resume continues a paused server.
+func (s *Server) Resume() {
+	s.mu.Lock()
+	cmd := s.cmd
+	s.mu.Unlock()
+	if cmd != nil {
+		_ = cmd.Process.Signal(syscall.SIGCONT)
+	}
+}
+
 // Restart starts a killed server again on the same port, empty.
 func (s *Server) Restart() {
 	s.t.Helper()

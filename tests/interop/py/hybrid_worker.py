@@ -214,17 +214,24 @@ def scenario_hostile(endpoint, p):
     check(w.store(tokens, data, "hs-g0", only_groups=[0]) == [True], "group 0 store")
     check(lookup(sched, w.model, tokens, "hs-l2") == 2, "both groups stored: not a hit")
     check(same_groups(w.retrieve(tokens, 2, "hs-l2"), data), "bytes after a split store")
-    # Too many groups, and conflicting groups for the same model, are refused.
+    # Too many groups are refused; other groups for the same model register
+    # beside it (their keys name their own layout).
     many = [groups[0]] * 17
     out["17 groups"] = call_or_none(Client(endpoint, PROFILE), "REGISTER", {
         "instance_id": 4102, "model_name": "hy-many", "world_size": 1, "block_size": 4, "num_layers": 1,
         "hidden_dim_size": 4, "dtype_str": "float16", "use_mla": False, "group_layouts": many})
     check(out["17 groups"] == "no answer", f"17 groups answered {out['17 groups']!r}")
     other = [dict(groups[0]), dict(groups[1], hidden_dim_size=groups[1]["hidden_dim_size"] * 2)]
-    out["conflicting groups"] = call_or_none(Client(endpoint, PROFILE), "REGISTER", {
+    oc = Client(endpoint, PROFILE)
+    out["other groups"] = call_or_none(oc, "REGISTER", {
         "instance_id": 4103, "model_name": w.model, "world_size": 1, "block_size": 4, "num_layers": 1,
         "hidden_dim_size": 4, "dtype_str": "float16", "use_mla": False, "group_layouts": other})
-    check(out["conflicting groups"] == "no answer", f"conflicting groups answered {out['conflicting groups']!r}")
+    check(isinstance(out["other groups"], dict), f"other groups answered {out['other groups']!r}")
+    # A LOOKUP answers for every registered layout: the other groups' worker
+    # stored nothing, so the prompt misses until it unregisters.
+    check(lookup(sched, w.model, tokens, "hs-lo") == 0, "a hit the other groups' worker cannot retrieve")
+    check(oc.call("UNREGISTER", 4103) is NO_REPLY, "UNREGISTER reply")
+    oc.close()
     # The same instance id registered again with other groups keeps its first
     # registration: its chunks still come back exactly.
     again = call_or_none(w.c, "REGISTER", {

@@ -6,9 +6,12 @@ torch.frombuffer views, or pickled torch tensors) and runs one scenario given
 on the command line. It prints one JSON line with what it saw and exits 0 when
 every check held, 1 otherwise (with the reason on stderr).
 
-Usage: lmcache_worker.py ENDPOINT SCENARIO [JSON_PARAMS]
+Usage: lmcache_worker.py ENDPOINT SCENARIO [JSON_PARAMS] [--model M ...]
+(run it with --help for the scenarios and the flags; docs/DEVELOPMENT.md
+describes it as a tool).
 """
 
+import argparse
 import io
 import json
 import os
@@ -523,9 +526,73 @@ SCENARIOS = {"tier_store": scenario_tier_store, "tier_check": scenario_tier_chec
              "malicious": scenario_malicious, "malicious_torch2": scenario_malicious_torch2}
 
 
+# One line per scenario for --help (their docstrings say more).
+SCENARIO_HELP = {
+    "roundtrip": "every worker of one world stores --chunks chunks, looks them up and reads them back",
+    "mixed": "an SHM worker and a pickle worker of one model read each other's chunks",
+    "register": "registers --instance-id, stores one chunk and exits still registered",
+    "tier_store": "stores --prompts prompts of --chunks chunks (seeded by --seed)",
+    "tier_check": "looks up and reads back what tier_store stored; counts hits, misses, wrong bytes",
+    "malicious": "test only (needs marker): code-running pickles are refused",
+    "malicious_torch2": "test only (needs marker, live_dir): torch 2.x-form pickles are refused",
+}
+
+# Flags for the parameters people choose from a shell; each overrides the
+# same key of JSON_PARAMS (the form the Go tests pass).
+FLAGS = [
+    ("--model", str, "model", "model name registered and used in keys (default interop-model)"),
+    ("--world", int, "world", "world size: the number of workers of the model (default 1)"),
+    ("--layers", int, "layers", "layers in the KV layout (default 2)"),
+    ("--hidden", int, "hidden", "hidden size per layer (default 16)"),
+    ("--dtype", str, "dtype", "tensor dtype: " + ", ".join(sorted(DTYPES)) + " (default float32)"),
+    ("--chunks", int, "chunks", "chunks per prompt (roundtrip: default 3; tier_*: required)"),
+    ("--profile", str, "profile", "wire profile: " + ", ".join(PROFILES) + " (default nongpu-v1)"),
+    ("--instance-id", int, "instance_id", "instance id to register (register: required)"),
+    ("--seed", int, "seed", "seed of the tokens and tensors (default 1; tier_*: required)"),
+    ("--prompts", int, "prompts", "prompts to store or check (tier_*: required)"),
+]
+
+
+def parse_args(argv):
+    scenarios = "\n".join(f"  {n:<17} {SCENARIO_HELP[n]}" for n in SCENARIOS)
+    ap = argparse.ArgumentParser(
+        prog="lmcache_worker.py",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="An emulated LMCache MP non-GPU worker: ZMQ DEALER and msgpack frames as "
+                    "LMCache's worker sends them, chunks as real torch tensors through kvdock's "
+                    "SHM segment or pickled. It runs one scenario, prints one JSON line with what "
+                    "it saw and exits 0 when every check held, 1 otherwise (reason on stderr).",
+        epilog="scenarios:\n" + scenarios + "\n\nexample:\n"
+               "  lmcache_worker.py tcp://127.0.0.1:5555 roundtrip --dtype bfloat16 --world 2 --pickle")
+    ap.add_argument("endpoint", help="kvdock's ZMQ endpoint, e.g. tcp://127.0.0.1:5555")
+    ap.add_argument("scenario", choices=list(SCENARIOS), metavar="SCENARIO", help="one of the scenarios below")
+    ap.add_argument("params", nargs="?", default="{}", metavar="JSON_PARAMS",
+                    help="a JSON object of parameters (the flags below override its keys)")
+    for flag, typ, dest, text in FLAGS:
+        ap.add_argument(flag, type=typ, dest=dest, default=None, help=text)
+    ap.add_argument("--mla", action="store_true", default=None, help="MLA layout [layers, chunk, hidden] "
+                    "instead of [2, layers, chunk, hidden]")
+    ap.add_argument("--pickle", action="store_true", dest="force_pickle", default=None,
+                    help="send and receive pickled tensors even when the server advertises SHM")
+    a = ap.parse_args(argv)
+    try:
+        params = json.loads(a.params)
+    except ValueError as e:
+        ap.error(f"JSON_PARAMS: {e}")
+    if not isinstance(params, dict):
+        ap.error("JSON_PARAMS must be a JSON object")
+    for dest in [f[2] for f in FLAGS] + ["mla", "force_pickle"]:
+        if getattr(a, dest) is not None:
+            params[dest] = getattr(a, dest)
+    if params.get("dtype", "float32") not in DTYPES:
+        ap.error(f"--dtype {params['dtype']}: want one of {', '.join(sorted(DTYPES))}")
+    if params.get("profile", "nongpu-v1") not in PROFILES:
+        ap.error(f"--profile {params['profile']}: want one of {', '.join(PROFILES)}")
+    return a.endpoint, a.scenario, params
+
+
 def main():
-    endpoint, name = sys.argv[1], sys.argv[2]
-    params = json.loads(sys.argv[3]) if len(sys.argv) > 3 else {}
+    endpoint, name, params = parse_args(sys.argv[1:])
     p = dict(model="interop-model", world=1, layers=2, hidden=16, dtype="float32", mla=False)
     p.update(params)
     try:

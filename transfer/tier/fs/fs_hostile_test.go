@@ -31,7 +31,7 @@ func hostileLayout(t *testing.T) layout.Layout { return chunks.Layout(t, 2, 16, 
 
 type oneLayout struct{ l layout.Layout }
 
-func (o oneLayout) GroupLayout(string, int, uint32) (layout.Layout, bool) { return o.l, true }
+func (o oneLayout) LayoutOf(string, int, uint64, uint32) (layout.Layout, bool) { return o.l, true }
 
 func hostileKey(i int) keys.ObjectKey { return chunks.Tagged(i, "hostile/model", 0x5A) }
 
@@ -116,8 +116,8 @@ func headerEnd(v []byte) int {
 // whose payload length accounts for the whole 256 MiB. None is read past
 // its header: the first two never enter the index, the others are rejected
 // at load by their length (fstat) and a header read, a miss counted as
-// corrupt and removed. Before: each was read whole (1 GiB read, 1 GiB
-// allocated, for four 16 KiB chunks).
+// corrupt and removed: read whole, they would cost 1 GiB read and 1 GiB
+// allocated for four 16 KiB chunks.
 func TestHostileFSBigSparseFilesAreNotRead(t *testing.T) {
 	const big = 256 << 20
 	lay := hostileLayout(t)
@@ -192,7 +192,7 @@ func TestHostileFSBigSparseFilesAreNotRead(t *testing.T) {
 }
 
 // unblockFIFOs opens each FIFO for writing and closes it: a reader blocked
-// in open(2) on it (the code before the fix) then returns.
+// in open(2) on it (a load opened without O_NONBLOCK) then returns.
 func unblockFIFOs(files []string) {
 	for _, f := range files {
 		if fd, err := unix.Open(f, unix.O_WRONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0); err == nil {
@@ -205,9 +205,9 @@ func unblockFIFOs(files []string) {
 // behind the index (more than the eight load slots). Each lookup of one is
 // a miss at once (counted corrupt, the FIFO removed), not a wait for its
 // load timeout; intact chunks still load; no L1 slot stays reserved; the
-// Set closes at once. Before: each lookup waited the full timeout, the
-// loads stayed blocked in open(2) for good holding every load slot and
-// eight L1 reservations, intact chunks missed, and Close never returned.
+// Set closes at once. A load blocked in open(2) would hold its load slot and
+// its L1 reservation for good, so that intact chunks missed and Close never
+// returned.
 func TestHostileFSFIFOsDoNotBlockLoads(t *testing.T) {
 	const fifos = 9
 	lay := hostileLayout(t)
@@ -384,8 +384,8 @@ func TestHostileFSLinksAndDevicesAreMisses(t *testing.T) {
 // outside directory holding a chunk-named file. The scan indexes the four
 // valid chunks and nothing else, evicts none of them, removes the invalid
 // files (and links, never their targets) and touches nothing outside
-// base_path. A valid chunk with a future mtime ranks oldest. Before: the
-// 64 GiB file, counted as the newest, evicted every valid chunk.
+// base_path. A valid chunk with a future mtime ranks oldest, and the 64 GiB
+// file, were it counted as the newest, would evict every valid chunk.
 func TestHostileFSScanKeepsValidChunks(t *testing.T) {
 	lay := hostileLayout(t)
 	parent := t.TempDir()

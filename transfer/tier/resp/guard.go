@@ -216,6 +216,8 @@ type guardedConn struct {
 	mu   sync.Mutex
 	scan scanner
 	err  error
+	// refused is told once of the refusal (the tier counts it).
+	refused func()
 }
 
 func (g *guardedConn) Read(p []byte) (int, error) {
@@ -229,6 +231,9 @@ func (g *guardedConn) Read(p []byte) (int, error) {
 		if serr := g.scan.feed(p[:n]); serr != nil {
 			g.err = fmt.Errorf("resp connection to %s closed: %w", g.RemoteAddr(), serr)
 			g.Conn.Close()
+			if g.refused != nil {
+				g.refused()
+			}
 			return 0, g.err
 		}
 	}
@@ -274,6 +279,10 @@ func (t *Tier) dialRaw(ctx context.Context, addr string) (net.Conn, error) {
 	defer cancel()
 	c, err := d.DialContext(dctx, "tcp", addr)
 	if err != nil {
+		var op *net.OpError
+		if errors.As(err, &op) {
+			return nil, err // "dial tcp ADDR: …" says it already
+		}
 		return nil, fmt.Errorf("dial %s: %w", addr, err)
 	}
 	if t.opt.TLSConfig == nil {
@@ -300,5 +309,14 @@ func (t *Tier) dialClient(ctx context.Context, addr string, _ *net.Dialer, _ *tl
 	}
 	return &guardedConn{Conn: c, scan: scanner{lim: clientLimits, redirect: func(msg string) {
 		t.sawRedirect(addr, msg)
-	}}}, nil
+	}}, refused: func() { t.malformed.Add(1) }}, nil
+}
+
+// pingFailed is a PING of the node at addr that failed, the address said
+// once: an error of the dial already names it.
+func pingFailed(addr string, err error) error {
+	if strings.Contains(err.Error(), addr) {
+		return fmt.Errorf("ping: %w", err)
+	}
+	return fmt.Errorf("ping %s: %w", addr, err)
 }

@@ -1,7 +1,7 @@
 // Package resp is the L2 tier on a Redis or Valkey server or cluster, shared
 // by every kvdock host that points at it. It talks RESP through valkey-go
-// (chosen over go-redis by a measured bake-off, see the closing note of
-// issue 14), keeps this host's own values (its earlier runs' too, see
+// (chosen over go-redis by a measured bake-off; docs/RELIABILITY.md says
+// why it stays), keeps this host's own values (its earlier runs' too, see
 // share.go) under max_capacity_gb, counted at what the server says they
 // take, by evicting them least recently used first, and watches the
 // connection: a failure marks the tier down with the reason (a connection
@@ -23,6 +23,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"sync"
@@ -53,9 +54,16 @@ const (
 	// tier is marked down: a server that long silent misses every
 	// lookup's load timeout anyway.
 	pingPatience = 3 * time.Second
-	backoffMin   = 50 * time.Millisecond
-	backoffMax   = 5 * time.Second
-	hasBatch     = 128 // EXISTS per pipeline round trip
+	// closeWait bounds how long Close waits for the clients to close:
+	// valkey-go ends each connection with a PING it waits a second for, so
+	// a server that stopped answering would hold a stop (a restart) a
+	// second per connection. Past it the close finishes in the background;
+	// no call that reads the caller's memory is left by then (Put runs to
+	// its end, PutParts goes through streams, closed first).
+	closeWait  = 200 * time.Millisecond
+	backoffMin = 50 * time.Millisecond
+	backoffMax = 5 * time.Second
+	hasBatch   = 128 // EXISTS per pipeline round trip
 	// maxValueBytes is the largest value written: Redis's and Valkey's
 	// default proto-max-bulk-len (512 MB).
 	maxValueBytes = 512 << 20
@@ -121,7 +129,10 @@ type Tier struct {
 	refreshing atomic.Int32
 
 	readBytes, writeBytes atomic.Uint64
-	notify                atomic.Pointer[func(tierstate.Tier)]
+	// malformed counts the replies the guard refused (guard.go), the
+	// backend's Corrupt: each failed its call as a miss.
+	malformed atomic.Uint64
+	notify    atomic.Pointer[func(tierstate.Tier)]
 
 	// conns counts the connections open, the clients' and the tier's own,
 	// bounded by maxConns (dialConn).
@@ -255,9 +266,12 @@ type clients struct {
 	bulk, small valkey.Client
 }
 
+// close closes both clients at once: each may wait on a silent server.
 func (c *clients) close() {
-	c.bulk.Close()
+	var wg sync.WaitGroup
+	wg.Go(c.bulk.Close)
 	c.small.Close()
+	wg.Wait()
 }
 
 // dial makes the clients, giving up when ctx ends (the client's own dial
@@ -586,13 +600,13 @@ func (t *Tier) detached(ctx context.Context, op string, small bool, f func(valke
 		// A context that never ends needs no watching.
 		defer release()
 		defer cancel()
-		return f(c, dctx)
+		return t.contained(op, c, dctx, f)
 	}
 	done := make(chan error, 1)
 	go func() {
 		defer release()
 		defer cancel()
-		done <- f(c, dctx)
+		done <- t.contained(op, c, dctx, f)
 	}()
 	select {
 	case err := <-done:
@@ -600,6 +614,34 @@ func (t *Tier) detached(ctx context.Context, op string, small bool, f func(valke
 	case <-ctx.Done():
 		return fmt.Errorf("resp tier %s: %s: %w", t.target, op, ctx.Err())
 	}
+}
+
+// contained runs f, turning a panic of the client library into the call's
+// error: the guard (guard.go) checks every reply before the client reads
+// it, and this is what stands if the client still fails on one. The
+// clients go (their connections may be mid-reply), the tier is down with
+// the reason and the probe dials fresh ones. A panic on the client's own
+// reader goroutine is out of reach here; the guard is what keeps it from
+// happening.
+func (t *Tier) contained(op string, c valkey.Client, ctx context.Context, f func(valkey.Client, context.Context) error) (err error) {
+	defer func() {
+		r := recover()
+		if r == nil {
+			return
+		}
+		reason := fmt.Sprintf("the client library failed on a reply: %v", r)
+		t.log.Error("resp tier: "+reason, "op", op, "stack", string(debug.Stack()))
+		t.mu.Lock()
+		old := t.client
+		t.client = nil
+		t.mu.Unlock()
+		if old != nil {
+			go old.close() // may wait on the broken connection's state
+		}
+		t.setState(tierstate.Down, reason)
+		err = fmt.Errorf("resp tier %s: %s: %s", t.target, op, reason)
+	}()
+	return f(c, ctx)
 }
 
 // serverKey is key_prefix + key. Redis Cluster hashes only the part between
@@ -630,6 +672,7 @@ func (t *Tier) Stats() tierstate.Tier {
 		Objects:       objects,
 		ReadBytes:     t.readBytes.Load(),
 		WriteBytes:    t.writeBytes.Load(),
+		Corrupt:       t.malformed.Load(),
 	}
 }
 
@@ -650,12 +693,21 @@ func (t *Tier) Close() error {
 	c := t.client
 	t.client = nil
 	t.mu.Unlock()
-	if c != nil {
-		c.close()
+	closed := make(chan struct{})
+	go func() {
+		if c != nil {
+			c.close()
+		}
+		// After the client: closing it ends a refresh that a server does
+		// not answer, which the cancelled context alone does not.
+		t.refreshes.Wait()
+		close(closed)
+	}()
+	select {
+	case <-closed:
+	case <-time.After(closeWait):
+		t.log.Warn("resp tier: its server does not answer; the client's connections close in the background", "waited", closeWait)
 	}
-	// After the client: closing it ends a refresh that a server does not
-	// answer, which the cancelled context alone does not.
-	t.refreshes.Wait()
 	return nil
 }
 
@@ -891,7 +943,7 @@ func (t *Tier) healthPing() <-chan error {
 		defer cancel()
 		for addr, node := range c.small.Nodes() {
 			if err := node.Do(ctx, node.B().Ping().Build()).Error(); err != nil {
-				out <- fmt.Errorf("ping %s: %w", addr, err)
+				out <- pingFailed(addr, err)
 				return
 			}
 		}
@@ -918,6 +970,15 @@ func (t *Tier) healthAnswered(err error) {
 func (t *Tier) probe() error {
 	ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
 	defer cancel()
+	// Close waits for the monitor: it does not wait out a probe of a
+	// server that does not answer.
+	go func() {
+		select {
+		case <-t.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
 	t.mu.Lock()
 	c := t.client
 	t.mu.Unlock()
@@ -938,12 +999,12 @@ func (t *Tier) probe() error {
 	// Both clients' connections must answer: either may be the one that broke.
 	for addr, node := range c.small.Nodes() {
 		if err := node.Do(ctx, node.B().Ping().Build()).Error(); err != nil {
-			return fmt.Errorf("ping %s: %w", addr, err)
+			return pingFailed(addr, err)
 		}
 	}
 	for addr, node := range c.bulk.Nodes() {
 		if err := node.Do(ctx, node.B().Ping().Build()).Error(); err != nil {
-			return fmt.Errorf("ping %s: %w", addr, err)
+			return pingFailed(addr, err)
 		}
 		if !t.cfg.Cluster {
 			continue

@@ -2,6 +2,7 @@ package resp
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -24,8 +25,11 @@ import (
 // writes as the least recently used; fields whose key is gone are dropped.
 // Every reply is outside input: a field longer than any key of ours, a
 // time that is no number, or more fields than the index holds are refused
-// (the first two dropped from the hash), and the whole load is bounded in
-// time.
+// (the first two dropped from the hash); a size past the largest a value
+// of ours takes counts at that largest; and the load is bounded in pages
+// (a cursor seen before, or more pages than the index's entries fill, ends
+// it with the reason, not retried), in the key bytes it keeps, and in time.
+// The tier serves meanwhile: the load takes no worker slot.
 
 const (
 	// shareLoadLimit bounds the start's load of the share, waits for the
@@ -38,7 +42,23 @@ const (
 	maxOwnKeyBytes = 1024
 	// hdelBatch bounds the fields of one HDEL.
 	hdelBatch = 512
+	// maxSharePages bounds the HSCAN pages of one load: four times what
+	// maxIndexEntries fields fill at sharePage a page (a server may answer
+	// fewer fields than asked).
+	maxSharePages = 4 * maxIndexEntries / sharePage
+	// maxShareKeyBytes bounds the key bytes one load adopts (a real key
+	// is about 150 bytes: 262,144 of them take 38 MiB); past it the load
+	// ends, and what it adopted so far counts.
+	maxShareKeyBytes = 64 << 20
+	// maxValueUsage is the most one value of ours takes on the server: the
+	// largest value (maxValueBytes) with the allocator's rounding, at most
+	// doubled. A larger answer to MEMORY USAGE counts as this.
+	maxValueUsage = 2 * maxValueBytes
 )
+
+// errShareBound ends a load of the share that a bound stopped: the server
+// answered as no server of ours would, and asking again would not help.
+var errShareBound = errors.New("load share")
 
 // instanceName is cfg's Instance, else the host name, with every byte
 // outside [A-Za-z0-9._-] made '_' (it becomes part of a key).
@@ -78,7 +98,7 @@ func (t *Tier) sizes(ctx context.Context, c valkey.Client, keys []string) ([]int
 			n, err := r.AsInt64()
 			switch {
 			case err == nil:
-				out[i] = max(n, 1)
+				out[i] = min(max(n, 1), maxValueUsage)
 			case valkey.IsValkeyNil(err):
 				out[i] = -1
 			default:
@@ -103,8 +123,8 @@ func (t *Tier) sizes(ctx context.Context, c valkey.Client, keys []string) ([]int
 		if err != nil {
 			return nil, err
 		}
-		out[i] = n
-		if n == 0 {
+		out[i] = min(n, maxValueUsage)
+		if n <= 0 {
 			out[i] = -1
 		}
 	}
@@ -190,7 +210,11 @@ func (t *Tier) loadShare() {
 			var n int
 			var bytes int64
 			n, bytes, err = t.loadShareOnce(ctx, c)
-			if err == nil {
+			if err == nil || errors.Is(err, errShareBound) {
+				if err != nil {
+					t.log.Warn("resp tier: stopped loading this host's values of earlier runs; the rest count only once rewritten",
+						"share", t.shareKey(), "reason", err)
+				}
 				t.log.Info("resp tier: adopted this host's values of earlier runs", "share", t.shareKey(),
 					"values", n, "bytes", bytes, "took", time.Since(start).Round(time.Millisecond))
 				return
@@ -212,13 +236,19 @@ func (t *Tier) loadShare() {
 
 // loadShareOnce reads the share through c, page by page, sizes each key
 // and adopts the keys present. It returns how many values it adopted and
-// their bytes.
+// their bytes; a bound that stopped it (errShareBound) still adopts what
+// the pages before it listed.
 func (t *Tier) loadShareOnce(ctx context.Context, c valkey.Client) (int, int64, error) {
 	now := time.Now()
 	var entries []entry
 	var cursor uint64
 	fields := 0
-	for {
+	var keyBytes int64
+	// Cursors already answered: one seen again is a loop (a server's
+	// cursor never repeats within one scan). At most maxSharePages.
+	seen := map[uint64]struct{}{0: {}}
+	var stop error
+	for pages := 1; ; pages++ {
 		e, err := c.Do(ctx, c.B().Hscan().Key(t.shareKey()).Cursor(cursor).Count(sharePage).Build()).AsScanEntry()
 		if err != nil {
 			return 0, 0, t.fail(ctx, "load share", err)
@@ -228,7 +258,8 @@ func (t *Tier) loadShareOnce(ctx context.Context, c valkey.Client) (int, int64, 
 		}
 		if fields += len(e.Elements) / 2; fields > 2*maxIndexEntries {
 			// HSCAN may repeat a field, not this often.
-			return 0, 0, fmt.Errorf("load share: more than %d fields in %s", 2*maxIndexEntries, t.shareKey())
+			stop = fmt.Errorf("%w: more than %d fields in %s", errShareBound, 2*maxIndexEntries, t.shareKey())
+			break
 		}
 		var page []entry
 		var bad []string
@@ -239,17 +270,35 @@ func (t *Tier) loadShareOnce(ctx context.Context, c valkey.Client) (int, int64, 
 				bad = append(bad, key)
 				continue
 			}
+			if keyBytes += int64(len(key)); keyBytes > maxShareKeyBytes {
+				stop = fmt.Errorf("%w: the keys listed in %s pass %d bytes", errShareBound, t.shareKey(), maxShareKeyBytes)
+				break
+			}
 			page = append(page, entry{key: strings.Clone(key), written: time.UnixMilli(ms)})
 		}
 		if err := t.adoptPage(ctx, c, page, bad, &entries); err != nil {
 			return 0, 0, err
 		}
+		if stop != nil {
+			break
+		}
 		if len(entries) > maxIndexEntries {
-			return 0, 0, fmt.Errorf("load share: more than %d values listed in %s", maxIndexEntries, t.shareKey())
+			stop = fmt.Errorf("%w: more than %d values listed in %s", errShareBound, maxIndexEntries, t.shareKey())
+			entries = entries[:maxIndexEntries]
+			break
 		}
 		if cursor = e.Cursor; cursor == 0 {
 			break
 		}
+		if _, again := seen[cursor]; again {
+			stop = fmt.Errorf("%w: HSCAN of %s answered cursor %d again after %d pages: the scan does not advance", errShareBound, t.shareKey(), cursor, pages)
+			break
+		}
+		if pages >= maxSharePages {
+			stop = fmt.Errorf("%w: HSCAN of %s not done after %d pages (%d fields)", errShareBound, t.shareKey(), pages, fields)
+			break
+		}
+		seen[cursor] = struct{}{}
 	}
 	slices.SortFunc(entries, func(a, b entry) int { return a.written.Compare(b.written) })
 	var bytes int64
@@ -261,7 +310,7 @@ func (t *Tier) loadShareOnce(ctx context.Context, c valkey.Client) (int, int64, 
 			return 0, 0, err
 		}
 	}
-	return len(entries), bytes, nil
+	return len(entries), bytes, stop
 }
 
 // adoptPage sizes one page's keys and adds those present to entries; the

@@ -216,6 +216,11 @@ func (sc *streamConn) set(ctx context.Context, key string, head, payload []byte,
 	if err := sc.c.SetDeadline(deadline); err != nil {
 		return err
 	}
+	// A blocked read or write sees no ctx: a server that stopped answering
+	// (paused, hung) would hold the writer, and a stop that waits for its
+	// writers, until the deadline. Cancelling ctx moves the deadline to now;
+	// the connection is then closed by streams.set, never reused.
+	defer context.AfterFunc(ctx, func() { _ = sc.c.SetDeadline(time.Now()) })()
 	n := 3
 	var ex string
 	if ttl > 0 {

@@ -90,7 +90,7 @@ func TestStatusExpires(t *testing.T) {
 	statusGone(t, m)
 }
 
-// Issue 16 point 8: an empty table after a rebuild says why.
+// An empty table after a rebuild says why.
 func TestContextsAfterRebuild(t *testing.T) {
 	f := newFakeEngine(t)
 	f.snap.Contexts = nil
@@ -131,7 +131,7 @@ func selectedID(t *testing.T, m *Model) string {
 	return ""
 }
 
-// Issue 16 point 9: paging and "n more below".
+// Paging and "n more below".
 func TestPagingAndMoreBelow(t *testing.T) {
 	m := newTestModel(t, manyContexts(t, 60), 80, 24)
 	page := m.pc.pageSize()
@@ -179,7 +179,7 @@ func headerRow(t *testing.T, m *Model) string {
 	return ""
 }
 
-// Issue 16 point 9: shift+letter sorts by that column; the sort column
+// Shift+letter sorts by that column; the sort column
 // and its arrow are always on screen.
 func TestSortPicksColumn(t *testing.T) {
 	m := newTestModel(t, newFakeEngine(t), 80, 24)
@@ -211,7 +211,7 @@ func TestSortPicksColumn(t *testing.T) {
 	}
 }
 
-// Issue 16 point 9: the filter matches id and model, or one named column.
+// The filter matches id and model, or one named column.
 func TestFilterByColumn(t *testing.T) {
 	cases := []struct {
 		filter, rows, info string
@@ -241,7 +241,7 @@ func TestFilterByColumn(t *testing.T) {
 	}
 }
 
-// Issue 16 point 9: the Events pane filters by level and text.
+// The Events pane filters by level and text.
 func TestEventsFilter(t *testing.T) {
 	m := newTestModel(t, newFakeEngine(t), 80, 24)
 	press(t, m, "4", "l")
@@ -270,7 +270,7 @@ func footer(m *Model) string {
 	return lines[len(lines)-1]
 }
 
-// Issue 16 point 10: the footer is never cut off.
+// The footer is never cut off.
 func TestFooterNotCut(t *testing.T) {
 	for _, w := range []int{80, 120} {
 		m := newTestModel(t, newFakeEngine(t), w, 24)
@@ -284,7 +284,7 @@ func TestFooterNotCut(t *testing.T) {
 	}
 }
 
-// Issue 16 point 10: a long model name gets a bounded column, cut in the
+// A long model name gets a bounded column, cut in the
 // middle; the state word survives 50x12.
 func TestLayoutWideAndNarrow(t *testing.T) {
 	f := newFakeEngine(t)
@@ -315,7 +315,7 @@ func TestLayoutWideAndNarrow(t *testing.T) {
 	mustContain(t, strings.Split(screen(m), "\n")[0], "SERVING")
 }
 
-// Issue 16 point 10: event text wraps between words, never inside one.
+// Event text wraps between words, never inside one.
 func TestEventsWrapAtWords(t *testing.T) {
 	f := newFakeEngine(t)
 	msg := "pool rebuilt: cache cleared, 30 worker contexts dropped (workers must re-register) after l1.size_gb changed; meta-llama/Llama-3.1-70B-Instruct and Qwen/Qwen2-0.5B-Instruct lost their segment lmcache_l1_pool_demo-rebuilt"
@@ -348,7 +348,7 @@ func TestEventsWrapAtWords(t *testing.T) {
 	}
 }
 
-// Issue 16 point 11: q with unapplied edits asks, and says so.
+// Q with unapplied edits asks, and says so.
 func TestQuitMentionsPendingEdits(t *testing.T) {
 	f := newFakeEngine(t)
 	f.snap.Contexts = nil
@@ -368,7 +368,7 @@ func TestQuitMentionsPendingEdits(t *testing.T) {
 	}
 }
 
-// Issue 16 point 11: the log file is named in the Settings pane and help.
+// The log file is named in the Settings pane and help.
 func TestLogFileShown(t *testing.T) {
 	m := newTestModel(t, newFakeEngine(t), 80, 24)
 	press(t, m, "5")
@@ -392,7 +392,7 @@ type fixedMemory struct {
 
 func (f fixedMemory) MemAvailable() (int64, error) { return f.avail, f.err }
 
-// Issue 16 point 5: the editor refuses a pool larger than the host.
+// The editor refuses a pool larger than the host.
 func TestEditorRefusesPoolLargerThanMemory(t *testing.T) {
 	f := newFakeEngine(t)
 	opts := testOptions()
@@ -404,7 +404,7 @@ func TestEditorRefusesPoolLargerThanMemory(t *testing.T) {
 	retype(t, m, "l1.size_gb", "40")
 	s := screen(m)
 	// 3 GiB free plus the running pool's 768 MiB resident.
-	mustContain(t, s, "INVALID: l1.size_gb = 40", "the pool needs 40.00 GiB", "3.75 GiB", "--l1-allow-overcommit")
+	mustContain(t, s, "INVALID: l1.size_gb = 40", "the pool needs 40.0 GiB", "3.8 GiB", "--l1-allow-overcommit")
 	press(t, m, "enter") // refused
 	if m.settings.mode != setEdit {
 		t.Fatal("an oversized pool was accepted")
@@ -440,7 +440,7 @@ func TestEditorRefusesPoolLargerThanMemory(t *testing.T) {
 	}
 }
 
-// Issue 16 point 5: SHM off shows host memory, and prefault progress shows.
+// SHM off shows host memory, and prefault progress shows.
 func TestPoolPaneHostMemoryAndPrefault(t *testing.T) {
 	f := newFakeEngine(t)
 	m := newTestModel(t, f, 80, 24)

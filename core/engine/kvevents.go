@@ -1,0 +1,98 @@
+package engine
+
+import (
+	"log/slog"
+	"os"
+
+	"kvdock/core/kvevents"
+	"kvdock/settings"
+)
+
+// newKVTracker returns the KV event stream's tracker, nil when the stream
+// is off. It lives with the data plane: it mirrors the pool, and a new pool
+// starts a new stream (seq 0, which a router takes as a reset of the pod).
+func newKVTracker(cfg settings.Config) *kvevents.Tracker {
+	c := cfg.KVEvents
+	if c.Endpoint == "" {
+		return nil
+	}
+	return kvevents.New(kvevents.Options{
+		Medium: c.MediumL1, BlockSize: cfg.Server.ChunkSize, EventBlockSize: c.BlockSize, Array: c.Encoding == "array",
+		BufferSteps: c.BufferSteps,
+	})
+}
+
+// startKVPublisher binds (or connects) the stream's sockets.
+func startKVPublisher(cfg settings.Config, kv *kvevents.Tracker, log *slog.Logger) (*kvevents.Publisher, error) {
+	c := cfg.KVEvents
+	pod := c.Pod
+	if pod == "" {
+		pod, _ = os.Hostname()
+	}
+	pub, err := kvevents.Start(kv, kvevents.PublisherOptions{
+		Endpoint: c.Endpoint, Connect: c.Connect, ReplayEndpoint: c.ReplayEndpoint,
+		LegacyReplay: c.ReplayFormat == "legacy", Pod: pod, Logger: log.With("component", "kvevents"),
+	})
+	if err != nil {
+		return nil, err
+	}
+	log.Info("KV events", "endpoint", c.Endpoint, "connect", c.Connect, "replay", c.ReplayEndpoint, "pod", pod,
+		"encoding", c.Encoding, "medium", c.MediumL1)
+	return pub, nil
+}
+
+// kvCommitted is the transfer module's commit hook, nil when the stream is
+// off.
+func (p *dataPlane) kvCommitted() func(kvevents.Commit) {
+	if p.kv == nil {
+		return nil
+	}
+	return p.kv.Commit
+}
+
+// closeKV stops the publisher.
+func (p *dataPlane) closeKV() {
+	if p.kvPub != nil {
+		p.kvPub.Close()
+	}
+}
+
+// KVEventsStatus is the /status kv_events block.
+type KVEventsStatus struct {
+	Enabled        bool   `json:"enabled"`
+	Endpoint       string `json:"endpoint,omitempty"`
+	Connect        bool   `json:"connect,omitempty"`
+	ReplayEndpoint string `json:"replay_endpoint,omitempty"`
+	Announced      int    `json:"announced"`
+	Held           int    `json:"held"`
+	Batches        uint64 `json:"batches"`
+	StoredEvents   uint64 `json:"stored_blocks"`
+	RemovedEvents  uint64 `json:"removed_blocks"`
+	Dropped        uint64 `json:"dropped"`
+	Queued         int    `json:"queued"`
+	Buffered       int    `json:"buffered_batches"`
+	NextSeq        uint64 `json:"next_seq"`
+	Sent           uint64 `json:"sent"`
+	SendErrors     uint64 `json:"send_errors"`
+	ReplayRequests uint64 `json:"replay_requests"`
+	ReplayBad      uint64 `json:"replay_bad"`
+	ReplayBatches  uint64 `json:"replay_batches"`
+}
+
+// kvStatus reads the stream's counters.
+func (p *dataPlane) kvStatus(cfg settings.Config) KVEventsStatus {
+	if p == nil || p.kv == nil {
+		return KVEventsStatus{}
+	}
+	s := p.kv.Stats()
+	out := KVEventsStatus{Enabled: true, Endpoint: cfg.KVEvents.Endpoint, Connect: cfg.KVEvents.Connect,
+		ReplayEndpoint: cfg.KVEvents.ReplayEndpoint, Announced: s.Announced, Held: s.Held, Batches: s.Batches,
+		StoredEvents: s.StoredEvents, RemovedEvents: s.RemovedEvents, Dropped: s.Dropped, Queued: s.Queued,
+		Buffered: s.Buffered, NextSeq: s.NextSeq}
+	if p.kvPub != nil {
+		ps := p.kvPub.Stats()
+		out.Sent, out.SendErrors, out.ReplayRequests, out.ReplayBad, out.ReplayBatches =
+			ps.Sent, ps.SendErrors, ps.ReplayRequests, ps.ReplayBad, ps.ReplayBatches
+	}
+	return out
+}

@@ -1,0 +1,28 @@
+package metrics
+
+import (
+	"testing"
+
+	"kvdock/core/engine"
+	"kvdock/core/testkit/promseries"
+)
+
+func TestKVEventsMetricsOnlyWhenOn(t *testing.T) {
+	src, m := watched()
+	if f := gather(t, m); f["kvdock_kv_events_batches_total"] != nil {
+		t.Fatal("KV event metrics with the stream off")
+	}
+	src.set(func(s *engine.Snapshot) {
+		s.KVEvents = engine.KVEventsStatus{Enabled: true, Announced: 7, Held: 2, Batches: 5, StoredEvents: 9, RemovedEvents: 2, Dropped: 1, ReplayRequests: 3}
+	})
+	f := gather(t, m)
+	for name, want := range map[string]float64{
+		"kvdock_kv_events_announced_chunks": 7, "kvdock_kv_events_held_chunks": 2, "kvdock_kv_events_batches_total": 5,
+		"kvdock_kv_events_stored_blocks_total": 9, "kvdock_kv_events_removed_blocks_total": 2,
+		"kvdock_kv_events_dropped_total": 1, "kvdock_kv_events_replay_requests_total": 3,
+	} {
+		if v := promseries.Value(t, f, name); v != want {
+			t.Errorf("%s = %v, want %v", name, v, want)
+		}
+	}
+}
