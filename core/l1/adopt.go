@@ -204,7 +204,7 @@ func (p *Pool) restore(k Kept, ad *Adopted) error {
 			}
 		}
 	}
-	p.t.clock = base
+	p.t.clk.Now = base
 	p.restoreLinks(k.Objects, ad)
 	return nil
 }

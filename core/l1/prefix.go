@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"kvdock/core/keys"
+	"kvdock/core/l1/nextuse"
 )
 
 // The prefix tree. A LOOKUP serves only the leading run of a prompt's
@@ -19,15 +20,12 @@ import (
 // link (link, untree), so the figure costs nothing to read.
 //
 // The prefix policy evicts leaves only (records without resident
-// children), in the order of their next use as the table predicts it.
-// Each record keeps its last use (stamp, on a logical clock that ticks at
-// every use) and its reuse gap (the clock ticks between its last two uses,
-// smoothed; a new record takes its parent's, a new prompt start the
-// table's mean). A leaf is due at stamp + gap and late a while after
-// (lateAt). The victim is the leaf the longest late,
-// if any is late (a conversation that ended, a question never asked
-// again); else the leaf due the latest (Belady's choice, as far as the
-// gaps tell it). Recency alone evicts the conversation that comes back
+// children), in the order of their next use as the table predicts it
+// (package nextuse, which the what-if plays too): each record's last use
+// and reuse gap on a clock that ticks at every use (a new record takes its
+// parent's gap, a new prompt start the table's mean); the victim is the
+// leaf the longest late, if any is late (a conversation that ended, a
+// question never asked again), else the leaf due the latest. Recency alone evicts the conversation that comes back
 // soonest when conversations return in turn (each is the least recently
 // used when its turn comes), and a prefix pool that evicts it from its
 // tail back passes a growing deficit to the next conversation, until every
@@ -48,16 +46,8 @@ import (
 // maxPeerProbes bounds the index probes that find a new record's ring.
 const maxPeerProbes = 16
 
-// order is a record's place in the prefix policy's order.
-type order struct {
-	stamp     uint64 // last use, on the table's clock
-	gap       uint64 // reuse gap estimate in clock ticks; 0: none yet
-	due, late int32  // places in the two heaps (-1: not there)
-	measured  bool   // gap comes from the record's own uses
-	pinned    bool   // a store of its prompt is evicting (pinPrompt)
-}
-
-func newOrder(clock uint64) order { return order{stamp: clock, due: -1, late: -1} }
+// Order is the nextuse.Items of the table's records.
+func (t *table) Order(i int32) *nextuse.Order { return &t.recs[i].ord }
 
 // usable reports whether record i counts as usable.
 func (t *table) usable(i int32) bool {
@@ -69,57 +59,32 @@ func (t *table) usable(i int32) bool {
 // leaves.
 func (t *table) candidate(i int32) bool {
 	r := &t.recs[i]
-	return r.state == stateReady && !r.doomed && !r.readLocked() && r.kid == nilRec && !r.ord.pinned
+	return r.state == stateReady && !r.doomed && !r.readLocked() && r.kid == nilRec && !r.pinned
 }
 
 // reheap puts record i in the heaps or takes it out, as its state says.
 func (t *table) reheap(i int32) {
-	o := &t.recs[i].ord
-	in, want := o.due >= 0, t.candidate(i)
+	in, want := t.recs[i].ord.InHeaps(), t.candidate(i)
 	switch {
 	case want && !in:
-		if o.gap == 0 {
-			o.gap = t.priorGap() // fixed while in the heaps: their keys must not move
-		}
-		t.push(false, i)
-		t.push(true, i)
+		nextuse.Push(&t.heaps, t, i, t.clk.Prior(t.len()))
 	case !want && in:
-		t.heapRemove(false, i)
-		t.heapRemove(true, i)
+		nextuse.Remove(&t.heaps, t, i)
 	}
-}
-
-// priorGap is the reuse gap a record without one is given: the table's
-// mean, or one turnover of the table before any reuse.
-func (t *table) priorGap() uint64 {
-	if t.meanGap > 0 {
-		return t.meanGap
-	}
-	return uint64(max(t.len(), 1))
 }
 
 // stampNow marks record i as used now and learns its reuse gap.
 func (t *table) stampNow(i int32) {
-	t.clock++
-	o := &t.recs[i].ord
-	d := t.clock - o.stamp
-	if o.measured {
-		o.gap = (o.gap + d + 1) / 2
-	} else {
-		o.gap, o.measured = d, true
-	}
-	t.meanGap = (7*t.meanGap + d + 7) / 8
-	o.stamp = t.clock
-	t.refix(i)
+	t.clk.Use(&t.recs[i].ord)
+	nextuse.Fix(&t.heaps, t, i)
 }
 
 // refresh moves record i to the MRU end and restamps it without taking
 // the time since its last use for a reuse gap: END_SESSION touches the
 // prompt its LOOKUP just used (Touch), which is the same use.
 func (t *table) refresh(i int32) {
-	t.clock++
-	t.recs[i].ord.stamp = t.clock
-	t.refix(i)
+	t.clk.Refresh(&t.recs[i].ord)
+	nextuse.Fix(&t.heaps, t, i)
 	if t.mru != i {
 		t.unlink(i)
 		t.pushMRU(i)
@@ -129,133 +94,17 @@ func (t *table) refresh(i int32) {
 // inherit lends the new record c its parent's reuse gap: a conversation's
 // new chunks come back when it does.
 func (t *table) inherit(c, par int32) {
-	if o := &t.recs[c].ord; o.gap == 0 && t.recs[par].ord.gap > 0 {
-		o.gap = t.recs[par].ord.gap
-		t.refix(c)
-	}
-}
-
-// refix restores the heaps after record i's keys changed.
-func (t *table) refix(i int32) {
-	if t.recs[i].ord.due >= 0 {
-		t.heapRemove(false, i)
-		t.heapRemove(true, i)
-		t.push(false, i)
-		t.push(true, i)
+	if nextuse.Inherit(&t.recs[c].ord, &t.recs[par].ord) {
+		nextuse.Fix(&t.heaps, t, c)
 	}
 }
 
 // victim is the prefix policy's next leaf to evict, nilRec when none.
 func (t *table) victim() int32 {
-	if len(t.lateHeap) == 0 {
-		return nilRec
-	}
-	if i := t.lateHeap[0]; t.lateAt(i) < t.clock {
+	if i := nextuse.Victim(&t.heaps, t, t.clk.Now); i >= 0 {
 		return i
 	}
-	return t.dueHeap[0]
-}
-
-// lateAt is when record i is late: half a gap past its due time once it
-// has reuses of its own (gaps vary from one use to the next: a turn stores
-// more or fewer chunks), at its due time on a gap it was lent (a parent's
-// or the mean), which a chunk stored once and never asked again (a
-// question, a scan) does not earn.
-func (t *table) lateAt(i int32) uint64 {
-	o := &t.recs[i].ord
-	if !o.measured {
-		return o.stamp + o.gap
-	}
-	return o.stamp + o.gap + o.gap/2
-}
-
-// heapOf is the late heap or the due heap, and place the field of record i
-// that holds its position there.
-func (t *table) heapOf(late bool) *[]int32 {
-	if late {
-		return &t.lateHeap
-	}
-	return &t.dueHeap
-}
-
-func (t *table) place(late bool, i int32) *int32 {
-	if late {
-		return &t.recs[i].ord.late
-	}
-	return &t.recs[i].ord.due
-}
-
-// before reports whether record a comes out of the heap before record b.
-func (t *table) before(late bool, a, b int32) bool {
-	x, y := &t.recs[a].ord, &t.recs[b].ord
-	if late {
-		return t.lateAt(a) < t.lateAt(b)
-	}
-	if dx, dy := x.stamp+x.gap, y.stamp+y.gap; dx != dy {
-		return dx > dy
-	}
-	return x.stamp > y.stamp // a prompt's deeper chunks were used later
-}
-
-func (t *table) push(late bool, i int32) {
-	h := t.heapOf(late)
-	*t.place(late, i) = int32(len(*h))
-	*h = append(*h, i)
-	t.heapUp(late, len(*h)-1)
-}
-
-func (t *table) heapSwap(late bool, a, b int) {
-	h := *t.heapOf(late)
-	h[a], h[b] = h[b], h[a]
-	*t.place(late, h[a]) = int32(a)
-	*t.place(late, h[b]) = int32(b)
-}
-
-func (t *table) heapUp(late bool, j int) {
-	h := *t.heapOf(late)
-	for j > 0 {
-		p := (j - 1) / 2
-		if !t.before(late, h[j], h[p]) {
-			return
-		}
-		t.heapSwap(late, j, p)
-		j = p
-	}
-}
-
-func (t *table) heapDown(late bool, j int) {
-	h := *t.heapOf(late)
-	n := len(h)
-	for {
-		l := 2*j + 1
-		if l >= n {
-			return
-		}
-		m := l
-		if r := l + 1; r < n && t.before(late, h[r], h[l]) {
-			m = r
-		}
-		if !t.before(late, h[m], h[j]) {
-			return
-		}
-		t.heapSwap(late, j, m)
-		j = m
-	}
-}
-
-func (t *table) heapRemove(late bool, i int32) {
-	h := t.heapOf(late)
-	j := int(*t.place(late, i))
-	last := len(*h) - 1
-	if j != last {
-		t.heapSwap(late, j, last)
-	}
-	*h = (*h)[:last]
-	*t.place(late, i) = -1
-	if j != last {
-		t.heapDown(late, j)
-		t.heapUp(late, j)
-	}
+	return nilRec
 }
 
 // pinPrompt pins (on) or unpins the resident records of prev and ks, the
@@ -264,8 +113,8 @@ func (t *table) heapRemove(late bool, i int32) {
 func (p *Pool) pinPrompt(prev, ks []keys.ObjectKey, on bool) {
 	for _, run := range [2][]keys.ObjectKey{prev, ks} {
 		for _, k := range run {
-			if i := p.t.find(k); i != nilRec && !p.t.recs[i].doomed && p.t.recs[i].ord.pinned != on {
-				p.t.recs[i].ord.pinned = on
+			if i := p.t.find(k); i != nilRec && !p.t.recs[i].doomed && p.t.recs[i].pinned != on {
+				p.t.recs[i].pinned = on
 				p.t.reheap(i)
 			}
 		}
@@ -336,10 +185,7 @@ func (p *Pool) untree(i int32) {
 		t.recs[j].peer = r.peer
 		r.peer = i
 	}
-	if r.ord.due >= 0 {
-		t.heapRemove(false, i)
-		t.heapRemove(true, i)
-	}
+	nextuse.Remove(&t.heaps, t, i)
 }
 
 // joinRing puts the new record i in the ring of a resident record of the
@@ -456,7 +302,7 @@ func (p *Pool) evictLeaf() int {
 	n := 0
 	for j := p.t.recs[i].peer; j != i; {
 		next := p.t.recs[j].peer
-		if p.t.recs[j].ord.due >= 0 {
+		if p.t.recs[j].ord.InHeaps() {
 			p.evict(j)
 			n++
 		}
@@ -500,9 +346,9 @@ const maxKeptTicks = 1 << 48
 func (p *Pool) exportOrder(objs []KeptObject, recs []int32) uint64 {
 	for j, i := range recs {
 		o := &p.t.recs[i].ord
-		objs[j].Age, objs[j].Gap, objs[j].Measured = p.t.clock-o.stamp, o.gap, o.measured
+		objs[j].Age, objs[j].Gap, objs[j].Measured = p.t.clk.Now-o.Stamp, o.Gap, o.Measured
 	}
-	return p.t.meanGap
+	return p.t.clk.MeanGap
 }
 
 // orderBase returns the tick the ages of k count back from, past the
@@ -513,8 +359,8 @@ func (t *table) orderBase(k Kept) uint64 {
 	for _, o := range k.Objects {
 		oldest = max(oldest, min(o.Age, maxKeptTicks))
 	}
-	t.meanGap = min(k.MeanGap, maxKeptTicks)
-	return t.clock + uint64(len(k.Objects)) + oldest + 1
+	t.clk.MeanGap = min(k.MeanGap, maxKeptTicks)
+	return t.clk.Now + uint64(len(k.Objects)) + oldest + 1
 }
 
 // adoptOrder gives the adopted record i the order o kept; a kept object
@@ -524,8 +370,8 @@ func (t *table) adoptOrder(i int32, o KeptObject, base uint64) {
 		return
 	}
 	r := &t.recs[i].ord
-	r.stamp = base - min(o.Age, maxKeptTicks)
-	r.gap, r.measured = min(o.Gap, maxKeptTicks), o.Measured && o.Gap > 0
+	r.Stamp = base - min(o.Age, maxKeptTicks)
+	r.Gap, r.Measured = min(o.Gap, maxKeptTicks), o.Measured && o.Gap > 0
 }
 
 // exportLinks fills the prompt links of objs, the kept objects of the

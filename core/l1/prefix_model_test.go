@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"kvdock/core/keys"
+	"kvdock/core/l1/nextuse"
 )
 
 // prefixWorld is a set of prompts that share prefixes (a few system
@@ -61,7 +62,7 @@ func recount(p *Pool, w *prefixWorld) (int64, string) {
 	for i := range t.recs {
 		r := &t.recs[i]
 		if r.state == stateFree || r.doomed {
-			if r.state != stateFree && (r.parent != nilRec || r.kid != nilRec || r.ord.due >= 0 || r.ord.late >= 0 || r.peer != int32(i)) {
+			if r.state != stateFree && (r.parent != nilRec || r.kid != nilRec || r.ord.Due >= 0 || r.ord.Late >= 0 || r.peer != int32(i)) {
 				return 0, fmt.Sprintf("doomed record %d still in the tree, heap or a ring", i)
 			}
 			continue
@@ -79,11 +80,8 @@ func recount(p *Pool, w *prefixWorld) (int64, string) {
 		} else if r.root {
 			usable += p.rounded(int32(i))
 		}
-		if (r.ord.due >= 0) != t.candidate(int32(i)) || (r.ord.late >= 0) != t.candidate(int32(i)) {
-			return 0, fmt.Sprintf("record %d: in the heaps %v/%v, evictable leaf %v", i, r.ord.due >= 0, r.ord.late >= 0, t.candidate(int32(i)))
-		}
-		if r.ord.due >= 0 && (t.dueHeap[r.ord.due] != int32(i) || t.lateHeap[r.ord.late] != int32(i)) {
-			return 0, fmt.Sprintf("record %d: heap positions %d/%d hold %d/%d", i, r.ord.due, r.ord.late, t.dueHeap[r.ord.due], t.lateHeap[r.ord.late])
+		if (r.ord.Due >= 0) != t.candidate(int32(i)) || (r.ord.Late >= 0) != t.candidate(int32(i)) {
+			return 0, fmt.Sprintf("record %d: in the heaps %v/%v, evictable leaf %v", i, r.ord.Due >= 0, r.ord.Late >= 0, t.candidate(int32(i)))
 		}
 		for j := r.peer; j != int32(i); j = t.recs[j].peer {
 			if t.recs[j].id.chunk != r.id.chunk {
@@ -91,13 +89,8 @@ func recount(p *Pool, w *prefixWorld) (int64, string) {
 			}
 		}
 	}
-	for _, late := range []bool{false, true} {
-		h := *t.heapOf(late)
-		for j := 1; j < len(h); j++ {
-			if t.before(late, h[j], h[(j-1)/2]) {
-				return 0, fmt.Sprintf("heap order broken (late %v)", late)
-			}
-		}
+	if !nextuse.Check(&t.heaps, t) {
+		return 0, "heap order or places broken"
 	}
 	return usable, ""
 }

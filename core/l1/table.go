@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"kvdock/core/keys"
+	"kvdock/core/l1/nextuse"
 )
 
 // The object table is laid out for a small Go heap at millions of objects:
@@ -62,7 +63,7 @@ type record struct {
 	// bprev, bnext: neighbours in the benchmark's own LRU list (apart.go),
 	// for records of a benchmark model only.
 	bprev, bnext int32
-	ord          order // the prefix policy's order (prefix.go)
+	ord          nextuse.Order // the prefix policy's order (prefix.go)
 	// The prefix tree (prefix.go): the record of the chunk before this one
 	// in its prompt (nilRec: none resident), the first of its resident
 	// children and its siblings; peer rings the records of the same
@@ -78,6 +79,7 @@ type record struct {
 	detached                      bool // abandoned reservation: out of the key index until freed
 	root                          bool // starts a prompt: usable without a parent
 	carried                       bool // a live write reservation adopted for ClaimWrites
+	pinned                        bool // a store of its prompt is evicting (pinPrompt)
 }
 
 // nameKey is what objects of one name share: the layout ID lives here, not
@@ -117,12 +119,10 @@ type table struct {
 	doomed      int
 	detached    int // records out of the index (see detach)
 	doomedBytes int64
-	bytes       int64   // rounded sizes of every record
-	usableBytes int64   // rounded sizes of the usable records (prefix.go)
-	clock       uint64  // the prefix policy's clock: one tick per use
-	meanGap     uint64  // the mean reuse gap, in ticks
-	dueHeap     []int32 // evictable leaves, the latest due first
-	lateHeap    []int32 // the same leaves, the earliest late first
+	bytes       int64         // rounded sizes of every record
+	usableBytes int64         // rounded sizes of the usable records (prefix.go)
+	clk         nextuse.Clock // the prefix policy's clock: one tick per use
+	heaps       nextuse.Heaps // the evictable leaves, by due and late time
 }
 
 func (t *table) init() {
@@ -183,8 +183,7 @@ func (t *table) add(k keys.ObjectKey, off, length, rounded int64) int32 {
 		i = int32(len(t.recs) - 1)
 	}
 	id := ident{k.Chunk, n, k.KVRank, k.Group}
-	t.clock++
-	t.recs[i] = record{id: id, off: off, length: length, prev: nilRec, next: nilRec, bprev: nilRec, bnext: nilRec, state: stateReady, ord: newOrder(t.clock),
+	t.recs[i] = record{id: id, off: off, length: length, prev: nilRec, next: nilRec, bprev: nilRec, bnext: nilRec, state: stateReady, ord: nextuse.New(t.clk.Tick()),
 		parent: nilRec, kid: nilRec, sibPrev: nilRec, sibNext: nilRec, peer: i}
 	t.index.insert(t.recs, i)
 	t.pushMRU(i)
