@@ -10,25 +10,18 @@
 // stack divided by the sampling rate R = T/2^64. Under LRU an object is in
 // a pool that holds U bytes when its distance is at most U.
 //
-// The same samples give a second curve, for the prefix policy (a pool that
-// evicts only leaves of the prefix tree, least recently used first). A
-// sampled chunk's parent is seldom sampled, so the tree is not kept; what
-// stands for it is that a lookup touches every chunk of its prompt, so a
-// chunk's ancestors are used whenever it is. A chunk then leaves a prefix
-// pool when the newest use in its subtree is the oldest, and a prompt goes
-// from its last chunk back: the sampled keys keep a second recency order
-// in which each lookup's keys take the top, the deepest lowest, and a key
-// is in a prefix pool of U bytes when its distance in that order is at
-// most U. On most traffic the curves agree; they part where prompts are
-// long against the pool (long-context chat), where LRU evicts a prompt's
-// first chunks and strands the rest. l1's TestWhatIfMatchesRealPools checks
+// The same samples give a second curve, for the prefix policy. That policy
+// (evict leaves of the prefix tree by predicted next use, package
+// core/l1/nextuse) is no stack algorithm, so it has no reuse distance:
+// the estimator plays it, with the pool's own order, on a miniature pool
+// per size on the curve (sim.go). l1's TestWhatIfMatchesRealPools checks
 // each curve against real pools of its policy.
 //
 // When the sample set is full T drops by an eighth and the keys above it
-// leave, so memory is fixed (both orders together sized to 1 % of what the
-// pool's object table holds for a full pool, see TableBytesPerObject);
-// entries deeper than 4× the pool in both orders are dropped too, since
-// they miss at every size the curves show.
+// leave, so memory is fixed (the stack and the miniature pools together
+// sized to 1 % of what the pool's object table holds for a full pool, see
+// TableBytesPerObject); entries deeper than 4× the pool in LRU order are
+// dropped too, since they miss at every size LRU's curve shows.
 //
 // A kvdock pool does not stay full: once a second (Tick) its watermark loop
 // evicts a share of the objects when the pool is above the watermark, so
@@ -135,11 +128,13 @@ type Estimator struct {
 	// object count of a full pool and so the sample budget.
 	meanSize float64
 
-	// held is what a pool of each size on the curve holds now (bytes), and
-	// hits the sampled weight it would have hit, under each policy (the
-	// stack's orders).
-	held     [orders][nf]float64
-	hits     [orders][nf]float64
+	// held is what an LRU pool of each size on the curve holds now
+	// (bytes), and hits the sampled weight it would have hit; simHits is
+	// the same for the prefix policy's pools, which sim plays.
+	held     [nf]float64
+	hits     [nf]float64
+	simHits  [nf]float64
+	sim      sim
 	weight   float64 // sampled keys looked up
 	realHits float64 // sampled keys the pool itself hit
 	expected float64 // keys probed × rate at the time: the weight SHARDS expects
@@ -147,9 +142,6 @@ type Estimator struct {
 	folded   int64   // probes already folded into expected
 	foldedH  int64   // pool hits already folded into expHits
 	lookups  uint64  // sampled probes, never decayed
-	// perLookup is the most sampled keys one lookup placed lately: the
-	// prefix order's times a lookup reserves (placePrefix).
-	perLookup int
 }
 
 // New returns an estimator for a pool of opts.PoolBytes bytes.
@@ -169,6 +161,7 @@ func New(opts Options) *Estimator {
 		rate:    1,
 	}
 	e.st.reset(e.limit)
+	e.sim.reset(e.limit)
 	e.threshold.Store(math.MaxUint64)
 	return e
 }
@@ -197,14 +190,18 @@ func identity(k *keys.ObjectKey) uint32 {
 }
 
 // Prefix is the state of one lookup across its batches: the largest reuse
-// distance of its keys so far in each order, and the prefix order's times
-// it reserved. The zero value starts a lookup.
+// distance of its keys so far (LRU), and for the prefix policy's pools
+// (sim) the sizes where one of its keys missed, each size's tick when the
+// lookup began (what the store of its prompt pins) and its last sampled
+// key (the next one's parent). The zero value starts a lookup.
 type Prefix struct {
-	worst [orders]float64 // +Inf once a key missed at every size
-	// next-1 down to low are the prefix order's times left to the lookup's
-	// next keys, reserved in that order's epoch.
-	next, low, epoch uint32
-	keys             int // sampled keys placed
+	worst   float64 // +Inf once a key missed at every size
+	broken  uint8   // a bit per size where a key missed
+	started bool
+	start   [nf]uint64
+	prevSp  uint64
+	prevID  uint32
+	lend    [nf]uint64 // per size: the gap of the last sampled key that hit
 }
 
 // Probe records the keys of one lookup batch, in lookup order: the first
@@ -251,11 +248,9 @@ func (e *Estimator) Stored(k *keys.ObjectKey, size int64) {
 	defer e.mu.Unlock()
 	id := identity(k)
 	if j := e.st.find(sp, id); j >= 0 {
-		// A store follows the lookup that missed it, which placed it in
-		// the prefix order already: in prompt order it would put a
-		// prompt's last chunk above its first.
 		e.st.setSize(j, size)
 		e.st.touch(lruOrder, j)
+		e.sim.setCharge(j, size)
 	} else {
 		e.insert(sp, id, size)
 	}
@@ -278,14 +273,12 @@ func (e *Estimator) fold() {
 }
 
 func (e *Estimator) probeLocked(p *Prefix, id uint32, sp uint64, realHit bool) {
-	d := [orders]float64{math.Inf(1), math.Inf(1)}
+	d := math.Inf(1)
 	size := e.meanSize
 	j := e.st.find(sp, id)
 	if j >= 0 {
 		if s := e.st.size[j]; s > 0 {
-			for o := range d {
-				d[o] = float64(s) + float64(e.st.above(o, j))/e.rate
-			}
+			d = float64(s) + float64(e.st.above(lruOrder, j))/e.rate
 			size = float64(s)
 		}
 		e.st.touch(lruOrder, j)
@@ -294,21 +287,20 @@ func (e *Estimator) probeLocked(p *Prefix, id uint32, sp uint64, realHit bool) {
 		// pool stores it, as a store after this miss would put it.
 		j = e.insert(sp, id, 0)
 	}
-	if j >= 0 {
-		e.placePrefix(p, j)
-	}
-	for o := range d {
-		p.worst[o] = max(p.worst[o], d[o])
-		for k, f := range factors() {
-			switch {
-			case p.worst[o] <= e.held[o][k]:
-				e.hits[o][k]++
-			case d[o] > e.held[o][k]:
-				// Absent at this size: the worker stores it after the miss.
-				e.held[o][k] = min(e.held[o][k]+size/e.rate, f*float64(e.pool))
-			}
+	p.worst = max(p.worst, d)
+	for k, f := range factors() {
+		switch {
+		case p.worst <= e.held[k]:
+			e.hits[k]++
+		case d > e.held[k]:
+			// Absent at this size: the worker stores it after the miss.
+			e.held[k] = min(e.held[k]+size/e.rate, f*float64(e.pool))
 		}
 	}
+	if j >= 0 {
+		e.simProbe(p, j, int64(min(size, maxCharge)))
+	}
+	p.prevSp, p.prevID = sp, id
 	e.weight++
 	e.lookups++
 	if realHit {
@@ -316,37 +308,49 @@ func (e *Estimator) probeLocked(p *Prefix, id uint32, sp uint64, realHit bool) {
 	}
 	if e.weight >= e.window {
 		e.scale(0.5)
-		e.perLookup = (e.perLookup + 1) / 2
 	}
 	e.trim()
 }
 
-// placePrefix puts slot j, the next sampled key of p's lookup, in the
-// prefix order. The prefix policy evicts a chunk only after its resident
-// descendants, least recently used leaf first, so a chunk leaves when the
-// newest use in its subtree is the oldest: a prompt goes from its last
-// chunk back. A lookup touches every chunk of its prompt, and so its
-// ancestors with it; its keys therefore take times above every time
-// before the lookup, each below the key before it (the deepest lowest),
-// out of a run the lookup reserves on its first sampled key. Keys placed
-// so far sat above the key placed now before the lookup too (ancestors
-// above descendants), so its distance in this order is the one it had
-// when the lookup began.
-func (e *Estimator) placePrefix(p *Prefix, j int32) {
-	p.keys++
-	e.perLookup = max(e.perLookup, p.keys)
-	or := &e.st.ord[prefixOrder]
-	if p.next == p.low || p.epoch != or.epoch {
-		// A lookup longer than its run goes on in a new run, above the
-		// keys it placed: rare once perLookup has seen such lookups.
-		n := uint32(max(min(2*e.perLookup, e.st.slots()/2), 1))
-		p.low = e.st.reserve(prefixOrder, n)
-		p.next = p.low + n
-		p.epoch = or.epoch
+// simProbe plays slot j, the next sampled key of p's lookup, of size
+// bytes, on the prefix policy's pools: a hit where it is held and every
+// key before it hit, used then; else a miss, and the worker's store of it
+// after, which evicts in the policy's order with the lookup's prompt
+// pinned. A key the pool never stored misses at every size, as for LRU.
+func (e *Estimator) simProbe(p *Prefix, j int32, size int64) {
+	s := &e.sim
+	if !p.started {
+		p.started = true
+		for k := range nf {
+			p.start[k] = s.clk[k].Now + 1
+		}
 	}
-	p.next--
-	e.st.place(prefixOrder, j, p.next)
+	if s.in[j] == 0 {
+		s.par[j], s.parID[j] = p.prevSp, p.prevID
+		s.charge[j] = size
+	}
+	stored := e.st.size[j] > 0
+	for k, f := range factors() {
+		bit := uint8(1) << k
+		if s.in[j]&bit != 0 {
+			if p.broken&bit == 0 && stored {
+				e.simHits[k]++
+				s.use(j, k)
+				p.lend[k] = s.ord[int(j)*nf+k].Gap
+			} else {
+				p.broken |= bit
+			}
+			continue
+		}
+		p.broken |= bit
+		if s.makeRoom(&e.st, k, s.charge[j], e.simCap(f), p.start[k]) {
+			s.admit(&e.st, j, k, p.lend[k])
+		}
+	}
 }
+
+// simCap is the sampled bytes a pool of f × the pool holds.
+func (e *Estimator) simCap(f float64) int64 { return int64(f * float64(e.pool) * e.rate) }
 
 // Tick plays the pool's watermark loop at every size: a pool at or above
 // watermark of its size drops ratio of what it holds. The pool calls it on
@@ -357,12 +361,11 @@ func (e *Estimator) Tick(watermark, ratio float64) {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	for o := range e.held {
-		for k, f := range factors() {
-			if e.held[o][k] > 0 && e.held[o][k] >= watermark*f*float64(e.pool) {
-				e.held[o][k] *= 1 - ratio
-			}
+	for k, f := range factors() {
+		if e.held[k] > 0 && e.held[k] >= watermark*f*float64(e.pool) {
+			e.held[k] *= 1 - ratio
 		}
+		e.sim.tick(&e.st, k, watermark, ratio, e.simCap(f))
 	}
 }
 
@@ -373,7 +376,8 @@ func (e *Estimator) Cleared() {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.held = [orders][nf]float64{}
+	e.held = [nf]float64{}
+	e.sim.clear()
 }
 
 // insert puts a new object on top and returns its slot, making room by
@@ -400,7 +404,7 @@ func (e *Estimator) shed(n int) {
 		t -= max(t/8, 1)
 		for j := range e.st.spat {
 			if sp := e.st.spat[j]; sp != 0 && sp >= t {
-				e.st.remove(int32(j))
+				e.remove(int32(j))
 			}
 		}
 		e.setThreshold(t)
@@ -417,33 +421,26 @@ func (e *Estimator) setThreshold(t uint64) {
 	e.scale(e.rate / old)
 }
 
-// trim drops the least recently used objects (in either order) deeper
-// than maxFactor pools in both orders: they miss at every size the curves
-// show, as they will when next used. A stack left under a quarter full
-// raises the threshold again.
+// remove drops slot j from the sample, and so from the prefix policy's
+// pools.
+func (e *Estimator) remove(j int32) {
+	e.sim.drop(&e.st, j)
+	e.st.remove(j)
+}
+
+// trim drops the least recently used objects deeper than maxFactor pools:
+// they miss at every size the LRU curve shows, as they will when next
+// used (and the prefix policy's pools, which might keep one, lose it). A
+// stack left under a quarter full raises the threshold again.
 func (e *Estimator) trim() {
 	for e.st.live > 1 {
 		j := e.st.bottom(lruOrder)
-		if j < 0 || !e.cold(j) {
-			if j = e.st.bottom(prefixOrder); j < 0 || !e.cold(j) {
-				break
-			}
+		if j < 0 || float64(e.st.size[j])+float64(e.st.above(lruOrder, j))/e.rate <= e.maxDist {
+			break
 		}
-		e.st.remove(j)
+		e.remove(j)
 	}
 	e.raise()
-}
-
-// cold reports whether slot j is deeper than maxFactor pools in every
-// order.
-func (e *Estimator) cold(j int32) bool {
-	own := float64(e.st.size[j])
-	for o := range e.st.ord {
-		if own+float64(e.st.above(o, j))/e.rate <= e.maxDist {
-			return false
-		}
-	}
-	return true
 }
 
 // raise doubles the threshold when the stack is under a quarter full:
@@ -471,7 +468,7 @@ func (e *Estimator) resize() {
 		return
 	}
 	objects := float64(e.pool) / e.meanSize
-	n := min(max(int(objects*TableBytesPerObject*BudgetShare/slotBytes), e.minS), e.maxS)
+	n := min(max(int(objects*TableBytesPerObject*BudgetShare/float64(slotBytes+simSlotBytes)), e.minS), e.maxS)
 	if n == e.limit || (n > e.limit*3/4 && n < e.limit*5/4) {
 		return
 	}
@@ -479,35 +476,24 @@ func (e *Estimator) resize() {
 		e.shed(n)
 	}
 	// Re-insert the live objects into a stack of n slots, oldest first in
-	// LRU order, then touch them in the prefix order's, oldest first.
+	// LRU order; each keeps what the prefix policy's pools held of it.
 	old := e.st
 	e.st.reset(n)
 	e.limit = n
-	lru, pre := &old.ord[lruOrder], &old.ord[prefixOrder]
+	lru := &old.ord[lruOrder]
 	for t := lru.oldest; t < lru.clock; t++ {
 		if j := lru.rev[t]; j >= 0 {
 			e.st.insert(old.spat[j], old.id[j], old.size[j])
 		}
 	}
-	for t := pre.oldest; t < pre.clock; t++ {
-		if j := pre.rev[t]; j >= 0 {
-			if k := e.st.find(old.spat[j], old.id[j]); k >= 0 {
-				e.st.touch(prefixOrder, k)
-			}
-		}
-	}
-	// The runs lookups reserved are void (their epoch is past).
-	for o := range e.st.ord {
-		e.st.ord[o].epoch = old.ord[o].epoch + 1
-	}
+	e.sim.moved(&old, &e.st)
 }
 
 // scale multiplies every weight by f (decay, or a rate change).
 func (e *Estimator) scale(f float64) {
-	for o := range e.hits {
-		for i := range e.hits[o] {
-			e.hits[o][i] *= f
-		}
+	for k := range e.hits {
+		e.hits[k] *= f
+		e.simHits[k] *= f
 	}
 	e.weight *= f
 	e.realHits *= f
@@ -580,8 +566,8 @@ func (e *Estimator) Curve() Curve {
 	ratio := func(h float64) float64 { return min(max((h+adj)/(e.weight+adj), 0), 1) }
 	c.Measured = ratio(e.realHits)
 	for k, f := range factors() {
-		c.Points = append(c.Points, Point{Factor: f, PoolBytes: int64(f * float64(e.pool)), HitRatio: ratio(e.hits[lruOrder][k])})
-		c.Prefix = append(c.Prefix, Point{Factor: f, PoolBytes: int64(f * float64(e.pool)), HitRatio: ratio(e.hits[prefixOrder][k])})
+		c.Points = append(c.Points, Point{Factor: f, PoolBytes: int64(f * float64(e.pool)), HitRatio: ratio(e.hits[k])})
+		c.Prefix = append(c.Prefix, Point{Factor: f, PoolBytes: int64(f * float64(e.pool)), HitRatio: ratio(e.simHits[k])})
 	}
 	return c
 }
@@ -589,7 +575,7 @@ func (e *Estimator) Curve() Curve {
 // memory is the estimator's footprint in bytes: the stack as allocated
 // and the struct's fixed fields.
 func (e *Estimator) memory() int64 {
-	return e.st.memory() + int64(unsafe.Sizeof(*e))
+	return e.st.memory() + e.sim.memory() + int64(unsafe.Sizeof(*e))
 }
 
 // positiveOr is v, or def where v is not positive: an option left unset

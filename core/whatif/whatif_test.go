@@ -53,10 +53,7 @@ func (n *naiveStack) aboveOf(id uint64) (above int64) {
 	return above
 }
 
-// TestStackMatchesNaiveLRU checks both orders of the stack against naive
-// ones: the LRU order is touched on every use, the prefix order on some,
-// or a few objects at once take a run of reserved times, handed out
-// downwards (the first placed on top).
+// TestStackMatchesNaiveLRU checks the stack against a naive one.
 func TestStackMatchesNaiveLRU(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
 	var s stack
@@ -78,26 +75,6 @@ func TestStackMatchesNaiveLRU(t *testing.T) {
 				n[o].drop(uint64(i))
 			}
 			continue
-		case r.IntN(8) == 0 && s.live > 0:
-			// A run: up to 5 live objects placed below one another.
-			np := &n[prefixOrder]
-			var run []uint64
-			for range 1 + r.IntN(5) {
-				if c := np.ids[r.IntN(len(np.ids))]; !slices.Contains(run, c) {
-					run = append(run, c)
-				}
-			}
-			low := s.reserve(prefixOrder, uint32(len(run)))
-			for k, c := range run {
-				csp, cid := key(int(c))
-				s.place(prefixOrder, s.find(csp, cid), low+uint32(len(run)-1-k))
-				at := slices.Index(np.ids, c)
-				z := np.sizes[at]
-				np.ids = slices.Delete(np.ids, at, at+1)
-				np.sizes = slices.Delete(np.sizes, at, at+1)
-				np.ids = slices.Insert(np.ids, k, c)
-				np.sizes = slices.Insert(np.sizes, k, z)
-			}
 		case j >= 0:
 			want, found := n[lruOrder].use(uint64(i), size)
 			if !found {
@@ -107,12 +84,7 @@ func TestStackMatchesNaiveLRU(t *testing.T) {
 				t.Fatalf("step %d: bytes above %d = %d, want %d", step, i, got, want)
 			}
 			s.touch(lruOrder, j)
-			if r.IntN(2) == 0 {
-				n[prefixOrder].use(uint64(i), 0)
-				s.touch(prefixOrder, j)
-			}
 			s.setSize(j, size)
-			n[prefixOrder].setSize(uint64(i), size)
 		case s.live < s.slots():
 			for o := range n {
 				if _, found := n[o].use(uint64(i), size); found {
@@ -457,34 +429,5 @@ func TestNoAllocationPerAccess(t *testing.T) {
 	})
 	if allocs != 0 {
 		t.Errorf("%v allocations per lookup of 16 keys and a store", allocs)
-	}
-}
-
-// TestRunPlacedBelowTheOldestStaysInOrder: a lookup places its keys one by
-// one, downwards, in a run of times it reserved; a trim between two of
-// them can move the order's oldest mark past the run's unused times. The
-// key placed next, below that mark, must still be found at the bottom, or
-// an order with live objects looks empty (a LOOKUP panicked on it).
-func TestRunPlacedBelowTheOldestStaysInOrder(t *testing.T) {
-	var s stack
-	s.reset(8)
-	a := s.insert(1, 1, 10)
-	b := s.insert(2, 1, 10)
-	c := s.insert(3, 1, 10)
-	low := s.reserve(prefixOrder, 3)
-	s.place(prefixOrder, a, low+2) // the lookup's first key, on top
-	// The other keys leave (trimmed): the oldest mark passes the run's
-	// unused times up to a's.
-	for _, j := range []int32{b, c} {
-		s.remove(j)
-	}
-	if got := s.bottom(prefixOrder); got != a {
-		t.Fatalf("bottom %d, want %d", got, a)
-	}
-	d := s.insert(4, 1, 10)
-	s.place(prefixOrder, d, low+1) // the lookup's next key, below a
-	s.remove(a)
-	if got := s.bottom(prefixOrder); got != d {
-		t.Fatalf("bottom of the prefix order %d with %d live, want slot %d", got, s.live, d)
 	}
 }

@@ -249,3 +249,13 @@ func remove[I Items](h *Heaps, it I, late bool, i int32) {
 		up(*hp, it, late, j)
 	}
 }
+
+// Cap is the heaps' capacity in objects, for memory accounting.
+func (h *Heaps) Cap() int { return cap(h.due) }
+
+// Grow makes room for n objects in the heaps, so that pushes up to n
+// allocate nothing.
+func (h *Heaps) Grow(n int) {
+	h.due = append(make([]int32, 0, n), h.due...)
+	h.late = append(make([]int32, 0, n), h.late...)
+}
