@@ -73,8 +73,10 @@ const nf = len([8]float64{})
 // Defaults for Options.
 const (
 	// DefaultMinSamples is the sample set's floor: below it the curve's
-	// noise grows faster than its memory (slotBytes a sample) shrinks.
-	DefaultMinSamples = 256
+	// noise grows faster than its memory (slotBytes+simSlotBytes a
+	// sample) shrinks. 64 keeps a pool of 16,384 objects within the budget
+	// (TestWhatIfMemoryBudget).
+	DefaultMinSamples = 64
 	// DefaultMaxSamples caps the sample set however large the pool.
 	DefaultMaxSamples = 8192
 	// DefaultWindow is the weight, in sampled keys looked up, after which
