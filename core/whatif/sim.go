@@ -139,12 +139,21 @@ func (s *sim) makeRoom(st *stack, k int, need, capacity int64, pinFrom uint64) b
 // the gap of the chunk before its first (the last one the lookup hit),
 // none when the prompt missed from its start. lend is the gap of the last
 // sampled chunk of the lookup that hit at this size (0: none), which
-// stands for it.
-func (s *sim) admit(st *stack, j int32, k int, lend uint64) {
+// stands for it. Most sampled chunks have no sampled chunk before them in
+// their lookup; with afterHit (the pool itself hit the chunk before) that
+// chunk is taken as held, and its gap, the gap of a chunk used whenever
+// this one is, as this chunk's own: the ticks since its last use here.
+func (s *sim) admit(st *stack, j int32, k int, lend uint64, afterHit bool) {
 	bit := uint8(1) << k
 	i := int(j)*nf + k
+	last := s.ord[i].Stamp
 	s.ord[i] = nextuse.New(s.clk[k].Tick())
-	s.ord[i].Gap = lend
+	switch {
+	case lend > 0:
+		s.ord[i].Gap = lend
+	case afterHit && last > 0:
+		s.ord[i].Gap = s.ord[i].Stamp - last
+	}
 	s.kids[i] = 0
 	s.in[j] |= bit
 	s.held[k] += s.charge[j]

@@ -204,6 +204,8 @@ type Prefix struct {
 	prevSp  uint64
 	prevID  uint32
 	lend    [nf]uint64 // per size: the gap of the last sampled key that hit
+	probed  int        // keys probed so far, sampled or not
+	prevHit bool       // the pool hit the last key probed
 }
 
 // Probe records the keys of one lookup batch, in lookup order: the first
@@ -228,12 +230,17 @@ func (e *Estimator) Probe(p *Prefix, ks []keys.ObjectKey, hit int) {
 			locked = true
 			e.fold()
 		}
-		e.probeLocked(p, identity(&ks[i]), sp, i < hit)
+		// Whether the pool itself hit the key before this one (its
+		// parent's chunk, or another rank of its own, which hits with it).
+		after := (i > 0 && i <= hit) || (i == 0 && p.prevHit)
+		e.probeLocked(p, identity(&ks[i]), sp, i < hit, after && p.probed+i > 0)
 		t = e.threshold.Load() // may have dropped
 	}
 	if locked {
 		e.mu.Unlock()
 	}
+	p.probed += len(ks)
+	p.prevHit = hit >= len(ks)
 }
 
 // Stored records that the pool took a new object of size bytes (its
@@ -274,7 +281,7 @@ func (e *Estimator) fold() {
 	e.folded, e.foldedH = n, h
 }
 
-func (e *Estimator) probeLocked(p *Prefix, id uint32, sp uint64, realHit bool) {
+func (e *Estimator) probeLocked(p *Prefix, id uint32, sp uint64, realHit, afterHit bool) {
 	d := math.Inf(1)
 	size := e.meanSize
 	j := e.st.find(sp, id)
@@ -300,7 +307,7 @@ func (e *Estimator) probeLocked(p *Prefix, id uint32, sp uint64, realHit bool) {
 		}
 	}
 	if j >= 0 {
-		e.simProbe(p, j, int64(min(size, maxCharge)))
+		e.simProbe(p, j, int64(min(size, maxCharge)), afterHit)
 	}
 	p.prevSp, p.prevID = sp, id
 	e.weight++
@@ -319,7 +326,7 @@ func (e *Estimator) probeLocked(p *Prefix, id uint32, sp uint64, realHit bool) {
 // key before it hit, used then; else a miss, and the worker's store of it
 // after, which evicts in the policy's order with the lookup's prompt
 // pinned. A key the pool never stored misses at every size, as for LRU.
-func (e *Estimator) simProbe(p *Prefix, j int32, size int64) {
+func (e *Estimator) simProbe(p *Prefix, j int32, size int64, afterHit bool) {
 	s := &e.sim
 	if !p.started {
 		p.started = true
@@ -346,7 +353,7 @@ func (e *Estimator) simProbe(p *Prefix, j int32, size int64) {
 		}
 		p.broken |= bit
 		if s.makeRoom(&e.st, k, s.charge[j], e.simCap(f), p.start[k]) {
-			s.admit(&e.st, j, k, p.lend[k])
+			s.admit(&e.st, j, k, p.lend[k], afterHit)
 		}
 	}
 }
