@@ -148,11 +148,13 @@ func (s *sim) admit(st *stack, j int32, k int, lend uint64, afterHit bool) {
 	i := int(j)*nf + k
 	last := s.ord[i].Stamp
 	s.ord[i] = nextuse.New(s.clk[k].Tick())
+	// Either is a gap a chunk the lookup just used measured, as
+	// nextuse.Inherit lends it.
 	switch {
 	case lend > 0:
-		s.ord[i].Gap = lend
+		s.ord[i].Gap, s.ord[i].Measured = lend, true
 	case afterHit && last > 0:
-		s.ord[i].Gap = s.ord[i].Stamp - last
+		s.ord[i].Gap, s.ord[i].Measured = s.ord[i].Stamp-last, true
 	}
 	s.kids[i] = 0
 	s.in[j] |= bit

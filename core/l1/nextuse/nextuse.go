@@ -71,10 +71,15 @@ func (c *Clock) Prior(objects int) uint64 {
 }
 
 // Inherit lends o its parent's gap when o has none: a conversation's new
-// chunks come back when it does. It reports whether o changed.
+// chunks come back when it does, as late as it may. A gap the parent
+// measured is measured for o too: o is late when its conversation is
+// (half a gap past due), not at its due time, which a conversation whose
+// returns vary passes on about half its turns (chat with think time: its
+// new chunks, late at once, went first and came back ~50 prompts later).
+// It reports whether o changed.
 func Inherit(o, parent *Order) bool {
 	if o.Gap == 0 && parent.Gap > 0 {
-		o.Gap = parent.Gap
+		o.Gap, o.Measured = parent.Gap, parent.Measured
 		return true
 	}
 	return false
