@@ -12,42 +12,11 @@ import (
 // policy is for, and a scan, each a slice of prompts (traceReq).
 
 // multiTurnTrace is chat: 400 conversations open at a time, each prompt a
-// conversation's whole history plus its new turn (1 to 3 chunks); a
-// conversation ends after 4 to 16 turns and a new one takes its place.
-// Each prompt picks one of the open conversations at random.
+// conversation's whole history plus its new turn (1 to 3 chunks), the
+// conversation picked at random; one ends after 4 to 16 turns and a new
+// one takes its place (chat.RandomOrder).
 func multiTurnTrace(n int, seed uint64) []traceReq {
-	r := rand.New(rand.NewPCG(seed, 3))
-	const open = 400
-	type conv struct {
-		id, turns, left int
-		chunks          [][]uint32
-	}
-	next := 0
-	fresh := func() *conv {
-		next++
-		return &conv{id: next, left: 4 + r.IntN(13)}
-	}
-	convs := make([]*conv, open)
-	for i := range convs {
-		convs[i] = fresh()
-	}
-	out := make([]traceReq, n)
-	for i := range out {
-		j := r.IntN(open)
-		c := convs[j]
-		for range 1 + r.IntN(3) {
-			c.chunks = append(c.chunks, chunkTokens(uint64(c.id)<<20|uint64(len(c.chunks)), 0))
-		}
-		c.turns++
-		out[i] = traceReq{chunks: append([][]uint32(nil), c.chunks...)}
-		// The conversation moves to the front (most recent).
-		copy(convs[1:j+1], convs[:j])
-		convs[0] = c
-		if c.turns == c.left {
-			convs[0] = fresh()
-		}
-	}
-	return out
+	return prompts(chat.RandomOrder(n, 400, seed))
 }
 
 // appendChunks appends the first n chunks of prompt to ch.
