@@ -133,8 +133,14 @@ func TestEvictionFamilies(t *testing.T) {
 			if d < -1 {
 				t.Errorf("%s at %.2f×: prefix hits %.1f points below LRU", f.Name, x, -d)
 			}
-			if strings.HasPrefix(f.Name, "round-robin") && x < 1 && float64(r.prefix) < 1.2*float64(r.lru) {
+			// Where the pool is short and conversations return in an order
+			// their gaps tell (docs/BENCHMARKS.md says where none can gain).
+			rr := strings.HasPrefix(f.Name, "round-robin")
+			if (rr || f.Name == "short-chats") && x < 1 && float64(r.prefix) < 1.2*float64(r.lru) {
 				t.Errorf("%s at %.2f×: prefix hits %d chunks, LRU %d: want ≥ 1.2×", f.Name, x, r.prefix, r.lru)
+			}
+			if rr && x >= 0.5 && float64(r.prefix) < 0.8*float64(r.bound) {
+				t.Errorf("%s at %.2f×: prefix hits %d chunks, under 0.8 of the bound %d", f.Name, x, r.prefix, r.bound)
 			}
 			if u := r.end.UsableRatio(); u != 1 {
 				t.Errorf("%s at %.2f×: prefix usable/resident %.4f at the end", f.Name, x, u)
