@@ -9,8 +9,8 @@
 // A use learns a gap (the clock ticks between an object's last two uses,
 // smoothed); an object without one is given its parent's (Inherit) or
 // the mean (Clock.Prior). An object is due at its last use plus its gap,
-// late half a gap after once the gap is its own, at its due time on a
-// lent one. The victim is the object the longest late, if one is late;
+// late half a gap after once the gap was measured (its own, or a parent's
+// it was lent), at its due time on the mean. The victim is the object the longest late, if one is late;
 // else the one due the latest (Belady's choice, as far as the gaps tell).
 package nextuse
 
