@@ -39,7 +39,8 @@ type KeptObject struct {
 	// The prefix policy's order (prefix.go), so that a successor evicts in
 	// this pool's order: the ticks of the pool's clock since the object's
 	// last use, its reuse gap in ticks (0: none yet) and whether the gap
-	// comes from its own reuses. All zero: adopted in the table's order.
+	// was measured (its own reuses, or a parent's it was lent). All zero:
+	// adopted in the table's order.
 	Age, Gap uint64
 	Measured bool
 
