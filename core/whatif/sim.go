@@ -140,10 +140,10 @@ func (s *sim) makeRoom(st *stack, k int, need, capacity int64, pinFrom uint64) b
 // none when the prompt missed from its start. lend is the gap of the last
 // sampled chunk of the lookup that hit at this size (0: none), which
 // stands for it. Most sampled chunks have no sampled chunk before them in
-// their lookup; with afterHit (the pool itself hit the chunk before) that
-// chunk is taken as held, and its gap, the gap of a chunk used whenever
-// this one is, as this chunk's own: the ticks since its last use here.
-func (s *sim) admit(st *stack, j int32, k int, lend uint64, afterHit bool) {
+// their lookup; with parentHeld (taken as held at this size) the chunk
+// before's gap, the gap of a chunk used whenever this one is, is this
+// chunk's own: the ticks since its last use here.
+func (s *sim) admit(st *stack, j int32, k int, lend uint64, parentHeld bool) {
 	bit := uint8(1) << k
 	i := int(j)*nf + k
 	last := s.ord[i].Stamp
@@ -153,7 +153,7 @@ func (s *sim) admit(st *stack, j int32, k int, lend uint64, afterHit bool) {
 	switch {
 	case lend > 0:
 		s.ord[i].Gap, s.ord[i].Measured = lend, true
-	case afterHit && last > 0:
+	case parentHeld && last > 0:
 		s.ord[i].Gap, s.ord[i].Measured = s.ord[i].Stamp-last, true
 	}
 	s.kids[i] = 0

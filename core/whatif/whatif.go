@@ -351,9 +351,12 @@ func (e *Estimator) simProbe(p *Prefix, j int32, size int64, afterHit bool) {
 			}
 			continue
 		}
+		// The pool hit the chunk before, and nothing of the lookup missed
+		// here before: that chunk is taken as held here too.
+		held := afterHit && p.broken&bit == 0
 		p.broken |= bit
 		if s.makeRoom(&e.st, k, s.charge[j], e.simCap(f), p.start[k]) {
-			s.admit(&e.st, j, k, p.lend[k], afterHit)
+			s.admit(&e.st, j, k, p.lend[k], held)
 		}
 	}
 }
