@@ -169,6 +169,10 @@ type KVEventsConfig struct {
 	// BlockSize announces each chunk as chunk_size/BlockSize blocks (0 =
 	// the chunk size); it must divide server.chunk_size.
 	BlockSize int `koanf:"block_size"`
+	// LogSize is how many records the poll log of LMCache's KV event
+	// channel (POLL_KV_EVENTS) keeps; 0 = the channel is off. It runs
+	// whether or not Endpoint is set.
+	LogSize int `koanf:"log_size"`
 }
 
 // Default returns the configuration kvdock runs with when told nothing.
@@ -214,7 +218,7 @@ func Default() Config {
 		HTTP:     HTTPConfig{Host: "127.0.0.1", Port: 8080},
 		Log:      LogConfig{Level: "info", Format: "text"},
 		UI:       UIConfig{Refresh: time.Second},
-		KVEvents: KVEventsConfig{ReplayFormat: "current", Encoding: "map", BufferSteps: 10000, MediumL1: "CPU"},
+		KVEvents: KVEventsConfig{ReplayFormat: "current", Encoding: "map", BufferSteps: 10000, MediumL1: "CPU", LogSize: 32768},
 	}
 }
 

@@ -422,6 +422,10 @@ func table() []keyDef {
 				}
 				return ""
 			}},
+		{key: "kv_events.log_size", flag: "kv-event-log-size", envName: EnvPrefix + "KV_EVENTS_LOG_SIZE", class: NextStart,
+			help:  "records kept for LMCache's KV event poll channel (POLL_KV_EVENTS); 0 = off",
+			field: func(c *Config) any { return &c.KVEvents.LogSize },
+			check: func(c Config) string { return intRange(c.KVEvents.LogSize, 0, 1<<20) }},
 		{key: "kv_events.medium_l1", flag: "kv-events-medium-l1", class: NextStart,
 			help:  "medium of the L1 pool's KV events",
 			field: func(c *Config) any { return &c.KVEvents.MediumL1 },

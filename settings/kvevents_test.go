@@ -42,3 +42,27 @@ func TestKVEventsValidation(t *testing.T) {
 		}
 	}
 }
+
+// The poll log's size: LMCache's flag, the env named as the other
+// kv_events settings are, 0 = off, bounded.
+func TestKVEventLogSize(t *testing.T) {
+	if n := settings.Default().KVEvents.LogSize; n != 32768 {
+		t.Fatalf("default log size %d", n)
+	}
+	l := mustLoad(t, settings.LoadOptions{Environ: []string{"KVDOCK_KV_EVENTS_LOG_SIZE=0"}})
+	if l.Config.KVEvents.LogSize != 0 {
+		t.Fatalf("env: %d", l.Config.KVEvents.LogSize)
+	}
+	l = mustLoad(t, settings.LoadOptions{Environ: []string{"KVDOCK_KV_EVENTS_LOG_SIZE=0"},
+		Flags: flags(t, "--kv-event-log-size", "100")})
+	if l.Config.KVEvents.LogSize != 100 {
+		t.Fatalf("flag over env: %d", l.Config.KVEvents.LogSize)
+	}
+	for _, bad := range []int{-1, 1<<20 + 1} {
+		c := settings.Default()
+		c.KVEvents.LogSize = bad
+		if err := settings.Validate(c, nil); err == nil || !strings.Contains(err.Error(), "kv_events.log_size") {
+			t.Errorf("log size %d: %v", bad, err)
+		}
+	}
+}

@@ -60,8 +60,50 @@ func Load(opts LoadOptions) (*Loaded, error) {
 		return nil, err
 	}
 	defs := table()
-	var probs []Problem
+	defaults, err := defaultsLayer(defs)
+	if err != nil {
+		return nil, err
+	}
+	fileK, fileLines, probs, err := fileLayer(path, pathSrc)
+	if err != nil {
+		return nil, err
+	}
+	envK, envNames, warnings, err := envLayer(defs, opts.Environ)
+	if err != nil {
+		return nil, err
+	}
+	flagK, flagNames, flagProbs, err := flagLayer(defs, opts.Flags)
+	if err != nil {
+		return nil, err
+	}
+	probs = append(probs, flagProbs...)
 
+	merged := koanf.New(".")
+	for _, layer := range []*koanf.Koanf{defaults, fileK, envK, flagK} {
+		if err := merged.Merge(layer); err != nil {
+			return nil, fmt.Errorf("merging settings: %w", err)
+		}
+	}
+
+	out := &Loaded{Config: Default(), Sources: map[string]Source{}, File: path, Warnings: warnings}
+	if path != "" {
+		out.FileSource = pathSrc
+	}
+	l := layers{path: path, fileLines: fileLines, envK: envK, envNames: envNames, flagK: flagK, flagNames: flagNames, merged: merged}
+	skip, aprobs := l.assign(defs, out, opts.Environ)
+	probs = append(probs, aprobs...)
+	probs = append(probs, validate(out.Config, out.Sources, skip)...)
+	if len(probs) > 0 {
+		// The values come back too: a client such as kvdock ctl reads the
+		// few keys it needs even when keys it does not use are broken.
+		return out, &ValidationError{Problems: probs}
+	}
+	return out, nil
+}
+
+// defaultsLayer is the lowest layer: every key's default but the autos
+// (absent) and the tiers (none).
+func defaultsLayer(defs []keyDef) (*koanf.Koanf, error) {
 	defaults := koanf.New(".")
 	flat := map[string]any{}
 	defCfg := Default()
@@ -77,26 +119,36 @@ func Load(opts LoadOptions) (*Loaded, error) {
 	if err := defaults.Load(confmap.Provider(flat, "."), nil); err != nil {
 		return nil, fmt.Errorf("loading defaults: %w", err)
 	}
+	return defaults, nil
+}
 
+// fileLayer is the settings file at path ("" = none), with each key's line
+// and the file's problems.
+func fileLayer(path string, pathSrc Source) (*koanf.Koanf, map[string]fileLeaf, []Problem, error) {
 	fileK := koanf.New(".")
 	fileLines := map[string]fileLeaf{}
-	if path != "" {
-		data, err := file.Provider(path).ReadBytes()
-		if err != nil {
-			return nil, fmt.Errorf("settings file %s (from %s): %w", path, pathSrc, err)
-		}
-		lines, fprobs, err := checkFile(path, data)
-		if err != nil {
-			return nil, err
-		}
-		fileLines, probs = lines, append(probs, fprobs...)
-		// A file with structural problems (a list at the top, a key given
-		// twice) may not decode as a map; those problems already say why.
-		if err := fileK.Load(bytesProvider(data), yaml.Parser()); err != nil && len(fprobs) == 0 {
-			return nil, fmt.Errorf("settings file %s: %w", path, err)
-		}
+	if path == "" {
+		return fileK, fileLines, nil, nil
 	}
+	data, err := file.Provider(path).ReadBytes()
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("settings file %s (from %s): %w", path, pathSrc, err)
+	}
+	lines, fprobs, err := checkFile(path, data)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	// A file with structural problems (a list at the top, a key given
+	// twice) may not decode as a map; those problems already say why.
+	if err := fileK.Load(bytesProvider(data), yaml.Parser()); err != nil && len(fprobs) == 0 {
+		return nil, nil, nil, fmt.Errorf("settings file %s: %w", path, err)
+	}
+	return fileK, lines, fprobs, nil
+}
 
+// envLayer is the KVDOCK_* variables, with the variable that set each key
+// and a warning for each that names no setting.
+func envLayer(defs []keyDef, environ []string) (*koanf.Koanf, map[string]string, []string, error) {
 	envK := koanf.New(".")
 	envNames := map[string]string{}
 	byEnv := map[string]string{}
@@ -106,7 +158,7 @@ func Load(opts LoadOptions) (*Loaded, error) {
 	var warnings []string
 	envProv := env.Provider(".", env.Opt{
 		Prefix:      EnvPrefix,
-		EnvironFunc: func() []string { return opts.Environ },
+		EnvironFunc: func() []string { return environ },
 		TransformFunc: func(name, value string) (string, any) {
 			key, ok := byEnv[name]
 			if !ok {
@@ -120,71 +172,83 @@ func Load(opts LoadOptions) (*Loaded, error) {
 		},
 	})
 	if err := envK.Load(envProv, nil); err != nil {
-		return nil, fmt.Errorf("reading environment: %w", err)
+		return nil, nil, nil, fmt.Errorf("reading environment: %w", err)
 	}
+	return envK, envNames, warnings, nil
+}
 
+// flagLayer is the flags given (flags may be nil), with the flag that set
+// each key and a problem for each key two flags set.
+func flagLayer(defs []keyDef, flags *pflag.FlagSet) (*koanf.Koanf, map[string]string, []Problem, error) {
 	flagK := koanf.New(".")
 	flagNames := map[string]string{}
-	if opts.Flags != nil {
-		byFlag := map[string]keyDef{}
-		for _, d := range defs {
-			byFlag[d.flag] = d
-			if d.negatable {
-				byFlag["no-"+d.flag] = d
-			}
+	if flags == nil {
+		return flagK, flagNames, nil, nil
+	}
+	var probs []Problem
+	byFlag := map[string]keyDef{}
+	for _, d := range defs {
+		byFlag[d.flag] = d
+		if d.negatable {
+			byFlag["no-"+d.flag] = d
 		}
-		prov := posflag.ProviderWithFlag(opts.Flags, ".", nil, func(f *pflag.Flag) (string, any) {
-			d, ok := byFlag[f.Name]
-			if !ok || !f.Changed {
+	}
+	prov := posflag.ProviderWithFlag(flags, ".", nil, func(f *pflag.Flag) (string, any) {
+		d, ok := byFlag[f.Name]
+		if !ok || !f.Changed {
+			return "", nil
+		}
+		val := posflag.FlagVal(flags, f)
+		if d.key == KeyAdapters {
+			list, err := flags.GetStringArray(f.Name)
+			if err != nil {
 				return "", nil
 			}
-			val := posflag.FlagVal(opts.Flags, f)
-			if d.key == KeyAdapters {
-				list, err := opts.Flags.GetStringArray(f.Name)
-				if err != nil {
-					return "", nil
-				}
-				val = list
-			}
-			if f.Name != d.flag {
-				b, _ := val.(bool)
-				val = !b
-			}
-			if prev, dup := flagNames[d.key]; dup {
-				probs = append(probs, Problem{Key: d.key, Source: Source{Kind: SourceFlag, Detail: "--" + f.Name},
-					Reason: fmt.Sprintf("conflicts with %s; give one of them", prev)})
-			}
-			flagNames[d.key] = "--" + f.Name
-			return d.key, val
-		})
-		if err := flagK.Load(prov, nil); err != nil {
-			return nil, fmt.Errorf("reading flags: %w", err)
+			val = list
 		}
-	}
-
-	merged := koanf.New(".")
-	for _, layer := range []*koanf.Koanf{defaults, fileK, envK, flagK} {
-		if err := merged.Merge(layer); err != nil {
-			return nil, fmt.Errorf("merging settings: %w", err)
+		if f.Name != d.flag {
+			b, _ := val.(bool)
+			val = !b
 		}
+		if prev, dup := flagNames[d.key]; dup {
+			probs = append(probs, Problem{Key: d.key, Source: Source{Kind: SourceFlag, Detail: "--" + f.Name},
+				Reason: fmt.Sprintf("conflicts with %s; give one of them", prev)})
+		}
+		flagNames[d.key] = "--" + f.Name
+		return d.key, val
+	})
+	if err := flagK.Load(prov, nil); err != nil {
+		return nil, nil, nil, fmt.Errorf("reading flags: %w", err)
 	}
+	return flagK, flagNames, probs, nil
+}
 
-	out := &Loaded{Config: Default(), Sources: map[string]Source{}, File: path, Warnings: warnings}
-	if path != "" {
-		out.FileSource = pathSrc
-	}
+// layers is what the layers say about each key: where it was set and the
+// merged value.
+type layers struct {
+	path        string
+	fileLines   map[string]fileLeaf
+	envK, flagK *koanf.Koanf
+	envNames    map[string]string
+	flagNames   map[string]string
+	merged      *koanf.Koanf
+}
+
+// assign gives each key of out.Config its value and out.Sources its source;
+// skip holds the keys whose value was refused (validate passes them over).
+func (l layers) assign(defs []keyDef, out *Loaded, environ []string) (skip map[string]bool, probs []Problem) {
 	// l2.adapters is checked field by field as it is read, each problem
 	// with its own source.
-	skip := map[string]bool{KeyAdapters: true}
+	skip = map[string]bool{KeyAdapters: true}
 	for _, d := range defs {
 		var src Source
 		switch {
-		case flagNames[d.key] != "":
-			src = Source{Kind: SourceFlag, Detail: flagNames[d.key]}
-		case envNames[d.key] != "":
-			src = Source{Kind: SourceEnv, Detail: envNames[d.key]}
-		case fileLines[d.key].line > 0:
-			src = Source{Kind: SourceFile, Detail: fmt.Sprintf("%s:%d", path, fileLines[d.key].line)}
+		case l.flagNames[d.key] != "":
+			src = Source{Kind: SourceFlag, Detail: l.flagNames[d.key]}
+		case l.envNames[d.key] != "":
+			src = Source{Kind: SourceEnv, Detail: l.envNames[d.key]}
+		case l.fileLines[d.key].line > 0:
+			src = Source{Kind: SourceFile, Detail: fmt.Sprintf("%s:%d", l.path, l.fileLines[d.key].line)}
 		default:
 			out.Sources[d.key] = Source{Kind: SourceDefault}
 			continue
@@ -194,22 +258,22 @@ func Load(opts LoadOptions) (*Loaded, error) {
 			var v any
 			switch src.Kind {
 			case SourceFlag:
-				v = flagK.Get(d.key)
+				v = l.flagK.Get(d.key)
 			case SourceEnv:
-				v = envK.Get(d.key)
+				v = l.envK.Get(d.key)
 			}
-			list, aprobs := loadAdapters(v, src, path, fileLines[d.key].items, opts.Environ)
+			list, aprobs := loadAdapters(v, src, l.path, l.fileLines[d.key].items, environ)
 			out.Config.L2.Adapters = list
 			probs = append(probs, aprobs...)
 			continue
 		}
-		v := merged.Get(d.key)
+		v := l.merged.Get(d.key)
 		if src.Kind == SourceFile && v != nil {
 			// A string key keeps the text as written: YAML would make
 			// "token: 0x1F" the number 31.
 			switch d.field(&out.Config).(type) {
 			case *string, **string:
-				v = fileLines[d.key].raw
+				v = l.fileLines[d.key].raw
 			}
 		}
 		if reason := assign(d.field(&out.Config), v); reason != "" {
@@ -223,13 +287,7 @@ func Load(opts LoadOptions) (*Loaded, error) {
 		}
 		d.canon(&out.Config)
 	}
-	probs = append(probs, validate(out.Config, out.Sources, skip)...)
-	if len(probs) > 0 {
-		// The values come back too: a client such as kvdock ctl reads the
-		// few keys it needs even when keys it does not use are broken.
-		return out, &ValidationError{Problems: probs}
-	}
-	return out, nil
+	return skip, probs
 }
 
 func derefField(ptr any) any {

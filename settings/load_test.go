@@ -475,7 +475,7 @@ func TestKeysGetSet(t *testing.T) {
 	fs := pflag.NewFlagSet("x", pflag.ContinueOnError)
 	settings.RegisterFlags(fs)
 	keys := settings.Keys()
-	if len(keys) != len(settings.KeyNames()) || len(keys) != 57 {
+	if len(keys) != len(settings.KeyNames()) || len(keys) != 58 {
 		t.Fatalf("%d keys", len(keys))
 	}
 	def := settings.Default()

@@ -58,10 +58,13 @@ type dataPlane struct {
 	// handover is what the keeping stop's wire server handover did, for
 	// the record (set before the plane closes).
 	handover restart.Handover
-	// kv keeps the KV event stream's announced set, kvPub publishes it;
-	// both nil when kv_events.endpoint is empty.
+	// kv keeps the announced set (nil when neither the stream nor the poll
+	// log is on); kvPub publishes it (nil when kv_events.endpoint is empty).
 	kv    *kvevents.Tracker
 	kvPub *kvevents.Publisher
+	// kvLog is LMCache's poll channel (POLL_KV_EVENTS), fed by kv; nil
+	// when kv_events.log_size is 0.
+	kvLog *kvevents.Log
 }
 
 // gate admits handlers until it is shut and says when the last one left.
@@ -171,7 +174,7 @@ func (e *Engine) buildDataPlane(cfg settings.Config) (*dataPlane, error) {
 	plan := nongpu.PlanSegment(cfg.Server, cfg.L1, e.opts.PID, shmNameSource(e.sources))
 	est := whatif.New(whatif.Options{PoolBytes: cfg.L1.SizeBytes()})
 	ghost := misses.NewGhost(misses.DefaultGhostEntries)
-	kv := newKVTracker(cfg)
+	kv, kvLog := newKVTracker(cfg)
 	pool, adopted, err := e.openPool(cfg, l1.Options{
 		Size:      cfg.L1.SizeBytes(),
 		Align:     int64(cfg.L1.AlignBytes),
@@ -214,8 +217,9 @@ func (e *Engine) buildDataPlane(cfg settings.Config) (*dataPlane, error) {
 		hook:     e.handlerHook,
 		adoption: adopted,
 		kv:       kv,
+		kvLog:    kvLog,
 	}
-	if kv != nil {
+	if cfg.KVEvents.Endpoint != "" {
 		if p.kvPub, err = startKVPublisher(cfg, kv, e.log); err != nil {
 			_ = pool.Close()
 			return nil, err

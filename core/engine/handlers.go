@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"kvdock/core/keys"
+	"kvdock/core/kvevents"
 	"kvdock/core/lookup"
 	"kvdock/core/protocol"
 	"kvdock/core/rpc"
@@ -65,7 +66,8 @@ func waitArgs(req *rpc.Request) (string, time.Duration, error) {
 
 // handlers are the lookup and management modules (the transfer module brings
 // its own), by canonical request name.
-func (e *Engine) handlers(cfg settings.Config, p *dataPlane) map[string]rpc.Handler {
+// polls names the tables of this start that serve POLL_KV_EVENTS.
+func (e *Engine) handlers(cfg settings.Config, p *dataPlane, polls map[string]bool) map[string]rpc.Handler {
 	chunk := int64(cfg.Server.ChunkSize)
 	h := map[string]rpc.Handler{
 		protocol.Lookup: func(_ context.Context, req *rpc.Request) (any, error) {
@@ -127,9 +129,21 @@ func (e *Engine) handlers(cfg settings.Config, p *dataPlane) map[string]rpc.Hand
 		},
 		protocol.GetChunkSize: func(context.Context, *rpc.Request) (any, error) { return chunk, nil },
 		protocol.Noop:         func(context.Context, *rpc.Request) (any, error) { return "OK", nil },
-		// No experimental intermediate-tensor transfer is served: the empty
-		// list upstream answers when none is enabled (controller.py @ 08c7d2fa).
-		protocol.GetExperimental: func(context.Context, *rpc.Request) (any, error) { return []string{}, nil },
+		// No experimental intermediate-tensor transfer is served (the empty
+		// list upstream answers when none is enabled, controller.py @
+		// 08c7d2fa); the poll channel is named to peers of a table that
+		// serves POLL_KV_EVENTS, and only once the peer's table is known: a
+		// worker that polls a table without it would wait for answers that
+		// never come.
+		protocol.GetExperimental: func(_ context.Context, req *rpc.Request) (any, error) {
+			if p.kvLog != nil && req.Spec != nil && polls[req.Spec.Profile] && !req.Tentative {
+				return []string{kvevents.Capability}, nil
+			}
+			return []string{}, nil
+		},
+		protocol.PollKVEvents: func(_ context.Context, req *rpc.Request) (any, error) {
+			return pollKVEvents(p.kvLog, req)
+		},
 		protocol.Ping: func(_ context.Context, req *rpc.Request) (any, error) {
 			return ping(p, req)
 		},
@@ -181,4 +195,68 @@ func ping(p *dataPlane, req *rpc.Request) (any, error) {
 		return true, nil
 	}
 	return nil, req.Arity(1)
+}
+
+// pollTables names the tables among profile and detect (--protocol auto)
+// that serve POLL_KV_EVENTS.
+func pollTables(profile *protocol.Profile, detect []*protocol.Profile) map[string]bool {
+	out := map[string]bool{}
+	for _, p := range append([]*protocol.Profile{profile}, detect...) {
+		if _, ok := p.ByName(protocol.PollKVEvents); ok {
+			out[p.Name] = true
+		}
+	}
+	return out
+}
+
+// pollKVEvents answers POLL_KV_EVENTS [model_name, cursor, max_events]
+// (protocols/kv_events.py @ 593e6c13): the log's records of model_name
+// after cursor. A negative cursor or a max_events below 1 is refused, as
+// upstream's ValueError; a larger max_events than kvevents.MaxPollEvents is
+// clipped. With the log off the answer is enabled=false, on which
+// upstream's poller stops for good.
+func pollKVEvents(log *kvevents.Log, req *rpc.Request) (any, error) {
+	if err := req.Arity(3); err != nil {
+		return nil, err
+	}
+	model, err := req.Str(0)
+	if err != nil {
+		return nil, err
+	}
+	cursor, err := req.Int(1)
+	if err != nil {
+		return nil, err
+	}
+	maxEvents, err := req.Int(2)
+	if err != nil {
+		return nil, err
+	}
+	if cursor < 0 {
+		return nil, fmt.Errorf("%s: cursor %d, want >= 0", req.Name, cursor)
+	}
+	if maxEvents < 1 {
+		return nil, fmt.Errorf("%s: max_events %d, want >= 1", req.Name, maxEvents)
+	}
+	out := protocol.KVEventPollResult{Events: []protocol.KVEventRecord{}}
+	if log == nil {
+		return out, nil
+	}
+	r := log.Read(uint64(cursor), model, int(min(maxEvents, kvevents.MaxPollEvents)))
+	out.Enabled, out.Incarnation, out.NextCursor, out.Lost = true, r.Incarnation, int64(r.NextCursor), r.Lost
+	for _, e := range r.Events {
+		rec := protocol.KVEventRecord{Seq: int64(e.Seq), Kind: "removed", Medium: e.Medium, Model: e.Model,
+			Hashes: make([][32]byte, len(e.Hashes)), BlockSize: int64(log.BlockSize())}
+		for i, h := range e.Hashes {
+			rec.Hashes[i] = h
+		}
+		if e.Stored {
+			rec.Kind, rec.TokenIDs = "stored", e.Tokens
+			if e.HasParent {
+				parent := [32]byte(e.Parent)
+				rec.Parent = &parent
+			}
+		}
+		out.Events = append(out.Events, rec)
+	}
+	return out, nil
 }

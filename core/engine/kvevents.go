@@ -3,23 +3,33 @@ package engine
 import (
 	"log/slog"
 	"os"
+	"time"
 
 	"kvdock/core/kvevents"
 	"kvdock/settings"
 )
 
-// newKVTracker returns the KV event stream's tracker, nil when the stream
-// is off. It lives with the data plane: it mirrors the pool, and a new pool
-// starts a new stream (seq 0, which a router takes as a reset of the pod).
-func newKVTracker(cfg settings.Config) *kvevents.Tracker {
+// newKVTracker returns the tracker of the announced set, nil when neither
+// the KV event stream nor the poll log is on, and the poll log, nil when it
+// is off. They live with the data plane: they mirror the pool, and a new
+// pool starts a new stream (seq 0, which a router takes as a reset of the
+// pod) and a new log (seq from 1 under a new incarnation, which LMCache's
+// poller takes as a restart of the server).
+func newKVTracker(cfg settings.Config) (*kvevents.Tracker, *kvevents.Log) {
 	c := cfg.KVEvents
-	if c.Endpoint == "" {
-		return nil
+	var log *kvevents.Log
+	if c.LogSize > 0 {
+		// Wall-clock nanoseconds, as upstream's time.time_ns(): differs
+		// from every earlier process's and plane's.
+		log = kvevents.NewLog(c.LogSize, cfg.Server.ChunkSize, time.Now().UnixNano())
+	}
+	if c.Endpoint == "" && log == nil {
+		return nil, nil
 	}
 	return kvevents.New(kvevents.Options{
 		Medium: c.MediumL1, BlockSize: cfg.Server.ChunkSize, EventBlockSize: c.BlockSize, Array: c.Encoding == "array",
-		BufferSteps: c.BufferSteps,
-	})
+		BufferSteps: c.BufferSteps, Log: log, NoStream: c.Endpoint == "",
+	}), log
 }
 
 // startKVPublisher binds (or connects) the stream's sockets.
@@ -77,15 +87,40 @@ type KVEventsStatus struct {
 	ReplayRequests uint64 `json:"replay_requests"`
 	ReplayBad      uint64 `json:"replay_bad"`
 	ReplayBatches  uint64 `json:"replay_batches"`
+	// Log is LMCache's poll channel (POLL_KV_EVENTS), on or off apart
+	// from the stream.
+	Log KVEventLogStatus `json:"log"`
 }
 
-// kvStatus reads the stream's counters.
+// KVEventLogStatus is the poll log's block of /status kv_events, named as
+// upstream's report_status names the same figures where it has them.
+type KVEventLogStatus struct {
+	Enabled     bool   `json:"enabled"`
+	Incarnation int64  `json:"incarnation,omitempty"`
+	Depth       int    `json:"log_depth"`
+	Capacity    int    `json:"log_capacity"`
+	NextSeq     uint64 `json:"next_seq"`
+	Trimmed     uint64 `json:"trimmed"`
+	Polls       uint64 `json:"polls"`
+	LostAnswers uint64 `json:"lost_answers"`
+}
+
+// kvStatus reads the stream's counters and the poll log's.
 func (p *dataPlane) kvStatus(cfg settings.Config) KVEventsStatus {
 	if p == nil || p.kv == nil {
 		return KVEventsStatus{}
 	}
+	var lg KVEventLogStatus
+	if p.kvLog != nil {
+		ls := p.kvLog.Stats()
+		lg = KVEventLogStatus{Enabled: true, Incarnation: ls.Incarnation, Depth: ls.Depth, Capacity: ls.Capacity,
+			NextSeq: ls.NextSeq, Trimmed: ls.Trimmed, Polls: ls.Polls, LostAnswers: ls.LostAnswers}
+	}
+	if cfg.KVEvents.Endpoint == "" {
+		return KVEventsStatus{Log: lg}
+	}
 	s := p.kv.Stats()
-	out := KVEventsStatus{Enabled: true, Endpoint: cfg.KVEvents.Endpoint, Connect: cfg.KVEvents.Connect,
+	out := KVEventsStatus{Log: lg, Enabled: true, Endpoint: cfg.KVEvents.Endpoint, Connect: cfg.KVEvents.Connect,
 		ReplayEndpoint: cfg.KVEvents.ReplayEndpoint, Announced: s.Announced, Held: s.Held, Batches: s.Batches,
 		StoredEvents: s.StoredEvents, RemovedEvents: s.RemovedEvents, Dropped: s.Dropped, Queued: s.Queued,
 		Buffered: s.Buffered, NextSeq: s.NextSeq}

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 	"slices"
 	"testing"
 
@@ -85,17 +86,19 @@ func TestWaitPrefetchStatusOverTheWire(t *testing.T) {
 }
 
 // TestGetExperimentalAnswersNone: both frozen-number profiles answer
-// GET_EXPERIMENTAL with no experimental transfer types.
+// GET_EXPERIMENTAL with no experimental transfer types; engine-driven-v2,
+// which serves POLL_KV_EVENTS, names the poll channel (its log is on by
+// default), rpc-messages, which does not, never does.
 func TestGetExperimentalAnswersNone(t *testing.T) {
-	for _, prof := range []string{"engine-driven-v2", "rpc-messages"} {
+	for prof, want := range map[string]string{"engine-driven-v2": "[kv_events]", "rpc-messages": "[]"} {
 		cfg, _ := testConfig(t)
 		cfg.Server.Protocol = prof
 		startEngine(t, cfg)
 		c := dial(t, cfg.Server.Port, prof)
 		r, err := c.Call(context.Background(), protocol.GetExperimental)
 		var names []string
-		if err != nil || r.Decode(&names) != nil || names == nil || len(names) != 0 {
-			t.Errorf("%s: GET_EXPERIMENTAL %+v %v %v", prof, r, err, names)
+		if err != nil || r.Decode(&names) != nil || names == nil || fmt.Sprint(names) != want {
+			t.Errorf("%s: GET_EXPERIMENTAL %+v %v %v, want %s", prof, r, err, names, want)
 		}
 	}
 }

@@ -72,7 +72,7 @@ func (e *Engine) startWireServer(cfg settings.Config, p *dataPlane) (*wireServer
 	}
 	// The plane outlives a restart: its pickle gate takes this start's limit.
 	p.transfer.SetMaxInflightPickle(opts.InFlightBytes)
-	for name, h := range e.handlers(cfg, p) {
+	for name, h := range e.handlers(cfg, p, pollTables(profile, detect)) {
 		srv.Handle(name, h)
 	}
 	// Bind here, so a bind error is returned to the caller and nothing runs;

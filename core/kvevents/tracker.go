@@ -1,7 +1,9 @@
 // Package kvevents keeps what kvdock announces to cache-aware routers
 // (llm-d's indexer, Dynamo's KV router, vLLM's subscriber) in vLLM's KV event
 // stream: the announced set of the L1 medium, the batches that change it and
-// the bounded replay buffer of published batches.
+// the bounded replay buffer of published batches; and, fed by the same
+// announced set, the bounded log LMCache's vLLM connector polls
+// (POLL_KV_EVENTS, log.go).
 //
 // The announced set is the usable set: a chunk is announced once every object
 // of it (every rank, every KV group) is committed and its parent chunk is
@@ -63,6 +65,12 @@ type Options struct {
 	// DataParallelRank is the batch's last field.
 	DataParallelRank int
 	Now              func() time.Time
+	// Log, when set, receives every chunk entering or leaving the
+	// announced set (LMCache's poll channel, log.go).
+	Log *Log
+	// NoStream keeps the announced set for Log alone: no event is queued
+	// for a publisher (there is none).
+	NoStream bool
 }
 
 // Commit is one committed batch of a store: the chunks [Start, End) of one
@@ -283,6 +291,7 @@ func (t *Tracker) Cleared() {
 	for ek, n := range t.nodes {
 		if n.announced {
 			n.announced = false
+			t.logWithdrawn(ek)
 			t.unwire(ek)
 		}
 	}
@@ -378,6 +387,7 @@ func (t *Tracker) tryAnnounce(ek ekey) {
 		n.announced = true
 		t.st.Announced++
 		t.st.Held--
+		t.logAnnounced(e, n)
 		t.wireUp(e, n)
 		for _, c := range t.kids[e] {
 			stack = append(stack, ekey{model: e.model, salt: e.salt, h: c})
@@ -398,6 +408,7 @@ func (t *Tracker) unannounce(ek ekey) {
 		n.announced = false
 		t.st.Announced--
 		t.st.Held++ // whole still; lostLocked corrects the chunk that was not
+		t.logWithdrawn(e)
 		t.unwire(e)
 		for _, c := range t.kids[e] {
 			stack = append(stack, ekey{model: e.model, salt: e.salt, h: c})
@@ -433,6 +444,9 @@ func (t *Tracker) blocks(e ekey, n *node) (bs []keys.Hash, parent keys.Hash, has
 // a suffix of the chunk's blocks, since a block shared with another
 // announced chunk has its leading blocks shared too.
 func (t *Tracker) wireUp(e ekey, n *node) {
+	if t.opt.NoStream {
+		return
+	}
 	bs, parent, hasParent := t.blocks(e, n)
 	first := len(bs)
 	for i, b := range bs {
@@ -459,6 +473,9 @@ func (t *Tracker) wireUp(e ekey, n *node) {
 // unwire drops one announcement of each of e's blocks and emits the
 // removal of those no announced chunk holds any more.
 func (t *Tracker) unwire(e ekey) {
+	if t.opt.NoStream {
+		return
+	}
 	n := t.nodes[e]
 	bs := []keys.Hash{e.h}
 	if t.split != nil && n != nil {

@@ -129,8 +129,12 @@ func (k Key) AppendMsgpack(b []byte) []byte {
 
 // PickleReplySize is the exact size AppendPickleRetrieveReply writes for a
 // pickle of n bytes.
-func PickleReplySize(n int) int {
-	// fixmap(3) + "success" + bool + "data" + bin header + n + "context" + fixmap(0)
+func PickleReplySize(n int) int { return RetrieveReplySize(n, 1) }
+
+// RetrieveReplySize is the exact size AppendRetrieveReply writes for a
+// pickle of n bytes and an encoded context of ctxLen bytes.
+func RetrieveReplySize(n, ctxLen int) int {
+	// fixmap(3) + "success" + bool + "data" + bin header + n + "context" + context
 	hdr := 5
 	switch {
 	case n <= math.MaxUint8:
@@ -138,7 +142,7 @@ func PickleReplySize(n int) int {
 	case n <= math.MaxUint16:
 		hdr = 3
 	}
-	return 1 + 8 + 1 + 5 + hdr + n + 8 + 1
+	return 1 + 8 + 1 + 5 + hdr + n + 8 + ctxLen
 }
 
 // AppendPickleRetrieveReply writes a successful PREPARE_RETRIEVE reply whose
@@ -146,6 +150,15 @@ func PickleReplySize(n int) int {
 // same document PrepareRetrieveResponse{Success: true, Data: …} encodes to.
 // With dst's spare capacity at least PickleReplySize(n) nothing is reallocated.
 func AppendPickleRetrieveReply(dst []byte, n int, fill func([]byte) ([]byte, error)) ([]byte, error) {
+	return AppendRetrieveReply(dst, n, fill, nil)
+}
+
+// AppendRetrieveReply is AppendPickleRetrieveReply with the reply's context
+// given as its encoding (ctx, from AppendContext; nil: the empty map): the
+// document PrepareRetrieveResponse{Success: true, Data: …, Slots: …} encodes
+// to. With dst's spare capacity at least RetrieveReplySize(n, len(ctx))
+// nothing is reallocated.
+func AppendRetrieveReply(dst []byte, n int, fill func([]byte) ([]byte, error), ctx []byte) ([]byte, error) {
 	dst = appendMapLen(dst, 3)
 	dst = append(appendStr(dst, "success"), msgpcode.True)
 	dst = appendStr(dst, "data")
@@ -160,6 +173,9 @@ func AppendPickleRetrieveReply(dst []byte, n int, fill func([]byte) ([]byte, err
 	if got := len(dst) - start; got != n {
 		return nil, fmt.Errorf("pickle reply: data of %d bytes, header says %d", got, n)
 	}
-	dst = appendMapLen(appendStr(dst, "context"), 0)
-	return dst, nil
+	dst = appendStr(dst, "context")
+	if ctx == nil {
+		return appendMapLen(dst, 0), nil
+	}
+	return append(dst, ctx...), nil
 }

@@ -90,6 +90,31 @@ func TestPickleRetrieveReplyMatchesEncoder(t *testing.T) {
 	}
 }
 
+// TestRetrieveReplyWithSlotsMatchesEncoder: a reply carrying both the
+// pickled chunks and the slots (an SHM instance not yet proven to map the
+// segment) is the document the encoder writes for both fields.
+func TestRetrieveReplyWithSlotsMatchesEncoder(t *testing.T) {
+	slots := []protocol.Slot{{Offset: 0, Length: 64, Shape: []int{2, 4}, Dtype: "float16"}, {Offset: 4096, Length: 64, Shape: []int{2, 4}, Dtype: "float16"}}
+	for _, r := range []protocol.PrepareRetrieveResponse{
+		{Success: true, Slots: slots},
+		{Success: true, Slots: slots, GroupIDs: []int{0, 1}},
+	} {
+		data := bytes.Repeat([]byte{0xab}, 300)
+		r.Data = data
+		want := mustEncode(t, r)
+		ctx, err := r.AppendContext(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		size := protocol.RetrieveReplySize(len(data), len(ctx))
+		got, err := protocol.AppendRetrieveReply(make([]byte, 0, size), len(data),
+			func(b []byte) ([]byte, error) { return append(b, data...), nil }, ctx)
+		if err != nil || !bytes.Equal(got, want) || len(got) != size {
+			t.Errorf("groups %v: reply %x (%v), want %x (size %d)", r.GroupIDs, got, err, want, size)
+		}
+	}
+}
+
 // keyWithTokens builds a key frame whose token_ids value is raw.
 func keyWithTokens(raw []byte) []byte {
 	return rawMap("model_name", strRaw("m"), "world_size", 1, "token_ids", raw, "start", 0, "end", 2,

@@ -39,6 +39,7 @@ const (
 	ResultPrepareRetrieve  = "prepare_retrieve_response"
 	ResultOptRegisterReply = "register_response?"
 	ResultStrList          = "list[str]"
+	ResultKVEventPoll      = "kv_event_poll_result"
 )
 
 func knownPayloadType(t string) bool {
@@ -52,7 +53,7 @@ func knownPayloadType(t string) bool {
 func knownResultType(t string) bool {
 	switch t {
 	case ResultNone, ResultInt, ResultOptInt, ResultBool, ResultStr, ResultRegister,
-		ResultPrepareStore, ResultPrepareRetrieve, ResultOptRegisterReply, ResultStrList:
+		ResultPrepareStore, ResultPrepareRetrieve, ResultOptRegisterReply, ResultStrList, ResultKVEventPoll:
 		return true
 	}
 	return false

@@ -34,7 +34,8 @@ func msgSpec(t *testing.T, p *protocol.Profile, num int64) *protocol.Spec {
 }
 
 // TestFrozenTables pins the newest profile and the last frames era to
-// upstream's frozen wire ids (tests/v1/multiprocess/test_protocols.py @ 00e8c126).
+// upstream's frozen wire ids (tests/v1/multiprocess/test_protocols.py @
+// 00e8c126; POLL_KV_EVENTS: protocols/base.py @ 593e6c13).
 func TestFrozenTables(t *testing.T) {
 	for _, name := range []string{"rpc-messages", "engine-driven-v2"} {
 		p := loadProfile(t, name)
@@ -60,6 +61,11 @@ func checkFrozen(t *testing.T, p *protocol.Profile) {
 		"UNREGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT": 15, "PREPARE_STORE": 16, "COMMIT_STORE": 17,
 		"PREPARE_RETRIEVE": 18, "COMMIT_RETRIEVE": 19, "CLEAR": 20, "GET_CHUNK_SIZE": 21, "PING": 22,
 		"REPORT_BLOCK_ALLOCATION": 23, "NOOP": 24, "GET_EXPERIMENTAL": 32}
+	if p.Name == "engine-driven-v2" {
+		// The KV event poll channel, appended after CB_PROTOCOL_HANDSHAKE
+		// (33) in protocols/base.py @ 593e6c13.
+		frozen["POLL_KV_EVENTS"] = 34
+	}
 	if len(p.Requests) != len(frozen) {
 		t.Fatalf("%d requests, want %d", len(p.Requests), len(frozen))
 	}

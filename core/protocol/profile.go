@@ -42,6 +42,7 @@ const (
 	ReportBlockAllocation          = "REPORT_BLOCK_ALLOCATION"
 	Noop                           = "NOOP"
 	GetExperimental                = "GET_EXPERIMENTAL"
+	PollKVEvents                   = "POLL_KV_EVENTS"
 )
 
 // CanonicalNames lists every canonical handler name.
@@ -50,7 +51,7 @@ func CanonicalNames() []string {
 		QueryPrefetchStatus, WaitPrefetchStatus, QueryPrefetchLookupHits, FreeLookupLocks, EndSession,
 		RegisterKVCacheNonGPUContext, UnregisterKVCacheNonGPUContext, PrepareStore,
 		CommitStore, CommitStoreGroup, PrepareRetrieve, CommitRetrieve, Clear,
-		GetChunkSize, Ping, ReportBlockAllocation, Noop, GetExperimental}
+		GetChunkSize, Ping, ReportBlockAllocation, Noop, GetExperimental, PollKVEvents}
 }
 
 // Class is where a request runs (spec 1.5).

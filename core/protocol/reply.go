@@ -41,6 +41,8 @@ func DecodeResult(result string, frame []byte, lim Limits) (any, error) {
 		return DecodePrepareStoreResponse(frame, lim)
 	case ResultPrepareRetrieve:
 		return DecodePrepareRetrieveResponse(frame, lim)
+	case ResultKVEventPoll:
+		return DecodeKVEventPollResult(frame, lim)
 	case ResultNone:
 		return nil, fmt.Errorf("result %q carries no frame, got %d bytes", result, len(frame))
 	}

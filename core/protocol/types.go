@@ -1,6 +1,7 @@
 package protocol
 
 import (
+	"bytes"
 	"fmt"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -242,6 +243,19 @@ type PrepareRetrieveResponse struct {
 	GroupIDs []int
 }
 
+// AppendContext appends the encoding of the reply's context (its slots and
+// group ids; the empty map without slots), as EncodeMsgpack writes it.
+func (r PrepareRetrieveResponse) AppendContext(b []byte) ([]byte, error) {
+	var buf bytes.Buffer
+	e := msgpack.NewEncoder(&buf)
+	w := fieldWriter{e: e}
+	r.encodeContext(&w)
+	if w.err != nil {
+		return nil, w.err
+	}
+	return append(b, buf.Bytes()...), nil
+}
+
 // EncodeMsgpack writes the three fields in declaration order; Data is always bin.
 func (r PrepareRetrieveResponse) EncodeMsgpack(e *msgpack.Encoder) error {
 	if err := e.EncodeMapLen(3); err != nil {
@@ -258,19 +272,24 @@ func (r PrepareRetrieveResponse) EncodeMsgpack(e *msgpack.Encoder) error {
 	}
 	w.err1(e.EncodeBytes(data))
 	w.key("context")
-	if r.Slots == nil {
-		w.err1(e.EncodeMapLen(0))
-		return w.err
-	}
-	if r.GroupIDs != nil {
-		w.err1(e.EncodeMapLen(2))
+	r.encodeContext(&w)
+	return w.err
+}
+
+// encodeContext writes the context map: {} without slots, else the slots
+// (and the group ids of a hybrid model's).
+func (r PrepareRetrieveResponse) encodeContext(w *fieldWriter) {
+	switch {
+	case r.Slots == nil:
+		w.err1(w.e.EncodeMapLen(0))
+	case r.GroupIDs != nil:
+		w.err1(w.e.EncodeMapLen(2))
 		w.slots(r.Slots)
 		w.groupIDs(r.GroupIDs)
-		return w.err
+	default:
+		w.err1(w.e.EncodeMapLen(1))
+		w.slots(r.Slots)
 	}
-	w.err1(e.EncodeMapLen(1))
-	w.slots(r.Slots)
-	return w.err
 }
 
 // BlockAllocationRecord is one REPORT_BLOCK_ALLOCATION record (spec 2.3).

@@ -128,6 +128,9 @@ type Stats struct {
 	// RefusedUnregisters counts UNREGISTERs refused because they came from
 	// another peer than the live one that registered the instance.
 	RefusedUnregisters int64
+	// ForeignCommits counts commits refused because another peer prepared
+	// the transfer they name.
+	ForeignCommits int64
 	// Unknown counts transfer requests naming an instance that is not
 	// registered, answered with the request's failure reply.
 	Unknown int64

@@ -14,6 +14,7 @@ import (
 	gozmq "github.com/go-zeromq/zmq4"
 	"github.com/vmihailenco/msgpack/v5"
 
+	"kvdock/core/engine"
 	"kvdock/core/keys"
 	"kvdock/core/kvevents"
 	"kvdock/core/testkit/httpjson"
@@ -203,6 +204,8 @@ type kvEventsStatus struct {
 		Queued  int    `json:"queued"`
 		Dropped uint64 `json:"dropped"`
 		Sent    uint64 `json:"sent"`
+		// Log is the POLL_KV_EVENTS log's block (kvevents_poll_test.go).
+		Log engine.KVEventLogStatus `json:"log"`
 	} `json:"kv_events"`
 	Pool struct {
 		Evictions  uint64  `json:"evictions"`

@@ -102,6 +102,33 @@ func TestMixedSHMAndPickleWorkersShareChunks(t *testing.T) {
 	}
 }
 
+// TestWorkersOnAWarmCacheReceiveWhatIsCounted: on a cache another SHM
+// worker warmed, a new pickle worker (one that could not attach the
+// segment, indistinguishable from an SHM one until it stores) and a new
+// SHM worker each retrieve the stored prompt three times and receive its
+// bytes; each is counted exactly the chunks it received.
+func TestWorkersOnAWarmCacheReceiveWhatIsCounted(t *testing.T) {
+	srv := harness.Start(t, "--chunk-size", "16")
+	res := worker(t, srv, "warm", map[string]any{"model": "warm", "dtype": "float16", "layers": 2, "hidden": 16, "chunks": 2, "rounds": 3})
+	if modes(res) != "[pickle shm]" {
+		t.Fatalf("modes %v", res["modes"])
+	}
+	got, _ := res["received"].(map[string]any)
+	if got["pickle"] != float64(6) || got["shm"] != float64(6) {
+		t.Fatalf("chunks received %v, want 6 each", got)
+	}
+	st := status(t, srv)
+	for _, id := range []int64{2102, 2103} {
+		c, ok := contextStatus(st, id)
+		if !ok {
+			t.Fatalf("instance %d not in /status", id)
+		}
+		if c.HitChunks != 6 || c.Retrieves != 3 {
+			t.Errorf("instance %d counted %d hit chunks in %d retrieves, received 6 in 3", id, c.HitChunks, c.Retrieves)
+		}
+	}
+}
+
 // TestMaliciousPicklesRejected: pickles that would run code under Python's
 // loader are refused (not answered, as the seed profile drops errors),
 // counted as COMMIT_STORE handler errors, store nothing, and the log names

@@ -4,11 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 
 	"kvdock/core/protocol"
 	"kvdock/core/rpc"
-	"kvdock/core/workers"
 )
 
 // Handlers returns the module's request handlers keyed by canonical name.
@@ -54,7 +52,7 @@ func (m *Module) Handlers() map[string]rpc.Handler {
 				return nil, err
 			}
 			defer m.begin(id, req.Peer)()
-			resp, err := m.PrepareStore(k, id)
+			resp, err := m.prepareStore(k, id, req.Peer)
 			if n, ok := m.pickleStoreBytes(k, id); ok && err == nil {
 				// Answered once its chunks fit the in-flight pickle bytes: the
 				// worker sends them only after this reply.
@@ -79,7 +77,7 @@ func (m *Module) Handlers() map[string]rpc.Handler {
 				// refused) once this returns.
 				defer m.gate.committed(id)
 			}
-			return m.CommitStore(k, id, data)
+			return m.commitStore(k, id, data, req.Peer)
 		})),
 		protocol.CommitStoreGroup: m.reporting(m.notRegistered(false, func(_ context.Context, req *rpc.Request) (any, error) {
 			k, id, err := keyAndInstance(req, 4)
@@ -95,14 +93,14 @@ func (m *Module) Handlers() map[string]rpc.Handler {
 				return nil, err
 			}
 			defer m.begin(id, req.Peer)()
-			return m.CommitStoreGroup(k, id, group, data)
+			return m.commitStoreGroup(k, id, group, data, req.Peer)
 		})),
 		protocol.PrepareRetrieve: m.reporting(m.notRegistered(protocol.PrepareRetrieveResponse{}, func(_ context.Context, req *rpc.Request) (any, error) {
 			k, id, err := keyAndInstance(req, 2)
 			if err != nil {
 				return nil, err
 			}
-			if n, ok := m.pickleStoreBytes(k, id); ok {
+			if n, ok := m.retrieveReplyBytes(k, id); ok {
 				// Prepared and answered once its reply fits the in-flight
 				// pickle bytes; the ticket comes back when libzmq has
 				// written the reply. The key's tokens are the request's
@@ -113,7 +111,7 @@ func (m *Module) Handlers() map[string]rpc.Handler {
 				name, peer := req.Name, string(req.Peer) // the frames end with the handler
 				m.gate.acquireRetrieve(id, n+retrieveReplySlack, func(charge *rpc.HeldBytes) {
 					defer end()
-					res, err := m.prepareRetrieveReply(k, id, func(n int) ([]byte, error) { return later.ReplyBuffer(n, charge) })
+					res, err := m.prepareRetrieveReply(k, id, []byte(peer), func(n int) ([]byte, error) { return later.ReplyBuffer(n, charge) })
 					if errors.Is(err, ErrNotRegistered) {
 						// Unregistered while it waited for the gate.
 						res, err = m.answerUnregistered(name, id, []byte(peer), protocol.PrepareRetrieveResponse{}), nil
@@ -127,7 +125,7 @@ func (m *Module) Handlers() map[string]rpc.Handler {
 				return nil, nil
 			}
 			defer m.begin(id, req.Peer)()
-			return m.prepareRetrieveReply(k, id, req.ReplyBuffer)
+			return m.prepareRetrieveReply(k, id, req.Peer, req.ReplyBuffer)
 		})),
 		protocol.CommitRetrieve: m.reporting(m.notRegistered(false, func(_ context.Context, req *rpc.Request) (any, error) {
 			k, id, err := keyAndInstance(req, 2)
@@ -135,7 +133,7 @@ func (m *Module) Handlers() map[string]rpc.Handler {
 				return nil, err
 			}
 			defer m.begin(id, req.Peer)()
-			return m.CommitRetrieve(k, id)
+			return m.commitRetrieve(k, id, req.Peer)
 		})),
 	}
 }
@@ -161,13 +159,9 @@ func (m *Module) notRegistered(fail any, h rpc.Handler) rpc.Handler {
 // answerUnregistered counts a request of name for the unregistered instance
 // id from peer, reports it (at most once a second), and returns fail.
 func (m *Module) answerUnregistered(name string, id int64, peer []byte, fail any) any {
-	m.mu.Lock()
-	m.stats.Unknown++
-	m.mu.Unlock()
-	m.rateLimited("request/unregistered", func() {
-		m.event(workers.EventError, slog.LevelWarn, id, fmt.Sprintf(
-			"%s for instance %d from %s: not registered (never, or unregistered, reaped or removed since); answered as a failure",
-			name, id, peerText(string(peer))))
+	m.countAndWarn(&m.stats.Unknown, "request/unregistered", id, func() string {
+		return fmt.Sprintf("%s for instance %d from %s: not registered (never, or unregistered, reaped or removed since); answered as a failure",
+			name, id, peerText(string(peer)))
 	})
 	return fail
 }

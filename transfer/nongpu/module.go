@@ -141,9 +141,13 @@ type instance struct {
 	groups []layout.Layout
 	// layoutID is layout.ID(groups): every key of the instance names it,
 	// so its chunks are apart from other layouts' of the model.
-	layoutID   uint64
-	mode       workers.Mode
-	reason     string
+	layoutID uint64
+	mode     workers.Mode
+	reason   string
+	// shmProven: the worker committed an SHM store it wrote (or a restart
+	// restored the registration), so it maps the segment; until then its
+	// retrieve replies carry the data beside the slots (carriesData).
+	shmProven  bool
 	registered time.Time
 	last       time.Time
 	// peer is the ZMQ routing id that holds the instance: the one that
@@ -193,7 +197,13 @@ type pendingKey struct {
 // awaiting COMMIT_RETRIEVE (refs): readers of them, each answered reply,
 // until as many commits came.
 type pending struct {
-	inst    *instance
+	inst *instance
+	// peer is the ZMQ routing id that prepared it ("": unknown, or carried
+	// by a restart, when the worker reconnects under a new id): only that
+	// peer commits it, so an old worker whose instance id another peer
+	// registered again cannot publish (or release) the new one's transfer
+	// while it is still being written (or read).
+	peer    string
 	res     []l1.Reservation
 	refs    []l1.ReadRef
 	bytes   int64
@@ -203,6 +213,12 @@ type pending struct {
 	// carry is the entry's key as the next process matches it (carry.go):
 	// set for entries prepared while the stop carries transfers.
 	carry *pendingKey
+}
+
+// ownedBy reports whether a request from peer (nil: unknown, an
+// in-process caller) may end the entry.
+func (p *pending) ownedBy(peer []byte) bool {
+	return p.peer == "" || len(peer) == 0 || p.peer == string(peer)
 }
 
 // chunks is how many objects the entry holds.

@@ -182,3 +182,84 @@ func TestUnregisteredInstanceAnsweredAsFailure(t *testing.T) {
 		t.Fatal("a string instance id accepted")
 	}
 }
+
+// TestHostileLateCommitAfterReRegistration: worker A's instance id is
+// registered again from peer B (a new worker reusing the id); B prepares a
+// store and is still writing its slots when A's late COMMIT_STORE of the
+// same key arrives. A's commit must publish nothing (B's half-written slots
+// would be served as the key's bytes); B's own commit then publishes B's
+// bytes. The read side likewise: A's COMMIT_RETRIEVE must not end B's read
+// holds (the chunks could be evicted and their slots rewritten while B
+// copies them), and A's PREPARE_RETRIEVE of B's pending read is a miss.
+func TestHostileLateCommitAfterReRegistration(t *testing.T) {
+	e := newEnv(t, true, 1<<20)
+	hs := e.mod.Handlers()
+	call := func(peer, name string, args ...any) any {
+		t.Helper()
+		v, err := hs[name](context.Background(), &rpc.Request{Name: name, Args: args, Peer: []byte(peer)})
+		if err != nil {
+			t.Fatalf("%s from %s: %v", name, peer, err)
+		}
+		return v
+	}
+	if _, err := e.mod.RegisterThrough(payload(1), []byte("old"), ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.mod.RegisterThrough(payload(1), []byte("new"), ""); err != nil {
+		t.Fatal(err)
+	}
+	if s := e.mod.Stats(); s.Reused != 1 {
+		t.Fatalf("re-registration from another peer not taken as a new worker: %+v", s)
+	}
+	k := key(tokens(testChunk, 3000), 0, testChunk)
+	r := call("new", protocol.PrepareStore, k, int64(1)).(protocol.PrepareStoreResponse)
+	if len(r.Slots) != 1 {
+		t.Fatalf("new worker's prepare = %+v", r)
+	}
+	half := e.slotBytes(r.Slots[0])
+	fill(half[:len(half)/2], 0x5a) // B is half-way through its copy
+	b, release := e.pool.View(r.Slots[0].Offset, r.Slots[0].Length)
+	copy(b, half)
+	release()
+	if v := call("old", protocol.CommitStore, k, int64(1), []byte{}); v != false {
+		t.Fatalf("the old worker's late COMMIT_STORE answered %#v, want false", v)
+	}
+	if e.cached(k) != 0 {
+		t.Fatal("the old worker's late commit published the new worker's half-written slot")
+	}
+	if s := e.mod.Stats(); s.ForeignCommits != 1 || s.PendingWrites != 1 {
+		t.Fatalf("after the foreign commit: %+v; want 1 foreign commit and B's write still pending", s)
+	}
+	e.writeSlots(r.Slots, 0x77)
+	if v := call("new", protocol.CommitStore, k, int64(1), []byte{}); v != true {
+		t.Fatalf("the new worker's own commit answered %#v", v)
+	}
+	want := make([]byte, r.Slots[0].Length)
+	fill(want, 0x77)
+
+	// Reads: B holds k for its retrieve.
+	ks := e.lookupLock(k)
+	pr := call("new", protocol.PrepareRetrieve, k, int64(1)).(protocol.PrepareRetrieveResponse)
+	if !pr.Success || len(pr.Slots) != 1 || !bytes.Equal(e.slotBytes(pr.Slots[0]), want) {
+		t.Fatalf("new worker's retrieve = %+v", pr)
+	}
+	if ar := call("old", protocol.PrepareRetrieve, k, int64(1)).(protocol.PrepareRetrieveResponse); ar.Success {
+		t.Fatalf("the old worker joined the new one's pending read: %+v", ar)
+	}
+	if v := call("old", protocol.CommitRetrieve, k, int64(1)); v != true {
+		t.Fatalf("COMMIT_RETRIEVE answered %#v, want true as always", v)
+	}
+	if !e.pool.IsLocked(ks[0]) {
+		t.Fatal("the old worker's COMMIT_RETRIEVE released the new worker's read hold")
+	}
+	if s := e.mod.Stats(); s.ForeignCommits != 2 || s.PendingReads != 1 {
+		t.Fatalf("after the foreign read commit: %+v", s)
+	}
+	call("new", protocol.CommitRetrieve, k, int64(1))
+	if e.pool.IsLocked(ks[0]) {
+		t.Fatal("the new worker's own COMMIT_RETRIEVE did not release its hold")
+	}
+	if ev := e.eventsOf(workers.EventError); len(ev) == 0 || !strings.Contains(ev[len(ev)-1].Message, peerHex("old")) {
+		t.Fatalf("foreign commit not reported with the peer: %+v", ev)
+	}
+}

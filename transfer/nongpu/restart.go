@@ -104,6 +104,8 @@ func (m *Module) restoreOne(g restart.Registration, groups []layout.Layout, mode
 		registered = now
 	}
 	m.putLocked(&instance{id: g.ID, p: p, lay: groups[0], groups: groups, mode: mode, reason: reason,
-		registered: registered, last: now, peerSeen: now, profile: g.Profile, restored: true, layoutID: id})
+		registered: registered, last: now, peerSeen: now, profile: g.Profile, restored: true, layoutID: id,
+		// It served before the restart: its worker maps the segment if SHM.
+		shmProven: true})
 	return nil
 }

@@ -32,7 +32,7 @@ func TestPickleRetrieveHandlerReplyMatchesEncoding(t *testing.T) {
 	}
 	e.lookupLock(k)
 	h := func() (any, error) {
-		return e.mod.prepareRetrieveReply(k, 1, func(n int) ([]byte, error) { return make([]byte, 0, n), nil })
+		return e.mod.prepareRetrieveReply(k, 1, nil, func(n int) ([]byte, error) { return make([]byte, 0, n), nil })
 	}
 	res, err := h()
 	if err != nil {

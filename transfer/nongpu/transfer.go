@@ -77,6 +77,12 @@ func groupOf(inst *instance, g uint32) layout.Layout {
 // cached yet and hand out their slots, keeping the reservation pending until
 // COMMIT_STORE. PICKLE: an empty context; nothing is touched.
 func (m *Module) PrepareStore(k protocol.Key, id int64) (protocol.PrepareStoreResponse, error) {
+	return m.prepareStore(k, id, nil)
+}
+
+// prepareStore is PrepareStore for the ZMQ peer peer (nil: unknown), which
+// alone may commit the reservation (see pending.peer).
+func (m *Module) prepareStore(k protocol.Key, id int64, peer []byte) (protocol.PrepareStoreResponse, error) {
 	inst, err := m.lookupInstance(id)
 	if err != nil {
 		return protocol.PrepareStoreResponse{}, fmt.Errorf("prepare store: %w", err)
@@ -124,7 +130,7 @@ func (m *Module) PrepareStore(k protocol.Key, id int64) (protocol.PrepareStoreRe
 		m.pool.AbortWrite(res)
 		return emptyShm(inst), nil
 	}
-	m.writes[pk] = &pending{inst: inst, res: res, bytes: reservedBytes(res), created: created, carry: m.carryKeyLocked(pk, k)}
+	m.writes[pk] = &pending{inst: inst, peer: string(peer), res: res, bytes: reservedBytes(res), created: created, carry: m.carryKeyLocked(pk, k)}
 	m.mu.Unlock()
 	return resp, nil
 }
@@ -141,6 +147,12 @@ func (m *Module) PrepareStore(k protocol.Key, id int64) (protocol.PrepareStoreRe
 // reservations, counters); it is an error (no reply) when the key or the
 // pickle is invalid, false otherwise.
 func (m *Module) CommitStore(k protocol.Key, id int64, data []byte) (bool, error) {
+	return m.commitStore(k, id, data, nil)
+}
+
+// commitStore is CommitStore from the ZMQ peer peer (nil: unknown): an SHM
+// commit publishes a reservation only when peer prepared it.
+func (m *Module) commitStore(k protocol.Key, id int64, data []byte, peer []byte) (bool, error) {
 	inst, err := m.lookupInstance(id)
 	if err != nil {
 		return false, fmt.Errorf("commit store: %w", err)
@@ -151,9 +163,13 @@ func (m *Module) CommitStore(k protocol.Key, id int64, data []byte) (bool, error
 		if err != nil {
 			return false, fmt.Errorf("commit store for instance %d: %w", id, err)
 		}
-		p := m.takePending(m.writes, pk)
-		if p == nil {
+		p, foreign := m.takeOwn(m.writes, pk, peer)
+		if p == nil && !foreign {
 			p = m.takeCarriedWrite(pk, k)
+		}
+		if foreign {
+			m.foreignCommit("COMMIT_STORE", id, peer)
+			return false, nil
 		}
 		if p == nil {
 			if m.modeOf(inst) == workers.ModePickle {
@@ -174,6 +190,7 @@ func (m *Module) CommitStore(k protocol.Key, id int64, data []byte) (bool, error
 		m.mu.Lock()
 		inst.stores++
 		inst.bytesIn += p.bytes
+		inst.shmProven = true
 		m.mu.Unlock()
 		m.notePublished(p.res, inst)
 		m.noteCommittedSHM(inst, k, p.res)
@@ -181,7 +198,7 @@ func (m *Module) CommitStore(k protocol.Key, id int64, data []byte) (bool, error
 		return true, nil
 	}
 	if len(inst.groups) > 1 {
-		return m.commitGroups(inst, k, data)
+		return m.commitGroups(inst, k, data, peer)
 	}
 
 	ks, prev, pk, err := m.resolveStore(inst, k)
@@ -205,7 +222,7 @@ func (m *Module) CommitStore(k protocol.Key, id int64, data []byte) (bool, error
 		m.noteFallback(inst)
 		// An SHM prepare before this pickle commit reserved the same objects:
 		// release them so the pickled data can be stored.
-		m.abandonPendingWrite(pk)
+		m.abandonPendingWrite(pk, peer)
 	}
 	ok, err := m.commitPickle(inst, k, prev, ks, ts, inst.lay, false)
 	if err != nil {
@@ -219,7 +236,7 @@ func (m *Module) CommitStore(k protocol.Key, id int64, data []byte) (bool, error
 // the registered number of groups; each group is then stored as
 // COMMIT_STORE_GROUP stores it, and the answer is true only when every
 // group stored everything.
-func (m *Module) commitGroups(inst *instance, k protocol.Key, data []byte) (bool, error) {
+func (m *Module) commitGroups(inst *instance, k protocol.Key, data []byte, peer []byte) (bool, error) {
 	ks, prev, pk, err := m.resolveStore(inst, k)
 	if err != nil {
 		return false, fmt.Errorf("commit store for instance %d: %w", inst.id, err)
@@ -243,7 +260,7 @@ func (m *Module) commitGroups(inst *instance, k protocol.Key, data []byte) (bool
 			}
 		}
 		m.noteFallback(inst)
-		m.abandonPendingWrite(pk)
+		m.abandonPendingWrite(pk, peer)
 	}
 	all := true
 	for g, ts := range gs {
@@ -269,6 +286,11 @@ func (m *Module) commitGroups(inst *instance, k protocol.Key, data []byte) (bool
 // is false. Bad input (unknown instance or group, undecodable pickle) is
 // an error and changes nothing.
 func (m *Module) CommitStoreGroup(k protocol.Key, id int64, group int64, data []byte) (bool, error) {
+	return m.commitStoreGroup(k, id, group, data, nil)
+}
+
+// commitStoreGroup is CommitStoreGroup from the ZMQ peer peer (nil: unknown).
+func (m *Module) commitStoreGroup(k protocol.Key, id int64, group int64, data []byte, peer []byte) (bool, error) {
 	inst, err := m.lookupInstance(id)
 	if err != nil {
 		return false, fmt.Errorf("commit store group: %w", err)
@@ -300,7 +322,7 @@ func (m *Module) CommitStoreGroup(k protocol.Key, id int64, group int64, data []
 			return false, nil
 		}
 		m.noteFallback(inst)
-		m.abandonPendingWrite(pk)
+		m.abandonPendingWrite(pk, peer)
 	}
 	ok, err := m.commitPickle(inst, k, keys.InGroup(prev, uint32(group)), keys.InGroup(ks, uint32(group)), ts, lay, true)
 	if err != nil {
@@ -514,6 +536,36 @@ func (m *Module) pickleStoreBytes(k protocol.Key, id int64) (int64, bool) {
 	if err != nil || m.modeOf(inst) != workers.ModePickle {
 		return 0, false
 	}
+	return m.keyBytes(inst, k), true
+}
+
+// retrieveReplyBytes is what a PREPARE_RETRIEVE reply of k carrying the
+// pickled chunks may hold (false: its reply carries no data, nothing to
+// gate): a pickle instance's, and an SHM instance's not yet proven to map
+// the segment (carriesData).
+func (m *Module) retrieveReplyBytes(k protocol.Key, id int64) (int64, bool) {
+	inst, err := m.lookupInstance(id)
+	if err != nil || !m.carriesData(inst) {
+		return 0, false
+	}
+	return m.keyBytes(inst, k), true
+}
+
+// carriesData reports whether inst's retrieve replies carry the pickled
+// chunks: a pickle instance's always; an SHM instance's beside the slots
+// until the worker proved it maps the segment (an SHM store it wrote and
+// committed), since a worker that could not attach it (or chose pickle)
+// looks the same until then, reads only the data and would get nothing
+// from slots. Counting its retrieve as a hit is then true either way.
+func (m *Module) carriesData(inst *instance) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return inst.mode == workers.ModePickle || !inst.shmProven
+}
+
+// keyBytes is one chunk of each of inst's KV group layouts per chunk of the
+// key's range.
+func (m *Module) keyBytes(inst *instance, k protocol.Key) int64 {
 	chunks := int64(1)
 	if n := int64(k.End - k.Start); n > 0 {
 		chunks = (n + int64(m.chunkSize) - 1) / int64(m.chunkSize)
@@ -522,7 +574,7 @@ func (m *Module) pickleStoreBytes(k protocol.Key, id int64) (int64, bool) {
 	for _, lay := range inst.groups {
 		perChunk += lay.Bytes
 	}
-	return chunks * perChunk, true
+	return chunks * perChunk
 }
 
 // PrepareRetrieve handles PREPARE_RETRIEVE (spec 4.7). Every key must be
@@ -531,7 +583,7 @@ func (m *Module) pickleStoreBytes(k protocol.Key, id int64) (int64, bool) {
 // COMMIT_RETRIEVE; PICKLE answers the pickled chunks and releases at once.
 func (m *Module) PrepareRetrieve(k protocol.Key, id int64) (protocol.PrepareRetrieveResponse, error) {
 	var data []byte
-	r, err := m.prepareRetrieve(k, id, func(ts []torchpickle.Tensor, groups [][]torchpickle.Tensor) error {
+	r, err := m.prepareRetrieve(k, id, nil, func(ts []torchpickle.Tensor, groups [][]torchpickle.Tensor, _ []byte) error {
 		var err error
 		if groups != nil {
 			data, err = torchpickle.AppendEncodeGroups(make([]byte, 0, max(torchpickle.EncodedGroupsSize(groups), 0)), groups)
@@ -544,7 +596,7 @@ func (m *Module) PrepareRetrieve(k protocol.Key, id int64) (protocol.PrepareRetr
 		data, err = torchpickle.AppendEncode(buf, ts)
 		return err
 	})
-	if err == nil && r.Success && r.Slots == nil {
+	if err == nil && r.Success {
 		r.Data = data
 	}
 	return r, err
@@ -555,9 +607,9 @@ func (m *Module) PrepareRetrieve(k protocol.Key, id int64) (protocol.PrepareRetr
 // (the wire server's reply buffer, outside the Go heap: msgpack header, the
 // pickle straight after it), and sent by the server without another copy;
 // SHM and misses answer the response.
-func (m *Module) prepareRetrieveReply(k protocol.Key, id int64, alloc func(n int) ([]byte, error)) (any, error) {
+func (m *Module) prepareRetrieveReply(k protocol.Key, id int64, peer []byte, alloc func(n int) ([]byte, error)) (any, error) {
 	var out protocol.Raw
-	r, err := m.prepareRetrieve(k, id, func(ts []torchpickle.Tensor, groups [][]torchpickle.Tensor) error {
+	r, err := m.prepareRetrieve(k, id, peer, func(ts []torchpickle.Tensor, groups [][]torchpickle.Tensor, ctx []byte) error {
 		size := func() int { return torchpickle.EncodedSize(ts) }
 		enc := func(dst []byte) ([]byte, error) { return torchpickle.AppendEncode(dst, ts) }
 		if groups != nil {
@@ -569,11 +621,11 @@ func (m *Module) prepareRetrieveReply(k protocol.Key, id int64, alloc func(n int
 			_, err := enc(nil) // for its error
 			return err
 		}
-		buf, err := alloc(protocol.PickleReplySize(n))
+		buf, err := alloc(protocol.RetrieveReplySize(n, max(len(ctx), 1)))
 		if err != nil {
 			return fmt.Errorf("reply buffer: %w", err)
 		}
-		b, err := protocol.AppendPickleRetrieveReply(buf, n, enc)
+		b, err := protocol.AppendRetrieveReply(buf, n, enc, ctx)
 		out = b
 		return err
 	})
@@ -586,11 +638,18 @@ func (m *Module) prepareRetrieveReply(k protocol.Key, id int64, alloc func(n int
 	return r, nil
 }
 
+// retrieveEncoder encodes a retrieve's chunks (a plain model's as ts, a
+// hybrid model's as groups, group-major) into the reply, whose context is
+// ctx (nil: the empty map) as PrepareRetrieveResponse.AppendContext writes it.
+type retrieveEncoder func(ts []torchpickle.Tensor, groups [][]torchpickle.Tensor, ctx []byte) error
+
 // prepareRetrieve does the work of PREPARE_RETRIEVE; for a pickle instance it
-// calls encode with tensors that view the pool, under the read locks (a
-// plain model's as ts, a hybrid model's as groups, group-major), and answers
-// Success with neither Data nor Slots.
-func (m *Module) prepareRetrieve(k protocol.Key, id int64, encode func(ts []torchpickle.Tensor, groups [][]torchpickle.Tensor) error) (protocol.PrepareRetrieveResponse, error) {
+// calls encode with tensors that view the pool, under the read locks, and
+// answers Success with neither Data nor Slots. An SHM instance whose replies
+// carry data (carriesData) gets its slots answered and encode called with
+// them as the context, the holds kept until COMMIT_RETRIEVE as for any SHM
+// read.
+func (m *Module) prepareRetrieve(k protocol.Key, id int64, peer []byte, encode retrieveEncoder) (protocol.PrepareRetrieveResponse, error) {
 	inst, err := m.lookupInstance(id)
 	if err != nil {
 		return protocol.PrepareRetrieveResponse{}, fmt.Errorf("prepare retrieve: %w", err)
@@ -605,7 +664,7 @@ func (m *Module) prepareRetrieve(k protocol.Key, id int64, encode func(ts []torc
 	// the holds end with the last of their COMMIT_RETRIEVEs, so no commit
 	// releases slots another copy of the same key is still reading.
 	if m.modeOf(inst) == workers.ModeSHM {
-		if r, ok := m.repeatedRead(pk); ok {
+		if r, ok := m.repeatedRead(pk, peer); ok {
 			return r, nil
 		}
 	}
@@ -648,6 +707,7 @@ func (m *Module) prepareRetrieve(k protocol.Key, id int64, encode func(ts []torc
 	}
 
 	if m.modeOf(inst) == workers.ModeSHM {
+		withData := m.carriesData(inst)
 		m.mu.Lock()
 		if m.closed || m.instances[id] != inst {
 			m.mu.Unlock()
@@ -656,9 +716,17 @@ func (m *Module) prepareRetrieve(k protocol.Key, id int64, encode func(ts []torc
 		}
 		resp := protocol.PrepareRetrieveResponse{Success: true, Slots: slots, GroupIDs: groupIDs}
 		inst.retrieves++
+		prev := m.reads[pk]
+		if prev != nil && !prev.ownedBy(peer) {
+			// Another peer's read of the same transfer: its holds are that
+			// peer's to end, so this one is a miss.
+			m.mu.Unlock()
+			m.pool.ReleaseRead(found)
+			return protocol.PrepareRetrieveResponse{Success: false}, nil
+		}
 		inst.hitChunks += int64(len(ks))
 		inst.bytesOut += total
-		if prev := m.reads[pk]; prev != nil {
+		if prev != nil {
 			// A concurrent prepare of the same transfer won: read its
 			// slots; ours were never handed out.
 			prev.readers++
@@ -667,44 +735,29 @@ func (m *Module) prepareRetrieve(k protocol.Key, id int64, encode func(ts []torc
 			m.pool.ReleaseRead(found)
 			return resp, nil
 		}
-		m.reads[pk] = &pending{inst: inst, refs: found, bytes: total, created: created, readers: 1, reply: resp, carry: m.carryKeyLocked(pk, k)}
+		m.reads[pk] = &pending{inst: inst, peer: string(peer), refs: found, bytes: total, created: created, readers: 1, reply: resp, carry: m.carryKeyLocked(pk, k)}
 		m.mu.Unlock()
+		if withData {
+			// The pending read's holds keep the slots in place while
+			// they are encoded; its reply (for a repeated prepare) keeps
+			// the slots only.
+			ctx, err := resp.AppendContext(nil)
+			if err == nil {
+				err = m.encodeSlots(slots, sizes, len(inst.groups) > 1, encode, ctx)
+			}
+			if err != nil {
+				return protocol.PrepareRetrieveResponse{}, fmt.Errorf("prepare retrieve for instance %d: encode %d chunks beside their slots: %w", id, len(slots), err)
+			}
+		}
 		return resp, nil
 	}
 
 	// The tensors view the pool directly: the read locks keep the objects in
-	// place and the views keep the mapping until the one copy into the reply
-	// buffer is done.
-	ts := make([]torchpickle.Tensor, len(slots))
-	releases := make([]func(), 0, len(slots))
-	for i, s := range slots {
-		b, release := m.pool.View(s.Offset, s.Length)
-		releases = append(releases, release)
-		if b == nil {
-			err = errors.New("the pool is closing")
-			break
-		}
-		ts[i] = torchpickle.Tensor{Dtype: s.Dtype, Shape: s.Shape, Data: b}
-	}
-	if err == nil {
-		if len(inst.groups) > 1 {
-			groups := make([][]torchpickle.Tensor, len(sizes))
-			at := 0
-			for g, n := range sizes {
-				groups[g] = ts[at : at+n]
-				at += n
-			}
-			err = encode(nil, groups)
-		} else {
-			err = encode(ts, nil)
-		}
-	}
-	for _, release := range releases {
-		release()
-	}
+	// place until the one copy into the reply buffer is done.
+	err = m.encodeSlots(slots, sizes, len(inst.groups) > 1, encode, nil)
 	m.pool.ReleaseRead(found)
 	if err != nil {
-		return protocol.PrepareRetrieveResponse{}, fmt.Errorf("prepare retrieve for instance %d: encode %d chunks: %w", id, len(ts), err)
+		return protocol.PrepareRetrieveResponse{}, fmt.Errorf("prepare retrieve for instance %d: encode %d chunks: %w", id, len(slots), err)
 	}
 	m.mu.Lock()
 	inst.retrieves++
@@ -714,9 +767,47 @@ func (m *Module) prepareRetrieve(k protocol.Key, id int64, encode func(ts []torc
 	return protocol.PrepareRetrieveResponse{Success: true}, nil
 }
 
+// encodeSlots calls encode with tensors that view the pool at slots (sizes:
+// the slots of each KV group, split into groups when hybrid) and context
+// ctx; the caller's read holds keep the objects in place, and the views
+// keep the mapping until encode returned.
+func (m *Module) encodeSlots(slots []protocol.Slot, sizes []int, hybrid bool, encode retrieveEncoder, ctx []byte) error {
+	ts := make([]torchpickle.Tensor, len(slots))
+	releases := make([]func(), 0, len(slots))
+	defer func() {
+		for _, release := range releases {
+			release()
+		}
+	}()
+	for i, s := range slots {
+		b, release := m.pool.View(s.Offset, s.Length)
+		releases = append(releases, release)
+		if b == nil {
+			return errors.New("the pool is closing")
+		}
+		ts[i] = torchpickle.Tensor{Dtype: s.Dtype, Shape: s.Shape, Data: b}
+	}
+	if !hybrid {
+		return encode(ts, nil, ctx)
+	}
+	groups := make([][]torchpickle.Tensor, len(sizes))
+	at := 0
+	for g, n := range sizes {
+		groups[g] = ts[at : at+n]
+		at += n
+	}
+	return encode(nil, groups, ctx)
+}
+
 // CommitRetrieve handles COMMIT_RETRIEVE: the pending SHM read (if any)
 // releases one lock per key. Always true.
 func (m *Module) CommitRetrieve(k protocol.Key, id int64) (bool, error) {
+	return m.commitRetrieve(k, id, nil)
+}
+
+// commitRetrieve is CommitRetrieve from the ZMQ peer peer (nil: unknown): it
+// ends only holds that peer took.
+func (m *Module) commitRetrieve(k protocol.Key, id int64, peer []byte) (bool, error) {
 	inst, err := m.lookupInstance(id)
 	if err != nil {
 		return false, fmt.Errorf("commit retrieve: %w", err)
@@ -726,9 +817,12 @@ func (m *Module) CommitRetrieve(k protocol.Key, id int64) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("commit retrieve for instance %d: %w", id, err)
 	}
-	p := m.endRead(pk)
-	if p == nil && m.hasCarried() {
-		p = m.endRead(m.carriedKey(pk, k))
+	p, foreign := m.endRead(pk, peer)
+	if p == nil && !foreign && m.hasCarried() {
+		p, foreign = m.endRead(m.carriedKey(pk, k), peer)
+	}
+	if foreign {
+		m.foreignCommit("COMMIT_RETRIEVE", id, peer)
 	}
 	if p != nil && !m.expireIfDue(p, false) {
 		m.pool.ReleaseRead(p.refs)
@@ -736,21 +830,25 @@ func (m *Module) CommitRetrieve(k protocol.Key, id int64) (bool, error) {
 	return true, nil
 }
 
-// endRead counts one COMMIT_RETRIEVE of pk's pending read and returns the
-// entry, taken from the map, when it was the last one its holds wait for.
-func (m *Module) endRead(pk pendingKey) *pending {
+// endRead counts one COMMIT_RETRIEVE from peer of pk's pending read and
+// returns the entry, taken from the map, when it was the last one its holds
+// wait for; foreign when another peer took the holds (nothing is counted).
+func (m *Module) endRead(pk pendingKey, peer []byte) (p *pending, foreign bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	p := m.reads[pk]
+	p = m.reads[pk]
 	if p == nil {
-		return nil
+		return nil, false
+	}
+	if !p.ownedBy(peer) {
+		return nil, true
 	}
 	if p.readers > 1 {
 		p.readers--
-		return nil
+		return nil, false
 	}
 	delete(m.reads, pk)
-	return p
+	return p, false
 }
 
 // repeatedWrite reports whether pk has a pending write within its life; one
@@ -774,10 +872,15 @@ func (m *Module) repeatedWrite(pk pendingKey) bool {
 // repeatedRead answers a prepare of pk's pending read (within its life)
 // with the same slots, and counts it as one more reader of its holds; one
 // past its life is expired here.
-func (m *Module) repeatedRead(pk pendingKey) (protocol.PrepareRetrieveResponse, bool) {
+func (m *Module) repeatedRead(pk pendingKey, peer []byte) (protocol.PrepareRetrieveResponse, bool) {
 	now := m.now()
 	m.mu.Lock()
 	p, ok := m.reads[pk]
+	if ok && !p.ownedBy(peer) {
+		// Another peer's holds: prepareRetrieve answers a miss.
+		m.mu.Unlock()
+		return protocol.PrepareRetrieveResponse{}, false
+	}
 	due := ok && now.Sub(p.created) >= m.readTTL/2
 	switch {
 	case due:
@@ -801,21 +904,50 @@ func (m *Module) repeatedRead(pk pendingKey) (protocol.PrepareRetrieveResponse, 
 
 // takePending removes and returns one entry of the given pending map.
 func (m *Module) takePending(table map[pendingKey]*pending, pk pendingKey) *pending {
+	p, _ := m.takeOwn(table, pk, nil)
+	return p
+}
+
+// takeOwn removes and returns pk's entry of table when peer may end it
+// (pending.ownedBy); an entry of another peer stays (foreign).
+func (m *Module) takeOwn(table map[pendingKey]*pending, pk pendingKey, peer []byte) (p *pending, foreign bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	p := table[pk]
-	if p != nil {
-		delete(table, pk)
+	p = table[pk]
+	if p == nil {
+		return nil, false
 	}
-	return p
+	if !p.ownedBy(peer) {
+		return nil, true
+	}
+	delete(table, pk)
+	return p, false
+}
+
+// foreignCommit counts and reports (rate-limited) a commit from a peer of a
+// transfer another peer prepared: refused, the transfer left to its own.
+func (m *Module) foreignCommit(kind string, id int64, peer []byte) {
+	m.countAndWarn(&m.stats.ForeignCommits, "commit/foreign", id, func() string {
+		return fmt.Sprintf("%s of instance %d from %s refused: another peer prepared that transfer (an old worker whose id was registered again, or a peer naming another's id); it stays for the peer that prepared it",
+			kind, id, peerText(string(peer)))
+	})
+}
+
+// countAndWarn counts one refused request in counter (a field of m.stats)
+// and reports it as a warning, at most once a second per limiter.
+func (m *Module) countAndWarn(counter *int64, limiter string, id int64, msg func() string) {
+	m.mu.Lock()
+	*counter++
+	m.mu.Unlock()
+	m.rateLimited(limiter, func() { m.event(workers.EventError, slog.LevelWarn, id, msg()) })
 }
 
 // abandonPendingWrite gives up the pending write of pk (a repeated prepare,
 // or a pickle commit of the same transfer). Its slots were handed out, so
 // they are abandoned, not freed: a copy into them may still be running. The
 // keys are free to be reserved again at once.
-func (m *Module) abandonPendingWrite(pk pendingKey) {
-	if p := m.takePending(m.writes, pk); p != nil && !m.expireIfDue(p, true) {
+func (m *Module) abandonPendingWrite(pk pendingKey, peer []byte) {
+	if p, _ := m.takeOwn(m.writes, pk, peer); p != nil && !m.expireIfDue(p, true) {
 		m.pool.Abandon(p.res, nil)
 	}
 }

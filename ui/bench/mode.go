@@ -41,6 +41,34 @@ func runMode(ctx context.Context, o Options, prof *protocol.Profile, mode string
 	if tgt != nil {
 		pool, _ = tgt.pool()
 	}
+	if err := sizeRounds(o, d, tgt, pool); err != nil {
+		return nil, 0, err
+	}
+
+	mr := &ModeResult{Mode: mode, Endpoint: endpoint, ShmName: d.shmName, PoolBytes: pool, LookupChunks: 16}
+	r := &modeRun{o: o, mode: mode, d: d, tgt: tgt, pool: pool, mr: mr}
+	tr, err := r.transfers(ctx)
+	if err != nil {
+		return nil, 0, err
+	}
+	d.cfg.AfterRound = nil
+	r.segRef(o.RefDuration / 2)
+	if len(mr.segSamples) > 0 {
+		mr.MemcpyIntoSegmentGBps = round4(mean(mr.segSamples))
+	}
+	if len(mr.segOutSamples) > 0 {
+		mr.MemcpyFromSegmentGBps = round4(mean(mr.segOutSamples))
+	}
+	if err := r.smallRequests(ctx, prof, &tr, instanceBase); err != nil {
+		return nil, 0, err
+	}
+	mr.Mismatches, mr.Timeouts, mr.Errors, mr.FirstError = tr.mismatches, tr.timeouts, tr.errors, tr.firstErr
+	return mr, d.chunkTok, nil
+}
+
+// sizeRounds sets the prompts of a round for the pool (unknown: kvdock's
+// default) and, on a live server, to the room the real workers leave.
+func sizeRounds(o Options, d *driver, tgt *target, pool int64) error {
 	sizing := pool
 	if sizing == 0 {
 		sizing = 1 << 30 // unknown: assume kvdock's default
@@ -52,15 +80,47 @@ func runMode(ctx context.Context, o Options, prof *protocol.Profile, mode string
 		// theirs; one round is sized to it.
 		round := int64(o.Workers) * int64(o.Chunks) * alignedChunk(d.lay.Bytes)
 		if room < round {
-			return nil, 0, fmt.Errorf("the server's pool has %s below its eviction watermark that other models' chunks leave, one round of %d worker(s) × %d chunk(s) needs %s, and the bench never evicts another model's chunks: run it when the pool has room, with fewer --chunks or --workers, or against a server of its own (no --host)",
+			return fmt.Errorf("the server's pool has %s below its eviction watermark that other models' chunks leave, one round of %d worker(s) × %d chunk(s) needs %s, and the bench never evicts another model's chunks: run it when the pool has room, with fewer --chunks or --workers, or against a server of its own (no --host)",
 				settings.BytesText(room), o.Workers, o.Chunks, settings.BytesText(round))
 		}
 		if o.Prompts <= 0 {
 			d.cfg.PromptsPerRound = max(1, min(d.cfg.PromptsPerRound, int(room*7/10/round)))
 		}
 	}
+	return nil
+}
 
-	mr := &ModeResult{Mode: mode, Endpoint: endpoint, ShmName: d.shmName, PoolBytes: pool, LookupChunks: 16}
+// modeRun is one mode's measurement: its driver and what it has found.
+type modeRun struct {
+	o    Options
+	mode string
+	d    *driver
+	tgt  *target
+	pool int64
+	mr   *ModeResult
+}
+
+// segRef samples the segment reference: the same copy into the segment's
+// own pages, which the fresh in-process pool does not use yet (the
+// transfers and their clear between rounds leave them free again for the
+// second sample).
+func (r *modeRun) segRef(dur time.Duration) {
+	d, mr := r.d, r.mr
+	if r.mode == "shm" && r.o.Host == "" && len(d.seg) > 0 {
+		src := d.pat.chunk(0)
+		n := min(int64(len(d.seg))/2/int64(len(src)), memcpyDests) * int64(len(src))
+		mr.segSamples = append(mr.segSamples, round4(copyRate(d.seg[:n], src, dur)))
+		// The retrieve's direction: out of the same pages into the
+		// first worker's resident destination, the buffer its
+		// retrieves copy each chunk into (no new memory in the peak).
+		mr.segOutSamples = append(mr.segOutSamples, round4(copyOutRate(d.dests[0], d.seg[:n], dur)))
+	}
+}
+
+// transfers runs the store and retrieve rounds and notes their rates and
+// latencies, the CPU they took and the peak RSS beyond the pool.
+func (r *modeRun) transfers(ctx context.Context) (transferResult, error) {
+	o, mr := r.o, r.mr
 	meter := cpuMeter{pid: o.ServerPID}
 	rssPID := o.ServerPID
 	rssOK := o.Host == "" || o.ServerPID > 0
@@ -71,31 +131,17 @@ func runMode(ctx context.Context, o Options, prof *protocol.Profile, mode string
 			debug.FreeOSMemory()
 		}
 		if err := resetHWM(rssPID); err != nil && o.Host == "" {
-			return nil, 0, err
+			return transferResult{}, err
 		}
 	}
-	// The segment reference: the same copy into the segment's own pages,
-	// which the fresh in-process pool does not use yet (the transfers and
-	// their clear between rounds leave them free again for the second sample).
-	segRef := func(dur time.Duration) {
-		if mode == "shm" && o.Host == "" && len(d.seg) > 0 {
-			src := d.pat.chunk(0)
-			n := min(int64(len(d.seg))/2/int64(len(src)), memcpyDests) * int64(len(src))
-			mr.segSamples = append(mr.segSamples, round4(copyRate(d.seg[:n], src, dur)))
-			// The retrieve's direction: out of the same pages into the
-			// first worker's resident destination, the buffer its
-			// retrieves copy each chunk into (no new memory in the peak).
-			mr.segOutSamples = append(mr.segOutSamples, round4(copyOutRate(d.dests[0], d.seg[:n], dur)))
-		}
-	}
-	segRef(o.RefDuration / 2)
+	r.segRef(o.RefDuration / 2)
 	// Sampled between the rounds too (the pool is cleared there, so its
 	// low pages are free again), so that a machine whose memory bandwidth
 	// drifts during the run (a shared VM) moves the reference with the
 	// transfers; the mean of the samples is kept.
-	d.cfg.AfterRound = func() { segRef(o.RefDuration / 4) }
+	r.d.cfg.AfterRound = func() { r.segRef(o.RefDuration / 4) }
 	cpu0, cpuErr := meter.seconds()
-	tr := d.transfer(ctx)
+	tr := r.d.transfer(ctx)
 	cpu1, cpuErr2 := meter.seconds()
 	hwm, rssErr := int64(0), error(nil)
 	if rssOK {
@@ -107,7 +153,7 @@ func runMode(ctx context.Context, o Options, prof *protocol.Profile, mode string
 	mr.StoreGBps = round4(gbps(tr.storeBytes, tr.storeBusy))
 	mr.RetrieveGBps = round4(gbps(tr.retrieveBytes, tr.retrieveBusy))
 	mr.StoreWallGBps = round4(gbps(tr.storeBytes, tr.storeWall))
-	if mode == "shm" && o.Workers == 1 {
+	if r.mode == "shm" && o.Workers == 1 {
 		// One worker's copies over their own time; with more workers the
 		// busy time is the slowest worker's and its copies are not all the
 		// bytes, so no copy rate is given.
@@ -119,21 +165,32 @@ func runMode(ctx context.Context, o Options, prof *protocol.Profile, mode string
 	mr.RetrieveP50, mr.RetrieveP99 = percentileUS(tr.retrieveLat, 50), percentileUS(tr.retrieveLat, 99)
 	mr.CachedStores, mr.MissChunks = tr.cachedStores, tr.missChunks
 
-	moved := float64(tr.storeBytes+tr.retrieveBytes) / 1e9
+	r.cpuFigures(float64(tr.storeBytes+tr.retrieveBytes)/1e9, cpu1-cpu0, errors.Join(cpuErr, cpuErr2))
+	r.rssFigures(rssOK, hwm, rssErr)
+	return tr, nil
+}
+
+// cpuFigures notes the CPU seconds per GB moved and how they were measured.
+func (r *modeRun) cpuFigures(moved, cpu float64, cpuErr error) {
+	o, mr := r.o, r.mr
 	switch {
-	case cpuErr != nil || cpuErr2 != nil:
-		mr.CPUSecondsPerGB, mr.CPUMethod = -1, "not measured: "+errors.Join(cpuErr, cpuErr2).Error()
+	case cpuErr != nil:
+		mr.CPUSecondsPerGB, mr.CPUMethod = -1, "not measured: "+cpuErr.Error()
 	case moved == 0:
 		mr.CPUSecondsPerGB, mr.CPUMethod = -1, "not measured: nothing moved"
 	case o.ServerPID > 0:
-		mr.CPUSecondsPerGB, mr.CPUMethod = round4((cpu1-cpu0)/moved), fmt.Sprintf("server pid %d, /proc/%d/stat utime+stime over the store and retrieve phases", o.ServerPID, o.ServerPID)
+		mr.CPUSecondsPerGB, mr.CPUMethod = round4(cpu/moved), fmt.Sprintf("server pid %d, /proc/%d/stat utime+stime over the store and retrieve phases", o.ServerPID, o.ServerPID)
 	default:
-		mr.CPUSecondsPerGB, mr.CPUMethod = round4((cpu1-cpu0)/moved), "getrusage(RUSAGE_SELF) over the store and retrieve phases: client and server together (in process)"
+		mr.CPUSecondsPerGB, mr.CPUMethod = round4(cpu/moved), "getrusage(RUSAGE_SELF) over the store and retrieve phases: client and server together (in process)"
 		if o.Host != "" {
 			mr.CPUMethod = "getrusage of the bench only (no --server-pid): client CPU"
 		}
 	}
+}
 
+// rssFigures notes the peak RSS beyond the pool and how it was measured.
+func (r *modeRun) rssFigures(rssOK bool, hwm int64, rssErr error) {
+	o, mr, d, pool, tgt := r.o, r.mr, r.d, r.pool, r.tgt
 	switch {
 	case !rssOK:
 		mr.PeakRSSBeyondMiB, mr.RSSMethod = -1, "not measured: give --server-pid"
@@ -141,7 +198,7 @@ func runMode(ctx context.Context, o Options, prof *protocol.Profile, mode string
 		mr.PeakRSSBeyondMiB, mr.RSSMethod = -1, "not measured: "+rssErr.Error()
 	case o.Host == "":
 		mappings := int64(1)
-		if mode == "shm" {
+		if r.mode == "shm" {
 			mappings = 2
 		}
 		own := int64(len(d.pat.data)) + d.workerBuf
@@ -158,19 +215,16 @@ func runMode(ctx context.Context, o Options, prof *protocol.Profile, mode string
 		mr.PeakRSSBeyondMiB = round4(float64(hwm-resident) / (1 << 20))
 		mr.RSSMethod = fmt.Sprintf("server VmHWM %d − %s %d", hwm, from, resident)
 	}
+}
 
-	d.cfg.AfterRound = nil
-	segRef(o.RefDuration / 2)
-	if len(mr.segSamples) > 0 {
-		mr.MemcpyIntoSegmentGBps = round4(mean(mr.segSamples))
-	}
-	if len(mr.segOutSamples) > 0 {
-		mr.MemcpyFromSegmentGBps = round4(mean(mr.segOutSamples))
-	}
+// smallRequests measures NOOP and LOOKUP+STATUS round trips beside the raw
+// echo, alone and under a store stream; their failures count in tr.
+func (r *modeRun) smallRequests(ctx context.Context, prof *protocol.Profile, tr *transferResult, instanceBase int64) error {
+	o, mr, d, mode := r.o, r.mr, r.d, r.mode
 	o.progress.setPhase(mode+": small requests", "NOOP, LOOKUP+STATUS, in turns with the raw echo")
 	small, look, typ, err := echoFrames(d.workers[0].Model(), d.chunkTok, prof)
 	if err != nil {
-		return nil, 0, err
+		return err
 	}
 	sr, ech, err := d.smallOpsBesideEcho(ctx, o.SmallOps, small, look)
 	if err != nil {
@@ -197,8 +251,7 @@ func runMode(ctx context.Context, o Options, prof *protocol.Profile, mode string
 		mr.EchoNoopLoadedRTPS, mr.EchoLookupLoadedRTPS = round4(lech.noop), round4(lech.lookup)
 		tr.merge(&lr.counters)
 	}
-	mr.Mismatches, mr.Timeouts, mr.Errors, mr.FirstError = tr.mismatches, tr.timeouts, tr.errors, tr.firstErr
-	return mr, d.chunkTok, nil
+	return nil
 }
 
 func gbps(n int64, d time.Duration) float64 {

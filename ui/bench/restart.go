@@ -27,6 +27,7 @@ import (
 
 	"kvdock/core/protocol"
 	"kvdock/core/rpc/client"
+	"kvdock/ui/httpapi"
 )
 
 // restartWindow is how long before a restart and after the first answer
@@ -276,8 +277,8 @@ func (d *driver) measureRestart(ctx context.Context, c *childServer, way string,
 	run := summarize(finish(), signalled)
 	run.Way, run.WorkersGapMs = way, run.GapMs
 	run.GapMs, _ = longestHole(probes, signalled)
-	run.ServerGapMs, run.Adopted, run.Objects, run.Reason = after.Restart.GapMs, after.Restart.Adopted, after.Restart.AdoptedObjects, after.Restart.Reason
-	run.HandoverParked, run.HandoverLost, run.Stored = after.Restart.HandoverParked, after.Restart.HandoverLost, before.Pool.Objects
+	run.ServerGapMs, run.Adopted, run.Objects, run.Reason = float64(after.Restart.GapMS), after.Restart.Adopted, int64(after.Restart.AdoptedObjects), after.Restart.Reason
+	run.HandoverParked, run.HandoverLost, run.Stored = after.Restart.HandoverParked, after.Restart.HandoverLost, int64(before.Pool.Objects)
 	return run, nil
 }
 
@@ -360,25 +361,10 @@ func (w *RestartWindow) add(s restartSample) {
 	}
 }
 
-// childRestart is the part of the server's /status a restart changes.
-type childRestart struct {
-	ShmName   string     `json:"shm_name"`
-	StartedAt *time.Time `json:"started_at"`
-	Restart   struct {
-		Adopted        bool    `json:"adopted"`
-		AdoptedObjects int64   `json:"adopted_objects"`
-		GapMs          float64 `json:"gap_ms"`
-		Reason         string  `json:"reason"`
-		HandoverParked int64   `json:"handover_parked"`
-		HandoverLost   int64   `json:"handover_lost"`
-	} `json:"restart"`
-	Pool struct {
-		Objects int64 `json:"objects"`
-	} `json:"pool"`
-}
-
-func (c *childServer) restartStatus() (childRestart, error) {
-	var st childRestart
+// restartStatus reads the server process's /status: what a restart
+// changes (started_at, the restart's figures, the pool's objects).
+func (c *childServer) restartStatus() (httpapi.Status, error) {
+	var st httpapi.Status
 	hc := http.Client{Timeout: 2 * time.Second}
 	resp, err := hc.Get(fmt.Sprintf("http://127.0.0.1:%d/status", c.http))
 	if err != nil {
@@ -395,18 +381,18 @@ func (c *childServer) restartStatus() (childRestart, error) {
 }
 
 // waitRestarted polls /status until a process started after was answers.
-func (c *childServer) waitRestarted(ctx context.Context, was *time.Time, limit time.Duration) (childRestart, error) {
+func (c *childServer) waitRestarted(ctx context.Context, was *time.Time, limit time.Duration) (httpapi.Status, error) {
 	deadline := time.Now().Add(limit)
 	for {
 		if st, err := c.restartStatus(); err == nil && !st.StartedAt.Equal(*was) {
 			return st, nil
 		}
 		if time.Now().After(deadline) {
-			return childRestart{}, fmt.Errorf("no new server process within %v: %s", limit, c.logTail())
+			return httpapi.Status{}, fmt.Errorf("no new server process within %v: %s", limit, c.logTail())
 		}
 		select {
 		case <-ctx.Done():
-			return childRestart{}, ctx.Err()
+			return httpapi.Status{}, ctx.Err()
 		case <-time.After(10 * time.Millisecond):
 		}
 	}

@@ -103,6 +103,16 @@ func newFlags(name string) flagSet {
 	}
 }
 
+// noArgs reports whether params is empty, and says on stderr that cmd takes
+// no arguments when it is not.
+func noArgs(env Env, cmd string, params []string) bool {
+	if len(params) > 0 {
+		fmt.Fprintf(env.Stderr, "kvdock ctl: %s takes no arguments (got %q)\n%s\n", cmd, strings.Join(params, " "), usageLine)
+		return false
+	}
+	return true
+}
+
 // parse parses args. done reports that Run should return code: after
 // --help (0) or a parse error, printed with the usage line (2).
 func (f flagSet) parse(args []string, stderr io.Writer, help func(), line string) (code int, done bool) {
@@ -209,8 +219,7 @@ func Run(args []string, env Env) int {
 		fmt.Fprintf(env.Stderr, "kvdock ctl: unknown command %q%s\n%s\n", cmd, settings.DidYouMean("", cmd, commands()), usageLine)
 		return 2
 	}
-	if len(params) > 0 {
-		fmt.Fprintf(env.Stderr, "kvdock ctl: %s takes no arguments (got %q)\n%s\n", cmd, strings.Join(params, " "), usageLine)
+	if !noArgs(env, cmd, params) {
 		return 2
 	}
 	if *f.timeout <= 0 {

@@ -2,7 +2,6 @@ package ctl
 
 import (
 	"fmt"
-	"strings"
 	"time"
 
 	"kvdock/ui/httpapi"
@@ -16,11 +15,7 @@ import (
 // a terminal.
 func runResetStats(f flagSet, params []string, env Env) int {
 	stderr := env.Stderr
-	if len(params) > 0 {
-		fmt.Fprintf(stderr, "kvdock ctl: reset-stats takes no arguments (got %q)\n%s\n", strings.Join(params, " "), usageLine)
-		return 2
-	}
-	cfg, base, code, ok := f.httpAPI(env, "reset-stats")
+	cfg, base, code, ok := f.bareHTTPAPI(env, "reset-stats", params)
 	if !ok {
 		return code
 	}

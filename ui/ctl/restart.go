@@ -25,11 +25,7 @@ const restartWait = 30 * time.Second
 // the new process's /status and prints what it adopted and the gap.
 func runRestart(f flagSet, params []string, env Env) int {
 	stderr := env.Stderr
-	if len(params) > 0 {
-		fmt.Fprintf(stderr, "kvdock ctl: restart takes no arguments (got %q)\n%s\n", strings.Join(params, " "), usageLine)
-		return 2
-	}
-	cfg, base, code, ok := f.httpAPI(env, "restart")
+	cfg, base, code, ok := f.bareHTTPAPI(env, "restart", params)
 	if !ok {
 		return code
 	}

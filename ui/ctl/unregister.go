@@ -34,6 +34,14 @@ func (f flagSet) httpAPI(env Env, cmd string) (cfg settings.Config, base string,
 	return cfg, "http://" + settings.DialAddr(cfg.HTTP.Host, cfg.HTTP.Port), 0, true
 }
 
+// bareHTTPAPI is httpAPI for a command that takes no arguments.
+func (f flagSet) bareHTTPAPI(env Env, cmd string, params []string) (cfg settings.Config, base string, code int, ok bool) {
+	if !noArgs(env, cmd, params) {
+		return cfg, "", 2, false
+	}
+	return f.httpAPI(env, cmd)
+}
+
 // runUnregister is `kvdock ctl unregister ID`: the operator removes a
 // worker instance (one that died without unregistering, in a seed-era
 // profile that never reaps) through the HTTP API's POST /unregister, behind

@@ -291,8 +291,11 @@ type TransferStatus struct {
 	// another peer than the live one holding the instance;
 	// UnknownInstanceRequests: transfer requests naming an instance not
 	// registered, answered with their failure reply.
-	LayoutConflicts         int64 `json:"layout_conflicts"`
-	RefusedUnregisters      int64 `json:"refused_unregisters"`
+	LayoutConflicts    int64 `json:"layout_conflicts"`
+	RefusedUnregisters int64 `json:"refused_unregisters"`
+	// ForeignCommits: commits refused because another peer prepared the
+	// transfer they name.
+	ForeignCommits          int64 `json:"foreign_commits"`
 	UnknownInstanceRequests int64 `json:"unknown_instance_requests"`
 }
 
@@ -494,14 +497,12 @@ func NewStatus(s engine.Snapshot) Status {
 	cfg := s.Config
 	healthy := s.Healthy()
 	out := Status{
-		IsHealthy:                    healthy,
-		EngineType:                   "MPCacheEngine",
-		ChunkSize:                    cfg.Server.ChunkSize,
-		HashAlgorithm:                cfg.Server.HashAlgorithm,
-		ActiveSessions:               s.Sessions,
-		RegisteredNonCudaInstanceIDs: make([]int64, 0, len(s.Contexts)),
-		NonCudaContextMeta:           make(map[string]ContextMeta, len(s.Contexts)),
-		ActivePrefetchJobs:           s.Lookup.ActiveJobs,
+		IsHealthy:          healthy,
+		EngineType:         "MPCacheEngine",
+		ChunkSize:          cfg.Server.ChunkSize,
+		HashAlgorithm:      cfg.Server.HashAlgorithm,
+		ActiveSessions:     s.Sessions,
+		ActivePrefetchJobs: s.Lookup.ActiveJobs,
 		StorageManager: StorageManager{
 			IsHealthy: healthy,
 			L1EvictionController: EvictionController{
@@ -523,29 +524,66 @@ func NewStatus(s engine.Snapshot) Status {
 		PoolSize:      s.Shm.PoolSize,
 		ShmReason:     s.Shm.Reason,
 		ShmShared:     s.Shm.Shared(),
-		Contexts:      make([]ContextStatus, 0, len(s.Contexts)),
 		GPU:           gpuStatus(s),
-		Tiers:         make([]TierStatus, 0, len(s.Tiers)),
-		Events:        []EventStatus{},
 		WhatIf:        whatIfStatus(s.WhatIf),
 		KVEvents:      s.KVEvents,
 
 		ProtocolDetection: protocolDetection(s),
 	}
 	all := s.Contexts
+	out.RegisteredNonCudaInstanceIDs, out.NonCudaContextMeta = registrations(all)
 	s.Contexts = detailed(all) // what rates.contexts and contexts detail
 	out.ContextsOmitted = len(all) - len(s.Contexts)
 	out.Rates, out.TokensSaved = ratesStatus(s)
 	if out.StorageManager.L1EvictionController.EvictionPolicy == "" {
 		out.StorageManager.L1EvictionController.EvictionPolicy = cfg.Eviction.Policy
 	}
+	out.Pool = poolStatus(s.Pool)
+	out.Contexts = contextsStatus(s)
+	out.Transfer, out.WorkerLiveness = transferStatus(s)
+	out.Lookup = lookupStatus(s)
+	out.StatsSince, out.StatsResetAt = timePtr(s.Stats.Since), timePtr(s.Stats.ResetAt)
+	out.StatsRule, out.StatsCarriedAt = s.Stats.Rule, timePtr(s.Stats.Carried)
 
-	p := s.Pool
+	out.Misses = missesStatus(s.Misses)
+	out.Misses.Since = timePtr(s.Stats.PlaneStart(s.Rebuilt.At))
+	if from := s.Stats.WhatIfStart(s.Rebuilt.At); !from.IsZero() {
+		out.WhatIf.WindowSince = &from
+		out.WhatIf.WindowSeconds = max(0, s.Taken.Sub(from).Seconds())
+		out.WhatIf.Window = "last " + engine.WindowLabel(from, s.Taken)
+	}
+	for i := range out.Misses.Contexts {
+		out.Misses.Contexts[i].ModelName = shown(out.Misses.Contexts[i].ModelName, ShownNameBytes)
+	}
+	out.Host = hostStatus(s.Host)
+	out.Requests = requestsStatus(s)
+	out.Tiers = tiersStatus(s)
+	out.Events = eventsStatus(s)
+	return out
+}
+
+// registrations is upstream's view of the registered instances: their ids
+// and each one's model meta.
+func registrations(all []workers.ContextInfo) ([]int64, map[string]ContextMeta) {
+	ids := make([]int64, 0, len(all))
+	meta := make(map[string]ContextMeta, len(all))
+	for _, c := range all {
+		if registered(c) {
+			ids = append(ids, c.InstanceID)
+			meta[strconv.FormatInt(c.InstanceID, 10)] = ContextMeta{
+				ModelName: shown(c.Model, ShownNameBytes), WorldSize: c.WorldSize, BlockSize: c.BlockSize, UseMLA: c.MLA, NumGroups: len(c.Groups),
+			}
+		}
+	}
+	return ids, meta
+}
+
+func poolStatus(p engine.Pool) PoolStatus {
 	ratio := 0.0
 	if p.Size > 0 {
 		ratio = float64(p.UsedBytes) / float64(p.Size)
 	}
-	out.Pool = PoolStatus{
+	return PoolStatus{
 		Segment: p.Decision.Segment, PrivateSegment: p.Decision.Private, Shared: p.Decision.Shared, Reason: p.Decision.Reason,
 		ShmFreeBytes: p.ShmFree, CapacityBytes: p.Size, UsedBytes: p.UsedBytes, UsageRatio: ratio,
 		ResidentBytes: p.ResidentBytes, UsableBytes: p.UsableBytes, UsableRatio: p.UsableRatio(),
@@ -561,15 +599,11 @@ func NewStatus(s engine.Snapshot) Status {
 		LockOwners: p.LockOwners, Views: p.Views, WriteDoomed: p.WriteDoomed, StaleFinishes: p.StaleFinishes,
 		LockCapRefusals: p.LockCapRefusals, OwnerLockCapBytes: p.OwnerLockCap, TotalLockCapBytes: p.TotalLockCap,
 	}
+}
 
-	for _, c := range all {
-		if registered(c) {
-			out.RegisteredNonCudaInstanceIDs = append(out.RegisteredNonCudaInstanceIDs, c.InstanceID)
-			out.NonCudaContextMeta[strconv.FormatInt(c.InstanceID, 10)] = ContextMeta{
-				ModelName: shown(c.Model, ShownNameBytes), WorldSize: c.WorldSize, BlockSize: c.BlockSize, UseMLA: c.MLA, NumGroups: len(c.Groups),
-			}
-		}
-	}
+// contextsStatus details s.Contexts (those detailed chose).
+func contextsStatus(s engine.Snapshot) []ContextStatus {
+	out := make([]ContextStatus, 0, len(s.Contexts))
 	for _, c := range s.Contexts {
 		shape := c.Layout.Shape
 		if shape == nil {
@@ -579,7 +613,7 @@ func NewStatus(s engine.Snapshot) Status {
 		for _, g := range c.Groups {
 			groups = append(groups, GroupStatus{Dtype: g.Dtype, Shape: append([]int{}, g.Shape...), ChunkBytes: g.Bytes})
 		}
-		out.Contexts = append(out.Contexts, ContextStatus{
+		out = append(out, ContextStatus{
 			Groups:     groups,
 			InstanceID: c.InstanceID, ModelName: shown(c.Model, ShownNameBytes), WorldSize: c.WorldSize, BlockSize: c.BlockSize,
 			NumLayers: c.NumLayers, HiddenDimSize: c.HiddenDimSize, UseMLA: c.MLA,
@@ -592,17 +626,22 @@ func NewStatus(s engine.Snapshot) Status {
 			HitChunks: c.HitChunks, BytesIn: c.BytesIn, BytesOut: c.BytesOut,
 		})
 	}
+	return out
+}
 
-	t := s.Transfer
-	out.Transfer = TransferStatus{Instances: t.Instances, PendingWrites: t.PendingWrites, PendingReads: t.PendingReads,
-		NoSpace: t.NoSpace, Rejected: t.Rejected, Expired: t.Expired, Fallbacks: t.Fallbacks,
-		Reaped: t.Reaped, Removed: t.Removed, Reused: t.Reused,
-		LayoutConflicts: t.Conflicts, RefusedUnregisters: t.RefusedUnregisters, UnknownInstanceRequests: t.Unknown}
-	lv := s.Liveness
-	out.WorkerLiveness = WorkerLiveness{Enabled: lv.Reaping, ReapTimeoutSeconds: lv.Timeout.Seconds(),
-		RegistrationGraceSeconds: lv.Grace.Seconds(), IdleSeconds: lv.Idle.Seconds(), TrackedInstances: t.Instances}
+func transferStatus(s engine.Snapshot) (TransferStatus, WorkerLiveness) {
+	t, lv := s.Transfer, s.Liveness
+	return TransferStatus{Instances: t.Instances, PendingWrites: t.PendingWrites, PendingReads: t.PendingReads,
+			NoSpace: t.NoSpace, Rejected: t.Rejected, Expired: t.Expired, Fallbacks: t.Fallbacks,
+			Reaped: t.Reaped, Removed: t.Removed, Reused: t.Reused,
+			LayoutConflicts: t.Conflicts, RefusedUnregisters: t.RefusedUnregisters, ForeignCommits: t.ForeignCommits, UnknownInstanceRequests: t.Unknown},
+		WorkerLiveness{Enabled: lv.Reaping, ReapTimeoutSeconds: lv.Timeout.Seconds(),
+			RegistrationGraceSeconds: lv.Grace.Seconds(), IdleSeconds: lv.Idle.Seconds(), TrackedInstances: t.Instances}
+}
+
+func lookupStatus(s engine.Snapshot) LookupStatus {
 	l := s.Lookup
-	out.Lookup = LookupStatus{Lookups: l.Lookups, EarlyExits: l.EarlyExits, Failures: l.Failures,
+	out := LookupStatus{Lookups: l.Lookups, EarlyExits: l.EarlyExits, Failures: l.Failures,
 		RequestedTokens: l.RequestedTokens, RequestedChunks: l.RequestedChunks, HitChunks: l.HitChunks,
 		HitTokens: l.HitTokens, ActiveJobs: l.ActiveJobs, AnsweredJobs: l.AnsweredJobs,
 		ReplacedJobs: l.ReplacedJobs, ExpiredJobs: l.ExpiredJobs, FreedKeys: l.FreedKeys, TouchedKeys: l.TouchedKeys,
@@ -611,65 +650,63 @@ func NewStatus(s engine.Snapshot) Status {
 		UnregisteredModels: make([]UnregisteredStatus, 0, len(s.Unregistered))}
 	for _, u := range s.Unregistered {
 		name := shown(u.Model, ShownNameBytes)
-		out.Lookup.UnregisteredModels = append(out.Lookup.UnregisteredModels, UnregisteredStatus{
+		out.UnregisteredModels = append(out.UnregisteredModels, UnregisteredStatus{
 			ModelName: name, WorldSize: u.WorldSize, Lookups: u.Lookups, LastAt: u.Last,
 			Message: engine.UnregisteredMessage(name, u.WorldSize)})
 	}
-	out.StatsSince, out.StatsResetAt = timePtr(s.Stats.Since), timePtr(s.Stats.ResetAt)
-	out.StatsRule, out.StatsCarriedAt = s.Stats.Rule, timePtr(s.Stats.Carried)
+	return out
+}
 
-	out.Misses = missesStatus(s.Misses)
-	out.Misses.Since = timePtr(s.Stats.PlaneStart(s.Rebuilt.At))
-	if from := s.Stats.WhatIfStart(s.Rebuilt.At); !from.IsZero() {
-		out.WhatIf.WindowSince = &from
-		out.WhatIf.WindowSeconds = max(0, s.Taken.Sub(from).Seconds())
-		out.WhatIf.Window = "last " + engine.WindowLabel(from, s.Taken)
-	}
-	for i := range out.Misses.Contexts {
-		out.Misses.Contexts[i].ModelName = shown(out.Misses.Contexts[i].ModelName, ShownNameBytes)
-	}
-	out.Host = hostStatus(s.Host)
-
+func requestsStatus(s engine.Snapshot) RequestsStatus {
 	r := s.Requests
-	out.Requests = RequestsStatus{
+	out := RequestsStatus{
 		Profile: r.Profile, InFlight: r.InFlight, Disconnects: r.Disconnects,
 		ByType:         make(map[string]RequestCount, len(r.Requests)),
 		BadInput:       map[string]int64{},
 		DecodeFailures: map[string]int64{},
 	}
-	if out.Requests.Profile == "" {
-		out.Requests.Profile = s.Protocol
+	if out.Profile == "" {
+		out.Profile = s.Protocol
 	}
 	for name, rs := range r.Requests {
 		rc := RequestCount{OK: rs.OK, Error: rs.Error, Dropped: rs.Dropped, Count: rs.Count}
 		if rs.Count > 0 {
 			rc.MeanLatencySeconds = rs.Latency.Seconds() / float64(rs.Count)
 		}
-		out.Requests.ByType[name] = rc
-		out.Requests.Total += rs.Count
+		out.ByType[name] = rc
+		out.Total += rs.Count
 	}
 	for k, v := range r.BadInput {
-		out.Requests.BadInput[k] = v
+		out.BadInput[k] = v
 	}
 	for k, v := range r.DecodeFailures {
-		out.Requests.DecodeFailures[k] = v
+		out.DecodeFailures[k] = v
 	}
+	return out
+}
 
+func tiersStatus(s engine.Snapshot) []TierStatus {
+	out := make([]TierStatus, 0, len(s.Tiers))
 	for _, t := range s.Tiers {
-		out.Tiers = append(out.Tiers, TierStatus{Index: t.Index, Type: t.Type, Target: t.Target,
+		out = append(out, TierStatus{Index: t.Index, Type: t.Type, Target: t.Target,
 			State: string(t.State), Reason: t.Reason, Since: timePtr(t.Since),
 			UsedBytes: t.UsedBytes, CapacityBytes: t.CapacityBytes, Objects: t.Objects,
 			Hits: t.Hits, Misses: t.Misses, Corrupt: t.Corrupt,
 			QueueDepth: t.QueueDepth, QueueBytes: t.QueueBytes, DroppedWrites: t.DroppedWrites,
 			ReadBytes: t.ReadBytes, WriteBytes: t.WriteBytes, Loads: t.Loads, LoadTimeouts: t.LoadTimeouts})
 	}
+	return out
+}
 
+// eventsStatus is the last maxEvents events.
+func eventsStatus(s engine.Snapshot) []EventStatus {
 	evs := s.Events
 	if len(evs) > maxEvents {
 		evs = evs[len(evs)-maxEvents:]
 	}
+	out := []EventStatus{}
 	for _, e := range evs {
-		out.Events = append(out.Events, EventStatus{Seq: e.Seq, Time: e.Time, Kind: string(e.Kind),
+		out = append(out, EventStatus{Seq: e.Seq, Time: e.Time, Kind: string(e.Kind),
 			Level: e.Level.String(), Message: shown(e.Message, shownMessageBytes)})
 	}
 	return out

@@ -26,3 +26,27 @@ func TestKVEventsMetricsOnlyWhenOn(t *testing.T) {
 		}
 	}
 }
+
+// The poll log's figures are present while the log is on, stream or not.
+func TestKVEventLogMetrics(t *testing.T) {
+	src, m := watched()
+	if f := gather(t, m); f["kvdock_kv_events_log_depth"] != nil {
+		t.Fatal("log metrics with the log off")
+	}
+	src.set(func(s *engine.Snapshot) {
+		s.KVEvents = engine.KVEventsStatus{Log: engine.KVEventLogStatus{Enabled: true, Depth: 11, Capacity: 16,
+			Trimmed: 4, Polls: 6, LostAnswers: 2}}
+	})
+	f := gather(t, m)
+	for name, want := range map[string]float64{
+		"kvdock_kv_events_log_depth": 11, "kvdock_kv_events_log_trimmed_total": 4,
+		"kvdock_kv_events_log_polls_total": 6, "kvdock_kv_events_log_lost_answers_total": 2,
+	} {
+		if v := promseries.Value(t, f, name); v != want {
+			t.Errorf("%s = %v, want %v", name, v, want)
+		}
+	}
+	if f["kvdock_kv_events_batches_total"] != nil {
+		t.Error("stream metrics with the stream off")
+	}
+}

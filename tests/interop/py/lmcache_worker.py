@@ -300,6 +300,37 @@ def scenario_mixed(endpoint, p):
     return {"modes": [pk.mode, sh.mode]}
 
 
+def scenario_warm(endpoint, p):
+    """An SHM worker warms the cache; then a new pickle worker and a new SHM
+    worker (neither has stored yet, so kvdock cannot tell them apart) look up
+    and retrieve what it stored: each must receive the stored bytes, the
+    pickle one from the reply's data, the SHM one from the slots."""
+    p = dict(p, world=1)
+    sh = Worker(endpoint, p, instance_id=2101, worker_id=0)
+    check(sh.mode == "shm", "server did not advertise SHM")
+    sched = Client(endpoint, p.get("profile", "nongpu-v1"))
+    n = p.get("chunks", 2)
+    t = tokens_for(21, n * sh.chunk)
+    d = [make_chunk(sh.shape, sh.dtype, 700 + i) for i in range(n)]
+    check(sh.store(t, d, "w-s") is True, "warming store")
+    pk = Worker(endpoint, p, instance_id=2102, worker_id=0, force_pickle=True)
+    fresh = Worker(endpoint, p, instance_id=2103, worker_id=0)
+    got = {}
+    for name, wk in (("pickle", pk), ("shm", fresh)):
+        for r in range(p.get("rounds", 3)):
+            rid = f"w-{name}-{r}"
+            check(lookup(sched, p, t, rid) == n, f"lookup for the {name} worker")
+            out = wk.retrieve(t, n, rid)
+            check(out is not None and all(same(a, b) for a, b in zip(out, d)),
+                  f"the {name} worker on a warm cache got {'nothing' if out is None else 'other bytes'}")
+            got[name] = got.get(name, 0) + len(out)
+    # Left registered, so the test reads their counters.
+    for wk in (sh, pk, fresh):
+        wk.close(unregister=False)
+    sched.close()
+    return {"received": got, "modes": [pk.mode, fresh.mode]}
+
+
 class _Evil:
     def __init__(self, cmd):
         self.cmd = cmd
@@ -522,7 +553,7 @@ def lookup_wait(c, p, tokens, request_id, limit):
     raise Failure(f"prefetch never finished within {limit}s")
 
 
-SCENARIOS = {"tier_store": scenario_tier_store, "tier_check": scenario_tier_check, "register": scenario_register, "roundtrip": scenario_roundtrip, "mixed": scenario_mixed,
+SCENARIOS = {"tier_store": scenario_tier_store, "tier_check": scenario_tier_check, "register": scenario_register, "roundtrip": scenario_roundtrip, "mixed": scenario_mixed, "warm": scenario_warm,
              "malicious": scenario_malicious, "malicious_torch2": scenario_malicious_torch2}
 
 
@@ -530,6 +561,7 @@ SCENARIOS = {"tier_store": scenario_tier_store, "tier_check": scenario_tier_chec
 SCENARIO_HELP = {
     "roundtrip": "every worker of one world stores --chunks chunks, looks them up and reads them back",
     "mixed": "an SHM worker and a pickle worker of one model read each other's chunks",
+    "warm": "an SHM worker stores; a new pickle and a new SHM worker read it back (a warm cache)",
     "register": "registers --instance-id, stores one chunk and exits still registered",
     "tier_store": "stores --prompts prompts of --chunks chunks (seeded by --seed)",
     "tier_check": "looks up and reads back what tier_store stored; counts hits, misses, wrong bytes",

@@ -61,6 +61,9 @@ REPLY = {
     "GET_EXPERIMENTAL": "names",
 }
 STRUCT_REPLY = {"REGISTER", "PREPARE_STORE", "PREPARE_RETRIEVE"}
+# What GET_EXPERIMENTAL names per table: the poll channel where the table
+# has POLL_KV_EVENTS (protocols/base.py @ 593e6c13 numbers it 34).
+EXPERIMENTAL = {"engine-driven-v2": ["kv_events"]}
 
 
 class Client(lw.Client):
@@ -96,7 +99,11 @@ class Worker(lw.Worker):
         if "GET_EXPERIMENTAL" in self.c.num:
             # As the frozen-number workers do at start; under --protocol
             # auto it tells engine-driven-v2 from engine-driven-v2-early.
-            lw.check(self.c.call("GET_EXPERIMENTAL") == [], "GET_EXPERIMENTAL")
+            # kvdock names its KV event poll channel (log on by default)
+            # to the table that serves POLL_KV_EVENTS.
+            want = EXPERIMENTAL.get(p["profile"], [])
+            got = self.c.call("GET_EXPERIMENTAL")
+            lw.check(got == want, f"GET_EXPERIMENTAL {got!r}, want {want!r}")
         reg = {
             "instance_id": instance_id, "model_name": p["model"], "world_size": p["world"],
             "block_size": 16, "num_layers": p["layers"], "hidden_dim_size": p["hidden"],

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"time"
 
@@ -289,4 +290,108 @@ func (t *Tier) GetHead(ctx context.Context, key string, buf []byte) (n int, size
 		return 0, 0, err
 	}
 	return n, size, nil
+}
+
+// Has counts how many leading keys are present, with pipelined EXISTS,
+// asking only up to the first key the server said was absent less than
+// absentFor ago.
+func (t *Tier) Has(ctx context.Context, keys []string) (int, error) {
+	asked := t.absent.ask()
+	keys = keys[:t.absent.firstFresh(keys, asked.at)]
+	if len(keys) == 0 {
+		return 0, nil
+	}
+	// The call may outlive Has (see detached): it reads a copy of keys.
+	keys = slices.Clone(keys)
+	n := 0
+	err := t.detached(ctx, "has", true, func(c valkey.Client, dctx context.Context) error {
+		found := 0
+		defer func() { n = found }()
+		for len(keys) > 0 {
+			batch := keys[:min(len(keys), hasBatch)]
+			keys = keys[len(batch):]
+			cmds := make(valkey.Commands, len(batch))
+			for i, k := range batch {
+				cmds[i] = c.B().Exists().Key(t.serverKey(k)).Build()
+			}
+			for i, r := range c.DoMulti(dctx, cmds...) {
+				v, err := r.AsInt64()
+				if err != nil {
+					return t.fail(dctx, "has", err)
+				}
+				if v == 0 {
+					t.absent.add(batch[i], asked)
+					return nil
+				}
+				found++
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	return n, nil
+}
+
+// KnownAbsent implements tier.AbsenceKnower: the server said key was
+// absent less than absentFor ago (and we have not written it since). An
+// answer past refreshAfter is asked again in the background, so a prefix
+// that keeps being looked up (a scheduler asks at every step while the
+// request waits) is answered from memory throughout instead of waiting on
+// the server every absentFor; the answer relied on is still never older
+// than absentFor.
+func (t *Tier) KnownAbsent(key string) bool {
+	absent, refresh := t.absent.knownAbsent(key, time.Now())
+	if refresh {
+		t.refreshAbsent(key)
+	}
+	return absent
+}
+
+// refreshAbsent asks the server about key in the background and remembers
+// the answer. It takes a small-call worker slot only if one is free now and
+// refreshes hold at most half of them (one of a single slot), so lookups
+// that must ask the server find a slot or wait at most for one EXISTS; a
+// refresh not made lets the answer age out as before. Close waits for it.
+func (t *Tier) refreshAbsent(key string) {
+	if t.refreshing.Add(1) > int32(max(1, t.cfg.NumWorkers/2)) {
+		t.refreshing.Add(-1)
+		t.absent.drop(key)
+		return
+	}
+	c, release, ok := t.beginNow(true)
+	if !ok {
+		t.refreshing.Add(-1)
+		t.absent.drop(key)
+		return
+	}
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		release()
+		t.refreshing.Add(-1)
+		t.absent.drop(key)
+		return
+	}
+	t.refreshes.Add(1)
+	t.mu.Unlock()
+	go func() {
+		defer t.refreshes.Done()
+		defer t.refreshing.Add(-1)
+		defer release()
+		q := t.absent.ask()
+		ctx, cancel := context.WithTimeout(t.bg, callTimeout)
+		defer cancel()
+		v, err := c.Do(ctx, c.B().Exists().Key(t.serverKey(key)).Build()).AsInt64()
+		switch {
+		case err != nil:
+			t.absent.drop(key)
+			_ = t.fail(ctx, "has", err)
+		case v == 0:
+			t.absent.add(key, q)
+		default:
+			t.absent.present(key)
+		}
+	}()
 }

@@ -1,0 +1,223 @@
+package kvevents
+
+import (
+	"sync"
+
+	"kvdock/core/keys"
+)
+
+// DefaultLogSize is how many records the poll log keeps (LMCache's
+// --kv-event-log-size default).
+const DefaultLogSize = 32768
+
+// Capability is the name GET_EXPERIMENTAL advertises the poll channel by.
+const Capability = "kv_events"
+
+// MaxPollEvents caps the records one poll returns, whatever max_events
+// asks: a reply's size is bounded by it (LMCache's poller asks 1024).
+const MaxPollEvents = 4096
+
+// MaxRemovedPerRecord caps the hashes one removed record carries, so a
+// record's size is bounded whatever an eviction pass removes.
+const MaxRemovedPerRecord = 64
+
+// Record is one record of the poll log: a chunk announced (Stored, one
+// hash, its parent and tokens) or chunks withdrawn, in one medium.
+type Record struct {
+	Seq       uint64
+	Stored    bool
+	Medium    string
+	Model     string
+	Hashes    []keys.Hash
+	Parent    keys.Hash
+	HasParent bool
+	// Tokens are the stored chunk's tokens (shared with the tracker's
+	// node: neither side writes them).
+	Tokens []uint32
+}
+
+// Poll is the answer to one read of the log.
+type Poll struct {
+	Incarnation int64
+	NextCursor  uint64
+	Lost        bool
+	Events      []Record
+}
+
+// LogStats are the log's figures.
+type LogStats struct {
+	Capacity    int
+	Depth       int    // records kept now
+	NextSeq     uint64 // seq of the next record
+	Trimmed     uint64 // records overwritten by newer ones (a slow poller's loss)
+	Polls       uint64
+	LostAnswers uint64 // polls answered lost=true
+	Incarnation int64
+}
+
+type lkey struct {
+	medium, model string
+	h             keys.Hash
+}
+
+// Log is LMCache's KV event channel (POLL_KV_EVENTS): the tracker's
+// chunk-level decisions, the same announced set the PUB stream carries, as
+// a bounded log of records numbered from 1 that a poller reads after a
+// cursor it holds. Hashes are the 32-byte chunk hashes, whatever
+// --kv-events-block-size splits the stream into. A chunk held under two
+// salts is one router block: it is announced with the first and withdrawn
+// with the last. Memory: Capacity records, each one chunk's tokens or at
+// most MaxRemovedPerRecord hashes, plus one count per announced chunk.
+type Log struct {
+	mu          sync.Mutex
+	capacity    int
+	blockSize   int
+	incarnation int64
+	ring        []Record
+	head        int    // oldest record's index once the ring is full
+	nextSeq     uint64 // from 1
+	read        uint64 // highest cursor a poll handed out: records up to it never change
+	refs        map[lkey]int
+	st          LogStats
+}
+
+// NewLog returns a log of capacity records (> 0) of chunks of blockSize
+// tokens, stamped with incarnation, which must differ from every earlier
+// log a poller may have read: a poller that sees another incarnation
+// forgets what it learned.
+func NewLog(capacity, blockSize int, incarnation int64) *Log {
+	return &Log{capacity: capacity, blockSize: blockSize, incarnation: incarnation, nextSeq: 1, refs: map[lkey]int{}}
+}
+
+// BlockSize is the tokens of one chunk (the records' block_size).
+func (l *Log) BlockSize() int { return l.blockSize }
+
+// announced notes a chunk entering the announced set of medium.
+func (l *Log) announced(medium, model string, h, parent keys.Hash, hasParent bool, tokens []uint32) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	k := lkey{medium, model, h}
+	l.refs[k]++
+	if l.refs[k] > 1 {
+		return
+	}
+	l.append(Record{Stored: true, Medium: medium, Model: model, Hashes: []keys.Hash{h}, Parent: parent,
+		HasParent: hasParent, Tokens: tokens})
+}
+
+// withdrawn notes a chunk leaving the announced set of medium.
+func (l *Log) withdrawn(medium, model string, h keys.Hash) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	k := lkey{medium, model, h}
+	n, ok := l.refs[k]
+	if !ok {
+		return
+	}
+	if n > 1 {
+		l.refs[k] = n - 1
+		return
+	}
+	delete(l.refs, k)
+	// Extend the newest record when it is a removal of the same model and
+	// medium no poll has handed out yet, so one eviction pass takes few
+	// records.
+	if len(l.ring) > 0 {
+		last := &l.ring[(l.head+len(l.ring)-1)%len(l.ring)]
+		if !last.Stored && last.Seq > l.read && last.Model == model && last.Medium == medium &&
+			len(last.Hashes) < MaxRemovedPerRecord {
+			last.Hashes = append(last.Hashes, h)
+			return
+		}
+	}
+	l.append(Record{Medium: medium, Model: model, Hashes: []keys.Hash{h}})
+}
+
+func (l *Log) append(r Record) {
+	r.Seq = l.nextSeq
+	l.nextSeq++
+	if len(l.ring) < l.capacity {
+		l.ring = append(l.ring, r)
+		return
+	}
+	l.ring[l.head] = r
+	l.head = (l.head + 1) % len(l.ring)
+	l.st.Trimmed++
+}
+
+// Read returns the records of model after cursor (the seq of the last
+// record the poller consumed, 0 at first contact), at most max of them
+// (clipped to 1..MaxPollEvents), by LMCache's rules: records of other
+// models advance the cursor; lost is true when records after cursor were
+// overwritten (cursor older than the oldest kept) or when cursor was
+// never issued by this log (beyond the newest), which answers no records
+// and the newest seq as the next cursor. A read changes nothing a later
+// read sees.
+func (l *Log) Read(cursor uint64, model string, max int) Poll {
+	max = min(MaxPollEvents, max)
+	if max < 1 {
+		max = 1
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.st.Polls++
+	p := l.read1(cursor, model, max)
+	if p.Lost {
+		l.st.LostAnswers++
+	}
+	if p.NextCursor > l.read {
+		l.read = p.NextCursor
+	}
+	return p
+}
+
+func (l *Log) read1(cursor uint64, model string, max int) Poll {
+	last := l.nextSeq - 1
+	p := Poll{Incarnation: l.incarnation, NextCursor: last}
+	if len(l.ring) == 0 || cursor > last {
+		p.Lost = cursor > last
+		return p
+	}
+	first := l.ring[l.head].Seq
+	p.Lost = cursor+1 < first
+	start := uint64(0)
+	if cursor+1 > first {
+		start = cursor + 1 - first // seqs are consecutive
+	}
+	p.NextCursor = cursor
+	for i := int(start); i < len(l.ring); i++ {
+		r := l.ring[(l.head+i)%len(l.ring)]
+		p.NextCursor = r.Seq
+		if r.Model != model {
+			continue
+		}
+		p.Events = append(p.Events, r)
+		if len(p.Events) >= max {
+			break
+		}
+	}
+	return p
+}
+
+// Stats returns the log's figures.
+func (l *Log) Stats() LogStats {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s := l.st
+	s.Capacity, s.Depth, s.NextSeq, s.Incarnation = l.capacity, len(l.ring), l.nextSeq, l.incarnation
+	return s
+}
+
+// logAnnounced tells the log that e entered the announced set.
+func (t *Tracker) logAnnounced(e ekey, n *node) {
+	if t.opt.Log != nil {
+		t.opt.Log.announced(t.opt.Medium, e.model, e.h, n.parent, n.hasParent, n.tokens)
+	}
+}
+
+// logWithdrawn tells the log that e left the announced set.
+func (t *Tracker) logWithdrawn(e ekey) {
+	if t.opt.Log != nil {
+		t.opt.Log.withdrawn(t.opt.Medium, e.model, e.h)
+	}
+}
