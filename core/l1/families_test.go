@@ -23,15 +23,8 @@ type familyResult struct {
 // > 0 the watermark loop runs every tick prompts; 0 evicts on demand only.
 func replayFamily(tb testing.TB, trace []chat.Prompt, poolChunks int, policy string, tick int) familyResult {
 	tb.Helper()
-	p, err := Open(Options{Size: int64(poolChunks) * accAlign, Align: accAlign, Policy: policy})
-	if err != nil {
-		tb.Fatal(err)
-	}
+	p, h := replayPool(tb, int64(poolChunks)*accAlign, policy, nil)
 	defer p.Close()
-	h, err := keys.NewHasher(accChunkTokens, keys.AlgorithmBLAKE3)
-	if err != nil {
-		tb.Fatal(err)
-	}
 	var out familyResult
 	var tokens []uint32
 	for i, pr := range trace {
@@ -176,15 +169,8 @@ func TestRoundRobinChat(t *testing.T) {
 // store would take it and leave the new chunks without their parent:
 // resident, unusable, a miss at the next turn.
 func TestStoreKeepsItsOwnPrompt(t *testing.T) {
-	p, err := Open(Options{Size: 16 * accAlign, Align: accAlign, Policy: PolicyPrefix})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, h := replayPool(t, 16*accAlign, PolicyPrefix, nil)
 	defer p.Close()
-	h, err := keys.NewHasher(accChunkTokens, keys.AlgorithmBLAKE3)
-	if err != nil {
-		t.Fatal(err)
-	}
 	conv := func(doc uint64, n int) []keys.ObjectKey {
 		var tokens []uint32
 		for c := range n {

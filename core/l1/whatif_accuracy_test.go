@@ -139,15 +139,8 @@ func (r replayResult) hitRatio() float64 { return float64(r.hit) / float64(r.ask
 // loop ticks every tickEvery requests.
 func replayPolicy(tb testing.TB, trace []traceReq, models []traceModel, poolBytes int64, tickEvery int, est *whatif.Estimator, policy string) replayResult {
 	tb.Helper()
-	p, err := Open(Options{Size: poolBytes, Align: accAlign, Observer: estObserver{est}, Policy: policy})
-	if err != nil {
-		tb.Fatal(err)
-	}
+	p, h := replayPool(tb, poolBytes, policy, estObserver{est})
 	defer p.Close()
-	h, err := keys.NewHasher(accChunkTokens, keys.AlgorithmBLAKE3)
-	if err != nil {
-		tb.Fatal(err)
-	}
 	sess := keys.NewSessions(h, 0, nil)
 	mod := lookup.New(sess, p, alwaysLayouts{}, lookup.Options{WhatIf: est})
 	owner := InstanceOwner(1)
@@ -202,6 +195,23 @@ func replayPolicy(tb testing.TB, trace []traceReq, models []traceModel, poolByte
 	}
 	out.final = p.Stats()
 	return out
+}
+
+// replayPool opens a replay's pool of size bytes under policy, telling obs
+// (nil: nobody), and the hasher of the replays' chunks; the caller closes
+// the pool.
+func replayPool(tb testing.TB, size int64, policy string, obs Observer) (*Pool, *keys.Hasher) {
+	tb.Helper()
+	p, err := Open(Options{Size: size, Align: accAlign, Observer: obs, Policy: policy})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	h, err := keys.NewHasher(accChunkTokens, keys.AlgorithmBLAKE3)
+	if err != nil {
+		p.Close()
+		tb.Fatal(err)
+	}
+	return p, h
 }
 
 // TestWhatIfMatchesRealPools checks each policy's curve against real pools
