@@ -135,24 +135,27 @@ func (s *sim) makeRoom(st *stack, k int, need, capacity int64, pinFrom uint64) b
 }
 
 // admit stores slot j at size k, a leaf under its parent when that is
-// held there, and lends it a gap as the pool does: a store's chunks take
-// the gap of the chunk before its first (the last one the lookup hit),
-// none when the prompt missed from its start. lend is the gap of the last
-// sampled chunk of the lookup that hit at this size (0: none), which
-// stands for it. Most sampled chunks have no sampled chunk before them in
-// their lookup; with parentHeld (taken as held at this size) the chunk
-// before's gap, the gap of a chunk used whenever this one is, is this
-// chunk's own: the ticks since its last use here.
-func (s *sim) admit(st *stack, j int32, k int, lend uint64, parentHeld bool) {
+// held there, and lends it a gap as the pool does: a store's new chunks
+// take, down the chain, the gap of the chunk before its first (the last one
+// the lookup hit), none when the prompt missed from its start; a new chunk
+// with none is given the prior when it is first a leaf, not before (the
+// pool chains a store's chunks while they are write-locked, out of the
+// heaps). lend (measured or not) is the gap a chunk before this one in the
+// lookup passes on at this size (0: none): the last sampled chunk that hit,
+// or the sampled chunk stored just before, as fresh says. Most sampled
+// chunks have no sampled chunk before them in their lookup; with
+// parentHeld (taken as held at this size) the chunk before's gap, the gap
+// of a chunk used whenever this one is, is this chunk's own: the ticks
+// since its last use here. It returns the gap the chunk passes on down the
+// chain, and whether it is measured.
+func (s *sim) admit(st *stack, j int32, k int, lend uint64, lendMeasured, parentHeld, fresh bool) (uint64, bool) {
 	bit := uint8(1) << k
 	i := int(j)*nf + k
 	last := s.ord[i].Stamp
 	s.ord[i] = nextuse.New(s.clk[k].Tick())
-	// Either is a gap a chunk the lookup just used measured, as
-	// nextuse.Inherit lends it.
 	switch {
 	case lend > 0:
-		s.ord[i].Gap, s.ord[i].Measured = lend, true
+		s.ord[i].Gap, s.ord[i].Measured = lend, lendMeasured
 	case parentHeld && last > 0:
 		s.ord[i].Gap, s.ord[i].Measured = s.ord[i].Stamp-last, true
 	}
@@ -162,12 +165,22 @@ func (s *sim) admit(st *stack, j int32, k int, lend uint64, parentHeld bool) {
 	s.count[k]++
 	if pj := s.parent(st, j); pj >= 0 && s.in[pj]&bit != 0 {
 		s.linked[j] |= bit
-		s.kids[int(pj)*nf+k]++
+		pi := int(pj)*nf + k
+		s.kids[pi]++
 		s.reheap(pj, k)
-		s.ord[i].Gap = 0
-		nextuse.Inherit(&s.ord[i], &s.ord[int(pj)*nf+k])
+		switch {
+		case !fresh:
+			s.ord[i].Gap = 0
+			nextuse.Inherit(&s.ord[i], &s.ord[pi])
+		case lend == 0:
+			// Stored by this lookup with no gap to pass on: its prior was
+			// only a leaf's, and it is none now (out of the heaps).
+			s.ord[pi].Gap, s.ord[pi].Measured = 0, false
+		}
 	}
+	g, m := s.ord[i].Gap, s.ord[i].Measured
 	s.reheap(j, k)
+	return g, m
 }
 
 // use marks slot j, held at size k, as used by a lookup.

@@ -203,7 +203,9 @@ type Prefix struct {
 	start   [nf]uint64
 	prevSp  uint64
 	prevID  uint32
-	lend    [nf]uint64 // per size: the gap of the last sampled key that hit
+	lend    [nf]uint64 // per size: the gap the last sampled key passes on (hit, or stored by this lookup)
+	lendM   uint8      // a bit per size where lend is measured
+	fresh   uint8      // a bit per size where the last sampled key was stored by this lookup
 	probed  int        // keys probed so far, sampled or not
 	prevHit bool       // the pool hit the last key probed
 }
@@ -339,6 +341,10 @@ func (e *Estimator) simProbe(p *Prefix, j int32, size int64, afterHit bool) {
 		s.charge[j] = size
 	}
 	stored := e.st.size[j] > 0
+	// Whether j's parent is the sampled key just before it in this lookup.
+	afterPrev := s.par[j] != 0 && s.par[j] == p.prevSp && s.parID[j] == p.prevID
+	fresh := p.fresh
+	p.fresh = 0
 	for k, f := range factors() {
 		bit := uint8(1) << k
 		if s.in[j]&bit != 0 {
@@ -346,6 +352,7 @@ func (e *Estimator) simProbe(p *Prefix, j int32, size int64, afterHit bool) {
 				e.simHits[k]++
 				s.use(j, k)
 				p.lend[k] = s.ord[int(j)*nf+k].Gap
+				p.lendM |= bit
 			} else {
 				p.broken |= bit
 			}
@@ -356,7 +363,13 @@ func (e *Estimator) simProbe(p *Prefix, j int32, size int64, afterHit bool) {
 		held := afterHit && p.broken&bit == 0
 		p.broken |= bit
 		if s.makeRoom(&e.st, k, s.charge[j], e.simCap(f), p.start[k]) {
-			s.admit(&e.st, j, k, p.lend[k], held)
+			g, m := s.admit(&e.st, j, k, p.lend[k], p.lendM&bit != 0, held, afterPrev && fresh&bit != 0)
+			p.lend[k] = g
+			p.lendM &^= bit
+			if m {
+				p.lendM |= bit
+			}
+			p.fresh |= bit
 		}
 	}
 }
