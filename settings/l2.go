@@ -60,6 +60,8 @@ type FSAdapter struct {
 	// index from a previous run's files; nil = true. false starts cold and
 	// removes those files.
 	RecoverOnStart *bool `json:"recover_on_start,omitempty"`
+	// KVEventsMedium is the medium of this tier's KV events; "" = STORAGE.
+	KVEventsMedium string `json:"kv_events_medium,omitempty"`
 }
 
 // RESPAdapter is a {"type": "resp", …} tier on Redis or Valkey. The JSON
@@ -77,6 +79,14 @@ type RESPAdapter struct {
 	StartupNodes  []string `json:"startup_nodes,omitempty"` // "host:port" seeds, with Cluster only
 	KeyPrefix     *string  `json:"key_prefix,omitempty"`
 	TTLSeconds    int      `json:"ttl_seconds,omitempty"` // 0 = values never expire
+	// KVEventsMedium is the medium of this tier's KV events; "" = STORAGE.
+	KVEventsMedium string `json:"kv_events_medium,omitempty"`
+}
+
+// KVEventsMedium is the medium a's values are announced for in the KV
+// event stream: its kv_events_medium, else "STORAGE".
+func (a Adapter) KVEventsMedium() string {
+	return cmp.Or(a.FS.KVEventsMedium, a.RESP.KVEventsMedium, "STORAGE")
 }
 
 // KeyAdapters is the dotted key of the adapter list.
@@ -169,12 +179,24 @@ func fieldChecks() map[string]func(v any) string {
 			}
 			return nonEmptyText(v)
 		},
-		"resp.max_capacity_gb": capacity(0),
-		"resp.num_workers":     func(v any) string { return intRange(v.(int), 1, 1024) },
-		"resp.port":            func(v any) string { return intRange(v.(int), 1, 65535) },
-		"resp.startup_nodes":   checkNodes,
-		"resp.ttl_seconds":     func(v any) string { return intRange(v.(int), 0, maxTTLSeconds) },
+		"resp.max_capacity_gb":  capacity(0),
+		"resp.num_workers":      func(v any) string { return intRange(v.(int), 1, 1024) },
+		"resp.port":             func(v any) string { return intRange(v.(int), 1, 65535) },
+		"resp.startup_nodes":    checkNodes,
+		"resp.ttl_seconds":      func(v any) string { return intRange(v.(int), 0, maxTTLSeconds) },
+		"fs.kv_events_medium":   mediumName,
+		"resp.kv_events_medium": mediumName,
 	}
+}
+
+// mediumName checks a KV events medium name: 1..64 printable ASCII bytes,
+// as a router shows and compares it.
+func mediumName(v any) string {
+	s := v.(string)
+	if s == "" || len(s) > 64 || strings.IndexFunc(s, func(r rune) bool { return r <= ' ' || r > '~' }) >= 0 {
+		return "must be 1..64 printable ASCII bytes without spaces, such as \"STORAGE\""
+	}
+	return ""
 }
 
 func noNUL(s string) string {

@@ -407,3 +407,21 @@ func TestL2AdaptersRenderLoadsBack(t *testing.T) {
 		t.Fatalf("AdapterTexts = %q", got)
 	}
 }
+
+// TestHostileKVEventsMediumRefused: an adapter's kv_events_medium is shown
+// to routers as it is given, so anything but 1..64 printable ASCII bytes
+// is refused with the reason; none given is STORAGE.
+func TestHostileKVEventsMediumRefused(t *testing.T) {
+	for _, bad := range []string{`""`, `"two words"`, `"` + strings.Repeat("x", 65) + `"`, `"caf\u00e9"`, `"a\nb"`, `7`} {
+		_, err := settings.Load(settings.LoadOptions{Flags: flags(t, "--l2-adapter", `{"type": "fs", "base_path": "/a", "kv_events_medium": `+bad+`}`)})
+		probs := problems(t, err)
+		if len(probs) != 1 || probs[0].Key != "l2.adapters[0].kv_events_medium" {
+			t.Errorf("medium %s: problems %v", bad, err)
+		}
+	}
+	l := mustLoad(t, settings.LoadOptions{Flags: flags(t, "--l2-adapter", `{"type": "fs", "base_path": "/a"}`,
+		"--l2-adapter", `{"type": "resp", "host": "r", "kv_events_medium": "REDIS"}`)})
+	if a := l.Config.L2.Adapters; a[0].KVEventsMedium() != "STORAGE" || a[1].KVEventsMedium() != "REDIS" {
+		t.Fatalf("media %q %q", a[0].KVEventsMedium(), a[1].KVEventsMedium())
+	}
+}

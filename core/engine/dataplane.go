@@ -200,6 +200,7 @@ func (e *Engine) buildDataPlane(cfg settings.Config) (*dataPlane, error) {
 	}
 	d := pool.Decision()
 	e.log.Info("L1 pool", "segment", d.Segment, "size", d.Size, "shared", d.Shared, "reason", d.Reason)
+	e.reannounceKV(cfg, kv, pool, adopted)
 
 	hasher, err := keys.NewHasher(cfg.Server.ChunkSize, cfg.Server.HashAlgorithm)
 	if err != nil {
@@ -226,7 +227,7 @@ func (e *Engine) buildDataPlane(cfg settings.Config) (*dataPlane, error) {
 		}
 	}
 	p.sessions.SetLimits(sessionLimits(cfg))
-	set, err := e.buildTiers(cfg.L2, pool, p.layouts)
+	set, err := e.buildTiers(cfg.L2, pool, p.layouts, kv)
 	if err != nil {
 		p.closeKV()
 		_ = pool.Close()

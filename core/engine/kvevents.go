@@ -1,11 +1,14 @@
 package engine
 
 import (
+	"errors"
 	"log/slog"
 	"os"
 	"time"
 
 	"kvdock/core/kvevents"
+	"kvdock/core/l1"
+	"kvdock/core/restart"
 	"kvdock/settings"
 )
 
@@ -49,6 +52,56 @@ func startKVPublisher(cfg settings.Config, kv *kvevents.Tracker, log *slog.Logge
 	log.Info("KV events", "endpoint", c.Endpoint, "connect", c.Connect, "replay", c.ReplayEndpoint, "pod", pod,
 		"encoding", c.Encoding, "medium", c.MediumL1)
 	return pub, nil
+}
+
+// kvFile is the file beside the restart record that carries the KV event
+// stream's chunk descriptions to the process that adopts the pool.
+func kvFile(record string) string { return record + ".kvevents" }
+
+// describeKV writes what the next process needs to re-announce the pool
+// it adopts (kvevents.Tracker.Describe) beside the record; a failure costs
+// only the re-announcement, never the handover.
+func (e *Engine) describeKV(kv *kvevents.Tracker, dir, record string, stoppedAt time.Time) {
+	data, left := kv.Describe(stoppedAt.UnixNano(), kvevents.MaxDescribeBytes)
+	if left > 0 {
+		e.log.Warn("stop: KV event chunks past the description's bound are not re-announced", "left_out", left)
+	}
+	if err := restart.WriteFile(dir, kvFile(record), data); err != nil {
+		e.log.Warn("stop: KV event chunks not carried: the next process announces what it stores", "err", err)
+	}
+}
+
+// reannounceKV, over an adopted pool, re-announces the adopted usable set
+// (before the plane serves: its events lead the new stream) from the
+// description the previous process left; the description is consumed in
+// any case, so a later start never reads a stale one.
+func (e *Engine) reannounceKV(cfg settings.Config, kv *kvevents.Tracker, pool *l1.Pool, a *adoption) {
+	if a == nil {
+		return
+	}
+	published := a.kvPublished
+	a.kvPublished = nil
+	dir, record, err := e.stateFile(cfg)
+	if err != nil {
+		return
+	}
+	data, err := restart.TakeFile(dir, kvFile(record), kvevents.MaxDescribeBytes)
+	if kv == nil || a.cold || errors.Is(err, restart.ErrNone) {
+		return
+	}
+	if err != nil {
+		e.log.Warn("restart: KV event chunks not re-announced", "err", err)
+		return
+	}
+	r, err := kv.Reannounce(data, a.stoppedAt.UnixNano(), published, pool.Unreadable)
+	if err != nil {
+		e.log.Warn("restart: KV event chunks not re-announced", "err", err)
+		return
+	}
+	if r.Dropped > 0 {
+		e.log.Warn("restart: KV event chunk descriptions left out", "dropped", r.Dropped)
+	}
+	e.log.Info("restart: KV event chunks re-announced", "chunks", r.Chunks, "described", r.Described)
 }
 
 // kvCommitted is the transfer module's commit hook, nil when the stream is

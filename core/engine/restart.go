@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"kvdock/core/keys"
 	"kvdock/core/l1"
 	"kvdock/core/lookup"
 	"kvdock/core/restart"
@@ -74,6 +75,9 @@ type adoption struct {
 	// process, their keys hashed with carryKey.
 	transfers []restart.Transfer
 	carryKey  []byte
+	// kvPublished are the adopted objects the KV event stream
+	// re-announces: those published when kept (reannounceKV).
+	kvPublished []keys.ObjectKey
 }
 
 // keptState is what a stop that keeps the pool hands its record beside the
@@ -201,8 +205,14 @@ func (e *Engine) openPool(cfg settings.Config, opts l1.Options) (*l1.Pool, *adop
 					e.events.add(EventLifecycle, slog.LevelWarn, fmt.Sprintf("restart: %d parts of the record left out: %s",
 						drops.N, strings.Join(drops.Reasons(), "; ")))
 				}
-				return pool, &adoption{regs: rec.Registrations, lookups: rec.Lookups, stoppedAt: rec.StoppedAt, stats: rec.Stats,
-					transfers: rec.Transfers, carryKey: rec.CarryKey}, nil
+				a := &adoption{regs: rec.Registrations, lookups: rec.Lookups, stoppedAt: rec.StoppedAt, stats: rec.Stats,
+					transfers: rec.Transfers, carryKey: rec.CarryKey}
+				for _, o := range rec.Pool.Objects {
+					if !o.Held && !o.Write {
+						a.kvPublished = append(a.kvPublished, o.Key)
+					}
+				}
+				return pool, a, nil
 			}
 			reason = aerr.Error()
 		}
@@ -333,6 +343,9 @@ func (e *Engine) keeper(cfg settings.Config, stoppedAt time.Time) func(p *dataPl
 			recorded = err == nil
 			return err
 		})
+		if recorded && p.kv != nil {
+			e.describeKV(p.kv, dir, file, stoppedAt)
+		}
 		if err != nil && !recorded {
 			// The pool is gone (private memory cannot be kept); the
 			// registrations need no segment and are carried alone.

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"kvdock/core/keys"
+	"kvdock/core/kvevents"
 	"kvdock/core/layout"
 	"kvdock/core/tierstate"
 	"kvdock/settings"
@@ -99,9 +100,14 @@ func (t *tiers) Stats() []tierstate.Tier {
 	return nil
 }
 
-// buildTiers opens cfg's adapters over pool; nil without adapters.
-func (e *Engine) buildTiers(cfg settings.L2Config, pool tier.Pool, layouts tier.Layouts) (*tier.Set, error) {
+// buildTiers opens cfg's adapters over pool; nil without adapters. With
+// the KV event stream on (kv), the tiers tell kv's medium of each tier
+// what they hold, and their loads into L1.
+func (e *Engine) buildTiers(cfg settings.L2Config, pool tier.Pool, layouts tier.Layouts, kv *kvevents.Tracker) (*tier.Set, error) {
 	if len(cfg.Adapters) == 0 {
+		if kv != nil {
+			kv.SetTiers(nil) // the tiers' media go with them
+		}
 		return nil, nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), tierOpenTimeout)
@@ -111,7 +117,7 @@ func (e *Engine) buildTiers(cfg settings.L2Config, pool tier.Pool, layouts tier.
 	if err != nil {
 		return nil, fmt.Errorf("L2 tiers: %w", err)
 	}
-	s := tier.NewSet(bs, pool, layouts, tier.Options{
+	opts := tier.Options{
 		StorePolicy: cfg.StorePolicy,
 		QueueBytes:  cfg.QueueBytes,
 		MaxInFlight: cfg.PrefetchMaxInFlight,
@@ -121,7 +127,23 @@ func (e *Engine) buildTiers(cfg settings.L2Config, pool tier.Pool, layouts tier.
 			e.events.add(EventTier, tierLevel(st.State), tierMessage(st))
 		},
 		LastRequest: e.lastRequest,
-	})
+	}
+	if kv != nil {
+		media := make([]string, len(cfg.Adapters))
+		for i, a := range cfg.Adapters {
+			media[i] = a.KVEventsMedium()
+		}
+		v := kv.SetTiers(media)
+		opts.Contents = func(i int, k keys.ObjectKey, present bool) {
+			if present {
+				v.Stored(i, &k)
+			} else {
+				v.Lost(i, &k)
+			}
+		}
+		opts.Loaded = kv.Loaded
+	}
+	s := tier.NewSet(bs, pool, layouts, opts)
 	for i, st := range s.Stats() {
 		e.events.add(EventTier, tierLevel(st.State), fmt.Sprintf("tier %d (%s %s) opened: %s", i, st.Type, st.Target, stateText(st)))
 	}
@@ -185,7 +207,7 @@ func (e *Engine) applyTiersLocked(cfg settings.L2Config) {
 	if same {
 		return
 	}
-	s, err := e.buildTiers(cfg, p.pool, p.layouts)
+	s, err := e.buildTiers(cfg, p.pool, p.layouts, p.kv)
 	if err != nil {
 		e.events.add(EventError, slog.LevelError, "L2 tiers not changed: "+err.Error())
 		return

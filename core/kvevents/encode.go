@@ -1,82 +1,126 @@
 package kvevents
 
 import (
-	"bytes"
-
-	"github.com/vmihailenco/msgpack/v5"
+	"encoding/binary"
+	"math"
 )
 
 // encodeBatch writes vLLM's EventBatch, always positional:
 // [ts, [events...], data_parallel_rank]. Events are tagged maps with the keys
 // in vLLM's declaration order, or positional arrays led by the tag (array).
 // Hashes are integers; fields without a default are always present.
-func encodeBatch(ts float64, evs []Event, blockSize int, medium string, array bool, dpRank int) []byte {
-	var b bytes.Buffer
-	e := msgpack.NewEncoder(&b)
-	// Writes to a bytes.Buffer cannot fail.
-	_ = e.EncodeArrayLen(3)
-	_ = e.EncodeFloat64(ts)
-	_ = e.EncodeArrayLen(len(evs))
+//
+// The msgpack is appended by hand, in its smallest forms: a batch is most
+// of the publisher's work (a 256-token chunk is 256 integers), and a
+// general encoder's call per integer cost several times as much
+// (BenchmarkTrackerFlush).
+func encodeBatch(ts float64, evs []Event, blockSize int, array bool, dpRank int) []byte {
+	n := 16
 	for i := range evs {
-		encodeEvent(e, &evs[i], blockSize, medium, array)
+		n += 64 + 9*len(evs[i].Hashes) + 5*len(evs[i].Tokens)
 	}
-	_ = e.EncodeInt(int64(dpRank))
-	return b.Bytes()
+	b := make([]byte, 0, n)
+	b = mpArray(b, 3)
+	b = append(b, 0xcb)
+	b = binary.BigEndian.AppendUint64(b, math.Float64bits(ts))
+	b = mpArray(b, len(evs))
+	for i := range evs {
+		b = encodeEvent(b, &evs[i], blockSize, array)
+	}
+	return mpUint(b, uint64(dpRank))
 }
 
-func encodeEvent(e *msgpack.Encoder, ev *Event, blockSize int, medium string, array bool) {
-	field := func(name string) {
-		if !array {
-			_ = e.EncodeString(name)
+func encodeEvent(b []byte, ev *Event, blockSize int, array bool) []byte {
+	field := func(b []byte, name string) []byte {
+		if array {
+			return b
 		}
+		return mpStr(b, name)
 	}
 	if ev.Stored {
 		if array {
-			_ = e.EncodeArrayLen(8)
+			b = mpArray(b, 8)
 		} else {
-			_ = e.EncodeMapLen(8)
-			_ = e.EncodeString("type")
+			b = mpStr(mpMap(b, 8), "type")
 		}
-		_ = e.EncodeString("BlockStored")
-		field("block_hashes")
-		hashes(e, ev.Hashes)
-		field("parent_block_hash")
+		b = mpStr(b, "BlockStored")
+		b = hashes(field(b, "block_hashes"), ev.Hashes)
+		b = field(b, "parent_block_hash")
 		if ev.HasParent {
-			_ = e.EncodeUint(ev.Parent)
+			b = mpUint(b, ev.Parent)
 		} else {
-			_ = e.EncodeNil()
+			b = append(b, 0xc0)
 		}
-		field("token_ids")
-		_ = e.EncodeArrayLen(len(ev.Tokens))
+		b = mpArray(field(b, "token_ids"), len(ev.Tokens))
 		for _, tk := range ev.Tokens {
-			_ = e.EncodeUint(uint64(tk))
+			b = mpUint(b, uint64(tk))
 		}
-		field("block_size")
-		_ = e.EncodeInt(int64(blockSize))
-		field("lora_id")
-		_ = e.EncodeNil()
-		field("medium")
-		_ = e.EncodeString(medium)
-		field("lora_name")
-		_ = e.EncodeNil()
-		return
+		b = mpUint(field(b, "block_size"), uint64(blockSize))
+		b = append(field(b, "lora_id"), 0xc0)
+		b = mpStr(field(b, "medium"), ev.Medium)
+		return append(field(b, "lora_name"), 0xc0)
 	}
 	if array {
-		_ = e.EncodeArrayLen(3)
+		b = mpArray(b, 3)
 	} else {
-		_ = e.EncodeMapLen(3)
-		_ = e.EncodeString("type")
+		b = mpStr(mpMap(b, 3), "type")
 	}
-	_ = e.EncodeString("BlockRemoved")
-	field("block_hashes")
-	hashes(e, ev.Hashes)
-	field("medium")
-	_ = e.EncodeString(medium)
+	b = mpStr(b, "BlockRemoved")
+	b = hashes(field(b, "block_hashes"), ev.Hashes)
+	return mpStr(field(b, "medium"), ev.Medium)
 }
 
-func hashes(e *msgpack.Encoder, hs []uint64) {
-	_ = e.EncodeArrayLen(len(hs))
+func hashes(b []byte, hs []uint64) []byte {
+	b = mpArray(b, len(hs))
 	for _, h := range hs {
-		_ = e.EncodeUint(h)
+		b = mpUint(b, h)
 	}
+	return b
+}
+
+// mpUint appends v as a msgpack unsigned integer in its smallest form.
+func mpUint(b []byte, v uint64) []byte {
+	switch {
+	case v < 0x80:
+		return append(b, byte(v))
+	case v <= math.MaxUint8:
+		return append(b, 0xcc, byte(v))
+	case v <= math.MaxUint16:
+		return binary.BigEndian.AppendUint16(append(b, 0xcd), uint16(v))
+	case v <= math.MaxUint32:
+		return binary.BigEndian.AppendUint32(append(b, 0xce), uint32(v))
+	}
+	return binary.BigEndian.AppendUint64(append(b, 0xcf), v)
+}
+
+// mpStr appends s as a msgpack str.
+func mpStr(b []byte, s string) []byte {
+	switch n := len(s); {
+	case n < 32:
+		b = append(b, 0xa0|byte(n))
+	case n <= math.MaxUint8:
+		b = append(b, 0xd9, byte(n))
+	case n <= math.MaxUint16:
+		b = binary.BigEndian.AppendUint16(append(b, 0xda), uint16(n))
+	default:
+		b = binary.BigEndian.AppendUint32(append(b, 0xdb), uint32(n))
+	}
+	return append(b, s...)
+}
+
+// mpArray appends the header of a msgpack array of n items.
+func mpArray(b []byte, n int) []byte { return mpLen(b, n, 0x90, 0xdc) }
+
+// mpMap appends the header of a msgpack map of n pairs.
+func mpMap(b []byte, n int) []byte { return mpLen(b, n, 0x80, 0xde) }
+
+// mpLen appends a container header: fix (n < 16), 16-bit or 32-bit length.
+func mpLen(b []byte, n int, fix, c16 byte) []byte {
+	switch {
+	case n < 16:
+		return append(b, fix|byte(n))
+	case n <= math.MaxUint16:
+		return binary.BigEndian.AppendUint16(append(b, c16), uint16(n))
+	}
+	return binary.BigEndian.AppendUint32(append(b, c16+1), uint32(n))
 }

@@ -199,6 +199,24 @@ func (l *Log) read1(cursor uint64, model string, max int) Poll {
 	return p
 }
 
+// next is the seq the next record gets.
+func (l *Log) next() uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.nextSeq
+}
+
+// continueFrom numbers the log's records from next on, when it holds none
+// yet and next is past its own numbering: a log that carries on an
+// adopted pool's under a new incarnation.
+func (l *Log) continueFrom(next uint64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.ring) == 0 && next > l.nextSeq {
+		l.nextSeq = next
+	}
+}
+
 // Stats returns the log's figures.
 func (l *Log) Stats() LogStats {
 	l.mu.Lock()
@@ -209,15 +227,15 @@ func (l *Log) Stats() LogStats {
 }
 
 // logAnnounced tells the log that e entered the announced set.
-func (t *Tracker) logAnnounced(e ekey, n *node) {
+func (t *Tracker) logAnnounced(m *medium, e ekey, n *node) {
 	if t.opt.Log != nil {
-		t.opt.Log.announced(t.opt.Medium, e.model, e.h, n.parent, n.hasParent, n.tokens)
+		t.opt.Log.announced(m.name, e.model, e.h, n.parent, n.hasParent, n.tokens)
 	}
 }
 
 // logWithdrawn tells the log that e left the announced set.
-func (t *Tracker) logWithdrawn(e ekey) {
+func (t *Tracker) logWithdrawn(m *medium, e ekey) {
 	if t.opt.Log != nil {
-		t.opt.Log.withdrawn(t.opt.Medium, e.model, e.h)
+		t.opt.Log.withdrawn(m.name, e.model, e.h)
 	}
 }

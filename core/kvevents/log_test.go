@@ -70,7 +70,7 @@ func announcedSet(tr *Tracker, model string) map[keys.Hash]bool {
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
 	out := map[keys.Hash]bool{}
-	for ek, n := range tr.nodes {
+	for ek, n := range tr.l1.nodes {
 		if n.announced && ek.model == model {
 			out[ek.h] = true
 		}

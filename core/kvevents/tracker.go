@@ -1,9 +1,9 @@
 // Package kvevents keeps what kvdock announces to cache-aware routers
 // (llm-d's indexer, Dynamo's KV router, vLLM's subscriber) in vLLM's KV event
-// stream: the announced set of the L1 medium, the batches that change it and
-// the bounded replay buffer of published batches; and, fed by the same
-// announced set, the bounded log LMCache's vLLM connector polls
-// (POLL_KV_EVENTS, log.go).
+// stream: the announced set of each medium (the L1 pool's, and each L2
+// tier's), the batches that change them and the bounded replay buffer of
+// published batches; and, fed by the same announced sets, the bounded log
+// LMCache's vLLM connector polls (POLL_KV_EVENTS, log.go).
 //
 // The announced set is the usable set: a chunk is announced once every object
 // of it (every rank, every KV group) is committed and its parent chunk is
@@ -19,10 +19,14 @@
 // tokens of each chunk, its parent and how many objects make it whole. A
 // commit only marks objects the observer reported stored and not yet lost, so
 // a commit that arrives after an eviction of its objects announces nothing.
+// A tier's medium learns from the tier (TierStored, TierLost: a value it
+// came to hold or dropped, in the tier's own order) and takes each chunk's
+// tokens, parent and object count from the L1 chunk that was written behind.
 package kvevents
 
 import (
 	"encoding/binary"
+	"slices"
 	"sync"
 	"time"
 
@@ -31,7 +35,8 @@ import (
 
 // Medium names of vLLM's events.
 const (
-	MediumCPU = "CPU"
+	MediumCPU     = "CPU"
+	MediumStorage = "STORAGE"
 )
 
 // DefaultBufferSteps is how many published batches the replay buffer keeps.
@@ -99,6 +104,7 @@ type Commit struct {
 // BlockRemoved.
 type Event struct {
 	Stored    bool
+	Medium    string
 	Hashes    []uint64
 	Parent    uint64
 	HasParent bool
@@ -107,8 +113,8 @@ type Event struct {
 
 // Stats are the tracker's counters.
 type Stats struct {
-	Announced     int    // chunks announced now
-	Held          int    // chunks whole but held back for a missing parent
+	Announced     int    // chunks announced now, over every medium
+	Held          int    // chunks whole but held back for a missing parent, over every medium
 	Batches       uint64 // batches published
 	StoredEvents  uint64 // hashes announced
 	RemovedEvents uint64 // hashes removed
@@ -131,6 +137,7 @@ type wkey struct {
 type obj struct {
 	rank, group uint32
 	committed   bool
+	tiers       int // tiers of the medium holding it (a tier's medium only)
 }
 
 type node struct {
@@ -156,17 +163,31 @@ func (n *node) whole() bool {
 	return c >= n.want
 }
 
-// Tracker keeps the announced set and the batches to publish. Its methods
+// medium is one medium's announced set: the L1 pool's, or one shared by
+// the tiers of one medium name.
+type medium struct {
+	name            string
+	nodes           map[ekey]*node
+	kids            map[ekey][]keys.Hash // children whose parent is the key, resident or not
+	wire            map[wkey]int         // announced chunks per wire hash (salts share one)
+	announced, held int
+}
+
+func newMedium(name string) *medium {
+	return &medium{name: name, nodes: map[ekey]*node{}, kids: map[ekey][]keys.Hash{}, wire: map[wkey]int{}}
+}
+
+// Tracker keeps the announced sets and the batches to publish. Its methods
 // are safe for concurrent use and never block on the publisher.
 type Tracker struct {
 	opt Options
 
 	mu     sync.Mutex
-	nodes  map[ekey]*node
-	kids   map[ekey][]keys.Hash // children whose parent is the key, resident or not
-	wire   map[wkey]int         // announced chunks per wire hash (salts share one)
-	queue  map[string][]Event   // events waiting, per model
-	order  []string             // models of queue in first-event order
+	l1     *medium
+	tiers  []*medium          // cur's media
+	cur    *Tiers             // the tiers behind the pool now
+	queue  map[string][]Event // events waiting, per model
+	order  []string           // models of queue in first-event order
 	queued int
 	st     Stats
 	split  *keys.Hasher // EventBlockSize's hasher; nil when chunks are announced whole
@@ -197,10 +218,7 @@ func New(opt Options) *Tracker {
 	if opt.Now == nil {
 		opt.Now = time.Now
 	}
-	t := &Tracker{
-		opt: opt, nodes: map[ekey]*node{}, kids: map[ekey][]keys.Hash{}, wire: map[wkey]int{},
-		queue: map[string][]Event{}, wake: make(chan struct{}, 1),
-	}
+	t := &Tracker{opt: opt, l1: newMedium(opt.Medium), queue: map[string][]Event{}, wake: make(chan struct{}, 1)}
 	if n := opt.EventBlockSize; n > 0 && n != opt.BlockSize && opt.BlockSize%n == 0 {
 		t.split, _ = keys.NewHasher(n, keys.AlgorithmBLAKE3) // n > 0: cannot fail
 	} else {
@@ -229,17 +247,17 @@ func (t *Tracker) Stored(k *keys.ObjectKey) {
 }
 
 func (t *Tracker) storedLocked(k *keys.ObjectKey) {
-	ek := keyOf(k)
-	n := t.nodes[ek]
+	m, ek := t.l1, keyOf(k)
+	n := m.nodes[ek]
 	if n == nil {
 		n = &node{}
-		t.nodes[ek] = n
+		m.nodes[ek] = n
 	}
 	for i := range n.objs {
 		if n.objs[i].rank == k.KVRank && n.objs[i].group == k.Group {
 			// The pool reports every object lost before it stores its key
 			// again; should it not, the old object is taken as lost.
-			t.lostLocked(ek, n, k)
+			t.lostLocked(m, ek, n, k)
 			t.storedLocked(k)
 			return
 		}
@@ -256,12 +274,12 @@ func (t *Tracker) Lost(k *keys.ObjectKey) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	ek := keyOf(k)
-	if n := t.nodes[ek]; n != nil {
-		t.lostLocked(ek, n, k)
+	if n := t.l1.nodes[ek]; n != nil {
+		t.lostLocked(t.l1, ek, n, k)
 	}
 }
 
-func (t *Tracker) lostLocked(ek ekey, n *node, k *keys.ObjectKey) {
+func (t *Tracker) lostLocked(m *medium, ek ekey, n *node, k *keys.ObjectKey) {
 	was := n.whole()
 	for i := range n.objs {
 		if n.objs[i].rank == k.KVRank && n.objs[i].group == k.Group {
@@ -271,33 +289,184 @@ func (t *Tracker) lostLocked(ek ekey, n *node, k *keys.ObjectKey) {
 	}
 	if was && !n.whole() {
 		if n.announced {
-			t.unannounce(ek)
+			t.unannounce(m, ek)
 		}
-		t.st.Held-- // unannounce counted it held: it is not whole
+		m.held-- // unannounce counted it held: it is not whole
 	}
 	if len(n.objs) == 0 {
-		t.drop(ek, n)
+		m.drop(ek, n)
 	}
 }
 
-// Cleared notes a Clear: every object went, so every announced chunk is
-// removed (as BlockRemoved events, never AllBlocksCleared, which llm-d
-// takes as a wipe of every medium of the pod).
+// Tiers is the tracker's side of one set of L2 tiers (SetTiers): what
+// they tell of their values goes to their media until the set is replaced.
+type Tiers struct {
+	t       *Tracker
+	media   []*medium
+	retired bool // replaced: what the old set still tells is ignored
+}
+
+// SetTiers gives the tiers now behind the pool their media, in tier order
+// ("" is MediumStorage; tiers of one name share one announced set, where a
+// chunk is held while any of them holds it). The media of the tiers it
+// replaces are removed whole (their chunks are no longer looked up); the new
+// tiers' values written before are not announced.
+func (t *Tracker) SetTiers(media []string) *Tiers {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.cur != nil {
+		t.cur.retired = true
+		for i, m := range t.cur.media {
+			if !slices.Contains(t.cur.media[:i], m) {
+				t.removeAll(m)
+			}
+		}
+	}
+	v := &Tiers{t: t}
+	byName := map[string]*medium{}
+	for _, name := range media {
+		if name == "" {
+			name = MediumStorage
+		}
+		if byName[name] == nil {
+			byName[name] = newMedium(name)
+		}
+		v.media = append(v.media, byName[name])
+	}
+	t.cur, t.tiers = v, v.media
+	return v
+}
+
+// removeAll removes every chunk announced in m and forgets m's chunks.
+func (t *Tracker) removeAll(m *medium) {
+	for ek, n := range m.nodes {
+		if n.announced {
+			n.announced = false
+			t.logWithdrawn(m, ek)
+			t.unwire(m, ek)
+		}
+	}
+	m.nodes = map[ekey]*node{}
+	m.kids = map[ekey][]keys.Hash{}
+	m.announced, m.held = 0, 0
+}
+
+// medium is tier i's medium, nil once the set is replaced; t.mu is held.
+func (v *Tiers) medium(i int) *medium {
+	if v == nil || v.retired || i < 0 || i >= len(v.media) {
+		return nil
+	}
+	return v.media[i]
+}
+
+// Stored notes that tier i holds k's value now (its write behind landed).
+// The object counts for the tier's medium from then on; its chunk's
+// tokens, parent and object count come from the L1 chunk written behind,
+// so a value whose L1 chunk was never committed (an earlier run's) is not
+// announced.
+func (v *Tiers) Stored(i int, k *keys.ObjectKey) {
+	v.locked(i, k, func(t *Tracker, m *medium, ek ekey) {
+		n := m.nodes[ek]
+		if n == nil {
+			src := t.l1.nodes[ek]
+			if src == nil || src.want == 0 {
+				return
+			}
+			n = &node{}
+			m.nodes[ek] = n
+			m.describe(ek, n, src.want, src.parent, src.hasParent, src.tokens)
+		}
+		if j := n.find(k); j >= 0 {
+			n.objs[j].tiers++ // another tier of this medium holds it too
+			return
+		}
+		was := n.whole()
+		n.objs = append(n.objs, obj{rank: k.KVRank, group: k.Group, committed: true, tiers: 1})
+		if !was && n.whole() {
+			m.held++ // until tryAnnounce announces it
+		}
+		t.tryAnnounce(m, ek)
+	})
+}
+
+// Lost notes that tier i no longer holds k's value (evicted, deleted,
+// cleared, expired, found gone): when no tier of its medium holds it, its
+// chunk is removed there with its announced descendants.
+func (v *Tiers) Lost(i int, k *keys.ObjectKey) {
+	v.locked(i, k, func(t *Tracker, m *medium, ek ekey) {
+		n := m.nodes[ek]
+		if n == nil {
+			return
+		}
+		if j := n.find(k); j >= 0 {
+			if n.objs[j].tiers--; n.objs[j].tiers == 0 {
+				t.lostLocked(m, ek, n, k)
+			}
+		}
+	})
+}
+
+// locked runs f with the tracker's mutex held on tier i's medium and k's
+// chunk, unless the set was replaced, i is no tier of it or k is bench
+// traffic.
+func (v *Tiers) locked(i int, k *keys.ObjectKey, f func(t *Tracker, m *medium, ek ekey)) {
+	if v == nil || keys.IsBenchModel(k.Model) {
+		return
+	}
+	t := v.t
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if m := v.medium(i); m != nil {
+		f(t, m, keyOf(k))
+	}
+}
+
+// find is the index in n.objs of k's object (its rank and group), -1 if none.
+func (n *node) find(k *keys.ObjectKey) int {
+	return slices.IndexFunc(n.objs, func(o obj) bool { return o.rank == k.KVRank && o.group == k.Group })
+}
+
+// Loaded notes objects a prefetch loaded from a tier and published in L1:
+// they are committed there like a store's, with their chunk's tokens,
+// parent and object count taken from the tier's medium that held it.
+func (t *Tracker) Loaded(ks []keys.ObjectKey) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	m := t.l1
+	for i := range ks {
+		k := &ks[i]
+		ek := keyOf(k)
+		n := m.nodes[ek]
+		if keys.IsBenchModel(k.Model) || n == nil {
+			continue // lost before it was told
+		}
+		if n.want == 0 {
+			for _, tm := range t.tiers {
+				if src := tm.nodes[ek]; src != nil && src.want > 0 {
+					m.describe(ek, n, src.want, src.parent, src.hasParent, src.tokens)
+					break
+				}
+			}
+		}
+		was := n.whole()
+		if j := n.find(k); j >= 0 {
+			n.objs[j].committed = true
+		}
+		if !was && n.whole() {
+			m.held++ // until tryAnnounce announces it
+		}
+		t.tryAnnounce(m, ek)
+	}
+}
+
+// Cleared notes a Clear of the pool: every object went, so every chunk
+// announced for the L1 medium is removed (as BlockRemoved events, never
+// AllBlocksCleared, which llm-d takes as a wipe of every medium of the
+// pod). The tiers' media stay as they are.
 func (t *Tracker) Cleared() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	// Parents first, so that every removal precedes none of its own: the
-	// order within one batch does not matter to a router, the set does.
-	for ek, n := range t.nodes {
-		if n.announced {
-			n.announced = false
-			t.logWithdrawn(ek)
-			t.unwire(ek)
-		}
-	}
-	t.nodes = map[ekey]*node{}
-	t.kids = map[ekey][]keys.Hash{}
-	t.st.Announced, t.st.Held = 0, 0
+	t.removeAll(t.l1)
 }
 
 // Commit notes a committed store batch, announcing every chunk it made
@@ -313,6 +482,7 @@ func (t *Tracker) Commit(c Commit) {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	m := t.l1
 	touched := make([]bool, len(c.Hashes))
 	for ki := range c.Keys {
 		k := &c.Keys[ki]
@@ -321,7 +491,7 @@ func (t *Tracker) Commit(c Commit) {
 			continue
 		}
 		ek := keyOf(k)
-		n := t.nodes[ek]
+		n := m.nodes[ek]
 		if n == nil {
 			continue // lost before its commit was told: nothing to announce
 		}
@@ -336,93 +506,98 @@ func (t *Tracker) Commit(c Commit) {
 			continue
 		}
 		if n.want == 0 {
-			n.want = c.Objects
+			parent, hasParent := c.Parent, c.HasParent
 			if i > 0 {
-				n.parent, n.hasParent = c.Hashes[i-1], true
-			} else {
-				n.parent, n.hasParent = c.Parent, c.HasParent
+				parent, hasParent = c.Hashes[i-1], true
 			}
-			n.tokens = append([]uint32(nil), c.Tokens[i*bs:(i+1)*bs]...)
-			if n.hasParent {
-				pk := ekey{model: c.Model, salt: c.Salt, h: n.parent}
-				t.kids[pk] = append(t.kids[pk], k.Chunk)
-			}
+			m.describe(ek, n, c.Objects, parent, hasParent, append([]uint32(nil), c.Tokens[i*bs:(i+1)*bs]...))
 		}
 		if !was && n.whole() {
-			t.st.Held++ // until tryAnnounce announces it
+			m.held++ // until tryAnnounce announces it
 		}
 		touched[i] = true
 	}
 	// In prompt order, so that a batch announces parents before children.
 	for i, ok := range touched {
 		if ok {
-			t.tryAnnounce(ekey{model: c.Model, salt: c.Salt, h: c.Hashes[i]})
+			t.tryAnnounce(m, ekey{model: c.Model, salt: c.Salt, h: c.Hashes[i]})
 		}
 	}
 }
 
-// usable: whole, and its parent announced (or none).
-func (t *Tracker) usable(ek ekey, n *node) bool {
+// describe gives n, the node of ek, what a commit tells of its chunk: the
+// objects that make it whole, its parent and its tokens (never changed
+// after: tokens is shared by every medium's node of the chunk).
+func (m *medium) describe(ek ekey, n *node, want int, parent keys.Hash, hasParent bool, tokens []uint32) {
+	n.want, n.parent, n.hasParent, n.tokens = want, parent, hasParent, tokens
+	if hasParent {
+		pk := ekey{model: ek.model, salt: ek.salt, h: parent}
+		m.kids[pk] = append(m.kids[pk], ek.h)
+	}
+}
+
+// usable: whole, and its parent announced in m (or none).
+func (m *medium) usable(n *node, ek ekey) bool {
 	if !n.whole() {
 		return false
 	}
 	if !n.hasParent {
 		return true
 	}
-	p := t.nodes[ekey{model: ek.model, salt: ek.salt, h: n.parent}]
+	p := m.nodes[ekey{model: ek.model, salt: ek.salt, h: n.parent}]
 	return p != nil && p.announced
 }
 
-// tryAnnounce announces ek if it became usable, then every held-back
+// tryAnnounce announces ek in m if it became usable, then every held-back
 // descendant that became usable with it, parents before children.
-func (t *Tracker) tryAnnounce(ek ekey) {
+func (t *Tracker) tryAnnounce(m *medium, ek ekey) {
 	stack := []ekey{ek}
 	for len(stack) > 0 {
 		e := stack[len(stack)-1]
 		stack = stack[:len(stack)-1]
-		n := t.nodes[e]
-		if n == nil || n.announced || !t.usable(e, n) {
+		n := m.nodes[e]
+		if n == nil || n.announced || !m.usable(n, e) {
 			continue
 		}
 		n.announced = true
-		t.st.Announced++
-		t.st.Held--
-		t.logAnnounced(e, n)
-		t.wireUp(e, n)
-		for _, c := range t.kids[e] {
+		m.announced++
+		m.held--
+		t.logAnnounced(m, e, n)
+		t.wireUp(m, e, n)
+		for _, c := range m.kids[e] {
 			stack = append(stack, ekey{model: e.model, salt: e.salt, h: c})
 		}
 	}
 }
 
-// unannounce removes ek and its announced descendants.
-func (t *Tracker) unannounce(ek ekey) {
+// unannounce removes ek and its announced descendants from m.
+func (t *Tracker) unannounce(m *medium, ek ekey) {
 	stack := []ekey{ek}
 	for len(stack) > 0 {
 		e := stack[len(stack)-1]
 		stack = stack[:len(stack)-1]
-		n := t.nodes[e]
+		n := m.nodes[e]
 		if n == nil || !n.announced {
 			continue
 		}
 		n.announced = false
-		t.st.Announced--
-		t.st.Held++ // whole still; lostLocked corrects the chunk that was not
-		t.logWithdrawn(e)
-		t.unwire(e)
-		for _, c := range t.kids[e] {
+		m.announced--
+		m.held++ // whole still; lostLocked corrects the chunk that was not
+		t.logWithdrawn(m, e)
+		t.unwire(m, e)
+		for _, c := range m.kids[e] {
 			stack = append(stack, ekey{model: e.model, salt: e.salt, h: c})
 		}
 	}
 }
 
-// blocks are the announced blocks of chunk e, and the block before its
-// first (hasParent false for a prompt's first): the chunk itself, or its
-// split blocks chained after the parent chunk's last block.
-func (t *Tracker) blocks(e ekey, n *node) (bs []keys.Hash, parent keys.Hash, hasParent bool) {
+// blocks are the announced blocks of chunk e in m, and the block before
+// its first (hasParent false for a prompt's first): the chunk itself, or
+// its split blocks chained after the parent chunk's last block.
+func (t *Tracker) blocks(m *medium, e ekey, n *node) (bs []keys.Hash, parent keys.Hash, hasParent bool) {
 	var pn *node
 	if n.hasParent {
-		pn = t.nodes[ekey{model: e.model, salt: e.salt, h: n.parent}]
+		pn = m.nodes[ekey{model: e.model, salt: e.salt, h: n.parent}]
 	}
 	if t.split == nil {
 		return []keys.Hash{e.h}, n.parent, n.hasParent
@@ -440,19 +615,19 @@ func (t *Tracker) blocks(e ekey, n *node) (bs []keys.Hash, parent keys.Hash, has
 	return n.subs, keys.Hash{}, false
 }
 
-// wireUp counts e's blocks announced and emits the ones new to the router:
-// a suffix of the chunk's blocks, since a block shared with another
-// announced chunk has its leading blocks shared too.
-func (t *Tracker) wireUp(e ekey, n *node) {
+// wireUp counts e's blocks announced in m and emits the ones new to the
+// router: a suffix of the chunk's blocks, since a block shared with
+// another announced chunk has its leading blocks shared too.
+func (t *Tracker) wireUp(m *medium, e ekey, n *node) {
 	if t.opt.NoStream {
 		return
 	}
-	bs, parent, hasParent := t.blocks(e, n)
+	bs, parent, hasParent := t.blocks(m, e, n)
 	first := len(bs)
 	for i, b := range bs {
 		w := wkey{model: e.model, h: WireHash(b)}
-		t.wire[w]++
-		if t.wire[w] == 1 && first == len(bs) {
+		m.wire[w]++
+		if m.wire[w] == 1 && first == len(bs) {
 			first = i
 		}
 	}
@@ -467,16 +642,16 @@ func (t *Tracker) wireUp(e ekey, n *node) {
 	for _, b := range bs[first:] {
 		hs = append(hs, WireHash(b))
 	}
-	t.emitStored(e.model, hs, WireHash(parent), hasParent, n.tokens[first*per:])
+	t.emitStored(e.model, m.name, hs, WireHash(parent), hasParent, n.tokens[first*per:])
 }
 
-// unwire drops one announcement of each of e's blocks and emits the
+// unwire drops one announcement in m of each of e's blocks and emits the
 // removal of those no announced chunk holds any more.
-func (t *Tracker) unwire(e ekey) {
+func (t *Tracker) unwire(m *medium, e ekey) {
 	if t.opt.NoStream {
 		return
 	}
-	n := t.nodes[e]
+	n := m.nodes[e]
 	bs := []keys.Hash{e.h}
 	if t.split != nil && n != nil {
 		bs = n.subs
@@ -484,24 +659,24 @@ func (t *Tracker) unwire(e ekey) {
 	}
 	for _, b := range bs {
 		w := wkey{model: e.model, h: WireHash(b)}
-		t.wire[w]--
-		if t.wire[w] > 0 {
+		m.wire[w]--
+		if m.wire[w] > 0 {
 			continue
 		}
-		delete(t.wire, w)
-		t.emitRemoved(e.model, w.h)
+		delete(m.wire, w)
+		t.emitRemoved(e.model, m.name, w.h)
 	}
 }
 
 // drop forgets a node none of whose objects is resident; its children stay
 // listed under it, waiting for it to return.
-func (t *Tracker) drop(ek ekey, n *node) {
-	delete(t.nodes, ek)
+func (m *medium) drop(ek ekey, n *node) {
+	delete(m.nodes, ek)
 	if n.want == 0 || !n.hasParent {
 		return
 	}
 	pk := ekey{model: ek.model, salt: ek.salt, h: n.parent}
-	ks := t.kids[pk]
+	ks := m.kids[pk]
 	for i, c := range ks {
 		if c == ek.h {
 			ks = append(ks[:i], ks[i+1:]...)
@@ -509,9 +684,9 @@ func (t *Tracker) drop(ek ekey, n *node) {
 		}
 	}
 	if len(ks) == 0 {
-		delete(t.kids, pk)
+		delete(m.kids, pk)
 	} else {
-		t.kids[pk] = ks
+		m.kids[pk] = ks
 	}
 }
 
@@ -533,13 +708,14 @@ func (t *Tracker) room(model string) bool {
 	return true
 }
 
-// emitStored queues a BlockStored of hs (tokens, EventBlockSize each),
-// extending the model's last event when it is a BlockStored ending with
-// this one's parent (one event per run of a prompt, as vLLM sends them).
-func (t *Tracker) emitStored(model string, hs []uint64, parent uint64, hasParent bool, tokens []uint32) {
+// emitStored queues a BlockStored of hs (tokens, EventBlockSize each) for
+// medium, extending the model's last event when it is a BlockStored of the
+// medium ending with this one's parent (one event per run of a prompt, as
+// vLLM sends them).
+func (t *Tracker) emitStored(model, medium string, hs []uint64, parent uint64, hasParent bool, tokens []uint32) {
 	t.st.StoredEvents += uint64(len(hs))
 	evs := t.queue[model]
-	if l := len(evs); l > 0 && evs[l-1].Stored && hasParent && evs[l-1].Hashes[len(evs[l-1].Hashes)-1] == parent {
+	if l := len(evs); l > 0 && evs[l-1].Stored && evs[l-1].Medium == medium && hasParent && evs[l-1].Hashes[len(evs[l-1].Hashes)-1] == parent {
 		evs[l-1].Hashes = append(evs[l-1].Hashes, hs...)
 		evs[l-1].Tokens = append(evs[l-1].Tokens, tokens...)
 		return
@@ -548,16 +724,16 @@ func (t *Tracker) emitStored(model string, hs []uint64, parent uint64, hasParent
 		return
 	}
 	t.queued++
-	t.queue[model] = append(evs, Event{Stored: true, Hashes: hs, Parent: parent,
+	t.queue[model] = append(evs, Event{Stored: true, Medium: medium, Hashes: hs, Parent: parent,
 		HasParent: hasParent, Tokens: append([]uint32(nil), tokens...)})
 }
 
-// emitRemoved queues a BlockRemoved, extending the model's last event when
-// it is one.
-func (t *Tracker) emitRemoved(model string, h uint64) {
+// emitRemoved queues a BlockRemoved for medium, extending the model's last
+// event when it is one of the medium.
+func (t *Tracker) emitRemoved(model, medium string, h uint64) {
 	t.st.RemovedEvents++
 	evs := t.queue[model]
-	if l := len(evs); l > 0 && !evs[l-1].Stored {
+	if l := len(evs); l > 0 && !evs[l-1].Stored && evs[l-1].Medium == medium {
 		evs[l-1].Hashes = append(evs[l-1].Hashes, h)
 		return
 	}
@@ -565,7 +741,7 @@ func (t *Tracker) emitRemoved(model string, h uint64) {
 		return
 	}
 	t.queued++
-	t.queue[model] = append(evs, Event{Hashes: []uint64{h}})
+	t.queue[model] = append(evs, Event{Medium: medium, Hashes: []uint64{h}})
 }
 
 // Flush turns the waiting events into batches, one per model, numbers them,
@@ -587,7 +763,7 @@ func (t *Tracker) Flush() []Batch {
 	for _, m := range order {
 		evs := queue[m]
 		out = append(out, Batch{Model: m, Events: len(evs),
-			Payload: encodeBatch(ts, evs, t.opt.EventBlockSize, t.opt.Medium, t.opt.Array, t.opt.DataParallelRank)})
+			Payload: encodeBatch(ts, evs, t.opt.EventBlockSize, t.opt.Array, t.opt.DataParallelRank)})
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -630,5 +806,12 @@ func (t *Tracker) Stats() Stats {
 	defer t.mu.Unlock()
 	s := t.st
 	s.Queued, s.Buffered = t.queued, len(t.buf)
+	s.Announced, s.Held = t.l1.announced, t.l1.held
+	for i, m := range t.tiers {
+		if !slices.Contains(t.tiers[:i], m) { // tiers of one medium share it
+			s.Announced += m.announced
+			s.Held += m.held
+		}
+	}
 	return s
 }

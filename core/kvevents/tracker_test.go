@@ -1,8 +1,11 @@
 package kvevents
 
 import (
+	"cmp"
 	"math/rand/v2"
 	"testing"
+
+	"slices"
 
 	"github.com/vmihailenco/msgpack/v5"
 
@@ -14,9 +17,10 @@ const cs = 4
 // router is a subscriber's index as llm-d keeps it: a stored block whose
 // parent it does not know is dropped; it also checks the rules of the stream.
 type router struct {
-	t     *testing.T
-	known map[uint64]bool
-	per   int // tokens per block; 0 = cs
+	t      *testing.T
+	known  map[uint64]bool
+	per    int    // tokens per block; 0 = cs
+	medium string // the medium indexed; "" = CPU (events of others are skipped)
 }
 
 func (r *router) apply(b Batch) {
@@ -27,6 +31,9 @@ func (r *router) apply(b Batch) {
 	}
 	for _, e := range raw[1].([]any) {
 		m := e.(map[string]any)
+		if med := cmp.Or(r.medium, MediumCPU); m["medium"] != med {
+			continue
+		}
 		var hs []uint64
 		for _, h := range m["block_hashes"].([]any) {
 			hs = append(hs, toU64(h))
@@ -213,7 +220,7 @@ func TestTrackerQueueBounded(t *testing.T) {
 }
 
 func TestEncodeArrayForm(t *testing.T) {
-	p := encodeBatch(1.5, []Event{{Stored: true, Hashes: []uint64{1 << 63}, Tokens: []uint32{1, 2}}, {Hashes: []uint64{7}}}, 2, "CPU", true, 0)
+	p := encodeBatch(1.5, []Event{{Stored: true, Medium: "CPU", Hashes: []uint64{1 << 63}, Tokens: []uint32{1, 2}}, {Medium: "CPU", Hashes: []uint64{7}}}, 2, true, 0)
 	var raw []any
 	if err := msgpack.Unmarshal(p, &raw); err != nil {
 		t.Fatal(err)
@@ -229,14 +236,14 @@ func TestEncodeArrayForm(t *testing.T) {
 	}
 }
 
-// recount is the announced and held counts computed from scratch.
-func (t *Tracker) recount() (announced, held int) {
-	for ek, n := range t.nodes {
+// recount is m's announced and held counts computed from scratch.
+func (m *medium) recount() (announced, held int) {
+	for ek, n := range m.nodes {
 		if n.announced {
 			announced++
 		} else if n.whole() {
 			held++
-			if t.usable(ek, n) {
+			if m.usable(n, ek) {
 				announced = -1 << 30 // usable and not announced: a broken rule
 			}
 		}
@@ -244,21 +251,44 @@ func (t *Tracker) recount() (announced, held int) {
 	return announced, held
 }
 
-// Random stores (two ranks, shared prefixes), losses and clears: after each
-// step the counters equal a recount, nothing usable stays unannounced, and
-// a router's index equals the announced set.
+// Random stores (two ranks, shared prefixes), losses, clears and the
+// writes and losses of two tiers of one STORAGE medium: after each step
+// each medium's counters equal a recount, nothing usable stays
+// unannounced, and a router's index of each medium equals its announced
+// set.
 func TestTrackerRandomModel(t *testing.T) {
 	for _, per := range []int{0, 2} {
 		rng := rand.New(rand.NewPCG(1, 2))
 		tr := New(Options{BlockSize: cs, EventBlockSize: per})
+		tv := tr.SetTiers([]string{"", MediumStorage})
 		r := &router{t: t, known: map[uint64]bool{}, per: per}
+		rs := &router{t: t, known: map[uint64]bool{}, per: per, medium: MediumStorage}
+		// in is what each tier holds, as a tier tells it: a value once.
+		in := [2]map[keys.ObjectKey]bool{{}, {}}
 		for step := range 5000 {
-			switch op := rng.IntN(10); {
+			switch op := rng.IntN(14); {
 			case op < 5:
 				first := byte(1 + rng.IntN(12))
 				store(tr, "m", 2, first, first+byte(rng.IntN(4)))
 			case op < 9:
 				lose(tr, "m", uint32(rng.IntN(2)), byte(1+rng.IntN(15)))
+			case op < 13:
+				i := rng.IntN(2)
+				k := keys.ObjectKey{Chunk: hashOf(byte(1 + rng.IntN(15))), Model: "m", KVRank: uint32(rng.IntN(2))}
+				switch {
+				case in[i][k] && op == 12:
+					delete(in[i], k)
+					tv.Lost(i, &k)
+				case !in[i][k] && op < 12:
+					tr.mu.Lock()
+					src := tr.l1.nodes[keyOf(&k)]
+					resident := src != nil && src.want > 0 && slices.ContainsFunc(src.objs, func(o obj) bool { return o.rank == k.KVRank && o.committed })
+					tr.mu.Unlock()
+					if resident { // a tier writes only committed objects
+						in[i][k] = true
+						tv.Stored(i, &k)
+					}
+				}
 			default:
 				if rng.IntN(20) == 0 {
 					tr.Cleared()
@@ -266,26 +296,136 @@ func TestTrackerRandomModel(t *testing.T) {
 			}
 			for _, b := range tr.Flush() {
 				r.apply(b)
+				rs.apply(b)
 			}
 			tr.mu.Lock()
-			a, h := tr.recount()
-			s := tr.st
-			blocks := 0
-			for _, nd := range tr.nodes {
+			a, h := tr.l1.recount()
+			as, hs := tr.tiers[0].recount()
+			la, lh, sa, sh := tr.l1.announced, tr.l1.held, tr.tiers[0].announced, tr.tiers[0].held
+			blocks, sblocks := 0, 0
+			for _, nd := range tr.l1.nodes {
 				if nd.announced {
 					blocks++
 				}
 			}
+			for _, nd := range tr.tiers[0].nodes {
+				if nd.announced {
+					sblocks++
+				}
+			}
+			shared := tr.tiers[0] == tr.tiers[1]
 			tr.mu.Unlock()
 			if per == 2 {
 				blocks *= cs / per // the test's chunks share no blocks
+				sblocks *= cs / per
 			}
-			if a != s.Announced || h != s.Held || len(r.known) != blocks {
-				t.Fatalf("block %d, step %d: counted announced %d held %d, recount %d %d, router %d blocks, want %d",
-					per, step, s.Announced, s.Held, a, h, len(r.known), blocks)
+			if !shared || a != la || h != lh || as != sa || hs != sh || len(r.known) != blocks || len(rs.known) != sblocks {
+				t.Fatalf("block %d, step %d: CPU counted announced %d held %d, recount %d %d, router %d blocks, want %d; "+
+					"STORAGE counted %d %d, recount %d %d, router %d, want %d",
+					per, step, la, lh, a, h, len(r.known), blocks, sa, sh, as, hs, len(rs.known), sblocks)
+			}
+			if s := tr.Stats(); s.Announced != la+sa || s.Held != lh+sh {
+				t.Fatalf("step %d: stats %+v, want announced %d held %d", step, s, la+sa, lh+sh)
+			}
+		}
+		if s := tr.Stats(); s.StoredEvents == 0 || len(rs.known) == 0 && s.RemovedEvents == 0 {
+			t.Fatalf("block %d: the random run announced nothing in STORAGE: %+v", per, s)
+		}
+	}
+}
+
+// A tier's medium: a chunk is announced there once its tier holds every
+// object of it and its parent is announced there, whatever L1 does; its
+// removal from the last tier of the medium holding it removes it and its
+// descendants there; a value whose L1 chunk was never committed, a loss
+// told twice, a tier out of range and a clear of L1 change nothing there.
+func TestTrackerTierMedium(t *testing.T) {
+	tr := New(Options{BlockSize: cs})
+	tv := tr.SetTiers([]string{"", MediumStorage, "NVME"})
+	cpu := &router{t: t, known: map[uint64]bool{}}
+	sto := &router{t: t, known: map[uint64]bool{}, medium: MediumStorage}
+	nvme := &router{t: t, known: map[uint64]bool{}, medium: "NVME"}
+	want := func(r *router, hs ...byte) {
+		t.Helper()
+		for _, b := range tr.Flush() {
+			cpu.apply(b)
+			sto.apply(b)
+			nvme.apply(b)
+		}
+		if len(r.known) != len(hs) {
+			t.Fatalf("%q router knows %d blocks, want %v", r.medium, len(r.known), hs)
+		}
+		for _, h := range hs {
+			if !r.known[WireHash(hashOf(h))] {
+				t.Fatalf("%q router lacks %d; want %v", r.medium, h, hs)
 			}
 		}
 	}
+	key := func(i byte) *keys.ObjectKey { return &keys.ObjectKey{Chunk: hashOf(i), Model: "m"} }
+	store(tr, "m", 1, 1, 3)
+	want(cpu, 1, 2, 3)
+	tv.Stored(0, key(2)) // its parent is not in the tier yet: held back
+	want(sto)
+	tv.Stored(0, key(1))
+	want(sto, 1, 2)
+	tv.Stored(1, key(1)) // a second tier of STORAGE: no second announcement
+	tv.Stored(0, key(3))
+	tv.Stored(2, key(1)) // NVME, a medium of its own
+	want(sto, 1, 2, 3)
+	want(nvme, 1)
+	lose(tr, "m", 0, 1) // L1 loses the root: CPU removes all, the tiers keep theirs
+	want(cpu)
+	want(sto, 1, 2, 3)
+	tv.Lost(0, key(1)) // tier 1 still holds it
+	want(sto, 1, 2, 3)
+	tv.Lost(1, key(1)) // the last STORAGE tier lets it go: descendants too
+	want(sto)
+	tv.Lost(1, key(1)) // told twice: no second removal
+	tv.Lost(0, key(9)) // never held
+	tv.Lost(7, key(2)) // no such tier
+	tv.Lost(-1, key(2))
+	want(sto)
+	want(nvme, 1)
+	tr.Cleared() // a clear of L1 leaves the tiers' media as they are
+	want(nvme, 1)
+	// A value whose L1 chunk was never committed (an earlier run's) is not
+	// announced, nor is a chunk's value whose L1 commit was lost first.
+	tv.Stored(0, key(12))
+	k := key(13)
+	tr.Stored(k)
+	tv.Stored(0, k)
+	want(sto)
+	// Bench traffic is not announced in a tier's medium either.
+	store(tr, keys.BenchModelPrefix+"x", 1, 1, 1)
+	tv.Stored(0, &keys.ObjectKey{Chunk: hashOf(1), Model: keys.BenchModelPrefix + "x"})
+	want(sto)
+	// The parent returns to STORAGE: the held chunks are announced after it.
+	store(tr, "m", 1, 1, 1)
+	tv.Stored(0, key(1))
+	want(sto, 1, 2, 3)
+	if s := tr.Stats(); s.Announced != 1+3+1 || s.Held != 0 {
+		t.Fatalf("stats %+v", s)
+	}
+	// A prefetch loads 3 and 2 back into a cleared L1 (children first, as
+	// its loads may land): announced for CPU once the parent is there, with
+	// the chunk's tokens and parent from STORAGE; a value no tier knows is not.
+	tr.Cleared()
+	want(cpu)
+	for _, i := range []byte{3, 2, 1, 12} {
+		tr.Stored(key(i))
+		tr.Loaded([]keys.ObjectKey{*key(i)})
+	}
+	want(cpu, 1, 2, 3)
+	// The tiers are replaced (a live change of the L2 settings): the old
+	// media are removed whole, and what the old set still tells is ignored.
+	nv := tr.SetTiers([]string{"NVME"})
+	want(sto)
+	want(nvme)
+	tv.Stored(2, key(1))
+	tv.Lost(0, key(1))
+	want(nvme)
+	nv.Stored(0, key(1))
+	want(nvme, 1)
 }
 
 // With EventBlockSize 2 of a chunk of 4, each chunk is announced as two
@@ -366,5 +506,46 @@ func TestTrackerSplitsChunks(t *testing.T) {
 	apply()
 	if len(known) != 0 {
 		t.Fatalf("after a clear: %d blocks", len(known))
+	}
+}
+
+// TestEncodeFormsDecode: the hand-written msgpack decodes, at every size
+// boundary of its integers, strings and arrays, to what was encoded.
+func TestEncodeFormsDecode(t *testing.T) {
+	ints := []uint64{0, 127, 128, 255, 256, 65535, 65536, 1<<32 - 1, 1 << 32, 1<<64 - 1}
+	for _, v := range ints {
+		var got uint64
+		if err := msgpack.Unmarshal(mpUint(nil, v), &got); err != nil || got != v {
+			t.Fatalf("uint %d: %d, %v", v, got, err)
+		}
+	}
+	for _, n := range []int{0, 31, 32, 255, 256, 65535, 65536} {
+		s := string(make([]byte, n))
+		var got string
+		if err := msgpack.Unmarshal(mpStr(nil, s), &got); err != nil || got != s {
+			t.Fatalf("str of %d: %d bytes, %v", n, len(got), err)
+		}
+	}
+	for _, n := range []int{0, 15, 16, 65535, 65536} {
+		ev := Event{Stored: true, Medium: "STORAGE", Hashes: make([]uint64, n), Tokens: make([]uint32, n)}
+		for i := range n {
+			ev.Hashes[i], ev.Tokens[i] = ints[i%len(ints)], uint32(ints[i%6])
+		}
+		var raw []any
+		if err := msgpack.Unmarshal(encodeBatch(2.5, []Event{ev, {Medium: "CPU", Hashes: ev.Hashes}}, 16, false, 3), &raw); err != nil {
+			t.Fatalf("%d: %v", n, err)
+		}
+		evs := raw[1].([]any)
+		st, rm := evs[0].(map[string]any), evs[1].(map[string]any)
+		hs, toks := st["block_hashes"].([]any), st["token_ids"].([]any)
+		if raw[0] != 2.5 || toU64(raw[2]) != 3 || len(hs) != n || len(toks) != n || st["medium"] != "STORAGE" ||
+			toU64(st["block_size"]) != 16 || st["parent_block_hash"] != nil || len(st) != 8 || rm["medium"] != "CPU" || len(rm) != 3 {
+			t.Fatalf("%d: batch %v", n, raw[0])
+		}
+		for i := range n {
+			if toU64(hs[i]) != ev.Hashes[i] || toU64(toks[i]) != uint64(ev.Tokens[i]) {
+				t.Fatalf("%d: item %d: %v %v", n, i, hs[i], toks[i])
+			}
+		}
 	}
 }

@@ -77,6 +77,13 @@ func Write(dir, file string, r Record) error {
 	if err != nil {
 		return err
 	}
+	return WriteFile(dir, file, data)
+}
+
+// WriteFile writes data to dir/file as Write writes a record: the state
+// directory checked (or made 0700), a temporary file of mode 0600 synced
+// and renamed into place.
+func WriteFile(dir, file string, data []byte) error {
 	dfd, err := openDir(dir, true)
 	if err != nil {
 		return err
@@ -123,55 +130,70 @@ var ErrNone = errors.New("no restart record")
 // writes, or whose contents fail Decode, is removed too when it can be and
 // refused with an error wrapping ErrInvalid.
 func Take(dir, file string) (Record, error) {
-	dfd, err := openDir(dir, false)
-	if errors.Is(err, unix.ENOENT) {
-		return Record{}, ErrNone
-	}
+	data, err := TakeFile(dir, file, MaxFileBytes)
 	if err != nil {
 		return Record{}, err
+	}
+	r, err := Decode(data)
+	if err != nil {
+		return Record{}, fmt.Errorf("%s: %w", filepath.Join(dir, file), err)
+	}
+	return r, nil
+}
+
+// TakeFile reads dir/file and removes it, as Take does a record's: no file
+// is ErrNone; a file that is not a regular file of ours with mode 0600, in
+// a directory of ours no one else writes, or longer than limit bytes, is
+// removed too when it can be and refused with an error wrapping ErrInvalid.
+func TakeFile(dir, file string, limit int64) ([]byte, error) {
+	dfd, err := openDir(dir, false)
+	if errors.Is(err, unix.ENOENT) {
+		return nil, ErrNone
+	}
+	if err != nil {
+		return nil, err
 	}
 	defer unix.Close(dfd)
 	path := filepath.Join(dir, file)
 	fd, err := unix.Openat(dfd, file, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if errors.Is(err, unix.ENOENT) {
-		return Record{}, ErrNone
+		return nil, ErrNone
 	}
 	// Whatever was found under the name is spent, whether it is used or not.
 	consume := func() { _ = unix.Unlinkat(dfd, file, 0) }
 	if err != nil {
 		consume()
 		if errors.Is(err, unix.ELOOP) {
-			return Record{}, fmt.Errorf("%w: %s is a symbolic link", ErrInvalid, path)
+			return nil, fmt.Errorf("%w: %s is a symbolic link", ErrInvalid, path)
 		}
-		return Record{}, fmt.Errorf("%w: open %s: %v", ErrInvalid, path, err)
+		return nil, fmt.Errorf("%w: open %s: %v", ErrInvalid, path, err)
 	}
 	f := os.NewFile(uintptr(fd), path)
 	defer f.Close()
 	defer consume()
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
-		return Record{}, fmt.Errorf("%w: stat %s: %v", ErrInvalid, path, err)
+		return nil, fmt.Errorf("%w: stat %s: %v", ErrInvalid, path, err)
 	}
 	uid := uint32(os.Geteuid())
 	switch {
 	case st.Mode&unix.S_IFMT != unix.S_IFREG:
-		return Record{}, fmt.Errorf("%w: %s is not a regular file", ErrInvalid, path)
+		return nil, fmt.Errorf("%w: %s is not a regular file", ErrInvalid, path)
 	case st.Uid != uid:
-		return Record{}, fmt.Errorf("%w: %s is owned by uid %d, this server runs as %d", ErrInvalid, path, st.Uid, uid)
+		return nil, fmt.Errorf("%w: %s is owned by uid %d, this server runs as %d", ErrInvalid, path, st.Uid, uid)
 	case st.Mode&0o077 != 0:
-		return Record{}, fmt.Errorf("%w: %s has mode %#o, want 0600", ErrInvalid, path, st.Mode&0o777)
-	case st.Size > MaxFileBytes:
-		return Record{}, fmt.Errorf("%w: %s has %d bytes, more than the bound of %d", ErrInvalid, path, st.Size, MaxFileBytes)
+		return nil, fmt.Errorf("%w: %s has mode %#o, want 0600", ErrInvalid, path, st.Mode&0o777)
+	case st.Size > limit:
+		return nil, fmt.Errorf("%w: %s has %d bytes, more than the bound of %d", ErrInvalid, path, st.Size, limit)
 	}
-	data, err := io.ReadAll(io.LimitReader(f, MaxFileBytes+1))
+	data, err := io.ReadAll(io.LimitReader(f, limit+1))
 	if err != nil {
-		return Record{}, fmt.Errorf("%w: read %s: %v", ErrInvalid, path, err)
+		return nil, fmt.Errorf("%w: read %s: %v", ErrInvalid, path, err)
 	}
-	r, err := Decode(data)
-	if err != nil {
-		return Record{}, fmt.Errorf("%s: %w", path, err)
+	if int64(len(data)) > limit {
+		return nil, fmt.Errorf("%w: %s grew past the bound of %d bytes", ErrInvalid, path, limit)
 	}
-	return r, nil
+	return data, nil
 }
 
 // ErrStarting means another process holds the start lock of the endpoint

@@ -423,3 +423,24 @@ func sha256Hex(b []byte) string {
 	s := sha256.Sum256(b)
 	return hex.EncodeToString(s[:])
 }
+
+// TestHostileTakeFileBound: a file beside the record (TakeFile) longer than
+// its bound is refused and consumed; one within it comes back as written.
+func TestHostileTakeFileBound(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	if err := WriteFile(dir, "x.kvevents", make([]byte, 101)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := TakeFile(dir, "x.kvevents", 100); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("a file past its bound: %v", err)
+	}
+	if _, err := TakeFile(dir, "x.kvevents", 100); !errors.Is(err, ErrNone) {
+		t.Fatalf("the refused file was not consumed: %v", err)
+	}
+	if err := WriteFile(dir, "x.kvevents", []byte("kept")); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := TakeFile(dir, "x.kvevents", 100); err != nil || string(b) != "kept" {
+		t.Fatalf("took %q, %v", b, err)
+	}
+}

@@ -143,7 +143,31 @@ func Start(t testing.TB, extra ...string) *Server {
 	if err := s.waitReady(15 * time.Second); err != nil {
 		t.Fatalf("kvdock did not come up: %v\n%s", err, s.out.String())
 	}
+	// The HTTP API starts after the wire server: a loaded machine can
+	// leave a gap between the two that a test's first POST falls into.
+	if err := s.waitHTTP(15 * time.Second); err != nil {
+		t.Fatalf("kvdock's HTTP API did not come up: %v\n%s", err, s.out.String())
+	}
 	return s
+}
+
+// waitHTTP waits up to limit for the HTTP port to accept a connection.
+func (s *Server) waitHTTP(limit time.Duration) error {
+	addr := fmt.Sprintf("127.0.0.1:%d", s.HTTPPort)
+	deadline := time.Now().Add(limit)
+	for {
+		c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+		if err == nil {
+			return c.Close()
+		}
+		if done, exit := s.Exited(); done {
+			return fmt.Errorf("exited: %v", exit)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s: %w", addr, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // baseArgs are the flags every test server gets: headless on s's ports,
@@ -264,10 +288,23 @@ func (s *Server) Kill() {
 	<-s.done
 }
 
-// Dial connects a Go client to the server.
+// Dial connects a Go client to the server, 5 s a call.
 func (s *Server) Dial(t testing.TB, profile string) *client.Client {
 	t.Helper()
-	c, err := client.Dial(s.Endpoint, Profile(t, profile), client.Options{Timeout: 5 * time.Second})
+	return s.DialWith(t, profile, 5*time.Second)
+}
+
+// DialWith is Dial with another per-call timeout.
+func (s *Server) DialWith(t testing.TB, profile string, timeout time.Duration) *client.Client {
+	t.Helper()
+	return dial(t, s.Endpoint, profile, timeout)
+}
+
+// dial connects a Go client speaking profile to endpoint, closed when the
+// test ends.
+func dial(t testing.TB, endpoint, profile string, timeout time.Duration) *client.Client {
+	t.Helper()
+	c, err := client.Dial(endpoint, Profile(t, profile), client.Options{Timeout: timeout})
 	if err != nil {
 		t.Fatal(err)
 	}

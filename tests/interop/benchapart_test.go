@@ -3,8 +3,6 @@ package interop
 import (
 	"encoding/json"
 	"net/http"
-	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
@@ -43,7 +41,7 @@ type insightDoc struct {
 
 func insight(t *testing.T, srv *harness.Server) insightDoc {
 	t.Helper()
-	res, err := http.Get(statusURL(srv))
+	res, err := http.Get(srv.StatusURL())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,15 +51,6 @@ func insight(t *testing.T, srv *harness.Server) insightDoc {
 		t.Fatal(err)
 	}
 	return d
-}
-
-// runKvdock runs the binary with args and the extra environment.
-func runKvdock(t *testing.T, env []string, args ...string) (string, error) {
-	t.Helper()
-	cmd := exec.Command(harness.Binary(t), args...)
-	cmd.Env = append(append(os.Environ(), "KVDOCK_CONFIG="), env...)
-	out, err := cmd.CombinedOutput()
-	return string(out), err
 }
 
 // TestBenchLeavesWorkersFigures: `kvdock bench` against a live server (as
@@ -89,7 +78,7 @@ func TestBenchLeavesWorkersFigures(t *testing.T) {
 	}
 
 	benchStart := time.Now()
-	out, err := runKvdock(t, nil, "bench", "--host", "127.0.0.1", "--port", strconv.Itoa(srv.Port),
+	out, err := harness.Run(t, nil, "bench", "--host", "127.0.0.1", "--port", strconv.Itoa(srv.Port),
 		"--http-port", strconv.Itoa(srv.HTTPPort), "--server-pid", strconv.Itoa(srv.PID()),
 		"--mode", "shm", "--layers", "2", "--hidden", "64", "--dtype", "float16", "--workers", "1", "--rounds", "1", "--prompts", "2",
 		"--small-duration", "100ms", "--ref-duration", "100ms", "--timeout", "10s")
@@ -111,13 +100,13 @@ func TestBenchLeavesWorkersFigures(t *testing.T) {
 		after.Lookup.Bench.Lookups, after.Lookup.Lookups, after.Lookup.HitChunks, after.TokensSaved.Total, after.WhatIf.Sampled, after.WhatIf.Window)
 
 	// The reset needs the token, then zeroes the figures; the cache stays.
-	if out, err := runKvdock(t, nil, "ctl", "--http-port", strconv.Itoa(srv.HTTPPort), "reset-stats"); err == nil || !strings.Contains(out, "token") {
+	if out, err := harness.Run(t, nil, "ctl", "--http-port", strconv.Itoa(srv.HTTPPort), "reset-stats"); err == nil || !strings.Contains(out, "token") {
 		t.Fatalf("reset-stats without the token: %v\n%s", err, out)
 	}
 	if d := insight(t, srv); d.Lookup.Lookups != 1 || d.StatsResetAt != nil {
 		t.Fatalf("a refused reset reset: %+v", d)
 	}
-	out, err = runKvdock(t, []string{"KVDOCK_HTTP_TOKEN=" + token}, "ctl", "--http-port", strconv.Itoa(srv.HTTPPort), "reset-stats")
+	out, err = harness.Run(t, []string{"KVDOCK_HTTP_TOKEN=" + token}, "ctl", "--http-port", strconv.Itoa(srv.HTTPPort), "reset-stats")
 	if err != nil || !strings.Contains(out, "statistics reset at") {
 		t.Fatalf("reset-stats: %v\n%s", err, out)
 	}

@@ -105,7 +105,7 @@ func TestHybridGroupsHostile(t *testing.T) {
 			} `json:"by_type"`
 		} `json:"requests"`
 	}
-	httpjson.Get(t, statusURL(srv), &st)
+	httpjson.Get(t, srv.StatusURL(), &st)
 	if n := st.Requests.ByType["COMMIT_STORE_GROUP"].Error; n < 3 {
 		t.Errorf("COMMIT_STORE_GROUP errors %d, want at least 3 (group 2, -1 and 2**40 refused)", n)
 	}

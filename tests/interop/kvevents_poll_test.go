@@ -82,7 +82,7 @@ func settle(t *testing.T, srv *harness.Server) kvEventsStatus {
 	deadline := time.Now().Add(15 * time.Second)
 	for {
 		var st kvEventsStatus
-		httpjson.Get(t, statusURL(srv), &st)
+		httpjson.Get(t, srv.StatusURL(), &st)
 		if st.Pool.UsageRatio <= st.Pool.Watermark {
 			return st
 		}
@@ -214,7 +214,7 @@ func TestKVEventsPollLostPython(t *testing.T) {
 		}
 	}
 	var st kvEventsStatus
-	httpjson.Get(t, statusURL(srv), &st)
+	httpjson.Get(t, srv.StatusURL(), &st)
 	t.Logf("lost after %d records into a log of 16: %d indexed of %d LOOKUP hits, %d removals skipped, log %+v",
 		st.KVEvents.Log.NextSeq-1, len(r.Index), len(want), r.Skipped, st.KVEvents.Log)
 	if l := st.KVEvents.Log; l.Depth != 16 || l.Trimmed == 0 || l.LostAnswers != 1 {
@@ -232,8 +232,9 @@ func TestKVEventsPollLostPython(t *testing.T) {
 
 // TestKVEventsPollRestartPython: a restart in place that adopts the pool
 // (SIGUSR2, the same pid) starts a new log under a new incarnation: the
-// poller withdraws what it announced, and what it then holds is among the
-// chunks LOOKUP hits in the adopted pool.
+// poller withdraws what it announced, and rebuilds from the new log, whose
+// first records re-announce the adopted pool, exactly the chunks LOOKUP
+// hits in it.
 func TestKVEventsPollRestartPython(t *testing.T) {
 	srv := harness.StartKeeping(t, false, "--protocol", "engine-driven-v2", "--chunk-size", "16")
 	prompts := pollPrompts(3, 20)
@@ -258,6 +259,9 @@ func TestKVEventsPollRestartPython(t *testing.T) {
 		if _, ok := want[h]; !ok {
 			t.Fatalf("poller indexes %s, which LOOKUP does not hit", h[:8])
 		}
+	}
+	if len(after.Index) != len(want) {
+		t.Fatalf("after the restart the poller holds %d chunks, LOOKUP hits %d: the adopted pool was not re-announced whole", len(after.Index), len(want))
 	}
 	t.Logf("restart: %d chunks indexed before, %d after (LOOKUP hits %d in the adopted pool)",
 		len(before.Index), len(after.Index), len(want))

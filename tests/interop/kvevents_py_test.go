@@ -26,7 +26,8 @@ func TestKVEventsReplayPython(t *testing.T) {
 		block            int // --kv-events-block-size; 0 = the chunk size
 	}{{"map", "current", 0}, {"array", "legacy", 0}, {"map", "current", 4}} {
 		t.Run(fmt.Sprintf("%s-%s-%d", form.encoding, form.replay, form.block), func(t *testing.T) {
-			pub, rep := 31050+2*i, 31051+2*i
+			ps := eventsPorts(t, 47270+10*i, 47280+10*i, 2) // bindable now (see eventsPorts)
+			pub, rep := ps[0], ps[1]
 			srv := harness.Start(t, "--chunk-size", "16",
 				"--kv-events-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", pub),
 				"--kv-events-replay-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", rep),
@@ -65,7 +66,7 @@ func TestKVEventsReplayPython(t *testing.T) {
 			deadline := time.Now().Add(15 * time.Second)
 			for {
 				var st kvEventsStatus
-				httpjson.Get(t, statusURL(srv), &st)
+				httpjson.Get(t, srv.StatusURL(), &st)
 				if st.KVEvents.Queued == 0 && st.KVEvents.NextSeq == st.KVEvents.Sent && st.Pool.UsageRatio <= st.Pool.Watermark {
 					if st.Pool.Evictions == 0 {
 						t.Fatalf("no evictions: %+v", st)

@@ -13,6 +13,7 @@ import (
 
 	gozmq "github.com/go-zeromq/zmq4"
 	"github.com/vmihailenco/msgpack/v5"
+	"golang.org/x/sys/unix"
 
 	"kvdock/core/engine"
 	"kvdock/core/keys"
@@ -30,12 +31,16 @@ type routerIndex struct {
 	t      *testing.T
 	replay gozmq.Socket
 
-	mu      sync.Mutex
-	next    uint64                     // the next seq to apply
-	known   map[string]map[uint64]bool // model -> announced hashes (medium CPU)
-	broken  []string                   // rule breaks: must stay empty
-	dropped int                        // stored events with an unknown parent
-	replays int
+	mu          sync.Mutex
+	next        uint64                     // the next seq to apply
+	known       map[string]map[uint64]bool // model -> announced hashes (medium CPU)
+	storage     map[string]map[uint64]bool // model -> announced hashes (medium STORAGE)
+	broken      []string                   // rule breaks: must stay empty
+	dropped     int                        // stored events with an unknown parent
+	storageSeen int                        // STORAGE events applied
+	stored      int                        // blocks BlockStored announced, over every medium
+	removed     int                        // blocks BlockRemoved removed
+	replays     int
 }
 
 func (x *routerIndex) breakf(format string, args ...any) {
@@ -65,19 +70,27 @@ func (x *routerIndex) apply(topic []byte, seq uint64, payload []byte) {
 	if len(evs) == 0 {
 		x.breakf("batch %d: no events", seq)
 	}
-	idx := x.known[model]
-	if idx == nil {
-		idx = map[uint64]bool{}
-		x.known[model] = idx
-	}
 	for _, e := range evs {
 		m, ok := e.(map[string]any)
 		if !ok {
 			x.breakf("batch %d: event %T", seq, e)
 			continue
 		}
-		if m["medium"] != "CPU" {
+		// An index per medium, each with its own rules (llm-d keeps the
+		// medium of each entry).
+		media := map[any]map[string]map[uint64]bool{"CPU": x.known, "STORAGE": x.storage}
+		byModel := media[m["medium"]]
+		if byModel == nil {
 			x.breakf("batch %d: medium %v", seq, m["medium"])
+			continue
+		}
+		if m["medium"] == "STORAGE" {
+			x.storageSeen++
+		}
+		idx := byModel[model]
+		if idx == nil {
+			idx = map[uint64]bool{}
+			byModel[model] = idx
 		}
 		var hs []uint64
 		for _, h := range asList(m["block_hashes"]) {
@@ -105,6 +118,7 @@ func (x *routerIndex) apply(topic []byte, seq uint64, payload []byte) {
 					x.breakf("batch %d: %x announced twice", seq, h)
 				}
 				idx[h] = true
+				x.stored++
 			}
 		case "BlockRemoved":
 			for _, h := range hs {
@@ -112,6 +126,7 @@ func (x *routerIndex) apply(topic []byte, seq uint64, payload []byte) {
 					x.breakf("batch %d: removal of %x, never announced or removed already", seq, h)
 				}
 				delete(idx, h)
+				x.removed++
 			}
 		default:
 			x.breakf("batch %d: event type %v", seq, m["type"])
@@ -173,6 +188,9 @@ func (x *routerIndex) run(ctx context.Context, sub gozmq.Socket) {
 	}
 }
 
+// applied is how many blocks the stream announced and removed; x.mu is held.
+func (x *routerIndex) applied() (stored, removed int) { return x.stored, x.removed }
+
 func asList(v any) []any { l, _ := v.([]any); return l }
 
 func asUint(v any) (uint64, bool) {
@@ -198,6 +216,9 @@ func asUint(v any) (uint64, bool) {
 }
 
 type kvEventsStatus struct {
+	Tiers []struct {
+		QueueDepth int `json:"queue_depth"`
+	} `json:"tiers"`
 	KVEvents struct {
 		Enabled bool   `json:"enabled"`
 		NextSeq uint64 `json:"next_seq"`
@@ -219,19 +240,48 @@ type kvEventsStatus struct {
 // prefixes, evictions under pressure and a clear, while a router subscribes
 // with go-zeromq (llm-d's ZMQ library). After each phase, for every stored
 // prompt, the leading chunks the router's index holds equal the hits
-// LOOKUP answers: 0 divergence, and no event breaks a rule.
+// LOOKUP answers: 0 divergence, and no event breaks a rule. With an fs
+// tier written behind, the leading chunks held in CPU or STORAGE equal
+// them: through the L1 clear (the tier still answers) and a clear of the
+// tier (nothing left).
 func TestKVEventsIndexEqualsLookup(t *testing.T) {
-	// Fixed ports of this test's own range: FreePort's picks are free only
-	// until the harness picks its own.
-	pub, rep := 31036, 31037
-	srv := harness.Start(t, "--chunk-size", "16",
-		"--kv-events-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", pub),
-		"--kv-events-replay-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", rep),
-		"--kv-events-pod", "eventspod")
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	// Ports of this test's own range (FreePort's picks are free only
+	// until the harness picks its own) that libzmq can bind now.
+	for _, withTier := range []bool{false, true} {
+		t.Run(map[bool]string{false: "l1", true: "fs tier"}[withTier], func(t *testing.T) {
+			ps := eventsPorts(t, 47200, 47230, 2)
+			kvEventsIndexEqualsLookup(t, ps[0], ps[1], withTier)
+		})
+	}
+}
+
+// eventsRun is a kvdock driven through randomized stores while a router
+// subscribes: the workers, the prompts stored and the router's index.
+type eventsRun struct {
+	t       *testing.T
+	ctx     context.Context
+	srv     *harness.Server
+	x       *routerIndex
+	ws      [][]*goworker.Worker
+	sched   goworker.Scheduler
+	hasher  *keys.Hasher
+	rng     *rand.Rand
+	prompts []eventsPrompt
+	chunk   []byte
+}
+
+type eventsPrompt struct {
+	g      []*goworker.Worker
+	tokens []uint32
+}
+
+// subscribe starts a router on kvdock's PUB and replay endpoints; with
+// replay it first rebuilds from the replay buffer (a router that comes up
+// after a restart). It stops with ctx.
+func subscribe(t *testing.T, ctx context.Context, pub, rep int, replay bool) *routerIndex {
+	t.Helper()
 	sub := gozmq.NewSub(ctx)
-	defer sub.Close()
+	t.Cleanup(func() { sub.Close() })
 	if err := sub.Dial(fmt.Sprintf("tcp://127.0.0.1:%d", pub)); err != nil {
 		t.Fatal(err)
 	}
@@ -239,193 +289,252 @@ func TestKVEventsIndexEqualsLookup(t *testing.T) {
 		t.Fatal(err)
 	}
 	dealer := gozmq.NewDealer(ctx)
-	defer dealer.Close()
+	t.Cleanup(func() { dealer.Close() })
 	if err := dealer.Dial(fmt.Sprintf("tcp://127.0.0.1:%d", rep)); err != nil {
 		t.Fatal(err)
 	}
-	x := &routerIndex{t: t, replay: dealer, known: map[string]map[uint64]bool{}}
+	x := &routerIndex{t: t, replay: dealer, known: map[string]map[uint64]bool{}, storage: map[string]map[uint64]bool{}}
+	if replay {
+		x.mu.Lock()
+		err := x.fill(^uint64(0))
+		x.mu.Unlock()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
 	go x.run(ctx, sub)
+	return x
+}
 
-	// 256 KiB chunks (16 tokens, 2 layers, hidden 1024, float32): the
-	// 64 MiB pool holds 256 of them. Three models: one SHM worker, one
-	// pickle worker, and two SHM ranks of a world size 2 (a chunk is whole
-	// once both ranks committed it).
-	var ws [][]*goworker.Worker
+// eventsArgs are the flags of a server publishing on pub and replaying on rep.
+func eventsArgs(pub, rep int) []string {
+	return []string{"--chunk-size", "16",
+		"--kv-events-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", pub),
+		"--kv-events-replay-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", rep),
+		"--kv-events-pod", "eventspod"}
+}
+
+// newEventsRun registers the workers: 256 KiB chunks (16 tokens, 2 layers,
+// hidden 1024, float32), so the 64 MiB pool holds 256 of them. Three
+// models: one SHM worker, one pickle worker, and two SHM ranks of a world
+// size 2 (a chunk is whole once both ranks committed it).
+func newEventsRun(t *testing.T, ctx context.Context, srv *harness.Server, x *routerIndex) *eventsRun {
+	r := &eventsRun{t: t, ctx: ctx, srv: srv, x: x, rng: rand.New(rand.NewPCG(36, 36))}
 	for i, g := range []struct {
 		pickle    bool
 		worldSize int
 	}{{false, 1}, {true, 1}, {false, 2}} {
 		var group []*goworker.Worker
-		for r := range g.worldSize {
-			w, err := goworker.Register(ctx, srv.Dial(t, "nongpu-v1"), goworker.Config{InstanceID: int64(3601 + 10*i + r),
-				Model: fmt.Sprintf("events-model-%d", i), WorldSize: g.worldSize, WorkerID: r,
+		for rank := range g.worldSize {
+			w, err := goworker.Register(ctx, srv.Dial(t, "nongpu-v1"), goworker.Config{InstanceID: int64(3601 + 10*i + rank),
+				Model: fmt.Sprintf("events-model-%d", i), WorldSize: g.worldSize, WorkerID: rank,
 				Layers: 2, Hidden: 1024, Dtype: "float32", Pickle: g.pickle})
 			if err != nil {
 				t.Fatalf("register: %v\n%s", err, srv.Output())
 			}
-			defer w.Close()
+			t.Cleanup(func() { w.Close() })
 			group = append(group, w)
 		}
-		ws = append(ws, group)
+		r.ws = append(r.ws, group)
 	}
-	sched := goworker.Scheduler{C: srv.Dial(t, "nongpu-v1")}
-	hasher, err := keys.NewHasher(16, "blake3")
-	if err != nil {
+	r.sched = goworker.Scheduler{C: srv.Dial(t, "nongpu-v1")}
+	var err error
+	if r.hasher, err = keys.NewHasher(16, "blake3"); err != nil {
 		t.Fatal(err)
 	}
-	rng := rand.New(rand.NewPCG(36, 36))
-	type prompt struct {
-		g      []*goworker.Worker
-		tokens []uint32
-	}
-	var prompts []prompt
-	chunk := make([]byte, ws[0][0].Layout().Bytes)
-	// store stores n prompts of 2..6 chunks; half of them extend an earlier
-	// prompt's first chunks, so prefixes are shared and parents held.
-	// ranks, when not 0, stores with that many ranks of the group only.
-	store := func(n, ranks int) {
-		for range n {
-			g := ws[rng.IntN(len(ws))]
-			if ranks > 0 {
-				g = ws[2]
-			}
-			var toks []uint32
-			if len(prompts) > 0 && rng.IntN(2) == 0 && ranks == 0 {
-				base := prompts[rng.IntN(len(prompts))]
-				if base.g[0] == g[0] {
-					toks = append(toks, base.tokens[:16*(1+rng.IntN(len(base.tokens)/16))]...)
-				}
-			}
-			for n := 16 * (2 + rng.IntN(5)); len(toks) < n; {
-				toks = append(toks, rng.Uint32N(50000))
-			}
-			toks = toks[:len(toks)/16*16]
-			chunks := make([][]byte, len(toks)/16)
-			for i := range chunks {
-				chunks[i] = chunk
-			}
-			for r, w := range g {
-				if ranks > 0 && r >= ranks {
-					break
-				}
-				res, err := w.Store(ctx, w.Key(toks, len(chunks), fmt.Sprintf("store-%d", len(prompts))), chunks)
-				if err != nil {
-					t.Fatalf("store: %v\n%s", err, srv.Output())
-				}
-				if !res.Committed && !res.Skipped {
-					t.Logf("store %d: %s, %d chunks: %+v", len(prompts), w.Mode(), len(chunks), res)
-				}
-			}
-			prompts = append(prompts, prompt{g: g, tokens: toks})
-		}
-	}
-	// caughtUp waits until the router applied every batch kvdock made.
-	caughtUp := func(phase string) {
-		t.Helper()
-		deadline := time.Now().Add(15 * time.Second)
-		for {
-			var st kvEventsStatus
-			httpjson.Get(t, statusURL(srv), &st)
-			x.mu.Lock()
-			next := x.next
-			x.mu.Unlock()
-			// The eviction loop runs on its own above the watermark: the
-			// pool must be below it, or an eviction could land between
-			// the index read and the lookups.
-			if st.KVEvents.Queued == 0 && next == st.KVEvents.NextSeq && st.Pool.UsageRatio <= st.Pool.Watermark {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: router at seq %d, kvdock at %d (queued %d)", phase, next, st.KVEvents.NextSeq, st.KVEvents.Queued)
-			}
-			time.Sleep(20 * time.Millisecond) // polling a condition, bounded by the deadline
-		}
-	}
-	check := func(phase string) (hits int) {
-		t.Helper()
-		caughtUp(phase)
-		// Lookups do not change the set, so the index is read as it stands.
-		x.mu.Lock()
-		defer x.mu.Unlock()
-		for i, p := range prompts {
-			id := fmt.Sprintf("lookup-%s-%d", phase, i)
-			w, tp := p.g[0], len(p.g)
-			n, err := sched.Hits(ctx, w.LookupKey(p.tokens, id), tp)
-			if err != nil {
-				t.Fatalf("%s: lookup: %v", phase, err)
-			}
-			// The hits stay read-locked until freed: held, they would keep
-			// the pool from evicting and later lookups from locking.
-			free := w.LookupKey(p.tokens, id)
-			free.End = n * 16
-			if err := sched.FreeLookupLocks(ctx, free, tp); err != nil {
-				t.Fatal(err)
-			}
-			if err := sched.EndSession(ctx, id); err != nil {
-				t.Fatal(err)
-			}
-			lead := 0
-			for _, h := range hasher.Hashes(p.tokens) {
-				if !x.known[w.Model()][kvevents.WireHash(h)] {
-					break
-				}
-				lead++
-			}
-			if lead != n {
-				t.Errorf("%s: prompt %d (%d chunks): router index holds %d leading chunks, LOOKUP hits %d", phase, i, len(p.tokens)/16, lead, n)
-			}
-			hits += n
-		}
-		for _, b := range x.broken {
-			t.Errorf("%s: %s", phase, b)
-		}
-		x.broken = nil
-		return hits
-	}
+	r.chunk = make([]byte, r.ws[0][0].Layout().Bytes)
+	return r
+}
 
-	store(30, 0)
-	if hits := check("stored"); hits == 0 {
+// store stores n prompts of 2..6 chunks; half of them extend an earlier
+// prompt's first chunks, so prefixes are shared and parents held.
+// ranks, when not 0, stores with that many ranks of the group only.
+func (r *eventsRun) store(n, ranks int) {
+	t, rng := r.t, r.rng
+	for range n {
+		g := r.ws[rng.IntN(len(r.ws))]
+		if ranks > 0 {
+			g = r.ws[2]
+		}
+		var toks []uint32
+		if len(r.prompts) > 0 && rng.IntN(2) == 0 && ranks == 0 {
+			base := r.prompts[rng.IntN(len(r.prompts))]
+			if base.g[0] == g[0] {
+				toks = append(toks, base.tokens[:16*(1+rng.IntN(len(base.tokens)/16))]...)
+			}
+		}
+		for n := 16 * (2 + rng.IntN(5)); len(toks) < n; {
+			toks = append(toks, rng.Uint32N(50000))
+		}
+		toks = toks[:len(toks)/16*16]
+		chunks := make([][]byte, len(toks)/16)
+		for i := range chunks {
+			chunks[i] = r.chunk
+		}
+		for rank, w := range g {
+			if ranks > 0 && rank >= ranks {
+				break
+			}
+			res, err := w.Store(r.ctx, w.Key(toks, len(chunks), fmt.Sprintf("store-%d", len(r.prompts))), chunks)
+			if err != nil {
+				t.Fatalf("store: %v\n%s", err, r.srv.Output())
+			}
+			if !res.Committed && !res.Skipped {
+				t.Logf("store %d: %s, %d chunks: %+v", len(r.prompts), w.Mode(), len(chunks), res)
+			}
+		}
+		r.prompts = append(r.prompts, eventsPrompt{g: g, tokens: toks})
+	}
+}
+
+// caughtUp waits until the router applied every batch kvdock made.
+func (r *eventsRun) caughtUp(phase string) {
+	t := r.t
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		var st kvEventsStatus
+		httpjson.Get(t, r.srv.StatusURL(), &st)
+		r.x.mu.Lock()
+		next := r.x.next
+		r.x.mu.Unlock()
+		// The eviction loop runs on its own above the watermark: the
+		// pool must be below it, or an eviction could land between
+		// the index read and the lookups. The tier's writes behind must
+		// have landed too.
+		queued := 0
+		for _, tr := range st.Tiers {
+			queued += tr.QueueDepth
+		}
+		if st.KVEvents.Queued == 0 && queued == 0 && next == st.KVEvents.NextSeq && st.Pool.UsageRatio <= st.Pool.Watermark {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: router at seq %d, kvdock at %d (queued %d)", phase, next, st.KVEvents.NextSeq, st.KVEvents.Queued)
+		}
+		time.Sleep(20 * time.Millisecond) // polling a condition, bounded by the deadline
+	}
+}
+
+// check asserts, once the router caught up, that for every prompt stored
+// the leading chunks the index holds (CPU or STORAGE) equal LOOKUP's hits,
+// and that no event broke a rule; it returns the hits.
+func (r *eventsRun) check(phase string) (hits int) {
+	t, x := r.t, r.x
+	t.Helper()
+	r.caughtUp(phase)
+	// Lookups do not change the set, so the index is read as it stands.
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	for i, p := range r.prompts {
+		id := fmt.Sprintf("lookup-%s-%d", phase, i)
+		w, tp := p.g[0], len(p.g)
+		n, err := r.sched.Hits(r.ctx, w.LookupKey(p.tokens, id), tp)
+		if err != nil {
+			t.Fatalf("%s: lookup: %v", phase, err)
+		}
+		// The hits stay read-locked until freed: held, they would keep
+		// the pool from evicting and later lookups from locking.
+		free := w.LookupKey(p.tokens, id)
+		free.End = n * 16
+		if err := r.sched.FreeLookupLocks(r.ctx, free, tp); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.sched.EndSession(r.ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		lead := 0
+		for _, h := range r.hasher.Hashes(p.tokens) {
+			wh := kvevents.WireHash(h)
+			if !x.known[w.Model()][wh] && !x.storage[w.Model()][wh] {
+				break
+			}
+			lead++
+		}
+		if lead != n {
+			t.Errorf("%s: prompt %d (%d chunks): router index holds %d leading chunks, LOOKUP hits %d", phase, i, len(p.tokens)/16, lead, n)
+		}
+		hits += n
+	}
+	for _, b := range x.broken {
+		t.Errorf("%s: %s", phase, b)
+	}
+	x.broken = nil
+	return hits
+}
+
+func kvEventsIndexEqualsLookup(t *testing.T, pub, rep int, withTier bool) {
+	args := eventsArgs(pub, rep)
+	if withTier {
+		// 1 GiB: the tier keeps every chunk, so L1's evictions leave them there.
+		args = append(args, "--l2-adapter", fmt.Sprintf(`{"type": "fs", "base_path": %q, "max_capacity_gb": 1}`, t.TempDir()))
+	}
+	srv := harness.Start(t, args...)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	x := subscribe(t, ctx, pub, rep, false)
+	r := newEventsRun(t, ctx, srv, x)
+	r.store(30, 0)
+	if hits := r.check("stored"); hits == 0 {
 		t.Fatal("nothing hit after the first stores")
 	}
 	// Fresh prompts of the world size 2 model stored by one rank of two:
 	// neither a hit nor announced.
-	before := len(prompts)
-	store(3, 1)
-	check("one rank of two")
+	before := len(r.prompts)
+	r.store(3, 1)
+	r.check("one rank of two")
 	x.mu.Lock()
-	for _, p := range prompts[before:] {
-		for _, h := range hasher.Hashes(p.tokens) {
-			if x.known[p.g[0].Model()][kvevents.WireHash(h)] {
+	for _, p := range r.prompts[before:] {
+		for _, h := range r.hasher.Hashes(p.tokens) {
+			if wh := kvevents.WireHash(h); x.known[p.g[0].Model()][wh] || x.storage[p.g[0].Model()][wh] {
 				t.Errorf("a chunk one rank of two committed is announced")
 			}
 		}
 	}
 	x.mu.Unlock()
-	store(120, 0) // about 500 chunks into a pool of 256: evictions
+	r.store(120, 0) // about 500 chunks into a pool of 256: evictions
 	var st kvEventsStatus
-	httpjson.Get(t, statusURL(srv), &st)
+	httpjson.Get(t, srv.StatusURL(), &st)
 	if st.Pool.Evictions == 0 {
 		t.Errorf("no evictions under pressure: %+v", st)
 	}
-	check("evicted")
+	r.check("evicted")
 	resp, err := http.Post(fmt.Sprintf("http://127.0.0.1:%d/clear-cache", srv.HTTPPort), "application/json", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	if hits := check("cleared"); hits != 0 {
+	if withTier {
+		// The tier still holds every chunk: LOOKUP hits them there, and
+		// the index holds them in STORAGE.
+		if hits := r.check("L1 cleared"); hits == 0 {
+			t.Errorf("no hits from the tier after a clear of L1")
+		}
+		req, _ := http.NewRequest(http.MethodDelete, fmt.Sprintf("http://127.0.0.1:%d/cache/objects?tier=all", srv.HTTPPort), nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	if hits := r.check("cleared"); hits != 0 {
 		t.Errorf("hits after a clear: %d", hits)
 	}
 	x.mu.Lock()
-	for m, idx := range x.known {
-		if len(idx) != 0 {
-			t.Errorf("model %s: %d blocks still indexed after the clear", m, len(idx))
+	for _, byModel := range []map[string]map[uint64]bool{x.known, x.storage} {
+		for m, idx := range byModel {
+			if len(idx) != 0 {
+				t.Errorf("model %s: %d blocks still indexed after the clear", m, len(idx))
+			}
 		}
 	}
+	if withTier && x.storageSeen == 0 {
+		t.Errorf("no STORAGE event seen with an fs tier written behind")
+	}
 	x.mu.Unlock()
-	store(20, 0)
-	check("stored again")
-	httpjson.Get(t, statusURL(srv), &st)
+	r.store(20, 0)
+	r.check("stored again")
+	httpjson.Get(t, srv.StatusURL(), &st)
 	if !st.KVEvents.Enabled || st.KVEvents.Dropped != 0 || st.KVEvents.Sent != st.KVEvents.NextSeq {
 		t.Errorf("/status kv_events %+v", st.KVEvents)
 	}
@@ -436,8 +545,8 @@ func TestKVEventsIndexEqualsLookup(t *testing.T) {
 		t.Errorf("%d events a router drops (unknown parent)", dropped)
 	}
 	// A router that starts now rebuilds the same index from replay alone.
-	caughtUp("replay")
-	y := &routerIndex{t: t, replay: dealer, known: map[string]map[uint64]bool{}}
+	r.caughtUp("replay")
+	y := &routerIndex{t: t, replay: x.replay, known: map[string]map[uint64]bool{}, storage: map[string]map[uint64]bool{}}
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if err := y.fill(^uint64(0)); err != nil {
@@ -446,15 +555,95 @@ func TestKVEventsIndexEqualsLookup(t *testing.T) {
 	if y.next != x.next || len(y.broken) != 0 {
 		t.Errorf("replay: next seq %d (live %d), broken %v", y.next, x.next, y.broken)
 	}
-	for m, idx := range x.known {
-		if len(y.known[m]) != len(idx) {
-			t.Errorf("model %s: replay indexes %d blocks, live %d", m, len(y.known[m]), len(idx))
-		}
-		for h := range idx {
-			if !y.known[m][h] {
-				t.Errorf("model %s: replay lacks %x", m, h)
+	sameIndex(t, "replay", x, y)
+	t.Logf("%d prompts, %d batches, %d gap replays, %d STORAGE events", len(r.prompts), st.KVEvents.NextSeq, x.replays, x.storageSeen)
+}
+
+// sameIndex fails t unless y indexes what x does, in every medium.
+func sameIndex(t *testing.T, what string, x, y *routerIndex) {
+	t.Helper()
+	for _, pair := range [][2]map[string]map[uint64]bool{{x.known, y.known}, {x.storage, y.storage}} {
+		for m, idx := range pair[0] {
+			if len(pair[1][m]) != len(idx) {
+				t.Errorf("%s: model %s: %d blocks indexed, want %d", what, m, len(pair[1][m]), len(idx))
+			}
+			for h := range idx {
+				if !pair[1][m][h] {
+					t.Errorf("%s: model %s lacks %x", what, m, h)
+				}
 			}
 		}
 	}
-	t.Logf("%d prompts, %d batches, %d gap replays", len(prompts), st.KVEvents.NextSeq, x.replays)
+}
+
+// TestKVEventsReannouncedAfterRestart: after a SIGUSR2 restart that adopts
+// the pool, the new process's stream starts at seq 0 and its first batches
+// re-announce the adopted usable set, parents first and only BlockStored:
+// a router that comes up after the restart rebuilds from replay exactly
+// the index it had before, which equals LOOKUP's hits; later stores and
+// evictions go on from there with 0 divergence.
+func TestKVEventsReannouncedAfterRestart(t *testing.T) {
+	ps := eventsPorts(t, 47230, 47260, 2)
+	pub, rep := ps[0], ps[1]
+	srv := harness.StartKeeping(t, false, eventsArgs(pub, rep)...)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	before := subscribe(t, ctx, pub, rep, false)
+	r := newEventsRun(t, ctx, srv, before)
+	r.store(40, 0)
+	r.store(2, 1) // one rank of two: not announced, before or after
+	if hits := r.check("before the restart"); hits == 0 {
+		t.Fatal("nothing hit before the restart")
+	}
+	srv.RestartSignal(t)
+	if rs := srv.LastRestart(t); !rs.Adopted {
+		t.Fatalf("the pool was not adopted: %+v", rs)
+	}
+	// What the new process published before anything new happened: the
+	// re-announcement alone.
+	var st kvEventsStatus
+	httpjson.Get(t, srv.StatusURL(), &st)
+	after := subscribe(t, ctx, pub, rep, true)
+	after.mu.Lock()
+	stored, removed := after.applied()
+	next := after.next
+	after.mu.Unlock()
+	if next == 0 || next != st.KVEvents.NextSeq || removed != 0 || stored == 0 {
+		t.Fatalf("after the restart: replayed up to seq %d (kvdock at %d), %d stored and %d removed events\n%s",
+			next, st.KVEvents.NextSeq, stored, removed, srv.Output())
+	}
+	before.mu.Lock()
+	after.mu.Lock()
+	sameIndex(t, "re-announced", before, after)
+	after.mu.Unlock()
+	before.mu.Unlock()
+	r.x = after
+	r.check("after the restart")
+	r.store(100, 0) // past the pool: evictions of adopted chunks too
+	r.check("stored after the restart")
+	t.Logf("%d prompts, %d batches re-announced %d blocks", len(r.prompts), next, stored)
+}
+
+// eventsPorts returns n ports of [from, to) that libzmq can bind now. A
+// ZMQ socket binds without SO_REUSEADDR, so a port whose connections a
+// server closed in the last minute (TIME_WAIT) is refused to the next
+// server; the probe binds the way it does, and the next port is tried.
+func eventsPorts(t testing.TB, from, to, n int) []int {
+	t.Helper()
+	var out []int
+	for p := from; p < to && len(out) < n; p++ {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = unix.Bind(fd, &unix.SockaddrInet4{Port: p, Addr: [4]byte{127, 0, 0, 1}})
+		unix.Close(fd)
+		if err == nil {
+			out = append(out, p)
+		}
+	}
+	if len(out) < n {
+		t.Fatalf("%d of %d ports free in [%d, %d)", len(out), n, from, to)
+	}
+	return out
 }

@@ -35,7 +35,7 @@ func TestMissReasonsOverTheWire(t *testing.T) {
 	// 64 MiB pool: 16 chunks of 4 MiB; a 4 s write TTL (pending stores are
 	// given up after 2 s).
 	srv := harness.Start(t, "--l1-write-ttl-seconds", "4")
-	p, err := json.Marshal(map[string]any{"status_url": statusURL(srv), "write_ttl": 4})
+	p, err := json.Marshal(map[string]any{"status_url": srv.StatusURL(), "write_ttl": 4})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,7 +56,7 @@ func TestMissReasonsOverTheWire(t *testing.T) {
 		}
 	}
 
-	resp, err := http.Get(statusURL(srv))
+	resp, err := http.Get(srv.StatusURL())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +99,7 @@ func TestMissReasonsOverTheWire(t *testing.T) {
 		t.Errorf("ghost_bytes %d", st.Misses.GhostBytes)
 	}
 
-	resp, err = http.Get(strings.TrimSuffix(statusURL(srv), "/status") + "/metrics")
+	resp, err = http.Get(strings.TrimSuffix(srv.StatusURL(), "/status") + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -31,7 +31,7 @@ func torch2Python(t *testing.T) string {
 // worker2 runs a scenario under torch 2.x and checks the worker really had it.
 func worker2(t *testing.T, py string, srv *harness.Server, scenario string, params map[string]any) map[string]any {
 	t.Helper()
-	res := workerWith(t, py, srv, scenario, params)
+	res := harness.LMCacheWorker(t, py, srv, scenario, params)
 	if v, _ := res["torch"].(string); !strings.HasPrefix(v, "2.") {
 		t.Fatalf("worker ran torch %v, want 2.x", res["torch"])
 	}

@@ -4,39 +4,22 @@
 package interop
 
 import (
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"kvdock/core/protocol"
 	"kvdock/core/testkit/httpjson"
 	"kvdock/tests/harness"
 )
 
-// worker runs one scenario of py/lmcache_worker.py (an emulated LMCache
-// non-GPU worker: pyzmq, msgpack, torch) against srv and decodes its JSON.
+// worker runs one scenario of py/lmcache_worker.py against srv
+// (harness.LMCacheWorker).
 func worker(t *testing.T, srv *harness.Server, scenario string, params map[string]any) map[string]any {
 	t.Helper()
-	return workerWith(t, harness.Python, srv, scenario, params)
-}
-
-// workerWith is worker under another interpreter.
-func workerWith(t *testing.T, python string, srv *harness.Server, scenario string, params map[string]any) map[string]any {
-	t.Helper()
-	p, err := json.Marshal(params)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := harness.RunPythonWith(t, python, 120*time.Second, "py/lmcache_worker.py", srv.Endpoint, scenario, string(p))
-	var res map[string]any
-	if err := json.Unmarshal([]byte(strings.TrimSpace(out)), &res); err != nil {
-		t.Fatalf("worker output %q: %v", out, err)
-	}
-	return res
+	return harness.LMCacheWorker(t, harness.Python, srv, scenario, params)
 }
 
 func modes(res map[string]any) string {
@@ -117,9 +100,9 @@ func TestWorkersOnAWarmCacheReceiveWhatIsCounted(t *testing.T) {
 	if got["pickle"] != float64(6) || got["shm"] != float64(6) {
 		t.Fatalf("chunks received %v, want 6 each", got)
 	}
-	st := status(t, srv)
+	st := srv.Status(t)
 	for _, id := range []int64{2102, 2103} {
-		c, ok := contextStatus(st, id)
+		c, ok := harness.ContextStatus(st, id)
 		if !ok {
 			t.Fatalf("instance %d not in /status", id)
 		}
@@ -189,7 +172,7 @@ func poolAndCounts(t *testing.T, srv *harness.Server) storeCounts {
 			BadInput map[string]int64 `json:"bad_input"`
 		} `json:"requests"`
 	}
-	httpjson.Get(t, statusURL(srv), &st)
+	httpjson.Get(t, srv.StatusURL(), &st)
 	c := storeCounts{objects: st.Pool.Objects, liveBytes: st.Pool.LiveBytes,
 		commitOK: st.Requests.ByType[protocol.CommitStore].OK, commitErrors: st.Requests.ByType[protocol.CommitStore].Error,
 		handlerErrors: st.Requests.BadInput[protocol.KindHandlerErr]}

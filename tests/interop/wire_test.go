@@ -175,7 +175,7 @@ func binaryStatus(t *testing.T, srv *harness.Server) (badInput, decodeFailures, 
 			} `json:"by_type"`
 		} `json:"requests"`
 	}
-	httpjson.Get(t, statusURL(srv), &st)
+	httpjson.Get(t, srv.StatusURL(), &st)
 	ok = map[string]int64{}
 	for name, c := range st.Requests.ByType {
 		ok[name] = c.OK

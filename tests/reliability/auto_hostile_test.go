@@ -13,6 +13,7 @@ import (
 	"kvdock/core/protocol"
 	"kvdock/core/rpc/client"
 	"kvdock/tests/harness"
+	"kvdock/tests/harness/attackkit"
 )
 
 // autoChurnPeers is one more than the 16,384 peers --protocol auto keeps
@@ -87,7 +88,7 @@ func churnIdentities(t *testing.T, endpoint, name string, n int, typ func(i int)
 // forgot it would answer a prepare_retrieve struct (and take a read lock)
 // where the worker waits for a bool.
 func TestHostileAutoChurnKeepsDecidedPeers(t *testing.T) {
-	srv := startAttacked(t, "--protocol", "auto")
+	srv := attackkit.StartAttacked(t, "--protocol", "auto")
 	w, err := client.Dial(srv.Endpoint, harness.Profile(t, "nongpu-v1"), client.Options{Timeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -99,12 +100,12 @@ func TestHostileAutoChurnKeepsDecidedPeers(t *testing.T) {
 	if _, err := w.Call(ctx, protocol.RegisterKVCacheNonGPUContext, reg); err != nil {
 		t.Fatalf("register: %v", err)
 	}
-	tokens := make([]uint32, attackChunk)
+	tokens := make([]uint32, attackkit.AttackChunk)
 	for i := range tokens {
 		tokens[i] = uint32(i*7 + 3)
 	}
 	wid := 0
-	key := protocol.Key{ModelName: "auto-hostile", WorldSize: 1, WorkerID: &wid, TokenIDs: tokens, End: attackChunk, RequestID: "w"}
+	key := protocol.Key{ModelName: "auto-hostile", WorldSize: 1, WorkerID: &wid, TokenIDs: tokens, End: attackkit.AttackChunk, RequestID: "w"}
 	if _, err := w.Call(ctx, protocol.PrepareStore, key, int64(7)); err != nil {
 		t.Fatalf("prepare store: %v\n%s", err, srv.Output())
 	}
@@ -137,10 +138,10 @@ func TestHostileAutoChurnKeepsDecidedPeers(t *testing.T) {
 		t.Errorf("COMMIT_RETRIEVE after %d identities answered %x (%v), want true: the worker's table was forgotten",
 			autoChurnPeers, r.Raw, err)
 	}
-	if n := inFlight(t, srv); n != 0 {
+	if n := attackkit.InFlight(t, srv); n != 0 {
 		t.Errorf("%d requests in flight after the churn", n)
 	}
-	st := status(t, srv)
+	st := srv.Status(t)
 	t.Logf("detections %v, settled by tie-break %d", st.ProtocolDetection.Detections, st.ProtocolDetection.Ambiguous)
 	if r, err := w.Call(ctx, protocol.Noop); err != nil || !r.Present {
 		t.Errorf("NOOP after the churn: %+v %v", r, err)

@@ -8,8 +8,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -18,28 +16,9 @@ import (
 	"kvdock/core/protocol"
 	"kvdock/core/rpc/client"
 	"kvdock/tests/harness"
+	"kvdock/tests/harness/attackkit"
 	"kvdock/transfer/torchpickle"
 )
-
-// procKiB reads a "Field:   N kB" line of /proc/pid/status.
-func procKiB(t testing.TB, pid int, field string) int64 {
-	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, field+":"); ok {
-			n, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return n
-		}
-	}
-	t.Fatalf("no %s in /proc/%d/status", field, pid)
-	return 0
-}
 
 // hostile pickles: code execution, bombs and huge declared sizes.
 func hostilePickles(t testing.TB) map[string][]byte {
@@ -103,12 +82,12 @@ func hostilePickles(t testing.TB) map[string][]byte {
 func TestMaliciousPicklesBoundedRSS(t *testing.T) {
 	srv := harness.Start(t, "--chunk-size", "16", "--shm-name", "")
 	c := srv.Dial(t, srv.Protocol)
-	w := newWorker(t, c, 1, "evil", true)
+	w := harness.NewWorker(t, c, 1, "evil", true)
 	ctx := context.Background()
-	baseHWM := procKiB(t, srv.PID(), "VmHWM")
-	before := status(t, srv)
-	toks := tokensFor(1, 1, w.chunk)
-	k := w.key(toks, 1, "evil")
+	baseHWM := attackkit.ProcKiB(t, srv.PID(), "VmHWM")
+	before := srv.Status(t)
+	toks := harness.Tokens(1, 1, w.Chunk)
+	k := w.Key(toks, 1, "evil")
 	// Seed profiles answer a refused request with nothing: short timeouts.
 	fast, err := client.Dial(srv.Endpoint, harness.Profile(t, srv.Protocol), client.Options{Timeout: 300 * time.Millisecond})
 	if err != nil {
@@ -119,10 +98,10 @@ func TestMaliciousPicklesBoundedRSS(t *testing.T) {
 	pickles := hostilePickles(t)
 	for name, data := range pickles {
 		for range 2 {
-			if _, err := c.Call(ctx, protocol.PrepareStore, k, w.id); err != nil {
+			if _, err := c.Call(ctx, protocol.PrepareStore, k, w.ID); err != nil {
 				t.Fatalf("%s: prepare: %v", name, err)
 			}
-			r, err := fast.Call(ctx, protocol.CommitStore, k, w.id, data)
+			r, err := fast.Call(ctx, protocol.CommitStore, k, w.ID, data)
 			sent++
 			var ok bool
 			if err == nil && r.Present && r.Decode(&ok) == nil && ok {
@@ -143,7 +122,7 @@ func TestMaliciousPicklesBoundedRSS(t *testing.T) {
 			sent++
 			go func() {
 				defer wg.Done()
-				_, _ = fast.Call(flood, protocol.CommitStore, k, w.id, data)
+				_, _ = fast.Call(flood, protocol.CommitStore, k, w.ID, data)
 			}()
 		}
 	}
@@ -151,15 +130,15 @@ func TestMaliciousPicklesBoundedRSS(t *testing.T) {
 	if r, err := c.Call(ctx, protocol.Noop); err != nil || !r.Present {
 		t.Fatalf("server stopped answering after the flood: %v", err)
 	}
-	if n, err := lookup(ctx, c, "evil", toks, "l"); err != nil || n != 0 {
+	if n, err := harness.Lookup(ctx, c, "evil", toks, "l"); err != nil || n != 0 {
 		t.Fatalf("a hostile store left a chunk: %d %v", n, err)
 	}
-	hwm := procKiB(t, srv.PID(), "VmHWM")
+	hwm := attackkit.ProcKiB(t, srv.PID(), "VmHWM")
 	t.Logf("%d hostile pickles sent; peak RSS %d KiB before, %d KiB after", sent, baseHWM, hwm)
 	if hwm-baseHWM > 96<<10 {
 		t.Fatalf("peak RSS grew by %d KiB on hostile pickles", hwm-baseHWM)
 	}
-	st := status(t, srv)
+	st := srv.Status(t)
 	cs, cs0 := st.Requests.ByType[protocol.CommitStore], before.Requests.ByType[protocol.CommitStore]
 	t.Logf("COMMIT_STORE outcomes: %+v", cs)
 	if cs.Error+cs.Dropped-cs0.Error-cs0.Dropped != int64(sent) || cs.OK != cs0.OK {
@@ -180,15 +159,15 @@ func TestMaliciousPicklesBoundedRSS(t *testing.T) {
 func TestOversizedFramesRejected(t *testing.T) {
 	srv := harness.Start(t, "--chunk-size", "16", "--shm-name", "", "--max-message-bytes", "1048576")
 	c := srv.Dial(t, srv.Protocol)
-	w := newWorker(t, c, 1, "big", true)
-	baseHWM := procKiB(t, srv.PID(), "VmHWM")
+	w := harness.NewWorker(t, c, 1, "big", true)
+	baseHWM := attackkit.ProcKiB(t, srv.PID(), "VmHWM")
 	big := make([]byte, 4<<20)
 	for i := range 10 {
 		fast, err := client.Dial(srv.Endpoint, harness.Profile(t, srv.Protocol), client.Options{Timeout: 300 * time.Millisecond})
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, err = fast.Call(context.Background(), protocol.CommitStore, w.key(tokensFor(i, 1, w.chunk), 1, "big"), w.id, big)
+		_, err = fast.Call(context.Background(), protocol.CommitStore, w.Key(harness.Tokens(i, 1, w.Chunk), 1, "big"), w.ID, big)
 		_ = fast.Close()
 		if err == nil {
 			t.Fatalf("a 4 MiB frame over a 1 MiB limit was answered")
@@ -198,11 +177,11 @@ func TestOversizedFramesRejected(t *testing.T) {
 		t.Fatalf("NOOP after oversized frames: %v", err)
 	}
 	// A normal-sized store still works.
-	data := [][]byte{chunkData(1, 0, w.chunkBytes)}
-	if r, err := w.store(context.Background(), tokensFor(1, 1, w.chunk), data, "ok"); err != nil || r != "true" {
+	data := [][]byte{harness.ChunkData(1, 0, w.ChunkBytes)}
+	if r, err := w.Store(context.Background(), harness.Tokens(1, 1, w.Chunk), data, "ok"); err != nil || r != "true" {
 		t.Fatalf("store under the limit: %q %v", r, err)
 	}
-	hwm := procKiB(t, srv.PID(), "VmHWM")
+	hwm := attackkit.ProcKiB(t, srv.PID(), "VmHWM")
 	t.Logf("10 oversized frames of 4 MiB; peak RSS %d KiB before, %d KiB after", baseHWM, hwm)
 	if hwm-baseHWM > 32<<10 {
 		t.Fatalf("peak RSS grew by %d KiB on rejected frames", hwm-baseHWM)
@@ -234,9 +213,9 @@ func rawHTTP(t *testing.T, port int, req []byte) int {
 func TestMalformedHTTPAnswered4xx(t *testing.T) {
 	srv := harness.Start(t, "--chunk-size", "16")
 	c := srv.Dial(t, srv.Protocol)
-	w := newWorker(t, c, 1, "http", false)
-	toks := tokensFor(1, 1, w.chunk)
-	if r, err := w.store(context.Background(), toks, [][]byte{chunkData(1, 0, w.chunkBytes)}, "s"); err != nil || r != "true" {
+	w := harness.NewWorker(t, c, 1, "http", false)
+	toks := harness.Tokens(1, 1, w.Chunk)
+	if r, err := w.Store(context.Background(), toks, [][]byte{harness.ChunkData(1, 0, w.ChunkBytes)}, "s"); err != nil || r != "true" {
 		t.Fatalf("store: %q %v", r, err)
 	}
 	huge := "GET /status HTTP/1.1\r\nHost: x\r\nX-Big: " + strings.Repeat("a", 256<<10) + "\r\n\r\n"
@@ -260,7 +239,7 @@ func TestMalformedHTTPAnswered4xx(t *testing.T) {
 			t.Errorf("%s: HTTP %d, want %d", tc.name, got, tc.want)
 		}
 	}
-	if st := status(t, srv); st.Pool.Objects != 1 {
+	if st := srv.Status(t); st.Pool.Objects != 1 {
 		t.Fatalf("malformed requests changed the cache: %d objects", st.Pool.Objects)
 	}
 }

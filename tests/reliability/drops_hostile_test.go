@@ -11,6 +11,7 @@ import (
 	"kvdock/core/protocol"
 	"kvdock/core/testkit/poll"
 	"kvdock/tests/harness"
+	"kvdock/tests/harness/attackkit"
 )
 
 // Dropping a worker's instance while it copies (the same bug as a clear
@@ -22,16 +23,16 @@ import (
 // UNREGISTER comes from w's own connection (a worker shutting down while
 // another of its threads copies): from another peer it is refused while w
 // is alive.
-func dropInstance(t *testing.T, srv *harness.Server, how string, w *gworker) {
+func dropInstance(t *testing.T, srv *harness.Server, how string, w *harness.GoWorker) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	id, model := w.id, w.model
+	id, model := w.ID, w.Model
 	switch how {
 	case "register id reuse":
 		// Another peer registers the same id (a new worker reusing a PID).
 		other := srv.Dial(t, srv.Protocol)
-		if _, err := registerWorker(other, id, model, false); err != nil {
+		if _, err := harness.RegisterWorker(other, id, model, false); err != nil {
 			t.Logf("re-registration of %d from another peer: %v", id, err)
 		}
 	case "zmq unregister":
@@ -39,12 +40,12 @@ func dropInstance(t *testing.T, srv *harness.Server, how string, w *gworker) {
 		if _, ok := harness.Profile(t, srv.Protocol).ByName(name); !ok {
 			name = protocol.UnregisterKVCache
 		}
-		if _, err := w.c.Call(ctx, name, id); err != nil {
+		if _, err := w.C.Call(ctx, name, id); err != nil {
 			t.Logf("UNREGISTER of %d: %v", id, err)
 		}
 		// The limit only bounds a failure (a loaded machine, /status polls).
 		poll.Until(t, 15*time.Second, fmt.Sprintf("instance %d unregistered", id), func() bool {
-			for _, c := range status(t, srv).Contexts {
+			for _, c := range srv.Status(t).Contexts {
 				if c.InstanceID == id {
 					return false
 				}
@@ -56,7 +57,7 @@ func dropInstance(t *testing.T, srv *harness.Server, how string, w *gworker) {
 		postUnregister(t, srv, id)
 	case "reaper":
 		poll.Until(t, 20*time.Second, fmt.Sprintf("instance %d reaped", id), func() bool {
-			for _, c := range status(t, srv).Contexts {
+			for _, c := range srv.Status(t).Contexts {
 				if c.InstanceID == id {
 					return c.State == "reaped"
 				}
@@ -88,10 +89,10 @@ var dropPaths = []string{"register id reuse", "zmq unregister", "http unregister
 // reaper needs a table whose PING names the instance.
 func startForDrop(t *testing.T, how string) *harness.Server {
 	if how == "reaper" {
-		return startAttacked(t, "--protocol", "engine-driven",
+		return attackkit.StartAttacked(t, "--protocol", "engine-driven",
 			"--worker-reap-timeout-seconds", "1", "--worker-registration-grace-seconds", "1")
 	}
-	return startAttacked(t)
+	return attackkit.StartAttacked(t)
 }
 
 // TestHostileDropDuringStore: A reserves slots and starts copying; A's
@@ -103,26 +104,26 @@ func TestHostileDropDuringStore(t *testing.T) {
 			srv := startForDrop(t, how)
 			ctx := context.Background()
 			base := int64(20_000 + 100*i)
-			a := newWorker(t, srv.Dial(t, srv.Protocol), base+1, "drop-store", false)
-			if a.shm == nil {
+			a := harness.NewWorker(t, srv.Dial(t, srv.Protocol), base+1, "drop-store", false)
+			if a.Shm == nil {
 				t.Fatal("the server advertises no segment")
 			}
-			postClear(t, srv) // an empty pool: A gets the allocator's first slots
-			ta, da := tokensFor(int(base)+1, 2, a.chunk), seqData(int(base)+1, 2, a.chunkBytes)
-			psA, err := a.prepare(ctx, ta, 2, "drop-a")
+			attackkit.PostClear(t, srv) // an empty pool: A gets the allocator's first slots
+			ta, da := harness.Tokens(int(base)+1, 2, a.Chunk), attackkit.SeqData(int(base)+1, 2, a.ChunkBytes)
+			psA, err := attackkit.PrepareStore(ctx, a, ta, 2, "drop-a")
 			if err != nil || len(psA.Context.Slots) != 2 {
 				t.Fatalf("A prepare: %d slots, %v", len(psA.Context.Slots), err)
 			}
 			half := psA
 			half.Context.Slots, half.Context.ChunkIndices = psA.Context.Slots[:1], psA.Context.ChunkIndices[:1]
-			if err := a.write(half, da); err != nil {
+			if err := attackkit.WriteSlots(a, half, da); err != nil {
 				t.Fatal(err) // half of A's copy is done when it is dropped
 			}
 			dropInstance(t, srv, how, a)
 
-			c := newWorker(t, srv.Dial(t, srv.Protocol), base+2, "drop-store", false)
-			tc, dc := tokensFor(int(base)+2, 2, c.chunk), seqData(int(base)+2, 2, c.chunkBytes)
-			psC, err := c.prepare(ctx, tc, 2, "drop-c")
+			c := harness.NewWorker(t, srv.Dial(t, srv.Protocol), base+2, "drop-store", false)
+			tc, dc := harness.Tokens(int(base)+2, 2, c.Chunk), attackkit.SeqData(int(base)+2, 2, c.ChunkBytes)
+			psC, err := attackkit.PrepareStore(ctx, c, tc, 2, "drop-c")
 			if err != nil || len(psC.Context.Slots) != 2 {
 				t.Fatalf("C prepare: %d slots, %v", len(psC.Context.Slots), err)
 			}
@@ -134,13 +135,13 @@ func TestHostileDropDuringStore(t *testing.T) {
 					}
 				}
 			}
-			if err := c.write(psC, dc); err != nil {
+			if err := attackkit.WriteSlots(c, psC, dc); err != nil {
 				t.Fatal(err)
 			}
-			if err := a.write(psA, da); err != nil { // A's copy goes on, late
+			if err := attackkit.WriteSlots(a, psA, da); err != nil { // A's copy goes on, late
 				t.Fatal(err)
 			}
-			okC, errC := c.commit(ctx, tc, 2, "drop-c", []byte{})
+			okC, errC := attackkit.CommitStore(ctx, c, tc, 2, "drop-c", []byte{})
 			t.Logf("%s during a store: C given %d of A's slots; C commit %v (%v)", how, overlap, okC, errC)
 			if overlap > 0 {
 				t.Errorf("after A was dropped (%s), C was given %d slots A was still copying into", how, overlap)
@@ -148,8 +149,8 @@ func TestHostileDropDuringStore(t *testing.T) {
 			if !okC || errC != nil {
 				t.Fatalf("C's commit: %v %v", okC, errC)
 			}
-			readBack(t, c, tc, dc, "drop-rc")
-			alive(t, srv, time.Second, how+" during a store")
+			attackkit.ReadBack(t, c, tc, dc, "drop-rc")
+			attackkit.Alive(t, srv, time.Second, how+" during a store")
 		})
 	}
 }
@@ -163,20 +164,20 @@ func TestHostileDropDuringRetrieve(t *testing.T) {
 			srv := startForDrop(t, how)
 			ctx := context.Background()
 			base := int64(30_000 + 100*i)
-			w := newWorker(t, srv.Dial(t, srv.Protocol), base+1, "drop-read", false)
-			r := newWorker(t, srv.Dial(t, srv.Protocol), base+2, "drop-read", false)
-			if r.shm == nil {
+			w := harness.NewWorker(t, srv.Dial(t, srv.Protocol), base+1, "drop-read", false)
+			r := harness.NewWorker(t, srv.Dial(t, srv.Protocol), base+2, "drop-read", false)
+			if r.Shm == nil {
 				t.Fatal("the server advertises no segment")
 			}
-			tx, dx := tokensFor(int(base)+1, 2, w.chunk), seqData(int(base)+1, 2, w.chunkBytes)
-			if res, err := w.store(ctx, tx, dx, "drop-sx"); err != nil || res != "true" {
+			tx, dx := harness.Tokens(int(base)+1, 2, w.Chunk), attackkit.SeqData(int(base)+1, 2, w.ChunkBytes)
+			if res, err := w.Store(ctx, tx, dx, "drop-sx"); err != nil || res != "true" {
 				t.Fatalf("store X: %q %v", res, err)
 			}
-			if n, err := lookupKeep(ctx, r.c, r.model, tx, "drop-rx"); err != nil || n != 2 {
+			if n, err := harness.LookupKeep(ctx, r.C, r.Model, tx, "drop-rx"); err != nil || n != 2 {
 				t.Fatalf("lookup X: %d %v", n, err)
 			}
-			rep, err := r.c.Call(ctx, protocol.PrepareRetrieve, r.key(tx, 2, "drop-rx"), r.id)
-			var pr prepRetrieve
+			rep, err := r.C.Call(ctx, protocol.PrepareRetrieve, r.Key(tx, 2, "drop-rx"), r.ID)
+			var pr harness.PrepRetrieve
 			if err == nil {
 				err = rep.Decode(&pr)
 			}
@@ -184,26 +185,26 @@ func TestHostileDropDuringRetrieve(t *testing.T) {
 				t.Fatalf("prepare retrieve X: %+v %v", pr.Success, err)
 			}
 			// The scheduler is done with the lookup: only R's hold keeps X.
-			_, _ = r.c.Call(ctx, protocol.EndSession, "drop-rx")
+			_, _ = r.C.Call(ctx, protocol.EndSession, "drop-rx")
 			dropInstance(t, srv, how, r)
 			if how == "register id reuse" || how == "reaper" {
 				// W is silent while the reaper runs; it comes back as a new worker.
-				w = newWorker(t, srv.Dial(t, srv.Protocol), base+3, "drop-read", false)
+				w = harness.NewWorker(t, srv.Dial(t, srv.Protocol), base+3, "drop-read", false)
 			}
 			// Fill the pool past its size with other chunks: everything
 			// evictable is evicted.
-			chunks := int(w.poolSize) / w.chunkBytes
+			chunks := int(w.PoolSize) / w.ChunkBytes
 			stored := 0
 			for s := 0; stored < chunks+chunks/4; s++ {
-				ts, ds := tokensFor(int(base)+10+s, 16, w.chunk), seqData(int(base)+10+s, 16, w.chunkBytes)
-				if _, err := w.store(ctx, ts, ds, fmt.Sprintf("drop-fill-%d", s)); err != nil {
+				ts, ds := harness.Tokens(int(base)+10+s, 16, w.Chunk), attackkit.SeqData(int(base)+10+s, 16, w.ChunkBytes)
+				if _, err := w.Store(ctx, ts, ds, fmt.Sprintf("drop-fill-%d", s)); err != nil {
 					t.Fatalf("fill store %d: %v", s, err)
 				}
 				stored += 16
 			}
 			bad := 0
 			for n, s := range pr.Context.Slots {
-				if !bytes.Equal(r.shm[s.Offset:s.Offset+s.Length], dx[n]) {
+				if !bytes.Equal(r.Shm[s.Offset:s.Offset+s.Length], dx[n]) {
 					bad++
 				}
 			}
@@ -211,7 +212,7 @@ func TestHostileDropDuringRetrieve(t *testing.T) {
 			if bad > 0 {
 				t.Errorf("a reader dropped (%s) while holding X's slots read other bytes (%d of 2 chunks)", how, bad)
 			}
-			alive(t, srv, time.Second, how+" during a retrieve")
+			attackkit.Alive(t, srv, time.Second, how+" during a retrieve")
 		})
 	}
 }

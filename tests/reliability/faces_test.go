@@ -94,8 +94,8 @@ func TestLogFloodIsBounded(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			_, _ = c.Call(flood, protocol.RegisterKVCacheNonGPUContext, protocol.RegisterPayload{
-				InstanceID: int64(1000 + i), ModelName: huge, WorldSize: 1, BlockSize: 16, NumLayers: layers,
-				HiddenDimSize: hidden, DtypeStr: "float32",
+				InstanceID: int64(1000 + i), ModelName: huge, WorldSize: 1, BlockSize: 16, NumLayers: harness.WorkerLayers,
+				HiddenDimSize: harness.WorkerHidden, DtypeStr: "float32",
 			})
 		}()
 	}

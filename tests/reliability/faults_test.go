@@ -46,61 +46,61 @@ func killedWorker(t *testing.T, srv *harness.Server, scenario string, params map
 // published, and the pool returns to its baseline.
 func TestWorkerKilledBetweenPrepareAndCommitStore(t *testing.T) {
 	srv := harness.Start(t, "--chunk-size", "16", "--l1-write-ttl-seconds", "4")
-	base := status(t, srv).Pool
+	base := srv.Status(t).Pool
 	res := killedWorker(t, srv, "die_mid_store", map[string]any{"instance_id": 501, "seed": 77, "chunks": 3})
 	if res["slots"] != float64(3) {
 		t.Fatalf("worker got %v slots, want 3", res["slots"])
 	}
-	mid := status(t, srv).Pool
+	mid := srv.Status(t).Pool
 	if mid.WriteLocked != 3 || mid.UsedBytes <= base.UsedBytes {
 		t.Fatalf("reservation not visible while the worker is dead: %+v", mid)
 	}
 	c := srv.Dial(t, srv.Protocol)
 	toks := pyTokens(77, 3*16) // the dead worker's tokens
-	if n, err := lookup(context.Background(), c, "faults-model", toks, "l-mid"); err != nil || n != 0 {
+	if n, err := harness.Lookup(context.Background(), c, "faults-model", toks, "l-mid"); err != nil || n != 0 {
 		t.Fatalf("half-written chunks visible to LOOKUP: %d %v", n, err)
 	}
 	poll.Until(t, 10*time.Second, "write reservation reclaimed by the TTL", func() bool {
-		p := status(t, srv).Pool
+		p := srv.Status(t).Pool
 		return p.WriteLocked == 0 && p.UsedBytes == base.UsedBytes && p.Objects == base.Objects
 	})
 
 	// The transfer module aborts the reservation at half the TTL; the pool's
 	// own write TTL is the backstop. Either way it is counted.
-	if st := status(t, srv); st.Transfer.Expired < 1 && st.Pool.ExpiredWriteLocks < 3 {
+	if st := srv.Status(t); st.Transfer.Expired < 1 && st.Pool.ExpiredWriteLocks < 3 {
 		t.Fatalf("reclaim not counted: transfer expired %d, pool expired write locks %d", st.Transfer.Expired, st.Pool.ExpiredWriteLocks)
 	}
-	if n, err := lookup(context.Background(), c, "faults-model", toks, "l-after"); err != nil || n != 0 {
+	if n, err := harness.Lookup(context.Background(), c, "faults-model", toks, "l-after"); err != nil || n != 0 {
 		t.Fatalf("garbage of a dead worker published: %d hits, %v", n, err)
 	}
 	// A second dead writer, removed by the operator: its garbage is never
 	// published, and its slots come back at the write TTL (a dropped
 	// worker may still be copying), not before.
 	killedWorker(t, srv, "die_mid_store", map[string]any{"instance_id": 503, "seed": 78, "chunks": 2})
-	if p := status(t, srv).Pool; p.WriteLocked != 2 {
+	if p := srv.Status(t).Pool; p.WriteLocked != 2 {
 		t.Fatalf("write locks of the second dead worker: %d, want 2", p.WriteLocked)
 	}
 	postUnregister(t, srv, 503)
 	poll.Until(t, 10*time.Second, "the removed writer's reservation reclaimed by the TTL", func() bool {
-		p := status(t, srv).Pool
+		p := srv.Status(t).Pool
 		return p.WriteLocked == 0 && p.UsedBytes == base.UsedBytes && p.Objects == base.Objects
 	})
 
-	if n, err := lookup(context.Background(), c, "faults-model", pyTokens(78, 2*16), "l-unreg"); err != nil || n != 0 {
+	if n, err := harness.Lookup(context.Background(), c, "faults-model", pyTokens(78, 2*16), "l-unreg"); err != nil || n != 0 {
 		t.Fatalf("garbage of an unregistered dead worker published: %d hits, %v", n, err)
 	}
 	// The same chunks stored properly afterwards read back byte-correct.
-	w := newWorker(t, c, 502, "faults-model", false)
-	data := [][]byte{chunkData(77, 0, w.chunkBytes), chunkData(77, 1, w.chunkBytes), chunkData(77, 2, w.chunkBytes)}
-	if r, err := w.store(context.Background(), toks, data, "s"); err != nil || r != "true" {
+	w := harness.NewWorker(t, c, 502, "faults-model", false)
+	data := [][]byte{harness.ChunkData(77, 0, w.ChunkBytes), harness.ChunkData(77, 1, w.ChunkBytes), harness.ChunkData(77, 2, w.ChunkBytes)}
+	if r, err := w.Store(context.Background(), toks, data, "s"); err != nil || r != "true" {
 		t.Fatalf("store after reclaim: %q %v", r, err)
 	}
-	got, err := w.retrieve(context.Background(), toks, 3, "r")
+	got, err := w.Retrieve(context.Background(), toks, 3, "r")
 	if err != nil || len(got) != 3 {
 		t.Fatalf("retrieve after reclaim: %d chunks, %v", len(got), err)
 	}
 	for i := range got {
-		if sum(got[i]) != sum(data[i]) {
+		if harness.Sum(got[i]) != harness.Sum(data[i]) {
 			t.Fatalf("chunk %d differs after a dead worker's reservation was reclaimed", i)
 		}
 	}
@@ -112,13 +112,13 @@ func TestWorkerKilledBetweenPrepareAndCommitStore(t *testing.T) {
 func TestWorkerKilledBetweenPrepareAndCommitRetrieve(t *testing.T) {
 	srv := harness.Start(t, "--chunk-size", "16", "--l1-read-ttl-seconds", "4")
 	c := srv.Dial(t, srv.Protocol)
-	w := newWorker(t, c, 600, "faults-model", false)
+	w := harness.NewWorker(t, c, 600, "faults-model", false)
 	toks := pyTokens(91, 2*16)
-	data := [][]byte{chunkData(91, 0, w.chunkBytes), chunkData(91, 1, w.chunkBytes)}
-	if r, err := w.store(context.Background(), toks, data, "s"); err != nil || r != "true" {
+	data := [][]byte{harness.ChunkData(91, 0, w.ChunkBytes), harness.ChunkData(91, 1, w.ChunkBytes)}
+	if r, err := w.Store(context.Background(), toks, data, "s"); err != nil || r != "true" {
 		t.Fatalf("store: %q %v", r, err)
 	}
-	base := status(t, srv).Pool
+	base := srv.Status(t).Pool
 	for _, tc := range []struct {
 		name   string
 		id     int
@@ -129,19 +129,19 @@ func TestWorkerKilledBetweenPrepareAndCommitRetrieve(t *testing.T) {
 			if res["success"] != true {
 				t.Fatalf("dying reader missed: %v", res)
 			}
-			if p := status(t, srv).Pool; p.ReadLocked != 2 {
+			if p := srv.Status(t).Pool; p.ReadLocked != 2 {
 				t.Fatalf("read locks while the reader is dead: %d, want 2", p.ReadLocked)
 			}
 			if tc.pickle {
 				postUnregister(t, srv, int64(tc.id))
 			}
 			poll.Until(t, 10*time.Second, "read locks reclaimed", func() bool {
-				p := status(t, srv).Pool
+				p := srv.Status(t).Pool
 				return p.ReadLocked == 0 && p.UsedBytes == base.UsedBytes && p.Objects == base.Objects
 			})
 
-			got, err := w.retrieve(context.Background(), toks, 2, "r-"+tc.name)
-			if err != nil || len(got) != 2 || sum(got[0]) != sum(data[0]) || sum(got[1]) != sum(data[1]) {
+			got, err := w.Retrieve(context.Background(), toks, 2, "r-"+tc.name)
+			if err != nil || len(got) != 2 || harness.Sum(got[0]) != harness.Sum(data[0]) || harness.Sum(got[1]) != harness.Sum(data[1]) {
 				t.Fatalf("chunks after a dead reader: %d %v", len(got), err)
 			}
 		})
@@ -164,21 +164,21 @@ func TestServerKilledStaleSegmentReclaimed(t *testing.T) {
 	seg := "lmcache_l1_pool_" + name
 	srv := harness.Start(t, "--shm-name", name)
 	srv.Kill()
-	if !segmentExists(seg) {
+	if !harness.SegmentExists(seg) {
 		t.Fatalf("SIGKILL should leave %s behind (else this test proves nothing)", seg)
 	}
 	srv2 := harness.Start(t, "--shm-name", name)
-	st := status(t, srv2)
-	if st.ShmName != seg || !segmentExists(seg) {
+	st := srv2.Status(t)
+	if st.ShmName != seg || !harness.SegmentExists(seg) {
 		t.Fatalf("restart: advertised %q", st.ShmName)
 	}
 	if !strings.Contains(srv2.Output(), "stale") || !strings.Contains(srv2.Output(), seg) {
 		t.Fatalf("log does not mention the removed stale segment:\n%s", srv2.Output())
 	}
 	c := srv2.Dial(t, srv2.Protocol)
-	w := newWorker(t, c, 1, "m", false)
-	toks := tokensFor(3, 1, w.chunk)
-	if r, err := w.store(context.Background(), toks, [][]byte{chunkData(3, 0, w.chunkBytes)}, "s"); err != nil || r != "true" {
+	w := harness.NewWorker(t, c, 1, "m", false)
+	toks := harness.Tokens(3, 1, w.Chunk)
+	if r, err := w.Store(context.Background(), toks, [][]byte{harness.ChunkData(3, 0, w.ChunkBytes)}, "s"); err != nil || r != "true" {
 		t.Fatalf("store on the reclaimed name: %q %v", r, err)
 	}
 }
@@ -188,11 +188,11 @@ func TestServerKilledStaleSegmentReclaimed(t *testing.T) {
 func TestTwoServersSideBySideAndBusyName(t *testing.T) {
 	a := harness.Start(t)
 	b := harness.Start(t)
-	if a.Segment == b.Segment || !segmentExists(a.Segment) || !segmentExists(b.Segment) {
+	if a.Segment == b.Segment || !harness.SegmentExists(a.Segment) || !harness.SegmentExists(b.Segment) {
 		t.Fatalf("side by side: %s %s", a.Segment, b.Segment)
 	}
 	for _, s := range []*harness.Server{a, b} {
-		if st := status(t, s); st.ShmName != s.Segment || st.State != "serving" {
+		if st := s.Status(t); st.ShmName != s.Segment || st.State != "serving" {
 			t.Fatalf("%s: %+v", s.Segment, st.ShmName)
 		}
 	}
@@ -210,7 +210,7 @@ func TestTwoServersSideBySideAndBusyName(t *testing.T) {
 		t.Fatalf("error does not name the segment %s:\n%s", a.Segment, out)
 	}
 	// The first server is untouched.
-	if !segmentExists(a.Segment) || status(t, a).State != "serving" {
+	if !harness.SegmentExists(a.Segment) || a.Status(t).State != "serving" {
 		t.Fatal("the live server lost its segment")
 	}
 }
@@ -234,11 +234,11 @@ func TestShmTooSmallFallsBack(t *testing.T) {
 	if d := time.Since(start); d > 20*time.Second {
 		t.Fatalf("startup took %v", d)
 	}
-	st := status(t, srv)
+	st := srv.Status(t)
 	if st.ShmName != "" || st.PoolSize != 0 {
 		t.Fatalf("advertised %q %d for a pool larger than /dev/shm", st.ShmName, st.PoolSize)
 	}
-	if segmentExists(srv.Segment) {
+	if harness.SegmentExists(srv.Segment) {
 		t.Fatalf("segment %s created although it does not fit", srv.Segment)
 	}
 	t.Logf("shm_reason: %s", st.ShmReason)
@@ -246,17 +246,17 @@ func TestShmTooSmallFallsBack(t *testing.T) {
 		t.Fatalf("shm_reason does not say why with numbers: %q", st.ShmReason)
 	}
 	c := srv.Dial(t, srv.Protocol)
-	w := newWorker(t, c, 9, "m", false)
-	if w.mode() != "pickle" || w.segName != "" || w.poolSize != 0 {
-		t.Fatalf("register reply {%q, %d}, want {\"\", 0}", w.segName, w.poolSize)
+	w := harness.NewWorker(t, c, 9, "m", false)
+	if w.Mode() != "pickle" || w.SegName != "" || w.PoolSize != 0 {
+		t.Fatalf("register reply {%q, %d}, want {\"\", 0}", w.SegName, w.PoolSize)
 	}
-	toks := tokensFor(5, 2, w.chunk)
-	data := [][]byte{chunkData(5, 0, w.chunkBytes), chunkData(5, 1, w.chunkBytes)}
-	if r, err := w.store(context.Background(), toks, data, "s"); err != nil || r != "true" {
+	toks := harness.Tokens(5, 2, w.Chunk)
+	data := [][]byte{harness.ChunkData(5, 0, w.ChunkBytes), harness.ChunkData(5, 1, w.ChunkBytes)}
+	if r, err := w.Store(context.Background(), toks, data, "s"); err != nil || r != "true" {
 		t.Fatalf("pickle store: %q %v", r, err)
 	}
-	got, err := w.retrieve(context.Background(), toks, 2, "r")
-	if err != nil || len(got) != 2 || sum(got[1]) != sum(data[1]) {
+	got, err := w.Retrieve(context.Background(), toks, 2, "r")
+	if err != nil || len(got) != 2 || harness.Sum(got[1]) != harness.Sum(data[1]) {
 		t.Fatalf("pickle retrieve: %d %v", len(got), err)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"kvdock/tests/harness"
+	"kvdock/tests/harness/attackkit"
 )
 
 // Files under an fs tier's base_path are outside input (DESIGN "Trust"):
@@ -28,9 +29,9 @@ func fsHostileArgs(t *testing.T, dir string, capacityGB int) []string {
 func fsHostileStored(t *testing.T, dir, model string, n, capacityGB int) []string {
 	t.Helper()
 	a := harness.Start(t, fsHostileArgs(t, dir, capacityGB)...)
-	w := tierWorker(t, a, 1, model, hidden)
+	w := tierWorker(t, a, 1, model, harness.WorkerHidden)
 	for seed := range n {
-		w.storePrompt(t, seed, 1)
+		storePrompt(t, w, seed, 1)
 	}
 	waitTierIdle(t, a)
 	a.Stop(t)
@@ -54,7 +55,7 @@ func TestHostileFSFIFOChunkFiles(t *testing.T) {
 	dir := t.TempDir()
 	files := fsHostileStored(t, dir, "fs-fifo", prompts, 1)
 	b := harness.Start(t, fsHostileArgs(t, dir, 1)...)
-	w := tierWorker(t, b, 1, "fs-fifo", hidden)
+	w := tierWorker(t, b, 1, "fs-fifo", harness.WorkerHidden)
 	for _, f := range files[:fifos] {
 		if err := os.Remove(f); err != nil {
 			t.Fatal(err)
@@ -67,17 +68,17 @@ func TestHostileFSFIFOChunkFiles(t *testing.T) {
 	good, wrong := 0, 0
 	for seed := range prompts {
 		start := time.Now()
-		g, bad := w.checkPrompt(t, seed, 1)
+		g, bad := checkPrompt(t, w, seed, 1)
 		slowest = max(slowest, time.Since(start))
 		good += g
 		wrong += bad
 	}
 	// Again from the tier alone: the intact chunks load, nothing is left
 	// holding the load slots.
-	postClear(t, b)
+	attackkit.PostClear(t, b)
 	again := 0
 	for seed := range prompts {
-		g, bad := w.checkPrompt(t, seed, 1)
+		g, bad := checkPrompt(t, w, seed, 1)
 		again += g
 		wrong += bad
 	}
@@ -140,18 +141,18 @@ func TestHostileFSBigSparseChunkFiles(t *testing.T) {
 		}
 	}
 	b := harness.Start(t, fsHostileArgs(t, dir, 4)...)
-	w := tierWorker(t, b, 1, "fs-sparse", hidden)
+	w := tierWorker(t, b, 1, "fs-sparse", harness.WorkerHidden)
 	good, wrong := 0, 0
-	base, peak := peakGrowth(t, b.PID(), func() {
+	base, peak := attackkit.PeakGrowth(t, b.PID(), func() {
 		for seed := range 6 {
-			g, bad := w.checkPrompt(t, seed, 1)
+			g, bad := checkPrompt(t, w, seed, 1)
 			good += g
 			wrong += bad
 		}
 	})
 	ts := tier0(t, b)
 	t.Logf("read_bytes %d, corrupt %d, %d good, %d wrong", ts.ReadBytes, ts.Corrupt, good, wrong)
-	checkBound(t, "lookups of 4 KiB chunks planted as 512 MiB sparse files", base, peak, 32<<10, 4*big)
+	attackkit.CheckBound(t, "lookups of 4 KiB chunks planted as 512 MiB sparse files", base, peak, 32<<10, 4*big)
 	if wrong != 0 {
 		t.Fatalf("%d wrong chunks served", wrong)
 	}

@@ -12,6 +12,7 @@ import (
 	"kvdock/core/protocol"
 	"kvdock/core/rpc/client"
 	"kvdock/tests/harness"
+	"kvdock/tests/harness/attackkit"
 )
 
 // zmtpGreeting is the first half of a ZMTP 3.0 greeting (signature and
@@ -137,10 +138,10 @@ func answeredWithin(t *testing.T, srv *harness.Server, since time.Time, limit ti
 // real worker cannot even be accepted until they go: the bound is how long
 // they stay, so the files they hold are at most those opened within it.
 func TestHostileIdlePeers(t *testing.T) {
-	srv := startAttacked(t) // 1,024 files
+	srv := attackkit.StartAttacked(t) // 1,024 files
 	pid := srv.PID()
-	alive(t, srv, 5*time.Second, "start")
-	baseFDs, baseRSS := fdCount(t, pid), procKiB(t, pid, "VmRSS")
+	attackkit.Alive(t, srv, 5*time.Second, "start")
+	baseFDs, baseRSS := fdCount(t, pid), attackkit.ProcKiB(t, pid, "VmRSS")
 	const n = 1100 // more than the server's 1,024 files
 	start := time.Now()
 	connected := idleFlood(t, srv, n, func(i int) []byte {
@@ -150,14 +151,14 @@ func TestHostileIdlePeers(t *testing.T) {
 		return nil
 	})
 	flooded := time.Now()
-	peakFDs, peakRSS := settledFDs(t, pid), procKiB(t, pid, "VmRSS")
+	peakFDs, peakRSS := settledFDs(t, pid), attackkit.ProcKiB(t, pid, "VmRSS")
 	held := peakFDs - baseFDs
 	perPeer := int64(0)
 	if held > 0 {
-		perPeer = (peakRSS - baseRSS) * kib / int64(held)
+		perPeer = (peakRSS - baseRSS) * attackkit.KiB / int64(held)
 	}
 	t.Logf("%d of %d idle peers connected in %v; server files %d → %d (+%d), RSS %s → %s: %d bytes and 1 file per idle peer",
-		connected, n, time.Since(start).Round(time.Millisecond), baseFDs, peakFDs, held, mib(baseRSS), mib(peakRSS), perPeer)
+		connected, n, time.Since(start).Round(time.Millisecond), baseFDs, peakFDs, held, attackkit.MiB(baseRSS), attackkit.MiB(peakRSS), perPeer)
 
 	// From the last connection: the 5 s handshake deadline, once more for
 	// the peers accepted late from the full accept queue, and margin.
@@ -182,16 +183,16 @@ func TestHostileIdlePeers(t *testing.T) {
 	if nowFDs > baseFDs+16 {
 		t.Errorf("idle peers still hold %d of the server's files %v after they connected", nowFDs-baseFDs, limit)
 	}
-	if perPeer > 64*kib {
+	if perPeer > 64*attackkit.KiB {
 		t.Errorf("an idle peer costs %d bytes of server memory, bound 64 KiB", perPeer)
 	}
-	alive(t, srv, 5*time.Second, fmt.Sprintf("%d idle peers", connected))
+	attackkit.Alive(t, srv, 5*time.Second, fmt.Sprintf("%d idle peers", connected))
 
 	// Peers that finish the handshake are ZMQ sockets like idle workers and
 	// stay: each costs one file and a bounded few KiB in libzmq.
 	const m = 400
 	checkHandshake(t, srv)
-	baseFDs, baseRSS = fdCount(t, pid), procKiB(t, pid, "VmRSS")
+	baseFDs, baseRSS = fdCount(t, pid), attackkit.ProcKiB(t, pid, "VmRSS")
 	connected = idleFlood(t, srv, m, func(int) []byte { return zmtpHandshake })
 	// The server accepts in the background, and a loaded machine may pause
 	// it longer than settledFDs' quiet half second: first wait (failure-only
@@ -199,19 +200,19 @@ func TestHostileIdlePeers(t *testing.T) {
 	for end := time.Now().Add(15 * time.Second); fdCount(t, pid)-baseFDs < m*9/10 && time.Now().Before(end); {
 		time.Sleep(50 * time.Millisecond)
 	}
-	peakFDs, peakRSS = settledFDs(t, pid), procKiB(t, pid, "VmRSS")
+	peakFDs, peakRSS = settledFDs(t, pid), attackkit.ProcKiB(t, pid, "VmRSS")
 	held = peakFDs - baseFDs
 	if held > 0 {
-		perPeer = (peakRSS - baseRSS) * kib / int64(held)
+		perPeer = (peakRSS - baseRSS) * attackkit.KiB / int64(held)
 	}
 	t.Logf("%d peers that finished the handshake and went idle: server files +%d, RSS %s → %s: %d bytes per peer",
-		connected, held, mib(baseRSS), mib(peakRSS), perPeer)
+		connected, held, attackkit.MiB(baseRSS), attackkit.MiB(peakRSS), perPeer)
 	if held < m*9/10 || held > m+16 {
 		t.Errorf("%d handshaken idle peers hold %d files: want one each", m, held)
 	}
-	if perPeer > 64*kib {
+	if perPeer > 64*attackkit.KiB {
 		t.Errorf("a handshaken idle peer costs %d bytes of server memory, bound 64 KiB", perPeer)
 	}
-	alive(t, srv, 5*time.Second, fmt.Sprintf("%d handshaken idle peers", connected))
+	attackkit.Alive(t, srv, 5*time.Second, fmt.Sprintf("%d handshaken idle peers", connected))
 	t.Logf("attack done %v after it began", time.Since(start).Round(time.Millisecond))
 }

@@ -9,6 +9,7 @@ import (
 
 	"kvdock/core/rpc/client"
 	"kvdock/tests/harness"
+	"kvdock/tests/harness/attackkit"
 	"kvdock/transfer/worker"
 )
 
@@ -17,17 +18,17 @@ var layoutProfiles = []string{"nongpu-v1", "nongpu-v2", "engine-driven", "engine
 
 // registerDtype registers instance id of model on c with dtype, in SHM
 // when the server advertises a segment.
-func registerDtype(t *testing.T, c *client.Client, id int64, model, dtype string) *gworker {
+func registerDtype(t *testing.T, c *client.Client, id int64, model, dtype string) *harness.GoWorker {
 	t.Helper()
 	wk, err := worker.Register(context.Background(), c, worker.Config{
-		InstanceID: id, Model: model, Layers: layers, Hidden: hidden, Dtype: dtype,
+		InstanceID: id, Model: model, Layers: harness.WorkerLayers, Hidden: harness.WorkerHidden, Dtype: dtype,
 	})
 	if err != nil {
 		t.Fatalf("register instance %d (%s): %v", id, dtype, err)
 	}
-	w := &gworker{w: wk, c: c, id: id, model: model, chunk: wk.ChunkTokens(),
-		chunkBytes: int(wk.Layout().Bytes), shm: wk.Segment(), segName: wk.ShmName(), poolSize: wk.PoolSize()}
-	t.Cleanup(w.unmap)
+	w := &harness.GoWorker{W: wk, C: c, ID: id, Model: model, Chunk: wk.ChunkTokens(),
+		ChunkBytes: int(wk.Layout().Bytes), Shm: wk.Segment(), SegName: wk.ShmName(), PoolSize: wk.PoolSize()}
+	t.Cleanup(w.Close)
 	return w
 }
 
@@ -49,24 +50,24 @@ func TestHostileRegisterVictimsModelFirst(t *testing.T) {
 			model := "victim-" + profile
 			base := int64(800 + 10*i)
 			sq := registerDtype(t, srv.Dial(t, profile), base, model, "bfloat16")
-			if sq.shm == nil {
+			if sq.Shm == nil {
 				t.Fatal("the server advertises no segment")
 			}
 			const n = 3
-			toks := tokensFor(int(base), n, sq.chunk)
-			only := tokensFor(int(base)+1, n, sq.chunk) // stored by the squatter alone
+			toks := harness.Tokens(int(base), n, sq.Chunk)
+			only := harness.Tokens(int(base)+1, n, sq.Chunk) // stored by the squatter alone
 			data := func(seed int) [][]byte {
 				out := make([][]byte, n)
 				for c := range out {
-					out[c] = chunkData(seed, c, sq.chunkBytes)
+					out[c] = harness.ChunkData(seed, c, sq.ChunkBytes)
 				}
 				return out
 			}
 			sqData, viData := data(1), data(2)
-			if res, err := sq.store(ctx, toks, sqData, "sq-store"); err != nil || res != "true" {
+			if res, err := sq.Store(ctx, toks, sqData, "sq-store"); err != nil || res != "true" {
 				t.Fatalf("the squatter's store: %s, %v", res, err)
 			}
-			if res, err := sq.store(ctx, only, data(3), "sq-only"); err != nil || res != "true" {
+			if res, err := sq.Store(ctx, only, data(3), "sq-only"); err != nil || res != "true" {
 				t.Fatalf("the squatter's second store: %s, %v", res, err)
 			}
 
@@ -76,28 +77,28 @@ func TestHostileRegisterVictimsModelFirst(t *testing.T) {
 			}
 			defer vc.Close()
 			vi := registerDtype(t, vc, base+1, model, "float16")
-			if vi.chunkBytes != sq.chunkBytes {
-				t.Fatalf("chunk bytes %d and %d: the layouts must be the same size", vi.chunkBytes, sq.chunkBytes)
+			if vi.ChunkBytes != sq.ChunkBytes {
+				t.Fatalf("chunk bytes %d and %d: the layouts must be the same size", vi.ChunkBytes, sq.ChunkBytes)
 			}
-			if got, err := vi.retrieve(ctx, only, n, "vi-only"); err != nil || got != nil {
+			if got, err := vi.Retrieve(ctx, only, n, "vi-only"); err != nil || got != nil {
 				t.Fatalf("the victim's retrieve of a prompt only the squatter stored: %d chunks, %v", len(got), err)
 			}
-			if res, err := vi.store(ctx, toks, viData, "vi-store"); err != nil || res != "true" {
+			if res, err := vi.Store(ctx, toks, viData, "vi-store"); err != nil || res != "true" {
 				t.Fatalf("the victim's store after the squatter's: %s, %v", res, err)
 			}
 			foreign := 0
 			for _, w := range []struct {
-				g    *gworker
+				g    *harness.GoWorker
 				want [][]byte
 			}{{vi, viData}, {sq, sqData}} {
-				got, err := w.g.retrieve(ctx, toks, n, fmt.Sprintf("read-%d", w.g.id))
+				got, err := w.g.Retrieve(ctx, toks, n, fmt.Sprintf("read-%d", w.g.ID))
 				if err != nil || len(got) != n {
-					t.Fatalf("instance %d retrieve: %d chunks, %v", w.g.id, len(got), err)
+					t.Fatalf("instance %d retrieve: %d chunks, %v", w.g.ID, len(got), err)
 				}
 				for c := range got {
 					if !bytes.Equal(got[c], w.want[c]) {
 						foreign++
-						t.Errorf("instance %d chunk %d: not its own bytes", w.g.id, c)
+						t.Errorf("instance %d chunk %d: not its own bytes", w.g.ID, c)
 					}
 				}
 			}
@@ -107,7 +108,7 @@ func TestHostileRegisterVictimsModelFirst(t *testing.T) {
 			if n := transferCounters(t, srv)["layout_conflicts"]; n != 0 {
 				t.Errorf("layout_conflicts = %v, want 0", n)
 			}
-			alive(t, srv, time.Second, "two layouts of one model")
+			attackkit.Alive(t, srv, time.Second, "two layouts of one model")
 		})
 	}
 }

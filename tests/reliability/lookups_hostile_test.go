@@ -6,18 +6,21 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"kvdock/tests/harness"
+	"kvdock/tests/harness/attackkit"
 )
 
 // storeLong stores the first n chunks of toks through w, in steps that stay
 // under one owner's write-lock cap (a step reserves only the new chunks).
-func storeLong(t *testing.T, w *gworker, seed int, toks []uint32, n, step int, req string) [][]byte {
+func storeLong(t *testing.T, w *harness.GoWorker, seed int, toks []uint32, n, step int, req string) [][]byte {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	data := seqData(seed, n, w.chunkBytes)
+	data := attackkit.SeqData(seed, n, w.ChunkBytes)
 	for end := step; ; end += step {
 		end = min(end, n)
-		if res, err := w.store(ctx, toks, data[:end], fmt.Sprintf("%s-%d", req, end)); err != nil || (res != "true" && res != "none") {
+		if res, err := w.Store(ctx, toks, data[:end], fmt.Sprintf("%s-%d", req, end)); err != nil || (res != "true" && res != "none") {
 			t.Fatalf("store %d chunks: %q %v", end, res, err)
 		}
 		if end == n {
@@ -34,24 +37,24 @@ func storeLong(t *testing.T, w *gworker, seed int, toks []uint32, n, step int, r
 // under the total cap; a single lookup past its cap is refused and its
 // refused chunks are counted as `refused`, not `after_miss`.
 func TestHostileLookupLookahead(t *testing.T) {
-	srv := startAttacked(t)
+	srv := attackkit.StartAttacked(t)
 	ctx := context.Background()
-	w := newWorker(t, srv.Dial(t, srv.Protocol), 41_001, "ahead", false)
-	if w.shm == nil {
+	w := harness.NewWorker(t, srv.Dial(t, srv.Protocol), 41_001, "ahead", false)
+	if w.Shm == nil {
 		t.Fatal("the server advertises no segment")
 	}
-	poolChunks := int(w.poolSize) / w.chunkBytes
+	poolChunks := int(w.PoolSize) / w.ChunkBytes
 	perPrompt := poolChunks / 16 // ten prompts: 62.5% of the pool
 	prompts := make([][]uint32, 10)
 	for i := range prompts {
-		prompts[i] = tokensFor(41_100+i, perPrompt, w.chunk)
+		prompts[i] = harness.Tokens(41_100+i, perPrompt, w.Chunk)
 		storeLong(t, w, 41_100+i, prompts[i], perPrompt, perPrompt, fmt.Sprintf("ahead-s%d", i))
 	}
 	sched := srv.Dial(t, srv.Protocol)
 	hits := make([]int, len(prompts))
 	short := 0
 	for i, toks := range prompts {
-		n, err := lookupKeep(ctx, sched, w.model, toks, fmt.Sprintf("ahead-l%d", i))
+		n, err := harness.LookupKeep(ctx, sched, w.Model, toks, fmt.Sprintf("ahead-l%d", i))
 		if err != nil {
 			t.Fatalf("lookup %d: %v", i, err)
 		}
@@ -64,23 +67,23 @@ func TestHostileLookupLookahead(t *testing.T) {
 	if short > 0 {
 		t.Errorf("%d of 10 prompts looked up ahead got fewer than their %d stored chunks: %v", short, perPrompt, hits)
 	}
-	alive(t, srv, time.Second, "lookups ahead")
+	attackkit.Alive(t, srv, time.Second, "lookups ahead")
 
 	// One lookup past one owner's cap (half the pool) is refused there; a
 	// fresh server, since the lookups above hold their locks until their
 	// retrieves or the read TTL.
-	srv = startAttacked(t)
-	w = newWorker(t, srv.Dial(t, srv.Protocol), 41_002, "ahead", false)
+	srv = attackkit.StartAttacked(t)
+	w = harness.NewWorker(t, srv.Dial(t, srv.Protocol), 41_002, "ahead", false)
 	sched = srv.Dial(t, srv.Protocol)
 	long := poolChunks * 5 / 8
-	toks := tokensFor(41_900, long, w.chunk)
+	toks := harness.Tokens(41_900, long, w.Chunk)
 	storeLong(t, w, 41_900, toks, long, poolChunks/4, "ahead-long")
-	before := status(t, srv).Misses.Missed["refused"]
-	n, err := lookup(ctx, sched, w.model, toks, "ahead-long-l")
+	before := srv.Status(t).Misses.Missed["refused"]
+	n, err := harness.Lookup(ctx, sched, w.Model, toks, "ahead-long-l")
 	if err != nil {
 		t.Fatal(err)
 	}
-	st := status(t, srv)
+	st := srv.Status(t)
 	refused := st.Misses.Missed["refused"] - before
 	t.Logf("one lookup of %d chunks: %d hits, %d counted refused, misses %v", long, n, refused, st.Misses.Missed)
 	if n >= long || n < poolChunks/2-1 {
@@ -98,7 +101,7 @@ func TestHostileLookupLookahead(t *testing.T) {
 	if !seen {
 		t.Errorf("no refused event among %+v", st.Events)
 	}
-	alive(t, srv, time.Second, "lookups ahead")
+	attackkit.Alive(t, srv, time.Second, "lookups ahead")
 }
 
 // TestHostileLookupHogCannotStarveAnotherScheduler: one scheduler keeps 69 %
@@ -109,12 +112,12 @@ func TestHostileLookupLookahead(t *testing.T) {
 // cap is shared between the peers holding lookup locks), and lookups
 // together stay under the cap.
 func TestHostileLookupHogCannotStarveAnotherScheduler(t *testing.T) {
-	srv := startAttacked(t)
+	srv := attackkit.StartAttacked(t)
 	ctx := context.Background()
-	hw := newWorker(t, srv.Dial(t, srv.Protocol), 42_001, "hog", false)
-	poolChunks := int(hw.poolSize) / hw.chunkBytes
+	hw := harness.NewWorker(t, srv.Dial(t, srv.Protocol), 42_001, "hog", false)
+	poolChunks := int(hw.PoolSize) / hw.ChunkBytes
 	half := poolChunks * 69 / 200 // two prompts: 69 % of the pool
-	hogPrompts := [][]uint32{tokensFor(42_100, half, hw.chunk), tokensFor(42_101, half, hw.chunk)}
+	hogPrompts := [][]uint32{harness.Tokens(42_100, half, hw.Chunk), harness.Tokens(42_101, half, hw.Chunk)}
 	for i, toks := range hogPrompts {
 		storeLong(t, hw, 42_100+i, toks, half, poolChunks/4, fmt.Sprintf("hog-s%d", i))
 	}
@@ -122,7 +125,7 @@ func TestHostileLookupHogCannotStarveAnotherScheduler(t *testing.T) {
 	hogLookups := func() int {
 		n := 0
 		for i, toks := range hogPrompts {
-			h, err := lookupKeep(ctx, hog, hw.model, toks, fmt.Sprintf("hog-l%d", i))
+			h, err := harness.LookupKeep(ctx, hog, hw.Model, toks, fmt.Sprintf("hog-l%d", i))
 			if err != nil {
 				t.Errorf("hog lookup: %v", err)
 			}
@@ -134,8 +137,8 @@ func TestHostileLookupHogCannotStarveAnotherScheduler(t *testing.T) {
 		t.Fatalf("the hog alone: %d of %d chunks looked up", n, 2*half)
 	}
 	const victimChunks = 48
-	vw := newWorker(t, srv.Dial(t, srv.Protocol), 42_002, "hog-victim", false)
-	vt := tokensFor(42_200, victimChunks, vw.chunk)
+	vw := harness.NewWorker(t, srv.Dial(t, srv.Protocol), 42_002, "hog-victim", false)
+	vt := harness.Tokens(42_200, victimChunks, vw.Chunk)
 	storeLong(t, vw, 42_200, vt, victimChunks, victimChunks, "hog-vs")
 	victim := srv.Dial(t, srv.Protocol)
 	// The hog looks up again while the victim does, throughout.
@@ -157,7 +160,7 @@ func TestHostileLookupHogCannotStarveAnotherScheduler(t *testing.T) {
 	short := 0
 	var hits []int
 	for r := range 5 {
-		n, err := lookup(ctx, victim, vw.model, vt, fmt.Sprintf("hog-vl%d", r))
+		n, err := harness.Lookup(ctx, victim, vw.Model, vt, fmt.Sprintf("hog-vl%d", r))
 		if err != nil {
 			t.Fatalf("victim lookup %d: %v", r, err)
 		}
@@ -168,7 +171,7 @@ func TestHostileLookupHogCannotStarveAnotherScheduler(t *testing.T) {
 	}
 	close(stop)
 	rounds := <-done
-	st := status(t, srv).Pool
+	st := srv.Status(t).Pool
 	t.Logf("hog holds %d chunks looked up (pool %d); victim's 5 lookups of %d chunks hit %v while the hog looked up %d times again; %d bytes locked of %d",
 		2*half, poolChunks, victimChunks, hits, rounds, st.LockedBytes, st.CapacityBytes)
 	if short > 0 {
@@ -177,5 +180,5 @@ func TestHostileLookupHogCannotStarveAnotherScheduler(t *testing.T) {
 	if limit := st.CapacityBytes * 7 / 10; st.LockedBytes > limit {
 		t.Errorf("%d bytes locked, past the lookups' cap of %d", st.LockedBytes, limit)
 	}
-	alive(t, srv, time.Second, "a lookup hog")
+	attackkit.Alive(t, srv, time.Second, "a lookup hog")
 }

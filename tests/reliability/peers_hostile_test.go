@@ -14,6 +14,7 @@ import (
 	"kvdock/core/protocol"
 	"kvdock/core/rpc/client"
 	"kvdock/tests/harness"
+	"kvdock/tests/harness/attackkit"
 )
 
 // What one peer can do to another worker by
@@ -80,10 +81,10 @@ func (p *namedPeer) send(t testing.TB, name string, args ...any) {
 	if !ok {
 		t.Fatalf("%s not in profile", name)
 	}
-	msg := [][]byte{enc(t, p.uid), enc(t, spec.Number)}
+	msg := [][]byte{attackkit.Enc(t, p.uid), attackkit.Enc(t, spec.Number)}
 	p.uid++
 	for _, a := range args {
-		msg = append(msg, enc(t, a))
+		msg = append(msg, attackkit.Enc(t, a))
 	}
 	for i, f := range msg {
 		flag := zmq.SNDMORE
@@ -122,7 +123,7 @@ func TestHostileStatusSize(t *testing.T) {
 	const n = 1024
 	srv := harness.Start(t, "--chunk-size", "16")
 	wid := 0
-	before := handled(t, srv, protocol.Lookup)
+	before := attackkit.Handled(t, srv, protocol.Lookup)
 	zctx, err := zmq.NewContext()
 	if err != nil {
 		t.Fatal(err)
@@ -135,13 +136,13 @@ func TestHostileStatusSize(t *testing.T) {
 			peers = append(peers, p)
 			name := hostileName(i)
 			p.send(t, protocol.RegisterKVCacheNonGPUContext, protocol.RegisterPayload{InstanceID: int64(10000 + i),
-				ModelName: name, WorldSize: 1, BlockSize: 16, NumLayers: layers, HiddenDimSize: hidden, DtypeStr: "float32"})
-			k := protocol.Key{ModelName: name, WorldSize: 1, WorkerID: &wid, TokenIDs: tokensFor(i, 1, 16), End: 16, RequestID: "s"}
+				ModelName: name, WorldSize: 1, BlockSize: 16, NumLayers: harness.WorkerLayers, HiddenDimSize: harness.WorkerHidden, DtypeStr: "float32"})
+			k := protocol.Key{ModelName: name, WorldSize: 1, WorkerID: &wid, TokenIDs: harness.Tokens(i, 1, 16), End: 16, RequestID: "s"}
 			p.send(t, protocol.PrepareStore, k, int64(10000+i))
 			p.send(t, protocol.CommitStore, k, int64(10000+i), []byte{})
 			lk := k
 			lk.WorkerID, lk.RequestID = nil, fmt.Sprint("l", i)
-			lk.TokenIDs = tokensFor(i+n, 1, 16) // a miss, counted per model
+			lk.TokenIDs = harness.Tokens(i+n, 1, 16) // a miss, counted per model
 			p.send(t, protocol.Lookup, lk, 1)
 		}
 		for _, p := range peers {
@@ -149,15 +150,15 @@ func TestHostileStatusSize(t *testing.T) {
 		}
 	}
 	_ = zctx.Term() // once every request has left
-	if !waitHandled(t, srv, protocol.Lookup, before+n, time.Minute, "1,024 hostile peers") {
+	if !attackkit.WaitHandled(t, srv, protocol.Lookup, before+n, time.Minute, "1,024 hostile peers") {
 		t.Fatal("the lookups were not all handled")
 	}
-	st := status(t, srv)
+	st := srv.Status(t)
 	if st.Transfer.Instances != n {
 		t.Fatalf("%d instances registered, want %d", st.Transfer.Instances, n)
 	}
 	stores := int(st.Requests.ByType[protocol.CommitStore].OK)
-	sb := statusBytes(t, srv, 30*time.Second)
+	sb := attackkit.StatusBytes(t, srv, 30*time.Second)
 	logSections(t, srv)
 	t.Logf("/status with %d contexts (256-byte control-byte names, 255-byte routing ids, %d stores): %d bytes", n, stores, sb)
 	if stores < n/2 {
@@ -170,14 +171,14 @@ func TestHostileStatusSize(t *testing.T) {
 		t.Errorf("/status lists %d contexts' meta, details %d and counts %d omitted; want all %d accounted for",
 			len(st.NonCudaContextMeta), len(st.Contexts), st.ContextsOmitted, n)
 	}
-	alive(t, srv, time.Second, "1,024 hostile peers")
+	attackkit.Alive(t, srv, time.Second, "1,024 hostile peers")
 }
 
 // logSections logs the size of each top-level part of /status (compact).
 func logSections(t testing.TB, srv *harness.Server) {
 	t.Helper()
 	var parts map[string]json.RawMessage
-	if err := getJSON(&http.Client{Timeout: 30 * time.Second}, srv, &parts); err != nil {
+	if err := attackkit.GetJSON(&http.Client{Timeout: 30 * time.Second}, srv, &parts); err != nil {
 		t.Fatal(err)
 	}
 	var b strings.Builder
@@ -199,7 +200,7 @@ func transferCounters(t testing.TB, srv *harness.Server) map[string]float64 {
 			Message string `json:"message"`
 		} `json:"events"`
 	}
-	if err := getJSON(&http.Client{Timeout: 10 * time.Second}, srv, &st); err != nil {
+	if err := attackkit.GetJSON(&http.Client{Timeout: 10 * time.Second}, srv, &st); err != nil {
 		t.Fatal(err)
 	}
 	return st.Transfer
@@ -212,7 +213,7 @@ func shownPeer(id []byte) string { return fmt.Sprintf("%x", id[:min(len(id), 16)
 func eventsWith(t testing.TB, srv *harness.Server, parts ...string) []string {
 	t.Helper()
 	var out []string
-	for _, e := range status(t, srv).Events {
+	for _, e := range srv.Status(t).Events {
 		ok := true
 		for _, p := range parts {
 			ok = ok && strings.Contains(e.Message, p)
@@ -231,7 +232,7 @@ func victimAnswered(t *testing.T, srv *harness.Server, id int64, model string, l
 	t.Helper()
 	c := srv.Dial(t, srv.Protocol)
 	wid := 0
-	k := protocol.Key{ModelName: model, WorldSize: 1, WorkerID: &wid, TokenIDs: tokensFor(int(id), 1, 16), End: 16, RequestID: "v"}
+	k := protocol.Key{ModelName: model, WorldSize: 1, WorkerID: &wid, TokenIDs: harness.Tokens(int(id), 1, 16), End: 16, RequestID: "v"}
 	call := func(name string, args ...any) client.Reply {
 		ctx, cancel := context.WithTimeout(context.Background(), limit)
 		defer cancel()
@@ -243,7 +244,7 @@ func victimAnswered(t *testing.T, srv *harness.Server, id int64, model string, l
 		}
 		return r
 	}
-	var ps prepStore
+	var ps harness.PrepStore
 	if err := call(protocol.PrepareStore, k, id).Decode(&ps); err != nil || len(ps.Context.Slots) != 0 {
 		t.Fatalf("PREPARE_STORE of instance %d: %+v, %v; want no slots", id, ps, err)
 	}
@@ -251,7 +252,7 @@ func victimAnswered(t *testing.T, srv *harness.Server, id int64, model string, l
 	if err := call(protocol.CommitStore, k, id, []byte{}).Decode(&ok); err != nil || ok {
 		t.Fatalf("COMMIT_STORE of instance %d: %v, %v; want false", id, ok, err)
 	}
-	var pr prepRetrieve
+	var pr harness.PrepRetrieve
 	if err := call(protocol.PrepareRetrieve, k, id).Decode(&pr); err != nil || pr.Success {
 		t.Fatalf("PREPARE_RETRIEVE of instance %d: success %v, %v; want a miss", id, pr.Success, err)
 	}
@@ -268,22 +269,22 @@ func victimAnswered(t *testing.T, srv *harness.Server, id int64, model string, l
 // left to its timeout.
 func TestHostileUnregisterOfAnotherPeersInstance(t *testing.T) {
 	srv := harness.Start(t, "--chunk-size", "16")
-	w := newWorker(t, srv.Dial(t, srv.Protocol), 700, "victim", false)
+	w := harness.NewWorker(t, srv.Dial(t, srv.Protocol), 700, "victim", false)
 	squatterID := []byte("squatter-unregister")
 	sq := dialNamed(t, srv, squatterID)
-	before := handled(t, srv, protocol.UnregisterKVCache)
+	before := attackkit.Handled(t, srv, protocol.UnregisterKVCache)
 	sq.send(t, protocol.UnregisterKVCache, int64(700))
-	if !waitHandled(t, srv, protocol.UnregisterKVCache, before+1, 10*time.Second, "another peer's UNREGISTER") {
+	if !attackkit.WaitHandled(t, srv, protocol.UnregisterKVCache, before+1, 10*time.Second, "another peer's UNREGISTER") {
 		t.Fatal("UNREGISTER not handled")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	toks := tokensFor(70, 2, w.chunk)
-	data := seqData(70, 2, w.chunkBytes)
-	if r, err := w.store(ctx, toks, data, "after-unregister"); err != nil || r != "true" {
+	toks := harness.Tokens(70, 2, w.Chunk)
+	data := attackkit.SeqData(70, 2, w.ChunkBytes)
+	if r, err := w.Store(ctx, toks, data, "after-unregister"); err != nil || r != "true" {
 		t.Fatalf("the victim's store after another peer's UNREGISTER: %q, %v", r, err)
 	}
-	readBack(t, w, toks, data, "after-unregister-r")
+	attackkit.ReadBack(t, w, toks, data, "after-unregister-r")
 	if n := transferCounters(t, srv)["refused_unregisters"]; n != 1 {
 		t.Errorf("refused_unregisters = %v, want 1", n)
 	}
@@ -301,5 +302,5 @@ func TestHostileUnregisterOfAnotherPeersInstance(t *testing.T) {
 	if n := transferCounters(t, srv)["unknown_instance_requests"]; n != 4 {
 		t.Errorf("unknown-instance requests counted %v, want 4", n)
 	}
-	alive(t, srv, time.Second, "a hostile UNREGISTER")
+	attackkit.Alive(t, srv, time.Second, "a hostile UNREGISTER")
 }

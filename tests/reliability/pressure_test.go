@@ -11,6 +11,8 @@ import (
 	"kvdock/core/engine"
 	"kvdock/core/l1"
 	"kvdock/core/protocol"
+
+	"kvdock/tests/harness"
 )
 
 // TestMemoryPressure stores three times the pool through four workers (two
@@ -20,13 +22,13 @@ import (
 // whole pool write-locked, a further reservation is an allocation failure.
 func TestMemoryPressure(t *testing.T) {
 	const sizeMiB, nw, per = 4, 4, 4 // chunks per store
-	cfg := engineConfig(t, sizeMiB)
-	e := startEngine(t, cfg)
-	ws := make([]*gworker, nw)
+	cfg := harness.EngineConfig(t, sizeMiB)
+	e := harness.StartEngine(t, cfg)
+	ws := make([]*harness.GoWorker, nw)
 	for i := range ws {
-		ws[i] = newWorker(t, dialPort(t, cfg.Server.Port, 5*time.Second), int64(i+1), "pressure", i%2 == 1)
+		ws[i] = harness.NewWorker(t, harness.DialPort(t, cfg.Server.Port, 5*time.Second), int64(i+1), "pressure", i%2 == 1)
 	}
-	chunk, cb := ws[0].chunk, ws[0].chunkBytes
+	chunk, cb := ws[0].Chunk, ws[0].ChunkBytes
 	size := e.Snapshot().Pool.Size
 	seqs := int(3*size/int64(cb)) / per // three pools' worth of chunks
 
@@ -40,9 +42,9 @@ func TestMemoryPressure(t *testing.T) {
 			for s := i; s < seqs; s += nw {
 				data := make([][]byte, per)
 				for j := range data {
-					data[j] = chunkData(s, j, cb)
+					data[j] = harness.ChunkData(s, j, cb)
 				}
-				r, err := w.store(context.Background(), tokensFor(s, per, chunk), data, fmt.Sprint("p", s))
+				r, err := w.Store(context.Background(), harness.Tokens(s, per, chunk), data, fmt.Sprint("p", s))
 				if err != nil {
 					errs.Add(1)
 					t.Errorf("store %d: %v", s, err)
@@ -76,7 +78,7 @@ func TestMemoryPressure(t *testing.T) {
 	var hits, checked int
 	for s := range seqs {
 		w := ws[s%nw]
-		got, err := w.retrieve(context.Background(), tokensFor(s, per, chunk), per, fmt.Sprint("v", s))
+		got, err := w.Retrieve(context.Background(), harness.Tokens(s, per, chunk), per, fmt.Sprint("v", s))
 		if err != nil {
 			t.Fatalf("retrieve %d: %v", s, err)
 		}
@@ -86,8 +88,8 @@ func TestMemoryPressure(t *testing.T) {
 		hits++
 		for j, g := range got {
 			checked++
-			if sum(g) != sum(chunkData(s, j, cb)) {
-				t.Fatalf("sequence %d chunk %d (%s worker): wrong bytes under pressure", s, j, w.mode())
+			if harness.Sum(g) != harness.Sum(harness.ChunkData(s, j, cb)) {
+				t.Fatalf("sequence %d chunk %d (%s worker): wrong bytes under pressure", s, j, w.Mode())
 			}
 		}
 	}
@@ -106,12 +108,12 @@ func TestMemoryPressure(t *testing.T) {
 	before := cleared.AllocFailures + cleared.LockCapRefusals
 	locked := 0
 	for s := 0; ; s++ {
-		k := w.key(tokensFor(100000+s, per, chunk), per, fmt.Sprint("lock", s))
-		r, err := w.c.Call(context.Background(), protocol.PrepareStore, k, w.id)
+		k := w.Key(harness.Tokens(100000+s, per, chunk), per, fmt.Sprint("lock", s))
+		r, err := w.C.Call(context.Background(), protocol.PrepareStore, k, w.ID)
 		if err != nil {
 			t.Fatalf("prepare_store while filling: %v", err)
 		}
-		var ps prepStore
+		var ps harness.PrepStore
 		if err := r.Decode(&ps); err != nil {
 			t.Fatal(err)
 		}

@@ -8,9 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
-	"kvdock/core/rpc/client"
 	"kvdock/tests/harness"
 
 	"golang.org/x/sys/unix"
@@ -33,23 +31,13 @@ func pickleServer(t *testing.T) (*harness.Server, string) {
 	return srv, path
 }
 
-func dialServer(t *testing.T, srv *harness.Server) *client.Client {
-	t.Helper()
-	c, err := client.Dial(srv.Endpoint, harness.Profile(t, "nongpu-v1"), client.Options{Timeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
-	return c
-}
-
 // requireNothingAdvertised registers a worker and requires {"", 0} and the
 // pickle mode, and the same in /status; it returns the worker.
-func requireNothingAdvertised(t *testing.T, srv *harness.Server, id int64, when string) *gworker {
+func requireNothingAdvertised(t *testing.T, srv *harness.Server, id int64, when string) *harness.GoWorker {
 	t.Helper()
-	w := newWorker(t, dialServer(t, srv), id, "private-hostile", false)
-	if w.segName != "" || w.poolSize != 0 || w.mode() != "pickle" {
-		t.Fatalf("%s: REGISTER advertised {%q, %d}, worker mode %s; want {\"\", 0} and pickle", when, w.segName, w.poolSize, w.mode())
+	w := harness.NewWorker(t, srv.Dial(t, "nongpu-v1"), id, "private-hostile", false)
+	if w.SegName != "" || w.PoolSize != 0 || w.Mode() != "pickle" {
+		t.Fatalf("%s: REGISTER advertised {%q, %d}, worker mode %s; want {\"\", 0} and pickle", when, w.SegName, w.PoolSize, w.Mode())
 	}
 	if name := srv.ShmName(t); name != "" {
 		t.Fatalf("%s: /status advertises %q", when, name)
@@ -58,21 +46,21 @@ func requireNothingAdvertised(t *testing.T, srv *harness.Server, id int64, when 
 }
 
 // storeAndRead stores prompt seq through w and reads it back identical.
-func storeAndRead(t *testing.T, w *gworker, seq int, when string) {
+func storeAndRead(t *testing.T, w *harness.GoWorker, seq int, when string) {
 	t.Helper()
 	ctx := context.Background()
-	toks := tokensFor(seq, 2, w.chunk)
-	data := [][]byte{chunkData(seq, 0, w.chunkBytes), chunkData(seq, 1, w.chunkBytes)}
-	if r, err := w.store(ctx, toks, data, "s"); err != nil || r != "true" {
+	toks := harness.Tokens(seq, 2, w.Chunk)
+	data := [][]byte{harness.ChunkData(seq, 0, w.ChunkBytes), harness.ChunkData(seq, 1, w.ChunkBytes)}
+	if r, err := w.Store(ctx, toks, data, "s"); err != nil || r != "true" {
 		t.Fatalf("%s: store: %q %v", when, r, err)
 	}
 	requireIdentical(t, w, seq, when)
 }
 
-func requireIdentical(t *testing.T, w *gworker, seq int, when string) {
+func requireIdentical(t *testing.T, w *harness.GoWorker, seq int, when string) {
 	t.Helper()
-	got, err := w.retrieve(context.Background(), tokensFor(seq, 2, w.chunk), 2, "r")
-	if err != nil || len(got) != 2 || sum(got[0]) != sum(chunkData(seq, 0, w.chunkBytes)) || sum(got[1]) != sum(chunkData(seq, 1, w.chunkBytes)) {
+	got, err := w.Retrieve(context.Background(), harness.Tokens(seq, 2, w.Chunk), 2, "r")
+	if err != nil || len(got) != 2 || harness.Sum(got[0]) != harness.Sum(harness.ChunkData(seq, 0, w.ChunkBytes)) || harness.Sum(got[1]) != harness.Sum(harness.ChunkData(seq, 1, w.ChunkBytes)) {
 		t.Fatalf("%s: prompt %d: %d chunks back, %v; want both, identical", when, seq, len(got), err)
 	}
 }
@@ -171,7 +159,7 @@ func TestHostileKeptPrivateSegmentSwapped(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv, path := pickleServer(t)
-			w := newWorker(t, dialServer(t, srv), 811, "private-hostile", false)
+			w := harness.NewWorker(t, srv.Dial(t, "nongpu-v1"), 811, "private-hostile", false)
 			storeAndRead(t, w, 2, "first start")
 			var check func()
 			srv.RestartTermWith(t, func() { check = tc.swap(t, path) })

@@ -10,6 +10,7 @@ import (
 	"kvdock/core/protocol"
 	"kvdock/core/rpc/client"
 	"kvdock/tests/harness"
+	"kvdock/tests/harness/attackkit"
 )
 
 // Registrations carried across a restart are held and charged as live
@@ -19,7 +20,7 @@ import (
 // registered reports whether /status lists instance id.
 func registered(t testing.TB, srv *harness.Server, id int64) bool {
 	t.Helper()
-	return slices.Contains(status(t, srv).RegisteredNonCudaInstanceIDs, id)
+	return slices.Contains(srv.Status(t).RegisteredNonCudaInstanceIDs, id)
 }
 
 // unregisterFrom sends UNREGISTER_KV_CACHE of id from a peer of its own
@@ -28,9 +29,9 @@ func unregisterFrom(t testing.TB, srv *harness.Server, peer string, id int64) {
 	t.Helper()
 	p := dialNamed(t, srv, []byte(peer))
 	defer p.close()
-	before := handled(t, srv, protocol.UnregisterKVCache)
+	before := attackkit.Handled(t, srv, protocol.UnregisterKVCache)
 	p.send(t, protocol.UnregisterKVCache, id)
-	if !waitHandled(t, srv, protocol.UnregisterKVCache, before+1, 10*time.Second, "UNREGISTER from "+peer) {
+	if !attackkit.WaitHandled(t, srv, protocol.UnregisterKVCache, before+1, 10*time.Second, "UNREGISTER from "+peer) {
 		t.Fatalf("UNREGISTER from %s not handled", peer)
 	}
 }
@@ -39,15 +40,15 @@ func unregisterFrom(t testing.TB, srv *harness.Server, peer string, id int64) {
 // --protocol auto: the REGISTER first, since a v1 GET_CHUNK_SIZE from a
 // peer that registered nothing reads as nongpu-v2's CLEAR too and goes
 // unanswered; the worker's own REGISTER then keeps that registration.
-func autoWorker(t *testing.T, c *client.Client, id int64, model string) *gworker {
+func autoWorker(t *testing.T, c *client.Client, id int64, model string) *harness.GoWorker {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if _, err := c.Call(ctx, protocol.RegisterKVCacheNonGPUContext, protocol.RegisterPayload{InstanceID: id, ModelName: model,
-		WorldSize: 1, BlockSize: 16, NumLayers: layers, HiddenDimSize: hidden, DtypeStr: "float32"}); err != nil {
+		WorldSize: 1, BlockSize: 16, NumLayers: harness.WorkerLayers, HiddenDimSize: harness.WorkerHidden, DtypeStr: "float32"}); err != nil {
 		t.Fatalf("register: %v", err)
 	}
-	return newWorker(t, c, id, model, false)
+	return harness.NewWorker(t, c, id, model, false)
 }
 
 // TestHostileUnregisterOfARestoredInstance: after a restart (SIGUSR2, then
@@ -59,10 +60,10 @@ func autoWorker(t *testing.T, c *client.Client, id int64, model string) *gworker
 // UNREGISTER ends the registration.
 func TestHostileUnregisterOfARestoredInstance(t *testing.T) {
 	srv := harness.StartKeeping(t, false, "--chunk-size", "16")
-	w := newWorker(t, srv.Dial(t, srv.Protocol), 710, "restored-holder", false)
+	w := harness.NewWorker(t, srv.Dial(t, srv.Protocol), 710, "restored-holder", false)
 	for i, restart := range []func(testing.TB) time.Duration{srv.RestartSignal, srv.RestartTerm} {
 		seq := 710 + i
-		toks, data := tokensFor(seq, 2, w.chunk), seqData(seq, 2, w.chunkBytes)
+		toks, data := harness.Tokens(seq, 2, w.Chunk), attackkit.SeqData(seq, 2, w.ChunkBytes)
 		restart(t)
 		if rs := srv.LastRestart(t); !rs.Adopted || rs.AdoptedContexts != 1 {
 			t.Fatalf("restart %d: %+v, want the pool and 1 registration adopted", i, rs)
@@ -72,12 +73,12 @@ func TestHostileUnregisterOfARestoredInstance(t *testing.T) {
 			t.Fatalf("restart %d: another peer's UNREGISTER ended the restored registration of instance 710 before its worker spoke", i)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		r, err := w.store(ctx, toks, data, "after-restart")
+		r, err := w.Store(ctx, toks, data, "after-restart")
 		cancel()
 		if err != nil || r != "true" {
 			t.Fatalf("restart %d: the worker's store after another peer's UNREGISTER: %q, %v", i, r, err)
 		}
-		readBack(t, w, toks, data, "after-restart-r")
+		attackkit.ReadBack(t, w, toks, data, "after-restart-r")
 		unregisterFrom(t, srv, "squatter-after", 710)
 		if !registered(t, srv, 710) {
 			t.Fatalf("restart %d: a squatter's UNREGISTER ended the registration its worker holds again", i)
@@ -88,7 +89,7 @@ func TestHostileUnregisterOfARestoredInstance(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if _, err := w.c.Call(ctx, protocol.UnregisterKVCache, int64(710)); err != nil {
+	if _, err := w.C.Call(ctx, protocol.UnregisterKVCache, int64(710)); err != nil {
 		t.Fatal(err)
 	}
 	if registered(t, srv, 710) {
@@ -98,23 +99,23 @@ func TestHostileUnregisterOfARestoredInstance(t *testing.T) {
 
 // prepareRetrieveAcross stores one chunk through w's instance, LOOKUPs it
 // and sends PREPARE_RETRIEVE; it returns the key for the COMMIT_RETRIEVE.
-func prepareRetrieveAcross(t *testing.T, w *gworker, seq int) protocol.Key {
+func prepareRetrieveAcross(t *testing.T, w *harness.GoWorker, seq int) protocol.Key {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	toks := tokensFor(seq, 1, w.chunk)
-	if r, err := w.store(ctx, toks, seqData(seq, 1, w.chunkBytes), "store"); err != nil || r != "true" {
+	toks := harness.Tokens(seq, 1, w.Chunk)
+	if r, err := w.Store(ctx, toks, attackkit.SeqData(seq, 1, w.ChunkBytes), "store"); err != nil || r != "true" {
 		t.Fatalf("store: %q %v", r, err)
 	}
-	if hits, err := lookupKeep(ctx, w.c, w.model, toks, "across"); err != nil || hits != 1 {
+	if hits, err := harness.LookupKeep(ctx, w.C, w.Model, toks, "across"); err != nil || hits != 1 {
 		t.Fatalf("lookup: %d %v", hits, err)
 	}
-	k := w.key(toks, 1, "across")
-	r, err := w.c.Call(ctx, protocol.PrepareRetrieve, k, w.id)
+	k := w.Key(toks, 1, "across")
+	r, err := w.C.Call(ctx, protocol.PrepareRetrieve, k, w.ID)
 	if err != nil {
 		t.Fatalf("prepare retrieve: %v", err)
 	}
-	var pr prepRetrieve
+	var pr harness.PrepRetrieve
 	if err := r.Decode(&pr); err != nil || !pr.Success {
 		t.Fatalf("prepare retrieve: %+v %v", pr, err)
 	}
@@ -124,12 +125,12 @@ func prepareRetrieveAcross(t *testing.T, w *gworker, seq int) protocol.Key {
 // commitRetrieveTrue sends COMMIT_RETRIEVE of k and wants its bool true:
 // read as another table's PREPARE_RETRIEVE, it is answered with a
 // prepare_retrieve struct and takes read locks nobody ends.
-func commitRetrieveTrue(t *testing.T, srv *harness.Server, w *gworker, k protocol.Key, after string) {
+func commitRetrieveTrue(t *testing.T, srv *harness.Server, w *harness.GoWorker, k protocol.Key, after string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	locked := status(t, srv).Pool.ReadLocked
-	r, err := w.c.Call(ctx, protocol.CommitRetrieve, k, w.id)
+	locked := srv.Status(t).Pool.ReadLocked
+	r, err := w.C.Call(ctx, protocol.CommitRetrieve, k, w.ID)
 	if err != nil {
 		t.Fatalf("COMMIT_RETRIEVE %s: %v", after, err)
 	}
@@ -137,10 +138,10 @@ func commitRetrieveTrue(t *testing.T, srv *harness.Server, w *gworker, k protoco
 	if err := r.Decode(&ok); err != nil || !ok {
 		t.Fatalf("COMMIT_RETRIEVE %s answered %x (%v), want true: not served under the table its instance registered through", after, r.Raw, err)
 	}
-	if _, err := w.c.Call(ctx, protocol.EndSession, k.RequestID); err != nil {
+	if _, err := w.C.Call(ctx, protocol.EndSession, k.RequestID); err != nil {
 		t.Fatal(err)
 	}
-	if n := status(t, srv).Pool.ReadLocked; n > locked {
+	if n := srv.Status(t).Pool.ReadLocked; n > locked {
 		t.Errorf("COMMIT_RETRIEVE %s: %d read-locked objects, %d before it", after, n, locked)
 	}
 }
@@ -171,7 +172,7 @@ func TestHostileAutoRestartCommitRetrieve(t *testing.T) {
 // COMMIT_RETRIEVE must still be served as nongpu-v1's, whatever the
 // detection tables kept of its connection.
 func TestHostileAutoDecidedFlood(t *testing.T) {
-	srv := startAttacked(t, "--protocol", "auto")
+	srv := attackkit.StartAttacked(t, "--protocol", "auto")
 	answered := churnIdentities(t, srv.Endpoint, "decided", 17500, func(int) int64 { return 32 })
 	c, err := client.Dial(srv.Endpoint, harness.Profile(t, "nongpu-v1"), client.Options{Timeout: 5 * time.Second})
 	if err != nil {
@@ -183,7 +184,7 @@ func TestHostileAutoDecidedFlood(t *testing.T) {
 	answered += churnIdentities(t, srv.Endpoint, "fresh", 18500, func(int) int64 { return 18 })
 	t.Logf("%d of 36,000 flooding identities answered", answered)
 	commitRetrieveTrue(t, srv, w, k, "after 36,000 identities")
-	if r, err := w.c.Call(context.Background(), protocol.Noop); err != nil || !r.Present {
+	if r, err := w.C.Call(context.Background(), protocol.Noop); err != nil || !r.Present {
 		t.Errorf("NOOP after the flood: %+v %v", r, err)
 	}
 }
@@ -213,21 +214,21 @@ func TestHostilePickleRestartKeepsRegistrations(t *testing.T) {
 }
 
 func pickleRestartKeepsRegistrations(t *testing.T, srv *harness.Server, adopted bool) {
-	w := newWorker(t, srv.Dial(t, srv.Protocol), 740, "pickle-restart", true)
+	w := harness.NewWorker(t, srv.Dial(t, srv.Protocol), 740, "pickle-restart", true)
 	for i, restart := range []func(testing.TB) time.Duration{srv.RestartSignal, srv.RestartTerm} {
 		seq := 740 + i
-		toks, data := tokensFor(seq, 2, w.chunk), seqData(seq, 2, w.chunkBytes)
+		toks, data := harness.Tokens(seq, 2, w.Chunk), attackkit.SeqData(seq, 2, w.ChunkBytes)
 		restart(t)
 		rs := srv.LastRestart(t)
 		if rs.Adopted != adopted || rs.AdoptedContexts != 1 {
 			t.Fatalf("restart %d: %+v, want adopted %v with 1 registration restored", i, rs, adopted)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		r, err := w.store(ctx, toks, data, "after-restart")
+		r, err := w.Store(ctx, toks, data, "after-restart")
 		cancel()
 		if err != nil || r != "true" {
 			t.Fatalf("restart %d: the pickle worker's store: %q, %v\n%s", i, r, err, srv.Output())
 		}
-		readBack(t, w, toks, data, "after-restart-r")
+		attackkit.ReadBack(t, w, toks, data, "after-restart-r")
 	}
 }

@@ -5,6 +5,8 @@ import (
 
 	"kvdock/core/protocol"
 	"kvdock/core/rpc/client"
+
+	"kvdock/tests/harness"
 )
 
 // TestReplyShapesDecodeThroughProtocol: the reply shapes tests decode with
@@ -15,7 +17,7 @@ func TestReplyShapesDecodeThroughProtocol(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var ps prepStore
+	var ps harness.PrepStore
 	if err := (client.Reply{Present: true, Raw: raw}).Decode(&ps); err != nil || len(ps.Context.Slots) != 1 || ps.Context.Slots[0].Offset != 4096 || ps.Context.ChunkIndices[0] != 1 {
 		t.Fatalf("prepare_store: %+v %v", ps, err)
 	}
@@ -23,7 +25,7 @@ func TestReplyShapesDecodeThroughProtocol(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var pr prepRetrieve
+	var pr harness.PrepRetrieve
 	if err := (client.Reply{Present: true, Raw: raw}).Decode(&pr); err != nil || !pr.Success || string(pr.Data) != "x" || len(pr.Context.Slots) != 1 {
 		t.Fatalf("prepare_retrieve: %+v %v", pr, err)
 	}

@@ -14,6 +14,7 @@ import (
 	"kvdock/core/testkit/fakeresp"
 	"kvdock/core/testkit/poll"
 	"kvdock/tests/harness"
+	"kvdock/tests/harness/attackkit"
 )
 
 // The resp tier against a hostile node (core/testkit/fakeresp), on the
@@ -55,24 +56,24 @@ func TestHostileRESPReplies(t *testing.T) {
 	n := hostileNode(t, &exists, &get)
 	srv := harness.Start(t, "--chunk-size", "16", "--l2-adapter",
 		tierAdapter(t, map[string]any{"type": "resp", "host": "127.0.0.1", "port": n.Port()}))
-	capProcess(t, srv.PID())
-	w := tierWorker(t, srv, 1, "resp-hostile", hidden)
+	attackkit.CapProcess(t, srv.PID())
+	w := tierWorker(t, srv, 1, "resp-hostile", harness.WorkerHidden)
 
 	const chunks = 4
-	base, peak := peakGrowth(t, srv.PID(), func() {
-		if good, wrong := w.checkPrompt(t, 1, chunks); good != 0 || wrong != 0 {
+	base, peak := attackkit.PeakGrowth(t, srv.PID(), func() {
+		if good, wrong := checkPrompt(t, w, 1, chunks); good != 0 || wrong != 0 {
 			t.Fatalf("64 MiB values: %d good, %d wrong chunks served", good, wrong)
 		}
 	})
 	t.Logf("a prompt of %d chunks over 64 MiB values: RSS %s -> peak %s (+%s), %d GETs answered",
-		chunks, mib(base), mib(peak), mib(peak-base), n.Count("GET"))
+		chunks, attackkit.MiB(base), attackkit.MiB(peak), attackkit.MiB(peak-base), n.Count("GET"))
 	if n.Count("GET") == 0 {
 		t.Fatal("the lookup asked for no value: the test tests nothing")
 	}
 	if peak-base > 16<<10 {
-		t.Fatalf("RSS grew by %s reading %d values of 64 MiB, bound 16 MiB", mib(peak-base), chunks)
+		t.Fatalf("RSS grew by %s reading %d values of 64 MiB, bound 16 MiB", attackkit.MiB(peak-base), chunks)
 	}
-	alive(t, srv, 5*time.Second, "64 MiB values")
+	attackkit.Alive(t, srv, 5*time.Second, "64 MiB values")
 
 	// A malformed reply marks the tier down (the log says why); a GET's
 	// well-formed length of 1 TiB is a value of another length, a miss.
@@ -91,16 +92,16 @@ func TestHostileRESPReplies(t *testing.T) {
 		setReply(&exists, []byte(c.exists))
 		setReply(&get, []byte(c.get))
 		downs := downFor(srv.Output(), c.length)
-		base, peak := peakGrowth(t, srv.PID(), func() {
-			if good, wrong := w.checkPrompt(t, 10+i, 2); good != 0 || wrong != 0 {
+		base, peak := attackkit.PeakGrowth(t, srv.PID(), func() {
+			if good, wrong := checkPrompt(t, w, 10+i, 2); good != 0 || wrong != 0 {
 				t.Fatalf("EXISTS %q GET %q: %d good, %d wrong chunks served", c.exists, c.get, good, wrong)
 			}
 		})
-		alive(t, srv, 5*time.Second, fmt.Sprintf("EXISTS answered %q, GET %q", c.exists, c.get))
+		attackkit.Alive(t, srv, 5*time.Second, fmt.Sprintf("EXISTS answered %q, GET %q", c.exists, c.get))
 		ts := tier0(t, srv)
-		t.Logf("EXISTS %q, GET %q: kvdock alive, RSS +%s; tier %s (%s)", c.exists, c.get, mib(peak-base), ts.State, ts.Reason)
+		t.Logf("EXISTS %q, GET %q: kvdock alive, RSS +%s; tier %s (%s)", c.exists, c.get, attackkit.MiB(peak-base), ts.State, ts.Reason)
 		if peak-base > 16<<10 {
-			t.Fatalf("RSS grew by %s, bound 16 MiB", mib(peak-base))
+			t.Fatalf("RSS grew by %s, bound 16 MiB", attackkit.MiB(peak-base))
 		}
 		// The probe (PING) may have brought the tier back already: the
 		// log keeps the reason it went down.
@@ -139,15 +140,15 @@ func TestHostileRESPRedirectLoop(t *testing.T) {
 	addr.Store(&a)
 	srv := harness.Start(t, "--chunk-size", "16", "--l2-adapter",
 		tierAdapter(t, map[string]any{"type": "resp", "cluster": true, "startup_nodes": []string{a}}))
-	capProcess(t, srv.PID())
-	w := tierWorker(t, srv, 1, "resp-loop", hidden)
+	attackkit.CapProcess(t, srv.PID())
+	w := tierWorker(t, srv, 1, "resp-loop", harness.WorkerHidden)
 
 	maxFDs := 0
 	deadline := time.Now().Add(3 * time.Second)
 	lookups := 0
 	for time.Now().Before(deadline) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		if _, _, err := w.tryPrompt(ctx, lookups, 2); err != nil {
+		if _, _, err := tryPrompt(ctx, w, lookups, 2); err != nil {
 			cancel()
 			t.Fatalf("lookup %d: %v", lookups, err)
 		}
@@ -166,7 +167,7 @@ func TestHostileRESPRedirectLoop(t *testing.T) {
 	if ts.State != "down" || !strings.Contains(ts.Reason, "redirect loop between "+a) {
 		t.Fatalf("tier %s (%q), want down naming the loop at %s", ts.State, ts.Reason, a)
 	}
-	alive(t, srv, 5*time.Second, "a redirect loop")
+	attackkit.Alive(t, srv, 5*time.Second, "a redirect loop")
 	stillServing(t, w, 300)
 }
 
@@ -241,7 +242,7 @@ func TestHostileRESPShareScan(t *testing.T) {
 	start := func(t *testing.T, n *fakeresp.Node) *harness.Server {
 		srv := harness.Start(t, "--chunk-size", "16", "--l2-adapter",
 			tierAdapter(t, map[string]any{"type": "resp", "host": "127.0.0.1", "port": n.Port()}))
-		capProcess(t, srv.PID())
+		attackkit.CapProcess(t, srv.PID())
 		return srv
 	}
 	// The load logs "adopted" once it ends for good: a retried load
@@ -251,7 +252,7 @@ func TestHostileRESPShareScan(t *testing.T) {
 			return strings.Contains(srv.Output(), "adopted this host's values of earlier runs")
 		})
 		if want != "" && !strings.Contains(srv.Output(), want) {
-			t.Fatalf("the load ended without the reason %q:\n%s", want, grepLines(srv.Output(), "share"))
+			t.Fatalf("the load ended without the reason %q:\n%s", want, attackkit.GrepLines(srv.Output(), "share"))
 		}
 	}
 	t.Run("cursor repeats", func(t *testing.T) {
@@ -302,12 +303,12 @@ func TestHostileRESPShareScan(t *testing.T) {
 			return scanPage(next, kv...)
 		}, 100)
 		srv := start(t, n)
-		base, peak := peakGrowth(t, srv.PID(), func() { ended(t, srv, "pass 67108864 bytes") })
+		base, peak := attackkit.PeakGrowth(t, srv.PID(), func() { ended(t, srv, "pass 67108864 bytes") })
 		ts := tier0(t, srv)
 		t.Logf("262,144 listed keys of 1,000 bytes: %d HSCANs, %d adopted; RSS %s -> peak %s (+%s)",
-			n.Count("HSCAN"), ts.Objects, mib(base), mib(peak), mib(peak-base))
+			n.Count("HSCAN"), ts.Objects, attackkit.MiB(base), attackkit.MiB(peak), attackkit.MiB(peak-base))
 		if peak-base > 128<<10 {
-			t.Fatalf("RSS grew by %s, bound 128 MiB", mib(peak-base))
+			t.Fatalf("RSS grew by %s, bound 128 MiB", attackkit.MiB(peak-base))
 		}
 		stillServingTier(t, srv)
 	})
@@ -316,8 +317,8 @@ func TestHostileRESPShareScan(t *testing.T) {
 // stillServingTier checks srv serves a worker through L1 beside the tier.
 func stillServingTier(t *testing.T, srv *harness.Server) {
 	t.Helper()
-	alive(t, srv, 5*time.Second, "a hostile share")
-	stillServing(t, tierWorker(t, srv, 1, "resp-share", hidden), 400)
+	attackkit.Alive(t, srv, 5*time.Second, "a hostile share")
+	stillServing(t, tierWorker(t, srv, 1, "resp-share", harness.WorkerHidden), 400)
 }
 
 // TestHostileRESPMalformedReplyIsACountedMiss: a node answers EXISTS with a
@@ -334,15 +335,15 @@ func TestHostileRESPMalformedReplyIsACountedMiss(t *testing.T) {
 	n := hostileNode(t, &exists, &get)
 	srv := harness.Start(t, "--chunk-size", "16", "--l2-adapter",
 		tierAdapter(t, map[string]any{"type": "resp", "host": "127.0.0.1", "port": n.Port()}))
-	capProcess(t, srv.PID())
-	w := tierWorker(t, srv, 1, "resp-malformed", hidden)
+	attackkit.CapProcess(t, srv.PID())
+	w := tierWorker(t, srv, 1, "resp-malformed", harness.WorkerHidden)
 	poll.Until(t, 30*time.Second, "tier up", func() bool { return tier0(t, srv).State == "up" })
 	before := tier0(t, srv)
 	setReply(&exists, []byte("$-5\r\n"))
-	if good, wrong := w.checkPrompt(t, 1, 2); good != 0 || wrong != 0 {
+	if good, wrong := checkPrompt(t, w, 1, 2); good != 0 || wrong != 0 {
 		t.Fatalf("EXISTS answered $-5: %d good, %d wrong chunks served", good, wrong)
 	}
-	alive(t, srv, 5*time.Second, "EXISTS answered $-5")
+	attackkit.Alive(t, srv, 5*time.Second, "EXISTS answered $-5")
 	after := tier0(t, srv)
 	t.Logf("EXISTS answered $-5: tier %s (%q), corrupt %d -> %d, misses %d -> %d",
 		after.State, after.Reason, before.Corrupt, after.Corrupt, before.Misses, after.Misses)
@@ -355,7 +356,7 @@ func TestHostileRESPMalformedReplyIsACountedMiss(t *testing.T) {
 	// The probe may have brought the tier up again: the log keeps why it
 	// went down.
 	if downFor(srv.Output(), "-5") == 0 {
-		t.Errorf("the tier did not go down for the malformed length -5:\n%s", grepLines(srv.Output(), "resp tier"))
+		t.Errorf("the tier did not go down for the malformed length -5:\n%s", attackkit.GrepLines(srv.Output(), "resp tier"))
 	}
 	setReply(&exists, fakeresp.Int(0))
 	poll.Until(t, 30*time.Second, "tier up again", func() bool { return tier0(t, srv).State == "up" })

@@ -19,12 +19,12 @@ func TestHostileRestartWithRedisPausedIsNotHeld(t *testing.T) {
 	r := redisserver.Start(t, redisserver.Options{})
 	srv := harness.StartKeeping(t, false, "--chunk-size", "16", "--l2-adapter",
 		tierAdapter(t, map[string]any{"type": "resp", "host": "127.0.0.1", "port": r.Port}))
-	w := tierWorker(t, srv, 1, "resp-paused", hidden)
-	w.storePrompt(t, 0, 2)
+	w := tierWorker(t, srv, 1, "resp-paused", harness.WorkerHidden)
+	storePrompt(t, w, 0, 2)
 	waitTierIdle(t, srv)
 	r.Pause()
 	for seed := 1; seed <= 20; seed++ {
-		w.storePrompt(t, seed, 2)
+		storePrompt(t, w, seed, 2)
 	}
 	if d := tier0(t, srv).QueueDepth; d == 0 {
 		t.Fatal("nothing queued for the paused tier")
@@ -33,7 +33,7 @@ func TestHostileRestartWithRedisPausedIsNotHeld(t *testing.T) {
 	// second a tier that found its server silent at start and probes it.
 	for i := range 2 {
 		if i > 0 {
-			w.storePrompt(t, 100, 2)
+			storePrompt(t, w, 100, 2)
 		}
 		var stopped time.Duration
 		start := time.Now()
@@ -49,7 +49,7 @@ func TestHostileRestartWithRedisPausedIsNotHeld(t *testing.T) {
 		}
 	}
 	for seed := 0; seed <= 20; seed++ {
-		if good, wrong := w.checkPrompt(t, seed, 2); good != 2 || wrong != 0 {
+		if good, wrong := checkPrompt(t, w, seed, 2); good != 2 || wrong != 0 {
 			t.Fatalf("prompt %d after the restarts: %d good, %d wrong chunks", seed, good, wrong)
 		}
 	}

@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"kvdock/tests/harness"
 )
 
 // soakOps is the operations per worker: 200 in CI, KVDOCK_SOAK_OPS for the
@@ -50,23 +52,23 @@ func TestSoak(t *testing.T) {
 	baseHeap, baseG := settle()
 	// The pool holds a sixth of what the run stores, so every run, CI's
 	// included, evicts and the hit-ratio floor below is exercised.
-	cb := 2 * layers * 16 * hidden * 4 // chunk bytes at engineConfig's chunk size
+	cb := 2 * harness.WorkerLayers * 16 * harness.WorkerHidden * 4 // chunk bytes at engineConfig's chunk size
 	sizeMiB := max(4, nw*ops*per*cb/6>>20)
-	cfg := engineConfig(t, sizeMiB)
+	cfg := harness.EngineConfig(t, sizeMiB)
 	if cfg.Server.ChunkSize != 16 {
 		t.Fatalf("chunk size %d: update the chunk bytes above", cfg.Server.ChunkSize)
 	}
-	e := startEngine(t, cfg)
+	e := harness.StartEngine(t, cfg)
 	live := watchLive(e)
 	start := time.Now()
 	var mismatches, errs, misses, hits, stores atomic.Int64
 	published := make([]atomic.Int64, nw) // sequences worker i has stored
 	var wg sync.WaitGroup
-	var workers []*gworker
+	var workers []*harness.GoWorker
 	var mu sync.Mutex
 	for i := range nw {
-		c := dialPort(t, cfg.Server.Port, 10*time.Second)
-		w := newWorker(t, c, int64(1000+i), "soak", i%2 == 1)
+		c := harness.DialPort(t, cfg.Server.Port, 10*time.Second)
+		w := harness.NewWorker(t, c, int64(1000+i), "soak", i%2 == 1)
 		mu.Lock()
 		workers = append(workers, w)
 		mu.Unlock()
@@ -75,12 +77,12 @@ func TestSoak(t *testing.T) {
 			defer wg.Done()
 			ctx := context.Background()
 			rng := rand.New(rand.NewPCG(uint64(i), 99))
-			chunk, cb := w.chunk, w.chunkBytes
+			chunk, cb := w.Chunk, w.ChunkBytes
 			seqOf := func(owner, n int) int { return owner*1_000_000 + n }
 			for n := range ops {
 				s := seqOf(i, n)
-				data := [][]byte{chunkData(s, 0, cb), chunkData(s, 1, cb)}
-				r, err := w.store(ctx, tokensFor(s, per, chunk), data, fmt.Sprintf("s%d", s))
+				data := [][]byte{harness.ChunkData(s, 0, cb), harness.ChunkData(s, 1, cb)}
+				r, err := w.Store(ctx, harness.Tokens(s, per, chunk), data, fmt.Sprintf("s%d", s))
 				if err != nil || r != "true" {
 					errs.Add(1)
 					t.Errorf("worker %d store %d: %q %v", i, n, r, err)
@@ -95,7 +97,7 @@ func TestSoak(t *testing.T) {
 					owner, m = i, n+1
 				}
 				rs := seqOf(owner, rng.IntN(m))
-				got, err := w.retrieve(ctx, tokensFor(rs, per, chunk), per, fmt.Sprintf("r%d-%d", i, n))
+				got, err := w.Retrieve(ctx, harness.Tokens(rs, per, chunk), per, fmt.Sprintf("r%d-%d", i, n))
 				switch {
 				case err != nil:
 					errs.Add(1)
@@ -106,7 +108,7 @@ func TestSoak(t *testing.T) {
 				default:
 					hits.Add(1)
 					for j, g := range got {
-						if sum(g) != sum(chunkData(rs, j, cb)) {
+						if harness.Sum(g) != harness.Sum(harness.ChunkData(rs, j, cb)) {
 							mismatches.Add(1)
 						}
 					}
@@ -143,8 +145,8 @@ func TestSoak(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, w := range workers {
-		_ = w.c.Close()
-		w.unmap()
+		_ = w.C.Close()
+		w.Close()
 	}
 	var heap uint64
 	var g int

@@ -41,7 +41,7 @@ func tierAdapter(t *testing.T, a map[string]any) string {
 // tier0 is the first tier of srv's /status.
 func tier0(t *testing.T, srv *harness.Server) httpapi.TierStatus {
 	t.Helper()
-	st := status(t, srv)
+	st := srv.Status(t)
 	if len(st.Tiers) != 1 {
 		t.Fatalf("/status tiers: %+v", st.Tiers)
 	}
@@ -57,45 +57,45 @@ func waitTierIdle(t *testing.T, srv *harness.Server) {
 
 // tierWorker registers a Go worker of model with hidden size h (chunk bytes
 // follow) on a fresh connection to srv.
-func tierWorker(t *testing.T, srv *harness.Server, id int64, model string, h int) *gworker {
+func tierWorker(t *testing.T, srv *harness.Server, id int64, model string, h int) *harness.GoWorker {
 	t.Helper()
 	c := srv.Dial(t, "nongpu-v1")
 	wk, err := worker.Register(context.Background(), c, worker.Config{
-		InstanceID: id, Model: model, Layers: layers, Hidden: h, Dtype: "float32",
+		InstanceID: id, Model: model, Layers: harness.WorkerLayers, Hidden: h, Dtype: "float32",
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := &gworker{w: wk, c: c, id: id, model: model, chunk: wk.ChunkTokens(),
-		chunkBytes: int(wk.Layout().Bytes), shm: wk.Segment(), segName: wk.ShmName(), poolSize: wk.PoolSize()}
-	t.Cleanup(w.unmap)
+	w := &harness.GoWorker{W: wk, C: c, ID: id, Model: model, Chunk: wk.ChunkTokens(),
+		ChunkBytes: int(wk.Layout().Bytes), Shm: wk.Segment(), SegName: wk.ShmName(), PoolSize: wk.PoolSize()}
+	t.Cleanup(w.Close)
 	return w
 }
 
-// prompt is prompt seed's tokens and data, n chunks.
-func (w *gworker) prompt(seed, n int) ([]uint32, [][]byte) {
-	toks := tokensFor(seed, n, w.chunk)
+// promptOf is prompt seed's tokens and data, n chunks.
+func promptOf(w *harness.GoWorker, seed, n int) ([]uint32, [][]byte) {
+	toks := harness.Tokens(seed, n, w.Chunk)
 	data := make([][]byte, n)
 	for i := range data {
-		data[i] = chunkData(seed, i, w.chunkBytes)
+		data[i] = harness.ChunkData(seed, i, w.ChunkBytes)
 	}
 	return toks, data
 }
 
 // storePrompt stores prompt seed (n chunks), failing the test on an error.
-func (w *gworker) storePrompt(t *testing.T, seed, n int) {
+func storePrompt(t *testing.T, w *harness.GoWorker, seed, n int) {
 	t.Helper()
-	toks, data := w.prompt(seed, n)
-	if _, err := w.store(context.Background(), toks, data, fmt.Sprintf("s-%d", seed)); err != nil {
+	toks, data := promptOf(w, seed, n)
+	if _, err := w.Store(context.Background(), toks, data, fmt.Sprintf("s-%d", seed)); err != nil {
 		t.Fatalf("store prompt %d: %v", seed, err)
 	}
 }
 
 // checkPrompt looks prompt seed up and retrieves its hit prefix; it returns
 // the chunks with the right bytes and the ones with wrong bytes.
-func (w *gworker) checkPrompt(t *testing.T, seed, n int) (good, wrong int) {
+func checkPrompt(t *testing.T, w *harness.GoWorker, seed, n int) (good, wrong int) {
 	t.Helper()
-	good, wrong, err := w.tryPrompt(context.Background(), seed, n)
+	good, wrong, err := tryPrompt(context.Background(), w, seed, n)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,19 +103,19 @@ func (w *gworker) checkPrompt(t *testing.T, seed, n int) (good, wrong int) {
 }
 
 // tryPrompt is checkPrompt for goroutines other than the test's.
-func (w *gworker) tryPrompt(ctx context.Context, seed, n int) (good, wrong int, err error) {
-	toks, data := w.prompt(seed, n)
+func tryPrompt(ctx context.Context, w *harness.GoWorker, seed, n int) (good, wrong int, err error) {
+	toks, data := promptOf(w, seed, n)
 	req := fmt.Sprintf("c-%d-%d", seed, time.Now().UnixNano())
-	hits, err := lookupKeep(ctx, w.c, w.model, toks, req)
+	hits, err := harness.LookupKeep(ctx, w.C, w.Model, toks, req)
 	if err != nil {
 		return 0, 0, fmt.Errorf("lookup prompt %d: %w", seed, err)
 	}
-	defer func() { _, _ = w.c.Call(ctx, protocol.EndSession, req) }()
+	defer func() { _, _ = w.C.Call(ctx, protocol.EndSession, req) }()
 	if hits == 0 {
 		return 0, 0, nil
 	}
 	var got [][]byte
-	if _, err := w.wk().Retrieve(ctx, w.key(toks, hits, req), func(_ int, chunk []byte) {
+	if _, err := w.Worker().Retrieve(ctx, w.Key(toks, hits, req), func(_ int, chunk []byte) {
 		got = append(got, bytes.Clone(chunk))
 	}); err != nil {
 		return 0, 0, fmt.Errorf("retrieve prompt %d: %w", seed, err)
@@ -131,10 +131,10 @@ func (w *gworker) tryPrompt(ctx context.Context, seed, n int) (good, wrong int, 
 }
 
 // stillServing stores and reads back a fresh prompt through L1.
-func stillServing(t *testing.T, w *gworker, seed int) {
+func stillServing(t *testing.T, w *harness.GoWorker, seed int) {
 	t.Helper()
-	w.storePrompt(t, seed, 2)
-	if good, wrong := w.checkPrompt(t, seed, 2); good != 2 || wrong != 0 {
+	storePrompt(t, w, seed, 2)
+	if good, wrong := checkPrompt(t, w, seed, 2); good != 2 || wrong != 0 {
 		t.Fatalf("kvdock not serving L1: %d good, %d wrong of 2", good, wrong)
 	}
 }
@@ -148,9 +148,9 @@ func TestTierRESPServerKilledAndRestarted(t *testing.T) {
 	r := redisserver.Start(t, redisserver.Options{})
 	srv := harness.Start(t, "--chunk-size", "16", "--l2-adapter",
 		tierAdapter(t, map[string]any{"type": "resp", "host": "127.0.0.1", "port": r.Port}))
-	w := tierWorker(t, srv, 1, "resp-kill", hidden)
+	w := tierWorker(t, srv, 1, "resp-kill", harness.WorkerHidden)
 	for seed := range 5 {
-		w.storePrompt(t, seed, 2)
+		storePrompt(t, w, seed, 2)
 	}
 	waitTierIdle(t, srv)
 	if n := len(redisKeys(t, r)); n != 10 {
@@ -158,7 +158,7 @@ func TestTierRESPServerKilledAndRestarted(t *testing.T) {
 	}
 
 	// Traffic on a second worker while redis-server dies under it.
-	tw := tierWorker(t, srv, 2, "resp-kill", hidden)
+	tw := tierWorker(t, srv, 2, "resp-kill", harness.WorkerHidden)
 	var wrong, good atomic.Int64
 	stop := make(chan struct{})
 	traffic := make(chan error, 1)
@@ -171,11 +171,11 @@ func TestTierRESPServerKilledAndRestarted(t *testing.T) {
 					return nil
 				default:
 				}
-				toks, data := tw.prompt(seed, 2)
-				if _, err := tw.store(ctx, toks, data, fmt.Sprintf("s-%d", seed)); err != nil {
+				toks, data := promptOf(tw, seed, 2)
+				if _, err := tw.Store(ctx, toks, data, fmt.Sprintf("s-%d", seed)); err != nil {
 					return fmt.Errorf("store prompt %d: %w", seed, err)
 				}
-				g, b, err := tw.tryPrompt(ctx, seed, 2)
+				g, b, err := tryPrompt(ctx, tw, seed, 2)
 				if err != nil {
 					return err
 				}
@@ -193,7 +193,7 @@ func TestTierRESPServerKilledAndRestarted(t *testing.T) {
 	// A prompt never stored: the tier is down, the lookup answers 0 hits
 	// well within the load timeout (2 s).
 	start := time.Now()
-	if h, err := lookup(context.Background(), w.c, w.model, tokensFor(999, 2, w.chunk), "never"); err != nil || h != 0 {
+	if h, err := harness.Lookup(context.Background(), w.C, w.Model, harness.Tokens(999, 2, w.Chunk), "never"); err != nil || h != 0 {
 		t.Fatalf("lookup with the tier down: %d hits, %v", h, err)
 	}
 	if d := time.Since(start); d > 5*time.Second {
@@ -211,7 +211,7 @@ func TestTierRESPServerKilledAndRestarted(t *testing.T) {
 		t.Fatalf("traffic across the kill: %d good, %d wrong chunks", good.Load(), wrong.Load())
 	}
 	// Writes reach the restarted (empty) server again.
-	w.storePrompt(t, 300, 2)
+	storePrompt(t, w, 300, 2)
 	waitTierIdle(t, srv)
 	if n, err := r.Do(t.Context(), "DBSIZE"); err != nil || n == "0" {
 		t.Fatalf("redis holds %q keys (%v) after the tier came back: writes do not reach it", n, err)
@@ -221,7 +221,7 @@ func TestTierRESPServerKilledAndRestarted(t *testing.T) {
 	// watcher reports within a tick of /status).
 	poll.Until(t, 10*time.Second, "tier down and up again in the events", func() bool {
 		var sawDown, sawUp bool
-		for _, e := range status(t, srv).Events {
+		for _, e := range srv.Status(t).Events {
 			if e.Kind == "tier" {
 				sawDown = sawDown || strings.Contains(e.Message, "is down (")
 				sawUp = sawUp || (sawDown && strings.Contains(e.Message, "is up"))
@@ -241,9 +241,9 @@ func TestTierFSCorruptFileIsAMiss(t *testing.T) {
 	args := []string{"--chunk-size", "16", "--l2-adapter",
 		tierAdapter(t, map[string]any{"type": "fs", "base_path": dir, "max_capacity_gb": 1})}
 	a := harness.Start(t, args...)
-	w := tierWorker(t, a, 1, "fs-corrupt", hidden)
+	w := tierWorker(t, a, 1, "fs-corrupt", harness.WorkerHidden)
 	for seed := range 3 {
-		w.storePrompt(t, seed, 1)
+		storePrompt(t, w, seed, 1)
 	}
 	waitTierIdle(t, a)
 	a.Stop(t)
@@ -265,9 +265,9 @@ func TestTierFSCorruptFileIsAMiss(t *testing.T) {
 	}
 
 	b := harness.Start(t, args...)
-	w = tierWorker(t, b, 1, "fs-corrupt", hidden)
+	w = tierWorker(t, b, 1, "fs-corrupt", harness.WorkerHidden)
 	for seed := range 3 {
-		if good, wrong := w.checkPrompt(t, seed, 1); good != 0 || wrong != 0 {
+		if good, wrong := checkPrompt(t, w, seed, 1); good != 0 || wrong != 0 {
 			t.Fatalf("corrupt prompt %d: %d good, %d wrong chunks served", seed, good, wrong)
 		}
 	}
@@ -307,19 +307,19 @@ func TestTierRESPTwoLayoutsShareOneRedis(t *testing.T) {
 	r := redisserver.Start(t, redisserver.Options{})
 	args := []string{"--chunk-size", "16", "--l2-adapter",
 		tierAdapter(t, map[string]any{"type": "resp", "host": "127.0.0.1", "port": r.Port})}
-	for _, h := range []int{hidden, 2 * hidden} {
+	for _, h := range []int{harness.WorkerHidden, 2 * harness.WorkerHidden} {
 		srv := harness.Start(t, args...)
 		w := tierWorker(t, srv, 1, "resp-layouts", h)
-		w.storePrompt(t, 1, 2) // the same tokens and model for both
+		storePrompt(t, w, 1, 2) // the same tokens and model for both
 		waitTierIdle(t, srv)
 	}
 	if n := len(redisKeys(t, r)); n != 4 {
 		t.Fatalf("redis holds %d chunks, want 4: the two layouts overwrote each other", n)
 	}
-	for _, h := range []int{hidden, 2 * hidden} {
+	for _, h := range []int{harness.WorkerHidden, 2 * harness.WorkerHidden} {
 		srv := harness.Start(t, args...)
 		w := tierWorker(t, srv, 1, "resp-layouts", h)
-		if good, wrong := w.checkPrompt(t, 1, 2); good != 2 || wrong != 0 {
+		if good, wrong := checkPrompt(t, w, 1, 2); good != 2 || wrong != 0 {
 			t.Fatalf("hidden %d: %d good, %d wrong of 2 chunks from the shared tier", h, good, wrong)
 		}
 		if ts := tier0(t, srv); ts.Corrupt != 0 || ts.Hits != 2 {
@@ -342,8 +342,8 @@ func TestTierRESPForeignLayoutIsAMiss(t *testing.T) {
 	args := []string{"--chunk-size", "16", "--l2-adapter",
 		tierAdapter(t, map[string]any{"type": "resp", "host": "127.0.0.1", "port": r.Port})}
 	own := harness.Start(t, args...)
-	ow := tierWorker(t, own, 1, "resp-foreign", hidden)
-	ow.storePrompt(t, 3, 2)
+	ow := tierWorker(t, own, 1, "resp-foreign", harness.WorkerHidden)
+	storePrompt(t, ow, 3, 2)
 	waitTierIdle(t, own)
 	stored := redisKeys(t, r)
 	if len(stored) != 2 {
@@ -360,8 +360,8 @@ func TestTierRESPForeignLayoutIsAMiss(t *testing.T) {
 
 	// The foreign value: another layout's tensor, header and checksum
 	// intact, under our real key.
-	lay := ow.w.Layout()
-	other, err := layout.New(layers, ow.chunk, 2*hidden, lay.Dtype, false)
+	lay := ow.W.Layout()
+	other, err := layout.New(harness.WorkerLayers, ow.Chunk, 2*harness.WorkerHidden, lay.Dtype, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -393,8 +393,8 @@ func TestTierRESPForeignLayoutIsAMiss(t *testing.T) {
 	}
 
 	reader := harness.Start(t, args...)
-	rw := tierWorker(t, reader, 1, "resp-foreign", hidden)
-	if good, wrong := rw.checkPrompt(t, 3, 2); good != 0 || wrong != 0 {
+	rw := tierWorker(t, reader, 1, "resp-foreign", harness.WorkerHidden)
+	if good, wrong := checkPrompt(t, rw, 3, 2); good != 0 || wrong != 0 {
 		t.Fatalf("forged and flipped values: %d good, %d wrong chunks served", good, wrong)
 	}
 	// Both chunks' loads run (the lookup loads a prefix's chunks at once).
@@ -448,8 +448,8 @@ func TestTierKvdockKilledDuringWrites(t *testing.T) {
 	go func() {
 		defer close(storing)
 		for seed := 0; seed < 200; seed++ {
-			toks, data := w.prompt(seed, n)
-			if _, err := w.store(ctx, toks, data, fmt.Sprintf("s-%d", seed)); err != nil {
+			toks, data := promptOf(w, seed, n)
+			if _, err := w.Store(ctx, toks, data, fmt.Sprintf("s-%d", seed)); err != nil {
 				return
 			}
 			stored.Add(1)
@@ -472,7 +472,7 @@ func TestTierKvdockKilledDuringWrites(t *testing.T) {
 	w = tierWorker(t, b, 1, "fs-kill", h)
 	var good, wrong int
 	for seed := range int(stored.Load()) + 1 {
-		g, bad := w.checkPrompt(t, seed, n)
+		g, bad := checkPrompt(t, w, seed, n)
 		good += g
 		wrong += bad
 	}
@@ -517,7 +517,7 @@ func TestTierFSFilesystemFull(t *testing.T) {
 	const h, prompts, n = 64, 16, 2 // 128 KiB chunks: 4 MiB in all, more than fits with the directories
 	w := tierWorker(t, srv, 1, "fs-full", h)
 	for seed := range prompts {
-		w.storePrompt(t, seed, n)
+		storePrompt(t, w, seed, n)
 	}
 	waitTierIdle(t, srv)
 	ts := tier0(t, srv)
@@ -528,7 +528,7 @@ func TestTierFSFilesystemFull(t *testing.T) {
 		t.Errorf("filesystem full but the tier says %q (%q)", ts.State, ts.Reason)
 	}
 	for seed := range prompts {
-		if good, wrong := w.checkPrompt(t, seed, n); good != n || wrong != 0 {
+		if good, wrong := checkPrompt(t, w, seed, n); good != n || wrong != 0 {
 			t.Fatalf("L1 after the tier filled: prompt %d: %d good, %d wrong of %d", seed, good, wrong, n)
 		}
 	}
@@ -539,7 +539,7 @@ func TestTierFSFilesystemFull(t *testing.T) {
 		t.Errorf("/metrics dropped writes %v, /status %d", v, ts.DroppedWrites)
 	}
 	poll.Until(t, 10*time.Second, "the fs tier's degraded state in the events", func() bool {
-		for _, e := range status(t, srv).Events {
+		for _, e := range srv.Status(t).Events {
 			if e.Kind == "tier" && strings.Contains(e.Message, "is degraded (no space left") {
 				return true
 			}

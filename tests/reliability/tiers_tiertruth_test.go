@@ -52,7 +52,7 @@ func TestTierTruthRESPCapacityAcrossRestarts(t *testing.T) {
 		srv := harness.Start(t, args...)
 		w := tierWorker(t, srv, 1, "tiertruth-cap", tiertruthHidden)
 		for seed := from; seed < from+12; seed++ {
-			w.storePrompt(t, seed, 1)
+			storePrompt(t, w, seed, 1)
 		}
 		waitTierIdle(t, srv)
 		n, bytes := redisValues(t, r)
@@ -81,14 +81,14 @@ func TestTierTruthRESPMissesAndIdleDown(t *testing.T) {
 	r := redisserver.Start(t, redisserver.Options{})
 	srv := harness.Start(t, "--chunk-size", "16", "--l2-adapter",
 		tierAdapter(t, map[string]any{"type": "resp", "host": "127.0.0.1", "port": r.Port}))
-	w := tierWorker(t, srv, 1, "tiertruth-miss", hidden)
+	w := tierWorker(t, srv, 1, "tiertruth-miss", harness.WorkerHidden)
 	const lookups = 3
 	for i := range lookups {
-		if h, err := lookup(context.Background(), w.c, w.model, tokensFor(500+i, 1, w.chunk), fmt.Sprintf("m-%d", i)); err != nil || h != 0 {
+		if h, err := harness.Lookup(context.Background(), w.C, w.Model, harness.Tokens(500+i, 1, w.Chunk), fmt.Sprintf("m-%d", i)); err != nil || h != 0 {
 			t.Fatalf("lookup of a chunk never stored: %d hits, %v", h, err)
 		}
 	}
-	st := status(t, srv)
+	st := srv.Status(t)
 	if len(st.Tiers) != 1 || st.Tiers[0].Misses != lookups || st.Misses.TierMissed != lookups {
 		t.Fatalf("after %d lookups of one chunk the tier lacks: tier misses %d, misses.tier_missed %d", lookups, st.Tiers[0].Misses, st.Misses.TierMissed)
 	}

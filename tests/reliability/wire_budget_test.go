@@ -12,6 +12,7 @@ import (
 	"kvdock/core/protocol"
 	"kvdock/core/testkit/poll"
 	"kvdock/tests/harness"
+	"kvdock/tests/harness/attackkit"
 )
 
 // TestSlowReaderRetrievesBoundedRSS against the real
@@ -25,19 +26,19 @@ func TestSlowReaderRetrievesBoundedRSS(t *testing.T) {
 	const n, budget = 40, 16 << 20
 	srv := harness.Start(t, "--shm-name", "", "--queued-reply-bytes-per-peer", "16777216")
 	c := srv.Dial(t, srv.Protocol)
-	w := newWorker(t, c, 1, "slow", true)
+	w := harness.NewWorker(t, c, 1, "slow", true)
 	ctx := context.Background()
-	chunks := (8 << 20) / w.chunkBytes
-	toks := tokensFor(11, chunks, w.chunk)
+	chunks := (8 << 20) / w.ChunkBytes
+	toks := harness.Tokens(11, chunks, w.Chunk)
 	data := make([][]byte, chunks)
 	for i := range data {
-		data[i] = chunkData(11, i, w.chunkBytes)
+		data[i] = harness.ChunkData(11, i, w.ChunkBytes)
 	}
-	if res, err := w.store(ctx, toks, data, "s"); err != nil || res != "true" {
+	if res, err := w.Store(ctx, toks, data, "s"); err != nil || res != "true" {
 		t.Fatalf("store: %s %v", res, err)
 	}
 	// One normal retrieve: the reply carries the 8 MiB pickle.
-	if got, err := w.retrieve(ctx, toks, chunks, "r0"); err != nil || len(got) != chunks {
+	if got, err := w.Retrieve(ctx, toks, chunks, "r0"); err != nil || len(got) != chunks {
 		t.Fatalf("retrieve: %d chunks, %v", len(got), err)
 	}
 
@@ -54,16 +55,16 @@ func TestSlowReaderRetrievesBoundedRSS(t *testing.T) {
 	}
 	spec, _ := harness.Profile(t, srv.Protocol).ByName(protocol.PrepareRetrieve)
 	typ, _ := protocol.Encode(spec.Number)
-	key, _ := protocol.Encode(w.key(toks, chunks, "slow"))
-	id, _ := protocol.Encode(w.id)
+	key, _ := protocol.Encode(w.Key(toks, chunks, "slow"))
+	id, _ := protocol.Encode(w.ID)
 	// PREPARE_RETRIEVE serves keys a LOOKUP read-locked: one lock each.
 	for i := range n {
-		if hits, err := lookupKeep(ctx, c, w.model, toks, fmt.Sprintf("lk%d", i)); err != nil || hits != chunks {
+		if hits, err := harness.LookupKeep(ctx, c, w.Model, toks, fmt.Sprintf("lk%d", i)); err != nil || hits != chunks {
 			t.Fatalf("lookup %d: %d hits, %v", i, hits, err)
 		}
 	}
-	before := status(t, srv).Requests.ByType[protocol.PrepareRetrieve].OK
-	base := procKiB(t, srv.PID(), "VmRSS")
+	before := srv.Status(t).Requests.ByType[protocol.PrepareRetrieve].OK
+	base := attackkit.ProcKiB(t, srv.PID(), "VmRSS")
 	// VmHWM already holds the store's peak: sample VmRSS during the attack.
 	var peak atomic.Int64
 	stop := make(chan struct{})
@@ -75,7 +76,7 @@ func TestSlowReaderRetrievesBoundedRSS(t *testing.T) {
 			case <-stop:
 				return
 			case <-time.After(2 * time.Millisecond):
-				if v := procKiB(t, srv.PID(), "VmRSS"); v > peak.Load() {
+				if v := attackkit.ProcKiB(t, srv.PID(), "VmRSS"); v > peak.Load() {
 					peak.Store(v)
 				}
 			}
@@ -88,7 +89,7 @@ func TestSlowReaderRetrievesBoundedRSS(t *testing.T) {
 		}
 	}
 	poll.Until(t, 30*time.Second, "the retrieves handled", func() bool {
-		return status(t, srv).Requests.ByType[protocol.PrepareRetrieve].OK >= before+n
+		return srv.Status(t).Requests.ByType[protocol.PrepareRetrieve].OK >= before+n
 	})
 
 	if r, err := c.Call(ctx, protocol.Noop); err != nil || !r.Present {
@@ -105,13 +106,13 @@ func TestSlowReaderRetrievesBoundedRSS(t *testing.T) {
 	close(stop)
 	<-sampled
 	growth := peak.Load() - base
-	t.Logf("%d unread retrieves of %d MiB: RSS %d -> peak %d KiB (+%d MiB)", n, chunks*w.chunkBytes>>20, base, peak.Load(), growth>>10)
+	t.Logf("%d unread retrieves of %d MiB: RSS %d -> peak %d KiB (+%d MiB)", n, chunks*w.ChunkBytes>>20, base, peak.Load(), growth>>10)
 	if growth > 8*budget>>10 {
 		t.Fatalf("peak RSS grew %d MiB for %d MiB of unread replies; bound %d MiB", growth>>10,
-			n*chunks*w.chunkBytes>>20, 8*budget>>20)
+			n*chunks*w.ChunkBytes>>20, 8*budget>>20)
 	}
 	// The store is intact and served to a reading worker.
-	if got, err := w.retrieve(ctx, toks, chunks, "r1"); err != nil || len(got) != chunks || sum(got[0]) != sum(data[0]) {
+	if got, err := w.Retrieve(ctx, toks, chunks, "r1"); err != nil || len(got) != chunks || harness.Sum(got[0]) != harness.Sum(data[0]) {
 		t.Fatalf("retrieve after the attack: %d chunks, %v", len(got), err)
 	}
 }

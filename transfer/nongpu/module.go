@@ -200,10 +200,14 @@ type pending struct {
 	inst *instance
 	// peer is the ZMQ routing id that prepared it ("": unknown, or carried
 	// by a restart, when the worker reconnects under a new id): only that
-	// peer commits it, so an old worker whose instance id another peer
-	// registered again cannot publish (or release) the new one's transfer
-	// while it is still being written (or read).
+	// peer commits a write, so an old worker whose instance id another
+	// peer registered again cannot publish the new one's slots while they
+	// are still being written. A read's holds are ended by the peers that
+	// joined it (joined), each for its own readers: another peer (the same
+	// worker reconnected under a new id) may join the read and read the
+	// same slots, but cannot end holds others are still reading under.
 	peer    string
+	joined  map[string]int
 	res     []l1.Reservation
 	refs    []l1.ReadRef
 	bytes   int64
@@ -216,9 +220,39 @@ type pending struct {
 }
 
 // ownedBy reports whether a request from peer (nil: unknown, an
-// in-process caller) may end the entry.
+// in-process caller) may end the entry: a write, when peer prepared it;
+// a read, when peer joined it and has a reader left.
 func (p *pending) ownedBy(peer []byte) bool {
-	return p.peer == "" || len(peer) == 0 || p.peer == string(peer)
+	if p.peer == "" || len(peer) == 0 {
+		return true
+	}
+	if p.res == nil { // a read: a write always holds its reservation
+		return p.joined[string(peer)] > 0
+	}
+	return p.peer == string(peer)
+}
+
+// join counts one more reader of the read from peer.
+func (p *pending) join(peer []byte) {
+	p.readers++
+	if len(peer) > 0 {
+		if p.joined == nil {
+			p.joined = map[string]int{}
+		}
+		p.joined[string(peer)]++
+	}
+}
+
+// leave counts one reader from peer done, and reports whether it was the
+// last one the holds wait for.
+func (p *pending) leave(peer []byte) bool {
+	if n := p.joined[string(peer)]; n > 1 {
+		p.joined[string(peer)] = n - 1
+	} else {
+		delete(p.joined, string(peer))
+	}
+	p.readers--
+	return p.readers <= 0
 }
 
 // chunks is how many objects the entry holds.

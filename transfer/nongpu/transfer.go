@@ -192,8 +192,10 @@ func (m *Module) commitStore(k protocol.Key, id int64, data []byte, peer []byte)
 		inst.bytesIn += p.bytes
 		inst.shmProven = true
 		m.mu.Unlock()
-		m.notePublished(p.res, inst)
+		// The event stream first: a tier told its write landed takes the
+		// chunk's tokens and parent from what the commit told it.
 		m.noteCommittedSHM(inst, k, p.res)
+		m.notePublished(p.res, inst)
 		m.noteSHMWorks(inst)
 		return true, nil
 	}
@@ -470,8 +472,8 @@ func (m *Module) commitPickle(inst *instance, k protocol.Key, prev, ks []keys.Ob
 	if len(written) > 0 && !m.pool.FinishWrite(written) {
 		written, bytesIn = nil, 0 // a clear overtook the batch: nothing published
 	}
+	m.noteCommitted(inst, k, prev, ks, written) // before the tiers, as above
 	m.notePublished(written, inst)
-	m.noteCommitted(inst, k, prev, ks, written)
 	ok := len(written) == len(res) && rejected == 0
 	m.mu.Lock()
 	if rejected > 0 {
@@ -707,35 +709,29 @@ func (m *Module) prepareRetrieve(k protocol.Key, id int64, peer []byte, encode r
 	}
 
 	if m.modeOf(inst) == workers.ModeSHM {
-		withData := m.carriesData(inst)
 		m.mu.Lock()
 		if m.closed || m.instances[id] != inst {
 			m.mu.Unlock()
 			m.pool.ReleaseRead(found)
 			return protocol.PrepareRetrieveResponse{}, fmt.Errorf("prepare retrieve: instance %d went away meanwhile: %w", id, ErrNotRegistered)
 		}
+		withData := !inst.shmProven // carriesData, under the lock already held
 		resp := protocol.PrepareRetrieveResponse{Success: true, Slots: slots, GroupIDs: groupIDs}
 		inst.retrieves++
-		prev := m.reads[pk]
-		if prev != nil && !prev.ownedBy(peer) {
-			// Another peer's read of the same transfer: its holds are that
-			// peer's to end, so this one is a miss.
-			m.mu.Unlock()
-			m.pool.ReleaseRead(found)
-			return protocol.PrepareRetrieveResponse{Success: false}, nil
-		}
 		inst.hitChunks += int64(len(ks))
 		inst.bytesOut += total
-		if prev != nil {
+		if prev := m.reads[pk]; prev != nil {
 			// A concurrent prepare of the same transfer won: read its
 			// slots; ours were never handed out.
-			prev.readers++
+			prev.join(peer)
 			resp = prev.reply
 			m.mu.Unlock()
 			m.pool.ReleaseRead(found)
 			return resp, nil
 		}
-		m.reads[pk] = &pending{inst: inst, peer: string(peer), refs: found, bytes: total, created: created, readers: 1, reply: resp, carry: m.carryKeyLocked(pk, k)}
+		p := &pending{inst: inst, peer: string(peer), refs: found, bytes: total, created: created, reply: resp, carry: m.carryKeyLocked(pk, k)}
+		p.join(peer)
+		m.reads[pk] = p
 		m.mu.Unlock()
 		if withData {
 			// The pending read's holds keep the slots in place while
@@ -843,8 +839,7 @@ func (m *Module) endRead(pk pendingKey, peer []byte) (p *pending, foreign bool) 
 	if !p.ownedBy(peer) {
 		return nil, true
 	}
-	if p.readers > 1 {
-		p.readers--
+	if !p.leave(peer) {
 		return nil, false
 	}
 	delete(m.reads, pk)
@@ -876,18 +871,13 @@ func (m *Module) repeatedRead(pk pendingKey, peer []byte) (protocol.PrepareRetri
 	now := m.now()
 	m.mu.Lock()
 	p, ok := m.reads[pk]
-	if ok && !p.ownedBy(peer) {
-		// Another peer's holds: prepareRetrieve answers a miss.
-		m.mu.Unlock()
-		return protocol.PrepareRetrieveResponse{}, false
-	}
 	due := ok && now.Sub(p.created) >= m.readTTL/2
 	switch {
 	case due:
 		delete(m.reads, pk)
 		m.stats.Expired++
 	case ok:
-		p.readers++
+		p.join(peer)
 		p.inst.retrieves++
 		p.inst.hitChunks += int64(len(p.reply.Slots))
 		p.inst.bytesOut += p.bytes

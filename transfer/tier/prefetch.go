@@ -334,7 +334,7 @@ func (s *Set) loadKey(ctx context.Context, m *member, k keys.ObjectKey, name str
 	}
 	copy(dst, payload)
 	release()
-	if !s.pool.FinishWrite(res) {
+	if !s.finishLoad(res) {
 		return false
 	}
 	m.st.loads.Add(1)
@@ -476,10 +476,25 @@ func (s *Set) loadInto(ctx context.Context, m *member, ri ReaderInto, k keys.Obj
 		m.st.timeouts.Add(1)
 		return false
 	}
-	if !s.pool.FinishWrite(res) {
+	if !s.finishLoad(res) {
 		return false
 	}
 	m.st.loads.Add(1)
+	return true
+}
+
+// finishLoad publishes a loaded value in L1 and tells Options.Loaded.
+func (s *Set) finishLoad(res []l1.Reservation) bool {
+	if !s.pool.FinishWrite(res) {
+		return false
+	}
+	if s.opts.Loaded != nil {
+		ks := make([]keys.ObjectKey, len(res))
+		for i, r := range res {
+			ks[i] = r.Key
+		}
+		s.opts.Loaded(ks)
+	}
 	return true
 }
 

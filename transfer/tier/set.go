@@ -91,6 +91,13 @@ type Options struct {
 	// message: the write-behind writers wait for a quiet moment before
 	// each piece they checksum, copy or write (see yieldToRequests).
 	LastRequest func() time.Time
+	// Contents, when set, is told each object a tier came to hold
+	// (present) or let go, as the tier tells it (ContentNotifier), in the
+	// tier's order: the KV event stream's tier media. Only objects this Set
+	// wrote are told.
+	Contents func(tier int, k keys.ObjectKey, present bool)
+	// Loaded, when set, is told of the objects a prefetch published in L1.
+	Loaded func(ks []keys.ObjectKey)
 }
 
 // tierCounters are the Set's own counters of one tier. hits counts values
@@ -115,6 +122,11 @@ type member struct {
 	b  Backend
 	q  chan item
 	st tierCounters
+	// names maps the backend keys of the values being written or held to
+	// their objects, for Options.Contents (nil without it): bounded by the
+	// tier's own values and the writes in flight.
+	nmu   sync.Mutex
+	names map[string]*named
 	// seen is the state Run's watcher last reported (from NewSet on), with
 	// its Since: a change of Since alone is a spell the watcher missed
 	// between two ticks (down and back up), still worth an event.
@@ -186,7 +198,13 @@ func NewSet(backends []Backend, pool Pool, layouts Layouts, opts Options) *Set {
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	for _, b := range backends {
 		st := b.Stats()
-		s.tiers = append(s.tiers, &member{b: b, q: make(chan item, opts.QueueItems), seen: st.State, seenSince: st.Since})
+		m := &member{b: b, q: make(chan item, opts.QueueItems), seen: st.State, seenSince: st.Since}
+		s.tiers = append(s.tiers, m)
+		if n, ok := b.(ContentNotifier); ok && opts.Contents != nil {
+			i := len(s.tiers) - 1
+			m.names = map[string]*named{}
+			n.NotifyContents(func(key string, present bool) { s.told(i, m, key, present) })
+		}
 		if n, ok := b.(StateNotifier); ok {
 			i := len(s.tiers) - 1
 			n.NotifyState(func(st tierstate.Tier) {

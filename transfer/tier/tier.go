@@ -59,6 +59,16 @@ type StateNotifier interface {
 	NotifyState(f func(tierstate.Tier))
 }
 
+// ContentNotifier is implemented by backends that tell, as it happens and
+// in their own order, each value this process put that they came to hold
+// (present) and each such value they no longer hold (evicted, deleted,
+// cleared, expired, found gone), once each. A rewrite of a value still held
+// tells nothing. f never blocks and never calls the backend; the backend
+// may call it holding its own lock (that lock orders the calls).
+type ContentNotifier interface {
+	NotifyContents(f func(key string, present bool))
+}
+
 // ErrNotFound is wrapped by Backend.Get for an absent key.
 var ErrNotFound = errors.New("tier: not found")
 

@@ -136,6 +136,8 @@ func (s *Set) write(m *member, it item, spare []byte) []byte {
 	name := Key(it.key, it.lay)
 	ctx, cancel := context.WithTimeout(s.ctx, s.opts.WriteTimeout)
 	defer cancel()
+	m.writing(name, it.key)
+	defer m.written(name)
 	spare, err := s.put(ctx, m, it, name, spare)
 	switch {
 	case err == nil:

@@ -179,3 +179,40 @@ func TestTierEventsRender(t *testing.T) {
 	press(t, m, "4")
 	mustContain(t, screen(m), "WARN  tier", "tier 1 resp redis://redis:6379 down: connection refused")
 }
+
+// kvEventsOn is a KV event stream that published and dropped some.
+func kvEventsOn(f *fakeEngine) {
+	f.mu.Lock()
+	f.snap.KVEvents = engine.KVEventsStatus{Enabled: true, Endpoint: "tcp://0.0.0.0:5557", Sent: 1234,
+		StoredEvents: 56789, RemovedEvents: 4321, Dropped: 7, SendErrors: 1, ReplayRequests: 3}
+	f.mu.Unlock()
+}
+
+// TestTiersPaneKVEventsLines: with the stream on, the Tiers pane says where
+// it publishes, the replays asked, the batches and blocks published and
+// what it dropped (queue drops and send errors), whole at 80 columns, with
+// tiers and without; with the stream off it says nothing of it.
+func TestTiersPaneKVEventsLines(t *testing.T) {
+	f := newFakeEngine(t)
+	withTiers(t, f, fakeTiers())
+	m := newTestModel(t, f, 160, 48)
+	press(t, m, "6")
+	mustNotContain(t, screen(m), "KV events")
+
+	kvEventsOn(f)
+	m = newTestModel(t, f, 80, 24)
+	m.goPane(paneTiers)
+	golden(t, "tiers_kv_events_80x24", goldenView(m))
+	s := screen(m)
+	mustContain(t, s, "KV events PUB on tcp://0.0.0.0:5557 · 3 replay request(s)",
+		"1234 batches published · 56789 blocks stored, 4321 removed · 8 dropped")
+
+	f.mu.Lock()
+	f.snap.Tiers = nil
+	f.cfg.L2.Adapters = nil
+	f.snap.KVEvents.Connect = true
+	f.mu.Unlock()
+	m = newTestModel(t, f, 80, 24)
+	m.goPane(paneTiers)
+	mustContain(t, screen(m), "no L2 tier configured", "KV events PUB to tcp://0.0.0.0:5557", "1234 batches published")
+}

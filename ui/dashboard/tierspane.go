@@ -88,7 +88,11 @@ func (p *tiersPane) lines(w int) []string {
 	tiers := pc.snap.Tiers
 	l2 := pc.running.L2
 	if len(tiers) == 0 {
-		return strings.Split(p.renderNoTiers(w), "\n")
+		lines := strings.Split(p.renderNoTiers(w), "\n")
+		if kv := p.kvEventsLines(w); kv != nil {
+			lines = append(append(lines, ""), kv...)
+		}
+		return lines
 	}
 	head := fmt.Sprintf("%d tier(s) in lookup order · store %s · %d loads in flight · timeout %s",
 		len(tiers), l2.StorePolicy, l2.PrefetchMaxInFlight,
@@ -103,6 +107,7 @@ func (p *tiersPane) lines(w int) []string {
 		}
 	}
 	lines := strings.Split(wrapWords(head, w), "\n")
+	lines = append(lines, p.kvEventsLines(w)...)
 	for _, t := range tiers {
 		lines = append(lines, "")
 		lines = append(lines, p.tierBlock(t, w)...)
@@ -170,6 +175,30 @@ func (p *tiersPane) tierBlock(t tierstate.Tier, w int) []string {
 	}
 	lines = append(lines, fit(rateLine, w))
 	return lines
+}
+
+// kvEventsLines are the KV event stream routers read, while it is on:
+// where it publishes and the replays asked, then what it published
+// (batches, and the blocks stored and removed in them) and dropped; none
+// when it is off. Two lines, so that each fits 80 columns whole.
+func (p *tiersPane) kvEventsLines(w int) []string {
+	pc := p.pc
+	kv := pc.snap.KVEvents
+	if !kv.Enabled {
+		return nil
+	}
+	verb := "PUB on"
+	if kv.Connect {
+		verb = "PUB to"
+	}
+	dropped := fmt.Sprintf("%d dropped", kv.Dropped+kv.SendErrors)
+	if kv.Dropped+kv.SendErrors > 0 {
+		dropped = pc.st.Warn.Render(dropped)
+	}
+	return []string{
+		fit(pc.st.Bold.Render("KV events ")+fmt.Sprintf("%s %s · %d replay request(s)", verb, kv.Endpoint, kv.ReplayRequests), w),
+		fit(fmt.Sprintf("          %d batches published · %d blocks stored, %d removed · ", kv.Sent, kv.StoredEvents, kv.RemovedEvents)+dropped, w),
+	}
 }
 
 // renderNoTiers says there is no tier, and how to add one; adapters that

@@ -63,9 +63,10 @@ const (
 
 type entry struct {
 	h      [hashLen]byte
-	size   int64 // exact file length
-	charge int64 // size rounded up to a block: what counts against capacity
-	mtime  int64 // only used while scanning
+	key    string // the key this process wrote it under; "" for a file the start scan found
+	size   int64  // exact file length
+	charge int64  // size rounded up to a block: what counts against capacity
+	mtime  int64  // only used while scanning
 	elem   *list.Element
 }
 
@@ -101,6 +102,7 @@ type Tier struct {
 	// shardMade skips the MkdirAll stat once a shard directory is known.
 	shardMade [256]atomic.Bool
 	notify    atomic.Pointer[func(tierstate.Tier)] // tier.StateNotifier's hook
+	contents  atomic.Pointer[func(string, bool)]   // tier.ContentNotifier's hook
 }
 
 var (
@@ -249,14 +251,33 @@ func charge(size int64) int64 { return (size + blockSize - 1) / blockSize * bloc
 // dropLocked forgets e and, if asked, buries its file (see buryLocked),
 // returning graves with the grave appended.
 func (t *Tier) dropLocked(e *entry, removeFile bool, graves []string) []string {
-	delete(t.idx, e.h)
-	t.lru.Remove(e.elem)
-	t.used -= e.charge
+	t.unindexLocked(e)
+	if e.key != "" {
+		t.tellLocked(e.key, false)
+	}
 	if removeFile {
 		_, file := t.paths(e.h)
 		graves = t.buryLocked(file, graves)
 	}
 	return graves
+}
+
+// unindexLocked takes e out of the index and the LRU.
+func (t *Tier) unindexLocked(e *entry) {
+	delete(t.idx, e.h)
+	t.lru.Remove(e.elem)
+	t.used -= e.charge
+}
+
+// NotifyContents implements tier.ContentNotifier: f is told, under the
+// index lock, each value this process wrote as it is installed and as it
+// leaves the index (evicted, deleted, cleared, found bad).
+func (t *Tier) NotifyContents(f func(key string, present bool)) { t.contents.Store(&f) }
+
+func (t *Tier) tellLocked(key string, present bool) {
+	if f := t.contents.Load(); f != nil {
+		(*f)(key, present)
+	}
 }
 
 // forget drops e if it is still the indexed entry for its hash (a Put that

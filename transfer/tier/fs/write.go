@@ -76,7 +76,7 @@ func (t *Tier) put(ctx context.Context, key string, parts [][]byte, valid func()
 		return fmt.Errorf("fs tier: put of %d bytes discarded: %w", size, tier.ErrSourceChanged)
 	}
 
-	graves, err := t.install(h, tmp, final, size)
+	graves, err := t.install(key, h, tmp, final, size)
 	if t.beforeFree != nil {
 		t.beforeFree(graves)
 	}
@@ -96,7 +96,7 @@ func (t *Tier) put(ctx context.Context, key string, parts [][]byte, valid func()
 // files it displaces (victims, the key's previous value) are only renamed
 // aside to temporary names (cheap: no blocks freed); it returns those for
 // the caller to remove after the lock is released.
-func (t *Tier) install(h [hashLen]byte, tmp, final string, size int64) ([]string, error) {
+func (t *Tier) install(key string, h [hashLen]byte, tmp, final string, size int64) ([]string, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
@@ -129,12 +129,17 @@ func (t *Tier) install(h [hashLen]byte, tmp, final string, size int64) ([]string
 		t.writeFailedLocked(size, err)
 		return graves, fmt.Errorf("fs tier: put: rename into place: %w", err)
 	}
+	told := false // a rewrite of a value this process wrote: held still
 	if old != nil {
-		graves = t.dropLocked(old, false, graves)
+		told = old.key != ""
+		t.unindexLocked(old)
 	}
-	e := &entry{h: h, size: size, charge: charge(size)}
+	e := &entry{h: h, key: key, size: size, charge: charge(size)}
 	e.elem = t.lru.PushFront(e)
 	t.idx[h] = e
+	if !told {
+		t.tellLocked(key, true)
+	}
 	t.used += e.charge
 	t.writeBytes.Add(uint64(size))
 	if t.state != tierstate.Up {

@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/valkey-io/valkey-go"
+
 	"kvdock/core/tierstate"
 )
 
@@ -24,6 +26,14 @@ type redirectSeen struct{ from, to string }
 
 // NotifyState implements tier.StateNotifier.
 func (t *Tier) NotifyState(f func(tierstate.Tier)) { t.notify.Store(&f) }
+
+// NotifyContents implements tier.ContentNotifier from the index: f is told
+// each value this process wrote once its SET succeeded, and when the index
+// lets it go (evicted for room, deleted, cleared, past its TTL by kvdock's
+// clock, or found gone by a read). A value the server drops behind kvdock's
+// back (its own maxmemory policy, another host) is told only once a read
+// finds it gone.
+func (t *Tier) NotifyContents(f func(key string, present bool)) { t.idx.tell.Store(&f) }
 
 // Stats is the backend's part of the tier's snapshot.
 func (t *Tier) Stats() tierstate.Tier {
@@ -99,10 +109,9 @@ type recheck struct {
 	ok      bool          // its outcome, once running is closed
 }
 
-// stillAnswers PINGs every node through the small commands' client, twice
-// at most (the first may meet the same stale connection, which the client
-// then replaces): true when the server answers, so the call's closed
-// connection was the connection's fault, not the server's.
+// stillAnswers PINGs every node through the small commands' client: true
+// when the server answers, so the call's closed connection was the
+// connection's fault, not the server's.
 func (t *Tier) stillAnswers() bool {
 	r := &t.recheck
 	r.mu.Lock()
@@ -124,7 +133,15 @@ func (t *Tier) stillAnswers() bool {
 	return ok
 }
 
-// pingAll is stillAnswers' PING of every node, tried twice.
+// pingTries bounds stillAnswers' PINGs of one node. The client keeps
+// several connections to a node and each may predate the server's restart:
+// a PING that meets a closed one is tried again (the client replaces the
+// connection it found closed), up to more times than it holds connections.
+// A server that is gone refuses the next connection at once, which ends
+// the tries.
+const pingTries = 8
+
+// pingAll is stillAnswers' PING of every node.
 func (t *Tier) pingAll() bool {
 	t.mu.Lock()
 	c, down := t.client, t.state == tierstate.Down || t.closed
@@ -134,18 +151,23 @@ func (t *Tier) pingAll() bool {
 	}
 	ctx, cancel := context.WithTimeout(t.bg, recheckTimeout)
 	defer cancel()
-	for try := 0; try < 2; try++ {
-		ok := true
-		for _, node := range c.small.Nodes() {
-			if node.Do(ctx, node.B().Ping().Build()).Error() != nil {
-				ok = false
-				break
-			}
+	for _, node := range c.small.Nodes() {
+		if !pingNode(ctx, node) {
+			return false
 		}
-		if ok {
+	}
+	return true
+}
+
+// pingNode PINGs one node until it answers, tries again while each failure
+// is a closed connection, and gives up on any other failure.
+func pingNode(ctx context.Context, node valkey.Client) bool {
+	for range pingTries {
+		err := node.Do(ctx, node.B().Ping().Build()).Error()
+		if err == nil {
 			return true
 		}
-		if ctx.Err() != nil {
+		if !connClosed(err) || ctx.Err() != nil {
 			return false
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"container/list"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -28,6 +29,9 @@ type index struct {
 	ll       *list.List // front = least recently used
 	m        map[string]*list.Element
 	swept    time.Time // last pass dropping entries past their TTL
+	// tell, when set (tier.ContentNotifier), is told under mu each key
+	// confirmed written and each confirmed key dropped.
+	tell atomic.Pointer[func(string, bool)]
 }
 
 // sweepEvery spaces the passes that drop expired entries from the count.
@@ -37,6 +41,7 @@ type entry struct {
 	key     string
 	size    int64
 	written time.Time
+	held    bool // its write was confirmed (an adopted entry never is)
 }
 
 func newIndex(capacity int64, ttl time.Duration) *index {
@@ -52,11 +57,15 @@ func (x *index) reserve(key string, size int64, now time.Time) ([]string, error)
 	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	held := false
 	if el, ok := x.m[key]; ok {
+		// A rewrite: the value stays held until this write fails.
+		held = el.Value.(*entry).held
+		el.Value.(*entry).held = false
 		x.drop(el)
 	}
 	victims := x.trim(size, 1, now)
-	x.m[key] = x.ll.PushBack(&entry{key: key, size: size, written: now})
+	x.m[key] = x.ll.PushBack(&entry{key: key, size: size, written: now, held: held})
 	x.used += size
 	return victims, nil
 }
@@ -112,7 +121,25 @@ func (x *index) drop(el *list.Element) *entry {
 	e := x.ll.Remove(el).(*entry)
 	delete(x.m, e.key)
 	x.used -= e.size
+	if f := x.tell.Load(); f != nil && e.held {
+		(*f)(e.key, false)
+	}
 	return e
+}
+
+// confirm marks key's write as landed, if key is still indexed (an
+// eviction may have overtaken the write).
+func (x *index) confirm(key string) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	el, ok := x.m[key]
+	if !ok || el.Value.(*entry).held {
+		return
+	}
+	el.Value.(*entry).held = true
+	if f := x.tell.Load(); f != nil {
+		(*f)(key, true)
+	}
 }
 
 // touch marks key as just used (a hit).

@@ -56,3 +56,46 @@ func TestIndexEntryBound(t *testing.T) {
 		t.Fatalf("%d entries, %d evicted; want %d, 10", n, evicted, maxIndexEntries)
 	}
 }
+
+// TestIndexTellsContents: a key is told held once its write is confirmed
+// (not when reserved, not when an eviction overtook the write), and told
+// gone when it leaves the index for room, by its TTL, a remove or a clear;
+// a rewrite of a held key tells nothing, and an adopted key (an earlier
+// run's) is never told.
+func TestIndexTellsContents(t *testing.T) {
+	t0 := time.Unix(1_000_000, 0)
+	x := newIndex(100, 10*time.Second)
+	var got []string
+	f := func(k string, present bool) { got = append(got, fmt.Sprint(k, present)) }
+	x.tell.Store(&f)
+	take := func(want ...string) {
+		t.Helper()
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("told %v, want %v", got, want)
+		}
+		got = nil
+	}
+	x.reserve("a", 40, t0)
+	take()
+	x.confirm("a")
+	x.confirm("a") // once
+	take("atrue")
+	x.reserve("a", 40, t0) // a rewrite: held still
+	x.confirm("a")
+	take()
+	x.reserve("b", 40, t0)
+	x.reserve("c", 40, t0.Add(time.Second)) // evicts a (held) for room
+	take("afalse")
+	x.remove("b") // never confirmed: nothing
+	x.confirm("b")
+	take()
+	x.confirm("c")
+	x.adopt([]entry{{key: "old", size: 10, written: t0}}, t0)
+	take("ctrue")
+	x.usage(t0.Add(11 * time.Second)) // past c's TTL (and old's)
+	take("cfalse")
+	x.reserve("d", 10, t0.Add(12*time.Second))
+	x.confirm("d")
+	x.takeAll()
+	take("dtrue", "dfalse")
+}

@@ -32,7 +32,13 @@ func standaloneCfg(s *redisserver.Server) RESPConfig {
 func startTier(t *testing.T) (*Tier, *redisserver.Server) {
 	t.Helper()
 	s := redisserver.Start(t, redisserver.Options{})
-	tr, _ := open(t, standaloneCfg(s))
+	tr, lb := open(t, standaloneCfg(s))
+	// The tier loads this host's share in the background from Open on; a
+	// test that kills the server would otherwise kill that load too, at a
+	// moment of its own choosing, and see the tier (rightly) down.
+	if err := lb.Wait("adopted this host's values", 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
 	return tr, s
 }
 

@@ -30,12 +30,13 @@ func (t *Tier) Put(ctx context.Context, key string, value []byte) error {
 	if err := t.reserve(ctx, c, key, int64(len(value))); err != nil {
 		return err
 	}
-	set := c.B().Set().Key(t.serverKey(key)).Value(valkey.BinaryString(value))
-	var cmd valkey.Completed
-	if t.cfg.TTL > 0 {
-		cmd = set.ExSeconds(int64(t.cfg.TTL / time.Second)).Build()
-	} else {
-		cmd = set.Build()
+	// A command is spent by its Do: a retry builds it again.
+	build := func() valkey.Completed {
+		set := c.B().Set().Key(t.serverKey(key)).Value(valkey.BinaryString(value))
+		if t.cfg.TTL > 0 {
+			return set.ExSeconds(int64(t.cfg.TTL / time.Second)).Build()
+		}
+		return set.Build()
 	}
 	// The command holds value itself (no copy). Given a context that can
 	// end, the client may return on it while the command still waits in
@@ -49,10 +50,18 @@ func (t *Tier) Put(ctx context.Context, key string, value []byte) error {
 		t.idx.remove(key)
 		return fmt.Errorf("resp tier %s: put: %w", t.target, err)
 	}
-	if err := c.Do(context.WithoutCancel(ctx), cmd).Error(); err != nil {
+	err = c.Do(context.WithoutCancel(ctx), build()).Error()
+	if err != nil && connClosed(t.clean(err)) && t.stillAnswers() {
+		// The connection predates a restart of the server (a fresh PING
+		// answered): the SET, which writes the same bytes again, goes
+		// once more on the client's new connection.
+		err = c.Do(context.WithoutCancel(ctx), build()).Error()
+	}
+	if err != nil {
 		t.idx.remove(key)
 		return t.fail(context.WithoutCancel(ctx), "put", err)
 	}
+	t.idx.confirm(key)
 	t.written(ctx, key, int64(len(value)))
 	return nil
 }
@@ -106,6 +115,7 @@ func (t *Tier) PutParts(ctx context.Context, key string, head, payload []byte, v
 		}
 		return t.fail(ctx, "put", err)
 	}
+	t.idx.confirm(key)
 	t.written(ctx, key, size)
 	return nil
 }

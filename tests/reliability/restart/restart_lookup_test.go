@@ -1,15 +1,22 @@
-package reliability
+package restart
 
 import (
 	"context"
 	"testing"
-	"time"
 
 	"kvdock/core/protocol"
-	"kvdock/core/rpc/client"
 	"kvdock/tests/harness"
 	"kvdock/transfer/worker"
 )
+
+// keptWorker starts a kvdock that keeps its pool across restarts (16-token
+// chunks) with a Go worker registered as id of model (SHM) and a scheduler
+// on a connection of its own.
+func keptWorker(t *testing.T, id int64, model string) (*harness.Server, *harness.GoWorker, worker.Scheduler) {
+	t.Helper()
+	srv := harness.StartKeeping(t, false, "--chunk-size", "16")
+	return srv, harness.NewWorker(t, srv.Dial(t, "nongpu-v1"), id, model, false), srv.Scheduler(t)
+}
 
 // TestRestartAnswersALookupOfThePreviousProcess: a scheduler's LOOKUP is
 // answered by the old process, the restart comes before its
@@ -19,28 +26,18 @@ import (
 // carried. (A process that knows no such request answers 0, as upstream
 // does for an unknown one, and the prompt is computed again.)
 func TestRestartAnswersALookupOfThePreviousProcess(t *testing.T) {
-	srv := harness.StartKeeping(t, false, "--chunk-size", "16")
-	dial := func() *client.Client {
-		c, err := client.Dial(srv.Endpoint, harness.Profile(t, "nongpu-v1"), client.Options{Timeout: 5 * time.Second})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = c.Close() })
-		return c
-	}
+	srv, w, sched := keptWorker(t, 700, "restart-lookup")
 	ctx := context.Background()
-	w := newWorker(t, dial(), 700, "restart-lookup", false)
-	sched := worker.Scheduler{C: dial(), Poll: 2 * time.Millisecond}
 	const seq, n = 5, 3
-	toks := tokensFor(seq, n, w.chunk)
+	toks := harness.Tokens(seq, n, w.Chunk)
 	data := make([][]byte, n)
 	for c := range data {
-		data[c] = chunkData(seq, c, w.chunkBytes)
+		data[c] = harness.ChunkData(seq, c, w.ChunkBytes)
 	}
-	if r, err := w.store(ctx, toks, data, "store"); err != nil || r != "true" {
+	if r, err := w.Store(ctx, toks, data, "store"); err != nil || r != "true" {
 		t.Fatalf("store: %q %v", r, err)
 	}
-	k := protocol.Key{ModelName: w.model, WorldSize: 1, TokenIDs: toks, Start: 0, End: len(toks), RequestID: "across"}
+	k := protocol.Key{ModelName: w.Model, WorldSize: 1, TokenIDs: toks, Start: 0, End: len(toks), RequestID: "across"}
 	if err := sched.Lookup(ctx, k, 1); err != nil {
 		t.Fatal(err)
 	}
@@ -55,8 +52,8 @@ func TestRestartAnswersALookupOfThePreviousProcess(t *testing.T) {
 		t.Fatalf("QUERY_PREFETCH_STATUS after the restart (%v): %d %v %v; want the %d hits the old process found", took, hits, done, err, n)
 	}
 	got := 0
-	if _, err := w.wk().Retrieve(ctx, w.key(toks, n, k.RequestID), func(c int, chunk []byte) {
-		if sum(chunk) != sum(data[c]) {
+	if _, err := w.Worker().Retrieve(ctx, w.Key(toks, n, k.RequestID), func(c int, chunk []byte) {
+		if harness.Sum(chunk) != harness.Sum(data[c]) {
 			t.Errorf("chunk %d differs after the restart", c)
 		}
 		got++

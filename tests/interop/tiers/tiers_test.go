@@ -1,4 +1,8 @@
-package interop
+// Package tiers holds the end-to-end tier tests: the real binary with
+// --l2-adapter (fs, resp, resp cluster), real redis-server processes and
+// Python workers (pyzmq, msgpack, torch) that check every retrieved chunk
+// with torch.equal.
+package tiers
 
 import (
 	"encoding/json"
@@ -9,10 +13,6 @@ import (
 	"kvdock/core/testkit/redisserver"
 	"kvdock/tests/harness"
 )
-
-// The end-to-end tier tests: the real
-// binary with --l2-adapter, real redis-server processes and Python workers
-// that check every retrieved chunk with torch.equal.
 
 // tierStatus is the part of /status the tier tests read.
 type tierStatus struct {
@@ -28,13 +28,9 @@ type tierStatus struct {
 	Loads         uint64 `json:"loads"`
 }
 
-func statusURL(srv *harness.Server) string {
-	return fmt.Sprintf("http://127.0.0.1:%d/status", srv.HTTPPort)
-}
-
 func tiersOf(t *testing.T, srv *harness.Server) []tierStatus {
 	t.Helper()
-	resp, err := http.Get(statusURL(srv))
+	resp, err := http.Get(srv.StatusURL())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +75,7 @@ func with(p map[string]any, kv ...any) map[string]any {
 // and checks on b that every chunk is a hit with identical bytes.
 func storeThenCheckElsewhere(t *testing.T, a, b *harness.Server, p map[string]any) map[string]any {
 	t.Helper()
-	st := worker(t, a, "tier_store", with(p, "status_url", statusURL(a)))
+	st := harness.LMCacheWorker(t, harness.Python, a, "tier_store", with(p, "status_url", a.StatusURL()))
 	want := p["prompts"].(int) * p["chunks"].(int)
 	if st["stored"] != float64(want) {
 		t.Fatalf("stored %v chunks, want %d", st["stored"], want)
@@ -89,7 +85,7 @@ func storeThenCheckElsewhere(t *testing.T, a, b *harness.Server, p map[string]an
 			t.Fatalf("tier %d dropped %d writes of a small store: %+v", ti.Index, ti.DroppedWrites, ti)
 		}
 	}
-	res := worker(t, b, "tier_check", with(p, "strict", true))
+	res := harness.LMCacheWorker(t, harness.Python, b, "tier_check", with(p, "strict", true))
 	if res["wrong"] != float64(0) || res["missed"] != float64(0) || res["good"] != float64(want) {
 		t.Fatalf("check on the other server: %v", res)
 	}
@@ -104,7 +100,7 @@ func TestTierFSWarmRestart(t *testing.T) {
 	args := []string{"--chunk-size", "16", "--l2-adapter", adapter}
 	first := harness.Start(t, args...)
 	p := tierParams("tier-fs-warm", 3, 2, 1)
-	st := worker(t, first, "tier_store", with(p, "status_url", statusURL(first)))
+	st := harness.LMCacheWorker(t, harness.Python, first, "tier_store", with(p, "status_url", first.StatusURL()))
 	if st["mode"] != "shm" {
 		t.Fatalf("store mode %v, want shm", st["mode"])
 	}
@@ -117,7 +113,7 @@ func TestTierFSWarmRestart(t *testing.T) {
 	if second.Segment == first.Segment {
 		t.Fatal("the restart reused the segment name")
 	}
-	res := worker(t, second, "tier_check", with(p, "strict", true))
+	res := harness.LMCacheWorker(t, harness.Python, second, "tier_check", with(p, "strict", true))
 	if fmt.Sprint(res["hits"]) != "[2 2 2]" || res["good"] != float64(6) {
 		t.Fatalf("after the restart: %v", res)
 	}
@@ -169,12 +165,12 @@ func TestTierFSOverSubscribedL1(t *testing.T) {
 	srv := harness.Start(t, "--chunk-size", "256", "--l2-adapter", adapter)
 	p := map[string]any{"model": "tier-oversub", "dtype": "float32", "layers": 2, "hidden": 1024,
 		"prompts": 12, "chunks": 4, "seed": 4}
-	st := worker(t, srv, "tier_store", with(p, "status_url", statusURL(srv)))
+	st := harness.LMCacheWorker(t, harness.Python, srv, "tier_store", with(p, "status_url", srv.StatusURL()))
 	stored := st["stored"].(float64) * st["chunk_bytes"].(float64)
 	if st["chunk_bytes"] != float64(4<<20) || stored < 3*64<<20 {
 		t.Fatalf("stored %v B in %v B chunks: not 3× the 64 MiB pool", stored, st["chunk_bytes"])
 	}
-	res := worker(t, srv, "tier_check", with(p, "strict", true))
+	res := harness.LMCacheWorker(t, harness.Python, srv, "tier_check", with(p, "strict", true))
 	if res["good"] != float64(48) || res["wrong"] != float64(0) {
 		t.Fatalf("over-subscribed check: %v", res)
 	}

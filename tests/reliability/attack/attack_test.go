@@ -1,4 +1,10 @@
-package reliability
+// Package attack holds the hostile local peers of docs/RELIABILITY.md:
+// each attack is a function run against a real kvdock, alone in its own
+// test and all in sequence in TestHostilePeersCombined. After every attack
+// the server must answer NOOP within 1 s; memory bounds are ratios of the
+// bytes the attacker sent. The kit they use (tests/harness/attackkit) is
+// shared with the other hostile tests in tests/reliability.
+package attack
 
 import (
 	"bytes"
@@ -19,97 +25,14 @@ import (
 	"kvdock/core/testkit/poll"
 	"kvdock/settings"
 	"kvdock/tests/harness"
+	"kvdock/tests/harness/attackkit"
 	"kvdock/transfer/torchpickle"
 )
-
-// Hostile local peers: each attack is a function run against a
-// real kvdock, alone in its own test and all in sequence in
-// TestHostilePeersCombined. After every attack the server must answer NOOP
-// within 1 s; memory bounds are ratios of the bytes the attacker sent.
-
-// --- worker steps, for interleaving two workers ---
-
-func (w *gworker) prepare(ctx context.Context, toks []uint32, n int, req string) (prepStore, error) {
-	var ps prepStore
-	r, err := w.c.Call(ctx, protocol.PrepareStore, w.key(toks, n, req), w.id)
-	if err != nil {
-		return ps, fmt.Errorf("prepare_store: %w", err)
-	}
-	if err := r.Decode(&ps); err != nil {
-		return ps, fmt.Errorf("prepare_store: %w", err)
-	}
-	return ps, nil
-}
-
-func (w *gworker) write(ps prepStore, data [][]byte) error {
-	for n, s := range ps.Context.Slots {
-		i := n
-		if n < len(ps.Context.ChunkIndices) {
-			i = ps.Context.ChunkIndices[n]
-		}
-		if s.Offset < 0 || s.Offset+s.Length > int64(len(w.shm)) || i >= len(data) || s.Length != int64(len(data[i])) {
-			return fmt.Errorf("slot %+v does not fit a %d-byte mapping", s, len(w.shm))
-		}
-		copy(w.shm[s.Offset:], data[i])
-	}
-	return nil
-}
-
-func (w *gworker) commit(ctx context.Context, toks []uint32, n int, req string, payload []byte) (bool, error) {
-	r, err := w.c.Call(ctx, protocol.CommitStore, w.key(toks, n, req), w.id, payload)
-	if err != nil {
-		return false, fmt.Errorf("commit_store: %w", err)
-	}
-	var ok bool
-	if err := r.Decode(&ok); err != nil {
-		return false, fmt.Errorf("commit_store: %w", err)
-	}
-	return ok, nil
-}
-
-func seqData(seed, n, size int) [][]byte {
-	out := make([][]byte, n)
-	for i := range out {
-		out[i] = chunkData(seed, i, size)
-	}
-	return out
-}
-
-// readBack retrieves n chunks of toks through w and compares them to want.
-func readBack(t testing.TB, w *gworker, toks []uint32, want [][]byte, req string) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	got, err := w.retrieve(ctx, toks, len(want), req)
-	if err != nil {
-		t.Errorf("%s worker %d: retrieve: %v", w.mode(), w.id, err)
-		return
-	}
-	if len(got) != len(want) {
-		t.Errorf("%s worker %d: retrieve got %d chunks, want %d (miss)", w.mode(), w.id, len(got), len(want))
-		return
-	}
-	for i := range want {
-		if !bytes.Equal(got[i], want[i]) {
-			t.Errorf("%s worker %d: chunk %d is not what was stored (crc %08x, want %08x)", w.mode(), w.id, i, sum(got[i]), sum(want[i]))
-		}
-	}
-}
-
-func dialWith(t testing.TB, srv *harness.Server, timeout time.Duration) *client.Client {
-	t.Helper()
-	c, err := client.Dial(srv.Endpoint, harness.Profile(t, srv.Protocol), client.Options{Timeout: timeout})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
-	return c
-}
 
 func clearVia(t testing.TB, srv *harness.Server, c *client.Client, zmqClear bool) {
 	t.Helper()
 	if !zmqClear {
-		postClear(t, srv)
+		attackkit.PostClear(t, srv)
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
@@ -126,20 +49,20 @@ func clearVia(t testing.TB, srv *harness.Server, c *client.Client, zmqClear bool
 // commit answers false and publishes nothing, B reads B's bytes.
 func attackClearDuringStore(t *testing.T, srv *harness.Server, base int64, zmqClear bool) {
 	ctx := context.Background()
-	a := newWorker(t, srv.Dial(t, srv.Protocol), base+1, "clear-store", false)
-	b := newWorker(t, srv.Dial(t, srv.Protocol), base+2, "clear-store", false)
-	if a.shm == nil || b.shm == nil {
+	a := harness.NewWorker(t, srv.Dial(t, srv.Protocol), base+1, "clear-store", false)
+	b := harness.NewWorker(t, srv.Dial(t, srv.Protocol), base+2, "clear-store", false)
+	if a.Shm == nil || b.Shm == nil {
 		t.Fatal("the server advertises no segment")
 	}
-	clearVia(t, srv, a.c, zmqClear) // an empty pool: A gets the allocator's first slots
-	ta, tb := tokensFor(int(base)+1, 2, a.chunk), tokensFor(int(base)+2, 2, b.chunk)
-	da, db := seqData(int(base)+1, 2, a.chunkBytes), seqData(int(base)+2, 2, b.chunkBytes)
-	psA, err := a.prepare(ctx, ta, 2, "clear-a")
+	clearVia(t, srv, a.C, zmqClear) // an empty pool: A gets the allocator's first slots
+	ta, tb := harness.Tokens(int(base)+1, 2, a.Chunk), harness.Tokens(int(base)+2, 2, b.Chunk)
+	da, db := attackkit.SeqData(int(base)+1, 2, a.ChunkBytes), attackkit.SeqData(int(base)+2, 2, b.ChunkBytes)
+	psA, err := attackkit.PrepareStore(ctx, a, ta, 2, "clear-a")
 	if err != nil || len(psA.Context.Slots) != 2 {
 		t.Fatalf("A prepare: %d slots, %v", len(psA.Context.Slots), err)
 	}
-	clearVia(t, srv, a.c, zmqClear)
-	psB, err := b.prepare(ctx, tb, 2, "clear-b")
+	clearVia(t, srv, a.C, zmqClear)
+	psB, err := attackkit.PrepareStore(ctx, b, tb, 2, "clear-b")
 	if err != nil || len(psB.Context.Slots) != 2 {
 		t.Fatalf("B prepare: %d slots, %v", len(psB.Context.Slots), err)
 	}
@@ -151,14 +74,14 @@ func attackClearDuringStore(t *testing.T, srv *harness.Server, base int64, zmqCl
 			}
 		}
 	}
-	if err := b.write(psB, db); err != nil {
+	if err := attackkit.WriteSlots(b, psB, db); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.write(psA, da); err != nil {
+	if err := attackkit.WriteSlots(a, psA, da); err != nil {
 		t.Fatal(err)
 	}
-	okA, errA := a.commit(ctx, ta, 2, "clear-a", []byte{})
-	okB, errB := b.commit(ctx, tb, 2, "clear-b", []byte{})
+	okA, errA := attackkit.CommitStore(ctx, a, ta, 2, "clear-a", []byte{})
+	okB, errB := attackkit.CommitStore(ctx, b, tb, 2, "clear-b", []byte{})
 	t.Logf("clear during store (zmq=%v): slots overlap %v, A commit %v (%v), B commit %v (%v)", zmqClear, overlap, okA, errA, okB, errB)
 	if overlap {
 		t.Errorf("after the clear B was given slots that A still holds locked")
@@ -169,48 +92,48 @@ func attackClearDuringStore(t *testing.T, srv *harness.Server, base int64, zmqCl
 	if !okB || errB != nil {
 		t.Errorf("B's commit: %v %v", okB, errB)
 	}
-	readBack(t, b, tb, db, "clear-rb")
-	if n, err := lookup(ctx, a.c, a.model, ta, "clear-la"); err != nil || n != 0 {
+	attackkit.ReadBack(t, b, tb, db, "clear-rb")
+	if n, err := harness.Lookup(ctx, a.C, a.Model, ta, "clear-la"); err != nil || n != 0 {
 		t.Errorf("A's overtaken reservation was published: %d hits (%v)", n, err)
 	}
-	alive(t, srv, time.Second, "a clear during a store")
+	attackkit.Alive(t, srv, time.Second, "a clear during a store")
 }
 
 // attackClearDuringRetrieve: R holds read slots of X, a clear runs, W
 // stores Y; R's copy must still be X's bytes.
 func attackClearDuringRetrieve(t *testing.T, srv *harness.Server, base int64, zmqClear bool) {
 	ctx := context.Background()
-	w := newWorker(t, srv.Dial(t, srv.Protocol), base+1, "clear-read", false)
-	r := newWorker(t, srv.Dial(t, srv.Protocol), base+2, "clear-read", false)
-	if w.shm == nil || r.shm == nil {
+	w := harness.NewWorker(t, srv.Dial(t, srv.Protocol), base+1, "clear-read", false)
+	r := harness.NewWorker(t, srv.Dial(t, srv.Protocol), base+2, "clear-read", false)
+	if w.Shm == nil || r.Shm == nil {
 		t.Fatal("the server advertises no segment")
 	}
-	clearVia(t, srv, w.c, zmqClear)
-	tx, ty := tokensFor(int(base)+1, 2, w.chunk), tokensFor(int(base)+3, 2, w.chunk)
-	dx, dy := seqData(int(base)+1, 2, w.chunkBytes), seqData(int(base)+3, 2, w.chunkBytes)
-	if res, err := w.store(ctx, tx, dx, "clear-sx"); err != nil || res != "true" {
+	clearVia(t, srv, w.C, zmqClear)
+	tx, ty := harness.Tokens(int(base)+1, 2, w.Chunk), harness.Tokens(int(base)+3, 2, w.Chunk)
+	dx, dy := attackkit.SeqData(int(base)+1, 2, w.ChunkBytes), attackkit.SeqData(int(base)+3, 2, w.ChunkBytes)
+	if res, err := w.Store(ctx, tx, dx, "clear-sx"); err != nil || res != "true" {
 		t.Fatalf("store X: %q %v", res, err)
 	}
-	if n, err := lookupKeep(ctx, r.c, r.model, tx, "clear-rx"); err != nil || n != 2 {
+	if n, err := harness.LookupKeep(ctx, r.C, r.Model, tx, "clear-rx"); err != nil || n != 2 {
 		t.Fatalf("lookup X: %d %v", n, err)
 	}
-	k := r.key(tx, 2, "clear-rx")
-	rep, err := r.c.Call(ctx, protocol.PrepareRetrieve, k, r.id)
-	var pr prepRetrieve
+	k := r.Key(tx, 2, "clear-rx")
+	rep, err := r.C.Call(ctx, protocol.PrepareRetrieve, k, r.ID)
+	var pr harness.PrepRetrieve
 	if err == nil {
 		err = rep.Decode(&pr)
 	}
 	if err != nil || !pr.Success || len(pr.Context.Slots) != 2 {
 		t.Fatalf("prepare retrieve X: %+v %v", pr.Success, err)
 	}
-	clearVia(t, srv, w.c, zmqClear)
-	resY, errY := w.store(ctx, ty, dy, "clear-sy")
+	clearVia(t, srv, w.C, zmqClear)
+	resY, errY := w.Store(ctx, ty, dy, "clear-sy")
 	bad := 0
 	for i, s := range pr.Context.Slots {
-		if s.Offset < 0 || s.Offset+s.Length > int64(len(r.shm)) {
+		if s.Offset < 0 || s.Offset+s.Length > int64(len(r.Shm)) {
 			t.Fatalf("slot %+v outside the mapping", s)
 		}
-		if !bytes.Equal(r.shm[s.Offset:s.Offset+s.Length], dx[i]) {
+		if !bytes.Equal(r.Shm[s.Offset:s.Offset+s.Length], dx[i]) {
 			bad++
 		}
 	}
@@ -218,17 +141,17 @@ func attackClearDuringRetrieve(t *testing.T, srv *harness.Server, base int64, zm
 	if bad > 0 {
 		t.Errorf("a reader holding X's slots read other bytes after a clear (%d of 2 chunks)", bad)
 	}
-	_, _ = r.c.Call(ctx, protocol.CommitRetrieve, k, r.id)
-	_, _ = r.c.Call(ctx, protocol.EndSession, "clear-rx")
-	readBack(t, w, ty, dy, "clear-ry")
-	alive(t, srv, time.Second, "a clear during a retrieve")
+	_, _ = r.C.Call(ctx, protocol.CommitRetrieve, k, r.ID)
+	_, _ = r.C.Call(ctx, protocol.EndSession, "clear-rx")
+	attackkit.ReadBack(t, w, ty, dy, "clear-ry")
+	attackkit.Alive(t, srv, time.Second, "a clear during a retrieve")
 }
 
 // --- 2: a bad commit with the victim's instance id ---
 
 func contextMode(t testing.TB, srv *harness.Server, id int64) string {
 	t.Helper()
-	for _, c := range status(t, srv).Contexts {
+	for _, c := range srv.Status(t).Contexts {
 		if c.InstanceID == id {
 			return c.Mode
 		}
@@ -238,65 +161,65 @@ func contextMode(t testing.TB, srv *harness.Server, id int64) string {
 
 func attackBadCommitMode(t *testing.T, srv *harness.Server, base int64) {
 	ctx := context.Background()
-	v := newWorker(t, srv.Dial(t, srv.Protocol), base+1, "victim", false)
-	if v.shm == nil {
+	v := harness.NewWorker(t, srv.Dial(t, srv.Protocol), base+1, "victim", false)
+	if v.Shm == nil {
 		t.Fatal("the server advertises no segment")
 	}
-	atk := dialWith(t, srv, 500*time.Millisecond)
+	atk := srv.DialWith(t, srv.Protocol, 500*time.Millisecond)
 	wid := 0
 	garbage := func(seed int) {
-		k := protocol.Key{ModelName: "anything", WorldSize: 1, WorkerID: &wid, TokenIDs: tokensFor(seed, 1, v.chunk),
-			End: v.chunk, RequestID: "evil"}
-		_, _ = atk.Call(ctx, protocol.CommitStore, k, v.id, []byte{0x00})
+		k := protocol.Key{ModelName: "anything", WorldSize: 1, WorkerID: &wid, TokenIDs: harness.Tokens(seed, 1, v.Chunk),
+			End: v.Chunk, RequestID: "evil"}
+		_, _ = atk.Call(ctx, protocol.CommitStore, k, v.ID, []byte{0x00})
 	}
-	before := contextMode(t, srv, v.id)
+	before := contextMode(t, srv, v.ID)
 	garbage(int(base) + 9)
-	after := contextMode(t, srv, v.id)
+	after := contextMode(t, srv, v.ID)
 	t.Logf("victim mode %q → %q after a garbage COMMIT_STORE with its instance id", before, after)
 	if after != before {
 		t.Errorf("a garbage commit with the victim's instance id switched it from %q to %q", before, after)
 	}
-	toks, data := tokensFor(int(base)+1, 2, v.chunk), seqData(int(base)+1, 2, v.chunkBytes)
-	if res, err := v.store(ctx, toks, data, "victim-1"); err != nil || res != "true" {
+	toks, data := harness.Tokens(int(base)+1, 2, v.Chunk), attackkit.SeqData(int(base)+1, 2, v.ChunkBytes)
+	if res, err := v.Store(ctx, toks, data, "victim-1"); err != nil || res != "true" {
 		t.Errorf("victim store after the bad commit: %q %v (SHM slots withheld?)", res, err)
 	} else {
-		readBack(t, v, toks, data, "victim-r1")
+		attackkit.ReadBack(t, v, toks, data, "victim-r1")
 	}
 	// With a reservation pending: the garbage must not abort it.
-	toks2, data2 := tokensFor(int(base)+2, 2, v.chunk), seqData(int(base)+2, 2, v.chunkBytes)
-	ps, err := v.prepare(ctx, toks2, 2, "victim-2")
+	toks2, data2 := harness.Tokens(int(base)+2, 2, v.Chunk), attackkit.SeqData(int(base)+2, 2, v.ChunkBytes)
+	ps, err := attackkit.PrepareStore(ctx, v, toks2, 2, "victim-2")
 	if err != nil || len(ps.Context.Slots) != 2 {
 		t.Fatalf("victim prepare: %d slots %v", len(ps.Context.Slots), err)
 	}
 	garbage(int(base) + 10)
-	if err := v.write(ps, data2); err != nil {
+	if err := attackkit.WriteSlots(v, ps, data2); err != nil {
 		t.Fatal(err)
 	}
-	ok, err := v.commit(ctx, toks2, 2, "victim-2", []byte{})
+	ok, err := attackkit.CommitStore(ctx, v, toks2, 2, "victim-2", []byte{})
 	if !ok || err != nil {
 		t.Errorf("victim's pending SHM store was aborted by another peer's garbage commit: %v %v", ok, err)
 	} else {
-		readBack(t, v, toks2, data2, "victim-r2")
+		attackkit.ReadBack(t, v, toks2, data2, "victim-r2")
 	}
-	alive(t, srv, time.Second, "garbage commits with the victim's id")
+	attackkit.Alive(t, srv, time.Second, "garbage commits with the victim's id")
 }
 
 // --- 5: nested msgpack ---
 
 func attackNestedMsgpack(t *testing.T, srv *harness.Server, base int64) {
 	const depth = 8 << 20
-	raw := dialRaw(t, srv, false)
-	k := protocol.Key{ModelName: "nest", WorldSize: 1, TokenIDs: tokensFor(1, 1, attackChunk), End: attackChunk, RequestID: "nest"}
-	before := handled(t, srv, protocol.Lookup)
-	raw.send(t, protocol.Lookup, nestedMap(t, k, depth), enc(t, 1))
-	waitHandled(t, srv, protocol.Lookup, before+1, 10*time.Second, "a nested LOOKUP key")
-	alive(t, srv, time.Second, "a LOOKUP key with 8 MiB of nested arrays")
-	reg := protocol.RegisterPayload{InstanceID: base + 1, ModelName: "nest", WorldSize: 1, BlockSize: 16, NumLayers: layers,
-		HiddenDimSize: hidden, DtypeStr: "float32"}
-	before = handled(t, srv, protocol.RegisterKVCacheNonGPUContext)
-	raw.send(t, protocol.RegisterKVCacheNonGPUContext, nestedMap(t, reg, depth))
-	waitHandled(t, srv, protocol.RegisterKVCacheNonGPUContext, before+1, 10*time.Second, "a nested registration")
-	alive(t, srv, time.Second, "a registration with 8 MiB of nested arrays")
+	raw := attackkit.DialRaw(t, srv, false)
+	k := protocol.Key{ModelName: "nest", WorldSize: 1, TokenIDs: harness.Tokens(1, 1, attackkit.AttackChunk), End: attackkit.AttackChunk, RequestID: "nest"}
+	before := attackkit.Handled(t, srv, protocol.Lookup)
+	raw.Send(t, protocol.Lookup, attackkit.NestedMap(t, k, depth), attackkit.Enc(t, 1))
+	attackkit.WaitHandled(t, srv, protocol.Lookup, before+1, 10*time.Second, "a nested LOOKUP key")
+	attackkit.Alive(t, srv, time.Second, "a LOOKUP key with 8 MiB of nested arrays")
+	reg := protocol.RegisterPayload{InstanceID: base + 1, ModelName: "nest", WorldSize: 1, BlockSize: 16, NumLayers: harness.WorkerLayers,
+		HiddenDimSize: harness.WorkerHidden, DtypeStr: "float32"}
+	before = attackkit.Handled(t, srv, protocol.RegisterKVCacheNonGPUContext)
+	raw.Send(t, protocol.RegisterKVCacheNonGPUContext, attackkit.NestedMap(t, reg, depth))
+	attackkit.WaitHandled(t, srv, protocol.RegisterKVCacheNonGPUContext, before+1, 10*time.Second, "a nested registration")
+	attackkit.Alive(t, srv, time.Second, "a registration with 8 MiB of nested arrays")
 	t.Logf("nested msgpack: 2 frames of %d levels (8 MiB each) sent, server answers", depth)
 }
 
@@ -304,22 +227,22 @@ func attackNestedMsgpack(t *testing.T, srv *harness.Server, base int64) {
 
 func attackCPUBomb(t *testing.T, srv *harness.Server, base int64) {
 	ctx := context.Background()
-	p := newWorker(t, dialWith(t, srv, 5*time.Minute), base+1, "cpu-bomb", true)
-	v := newWorker(t, srv.Dial(t, srv.Protocol), base+2, "cpu-victim", false)
-	toks := tokensFor(int(base)+1, 1, p.chunk)
-	k := p.key(toks, 1, "bomb")
-	if _, err := p.c.Call(ctx, protocol.PrepareStore, k, p.id); err != nil {
+	p := harness.NewWorker(t, srv.DialWith(t, srv.Protocol, 5*time.Minute), base+1, "cpu-bomb", true)
+	v := harness.NewWorker(t, srv.Dial(t, srv.Protocol), base+2, "cpu-victim", false)
+	toks := harness.Tokens(int(base)+1, 1, p.Chunk)
+	k := p.Key(toks, 1, "bomb")
+	if _, err := p.C.Call(ctx, protocol.PrepareStore, k, p.ID); err != nil {
 		t.Fatal(err)
 	}
-	bomb := cpuBombPickle(4096)
-	before := handled(t, srv, protocol.CommitStore)
-	go func() { _, _ = p.c.Call(ctx, protocol.CommitStore, k, p.id, bomb) }()
-	done := watchHandled(t, srv, protocol.CommitStore, before)
-	waitBusy(t, srv, done, 10*time.Second)
+	bomb := attackkit.CPUBombPickle(4096)
+	before := attackkit.Handled(t, srv, protocol.CommitStore)
+	go func() { _, _ = p.C.Call(ctx, protocol.CommitStore, k, p.ID, bomb) }()
+	done := attackkit.WatchHandled(t, srv, protocol.CommitStore, before)
+	attackkit.WaitBusy(t, srv, done, 10*time.Second)
 	vctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	start := time.Now()
-	res, err := v.store(vctx, tokensFor(int(base)+2, 1, v.chunk), seqData(int(base)+2, 1, v.chunkBytes), "cpu-victim")
+	res, err := v.Store(vctx, harness.Tokens(int(base)+2, 1, v.Chunk), attackkit.SeqData(int(base)+2, 1, v.ChunkBytes), "cpu-victim")
 	wall := time.Since(start)
 	t.Logf("CPU bomb: %d-byte pickle; another worker's store took %v (%q %v)", len(bomb), wall.Round(time.Millisecond), res, err)
 	if err != nil || wall > 2*time.Second {
@@ -330,60 +253,32 @@ func attackCPUBomb(t *testing.T, srv *harness.Server, base int64) {
 	case <-time.After(5 * time.Second):
 		t.Errorf("the CPU-bomb commit was still being decoded 5 s later")
 	}
-	alive(t, srv, time.Second, "a CPU-bomb pickle")
+	attackkit.Alive(t, srv, time.Second, "a CPU-bomb pickle")
 }
 
 // --- 7: quadratic reserve ---
-
-// watchHandled closes the returned channel once the server has finished
-// more requests of typ than before (polled off the caller's goroutine, since
-// /status may itself wait on the stalled pool).
-func watchHandled(t testing.TB, srv *harness.Server, typ string, before int64) <-chan struct{} {
-	ch := make(chan struct{})
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	go func() {
-		defer close(ch)
-		hc := &http.Client{Timeout: 2 * time.Minute}
-		for ctx.Err() == nil {
-			var st struct {
-				Requests struct {
-					ByType map[string]struct{ OK, Error, Dropped int64 } `json:"by_type"`
-				} `json:"requests"`
-			}
-			if err := getJSON(hc, srv, &st); err == nil {
-				c := st.Requests.ByType[typ]
-				if c.OK+c.Error+c.Dropped > before {
-					return
-				}
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}()
-	return ch
-}
 
 func attackQuadraticReserve(t *testing.T, srv *harness.Server, base int64) {
 	ctx := context.Background()
 	// The victim looks up chunks it stored: a registered model, so the
 	// LOOKUP goes to the pool.
-	v := newWorker(t, dialWith(t, srv, 30*time.Second), base+2, "quad-victim", false)
-	probe := tokensFor(int(base)+2, 2, v.chunk)
-	if res, err := v.store(ctx, probe, seqData(int(base)+2, 2, v.chunkBytes), "quad-v"); err != nil || res != "true" {
+	v := harness.NewWorker(t, srv.DialWith(t, srv.Protocol, 30*time.Second), base+2, "quad-victim", false)
+	probe := harness.Tokens(int(base)+2, 2, v.Chunk)
+	if res, err := v.Store(ctx, probe, attackkit.SeqData(int(base)+2, 2, v.ChunkBytes), "quad-v"); err != nil || res != "true" {
 		t.Fatalf("victim store: %q %v", res, err)
 	}
-	a := newWorker(t, srv.Dial(t, srv.Protocol), base+1, "quad", false) // SHM: PREPARE_STORE reserves
+	a := harness.NewWorker(t, srv.Dial(t, srv.Protocol), base+1, "quad", false) // SHM: PREPARE_STORE reserves
 	n := 16 << 20
 	wid := 0
-	k := protocol.Key{ModelName: "quad", WorldSize: 1, WorkerID: &wid, TokenIDs: smallTokens(n, 5), End: n, RequestID: "quad"}
-	atk := dialWith(t, srv, 2*time.Minute)
-	before := handled(t, srv, protocol.PrepareStore)
+	k := protocol.Key{ModelName: "quad", WorldSize: 1, WorkerID: &wid, TokenIDs: attackkit.SmallTokens(n, 5), End: n, RequestID: "quad"}
+	atk := srv.DialWith(t, srv.Protocol, 2*time.Minute)
+	before := attackkit.Handled(t, srv, protocol.PrepareStore)
 	start := time.Now()
-	done := awaitCall(func() error {
-		_, err := atk.Call(ctx, protocol.PrepareStore, k, a.id)
+	done := attackkit.AwaitCall(func() error {
+		_, err := atk.Call(ctx, protocol.PrepareStore, k, a.ID)
 		return err
 	})
-	finished := watchHandled(t, srv, protocol.PrepareStore, before)
+	finished := attackkit.WatchHandled(t, srv, protocol.PrepareStore, before)
 	var worst time.Duration
 	lookups := 0
 	atkRes := "no answer"
@@ -398,7 +293,7 @@ loop:
 		default:
 		}
 		t0 := time.Now()
-		hits, err := lookup(ctx, v.c, v.model, probe, fmt.Sprintf("quad-%d", lookups))
+		hits, err := harness.Lookup(ctx, v.C, v.Model, probe, fmt.Sprintf("quad-%d", lookups))
 		d := time.Since(t0)
 		lookups++
 		worst = max(worst, d)
@@ -414,8 +309,8 @@ loop:
 		t.Errorf("the %d-token PREPARE_STORE was still running 60 s later", n)
 	}
 	t.Logf("quadratic reserve: %d-token PREPARE_STORE (%d chunks, %s) handled in %v; %d concurrent LOOKUPs, slowest %v",
-		n, n/attackChunk, atkRes, time.Since(start).Round(time.Millisecond), lookups, worst.Round(time.Millisecond))
-	alive(t, srv, time.Second, "a 16M-token PREPARE_STORE")
+		n, n/attackkit.AttackChunk, atkRes, time.Since(start).Round(time.Millisecond), lookups, worst.Round(time.Millisecond))
+	attackkit.Alive(t, srv, time.Second, "a 16M-token PREPARE_STORE")
 }
 
 // --- 8: lock pinning ---
@@ -426,58 +321,58 @@ const pinWriteTTL = 4
 
 func attackLockPinning(t *testing.T, srv *harness.Server, base int64) {
 	ctx := context.Background()
-	v := newWorker(t, srv.Dial(t, srv.Protocol), base+3, "pin-victim", false)
+	v := harness.NewWorker(t, srv.Dial(t, srv.Protocol), base+3, "pin-victim", false)
 	victim := func(seed int, what string) {
 		t.Helper()
-		tv, dv := tokensFor(seed, 2, v.chunk), seqData(seed, 2, v.chunkBytes)
-		res, err := v.store(ctx, tv, dv, fmt.Sprintf("pin-v%d", seed))
+		tv, dv := harness.Tokens(seed, 2, v.Chunk), attackkit.SeqData(seed, 2, v.ChunkBytes)
+		res, err := v.Store(ctx, tv, dv, fmt.Sprintf("pin-v%d", seed))
 		if err != nil || res != "true" {
 			t.Errorf("another worker could not store while one peer %s: %q %v", what, res, err)
 			return
 		}
-		if n, err := lookup(ctx, v.c, v.model, tv, fmt.Sprintf("pin-vl%d", seed)); err != nil || n != 2 {
+		if n, err := harness.Lookup(ctx, v.C, v.Model, tv, fmt.Sprintf("pin-vl%d", seed)); err != nil || n != 2 {
 			t.Errorf("another worker's stored chunks while one peer %s: %d of 2 hits (%v)", what, n, err)
 			return
 		}
-		readBack(t, v, tv, dv, fmt.Sprintf("pin-vr%d", seed))
+		attackkit.ReadBack(t, v, tv, dv, fmt.Sprintf("pin-vr%d", seed))
 	}
 
 	// Write pinning: PREPARE_STOREs of the whole pool (one request, then
 	// batches until nothing more is granted), never committed; then the
 	// attacker unregisters (its reservations go).
-	w := newWorker(t, srv.Dial(t, srv.Protocol), base+1, "pin", false)
-	capChunks := int(status(t, srv).Pool.CapacityBytes / int64(w.chunkBytes))
-	ps, err := w.prepare(ctx, tokensFor(int(base)+2, capChunks, w.chunk), capChunks, "pin-hog")
+	w := harness.NewWorker(t, srv.Dial(t, srv.Protocol), base+1, "pin", false)
+	capChunks := int(srv.Status(t).Pool.CapacityBytes / int64(w.ChunkBytes))
+	ps, err := attackkit.PrepareStore(ctx, w, harness.Tokens(int(base)+2, capChunks, w.Chunk), capChunks, "pin-hog")
 	granted := len(ps.Context.Slots)
 	t.Logf("lock pinning: PREPARE_STORE of the whole pool (%d chunks) got %d slots (%v)", capChunks, granted, err)
 	for b := 0; b < 2*capChunks/64; b++ {
-		ps, err := w.prepare(ctx, tokensFor(int(base)*1000+b, 64, w.chunk), 64, fmt.Sprintf("pin-hog%d", b))
+		ps, err := attackkit.PrepareStore(ctx, w, harness.Tokens(int(base)*1000+b, 64, w.Chunk), 64, fmt.Sprintf("pin-hog%d", b))
 		if err != nil || len(ps.Context.Slots) == 0 {
 			break
 		}
 		granted += len(ps.Context.Slots)
 	}
-	st := status(t, srv).Pool
+	st := srv.Status(t).Pool
 	t.Logf("lock pinning: one peer holds %d write reservations; pool %d write-locked, %d of %d bytes used", granted, st.WriteLocked, st.UsedBytes, st.CapacityBytes)
-	alive(t, srv, time.Second, "whole-pool PREPARE_STOREs")
+	attackkit.Alive(t, srv, time.Second, "whole-pool PREPARE_STOREs")
 	victim(int(base)+3, "write-locked the free pool")
 	// Its unregister abandons the reservations: a worker's slots come back
 	// at their write TTL, never under a copy that may still run.
-	_, _ = w.c.Call(ctx, protocol.UnregisterKVCache, w.id)
+	_, _ = w.C.Call(ctx, protocol.UnregisterKVCache, w.ID)
 	poll.Until(t, 4*pinWriteTTL*time.Second, "the abandoned reservations' write TTL", func() bool {
-		return status(t, srv).Pool.WriteLocked == 0
+		return srv.Status(t).Pool.WriteLocked == 0
 	})
 
 	// Read pinning: the attacker fills the pool and looks everything up
 	// with tp_size 2^31, never ending its sessions.
-	a := newWorker(t, srv.Dial(t, srv.Protocol), base+2, "pin", false)
-	atk := dialWith(t, srv, 5*time.Second)
+	a := harness.NewWorker(t, srv.Dial(t, srv.Protocol), base+2, "pin", false)
+	atk := srv.DialWith(t, srv.Protocol, 5*time.Second)
 	const per = 64
 	batches := 2 * capChunks / per // twice the pool: every chunk ends up pinned
 	stored, locked := 0, 0
 	for b := range batches {
-		toks := tokensFor(int(base)*100+b, per, a.chunk)
-		if res, err := a.store(ctx, toks, seqData(int(base)*100+b, per, a.chunkBytes), fmt.Sprintf("pin-s%d", b)); err == nil && res == "true" {
+		toks := harness.Tokens(int(base)*100+b, per, a.Chunk)
+		if res, err := a.Store(ctx, toks, attackkit.SeqData(int(base)*100+b, per, a.ChunkBytes), fmt.Sprintf("pin-s%d", b)); err == nil && res == "true" {
 			stored += per
 		}
 		lk := protocol.Key{ModelName: "pin", WorldSize: 1, TokenIDs: toks, End: len(toks), RequestID: fmt.Sprintf("pin-l%d", b)}
@@ -488,8 +383,8 @@ func attackLockPinning(t *testing.T, srv *harness.Server, base int64) {
 		}
 		cancel()
 	}
-	alive(t, srv, time.Second, "LOOKUPs with tp_size 2^31")
-	st = status(t, srv).Pool
+	attackkit.Alive(t, srv, time.Second, "LOOKUPs with tp_size 2^31")
+	st = srv.Status(t).Pool
 	t.Logf("lock pinning: %d chunks stored, %d LOOKUPs with tp_size 2^31; pool %d read-locked, %d of %d bytes used",
 		stored, locked, st.ReadLocked, st.UsedBytes, st.CapacityBytes)
 	victim(int(base)+4, "read-pinned the pool")
@@ -499,20 +394,20 @@ func attackLockPinning(t *testing.T, srv *harness.Server, base int64) {
 
 func attackMemoryBomb(t *testing.T, srv *harness.Server, base int64) {
 	size := 8 << 20
-	if attackFull() {
+	if attackkit.AttackFull() {
 		size = 32 << 20
 	}
 	ctx := context.Background()
-	p := newWorker(t, dialWith(t, srv, 2*time.Minute), base+1, "mem-bomb", true)
-	k := p.key(tokensFor(int(base)+1, 1, p.chunk), 1, "mem-bomb")
-	if _, err := p.c.Call(ctx, protocol.PrepareStore, k, p.id); err != nil {
+	p := harness.NewWorker(t, srv.DialWith(t, srv.Protocol, 2*time.Minute), base+1, "mem-bomb", true)
+	k := p.Key(harness.Tokens(int(base)+1, 1, p.Chunk), 1, "mem-bomb")
+	if _, err := p.C.Call(ctx, protocol.PrepareStore, k, p.ID); err != nil {
 		t.Fatal(err)
 	}
-	bomb := memoryBombPickle(size)
+	bomb := attackkit.MemoryBombPickle(size)
 	var res string
-	b, peak := peakGrowth(t, srv.PID(), func() {
+	b, peak := attackkit.PeakGrowth(t, srv.PID(), func() {
 		start := time.Now()
-		r, err, fin := callHandled(t, srv, p.c, 30*time.Second, protocol.CommitStore, k, p.id, bomb)
+		r, err, fin := attackkit.CallHandled(t, srv, p.C, 30*time.Second, protocol.CommitStore, k, p.ID, bomb)
 		var ok bool
 		if err == nil && r.Present {
 			_ = r.Decode(&ok)
@@ -522,31 +417,31 @@ func attackMemoryBomb(t *testing.T, srv *harness.Server, base int64) {
 			t.Errorf("a list of 8M ints was accepted as tensors")
 		}
 	})
-	alive(t, srv, time.Second, "a memory-bomb pickle")
+	attackkit.Alive(t, srv, time.Second, "a memory-bomb pickle")
 	t.Logf("memory bomb: %s", res)
-	checkBound(t, "memory-bomb pickle", b, peak, 4*int64(len(bomb))/kib+64<<10, int64(len(bomb)))
+	attackkit.CheckBound(t, "memory-bomb pickle", b, peak, 4*int64(len(bomb))/attackkit.KiB+64<<10, int64(len(bomb)))
 }
 
 // --- 10: key expansion ---
 
 func attackKeyExpansion(t *testing.T, srv *harness.Server, base int64) {
 	n := 4 << 20
-	if attackFull() {
+	if attackkit.AttackFull() {
 		n = 15 << 20
 	}
 	ctx := context.Background()
-	c := dialWith(t, srv, 30*time.Second)
+	c := srv.DialWith(t, srv.Protocol, 30*time.Second)
 	// A layout for (expand, 255) must be registered, or LOOKUP exits early.
 	if _, err := c.Call(ctx, protocol.RegisterKVCacheNonGPUContext, protocol.RegisterPayload{InstanceID: base + 1, ModelName: "expand",
-		WorldSize: 255, BlockSize: 16, NumLayers: layers, HiddenDimSize: hidden, DtypeStr: "float32"}); err != nil {
+		WorldSize: 255, BlockSize: 16, NumLayers: harness.WorkerLayers, HiddenDimSize: harness.WorkerHidden, DtypeStr: "float32"}); err != nil {
 		t.Fatalf("register world_size 255: %v", err)
 	}
-	k := protocol.Key{ModelName: "expand", WorldSize: 255, TokenIDs: smallTokens(n, 7), End: n, RequestID: "expand"}
-	sent := int64(len(enc(t, k)))
+	k := protocol.Key{ModelName: "expand", WorldSize: 255, TokenIDs: attackkit.SmallTokens(n, 7), End: n, RequestID: "expand"}
+	sent := int64(len(attackkit.Enc(t, k)))
 	var hits string
-	b, peak := peakGrowth(t, srv.PID(), func() {
+	b, peak := attackkit.PeakGrowth(t, srv.PID(), func() {
 		start := time.Now()
-		if _, err, _ := callHandled(t, srv, c, 20*time.Second, protocol.Lookup, k, 1); err != nil {
+		if _, err, _ := attackkit.CallHandled(t, srv, c, 20*time.Second, protocol.Lookup, k, 1); err != nil {
 			hits = fmt.Sprintf("lookup: %v after %v", err, time.Since(start).Round(time.Millisecond))
 			return
 		}
@@ -568,9 +463,9 @@ func attackKeyExpansion(t *testing.T, srv *harness.Server, base int64) {
 		hits = "never answered"
 	})
 	_, _ = c.Call(ctx, protocol.EndSession, "expand")
-	alive(t, srv, time.Second, "a world_size 255 LOOKUP")
-	t.Logf("key expansion: LOOKUP of %d tokens, world_size 255 (%d chunks × 255 ranks): %s", n, n/attackChunk, hits)
-	checkBound(t, "world_size 255 LOOKUP", b, peak, 4*sent/kib+64<<10, sent)
+	attackkit.Alive(t, srv, time.Second, "a world_size 255 LOOKUP")
+	t.Logf("key expansion: LOOKUP of %d tokens, world_size 255 (%d chunks × 255 ranks): %s", n, n/attackkit.AttackChunk, hits)
+	attackkit.CheckBound(t, "world_size 255 LOOKUP", b, peak, 4*sent/attackkit.KiB+64<<10, sent)
 }
 
 // --- 11: slow readers ---
@@ -578,41 +473,41 @@ func attackKeyExpansion(t *testing.T, srv *harness.Server, base int64) {
 func attackSlowReader(t *testing.T, srv *harness.Server, base int64) {
 	const reqs = 40
 	nch := 128 // 8 MiB per reply
-	if attackFull() {
+	if attackkit.AttackFull() {
 		nch = 256
 	}
 	ctx := context.Background()
-	p := newWorker(t, dialWith(t, srv, time.Minute), base+1, "slow-reader", true)
-	toks, data := tokensFor(int(base)+1, nch, p.chunk), seqData(int(base)+1, nch, p.chunkBytes)
-	if res, err := p.store(ctx, toks, data, "slow-s"); err != nil || res != "true" {
+	p := harness.NewWorker(t, srv.DialWith(t, srv.Protocol, time.Minute), base+1, "slow-reader", true)
+	toks, data := harness.Tokens(int(base)+1, nch, p.Chunk), attackkit.SeqData(int(base)+1, nch, p.ChunkBytes)
+	if res, err := p.Store(ctx, toks, data, "slow-s"); err != nil || res != "true" {
 		t.Fatalf("store %d chunks: %q %v", nch, res, err)
 	}
 	// One LOOKUP with tp_size 40 takes the 40 read locks the retrieves use.
-	if hits := lockReads(t, p.c, p.model, toks, "slow-l", reqs); hits != nch {
+	if hits := lockReads(t, p.C, p.Model, toks, "slow-l", reqs); hits != nch {
 		t.Fatalf("only %d of %d stored chunks are cached: nothing to retrieve", hits, nch)
 	}
-	raw := dialRaw(t, srv, true)
-	before := handled(t, srv, protocol.PrepareRetrieve)
-	replyBytes := int64(reqs) * int64(nch) * int64(p.chunkBytes)
-	b, peak := peakGrowth(t, srv.PID(), func() {
+	raw := attackkit.DialRaw(t, srv, true)
+	before := attackkit.Handled(t, srv, protocol.PrepareRetrieve)
+	replyBytes := int64(reqs) * int64(nch) * int64(p.ChunkBytes)
+	b, peak := attackkit.PeakGrowth(t, srv.PID(), func() {
 		for i := range reqs {
-			raw.send(t, protocol.PrepareRetrieve, enc(t, p.key(toks, nch, fmt.Sprintf("slow-%d", i))), enc(t, p.id))
+			raw.Send(t, protocol.PrepareRetrieve, attackkit.Enc(t, p.Key(toks, nch, fmt.Sprintf("slow-%d", i))), attackkit.Enc(t, p.ID))
 		}
-		if !waitHandled(t, srv, protocol.PrepareRetrieve, before+reqs, time.Minute, "40 unread retrieves") {
+		if !attackkit.WaitHandled(t, srv, protocol.PrepareRetrieve, before+reqs, time.Minute, "40 unread retrieves") {
 			t.Errorf("40 legitimate PREPARE_RETRIEVEs were not all handled")
 		}
 	})
-	alive(t, srv, time.Second, "40 PREPARE_RETRIEVEs never read")
+	attackkit.Alive(t, srv, time.Second, "40 PREPARE_RETRIEVEs never read")
 	// What the server keeps for a peer that does not read is its reply
 	// budget (server.queued_reply_bytes_per_peer, waiting here and held by
 	// libzmq together), or one reply when that is larger; the Go copy of a
 	// reply is garbage once it is copied out. Bound: the default budget,
 	// one reply, and 64 MiB for the Go heap and malloc's slack.
 	budget := settings.Default().Server.QueuedReplyBytesPerPeer
-	oneReply := int64(nch) * int64(p.chunkBytes)
-	checkBound(t, "40 unread PREPARE_RETRIEVE replies", b, peak, (budget+oneReply)/kib+64<<10, replyBytes)
-	raw.close()
-	_, _ = p.c.Call(ctx, protocol.UnregisterKVCache, p.id)
+	oneReply := int64(nch) * int64(p.ChunkBytes)
+	attackkit.CheckBound(t, "40 unread PREPARE_RETRIEVE replies", b, peak, (budget+oneReply)/attackkit.KiB+64<<10, replyBytes)
+	raw.Close()
+	_, _ = p.C.Call(ctx, protocol.UnregisterKVCache, p.ID)
 }
 
 // --- 12: inbound queue ---
@@ -630,73 +525,73 @@ const inboundRecvHWM, inboundPeerBudget = 16, 64 << 20
 
 func attackInboundQueue(t *testing.T, srv *harness.Server, base int64) {
 	n, size := 64, 16<<20
-	if attackFull() {
+	if attackkit.AttackFull() {
 		size = 64 << 20
 	}
 	ctx := context.Background()
 	// Legitimate commits of 16 MiB each (256 chunks of a real layout, each
 	// message another sequence), pipelined on one peer: the worker copies
 	// every one into the pool while the next ones arrive.
-	p := newWorker(t, dialWith(t, srv, time.Minute), base+1, "inbound", true)
-	nch := size / p.chunkBytes
+	p := harness.NewWorker(t, srv.DialWith(t, srv.Protocol, time.Minute), base+1, "inbound", true)
+	nch := size / p.ChunkBytes
 	ts := make([]torchpickle.Tensor, nch)
 	for i := range ts {
-		ts[i] = torchpickle.Tensor{Dtype: "float32", Shape: []int{2, layers, p.chunk, hidden}, Data: chunkData(int(base), i, p.chunkBytes)}
+		ts[i] = torchpickle.Tensor{Dtype: "float32", Shape: []int{2, harness.WorkerLayers, p.Chunk, harness.WorkerHidden}, Data: harness.ChunkData(int(base), i, p.ChunkBytes)}
 	}
 	pk, err := torchpickle.AppendEncode(nil, ts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	payload, idf := enc(t, pk), enc(t, p.id)
-	raw := dialRaw(t, srv, false)
-	before := handled(t, srv, protocol.CommitStore)
+	payload, idf := attackkit.Enc(t, pk), attackkit.Enc(t, p.ID)
+	raw := attackkit.DialRaw(t, srv, false)
+	before := attackkit.Handled(t, srv, protocol.CommitStore)
 	sent := int64(n) * int64(len(payload))
-	b, peak := peakGrowth(t, srv.PID(), func() {
+	b, peak := attackkit.PeakGrowth(t, srv.PID(), func() {
 		for i := range n {
-			raw.send(t, protocol.CommitStore, enc(t, p.key(tokensFor(int(base)+i, nch, p.chunk), nch, "inbound")), idf, payload)
+			raw.Send(t, protocol.CommitStore, attackkit.Enc(t, p.Key(harness.Tokens(int(base)+i, nch, p.Chunk), nch, "inbound")), idf, payload)
 		}
-		if !waitHandled(t, srv, protocol.CommitStore, before+int64(n), time.Minute, fmt.Sprintf("%d large commits", n)) {
+		if !attackkit.WaitHandled(t, srv, protocol.CommitStore, before+int64(n), time.Minute, fmt.Sprintf("%d large commits", n)) {
 			t.Errorf("%d legitimate commits were not all handled", n)
 		}
 	})
-	raw.close()
-	alive(t, srv, time.Second, fmt.Sprintf("%d large requests at once", n))
-	last := tokensFor(int(base)+n-1, nch, p.chunk)
-	hits, err := lookup(ctx, p.c, p.model, last, "inbound-l")
+	raw.Close()
+	attackkit.Alive(t, srv, time.Second, fmt.Sprintf("%d large requests at once", n))
+	last := harness.Tokens(int(base)+n-1, nch, p.Chunk)
+	hits, err := harness.Lookup(ctx, p.C, p.Model, last, "inbound-l")
 	t.Logf("inbound queue: the last of %d commits: %d of %d chunks cached (%v)", n, hits, nch, err)
 	if hits != nch {
 		t.Errorf("the last of %d legitimate commits left %d of %d chunks cached", n, hits, nch)
 	}
 	// The pool's own pages count once touched: the bound allows for them.
-	capKiB := status(t, srv).Pool.CapacityBytes / kib
-	bound := capKiB + (inboundRecvHWM+2)*int64(size)/kib + inboundPeerBudget/kib + 64<<10
-	if sent/kib < 2*bound {
-		t.Fatalf("the attack sends %d KiB, not twice the bound of %d KiB: it would not tell a bound from none", sent/kib, bound)
+	capKiB := srv.Status(t).Pool.CapacityBytes / attackkit.KiB
+	bound := capKiB + (inboundRecvHWM+2)*int64(size)/attackkit.KiB + inboundPeerBudget/attackkit.KiB + 64<<10
+	if sent/attackkit.KiB < 2*bound {
+		t.Fatalf("the attack sends %d KiB, not twice the bound of %d KiB: it would not tell a bound from none", sent/attackkit.KiB, bound)
 	}
-	checkBound(t, fmt.Sprintf("%d × %d MiB requests", n, size>>20), b, peak, bound, sent)
+	attackkit.CheckBound(t, fmt.Sprintf("%d × %d MiB requests", n, size>>20), b, peak, bound, sent)
 }
 
 // --- 13: unbounded ids, names and registrations ---
 
 func attackIdsAndNames(t *testing.T, srv *harness.Server, base int64) {
 	idSize, names, regs := 4<<20, 4<<20, 20000
-	if attackFull() {
+	if attackkit.AttackFull() {
 		idSize, names, regs = 8<<20, 16<<20, 200000
 	}
 	// A worker is registered, as it would be when a peer turns hostile.
-	newWorker(t, srv.Dial(t, srv.Protocol), base+99, "ids-worker", false)
-	c := dialWith(t, srv, time.Minute)
+	harness.NewWorker(t, srv.Dial(t, srv.Protocol), base+99, "ids-worker", false)
+	c := srv.DialWith(t, srv.Protocol, time.Minute)
 	var sent int64
 	// A message the server drops unseen (libzmq's size cap) is never
 	// counted: after one such, the rest of that kind would be dropped too.
 	call := func(name string, args ...any) bool {
-		_, _, fin := callHandled(t, srv, c, 10*time.Second, name, args...)
+		_, _, fin := attackkit.CallHandled(t, srv, c, 10*time.Second, name, args...)
 		return fin
 	}
-	b, peak := peakGrowth(t, srv.PID(), func() {
+	b, peak := attackkit.PeakGrowth(t, srv.PID(), func() {
 		for i := range 30 {
 			id := strings.Repeat(string(rune('a'+i%26)), idSize) + fmt.Sprint(i)
-			k := protocol.Key{ModelName: "ids", WorldSize: 1, TokenIDs: tokensFor(i, 1, attackChunk), End: attackChunk, RequestID: id}
+			k := protocol.Key{ModelName: "ids", WorldSize: 1, TokenIDs: harness.Tokens(i, 1, attackkit.AttackChunk), End: attackkit.AttackChunk, RequestID: id}
 			sent += int64(idSize)
 			if !call(protocol.Lookup, k, 1) {
 				break
@@ -706,33 +601,33 @@ func attackIdsAndNames(t *testing.T, srv *harness.Server, base int64) {
 			name := strings.Repeat("m", names) + fmt.Sprint(i)
 			sent += 2 * int64(names)
 			if !call(protocol.RegisterKVCacheNonGPUContext, protocol.RegisterPayload{InstanceID: base + 1 + int64(i),
-				ModelName: name, WorldSize: 1, BlockSize: 16, NumLayers: layers, HiddenDimSize: hidden, DtypeStr: "float32"}) {
+				ModelName: name, WorldSize: 1, BlockSize: 16, NumLayers: harness.WorkerLayers, HiddenDimSize: harness.WorkerHidden, DtypeStr: "float32"}) {
 				break
 			}
-			k := protocol.Key{ModelName: name, WorldSize: 1, TokenIDs: tokensFor(i, 1, attackChunk), End: attackChunk, RequestID: "n"}
+			k := protocol.Key{ModelName: name, WorldSize: 1, TokenIDs: harness.Tokens(i, 1, attackkit.AttackChunk), End: attackkit.AttackChunk, RequestID: "n"}
 			if !call(protocol.Lookup, k, 1) {
 				break
 			}
 		}
 	})
-	alive(t, srv, time.Second, "long request ids and model names")
-	checkBound(t, "long request ids and model names", b, peak, sent/4/kib+64<<10, sent)
+	attackkit.Alive(t, srv, time.Second, "long request ids and model names")
+	attackkit.CheckBound(t, "long request ids and model names", b, peak, sent/4/attackkit.KiB+64<<10, sent)
 
 	// The registrations are pipelined on one raw peer; their replies are
 	// not read (a refused one may get none).
-	raw := dialRaw(t, srv, false)
-	before := handled(t, srv, protocol.RegisterKVCacheNonGPUContext)
+	raw := attackkit.DialRaw(t, srv, false)
+	before := attackkit.Handled(t, srv, protocol.RegisterKVCacheNonGPUContext)
 	start := time.Now()
 	for i := range regs {
-		raw.send(t, protocol.RegisterKVCacheNonGPUContext, enc(t, protocol.RegisterPayload{InstanceID: base + 100 + int64(i),
-			ModelName: "flood", WorldSize: 1, BlockSize: 16, NumLayers: layers, HiddenDimSize: hidden, DtypeStr: "float32"}))
+		raw.Send(t, protocol.RegisterKVCacheNonGPUContext, attackkit.Enc(t, protocol.RegisterPayload{InstanceID: base + 100 + int64(i),
+			ModelName: "flood", WorldSize: 1, BlockSize: 16, NumLayers: harness.WorkerLayers, HiddenDimSize: harness.WorkerHidden, DtypeStr: "float32"}))
 	}
-	waitHandled(t, srv, protocol.RegisterKVCacheNonGPUContext, before+int64(regs), time.Minute, "a registration flood")
+	attackkit.WaitHandled(t, srv, protocol.RegisterKVCacheNonGPUContext, before+int64(regs), time.Minute, "a registration flood")
 	wall := time.Since(start)
-	raw.close()
-	alive(t, srv, time.Second, fmt.Sprintf("%d registrations", regs))
-	st := status(t, srv)
-	sb := statusBytes(t, srv, 30*time.Second)
+	raw.Close()
+	attackkit.Alive(t, srv, time.Second, fmt.Sprintf("%d registrations", regs))
+	st := srv.Status(t)
+	sb := attackkit.StatusBytes(t, srv, 30*time.Second)
 	t.Logf("%d registrations handled in %v; %d instances registered; /status is %d bytes", regs, wall.Round(time.Millisecond), st.Transfer.Instances, sb)
 	if sb >= 1<<20 {
 		t.Errorf("/status is %d bytes after %d registrations and %d-byte names, bound 1 MiB", sb, regs, names)
@@ -743,40 +638,40 @@ func attackIdsAndNames(t *testing.T, srv *harness.Server, base int64) {
 
 func attackLogFlood(t *testing.T, srv *harness.Server, logPath string, base int64) {
 	names, n := 4<<20, 2
-	if attackFull() {
+	if attackkit.AttackFull() {
 		names, n = 8<<20, 4
 	}
 	ctx := context.Background()
 	// A registered instance whose keys name another model: each store fails
 	// with both names in the reason.
-	w := newWorker(t, srv.Dial(t, srv.Protocol), base+1, "log", false)
-	raw := dialRaw(t, srv, false)
-	before := fileSize(logPath)
-	bp, bl, br := handled(t, srv, protocol.PrepareStore), handled(t, srv, protocol.Lookup), handled(t, srv, protocol.RegisterKVCacheNonGPUContext)
+	w := harness.NewWorker(t, srv.Dial(t, srv.Protocol), base+1, "log", false)
+	raw := attackkit.DialRaw(t, srv, false)
+	before := attackkit.FileSize(logPath)
+	bp, bl, br := attackkit.Handled(t, srv, protocol.PrepareStore), attackkit.Handled(t, srv, protocol.Lookup), attackkit.Handled(t, srv, protocol.RegisterKVCacheNonGPUContext)
 	var sent int64
 	wid := 0
 	for i := range n {
 		name := strings.Repeat("L", names) + fmt.Sprint(i)
-		k := protocol.Key{ModelName: name, WorldSize: 1, WorkerID: &wid, TokenIDs: tokensFor(i, 1, w.chunk), End: w.chunk, RequestID: "log"}
-		raw.send(t, protocol.PrepareStore, enc(t, k), enc(t, w.id))
-		raw.send(t, protocol.Lookup, enc(t, k), enc(t, 1))
+		k := protocol.Key{ModelName: name, WorldSize: 1, WorkerID: &wid, TokenIDs: harness.Tokens(i, 1, w.Chunk), End: w.Chunk, RequestID: "log"}
+		raw.Send(t, protocol.PrepareStore, attackkit.Enc(t, k), attackkit.Enc(t, w.ID))
+		raw.Send(t, protocol.Lookup, attackkit.Enc(t, k), attackkit.Enc(t, 1))
 		// Registrations of the name with two layouts: each refused for the
 		// name's length, each with the name in the reason.
-		raw.send(t, protocol.RegisterKVCacheNonGPUContext, enc(t, protocol.RegisterPayload{InstanceID: base + 10 + int64(2*i), ModelName: name,
-			WorldSize: 1, BlockSize: 16, NumLayers: layers, HiddenDimSize: hidden, DtypeStr: "float32"}))
-		raw.send(t, protocol.RegisterKVCacheNonGPUContext, enc(t, protocol.RegisterPayload{InstanceID: base + 11 + int64(2*i), ModelName: name,
-			WorldSize: 1, BlockSize: 16, NumLayers: layers + 1, HiddenDimSize: hidden, DtypeStr: "float32"}))
+		raw.Send(t, protocol.RegisterKVCacheNonGPUContext, attackkit.Enc(t, protocol.RegisterPayload{InstanceID: base + 10 + int64(2*i), ModelName: name,
+			WorldSize: 1, BlockSize: 16, NumLayers: harness.WorkerLayers, HiddenDimSize: harness.WorkerHidden, DtypeStr: "float32"}))
+		raw.Send(t, protocol.RegisterKVCacheNonGPUContext, attackkit.Enc(t, protocol.RegisterPayload{InstanceID: base + 11 + int64(2*i), ModelName: name,
+			WorldSize: 1, BlockSize: 16, NumLayers: harness.WorkerLayers + 1, HiddenDimSize: harness.WorkerHidden, DtypeStr: "float32"}))
 		sent += 4 * int64(names)
 	}
-	waitHandled(t, srv, protocol.PrepareStore, bp+int64(n), 20*time.Second, "huge model names")
-	waitHandled(t, srv, protocol.Lookup, bl+int64(n), 20*time.Second, "huge model names")
-	waitHandled(t, srv, protocol.RegisterKVCacheNonGPUContext, br+2*int64(n), 20*time.Second, "huge model names")
-	raw.close()
+	attackkit.WaitHandled(t, srv, protocol.PrepareStore, bp+int64(n), 20*time.Second, "huge model names")
+	attackkit.WaitHandled(t, srv, protocol.Lookup, bl+int64(n), 20*time.Second, "huge model names")
+	attackkit.WaitHandled(t, srv, protocol.RegisterKVCacheNonGPUContext, br+2*int64(n), 20*time.Second, "huge model names")
+	raw.Close()
 	for i := range n {
-		_, _ = w.c.Call(ctx, protocol.UnregisterKVCache, base+10+int64(i))
+		_, _ = w.C.Call(ctx, protocol.UnregisterKVCache, base+10+int64(i))
 	}
-	alive(t, srv, time.Second, "errors with huge model names")
-	grown := fileSize(logPath) - before
+	attackkit.Alive(t, srv, time.Second, "errors with huge model names")
+	grown := attackkit.FileSize(logPath) - before
 	t.Logf("log flood: %d MiB of model names in %d requests; log grew %d bytes", sent>>20, 4*n, grown)
 	if grown > 1<<20 {
 		t.Errorf("the log grew by %d bytes on %d requests carrying %d MiB of model names, bound 1 MiB", grown, 4*n, sent>>20)
@@ -786,25 +681,25 @@ func attackLogFlood(t *testing.T, srv *harness.Server, logPath string, base int6
 // --- 15: idle HTTP connections ---
 
 func attackIdleHTTP(t *testing.T, srv *harness.Server) {
-	opened, closeAll := idleHTTP(t, srv.HTTPPort, 1100)
+	opened, closeAll := attackkit.IdleHTTP(t, srv.HTTPPort, 1100)
 	defer closeAll()
-	d, err := healthWithin(srv.HTTPPort, 2*time.Second)
+	d, err := attackkit.HealthWithin(srv.HTTPPort, 2*time.Second)
 	t.Logf("idle HTTP: %d keep-alive connections left idle (server limit 1,024 files); /healthcheck took %v (%v)", opened, d.Round(time.Millisecond), err)
 	if err != nil {
 		t.Errorf("/healthcheck did not answer within 2 s behind %d idle connections: %v", opened, err)
 	}
-	alive(t, srv, 2*time.Second, "1,100 idle HTTP connections")
+	attackkit.Alive(t, srv, 2*time.Second, "1,100 idle HTTP connections")
 }
 
 // --- 17: layout overflow ---
 
 func attackLayoutOverflow(t *testing.T, srv *harness.Server, base int64) {
-	c := dialWith(t, srv, 2*time.Second)
+	c := srv.DialWith(t, srv.Protocol, 2*time.Second)
 	id := base + 1
-	_, _, _ = callHandled(t, srv, c, 5*time.Second, protocol.RegisterKVCacheNonGPUContext, protocol.RegisterPayload{InstanceID: id,
+	_, _, _ = attackkit.CallHandled(t, srv, c, 5*time.Second, protocol.RegisterKVCacheNonGPUContext, protocol.RegisterPayload{InstanceID: id,
 		ModelName: "overflow", WorldSize: 1, BlockSize: 16, NumLayers: 1 << 30, HiddenDimSize: 1 << 24, DtypeStr: "float32", UseMLA: true})
-	alive(t, srv, time.Second, "a layout overflowing int64")
-	for _, ctx := range status(t, srv).Contexts {
+	attackkit.Alive(t, srv, time.Second, "a layout overflowing int64")
+	for _, ctx := range srv.Status(t).Contexts {
 		if ctx.InstanceID == id {
 			t.Errorf("an MLA layout of 2^30 layers × 256 tokens × 2^24 hidden float32 (2^64 bytes per chunk) registered (chunk bytes %d)", ctx.ChunkBytes)
 		}
@@ -846,7 +741,7 @@ func TestHostileReloadKeepsTokenSecret(t *testing.T) {
 
 	// Logged just after the apply; the limit only bounds a failure.
 	poll.Until(t, 15*time.Second, "the reload logged", func() bool { return strings.Contains(srv.Output(), "SIGHUP: ") })
-	alive(t, srv, 5*time.Second, "a token change by SIGHUP")
+	attackkit.Alive(t, srv, 5*time.Second, "a token change by SIGHUP")
 	out := srv.Output()
 	for _, tok := range []string{oldTok, newTok} {
 		if i := strings.Index(out, tok); i >= 0 {
@@ -872,7 +767,7 @@ func TestHostileCleanupSparesUnlockedLiveSegment(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = os.Remove(path) })
 	srv := harness.Start(t)
-	alive(t, srv, time.Second, "start")
+	attackkit.Alive(t, srv, time.Second, "start")
 	if _, err := os.Stat(path); err != nil {
 		t.Errorf("kvdock's start removed %s, another server's unlocked segment: %v", name, err)
 	}
@@ -881,19 +776,19 @@ func TestHostileCleanupSparesUnlockedLiveSegment(t *testing.T) {
 // --- the tests ---
 
 func TestHostileClearDuringStore(t *testing.T) {
-	srv := startAttacked(t)
+	srv := attackkit.StartAttacked(t)
 	t.Run("http", func(t *testing.T) { attackClearDuringStore(t, srv, 1000, false) })
 	t.Run("zmq", func(t *testing.T) { attackClearDuringStore(t, srv, 1100, true) })
 }
 
 func TestHostileClearDuringRetrieve(t *testing.T) {
-	srv := startAttacked(t)
+	srv := attackkit.StartAttacked(t)
 	t.Run("zmq", func(t *testing.T) { attackClearDuringRetrieve(t, srv, 1200, true) })
 	t.Run("http", func(t *testing.T) { attackClearDuringRetrieve(t, srv, 1300, false) })
 }
 
 func TestHostileBadCommitKeepsVictimMode(t *testing.T) {
-	attackBadCommitMode(t, startAttacked(t), 2000)
+	attackBadCommitMode(t, attackkit.StartAttacked(t), 2000)
 }
 
 // heavyRetrieves stores 8,000 chunks of 128 bytes (a 1-layer, hidden-1
@@ -908,12 +803,12 @@ func heavyRetrieves(t *testing.T, srv *harness.Server, id int64) func() string {
 	// items) refuses thousands of tensors much smaller than that.
 	const per, parts, peers, each, chunkTok, hid = 4000, 2, 4, 256, 16, 4
 	ctx := context.Background()
-	c := dialWith(t, srv, time.Minute)
+	c := srv.DialWith(t, srv.Protocol, time.Minute)
 	if _, err := c.Call(ctx, protocol.RegisterKVCacheNonGPUContext, protocol.RegisterPayload{InstanceID: id, ModelName: "heavy",
 		WorldSize: 1, BlockSize: 16, NumLayers: 1, HiddenDimSize: hid, DtypeStr: "float32"}); err != nil {
 		t.Fatal(err)
 	}
-	toks := smallTokens(parts*per*chunkTok, int(id))
+	toks := attackkit.SmallTokens(parts*per*chunkTok, int(id))
 	wid := 0
 	key := func(start, end int, req string) protocol.Key {
 		return protocol.Key{ModelName: "heavy", WorldSize: 1, WorkerID: &wid, TokenIDs: toks[:end], Start: start, End: end, RequestID: req}
@@ -923,7 +818,7 @@ func heavyRetrieves(t *testing.T, srv *harness.Server, id int64) func() string {
 	for part := range parts {
 		ts := make([]torchpickle.Tensor, per)
 		for i := range ts {
-			ts[i] = torchpickle.Tensor{Dtype: "float32", Shape: []int{2, 1, chunkTok, hid}, Data: chunkData(int(id), part*per+i, 2*chunkTok*hid*4)}
+			ts[i] = torchpickle.Tensor{Dtype: "float32", Shape: []int{2, 1, chunkTok, hid}, Data: harness.ChunkData(int(id), part*per+i, 2*chunkTok*hid*4)}
 		}
 		pk, err := torchpickle.AppendEncode(nil, ts)
 		if err != nil {
@@ -944,12 +839,12 @@ func heavyRetrieves(t *testing.T, srv *harness.Server, id int64) func() string {
 		lockReads(t, c, "heavy", toks, fmt.Sprintf("heavy-l%d", i), 255)
 	}
 	all := key(0, len(toks), "")
-	raws := make([]*rawPeer, peers)
+	raws := make([]*attackkit.RawPeer, peers)
 	for i := range raws {
-		raws[i] = dialRaw(t, srv, false)
+		raws[i] = attackkit.DialRaw(t, srv, false)
 		for j := range each {
 			all.RequestID = fmt.Sprintf("heavy-%d", i*each+j)
-			raws[i].send(t, protocol.PrepareRetrieve, enc(t, all), enc(t, id))
+			raws[i].Send(t, protocol.PrepareRetrieve, attackkit.Enc(t, all), attackkit.Enc(t, id))
 		}
 	}
 	// Each socket now belongs to its reader.
@@ -958,7 +853,7 @@ func heavyRetrieves(t *testing.T, srv *harness.Server, id int64) func() string {
 	var once sync.Once
 	var wg sync.WaitGroup
 	for _, r := range raws {
-		sock := r.sock
+		sock := r.Sock
 		_ = sock.SetRcvtimeo(3 * time.Second)
 		wg.Add(1)
 		go func() {
@@ -997,7 +892,7 @@ func heavyRetrieves(t *testing.T, srv *harness.Server, id int64) func() string {
 // use"), leaving the server without a wire front.
 func TestHostileStopUnderRetrieveLoad(t *testing.T) {
 	rounds := 1
-	if attackFull() {
+	if attackkit.AttackFull() {
 		rounds = 3
 	}
 	for round := range rounds {
@@ -1006,10 +901,10 @@ func TestHostileStopUnderRetrieveLoad(t *testing.T) {
 			t.Fatal(err)
 		}
 		srv := harness.Start(t, "--chunk-size", "16", "--shm-name", "", "--config", cfg, "--max-message-bytes", fmt.Sprint(128<<20))
-		capProcess(t, srv.PID())
+		attackkit.CapProcess(t, srv.PID())
 
 		wait := heavyRetrieves(t, srv, int64(3000+10*round))
-		queued := inFlight(t, srv)
+		queued := attackkit.InFlight(t, srv)
 		if err := os.WriteFile(cfg, []byte("l1:\n  align_bytes: 256\n"), 0o600); err != nil {
 			t.Fatal(err)
 		}
@@ -1023,38 +918,25 @@ func TestHostileStopUnderRetrieveLoad(t *testing.T) {
 		// its request with it, so the NOOP waits for the rebuild's outcome.
 		poll.Until(t, 30*time.Second, "the rebuild's outcome logged", func() bool { return strings.Contains(srv.Output(), "SIGHUP: ") })
 		if !strings.Contains(srv.Output(), "SIGHUP: applied") {
-			t.Fatalf("round %d: the rebuild under load was not applied:\n%s", round, grepLines(srv.Output(), "SIGHUP"))
+			t.Fatalf("round %d: the rebuild under load was not applied:\n%s", round, attackkit.GrepLines(srv.Output(), "SIGHUP"))
 		}
-		alive(t, srv, 5*time.Second, "a rebuild under retrieve load")
+		attackkit.Alive(t, srv, 5*time.Second, "a rebuild under retrieve load")
 		t.Logf("round %d: rebuild with %d retrieves in flight; serving again after %v; %s", round, queued,
 			time.Since(start).Round(time.Millisecond), wait())
-		if f := fatalIn(srv.Output()); f != "" {
+		if f := attackkit.FatalIn(srv.Output()); f != "" {
 			t.Fatalf("round %d: the server faulted in a rebuild under load:\n%s", round, f)
 		}
 
 		wait = heavyRetrieves(t, srv, int64(3001+10*round))
-		queued = inFlight(t, srv)
+		queued = attackkit.InFlight(t, srv)
 		start = time.Now()
 		srv.StopWithin(t, 15*time.Second)
 		wall := time.Since(start)
 		t.Logf("round %d: SIGTERM with %d retrieves in flight; exit took %v; %s", round, queued, wall.Round(time.Millisecond), wait())
-		if f := fatalIn(srv.Output()); f != "" {
+		if f := attackkit.FatalIn(srv.Output()); f != "" {
 			t.Fatalf("round %d: the server faulted on SIGTERM under load:\n%s", round, f)
 		}
 	}
-}
-
-// lockReads runs LOOKUP with tp_size tp (tp read locks per chunk) and
-// waits for its job.
-// grepLines is the lines of out that contain s.
-func grepLines(out, s string) string {
-	var b strings.Builder
-	for _, l := range strings.Split(out, "\n") {
-		if strings.Contains(l, s) {
-			b.WriteString(l + "\n")
-		}
-	}
-	return b.String()
 }
 
 func lockReads(t testing.TB, c *client.Client, model string, toks []uint32, req string, tp int) int {
@@ -1082,34 +964,38 @@ func lockReads(t testing.TB, c *client.Client, model string, toks []uint32, req 
 	return 0
 }
 
-func TestHostileNestedMsgpack(t *testing.T) { attackNestedMsgpack(t, startAttacked(t), 4000) }
+func TestHostileNestedMsgpack(t *testing.T) { attackNestedMsgpack(t, attackkit.StartAttacked(t), 4000) }
 
-func TestHostileCPUBombPickle(t *testing.T) { attackCPUBomb(t, startAttacked(t), 5000) }
+func TestHostileCPUBombPickle(t *testing.T) { attackCPUBomb(t, attackkit.StartAttacked(t), 5000) }
 
-func TestHostileQuadraticReserve(t *testing.T) { attackQuadraticReserve(t, startAttacked(t), 6000) }
-
-func TestHostileLockPinning(t *testing.T) {
-	attackLockPinning(t, startAttacked(t, "--l1-write-ttl-seconds", fmt.Sprint(pinWriteTTL)), 7000)
+func TestHostileQuadraticReserve(t *testing.T) {
+	attackQuadraticReserve(t, attackkit.StartAttacked(t), 6000)
 }
 
-func TestHostileMemoryBombPickle(t *testing.T) { attackMemoryBomb(t, startAttacked(t), 8000) }
+func TestHostileLockPinning(t *testing.T) {
+	attackLockPinning(t, attackkit.StartAttacked(t, "--l1-write-ttl-seconds", fmt.Sprint(pinWriteTTL)), 7000)
+}
 
-func TestHostileKeyExpansion(t *testing.T) { attackKeyExpansion(t, startAttacked(t), 8500) }
+func TestHostileMemoryBombPickle(t *testing.T) { attackMemoryBomb(t, attackkit.StartAttacked(t), 8000) }
 
-func TestHostileSlowReaders(t *testing.T) { attackSlowReader(t, startAttacked(t), 9000) }
+func TestHostileKeyExpansion(t *testing.T) { attackKeyExpansion(t, attackkit.StartAttacked(t), 8500) }
 
-func TestHostileInboundQueue(t *testing.T) { attackInboundQueue(t, startAttacked(t), 10000) }
+func TestHostileSlowReaders(t *testing.T) { attackSlowReader(t, attackkit.StartAttacked(t), 9000) }
 
-func TestHostileIdsAndNames(t *testing.T) { attackIdsAndNames(t, startAttacked(t), 11000) }
+func TestHostileInboundQueue(t *testing.T) { attackInboundQueue(t, attackkit.StartAttacked(t), 10000) }
+
+func TestHostileIdsAndNames(t *testing.T) { attackIdsAndNames(t, attackkit.StartAttacked(t), 11000) }
 
 func TestHostileLogFlood(t *testing.T) {
 	logPath := filepath.Join(t.TempDir(), "kvdock.log")
-	attackLogFlood(t, startAttacked(t, "--log-file", logPath), logPath, 12000)
+	attackLogFlood(t, attackkit.StartAttacked(t, "--log-file", logPath), logPath, 12000)
 }
 
-func TestHostileIdleHTTPConnections(t *testing.T) { attackIdleHTTP(t, startAttacked(t)) }
+func TestHostileIdleHTTPConnections(t *testing.T) { attackIdleHTTP(t, attackkit.StartAttacked(t)) }
 
-func TestHostileLayoutOverflow(t *testing.T) { attackLayoutOverflow(t, startAttacked(t), 13000) }
+func TestHostileLayoutOverflow(t *testing.T) {
+	attackLayoutOverflow(t, attackkit.StartAttacked(t), 13000)
+}
 
 // TestHostilePeersCombined sends every attack above to one server (each
 // followed by NOOP within 1 s), then a
@@ -1118,13 +1004,13 @@ func TestHostileLayoutOverflow(t *testing.T) { attackLayoutOverflow(t, startAtta
 // start.
 func TestHostilePeersCombined(t *testing.T) {
 	logPath := filepath.Join(t.TempDir(), "kvdock.log")
-	srv := startAttacked(t, "--log-file", logPath, "--l1-write-ttl-seconds", fmt.Sprint(pinWriteTTL))
+	srv := attackkit.StartAttacked(t, "--log-file", logPath, "--l1-write-ttl-seconds", fmt.Sprint(pinWriteTTL))
 	ctx := context.Background()
-	good := []*gworker{
-		newWorker(t, srv.Dial(t, srv.Protocol), 90001, "good", false),
-		newWorker(t, srv.Dial(t, srv.Protocol), 90002, "good", true),
+	good := []*harness.GoWorker{
+		harness.NewWorker(t, srv.Dial(t, srv.Protocol), 90001, "good", false),
+		harness.NewWorker(t, srv.Dial(t, srv.Protocol), 90002, "good", true),
 	}
-	if good[0].shm == nil {
+	if good[0].Shm == nil {
 		t.Fatal("the server advertises no segment")
 	}
 	// The pickle worker fills the pool once (the server copies into every
@@ -1133,13 +1019,13 @@ func TestHostilePeersCombined(t *testing.T) {
 	// the attacks left behind.
 	pw := good[1]
 	per := 256
-	for i := range int(status(t, srv).Pool.CapacityBytes) / pw.chunkBytes / per {
-		if res, err := pw.store(ctx, tokensFor(96000+i, per, pw.chunk), seqData(96000+i, per, pw.chunkBytes), "warm"); err != nil || res != "true" {
+	for i := range int(srv.Status(t).Pool.CapacityBytes) / pw.ChunkBytes / per {
+		if res, err := pw.Store(ctx, harness.Tokens(96000+i, per, pw.Chunk), attackkit.SeqData(96000+i, per, pw.ChunkBytes), "warm"); err != nil || res != "true" {
 			t.Fatalf("warming the pool: %q %v", res, err)
 		}
 	}
-	postClear(t, srv)
-	startRSS := procKiB(t, srv.PID(), "VmRSS")
+	attackkit.PostClear(t, srv)
+	startRSS := attackkit.ProcKiB(t, srv.PID(), "VmRSS")
 	steps := []struct {
 		name string
 		run  func(t *testing.T)
@@ -1174,31 +1060,31 @@ func TestHostilePeersCombined(t *testing.T) {
 		}
 		if !t.Run(s.name, s.run) {
 			// Keep going while the server answers: later attacks still tell.
-			alive(t, srv, time.Second, s.name)
+			attackkit.Alive(t, srv, time.Second, s.name)
 		}
 	}
 	for i, w := range good {
-		toks, data := tokensFor(95000+i, 3, w.chunk), seqData(95000+i, 3, w.chunkBytes)
-		if res, err := w.store(ctx, toks, data, fmt.Sprintf("good-s%d", i)); err != nil || res != "true" {
-			t.Errorf("%s worker store after the attacks: %q %v", w.mode(), res, err)
+		toks, data := harness.Tokens(95000+i, 3, w.Chunk), attackkit.SeqData(95000+i, 3, w.ChunkBytes)
+		if res, err := w.Store(ctx, toks, data, fmt.Sprintf("good-s%d", i)); err != nil || res != "true" {
+			t.Errorf("%s worker store after the attacks: %q %v", w.Mode(), res, err)
 			continue
 		}
-		if n, err := lookup(ctx, w.c, w.model, toks, fmt.Sprintf("good-l%d", i)); err != nil || n != 3 {
-			t.Errorf("%s worker lookup after the attacks: %d of 3 (%v)", w.mode(), n, err)
+		if n, err := harness.Lookup(ctx, w.C, w.Model, toks, fmt.Sprintf("good-l%d", i)); err != nil || n != 3 {
+			t.Errorf("%s worker lookup after the attacks: %d of 3 (%v)", w.Mode(), n, err)
 		}
-		readBack(t, w, toks, data, fmt.Sprintf("good-r%d", i))
+		attackkit.ReadBack(t, w, toks, data, fmt.Sprintf("good-r%d", i))
 	}
 	var rss int64
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		rss = procKiB(t, srv.PID(), "VmRSS")
+		rss = attackkit.ProcKiB(t, srv.PID(), "VmRSS")
 		if rss-startRSS <= 64<<10 || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	t.Logf("combined: RSS %s at start, %s after every attack and the good workers", mib(startRSS), mib(rss))
+	t.Logf("combined: RSS %s at start, %s after every attack and the good workers", attackkit.MiB(startRSS), attackkit.MiB(rss))
 	if rss-startRSS > 64<<10 {
-		t.Errorf("RSS %s after the attacks, %s at start: more than 64 MiB retained", mib(rss), mib(startRSS))
+		t.Errorf("RSS %s after the attacks, %s at start: more than 64 MiB retained", attackkit.MiB(rss), attackkit.MiB(startRSS))
 	}
 }

@@ -1,109 +1,33 @@
-package interop
+// Package liveness drives real Python workers (py/liveness_worker.py) that
+// die, go idle or reuse an instance id while kvdock serves: a SIGKILLed
+// worker is reaped and its reservation freed, an idle seed worker is removed
+// by kvdock ctl, and a reused id never sees the old worker's pending data.
+// docs/LIVENESS.md gives the settings and figures.
+package liveness
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
-	"kvdock/core/testkit/httpjson"
 	"kvdock/core/testkit/promseries"
 	"kvdock/tests/harness"
 	"kvdock/ui/httpapi"
 )
 
-// liveWorker is a long-lived py/liveness_worker.py: the test reads its JSON
-// lines and writes to its stdin in between.
-type liveWorker struct {
-	t     *testing.T
-	cmd   *exec.Cmd
-	stdin io.WriteCloser
-	lines chan string
-	errb  strings.Builder
-}
-
-func startLiveWorker(t *testing.T, srv *harness.Server, role string, params map[string]any) *liveWorker {
+// startLiveWorker runs py/liveness_worker.py in role with params.
+func startLiveWorker(t *testing.T, srv *harness.Server, role string, params map[string]any) *harness.PyWorker {
 	t.Helper()
 	p, err := json.Marshal(params)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return startPyWorker(t, "py/liveness_worker.py", srv.Endpoint, role, string(p))
-}
-
-// startPyWorker runs a long-lived Python worker script with args.
-func startPyWorker(t *testing.T, script string, args ...string) *liveWorker {
-	t.Helper()
-	var err error
-	w := &liveWorker{t: t, lines: make(chan string, 16)}
-	w.cmd = exec.Command(harness.Python, append([]string{script}, args...)...)
-	w.cmd.Stderr = &w.errb
-	if w.stdin, err = w.cmd.StdinPipe(); err != nil {
-		t.Fatal(err)
-	}
-	out, err := w.cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := w.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			w.lines <- sc.Text()
-		}
-		close(w.lines)
-	}()
-	t.Cleanup(func() {
-		_ = w.cmd.Process.Kill()
-		_ = w.cmd.Wait()
-	})
-	return w
-}
-
-// next decodes the worker's next JSON line (60 s at most: a generous bound
-// on a busy machine, not a timing assertion).
-func (w *liveWorker) next() map[string]any {
-	w.t.Helper()
-	select {
-	case line, ok := <-w.lines:
-		if !ok {
-			_ = w.cmd.Wait()
-			w.t.Fatalf("worker exited: %s", w.errb.String())
-		}
-		var m map[string]any
-		if err := json.Unmarshal([]byte(line), &m); err != nil {
-			w.t.Fatalf("worker line %q: %v", line, err)
-		}
-		return m
-	case <-time.After(60 * time.Second):
-		w.t.Fatalf("worker said nothing for 60 s; stderr: %s", w.errb.String())
-	}
-	return nil
-}
-
-func status(t *testing.T, srv *harness.Server) httpapi.Status {
-	t.Helper()
-	var st httpapi.Status
-	httpjson.Get(t, statusURL(srv), &st)
-	return st
-}
-
-func contextStatus(st httpapi.Status, id int64) (httpapi.ContextStatus, bool) {
-	for _, c := range st.Contexts {
-		if c.InstanceID == id {
-			return c, true
-		}
-	}
-	return httpapi.ContextStatus{}, false
+	return harness.StartPyWorker(t, "../py/liveness_worker.py", srv.Endpoint, role, string(p))
 }
 
 // waitStatus polls /status until cond holds (60 s at most).
@@ -111,7 +35,7 @@ func waitStatus(t *testing.T, srv *harness.Server, what string, cond func(httpap
 	t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		st := status(t, srv)
+		st := srv.Status(t)
 		if cond(st) {
 			return st
 		}
@@ -133,26 +57,23 @@ func TestLivenessKilledWorkerIsReaped(t *testing.T) {
 		"--worker-reap-timeout-seconds", "1", "--worker-registration-grace-seconds", "1")
 	params := map[string]any{"profile": "engine-driven", "instance_id": 5151}
 	w := startLiveWorker(t, srv, "hold", params)
-	if r := w.next(); r["ready"] != true {
+	if r := w.Next(); r["ready"] != true {
 		t.Fatalf("worker: %v", r)
 	}
-	st := status(t, srv)
+	st := srv.Status(t)
 	if wl := st.WorkerLiveness; !wl.Enabled || wl.ReapTimeoutSeconds != 1 || wl.TrackedInstances != 1 {
 		t.Fatalf("worker_liveness %+v", wl)
 	}
-	c, ok := contextStatus(st, 5151)
+	c, ok := harness.ContextStatus(st, 5151)
 	if !ok || c.State != "active" || c.Peer == "" || st.Transfer.PendingWrites != 1 || st.Pool.WriteLocked != 1 {
 		t.Fatalf("before the kill: context %+v, transfer %+v, write-locked %d", c, st.Transfer, st.Pool.WriteLocked)
 	}
 	baseline := st.Pool.UsedBytes - c.ChunkBytes // the stored chunk stays; the reservation must go
 	killed := time.Now()
-	if err := w.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	_ = w.cmd.Wait()
+	w.Kill()
 
 	st = waitStatus(t, srv, "reaped", func(s httpapi.Status) bool {
-		c, ok := contextStatus(s, 5151)
+		c, ok := harness.ContextStatus(s, 5151)
 		return ok && c.State == "reaped"
 	})
 	// Reported, not asserted: timeout 1 s, scans every 250 ms.
@@ -177,7 +98,7 @@ func TestLivenessKilledWorkerIsReaped(t *testing.T) {
 	}
 	// The reaped id and an id nobody registered get the same answer.
 	probe := func(id int) string {
-		out := harness.RunPython(t, 60*time.Second, "py/liveness_worker.py", srv.Endpoint, "probe",
+		out := harness.RunPython(t, 60*time.Second, "../py/liveness_worker.py", srv.Endpoint, "probe",
 			fmt.Sprintf(`{"profile": "engine-driven", "instance_id": %d, "chunk": 256}`, id))
 		var m map[string]any
 		if err := json.Unmarshal([]byte(out), &m); err != nil {
@@ -199,12 +120,12 @@ func TestLivenessSeedIdleWorkerRemovedByCtl(t *testing.T) {
 	srv := harness.Start(t, "--worker-idle-seconds", "1", "--l1-write-ttl-seconds", "12",
 		"--worker-reap-timeout-seconds", "1", "--worker-registration-grace-seconds", "1")
 	w := startLiveWorker(t, srv, "hold", map[string]any{"instance_id": 6161})
-	if r := w.next(); r["ready"] != true {
+	if r := w.Next(); r["ready"] != true {
 		t.Fatalf("worker: %v", r)
 	}
 	// Idle, and still registered well past reap timeout + scan interval.
 	st := waitStatus(t, srv, "idle for 3 s", func(s httpapi.Status) bool {
-		c, ok := contextStatus(s, 6161)
+		c, ok := harness.ContextStatus(s, 6161)
 		return ok && c.State == "idle" && c.LastSeenSeconds >= 3
 	})
 	if len(st.RegisteredNonCudaInstanceIDs) != 1 || st.Transfer.PendingWrites != 1 || st.Transfer.Reaped != 0 {
@@ -219,8 +140,8 @@ func TestLivenessSeedIdleWorkerRemovedByCtl(t *testing.T) {
 	if err != nil || !strings.Contains(string(out), "instance 6161 removed") {
 		t.Fatalf("kvdock ctl unregister: %v\n%s", err, out)
 	}
-	st = status(t, srv)
-	c, _ := contextStatus(st, 6161)
+	st = srv.Status(t)
+	c, _ := harness.ContextStatus(st, 6161)
 	chunk := c.ChunkBytes
 	if c.State != "removed" || st.Transfer.PendingWrites != 0 || st.Transfer.Removed != 1 {
 		t.Fatalf("after ctl unregister: context %+v transfer %+v", c, st.Transfer)
@@ -238,14 +159,12 @@ func TestLivenessSeedIdleWorkerRemovedByCtl(t *testing.T) {
 		t.Fatalf("second unregister: %v\n%s", err, out)
 	}
 
-	if _, err := io.WriteString(w.stdin, "again\n"); err != nil {
-		t.Fatal(err)
-	}
-	r := w.next()
+	w.Send("again")
+	r := w.Next()
 	if r["answered_while_removed"] != "{'context': {}}" || r["store_after_register"] != true {
 		t.Fatalf("worker after removal: %v", r)
 	}
-	if st := status(t, srv); len(st.RegisteredNonCudaInstanceIDs) != 1 {
+	if st := srv.Status(t); len(st.RegisteredNonCudaInstanceIDs) != 1 {
 		t.Fatalf("re-registration: %v", st.RegisteredNonCudaInstanceIDs)
 	}
 }
@@ -259,13 +178,13 @@ func TestLivenessReusedIDNeverSeesOldPendingData(t *testing.T) {
 			srv := harness.Start(t, "--protocol", profile)
 			params := map[string]any{"profile": profile, "instance_id": 7171}
 			old := startLiveWorker(t, srv, "hold", params)
-			if r := old.next(); r["ready"] != true {
+			if r := old.Next(); r["ready"] != true {
 				t.Fatalf("old worker: %v", r)
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
 			p, _ := json.Marshal(params)
-			out, err := exec.CommandContext(ctx, harness.Python, "py/liveness_worker.py", srv.Endpoint, "reuse", string(p)).Output()
+			out, err := exec.CommandContext(ctx, harness.Python, "../py/liveness_worker.py", srv.Endpoint, "reuse", string(p)).Output()
 			if err != nil {
 				t.Fatalf("reuse worker: %v\n%s", err, out)
 			}
@@ -276,7 +195,7 @@ func TestLivenessReusedIDNeverSeesOldPendingData(t *testing.T) {
 			if r["lookup_hits"] != 0.0 || r["retrieved"] != false || r["commit"] != false || r["lookup_hits_after_commit"] != 0.0 {
 				t.Fatalf("the new worker saw the old one's pending data: %v", r)
 			}
-			st := status(t, srv)
+			st := srv.Status(t)
 			// The old worker's reservation is abandoned: never published,
 			// its bytes kept (doomed) until its write TTL.
 			if st.Transfer.Reused != 1 || st.Transfer.PendingWrites != 0 || st.Pool.WriteLocked != st.Pool.DoomedObjects {

@@ -1,4 +1,15 @@
-package reliability
+// Package eviction replays the eviction policies through the wire: a
+// multi-turn chat trace (chat.Trace: conversations return after the ones
+// served meanwhile) replayed against the real binary under LRU and under
+// prefix, by a scheduler and a Go SHM worker doing what LMCache does each
+// turn (LOOKUP of the whole conversation, PREPARE/COMMIT_RETRIEVE of the
+// hits, PREPARE/COMMIT_STORE of the whole prompt, which stores what is
+// missing, or of the misses alone, a mid-prompt store; END_SESSION).
+//
+// A replay is one goroutine, so the race detector has nothing to find in
+// it and would stretch it to minutes: the tests skip under -race, and
+// task test runs this package without it.
+package eviction
 
 import (
 	"bytes"
@@ -10,14 +21,6 @@ import (
 	"kvdock/core/testkit/chat"
 	"kvdock/tests/harness"
 )
-
-// The eviction policies through the wire: a multi-turn chat trace (chat.Trace:
-// conversations return after the ones served meanwhile) replayed
-// against the real binary under LRU and under prefix, by a scheduler and a
-// Go SHM worker doing what LMCache does each turn (LOOKUP of the whole
-// conversation, PREPARE/COMMIT_RETRIEVE of the hits, PREPARE/COMMIT_STORE
-// of the whole prompt, which stores what is missing, END_SESSION), with a
-// pool half the trace's working set.
 
 // Chunks of 16 tokens: 4 KiB with the Go worker's geometry, so a small
 // pool holds many.
@@ -51,25 +54,25 @@ func replayWireWith(t *testing.T, trace []chat.Turn, poolBytes int64, policy str
 		"--l1-size-gb", fmt.Sprint(float64(poolBytes)/(1<<30)))
 	defer srv.Stop(t)
 	sched := srv.Dial(t, srv.Protocol)
-	w := newWorker(t, srv.Dial(t, srv.Protocol), 1, "chat", false)
-	if w.chunkBytes != wireChunkBytes {
-		t.Fatalf("chunks of %d bytes, want %d", w.chunkBytes, wireChunkBytes)
+	w := harness.NewWorker(t, srv.Dial(t, srv.Protocol), 1, "chat", false)
+	if w.ChunkBytes != wireChunkBytes {
+		t.Fatalf("chunks of %d bytes, want %d", w.ChunkBytes, wireChunkBytes)
 	}
-	if w.mode() != "shm" {
-		t.Fatalf("worker in %s mode, want shm", w.mode())
+	if w.Mode() != "shm" {
+		t.Fatalf("worker in %s mode, want shm", w.Mode())
 	}
 	ctx := context.Background()
 	var out wireReplay
 	for i, tu := range trace {
 		req := fmt.Sprintf("t%d", i)
-		toks := tokensFor(tu.Conv, tu.Chunks, w.chunk)
-		hits, err := lookupKeep(ctx, sched, w.model, toks, req)
+		toks := harness.Tokens(tu.Conv, tu.Chunks, w.Chunk)
+		hits, err := harness.LookupKeep(ctx, sched, w.Model, toks, req)
 		if err != nil {
 			t.Fatalf("turn %d: lookup: %v", i, err)
 		}
 		if hits > 0 {
-			if _, err := w.wk().Retrieve(ctx, w.key(toks, hits, req), func(c int, chunk []byte) {
-				if !bytes.Equal(chunk, chunkData(tu.Conv, c, w.chunkBytes)) {
+			if _, err := w.Worker().Retrieve(ctx, w.Key(toks, hits, req), func(c int, chunk []byte) {
+				if !bytes.Equal(chunk, harness.ChunkData(tu.Conv, c, w.ChunkBytes)) {
 					out.wrong++
 				}
 			}); err != nil {
@@ -83,11 +86,11 @@ func replayWireWith(t *testing.T, trace []chat.Turn, poolBytes int64, policy str
 			}
 			data := make([][]byte, tu.Chunks-first)
 			for c := range data {
-				data[c] = chunkData(tu.Conv, first+c, w.chunkBytes)
+				data[c] = harness.ChunkData(tu.Conv, first+c, w.ChunkBytes)
 			}
-			k := w.key(toks, tu.Chunks, req)
-			k.Start = first * w.chunk
-			if _, err := w.wk().Store(ctx, k, data); err != nil {
+			k := w.Key(toks, tu.Chunks, req)
+			k.Start = first * w.Chunk
+			if _, err := w.Worker().Store(ctx, k, data); err != nil {
 				t.Fatalf("turn %d: store of chunks %d to %d: %v", i, first, tu.Chunks, err)
 			}
 		}
@@ -99,7 +102,7 @@ func replayWireWith(t *testing.T, trace []chat.Turn, poolBytes int64, policy str
 			out.hit += hits
 		}
 	}
-	p := status(t, srv).Pool
+	p := srv.Status(t).Pool
 	out.usable, out.evictions = p.UsableRatio, p.Evictions
 	return out
 }
@@ -110,6 +113,9 @@ func replayWireWith(t *testing.T, trace []chat.Turn, poolBytes int64, policy str
 // than a point below LRU. The ratio of their hits is logged, not asserted
 // (docs/BENCHMARKS.md has the figures).
 func TestEvictionPoliciesOnTheWire(t *testing.T) {
+	if harness.RaceDetector {
+		t.Skip("sequential replay; task test runs it without -race")
+	}
 	trace := chat.Trace(4000, 100, 100, 1)
 	ws := chat.WorkingSet(trace)
 	pool := int64(ws/2) * wireChunkBytes
@@ -145,6 +151,9 @@ func TestEvictionPoliciesOnTheWire(t *testing.T) {
 // at 1×, never a point less at any size, with no wrong byte and every
 // resident byte usable at the end.
 func TestEvictionPoliciesOnTheWireLongContext(t *testing.T) {
+	if harness.RaceDetector {
+		t.Skip("sequential replay; task test runs it without -race")
+	}
 	trace := chat.TraceWithContext(1500, 8, 8, 100, 6)
 	live := chat.LiveSet(trace)
 	for _, f := range []float64{0.5, 1, 2} {
@@ -185,6 +194,9 @@ func TestEvictionPoliciesOnTheWireLongContext(t *testing.T) {
 // less elsewhere, with no wrong byte and every resident byte usable at the
 // end.
 func TestEvictionPoliciesOnTheWireRoundRobin(t *testing.T) {
+	if harness.RaceDetector {
+		t.Skip("sequential replay; task test runs it without -race")
+	}
 	trace := chat.RoundRobin(14, 2, 10)
 	ws := chat.Live(chat.Prompts(trace))
 	for _, chunks := range []int{128, ws, 2 * ws} {

@@ -1,4 +1,8 @@
-package reliability
+// Package attackkit is the kit the hostile-local-peer tests share: a server
+// started with a memory cap, liveness and memory probes, raw DEALER sockets
+// that send without reading, the hostile payload builders, and the worker
+// steps (prepare, write, commit) two interleaved workers take.
+package attackkit
 
 import (
 	"bytes"
@@ -11,6 +15,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -24,37 +29,33 @@ import (
 	"kvdock/tests/harness"
 )
 
-// The hostile-local-peer tests share this kit: a server started
-// with a memory cap, liveness and memory probes, raw DEALER sockets that
-// send without reading, and the hostile payload builders.
-
-// attackFull selects the full attack sizes (KVDOCK_ATTACK_FULL=1); CI runs
+// AttackFull selects the full attack sizes (KVDOCK_ATTACK_FULL=1); CI runs
 // scaled-down sizes whose bounds still tell a bounded server from an
 // unbounded one.
-func attackFull() bool { return os.Getenv("KVDOCK_ATTACK_FULL") == "1" }
+func AttackFull() bool { return os.Getenv("KVDOCK_ATTACK_FULL") == "1" }
 
 // serverMemCap bounds a server under attack (RLIMIT_AS): an unbounded one
 // dies of it instead of eating the shared machine.
 const serverMemCap = 3 << 30
 
-// attackChunk is the chunk size of the attacked servers: 256 tokens of 2
+// AttackChunk is the chunk size of the attacked servers: 256 tokens of 2
 // layers × 16 float32 gives 64 KiB chunks, 1,024 of them in the 64 MiB pool.
-const attackChunk = 256
+const AttackChunk = 256
 
-// startAttacked starts the real binary with --chunk-size 256 and extra
+// StartAttacked starts the real binary with --chunk-size 256 and extra
 // flags, capped at serverMemCap of address space and 1,024 open files.
 // --max-message-bytes 128 MiB (above every attack's largest message) makes
 // the attacks reach the decoders and queues whatever default cap a fix
 // chooses: the bounds under test are those behind the message cap.
-func startAttacked(t *testing.T, extra ...string) *harness.Server {
+func StartAttacked(t *testing.T, extra ...string) *harness.Server {
 	t.Helper()
-	args := []string{"--chunk-size", fmt.Sprint(attackChunk), "--max-message-bytes", fmt.Sprint(128 << 20)}
+	args := []string{"--chunk-size", fmt.Sprint(AttackChunk), "--max-message-bytes", fmt.Sprint(128 << 20)}
 	srv := harness.Start(t, append(args, extra...)...)
-	capProcess(t, srv.PID())
+	CapProcess(t, srv.PID())
 	return srv
 }
 
-func capProcess(t testing.TB, pid int) {
+func CapProcess(t testing.TB, pid int) {
 	t.Helper()
 	if err := unix.Prlimit(pid, unix.RLIMIT_AS, &unix.Rlimit{Cur: serverMemCap, Max: serverMemCap}, nil); err != nil {
 		t.Fatalf("prlimit AS: %v", err)
@@ -64,8 +65,8 @@ func capProcess(t testing.TB, pid int) {
 	}
 }
 
-// alive fails the test unless a fresh client gets NOOP answered within d.
-func alive(t testing.TB, srv *harness.Server, d time.Duration, after string) {
+// Alive fails the test unless a fresh client gets NOOP answered within d.
+func Alive(t testing.TB, srv *harness.Server, d time.Duration, after string) {
 	t.Helper()
 	c, err := client.Dial(srv.Endpoint, harness.Profile(t, srv.Protocol), client.Options{Timeout: d})
 	if err != nil {
@@ -76,7 +77,7 @@ func alive(t testing.TB, srv *harness.Server, d time.Duration, after string) {
 	r, err := c.Call(context.Background(), protocol.Noop)
 	if err != nil || !r.Present {
 		out := srv.Output()
-		if f := fatalIn(out); f != "" {
+		if f := FatalIn(out); f != "" {
 			out = f
 		} else if len(out) > 2000 {
 			out = out[len(out)-2000:]
@@ -93,32 +94,32 @@ func resetPeak(t testing.TB, pid int) {
 	}
 }
 
-// peakGrowth measures fn: the server's peak RSS above its RSS before, KiB.
-func peakGrowth(t testing.TB, pid int, fn func()) (base, peak int64) {
+// PeakGrowth measures fn: the server's peak RSS above its RSS before, KiB.
+func PeakGrowth(t testing.TB, pid int, fn func()) (base, peak int64) {
 	t.Helper()
 	resetPeak(t, pid)
-	base = procKiB(t, pid, "VmRSS")
+	base = ProcKiB(t, pid, "VmRSS")
 	fn()
-	return base, procKiB(t, pid, "VmHWM")
+	return base, ProcKiB(t, pid, "VmHWM")
 }
 
-const kib = 1 << 10
+const KiB = 1 << 10
 
-func mib(kb int64) string { return fmt.Sprintf("%.1f MiB", float64(kb)/1024) }
+func MiB(kb int64) string { return fmt.Sprintf("%.1f MiB", float64(kb)/1024) }
 
-// checkBound fails unless the growth (KiB) is within limit (KiB); volume
+// CheckBound fails unless the growth (KiB) is within limit (KiB); volume
 // is the attack's size in bytes (sent, or replies asked for).
-func checkBound(t testing.TB, what string, base, peak, limit int64, volume int64) {
+func CheckBound(t testing.TB, what string, base, peak, limit int64, volume int64) {
 	t.Helper()
-	t.Logf("%s: RSS %s → peak %s (growth %s) for %s of attack; bound %s", what, mib(base), mib(peak), mib(peak-base),
-		mib(volume/kib), mib(limit))
+	t.Logf("%s: RSS %s → peak %s (growth %s) for %s of attack; bound %s", what, MiB(base), MiB(peak), MiB(peak-base),
+		MiB(volume/KiB), MiB(limit))
 	if peak-base > limit {
-		t.Errorf("%s: peak RSS grew by %s, bound %s (%s of attack)", what, mib(peak-base), mib(limit), mib(volume/kib))
+		t.Errorf("%s: peak RSS grew by %s, bound %s (%s of attack)", what, MiB(peak-base), MiB(limit), MiB(volume/KiB))
 	}
 }
 
-// statusBytes is GET /status's body length.
-func statusBytes(t testing.TB, srv *harness.Server, timeout time.Duration) int {
+// StatusBytes is GET /status's body length.
+func StatusBytes(t testing.TB, srv *harness.Server, timeout time.Duration) int {
 	t.Helper()
 	hc := &http.Client{Timeout: timeout}
 	resp, err := hc.Get(fmt.Sprintf("http://127.0.0.1:%d/status", srv.HTTPPort))
@@ -133,21 +134,21 @@ func statusBytes(t testing.TB, srv *harness.Server, timeout time.Duration) int {
 	return int(n)
 }
 
-// handled is how many requests of a canonical type the server has finished.
-func handled(t testing.TB, srv *harness.Server, typ string) int64 {
+// Handled is how many requests of a canonical type the server has finished.
+func Handled(t testing.TB, srv *harness.Server, typ string) int64 {
 	t.Helper()
-	c := status(t, srv).Requests.ByType[typ]
+	c := srv.Status(t).Requests.ByType[typ]
 	return c.OK + c.Error + c.Dropped
 }
 
-// inFlight is the server's count of requests being handled.
-func inFlight(t testing.TB, srv *harness.Server) int64 {
+// InFlight is the server's count of requests being handled.
+func InFlight(t testing.TB, srv *harness.Server) int64 {
 	t.Helper()
-	return status(t, srv).Requests.InFlight
+	return srv.Status(t).Requests.InFlight
 }
 
-// postClear runs POST /clear-cache.
-func postClear(t testing.TB, srv *harness.Server) {
+// PostClear runs POST /clear-cache.
+func PostClear(t testing.TB, srv *harness.Server) {
 	t.Helper()
 	resp, err := http.Post(fmt.Sprintf("http://127.0.0.1:%d/clear-cache", srv.HTTPPort), "application/json", nil)
 	if err != nil {
@@ -159,17 +160,17 @@ func postClear(t testing.TB, srv *harness.Server) {
 	}
 }
 
-// rawPeer is a DEALER that sends requests and does not read replies unless
+// RawPeer is a DEALER that sends requests and does not read replies unless
 // asked: a slow or hostile peer. With tinyRecv its receive side holds one
 // message and a 4 KiB kernel buffer, so replies pile up on the server.
-type rawPeer struct {
+type RawPeer struct {
 	zctx *zmq.Context
-	sock *zmq.Socket
+	Sock *zmq.Socket
 	prof *protocol.Profile
 	uid  int64
 }
 
-func dialRaw(t testing.TB, srv *harness.Server, tinyRecv bool) *rawPeer {
+func DialRaw(t testing.TB, srv *harness.Server, tinyRecv bool) *RawPeer {
 	t.Helper()
 	zctx, err := zmq.NewContext()
 	if err != nil {
@@ -188,21 +189,21 @@ func dialRaw(t testing.TB, srv *harness.Server, tinyRecv bool) *rawPeer {
 	if err := sock.Connect(srv.Endpoint); err != nil {
 		t.Fatal(err)
 	}
-	p := &rawPeer{zctx: zctx, sock: sock, prof: harness.Profile(t, srv.Protocol)}
-	t.Cleanup(p.close)
+	p := &RawPeer{zctx: zctx, Sock: sock, prof: harness.Profile(t, srv.Protocol)}
+	t.Cleanup(p.Close)
 	return p
 }
 
-func (p *rawPeer) close() {
-	if p.sock != nil {
-		_ = p.sock.Close()
+func (p *RawPeer) Close() {
+	if p.Sock != nil {
+		_ = p.Sock.Close()
 		_ = p.zctx.Term()
-		p.sock = nil
+		p.Sock = nil
 	}
 }
 
-// send queues one request of canonical name with pre-encoded frames.
-func (p *rawPeer) send(t testing.TB, name string, frames ...[]byte) {
+// Send queues one request of canonical name with pre-encoded frames.
+func (p *RawPeer) Send(t testing.TB, name string, frames ...[]byte) {
 	t.Helper()
 	spec, ok := p.prof.ByName(name)
 	if !ok {
@@ -217,13 +218,13 @@ func (p *rawPeer) send(t testing.TB, name string, frames ...[]byte) {
 		if i == len(msg)-1 {
 			flag = 0
 		}
-		if _, err := p.sock.SendBytes(f, flag); err != nil {
+		if _, err := p.Sock.SendBytes(f, flag); err != nil {
 			t.Fatalf("raw send: %v", err)
 		}
 	}
 }
 
-func enc(t testing.TB, v any) []byte {
+func Enc(t testing.TB, v any) []byte {
 	t.Helper()
 	b, err := protocol.Encode(v)
 	if err != nil {
@@ -232,19 +233,19 @@ func enc(t testing.TB, v any) []byte {
 	return b
 }
 
-// smallTokens is n token ids below 128 (one msgpack byte each), distinct
+// SmallTokens is n token ids below 128 (one msgpack byte each), distinct
 // per seed in their first chunk.
-func smallTokens(n, seed int) []uint32 {
+func SmallTokens(n, seed int) []uint32 {
 	out := make([]uint32, n)
 	for i := range out {
-		out[i] = uint32((i*7 + seed*13 + i/attackChunk) % 127)
+		out[i] = uint32((i*7 + seed*13 + i/AttackChunk) % 127)
 	}
 	return out
 }
 
-// waitBusy waits until the server has a request in flight or done is
+// WaitBusy waits until the server has a request in flight or done is
 // closed (the attack may be refused before it is seen).
-func waitBusy(t testing.TB, srv *harness.Server, done <-chan struct{}, limit time.Duration) {
+func WaitBusy(t testing.TB, srv *harness.Server, done <-chan struct{}, limit time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(limit)
 	for time.Now().Before(deadline) {
@@ -253,7 +254,7 @@ func waitBusy(t testing.TB, srv *harness.Server, done <-chan struct{}, limit tim
 			return
 		default:
 		}
-		if inFlight(t, srv) > 0 {
+		if InFlight(t, srv) > 0 {
 			return
 		}
 		time.Sleep(5 * time.Millisecond)
@@ -261,12 +262,12 @@ func waitBusy(t testing.TB, srv *harness.Server, done <-chan struct{}, limit tim
 	t.Fatalf("the attack request was neither in flight nor handled within %v", limit)
 }
 
-// waitHandled waits until the server has finished n requests of typ and
+// WaitHandled waits until the server has finished n requests of typ and
 // reports whether it did within limit; a server that stops answering
 // /status fails the test with its output. A message that libzmq drops for
 // its size is never counted: callers whose requests may be refused that
 // way only log a shortfall.
-func waitHandled(t testing.TB, srv *harness.Server, typ string, n int64, limit time.Duration, after string) bool {
+func WaitHandled(t testing.TB, srv *harness.Server, typ string, n int64, limit time.Duration, after string) bool {
 	t.Helper()
 	hc := &http.Client{Timeout: limit}
 	deadline := time.Now().Add(limit)
@@ -276,8 +277,8 @@ func waitHandled(t testing.TB, srv *harness.Server, typ string, n int64, limit t
 				ByType map[string]struct{ OK, Error, Dropped int64 } `json:"by_type"`
 			} `json:"requests"`
 		}
-		if err := getJSON(hc, srv, &st); err != nil {
-			alive(t, srv, time.Second, after)
+		if err := GetJSON(hc, srv, &st); err != nil {
+			Alive(t, srv, time.Second, after)
 			t.Fatalf("GET /status after %s: %v", after, err)
 		}
 		c := st.Requests.ByType[typ]
@@ -294,12 +295,12 @@ func waitHandled(t testing.TB, srv *harness.Server, typ string, n int64, limit t
 
 // --- hostile payloads ---
 
-// nestedMap is v (a key or a register payload: a map of 8 fields) with one
+// NestedMap is v (a key or a register payload: a map of 8 fields) with one
 // extra unknown field holding depth nested one-element arrays: what
 // msgpack's recursive Skip walks.
-func nestedMap(t testing.TB, v any, depth int) []byte {
+func NestedMap(t testing.TB, v any, depth int) []byte {
 	t.Helper()
-	b := enc(t, v)
+	b := Enc(t, v)
 	if b[0] != 0x88 { // fixmap of 8
 		t.Fatalf("%T encodes as 0x%02x, want a fixmap of 8", v, b[0])
 	}
@@ -320,9 +321,9 @@ const (
 	pBINPUT, pTUPLE, pTUPLE1, pBINBYTES, pMEMO   = 'q', 't', 0x85, 'B', 0x94
 )
 
-// memoryBombPickle is about size bytes of MARK, DUP ×4095, APPENDS blocks:
+// MemoryBombPickle is about size bytes of MARK, DUP ×4095, APPENDS blocks:
 // every byte adds one item to one list.
-func memoryBombPickle(size int) []byte {
+func MemoryBombPickle(size int) []byte {
 	p := []byte{pPROTO, 4, pEMPTYLIST}
 	// The list and 4,095 items fill the decoder's 4,096-deep stack.
 	block := append([]byte{pMARK, pBININT1, 7}, bytes.Repeat([]byte{pDUP}, 4094)...)
@@ -334,11 +335,11 @@ func memoryBombPickle(size int) []byte {
 	return append(p, pSTOP)
 }
 
-// cpuBombPickle is a memoised legacy storage container of ~64 KiB whose
+// CPUBombPickle is a memoised legacy storage container of ~64 KiB whose
 // saved-object pickle announces ~2,700 distinct storages (each persistent id
 // scanned against all before it), loaded `loads` times through
 // torch.storage._load_from_bytes: ~90 KiB that decode in O(loads × refs²).
-func cpuBombPickle(loads int) []byte {
+func CPUBombPickle(loads int) []byte {
 	const sysInfo = "\x80\x02}q\x00(X\x10\x00\x00\x00protocol_versionq\x01M\xe9\x03" +
 		"X\r\x00\x00\x00little_endianq\x02\x88X\n\x00\x00\x00type_sizesq\x03}q\x04(" +
 		"X\x05\x00\x00\x00shortq\x05K\x02X\x03\x00\x00\x00intq\x06K\x04X\x04\x00\x00\x00longq\x07K\x04uu."
@@ -384,9 +385,9 @@ func cpuBombPickle(loads int) []byte {
 	return append(p, pBININT1, 0, pSTOP)
 }
 
-// idleHTTP opens n keep-alive connections that each send one request, read
+// IdleHTTP opens n keep-alive connections that each send one request, read
 // the answer and then stay idle; close closes them all.
-func idleHTTP(t testing.TB, port, n int) (opened int, close func()) {
+func IdleHTTP(t testing.TB, port, n int) (opened int, close func()) {
 	t.Helper()
 	var (
 		mu    sync.Mutex
@@ -421,9 +422,9 @@ func idleHTTP(t testing.TB, port, n int) (opened int, close func()) {
 	}
 }
 
-// healthWithin GETs /healthcheck on a new connection and returns how long
+// HealthWithin GETs /healthcheck on a new connection and returns how long
 // the answer took (or an error after limit).
-func healthWithin(port int, limit time.Duration) (time.Duration, error) {
+func HealthWithin(port int, limit time.Duration) (time.Duration, error) {
 	hc := &http.Client{Timeout: limit, Transport: &http.Transport{DisableKeepAlives: true}}
 	start := time.Now()
 	resp, err := hc.Get(fmt.Sprintf("http://127.0.0.1:%d/healthcheck", port))
@@ -438,8 +439,8 @@ func healthWithin(port int, limit time.Duration) (time.Duration, error) {
 	return time.Since(start), nil
 }
 
-// fileSize is the size of path, 0 when absent.
-func fileSize(path string) int64 {
+// FileSize is the size of path, 0 when absent.
+func FileSize(path string) int64 {
 	fi, err := os.Stat(path)
 	if err != nil {
 		return 0
@@ -447,8 +448,8 @@ func fileSize(path string) int64 {
 	return fi.Size()
 }
 
-// fatalIn reports a Go runtime crash in a server's output.
-func fatalIn(out string) string {
+// FatalIn reports a Go runtime crash in a server's output.
+func FatalIn(out string) string {
 	for _, s := range []string{"fatal error", "unexpected fault", "panic:", "SIGSEGV", "SIGBUS", "goroutine 1 ["} {
 		if i := strings.Index(out, s); i >= 0 {
 			end := min(len(out), i+600)
@@ -462,8 +463,8 @@ func dialTCP(port int) (net.Conn, error) {
 	return net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), 2*time.Second)
 }
 
-// getJSON decodes GET /status into v.
-func getJSON(hc *http.Client, srv *harness.Server, v any) error {
+// GetJSON decodes GET /status into v.
+func GetJSON(hc *http.Client, srv *harness.Server, v any) error {
 	resp, err := hc.Get(fmt.Sprintf("http://127.0.0.1:%d/status", srv.HTTPPort))
 	if err != nil {
 		return err
@@ -475,12 +476,12 @@ func getJSON(hc *http.Client, srv *harness.Server, v any) error {
 	return json.NewDecoder(resp.Body).Decode(v)
 }
 
-// callHandled sends one request on c and waits until it is answered or the
+// CallHandled sends one request on c and waits until it is answered or the
 // server has finished handling it (seed profiles answer a refused request
 // with nothing), at most limit. It reports the reply when there was one.
-func callHandled(t testing.TB, srv *harness.Server, c *client.Client, limit time.Duration, name string, args ...any) (client.Reply, error, bool) {
+func CallHandled(t testing.TB, srv *harness.Server, c *client.Client, limit time.Duration, name string, args ...any) (client.Reply, error, bool) {
 	t.Helper()
-	before := handled(t, srv, name)
+	before := Handled(t, srv, name)
 	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
 	type res struct {
@@ -492,7 +493,7 @@ func callHandled(t testing.TB, srv *harness.Server, c *client.Client, limit time
 		r, err := c.Call(ctx, name, args...)
 		ch <- res{r, err}
 	}()
-	finished := watchHandled(t, srv, name, before)
+	finished := WatchHandled(t, srv, name, before)
 	select {
 	case r := <-ch:
 		return r.r, r.err, true
@@ -509,9 +510,137 @@ func callHandled(t testing.TB, srv *harness.Server, c *client.Client, limit time
 	}
 }
 
-// awaitCall runs fn in a goroutine; the channel yields its error.
-func awaitCall(fn func() error) <-chan error {
+// AwaitCall runs fn in a goroutine; the channel yields its error.
+func AwaitCall(fn func() error) <-chan error {
 	ch := make(chan error, 1)
 	go func() { ch <- fn() }()
 	return ch
+}
+
+func PrepareStore(ctx context.Context, w *harness.GoWorker, toks []uint32, n int, req string) (harness.PrepStore, error) {
+	var ps harness.PrepStore
+	r, err := w.C.Call(ctx, protocol.PrepareStore, w.Key(toks, n, req), w.ID)
+	if err != nil {
+		return ps, fmt.Errorf("prepare_store: %w", err)
+	}
+	if err := r.Decode(&ps); err != nil {
+		return ps, fmt.Errorf("prepare_store: %w", err)
+	}
+	return ps, nil
+}
+
+func WriteSlots(w *harness.GoWorker, ps harness.PrepStore, data [][]byte) error {
+	for n, s := range ps.Context.Slots {
+		i := n
+		if n < len(ps.Context.ChunkIndices) {
+			i = ps.Context.ChunkIndices[n]
+		}
+		if s.Offset < 0 || s.Offset+s.Length > int64(len(w.Shm)) || i >= len(data) || s.Length != int64(len(data[i])) {
+			return fmt.Errorf("slot %+v does not fit a %d-byte mapping", s, len(w.Shm))
+		}
+		copy(w.Shm[s.Offset:], data[i])
+	}
+	return nil
+}
+
+func CommitStore(ctx context.Context, w *harness.GoWorker, toks []uint32, n int, req string, payload []byte) (bool, error) {
+	r, err := w.C.Call(ctx, protocol.CommitStore, w.Key(toks, n, req), w.ID, payload)
+	if err != nil {
+		return false, fmt.Errorf("commit_store: %w", err)
+	}
+	var ok bool
+	if err := r.Decode(&ok); err != nil {
+		return false, fmt.Errorf("commit_store: %w", err)
+	}
+	return ok, nil
+}
+
+func SeqData(seed, n, size int) [][]byte {
+	out := make([][]byte, n)
+	for i := range out {
+		out[i] = harness.ChunkData(seed, i, size)
+	}
+	return out
+}
+
+// ReadBack retrieves n chunks of toks through w and compares them to want.
+func ReadBack(t testing.TB, w *harness.GoWorker, toks []uint32, want [][]byte, req string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	got, err := w.Retrieve(ctx, toks, len(want), req)
+	if err != nil {
+		t.Errorf("%s worker %d: retrieve: %v", w.Mode(), w.ID, err)
+		return
+	}
+	if len(got) != len(want) {
+		t.Errorf("%s worker %d: retrieve got %d chunks, want %d (miss)", w.Mode(), w.ID, len(got), len(want))
+		return
+	}
+	for i := range want {
+		if !bytes.Equal(got[i], want[i]) {
+			t.Errorf("%s worker %d: chunk %d is not what was stored (crc %08x, want %08x)", w.Mode(), w.ID, i, harness.Sum(got[i]), harness.Sum(want[i]))
+		}
+	}
+}
+
+// WatchHandled closes the returned channel once the server has finished
+// more requests of typ than before (polled off the caller's goroutine, since
+// /status may itself wait on the stalled pool).
+func WatchHandled(t testing.TB, srv *harness.Server, typ string, before int64) <-chan struct{} {
+	ch := make(chan struct{})
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go func() {
+		defer close(ch)
+		hc := &http.Client{Timeout: 2 * time.Minute}
+		for ctx.Err() == nil {
+			var st struct {
+				Requests struct {
+					ByType map[string]struct{ OK, Error, Dropped int64 } `json:"by_type"`
+				} `json:"requests"`
+			}
+			if err := GetJSON(hc, srv, &st); err == nil {
+				c := st.Requests.ByType[typ]
+				if c.OK+c.Error+c.Dropped > before {
+					return
+				}
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	return ch
+}
+
+// lockReads runs LOOKUP with tp_size tp (tp read locks per chunk) and
+// waits for its job.
+// GrepLines is the lines of out that contain s.
+func GrepLines(out, s string) string {
+	var b strings.Builder
+	for _, l := range strings.Split(out, "\n") {
+		if strings.Contains(l, s) {
+			b.WriteString(l + "\n")
+		}
+	}
+	return b.String()
+}
+
+// ProcKiB reads a "Field:   N kB" line of /proc/pid/status.
+func ProcKiB(t testing.TB, pid int, field string) int64 {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
+			n, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+	}
+	t.Fatalf("no %s in /proc/%d/status", field, pid)
+	return 0
 }

@@ -1,9 +1,8 @@
-package interop
+package restart
 
 import (
 	"encoding/json"
 	"fmt"
-	"io"
 	"strconv"
 	"testing"
 	"time"
@@ -27,100 +26,21 @@ var restartProfiles = []restartProfile{
 		workers: []map[string]any{{"instance_id": 7101}}, modes: "[shm]"},
 }
 
-// restartReport is one answer of py/restart_worker.py.
-type restartReport struct {
-	Ready      bool     `json:"ready"`
-	Looping    bool     `json:"looping"`
-	Modes      []string `json:"modes"`
-	ShmName    string   `json:"shm_name"`
-	Requests   int      `json:"requests"`
-	Timeouts   int      `json:"timeouts"`
-	Refused    int      `json:"refused"`
-	Missed     int      `json:"missed"`
-	Wrong      int      `json:"wrong"`
-	Stores     int      `json:"stores"`
-	Retrieves  int      `json:"retrieves"`
-	SlowestS   float64  `json:"slowest_s"`
-	Committed  int      `json:"committed"`
-	Prompts    int      `json:"prompts"`
-	Identical  int      `json:"identical"`
-	Chunks     int      `json:"chunks"`
-	Iterations int      `json:"iterations"`
-	Seconds    float64  `json:"seconds"`
-	Pings      []any    `json:"pings"`
-	Failures   []struct {
-		T   float64 `json:"t"`
-		Op  string  `json:"op"`
-		Why string  `json:"why"`
-	} `json:"failures"`
-}
-
-// failed is every request or operation that did not do what it asked.
-func (r restartReport) failed() int { return r.Timeouts + r.Refused + r.Missed + r.Wrong }
-
 // startRestartWorkers runs py/restart_worker.py against srv with prof's
 // workers (registered once, here) and checks their modes and segment.
-func startRestartWorkers(t *testing.T, srv *harness.Server, prof restartProfile, prompts int, timeout time.Duration) *liveWorker {
+func startRestartWorkers(t *testing.T, srv *harness.Server, prof restartProfile, prompts int, timeout time.Duration) *harness.RestartWorker {
 	t.Helper()
 	p, err := json.Marshal(map[string]any{"profile": prof.name, "workers": prof.workers, "prompts": prompts, "chunks": 2,
 		"timeout": timeout.Seconds()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := startPyWorker(t, "py/restart_worker.py", srv.Endpoint, string(p))
-	r := w.report()
+	w := harness.StartRestartWorker(t, srv.Endpoint, string(p))
+	r := w.Report()
 	if fmt.Sprint(r.Modes) != prof.modes || r.ShmName != srv.Segment {
 		t.Fatalf("workers: modes %v on %q, want %s on %s", r.Modes, r.ShmName, prof.modes, srv.Segment)
 	}
 	return w
-}
-
-// ask sends one command line and decodes the answer.
-func (w *liveWorker) ask(cmd string) restartReport {
-	w.t.Helper()
-	if _, err := io.WriteString(w.stdin, cmd+"\n"); err != nil {
-		w.t.Fatalf("worker stdin: %v", err)
-	}
-	return w.report()
-}
-
-func (w *liveWorker) report() restartReport {
-	w.t.Helper()
-	b, err := json.Marshal(w.next())
-	if err != nil {
-		w.t.Fatal(err)
-	}
-	var r restartReport
-	if err := json.Unmarshal(b, &r); err != nil {
-		w.t.Fatalf("worker line %s: %v", b, err)
-	}
-	return r
-}
-
-// storeAll stores a batch under tag and requires every prompt to commit.
-func storeAll(t *testing.T, w *liveWorker, tag string, want int) {
-	t.Helper()
-	r := w.ask("store " + tag)
-	if r.Committed != want || r.failed() != 0 {
-		t.Fatalf("store %s: %d of %d committed: %+v", tag, r.Committed, want, r)
-	}
-	for _, p := range r.Pings {
-		if p != true {
-			t.Fatalf("store %s: PING answered %v", tag, r.Pings)
-		}
-	}
-}
-
-// checkAll requires every prompt committed so far to hit in full and come
-// back identical, and returns how many prompts that is.
-func checkAll(t *testing.T, w *liveWorker, after string) int {
-	t.Helper()
-	r := w.ask("check")
-	if r.Prompts == 0 || r.Identical != r.Prompts || r.failed() != 0 {
-		t.Fatalf("after %s: %d of %d prompts identical (%d missed, %d wrong, %d unanswered, %d refused); first failures %+v",
-			after, r.Identical, r.Prompts, r.Missed, r.Wrong, r.Timeouts, r.Refused, r.Failures)
-	}
-	return r.Prompts
 }
 
 // restartWay is one way to restart kvdock while the workers keep running.
@@ -137,7 +57,7 @@ func restartWays(token string) []restartWay {
 	if token != "" {
 		ways = append(ways, restartWay{"kvdock ctl restart", func(t *testing.T, srv *harness.Server) time.Duration {
 			return srv.RestartBy(t, func() error {
-				out, err := runKvdock(t, []string{"KVDOCK_HTTP_TOKEN=" + token}, "ctl", "--http-port", strconv.Itoa(srv.HTTPPort), "restart", "--yes")
+				out, err := harness.Run(t, []string{"KVDOCK_HTTP_TOKEN=" + token}, "ctl", "--http-port", strconv.Itoa(srv.HTTPPort), "restart", "--yes")
 				if err != nil {
 					return fmt.Errorf("kvdock ctl restart: %w\n%s", err, out)
 				}
@@ -182,15 +102,15 @@ func TestRestartKeepsCacheForRunningWorkers(t *testing.T) {
 				srv := harness.StartKeeping(t, auto, flags...)
 				w := startRestartWorkers(t, srv, prof, prompts, 10*time.Second)
 				batch := prompts * len(prof.workers)
-				storeAll(t, w, "before", batch)
+				w.StoreAll("before", batch)
 				for i, way := range restartWays(tok) {
 					gap := way.do(t, srv)
 					checkAdopted(t, srv, way.name, 2*batch*(i+1), len(prof.workers))
-					n := checkAll(t, w, way.name)
-					storeAll(t, w, fmt.Sprint("after", i), batch)
+					n := w.CheckAll(way.name)
+					w.StoreAll(fmt.Sprint("after", i), batch)
 					t.Logf("%s: back in %v, %d prompts identical, %d more committed; %+v", way.name, gap.Round(time.Millisecond), n, batch, srv.LastRestart(t))
 				}
-				checkAll(t, w, "the last store")
+				w.CheckAll("the last store")
 			})
 		}
 	}
@@ -208,15 +128,15 @@ func TestRestartUnderLoadLosesNoRequest(t *testing.T) {
 		t.Run(prof.name, func(t *testing.T) {
 			srv := harness.StartKeeping(t, false, prof.flags...)
 			w := startRestartWorkers(t, srv, prof, 4, 3*time.Second)
-			storeAll(t, w, "before", 4*len(prof.workers))
+			w.StoreAll("before", 4*len(prof.workers))
 			for _, way := range restartWays("") {
-				if r := w.ask("loop"); !r.Looping {
+				if r := w.Ask("loop"); !r.Looping {
 					t.Fatalf("loop did not start: %+v", r)
 				}
 				time.Sleep(time.Second)
 				gap := way.do(t, srv)
 				time.Sleep(time.Second)
-				r := w.ask("stop")
+				r := w.Ask("stop")
 				t.Logf("%s (back in %v): %d iterations in %.1fs, %d requests: %d unanswered, %d refused, %d missed, %d wrong; slowest answer %.3fs",
 					way.name, gap.Round(time.Millisecond), r.Iterations, r.Seconds, r.Requests, r.Timeouts, r.Refused, r.Missed, r.Wrong, r.SlowestS)
 				if r.Iterations == 0 || r.Committed == 0 {
@@ -231,7 +151,7 @@ func TestRestartUnderLoadLosesNoRequest(t *testing.T) {
 					t.Logf("%s: the request in flight at the restart went unanswered (target 0): %+v", way.name, r.Failures)
 				}
 			}
-			checkAll(t, w, "the loops")
+			w.CheckAll("the loops")
 		})
 	}
 }

@@ -1,4 +1,4 @@
-package reliability
+package restart
 
 import (
 	"context"
@@ -92,24 +92,24 @@ type lostStore struct {
 // loopWorker is one Go worker of the restart loop and the sequences it
 // committed (each of two chunks, seed-stamped).
 type loopWorker struct {
-	*gworker
+	*harness.GoWorker
 	mu        sync.Mutex
 	committed []int
 }
 
 func (w *loopWorker) storeSeq(ctx context.Context, tally *restartLoopTally, seq int) {
 	t0 := time.Now()
-	r, err := w.store(ctx, tokensFor(seq, 2, w.chunk), [][]byte{chunkData(seq, 0, w.chunkBytes), chunkData(seq, 1, w.chunkBytes)}, fmt.Sprint("s", seq))
+	r, err := w.Store(ctx, harness.Tokens(seq, 2, w.Chunk), [][]byte{harness.ChunkData(seq, 0, w.ChunkBytes), harness.ChunkData(seq, 1, w.ChunkBytes)}, fmt.Sprint("s", seq))
 	tally.took(time.Since(t0))
 	tally.stores.Add(1)
 	switch {
 	case errors.Is(err, client.ErrTimeout):
-		tally.fail(&tally.unanswered, fmt.Sprintf("store %d (%s)", seq, w.mode()), err)
+		tally.fail(&tally.unanswered, fmt.Sprintf("store %d (%s)", seq, w.Mode()), err)
 		tally.mu.Lock()
 		tally.lostStores = append(tally.lostStores, lostStore{w, seq})
 		tally.mu.Unlock()
 	case err != nil || r != "true":
-		tally.fail(&tally.refused, fmt.Sprintf("store %d (%s) answered %q", seq, w.mode(), r), err)
+		tally.fail(&tally.refused, fmt.Sprintf("store %d (%s) answered %q", seq, w.Mode(), r), err)
 		if err == nil {
 			tally.mu.Lock()
 			tally.falseSpans = append(tally.falseSpans, span{t0, time.Now()})
@@ -124,10 +124,10 @@ func (w *loopWorker) storeSeq(ctx context.Context, tally *restartLoopTally, seq 
 
 func (w *loopWorker) retrieveSeq(ctx context.Context, tally *restartLoopTally, seq int, req string) {
 	t0 := time.Now()
-	got, err := w.retrieve(ctx, tokensFor(seq, 2, w.chunk), 2, req)
+	got, err := w.Retrieve(ctx, harness.Tokens(seq, 2, w.Chunk), 2, req)
 	tally.took(time.Since(t0))
 	tally.retrieves.Add(1)
-	what := fmt.Sprintf("retrieve %d (%s)", seq, w.mode())
+	what := fmt.Sprintf("retrieve %d (%s)", seq, w.Mode())
 	switch {
 	case errors.Is(err, client.ErrTimeout):
 		tally.fail(&tally.unanswered, what, err)
@@ -138,7 +138,7 @@ func (w *loopWorker) retrieveSeq(ctx context.Context, tally *restartLoopTally, s
 		tally.mu.Lock()
 		tally.missSpans = append(tally.missSpans, span{t0, time.Now()})
 		tally.mu.Unlock()
-	case len(got) != 2 || sum(got[0]) != sum(chunkData(seq, 0, w.chunkBytes)) || sum(got[1]) != sum(chunkData(seq, 1, w.chunkBytes)):
+	case len(got) != 2 || harness.Sum(got[0]) != harness.Sum(harness.ChunkData(seq, 0, w.ChunkBytes)) || harness.Sum(got[1]) != harness.Sum(harness.ChunkData(seq, 1, w.ChunkBytes)):
 		tally.fail(&tally.wrong, what, errors.New("bytes differ"))
 	}
 }
@@ -165,12 +165,7 @@ func TestRestartLoopLosesNoRequest(t *testing.T) {
 	srv := harness.StartKeeping(t, false, "--chunk-size", "16", "--l1-size-gb", "0.25")
 	ws := make([]*loopWorker, nw)
 	for i := range ws {
-		c, err := client.Dial(srv.Endpoint, harness.Profile(t, "nongpu-v1"), client.Options{Timeout: 3 * time.Second})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = c.Close() })
-		ws[i] = &loopWorker{gworker: newWorker(t, c, int64(900+i), "restart-loop", i%2 == 1)}
+		ws[i] = &loopWorker{GoWorker: harness.NewWorker(t, srv.DialWith(t, "nongpu-v1", 3*time.Second), int64(900+i), "restart-loop", i%2 == 1)}
 	}
 	tally := &restartLoopTally{start: time.Now()}
 	ctx := context.Background()
@@ -226,9 +221,18 @@ func TestRestartLoopLosesNoRequest(t *testing.T) {
 		}
 		gaps = append(gaps, fmt.Sprintf("%v (server gap %.0f ms)", took.Round(time.Millisecond), rs.GapMs))
 	}
-	time.Sleep(500 * time.Millisecond)
+	// Traffic follows the last restart too: the workers go on until they
+	// have finished two calls each after it (30 s only bounds a failure).
+	calls := func() int64 { return tally.stores.Load() + tally.retrieves.Load() }
+	want := calls() + 2*nw
+	for deadline := time.Now().Add(30 * time.Second); calls() < want && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
 	close(stop)
 	wg.Wait()
+	if n := calls() - want + 2*nw; n < 2*nw {
+		t.Fatalf("%d calls finished within 30 s of the last restart, want %d", n, 2*nw)
+	}
 	t.Logf("%d restarts, back after %v; %d stores, %d retrieves: %d unanswered, %d refused, %d missed, %d wrong; slowest call %v",
 		restarts, gaps, tally.stores.Load(), tally.retrieves.Load(), tally.unanswered.Load(), tally.refused.Load(),
 		tally.missed.Load(), tally.wrong.Load(), time.Duration(tally.slowestNs.Load()).Round(time.Millisecond))
@@ -238,8 +242,8 @@ func TestRestartLoopLosesNoRequest(t *testing.T) {
 	// A store left unanswered either reached a server (it committed, the
 	// reply was lost) or never did: a lookup tells which.
 	for _, l := range tally.lostStores {
-		n, err := lookup(ctx, l.w.c, l.w.model, tokensFor(l.seq, 2, l.w.chunk), fmt.Sprint("lost-", l.seq))
-		t.Logf("unanswered store %d (%s): %d of 2 chunks stored afterwards (%v)", l.seq, l.w.mode(), n, err)
+		n, err := harness.Lookup(ctx, l.w.C, l.w.Model, harness.Tokens(l.seq, 2, l.w.Chunk), fmt.Sprint("lost-", l.seq))
+		t.Logf("unanswered store %d (%s): %d of 2 chunks stored afterwards (%v)", l.seq, l.w.Mode(), n, err)
 	}
 	// The handover answers every request read and carries the transfers
 	// its answers began: nothing is refused or missed, across a restart or

@@ -1,4 +1,4 @@
-package interop
+package restart
 
 import (
 	"context"
@@ -55,7 +55,7 @@ func TestRestartKeepsPickleModePool(t *testing.T) {
 	}
 	w := startRestartWorkers(t, srv, prof, prompts, 10*time.Second)
 	batch := prompts * len(prof.workers)
-	storeAll(t, w, "before", batch)
+	w.StoreAll("before", batch)
 	for i, way := range restartWays(token) {
 		gap := way.do(t, srv)
 		checkAdopted(t, srv, way.name, 2*batch*(i+1), len(prof.workers))
@@ -65,9 +65,9 @@ func TestRestartKeepsPickleModePool(t *testing.T) {
 		if name, size := registerAdvertises(t, srv, int64(7290+i)); name != "" || size != 0 {
 			t.Fatalf("after %s: REGISTER advertised {%q, %d}, want {\"\", 0}", way.name, name, size)
 		}
-		n := checkAll(t, w, way.name)
-		storeAll(t, w, fmt.Sprint("after", i), batch)
+		n := w.CheckAll(way.name)
+		w.StoreAll(fmt.Sprint("after", i), batch)
 		t.Logf("%s: back in %v, %d prompts identical, %d more committed; %+v", way.name, gap.Round(time.Millisecond), n, batch, srv.LastRestart(t))
 	}
-	checkAll(t, w, "the last store")
+	w.CheckAll("the last store")
 }

@@ -1,4 +1,4 @@
-package reliability
+package restart
 
 import (
 	"context"
@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"kvdock/core/engine"
 	"kvdock/core/protocol"
 	"kvdock/core/rpc/client"
 	"kvdock/core/testkit/poll"
@@ -16,56 +15,22 @@ import (
 	"kvdock/tests/harness"
 )
 
-// engineConfig is an in-process engine of sizeMiB on a free port with its
-// own segment name and 16-token chunks.
-func engineConfig(t testing.TB, sizeMiB int) settings.Config {
-	t.Helper()
-	cfg := settings.Default()
-	cfg.Server.Port = harness.FreePort(t)
-	cfg.Server.ChunkSize = 16
-	cfg.L1.SizeGB = float64(sizeMiB) / 1024
-	cfg.L1.Prefault = false
-	name := harness.UniqueName("relengine")
-	cfg.Server.ShmName = &name
-	return cfg
-}
-
-func startEngine(t testing.TB, cfg settings.Config) *engine.Engine {
-	t.Helper()
-	e := engine.New(cfg, engine.Options{})
-	if err := e.Start(context.Background()); err != nil {
-		t.Fatalf("engine start: %v", err)
-	}
-	t.Cleanup(func() { _ = e.Stop(context.Background()) })
-	return e
-}
-
-func dialPort(t testing.TB, port int, timeout time.Duration) *client.Client {
-	t.Helper()
-	c, err := client.Dial(fmt.Sprintf("tcp://127.0.0.1:%d", port), harness.Profile(t, "nongpu-v1"), client.Options{Timeout: timeout})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
-	return c
-}
-
 // TestRestartKeepsCacheAndContexts applies a port change (restart class)
 // while four workers keep reading: afterwards the same instances, on the
 // new port, get every chunk back byte-correct; during the switch a worker
 // may see errors (its endpoint went away) but never wrong bytes.
 func TestRestartKeepsCacheAndContexts(t *testing.T) {
-	cfg := engineConfig(t, 16)
-	e := startEngine(t, cfg)
+	cfg := harness.EngineConfig(t, 16)
+	e := harness.StartEngine(t, cfg)
 	const nw, nseq = 4, 8
-	ws := make([]*gworker, nw)
+	ws := make([]*harness.GoWorker, nw)
 	for i := range ws {
-		ws[i] = newWorker(t, dialPort(t, cfg.Server.Port, 2*time.Second), int64(100+i), "restart", i%2 == 1)
+		ws[i] = harness.NewWorker(t, harness.DialPort(t, cfg.Server.Port, 2*time.Second), int64(100+i), "restart", i%2 == 1)
 	}
-	chunk, cb := ws[0].chunk, ws[0].chunkBytes
+	chunk, cb := ws[0].Chunk, ws[0].ChunkBytes
 	for s := range nseq {
-		data := [][]byte{chunkData(s, 0, cb), chunkData(s, 1, cb)}
-		if r, err := ws[s%nw].store(context.Background(), tokensFor(s, 2, chunk), data, fmt.Sprint("s", s)); err != nil || r != "true" {
+		data := [][]byte{harness.ChunkData(s, 0, cb), harness.ChunkData(s, 1, cb)}
+		if r, err := ws[s%nw].Store(context.Background(), harness.Tokens(s, 2, chunk), data, fmt.Sprint("s", s)); err != nil || r != "true" {
 			t.Fatalf("store %d: %q %v", s, r, err)
 		}
 	}
@@ -90,21 +55,21 @@ func TestRestartKeepsCacheAndContexts(t *testing.T) {
 				}
 				if p := port.Load(); p != myPort {
 					// Reconnect, as a worker told of the new endpoint would.
-					c, err := client.Dial(fmt.Sprintf("tcp://127.0.0.1:%d", p), w.c.Profile(), client.Options{Timeout: 2 * time.Second})
+					c, err := client.Dial(fmt.Sprintf("tcp://127.0.0.1:%d", p), w.C.Profile(), client.Options{Timeout: 2 * time.Second})
 					if err == nil {
-						_ = w.c.Close()
-						w.c = c
+						_ = w.C.Close()
+						w.C = c
 						myPort = p
 					}
 				}
 				s := (i + n) % nseq
-				got, err := w.retrieve(context.Background(), tokensFor(s, 2, chunk), 2, fmt.Sprintf("w%d-%d", i, n))
+				got, err := w.Retrieve(context.Background(), harness.Tokens(s, 2, chunk), 2, fmt.Sprintf("w%d-%d", i, n))
 				switch {
 				case err != nil:
 					errs.Add(1)
 				case got == nil:
 					misses.Add(1)
-				case sum(got[0]) != sum(chunkData(s, 0, cb)) || sum(got[1]) != sum(chunkData(s, 1, cb)):
+				case harness.Sum(got[0]) != harness.Sum(harness.ChunkData(s, 0, cb)) || harness.Sum(got[1]) != harness.Sum(harness.ChunkData(s, 1, cb)):
 					mismatches.Add(1)
 				default:
 					hits.Add(1)
@@ -140,8 +105,8 @@ func TestRestartKeepsCacheAndContexts(t *testing.T) {
 	wg.Wait()
 	for _, w := range ws {
 		// A worker stopped mid-call may not have moved yet: move it now.
-		_ = w.c.Close()
-		w.c = dialPort(t, next.Server.Port, 2*time.Second)
+		_ = w.C.Close()
+		w.C = harness.DialPort(t, next.Server.Port, 2*time.Second)
 	}
 	if mismatches.Load() != 0 {
 		t.Fatalf("%d wrong chunks across a restart", mismatches.Load())
@@ -156,9 +121,9 @@ func TestRestartKeepsCacheAndContexts(t *testing.T) {
 	// Every chunk, through every worker (SHM and pickle), on the new port.
 	for i, w := range ws {
 		for s := range nseq {
-			got, err := w.retrieve(context.Background(), tokensFor(s, 2, chunk), 2, fmt.Sprintf("final-%d-%d", i, s))
-			if err != nil || len(got) != 2 || sum(got[0]) != sum(chunkData(s, 0, cb)) || sum(got[1]) != sum(chunkData(s, 1, cb)) {
-				t.Fatalf("worker %d (%s) seq %d after restart: %d chunks, %v", i, w.mode(), s, len(got), err)
+			got, err := w.Retrieve(context.Background(), harness.Tokens(s, 2, chunk), 2, fmt.Sprintf("final-%d-%d", i, s))
+			if err != nil || len(got) != 2 || harness.Sum(got[0]) != harness.Sum(harness.ChunkData(s, 0, cb)) || harness.Sum(got[1]) != harness.Sum(harness.ChunkData(s, 1, cb)) {
+				t.Fatalf("worker %d (%s) seq %d after restart: %d chunks, %v", i, w.Mode(), s, len(got), err)
 			}
 		}
 	}
@@ -171,14 +136,14 @@ func TestRestartKeepsCacheAndContexts(t *testing.T) {
 // mapping the old segment is never handed offsets into the new one; a
 // re-registered worker maps the new segment and works.
 func TestRebuildDropsCacheAndOldContexts(t *testing.T) {
-	cfg := engineConfig(t, 16)
-	e := startEngine(t, cfg)
-	c := dialPort(t, cfg.Server.Port, 500*time.Millisecond)
-	old := newWorker(t, c, 7, "rebuild", false)
-	chunk, cb := old.chunk, old.chunkBytes
-	toks := tokensFor(42, 2, chunk)
-	data := [][]byte{chunkData(42, 0, cb), chunkData(42, 1, cb)}
-	if r, err := old.store(context.Background(), toks, data, "s"); err != nil || r != "true" {
+	cfg := harness.EngineConfig(t, 16)
+	e := harness.StartEngine(t, cfg)
+	c := harness.DialPort(t, cfg.Server.Port, 500*time.Millisecond)
+	old := harness.NewWorker(t, c, 7, "rebuild", false)
+	chunk, cb := old.Chunk, old.ChunkBytes
+	toks := harness.Tokens(42, 2, chunk)
+	data := [][]byte{harness.ChunkData(42, 0, cb), harness.ChunkData(42, 1, cb)}
+	if r, err := old.Store(context.Background(), toks, data, "s"); err != nil || r != "true" {
 		t.Fatalf("store: %q %v", r, err)
 	}
 	next := cfg
@@ -192,31 +157,31 @@ func TestRebuildDropsCacheAndOldContexts(t *testing.T) {
 		t.Fatalf("after rebuild: %d contexts, %d objects, pool %d", len(s.Contexts), s.Pool.Objects, s.Shm.PoolSize)
 	}
 	// The old instance, still mapping the old (unlinked) segment.
-	k := old.key(tokensFor(43, 1, chunk), 1, "old")
-	r, err := c.Call(context.Background(), protocol.PrepareStore, k, old.id)
+	k := old.Key(harness.Tokens(43, 1, chunk), 1, "old")
+	r, err := c.Call(context.Background(), protocol.PrepareStore, k, old.ID)
 	if err == nil && r.Present {
-		var ps prepStore
+		var ps harness.PrepStore
 		_ = r.Decode(&ps)
 		if len(ps.Context.Slots) > 0 {
 			t.Fatalf("the dropped instance was handed %d slots in the new segment", len(ps.Context.Slots))
 		}
 	}
-	if got, err := old.retrieve(context.Background(), toks, 2, "old-r"); err == nil && got != nil {
+	if got, err := old.Retrieve(context.Background(), toks, 2, "old-r"); err == nil && got != nil {
 		t.Fatalf("a dropped instance read %d chunks after the rebuild", len(got))
 	}
-	if n, err := lookup(context.Background(), c, "rebuild", toks, "l"); err != nil || n != 0 {
+	if n, err := harness.Lookup(context.Background(), c, "rebuild", toks, "l"); err != nil || n != 0 {
 		t.Fatalf("cache survived a rebuild: %d hits, %v", n, err)
 	}
 	// Re-registering maps the new segment; everything works again.
-	fresh := newWorker(t, c, 7, "rebuild", false)
-	if fresh.poolSize != next.L1.SizeBytes() || fresh.shm == nil {
-		t.Fatalf("re-register: pool %d mode %s", fresh.poolSize, fresh.mode())
+	fresh := harness.NewWorker(t, c, 7, "rebuild", false)
+	if fresh.PoolSize != next.L1.SizeBytes() || fresh.Shm == nil {
+		t.Fatalf("re-register: pool %d mode %s", fresh.PoolSize, fresh.Mode())
 	}
-	if r, err := fresh.store(context.Background(), toks, data, "s2"); err != nil || r != "true" {
+	if r, err := fresh.Store(context.Background(), toks, data, "s2"); err != nil || r != "true" {
 		t.Fatalf("store after rebuild: %q %v", r, err)
 	}
-	got, err := fresh.retrieve(context.Background(), toks, 2, "r2")
-	if err != nil || len(got) != 2 || sum(got[0]) != sum(data[0]) || sum(got[1]) != sum(data[1]) {
+	got, err := fresh.Retrieve(context.Background(), toks, 2, "r2")
+	if err != nil || len(got) != 2 || harness.Sum(got[0]) != harness.Sum(data[0]) || harness.Sum(got[1]) != harness.Sum(data[1]) {
 		t.Fatalf("retrieve after rebuild: %d %v", len(got), err)
 	}
 }

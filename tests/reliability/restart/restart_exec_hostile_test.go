@@ -1,4 +1,4 @@
-package reliability
+package restart
 
 import (
 	"bytes"
@@ -23,14 +23,14 @@ import (
 func keptPrompt(t *testing.T, srv *harness.Server, id int64, chunks int) func(when string) {
 	t.Helper()
 	c := srv.Dial(t, srv.Protocol)
-	w := newWorker(t, c, id, "exec-model", false)
-	toks := tokensFor(int(id), chunks, w.chunk)
+	w := harness.NewWorker(t, c, id, "exec-model", false)
+	toks := harness.Tokens(int(id), chunks, w.Chunk)
 	data := make([][]byte, chunks)
 	for i := range data {
-		data[i] = chunkData(int(id), i, w.chunkBytes)
+		data[i] = harness.ChunkData(int(id), i, w.ChunkBytes)
 	}
 	ctx := context.Background()
-	if got, err := w.store(ctx, toks, data, "exec-store"); err != nil || got != "true" {
+	if got, err := w.Store(ctx, toks, data, "exec-store"); err != nil || got != "true" {
 		t.Fatalf("store: %s %v", got, err)
 	}
 	n := 0
@@ -39,7 +39,7 @@ func keptPrompt(t *testing.T, srv *harness.Server, id int64, chunks int) func(wh
 		n++
 		ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 		defer cancel()
-		got, err := w.retrieve(ctx, toks, chunks, fmt.Sprintf("exec-read-%d", n))
+		got, err := w.Retrieve(ctx, toks, chunks, fmt.Sprintf("exec-read-%d", n))
 		if err != nil || len(got) != chunks {
 			t.Fatalf("%s: read %d of %d chunks (%v)\n%s", when, len(got), chunks, err, srv.Output())
 		}
@@ -80,7 +80,7 @@ func servesUnrestarted(t *testing.T, srv *harness.Server, pid int, started strin
 	if srv.PID() != pid {
 		t.Fatalf("pid %d, want %d", srv.PID(), pid)
 	}
-	if got := status(t, srv).StartedAt; started != "" && got.String() != started {
+	if got := srv.Status(t).StartedAt; started != "" && got.String() != started {
 		t.Fatalf("the server restarted (started_at %s, was %s): a refused restart stops nothing\n%s", got, started, srv.Output())
 	}
 }
@@ -161,7 +161,7 @@ func TestHostileSIGUSR2BadSettingsKeepsServing(t *testing.T) {
 	srv := harness.StartKeeping(t, false, "--config", file, "--http-token", token)
 	check := keptPrompt(t, srv, 2302, 3)
 	pid := srv.PID()
-	started := status(t, srv).StartedAt.String()
+	started := srv.Status(t).StartedAt.String()
 	if err := os.WriteFile(file, []byte("log:\n  levle: debug\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -223,7 +223,7 @@ func TestHostileSIGUSR2BrokenBinaryKeepsServing(t *testing.T) {
 		{"not a program", func() { put([]byte("#!/bin/sh\nexit 3\n"), 0o755) }},
 		{"deleted", func() { _ = os.Remove(bin) }},
 	} {
-		started := status(t, srv).StartedAt.String()
+		started := srv.Status(t).StartedAt.String()
 		refusals := strings.Count(srv.Output(), "restart refused")
 		c.break_()
 		if err := syscall.Kill(pid, syscall.SIGUSR2); err != nil {

@@ -1,4 +1,9 @@
-package interop
+// Package storm restarts kvdock 50 times, SIGUSR2 and SIGTERM with the
+// same command line in turn, under three upstream-like Python workers
+// (py/restart_worker.py) that store, look up and retrieve without pause, in
+// SHM mode and in pickle mode: none registers again, nothing is refused or
+// served wrong. docs/RESTART.md gives the figures.
+package storm
 
 import (
 	"encoding/json"
@@ -54,23 +59,23 @@ func TestRestartStormUpstreamWorkers(t *testing.T) {
 				srv = harness.StartKeeping(t, false, flags...)
 			}
 			const procs = 3
-			ws := make([]*liveWorker, procs)
+			ws := make([]*harness.RestartWorker, procs)
 			for i := range ws {
 				p, err := json.Marshal(map[string]any{"profile": "nongpu-v1", "prompts": 2, "chunks": 2, "timeout": 2.0,
 					"rid_prefix": fmt.Sprintf("p%d-", i), "store_limit": 2000, "workers": []map[string]any{{"instance_id": 7301 + i, "pickle": mode.pickle}}})
 				if err != nil {
 					t.Fatal(err)
 				}
-				ws[i] = startPyWorker(t, "py/restart_worker.py", srv.Endpoint, string(p))
-				if r := ws[i].report(); !r.Ready {
+				ws[i] = harness.StartRestartWorker(t, srv.Endpoint, string(p))
+				if r := ws[i].Report(); !r.Ready {
 					t.Fatalf("worker %d: %+v", i, r)
 				}
 			}
 			for i, w := range ws {
-				storeAll(t, w, fmt.Sprint("before", i), 2)
+				w.StoreAll(fmt.Sprint("before", i), 2)
 			}
 			for _, w := range ws {
-				if r := w.ask("loop"); !r.Looping {
+				if r := w.Ask("loop"); !r.Looping {
 					t.Fatalf("loop did not start: %+v", r)
 				}
 			}
@@ -93,9 +98,9 @@ func TestRestartStormUpstreamWorkers(t *testing.T) {
 				parked, late, carried = parked+rs.HandoverParked, late+rs.HandoverLost, carried+rs.Transfers
 			}
 			time.Sleep(500 * time.Millisecond)
-			var total restartReport
+			var total harness.RestartReport
 			for i, w := range ws {
-				r := w.ask("stop")
+				r := w.Ask("stop")
 				t.Logf("worker %d: %d iterations, %d requests in %.1fs: %d timed out, %d refused, %d missed, %d wrong; slowest answer %.3fs",
 					i, r.Iterations, r.Requests, r.Seconds, r.Timeouts, r.Refused, r.Missed, r.Wrong, r.SlowestS)
 				if r.Iterations == 0 || r.Committed == 0 {
@@ -134,7 +139,7 @@ func TestRestartStormUpstreamWorkers(t *testing.T) {
 				}
 			}
 			for i, w := range ws {
-				checkAll(t, w, fmt.Sprintf("the storm (worker %d)", i))
+				w.CheckAll(fmt.Sprintf("the storm (worker %d)", i))
 			}
 			// Every transfer has ended: nothing stays locked, but what a
 			// timed-out request's transfer or lookup took (2 chunks each,

@@ -1,0 +1,226 @@
+package kvevents
+
+import (
+	"encoding/binary"
+	"errors"
+	"testing"
+
+	"kvdock/core/keys"
+)
+
+// prompt commits a prompt of n chunks of cs real (chained) hashes for
+// ranks objects each and returns its objects.
+func prompt(t *testing.T, tr *Tracker, model string, ranks int, seed uint32, n int) []keys.ObjectKey {
+	t.Helper()
+	h, err := keys.NewHasher(cs, keys.AlgorithmBLAKE3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	toks := make([]uint32, n*cs)
+	for i := range toks {
+		toks[i] = seed*1000 + uint32(i)
+	}
+	c := Commit{Model: model, Objects: ranks, Hashes: h.Hashes(toks), Tokens: toks}
+	for _, ch := range c.Hashes {
+		for r := range ranks {
+			k := keys.ObjectKey{Chunk: ch, Model: model, KVRank: uint32(r)}
+			tr.Stored(&k)
+			c.Keys = append(c.Keys, k)
+		}
+	}
+	tr.Commit(c)
+	return c.Keys
+}
+
+func drain(tr *Tracker, r *router) {
+	for _, b := range tr.Flush() {
+		r.apply(b)
+	}
+}
+
+// TestTrackerReannounce: a new tracker given the old one's description and
+// the adopted objects announces, from seq 0 and parents first, exactly the
+// old announced set, less what is no longer readable (and its
+// descendants); a carried write reservation is announced once committed.
+func TestTrackerReannounce(t *testing.T) {
+	old := New(Options{BlockSize: cs})
+	a := prompt(t, old, "m", 1, 1, 4)
+	b := prompt(t, old, "m", 2, 2, 2)
+	w := prompt(t, old, "w", 1, 3, 1)
+	was := &router{t: t, known: map[uint64]bool{}}
+	drain(old, was)
+	data, left := old.Describe(42, MaxDescribeBytes)
+	if left != 0 || len(was.known) != 4+2+1 {
+		t.Fatalf("left %d, announced %d", left, len(was.known))
+	}
+	published := append(append([]keys.ObjectKey(nil), a...), b...)
+	published = append(published, w...)
+	gone := a[2] // expired since the keep: chunks 2 and 3 of a go
+	carried := keys.ObjectKey{Chunk: keys.Hash{9}, Model: "m"}
+	tr := New(Options{BlockSize: cs})
+	for _, k := range append(published, carried) {
+		tr.Stored(&k) // as the pool's adoption tells the observer
+	}
+	r, err := tr.Reannounce(data, 42, published, func(ks []keys.ObjectKey) uint64 {
+		var m uint64
+		for j, k := range ks {
+			if k == gone {
+				m |= 1 << j
+			}
+		}
+		return m
+	})
+	if err != nil || r.Chunks != 2+2+1 || r.Described != 7 || r.Dropped != 0 {
+		t.Fatalf("reannounced %+v, %v", r, err)
+	}
+	now := &router{t: t, known: map[uint64]bool{}}
+	bs := tr.Flush()
+	if len(bs) == 0 || bs[0].Seq != 0 {
+		t.Fatalf("batches %+v", bs)
+	}
+	for _, b := range bs {
+		now.apply(b) // fails on a child before its parent
+	}
+	for i, k := range a {
+		if now.known[WireHash(k.Chunk)] != (i < 2) {
+			t.Fatalf("chunk %d of a: announced %v", i, now.known[WireHash(k.Chunk)])
+		}
+	}
+	// The carried reservation's commit announces it, with its tokens.
+	tr.Commit(Commit{Model: "m", Objects: 1, Hashes: []keys.Hash{carried.Chunk}, Tokens: make([]uint32, cs), Keys: []keys.ObjectKey{carried}})
+	drain(tr, now)
+	if !now.known[WireHash(carried.Chunk)] || len(now.known) != 6 {
+		t.Fatalf("after the carried commit the router knows %d", len(now.known))
+	}
+	// Later losses remove as before.
+	tr.Lost(&a[0])
+	drain(tr, now)
+	if now.known[WireHash(a[1].Chunk)] {
+		t.Fatal("a descendant of a lost chunk is still announced")
+	}
+}
+
+// TestHostileReannounceDescription: a description is outside input. A
+// chunk whose hash is not the chain of its parent and tokens, or whose
+// object count is out of range, is left out alone; a description of
+// another handover, another chunk size, or not one at all is refused
+// whole; one cut short keeps the chunks before the cut; a chunk described
+// but not adopted is not announced.
+func TestHostileReannounceDescription(t *testing.T) {
+	old := New(Options{BlockSize: cs})
+	a := prompt(t, old, "m", 1, 1, 1)
+	b := prompt(t, old, "m", 1, 2, 1)
+	prompt(t, old, "m", 1, 3, 1) // described, never adopted
+	data, _ := old.Describe(7, MaxDescribeBytes)
+	none := func([]keys.ObjectKey) uint64 { return 0 }
+	adopted := append(append([]keys.ObjectKey(nil), a...), b...)
+	// The entries are in map order: find each one's tokens by its hash.
+	at := func(h keys.Hash) int {
+		for i := len(describeMagic) + describeHead; i+32 <= len(data); i++ {
+			if string(data[i:i+32]) == string(h[:]) {
+				return i
+			}
+		}
+		t.Fatal("hash not in the description")
+		return 0
+	}
+	for _, c := range []struct {
+		name   string
+		edit   func([]byte) []byte
+		stamp  int64
+		chunks int
+		err    bool
+	}{
+		{"as written", func(d []byte) []byte { return d }, 7, 2, false},
+		{"another handover", func(d []byte) []byte { return d }, 8, 0, true},
+		{"not a description", func(d []byte) []byte { return []byte("{}") }, 7, 0, true},
+		{"another chunk size", func(d []byte) []byte {
+			binary.BigEndian.PutUint32(d[len(describeMagic)+8:], cs*2)
+			return d
+		}, 7, 0, true},
+		{"a token changed", func(d []byte) []byte { d[at(a[0].Chunk)+32+1+32+4] ^= 1; return d }, 7, 1, false},
+		{"a parent claimed", func(d []byte) []byte { d[at(b[0].Chunk)+32] = 1; return d }, 7, 1, false},
+		{"no objects", func(d []byte) []byte {
+			binary.BigEndian.PutUint32(d[at(a[0].Chunk)+32+1+32:], 0)
+			return d
+		}, 7, 1, false},
+		{"too many objects", func(d []byte) []byte {
+			binary.BigEndian.PutUint32(d[at(b[0].Chunk)+32+1+32:], maxWant+1)
+			return d
+		}, 7, 1, false},
+		{"cut short", func(d []byte) []byte { return d[:len(d)-3] }, 7, -1, false},
+	} {
+		d := c.edit(append([]byte(nil), data...))
+		tr := New(Options{BlockSize: cs})
+		for _, k := range adopted {
+			tr.Stored(&k)
+		}
+		r, err := tr.Reannounce(d, c.stamp, adopted, none)
+		if c.err != (err != nil) || c.err && !errors.Is(err, ErrDescription) {
+			t.Fatalf("%s: err %v", c.name, err)
+		}
+		if c.chunks >= 0 && r.Chunks != c.chunks || c.chunks < 0 && (r.Chunks > 2 || r.Dropped != 1) {
+			t.Fatalf("%s: %+v", c.name, r)
+		}
+		rt := &router{t: t, known: map[uint64]bool{}}
+		drain(tr, rt) // fails on any rule broken
+		if len(rt.known) != r.Chunks {
+			t.Fatalf("%s: router knows %d, reannounced %d", c.name, len(rt.known), r.Chunks)
+		}
+	}
+}
+
+// TestReannounceCarriesThePollLogOn: the re-announcement leads the new
+// poll log under seqs past the old log's, so a poller's old cursor reads
+// the re-announced chunks from the first (told lost when it was behind);
+// a new log from seq 1 would answer it as a cursor in the future, with
+// the newest seq, and the chunks would be skipped. A carried seq out of
+// range starts the log at 1.
+func TestReannounceCarriesThePollLogOn(t *testing.T) {
+	oldLog := NewLog(64, cs, 1)
+	old := New(Options{BlockSize: cs, Log: oldLog, NoStream: true})
+	a := prompt(t, old, "m", 1, 1, 2)
+	cursor := oldLog.Read(0, "m", MaxPollEvents).NextCursor
+	if cursor != 2 {
+		t.Fatalf("old log: cursor %d after two chunks", cursor)
+	}
+	data, _ := old.Describe(7, MaxDescribeBytes)
+	none := func([]keys.ObjectKey) uint64 { return 0 }
+	for _, c := range []struct {
+		name  string
+		edit  func([]byte)
+		first uint64
+	}{
+		{"as written", func([]byte) {}, 3},
+		{"seq out of range", func(d []byte) { binary.BigEndian.PutUint64(d[len(describeMagic)+12:], maxLogSeq+1) }, 1},
+	} {
+		d := append([]byte(nil), data...)
+		c.edit(d)
+		newLog := NewLog(64, cs, 2)
+		tr := New(Options{BlockSize: cs, Log: newLog, NoStream: true})
+		for _, k := range a {
+			tr.Stored(&k) // as the pool's adoption tells the observer
+		}
+		if _, err := tr.Reannounce(d, 7, a, none); err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		p := newLog.Read(cursor, "m", MaxPollEvents)
+		if c.first == 1 {
+			p = newLog.Read(0, "m", MaxPollEvents)
+		}
+		if len(p.Events) != 2 || p.Events[0].Seq != c.first {
+			t.Fatalf("%s: %d records from seq %v, want 2 from %d", c.name, len(p.Events), p.Events, c.first)
+		}
+		if c.first == 3 {
+			// The cursor is the last seq the old log issued: the new
+			// records follow it. An older one is told lost, and reads
+			// from the first of them as well.
+			if p.Lost {
+				t.Fatalf("%s: the old log's last cursor %d told lost", c.name, cursor)
+			}
+			if q := newLog.Read(cursor-1, "m", MaxPollEvents); !q.Lost || len(q.Events) != 2 || q.Events[0].Seq != 3 {
+				t.Fatalf("%s: an older cursor: lost %v, %d records", c.name, q.Lost, len(q.Events))
+			}
+		}
+	}
+}
