@@ -10,11 +10,13 @@ package whatif
 // order runs out the live ones are renumbered in order (amortised O(1) a
 // use).
 //
-// Memory is fixed by the slot count given to reset: slotBytes a slot.
+// Memory is fixed by the slot count given to reset: slotBytes a slot, and
+// 8 more with prompt sampling (samp).
 type stack struct {
 	// Per slot. A free slot has spat 0 and links the free list through
 	// ord[0].ts.
 	spat []uint64 // spatial hash (never 0 for a live slot)
+	samp []uint64 // the hash that keeps it in the sample, where not spat (prompt sampling); nil until one differs
 	id   []uint32 // identity check among objects sharing spat
 	size []int64  // bytes (0: looked up, never stored)
 
@@ -76,11 +78,20 @@ func (s *stack) slots() int { return len(s.spat) }
 
 // memory is what the stack holds, in bytes.
 func (s *stack) memory() int64 {
-	m := int64(cap(s.spat))*8 + int64(cap(s.id))*4 + int64(cap(s.size))*8 + int64(cap(s.index))*4
+	m := int64(cap(s.spat))*8 + int64(cap(s.samp))*8 + int64(cap(s.id))*4 + int64(cap(s.size))*8 + int64(cap(s.index))*4
 	for o := range s.ord {
 		m += int64(cap(s.ord[o].ts))*4 + int64(cap(s.ord[o].fen))*8 + int64(cap(s.ord[o].rev))*4
 	}
 	return m
+}
+
+// sampling is the hash that keeps slot j in the sample: its own spatial
+// hash, or with prompt sampling its prompt family's.
+func (s *stack) sampling(j int32) uint64 {
+	if s.samp != nil {
+		return s.samp[j]
+	}
+	return s.spat[j]
 }
 
 // find returns the slot of (sp, id), or -1.
@@ -122,9 +133,9 @@ func (s *stack) setSize(j int32, size int64) {
 	s.size[j] = size
 }
 
-// insert adds an object on top of the order and returns its slot; -1
-// when full.
-func (s *stack) insert(sp uint64, id uint32, size int64) int32 {
+// insert adds an object, kept in the sample while samp is under the
+// threshold, on top of the order and returns its slot; -1 when full.
+func (s *stack) insert(sp, samp uint64, id uint32, size int64) int32 {
 	j := s.free
 	if j < 0 {
 		return -1
@@ -135,6 +146,13 @@ func (s *stack) insert(sp uint64, id uint32, size int64) int32 {
 		s.free = int32(n)
 	}
 	s.spat[j], s.id[j], s.size[j] = sp, id, size
+	if samp != sp && s.samp == nil {
+		s.samp = make([]uint64, len(s.spat))
+		copy(s.samp, s.spat)
+	}
+	if s.samp != nil {
+		s.samp[j] = samp
+	}
 	mask := uint64(len(s.index) - 1)
 	h := sp & mask
 	for s.index[h] != 0 {
@@ -172,6 +190,9 @@ func (s *stack) remove(j int32) {
 	s.total -= s.size[j]
 	s.live--
 	s.spat[j], s.id[j], s.size[j] = 0, 0, 0
+	if s.samp != nil {
+		s.samp[j] = 0
+	}
 	if s.free < 0 {
 		s.ord[0].ts[j] = ^uint32(0)
 	} else {

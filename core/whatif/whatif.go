@@ -17,6 +17,18 @@
 // per size on the curve (sim.go). l1's TestWhatIfMatchesRealPools checks
 // each curve against real pools of its policy.
 //
+// Options.SamplePrompts samples prompt families instead of chunks: a key
+// is sampled when the hash of its lookup's first chunk is under T, so a
+// sampled prompt is in the sample whole, with every prompt that extends
+// it. The prefix policy evicts a prompt from its last chunk back, so its
+// hits depend on how deep a chunk sits in a prompt the pool is trimming: a
+// chunk sampled alone is a leaf of the sampled tree at once and goes as
+// readily as a tail, which chunk sampling misses at any rate (l1's
+// TestWhatIfPromptSampling: scan-heavy at 0.5× with 2,048 samples, +9.5
+// points sampling chunks, 0.0 sampling prompts). Whole prompts play it,
+// but a family holds many chunks, so the curve rests on fewer families and
+// needs more samples (BenchmarkWhatIfSampling).
+//
 // When the sample set is full T drops by an eighth and the keys above it
 // leave, so memory is fixed (the stack and the miniature pools together
 // sized to 1 % of what the pool's object table holds for a full pool, see
@@ -100,6 +112,11 @@ type Options struct {
 	MinSamples, MaxSamples int
 	// Window is the sampled weight after which the weights halve.
 	Window float64
+	// SamplePrompts samples whole prompt families (by the hash of a
+	// lookup's first chunk) instead of chunks. An object stored before any
+	// lookup asked for it is then left out (its family is unknown), and
+	// Stored takes the mutex for every object.
+	SamplePrompts bool
 }
 
 // Estimator is a live miss-ratio-curve estimator. A nil *Estimator does
@@ -110,6 +127,7 @@ type Estimator struct {
 	minS    int
 	maxS    int
 	window  float64
+	prompts bool // Options.SamplePrompts
 
 	// threshold is T: a key is sampled when its spatial hash is below it.
 	threshold atomic.Uint64
@@ -159,6 +177,7 @@ func New(opts Options) *Estimator {
 		minS:    opts.MinSamples,
 		maxS:    opts.MaxSamples,
 		window:  opts.Window,
+		prompts: opts.SamplePrompts,
 		limit:   opts.MinSamples,
 		rate:    1,
 	}
@@ -207,6 +226,7 @@ type Prefix struct {
 	lendM   uint8      // a bit per size where lend is measured
 	fresh   uint8      // a bit per size where the last sampled key was stored by this lookup
 	probed  int        // keys probed so far, sampled or not
+	family  uint64     // the spatial hash of the lookup's first key (prompt sampling)
 	prevHit bool       // the pool hit the last key probed
 }
 
@@ -220,11 +240,21 @@ func (e *Estimator) Probe(p *Prefix, ks []keys.ObjectKey, hit int) {
 	}
 	e.probes.Add(int64(len(ks)))
 	e.poolHits.Add(int64(min(max(hit, 0), len(ks))))
+	if e.prompts && p.probed == 0 {
+		p.family = spatial(&ks[0])
+	}
 	t := e.threshold.Load()
 	locked := false
 	for i := range ks {
+		if e.prompts && (p.family >= t || p.family == 0) {
+			break // the family is out of the sample (or left it now)
+		}
 		sp := spatial(&ks[i])
-		if sp >= t || sp == 0 {
+		samp := sp
+		if e.prompts {
+			samp = p.family
+		}
+		if samp >= t || sp == 0 {
 			continue
 		}
 		if !locked {
@@ -235,7 +265,7 @@ func (e *Estimator) Probe(p *Prefix, ks []keys.ObjectKey, hit int) {
 		// Whether the pool itself hit the key before this one (its
 		// parent's chunk, or another rank of its own, which hits with it).
 		after := (i > 0 && i <= hit) || (i == 0 && p.prevHit)
-		e.probeLocked(p, identity(&ks[i]), sp, i < hit, after && p.probed+i > 0)
+		e.probeLocked(p, identity(&ks[i]), sp, samp, i < hit, after && p.probed+i > 0)
 		t = e.threshold.Load() // may have dropped
 	}
 	if locked {
@@ -252,18 +282,21 @@ func (e *Estimator) Stored(k *keys.ObjectKey, size int64) {
 		return
 	}
 	sp := spatial(k)
-	if sp >= e.threshold.Load() || sp == 0 {
+	if sp == 0 || (!e.prompts && sp >= e.threshold.Load()) {
 		return
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	id := identity(k)
-	if j := e.st.find(sp, id); j >= 0 {
+	switch j := e.st.find(sp, id); {
+	case j >= 0:
 		e.st.setSize(j, size)
 		e.st.touch(lruOrder, j)
 		e.sim.setCharge(j, size)
-	} else {
-		e.insert(sp, id, size)
+	case e.prompts:
+		return // no lookup of its family in the sample asked for it
+	default:
+		e.insert(sp, sp, id, size)
 	}
 	if e.meanSize == 0 {
 		e.meanSize = float64(size)
@@ -283,7 +316,7 @@ func (e *Estimator) fold() {
 	e.folded, e.foldedH = n, h
 }
 
-func (e *Estimator) probeLocked(p *Prefix, id uint32, sp uint64, realHit, afterHit bool) {
+func (e *Estimator) probeLocked(p *Prefix, id uint32, sp, samp uint64, realHit, afterHit bool) {
 	d := math.Inf(1)
 	size := e.meanSize
 	j := e.st.find(sp, id)
@@ -296,7 +329,7 @@ func (e *Estimator) probeLocked(p *Prefix, id uint32, sp uint64, realHit, afterH
 	} else {
 		// Never seen (or dropped): at the top now, with no size until the
 		// pool stores it, as a store after this miss would put it.
-		j = e.insert(sp, id, 0)
+		j = e.insert(sp, samp, id, 0)
 	}
 	p.worst = max(p.worst, d)
 	for k, f := range factors() {
@@ -405,17 +438,17 @@ func (e *Estimator) Cleared() {
 	e.sim.clear()
 }
 
-// insert puts a new object on top and returns its slot, making room by
-// lowering the threshold when the stack is full; the object is left out
-// (-1) when it falls out of the sample itself.
-func (e *Estimator) insert(sp uint64, id uint32, size int64) int32 {
+// insert puts a new object, sampled by samp, on top and returns its slot,
+// making room by lowering the threshold when the stack is full; the object
+// is left out (-1) when it falls out of the sample itself.
+func (e *Estimator) insert(sp, samp uint64, id uint32, size int64) int32 {
 	if e.st.live >= e.st.slots() {
 		e.shed(e.st.slots() - 1)
-		if sp >= e.threshold.Load() {
+		if samp >= e.threshold.Load() {
 			return -1
 		}
 	}
-	return e.st.insert(sp, id, size)
+	return e.st.insert(sp, samp, id, size)
 }
 
 // shed lowers the threshold until at most n objects are left. Sampled
@@ -428,7 +461,7 @@ func (e *Estimator) shed(n int) {
 		t := e.threshold.Load()
 		t -= max(t/8, 1)
 		for j := range e.st.spat {
-			if sp := e.st.spat[j]; sp != 0 && sp >= t {
+			if e.st.spat[j] != 0 && e.st.sampling(int32(j)) >= t {
 				e.remove(int32(j))
 			}
 		}
@@ -493,7 +526,11 @@ func (e *Estimator) resize() {
 		return
 	}
 	objects := float64(e.pool) / e.meanSize
-	n := min(max(int(objects*TableBytesPerObject*BudgetShare/float64(slotBytes+simSlotBytes)), e.minS), e.maxS)
+	per := slotBytes + simSlotBytes
+	if e.prompts {
+		per += 8 // the stack's samp
+	}
+	n := min(max(int(objects*TableBytesPerObject*BudgetShare/float64(per)), e.minS), e.maxS)
 	if n == e.limit || (n > e.limit*3/4 && n < e.limit*5/4) {
 		return
 	}
@@ -508,7 +545,7 @@ func (e *Estimator) resize() {
 	lru := &old.ord[lruOrder]
 	for t := lru.oldest; t < lru.clock; t++ {
 		if j := lru.rev[t]; j >= 0 {
-			e.st.insert(old.spat[j], old.id[j], old.size[j])
+			e.st.insert(old.spat[j], old.sampling(j), old.id[j], old.size[j])
 		}
 	}
 	e.sim.moved(&old, &e.st)

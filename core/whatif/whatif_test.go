@@ -91,7 +91,7 @@ func TestStackMatchesNaiveLRU(t *testing.T) {
 					t.Fatalf("step %d: %d lost from the stack", step, i)
 				}
 			}
-			if s.insert(sp, id, size) < 0 {
+			if s.insert(sp, sp, id, size) < 0 {
 				t.Fatalf("step %d: insert refused with %d of %d live", step, s.live, s.slots())
 			}
 		default:
@@ -429,5 +429,68 @@ func TestNoAllocationPerAccess(t *testing.T) {
 	})
 	if allocs != 0 {
 		t.Errorf("%v allocations per lookup of 16 keys and a store", allocs)
+	}
+}
+
+// Prompt sampling keeps prompt families whole: after traffic of far more
+// prompts than the sample holds (so the threshold dropped many times), each
+// prompt's chunks are in the sample all together or not at all, prompts
+// that extend a sampled one included; a chunk stored before any lookup
+// asked for it is left out.
+func TestPromptSamplingKeepsPromptsWhole(t *testing.T) {
+	const prompts, depth = 400, 6
+	e := New(Options{PoolBytes: 1 << 30, MinSamples: 64, MaxSamples: 64, SamplePrompts: true})
+	// Prompt q's chunk c; prompt q+prompts extends prompt q by depth chunks.
+	chunk := func(q, c int) keys.ObjectKey { return testKey(uint64(q)*1000+uint64(c)+1, "m") }
+	prompt := func(q int, long bool) []keys.ObjectKey {
+		n := depth
+		if long {
+			n = 2 * depth
+		}
+		ks := make([]keys.ObjectKey, n)
+		for c := range ks {
+			ks[c] = chunk(q, c)
+		}
+		return ks
+	}
+	stray := testKey(1<<40, "m")
+	e.Stored(&stray, 100)
+	for round := range 3 {
+		for q := range prompts {
+			ks := prompt(q, round == 2)
+			var p Prefix
+			e.Probe(&p, ks[:depth/2], 0)
+			e.Probe(&p, ks[depth/2:], 0)
+			for i := range ks {
+				e.Stored(&ks[i], 100)
+			}
+		}
+	}
+	c := e.Curve()
+	if c.SampleRate >= 0.5 {
+		t.Fatalf("sample rate %v: the threshold never dropped", c.SampleRate)
+	}
+	whole := 0
+	for q := range prompts {
+		ks := prompt(q, true)
+		in := 0
+		for i := range ks {
+			if e.st.find(spatial(&ks[i]), identity(&ks[i])) >= 0 {
+				in++
+			}
+		}
+		switch in {
+		case 0:
+		case len(ks):
+			whole++
+		default:
+			t.Errorf("prompt %d: %d of its %d chunks sampled", q, in, len(ks))
+		}
+	}
+	if whole == 0 || whole*2*depth != c.Tracked {
+		t.Errorf("%d whole prompts of %d chunks sampled, %d objects tracked", whole, 2*depth, c.Tracked)
+	}
+	if e.st.find(spatial(&stray), identity(&stray)) >= 0 {
+		t.Error("a chunk stored before any lookup is in the sample")
 	}
 }
