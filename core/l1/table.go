@@ -401,6 +401,8 @@ func (p *Pool) lookup(k keys.ObjectKey, now int64) int32 {
 func (p *Pool) Touch(ks []keys.ObjectKey) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.t.clk.Begin() // one tick for the request (nextuse)
+	defer p.t.clk.End()
 	now := p.now().UnixNano()
 	for _, k := range ks {
 		if i := p.lookup(k, now); i != nilRec && !p.t.recs[i].doomed {

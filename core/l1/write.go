@@ -73,6 +73,8 @@ func (p *Pool) reserveWrite(owner Owner, prev, ks []keys.ObjectKey, size int64) 
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.t.clk.Begin() // one tick for the request (nextuse)
+	defer p.t.clk.End()
 	p.st.WriteExisting += uint64(len(ks) - len(cand))
 	now := p.now().UnixNano()
 	fresh := cand[:0] // indices into ks

@@ -190,6 +190,23 @@ func (s *sim) admit(st *stack, j int32, k int, lend uint64, lendMeasured, parent
 	return g, m
 }
 
+// begin opens the request of a lookup batch, at tick now of the traffic's
+// clock, at every size: its uses and stores share the tick, as they do in
+// the pool (nextuse.Clock.Begin).
+func (s *sim) begin(now uint64) {
+	for k := range s.clk {
+		s.clk[k].Now = max(s.clk[k].Now, now-1)
+		s.clk[k].Begin()
+	}
+}
+
+// end closes the request begin opened.
+func (s *sim) end() {
+	for k := range s.clk {
+		s.clk[k].End()
+	}
+}
+
 // use marks slot j, held at size k, as used by a lookup.
 func (s *sim) use(j int32, k int) {
 	s.clk[k].Use(&s.ord[int(j)*nf+k])

@@ -134,6 +134,10 @@ type Estimator struct {
 	// probes counts every key probed (sampled or not), for the expected
 	// sample count.
 	probes atomic.Int64
+	// batches counts the lookup batches probed (sampled or not): the
+	// traffic's clock, which the prefix policy's pools tick by as the pool
+	// ticks once a request.
+	batches atomic.Uint64
 	// poolHits counts the keys the pool itself hit, sampled or not: with
 	// probes, the pool's true hit ratio that anchors the sample's.
 	poolHits atomic.Int64
@@ -239,6 +243,7 @@ func (e *Estimator) Probe(p *Prefix, ks []keys.ObjectKey, hit int) {
 		return
 	}
 	e.probes.Add(int64(len(ks)))
+	now := e.batches.Add(1)
 	e.poolHits.Add(int64(min(max(hit, 0), len(ks))))
 	if e.prompts && p.probed == 0 {
 		p.family = spatial(&ks[0])
@@ -261,6 +266,7 @@ func (e *Estimator) Probe(p *Prefix, ks []keys.ObjectKey, hit int) {
 			e.mu.Lock()
 			locked = true
 			e.fold()
+			e.sim.begin(now)
 		}
 		// Whether the pool itself hit the key before this one (its
 		// parent's chunk, or another rank of its own, which hits with it).
@@ -269,6 +275,7 @@ func (e *Estimator) Probe(p *Prefix, ks []keys.ObjectKey, hit int) {
 		t = e.threshold.Load() // may have dropped
 	}
 	if locked {
+		e.sim.end()
 		e.mu.Unlock()
 	}
 	p.probed += len(ks)

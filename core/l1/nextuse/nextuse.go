@@ -6,12 +6,18 @@
 // it estimates, so the what-if plays the order the pool runs. It holds no
 // objects: callers keep an Order per object and name objects by int32.
 //
-// A use learns a gap (the clock ticks between an object's last two uses,
-// smoothed); an object without one is given its parent's (Inherit) or
-// the mean (Clock.Prior). An object is due at its last use plus its gap,
-// late half a gap after once the gap was measured (its own, or a parent's
-// it was lent), at its due time on the mean. The victim is the object the longest late, if one is late;
-// else the one due the latest (Belady's choice, as far as the gaps tell).
+// The clock ticks once a request (Begin, End): the uses and stores of one
+// lookup, store or touch share its tick, so a gap counts requests, not the
+// chunks they carried. Counted in chunks, the gaps of conversations served
+// in turn grow with every turn (each turn's prompts are longer), and a
+// conversation would look late just before it comes back. A use learns a
+// gap (the ticks between an object's last two uses, smoothed); an object
+// without one is given its parent's (Inherit) or the mean (Clock.Prior).
+// An object is due at its last use plus its gap, late half a gap after
+// once the gap was measured (its own, or a parent's it was lent), at
+// its due time on the mean. The victim is the object the longest late, if
+// one is late; else the one due the latest (Belady's choice, as far as the
+// gaps tell).
 package nextuse
 
 // Order is one object's place in the order.
@@ -28,23 +34,43 @@ func New(now uint64) Order { return Order{Stamp: now, Due: -1, Late: -1} }
 // InHeaps reports whether the object is in the heaps.
 func (o *Order) InHeaps() bool { return o.Due >= 0 }
 
-// Clock is the order's logical clock, which ticks at every use, and the
-// mean reuse gap.
+// Clock is the order's logical clock, which ticks once a request (at
+// every use and store outside one), and the mean reuse gap.
 type Clock struct {
 	Now, MeanGap uint64
+	// open says a request is open (Begin), ticked that it took its tick.
+	open, ticked bool
+}
+
+// Begin opens a request: its uses and stores share one tick, taken at the
+// first of them.
+func (c *Clock) Begin() { c.open, c.ticked = true, false }
+
+// End closes the request Begin opened.
+func (c *Clock) End() { c.open = false }
+
+// advance takes the tick of what is being done now.
+func (c *Clock) advance() {
+	if !c.open || !c.ticked {
+		c.Now++
+		c.ticked = true
+	}
 }
 
 // Tick advances the clock and returns the new tick (a store's stamp).
 func (c *Clock) Tick() uint64 {
-	c.Now++
+	c.advance()
 	return c.Now
 }
 
 // Use marks o as used now and learns its reuse gap; the caller refixes
 // the heaps (Fix).
 func (c *Clock) Use(o *Order) {
-	c.Now++
+	c.advance()
 	d := c.Now - o.Stamp
+	if d == 0 {
+		return // used twice in one request: one use
+	}
 	if o.Measured {
 		o.Gap = (o.Gap + d + 1) / 2
 	} else {
@@ -57,7 +83,7 @@ func (c *Clock) Use(o *Order) {
 // Refresh restamps o without taking the time since its last use for a
 // reuse gap (a second touch of the same use).
 func (c *Clock) Refresh(o *Order) {
-	c.Now++
+	c.advance()
 	o.Stamp = c.Now
 }
 
@@ -104,7 +130,7 @@ func before(late bool, x, y *Order) bool {
 	if dx, dy := x.Stamp+x.Gap, y.Stamp+y.Gap; dx != dy {
 		return dx > dy
 	}
-	return x.Stamp > y.Stamp // a prompt's deeper chunks were used later
+	return x.Stamp > y.Stamp // of two due together, the one used later
 }
 
 // Items gives the Order of each object the heaps hold.

@@ -124,3 +124,31 @@ func TestRefreshLearnsNoGap(t *testing.T) {
 		t.Errorf("after a refresh: gap %d (was %d), mean %d (was %d), stamp %d (now %d)", o.Gap, gap, c.MeanGap, mean, o.Stamp, c.Now)
 	}
 }
+
+// TestRequestSharesOneTick: the uses and stores of one request take one
+// tick, so a gap counts the requests between two uses, whatever the number
+// of objects each carried; outside a request each takes its own.
+func TestRequestSharesOneTick(t *testing.T) {
+	var c Clock
+	a, b := New(c.Tick()), New(c.Tick()) // two ticks: no request open
+	if a.Stamp != 1 || b.Stamp != 2 {
+		t.Fatalf("stamps %d, %d outside a request, want 1, 2", a.Stamp, b.Stamp)
+	}
+	c.Begin()
+	fresh := make([]Order, 50)
+	for i := range fresh {
+		fresh[i] = New(c.Tick())
+	}
+	c.End()
+	if fresh[0].Stamp != 3 || fresh[49].Stamp != 3 {
+		t.Fatalf("a request's 50 stores stamped %d..%d, want 3", fresh[0].Stamp, fresh[49].Stamp)
+	}
+	c.Begin()
+	c.Use(&a)
+	c.Use(&b)
+	c.Use(&a) // twice in one request: one use
+	c.End()
+	if a.Gap != 3 || b.Gap != 2 || a.Stamp != 4 || b.Stamp != 4 {
+		t.Errorf("a %+v, b %+v: want gaps 3 and 2 at tick 4", a, b)
+	}
+}
