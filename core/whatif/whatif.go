@@ -24,8 +24,8 @@
 // hits depend on how deep a chunk sits in a prompt the pool is trimming: a
 // chunk sampled alone is a leaf of the sampled tree at once and goes as
 // readily as a tail, which chunk sampling misses at any rate (l1's
-// TestWhatIfPromptSampling: scan-heavy at 0.5× with 2,048 samples, +9.4
-// points sampling chunks, +0.1 sampling prompts). Whole prompts play it,
+// TestWhatIfPromptSampling: scan-heavy at 0.5× with 2,048 samples, +9.7
+// points sampling chunks, +0.2 sampling prompts). Whole prompts play it,
 // but a family holds many chunks, so the curve rests on fewer families and
 // needs more samples (BenchmarkWhatIfSampling).
 //
