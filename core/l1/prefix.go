@@ -22,8 +22,10 @@ import (
 // The prefix policy evicts leaves only (records without resident
 // children), in the order of their next use as the table predicts it
 // (package nextuse, which the what-if plays too): each record's last use
-// and reuse gap on a clock that ticks at every use (a new record takes its
-// parent's gap, a new prompt start the table's mean); the victim is the
+// and reuse gap on a clock that ticks once a request, the lookup, store or
+// touch that uses it (ReserveReadPrefix, ReserveWrite and Touch each open
+// one; a new record takes its parent's gap, a new prompt start the table's
+// mean); the victim is the
 // leaf the longest late, if any is late (a conversation that ended, a
 // question never asked again), else the leaf due the latest. Recency alone evicts the conversation that comes back
 // soonest when conversations return in turn (each is the least recently
