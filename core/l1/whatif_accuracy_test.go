@@ -268,7 +268,7 @@ func TestWhatIfMatchesRealPools(t *testing.T) {
 	for _, pol := range []string{PolicyLRU, PolicyPrefix} {
 		for _, tc := range cases {
 			t.Run(pol+"/"+tc.name, func(t *testing.T) {
-				est := whatif.New(whatif.Options{PoolBytes: tc.pool})
+				est := whatif.New(whatif.Served(tc.pool))
 				got := map[float64]float64{1: replayPolicy(t, tc.trace, tc.models, tc.pool, tc.tick, est, pol).hitRatio()}
 				for _, f := range []float64{0.5, 2} {
 					got[f] = replayPolicy(t, tc.trace, tc.models, int64(f*float64(tc.pool)), tc.tick, nil, pol).hitRatio()
@@ -285,7 +285,7 @@ func TestWhatIfMatchesRealPools(t *testing.T) {
 				}
 				for _, f := range []float64{0.5, 1, 2} {
 					e := pointAt(t, points, f)
-					t.Logf("%.1f× pool: measured %.3f, estimated %.3f", f, got[f], e)
+					t.Logf("%.1f× pool: measured %.4f, estimated %.4f (%.2f points off)", f, got[f], e, 100*math.Abs(e-got[f]))
 					if math.Abs(e-got[f]) > 0.05 {
 						t.Errorf("%.1f× pool: estimated hit ratio %.3f, the real pool measured %.3f (more than 5 points apart)", f, e, got[f])
 					}

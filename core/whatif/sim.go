@@ -35,8 +35,8 @@ type sim struct {
 
 // simSlotBytes is the sim's memory per slot of the stack: per size an
 // order, a kid count and two heap entries; per slot the masks, the charge
-// and the parent.
-const simSlotBytes = nf*(32+2+2*4) + 1 + 1 + 8 + 8 + 4
+// and the parent, and the scratch of pinned victims.
+const simSlotBytes = nf*(32+2+2*4) + 1 + 1 + 8 + 8 + 4 + 4
 
 // view is one size's objects as nextuse.Items.
 type view struct {

@@ -17,8 +17,9 @@
 // per size on the curve (sim.go). l1's TestWhatIfMatchesRealPools checks
 // each curve against real pools of its policy.
 //
-// Options.SamplePrompts samples prompt families instead of chunks: a key
-// is sampled when the hash of its lookup's first chunk is under T, so a
+// Options.SamplePrompts (what kvdock runs, Served) samples prompt families
+// instead of chunks: a key is sampled when the hash of its lookup's first
+// chunk is under T, so a
 // sampled prompt is in the sample whole, with every prompt that extends
 // it. The prefix policy evicts a prompt from its last chunk back, so its
 // hits depend on how deep a chunk sits in a prompt the pool is trimming: a
@@ -27,13 +28,19 @@
 // TestWhatIfPromptSampling: scan-heavy at 0.5× with 2,048 samples, +9.7
 // points sampling chunks, +0.2 sampling prompts). Whole prompts play it,
 // but a family holds many chunks, so the curve rests on fewer families and
-// needs more samples (BenchmarkWhatIfSampling).
+// needs more samples (BenchmarkWhatIfSampling): the floor is 2,048
+// (DefaultMinSamples).
 //
 // When the sample set is full T drops by an eighth and the keys above it
-// leave, so memory is fixed (the stack and the miniature pools together
-// sized to 1 % of what the pool's object table holds for a full pool, see
-// TableBytesPerObject); entries deeper than 4× the pool in LRU order are
-// dropped too, since they miss at every size LRU's curve shows.
+// leave, so memory is fixed: the stack and the miniature pools together
+// take the floor's FloorBytes (896 KiB) for any pool, and above it 1 % of
+// what the pool's object table holds for a full pool (see
+// TableBytesPerObject), capped at 0.1 % of the pool's bytes (PoolShare).
+// kvdock's pools are GiBs: the floor is 0.09 % of a pool of 1 GiB; a
+// smaller one pays more (1.3 % of 64 MiB, a quarter of l1's 3.3 MiB test
+// pool of long-context chat). Entries deeper than 4×
+// the pool in LRU order are dropped too, since they miss at every size
+// LRU's curve shows.
 //
 // A kvdock pool does not stay full: once a second (Tick) its watermark loop
 // evicts a share of the objects when the pool is above the watermark, so
@@ -53,7 +60,10 @@
 // Accesses are weighted by recency (the weights halve every Window sampled
 // keys), so the curve follows the traffic of the last minutes rather than
 // all of it. The hot path costs a hash of 8 bytes and a compare per key;
-// only sampled keys take the estimator's mutex. Nothing is allocated per
+// only sampled keys take the estimator's mutex. Under prompt sampling a
+// store cannot tell its key's family, so Stored asks a bitmap of the
+// sampled keys' hashes first (filter.go): a bit load a key, and the mutex
+// only for sampled keys and about one other in 32. Nothing is allocated per
 // access.
 package whatif
 
@@ -84,11 +94,18 @@ const nf = len([8]float64{})
 
 // Defaults for Options.
 const (
-	// DefaultMinSamples is the sample set's floor: below it the curve's
-	// noise grows faster than its memory (slotBytes+simSlotBytes a
-	// sample) shrinks. 64 keeps a pool of 16,384 objects within the budget
-	// (TestWhatIfMemoryBudget).
-	DefaultMinSamples = 64
+	// DefaultMinSamples is the sample set's floor, whatever the pool: the
+	// smallest power of two at which prompt sampling's curves give every
+	// point of l1's TestWhatIfMatchesRealPools within 4 points (1,024
+	// leaves long-context chat 10–15 points off: a sample of prompts rests
+	// on few families). It costs FloorBytes.
+	DefaultMinSamples = 2048
+	// FloorBytes bounds the estimator's memory at DefaultMinSamples
+	// (slotBytes+simSlotBytes, the prompt hash and the filter's bits a
+	// sample, and the fixed fields: 882,168 bytes measured by l1's
+	// TestWhatIfMemoryBudget): the least any pool pays, 0.09 % of a pool
+	// of 1 GiB.
+	FloorBytes = 896 << 10
 	// DefaultMaxSamples caps the sample set however large the pool.
 	DefaultMaxSamples = 8192
 	// DefaultWindow is the weight, in sampled keys looked up, after which
@@ -99,8 +116,12 @@ const (
 	// sized so that it stays within BudgetShare of it.
 	TableBytesPerObject = 140
 	// BudgetShare is the share of the object table's memory the estimator
-	// may use.
+	// may use above the floor.
 	BudgetShare = 0.01
+	// PoolShare caps that budget by the pool's own bytes, for pools of
+	// many small objects: above the floor the estimator holds at most
+	// this share of the pool.
+	PoolShare = 0.001
 )
 
 // Options configure an Estimator; zero values take the defaults.
@@ -108,14 +129,14 @@ type Options struct {
 	// PoolBytes is the size of the pool the curve is about; required.
 	PoolBytes int64
 	// MinSamples and MaxSamples bound the sample set; between them it is
-	// sized to BudgetShare of the object table of a full pool.
+	// sized to BudgetShare of the object table of a full pool, and at
+	// most PoolShare of the pool's bytes.
 	MinSamples, MaxSamples int
 	// Window is the sampled weight after which the weights halve.
 	Window float64
 	// SamplePrompts samples whole prompt families (by the hash of a
 	// lookup's first chunk) instead of chunks. An object stored before any
-	// lookup asked for it is then left out (its family is unknown), and
-	// Stored takes the mutex for every object.
+	// lookup asked for it is then left out (its family is unknown).
 	SamplePrompts bool
 }
 
@@ -141,6 +162,10 @@ type Estimator struct {
 	// poolHits counts the keys the pool itself hit, sampled or not: with
 	// probes, the pool's true hit ratio that anchors the sample's.
 	poolHits atomic.Int64
+	// seen holds, under prompt sampling, the spatial hashes that entered
+	// the sample, so that Stored of another object returns without the
+	// mutex; replaced whole (rebuilt) under mu.
+	seen atomic.Pointer[filter]
 
 	mu sync.Mutex
 	// st is the sampled objects' LRU stack, sized for limit objects
@@ -168,6 +193,13 @@ type Estimator struct {
 	lookups  uint64  // sampled probes, never decayed
 }
 
+// Served is the configuration kvdock's engine runs the estimator with for
+// a pool of poolBytes bytes: prompt sampling, the default bounds. l1's
+// TestWhatIfMatchesRealPools checks this configuration.
+func Served(poolBytes int64) Options {
+	return Options{PoolBytes: poolBytes, SamplePrompts: true}
+}
+
 // New returns an estimator for a pool of opts.PoolBytes bytes.
 func New(opts Options) *Estimator {
 	opts.PoolBytes = positiveOr(opts.PoolBytes, 1)
@@ -187,6 +219,9 @@ func New(opts Options) *Estimator {
 	}
 	e.st.reset(e.limit)
 	e.sim.reset(e.limit)
+	if e.prompts {
+		e.seen.Store(newFilter(e.limit, nil))
+	}
 	e.threshold.Store(math.MaxUint64)
 	return e
 }
@@ -289,7 +324,16 @@ func (e *Estimator) Stored(k *keys.ObjectKey, size int64) {
 		return
 	}
 	sp := spatial(k)
-	if sp == 0 || (!e.prompts && sp >= e.threshold.Load()) {
+	if sp == 0 {
+		return
+	}
+	if e.prompts {
+		// Only a lookup puts a key in the sample: one no sampled lookup
+		// asked for is left out without the mutex.
+		if !e.seen.Load().has(sp) {
+			return
+		}
+	} else if sp >= e.threshold.Load() {
 		return
 	}
 	e.mu.Lock()
@@ -455,7 +499,15 @@ func (e *Estimator) insert(sp, samp uint64, id uint32, size int64) int32 {
 			return -1
 		}
 	}
-	return e.st.insert(sp, samp, id, size)
+	j := e.st.insert(sp, samp, id, size)
+	if e.prompts && j >= 0 {
+		f := e.seen.Load()
+		f.add(sp)
+		if f.set >= 2*e.st.slots() {
+			e.seen.Store(newFilter(e.st.slots(), &e.st)) // drop the stale bits
+		}
+	}
+	return j
 }
 
 // shed lowers the threshold until at most n objects are left. Sampled
@@ -526,7 +578,8 @@ func (e *Estimator) raise() {
 }
 
 // resize sets the stack's size to BudgetShare of the object table of a
-// full pool of objects of the mean stored size, within [minS, maxS]; it
+// full pool of objects of the mean stored size (at most PoolShare of the
+// pool's bytes), within [minS, maxS]; it
 // rebuilds the stack only when that moves by more than a quarter.
 func (e *Estimator) resize() {
 	if e.meanSize <= 0 {
@@ -535,9 +588,10 @@ func (e *Estimator) resize() {
 	objects := float64(e.pool) / e.meanSize
 	per := slotBytes + simSlotBytes
 	if e.prompts {
-		per += 8 // the stack's samp
+		per += 8 + 8 // the stack's samp, the filter's 32 to 64 bits (a power of two)
 	}
-	n := min(max(int(objects*TableBytesPerObject*BudgetShare/float64(per)), e.minS), e.maxS)
+	budget := min(objects*TableBytesPerObject*BudgetShare, float64(e.pool)*PoolShare) - float64(unsafe.Sizeof(*e))
+	n := min(max(int(budget/float64(per)), e.minS), e.maxS)
 	if n == e.limit || (n > e.limit*3/4 && n < e.limit*5/4) {
 		return
 	}
@@ -556,6 +610,9 @@ func (e *Estimator) resize() {
 		}
 	}
 	e.sim.moved(&old, &e.st)
+	if e.prompts {
+		e.seen.Store(newFilter(n, &e.st))
+	}
 }
 
 // scale multiplies every weight by f (decay, or a rate change).
@@ -644,7 +701,11 @@ func (e *Estimator) Curve() Curve {
 // memory is the estimator's footprint in bytes: the stack as allocated
 // and the struct's fixed fields.
 func (e *Estimator) memory() int64 {
-	return e.st.memory() + e.sim.memory() + int64(unsafe.Sizeof(*e))
+	m := e.st.memory() + e.sim.memory() + int64(unsafe.Sizeof(*e))
+	if f := e.seen.Load(); f != nil {
+		m += f.memory() + int64(unsafe.Sizeof(*f))
+	}
+	return m
 }
 
 // positiveOr is v, or def where v is not positive: an option left unset

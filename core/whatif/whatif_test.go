@@ -494,3 +494,87 @@ func TestPromptSamplingKeepsPromptsWhole(t *testing.T) {
 		t.Error("a chunk stored before any lookup is in the sample")
 	}
 }
+
+// Under prompt sampling Stored skips the mutex for keys no sampled lookup
+// asked for, by a filter of the sampled keys' hashes: after traffic that
+// sheds, trims and rebuilds it many times, every sampled key must still
+// pass it (each tracked object got its stored size), and keys never looked
+// up must mostly not (those that do only take the mutex).
+func TestPromptSamplingFilterPassesSampledKeys(t *testing.T) {
+	e := New(Options{PoolBytes: 1 << 30, MinSamples: 256, MaxSamples: 256, SamplePrompts: true})
+	const depth = 8
+	for q := range 20_000 {
+		ks := make([]keys.ObjectKey, depth)
+		for c := range ks {
+			ks[c] = testKey(uint64(q%5000)*1000+uint64(c)+1, "m")
+		}
+		var p Prefix
+		e.Probe(&p, ks, 0)
+		for i := range ks {
+			e.Stored(&ks[i], 100)
+		}
+	}
+	f := e.seen.Load()
+	if e.st.live == 0 {
+		t.Fatal("nothing sampled")
+	}
+	for j, sp := range e.st.spat {
+		if sp == 0 {
+			continue
+		}
+		if !f.has(sp) {
+			t.Fatalf("slot %d: a sampled key fails the filter", j)
+		}
+		if e.st.size[j] <= 0 {
+			t.Errorf("slot %d: a sampled key stored after its lookup has no size", j)
+		}
+	}
+	if f.set >= 2*e.st.slots() {
+		t.Errorf("%d bits set for %d slots: the filter was not rebuilt", f.set, e.st.slots())
+	}
+	passed := 0
+	const strangers = 10_000
+	for i := range strangers {
+		k := testKey(1<<40+uint64(i), "m")
+		if f.has(spatial(&k)) {
+			passed++
+		}
+	}
+	if passed > strangers/10 {
+		t.Errorf("%d of %d keys never looked up pass the filter, want under a tenth", passed, strangers)
+	}
+	t.Logf("%d tracked, %d bits set, %d of %d strangers pass", e.st.live, f.set, passed, strangers)
+}
+
+// BenchmarkStored measures Stored, which the pool calls for every object
+// it takes, under its own lock: 16-chunk prompts over 4× a pool of 65,536
+// objects, each looked up and then stored, so the sample is at its
+// steady state; chunks and prompts are the two sampling modes at the
+// default floor.
+func BenchmarkStored(b *testing.B) {
+	for _, prompts := range []bool{false, true} {
+		name := "chunks"
+		if prompts {
+			name = "prompts"
+		}
+		b.Run(name, func(b *testing.B) {
+			const objects, size, depth = 65536, 4096, 16
+			e := New(Options{PoolBytes: objects * size, SamplePrompts: prompts})
+			ks := make([]keys.ObjectKey, 4*objects)
+			for i := range ks {
+				ks[i] = testKey(uint64(i)+1, "meta-llama/Llama-3.1-8B-Instruct")
+			}
+			for i := 0; i < len(ks); i += depth {
+				var p Prefix
+				e.Probe(&p, ks[i:i+depth], 0)
+				for j := i; j < i+depth; j++ {
+					e.Stored(&ks[j], size)
+				}
+			}
+			b.ResetTimer()
+			for i := range b.N {
+				e.Stored(&ks[i%len(ks)], size)
+			}
+		})
+	}
+}
