@@ -96,9 +96,9 @@ const nf = len([8]float64{})
 const (
 	// DefaultMinSamples is the sample set's floor, whatever the pool: the
 	// smallest power of two at which prompt sampling's curves give every
-	// point of l1's TestWhatIfMatchesRealPools within 4 points (1,024
-	// leaves long-context chat 10–15 points off: a sample of prompts rests
-	// on few families). It costs FloorBytes.
+	// point of l1's TestWhatIfMatchesRealPools within 4 points (run with
+	// 1,024 it leaves long-context chat 13–15 points off: a sample of
+	// prompts rests on few families). It costs FloorBytes.
 	DefaultMinSamples = 2048
 	// FloorBytes bounds the estimator's memory at DefaultMinSamples
 	// (slotBytes+simSlotBytes, the prompt hash and the filter's bits a
@@ -166,6 +166,9 @@ type Estimator struct {
 	// the sample, so that Stored of another object returns without the
 	// mutex; replaced whole (rebuilt) under mu.
 	seen atomic.Pointer[filter]
+	// lastSize is the size of the last object stored, sampled or not: the
+	// size of a key the pool hit whose store the sample never saw.
+	lastSize atomic.Int64
 
 	mu sync.Mutex
 	// st is the sampled objects' LRU stack, sized for limit objects
@@ -323,6 +326,7 @@ func (e *Estimator) Stored(k *keys.ObjectKey, size int64) {
 	if e == nil || size <= 0 {
 		return
 	}
+	e.lastSize.Store(size)
 	sp := spatial(k)
 	if sp == 0 {
 		return
@@ -379,8 +383,18 @@ func (e *Estimator) probeLocked(p *Prefix, id uint32, sp, samp uint64, realHit, 
 		e.st.touch(lruOrder, j)
 	} else {
 		// Never seen (or dropped): at the top now, with no size until the
-		// pool stores it, as a store after this miss would put it.
-		j = e.insert(sp, samp, id, 0)
+		// pool stores it, as a store after this miss would put it. A key
+		// the pool hit is stored already, unseen (before any lookup of its
+		// prompt, or before its hash was sampled): it takes a size now, so
+		// that its next use has a distance.
+		var stored int64
+		if realHit {
+			if size <= 0 {
+				size = float64(e.lastSize.Load())
+			}
+			stored = int64(size)
+		}
+		j = e.insert(sp, samp, id, stored)
 	}
 	p.worst = max(p.worst, d)
 	for k, f := range factors() {

@@ -578,3 +578,24 @@ func BenchmarkStored(b *testing.B) {
 		})
 	}
 }
+
+// A key the pool hits but whose store the sample never saw (stored before
+// any lookup of its prompt: a producer's store, or before its hash was
+// sampled) takes a size on that lookup, so that its reuses have a
+// distance: under prompt sampling, a prompt stored first and then looked up
+// three times hits on the last two lookups at 1×.
+func TestPoolHitOfAnUnseenStore(t *testing.T) {
+	e := New(Options{PoolBytes: 1 << 20, MinSamples: 64, MaxSamples: 64, SamplePrompts: true})
+	ks := make([]keys.ObjectKey, 4)
+	for i := range ks {
+		ks[i] = testKey(uint64(i)+1, "m")
+		e.Stored(&ks[i], 4096) // no lookup asked for it yet: left out
+	}
+	for range 3 {
+		var p Prefix
+		e.Probe(&p, ks, len(ks)) // the pool hits every chunk
+	}
+	if got := point(t, e.Curve(), 1); got < 0.6 {
+		t.Errorf("1× estimated %.3f, want the two reuses of three lookups (0.667)", got)
+	}
+}
