@@ -326,7 +326,9 @@ func (e *Estimator) Stored(k *keys.ObjectKey, size int64) {
 	if e == nil || size <= 0 {
 		return
 	}
-	e.lastSize.Store(size)
+	if e.lastSize.Load() != size { // a load, not a fenced store, for a size that repeats
+		e.lastSize.Store(size)
+	}
 	sp := spatial(k)
 	if sp == 0 {
 		return
