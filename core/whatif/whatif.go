@@ -19,9 +19,8 @@
 //
 // Options.SamplePrompts (what kvdock runs, Served) samples prompt families
 // instead of chunks: a key is sampled when the hash of its lookup's first
-// chunk is under T, so a
-// sampled prompt is in the sample whole, with every prompt that extends
-// it. The prefix policy evicts a prompt from its last chunk back, so its
+// chunk is under T, so a sampled prompt is in the sample whole, with every
+// prompt that extends it. The prefix policy evicts a prompt from its last chunk back, so its
 // hits depend on how deep a chunk sits in a prompt the pool is trimming: a
 // chunk sampled alone is a leaf of the sampled tree at once and goes as
 // readily as a tail, which chunk sampling misses at any rate (l1's
@@ -38,9 +37,8 @@
 // TableBytesPerObject), capped at 0.1 % of the pool's bytes (PoolShare).
 // kvdock's pools are GiBs: the floor is 0.09 % of a pool of 1 GiB; a
 // smaller one pays more (1.3 % of 64 MiB, a quarter of l1's 3.3 MiB test
-// pool of long-context chat). Entries deeper than 4×
-// the pool in LRU order are dropped too, since they miss at every size
-// LRU's curve shows.
+// pool of long-context chat). Entries deeper than 4× the pool in LRU
+// order are dropped too, since they miss at every size LRU's curve shows.
 //
 // A kvdock pool does not stay full: once a second (Tick) its watermark loop
 // evicts a share of the objects when the pool is above the watermark, so
@@ -55,7 +53,10 @@
 // chunk before it hit too. A lookup therefore carries the largest distance
 // seen so far (Prefix), and each sampled key counts as hit at the sizes that
 // hold it and every sampled key before it; a key never stored misses at
-// every size, and so does the rest of its lookup.
+// every size, and so does the rest of its lookup. A key the pool hit is
+// stored, if the sample never saw its store (stored before any lookup of
+// its prompt, or before its hash was sampled): it takes the last stored
+// size then.
 //
 // Accesses are weighted by recency (the weights halve every Window sampled
 // keys), so the curve follows the traffic of the last minutes rather than
@@ -63,8 +64,9 @@
 // only sampled keys take the estimator's mutex. Under prompt sampling a
 // store cannot tell its key's family, so Stored asks a bitmap of the
 // sampled keys' hashes first (filter.go): a bit load a key, and the mutex
-// only for sampled keys and about one other in 32. Nothing is allocated per
-// access.
+// only for sampled keys and a few others in a hundred. Nothing is
+// allocated per access (the filter is rebuilt, 8 KiB at the floor, after
+// some 4,096 keys entered the sample).
 package whatif
 
 import (
