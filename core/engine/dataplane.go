@@ -172,7 +172,7 @@ func (e *Engine) buildDataPlane(cfg settings.Config) (*dataPlane, error) {
 		return nil, fmt.Errorf("transfer mode %q is not served: kvdock serves non-GPU workers only (CUDA IPC transfer needs LMCache's own server)", cfg.Server.TransferMode)
 	}
 	plan := nongpu.PlanSegment(cfg.Server, cfg.L1, e.opts.PID, shmNameSource(e.sources))
-	est := whatif.New(whatif.Options{PoolBytes: cfg.L1.SizeBytes()})
+	est := whatif.New(whatif.Served(cfg.L1.SizeBytes()))
 	ghost := misses.NewGhost(misses.DefaultGhostEntries)
 	kv, kvLog := newKVTracker(cfg)
 	pool, adopted, err := e.openPool(cfg, l1.Options{

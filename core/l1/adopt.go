@@ -73,6 +73,7 @@ func (p *Pool) export(now int64) Kept {
 		recs = append(recs, i)
 	}
 	p.exportLinks(k.Objects, recs)
+	k.MeanGap = p.exportOrder(k.Objects, recs)
 	return k
 }
 
@@ -193,15 +194,17 @@ func (p *Pool) restore(k Kept, ad *Adopted) error {
 	if err := p.alloc.Carve(used); err != nil {
 		return fmt.Errorf("%w: %v", ErrNotAdoptable, err)
 	}
+	base := p.t.orderBase(k)
 	// Held records first: they leave the key index at once, so a published
 	// record (or a live reservation) of the same key finds its key free.
 	for _, held := range []bool{true, false} {
 		for _, o := range live {
 			if (o.Held && !o.Live) == held {
-				p.adoptObject(o, ad)
+				p.adoptObject(o, ad, base)
 			}
 		}
 	}
+	p.t.clk.Now = base
 	p.restoreLinks(k.Objects, ad)
 	return nil
 }
@@ -288,7 +291,7 @@ func (p *Pool) budgetReadLocks(live []KeptObject, d *Drops) {
 
 // adoptObject adds one recorded object; p.mu is held and its bytes are
 // carved out of the allocator.
-func (p *Pool) adoptObject(o KeptObject, ad *Adopted) {
+func (p *Pool) adoptObject(o KeptObject, ad *Adopted, base uint64) {
 	unit := p.alloc.Round(o.Length)
 	i := p.t.add(o.Key, o.Offset, o.Length, unit)
 	r := &p.t.recs[i]
@@ -350,6 +353,7 @@ func (p *Pool) adoptObject(o KeptObject, ad *Adopted) {
 	case !o.Held:
 		// A leaf until restoreLinks links its children to it.
 		p.joinRing(i)
+		p.t.adoptOrder(i, o, base)
 		p.t.reheap(i)
 	}
 }

@@ -36,6 +36,14 @@ type KeptObject struct {
 	Parent int
 	Root   bool
 
+	// The prefix policy's order (prefix.go), so that a successor evicts in
+	// this pool's order: the ticks of the pool's clock since the object's
+	// last use, its reuse gap in ticks (0: none yet) and whether the gap
+	// was measured (its own reuses, or a parent's it was lent). All zero:
+	// adopted in the table's order.
+	Age, Gap uint64
+	Measured bool
+
 	// Live marks a write reservation whose transfer the record carries
 	// (Write and Held are set too): the successor adopts it as a live
 	// reservation in the key index, for ClaimWrites to hand back to the
@@ -49,6 +57,7 @@ type Kept struct {
 	Segment     SegmentIdentity
 	Size, Align int64
 	Objects     []KeptObject
+	MeanGap     uint64 // the prefix policy's mean reuse gap, in ticks
 }
 
 // Adopted says what an adoption restored.

@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"kvdock/core/keys"
+	"kvdock/core/l1/nextuse"
 )
 
 // The prefix tree. A LOOKUP serves only the leading run of a prompt's
@@ -19,16 +20,36 @@ import (
 // link (link, untree), so the figure costs nothing to read.
 //
 // The prefix policy evicts leaves only (records without resident
-// children), the least recently used first: the heap holds every leaf that
-// is published, unlocked and not doomed, by stamp (the time of its last
-// use). A record's chunk has a record per rank and per KV group; peer rings
-// them, and an eviction takes every one of them that is an evictable leaf,
-// since a chunk missing one rank or group is a miss for all of them.
-// Each step is O(log n) for the heap, O(children) for the links of a
-// record that leaves, and O(ranks × groups) for its ring.
+// children), in the order of their next use as the table predicts it
+// (package nextuse, which the what-if plays too): each record's last use
+// and reuse gap on a clock that ticks once a request, the lookup, store or
+// touch that uses it (ReserveReadPrefix, ReserveWrite and Touch each open
+// one; a new record takes its parent's gap, a new prompt start the table's
+// mean); the victim is the
+// leaf the longest late, if any is late (a conversation that ended, a
+// question never asked again), else the leaf due the latest. Recency alone evicts the conversation that comes back
+// soonest when conversations return in turn (each is the least recently
+// used when its turn comes), and a prefix pool that evicts it from its
+// tail back passes a growing deficit to the next conversation, until every
+// one misses in full (docs/BENCHMARKS.md); by gaps, the conversation just
+// served is due the latest, so its tail goes and the others keep theirs.
+// A store pins the chunks of its own prompt while it evicts (pinPrompt):
+// the prompt it extends is the one just used, due the latest, and its tip
+// is the parent the new chunks need to be usable.
+//
+// The heaps hold every leaf that is published, unlocked, not doomed and
+// not pinned: one by due time (latest first), one by late time (earliest
+// first). A record's chunk has a record per rank and per KV group; peer
+// rings them, and an eviction takes every one of them that is an
+// evictable leaf, since a chunk missing one rank or group is a miss for
+// all of them. Each step is O(log n) for the heaps, O(children) for the
+// links of a record that leaves, and O(ranks × groups) for its ring.
 
 // maxPeerProbes bounds the index probes that find a new record's ring.
 const maxPeerProbes = 16
+
+// Order is the nextuse.Items of the table's records.
+func (t *table) Order(i int32) *nextuse.Order { return &t.recs[i].ord }
 
 // usable reports whether record i counts as usable.
 func (t *table) usable(i int32) bool {
@@ -36,86 +57,69 @@ func (t *table) usable(i int32) bool {
 	return !r.doomed && (r.root || r.parent != nilRec)
 }
 
-// candidate reports whether record i belongs in the heap of evictable
+// candidate reports whether record i belongs in the heaps of evictable
 // leaves.
 func (t *table) candidate(i int32) bool {
 	r := &t.recs[i]
-	return r.state == stateReady && !r.doomed && !r.readLocked() && r.kid == nilRec
+	return r.state == stateReady && !r.doomed && !r.readLocked() && r.kid == nilRec && !r.pinned
 }
 
-// reheap puts record i in the heap or takes it out, as its state says.
+// reheap puts record i in the heaps or takes it out, as its state says.
 func (t *table) reheap(i int32) {
-	in, want := t.recs[i].heap >= 0, t.candidate(i)
+	in, want := t.recs[i].ord.InHeaps(), t.candidate(i)
 	switch {
 	case want && !in:
-		t.recs[i].heap = int32(len(t.heap))
-		t.heap = append(t.heap, i)
-		t.heapUp(int(t.recs[i].heap))
+		nextuse.Push(&t.heaps, t, i, t.clk.Prior(t.len()))
 	case !want && in:
-		t.heapRemove(i)
+		nextuse.Remove(&t.heaps, t, i)
 	}
 }
 
-// stampNow marks record i as used now.
+// stampNow marks record i as used now and learns its reuse gap.
 func (t *table) stampNow(i int32) {
-	t.clock++
-	t.recs[i].stamp = t.clock
-	if h := t.recs[i].heap; h >= 0 {
-		t.heapDown(int(h)) // a newer stamp only moves it down
+	t.clk.Use(&t.recs[i].ord)
+	nextuse.Fix(&t.heaps, t, i)
+}
+
+// refresh moves record i to the MRU end and restamps it without taking
+// the time since its last use for a reuse gap: END_SESSION touches the
+// prompt its LOOKUP just used (Touch), which is the same use.
+func (t *table) refresh(i int32) {
+	t.clk.Refresh(&t.recs[i].ord)
+	nextuse.Fix(&t.heaps, t, i)
+	if t.mru != i {
+		t.unlink(i)
+		t.pushMRU(i)
 	}
 }
 
-func (t *table) heapLess(a, b int) bool {
-	return t.recs[t.heap[a]].stamp < t.recs[t.heap[b]].stamp
-}
-
-func (t *table) heapSwap(a, b int) {
-	t.heap[a], t.heap[b] = t.heap[b], t.heap[a]
-	t.recs[t.heap[a]].heap = int32(a)
-	t.recs[t.heap[b]].heap = int32(b)
-}
-
-func (t *table) heapUp(j int) {
-	for j > 0 {
-		p := (j - 1) / 2
-		if !t.heapLess(j, p) {
-			return
-		}
-		t.heapSwap(j, p)
-		j = p
+// inherit lends the new record c its parent's reuse gap: a conversation's
+// new chunks come back when it does.
+func (t *table) inherit(c, par int32) {
+	if nextuse.Inherit(&t.recs[c].ord, &t.recs[par].ord) {
+		nextuse.Fix(&t.heaps, t, c)
 	}
 }
 
-func (t *table) heapDown(j int) {
-	n := len(t.heap)
-	for {
-		l := 2*j + 1
-		if l >= n {
-			return
-		}
-		m := l
-		if r := l + 1; r < n && t.heapLess(r, l) {
-			m = r
-		}
-		if !t.heapLess(m, j) {
-			return
-		}
-		t.heapSwap(j, m)
-		j = m
+// victim is the prefix policy's next leaf to evict, nilRec when none.
+func (t *table) victim() int32 {
+	if i := nextuse.Victim(&t.heaps, t, t.clk.Now); i >= 0 {
+		return i
 	}
+	return nilRec
 }
 
-func (t *table) heapRemove(i int32) {
-	j := int(t.recs[i].heap)
-	last := len(t.heap) - 1
-	if j != last {
-		t.heapSwap(j, last)
-	}
-	t.heap = t.heap[:last]
-	t.recs[i].heap = -1
-	if j != last {
-		t.heapDown(j)
-		t.heapUp(j)
+// pinPrompt pins (on) or unpins the resident records of prev and ks, the
+// prompt of a store, while the store evicts: the prompt just looked up is
+// the one due the latest, and its tip is the new chunks' parent.
+func (p *Pool) pinPrompt(prev, ks []keys.ObjectKey, on bool) {
+	for _, run := range [2][]keys.ObjectKey{prev, ks} {
+		for _, k := range run {
+			if i := p.t.find(k); i != nilRec && !p.t.recs[i].doomed && p.t.recs[i].pinned != on {
+				p.t.recs[i].pinned = on
+				p.t.reheap(i)
+			}
+		}
 	}
 }
 
@@ -138,6 +142,7 @@ func (p *Pool) link(c, par int32) {
 	}
 	t.recs[par].kid = c
 	t.reheap(par) // no longer a leaf
+	t.inherit(c, par)
 }
 
 // untree takes record i out of the tree, its ring and the heap, as it
@@ -182,9 +187,7 @@ func (p *Pool) untree(i int32) {
 		t.recs[j].peer = r.peer
 		r.peer = i
 	}
-	if r.heap >= 0 {
-		t.heapRemove(i)
-	}
+	nextuse.Remove(&t.heaps, t, i)
 }
 
 // joinRing puts the new record i in the ring of a resident record of the
@@ -290,18 +293,18 @@ func (p *Pool) chainAfter(prev, ks []keys.ObjectKey) {
 	p.chain(append(prev[:len(prev):len(prev)], ks...), false)
 }
 
-// evictLeaf evicts the least recently used evictable leaf and the other
-// evictable leaves of its chunk (ranks, groups); it returns how many
-// objects it evicted, 0 when the heap is empty.
+// evictLeaf evicts the policy's victim and the other evictable leaves of
+// its chunk (ranks, groups); it returns how many objects it evicted, 0
+// when no leaf is evictable.
 func (p *Pool) evictLeaf() int {
-	if len(p.t.heap) == 0 {
+	i := p.t.victim()
+	if i == nilRec {
 		return 0
 	}
-	i := p.t.heap[0]
 	n := 0
 	for j := p.t.recs[i].peer; j != i; {
 		next := p.t.recs[j].peer
-		if p.t.recs[j].heap >= 0 {
+		if p.t.recs[j].ord.InHeaps() {
 			p.evict(j)
 			n++
 		}
@@ -321,8 +324,8 @@ func (p *Pool) evict(i int32) {
 // The tree across a restart (adopt.go). Keep records, for each published
 // object, its parent's place in the kept table and whether it starts a
 // prompt; Adopt links the records again, so the successor's usable bytes
-// and its eviction order are the predecessor's (the records are adopted
-// least recently used first, so their stamps keep their order). Links to
+// are the predecessor's, and gives each its kept place in the order (age,
+// gap), so its evictions are too. Links to
 // or from held objects are not kept: a held object is never readable in
 // the successor, as it is not here once doomed.
 //
@@ -334,6 +337,44 @@ func (p *Pool) evict(i int32) {
 // record cannot prove (that a parent's digest chains to its child's) costs
 // at most an object's place in the eviction order, never a byte served:
 // reads go by key.
+
+// maxKeptTicks bounds the ages and gaps a kept table may give: outside
+// input, whose sums must not wrap the clock (a bad one costs an object's
+// place in the order, never a byte served).
+const maxKeptTicks = 1 << 48
+
+// exportOrder fills the order of objs, the kept objects of the records
+// recs, and returns the mean gap; p.mu is held.
+func (p *Pool) exportOrder(objs []KeptObject, recs []int32) uint64 {
+	for j, i := range recs {
+		o := &p.t.recs[i].ord
+		objs[j].Age, objs[j].Gap, objs[j].Measured = p.t.clk.Now-o.Stamp, o.Gap, o.Measured
+	}
+	return p.t.clk.MeanGap
+}
+
+// orderBase returns the tick the ages of k count back from, past the
+// stamps the adoption of its objects gives (the clock is set to it once
+// they are adopted, so each kept age is its age again).
+func (t *table) orderBase(k Kept) uint64 {
+	var oldest uint64
+	for _, o := range k.Objects {
+		oldest = max(oldest, min(o.Age, maxKeptTicks))
+	}
+	t.clk.MeanGap = min(k.MeanGap, maxKeptTicks)
+	return t.clk.Now + uint64(len(k.Objects)) + oldest + 1
+}
+
+// adoptOrder gives the adopted record i the order o kept; a kept object
+// with none keeps the stamp its adoption gave it (the table's order).
+func (t *table) adoptOrder(i int32, o KeptObject, base uint64) {
+	if o.Age == 0 && o.Gap == 0 {
+		return
+	}
+	r := &t.recs[i].ord
+	r.Stamp = base - min(o.Age, maxKeptTicks)
+	r.Gap, r.Measured = min(o.Gap, maxKeptTicks), o.Measured && o.Gap > 0
+}
 
 // exportLinks fills the prompt links of objs, the kept objects of the
 // records recs (objs[j] is record recs[j]); p.mu is held.

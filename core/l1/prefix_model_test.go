@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"kvdock/core/keys"
+	"kvdock/core/l1/nextuse"
 )
 
 // prefixWorld is a set of prompts that share prefixes (a few system
@@ -61,7 +62,7 @@ func recount(p *Pool, w *prefixWorld) (int64, string) {
 	for i := range t.recs {
 		r := &t.recs[i]
 		if r.state == stateFree || r.doomed {
-			if r.state != stateFree && (r.parent != nilRec || r.kid != nilRec || r.heap >= 0 || r.peer != int32(i)) {
+			if r.state != stateFree && (r.parent != nilRec || r.kid != nilRec || r.ord.Due >= 0 || r.ord.Late >= 0 || r.peer != int32(i)) {
 				return 0, fmt.Sprintf("doomed record %d still in the tree, heap or a ring", i)
 			}
 			continue
@@ -79,11 +80,8 @@ func recount(p *Pool, w *prefixWorld) (int64, string) {
 		} else if r.root {
 			usable += p.rounded(int32(i))
 		}
-		if (r.heap >= 0) != t.candidate(int32(i)) {
-			return 0, fmt.Sprintf("record %d: in heap %v, evictable leaf %v", i, r.heap >= 0, t.candidate(int32(i)))
-		}
-		if r.heap >= 0 && t.heap[r.heap] != int32(i) {
-			return 0, fmt.Sprintf("record %d: heap position %d holds %d", i, r.heap, t.heap[r.heap])
+		if (r.ord.Due >= 0) != t.candidate(int32(i)) || (r.ord.Late >= 0) != t.candidate(int32(i)) {
+			return 0, fmt.Sprintf("record %d: in the heaps %v/%v, evictable leaf %v", i, r.ord.Due >= 0, r.ord.Late >= 0, t.candidate(int32(i)))
 		}
 		for j := r.peer; j != int32(i); j = t.recs[j].peer {
 			if t.recs[j].id.chunk != r.id.chunk {
@@ -91,10 +89,8 @@ func recount(p *Pool, w *prefixWorld) (int64, string) {
 			}
 		}
 	}
-	for j := 1; j < len(t.heap); j++ {
-		if t.recs[t.heap[j]].stamp < t.recs[t.heap[(j-1)/2]].stamp {
-			return 0, "heap order broken"
-		}
+	if !nextuse.Check(&t.heaps, t) {
+		return 0, "heap order or places broken"
 	}
 	return usable, ""
 }

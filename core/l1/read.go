@@ -37,6 +37,8 @@ func (p *Pool) reserveReadPrefix(owner Owner, ks []keys.ObjectKey, count int) (i
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.t.clk.Begin() // one tick for the request (nextuse)
+	defer p.t.clk.End()
 	now := p.now().UnixNano()
 	reclaimed := false
 	for n, k := range ks {

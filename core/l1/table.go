@@ -4,6 +4,7 @@ import (
 	"slices"
 
 	"kvdock/core/keys"
+	"kvdock/core/l1/nextuse"
 )
 
 // The object table is laid out for a small Go heap at millions of objects:
@@ -60,14 +61,13 @@ type record struct {
 	// bprev, bnext: neighbours in the benchmark's own LRU list (apart.go),
 	// for records of a benchmark model only.
 	bprev, bnext int32
-	stamp        uint64 // last use, for the prefix policy's heap (older first)
+	ord          nextuse.Order // the prefix policy's order (prefix.go)
 	// The prefix tree (prefix.go): the record of the chunk before this one
 	// in its prompt (nilRec: none resident), the first of its resident
-	// children and its siblings; heap is its place in the heap of
-	// evictable leaves (-1: not there); peer rings the records of the same
+	// children and its siblings; peer rings the records of the same
 	// chunk (other ranks and groups).
 	parent, kid, sibPrev, sibNext int32
-	heap, peer                    int32
+	peer                          int32
 	readers                       uint32 // anonymous read locks left by lookups for the workers
 	holds                         uint32 // read locks workers took (HoldRead) and release by ReadRef
 	owner                         uint32 // Pool.ownerSlots index charged for the lock
@@ -77,6 +77,7 @@ type record struct {
 	detached                      bool // abandoned reservation: out of the key index until freed
 	root                          bool // starts a prompt: usable without a parent
 	carried                       bool // a live write reservation adopted for ClaimWrites
+	pinned                        bool // a store of its prompt is evicting (pinPrompt)
 }
 
 // nameKey is what objects of one name share: the layout ID lives here, not
@@ -116,10 +117,10 @@ type table struct {
 	doomed      int
 	detached    int // records out of the index (see detach)
 	doomedBytes int64
-	bytes       int64 // rounded sizes of every record
-	usableBytes int64 // rounded sizes of the usable records (prefix.go)
-	clock       uint64
-	heap        []int32 // evictable leaves, a min-heap by stamp
+	bytes       int64         // rounded sizes of every record
+	usableBytes int64         // rounded sizes of the usable records (prefix.go)
+	clk         nextuse.Clock // the prefix policy's clock: one tick per use
+	heaps       nextuse.Heaps // the evictable leaves, by due and late time
 }
 
 func (t *table) init() {
@@ -180,9 +181,8 @@ func (t *table) add(k keys.ObjectKey, off, length, rounded int64) int32 {
 		i = int32(len(t.recs) - 1)
 	}
 	id := ident{k.Chunk, n, k.KVRank, k.Group}
-	t.clock++
-	t.recs[i] = record{id: id, off: off, length: length, prev: nilRec, next: nilRec, bprev: nilRec, bnext: nilRec, state: stateReady, stamp: t.clock,
-		parent: nilRec, kid: nilRec, sibPrev: nilRec, sibNext: nilRec, heap: -1, peer: i}
+	t.recs[i] = record{id: id, off: off, length: length, prev: nilRec, next: nilRec, bprev: nilRec, bnext: nilRec, state: stateReady, ord: nextuse.New(t.clk.Tick()),
+		parent: nilRec, kid: nilRec, sibPrev: nilRec, sibNext: nilRec, peer: i}
 	t.index.insert(t.recs, i)
 	t.pushMRU(i)
 	t.bytes += rounded
@@ -401,10 +401,12 @@ func (p *Pool) lookup(k keys.ObjectKey, now int64) int32 {
 func (p *Pool) Touch(ks []keys.ObjectKey) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.t.clk.Begin() // one tick for the request (nextuse)
+	defer p.t.clk.End()
 	now := p.now().UnixNano()
 	for _, k := range ks {
 		if i := p.lookup(k, now); i != nilRec && !p.t.recs[i].doomed {
-			p.t.touch(i)
+			p.t.refresh(i)
 		}
 	}
 }

@@ -4,48 +4,19 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"testing"
+
+	"kvdock/core/testkit/chat"
 )
 
 // Traces for the eviction policies: the shapes of prefix traffic the prefix
 // policy is for, and a scan, each a slice of prompts (traceReq).
 
 // multiTurnTrace is chat: 400 conversations open at a time, each prompt a
-// conversation's whole history plus its new turn (1 to 3 chunks); a
-// conversation ends after 4 to 16 turns and a new one takes its place.
-// Each prompt picks one of the open conversations at random.
+// conversation's whole history plus its new turn (1 to 3 chunks), the
+// conversation picked at random; one ends after 4 to 16 turns and a new
+// one takes its place (chat.RandomOrder).
 func multiTurnTrace(n int, seed uint64) []traceReq {
-	r := rand.New(rand.NewPCG(seed, 3))
-	const open = 400
-	type conv struct {
-		id, turns, left int
-		chunks          [][]uint32
-	}
-	next := 0
-	fresh := func() *conv {
-		next++
-		return &conv{id: next, left: 4 + r.IntN(13)}
-	}
-	convs := make([]*conv, open)
-	for i := range convs {
-		convs[i] = fresh()
-	}
-	out := make([]traceReq, n)
-	for i := range out {
-		j := r.IntN(open)
-		c := convs[j]
-		for range 1 + r.IntN(3) {
-			c.chunks = append(c.chunks, chunkTokens(uint64(c.id)<<20|uint64(len(c.chunks)), 0))
-		}
-		c.turns++
-		out[i] = traceReq{chunks: append([][]uint32(nil), c.chunks...)}
-		// The conversation moves to the front (most recent).
-		copy(convs[1:j+1], convs[:j])
-		convs[0] = c
-		if c.turns == c.left {
-			convs[0] = fresh()
-		}
-	}
-	return out
+	return prompts(chat.RandomOrder(n, 400, seed))
 }
 
 // appendChunks appends the first n chunks of prompt to ch.
@@ -149,10 +120,27 @@ func evictionTraces() []evictionTrace {
 // and 2× its working set under each policy and reports the hit ratio (%),
 // the hit tokens per GiB of pool, usable ÷ resident bytes (mean over the
 // measured half, and at the end), and the watermark loop's CPU per evicted
-// object.
+// object. Then the trace families (chat.Families, on demand, whole trace):
+// each policy's hit ratio and its share of the offline bound.
 //
 //	go test -run '^$' -bench BenchmarkEvictionTraces -benchtime 1x ./core/l1
+//	go test -run '^$' -bench 'BenchmarkEvictionTraces/family' -benchtime 1x ./core/l1
 func BenchmarkEvictionTraces(b *testing.B) {
+	for _, f := range chat.Families() {
+		for _, x := range familySizes(f) {
+			b.Run(fmt.Sprintf("family/%s/%.2fx", f.Name, x), func(b *testing.B) {
+				var r familyRun
+				for range b.N {
+					r = runFamily(b, f, x)
+				}
+				b.ReportMetric(100*float64(r.lru)/float64(r.asked), "LRU-hit%")
+				b.ReportMetric(100*float64(r.prefix)/float64(r.asked), "prefix-hit%")
+				b.ReportMetric(float64(r.lru)/float64(r.bound), "LRU/bound")
+				b.ReportMetric(float64(r.prefix)/float64(r.bound), "prefix/bound")
+				b.ReportMetric(r.end.UsableRatio(), "usable/resident-end")
+			})
+		}
+	}
 	models := []traceModel{{"m", accAlign}, {"m2", accAlign}} // zipf-prefix uses two
 	for _, tr := range evictionTraces() {
 		ws := tr.base

@@ -46,10 +46,13 @@ func tableOverhead(t *testing.T, n int) float64 {
 	return float64(after.HeapAlloc-before.HeapAlloc) / float64(n)
 }
 
-// TestWhatIfMemoryBudget checks the estimator's bound: at most
-// whatif.BudgetShare (1 %) of the object table's own memory, for a pool full
-// of objects. The table's per-object overhead is measured here, at the
-// object counts of realistic pools, and must be at least the
+// TestWhatIfMemoryBudget checks the estimator's bound, as the engine runs
+// it (whatif.Served): at most whatif.FloorBytes (the sample floor's), or
+// above it whatif.BudgetShare (1 %) of the object table's own memory for a
+// pool full of objects, and never more than whatif.PoolShare (0.1 %) of
+// the pool's bytes where the floor fits in that share (pools of 1 GiB and
+// more). The table's per-object overhead is measured here, at the object
+// counts of realistic pools, and must be at least the
 // whatif.TableBytesPerObject the estimator sizes itself by.
 func TestWhatIfMemoryBudget(t *testing.T) {
 	for _, n := range []int{16384, 65536, 262144} {
@@ -60,15 +63,35 @@ func TestWhatIfMemoryBudget(t *testing.T) {
 		// The estimator of such a pool, after traffic that fills its sample
 		// set to the limit.
 		const size = 4096
-		e := whatif.New(whatif.Options{PoolBytes: int64(n) * size})
+		pool := int64(n) * size
+		e := whatif.New(whatif.Served(pool))
 		fillEstimator(e, 4*n, size)
 		c := e.Curve()
 		table := per * float64(n)
-		t.Logf("%d objects: table %.0f B/object (%.1f MiB), estimator %d B (%.2f %%), %d/%d samples, rate %.4f",
-			n, per, table/(1<<20), c.MemoryBytes, 100*float64(c.MemoryBytes)/table, c.Tracked, c.Limit, c.SampleRate)
-		if float64(c.MemoryBytes) > whatif.BudgetShare*table {
-			t.Errorf("%d objects: estimator holds %d bytes, more than %.0f %% of the table's %.0f", n, c.MemoryBytes, 100*whatif.BudgetShare, table)
+		t.Logf("%d objects (%d MiB): table %.0f B/object (%.1f MiB), estimator %d B (%.2f %% of the table, %.3f %% of the pool), %d/%d samples, rate %.4f",
+			n, pool>>20, per, table/(1<<20), c.MemoryBytes, 100*float64(c.MemoryBytes)/table, 100*float64(c.MemoryBytes)/float64(pool), c.Tracked, c.Limit, c.SampleRate)
+		if c.Limit < whatif.DefaultMinSamples {
+			t.Errorf("%d objects: %d samples, below the floor of %d", n, c.Limit, whatif.DefaultMinSamples)
 		}
+		if bound := max(whatif.BudgetShare*table, whatif.FloorBytes); float64(c.MemoryBytes) > bound {
+			t.Errorf("%d objects: estimator holds %d bytes, more than the floor's %d and %.0f %% of the table's %.0f", n, c.MemoryBytes, whatif.FloorBytes, 100*whatif.BudgetShare, table)
+		}
+		if share := whatif.PoolShare * float64(pool); share >= whatif.FloorBytes && float64(c.MemoryBytes) > share {
+			t.Errorf("%d objects: estimator holds %d bytes, more than %.1f %% of the pool's %d", n, c.MemoryBytes, 100*whatif.PoolShare, pool)
+		}
+	}
+	// A pool of 2 GiB of small objects (256 bytes): 1 % of its table would
+	// be 0.5 % of the pool; the pool's share caps it.
+	const pool, small = 2 << 30, 256
+	e := whatif.New(whatif.Served(pool))
+	fillEstimator(e, 1<<17, small)
+	c := e.Curve()
+	t.Logf("%d MiB of %d-byte objects: estimator %d B (%.3f %% of the pool), %d/%d samples", pool>>20, small, c.MemoryBytes, 100*float64(c.MemoryBytes)/pool, c.Tracked, c.Limit)
+	if c.Limit <= whatif.DefaultMinSamples {
+		t.Errorf("%d samples: the budget of a pool of small objects did not rise above the floor", c.Limit)
+	}
+	if float64(c.MemoryBytes) > whatif.PoolShare*pool {
+		t.Errorf("estimator holds %d bytes, more than %.1f %% of the pool's %d", c.MemoryBytes, 100*whatif.PoolShare, pool)
 	}
 }
 
@@ -82,10 +105,10 @@ func fillEstimator(e *whatif.Estimator, n int, size int64) {
 			var h keys.Hash
 			binary.LittleEndian.PutUint64(h[:], uint64(i)*0x9e3779b97f4a7c15+1)
 			ks[0] = keys.ObjectKey{Chunk: h, Model: "m", KVRank: 1}
+			e.Probe(&pre, ks, 0) // before the store: prompt sampling takes a key from its lookup
 			if round == 0 {
 				e.Stored(&ks[0], size)
 			}
-			e.Probe(&pre, ks, 0)
 		}
 	}
 }
@@ -120,7 +143,7 @@ func benchWhatIf(b *testing.B, nPrompts int) {
 		b.Fatal(err)
 	}
 	defer p.Close()
-	e := whatif.New(whatif.Options{PoolBytes: objects * size})
+	e := whatif.New(whatif.Served(objects * size))
 	key := func(i uint64) keys.ObjectKey {
 		var h keys.Hash
 		binary.LittleEndian.PutUint64(h[:], i*0x9e3779b97f4a7c15+7)
@@ -146,7 +169,8 @@ func benchWhatIf(b *testing.B, nPrompts int) {
 			e.Stored(&ks[k], size)
 		}
 	}
-	var estNs, poolNs time.Duration
+	var estNs, poolNs, storeNs time.Duration
+	stores := 0
 	b.ResetTimer()
 	for i := range b.N {
 		ks := prompts[i%len(prompts)]
@@ -157,7 +181,10 @@ func benchWhatIf(b *testing.B, nPrompts int) {
 		var pre whatif.Prefix
 		e.Probe(&pre, ks, n)
 		if i%8 == 0 { // a store now and then, as after a miss
+			t2 := time.Now()
 			e.Stored(&ks[len(ks)-1], size)
+			storeNs += time.Since(t2)
+			stores++
 		}
 		estNs += time.Since(t1)
 		poolNs += t1.Sub(t0)
@@ -165,6 +192,7 @@ func benchWhatIf(b *testing.B, nPrompts int) {
 	b.StopTimer()
 	perKey := float64(estNs.Nanoseconds()) / float64(b.N*benchPromptChunks)
 	b.ReportMetric(perKey, "ns/key")
+	b.ReportMetric(float64(storeNs.Nanoseconds())/float64(stores), "ns/store")
 	b.ReportMetric(float64(estNs)/float64(poolNs), "vs-pool-lookup")
 	b.ReportMetric(100*perKey*benchLookupsPerSecond*benchPromptChunks/1e9, "%core@bench")
 }

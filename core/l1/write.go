@@ -73,6 +73,8 @@ func (p *Pool) reserveWrite(owner Owner, prev, ks []keys.ObjectKey, size int64) 
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.t.clk.Begin() // one tick for the request (nextuse)
+	defer p.t.clk.End()
 	p.st.WriteExisting += uint64(len(ks) - len(cand))
 	now := p.now().UnixNano()
 	fresh := cand[:0] // indices into ks
@@ -116,7 +118,10 @@ func (p *Pool) reserveWrite(owner Owner, prev, ks []keys.ObjectKey, size int64) 
 		}
 	} else if p.alloc.Free() < need || !p.allocAll(offs, size) {
 		p.sweep(now) // expired locks give space back before anything is evicted
-		if !p.allocAll(offs, size) && !p.evictBenchAndAlloc(offs, size, now) && !p.evictAndAlloc(offs, size, now) {
+		p.pinPrompt(prev, ks, true)
+		ok := p.allocAll(offs, size) || p.evictBenchAndAlloc(offs, size, now) || p.evictAndAlloc(offs, size, now)
+		p.pinPrompt(prev, ks, false)
+		if !ok {
 			p.st.AllocFailures++
 			p.refused(ks, fresh, unit)
 			return nil, fmt.Errorf("%w: %d objects of %d bytes, %d bytes free", ErrNoSpace, len(fresh), size, p.alloc.Free())

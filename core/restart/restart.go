@@ -179,8 +179,10 @@ type body struct {
 	Transfers  []transfer `json:"transfers,omitempty"`
 	Handover   Handover   `json:"handover"`
 	CarryKey   []byte     `json:"carry_key,omitempty"`
-	// Decoded apart (links.go, stats.go): a bad block is left out alone.
+	// Decoded apart (links.go, order.go, stats.go): a bad block is left
+	// out alone.
 	Links json.RawMessage `json:"links,omitempty"`
+	Order json.RawMessage `json:"order,omitempty"`
 	Stats json.RawMessage `json:"stats,omitempty"`
 }
 
@@ -330,6 +332,7 @@ func Encode(r Record) ([]byte, error) {
 	}
 	b.Transfers, b.CarryKey, b.Handover = encodeTransfers(r.Transfers), r.CarryKey, r.Handover
 	b.Links = encodeLinks(r.Pool.Objects)
+	b.Order = encodeOrder(r.Pool)
 	st, err := encodeStats(r.Stats)
 	if err != nil {
 		return nil, fmt.Errorf("restart: encode record: %w", err)
@@ -406,6 +409,9 @@ func Decode(data []byte) (Record, error) {
 	r.Transfers, r.CarryKey = b.transfers(r.Pool.Objects, &r.Dropped)
 	r.Handover = b.Handover.bounded(&r.Dropped)
 	if why := decodeLinks(b.Links, len(b.Objects), from, r.Pool.Objects); why != "" {
+		r.Ignored = append(r.Ignored, why)
+	}
+	if why := decodeOrder(b.Order, len(b.Objects), from, &r.Pool); why != "" {
 		r.Ignored = append(r.Ignored, why)
 	}
 	var ignored []string

@@ -23,6 +23,10 @@ func withView() Record {
 		r.Pool.Objects[i].Parent = i // object i-1
 	}
 	r.Pool.Objects[5].Root = true
+	for i := range r.Pool.Objects {
+		r.Pool.Objects[i].Age, r.Pool.Objects[i].Gap, r.Pool.Objects[i].Measured = uint64(10*i+1), uint64(7+i), i%2 == 0
+	}
+	r.Pool.MeanGap = 42
 	var mc misses.Counts
 	mc[misses.Evicted], mc[misses.NeverStored] = 5, 2
 	r.Stats = &Stats{Since: time.Unix(40, 0), ResetAt: time.Unix(60, 0), Taken: time.Unix(100, 3), TokensSavedTotal: 123456,
@@ -56,6 +60,12 @@ func TestRecordCarriesLinksAndStats(t *testing.T) {
 		if o.Parent != want.Pool.Objects[i].Parent || o.Root != want.Pool.Objects[i].Root {
 			t.Fatalf("object %d: parent %d root %v, want %d %v", i, o.Parent, o.Root, want.Pool.Objects[i].Parent, want.Pool.Objects[i].Root)
 		}
+		if w := want.Pool.Objects[i]; o.Age != w.Age || o.Gap != w.Gap || o.Measured != w.Measured {
+			t.Fatalf("object %d: order %d %d %v, want %d %d %v", i, o.Age, o.Gap, o.Measured, w.Age, w.Gap, w.Measured)
+		}
+	}
+	if got.Pool.MeanGap != 42 {
+		t.Fatalf("mean gap %d, want 42", got.Pool.MeanGap)
 	}
 	if fmt.Sprintf("%+v", *got.Stats) != fmt.Sprintf("%+v", *want.Stats) {
 		t.Fatalf("statistics:\n got %+v\nwant %+v", *got.Stats, *want.Stats)
@@ -118,6 +128,15 @@ func TestHostileRecordLinksAndStats(t *testing.T) {
 			}
 			return ""
 		}},
+		{"order count", func(s string) string {
+			return strings.Replace(s, `"objects":[[1,7,1],`, `"objects":[[1,7,1],[1,1,1],`, 1)
+		}, "eviction order left out: 9 for 8", func(r Record) string {
+			if r.Pool.Objects[0].Age != 0 || r.Pool.MeanGap != 0 || !r.Pool.Objects[0].Root {
+				return "order kept, or the links lost"
+			}
+			return ""
+		}},
+		{"order measured", func(s string) string { return strings.Replace(s, `"objects":[[1,7,1],`, `"objects":[[1,7,2],`, 1) }, "eviction order left out: measured 2", nil},
 		{"stats of the wrong type", func(s string) string { return strings.Replace(s, `"stats":{`, `"stats":{"since_ns":"x",`, 1) }, "statistics left out", func(r Record) string {
 			if r.Stats != nil {
 				return "statistics kept"

@@ -11,7 +11,7 @@ func (e *Estimator) ResetCounts() {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.fold() // probes so far are folded, then dropped with the rest
-	e.hits = [orders][nf]float64{}
+	e.hits, e.simHits = [nf]float64{}, [nf]float64{}
 	e.weight, e.realHits, e.expected, e.expHits = 0, 0, 0, 0
 	e.lookups = 0
 }

@@ -1,20 +1,22 @@
 package whatif
 
-// stack holds the sampled objects in two recency orders at once, with the
-// sums SHARDS needs in O(log n): in each order every use of an object gets
-// a time stamp, a Fenwick tree over time stamps holds each object's size at
-// its last use, and so the bytes used since an object's last use are the
-// total minus a prefix sum. Order lruOrder is plain LRU; order prefixOrder
-// is the prefix policy's (see Estimator.placePrefix). The objects, their
-// sizes and the linear-probing index that finds one by its hash are shared
-// by both orders. Time stamps run over twice the slots; when an order runs
-// out the live ones are renumbered in order (amortised O(1) a use).
+// stack holds the sampled objects in recency order, with the sums SHARDS
+// needs in O(log n): every use of an object gets a time stamp, a Fenwick
+// tree over time stamps holds each object's size at its last use, and so
+// the bytes used since an object's last use are the total minus a prefix
+// sum. The objects, their sizes and the linear-probing index that finds
+// one by its hash sit beside the order, which the prefix policy's pools
+// (sim) index by slot too. Time stamps run over twice the slots; when the
+// order runs out the live ones are renumbered in order (amortised O(1) a
+// use).
 //
-// Memory is fixed by the slot count given to reset: slotBytes a slot.
+// Memory is fixed by the slot count given to reset: slotBytes a slot, and
+// 8 more with prompt sampling (samp).
 type stack struct {
 	// Per slot. A free slot has spat 0 and links the free list through
 	// ord[0].ts.
 	spat []uint64 // spatial hash (never 0 for a live slot)
+	samp []uint64 // the hash that keeps it in the sample, where not spat (prompt sampling); nil until one differs
 	id   []uint32 // identity check among objects sharing spat
 	size []int64  // bytes (0: looked up, never stored)
 
@@ -26,11 +28,10 @@ type stack struct {
 	total int64 // sum of the live sizes
 }
 
-// The orders a stack keeps.
+// The orders a stack keeps: one, LRU.
 const (
-	lruOrder    = 0
-	prefixOrder = 1
-	orders      = 2
+	lruOrder = 0
+	orders   = 1
 )
 
 // order is one recency order of the stack's objects.
@@ -40,7 +41,6 @@ type order struct {
 	rev    []int32  // time → slot, -1 once that slot was used again or left
 	clock  uint32   // next time stamp
 	oldest uint32   // no live object was last used before it
-	epoch  uint32   // renumberings so far: times reserved before one are void
 }
 
 // slotBytes is the most memory one slot takes: the shared per-slot fields,
@@ -78,11 +78,20 @@ func (s *stack) slots() int { return len(s.spat) }
 
 // memory is what the stack holds, in bytes.
 func (s *stack) memory() int64 {
-	m := int64(cap(s.spat))*8 + int64(cap(s.id))*4 + int64(cap(s.size))*8 + int64(cap(s.index))*4
+	m := int64(cap(s.spat))*8 + int64(cap(s.samp))*8 + int64(cap(s.id))*4 + int64(cap(s.size))*8 + int64(cap(s.index))*4
 	for o := range s.ord {
 		m += int64(cap(s.ord[o].ts))*4 + int64(cap(s.ord[o].fen))*8 + int64(cap(s.ord[o].rev))*4
 	}
 	return m
+}
+
+// sampling is the hash that keeps slot j in the sample: its own spatial
+// hash, or with prompt sampling its prompt family's.
+func (s *stack) sampling(j int32) uint64 {
+	if s.samp != nil {
+		return s.samp[j]
+	}
+	return s.spat[j]
 }
 
 // find returns the slot of (sp, id), or -1.
@@ -115,31 +124,6 @@ func (s *stack) touch(o int, j int32) {
 	s.stamp(o, j)
 }
 
-// reserve sets aside n unused times above every time given so far in
-// order o (renumbering first when fewer are left) and returns the lowest;
-// n is at most half the slots. place hands them out.
-func (s *stack) reserve(o int, n uint32) uint32 {
-	or := &s.ord[o]
-	if int(or.clock)+int(n) > len(or.rev) {
-		s.renumber(o)
-	}
-	t := or.clock
-	or.clock += n
-	return t
-}
-
-// place moves slot j in order o to time t, one reserve set aside and no
-// slot took since. The oldest mark may have passed t meanwhile (bottom
-// skips the run's times still unused): it comes back to t.
-func (s *stack) place(o int, j int32, t uint32) {
-	or := &s.ord[o]
-	or.leave(j, s.size[j])
-	or.ts[j] = t
-	or.rev[t] = j
-	or.add(t, s.size[j])
-	or.oldest = min(or.oldest, t)
-}
-
 // setSize changes slot j's size.
 func (s *stack) setSize(j int32, size int64) {
 	for o := range s.ord {
@@ -149,9 +133,9 @@ func (s *stack) setSize(j int32, size int64) {
 	s.size[j] = size
 }
 
-// insert adds an object on top of both orders and returns its slot; -1
-// when full.
-func (s *stack) insert(sp uint64, id uint32, size int64) int32 {
+// insert adds an object, kept in the sample while samp is under the
+// threshold, on top of the order and returns its slot; -1 when full.
+func (s *stack) insert(sp, samp uint64, id uint32, size int64) int32 {
 	j := s.free
 	if j < 0 {
 		return -1
@@ -162,6 +146,13 @@ func (s *stack) insert(sp uint64, id uint32, size int64) int32 {
 		s.free = int32(n)
 	}
 	s.spat[j], s.id[j], s.size[j] = sp, id, size
+	if samp != sp && s.samp == nil {
+		s.samp = make([]uint64, len(s.spat))
+		copy(s.samp, s.spat)
+	}
+	if s.samp != nil {
+		s.samp[j] = samp
+	}
 	mask := uint64(len(s.index) - 1)
 	h := sp & mask
 	for s.index[h] != 0 {
@@ -199,6 +190,9 @@ func (s *stack) remove(j int32) {
 	s.total -= s.size[j]
 	s.live--
 	s.spat[j], s.id[j], s.size[j] = 0, 0, 0
+	if s.samp != nil {
+		s.samp[j] = 0
+	}
 	if s.free < 0 {
 		s.ord[0].ts[j] = ^uint32(0)
 	} else {
@@ -258,7 +252,6 @@ func (s *stack) renumber(o int) {
 		}
 	}
 	or.clock, or.oldest = n, 0
-	or.epoch++
 }
 
 // leave takes slot j, of size bytes, off its time.

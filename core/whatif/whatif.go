@@ -10,25 +10,35 @@
 // stack divided by the sampling rate R = T/2^64. Under LRU an object is in
 // a pool that holds U bytes when its distance is at most U.
 //
-// The same samples give a second curve, for the prefix policy (a pool that
-// evicts only leaves of the prefix tree, least recently used first). A
-// sampled chunk's parent is seldom sampled, so the tree is not kept; what
-// stands for it is that a lookup touches every chunk of its prompt, so a
-// chunk's ancestors are used whenever it is. A chunk then leaves a prefix
-// pool when the newest use in its subtree is the oldest, and a prompt goes
-// from its last chunk back: the sampled keys keep a second recency order
-// in which each lookup's keys take the top, the deepest lowest, and a key
-// is in a prefix pool of U bytes when its distance in that order is at
-// most U. On most traffic the curves agree; they part where prompts are
-// long against the pool (long-context chat), where LRU evicts a prompt's
-// first chunks and strands the rest. l1's TestWhatIfMatchesRealPools checks
+// The same samples give a second curve, for the prefix policy. That policy
+// (evict leaves of the prefix tree by predicted next use, package
+// core/l1/nextuse) is no stack algorithm, so it has no reuse distance:
+// the estimator plays it, with the pool's own order, on a miniature pool
+// per size on the curve (sim.go). l1's TestWhatIfMatchesRealPools checks
 // each curve against real pools of its policy.
 //
+// Options.SamplePrompts (what kvdock runs, Served) samples prompt families
+// instead of chunks: a key is sampled when the hash of its lookup's first
+// chunk is under T, so a sampled prompt is in the sample whole, with every
+// prompt that extends it. The prefix policy evicts a prompt from its last chunk back, so its
+// hits depend on how deep a chunk sits in a prompt the pool is trimming: a
+// chunk sampled alone is a leaf of the sampled tree at once and goes as
+// readily as a tail, which chunk sampling misses at any rate (l1's
+// TestWhatIfPromptSampling: scan-heavy at 0.5× with 2,048 samples, +9.7
+// points sampling chunks, +0.2 sampling prompts). Whole prompts play it,
+// but a family holds many chunks, so the curve rests on fewer families and
+// needs more samples (BenchmarkWhatIfSampling): the floor is 2,048
+// (DefaultMinSamples).
+//
 // When the sample set is full T drops by an eighth and the keys above it
-// leave, so memory is fixed (both orders together sized to 1 % of what the
-// pool's object table holds for a full pool, see TableBytesPerObject);
-// entries deeper than 4× the pool in both orders are dropped too, since
-// they miss at every size the curves show.
+// leave, so memory is fixed: the stack and the miniature pools together
+// take the floor's FloorBytes (896 KiB) for any pool, and above it 1 % of
+// what the pool's object table holds for a full pool (see
+// TableBytesPerObject), capped at 0.1 % of the pool's bytes (PoolShare).
+// kvdock's pools are GiBs: the floor is 0.09 % of a pool of 1 GiB; a
+// smaller one pays more (1.3 % of 64 MiB, a quarter of l1's 3.3 MiB test
+// pool of long-context chat). Entries deeper than 4× the pool in LRU
+// order are dropped too, since they miss at every size LRU's curve shows.
 //
 // A kvdock pool does not stay full: once a second (Tick) its watermark loop
 // evicts a share of the objects when the pool is above the watermark, so
@@ -43,13 +53,20 @@
 // chunk before it hit too. A lookup therefore carries the largest distance
 // seen so far (Prefix), and each sampled key counts as hit at the sizes that
 // hold it and every sampled key before it; a key never stored misses at
-// every size, and so does the rest of its lookup.
+// every size, and so does the rest of its lookup. A key the pool hit is
+// stored, if the sample never saw its store (stored before any lookup of
+// its prompt, or before its hash was sampled): it takes the last stored
+// size then.
 //
 // Accesses are weighted by recency (the weights halve every Window sampled
 // keys), so the curve follows the traffic of the last minutes rather than
 // all of it. The hot path costs a hash of 8 bytes and a compare per key;
-// only sampled keys take the estimator's mutex. Nothing is allocated per
-// access.
+// only sampled keys take the estimator's mutex. Under prompt sampling a
+// store cannot tell its key's family, so Stored asks a bitmap of the
+// sampled keys' hashes first (filter.go): a bit load a key, and the mutex
+// only for sampled keys and a few others in a hundred. Nothing is
+// allocated per access (the filter is rebuilt, 8 KiB at the floor, after
+// some 4,096 keys entered the sample).
 package whatif
 
 import (
@@ -79,9 +96,18 @@ const nf = len([8]float64{})
 
 // Defaults for Options.
 const (
-	// DefaultMinSamples is the sample set's floor: below it the curve's
-	// noise grows faster than its memory (slotBytes a sample) shrinks.
-	DefaultMinSamples = 256
+	// DefaultMinSamples is the sample set's floor, whatever the pool: the
+	// smallest power of two at which prompt sampling's curves give every
+	// point of l1's TestWhatIfMatchesRealPools within 4 points (run with
+	// 1,024 it leaves long-context chat 13–15 points off: a sample of
+	// prompts rests on few families). It costs FloorBytes.
+	DefaultMinSamples = 2048
+	// FloorBytes bounds the estimator's memory at DefaultMinSamples
+	// (slotBytes+simSlotBytes, the prompt hash and the filter's bits a
+	// sample, and the fixed fields: 882,168 bytes measured by l1's
+	// TestWhatIfMemoryBudget): the least any pool pays, 0.09 % of a pool
+	// of 1 GiB.
+	FloorBytes = 896 << 10
 	// DefaultMaxSamples caps the sample set however large the pool.
 	DefaultMaxSamples = 8192
 	// DefaultWindow is the weight, in sampled keys looked up, after which
@@ -92,8 +118,12 @@ const (
 	// sized so that it stays within BudgetShare of it.
 	TableBytesPerObject = 140
 	// BudgetShare is the share of the object table's memory the estimator
-	// may use.
+	// may use above the floor.
 	BudgetShare = 0.01
+	// PoolShare caps that budget by the pool's own bytes, for pools of
+	// many small objects: above the floor the estimator holds at most
+	// this share of the pool.
+	PoolShare = 0.001
 )
 
 // Options configure an Estimator; zero values take the defaults.
@@ -101,10 +131,15 @@ type Options struct {
 	// PoolBytes is the size of the pool the curve is about; required.
 	PoolBytes int64
 	// MinSamples and MaxSamples bound the sample set; between them it is
-	// sized to BudgetShare of the object table of a full pool.
+	// sized to BudgetShare of the object table of a full pool, and at
+	// most PoolShare of the pool's bytes.
 	MinSamples, MaxSamples int
 	// Window is the sampled weight after which the weights halve.
 	Window float64
+	// SamplePrompts samples whole prompt families (by the hash of a
+	// lookup's first chunk) instead of chunks. An object stored before any
+	// lookup asked for it is then left out (its family is unknown).
+	SamplePrompts bool
 }
 
 // Estimator is a live miss-ratio-curve estimator. A nil *Estimator does
@@ -115,15 +150,27 @@ type Estimator struct {
 	minS    int
 	maxS    int
 	window  float64
+	prompts bool // Options.SamplePrompts
 
 	// threshold is T: a key is sampled when its spatial hash is below it.
 	threshold atomic.Uint64
 	// probes counts every key probed (sampled or not), for the expected
 	// sample count.
 	probes atomic.Int64
+	// batches counts the lookup batches probed (sampled or not): the
+	// traffic's clock, which the prefix policy's pools tick by as the pool
+	// ticks once a request.
+	batches atomic.Uint64
 	// poolHits counts the keys the pool itself hit, sampled or not: with
 	// probes, the pool's true hit ratio that anchors the sample's.
 	poolHits atomic.Int64
+	// seen holds, under prompt sampling, the spatial hashes that entered
+	// the sample, so that Stored of another object returns without the
+	// mutex; replaced whole (rebuilt) under mu.
+	seen atomic.Pointer[filter]
+	// lastSize is the size of the last object stored, sampled or not: the
+	// size of a key the pool hit whose store the sample never saw.
+	lastSize atomic.Int64
 
 	mu sync.Mutex
 	// st is the sampled objects' LRU stack, sized for limit objects
@@ -135,11 +182,13 @@ type Estimator struct {
 	// object count of a full pool and so the sample budget.
 	meanSize float64
 
-	// held is what a pool of each size on the curve holds now (bytes), and
-	// hits the sampled weight it would have hit, under each policy (the
-	// stack's orders).
-	held     [orders][nf]float64
-	hits     [orders][nf]float64
+	// held is what an LRU pool of each size on the curve holds now
+	// (bytes), and hits the sampled weight it would have hit; simHits is
+	// the same for the prefix policy's pools, which sim plays.
+	held     [nf]float64
+	hits     [nf]float64
+	simHits  [nf]float64
+	sim      sim
 	weight   float64 // sampled keys looked up
 	realHits float64 // sampled keys the pool itself hit
 	expected float64 // keys probed × rate at the time: the weight SHARDS expects
@@ -147,9 +196,13 @@ type Estimator struct {
 	folded   int64   // probes already folded into expected
 	foldedH  int64   // pool hits already folded into expHits
 	lookups  uint64  // sampled probes, never decayed
-	// perLookup is the most sampled keys one lookup placed lately: the
-	// prefix order's times a lookup reserves (placePrefix).
-	perLookup int
+}
+
+// Served is the configuration kvdock's engine runs the estimator with for
+// a pool of poolBytes bytes: prompt sampling, the default bounds. l1's
+// TestWhatIfMatchesRealPools checks this configuration.
+func Served(poolBytes int64) Options {
+	return Options{PoolBytes: poolBytes, SamplePrompts: true}
 }
 
 // New returns an estimator for a pool of opts.PoolBytes bytes.
@@ -165,10 +218,15 @@ func New(opts Options) *Estimator {
 		minS:    opts.MinSamples,
 		maxS:    opts.MaxSamples,
 		window:  opts.Window,
+		prompts: opts.SamplePrompts,
 		limit:   opts.MinSamples,
 		rate:    1,
 	}
 	e.st.reset(e.limit)
+	e.sim.reset(e.limit)
+	if e.prompts {
+		e.seen.Store(newFilter(e.limit, nil))
+	}
 	e.threshold.Store(math.MaxUint64)
 	return e
 }
@@ -197,14 +255,23 @@ func identity(k *keys.ObjectKey) uint32 {
 }
 
 // Prefix is the state of one lookup across its batches: the largest reuse
-// distance of its keys so far in each order, and the prefix order's times
-// it reserved. The zero value starts a lookup.
+// distance of its keys so far (LRU), and for the prefix policy's pools
+// (sim) the sizes where one of its keys missed, each size's tick when the
+// lookup began (what the store of its prompt pins) and its last sampled
+// key (the next one's parent). The zero value starts a lookup.
 type Prefix struct {
-	worst [orders]float64 // +Inf once a key missed at every size
-	// next-1 down to low are the prefix order's times left to the lookup's
-	// next keys, reserved in that order's epoch.
-	next, low, epoch uint32
-	keys             int // sampled keys placed
+	worst   float64 // +Inf once a key missed at every size
+	broken  uint8   // a bit per size where a key missed
+	started bool
+	start   [nf]uint64
+	prevSp  uint64
+	prevID  uint32
+	lend    [nf]uint64 // per size: the gap the last sampled key passes on (hit, or stored by this lookup)
+	lendM   uint8      // a bit per size where lend is measured
+	fresh   uint8      // a bit per size where the last sampled key was stored by this lookup
+	probed  int        // keys probed so far, sampled or not
+	family  uint64     // the spatial hash of the lookup's first key (prompt sampling)
+	prevHit bool       // the pool hit the last key probed
 }
 
 // Probe records the keys of one lookup batch, in lookup order: the first
@@ -216,25 +283,43 @@ func (e *Estimator) Probe(p *Prefix, ks []keys.ObjectKey, hit int) {
 		return
 	}
 	e.probes.Add(int64(len(ks)))
+	now := e.batches.Add(1)
 	e.poolHits.Add(int64(min(max(hit, 0), len(ks))))
+	if e.prompts && p.probed == 0 {
+		p.family = spatial(&ks[0])
+	}
 	t := e.threshold.Load()
 	locked := false
 	for i := range ks {
+		if e.prompts && (p.family >= t || p.family == 0) {
+			break // the family is out of the sample (or left it now)
+		}
 		sp := spatial(&ks[i])
-		if sp >= t || sp == 0 {
+		samp := sp
+		if e.prompts {
+			samp = p.family
+		}
+		if samp >= t || sp == 0 {
 			continue
 		}
 		if !locked {
 			e.mu.Lock()
 			locked = true
 			e.fold()
+			e.sim.begin(now)
 		}
-		e.probeLocked(p, identity(&ks[i]), sp, i < hit)
+		// Whether the pool itself hit the key before this one (its
+		// parent's chunk, or another rank of its own, which hits with it).
+		after := (i > 0 && i <= hit) || (i == 0 && p.prevHit)
+		e.probeLocked(p, identity(&ks[i]), sp, samp, i < hit, after && p.probed+i > 0)
 		t = e.threshold.Load() // may have dropped
 	}
 	if locked {
+		e.sim.end()
 		e.mu.Unlock()
 	}
+	p.probed += len(ks)
+	p.prevHit = hit >= len(ks)
 }
 
 // Stored records that the pool took a new object of size bytes (its
@@ -243,21 +328,34 @@ func (e *Estimator) Stored(k *keys.ObjectKey, size int64) {
 	if e == nil || size <= 0 {
 		return
 	}
+	if e.lastSize.Load() != size { // a load, not a fenced store, for a size that repeats
+		e.lastSize.Store(size)
+	}
 	sp := spatial(k)
-	if sp >= e.threshold.Load() || sp == 0 {
+	if sp == 0 {
+		return
+	}
+	if e.prompts {
+		// Only a lookup puts a key in the sample: one no sampled lookup
+		// asked for is left out without the mutex.
+		if !e.seen.Load().has(sp) {
+			return
+		}
+	} else if sp >= e.threshold.Load() {
 		return
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	id := identity(k)
-	if j := e.st.find(sp, id); j >= 0 {
-		// A store follows the lookup that missed it, which placed it in
-		// the prefix order already: in prompt order it would put a
-		// prompt's last chunk above its first.
+	switch j := e.st.find(sp, id); {
+	case j >= 0:
 		e.st.setSize(j, size)
 		e.st.touch(lruOrder, j)
-	} else {
-		e.insert(sp, id, size)
+		e.sim.setCharge(j, size)
+	case e.prompts:
+		return // no lookup of its family in the sample asked for it
+	default:
+		e.insert(sp, sp, id, size)
 	}
 	if e.meanSize == 0 {
 		e.meanSize = float64(size)
@@ -277,38 +375,45 @@ func (e *Estimator) fold() {
 	e.folded, e.foldedH = n, h
 }
 
-func (e *Estimator) probeLocked(p *Prefix, id uint32, sp uint64, realHit bool) {
-	d := [orders]float64{math.Inf(1), math.Inf(1)}
+func (e *Estimator) probeLocked(p *Prefix, id uint32, sp, samp uint64, realHit, afterHit bool) {
+	d := math.Inf(1)
 	size := e.meanSize
 	j := e.st.find(sp, id)
 	if j >= 0 {
 		if s := e.st.size[j]; s > 0 {
-			for o := range d {
-				d[o] = float64(s) + float64(e.st.above(o, j))/e.rate
-			}
+			d = float64(s) + float64(e.st.above(lruOrder, j))/e.rate
 			size = float64(s)
 		}
 		e.st.touch(lruOrder, j)
 	} else {
 		// Never seen (or dropped): at the top now, with no size until the
-		// pool stores it, as a store after this miss would put it.
-		j = e.insert(sp, id, 0)
-	}
-	if j >= 0 {
-		e.placePrefix(p, j)
-	}
-	for o := range d {
-		p.worst[o] = max(p.worst[o], d[o])
-		for k, f := range factors() {
-			switch {
-			case p.worst[o] <= e.held[o][k]:
-				e.hits[o][k]++
-			case d[o] > e.held[o][k]:
-				// Absent at this size: the worker stores it after the miss.
-				e.held[o][k] = min(e.held[o][k]+size/e.rate, f*float64(e.pool))
+		// pool stores it, as a store after this miss would put it. A key
+		// the pool hit is stored already, unseen (before any lookup of its
+		// prompt, or before its hash was sampled): it takes a size now, so
+		// that its next use has a distance.
+		var stored int64
+		if realHit {
+			if size <= 0 {
+				size = float64(e.lastSize.Load())
 			}
+			stored = int64(size)
+		}
+		j = e.insert(sp, samp, id, stored)
+	}
+	p.worst = max(p.worst, d)
+	for k, f := range factors() {
+		switch {
+		case p.worst <= e.held[k]:
+			e.hits[k]++
+		case d > e.held[k]:
+			// Absent at this size: the worker stores it after the miss.
+			e.held[k] = min(e.held[k]+size/e.rate, f*float64(e.pool))
 		}
 	}
+	if j >= 0 {
+		e.simProbe(p, j, int64(min(size, maxCharge)), afterHit)
+	}
+	p.prevSp, p.prevID = sp, id
 	e.weight++
 	e.lookups++
 	if realHit {
@@ -316,37 +421,63 @@ func (e *Estimator) probeLocked(p *Prefix, id uint32, sp uint64, realHit bool) {
 	}
 	if e.weight >= e.window {
 		e.scale(0.5)
-		e.perLookup = (e.perLookup + 1) / 2
 	}
 	e.trim()
 }
 
-// placePrefix puts slot j, the next sampled key of p's lookup, in the
-// prefix order. The prefix policy evicts a chunk only after its resident
-// descendants, least recently used leaf first, so a chunk leaves when the
-// newest use in its subtree is the oldest: a prompt goes from its last
-// chunk back. A lookup touches every chunk of its prompt, and so its
-// ancestors with it; its keys therefore take times above every time
-// before the lookup, each below the key before it (the deepest lowest),
-// out of a run the lookup reserves on its first sampled key. Keys placed
-// so far sat above the key placed now before the lookup too (ancestors
-// above descendants), so its distance in this order is the one it had
-// when the lookup began.
-func (e *Estimator) placePrefix(p *Prefix, j int32) {
-	p.keys++
-	e.perLookup = max(e.perLookup, p.keys)
-	or := &e.st.ord[prefixOrder]
-	if p.next == p.low || p.epoch != or.epoch {
-		// A lookup longer than its run goes on in a new run, above the
-		// keys it placed: rare once perLookup has seen such lookups.
-		n := uint32(max(min(2*e.perLookup, e.st.slots()/2), 1))
-		p.low = e.st.reserve(prefixOrder, n)
-		p.next = p.low + n
-		p.epoch = or.epoch
+// simProbe plays slot j, the next sampled key of p's lookup, of size
+// bytes, on the prefix policy's pools: a hit where it is held and every
+// key before it hit, used then; else a miss, and the worker's store of it
+// after, which evicts in the policy's order with the lookup's prompt
+// pinned. A key the pool never stored misses at every size, as for LRU.
+func (e *Estimator) simProbe(p *Prefix, j int32, size int64, afterHit bool) {
+	s := &e.sim
+	if !p.started {
+		p.started = true
+		for k := range nf {
+			p.start[k] = s.clk[k].Now + 1
+		}
 	}
-	p.next--
-	e.st.place(prefixOrder, j, p.next)
+	if s.in[j] == 0 {
+		s.par[j], s.parID[j] = p.prevSp, p.prevID
+		s.charge[j] = size
+	}
+	stored := e.st.size[j] > 0
+	// Whether j's parent is the sampled key just before it in this lookup.
+	afterPrev := s.par[j] != 0 && s.par[j] == p.prevSp && s.parID[j] == p.prevID
+	fresh := p.fresh
+	p.fresh = 0
+	for k, f := range factors() {
+		bit := uint8(1) << k
+		if s.in[j]&bit != 0 {
+			if p.broken&bit == 0 && stored {
+				e.simHits[k]++
+				s.use(j, k)
+				p.lend[k] = s.ord[int(j)*nf+k].Gap
+				p.lendM |= bit
+			} else {
+				p.broken |= bit
+			}
+			continue
+		}
+		// The pool hit the chunk before, and nothing of the lookup missed
+		// here before: that chunk is taken as held here too.
+		held := afterHit && p.broken&bit == 0
+		p.broken |= bit
+		if s.makeRoom(&e.st, k, s.charge[j], e.simCap(f), p.start[k]) {
+			g, m := s.admit(&e.st, j, k, p.lend[k], p.lendM&bit != 0, held, afterPrev && fresh&bit != 0)
+			p.lend[k] = g
+			p.lendM &^= bit
+			if m {
+				p.lendM |= bit
+			}
+			p.fresh |= bit
+		}
+	}
 }
+
+// simCap is the sampled bytes a pool of f × the pool holds.
+func (e *Estimator) simCap(f float64) int64 { return int64(f * float64(e.pool) * e.rate) }
 
 // Tick plays the pool's watermark loop at every size: a pool at or above
 // watermark of its size drops ratio of what it holds. The pool calls it on
@@ -357,12 +488,11 @@ func (e *Estimator) Tick(watermark, ratio float64) {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	for o := range e.held {
-		for k, f := range factors() {
-			if e.held[o][k] > 0 && e.held[o][k] >= watermark*f*float64(e.pool) {
-				e.held[o][k] *= 1 - ratio
-			}
+	for k, f := range factors() {
+		if e.held[k] > 0 && e.held[k] >= watermark*f*float64(e.pool) {
+			e.held[k] *= 1 - ratio
 		}
+		e.sim.tick(&e.st, k, watermark, ratio, e.simCap(f))
 	}
 }
 
@@ -373,20 +503,29 @@ func (e *Estimator) Cleared() {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.held = [orders][nf]float64{}
+	e.held = [nf]float64{}
+	e.sim.clear()
 }
 
-// insert puts a new object on top and returns its slot, making room by
-// lowering the threshold when the stack is full; the object is left out
-// (-1) when it falls out of the sample itself.
-func (e *Estimator) insert(sp uint64, id uint32, size int64) int32 {
+// insert puts a new object, sampled by samp, on top and returns its slot,
+// making room by lowering the threshold when the stack is full; the object
+// is left out (-1) when it falls out of the sample itself.
+func (e *Estimator) insert(sp, samp uint64, id uint32, size int64) int32 {
 	if e.st.live >= e.st.slots() {
 		e.shed(e.st.slots() - 1)
-		if sp >= e.threshold.Load() {
+		if samp >= e.threshold.Load() {
 			return -1
 		}
 	}
-	return e.st.insert(sp, id, size)
+	j := e.st.insert(sp, samp, id, size)
+	if e.prompts && j >= 0 {
+		f := e.seen.Load()
+		f.add(sp)
+		if f.set >= 2*e.st.slots() {
+			e.seen.Store(newFilter(e.st.slots(), &e.st)) // drop the stale bits
+		}
+	}
+	return j
 }
 
 // shed lowers the threshold until at most n objects are left. Sampled
@@ -399,8 +538,8 @@ func (e *Estimator) shed(n int) {
 		t := e.threshold.Load()
 		t -= max(t/8, 1)
 		for j := range e.st.spat {
-			if sp := e.st.spat[j]; sp != 0 && sp >= t {
-				e.st.remove(int32(j))
+			if e.st.spat[j] != 0 && e.st.sampling(int32(j)) >= t {
+				e.remove(int32(j))
 			}
 		}
 		e.setThreshold(t)
@@ -417,33 +556,26 @@ func (e *Estimator) setThreshold(t uint64) {
 	e.scale(e.rate / old)
 }
 
-// trim drops the least recently used objects (in either order) deeper
-// than maxFactor pools in both orders: they miss at every size the curves
-// show, as they will when next used. A stack left under a quarter full
-// raises the threshold again.
+// remove drops slot j from the sample, and so from the prefix policy's
+// pools.
+func (e *Estimator) remove(j int32) {
+	e.sim.drop(&e.st, j)
+	e.st.remove(j)
+}
+
+// trim drops the least recently used objects deeper than maxFactor pools:
+// they miss at every size the LRU curve shows, as they will when next
+// used (and the prefix policy's pools, which might keep one, lose it). A
+// stack left under a quarter full raises the threshold again.
 func (e *Estimator) trim() {
 	for e.st.live > 1 {
 		j := e.st.bottom(lruOrder)
-		if j < 0 || !e.cold(j) {
-			if j = e.st.bottom(prefixOrder); j < 0 || !e.cold(j) {
-				break
-			}
+		if j < 0 || float64(e.st.size[j])+float64(e.st.above(lruOrder, j))/e.rate <= e.maxDist {
+			break
 		}
-		e.st.remove(j)
+		e.remove(j)
 	}
 	e.raise()
-}
-
-// cold reports whether slot j is deeper than maxFactor pools in every
-// order.
-func (e *Estimator) cold(j int32) bool {
-	own := float64(e.st.size[j])
-	for o := range e.st.ord {
-		if own+float64(e.st.above(o, j))/e.rate <= e.maxDist {
-			return false
-		}
-	}
-	return true
 }
 
 // raise doubles the threshold when the stack is under a quarter full:
@@ -464,14 +596,20 @@ func (e *Estimator) raise() {
 }
 
 // resize sets the stack's size to BudgetShare of the object table of a
-// full pool of objects of the mean stored size, within [minS, maxS]; it
+// full pool of objects of the mean stored size (at most PoolShare of the
+// pool's bytes), within [minS, maxS]; it
 // rebuilds the stack only when that moves by more than a quarter.
 func (e *Estimator) resize() {
 	if e.meanSize <= 0 {
 		return
 	}
 	objects := float64(e.pool) / e.meanSize
-	n := min(max(int(objects*TableBytesPerObject*BudgetShare/slotBytes), e.minS), e.maxS)
+	per := slotBytes + simSlotBytes
+	if e.prompts {
+		per += 8 + 8 // the stack's samp, the filter's 32 to 64 bits (a power of two)
+	}
+	budget := min(objects*TableBytesPerObject*BudgetShare, float64(e.pool)*PoolShare) - float64(unsafe.Sizeof(*e))
+	n := min(max(int(budget/float64(per)), e.minS), e.maxS)
 	if n == e.limit || (n > e.limit*3/4 && n < e.limit*5/4) {
 		return
 	}
@@ -479,35 +617,27 @@ func (e *Estimator) resize() {
 		e.shed(n)
 	}
 	// Re-insert the live objects into a stack of n slots, oldest first in
-	// LRU order, then touch them in the prefix order's, oldest first.
+	// LRU order; each keeps what the prefix policy's pools held of it.
 	old := e.st
 	e.st.reset(n)
 	e.limit = n
-	lru, pre := &old.ord[lruOrder], &old.ord[prefixOrder]
+	lru := &old.ord[lruOrder]
 	for t := lru.oldest; t < lru.clock; t++ {
 		if j := lru.rev[t]; j >= 0 {
-			e.st.insert(old.spat[j], old.id[j], old.size[j])
+			e.st.insert(old.spat[j], old.sampling(j), old.id[j], old.size[j])
 		}
 	}
-	for t := pre.oldest; t < pre.clock; t++ {
-		if j := pre.rev[t]; j >= 0 {
-			if k := e.st.find(old.spat[j], old.id[j]); k >= 0 {
-				e.st.touch(prefixOrder, k)
-			}
-		}
-	}
-	// The runs lookups reserved are void (their epoch is past).
-	for o := range e.st.ord {
-		e.st.ord[o].epoch = old.ord[o].epoch + 1
+	e.sim.moved(&old, &e.st)
+	if e.prompts {
+		e.seen.Store(newFilter(n, &e.st))
 	}
 }
 
 // scale multiplies every weight by f (decay, or a rate change).
 func (e *Estimator) scale(f float64) {
-	for o := range e.hits {
-		for i := range e.hits[o] {
-			e.hits[o][i] *= f
-		}
+	for k := range e.hits {
+		e.hits[k] *= f
+		e.simHits[k] *= f
 	}
 	e.weight *= f
 	e.realHits *= f
@@ -580,8 +710,8 @@ func (e *Estimator) Curve() Curve {
 	ratio := func(h float64) float64 { return min(max((h+adj)/(e.weight+adj), 0), 1) }
 	c.Measured = ratio(e.realHits)
 	for k, f := range factors() {
-		c.Points = append(c.Points, Point{Factor: f, PoolBytes: int64(f * float64(e.pool)), HitRatio: ratio(e.hits[lruOrder][k])})
-		c.Prefix = append(c.Prefix, Point{Factor: f, PoolBytes: int64(f * float64(e.pool)), HitRatio: ratio(e.hits[prefixOrder][k])})
+		c.Points = append(c.Points, Point{Factor: f, PoolBytes: int64(f * float64(e.pool)), HitRatio: ratio(e.hits[k])})
+		c.Prefix = append(c.Prefix, Point{Factor: f, PoolBytes: int64(f * float64(e.pool)), HitRatio: ratio(e.simHits[k])})
 	}
 	return c
 }
@@ -589,7 +719,11 @@ func (e *Estimator) Curve() Curve {
 // memory is the estimator's footprint in bytes: the stack as allocated
 // and the struct's fixed fields.
 func (e *Estimator) memory() int64 {
-	return e.st.memory() + int64(unsafe.Sizeof(*e))
+	m := e.st.memory() + e.sim.memory() + int64(unsafe.Sizeof(*e))
+	if f := e.seen.Load(); f != nil {
+		m += f.memory() + int64(unsafe.Sizeof(*f))
+	}
+	return m
 }
 
 // positiveOr is v, or def where v is not positive: an option left unset

@@ -53,10 +53,7 @@ func (n *naiveStack) aboveOf(id uint64) (above int64) {
 	return above
 }
 
-// TestStackMatchesNaiveLRU checks both orders of the stack against naive
-// ones: the LRU order is touched on every use, the prefix order on some,
-// or a few objects at once take a run of reserved times, handed out
-// downwards (the first placed on top).
+// TestStackMatchesNaiveLRU checks the stack against a naive one.
 func TestStackMatchesNaiveLRU(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
 	var s stack
@@ -78,26 +75,6 @@ func TestStackMatchesNaiveLRU(t *testing.T) {
 				n[o].drop(uint64(i))
 			}
 			continue
-		case r.IntN(8) == 0 && s.live > 0:
-			// A run: up to 5 live objects placed below one another.
-			np := &n[prefixOrder]
-			var run []uint64
-			for range 1 + r.IntN(5) {
-				if c := np.ids[r.IntN(len(np.ids))]; !slices.Contains(run, c) {
-					run = append(run, c)
-				}
-			}
-			low := s.reserve(prefixOrder, uint32(len(run)))
-			for k, c := range run {
-				csp, cid := key(int(c))
-				s.place(prefixOrder, s.find(csp, cid), low+uint32(len(run)-1-k))
-				at := slices.Index(np.ids, c)
-				z := np.sizes[at]
-				np.ids = slices.Delete(np.ids, at, at+1)
-				np.sizes = slices.Delete(np.sizes, at, at+1)
-				np.ids = slices.Insert(np.ids, k, c)
-				np.sizes = slices.Insert(np.sizes, k, z)
-			}
 		case j >= 0:
 			want, found := n[lruOrder].use(uint64(i), size)
 			if !found {
@@ -107,19 +84,14 @@ func TestStackMatchesNaiveLRU(t *testing.T) {
 				t.Fatalf("step %d: bytes above %d = %d, want %d", step, i, got, want)
 			}
 			s.touch(lruOrder, j)
-			if r.IntN(2) == 0 {
-				n[prefixOrder].use(uint64(i), 0)
-				s.touch(prefixOrder, j)
-			}
 			s.setSize(j, size)
-			n[prefixOrder].setSize(uint64(i), size)
 		case s.live < s.slots():
 			for o := range n {
 				if _, found := n[o].use(uint64(i), size); found {
 					t.Fatalf("step %d: %d lost from the stack", step, i)
 				}
 			}
-			if s.insert(sp, id, size) < 0 {
+			if s.insert(sp, sp, id, size) < 0 {
 				t.Fatalf("step %d: insert refused with %d of %d live", step, s.live, s.slots())
 			}
 		default:
@@ -460,31 +432,170 @@ func TestNoAllocationPerAccess(t *testing.T) {
 	}
 }
 
-// TestRunPlacedBelowTheOldestStaysInOrder: a lookup places its keys one by
-// one, downwards, in a run of times it reserved; a trim between two of
-// them can move the order's oldest mark past the run's unused times. The
-// key placed next, below that mark, must still be found at the bottom, or
-// an order with live objects looks empty (a LOOKUP panicked on it).
-func TestRunPlacedBelowTheOldestStaysInOrder(t *testing.T) {
-	var s stack
-	s.reset(8)
-	a := s.insert(1, 1, 10)
-	b := s.insert(2, 1, 10)
-	c := s.insert(3, 1, 10)
-	low := s.reserve(prefixOrder, 3)
-	s.place(prefixOrder, a, low+2) // the lookup's first key, on top
-	// The other keys leave (trimmed): the oldest mark passes the run's
-	// unused times up to a's.
-	for _, j := range []int32{b, c} {
-		s.remove(j)
+// Prompt sampling keeps prompt families whole: after traffic of far more
+// prompts than the sample holds (so the threshold dropped many times), each
+// prompt's chunks are in the sample all together or not at all, prompts
+// that extend a sampled one included; a chunk stored before any lookup
+// asked for it is left out.
+func TestPromptSamplingKeepsPromptsWhole(t *testing.T) {
+	const prompts, depth = 400, 6
+	e := New(Options{PoolBytes: 1 << 30, MinSamples: 64, MaxSamples: 64, SamplePrompts: true})
+	// Prompt q's chunk c; prompt q+prompts extends prompt q by depth chunks.
+	chunk := func(q, c int) keys.ObjectKey { return testKey(uint64(q)*1000+uint64(c)+1, "m") }
+	prompt := func(q int, long bool) []keys.ObjectKey {
+		n := depth
+		if long {
+			n = 2 * depth
+		}
+		ks := make([]keys.ObjectKey, n)
+		for c := range ks {
+			ks[c] = chunk(q, c)
+		}
+		return ks
 	}
-	if got := s.bottom(prefixOrder); got != a {
-		t.Fatalf("bottom %d, want %d", got, a)
+	stray := testKey(1<<40, "m")
+	e.Stored(&stray, 100)
+	for round := range 3 {
+		for q := range prompts {
+			ks := prompt(q, round == 2)
+			var p Prefix
+			e.Probe(&p, ks[:depth/2], 0)
+			e.Probe(&p, ks[depth/2:], 0)
+			for i := range ks {
+				e.Stored(&ks[i], 100)
+			}
+		}
 	}
-	d := s.insert(4, 1, 10)
-	s.place(prefixOrder, d, low+1) // the lookup's next key, below a
-	s.remove(a)
-	if got := s.bottom(prefixOrder); got != d {
-		t.Fatalf("bottom of the prefix order %d with %d live, want slot %d", got, s.live, d)
+	c := e.Curve()
+	if c.SampleRate >= 0.5 {
+		t.Fatalf("sample rate %v: the threshold never dropped", c.SampleRate)
+	}
+	whole := 0
+	for q := range prompts {
+		ks := prompt(q, true)
+		in := 0
+		for i := range ks {
+			if e.st.find(spatial(&ks[i]), identity(&ks[i])) >= 0 {
+				in++
+			}
+		}
+		switch in {
+		case 0:
+		case len(ks):
+			whole++
+		default:
+			t.Errorf("prompt %d: %d of its %d chunks sampled", q, in, len(ks))
+		}
+	}
+	if whole == 0 || whole*2*depth != c.Tracked {
+		t.Errorf("%d whole prompts of %d chunks sampled, %d objects tracked", whole, 2*depth, c.Tracked)
+	}
+	if e.st.find(spatial(&stray), identity(&stray)) >= 0 {
+		t.Error("a chunk stored before any lookup is in the sample")
+	}
+}
+
+// Under prompt sampling Stored skips the mutex for keys no sampled lookup
+// asked for, by a filter of the sampled keys' hashes: after traffic that
+// sheds, trims and rebuilds it many times, every sampled key must still
+// pass it (each tracked object got its stored size), and keys never looked
+// up must mostly not (those that do only take the mutex).
+func TestPromptSamplingFilterPassesSampledKeys(t *testing.T) {
+	e := New(Options{PoolBytes: 1 << 30, MinSamples: 256, MaxSamples: 256, SamplePrompts: true})
+	const depth = 8
+	for q := range 20_000 {
+		ks := make([]keys.ObjectKey, depth)
+		for c := range ks {
+			ks[c] = testKey(uint64(q%5000)*1000+uint64(c)+1, "m")
+		}
+		var p Prefix
+		e.Probe(&p, ks, 0)
+		for i := range ks {
+			e.Stored(&ks[i], 100)
+		}
+	}
+	f := e.seen.Load()
+	if e.st.live == 0 {
+		t.Fatal("nothing sampled")
+	}
+	for j, sp := range e.st.spat {
+		if sp == 0 {
+			continue
+		}
+		if !f.has(sp) {
+			t.Fatalf("slot %d: a sampled key fails the filter", j)
+		}
+		if e.st.size[j] <= 0 {
+			t.Errorf("slot %d: a sampled key stored after its lookup has no size", j)
+		}
+	}
+	if f.set >= 2*e.st.slots() {
+		t.Errorf("%d bits set for %d slots: the filter was not rebuilt", f.set, e.st.slots())
+	}
+	passed := 0
+	const strangers = 10_000
+	for i := range strangers {
+		k := testKey(1<<40+uint64(i), "m")
+		if f.has(spatial(&k)) {
+			passed++
+		}
+	}
+	if passed > strangers/10 {
+		t.Errorf("%d of %d keys never looked up pass the filter, want under a tenth", passed, strangers)
+	}
+	t.Logf("%d tracked, %d bits set, %d of %d strangers pass", e.st.live, f.set, passed, strangers)
+}
+
+// BenchmarkStored measures Stored, which the pool calls for every object
+// it takes, under its own lock: 16-chunk prompts over 4× a pool of 65,536
+// objects, each looked up and then stored, so the sample is at its
+// steady state; chunks and prompts are the two sampling modes at the
+// default floor.
+func BenchmarkStored(b *testing.B) {
+	for _, prompts := range []bool{false, true} {
+		name := "chunks"
+		if prompts {
+			name = "prompts"
+		}
+		b.Run(name, func(b *testing.B) {
+			const objects, size, depth = 65536, 4096, 16
+			e := New(Options{PoolBytes: objects * size, SamplePrompts: prompts})
+			ks := make([]keys.ObjectKey, 4*objects)
+			for i := range ks {
+				ks[i] = testKey(uint64(i)+1, "meta-llama/Llama-3.1-8B-Instruct")
+			}
+			for i := 0; i < len(ks); i += depth {
+				var p Prefix
+				e.Probe(&p, ks[i:i+depth], 0)
+				for j := i; j < i+depth; j++ {
+					e.Stored(&ks[j], size)
+				}
+			}
+			b.ResetTimer()
+			for i := range b.N {
+				e.Stored(&ks[i%len(ks)], size)
+			}
+		})
+	}
+}
+
+// A key the pool hits but whose store the sample never saw (stored before
+// any lookup of its prompt: a producer's store, or before its hash was
+// sampled) takes a size on that lookup, so that its reuses have a
+// distance: under prompt sampling, a prompt stored first and then looked up
+// three times hits on the last two lookups at 1×.
+func TestPoolHitOfAnUnseenStore(t *testing.T) {
+	e := New(Options{PoolBytes: 1 << 20, MinSamples: 64, MaxSamples: 64, SamplePrompts: true})
+	ks := make([]keys.ObjectKey, 4)
+	for i := range ks {
+		ks[i] = testKey(uint64(i)+1, "m")
+		e.Stored(&ks[i], 4096) // no lookup asked for it yet: left out
+	}
+	for range 3 {
+		var p Prefix
+		e.Probe(&p, ks, len(ks)) // the pool hits every chunk
+	}
+	if got := point(t, e.Curve(), 1); got < 0.6 {
+		t.Errorf("1× estimated %.3f, want the two reuses of three lookups (0.667)", got)
 	}
 }

@@ -61,7 +61,9 @@ var rules = []rule{
 	leaf("core/tierstate"),
 	bare("core/protocol"),
 	leaf("core/misses", "core/keys"),
-	bare("core/whatif", "core/keys"),
+	// The what-if plays the prefix policy's order, core/l1/nextuse: a leaf
+	// of no imports, shared so that the two cannot drift apart.
+	bare("core/whatif", "core/keys", "core/l1/nextuse"),
 	bare("core/kvevents", "core/keys"),
 	leaf("core/workers", "core/layout"),
 	bare("core/lookup", "core/keys", "core/layout", "core/misses", "core/whatif"),

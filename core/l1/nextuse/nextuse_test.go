@@ -1,0 +1,154 @@
+package nextuse
+
+import (
+	"math/rand/v2"
+	"testing"
+)
+
+// objs is a plain Items: orders by index.
+type objs []Order
+
+func (o objs) Order(i int32) *Order { return &o[i] }
+
+// naiveVictim is Victim by a scan: the earliest late of the objects late
+// at now, else the latest due (ties: the later stamp).
+func naiveVictim(o objs, in []bool, now uint64) int32 {
+	best := int32(-1)
+	for i := range o {
+		if in[i] && o[i].LateAt() < now && (best < 0 || o[i].LateAt() < o[best].LateAt()) {
+			best = int32(i)
+		}
+	}
+	if best >= 0 {
+		return best
+	}
+	for i := range o {
+		if !in[i] {
+			continue
+		}
+		if best < 0 || before(false, &o[i], &o[best]) {
+			best = int32(i)
+		}
+	}
+	return best
+}
+
+// same reports whether victims a and b are the same choice: both none,
+// both late as early, or both not late and due alike (ties either way).
+func same(o objs, a, b int32, now uint64) bool {
+	if a < 0 || b < 0 {
+		return a == b
+	}
+	x, y := &o[a], &o[b]
+	if lx, ly := x.LateAt() < now, y.LateAt() < now; lx || ly {
+		return lx && ly && x.LateAt() == y.LateAt()
+	}
+	return !before(false, x, y) && !before(false, y, x)
+}
+
+// TestHeapsMatchNaiveOrder drives the heaps with uses, pushes and removals
+// and checks each victim against a scan.
+func TestHeapsMatchNaiveOrder(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	o := make(objs, 64)
+	in := make([]bool, len(o))
+	var c Clock
+	var h Heaps
+	for i := range o {
+		o[i] = New(c.Tick())
+	}
+	for step := range 20000 {
+		i := int32(r.IntN(len(o)))
+		switch r.IntN(4) {
+		case 0:
+			c.Use(&o[i])
+			Fix(&h, o, i)
+		case 1:
+			if !in[i] {
+				Push(&h, o, i, c.Prior(len(o)))
+				in[i] = true
+			}
+		case 2:
+			Remove(&h, o, i)
+			in[i] = false
+		default:
+			c.Refresh(&o[i])
+			Fix(&h, o, i)
+		}
+		if !Check(&h, o) {
+			t.Fatalf("step %d: heaps out of order", step)
+		}
+		got, want := Victim(&h, o, c.Now), naiveVictim(o, in, c.Now)
+		if !same(o, got, want, c.Now) {
+			t.Fatalf("step %d: victim %d, a scan says %d", step, got, want)
+		}
+	}
+}
+
+// TestLateWaitsHalfAGapOnceMeasured: an object with a measured gap, or one
+// lent by a parent that measured it, is late half a gap after it is due;
+// one on the mean is late when due.
+func TestLateWaitsHalfAGapOnceMeasured(t *testing.T) {
+	var c Clock
+	parent := New(c.Tick())
+	c.Now += 99
+	c.Use(&parent) // gap 100, measured
+	child := New(c.Tick())
+	if !Inherit(&child, &parent) || child.Gap != 100 || !child.Measured {
+		t.Fatalf("child lent %+v by %+v", child, parent)
+	}
+	if got := child.LateAt(); got != child.Stamp+150 {
+		t.Errorf("lent measured gap: late at %d, want %d", got, child.Stamp+150)
+	}
+	root := New(c.Tick())
+	root.Gap = c.Prior(1)
+	if got := root.LateAt(); got != root.Stamp+root.Gap {
+		t.Errorf("gap on the mean: late at %d, want its due time %d", got, root.Stamp+root.Gap)
+	}
+	if Inherit(&child, &root) {
+		t.Error("a gap once lent was lent again")
+	}
+}
+
+// TestRefreshLearnsNoGap: a second touch of the same use moves the stamp
+// and leaves the gap and the mean alone.
+func TestRefreshLearnsNoGap(t *testing.T) {
+	var c Clock
+	o := New(c.Tick())
+	c.Now += 9
+	c.Use(&o)
+	gap, mean := o.Gap, c.MeanGap
+	c.Now += 500
+	c.Refresh(&o)
+	if o.Gap != gap || c.MeanGap != mean || o.Stamp != c.Now {
+		t.Errorf("after a refresh: gap %d (was %d), mean %d (was %d), stamp %d (now %d)", o.Gap, gap, c.MeanGap, mean, o.Stamp, c.Now)
+	}
+}
+
+// TestRequestSharesOneTick: the uses and stores of one request take one
+// tick, so a gap counts the requests between two uses, whatever the number
+// of objects each carried; outside a request each takes its own.
+func TestRequestSharesOneTick(t *testing.T) {
+	var c Clock
+	a, b := New(c.Tick()), New(c.Tick()) // two ticks: no request open
+	if a.Stamp != 1 || b.Stamp != 2 {
+		t.Fatalf("stamps %d, %d outside a request, want 1, 2", a.Stamp, b.Stamp)
+	}
+	c.Begin()
+	fresh := make([]Order, 50)
+	for i := range fresh {
+		fresh[i] = New(c.Tick())
+	}
+	c.End()
+	if fresh[0].Stamp != 3 || fresh[49].Stamp != 3 {
+		t.Fatalf("a request's 50 stores stamped %d..%d, want 3", fresh[0].Stamp, fresh[49].Stamp)
+	}
+	c.Begin()
+	c.Use(&a)
+	c.Use(&b)
+	c.Use(&a) // twice in one request: one use
+	c.End()
+	if a.Gap != 3 || b.Gap != 2 || a.Stamp != 4 || b.Stamp != 4 {
+		t.Errorf("a %+v, b %+v: want gaps 3 and 2 at tick 4", a, b)
+	}
+}

@@ -1,0 +1,67 @@
+package restart
+
+import (
+	"encoding/json"
+	"fmt"
+
+	"kvdock/core/l1"
+)
+
+// The prefix policy's order (l1.KeptObject's Age, Gap and Measured, and
+// the pool's mean gap) travels beside the objects, three numbers an object,
+// a block of its own decoded apart from the rest like the links: a block
+// that does not parse or does not cover the objects one to one is left out
+// with the reason, and the pool is adopted in its table's order. The
+// figures only order evictions (l1 bounds them), never decide a byte.
+
+// orderBlock is the wire form: per object [age, gap, measured (0 or 1)].
+type orderBlock struct {
+	Mean    uint64      `json:"mean_gap"`
+	Objects [][3]uint64 `json:"objects"`
+}
+
+// encodeOrder renders the order of k, nil when no object has one.
+func encodeOrder(k l1.Kept) json.RawMessage {
+	b := orderBlock{Mean: k.MeanGap, Objects: make([][3]uint64, len(k.Objects))}
+	some := false
+	for i, o := range k.Objects {
+		m := uint64(0)
+		if o.Measured {
+			m = 1
+		}
+		b.Objects[i] = [3]uint64{o.Age, o.Gap, m}
+		some = some || o.Age != 0 || o.Gap != 0
+	}
+	if !some {
+		return nil
+	}
+	js, _ := json.Marshal(b) // integers always marshal
+	return js
+}
+
+// decodeOrder sets the order of objs and the mean gap of k from raw and
+// returns what it left out, with the reason ("" when nothing); n and from
+// are decodeLinks's.
+func decodeOrder(raw json.RawMessage, n int, from []int, k *l1.Kept) string {
+	if len(raw) == 0 {
+		return ""
+	}
+	var b orderBlock
+	if err := json.Unmarshal(raw, &b); err != nil {
+		return fmt.Sprintf("eviction order left out: %v", err)
+	}
+	if len(b.Objects) != n {
+		return fmt.Sprintf("eviction order left out: %d for %d objects", len(b.Objects), n)
+	}
+	for _, v := range b.Objects {
+		if v[2] > 1 {
+			return fmt.Sprintf("eviction order left out: measured %d, want 0 or 1", v[2])
+		}
+	}
+	for j, i := range from {
+		v := b.Objects[i]
+		k.Objects[j].Age, k.Objects[j].Gap, k.Objects[j].Measured = v[0], v[1], v[2] == 1
+	}
+	k.MeanGap = b.Mean
+	return ""
+}
