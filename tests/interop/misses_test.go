@@ -33,8 +33,10 @@ type missesDoc struct {
 // breakdown exactly, per context and in total, and the metrics.
 func TestMissReasonsOverTheWire(t *testing.T) {
 	// 64 MiB pool: 16 chunks of 4 MiB; a 4 s write TTL (pending stores are
-	// given up after 2 s).
-	srv := harness.Start(t, "--l1-write-ttl-seconds", "4")
+	// given up after 2 s). LRU, so that the step that counts evictions
+	// knows its victims: the default policy keeps what it predicts comes
+	// back, and which prompt that is does not concern the miss reasons.
+	srv := harness.Start(t, "--l1-write-ttl-seconds", "4", "--eviction-policy", "LRU")
 	p, err := json.Marshal(map[string]any{"status_url": srv.StatusURL(), "write_ttl": 4})
 	if err != nil {
 		t.Fatal(err)
