@@ -3,6 +3,7 @@ package nongpu
 import (
 	"bytes"
 	"context"
+	"math"
 	"testing"
 	"time"
 
@@ -215,4 +216,21 @@ func TestHostileManyChunkRetrieveFitsItsTicket(t *testing.T) {
 		}
 		fits(t, e)
 	})
+}
+
+// TestHostileHugeKeyRangeIsSizedAtOnce: the gate's ticket is sized from
+// the key's range before the key is checked against its tokens; a peer
+// naming a range of 2^31 tokens gets it sized in a few steps per KV group,
+// not one per chunk (about 134 million here).
+func TestHostileHugeKeyRangeIsSizedAtOnce(t *testing.T) {
+	e := newEnv(t, false, 1<<20)
+	e.register(2)
+	k := key(tokens(testChunk, 700), 0, math.MaxInt32)
+	n, ok := e.mod.retrieveReplyBytes(k, 2)
+	if !ok || n < int64(math.MaxInt32/testChunk)*chunkBytes {
+		t.Fatalf("ticket of a 2^31-token range: %d (%v)", n, ok)
+	}
+	if n, ok := e.mod.pickleStoreBytes(k, 2); !ok || n <= 0 {
+		t.Fatalf("store ticket of a 2^31-token range: %d (%v)", n, ok)
+	}
 }

@@ -156,7 +156,8 @@ func sizeOf(n int, nested bool, count func(g int) int, tensor func(g, i int) (dt
 		}
 	}
 	for g := range n {
-		for i := range count(g) {
+		c := count(g)
+		for i := range c {
 			dtype, shape, dataLen, hasData := tensor(g, i)
 			dt, numel, err := checkMeta(dtype, shape, dataLen, hasData, i0+i)
 			if err != nil {
@@ -165,12 +166,20 @@ func sizeOf(n int, nested bool, count func(g int) int, tensor func(g, i int) (dt
 			if !hasData {
 				dataLen = numel * dt.size
 			}
-			total += segA(&ms, dt) + segB(&ms, shape, dt)
-			c := containerSize(dt, numel, dataLen)
-			total += bytesHdr(c) + c
-			total += frameHdr // the frame that follows this container
+			one := segA(&ms, dt) + segB(&ms, shape, dt)
+			cs := containerSize(dt, numel, dataLen)
+			one += bytesHdr(cs) + cs + frameHdr // the frame that follows this container
+			total += one
+			if !hasData && i == 1 {
+				// Described tensors of a group are alike, and from the
+				// second on every global they name is memoised: each
+				// costs what the second did. (A count comes from a
+				// peer's key: sizing it must not take a step a tensor.)
+				total += (c - 2) * one
+				break
+			}
 		}
-		i0 += count(g)
+		i0 += c
 	}
 	return total + 1, nil // STOP
 }
