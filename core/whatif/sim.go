@@ -116,9 +116,8 @@ func (s *sim) evict(st *stack, j int32, k int) {
 // stands for fills to within an object of its size, a share R of an
 // object here; evicting whole sampled objects to fit under capacity would
 // hold half a sampled object less on average, 7 % of a miniature pool of
-// 7 objects (long-context chat at 0.5× at the 64-sample floor, bda232e:
-// 0.166 for the pool's 0.221). So the store may pass capacity by half its own size:
-// what the miniature pool holds is centred on its size.
+// 7 objects. So the store may pass capacity by half its own size: what
+// the miniature pool holds is centred on its size.
 func (s *sim) makeRoom(st *stack, k int, need, capacity int64, pinFrom uint64) bool {
 	capacity += need / 2
 	v := view{s, k}
