@@ -11,6 +11,21 @@ import (
 	"kvdock/transfer/torchpickle"
 )
 
+// warmForUnproven is a cache that worker 1 warmed with a two-chunk prompt
+// k of bytes want, and worker 2 registered, not yet proven to map the
+// segment (SHM or pickle: unknown yet).
+func warmForUnproven(t *testing.T) (*env, protocol.Key, []byte) {
+	t.Helper()
+	e := newEnv(t, true, 1<<20)
+	e.register(1)
+	e.register(2)
+	k := key(tokens(2*testChunk, 700), 0, 2*testChunk)
+	e.storeSHM(k, 1, 0x42, "warming store refused")
+	want := make([]byte, chunkBytes)
+	fill(want, 0x42)
+	return e, k, want
+}
+
 // A worker that could not attach the segment (or chose pickle) registers
 // like an SHM one, and nothing tells them apart until it stores: on a warm
 // cache it only retrieves, and slots alone are a miss to it. Its replies
@@ -18,13 +33,7 @@ import (
 // segment, so what it is counted as having received (hits, bytes out,
 // tokens saved) it did receive.
 func TestUnprovenSHMRetrieveCarriesTheData(t *testing.T) {
-	e := newEnv(t, true, 1<<20)
-	e.register(1) // the worker that warmed the cache
-	e.register(2) // a new worker, SHM or pickle: unknown yet
-	k := key(tokens(2*testChunk, 700), 0, 2*testChunk)
-	e.storeSHM(k, 1, 0x42, "warming store refused")
-	want := make([]byte, chunkBytes)
-	fill(want, 0x42)
+	e, k, want := warmForUnproven(t)
 
 	ks := e.lookupLock(k)
 	r, err := e.mod.PrepareRetrieve(k, 2)
@@ -93,13 +102,7 @@ func TestUnprovenSHMRetrieveCarriesTheData(t *testing.T) {
 // yet proven it must carry the data too, or the second retrieve is a
 // miss to a worker that reads only the data, counted as a hit.
 func TestUnprovenSHMRepeatedRetrieveCarriesTheData(t *testing.T) {
-	e := newEnv(t, true, 1<<20)
-	e.register(1)
-	e.register(2)
-	k := key(tokens(2*testChunk, 700), 0, 2*testChunk)
-	e.storeSHM(k, 1, 0x42, "warming store refused")
-	want := make([]byte, chunkBytes)
-	fill(want, 0x42)
+	e, k, want := warmForUnproven(t)
 	// One LOOKUP's locks: the second prepare joins the pending read.
 	ks := e.lookupLock(k)
 	for i := range 2 {
@@ -135,13 +138,7 @@ func TestUnprovenSHMRepeatedRetrieveCarriesTheData(t *testing.T) {
 // can then take the slots. The encoding holds the objects itself: the
 // reply carries the bytes stored under the key, never the new store's.
 func TestHostileCommitsWhileTheDataIsEncoded(t *testing.T) {
-	e := newEnv(t, true, 1<<20)
-	e.register(1)
-	e.register(2)
-	k := key(tokens(2*testChunk, 700), 0, 2*testChunk)
-	e.storeSHM(k, 1, 0x42, "warming store refused")
-	want := make([]byte, chunkBytes)
-	fill(want, 0x42)
+	e, k, want := warmForUnproven(t)
 	e.lookupLock(k)
 	var got [][]byte
 	r, err := e.mod.prepareRetrieve(k, 2, []byte("peer-2"), func(ts []torchpickle.Tensor, _ [][]torchpickle.Tensor, _ []byte) error {
