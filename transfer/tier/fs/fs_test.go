@@ -391,8 +391,12 @@ func TestHelperWriter(t *testing.T) {
 		vals[i] = value(fmt.Sprint("w", i), 4*ioPiece+i)
 	}
 	fmt.Println("ready")
+	// A pause before each piece keeps the writer inside a value for most of
+	// its time, so a kill that follows a write lands inside the next one
+	// even when the killing process is slow to wake.
+	pace := func() { time.Sleep(20 * time.Millisecond) }
 	for i := 0; ; i++ {
-		if err := tr.Put(context.Background(), fmt.Sprint("w", i%4), vals[i%4]); err != nil {
+		if err := tr.PutParts(context.Background(), fmt.Sprint("w", i%4), nil, vals[i%4], nil, pace); err != nil {
 			fmt.Println("failed", err)
 			os.Exit(1)
 		}
@@ -420,8 +424,11 @@ func TestKilledDuringWrites(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// Three rounds always run; more (up to 12) only while no kill has yet
+	// landed inside a write, which a very busy machine can cause.
 	killedMidWrite := false
-	for round, killAfter := range []int{6, 9, 15} {
+	for round := 0; round < 3 || (!killedMidWrite && round < 12); round++ {
+		killAfter := []int{6, 9, 15, 7}[round%4]
 		cmd := exec.Command(os.Args[0], "-test.run=^TestHelperWriter$", "-test.count=1")
 		cmd.Env = append(os.Environ(), envHelperBase+"="+base)
 		out, err := cmd.StdoutPipe()
