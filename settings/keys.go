@@ -299,7 +299,7 @@ func table() []keyDef {
 			help:  "on SIGTERM/SIGINT keep the pool's segment and record its state, so the next start adopts the cache",
 			field: func(c *Config) any { return &c.L1.KeepOnExit }},
 		{key: "eviction.policy", flag: "eviction-policy", class: Live,
-			help:    "L1 eviction policy: prefix (evict a chunk only after the chunks that follow it), LRU or noop",
+			help:    "L1 eviction policy: prefix (prompt-tree leaves, the one predicted to be reused last first), LRU or noop",
 			field:   func(c *Config) any { return &c.Eviction.Policy },
 			choices: []string{"LRU", "prefix", "noop"}},
 		{key: "eviction.trigger_watermark", flag: "eviction-trigger-watermark", class: Live,
