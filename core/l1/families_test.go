@@ -2,6 +2,7 @@ package l1
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -96,15 +97,20 @@ type familyRun struct {
 	pool, asked int
 	lru, prefix int
 	bound       int
-	end         Stats // the prefix pool at the end
+	online      float64 // chat.Family.Online at this pool; 0 where none
+	end         Stats   // the prefix pool at the end
 }
 
 func runFamily(tb testing.TB, f chat.Family, x float64) familyRun {
 	pool := familyPool(chat.Live(f.Trace), x)
 	l := replayFamily(tb, f.Trace, pool, PolicyLRU, 0)
 	p := replayFamily(tb, f.Trace, pool, PolicyPrefix, 0)
-	return familyRun{pool: pool, asked: l.asked, lru: l.hit, prefix: p.hit,
+	r := familyRun{pool: pool, asked: l.asked, lru: l.hit, prefix: p.hit,
 		bound: max(chat.OfflineHits(f.Trace, pool), l.hit, p.hit), end: p.final}
+	if f.Online != nil {
+		r.online = f.Online(pool)
+	}
+	return r
 }
 
 // TestEvictionFamilies replays every trace family at each pool size under
@@ -121,8 +127,12 @@ func TestEvictionFamilies(t *testing.T) {
 		for _, x := range familySizes(f) {
 			r := runFamily(t, f, x)
 			d := 100 * float64(r.prefix-r.lru) / float64(r.asked)
-			t.Logf("%-17s %.2f× (%4d chunks): LRU %5d (%.2f of the bound), prefix %5d (%.2f), bound %5d; %+.1f points",
-				f.Name, x, r.pool, r.lru, float64(r.lru)/float64(r.bound), r.prefix, float64(r.prefix)/float64(r.bound), r.bound, d)
+			online := ""
+			if r.online > 0 {
+				online = fmt.Sprintf("; online bound %.0f: LRU %.2f of it, prefix %.2f", r.online, float64(r.lru)/r.online, float64(r.prefix)/r.online)
+			}
+			t.Logf("%-17s %.2f× (%4d chunks): LRU %5d (%.2f of the bound), prefix %5d (%.2f), bound %5d; %+.1f points%s",
+				f.Name, x, r.pool, r.lru, float64(r.lru)/float64(r.bound), r.prefix, float64(r.prefix)/float64(r.bound), r.bound, d, online)
 			if d < -1 {
 				t.Errorf("%s at %.2f×: prefix hits %.1f points below LRU", f.Name, x, -d)
 			}

@@ -45,6 +45,10 @@ type Family struct {
 	Name    string
 	Trace   []Prompt
 	Returns bool
+	// Online, where the family draws each prompt independently of what
+	// the pool holds, bounds the hits an online policy expects with a
+	// pool of capacity chunks (online.go); nil elsewhere.
+	Online func(capacity int) float64
 }
 
 // Families is the evaluation's traces: round-robin multi-turn chat of 4 to
@@ -53,16 +57,20 @@ type Family struct {
 // questions, RAG (shared documents in varying order) and chat with a scan
 // mixed in.
 func Families() []Family {
+	system, rag := SystemPrompts(3000, 3), RAG(3000, 4)
 	return []Family{
-		{"round-robin-4x4", Prompts(RoundRobin(4, 4, 12)), true},
-		{"round-robin-14x2", Prompts(RoundRobin(14, 2, 10)), true},
-		{"round-robin-32x1", Prompts(RoundRobin(32, 1, 12)), true},
-		{"round-robin-8x3", Prompts(RoundRobin(8, 3, 14)), true},
-		{"random-order", Prompts(RandomOrder(3000, 24, 1)), true},
-		{"short-chats", Prompts(Trace(3000, 60, 60, 2)), true},
-		{"system-prompts", SystemPrompts(3000, 3), true},
-		{"rag", RAG(3000, 4), true},
-		{"chat-and-scan", ChatAndScan(3000, 5), true},
+		{"round-robin-4x4", Prompts(RoundRobin(4, 4, 12)), true, nil},
+		{"round-robin-14x2", Prompts(RoundRobin(14, 2, 10)), true, nil},
+		{"round-robin-32x1", Prompts(RoundRobin(32, 1, 12)), true, nil},
+		{"round-robin-8x3", Prompts(RoundRobin(8, 3, 14)), true, nil},
+		{"random-order", Prompts(RandomOrder(3000, 24, 1)), true,
+			func(c int) float64 { return RandomOrderOnline(3000, 24, 1, c) }},
+		{"short-chats", Prompts(Trace(3000, 60, 60, 2)), true, nil},
+		{"system-prompts", system, true,
+			func(c int) float64 { return FixedPopularityOnline(system, c, SystemPromptsChance()) }},
+		{"rag", rag, true,
+			func(c int) float64 { return FixedPopularityOnline(rag, c, RAGChance()) }},
+		{"chat-and-scan", ChatAndScan(3000, 5), true, nil},
 	}
 }
 
@@ -85,6 +93,13 @@ func RoundRobin(convs, perTurn, turns int) []Turn {
 // conversations picked at random, by 1 to 3 chunks; a conversation ends
 // after 4 to 16 turns and a new one takes its place.
 func RandomOrder(n, open int, seed uint64) []Turn {
+	turns, _ := randomOrder(n, open, seed)
+	return turns
+}
+
+// randomOrder is RandomOrder and, for each prompt, the chunks the open
+// conversations held before it (RandomOrderOnline's bound).
+func randomOrder(n, open int, seed uint64) ([]Turn, []int) {
 	r := rand.New(rand.NewPCG(seed, 7))
 	type conv struct{ id, turns, left, chunks int }
 	next := 0
@@ -96,18 +111,23 @@ func RandomOrder(n, open int, seed uint64) []Turn {
 	for i := range convs {
 		convs[i] = fresh()
 	}
-	out := make([]Turn, n)
+	out, held := make([]Turn, n), make([]int, n)
+	total := 0
 	for i := range out {
+		held[i] = total
 		j := r.IntN(open)
 		c := convs[j]
-		c.chunks += 1 + r.IntN(3)
+		grow := 1 + r.IntN(3)
+		c.chunks += grow
+		total += grow
 		c.turns++
 		out[i] = Turn{Conv: c.id, Chunks: c.chunks}
 		if c.turns == c.left {
+			total -= c.chunks
 			convs[j] = fresh()
 		}
 	}
-	return out
+	return out, held
 }
 
 // Document numbers of the prompt families, apart from conversations'.
@@ -118,13 +138,27 @@ const (
 	scanDoc     = 1 << 27 // scanned documents
 )
 
+// zipf is the parameters of a rand.Zipf, shared by a family's generator
+// and its chances (FixedPopularityOnline).
+type zipf struct {
+	s, v float64
+	imax int
+}
+
+func (z zipf) of(r *rand.Rand) *rand.Zipf { return rand.NewZipf(r, z.s, z.v, uint64(z.imax)) }
+
+// The popularities of the system prompts (8) and of the RAG documents
+// (120).
+func systemZipf() zipf { return zipf{1.2, 1, 7} }
+func ragZipf() zipf    { return zipf{1.3, 2, 119} }
+
 // SystemPrompts is long shared system prompts (8 of them, 12 chunks each,
 // the first picked by half the prompts, Zipf for the rest) each followed
 // by a question of 1 or 2 chunks asked once: only the system prompts can
 // hit.
 func SystemPrompts(n int, seed uint64) []Prompt {
 	r := rand.New(rand.NewPCG(seed, 8))
-	z := rand.NewZipf(r, 1.2, 1, 7)
+	z := systemZipf().of(r)
 	out := make([]Prompt, n)
 	for i := range out {
 		out[i] = Prompt{{systemDoc + int(z.Uint64()), 12}, {questionDoc + i, 1 + r.IntN(2)}}
@@ -138,7 +172,7 @@ func SystemPrompts(n int, seed uint64) []Prompt {
 // prompts that put the same documents before it.
 func RAG(n int, seed uint64) []Prompt {
 	r := rand.New(rand.NewPCG(seed, 9))
-	z := rand.NewZipf(r, 1.3, 2, 119)
+	z := ragZipf().of(r)
 	out := make([]Prompt, n)
 	for i := range out {
 		p := Prompt{{systemDoc, 2}}
