@@ -186,6 +186,7 @@ func (e *Engine) buildDataPlane(cfg settings.Config) (*dataPlane, error) {
 		Watermark: cfg.Eviction.TriggerWatermark,
 		Ratio:     cfg.Eviction.Ratio,
 		Logger:    e.log.With("component", "l1"),
+		Bytes:     settings.BytesText,
 
 		ReadCapRefused: func(reason string) {
 			e.events.add(EventRefused, slog.LevelWarn, "lookup locks refused, the chunks count as refused: "+reason)

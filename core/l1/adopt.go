@@ -136,7 +136,7 @@ func Adopt(opts Options, k Kept) (*Pool, Adopted, error) {
 		_ = p.Close()
 		return nil, Adopted{}, err
 	}
-	seg, err := segment.Adopt(opts.ShmDir, k.Segment, opts.Size, prefault, p.log)
+	seg, err := segment.Adopt(opts.ShmDir, k.Segment, opts.Size, prefault, p.log, opts.Bytes)
 	if err != nil {
 		_ = p.Close()
 		return nil, Adopted{}, fmt.Errorf("l1: %w", err)

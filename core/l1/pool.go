@@ -191,6 +191,9 @@ type Options struct {
 	Logger *slog.Logger
 	// Statfs returns the free bytes of a directory; nil = statfs(2).
 	Statfs func(dir string) (int64, error)
+	// Bytes prints a size in the segment's reasons (segment.Options.Bytes:
+	// the engine passes settings.BytesText); nil prints the count of bytes.
+	Bytes func(n int64) string
 	// ReadCapRefused, when set, is told (at most once a second, with the
 	// reason) that a lock cap refused the scheduler's read locks: lookups
 	// have no reply that could say so, so the operator hears it as an event.
@@ -414,6 +417,7 @@ func Open(opts Options) (*Pool, error) {
 		Prefault:    opts.Prefault,
 		Statfs:      opts.Statfs,
 		Logger:      opts.Logger,
+		Bytes:       opts.Bytes,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("l1: %w", err)

@@ -70,8 +70,9 @@ var ErrNotAdoptable = errors.New("kept segment not adoptable")
 // the recorded inode with the recorded size (the pool size, size), and
 // no live process may hold its flock. It takes the flock for life and puts
 // the kvdock marker back; its pages were reserved by its creator. The
-// error wraps ErrBusy (held by a live process) or ErrNotAdoptable.
-func Adopt(dir string, id Identity, size int64, prefault bool, log *slog.Logger) (*Segment, error) {
+// reason prints the size with bytes (as Options.Bytes). The error wraps
+// ErrBusy (held by a live process) or ErrNotAdoptable.
+func Adopt(dir string, id Identity, size int64, prefault bool, log *slog.Logger, bytes func(int64) string) (*Segment, error) {
 	if dir == "" {
 		dir = DefaultDir
 	}
@@ -122,11 +123,11 @@ func Adopt(dir string, id Identity, size int64, prefault bool, log *slog.Logger)
 	c := cleaner{dir: dir, want: id.Name, uid: int(st.Uid), log: log}
 	mark(c, path, log)
 	_ = unlinkOwn(fd, filepath.Join(dir, keptPrefix+id.Name))
-	dec := Decision{Segment: id.Name, Size: size, Shared: true, Reason: fmt.Sprintf("segment %s adopted from the previous process, %s", id.Name, Human(size))}
+	dec := Decision{Segment: id.Name, Size: size, Shared: true, Reason: fmt.Sprintf("segment %s adopted from the previous process, %s", id.Name, bytesText(bytes, size))}
 	if IsPrivate(id.Name) {
 		// Adopted as it was kept: a private segment stays unadvertised.
 		dec = Decision{Private: id.Name, Size: size,
-			Reason: fmt.Sprintf("private segment %s adopted from the previous process, %s, never advertised", id.Name, Human(size))}
+			Reason: fmt.Sprintf("private segment %s adopted from the previous process, %s, never advertised", id.Name, bytesText(bytes, size))}
 	}
 	s := &Segment{
 		dec:  dec,

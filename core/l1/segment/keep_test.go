@@ -34,7 +34,7 @@ func keepOne(t *testing.T, dir, name string, size int64) Identity {
 func TestKeepThenAdoptKeepsBytes(t *testing.T) {
 	dir := shmDir(t)
 	id := keepOne(t, dir, "keep", 1<<20)
-	s, err := Adopt(dir, id, 1<<20, true, nil)
+	s, err := Adopt(dir, id, 1<<20, true, nil, nil)
 	if err != nil {
 		t.Fatalf("adopt: %v", err)
 	}
@@ -48,7 +48,7 @@ func TestKeepThenAdoptKeepsBytes(t *testing.T) {
 		t.Fatalf("adopted segment still marked kept: %v", err)
 	}
 	// Adopted means held: a second adopter is told it is busy.
-	if _, err := Adopt(dir, id, 1<<20, false, nil); !errors.Is(err, ErrBusy) {
+	if _, err := Adopt(dir, id, 1<<20, false, nil, nil); !errors.Is(err, ErrBusy) {
 		t.Fatalf("second adopt: %v, want ErrBusy", err)
 	}
 	if err := s.Close(); err != nil {
@@ -78,7 +78,7 @@ func TestKeptSegmentRemovedByTheNextStartThatDoesNotAdopt(t *testing.T) {
 			t.Fatalf("%s still there after the cleanup: %v", name, err)
 		}
 	}
-	if _, err := Adopt(dir, id, 1<<20, false, nil); !errors.Is(err, ErrNotAdoptable) {
+	if _, err := Adopt(dir, id, 1<<20, false, nil, nil); !errors.Is(err, ErrNotAdoptable) {
 		t.Fatalf("adopt after the cleanup: %v, want ErrNotAdoptable", err)
 	}
 }
@@ -101,7 +101,7 @@ func TestAdoptRefusesAnotherFile(t *testing.T) {
 		if tc.prep != nil {
 			tc.prep()
 		}
-		if _, err := Adopt(dir, tc.id, tc.size, false, nil); !errors.Is(err, ErrNotAdoptable) {
+		if _, err := Adopt(dir, tc.id, tc.size, false, nil, nil); !errors.Is(err, ErrNotAdoptable) {
 			t.Errorf("%s: %v, want ErrNotAdoptable", name, err)
 		}
 		os.Chmod(path, 0o600)
@@ -109,14 +109,14 @@ func TestAdoptRefusesAnotherFile(t *testing.T) {
 	// A symbolic link at the name is never followed.
 	os.Rename(path, path+".real")
 	os.Symlink(path+".real", path)
-	if _, err := Adopt(dir, id, 1<<20, false, nil); !errors.Is(err, ErrNotAdoptable) {
+	if _, err := Adopt(dir, id, 1<<20, false, nil, nil); !errors.Is(err, ErrNotAdoptable) {
 		t.Fatalf("symlink: %v", err)
 	}
 	os.Remove(path)
 	os.Rename(path+".real", path)
 	// Held by a live process: busy, and RemoveKept leaves it.
 	kill := holdFlock(t, path)
-	if _, err := Adopt(dir, id, 1<<20, false, nil); !errors.Is(err, ErrBusy) {
+	if _, err := Adopt(dir, id, 1<<20, false, nil, nil); !errors.Is(err, ErrBusy) {
 		t.Fatalf("held: %v, want ErrBusy", err)
 	}
 	if gone, _ := RemoveKept(dir, id); gone {

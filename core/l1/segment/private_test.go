@@ -110,7 +110,7 @@ func TestPrivateSegmentKeptAndAdoptedPrivate(t *testing.T) {
 	if id.Name != name || !exists(t, filepath.Join(dir, keptPrefix+name)) {
 		t.Fatalf("kept %+v, kept marker there: %v", id, exists(t, filepath.Join(dir, keptPrefix+name)))
 	}
-	a, err := Adopt(dir, id, 1<<20, false, nil)
+	a, err := Adopt(dir, id, 1<<20, false, nil, nil)
 	if err != nil {
 		t.Fatalf("adopt: %v", err)
 	}
@@ -219,7 +219,7 @@ func TestHostileKeptPrivateSegmentReplaced(t *testing.T) {
 	if err := os.Symlink(path+".real", path); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Adopt(dir, id, 1<<20, false, nil); !errors.Is(err, ErrNotAdoptable) {
+	if _, err := Adopt(dir, id, 1<<20, false, nil, nil); !errors.Is(err, ErrNotAdoptable) {
 		t.Fatalf("symlink adopted: %v", err)
 	}
 	if err := os.Remove(path); err != nil {
@@ -231,7 +231,7 @@ func TestHostileKeptPrivateSegmentReplaced(t *testing.T) {
 	if err := os.Chown(path, 65534, 65534); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Adopt(dir, id, 1<<20, false, nil); !errors.Is(err, ErrNotAdoptable) || !strings.Contains(err.Error(), "uid 65534") {
+	if _, err := Adopt(dir, id, 1<<20, false, nil, nil); !errors.Is(err, ErrNotAdoptable) || !strings.Contains(err.Error(), "uid 65534") {
 		t.Fatalf("another user's file adopted: %v", err)
 	}
 	if gone, _ := RemoveKept(dir, id); gone || !exists(t, path) {
@@ -250,7 +250,7 @@ func TestPrivateSegmentWithoutRoomIsAnonymous(t *testing.T) {
 		}
 		defer s.Close()
 		d := s.Decision()
-		if d.Private != "" || d.Shared || d.Size != 16<<20 || !strings.Contains(d.Reason, "pool needs 16 MiB") ||
+		if d.Private != "" || d.Shared || d.Size != 16<<20 || !strings.Contains(d.Reason, "pool needs 16777216 bytes") ||
 			!strings.HasSuffix(d.Reason, "anonymous memory; restarts of this pool are cold") {
 			t.Fatalf("decision %+v", d)
 		}

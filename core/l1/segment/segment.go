@@ -144,9 +144,23 @@ type Options struct {
 	Statfs func(dir string) (int64, error)
 	// Logger receives stale-cleanup and fallback notices; nil discards.
 	Logger *slog.Logger
+	// Bytes prints a size in the Decision reasons: the engine passes the
+	// one byte formatter (settings.BytesText), which this leaf may not
+	// import; nil prints the count of bytes.
+	Bytes func(n int64) string
 	// afterLock runs whenever the cleanup holds a candidate's lock; tests
 	// use it to yield there, widening the windows a race needs.
 	afterLock func(path string)
+}
+
+// bytes prints n as o.Bytes does (the count of bytes without it).
+func (o Options) bytes(n int64) string { return bytesText(o.Bytes, n) }
+
+func bytesText(f func(int64) string, n int64) string {
+	if f != nil {
+		return f(n)
+	}
+	return fmt.Sprintf("%d bytes", n)
 }
 
 // Decision says which memory backs the pool and why. It is first the plan
@@ -236,7 +250,7 @@ func Open(o Options) (*Segment, error) {
 		return openAnon(o, fallback, log)
 	}
 	s.dec.Segment, s.dec.Shared = name, true
-	s.dec.Reason = fmt.Sprintf("segment %s created, %s", name, Human(o.Size))
+	s.dec.Reason = fmt.Sprintf("segment %s created, %s", name, o.bytes(o.Size))
 	if removed > 0 {
 		s.dec.Reason += fmt.Sprintf(" (removed %d stale segment(s))", removed)
 	}
@@ -269,7 +283,7 @@ func openPrivate(o Options, log *slog.Logger) (*Segment, error) {
 		return openAnon(o, d, log)
 	}
 	s.dec.Private = o.Private
-	s.dec.Reason = fmt.Sprintf("%s; the pool is the private segment %s, %s, never advertised (a restart can keep it)", reason, o.Private, Human(o.Size))
+	s.dec.Reason = fmt.Sprintf("%s; the pool is the private segment %s, %s, never advertised (a restart can keep it)", reason, o.Private, o.bytes(o.Size))
 	s.startPrefault(o.Prefault)
 	return s, nil
 }
@@ -298,7 +312,7 @@ func openFile(o Options, name string, log *slog.Logger) (s *Segment, fallback De
 		return nil, Decision{Reason: fmt.Sprintf("cannot check free space of %s (%v)", o.Dir, err)}, removed, nil
 	}
 	if o.Size > free {
-		return nil, Decision{Reason: fmt.Sprintf("%s has %s free, pool needs %s", o.Dir, Human(free), Human(o.Size)), ShmFree: free}, removed, nil
+		return nil, Decision{Reason: fmt.Sprintf("%s has %s free, pool needs %s", o.Dir, o.bytes(free), o.bytes(o.Size)), ShmFree: free}, removed, nil
 	}
 	s, err = create(o, c, path, free, log)
 	if errors.Is(err, ErrBusy) || errors.Is(err, ErrForeign) {
@@ -347,7 +361,7 @@ func create(o Options, c cleaner, path string, free int64, log *slog.Logger) (*S
 		return fail(fmt.Errorf("chmod %s: %w", tmp, err))
 	}
 	if err := reserve(fd, o.Size); err != nil {
-		return fail(&reserveError{dir: o.Dir, size: o.Size, err: err})
+		return fail(&reserveError{dir: o.Dir, size: o.bytes(o.Size), err: err})
 	}
 	// Something may have taken the name since clearWant: a live server (busy),
 	// a file that is not ours (refused with its reason), or a stale segment
@@ -414,13 +428,12 @@ func reserve(fd int, size int64) error {
 // reserveError is a failed reservation, worded for the Decision reason:
 // "/dev/shm could not reserve 1 GiB: no space left on device".
 type reserveError struct {
-	dir  string
-	size int64
-	err  error
+	dir, size string
+	err       error
 }
 
 func (e *reserveError) Error() string {
-	return fmt.Sprintf("%s could not reserve %s: %v", e.dir, Human(e.size), e.err)
+	return fmt.Sprintf("%s could not reserve %s: %v", e.dir, e.size, e.err)
 }
 
 func (e *reserveError) Unwrap() error { return e.err }
@@ -465,7 +478,7 @@ func openAnon(o Options, dec Decision, log *slog.Logger) (*Segment, error) {
 	mem, err := unix.Mmap(-1, 0, int(o.Size), unix.PROT_READ|unix.PROT_WRITE,
 		unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
 	if err != nil {
-		return nil, fmt.Errorf("map %s of private memory: %w", Human(o.Size), err)
+		return nil, fmt.Errorf("map %s of private memory: %w", o.bytes(o.Size), err)
 	}
 	s := &Segment{dec: dec, mem: mem, fd: -1, done: make(chan struct{}), log: log}
 	s.startPrefault(o.Prefault)
@@ -892,18 +905,4 @@ func statfsFree(dir string) (int64, error) {
 		return 0, fmt.Errorf("statfs %s: %w", dir, err)
 	}
 	return int64(st.Bavail) * int64(st.Bsize), nil
-}
-
-// Human formats a byte count in binary units: "60 MiB", "1 GiB", "1.5 GiB".
-func Human(n int64) string {
-	units := []string{"B", "KiB", "MiB", "GiB", "TiB", "PiB"}
-	v := float64(n)
-	u := 0
-	for v >= 1024 && u < len(units)-1 {
-		v /= 1024
-		u++
-	}
-	s := fmt.Sprintf("%.1f", v)
-	s = strings.TrimSuffix(s, ".0")
-	return s + " " + units[u]
 }

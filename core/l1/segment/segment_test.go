@@ -85,11 +85,27 @@ func TestNormalizeName(t *testing.T) {
 	}
 }
 
-func TestHuman(t *testing.T) {
-	for n, want := range map[int64]string{0: "0 B", 60 << 20: "60 MiB", 1 << 30: "1 GiB", 3 << 29: "1.5 GiB", 512: "512 B"} {
-		if got := Human(n); got != want {
-			t.Errorf("Human(%d) = %q, want %q", n, got, want)
-		}
+// TestReasonsPrintSizesWithTheGivenFormatter: the reasons print sizes
+// with Options.Bytes (the engine's one byte formatter), else as a count of
+// bytes.
+func TestReasonsPrintSizesWithTheGivenFormatter(t *testing.T) {
+	dir := shmDir(t)
+	format := func(n int64) string { return fmt.Sprintf("<%d>", n) }
+	s, err := Open(Options{Name: "fmt", Size: 1 << 20, Dir: dir, Bytes: format})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := s.Decision(); !strings.HasSuffix(d.Reason, "created, <1048576>") {
+		t.Errorf("reason %q does not print the size with the formatter", d.Reason)
+	}
+	s.Close()
+	s, err = Open(Options{Name: "fmt", Size: 1 << 20, Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if d := s.Decision(); !strings.HasSuffix(d.Reason, "created, 1048576 bytes") {
+		t.Errorf("reason %q without a formatter", d.Reason)
 	}
 }
 
@@ -123,7 +139,7 @@ func TestSharedSegmentLifecycle(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := s.Decision()
-	if !d.Shared || d.Segment != "lmcache_l1_pool_life" || d.Reason != "segment lmcache_l1_pool_life created, 1 MiB" || d.ShmFree <= 0 {
+	if !d.Shared || d.Segment != "lmcache_l1_pool_life" || d.Reason != "segment lmcache_l1_pool_life created, 1048576 bytes" || d.ShmFree <= 0 {
 		t.Fatalf("decision %+v", d)
 	}
 	path := filepath.Join(dir, d.Segment)
@@ -211,7 +227,7 @@ func TestCapacityFallbackInjected(t *testing.T) {
 	}
 	defer s.Close()
 	d := s.Decision()
-	want := fmt.Sprintf("%s has 60 MiB free, pool needs 1 GiB", dir)
+	want := fmt.Sprintf("%s has 62914560 bytes free, pool needs 1073741824 bytes", dir)
 	if d.Shared || d.Segment != "" || d.ShmFree != 60<<20 || !strings.HasPrefix(d.Reason, want) {
 		t.Fatalf("decision %+v, want anonymous with reason %q", d, want)
 	}
@@ -246,7 +262,7 @@ func TestCapacityFallbackReal(t *testing.T) {
 	}
 	defer s.Close()
 	d := s.Decision()
-	if d.Shared || !strings.Contains(d.Reason, "pool needs "+Human(size)) || !strings.Contains(d.Reason, " free") {
+	if d.Shared || !strings.Contains(d.Reason, fmt.Sprintf("pool needs %d bytes", size)) || !strings.Contains(d.Reason, " free") {
 		t.Fatalf("decision %+v", d)
 	}
 }

@@ -284,7 +284,7 @@ func TestFullShmAfterStartDoesNotFault(t *testing.T) {
 				break
 			}
 		}
-		t.Logf("a filler took %s of the 8 MiB tmpfs next to a 6 MiB segment", Human(filled))
+		t.Logf("a filler took %d bytes of the 8 MiB tmpfs next to a 6 MiB segment", filled)
 		if off, err := touchAll(s.Bytes()); err != nil {
 			t.Fatalf("first touch of the pool at byte %d after the tmpfs filled up: %v", off, err)
 		}
@@ -305,7 +305,7 @@ func TestReserveFailureFallsBack(t *testing.T) {
 		}
 		defer s.Close()
 		d := s.Decision()
-		want := dir + " could not reserve 16 MiB: no space left on device; using anonymous memory; restarts of this pool are cold"
+		want := dir + " could not reserve 16777216 bytes: no space left on device; using anonymous memory; restarts of this pool are cold"
 		if d.Shared || d.Segment != "" || d.Size != 16<<20 || d.Reason != want {
 			t.Fatalf("decision %+v, want anonymous memory with reason %q", d, want)
 		}
