@@ -210,3 +210,39 @@ func TestByKeyReleaseCannotUnlockAWorkersRead(t *testing.T) {
 		t.Fatal("the object stayed locked after COMMIT_RETRIEVE")
 	}
 }
+
+// TestHostileRepeatedRetrieveConsumesItsLookupLock: two requests of one
+// worker retrieve the same prompt at once, each LOOKUP then
+// PREPARE_RETRIEVE; the second prepare joins the pending read. Each
+// prepare consumes its lookup's lock, as a first prepare does, so once
+// both COMMIT_RETRIEVEs are in nothing stays locked. Joining without it
+// left the second lookup's locks held to their TTL (300 s), charged
+// against the lookup cap: a prompt shared by concurrent requests leaked
+// them at every retrieve.
+func TestHostileRepeatedRetrieveConsumesItsLookupLock(t *testing.T) {
+	e := newEnv(t, true, 1<<20)
+	e.register(1)
+	k := key(tokens(2*testChunk, 1100), 0, 2*testChunk)
+	e.storeSHM(k, 1, 0x21, "store")
+	ks := e.lookupLock(k)
+	if r, err := e.mod.PrepareRetrieve(k, 1); err != nil || !r.Success {
+		t.Fatalf("retrieve 1 = %+v, %v", r, err)
+	}
+	e.lookupLock(k)
+	if r, err := e.mod.PrepareRetrieve(k, 1); err != nil || !r.Success {
+		t.Fatalf("retrieve 2 = %+v, %v", r, err)
+	}
+	for i := range 2 {
+		if ok, _ := e.mod.CommitRetrieve(k, 1); !ok {
+			t.Fatalf("COMMIT_RETRIEVE %d refused", i+1)
+		}
+	}
+	for i, ok := range ks {
+		if e.pool.IsLocked(ok) {
+			t.Fatalf("chunk %d stays locked after both retrieves committed: the second lookup's lock leaked", i)
+		}
+	}
+	if st := e.pool.Stats(); st.ReadLocked != 0 {
+		t.Fatalf("%d objects read-locked at the end", st.ReadLocked)
+	}
+}

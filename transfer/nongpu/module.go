@@ -71,6 +71,9 @@ type Pool interface {
 	// ReleaseRead ends the hold (COMMIT_RETRIEVE, or holds never handed out).
 	HoldRead(k keys.ObjectKey) (l1.ReadRef, bool)
 	ReleaseRead(refs []l1.ReadRef)
+	// FinishRead gives back count of LOOKUP's read locks on each key: a
+	// prepare that joins a pending read consumes its lookup's lock so.
+	FinishRead(ks []keys.ObjectKey, count int)
 	// Rehold takes holds of its own on the objects refs hold (all or
 	// none), for a copy out of them that outlasts the holds refs stand for.
 	Rehold(refs []l1.ReadRef) ([]l1.ReadRef, bool)

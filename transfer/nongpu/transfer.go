@@ -709,6 +709,16 @@ func (m *Module) prepareRetrieve(k protocol.Key, id int64, peer []byte, encode r
 	// releases slots another copy of the same key is still reading.
 	if m.modeOf(inst) == workers.ModeSHM {
 		if p, withData := m.repeatedRead(pk, peer); p != nil {
+			// The prepare consumes its lookup's lock, as a first prepare's
+			// HoldRead does: else a second LOOKUP's locks stay to their
+			// TTL, charged against the lookup cap.
+			for g := range inst.groups {
+				gks := ks
+				if g > 0 {
+					gks = keys.InGroup(ks, uint32(g))
+				}
+				m.pool.FinishRead(gks, 1)
+			}
 			return m.readReply(p, withData, encode)
 		}
 	}
