@@ -94,9 +94,10 @@ func (t *table) refresh(i int32) {
 }
 
 // inherit lends the new record c its parent's reuse gap: a conversation's
-// new chunks come back when it does.
+// new chunks come back when it does; a chunk the policy evicted before
+// takes its own history back instead (ghost.go).
 func (t *table) inherit(c, par int32) {
-	if nextuse.Inherit(&t.recs[c].ord, &t.recs[par].ord) {
+	if t.resume(c, par) || nextuse.Inherit(&t.recs[c].ord, &t.recs[par].ord) {
 		nextuse.Fix(&t.heaps, t, c)
 	}
 }
@@ -305,11 +306,13 @@ func (p *Pool) evictLeaf() int {
 	for j := p.t.recs[i].peer; j != i; {
 		next := p.t.recs[j].peer
 		if p.t.recs[j].ord.InHeaps() {
+			p.t.bury(j)
 			p.evict(j)
 			n++
 		}
 		j = next
 	}
+	p.t.bury(i)
 	p.evict(i)
 	return n + 1
 }

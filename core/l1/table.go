@@ -121,6 +121,7 @@ type table struct {
 	usableBytes int64         // rounded sizes of the usable records (prefix.go)
 	clk         nextuse.Clock // the prefix policy's clock: one tick per use
 	heaps       nextuse.Heaps // the evictable leaves, by due and late time
+	ghosts      []ghost       // the chunks the prefix policy evicted (ghost.go)
 }
 
 func (t *table) init() {

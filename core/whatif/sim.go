@@ -28,9 +28,10 @@ type sim struct {
 
 	heaps [nf]nextuse.Heaps
 	clk   [nf]nextuse.Clock
-	held  [nf]int64 // sampled bytes each size holds
-	count [nf]int   // sampled objects each size holds
-	pins  []int32   // scratch: pinned victims set aside
+	held  [nf]int64  // sampled bytes each size holds
+	count [nf]int    // sampled objects each size holds
+	gone  [nf]uint32 // evictions at each size (wrapping), the ghosts' clock
+	pins  []int32    // scratch: pinned victims set aside
 }
 
 // simSlotBytes is the sim's memory per slot of the stack: per size an
@@ -98,6 +99,8 @@ func (s *sim) parent(st *stack, j int32) int32 {
 func (s *sim) evict(st *stack, j int32, k int) {
 	bit := uint8(1) << k
 	nextuse.Remove(&s.heaps[k], view{s, k}, j)
+	s.ord[int(j)*nf+k].Left = s.gone[k]
+	s.gone[k]++
 	s.in[j] &^= bit
 	s.held[k] -= s.charge[j]
 	s.count[k]--
@@ -154,10 +157,19 @@ func (s *sim) makeRoom(st *stack, k int, need, capacity int64, pinFrom uint64) b
 // of a chunk used whenever this one is, is this chunk's own: the ticks
 // since its last use here. It returns the gap the chunk passes on down the
 // chain, and whether it is measured.
+//
+// A slot held here before (its order kept from then: last use and gap)
+// is the pool's ghost (core/l1's ghost.go) while it left within 1.5 ×
+// the objects held of the last evictions here (the pool's table keeps a
+// ghost until another takes its entry, about as many evictions as it has
+// entries, 1 to 2 × its objects): linked under a held parent, it takes its
+// own history back (nextuse.Resume), strictly when its parent has no gap
+// to lend.
 func (s *sim) admit(st *stack, j int32, k int, lend uint64, lendMeasured, parentHeld, fresh bool) (uint64, bool) {
 	bit := uint8(1) << k
 	i := int(j)*nf + k
-	last := s.ord[i].Stamp
+	old := s.ord[i]
+	last := old.Stamp
 	s.ord[i] = nextuse.New(s.clk[k].Tick())
 	switch {
 	case lend > 0:
@@ -169,19 +181,32 @@ func (s *sim) admit(st *stack, j int32, k int, lend uint64, lendMeasured, parent
 	s.in[j] |= bit
 	s.held[k] += s.charge[j]
 	s.count[k]++
+	linked, strict := parentHeld, false
 	if pj := s.parent(st, j); pj >= 0 && s.in[pj]&bit != 0 {
 		s.linked[j] |= bit
 		pi := int(pj)*nf + k
 		s.kids[pi]++
 		s.reheap(pj, k)
+		linked = true
 		switch {
 		case !fresh:
 			s.ord[i].Gap = 0
+			strict = s.ord[pi].Gap == 0
 			nextuse.Inherit(&s.ord[i], &s.ord[pi])
 		case lend == 0:
 			// Stored by this lookup with no gap to pass on: its prior was
 			// only a leaf's, and it is none now (out of the heaps).
 			s.ord[pi].Gap, s.ord[pi].Measured = 0, false
+			strict = true
+		}
+	}
+	if linked && last > 0 && uint64(s.gone[k]-old.Left) <= uint64(s.count[k])*3/2 {
+		var g uint64
+		if old.Measured {
+			g = old.Gap
+		}
+		if gap, ok := nextuse.Resume(s.ord[i].Stamp, last, g, strict); ok {
+			s.ord[i].Gap, s.ord[i].Measured = gap, true
 		}
 	}
 	g, m := s.ord[i].Gap, s.ord[i].Measured
@@ -236,6 +261,7 @@ func (s *sim) drop(st *stack, j int32) {
 	}
 	for k := range nf {
 		s.kids[int(j)*nf+k] = 0
+		s.ord[int(j)*nf+k] = nextuse.New(0) // no ghost for the next key of the slot
 	}
 	s.in[j], s.linked[j], s.charge[j], s.par[j], s.parID[j] = 0, 0, 0, 0, 0
 }
@@ -276,7 +302,7 @@ func (s *sim) moved(old *stack, st *stack) {
 	prev := *s
 	s.reset(st.slots())
 	for k := range nf {
-		s.clk[k], s.held[k], s.count[k] = prev.clk[k], prev.held[k], prev.count[k]
+		s.clk[k], s.held[k], s.count[k], s.gone[k] = prev.clk[k], prev.held[k], prev.count[k], prev.gone[k]
 	}
 	for j := range old.spat {
 		if old.spat[j] == 0 {

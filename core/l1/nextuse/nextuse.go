@@ -25,6 +25,7 @@ type Order struct {
 	Stamp     uint64 // last use, on the clock
 	Gap       uint64 // reuse gap estimate in ticks; 0: none yet
 	Due, Late int32  // places in the two heaps (-1: not there)
+	Left      uint32 // the holder's evictions when this object left (core/whatif's ghosts)
 	Measured  bool   // Gap comes from the object's own uses
 }
 
@@ -109,6 +110,31 @@ func Inherit(o, parent *Order) bool {
 		return true
 	}
 	return false
+}
+
+// Resume is the gap of an object stored again after it was evicted, from
+// its own history: last, its last use, and gap, its measured gap then (0:
+// none). A chunk whose parent is used when it is not (the next document
+// after a shared one in RAG, a system prompt's question, a scanned
+// document's tail) would take the parent's gap and look as hot as the
+// prompt it extends; its own history says how seldom it comes back. Its
+// gap is the mean of the ticks since its last use and its old gap, as if
+// it had been used now (Clock.Use).
+//
+// With strict (no gap to lend: the prompt was stored again from its
+// start), the history counts only when this return came within half to
+// twice the old gap: a memoryless return (random-order chat) says nothing
+// of the next one, and a fully evicted conversation would otherwise take
+// the long gap that got it evicted. It reports whether the history counts.
+func Resume(now, last, gap uint64, strict bool) (uint64, bool) {
+	d := max(now-min(last, now), 1)
+	switch {
+	case strict && (gap == 0 || d > 2*gap || 2*d < gap):
+		return 0, false
+	case gap == 0:
+		return d, true
+	}
+	return (d + gap + 1) / 2, true
 }
 
 // LateAt is when o is late: half a gap past its due time once it has

@@ -152,3 +152,30 @@ func TestRequestSharesOneTick(t *testing.T) {
 		t.Errorf("a %+v, b %+v: want gaps 3 and 2 at tick 4", a, b)
 	}
 }
+
+// TestResume: a chunk stored again takes its own history back, the mean
+// of the ticks since its last use and its old gap; strictly (no gap to
+// lend), only when it came back within half to twice that gap.
+func TestResume(t *testing.T) {
+	cases := []struct {
+		now, last, gap uint64
+		strict         bool
+		want           uint64
+		ok             bool
+	}{
+		{now: 1000, last: 400, gap: 0, want: 600, ok: true},   // no gap measured: the ticks since
+		{now: 1000, last: 400, gap: 200, want: 400, ok: true}, // the mean of 600 and 200
+		{now: 1000, last: 400, gap: 400, strict: true, want: 500, ok: true},
+		{now: 1000, last: 400, gap: 200, strict: true},     // back at 3 × its gap: says nothing
+		{now: 1000, last: 900, gap: 400, strict: true},     // at a quarter of it
+		{now: 1000, last: 400, gap: 0, strict: true},       // no gap to judge by
+		{now: 1000, last: 1000, gap: 0, want: 1, ok: true}, // never 0: 0 is "no gap"
+		{now: 10, last: 20, gap: 0, want: 1, ok: true},     // a stamp past now (a restart) does not wrap
+	}
+	for _, c := range cases {
+		got, ok := Resume(c.now, c.last, c.gap, c.strict)
+		if ok != c.ok || ok && got != c.want {
+			t.Errorf("Resume(%d, %d, %d, %v) = %d, %v; want %d, %v", c.now, c.last, c.gap, c.strict, got, ok, c.want, c.ok)
+		}
+	}
+}
