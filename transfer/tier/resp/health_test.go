@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"kvdock/core/testkit/fakeresp"
+	"kvdock/core/testkit/redisserver"
 	"kvdock/core/tierstate"
 )
 
@@ -67,4 +68,27 @@ func TestIdleTierDownWhenServerSilent(t *testing.T) {
 		t.Fatalf("down reason %q does not say the PING went unanswered", st.Reason)
 	}
 	t.Logf("silent server: down after %v (%q)", time.Since(silenced).Round(time.Millisecond), st.Reason)
+}
+
+// TestHostileSilentServerAtStartDoesNotHoldOpen: a server that accepts
+// connections but answers nothing (SIGSTOP) makes Open wait startWait, not
+// the dial timeout: kvdock serves once its tiers are open, and a restart
+// must answer inside a worker's 2 s timeout. The tier starts down with the
+// reason and comes up by itself once the server answers.
+func TestHostileSilentServerAtStartDoesNotHoldOpen(t *testing.T) {
+	s := redisserver.Start(t, redisserver.Options{})
+	s.Pause()
+	start := time.Now()
+	tr, _ := open(t, standaloneCfg(s))
+	took := time.Since(start)
+	st := tr.Stats()
+	t.Logf("Open with the server paused: %v, %s (%q)", took.Round(time.Millisecond), st.State, st.Reason)
+	if took > startWait+time.Second {
+		t.Errorf("Open took %v with the server silent: the dial held it (bound %v)", took, startWait)
+	}
+	if st.State != tierstate.Down || !strings.Contains(st.Reason, "no answer within") {
+		t.Fatalf("tier %s (%q) after a silent start, want down with the reason", st.State, st.Reason)
+	}
+	s.Resume()
+	waitState(t, tr, tierstate.Up, stateLimit)
 }

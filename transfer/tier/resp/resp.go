@@ -39,6 +39,13 @@ import (
 const (
 	dialTimeout  = 2 * time.Second
 	probeTimeout = 2 * time.Second
+	// startWait bounds how long Open waits for the server before the tier
+	// starts down and dials in the background: kvdock serves once its
+	// tiers are open, and a restart must answer well inside a worker's
+	// timeout (upstream's SHM worker raises after 2 s), however long a
+	// silent server takes to fail the dial. A refused password or
+	// certificate still refuses the start when the answer comes within it.
+	startWait = 250 * time.Millisecond
 	// connWriteTimeout bounds a write to a connection and how long a
 	// connection may go without an answer before the client drops it.
 	connWriteTimeout = 30 * time.Second
@@ -223,7 +230,9 @@ func Open(ctx context.Context, cfg RESPConfig, log *slog.Logger) (*Tier, error) 
 	t.opt.DialCtxFn = t.dialClient
 	t.streams = newStreams(t)
 	t.bg, t.stopBg = context.WithCancel(context.Background())
-	client, err := t.dial(ctx)
+	startCtx, cancel := context.WithTimeout(ctx, startWait)
+	client, err := t.dial(startCtx)
+	cancel()
 	if err != nil {
 		if isAuth(err) {
 			t.stopBg()
@@ -234,6 +243,9 @@ func Open(ctx context.Context, cfg RESPConfig, log *slog.Logger) (*Tier, error) 
 			return nil, fmt.Errorf("resp tier %s: %w", t.target, ctx.Err())
 		}
 		t.state, t.reason = tierstate.Down, t.clean(err).Error()
+		if errors.Is(err, context.DeadlineExceeded) {
+			t.reason = fmt.Sprintf("no answer within %v at start", startWait)
+		}
 		t.log.Warn("resp tier down at start; retrying in the background", "reason", t.reason)
 		t.wake <- struct{}{}
 	} else {
