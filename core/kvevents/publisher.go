@@ -156,7 +156,10 @@ func (p *Publisher) Stats() PublisherStats {
 		ReplayBad: p.replayBad.Load(), ReplayBatches: p.replayBatches.Load()}
 }
 
-func (p *Publisher) topic(model string) []byte { return []byte("kv@" + p.opt.Pod + "@" + model) }
+// appendTopic appends model's topic, kv@<pod>@<model>, to b.
+func (p *Publisher) appendTopic(b []byte, model string) []byte {
+	return append(append(append(append(b, "kv@"...), p.opt.Pod...), '@'), model...)
+}
 
 func seq8(s uint64) []byte { return binary.BigEndian.AppendUint64(nil, s) }
 
@@ -170,6 +173,10 @@ func (p *Publisher) publish(ctx context.Context, pub *zmq.Socket) {
 	t := time.NewTimer(0)
 	<-t.C
 	var last time.Time
+	// The frames are built in buffers reused from send to send: zmq_send
+	// copies them.
+	var topic []byte
+	var seq [8]byte
 	for {
 		select {
 		case <-ctx.Done():
@@ -184,7 +191,9 @@ func (p *Publisher) publish(ctx context.Context, pub *zmq.Socket) {
 		}
 		last = time.Now()
 		for _, b := range p.tr.Flush() {
-			if _, err := pub.SendMessageDontwait(p.topic(b.Model), seq8(b.Seq), b.Payload); err != nil {
+			topic = p.appendTopic(topic[:0], b.Model)
+			binary.BigEndian.PutUint64(seq[:], b.Seq)
+			if _, err := pub.SendMessageDontwait(topic, seq[:], b.Payload); err != nil {
 				if p.sendErrs.Add(1) == 1 {
 					p.opt.Logger.Warn("kv events: publish failed", "seq", b.Seq, "err", err)
 				}
@@ -227,7 +236,7 @@ func (p *Publisher) replay(ctx context.Context, rep *zmq.Socket) {
 				if p.opt.LegacyReplay {
 					_, err = rep.SendMessageDontwait(id, "", seq8(b.Seq), b.Payload)
 				} else {
-					_, err = rep.SendMessageDontwait(id, "", p.topic(b.Model), seq8(b.Seq), b.Payload)
+					_, err = rep.SendMessageDontwait(id, "", p.appendTopic(nil, b.Model), seq8(b.Seq), b.Payload)
 				}
 				if err != nil {
 					break
