@@ -2,6 +2,7 @@ package kvevents
 
 import (
 	"runtime"
+	"syscall"
 	"testing"
 	"time"
 
@@ -196,4 +197,42 @@ func BenchmarkStorePublish(b *testing.B) {
 	b.ReportMetric(float64(m1.TotalAlloc-m0.TotalAlloc)/float64(n), "off_B/store")
 	b.ReportMetric(per(enc), "encode_ns/store")
 	b.ReportMetric(per(on)/per(off), "on_off")
+}
+
+// BenchmarkPublisherIdle is what a running Publisher (PUB and replay
+// ROUTER bound, no subscriber) costs while nothing is stored: the
+// process's CPU time and context switches (every thread) per second idle,
+// against a second idle in the same run before it starts (off_cpu_ms/s,
+// off_switches/s). Each op is one second idle: run it with -benchtime 3x.
+func BenchmarkPublisherIdle(b *testing.B) {
+	usage := func() (time.Duration, int64) {
+		var ru syscall.Rusage
+		if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+			b.Fatal(err)
+		}
+		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), ru.Nvcsw + ru.Nivcsw
+	}
+	idle := func() (time.Duration, int64) {
+		c0, s0 := usage()
+		time.Sleep(time.Second)
+		c1, s1 := usage()
+		return c1 - c0, s1 - s0
+	}
+	offCPU, offSwitches := idle()
+	p, err := Start(New(Options{BlockSize: 256}), PublisherOptions{Endpoint: "tcp://127.0.0.1:47152",
+		ReplayEndpoint: "tcp://127.0.0.1:47153", Pod: "bench"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer p.Close()
+	var cpu time.Duration
+	var switches int64
+	for b.Loop() {
+		c, s := idle()
+		cpu, switches = cpu+c, switches+s
+	}
+	b.ReportMetric(float64(cpu.Microseconds())/1000/float64(b.N), "cpu_ms/s")
+	b.ReportMetric(float64(switches)/float64(b.N), "switches/s")
+	b.ReportMetric(float64(offCPU.Microseconds())/1000, "off_cpu_ms/s")
+	b.ReportMetric(float64(offSwitches), "off_switches/s")
 }
