@@ -1,7 +1,10 @@
 package kvevents
 
 import (
+	"runtime"
+	"syscall"
 	"testing"
+	"time"
 
 	"kvdock/core/keys"
 )
@@ -77,4 +80,162 @@ func benchCommit(chunks, size int) Commit {
 		c.Keys = append(c.Keys, keys.ObjectKey{Chunk: h, Model: "m"})
 	}
 	return c
+}
+
+// storeCommit is a store like BenchmarkKVEventsLagAndThroughput's (8 chunks
+// of 256 tokens), with token ids spread over a vocabulary's range (most
+// take 3 or 5 bytes on the wire, as a model's do), its chunks fresh for
+// each n.
+func storeCommit(n int) Commit {
+	const chunks, size = 8, 256
+	c := benchCommit(chunks, size)
+	for i := range c.Hashes {
+		c.Hashes[i][24], c.Hashes[i][25], c.Hashes[i][26] = byte(n), byte(n>>8), byte(n>>16) // in the wire hash
+		c.Keys[i].Chunk = c.Hashes[i]
+	}
+	for i := range c.Tokens {
+		c.Tokens[i] = uint32((n*len(c.Tokens) + i) * 7919 % 151936)
+	}
+	return c
+}
+
+// storeEvictPrevious is the data path of one store through tr: the
+// observer's Stored of cur's objects, the commit, and the observer's Lost
+// of prev's (the pool evicting the store before, as a full pool does).
+func storeEvictPrevious(tr *Tracker, cur, prev *Commit) {
+	for k := range cur.Keys {
+		tr.Stored(&cur.Keys[k])
+	}
+	tr.Commit(*cur)
+	for k := range prev.Keys {
+		tr.Lost(&prev.Keys[k])
+	}
+}
+
+// BenchmarkStorePublish is the stream's whole cost per store in this
+// process, the way kvdock runs it: the data path (Stored, Commit, the
+// previous store's Lost) with the poll log, and a running Publisher (PUB
+// bound, no subscriber: libzmq drops each message in the sending thread)
+// that merges, encodes, buffers and sends the batches, on its own
+// goroutine (so ns/op is wall time: on two cores the publisher runs beside
+// the loop). Stores follow each other back to back; the publisher's
+// trailing flush is waited for inside the timer. Beside ns/op and
+// allocs/op (every goroutine's) it reports, over the same number of
+// stores in the same run, two references: the data path with the stream
+// off (the poll log alone, kvdock's default) as off_ns/store,
+// off_allocs/store and off_B/store, and the encoding alone of each
+// store's two events (BlockStored, BlockRemoved, into a reused buffer) as
+// encode_ns/store; on_off is ns/op over off_ns/store. Back to back, one
+// flush carries hundreds of stores (MiBs, past the scratch Flush keeps), so
+// B/op counts each batch's buffer besides its exact copy; at a server's
+// pace a flush carries a few stores and reuses the scratch.
+func BenchmarkStorePublish(b *testing.B) {
+	const pool = 64 // distinct stores cycled through
+	cs := make([]Commit, pool)
+	for i := range cs {
+		cs[i] = storeCommit(i)
+	}
+	run := func(tr *Tracker, n int) {
+		for i := range n {
+			storeEvictPrevious(tr, &cs[i%pool], &cs[(i+pool-1)%pool])
+		}
+	}
+	newTracker := func(stream bool) *Tracker {
+		tr := New(Options{BlockSize: 256, NoStream: !stream, Log: NewLog(DefaultLogSize, 256, 1)})
+		tr.Registered("m", 1, one)
+		return tr
+	}
+	tr := newTracker(true)
+	p, err := Start(tr, PublisherOptions{Endpoint: "tcp://127.0.0.1:47150", Pod: "bench"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer p.Close()
+	drained := func() {
+		deadline := time.Now().Add(10 * time.Second)
+		for tr.Stats().Queued > 0 {
+			if time.Now().After(deadline) {
+				b.Fatal("the publisher did not drain its queue")
+			}
+			time.Sleep(100 * time.Microsecond) // polling a condition, bounded by the deadline
+		}
+	}
+	b.ReportAllocs()
+	n := 0
+	for b.Loop() {
+		storeEvictPrevious(tr, &cs[n%pool], &cs[(n+pool-1)%pool])
+		n++
+	}
+	b.StartTimer()
+	drained()
+	b.StopTimer()
+	on := b.Elapsed()
+
+	off0 := newTracker(false)
+	var m0, m1 runtime.MemStats
+	runtime.ReadMemStats(&m0)
+	start := time.Now()
+	run(off0, n)
+	off := time.Since(start)
+	runtime.ReadMemStats(&m1)
+	evs := make([][]Event, pool)
+	for i := range cs {
+		h := WireHash(cs[i].Hashes[0])
+		evs[i] = []Event{{Stored: true, Medium: MediumCPU, Hashes: []uint64{h}, Tokens: [][]uint32{cs[i].Tokens}},
+			{Medium: MediumCPU, Hashes: []uint64{h}}}
+		for _, c := range cs[i].Hashes[1:] {
+			evs[i][0].Hashes = append(evs[i][0].Hashes, WireHash(c))
+		}
+		evs[i][1].Hashes = evs[i][0].Hashes
+	}
+	var buf []byte
+	start = time.Now()
+	for i := range n {
+		buf = encodeBatch(buf[:0], 1, evs[i%pool], 256, false, 0)
+	}
+	enc := time.Since(start)
+	per := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / float64(n) }
+	b.ReportMetric(per(off), "off_ns/store")
+	b.ReportMetric(float64(m1.Mallocs-m0.Mallocs)/float64(n), "off_allocs/store")
+	b.ReportMetric(float64(m1.TotalAlloc-m0.TotalAlloc)/float64(n), "off_B/store")
+	b.ReportMetric(per(enc), "encode_ns/store")
+	b.ReportMetric(per(on)/per(off), "on_off")
+}
+
+// BenchmarkPublisherIdle is what a running Publisher (PUB and replay
+// ROUTER bound, no subscriber) costs while nothing is stored: the
+// process's CPU time and context switches (every thread) per second idle,
+// against a second idle in the same run before it starts (off_cpu_ms/s,
+// off_switches/s). Each op is one second idle: run it with -benchtime 3x.
+func BenchmarkPublisherIdle(b *testing.B) {
+	usage := func() (time.Duration, int64) {
+		var ru syscall.Rusage
+		if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+			b.Fatal(err)
+		}
+		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), ru.Nvcsw + ru.Nivcsw
+	}
+	idle := func() (time.Duration, int64) {
+		c0, s0 := usage()
+		time.Sleep(time.Second)
+		c1, s1 := usage()
+		return c1 - c0, s1 - s0
+	}
+	offCPU, offSwitches := idle()
+	p, err := Start(New(Options{BlockSize: 256}), PublisherOptions{Endpoint: "tcp://127.0.0.1:47152",
+		ReplayEndpoint: "tcp://127.0.0.1:47153", Pod: "bench"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer p.Close()
+	var cpu time.Duration
+	var switches int64
+	for b.Loop() {
+		c, s := idle()
+		cpu, switches = cpu+c, switches+s
+	}
+	b.ReportMetric(float64(cpu.Microseconds())/1000/float64(b.N), "cpu_ms/s")
+	b.ReportMetric(float64(switches)/float64(b.N), "switches/s")
+	b.ReportMetric(float64(offCPU.Microseconds())/1000, "off_cpu_ms/s")
+	b.ReportMetric(float64(offSwitches), "off_switches/s")
 }

@@ -3,9 +3,10 @@ package kvevents
 import (
 	"encoding/binary"
 	"math"
+	"slices"
 )
 
-// encodeBatch writes vLLM's EventBatch, always positional:
+// encodeBatch appends to dst vLLM's EventBatch, always positional:
 // [ts, [events...], data_parallel_rank]. Events are tagged maps with the keys
 // in vLLM's declaration order, or positional arrays led by the tag (array).
 // Hashes are integers; fields without a default are always present.
@@ -14,13 +15,12 @@ import (
 // of the publisher's work (a 256-token chunk is 256 integers), and a
 // general encoder's call per integer cost several times as much
 // (BenchmarkTrackerFlush).
-func encodeBatch(ts float64, evs []Event, blockSize int, array bool, dpRank int) []byte {
+func encodeBatch(dst []byte, ts float64, evs []Event, blockSize int, array bool, dpRank int) []byte {
 	n := 16
 	for i := range evs {
 		n += 64 + 9*len(evs[i].Hashes) + 5*evs[i].tokenCount()
 	}
-	b := make([]byte, 0, n)
-	b = mpArray(b, 3)
+	b := mpArray(slices.Grow(dst, n), 3)
 	b = append(b, 0xcb)
 	b = binary.BigEndian.AppendUint64(b, math.Float64bits(ts))
 	b = mpArray(b, len(evs))
@@ -53,9 +53,7 @@ func encodeEvent(b []byte, ev *Event, blockSize int, array bool) []byte {
 		}
 		b = mpArray(field(b, "token_ids"), ev.tokenCount())
 		for _, run := range ev.Tokens {
-			for _, tk := range run {
-				b = mpUint(b, uint64(tk))
-			}
+			b = appendTokens(b, run)
 		}
 		b = mpUint(field(b, "block_size"), uint64(blockSize))
 		b = append(field(b, "lora_id"), 0xc0)
@@ -79,6 +77,33 @@ func (ev *Event) tokenCount() int {
 		n += len(run)
 	}
 	return n
+}
+
+// appendTokens appends run as msgpack unsigned integers, each in its
+// smallest form. Token ids are most of a batch's bytes, so the room is
+// grown once for the run and the bytes written in place, not appended one
+// call at a time (encode_ns/store in BenchmarkStorePublish).
+func appendTokens(b []byte, run []uint32) []byte {
+	n := len(b)
+	b = slices.Grow(b, 5*len(run))[:n+5*len(run)]
+	for _, tk := range run {
+		d := b[n : n+5]
+		switch {
+		case tk < 0x80:
+			d[0] = byte(tk)
+			n++
+		case tk <= math.MaxUint8:
+			d[0], d[1] = 0xcc, byte(tk)
+			n += 2
+		case tk <= math.MaxUint16:
+			d[0], d[1], d[2] = 0xcd, byte(tk>>8), byte(tk)
+			n += 3
+		default:
+			d[0], d[1], d[2], d[3], d[4] = 0xce, byte(tk>>24), byte(tk>>16), byte(tk>>8), byte(tk)
+			n += 5
+		}
+	}
+	return b[:n]
 }
 
 func hashes(b []byte, hs []uint64) []byte {

@@ -7,11 +7,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	zmq "github.com/pebbe/zmq4"
+	"golang.org/x/sys/unix"
 )
 
 // Coalesce is how long the publisher waits after the first event of a
@@ -63,8 +66,8 @@ type PublisherStats struct {
 // Publisher sends the tracker's batches on a ZMQ PUB socket and answers
 // replays on a ZMQ ROUTER. Each socket has one owner goroutine: the PUB's
 // waits on the tracker's wake channel (a zmq poll cannot wait on a Go
-// channel), the ROUTER's on its poller; the data path only fills the
-// tracker's bounded queue.
+// channel), the ROUTER's on its ZMQ_FD in Go's network poller; the data
+// path only fills the tracker's bounded queue.
 type Publisher struct {
 	tr     *Tracker
 	opt    PublisherOptions
@@ -102,12 +105,15 @@ func Start(tr *Tracker, opt PublisherOptions) (*Publisher, error) {
 		}
 	}
 	var rep *zmq.Socket
+	var w *fdWaiter
 	if err == nil && opt.ReplayEndpoint != "" {
 		// A replay of the whole buffer must arrive whole, end marker
 		// included: libzmq's default limit of 1,000 would drop the rest.
 		if rep, err = socket(zctx, zmq.ROUTER, tr.opt.BufferSteps+16); err == nil {
 			if err = rep.Bind(opt.ReplayEndpoint); err != nil {
 				err = fmt.Errorf("kv events: bind replay %s: %w", opt.ReplayEndpoint, err)
+			} else {
+				w, err = newFDWaiter(rep)
 			}
 		}
 	}
@@ -126,7 +132,7 @@ func Start(tr *Tracker, opt PublisherOptions) (*Publisher, error) {
 	go p.publish(ctx, pub)
 	if rep != nil {
 		p.wg.Add(1)
-		go p.replay(ctx, rep)
+		go p.replay(ctx, rep, w)
 	}
 	return p, nil
 }
@@ -156,7 +162,10 @@ func (p *Publisher) Stats() PublisherStats {
 		ReplayBad: p.replayBad.Load(), ReplayBatches: p.replayBatches.Load()}
 }
 
-func (p *Publisher) topic(model string) []byte { return []byte("kv@" + p.opt.Pod + "@" + model) }
+// appendTopic appends model's topic, kv@<pod>@<model>, to b.
+func (p *Publisher) appendTopic(b []byte, model string) []byte {
+	return append(append(append(append(b, "kv@"...), p.opt.Pod...), '@'), model...)
+}
 
 func seq8(s uint64) []byte { return binary.BigEndian.AppendUint64(nil, s) }
 
@@ -170,6 +179,10 @@ func (p *Publisher) publish(ctx context.Context, pub *zmq.Socket) {
 	t := time.NewTimer(0)
 	<-t.C
 	var last time.Time
+	// The frames are built in buffers reused from send to send: zmq_send
+	// copies them.
+	var topic []byte
+	var seq [8]byte
 	for {
 		select {
 		case <-ctx.Done():
@@ -184,7 +197,9 @@ func (p *Publisher) publish(ctx context.Context, pub *zmq.Socket) {
 		}
 		last = time.Now()
 		for _, b := range p.tr.Flush() {
-			if _, err := pub.SendMessageDontwait(p.topic(b.Model), seq8(b.Seq), b.Payload); err != nil {
+			topic = p.appendTopic(topic[:0], b.Model)
+			binary.BigEndian.PutUint64(seq[:], b.Seq)
+			if _, err := pub.SendMessageDontwait(topic, seq[:], b.Payload); err != nil {
 				if p.sendErrs.Add(1) == 1 {
 					p.opt.Logger.Warn("kv events: publish failed", "seq", b.Seq, "err", err)
 				}
@@ -195,50 +210,109 @@ func (p *Publisher) publish(ctx context.Context, pub *zmq.Socket) {
 	}
 }
 
-// replayPoll bounds how long the replay goroutine waits before it looks at
-// its context.
-const replayPoll = 100 * time.Millisecond
-
 // replay owns the ROUTER: a request [identity, "", start_seq8] gets every
-// buffered batch with seq >= start, then the end marker.
-func (p *Publisher) replay(ctx context.Context, rep *zmq.Socket) {
+// buffered batch with seq >= start, then the end marker. Between requests
+// it waits on the socket's ZMQ_FD in Go's network poller (w), not in a
+// zmq_poll: a goroutine blocked in a cgo call keeps its P (one of
+// GOMAXPROCS) until the runtime's sysmon takes it back, and each such
+// retake has sysmon wake every 20 µs for the next millisecond: a ROUTER
+// polled in 100 ms slices cost an idle process about 2.7 ms of CPU and
+// 100 context switches a second, ten times what it costs now
+// (BenchmarkPublisherIdle).
+func (p *Publisher) replay(ctx context.Context, rep *zmq.Socket, w *fdWaiter) {
 	defer p.wg.Done()
 	defer func() { _ = rep.Close() }()
-	poller := zmq.NewPoller()
-	poller.Add(rep, zmq.POLLIN)
-	for ctx.Err() == nil {
-		polled, err := poller.Poll(replayPoll)
-		if err != nil || len(polled) == 0 {
-			continue
+	defer w.close()
+	stop := context.AfterFunc(ctx, func() { _ = w.close() })
+	defer stop()
+	for {
+		var evErr error
+		err := w.wait(func() bool {
+			// ZMQ_FD only says the socket's state may have changed: its
+			// events tell whether a request waits, checked before every
+			// wait since a receive or send can take the signal.
+			ev, err := rep.GetEvents()
+			evErr = err
+			return err != nil || ev&zmq.POLLIN != 0
+		})
+		if err != nil || evErr != nil || ctx.Err() != nil {
+			return // closed, or the socket failed
 		}
 		for {
 			msg, err := rep.RecvMessageBytes(zmq.DONTWAIT)
 			if err != nil {
 				break
 			}
-			if len(msg) != 3 || len(msg[1]) != 0 || len(msg[2]) != 8 {
-				p.replayBad.Add(1)
-				continue
-			}
-			p.replays.Add(1)
-			id, start := msg[0], binary.BigEndian.Uint64(msg[2])
-			for _, b := range p.tr.Since(start) {
-				var err error
-				if p.opt.LegacyReplay {
-					_, err = rep.SendMessageDontwait(id, "", seq8(b.Seq), b.Payload)
-				} else {
-					_, err = rep.SendMessageDontwait(id, "", p.topic(b.Model), seq8(b.Seq), b.Payload)
-				}
-				if err != nil {
-					break
-				}
-				p.replayBatches.Add(1)
-			}
-			if p.opt.LegacyReplay {
-				_, _ = rep.SendMessageDontwait(id, "", replayEnd, "")
-			} else {
-				_, _ = rep.SendMessageDontwait(id, "", "", replayEnd, "")
-			}
+			p.answer(rep, msg)
 		}
 	}
 }
+
+// answer answers one replay request.
+func (p *Publisher) answer(rep *zmq.Socket, msg [][]byte) {
+	if len(msg) != 3 || len(msg[1]) != 0 || len(msg[2]) != 8 {
+		p.replayBad.Add(1)
+		return
+	}
+	p.replays.Add(1)
+	id, start := msg[0], binary.BigEndian.Uint64(msg[2])
+	for _, b := range p.tr.Since(start) {
+		var err error
+		if p.opt.LegacyReplay {
+			_, err = rep.SendMessageDontwait(id, "", seq8(b.Seq), b.Payload)
+		} else {
+			_, err = rep.SendMessageDontwait(id, "", p.appendTopic(nil, b.Model), seq8(b.Seq), b.Payload)
+		}
+		if err != nil {
+			break
+		}
+		p.replayBatches.Add(1)
+	}
+	if p.opt.LegacyReplay {
+		_, _ = rep.SendMessageDontwait(id, "", replayEnd, "")
+	} else {
+		_, _ = rep.SendMessageDontwait(id, "", "", replayEnd, "")
+	}
+}
+
+// fdWaiter waits for a ZMQ socket's ZMQ_FD to be readable in Go's network
+// poller, through a duplicate of the descriptor (libzmq keeps the
+// original; closing the duplicate leaves it open).
+type fdWaiter struct {
+	f  *os.File
+	rc syscall.RawConn
+}
+
+func newFDWaiter(s *zmq.Socket) (*fdWaiter, error) {
+	fd, err := s.GetFd()
+	if err != nil {
+		return nil, fmt.Errorf("kv events: replay socket's fd: %w", err)
+	}
+	dup, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("kv events: duplicate the replay socket's fd: %w", err)
+	}
+	// libzmq's signalling descriptor is non-blocking already (the flag is
+	// the open file's, shared with the duplicate); os.NewFile registers a
+	// non-blocking descriptor with the poller.
+	if err := unix.SetNonblock(dup, true); err != nil {
+		_ = unix.Close(dup)
+		return nil, fmt.Errorf("kv events: replay socket's fd: %w", err)
+	}
+	f := os.NewFile(uintptr(dup), "kv-events-replay")
+	rc, err := f.SyscallConn()
+	if err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("kv events: replay socket's fd: %w", err)
+	}
+	return &fdWaiter{f: f, rc: rc}, nil
+}
+
+// wait returns nil once ready reports true, calling it first and again
+// each time the descriptor becomes readable; an error once w is closed.
+func (w *fdWaiter) wait(ready func() bool) error {
+	return w.rc.Read(func(uintptr) bool { return ready() })
+}
+
+// close ends a wait in progress and every later one.
+func (w *fdWaiter) close() error { return w.f.Close() }

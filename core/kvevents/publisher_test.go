@@ -150,3 +150,84 @@ func TestPublisherConnectsAndReplaysLegacy(t *testing.T) {
 		}
 	}
 }
+
+// The replay ROUTER waits on its ZMQ_FD in Go's poller, a signal that
+// fires on a change, not while a request waits: every request is answered
+// whole whatever its timing, one at a time from idle, several queued
+// before the ROUTER looks, from two peers interleaved, and none after
+// Close.
+func TestReplayAnswersEveryRequest(t *testing.T) {
+	tr := New(Options{BlockSize: cs})
+	p, err := Start(tr, PublisherOptions{Endpoint: "tcp://127.0.0.1:47154", ReplayEndpoint: "tcp://127.0.0.1:47155", Pod: "p"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := byte(1); i <= 3; i++ {
+		publishOne(t, tr, p, "m", i)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var ds []gozmq.Socket
+	for range 2 {
+		d := gozmq.NewDealer(ctx)
+		defer d.Close()
+		if err := d.Dial("tcp://127.0.0.1:47155"); err != nil {
+			t.Fatal(err)
+		}
+		ds = append(ds, d)
+	}
+	ask := func(d gozmq.Socket, start uint64) {
+		t.Helper()
+		if err := d.Send(gozmq.NewMsgFrom([]byte{}, binary.BigEndian.AppendUint64(nil, start))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// answered reads one answer: the batches from start, then the end marker.
+	answered := func(d gozmq.Socket, start uint64) {
+		t.Helper()
+		for want := start; ; want++ {
+			msg, err := d.Recv()
+			if err != nil {
+				t.Fatalf("replay from %d: %v", start, err)
+			}
+			f := msg.Frames
+			if len(f) != 4 || len(f[2]) != 8 {
+				t.Fatalf("replay frames %q", f)
+			}
+			if len(f[1]) == 0 {
+				if want != 3 {
+					t.Fatalf("replay from %d ended at %d", start, want)
+				}
+				return
+			}
+			if got := binary.BigEndian.Uint64(f[2]); got != want {
+				t.Fatalf("replay from %d: seq %d, want %d", start, got, want)
+			}
+		}
+	}
+	for i := range 20 { // one at a time, the ROUTER idle before each
+		ask(ds[i%2], uint64(i%3))
+		answered(ds[i%2], uint64(i%3))
+	}
+	for i := range 10 { // queued before any is read
+		ask(ds[i%2], uint64(i%3))
+	}
+	for i := range 10 {
+		answered(ds[i%2], uint64(i%3))
+	}
+	if s := p.Stats(); s.ReplayRequests != 30 || s.ReplayBad != 0 {
+		t.Fatalf("stats %+v", s)
+	}
+	p.Close()
+	rctx, rcancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer rcancel()
+	late := gozmq.NewDealer(rctx)
+	defer late.Close()
+	if err := late.Dial("tcp://127.0.0.1:47155"); err == nil {
+		if err := late.Send(gozmq.NewMsgFrom([]byte{}, make([]byte, 8))); err == nil {
+			if msg, err := late.Recv(); err == nil {
+				t.Fatalf("answered after Close: %q", msg.Frames)
+			}
+		}
+	}
+}

@@ -31,6 +31,7 @@
 package kvevents
 
 import (
+	"bytes"
 	"encoding/binary"
 	"slices"
 	"sync"
@@ -884,9 +885,14 @@ func (t *Tracker) queue(r rec) {
 	t.pend = append(t.pend, r)
 }
 
+// maxScratch bounds the encoding scratch Flush keeps for the next flush.
+const maxScratch = 1 << 20
+
 // flushScratch is what Flush reuses from one flush to the next: the
-// events of each model, in the order of its first record.
+// events of each model, in the order of its first record, and the
+// encoding's buffer.
 type flushScratch struct {
+	enc     []byte
 	models  []string
 	byModel map[string]int // index in models and evs
 	evs     [][]Event
@@ -920,8 +926,15 @@ func (t *Tracker) Flush() []Batch {
 	ts := float64(t.opt.Now().UnixNano()) / 1e9
 	out := make([]Batch, 0, len(f.models))
 	for i, m := range f.models {
-		out = append(out, Batch{Model: m, Events: len(f.evs[i]),
-			Payload: encodeBatch(ts, f.evs[i], t.opt.EventBlockSize, t.opt.Array, t.opt.DataParallelRank)})
+		// Encoded into the scratch, then copied into a payload of its
+		// exact size: what the replay buffer holds is what it counts, and
+		// the copy skips the zeroing a fresh buffer of the estimated size
+		// takes.
+		f.enc = encodeBatch(f.enc[:0], ts, f.evs[i], t.opt.EventBlockSize, t.opt.Array, t.opt.DataParallelRank)
+		out = append(out, Batch{Model: m, Events: len(f.evs[i]), Payload: bytes.Clone(f.enc)})
+	}
+	if cap(f.enc) > maxScratch {
+		f.enc = nil // a burst's batch is not held for good
 	}
 	f.reset()
 	clear(recs) // the references to nodes' tokens go with the records

@@ -1,12 +1,13 @@
 package kvevents
 
 import (
+	"bytes"
 	"cmp"
+	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
-
-	"slices"
 
 	"github.com/vmihailenco/msgpack/v5"
 
@@ -254,7 +255,7 @@ func TestTrackerQueuedUntilNumbered(t *testing.T) {
 }
 
 func TestEncodeArrayForm(t *testing.T) {
-	p := encodeBatch(1.5, []Event{{Stored: true, Medium: "CPU", Hashes: []uint64{1 << 63}, Tokens: [][]uint32{{1, 2}}}, {Medium: "CPU", Hashes: []uint64{7}}}, 2, true, 0)
+	p := encodeBatch(nil, 1.5, []Event{{Stored: true, Medium: "CPU", Hashes: []uint64{1 << 63}, Tokens: [][]uint32{{1, 2}}}, {Medium: "CPU", Hashes: []uint64{7}}}, 2, true, 0)
 	var raw []any
 	if err := msgpack.Unmarshal(p, &raw); err != nil {
 		t.Fatal(err)
@@ -570,6 +571,10 @@ func TestEncodeFormsDecode(t *testing.T) {
 		if err := msgpack.Unmarshal(mpUint(nil, v), &got); err != nil || got != v {
 			t.Fatalf("uint %d: %d, %v", v, got, err)
 		}
+		// Token ids are written in place, in the same forms, byte for byte.
+		if v <= math.MaxUint32 && !bytes.Equal(appendTokens([]byte{0xc0}, []uint32{uint32(v)}), mpUint([]byte{0xc0}, v)) {
+			t.Fatalf("token %d: % x, want % x", v, appendTokens(nil, []uint32{uint32(v)}), mpUint(nil, v))
+		}
 	}
 	for _, n := range []int{0, 31, 32, 255, 256, 65535, 65536} {
 		s := string(make([]byte, n))
@@ -582,10 +587,10 @@ func TestEncodeFormsDecode(t *testing.T) {
 		want := make([]uint32, n)
 		ev := Event{Stored: true, Medium: "STORAGE", Hashes: make([]uint64, n), Tokens: [][]uint32{want[:n/2], want[n/2:]}}
 		for i := range n {
-			ev.Hashes[i], want[i] = ints[i%len(ints)], uint32(ints[i%6])
+			ev.Hashes[i], want[i] = ints[i%len(ints)], uint32(ints[i%8])
 		}
 		var raw []any
-		if err := msgpack.Unmarshal(encodeBatch(2.5, []Event{ev, {Medium: "CPU", Hashes: ev.Hashes}}, 16, false, 3), &raw); err != nil {
+		if err := msgpack.Unmarshal(encodeBatch(nil, 2.5, []Event{ev, {Medium: "CPU", Hashes: ev.Hashes}}, 16, false, 3), &raw); err != nil {
 			t.Fatalf("%d: %v", n, err)
 		}
 		evs := raw[1].([]any)
