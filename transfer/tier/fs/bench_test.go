@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"testing"
 	"time"
 )
@@ -116,5 +117,54 @@ func report(b *testing.B, tierT, plainT time.Duration) {
 	b.ReportMetric(float64(plainT.Nanoseconds())/float64(b.N), "plain-ns/op")
 	if tierT > 0 {
 		b.ReportMetric(float64(plainT)/float64(tierT), "ratio")
+	}
+}
+
+// BenchmarkStartScan times the start scan (Open with recover_on_start) of
+// 20,000 chunk files of 8 KiB, per file, with the scan's workers
+// (scanWorkers) and, as the reference in the same run, with one worker
+// (GOMAXPROCS 1): a restart serves once its tiers are open, so the scan
+// is part of the gap.
+//
+//	go test -run '^$' -bench StartScan -benchtime 3x ./transfer/tier/fs/
+func BenchmarkStartScan(b *testing.B) {
+	const files, size = 20000, 8 << 10
+	base := b.TempDir()
+	cfg := FSConfig{BasePath: base, CapacityBytes: 4 << 30, RecoverOnStart: true}
+	tr, err := Open(cfg, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for i := range files {
+		k := fmt.Sprint("scan", i)
+		if err := tr.Put(context.Background(), k, value(k, size)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	tr.Close()
+	per := map[int]float64{}
+	for _, procs := range []int{runtime.GOMAXPROCS(0), 1} {
+		b.Run(fmt.Sprintf("procs=%d", procs), func(b *testing.B) {
+			defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
+			var took time.Duration
+			for range b.N {
+				start := time.Now()
+				tr, err := Open(cfg, nil)
+				took += time.Since(start)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if n := tr.Stats().Objects; n != files {
+					b.Fatalf("%d files indexed, want %d", n, files)
+				}
+				tr.Close()
+			}
+			per[procs] = float64(took.Microseconds()) / float64(b.N*files)
+			b.ReportMetric(per[procs], "µs/file")
+			b.ReportMetric(float64(scanWorkers()), "workers")
+		})
+	}
+	if one, all := per[1], per[runtime.GOMAXPROCS(0)]; all > 0 && one > 0 {
+		b.Logf("one worker %.2f µs a file, %d workers %.2f (×%.2f)", one, scanWorkers(), all, one/all)
 	}
 }

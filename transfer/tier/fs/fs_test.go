@@ -920,3 +920,46 @@ func TestCloseLogsNoWarning(t *testing.T) {
 		t.Fatalf("state after close: %s %q", st.State, st.Reason)
 	}
 }
+
+// TestScanAcrossWorkersKeepsTheNewest: the start scan runs its shards on
+// several workers (scanWorkers) and still keeps exactly the newest files
+// that fit the capacity, whatever order the workers meet them in, and
+// removes the rest.
+func TestScanAcrossWorkersKeepsTheNewest(t *testing.T) {
+	ctx := context.Background()
+	base := t.TempDir()
+	tr, err := Open(FSConfig{BasePath: base, CapacityBytes: 64 << 20, RecoverOnStart: true}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n, keep, size = 600, 200, 8 << 10
+	now := time.Now()
+	for i := range n {
+		k := fmt.Sprint("s", i)
+		mustPut(t, tr, k, size)
+		h := hashKey(k)
+		name := hex.EncodeToString(h[:])
+		ts := now.Add(time.Duration(i-n) * time.Second)
+		if err := os.Chtimes(filepath.Join(base, name[:2], name), ts, ts); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tr.Close()
+	tr2, err := Open(FSConfig{BasePath: base, CapacityBytes: keep * charge(size), RecoverOnStart: true}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr2.Close()
+	for i := range n {
+		k := fmt.Sprint("s", i)
+		if got, _ := tr2.Has(ctx, []string{k}); (got == 1) != (i >= n-keep) {
+			t.Fatalf("file %d of %d (newest last): kept %v, want the newest %d kept", i, n, got == 1, keep)
+		}
+	}
+	if st := tr2.Stats(); st.Objects != keep {
+		t.Fatalf("%d objects indexed, want %d", st.Objects, keep)
+	}
+	if got := len(files(t, base)) - 1; got != keep { // and the lock file
+		t.Fatalf("%d chunk files left, want %d", got, keep)
+	}
+}

@@ -13,7 +13,10 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -40,15 +43,23 @@ func (a *byAge) Pop() any {
 }
 
 // scanner is one scan's state: the files kept so far (newest by mtime
-// within the capacity) and what was found.
+// within the capacity) and what was found, shared by the scan's workers
+// under mu (the file system calls, which are the scan's cost, run outside
+// it).
 type scanner struct {
-	t    *Tier
-	now  int64
+	t   *Tier
+	now int64
+
+	mu   sync.Mutex
 	kept byAge
 	used int64
 	st   scanStats
-	head []byte // reused for each file's first bytes
 }
+
+// scanWorkers bounds the shards scanned at once: a restart serves once its
+// tiers are open, and the scan's cost is a few system calls a file, which
+// spread over the cores (TestScanAcrossWorkersKeepsTheNewest).
+func scanWorkers() int { return min(runtime.GOMAXPROCS(0), 8) }
 
 // scan visits only our shard directories (two lowercase hex digits) and
 // only names we write; anything else is left alone. Everything under a
@@ -57,21 +68,34 @@ type scanner struct {
 // length is indexed and counted against the capacity; anything else under a
 // chunk name is removed, so it never pushes a valid chunk out.
 func (t *Tier) scan() (scanStats, error) {
-	sc := &scanner{t: t, now: time.Now().UnixNano(), head: make([]byte, headProbe)}
+	sc := &scanner{t: t, now: time.Now().UnixNano()}
+	var shards []string // at most 256: two hex digits
 	err := eachEntry(t.base, func(d os.DirEntry) error {
-		if !d.IsDir() || !isHex(d.Name(), 2) {
-			return nil
-		}
-		if err := sc.shard(d.Name()); err != nil {
-			// An unreadable shard costs its chunks, not the tier.
-			t.log.Warn("fs tier: shard directory skipped", "dir", filepath.Join(t.base, d.Name()), "err", err)
+		if d.IsDir() && isHex(d.Name(), 2) {
+			shards = append(shards, d.Name())
 		}
 		return nil
 	})
-	st := sc.st
 	if err != nil {
-		return st, err
+		return sc.st, err
 	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range min(scanWorkers(), len(shards)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			head := make([]byte, headProbe) // reused for each file's first bytes
+			for i := next.Add(1) - 1; i < int64(len(shards)); i = next.Add(1) - 1 {
+				if err := sc.shard(shards[i], head); err != nil {
+					// An unreadable shard costs its chunks, not the tier.
+					t.log.Warn("fs tier: shard directory skipped", "dir", filepath.Join(t.base, shards[i]), "err", err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	st := sc.st
 	if t.stageDir != "" {
 		err = eachEntry(t.stageDir, func(f os.DirEntry) error {
 			if strings.HasPrefix(f.Name(), tmpPrefix) && f.Type().IsRegular() {
@@ -108,7 +132,7 @@ const maxInvalidLogged = 8
 // (a shard replaced by a link to elsewhere is not ours), and every file in
 // it is opened and removed relative to it, so nothing outside base_path is
 // ever removed.
-func (sc *scanner) shard(name string) error {
+func (sc *scanner) shard(name string, head []byte) error {
 	dir := filepath.Join(sc.t.base, name)
 	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -119,7 +143,7 @@ func (sc *scanner) shard(name string) error {
 	for {
 		ents, err := d.ReadDir(dirBatch)
 		for _, f := range ents {
-			sc.file(fd, name, f)
+			sc.file(fd, name, f, head)
 		}
 		if errors.Is(err, io.EOF) {
 			return nil
@@ -130,22 +154,23 @@ func (sc *scanner) shard(name string) error {
 	}
 }
 
-// file handles one entry f of shard directory shard (open as dirfd).
-func (sc *scanner) file(dirfd int, shard string, f os.DirEntry) {
+// file handles one entry f of shard directory shard (open as dirfd),
+// reading its first bytes into head.
+func (sc *scanner) file(dirfd int, shard string, f os.DirEntry, head []byte) {
 	t, name := sc.t, f.Name()
 	switch {
 	case strings.HasPrefix(name, tmpPrefix) && f.Type().IsRegular():
 		if unix.Unlinkat(dirfd, name, 0) == nil {
-			sc.st.tempsRemoved++
+			sc.count(&sc.st.tempsRemoved)
 		}
 	case isHex(name, nameLen) && name[:2] == shard && !f.IsDir():
 		if !t.cfg.RecoverOnStart {
 			if unix.Unlinkat(dirfd, name, 0) == nil {
-				sc.st.coldRemoved++
+				sc.count(&sc.st.coldRemoved)
 			}
 			return
 		}
-		e, err := sc.check(dirfd, name)
+		e, err := sc.check(dirfd, name, head)
 		if errors.Is(err, unix.ENOENT) {
 			return // gone meanwhile
 		}
@@ -153,25 +178,40 @@ func (sc *scanner) file(dirfd int, shard string, f os.DirEntry) {
 			// Under our name and not our value: ours to remove (the
 			// name, never what a link points to).
 			if unix.Unlinkat(dirfd, name, 0) == nil {
-				sc.st.invalid++
-			}
-			// The first few are named; Open's line counts them all.
-			if sc.st.invalid <= maxInvalidLogged {
-				t.log.Warn("fs tier: invalid chunk file removed", "file", filepath.Join(t.base, shard, name), "err", err)
+				// The first few are named; Open's line counts them all.
+				if sc.count(&sc.st.invalid) <= maxInvalidLogged {
+					t.log.Warn("fs tier: invalid chunk file removed", "file", filepath.Join(t.base, shard, name), "err", err)
+				}
 			}
 			return
 		}
-		heap.Push(&sc.kept, e)
-		sc.used += e.charge
-		for sc.used > t.cfg.CapacityBytes {
-			old := heap.Pop(&sc.kept).(*entry)
-			sc.used -= old.charge
-			if t.unlinkChunk(old.h) == nil {
-				sc.st.evicted++
-			}
-		}
+		sc.keep(e)
 	default:
-		sc.st.foreign++
+		sc.count(&sc.st.foreign)
+	}
+}
+
+// count adds one to the counter c of sc.st and returns it.
+func (sc *scanner) count(c *int) int {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	*c++
+	return *c
+}
+
+// keep adds e to the files kept, removing the oldest while they pass the
+// capacity.
+func (sc *scanner) keep(e *entry) {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	heap.Push(&sc.kept, e)
+	sc.used += e.charge
+	for sc.used > sc.t.cfg.CapacityBytes {
+		old := heap.Pop(&sc.kept).(*entry)
+		sc.used -= old.charge
+		if sc.t.unlinkChunk(old.h) == nil {
+			sc.st.evicted++
+		}
 	}
 }
 
@@ -181,7 +221,7 @@ func (sc *scanner) file(dirfd int, shard string, f os.DirEntry) {
 // A future mtime (a clock set back, or a file planted to look newest)
 // ranks as the oldest, so it is the first to go when the files exceed the
 // capacity.
-func (sc *scanner) check(dirfd int, name string) (*entry, error) {
+func (sc *scanner) check(dirfd int, name string, probe []byte) (*entry, error) {
 	fd, err := unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		if errors.Is(err, unix.ELOOP) {
@@ -201,7 +241,7 @@ func (sc *scanner) check(dirfd int, name string) (*entry, error) {
 	if size > MaxValueBytes || charge(size) > sc.t.cfg.CapacityBytes {
 		return nil, fmt.Errorf("%d bytes: over the limit of a value (%d bytes, capacity %d)", size, MaxValueBytes, sc.t.cfg.CapacityBytes)
 	}
-	head := sc.head[:min(int64(len(sc.head)), size)]
+	head := probe[:min(int64(len(probe)), size)]
 	if err := preadFull(fd, head); err != nil {
 		return nil, err
 	}
