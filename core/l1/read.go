@@ -45,7 +45,7 @@ func (p *Pool) reserveReadPrefix(owner Owner, ks []keys.ObjectKey, count int) (i
 		i := p.lookup(k, now)
 		if i == nilRec || p.t.recs[i].state != stateReady || p.t.recs[i].doomed {
 			p.st.ReadMisses++
-			return n, false
+			return p.asked(ks, n), false
 		}
 		r := &p.t.recs[i]
 		if !r.readLocked() {
@@ -61,7 +61,7 @@ func (p *Pool) reserveReadPrefix(owner Owner, ks []keys.ObjectKey, count int) (i
 				if p.logCap(err, now) && p.readCapRefused != nil {
 					p.readCapRefused(err.Error())
 				}
-				return n, true
+				return p.asked(ks, n), true
 			}
 			r.owner = p.charge(owner, unit)
 			r.lock = p.newLock()
@@ -76,7 +76,7 @@ func (p *Pool) reserveReadPrefix(owner Owner, ks []keys.ObjectKey, count int) (i
 		p.t.touch(i)
 		p.st.ReadHits++
 	}
-	return len(ks), false
+	return p.asked(ks, len(ks)), false
 }
 
 // endIfUnlocked ends record i's read-lock era once no lock of either kind
