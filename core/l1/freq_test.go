@@ -122,3 +122,51 @@ func TestHostileAskingKeepsTheSketchBounded(t *testing.T) {
 		t.Errorf("sketch width %d for %d record slots, want at most %d", width, len(p.t.recs), limit)
 	}
 }
+
+// TestHostilePinsForCopiesAreNoUse: the tiers' write-behind pins each
+// chunk it copies out (PinRead). A pin is not a use: it counts no ask,
+// restamps no order and counts no read hit. Counted as a use (as a
+// ReserveReadPrefix was), every chunk written behind was asked for twice
+// against a new chunk's once, so with a tier configured every store that
+// had to evict was refused (core/engine's TestTierEvictedChunksComeBackFromTier
+// caught it), and looked reused a few requests after its store.
+func TestHostilePinsForCopiesAreNoUse(t *testing.T) {
+	p, h := replayPool(t, 16*accAlign, PolicyPrefix, nil)
+	defer p.Close()
+	a, b := freqPrompt(h, 1, 8), freqPrompt(h, 2, 8)
+	freqFill(t, p, a, b)
+	before := p.Stats()
+	stamp := p.t.recs[p.lookup(a[0], p.now().UnixNano())].ord
+	for range 3 {
+		for _, ks := range [][]keys.ObjectKey{a, b} {
+			for i := range ks {
+				if p.PinRead(ks[i:i+1], 1) != 1 {
+					t.Fatal("pin refused")
+				}
+				p.FinishRead(ks[i:i+1], 1)
+			}
+		}
+	}
+	after := p.Stats()
+	if after.ReadHits != before.ReadHits || after.ReadMisses != before.ReadMisses {
+		t.Fatalf("pins counted as reads: hits %d → %d, misses %d → %d", before.ReadHits, after.ReadHits, before.ReadMisses, after.ReadMisses)
+	}
+	if o := p.t.recs[p.lookup(a[0], p.now().UnixNano())].ord; o.Stamp != stamp.Stamp || o.Gap != stamp.Gap {
+		t.Fatalf("a pin restamped the order: %+v → %+v", stamp, o)
+	}
+	if e := p.t.freq.estimate(&a[0].Chunk); e != 1 { // its store (its lookup missed)
+		t.Fatalf("chunk asked for %d times after its store and 3 pins, want 1", e)
+	}
+	// A new prompt asked as often as the held ones (its store) is
+	// admitted in full: the pins gave the held ones no edge.
+	c := freqPrompt(h, 3, 6)
+	freqLook(p, c)
+	res, err := p.ReserveWrite(InstanceOwner(1), c, accAlign)
+	if err != nil || len(res) != len(c) {
+		t.Fatalf("store of a prompt asked as often as the pinned ones: %d of %d reserved, %v", len(res), len(c), err)
+	}
+	p.FinishWrite(res)
+	if n := p.Stats().AdmissionRefusals; n != 0 {
+		t.Fatalf("%d chunks refused", n)
+	}
+}
