@@ -263,10 +263,6 @@ type Stats struct {
 	AbandonedReads    uint64 // read holds left in force by Abandon until their TTL
 	LockCapRefusals   uint64 // reservations or read locks refused by a lock cap
 	BenchRefusals     uint64 // benchmark batches refused for want of their own room (ErrBenchRoom)
-	// AdmissionRefusals counts the new objects a store was not given a slot
-	// for: the prefix policy would have evicted a chunk asked for more
-	// often than theirs (freq.go). The store reserves the leading ones.
-	AdmissionRefusals uint64
 	// BenchBytes is the rounded sizes of benchmark models' objects
 	// (apart.go), included in UsedBytes.
 	BenchBytes   int64

@@ -16,18 +16,7 @@ import (
 // returns how many keys it locked. Locked keys move to the MRU end and their
 // read TTL restarts.
 func (p *Pool) ReserveReadPrefix(ks []keys.ObjectKey, count int) int {
-	n, _ := p.reserveReadPrefix(LookupOwner(), ks, count, true)
-	return n
-}
-
-// PinRead is ReserveReadPrefix for the server's own copies out of the pool
-// (the tiers' write-behind): the locks are the same, but the pin is not a
-// use. It ticks no request clock, restamps no order, counts no ask for
-// admission and no read hit: a chunk written behind just after its store
-// would otherwise look reused at once (a gap of a few requests), and asked
-// for twice, against a new chunk asked for once.
-func (p *Pool) PinRead(ks []keys.ObjectKey, count int) int {
-	n, _ := p.reserveReadPrefix(LookupOwner(), ks, count, false)
+	n, _ := p.reserveReadPrefix(LookupOwner(), ks, count)
 	return n
 }
 
@@ -39,36 +28,24 @@ func (p *Pool) PinRead(ks []keys.ObjectKey, count int) int {
 // room from peers past theirs (lookupshare.go). refused says that a lock
 // cap, not a miss, stopped it.
 func (p *Pool) ReserveLookup(peer, request string, ks []keys.ObjectKey, count int) (n int, refused bool) {
-	return p.reserveReadPrefix(RequestOwner(peer, request), ks, count, true)
+	return p.reserveReadPrefix(RequestOwner(peer, request), ks, count)
 }
 
-// reserveReadPrefix locks ks's leading readable keys; use says the lock is
-// a worker's use of them (PinRead's is not).
-func (p *Pool) reserveReadPrefix(owner Owner, ks []keys.ObjectKey, count int, use bool) (int, bool) {
+func (p *Pool) reserveReadPrefix(owner Owner, ks []keys.ObjectKey, count int) (int, bool) {
 	if count <= 0 {
 		return 0, false
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if use {
-		p.t.clk.Begin() // one tick for the request (nextuse)
-		defer p.t.clk.End()
-	}
-	asked := func(n int) int {
-		if use {
-			return p.asked(ks, n)
-		}
-		return n
-	}
+	p.t.clk.Begin() // one tick for the request (nextuse)
+	defer p.t.clk.End()
 	now := p.now().UnixNano()
 	reclaimed := false
 	for n, k := range ks {
 		i := p.lookup(k, now)
 		if i == nilRec || p.t.recs[i].state != stateReady || p.t.recs[i].doomed {
-			if use {
-				p.st.ReadMisses++
-			}
-			return asked(n), false
+			p.st.ReadMisses++
+			return n, false
 		}
 		r := &p.t.recs[i]
 		if !r.readLocked() {
@@ -84,7 +61,7 @@ func (p *Pool) reserveReadPrefix(owner Owner, ks []keys.ObjectKey, count int, us
 				if p.logCap(err, now) && p.readCapRefused != nil {
 					p.readCapRefused(err.Error())
 				}
-				return asked(n), true
+				return n, true
 			}
 			r.owner = p.charge(owner, unit)
 			r.lock = p.newLock()
@@ -96,12 +73,10 @@ func (p *Pool) reserveReadPrefix(owner Owner, ks []keys.ObjectKey, count int, us
 		r.readers = uint32(min(uint64(r.readers)+uint64(count), math.MaxUint32))
 		p.t.reheap(i) // a read-locked object is no eviction candidate
 		r.deadline = now + int64(p.readTTL)
-		if use {
-			p.t.touch(i)
-			p.st.ReadHits++
-		}
+		p.t.touch(i)
+		p.st.ReadHits++
 	}
-	return asked(len(ks)), false
+	return len(ks), false
 }
 
 // endIfUnlocked ends record i's read-lock era once no lock of either kind

@@ -122,7 +122,6 @@ type table struct {
 	clk         nextuse.Clock // the prefix policy's clock: one tick per use
 	heaps       nextuse.Heaps // the evictable leaves, by due and late time
 	ghosts      []ghost       // the chunks the prefix policy evicted (ghost.go)
-	freq        sketch        // how often each chunk is asked for (freq.go)
 }
 
 func (t *table) init() {

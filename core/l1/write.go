@@ -76,7 +76,6 @@ func (p *Pool) reserveWrite(owner Owner, prev, ks []keys.ObjectKey, size int64) 
 	p.t.clk.Begin() // one tick for the request (nextuse)
 	defer p.t.clk.End()
 	p.st.WriteExisting += uint64(len(ks) - len(cand))
-	p.asked(ks, len(ks)) // the chunks its lookup missed
 	now := p.now().UnixNano()
 	fresh := cand[:0] // indices into ks
 	for _, i := range cand {
@@ -120,11 +119,7 @@ func (p *Pool) reserveWrite(owner Owner, prev, ks []keys.ObjectKey, size int64) 
 	} else if p.alloc.Free() < need || !p.allocAll(offs, size) {
 		p.sweep(now) // expired locks give space back before anything is evicted
 		p.pinPrompt(prev, ks, true)
-		if p.policy == PolicyPrefix {
-			n := p.admitLeading(ks, fresh, unit)
-			fresh, offs = fresh[:n], offs[:n]
-		}
-		ok := len(fresh) == 0 || p.allocAll(offs, size) || p.evictBenchAndAlloc(offs, size, now) || p.evictAndAlloc(offs, size, now)
+		ok := p.allocAll(offs, size) || p.evictBenchAndAlloc(offs, size, now) || p.evictAndAlloc(offs, size, now)
 		p.pinPrompt(prev, ks, false)
 		if !ok {
 			p.st.AllocFailures++

@@ -22,7 +22,6 @@ type sim struct {
 	kids   []uint16        // resident children, per slot and size
 	in     []uint8         // per slot: a bit per size that holds it
 	linked []uint8         // per slot: a bit per size where it counts in its parent's kids
-	asked  []uint8         // per slot and size: how often it was asked for (admission)
 	charge []int64         // per slot: the bytes it takes where held
 	par    []uint64        // per slot: the parent's spatial hash (0: none)
 	parID  []uint32        // per slot: the parent's identity
@@ -32,14 +31,13 @@ type sim struct {
 	held  [nf]int64  // sampled bytes each size holds
 	count [nf]int    // sampled objects each size holds
 	gone  [nf]uint32 // evictions at each size (wrapping), the ghosts' clock
-	asks  [nf]uint64 // asks counted at each size since its counts were last halved
 	pins  []int32    // scratch: pinned victims set aside
 }
 
 // simSlotBytes is the sim's memory per slot of the stack: per size an
-// order, a kid count, an ask count and two heap entries; per slot the
-// masks, the charge and the parent, and the scratch of pinned victims.
-const simSlotBytes = nf*(32+2+1+2*4) + 1 + 1 + 8 + 8 + 4 + 4
+// order, a kid count and two heap entries; per slot the masks, the charge
+// and the parent, and the scratch of pinned victims.
+const simSlotBytes = nf*(32+2+2*4) + 1 + 1 + 8 + 8 + 4 + 4
 
 // view is one size's objects as nextuse.Items.
 type view struct {
@@ -51,7 +49,7 @@ func (v view) Order(j int32) *nextuse.Order { return &v.s.ord[int(j)*nf+v.k] }
 
 func (s *sim) reset(n int) {
 	*s = sim{
-		ord: make([]nextuse.Order, n*nf), kids: make([]uint16, n*nf), asked: make([]uint8, n*nf),
+		ord: make([]nextuse.Order, n*nf), kids: make([]uint16, n*nf),
 		in: make([]uint8, n), linked: make([]uint8, n), charge: make([]int64, n),
 		par: make([]uint64, n), parID: make([]uint32, n), pins: make([]int32, 0, n),
 	}
@@ -64,7 +62,7 @@ func (s *sim) reset(n int) {
 }
 
 func (s *sim) memory() int64 {
-	m := int64(cap(s.ord))*32 + int64(cap(s.kids))*2 + int64(cap(s.asked)) + int64(cap(s.in)+cap(s.linked)) + int64(cap(s.charge))*8 +
+	m := int64(cap(s.ord))*32 + int64(cap(s.kids))*2 + int64(cap(s.in)+cap(s.linked)) + int64(cap(s.charge))*8 +
 		int64(cap(s.par))*8 + int64(cap(s.parID))*4 + int64(cap(s.pins))*4
 	for k := range s.heaps {
 		m += int64(s.heaps[k].Cap()) * 2 * 4
@@ -115,58 +113,34 @@ func (s *sim) evict(st *stack, j int32, k int) {
 	}
 }
 
-// ask counts a request for slot j at every size, as the pool's sketch
-// counts a chunk (core/l1's freq.go), but exactly; a size's counts halve
-// once it counted period(k) asks since the last halving, as the pool's
-// counters do after freqAge times its sketch's width.
-func (s *sim) ask(j int32, period func(k int) uint64) {
-	for k := range nf {
-		i := int(j)*nf + k
-		s.asked[i] = min(s.asked[i]+1, 15)
-		if s.asks[k]++; s.asks[k] >= period(k) {
-			for o := k; o < len(s.asked); o += nf {
-				s.asked[o] /= 2
-			}
-			s.asks[k] /= 2
-		}
-	}
-}
-
 // makeRoom evicts at size k until need more sampled bytes fit under
 // capacity, leaving alone the objects used at or after pinFrom (the prompt
-// of the lookup being stored); it reports whether they fit. Slot j is the
-// new object: as the pool admits, a victim that is not late and was asked
-// for more often than j refuses it (refused), and evicts nothing more. The pool it
+// of the lookup being stored); it reports whether they fit. The pool it
 // stands for fills to within an object of its size, a share R of an
 // object here; evicting whole sampled objects to fit under capacity would
 // hold half a sampled object less on average, 7 % of a miniature pool of
 // 7 objects. So the store may pass capacity by half its own size: what
 // the miniature pool holds is centred on its size.
-func (s *sim) makeRoom(st *stack, j int32, k int, need, capacity int64, pinFrom uint64) (ok, refused bool) {
+func (s *sim) makeRoom(st *stack, k int, need, capacity int64, pinFrom uint64) bool {
 	capacity += need / 2
 	v := view{s, k}
 	s.pins = s.pins[:0]
 	for s.held[k]+need > capacity {
-		x := nextuse.Victim(&s.heaps[k], v, s.clk[k].Now)
-		if x < 0 {
+		j := nextuse.Victim(&s.heaps[k], v, s.clk[k].Now)
+		if j < 0 {
 			break
 		}
-		o := &s.ord[int(x)*nf+k]
-		if o.Stamp >= pinFrom {
-			nextuse.Remove(&s.heaps[k], v, x)
-			s.pins = append(s.pins, x)
+		if s.ord[int(j)*nf+k].Stamp >= pinFrom {
+			nextuse.Remove(&s.heaps[k], v, j)
+			s.pins = append(s.pins, j)
 			continue
 		}
-		if o.LateAt() >= s.clk[k].Now && s.asked[int(j)*nf+k] < s.asked[int(x)*nf+k] {
-			refused = true
-			break
-		}
-		s.evict(st, x, k)
+		s.evict(st, j, k)
 	}
-	for _, x := range s.pins {
-		s.reheap(x, k)
+	for _, j := range s.pins {
+		s.reheap(j, k)
 	}
-	return !refused && s.held[k]+need <= capacity, refused
+	return s.held[k]+need <= capacity
 }
 
 // admit stores slot j at size k, a leaf under its parent when that is
@@ -287,7 +261,6 @@ func (s *sim) drop(st *stack, j int32) {
 	}
 	for k := range nf {
 		s.kids[int(j)*nf+k] = 0
-		s.asked[int(j)*nf+k] = 0
 		s.ord[int(j)*nf+k] = nextuse.New(0) // no ghost for the next key of the slot
 	}
 	s.in[j], s.linked[j], s.charge[j], s.par[j], s.parID[j] = 0, 0, 0, 0, 0
@@ -329,7 +302,7 @@ func (s *sim) moved(old *stack, st *stack) {
 	prev := *s
 	s.reset(st.slots())
 	for k := range nf {
-		s.clk[k], s.held[k], s.count[k], s.gone[k], s.asks[k] = prev.clk[k], prev.held[k], prev.count[k], prev.gone[k], prev.asks[k]
+		s.clk[k], s.held[k], s.count[k], s.gone[k] = prev.clk[k], prev.held[k], prev.count[k], prev.gone[k]
 	}
 	for j := range old.spat {
 		if old.spat[j] == 0 {
@@ -345,7 +318,6 @@ func (s *sim) moved(old *stack, st *stack) {
 			o.Due, o.Late = -1, -1
 			s.ord[int(nj)*nf+k] = o
 			s.kids[int(nj)*nf+k] = prev.kids[j*nf+k]
-			s.asked[int(nj)*nf+k] = prev.asked[j*nf+k]
 		}
 	}
 	for j := range st.spat {

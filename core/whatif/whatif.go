@@ -269,7 +269,6 @@ type Prefix struct {
 	lend    [nf]uint64 // per size: the gap the last sampled key passes on (hit, or stored by this lookup)
 	lendM   uint8      // a bit per size where lend is measured
 	fresh   uint8      // a bit per size where the last sampled key was stored by this lookup
-	refused uint8      // a bit per size where admission refused a key of this lookup (the rest of its tail)
 	probed  int        // keys probed so far, sampled or not
 	family  uint64     // the spatial hash of the lookup's first key (prompt sampling)
 	prevHit bool       // the pool hit the last key probed
@@ -448,7 +447,6 @@ func (e *Estimator) simProbe(p *Prefix, j int32, size int64, afterHit bool) {
 	afterPrev := s.par[j] != 0 && s.par[j] == p.prevSp && s.parID[j] == p.prevID
 	fresh := p.fresh
 	p.fresh = 0
-	s.ask(j, e.agePeriod)
 	for k, f := range factors() {
 		bit := uint8(1) << k
 		if s.in[j]&bit != 0 {
@@ -466,14 +464,7 @@ func (e *Estimator) simProbe(p *Prefix, j int32, size int64, afterHit bool) {
 		// here before: that chunk is taken as held here too.
 		held := afterHit && p.broken&bit == 0
 		p.broken |= bit
-		if p.refused&bit != 0 {
-			continue // a chunk past a refused one is refused too
-		}
-		ok, refused := s.makeRoom(&e.st, j, k, s.charge[j], e.simCap(f), p.start[k])
-		if refused {
-			p.refused |= bit
-		}
-		if ok {
+		if s.makeRoom(&e.st, k, s.charge[j], e.simCap(f), p.start[k]) {
 			g, m := s.admit(&e.st, j, k, p.lend[k], p.lendM&bit != 0, held, afterPrev && fresh&bit != 0)
 			p.lend[k] = g
 			p.lendM &^= bit
@@ -483,18 +474,6 @@ func (e *Estimator) simProbe(p *Prefix, j int32, size int64, afterHit bool) {
 			p.fresh |= bit
 		}
 	}
-}
-
-// agePeriod is the sampled asks after which the counts of size k halve:
-// the pool's sketch (core/l1's freq.go) halves after 10 times its record
-// slots rounded up to a power of two, which the objects held at size k
-// stand for here, each ask a sampled one at the rate.
-func (e *Estimator) agePeriod(k int) uint64 {
-	w := 64.0
-	for w*e.rate < float64(e.sim.count[k]) {
-		w *= 2
-	}
-	return max(uint64(10*w*e.rate), 1)
 }
 
 // simCap is the sampled bytes a pool of f × the pool holds.
