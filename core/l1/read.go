@@ -16,7 +16,17 @@ import (
 // returns how many keys it locked. Locked keys move to the MRU end and their
 // read TTL restarts.
 func (p *Pool) ReserveReadPrefix(ks []keys.ObjectKey, count int) int {
-	n, _ := p.reserveReadPrefix(LookupOwner(), ks, count)
+	n, _ := p.reserveReadPrefix(LookupOwner(), ks, count, true)
+	return n
+}
+
+// PinRead is ReserveReadPrefix for the server's own copies out of the pool
+// (the tiers' write-behind): the locks are the same, but the pin is not a
+// use. It ticks no request clock, restamps no order and counts no read
+// hit: a chunk written behind just after its store would otherwise look
+// reused at once, a gap of a few requests, to the prefix policy.
+func (p *Pool) PinRead(ks []keys.ObjectKey, count int) int {
+	n, _ := p.reserveReadPrefix(LookupOwner(), ks, count, false)
 	return n
 }
 
@@ -28,23 +38,29 @@ func (p *Pool) ReserveReadPrefix(ks []keys.ObjectKey, count int) int {
 // room from peers past theirs (lookupshare.go). refused says that a lock
 // cap, not a miss, stopped it.
 func (p *Pool) ReserveLookup(peer, request string, ks []keys.ObjectKey, count int) (n int, refused bool) {
-	return p.reserveReadPrefix(RequestOwner(peer, request), ks, count)
+	return p.reserveReadPrefix(RequestOwner(peer, request), ks, count, true)
 }
 
-func (p *Pool) reserveReadPrefix(owner Owner, ks []keys.ObjectKey, count int) (int, bool) {
+// reserveReadPrefix locks ks's leading readable keys; use says the lock is
+// a worker's use of them (PinRead's is not).
+func (p *Pool) reserveReadPrefix(owner Owner, ks []keys.ObjectKey, count int, use bool) (int, bool) {
 	if count <= 0 {
 		return 0, false
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.t.clk.Begin() // one tick for the request (nextuse)
-	defer p.t.clk.End()
+	if use {
+		p.t.clk.Begin() // one tick for the request (nextuse)
+		defer p.t.clk.End()
+	}
 	now := p.now().UnixNano()
 	reclaimed := false
 	for n, k := range ks {
 		i := p.lookup(k, now)
 		if i == nilRec || p.t.recs[i].state != stateReady || p.t.recs[i].doomed {
-			p.st.ReadMisses++
+			if use {
+				p.st.ReadMisses++
+			}
 			return n, false
 		}
 		r := &p.t.recs[i]
@@ -73,8 +89,10 @@ func (p *Pool) reserveReadPrefix(owner Owner, ks []keys.ObjectKey, count int) (i
 		r.readers = uint32(min(uint64(r.readers)+uint64(count), math.MaxUint32))
 		p.t.reheap(i) // a read-locked object is no eviction candidate
 		r.deadline = now + int64(p.readTTL)
-		p.t.touch(i)
-		p.st.ReadHits++
+		if use {
+			p.t.touch(i)
+			p.st.ReadHits++
+		}
 	}
 	return len(ks), false
 }

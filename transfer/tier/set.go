@@ -18,8 +18,11 @@ import (
 
 // Pool is the part of the L1 pool (core/l1) the tiers use.
 type Pool interface {
-	// ReserveReadPrefix, HoldRead and ReleaseRead pin a published object
-	// while its bytes are copied out; FinishRead drops unused locks.
+	// PinRead, HoldRead and ReleaseRead pin a published object while its
+	// bytes are copied out (a pin that is not a use of it);
+	// ReserveReadPrefix locks what a lookup's tier phase loaded (a use);
+	// FinishRead drops unused locks.
+	PinRead(ks []keys.ObjectKey, count int) int
 	ReserveReadPrefix(ks []keys.ObjectKey, count int) int
 	FinishRead(ks []keys.ObjectKey, count int)
 	HoldRead(k keys.ObjectKey) (l1.ReadRef, bool)

@@ -156,7 +156,7 @@ func (s *Set) write(m *member, it item, spare []byte) []byte {
 // parts; else through a copy, the pin released before the tier write.
 func (s *Set) put(ctx context.Context, m *member, it item, name string, spare []byte) ([]byte, error) {
 	one := []keys.ObjectKey{it.key}
-	if s.pool.ReserveReadPrefix(one, 1) != 1 {
+	if s.pool.PinRead(one, 1) != 1 {
 		return spare, errGone
 	}
 	ref, ok := s.pool.HoldRead(it.key)
