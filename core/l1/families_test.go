@@ -173,6 +173,15 @@ func TestRoundRobinChat(t *testing.T) {
 	}
 }
 
+// docPrompt is the keys of a prompt of document doc's first n chunks.
+func docPrompt(h *keys.Hasher, doc uint64, n int) []keys.ObjectKey {
+	var tokens []uint32
+	for c := range n {
+		tokens = append(tokens, chunkTokens(doc, c)...)
+	}
+	return keys.ObjectKeys(h.Hashes(tokens), "m", 1, nil, "")
+}
+
 // TestStoreKeepsItsOwnPrompt: a store that must evict never evicts the
 // prompt it extends. The conversation just looked up is the one due the
 // latest, and its last hit chunk is a leaf, so without the pin its own
@@ -181,13 +190,7 @@ func TestRoundRobinChat(t *testing.T) {
 func TestStoreKeepsItsOwnPrompt(t *testing.T) {
 	p, h := replayPool(t, 16*accAlign, PolicyPrefix, nil)
 	defer p.Close()
-	conv := func(doc uint64, n int) []keys.ObjectKey {
-		var tokens []uint32
-		for c := range n {
-			tokens = append(tokens, chunkTokens(doc, c)...)
-		}
-		return keys.ObjectKeys(h.Hashes(tokens), "m", 1, nil, "")
-	}
+	conv := func(doc uint64, n int) []keys.ObjectKey { return docPrompt(h, doc, n) }
 	store := func(prev, ks []keys.ObjectKey) {
 		t.Helper()
 		res, err := p.ReserveWriteAfter(InstanceOwner(1), prev, ks, accAlign)

@@ -8,20 +8,14 @@ import (
 
 // TestHostilePinsForCopiesAreNoUse: the tiers' write-behind pins each
 // chunk it copies out (PinRead). A pin is not a use: it restamps no order
-// (nextuse) and counts no read hit. Taken as ReserveReadPrefix, as it was,
-// every chunk written behind looked reused a few requests after its store
-// to the prefix policy, and the pool's read hits counted the copies.
+// (nextuse) and counts no read hit. Taken as a lookup's lock
+// (ReserveReadPrefix), every chunk written behind would look reused a few
+// requests after its store to the prefix policy, and the pool's read hits
+// would count the copies.
 func TestHostilePinsForCopiesAreNoUse(t *testing.T) {
 	p, h := replayPool(t, 16*accAlign, PolicyPrefix, nil)
 	defer p.Close()
-	prompt := func(doc uint64, n int) []keys.ObjectKey {
-		var tokens []uint32
-		for c := range n {
-			tokens = append(tokens, chunkTokens(doc, c)...)
-		}
-		return keys.ObjectKeys(h.Hashes(tokens), "m", 1, nil, "")
-	}
-	a := prompt(1, 8)
+	a := docPrompt(h, 1, 8)
 	res, err := p.ReserveWrite(InstanceOwner(1), a, accAlign)
 	if err != nil || !p.FinishWrite(res) {
 		t.Fatalf("store: %v", err)

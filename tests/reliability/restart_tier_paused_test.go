@@ -50,7 +50,8 @@ func TestHostileRestartWithRedisPausedIsNotHeld(t *testing.T) {
 		}
 		// The new process opens its tiers before it serves: a silent
 		// server must not hold it past a worker's timeout (upstream's SHM
-		// worker raises after 2 s; before resp's startWait, 2.3-2.5 s).
+		// worker raises after 2 s; waiting out the whole dial timeout
+		// leaves 2.3-2.5 s).
 		if rs.GapMs > 1900 {
 			t.Errorf("restart %d: %.0f ms without answers with the tier's server paused", i, rs.GapMs)
 		}

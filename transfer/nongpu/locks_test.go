@@ -216,9 +216,9 @@ func TestByKeyReleaseCannotUnlockAWorkersRead(t *testing.T) {
 // PREPARE_RETRIEVE; the second prepare joins the pending read. Each
 // prepare consumes its lookup's lock, as a first prepare does, so once
 // both COMMIT_RETRIEVEs are in nothing stays locked. Joining without it
-// left the second lookup's locks held to their TTL (300 s), charged
-// against the lookup cap: a prompt shared by concurrent requests leaked
-// them at every retrieve.
+// would leave the second lookup's locks held to their TTL (300 s),
+// charged against the lookup cap: a prompt shared by concurrent requests
+// would leak them at every retrieve.
 func TestHostileRepeatedRetrieveConsumesItsLookupLock(t *testing.T) {
 	e := newEnv(t, true, 1<<20)
 	e.register(1)

@@ -1,6 +1,7 @@
 package chat
 
 import (
+	"cmp"
 	"math"
 	"slices"
 )
@@ -56,15 +57,7 @@ func FixedPopularityOnline(trace []Prompt, capacity int, chance func(p Prompt, j
 			}
 			seen[id] = true
 			c := chance(p, j)
-			at, _ := slices.BinarySearchFunc(held, c, func(a, b float64) int {
-				switch {
-				case a > b:
-					return -1
-				case a < b:
-					return 1
-				}
-				return 0
-			})
+			at, _ := slices.BinarySearchFunc(held, c, func(a, b float64) int { return cmp.Compare(b, a) })
 			held = slices.Insert(held, at, c)
 		}
 	}
