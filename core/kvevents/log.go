@@ -80,6 +80,11 @@ type Log struct {
 	read        uint64       // highest cursor a poll handed out: records up to it never change
 	refs        map[lkey]int
 	st          LogStats
+	// sync applies what the data path told the tracker that feeds the
+	// log (Tracker.Sync), so that a read sees every call made before it;
+	// nil when no tracker feeds it. Called without mu: the tracker takes
+	// its own mutex, then mu.
+	sync func()
 }
 
 // NewLog returns a log of capacity records (> 0) of chunks of blockSize
@@ -177,6 +182,7 @@ func (l *Log) Read(cursor uint64, model string, max int) Poll {
 	if max < 1 {
 		max = 1
 	}
+	l.synced()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.st.Polls++
@@ -238,11 +244,22 @@ func (l *Log) continueFrom(next uint64) {
 
 // Stats returns the log's figures.
 func (l *Log) Stats() LogStats {
+	l.synced()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	s := l.st
 	s.Capacity, s.Depth, s.Bytes, s.NextSeq, s.Incarnation = l.capacity, l.ring.len(), l.bytes, l.nextSeq, l.incarnation
 	return s
+}
+
+// synced brings the log up to every call its tracker was told.
+func (l *Log) synced() {
+	l.mu.Lock()
+	f := l.sync
+	l.mu.Unlock()
+	if f != nil {
+		f()
+	}
 }
 
 // logAnnounced tells the log that e entered the announced set.

@@ -58,6 +58,7 @@ const MaxDescribeBytes = 1 << 30
 func (t *Tracker) Describe(stamp int64, maxBytes int, tiers [][]keys.ObjectKey) (data []byte, left int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.applyLocked()
 	b := append([]byte(describeMagic), make([]byte, describeHead)...)
 	binary.BigEndian.PutUint64(b[len(describeMagic):], uint64(stamp))
 	binary.BigEndian.PutUint32(b[len(describeMagic)+8:], uint32(t.opt.BlockSize))
@@ -177,6 +178,7 @@ func (t *Tracker) Reannounce(data []byte, stamp int64, published []keys.ObjectKe
 		t.opt.Log.continueFrom(logNext)
 	}
 	t.mu.Lock()
+	t.applyLocked()
 	m := t.l1
 	if len(r.Tiers) > 0 && len(t.tiers) > 0 {
 		t.carried = make(map[ekey]described, r.TierObjects)
@@ -222,6 +224,7 @@ func (t *Tracker) Reannounce(data []byte, stamp int64, published []keys.ObjectKe
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.applyLocked() // the losses just told
 	for ek := range m.nodes {
 		t.tryAnnounce(m, ek)
 	}

@@ -28,6 +28,10 @@
 // it came to hold or dropped, in the tier's own order) and takes each
 // chunk's tokens, parent and world size from the chunk a commit described
 // (the L1 chunk written behind) or a restart carried (restore.go).
+//
+// The data path only queues what it tells (ops.go): the calls are applied
+// in their order after the request that made them was answered, by the
+// publisher before each flush or by anything that reads the sets.
 package kvevents
 
 import (
@@ -259,9 +263,14 @@ func (m *medium) add(ek ekey, n *node) {
 }
 
 // Tracker keeps the announced sets and the batches to publish. Its methods
-// are safe for concurrent use and never block on the publisher.
+// are safe for concurrent use and never block on the publisher; the data
+// path's calls (Stored, Lost, Commit, Loaded, the Tiers') take only a
+// queue's mutex, unless the queue is past its bounds.
 type Tracker struct {
 	opt Options
+
+	// ops are the data path's calls waiting to be applied (ops.go).
+	ops opQueue
 
 	mu    sync.Mutex
 	l1    *medium
@@ -322,6 +331,11 @@ func New(opt Options) *Tracker {
 	} else {
 		t.opt.EventBlockSize = opt.BlockSize
 	}
+	if opt.Log != nil {
+		opt.Log.mu.Lock()
+		opt.Log.sync = t.Sync
+		opt.Log.mu.Unlock()
+	}
 	return t
 }
 
@@ -339,9 +353,7 @@ func (t *Tracker) Stored(k *keys.ObjectKey) {
 	if keys.IsBenchModel(k.Model) {
 		return
 	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.storedLocked(k)
+	t.push(op{kind: opStored, k: *k}, 0)
 }
 
 func (t *Tracker) storedLocked(k *keys.ObjectKey) {
@@ -367,12 +379,7 @@ func (t *Tracker) Lost(k *keys.ObjectKey) {
 	if keys.IsBenchModel(k.Model) {
 		return
 	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	ek := keyOf(k)
-	if n := t.l1.nodes[ek]; n != nil {
-		t.lostLocked(t.l1, ek, n, k)
-	}
+	t.push(op{kind: opLost, k: *k}, 0)
 }
 
 func (t *Tracker) lostLocked(m *medium, ek ekey, n *node, k *keys.ObjectKey) {
@@ -414,6 +421,7 @@ func (t *Tracker) Registered(model string, worldSize int, l Layouts) {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.applyLocked()
 	rk := regKey{model, worldSize}
 	if old, ok := t.regs[rk]; ok == (len(l.IDs) > 0) && old.equal(l) {
 		return
@@ -470,6 +478,7 @@ type Tiers struct {
 func (t *Tracker) SetTiers(media []string) *Tiers {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.applyLocked()
 	if t.cur != nil {
 		t.carried = nil // of the objects of the tiers replaced
 		t.cur.retired = true
@@ -525,7 +534,15 @@ func (v *Tiers) medium(i int) *medium {
 // of a chunk never described (an earlier run's the restart did not carry)
 // is not announced.
 func (v *Tiers) Stored(i int, k *keys.ObjectKey) {
-	v.locked(i, k, func(t *Tracker, m *medium, ek ekey) {
+	if v == nil || keys.IsBenchModel(k.Model) {
+		return
+	}
+	v.t.push(op{kind: opTierStored, k: *k, v: v, i: i}, 0)
+}
+
+// storedLocked applies Stored; t.mu is held.
+func (v *Tiers) storedLocked(i int, k *keys.ObjectKey) {
+	v.onMedium(i, k, func(t *Tracker, m *medium, ek ekey) {
 		n := m.nodes[ek]
 		if n == nil {
 			d, ok := t.description(ek)
@@ -564,7 +581,15 @@ func (t *Tracker) description(ek ekey) (described, bool) {
 // cleared, expired, found gone): when no tier of its medium holds it, its
 // chunk is removed there with its announced descendants.
 func (v *Tiers) Lost(i int, k *keys.ObjectKey) {
-	v.locked(i, k, func(t *Tracker, m *medium, ek ekey) {
+	if v == nil || keys.IsBenchModel(k.Model) {
+		return
+	}
+	v.t.push(op{kind: opTierLost, k: *k, v: v, i: i}, 0)
+}
+
+// lostLocked applies Lost; t.mu is held.
+func (v *Tiers) lostLocked(i int, k *keys.ObjectKey) {
+	v.onMedium(i, k, func(t *Tracker, m *medium, ek ekey) {
 		n := m.nodes[ek]
 		if n == nil {
 			return
@@ -577,18 +602,13 @@ func (v *Tiers) Lost(i int, k *keys.ObjectKey) {
 	})
 }
 
-// locked runs f with the tracker's mutex held on tier i's medium and k's
-// chunk, unless the set was replaced, i is no tier of it or k is bench
-// traffic.
-func (v *Tiers) locked(i int, k *keys.ObjectKey, f func(t *Tracker, m *medium, ek ekey)) {
-	if v == nil || keys.IsBenchModel(k.Model) {
-		return
-	}
-	t := v.t
-	t.mu.Lock()
-	defer t.mu.Unlock()
+// onMedium runs f on tier i's medium and k's chunk, unless the set was
+// replaced (by the time the op is applied, as when it was made: the ops
+// before the SetTiers that replaced it were applied before it) or i is no
+// tier of it; t.mu is held.
+func (v *Tiers) onMedium(i int, k *keys.ObjectKey, f func(t *Tracker, m *medium, ek ekey)) {
 	if m := v.medium(i); m != nil {
-		f(t, m, keyOf(k))
+		f(v.t, m, keyOf(k))
 	}
 }
 
@@ -605,8 +625,13 @@ func (n *node) find(k *keys.ObjectKey) int {
 // parent and world size taken from the tier's medium that held it (or
 // what a restart carried of it).
 func (t *Tracker) Loaded(ks []keys.ObjectKey) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
+	if len(ks) > 0 {
+		t.push(op{kind: opLoaded, ks: slices.Clone(ks)}, 0)
+	}
+}
+
+// loadedLocked applies Loaded; t.mu is held.
+func (t *Tracker) loadedLocked(ks []keys.ObjectKey) {
 	m := t.l1
 	for i := range ks {
 		k := &ks[i]
@@ -636,22 +661,29 @@ func (t *Tracker) Loaded(ks []keys.ObjectKey) {
 func (t *Tracker) Cleared() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.applyLocked()
 	t.removeAll(t.l1)
 }
 
 // Commit notes a committed store batch, announcing every chunk it made
 // usable and every held-back descendant that was waiting for one of them.
+//
+// The tracker takes c's Hashes and Keys (the caller no longer uses them)
+// and copies its Tokens.
 func (t *Tracker) Commit(c Commit) {
 	if keys.IsBenchModel(c.Model) || len(c.Keys) == 0 || c.WorldSize <= 0 {
 		return
 	}
+	t.pushCommit(c)
+}
+
+// commitLocked applies Commit; t.mu is held.
+func (t *Tracker) commitLocked(c *Commit) {
 	bs := t.opt.BlockSize
 	idx := make(map[keys.Hash]int, len(c.Hashes))
 	for i, h := range c.Hashes {
 		idx[h] = i
 	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
 	m := t.l1
 	touched := make([]bool, len(c.Hashes))
 	for ki := range c.Keys {
@@ -676,7 +708,8 @@ func (t *Tracker) Commit(c Commit) {
 			if i > 0 {
 				parent, hasParent = c.Hashes[i-1], true
 			}
-			m.describe(ek, n, c.WorldSize, parent, hasParent, append([]uint32(nil), c.Tokens[i*bs:(i+1)*bs]...))
+			// A run of the commit's own copy: never written after.
+			m.describe(ek, n, c.WorldSize, parent, hasParent, c.Tokens[i*bs:(i+1)*bs:(i+1)*bs])
 		}
 		t.rewhole(m, ek, n, was)
 		touched[i] = true
@@ -911,6 +944,7 @@ func (t *Tracker) Flush() []Batch {
 	t.flushMu.Lock()
 	defer t.flushMu.Unlock()
 	t.mu.Lock()
+	t.applyLocked()
 	recs := t.pend
 	if len(recs) == 0 {
 		t.mu.Unlock()
@@ -1037,6 +1071,7 @@ func (t *Tracker) keep(b Batch) {
 func (t *Tracker) Since(start uint64) []Batch {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.applyLocked()
 	var out []Batch
 	for i := range t.buf.len() {
 		if b := t.buf.at(i); b.Seq >= start {
@@ -1050,6 +1085,7 @@ func (t *Tracker) Since(start uint64) []Batch {
 func (t *Tracker) Stats() Stats {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.applyLocked()
 	s := t.st
 	s.Queued, s.Buffered, s.BufferedBytes = len(t.pend)+t.flushing, t.buf.len(), t.bufBytes
 	for _, m := range t.media() {

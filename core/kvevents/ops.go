@@ -1,0 +1,156 @@
+package kvevents
+
+import (
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"kvdock/core/keys"
+)
+
+// The data path's calls (the pool observer's Stored and Lost, the
+// transfer module's Commit, a prefetch's Loaded, a tier's Stored and Lost)
+// do not change the announced sets themselves: each appends an op, in call
+// order, and the ops are applied later, in that order, under the tracker's
+// mutex: by the publisher before it flushes, by every reader (Stats, Since,
+// Sync, Describe, Flush) before it reads, and, once asyncOps wait, by a
+// goroutine of their own. Applying them in one order is applying them as
+// they came, so what is announced is what the calls made, only later; the
+// request that made them is answered first (the work of a store's chunks,
+// a few µs each, was on its reply's path and under the pool's mutex).
+
+// Bounds of the waiting ops. Past asyncOps a goroutine applies them (the
+// only applier when no publisher runs, --kv-event-log-size without a
+// stream); past maxOps or maxOpTokens (a commit's ops hold its tokens) the
+// caller applies them itself, so a starved applier costs bounded memory.
+const (
+	asyncOps    = 512
+	maxOps      = 1 << 16
+	maxOpTokens = 4 << 20
+)
+
+type opKind uint8
+
+const (
+	opStored opKind = iota
+	opLost
+	opCommit
+	opLoaded
+	opTierStored
+	opTierLost
+)
+
+// op is one data-path call waiting to be applied.
+type op struct {
+	kind opKind
+	k    keys.ObjectKey   // opStored, opLost, opTier*
+	c    *Commit          // opCommit: owned (Tokens copied)
+	ks   []keys.ObjectKey // opLoaded: owned
+	v    *Tiers           // opTier*
+	i    int              // opTier*: the tier
+}
+
+// opQueue holds the waiting ops; only its own mutex guards it, so the data
+// path never waits for an applier.
+type opQueue struct {
+	mu     sync.Mutex
+	ops    []op
+	spare  []op // the slice the last apply emptied
+	tokens int  // tokens held by the waiting commits
+	// applying is set while an asynchronous applier runs.
+	applying atomic.Bool
+}
+
+// push queues o (holding tokens tokens) and wakes the publisher when the
+// queue was empty; past the bounds it applies the queue on the caller.
+func (t *Tracker) push(o op, tokens int) {
+	q := &t.ops
+	q.mu.Lock()
+	first := len(q.ops) == 0
+	q.ops = append(q.ops, o)
+	q.tokens += tokens
+	n, held := len(q.ops), q.tokens
+	q.mu.Unlock()
+	switch {
+	case n >= maxOps || held >= maxOpTokens:
+		t.Sync()
+	case n >= asyncOps:
+		if q.applying.CompareAndSwap(false, true) {
+			go t.applyAsync()
+		}
+	case first && !t.opt.NoStream:
+		select {
+		case t.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// applyAsync applies the waiting ops until fewer than asyncOps wait.
+func (t *Tracker) applyAsync() {
+	for {
+		t.Sync()
+		t.ops.applying.Store(false)
+		t.ops.mu.Lock()
+		n := len(t.ops.ops)
+		t.ops.mu.Unlock()
+		if n < asyncOps || !t.ops.applying.CompareAndSwap(false, true) {
+			return
+		}
+	}
+}
+
+// Sync applies every op the data path queued so far: what is read after it
+// reflects every call made before it.
+func (t *Tracker) Sync() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.applyLocked()
+}
+
+// applyLocked applies the waiting ops in their order; t.mu is held, so two
+// appliers never apply two parts of the queue out of order.
+func (t *Tracker) applyLocked() {
+	q := &t.ops
+	q.mu.Lock()
+	if len(q.ops) == 0 {
+		q.mu.Unlock()
+		return
+	}
+	ops := q.ops
+	q.ops, q.spare, q.tokens = q.spare[:0], nil, 0
+	q.mu.Unlock()
+	for i := range ops {
+		o := &ops[i]
+		switch o.kind {
+		case opStored:
+			t.storedLocked(&o.k)
+		case opLost:
+			ek := keyOf(&o.k)
+			if n := t.l1.nodes[ek]; n != nil {
+				t.lostLocked(t.l1, ek, n, &o.k)
+			}
+		case opCommit:
+			t.commitLocked(o.c)
+		case opLoaded:
+			t.loadedLocked(o.ks)
+		case opTierStored:
+			o.v.storedLocked(o.i, &o.k)
+		case opTierLost:
+			o.v.lostLocked(o.i, &o.k)
+		}
+	}
+	clear(ops) // the commits' tokens and keys go with them
+	q.mu.Lock()
+	if q.spare == nil && cap(ops) <= maxOps {
+		q.spare = ops[:0]
+	}
+	q.mu.Unlock()
+}
+
+// pushCommit queues c, whose slices the tracker takes: its tokens are
+// copied (they are the request's), the rest is the caller's no more.
+func (t *Tracker) pushCommit(c Commit) {
+	c.Tokens = slices.Clone(c.Tokens)
+	t.push(op{kind: opCommit, c: &c}, len(c.Tokens))
+}

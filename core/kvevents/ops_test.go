@@ -1,0 +1,153 @@
+package kvevents
+
+import (
+	"sync"
+	"testing"
+
+	"kvdock/core/keys"
+)
+
+// waiting is how many ops wait, and the tokens they hold.
+func (t *Tracker) waiting() (ops, tokens int) {
+	t.ops.mu.Lock()
+	defer t.ops.mu.Unlock()
+	return len(t.ops.ops), t.ops.tokens
+}
+
+// TestHostileOpsBoundedWithoutAReader: the poll log alone (kvdock's
+// default: no publisher) and nobody polling, a peer storing and evicting
+// without pause, and commits of huge prompts: what waits to be applied
+// stays within maxOps ops and maxOpTokens tokens (plus the one call that
+// crossed the bound), and once applied the set is what the calls made.
+func TestHostileOpsBoundedWithoutAReader(t *testing.T) {
+	tr := New(Options{BlockSize: cs, NoStream: true, Log: NewLog(DefaultLogSize, cs, 1)})
+	tr.Registered("m", 1, one)
+	most, mostTokens := 0, 0
+	note := func() {
+		n, tok := tr.waiting()
+		most, mostTokens = max(most, n), max(mostTokens, tok)
+	}
+	for i := range 3 * maxOps {
+		k := keys.ObjectKey{Chunk: hashOf(byte(i)), Model: "m", Layout: uint64(i)}
+		tr.Stored(&k)
+		tr.Lost(&k)
+		note()
+	}
+	// A prompt of 1M tokens per commit: 4 MiB each, held while it waits.
+	big := make([]uint32, 1<<20)
+	for i := range 20 {
+		k := keys.ObjectKey{Chunk: hashOf(byte(i)), Model: "m", Salt: "big"}
+		tr.Stored(&k)
+		tr.Commit(Commit{Model: "m", Salt: "big", WorldSize: 1, Hashes: []keys.Hash{hashOf(byte(i))}, Tokens: big[:cs],
+			Keys: []keys.ObjectKey{k}})
+		tr.Commit(Commit{Model: "m", Salt: "big", WorldSize: 1, Hashes: []keys.Hash{hashOf(200)}, Tokens: big,
+			Keys: []keys.ObjectKey{{Chunk: hashOf(200), Model: "m", Salt: "big"}}})
+		note()
+	}
+	if most > maxOps {
+		t.Errorf("%d ops waited at once, bound %d", most, maxOps)
+	}
+	if mostTokens > maxOpTokens+len(big) {
+		t.Errorf("%d tokens waited at once, bound %d", mostTokens, maxOpTokens+len(big))
+	}
+	s := tr.Stats()
+	if n, _ := tr.waiting(); n != 0 {
+		t.Errorf("%d ops wait after Stats", n)
+	}
+	// Each big salt's chunk i was stored and committed (a prompt's first,
+	// announced); hashOf(200) was never stored, so its commits announce
+	// nothing; every chunk of the loop was lost.
+	if s.Announced != 20 || s.Held != 0 {
+		t.Errorf("announced %d, held %d; want 20, 0", s.Announced, s.Held)
+	}
+}
+
+// TestOpsApplyInCallOrder: calls from many goroutines, each storing,
+// committing and losing its own prompts, while readers apply the queue at
+// any moment (Stats, Since, the log's Read): each goroutine's calls are
+// applied in its order, so every prompt ends removed, and every chunk the
+// log announced it also withdrew. The same calls of one key, stored again
+// after its loss, end announced.
+func TestOpsApplyInCallOrder(t *testing.T) {
+	log := NewLog(DefaultLogSize, cs, 1)
+	tr := New(Options{BlockSize: cs, Log: log})
+	tr.Registered("m", 1, one)
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	var readers sync.WaitGroup
+	readers.Add(1)
+	go func() {
+		defer readers.Done()
+		cursor := uint64(0)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			_ = tr.Stats()
+			_ = tr.Since(0)
+			cursor = log.Read(cursor, "m", MaxPollEvents).NextCursor
+			tr.Flush()
+		}
+	}()
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			salt := string(rune('a' + g))
+			for i := range 300 {
+				h := hashOf(byte(i))
+				k := keys.ObjectKey{Chunk: h, Model: "m", Salt: salt}
+				tr.Stored(&k)
+				tr.Commit(Commit{Model: "m", Salt: salt, WorldSize: 1, Hashes: []keys.Hash{h}, Tokens: make([]uint32, cs),
+					Keys: []keys.ObjectKey{k}})
+				tr.Lost(&k)
+			}
+		}()
+	}
+	wg.Wait()
+	close(stop)
+	readers.Wait()
+	if s := tr.Stats(); s.Announced != 0 || s.Held != 0 || s.StoredEvents != s.RemovedEvents {
+		t.Fatalf("after every prompt was lost: %+v", s)
+	}
+	// One key lost, stored again and committed: announced.
+	k := keys.ObjectKey{Chunk: hashOf(1), Model: "m", Salt: "again"}
+	c := Commit{Model: "m", Salt: "again", WorldSize: 1, Hashes: []keys.Hash{hashOf(1)}, Tokens: make([]uint32, cs)}
+	tr.Stored(&k)
+	c.Keys = []keys.ObjectKey{k}
+	tr.Commit(c)
+	tr.Lost(&k)
+	tr.Stored(&k)
+	c.Keys = []keys.ObjectKey{k}
+	tr.Commit(c)
+	if s := tr.Stats(); s.Announced != 1 {
+		t.Fatalf("stored again after its loss: announced %d, want 1", s.Announced)
+	}
+	recs := log.Read(log.Stats().NextSeq-2, "m", MaxPollEvents).Events
+	if len(recs) != 1 {
+		t.Fatalf("the log's last record: %d records", len(recs))
+	}
+	if last := recs[0]; !last.Stored || last.Hashes[0] != hashOf(1) {
+		t.Fatalf("the log's last record %+v, want hashOf(1) stored", last)
+	}
+}
+
+// TestCommitTakesItsOwnTokens: a commit's tokens are the request's, which
+// the caller reuses once it answered: what is announced is what they were
+// at the call.
+func TestCommitTakesItsOwnTokens(t *testing.T) {
+	log := NewLog(DefaultLogSize, cs, 1)
+	tr := New(Options{BlockSize: cs, Log: log})
+	tr.Registered("m", 1, one)
+	k := keys.ObjectKey{Chunk: hashOf(1), Model: "m"}
+	toks := []uint32{7, 7, 7, 7}
+	tr.Stored(&k)
+	tr.Commit(Commit{Model: "m", WorldSize: 1, Hashes: []keys.Hash{hashOf(1)}, Tokens: toks, Keys: []keys.ObjectKey{k}})
+	copy(toks, []uint32{9, 9, 9, 9}) // the request's buffer, reused
+	recs := log.Read(0, "m", MaxPollEvents).Events
+	if len(recs) != 1 || len(recs[0].Tokens) != cs || recs[0].Tokens[0] != 7 {
+		t.Fatalf("log records %+v, want one with tokens 7", recs)
+	}
+}
