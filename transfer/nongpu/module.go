@@ -227,6 +227,33 @@ type pending struct {
 	// carry is the entry's key as the next process matches it (carry.go):
 	// set for entries prepared while the stop carries transfers.
 	carry *pendingKey
+	// chain is a write's chunk hashes in prompt order and the chunk before
+	// its first, as its prepare resolved them: kept only while the KV
+	// event stream is on (its commit tells them), so that the commit need
+	// not hash its tokens again.
+	chain *storeChain
+}
+
+// storeChain is what a store's commit tells the KV event stream beside
+// its tokens: the chunk hashes of its prepare, in prompt order, and the
+// hash of the chunk before its first (hasParent false for a prompt's
+// first).
+type storeChain struct {
+	hashes    []keys.Hash
+	parent    keys.Hash
+	hasParent bool
+}
+
+// chainOf is the storeChain of keys ks after prev.
+func chainOf(prev, ks []keys.ObjectKey) *storeChain {
+	c := &storeChain{hashes: make([]keys.Hash, len(ks))}
+	for i := range ks {
+		c.hashes[i] = ks[i].Chunk
+	}
+	if len(prev) > 0 {
+		c.parent, c.hasParent = prev[0].Chunk, true
+	}
+	return c
 }
 
 // ownedBy reports whether a request from peer (nil: unknown, an

@@ -130,7 +130,11 @@ func (m *Module) prepareStore(k protocol.Key, id int64, peer []byte) (protocol.P
 		m.pool.AbortWrite(res)
 		return emptyShm(inst), nil
 	}
-	m.writes[pk] = &pending{inst: inst, peer: string(peer), res: res, bytes: reservedBytes(res), created: created, carry: m.carryKeyLocked(pk, k)}
+	p := &pending{inst: inst, peer: string(peer), res: res, bytes: reservedBytes(res), created: created, carry: m.carryKeyLocked(pk, k)}
+	if m.committed != nil {
+		p.chain = chainOf(prev, ks)
+	}
+	m.writes[pk] = p
 	m.mu.Unlock()
 	return resp, nil
 }
@@ -194,7 +198,7 @@ func (m *Module) commitStore(k protocol.Key, id int64, data []byte, peer []byte)
 		m.mu.Unlock()
 		// The event stream first: a tier told its write landed takes the
 		// chunk's tokens and parent from what the commit told it.
-		m.noteCommittedSHM(inst, k, p.res)
+		m.noteCommittedSHM(inst, k, p)
 		m.notePublished(p.res, inst)
 		m.noteSHMWorks(inst)
 		return true, nil
@@ -472,7 +476,9 @@ func (m *Module) commitPickle(inst *instance, k protocol.Key, prev, ks []keys.Ob
 	if len(written) > 0 && !m.pool.FinishWrite(written) {
 		written, bytesIn = nil, 0 // a clear overtook the batch: nothing published
 	}
-	m.noteCommitted(inst, k, prev, ks, written) // before the tiers, as above
+	if m.committed != nil {
+		m.noteCommitted(k, chainOf(prev, ks), written) // before the tiers, as above
+	}
 	m.notePublished(written, inst)
 	ok := len(written) == len(res) && rejected == 0
 	m.mu.Lock()
@@ -1156,43 +1162,43 @@ func (m *Module) notePublished(rs []l1.Reservation, inst *instance) {
 	}
 }
 
-// noteCommittedSHM is noteCommitted for an SHM commit, whose pending entry
-// keeps no keys: they are resolved again (from the session's cached hashes),
-// only when the KV event stream is on.
-func (m *Module) noteCommittedSHM(inst *instance, k protocol.Key, rs []l1.Reservation) {
-	if m.committed == nil || len(rs) == 0 {
+// noteCommittedSHM is noteCommitted for an SHM commit of p: its chunk
+// hashes are those its prepare resolved (p.chain; the commit matched p by
+// every field of the key, its tokens included), or, for a write the
+// previous process prepared, resolved again. Only when the KV event stream
+// is on.
+func (m *Module) noteCommittedSHM(inst *instance, k protocol.Key, p *pending) {
+	if m.committed == nil || len(p.res) == 0 {
 		return
 	}
-	ks, prev, _, err := m.resolveStore(inst, k)
-	if err != nil {
-		return // the commit resolved these keys at its prepare: not expected
+	c := p.chain
+	if c == nil {
+		ks, prev, _, err := m.resolveStore(inst, k)
+		if err != nil {
+			return // the commit resolved these keys at its prepare: not expected
+		}
+		c = chainOf(prev, ks)
 	}
-	m.noteCommitted(inst, k, prev, ks, rs)
+	m.noteCommitted(k, c, p.res)
 }
 
 // noteCommitted tells Deps.Committed what the KV event stream needs of a
-// commit that published rs: the store's chunk hashes in prompt order, the
-// parent of its first, its tokens and its world size (a chunk is whole
-// once every rank of every group of every registered layout committed it,
-// as LOOKUP counts).
-func (m *Module) noteCommitted(inst *instance, k protocol.Key, prev, ks []keys.ObjectKey, rs []l1.Reservation) {
+// commit that published rs: the store's chunk hashes in prompt order and
+// the parent of its first (c), its tokens and its world size (a chunk is
+// whole once every rank of every group of every registered layout
+// committed it, as LOOKUP counts).
+func (m *Module) noteCommitted(k protocol.Key, c *storeChain, rs []l1.Reservation) {
 	if m.committed == nil || len(rs) == 0 || k.Start < 0 || k.End > len(k.TokenIDs) || k.Start > k.End {
 		return
 	}
-	c := kvevents.Commit{
-		Model: k.ModelName, Salt: k.CacheSalt, WorldSize: k.WorldSize,
-		Hashes: make([]keys.Hash, len(ks)), Tokens: k.TokenIDs[k.Start:k.End], Keys: make([]keys.ObjectKey, len(rs)),
-	}
-	for i := range ks {
-		c.Hashes[i] = ks[i].Chunk
-	}
-	if len(prev) > 0 {
-		c.Parent, c.HasParent = prev[0].Chunk, true
+	e := kvevents.Commit{
+		Model: k.ModelName, Salt: k.CacheSalt, WorldSize: k.WorldSize, Parent: c.parent, HasParent: c.hasParent,
+		Hashes: c.hashes, Tokens: k.TokenIDs[k.Start:k.End], Keys: make([]keys.ObjectKey, len(rs)),
 	}
 	for i, r := range rs {
-		c.Keys[i] = r.Key
+		e.Keys[i] = r.Key
 	}
-	m.committed(c)
+	m.committed(e)
 }
 
 // reserve reserves ks for inst, linked after prev when the store starts
