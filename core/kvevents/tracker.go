@@ -216,7 +216,7 @@ func (t *Tracker) whole(model string, n *node) bool {
 	if n.ws == 0 {
 		return false
 	}
-	reg, ok := t.regs[regKey{model, n.ws}]
+	reg, ok := t.layouts(model, n.ws)
 	if !ok {
 		return false
 	}
@@ -233,6 +233,26 @@ func (t *Tracker) whole(model string, n *node) bool {
 		}
 	}
 	return true
+}
+
+// layouts are the layouts registered for (model, ws). The last answer is
+// kept: the ops of a flush are mostly of one model, and whole asks it
+// several times a chunk. Registered forgets it.
+func (t *Tracker) layouts(model string, ws int) (Layouts, bool) {
+	if c := &t.lastReg; c.valid && c.ws == ws && c.model == model {
+		return c.l, c.ok
+	}
+	l, ok := t.regs[regKey{model, ws}]
+	t.lastReg = lastLayouts{valid: true, model: model, ws: ws, l: l, ok: ok}
+	return l, ok
+}
+
+// lastLayouts is the last answer of layouts.
+type lastLayouts struct {
+	valid, ok bool
+	model     string
+	ws        int
+	l         Layouts
 }
 
 // medium is one medium's announced set: the L1 pool's, or one shared by
@@ -295,7 +315,8 @@ type Tracker struct {
 	fl      flushScratch
 	// regs are the layouts registered per (model, world size), as the
 	// layout registry told them (Registered); absent when none is.
-	regs map[regKey]Layouts
+	regs    map[regKey]Layouts
+	lastReg lastLayouts // layouts' last answer
 	// carried are the descriptions a restart carried of the chunks of
 	// the tiers' objects (Reannounce), for the tiers' media as the tiers
 	// tell they still hold them; dropped with the tier set.
@@ -434,6 +455,7 @@ func (t *Tracker) Registered(model string, worldSize int, l Layouts) {
 			was[i][ek] = t.whole(model, n)
 		}
 	}
+	t.lastReg = lastLayouts{}
 	if len(l.IDs) == 0 {
 		delete(t.regs, rk)
 	} else {
@@ -680,18 +702,16 @@ func (t *Tracker) Commit(c Commit) {
 // commitLocked applies Commit; t.mu is held.
 func (t *Tracker) commitLocked(c *Commit) {
 	bs := t.opt.BlockSize
-	idx := make(map[keys.Hash]int, len(c.Hashes))
-	for i, h := range c.Hashes {
-		idx[h] = i
-	}
 	m := t.l1
 	touched := make([]bool, len(c.Hashes))
+	at := 0 // where the last key's chunk was: the keys follow the prompt's order
 	for ki := range c.Keys {
 		k := &c.Keys[ki]
-		i, ok := idx[k.Chunk]
-		if !ok || (i+1)*bs > len(c.Tokens) {
+		i := indexFrom(c.Hashes, at, k.Chunk)
+		if i < 0 || (i+1)*bs > len(c.Tokens) {
 			continue
 		}
+		at = i
 		ek := keyOf(k)
 		n := m.nodes[ek]
 		if n == nil {
@@ -720,6 +740,15 @@ func (t *Tracker) commitLocked(c *Commit) {
 			t.tryAnnounce(m, ekey{model: c.Model, salt: c.Salt, h: c.Hashes[i]})
 		}
 	}
+}
+
+// indexFrom is the index of h in hs, looked for from hs[from] on and then
+// before it; -1 when hs does not hold it.
+func indexFrom(hs []keys.Hash, from int, h keys.Hash) int {
+	if i := slices.Index(hs[from:], h); i >= 0 {
+		return from + i
+	}
+	return slices.Index(hs[:from], h)
 }
 
 // describe gives n, the node of ek, what a commit tells of its chunk: its
