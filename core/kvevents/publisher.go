@@ -7,14 +7,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	zmq "github.com/pebbe/zmq4"
-	"golang.org/x/sys/unix"
+
+	"kvdock/core/zmqwait"
 )
 
 // Coalesce is how long the publisher waits after the first event of a
@@ -105,7 +104,7 @@ func Start(tr *Tracker, opt PublisherOptions) (*Publisher, error) {
 		}
 	}
 	var rep *zmq.Socket
-	var w *fdWaiter
+	var w *zmqwait.Waiter
 	if err == nil && opt.ReplayEndpoint != "" {
 		// A replay of the whole buffer must arrive whole, end marker
 		// included: libzmq's default limit of 1,000 would drop the rest.
@@ -113,7 +112,7 @@ func Start(tr *Tracker, opt PublisherOptions) (*Publisher, error) {
 			if err = rep.Bind(opt.ReplayEndpoint); err != nil {
 				err = fmt.Errorf("kv events: bind replay %s: %w", opt.ReplayEndpoint, err)
 			} else {
-				w, err = newFDWaiter(rep)
+				w, err = zmqwait.New(rep, "kv events: replay socket")
 			}
 		}
 	}
@@ -212,22 +211,19 @@ func (p *Publisher) publish(ctx context.Context, pub *zmq.Socket) {
 
 // replay owns the ROUTER: a request [identity, "", start_seq8] gets every
 // buffered batch with seq >= start, then the end marker. Between requests
-// it waits on the socket's ZMQ_FD in Go's network poller (w), not in a
-// zmq_poll: a goroutine blocked in a cgo call keeps its P (one of
-// GOMAXPROCS) until the runtime's sysmon takes it back, and each such
-// retake has sysmon wake every 20 µs for the next millisecond: a ROUTER
-// polled in 100 ms slices cost an idle process about 2.7 ms of CPU and
-// 100 context switches a second, ten times what it costs now
-// (BenchmarkPublisherIdle).
-func (p *Publisher) replay(ctx context.Context, rep *zmq.Socket, w *fdWaiter) {
+// it waits in Go's network poller (w, package zmqwait), not in a
+// zmq_poll: a ROUTER polled in 100 ms slices cost an idle process about
+// 2.7 ms of CPU and 100 context switches a second, ten times what it
+// costs now (BenchmarkPublisherIdle).
+func (p *Publisher) replay(ctx context.Context, rep *zmq.Socket, w *zmqwait.Waiter) {
 	defer p.wg.Done()
 	defer func() { _ = rep.Close() }()
-	defer w.close()
-	stop := context.AfterFunc(ctx, func() { _ = w.close() })
+	defer w.Close()
+	stop := context.AfterFunc(ctx, func() { _ = w.Close() })
 	defer stop()
 	for {
 		var evErr error
-		err := w.wait(func() bool {
+		err := w.Wait(func() bool {
 			// ZMQ_FD only says the socket's state may have changed: its
 			// events tell whether a request waits, checked before every
 			// wait since a receive or send can take the signal.
@@ -274,45 +270,3 @@ func (p *Publisher) answer(rep *zmq.Socket, msg [][]byte) {
 		_, _ = rep.SendMessageDontwait(id, "", "", replayEnd, "")
 	}
 }
-
-// fdWaiter waits for a ZMQ socket's ZMQ_FD to be readable in Go's network
-// poller, through a duplicate of the descriptor (libzmq keeps the
-// original; closing the duplicate leaves it open).
-type fdWaiter struct {
-	f  *os.File
-	rc syscall.RawConn
-}
-
-func newFDWaiter(s *zmq.Socket) (*fdWaiter, error) {
-	fd, err := s.GetFd()
-	if err != nil {
-		return nil, fmt.Errorf("kv events: replay socket's fd: %w", err)
-	}
-	dup, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
-	if err != nil {
-		return nil, fmt.Errorf("kv events: duplicate the replay socket's fd: %w", err)
-	}
-	// libzmq's signalling descriptor is non-blocking already (the flag is
-	// the open file's, shared with the duplicate); os.NewFile registers a
-	// non-blocking descriptor with the poller.
-	if err := unix.SetNonblock(dup, true); err != nil {
-		_ = unix.Close(dup)
-		return nil, fmt.Errorf("kv events: replay socket's fd: %w", err)
-	}
-	f := os.NewFile(uintptr(dup), "kv-events-replay")
-	rc, err := f.SyscallConn()
-	if err != nil {
-		_ = f.Close()
-		return nil, fmt.Errorf("kv events: replay socket's fd: %w", err)
-	}
-	return &fdWaiter{f: f, rc: rc}, nil
-}
-
-// wait returns nil once ready reports true, calling it first and again
-// each time the descriptor becomes readable; an error once w is closed.
-func (w *fdWaiter) wait(ready func() bool) error {
-	return w.rc.Read(func(uintptr) bool { return ready() })
-}
-
-// close ends a wait in progress and every later one.
-func (w *fdWaiter) close() error { return w.f.Close() }
