@@ -10,17 +10,19 @@ import (
 	"time"
 
 	gozmq "github.com/go-zeromq/zmq4"
+	zmq "github.com/pebbe/zmq4"
 	"github.com/vmihailenco/msgpack/v5"
 
 	"kvdock/core/keys"
 	"kvdock/core/kvevents"
+	"kvdock/core/zmqwait"
 	"kvdock/tests/harness"
 	goworker "kvdock/transfer/worker"
 )
 
 // BenchmarkKVEventsLagAndThroughput measures, through the real binary, the
 // store-to-event lag (from a worker's COMMIT_STORE being sent to the
-// BlockStored of that prompt reaching a go-zeromq subscriber) and the store
+// BlockStored of that prompt reaching a subscriber in this process) and the store
 // throughput with the stream on against the same server with it off,
 // measured in the same run: two servers with the same pool, the same SHM
 // worker model and the same fresh prompts (8 chunks of 256 tokens, 1 MiB
@@ -37,17 +39,113 @@ import (
 // server's context switches and minor page faults a store and the extra
 // CPU of the on server's libzmq I/O threads. Rounds of 40 stores
 // (about 40 ms) keep what a round's last flush leaves to the next round (a
-// few milliseconds' events) a small part of it.
+// few milliseconds' events) a small part of it. It runs once with each
+// subscriber: go-zeromq (sub=go-zeromq, llm-d's library) and libzmq
+// waiting in Go's poller (sub=libzmq, the library of vLLM's subscriber),
+// which on these two cores takes less of the worker's CPU.
 //
 //	go test -run '^$' -bench KVEventsLagAndThroughput -benchtime 1x ./tests/interop/
 func BenchmarkKVEventsLagAndThroughput(b *testing.B) {
+	b.Run("sub=go-zeromq", func(b *testing.B) { benchKVEvents(b, 47260, goZeroMQSub) })
+	b.Run("sub=libzmq", func(b *testing.B) { benchKVEvents(b, 47275, libzmqSub) })
+}
+
+// arrival is one message the subscriber received: when, and its payload.
+type arrival struct {
+	at      time.Time
+	payload []byte
+}
+
+// subscriber connects to endpoint, subscribes to prefix and calls got for
+// each 3-frame message until ctx is done; it returns once connected.
+type subscriber func(b *testing.B, ctx context.Context, endpoint, prefix string, got func(arrival))
+
+// goZeroMQSub reads with github.com/go-zeromq/zmq4, the pure-Go library
+// llm-d's indexer subscribes with.
+func goZeroMQSub(b *testing.B, ctx context.Context, endpoint, prefix string, got func(arrival)) {
+	sub := gozmq.NewSub(ctx)
+	b.Cleanup(func() { _ = sub.Close() })
+	if err := sub.Dial(endpoint); err != nil {
+		b.Fatal(err)
+	}
+	if err := sub.SetOption(gozmq.OptionSubscribe, prefix); err != nil {
+		b.Fatal(err)
+	}
+	go func() {
+		for {
+			msg, err := sub.Recv()
+			if err != nil {
+				return
+			}
+			if len(msg.Frames) == 3 {
+				got(arrival{time.Now(), msg.Frames[2]})
+			}
+		}
+	}()
+}
+
+// libzmqSub reads with libzmq (github.com/pebbe/zmq4), the library under
+// vLLM's own subscriber (pyzmq), waiting in Go's network poller
+// (core/zmqwait): a router that costs the host less CPU a message than
+// go-zeromq does, so less of these two cores' wall clock.
+func libzmqSub(b *testing.B, ctx context.Context, endpoint, prefix string, got func(arrival)) {
+	sub, err := zmq.NewSocket(zmq.SUB)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, err := range []error{sub.SetLinger(0), sub.SetSubscribe(prefix), sub.Connect(endpoint)} {
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	w, err := zmqwait.New(sub, "subscriber")
+	if err != nil {
+		b.Fatal(err)
+	}
+	done := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() { _ = w.Close() })
+	b.Cleanup(func() {
+		stop()
+		_ = w.Close()
+		<-done
+		_ = sub.Close()
+	})
+	go func() {
+		defer close(done)
+		for {
+			err := w.Wait(func() bool {
+				for {
+					ev, err := sub.GetEvents()
+					if err != nil {
+						return true
+					}
+					if ev&zmq.POLLIN == 0 {
+						return false
+					}
+					msg, err := sub.RecvMessageBytes(zmq.DONTWAIT)
+					if err != nil {
+						return false
+					}
+					if len(msg) == 3 {
+						got(arrival{time.Now(), msg[2]})
+					}
+				}
+			})
+			if err != nil || ctx.Err() != nil {
+				return
+			}
+		}
+	}()
+}
+
+func benchKVEvents(b *testing.B, port0 int, subscribe subscriber) {
 	const (
 		chunkTokens = 256
 		chunks      = 8
 		rounds      = 60
 		perRound    = 40
 	)
-	ps := eventsPorts(b, 47260, 47270, 2)
+	ps := eventsPorts(b, port0, port0+10, 2)
 	pub, rep := ps[0], ps[1]
 	common := []string{"--chunk-size", fmt.Sprint(chunkTokens), "--l1-size-gb", "0.25", "--log-level", "info"}
 	on := harness.Start(b, append(common, "--kv-events-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", pub),
@@ -59,35 +157,13 @@ func BenchmarkKVEventsLagAndThroughput(b *testing.B) {
 	// The subscriber notes when each message arrives and keeps its bytes;
 	// it decodes them after the run, as a router on another host would
 	// spend its decoding on its own cores, not on the server's.
-	sub := gozmq.NewSub(ctx)
-	defer sub.Close()
-	if err := sub.Dial(fmt.Sprintf("tcp://127.0.0.1:%d", pub)); err != nil {
-		b.Fatal(err)
-	}
-	if err := sub.SetOption(gozmq.OptionSubscribe, "kv@benchpod@"); err != nil {
-		b.Fatal(err)
-	}
-	type arrival struct {
-		at      time.Time
-		payload []byte
-	}
 	var mu sync.Mutex
 	var arrivals []arrival
-	go func() {
-		for {
-			msg, err := sub.Recv()
-			if err != nil {
-				return
-			}
-			now := time.Now()
-			if len(msg.Frames) != 3 {
-				continue
-			}
-			mu.Lock()
-			arrivals = append(arrivals, arrival{now, msg.Frames[2]})
-			mu.Unlock()
-		}
-	}()
+	subscribe(b, ctx, fmt.Sprintf("tcp://127.0.0.1:%d", pub), "kv@benchpod@", func(a arrival) {
+		mu.Lock()
+		arrivals = append(arrivals, a)
+		mu.Unlock()
+	})
 	// arrived decodes the messages kept so far as a router does (the
 	// fields it keys on; the tokens skipped) and returns when each
 	// prompt's first block arrived.
