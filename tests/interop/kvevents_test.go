@@ -493,21 +493,24 @@ func (r *eventsRun) check(phase string) (hits int) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	for i, p := range r.prompts {
-		id := fmt.Sprintf("lookup-%s-%d", phase, i)
 		w, tp := p.g[0], len(p.g)
-		n, err := r.sched.Hits(r.ctx, w.LookupKey(p.tokens, id), tp)
-		if err != nil {
-			t.Fatalf("%s: lookup: %v", phase, err)
-		}
-		// The hits stay read-locked until freed: held, they would keep
-		// the pool from evicting and later lookups from locking.
-		free := w.LookupKey(p.tokens, id)
-		free.End = n * 16
-		if err := r.sched.FreeLookupLocks(r.ctx, free, tp); err != nil {
-			t.Fatal(err)
-		}
-		if err := r.sched.EndSession(r.ctx, id); err != nil {
-			t.Fatal(err)
+		lookup := func(attempt int) int {
+			id := fmt.Sprintf("lookup-%s-%d-%d", phase, i, attempt)
+			n, err := r.sched.Hits(r.ctx, w.LookupKey(p.tokens, id), tp)
+			if err != nil {
+				t.Fatalf("%s: lookup: %v", phase, err)
+			}
+			// The hits stay read-locked until freed: held, they would
+			// keep the pool from evicting and later lookups from locking.
+			free := w.LookupKey(p.tokens, id)
+			free.End = n * 16
+			if err := r.sched.FreeLookupLocks(r.ctx, free, tp); err != nil {
+				t.Fatal(err)
+			}
+			if err := r.sched.EndSession(r.ctx, id); err != nil {
+				t.Fatal(err)
+			}
+			return n
 		}
 		lead := 0
 		for _, h := range r.hasher.Hashes(p.tokens) {
@@ -516,6 +519,17 @@ func (r *eventsRun) check(phase string) (hits int) {
 				break
 			}
 			lead++
+		}
+		n := lookup(0)
+		// A LOOKUP counts a tier's chunks only once loaded into L1 within
+		// its tier phase's time; on a loaded host a load can miss it (seen
+		// once in CI: 2 of 6 leading chunks, the other 4 in STORAGE). Such
+		// a miss passes when asked again (the load landed meanwhile); a
+		// divergence of the index does not.
+		for attempt := 1; n < lead && attempt <= 3; attempt++ {
+			t.Logf("%s: prompt %d: LOOKUP hit %d of the %d leading chunks; asking again", phase, i, n, lead)
+			time.Sleep(250 * time.Millisecond) // a slow tier load's time to land; the assertion below bounds it
+			n = lookup(attempt)
 		}
 		if lead != n {
 			t.Errorf("%s: prompt %d (%d chunks): router index holds %d leading chunks, LOOKUP hits %d", phase, i, len(p.tokens)/16, lead, n)
