@@ -64,7 +64,8 @@ var rules = []rule{
 	// The what-if plays the prefix policy's order, core/l1/nextuse: a leaf
 	// of no imports, shared so that the two cannot drift apart.
 	bare("core/whatif", "core/keys", "core/l1/nextuse"),
-	bare("core/kvevents", "core/keys"),
+	bare("core/zmqwait"),
+	bare("core/kvevents", "core/keys", "core/zmqwait"),
 	leaf("core/workers", "core/layout"),
 	bare("core/lookup", "core/keys", "core/layout", "core/misses", "core/whatif"),
 	leaf("core/restart", "core/keys", "core/l1", "core/protocol", "core/misses", "core/series"),
