@@ -14,7 +14,7 @@ import (
 // ReserveWrite reserves for owner, write-locked, every key of ks that is
 // absent (mode "new"; present keys are skipped, and so are keys of cleared
 // objects still locked by a transfer), each of size bytes. The new keys are
-// reserved all together or not at all: when they do not fit, the policy's
+// reserved all together or not at all, admission aside (below): when they do not fit, the policy's
 // unlocked objects are evicted on demand (LRU first); if they still do not
 // fit the result is ErrNoSpace and nothing is reserved. A batch that would
 // take owner or all owners past their lock cap is refused with ErrLockCap.
