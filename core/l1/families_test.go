@@ -186,7 +186,9 @@ func docPrompt(h *keys.Hasher, doc uint64, n int) []keys.ObjectKey {
 // prompt it extends. The conversation just looked up is the one due the
 // latest, and its last hit chunk is a leaf, so without the pin its own
 // store would take it and leave the new chunks without their parent:
-// resident, unusable, a miss at the next turn.
+// resident, unusable, a miss at the next turn. The next victim is a
+// prompt stored once and not used since, which admission lets go
+// (nextuse.Admits).
 func TestStoreKeepsItsOwnPrompt(t *testing.T) {
 	p, h := replayPool(t, 16*accAlign, PolicyPrefix, nil)
 	defer p.Close()
@@ -205,13 +207,15 @@ func TestStoreKeepsItsOwnPrompt(t *testing.T) {
 		}
 		p.FinishRead(ks[:want], 1)
 	}
-	for doc := range uint64(4) {
-		store(nil, conv(doc, 4)) // four conversations fill the pool
+	for doc := range uint64(3) {
+		store(nil, conv(doc, 4)) // three conversations
 	}
-	for doc := range uint64(4) {
+	for doc := range uint64(3) {
 		look(conv(doc, 4), 4) // a round of turns: each learns its gap
 	}
 	a := conv(0, 6)
+	look(a, 4)
+	store(nil, conv(9, 4)) // a prompt stored once fills the pool
 	look(a, 4)
 	store(a[3:4], a[4:]) // its next turn: two chunks, two evictions
 	if n := p.ReserveReadPrefix(a, 1); n != 6 {

@@ -19,8 +19,9 @@ func ghostPrompt(h *keys.Hasher, docs ...uint64) []keys.ObjectKey {
 // TestEvictedChunkTakesItsOwnGap: a chunk the prefix policy evicted and a
 // store brings back after its parent takes its own history (the ticks
 // since its last use), not the parent's gap, which a chunk seen for the
-// first time takes. A question under a system prompt used every request
-// would otherwise look as hot as the prompt.
+// first time takes when it extends the prompt's tip, and none when it
+// branches off beside another. A question under a system prompt used
+// every request would otherwise look as hot as the prompt.
 func TestEvictedChunkTakesItsOwnGap(t *testing.T) {
 	p, h := replayPool(t, 8*accAlign, PolicyPrefix, nil)
 	defer p.Close()
@@ -64,12 +65,25 @@ func TestEvictedChunkTakesItsOwnGap(t *testing.T) {
 	if sysOrd.Gap > 4 {
 		t.Fatalf("the system prompt's gap is %d ticks, want a few", sysOrd.Gap)
 	}
-	// A question never seen before takes the system prompt's gap.
+	// A question never seen before branches off the system prompt, which
+	// goes on in the first question still: it takes none of the prompt's
+	// gap and is late from the next request on (nextuse.Branch).
 	q2 := ghostPrompt(h, 1, 3)
 	look(q2)
 	store(sys, q2[1:])
-	if g, want := p.t.recs[p.t.find(q2[1])].ord.Gap, p.t.recs[p.t.find(sys[0])].ord.Gap; g != want {
-		t.Errorf("a new question has gap %d, want the system prompt's %d", g, want)
+	if o := p.t.recs[p.t.find(q2[1])].ord; o.Measured || o.LateAt() > p.t.clk.Now+1 {
+		t.Errorf("a new question branching off the system prompt has gap %d (measured %v), want none: late at once", o.Gap, o.Measured)
+	}
+	// A prompt extended past its tip, where nothing else goes on, lends
+	// the new chunk its gap (a conversation's next turn).
+	conv := ghostPrompt(h, 7, 8)
+	store(nil, conv[:1])
+	for range 3 {
+		look(conv[:1])
+	}
+	store(conv[:1], conv[1:])
+	if g, want := p.t.recs[p.t.find(conv[1])].ord.Gap, p.t.recs[p.t.find(conv[0])].ord.Gap; g != want {
+		t.Errorf("a conversation's new turn has gap %d, want its prompt's %d", g, want)
 	}
 	if u := p.Stats().UsableRatio(); u != 1 {
 		t.Errorf("usable/resident %.4f, want 1", u)

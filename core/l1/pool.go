@@ -271,6 +271,10 @@ type Stats struct {
 	// LookupReclaims counts the lookups' read-lock eras released so that a
 	// peer under its share of the lookups' cap could lock (lookupshare.go).
 	LookupReclaims uint64
+	// AdmissionRefusals counts the new objects a store was not given a slot
+	// for: the prefix policy's victim was due back before them
+	// (nextuse.Admits). The store reserves the leading ones.
+	AdmissionRefusals uint64
 
 	// ResidentBytes is the rounded sizes of the objects not doomed;
 	// UsableBytes those of them a LOOKUP can reach: they start a prompt or

@@ -95,11 +95,18 @@ func (t *table) refresh(i int32) {
 
 // inherit lends the new record c its parent's reuse gap: a conversation's
 // new chunks come back when it does; a chunk the policy evicted before
-// takes its own history back instead (ghost.go).
+// takes its own history back instead (ghost.go), and one that branches
+// off a parent with another resident child takes none (nextuse.Branch).
 func (t *table) inherit(c, par int32) {
-	if t.resume(c, par) || nextuse.Inherit(&t.recs[c].ord, &t.recs[par].ord) {
-		nextuse.Fix(&t.heaps, t, c)
+	o := &t.recs[c].ord
+	switch {
+	case t.resume(c, par):
+	case o.Gap == 0 && !o.InHeaps() && t.recs[c].sibNext != nilRec: // link put c first of par's children
+		nextuse.Branch(o)
+	case !nextuse.Inherit(o, &t.recs[par].ord):
+		return
 	}
+	nextuse.Fix(&t.heaps, t, c)
 }
 
 // victim is the prefix policy's next leaf to evict, nilRec when none.

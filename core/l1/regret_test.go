@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"kvdock/core/keys"
+	"kvdock/core/testkit/chat"
 )
 
 // regretObserver records, for each eviction, the prompt being replayed
@@ -118,4 +119,115 @@ func regretReplay(b *testing.B, prompts [][]keys.ObjectKey, uses map[keys.Hash][
 		median = until[len(until)/2]
 	}
 	return hit, asked, evicted, back, median
+}
+
+// familyRegretObserver records, for each eviction of the prefix policy,
+// the prompt being replayed, the chunk and whether the policy took it as
+// late (nextuse): it reads the record under the pool's lock, which the
+// pool holds while it calls Lost.
+type familyRegretObserver struct {
+	p       **Pool
+	now     *int
+	evicted *[]familyEviction
+}
+
+type familyEviction struct {
+	at    int
+	chunk keys.Hash
+	late  bool
+}
+
+func (familyRegretObserver) Stored(*keys.ObjectKey, int64) {}
+func (familyRegretObserver) Tick(float64, float64)         {}
+func (familyRegretObserver) Cleared()                      {}
+func (o familyRegretObserver) Lost(k *keys.ObjectKey, _ int64, why Loss) {
+	if why != LossEvicted {
+		return
+	}
+	t := &(*o.p).t
+	late := false
+	if i := t.find(*k); i != nilRec {
+		late = t.recs[i].ord.LateAt() < t.clk.Now
+	}
+	*o.evicted = append(*o.evicted, familyEviction{*o.now, k.Chunk, late})
+}
+
+// BenchmarkEvictionRegretFamilies replays the chat families at 0.5× their
+// working set under the prefix policy, as TestEvictionFamilies does, and
+// tells its evictions apart: of the leaves it took as late and of those it
+// took as due the latest, how many were asked for again and the median
+// prompts until then; and the chunks admission refused.
+// (docs/BENCHMARKS.md: why short chats at 0.5× stay under 0.8 of MIN.)
+//
+//	go test -run '^$' -bench EvictionRegretFamilies -benchtime 1x ./core/l1
+func BenchmarkEvictionRegretFamilies(b *testing.B) {
+	for _, f := range chat.Families() {
+		if f.Name != "short-chats" && f.Name != "random-order" && f.Name != "chat-and-scan" {
+			continue
+		}
+		b.Run(f.Name, func(b *testing.B) {
+			for range b.N {
+				familyRegret(b, f)
+			}
+		})
+	}
+}
+
+func familyRegret(b *testing.B, f chat.Family) {
+	pool := familyPool(chat.Live(f.Trace), 0.5)
+	var p *Pool
+	now := 0
+	var ev []familyEviction
+	p, h := replayPool(b, int64(pool)*accAlign, PolicyPrefix, familyRegretObserver{&p, &now, &ev})
+	defer p.Close()
+	uses := map[keys.Hash][]int{} // chunk → the prompts that ask for it
+	hit, asked := 0, 0
+	for i, pr := range f.Trace {
+		now = i
+		var tokens []uint32
+		for _, s := range pr {
+			for c := range s.N {
+				tokens = append(tokens, chunkTokens(uint64(s.Doc), c)...)
+			}
+		}
+		ks := keys.ObjectKeys(h.Hashes(tokens), "m", 1, nil, "")
+		for _, k := range ks {
+			uses[k.Chunk] = append(uses[k.Chunk], i)
+		}
+		n := p.ReserveReadPrefix(ks, 1)
+		p.FinishRead(ks[:n], 1)
+		hit, asked = hit+n, asked+len(ks)
+		if n < len(ks) && len(ks) <= pool {
+			replayStore(b, p, ks, n, i)
+		}
+		p.Touch(ks)
+	}
+	var back [2][]int // late, due: prompts until each evicted chunk came back
+	var n [2]int
+	for _, e := range ev {
+		c := 1
+		if e.late {
+			c = 0
+		}
+		n[c]++
+		u := uses[e.chunk]
+		if j := sort.SearchInts(u, e.at+1); j < len(u) {
+			back[c] = append(back[c], u[j]-e.at)
+		}
+	}
+	median := func(v []int) float64 {
+		if len(v) == 0 {
+			return 0
+		}
+		sort.Ints(v)
+		return float64(v[len(v)/2])
+	}
+	b.ReportMetric(100*float64(hit)/float64(asked), "hit%")
+	b.ReportMetric(float64(n[0]), "late-evicted")
+	b.ReportMetric(float64(len(back[0])), "late-back")
+	b.ReportMetric(median(back[0]), "late-median-prompts-back")
+	b.ReportMetric(float64(n[1]), "due-evicted")
+	b.ReportMetric(float64(len(back[1])), "due-back")
+	b.ReportMetric(median(back[1]), "due-median-prompts-back")
+	b.ReportMetric(float64(p.Stats().AdmissionRefusals), "refused")
 }

@@ -182,7 +182,7 @@ func (t *table) add(k keys.ObjectKey, off, length, rounded int64) int32 {
 		i = int32(len(t.recs) - 1)
 	}
 	id := ident{k.Chunk, n, k.KVRank, k.Group}
-	t.recs[i] = record{id: id, off: off, length: length, prev: nilRec, next: nilRec, bprev: nilRec, bnext: nilRec, state: stateReady, ord: nextuse.New(t.clk.Tick()),
+	t.recs[i] = record{id: id, off: off, length: length, prev: nilRec, next: nilRec, bprev: nilRec, bnext: nilRec, state: stateReady, ord: nextuse.Stored(t.clk.Tick()),
 		parent: nilRec, kid: nilRec, sibPrev: nilRec, sibNext: nilRec, peer: i}
 	t.index.insert(t.recs, i)
 	t.pushMRU(i)

@@ -8,12 +8,13 @@ import (
 	"slices"
 
 	"kvdock/core/keys"
+	"kvdock/core/l1/nextuse"
 )
 
 // ReserveWrite reserves for owner, write-locked, every key of ks that is
 // absent (mode "new"; present keys are skipped, and so are keys of cleared
 // objects still locked by a transfer), each of size bytes. The new keys are
-// reserved all together or not at all: when they do not fit, the policy's
+// reserved all together or not at all, admission aside (below): when they do not fit, the policy's
 // unlocked objects are evicted on demand (LRU first); if they still do not
 // fit the result is ErrNoSpace and nothing is reserved. A batch that would
 // take owner or all owners past their lock cap is refused with ErrLockCap.
@@ -24,8 +25,22 @@ import (
 //
 // ks's first chunk starts a prompt (the prefix tree's root): a store that
 // starts mid-prompt is ReserveWriteAfter.
+//
+// Under the prefix policy a store that must evict is admitted one chunk
+// after another while the policy's victim may go for it (nextuse.Admits):
+// at the first chunk that may not, it and the rest of the prompt's tail
+// are refused (a chunk past a missing one could not be reached) and the
+// result holds the reservations of the leading chunks only, no error
+// (Stats.AdmissionRefusals). A store that fits in free space is never
+// refused.
 func (p *Pool) ReserveWrite(owner Owner, ks []keys.ObjectKey, size int64) ([]Reservation, error) {
-	return p.reserveWrite(owner, nil, ks, size)
+	return p.reserveWrite(owner, nil, ks, size, true)
+}
+
+// ReserveLoad is ReserveWrite for one object a lookup is about to read
+// (a tier's load into L1): admission never refuses it.
+func (p *Pool) ReserveLoad(owner Owner, k keys.ObjectKey, size int64) ([]Reservation, error) {
+	return p.reserveWrite(owner, nil, []keys.ObjectKey{k}, size, false)
 }
 
 // ReserveWriteAfter is ReserveWrite for keys that continue a prompt: prev
@@ -34,10 +49,10 @@ func (p *Pool) ReserveWrite(owner Owner, ks []keys.ObjectKey, size int64) ([]Res
 // chunk. A prev not resident leaves that chunk without a parent: not
 // usable, since no LOOKUP can reach it, until prev is stored again.
 func (p *Pool) ReserveWriteAfter(owner Owner, prev, ks []keys.ObjectKey, size int64) ([]Reservation, error) {
-	return p.reserveWrite(owner, prev, ks, size)
+	return p.reserveWrite(owner, prev, ks, size, true)
 }
 
-func (p *Pool) reserveWrite(owner Owner, prev, ks []keys.ObjectKey, size int64) ([]Reservation, error) {
+func (p *Pool) reserveWrite(owner Owner, prev, ks []keys.ObjectKey, size int64, admit bool) ([]Reservation, error) {
 	if size <= 0 {
 		return nil, fmt.Errorf("l1: object size %d bytes, want > 0", size)
 	}
@@ -119,13 +134,21 @@ func (p *Pool) reserveWrite(owner Owner, prev, ks []keys.ObjectKey, size int64) 
 	} else if p.alloc.Free() < need || !p.allocAll(offs, size) {
 		p.sweep(now) // expired locks give space back before anything is evicted
 		p.pinPrompt(prev, ks, true)
-		ok := p.allocAll(offs, size) || p.evictBenchAndAlloc(offs, size, now) || p.evictAndAlloc(offs, size, now)
+		if admit && p.policy == PolicyPrefix {
+			n := p.admitLeading(prev, ks, fresh, unit)
+			fresh, offs = fresh[:n], offs[:n]
+		}
+		ok := len(fresh) == 0 || p.allocAll(offs, size) || p.evictBenchAndAlloc(offs, size, now) || p.evictAndAlloc(offs, size, now)
 		p.pinPrompt(prev, ks, false)
 		if !ok {
 			p.st.AllocFailures++
 			p.refused(ks, fresh, unit)
 			return nil, fmt.Errorf("%w: %d objects of %d bytes, %d bytes free", ErrNoSpace, len(fresh), size, p.alloc.Free())
 		}
+	}
+	if len(fresh) == 0 { // all refused (admitLeading)
+		p.chainAfter(prev, ks)
+		return nil, nil
 	}
 	deadline := now + int64(p.writeTTL)
 	res := make([]Reservation, len(fresh))
@@ -223,6 +246,58 @@ func (p *Pool) evictLeavesAndAlloc(offs []int64, size int64) bool {
 			return p.alloc.Free() >= need && p.allocAll(offs, size)
 		}
 	}
+}
+
+// admitLeading makes room, for the prefix policy, for the chunks of fresh
+// (indices into ks, in prompt order) one chunk (its ranks and groups)
+// after another, evicting the policy's victims while each may go for
+// them (nextuse.Admits): the new chunks would be due back a gap from now,
+// the gap of the resident chunk before the first of them (the prompt just
+// looked up), or the mean. It returns how many of fresh are admitted: at
+// the first chunk that is not, the rest of the prompt's tail is refused.
+// p.mu is held and the store's prompt pinned.
+func (p *Pool) admitLeading(prev, ks []keys.ObjectKey, fresh []int, unit int64) int {
+	var gap uint64
+	var before *keys.ObjectKey
+	switch {
+	case fresh[0] > 0:
+		before = &ks[fresh[0]-1]
+	case len(prev) > 0:
+		before = &prev[0]
+	}
+	if before != nil {
+		if i := p.t.find(*before); i != nilRec {
+			gap = p.t.recs[i].ord.Gap
+		}
+	}
+	if gap == 0 {
+		gap = p.t.clk.Prior(p.t.len())
+	}
+	due := p.t.clk.Now + gap
+	if p.t.blru != nilRec {
+		return len(fresh) // benchmark objects go first (evictBenchAndAlloc)
+	}
+	for j := 0; j < len(fresh); {
+		e := j + 1
+		for e < len(fresh) && ks[fresh[e]].Chunk == ks[fresh[j]].Chunk {
+			e++
+		}
+		for p.alloc.Free() < unit*int64(e) {
+			v := p.t.victim()
+			if v == nilRec {
+				return len(fresh) // the store's own path fits it or fails
+			}
+			if !nextuse.Admits(&p.t.recs[v].ord, p.t.clk.Now, due) {
+				p.st.AdmissionRefusals += uint64(len(fresh) - j)
+				return j
+			}
+			if p.evictLeaf() == 0 {
+				return len(fresh)
+			}
+		}
+		j = e
+	}
+	return len(fresh)
 }
 
 // allocAll allocates len(offs) objects of size bytes, or none.

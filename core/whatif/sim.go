@@ -115,13 +115,15 @@ func (s *sim) evict(st *stack, j int32, k int) {
 
 // makeRoom evicts at size k until need more sampled bytes fit under
 // capacity, leaving alone the objects used at or after pinFrom (the prompt
-// of the lookup being stored); it reports whether they fit. The pool it
+// of the lookup being stored); it reports whether they fit. As the pool
+// admits (nextuse.Admits), a victim due back before due, the new object's
+// due time, refuses it (refused) and evicts nothing more. The pool it
 // stands for fills to within an object of its size, a share R of an
 // object here; evicting whole sampled objects to fit under capacity would
 // hold half a sampled object less on average, 7 % of a miniature pool of
 // 7 objects. So the store may pass capacity by half its own size: what
 // the miniature pool holds is centred on its size.
-func (s *sim) makeRoom(st *stack, k int, need, capacity int64, pinFrom uint64) bool {
+func (s *sim) makeRoom(st *stack, k int, need, capacity int64, pinFrom, due uint64) (ok, refused bool) {
 	capacity += need / 2
 	v := view{s, k}
 	s.pins = s.pins[:0]
@@ -130,17 +132,22 @@ func (s *sim) makeRoom(st *stack, k int, need, capacity int64, pinFrom uint64) b
 		if j < 0 {
 			break
 		}
-		if s.ord[int(j)*nf+k].Stamp >= pinFrom {
+		o := &s.ord[int(j)*nf+k]
+		if o.Stamp >= pinFrom {
 			nextuse.Remove(&s.heaps[k], v, j)
 			s.pins = append(s.pins, j)
 			continue
+		}
+		if !nextuse.Admits(o, s.clk[k].Now, due) {
+			refused = true
+			break
 		}
 		s.evict(st, j, k)
 	}
 	for _, j := range s.pins {
 		s.reheap(j, k)
 	}
-	return s.held[k]+need <= capacity
+	return !refused && s.held[k]+need <= capacity, refused
 }
 
 // admit stores slot j at size k, a leaf under its parent when that is
@@ -170,7 +177,7 @@ func (s *sim) admit(st *stack, j int32, k int, lend uint64, lendMeasured, parent
 	i := int(j)*nf + k
 	old := s.ord[i]
 	last := old.Stamp
-	s.ord[i] = nextuse.New(s.clk[k].Tick())
+	s.ord[i] = nextuse.Stored(s.clk[k].Tick())
 	switch {
 	case lend > 0:
 		s.ord[i].Gap, s.ord[i].Measured = lend, lendMeasured
@@ -189,6 +196,9 @@ func (s *sim) admit(st *stack, j int32, k int, lend uint64, lendMeasured, parent
 		s.reheap(pj, k)
 		linked = true
 		switch {
+		case !fresh && s.kids[pi] > 1: // it branches off (the pool's inherit)
+			nextuse.Branch(&s.ord[i])
+			strict = s.ord[pi].Gap == 0
 		case !fresh:
 			s.ord[i].Gap = 0
 			strict = s.ord[pi].Gap == 0

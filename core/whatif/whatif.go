@@ -269,6 +269,9 @@ type Prefix struct {
 	lend    [nf]uint64 // per size: the gap the last sampled key passes on (hit, or stored by this lookup)
 	lendM   uint8      // a bit per size where lend is measured
 	fresh   uint8      // a bit per size where the last sampled key was stored by this lookup
+	due     [nf]uint64 // per size: when the lookup's store would be due back (admission)
+	dueSet  uint8      // a bit per size where due is set
+	refused uint8      // a bit per size where admission refused a key of this lookup (the rest of its tail)
 	probed  int        // keys probed so far, sampled or not
 	family  uint64     // the spatial hash of the lookup's first key (prompt sampling)
 	prevHit bool       // the pool hit the last key probed
@@ -464,7 +467,23 @@ func (e *Estimator) simProbe(p *Prefix, j int32, size int64, afterHit bool) {
 		// here before: that chunk is taken as held here too.
 		held := afterHit && p.broken&bit == 0
 		p.broken |= bit
-		if s.makeRoom(&e.st, k, s.charge[j], e.simCap(f), p.start[k]) {
+		if p.refused&bit != 0 {
+			continue // a chunk past a refused one is refused too
+		}
+		if p.dueSet&bit == 0 {
+			// The store's chunks are due back a gap from now: the gap of the
+			// chunk before them, or the mean (core/l1's admitLeading).
+			gap := p.lend[k]
+			if gap == 0 {
+				gap = s.clk[k].Prior(s.count[k])
+			}
+			p.due[k], p.dueSet = s.clk[k].Now+gap, p.dueSet|bit
+		}
+		ok, refused := s.makeRoom(&e.st, k, s.charge[j], e.simCap(f), p.start[k], p.due[k])
+		if refused {
+			p.refused |= bit
+		}
+		if ok {
 			g, m := s.admit(&e.st, j, k, p.lend[k], p.lendM&bit != 0, held, afterPrev && fresh&bit != 0)
 			p.lend[k] = g
 			p.lendM &^= bit

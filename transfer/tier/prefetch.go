@@ -351,7 +351,7 @@ func (s *Set) reserve(ctx context.Context, m *member, k keys.ObjectKey, lay layo
 		m.st.timeouts.Add(1)
 		return nil, nil, nil, false
 	}
-	res, err := s.pool.ReserveWrite(s.opts.Owner, []keys.ObjectKey{k}, lay.Bytes)
+	res, err := s.pool.ReserveLoad(s.opts.Owner, k, lay.Bytes)
 	if err != nil {
 		s.log.Debug("no L1 room for a tier load", "key", k, "err", err)
 		return nil, nil, nil, false

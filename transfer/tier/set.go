@@ -30,8 +30,10 @@ type Pool interface {
 	// Held tells whether a hold is still in force (its bytes still the
 	// object's), asked before a write streamed from them is published.
 	Held(ref l1.ReadRef) bool
-	// ReserveWrite, FinishWrite and AbortWrite put a loaded value into L1.
-	ReserveWrite(owner l1.Owner, ks []keys.ObjectKey, size int64) ([]l1.Reservation, error)
+	// ReserveLoad, FinishWrite and AbortWrite put a loaded value into L1
+	// (ReserveLoad: a value a lookup reads next, which admission never
+	// refuses).
+	ReserveLoad(owner l1.Owner, k keys.ObjectKey, size int64) ([]l1.Reservation, error)
 	FinishWrite(rs []l1.Reservation) bool
 	AbortWrite(rs []l1.Reservation)
 	View(off, n int64) ([]byte, func())

@@ -196,6 +196,11 @@ type PoolStatus struct {
 	// other models leave, and never evicts their chunks.
 	BenchBytes    int64  `json:"bench_bytes"`
 	BenchRefusals uint64 `json:"bench_refusals"`
+	// admission_refusals counts the new chunks a store got no slot for
+	// under the prefix policy: the leaf it would have evicted was due back
+	// before them and was neither late nor unused since its store (the
+	// store keeps its leading chunks).
+	AdmissionRefusals uint64 `json:"admission_refusals"`
 }
 
 // ContextStatus is one registered worker context: its layout, its transfer
@@ -595,7 +600,7 @@ func poolStatus(p engine.Pool) PoolStatus {
 		EvictionPolicy: p.Policy, TriggerWatermark: p.Watermark, EvictionRatio: p.Ratio,
 		WriteTTLSeconds: p.WriteTTL.Seconds(), ReadTTLSeconds: p.ReadTTL.Seconds(),
 		LiveBytes: p.LiveBytes, LockedBytes: p.LockedBytes, DoomedObjects: p.Doomed, DoomedBytes: p.DoomedBytes,
-		BenchBytes: p.BenchBytes, BenchRefusals: p.BenchRefusals,
+		BenchBytes: p.BenchBytes, BenchRefusals: p.BenchRefusals, AdmissionRefusals: p.AdmissionRefusals,
 		LockOwners: p.LockOwners, Views: p.Views, WriteDoomed: p.WriteDoomed, StaleFinishes: p.StaleFinishes,
 		LockCapRefusals: p.LockCapRefusals, OwnerLockCapBytes: p.OwnerLockCap, TotalLockCapBytes: p.TotalLockCap,
 	}

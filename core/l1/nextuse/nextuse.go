@@ -17,7 +17,8 @@
 // once the gap was measured (its own, or a parent's it was lent), at
 // its due time on the mean. The victim is the object the longest late, if
 // one is late; else the one due the latest (Belady's choice, as far as the
-// gaps tell).
+// gaps tell). A store that would have to evict a victim due back before
+// its own chunks stores none of them (Admits), as Belady's MIN would not.
 package nextuse
 
 // Order is one object's place in the order.
@@ -27,10 +28,19 @@ type Order struct {
 	Due, Late int32  // places in the two heaps (-1: not there)
 	Left      uint32 // the holder's evictions when this object left (core/whatif's ghosts)
 	Measured  bool   // Gap comes from the object's own uses
+	Unused    bool   // stored and not used since (Admits)
 }
 
 // New is the order of an object stored at tick now, in no heap.
 func New(now uint64) Order { return Order{Stamp: now, Due: -1, Late: -1} }
+
+// Stored is New for an object a store brings in: unused until its first
+// use.
+func Stored(now uint64) Order {
+	o := New(now)
+	o.Unused = true
+	return o
+}
 
 // InHeaps reports whether the object is in the heaps.
 func (o *Order) InHeaps() bool { return o.Due >= 0 }
@@ -72,6 +82,7 @@ func (c *Clock) Use(o *Order) {
 	if d == 0 {
 		return // used twice in one request: one use
 	}
+	o.Unused = false
 	if o.Measured {
 		o.Gap = (o.Gap + d + 1) / 2
 	} else {
@@ -110,6 +121,29 @@ func Inherit(o, parent *Order) bool {
 		return true
 	}
 	return false
+}
+
+// Branch gives o, a new object whose parent already goes on in another
+// resident child, no gap at all: it is late from the next tick on, until
+// its first use measures its own. A parent that branches is a prompt
+// shared by others (a system prompt before its questions, the documents a
+// RAG prompt puts first): its gap says how often the prefix comes back,
+// not this continuation, which is most often asked once. Lent that gap,
+// each one looked as hot as the prefix and pushed out prompts that come
+// back (docs/BENCHMARKS.md). Its children inherit the lack of one.
+func Branch(o *Order) { o.Gap, o.Measured = 1, false }
+
+// Admits reports whether a store whose new objects would be due back at
+// due may evict victim, the policy's next one, at tick now: always when
+// the victim is late or was never used since its store (content seen once
+// never shuts out content seen once, however many came before), else
+// only when the victim is due back no sooner than they are. Otherwise
+// the store's chunks are the ones due the latest, and storing them evicts
+// a chunk wanted before them: Belady's MIN does not store a chunk then
+// (chat.OfflineHits), and a pool that does hands the deficit on (the
+// conversation it evicted misses and evicts the next one's).
+func Admits(victim *Order, now, due uint64) bool {
+	return victim.Unused || victim.LateAt() < now || victim.Stamp+victim.Gap >= due
 }
 
 // Resume is the gap of an object stored again after it was evicted, from

@@ -179,3 +179,57 @@ func TestResume(t *testing.T) {
 		}
 	}
 }
+
+// TestAdmits: a store may evict a victim that is late or unused since its
+// store whenever, and any other only when it is due back no sooner than
+// the store's chunks.
+func TestAdmits(t *testing.T) {
+	var c Clock
+	v := Stored(c.Tick()) // tick 1
+	v.Gap = 10
+	if !Admits(&v, 2, 5) {
+		t.Error("a victim unused since its store refuses a store")
+	}
+	for range 4 {
+		c.Tick()
+	}
+	c.Use(&v) // tick 6: used, gap 5 measured; due at 11, late after 13
+	if v.Unused {
+		t.Fatal("a use leaves the victim unused")
+	}
+	for _, tc := range []struct {
+		now, due uint64
+		want     bool
+	}{
+		{7, 11, true},  // due back as the store's chunks
+		{7, 10, true},  // later than them
+		{7, 12, false}, // before them: Belady would not store them
+		{14, 30, true}, // late
+	} {
+		if got := Admits(&v, tc.now, tc.due); got != tc.want {
+			t.Errorf("at %d, a store due at %d: Admits = %v, want %v", tc.now, tc.due, got, tc.want)
+		}
+	}
+}
+
+// TestBranch: an object that branches off is late from the next tick on,
+// lends its children no gap either, and measures its own at its first use.
+func TestBranch(t *testing.T) {
+	var c Clock
+	o := Stored(c.Tick())
+	Branch(&o)
+	if o.Measured || o.LateAt() >= c.Now+2 {
+		t.Errorf("a branch has gap %d (measured %v), late at %d: want late from tick %d on", o.Gap, o.Measured, o.LateAt(), c.Now+1)
+	}
+	kid := Stored(c.Now)
+	if Inherit(&kid, &o); kid.Measured || kid.Gap != o.Gap {
+		t.Errorf("a branch's child has gap %d (measured %v), want the branch's %d, not measured", kid.Gap, kid.Measured, o.Gap)
+	}
+	for range 6 {
+		c.Tick()
+	}
+	c.Use(&o) // the 7th tick after its store
+	if !o.Measured || o.Gap != 7 {
+		t.Errorf("a branch used 7 ticks after its store has gap %d (measured %v), want 7 of its own", o.Gap, o.Measured)
+	}
+}
