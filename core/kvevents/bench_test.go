@@ -248,3 +248,59 @@ func BenchmarkPublisherIdle(b *testing.B) {
 	b.ReportMetric(float64(offCPU.Microseconds())/1000, "off_cpu_ms/s")
 	b.ReportMetric(float64(offSwitches), "off_switches/s")
 }
+
+// BenchmarkRestart64k is the KV event side of a restart with a large pool
+// and the poll log on (kvdock's default): 16,384 prompts of 4 chunks of 256
+// tokens committed, the stopping process's Describe (describe_ms) and the
+// new process's Reannounce of all 65,536 chunks (reannounce_ms), which a
+// restart's gap waits for.
+func BenchmarkRestart64k(b *testing.B) {
+	const prompts, chunks, size = 16384, 4, 256
+	h, err := keys.NewHasher(size, keys.AlgorithmBLAKE3)
+	if err != nil {
+		b.Fatal(err)
+	}
+	newTracker := func() *Tracker {
+		tr := New(Options{BlockSize: size, NoStream: true, Log: NewLog(DefaultLogSize, size, 1)})
+		tr.Registered("m", 1, one)
+		return tr
+	}
+	old := newTracker()
+	var published []keys.ObjectKey
+	toks := make([]uint32, chunks*size)
+	for p := range prompts {
+		for i := range toks {
+			toks[i] = uint32(p*len(toks) + i) // distinct prompts
+		}
+		c := Commit{Model: "m", WorldSize: 1, Hashes: h.Hashes(toks), Tokens: toks}
+		for _, ch := range c.Hashes {
+			k := keys.ObjectKey{Chunk: ch, Model: "m"}
+			old.Stored(&k)
+			c.Keys = append(c.Keys, k)
+		}
+		old.Commit(c)
+		published = append(published, c.Keys...)
+	}
+	none := func([]keys.ObjectKey) uint64 { return 0 }
+	var describe, reannounce time.Duration
+	for b.Loop() {
+		start := time.Now()
+		data, left := old.Describe(1, MaxDescribeBytes, nil)
+		describe += time.Since(start)
+		if left != 0 {
+			b.Fatalf("%d left out", left)
+		}
+		tr := newTracker()
+		for i := range published {
+			tr.Stored(&published[i])
+		}
+		start = time.Now()
+		r, err := tr.Reannounce(data, 1, published, none)
+		reannounce += time.Since(start)
+		if err != nil || r.Chunks != prompts*chunks {
+			b.Fatalf("reannounced %d chunks: %v", r.Chunks, err)
+		}
+	}
+	b.ReportMetric(float64(describe.Milliseconds())/float64(b.N), "describe_ms")
+	b.ReportMetric(float64(reannounce.Milliseconds())/float64(b.N), "reannounce_ms")
+}

@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"runtime"
+	"sync"
 
 	"kvdock/core/keys"
 )
@@ -59,7 +61,24 @@ func (t *Tracker) Describe(stamp int64, maxBytes int, tiers [][]keys.ObjectKey) 
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.applyLocked()
-	b := append([]byte(describeMagic), make([]byte, describeHead)...)
+	// One buffer of the size the records take (tens of MiB for a large
+	// pool: grown by appends, its copies were most of the time a restart's
+	// stop spent here).
+	size := len(describeMagic) + describeHead
+	for _, m := range t.media() {
+		for ek, n := range m.nodes {
+			if n.ws != 0 {
+				size += chunkRecordSize(ek, n)
+			}
+		}
+	}
+	for _, ks := range tiers {
+		for j := range ks {
+			size += tierRecordSize(&ks[j])
+		}
+	}
+	b := make([]byte, 0, min(size, maxBytes))
+	b = append(append(b, describeMagic...), make([]byte, describeHead)...)
 	binary.BigEndian.PutUint64(b[len(describeMagic):], uint64(stamp))
 	binary.BigEndian.PutUint32(b[len(describeMagic)+8:], uint32(t.opt.BlockSize))
 	if t.opt.Log != nil {
@@ -82,7 +101,7 @@ func (t *Tracker) Describe(stamp int64, maxBytes int, tiers [][]keys.ObjectKey) 
 	for i, ks := range tiers {
 		for j := range ks {
 			k := &ks[j]
-			size := 1 + 1 + 2 + len(k.Model) + 2 + len(k.Salt) + 32 + 4 + 4 + 8
+			size := tierRecordSize(k)
 			if !written[keyOf(k)] {
 				continue // of a chunk never described (never announced): nothing to carry
 			}
@@ -107,10 +126,20 @@ func appendStr(b []byte, s string) []byte {
 	return append(b, s...)
 }
 
+// chunkRecordSize is the bytes of the record of ek's description.
+func chunkRecordSize(ek ekey, n *node) int {
+	return 1 + 2 + len(ek.model) + 2 + len(ek.salt) + 32 + 1 + 32 + 4 + 4*len(n.tokens)
+}
+
+// tierRecordSize is the bytes of the record of tier object k.
+func tierRecordSize(k *keys.ObjectKey) int {
+	return 1 + 1 + 2 + len(k.Model) + 2 + len(k.Salt) + 32 + 4 + 4 + 8
+}
+
 // appendChunk appends the record of ek's description, unless a name is
 // too long for it or it would take b past maxBytes.
 func appendChunk(b []byte, ek ekey, n *node, maxBytes int) ([]byte, bool) {
-	size := 1 + 2 + len(ek.model) + 2 + len(ek.salt) + 32 + 1 + 32 + 4 + 4*len(n.tokens)
+	size := chunkRecordSize(ek, n)
 	if len(ek.model) > 0xffff || len(ek.salt) > 0xffff || len(b)+size > maxBytes {
 		return b, false
 	}
@@ -160,8 +189,9 @@ type described struct {
 // the tracker of (Stored; a carried write reservation too, announced once
 // its commit comes), and unreadable tells which of up to 64 keys are not
 // readable now (l1.Pool.Unreadable): asked after the objects are marked,
-// so that whatever left the pool meanwhile goes. Call it before the new
-// process serves: its events lead the stream, parents first.
+// so that whatever left the pool meanwhile goes. Its events lead the
+// stream, parents first: call it before the new process serves, or while
+// it serves between Hold and Release.
 func (t *Tracker) Reannounce(data []byte, stamp int64, published []keys.ObjectKey, unreadable func([]keys.ObjectKey) uint64) (Reannounced, error) {
 	var r Reannounced
 	desc, logNext, err := t.parse(data, stamp, &r)
@@ -212,19 +242,27 @@ func (t *Tracker) Reannounce(data []byte, stamp int64, published []keys.ObjectKe
 		t.rewhole(m, ek, n, was)
 	}
 	t.mu.Unlock()
-	// What left the pool since it was kept (expired, evicted) goes now.
+	// What left the pool since it was kept (expired, evicted) goes now,
+	// ahead of the data path's ops (while held, they wait behind it).
+	var gone []*keys.ObjectKey
 	for i := 0; i < len(published); i += 64 {
 		ks := published[i:min(i+64, len(published))]
 		bits := unreadable(ks)
 		for j := range ks {
 			if bits&(1<<j) != 0 {
-				t.Lost(&ks[j])
+				gone = append(gone, &ks[j])
 			}
 		}
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.applyLocked() // the losses just told
+	t.applyLocked()
+	for _, k := range gone {
+		ek := keyOf(k)
+		if n := m.nodes[ek]; n != nil {
+			t.lostLocked(m, ek, n, k)
+		}
+	}
 	for ek := range m.nodes {
 		t.tryAnnounce(m, ek)
 	}
@@ -255,10 +293,6 @@ func (t *Tracker) parse(data []byte, stamp int64, r *Reannounced) (map[ekey]desc
 	}
 	rest := data[h+describeHead:]
 	desc := map[ekey]described{}
-	chain, err := keys.NewHasher(bs, keys.AlgorithmBLAKE3)
-	if err != nil {
-		return nil, 0, fmt.Errorf("%w: %w", ErrDescription, err)
-	}
 	take := func(n int) []byte {
 		if n > len(rest) {
 			rest = nil
@@ -276,7 +310,11 @@ func (t *Tracker) parse(data []byte, stamp int64, r *Reannounced) (map[ekey]desc
 		b := take(int(binary.BigEndian.Uint16(l)))
 		return string(b), b != nil
 	}
-	var tiers [][]keys.ObjectKey
+	// Every record is framed first, in order; the chunks' tokens are
+	// decoded and their hashes checked after, over the cores (a BLAKE3
+	// chain a chunk: most of a large pool's re-announcement, which the
+	// restart's gap waits for); then the records are taken in their order.
+	var items []describedItem
 	for len(rest) > 0 {
 		tag := take(1)[0]
 		if tag == tagTier {
@@ -291,15 +329,7 @@ func (t *Tracker) parse(data []byte, stamp int64, r *Reannounced) (map[ekey]desc
 			k := keys.ObjectKey{Model: model, Salt: salt, KVRank: binary.BigEndian.Uint32(fixed[32:]),
 				Group: binary.BigEndian.Uint32(fixed[36:]), Layout: binary.BigEndian.Uint64(fixed[40:])}
 			copy(k.Chunk[:], fixed[:32])
-			if _, ok := desc[keyOf(&k)]; !ok || int(ti[0]) >= MaxTiers {
-				r.Dropped++ // of no chunk described before it
-				continue
-			}
-			for len(tiers) <= int(ti[0]) {
-				tiers = append(tiers, nil)
-			}
-			tiers[ti[0]] = append(tiers[ti[0]], k)
-			r.TierObjects++
+			items = append(items, describedItem{tier: true, ti: int(ti[0]), k: k})
 			continue
 		}
 		model, ok1 := str()
@@ -310,30 +340,97 @@ func (t *Tracker) parse(data []byte, stamp int64, r *Reannounced) (map[ekey]desc
 			r.Dropped++ // cut short, or a record of no known kind: what follows cannot be framed
 			break
 		}
-		var ek ekey
-		ek.model, ek.salt = model, salt
-		copy(ek.h[:], fixed[:32])
-		d := described{hasParent: fixed[32] == 1, ws: int(binary.BigEndian.Uint32(fixed[65:]))}
-		copy(d.parent[:], fixed[33:65])
-		if fixed[32] > 1 || d.ws < 1 || d.ws > keys.MaxWorldSize {
+		it := describedItem{toks: toks}
+		it.ek.model, it.ek.salt = model, salt
+		copy(it.ek.h[:], fixed[:32])
+		it.d = described{hasParent: fixed[32] == 1, ws: int(binary.BigEndian.Uint32(fixed[65:]))}
+		copy(it.d.parent[:], fixed[33:65])
+		if fixed[32] > 1 || it.d.ws < 1 || it.d.ws > keys.MaxWorldSize {
 			r.Dropped++
 			continue
 		}
-		d.tokens = make([]uint32, bs)
-		for i := range d.tokens {
-			d.tokens[i] = binary.BigEndian.Uint32(toks[4*i:])
+		items = append(items, it)
+	}
+	if err := checkChains(items, bs); err != nil {
+		return nil, 0, fmt.Errorf("%w: %w", ErrDescription, err)
+	}
+	var tiers [][]keys.ObjectKey
+	for i := range items {
+		it := &items[i]
+		if it.tier {
+			if _, ok := desc[keyOf(&it.k)]; !ok || it.ti >= MaxTiers {
+				r.Dropped++ // of no chunk described before it
+				continue
+			}
+			for len(tiers) <= it.ti {
+				tiers = append(tiers, nil)
+			}
+			tiers[it.ti] = append(tiers[it.ti], it.k)
+			r.TierObjects++
+			continue
 		}
-		prev := keys.NoneHash()
-		if d.hasParent {
-			prev = d.parent
-		}
-		if _, dup := desc[ek]; dup || chain.HashesAfter(prev, d.tokens)[0] != ek.h {
+		if _, dup := desc[it.ek]; dup || !it.chained {
 			r.Dropped++ // not the chain of its parent and tokens, or told twice
 			continue
 		}
-		desc[ek] = d
+		desc[it.ek] = it.d
 		r.Described++
 	}
 	r.Tiers = tiers
 	return desc, logNext, nil
+}
+
+// describedItem is one record of a description as parse frames it: a
+// tier object (tier), or a chunk with its tokens still encoded (toks) and,
+// once checkChains ran, whether its hash is the chain of its parent and
+// tokens (chained, d.tokens decoded).
+type describedItem struct {
+	tier    bool
+	ti      int
+	k       keys.ObjectKey
+	ek      ekey
+	d       described
+	toks    []byte
+	chained bool
+}
+
+// checkChains decodes each chunk item's tokens (bs of them) and checks its
+// hash, the chunks spread over up to min(GOMAXPROCS, 8) workers.
+func checkChains(items []describedItem, bs int) error {
+	workers := min(runtime.GOMAXPROCS(0), 8, max(len(items)/1024, 1))
+	hashers := make([]*keys.Hasher, workers)
+	for w := range hashers {
+		h, err := keys.NewHasher(bs, keys.AlgorithmBLAKE3)
+		if err != nil {
+			return err
+		}
+		hashers[w] = h
+	}
+	var wg sync.WaitGroup
+	per := (len(items) + workers - 1) / workers
+	for w := range workers {
+		part := items[min(w*per, len(items)):min((w+1)*per, len(items))]
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range part {
+				it := &part[i]
+				if it.tier {
+					continue
+				}
+				it.d.tokens = make([]uint32, bs)
+				for j := range it.d.tokens {
+					it.d.tokens[j] = binary.BigEndian.Uint32(it.toks[4*j:])
+				}
+				it.toks = nil
+				prev := keys.NoneHash()
+				if it.d.hasParent {
+					prev = it.d.parent
+				}
+				it.chained = hashers[w].HashesAfter(prev, it.d.tokens)[0] == it.ek.h
+			}
+		}()
+	}
+	wg.Wait()
+	return nil
 }
