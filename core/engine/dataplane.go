@@ -268,9 +268,10 @@ func (e *Engine) buildDataPlane(cfg settings.Config) (*dataPlane, error) {
 	e.restoreRegistrations(p, adopted)
 	e.restoreTransfers(p, adopted)
 	// After the registrations the restart restored, which the adopted
-	// chunks count for, and before the plane serves: the re-announcement
-	// leads the new stream.
-	e.reannounceKV(cfg, kv, pool, adopted, p.tiers.current())
+	// chunks count for: the tracker is held from here, before the plane
+	// serves, so the re-announcement (one of the loops below, which the
+	// release waits for) leads the new stream.
+	reannounce := e.reannounceKV(cfg, kv, adopted)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	p.cancel = cancel
@@ -284,6 +285,10 @@ func (e *Engine) buildDataPlane(cfg settings.Config) (*dataPlane, error) {
 		},
 		every(nongpu.SweepEvery, p.transfer.Sweep),
 		p.transfer.RunReaper,
+	}
+	if reannounce != nil {
+		set := p.tiers.current()
+		loops = append(loops, func(context.Context) { reannounce(pool, set) })
 	}
 	finished := make(chan struct{}, len(loops))
 	for _, run := range loops {

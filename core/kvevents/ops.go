@@ -69,11 +69,16 @@ func (t *Tracker) push(o op, tokens int) {
 	first := len(q.ops) == 0
 	q.ops = append(q.ops, o)
 	q.tokens += tokens
-	n, held := len(q.ops), q.tokens
+	n, toks := len(q.ops), q.tokens
 	q.mu.Unlock()
 	switch {
-	case n >= maxOps || held >= maxOpTokens:
-		t.Sync()
+	case n >= maxOps || toks >= maxOpTokens:
+		// Held or not (Hold): memory stays bounded and the sets exact,
+		// though a chunk may then be announced before a re-announcement
+		// in progress ends.
+		t.mu.Lock()
+		t.apply(true)
+		t.mu.Unlock()
 	case n >= asyncOps:
 		if q.applying.CompareAndSwap(false, true) {
 			go t.applyAsync()
@@ -89,8 +94,14 @@ func (t *Tracker) push(o op, tokens int) {
 // applyAsync applies the waiting ops until fewer than asyncOps wait.
 func (t *Tracker) applyAsync() {
 	for {
-		t.Sync()
+		t.mu.Lock()
+		held := t.held
+		t.applyLocked()
+		t.mu.Unlock()
 		t.ops.applying.Store(false)
+		if held {
+			return // Release applies them
+		}
 		t.ops.mu.Lock()
 		n := len(t.ops.ops)
 		t.ops.mu.Unlock()
@@ -101,16 +112,63 @@ func (t *Tracker) applyAsync() {
 }
 
 // Sync applies every op the data path queued so far: what is read after it
-// reflects every call made before it.
+// reflects every call made before it. While held (Hold) it waits for
+// Release, so that a poll of the log after a restart reads the
+// re-announcement.
 func (t *Tracker) Sync() {
+	t.lockSynced()
+	t.mu.Unlock()
+}
+
+// lockSynced locks t.mu once no Hold is in force and applies the waiting
+// ops; the caller unlocks.
+func (t *Tracker) lockSynced() {
 	t.mu.Lock()
-	defer t.mu.Unlock()
+	for t.held {
+		t.unheld.Wait()
+	}
 	t.applyLocked()
 }
 
-// applyLocked applies the waiting ops in their order; t.mu is held, so two
-// appliers never apply two parts of the queue out of order.
-func (t *Tracker) applyLocked() {
+// waiting is how many ops wait, and the tokens they hold.
+func (t *Tracker) waiting() (ops, tokens int) {
+	t.ops.mu.Lock()
+	defer t.ops.mu.Unlock()
+	return len(t.ops.ops), t.ops.tokens
+}
+
+// Hold stops the data path's ops from being applied (they wait, in order)
+// until Release, having applied those that wait now: a restart's
+// re-announcement of the adopted pool (Reannounce) then runs while the new
+// process serves, and its chunks still lead the stream, before any change
+// the data path made after Hold. While held, Stats counts the stream as
+// behind (Queued > 0).
+func (t *Tracker) Hold() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.applyLocked()
+	t.held = true
+}
+
+// Release ends Hold and applies what the data path queued meanwhile.
+func (t *Tracker) Release() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.held = false
+	t.applyLocked()
+	t.unheld.Broadcast()
+}
+
+// applyLocked applies the waiting ops in their order, unless held (Hold);
+// t.mu is held, so two appliers never apply two parts of the queue out of
+// order.
+func (t *Tracker) applyLocked() { t.apply(false) }
+
+// apply is applyLocked, held or not when force is set.
+func (t *Tracker) apply(force bool) {
+	if t.held && !force {
+		return
+	}
 	q := &t.ops
 	q.mu.Lock()
 	if len(q.ops) == 0 {

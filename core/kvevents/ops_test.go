@@ -7,13 +7,6 @@ import (
 	"kvdock/core/keys"
 )
 
-// waiting is how many ops wait, and the tokens they hold.
-func (t *Tracker) waiting() (ops, tokens int) {
-	t.ops.mu.Lock()
-	defer t.ops.mu.Unlock()
-	return len(t.ops.ops), t.ops.tokens
-}
-
 // TestHostileOpsBoundedWithoutAReader: the poll log alone (kvdock's
 // default: no publisher) and nobody polling, a peer storing and evicting
 // without pause, and commits of huge prompts: what waits to be applied

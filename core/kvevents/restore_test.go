@@ -4,7 +4,10 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"slices"
 	"testing"
+
+	"github.com/vmihailenco/msgpack/v5"
 
 	"kvdock/core/keys"
 )
@@ -102,6 +105,93 @@ func TestTrackerReannounce(t *testing.T) {
 	drain(tr, now)
 	if now.known[WireHash(a[1].Chunk)] {
 		t.Fatal("a descendant of a lost chunk is still announced")
+	}
+}
+
+// TestReannounceWhileServing: the re-announcement runs while the new
+// process serves (Hold, Reannounce, Release). What the data path did
+// meanwhile (a new prompt stored after an adopted one, an adopted chunk
+// evicted) waits behind it: the stream starts with the adopted chunks that
+// are still readable, parents first, then the new prompt; the router is
+// told behind while held; the end state is what the calls made. A flood of
+// ops past the queue's bounds while held is applied at once, and the set
+// stays exact.
+func TestReannounceWhileServing(t *testing.T) {
+	old := New(Options{BlockSize: cs})
+	a := prompt(t, old, "m", 1, 1, 3)
+	data, _ := old.Describe(5, MaxDescribeBytes, nil)
+	tr := New(Options{BlockSize: cs})
+	tr.Registered("m", 1, one)
+	for i := range a {
+		tr.Stored(&a[i]) // the pool's adoption
+	}
+	tr.Hold()
+	if q := tr.Stats().Queued; q == 0 {
+		t.Fatal("held, the stream reads as caught up")
+	}
+	// Serving: a prompt continuing a's first chunk, and a's last chunk
+	// evicted (the pool reports it unreadable from now on).
+	h, err := keys.NewHasher(cs, keys.AlgorithmBLAKE3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	toks := []uint32{50, 51, 52, 53}
+	nk := keys.ObjectKey{Chunk: h.HashesAfter(a[0].Chunk, toks)[0], Model: "m"}
+	tr.Stored(&nk)
+	tr.Commit(Commit{Model: "m", WorldSize: 1, Parent: a[0].Chunk, HasParent: true, Hashes: []keys.Hash{nk.Chunk},
+		Tokens: toks, Keys: []keys.ObjectKey{nk}})
+	tr.Lost(&a[2])
+	if bs := tr.Flush(); len(bs) != 0 {
+		t.Fatalf("held, %d batches published before the re-announcement", len(bs))
+	}
+	r, err := tr.Reannounce(data, 5, a, func(ks []keys.ObjectKey) uint64 {
+		var m uint64
+		for j, k := range ks {
+			if k == a[2] {
+				m |= 1 << j
+			}
+		}
+		return m
+	})
+	if err != nil || r.Chunks != 2 {
+		t.Fatalf("reannounced %+v, %v", r, err)
+	}
+	tr.Release()
+	bs := tr.Flush()
+	now := &router{t: t, known: map[uint64]bool{}}
+	var order []uint64
+	for _, b := range bs {
+		now.apply(b) // fails on a child before its parent
+		var raw []any
+		if err := msgpack.Unmarshal(b.Payload, &raw); err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range raw[1].([]any) {
+			for _, x := range e.(map[string]any)["block_hashes"].([]any) {
+				order = append(order, toU64(x))
+			}
+		}
+	}
+	want := []uint64{WireHash(a[0].Chunk), WireHash(a[1].Chunk), WireHash(nk.Chunk)}
+	if !slices.Equal(order, want) {
+		t.Fatalf("stream order %x, want %x (a0, a1 re-announced, then the new chunk)", order, want)
+	}
+	if s := tr.Stats(); s.Queued != 0 || s.Announced != 3 {
+		t.Fatalf("after Release: %+v", s)
+	}
+	// Past the bounds while held: applied at once, the set exact.
+	tr.Hold()
+	for i := range maxOps + 10 {
+		k := keys.ObjectKey{Chunk: hashOf(byte(i)), Model: "m", Layout: uint64(i) + 1}
+		tr.Stored(&k)
+		tr.Lost(&k)
+	}
+	if n, _ := tr.waiting(); n > maxOps {
+		t.Fatalf("%d ops wait while held, bound %d", n, maxOps)
+	}
+	tr.Release()
+	if s := tr.Stats(); s.Announced != 3 || s.Held != 0 {
+		t.Fatalf("after the flood: %+v", s)
 	}
 }
 

@@ -289,8 +289,11 @@ func (m *medium) add(ek ekey, n *node) {
 type Tracker struct {
 	opt Options
 
-	// ops are the data path's calls waiting to be applied (ops.go).
-	ops opQueue
+	// ops are the data path's calls waiting to be applied (ops.go);
+	// held (under mu) keeps them waiting while a restart re-announces.
+	ops    opQueue
+	held   bool
+	unheld *sync.Cond // on mu: signalled by Release
 
 	mu    sync.Mutex
 	l1    *medium
@@ -347,6 +350,7 @@ func New(opt Options) *Tracker {
 	}
 	t := &Tracker{opt: opt, l1: newMedium(opt.Medium), wake: make(chan struct{}, 1), regs: map[regKey]Layouts{},
 		fl: flushScratch{byModel: map[string]int{}, last: -1}}
+	t.unheld = sync.NewCond(&t.mu)
 	if n := opt.EventBlockSize; n > 0 && n != opt.BlockSize && opt.BlockSize%n == 0 {
 		t.split, _ = keys.NewHasher(n, keys.AlgorithmBLAKE3) // n > 0: cannot fail
 	} else {
@@ -1098,9 +1102,8 @@ func (t *Tracker) keep(b Batch) {
 
 // Since returns the buffered batches with seq >= start, oldest first.
 func (t *Tracker) Since(start uint64) []Batch {
-	t.mu.Lock()
+	t.lockSynced() // a replay after a restart starts with the re-announcement
 	defer t.mu.Unlock()
-	t.applyLocked()
 	var out []Batch
 	for i := range t.buf.len() {
 		if b := t.buf.at(i); b.Seq >= start {
@@ -1117,6 +1120,12 @@ func (t *Tracker) Stats() Stats {
 	t.applyLocked()
 	s := t.st
 	s.Queued, s.Buffered, s.BufferedBytes = len(t.pend)+t.flushing, t.buf.len(), t.bufBytes
+	if t.held {
+		// The re-announcement and the data path's ops behind it are still
+		// to come: a router at NextSeq does not have them yet.
+		n, _ := t.waiting()
+		s.Queued += max(n, 1)
+	}
 	for _, m := range t.media() {
 		s.Announced += m.announced
 		s.Held += m.held
