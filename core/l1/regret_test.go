@@ -231,3 +231,92 @@ func familyRegret(b *testing.B, f chat.Family) {
 	b.ReportMetric(median(back[1]), "due-median-prompts-back")
 	b.ReportMetric(float64(p.Stats().AdmissionRefusals), "refused")
 }
+
+// BenchmarkChatAndScanResidency replays chat + scan (chat.ChatAndScan) at
+// 0.5× its working set under prefix, on demand, and tells what the scan
+// costs the chat: the scan's chunks resident on average (counted after
+// each prompt), the chat's hits, and the same chat without the scan in
+// the same pool (LRU, prefix, Belady's MIN); and, for each scan store,
+// whether the policy's first victim was late, unused since its
+// store or neither, and the range of the mean gap (a new prompt's prior).
+// (docs/BENCHMARKS.md: why chat + scan stays at 0.71.)
+//
+//	go test -run '^$' -bench ChatAndScanResidency -benchtime 1x ./core/l1
+func BenchmarkChatAndScanResidency(b *testing.B) {
+	full := chat.ChatAndScan(3000, 5)
+	pool := familyPool(chat.Live(full), 0.5)
+	only := chat.Prompts(chat.RandomOrder(3000, 16, 5))
+	for range b.N {
+		p, h := replayPool(b, int64(pool)*accAlign, PolicyPrefix, nil)
+		keysOf := func(pr chat.Prompt) []keys.ObjectKey {
+			var tokens []uint32
+			for _, s := range pr {
+				for c := range s.N {
+					tokens = append(tokens, chunkTokens(uint64(s.Doc), c)...)
+				}
+			}
+			return keys.ObjectKeys(h.Hashes(tokens), "m", 1, nil, "")
+		}
+		isScan := func(pr chat.Prompt) bool { return pr[0].Doc >= 1<<27 } // chat's scanDoc
+		var scan []keys.ObjectKey
+		seen := map[keys.ObjectKey]bool{}
+		for _, pr := range full {
+			if isScan(pr) {
+				for _, k := range keysOf(pr) {
+					if !seen[k] {
+						seen[k] = true
+						scan = append(scan, k)
+					}
+				}
+			}
+		}
+		var held, chatHits, scanHits, late, unused, other int
+		lowMean, highMean := uint64(1<<63), uint64(0) // the mean gap over the run
+		for i, pr := range full {
+			ks := keysOf(pr)
+			n := p.ReserveReadPrefix(ks, 1)
+			p.FinishRead(ks[:n], 1)
+			if isScan(pr) {
+				scanHits += n
+			} else {
+				chatHits += n
+			}
+			if n < len(ks) {
+				if isScan(pr) {
+					p.mu.Lock()
+					if v := p.t.victim(); v != nilRec {
+						switch o := &p.t.recs[v].ord; {
+						case o.LateAt() < p.t.clk.Now:
+							late++
+						case o.Unused:
+							unused++
+						default:
+							other++
+						}
+					}
+					p.mu.Unlock()
+				}
+				replayStore(b, p, ks, n, i)
+			}
+			p.Touch(ks)
+			p.mu.Lock()
+			if i >= 100 {
+				lowMean, highMean = min(lowMean, p.t.clk.MeanGap), max(highMean, p.t.clk.MeanGap)
+			}
+			for _, k := range scan {
+				if p.t.find(k) != nilRec {
+					held++
+				}
+			}
+			p.mu.Unlock()
+		}
+		p.Close()
+		lru := replayFamily(b, only, pool, PolicyLRU, 0)
+		pre := replayFamily(b, only, pool, PolicyPrefix, 0)
+		b.Logf("pool %d chunks: scan resident %.1f on average; chat hits %d, scan hits %d; scan stores' first victim late %d, unused %d, neither %d; mean gap %d to %d ticks from the 100th prompt on; the chat alone: LRU %d, prefix %d, MIN %d",
+			pool, float64(held)/float64(len(full)), chatHits, scanHits, late, unused, other, lowMean, highMean, lru.hit, pre.hit, chat.OfflineHits(only, pool))
+		b.ReportMetric(float64(held)/float64(len(full)), "scan-resident")
+		b.ReportMetric(float64(chatHits), "chat-hits")
+		b.ReportMetric(float64(pre.hit), "chat-alone-prefix-hits")
+	}
+}

@@ -253,9 +253,10 @@ func (p *Pool) evictLeavesAndAlloc(offs []int64, size int64) bool {
 // after another, evicting the policy's victims while each may go for
 // them (nextuse.Admits): the new chunks would be due back a gap from now,
 // the gap of the resident chunk before the first of them (the prompt just
-// looked up), or the mean. It returns how many of fresh are admitted: at
-// the first chunk that is not, the rest of the prompt's tail is refused.
-// p.mu is held and the store's prompt pinned.
+// looked up), or the mean for a new prompt, which may not evict a hot
+// chunk. It returns how many of fresh are admitted: at the first chunk
+// that is not, the rest of the prompt's tail is refused. p.mu is held and
+// the store's prompt pinned.
 func (p *Pool) admitLeading(prev, ks []keys.ObjectKey, fresh []int, unit int64) int {
 	var gap uint64
 	var before *keys.ObjectKey
@@ -270,7 +271,8 @@ func (p *Pool) admitLeading(prev, ks []keys.ObjectKey, fresh []int, unit int64) 
 			gap = p.t.recs[i].ord.Gap
 		}
 	}
-	if gap == 0 {
+	newPrompt := gap == 0
+	if newPrompt {
 		gap = p.t.clk.Prior(p.t.len())
 	}
 	due := p.t.clk.Now + gap
@@ -287,7 +289,7 @@ func (p *Pool) admitLeading(prev, ks []keys.ObjectKey, fresh []int, unit int64) 
 			if v == nilRec {
 				return len(fresh) // the store's own path fits it or fails
 			}
-			if !nextuse.Admits(&p.t.recs[v].ord, p.t.clk.Now, due) {
+			if !nextuse.Admits(&p.t.recs[v].ord, p.t.clk.Now, due, newPrompt) {
 				p.st.AdmissionRefusals += uint64(len(fresh) - j)
 				return j
 			}

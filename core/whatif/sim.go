@@ -117,13 +117,14 @@ func (s *sim) evict(st *stack, j int32, k int) {
 // capacity, leaving alone the objects used at or after pinFrom (the prompt
 // of the lookup being stored); it reports whether they fit. As the pool
 // admits (nextuse.Admits), a victim due back before due, the new object's
-// due time, refuses it (refused) and evicts nothing more. The pool it
+// due time, or a hot one when newPrompt (the lookup's store has no gap to
+// lend), refuses it (refused) and evicts nothing more. The pool it
 // stands for fills to within an object of its size, a share R of an
 // object here; evicting whole sampled objects to fit under capacity would
 // hold half a sampled object less on average, 7 % of a miniature pool of
 // 7 objects. So the store may pass capacity by half its own size: what
 // the miniature pool holds is centred on its size.
-func (s *sim) makeRoom(st *stack, k int, need, capacity int64, pinFrom, due uint64) (ok, refused bool) {
+func (s *sim) makeRoom(st *stack, k int, need, capacity int64, pinFrom, due uint64, newPrompt bool) (ok, refused bool) {
 	capacity += need / 2
 	v := view{s, k}
 	s.pins = s.pins[:0]
@@ -138,7 +139,7 @@ func (s *sim) makeRoom(st *stack, k int, need, capacity int64, pinFrom, due uint
 			s.pins = append(s.pins, j)
 			continue
 		}
-		if !nextuse.Admits(o, s.clk[k].Now, due) {
+		if !nextuse.Admits(o, s.clk[k].Now, due, newPrompt) {
 			refused = true
 			break
 		}

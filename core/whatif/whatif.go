@@ -271,6 +271,7 @@ type Prefix struct {
 	fresh   uint8      // a bit per size where the last sampled key was stored by this lookup
 	due     [nf]uint64 // per size: when the lookup's store would be due back (admission)
 	dueSet  uint8      // a bit per size where due is set
+	newP    uint8      // a bit per size where the store is a new prompt's (no gap lent: nextuse.Admits)
 	refused uint8      // a bit per size where admission refused a key of this lookup (the rest of its tail)
 	probed  int        // keys probed so far, sampled or not
 	family  uint64     // the spatial hash of the lookup's first key (prompt sampling)
@@ -476,10 +477,11 @@ func (e *Estimator) simProbe(p *Prefix, j int32, size int64, afterHit bool) {
 			gap := p.lend[k]
 			if gap == 0 {
 				gap = s.clk[k].Prior(s.count[k])
+				p.newP |= bit
 			}
 			p.due[k], p.dueSet = s.clk[k].Now+gap, p.dueSet|bit
 		}
-		ok, refused := s.makeRoom(&e.st, k, s.charge[j], e.simCap(f), p.start[k], p.due[k])
+		ok, refused := s.makeRoom(&e.st, k, s.charge[j], e.simCap(f), p.start[k], p.due[k], p.newP&bit != 0)
 		if refused {
 			p.refused |= bit
 		}

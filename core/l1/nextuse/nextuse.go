@@ -18,7 +18,9 @@
 // its due time on the mean. The victim is the object the longest late, if
 // one is late; else the one due the latest (Belady's choice, as far as the
 // gaps tell). A store that would have to evict a victim due back before
-// its own chunks stores none of them (Admits), as Belady's MIN would not.
+// its own chunks stores none of them (Admits), as Belady's MIN would not,
+// and a new prompt does not evict a chunk used HotUses times until it is
+// long late.
 package nextuse
 
 // Order is one object's place in the order.
@@ -29,6 +31,7 @@ type Order struct {
 	Left      uint32 // the holder's evictions when this object left (core/whatif's ghosts)
 	Measured  bool   // Gap comes from the object's own uses
 	Unused    bool   // stored and not used since (Admits)
+	Uses      uint8  // uses since its store, up to 255 (Admits)
 }
 
 // New is the order of an object stored at tick now, in no heap.
@@ -83,6 +86,9 @@ func (c *Clock) Use(o *Order) {
 		return // used twice in one request: one use
 	}
 	o.Unused = false
+	if o.Uses < 255 {
+		o.Uses++
+	}
 	if o.Measured {
 		o.Gap = (o.Gap + d + 1) / 2
 	} else {
@@ -133,17 +139,38 @@ func Inherit(o, parent *Order) bool {
 // back (docs/BENCHMARKS.md). Its children inherit the lack of one.
 func Branch(o *Order) { o.Gap, o.Measured = 1, false }
 
+// HotUses is the uses since its store past which a chunk is hot: a new
+// prompt may not evict it until it is long late (Admits).
+const HotUses = 16
+
+// hotLate is how many gaps past its late time a hot chunk must be before
+// a new prompt may evict it: a prompt that was hot and stopped is let go.
+const hotLate = 8
+
 // Admits reports whether a store whose new objects would be due back at
 // due may evict victim, the policy's next one, at tick now: always when
-// the victim is late or was never used since its store (content seen once
-// never shuts out content seen once, however many came before), else
-// only when the victim is due back no sooner than they are. Otherwise
-// the store's chunks are the ones due the latest, and storing them evicts
-// a chunk wanted before them: Belady's MIN does not store a chunk then
-// (chat.OfflineHits), and a pool that does hands the deficit on (the
-// conversation it evicted misses and evicts the next one's).
-func Admits(victim *Order, now, due uint64) bool {
-	return victim.Unused || victim.LateAt() < now || victim.Stamp+victim.Gap >= due
+// the victim was never used since its store (content seen once never
+// shuts out content seen once, however many came before); else, when the
+// store is a new prompt (newPrompt: no chunk before its new ones to lend
+// them a gap) and the victim is hot (HotUses), only once the victim is
+// hotLate gaps past late; else when the victim is late, or due back no
+// sooner than the new objects. Otherwise the store's chunks are the ones
+// due the latest, and storing them evicts a chunk wanted before them:
+// Belady's MIN does not store a chunk then (chat.OfflineHits), and a pool
+// that does hands the deficit on (the conversation it evicted misses and
+// evicts the next one's). A new prompt's due time is the mean gap, which
+// says nothing of how often it comes back: a rare system prompt seen
+// again pushed out a popular one (used every few requests) each time, as
+// A0, the online bound under fixed popularities, never does
+// (docs/BENCHMARKS.md).
+func Admits(victim *Order, now, due uint64, newPrompt bool) bool {
+	switch {
+	case victim.Unused:
+		return true
+	case newPrompt && victim.Uses >= HotUses:
+		return victim.LateAt()+hotLate*victim.Gap < now
+	}
+	return victim.LateAt() < now || victim.Stamp+victim.Gap >= due
 }
 
 // Resume is the gap of an object stored again after it was evicted, from

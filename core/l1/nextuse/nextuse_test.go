@@ -187,7 +187,7 @@ func TestAdmits(t *testing.T) {
 	var c Clock
 	v := Stored(c.Tick()) // tick 1
 	v.Gap = 10
-	if !Admits(&v, 2, 5) {
+	if !Admits(&v, 2, 5, false) || !Admits(&v, 2, 5, true) {
 		t.Error("a victim unused since its store refuses a store")
 	}
 	for range 4 {
@@ -206,9 +206,49 @@ func TestAdmits(t *testing.T) {
 		{7, 12, false}, // before them: Belady would not store them
 		{14, 30, true}, // late
 	} {
-		if got := Admits(&v, tc.now, tc.due); got != tc.want {
-			t.Errorf("at %d, a store due at %d: Admits = %v, want %v", tc.now, tc.due, got, tc.want)
+		for _, newPrompt := range []bool{false, true} { // v is not hot
+			if got := Admits(&v, tc.now, tc.due, newPrompt); got != tc.want {
+				t.Errorf("at %d, a store due at %d (new prompt %v): Admits = %v, want %v", tc.now, tc.due, newPrompt, got, tc.want)
+			}
 		}
+	}
+}
+
+// TestAdmitsHot: a chunk used HotUses times is evicted for a new prompt
+// only once it is hotLate gaps past late; a continuation's store evicts
+// it as it would any other.
+func TestAdmitsHot(t *testing.T) {
+	var c Clock
+	v := Stored(c.Tick())
+	for range HotUses {
+		c.Tick()
+		c.Use(&v) // a gap of 2 each time (Use takes a tick)
+	}
+	if v.Uses != HotUses || v.Gap != 2 {
+		t.Fatalf("after %d uses 2 ticks apart: %d uses, gap %d", HotUses, v.Uses, v.Gap)
+	}
+	late := v.LateAt() // 3 ticks past its last use
+	for _, tc := range []struct {
+		now       uint64
+		newPrompt bool
+		want      bool
+	}{
+		{late + 1, false, true},                // late: a continuation evicts it
+		{late + 1, true, false},                // a new prompt does not
+		{late + hotLate*v.Gap, true, false},    // not yet hotLate gaps past late
+		{late + hotLate*v.Gap + 1, true, true}, // long late: a hot prompt that stopped goes
+		{v.Stamp + 1, true, false},             // due before the new prompt's chunks anyway
+	} {
+		if got := Admits(&v, tc.now, tc.now+100, tc.newPrompt); got != tc.want {
+			t.Errorf("at %d (late at %d), new prompt %v: Admits = %v, want %v", tc.now, late, tc.newPrompt, got, tc.want)
+		}
+	}
+	for range 300 {
+		c.Use(&v)
+		c.Tick()
+	}
+	if v.Uses != 255 {
+		t.Errorf("uses %d after 316 uses, want 255 (saturated)", v.Uses)
 	}
 }
 
