@@ -6,7 +6,6 @@ import (
 	"os"
 	"time"
 
-	"kvdock/core/keys"
 	"kvdock/core/kvevents"
 	"kvdock/core/l1"
 	"kvdock/core/restart"
@@ -60,11 +59,11 @@ func startKVPublisher(cfg settings.Config, kv *kvevents.Tracker, log *slog.Logge
 // stream's chunk descriptions to the process that adopts the pool.
 func kvFile(record string) string { return record + ".kvevents" }
 
-// describeKV writes what the next process needs to re-announce the pool
-// it adopts (kvevents.Tracker.Describe) beside the record; a failure costs
-// only the re-announcement, never the handover.
-func (e *Engine) describeKV(kv *kvevents.Tracker, dir, record string, stoppedAt time.Time, tierHeld [][]keys.ObjectKey) {
-	data, left := kv.Describe(stoppedAt.UnixNano(), kvevents.MaxDescribeBytes, tierHeld)
+// writeKV writes what the next process needs to re-announce the pool it
+// adopts (data, kvevents.Tracker.Describe's, which left records out)
+// beside the record; a failure costs only the re-announcement, never the
+// handover.
+func (e *Engine) writeKV(dir, record string, data []byte, left int) {
 	if left > 0 {
 		e.log.Warn("stop: KV event records past the description's bound are not re-announced", "left_out", left)
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"kvdock/core/keys"
+	"kvdock/core/kvevents"
 	"kvdock/core/l1"
 	"kvdock/core/lookup"
 	"kvdock/core/restart"
@@ -337,6 +338,20 @@ func (e *Engine) keeper(cfg settings.Config, stoppedAt time.Time) func(p *dataPl
 		recorded := false
 		rec := restart.Record{Build: e.opts.Version, Generation: gen, PID: e.opts.PID,
 			Endpoint: endpointOf(cfg), StoppedAt: stoppedAt, Auto: cfg.Server.ShmName == nil, Registrations: regs}
+		// The KV event description (tens of MiB for a large pool) is built
+		// beside the record, on another core: both are in the restart's gap.
+		var kv struct {
+			data []byte
+			left int
+			done chan struct{}
+		}
+		if p.kv != nil {
+			kv.done = make(chan struct{})
+			go func() {
+				defer close(kv.done)
+				kv.data, kv.left = p.kv.Describe(stoppedAt.UnixNano(), kvevents.MaxDescribeBytes, kept.tierHeld)
+			}()
+		}
 		err = p.pool.Keep(func(k l1.Kept) error {
 			objects = len(k.Objects)
 			r := rec
@@ -347,8 +362,11 @@ func (e *Engine) keeper(cfg settings.Config, stoppedAt time.Time) func(p *dataPl
 			recorded = err == nil
 			return err
 		})
-		if recorded && p.kv != nil {
-			e.describeKV(p.kv, dir, file, stoppedAt, kept.tierHeld)
+		if p.kv != nil {
+			<-kv.done
+			if recorded {
+				e.writeKV(dir, file, kv.data, kv.left)
+			}
 		}
 		if err != nil && !recorded {
 			// The pool is gone (private memory cannot be kept); the
