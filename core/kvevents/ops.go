@@ -8,7 +8,7 @@ import (
 	"kvdock/core/keys"
 )
 
-// The data path's calls (the pool observer's Stored and Lost, the
+// The data path's calls (the pool observer's Stored, Lost and Cleared, the
 // transfer module's Commit, a prefetch's Loaded, a tier's Stored and Lost)
 // do not change the announced sets themselves: each appends an op, in call
 // order, and the ops are applied later, in that order, under the tracker's
@@ -34,6 +34,7 @@ type opKind uint8
 const (
 	opStored opKind = iota
 	opLost
+	opCleared
 	opCommit
 	opLoaded
 	opTierStored
@@ -188,6 +189,8 @@ func (t *Tracker) apply(force bool) {
 			if n := t.l1.nodes[ek]; n != nil {
 				t.lostLocked(t.l1, ek, n, &o.k)
 			}
+		case opCleared:
+			t.removeAll(t.l1)
 		case opCommit:
 			t.commitLocked(o.c)
 		case opLoaded:

@@ -195,6 +195,25 @@ func TestReannounceWhileServing(t *testing.T) {
 	}
 }
 
+// TestHostileClearWhileHeld: a Clear while a re-announcement holds the
+// tracker, told in bulk only (a pool past ObserveMax objects reports no
+// loss one by one for the rest): a store made before it, still waiting
+// behind the hold, is not announced after the Release, since the pool no
+// longer holds it.
+func TestHostileClearWhileHeld(t *testing.T) {
+	tr := New(Options{BlockSize: cs})
+	tr.Registered("m", 1, one)
+	tr.Hold()
+	k := keys.ObjectKey{Chunk: hashOf(1), Model: "m"}
+	tr.Stored(&k)
+	tr.Commit(Commit{Model: "m", WorldSize: 1, Hashes: []keys.Hash{k.Chunk}, Tokens: make([]uint32, cs), Keys: []keys.ObjectKey{k}})
+	tr.Cleared()
+	tr.Release()
+	if s := tr.Stats(); s.Announced != 0 {
+		t.Fatalf("a chunk stored before the Clear is announced after it: %+v", s)
+	}
+}
+
 // TestHostileReannounceDescription: a description is outside input. A
 // chunk whose hash is not the chain of its parent and tokens, or whose
 // world size is out of range, is left out alone; a description of

@@ -284,7 +284,7 @@ func (m *medium) add(ek ekey, n *node) {
 
 // Tracker keeps the announced sets and the batches to publish. Its methods
 // are safe for concurrent use and never block on the publisher; the data
-// path's calls (Stored, Lost, Commit, Loaded, the Tiers') take only a
+// path's calls (Stored, Lost, Cleared, Commit, Loaded, the Tiers') take only a
 // queue's mutex, unless the queue is past its bounds.
 type Tracker struct {
 	opt Options
@@ -683,13 +683,9 @@ func (t *Tracker) loadedLocked(ks []keys.ObjectKey) {
 // Cleared notes a Clear of the pool: every object went, so every chunk
 // announced for the L1 medium is removed (as BlockRemoved events, never
 // AllBlocksCleared, which llm-d takes as a wipe of every medium of the
-// pod). The tiers' media stay as they are.
-func (t *Tracker) Cleared() {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.applyLocked()
-	t.removeAll(t.l1)
-}
+// pod). The tiers' media stay as they are. Queued like the observer's
+// other calls, so that it is applied after the stores made before it.
+func (t *Tracker) Cleared() { t.push(op{kind: opCleared}, 0) }
 
 // Commit notes a committed store batch, announcing every chunk it made
 // usable and every held-back descendant that was waiting for one of them.
