@@ -80,9 +80,10 @@ func (e *Engine) writeKV(dir, record string, data []byte, left int) {
 // (kvevents.Tracker.Hold) until that ran, so the plane can serve meanwhile:
 // the data path's changes wait behind the re-announcement, which leads the
 // new stream. Re-announcing tens of thousands of chunks (their tokens
-// decoded, their hash chains checked) took 0.3-0.8 s that the restart's gap
-// used to wait for (BenchmarkRestart64k in core/kvevents). The description
-// is consumed in any case, so a later start never reads a stale one.
+// decoded, their hash chains checked) takes a few hundred ms
+// (BenchmarkRestart64k in core/kvevents), which the restart's gap need not
+// wait for. The description is consumed in any case, so a later start
+// never reads a stale one.
 func (e *Engine) reannounceKV(cfg settings.Config, kv *kvevents.Tracker, a *adoption) func(pool *l1.Pool, set *tier.Set) {
 	if a == nil {
 		return nil

@@ -86,9 +86,9 @@ func Write(dir, file string, r Record) error {
 // in memory, which a power loss or a kernel crash takes with it (the next
 // start then finds no segment and starts cold, whatever the record), while
 // the page cache outlives the process that wrote them. A sync of the tens
-// of MiB a large pool's record and its event descriptions take cost the
-// restart's gap 0.1-3 s on the development VM's disk, past the 2 s a
-// worker waits for an answer.
+// of MiB a large pool's record and its event descriptions take would wait
+// for the disk inside the restart's gap, which a worker waits out for 2 s
+// at most.
 func WriteFile(dir, file string, data []byte) error {
 	dfd, err := openDir(dir, true)
 	if err != nil {
