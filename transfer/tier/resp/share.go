@@ -216,6 +216,9 @@ func (t *Tier) loadShare() {
 					t.log.Warn("resp tier: stopped loading this host's values of earlier runs; the rest count only once rewritten",
 						"share", t.shareKey(), "reason", err)
 				}
+				// Ended before the log says so: a reader of the log (a test,
+				// an operator) may take the load as over once it reads it.
+				t.idx.loadEnded()
 				t.log.Info("resp tier: adopted this host's values of earlier runs", "share", t.shareKey(),
 					"values", n, "bytes", bytes, "took", time.Since(start).Round(time.Millisecond))
 				return
@@ -224,6 +227,7 @@ func (t *Tier) loadShare() {
 		}
 		select {
 		case <-ctx.Done():
+			t.idx.loadEnded() // before the log, as above
 			if t.bg.Err() == nil {
 				t.log.Warn("resp tier: gave up loading this host's values of earlier runs; they count only once rewritten",
 					"share", t.shareKey(), "limit", shareLoadLimit)
