@@ -64,15 +64,37 @@ func Binary(t testing.TB) string {
 	return binPath
 }
 
-// FreePort returns a TCP port that was free a moment ago on 127.0.0.1.
+// FreePort returns a TCP port that was free a moment ago on 127.0.0.1 and
+// that no earlier call in this process returned: the kernel may hand the
+// port it just freed to the next bind to port 0, so two calls in a row (a
+// server's wire and HTTP ports) could otherwise name the same port.
 func FreePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	given.Lock()
+	defer given.Unlock()
+	if given.ports == nil {
+		given.ports = map[int]bool{}
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	for range 100 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		_ = l.Close()
+		if !given.ports[port] {
+			given.ports[port] = true
+			return port
+		}
+	}
+	t.Fatal("no free port this process has not handed out already, in 100 tries")
+	return 0
+}
+
+// given is the ports FreePort returned in this process.
+var given struct {
+	sync.Mutex
+	ports map[int]bool
 }
 
 var nameSeq struct {
