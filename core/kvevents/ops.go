@@ -39,6 +39,7 @@ const (
 	opLoaded
 	opTierStored
 	opTierLost
+	opRegistered
 )
 
 // op is one data-path call waiting to be applied.
@@ -49,6 +50,7 @@ type op struct {
 	ks   []keys.ObjectKey // opLoaded: owned
 	v    *Tiers           // opTier*
 	i    int              // opTier*: the tier
+	r    *registration    // opRegistered
 }
 
 // opQueue holds the waiting ops; only its own mutex guards it, so the data
@@ -58,8 +60,19 @@ type opQueue struct {
 	ops    []op
 	spare  []op // the slice the last apply emptied
 	tokens int  // tokens held by the waiting commits
+	// held (Hold) keeps the ops after the first holdAt waiting until
+	// Release; under mu, so that a Hold never waits for an applier.
+	held   bool
+	holdAt int
 	// applying is set while an asynchronous applier runs.
 	applying atomic.Bool
+}
+
+// isHeld reports whether a Hold is in force.
+func (q *opQueue) isHeld() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.held
 }
 
 // push queues o (holding tokens tokens) and wakes the publisher when the
@@ -96,7 +109,7 @@ func (t *Tracker) push(o op, tokens int) {
 func (t *Tracker) applyAsync() {
 	for {
 		t.mu.Lock()
-		held := t.held
+		held := t.ops.isHeld()
 		t.applyLocked()
 		t.mu.Unlock()
 		t.ops.applying.Store(false)
@@ -125,7 +138,7 @@ func (t *Tracker) Sync() {
 // ops; the caller unlocks.
 func (t *Tracker) lockSynced() {
 	t.mu.Lock()
-	for t.held {
+	for t.ops.isHeld() {
 		t.unheld.Wait()
 	}
 	t.applyLocked()
@@ -138,46 +151,65 @@ func (t *Tracker) waiting() (ops, tokens int) {
 	return len(t.ops.ops), t.ops.tokens
 }
 
-// Hold stops the data path's ops from being applied (they wait, in order)
-// until Release, having applied those that wait now: a restart's
-// re-announcement of the adopted pool (Reannounce) then runs while the new
-// process serves, and its chunks still lead the stream, before any change
-// the data path made after Hold. While held, Stats counts the stream as
-// behind (Queued > 0).
+// Hold stops the data path's ops queued after it from being applied
+// (they wait, in order) until Release: a restart's re-announcement of the
+// adopted pool (Reannounce) then runs while the new process serves, and
+// its chunks still lead the stream, before any change the data path made
+// after Hold. The ops queued before it (the adoption's, the restored
+// registrations) are applied by the next applier, the re-announcement at
+// the latest, not by Hold, which never waits for an applier: it is on the
+// restart's gap. While held, Stats counts the stream as behind (Queued >
+// 0).
 func (t *Tracker) Hold() {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.applyLocked()
-	t.held = true
+	q := &t.ops
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.held, q.holdAt = true, len(q.ops)
 }
 
 // Release ends Hold and applies what the data path queued meanwhile.
 func (t *Tracker) Release() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.held = false
+	q := &t.ops
+	q.mu.Lock()
+	q.held, q.holdAt = false, 0
+	q.mu.Unlock()
 	t.applyLocked()
 	t.unheld.Broadcast()
 }
 
-// applyLocked applies the waiting ops in their order, unless held (Hold);
-// t.mu is held, so two appliers never apply two parts of the queue out of
-// order.
+// applyLocked applies the waiting ops in their order, while held (Hold)
+// only those queued before it; t.mu is held, so two appliers never apply
+// two parts of the queue out of order.
 func (t *Tracker) applyLocked() { t.apply(false) }
 
 // apply is applyLocked, held or not when force is set.
 func (t *Tracker) apply(force bool) {
-	if t.held && !force {
-		return
-	}
 	q := &t.ops
 	q.mu.Lock()
-	if len(q.ops) == 0 {
+	n := len(q.ops)
+	if q.held && !force {
+		n = min(n, q.holdAt)
+	}
+	if n == 0 {
 		q.mu.Unlock()
 		return
 	}
-	ops := q.ops
-	q.ops, q.spare, q.tokens = q.spare[:0], nil, 0
+	all := q.ops
+	ops := all[:n]
+	if n == len(all) {
+		q.ops, q.tokens = q.spare[:0], 0
+	} else {
+		// The ops after the hold stay queued, in a slice of their own.
+		q.ops = append(q.spare[:0], all[n:]...)
+		for i := range ops {
+			if ops[i].c != nil {
+				q.tokens -= len(ops[i].c.Tokens)
+			}
+		}
+	}
+	q.spare, q.holdAt = nil, max(q.holdAt-n, 0)
 	q.mu.Unlock()
 	for i := range ops {
 		o := &ops[i]
@@ -199,12 +231,14 @@ func (t *Tracker) apply(force bool) {
 			o.v.storedLocked(o.i, &o.k)
 		case opTierLost:
 			o.v.lostLocked(o.i, &o.k)
+		case opRegistered:
+			t.registeredLocked(o.r)
 		}
 	}
-	clear(ops) // the commits' tokens and keys go with them
+	clear(all) // the commits' tokens and keys go with them (those left were copied)
 	q.mu.Lock()
-	if q.spare == nil && cap(ops) <= maxOps {
-		q.spare = ops[:0]
+	if q.spare == nil && cap(all) <= maxOps {
+		q.spare = all[:0]
 	}
 	q.mu.Unlock()
 }

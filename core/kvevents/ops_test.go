@@ -3,6 +3,7 @@ package kvevents
 import (
 	"sync"
 	"testing"
+	"time"
 
 	"kvdock/core/keys"
 )
@@ -142,5 +143,57 @@ func TestCommitTakesItsOwnTokens(t *testing.T) {
 	recs := log.Read(0, "m", MaxPollEvents).Events
 	if len(recs) != 1 || len(recs[0].Tokens) != cs || recs[0].Tokens[0] != 7 {
 		t.Fatalf("log records %+v, want one with tokens 7", recs)
+	}
+}
+
+// TestHoldNeverWaitsAndKeepsTheOrder: a registration is queued like the
+// data path's calls; Hold returns while an applier holds the tracker (it
+// is on a restart's gap) and applies nothing itself; the ops queued before
+// it are applied by the next applier while held, those after it only at
+// Release, so the chunk a registration made usable is announced, and one
+// lost after the Hold is still announced until Release.
+func TestHoldNeverWaitsAndKeepsTheOrder(t *testing.T) {
+	tr := New(Options{BlockSize: cs, NoStream: true, Log: NewLog(DefaultLogSize, cs, 1)})
+	ks := make([]keys.ObjectKey, 4)
+	for i := range ks {
+		ks[i] = keys.ObjectKey{Chunk: hashOf(byte(i)), Model: "m"}
+		tr.Stored(&ks[i])
+		tr.Commit(Commit{Model: "m", WorldSize: 1, Hashes: []keys.Hash{ks[i].Chunk}, Tokens: make([]uint32, cs),
+			Keys: []keys.ObjectKey{ks[i]}})
+	}
+	tr.Registered("m", 1, one)
+	if n, _ := tr.waiting(); n != 9 {
+		t.Fatalf("%d ops wait, want the 4 stores, 4 commits and the registration", n)
+	}
+	tr.mu.Lock() // an applier at work
+	done := make(chan struct{})
+	go func() {
+		tr.Hold()
+		close(done)
+	}()
+	select {
+	case <-done: // Hold returned while the tracker was locked
+		tr.mu.Unlock()
+	case <-time.After(5 * time.Second):
+		tr.mu.Unlock()
+		<-done
+		t.Fatal("Hold waited for the applier")
+	}
+	tr.Lost(&ks[0])
+	if n, _ := tr.waiting(); n != 10 {
+		t.Fatalf("%d ops wait after Hold, want 10: Hold applied some", n)
+	}
+	tr.mu.Lock()
+	tr.applyLocked()
+	tr.mu.Unlock()
+	if n, _ := tr.waiting(); n != 1 {
+		t.Fatalf("%d ops wait while held, want only the Lost queued after Hold", n)
+	}
+	if a := tr.l1.announced; a != 4 {
+		t.Fatalf("while held %d chunks announced, want the 4 the registration made usable", a)
+	}
+	tr.Release()
+	if s := tr.Stats(); s.Announced != 3 || s.Queued != 0 {
+		t.Fatalf("after Release: %d announced, %d queued; want 3, 0", s.Announced, s.Queued)
 	}
 }

@@ -289,10 +289,9 @@ func (m *medium) add(ek ekey, n *node) {
 type Tracker struct {
 	opt Options
 
-	// ops are the data path's calls waiting to be applied (ops.go);
-	// held (under mu) keeps them waiting while a restart re-announces.
+	// ops are the data path's calls waiting to be applied (ops.go); a
+	// Hold keeps those after it waiting while a restart re-announces.
 	ops    opQueue
-	held   bool
 	unheld *sync.Cond // on mu: signalled by Release
 
 	mu    sync.Mutex
@@ -439,15 +438,28 @@ func (t *Tracker) rewhole(m *medium, ek ekey, n *node, was bool) {
 // reused). LOOKUP counts a chunk only for registered layouts, so in every
 // medium the model's chunks that stop counting are removed with their
 // announced descendants, and those that count again are announced again,
-// parents first. A call that changes nothing costs nothing.
+// parents first. The call is queued as the data path's are (ops.go):
+// applied in order, off the caller's path, which a restart's restore of
+// the registrations is on.
 func (t *Tracker) Registered(model string, worldSize int, l Layouts) {
 	if keys.IsBenchModel(model) || len(l.Groups) != len(l.IDs) {
 		return
 	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.applyLocked()
-	rk := regKey{model, worldSize}
+	r := &registration{model: model, ws: worldSize, l: Layouts{IDs: slices.Clone(l.IDs), Groups: slices.Clone(l.Groups)}}
+	t.push(op{kind: opRegistered, r: r}, 0)
+}
+
+// registration is a queued Registered.
+type registration struct {
+	model string
+	ws    int
+	l     Layouts
+}
+
+// registeredLocked applies Registered; t.mu is held.
+func (t *Tracker) registeredLocked(r *registration) {
+	model, l := r.model, r.l
+	rk := regKey{model, r.ws}
 	if old, ok := t.regs[rk]; ok == (len(l.IDs) > 0) && old.equal(l) {
 		return
 	}
@@ -463,7 +475,7 @@ func (t *Tracker) Registered(model string, worldSize int, l Layouts) {
 	if len(l.IDs) == 0 {
 		delete(t.regs, rk)
 	} else {
-		t.regs[rk] = Layouts{IDs: slices.Clone(l.IDs), Groups: slices.Clone(l.Groups)}
+		t.regs[rk] = l
 	}
 	for i, m := range media {
 		for ek, n := range m.byModel[model] {
@@ -1116,7 +1128,7 @@ func (t *Tracker) Stats() Stats {
 	t.applyLocked()
 	s := t.st
 	s.Queued, s.Buffered, s.BufferedBytes = len(t.pend)+t.flushing, t.buf.len(), t.bufBytes
-	if t.held {
+	if t.ops.isHeld() {
 		// The re-announcement and the data path's ops behind it are still
 		// to come: a router at NextSeq does not have them yet.
 		n, _ := t.waiting()
