@@ -252,8 +252,8 @@ func BenchmarkPublisherIdle(b *testing.B) {
 // BenchmarkRestart64k is the KV event side of a restart with a large pool
 // and the poll log on (kvdock's default): 16,384 prompts of 4 chunks of 256
 // tokens committed, the stopping process's Describe (describe_ms) and the
-// new process's Reannounce of all 65,536 chunks (reannounce_ms), which a
-// restart's gap waits for.
+// new process's Reannounce of all 65,536 chunks (reannounce_ms), which
+// runs while the new process serves.
 func BenchmarkRestart64k(b *testing.B) {
 	const prompts, chunks, size = 16384, 4, 256
 	h, err := keys.NewHasher(size, keys.AlgorithmBLAKE3)
