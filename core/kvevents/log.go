@@ -85,6 +85,9 @@ type Log struct {
 	// nil when no tracker feeds it. Called without mu: the tracker takes
 	// its own mutex, then mu.
 	sync func()
+	// peek is sync for Stats, which never waits for a restart's
+	// re-announcement (Tracker.SyncUnlessHeld).
+	peek func()
 }
 
 // NewLog returns a log of capacity records (> 0) of chunks of blockSize
@@ -244,7 +247,12 @@ func (l *Log) continueFrom(next uint64) {
 
 // Stats returns the log's figures.
 func (l *Log) Stats() LogStats {
-	l.synced()
+	l.mu.Lock()
+	f := l.peek
+	l.mu.Unlock()
+	if f != nil {
+		f()
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	s := l.st

@@ -134,6 +134,20 @@ func (t *Tracker) Sync() {
 	t.mu.Unlock()
 }
 
+// SyncUnlessHeld is Sync, except that while a Hold is in force it returns
+// at once, applying nothing: for figures that may lag (the poll log's
+// Stats), never for reads.
+func (t *Tracker) SyncUnlessHeld() {
+	if t.ops.isHeld() {
+		return
+	}
+	t.mu.Lock()
+	if !t.ops.isHeld() {
+		t.applyLocked()
+	}
+	t.mu.Unlock()
+}
+
 // lockSynced locks t.mu once no Hold is in force and applies the waiting
 // ops; the caller unlocks.
 func (t *Tracker) lockSynced() {

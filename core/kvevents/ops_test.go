@@ -197,3 +197,51 @@ func TestHoldNeverWaitsAndKeepsTheOrder(t *testing.T) {
 		t.Fatalf("after Release: %d announced, %d queued; want 3, 0", s.Announced, s.Queued)
 	}
 }
+
+// TestStatsDoNotWaitForTheReannouncement: while a restart's
+// re-announcement holds the tracker (its mutex taken), the tracker's and
+// the poll log's Stats answer at once (what /status shows): the last
+// figures, the stream counted behind; a read of the log (a poll) still
+// waits for the re-announcement; after Release the figures are exact.
+func TestStatsDoNotWaitForTheReannouncement(t *testing.T) {
+	lg := NewLog(DefaultLogSize, cs, 1)
+	tr := New(Options{BlockSize: cs, NoStream: true, Log: lg})
+	tr.Registered("m", 1, one)
+	k := keys.ObjectKey{Chunk: hashOf(1), Model: "m"}
+	tr.Stored(&k)
+	tr.Commit(Commit{Model: "m", WorldSize: 1, Hashes: []keys.Hash{k.Chunk}, Tokens: make([]uint32, cs), Keys: []keys.ObjectKey{k}})
+	if s := tr.Stats(); s.Announced != 1 {
+		t.Fatalf("announced %d, want 1", s.Announced)
+	}
+	tr.Hold()
+	tr.mu.Lock() // the re-announcement at work
+	answered := make(chan Stats, 1)
+	go func() {
+		_ = lg.Stats()
+		answered <- tr.Stats()
+	}()
+	read := make(chan struct{})
+	go func() {
+		lg.Read(0, "m", 10)
+		close(read)
+	}()
+	select {
+	case s := <-answered:
+		if s.Announced != 1 || s.Queued < 1 {
+			t.Errorf("while held: announced %d, queued %d; want the last figure, 1, and the stream behind", s.Announced, s.Queued)
+		}
+	case <-time.After(5 * time.Second):
+		t.Error("Stats waited for the re-announcement")
+	}
+	select {
+	case <-read:
+		t.Error("a poll read the log while the re-announcement held it")
+	case <-time.After(50 * time.Millisecond):
+	}
+	tr.mu.Unlock()
+	tr.Release()
+	<-read
+	if s := tr.Stats(); s.Announced != 1 || s.Queued != 0 {
+		t.Fatalf("after Release: announced %d, queued %d; want 1, 0", s.Announced, s.Queued)
+	}
+}

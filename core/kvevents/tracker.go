@@ -39,6 +39,7 @@ import (
 	"encoding/binary"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"kvdock/core/keys"
@@ -293,6 +294,9 @@ type Tracker struct {
 	// Hold keeps those after it waiting while a restart re-announces.
 	ops    opQueue
 	unheld *sync.Cond // on mu: signalled by Release
+	// lastStats is what Stats last answered, for a Stats that finds the
+	// tracker held and busy.
+	lastStats atomic.Pointer[Stats]
 
 	mu    sync.Mutex
 	l1    *medium
@@ -357,7 +361,7 @@ func New(opt Options) *Tracker {
 	}
 	if opt.Log != nil {
 		opt.Log.mu.Lock()
-		opt.Log.sync = t.Sync
+		opt.Log.sync, opt.Log.peek = t.Sync, t.SyncUnlessHeld
 		opt.Log.mu.Unlock()
 	}
 	return t
@@ -1122,8 +1126,25 @@ func (t *Tracker) Since(start uint64) []Batch {
 }
 
 // Stats returns the counters.
+//
+// While a restart's re-announcement holds the tracker (up to about half a
+// second for 65,536 chunks) Stats does not wait for it: it answers the
+// figures of the last Stats with the stream counted behind, so /status
+// answers at once.
 func (t *Tracker) Stats() Stats {
-	t.mu.Lock()
+	if t.ops.isHeld() {
+		if !t.mu.TryLock() {
+			var s Stats
+			if p := t.lastStats.Load(); p != nil {
+				s = *p
+			}
+			n, _ := t.waiting()
+			s.Queued += max(n, 1)
+			return s
+		}
+	} else {
+		t.mu.Lock()
+	}
 	defer t.mu.Unlock()
 	t.applyLocked()
 	s := t.st
@@ -1138,5 +1159,10 @@ func (t *Tracker) Stats() Stats {
 		s.Announced += m.announced
 		s.Held += m.held
 	}
+	last := s
+	if t.ops.isHeld() {
+		last.Queued = len(t.pend) + t.flushing // the rest is counted when answered
+	}
+	t.lastStats.Store(&last)
 	return s
 }
