@@ -247,12 +247,7 @@ func (l *Log) continueFrom(next uint64) {
 
 // Stats returns the log's figures.
 func (l *Log) Stats() LogStats {
-	l.mu.Lock()
-	f := l.peek
-	l.mu.Unlock()
-	if f != nil {
-		f()
-	}
+	l.callHook(&l.peek)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	s := l.st
@@ -261,12 +256,16 @@ func (l *Log) Stats() LogStats {
 }
 
 // synced brings the log up to every call its tracker was told.
-func (l *Log) synced() {
+func (l *Log) synced() { l.callHook(&l.sync) }
+
+// callHook calls the tracker's hook *f, if set, without mu (the tracker
+// takes its own mutex, then mu).
+func (l *Log) callHook(f *func()) {
 	l.mu.Lock()
-	f := l.sync
+	g := *f
 	l.mu.Unlock()
-	if f != nil {
-		f()
+	if g != nil {
+		g()
 	}
 }
 
