@@ -252,10 +252,28 @@ func dropDuplicates(live []KeptObject, d *Drops) []KeptObject {
 	return out
 }
 
-// compareKeys orders object keys (chunk, model, salt, rank, group).
+// compareKeys orders object keys by every field the key index tells
+// them apart by (chunk, model, salt, layout, rank, group): one chunk
+// stored under two layouts of a model is two objects, not a key recorded
+// twice. It compares field by field and stops at the first that differs
+// (cmp.Or would compare every field of every pair the sort visits).
 func compareKeys(a, b *keys.ObjectKey) int {
-	return cmp.Or(bytes.Compare(a.Chunk[:], b.Chunk[:]), strings.Compare(a.Model, b.Model),
-		strings.Compare(a.Salt, b.Salt), cmp.Compare(a.KVRank, b.KVRank), cmp.Compare(a.Group, b.Group))
+	if c := bytes.Compare(a.Chunk[:], b.Chunk[:]); c != 0 {
+		return c
+	}
+	if c := strings.Compare(a.Model, b.Model); c != 0 {
+		return c
+	}
+	if c := strings.Compare(a.Salt, b.Salt); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(a.Layout, b.Layout); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(a.KVRank, b.KVRank); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.Group, b.Group)
 }
 
 // budgetReadLocks releases, in live, the lookups' read locks that would

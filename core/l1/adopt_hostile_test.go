@@ -223,3 +223,39 @@ func TestHostileExpiredHeldReadLockIsNotPublished(t *testing.T) {
 		t.Fatalf("the whole pool is not free again: %v", err)
 	}
 }
+
+// TestAdoptKeepsOneChunkUnderTwoLayouts: the same chunk of a model stored
+// under two of its layouts is two objects (the key index tells them apart
+// by the layout ID), so a restart adopts both with their own bytes; the
+// duplicate check once compared keys without the layout and dropped both
+// as "key recorded twice".
+func TestAdoptKeepsOneChunkUnderTwoLayouts(t *testing.T) {
+	dir := testShmDir(t)
+	c := fakeclock.New()
+	opts := sharedPool(t, dir, 16, c)
+	a, b := keyRange(0, 2), keyRange(0, 2)
+	for i := range b {
+		b[i].Layout = 0x5eed
+	}
+	k := keepPool(t, opts, func(p *Pool) {
+		for n, ks := range [][]keys.ObjectKey{a, b} {
+			res, err := p.ReserveWrite(InstanceOwner(1), ks, 4096)
+			if err != nil || len(res) != len(ks) {
+				t.Fatalf("reserve: %v (%d)", err, len(res))
+			}
+			for i, r := range res {
+				fill(p, r.Offset, r.Length, byte(16*n+i+1))
+			}
+			p.FinishWrite(res)
+		}
+	})
+	q, ad := adoptOK(t, opts, k)
+	if ad.Objects != 4 || ad.Dropped.N != 0 {
+		t.Fatalf("adopted %+v; want all 4 objects, none dropped (%v)", ad, ad.Dropped.Reasons())
+	}
+	for n, ks := range [][]keys.ObjectKey{a, b} {
+		if got := q.ReserveReadPrefix(ks, 1); got != len(ks) {
+			t.Fatalf("layout %d: %d of %d chunks readable after the adoption", n, got, len(ks))
+		}
+	}
+}
