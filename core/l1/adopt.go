@@ -11,6 +11,7 @@ import (
 
 	"kvdock/core/keys"
 	"kvdock/core/l1/alloc"
+	"kvdock/core/l1/nextuse"
 	"kvdock/core/l1/segment"
 )
 
@@ -197,15 +198,28 @@ func (p *Pool) restore(k Kept, ad *Adopted) error {
 	base := p.t.orderBase(k)
 	// Held records first: they leave the key index at once, so a published
 	// record (or a live reservation) of the same key finds its key free.
+	var leaves []int32
 	for _, held := range []bool{true, false} {
 		for _, o := range live {
 			if (o.Held && !o.Live) == held {
-				p.adoptObject(o, ad, base)
+				if i, leaf := p.adoptObject(o, ad, base); leaf {
+					leaves = append(leaves, i)
+				}
 			}
 		}
 	}
 	p.t.clk.Now = base
 	p.restoreLinks(k.Objects, ad)
+	// The leaves left once the links are in go to the heaps at once, not
+	// one push each before linking and a removal each as a child came.
+	n := 0
+	for _, i := range leaves {
+		if p.t.candidate(i) {
+			leaves[n] = i
+			n++
+		}
+	}
+	nextuse.Build(&p.t.heaps, &p.t, leaves[:n])
 	return nil
 }
 
@@ -309,9 +323,9 @@ func (p *Pool) budgetReadLocks(live []KeptObject, d *Drops) {
 
 // adoptObject adds one recorded object; p.mu is held and its bytes are
 // carved out of the allocator.
-func (p *Pool) adoptObject(o KeptObject, ad *Adopted, base uint64) {
+func (p *Pool) adoptObject(o KeptObject, ad *Adopted, base uint64) (i int32, leaf bool) {
 	unit := p.alloc.Round(o.Length)
-	i := p.t.add(o.Key, o.Offset, o.Length, unit)
+	i = p.t.add(o.Key, o.Offset, o.Length, unit)
 	r := &p.t.recs[i]
 	live := o.Live && o.Write
 	switch {
@@ -369,9 +383,15 @@ func (p *Pool) adoptObject(o KeptObject, ad *Adopted, base uint64) {
 	case live:
 		p.joinRing(i) // as a reservation made here: on the heap once published
 	case !o.Held:
-		// A leaf until restoreLinks links its children to it.
+		// A leaf until restoreLinks links its children to it: its gap is
+		// lent now, as a push into the heaps would lend it (the links
+		// read it), and restore puts the leaves left in the heaps.
 		p.joinRing(i)
 		p.t.adoptOrder(i, o, base)
-		p.t.reheap(i)
+		if p.t.candidate(i) {
+			nextuse.LendPrior(&r.ord, p.t.clk.Prior(p.t.len()))
+			return i, true
+		}
 	}
+	return i, false
 }

@@ -251,12 +251,33 @@ func Victim[I Items](h *Heaps, it I, now uint64) int32 {
 // Push puts object i in the heaps, giving it prior as its gap when it has
 // none (the keys must not move while it is there).
 func Push[I Items](h *Heaps, it I, i int32, prior uint64) {
-	o := it.Order(i)
+	LendPrior(it.Order(i), prior)
+	push(h, it, false, i)
+	push(h, it, true, i)
+}
+
+// LendPrior gives o prior as its gap when it has none, as Push does.
+func LendPrior(o *Order, prior uint64) {
 	if o.Gap == 0 {
 		o.Gap = prior
 	}
-	push(h, it, false, i)
-	push(h, it, true, i)
+}
+
+// Build puts the objects is, none of them in the heaps yet and their gaps
+// given (LendPrior), in the heaps at once: O(n) over the heaps, where a
+// Push each is O(log n). For a pool adopting a table of 65,536 objects.
+func Build[I Items](h *Heaps, it I, is []int32) {
+	for _, i := range is {
+		o := it.Order(i)
+		o.Due, o.Late = int32(len(h.due)), int32(len(h.late))
+		h.due, h.late = append(h.due, i), append(h.late, i)
+	}
+	for _, late := range []bool{false, true} {
+		hp := *heapOf(h, late)
+		for j := len(hp)/2 - 1; j >= 0; j-- {
+			down(hp, it, late, j)
+		}
+	}
 }
 
 // Remove takes object i out of the heaps, if it is there.
