@@ -85,6 +85,52 @@ func TestHeapsMatchNaiveOrder(t *testing.T) {
 	}
 }
 
+// TestBuildMatchesPushes: heaps built at once hold their order and each
+// object's place, give the victim a scan gives, and then take pushes,
+// uses and removals as pushed heaps do.
+func TestBuildMatchesPushes(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	o := make(objs, 500)
+	in := make([]bool, len(o))
+	var c Clock
+	var built []int32
+	for i := range o {
+		o[i] = New(c.Tick())
+		c.Now += uint64(r.IntN(5))
+		o[i].Gap = uint64(1 + r.IntN(300))
+		o[i].Measured = r.IntN(2) == 0
+		if r.IntN(3) > 0 {
+			built, in[i] = append(built, int32(i)), true
+		}
+	}
+	var h Heaps
+	Build(&h, o, built)
+	if !Check(&h, o) || h.Len() != len(built) {
+		t.Fatalf("built heaps out of order (%d of %d objects)", h.Len(), len(built))
+	}
+	for step := range 5000 {
+		if got, want := Victim(&h, o, c.Now), naiveVictim(o, in, c.Now); !same(o, got, want, c.Now) {
+			t.Fatalf("step %d: victim %d, a scan says %d", step, got, want)
+		}
+		i := int32(r.IntN(len(o)))
+		switch {
+		case in[i] && r.IntN(2) == 0:
+			Remove(&h, o, i)
+			in[i] = false
+		case in[i]:
+			c.Use(&o[i])
+			Fix(&h, o, i)
+		default:
+			Push(&h, o, i, c.Prior(len(o)))
+			in[i] = true
+		}
+		c.Tick()
+		if !Check(&h, o) {
+			t.Fatalf("step %d: heaps out of order", step)
+		}
+	}
+}
+
 // TestLateWaitsHalfAGapOnceMeasured: an object with a measured gap, or one
 // lent by a parent that measured it, is late half a gap after it is due;
 // one on the mean is late when due.
