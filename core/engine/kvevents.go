@@ -6,6 +6,7 @@ import (
 	"os"
 	"time"
 
+	"kvdock/core/keys"
 	"kvdock/core/kvevents"
 	"kvdock/core/l1"
 	"kvdock/core/restart"
@@ -59,16 +60,40 @@ func startKVPublisher(cfg settings.Config, kv *kvevents.Tracker, log *slog.Logge
 // stream's chunk descriptions to the process that adopts the pool.
 func kvFile(record string) string { return record + ".kvevents" }
 
-// writeKV writes what the next process needs to re-announce the pool it
-// adopts (data, kvevents.Tracker.Describe's, which left records out)
-// beside the record; a failure costs only the re-announcement, never the
-// handover.
-func (e *Engine) writeKV(dir, record string, data []byte, left int) {
-	if left > 0 {
-		e.log.Warn("stop: KV event records past the description's bound are not re-announced", "left_out", left)
+// describeKV writes what the next process needs to re-announce the pool
+// it adopts (kvevents.Tracker.DescribeTo's description) beside the
+// record, streamed into a file that is not in place until placeKV puts
+// it there; a failure costs only the re-announcement, never the handover.
+func (e *Engine) describeKV(kv *kvevents.Tracker, dir, record string, stamp int64, tiers [][]keys.ObjectKey) keptKV {
+	f, err := restart.Create(dir, kvFile(record))
+	if err != nil {
+		return keptKV{err: err}
 	}
-	if err := restart.WriteFile(dir, kvFile(record), data); err != nil {
-		e.log.Warn("stop: KV event chunks not carried: the next process announces what it stores", "err", err)
+	left, err := kv.DescribeTo(f, stamp, kvevents.MaxDescribeBytes, tiers)
+	return keptKV{file: f, left: left, err: err}
+}
+
+// keptKV is a description describeKV wrote.
+type keptKV struct {
+	file *restart.Pending
+	left int // records past the bound, left out
+	err  error
+}
+
+// placeKV puts the description in place once the record it goes with is
+// written (recorded), and removes it otherwise.
+func (e *Engine) placeKV(k keptKV, recorded bool) {
+	if k.err == nil && recorded {
+		k.err = k.file.Commit()
+	} else if k.file != nil {
+		k.file.Abort()
+	}
+	switch {
+	case !recorded:
+	case k.err != nil:
+		e.log.Warn("stop: KV event chunks not carried: the next process announces what it stores", "err", k.err)
+	case k.left > 0:
+		e.log.Warn("stop: KV event records past the description's bound are not re-announced", "left_out", k.left)
 	}
 }
 

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"kvdock/core/keys"
-	"kvdock/core/kvevents"
 	"kvdock/core/l1"
 	"kvdock/core/lookup"
 	"kvdock/core/restart"
@@ -338,18 +337,16 @@ func (e *Engine) keeper(cfg settings.Config, stoppedAt time.Time) func(p *dataPl
 		recorded := false
 		rec := restart.Record{Build: e.opts.Version, Generation: gen, PID: e.opts.PID,
 			Endpoint: endpointOf(cfg), StoppedAt: stoppedAt, Auto: cfg.Server.ShmName == nil, Registrations: regs}
-		// The KV event description (tens of MiB for a large pool) is built
-		// beside the record, on another core: both are in the restart's gap.
-		var kv struct {
-			data []byte
-			left int
-			done chan struct{}
-		}
+		// The KV event description (tens of MiB for a large pool) is
+		// written beside the record, on another core, streamed into its
+		// file: both are in the restart's gap.
+		var kv keptKV
+		var kvDone chan struct{}
 		if p.kv != nil {
-			kv.done = make(chan struct{})
+			kvDone = make(chan struct{})
 			go func() {
-				defer close(kv.done)
-				kv.data, kv.left = p.kv.Describe(stoppedAt.UnixNano(), kvevents.MaxDescribeBytes, kept.tierHeld)
+				defer close(kvDone)
+				kv = e.describeKV(p.kv, dir, file, stoppedAt.UnixNano(), kept.tierHeld)
 			}()
 		}
 		err = p.pool.Keep(func(k l1.Kept) error {
@@ -362,11 +359,9 @@ func (e *Engine) keeper(cfg settings.Config, stoppedAt time.Time) func(p *dataPl
 			recorded = err == nil
 			return err
 		})
-		if p.kv != nil {
-			<-kv.done
-			if recorded {
-				e.writeKV(dir, file, kv.data, kv.left)
-			}
+		if kvDone != nil {
+			<-kvDone
+			e.placeKV(kv, recorded)
 		}
 		if err != nil && !recorded {
 			// The pool is gone (private memory cannot be kept); the

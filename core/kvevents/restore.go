@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"runtime"
 	"sync"
 
@@ -52,32 +53,41 @@ const maxLogSeq = 1 << 62
 // chunks left out are counted and not re-announced.
 const MaxDescribeBytes = 1 << 30
 
-// Describe returns the description of the chunks a commit described
-// (tokens, parent, world size) that L1 or a tier's medium holds, and of
-// the objects tier i held (tiers[i], as the tier set tells them), headed
-// by stamp (which names the handover: Reannounce refuses another), at most
-// maxBytes long, and how many records did not fit.
+// describePiece is how many bytes of a description DescribeTo gathers
+// before it writes them: tens of MiB for a large pool are never held
+// whole (a buffer that size was fresh memory, and a copy, in the
+// restart's gap).
+const describePiece = 256 << 10
+
+// Describe returns the description DescribeTo writes.
 func (t *Tracker) Describe(stamp int64, maxBytes int, tiers [][]keys.ObjectKey) (data []byte, left int) {
+	var b bytes.Buffer
+	left, _ = t.DescribeTo(&b, stamp, maxBytes, tiers) // a bytes.Buffer takes every write
+	return b.Bytes(), left
+}
+
+// DescribeTo writes to w the description of the chunks a commit
+// described (tokens, parent, world size) that L1 or a tier's medium holds,
+// and of the objects tier i held (tiers[i], as the tier set tells them),
+// headed by stamp (which names the handover: Reannounce refuses another),
+// at most maxBytes long, in pieces of describePiece bytes. It returns how
+// many records did not fit, and the first error of w (it stops there).
+func (t *Tracker) DescribeTo(w io.Writer, stamp int64, maxBytes int, tiers [][]keys.ObjectKey) (left int, err error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.applyLocked()
-	// One buffer of the size the records take (tens of MiB for a large
-	// pool: grown by appends, its copies were most of the time a restart's
-	// stop spent here).
-	size := len(describeMagic) + describeHead
-	for _, m := range t.media() {
-		for ek, n := range m.nodes {
-			if n.ws != 0 {
-				size += chunkRecordSize(ek, n)
-			}
+	b := make([]byte, 0, describePiece+describePiece/4)
+	off := 0 // bytes written to w
+	flush := func() bool {
+		if len(b) < describePiece {
+			return true
 		}
-	}
-	for _, ks := range tiers {
-		for j := range ks {
-			size += tierRecordSize(&ks[j])
+		if _, err = w.Write(b); err != nil {
+			return false
 		}
+		off, b = off+len(b), b[:0]
+		return true
 	}
-	b := make([]byte, 0, min(size, maxBytes))
 	b = append(append(b, describeMagic...), make([]byte, describeHead)...)
 	binary.BigEndian.PutUint64(b[len(describeMagic):], uint64(stamp))
 	binary.BigEndian.PutUint32(b[len(describeMagic)+8:], uint32(t.opt.BlockSize))
@@ -91,11 +101,14 @@ func (t *Tracker) Describe(stamp int64, maxBytes int, tiers [][]keys.ObjectKey) 
 				continue
 			}
 			var ok bool
-			if b, ok = appendChunk(b, ek, n, maxBytes); !ok {
+			if b, ok = appendChunk(b, ek, n, maxBytes-off); !ok {
 				left++
 				continue
 			}
 			written[ek] = true
+			if !flush() {
+				return left, err
+			}
 		}
 	}
 	for i, ks := range tiers {
@@ -105,7 +118,7 @@ func (t *Tracker) Describe(stamp int64, maxBytes int, tiers [][]keys.ObjectKey) 
 			if !written[keyOf(k)] {
 				continue // of a chunk never described (never announced): nothing to carry
 			}
-			if i >= MaxTiers || len(b)+size > maxBytes {
+			if i >= MaxTiers || off+len(b)+size > maxBytes {
 				left++
 				continue
 			}
@@ -116,9 +129,15 @@ func (t *Tracker) Describe(stamp int64, maxBytes int, tiers [][]keys.ObjectKey) 
 			b = binary.BigEndian.AppendUint32(b, k.KVRank)
 			b = binary.BigEndian.AppendUint32(b, k.Group)
 			b = binary.BigEndian.AppendUint64(b, k.Layout)
+			if !flush() {
+				return left, err
+			}
 		}
 	}
-	return b, left
+	if len(b) > 0 {
+		_, err = w.Write(b)
+	}
+	return left, err
 }
 
 func appendStr(b []byte, s string) []byte {

@@ -432,3 +432,72 @@ func TestHostileReannounceTierObjects(t *testing.T) {
 		}
 	}
 }
+
+// pieces is a writer that keeps what it is given, each write apart, and
+// fails the write numbered failAt (from 1; 0: none).
+type pieces struct {
+	writes [][]byte
+	failAt int
+}
+
+var errPieceRefused = errors.New("refused")
+
+func (p *pieces) Write(b []byte) (int, error) {
+	if len(p.writes)+1 == p.failAt {
+		return 0, errPieceRefused
+	}
+	p.writes = append(p.writes, slices.Clone(b))
+	return len(b), nil
+}
+
+// TestDescribeToWritesInPieces: a description of a large pool goes to its
+// writer in pieces of about describePiece bytes (never held whole), the
+// same bytes Describe returns; a bound cuts it past maxBytes, counting
+// what it left out; and a writer's error stops it, returned.
+func TestDescribeToWritesInPieces(t *testing.T) {
+	old := New(Options{BlockSize: cs})
+	for p := range 1500 {
+		prompt(t, old, "m", 1, uint32(p+1), 4)
+	}
+	old.Sync()
+	whole, left := old.Describe(7, MaxDescribeBytes, nil)
+	if left != 0 || len(whole) < 2*describePiece {
+		t.Fatalf("description of %d bytes (%d left out): want over two pieces", len(whole), left)
+	}
+	var w pieces
+	if left, err := old.DescribeTo(&w, 7, MaxDescribeBytes, nil); left != 0 || err != nil {
+		t.Fatalf("DescribeTo: %d left out, %v", left, err)
+	}
+	// The chunks come in the tracker's map order: the same records, each
+	// of model "m" without a salt the same size here, in another order.
+	records := func(b []byte) [][]byte {
+		head, size := len(describeMagic)+describeHead, 1+2+1+2+32+1+32+4+4*cs
+		if (len(b)-head)%size != 0 {
+			t.Fatalf("%d bytes are not records of %d", len(b)-head, size)
+		}
+		var rs [][]byte
+		for i := head; i < len(b); i += size {
+			rs = append(rs, b[i:i+size])
+		}
+		slices.SortFunc(rs, bytes.Compare)
+		return append(rs, b[:head])
+	}
+	if got, want := records(bytes.Join(w.writes, nil)), records(whole); !slices.EqualFunc(got, want, bytes.Equal) {
+		t.Fatalf("pieces make %d records, Describe %d, or they differ", len(got), len(want))
+	}
+	for i, b := range w.writes {
+		if len(b) > describePiece+describePiece/4 || (i < len(w.writes)-1 && len(b) < describePiece) {
+			t.Fatalf("piece %d of %d is %d bytes", i, len(w.writes), len(b))
+		}
+	}
+	bound := len(whole) / 2
+	var half pieces
+	left, err := old.DescribeTo(&half, 7, bound, nil)
+	if n := len(bytes.Join(half.writes, nil)); err != nil || left == 0 || n > bound || n < bound-describePiece {
+		t.Fatalf("bounded at %d: %d bytes, %d left out, %v", bound, n, left, err)
+	}
+	fails := pieces{failAt: 2}
+	if _, err := old.DescribeTo(&fails, 7, MaxDescribeBytes, nil); !errors.Is(err, errPieceRefused) || len(fails.writes) != 1 {
+		t.Fatalf("a refused write: %v after %d pieces", err, len(fails.writes))
+	}
+}

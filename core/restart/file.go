@@ -82,46 +82,87 @@ func Write(dir, file string, r Record) error {
 
 // WriteFile writes data to dir/file as Write writes a record: the state
 // directory checked (or made 0700), a temporary file of mode 0600 renamed
-// into place. Nothing is synced to the disk: the files describe a segment
-// in memory, which a power loss or a kernel crash takes with it (the next
-// start then finds no segment and starts cold, whatever the record), while
-// the page cache outlives the process that wrote them. A sync of the tens
-// of MiB a large pool's record and its event descriptions take would wait
-// for the disk inside the restart's gap, which a worker waits out for 2 s
-// at most.
+// into place (Create, Pending.Commit).
 func WriteFile(dir, file string, data []byte) error {
-	dfd, err := openDir(dir, true)
+	f, err := Create(dir, file)
 	if err != nil {
 		return err
 	}
-	defer unix.Close(dfd)
+	if _, err := f.Write(data); err != nil {
+		f.Abort()
+		return err
+	}
+	return f.Commit()
+}
+
+// Pending is a state file being written: its bytes go to a temporary file
+// of mode 0600 in the state directory, which Commit renames into place
+// and Abort removes, so a reader never finds a part of it. Nothing is
+// synced to the disk: the files describe a segment in memory, which a
+// power loss or a kernel crash takes with it (the next start then finds
+// no segment and starts cold, whatever the record), while the page cache
+// outlives the process that wrote them. A sync of the tens of MiB a large
+// pool's record and its event descriptions take would wait for the disk
+// inside the restart's gap, which a worker waits out for 2 s at most.
+type Pending struct {
+	dfd       int
+	f         *os.File
+	dir, file string
+	tmp       string
+}
+
+// Create starts dir/file: the state directory checked (or made 0700) and
+// its temporary file created.
+func Create(dir, file string) (*Pending, error) {
+	dfd, err := openDir(dir, true)
+	if err != nil {
+		return nil, err
+	}
 	tmp := "." + file + ".tmp-" + strconv.Itoa(os.Getpid())
 	_ = unix.Unlinkat(dfd, tmp, 0)
 	fd, err := unix.Openat(dfd, tmp, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
-		return fmt.Errorf("state file %s: %w", filepath.Join(dir, tmp), err)
+		unix.Close(dfd)
+		return nil, fmt.Errorf("state file %s: %w", filepath.Join(dir, tmp), err)
 	}
-	f := os.NewFile(uintptr(fd), filepath.Join(dir, tmp))
+	p := &Pending{dfd: dfd, f: os.NewFile(uintptr(fd), filepath.Join(dir, tmp)), dir: dir, file: file, tmp: tmp}
+	if err := p.f.Chmod(0o600); err != nil {
+		p.Abort()
+		return nil, fmt.Errorf("state file %s: %w", filepath.Join(dir, file), err)
+	}
+	return p, nil
+}
+
+// Write appends b to the file.
+func (p *Pending) Write(b []byte) (int, error) {
+	n, err := p.f.Write(b)
+	if err != nil {
+		return n, fmt.Errorf("state file %s: %w", filepath.Join(p.dir, p.file), err)
+	}
+	return n, nil
+}
+
+// Commit puts the file in place under its name.
+func (p *Pending) Commit() error {
+	defer unix.Close(p.dfd)
 	fail := func(err error) error {
-		f.Close()
-		_ = unix.Unlinkat(dfd, tmp, 0)
-		return fmt.Errorf("state file %s: %w", filepath.Join(dir, file), err)
+		_ = unix.Unlinkat(p.dfd, p.tmp, 0)
+		return fmt.Errorf("state file %s: %w", filepath.Join(p.dir, p.file), err)
 	}
-	if err := f.Chmod(0o600); err != nil {
+	if err := p.f.Close(); err != nil {
 		return fail(err)
 	}
-	if _, err := f.Write(data); err != nil {
+	if err := unix.Renameat(p.dfd, p.tmp, p.dfd, p.file); err != nil {
 		return fail(err)
-	}
-	if err := f.Close(); err != nil {
-		_ = unix.Unlinkat(dfd, tmp, 0)
-		return fmt.Errorf("state file %s: %w", filepath.Join(dir, file), err)
-	}
-	if err := unix.Renameat(dfd, tmp, dfd, file); err != nil {
-		_ = unix.Unlinkat(dfd, tmp, 0)
-		return fmt.Errorf("state file %s: %w", filepath.Join(dir, file), err)
 	}
 	return nil
+}
+
+// Abort removes the file; nothing is put in place.
+func (p *Pending) Abort() {
+	_ = p.f.Close()
+	_ = unix.Unlinkat(p.dfd, p.tmp, 0)
+	unix.Close(p.dfd)
 }
 
 // ErrNone means there is no record to take.
