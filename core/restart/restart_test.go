@@ -444,3 +444,62 @@ func TestHostileTakeFileBound(t *testing.T) {
 		t.Fatalf("took %q, %v", b, err)
 	}
 }
+
+// TestPendingFileInPlaceOnlyOnCommit: a state file written in pieces
+// (Create, Write) is not under its name until Commit, which puts it there
+// whole with mode 0600; Abort leaves neither the file nor its temporary
+// one, and an earlier file of that name stays as it was until a Commit
+// replaces it.
+func TestPendingFileInPlaceOnlyOnCommit(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	if err := WriteFile(dir, "x.kv", []byte("before")); err != nil {
+		t.Fatal(err)
+	}
+	names := func() []string {
+		es, err := os.ReadDir(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ns []string
+		for _, e := range es {
+			ns = append(ns, e.Name())
+		}
+		return ns
+	}
+	read := func() string {
+		b, err := os.ReadFile(filepath.Join(dir, "x.kv"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	f, err := Create(dir, "x.kv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, piece := range []string{"one ", "two ", "three"} {
+		if _, err := f.Write([]byte(piece)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := read(); got != "before" {
+		t.Fatalf("a pending file showed under its name: %q", got)
+	}
+	f.Abort()
+	if got, ns := read(), names(); got != "before" || len(ns) != 1 {
+		t.Fatalf("after Abort: %q, files %q", got, ns)
+	}
+	if f, err = Create(dir, "x.kv"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write([]byte("after")); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	st, err := os.Stat(filepath.Join(dir, "x.kv"))
+	if got, ns := read(), names(); err != nil || got != "after" || len(ns) != 1 || st.Mode().Perm() != 0o600 {
+		t.Fatalf("after Commit: %q, files %q, mode %v (%v)", got, ns, st.Mode(), err)
+	}
+}
