@@ -198,11 +198,20 @@ func (p *Pool) restore(k Kept, ad *Adopted) error {
 	base := p.t.orderBase(k)
 	// Held records first: they leave the key index at once, so a published
 	// record (or a live reservation) of the same key finds its key free.
+	// A chunk's ring holds its objects of the other ranks and KV groups:
+	// in a table of one rank and one group each ring is the object alone,
+	// and the probes for peers (up to maxPeerProbes finds an object) are
+	// skipped.
+	rings := false
+	for _, o := range live {
+		rings = rings || rankWorldSize(o.Key.KVRank) > 1 || o.Key.Group != 0
+	}
+	p.t.recs = slices.Grow(p.t.recs, len(live))
 	var leaves []int32
 	for _, held := range []bool{true, false} {
 		for _, o := range live {
 			if (o.Held && !o.Live) == held {
-				if i, leaf := p.adoptObject(o, ad, base); leaf {
+				if i, leaf := p.adoptObject(o, ad, base, rings); leaf {
 					leaves = append(leaves, i)
 				}
 			}
@@ -323,7 +332,7 @@ func (p *Pool) budgetReadLocks(live []KeptObject, d *Drops) {
 
 // adoptObject adds one recorded object; p.mu is held and its bytes are
 // carved out of the allocator.
-func (p *Pool) adoptObject(o KeptObject, ad *Adopted, base uint64) (i int32, leaf bool) {
+func (p *Pool) adoptObject(o KeptObject, ad *Adopted, base uint64, rings bool) (i int32, leaf bool) {
 	unit := p.alloc.Round(o.Length)
 	i = p.t.add(o.Key, o.Offset, o.Length, unit)
 	r := &p.t.recs[i]
@@ -381,12 +390,16 @@ func (p *Pool) adoptObject(o KeptObject, ad *Adopted, base uint64) (i int32, lea
 	}
 	switch {
 	case live:
-		p.joinRing(i) // as a reservation made here: on the heap once published
+		if rings {
+			p.joinRing(i) // as a reservation made here: on the heap once published
+		}
 	case !o.Held:
 		// A leaf until restoreLinks links its children to it: its gap is
 		// lent now, as a push into the heaps would lend it (the links
 		// read it), and restore puts the leaves left in the heaps.
-		p.joinRing(i)
+		if rings {
+			p.joinRing(i)
+		}
 		p.t.adoptOrder(i, o, base)
 		if p.t.candidate(i) {
 			nextuse.LendPrior(&r.ord, p.t.clk.Prior(p.t.len()))

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"kvdock/core/keys"
+	"kvdock/core/testkit/fakeclock"
 )
 
 // chunkKeys is chunk i as a world of two ranks in two KV groups: four
@@ -59,5 +60,35 @@ func TestPrefixEvictionTakesTheWholeChunk(t *testing.T) {
 	}
 	if u := p.Unreadable(chunks[1-gone]); u != 0 {
 		t.Fatalf("the other chunk unreadable %04b, want none", u)
+	}
+}
+
+// TestAdoptedChunkIsEvictedWhole: an adoption puts a chunk's ranks and
+// groups back in one ring (the adoption skips the ring probes only for a
+// table of one rank and one group), so a prefix eviction after a restart
+// still takes the whole chunk. A one-rank table beside it is adopted too.
+func TestAdoptedChunkIsEvictedWhole(t *testing.T) {
+	dir := testShmDir(t)
+	opts := sharedPool(t, dir, 16, fakeclock.New())
+	opts.Policy = PolicyPrefix
+	chunks := [2][]keys.ObjectKey{chunkKeys(0), chunkKeys(1)}
+	k := keepPool(t, opts, func(p *Pool) {
+		store(t, p, chunks[0], 4096)
+		store(t, p, chunks[1], 4096)
+	})
+	e := &evictions{}
+	opts.Observer = e
+	q, ad := adoptOK(t, opts, k)
+	if ad.Objects != 8 {
+		t.Fatalf("adopted %d objects, want 8", ad.Objects)
+	}
+	q.mu.Lock()
+	n := q.evictLeaf()
+	q.mu.Unlock()
+	if n != len(chunks[0]) {
+		t.Fatalf("one prefix eviction after the adoption took %d objects (%v), want the chunk's %d", n, e.got, len(chunks[0]))
+	}
+	if u0, u1 := q.Unreadable(chunks[0]), q.Unreadable(chunks[1]); !(u0 == 0b1111 && u1 == 0) && !(u0 == 0 && u1 == 0b1111) {
+		t.Fatalf("unreadable after one eviction: %04b and %04b, want one whole chunk gone", u0, u1)
 	}
 }
