@@ -187,10 +187,83 @@ func (l *loop) beginHandover() bool {
 	}
 	l.ho.start = time.Now()
 	l.lastRead = l.ho.start
-	l.ho.before = l.lastWrite
 	l.ho.lastAnswer, l.ho.lastParked = map[string]time.Time{}, map[string]time.Time{}
+	// The workers answered within Think before the phase may be computing
+	// their next request: each is waited for until it is parked, as one
+	// answered in the phase is. When the record of recent answers does not
+	// reach back that far (a peer id too long to keep, or more answers
+	// than it holds), any worker may be: the phase waits Think after the
+	// last answer.
+	if !l.recent.since(l.ho.start.Add(-h.Think), l.ho.lastAnswer) {
+		l.ho.before = l.lastWrite
+	}
 	l.s.log.Info("rpc server handing over: parking new requests", "quiet", h.Quiet, "max", h.Max)
 	return true
+}
+
+// recentAnswers is a ring of the last answers: each one's peer id (up to
+// maxPeerKey bytes, copied) and time. A reply costs a clock read and a copy
+// of its peer's id into the ring.
+type recentAnswers struct {
+	keys [recentAnswerCount]peerKey
+	at   [recentAnswerCount]time.Time
+	n    int // answers noted, ever
+}
+
+// recentAnswerCount is how many answers the ring holds: a handover waits
+// for each worker it answered within Think (200 ms) before it began, as
+// long as the ring reaches back that far (20,000 answers a second).
+const recentAnswerCount = 4096
+
+// maxPeerKey bounds the peer ids the ring keeps: libzmq names a peer
+// without a routing id of its own with 5 bytes.
+const maxPeerKey = 32
+
+// peerKey is a peer id of up to maxPeerKey bytes; long marks a longer one,
+// not kept.
+type peerKey struct {
+	b    [maxPeerKey]byte
+	n    uint8
+	long bool
+}
+
+func keyOf(peer []byte) peerKey {
+	var k peerKey
+	if len(peer) > maxPeerKey {
+		k.long = true
+		return k
+	}
+	k.n = uint8(copy(k.b[:], peer))
+	return k
+}
+
+// note records an answer to k at t.
+func (r *recentAnswers) note(k peerKey, t time.Time) {
+	i := r.n % recentAnswerCount
+	r.keys[i], r.at[i] = k, t
+	r.n++
+}
+
+// since puts in last, for each peer answered at or after from, its last
+// answer; false when the ring cannot tell them all: it does not reach back
+// to from, or an answer since went to a peer id too long to keep.
+func (r *recentAnswers) since(from time.Time, last map[string]time.Time) bool {
+	kept := min(r.n, recentAnswerCount)
+	for j := 1; j <= kept; j++ {
+		i := (r.n - j) % recentAnswerCount
+		t := r.at[i]
+		if t.Before(from) {
+			return true
+		}
+		k := &r.keys[i]
+		if k.long {
+			return false
+		}
+		if id := string(k.b[:k.n]); t.After(last[id]) {
+			last[id] = t
+		}
+	}
+	return r.n <= recentAnswerCount // the whole history is in the ring
 }
 
 // parks reports whether a request of this name is parked now.

@@ -185,3 +185,105 @@ func TestHandoverLosesNoRequest(t *testing.T) {
 		})
 	}
 }
+
+// parkPhase starts a server, has workers DEALERs loop NOOPs (parked in a
+// handover), the first silent of them sending nothing more from just
+// before the stop, stops the server by a handover with think as its Think,
+// and returns how long the park phase lasted (from the stop to the Parked
+// call) and how many requests it parked.
+func parkPhase(t *testing.T, workers, silent int, think time.Duration) (time.Duration, int) {
+	t.Helper()
+	srv, err := rpc.New(rpc.Options{Host: "127.0.0.1", Port: 0, Profile: profile(t, "nongpu-v1")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Handle(protocol.Noop, func(context.Context, *rpc.Request) (any, error) { return "OK", nil })
+	if err := srv.Bind(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(context.Background()) }()
+	var stop, hush atomic.Bool
+	var wg sync.WaitGroup
+	var answered, idle atomic.Int64
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s, err := zmq.NewSocket(zmq.DEALER)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer s.Close()
+			_ = s.SetLinger(0)
+			if err := s.Connect(srv.Endpoint()); err != nil {
+				t.Error(err)
+				return
+			}
+			for n := 0; !stop.Load(); n++ {
+				if w < silent && hush.Load() {
+					idle.Add(1) // its last request answered: silent from now on
+					for !stop.Load() {
+						time.Sleep(time.Millisecond)
+					}
+					return
+				}
+				uid, _ := protocol.Encode(int64(w*1_000_000 + n))
+				if ok, _ := handoverCall(s, uid, [][]byte{enc(t, 19)}, 2*time.Second); ok {
+					answered.Add(1)
+				}
+			}
+		}()
+	}
+	for deadline := time.Now().Add(10 * time.Second); answered.Load() < int64(50*workers); {
+		if time.Now().After(deadline) {
+			t.Fatalf("the workers got %d answers in 10 s", answered.Load())
+		}
+		time.Sleep(5 * time.Millisecond) // polling a condition, bounded by the deadline
+	}
+	hush.Store(true)
+	for deadline := time.Now().Add(10 * time.Second); idle.Load() < int64(silent); {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d workers went silent in 10 s", idle.Load(), silent)
+		}
+		time.Sleep(time.Millisecond) // polling a condition, bounded by the deadline
+	}
+	parked := make(chan int, 1)
+	begun := time.Now()
+	var took time.Duration
+	srv.SetHandover(&rpc.Handover{Think: think, Max: 4 * think, Parked: func(n int) {
+		took = time.Since(begun)
+		parked <- n
+	}})
+	if err := srv.Shutdown(context.Background()); err != nil {
+		t.Fatalf("shutdown: %v", err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("serve: %v", err)
+	}
+	stop.Store(true)
+	wg.Wait()
+	return took, <-parked
+}
+
+// TestHandoverParkEndsOnceRecentWorkersAreParked: the park phase waits for
+// the workers answered just before it began only until each one's next
+// request is parked, not a whole Think after the last answer: workers that
+// loop without pause are parked at once and the phase ends after its quiet
+// spell. A worker answered just before the phase that sends nothing more
+// holds the phase for Think, as it may be computing its next request.
+func TestHandoverParkEndsOnceRecentWorkersAreParked(t *testing.T) {
+	const think = 2 * time.Second
+	took, n := parkPhase(t, 3, 0, think)
+	t.Logf("workers that loop: park phase %v, %d parked", took, n)
+	if took >= think/2 || n != 3 {
+		t.Errorf("park phase of workers that send again at once: %v, %d parked; want well under the %v Think, 3 parked", took, n, think)
+	}
+	const short = 400 * time.Millisecond
+	took, n = parkPhase(t, 3, 1, short)
+	t.Logf("one worker silent: park phase %v, %d parked", took, n)
+	if took < short/2 || n != 2 {
+		t.Errorf("park phase with a worker answered just before it and silent since: %v, %d parked; want about the %v Think, 2 parked", took, n, short)
+	}
+}

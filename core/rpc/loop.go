@@ -69,6 +69,10 @@ type loop struct {
 	// when a stop's grace ends (zero until the stop); lastWrite when a
 	// reply was last handed to libzmq.
 	lastRead, graceEnd, lastWrite time.Time
+
+	// recent is the last answers' peers and times, so that a handover knows
+	// which workers it answered just before it began.
+	recent recentAnswers
 }
 
 // stopPoll is the poll timeout during a stop's grace.
@@ -297,6 +301,7 @@ func (l *loop) send(r reply) {
 // deliver hands an admitted reply to libzmq, or queues it behind the
 // replies already waiting for its peer or while libzmq refuses it.
 func (l *loop) deliver(p pending) {
+	l.recent.note(p.key, time.Now())
 	if p.peer != "" {
 		l.answered(p.peer)
 	}

@@ -43,6 +43,9 @@ type pending struct {
 	// peer names the reply's peer during a handover (see handover.go),
 	// "" otherwise.
 	peer string
+	// key is the peer's id, copied without an allocation, for the loop's
+	// record of recent answers (recentAnswers, handover.go).
+	key peerKey
 }
 
 // acquire returns peer's state for an admission (created if new), or nil
@@ -99,8 +102,11 @@ func (s *Server) prepare(r *reply) (pending, bool) {
 	if !ok && r.buf != nil {
 		r.buf.c.release() // not adopted: freed uncharged
 	}
-	if ok && s.handover.Load() != nil {
-		p.peer = string(r.peer)
+	if ok {
+		p.key = keyOf(r.peer)
+		if s.handover.Load() != nil {
+			p.peer = string(r.peer)
+		}
 	}
 	return p, ok
 }
