@@ -47,6 +47,20 @@ func handoverCall(s *zmq.Socket, uid []byte, frames [][]byte, timeout time.Durat
 	}
 }
 
+// dialDealer connects a worker's DEALER (no linger) to endpoint.
+func dialDealer(endpoint string) (*zmq.Socket, error) {
+	s, err := zmq.NewSocket(zmq.DEALER)
+	if err != nil {
+		return nil, err
+	}
+	_ = s.SetLinger(0)
+	if err := s.Connect(endpoint); err != nil {
+		s.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
 // TestHandoverLosesNoRequest restarts a server ten times under synchronous
 // Go workers looping a new-work request (NOOP, parked) and a finishing one
 // (QUERY_PREFETCH_STATUS), each restart a handover stop and a new server on
@@ -108,17 +122,12 @@ func TestHandoverLosesNoRequest(t *testing.T) {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					s, err := zmq.NewSocket(zmq.DEALER)
+					s, err := dialDealer(endpoint)
 					if err != nil {
 						errs <- err
 						return
 					}
 					defer s.Close()
-					_ = s.SetLinger(0)
-					if err := s.Connect(endpoint); err != nil {
-						errs <- err
-						return
-					}
 					for n := 0; !stop.Load(); n++ {
 						uid, err := protocol.Encode(int64(w*1_000_000 + n))
 						if err != nil {
@@ -210,17 +219,12 @@ func parkPhase(t *testing.T, workers, silent int, think time.Duration) (time.Dur
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			s, err := zmq.NewSocket(zmq.DEALER)
+			s, err := dialDealer(srv.Endpoint())
 			if err != nil {
 				t.Error(err)
 				return
 			}
 			defer s.Close()
-			_ = s.SetLinger(0)
-			if err := s.Connect(srv.Endpoint()); err != nil {
-				t.Error(err)
-				return
-			}
 			for n := 0; !stop.Load(); n++ {
 				if w < silent && hush.Load() {
 					idle.Add(1) // its last request answered: silent from now on
