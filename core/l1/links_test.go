@@ -132,7 +132,7 @@ func TestKeepAdoptKeepsPromptLinks(t *testing.T) {
 }
 
 // TestHostileKeptLinks: a kept table whose links name no object, a held
-// object, the object itself, another rank, or form a cycle is adopted with
+// object, the object itself, another rank or layout, or form a cycle is adopted with
 // those links dropped (each counted, the first reason said) and the good
 // ones restored; the cycle's objects stay evictable.
 func TestHostileKeptLinks(t *testing.T) {
@@ -177,6 +177,8 @@ func TestHostileKeptLinks(t *testing.T) {
 		{"link on held", func(o []KeptObject) { o[line].Parent = 1 }, 1, "not published"},
 		{"root and parent", func(o []KeptObject) { o[1].Root = true }, 1, "both"},
 		{"other rank", func(o []KeptObject) { o[line-1].Key = other }, 1, "same rank"},
+		// The same chunk under another layout of the model: its own line.
+		{"other layout", func(o []KeptObject) { o[line-1].Key.Layout++ }, 1, "same rank"},
 		{"cycle", func(o []KeptObject) { o[0].Root, o[0].Parent = false, line }, 1, "cycle"},
 	}
 	for _, tc := range cases {

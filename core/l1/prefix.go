@@ -448,7 +448,7 @@ func (p *Pool) restoreLinks(objs []KeptObject, ad *Adopted) {
 		case rec[q] == nilRec:
 			drop(j, "parent %d is not a published object", q)
 		case !sameLine(&objs[q].Key, &o.Key):
-			drop(j, "parent %d is not an earlier chunk of the same rank, group, model and salt", q)
+			drop(j, "parent %d is not an earlier chunk of the same rank, group, model, salt and layout", q)
 		default:
 			par[j] = int32(q)
 		}
@@ -497,7 +497,8 @@ func (p *Pool) restoreLinks(objs []KeptObject, ad *Adopted) {
 }
 
 // sameLine reports whether a and b are keys of two chunks of one prompt
-// line: another chunk, the same rank, group, model and salt.
+// line: another chunk, the same rank, group, model, salt and layout.
 func sameLine(a, b *keys.ObjectKey) bool {
-	return a.Chunk != b.Chunk && a.KVRank == b.KVRank && a.Group == b.Group && a.Model == b.Model && a.Salt == b.Salt
+	return a.Chunk != b.Chunk && a.KVRank == b.KVRank && a.Group == b.Group && a.Model == b.Model && a.Salt == b.Salt &&
+		a.Layout == b.Layout
 }
