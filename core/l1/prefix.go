@@ -231,21 +231,19 @@ func (p *Pool) joinRing(i int32) {
 }
 
 // parentIn returns, for key j of a run of keys in prompt order
-// (chunk-major), the index of the key of the chunk before it with the same
-// rank, group, model and salt, or -1. prev is the [start, end) of the
-// previous chunk's keys and cur the start of the current chunk's.
+// (chunk-major), the index of the key of the chunk before it on the same
+// line (sameLine: rank, group, model, salt and layout), or -1. prev is the
+// [start, end) of the previous chunk's keys and cur the start of the
+// current chunk's.
 func parentIn(ks []keys.ObjectKey, j, prevStart, prevEnd, cur int) int {
 	if prevStart < 0 {
 		return -1
 	}
-	same := func(a, b *keys.ObjectKey) bool {
-		return a.KVRank == b.KVRank && a.Group == b.Group && a.Model == b.Model && a.Salt == b.Salt
-	}
-	if g := prevStart + j - cur; g < prevEnd && same(&ks[g], &ks[j]) {
+	if g := prevStart + j - cur; g < prevEnd && sameLine(&ks[g], &ks[j]) {
 		return g // the usual layout: every chunk has its keys in one order
 	}
 	for g := prevStart; g < prevEnd; g++ {
-		if same(&ks[g], &ks[j]) {
+		if sameLine(&ks[g], &ks[j]) {
 			return g
 		}
 	}
