@@ -8,10 +8,13 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"kvdock/assets"
 	"kvdock/core/engine"
@@ -77,14 +80,34 @@ func TestHostileExecFailureServesOnWithThePool(t *testing.T) {
 		t.Fatalf("store: %+v %v", res, err)
 	}
 
+	// The exec is handed the listening socket, still listening with the
+	// wire server stopped (the new image would serve on it); when it
+	// fails, this process closes it and binds again.
+	var keptFor string
+	keptListening := false
 	rs := restarter{eng: eng, logger: logger, sigs: make(chan os.Signal, 4),
-		exec: func(string, []string, []string) error { return syscall.E2BIG }}
+		exec: func(_ string, _ []string, env []string) error {
+			for _, kv := range env {
+				if v, ok := strings.CutPrefix(kv, envListenerFD+"="); ok {
+					fd, _ := strconv.Atoi(v)
+					n, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ACCEPTCONN)
+					keptListening = err == nil && n == 1
+				}
+				if v, ok := strings.CutPrefix(kv, envListenerFor+"="); ok {
+					keptFor = v
+				}
+			}
+			return syscall.E2BIG
+		}}
 	up, err := rs.handOver(ctx, "/kvdock/that/did/not/run", "test")
 	if !up || err == nil || !strings.Contains(err.Error(), "argument list too long") {
 		t.Fatalf("handOver: up %v, err %v\n%s", up, err, logs.String())
 	}
 	if !strings.Contains(logs.String(), "exec failed; serving again in this process") {
 		t.Fatalf("the failed exec is not logged:\n%s", logs.String())
+	}
+	if want := fmt.Sprintf("tcp://127.0.0.1:%d", port); !keptListening || keptFor != want {
+		t.Fatalf("the exec was not handed the listening socket: listening %v, kept for %q (want %q)", keptListening, keptFor, want)
 	}
 	if r := eng.Snapshot().Restart; !r.Adopted || r.Objects != 2 || r.Contexts != 1 {
 		t.Fatalf("after the failed exec the engine did not adopt its kept pool: %+v\n%s", r, logs.String())
@@ -101,5 +124,30 @@ func TestHostileExecFailureServesOnWithThePool(t *testing.T) {
 	})
 	if err != nil || got != 2 || wrong != 0 {
 		t.Fatalf("retrieve after the failed exec: %d chunks, %d wrong, %v", got, wrong, err)
+	}
+}
+
+// TestListenerEnv: the exec's environment names the kept socket once,
+// replacing a name an earlier image left; a new image takes the name out of
+// its environment, and refuses one that names stdio or no number.
+func TestListenerEnv(t *testing.T) {
+	env := listenerEnv([]string{"A=1", envListenerFD + "=9", envListenerFor + "=tcp://old:1", "B=2"}, 12, "tcp://127.0.0.1:5555")
+	want := []string{"A=1", "B=2", envListenerFD + "=12", envListenerFor + "=tcp://127.0.0.1:5555"}
+	if strings.Join(env, " ") != strings.Join(want, " ") {
+		t.Fatalf("env %q, want %q", env, want)
+	}
+	if env := listenerEnv([]string{envListenerFD + "=9", "A=1"}, -1, ""); strings.Join(env, " ") != "A=1" {
+		t.Fatalf("env without a kept socket: %q", env)
+	}
+	logger := slog.New(slog.DiscardHandler)
+	for _, v := range []string{"2", "x", "-4"} {
+		t.Setenv(envListenerFD, v)
+		t.Setenv(envListenerFor, "tcp://127.0.0.1:5555")
+		if f, _ := inheritedListener(logger); f != nil {
+			t.Errorf("%s=%s taken as a kept socket", envListenerFD, v)
+		}
+		if os.Getenv(envListenerFD) != "" || os.Getenv(envListenerFor) != "" {
+			t.Errorf("%s=%s left in the environment", envListenerFD, v)
+		}
 	}
 }

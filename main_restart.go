@@ -10,6 +10,8 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -136,19 +138,69 @@ func (l *limitedBuffer) Write(p []byte) (int, error) {
 func (r restarter) handOver(ctx context.Context, path, why string) (engineUp bool, err error) {
 	sctx, cancel := context.WithTimeout(context.Background(), engine.StopTimeout)
 	defer cancel()
+	// The listening socket outlives this image (the new one serves on it):
+	// a worker that reconnects during the restart is accepted, not refused.
+	lfd, lfor, lerr := r.eng.KeepListener()
+	if lerr != nil {
+		r.logger.Warn("restart: the listening socket is not kept; workers reconnect once the new image binds", "err", lerr)
+	}
 	if err := r.eng.StopKeeping(sctx); err != nil {
 		r.logger.Warn("restart: pool not kept; the new process starts cold", "err", err)
 	}
 	r.logger.Info("restart: executing", "cause", why, "path", path)
 	signal.Ignore(execSignals...)
-	err = r.exec(path, os.Args, os.Environ())
+	err = r.exec(path, os.Args, listenerEnv(os.Environ(), lfd, lfor))
 	signal.Notify(r.sigs, execSignals...)
+	if lfd >= 0 {
+		_ = unix.Close(lfd) // this image binds again
+	}
 	err = fmt.Errorf("exec %s: %w", path, err)
 	r.logger.Error("restart: exec failed; serving again in this process with the kept pool", "path", path, "err", err)
 	if serr := r.eng.Start(ctx); serr != nil {
 		return false, errors.Join(err, fmt.Errorf("start again: %w", serr))
 	}
 	return true, err
+}
+
+// The environment that names the listening socket an exec keeps: its
+// descriptor and the endpoint it was bound for.
+const (
+	envListenerFD  = "KVDOCK_LISTENER_FD"
+	envListenerFor = "KVDOCK_LISTENER_FOR"
+)
+
+// listenerEnv is env without a listening socket named, then naming fd (kept
+// for endpoint) when fd >= 0.
+func listenerEnv(env []string, fd int, endpoint string) []string {
+	out := make([]string, 0, len(env)+2)
+	for _, kv := range env {
+		if !strings.HasPrefix(kv, envListenerFD+"=") && !strings.HasPrefix(kv, envListenerFor+"=") {
+			out = append(out, kv)
+		}
+	}
+	if fd >= 0 {
+		out = append(out, envListenerFD+"="+strconv.Itoa(fd), envListenerFor+"="+endpoint)
+	}
+	return out
+}
+
+// inheritedListener takes the listening socket the previous image kept
+// (listenerEnv) out of the environment: nil when none is named or the name
+// is not a descriptor past stdio. The engine checks the socket itself and
+// closes it when it is not the one for its endpoint.
+func inheritedListener(log *slog.Logger) (*os.File, string) {
+	v, endpoint := os.Getenv(envListenerFD), os.Getenv(envListenerFor)
+	_ = os.Unsetenv(envListenerFD)
+	_ = os.Unsetenv(envListenerFor)
+	if v == "" {
+		return nil, ""
+	}
+	fd, err := strconv.Atoi(v)
+	if err != nil || fd < 3 {
+		log.Warn("restart: "+envListenerFD+" does not name a kept socket; binding a new one", "value", v)
+		return nil, ""
+	}
+	return os.NewFile(uintptr(fd), "kept listener"), endpoint
 }
 
 // loadStartable loads the settings of opts and checks what serve checks

@@ -152,14 +152,17 @@ func (s *server) newEngine(level *slog.LevelVar) (closeGPU func()) {
 	cfg := s.loaded.Config
 	m := metrics.New()
 	gpuSrc := gpu.NewNVML(s.logger.With("component", "gpu"))
+	listener, listenerFor := inheritedListener(s.logger)
 	s.eng = engine.New(cfg, engine.Options{
-		GPU:      gpu.NewSampler(gpuSrc),
-		Logger:   s.logger,
-		LogLevel: level,
-		Sources:  s.loaded.Sources,
-		Version:  buildVersion(),
-		Observer: m,
-		Memory:   hostmem.Probe{},
+		Listener:    listener,
+		ListenerFor: listenerFor,
+		GPU:         gpu.NewSampler(gpuSrc),
+		Logger:      s.logger,
+		LogLevel:    level,
+		Sources:     s.loaded.Sources,
+		Version:     buildVersion(),
+		Observer:    m,
+		Memory:      hostmem.Probe{},
 		// s.web is set below, before Start; OnApply runs only after it.
 		OnApply: func(_ context.Context, _, new settings.Config) error {
 			return s.web.Restart(new.HTTP)

@@ -77,6 +77,12 @@ type Options struct {
 	// TierOpeners open the L2 backends by adapter type ("fs", "resp"):
 	// the binary passes the real ones, tests a fake.
 	TierOpeners map[string]tier.Opener
+	// Listener is the wire server's listening socket that the previous
+	// process image kept across a restart's exec (KeepListener), for the
+	// endpoint ListenerFor: the first start serves on it when it is the
+	// one for its endpoint (rpc.Options.Listener); nil binds.
+	Listener    *os.File
+	ListenerFor string
 }
 
 // Engine runs one kvdock configuration at a time.
@@ -113,6 +119,11 @@ type Engine struct {
 	// handlerHook, when set (tests), runs inside each plane's gate before
 	// every handler.
 	handlerHook func(*dataPlane)
+
+	// listener and listenerFor are Options.Listener until the first wire
+	// server takes them (under mu).
+	listener    *os.File
+	listenerFor string
 }
 
 // DrainTimeout bounds the wait for requests in flight when the wire server
@@ -149,6 +160,8 @@ func New(cfg settings.Config, opts Options) *Engine {
 		cfg:     cfg,
 		sources: opts.Sources,
 		failed:  make(chan struct{}),
+
+		listener: opts.Listener, listenerFor: opts.ListenerFor,
 	}
 	e.rates.countFromZero()
 	e.publish()

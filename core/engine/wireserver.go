@@ -58,6 +58,10 @@ func (e *Engine) startWireServer(cfg settings.Config, p *dataPlane) (*wireServer
 		Logger:       e.log,
 		Observer:     observer{r: e.rates, next: e.opts.Observer},
 	}
+	// The socket the previous image listened on, for the first start
+	// after its exec only (the wire server closes it if it is not used).
+	opts.Listener, opts.ListenerFor = e.listener, e.listenerFor
+	e.listener, e.listenerFor = nil, ""
 	if e.wireOptions != nil {
 		e.wireOptions(&opts)
 	}
@@ -99,6 +103,18 @@ func (e *Engine) startWireServer(cfg settings.Config, p *dataPlane) (*wireServer
 		e.events.add(EventLifecycle, slog.LevelWarn, msg+" ("+srv.Endpoint()+")")
 	}
 	return f, nil
+}
+
+// KeepListener returns a duplicate of the wire server's listening socket
+// that an exec keeps (rpc.Server.KeepListener) and the endpoint it was
+// bound for, so that the next image serves on it (Options.Listener).
+func (e *Engine) KeepListener() (fd int, endpoint string, err error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.wireServer == nil {
+		return -1, "", errors.New("no wire server")
+	}
+	return e.wireServer.srv.KeepListener()
 }
 
 // loopbackEndpoint reports whether a bound "tcp://host:port" endpoint is

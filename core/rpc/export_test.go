@@ -1,6 +1,10 @@
 package rpc
 
-import "time"
+import (
+	"os"
+	"strconv"
+	"time"
+)
 
 // DetectPeers is the number of peers whose detection state s keeps; read
 // only after the server stopped serving or between its socket's messages in
@@ -30,3 +34,15 @@ const (
 	ScavengeQuiet = scavengeQuiet
 	ScavengeAfter = scavengeAfter
 )
+
+// Listeners counts this process's listening TCP sockets on port.
+func Listeners(port int) int {
+	ents, _ := os.ReadDir("/proc/self/fd")
+	n := 0
+	for _, e := range ents {
+		if fd, err := strconv.Atoi(e.Name()); err == nil && isListener(fd, port) {
+			n++
+		}
+	}
+	return n
+}

@@ -43,30 +43,10 @@ func acceptedConns(port int) []int {
 
 // isAccepted reports whether fd is a connected TCP socket on local port.
 func isAccepted(fd, port int) bool {
-	var st unix.Stat_t
-	if unix.Fstat(fd, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFSOCK {
+	if p, ok := localTCPPort(fd); !ok || p != port {
 		return false
 	}
-	if t, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TYPE); err != nil || t != unix.SOCK_STREAM {
-		return false
-	}
-	sa, err := unix.Getsockname(fd)
-	if err != nil {
-		return false
-	}
-	switch a := sa.(type) {
-	case *unix.SockaddrInet4:
-		if a.Port != port {
-			return false
-		}
-	case *unix.SockaddrInet6:
-		if a.Port != port {
-			return false
-		}
-	default:
-		return false
-	}
-	_, err = unix.Getpeername(fd)
+	_, err := unix.Getpeername(fd)
 	return err == nil
 }
 

@@ -28,6 +28,7 @@ import (
 	"log/slog"
 	"math"
 	"net"
+	"os"
 	"slices"
 	"strconv"
 	"sync"
@@ -123,8 +124,14 @@ const (
 type Options struct {
 	Host string // "localhost" is resolved to 127.0.0.1; default localhost
 	// Port 0 binds an ephemeral port (see Endpoint).
-	Port    int
-	Profile *protocol.Profile // required; the default when Detect is set
+	Port int
+	// Listener, when set, is a listening socket kept across a restart's
+	// exec (KeepListener) for the endpoint ListenerFor: Bind serves on it
+	// instead of binding one when it is a listening TCP socket kept for
+	// this server's endpoint, and closes it either way (listener.go).
+	Listener    *os.File
+	ListenerFor string
+	Profile     *protocol.Profile // required; the default when Detect is set
 	// Detect, when set, makes the server tell each peer's table from its
 	// messages among these profiles, newest first (--protocol auto; see
 	// auto.go); Profile must be one of them.
@@ -521,6 +528,16 @@ func (s *Server) Bind() error {
 	raw, err := rawSocket(router)
 	if err != nil {
 		return fail(err)
+	}
+	if fd, err := s.takeListener(ep); err != nil {
+		s.log.Warn("rpc: the listening socket kept across the restart is not used; binding a new one", "err", err)
+	} else if fd >= 0 {
+		if err := router.SetUseFd(fd); err != nil {
+			_ = unix.Close(fd)
+			s.log.Warn("rpc: the listening socket kept across the restart is not used; binding a new one", "err", err)
+		} else {
+			s.log.Info("rpc: serving on the listening socket kept across the restart", "endpoint", ep)
+		}
 	}
 	if err := router.Bind(ep); err != nil {
 		return fail(fmt.Errorf("bind %s: %w", ep, err))
