@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"kvdock/core/testkit/freeport"
 	"kvdock/settings"
 )
 
@@ -74,7 +75,7 @@ func TestApplyFaceFailureRollsBack(t *testing.T) {
 
 	next := cfg
 	next.HTTP.Port = 1
-	next.Server.Port = freePort(t)
+	next.Server.Port = freeport.Port(t)
 	next.Eviction.Ratio = 0.5
 	res, err := e.Apply(context.Background(), next, nil)
 	if err == nil || !res.RolledBack || !strings.Contains(err.Error(), "address already in use") {

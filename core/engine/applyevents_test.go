@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"kvdock/core/testkit/freeport"
 	"kvdock/settings"
 )
 
@@ -55,7 +56,7 @@ func TestApplyRecordsOneEvent(t *testing.T) {
 		}
 	}
 	step("live", func(c *settings.Config) { c.Eviction.Ratio = 0.5 }, false, "applied (live): eviction.ratio")
-	step("restart", func(c *settings.Config) { c.Server.Port = freePort(t) }, false, "applied (restart): server.port")
+	step("restart", func(c *settings.Config) { c.Server.Port = freeport.Port(t) }, false, "applied (restart): server.port")
 	step("rollback", func(c *settings.Config) { c.Server.Port = busy }, true,
 		"apply (restart): server.port failed, rolled back to the running config")
 	step("rebuild", func(c *settings.Config) { c.L1.AlignBytes *= 2 }, false,

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,6 +14,7 @@ import (
 	"kvdock/assets"
 	"kvdock/core/protocol"
 	"kvdock/core/rpc/client"
+	"kvdock/core/testkit/freeport"
 	"kvdock/settings"
 )
 
@@ -24,22 +24,12 @@ var nameSeq atomic.Int64
 func testConfig(t *testing.T) (settings.Config, string) {
 	t.Helper()
 	cfg := settings.Default()
-	cfg.Server.Port = freePort(t)
+	cfg.Server.Port = freeport.Port(t)
 	cfg.L1.SizeGB = 16.0 / 1024 // 16 MiB
 	cfg.L1.Prefault = false
 	name := fmt.Sprintf("kvdock_enginetest_%d_%d", os.Getpid(), nameSeq.Add(1))
 	cfg.Server.ShmName = &name
 	return cfg, "lmcache_l1_pool_" + name
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 func startEngine(t *testing.T, cfg settings.Config) *Engine {
@@ -169,7 +159,7 @@ func TestSecondServerOnLiveSegmentIsAnError(t *testing.T) {
 	cfg, seg := testConfig(t)
 	startEngine(t, cfg)
 	cfg2 := cfg
-	cfg2.Server.Port = freePort(t)
+	cfg2.Server.Port = freeport.Port(t)
 	e2 := New(cfg2, Options{})
 	err := e2.Start(context.Background())
 	if err == nil || !strings.Contains(err.Error(), seg) {
@@ -220,7 +210,7 @@ func TestApplyRestartKeepsPoolAndContexts(t *testing.T) {
 	c := dial(t, cfg.Server.Port, cfg.Server.Protocol)
 	register(t, c, 1)
 	next := cfg
-	next.Server.Port = freePort(t)
+	next.Server.Port = freeport.Port(t)
 	res, err := e.Apply(context.Background(), next, nil)
 	if err != nil || res.Class != settings.Restart {
 		t.Fatalf("apply restart: %+v %v", res, err)

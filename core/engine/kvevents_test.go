@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"kvdock/core/testkit/freeport"
 	"kvdock/core/testkit/poll"
 	"kvdock/settings"
 )
@@ -16,7 +17,7 @@ import (
 // removes its medium whole and keeps the pool's.
 func TestKVEventsTierMediumFollowsTheTiers(t *testing.T) {
 	cfg, _ := testConfig(t)
-	cfg.KVEvents.Endpoint = fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+	cfg.KVEvents.Endpoint = fmt.Sprintf("tcp://127.0.0.1:%d", freeport.Port(t))
 	cfg.L2.Adapters = []settings.Adapter{{Type: "fs", FS: settings.FSAdapter{BasePath: t.TempDir(), MaxCapacityGB: 1}}}
 	e := startEngine(t, cfg)
 	w, _ := tierWorker(t, e, cfg.Server.Port)

@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"kvdock/core/testkit/freeport"
 )
 
 // TestFindsThisProcess: a port this test listens on is held by this test's
@@ -21,19 +23,9 @@ func TestFindsThisProcess(t *testing.T) {
 	if !ok || h.PID != os.Getpid() || h.Command == "" {
 		t.Fatalf("Find(%d) = %+v, %v; want pid %d", port, h, ok, os.Getpid())
 	}
-	if _, ok := Find("", freePort(t)); ok {
+	if _, ok := Find("", freeport.Port(t)); ok {
 		t.Fatal("a port nobody listens on has a holder")
 	}
-}
-
-func freePort(t *testing.T) int {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	_ = ln.Close()
-	return port
 }
 
 // TestHostileCommandLineIsEscaped: a holder's command line is another

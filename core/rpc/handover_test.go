@@ -202,16 +202,7 @@ func TestHandoverLosesNoRequest(t *testing.T) {
 // call) and how many requests it parked.
 func parkPhase(t *testing.T, workers, silent int, think time.Duration) (time.Duration, int) {
 	t.Helper()
-	srv, err := rpc.New(rpc.Options{Host: "127.0.0.1", Port: 0, Profile: profile(t, "nongpu-v1")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv.Handle(protocol.Noop, func(context.Context, *rpc.Request) (any, error) { return "OK", nil })
-	if err := srv.Bind(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(context.Background()) }()
+	srv, done := serveNoop(t, rpc.Options{Host: "127.0.0.1", Port: 0, Profile: profile(t, "nongpu-v1")})
 	var stop, hush atomic.Bool
 	var wg sync.WaitGroup
 	var answered, idle atomic.Int64

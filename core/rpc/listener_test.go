@@ -13,14 +13,14 @@ import (
 
 	"kvdock/core/protocol"
 	"kvdock/core/rpc"
+	"kvdock/core/testkit/freeport"
 )
 
-// noopServer binds a server on port that answers NOOP, given listener
-// (kept for listenerFor) to serve on; the server is shut down with the test.
-func noopServer(t *testing.T, port int, listener *os.File, listenerFor string) *rpc.Server {
+// serveNoop binds a server of opts that answers NOOP and serves it; the
+// channel gives Serve's result.
+func serveNoop(t *testing.T, opts rpc.Options) (*rpc.Server, <-chan error) {
 	t.Helper()
-	srv, err := rpc.New(rpc.Options{Host: "127.0.0.1", Port: port, Profile: profile(t, "nongpu-v1"),
-		Listener: listener, ListenerFor: listenerFor})
+	srv, err := rpc.New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -30,6 +30,15 @@ func noopServer(t *testing.T, port int, listener *os.File, listenerFor string) *
 	}
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(context.Background()) }()
+	return srv, done
+}
+
+// noopServer serves NOOP on port, given listener (kept for listenerFor)
+// to serve on; it is shut down with the test.
+func noopServer(t *testing.T, port int, listener *os.File, listenerFor string) *rpc.Server {
+	t.Helper()
+	srv, done := serveNoop(t, rpc.Options{Host: "127.0.0.1", Port: port, Profile: profile(t, "nongpu-v1"),
+		Listener: listener, ListenerFor: listenerFor})
 	t.Cleanup(func() {
 		_ = srv.Shutdown(context.Background())
 		<-done
@@ -37,23 +46,12 @@ func noopServer(t *testing.T, port int, listener *os.File, listenerFor string) *
 	return srv
 }
 
-// freePort is a port nothing listens on now.
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
 // TestListenerKeptAcrossServers: a server's listening socket kept
 // (KeepListener) goes on accepting once that server is gone, and the next
 // server serves on it: a worker that connected while no server ran gets
 // its answer, never a refusal.
 func TestListenerKeptAcrossServers(t *testing.T) {
-	port := freePort(t)
+	port := freeport.Port(t)
 	old := noopServer(t, port, nil, "")
 	fd, ep, err := old.KeepListener()
 	if err != nil {
@@ -90,7 +88,7 @@ func TestListenerKeptAcrossServers(t *testing.T) {
 // endpoint, or a descriptor that is not a listening socket on its port, is
 // closed and not used: the server binds its own and serves.
 func TestHostileKeptListenerRefused(t *testing.T) {
-	other := freePort(t)
+	other := freeport.Port(t)
 	held := noopServer(t, other, nil, "")
 	fd, ep, err := held.KeepListener()
 	if err != nil {
@@ -116,7 +114,7 @@ func TestHostileKeptListenerRefused(t *testing.T) {
 			func() bool { _, err := w.Write([]byte("x")); return errors.Is(err, unix.EPIPE) }},
 	}
 	for _, tc := range cases {
-		port := freePort(t)
+		port := freeport.Port(t)
 		srv := noopServer(t, port, tc.f, tc.for_(port))
 		if want := "tcp://127.0.0.1:" + strconv.Itoa(port); srv.Endpoint() != want {
 			t.Errorf("%s: bound %s, want %s", tc.name, srv.Endpoint(), want)

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"sync"
@@ -18,6 +17,7 @@ import (
 	"kvdock/core/protocol"
 	"kvdock/core/rpc"
 	"kvdock/core/rpc/client"
+	"kvdock/core/testkit/freeport"
 	"kvdock/core/testkit/profiles"
 	"kvdock/settings"
 	"kvdock/transfer/torchpickle"
@@ -46,16 +46,6 @@ func dial(t testing.TB, endpoint string) *client.Client {
 	return c
 }
 
-func freePort(t testing.TB) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
 // startEngine runs a kvdock engine with a 4 MiB pool, SHM or pickle.
 func startEngine(t testing.TB, shm bool) string {
 	t.Helper()
@@ -68,7 +58,7 @@ func startEngineSized(t testing.TB, shm bool, chunk int, poolGB float64) string 
 	t.Helper()
 	cfg := settings.Default()
 	cfg.Server.Host = "127.0.0.1"
-	cfg.Server.Port = freePort(t)
+	cfg.Server.Port = freeport.Port(t)
 	cfg.Server.ChunkSize = chunk
 	cfg.L1.SizeGB = poolGB
 	name := ""
