@@ -16,7 +16,7 @@ import (
 // takes as a reset of the pod), so the new process re-announces the
 // adopted usable set before any new event. What the pool keeps has no
 // tokens, so the stopping process writes the descriptions of its chunks
-// (Describe: those of L1 and of the tiers' media) beside the restart
+// (DescribeTo: those of L1 and of the tiers' media) beside the restart
 // record, with the objects each tier held for it, and the adopting one
 // re-announces the chunks it adopted whole (Reannounce). The tiers'
 // values are adopted apart (the tier set asks each tier whether it still
@@ -58,13 +58,6 @@ const MaxDescribeBytes = 1 << 30
 // whole (a buffer that size was fresh memory, and a copy, in the
 // restart's gap).
 const describePiece = 256 << 10
-
-// Describe returns the description DescribeTo writes.
-func (t *Tracker) Describe(stamp int64, maxBytes int, tiers [][]keys.ObjectKey) (data []byte, left int) {
-	var b bytes.Buffer
-	left, _ = t.DescribeTo(&b, stamp, maxBytes, tiers) // a bytes.Buffer takes every write
-	return b.Bytes(), left
-}
 
 // DescribeTo writes to w the description of the chunks a commit
 // described (tokens, parent, world size) that L1 or a tier's medium holds,
@@ -203,7 +196,7 @@ type described struct {
 }
 
 // Reannounce re-announces what an adoption kept: data is the description
-// the stopping process wrote (Describe with stamp), published the adopted
+// the stopping process wrote (DescribeTo with stamp), published the adopted
 // objects that were readable when kept, which the pool's adoption told
 // the tracker of (Stored; a carried write reservation too, announced once
 // its commit comes), and unreadable tells which of up to 64 keys are not

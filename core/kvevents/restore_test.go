@@ -36,6 +36,13 @@ func prompt(t *testing.T, tr *Tracker, model string, ranks int, seed uint32, n i
 	return c.Keys
 }
 
+// describe returns the description DescribeTo writes, in memory.
+func describe(t *Tracker, stamp int64, maxBytes int, tiers [][]keys.ObjectKey) (data []byte, left int) {
+	var b bytes.Buffer
+	left, _ = t.DescribeTo(&b, stamp, maxBytes, tiers) // a bytes.Buffer takes every write
+	return b.Bytes(), left
+}
+
 func drain(tr *Tracker, r *router) {
 	for _, b := range tr.Flush() {
 		r.apply(b)
@@ -53,7 +60,7 @@ func TestTrackerReannounce(t *testing.T) {
 	w := prompt(t, old, "w", 1, 3, 1)
 	was := &router{t: t, known: map[uint64]bool{}}
 	drain(old, was)
-	data, left := old.Describe(42, MaxDescribeBytes, nil)
+	data, left := describe(old, 42, MaxDescribeBytes, nil)
 	if left != 0 || len(was.known) != 4+2+1 {
 		t.Fatalf("left %d, announced %d", left, len(was.known))
 	}
@@ -119,7 +126,7 @@ func TestTrackerReannounce(t *testing.T) {
 func TestReannounceWhileServing(t *testing.T) {
 	old := New(Options{BlockSize: cs})
 	a := prompt(t, old, "m", 1, 1, 3)
-	data, _ := old.Describe(5, MaxDescribeBytes, nil)
+	data, _ := describe(old, 5, MaxDescribeBytes, nil)
 	tr := New(Options{BlockSize: cs})
 	tr.Registered("m", 1, one)
 	for i := range a {
@@ -225,7 +232,7 @@ func TestHostileReannounceDescription(t *testing.T) {
 	a := prompt(t, old, "m", 1, 1, 1)
 	b := prompt(t, old, "m", 1, 2, 1)
 	prompt(t, old, "m", 1, 3, 1) // described, never adopted
-	data, _ := old.Describe(7, MaxDescribeBytes, nil)
+	data, _ := describe(old, 7, MaxDescribeBytes, nil)
 	none := func([]keys.ObjectKey) uint64 { return 0 }
 	adopted := append(append([]keys.ObjectKey(nil), a...), b...)
 	// The entries are in map order: find each one's tokens by its hash.
@@ -299,7 +306,7 @@ func TestReannounceCarriesThePollLogOn(t *testing.T) {
 	if cursor != 2 {
 		t.Fatalf("old log: cursor %d after two chunks", cursor)
 	}
-	data, _ := old.Describe(7, MaxDescribeBytes, nil)
+	data, _ := describe(old, 7, MaxDescribeBytes, nil)
 	none := func([]keys.ObjectKey) uint64 { return 0 }
 	for _, c := range []struct {
 		name  string
@@ -356,7 +363,7 @@ func TestReannounceCarriesTierObjects(t *testing.T) {
 	}
 	old.Lost(&a[3]) // L1 lost it; the tier holds it still
 	held := [][]keys.ObjectKey{a}
-	data, left := old.Describe(5, MaxDescribeBytes, held)
+	data, left := describe(old, 5, MaxDescribeBytes, held)
 	if left != 0 {
 		t.Fatalf("left %d", left)
 	}
@@ -401,7 +408,7 @@ func TestHostileReannounceTierObjects(t *testing.T) {
 	old := New(Options{BlockSize: cs})
 	a := prompt(t, old, "m", 1, 1, 1)
 	stranger := keys.ObjectKey{Chunk: keys.Hash{7}, Model: "m"}
-	data, left := old.Describe(5, MaxDescribeBytes, [][]keys.ObjectKey{{a[0], stranger}})
+	data, left := describe(old, 5, MaxDescribeBytes, [][]keys.ObjectKey{{a[0], stranger}})
 	if left != 0 || bytes.Contains(data, stranger.Chunk[:]) { // the stranger's chunk is not described: not carried
 		t.Fatalf("left %d", left)
 	}
@@ -452,7 +459,7 @@ func (p *pieces) Write(b []byte) (int, error) {
 
 // TestDescribeToWritesInPieces: a description of a large pool goes to its
 // writer in pieces of about describePiece bytes (never held whole), the
-// same bytes Describe returns; a bound cuts it past maxBytes, counting
+// same bytes describe returns; a bound cuts it past maxBytes, counting
 // what it left out; and a writer's error stops it, returned.
 func TestDescribeToWritesInPieces(t *testing.T) {
 	old := New(Options{BlockSize: cs})
@@ -460,7 +467,7 @@ func TestDescribeToWritesInPieces(t *testing.T) {
 		prompt(t, old, "m", 1, uint32(p+1), 4)
 	}
 	old.Sync()
-	whole, left := old.Describe(7, MaxDescribeBytes, nil)
+	whole, left := describe(old, 7, MaxDescribeBytes, nil)
 	if left != 0 || len(whole) < 2*describePiece {
 		t.Fatalf("description of %d bytes (%d left out): want over two pieces", len(whole), left)
 	}
