@@ -42,6 +42,11 @@ func decodeLinks(raw json.RawMessage, n int, from []int, objs []l1.KeptObject) s
 	if len(raw) == 0 {
 		return ""
 	}
+	if max := blockBytes(n, linkBytes); len(raw) > max {
+		// Past what any writing of n links takes: encoding/json would
+		// hold a slice as long as the block says.
+		return fmt.Sprintf("prompt links left out: %d bytes for %d objects (at most %d)", len(raw), n, max)
+	}
 	links, ok := parseLinks(raw)
 	if !ok {
 		if err := json.Unmarshal(raw, &links); err != nil {
@@ -84,12 +89,29 @@ func decodeLinks(raw json.RawMessage, n int, from []int, objs []l1.KeptObject) s
 func parseLinks(raw []byte) ([]int64, bool) {
 	p := objectParser{b: raw}
 	p.lit("[")
-	out := make([]int64, 0, len(raw)/2)
+	// Each link takes 2 bytes at least; no record holds more than
+	// MaxObjects (Decode refuses a block that does not cover its objects).
+	out := make([]int64, 0, min(len(raw)/2, MaxObjects+1))
 	for !p.bad && !p.opt("]") {
 		if len(out) > 0 {
 			p.lit(",")
+		}
+		if len(out) > MaxObjects {
+			return nil, false
 		}
 		out = append(out, p.signed(64))
 	}
 	return out, !p.bad && p.i == len(raw)
 }
+
+// The most bytes one entry of a block takes in the JSON text, with its
+// separator and as much whitespace again: a link (-9223372036854775808,),
+// an order entry ([a,g,m], three uint64s).
+const (
+	linkBytes  = 2 * 21
+	orderBytes = 2 * (3*20 + 4)
+)
+
+// blockBytes bounds a per-object block of n entries of at most per bytes
+// each, with room for its frame.
+func blockBytes(n, per int) int { return n*per + 256 }

@@ -6,6 +6,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"kvdock/core/l1"
 )
 
 func randomObjects(rng *rand.Rand, n int) objectList {
@@ -132,5 +134,32 @@ func TestParseLinksMatchesEncodingJSON(t *testing.T) {
 		if got, ok := parseLinks([]byte(in)); ok && (werr != nil || !reflect.DeepEqual(got, want) && len(got)+len(want) > 0) {
 			t.Errorf("%s: fast %v, encoding/json %v (%v)", in, got, want, werr)
 		}
+	}
+}
+
+// The order's fast path reads what json.Unmarshal reads, or leaves the
+// block to it; what encodeOrder writes it reads back exactly.
+func TestParseOrderMatchesEncodingJSON(t *testing.T) {
+	for _, in := range []string{`{"mean_gap":5,"objects":[]}`, `{"mean_gap":0,"objects":[[1,2,0],[3,4,1]]}`,
+		`{"mean_gap":5,"objects":[[1,2]]}`, `{"mean_gap":5,"objects":[[1,2,3,4]]}`, `{"mean_gap":5,"objects":[[01,2,0]]}`,
+		`{"mean_gap":-1,"objects":[]}`, `{"mean_gap":5, "objects":[]}`, `{"objects":[],"mean_gap":5}`,
+		`{"mean_gap":5,"objects":[[1,2,0],]}`, `{"mean_gap":18446744073709551616,"objects":[]}`,
+		`{"mean_gap":5,"objects":null}`, `{"mean_gap":5,"objects":[[1,2,0]]} `, `{"mean_gap":5,"objects":[[1,2,0]]`, `null`} {
+		var want orderBlock
+		werr := json.Unmarshal([]byte(in), &want)
+		if got, ok := parseOrder([]byte(in)); ok && (werr != nil || !reflect.DeepEqual(got, want) && len(got.Objects)+len(want.Objects) > 0) {
+			t.Errorf("%s: fast %+v, encoding/json %+v (%v)", in, got, want, werr)
+		}
+	}
+	r := rand.New(rand.NewPCG(7, 8))
+	k := l1.Kept{MeanGap: r.Uint64()}
+	for range 200 {
+		k.Objects = append(k.Objects, l1.KeptObject{Age: r.Uint64() >> r.IntN(64), Gap: r.Uint64() >> r.IntN(64), Measured: r.IntN(2) == 0})
+	}
+	raw := encodeOrder(k)
+	got, ok := parseOrder(raw)
+	var want orderBlock
+	if err := json.Unmarshal(raw, &want); !ok || err != nil || !reflect.DeepEqual(got, want) {
+		t.Fatalf("encodeOrder's block: fast path %v, encoding/json %v", ok, err)
 	}
 }

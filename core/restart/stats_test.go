@@ -137,6 +137,15 @@ func TestHostileRecordLinksAndStats(t *testing.T) {
 			return ""
 		}},
 		{"order measured", func(s string) string { return strings.Replace(s, `"objects":[[1,7,1],`, `"objects":[[1,7,2],`, 1) }, "eviction order left out: measured 2", nil},
+		// Blocks longer than any writing of the record's 8 objects takes:
+		// refused before encoding/json reads them (it would hold a slice as
+		// long as they say).
+		{"links too long", func(s string) string {
+			return strings.Replace(s, `"links":[-1,`, `"links":[-1,`+strings.Repeat("0,", 400), 1)
+		}, "prompt links left out: 819 bytes for 8 objects (at most 592)", nil},
+		{"order too long", func(s string) string {
+			return strings.Replace(s, `"objects":[[1,7,1],`, `"objects":[[1,7,1],`+strings.Repeat("[0,0,0],", 200), 1)
+		}, "bytes for 8 objects (at most 1280)", nil},
 		{"stats of the wrong type", func(s string) string { return strings.Replace(s, `"stats":{`, `"stats":{"since_ns":"x",`, 1) }, "statistics left out", func(r Record) string {
 			if r.Stats != nil {
 				return "statistics kept"
