@@ -55,7 +55,7 @@ const MaxDescribeBytes = 1 << 30
 
 // describePiece is how many bytes of a description DescribeTo gathers
 // before it writes them: tens of MiB for a large pool are never held
-// whole (a buffer that size was fresh memory, and a copy, in the
+// whole (a buffer that size would be fresh memory, and a copy, in the
 // restart's gap).
 const describePiece = 256 << 10
 

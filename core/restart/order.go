@@ -73,9 +73,9 @@ func decodeOrder(raw json.RawMessage, n int, from []int, k *l1.Kept) string {
 }
 
 // parseOrder reads the form encodeOrder writes ({"mean_gap":n,"objects":
-// [[a,g,m],…]}, no whitespace) in one pass, where json.Unmarshal took a
-// fifth of a 65,536-object record's Decode; ok is false for anything
-// else, which json.Unmarshal judges.
+// [[a,g,m],…]}, no whitespace) in one pass, where encoding/json reflects
+// over every entry; ok is false for anything else, which json.Unmarshal
+// judges.
 func parseOrder(raw []byte) (orderBlock, bool) {
 	p := objectParser{b: raw}
 	var b orderBlock
