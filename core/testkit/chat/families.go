@@ -64,7 +64,7 @@ func Families() []Family {
 		{"round-robin-32x1", Prompts(RoundRobin(32, 1, 12)), true, nil},
 		{"round-robin-8x3", Prompts(RoundRobin(8, 3, 14)), true, nil},
 		{"random-order", Prompts(RandomOrder(3000, 24, 1)), true,
-			func(c int) float64 { return RandomOrderOnline(3000, 24, 1, c) }},
+			func(c int) float64 { return RandomOrderSeenOnline(3000, 24, 1, c) }},
 		{"short-chats", Prompts(Trace(3000, 60, 60, 2)), true, nil},
 		{"system-prompts", system, true,
 			func(c int) float64 { return FixedPopularityOnline(system, c, SystemPromptsChance()) }},

@@ -115,3 +115,188 @@ func RAGChance() func(p Prompt, j int) float64 {
 		return 0
 	}
 }
+
+// RandomOrderSeenOnline bounds the hits an online policy expects on
+// RandomOrder(n, open, seed) with a pool of capacity chunks when, unlike
+// RandomOrderOnline, it is not told which conversations have ended: it
+// sees the prompts only, and knows the generator (each prompt picks one of
+// open conversations uniformly; a conversation lasts 4 to 16 turns, and a
+// new one takes its place at once). At each prompt a conversation seen
+// before is asked for with chance P(still open | the prompts so far)/open,
+// and the bound adds the capacity largest of its chunks' chances, as
+// RandomOrderOnline does.
+//
+// The posterior is exact (seenEnded). Under any account of which seen
+// conversations ended that fits the prompts, a pick of a seen one has
+// chance 1/open, so how long one has been silent says nothing by itself.
+// What tells is each one's turns (seen k times, it ended after the k-th
+// with chance P(L = k | L ≥ k), L uniform on 4..16), and each pick of a
+// conversation new to the trace, whose chance is the places of the
+// started but unseen ones (open less the seen ones still open) over open:
+// the more of the seen ones ended before it, the likelier.
+func RandomOrderSeenOnline(n, open int, seed uint64, capacity int) float64 {
+	turns := RandomOrder(n, open, seed)
+	var convs []seenConv // in order of their first prompts
+	at := map[int]int{}  // conversation → its place in convs
+	total := 0.0
+	var post seenEnded
+	var order []int
+	for i, tu := range turns {
+		p := post.chances(convs, open)
+		order = order[:0]
+		for j := range convs {
+			order = append(order, j)
+		}
+		slices.SortFunc(order, func(a, b int) int { return cmp.Compare(p[a], p[b]) })
+		left := capacity
+		for _, j := range order {
+			if left == 0 {
+				break
+			}
+			take := min(left, convs[j].chunks)
+			total += float64(take) * (1 - p[j]) / float64(open)
+			left -= take
+		}
+		j, ok := at[tu.Conv]
+		if !ok {
+			j = len(convs)
+			at[tu.Conv] = j
+			convs = append(convs, seenConv{first: i})
+		}
+		convs[j].turns++
+		convs[j].chunks = tu.Chunks
+		convs[j].last = i
+	}
+	return total
+}
+
+// seenConv is what the prompts so far show of a conversation: its turns,
+// its chunks, and its first and last prompts.
+type seenConv struct{ turns, chunks, first, last int }
+
+// endedAfter is P(L = k | L ≥ k) for L uniform on 4..16: the chance that a
+// conversation seen k times ended after its k-th turn.
+func endedAfter(k int) float64 {
+	if k < 4 {
+		return 0
+	}
+	return 1 / float64(17-k)
+}
+
+// seenEnded computes each seen conversation's chance to have ended, given
+// the prompts. An account of which ended weighs the product of endedAfter
+// (one less it for those still open) and, at each conversation's first
+// prompt, the chance of picking a newcomer then (newcomer). That chance
+// counts the conversations ended before that prompt, those whose last
+// prompt is earlier; so a forward and a backward pass over the
+// conversations in order of their last prompts, the number ended so far
+// the state, give every marginal. The buffers are kept from call to call.
+type seenEnded struct {
+	byLast []int     // conversations by last prompt
+	fwd    []float64 // row k: the forward weights before decision k, by number ended
+	bwd    []float64
+	out    []float64
+}
+
+func (s *seenEnded) chances(cs []seenConv, open int) []float64 {
+	d := len(cs)
+	s.byLast = s.byLast[:0]
+	for j := range cs {
+		s.byLast = append(s.byLast, j)
+	}
+	slices.SortFunc(s.byLast, func(a, b int) int { return cmp.Compare(cs[a].last, cs[b].last) })
+	w := d + 1
+	if cap(s.fwd) < d*w {
+		s.fwd = make([]float64, 2*d*w)
+	}
+	if cap(s.bwd) < w+1 {
+		s.bwd = make([]float64, 2*(w+1))
+	}
+	if cap(s.out) < d {
+		s.out = make([]float64, 2*d)
+	}
+	fwd, b, out := s.fwd[:d*w], s.bwd[:w+1], s.out[:d]
+
+	// Forward. The first prompts come in the order of cs; before decision
+	// k go those not after its last prompt (one at that very prompt counts
+	// only the ends before it).
+	cur := b[:w] // b is free until the backward pass
+	clear(cur)
+	cur[0] = 1
+	next := 0
+	for k, j := range s.byLast {
+		for ; next < d && cs[next].first <= cs[j].last; next++ {
+			newcomer(cur, open-next)
+		}
+		copy(fwd[k*w:(k+1)*w], cur)
+		h := endedAfter(cs[j].turns)
+		for m := k + 1; m >= 1; m-- {
+			cur[m] = cur[m]*(1-h) + cur[m-1]*h
+		}
+		cur[0] *= 1 - h
+		normalize(cur)
+	}
+
+	// Backward, from after the last decision (every first prompt is at or
+	// before its conversation's last, so none is left past it).
+	for m := range b {
+		b[m] = 1
+	}
+	b[w] = 0
+	prev := d - 1 // the first prompts still to pass, latest first
+	for k := d - 1; k >= 0; k-- {
+		j := s.byLast[k]
+		h := endedAfter(cs[j].turns)
+		f := fwd[k*w : (k+1)*w]
+		yes, no := 0.0, 0.0
+		for m := 0; m <= k; m++ {
+			yes += f[m] * h * b[m+1]
+			no += f[m] * (1 - h) * b[m]
+		}
+		out[j] = 0
+		if yes+no > 0 {
+			out[j] = yes / (yes + no)
+		}
+		// Before decision k at most k have ended; the states past that
+		// are none, and left in they would take the mass normalize
+		// shares out.
+		for m := 0; m <= k; m++ {
+			b[m] = (1-h)*b[m] + h*b[m+1]
+		}
+		clear(b[k+1:])
+		lo := -1
+		if k > 0 {
+			lo = cs[s.byLast[k-1]].last
+		}
+		for ; prev >= 0 && cs[prev].first > lo; prev-- {
+			newcomer(b[:w], open-prev)
+		}
+		normalize(b)
+	}
+	return out
+}
+
+// newcomer weighs the states v (by number ended so far) by the chance
+// that a pick is of a conversation not seen yet, the places of those:
+// base (open less the conversations seen before it) plus the number
+// ended; none where that is not positive. The 1/open every pick shares
+// is left out.
+func newcomer(v []float64, base int) {
+	for m := range v {
+		v[m] *= float64(max(0, base+m))
+	}
+}
+
+// normalize scales v to sum 1 (the passes need only ratios); a v that
+// sums to 0 stays as it is.
+func normalize(v []float64) {
+	sum := 0.0
+	for _, x := range v {
+		sum += x
+	}
+	if sum > 0 {
+		for i := range v {
+			v[i] /= sum
+		}
+	}
+}
