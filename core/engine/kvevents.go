@@ -113,8 +113,8 @@ func (e *Engine) reannounceKV(cfg settings.Config, kv *kvevents.Tracker, a *adop
 	if a == nil {
 		return nil
 	}
-	published, stoppedAt := a.kvPublished, a.stoppedAt
-	a.kvPublished = nil
+	kept, stoppedAt := a.kvKept, a.stoppedAt
+	a.kvKept = nil
 	dir, record, err := e.stateFile(cfg)
 	if err != nil {
 		return nil
@@ -135,7 +135,7 @@ func (e *Engine) reannounceKV(cfg settings.Config, kv *kvevents.Tracker, a *adop
 			return
 		}
 		start := e.opts.Now()
-		r, err := kv.Reannounce(data, stoppedAt.UnixNano(), published, pool.Unreadable)
+		r, err := kv.Reannounce(data, stoppedAt.UnixNano(), keptPublished(kept), pool.Unreadable)
 		if err != nil {
 			e.log.Warn("restart: KV event chunks not re-announced", "err", err)
 			return
@@ -234,6 +234,24 @@ func (p *dataPlane) kvStatus(cfg settings.Config) KVEventsStatus {
 		ps := p.kvPub.Stats()
 		out.Sent, out.SendErrors, out.ReplayRequests, out.ReplayBad, out.ReplayBatches =
 			ps.Sent, ps.SendErrors, ps.ReplayRequests, ps.ReplayBad, ps.ReplayBatches
+	}
+	return out
+}
+
+// keptPublished is the keys of the kept objects that were published when
+// kept: neither held nor a write reservation.
+func keptPublished(kept []l1.KeptObject) []keys.ObjectKey {
+	n := 0
+	for _, o := range kept {
+		if !o.Held && !o.Write {
+			n++
+		}
+	}
+	out := make([]keys.ObjectKey, 0, n)
+	for _, o := range kept {
+		if !o.Held && !o.Write {
+			out = append(out, o.Key)
+		}
 	}
 	return out
 }
