@@ -139,6 +139,14 @@ func TestListenerEnv(t *testing.T) {
 	if env := listenerEnv([]string{envListenerFD + "=9", "A=1"}, -1, ""); strings.Join(env, " ") != "A=1" {
 		t.Fatalf("env without a kept socket: %q", env)
 	}
+	// The settings do not take the names for settings (each was warned
+	// about as naming none, at every restart).
+	t.Setenv("XDG_CONFIG_HOME", t.TempDir())
+	loaded, err := settings.Load(settings.LoadOptions{Environ: settingsEnviron(
+		[]string{envListenerFD + "=12", envListenerFor + "=tcp://127.0.0.1:5555", "XDG_CONFIG_HOME=" + os.Getenv("XDG_CONFIG_HOME")})})
+	if err != nil || len(loaded.Warnings) != 0 {
+		t.Fatalf("settings over an exec's environment: %v, warnings %q", err, loaded.Warnings)
+	}
 	logger := slog.New(slog.DiscardHandler)
 	for _, v := range []string{"2", "x", "-4"} {
 		t.Setenv(envListenerFD, v)

@@ -184,6 +184,11 @@ func listenerEnv(env []string, fd int, endpoint string) []string {
 	return out
 }
 
+// settingsEnviron is env as the settings read it: without the names of a
+// kept socket, which are this image's to take (inheritedListener), not
+// settings (each would be warned about as naming none).
+func settingsEnviron(env []string) []string { return listenerEnv(env, -1, "") }
+
 // inheritedListener takes the listening socket the previous image kept
 // (listenerEnv) out of the environment: nil when none is named or the name
 // is not a descriptor past stdio. The engine checks the socket itself and

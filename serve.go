@@ -44,7 +44,7 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	if !ok {
 		return code
 	}
-	loadOpts := settings.LoadOptions{Flags: fs, Environ: os.Environ()}
+	loadOpts := settings.LoadOptions{Flags: fs, Environ: settingsEnviron(os.Environ())}
 	loaded, err := loadStartable(loadOpts)
 	if err != nil {
 		fmt.Fprintf(stderr, "kvdock: %v\n", err)
