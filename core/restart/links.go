@@ -87,6 +87,13 @@ func decodeLinks(raw json.RawMessage, n int, from []int, objs []l1.KeptObject) s
 // parseLinks reads the form encodeLinks writes ([n,n,…], no whitespace) in
 // one pass; ok is false for anything else, which json.Unmarshal judges.
 func parseLinks(raw []byte) ([]int64, bool) {
+	out, n, ok := parseLinksAt(raw)
+	return out, ok && n == len(raw)
+}
+
+// parseLinksAt reads a links block in the canonical form at the start of
+// raw and returns how many bytes it took.
+func parseLinksAt(raw []byte) ([]int64, int, bool) {
 	p := objectParser{b: raw}
 	p.lit("[")
 	// Each link takes 2 bytes at least; no record holds more than
@@ -97,11 +104,11 @@ func parseLinks(raw []byte) ([]int64, bool) {
 			p.lit(",")
 		}
 		if len(out) > MaxObjects {
-			return nil, false
+			return nil, 0, false
 		}
 		out = append(out, p.signed(64))
 	}
-	return out, !p.bad && p.i == len(raw)
+	return out, p.i, !p.bad
 }
 
 // The most bytes one entry of a block takes in the JSON text, with its

@@ -204,6 +204,13 @@ func marshalBody(b body) ([]byte, error) {
 // parseObjects reads b in the canonical form; ok is false when b is not
 // in it (it may still be valid JSON for encoding/json to judge).
 func parseObjects(b []byte) ([]object, bool) {
+	out, n, ok := parseObjectsAt(b)
+	return out, ok && n == len(b)
+}
+
+// parseObjectsAt reads a table in the canonical form at the start of b and
+// returns how many bytes it took.
+func parseObjectsAt(b []byte) ([]object, int, bool) {
 	p := objectParser{b: b}
 	p.lit("[")
 	out := make([]object, 0, min(bytes.Count(b, []byte(`{"c":`)), MaxObjects+1))
@@ -239,5 +246,5 @@ func parseObjects(b []byte) ([]object, bool) {
 		p.lit("}")
 		out = append(out, o)
 	}
-	return out, !p.bad && p.i == len(b)
+	return out, p.i, !p.bad
 }

@@ -77,6 +77,13 @@ func decodeOrder(raw json.RawMessage, n int, from []int, k *l1.Kept) string {
 // over every entry; ok is false for anything else, which json.Unmarshal
 // judges.
 func parseOrder(raw []byte) (orderBlock, bool) {
+	b, n, ok := parseOrderAt(raw)
+	return b, ok && n == len(raw)
+}
+
+// parseOrderAt reads an order block in the canonical form at the start of
+// raw and returns how many bytes it took.
+func parseOrderAt(raw []byte) (orderBlock, int, bool) {
 	p := objectParser{b: raw}
 	var b orderBlock
 	p.lit(`{"mean_gap":`)
@@ -90,7 +97,7 @@ func parseOrder(raw []byte) (orderBlock, bool) {
 			p.lit(",")
 		}
 		if len(b.Objects) > MaxObjects {
-			return orderBlock{}, false // json.Unmarshal says so, counted as left out
+			return orderBlock{}, 0, false // json.Unmarshal says so, counted as left out
 		}
 		var v [3]uint64
 		p.lit("[")
@@ -103,5 +110,5 @@ func parseOrder(raw []byte) (orderBlock, bool) {
 		b.Objects = append(b.Objects, v)
 	}
 	p.lit("}")
-	return b, !p.bad && p.i == len(raw)
+	return b, p.i, !p.bad
 }

@@ -383,14 +383,9 @@ func Decode(data []byte) (Record, error) {
 	if hex.EncodeToString(sum[:]) != f[3] {
 		return bad("checksum mismatch: the body was changed or corrupted")
 	}
-	var b body
-	dec := json.NewDecoder(bytes.NewReader(js))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&b); err != nil {
-		return bad("body: %v", err)
-	}
-	if dec.More() {
-		return bad("body: data after the record")
+	b, err := decodeBody(js)
+	if err != nil {
+		return bad("%v", err)
 	}
 	if err := b.geometry(); err != nil {
 		return bad("%v", err)

@@ -1,0 +1,207 @@
+package restart
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+)
+
+// The body's three large blocks, the object table, the prompt links and
+// the eviction order (nine tenths of a 64,000-object record), are read by
+// hand (objects.go, links.go, order.go), but encoding/json still scanned
+// each twice to find where it ends, once to read the body and once to
+// skip the value it hands on, and copied it into its buffer: half of
+// Decode's time, in the restart's gap. So a body in Encode's form has the
+// blocks read where they stand by the hand parsers, and the rest, with
+// null in their places, goes to encoding/json as before. Any deviation (a
+// block not in its canonical form, a key given twice, whitespace, a key
+// with an escape, a byte past ASCII or another case of a block's name,
+// which encoding/json would match to the block's field, or any error of
+// the rest) reads the whole body the standard way instead: a body read
+// the cut way is one the standard reading gives the same body for.
+
+// decodeBody reads a record's body.
+func decodeBody(js []byte) (body, error) {
+	if b, ok := decodeCut(js); ok {
+		return b, nil
+	}
+	return decodeStandard(js)
+}
+
+// decodeStandard reads js with encoding/json, unknown fields refused.
+func decodeStandard(js []byte) (body, error) {
+	var b body
+	dec := json.NewDecoder(bytes.NewReader(js))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&b); err != nil {
+		return body{}, fmt.Errorf("body: %v", err)
+	}
+	if dec.More() {
+		return body{}, errors.New("body: data after the record")
+	}
+	return b, nil
+}
+
+// decodeCut reads js the cut way; ok is false where it does not apply.
+func decodeCut(js []byte) (body, bool) {
+	if len(js) < 2 || js[0] != '{' || js[1] == '}' {
+		return body{}, false
+	}
+	var (
+		objects                           objectList
+		links, order                      []byte
+		haveObjects, haveLinks, haveOrder bool
+		rest                              = make([]byte, 0, 64<<10)
+		copied, i                         = 0, 1
+	)
+	for {
+		key, n, ok := plainKey(js[i:])
+		if !ok {
+			return body{}, false
+		}
+		i += n
+		if i >= len(js) || js[i] != ':' {
+			return body{}, false
+		}
+		i++
+		cut := true
+		switch key {
+		case "objects":
+			if haveObjects {
+				return body{}, false
+			}
+			objects, n, ok = parseObjectsAt(js[i:])
+			haveObjects = true
+		case "links":
+			if haveLinks {
+				return body{}, false
+			}
+			_, n, ok = parseLinksAt(js[i:])
+			links, haveLinks = js[i:i+n], true
+		case "order":
+			if haveOrder {
+				return body{}, false
+			}
+			_, n, ok = parseOrderAt(js[i:])
+			order, haveOrder = js[i:i+n], true
+		default:
+			for _, name := range []string{"objects", "links", "order"} {
+				if bytes.EqualFold([]byte(key), []byte(name)) {
+					return body{}, false // encoding/json matches it to the block
+				}
+			}
+			n, ok = skipValue(js[i:])
+			cut = false
+		}
+		if !ok {
+			return body{}, false
+		}
+		if cut {
+			rest = append(append(rest, js[copied:i]...), "null"...)
+			copied = i + n
+		}
+		i += n
+		if i >= len(js) {
+			return body{}, false
+		}
+		if js[i] == '}' {
+			break
+		}
+		if js[i] != ',' {
+			return body{}, false
+		}
+		i++
+	}
+	if i+1 != len(js) {
+		return body{}, false // after the body: the standard reading says what
+	}
+	rest = append(rest, js[copied:]...)
+	b, err := decodeStandard(rest)
+	if err != nil {
+		return body{}, false
+	}
+	if haveObjects {
+		b.Objects = objects
+	}
+	if haveLinks {
+		b.Links = links
+	}
+	if haveOrder {
+		b.Order = order
+	}
+	return b, true
+}
+
+// plainKey reads the object key at the start of b: a JSON string of
+// printable ASCII without escapes. It returns the key and the bytes it
+// took.
+func plainKey(b []byte) (string, int, bool) {
+	if len(b) < 2 || b[0] != '"' {
+		return "", 0, false
+	}
+	for i := 1; i < len(b); i++ {
+		switch c := b[i]; {
+		case c == '"':
+			return string(b[1:i]), i + 1, true
+		case c == '\\' || c < 0x20 || c >= 0x80:
+			return "", 0, false
+		}
+	}
+	return "", 0, false
+}
+
+// skipValue returns the length of the JSON value at the start of b, which
+// encoding/json checks afterwards (it stays in the rest): a string, an
+// array or object (nested, strings skipped with their escapes), or a
+// literal up to the next separator. Whitespace outside strings is not
+// Encode's and ends the cut reading.
+func skipValue(b []byte) (int, bool) {
+	if len(b) == 0 {
+		return 0, false
+	}
+	depth := 0
+	for i := 0; i < len(b); i++ {
+		switch b[i] {
+		case '"':
+			n, ok := skipString(b[i:])
+			if !ok {
+				return 0, false
+			}
+			i += n - 1
+			if depth == 0 {
+				return i + 1, true
+			}
+		case '[', '{':
+			depth++
+		case ']', '}':
+			if depth == 0 {
+				return i, i > 0 // a literal ends at its container's end
+			}
+			depth--
+			if depth == 0 {
+				return i + 1, true
+			}
+		case ',':
+			if depth == 0 {
+				return i, i > 0
+			}
+		case ' ', '\t', '\n', '\r':
+			return 0, false
+		}
+	}
+	return 0, false
+}
+
+// skipString returns the length of the JSON string at the start of b.
+func skipString(b []byte) (int, bool) {
+	for i := 1; i < len(b); i++ {
+		switch b[i] {
+		case '\\':
+			i++
+		case '"':
+			return i + 1, true
+		}
+	}
+	return 0, false
+}
