@@ -524,12 +524,11 @@ func (s *Segment) end(unlink bool) error {
 	return err
 }
 
-const prefaultStep = 64 << 20
+// prefaultStep is how much is faulted in between progress reports.
+const prefaultStep = 2 << 20
 
 // startPrefault populates the pages in the background so that start-up does
-// not wait (first touch costs ~15 µs per 4 KiB page). MADV_POPULATE_WRITE
-// never changes contents, so it is safe while workers already write; on
-// kernels without it, an atomic add of zero per page does the same.
+// not wait (first touch costs ~15 µs per 4 KiB page).
 func (s *Segment) startPrefault(on bool) {
 	if !on {
 		close(s.done)
@@ -537,21 +536,33 @@ func (s *Segment) startPrefault(on bool) {
 	}
 	go func() {
 		defer close(s.done)
-		page := os.Getpagesize()
-		madvise := true
-		for off := 0; off < len(s.mem) && !s.stop.Load(); off += prefaultStep {
-			end := min(off+prefaultStep, len(s.mem))
-			if madvise && unix.Madvise(s.mem[off:end], unix.MADV_POPULATE_WRITE) != nil {
-				madvise = false
-			}
-			if !madvise {
-				for p := off; p+4 <= end; p += page {
-					atomic.AddUint32((*uint32)(unsafe.Pointer(&s.mem[p])), 0)
-				}
-			}
+		populate(s.mem, prefaultStep, func(end int) bool {
 			s.faulted.Store(int64(end))
-		}
+			return !s.stop.Load()
+		})
 	}()
+}
+
+// populate faults mem in a page at a time, an atomic add of zero to each
+// (contents never change, so it is safe while workers already write),
+// telling progress the end of each step bytes done; it stops early when
+// progress returns false. A page fault locks its own mapping only (kernels
+// with per-VMA locks, 6.4 on; before, the memory map lock for one fault).
+// MADV_POPULATE_WRITE, used before, held the process's memory map lock for
+// each call, and every mmap meanwhile (a thread's stack, the Go heap
+// growing) waited for it: with 64 MiB calls a restart's libzmq threads
+// started 125 ms late, in the gap (BenchmarkMmapDuringPrefault).
+func populate(mem []byte, step int, progress func(end int) bool) {
+	page := os.Getpagesize()
+	for off := 0; off < len(mem); off += step {
+		end := min(off+step, len(mem))
+		for p := off; p+4 <= end; p += page {
+			atomic.AddUint32((*uint32)(unsafe.Pointer(&mem[p])), 0)
+		}
+		if !progress(end) {
+			return
+		}
+	}
 }
 
 // CleanStale removes stale segments from dir and returns the names of the
