@@ -135,37 +135,23 @@ func RAGChance() func(p Prompt, j int) float64 {
 // started but unseen ones (open less the seen ones still open) over open:
 // the more of the seen ones ended before it, the likelier.
 func RandomOrderSeenOnline(n, open int, seed uint64, capacity int) float64 {
-	turns := RandomOrder(n, open, seed)
-	var convs []seenConv // in order of their first prompts
-	at := map[int]int{}  // conversation → its place in convs
-	total := 0.0
+	var seen seenConvs
 	var post seenEnded
 	var order []int
-	for i, tu := range turns {
-		p := post.chances(convs, open)
-		order = order[:0]
-		for j := range convs {
-			order = append(order, j)
-		}
-		slices.SortFunc(order, func(a, b int) int { return cmp.Compare(p[a], p[b]) })
+	total := 0.0
+	for i, tu := range RandomOrder(n, open, seed) {
+		p := post.chances(seen.cs, open)
+		order = byOpen(p, order)
 		left := capacity
 		for _, j := range order {
 			if left == 0 {
 				break
 			}
-			take := min(left, convs[j].chunks)
+			take := min(left, seen.cs[j].chunks)
 			total += float64(take) * (1 - p[j]) / float64(open)
 			left -= take
 		}
-		j, ok := at[tu.Conv]
-		if !ok {
-			j = len(convs)
-			at[tu.Conv] = j
-			convs = append(convs, seenConv{first: i})
-		}
-		convs[j].turns++
-		convs[j].chunks = tu.Chunks
-		convs[j].last = i
+		seen.observe(i, tu)
 	}
 	return total
 }
@@ -173,6 +159,42 @@ func RandomOrderSeenOnline(n, open int, seed uint64, capacity int) float64 {
 // seenConv is what the prompts so far show of a conversation: its turns,
 // its chunks, and its first and last prompts.
 type seenConv struct{ turns, chunks, first, last int }
+
+// seenConvs is the conversations the prompts so far show, in order of
+// their first prompts.
+type seenConvs struct {
+	cs []seenConv
+	at map[int]int // conversation → its place in cs
+}
+
+// observe notes prompt i, tu, and returns its conversation's place.
+func (s *seenConvs) observe(i int, tu Turn) int {
+	if s.at == nil {
+		s.at = map[int]int{}
+	}
+	j, ok := s.at[tu.Conv]
+	if !ok {
+		j = len(s.cs)
+		s.at[tu.Conv] = j
+		s.cs = append(s.cs, seenConv{first: i})
+	}
+	c := &s.cs[j]
+	c.turns++
+	c.chunks = tu.Chunks
+	c.last = i
+	return j
+}
+
+// byOpen returns the places of the conversations whose chances to have
+// ended are ended, likeliest open first, in order's buffer.
+func byOpen(ended []float64, order []int) []int {
+	order = order[:0]
+	for j := range ended {
+		order = append(order, j)
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(ended[a], ended[b]) })
+	return order
+}
 
 // endedAfter is P(L = k | L ≥ k) for L uniform on 4..16: the chance that a
 // conversation seen k times ended after its k-th turn.

@@ -1,10 +1,8 @@
 package chat
 
 import (
-	"cmp"
 	"math"
 	"math/rand/v2"
-	"slices"
 	"testing"
 )
 
@@ -129,22 +127,14 @@ func TestRandomOrderOnline(t *testing.T) {
 // have ended that enumerating each account of which ended gives.
 func TestSeenEndedMatchesEnumeration(t *testing.T) {
 	const open = 4
-	var cs []seenConv
-	at := map[int]int{}
+	var seen seenConvs
 	for i, tu := range RandomOrder(400, open, 3) {
-		j, ok := at[tu.Conv]
-		if !ok {
-			if len(cs) == 16 {
-				break
-			}
-			j = len(cs)
-			at[tu.Conv] = j
-			cs = append(cs, seenConv{first: i})
+		if _, ok := seen.at[tu.Conv]; !ok && len(seen.cs) == 16 {
+			break
 		}
-		cs[j].turns++
-		cs[j].chunks = tu.Chunks
-		cs[j].last = i
+		seen.observe(i, tu)
 	}
+	cs := seen.cs
 	var post seenEnded
 	got := post.chances(cs, open)
 	z, want := 0.0, make([]float64, len(cs))
@@ -192,31 +182,20 @@ func TestSeenEndedMatchesEnumeration(t *testing.T) {
 // holds of each: an online policy that knows the generator. It returns its
 // hits.
 func keepLikeliestOpen(n, open int, seed uint64, capacity int) int {
-	var cs []seenConv
-	held := []int{}
-	at := map[int]int{}
+	var seen seenConvs
+	var held []int
 	var post seenEnded
 	var order []int
 	hits := 0
 	for i, tu := range RandomOrder(n, open, seed) {
-		j, ok := at[tu.Conv]
-		if !ok {
-			j = len(cs)
-			at[tu.Conv] = j
-			cs = append(cs, seenConv{first: i})
+		if len(held) < len(seen.cs)+1 {
 			held = append(held, 0)
 		}
+		j := seen.observe(i, tu)
 		hits += held[j]
-		cs[j].turns++
-		cs[j].chunks = tu.Chunks
-		cs[j].last = i
 		held[j] = tu.Chunks // asked for now: all of it can be kept
-		p := post.chances(cs, open)
-		order = order[:0]
-		for k := range cs {
-			order = append(order, k)
-		}
-		slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(p[a], p[b]) })
+		p := post.chances(seen.cs, open)
+		order = byOpen(p, order)
 		left := capacity
 		for _, k := range order {
 			held[k] = min(held[k], left)
