@@ -26,6 +26,7 @@ type tierStatus struct {
 	QueueDepth    int    `json:"queue_depth"`
 	DroppedWrites uint64 `json:"dropped_writes"`
 	Loads         uint64 `json:"loads"`
+	LoadTimeouts  uint64 `json:"load_timeouts"`
 }
 
 func tiersOf(t *testing.T, srv *harness.Server) []tierStatus {
@@ -161,8 +162,11 @@ func TestTierFSOverSubscribedL1(t *testing.T) {
 	dir := t.TempDir()
 	adapter := adapterJSON(t, map[string]any{"type": "fs", "base_path": dir, "max_capacity_gb": 1})
 	// 64 MiB pool (the harness's --l1-size-gb 0.0625); 4 MiB chunks
-	// (2×2×256×1024 float32), 12 prompts of 4 = 192 MiB.
-	srv := harness.Start(t, "--chunk-size", "256", "--l2-adapter", adapter)
+	// (2×2×256×1024 float32), 12 prompts of 4 = 192 MiB. A lookup's tier
+	// phase gives up after 2 s by default, which a loaded machine reached
+	// (a prompt hit 3 of its 4 chunks right after the full suite): the
+	// test is of what is kept, not of how fast it loads.
+	srv := harness.Start(t, "--chunk-size", "256", "--l2-adapter", adapter, "--l2-prefetch-load-timeout", "60")
 	p := map[string]any{"model": "tier-oversub", "dtype": "float32", "layers": 2, "hidden": 1024,
 		"prompts": 12, "chunks": 4, "seed": 4}
 	st := harness.LMCacheWorker(t, harness.Python, srv, "tier_store", with(p, "status_url", srv.StatusURL()))
@@ -170,11 +174,11 @@ func TestTierFSOverSubscribedL1(t *testing.T) {
 	if st["chunk_bytes"] != float64(4<<20) || stored < 3*64<<20 {
 		t.Fatalf("stored %v B in %v B chunks: not 3× the 64 MiB pool", stored, st["chunk_bytes"])
 	}
-	res := harness.LMCacheWorker(t, harness.Python, srv, "tier_check", with(p, "strict", true))
-	if res["good"] != float64(48) || res["wrong"] != float64(0) {
-		t.Fatalf("over-subscribed check: %v", res)
-	}
+	res := harness.LMCacheWorker(t, harness.Python, srv, "tier_check", p)
 	ts := tiersOf(t, srv)
+	if res["good"] != float64(48) || res["wrong"] != float64(0) || res["missed"] != float64(0) {
+		t.Fatalf("over-subscribed check: %v; the tier: %+v", res, ts)
+	}
 	if len(ts) != 1 || ts[0].Loads == 0 || ts[0].DroppedWrites != 0 || ts[0].Objects != 48 {
 		t.Fatalf("fs tier after the over-subscribed run: %+v", ts)
 	}
