@@ -134,3 +134,46 @@ func TestAdoptRefusesAnotherFile(t *testing.T) {
 		t.Fatal("kept segment still there")
 	}
 }
+
+// TestHostileCleanerMidKeepLeavesTheSegment: Keep links the kept marker,
+// then unlinks the live server's marker, then releases the flock. A
+// cleaner of another kvdock that listed and opened the live marker before
+// its unlink takes its shared flock after the release: it sees a marked
+// segment nobody holds, with the kept marker beside it. It must leave it to
+// the successor, as it leaves a segment found by its kept marker (the bug:
+// it removed the segment in the exec's gap, and the new image started cold,
+// its SHM workers' registrations refused; TestHostileSIGUSR2StormKeepsServing
+// under the full suite).
+func TestHostileCleanerMidKeepLeavesTheSegment(t *testing.T) {
+	dir := shmDir(t)
+	id := keepOne(t, dir, "midkeep", 1<<20)
+	// The state that cleaner sees: both markers, no flock held.
+	if err := unix.Link(filepath.Join(dir, id.Name), filepath.Join(dir, markerPrefix+id.Name)); err != nil {
+		t.Fatal(err)
+	}
+	if removed, err := CleanStale(dir, Prefix+"other", nil); err != nil || len(removed) != 0 {
+		t.Fatalf("cleanup mid-keep: removed %v, %v", removed, err)
+	}
+	for _, name := range []string{id.Name, keptPrefix + id.Name} {
+		if _, err := os.Lstat(filepath.Join(dir, name)); err != nil {
+			t.Fatalf("%s gone after the cleanup mid-keep: %v", name, err)
+		}
+	}
+	s, err := Adopt(dir, id, 1<<20, false, nil, nil)
+	if err != nil {
+		t.Fatalf("the successor cannot adopt: %v", err)
+	}
+	if got := string(s.Bytes()[100:110]); got != "kept bytes" {
+		t.Fatalf("adopted bytes %q", got)
+	}
+	_ = s.Close()
+	// Past the grace the same state is stale, as a kept segment alone is.
+	id = keepOne(t, dir, "midkeep2", 1<<20)
+	if err := unix.Link(filepath.Join(dir, id.Name), filepath.Join(dir, markerPrefix+id.Name)); err != nil {
+		t.Fatal(err)
+	}
+	later := cleaner{dir: dir, want: Prefix + "other", uid: os.Geteuid(), now: func() time.Time { return time.Now().Add(keptGrace + time.Second) }}
+	if removed, err := later.run(); err != nil || len(removed) != 1 {
+		t.Fatalf("cleanup after the grace: removed %v, %v", removed, err)
+	}
+}

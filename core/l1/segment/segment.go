@@ -684,6 +684,24 @@ func (c cleaner) keptRecently(name string) bool {
 	if unix.Lstat(filepath.Join(c.dir, name), &st) != nil {
 		return true // gone or unreadable: nothing to decide now
 	}
+	return c.withinGrace(&st)
+}
+
+// keptBeside reports whether seg has a kept marker linked within
+// keptGrace. Keep links it before it unlinks the live server's marker and
+// releases the flock, so a cleaner that opened the live marker before that
+// unlink and got its lock after the release finds it here, and leaves the
+// segment to its successor as it would have found it by the kept marker.
+func (c cleaner) keptBeside(seg string) bool {
+	var st unix.Stat_t
+	if unix.Lstat(filepath.Join(c.dir, keptPrefix+seg), &st) != nil {
+		return false
+	}
+	return c.withinGrace(&st)
+}
+
+// withinGrace reports whether st changed within keptGrace.
+func (c cleaner) withinGrace(st *unix.Stat_t) bool {
 	now := time.Now()
 	if c.now != nil {
 		now = c.now()
@@ -700,6 +718,9 @@ func (c cleaner) removeMarked(prefix, seg string) (bool, error) {
 		return false, err
 	}
 	defer unix.Close(v.fd)
+	if prefix == markerPrefix && c.keptBeside(seg) {
+		return false, nil // kept while this cleaner looked: its successor's
+	}
 	// The marker is the segment's inode: if seg still names it, seg is the
 	// dead owner's segment. A marker whose segment name is gone still pinned
 	// the memory; it goes too, but no segment is reported.
