@@ -28,7 +28,7 @@ func cutSample() Record {
 }
 
 // body of Encode's output, the header cut off.
-func encodedBody(t *testing.T, r Record) []byte {
+func encodedBody(t testing.TB, r Record) []byte {
 	t.Helper()
 	data, err := Encode(r)
 	if err != nil {
@@ -37,12 +37,13 @@ func encodedBody(t *testing.T, r Record) []byte {
 	return data[bytes.IndexByte(data, '\n')+1:]
 }
 
-// TestDecodeCutMatchesStandard: Encode's bodies are read the cut way, to
-// the body the standard reading gives; and wherever the cut way reads a
-// changed body (a byte changed, put in or taken out, a key doubled or in
-// another case) it reads what the standard reading does, which the cut
-// way otherwise leaves to say.
-func TestDecodeCutMatchesStandard(t *testing.T) {
+// TestHostileDecodeCutMatchesStandard: the state file is outside input,
+// and the cut reading a second reader of it. Encode's bodies are read the
+// cut way, to the body the standard reading gives; and wherever the cut
+// way reads a changed body (a byte changed, put in or taken out, a key
+// doubled or in another case) it reads what the standard reading does,
+// which the cut way otherwise leaves to say.
+func TestHostileDecodeCutMatchesStandard(t *testing.T) {
 	for _, r := range []Record{sample(), cutSample()} {
 		js := encodedBody(t, r)
 		cut, ok := decodeCut(js)
@@ -149,4 +150,22 @@ func TestDecodeCutLeavesOtherFormsToTheStandardWay(t *testing.T) {
 	if err != nil || len(b.Objects) != len(cutSample().Pool.Objects) {
 		t.Fatalf("the standard way: %v, %d objects", err, len(b.Objects))
 	}
+}
+
+// FuzzDecodeCut: whatever the cut way reads, the standard way reads to the
+// same body.
+func FuzzDecodeCut(f *testing.F) {
+	f.Add(encodedBody(f, cutSample()))
+	f.Add(encodedBody(f, sample()))
+	f.Add([]byte(`{"objects":[],"links":[-1],"order":{"mean_gap":1,"objects":[[1,2,0]]}}`))
+	f.Fuzz(func(t *testing.T, js []byte) {
+		cut, ok := decodeCut(js)
+		if !ok {
+			return
+		}
+		std, err := decodeStandard(js)
+		if err != nil || !reflect.DeepEqual(cut, std) {
+			t.Fatalf("%q: cut %+v, standard %+v (%v)", js, cut, std, err)
+		}
+	})
 }
