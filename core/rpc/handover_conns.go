@@ -1,7 +1,6 @@
 package rpc
 
 import (
-	"os"
 	"runtime"
 	"strconv"
 	"time"
@@ -26,18 +25,7 @@ import (
 // and that have a peer: the ROUTER's accepted connections (our own
 // DEALERs to that port have another local port; the listener has no peer).
 func acceptedConns(port int) []int {
-	ents, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		return nil
-	}
-	var fds []int
-	for _, e := range ents {
-		fd, err := strconv.Atoi(e.Name())
-		if err != nil || !isAccepted(fd, port) {
-			continue
-		}
-		fds = append(fds, fd)
-	}
+	fds, _ := ownFDs(func(fd int) bool { return isAccepted(fd, port) })
 	return fds
 }
 

@@ -34,22 +34,33 @@ func (s *Server) KeepListener() (fd int, endpoint string, err error) {
 	if err != nil {
 		return -1, "", fmt.Errorf("rpc: %w", err)
 	}
-	ents, err := os.ReadDir("/proc/self/fd")
+	fds, err := ownFDs(func(fd int) bool { return isListener(fd, port) })
 	if err != nil {
 		return -1, "", fmt.Errorf("rpc: list descriptors: %w", err)
 	}
-	for _, e := range ents {
-		n, err := strconv.Atoi(e.Name())
-		if err != nil || !isListener(n, port) {
-			continue
-		}
-		d, err := unix.Dup(n) // a duplicate has no close-on-exec
-		if err != nil {
-			return -1, "", fmt.Errorf("rpc: duplicate the listening socket: %w", err)
-		}
-		return d, ep, nil
+	if len(fds) == 0 {
+		return -1, "", fmt.Errorf("rpc: no listening socket on port %d", port)
 	}
-	return -1, "", fmt.Errorf("rpc: no listening socket on port %d", port)
+	d, err := unix.Dup(fds[0]) // a duplicate has no close-on-exec
+	if err != nil {
+		return -1, "", fmt.Errorf("rpc: duplicate the listening socket: %w", err)
+	}
+	return d, ep, nil
+}
+
+// ownFDs lists this process's open descriptors that match.
+func ownFDs(match func(fd int) bool) ([]int, error) {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return nil, err
+	}
+	var fds []int
+	for _, e := range ents {
+		if fd, err := strconv.Atoi(e.Name()); err == nil && match(fd) {
+			fds = append(fds, fd)
+		}
+	}
+	return fds, nil
 }
 
 // isListener reports whether fd is a listening TCP socket on local port.
