@@ -76,8 +76,9 @@ type adoption struct {
 	transfers []restart.Transfer
 	carryKey  []byte
 	// kvKept are the record's objects, of which the KV event stream
-	// re-announces those published when kept (reannounceKV, on its own
-	// goroutine: picking them out of 64,000 took 60–220 ms of the gap).
+	// re-announces those published when kept: picked out on the
+	// re-announcement's goroutine (reannounceKV), not before the server
+	// binds, where with 64,000 objects it lengthened the gap.
 	kvKept []l1.KeptObject
 }
 

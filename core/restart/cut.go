@@ -21,12 +21,21 @@ import (
 // the rest) reads the whole body the standard way instead: a body read
 // the cut way is one the standard reading gives the same body for.
 
+// parsedBlocks are the links and order blocks as the cut reading parsed
+// them, nil where it did not: decodeLinks and decodeOrder do not parse
+// them again.
+type parsedBlocks struct {
+	links []int64
+	order *orderBlock
+}
+
 // decodeBody reads a record's body.
-func decodeBody(js []byte) (body, error) {
-	if b, ok := decodeCut(js); ok {
-		return b, nil
+func decodeBody(js []byte) (body, parsedBlocks, error) {
+	if b, parsed, ok := cutBody(js); ok {
+		return b, parsed, nil
 	}
-	return decodeStandard(js)
+	b, err := decodeStandard(js)
+	return b, parsedBlocks{}, err
 }
 
 // decodeStandard reads js with encoding/json, unknown fields refused.
@@ -45,12 +54,21 @@ func decodeStandard(js []byte) (body, error) {
 
 // decodeCut reads js the cut way; ok is false where it does not apply.
 func decodeCut(js []byte) (body, bool) {
+	b, _, ok := cutBody(js)
+	return b, ok
+}
+
+// cutBody is decodeCut with the blocks it parsed.
+func cutBody(js []byte) (body, parsedBlocks, bool) {
+	var parsed parsedBlocks
 	if len(js) < 2 || js[0] != '{' || js[1] == '}' {
-		return body{}, false
+		return body{}, parsed, false
 	}
 	var (
 		objects                           objectList
 		links, order                      []byte
+		parsedLinks                       []int64
+		parsedOrder                       orderBlock
 		haveObjects, haveLinks, haveOrder bool
 		rest                              = make([]byte, 0, 64<<10)
 		copied, i                         = 0, 1
@@ -58,44 +76,44 @@ func decodeCut(js []byte) (body, bool) {
 	for {
 		key, n, ok := plainKey(js[i:])
 		if !ok {
-			return body{}, false
+			return body{}, parsed, false
 		}
 		i += n
 		if i >= len(js) || js[i] != ':' {
-			return body{}, false
+			return body{}, parsed, false
 		}
 		i++
 		cut := true
 		switch key {
 		case "objects":
 			if haveObjects {
-				return body{}, false
+				return body{}, parsed, false
 			}
 			objects, n, ok = parseObjectsAt(js[i:])
 			haveObjects = true
 		case "links":
 			if haveLinks {
-				return body{}, false
+				return body{}, parsed, false
 			}
-			_, n, ok = parseLinksAt(js[i:])
+			parsedLinks, n, ok = parseLinksAt(js[i:])
 			links, haveLinks = js[i:i+n], true
 		case "order":
 			if haveOrder {
-				return body{}, false
+				return body{}, parsed, false
 			}
-			_, n, ok = parseOrderAt(js[i:])
+			parsedOrder, n, ok = parseOrderAt(js[i:])
 			order, haveOrder = js[i:i+n], true
 		default:
 			for _, name := range []string{"objects", "links", "order"} {
 				if bytes.EqualFold([]byte(key), []byte(name)) {
-					return body{}, false // encoding/json matches it to the block
+					return body{}, parsed, false // encoding/json matches it to the block
 				}
 			}
 			n, ok = skipValue(js[i:])
 			cut = false
 		}
 		if !ok {
-			return body{}, false
+			return body{}, parsed, false
 		}
 		if cut {
 			rest = append(append(rest, js[copied:i]...), "null"...)
@@ -103,34 +121,34 @@ func decodeCut(js []byte) (body, bool) {
 		}
 		i += n
 		if i >= len(js) {
-			return body{}, false
+			return body{}, parsed, false
 		}
 		if js[i] == '}' {
 			break
 		}
 		if js[i] != ',' {
-			return body{}, false
+			return body{}, parsed, false
 		}
 		i++
 	}
 	if i+1 != len(js) {
-		return body{}, false // after the body: the standard reading says what
+		return body{}, parsed, false // after the body: the standard reading says what
 	}
 	rest = append(rest, js[copied:]...)
 	b, err := decodeStandard(rest)
 	if err != nil {
-		return body{}, false
+		return body{}, parsed, false
 	}
 	if haveObjects {
 		b.Objects = objects
 	}
 	if haveLinks {
-		b.Links = links
+		b.Links, parsed.links = links, parsedLinks
 	}
 	if haveOrder {
-		b.Order = order
+		b.Order, parsed.order = order, &parsedOrder
 	}
-	return b, true
+	return b, parsed, true
 }
 
 // plainKey reads the object key at the start of b: a JSON string of

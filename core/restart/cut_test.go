@@ -146,7 +146,7 @@ func TestDecodeCutLeavesOtherFormsToTheStandardWay(t *testing.T) {
 	if _, ok := decodeCut(spaced); ok {
 		t.Fatal("a table with whitespace read the cut way")
 	}
-	b, err := decodeBody(spaced)
+	b, _, err := decodeBody(spaced)
 	if err != nil || len(b.Objects) != len(cutSample().Pool.Objects) {
 		t.Fatalf("the standard way: %v, %d objects", err, len(b.Objects))
 	}

@@ -38,7 +38,7 @@ func encodeLinks(objs []l1.KeptObject) json.RawMessage {
 // out, with the reason ("" when nothing). raw covers the body's n objects;
 // from gives each of objs its body index, so a link to an object Decode
 // dropped is left out with it.
-func decodeLinks(raw json.RawMessage, n int, from []int, objs []l1.KeptObject) string {
+func decodeLinks(raw json.RawMessage, parsed []int64, n int, from []int, objs []l1.KeptObject) string {
 	if len(raw) == 0 {
 		return ""
 	}
@@ -47,7 +47,10 @@ func decodeLinks(raw json.RawMessage, n int, from []int, objs []l1.KeptObject) s
 		// hold a slice as long as the block says.
 		return fmt.Sprintf("prompt links left out: %d bytes for %d objects (at most %d)", len(raw), n, max)
 	}
-	links, ok := parseLinks(raw)
+	links, ok := parsed, parsed != nil
+	if !ok {
+		links, ok = parseLinks(raw)
+	}
 	if !ok {
 		if err := json.Unmarshal(raw, &links); err != nil {
 			return fmt.Sprintf("prompt links left out: %v", err)

@@ -42,14 +42,20 @@ func encodeOrder(k l1.Kept) json.RawMessage {
 // decodeOrder sets the order of objs and the mean gap of k from raw and
 // returns what it left out, with the reason ("" when nothing); n and from
 // are decodeLinks's.
-func decodeOrder(raw json.RawMessage, n int, from []int, k *l1.Kept) string {
+func decodeOrder(raw json.RawMessage, parsed *orderBlock, n int, from []int, k *l1.Kept) string {
 	if len(raw) == 0 {
 		return ""
 	}
 	if max := blockBytes(n, orderBytes); len(raw) > max {
 		return fmt.Sprintf("eviction order left out: %d bytes for %d objects (at most %d)", len(raw), n, max)
 	}
-	b, ok := parseOrder(raw)
+	var b orderBlock
+	ok := parsed != nil
+	if ok {
+		b = *parsed
+	} else {
+		b, ok = parseOrder(raw)
+	}
 	if !ok {
 		b = orderBlock{}
 		if err := json.Unmarshal(raw, &b); err != nil {

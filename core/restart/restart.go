@@ -383,7 +383,7 @@ func Decode(data []byte) (Record, error) {
 	if hex.EncodeToString(sum[:]) != f[3] {
 		return bad("checksum mismatch: the body was changed or corrupted")
 	}
-	b, err := decodeBody(js)
+	b, parsed, err := decodeBody(js)
 	if err != nil {
 		return bad("%v", err)
 	}
@@ -403,10 +403,10 @@ func Decode(data []byte) (Record, error) {
 	r.Lookups = b.lookups(&r.Dropped)
 	r.Transfers, r.CarryKey = b.transfers(r.Pool.Objects, &r.Dropped)
 	r.Handover = b.Handover.bounded(&r.Dropped)
-	if why := decodeLinks(b.Links, len(b.Objects), from, r.Pool.Objects); why != "" {
+	if why := decodeLinks(b.Links, parsed.links, len(b.Objects), from, r.Pool.Objects); why != "" {
 		r.Ignored = append(r.Ignored, why)
 	}
-	if why := decodeOrder(b.Order, len(b.Objects), from, &r.Pool); why != "" {
+	if why := decodeOrder(b.Order, parsed.order, len(b.Objects), from, &r.Pool); why != "" {
 		r.Ignored = append(r.Ignored, why)
 	}
 	var ignored []string
