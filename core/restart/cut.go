@@ -9,12 +9,12 @@ import (
 
 // The body's three large blocks, the object table, the prompt links and
 // the eviction order (nine tenths of a 64,000-object record), are read by
-// hand (objects.go, links.go, order.go), but encoding/json still scanned
-// each twice to find where it ends, once to read the body and once to
-// skip the value it hands on, and copied it into its buffer: half of
-// Decode's time, in the restart's gap. So a body in Encode's form has the
-// blocks read where they stand by the hand parsers, and the rest, with
-// null in their places, goes to encoding/json as before. Any deviation (a
+// hand (objects.go, links.go, order.go), but encoding/json would still
+// scan each twice to find where it ends, once to read the body and once
+// to skip the value it hands on, and copy it into its buffer: more than
+// the hand parsers take, in the restart's gap. So a body in Encode's form
+// has the blocks read where they stand by the hand parsers, and the rest,
+// with null in their places, goes to encoding/json. Any deviation (a
 // block not in its canonical form, a key given twice, whitespace, a key
 // with an escape, a byte past ASCII or another case of a block's name,
 // which encoding/json would match to the block's field, or any error of

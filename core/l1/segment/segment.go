@@ -548,10 +548,10 @@ func (s *Segment) startPrefault(on bool) {
 // telling progress the end of each step bytes done; it stops early when
 // progress returns false. A page fault locks its own mapping only (kernels
 // with per-VMA locks, 6.4 on; before, the memory map lock for one fault).
-// MADV_POPULATE_WRITE, used before, held the process's memory map lock for
-// each call, and every mmap meanwhile (a thread's stack, the Go heap
-// growing) waited for it: with 64 MiB calls a restart's libzmq threads
-// started 125 ms late, in the gap (BenchmarkMmapDuringPrefault).
+// MADV_POPULATE_WRITE would hold the process's memory map lock for each
+// call, and every mmap meanwhile (a thread's stack when the wire server
+// binds, the Go heap growing) would wait for it, in a restart's gap
+// (BenchmarkMmapDuringPrefault).
 func populate(mem []byte, step int, progress func(end int) bool) {
 	page := os.Getpagesize()
 	for off := 0; off < len(mem); off += step {
